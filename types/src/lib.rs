@@ -1,0 +1,56 @@
+//! Shared vocabulary of the Psych workspace: ids, MCP tool definitions, connections and
+//! grants, tool outputs, log records and their handles, and the small traits at the seams
+//! between crates.
+//!
+//! Every other Psych crate depends on this one and, among the core crates, on nothing else
+//! of ours. The principal types are [`ToolDefinition`] (one MCP tool, faithful to the
+//! 2025-11-25 schema and lossless through serde), [`ToolRef`] (the `(server, tool)` pair),
+//! [`Record`] with its [`RecordHandle`], and the seam traits [`TokenEstimator`],
+//! [`ResultProjector`], [`RecordSource`], [`ToolLister`] and [`ToolHost`].
+//!
+//! Ids are validated newtypes: a bad name is an [`IdError`] where it enters, never a panic
+//! later.
+//!
+//! # Example
+//!
+//! ```
+//! use psych_types::{ToolDefinition, ToolRef, PermissionGrant, ServerId};
+//!
+//! let tool: ToolDefinition = serde_json::from_str(
+//!     r#"{"name":"read_file","description":"Read a file","inputSchema":{"type":"object"},"x-vendor":1}"#,
+//! )?;
+//! assert_eq!(tool.name.as_str(), "read_file");
+//! assert_eq!(tool.extra["x-vendor"], 1); // unknown fields are kept
+//!
+//! let pair = ToolRef::parse("fs", "read_file")?;
+//! let grant = PermissionGrant::none().allow_server(ServerId::new("fs")?);
+//! assert!(grant.permits(&pair.server, &pair.tool));
+//! assert!(ToolRef::parse("fs", "read file").is_err()); // a typed error, not a panic
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod base64;
+mod connection;
+mod id;
+mod output;
+mod record;
+mod seam;
+mod tool;
+
+pub use connection::{ConnectionSpec, PermissionGrant, Preload, ToolScope};
+pub use id::{IdError, RunId, ServerId, ToolCallId, ToolName, ToolRef};
+pub use output::{OutputBody, OutputKind, ToolOutput, render_json};
+pub use record::{
+    AssistantMessage, HandleParseError, LoggedRecord, Record, RecordHandle, ToolCall, ToolResult,
+    UserMessage,
+};
+pub use seam::{
+    MemoryRecords, OutputInfo, Projection, RecordSource, ResultProjector, ResultRef,
+    TokenEstimator, ToolHost, ToolLister, readable_bytes,
+};
+pub use tool::{
+    Icon, JsonObject, TaskSupport, ToolAnnotations, ToolDefinition, ToolExecution, ToolList,
+};

@@ -1,0 +1,205 @@
+//! Records of a Run's log (user messages, assistant messages with tool calls, tool results)
+//! and the handles that name them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{IdError, RunId, ToolCallId, ToolOutput};
+
+/// The printable name of one record: its Run and its position in that Run's log.
+///
+/// Its text form is `<run>:<seq>` (for example `run-7:42`), the form the model is shown and
+/// passes back to `read_tool_output`. It names a Run so that a handle carried into another
+/// Run is recognised as foreign rather than resolved there.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RecordHandle {
+    /// The Run the record belongs to.
+    pub run: RunId,
+    /// The record's position in its Run's log, counting from 0.
+    pub seq: u64,
+}
+
+impl RecordHandle {
+    /// Names record `seq` of `run`.
+    pub fn new(run: RunId, seq: u64) -> Self {
+        Self { run, seq }
+    }
+}
+
+impl fmt::Display for RecordHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.run, self.seq)
+    }
+}
+
+/// Why a string is not a record handle.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandleParseError {
+    /// There is no `:` separating the Run from the position.
+    #[error("handle {0:?} is not of the form <run>:<seq>")]
+    MissingSeparator(String),
+    /// The Run part is not a valid Run id.
+    #[error("handle {handle:?} names an invalid run: {source}")]
+    Run {
+        /// The refused handle.
+        handle: String,
+        /// Why the Run part was refused.
+        source: IdError,
+    },
+    /// The position is not a decimal number without sign or leading zeros.
+    #[error("handle {0:?} has an invalid record position")]
+    Seq(String),
+}
+
+impl FromStr for RecordHandle {
+    type Err = HandleParseError;
+
+    fn from_str(text: &str) -> Result<Self, HandleParseError> {
+        let (run, seq) = text
+            .rsplit_once(':')
+            .ok_or_else(|| HandleParseError::MissingSeparator(text.to_owned()))?;
+        let run = RunId::new(run).map_err(|source| HandleParseError::Run {
+            handle: text.to_owned(),
+            source,
+        })?;
+        // One spelling per handle: digits only, no sign, no leading zero.
+        let canonical = !seq.is_empty()
+            && seq.bytes().all(|b| b.is_ascii_digit())
+            && (seq == "0" || !seq.starts_with('0'));
+        let seq = canonical
+            .then(|| seq.parse::<u64>().ok())
+            .flatten()
+            .ok_or_else(|| HandleParseError::Seq(text.to_owned()))?;
+        Ok(Self { run, seq })
+    }
+}
+
+impl Serialize for RecordHandle {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordHandle {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One entry of a Run's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Record {
+    /// A message from the user; it starts a turn.
+    User(UserMessage),
+    /// What the model said in one step, with the tool calls it made.
+    Assistant(AssistantMessage),
+    /// The full result of one tool call.
+    ToolResult(ToolResult),
+}
+
+/// A message from the user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserMessage {
+    /// The message text.
+    pub text: String,
+}
+
+/// What the model said in one step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    /// The text the model wrote (may be empty when it only called tools).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub text: String,
+    /// The tool calls of this step, in the order the model made them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// One tool call as the model made it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The provider's id for the call.
+    pub id: ToolCallId,
+    /// The tool name the model used, exactly as given: an exposed tool, a meta tool, or a
+    /// name that does not exist (the log keeps what happened).
+    pub name: String,
+    /// The arguments as the model gave them (normally a JSON object).
+    pub arguments: Value,
+}
+
+/// The full result of one tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    /// The call this answers.
+    pub call_id: ToolCallId,
+    /// The tool name of that call, as the model gave it.
+    pub name: String,
+    /// The output, whole.
+    pub output: ToolOutput,
+}
+
+/// A record together with the handle the log gave it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoggedRecord {
+    /// Where the record lives.
+    pub handle: RecordHandle,
+    /// The record.
+    pub record: Record,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_print_and_parse() {
+        let handle = RecordHandle::new(RunId::new("run-7").unwrap(), 42);
+        assert_eq!(handle.to_string(), "run-7:42");
+        assert_eq!("run-7:42".parse::<RecordHandle>().unwrap(), handle);
+    }
+
+    #[test]
+    fn malformed_handles_are_typed_errors() {
+        for text in [
+            "",
+            "run-7",
+            "run-7:",
+            ":3",
+            "run 7:3",
+            "run-7:-1",
+            "run-7:+1",
+            "run-7:01",
+            "run-7:99999999999999999999",
+            "run-7:4x",
+        ] {
+            assert!(text.parse::<RecordHandle>().is_err(), "{text:?} parsed");
+        }
+        assert!(matches!(
+            "run-7".parse::<RecordHandle>(),
+            Err(HandleParseError::MissingSeparator(_))
+        ));
+        assert!(matches!(
+            "a:b:3".parse::<RecordHandle>(),
+            Err(HandleParseError::Run { .. })
+        ));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn handles_round_trip(run in "[A-Za-z0-9_-]{1,64}", seq in proptest::num::u64::ANY) {
+            let handle = RecordHandle::new(RunId::new(run).unwrap(), seq);
+            proptest::prop_assert_eq!(handle.to_string().parse::<RecordHandle>().unwrap(), handle);
+        }
+
+        #[test]
+        fn any_text_parses_or_errs_without_panic(text in ".{0,80}") {
+            let _ = text.parse::<RecordHandle>();
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! The small traits at the seams between crates.
+//!
+//! The core crates never depend on each other; where one needs another's work, it names one
+//! of these traits and the runtime plugs an implementation in:
+//!
+//! - [`TokenEstimator`]: implemented by elision, used wherever a size trigger is needed.
+//! - [`ResultProjector`]: implemented by elision, called by prompt assembly for tool results
+//!   before the elision boundary.
+//! - [`RecordSource`]: implemented by the record log (and [`MemoryRecords`]), read by the
+//!   reader tool.
+//! - [`ToolLister`] / [`ToolHost`]: implemented by live MCP connections, used by the catalogue
+//!   and the runtime's executor.
+
+use std::convert::Infallible;
+use std::future::Future;
+
+use crate::{
+    JsonObject, LoggedRecord, OutputBody, OutputKind, Record, RecordHandle, RunId, ServerId,
+    ToolCallId, ToolDefinition, ToolOutput, ToolRef,
+};
+
+/// A cheap, monotone estimate of how many tokens content costs in a prompt.
+///
+/// It is a trigger for thresholds, not a meter: it must be fast and never decrease when
+/// content grows. Nothing may use it for cost; cost comes from provider-reported usage.
+pub trait TokenEstimator {
+    /// Estimated tokens of `text`.
+    fn estimate_text(&self, text: &str) -> u64;
+
+    /// Estimated tokens of `len` bytes of binary content of the given MIME type.
+    fn estimate_binary(&self, mime_type: &str, len: u64) -> u64;
+
+    /// Estimated tokens of a tool output, through its text view or its binary size.
+    fn estimate_output(&self, output: &ToolOutput) -> u64 {
+        match &output.body {
+            OutputBody::Text { text } => self.estimate_text(text),
+            OutputBody::Json { .. } => output
+                .text_view()
+                .map_or(0, |view| self.estimate_text(&view)),
+            OutputBody::Binary { mime_type, data } => {
+                self.estimate_binary(mime_type, data.len() as u64)
+            }
+        }
+    }
+}
+
+/// One tool result handed to a [`ResultProjector`].
+#[derive(Debug, Clone, Copy)]
+pub struct ResultRef<'a> {
+    /// Where the full result lives, for the model to read back.
+    pub handle: &'a RecordHandle,
+    /// The full result.
+    pub output: &'a ToolOutput,
+}
+
+/// What the model is shown of one tool result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Projection {
+    /// The output as it is.
+    Full,
+    /// This text instead of the output (a preview with guidance, a truncated failure).
+    Replaced(String),
+}
+
+/// Decides the model's view of one turn's tool results (the batch).
+///
+/// Prompt assembly calls it for results strictly before the last user message; the record
+/// log is never changed by it.
+pub trait ResultProjector {
+    /// Fills `out[i]` with the view of `batch[i]`. The caller passes `out` with the same
+    /// length as `batch`, every slot [`Projection::Full`]. The same batch must always give
+    /// the same projections.
+    fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]);
+}
+
+/// What a [`RecordSource`] knows of a stored tool result without reading its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputInfo {
+    /// The kind of content.
+    pub kind: OutputKind,
+    /// Length in bytes of the readable content: the text view's UTF-8 bytes for text and
+    /// JSON, the raw bytes for binary.
+    pub len: u64,
+    /// Whether the call failed.
+    pub is_error: bool,
+    /// The call the result answers.
+    pub call_id: ToolCallId,
+    /// The tool name of that call.
+    pub name: String,
+}
+
+/// Read access to one Run's records, by handle, without loading a large result whole.
+///
+/// A source serves exactly one Run. A handle naming another Run, or a record that is not a
+/// tool result, does not resolve (`Ok(None)` / zero bytes): the source never reads across
+/// Runs.
+pub trait RecordSource {
+    /// Failures of the underlying storage.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The Run this source serves.
+    fn run(&self) -> &RunId;
+
+    /// The record at `handle`, or `None` if it does not resolve in this Run.
+    ///
+    /// # Errors
+    ///
+    /// Storage failures only; an unknown handle is `Ok(None)`.
+    fn record(&self, handle: &RecordHandle) -> Result<Option<Record>, Self::Error>;
+
+    /// What is stored at `handle` if it is a tool result of this Run, else `None`.
+    ///
+    /// # Errors
+    ///
+    /// Storage failures only.
+    fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, Self::Error>;
+
+    /// Copies readable content of the tool result at `handle`, starting at byte `offset`,
+    /// into `buf`. Returns the number of bytes copied: `0` at or past the end, or when the
+    /// handle does not resolve to a tool result of this Run.
+    ///
+    /// # Errors
+    ///
+    /// Storage failures only.
+    fn read_output(
+        &self,
+        handle: &RecordHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, Self::Error>;
+}
+
+/// An in-memory [`RecordSource`] over one Run's records, for tests and for callers that keep
+/// records themselves.
+#[derive(Debug, Clone)]
+pub struct MemoryRecords {
+    run: RunId,
+    records: Vec<Record>,
+    /// The readable bytes of each tool result, rendered once (`None` for other records).
+    contents: Vec<Option<Vec<u8>>>,
+}
+
+impl MemoryRecords {
+    /// An empty log for `run`.
+    pub fn new(run: RunId) -> Self {
+        Self {
+            run,
+            records: Vec::new(),
+            contents: Vec::new(),
+        }
+    }
+
+    /// Appends a record and returns its handle.
+    pub fn push(&mut self, record: Record) -> RecordHandle {
+        let content = match &record {
+            Record::ToolResult(result) => Some(readable_bytes(&result.output)),
+            _ => None,
+        };
+        let handle = RecordHandle::new(self.run.clone(), self.records.len() as u64);
+        self.records.push(record);
+        self.contents.push(content);
+        handle
+    }
+
+    /// Every record with its handle, in order.
+    pub fn records(&self) -> Vec<LoggedRecord> {
+        self.records
+            .iter()
+            .enumerate()
+            .map(|(seq, record)| LoggedRecord {
+                handle: RecordHandle::new(self.run.clone(), seq as u64),
+                record: record.clone(),
+            })
+            .collect()
+    }
+
+    fn index(&self, handle: &RecordHandle) -> Option<usize> {
+        if handle.run != self.run {
+            return None;
+        }
+        usize::try_from(handle.seq)
+            .ok()
+            .filter(|&i| i < self.records.len())
+    }
+}
+
+/// The bytes [`RecordSource::read_output`] serves for an output.
+pub fn readable_bytes(output: &ToolOutput) -> Vec<u8> {
+    match &output.body {
+        OutputBody::Text { text } => text.as_bytes().to_vec(),
+        OutputBody::Json { value } => crate::render_json(value).into_bytes(),
+        OutputBody::Binary { data, .. } => data.clone(),
+    }
+}
+
+impl RecordSource for MemoryRecords {
+    type Error = Infallible;
+
+    fn run(&self) -> &RunId {
+        &self.run
+    }
+
+    fn record(&self, handle: &RecordHandle) -> Result<Option<Record>, Infallible> {
+        Ok(self.index(handle).map(|i| self.records[i].clone()))
+    }
+
+    fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, Infallible> {
+        let Some(i) = self.index(handle) else {
+            return Ok(None);
+        };
+        let (Record::ToolResult(result), Some(content)) = (&self.records[i], &self.contents[i])
+        else {
+            return Ok(None);
+        };
+        Ok(Some(OutputInfo {
+            kind: result.output.body.kind(),
+            len: content.len() as u64,
+            is_error: result.output.is_error,
+            call_id: result.call_id.clone(),
+            name: result.name.clone(),
+        }))
+    }
+
+    fn read_output(
+        &self,
+        handle: &RecordHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, Infallible> {
+        let Some(content) = self.index(handle).and_then(|i| self.contents[i].as_deref()) else {
+            return Ok(0);
+        };
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(content.len());
+        let n = buf.len().min(content.len() - start);
+        buf[..n].copy_from_slice(&content[start..start + n]);
+        Ok(n)
+    }
+}
+
+/// Lists the tools of a server (MCP `tools/list`, every page).
+pub trait ToolLister: Send + Sync {
+    /// Failures of the connection or the server.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Every tool `server` declares now.
+    fn list_tools(
+        &self,
+        server: &ServerId,
+    ) -> impl Future<Output = Result<Vec<ToolDefinition>, Self::Error>> + Send;
+}
+
+/// Calls tools on servers (MCP `tools/call`). The caller has already checked permission.
+pub trait ToolHost: ToolLister {
+    /// Calls `tool` with `arguments` and returns its output. A tool that ran and failed is
+    /// `Ok` with [`ToolOutput::is_error`] set; `Err` is for the connection failing.
+    fn call_tool(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+    ) -> impl Future<Output = Result<ToolOutput, Self::Error>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ToolResult, UserMessage};
+
+    fn result(text: &str) -> Record {
+        Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new("call_1").unwrap(),
+            name: "read_file".into(),
+            output: ToolOutput::text(text),
+        })
+    }
+
+    #[test]
+    fn memory_records_serve_only_their_run() {
+        let mut log = MemoryRecords::new(RunId::new("a").unwrap());
+        let user = log.push(Record::User(UserMessage { text: "hi".into() }));
+        let out = log.push(result("hello world"));
+        assert_eq!(out.to_string(), "a:1");
+        assert!(
+            log.output_info(&user).unwrap().is_none(),
+            "a user message is not output"
+        );
+        let info = log.output_info(&out).unwrap().unwrap();
+        assert_eq!((info.len, info.kind), (11, OutputKind::Text));
+
+        let mut buf = [0u8; 5];
+        assert_eq!(log.read_output(&out, 6, &mut buf).unwrap(), 5);
+        assert_eq!(&buf, b"world");
+        assert_eq!(log.read_output(&out, 60, &mut buf).unwrap(), 0);
+
+        let foreign = RecordHandle::new(RunId::new("b").unwrap(), 1);
+        assert!(log.output_info(&foreign).unwrap().is_none());
+        assert!(log.record(&foreign).unwrap().is_none());
+        assert_eq!(log.read_output(&foreign, 0, &mut buf).unwrap(), 0);
+        let unissued = RecordHandle::new(RunId::new("a").unwrap(), 2);
+        assert!(log.record(&unissued).unwrap().is_none());
+    }
+
+    #[test]
+    fn json_output_reads_as_its_text_view() {
+        let mut log = MemoryRecords::new(RunId::new("a").unwrap());
+        let value = serde_json::json!({"b": 1, "a": [true]});
+        let handle = log.push(Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new("c").unwrap(),
+            name: "t".into(),
+            output: ToolOutput::json(value),
+        }));
+        let info = log.output_info(&handle).unwrap().unwrap();
+        let mut buf = vec![0u8; info.len as usize];
+        log.read_output(&handle, 0, &mut buf).unwrap();
+        assert_eq!(
+            String::from_utf8(buf).unwrap(),
+            "{\n  \"a\": [\n    true\n  ],\n  \"b\": 1\n}"
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! Workspace automation, reached as `cargo xtask <command>`.
+//!
+//! - `cargo xtask ci`: everything CI checks, in order, stopping at the first failure: tidy
+//!   checks, `cargo fmt --check`, clippy with warnings denied, rustdoc with warnings denied,
+//!   then the unit, integration and doc tests (with insta refusing to write or accept
+//!   snapshots) and a look for pending snapshots.
+//! - `cargo xtask tidy`: the tidy checks alone.
+
+#![forbid(unsafe_code)]
+
+mod tidy;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => ci(&root),
+        Some("tidy") => tidy_step(&root),
+        _ => Err("usage: cargo xtask <ci|tidy>".to_owned()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root: the parent of this crate's folder.
+fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+fn ci(root: &Path) -> Result<(), String> {
+    let started = Instant::now();
+    tidy_step(root)?;
+    cargo(root, &["fmt", "--all", "--check"], &[])?;
+    cargo(
+        root,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &[],
+    )?;
+    cargo(
+        root,
+        &["doc", "--no-deps", "--workspace", "--locked"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )?;
+    // Unit, integration and doc tests, last so that a run ends with their summary. insta
+    // must never write or accept a snapshot here: a changed or missing one is a failure.
+    let insta = [("INSTA_UPDATE", "no"), ("INSTA_FORCE_PASS", "0")];
+    eprintln!(
+        "xtask: checks before the tests took {:.0?}",
+        started.elapsed()
+    );
+    let tests = cargo(root, &["test", "--workspace", "--locked"], &insta);
+    pending_snapshots(root)?;
+    // Nothing is printed after a passing test run: CI output ends with its summary.
+    tests
+}
+
+fn tidy_step(root: &Path) -> Result<(), String> {
+    eprintln!("xtask: tidy checks");
+    let violations = tidy::run_all(root)?;
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} tidy violation(s):\n  {}",
+            violations.len(),
+            violations.join("\n  ")
+        ))
+    }
+}
+
+/// Fails if insta left a pending snapshot anywhere in the tree.
+fn pending_snapshots(root: &Path) -> Result<(), String> {
+    let mut pending = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|err| format!("cannot list {}: {err}", dir.display()))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || name == "target" {
+                continue;
+            }
+            if path.is_dir() {
+                stack.push(path);
+            } else if name.ends_with(".snap.new") || name.ends_with(".pending-snap") {
+                pending.push(path.display().to_string());
+            }
+        }
+    }
+    if pending.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("pending insta snapshots: {}", pending.join(", ")))
+    }
+}
+
+/// Runs `cargo <args>` in the workspace with extra environment, failing on a non-zero exit.
+fn cargo(root: &Path, args: &[&str], envs: &[(&str, &str)]) -> Result<(), String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let status = Command::new(cargo)
+        .args(args)
+        .envs(envs.iter().copied())
+        .current_dir(root)
+        .status()
+        .map_err(|err| format!("cannot run cargo {}: {err}", args.join(" ")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("cargo {} failed ({status})", args.join(" ")))
+    }
+}
