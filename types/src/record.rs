@@ -129,7 +129,9 @@ pub struct ToolCall {
     /// The tool name the model used, exactly as given: an exposed tool, a meta tool, or a
     /// name that does not exist (the log keeps what happened).
     pub name: String,
-    /// The arguments as the model gave them (normally a JSON object).
+    /// The arguments as the model gave them: normally a JSON object. When the model's
+    /// arguments did not parse as JSON, this is a [`Value::String`] holding their raw text,
+    /// so the log keeps what was said; renderers decide what a provider accepts.
     pub arguments: Value,
 }
 
