@@ -117,7 +117,9 @@ pub trait RecordSource {
 
     /// Copies readable content of the tool result at `handle`, starting at byte `offset`,
     /// into `buf`. Returns the number of bytes copied: `0` at or past the end, or when the
-    /// handle does not resolve to a tool result of this Run.
+    /// handle does not resolve to a tool result of this Run. Like [`std::io::Read::read`],
+    /// a source may copy fewer bytes than `buf` holds before the end; callers loop until
+    /// they have what they need or get `0`.
     ///
     /// # Errors
     ///
@@ -128,6 +130,32 @@ pub trait RecordSource {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<usize, Self::Error>;
+}
+
+/// A shared reference to a source is a source, so readers can borrow or own one.
+impl<S: RecordSource + ?Sized> RecordSource for &S {
+    type Error = S::Error;
+
+    fn run(&self) -> &RunId {
+        (**self).run()
+    }
+
+    fn record(&self, handle: &RecordHandle) -> Result<Option<Record>, Self::Error> {
+        (**self).record(handle)
+    }
+
+    fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, Self::Error> {
+        (**self).output_info(handle)
+    }
+
+    fn read_output(
+        &self,
+        handle: &RecordHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, Self::Error> {
+        (**self).read_output(handle, offset, buf)
+    }
 }
 
 /// An in-memory [`RecordSource`] over one Run's records, for tests and for callers that keep
