@@ -1,0 +1,128 @@
+//! Read-by-handle benchmarks over a log of 1,000,000 records (built once with
+//! `SyncPolicy::OsBuffered`, then synced), against redb holding the same frame bodies keyed
+//! by position, in one criterion group so the ratios come from one run:
+//!
+//! - `record_log/record`: the whole record, checksum checked and decoded;
+//! - `record_log/read_output_256`: 256 bytes of a tool result's content at an offset;
+//! - `redb/get`: one read transaction, one `get`, the value copied out.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark fails loudly on bad setup"
+)]
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use psych_record_log::{RecordLog, SyncPolicy};
+use psych_types::{
+    Record, RecordHandle, RecordSource, RunId, ToolCallId, ToolOutput, ToolResult, UserMessage,
+};
+use redb::{Database, Durability, ReadableDatabase, TableDefinition};
+
+const TABLE: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("records");
+const RECORDS: u64 = 1_000_000;
+
+fn record(seq: u64) -> Record {
+    if seq.is_multiple_of(2) {
+        Record::User(UserMessage {
+            text: format!("user message number {seq}, asking for something"),
+        })
+    } else {
+        let text: String = (0..600)
+            .map(|i| char::from(b'a' + ((seq as usize + i) % 26) as u8))
+            .collect();
+        Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new(format!("call_{seq}")).unwrap(),
+            name: "read_file".into(),
+            output: ToolOutput::text(text),
+        })
+    }
+}
+
+/// Pseudo-random positions (xorshift), the same in every run.
+struct Picks(u64);
+
+impl Picks {
+    fn next(&mut self, bound: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % bound
+    }
+}
+
+fn read_by_handle(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let run = RunId::new("bench").unwrap();
+    let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
+    let db = Database::create(dir.path().join("bench.redb")).unwrap();
+    let mut seq = 0;
+    while seq < RECORDS {
+        let chunk: Vec<Record> = (seq..(seq + 10_000).min(RECORDS)).map(record).collect();
+        log.append_batch(&chunk).unwrap();
+        let mut txn = db.begin_write().unwrap();
+        txn.set_durability(Durability::None).unwrap();
+        {
+            let mut table = txn.open_table(TABLE).unwrap();
+            for (i, record) in chunk.iter().enumerate() {
+                // The record as serde JSON: about the size of its frame body in the log.
+                let bytes = serde_json::to_vec(record).unwrap();
+                table.insert(seq + i as u64, bytes.as_slice()).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+        seq += chunk.len() as u64;
+    }
+    log.sync().unwrap();
+    let txn = db.begin_write().unwrap();
+    txn.commit().unwrap(); // Immediate: makes the whole load durable
+    drop(log);
+    // Reopen, as a reader would: the index is rebuilt by the scan.
+    let started = std::time::Instant::now();
+    let (log, recovery) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
+    eprintln!(
+        "opened {} records ({} MB) in {:?}",
+        recovery.records,
+        log.size_bytes() / 1_000_000,
+        started.elapsed()
+    );
+    assert_eq!(log.len(), RECORDS);
+
+    let mut group = c.benchmark_group("read_by_handle_1m");
+    let mut picks = Picks(0x9E37_79B9_7F4A_7C15);
+    group.bench_function("record_log/record", |b| {
+        b.iter(|| {
+            let handle = RecordHandle::new(run.clone(), picks.next(RECORDS));
+            black_box(log.record(&handle).unwrap())
+        });
+    });
+    let mut buf = [0u8; 256];
+    group.bench_function("record_log/read_output_256", |b| {
+        b.iter(|| {
+            let handle = RecordHandle::new(run.clone(), picks.next(RECORDS / 2) * 2 + 1);
+            black_box(log.read_output(&handle, 300, &mut buf).unwrap())
+        });
+    });
+    group.bench_function("redb/get", |b| {
+        b.iter(|| {
+            let txn = db.begin_read().unwrap();
+            let table = txn.open_table(TABLE).unwrap();
+            let value = table.get(picks.next(RECORDS)).unwrap().unwrap();
+            black_box(value.value().to_vec())
+        });
+    });
+    group.bench_function("redb/get_decoded", |b| {
+        b.iter(|| {
+            let txn = db.begin_read().unwrap();
+            let table = txn.open_table(TABLE).unwrap();
+            let value = table.get(picks.next(RECORDS)).unwrap().unwrap();
+            black_box(serde_json::from_slice::<Record>(value.value()).unwrap())
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, read_by_handle);
+criterion_main!(benches);

@@ -1,0 +1,134 @@
+//! The errors of the record log, one enum per operation family and an umbrella [`Error`].
+
+use std::path::PathBuf;
+
+/// Why a Run's log could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The directory or file could not be created, read, locked, cut or synced.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// Another open log (in this process or another) holds the file's lock.
+    #[error("{path} is open elsewhere; a Run's log has one writer at a time")]
+    Locked {
+        /// The log file.
+        path: PathBuf,
+    },
+    /// The file does not start with the log's magic bytes: it is not a record log.
+    #[error("{path} is not a record log (no PSYCHLOG magic)")]
+    NotALog {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is a record log of a format version this build does not read.
+    #[error("{path} is format version {version}; this build reads version 1")]
+    UnsupportedVersion {
+        /// The file.
+        path: PathBuf,
+        /// The version its header names.
+        version: u16,
+    },
+    /// The file's header names another Run (a renamed or copied file, or two Run ids that
+    /// collide on a case-insensitive file system). Nothing of it is served.
+    #[error("{path} holds the log of run {found:?}, not of run {expected:?}")]
+    RunMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The Run that was asked for.
+        expected: String,
+        /// The Run its header names.
+        found: String,
+    },
+    /// A damaged frame (or file header) is followed by whole frames: the damage is not a
+    /// torn tail, so cutting there would drop acknowledged records. The file is left as it is.
+    #[error("{path}: corrupt log at byte {offset}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Byte offset of the first damaged frame (0 for the file header).
+        offset: u64,
+        /// What is wrong there.
+        reason: String,
+    },
+}
+
+/// Why an append was not acknowledged. No handle was issued for it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AppendError {
+    /// Writing or syncing failed. The log cut the partial frame off again when it could;
+    /// otherwise it is poisoned (see [`AppendError::Poisoned`]).
+    #[error("appending to {path} at byte {offset}: {source}")]
+    Io {
+        /// The log file.
+        path: PathBuf,
+        /// Where the frame was being written.
+        offset: u64,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A record's metadata is larger than a frame can describe (4 GiB).
+    #[error("record metadata of {len} bytes exceeds the 4 GiB frame limit")]
+    TooLarge {
+        /// The metadata's length.
+        len: usize,
+    },
+    /// The record could not be serialized (a JSON value serde refuses).
+    #[error("record could not be encoded: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// An earlier write or sync failed and could not be undone, so what is on disk is
+    /// uncertain; the log takes no more appends. Reopen it to recover.
+    #[error("{path} refused the append: an earlier failure left it in an unknown state; reopen it")]
+    Poisoned {
+        /// The log file.
+        path: PathBuf,
+    },
+}
+
+/// Why a read by handle failed. A handle that does not resolve is not an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// The positional read failed.
+    #[error("reading {path} at byte {offset}: {source}")]
+    Io {
+        /// The log file.
+        path: PathBuf,
+        /// Where the read started.
+        offset: u64,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The frame no longer checks out (changed on disk after the log was opened), or its
+    /// metadata does not decode.
+    #[error("{path}: corrupt record at byte {offset}: {reason}")]
+    Corrupt {
+        /// The log file.
+        path: PathBuf,
+        /// Byte offset of the frame.
+        offset: u64,
+        /// What is wrong there.
+        reason: String,
+    },
+}
+
+/// Any error of this crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Opening a log failed.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// An append failed.
+    #[error(transparent)]
+    Append(#[from] AppendError),
+    /// A read failed.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+}

@@ -1,0 +1,942 @@
+//! [`RecordLog`]: one Run's log file, its in-memory index, appends under a [`SyncPolicy`],
+//! recovery on open, and reads by handle.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use psych_types::{LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId};
+
+use crate::crc32c::Crc32c;
+use crate::error::{AppendError, OpenError, ReadError};
+use crate::format::{
+    self, FILE_EXTENSION, FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_TRAILER_LEN, FrameHeader,
+    HeaderFault, KIND_TOOL_RESULT,
+};
+
+/// Content larger than this is written straight from the record instead of being copied
+/// into the frame buffer first.
+const COPY_LIMIT: usize = 1 << 20;
+/// The frame buffer is shrunk back to this after a batch of large records.
+const SCRATCH_KEEP: usize = 4 << 20;
+/// Read size when scanning and checksumming on open.
+const SCAN_CHUNK: usize = 1 << 20;
+/// The file is extended with zeros this far past the last frame, ahead of appends, so that
+/// an append overwrites blocks that already exist and its `fdatasync` flushes data only,
+/// not the file's size and extents (see `docs/format.md`, "Preallocation").
+const PREALLOC: u64 = 1 << 20;
+/// Appends larger than this do not trigger preallocation.
+const PREALLOC_MAX_APPEND: u64 = 64 << 10;
+
+/// When an append is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SyncPolicy {
+    /// Every [`RecordLog::append`] and every [`RecordLog::append_batch`] ends with one
+    /// `fdatasync` (`File::sync_data`); handles are returned only after it succeeded, so an
+    /// acknowledged record survives a process kill, an OS crash and a power loss.
+    /// `append_batch` is the group commit: one sync for the whole batch (one turn's tool
+    /// results, say), the window bounded by the batch the caller hands over.
+    #[default]
+    EveryAppend,
+    /// No sync on append: records reach the OS page cache (they survive the process being
+    /// killed, not an OS crash or power loss) and are durable only after
+    /// [`RecordLog::sync`]. For bulk loading and tests.
+    OsBuffered,
+}
+
+/// What opening a log found and repaired. Opening never drops data silently: anything cut
+/// off is described here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    /// Whole records in the log after opening.
+    pub records: u64,
+    /// The torn or damaged tail that was cut off, if any.
+    pub tail: Option<TailLoss>,
+}
+
+impl Recovery {
+    /// Whether the log opened with nothing cut off.
+    pub fn is_clean(&self) -> bool {
+        self.tail.is_none()
+    }
+}
+
+impl fmt::Display for Recovery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} whole records", self.records)?;
+        if let Some(tail) = &self.tail {
+            write!(
+                f,
+                "; cut {} bytes of damaged tail at byte {} ({})",
+                tail.bytes, tail.offset, tail.reason
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A tail that was cut off on open: the bytes of a frame whose write was torn (the process
+/// died mid-append) or damaged, with no whole frame after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TailLoss {
+    /// Byte offset the file was cut back to: the end of the last whole record.
+    pub offset: u64,
+    /// How many bytes were cut off.
+    pub bytes: u64,
+    /// What was wrong with the first bad frame.
+    pub reason: String,
+}
+
+/// Where one record's frame is, with its checked header.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    offset: u64,
+    header: FrameHeader,
+}
+
+/// The append-only, durable log of one Run: a file `<dir>/<run>.plog` of checksummed
+/// frames, one per record, with an in-memory index from position to frame built on open.
+///
+/// It is the [`RecordSource`] of its Run: reads by handle are one index lookup and one or
+/// two positional reads; a handle of another Run, or one never issued, does not resolve.
+/// Appends take `&mut self` (one writer); the file is locked against a second opener.
+/// Reads take `&self` and use positional reads, so several threads may read at once.
+pub struct RecordLog {
+    run: RunId,
+    path: PathBuf,
+    file: File,
+    sync: SyncPolicy,
+    index: Vec<Entry>,
+    /// Byte length of the whole frames (where the next frame goes).
+    end: u64,
+    /// The file's length: `end` plus preallocated zeros.
+    allocated: u64,
+    poisoned: bool,
+    scratch: Vec<u8>,
+    recovery: Recovery,
+}
+
+impl fmt::Debug for RecordLog {
+    /// The log's identity and size, not its index or buffers.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordLog")
+            .field("run", &self.run)
+            .field("path", &self.path)
+            .field("sync", &self.sync)
+            .field("records", &self.index.len())
+            .field("size_bytes", &self.end)
+            .field("poisoned", &self.poisoned)
+            .finish_non_exhaustive()
+    }
+}
+
+fn open_io(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
+    move |source| OpenError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl RecordLog {
+    /// The file that holds `run`'s log under `dir`.
+    pub fn path_for(dir: impl AsRef<Path>, run: &RunId) -> PathBuf {
+        dir.as_ref().join(format!("{run}.{FILE_EXTENSION}"))
+    }
+
+    /// Opens (creating it and `dir` if needed) the log of `run` under `dir`, checks every
+    /// frame, cuts a torn or damaged tail back to the last whole record, and says what it
+    /// found in the returned [`Recovery`].
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError`]: I/O failures, a file locked by another open log, a file that is not a
+    /// log or belongs to another Run, or damage followed by whole frames
+    /// ([`OpenError::Corrupt`], which names the offset and leaves the file untouched).
+    pub fn open(
+        dir: impl AsRef<Path>,
+        run: &RunId,
+        sync: SyncPolicy,
+    ) -> Result<(Self, Recovery), OpenError> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(open_io(dir))?;
+        let path = Self::path_for(dir, run);
+        let (file, created) = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(file) => (file, true),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => (
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .map_err(open_io(&path))?,
+                false,
+            ),
+            Err(err) => return Err(open_io(&path)(err)),
+        };
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(OpenError::Locked { path }),
+            Err(TryLockError::Error(err)) => return Err(open_io(&path)(err)),
+        }
+        let mut log = Self {
+            run: run.clone(),
+            path,
+            file,
+            sync,
+            index: Vec::new(),
+            end: 0,
+            allocated: 0,
+            poisoned: false,
+            scratch: Vec::new(),
+            recovery: Recovery {
+                records: 0,
+                tail: None,
+            },
+        };
+        let (header_loss, header_written) = log.check_header()?;
+        if created || header_written {
+            // The file's directory entry must be as durable as its header.
+            sync_dir(dir).map_err(open_io(dir))?;
+        }
+        let tail = match header_loss {
+            Some(loss) => Some(loss),
+            None => log.scan()?,
+        };
+        log.recovery = Recovery {
+            records: log.index.len() as u64,
+            tail,
+        };
+        let recovery = log.recovery.clone();
+        Ok((log, recovery))
+    }
+
+    /// Checks the file header; writes it when the file is new or its creation was torn.
+    /// Returns the loss to report, and whether the header was written.
+    fn check_header(&mut self) -> Result<(Option<TailLoss>, bool), OpenError> {
+        let expected = format::file_header(&self.run);
+        let len = self.file_len()?;
+        let want = expected.len() as u64;
+        let mut head = vec![0u8; len.min(want) as usize];
+        self.file
+            .read_exact_at(&mut head, 0)
+            .map_err(open_io(&self.path))?;
+        if head == expected {
+            self.end = want;
+            self.allocated = len;
+            return Ok((None, false));
+        }
+        if len < want && expected.starts_with(&head) {
+            // A new file, or one whose creation was cut short before any record.
+            self.file.set_len(0).map_err(open_io(&self.path))?;
+            self.file
+                .write_all_at(&expected, 0)
+                .map_err(open_io(&self.path))?;
+            self.file.sync_data().map_err(open_io(&self.path))?;
+            self.end = want;
+            self.allocated = want;
+            let loss = (len > 0).then(|| TailLoss {
+                offset: 0,
+                bytes: len,
+                reason: "file header torn during creation; rewritten".into(),
+            });
+            return Ok((loss, true));
+        }
+        // Not our header: read enough to say why (the longest possible header).
+        let mut bytes = vec![0u8; len.min(format::FILE_HEADER_FIXED as u64 + 0xFFFF + 4) as usize];
+        self.file
+            .read_exact_at(&mut bytes, 0)
+            .map_err(open_io(&self.path))?;
+        let path = self.path.clone();
+        Err(match format::header_fault(&bytes) {
+            HeaderFault::NotALog => OpenError::NotALog { path },
+            HeaderFault::Version(version) => OpenError::UnsupportedVersion { path, version },
+            HeaderFault::OtherRun(found) => OpenError::RunMismatch {
+                path,
+                expected: self.run.to_string(),
+                found,
+            },
+            HeaderFault::Damaged => OpenError::Corrupt {
+                path,
+                offset: 0,
+                reason: "file header checksum mismatch".into(),
+            },
+        })
+    }
+
+    fn file_len(&self) -> Result<u64, OpenError> {
+        Ok(self.file.metadata().map_err(open_io(&self.path))?.len())
+    }
+
+    /// Reads every frame after the header, checking both checksums, and builds the index.
+    /// On the first bad frame, decides torn tail (cut, reported) or mid-file damage (error).
+    fn scan(&mut self) -> Result<Option<TailLoss>, OpenError> {
+        let len = self.file_len()?;
+        let mut pos = self.end;
+        let mut reader = BufReader::with_capacity(SCAN_CHUNK, &self.file);
+        reader
+            .seek(SeekFrom::Start(pos))
+            .map_err(open_io(&self.path))?;
+        let mut chunk = vec![0u8; 64 << 10];
+        // (reason, where to look for whole frames after the damage, if anywhere)
+        let fault: Option<(String, Option<u64>)> = loop {
+            if pos == len {
+                break None;
+            }
+            if len - pos < FRAME_HEADER_LEN as u64 {
+                break Some(("incomplete frame header".into(), Some(pos + 1)));
+            }
+            let mut raw = [0u8; FRAME_HEADER_LEN];
+            reader.read_exact(&mut raw).map_err(open_io(&self.path))?;
+            let header = match FrameHeader::decode(&raw) {
+                Ok(header) => header,
+                Err(fault) => break Some((fault.describe().into(), Some(pos + 1))),
+            };
+            let expected = self.index.len() as u64;
+            if header.seq != expected {
+                break Some((
+                    format!("frame holds record {} where {expected} belongs", header.seq),
+                    Some(pos + 1),
+                ));
+            }
+            let frame_len = header.frame_len();
+            if frame_len > len - pos {
+                // The header is whole and says the frame runs past the end: a torn write.
+                break Some(("frame cut short".into(), None));
+            }
+            let mut crc = Crc32c::new();
+            let mut left = frame_len - (FRAME_HEADER_LEN + FRAME_TRAILER_LEN) as u64;
+            while left > 0 {
+                let take = left.min(chunk.len() as u64) as usize;
+                reader
+                    .read_exact(&mut chunk[..take])
+                    .map_err(open_io(&self.path))?;
+                crc.update(&chunk[..take]);
+                left -= take as u64;
+            }
+            let mut stored = [0u8; FRAME_TRAILER_LEN];
+            reader
+                .read_exact(&mut stored)
+                .map_err(open_io(&self.path))?;
+            if crc.finish() != u32::from_le_bytes(stored) {
+                break Some(("frame body checksum mismatch".into(), Some(pos + frame_len)));
+            }
+            self.index.push(Entry {
+                offset: pos,
+                header,
+            });
+            pos += frame_len;
+        };
+        drop(reader);
+        self.end = pos;
+        self.allocated = len;
+        let Some((reason, search_from)) = fault else {
+            return Ok(None);
+        };
+        if self.all_zero(pos, len)? {
+            // Preallocated space after the last frame: not data, nothing lost.
+            return Ok(None);
+        }
+        if let Some(from) = search_from
+            && let Some(at) = self.find_whole_frame(from, len)?
+        {
+            return Err(OpenError::Corrupt {
+                path: self.path.clone(),
+                offset: pos,
+                reason: format!("{reason}; a whole frame follows at byte {at}"),
+            });
+        }
+        self.file.set_len(pos).map_err(open_io(&self.path))?;
+        self.file.sync_data().map_err(open_io(&self.path))?;
+        self.allocated = pos;
+        Ok(Some(TailLoss {
+            offset: pos,
+            bytes: len - pos,
+            reason,
+        }))
+    }
+
+    /// Whether every byte in `from..len` is zero.
+    fn all_zero(&self, from: u64, len: u64) -> Result<bool, OpenError> {
+        let mut buf = vec![0u8; (len - from).min(SCAN_CHUNK as u64) as usize];
+        let mut pos = from;
+        while pos < len {
+            let take = (len - pos).min(buf.len() as u64) as usize;
+            self.file
+                .read_exact_at(&mut buf[..take], pos)
+                .map_err(open_io(&self.path))?;
+            if buf[..take].iter().any(|&b| b != 0) {
+                return Ok(false);
+            }
+            pos += take as u64;
+        }
+        Ok(true)
+    }
+
+    /// The offset of the first whole, checksummed frame starting in `from..len` whose
+    /// position is at least the next expected one, if any.
+    fn find_whole_frame(&self, from: u64, len: u64) -> Result<Option<u64>, OpenError> {
+        let finder = memchr::memmem::Finder::new(&FRAME_MAGIC);
+        let mut buf = vec![0u8; SCAN_CHUNK];
+        let mut start = from;
+        while start + FRAME_MAGIC.len() as u64 <= len {
+            let take = (len - start).min(buf.len() as u64) as usize;
+            self.file
+                .read_exact_at(&mut buf[..take], start)
+                .map_err(open_io(&self.path))?;
+            for hit in finder.find_iter(&buf[..take]) {
+                let at = start + hit as u64;
+                if self.is_whole_frame(at, len)? {
+                    return Ok(Some(at));
+                }
+            }
+            if start + take as u64 >= len {
+                break;
+            }
+            // Overlap so a magic split across chunks is still found.
+            start += (take - (FRAME_MAGIC.len() - 1)) as u64;
+        }
+        Ok(None)
+    }
+
+    fn is_whole_frame(&self, at: u64, len: u64) -> Result<bool, OpenError> {
+        if len - at < FRAME_HEADER_LEN as u64 {
+            return Ok(false);
+        }
+        let mut raw = [0u8; FRAME_HEADER_LEN];
+        self.file
+            .read_exact_at(&mut raw, at)
+            .map_err(open_io(&self.path))?;
+        let Ok(header) = FrameHeader::decode(&raw) else {
+            return Ok(false);
+        };
+        if header.seq < self.index.len() as u64 || header.frame_len() > len - at {
+            return Ok(false);
+        }
+        let mut crc = Crc32c::new();
+        let mut pos = at + FRAME_HEADER_LEN as u64;
+        let body_end = at + header.frame_len() - FRAME_TRAILER_LEN as u64;
+        let mut buf = vec![0u8; (body_end - pos).min(SCAN_CHUNK as u64) as usize];
+        while pos < body_end {
+            let take = (body_end - pos).min(buf.len() as u64) as usize;
+            self.file
+                .read_exact_at(&mut buf[..take], pos)
+                .map_err(open_io(&self.path))?;
+            crc.update(&buf[..take]);
+            pos += take as u64;
+        }
+        let mut stored = [0u8; FRAME_TRAILER_LEN];
+        self.file
+            .read_exact_at(&mut stored, body_end)
+            .map_err(open_io(&self.path))?;
+        Ok(crc.finish() == u32::from_le_bytes(stored))
+    }
+
+    /// Appends one record and returns its handle once it is durable under the log's
+    /// [`SyncPolicy`].
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError`]; no handle is issued and the record is not in the log's index.
+    pub fn append(&mut self, record: &Record) -> Result<RecordHandle, AppendError> {
+        let seq = self.write_frames(std::slice::from_ref(record))?;
+        Ok(RecordHandle::new(self.run.clone(), seq))
+    }
+
+    /// Appends records in order with a single write and (under
+    /// [`SyncPolicy::EveryAppend`]) a single `fdatasync`: group commit. All handles are
+    /// returned after that one sync; on error none is issued.
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError`]; the log cuts whatever of the batch it wrote.
+    pub fn append_batch(&mut self, records: &[Record]) -> Result<Vec<RecordHandle>, AppendError> {
+        let first = self.write_frames(records)?;
+        Ok((first..first + records.len() as u64)
+            .map(|seq| RecordHandle::new(self.run.clone(), seq))
+            .collect())
+    }
+
+    /// Makes every record appended so far durable (`fdatasync`). Needed only under
+    /// [`SyncPolicy::OsBuffered`].
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError::Io`] when the sync fails (the log is then poisoned: after a failed
+    /// `fdatasync` the OS may have dropped the dirty pages).
+    pub fn sync(&mut self) -> Result<(), AppendError> {
+        if self.poisoned {
+            return Err(AppendError::Poisoned {
+                path: self.path.clone(),
+            });
+        }
+        self.file.sync_data().map_err(|source| {
+            self.poisoned = true;
+            AppendError::Io {
+                path: self.path.clone(),
+                offset: self.end,
+                source,
+            }
+        })
+    }
+
+    /// Writes `records` as frames after the last whole one, syncs per policy, and indexes
+    /// them. Returns the first one's position.
+    fn write_frames(&mut self, records: &[Record]) -> Result<u64, AppendError> {
+        if self.poisoned {
+            return Err(AppendError::Poisoned {
+                path: self.path.clone(),
+            });
+        }
+        let first = self.index.len() as u64;
+        let mut entries = Vec::with_capacity(records.len());
+        let result = self
+            .write_unsynced(records, first, &mut entries)
+            .and_then(|()| {
+                let new_end = entries
+                    .last()
+                    .map_or(self.end, |last| last.offset + last.header.frame_len());
+                self.preallocate(new_end).map_err(WriteFailure::Io)
+            });
+        let result = result.and_then(|()| match self.sync {
+            SyncPolicy::EveryAppend => self.file.sync_data().map_err(WriteFailure::Io),
+            SyncPolicy::OsBuffered => Ok(()),
+        });
+        if self.scratch.capacity() > SCRATCH_KEEP {
+            self.scratch = Vec::new();
+        }
+        match result {
+            Ok(()) => {
+                if let Some(last) = entries.last() {
+                    self.end = last.offset + last.header.frame_len();
+                    self.allocated = self.allocated.max(self.end);
+                }
+                self.index.extend(entries);
+                Ok(first)
+            }
+            Err(WriteFailure::Encode(err)) => {
+                self.undo();
+                Err(err)
+            }
+            Err(WriteFailure::Io(source)) => {
+                self.undo();
+                Err(AppendError::Io {
+                    path: self.path.clone(),
+                    offset: self.end,
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Cuts the file back to its last whole frame after a failed append; poisons the log
+    /// if that fails too.
+    fn undo(&mut self) {
+        if self.file.set_len(self.end).is_err() {
+            self.poisoned = true;
+        }
+        self.allocated = self.end;
+    }
+
+    /// After a small append that ended at `new_end`, extends the file with zeros to
+    /// `PREALLOC` past it when less than half of that is left; the zeros reach the disk with
+    /// the append's own sync. Large appends (over `PREALLOC_MAX_APPEND`) are left to grow
+    /// the file themselves: for them the flush is bound by bandwidth, and writing zeros
+    /// first would double it.
+    fn preallocate(&mut self, new_end: u64) -> std::io::Result<()> {
+        self.allocated = self.allocated.max(new_end);
+        if new_end - self.end > PREALLOC_MAX_APPEND || self.allocated - new_end >= PREALLOC / 2 {
+            return Ok(());
+        }
+        let target = new_end + PREALLOC;
+        let zeros = vec![0u8; (target - self.allocated) as usize];
+        self.file.write_all_at(&zeros, self.allocated)?;
+        self.allocated = target;
+        Ok(())
+    }
+
+    fn write_unsynced(
+        &mut self,
+        records: &[Record],
+        first: u64,
+        entries: &mut Vec<Entry>,
+    ) -> Result<(), WriteFailure> {
+        let mut offset = self.end;
+        let mut flushed = self.end;
+        self.scratch.clear();
+        for (i, record) in records.iter().enumerate() {
+            let encoded = format::encode_record(record)
+                .map_err(|err| WriteFailure::Encode(AppendError::Encode(err)))?;
+            let meta_len = u32::try_from(encoded.meta.len()).map_err(|_| {
+                WriteFailure::Encode(AppendError::TooLarge {
+                    len: encoded.meta.len(),
+                })
+            })?;
+            let header = FrameHeader {
+                seq: first + i as u64,
+                kind: encoded.kind,
+                content_kind: encoded.content_kind,
+                flags: encoded.flags,
+                meta_len,
+                content_len: encoded.content.len() as u64,
+            };
+            let crc = format::body_crc(&encoded.meta, &encoded.content);
+            self.scratch.extend_from_slice(&header.encode());
+            self.scratch.extend_from_slice(&encoded.meta);
+            let content: &[u8] = match &encoded.content {
+                Cow::Borrowed(bytes) => bytes,
+                Cow::Owned(bytes) => bytes,
+            };
+            if content.len() > COPY_LIMIT {
+                self.file.write_all_at(&self.scratch, flushed)?;
+                flushed += self.scratch.len() as u64;
+                self.scratch.clear();
+                self.file.write_all_at(content, flushed)?;
+                flushed += content.len() as u64;
+            } else {
+                self.scratch.extend_from_slice(content);
+            }
+            self.scratch.extend_from_slice(&crc.to_le_bytes());
+            entries.push(Entry { offset, header });
+            offset += header.frame_len();
+        }
+        if !self.scratch.is_empty() {
+            self.file.write_all_at(&self.scratch, flushed)?;
+        }
+        Ok(())
+    }
+
+    /// The Run this log belongs to.
+    pub fn run(&self) -> &RunId {
+        &self.run
+    }
+
+    /// The log file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The sync policy appends follow.
+    pub fn sync_policy(&self) -> SyncPolicy {
+        self.sync
+    }
+
+    /// Number of records in the log.
+    pub fn len(&self) -> u64 {
+        self.index.len() as u64
+    }
+
+    /// Whether the log holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Bytes of the file holding whole frames (the header included). The file itself may be
+    /// longer: zeros preallocated for the next appends.
+    pub fn size_bytes(&self) -> u64 {
+        self.end
+    }
+
+    /// What opening found (the same value `open` returned).
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    /// The handle of record `seq`, if the log holds that many records.
+    pub fn handle(&self, seq: u64) -> Option<RecordHandle> {
+        (seq < self.len()).then(|| RecordHandle::new(self.run.clone(), seq))
+    }
+
+    /// Every record with its handle, in order, read one at a time.
+    pub fn iter(&self) -> impl Iterator<Item = Result<LoggedRecord, ReadError>> + '_ {
+        (0..self.len()).filter_map(|seq| {
+            let handle = RecordHandle::new(self.run.clone(), seq);
+            self.read_record(&handle)
+                .transpose()
+                .map(|record| record.map(|record| LoggedRecord { handle, record }))
+        })
+    }
+
+    fn entry(&self, handle: &RecordHandle) -> Option<&Entry> {
+        if handle.run != self.run {
+            return None;
+        }
+        usize::try_from(handle.seq)
+            .ok()
+            .and_then(|i| self.index.get(i))
+    }
+
+    fn read_io(&self, offset: u64) -> impl FnOnce(std::io::Error) -> ReadError + '_ {
+        move |source| ReadError::Io {
+            path: self.path.clone(),
+            offset,
+            source,
+        }
+    }
+
+    fn corrupt(&self, offset: u64, reason: &str) -> ReadError {
+        ReadError::Corrupt {
+            path: self.path.clone(),
+            offset,
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// The whole record at `handle`, its body checksum checked again.
+    fn read_record(&self, handle: &RecordHandle) -> Result<Option<Record>, ReadError> {
+        let Some(entry) = self.entry(handle) else {
+            return Ok(None);
+        };
+        let header = &entry.header;
+        let meta_len = header.meta_len as usize;
+        let body_len = usize::try_from(header.frame_len() - FRAME_HEADER_LEN as u64)
+            .map_err(|_| self.corrupt(entry.offset, "frame larger than memory"))?;
+        let mut body = vec![0u8; body_len];
+        let at = entry.offset + FRAME_HEADER_LEN as u64;
+        self.file
+            .read_exact_at(&mut body, at)
+            .map_err(self.read_io(at))?;
+        let trailer = body.split_off(body_len - FRAME_TRAILER_LEN);
+        let stored = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+        let mut crc = Crc32c::new();
+        crc.update(&body);
+        if crc.finish() != stored {
+            return Err(self.corrupt(entry.offset, "frame body checksum mismatch"));
+        }
+        let content = body.split_off(meta_len);
+        format::decode_record(header, &body, content)
+            .map(Some)
+            .map_err(|reason| self.corrupt(entry.offset, reason))
+    }
+
+    fn tool_result_entry(&self, handle: &RecordHandle) -> Option<&Entry> {
+        self.entry(handle)
+            .filter(|entry| entry.header.kind == KIND_TOOL_RESULT)
+    }
+}
+
+/// Why [`RecordLog::write_unsynced`] stopped.
+enum WriteFailure {
+    Encode(AppendError),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for WriteFailure {
+    fn from(err: std::io::Error) -> Self {
+        WriteFailure::Io(err)
+    }
+}
+
+/// Makes a new directory entry durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl RecordSource for RecordLog {
+    type Error = ReadError;
+
+    fn run(&self) -> &RunId {
+        &self.run
+    }
+
+    fn record(&self, handle: &RecordHandle) -> Result<Option<Record>, ReadError> {
+        self.read_record(handle)
+    }
+
+    fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, ReadError> {
+        let Some(entry) = self.tool_result_entry(handle) else {
+            return Ok(None);
+        };
+        let mut raw = vec![0u8; FRAME_HEADER_LEN + entry.header.meta_len as usize];
+        self.file
+            .read_exact_at(&mut raw, entry.offset)
+            .map_err(self.read_io(entry.offset))?;
+        let mut head = [0u8; FRAME_HEADER_LEN];
+        head.copy_from_slice(&raw[..FRAME_HEADER_LEN]);
+        if FrameHeader::decode(&head).ok() != Some(entry.header) {
+            return Err(self.corrupt(entry.offset, "frame header changed on disk"));
+        }
+        let summary = format::decode_summary(&entry.header, &raw[FRAME_HEADER_LEN..])
+            .map_err(|reason| self.corrupt(entry.offset, reason))?;
+        Ok(Some(OutputInfo {
+            kind: summary.kind,
+            len: entry.header.content_len,
+            is_error: entry.header.flags & format::FLAG_IS_ERROR != 0,
+            call_id: summary.call_id,
+            name: summary.name,
+        }))
+    }
+
+    /// Serves `buf.len()` bytes at most with one positional read of the stored content; the
+    /// rest of the result is not touched (nor checksummed: `record` checks the whole frame).
+    fn read_output(
+        &self,
+        handle: &RecordHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, ReadError> {
+        let Some(entry) = self.tool_result_entry(handle) else {
+            return Ok(0);
+        };
+        let len = entry.header.content_len;
+        if offset >= len {
+            return Ok(0);
+        }
+        let n = usize::try_from(len - offset).map_or(buf.len(), |left| left.min(buf.len()));
+        let at = entry.offset + entry.header.content_start() + offset;
+        self.file
+            .read_exact_at(&mut buf[..n], at)
+            .map_err(self.read_io(at))?;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod format_doc {
+    //! `docs/format.md` against the code: its constants and its worked example.
+
+    use super::*;
+    use crate::format::*;
+    use psych_types::{ToolCallId, ToolOutput, ToolResult, UserMessage};
+
+    const DOC: &str = include_str!("../docs/format.md");
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes
+            .iter()
+            .map(|b| format!("{b:02X}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The example log of the document: a user message and a text tool result.
+    fn example_file() -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("run-7").unwrap();
+        let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
+        log.append(&Record::User(UserMessage { text: "hi".into() }))
+            .unwrap();
+        log.append(&Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new("c1").unwrap(),
+            name: "ls".into(),
+            output: ToolOutput::text("a\nb\n"),
+        }))
+        .unwrap();
+        let mut bytes = std::fs::read(log.path()).unwrap();
+        assert!(bytes[log.size_bytes() as usize..].iter().all(|&b| b == 0));
+        bytes.truncate(log.size_bytes() as usize);
+        bytes
+    }
+
+    /// A hex dump, 16 bytes a line, offsets in decimal.
+    fn dump(bytes: &[u8]) -> String {
+        bytes
+            .chunks(16)
+            .enumerate()
+            .map(|(i, line)| format!("{:04}  {}\n", i * 16, hex(line)))
+            .collect()
+    }
+
+    #[test]
+    fn documented_constants_match_the_code() {
+        let expect = [
+            format!("`{}`", hex(&FILE_MAGIC)),
+            format!("`{}`", hex(&FRAME_MAGIC)),
+            format!("format version: {FORMAT_VERSION}"),
+            format!("frame header: {FRAME_HEADER_LEN} bytes"),
+            format!("frame trailer: {FRAME_TRAILER_LEN} bytes"),
+            format!("fixed file header: {FILE_HEADER_FIXED} bytes"),
+            format!("`{KIND_USER}` user message"),
+            format!("`{KIND_ASSISTANT}` assistant message"),
+            format!("`{KIND_TOOL_RESULT}` tool result"),
+            format!("`{CONTENT_NONE}` none"),
+            format!("`{CONTENT_TEXT}` text"),
+            format!("`{CONTENT_JSON}` JSON"),
+            format!("`{CONTENT_BINARY}` binary"),
+            format!("bit 0 (`{FLAG_IS_ERROR}`)"),
+            format!("`<run>.{FILE_EXTENSION}`"),
+        ];
+        for needle in expect {
+            assert!(
+                DOC.contains(&needle),
+                "docs/format.md does not say {needle}"
+            );
+        }
+        assert_eq!(&FILE_MAGIC, b"PSYCHLOG");
+        assert_eq!(&FRAME_MAGIC, b"PSRF");
+    }
+
+    #[test]
+    fn documented_example_is_what_the_code_writes() {
+        let dump = dump(&example_file());
+        assert!(
+            DOC.contains(&dump),
+            "docs/format.md's example dump is stale; the code writes:\n{dump}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{CONTENT_TEXT, KIND_TOOL_RESULT};
+    use psych_types::UserMessage;
+
+    #[test]
+    fn a_forged_length_at_the_tail_is_cut_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("forged").unwrap();
+        let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
+        let handle = log
+            .append(&Record::User(UserMessage {
+                text: "kept".into(),
+            }))
+            .unwrap();
+        let end = log.size_bytes();
+        let path = log.path().to_path_buf();
+        drop(log);
+        for (meta_len, content_len) in [(u32::MAX, u64::MAX), (0, u64::MAX - 40), (7, 1 << 40)] {
+            let forged = FrameHeader {
+                seq: 1,
+                kind: KIND_TOOL_RESULT,
+                content_kind: CONTENT_TEXT,
+                flags: 0,
+                meta_len,
+                content_len,
+            };
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes.truncate(end as usize);
+            bytes.extend_from_slice(&forged.encode());
+            bytes.extend_from_slice(b"some bytes");
+            std::fs::write(&path, &bytes).unwrap();
+            let (log, recovery) =
+                RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
+            assert_eq!(recovery.records, 1);
+            assert_eq!(recovery.tail.as_ref().map(|t| t.offset), Some(end));
+            assert!(log.record(&handle).unwrap().is_some());
+        }
+    }
+
+    #[test]
+    fn debug_shows_identity_not_contents() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("dbg").unwrap();
+        let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
+        log.append(&Record::User(UserMessage {
+            text: "secret".into(),
+        }))
+        .unwrap();
+        let shown = format!("{log:?}");
+        assert!(
+            shown.contains("records: 1") && !shown.contains("secret"),
+            "{shown}"
+        );
+    }
+}

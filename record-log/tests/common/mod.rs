@@ -1,0 +1,119 @@
+//! Helpers shared by the record log's integration tests: record makers and a proptest
+//! strategy over every record shape.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use proptest::prelude::*;
+use psych_types::{
+    AssistantMessage, Record, RunId, ToolCall, ToolCallId, ToolOutput, ToolResult, UserMessage,
+};
+
+/// A Run id, panicking on a bad literal (tests only).
+pub(crate) fn run(id: &str) -> RunId {
+    RunId::new(id).expect("test run id")
+}
+
+/// A user message.
+pub(crate) fn user(text: &str) -> Record {
+    Record::User(UserMessage { text: text.into() })
+}
+
+/// A tool result with `output`.
+pub(crate) fn result(call: &str, output: ToolOutput) -> Record {
+    Record::ToolResult(ToolResult {
+        call_id: ToolCallId::new(call).expect("test call id"),
+        name: "read_file".into(),
+        output,
+    })
+}
+
+/// A text tool result.
+pub(crate) fn text_result(text: &str) -> Record {
+    result("call_1", ToolOutput::text(text))
+}
+
+/// The record a crash-test child appends at position `seq`: deterministic, so the parent
+/// can recompute it, and of varied size (up to ~120 KB) so kills land mid-write.
+pub(crate) fn numbered(seq: u64) -> Record {
+    let len = match seq % 7 {
+        0 => 3,
+        1 => 700,
+        2 => 4096,
+        3 => 65_000,
+        4 => 20,
+        5 => 120_000,
+        _ => 9_000,
+    };
+    let text: String = (0..len)
+        .map(|i| char::from(b'a' + ((seq as usize * 31 + i) % 26) as u8))
+        .collect();
+    match seq % 3 {
+        0 => user(&text),
+        1 => result(&format!("call_{seq}"), ToolOutput::text(text)),
+        _ => result(
+            &format!("call_{seq}"),
+            ToolOutput::binary("application/octet-stream", text.into_bytes()),
+        ),
+    }
+}
+
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::from),
+        any::<i64>().prop_map(serde_json::Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(serde_json::Value::from),
+        ".{0,12}".prop_map(serde_json::Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+            prop::collection::btree_map("[a-z]{0,5}", inner, 0..4)
+                .prop_map(|map| serde_json::Value::Object(map.into_iter().collect())),
+        ]
+    })
+}
+
+fn output() -> impl Strategy<Value = ToolOutput> {
+    let body = prop_oneof![
+        ".{0,60}".prop_map(ToolOutput::text),
+        // Multi-byte text and sizes past the small-record path.
+        (0usize..3000).prop_map(|n| ToolOutput::text("é\n".repeat(n))),
+        json_value().prop_map(ToolOutput::json),
+        (
+            "[a-z]{1,8}/[a-z]{1,8}",
+            prop::collection::vec(any::<u8>(), 0..300)
+        )
+            .prop_map(|(mime, data)| ToolOutput::binary(mime, data)),
+    ];
+    (body, any::<bool>()).prop_map(|(mut output, is_error)| {
+        output.is_error = is_error;
+        output
+    })
+}
+
+/// Any record: user, assistant with tool calls, or a tool result of any content kind.
+pub(crate) fn any_record() -> impl Strategy<Value = Record> {
+    prop_oneof![
+        ".{0,40}".prop_map(|text| user(&text)),
+        (
+            ".{0,40}",
+            prop::collection::vec(("[a-z_]{1,10}", json_value()), 0..3)
+        )
+            .prop_map(|(text, calls)| Record::Assistant(AssistantMessage {
+                text,
+                tool_calls: calls
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (name, arguments))| ToolCall {
+                        id: ToolCallId::new(format!("call_{i}")).expect("valid id"),
+                        name,
+                        arguments,
+                    })
+                    .collect(),
+            })),
+        ("[a-z0-9_]{1,12}", output()).prop_map(|(call, output)| result(&call, output)),
+    ]
+}
