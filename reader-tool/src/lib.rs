@@ -1,10 +1,82 @@
-//! `read_tool_output`: page and grep a stored tool result by handle.
+//! `read_tool_output`: page and grep a stored tool result by handle, in process, over any
+//! [`psych_types::RecordSource`].
 //!
-//! Not built yet. This crate will own the reader over any `psych_types::RecordSource`, its
-//! edge behaviour (foreign or unknown handles, offsets past the end, empty greps, binary
-//! content), and the tool's definition and argument parsing.
+//! When a large tool result is shown to the model shortened, the model reads the rest back
+//! with `read_tool_output(handle, offset, limit, grep)`. The principal type is [`Reader`]: it
+//! resolves the handle in its Run's source, then scans the stored result in bounded chunks,
+//! so a small read of a huge result never pulls the whole result into memory. It needs no
+//! sandbox and never shells out.
 //!
-//! It depends on `psych-types` and memchr only.
+//! Its edges are defined:
+//!
+//! - A handle that does not parse, names another Run, names no record, or names a record
+//!   that is not a tool result is the `invalid_deferred_handle` corruption error
+//!   ([`ReadError::InvalidDeferredHandle`]): an error value for the caller, not a tool
+//!   result. Another Run's handle is refused before the source is asked.
+//! - Malformed arguments are [`Answer::Invalid`]: a validation error the model sees as its
+//!   tool result and can correct.
+//! - Units are lines, split on `\n` like `readlines`. `offset` counts lines to skip (0-based;
+//!   lines are shown numbered from 1, so line `N` is at offset `N - 1`). An offset past the
+//!   end, or a `grep` with no match, is an empty page, not an error. Every page says the
+//!   result's size in bytes and (when known) lines, the range returned, and whether more
+//!   follows with the offset to pass next.
+//! - `grep` is a literal substring search (`memchr::memmem`) returning matching lines with
+//!   their numbers, bounded by `limit`.
+//! - Lines longer than [`Limits::max_line_bytes`] are cut and the cut is marked with the
+//!   bytes left out (around the match with `grep`); a page closes once it shows
+//!   [`Limits::max_page_bytes`].
+//! - Binary content is described (MIME type, size) and neither shown nor searched. Bytes of
+//!   a text result that are not UTF-8 are written `\xNN`, with backslashes doubled on that
+//!   page and a note saying so: the page decodes back to the exact bytes.
+//!
+//! The crate also gives the tool's [`tool_definition`] for the prompt, and
+//! [`Answer::render`] turns an answer into the exact text the model sees.
+//!
+//! # Example
+//!
+//! ```
+//! use psych_reader_tool::{Answer, ReadError, Reader};
+//! use psych_types::{MemoryRecords, Record, RunId, ToolCallId, ToolOutput, ToolResult};
+//! use serde_json::json;
+//!
+//! let mut log = MemoryRecords::new(RunId::new("run-7")?);
+//! let handle = log.push(Record::ToolResult(ToolResult {
+//!     call_id: ToolCallId::new("call_1")?,
+//!     name: "fetch_logs".into(),
+//!     output: ToolOutput::text("boot ok\ndisk ok\nERROR fan stopped\nshutdown\n"),
+//! }));
+//! let reader = Reader::new(&log);
+//!
+//! let answer = reader.call(&json!({"handle": handle.to_string(), "grep": "ERROR"}))?;
+//! let Answer::Page(page) = &answer else { panic!("text reads as a page") };
+//! assert_eq!(page.lines[0].number, 3);
+//! assert!(answer.render().ends_with("     3\tERROR fan stopped"));
+//!
+//! // A handle of another Run is a typed corruption error, not a tool result.
+//! let foreign = reader.call(&json!({"handle": "run-8:0"})).unwrap_err();
+//! assert_eq!(foreign.code(), "invalid_deferred_handle");
+//! assert!(matches!(foreign, ReadError::InvalidDeferredHandle(_)));
+//!
+//! // Malformed arguments are for the model to fix.
+//! let invalid = reader.call(&json!({"handle": handle.to_string(), "limit": 0}))?;
+//! assert!(invalid.is_error());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+
+mod answer;
+mod args;
+mod definition;
+mod error;
+mod limits;
+mod reader;
+mod scan;
+
+pub use answer::{Answer, Line, Page, ResultInfo};
+pub use args::{ArgsError, ReadArgs};
+pub use definition::{TOOL_NAME, tool_definition};
+pub use error::{HandleProblem, InvalidHandle, ReadError};
+pub use limits::{Limits, LimitsError, MAX_GREP_BYTES};
+pub use reader::{Reader, read_tool_output};

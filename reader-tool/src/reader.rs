@@ -1,0 +1,173 @@
+//! [`Reader`]: resolves a handle in one Run's [`RecordSource`] and answers a read.
+
+use psych_types::{RecordHandle, RecordSource, ToolDefinition};
+use serde_json::Value;
+
+use crate::scan::{Bounds, Scan};
+use crate::{
+    Answer, HandleProblem, InvalidHandle, Limits, LimitsError, Page, ReadArgs, ReadError,
+    ResultInfo, tool_definition,
+};
+
+/// Answers `read_tool_output` calls over one Run's [`RecordSource`], in process.
+///
+/// It borrows the source and keeps no state between calls: every read resolves its handle
+/// again and scans the stored result in bounded chunks ([`Limits::chunk_bytes`]). A page at
+/// offset `N` reads the result from its start to line `N` and no further than one chunk past
+/// its last line (or to the end of a result of at most [`Limits::count_all_bytes`], to count
+/// its lines); a `grep` reads on to the next match after a full page (to know that more
+/// follows), or to the end. Memory stays bounded by the limits whatever the result's size.
+#[derive(Debug)]
+pub struct Reader<'s, S> {
+    source: &'s S,
+    limits: Limits,
+}
+
+impl<'s, S: RecordSource> Reader<'s, S> {
+    /// A reader with the default [`Limits`].
+    pub fn new(source: &'s S) -> Self {
+        Self {
+            source,
+            limits: Limits::default(),
+        }
+    }
+
+    /// A reader with the given limits.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError`] when the limits are inconsistent (see [`Limits::validate`]).
+    pub fn with_limits(source: &'s S, limits: Limits) -> Result<Self, LimitsError> {
+        limits.validate()?;
+        Ok(Self { source, limits })
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The tool's definition under this reader's limits.
+    pub fn definition(&self) -> ToolDefinition {
+        tool_definition(&self.limits)
+    }
+
+    /// Answers a call with the model's JSON arguments.
+    ///
+    /// Malformed arguments are [`Answer::Invalid`], for the model. A handle given as a string
+    /// is resolved even when other arguments are malformed, so a foreign or forged handle is
+    /// always the corruption error, never masked by a validation error.
+    ///
+    /// # Errors
+    ///
+    /// As [`Reader::read`].
+    pub fn call(&self, arguments: &Value) -> Result<Answer, ReadError<S::Error>> {
+        match ReadArgs::from_json(arguments, &self.limits) {
+            Ok(args) => self.read(&args),
+            Err(invalid) => {
+                if let Some(Value::String(handle)) = arguments.get("handle") {
+                    self.resolve(handle)?;
+                }
+                Ok(Answer::Invalid(invalid))
+            }
+        }
+    }
+
+    /// Answers a call with parsed arguments.
+    ///
+    /// The handle is resolved first; then arguments that fail [`ReadArgs::validate`] are
+    /// [`Answer::Invalid`], binary content is [`Answer::Binary`], and text is read into an
+    /// [`Answer::Page`].
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError::InvalidDeferredHandle`] when the handle does not parse, names another
+    /// Run, names no record, or names a record that is not a tool result;
+    /// [`ReadError::Source`] and [`ReadError::ShortRead`] when the source fails.
+    pub fn read(&self, args: &ReadArgs) -> Result<Answer, ReadError<S::Error>> {
+        let info = self.resolve(&args.handle)?;
+        if let Err(invalid) = args.validate(&self.limits) {
+            return Ok(Answer::Invalid(invalid));
+        }
+        if !info.kind.is_text() {
+            return Ok(Answer::Binary(info));
+        }
+        let bounds = Bounds {
+            limit: args.limit.unwrap_or(self.limits.default_limit) as usize,
+            line_cap: self.limits.max_line_bytes,
+            page_budget: self.limits.max_page_bytes,
+            count_all: self.limits.count_all_bytes,
+        };
+        let mut scan = Scan::new(self.source, &info.handle, info.len, self.limits.chunk_bytes);
+        let found = match &args.grep {
+            None => scan.read_lines(args.offset, bounds)?,
+            Some(needle) => scan.grep(args.offset, needle.as_bytes(), bounds)?,
+        };
+        Ok(Answer::Page(Page {
+            result: info,
+            offset: args.offset,
+            grep: args.grep.clone(),
+            lines: found.lines,
+            total_lines: found.total_lines,
+            next_offset: found.next_offset,
+            stopped_at: found.stopped_at,
+            ends_without_newline: found.ends_without_newline,
+            max_line_bytes: self.limits.max_line_bytes,
+        }))
+    }
+
+    /// Resolves a handle string to a tool result of this reader's Run.
+    ///
+    /// A handle naming another Run is refused before the source is asked anything.
+    ///
+    /// # Errors
+    ///
+    /// As [`Reader::read`], without [`ReadError::ShortRead`].
+    pub fn resolve(&self, handle: &str) -> Result<ResultInfo, ReadError<S::Error>> {
+        let invalid = |problem| InvalidHandle {
+            handle: handle.to_owned(),
+            problem,
+        };
+        let parsed: RecordHandle = handle
+            .parse()
+            .map_err(|err| invalid(HandleProblem::Malformed(err)))?;
+        let serving = self.source.run();
+        if &parsed.run != serving {
+            return Err(invalid(HandleProblem::OtherRun {
+                named: parsed.run,
+                serving: serving.clone(),
+            })
+            .into());
+        }
+        let Some(info) = self
+            .source
+            .output_info(&parsed)
+            .map_err(ReadError::Source)?
+        else {
+            let problem = match self.source.record(&parsed).map_err(ReadError::Source)? {
+                Some(_) => HandleProblem::NotToolResult,
+                None => HandleProblem::Unresolved,
+            };
+            return Err(invalid(problem).into());
+        };
+        Ok(ResultInfo {
+            handle: parsed,
+            name: info.name,
+            kind: info.kind,
+            len: info.len,
+            is_error: info.is_error,
+        })
+    }
+}
+
+/// Answers one call over `source` with the default [`Limits`]: the whole tool in one call.
+///
+/// # Errors
+///
+/// As [`Reader::read`].
+pub fn read_tool_output<S: RecordSource>(
+    source: &S,
+    arguments: &Value,
+) -> Result<Answer, ReadError<S::Error>> {
+    Reader::new(source).call(arguments)
+}

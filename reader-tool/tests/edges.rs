@@ -1,0 +1,455 @@
+//! The reader's defined edges, one named test each, checked through the exact text the model
+//! sees (insta snapshots in `snapshots/`).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+mod sources;
+
+use std::path::PathBuf;
+
+use psych_reader_tool::{Answer, ArgsError, Limits, ReadArgs, ReadError, Reader};
+use psych_types::{MemoryRecords, OutputKind, RecordSource, ToolOutput};
+use serde_json::{Value, json};
+use sources::{
+    Counting, Failing, LongLine, RawBytes, SYNTHETIC_LINE, Synthetic, result, run, text_log,
+};
+
+/// Reads with the default limits and returns the text the model would see.
+fn check<S: RecordSource>(source: &S, arguments: Value) -> String
+where
+    S::Error: std::fmt::Debug,
+{
+    Reader::new(source).call(&arguments).unwrap().render()
+}
+
+fn page(answer: Answer) -> psych_reader_tool::Page {
+    match answer {
+        Answer::Page(page) => page,
+        other => panic!("expected a page, got {other:?}"),
+    }
+}
+
+const TEN_LINES: &str = "2026-11-30T09:00:01Z INFO  api  started on :8080
+2026-11-30T09:00:02Z INFO  db   pool ready (8 connections)
+2026-11-30T09:00:05Z WARN  api  slow request GET /orders 1200ms
+2026-11-30T09:00:09Z INFO  api  GET /health 200 1ms
+2026-11-30T09:00:12Z ERROR db   deadlock detected on table orders
+2026-11-30T09:00:12Z INFO  api  retrying transaction 7f3a
+2026-11-30T09:00:13Z INFO  api  GET /orders 200 35ms
+2026-11-30T09:00:20Z ERROR api  upstream payments timed out after 30s
+2026-11-30T09:00:21Z INFO  api  GET /health 200 1ms
+2026-11-30T09:00:30Z INFO  api  shutting down";
+
+#[test]
+fn first_page_gives_range_total_and_next_offset() {
+    let (log, handle) = text_log("run-7", TEN_LINES);
+    insta::assert_snapshot!(
+        "first_page",
+        check(&log, json!({"handle": handle.to_string(), "limit": 4}))
+    );
+}
+
+#[test]
+fn last_page_says_end_of_result_and_missing_final_line_break() {
+    let (log, handle) = text_log("run-7", TEN_LINES);
+    insta::assert_snapshot!(
+        "last_page",
+        check(
+            &log,
+            json!({"handle": handle.to_string(), "offset": 8, "limit": 4})
+        )
+    );
+}
+
+#[test]
+fn offset_past_the_end_is_an_empty_page_not_an_error() {
+    let (log, handle) = text_log("run-7", TEN_LINES);
+    let text = check(&log, json!({"handle": handle.to_string(), "offset": 500}));
+    insta::assert_snapshot!("offset_past_end", text);
+    let at_end = page(
+        Reader::new(&log)
+            .call(&json!({"handle": handle.to_string(), "offset": 10}))
+            .unwrap(),
+    );
+    assert!(at_end.lines.is_empty());
+    assert_eq!((at_end.total_lines, at_end.next_offset), (Some(10), None));
+    let far = check(
+        &log,
+        json!({"handle": handle.to_string(), "offset": u64::MAX}),
+    );
+    assert!(far.ends_with("no lines at offset 18446744073709551615: the result has 10 lines, at offsets 0 to 9; end of result"), "{far}");
+}
+
+#[test]
+fn an_empty_result_reads_as_empty() {
+    let (log, handle) = text_log("run-7", "");
+    insta::assert_snapshot!("empty", check(&log, json!({"handle": handle.to_string()})));
+    let grep = check(&log, json!({"handle": handle.to_string(), "grep": "x"}));
+    assert!(
+        grep.ends_with("grep \"x\" from offset 0: no matching lines"),
+        "{grep}"
+    );
+}
+
+#[test]
+fn grep_returns_matching_lines_with_their_numbers() {
+    let (log, handle) = text_log("run-7", TEN_LINES);
+    insta::assert_snapshot!(
+        "grep",
+        check(&log, json!({"handle": handle.to_string(), "grep": "ERROR"}))
+    );
+}
+
+#[test]
+fn grep_with_no_match_is_an_empty_page_not_an_error() {
+    let (log, handle) = text_log("run-7", TEN_LINES);
+    insta::assert_snapshot!(
+        "grep_no_match",
+        check(&log, json!({"handle": handle.to_string(), "grep": "panic"}))
+    );
+    let from_line_4 = check(
+        &log,
+        json!({"handle": handle.to_string(), "grep": "panic", "offset": 3}),
+    );
+    assert!(
+        from_line_4.ends_with("grep \"panic\" from offset 3: no matching lines"),
+        "{from_line_4}"
+    );
+    let after_last_error = check(
+        &log,
+        json!({"handle": handle.to_string(), "grep": "ERROR", "offset": 8}),
+    );
+    assert!(
+        after_last_error.ends_with("grep \"ERROR\" from offset 8: no matching lines"),
+        "{after_last_error}"
+    );
+}
+
+#[test]
+fn grep_at_its_limit_points_at_the_next_match() {
+    let (log, handle) = text_log("run-7", TEN_LINES);
+    let reader = Reader::new(&log);
+    let first = reader
+        .call(&json!({"handle": handle.to_string(), "grep": "GET", "limit": 2}))
+        .unwrap();
+    insta::assert_snapshot!("grep_limited", first.render());
+    let next = page(first).next_offset.unwrap();
+    assert_eq!(next, 6, "line 7 is the third GET");
+    let rest = page(
+        reader
+            .call(&json!({"handle": handle.to_string(), "grep": "GET", "offset": next}))
+            .unwrap(),
+    );
+    let numbers: Vec<u64> = rest.lines.iter().map(|line| line.number).collect();
+    assert_eq!(numbers, [7, 9]);
+    assert_eq!(rest.next_offset, None);
+}
+
+#[test]
+fn grep_from_an_offset_past_the_end_is_empty() {
+    let (log, handle) = text_log("run-7", TEN_LINES);
+    insta::assert_snapshot!(
+        "grep_past_end",
+        check(
+            &log,
+            json!({"handle": handle.to_string(), "grep": "INFO", "offset": 99})
+        )
+    );
+}
+
+#[test]
+fn binary_content_is_described_never_shown_or_grepped() {
+    let mut log = MemoryRecords::new(run("run-7"));
+    let png = [0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13];
+    let handle = log.push(result(ToolOutput::binary("image/png", png.to_vec())));
+    let read = Reader::new(&log)
+        .call(&json!({"handle": handle.to_string()}))
+        .unwrap();
+    assert!(matches!(&read, Answer::Binary(info) if info.len == 12));
+    assert!(read.is_error());
+    insta::assert_snapshot!("binary", read.render());
+    let grep = check(&log, json!({"handle": handle.to_string(), "grep": "PNG"}));
+    assert_eq!(grep, read.render(), "grep is refused the same way");
+    assert!(!grep.contains("PNG\r"), "no bytes of the image leak");
+}
+
+#[test]
+fn invalid_utf8_in_a_text_result_is_escaped_losslessly() {
+    let source =
+        RawBytes::text(b"ok line\npath C:\\temp \xff\xfe end\nhalf \xe2\x82 euro \xe2\x82\xac\n");
+    let text = check(&source, json!({"handle": source.handle().to_string()}));
+    insta::assert_snapshot!("invalid_utf8", text);
+    assert!(text.contains("C:\\\\temp \\xFF\\xFE end"), "{text}");
+    let grep = check(
+        &source,
+        json!({"handle": source.handle().to_string(), "grep": "euro"}),
+    );
+    assert!(grep.contains("half \\xE2\\x82 euro €"), "{grep}");
+}
+
+#[test]
+fn a_page_without_bad_bytes_is_not_escaped() {
+    let (log, handle) = text_log("run-7", "C:\\temp\\x41 is a path\n");
+    let text = check(&log, json!({"handle": handle.to_string()}));
+    assert!(text.ends_with("\tC:\\temp\\x41 is a path"), "{text}");
+    assert!(!text.contains("note:"), "{text}");
+}
+
+#[test]
+fn one_huge_line_cannot_flood_the_answer() {
+    let huge = format!(
+        "first\n{}needle{}\nlast\n",
+        "x".repeat(10 << 20),
+        "y".repeat(10 << 20)
+    );
+    let (log, handle) = text_log("run-7", &huge);
+    let read = check(&log, json!({"handle": handle.to_string()}));
+    assert!(read.len() < 2400, "{} bytes", read.len());
+    insta::assert_snapshot!("huge_line", read.replace(&"x".repeat(2000), "x{2000}"));
+    let grep = check(
+        &log,
+        json!({"handle": handle.to_string(), "grep": "needle"}),
+    );
+    assert!(grep.len() < 2400, "{} bytes", grep.len());
+    assert!(grep.contains("[…10484763 bytes]"), "{grep}");
+    assert!(
+        grep.contains("xxxneedleyyy"),
+        "the window is around the match"
+    );
+}
+
+#[test]
+fn a_100_mb_line_is_cut_and_read_in_bounded_chunks() {
+    let source = Counting::new(LongLine::new(100_000_000, b"NEEDLE"));
+    let h = source.inner.handle().to_string();
+    let reader = Reader::new(&source);
+    let read = page(reader.call(&json!({"handle": h})).unwrap());
+    let numbers: Vec<(u64, u64, usize)> = read
+        .lines
+        .iter()
+        .map(|line| (line.number, line.len, line.shown.len()))
+        .collect();
+    assert_eq!(numbers, [(1, 5, 5), (2, 100_000_000, 2000), (3, 4, 4)]);
+    let text = Answer::Page(read).render();
+    assert!(text.len() < 2400, "{} bytes", text.len());
+    assert!(text.contains("[…99998000 bytes]"), "{text}");
+    let grep = reader
+        .call(&json!({"handle": h, "grep": "NEEDLE"}))
+        .unwrap()
+        .render();
+    assert!(grep.len() < 2400, "{} bytes", grep.len());
+    assert!(grep.contains("[…49999003 bytes]xxxx"), "{grep}");
+    assert!(grep.contains("xxxxNEEDLExxxx"), "{grep}");
+    let chunk = Limits::default().chunk_bytes;
+    assert!(
+        source.largest_read.get() <= chunk,
+        "{}",
+        source.largest_read.get()
+    );
+}
+
+#[test]
+fn a_page_closes_at_its_byte_budget() {
+    let text: String = (0..100)
+        .map(|i| format!("{i:03} {}\n", "z".repeat(1500)))
+        .collect();
+    let (log, handle) = text_log("run-7", &text);
+    let limits = Limits {
+        max_page_bytes: 10_000,
+        ..Limits::default()
+    };
+    let reader = Reader::with_limits(&log, limits).unwrap();
+    let first = page(
+        reader
+            .call(&json!({"handle": handle.to_string(), "limit": 50}))
+            .unwrap(),
+    );
+    assert_eq!(first.lines.len(), 7, "7 × 1504 bytes reach 10,000");
+    assert_eq!(first.next_offset, Some(7));
+}
+
+#[test]
+fn a_json_result_reads_as_its_pretty_text() {
+    let path = fixtures_dir().join("catalogs/server-memory.tools.json");
+    let value: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut log = MemoryRecords::new(run("run-7"));
+    let handle = log.push(result(ToolOutput::json(value)));
+    let text = check(
+        &log,
+        json!({"handle": handle.to_string(), "grep": "\"name\": \"", "limit": 20}),
+    );
+    insta::assert_snapshot!("json_grep", text);
+    assert!(text.contains("json shown pretty-printed"));
+}
+
+#[test]
+fn a_failed_call_says_so_in_the_header() {
+    let mut log = MemoryRecords::new(run("run-7"));
+    let handle = log.push(result(ToolOutput::error(
+        "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'id'",
+    )));
+    let text = check(&log, json!({"handle": handle.to_string()}));
+    assert!(
+        text.starts_with(
+            "[read_tool_output run-7:0 · tool \"fetch_logs\" · text · 71 bytes · 3 lines · \
+             the call failed]"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn malformed_arguments_are_a_validation_answer_for_the_model() {
+    let (log, handle) = text_log("run-7", TEN_LINES);
+    let reader = Reader::new(&log);
+    let h = handle.to_string();
+    let cases = [
+        json!("run-7:1"),
+        json!({}),
+        json!({"handle": 1}),
+        json!({"handle": h, "offset": -1}),
+        json!({"handle": h, "offset": "2"}),
+        json!({"handle": h, "limit": 0}),
+        json!({"handle": h, "limit": 1001}),
+        json!({"handle": h, "grep": ""}),
+        json!({"handle": h, "pattern": "ERROR"}),
+    ];
+    let mut texts = Vec::new();
+    for arguments in cases {
+        let answer = reader.call(&arguments).unwrap();
+        assert!(matches!(answer, Answer::Invalid(_)), "{arguments}");
+        let output = answer.to_tool_output();
+        assert!(
+            output.is_error,
+            "a validation error is a failed tool result"
+        );
+        texts.push(format!("{arguments}\n{}", output.text_view().unwrap()));
+    }
+    insta::assert_snapshot!("validation", texts.join("\n\n"));
+    // Hand-built arguments get the same check.
+    let mut args = ReadArgs::new(h);
+    args.limit = Some(0);
+    assert!(matches!(
+        reader.read(&args).unwrap(),
+        Answer::Invalid(ArgsError::Limit { .. })
+    ));
+}
+
+#[test]
+fn a_foreign_handle_is_corruption_even_with_malformed_arguments() {
+    let (log, _) = text_log("run-7", TEN_LINES);
+    let err = Reader::new(&log)
+        .call(&json!({"handle": "run-8:1", "limit": 0}))
+        .unwrap_err();
+    assert_eq!(err.code(), "invalid_deferred_handle");
+}
+
+#[test]
+fn a_small_read_of_a_huge_result_never_pulls_the_whole_result() {
+    // 100 million lines, 2 GB: generated on the fly, never stored.
+    let source = Counting::new(Synthetic::new(100_000_000, 1000));
+    let h = source.inner.handle().to_string();
+    let chunk = Limits::default().chunk_bytes as u64;
+    let reader = Reader::new(&source);
+
+    let first = reader.call(&json!({"handle": h, "limit": 3})).unwrap();
+    insta::assert_snapshot!("huge_first_page", first.render());
+    assert!(source.bytes_requested.get() <= chunk);
+
+    source.bytes_requested.set(0);
+    let grep = page(
+        reader
+            .call(&json!({"handle": h, "grep": "FAIL", "limit": 2}))
+            .unwrap(),
+    );
+    let numbers: Vec<u64> = grep.lines.iter().map(|line| line.number).collect();
+    assert_eq!(numbers, [1000, 2000]);
+    assert_eq!(grep.next_offset, Some(2999));
+    assert_eq!(grep.total_lines, None);
+    assert!(
+        source.bytes_requested.get() <= chunk,
+        "{}",
+        source.bytes_requested.get()
+    );
+
+    // A deep page scans up to its offset, chunk by chunk, and no further than one chunk past.
+    source.bytes_requested.set(0);
+    let offset = 5_000_000u64;
+    let deep = page(
+        reader
+            .call(&json!({"handle": h, "offset": offset, "limit": 2}))
+            .unwrap(),
+    );
+    assert_eq!(
+        deep.lines[0].shown,
+        source
+            .inner
+            .line(offset)
+            .strip_suffix('\n')
+            .unwrap()
+            .as_bytes()
+    );
+    assert!(source.bytes_requested.get() <= offset * SYNTHETIC_LINE + 2 * chunk);
+    assert!(source.largest_read.get() as u64 <= chunk);
+}
+
+#[test]
+fn a_failing_source_is_a_typed_error_not_a_tool_result() {
+    let source = Failing::new();
+    let reader = Reader::new(&source);
+    let err = reader.call(&json!({"handle": "fail:0"})).unwrap_err();
+    assert!(matches!(err, ReadError::Source(_)), "{err:?}");
+    assert_eq!(err.code(), "record_source_failed");
+    assert_eq!(
+        err.to_string(),
+        "the record source failed: disk on fire at byte 0"
+    );
+    // Classifying an unknown handle asks the source too; its failure surfaces the same way.
+    let err = reader.call(&json!({"handle": "fail:3"})).unwrap_err();
+    assert!(matches!(err, ReadError::Source(_)), "{err:?}");
+}
+
+#[test]
+fn a_source_shorter_than_announced_is_a_typed_error() {
+    let mut source = RawBytes::text(b"only this\n");
+    source.announced = 50;
+    let err = Reader::new(&source)
+        .call(&json!({"handle": source.handle().to_string()}))
+        .unwrap_err();
+    assert_eq!(err.code(), "record_short_read");
+    assert_eq!(
+        err.to_string(),
+        "the record source ended the result raw:0 at byte 10, but announced 50 bytes"
+    );
+}
+
+#[test]
+fn a_binary_kind_from_any_source_is_refused_as_text() {
+    let mut source = RawBytes::text(b"\x00\x01\x02 not text");
+    source.kind = OutputKind::Binary {
+        mime_type: "application/octet-stream".into(),
+    };
+    let text = check(&source, json!({"handle": source.handle().to_string()}));
+    assert!(
+        text.contains("(application/octet-stream, 12 bytes)"),
+        "{text}"
+    );
+    assert!(!text.contains("not text"));
+}
+
+/// The `shared/fixtures` folder beside the checkout (or `$PSYCH_FIXTURES`).
+fn fixtures_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PSYCH_FIXTURES") {
+        return PathBuf::from(dir);
+    }
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .map(|dir| dir.join("shared/fixtures"))
+        .find(|dir| dir.is_dir())
+        .unwrap_or_else(|| panic!("no shared/fixtures above {}", manifest.display()))
+}

@@ -1,0 +1,220 @@
+//! Properties of the reader against naive models: following `next_offset` from 0 pages
+//! through any text and reconstructs it exactly; `grep` pages equal a naive line filter;
+//! an escaped page decodes back to the exact bytes. Tiny chunk sizes put every chunk edge
+//! inside lines and matches.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+mod sources;
+
+use proptest::prelude::*;
+use psych_reader_tool::{Answer, Limits, Page, ReadArgs, Reader};
+use psych_types::RecordSource;
+use sources::{RawBytes, text_log};
+
+fn limits(chunk: usize, page: usize) -> Limits {
+    Limits {
+        chunk_bytes: chunk,
+        max_page_bytes: page,
+        ..Limits::default()
+    }
+}
+
+fn read<S: RecordSource>(reader: &Reader<'_, S>, args: &ReadArgs) -> Page
+where
+    S::Error: std::fmt::Debug,
+{
+    match reader.read(args).unwrap() {
+        Answer::Page(page) => page,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The lines of `text` as `readlines` would split them, without their line breaks.
+fn naive_lines(text: &str) -> Vec<&str> {
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    if text.is_empty() || text.ends_with('\n') {
+        lines.pop();
+    }
+    lines
+}
+
+fn text_strategy() -> impl Strategy<Value = String> {
+    // Short lines, empty lines, multi-byte characters, an optional final line break.
+    prop::collection::vec("[a-c é€\t]{0,12}", 0..40).prop_flat_map(|lines| {
+        let joined = lines.join("\n");
+        prop_oneof![Just(joined.clone()), Just(format!("{joined}\n"))]
+    })
+}
+
+/// Decodes a content line of a page rendered with escapes: `\\` is a backslash, `\xNN` a
+/// byte, anything else itself.
+fn unescape(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && bytes.get(i + 1) == Some(&b'\\') {
+            out.push(b'\\');
+            i += 2;
+        } else if bytes[i] == b'\\' && bytes.get(i + 1) == Some(&b'x') {
+            out.push(u8::from_str_radix(&text[i + 2..i + 4], 16).unwrap());
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn paging_by_next_offset_reconstructs_the_text(
+        text in text_strategy(),
+        limit in 1u32..8,
+        chunk in 1usize..40,
+        page_bytes in 1usize..60,
+    ) {
+        let (log, handle) = text_log("run-p", &text);
+        let reader = Reader::with_limits(&log, limits(chunk, page_bytes)).unwrap();
+        let mut args = ReadArgs::new(handle.to_string());
+        args.limit = Some(limit);
+        let mut rebuilt = Vec::new();
+        let mut expected_number = 1;
+        loop {
+            let page = read(&reader, &args);
+            prop_assert!(page.lines.len() <= limit as usize);
+            for line in &page.lines {
+                prop_assert_eq!(line.number, expected_number);
+                prop_assert!(line.is_whole());
+                expected_number += 1;
+                rebuilt.extend_from_slice(&line.shown);
+                rebuilt.push(b'\n');
+            }
+            match page.next_offset {
+                Some(next) => {
+                    prop_assert!(!page.lines.is_empty());
+                    prop_assert_eq!(next, expected_number - 1);
+                    args.offset = next;
+                }
+                None => {
+                    if page.ends_without_newline {
+                        rebuilt.pop();
+                    }
+                    prop_assert_eq!(page.total_lines, Some(naive_lines(&text).len() as u64));
+                    break;
+                }
+            }
+        }
+        prop_assert_eq!(String::from_utf8(rebuilt).unwrap(), text);
+    }
+
+    #[test]
+    fn any_offset_reads_the_same_lines_as_slicing(
+        text in text_strategy(),
+        offset in 0u64..50,
+        limit in 1u32..10,
+        chunk in 1usize..40,
+    ) {
+        let (log, handle) = text_log("run-p", &text);
+        let reader = Reader::with_limits(&log, limits(chunk, usize::MAX)).unwrap();
+        let args = ReadArgs { offset, limit: Some(limit), ..ReadArgs::new(handle.to_string()) };
+        let page = read(&reader, &args);
+        let lines = naive_lines(&text);
+        let expected: Vec<&str> = lines.iter().skip(offset as usize).take(limit as usize).copied().collect();
+        let got: Vec<String> = page.lines.iter().map(|l| String::from_utf8(l.shown.clone()).unwrap()).collect();
+        prop_assert_eq!(got, expected);
+        let more = (offset as usize + limit as usize) < lines.len();
+        prop_assert_eq!(page.next_offset.is_some(), more);
+    }
+
+    #[test]
+    fn grep_pages_equal_a_naive_line_filter(
+        text in prop::collection::vec("[abc\n]{0,30}", 0..8).prop_map(|parts| parts.concat()),
+        needle in "[abc]{1,3}",
+        offset in 0u64..20,
+        limit in 1u32..5,
+        chunk in 1usize..32,
+    ) {
+        let (log, handle) = text_log("run-g", &text);
+        let reader = Reader::with_limits(&log, limits(chunk, usize::MAX)).unwrap();
+        let expected: Vec<(u64, &str)> = naive_lines(&text)
+            .into_iter()
+            .enumerate()
+            .map(|(i, line)| (i as u64 + 1, line))
+            .filter(|&(n, line)| n > offset && line.contains(needle.as_str()))
+            .collect();
+        let mut args = ReadArgs {
+            offset,
+            limit: Some(limit),
+            grep: Some(needle.clone()),
+            ..ReadArgs::new(handle.to_string())
+        };
+        let mut got = Vec::new();
+        let mut pages = 0;
+        loop {
+            let page = read(&reader, &args);
+            prop_assert!(page.lines.len() <= limit as usize);
+            pages += 1;
+            for line in &page.lines {
+                got.push((line.number, String::from_utf8(line.shown.clone()).unwrap()));
+            }
+            match page.next_offset {
+                Some(next) => {
+                    // The next offset is exactly the next match's line.
+                    let upcoming = expected.get(got.len()).map(|&(n, _)| n - 1);
+                    prop_assert_eq!(Some(next), upcoming);
+                    args.offset = next;
+                }
+                None => break,
+            }
+        }
+        let expected: Vec<(u64, String)> = expected.into_iter().map(|(n, l)| (n, l.to_owned())).collect();
+        prop_assert_eq!(got.len().div_ceil(limit as usize).max(1), pages);
+        prop_assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn an_escaped_page_decodes_to_the_exact_bytes(
+        lines in prop::collection::vec(prop::collection::vec(any::<u8>().prop_filter("no line break", |b| *b != b'\n'), 0..20), 1..10),
+    ) {
+        let mut bytes = lines.join(&b'\n');
+        bytes.push(b'\n');
+        let source = RawBytes::text(&bytes);
+        let answer = Reader::new(&source).read(&ReadArgs::new(source.handle().to_string())).unwrap();
+        let rendered = answer.render();
+        let escaped = rendered.contains("are written \\xNN") || rendered.contains("is written \\xNN");
+        prop_assert_eq!(escaped, std::str::from_utf8(&bytes).is_err());
+        let content: Vec<&str> = rendered.split('\n').filter(|l| l.len() >= 7 && l.as_bytes()[6] == b'\t').collect();
+        prop_assert_eq!(content.len(), lines.len());
+        for (shown, original) in content.iter().zip(&lines) {
+            let body = &shown[7..];
+            let decoded = if escaped { unescape(body) } else { body.as_bytes().to_vec() };
+            prop_assert_eq!(&decoded, original);
+        }
+    }
+
+    #[test]
+    fn no_shown_line_exceeds_the_cap(
+        lengths in prop::collection::vec(0usize..3000, 1..6),
+        chunk in 16usize..4096,
+    ) {
+        let text: String = lengths.iter().map(|&n| format!("{}\n", "é".repeat(n / 2))).collect();
+        let (log, handle) = text_log("run-c", &text);
+        let reader = Reader::with_limits(&log, limits(chunk, usize::MAX)).unwrap();
+        let page = read(&reader, &ReadArgs::new(handle.to_string()));
+        for (line, &n) in page.lines.iter().zip(&lengths) {
+            prop_assert!(line.shown.len() <= 2000);
+            prop_assert!(std::str::from_utf8(&line.shown).is_ok());
+            prop_assert_eq!(line.len as usize, n / 2 * 2);
+            prop_assert_eq!(line.cut_before() + line.shown.len() as u64 + line.cut_after(), line.len);
+        }
+    }
+}
