@@ -1,10 +1,62 @@
 //! Elision: what the model sees of large and failed tool results.
 //!
-//! Not built yet. This crate will own the cheap token estimator, thresholds validated at
-//! build time, the batch elision plan, head+tail previews with a handle and guidance, and
-//! failure truncation, exposed through `psych_types::ResultProjector`.
+//! The principal type is [`Elider`], the workspace's
+//! [`ResultProjector`](psych_types::ResultProjector): given one turn's tool results it sizes
+//! each with the cheap [`Estimator`], runs the spec's batch [`plan`] against two
+//! [`Thresholds`] (per result and per batch, validated when built), and replaces each elided
+//! success with a head+tail preview plus guidance naming `read_tool_output` and the
+//! result's handle, and each failure with its first few hundred characters. Prompt
+//! assembly calls it through the trait, without depending on this crate.
 //!
-//! It is pure (no I/O, no clock) and depends on `psych-types` only.
+//! The [`Estimator`] is a trigger, not a meter: fast and monotone in size, within a few
+//! percent of a real tokenizer on tool-result content, and **never to be used for cost**.
+//!
+//! This crate is pure: no I/O, no clock, no globals. The record log keeps every result in
+//! full; this is only a projection.
+//!
+//! # Example
+//!
+//! ```
+//! use psych_elision::{Elider, PreviewConfig, Thresholds};
+//! use psych_types::{Projection, RecordHandle, ResultProjector, ResultRef, RunId, ToolOutput};
+//!
+//! let thresholds = Thresholds::builder().per_result(2_000).per_batch(5_000).build()?;
+//! let elider = Elider::builder()
+//!     .thresholds(thresholds)
+//!     .preview(PreviewConfig { head_chars: 40, tail_chars: 20, ..PreviewConfig::default() })
+//!     .build();
+//!
+//! let run = RunId::new("run-7")?;
+//! let (small, large) = (RecordHandle::new(run.clone(), 3), RecordHandle::new(run, 5));
+//! let (fine, huge) = (ToolOutput::text("ok"), ToolOutput::text("log line\n".repeat(5_000)));
+//! let batch = [
+//!     ResultRef { handle: &small, output: &fine },
+//!     ResultRef { handle: &large, output: &huge },
+//! ];
+//! let mut out = vec![Projection::Full; batch.len()];
+//! elider.project(&batch, &mut out);
+//!
+//! assert_eq!(out[0], Projection::Full);
+//! let Projection::Replaced(preview) = &out[1] else { return Err("not elided".into()) };
+//! assert!(preview.starts_with("log line\n"));
+//! assert!(preview.contains("read_tool_output with handle \"run-7:5\""));
+//!
+//! // Thresholds are checked when built, never at run time.
+//! assert!(Thresholds::builder().per_result(10).per_batch(5).build().is_err());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+
+mod elider;
+mod estimate;
+mod plan;
+mod preview;
+mod thresholds;
+
+pub use elider::{Elider, EliderBuilder};
+pub use estimate::Estimator;
+pub use plan::{Plan, plan};
+pub use preview::PreviewConfig;
+pub use thresholds::{Thresholds, ThresholdsBuilder, ThresholdsError};

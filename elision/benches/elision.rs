@@ -1,0 +1,109 @@
+//! Benchmarks of the estimator and the plan.
+//!
+//! - `estimator`: throughput on 16 MiB of mixed content (the accuracy corpus repeated)
+//!   against summing the same bytes as u64 words (the memory-bandwidth bound), and against
+//!   tiktoken-rs o200k_base on a 256 KiB slice of the same content (too slow for 16 MiB);
+//!   compare the groups' bytes/s.
+//! - `plan`: the batch plan over 1,000 results of mixed sizes.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark fails loudly on bad data"
+)]
+
+#[path = "../tests/corpus/mod.rs"]
+#[allow(dead_code, reason = "the benchmark uses part of the corpus module")]
+mod corpus;
+
+use std::hint::black_box;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use psych_elision::{Estimator, Thresholds, plan};
+
+const MIXED_BYTES: usize = 16 << 20;
+const TIKTOKEN_BYTES: usize = 256 << 10;
+
+/// 16 MiB of the corpus's documents, interleaved and repeated, cut on a char boundary.
+fn mixed() -> String {
+    let docs: Vec<String> = corpus::corpora().into_iter().flat_map(|c| c.docs).collect();
+    let mut text = String::with_capacity(MIXED_BYTES + (1 << 20));
+    while text.len() < MIXED_BYTES {
+        for doc in &docs {
+            text.push_str(doc);
+            text.push('\n');
+        }
+    }
+    let mut end = MIXED_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
+}
+
+fn sum_words(bytes: &[u8]) -> u64 {
+    let mut chunks = bytes.chunks_exact(8);
+    let mut sum = 0u64;
+    for chunk in &mut chunks {
+        sum = sum.wrapping_add(u64::from_le_bytes(chunk.try_into().unwrap()));
+    }
+    chunks
+        .remainder()
+        .iter()
+        .fold(sum, |s, &b| s.wrapping_add(u64::from(b)))
+}
+
+fn estimator(c: &mut Criterion) {
+    let text = mixed();
+    let mut slice_end = TIKTOKEN_BYTES;
+    while !text.is_char_boundary(slice_end) {
+        slice_end -= 1;
+    }
+    let slice = &text[..slice_end];
+    let bpe = tiktoken_rs::o200k_base().unwrap();
+    let estimator = Estimator::new();
+
+    let mut group = c.benchmark_group("estimator");
+    group.sample_size(10);
+    group.throughput(Throughput::Bytes(text.len() as u64));
+    group.bench_function("u64_word_sum_16MiB", |b| {
+        b.iter(|| sum_words(black_box(text.as_bytes())))
+    });
+    group.bench_function("estimator_16MiB", |b| {
+        b.iter(|| estimator.estimate_bytes(black_box(text.as_bytes())))
+    });
+    group.throughput(Throughput::Bytes(slice.len() as u64));
+    group.bench_function("estimator_256KiB", |b| {
+        b.iter(|| estimator.estimate_bytes(black_box(slice.as_bytes())))
+    });
+    group.bench_function("tiktoken_o200k_256KiB", |b| {
+        b.iter(|| bpe.encode_ordinary(black_box(slice)).len())
+    });
+    group.finish();
+}
+
+fn plan_1000(c: &mut Criterion) {
+    let mut rng = corpus::Rng(7);
+    // Mostly small results, some middling, a few large: the step 3 sort has work to do.
+    let sizes: Vec<u64> = (0..1000)
+        .map(|_| match rng.below(10) {
+            0 => 5_000 + rng.below(50_000),
+            1..=3 => 500 + rng.below(4_000),
+            _ => rng.below(500),
+        })
+        .collect();
+    let thresholds = Thresholds::builder()
+        .per_result(10_000)
+        .per_batch(30_000)
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("plan");
+    group.bench_function("plan_1000_results", |b| {
+        b.iter(|| plan(black_box(&sizes), black_box(&thresholds)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, estimator, plan_1000);
+criterion_main!(benches);

@@ -1,0 +1,347 @@
+//! Properties of the estimator, the plan, previews and failure truncation (proptest).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::borrow::Cow;
+
+use proptest::prelude::*;
+use psych_elision::{Elider, Estimator, PreviewConfig, Thresholds, plan};
+use psych_types::{
+    Projection, RecordHandle, ResultProjector, ResultRef, RunId, TokenEstimator, ToolOutput,
+};
+
+fn est(text: &str) -> u64 {
+    Estimator::new().estimate_text(text)
+}
+
+/// Text from a small alphabet that hits every class, run rule and cluster rule often:
+/// base64 and hex characters, spaces, newlines, JSON punctuation, CJK, combining marks,
+/// ZWJ emoji, control bytes.
+fn adversarial() -> impl Strategy<Value = String> {
+    prop::collection::vec(atom(), 0..80).prop_map(|parts| parts.concat())
+}
+
+/// Long runs of one atom, a few of them: long lowercase, digit, space or base64-like runs
+/// are where a run rule could go wrong.
+fn runs() -> impl Strategy<Value = String> {
+    prop::collection::vec((atom(), 1usize..400), 1..4)
+        .prop_map(|runs| runs.into_iter().map(|(atom, n)| atom.repeat(n)).collect())
+}
+
+fn atom() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec![
+        "a",
+        "z",
+        "A",
+        "Q",
+        "0",
+        "9",
+        "+",
+        "/",
+        "=",
+        "-",
+        "_",
+        ".",
+        " ",
+        "  ",
+        "\n",
+        "\r\n",
+        "\t",
+        "\"",
+        ":",
+        ",",
+        "{",
+        "}",
+        "[",
+        "]",
+        "!",
+        "é",
+        "e\u{301}",
+        "中",
+        "語",
+        "😀",
+        "👩\u{200D}👧",
+        "\u{200D}",
+        "\u{FE0F}",
+        "\u{1}",
+        "\u{7f}",
+        "ß",
+        "aB1",
+        "x9",
+    ])
+}
+
+/// A base64 string of random bytes, optionally a data URI.
+fn base64_text() -> impl Strategy<Value = String> {
+    (prop::collection::vec(any::<u8>(), 0..300), any::<bool>()).prop_map(|(bytes, uri)| {
+        let coded = psych_types::base64::encode(&bytes);
+        if uri {
+            format!("data:image/png;base64,{coded}")
+        } else {
+            coded
+        }
+    })
+}
+
+fn any_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        adversarial(),
+        runs(),
+        (runs(), adversarial(), runs()).prop_map(|(a, b, c)| format!("{a}{b}{c}")),
+        base64_text(),
+        any::<String>(),
+        "[ -~]{0,200}",
+        "[a-f0-9]{0,80}",
+        "[A-Za-z0-9+/]{0,120}",
+        " {0,40}[a-z\"]{0,5}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn estimate_is_monotone_under_concatenation(a in any_text(), b in any_text()) {
+        let ab = format!("{a}{b}");
+        prop_assert!(est(&ab) >= est(&a), "appending lowered {:?}+{:?}", a, b);
+        prop_assert!(est(&ab) >= est(&b), "prepending lowered {:?}+{:?}", a, b);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn estimate_never_drops_at_any_split_point(text in any_text()) {
+        // Every char-boundary prefix and suffix estimates at most the whole, including a
+        // base64 run split anywhere across the boundary.
+        let whole = est(&text);
+        for (at, _) in text.char_indices() {
+            prop_assert!(est(&text[..at]) <= whole, "prefix {:?} of {:?}", &text[..at], text);
+            prop_assert!(est(&text[at..]) <= whole, "suffix {:?} of {:?}", &text[at..], text);
+        }
+    }
+
+    #[test]
+    fn estimate_grows_with_each_appended_byte(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+        // Also over raw bytes (not only UTF-8): the weight of a prefix never exceeds the whole.
+        let e = Estimator::new();
+        let mut last = 0;
+        for end in 0..=bytes.len() {
+            let now = e.estimate_bytes(&bytes[..end]);
+            prop_assert!(now >= last, "dropped at {end} of {:?}", bytes);
+            last = now;
+        }
+    }
+
+    #[test]
+    fn base64_runs_split_across_a_boundary_stay_monotone(
+        text in base64_text(),
+        prefix in adversarial(),
+        suffix in adversarial(),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let at = cut.index(text.len() + 1);
+        let (left, right) = text.split_at(at);
+        let a = format!("{prefix}{left}");
+        let b = format!("{right}{suffix}");
+        let ab = format!("{a}{b}");
+        prop_assert!(est(&ab) >= est(&a).max(est(&b)));
+    }
+
+    #[test]
+    fn binary_estimate_is_monotone_in_size(a in any::<u64>(), b in any::<u64>()) {
+        let e = Estimator::new();
+        let (small, large) = (a.min(b), a.max(b));
+        let (low, high) = (e.estimate_binary("image/png", small), e.estimate_binary("image/png", large));
+        prop_assert!(low <= high);
+    }
+}
+
+fn thresholds() -> impl Strategy<Value = Thresholds> {
+    (1u64..2_000, 0u64..4_000).prop_map(|(per_result, extra)| {
+        Thresholds::builder()
+            .per_result(per_result)
+            .per_batch(per_result + extra)
+            .build()
+            .unwrap()
+    })
+}
+
+fn sizes() -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec(
+        prop_oneof![0u64..50, 0u64..600, 0u64..3_000, Just(100u64), Just(500u64)],
+        0..60,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn plan_follows_the_spec(sizes in sizes(), t in thresholds()) {
+        let p = plan(&sizes, &t);
+        let total: u128 = sizes.iter().map(|&s| u128::from(s)).sum();
+        let kept: u128 = sizes
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !p.is_elided(i))
+            .map(|(_, &s)| u128::from(s))
+            .sum();
+        prop_assert_eq!(p.len(), sizes.len());
+        prop_assert_eq!(p.total(), total);
+        prop_assert_eq!(p.kept(), kept);
+
+        if total < u128::from(t.per_result()) {
+            // Never elides when the sum is under the per-result threshold.
+            prop_assert_eq!(p.elided().count(), 0);
+            return Ok(());
+        }
+        // Always elides every result at or over the per-result threshold.
+        for (i, &s) in sizes.iter().enumerate() {
+            if s >= t.per_result() {
+                prop_assert!(p.is_elided(i), "large result {i} kept");
+            }
+        }
+        // The kept total ends under the batch threshold (always reachable: eliding
+        // everything keeps zero).
+        prop_assert!(kept < u128::from(t.per_batch()), "kept {kept} of {total}");
+
+        // A middling result is elided only if the batch was over budget after step 2 and
+        // it was among the largest remaining (no kept middling result ranks above it).
+        let after_large: u128 =
+            sizes.iter().filter(|&&s| s < t.per_result()).map(|&s| u128::from(s)).sum();
+        for (i, &s) in sizes.iter().enumerate() {
+            if s < t.per_result() && p.is_elided(i) {
+                prop_assert!(
+                    after_large >= u128::from(t.per_batch()),
+                    "middling {i} elided under budget"
+                );
+                for (j, &other) in sizes.iter().enumerate() {
+                    if !p.is_elided(j) {
+                        prop_assert!(
+                            other < s || (other == s && j > i),
+                            "kept {j} ({other}) ranks above elided {i} ({s})"
+                        );
+                    }
+                }
+            }
+        }
+        // Minimal: un-eliding the last (smallest-ranked) middling elision would go over.
+        let middling: Vec<usize> = p.elided().filter(|&i| sizes[i] < t.per_result()).collect();
+        if let Some(&last) = middling.iter().min_by(|&&x, &&y| sizes[x].cmp(&sizes[y]).then(y.cmp(&x))) {
+            prop_assert!(kept + u128::from(sizes[last]) >= u128::from(t.per_batch()));
+        }
+        // Deterministic.
+        prop_assert_eq!(plan(&sizes, &t), p);
+    }
+}
+
+fn handle() -> RecordHandle {
+    RecordHandle::new(RunId::new("run-9").unwrap(), 12)
+}
+
+fn config() -> impl Strategy<Value = PreviewConfig> {
+    (0usize..60, 0usize..60, 0usize..80).prop_map(|(head, tail, failure)| PreviewConfig {
+        head_chars: head,
+        tail_chars: tail,
+        failure_chars: failure,
+    })
+}
+
+fn preview_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        adversarial(),
+        any::<String>(),
+        prop::collection::vec(adversarial(), 0..8).prop_map(|parts| parts.concat()),
+        "[ -~\n]{0,2000}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1_500))]
+
+    #[test]
+    fn previews_are_valid_never_longer_and_identity_on_overlap(text in preview_text(), c in config()) {
+        let out = c.preview(&text, &handle());
+        // A `str` is valid UTF-8 by construction; check it also round-trips as bytes.
+        prop_assert!(std::str::from_utf8(out.as_bytes()).is_ok());
+        prop_assert!(out.len() <= text.len());
+        let chars = text.chars().count();
+        if c.head_chars + c.tail_chars >= chars {
+            prop_assert!(matches!(out, Cow::Borrowed(_)));
+            prop_assert_eq!(out.as_ref(), text.as_str());
+        }
+        if let Cow::Owned(preview) = &out {
+            // Strictly shorter, shows the original's head and tail, names the handle.
+            prop_assert!(preview.len() < text.len());
+            let head: String = text.chars().take(c.head_chars).collect();
+            let tail: String = text.chars().rev().take(c.tail_chars).collect::<Vec<_>>().into_iter().rev().collect();
+            prop_assert!(preview.starts_with(&head));
+            let guidance_at = preview.rfind("\n\n[Elided tool result").unwrap();
+            let body = &preview[..guidance_at];
+            prop_assert!(body.trim_end_matches('\n').ends_with(tail.trim_end_matches('\n')) || tail.is_empty());
+            prop_assert!(preview.ends_with("handle \"run-9:12\", paging with offset and limit, or searching with grep.]"));
+        }
+        // Deterministic.
+        prop_assert_eq!(c.preview(&text, &handle()), out);
+    }
+
+    #[test]
+    fn failures_are_a_prefix_of_at_least_the_asked_characters(text in preview_text(), c in config()) {
+        let kept = c.truncate_failure(&text);
+        prop_assert!(text.starts_with(kept));
+        let kept_chars = kept.chars().count();
+        let chars = text.chars().count();
+        prop_assert!(kept_chars >= c.failure_chars.min(chars));
+        if chars <= c.failure_chars {
+            prop_assert_eq!(kept, text.as_str());
+        }
+    }
+
+    #[test]
+    fn the_elider_is_deterministic_and_fills_each_slot(
+        texts in prop::collection::vec((preview_text(), any::<bool>()), 0..12),
+        t in thresholds(),
+        c in config(),
+    ) {
+        let elider = Elider::builder().thresholds(t).preview(c).build();
+        let outputs: Vec<ToolOutput> = texts
+            .iter()
+            .map(|(text, failed)| if *failed { ToolOutput::error(text.clone()) } else { ToolOutput::text(text.clone()) })
+            .collect();
+        let run = RunId::new("r").unwrap();
+        let handles: Vec<RecordHandle> = (0..outputs.len() as u64).map(|i| RecordHandle::new(run.clone(), i)).collect();
+        let batch: Vec<ResultRef<'_>> = handles.iter().zip(&outputs).map(|(handle, output)| ResultRef { handle, output }).collect();
+        let mut first = vec![Projection::Full; batch.len()];
+        elider.project(&batch, &mut first);
+        let mut second = vec![Projection::Full; batch.len()];
+        elider.project(&batch, &mut second);
+        prop_assert_eq!(&first, &second);
+        for (out, (text, failed)) in first.iter().zip(&texts) {
+            if let Projection::Replaced(view) = out {
+                prop_assert!(view.len() < text.len());
+                if *failed {
+                    prop_assert!(text.starts_with(view.as_str()));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn thresholds_refuse_zero_and_inversion_at_build_time() {
+    assert!(Thresholds::builder().per_result(0).build().is_err());
+    assert!(Thresholds::builder().per_batch(0).build().is_err());
+    assert!(
+        Thresholds::builder()
+            .per_result(2)
+            .per_batch(1)
+            .build()
+            .is_err()
+    );
+}
