@@ -1,12 +1,141 @@
-//! Prompt assembly in four cache-stable zones.
+//! Prompt assembly in four cache-stable zones, the elision boundary, and byte-stable
+//! renderers to the Anthropic Messages and OpenAI Chat Completions wire formats.
 //!
-//! Not built yet. This crate will own the zones (static system sections, the dynamic system
-//! tail, the history, one transient message), the elision boundary (results strictly before
-//! the last user message go through a `psych_types::ResultProjector`), deterministic bytes,
-//! and renderers to the Anthropic Messages and OpenAI Chat Completions request formats with
-//! cache breakpoints.
+//! The main type is [`Assembler`]: it holds zone 1 ([`StaticSections`]: instructions, the
+//! skills index, the subagent roster, capability notes such as deferred-server lines), zone
+//! 2 ([`DynamicTail`]: memories and other per-user, mutable text) and the tool surface, and
+//! turns a history (zone 3, the record log's [`LoggedRecord`](psych_types::LoggedRecord)s)
+//! plus a [`Transient`] message (zone 4) into a [`Prompt`]. The prompt renders to a
+//! [`RenderedRequest`] for either provider; a [`CacheReport`] over a sequence of requests
+//! shows how much of each is a prefix reused from the one before.
 //!
-//! It is pure (no I/O, no clock) and depends on `psych-types` only.
+//! What the crate guarantees:
+//!
+//! - **The clock lives only in zone 4.** [`CurrentTime`] is accepted by [`Transient::at`]
+//!   and by nothing else; the crate has no clock of its own.
+//! - **The elision boundary is the last user message.** Tool results strictly before it go
+//!   through the [`ResultProjector`](psych_types::ResultProjector) (implemented by
+//!   psych-elision), one batch per turn (a turn starts at a user message); results at or
+//!   after it are sent whole. A result's view therefore changes at most once, when its turn
+//!   stops being the current one, and stays byte-stable for every step of a turn. The
+//!   records are only read.
+//! - **Deterministic bytes.** Tools are rendered sorted by name, the skills index and
+//!   subagent roster sorted by name, JSON objects from the records (schemas, arguments) with
+//!   keys in sorted byte order whatever map type serde_json was built with, numbers in
+//!   serde_json's formatting; no hash-map order reaches the output.
+//! - **The prefix property.** Each request is written in the provider's cache order (tools,
+//!   system, messages, the transient message last). Its cache stream is the body without
+//!   `cache_control` members; its cacheable prefix is that stream up to the end of the
+//!   history. Within a turn, the cacheable prefix of step k is a byte prefix of the cache
+//!   stream of step k+1 (see [`RenderedRequest`]).
+//! - **Accepted as-is.** Calls and results pair up exactly (one result per call id, right
+//!   after the assistant message, results first; a log that breaks this is an
+//!   [`AssembleError`]); tool and call names outside `^[a-zA-Z0-9_-]{1,64}$` are a
+//!   [`RenderError`], never a request the provider would refuse. Anthropic breakpoints: at
+//!   most four, never on the transient message, with a lookback anchor for wide steps (see
+//!   [`ANCHOR_DISTANCE`]).
+//!
+//! Binary tool output: for Anthropic, PNG, JPEG, GIF and WebP output is sent as a base64
+//! `image` block inside the `tool_result`; any other binary output, and every binary output
+//! for OpenAI (whose tool messages carry text only), becomes the one-line note
+//! `[binary output not shown: <mime>, <n> bytes, record <handle>]`, so the model can read it
+//! with the reader tool. A projection (a preview, a truncated failure) always replaces the
+//! output with its text.
+//!
+//! # Sources checked for the wire formats
+//!
+//! Checked field by field while writing the renderers (searched in November 2026):
+//!
+//! - Anthropic, "Prompt caching" (docs.anthropic.com / platform.claude.com
+//!   `build-with-claude/prompt-caching`): the cache prefix is built in the order `tools`,
+//!   `system`, `messages`; `cache_control: {"type": "ephemeral"}`; at most 4 breakpoints;
+//!   automatic prefix checking looks back about 20 blocks before each explicit breakpoint.
+//! - Anthropic, "Handle tool calls" (platform.claude.com
+//!   `agents-and-tools/tool-use/handle-tool-calls`): `tool_result` blocks with
+//!   `tool_use_id`, optional `content` (a string or text/image blocks) and `is_error`; they
+//!   go in the user message right after the assistant's `tool_use`, first in its content,
+//!   one per id; the API's own 400 message says each `tool_use` must have a `tool_result`
+//!   in the next message.
+//! - Anthropic, "Tool use with prompt caching" (platform.claude.com
+//!   `agents-and-tools/tool-use/tool-use-with-prompt-caching`): a breakpoint on the last
+//!   tool caches the tool definitions; the Messages API tool schema (`name` must match
+//!   `^[a-zA-Z0-9_-]{1,64}$`, `description`, `input_schema`); image blocks
+//!   `{"type":"image","source":{"type":"base64","media_type","data"}}` for JPEG, PNG, GIF,
+//!   WebP.
+//! - OpenAI, "Prompt caching" guide (developers.openai.com `api/docs/guides/prompt-caching`):
+//!   exact-prefix matching, static content (tools included) first, automatic from 1024
+//!   tokens, `prompt_cache_key` to route requests that share a prefix.
+//! - OpenAI, Chat Completions API reference (platform.openai.com
+//!   `docs/api-reference/chat/create`): message roles `system`, `user`, `assistant`, `tool`;
+//!   assistant `tool_calls: [{id, type: "function", function: {name, arguments}}]` with
+//!   `arguments` a JSON string; `content` optional when `tool_calls` is present; tool
+//!   messages `{role: "tool", tool_call_id, content}`; `tools: [{type: "function",
+//!   function: {name, description, parameters}}]`; function names `^[a-zA-Z0-9_-]{1,64}$`
+//!   (the API's own validation error, quoted by error libraries); top-level
+//!   `prompt_cache_key` (string).
+//!
+//! # Example
+//!
+//! ```
+//! use psych_prompt_assembly::{
+//!     AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, StaticSections,
+//!     Transient,
+//! };
+//! use psych_types::{
+//!     LoggedRecord, Projection, Record, RecordHandle, ResultProjector, ResultRef, RunId,
+//!     ToolDefinition, ToolName, UserMessage,
+//! };
+//!
+//! /// Leaves every result whole (psych-elision provides the real projector).
+//! struct Whole;
+//! impl ResultProjector for Whole {
+//!     fn project(&self, _batch: &[ResultRef<'_>], _out: &mut [Projection]) {}
+//! }
+//!
+//! let zone1 = StaticSections::new("You are a careful assistant.")
+//!     .skill("pdf", "Read and fill PDF forms")
+//!     .capability_note("Server `github` is connected but deferred: list its tools first.");
+//! let zone2 = DynamicTail::new().memory("The user prefers metric units.");
+//! let tools = vec![ToolDefinition::new(
+//!     ToolName::new("read_file")?,
+//!     "Read a file",
+//!     serde_json::from_str(r#"{"type":"object","properties":{"path":{"type":"string"}}}"#)?,
+//! )];
+//! let history = vec![LoggedRecord {
+//!     handle: RecordHandle::new(RunId::new("run-1")?, 0),
+//!     record: Record::User(UserMessage { text: "What is in notes.txt?".into() }),
+//! }];
+//! let now = Transient::at(CurrentTime::utc(1_796_041_497)?);
+//!
+//! let prompt = Assembler::new(&zone1, &zone2, &tools).assemble(&history, &Whole, &now)?;
+//! let anthropic = prompt.render_anthropic(&AnthropicOptions::new("claude-sonnet-4-5", 1024))?;
+//! let openai = prompt.render_openai(&OpenAiOptions::new("gpt-4.1").prompt_cache_key("run-1"))?;
+//!
+//! assert!(anthropic.body().starts_with(r#"{"model":"claude-sonnet-4-5","max_tokens":1024,"tools":[{"name":"read_file""#));
+//! assert_eq!(anthropic.breakpoint_blocks().len(), 3); // zone 1, zone 2, last history block
+//! // The clock is in the transient message, after everything that is cached.
+//! let clock = anthropic.body().find("2026-11-30T12:24:57Z").expect("the clock is rendered");
+//! assert!(clock > anthropic.body().find("What is in notes.txt?").expect("the history is rendered"));
+//! assert!(openai.body().contains(r#""prompt_cache_key":"run-1""#));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+
+mod anthropic;
+mod assemble;
+mod error;
+mod json;
+mod openai;
+mod render;
+mod report;
+mod zones;
+
+pub use anthropic::{ANCHOR_DISTANCE, AnthropicOptions};
+pub use assemble::{AssembleError, Assembler, Prompt};
+pub use error::Error;
+pub use openai::OpenAiOptions;
+pub use render::{Part, Provider, RenderError, RenderedRequest, Span};
+pub use report::{CacheReport, CacheRow};
+pub use zones::{CurrentTime, DynamicTail, StaticSections, TimeError, Transient};

@@ -1,8 +1,15 @@
 //! Cross-crate tests of the Psych workspace (not published).
 //!
-//! Not built yet. This crate will hold the properties that span crates (proptest), the
-//! byte-stable prompt snapshots (insta) and end-to-end runs against a real MCP server process,
-//! under `tests/`.
+//! The tests live under `tests/`:
+//!
+//! - `prompt_snapshots.rs`: the complete Anthropic and OpenAI requests that
+//!   psych-prompt-assembly renders for a realistic three-turn conversation (a deferred server
+//!   with its meta tools, a large result elided by the real `psych_elision::Elider`, a failed
+//!   call truncated, a memory added between turns, an image result), pinned as insta
+//!   snapshots, with the conversation's cache report.
+//!
+//! Still to come: the other properties that span crates (proptest) and end-to-end runs
+//! against a real MCP server process.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]

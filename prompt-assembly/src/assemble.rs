@@ -1,0 +1,454 @@
+//! Zone 3 and the elision boundary: turning the record log's records into provider-neutral
+//! messages, with tool results before the last user message projected turn by turn.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+
+use psych_types::{
+    AssistantMessage, LoggedRecord, Projection, Record, RecordHandle, ResultProjector, ResultRef,
+    ToolCallId, ToolDefinition, ToolResult,
+};
+
+use crate::{DynamicTail, StaticSections, Transient};
+
+/// Why a history cannot be assembled into a request the providers accept.
+///
+/// Both providers require every tool call to be answered by exactly one result in the next
+/// message; a log that breaks this cannot be rendered without inventing or dropping data.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AssembleError {
+    /// A tool call has no result before the next user or assistant record, or before the
+    /// end of the history.
+    #[error("tool call {call_id} (in record {assistant}) has no result")]
+    UnansweredCall {
+        /// The assistant record that made the call.
+        assistant: RecordHandle,
+        /// The unanswered call.
+        call_id: ToolCallId,
+    },
+    /// A tool result answers no pending call of the assistant record before it (an orphan,
+    /// or a second result for the same call).
+    #[error("tool result {result} answers no pending call ({call_id})")]
+    UnexpectedResult {
+        /// The tool result record.
+        result: RecordHandle,
+        /// The call id it names.
+        call_id: ToolCallId,
+    },
+    /// Two tool calls of the history share an id.
+    #[error("tool call id {call_id} is used twice (again in record {assistant})")]
+    DuplicateCallId {
+        /// The assistant record with the second use.
+        assistant: RecordHandle,
+        /// The repeated id.
+        call_id: ToolCallId,
+    },
+}
+
+/// The prompt assembler: the fixed inputs of zones 1 and 2 and the tool surface, applied to
+/// a history to give a [`Prompt`].
+///
+/// Assembly is pure: it reads the records and never changes them, calls the projector only
+/// for tool results strictly before the last user message, and has no clock (the time comes
+/// in through [`Transient`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Assembler<'a> {
+    static_sections: &'a StaticSections,
+    dynamic_tail: &'a DynamicTail,
+    tools: &'a [ToolDefinition],
+}
+
+impl<'a> Assembler<'a> {
+    /// An assembler for these system zones and this tool surface (the tools disclosure chose
+    /// for this turn, in any order: they are rendered sorted by name).
+    pub fn new(
+        static_sections: &'a StaticSections,
+        dynamic_tail: &'a DynamicTail,
+        tools: &'a [ToolDefinition],
+    ) -> Self {
+        Self {
+            static_sections,
+            dynamic_tail,
+            tools,
+        }
+    }
+
+    /// Assembles the four zones for one model call.
+    ///
+    /// The elision boundary is the last [`Record::User`] of `history`: every tool result
+    /// before it goes through `projector`, one call per turn (a turn starts at a user
+    /// message; results before the first user message form one batch of their own); every
+    /// result at or after it is sent in full.
+    ///
+    /// # Errors
+    ///
+    /// [`AssembleError`] when calls and results do not pair up.
+    pub fn assemble(
+        &self,
+        history: &'a [LoggedRecord],
+        projector: &dyn ResultProjector,
+        transient: &'a Transient,
+    ) -> Result<Prompt<'a>, AssembleError> {
+        let boundary = history
+            .iter()
+            .rposition(|logged| matches!(logged.record, Record::User(_)));
+        let mut views = vec![Projection::Full; history.len()];
+        if let Some(boundary) = boundary {
+            project_prior_turns(&history[..boundary], projector, &mut views[..boundary]);
+        }
+        let messages = group(history)?;
+        let mut tools: Vec<&ToolDefinition> = self.tools.iter().collect();
+        tools.sort_by(|a, b| a.name.as_str().cmp(b.name.as_str()));
+        Ok(Prompt {
+            static_sections: self.static_sections,
+            dynamic_tail: self.dynamic_tail,
+            tools,
+            history,
+            boundary,
+            views,
+            messages,
+            transient,
+        })
+    }
+}
+
+/// Calls the projector once per turn of `prior` (the records before the last user message).
+fn project_prior_turns(
+    prior: &[LoggedRecord],
+    projector: &dyn ResultProjector,
+    views: &mut [Projection],
+) {
+    let mut start = 0;
+    while start < prior.len() {
+        let end = prior[start + 1..]
+            .iter()
+            .position(|logged| matches!(logged.record, Record::User(_)))
+            .map_or(prior.len(), |offset| start + 1 + offset);
+        let indices: Vec<usize> = (start..end)
+            .filter(|&i| matches!(prior[i].record, Record::ToolResult(_)))
+            .collect();
+        if !indices.is_empty() {
+            let batch: Vec<ResultRef<'_>> = indices
+                .iter()
+                .filter_map(|&i| match &prior[i].record {
+                    Record::ToolResult(result) => Some(ResultRef {
+                        handle: &prior[i].handle,
+                        output: &result.output,
+                    }),
+                    _ => None,
+                })
+                .collect();
+            let mut out = vec![Projection::Full; batch.len()];
+            projector.project(&batch, &mut out);
+            for (&i, projection) in indices.iter().zip(out) {
+                views[i] = projection;
+            }
+        }
+        start = end;
+    }
+}
+
+/// One provider-neutral message of zone 3.
+#[derive(Debug, Clone)]
+pub(crate) enum Message<'a> {
+    /// A user record.
+    User { index: usize, text: &'a str },
+    /// An assistant record.
+    Assistant {
+        index: usize,
+        message: &'a AssistantMessage,
+    },
+    /// The results answering the assistant message before, in the order of its calls.
+    Results {
+        records: Range<usize>,
+        items: Vec<(usize, &'a ToolResult)>,
+    },
+}
+
+impl Message<'_> {
+    /// The history records this message renders.
+    pub(crate) fn records(&self) -> Range<usize> {
+        match self {
+            Message::User { index, .. } | Message::Assistant { index, .. } => *index..*index + 1,
+            Message::Results { records, .. } => records.clone(),
+        }
+    }
+}
+
+/// The open assistant record (its index) and, per call, the result found so far.
+type Pending<'a> = Option<(usize, Vec<Option<(usize, &'a ToolResult)>>)>;
+
+/// Groups records into messages and checks the call/result pairing.
+fn group(history: &[LoggedRecord]) -> Result<Vec<Message<'_>>, AssembleError> {
+    let mut messages = Vec::with_capacity(history.len());
+    let mut seen_ids: BTreeSet<&ToolCallId> = BTreeSet::new();
+    let mut pending: Pending<'_> = None;
+
+    fn close<'a>(
+        history: &'a [LoggedRecord],
+        pending: &mut Pending<'a>,
+        messages: &mut Vec<Message<'a>>,
+    ) -> Result<(), AssembleError> {
+        let Some((assistant, slots)) = pending.take() else {
+            return Ok(());
+        };
+        let Record::Assistant(message) = &history[assistant].record else {
+            return Ok(());
+        };
+        let mut items = Vec::with_capacity(slots.len());
+        for (slot, call) in slots.into_iter().zip(&message.tool_calls) {
+            match slot {
+                Some(item) => items.push(item),
+                None => {
+                    return Err(AssembleError::UnansweredCall {
+                        assistant: history[assistant].handle.clone(),
+                        call_id: call.id.clone(),
+                    });
+                }
+            }
+        }
+        if !items.is_empty() {
+            let end = items
+                .iter()
+                .map(|(i, _)| i + 1)
+                .max()
+                .unwrap_or(assistant + 1);
+            messages.push(Message::Results {
+                records: assistant + 1..end,
+                items,
+            });
+        }
+        Ok(())
+    }
+
+    for (index, logged) in history.iter().enumerate() {
+        match &logged.record {
+            Record::User(user) => {
+                close(history, &mut pending, &mut messages)?;
+                messages.push(Message::User {
+                    index,
+                    text: &user.text,
+                });
+            }
+            Record::Assistant(message) => {
+                close(history, &mut pending, &mut messages)?;
+                for call in &message.tool_calls {
+                    if !seen_ids.insert(&call.id) {
+                        return Err(AssembleError::DuplicateCallId {
+                            assistant: logged.handle.clone(),
+                            call_id: call.id.clone(),
+                        });
+                    }
+                }
+                messages.push(Message::Assistant { index, message });
+                if !message.tool_calls.is_empty() {
+                    pending = Some((index, vec![None; message.tool_calls.len()]));
+                }
+            }
+            Record::ToolResult(result) => {
+                let slot = pending.as_mut().and_then(|(assistant, slots)| {
+                    let Record::Assistant(message) = &history[*assistant].record else {
+                        return None;
+                    };
+                    let position = message
+                        .tool_calls
+                        .iter()
+                        .position(|call| call.id == result.call_id)?;
+                    slots.get_mut(position).filter(|slot| slot.is_none())
+                });
+                match slot {
+                    Some(slot) => *slot = Some((index, result)),
+                    None => {
+                        return Err(AssembleError::UnexpectedResult {
+                            result: logged.handle.clone(),
+                            call_id: result.call_id.clone(),
+                        });
+                    }
+                }
+                let complete = pending
+                    .as_ref()
+                    .is_some_and(|(_, slots)| slots.iter().all(Option::is_some));
+                if complete {
+                    close(history, &mut pending, &mut messages)?;
+                }
+            }
+        }
+    }
+    close(history, &mut pending, &mut messages)?;
+    Ok(messages)
+}
+
+/// One call's assembled prompt: the four zones, provider-neutral, ready to render with
+/// [`Prompt::render_anthropic`] or [`Prompt::render_openai`].
+#[derive(Debug, Clone)]
+pub struct Prompt<'a> {
+    pub(crate) static_sections: &'a StaticSections,
+    pub(crate) dynamic_tail: &'a DynamicTail,
+    pub(crate) tools: Vec<&'a ToolDefinition>,
+    pub(crate) history: &'a [LoggedRecord],
+    pub(crate) boundary: Option<usize>,
+    pub(crate) views: Vec<Projection>,
+    pub(crate) messages: Vec<Message<'a>>,
+    pub(crate) transient: &'a Transient,
+}
+
+impl<'a> Prompt<'a> {
+    /// The index in the history of the last user message (the elision boundary), if any.
+    pub fn boundary(&self) -> Option<usize> {
+        self.boundary
+    }
+
+    /// The model's view of each tool result of the history, in history order:
+    /// [`Projection::Full`] for results at or after the boundary and for those the
+    /// projector left whole.
+    pub fn result_views(&self) -> impl Iterator<Item = (&'a RecordHandle, &Projection)> + '_ {
+        self.history
+            .iter()
+            .zip(&self.views)
+            .filter(|(logged, _)| matches!(logged.record, Record::ToolResult(_)))
+            .map(|(logged, view)| (&logged.handle, view))
+    }
+
+    /// The tools in the order they are rendered (sorted by name).
+    pub fn tools(&self) -> &[&'a ToolDefinition] {
+        &self.tools
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use psych_types::{RunId, ToolCall, ToolOutput, UserMessage};
+
+    fn log(records: Vec<Record>) -> Vec<LoggedRecord> {
+        let run = RunId::new("r").unwrap();
+        records
+            .into_iter()
+            .enumerate()
+            .map(|(i, record)| LoggedRecord {
+                handle: RecordHandle::new(run.clone(), i as u64),
+                record,
+            })
+            .collect()
+    }
+
+    fn user(text: &str) -> Record {
+        Record::User(UserMessage { text: text.into() })
+    }
+
+    fn calls(ids: &[&str]) -> Record {
+        Record::Assistant(AssistantMessage {
+            text: String::new(),
+            tool_calls: ids
+                .iter()
+                .map(|id| ToolCall {
+                    id: ToolCallId::new(*id).unwrap(),
+                    name: "t".into(),
+                    arguments: serde_json::json!({}),
+                })
+                .collect(),
+        })
+    }
+
+    fn result(id: &str, text: &str) -> Record {
+        Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new(id).unwrap(),
+            name: "t".into(),
+            output: ToolOutput::text(text),
+        })
+    }
+
+    /// Replaces every result with its length, and records each batch it saw.
+    struct Counting(std::cell::RefCell<Vec<Vec<u64>>>);
+
+    impl ResultProjector for Counting {
+        fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]) {
+            self.0
+                .borrow_mut()
+                .push(batch.iter().map(|r| r.handle.seq).collect());
+            for slot in out {
+                *slot = Projection::Replaced("elided".into());
+            }
+        }
+    }
+
+    #[test]
+    fn batches_are_prior_turns_and_the_current_turn_is_full() {
+        let history = log(vec![
+            user("one"),
+            calls(&["a", "b"]),
+            result("b", "B"),
+            result("a", "A"),
+            Record::Assistant(AssistantMessage {
+                text: "done".into(),
+                tool_calls: vec![],
+            }),
+            user("two"),
+            calls(&["c"]),
+            result("c", "C"),
+            user("three"),
+            calls(&["d"]),
+            result("d", "D"),
+        ]);
+        let projector = Counting(Default::default());
+        let (zone1, zone2, transient) = Default::default();
+        let prompt = Assembler::new(&zone1, &zone2, &[])
+            .assemble(&history, &projector, &transient)
+            .unwrap();
+        assert_eq!(prompt.boundary(), Some(8));
+        assert_eq!(*projector.0.borrow(), vec![vec![2, 3], vec![7]]);
+        let views: Vec<(u64, bool)> = prompt
+            .result_views()
+            .map(|(h, v)| (h.seq, *v == Projection::Full))
+            .collect();
+        assert_eq!(views, vec![(2, false), (3, false), (7, false), (10, true)]);
+        // Results come back in call order, whatever order they were logged in.
+        let Message::Results { items, records } = &prompt.messages[2] else {
+            panic!("{:?}", prompt.messages[2]);
+        };
+        assert_eq!(records, &(2..4));
+        let ids: Vec<&str> = items.iter().map(|(_, r)| r.call_id.as_str()).collect();
+        assert_eq!(ids, vec!["a", "b"]);
+    }
+
+    #[test]
+    fn pairing_errors_are_typed() {
+        let projector = Counting(Default::default());
+        let (zone1, zone2, transient) = Default::default();
+        let assembler = Assembler::new(&zone1, &zone2, &[]);
+        let cases = [
+            (
+                vec![user("x"), calls(&["a"])],
+                "tool call a (in record r:1) has no result",
+            ),
+            (
+                vec![user("x"), calls(&["a"]), user("y")],
+                "tool call a (in record r:1) has no result",
+            ),
+            (
+                vec![user("x"), result("a", "A")],
+                "tool result r:1 answers no pending call (a)",
+            ),
+            (
+                vec![user("x"), calls(&["a"]), result("a", "A"), result("a", "A")],
+                "tool result r:3 answers no pending call (a)",
+            ),
+            (
+                vec![user("x"), calls(&["a"]), result("a", "A"), calls(&["a"])],
+                "tool call id a is used twice (again in record r:3)",
+            ),
+            (
+                vec![user("x"), calls(&["a", "a"])],
+                "tool call id a is used twice (again in record r:1)",
+            ),
+        ];
+        for (records, message) in cases {
+            let history = log(records);
+            let err = assembler
+                .assemble(&history, &projector, &transient)
+                .unwrap_err();
+            assert_eq!(err.to_string(), message);
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Canonical compact JSON, written straight into a string.
+//!
+//! The output equals `serde_json::to_string` of the same value with object keys in sorted
+//! (byte) order, whatever map order the value carries and whether or not some other crate in
+//! the build turned on serde_json's `preserve_order` feature: keys are sorted here, not by
+//! the map. Strings are escaped exactly as serde_json escapes them, and numbers are printed
+//! by serde_json's own `Number` formatting (itoa for integers, its shortest round-trip form
+//! for floats), so the same value gives the same bytes on every machine.
+
+use serde_json::{Map, Value};
+
+/// Appends `text` as a JSON string literal (with quotes), escaped as serde_json does.
+pub(crate) fn write_str(out: &mut String, text: &str) {
+    out.push('"');
+    write_str_body(out, text);
+    out.push('"');
+}
+
+/// How each byte is written inside a JSON string: 0 as is, `u` as `\u00XX`, any other
+/// value as a backslash and that character (the table serde_json uses).
+const ESCAPE: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        table[i] = b'u';
+        i += 1;
+    }
+    table[0x08] = b'b';
+    table[0x09] = b't';
+    table[0x0a] = b'n';
+    table[0x0c] = b'f';
+    table[0x0d] = b'r';
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table
+};
+
+/// Appends the escaped body of a JSON string literal, without quotes.
+pub(crate) fn write_str_body(out: &mut String, text: &str) {
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let escape = ESCAPE[usize::from(bytes[i])];
+        if escape == 0 {
+            i += 1;
+            continue;
+        }
+        // Every escaped byte is ASCII, so `start` and `i` are char boundaries.
+        if start < i {
+            out.push_str(&text[start..i]);
+        }
+        if escape == b'u' {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(bytes[i] >> 4)]));
+            out.push(char::from(HEX[usize::from(bytes[i] & 0xf)]));
+        } else {
+            out.push('\\');
+            out.push(char::from(escape));
+        }
+        i += 1;
+        start = i;
+    }
+    if start < bytes.len() {
+        out.push_str(&text[start..]);
+    }
+}
+
+/// Appends `value` as canonical compact JSON.
+pub(crate) fn write_value(out: &mut String, value: &Value) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(true) => out.push_str("true"),
+        Value::Bool(false) => out.push_str("false"),
+        Value::Number(number) => {
+            use std::fmt::Write as _;
+            // Writing to a `String` cannot fail.
+            let _ = write!(out, "{number}");
+        }
+        Value::String(text) => write_str(out, text),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_value(out, item);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => write_object(out, map),
+    }
+}
+
+/// Appends `map` as a canonical JSON object (keys in sorted byte order).
+pub(crate) fn write_object(out: &mut String, map: &Map<String, Value>) {
+    out.push('{');
+    let sorted = map
+        .keys()
+        .zip(map.keys().skip(1))
+        .all(|(a, b)| a.as_bytes() < b.as_bytes());
+    if sorted {
+        write_members(out, map.iter());
+    } else {
+        let mut members: Vec<(&String, &Value)> = map.iter().collect();
+        members.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        write_members(out, members.into_iter());
+    }
+    out.push('}');
+}
+
+fn write_members<'v>(out: &mut String, members: impl Iterator<Item = (&'v String, &'v Value)>) {
+    for (i, (key, value)) in members.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_str(out, key);
+        out.push(':');
+        write_value(out, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn canonical(value: &Value) -> String {
+        let mut out = String::new();
+        write_value(&mut out, value);
+        out
+    }
+
+    #[test]
+    fn escapes_like_serde_json() {
+        let text = "a\"b\\c\n\r\t\u{8}\u{c}\u{1}\u{1f}\u{7f}é😀/";
+        let mut out = String::new();
+        write_str(&mut out, text);
+        assert_eq!(out, serde_json::to_string(text).unwrap());
+    }
+
+    #[test]
+    fn numbers_print_like_serde_json() {
+        for value in [
+            serde_json::json!(0),
+            serde_json::json!(-17),
+            serde_json::json!(u64::MAX),
+            serde_json::json!(1.5),
+            serde_json::json!(1e300),
+            serde_json::json!(-0.000001),
+        ] {
+            assert_eq!(canonical(&value), serde_json::to_string(&value).unwrap());
+        }
+    }
+
+    #[test]
+    fn keys_are_sorted_whatever_the_map_order() {
+        // Build a map whose iteration order is not sorted only if preserve_order is on; either
+        // way the canonical output is sorted.
+        let mut map = Map::new();
+        map.insert("b".into(), Value::from(1));
+        map.insert("a".into(), Value::from(2));
+        map.insert("B".into(), Value::from(3));
+        assert_eq!(canonical(&Value::Object(map)), r#"{"B":3,"a":2,"b":1}"#);
+    }
+
+    fn arb_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            ".{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 40, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec((".{0,6}", inner), 0..6)
+                    .prop_map(|pairs| Value::Object(pairs.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn equals_serde_json_compact(value in arb_json()) {
+            prop_assert_eq!(canonical(&value), serde_json::to_string(&value).unwrap());
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! The OpenAI Chat Completions renderer (`POST /v1/chat/completions`).
+//!
+//! Shape, field by field (checked against the published reference, see the crate docs):
+//!
+//! ```text
+//! {"model":…,"prompt_cache_key":…,<extra options, sorted>,
+//!  "tools":[{"type":"function","function":{"name":…,"description":…,"parameters":{…}}}, …],
+//!  "messages":[
+//!    {"role":"system","content":"<zone 1 sections>\n\n<zone 2 tail>"},
+//!    {"role":"user","content":…},
+//!    {"role":"assistant","content":…,"tool_calls":[{"id":…,"type":"function",
+//!        "function":{"name":…,"arguments":"<JSON object as a string>"}}]},
+//!    {"role":"tool","tool_call_id":…,"content":…}, …,
+//!    {"role":"user","content":<transient>}]}
+//! ```
+//!
+//! One `tool` message answers each call, in call order, right after the assistant message
+//! that made the calls. `content` is left out of an assistant message that only calls tools
+//! (the reference makes it optional when `tool_calls` is present). Tool messages carry text
+//! only, so binary output is a one-line note here, images included; a failed call's text is
+//! prefixed with `Error: ` since the format has no error flag. `arguments` is the call's
+//! arguments as canonical compact JSON, except when the log holds them as a JSON string (the
+//! raw text of arguments that did not parse), which is sent as that text. OpenAI caches prefixes
+//! automatically; there are no breakpoints, and `prompt_cache_key` is written when set.
+
+use crate::assemble::{Message, Prompt};
+use crate::render::{
+    Out, Part, Provider, RenderError, RenderedRequest, View, check_extra, view, write_extra,
+};
+
+/// Request options of the OpenAI renderer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenAiOptions {
+    model: String,
+    prompt_cache_key: Option<String>,
+    extra: psych_types::JsonObject,
+}
+
+impl OpenAiOptions {
+    /// Options for `model`.
+    pub fn new(model: impl Into<String>) -> Self {
+        Self {
+            model: model.into(),
+            prompt_cache_key: None,
+            extra: psych_types::JsonObject::new(),
+        }
+    }
+
+    /// Sets `prompt_cache_key`, which OpenAI uses to route requests sharing a prefix to the
+    /// same cache (a Run id is a good key).
+    #[must_use]
+    pub fn prompt_cache_key(mut self, key: impl Into<String>) -> Self {
+        self.prompt_cache_key = Some(key.into());
+        self
+    }
+
+    /// Adds another top-level request field (`temperature`, `tool_choice`,
+    /// `max_completion_tokens`, `stream`…), written after `model` in key order.
+    #[must_use]
+    pub fn option(mut self, key: impl Into<String>, value: serde_json::Value) -> Self {
+        self.extra.insert(key.into(), value);
+        self
+    }
+}
+
+/// Fields the OpenAI renderer writes itself.
+const RESERVED: [&str; 4] = ["model", "prompt_cache_key", "tools", "messages"];
+
+impl Prompt<'_> {
+    /// Renders the OpenAI Chat Completions request body.
+    ///
+    /// # Errors
+    ///
+    /// [`RenderError`] for a tool or call name outside `^[a-zA-Z0-9_-]{1,64}$`, duplicate
+    /// tool names, or an extra option the renderer owns.
+    pub fn render_openai(&self, options: &OpenAiOptions) -> Result<RenderedRequest, RenderError> {
+        check_extra(&options.extra, &RESERVED)?;
+        self.check_names(false)?;
+
+        let mut out = Out::with_capacity(4096);
+        out.open(Part::Preamble);
+        out.push("{\"model\":");
+        out.str(&options.model);
+        if let Some(key) = &options.prompt_cache_key {
+            out.push(",\"prompt_cache_key\":");
+            out.str(key);
+        }
+        write_extra(&mut out, &options.extra);
+
+        if !self.tools.is_empty() {
+            out.open(Part::Tools);
+            out.push(",\"tools\":[");
+            for (i, tool) in self.tools.iter().enumerate() {
+                if i > 0 {
+                    out.push(",");
+                }
+                out.push("{\"type\":\"function\",\"function\":{\"name\":");
+                out.str(tool.name.as_str());
+                if let Some(description) = &tool.description {
+                    out.push(",\"description\":");
+                    out.str(description);
+                }
+                out.push(",\"parameters\":");
+                out.object(&tool.input_schema);
+                out.push("}");
+                out.end_block(false);
+                out.push("}");
+            }
+            out.push("]");
+        }
+
+        out.open(Part::StaticSystem);
+        out.push(",\"messages\":[");
+        let sections = self.static_sections.sections();
+        let tail = self.dynamic_tail.text();
+        let mut first = true;
+        if !sections.is_empty() || tail.is_some() {
+            out.push("{\"role\":\"system\",\"content\":\"");
+            for (i, section) in sections.iter().enumerate() {
+                if i > 0 {
+                    out.str_body("\n\n");
+                }
+                out.str_body(section);
+            }
+            if let Some(tail) = &tail {
+                out.open(Part::DynamicSystem);
+                if !sections.is_empty() {
+                    out.str_body("\n\n");
+                }
+                out.str_body(tail);
+            }
+            out.push("\"");
+            out.end_block(false);
+            out.push("}");
+            first = false;
+        }
+
+        let mut history_end = out.pos();
+        for message in &self.messages {
+            if self.openai_message(&mut out, message, first) {
+                first = false;
+                history_end = out.pos();
+            }
+        }
+
+        if let Some(text) = self.transient.text() {
+            out.open(Part::Transient);
+            if !first {
+                out.push(",");
+            }
+            out.push("{\"role\":\"user\",\"content\":");
+            out.str(&text);
+            out.end_block(false);
+            out.push("}");
+        }
+        out.close();
+        out.push("]}");
+        Ok(out.finish(Provider::OpenAi, history_end))
+    }
+
+    /// Writes one message (or run of tool messages); returns whether anything was written.
+    fn openai_message(&self, out: &mut Out, message: &Message<'_>, first: bool) -> bool {
+        let empty = match message {
+            Message::User { text, .. } => text.is_empty(),
+            Message::Assistant { message, .. } => {
+                message.text.is_empty() && message.tool_calls.is_empty()
+            }
+            Message::Results { items, .. } => items.is_empty(),
+        };
+        if empty {
+            return false;
+        }
+        out.open(Part::Message {
+            records: message.records(),
+        });
+        if !first {
+            out.push(",");
+        }
+        match message {
+            Message::User { text, .. } => {
+                out.push("{\"role\":\"user\",\"content\":");
+                out.str(text);
+                out.end_block(false);
+                out.push("}");
+            }
+            Message::Assistant { message, .. } => {
+                out.push("{\"role\":\"assistant\"");
+                if !message.text.is_empty() {
+                    out.push(",\"content\":");
+                    out.str(&message.text);
+                }
+                if !message.tool_calls.is_empty() {
+                    out.push(",\"tool_calls\":[");
+                    let mut arguments = String::new();
+                    for (i, call) in message.tool_calls.iter().enumerate() {
+                        if i > 0 {
+                            out.push(",");
+                        }
+                        out.push("{\"id\":");
+                        out.str(call.id.as_str());
+                        out.push(",\"type\":\"function\",\"function\":{\"name\":");
+                        out.str(&call.name);
+                        out.push(",\"arguments\":");
+                        if let serde_json::Value::String(raw) = &call.arguments {
+                            // Arguments the model sent as text that did not parse: as sent.
+                            out.str(raw);
+                        } else {
+                            arguments.clear();
+                            crate::json::write_value(&mut arguments, &call.arguments);
+                            out.str(&arguments);
+                        }
+                        out.push("}}");
+                    }
+                    out.push("]");
+                }
+                out.end_block(false);
+                out.push("}");
+            }
+            Message::Results { items, .. } => {
+                for (i, (index, result)) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(",");
+                    }
+                    out.push("{\"role\":\"tool\",\"tool_call_id\":");
+                    out.str(result.call_id.as_str());
+                    out.push(",\"content\":\"");
+                    if result.output.is_error {
+                        out.push("Error: ");
+                    }
+                    let handle = &self.history[*index].handle;
+                    if let View::Text(text) = view(result, handle, &self.views[*index], false) {
+                        out.str_body(&text);
+                    }
+                    out.push("\"");
+                    out.end_block(false);
+                    out.push("}");
+                }
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,377 @@
+//! What the renderers share: the rendered request with its layout, the render errors, the
+//! provider tool-name rule and the model's view of one tool result.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use psych_types::{
+    JsonObject, OutputBody, Projection, RecordHandle, ToolCallId, ToolOutput, ToolResult,
+};
+
+use crate::json;
+
+/// Why a prompt cannot be rendered as a request the provider accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RenderError {
+    /// A tool definition's name is outside `^[a-zA-Z0-9_-]{1,64}$`, the name rule of both
+    /// the Anthropic and the OpenAI API (an MCP name may have dots and 128 characters).
+    #[error(
+        "tool name {name:?} is not accepted by the provider (allowed: ^[a-zA-Z0-9_-]{{1,64}}$)"
+    )]
+    ToolName {
+        /// The refused name.
+        name: String,
+    },
+    /// A tool call in the history names a tool outside `^[a-zA-Z0-9_-]{1,64}$`; the
+    /// provider would refuse the whole request.
+    #[error(
+        "tool call {call_id} in record {assistant} names {name:?}, which the provider does not accept (allowed: ^[a-zA-Z0-9_-]{{1,64}}$)"
+    )]
+    CallName {
+        /// The refused name.
+        name: String,
+        /// The assistant record with the call.
+        assistant: RecordHandle,
+        /// The call.
+        call_id: ToolCallId,
+    },
+    /// Two tools of the surface have the same name.
+    #[error("tool name {name:?} appears twice in the tool surface")]
+    DuplicateTool {
+        /// The repeated name.
+        name: String,
+    },
+    /// A tool call's arguments are not a JSON object, which the Anthropic API requires for
+    /// `tool_use.input`.
+    #[error("tool call {call_id} in record {assistant} has arguments that are not a JSON object")]
+    ArgumentsNotObject {
+        /// The assistant record with the call.
+        assistant: RecordHandle,
+        /// The call.
+        call_id: ToolCallId,
+    },
+    /// The history and the transient message are both empty: the Anthropic API requires at
+    /// least one message.
+    #[error("the request has no message (empty history and no transient message)")]
+    NoMessages,
+    /// An extra request option uses a field the renderer writes itself.
+    #[error("request option {key:?} is written by the renderer and cannot be set as an extra")]
+    ReservedOption {
+        /// The refused key.
+        key: String,
+    },
+}
+
+/// Whether `name` matches `^[a-zA-Z0-9_-]{1,64}$`.
+pub(crate) fn provider_name_ok(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Which wire format a request is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Provider {
+    /// The Anthropic Messages API (`POST /v1/messages`).
+    Anthropic,
+    /// The OpenAI Chat Completions API (`POST /v1/chat/completions`).
+    OpenAi,
+}
+
+/// Which part of the prompt a span of a rendered request holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Part {
+    /// The request fields before the tools (`model`, `max_tokens`, extra options).
+    Preamble,
+    /// The tool definitions (the start of the provider's cache order).
+    Tools,
+    /// Zone 1: the static system sections.
+    StaticSystem,
+    /// Zone 2: the dynamic system tail.
+    DynamicSystem,
+    /// One message of zone 3 (for OpenAI, a run of `tool` messages counts as one), with the
+    /// indices of the history records it renders.
+    Message {
+        /// Indices into the history slice given to the assembler.
+        records: Range<usize>,
+    },
+    /// Zone 4: the transient message.
+    Transient,
+}
+
+/// A part of a rendered request and where it lies in the request's cache stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    /// What the bytes are.
+    pub part: Part,
+    /// Byte range in [`RenderedRequest::cache_stream`].
+    pub range: Range<usize>,
+}
+
+/// A rendered request: the exact body to send, and its layout for cache accounting.
+///
+/// # The cache stream and the prefix property
+///
+/// The body is written in the provider's cache order: preamble, `tools`, `system`, then
+/// `messages` with the transient message last. Its *cache stream* is the body with every
+/// `"cache_control"` member removed (a breakpoint marks where to cache; it is not part of
+/// the cached content, and it moves from step to step). The *cacheable prefix* is the cache
+/// stream up to the end of the last history message: it leaves out the transient message
+/// and the closing brackets.
+///
+/// The property this crate keeps is: within a turn, the cacheable prefix of step k is a
+/// byte prefix of the cache stream of step k+1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedRequest {
+    pub(crate) provider: Provider,
+    pub(crate) body: String,
+    pub(crate) markers: Vec<Range<usize>>,
+    pub(crate) spans: Vec<Span>,
+    pub(crate) block_ends: Vec<usize>,
+    pub(crate) breakpoint_blocks: Vec<usize>,
+    pub(crate) history_end: usize,
+}
+
+impl RenderedRequest {
+    /// The provider this request is for.
+    pub fn provider(&self) -> Provider {
+        self.provider
+    }
+
+    /// The JSON body, exactly as it is to be sent.
+    pub fn body(&self) -> &str {
+        &self.body
+    }
+
+    /// The JSON body, owned.
+    pub fn into_body(self) -> String {
+        self.body
+    }
+
+    /// The body without its `cache_control` members: what the provider's cache compares.
+    pub fn cache_stream(&self) -> Cow<'_, str> {
+        if self.markers.is_empty() {
+            return Cow::Borrowed(&self.body);
+        }
+        let mut stream = String::with_capacity(self.body.len());
+        let mut at = 0;
+        for marker in &self.markers {
+            stream.push_str(&self.body[at..marker.start]);
+            at = marker.end;
+        }
+        stream.push_str(&self.body[at..]);
+        Cow::Owned(stream)
+    }
+
+    /// Length of the cacheable prefix: the cache stream up to the end of the history.
+    pub fn cacheable_len(&self) -> usize {
+        self.history_end
+    }
+
+    /// The parts of the request and their byte ranges in the cache stream, in order.
+    pub fn spans(&self) -> &[Span] {
+        &self.spans
+    }
+
+    /// The span holding cache-stream byte `offset`, if any.
+    pub fn part_at(&self, offset: usize) -> Option<&Span> {
+        self.spans.iter().find(|span| span.range.contains(&offset))
+    }
+
+    /// Where each cacheable block ends in the cache stream, in cache order (Anthropic:
+    /// each tool, each system block, each message content block, the transient block last;
+    /// OpenAI: each tool and each message).
+    pub fn block_ends(&self) -> &[usize] {
+        &self.block_ends
+    }
+
+    /// The indices (into [`RenderedRequest::block_ends`]) of the blocks carrying a
+    /// `cache_control` breakpoint. Always empty for OpenAI.
+    pub fn breakpoint_blocks(&self) -> &[usize] {
+        &self.breakpoint_blocks
+    }
+}
+
+/// The `cache_control` member the Anthropic renderer appends to a breakpoint block.
+pub(crate) const MARKER: &str = ",\"cache_control\":{\"type\":\"ephemeral\"}";
+
+/// A request being written: the body and its layout, in cache-stream coordinates.
+#[derive(Debug, Default)]
+pub(crate) struct Out {
+    pub(crate) body: String,
+    markers: Vec<Range<usize>>,
+    marker_bytes: usize,
+    spans: Vec<Span>,
+    block_ends: Vec<usize>,
+    breakpoint_blocks: Vec<usize>,
+    open: Option<(Part, usize)>,
+}
+
+impl Out {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        Self {
+            body: String::with_capacity(capacity),
+            ..Self::default()
+        }
+    }
+
+    /// The current position in the cache stream.
+    pub(crate) fn pos(&self) -> usize {
+        self.body.len() - self.marker_bytes
+    }
+
+    pub(crate) fn push(&mut self, text: &str) {
+        self.body.push_str(text);
+    }
+
+    pub(crate) fn str(&mut self, text: &str) {
+        json::write_str(&mut self.body, text);
+    }
+
+    pub(crate) fn str_body(&mut self, text: &str) {
+        json::write_str_body(&mut self.body, text);
+    }
+
+    pub(crate) fn object(&mut self, map: &JsonObject) {
+        json::write_object(&mut self.body, map);
+    }
+
+    pub(crate) fn value(&mut self, value: &serde_json::Value) {
+        json::write_value(&mut self.body, value);
+    }
+
+    /// Starts a span here.
+    pub(crate) fn open(&mut self, part: Part) {
+        self.close();
+        self.open = Some((part, self.pos()));
+    }
+
+    /// Ends the open span here.
+    pub(crate) fn close(&mut self) {
+        if let Some((part, start)) = self.open.take() {
+            let end = self.pos();
+            self.spans.push(Span {
+                part,
+                range: start..end,
+            });
+        }
+    }
+
+    /// Ends a cacheable block here, after writing its breakpoint marker when `breakpoint`.
+    /// The caller writes the block's closing brace after this call.
+    pub(crate) fn end_block(&mut self, breakpoint: bool) {
+        if breakpoint {
+            let start = self.body.len();
+            self.body.push_str(MARKER);
+            self.markers.push(start..self.body.len());
+            self.marker_bytes += MARKER.len();
+            self.breakpoint_blocks.push(self.block_ends.len());
+        }
+        // The block's closing brace follows; count it in.
+        self.block_ends.push(self.pos() + 1);
+    }
+
+    /// The index the next block will get.
+    pub(crate) fn next_block(&self) -> usize {
+        self.block_ends.len()
+    }
+
+    pub(crate) fn finish(mut self, provider: Provider, history_end: usize) -> RenderedRequest {
+        self.close();
+        RenderedRequest {
+            provider,
+            body: self.body,
+            markers: self.markers,
+            spans: self.spans,
+            block_ends: self.block_ends,
+            breakpoint_blocks: self.breakpoint_blocks,
+            history_end,
+        }
+    }
+}
+
+/// The model's view of one tool result.
+pub(crate) enum View<'a> {
+    /// Text (the output's text view, a projection, or a note standing in for binary).
+    Text(Cow<'a, str>),
+    /// An image sent as an image (Anthropic only).
+    Image { media_type: &'a str, data: &'a [u8] },
+}
+
+/// Image types the Anthropic API takes as base64 image blocks.
+const IMAGE_TYPES: [&str; 4] = ["image/gif", "image/jpeg", "image/png", "image/webp"];
+
+/// The view of `result` (stored at `handle`) under `projection`.
+///
+/// Binary output the provider cannot take inline becomes a one-line note naming its type,
+/// its size and its record, so the model can read it with the reader tool.
+pub(crate) fn view<'a>(
+    result: &'a ToolResult,
+    handle: &RecordHandle,
+    projection: &'a Projection,
+    images: bool,
+) -> View<'a> {
+    if let Projection::Replaced(text) = projection {
+        return View::Text(Cow::Borrowed(text));
+    }
+    match &result.output {
+        ToolOutput {
+            body: OutputBody::Binary { mime_type, data },
+            ..
+        } => {
+            if images && IMAGE_TYPES.contains(&mime_type.as_str()) {
+                View::Image {
+                    media_type: mime_type,
+                    data,
+                }
+            } else {
+                View::Text(Cow::Owned(format!(
+                    "[binary output not shown: {mime_type}, {} bytes, record {handle}]",
+                    data.len()
+                )))
+            }
+        }
+        output => View::Text(output.text_view().unwrap_or_default()),
+    }
+}
+
+/// Refuses extra options that collide with fields the renderer writes.
+pub(crate) fn check_extra(extra: &JsonObject, reserved: &[&str]) -> Result<(), RenderError> {
+    match extra.keys().find(|key| reserved.contains(&key.as_str())) {
+        Some(key) => Err(RenderError::ReservedOption { key: key.clone() }),
+        None => Ok(()),
+    }
+}
+
+/// Writes `extra` members (sorted by key), each preceded by a comma.
+pub(crate) fn write_extra(out: &mut Out, extra: &JsonObject) {
+    let mut keys: Vec<&String> = extra.keys().collect();
+    keys.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    for key in keys {
+        out.push(",");
+        out.str(key);
+        out.push(":");
+        if let Some(value) = extra.get(key) {
+            out.value(value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_names() {
+        assert!(provider_name_ok("API-get-user"));
+        assert!(provider_name_ok(&"a".repeat(64)));
+        assert!(!provider_name_ok(&"a".repeat(65)));
+        assert!(!provider_name_ok(""));
+        assert!(!provider_name_ok("browser.navigate"));
+        assert!(!provider_name_ok("tööl"));
+    }
+}

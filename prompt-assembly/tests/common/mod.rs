@@ -1,0 +1,709 @@
+//! Shared test helpers: a deterministic test projector, scripted sessions (turns of steps
+//! with parallel calls, large, failing and binary results, memories changing between turns,
+//! a clock advancing every call), the naive assembly used as a baseline, the prefix check and
+//! a simulator of Anthropic's breakpoint lookup.
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "a helper module shared by test crates; each uses a different part"
+)]
+
+use std::collections::BTreeSet;
+
+use psych_prompt_assembly::{
+    AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, Part, Prompt,
+    RenderedRequest, StaticSections, Transient,
+};
+use psych_types::{
+    AssistantMessage, LoggedRecord, OutputBody, Projection, Record, RecordHandle, ResultProjector,
+    ResultRef, RunId, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolResult,
+    UserMessage,
+};
+
+/// A small deterministic stand-in for psych-elision: sizes in bytes, two thresholds, the
+/// batch algorithm of the spec, a head+tail preview with the handle, failures truncated.
+pub struct TestProjector {
+    pub per_result: usize,
+    pub per_batch: usize,
+}
+
+impl Default for TestProjector {
+    fn default() -> Self {
+        Self {
+            per_result: 400,
+            per_batch: 800,
+        }
+    }
+}
+
+fn size(output: &ToolOutput) -> usize {
+    match &output.body {
+        OutputBody::Binary { data, .. } => data.len(),
+        _ => output.text_view().map_or(0, |t| t.len()),
+    }
+}
+
+impl ResultProjector for TestProjector {
+    fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]) {
+        let sizes: Vec<usize> = batch.iter().map(|r| size(r.output)).collect();
+        let mut total: usize = sizes.iter().sum();
+        if total < self.per_result {
+            return;
+        }
+        let mut elide = vec![false; batch.len()];
+        for (i, &s) in sizes.iter().enumerate() {
+            if s >= self.per_result {
+                elide[i] = true;
+                total -= s;
+            }
+        }
+        let mut rest: Vec<usize> = (0..batch.len()).filter(|&i| !elide[i]).collect();
+        rest.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
+        for i in rest {
+            if total < self.per_batch {
+                break;
+            }
+            elide[i] = true;
+            total -= sizes[i];
+        }
+        for (i, slot) in out.iter_mut().enumerate() {
+            if elide[i] {
+                *slot = Projection::Replaced(preview(batch[i]));
+            }
+        }
+    }
+}
+
+fn preview(result: ResultRef<'_>) -> String {
+    let text = result.output.text_view().map(|t| t.into_owned());
+    match text {
+        Some(text) if result.output.is_error => text.chars().take(120).collect::<String>(),
+        Some(text) => {
+            let chars: Vec<char> = text.chars().collect();
+            let head: String = chars.iter().take(60).collect();
+            let tail: String = chars[chars.len().saturating_sub(60)..].iter().collect();
+            format!(
+                "{head}\n[... {} bytes elided; read the rest with read_tool_output(\"{}\") ...]\n{tail}",
+                text.len(),
+                result.handle
+            )
+        }
+        None => format!("[binary output elided; handle {}]", result.handle),
+    }
+}
+
+/// Leaves every result whole.
+pub struct Whole;
+
+impl ResultProjector for Whole {
+    fn project(&self, _batch: &[ResultRef<'_>], _out: &mut [Projection]) {}
+}
+
+/// What one tool call returns in a script.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Small,
+    Large(usize),
+    Fail(usize),
+    Json,
+    Image,
+    Pdf,
+}
+
+/// One step of a turn: the parallel calls the model makes.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub calls: Vec<Outcome>,
+}
+
+/// One turn: a user message, optionally a memory change before it, tool steps, a final reply.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub new_memory: bool,
+    pub steps: Vec<Step>,
+}
+
+/// One model call of a session: the history it sees and the inputs that vary.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub turn: usize,
+    pub step: usize,
+    pub history_len: usize,
+    pub tail: DynamicTail,
+    pub time: CurrentTime,
+}
+
+/// A played-out script: the full history and every model call made along it.
+pub struct Session {
+    pub history: Vec<LoggedRecord>,
+    pub calls: Vec<Call>,
+}
+
+pub const TOOL_NAMES: [&str; 4] = [
+    "read_file",
+    "search_code",
+    "take_screenshot",
+    "deferred_call",
+];
+
+fn pseudo_text(seed: usize, len: usize) -> String {
+    const WORDS: [&str; 8] = [
+        "alpha", "beta", "gamma", "delta", "line", "fn", "{}", "\"q\"\n",
+    ];
+    let mut out = String::with_capacity(len + 8);
+    let mut i = seed;
+    while out.len() < len {
+        out.push_str(WORDS[i % WORDS.len()]);
+        out.push(' ');
+        i = i.wrapping_mul(31).wrapping_add(7);
+    }
+    out
+}
+
+fn output(outcome: &Outcome, seed: usize) -> ToolOutput {
+    match outcome {
+        Outcome::Small => ToolOutput::text(format!("ok {seed}")),
+        Outcome::Large(len) => ToolOutput::text(pseudo_text(seed, *len)),
+        Outcome::Fail(len) => ToolOutput::error(format!(
+            "Traceback (most recent call last): {}",
+            pseudo_text(seed, *len)
+        )),
+        Outcome::Json => ToolOutput::json(serde_json::json!({
+            "z": seed, "a": [1.5, "x", null], "m": {"b": true, "a": -3}
+        })),
+        Outcome::Image => ToolOutput::binary("image/png", vec![0x89, b'P', b'N', b'G', seed as u8]),
+        Outcome::Pdf => ToolOutput::binary("application/pdf", vec![b'%'; 300 + seed % 7]),
+    }
+}
+
+/// Plays a script: records are appended as a runtime would, and a call is made before each
+/// assistant record.
+pub fn play(turns: &[Turn]) -> Session {
+    let run = RunId::new("run-1").unwrap();
+    let mut history: Vec<LoggedRecord> = Vec::new();
+    let mut calls = Vec::new();
+    let mut memories = vec!["The user writes Rust.".to_owned()];
+    let mut clock = 1_796_041_497_i64;
+    let mut call_id = 0;
+    let push = |history: &mut Vec<LoggedRecord>, record: Record| {
+        let handle = RecordHandle::new(run.clone(), history.len() as u64);
+        history.push(LoggedRecord { handle, record });
+    };
+    for (t, turn) in turns.iter().enumerate() {
+        if turn.new_memory {
+            memories.push(format!("Learned in turn {t}: prefers short answers."));
+        }
+        let tail = memories
+            .iter()
+            .fold(DynamicTail::new(), |tail, m| tail.memory(m.clone()));
+        push(
+            &mut history,
+            Record::User(UserMessage {
+                text: format!("Question {t}: look at the repository, please."),
+            }),
+        );
+        for (s, step) in turn.steps.iter().enumerate() {
+            clock += 7;
+            calls.push(Call {
+                turn: t,
+                step: s,
+                history_len: history.len(),
+                tail: tail.clone(),
+                time: CurrentTime::utc(clock).unwrap(),
+            });
+            let ids: Vec<String> = step
+                .calls
+                .iter()
+                .map(|_| {
+                    call_id += 1;
+                    format!("toolu_{call_id:04}")
+                })
+                .collect();
+            push(
+                &mut history,
+                Record::Assistant(AssistantMessage {
+                    text: if s == 0 {
+                        format!("Let me check (turn {t}).")
+                    } else {
+                        String::new()
+                    },
+                    tool_calls: ids
+                        .iter()
+                        .enumerate()
+                        .map(|(i, id)| ToolCall {
+                            id: ToolCallId::new(id.clone()).unwrap(),
+                            name: TOOL_NAMES[i % TOOL_NAMES.len()].to_owned(),
+                            arguments: serde_json::json!({"path": format!("src/{id}.rs"), "n": i}),
+                        })
+                        .collect(),
+                }),
+            );
+            // Results arrive in reverse call order, as parallel calls may.
+            for (i, (outcome, id)) in step.calls.iter().zip(&ids).enumerate().rev() {
+                push(
+                    &mut history,
+                    Record::ToolResult(ToolResult {
+                        call_id: ToolCallId::new(id.clone()).unwrap(),
+                        name: TOOL_NAMES[i % TOOL_NAMES.len()].to_owned(),
+                        output: output(outcome, t * 100 + s * 10 + i),
+                    }),
+                );
+            }
+        }
+        clock += 7;
+        calls.push(Call {
+            turn: t,
+            step: turn.steps.len(),
+            history_len: history.len(),
+            tail: tail.clone(),
+            time: CurrentTime::utc(clock).unwrap(),
+        });
+        push(
+            &mut history,
+            Record::Assistant(AssistantMessage {
+                text: format!("Here is what I found in turn {t}."),
+                tool_calls: vec![],
+            }),
+        );
+    }
+    Session { history, calls }
+}
+
+/// The tool surface of the scripts (given in reverse name order; rendering sorts it).
+pub fn tools() -> Vec<ToolDefinition> {
+    TOOL_NAMES
+        .iter()
+        .rev()
+        .map(|name| {
+            ToolDefinition::new(
+                ToolName::new(*name).unwrap(),
+                format!("The {name} tool."),
+                serde_json::from_str(
+                    r#"{"type":"object","properties":{"path":{"type":"string"},"n":{"type":"integer"}},"required":["path"]}"#,
+                )
+                .unwrap(),
+            )
+        })
+        .collect()
+}
+
+pub fn zone1() -> StaticSections {
+    StaticSections::new("You are a careful coding assistant.")
+        .skill("pdf", "Read and fill PDF forms")
+        .skill("changelog", "Write a changelog entry")
+        .subagent("reviewer", "Reviews a diff")
+        .capability_note("Server `github` is connected but deferred: call deferred_list first.")
+}
+
+pub fn anthropic() -> AnthropicOptions {
+    AnthropicOptions::new("claude-sonnet-4-5", 1024)
+}
+
+pub fn openai() -> OpenAiOptions {
+    OpenAiOptions::new("gpt-4.1").prompt_cache_key("run-1")
+}
+
+/// Both renderings of one call.
+pub struct Rendered {
+    pub anthropic: RenderedRequest,
+    pub openai: RenderedRequest,
+    /// (history index, elided?) for each result.
+    pub views: Vec<(usize, bool)>,
+    pub boundary: Option<usize>,
+}
+
+pub fn pick_anthropic(r: &Rendered) -> &RenderedRequest {
+    &r.anthropic
+}
+
+pub fn pick_openai(r: &Rendered) -> &RenderedRequest {
+    &r.openai
+}
+
+fn views(prompt: &Prompt<'_>, history: &[LoggedRecord]) -> Vec<(usize, bool)> {
+    prompt
+        .result_views()
+        .map(|(handle, view)| {
+            let index = history.iter().position(|l| &l.handle == handle).unwrap();
+            (index, *view != Projection::Full)
+        })
+        .collect()
+}
+
+/// Renders every call of a session with this crate.
+pub fn render_session(session: &Session, static_sections: &StaticSections) -> Vec<Rendered> {
+    let tools = tools();
+    let projector = TestProjector::default();
+    session
+        .calls
+        .iter()
+        .map(|call| {
+            let transient = Transient::at(call.time);
+            let history = &session.history[..call.history_len];
+            let prompt = Assembler::new(static_sections, &call.tail, &tools)
+                .assemble(history, &projector, &transient)
+                .unwrap();
+            Rendered {
+                anthropic: prompt.render_anthropic(&anthropic()).unwrap(),
+                openai: prompt.render_openai(&openai()).unwrap(),
+                views: views(&prompt, history),
+                boundary: prompt.boundary(),
+            }
+        })
+        .collect()
+}
+
+/// The naive assembly the crate exists to avoid, emulated through the public API: the date
+/// at the top of the system prompt and/or tool results elided per step (everything but the
+/// newest step's results goes through the projector, one batch per step).
+pub fn render_naive(
+    session: &Session,
+    clock_in_zone1: bool,
+    elide_per_step: bool,
+) -> Vec<Rendered> {
+    let tools = tools();
+    let projector = TestProjector::default();
+    session
+        .calls
+        .iter()
+        .map(|call| {
+            let history = &session.history[..call.history_len];
+            let static_sections = if clock_in_zone1 {
+                StaticSections::new(format!(
+                    "Today is {}. You are a careful coding assistant.",
+                    call.time
+                ))
+                .skill("pdf", "Read and fill PDF forms")
+                .skill("changelog", "Write a changelog entry")
+                .subagent("reviewer", "Reviews a diff")
+                .capability_note(
+                    "Server `github` is connected but deferred: call deferred_list first.",
+                )
+            } else {
+                zone1()
+            };
+            let transient = if clock_in_zone1 {
+                Transient::new()
+            } else {
+                Transient::at(call.time)
+            };
+            let rewritten = if elide_per_step {
+                elide_before_newest_step(history, &projector)
+            } else {
+                history.to_vec()
+            };
+            // Per-step elision already projected the history; otherwise the crate's own
+            // boundary applies, with the same projector as `render_session`.
+            let boundary_projector: &dyn ResultProjector =
+                if elide_per_step { &Whole } else { &projector };
+            let prompt = Assembler::new(&static_sections, &call.tail, &tools)
+                .assemble(&rewritten, boundary_projector, &transient)
+                .unwrap();
+            Rendered {
+                anthropic: prompt.render_anthropic(&anthropic()).unwrap(),
+                openai: prompt.render_openai(&openai()).unwrap(),
+                views: views(&prompt, &rewritten),
+                boundary: prompt.boundary(),
+            }
+        })
+        .collect()
+}
+
+/// Replaces the outputs of every result but the newest step's with their projection.
+fn elide_before_newest_step(
+    history: &[LoggedRecord],
+    projector: &dyn ResultProjector,
+) -> Vec<LoggedRecord> {
+    let newest_assistant = history
+        .iter()
+        .rposition(|l| matches!(l.record, Record::Assistant(_)))
+        .unwrap_or(0);
+    let mut out = history.to_vec();
+    let mut start = 0;
+    while start < newest_assistant {
+        let end = (start + 1..newest_assistant)
+            .find(|&i| !matches!(history[i].record, Record::ToolResult(_)))
+            .unwrap_or(newest_assistant);
+        let indices: Vec<usize> = (start..end)
+            .filter(|&i| matches!(history[i].record, Record::ToolResult(_)))
+            .collect();
+        if !indices.is_empty() {
+            let batch: Vec<ResultRef<'_>> = indices
+                .iter()
+                .filter_map(|&i| match &history[i].record {
+                    Record::ToolResult(r) => Some(ResultRef {
+                        handle: &history[i].handle,
+                        output: &r.output,
+                    }),
+                    _ => None,
+                })
+                .collect();
+            let mut views = vec![Projection::Full; batch.len()];
+            projector.project(&batch, &mut views);
+            for (&i, view) in indices.iter().zip(views) {
+                if let (Projection::Replaced(text), Record::ToolResult(r)) =
+                    (view, &mut out[i].record)
+                {
+                    r.output = ToolOutput {
+                        body: OutputBody::Text { text },
+                        is_error: r.output.is_error,
+                    };
+                }
+            }
+        }
+        start = end;
+    }
+    out
+}
+
+/// The cacheable prefix of a request (its cache stream without the transient message).
+pub fn cacheable(request: &RenderedRequest) -> String {
+    let mut stream = request.cache_stream().into_owned();
+    stream.truncate(request.cacheable_len());
+    stream
+}
+
+/// Checks the prefix property for consecutive calls of the same turn; returns the first
+/// violation.
+pub fn check_turn_prefixes(
+    calls: &[Call],
+    rendered: &[Rendered],
+    pick: fn(&Rendered) -> &RenderedRequest,
+) -> Result<(), String> {
+    for k in 1..calls.len() {
+        if calls[k].turn != calls[k - 1].turn {
+            continue;
+        }
+        let prev = cacheable(pick(&rendered[k - 1]));
+        let next = pick(&rendered[k]).cache_stream();
+        if !next.starts_with(&prev) {
+            let at = prev
+                .bytes()
+                .zip(next.bytes())
+                .take_while(|(a, b)| a == b)
+                .count();
+            return Err(format!(
+                "turn {} step {}: the previous cacheable prefix ({} bytes) breaks at byte {at}: {:?} vs {:?}",
+                calls[k].turn,
+                calls[k].step,
+                prev.len(),
+                prev.get(at..(at + 60).min(prev.len())),
+                next.get(at..(at + 60).min(next.len())),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Stream offset where the zone 2 span of a request starts.
+pub fn zone2_start(request: &RenderedRequest) -> Option<usize> {
+    request
+        .spans()
+        .iter()
+        .find(|s| s.part == Part::DynamicSystem)
+        .map(|s| s.range.start)
+}
+
+/// The start of the message span holding history record `index`.
+pub fn message_start(request: &RenderedRequest, index: usize) -> Option<usize> {
+    request.spans().iter().find_map(|s| match &s.part {
+        Part::Message { records } if records.contains(&index) => Some(s.range.start),
+        _ => None,
+    })
+}
+
+/// Replays Anthropic's cache lookup over a sequence of requests: each breakpoint looks for
+/// an entry at its own block and up to `window - 1` blocks before it, then writes an entry
+/// for its block. Returns, per request, the end (in stream bytes) of the longest prefix
+/// found in the cache.
+pub fn simulate_anthropic_cache(requests: &[&RenderedRequest], window: usize) -> Vec<usize> {
+    let mut cache: BTreeSet<String> = BTreeSet::new();
+    requests
+        .iter()
+        .map(|request| {
+            let stream = request.cache_stream();
+            let ends = request.block_ends();
+            let mut best = 0;
+            for &q in request.breakpoint_blocks() {
+                for j in (q.saturating_sub(window - 1)..=q).rev() {
+                    if cache.contains(&stream[..ends[j]]) {
+                        best = best.max(ends[j]);
+                        break;
+                    }
+                }
+            }
+            for &q in request.breakpoint_blocks() {
+                cache.insert(stream[..ends[q]].to_owned());
+            }
+            best
+        })
+        .collect()
+}
+
+/// Checks a rendered Anthropic body as the API would: valid JSON; every `tool_use` answered
+/// by exactly one `tool_result` at the start of the next (user) message, in order; no
+/// `tool_result` without its `tool_use`; at most four breakpoints, none on the last message
+/// when it is the transient one; every tool and call name within `^[a-zA-Z0-9_-]{1,64}$`;
+/// no empty text block.
+pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), String> {
+    let value: serde_json::Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
+    let name_ok = |n: &str| {
+        (1..=64).contains(&n.len())
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    for tool in value["tools"].as_array().into_iter().flatten() {
+        if !name_ok(tool["name"].as_str().unwrap_or("")) {
+            return Err(format!("bad tool name {}", tool["name"]));
+        }
+    }
+    let messages = value["messages"].as_array().ok_or("no messages")?;
+    let mut expected: Vec<String> = Vec::new();
+    for message in messages {
+        let content = message["content"]
+            .as_array()
+            .ok_or("content is not blocks")?;
+        let results: Vec<String> = content
+            .iter()
+            .take_while(|b| b["type"] == "tool_result")
+            .map(|b| b["tool_use_id"].as_str().unwrap_or("").to_owned())
+            .collect();
+        if results != expected {
+            return Err(format!("expected results {expected:?}, found {results:?}"));
+        }
+        if content
+            .iter()
+            .skip(results.len())
+            .any(|b| b["type"] == "tool_result")
+        {
+            return Err("a tool_result after other blocks".into());
+        }
+        if content
+            .iter()
+            .any(|b| b["type"] == "text" && b["text"].as_str() == Some(""))
+        {
+            return Err("an empty text block".into());
+        }
+        expected = content
+            .iter()
+            .filter(|b| b["type"] == "tool_use")
+            .map(|b| {
+                let name = b["name"].as_str().unwrap_or("");
+                if name_ok(name) && b["input"].is_object() {
+                    Ok(b["id"].as_str().unwrap_or("").to_owned())
+                } else {
+                    Err(format!("bad tool_use {b}"))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        if !expected.is_empty() && message["role"] != "assistant" {
+            return Err("tool_use outside an assistant message".into());
+        }
+    }
+    if !expected.is_empty() {
+        return Err(format!("unanswered calls {expected:?}"));
+    }
+    if body.matches("\"cache_control\"").count() > 4 {
+        return Err("more than four breakpoints".into());
+    }
+    if has_transient
+        && messages
+            .last()
+            .is_some_and(|m| m.to_string().contains("cache_control"))
+    {
+        return Err("a breakpoint on the transient message".into());
+    }
+    Ok(())
+}
+
+/// Checks a rendered OpenAI body: valid JSON; every assistant `tool_calls` entry followed by
+/// one `tool` message per id, in order, with `arguments` a JSON string of an object; no
+/// `tool` message otherwise.
+pub fn check_openai_body(body: &str) -> Result<(), String> {
+    let value: serde_json::Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
+    let messages = value["messages"].as_array().ok_or("no messages")?;
+    let mut expected: std::collections::VecDeque<String> = Default::default();
+    for message in messages {
+        if message["role"] == "tool" {
+            let id = message["tool_call_id"].as_str().unwrap_or("");
+            if expected.pop_front().as_deref() != Some(id) {
+                return Err(format!("unexpected tool message for {id}"));
+            }
+            if !message["content"].is_string() {
+                return Err("tool content is not a string".into());
+            }
+            continue;
+        }
+        if !expected.is_empty() {
+            return Err(format!("unanswered calls {expected:?}"));
+        }
+        for call in message["tool_calls"].as_array().into_iter().flatten() {
+            let arguments = call["function"]["arguments"]
+                .as_str()
+                .ok_or("arguments not a string")?;
+            let parsed: serde_json::Value =
+                serde_json::from_str(arguments).map_err(|e| e.to_string())?;
+            if !parsed.is_object() || call["type"] != "function" {
+                return Err(format!("bad call {call}"));
+            }
+            expected.push_back(call["id"].as_str().unwrap_or("").to_owned());
+        }
+    }
+    if expected.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("unanswered calls {expected:?}"))
+    }
+}
+
+/// Indents compact JSON without reordering or re-encoding anything, for snapshots.
+pub fn pretty(json: &str) -> String {
+    let mut out = String::with_capacity(json.len() * 2);
+    let mut depth = 0usize;
+    let (mut in_string, mut escaped) = (false, false);
+    let newline = |out: &mut String, depth: usize| {
+        out.push('\n');
+        out.push_str(&"  ".repeat(depth));
+    };
+    let mut chars = json.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                out.push(c);
+                if matches!(chars.peek(), Some('}' | ']')) {
+                    out.push(chars.next().unwrap());
+                } else {
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                newline(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            _ => out.push(c),
+        }
+    }
+    out
+}

@@ -1,0 +1,470 @@
+//! Byte-stable prompt snapshots: the complete requests psych-prompt-assembly renders for a
+//! realistic three-turn conversation, for both providers, with the real elision projector
+//! (`psych_elision::Elider`) plugged into the assembler through `ResultProjector`.
+//!
+//! The conversation has a deferred server (its capability line in zone 1 and the three meta
+//! tools among the tools), a large result from turn 1 that is elided by turn 3, a failed
+//! call in turn 2 that is truncated, a memory added between turns 2 and 3, and two parallel
+//! calls in turn 3 (one returning an image) whose results are sent in full. Reviewing these
+//! snapshot diffs is how changes to prompt assembly are judged: the bodies are shown
+//! pretty-printed with their key order and content exactly as sent.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::path::PathBuf;
+
+use psych_elision::{Elider, PreviewConfig, Thresholds};
+use psych_prompt_assembly::{
+    AnthropicOptions, Assembler, CacheReport, CurrentTime, DynamicTail, OpenAiOptions,
+    RenderedRequest, StaticSections, Transient,
+};
+use psych_types::{
+    AssistantMessage, LoggedRecord, Record, RecordHandle, RunId, ToolCall, ToolCallId,
+    ToolDefinition, ToolList, ToolName, ToolOutput, ToolResult, UserMessage,
+};
+use serde_json::{Value, json};
+
+/// The `shared/fixtures/catalogs` folder beside the checkout (or `$PSYCH_FIXTURES/catalogs`).
+fn catalogs_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PSYCH_FIXTURES") {
+        return PathBuf::from(dir).join("catalogs");
+    }
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .map(|dir| dir.join("shared/fixtures/catalogs"))
+        .find(|dir| dir.is_dir())
+        .unwrap_or_else(|| panic!("no shared/fixtures/catalogs above {}", manifest.display()))
+}
+
+/// Two real filesystem tools, the reader tool and the deferred-server meta tools.
+fn tools() -> Vec<ToolDefinition> {
+    let text =
+        std::fs::read_to_string(catalogs_dir().join("server-filesystem.tools.json")).unwrap();
+    let list: ToolList = serde_json::from_str(&text).unwrap();
+    let mut tools: Vec<ToolDefinition> = list
+        .tools
+        .into_iter()
+        .filter(|t| {
+            ["list_directory", "read_media_file", "read_text_file"].contains(&t.name.as_str())
+        })
+        .collect();
+    assert_eq!(tools.len(), 3);
+    let meta = |name: &str, description: &str, schema: Value| {
+        let Value::Object(schema) = schema else {
+            unreachable!()
+        };
+        ToolDefinition::new(ToolName::new(name).unwrap(), description, schema)
+    };
+    let server = json!({"type": "string", "description": "The deferred server's name."});
+    tools.push(meta(
+        "deferred_list_tools",
+        "List the tools you may call on a deferred server.",
+        json!({"type": "object", "properties": {"server": server}, "required": ["server"]}),
+    ));
+    tools.push(meta(
+        "deferred_describe_tool",
+        "Read one deferred tool's description and input schema.",
+        json!({"type": "object", "properties": {"server": server, "tool": {"type": "string"}}, "required": ["server", "tool"]}),
+    ));
+    tools.push(meta(
+        "deferred_call_tool",
+        "Call one tool of a deferred server by (server, tool).",
+        json!({"type": "object", "properties": {"server": server, "tool": {"type": "string"}, "arguments": {"type": "object"}}, "required": ["server", "tool", "arguments"]}),
+    ));
+    tools.push(meta(
+        "read_tool_output",
+        "Read an elided tool result by its handle.",
+        json!({"type": "object", "properties": {"handle": {"type": "string"}, "offset": {"type": "integer", "minimum": 0}, "limit": {"type": "integer", "minimum": 1}, "grep": {"type": "string"}}, "required": ["handle"]}),
+    ));
+    tools
+}
+
+fn zone1() -> StaticSections {
+    StaticSections::new(
+        "You are Psych, a careful assistant for a Rust repository. Prefer reading files over guessing.",
+    )
+    .skill("changelog", "Write a changelog entry in the project's format")
+    .skill("release-notes", "Turn merged pull requests into release notes")
+    .subagent("reviewer", "Reviews a diff and reports problems")
+    .capability_note(
+        "github (deferred, 117 tools): GitHub's MCP server: issues, pull requests, code search. \
+         Reach it with deferred_list_tools, deferred_describe_tool and deferred_call_tool.",
+    )
+}
+
+/// A 1x1 PNG.
+const PNG: [u8; 67] = [
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f, 0x15, 0xc4,
+    0x89, 0x00, 0x00, 0x00, 0x0a, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0x00, 0x01, 0x00, 0x00,
+    0x05, 0x00, 0x01, 0x0d, 0x0a, 0x2d, 0xb4, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae,
+    0x42, 0x60, 0x82,
+];
+
+struct Log {
+    run: RunId,
+    records: Vec<LoggedRecord>,
+}
+
+impl Log {
+    fn push(&mut self, record: Record) {
+        let handle = RecordHandle::new(self.run.clone(), self.records.len() as u64);
+        self.records.push(LoggedRecord { handle, record });
+    }
+
+    fn user(&mut self, text: &str) {
+        self.push(Record::User(UserMessage { text: text.into() }));
+    }
+
+    fn assistant(&mut self, text: &str, calls: &[(&str, &str, Value)]) {
+        self.push(Record::Assistant(AssistantMessage {
+            text: text.into(),
+            tool_calls: calls
+                .iter()
+                .map(|(id, name, arguments)| ToolCall {
+                    id: ToolCallId::new(*id).unwrap(),
+                    name: (*name).into(),
+                    arguments: arguments.clone(),
+                })
+                .collect(),
+        }));
+    }
+
+    fn result(&mut self, id: &str, name: &str, output: ToolOutput) {
+        self.push(Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new(id).unwrap(),
+            name: name.into(),
+            output,
+        }));
+    }
+}
+
+fn changelog() -> String {
+    (0..120)
+        .rev()
+        .map(|i| {
+            format!(
+                "## 0.{i}.0\n- Fixed issue #{} in the record log.\n",
+                1000 + i
+            )
+        })
+        .collect()
+}
+
+/// The conversation, and the model calls made along it: (history length, memories, time).
+fn conversation() -> (Vec<LoggedRecord>, Vec<(usize, DynamicTail, CurrentTime)>) {
+    let mut log = Log {
+        run: RunId::new("run-2026-11-30").unwrap(),
+        records: Vec::new(),
+    };
+    let mut calls = Vec::new();
+    let memory = DynamicTail::new().memory("The repository is psych, a Rust workspace.");
+    let mut clock = 1_796_041_497;
+    let mut call = |log: &Log, tail: &DynamicTail, calls: &mut Vec<_>| {
+        clock += 13;
+        calls.push((
+            log.records.len(),
+            tail.clone(),
+            CurrentTime::utc(clock).unwrap(),
+        ));
+    };
+
+    // Turn 1: a large result.
+    log.user("Summarise CHANGELOG.md for me.");
+    call(&log, &memory, &mut calls);
+    log.assistant(
+        "I'll read the changelog.",
+        &[(
+            "toolu_01",
+            "read_text_file",
+            json!({"path": "CHANGELOG.md"}),
+        )],
+    );
+    log.result("toolu_01", "read_text_file", ToolOutput::text(changelog()));
+    call(&log, &memory, &mut calls);
+    log.assistant("It lists 120 releases; most fix the record log.", &[]);
+
+    // Turn 2: the deferred server, and a call that fails.
+    log.user("Is there an open issue about flaky tests on GitHub?");
+    call(&log, &memory, &mut calls);
+    log.assistant(
+        "",
+        &[(
+            "toolu_02",
+            "deferred_list_tools",
+            json!({"server": "github"}),
+        )],
+    );
+    log.result(
+        "toolu_02",
+        "deferred_list_tools",
+        ToolOutput::text("search_issues\nget_issue\nlist_issues\nsearch_pull_requests"),
+    );
+    call(&log, &memory, &mut calls);
+    log.assistant(
+        "",
+        &[(
+            "toolu_03",
+            "deferred_call_tool",
+            json!({"server": "github", "tool": "search_issues", "arguments": {"query": "flaky tests is:open"}}),
+        )],
+    );
+    let trace: String = (0..30)
+        .map(|i| format!("\n    at github::client::request (client.rs:{})", 100 + i))
+        .collect();
+    log.result(
+        "toolu_03",
+        "deferred_call_tool",
+        ToolOutput::error(format!("GitHub API error 401: Bad credentials{trace}")),
+    );
+    call(&log, &memory, &mut calls);
+    log.assistant("I couldn't search GitHub: it refused the credentials.", &[]);
+
+    // Turn 3: a new memory, two parallel calls, one returning an image.
+    let memory = memory.memory("The user wants file paths in answers.");
+    log.user("Fine. List tests/ and look at the failing screenshot.");
+    call(&log, &memory, &mut calls);
+    log.assistant(
+        "",
+        &[
+            ("toolu_04", "list_directory", json!({"path": "tests"})),
+            (
+                "toolu_05",
+                "read_media_file",
+                json!({"path": "tests/failure.png"}),
+            ),
+        ],
+    );
+    log.result(
+        "toolu_05",
+        "read_media_file",
+        ToolOutput::binary("image/png", PNG.to_vec()),
+    );
+    log.result(
+        "toolu_04",
+        "list_directory",
+        ToolOutput::text("[FILE] failure.png\n[FILE] prompt_snapshots.rs\n[DIR] snapshots"),
+    );
+    call(&log, &memory, &mut calls);
+    (log.records, calls)
+}
+
+fn elider() -> Elider {
+    Elider::builder()
+        .thresholds(
+            Thresholds::builder()
+                .per_result(800)
+                .per_batch(2_000)
+                .build()
+                .unwrap(),
+        )
+        .preview(PreviewConfig {
+            head_chars: 200,
+            tail_chars: 120,
+            failure_chars: 160,
+        })
+        .build()
+}
+
+/// Renders every call of the conversation.
+fn render_all() -> Vec<(RenderedRequest, RenderedRequest)> {
+    let (history, calls) = conversation();
+    let tools = tools();
+    let zone1 = zone1();
+    let projector = elider();
+    calls
+        .iter()
+        .map(|(len, tail, now)| {
+            let transient = Transient::at(*now);
+            let prompt = Assembler::new(&zone1, tail, &tools)
+                .assemble(&history[..*len], &projector, &transient)
+                .unwrap();
+            (
+                prompt
+                    .render_anthropic(&AnthropicOptions::new("claude-sonnet-4-5", 2048))
+                    .unwrap(),
+                prompt
+                    .render_openai(
+                        &OpenAiOptions::new("gpt-4.1").prompt_cache_key("run-2026-11-30"),
+                    )
+                    .unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Indents compact JSON without reordering or re-encoding anything.
+fn pretty(json: &str) -> String {
+    let mut out = String::with_capacity(json.len() * 2);
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    let newline = |out: &mut String, depth: usize| {
+        out.push('\n');
+        out.push_str(&"  ".repeat(depth));
+    };
+    let mut chars = json.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                out.push(c);
+                if matches!(chars.peek(), Some('}' | ']')) {
+                    out.push(chars.next().unwrap());
+                } else {
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth -= 1;
+                newline(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// Checks the Anthropic pairing rules on a parsed body: each assistant `tool_use` answered
+/// by exactly one `tool_result` in the next message, results first, no breakpoint on the
+/// last (transient) message, at most four breakpoints.
+fn check_anthropic(body: &Value) {
+    let messages = body["messages"].as_array().unwrap();
+    for (i, message) in messages.iter().enumerate() {
+        let ids: Vec<&str> = message["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["type"] == "tool_use")
+            .map(|b| b["id"].as_str().unwrap())
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let next = messages[i + 1]["content"].as_array().unwrap();
+        let answered: Vec<&str> = next
+            .iter()
+            .take_while(|b| b["type"] == "tool_result")
+            .map(|b| b["tool_use_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(answered, ids);
+        assert_eq!(messages[i + 1]["role"], "user");
+    }
+    let text = body.to_string();
+    assert!(text.matches("cache_control").count() <= 4);
+    assert!(
+        !messages
+            .last()
+            .unwrap()
+            .to_string()
+            .contains("cache_control")
+    );
+}
+
+/// Checks the OpenAI pairing rules: each assistant's `tool_calls` followed by one `tool`
+/// message per id, in order, and `arguments` a JSON string of an object.
+fn check_openai(body: &Value) {
+    let messages = body["messages"].as_array().unwrap();
+    for (i, message) in messages.iter().enumerate() {
+        let Some(calls) = message["tool_calls"].as_array() else {
+            continue;
+        };
+        for (k, call) in calls.iter().enumerate() {
+            let tool = &messages[i + 1 + k];
+            assert_eq!(tool["role"], "tool");
+            assert_eq!(tool["tool_call_id"], call["id"]);
+            assert_eq!(call["type"], "function");
+            let arguments: Value =
+                serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+            assert!(arguments.is_object());
+        }
+    }
+}
+
+#[test]
+fn three_turn_conversation_requests() {
+    let rendered = render_all();
+    let (anthropic, openai) = rendered.last().unwrap();
+    let anthropic_body: Value = serde_json::from_str(anthropic.body()).unwrap();
+    let openai_body: Value = serde_json::from_str(openai.body()).unwrap();
+    check_anthropic(&anthropic_body);
+    check_openai(&openai_body);
+
+    // What the snapshots must show, asserted so a bad update cannot be accepted blindly.
+    let a = anthropic.body();
+    assert!(
+        a.contains("read_tool_output with handle \\\"run-2026-11-30:2\\\""),
+        "turn 1's result is elided"
+    );
+    assert!(
+        !a.contains("## 0.60.0"),
+        "the middle of the changelog is not sent"
+    );
+    assert!(a.contains("\"is_error\":true"));
+    assert!(!a.contains("client.rs:129"), "the failure is truncated");
+    assert!(
+        a.contains("\"type\":\"image\""),
+        "the current turn's image is sent whole"
+    );
+    assert!(a.contains("The user wants file paths in answers."));
+    assert_eq!(anthropic.breakpoint_blocks().len(), 3);
+    assert!(
+        openai
+            .body()
+            .contains("[binary output not shown: image/png, 67 bytes, record run-2026-11-30:12]")
+    );
+
+    insta::assert_snapshot!("anthropic_turn3", pretty(anthropic.body()));
+    insta::assert_snapshot!("openai_turn3", pretty(openai.body()));
+
+    // The whole conversation's cache report, per provider.
+    let report = |pick: fn(&(RenderedRequest, RenderedRequest)) -> &RenderedRequest| {
+        CacheReport::new(&rendered.iter().map(|r| pick(r).clone()).collect::<Vec<_>>())
+    };
+    let anthropic_report = report(|r| &r.0);
+    let openai_report = report(|r| &r.1);
+    insta::assert_snapshot!(
+        "cache_report",
+        format!("anthropic\n{anthropic_report}\n\nopenai\n{openai_report}")
+    );
+}
+
+#[test]
+fn every_request_of_the_conversation_is_well_formed_and_stable() {
+    let rendered = render_all();
+    for (anthropic, openai) in &rendered {
+        check_anthropic(&serde_json::from_str(anthropic.body()).unwrap());
+        check_openai(&serde_json::from_str(openai.body()).unwrap());
+    }
+    // Rendering again gives the same bytes.
+    let again = render_all();
+    for (a, b) in rendered.iter().zip(&again) {
+        assert_eq!(a.0.body(), b.0.body());
+        assert_eq!(a.1.body(), b.1.body());
+    }
+}
