@@ -175,6 +175,12 @@ mod tests {
         RecordHandle::new(RunId::new("run-7").unwrap(), 42)
     }
 
+    #[test]
+    fn guidance_names_the_reader_tool_of_psych_types() {
+        let call = format!("call {} with handle", psych_types::READ_TOOL_OUTPUT);
+        assert!(GUIDANCE_HEAD.contains(&call), "{GUIDANCE_HEAD}");
+    }
+
     fn config(head: usize, tail: usize) -> PreviewConfig {
         PreviewConfig {
             head_chars: head,

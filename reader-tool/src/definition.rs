@@ -7,7 +7,7 @@ use crate::Limits;
 use crate::limits::MAX_GREP_BYTES;
 
 /// The tool's name, `read_tool_output`.
-pub const TOOL_NAME: &str = "read_tool_output";
+pub const TOOL_NAME: &str = psych_types::READ_TOOL_OUTPUT;
 
 /// The definition of `read_tool_output` under `limits` (the limit's default and maximum and
 /// the line cap appear in it). The same limits always give the same bytes.

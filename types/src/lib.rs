@@ -40,6 +40,11 @@ mod record;
 mod seam;
 mod tool;
 
+/// The name of the reader tool that reads a stored tool result back by handle. Defined here
+/// so that the reader's tool definition and every text that tells the model to call it
+/// (elision's guidance) name the same tool.
+pub const READ_TOOL_OUTPUT: &str = "read_tool_output";
+
 pub use connection::{ConnectionSpec, PermissionGrant, Preload, ToolScope};
 pub use id::{IdError, RunId, ServerId, ToolCallId, ToolName, ToolRef};
 pub use output::{OutputBody, OutputKind, ToolOutput, render_json};
