@@ -17,7 +17,7 @@ use crate::{Estimator, PreviewConfig, Thresholds, plan};
 /// - A **binary** output is estimated with
 ///   [`TokenEstimator::estimate_binary`] and planned like any success (whatever its
 ///   `is_error`, since bytes cannot be truncated as text); an elided one becomes one line
-///   naming its MIME type, its size in bytes and its handle.
+///   naming its MIME type and its size in bytes.
 /// - A **failure** (`is_error`, text or JSON) is not planned: it is cut to its first
 ///   [`PreviewConfig::failure_chars`] characters, with no marker and no guidance, whatever
 ///   the thresholds. Its kept part is small and bounded, so it is left out of the batch sum.
@@ -84,17 +84,16 @@ impl EliderBuilder {
     }
 }
 
-/// The one-line view of an elided binary output.
-fn binary_line(mime_type: &str, len: usize, handle: &psych_types::RecordHandle) -> String {
+/// The one-line view of an elided binary output. It names no remedy: the reader tool
+/// refuses to serve binary content as text, and a pointer to a tool that refuses would be
+/// a false one.
+fn binary_line(mime_type: &str, len: usize) -> String {
     // The MIME type comes from a server: keep the line one line.
     let mime: String = mime_type
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
-    format!(
-        "[Elided binary tool result: {mime}, {len} bytes. The full result is kept under \
-         handle \"{handle}\" for read_tool_output.]"
-    )
+    format!("[Elided binary tool result: {mime}, {len} bytes; binary content is not shown.]")
 }
 
 impl ResultProjector for Elider {
@@ -136,7 +135,7 @@ impl ResultProjector for Elider {
                     Cow::Borrowed(_) => Projection::Full,
                 },
                 (None, OutputBody::Binary { mime_type, data }) => {
-                    Projection::Replaced(binary_line(mime_type, data.len(), result.handle))
+                    Projection::Replaced(binary_line(mime_type, data.len()))
                 }
                 (None, _) => Projection::Full,
             };
@@ -217,8 +216,7 @@ mod tests {
         assert_eq!(
             out[4],
             Projection::Replaced(
-                "[Elided binary tool result: image/png, 5000 bytes. The full result is kept \
-                 under handle \"run-1:9\" for read_tool_output.]"
+                "[Elided binary tool result: image/png, 5000 bytes; binary content is not shown.]"
                     .into()
             )
         );
@@ -261,7 +259,7 @@ mod tests {
 
     #[test]
     fn control_characters_in_a_mime_type_stay_on_one_line() {
-        let line = binary_line("image/png\nX: y", 3, &handles(1)[0]);
+        let line = binary_line("image/png\nX: y", 3);
         assert!(!line.contains('\n'), "{line}");
     }
 }

@@ -140,30 +140,36 @@ fn splits(before: char, after: char) -> bool {
     attaches(after) || before == '\u{200D}' || (before == '\r' && after == '\n')
 }
 
-/// Moves a cut at char boundary `at` forward until it splits nothing.
-fn forward_boundary(text: &str, mut at: usize) -> usize {
-    while let (Some(before), Some(after)) =
-        (text[..at].chars().next_back(), text[at..].chars().next())
-    {
-        if !splits(before, after) {
-            break;
+/// How many characters a cut may move to keep a cluster together: Unicode's stream-safe
+/// limit of 30 non-starters, plus a little. Past it the text is hostile or degenerate (a
+/// letter with 500,000 combining marks) and the cut stays where it was asked, on a
+/// character boundary, so a preview or a failure stays bounded whatever it holds.
+const MAX_CLUSTER_MOVE: usize = 32;
+
+/// Moves a cut at char boundary `at` forward until it splits nothing, by at most
+/// [`MAX_CLUSTER_MOVE`] characters.
+fn forward_boundary(text: &str, start: usize) -> usize {
+    let mut at = start;
+    for _ in 0..=MAX_CLUSTER_MOVE {
+        match (text[..at].chars().next_back(), text[at..].chars().next()) {
+            (Some(before), Some(after)) if splits(before, after) => at += after.len_utf8(),
+            _ => return at,
         }
-        at += after.len_utf8();
     }
-    at
+    start
 }
 
-/// Moves a cut at char boundary `at` backward until it splits nothing.
-fn backward_boundary(text: &str, mut at: usize) -> usize {
-    while let (Some(before), Some(after)) =
-        (text[..at].chars().next_back(), text[at..].chars().next())
-    {
-        if !splits(before, after) {
-            break;
+/// Moves a cut at char boundary `at` backward until it splits nothing, by at most
+/// [`MAX_CLUSTER_MOVE`] characters.
+fn backward_boundary(text: &str, start: usize) -> usize {
+    let mut at = start;
+    for _ in 0..=MAX_CLUSTER_MOVE {
+        match (text[..at].chars().next_back(), text[at..].chars().next()) {
+            (Some(before), Some(after)) if splits(before, after) => at -= before.len_utf8(),
+            _ => return at,
         }
-        at -= before.len_utf8();
     }
-    at
+    start
 }
 
 #[cfg(test)]
@@ -173,6 +179,24 @@ mod tests {
 
     fn handle() -> RecordHandle {
         RecordHandle::new(RunId::new("run-7").unwrap(), 42)
+    }
+
+    #[test]
+    fn hostile_clusters_do_not_unbound_the_cut() {
+        // One letter carrying 500,000 combining marks (1 MB), and a run of joiners.
+        let marks = format!("a{}", "\u{301}".repeat(500_000));
+        let joiners = format!("x{}y", "\u{200D}".repeat(300_000));
+        let config = config(10, 10);
+        for text in [&marks, &joiners] {
+            let failure = config.truncate_failure(text);
+            assert!(failure.chars().count() <= 5 + MAX_CLUSTER_MOVE, "{}", failure.len());
+            let preview = config.preview(text, &handle());
+            assert!(matches!(preview, Cow::Owned(_)), "a 1 MB cluster must be elided");
+            assert!(preview.len() < 2_000, "{}", preview.len());
+        }
+        // An ordinary cluster is still kept whole: e + combining acute at the cut.
+        let text = format!("{}e\u{301}{}", "a".repeat(4), "b".repeat(50));
+        assert_eq!(config.truncate_failure(&text), format!("{}e\u{301}", "a".repeat(4)));
     }
 
     #[test]
