@@ -47,8 +47,11 @@ pub fn tool_definition(limits: &Limits) -> ToolDefinition {
             "grep": {
                 "type": "string",
                 "minLength": 1,
-                "maxLength": MAX_GREP_BYTES,
-                "description": "Literal text to search for (case-sensitive, one line, at most 256 bytes); only lines containing it are returned."
+                // JSON Schema counts characters; the parser counts UTF-8 bytes. A quarter of
+                // the byte bound in characters is never over it, so nothing the schema
+                // allows is refused.
+                "maxLength": MAX_GREP_BYTES / 4,
+                "description": "Literal text to search for (case-sensitive, one line, at most 64 characters); only lines containing it are returned."
             }
         },
         "required": ["handle"],

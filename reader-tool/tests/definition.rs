@@ -34,14 +34,15 @@ fn the_schema_follows_the_limits() {
         (limit["default"].clone(), limit["maximum"].clone()),
         (json!(50), json!(300))
     );
-    assert_eq!(
-        definition.input_schema["properties"]["grep"]["maxLength"],
-        json!(MAX_GREP_BYTES)
-    );
-    // What the schema allows at its bounds, the parser accepts; one past, it refuses.
-    let ok =
-        json!({"handle": "r:1", "offset": 0, "limit": 300, "grep": "x".repeat(MAX_GREP_BYTES)});
-    assert!(ReadArgs::from_json(&ok, &limits).is_ok());
+    let max_chars = definition.input_schema["properties"]["grep"]["maxLength"]
+        .as_u64()
+        .unwrap() as usize;
+    assert_eq!(max_chars * 4, MAX_GREP_BYTES);
+    // What the schema allows at its bounds, the parser accepts, even in 4-byte characters.
+    for grep in ["x".repeat(max_chars), "\u{1D11E}".repeat(max_chars)] {
+        let ok = json!({"handle": "r:1", "offset": 0, "limit": 300, "grep": grep});
+        assert!(ReadArgs::from_json(&ok, &limits).is_ok(), "{grep}");
+    }
     assert!(ReadArgs::from_json(&json!({"handle": "r:1", "limit": 301}), &limits).is_err());
     assert!(ReadArgs::from_json(&json!({"handle": "r:1", "extra": 1}), &limits).is_err());
 }
