@@ -4,8 +4,15 @@
 //!   bare `write` + `fdatasync` of the same 4 KiB appended to a plain file, and against redb
 //!   (one write transaction per record, `Durability::Immediate`, the default). Before it,
 //!   the first two are also timed alternately and the medians printed (see `interleaved`).
-//! - `group_commit_64`: 64 records appended one `fsync` each against one `append_batch`
-//!   (one write, one `fdatasync`), at 4 KiB and 512 B records; throughput in records.
+//! - `group_commit_64`: at 512 B and 4 KiB records, 64 records appended one after another
+//!   with one `fdatasync` each (`per_append_fsync`), against the same 64 in one
+//!   `append_batch` (one write, one `fdatasync`), and against 64 threads each appending one
+//!   record at once to a `SharedRecordLog` under `SyncPolicy::GroupCommit` (max 64 records,
+//!   5 ms): the leader/follower group commit, thread wake-ups included
+//!   (`shared_64_threads`). Throughput in records; the shared case prints how many groups
+//!   its rounds took. `threads_only_no_append` is the same 64-thread barrier round with no
+//!   append: the harness's own cost, to read `shared_64_threads` against. Before each size,
+//!   the three are also timed alternately and the medians and ratios printed.
 
 #![allow(
     clippy::unwrap_used,
@@ -16,10 +23,11 @@
 use std::fs::OpenOptions;
 use std::hint::black_box;
 use std::io::Write;
-use std::time::Instant;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use psych_record_log::{RecordLog, SyncPolicy};
+use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_types::{Record, RunId, ToolCallId, ToolOutput, ToolResult};
 use redb::{Database, TableDefinition};
 
@@ -111,29 +119,132 @@ fn interleaved(file: &mut std::fs::File, bytes: &[u8], log: &mut RecordLog, reco
     );
 }
 
+/// 64 appender threads parked on a barrier, each appending one record per round to a
+/// shared log (or, with no log, doing nothing: the harness's own cost): one round is 64
+/// tool calls finishing at once.
+struct Appenders {
+    start: Arc<Barrier>,
+    finish: Arc<Barrier>,
+}
+
+impl Appenders {
+    fn spawn(log: Option<&Arc<SharedRecordLog>>, record: &Record, threads: usize) -> Self {
+        let start = Arc::new(Barrier::new(threads + 1));
+        let finish = Arc::new(Barrier::new(threads + 1));
+        for _ in 0..threads {
+            let (log, record) = (log.cloned(), record.clone());
+            let (start, finish) = (Arc::clone(&start), Arc::clone(&finish));
+            std::thread::spawn(move || {
+                loop {
+                    start.wait();
+                    if let Some(log) = &log {
+                        black_box(log.append(&record).unwrap());
+                    }
+                    finish.wait();
+                }
+            });
+        }
+        Self { start, finish }
+    }
+
+    /// One round: every thread appends once; returns when all are acknowledged.
+    fn round(&self) {
+        self.start.wait();
+        self.finish.wait();
+    }
+}
+
+/// As [`interleaved`], for group commit: 25 rounds, each one of 64 appends with a sync
+/// each, one `append_batch` of 64, and one 64-thread shared round, back to back, so a drift
+/// of the disk's flush latency hits all three alike. Prints the medians and ratios.
+fn interleaved_group(
+    len: usize,
+    single: &mut RecordLog,
+    batched: &mut RecordLog,
+    appenders: &Appenders,
+    batch: &[Record],
+) {
+    let mut times = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..25 {
+        let started = Instant::now();
+        for record in batch {
+            single.append(record).unwrap();
+        }
+        times[0].push(started.elapsed());
+        let started = Instant::now();
+        batched.append_batch(batch).unwrap();
+        times[1].push(started.elapsed());
+        let started = Instant::now();
+        appenders.round();
+        times[2].push(started.elapsed());
+    }
+    let [single, batch, shared] = times.map(|mut t| {
+        t.sort();
+        t[12]
+    });
+    eprintln!(
+        "interleaved medians at {len} B: per_append_fsync {single:?}, append_batch {batch:?} \
+         ({:.1}x), shared_64_threads {shared:?} ({:.1}x)",
+        single.as_secs_f64() / batch.as_secs_f64(),
+        single.as_secs_f64() / shared.as_secs_f64()
+    );
+}
+
 fn group_commit(c: &mut Criterion) {
+    const RECORDS: usize = 64;
     let mut group = c.benchmark_group("group_commit_64");
-    group.throughput(Throughput::Elements(64));
-    let dir = bench_dir();
+    group.throughput(Throughput::Elements(RECORDS as u64));
+    // 64 fsyncs an iteration: few, long samples.
+    group.sample_size(10);
     let run = RunId::new("bench").unwrap();
-    let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
-    for len in [4096usize, 512] {
-        let batch: Vec<Record> = (0..64).map(|_| tool_result(len)).collect();
+    let policy = SyncPolicy::GroupCommit {
+        max_wait: Duration::from_millis(5),
+        max_records: RECORDS,
+        max_bytes: 64 << 20,
+    };
+    for len in [512usize, 4096] {
+        let record = tool_result(len);
+        let batch: Vec<Record> = (0..RECORDS).map(|_| record.clone()).collect();
+
+        let dirs = [bench_dir(), bench_dir(), bench_dir()];
+        let (mut single, _) =
+            RecordLog::open(dirs[0].path(), &run, SyncPolicy::EveryAppend).unwrap();
+        let (mut batched, _) =
+            RecordLog::open(dirs[1].path(), &run, SyncPolicy::EveryAppend).unwrap();
+        let (log, _) = SharedRecordLog::open(dirs[2].path(), &run, policy).unwrap();
+        let log = Arc::new(log);
+        let appenders = Appenders::spawn(Some(&log), &record, RECORDS);
+        interleaved_group(len, &mut single, &mut batched, &appenders, &batch);
+
         group.bench_with_input(
             BenchmarkId::new("per_append_fsync", len),
             &batch,
             |b, batch| {
                 b.iter(|| {
                     for record in batch {
-                        log.append(record).unwrap();
+                        single.append(record).unwrap();
                     }
                 });
             },
         );
         group.bench_with_input(BenchmarkId::new("append_batch", len), &batch, |b, batch| {
-            b.iter(|| log.append_batch(batch).unwrap());
+            b.iter(|| batched.append_batch(batch).unwrap());
         });
+        let before = log.stats();
+        group.bench_function(BenchmarkId::new("shared_64_threads", len), |b| {
+            b.iter(|| appenders.round());
+        });
+        let after = log.stats();
+        eprintln!(
+            "shared_64_threads/{len}: {} records in {} groups (largest {})",
+            after.records - before.records,
+            after.groups - before.groups,
+            after.largest_group
+        );
     }
+    // The barrier rounds alone: what waking 64 threads and waiting for them costs here.
+    let idle = Appenders::spawn(None, &tool_result(0), RECORDS);
+    group.bench_function("threads_only_no_append", |b| b.iter(|| idle.round()));
     group.finish();
 }
 

@@ -1,11 +1,36 @@
 //! The errors of the record log, one enum per operation family and an umbrella [`Error`].
 
 use std::path::PathBuf;
+use std::time::Duration;
+
+/// Why a [`SyncPolicy`](crate::SyncPolicy) was refused when a log was opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// A group-commit policy's `max_records` is 0: no group could ever hold a record.
+    #[error("group commit max_records must be at least 1")]
+    ZeroMaxRecords,
+    /// A group-commit policy's `max_bytes` is 0: no group could ever hold a frame.
+    #[error("group commit max_bytes must be at least 1")]
+    ZeroMaxBytes,
+    /// A group-commit policy's `max_wait` is longer than the log allows
+    /// ([`MAX_GROUP_WAIT`](crate::MAX_GROUP_WAIT)).
+    #[error("group commit max_wait of {max_wait:?} exceeds the limit of {limit:?}")]
+    MaxWaitTooLong {
+        /// The window asked for.
+        max_wait: Duration,
+        /// The longest window allowed.
+        limit: Duration,
+    },
+}
 
 /// Why a Run's log could not be opened.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
+    /// The sync policy given to `open` is out of bounds; nothing was opened or created.
+    #[error("invalid sync policy: {0}")]
+    Policy(#[from] PolicyError),
     /// The directory or file could not be created, read, locked, cut or synced.
     #[error("{path}: {source}")]
     Io {
@@ -63,7 +88,10 @@ pub enum OpenError {
 #[non_exhaustive]
 pub enum AppendError {
     /// Writing or syncing failed. The log cut the partial frame off again when it could;
-    /// otherwise it is poisoned (see [`AppendError::Poisoned`]).
+    /// otherwise it is poisoned (see [`AppendError::Poisoned`]). Under group commit every
+    /// append of the failed group gets this error (each a copy of the group's error, with
+    /// its kind and message; `offset` is where the group started) and none of the group is
+    /// acknowledged.
     #[error("appending to {path} at byte {offset}: {source}")]
     Io {
         /// The log file.

@@ -6,7 +6,13 @@
 //! CRC-32C-checksummed frames (format in `docs/format.md`), indexed in memory on open, so a
 //! read by handle is one lookup and one positional read. Appending returns the record's
 //! [`RecordHandle`](psych_types::RecordHandle) (`<run>:<seq>`) only once the record is on disk
-//! under the [`SyncPolicy`]; [`RecordLog::append_batch`] commits a group with one sync.
+//! under the [`SyncPolicy`]; [`RecordLog::append_batch`] commits a caller's batch with one
+//! sync. [`SharedRecordLog`] shares one log between threads (`&self` appends) with group
+//! commit ([`SyncPolicy::GroupCommit`]): appends arriving together are written by one leader
+//! thread and made durable by one `fdatasync`, in a window bounded in time and size, and each
+//! appender gets its handle once the group's sync is done; a failed group acknowledges none
+//! of its appends.
+//!
 //! Opening cuts a torn tail back to the last whole record and reports it in a [`Recovery`];
 //! damage in the middle is [`OpenError::Corrupt`] naming the offset. A log serves only its
 //! own Run: it implements [`RecordSource`](psych_types::RecordSource), and a handle of
@@ -19,8 +25,13 @@
 //! # Example
 //!
 //! ```
-//! use psych_record_log::{RecordLog, SyncPolicy};
-//! use psych_types::{Record, RecordSource, RunId, ToolCallId, ToolOutput, ToolResult};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
+//! use psych_types::{
+//!     Record, RecordSource, RunId, ToolCallId, ToolOutput, ToolResult, UserMessage,
+//! };
 //!
 //! let dir = tempfile::tempdir()?;
 //! let run = RunId::new("run-7")?;
@@ -42,6 +53,28 @@
 //! let (log, recovery) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend)?;
 //! assert_eq!(recovery.records, 1);
 //! assert!(log.record(&handle)?.is_some());
+//! drop(log);
+//!
+//! // Parallel tool calls finishing together: one group, one fdatasync.
+//! let policy = SyncPolicy::GroupCommit {
+//!     max_wait: Duration::from_millis(2),
+//!     max_records: 64,
+//!     max_bytes: 8 << 20,
+//! };
+//! let log = Arc::new(SharedRecordLog::new(RecordLog::open(dir.path(), &run, policy)?.0));
+//! let threads: Vec<_> = (0..4)
+//!     .map(|i| {
+//!         let log = Arc::clone(&log);
+//!         std::thread::spawn(move || {
+//!             log.append(&Record::User(UserMessage { text: format!("call {i} done") }))
+//!         })
+//!     })
+//!     .collect();
+//! for thread in threads {
+//!     let handle = thread.join().map_err(|_| "appender panicked")??;
+//!     assert!(log.record(&handle)?.is_some());
+//! }
+//! assert_eq!(log.len(), 5);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -52,6 +85,8 @@ mod crc32c;
 mod error;
 mod format;
 mod log;
+mod shared;
 
-pub use error::{AppendError, Error, OpenError, ReadError};
-pub use log::{RecordLog, Recovery, SyncPolicy, TailLoss};
+pub use error::{AppendError, Error, OpenError, PolicyError, ReadError};
+pub use log::{MAX_GROUP_WAIT, RecordLog, Recovery, SyncPolicy, TailLoss};
+pub use shared::{GroupStats, SharedRecordLog};

@@ -1,5 +1,6 @@
-//! Model-based test: random appends, batches, reopens and reads against
-//! `psych_types::MemoryRecords` (a `Vec` of records), compared after every step.
+//! Model-based test: random appends, batches, concurrent appends through a
+//! `SharedRecordLog`, reopens and reads against `psych_types::MemoryRecords` (a `Vec` of
+//! records), compared after every step.
 
 #![allow(
     clippy::unwrap_used,
@@ -10,13 +11,15 @@
 mod common;
 
 use proptest::prelude::*;
-use psych_record_log::{RecordLog, SyncPolicy};
+use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_types::{MemoryRecords, Record, RecordHandle, RecordSource};
 
 #[derive(Debug, Clone)]
 enum Op {
     Append(Record),
     Batch(Vec<Record>),
+    /// Each record appended by its own thread at once, through a shared log.
+    Concurrent(Vec<Record>),
     Reopen,
     /// Read record `pick % len` whole and a slice of its output at `offset`.
     Read {
@@ -30,6 +33,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => common::any_record().prop_map(Op::Append),
         1 => prop::collection::vec(common::any_record(), 0..5).prop_map(Op::Batch),
+        1 => prop::collection::vec(common::any_record(), 1..5).prop_map(Op::Concurrent),
         1 => Just(Op::Reopen),
         3 => (any::<usize>(), 0u64..4000, 0usize..200)
             .prop_map(|(pick, offset, len)| Op::Read { pick, offset, len }),
@@ -75,6 +79,27 @@ proptest! {
                     let handles = log.append_batch(&records).unwrap();
                     let expected: Vec<_> = records.into_iter().map(|r| model.push(r)).collect();
                     prop_assert_eq!(handles, expected);
+                }
+                Op::Concurrent(records) => {
+                    let shared = SharedRecordLog::new(log);
+                    let mut acked: Vec<(RecordHandle, Record)> = std::thread::scope(|scope| {
+                        let threads: Vec<_> = records
+                            .into_iter()
+                            .map(|record| {
+                                let shared = &shared;
+                                scope.spawn(move || (shared.append(&record).unwrap(), record))
+                            })
+                            .collect();
+                        threads.into_iter().map(|t| t.join().unwrap()).collect()
+                    });
+                    // Whatever order the threads won, positions are dense and in file order.
+                    acked.sort_by_key(|(handle, _)| handle.seq);
+                    for (handle, record) in acked {
+                        let stored = shared.record(&handle).unwrap();
+                        prop_assert_eq!(stored.as_ref(), Some(&record));
+                        prop_assert_eq!(handle, model.push(record));
+                    }
+                    log = shared.into_inner();
                 }
                 Op::Reopen => {
                     drop(log);

@@ -57,6 +57,43 @@ pub(crate) fn numbered(seq: u64) -> Record {
     }
 }
 
+/// The record a group-commit crash-test child's thread `thread` appends as its `i`-th in
+/// round `round`: deterministic, tagged with all three at the start of its text so the
+/// parent can tell which it is ([`tag_of`]), and of varied size and kind.
+pub(crate) fn tagged(round: u64, thread: u64, i: u64) -> Record {
+    let len = match (i * 4 + thread) % 5 {
+        0 => 10,
+        1 => 4096,
+        2 => 300,
+        3 => 70_000,
+        _ => 1_500,
+    };
+    let mut text = format!("r{round} t{thread} i{i};");
+    text.extend((0..len).map(|k| char::from(b'a' + ((k as u64 + i + thread) % 26) as u8)));
+    match (i + thread) % 3 {
+        0 => user(&text),
+        1 => result(&format!("call_{thread}_{i}"), ToolOutput::text(text)),
+        _ => result(
+            &format!("call_{thread}_{i}"),
+            ToolOutput::binary("application/octet-stream", text.into_bytes()),
+        ),
+    }
+}
+
+/// The `(round, thread, i)` a [`tagged`] record carries, if it is one.
+pub(crate) fn tag_of(record: &Record) -> Option<(u64, u64, u64)> {
+    let bytes = match record {
+        Record::User(user) => user.text.as_bytes().to_vec(),
+        Record::ToolResult(result) => psych_types::readable_bytes(&result.output),
+        Record::Assistant(_) => return None,
+    };
+    let head = bytes.split(|&b| b == b';').next()?;
+    let head = std::str::from_utf8(head).ok()?;
+    let mut parts = head.split(' ');
+    let mut field = |prefix: char| parts.next()?.strip_prefix(prefix)?.parse().ok();
+    Some((field('r')?, field('t')?, field('i')?))
+}
+
 fn json_value() -> impl Strategy<Value = serde_json::Value> {
     let leaf = prop_oneof![
         Just(serde_json::Value::Null),

@@ -1,0 +1,684 @@
+//! [`SharedRecordLog`]: one Run's log shared by concurrent appenders, with group commit. A
+//! leader thread writes every pending frame in one write, syncs once for the group, and
+//! wakes the appenders that were waiting on it.
+//!
+//! The protocol:
+//!
+//! 1. An appender encodes its frames outside any lock, then, under the `group` mutex,
+//!    queues them with a slot of its own to be woken through. If no thread is leading, it
+//!    becomes the leader; otherwise it waits on its slot.
+//! 2. The leader keeps the window open until the queue holds `max_records` records or
+//!    `max_bytes` bytes, or the oldest queued call has waited `max_wait` (an arrival that
+//!    fills the window wakes it through `filled`), then takes whole calls from the front of
+//!    the queue up to those bounds, releases the mutex and does the I/O: positions the
+//!    frames after the last one, writes them, preallocates, syncs once.
+//! 3. It relocks, and hands leadership to the owner of the call now at the front of the
+//!    queue (waking its slot), or gives it up when the queue is empty; then it wakes each
+//!    call of its group through its slot with the group's outcome. Nobody is woken for
+//!    nothing, and no waiter contends for the `group` mutex on the way out.
+//!
+//! Frames are positioned by the leader in queue order, so `seq` order is file order. The
+//! [`RecordLog`] sits in an `RwLock`: the leader holds it shared while it writes and syncs
+//! (readers go on reading, and see none of the group's records yet), and exclusively only
+//! to index the group after the sync, or to cut it off after a failure.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
+
+use psych_types::{OutputInfo, Record, RecordHandle, RecordSource, RunId};
+
+use crate::error::{AppendError, OpenError, ReadError};
+use crate::log::{PendingFrame, RecordLog, Recovery, SyncPolicy, preallocate};
+
+/// Frames up to this size are gathered into the group's one write buffer; larger ones are
+/// written from their own buffer.
+const GATHER_LIMIT: usize = 1 << 20;
+/// The gather buffer is dropped after a group larger than this.
+const SCRATCH_KEEP: usize = 4 << 20;
+
+/// Counters of a [`SharedRecordLog`]'s groups since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupStats {
+    /// Groups written, failed ones included: each is one write of its frames and, under a
+    /// syncing policy, one `fdatasync`.
+    pub groups: u64,
+    /// Records acknowledged.
+    pub records: u64,
+    /// Groups whose write or sync failed; none of their records was acknowledged.
+    pub failed_groups: u64,
+    /// The most records one group held.
+    pub largest_group: usize,
+}
+
+/// One Run's [`RecordLog`] shared by concurrent appenders (`&self`, `Send + Sync`; put it
+/// in an `Arc`), with group commit under [`SyncPolicy::GroupCommit`].
+///
+/// Each [`append`](Self::append) returns its handle only once its frame is on disk under
+/// the policy; appends arriving together (parallel tool calls finishing at once on several
+/// threads, say) share one write and one `fdatasync`, in a group bounded by the policy's
+/// `max_wait`, `max_records` and `max_bytes`. Handles are issued in file order. If a
+/// group's write or sync fails, every append of that group gets an [`AppendError`], none of
+/// it is acknowledged or readable, and the file is cut back to the group's start (as
+/// [`RecordLog::append`] does). Under [`SyncPolicy::EveryAppend`] each call is synced on
+/// its own; under [`SyncPolicy::OsBuffered`] whatever is queued is written together,
+/// without a sync.
+///
+/// It is the [`RecordSource`] of its Run; reads go on while a group is being written and
+/// see only acknowledged records. Frames are encoded by the appending threads, into one
+/// owned buffer each, so a huge result is copied once more than through
+/// [`RecordLog::append`].
+pub struct SharedRecordLog {
+    run: RunId,
+    path: PathBuf,
+    policy: SyncPolicy,
+    window: Window,
+    log: RwLock<RecordLog>,
+    group: Mutex<Group>,
+    /// Wakes the leader when an arrival fills the window.
+    filled: Condvar,
+    /// Makes the next group fail after its write, before its sync (tests only).
+    #[cfg(test)]
+    fail_next_sync: std::sync::atomic::AtomicBool,
+}
+
+/// The bounds of a group, from the policy.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    max_wait: Duration,
+    max_records: usize,
+    max_bytes: u64,
+}
+
+impl Window {
+    fn of(policy: SyncPolicy) -> Self {
+        match policy {
+            SyncPolicy::GroupCommit {
+                max_wait,
+                max_records,
+                max_bytes,
+            } => Self {
+                max_wait,
+                max_records,
+                max_bytes,
+            },
+            // One call per group: the smallest bound lets exactly one call in.
+            SyncPolicy::EveryAppend => Self {
+                max_wait: Duration::ZERO,
+                max_records: 1,
+                max_bytes: 1,
+            },
+            SyncPolicy::OsBuffered => Self {
+                max_wait: Duration::ZERO,
+                max_records: usize::MAX,
+                max_bytes: u64::MAX,
+            },
+        }
+    }
+
+    fn is_full(&self, group: &Group) -> bool {
+        group.queued_records >= self.max_records || group.queued_bytes >= self.max_bytes
+    }
+}
+
+/// The queue and the leader's state.
+#[derive(Default)]
+struct Group {
+    queue: VecDeque<Pending>,
+    queued_records: usize,
+    queued_bytes: u64,
+    leading: bool,
+    scratch: Vec<u8>,
+    stats: GroupStats,
+}
+
+/// One call's frames, waiting for a group.
+struct Pending {
+    slot: Arc<Slot>,
+    frames: Vec<PendingFrame>,
+    bytes: u64,
+    arrived: Instant,
+}
+
+/// Where a waiting appender is woken: with its call's outcome, or to lead.
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+enum SlotState {
+    /// Queued; nothing to do yet.
+    #[default]
+    Waiting,
+    /// The call is still queued and its owner is to lead the next group.
+    Lead,
+    /// The call's group is done.
+    Done(Outcome),
+}
+
+impl Slot {
+    fn set(&self, state: SlotState) {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = state;
+        self.wake.notify_one();
+    }
+
+    /// Waits until the slot is set; returns the outcome, or `None` when told to lead.
+    fn wait(&self) -> Option<Outcome> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            match std::mem::take(&mut *state) {
+                SlotState::Waiting => {
+                    state = self
+                        .wake
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                SlotState::Lead => return None,
+                SlotState::Done(outcome) => return Some(outcome),
+            }
+        }
+    }
+}
+
+/// What became of one call.
+enum Outcome {
+    /// Durable; its first record is at this position.
+    Committed(u64),
+    Failed(Failure),
+}
+
+/// Why a group failed, copied to each of its calls.
+#[derive(Debug, Clone)]
+enum Failure {
+    Io {
+        offset: u64,
+        kind: std::io::ErrorKind,
+        message: String,
+    },
+    Poisoned,
+}
+
+impl Failure {
+    fn to_error(&self, path: &Path) -> AppendError {
+        match self {
+            Failure::Io {
+                offset,
+                kind,
+                message,
+            } => AppendError::Io {
+                path: path.to_path_buf(),
+                offset: *offset,
+                source: std::io::Error::new(*kind, message.clone()),
+            },
+            Failure::Poisoned => AppendError::Poisoned {
+                path: path.to_path_buf(),
+            },
+        }
+    }
+}
+
+impl fmt::Debug for SharedRecordLog {
+    /// The log's identity and size, not its index or queue.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedRecordLog")
+            .field("run", &self.run)
+            .field("path", &self.path)
+            .field("sync", &self.policy)
+            .field("records", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<RecordLog> for SharedRecordLog {
+    fn from(log: RecordLog) -> Self {
+        Self::new(log)
+    }
+}
+
+impl SharedRecordLog {
+    /// Opens the log of `run` under `dir` as [`RecordLog::open`] does, for sharing.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError`], including [`OpenError::Policy`] for a group-commit policy out of
+    /// bounds.
+    pub fn open(
+        dir: impl AsRef<Path>,
+        run: &RunId,
+        sync: SyncPolicy,
+    ) -> Result<(Self, Recovery), OpenError> {
+        let (log, recovery) = RecordLog::open(dir, run, sync)?;
+        Ok((Self::new(log), recovery))
+    }
+
+    /// Shares an open log; appends follow its [`SyncPolicy`] (checked when it was opened).
+    pub fn new(log: RecordLog) -> Self {
+        let policy = log.sync_policy();
+        Self {
+            run: log.run().clone(),
+            path: log.path().to_path_buf(),
+            policy,
+            window: Window::of(policy),
+            log: RwLock::new(log),
+            group: Mutex::new(Group::default()),
+            filled: Condvar::new(),
+            #[cfg(test)]
+            fail_next_sync: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The log back, for single-writer use.
+    pub fn into_inner(self) -> RecordLog {
+        self.log
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The Run this log belongs to.
+    pub fn run(&self) -> &RunId {
+        &self.run
+    }
+
+    /// The log file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The sync policy appends follow.
+    pub fn sync_policy(&self) -> SyncPolicy {
+        self.policy
+    }
+
+    /// Number of acknowledged records in the log.
+    pub fn len(&self) -> u64 {
+        self.read_log().len()
+    }
+
+    /// Whether the log holds no acknowledged record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of the file holding acknowledged frames (see [`RecordLog::size_bytes`]).
+    pub fn size_bytes(&self) -> u64 {
+        self.read_log().size_bytes()
+    }
+
+    /// Counters of the groups written so far.
+    pub fn stats(&self) -> GroupStats {
+        self.lock_group().stats
+    }
+
+    /// Appends one record and returns its handle once it is durable under the policy,
+    /// possibly in a group with other threads' appends.
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError`]: encoding errors of this record alone; I/O errors and
+    /// [`AppendError::Poisoned`] of the whole group. No handle is issued.
+    pub fn append(&self, record: &Record) -> Result<RecordHandle, AppendError> {
+        let seq = self.commit(std::slice::from_ref(record))?;
+        Ok(RecordHandle::new(self.run.clone(), seq))
+    }
+
+    /// Appends records contiguously, in order, in one group (never split between groups,
+    /// whatever the bounds), and returns their handles once they are durable.
+    ///
+    /// # Errors
+    ///
+    /// As [`append`](Self::append); on error none of the records is acknowledged.
+    pub fn append_batch(&self, records: &[Record]) -> Result<Vec<RecordHandle>, AppendError> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let first = self.commit(records)?;
+        Ok((first..first + records.len() as u64)
+            .map(|seq| RecordHandle::new(self.run.clone(), seq))
+            .collect())
+    }
+
+    /// Makes every acknowledged record durable (see [`RecordLog::sync`]); needed only under
+    /// [`SyncPolicy::OsBuffered`].
+    ///
+    /// # Errors
+    ///
+    /// As [`RecordLog::sync`].
+    pub fn sync(&self) -> Result<(), AppendError> {
+        self.log
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sync()
+    }
+
+    /// Queues `records` as one call and waits for its outcome, leading groups when it is
+    /// its turn. Returns the first record's position.
+    fn commit(&self, records: &[Record]) -> Result<u64, AppendError> {
+        let frames = records
+            .iter()
+            .map(PendingFrame::encode)
+            .collect::<Result<Vec<_>, _>>()?;
+        let bytes = frames.iter().map(|frame| frame.bytes.len() as u64).sum();
+        let slot = Arc::new(Slot::default());
+        let mut lead = {
+            let mut group = self.lock_group();
+            group.queued_records += frames.len();
+            group.queued_bytes += bytes;
+            group.queue.push_back(Pending {
+                slot: Arc::clone(&slot),
+                frames,
+                bytes,
+                arrived: Instant::now(),
+            });
+            if self.window.is_full(&group) {
+                self.filled.notify_one();
+            }
+            !std::mem::replace(&mut group.leading, true)
+        };
+        loop {
+            if lead {
+                self.lead();
+            }
+            match slot.wait() {
+                Some(Outcome::Committed(first)) => return Ok(first),
+                Some(Outcome::Failed(failure)) => return Err(failure.to_error(&self.path)),
+                None => lead = true,
+            }
+        }
+    }
+
+    /// Leads one group: closes the window, takes the group off the queue, writes and syncs
+    /// it with the lock released, hands leadership on and wakes the group's appenders.
+    fn lead(&self) {
+        let mut group = self.lock_group();
+        loop {
+            let Some(oldest) = group.queue.front().map(|pending| pending.arrived) else {
+                // Unreachable while the leader's own call is queued; give up leading.
+                group.leading = false;
+                return;
+            };
+            if self.window.is_full(&group) {
+                break;
+            }
+            let waited = Instant::now().saturating_duration_since(oldest);
+            let left = self.window.max_wait.saturating_sub(waited);
+            if left.is_zero() {
+                break;
+            }
+            group = self
+                .filled
+                .wait_timeout(group, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        let (mut calls, mut records, mut bytes) = (Vec::new(), 0usize, 0u64);
+        while let Some(next) = group.queue.front() {
+            let (n, b) = (next.frames.len(), next.bytes);
+            let fits = records.saturating_add(n) <= self.window.max_records
+                && bytes.saturating_add(b) <= self.window.max_bytes;
+            if !calls.is_empty() && !fits {
+                break;
+            }
+            let Some(next) = group.queue.pop_front() else {
+                break;
+            };
+            records += n;
+            bytes += b;
+            calls.push(next);
+        }
+        group.queued_records -= records;
+        group.queued_bytes -= bytes;
+        let mut scratch = std::mem::take(&mut group.scratch);
+        drop(group);
+
+        let result = self.write_group(&mut calls, &mut scratch);
+
+        let mut group = self.lock_group();
+        if scratch.capacity() > SCRATCH_KEEP {
+            scratch = Vec::new();
+        }
+        group.scratch = scratch;
+        group.stats.groups += 1;
+        group.stats.largest_group = group.stats.largest_group.max(records);
+        match &result {
+            Ok(_) => group.stats.records += records as u64,
+            Err(_) => group.stats.failed_groups += 1,
+        }
+        match group.queue.front() {
+            Some(next) => next.slot.set(SlotState::Lead),
+            None => group.leading = false,
+        }
+        drop(group);
+        match result {
+            Ok(mut seq) => {
+                for call in &calls {
+                    call.slot.set(SlotState::Done(Outcome::Committed(seq)));
+                    seq += call.frames.len() as u64;
+                }
+            }
+            Err(failure) => {
+                for call in &calls {
+                    call.slot
+                        .set(SlotState::Done(Outcome::Failed(failure.clone())));
+                }
+            }
+        }
+    }
+
+    /// Positions the group's frames after the last whole one, writes them, preallocates
+    /// and syncs (per policy), then indexes them; on failure cuts them off again. Returns
+    /// the first record's position.
+    fn write_group(&self, calls: &mut [Pending], scratch: &mut Vec<u8>) -> Result<u64, Failure> {
+        let log = self.read_log();
+        if log.poisoned {
+            return Err(Failure::Poisoned);
+        }
+        let first = log.len();
+        let mut entries = Vec::new();
+        let mut offset = log.end;
+        for frame in calls.iter_mut().flat_map(|call| call.frames.iter_mut()) {
+            let entry = frame.place(first + entries.len() as u64, offset);
+            offset += entry.header.frame_len();
+            entries.push(entry);
+        }
+        let new_end = offset;
+        let written = self.write_frames(&log, calls, scratch, new_end);
+        drop(log);
+        let mut log = self.log.write().unwrap_or_else(PoisonError::into_inner);
+        match written {
+            Ok(allocated) => {
+                log.index.extend(entries);
+                log.end = new_end;
+                log.allocated = allocated;
+                Ok(first)
+            }
+            Err(err) => {
+                let offset = log.end;
+                log.undo();
+                Err(Failure::Io {
+                    offset,
+                    kind: err.kind(),
+                    message: err.to_string(),
+                })
+            }
+        }
+    }
+
+    /// The I/O of one group: gathered writes from the log's end, preallocation, one sync.
+    /// Returns the file's new length.
+    fn write_frames(
+        &self,
+        log: &RecordLog,
+        calls: &[Pending],
+        scratch: &mut Vec<u8>,
+        new_end: u64,
+    ) -> std::io::Result<u64> {
+        let mut at = log.end;
+        scratch.clear();
+        for frame in calls.iter().flat_map(|call| &call.frames) {
+            if frame.bytes.len() > GATHER_LIMIT {
+                if !scratch.is_empty() {
+                    log.file.write_all_at(scratch, at)?;
+                    at += scratch.len() as u64;
+                    scratch.clear();
+                }
+                log.file.write_all_at(&frame.bytes, at)?;
+                at += frame.bytes.len() as u64;
+            } else {
+                scratch.extend_from_slice(&frame.bytes);
+            }
+        }
+        if !scratch.is_empty() {
+            log.file.write_all_at(scratch, at)?;
+        }
+        let allocated = preallocate(&log.file, log.end, log.allocated, new_end)?;
+        #[cfg(test)]
+        if self
+            .fail_next_sync
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(std::io::Error::other("injected sync failure"));
+        }
+        if self.policy.syncs() {
+            log.file.sync_data()?;
+        }
+        Ok(allocated)
+    }
+
+    fn lock_group(&self) -> MutexGuard<'_, Group> {
+        // Nothing panics while holding the lock; a poisoned one is still consistent.
+        self.group.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn read_log(&self) -> RwLockReadGuard<'_, RecordLog> {
+        self.log.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl RecordSource for SharedRecordLog {
+    type Error = ReadError;
+
+    fn run(&self) -> &RunId {
+        &self.run
+    }
+
+    fn record(&self, handle: &RecordHandle) -> Result<Option<Record>, ReadError> {
+        self.read_log().record(handle)
+    }
+
+    fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, ReadError> {
+        self.read_log().output_info(handle)
+    }
+
+    fn read_output(
+        &self,
+        handle: &RecordHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, ReadError> {
+        self.read_log().read_output(handle, offset, buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Barrier;
+
+    use super::*;
+    use psych_types::UserMessage;
+
+    fn user(text: &str) -> Record {
+        Record::User(UserMessage { text: text.into() })
+    }
+
+    #[test]
+    fn a_failed_group_fails_every_appender_and_is_cut_off() {
+        const THREADS: usize = 6;
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("fail").unwrap();
+        let policy = SyncPolicy::GroupCommit {
+            // Long enough that all the threads join one group; max_records closes it.
+            max_wait: Duration::from_secs(1),
+            max_records: THREADS,
+            max_bytes: u64::MAX,
+        };
+        let (log, _) = SharedRecordLog::open(dir.path(), &run, policy).unwrap();
+        let kept = log.append(&user("before")).unwrap();
+        let end = log.size_bytes();
+        log.fail_next_sync
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let log = Arc::new(log);
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let results: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let (log, barrier) = (Arc::clone(&log), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    log.append(&user(&format!("lost {i}")))
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|thread| thread.join().unwrap())
+            .collect();
+        for result in &results {
+            let err = result.as_ref().unwrap_err();
+            assert!(
+                matches!(err, AppendError::Io { offset, source, .. }
+                    if *offset == end && source.to_string() == "injected sync failure"),
+                "{err:?}"
+            );
+        }
+        let stats = log.stats();
+        assert_eq!((stats.failed_groups, stats.records), (1, 1), "{stats:?}");
+        assert_eq!((log.len(), log.size_bytes()), (1, end));
+        // Nothing of the group is readable, and the file was cut back to the group's start.
+        assert_eq!(
+            log.record(&RecordHandle::new(run.clone(), 1)).unwrap(),
+            None
+        );
+        assert_eq!(std::fs::metadata(log.path()).unwrap().len(), end);
+        // The log goes on: the next append takes the failed group's place.
+        let next = log.append(&user("after")).unwrap();
+        assert_eq!(next.seq, 1);
+        drop(log);
+        let (log, recovery) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
+        assert!(recovery.is_clean(), "{recovery}");
+        assert_eq!(log.len(), 2);
+        assert_eq!(log.record(&kept).unwrap(), Some(user("before")));
+        assert_eq!(log.record(&next).unwrap(), Some(user("after")));
+    }
+
+    #[test]
+    fn a_batch_is_never_split_between_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("batch").unwrap();
+        let policy = SyncPolicy::GroupCommit {
+            max_wait: Duration::ZERO,
+            max_records: 2,
+            max_bytes: 1,
+        };
+        let (log, _) = SharedRecordLog::open(dir.path(), &run, policy).unwrap();
+        let batch: Vec<_> = (0..5).map(|i| user(&i.to_string())).collect();
+        let handles = log.append_batch(&batch).unwrap();
+        assert_eq!(
+            handles.iter().map(|h| h.seq).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4]
+        );
+        assert_eq!(log.stats().groups, 1);
+        assert_eq!(log.stats().largest_group, 5);
+        assert!(log.append_batch(&[]).unwrap().is_empty());
+        assert_eq!(log.stats().groups, 1, "an empty batch writes nothing");
+    }
+
+    #[test]
+    fn a_shared_log_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<SharedRecordLog>();
+    }
+}
