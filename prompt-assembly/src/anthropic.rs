@@ -22,6 +22,19 @@
 //! transient message is a separate user message after them (the API merges consecutive
 //! user turns; text after the results is allowed).
 //!
+//! What the log holds is rendered, never refused, when a model or a crash could have put it
+//! there:
+//! - text that is empty or only whitespace is no text block (the API refuses such blocks):
+//!   an assistant message drops it (and is left out when nothing else remains), a
+//!   `tool_result` has no `content`, and a user message is sent as
+//!   [`EMPTY_USER_MESSAGE`](crate::EMPTY_USER_MESSAGE) (a message needs content);
+//! - a call name outside `^[a-zA-Z0-9_-]{1,64}$` is sanitised (every other character
+//!   becomes `_`, cut to 64 bytes);
+//! - arguments that are not a JSON object (the raw text of arguments that did not parse)
+//!   are sent as `{"_raw_arguments": <text>}` (see [`RAW_ARGUMENTS_KEY`](crate::RAW_ARGUMENTS_KEY));
+//! - a call without a logged result is answered by a `tool_result` with `is_error` and the
+//!   text [`MISSING_RESULT`](crate::MISSING_RESULT), in its place in call order.
+//!
 //! Breakpoints (`"cache_control":{"type":"ephemeral"}`), at most four and never on the
 //! transient message:
 //! 1. the last block of zone 1 (the last static system block; the last tool when zone 1 is
@@ -31,11 +44,10 @@
 //! 3. the last history block;
 //! 4. a lookback anchor, see [`ANCHOR_DISTANCE`].
 
-use psych_types::Record;
-
-use crate::assemble::{Message, Prompt};
+use crate::assemble::{Answer, Message, Prompt};
 use crate::render::{
-    Out, Part, Provider, RenderError, RenderedRequest, View, check_extra, provider_name_ok, view,
+    EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Provider, RAW_ARGUMENTS_KEY, RenderError,
+    RenderedRequest, View, call_name, check_extra, is_blank, provider_name_ok, raw_arguments, view,
     write_extra,
 };
 
@@ -85,9 +97,9 @@ const RESERVED: [&str; 5] = ["model", "max_tokens", "tools", "system", "messages
 /// Number of content blocks a message renders to (0: the message is left out).
 fn blocks(message: &Message<'_>) -> usize {
     match message {
-        Message::User { text, .. } => usize::from(!text.is_empty()),
+        Message::User { .. } => 1,
         Message::Assistant { message, .. } => {
-            usize::from(!message.text.is_empty()) + message.tool_calls.len()
+            usize::from(!is_blank(&message.text)) + message.tool_calls.len()
         }
         Message::Results { items, .. } => items.len(),
     }
@@ -98,15 +110,16 @@ impl Prompt<'_> {
     ///
     /// # Errors
     ///
-    /// [`RenderError`] for a tool or call name outside `^[a-zA-Z0-9_-]{1,64}$`, duplicate
-    /// tool names, non-object call arguments, an extra option the renderer owns, or a
-    /// request with no message at all.
+    /// [`RenderError`] for a tool of the surface named outside `^[a-zA-Z0-9_-]{1,64}$`,
+    /// duplicate tool names, an extra option the renderer owns, or a request with no
+    /// message at all. What the model wrote never fails a render: call names are
+    /// sanitised, arguments that are not an object are wrapped (see [`RAW_ARGUMENTS_KEY`]).
     pub fn render_anthropic(
         &self,
         options: &AnthropicOptions,
     ) -> Result<RenderedRequest, RenderError> {
         check_extra(&options.extra, &RESERVED)?;
-        self.check_names(true)?;
+        self.check_tools()?;
 
         let sections = self.static_sections.sections();
         let tail = self.dynamic_tail.text();
@@ -233,13 +246,18 @@ impl Prompt<'_> {
         match message {
             Message::User { text, .. } => {
                 out.push("{\"role\":\"user\",\"content\":[");
+                let text = if is_blank(text) {
+                    EMPTY_USER_MESSAGE
+                } else {
+                    text
+                };
                 text_block(out, text, breakpoints);
                 out.push("]}");
             }
             Message::Assistant { message, .. } => {
                 out.push("{\"role\":\"assistant\",\"content\":[");
                 let mut first = true;
-                if !message.text.is_empty() {
+                if !is_blank(&message.text) {
                     text_block(out, &message.text, breakpoints);
                     first = false;
                 }
@@ -251,9 +269,17 @@ impl Prompt<'_> {
                     out.push("{\"type\":\"tool_use\",\"id\":");
                     out.str(call.id.as_str());
                     out.push(",\"name\":");
-                    out.str(&call.name);
+                    out.str(&call_name(&call.name));
                     out.push(",\"input\":");
-                    out.value(&call.arguments);
+                    if call.arguments.is_object() {
+                        out.value(&call.arguments);
+                    } else {
+                        out.push("{");
+                        out.str(RAW_ARGUMENTS_KEY);
+                        out.push(":");
+                        out.str(&raw_arguments(call));
+                        out.push("}");
+                    }
                     let bp = breakpoints.contains(&out.next_block());
                     out.end_block(bp);
                     out.push("}");
@@ -262,15 +288,22 @@ impl Prompt<'_> {
             }
             Message::Results { items, .. } => {
                 out.push("{\"role\":\"user\",\"content\":[");
-                for (i, (index, result)) in items.iter().enumerate() {
+                for (i, item) in items.iter().enumerate() {
                     if i > 0 {
                         out.push(",");
                     }
                     out.push("{\"type\":\"tool_result\",\"tool_use_id\":");
-                    out.str(result.call_id.as_str());
-                    let handle = &self.history[*index].handle;
-                    match view(result, handle, &self.views[*index], true) {
-                        View::Text(text) if text.is_empty() => {}
+                    out.str(item.call_id().as_str());
+                    let (view, is_error) = match item {
+                        Answer::Logged(index, result) => (
+                            view(result, &self.views[*index], true),
+                            result.output.is_error,
+                        ),
+                        Answer::Missing(_) => (View::Text(MISSING_RESULT.into()), true),
+                    };
+                    match view {
+                        // Whitespace-only text is refused in a text block: no content.
+                        View::Text(text) if is_blank(&text) => {}
                         View::Text(text) => {
                             out.push(",\"content\":[{\"type\":\"text\",\"text\":");
                             out.str(&text);
@@ -286,7 +319,7 @@ impl Prompt<'_> {
                             out.push("\"}}]");
                         }
                     }
-                    if result.output.is_error {
+                    if is_error {
                         out.push(",\"is_error\":true");
                     }
                     let bp = breakpoints.contains(&out.next_block());
@@ -298,9 +331,10 @@ impl Prompt<'_> {
         }
     }
 
-    /// Checks tool and call names against the provider rule, and (for Anthropic) that call
-    /// arguments are objects.
-    pub(crate) fn check_names(&self, objects: bool) -> Result<(), RenderError> {
+    /// Checks the tool surface's names against the provider rule and for duplicates. These
+    /// names come from our own disclosure, so a bad one is a typed error; call names in the
+    /// history come from the model and are sanitised instead (see the renderers).
+    pub(crate) fn check_tools(&self) -> Result<(), RenderError> {
         for pair in self.tools.windows(2) {
             if pair[0].name == pair[1].name {
                 return Err(RenderError::DuplicateTool {
@@ -317,30 +351,9 @@ impl Prompt<'_> {
                 name: tool.name.to_string(),
             });
         }
-        for logged in self.history {
-            let Record::Assistant(message) = &logged.record else {
-                continue;
-            };
-            for call in &message.tool_calls {
-                if !provider_name_ok(&call.name) {
-                    return Err(RenderError::CallName {
-                        name: call.name.clone(),
-                        assistant: logged.handle.clone(),
-                        call_id: call.id.clone(),
-                    });
-                }
-                if objects && !call.arguments.is_object() {
-                    return Err(RenderError::ArgumentsNotObject {
-                        assistant: logged.handle.clone(),
-                        call_id: call.id.clone(),
-                    });
-                }
-            }
-        }
         Ok(())
     }
 }
-
 /// Writes `{"type":"text","text":…}` as one block, with a breakpoint if planned.
 fn text_block(out: &mut Out, text: &str, breakpoints: &[usize]) {
     out.push("{\"type\":\"text\",\"text\":");

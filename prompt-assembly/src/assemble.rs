@@ -6,30 +6,28 @@ use std::ops::Range;
 
 use psych_types::{
     AssistantMessage, LoggedRecord, Projection, Record, RecordHandle, ResultProjector, ResultRef,
-    ToolCallId, ToolDefinition, ToolResult,
+    ToolCall, ToolCallId, ToolDefinition, ToolResult,
 };
 
 use crate::{DynamicTail, StaticSections, Transient};
 
 /// Why a history cannot be assembled into a request the providers accept.
 ///
-/// Both providers require every tool call to be answered by exactly one result in the next
-/// message; a log that breaks this cannot be rendered without inventing or dropping data.
+/// Only logs no real Run can produce are refused. What a model or a crash can leave in a
+/// log is rendered with a fixed substitute instead, because the log is never rewritten and
+/// a refusal would make every later request of the Run fail: a call without a result gets
+/// the failed result [`MISSING_RESULT`](crate::MISSING_RESULT); a second result for an
+/// answered call, or a result logged after its call's message was closed (by a later user
+/// or assistant record), is left out of the request (the first result in place wins; the
+/// log still holds every one). What stays an error: a call id used twice (providers issue
+/// unique ids, so two calls sharing one come from a broken writer, and their results could
+/// not be told apart) and a result for a call no earlier record made (a runtime logs a
+/// result only for a call it executed).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AssembleError {
-    /// A tool call has no result before the next user or assistant record, or before the
-    /// end of the history.
-    #[error("tool call {call_id} (in record {assistant}) has no result")]
-    UnansweredCall {
-        /// The assistant record that made the call.
-        assistant: RecordHandle,
-        /// The unanswered call.
-        call_id: ToolCallId,
-    },
-    /// A tool result answers no pending call of the assistant record before it (an orphan,
-    /// or a second result for the same call).
-    #[error("tool result {result} answers no pending call ({call_id})")]
+    /// A tool result names a call id that no assistant record before it made.
+    #[error("tool result {result} answers no call made before it ({call_id})")]
     UnexpectedResult {
         /// The tool result record.
         result: RecordHandle,
@@ -83,7 +81,7 @@ impl<'a> Assembler<'a> {
     ///
     /// # Errors
     ///
-    /// [`AssembleError`] when calls and results do not pair up.
+    /// [`AssembleError`] for a call id used twice or a result for a call never made.
     pub fn assemble(
         &self,
         history: &'a [LoggedRecord],
@@ -159,15 +157,35 @@ pub(crate) enum Message<'a> {
         index: usize,
         message: &'a AssistantMessage,
     },
-    /// The results answering the assistant message before, in the order of its calls.
+    /// The results answering the assistant message before, one per call, in call order.
     Results {
         records: Range<usize>,
-        items: Vec<(usize, &'a ToolResult)>,
+        items: Vec<Answer<'a>>,
     },
 }
 
+/// What answers one call in a [`Message::Results`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Answer<'a> {
+    /// The logged result at this history index.
+    Logged(usize, &'a ToolResult),
+    /// No result was logged: the renderers send [`MISSING_RESULT`](crate::MISSING_RESULT).
+    Missing(&'a ToolCall),
+}
+
+impl Answer<'_> {
+    /// The id of the call answered.
+    pub(crate) fn call_id(&self) -> &ToolCallId {
+        match self {
+            Answer::Logged(_, result) => &result.call_id,
+            Answer::Missing(call) => &call.id,
+        }
+    }
+}
+
 impl Message<'_> {
-    /// The history records this message renders.
+    /// The history records this message renders (empty for results that are all
+    /// substitutes).
     pub(crate) fn records(&self) -> Range<usize> {
         match self {
             Message::User { index, .. } | Message::Assistant { index, .. } => *index..*index + 1,
@@ -179,60 +197,61 @@ impl Message<'_> {
 /// The open assistant record (its index) and, per call, the result found so far.
 type Pending<'a> = Option<(usize, Vec<Option<(usize, &'a ToolResult)>>)>;
 
-/// Groups records into messages and checks the call/result pairing.
+/// Closes the open assistant message: its results, in call order, with a substitute for
+/// each call that has none.
+fn close<'a>(
+    history: &'a [LoggedRecord],
+    pending: &mut Pending<'a>,
+    messages: &mut Vec<Message<'a>>,
+) {
+    let Some((assistant, slots)) = pending.take() else {
+        return;
+    };
+    let Record::Assistant(message) = &history[assistant].record else {
+        return;
+    };
+    let items: Vec<Answer<'a>> = slots
+        .into_iter()
+        .zip(&message.tool_calls)
+        .map(|(slot, call)| match slot {
+            Some((index, result)) => Answer::Logged(index, result),
+            None => Answer::Missing(call),
+        })
+        .collect();
+    let end = items
+        .iter()
+        .filter_map(|item| match item {
+            Answer::Logged(index, _) => Some(index + 1),
+            Answer::Missing(_) => None,
+        })
+        .max()
+        .unwrap_or(assistant + 1);
+    if !items.is_empty() {
+        messages.push(Message::Results {
+            records: assistant + 1..end,
+            items,
+        });
+    }
+}
+
+/// Groups records into messages, pairing each call with its result (see [`AssembleError`]
+/// for what is substituted, left out or refused).
 fn group(history: &[LoggedRecord]) -> Result<Vec<Message<'_>>, AssembleError> {
     let mut messages = Vec::with_capacity(history.len());
     let mut seen_ids: BTreeSet<&ToolCallId> = BTreeSet::new();
     let mut pending: Pending<'_> = None;
 
-    fn close<'a>(
-        history: &'a [LoggedRecord],
-        pending: &mut Pending<'a>,
-        messages: &mut Vec<Message<'a>>,
-    ) -> Result<(), AssembleError> {
-        let Some((assistant, slots)) = pending.take() else {
-            return Ok(());
-        };
-        let Record::Assistant(message) = &history[assistant].record else {
-            return Ok(());
-        };
-        let mut items = Vec::with_capacity(slots.len());
-        for (slot, call) in slots.into_iter().zip(&message.tool_calls) {
-            match slot {
-                Some(item) => items.push(item),
-                None => {
-                    return Err(AssembleError::UnansweredCall {
-                        assistant: history[assistant].handle.clone(),
-                        call_id: call.id.clone(),
-                    });
-                }
-            }
-        }
-        if !items.is_empty() {
-            let end = items
-                .iter()
-                .map(|(i, _)| i + 1)
-                .max()
-                .unwrap_or(assistant + 1);
-            messages.push(Message::Results {
-                records: assistant + 1..end,
-                items,
-            });
-        }
-        Ok(())
-    }
-
     for (index, logged) in history.iter().enumerate() {
         match &logged.record {
             Record::User(user) => {
-                close(history, &mut pending, &mut messages)?;
+                close(history, &mut pending, &mut messages);
                 messages.push(Message::User {
                     index,
                     text: &user.text,
                 });
             }
             Record::Assistant(message) => {
-                close(history, &mut pending, &mut messages)?;
+                close(history, &mut pending, &mut messages);
                 for call in &message.tool_calls {
                     if !seen_ids.insert(&call.id) {
                         return Err(AssembleError::DuplicateCallId {
@@ -247,6 +266,12 @@ fn group(history: &[LoggedRecord]) -> Result<Vec<Message<'_>>, AssembleError> {
                 }
             }
             Record::ToolResult(result) => {
+                if !seen_ids.contains(&result.call_id) {
+                    return Err(AssembleError::UnexpectedResult {
+                        result: logged.handle.clone(),
+                        call_id: result.call_id.clone(),
+                    });
+                }
                 let slot = pending.as_mut().and_then(|(assistant, slots)| {
                     let Record::Assistant(message) = &history[*assistant].record else {
                         return None;
@@ -257,25 +282,20 @@ fn group(history: &[LoggedRecord]) -> Result<Vec<Message<'_>>, AssembleError> {
                         .position(|call| call.id == result.call_id)?;
                     slots.get_mut(position).filter(|slot| slot.is_none())
                 });
-                match slot {
-                    Some(slot) => *slot = Some((index, result)),
-                    None => {
-                        return Err(AssembleError::UnexpectedResult {
-                            result: logged.handle.clone(),
-                            call_id: result.call_id.clone(),
-                        });
-                    }
+                // A second result, or one for a call whose message is closed, is left out.
+                if let Some(slot) = slot {
+                    *slot = Some((index, result));
                 }
                 let complete = pending
                     .as_ref()
                     .is_some_and(|(_, slots)| slots.iter().all(Option::is_some));
                 if complete {
-                    close(history, &mut pending, &mut messages)?;
+                    close(history, &mut pending, &mut messages);
                 }
             }
         }
     }
-    close(history, &mut pending, &mut messages)?;
+    close(history, &mut pending, &mut messages);
     Ok(messages)
 }
 
@@ -319,7 +339,7 @@ impl<'a> Prompt<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use psych_types::{RunId, ToolCall, ToolOutput, UserMessage};
+    use psych_types::{RunId, ToolOutput, UserMessage};
 
     fn log(records: Vec<Record>) -> Vec<LoggedRecord> {
         let run = RunId::new("r").unwrap();
@@ -408,7 +428,7 @@ mod tests {
             panic!("{:?}", prompt.messages[2]);
         };
         assert_eq!(records, &(2..4));
-        let ids: Vec<&str> = items.iter().map(|(_, r)| r.call_id.as_str()).collect();
+        let ids: Vec<&str> = items.iter().map(|item| item.call_id().as_str()).collect();
         assert_eq!(ids, vec!["a", "b"]);
     }
 
@@ -419,20 +439,12 @@ mod tests {
         let assembler = Assembler::new(&zone1, &zone2, &[]);
         let cases = [
             (
-                vec![user("x"), calls(&["a"])],
-                "tool call a (in record r:1) has no result",
-            ),
-            (
-                vec![user("x"), calls(&["a"]), user("y")],
-                "tool call a (in record r:1) has no result",
-            ),
-            (
                 vec![user("x"), result("a", "A")],
-                "tool result r:1 answers no pending call (a)",
+                "tool result r:1 answers no call made before it (a)",
             ),
             (
-                vec![user("x"), calls(&["a"]), result("a", "A"), result("a", "A")],
-                "tool result r:3 answers no pending call (a)",
+                vec![user("x"), result("a", "A"), calls(&["a"])],
+                "tool result r:1 answers no call made before it (a)",
             ),
             (
                 vec![user("x"), calls(&["a"]), result("a", "A"), calls(&["a"])],
@@ -450,5 +462,86 @@ mod tests {
                 .unwrap_err();
             assert_eq!(err.to_string(), message);
         }
+    }
+
+    /// The answers of each results message: the logged record's index, or `None` for a
+    /// substitute.
+    fn answers(records: Vec<Record>) -> Vec<Vec<(String, Option<usize>)>> {
+        let history = log(records);
+        let projector = Counting(Default::default());
+        let (zone1, zone2, transient) = Default::default();
+        let prompt = Assembler::new(&zone1, &zone2, &[])
+            .assemble(&history, &projector, &transient)
+            .unwrap();
+        prompt
+            .messages
+            .iter()
+            .filter_map(|message| match message {
+                Message::Results { items, .. } => Some(
+                    items
+                        .iter()
+                        .map(|item| {
+                            let index = match item {
+                                Answer::Logged(index, _) => Some(*index),
+                                Answer::Missing(_) => None,
+                            };
+                            (item.call_id().to_string(), index)
+                        })
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn what_a_crash_leaves_in_a_log_is_substituted_or_left_out() {
+        let some = |id: &str, i| (id.to_owned(), Some(i));
+        let none = |id: &str| (id.to_owned(), None);
+        // A call with no result at the end of the history, or before a user record.
+        assert_eq!(
+            answers(vec![user("x"), calls(&["a"])]),
+            vec![vec![none("a")]]
+        );
+        assert_eq!(
+            answers(vec![
+                user("x"),
+                calls(&["a", "b"]),
+                result("b", "B"),
+                user("y")
+            ]),
+            vec![vec![none("a"), some("b", 2)]]
+        );
+        // Before the next assistant record.
+        assert_eq!(
+            answers(vec![
+                user("x"),
+                calls(&["a"]),
+                calls(&["b"]),
+                result("b", "B")
+            ]),
+            vec![vec![none("a")], vec![some("b", 3)]]
+        );
+        // A second result, and a result after its message was closed, are left out.
+        assert_eq!(
+            answers(vec![
+                user("x"),
+                calls(&["a"]),
+                result("a", "A"),
+                result("a", "again"),
+                user("y"),
+                result("a", "late"),
+            ]),
+            vec![vec![some("a", 2)]]
+        );
+        assert_eq!(
+            answers(vec![
+                user("x"),
+                calls(&["a"]),
+                user("y"),
+                result("a", "late")
+            ]),
+            vec![vec![none("a")]]
+        );
     }
 }

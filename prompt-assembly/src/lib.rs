@@ -29,17 +29,27 @@
 //!   history. Within a turn, the cacheable prefix of step k is a byte prefix of the cache
 //!   stream of step k+1 (see [`RenderedRequest`]).
 //! - **Accepted as-is.** Calls and results pair up exactly (one result per call id, right
-//!   after the assistant message, results first; a log that breaks this is an
-//!   [`AssembleError`]); tool and call names outside `^[a-zA-Z0-9_-]{1,64}$` are a
-//!   [`RenderError`], never a request the provider would refuse. Anthropic breakpoints: at
-//!   most four, never on the transient message, with a lookback anchor for wide steps (see
-//!   [`ANCHOR_DISTANCE`]).
+//!   after the assistant message, results first); tool names of the surface outside
+//!   `^[a-zA-Z0-9_-]{1,64}$` are a [`RenderError`], never a request the provider would
+//!   refuse. Anthropic breakpoints: at most four, never on the transient message, with a
+//!   lookback anchor for wide steps (see [`ANCHOR_DISTANCE`]).
+//! - **Every real log renders.** The log is never rewritten, so anything a model or a crash
+//!   can leave in it is rendered with a fixed, documented substitute rather than refused
+//!   (a refusal would fail every later request of the Run): a call name outside the
+//!   provider alphabet is sanitised (every other character becomes `_`, cut to 64 bytes);
+//!   arguments that are not a JSON object go to Anthropic as `{"_raw_arguments": <text>}`
+//!   ([`RAW_ARGUMENTS_KEY`]) and to OpenAI as their text; a call without a logged result is
+//!   answered by a failed result reading [`MISSING_RESULT`]; a repeated or late result is
+//!   left out; text that is empty or only whitespace is no text block, and a user message
+//!   made of it reads [`EMPTY_USER_MESSAGE`]. Only logs no real Run produces are an
+//!   [`AssembleError`]: a call id used twice, a result for a call never made.
 //!
 //! Binary tool output: for Anthropic, PNG, JPEG, GIF and WebP output is sent as a base64
 //! `image` block inside the `tool_result`; any other binary output, and every binary output
 //! for OpenAI (whose tool messages carry text only), becomes the one-line note
-//! `[binary output not shown: <mime>, <n> bytes, record <handle>]`, so the model can read it
-//! with the reader tool. A projection (a preview, a truncated failure) always replaces the
+//! `[binary output not shown: <mime>, <n> bytes; it cannot be read as text]`. It names no
+//! handle: the reader tool reads text only and refuses binary content, so there is no
+//! remedy to point to. A projection (a preview, a truncated failure) always replaces the
 //! output with its text.
 //!
 //! # Sources checked for the wire formats
@@ -136,6 +146,9 @@ pub use anthropic::{ANCHOR_DISTANCE, AnthropicOptions};
 pub use assemble::{AssembleError, Assembler, Prompt};
 pub use error::Error;
 pub use openai::OpenAiOptions;
-pub use render::{Part, Provider, RenderError, RenderedRequest, Span};
+pub use render::{
+    EMPTY_USER_MESSAGE, MISSING_RESULT, Part, Provider, RAW_ARGUMENTS_KEY, RenderError,
+    RenderedRequest, Span,
+};
 pub use report::{CacheReport, CacheRow};
 pub use zones::{CurrentTime, DynamicTail, StaticSections, TimeError, Transient};

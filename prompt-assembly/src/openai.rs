@@ -22,10 +22,19 @@
 //! arguments as canonical compact JSON, except when the log holds them as a JSON string (the
 //! raw text of arguments that did not parse), which is sent as that text. OpenAI caches prefixes
 //! automatically; there are no breakpoints, and `prompt_cache_key` is written when set.
+//!
+//! The same substitutes as for Anthropic keep every log renderable and the two providers'
+//! views alike: a call name outside `^[a-zA-Z0-9_-]{1,64}$` is sanitised (every other
+//! character becomes `_`, cut to 64 bytes); a call without a logged result is answered by a
+//! `tool` message `Error: ` + [`MISSING_RESULT`](crate::MISSING_RESULT); a user message whose
+//! text is empty or only whitespace is sent as [`EMPTY_USER_MESSAGE`](crate::EMPTY_USER_MESSAGE);
+//! an assistant message's whitespace-only text is left out (and the message with it when it
+//! calls no tool). Tool message text is sent as it is, whitespace included (the API takes it).
 
-use crate::assemble::{Message, Prompt};
+use crate::assemble::{Answer, Message, Prompt};
 use crate::render::{
-    Out, Part, Provider, RenderError, RenderedRequest, View, check_extra, view, write_extra,
+    EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Provider, RenderError, RenderedRequest, View,
+    call_name, check_extra, is_blank, view, write_extra,
 };
 
 /// Request options of the OpenAI renderer.
@@ -71,11 +80,12 @@ impl Prompt<'_> {
     ///
     /// # Errors
     ///
-    /// [`RenderError`] for a tool or call name outside `^[a-zA-Z0-9_-]{1,64}$`, duplicate
-    /// tool names, or an extra option the renderer owns.
+    /// [`RenderError`] for a tool of the surface named outside `^[a-zA-Z0-9_-]{1,64}$`,
+    /// duplicate tool names, or an extra option the renderer owns. What the model wrote
+    /// never fails a render: call names are sanitised, raw arguments sent as their text.
     pub fn render_openai(&self, options: &OpenAiOptions) -> Result<RenderedRequest, RenderError> {
         check_extra(&options.extra, &RESERVED)?;
-        self.check_names(false)?;
+        self.check_tools()?;
 
         let mut out = Out::with_capacity(4096);
         out.open(Part::Preamble);
@@ -161,9 +171,9 @@ impl Prompt<'_> {
     /// Writes one message (or run of tool messages); returns whether anything was written.
     fn openai_message(&self, out: &mut Out, message: &Message<'_>, first: bool) -> bool {
         let empty = match message {
-            Message::User { text, .. } => text.is_empty(),
+            Message::User { .. } => false,
             Message::Assistant { message, .. } => {
-                message.text.is_empty() && message.tool_calls.is_empty()
+                is_blank(&message.text) && message.tool_calls.is_empty()
             }
             Message::Results { items, .. } => items.is_empty(),
         };
@@ -179,13 +189,17 @@ impl Prompt<'_> {
         match message {
             Message::User { text, .. } => {
                 out.push("{\"role\":\"user\",\"content\":");
-                out.str(text);
+                out.str(if is_blank(text) {
+                    EMPTY_USER_MESSAGE
+                } else {
+                    text
+                });
                 out.end_block(false);
                 out.push("}");
             }
             Message::Assistant { message, .. } => {
                 out.push("{\"role\":\"assistant\"");
-                if !message.text.is_empty() {
+                if !is_blank(&message.text) {
                     out.push(",\"content\":");
                     out.str(&message.text);
                 }
@@ -199,7 +213,7 @@ impl Prompt<'_> {
                         out.push("{\"id\":");
                         out.str(call.id.as_str());
                         out.push(",\"type\":\"function\",\"function\":{\"name\":");
-                        out.str(&call.name);
+                        out.str(&call_name(&call.name));
                         out.push(",\"arguments\":");
                         if let serde_json::Value::String(raw) = &call.arguments {
                             // Arguments the model sent as text that did not parse: as sent.
@@ -217,19 +231,26 @@ impl Prompt<'_> {
                 out.push("}");
             }
             Message::Results { items, .. } => {
-                for (i, (index, result)) in items.iter().enumerate() {
+                for (i, item) in items.iter().enumerate() {
                     if i > 0 {
                         out.push(",");
                     }
                     out.push("{\"role\":\"tool\",\"tool_call_id\":");
-                    out.str(result.call_id.as_str());
+                    out.str(item.call_id().as_str());
                     out.push(",\"content\":\"");
-                    if result.output.is_error {
-                        out.push("Error: ");
-                    }
-                    let handle = &self.history[*index].handle;
-                    if let View::Text(text) = view(result, handle, &self.views[*index], false) {
-                        out.str_body(&text);
+                    match item {
+                        Answer::Logged(index, result) => {
+                            if result.output.is_error {
+                                out.push("Error: ");
+                            }
+                            if let View::Text(text) = view(result, &self.views[*index], false) {
+                                out.str_body(&text);
+                            }
+                        }
+                        Answer::Missing(_) => {
+                            out.push("Error: ");
+                            out.str_body(MISSING_RESULT);
+                        }
                     }
                     out.push("\"");
                     out.end_block(false);

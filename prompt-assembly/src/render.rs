@@ -4,9 +4,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use psych_types::{
-    JsonObject, OutputBody, Projection, RecordHandle, ToolCallId, ToolOutput, ToolResult,
-};
+use psych_types::{JsonObject, OutputBody, Projection, ToolCall, ToolOutput, ToolResult};
 
 use crate::json;
 
@@ -23,33 +21,11 @@ pub enum RenderError {
         /// The refused name.
         name: String,
     },
-    /// A tool call in the history names a tool outside `^[a-zA-Z0-9_-]{1,64}$`; the
-    /// provider would refuse the whole request.
-    #[error(
-        "tool call {call_id} in record {assistant} names {name:?}, which the provider does not accept (allowed: ^[a-zA-Z0-9_-]{{1,64}}$)"
-    )]
-    CallName {
-        /// The refused name.
-        name: String,
-        /// The assistant record with the call.
-        assistant: RecordHandle,
-        /// The call.
-        call_id: ToolCallId,
-    },
     /// Two tools of the surface have the same name.
     #[error("tool name {name:?} appears twice in the tool surface")]
     DuplicateTool {
         /// The repeated name.
         name: String,
-    },
-    /// A tool call's arguments are not a JSON object, which the Anthropic API requires for
-    /// `tool_use.input`.
-    #[error("tool call {call_id} in record {assistant} has arguments that are not a JSON object")]
-    ArgumentsNotObject {
-        /// The assistant record with the call.
-        assistant: RecordHandle,
-        /// The call.
-        call_id: ToolCallId,
     },
     /// The history and the transient message are both empty: the Anthropic API requires at
     /// least one message.
@@ -69,6 +45,84 @@ pub(crate) fn provider_name_ok(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The longest tool name both providers accept, in bytes.
+const MAX_NAME: usize = 64;
+
+/// The name a logged tool call is rendered with: the name as the model gave it when it
+/// matches `^[a-zA-Z0-9_-]{1,64}$`, else that name with every character outside
+/// `[a-zA-Z0-9_-]` replaced by `_` and cut to its first 64 bytes (`_` for an empty name).
+/// So `github.list_issues` is sent as `github_list_issues`. A call's name is what the model
+/// said, not a tool we declare: a model that invents a name must not make its Run
+/// unrenderable. Calls and results pair by id, never by name, so a sanitised call still
+/// pairs with its result.
+pub(crate) fn call_name(name: &str) -> Cow<'_, str> {
+    if provider_name_ok(name) {
+        return Cow::Borrowed(name);
+    }
+    if name.is_empty() {
+        return Cow::Borrowed("_");
+    }
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    // Every character is ASCII now, so any byte length is a char boundary.
+    out.truncate(MAX_NAME);
+    Cow::Owned(out)
+}
+
+/// The key under which the Anthropic renderer sends arguments that are not a JSON object.
+///
+/// `tool_use.input` must be an object. The log keeps arguments that did not parse as a
+/// JSON string of their raw text (see [`ToolCall`](psych_types::ToolCall)), and a model
+/// may send valid JSON that is not an object; either is sent as the object
+/// `{"_raw_arguments": <text>}`, the text being the raw string, or the canonical compact
+/// JSON of any other value. The OpenAI renderer sends such arguments as their text
+/// (`function.arguments` is a string there).
+pub const RAW_ARGUMENTS_KEY: &str = "_raw_arguments";
+
+/// The text of the error result rendered for a tool call that has no result in the log.
+///
+/// A Run whose process stopped between logging a call and logging its result has such a
+/// call forever (the log is never rewritten), and both providers refuse a call without a
+/// result. The renderers send this text as that call's failed result, in the place the
+/// result belongs (Anthropic: a `tool_result` with `is_error` in the next user message;
+/// OpenAI: a `tool` message whose content starts `Error: `).
+pub const MISSING_RESULT: &str = "No result was recorded for this call (the run was interrupted).";
+
+/// The text a user message is rendered with when its text is empty or only whitespace.
+///
+/// Anthropic refuses text blocks without non-whitespace text and messages without content;
+/// dropping the message instead would merge the turns around it and could leave the
+/// conversation starting with an assistant message. Both renderers use it, so a Run reads
+/// the same to either model.
+pub const EMPTY_USER_MESSAGE: &str = "[empty message]";
+
+/// Whether `text` has nothing but whitespace (Unicode `White_Space`), the empty text
+/// included: such text is treated as absent (Anthropic refuses it in a text block).
+pub(crate) fn is_blank(text: &str) -> bool {
+    text.chars().all(char::is_whitespace)
+}
+
+/// The text of non-object call arguments: the raw text when the log holds a string, the
+/// canonical compact JSON of any other value.
+pub(crate) fn raw_arguments(call: &ToolCall) -> Cow<'_, str> {
+    match &call.arguments {
+        serde_json::Value::String(raw) => Cow::Borrowed(raw),
+        other => {
+            let mut text = String::new();
+            json::write_value(&mut text, other);
+            Cow::Owned(text)
+        }
+    }
 }
 
 /// Which wire format a request is in.
@@ -96,7 +150,8 @@ pub enum Part {
     /// One message of zone 3 (for OpenAI, a run of `tool` messages counts as one), with the
     /// indices of the history records it renders.
     Message {
-        /// Indices into the history slice given to the assembler.
+        /// Indices into the history slice given to the assembler (empty for a message made
+        /// only of substitutes for calls without a logged result).
         records: Range<usize>,
     },
     /// Zone 4: the transient message.
@@ -305,13 +360,13 @@ pub(crate) enum View<'a> {
 /// Image types the Anthropic API takes as base64 image blocks.
 const IMAGE_TYPES: [&str; 4] = ["image/gif", "image/jpeg", "image/png", "image/webp"];
 
-/// The view of `result` (stored at `handle`) under `projection`.
+/// The view of `result` under `projection`.
 ///
-/// Binary output the provider cannot take inline becomes a one-line note naming its type,
-/// its size and its record, so the model can read it with the reader tool.
+/// Binary output the provider cannot take inline becomes a one-line note naming its type
+/// and size and saying it cannot be read as text (the reader tool reads text only, so no
+/// handle is offered: there is nothing the model could do with it).
 pub(crate) fn view<'a>(
     result: &'a ToolResult,
-    handle: &RecordHandle,
     projection: &'a Projection,
     images: bool,
 ) -> View<'a> {
@@ -330,7 +385,7 @@ pub(crate) fn view<'a>(
                 }
             } else {
                 View::Text(Cow::Owned(format!(
-                    "[binary output not shown: {mime_type}, {} bytes, record {handle}]",
+                    "[binary output not shown: {mime_type}, {} bytes; it cannot be read as text]",
                     data.len()
                 )))
             }
@@ -373,5 +428,35 @@ mod tests {
         assert!(!provider_name_ok(""));
         assert!(!provider_name_ok("browser.navigate"));
         assert!(!provider_name_ok("tööl"));
+    }
+
+    #[test]
+    fn call_names_are_sanitised_into_the_provider_alphabet() {
+        for (name, sent) in [
+            ("read_file", "read_file".to_owned()),
+            ("github.list_issues", "github_list_issues".to_owned()),
+            (
+                "multi_tool_use.parallel",
+                "multi_tool_use_parallel".to_owned(),
+            ),
+            ("tööl", "t__l".to_owned()),
+            ("a b/c:d", "a_b_c_d".to_owned()),
+            ("", "_".to_owned()),
+            (&"x.".repeat(40), "x_".repeat(32)),
+        ] {
+            let out = call_name(name);
+            assert_eq!(out, sent, "{name:?}");
+            assert!(provider_name_ok(&out), "{out:?}");
+        }
+    }
+
+    #[test]
+    fn blank_is_empty_or_whitespace() {
+        for text in ["", " ", "\n\n", "\t\r\n", "\u{a0}\u{2003}"] {
+            assert!(is_blank(text), "{text:?}");
+        }
+        for text in ["a", " .", "\n\nx"] {
+            assert!(!is_blank(text), "{text:?}");
+        }
     }
 }

@@ -69,7 +69,8 @@ impl StaticSections {
     /// The non-empty sections as text, in zone order.
     pub(crate) fn sections(&self) -> Vec<String> {
         let mut sections = Vec::with_capacity(4);
-        if !self.instructions.is_empty() {
+        // Whitespace-only instructions are no section (Anthropic refuses a blank text block).
+        if !crate::render::is_blank(&self.instructions) {
             sections.push(self.instructions.clone());
         }
         if !self.skills.is_empty() {
@@ -203,7 +204,12 @@ impl Transient {
         if let Some(now) = &self.now {
             lines.push(format!("Current date and time: {now}"));
         }
-        lines.extend(self.notes.iter().filter(|n| !n.is_empty()).cloned());
+        lines.extend(
+            self.notes
+                .iter()
+                .filter(|n| !crate::render::is_blank(n))
+                .cloned(),
+        );
         (!lines.is_empty()).then(|| lines.join("\n"))
     }
 }

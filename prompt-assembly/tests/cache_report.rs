@@ -26,6 +26,7 @@ fn twenty_turns() -> Vec<Turn> {
     (0..20)
         .map(|t| Turn {
             new_memory: t == 5 || t == 12,
+            blank_texts: false,
             steps: (0..next(4))
                 .map(|_| Step {
                     calls: (0..1 + next(3))

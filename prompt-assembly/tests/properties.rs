@@ -1,6 +1,7 @@
 //! The properties of the issue over random conversations (turns of several steps, parallel
 //! calls, large, failing and binary results, memories changing between turns, a clock
-//! advancing on every call), for both providers, and proof that the checks would catch the
+//! advancing on every call, invented call names, unparsable arguments, calls left without a
+//! result by a crash, whitespace-only texts), for both providers, and proof that the checks would catch the
 //! two classic mistakes (a clock in zone 1, an elision boundary that moves per step).
 
 #![allow(
@@ -25,6 +26,9 @@ fn outcome() -> impl Strategy<Value = Outcome> {
         1 => Just(Outcome::Json),
         1 => Just(Outcome::Image),
         1 => Just(Outcome::Pdf),
+        1 => Just(Outcome::Missing),
+        1 => (0usize..4).prop_map(Outcome::BadName),
+        1 => Just(Outcome::RawArguments),
     ]
 }
 
@@ -35,8 +39,16 @@ fn turns() -> impl Strategy<Value = Vec<Turn>> {
     let step = width
         .prop_flat_map(|n| prop::collection::vec(outcome(), n))
         .prop_map(|calls| Step { calls });
-    let turn = (any::<bool>(), prop::collection::vec(step, 0..4))
-        .prop_map(|(new_memory, steps)| Turn { new_memory, steps });
+    let turn = (
+        any::<bool>(),
+        prop::collection::vec(step, 0..4),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(new_memory, steps, blank_texts)| Turn {
+            new_memory,
+            steps,
+            blank_texts,
+        });
     prop::collection::vec(turn, 1..5)
 }
 
@@ -215,6 +227,7 @@ fn telling_script() -> Vec<Turn> {
     vec![
         Turn {
             new_memory: false,
+            blank_texts: false,
             steps: vec![
                 Step {
                     calls: vec![Outcome::Large(2000), Outcome::Small],
@@ -226,6 +239,7 @@ fn telling_script() -> Vec<Turn> {
         },
         Turn {
             new_memory: true,
+            blank_texts: false,
             steps: vec![Step {
                 calls: vec![Outcome::Small],
             }],
@@ -304,6 +318,7 @@ fn a_clock_value_appears_only_in_the_transient_message() {
 fn a_wide_step_gets_a_lookback_anchor_on_the_previous_request_end() {
     let script = vec![Turn {
         new_memory: false,
+        blank_texts: false,
         steps: vec![
             Step {
                 calls: vec![Outcome::Small],
@@ -343,4 +358,83 @@ fn a_wide_step_gets_a_lookback_anchor_on_the_previous_request_end() {
         found[1],
         requests[0].block_ends()[*requests[0].breakpoint_blocks().iter().max().unwrap()]
     );
+}
+
+/// The shapes models and crashes leave in a log, scripted so they surely occur together:
+/// every request renders, passes the body checks, keeps the prefix property within a turn,
+/// and the Anthropic lookback still finds the previous entry.
+#[test]
+fn model_mistakes_and_interrupted_calls_keep_the_properties() {
+    let script = vec![
+        Turn {
+            new_memory: false,
+            blank_texts: false,
+            steps: vec![
+                Step {
+                    calls: vec![
+                        Outcome::BadName(0),
+                        Outcome::RawArguments,
+                        Outcome::Missing,
+                        Outcome::Large(900),
+                    ],
+                },
+                Step {
+                    calls: vec![Outcome::Missing],
+                },
+                Step {
+                    calls: vec![Outcome::BadName(3), Outcome::BadName(2)],
+                },
+            ],
+        },
+        Turn {
+            new_memory: true,
+            blank_texts: true,
+            steps: vec![
+                Step {
+                    calls: vec![Outcome::Large(1200), Outcome::Missing, Outcome::Small],
+                },
+                Step {
+                    calls: vec![Outcome::Missing; 12],
+                },
+            ],
+        },
+    ];
+    let session = play(&script);
+    let rendered = render_session(&session, &zone1());
+    for (name, pick) in PROVIDERS {
+        assert_eq!(
+            check_turn_prefixes(&session.calls, &rendered, pick),
+            Ok(()),
+            "{name}"
+        );
+    }
+    for r in &rendered {
+        assert_eq!(check_anthropic_body(r.anthropic.body(), true), Ok(()));
+        assert_eq!(check_openai_body(r.openai.body()), Ok(()));
+    }
+    let last = rendered.last().unwrap();
+    for body in [last.anthropic.body(), last.openai.body()] {
+        assert_eq!(
+            body.matches(psych_prompt_assembly::MISSING_RESULT).count(),
+            15,
+            "one substitute per unanswered call"
+        );
+        assert!(body.contains("github_list_issues"));
+        assert!(body.contains(psych_prompt_assembly::EMPTY_USER_MESSAGE));
+    }
+    let requests: Vec<&RenderedRequest> = rendered.iter().map(|r| &r.anthropic).collect();
+    let found = simulate_anthropic_cache(&requests, 20);
+    for k in 1..requests.len() {
+        if session.calls[k].turn == session.calls[k - 1].turn {
+            let prev = requests[k - 1];
+            let last_history_block = prev
+                .block_ends()
+                .iter()
+                .copied()
+                .filter(|&end| end <= prev.cacheable_len())
+                .max()
+                .unwrap();
+            assert_eq!(found[k], last_history_block, "request {k}");
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! Rendering edge cases, data-driven through one `check` helper that renders a small history
-//! for both providers (or reports the typed error) and snapshots the result: empty texts,
-//! binary and JSON outputs, failures, extra options, and every render error.
+//! for both providers (or reports the typed error) and snapshots the result: empty and
+//! whitespace-only texts, model mistakes and interrupted calls (rendered with substitutes),
+//! binary and JSON outputs, failures, extra options, and every error.
 
 #![allow(
     clippy::unwrap_used,
@@ -12,7 +13,8 @@ mod common;
 
 use common::{check_anthropic_body, check_openai_body, pretty};
 use psych_prompt_assembly::{
-    AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, StaticSections, Transient,
+    AnthropicOptions, Assembler, CurrentTime, DynamicTail, EMPTY_USER_MESSAGE, MISSING_RESULT,
+    OpenAiOptions, Part, StaticSections, Transient,
 };
 use psych_types::{
     AssistantMessage, LoggedRecord, Record, RecordHandle, RunId, ToolCall, ToolCallId,
@@ -93,7 +95,6 @@ fn check(case: Case<'_>) -> String {
         })
         .collect();
     let tail = DynamicTail::new();
-    let has_transient = case.transient != Transient::new();
     let prompt = match Assembler::new(&case.zone1, &tail, &case.tools).assemble(
         &history,
         &common::Whole,
@@ -103,7 +104,10 @@ fn check(case: Case<'_>) -> String {
         Err(err) => return format!("assemble error: {err}"),
     };
     let anthropic = match prompt.render_anthropic(&case.anthropic) {
-        Ok(request) => match check_anthropic_body(request.body(), has_transient) {
+        Ok(request) => match check_anthropic_body(
+            request.body(),
+            request.spans().iter().any(|s| s.part == Part::Transient),
+        ) {
             Ok(()) => pretty(request.body()),
             Err(problem) => format!("check failed: {problem}\n{}", pretty(request.body())),
         },
@@ -135,9 +139,82 @@ fn empty_texts_are_left_out() {
     }));
 }
 
+/// Asserts a case rendered for both providers and passed their body checks.
+fn assert_renders(out: &str) {
+    assert!(
+        !out.contains("error: ") && !out.contains("check failed"),
+        "{out}"
+    );
+}
+
+#[test]
+fn whitespace_only_texts_are_left_out() {
+    let out = check(Case {
+        records: vec![
+            user(" "),
+            assistant("\n\n", &[("c1", "t", json!({}))]),
+            result("c1", ToolOutput::text("\n")),
+            assistant("  \t", &[]),
+            user("\r\n"),
+            assistant("Done.", &[("c2", "t", json!({}))]),
+            result("c2", ToolOutput::error(" ")),
+        ],
+        zone1: StaticSections::new(" \n "),
+        transient: Transient::new().note("  "),
+        ..Case::default()
+    });
+    assert_renders(&out);
+    // Both user messages read as the placeholder, for both providers.
+    assert_eq!(out.matches(EMPTY_USER_MESSAGE).count(), 4, "{out}");
+    assert!(!out.contains("\"system\""), "{out}");
+    insta::assert_snapshot!(out);
+}
+
+#[test]
+fn model_mistakes_and_interrupted_calls_render_as_substitutes() {
+    let long = format!("{}.tool", "n".repeat(70));
+    let out = check(Case {
+        records: vec![
+            user("Find the flaky-test issue."),
+            assistant(
+                "Searching.",
+                &[
+                    ("c1", "github.list_issues", json!({"q": "flaky"})),
+                    ("c2", "t", json!("{\"q\": \"flaky\"")),
+                    ("c3", "multi_tool_use.parallel", json!([1, {"b": null}])),
+                    ("c4", &long, json!({})),
+                ],
+            ),
+            result("c2", ToolOutput::error("arguments are not valid JSON")),
+            result("c1", ToolOutput::error("unknown tool github.list_issues")),
+            // c3 and c4 were never answered: the process stopped here.
+            user("Are you there?"),
+            assistant("", &[("c5", "t", json!({}))]),
+            // Killed again before c5's result was logged.
+        ],
+        ..Case::default()
+    });
+    assert_renders(&out);
+    for expected in [
+        "\"name\": \"github_list_issues\"",
+        "\"name\": \"multi_tool_use_parallel\"",
+        &format!("\"name\": \"{}\"", "n".repeat(64)),
+        // Anthropic wraps non-object arguments; OpenAI sends the raw text.
+        "\"_raw_arguments\": \"{\\\"q\\\": \\\"flaky\\\"\"",
+        "\"_raw_arguments\": \"[1,{\\\"b\\\":null}]\"",
+        "\"arguments\": \"{\\\"q\\\": \\\"flaky\\\"\"",
+        "\"arguments\": \"[1,{\\\"b\\\":null}]\"",
+    ] {
+        assert!(out.contains(expected), "{expected} missing from\n{out}");
+    }
+    // c3, c4 and c5 are answered by the fixed failed result, for both providers.
+    assert_eq!(out.matches(MISSING_RESULT).count(), 6, "{out}");
+    insta::assert_snapshot!(out);
+}
+
 #[test]
 fn binary_json_and_failed_outputs() {
-    insta::assert_snapshot!(check(Case {
+    let out = check(Case {
         records: vec![
             user("show me"),
             assistant(
@@ -152,16 +229,26 @@ fn binary_json_and_failed_outputs() {
             result("c4", ToolOutput::error("boom\n\tat line 3")),
             result(
                 "c3",
-                ToolOutput::json(json!({"z": 1, "a": {"y": "\u{1}", "b": 2}}))
+                ToolOutput::json(json!({"z": 1, "a": {"y": "\u{1}", "b": 2}})),
             ),
             result(
                 "c2",
-                ToolOutput::binary("image/svg+xml", b"<svg/>".to_vec())
+                ToolOutput::binary("image/svg+xml", b"<svg/>".to_vec()),
             ),
             result("c1", ToolOutput::binary("image/webp", vec![1, 2, 3])),
         ],
         ..Case::default()
-    }));
+    });
+    assert_renders(&out);
+    // The note promises no remedy: the reader tool refuses binary content.
+    assert!(
+        out.contains(
+            "[binary output not shown: image/svg+xml, 6 bytes; it cannot be read as text]"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("record r:"), "{out}");
+    insta::assert_snapshot!(out);
 }
 
 #[test]
@@ -179,6 +266,8 @@ fn extra_options_are_written_in_key_order() {
     }));
 }
 
+/// Only what no real log holds is an error: tool names of our own surface, duplicate tools,
+/// reserved options, an orphan result, a reused call id, a request with no message.
 #[test]
 fn render_errors_are_typed() {
     let dotted = ToolDefinition::new(
@@ -201,33 +290,26 @@ fn render_errors_are_typed() {
             ..Case::default()
         },
         Case {
-            records: vec![
-                user("x"),
-                assistant("", &[("c1", "multi_tool_use.parallel", json!({}))]),
-                result("c1", ToolOutput::error("no such tool")),
-            ],
-            ..Case::default()
-        },
-        Case {
-            records: vec![
-                user("x"),
-                assistant("", &[("c1", "t", json!("{not json"))]),
-                result("c1", ToolOutput::error("bad arguments")),
-            ],
-            ..Case::default()
-        },
-        Case {
             anthropic: AnthropicOptions::new("m", 1).option("messages", json!([])),
             openai: OpenAiOptions::new("m").option("prompt_cache_key", json!("k")),
             ..Case::default()
         },
         Case {
-            records: vec![user("x"), assistant("", &[("c1", "t", json!({}))])],
+            records: vec![user("x"), result("c1", ToolOutput::text("orphan"))],
             ..Case::default()
         },
         Case {
-            records: vec![user("")],
-            transient: Transient::new(),
+            records: vec![
+                user("x"),
+                assistant("", &[("c1", "t", json!({}))]),
+                result("c1", ToolOutput::text("one")),
+                assistant("", &[("c1", "t", json!({}))]),
+            ],
+            ..Case::default()
+        },
+        Case {
+            records: vec![],
+            transient: Transient::new().note(" "),
             ..Case::default()
         },
     ];

@@ -6,7 +6,13 @@
 //!   psych-prompt-assembly renders for a realistic three-turn conversation (a deferred server
 //!   with its meta tools, a large result elided by the real `psych_elision::Elider`, a failed
 //!   call truncated, a memory added between turns, an image result), pinned as insta
-//!   snapshots, with the conversation's cache report.
+//!   snapshots, with the conversation's cache report. The reader tool among the tools is
+//!   psych-reader-tool's own definition.
+//! - `end_to_end.rs`: records appended to a real psych-record-log `RecordLog` on disk,
+//!   assembled with the real elider, and every elided preview in the rendered requests read
+//!   back in full by psych-reader-tool over that log through the handle it shows (paging
+//!   rebuilds the stored text exactly); the same handle in another Run's log is the typed
+//!   `invalid_deferred_handle` error.
 //!
 //! Still to come: the other properties that span crates (proptest) and end-to-end runs
 //! against a real MCP server process.

@@ -3,7 +3,7 @@
 //! (`psych_elision::Elider`) plugged into the assembler through `ResultProjector`.
 //!
 //! The conversation has a deferred server (its capability line in zone 1 and the three meta
-//! tools among the tools), a large result from turn 1 that is elided by turn 3, a failed
+//! tools among the tools, with the real `read_tool_output` definition of psych-reader-tool), a large result from turn 1 that is elided by turn 3, a failed
 //! call in turn 2 that is truncated, a memory added between turns 2 and 3, and two parallel
 //! calls in turn 3 (one returning an image) whose results are sent in full. Reviewing these
 //! snapshot diffs is how changes to prompt assembly are judged: the bodies are shown
@@ -41,7 +41,8 @@ fn catalogs_dir() -> PathBuf {
         .unwrap_or_else(|| panic!("no shared/fixtures/catalogs above {}", manifest.display()))
 }
 
-/// Two real filesystem tools, the reader tool and the deferred-server meta tools.
+/// Three real filesystem tools, the deferred-server meta tools and the real reader tool
+/// (`psych_reader_tool::tool_definition`).
 fn tools() -> Vec<ToolDefinition> {
     let text =
         std::fs::read_to_string(catalogs_dir().join("server-filesystem.tools.json")).unwrap();
@@ -76,10 +77,9 @@ fn tools() -> Vec<ToolDefinition> {
         "Call one tool of a deferred server by (server, tool).",
         json!({"type": "object", "properties": {"server": server, "tool": {"type": "string"}, "arguments": {"type": "object"}}, "required": ["server", "tool", "arguments"]}),
     ));
-    tools.push(meta(
-        "read_tool_output",
-        "Read an elided tool result by its handle.",
-        json!({"type": "object", "properties": {"handle": {"type": "string"}, "offset": {"type": "integer", "minimum": 0}, "limit": {"type": "integer", "minimum": 1}, "grep": {"type": "string"}}, "required": ["handle"]}),
+    // The reader's own definition, as the runtime discloses it.
+    tools.push(psych_reader_tool::tool_definition(
+        &psych_reader_tool::Limits::default(),
     ));
     tools
 }
@@ -436,8 +436,15 @@ fn three_turn_conversation_requests() {
     assert!(
         openai
             .body()
-            .contains("[binary output not shown: image/png, 67 bytes, record run-2026-11-30:12]")
+            .contains("[binary output not shown: image/png, 67 bytes; it cannot be read as text]")
     );
+    // The reader tool is the reader crate's own definition, under its one name.
+    let reader = psych_reader_tool::tool_definition(&psych_reader_tool::Limits::default());
+    assert_eq!(reader.name.as_str(), psych_types::READ_TOOL_OUTPUT);
+    assert!(a.contains(&format!(
+        "\"description\":{}",
+        serde_json::to_string(reader.description_or_empty()).unwrap()
+    )));
 
     insta::assert_snapshot!("anthropic_turn3", pretty(anthropic.body()));
     insta::assert_snapshot!("openai_turn3", pretty(openai.body()));

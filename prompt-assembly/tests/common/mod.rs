@@ -1,6 +1,7 @@
 //! Shared test helpers: a deterministic test projector, scripted sessions (turns of steps
 //! with parallel calls, large, failing and binary results, memories changing between turns,
-//! a clock advancing every call), the naive assembly used as a baseline, the prefix check and
+//! a clock advancing every call, and what models and crashes leave in a log: invented call
+//! names, unparsable arguments, calls without a result, whitespace-only texts), the naive assembly used as a baseline, the prefix check and
 //! a simulator of Anthropic's breakpoint lookup.
 
 #![allow(
@@ -109,7 +110,21 @@ pub enum Outcome {
     Json,
     Image,
     Pdf,
+    /// The process stopped before the result was logged: the call has none.
+    Missing,
+    /// The model invented a tool name outside the provider alphabet; the call failed.
+    BadName(usize),
+    /// The model's arguments did not parse; the log keeps their raw text; the call failed.
+    RawArguments,
 }
+
+/// Names a model invents (outside `^[a-zA-Z0-9_-]{1,64}$`).
+pub const BAD_NAMES: [&str; 4] = [
+    "github.list_issues",
+    "multi_tool_use.parallel",
+    "tööl",
+    "a.very.long.namespaced.tool.name.that.goes.on.and.on.past.the.sixty.four.byte.limit",
+];
 
 /// One step of a turn: the parallel calls the model makes.
 #[derive(Debug, Clone)]
@@ -118,10 +133,12 @@ pub struct Step {
 }
 
 /// One turn: a user message, optionally a memory change before it, tool steps, a final reply.
+/// With `blank_texts`, the user message and the assistant texts are only whitespace.
 #[derive(Debug, Clone)]
 pub struct Turn {
     pub new_memory: bool,
     pub steps: Vec<Step>,
+    pub blank_texts: bool,
 }
 
 /// One model call of a session: the history it sees and the inputs that vary.
@@ -174,7 +191,28 @@ fn output(outcome: &Outcome, seed: usize) -> ToolOutput {
         })),
         Outcome::Image => ToolOutput::binary("image/png", vec![0x89, b'P', b'N', b'G', seed as u8]),
         Outcome::Pdf => ToolOutput::binary("application/pdf", vec![b'%'; 300 + seed % 7]),
+        Outcome::BadName(i) => {
+            ToolOutput::error(format!("unknown tool {}", BAD_NAMES[i % BAD_NAMES.len()]))
+        }
+        Outcome::RawArguments => ToolOutput::error("arguments are not valid JSON"),
+        // Never logged.
+        Outcome::Missing => ToolOutput::text(String::new()),
     }
+}
+
+/// The name and arguments of call `i` (id `id`) with this outcome.
+fn call_of(outcome: &Outcome, i: usize, id: &str) -> (String, serde_json::Value) {
+    let name = match outcome {
+        Outcome::BadName(k) => BAD_NAMES[k % BAD_NAMES.len()].to_owned(),
+        _ => TOOL_NAMES[i % TOOL_NAMES.len()].to_owned(),
+    };
+    let arguments = match outcome {
+        Outcome::RawArguments => {
+            serde_json::Value::String(format!("{{\"path\": \"src/{id}.rs\", \"n\": {i}"))
+        }
+        _ => serde_json::json!({"path": format!("src/{id}.rs"), "n": i}),
+    };
+    (name, arguments)
 }
 
 /// Plays a script: records are appended as a runtime would, and a call is made before each
@@ -200,7 +238,11 @@ pub fn play(turns: &[Turn]) -> Session {
         push(
             &mut history,
             Record::User(UserMessage {
-                text: format!("Question {t}: look at the repository, please."),
+                text: if turn.blank_texts {
+                    " \n".to_owned()
+                } else {
+                    format!("Question {t}: look at the repository, please.")
+                },
             }),
         );
         for (s, step) in turn.steps.iter().enumerate() {
@@ -223,29 +265,38 @@ pub fn play(turns: &[Turn]) -> Session {
             push(
                 &mut history,
                 Record::Assistant(AssistantMessage {
-                    text: if s == 0 {
+                    text: if turn.blank_texts {
+                        "\n\n".to_owned()
+                    } else if s == 0 {
                         format!("Let me check (turn {t}).")
                     } else {
                         String::new()
                     },
                     tool_calls: ids
                         .iter()
+                        .zip(&step.calls)
                         .enumerate()
-                        .map(|(i, id)| ToolCall {
-                            id: ToolCallId::new(id.clone()).unwrap(),
-                            name: TOOL_NAMES[i % TOOL_NAMES.len()].to_owned(),
-                            arguments: serde_json::json!({"path": format!("src/{id}.rs"), "n": i}),
+                        .map(|(i, (id, outcome))| {
+                            let (name, arguments) = call_of(outcome, i, id);
+                            ToolCall {
+                                id: ToolCallId::new(id.clone()).unwrap(),
+                                name,
+                                arguments,
+                            }
                         })
                         .collect(),
                 }),
             );
             // Results arrive in reverse call order, as parallel calls may.
             for (i, (outcome, id)) in step.calls.iter().zip(&ids).enumerate().rev() {
+                if matches!(outcome, Outcome::Missing) {
+                    continue;
+                }
                 push(
                     &mut history,
                     Record::ToolResult(ToolResult {
                         call_id: ToolCallId::new(id.clone()).unwrap(),
-                        name: TOOL_NAMES[i % TOOL_NAMES.len()].to_owned(),
+                        name: call_of(outcome, i, id).0,
                         output: output(outcome, t * 100 + s * 10 + i),
                     }),
                 );
@@ -262,7 +313,11 @@ pub fn play(turns: &[Turn]) -> Session {
         push(
             &mut history,
             Record::Assistant(AssistantMessage {
-                text: format!("Here is what I found in turn {t}."),
+                text: if turn.blank_texts {
+                    " ".to_owned()
+                } else {
+                    format!("Here is what I found in turn {t}.")
+                },
                 tool_calls: vec![],
             }),
         );
@@ -541,13 +596,35 @@ pub fn simulate_anthropic_cache(requests: &[&RenderedRequest], window: usize) ->
         .collect()
 }
 
+/// Whether a block list holds a text block without non-whitespace text (the API answers
+/// 400 "text content blocks must contain non-whitespace text"), searching `tool_result`
+/// content too.
+fn has_blank_text(blocks: &[serde_json::Value]) -> bool {
+    blocks.iter().any(|b| {
+        (b["type"] == "text"
+            && b["text"]
+                .as_str()
+                .is_none_or(|t| t.chars().all(char::is_whitespace)))
+            || b["content"]
+                .as_array()
+                .is_some_and(|inner| inner.is_empty() || has_blank_text(inner))
+    })
+}
+
 /// Checks a rendered Anthropic body as the API would: valid JSON; every `tool_use` answered
 /// by exactly one `tool_result` at the start of the next (user) message, in order; no
 /// `tool_result` without its `tool_use`; at most four breakpoints, none on the last message
 /// when it is the transient one; every tool and call name within `^[a-zA-Z0-9_-]{1,64}$`;
-/// no empty text block.
+/// every `input` an object; no message without content; no text block (system, message or
+/// inside a `tool_result`) that is empty or only whitespace.
 pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), String> {
     let value: serde_json::Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
+    if let Some(system) = value.get("system") {
+        let blocks = system.as_array().ok_or("system is not blocks")?;
+        if blocks.is_empty() || has_blank_text(blocks) {
+            return Err("an empty system or a blank system text block".into());
+        }
+    }
     let name_ok = |n: &str| {
         (1..=64).contains(&n.len())
             && n.bytes()
@@ -579,11 +656,11 @@ pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), Strin
         {
             return Err("a tool_result after other blocks".into());
         }
-        if content
-            .iter()
-            .any(|b| b["type"] == "text" && b["text"].as_str() == Some(""))
-        {
-            return Err("an empty text block".into());
+        if content.is_empty() {
+            return Err("a message without content".into());
+        }
+        if has_blank_text(content) {
+            return Err("a text block without non-whitespace text".into());
         }
         expected = content
             .iter()
@@ -618,8 +695,9 @@ pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), Strin
 }
 
 /// Checks a rendered OpenAI body: valid JSON; every assistant `tool_calls` entry followed by
-/// one `tool` message per id, in order, with `arguments` a JSON string of an object; no
-/// `tool` message otherwise.
+/// one `tool` message per id, in order, with a function name within `^[a-zA-Z0-9_-]{1,64}$`
+/// and `arguments` a string (the raw text when the model's arguments did not parse, else
+/// the JSON of an object); no `tool` message otherwise; every user message with content.
 pub fn check_openai_body(body: &str) -> Result<(), String> {
     let value: serde_json::Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
     let messages = value["messages"].as_array().ok_or("no messages")?;
@@ -638,14 +716,23 @@ pub fn check_openai_body(body: &str) -> Result<(), String> {
         if !expected.is_empty() {
             return Err(format!("unanswered calls {expected:?}"));
         }
+        if message["role"] == "user" && message["content"].as_str().is_none_or(str::is_empty) {
+            return Err(format!("a user message without content: {message}"));
+        }
         for call in message["tool_calls"].as_array().into_iter().flatten() {
             let arguments = call["function"]["arguments"]
                 .as_str()
                 .ok_or("arguments not a string")?;
-            let parsed: serde_json::Value =
-                serde_json::from_str(arguments).map_err(|e| e.to_string())?;
-            if !parsed.is_object() || call["type"] != "function" {
-                return Err(format!("bad call {call}"));
+            let name = call["function"]["name"].as_str().unwrap_or("");
+            let name_ok = (1..=64).contains(&name.len())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !name_ok || call["type"] != "function" {
+                return Err(format!(
+                    "bad call {call} ({} bytes of arguments)",
+                    arguments.len()
+                ));
             }
             expected.push_back(call["id"].as_str().unwrap_or("").to_owned());
         }
