@@ -189,14 +189,24 @@ mod tests {
         let config = config(10, 10);
         for text in [&marks, &joiners] {
             let failure = config.truncate_failure(text);
-            assert!(failure.chars().count() <= 5 + MAX_CLUSTER_MOVE, "{}", failure.len());
+            assert!(
+                failure.chars().count() <= 5 + MAX_CLUSTER_MOVE,
+                "{}",
+                failure.len()
+            );
             let preview = config.preview(text, &handle());
-            assert!(matches!(preview, Cow::Owned(_)), "a 1 MB cluster must be elided");
+            assert!(
+                matches!(preview, Cow::Owned(_)),
+                "a 1 MB cluster must be elided"
+            );
             assert!(preview.len() < 2_000, "{}", preview.len());
         }
         // An ordinary cluster is still kept whole: e + combining acute at the cut.
         let text = format!("{}e\u{301}{}", "a".repeat(4), "b".repeat(50));
-        assert_eq!(config.truncate_failure(&text), format!("{}e\u{301}", "a".repeat(4)));
+        assert_eq!(
+            config.truncate_failure(&text),
+            format!("{}e\u{301}", "a".repeat(4))
+        );
     }
 
     #[test]
