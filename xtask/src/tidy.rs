@@ -27,6 +27,7 @@ pub(crate) fn run_all(root: &Path) -> Result<Vec<String>, String> {
     let metadata = cargo_metadata(root)?;
     let mut violations = dependency_rule(&metadata);
     violations.extend(internal_deps_have_versions(&metadata));
+    violations.extend(no_order_preserving_json(&resolved_metadata(root)?));
     let files = rust_files(root)?;
     for path in &files {
         let text = std::fs::read_to_string(path)
@@ -40,15 +41,19 @@ pub(crate) fn run_all(root: &Path) -> Result<Vec<String>, String> {
 
 /// `cargo metadata` of the workspace, without dependencies' own packages.
 pub(crate) fn cargo_metadata(root: &Path) -> Result<Value, String> {
+    metadata(root, &["--no-deps"])
+}
+
+/// `cargo metadata` with the resolved dependency graph and its features.
+fn resolved_metadata(root: &Path) -> Result<Value, String> {
+    metadata(root, &["--locked"])
+}
+
+fn metadata(root: &Path, extra: &[&str]) -> Result<Value, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
+        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(extra)
         .current_dir(root)
         .output()
         .map_err(|err| format!("cannot run cargo metadata: {err}"))?;
@@ -124,6 +129,33 @@ pub(crate) fn internal_deps_have_versions(metadata: &Value) -> Vec<String> {
         }
     }
     violations
+}
+
+/// serde_json's `preserve_order` feature is never on in the build. Without it a JSON object
+/// is a sorted map, and several crates rely on that for byte-stable output (the JSON text
+/// view of a tool output that the model sees, the log stores and the reader pages). Cargo
+/// unifies features, so one crate turning it on would silently change every other crate's
+/// bytes.
+pub(crate) fn no_order_preserving_json(resolved: &Value) -> Vec<String> {
+    resolved["resolve"]["nodes"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|node| node["id"].as_str().unwrap_or("").contains("serde_json@"))
+        .filter(|node| {
+            node["features"]
+                .as_array()
+                .is_some_and(|features| features.iter().any(|f| f == "preserve_order"))
+        })
+        .map(|node| {
+            format!(
+                "serde_json is built with preserve_order ({}): JSON object keys would follow \
+                 insertion order and break byte-stable output; turn the feature off",
+                node["id"].as_str().unwrap_or("?")
+            )
+        })
+        .collect()
 }
 
 /// Every Rust module opens with a `//!` doc comment saying what it is for.
@@ -263,6 +295,35 @@ mod tests {
             &[("psych-types", Some("/w/types"), "^0.1.0")],
         );
         assert!(internal_deps_have_versions(&good).is_empty());
+    }
+
+    #[test]
+    fn order_preserving_json_is_refused() {
+        let node = |features: Value| {
+            serde_json::json!({"resolve": {"nodes": [
+                {"id": "registry+https://github.com/rust-lang/crates.io-index#serde_json@1.0.1",
+                 "features": features},
+                {"id": "registry+https://github.com/rust-lang/crates.io-index#indexmap@2.0.0",
+                 "features": ["preserve_order"]},
+            ]}})
+        };
+        let bad = no_order_preserving_json(&node(serde_json::json!(["std", "preserve_order"])));
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert!(bad[0].contains("serde_json is built with preserve_order"));
+        assert!(no_order_preserving_json(&node(serde_json::json!(["std"]))).is_empty());
+    }
+
+    #[test]
+    fn the_build_resolves_serde_json_without_preserve_order() {
+        let resolved = resolved_metadata(&root()).unwrap();
+        let nodes = resolved["resolve"]["nodes"].as_array().unwrap();
+        assert!(
+            nodes
+                .iter()
+                .any(|n| n["id"].as_str().unwrap().contains("serde_json@")),
+            "serde_json must be in the resolved graph for this check to mean anything"
+        );
+        assert!(no_order_preserving_json(&resolved).is_empty());
     }
 
     #[test]
