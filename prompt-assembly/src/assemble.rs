@@ -91,11 +91,28 @@ impl<'a> Assembler<'a> {
         let boundary = history
             .iter()
             .rposition(|logged| matches!(logged.record, Record::User(_)));
+        let messages = group(history)?;
+        // Only results that are sent are projected: a duplicate or late result the
+        // grouping left out must not take a share of its turn's elision budget.
+        let mut sent = vec![false; history.len()];
+        for message in &messages {
+            if let Message::Results { items, .. } = message {
+                for item in items {
+                    if let Answer::Logged(index, _) = item {
+                        sent[*index] = true;
+                    }
+                }
+            }
+        }
         let mut views = vec![Projection::Full; history.len()];
         if let Some(boundary) = boundary {
-            project_prior_turns(&history[..boundary], projector, &mut views[..boundary]);
+            project_prior_turns(
+                &history[..boundary],
+                &sent[..boundary],
+                projector,
+                &mut views[..boundary],
+            );
         }
-        let messages = group(history)?;
         let mut tools: Vec<&ToolDefinition> = self.tools.iter().collect();
         tools.sort_by(|a, b| a.name.as_str().cmp(b.name.as_str()));
         Ok(Prompt {
@@ -111,9 +128,11 @@ impl<'a> Assembler<'a> {
     }
 }
 
-/// Calls the projector once per turn of `prior` (the records before the last user message).
+/// Calls the projector once per turn of `prior` (the records before the last user message),
+/// with the results of that turn that are sent (`sent[i]`).
 fn project_prior_turns(
     prior: &[LoggedRecord],
+    sent: &[bool],
     projector: &dyn ResultProjector,
     views: &mut [Projection],
 ) {
@@ -124,7 +143,7 @@ fn project_prior_turns(
             .position(|logged| matches!(logged.record, Record::User(_)))
             .map_or(prior.len(), |offset| start + 1 + offset);
         let indices: Vec<usize> = (start..end)
-            .filter(|&i| matches!(prior[i].record, Record::ToolResult(_)))
+            .filter(|&i| sent[i] && matches!(prior[i].record, Record::ToolResult(_)))
             .collect();
         if !indices.is_empty() {
             let batch: Vec<ResultRef<'_>> = indices
@@ -430,6 +449,39 @@ mod tests {
         assert_eq!(records, &(2..4));
         let ids: Vec<&str> = items.iter().map(|item| item.call_id().as_str()).collect();
         assert_eq!(ids, vec!["a", "b"]);
+    }
+
+    #[test]
+    fn results_left_out_are_not_in_the_elision_batch() {
+        // A duplicate result (a retry after a crash) and a late one (logged after the next
+        // assistant message closed its call) are not sent, so they take no share of the
+        // turn's budget and get no view.
+        let history = log(vec![
+            user("one"),
+            calls(&["a", "b"]),
+            result("a", "A"),
+            result("a", "A again"),
+            result("b", "B"),
+            calls(&["c"]),
+            Record::Assistant(AssistantMessage {
+                text: "moving on".into(),
+                tool_calls: vec![],
+            }),
+            result("c", "C, too late"),
+            user("two"),
+        ]);
+        let projector = Counting(Default::default());
+        let (zone1, zone2, transient) = Default::default();
+        let prompt = Assembler::new(&zone1, &zone2, &[])
+            .assemble(&history, &projector, &transient)
+            .unwrap();
+        assert_eq!(*projector.0.borrow(), vec![vec![2, 4]]);
+        let replaced: Vec<u64> = prompt
+            .result_views()
+            .filter(|(_, view)| **view != Projection::Full)
+            .map(|(handle, _)| handle.seq)
+            .collect();
+        assert_eq!(replaced, vec![2, 4]);
     }
 
     #[test]

@@ -50,30 +50,31 @@ pub(crate) fn provider_name_ok(name: &str) -> bool {
 /// The longest tool name both providers accept, in bytes.
 const MAX_NAME: usize = 64;
 
+/// The prefix of a sanitised call name (see [`call_name`]).
+pub(crate) const INVALID_NAME_PREFIX: &str = "invalid_";
+
 /// The name a logged tool call is rendered with: the name as the model gave it when it
-/// matches `^[a-zA-Z0-9_-]{1,64}$`, else that name with every character outside
-/// `[a-zA-Z0-9_-]` replaced by `_` and cut to its first 64 bytes (`_` for an empty name).
-/// So `github.list_issues` is sent as `github_list_issues`. A call's name is what the model
-/// said, not a tool we declare: a model that invents a name must not make its Run
+/// matches `^[a-zA-Z0-9_-]{1,64}$`, else `invalid_` followed by that name with every
+/// character outside `[a-zA-Z0-9_-]` replaced by `_`, cut to 64 bytes. So
+/// `github.list_issues` is sent as `invalid_github_list_issues`: the prefix keeps a
+/// sanitised name from reading as a real tool of the surface (`github_list_issues` may
+/// exist, and the model would then see it fail). A call's name is what the model said,
+/// not a tool we declare: a model that invents a name must not make its Run
 /// unrenderable. Calls and results pair by id, never by name, so a sanitised call still
 /// pairs with its result.
 pub(crate) fn call_name(name: &str) -> Cow<'_, str> {
     if provider_name_ok(name) {
         return Cow::Borrowed(name);
     }
-    if name.is_empty() {
-        return Cow::Borrowed("_");
-    }
-    let mut out: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let mut out = String::with_capacity(INVALID_NAME_PREFIX.len() + name.len());
+    out.push_str(INVALID_NAME_PREFIX);
+    out.extend(name.chars().map(|c| {
+        if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+            c
+        } else {
+            '_'
+        }
+    }));
     // Every character is ASCII now, so any byte length is a char boundary.
     out.truncate(MAX_NAME);
     Cow::Owned(out)
@@ -96,6 +97,12 @@ pub const RAW_ARGUMENTS_KEY: &str = "_raw_arguments";
 /// result. The renderers send this text as that call's failed result, in the place the
 /// result belongs (Anthropic: a `tool_result` with `is_error` in the next user message;
 /// OpenAI: a `tool` message whose content starts `Error: `).
+///
+/// A result logged for such a call *after* a request rendered it missing would change that
+/// request's bytes where the substitute stood, breaking the cached prefix. So a runtime
+/// resuming a Run logs a failed [`ToolResult`](psych_types::ToolResult) for every call left
+/// open before it assembles; a result arriving later is then a duplicate, and duplicates
+/// are left out.
 pub const MISSING_RESULT: &str = "No result was recorded for this call (the run was interrupted).";
 
 /// The text a user message is rendered with when its text is empty or only whitespace.
@@ -106,10 +113,14 @@ pub const MISSING_RESULT: &str = "No result was recorded for this call (the run 
 /// the same to either model.
 pub const EMPTY_USER_MESSAGE: &str = "[empty message]";
 
-/// Whether `text` has nothing but whitespace (Unicode `White_Space`), the empty text
-/// included: such text is treated as absent (Anthropic refuses it in a text block).
+/// Whether `text` has nothing but whitespace, the empty text included: such text is
+/// treated as absent (Anthropic refuses it in a text block). Whitespace is Unicode
+/// `White_Space` plus the information separators U+001C–U+001F (which Python's
+/// `str.isspace`, a likely server-side check, also counts) and U+FEFF, so nothing a
+/// provider may call blank is sent as a text block.
 pub(crate) fn is_blank(text: &str) -> bool {
-    text.chars().all(char::is_whitespace)
+    text.chars()
+        .all(|c| c.is_whitespace() || matches!(c, '\u{1C}'..='\u{1F}' | '\u{FEFF}'))
 }
 
 /// The text of non-object call arguments: the raw text when the log holds a string, the
@@ -434,15 +445,18 @@ mod tests {
     fn call_names_are_sanitised_into_the_provider_alphabet() {
         for (name, sent) in [
             ("read_file", "read_file".to_owned()),
-            ("github.list_issues", "github_list_issues".to_owned()),
+            (
+                "github.list_issues",
+                "invalid_github_list_issues".to_owned(),
+            ),
             (
                 "multi_tool_use.parallel",
-                "multi_tool_use_parallel".to_owned(),
+                "invalid_multi_tool_use_parallel".to_owned(),
             ),
-            ("tööl", "t__l".to_owned()),
-            ("a b/c:d", "a_b_c_d".to_owned()),
-            ("", "_".to_owned()),
-            (&"x.".repeat(40), "x_".repeat(32)),
+            ("tööl", "invalid_t__l".to_owned()),
+            ("a b/c:d", "invalid_a_b_c_d".to_owned()),
+            ("", "invalid_".to_owned()),
+            (&"x.".repeat(40), format!("invalid_{}", "x_".repeat(28))),
         ] {
             let out = call_name(name);
             assert_eq!(out, sent, "{name:?}");
@@ -452,7 +466,15 @@ mod tests {
 
     #[test]
     fn blank_is_empty_or_whitespace() {
-        for text in ["", " ", "\n\n", "\t\r\n", "\u{a0}\u{2003}"] {
+        for text in [
+            "",
+            " ",
+            "\n\n",
+            "\t\r\n",
+            "\u{a0}\u{2003}",
+            "\u{1c}\u{1f}",
+            "\u{feff}",
+        ] {
             assert!(is_blank(text), "{text:?}");
         }
         for text in ["a", " .", "\n\nx"] {

@@ -196,9 +196,9 @@ fn model_mistakes_and_interrupted_calls_render_as_substitutes() {
     });
     assert_renders(&out);
     for expected in [
-        "\"name\": \"github_list_issues\"",
-        "\"name\": \"multi_tool_use_parallel\"",
-        &format!("\"name\": \"{}\"", "n".repeat(64)),
+        "\"name\": \"invalid_github_list_issues\"",
+        "\"name\": \"invalid_multi_tool_use_parallel\"",
+        &format!("\"name\": \"invalid_{}\"", "n".repeat(56)),
         // Anthropic wraps non-object arguments; OpenAI sends the raw text.
         "\"_raw_arguments\": \"{\\\"q\\\": \\\"flaky\\\"\"",
         "\"_raw_arguments\": \"[1,{\\\"b\\\":null}]\"",
