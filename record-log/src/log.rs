@@ -570,14 +570,13 @@ impl RecordLog {
         }
         let first = self.index.len() as u64;
         let mut entries = Vec::with_capacity(records.len());
-        let result = self
-            .write_unsynced(records, first, &mut entries)
-            .and_then(|()| {
-                let new_end = entries
-                    .last()
-                    .map_or(self.end, |last| last.offset + last.header.frame_len());
-                self.preallocate(new_end).map_err(WriteFailure::Io)
-            });
+        let result = self.write_unsynced(records, first, &mut entries);
+        if result.is_ok() {
+            let new_end = entries
+                .last()
+                .map_or(self.end, |last| last.offset + last.header.frame_len());
+            self.preallocate(new_end);
+        }
         let result = result.and_then(|()| {
             if self.sync.syncs() {
                 self.file.sync_data().map_err(WriteFailure::Io)
@@ -623,9 +622,8 @@ impl RecordLog {
 
     /// After a write that ended at `new_end`, preallocates ahead of the next ones (see
     /// [`preallocate`]).
-    fn preallocate(&mut self, new_end: u64) -> std::io::Result<()> {
-        self.allocated = preallocate(&self.file, self.end, self.allocated, new_end)?;
-        Ok(())
+    fn preallocate(&mut self, new_end: u64) {
+        self.allocated = preallocate(&self.file, self.end, self.allocated, new_end);
     }
 
     fn write_unsynced(
@@ -807,20 +805,25 @@ impl From<std::io::Error> for WriteFailure {
 /// without a metadata commit. Larger writes grow the file themselves: for them the zeros
 /// would cost as much bandwidth as the metadata commit they save. Returns the file's new
 /// length.
-pub(crate) fn preallocate(
-    file: &File,
-    end: u64,
-    allocated: u64,
-    new_end: u64,
-) -> std::io::Result<u64> {
+///
+/// Best effort: preallocation only makes later syncs cheaper, so a failure to write the
+/// zeros (a nearly full disk, a file size limit) must not fail an append whose own bytes
+/// were written. The zeros written are given back and the length before them returned.
+pub(crate) fn preallocate(file: &File, end: u64, allocated: u64, new_end: u64) -> u64 {
     let allocated = allocated.max(new_end);
     if new_end.saturating_sub(end) > PREALLOC_MAX_WRITE || allocated - new_end >= PREALLOC / 2 {
-        return Ok(allocated);
+        return allocated;
     }
     let target = new_end + PREALLOC;
     let zeros = vec![0u8; (target - allocated) as usize];
-    file.write_all_at(&zeros, allocated)?;
-    Ok(target)
+    match file.write_all_at(&zeros, allocated) {
+        Ok(()) => target,
+        Err(_) => {
+            // If even this fails, zeros past `allocated` are read as free space anyway.
+            let _ = file.set_len(allocated);
+            allocated
+        }
+    }
 }
 
 /// One record encoded as a whole frame whose position is not yet known: the header's
@@ -1022,6 +1025,20 @@ mod tests {
     use super::*;
     use crate::format::{CONTENT_TEXT, KIND_TOOL_RESULT};
     use psych_types::UserMessage;
+
+    #[test]
+    fn preallocation_is_best_effort() {
+        // A handle that cannot write stands for a full disk: the zeros fail, the append
+        // they follow must not.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, [1u8; 100]).unwrap();
+        let read_only = File::open(&path).unwrap();
+        assert_eq!(preallocate(&read_only, 60, 60, 100), 100);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 100);
+        let writable = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        assert_eq!(preallocate(&writable, 60, 60, 100), 100 + PREALLOC);
+    }
 
     #[test]
     fn a_forged_length_at_the_tail_is_cut_not_a_panic() {

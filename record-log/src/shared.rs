@@ -69,7 +69,8 @@ pub struct GroupStats {
 /// without a sync.
 ///
 /// It is the [`RecordSource`] of its Run; reads go on while a group is being written and
-/// see only acknowledged records. Frames are encoded by the appending threads, into one
+/// see only records that are on disk (a group's records become readable once its sync
+/// returns, possibly just before its appenders are woken). Frames are encoded by the appending threads, into one
 /// owned buffer each, so a huge result is copied once more than through
 /// [`RecordLog::append`].
 pub struct SharedRecordLog {
@@ -536,7 +537,7 @@ impl SharedRecordLog {
         if !scratch.is_empty() {
             log.file.write_all_at(scratch, at)?;
         }
-        let allocated = preallocate(&log.file, log.end, log.allocated, new_end)?;
+        let allocated = preallocate(&log.file, log.end, log.allocated, new_end);
         #[cfg(test)]
         if self
             .fail_next_sync
