@@ -14,8 +14,16 @@
 //!   rebuilds the stored text exactly); the same handle in another Run's log is the typed
 //!   `invalid_deferred_handle` error.
 //!
-//! Still to come: the other properties that span crates (proptest) and end-to-end runs
-//! against a real MCP server process.
+//! - `properties.rs`: the cross-crate properties as proptests, over random multi-turn,
+//!   multi-step conversations appended to a real `RecordLog`, read back with its iterator
+//!   and assembled with the real elider: within a turn each request's cacheable prefix
+//!   starts the next one's cache stream, and rendering is deterministic; after each turn the
+//!   log holds every tool result whole (paging it through the reader rebuilds its bytes)
+//!   and every handle a preview shows resolves in its own Run only; a result's rendered
+//!   bytes change at most once, when its turn ends. Fixed-script tests show each check
+//!   catches a broken part.
+//!
+//! Still to come: end-to-end runs against a real MCP server process.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
