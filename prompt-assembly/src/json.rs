@@ -121,6 +121,59 @@ fn write_members<'v>(out: &mut String, members: impl Iterator<Item = (&'v String
     }
 }
 
+/// Indents compact JSON (no white space outside strings) two spaces a level, without
+/// reordering or re-encoding anything.
+pub(crate) fn indent(json: &str) -> String {
+    let mut out = String::with_capacity(json.len() * 2);
+    let mut depth = 0usize;
+    let (mut in_string, mut escaped) = (false, false);
+    let newline = |out: &mut String, depth: usize| {
+        out.push('\n');
+        out.push_str(&"  ".repeat(depth));
+    };
+    let mut chars = json.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                out.push(c);
+                match chars.next_if(|next| matches!(next, '}' | ']')) {
+                    Some(close) => out.push(close),
+                    None => {
+                        depth += 1;
+                        newline(&mut out, depth);
+                    }
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                newline(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +242,19 @@ mod tests {
         #[test]
         fn equals_serde_json_compact(value in arb_json()) {
             prop_assert_eq!(canonical(&value), serde_json::to_string(&value).unwrap());
+        }
+
+        #[test]
+        fn indent_only_adds_white_space_outside_strings(value in arb_json()) {
+            let compact = canonical(&value);
+            let indented = indent(&compact);
+            let back: Value = serde_json::from_str(&indented).unwrap();
+            prop_assert_eq!(&back, &value);
+            // Same characters once the added line breaks, indents and ": " spaces go.
+            let strip = |text: &str| -> String {
+                text.chars().filter(|c| !c.is_whitespace()).collect()
+            };
+            prop_assert_eq!(strip(&indented), strip(&compact));
         }
     }
 }

@@ -218,6 +218,14 @@ impl RenderedRequest {
         self.body
     }
 
+    /// The body indented two spaces a level, one member or element a line, for review
+    /// (snapshot diffs): nothing is reordered or re-encoded, and since the body has no
+    /// white space outside strings, removing the added white space gives the body back
+    /// byte for byte.
+    pub fn pretty_body(&self) -> String {
+        json::indent(&self.body)
+    }
+
     /// The body without its `cache_control` members: what the provider's cache compares.
     pub fn cache_stream(&self) -> Cow<'_, str> {
         if self.markers.is_empty() {

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{check_anthropic_body, check_openai_body, pretty};
+use common::{check_anthropic_body, check_openai_body};
 use psych_prompt_assembly::{
     AnthropicOptions, Assembler, CurrentTime, DynamicTail, EMPTY_USER_MESSAGE, MISSING_RESULT,
     OpenAiOptions, Part, StaticSections, Transient,
@@ -108,15 +108,15 @@ fn check(case: Case<'_>) -> String {
             request.body(),
             request.spans().iter().any(|s| s.part == Part::Transient),
         ) {
-            Ok(()) => pretty(request.body()),
-            Err(problem) => format!("check failed: {problem}\n{}", pretty(request.body())),
+            Ok(()) => request.pretty_body(),
+            Err(problem) => format!("check failed: {problem}\n{}", request.pretty_body()),
         },
         Err(err) => format!("error: {err}"),
     };
     let openai = match prompt.render_openai(&case.openai) {
         Ok(request) => match check_openai_body(request.body()) {
-            Ok(()) => pretty(request.body()),
-            Err(problem) => format!("check failed: {problem}\n{}", pretty(request.body())),
+            Ok(()) => request.pretty_body(),
+            Err(problem) => format!("check failed: {problem}\n{}", request.pretty_body()),
         },
         Err(err) => format!("error: {err}"),
     };

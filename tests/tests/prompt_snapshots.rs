@@ -298,58 +298,6 @@ fn render_all() -> Vec<(RenderedRequest, RenderedRequest)> {
         .collect()
 }
 
-/// Indents compact JSON without reordering or re-encoding anything.
-fn pretty(json: &str) -> String {
-    let mut out = String::with_capacity(json.len() * 2);
-    let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    let newline = |out: &mut String, depth: usize| {
-        out.push('\n');
-        out.push_str(&"  ".repeat(depth));
-    };
-    let mut chars = json.chars().peekable();
-    while let Some(c) = chars.next() {
-        if in_string {
-            out.push(c);
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match c {
-            '"' => {
-                in_string = true;
-                out.push(c);
-            }
-            '{' | '[' => {
-                out.push(c);
-                if matches!(chars.peek(), Some('}' | ']')) {
-                    out.push(chars.next().unwrap());
-                } else {
-                    depth += 1;
-                    newline(&mut out, depth);
-                }
-            }
-            '}' | ']' => {
-                depth -= 1;
-                newline(&mut out, depth);
-                out.push(c);
-            }
-            ',' => {
-                out.push(c);
-                newline(&mut out, depth);
-            }
-            ':' => out.push_str(": "),
-            _ => out.push(c),
-        }
-    }
-    out
-}
-
 /// Checks the Anthropic pairing rules on a parsed body: each assistant `tool_use` answered
 /// by exactly one `tool_result` in the next message, results first, no breakpoint on the
 /// last (transient) message, at most four breakpoints.
@@ -446,8 +394,8 @@ fn three_turn_conversation_requests() {
         serde_json::to_string(reader.description_or_empty()).unwrap()
     )));
 
-    insta::assert_snapshot!("anthropic_turn3", pretty(anthropic.body()));
-    insta::assert_snapshot!("openai_turn3", pretty(openai.body()));
+    insta::assert_snapshot!("anthropic_turn3", anthropic.pretty_body());
+    insta::assert_snapshot!("openai_turn3", openai.pretty_body());
 
     // The whole conversation's cache report, per provider.
     let report = |pick: fn(&(RenderedRequest, RenderedRequest)) -> &RenderedRequest| {
