@@ -636,22 +636,8 @@ impl RecordLog {
         let mut flushed = self.end;
         self.scratch.clear();
         for (i, record) in records.iter().enumerate() {
-            let encoded = format::encode_record(record)
-                .map_err(|err| WriteFailure::Encode(AppendError::Encode(err)))?;
-            let meta_len = u32::try_from(encoded.meta.len()).map_err(|_| {
-                WriteFailure::Encode(AppendError::TooLarge {
-                    len: encoded.meta.len(),
-                })
-            })?;
-            let header = FrameHeader {
-                seq: first + i as u64,
-                kind: encoded.kind,
-                content_kind: encoded.content_kind,
-                flags: encoded.flags,
-                meta_len,
-                content_len: encoded.content.len() as u64,
-            };
-            let crc = format::body_crc(&encoded.meta, &encoded.content);
+            let (header, encoded, crc) =
+                frame_parts(record, first + i as u64).map_err(WriteFailure::Encode)?;
             self.scratch.extend_from_slice(&header.encode());
             self.scratch.extend_from_slice(&encoded.meta);
             let content: &[u8] = match &encoded.content {
@@ -826,6 +812,28 @@ pub(crate) fn preallocate(file: &File, end: u64, allocated: u64, new_end: u64) -
     }
 }
 
+/// Encodes `record` for a frame at position `seq`: its header, its metadata and content,
+/// and the checksum over both.
+fn frame_parts(
+    record: &Record,
+    seq: u64,
+) -> Result<(FrameHeader, format::Encoded<'_>, u32), AppendError> {
+    let encoded = format::encode_record(record).map_err(AppendError::Encode)?;
+    let meta_len = u32::try_from(encoded.meta.len()).map_err(|_| AppendError::TooLarge {
+        len: encoded.meta.len(),
+    })?;
+    let header = FrameHeader {
+        seq,
+        kind: encoded.kind,
+        content_kind: encoded.content_kind,
+        flags: encoded.flags,
+        meta_len,
+        content_len: encoded.content.len() as u64,
+    };
+    let crc = format::body_crc(&encoded.meta, &encoded.content);
+    Ok((header, encoded, crc))
+}
+
 /// One record encoded as a whole frame whose position is not yet known: the header's
 /// 32 bytes are a placeholder until [`PendingFrame::place`] fills them in.
 pub(crate) struct PendingFrame {
@@ -836,19 +844,7 @@ pub(crate) struct PendingFrame {
 impl PendingFrame {
     /// Encodes `record` (metadata, content, body checksum) into an owned frame buffer.
     pub(crate) fn encode(record: &Record) -> Result<Self, AppendError> {
-        let encoded = format::encode_record(record).map_err(AppendError::Encode)?;
-        let meta_len = u32::try_from(encoded.meta.len()).map_err(|_| AppendError::TooLarge {
-            len: encoded.meta.len(),
-        })?;
-        let header = FrameHeader {
-            seq: 0,
-            kind: encoded.kind,
-            content_kind: encoded.content_kind,
-            flags: encoded.flags,
-            meta_len,
-            content_len: encoded.content.len() as u64,
-        };
-        let crc = format::body_crc(&encoded.meta, &encoded.content);
+        let (header, encoded, crc) = frame_parts(record, 0)?;
         let len = usize::try_from(header.frame_len())
             .map_err(|_| AppendError::TooLarge { len: usize::MAX })?;
         let mut bytes = Vec::with_capacity(len);
