@@ -85,6 +85,9 @@ pub struct SharedRecordLog {
     /// Makes the next group fail after its write, before its sync (tests only).
     #[cfg(test)]
     fail_next_sync: std::sync::atomic::AtomicBool,
+    /// Makes the next group's write panic, standing for a bug (tests only).
+    #[cfg(test)]
+    panic_next_write: std::sync::atomic::AtomicBool,
 }
 
 /// The bounds of a group, from the policy.
@@ -271,6 +274,8 @@ impl SharedRecordLog {
             filled: Condvar::new(),
             #[cfg(test)]
             fail_next_sync: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            panic_next_write: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -437,7 +442,20 @@ impl SharedRecordLog {
         let mut scratch = std::mem::take(&mut group.scratch);
         drop(group);
 
-        let result = self.write_group(&mut calls, &mut scratch);
+        // A panic while writing (a bug: nothing on this path should panic) must not leave
+        // `leading` set and every later appender waiting forever: the group fails, the log
+        // refuses further appends until reopened (what is on disk is unknown), and
+        // leadership is handed on as after any failure.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.write_group(&mut calls, &mut scratch)
+        }))
+        .unwrap_or_else(|_| {
+            self.log
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .poisoned = true;
+            Err(Failure::Poisoned)
+        });
 
         let mut group = self.lock_group();
         if scratch.capacity() > SCRATCH_KEEP {
@@ -545,6 +563,13 @@ impl SharedRecordLog {
         {
             return Err(std::io::Error::other("injected sync failure"));
         }
+        #[cfg(test)]
+        assert!(
+            !self
+                .panic_next_write
+                .swap(false, std::sync::atomic::Ordering::SeqCst),
+            "injected panic in a group's write"
+        );
         if self.policy.syncs() {
             log.file.sync_data()?;
         }
@@ -653,6 +678,49 @@ mod tests {
         assert_eq!(log.len(), 2);
         assert_eq!(log.record(&kept).unwrap(), Some(user("before")));
         assert_eq!(log.record(&next).unwrap(), Some(user("after")));
+    }
+
+    #[test]
+    fn a_panic_while_writing_fails_the_group_and_hangs_no_one() {
+        const THREADS: usize = 4;
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("panic").unwrap();
+        let policy = SyncPolicy::GroupCommit {
+            max_wait: Duration::from_secs(1),
+            max_records: THREADS,
+            max_bytes: u64::MAX,
+        };
+        let (log, _) = SharedRecordLog::open(dir.path(), &run, policy).unwrap();
+        let kept = log.append(&user("before")).unwrap();
+        log.panic_next_write
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let log = Arc::new(log);
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let (done, results) = std::sync::mpsc::channel();
+        for i in 0..THREADS {
+            let (log, barrier, done) = (Arc::clone(&log), Arc::clone(&barrier), done.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let _ = done.send(log.append(&user(&format!("lost {i}"))));
+            });
+        }
+        for _ in 0..THREADS {
+            let result = results
+                .recv_timeout(Duration::from_secs(20))
+                .expect("an appender hung after the leader panicked");
+            assert!(
+                matches!(result, Err(AppendError::Poisoned { .. })),
+                "{result:?}"
+            );
+        }
+        // Later appends are refused rather than written over an unknown tail.
+        assert!(matches!(
+            log.append(&user("after")),
+            Err(AppendError::Poisoned { .. })
+        ));
+        drop(log);
+        let (log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
+        assert_eq!(log.record(&kept).unwrap(), Some(user("before")));
     }
 
     #[test]
