@@ -12,22 +12,20 @@
 )]
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
-use psych_elision::{Elider, PreviewConfig, Thresholds};
 use psych_prompt_assembly::{
     AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, StaticSections, Transient,
 };
 use psych_reader_tool::{Answer, Limits, ReadError, Reader};
 use psych_record_log::{RecordLog, SyncPolicy};
 use psych_types::{
-    AssistantMessage, LoggedRecord, Projection, Record, RecordHandle, RecordSource, RunId,
-    ToolCall, ToolCallId, ToolOutput, ToolResult, UserMessage,
+    AssistantMessage, LoggedRecord, Projection, Record, RecordHandle, RecordSource, ToolCall,
+    ToolCallId, ToolOutput, ToolResult, UserMessage,
 };
 use serde_json::{Value, json};
 
-/// The text before the handle in elision's guidance.
-const HANDLE_MARK: &str = "read_tool_output with handle \"";
+mod common;
+use common::{open, preview_handles, read_back, small_elider};
 
 fn user(text: &str) -> Record {
     Record::User(UserMessage { text: text.into() })
@@ -115,105 +113,15 @@ fn records() -> Vec<Record> {
     ]
 }
 
-fn elider() -> Elider {
-    Elider::builder()
-        .thresholds(
-            Thresholds::builder()
-                .per_result(800)
-                .per_batch(2_000)
-                .build()
-                .unwrap(),
-        )
-        .preview(PreviewConfig {
-            head_chars: 200,
-            tail_chars: 120,
-            failure_chars: 160,
-        })
-        .build()
-}
-
-/// Every string of a JSON value, depth first.
-fn strings<'v>(value: &'v Value, out: &mut Vec<&'v str>) {
-    match value {
-        Value::String(text) => out.push(text),
-        Value::Array(items) => items.iter().for_each(|item| strings(item, out)),
-        Value::Object(map) => map.values().for_each(|item| strings(item, out)),
-        _ => {}
-    }
-}
-
-/// The handles named by elided previews in a rendered body, in order of appearance.
-fn preview_handles(body: &str) -> Vec<String> {
-    let value: Value = serde_json::from_str(body).unwrap();
-    let mut texts = Vec::new();
-    strings(&value["messages"], &mut texts);
-    let mut handles = Vec::new();
-    for text in texts {
-        let mut rest = text;
-        while let Some(at) = rest.find(HANDLE_MARK) {
-            rest = &rest[at + HANDLE_MARK.len()..];
-            let end = rest.find('"').expect("the handle is quoted");
-            handles.push(rest[..end].to_owned());
-            rest = &rest[end..];
-        }
-    }
-    handles
-}
-
-/// Reads a whole text result through the reader, page by page, and rebuilds its text from
-/// the numbered lines.
-fn read_back<S: RecordSource>(source: &S, handle: &str, limit: u32) -> String
-where
-    S::Error: std::fmt::Debug,
-{
-    let reader = Reader::new(source);
-    let mut text = String::new();
-    let mut offset = 0u64;
-    let mut pages = 0;
-    loop {
-        let answer = reader
-            .call(&json!({"handle": handle, "offset": offset, "limit": limit}))
-            .unwrap();
-        let Answer::Page(page) = answer else {
-            panic!("{handle} is text, read as {answer:?}")
-        };
-        pages += 1;
-        for (k, line) in page.lines.iter().enumerate() {
-            assert!(line.is_whole(), "line {} of {handle} was cut", line.number);
-            assert_eq!(line.number, offset + 1 + k as u64, "lines are consecutive");
-            text.push_str(std::str::from_utf8(&line.shown).unwrap());
-            text.push('\n');
-        }
-        match page.next_offset {
-            Some(next) => {
-                assert!(next > offset, "paging moves forward");
-                offset = next;
-            }
-            None => {
-                if page.ends_without_newline {
-                    text.pop();
-                }
-                assert_eq!(page.stopped_at, page.result.len);
-                assert_eq!(page.total_lines, Some(text.lines().count() as u64));
-                break;
-            }
-        }
-        assert!(pages < 10_000, "paging does not end");
-    }
-    text
-}
-
-fn open(dir: &Path, run: &str) -> RecordLog {
-    let (log, recovery) =
-        RecordLog::open(dir, &RunId::new(run).unwrap(), SyncPolicy::EveryAppend).unwrap();
-    assert!(recovery.is_clean());
-    log
+/// Reads a whole text result back through the reader, as text.
+fn text_back(log: &RecordLog, handle: &str, limit: u32) -> String {
+    String::from_utf8(read_back(&Reader::new(log), handle, limit).unwrap()).unwrap()
 }
 
 #[test]
 fn every_elided_preview_reads_back_in_full_from_the_record_log() {
     let dir = tempfile::tempdir().unwrap();
-    let mut log = open(dir.path(), "run-e2e");
+    let mut log = open(dir.path(), "run-e2e", SyncPolicy::EveryAppend);
     let appended: Vec<RecordHandle> = records()
         .iter()
         .map(|record| log.append(record).unwrap())
@@ -233,7 +141,7 @@ fn every_elided_preview_reads_back_in_full_from_the_record_log() {
     let tail = DynamicTail::new().memory("The user runs the server on Linux.");
     let tools = vec![psych_reader_tool::tool_definition(&Limits::default())];
     let transient = Transient::at(CurrentTime::utc(1_796_041_497).unwrap());
-    let projector = elider();
+    let projector = small_elider();
     let prompt = Assembler::new(&zone1, &tail, &tools)
         .assemble(&history, &projector, &transient)
         .unwrap();
@@ -264,7 +172,7 @@ fn every_elided_preview_reads_back_in_full_from_the_record_log() {
             .into_body(),
     ];
     for body in &bodies {
-        let handles = preview_handles(body);
+        let handles = preview_handles(body).unwrap();
         assert_eq!(
             handles.iter().cloned().collect::<BTreeSet<_>>(),
             expected,
@@ -283,19 +191,19 @@ fn every_elided_preview_reads_back_in_full_from_the_record_log() {
                 "{handle} is not sent whole"
             );
             // Small pages and the largest page both rebuild the stored text exactly.
-            assert_eq!(read_back(&log, handle, 37), full, "{handle}");
-            assert_eq!(read_back(&log, handle, 1000), full, "{handle}");
+            assert_eq!(text_back(&log, handle, 37), full, "{handle}");
+            assert_eq!(text_back(&log, handle, 1000), full, "{handle}");
         }
     }
 
     // The log on disk serves the same bytes after a reopen.
     drop(log);
-    let reopened = open(dir.path(), "run-e2e");
-    assert_eq!(read_back(&reopened, "run-e2e:3", 200), server_log());
+    let reopened = open(dir.path(), "run-e2e", SyncPolicy::EveryAppend);
+    assert_eq!(text_back(&reopened, "run-e2e:3", 200), server_log());
 
     // The same handles presented to another Run's log: the typed corruption error, never
     // that Run's data, even where that Run has a tool result at the same position.
-    let mut other = open(dir.path(), "run-other");
+    let mut other = open(dir.path(), "run-other", SyncPolicy::EveryAppend);
     for record in records() {
         other.append(&record).unwrap();
     }

@@ -17,7 +17,6 @@
 
 use std::path::PathBuf;
 
-use psych_elision::{Elider, PreviewConfig, Thresholds};
 use psych_prompt_assembly::{
     AnthropicOptions, Assembler, CacheReport, CurrentTime, DynamicTail, OpenAiOptions,
     RenderedRequest, StaticSections, Transient,
@@ -27,6 +26,9 @@ use psych_types::{
     ToolDefinition, ToolList, ToolName, ToolOutput, ToolResult, UserMessage,
 };
 use serde_json::{Value, json};
+
+mod common;
+use common::small_elider;
 
 /// The `shared/fixtures/catalogs` folder beside the checkout (or `$PSYCH_FIXTURES/catalogs`).
 fn catalogs_dir() -> PathBuf {
@@ -254,29 +256,12 @@ fn conversation() -> (Vec<LoggedRecord>, Vec<(usize, DynamicTail, CurrentTime)>)
     (log.records, calls)
 }
 
-fn elider() -> Elider {
-    Elider::builder()
-        .thresholds(
-            Thresholds::builder()
-                .per_result(800)
-                .per_batch(2_000)
-                .build()
-                .unwrap(),
-        )
-        .preview(PreviewConfig {
-            head_chars: 200,
-            tail_chars: 120,
-            failure_chars: 160,
-        })
-        .build()
-}
-
 /// Renders every call of the conversation.
 fn render_all() -> Vec<(RenderedRequest, RenderedRequest)> {
     let (history, calls) = conversation();
     let tools = tools();
     let zone1 = zone1();
-    let projector = elider();
+    let projector = small_elider();
     calls
         .iter()
         .map(|(len, tail, now)| {

@@ -34,7 +34,6 @@
 
 use std::cell::Cell;
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use proptest::prelude::*;
 use psych_elision::{Elider, PreviewConfig, Thresholds};
@@ -46,14 +45,14 @@ use psych_reader_tool::{Answer, Limits, Reader};
 use psych_record_log::{RecordLog, SyncPolicy};
 use psych_types::{
     AssistantMessage, LoggedRecord, OutputBody, Projection, Record, RecordHandle, RecordSource,
-    ResultProjector, ResultRef, RunId, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput,
+    ResultProjector, ResultRef, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput,
     ToolResult, UserMessage, readable_bytes,
 };
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-/// The text before the handle in elision's guidance.
-const HANDLE_MARK: &str = "read_tool_output with handle \"";
+mod common;
+use common::{open, preview_handles, read_back};
 
 /// The Run under test and the other Run sharing its folder.
 const OWN_RUN: &str = "run-own";
@@ -368,18 +367,11 @@ struct Conversation<'p> {
     next_call: usize,
 }
 
-fn open(dir: &Path, run: &str) -> RecordLog {
-    let (log, recovery) =
-        RecordLog::open(dir, &RunId::new(run).unwrap(), SyncPolicy::OsBuffered).unwrap();
-    assert!(recovery.is_clean(), "{recovery}");
-    log
-}
-
 impl<'p> Conversation<'p> {
     fn new(projector: &'p dyn ResultProjector, store: Store) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let own = open(dir.path(), OWN_RUN);
-        let other = open(dir.path(), OTHER_RUN);
+        let own = open(dir.path(), OWN_RUN, SyncPolicy::OsBuffered);
+        let other = open(dir.path(), OTHER_RUN, SyncPolicy::OsBuffered);
         Self {
             dir,
             own: Some(own),
@@ -574,7 +566,7 @@ impl<'p> Conversation<'p> {
         })]);
         if turn.reopen {
             drop(self.own.take());
-            self.own = Some(open(self.dir.path(), OWN_RUN));
+            self.own = Some(open(self.dir.path(), OWN_RUN, SyncPolicy::OsBuffered));
         }
     }
 }
@@ -640,77 +632,6 @@ fn check_prefixes(calls: &[CallTrace]) -> Result<usize, String> {
         }
     }
     Ok(pairs)
-}
-
-/// Every string of a JSON value, depth first.
-fn strings<'v>(value: &'v Value, out: &mut Vec<&'v str>) {
-    match value {
-        Value::String(text) => out.push(text),
-        Value::Array(items) => items.iter().for_each(|item| strings(item, out)),
-        Value::Object(map) => map.values().for_each(|item| strings(item, out)),
-        _ => {}
-    }
-}
-
-/// The handles elided previews show in a rendered body, in order of appearance.
-fn preview_handles(body: &str) -> Result<Vec<String>, String> {
-    let value: Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
-    let mut texts = Vec::new();
-    strings(&value["messages"], &mut texts);
-    let mut handles = Vec::new();
-    for text in texts {
-        let mut rest = text;
-        while let Some(at) = rest.find(HANDLE_MARK) {
-            rest = &rest[at + HANDLE_MARK.len()..];
-            let end = rest.find('"').ok_or("an unquoted handle")?;
-            handles.push(rest[..end].to_owned());
-            rest = &rest[end..];
-        }
-    }
-    Ok(handles)
-}
-
-/// Reads a whole text result through the reader, page by page by `next_offset`, and
-/// rebuilds its bytes from the lines.
-fn read_back<S: RecordSource>(
-    reader: &Reader<'_, S>,
-    handle: &str,
-    limit: u32,
-) -> Result<Vec<u8>, String>
-where
-    S::Error: std::fmt::Debug,
-{
-    let mut bytes = Vec::new();
-    let mut offset = 0u64;
-    for _ in 0..100_000 {
-        let answer = reader
-            .call(&json!({"handle": handle, "offset": offset, "limit": limit}))
-            .map_err(|e| format!("{handle}: {e:?}"))?;
-        let Answer::Page(page) = answer else {
-            return Err(format!("{handle} is text, read as {answer:?}"));
-        };
-        for (k, line) in page.lines.iter().enumerate() {
-            if !line.is_whole() || line.number != offset + 1 + k as u64 {
-                return Err(format!(
-                    "{handle}: line {} cut or out of order",
-                    line.number
-                ));
-            }
-            bytes.extend_from_slice(&line.shown);
-            bytes.push(b'\n');
-        }
-        match page.next_offset {
-            Some(next) if next > offset => offset = next,
-            Some(_) => return Err(format!("{handle}: paging does not move forward")),
-            None => {
-                if page.ends_without_newline {
-                    bytes.pop();
-                }
-                return Ok(bytes);
-            }
-        }
-    }
-    Err(format!("{handle}: paging does not end"))
 }
 
 /// A reader that reads the source a few hundred bytes at a time, so lines straddle chunks.
