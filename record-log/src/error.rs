@@ -70,8 +70,9 @@ pub enum OpenError {
         /// The Run its header names.
         found: String,
     },
-    /// A damaged frame (or file header) is followed by whole frames: the damage is not a
-    /// torn tail, so cutting there would drop acknowledged records. The file is left as it is.
+    /// A damaged frame (or file header) is followed by whole frames that are not the rest of
+    /// a torn last write (`docs/format.md`, "Recovery on open"): the damage is not a torn
+    /// tail, so cutting there could drop acknowledged records. The file is left as it is.
     #[error("{path}: corrupt log at byte {offset}: {reason}")]
     Corrupt {
         /// The file.

@@ -45,6 +45,16 @@ pub(crate) const CONTENT_BINARY: u8 = 3;
 /// Flag bit: the tool reported a failure.
 pub(crate) const FLAG_IS_ERROR: u8 = 1;
 
+/// The largest write index a frame header holds (byte 15): frames further into one write
+/// all hold this value.
+pub(crate) const MAX_WRITE_INDEX: u8 = u8::MAX;
+
+/// The write index (byte 15) of the `i`-th frame (from 0) of one write, capped at
+/// [`MAX_WRITE_INDEX`].
+pub(crate) fn write_index(i: usize) -> u8 {
+    u8::try_from(i).unwrap_or(MAX_WRITE_INDEX)
+}
+
 /// The whole file header for `run`: magic, version, Run id length and bytes, CRC-32C.
 pub(crate) fn file_header(run: &RunId) -> Vec<u8> {
     let id = run.as_str().as_bytes();
@@ -105,6 +115,10 @@ pub(crate) struct FrameHeader {
     pub(crate) content_kind: u8,
     /// `FLAG_*` bits.
     pub(crate) flags: u8,
+    /// The frame's index within the write that put it on disk (0 for the first frame of a
+    /// write, `k` for the `k`-th after it), capped at [`MAX_WRITE_INDEX`]: lets `open` tell a
+    /// torn final write from damage in an earlier one (`docs/format.md`, "Recovery on open").
+    pub(crate) write_index: u8,
     /// Length of the metadata.
     pub(crate) meta_len: u32,
     /// Length of the content.
@@ -118,8 +132,8 @@ pub(crate) enum FrameFault {
     Magic,
     /// The header checksum does not match.
     HeaderChecksum,
-    /// The checksum matches but a kind, flag or reserved byte holds a value this version
-    /// does not define.
+    /// The checksum matches but a kind or flag byte holds a value this version does not
+    /// define.
     Fields,
 }
 
@@ -156,7 +170,7 @@ impl FrameHeader {
         out[12] = self.kind;
         out[13] = self.content_kind;
         out[14] = self.flags;
-        out[15] = 0;
+        out[15] = self.write_index;
         out[16..20].copy_from_slice(&self.meta_len.to_le_bytes());
         out[20..28].copy_from_slice(&self.content_len.to_le_bytes());
         let crc = crc32c(&out[0..28]);
@@ -182,6 +196,7 @@ impl FrameHeader {
             kind: bytes[12],
             content_kind: bytes[13],
             flags: bytes[14],
+            write_index: bytes[15],
             meta_len: u32::from_le_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]),
             content_len: u64::from_le_bytes(content_len),
         };
@@ -195,7 +210,7 @@ impl FrameHeader {
             }
             _ => false,
         };
-        if !known || bytes[15] != 0 {
+        if !known {
             return Err(FrameFault::Fields);
         }
         Ok(header)
@@ -372,6 +387,7 @@ mod tests {
             kind: encoded.kind,
             content_kind: encoded.content_kind,
             flags: encoded.flags,
+            write_index: 3,
             meta_len: encoded.meta.len() as u32,
             content_len: encoded.content.len() as u64,
         };
@@ -440,6 +456,7 @@ mod tests {
             kind: KIND_USER,
             content_kind: CONTENT_NONE,
             flags: 0,
+            write_index: 0,
             meta_len: 10,
             content_len: 0,
         };
@@ -452,6 +469,32 @@ mod tests {
         assert_eq!(FrameHeader::decode(&bad), Err(FrameFault::HeaderChecksum));
         let undefined = FrameHeader { kind: 9, ..header }.encode();
         assert_eq!(FrameHeader::decode(&undefined), Err(FrameFault::Fields));
+    }
+
+    #[test]
+    fn byte_15_is_the_write_index_capped_at_255() {
+        assert_eq!(
+            [0, 1, 254, 255, 256, 100_000].map(write_index),
+            [0, 1, 254, 255, 255, 255]
+        );
+        for index in [0, 7, MAX_WRITE_INDEX] {
+            let header = FrameHeader {
+                seq: 9,
+                kind: KIND_USER,
+                content_kind: CONTENT_NONE,
+                flags: 0,
+                write_index: index,
+                meta_len: 3,
+                content_len: 0,
+            };
+            let bytes = header.encode();
+            assert_eq!(bytes[15], index);
+            assert_eq!(FrameHeader::decode(&bytes), Ok(header));
+            // Covered by the header checksum.
+            let mut other = bytes;
+            other[15] ^= 1;
+            assert_eq!(FrameHeader::decode(&other), Err(FrameFault::HeaderChecksum));
+        }
     }
 
     #[test]

@@ -150,7 +150,10 @@ impl fmt::Display for Recovery {
 }
 
 /// A tail that was cut off on open: the bytes of a frame whose write was torn (the process
-/// died mid-append) or damaged, with no whole frame after it.
+/// died mid-append) or damaged, with no whole frame after it; or the part of the last write
+/// from its first damaged frame on, when a power loss left that unsynced write's pages on
+/// disk out of order (whole frames of the same write after the damage, none of them ever
+/// acknowledged: `reason` then starts with `torn write`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TailLoss {
     /// Byte offset the file was cut back to: the end of the last whole record.
@@ -226,8 +229,9 @@ impl RecordLog {
     /// # Errors
     ///
     /// [`OpenError`]: I/O failures, a file locked by another open log, a file that is not a
-    /// log or belongs to another Run, or damage followed by whole frames
-    /// ([`OpenError::Corrupt`], which names the offset and leaves the file untouched).
+    /// log or belongs to another Run, or damage followed by whole frames that are not the
+    /// rest of a torn last write ([`OpenError::Corrupt`], which names the offset and leaves
+    /// the file untouched).
     pub fn open(
         dir: impl AsRef<Path>,
         run: &RunId,
@@ -410,7 +414,7 @@ impl RecordLog {
         drop(reader);
         self.end = pos;
         self.allocated = len;
-        let Some((reason, search_from)) = fault else {
+        let Some((mut reason, search_from)) = fault else {
             return Ok(None);
         };
         if self.all_zero(pos, len)? {
@@ -420,11 +424,19 @@ impl RecordLog {
         if let Some(from) = search_from
             && let Some(at) = self.find_whole_frame(from, len)?
         {
-            return Err(OpenError::Corrupt {
-                path: self.path.clone(),
-                offset: pos,
-                reason: format!("{reason}; a whole frame follows at byte {at}"),
-            });
+            let damaged = self.index.len() as u64;
+            let Some(last) = self.torn_write_end(at, damaged, len)? else {
+                return Err(OpenError::Corrupt {
+                    path: self.path.clone(),
+                    offset: pos,
+                    reason: format!("{reason}; a whole frame follows at byte {at}"),
+                });
+            };
+            reason = format!(
+                "torn write: records {damaged}..={last} of the last write were not all on \
+                 disk ({reason} at byte {pos}; whole frames of the same write follow from \
+                 byte {at})"
+            );
         }
         self.file.set_len(pos).map_err(open_io(&self.path))?;
         self.file.sync_data().map_err(open_io(&self.path))?;
@@ -479,19 +491,62 @@ impl RecordLog {
         Ok(None)
     }
 
+    /// Damage at record `damaged` is followed by the whole frame at `at`. Decides whether
+    /// the damage is the tearing of the last write (its pages reached the disk out of order
+    /// before a power loss), and returns that write's last record if so: when the frame's
+    /// write began at or before the damaged record (its `seq` minus its write index is at
+    /// most `damaged`; a capped index only makes that start look later, never earlier) and
+    /// every frame after it is whole and of the same write (next `seq`, next write index)
+    /// up to the end of the file or to zeros only. Anything else may be damage in a write
+    /// that was synced, so `None`: corruption.
+    fn torn_write_end(&self, at: u64, damaged: u64, len: u64) -> Result<Option<u64>, OpenError> {
+        let Some(mut frame) = self.whole_frame_at(at, len)? else {
+            return Ok(None);
+        };
+        let began = frame.seq.checked_sub(u64::from(frame.write_index));
+        if frame.seq < damaged || began.is_none_or(|began| began > damaged) {
+            return Ok(None);
+        }
+        let mut pos = at + frame.frame_len();
+        loop {
+            if pos == len || self.all_zero(pos, len)? {
+                return Ok(Some(frame.seq));
+            }
+            let Some(next) = self.whole_frame_at(pos, len)? else {
+                return Ok(None);
+            };
+            let same_write = Some(next.seq) == frame.seq.checked_add(1)
+                && next.write_index == frame.write_index.saturating_add(1);
+            if !same_write {
+                return Ok(None);
+            }
+            pos += next.frame_len();
+            frame = next;
+        }
+    }
+
+    /// Whether a whole frame at `at` holds a position at least the next expected one.
     fn is_whole_frame(&self, at: u64, len: u64) -> Result<bool, OpenError> {
+        Ok(self
+            .whole_frame_at(at, len)?
+            .is_some_and(|header| header.seq >= self.index.len() as u64))
+    }
+
+    /// The header of the frame at `at` if the frame is whole: its header checks out, it
+    /// ends within `len`, and its body checksum holds.
+    fn whole_frame_at(&self, at: u64, len: u64) -> Result<Option<FrameHeader>, OpenError> {
         if len - at < FRAME_HEADER_LEN as u64 {
-            return Ok(false);
+            return Ok(None);
         }
         let mut raw = [0u8; FRAME_HEADER_LEN];
         self.file
             .read_exact_at(&mut raw, at)
             .map_err(open_io(&self.path))?;
         let Ok(header) = FrameHeader::decode(&raw) else {
-            return Ok(false);
+            return Ok(None);
         };
-        if header.seq < self.index.len() as u64 || header.frame_len() > len - at {
-            return Ok(false);
+        if header.frame_len() > len - at {
+            return Ok(None);
         }
         let mut crc = Crc32c::new();
         let mut pos = at + FRAME_HEADER_LEN as u64;
@@ -509,7 +564,7 @@ impl RecordLog {
         self.file
             .read_exact_at(&mut stored, body_end)
             .map_err(open_io(&self.path))?;
-        Ok(crc.finish() == u32::from_le_bytes(stored))
+        Ok((crc.finish() == u32::from_le_bytes(stored)).then_some(header))
     }
 
     /// Appends one record and returns its handle once it is durable under the log's
@@ -637,7 +692,8 @@ impl RecordLog {
         self.scratch.clear();
         for (i, record) in records.iter().enumerate() {
             let (header, encoded, crc) =
-                frame_parts(record, first + i as u64).map_err(WriteFailure::Encode)?;
+                frame_parts(record, first + i as u64, format::write_index(i))
+                    .map_err(WriteFailure::Encode)?;
             self.scratch.extend_from_slice(&header.encode());
             self.scratch.extend_from_slice(&encoded.meta);
             let content: &[u8] = match &encoded.content {
@@ -812,11 +868,12 @@ pub(crate) fn preallocate(file: &File, end: u64, allocated: u64, new_end: u64) -
     }
 }
 
-/// Encodes `record` for a frame at position `seq`: its header, its metadata and content,
-/// and the checksum over both.
+/// Encodes `record` for a frame at position `seq`, with index `write_index` in its write:
+/// its header, its metadata and content, and the checksum over both.
 fn frame_parts(
     record: &Record,
     seq: u64,
+    write_index: u8,
 ) -> Result<(FrameHeader, format::Encoded<'_>, u32), AppendError> {
     let encoded = format::encode_record(record).map_err(AppendError::Encode)?;
     let meta_len = u32::try_from(encoded.meta.len()).map_err(|_| AppendError::TooLarge {
@@ -827,6 +884,7 @@ fn frame_parts(
         kind: encoded.kind,
         content_kind: encoded.content_kind,
         flags: encoded.flags,
+        write_index,
         meta_len,
         content_len: encoded.content.len() as u64,
     };
@@ -844,7 +902,7 @@ pub(crate) struct PendingFrame {
 impl PendingFrame {
     /// Encodes `record` (metadata, content, body checksum) into an owned frame buffer.
     pub(crate) fn encode(record: &Record) -> Result<Self, AppendError> {
-        let (header, encoded, crc) = frame_parts(record, 0)?;
+        let (header, encoded, crc) = frame_parts(record, 0, 0)?;
         let len = usize::try_from(header.frame_len())
             .map_err(|_| AppendError::TooLarge { len: usize::MAX })?;
         let mut bytes = Vec::with_capacity(len);
@@ -855,10 +913,11 @@ impl PendingFrame {
         Ok(Self { header, bytes })
     }
 
-    /// Gives the frame its position `seq` (header and header checksum) and returns its
-    /// index entry at `offset`.
-    pub(crate) fn place(&mut self, seq: u64, offset: u64) -> Entry {
+    /// Gives the frame its position `seq` and its index `write_index` within the write that
+    /// carries it (header and header checksum) and returns its index entry at `offset`.
+    pub(crate) fn place(&mut self, seq: u64, write_index: u8, offset: u64) -> Entry {
         self.header.seq = seq;
+        self.header.write_index = write_index;
         self.bytes[..FRAME_HEADER_LEN].copy_from_slice(&self.header.encode());
         Entry {
             offset,
@@ -995,6 +1054,7 @@ mod format_doc {
             format!("`{CONTENT_BINARY}` binary"),
             format!("bit 0 (`{FLAG_IS_ERROR}`)"),
             format!("`<run>.{FILE_EXTENSION}`"),
+            format!("capped at {MAX_WRITE_INDEX}"),
         ];
         for needle in expect {
             assert!(
@@ -1055,6 +1115,7 @@ mod tests {
                 kind: KIND_TOOL_RESULT,
                 content_kind: CONTENT_TEXT,
                 flags: 0,
+                write_index: 0,
                 meta_len,
                 content_len,
             };

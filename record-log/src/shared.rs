@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use psych_types::{OutputInfo, Record, RecordHandle, RecordSource, RunId};
 
 use crate::error::{AppendError, OpenError, ReadError};
+use crate::format;
 use crate::log::{PendingFrame, RecordLog, Recovery, SyncPolicy, preallocate};
 
 /// Frames up to this size are gathered into the group's one write buffer; larger ones are
@@ -501,7 +502,11 @@ impl SharedRecordLog {
         let mut entries = Vec::new();
         let mut offset = log.end;
         for frame in calls.iter_mut().flat_map(|call| call.frames.iter_mut()) {
-            let entry = frame.place(first + entries.len() as u64, offset);
+            let entry = frame.place(
+                first + entries.len() as u64,
+                format::write_index(entries.len()),
+                offset,
+            );
             offset += entry.header.frame_len();
             entries.push(entry);
         }
