@@ -86,7 +86,7 @@ fn durable_append(c: &mut Criterion) {
             let txn = db.begin_write().unwrap();
             {
                 let mut table = txn.open_table(TABLE).unwrap();
-                table.insert(key, black_box(bytes.as_slice())).unwrap();
+                table.insert(key, black_box(&*bytes)).unwrap();
             }
             txn.commit().unwrap();
             key += 1;

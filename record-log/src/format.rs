@@ -4,7 +4,7 @@
 //! Everything here is pure: bytes in, values out. Integers are little-endian.
 
 use psych_types::{
-    OutputBody, OutputKind, Record, RunId, ToolCallId, ToolOutput, ToolResult, render_json,
+    OutputBody, OutputKind, Record, RunId, ToolCallId, ToolOutput, ToolResult, readable_bytes,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -255,18 +255,11 @@ pub(crate) fn encode_record(record: &Record) -> Result<Encoded<'_>, serde_json::
             // JSON is stored only as its text view and parsed back on read: exact because
             // serde_json writes the shortest round-tripping float and this crate turns on
             // its `float_roundtrip` parsing.
-            let (content_kind, content, mime_type) = match &result.output.body {
-                OutputBody::Text { text } => (CONTENT_TEXT, Cow::Borrowed(text.as_bytes()), None),
-                OutputBody::Json { value } => (
-                    CONTENT_JSON,
-                    Cow::Owned(render_json(value).into_bytes()),
-                    None,
-                ),
-                OutputBody::Binary { mime_type, data } => (
-                    CONTENT_BINARY,
-                    Cow::Borrowed(data.as_slice()),
-                    Some(mime_type.clone()),
-                ),
+            let content = readable_bytes(&result.output);
+            let (content_kind, mime_type) = match &result.output.body {
+                OutputBody::Text { .. } => (CONTENT_TEXT, None),
+                OutputBody::Json { .. } => (CONTENT_JSON, None),
+                OutputBody::Binary { mime_type, .. } => (CONTENT_BINARY, Some(mime_type.clone())),
             };
             let meta = serde_json::to_vec(&ResultMeta {
                 call_id: result.call_id.clone(),
@@ -445,7 +438,7 @@ mod tests {
         let encoded = encode_record(&record).unwrap();
         assert_eq!(
             encoded.content.as_ref(),
-            psych_types::readable_bytes(&result.output).as_slice()
+            &*psych_types::readable_bytes(&result.output)
         );
     }
 

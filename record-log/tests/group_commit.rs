@@ -45,7 +45,7 @@ fn tagged(t: usize, i: usize) -> Record {
 fn tag_of(record: &Record) -> (usize, usize) {
     let bytes = match record {
         Record::User(user) => user.text.clone().into_bytes(),
-        Record::ToolResult(result) => psych_types::readable_bytes(&result.output),
+        Record::ToolResult(result) => psych_types::readable_bytes(&result.output).into_owned(),
         Record::Assistant(_) => panic!("not a tagged record"),
     };
     let text = String::from_utf8(bytes).unwrap();

@@ -694,7 +694,7 @@ where
         if stored.as_ref() != Some(&Record::ToolResult(appended.result.clone())) {
             return Err(format!("{text} is not the result appended"));
         }
-        let full = readable_bytes(&appended.result.output);
+        let full = readable_bytes(&appended.result.output).into_owned();
         let info = own
             .output_info(handle)
             .map_err(|e| e.to_string())?
@@ -775,7 +775,7 @@ where
                 else {
                     return Err(format!("{text} names no result of this Run"));
                 };
-                let full = readable_bytes(&appended.result.output);
+                let full = readable_bytes(&appended.result.output).into_owned();
                 if read_back(&reader, text, 1000)? != full {
                     return Err(format!("{text} does not resolve whole in its own Run"));
                 }

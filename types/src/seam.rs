@@ -11,6 +11,7 @@
 //! - [`ToolLister`] / [`ToolHost`]: implemented by live MCP connections, used by the catalogue
 //!   and the runtime's executor.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
 
@@ -181,7 +182,7 @@ impl MemoryRecords {
     /// Appends a record and returns its handle.
     pub fn push(&mut self, record: Record) -> RecordHandle {
         let content = match &record {
-            Record::ToolResult(result) => Some(readable_bytes(&result.output)),
+            Record::ToolResult(result) => Some(readable_bytes(&result.output).into_owned()),
             _ => None,
         };
         let handle = RecordHandle::new(self.run.clone(), self.records.len() as u64);
@@ -212,12 +213,15 @@ impl MemoryRecords {
     }
 }
 
-/// The bytes [`RecordSource::read_output`] serves for an output.
-pub fn readable_bytes(output: &ToolOutput) -> Vec<u8> {
+/// The bytes [`RecordSource::read_output`] serves for an output: the UTF-8 of text, the
+/// text view of JSON ([`render_json`](crate::render_json)), the raw bytes of binary content.
+/// Borrowed except for JSON, which is rendered. Stores keep exactly these bytes so that a
+/// reader serves what the model was shown.
+pub fn readable_bytes(output: &ToolOutput) -> Cow<'_, [u8]> {
     match &output.body {
-        OutputBody::Text { text } => text.as_bytes().to_vec(),
-        OutputBody::Json { value } => crate::render_json(value).into_bytes(),
-        OutputBody::Binary { data, .. } => data.clone(),
+        OutputBody::Text { text } => Cow::Borrowed(text.as_bytes()),
+        OutputBody::Json { value } => Cow::Owned(crate::render_json(value).into_bytes()),
+        OutputBody::Binary { data, .. } => Cow::Borrowed(data),
     }
 }
 

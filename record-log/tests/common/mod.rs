@@ -84,7 +84,7 @@ pub(crate) fn tagged(round: u64, thread: u64, i: u64) -> Record {
 pub(crate) fn tag_of(record: &Record) -> Option<(u64, u64, u64)> {
     let bytes = match record {
         Record::User(user) => user.text.as_bytes().to_vec(),
-        Record::ToolResult(result) => psych_types::readable_bytes(&result.output),
+        Record::ToolResult(result) => psych_types::readable_bytes(&result.output).into_owned(),
         Record::Assistant(_) => return None,
     };
     let head = bytes.split(|&b| b == b';').next()?;
