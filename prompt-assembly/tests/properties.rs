@@ -183,20 +183,7 @@ proptest! {
                 prop_assert!(request.block_ends()[block] <= transient.range.start);
             }
         }
-        let found = simulate_anthropic_cache(&requests, 20);
-        for k in 1..requests.len() {
-            if session.calls[k].turn == session.calls[k - 1].turn {
-                let prev = requests[k - 1];
-                let last_history_block = prev
-                    .block_ends()
-                    .iter()
-                    .copied()
-                    .filter(|&end| end <= prev.cacheable_len())
-                    .max()
-                    .unwrap();
-                prop_assert_eq!(found[k], last_history_block, "request {}", k);
-            }
-        }
+        prop_assert_eq!(check_lookback(&session.calls, &requests), Ok(()));
     }
 }
 
@@ -423,18 +410,5 @@ fn model_mistakes_and_interrupted_calls_keep_the_properties() {
         assert!(body.contains(psych_prompt_assembly::EMPTY_USER_MESSAGE));
     }
     let requests: Vec<&RenderedRequest> = rendered.iter().map(|r| &r.anthropic).collect();
-    let found = simulate_anthropic_cache(&requests, 20);
-    for k in 1..requests.len() {
-        if session.calls[k].turn == session.calls[k - 1].turn {
-            let prev = requests[k - 1];
-            let last_history_block = prev
-                .block_ends()
-                .iter()
-                .copied()
-                .filter(|&end| end <= prev.cacheable_len())
-                .max()
-                .unwrap();
-            assert_eq!(found[k], last_history_block, "request {k}");
-        }
-    }
+    assert_eq!(check_lookback(&session.calls, &requests), Ok(()));
 }

@@ -596,6 +596,34 @@ pub fn simulate_anthropic_cache(requests: &[&RenderedRequest], window: usize) ->
         .collect()
 }
 
+/// Replays the cache over one session's Anthropic requests (20-block lookback) and checks
+/// that every request of a turn after its first finds the entry the previous request wrote
+/// at its last history block.
+pub fn check_lookback(calls: &[Call], requests: &[&RenderedRequest]) -> Result<(), String> {
+    let found = simulate_anthropic_cache(requests, 20);
+    for k in 1..requests.len() {
+        if calls[k].turn != calls[k - 1].turn {
+            continue;
+        }
+        let prev = requests[k - 1];
+        let last_history_block = prev
+            .block_ends()
+            .iter()
+            .copied()
+            .filter(|&end| end <= prev.cacheable_len())
+            .max()
+            .ok_or_else(|| format!("request {} has no history block", k - 1))?;
+        if found[k] != last_history_block {
+            return Err(format!(
+                "request {k} found the cache up to byte {}, not the previous request's last \
+                 history block at byte {last_history_block}",
+                found[k]
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether a block list holds a text block without non-whitespace text (the API answers
 /// 400 "text content blocks must contain non-whitespace text"), searching `tool_result`
 /// content too.
