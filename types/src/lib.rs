@@ -33,6 +33,7 @@
 #![forbid(unsafe_code)]
 
 pub mod base64;
+mod catalog;
 mod connection;
 mod id;
 mod output;
@@ -45,6 +46,9 @@ mod tool;
 /// (elision's guidance) name the same tool.
 pub const READ_TOOL_OUTPUT: &str = "read_tool_output";
 
+pub use catalog::{
+    CatalogVersion, Reachability, ServerCatalog, ServerHealth, SyncFailure, SyncStamp, UnixMillis,
+};
 pub use connection::{ConnectionSpec, PermissionGrant, Preload, ToolScope};
 pub use id::{IdError, RunId, ServerId, ToolCallId, ToolName, ToolRef};
 pub use output::{OutputBody, OutputKind, ToolOutput, render_json};
