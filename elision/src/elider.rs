@@ -3,22 +3,26 @@
 
 use std::borrow::Cow;
 
-use psych_types::{OutputBody, Projection, ResultProjector, ResultRef, TokenEstimator};
+use psych_types::{Projection, ResultProjector, ResultRef, TokenEstimator, ToolOutput};
 
 use crate::{Estimator, PreviewConfig, Thresholds, plan};
 
 /// Decides what the model sees of one turn's tool results: the elision plan over the
 /// successes, head+tail previews for the elided ones, hard truncation for failures.
 ///
-/// - A **success** (text or JSON) is estimated through its text view (JSON pretty-printed,
-///   the bytes the reader tool serves) and planned with [`plan`]; an elided one becomes
-///   [`PreviewConfig::preview`] of that text view, or stays [`Projection::Full`] when the
-///   preview would not be shorter.
-/// - A **binary** output is estimated with
-///   [`TokenEstimator::estimate_binary`] and planned like any success (whatever its
-///   `is_error`, since bytes cannot be truncated as text); an elided one becomes one line
-///   naming its MIME type and its size in bytes.
-/// - A **failure** (`is_error`, text or JSON) is not planned: it is cut to its first
+/// Every result is seen through its readable text
+/// ([`ToolOutput::readable_text`](psych_types::ToolOutput::readable_text)): its text blocks
+/// with one placeholder line per image, audio, resource or unknown block, or the JSON text
+/// view of a result that is only structured content (the bytes the reader tool serves).
+///
+/// - A **success** is estimated with [`TokenEstimator::estimate_output`] (its readable text,
+///   plus each binary block at its base64 cost) and planned with [`plan`]. An elided one
+///   becomes [`PreviewConfig::preview`] of its readable text followed by
+///   [`placeholders_not_shown`] (so an elided result keeps its placeholders: the model still
+///   learns every image or resource it held); when the preview would not be shorter, an
+///   elided result with binary blocks becomes its readable text (images dropped, their
+///   placeholder lines kept), and one without stays [`Projection::Full`].
+/// - A **failure** (`is_error`) is not planned: its readable text is cut to its first
 ///   [`PreviewConfig::failure_chars`] characters, with no marker and no guidance, whatever
 ///   the thresholds. Its kept part is small and bounded, so it is left out of the batch sum.
 ///
@@ -84,43 +88,54 @@ impl EliderBuilder {
     }
 }
 
-/// The one-line view of an elided binary output. It names no remedy: the reader tool
-/// refuses to serve binary content as text, and a pointer to a tool that refuses would be
-/// a false one.
-fn binary_line(mime_type: &str, len: usize) -> String {
-    // The MIME type comes from a server: keep the line one line.
-    let mime: String = mime_type
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+/// The most placeholder lines [`placeholders_not_shown`] lists; further ones are counted.
+pub const MAX_LISTED_PLACEHOLDERS: usize = 20;
+
+/// The placeholder lines of `output`'s non-text blocks that `preview` does not show whole,
+/// as a paragraph to append to it (empty when there are none): a heading line, then one
+/// placeholder a line, at most [`MAX_LISTED_PLACEHOLDERS`], then a count of the rest.
+pub fn placeholders_not_shown(output: &ToolOutput, preview: &str) -> String {
+    let missing: Vec<String> = output
+        .content
+        .iter()
+        .enumerate()
+        .filter_map(|(i, block)| block.placeholder(i))
+        .filter(|line| !preview.contains(line.as_str()))
         .collect();
-    format!("[Elided binary tool result: {mime}, {len} bytes; binary content is not shown.]")
+    if missing.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("Content blocks of this result not in the preview:\n");
+    for line in missing.iter().take(MAX_LISTED_PLACEHOLDERS) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    if missing.len() > MAX_LISTED_PLACEHOLDERS {
+        out.push_str(&format!(
+            "[… and {} more content blocks]\n",
+            missing.len() - MAX_LISTED_PLACEHOLDERS
+        ));
+    }
+    out
 }
 
 impl ResultProjector for Elider {
     fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]) {
-        // Planned results: (index in batch, text view or None for binary).
-        let mut planned: Vec<(usize, Option<Cow<'_, str>>)> = Vec::with_capacity(batch.len());
+        // Planned results: (index in batch, readable text).
+        let mut planned: Vec<(usize, Cow<'_, str>)> = Vec::with_capacity(batch.len());
         let mut sizes = Vec::with_capacity(batch.len());
         for (i, (result, slot)) in batch.iter().zip(out.iter_mut()).enumerate() {
-            match &result.output.body {
-                OutputBody::Binary { mime_type, data } => {
-                    sizes.push(self.estimator.estimate_binary(mime_type, data.len() as u64));
-                    planned.push((i, None));
-                }
-                _ if result.output.is_error => {
-                    let text = result.output.text_view().unwrap_or_default();
-                    let kept = self.preview.truncate_failure(&text);
-                    *slot = if kept.len() == text.len() {
-                        Projection::Full
-                    } else {
-                        Projection::Replaced(kept.to_owned())
-                    };
-                }
-                _ => {
-                    let text = result.output.text_view().unwrap_or_default();
-                    sizes.push(self.estimator.estimate_text(&text));
-                    planned.push((i, Some(text)));
-                }
+            let text = result.output.readable_text();
+            if result.output.is_error {
+                let kept = self.preview.truncate_failure(&text);
+                *slot = if kept.len() == text.len() {
+                    Projection::Full
+                } else {
+                    Projection::Replaced(kept.to_owned())
+                };
+            } else {
+                sizes.push(self.estimator.estimate_output(result.output));
+                planned.push((i, text));
             }
         }
         let plan = plan(&sizes, &self.thresholds);
@@ -129,15 +144,14 @@ impl ResultProjector for Elider {
                 continue;
             }
             let result = &batch[*i];
-            let view = match (text, &result.output.body) {
-                (Some(text), _) => match self.preview.preview(text, result.handle) {
-                    Cow::Owned(preview) => Projection::Replaced(preview),
-                    Cow::Borrowed(_) => Projection::Full,
-                },
-                (None, OutputBody::Binary { mime_type, data }) => {
-                    Projection::Replaced(binary_line(mime_type, data.len()))
+            let has_binary = result.output.binary_blocks().next().is_some();
+            let view = match self.preview.preview(text, result.handle) {
+                Cow::Owned(mut preview) => {
+                    preview.push_str(&placeholders_not_shown(result.output, &preview));
+                    Projection::Replaced(preview)
                 }
-                (None, _) => Projection::Full,
+                Cow::Borrowed(_) if has_binary => Projection::Replaced(text.clone().into_owned()),
+                Cow::Borrowed(_) => Projection::Full,
             };
             if let Some(slot) = out.get_mut(*i) {
                 *slot = view;
@@ -149,7 +163,7 @@ impl ResultProjector for Elider {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use psych_types::{RecordHandle, RunId, ToolOutput};
+    use psych_types::{ContentBlock, RecordHandle, RunId, ToolOutput};
 
     fn handles(n: usize) -> Vec<RecordHandle> {
         let run = RunId::new("run-1").unwrap();
@@ -195,8 +209,8 @@ mod tests {
             ToolOutput::text(big.clone()),
             ToolOutput::error(format!("Error: boom\n{}", "  at frame\n".repeat(50))),
             ToolOutput::error("short failure"),
-            ToolOutput::binary("image/png", vec![7; 5000]),
-            ToolOutput::binary("image/png", vec![7; 30]),
+            ToolOutput::from_blocks(vec![ContentBlock::image("image/png", vec![7; 5000])]),
+            ToolOutput::from_blocks(vec![ContentBlock::image("image/png", vec![7; 30])]),
         ];
         let out = project(&small_elider(), &outputs);
         assert_eq!(out[0], Projection::Full);
@@ -215,10 +229,7 @@ mod tests {
         assert_eq!(out[3], Projection::Full);
         assert_eq!(
             out[4],
-            Projection::Replaced(
-                "[Elided binary tool result: image/png, 5000 bytes; binary content is not shown.]"
-                    .into()
-            )
+            Projection::Replaced("[content block #0: image, image/png, 5000 bytes]".into())
         );
         assert_eq!(out[5], Projection::Full);
         assert_eq!(out, project(&small_elider(), &outputs), "deterministic");
@@ -258,8 +269,26 @@ mod tests {
     }
 
     #[test]
-    fn control_characters_in_a_mime_type_stay_on_one_line() {
-        let line = binary_line("image/png\nX: y", 3);
-        assert!(!line.contains('\n'), "{line}");
+    fn an_elided_mixed_result_keeps_every_placeholder() {
+        let mut blocks = vec![ContentBlock::text("head ".repeat(200))];
+        for i in 0..25 {
+            blocks.push(ContentBlock::image("image/png", vec![i; 40]));
+        }
+        blocks.push(ContentBlock::text("tail ".repeat(200)));
+        let out = project(&small_elider(), &[ToolOutput::from_blocks(blocks)]);
+        let Projection::Replaced(preview) = &out[0] else {
+            panic!("{:?}", out[0])
+        };
+        assert!(
+            preview
+                .contains("not in the preview:\n[content block #1: image, image/png, 40 bytes]\n"),
+            "{preview}"
+        );
+        assert!(preview.contains("[content block #20: image"), "{preview}");
+        assert!(!preview.contains("[content block #21: image"), "{preview}");
+        assert!(
+            preview.ends_with("[… and 5 more content blocks]\n"),
+            "{preview}"
+        );
     }
 }

@@ -55,7 +55,7 @@ mod plan;
 mod preview;
 mod thresholds;
 
-pub use elider::{Elider, EliderBuilder};
+pub use elider::{Elider, EliderBuilder, MAX_LISTED_PLACEHOLDERS, placeholders_not_shown};
 pub use estimate::Estimator;
 pub use plan::{Plan, plan};
 pub use preview::PreviewConfig;

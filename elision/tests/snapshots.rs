@@ -15,7 +15,9 @@ mod corpus;
 use std::fmt::Write as _;
 
 use psych_elision::{Elider, PreviewConfig, Thresholds};
-use psych_types::{Projection, RecordHandle, ResultProjector, ResultRef, RunId, ToolOutput};
+use psych_types::{
+    ContentBlock, Projection, RecordHandle, ResultProjector, ResultRef, RunId, ToolOutput,
+};
 use serde_json::{Value, json};
 
 fn elider() -> Elider {
@@ -169,7 +171,10 @@ fn a_mixed_batch_elides_the_largest_and_keeps_the_small() {
     let mut outputs: Vec<ToolOutput> = (0..5)
         .map(|i| ToolOutput::json(corpus::github_commits(&mut rng, 2 + i)))
         .collect();
-    outputs.push(ToolOutput::binary("image/png", rng.bytes(40_000)));
+    outputs.push(ToolOutput::from_blocks(vec![
+        ContentBlock::text("Screenshot of https://example.com:"),
+        ContentBlock::image("image/png", rng.bytes(40_000)),
+    ]));
     outputs.push(ToolOutput::error(
         "Error: ENOENT: no such file or directory, open '/srv/app/config.toml'",
     ));

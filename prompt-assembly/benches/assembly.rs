@@ -28,9 +28,8 @@ struct Preview;
 impl ResultProjector for Preview {
     fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]) {
         for (result, slot) in batch.iter().zip(out) {
-            if let Some(text) = result.output.text_view()
-                && text.len() > 4096
-            {
+            let text = result.output.readable_text();
+            if text.len() > 4096 {
                 let head: String = text.chars().take(200).collect();
                 *slot = Projection::Replaced(format!(
                     "{head}\n[... elided; read_tool_output(\"{}\") ...]",

@@ -33,7 +33,15 @@
 //! - arguments that are not a JSON object (the raw text of arguments that did not parse)
 //!   are sent as `{"_raw_arguments": <text>}` (see [`RAW_ARGUMENTS_KEY`](crate::RAW_ARGUMENTS_KEY));
 //! - a call without a logged result is answered by a `tool_result` with `is_error` and the
-//!   text [`MISSING_RESULT`](crate::MISSING_RESULT), in its place in call order.
+//!   text [`MISSING_RESULT`](crate::MISSING_RESULT), in its place in call order;
+//! - a log whose first message is not a user message gets [`CONVERSATION_START`] as a first
+//!   user message; assistant text is sent without trailing whitespace;
+//! - a request with no tools writes calls and results as text blocks (the API refuses
+//!   `tool_use` blocks without `tools`).
+//!
+//! A `tool_result`'s content is its pieces in order: text blocks for the readable text
+//! between images, and `{"type":"image","source":{"type":"base64","media_type":…,"data":…}}`
+//! for each image the budget admits (see the crate docs).
 //!
 //! Breakpoints (`"cache_control":{"type":"ephemeral"}`), at most four and never on the
 //! transient message:
@@ -44,12 +52,20 @@
 //! 3. the last history block;
 //! 4. a lookback anchor, see [`ANCHOR_DISTANCE`].
 
+use std::borrow::Cow;
+
 use crate::assemble::{Answer, Message, Prompt};
+use crate::image::Budget;
 use crate::render::{
-    EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Provider, RAW_ARGUMENTS_KEY, RenderError,
-    RenderedRequest, View, call_name, check_extra, is_blank, provider_name_ok, raw_arguments, view,
-    write_extra,
+    EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Piece, Provider, RAW_ARGUMENTS_KEY, RenderError,
+    RenderedRequest, call_name, check_extra, is_blank, pieces, provider_name_ok, raw_arguments,
+    trim_end, write_extra,
 };
+
+/// The text of the user message put first when the history's first message is not a user
+/// message (a log that starts with an assistant record): the Anthropic API requires the
+/// first message to be a user message.
+pub const CONVERSATION_START: &str = "[start of conversation]";
 
 /// The anchor rule's distance, in blocks.
 ///
@@ -124,10 +140,17 @@ impl Prompt<'_> {
         let sections = self.static_sections.sections();
         let tail = self.dynamic_tail.text();
         let message_blocks: Vec<usize> = self.messages.iter().map(blocks).collect();
+        // The API requires the first message to be a user message.
+        let lead = self
+            .messages
+            .iter()
+            .zip(&message_blocks)
+            .find(|(_, n)| **n > 0)
+            .is_some_and(|(message, _)| !matches!(message, Message::User { .. }));
 
         // Plan the breakpoints by block index.
         let zone1_end = self.tools.len() + sections.len();
-        let history_start = zone1_end + usize::from(tail.is_some());
+        let history_start = zone1_end + usize::from(tail.is_some()) + usize::from(lead);
         let history_blocks: usize = message_blocks.iter().sum();
         let mut breakpoints = Vec::with_capacity(4);
         if zone1_end > 0 {
@@ -209,6 +232,15 @@ impl Prompt<'_> {
 
         let mut history_end = out.pos();
         let mut first = true;
+        if lead {
+            out.open(Part::Message { records: 0..0 });
+            out.push("{\"role\":\"user\",\"content\":[");
+            text_block(&mut out, CONVERSATION_START, &breakpoints);
+            out.push("]}");
+            first = false;
+            history_end = out.pos();
+        }
+        let mut budget = Budget::default();
         for (message, &n) in self.messages.iter().zip(&message_blocks) {
             if n == 0 {
                 continue;
@@ -220,7 +252,7 @@ impl Prompt<'_> {
                 out.push(",");
             }
             first = false;
-            self.anthropic_message(&mut out, message, &breakpoints);
+            self.anthropic_message(&mut out, message, &breakpoints, &mut budget);
             history_end = out.pos();
         }
 
@@ -242,7 +274,19 @@ impl Prompt<'_> {
         Ok(out.finish(Provider::Anthropic, history_end))
     }
 
-    fn anthropic_message(&self, out: &mut Out, message: &Message<'_>, breakpoints: &[usize]) {
+    fn anthropic_message(
+        &self,
+        out: &mut Out,
+        message: &Message<'_>,
+        breakpoints: &[usize],
+        budget: &mut Budget,
+    ) {
+        // With no tool in the request the API refuses tool_use and tool_result blocks: the
+        // calls and results are then written as text (see `transcript_message`).
+        if self.tools.is_empty() && !matches!(message, Message::User { .. }) {
+            self.transcript_message(out, message, breakpoints);
+            return;
+        }
         match message {
             Message::User { text, .. } => {
                 out.push("{\"role\":\"user\",\"content\":[");
@@ -258,7 +302,10 @@ impl Prompt<'_> {
                 out.push("{\"role\":\"assistant\",\"content\":[");
                 let mut first = true;
                 if !is_blank(&message.text) {
-                    text_block(out, &message.text, breakpoints);
+                    // Trailing whitespace goes, always: the API refuses it at the end of a
+                    // final assistant message, and trimming every message the same way keeps
+                    // a message's bytes the same whether or not it is the last.
+                    text_block(out, trim_end(&message.text), breakpoints);
                     first = false;
                 }
                 for call in &message.tool_calls {
@@ -296,28 +343,40 @@ impl Prompt<'_> {
                     out.str(item.call_id().as_str());
                     let (view, is_error) = match item {
                         Answer::Logged(index, result) => (
-                            view(result, &self.views[*index], true),
+                            pieces(result, &self.views[*index], Some((&mut *budget, true))),
                             result.output.is_error,
                         ),
-                        Answer::Missing(_) => (View::Text(MISSING_RESULT.into()), true),
+                        Answer::Missing(_) => (vec![Piece::Text(MISSING_RESULT.into())], true),
                     };
-                    match view {
-                        // Whitespace-only text is refused in a text block: no content.
-                        View::Text(text) if is_blank(&text) => {}
-                        View::Text(text) => {
-                            out.push(",\"content\":[{\"type\":\"text\",\"text\":");
-                            out.str(&text);
-                            out.push("}]");
+                    // Blank text is refused in a text block: it is left out, and a result
+                    // with nothing else (a whitespace-only failure) has no content.
+                    let mut first_piece = true;
+                    for piece in &view {
+                        match piece {
+                            Piece::Text(text) if is_blank(text) => continue,
+                            _ if first_piece => out.push(",\"content\":["),
+                            _ => out.push(","),
                         }
-                        View::Image { media_type, data } => {
-                            out.push(
-                                ",\"content\":[{\"type\":\"image\",\"source\":{\"type\":\"base64\",\"media_type\":",
-                            );
-                            out.str(media_type);
-                            out.push(",\"data\":\"");
-                            out.push(&psych_types::base64::encode(data));
-                            out.push("\"}}]");
+                        first_piece = false;
+                        match piece {
+                            Piece::Text(text) => {
+                                out.push("{\"type\":\"text\",\"text\":");
+                                out.str(text);
+                                out.push("}");
+                            }
+                            Piece::Image { media_type, data } => {
+                                out.push(
+                                    "{\"type\":\"image\",\"source\":{\"type\":\"base64\",\"media_type\":",
+                                );
+                                out.str(media_type);
+                                out.push(",\"data\":\"");
+                                out.push(&psych_types::base64::encode(data));
+                                out.push("\"}}");
+                            }
                         }
+                    }
+                    if !first_piece {
+                        out.push("]");
                     }
                     if is_error {
                         out.push(",\"is_error\":true");
@@ -325,6 +384,69 @@ impl Prompt<'_> {
                     let bp = breakpoints.contains(&out.next_block());
                     out.end_block(bp);
                     out.push("}");
+                }
+                out.push("]}");
+            }
+        }
+    }
+
+    /// Writes an assistant message or its results as text blocks, for a request without
+    /// tools: the API refuses `tool_use` and `tool_result` blocks when the request declares
+    /// no tool. Each call is one text block `[called tool <name> (call <id>) with <arguments
+    /// as compact JSON>]`; each result one text block `[result of call <id>]` (or `[failed
+    /// result of call <id>]`), a line break, and its view as text (images as their
+    /// placeholder lines). A message keeps the number of blocks it has with tools, so the
+    /// breakpoint plan is the same. Chosen over declaring a stand-in tool because a tool
+    /// list that appears or changes would move every byte after it: this way the history's
+    /// bytes depend only on whether the surface is empty.
+    fn transcript_message(&self, out: &mut Out, message: &Message<'_>, breakpoints: &[usize]) {
+        match message {
+            Message::User { .. } => {}
+            Message::Assistant { message, .. } => {
+                out.push("{\"role\":\"assistant\",\"content\":[");
+                let mut first = true;
+                if !is_blank(&message.text) {
+                    text_block(out, trim_end(&message.text), breakpoints);
+                    first = false;
+                }
+                for call in &message.tool_calls {
+                    if !first {
+                        out.push(",");
+                    }
+                    first = false;
+                    let mut arguments = String::new();
+                    psych_types::json::write_value(&mut arguments, &call.arguments);
+                    let line = format!(
+                        "[called tool {} (call {}) with {arguments}]",
+                        call_name(&call.name),
+                        call.id
+                    );
+                    text_block(out, &line, breakpoints);
+                }
+                out.push("]}");
+            }
+            Message::Results { items, .. } => {
+                out.push("{\"role\":\"user\",\"content\":[");
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(",");
+                    }
+                    let (text, failed) = match item {
+                        Answer::Logged(index, result) => {
+                            let text = match &self.views[*index] {
+                                psych_types::Projection::Replaced(text) => {
+                                    Cow::Borrowed(text.as_str())
+                                }
+                                psych_types::Projection::Full => result.output.readable_text(),
+                            };
+                            (text, result.output.is_error)
+                        }
+                        Answer::Missing(_) => (Cow::Borrowed(MISSING_RESULT), true),
+                    };
+                    let label = if failed { "failed result" } else { "result" };
+                    let block =
+                        format!("[{label} of call {}]\n{}", item.call_id(), trim_end(&text));
+                    text_block(out, trim_end(&block), breakpoints);
                 }
                 out.push("]}");
             }

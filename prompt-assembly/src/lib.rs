@@ -37,20 +37,39 @@
 //!   can leave in it is rendered with a fixed, documented substitute rather than refused
 //!   (a refusal would fail every later request of the Run): a call name outside the
 //!   provider alphabet is sanitised (every other character becomes `_`, cut to 64 bytes);
-//!   arguments that are not a JSON object go to Anthropic as `{"_raw_arguments": <text>}`
-//!   ([`RAW_ARGUMENTS_KEY`]) and to OpenAI as their text; a call without a logged result is
+//!   arguments that are not a JSON object go as `{"_raw_arguments": <text>}`
+//!   ([`RAW_ARGUMENTS_KEY`]); a call without a logged result is
 //!   answered by a failed result reading [`MISSING_RESULT`]; a repeated or late result is
 //!   left out; text that is empty or only whitespace is no text block, and a user message
 //!   made of it reads [`EMPTY_USER_MESSAGE`]. Only logs no real Run produces are an
 //!   [`AssembleError`]: a call id used twice, a result for a call never made.
 //!
-//! Binary tool output: for Anthropic, PNG, JPEG, GIF and WebP output is sent as a base64
-//! `image` block inside the `tool_result`; any other binary output, and every binary output
-//! for OpenAI (whose tool messages carry text only), becomes the one-line note
-//! `[binary output not shown: <mime>, <n> bytes; it cannot be read as text]`. It names no
-//! handle: the reader tool reads text only and refuses binary content, so there is no
-//! remedy to point to. A projection (a preview, a truncated failure) always replaces the
-//! output with its text.
+//! - **No request a provider refuses.** Beyond the pairing rules: Anthropic's first message
+//!   is a user message ([`CONVERSATION_START`] is put first when the log starts otherwise);
+//!   assistant text is sent without trailing whitespace (the API refuses it at the end of a
+//!   final assistant message; every message is trimmed alike so its bytes do not depend on
+//!   its place); with no tool in the request, calls and results are written as text blocks
+//!   (the API refuses `tool_use` blocks in a request without `tools`); a failure whose text
+//!   is blank is a `tool_result` without content. OpenAI: more than [`OPENAI_MAX_TOOLS`]
+//!   tools is a [`RenderError::TooManyTools`]; arguments that are not an object are sent as
+//!   the text of `{"_raw_arguments": <text>}`; a call id over [`OPENAI_MAX_CALL_ID`]
+//!   characters is sent as a short deterministic form (a prefix and a hash), reversible
+//!   through [`RenderedRequest::logged_call_id`].
+//!
+//! Tool results are rendered from their content blocks, in order (see
+//! [`ToolOutput::readable_text`](psych_types::ToolOutput::readable_text)): text blocks as
+//! text, each other block as its placeholder line, except images. An image block is sent as
+//! an image only when its bytes sniff as PNG, JPEG, GIF or WebP, its header gives its size,
+//! and it fits the limits ([`MAX_IMAGE_BASE64`] of base64, [`MAX_SIDE`] pixels a side,
+//! [`MAX_IMAGES`] per request and [`MANY_IMAGES_MAX_SIDE`] once more than [`MANY_IMAGES`],
+//! [`MAX_TOTAL_BASE64`] per request), decided image by image in request order so a prefix
+//! never changes; it is sent with its sniffed media type. For Anthropic the images sit in the
+//! `tool_result` content between the text around them; OpenAI's tool messages carry text
+//! only (the placeholder line stands in the text), so the images of one step's results go in
+//! one user message right after its tool messages, opened by [`TOOL_IMAGES_INTRO`], each
+//! after a text part naming its call and block (GIF is not sent to OpenAI, which takes only
+//! non-animated GIF). A projection (a preview, a truncated failure) always replaces the
+//! output with its text. A result that is only `structuredContent` is its JSON text view.
 //!
 //! # Sources checked for the wire formats
 //!
@@ -136,19 +155,22 @@
 mod anthropic;
 mod assemble;
 mod error;
-mod json;
+mod image;
 mod openai;
 mod render;
 mod report;
 mod zones;
 
-pub use anthropic::{ANCHOR_DISTANCE, AnthropicOptions};
+pub use anthropic::{ANCHOR_DISTANCE, AnthropicOptions, CONVERSATION_START};
 pub use assemble::{AssembleError, Assembler, Prompt};
 pub use error::Error;
-pub use openai::OpenAiOptions;
+pub use image::{
+    MANY_IMAGES, MANY_IMAGES_MAX_SIDE, MAX_IMAGE_BASE64, MAX_IMAGES, MAX_SIDE, MAX_TOTAL_BASE64,
+};
+pub use openai::{OPENAI_MAX_TOOLS, OpenAiOptions, TOOL_IMAGES_INTRO};
 pub use render::{
-    EMPTY_USER_MESSAGE, MISSING_RESULT, Part, Provider, RAW_ARGUMENTS_KEY, RenderError,
-    RenderedRequest, Span,
+    EMPTY_USER_MESSAGE, MISSING_RESULT, OPENAI_MAX_CALL_ID, Part, Provider, RAW_ARGUMENTS_KEY,
+    RenderError, RenderedRequest, Span,
 };
 pub use report::{CacheReport, CacheRow};
 pub use zones::{CurrentTime, DynamicTail, StaticSections, TimeError, Transient};

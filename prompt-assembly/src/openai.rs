@@ -17,11 +17,19 @@
 //! One `tool` message answers each call, in call order, right after the assistant message
 //! that made the calls. `content` is left out of an assistant message that only calls tools
 //! (the reference makes it optional when `tool_calls` is present). Tool messages carry text
-//! only, so binary output is a one-line note here, images included; a failed call's text is
-//! prefixed with `Error: ` since the format has no error flag. `arguments` is the call's
-//! arguments as canonical compact JSON, except when the log holds them as a JSON string (the
-//! raw text of arguments that did not parse), which is sent as that text. OpenAI caches prefixes
-//! automatically; there are no breakpoints, and `prompt_cache_key` is written when set.
+//! only: a result's readable text (each non-text block a placeholder line), and the images
+//! the budget admits go in one user message after the step's tool messages
+//! (`{"role":"user","content":[{"type":"text","text":<TOOL_IMAGES_INTRO>},
+//! {"type":"text","text":"[content block #i of the result of call <id>]"},
+//! {"type":"image_url","image_url":{"url":"data:<type>;base64,…"}}, …]}`). A failed call's
+//! text is prefixed with `Error: ` since the format has no error flag. `arguments` is the
+//! call's arguments as canonical compact JSON when they are an object, else the compact JSON
+//! of `{"_raw_arguments": <text>}`. More than [`OPENAI_MAX_TOOLS`] tools is a
+//! [`RenderError::TooManyTools`]. Call ids longer than
+//! [`OPENAI_MAX_CALL_ID`](crate::OPENAI_MAX_CALL_ID) characters are replaced by a 40-character
+//! form, the same one in the call and its tool message (see
+//! [`RenderedRequest::replaced_call_ids`]). OpenAI caches prefixes automatically; there are
+//! no breakpoints, and `prompt_cache_key` is written when set.
 //!
 //! The same substitutes as for Anthropic keep every log renderable and the two providers'
 //! views alike: a call name outside `^[a-zA-Z0-9_-]{1,64}$` is sanitised (every other
@@ -31,11 +39,21 @@
 //! an assistant message's whitespace-only text is left out (and the message with it when it
 //! calls no tool). Tool message text is sent as it is, whitespace included (the API takes it).
 
+use psych_types::{ContentBlock, Projection};
+
 use crate::assemble::{Answer, Message, Prompt};
+use crate::image::Budget;
 use crate::render::{
-    EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Provider, RenderError, RenderedRequest, View,
-    call_name, check_extra, is_blank, view, write_extra,
+    CallIds, EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Provider, RAW_ARGUMENTS_KEY,
+    RenderError, RenderedRequest, call_name, check_extra, is_blank, raw_arguments, write_extra,
 };
+
+/// The most tools an OpenAI Chat Completions request may declare.
+pub const OPENAI_MAX_TOOLS: usize = 128;
+
+/// The text that opens the user message carrying the images of a step's tool results (tool
+/// messages carry text only).
+pub const TOOL_IMAGES_INTRO: &str = "Images from the tool results above:";
 
 /// Request options of the OpenAI renderer.
 #[derive(Debug, Clone, PartialEq)]
@@ -86,6 +104,12 @@ impl Prompt<'_> {
     pub fn render_openai(&self, options: &OpenAiOptions) -> Result<RenderedRequest, RenderError> {
         check_extra(&options.extra, &RESERVED)?;
         self.check_tools()?;
+        if self.tools.len() > OPENAI_MAX_TOOLS {
+            return Err(RenderError::TooManyTools {
+                count: self.tools.len(),
+                max: OPENAI_MAX_TOOLS,
+            });
+        }
 
         let mut out = Out::with_capacity(4096);
         out.open(Part::Preamble);
@@ -146,12 +170,15 @@ impl Prompt<'_> {
         }
 
         let mut history_end = out.pos();
+        let mut ids = CallIds::default();
+        let mut budget = Budget::default();
         for message in &self.messages {
-            if self.openai_message(&mut out, message, first) {
+            if self.openai_message(&mut out, message, first, &mut ids, &mut budget) {
                 first = false;
                 history_end = out.pos();
             }
         }
+        out.call_ids = std::mem::take(&mut ids.replaced);
 
         if let Some(text) = self.transient.text() {
             out.open(Part::Transient);
@@ -169,7 +196,14 @@ impl Prompt<'_> {
     }
 
     /// Writes one message (or run of tool messages); returns whether anything was written.
-    fn openai_message(&self, out: &mut Out, message: &Message<'_>, first: bool) -> bool {
+    fn openai_message(
+        &self,
+        out: &mut Out,
+        message: &Message<'_>,
+        first: bool,
+        ids: &mut CallIds,
+        budget: &mut Budget,
+    ) -> bool {
         let empty = match message {
             Message::User { .. } => false,
             Message::Assistant { message, .. } => {
@@ -211,18 +245,25 @@ impl Prompt<'_> {
                             out.push(",");
                         }
                         out.push("{\"id\":");
-                        out.str(call.id.as_str());
+                        out.str(&ids.sent(&call.id));
                         out.push(",\"type\":\"function\",\"function\":{\"name\":");
                         out.str(&call_name(&call.name));
                         out.push(",\"arguments\":");
-                        if let serde_json::Value::String(raw) = &call.arguments {
-                            // Arguments the model sent as text that did not parse: as sent.
-                            out.str(raw);
+                        arguments.clear();
+                        if call.arguments.is_object() {
+                            psych_types::json::write_value(&mut arguments, &call.arguments);
                         } else {
-                            arguments.clear();
-                            crate::json::write_value(&mut arguments, &call.arguments);
-                            out.str(&arguments);
+                            // Not an object (the raw text of arguments that did not parse, or
+                            // another JSON value): wrapped as for Anthropic, so the text the
+                            // API parses is always an object.
+                            let mut wrapped = psych_types::JsonObject::new();
+                            wrapped.insert(
+                                RAW_ARGUMENTS_KEY.to_owned(),
+                                raw_arguments(call).into_owned().into(),
+                            );
+                            psych_types::json::write_object(&mut arguments, &wrapped);
                         }
+                        out.str(&arguments);
                         out.push("}}");
                     }
                     out.push("]");
@@ -231,20 +272,41 @@ impl Prompt<'_> {
                 out.push("}");
             }
             Message::Results { items, .. } => {
+                // (call id as sent, block position, media type, bytes) of each image sent.
+                let mut images = Vec::new();
                 for (i, item) in items.iter().enumerate() {
                     if i > 0 {
                         out.push(",");
                     }
+                    let sent_id = ids.sent(item.call_id());
                     out.push("{\"role\":\"tool\",\"tool_call_id\":");
-                    out.str(item.call_id().as_str());
+                    out.str(&sent_id);
                     out.push(",\"content\":\"");
                     match item {
                         Answer::Logged(index, result) => {
                             if result.output.is_error {
                                 out.push("Error: ");
                             }
-                            if let View::Text(text) = view(result, &self.views[*index], false) {
-                                out.str_body(&text);
+                            match &self.views[*index] {
+                                Projection::Replaced(text) => out.str_body(text),
+                                Projection::Full => {
+                                    out.str_body(&result.output.readable_text());
+                                    for (position, block) in
+                                        result.output.content.iter().enumerate()
+                                    {
+                                        if let ContentBlock::Image(media) = block
+                                            && let Some(media_type) =
+                                                budget.admit(&media.data, false)
+                                        {
+                                            images.push((
+                                                sent_id.clone(),
+                                                position,
+                                                media_type,
+                                                &media.data,
+                                            ));
+                                        }
+                                    }
+                                }
                             }
                         }
                         Answer::Missing(_) => {
@@ -253,6 +315,28 @@ impl Prompt<'_> {
                         }
                     }
                     out.push("\"");
+                    out.end_block(false);
+                    out.push("}");
+                }
+                if !images.is_empty() {
+                    // Tool messages carry text only: the images of this step's results go
+                    // in one user message right after them, each after a text part naming
+                    // its call and block (the tool message shows that block's placeholder).
+                    out.push(",{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":");
+                    out.str(TOOL_IMAGES_INTRO);
+                    out.push("}");
+                    for (call, position, media_type, data) in images {
+                        out.push(",{\"type\":\"text\",\"text\":");
+                        out.str(&format!(
+                            "[content block #{position} of the result of call {call}]"
+                        ));
+                        out.push("},{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:");
+                        out.push(media_type);
+                        out.push(";base64,");
+                        out.push(&psych_types::base64::encode(data));
+                        out.push("\"}}");
+                    }
+                    out.push("]");
                     out.end_block(false);
                     out.push("}");
                 }

@@ -4,9 +4,9 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use psych_types::{JsonObject, OutputBody, Projection, ToolCall, ToolOutput, ToolResult};
+use psych_types::{ContentBlock, JsonObject, Projection, ToolCall, ToolCallId, ToolResult, json};
 
-use crate::json;
+use crate::image::Budget;
 
 /// Why a prompt cannot be rendered as a request the provider accepts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -31,6 +31,16 @@ pub enum RenderError {
     /// least one message.
     #[error("the request has no message (empty history and no transient message)")]
     NoMessages,
+    /// The tool surface has more tools than the provider accepts (OpenAI: 128). Disclosure
+    /// keeps surfaces under the cap; a surface over it is refused rather than sent to be
+    /// refused.
+    #[error("the tool surface has {count} tools; the provider accepts at most {max}")]
+    TooManyTools {
+        /// Tools in the surface.
+        count: usize,
+        /// The provider's cap.
+        max: usize,
+    },
     /// An extra request option uses a field the renderer writes itself.
     #[error("request option {key:?} is written by the renderer and cannot be set as an extra")]
     ReservedOption {
@@ -80,14 +90,15 @@ pub(crate) fn call_name(name: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// The key under which the Anthropic renderer sends arguments that are not a JSON object.
+/// The key under which both renderers send arguments that are not a JSON object.
 ///
-/// `tool_use.input` must be an object. The log keeps arguments that did not parse as a
-/// JSON string of their raw text (see [`ToolCall`](psych_types::ToolCall)), and a model
-/// may send valid JSON that is not an object; either is sent as the object
-/// `{"_raw_arguments": <text>}`, the text being the raw string, or the canonical compact
-/// JSON of any other value. The OpenAI renderer sends such arguments as their text
-/// (`function.arguments` is a string there).
+/// Anthropic's `tool_use.input` must be an object, and OpenAI's `function.arguments` must
+/// be the text of one (the API refuses text that does not parse). The log keeps arguments
+/// that did not parse as a JSON string of their raw text (see
+/// [`ToolCall`](psych_types::ToolCall)), and a model may send valid JSON that is not an
+/// object; either is sent as the object `{"_raw_arguments": <text>}` (for OpenAI, that
+/// object's compact JSON text), the text being the raw string, or the canonical compact JSON
+/// of any other value.
 pub const RAW_ARGUMENTS_KEY: &str = "_raw_arguments";
 
 /// The text of the error result rendered for a tool call that has no result in the log.
@@ -200,9 +211,26 @@ pub struct RenderedRequest {
     pub(crate) block_ends: Vec<usize>,
     pub(crate) breakpoint_blocks: Vec<usize>,
     pub(crate) history_end: usize,
+    pub(crate) call_ids: Vec<(String, ToolCallId)>,
 }
 
 impl RenderedRequest {
+    /// The call ids sent in place of logged ids the provider does not accept, each with the
+    /// logged id it stands for, in the order they first appear (OpenAI: ids over 40
+    /// characters, see [`OPENAI_MAX_CALL_ID`]). Empty when every id was sent as logged.
+    pub fn replaced_call_ids(&self) -> &[(String, ToolCallId)] {
+        &self.call_ids
+    }
+
+    /// The logged call id a sent id stands for: itself unless it is one of
+    /// [`RenderedRequest::replaced_call_ids`]. This is the reverse of the mapping.
+    pub fn logged_call_id<'a>(&'a self, sent: &'a str) -> &'a str {
+        self.call_ids
+            .iter()
+            .find(|(id, _)| id == sent)
+            .map_or(sent, |(_, logged)| logged.as_str())
+    }
+
     /// The provider this request is for.
     pub fn provider(&self) -> Provider {
         self.provider
@@ -283,6 +311,7 @@ pub(crate) struct Out {
     block_ends: Vec<usize>,
     breakpoint_blocks: Vec<usize>,
     open: Option<(Part, usize)>,
+    pub(crate) call_ids: Vec<(String, ToolCallId)>,
 }
 
 impl Out {
@@ -364,52 +393,131 @@ impl Out {
             block_ends: self.block_ends,
             breakpoint_blocks: self.breakpoint_blocks,
             history_end,
+            call_ids: self.call_ids,
         }
     }
 }
 
-/// The model's view of one tool result.
-pub(crate) enum View<'a> {
-    /// Text (the output's text view, a projection, or a note standing in for binary).
+/// One piece of the model's view of a tool result.
+#[derive(Debug)]
+pub(crate) enum Piece<'a> {
+    /// Text: a projection, or readable text between images.
     Text(Cow<'a, str>),
-    /// An image sent as an image (Anthropic only).
-    Image { media_type: &'a str, data: &'a [u8] },
+    /// An image block sent as an image, with its sniffed media type.
+    Image {
+        media_type: &'static str,
+        data: &'a [u8],
+    },
 }
 
-/// Image types the Anthropic API takes as base64 image blocks.
-const IMAGE_TYPES: [&str; 4] = ["image/gif", "image/jpeg", "image/png", "image/webp"];
-
-/// The view of `result` under `projection`.
-///
-/// Binary output the provider cannot take inline becomes a one-line note naming its type
-/// and size and saying it cannot be read as text (the reader tool reads text only, so no
-/// handle is offered: there is nothing the model could do with it).
-pub(crate) fn view<'a>(
+/// The view of `result` under `projection`, in order: a projection is its text; a whole
+/// result is its readable text, except that each image block `budget` admits (see
+/// [`crate::image`]) is an image piece instead of its placeholder line, the text around it
+/// split there. With no budget, no image is admitted: the whole result is its readable text.
+pub(crate) fn pieces<'a>(
     result: &'a ToolResult,
     projection: &'a Projection,
-    images: bool,
-) -> View<'a> {
+    budget: Option<(&mut Budget, bool)>,
+) -> Vec<Piece<'a>> {
     if let Projection::Replaced(text) = projection {
-        return View::Text(Cow::Borrowed(text));
+        return vec![Piece::Text(Cow::Borrowed(text))];
     }
-    match &result.output {
-        ToolOutput {
-            body: OutputBody::Binary { mime_type, data },
-            ..
-        } => {
-            if images && IMAGE_TYPES.contains(&mime_type.as_str()) {
-                View::Image {
-                    media_type: mime_type,
-                    data,
-                }
-            } else {
-                View::Text(Cow::Owned(format!(
-                    "[binary output not shown: {mime_type}, {} bytes; it cannot be read as text]",
-                    data.len()
-                )))
+    let output = &result.output;
+    let Some((budget, gif)) = budget else {
+        return vec![Piece::Text(output.readable_text())];
+    };
+    if !output
+        .content
+        .iter()
+        .any(|block| matches!(block, ContentBlock::Image(_)))
+    {
+        return vec![Piece::Text(output.readable_text())];
+    }
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut started = false;
+    for (position, block) in output.content.iter().enumerate() {
+        if let ContentBlock::Image(media) = block
+            && let Some(media_type) = budget.admit(&media.data, gif)
+        {
+            if started {
+                out.push(Piece::Text(Cow::Owned(std::mem::take(&mut text))));
             }
+            out.push(Piece::Image {
+                media_type,
+                data: &media.data,
+            });
+            started = false;
+            continue;
         }
-        output => View::Text(output.text_view().unwrap_or_default()),
+        if started {
+            text.push('\n');
+        }
+        text.push_str(&block.readable_segment(position));
+        started = true;
+    }
+    if started {
+        out.push(Piece::Text(Cow::Owned(text)));
+    }
+    out
+}
+
+/// `text` without trailing whitespace (the characters [`is_blank`] counts).
+pub(crate) fn trim_end(text: &str) -> &str {
+    text.trim_end_matches(|c: char| {
+        c.is_whitespace() || matches!(c, '\u{1C}'..='\u{1F}' | '\u{FEFF}')
+    })
+}
+
+/// The longest tool call id OpenAI accepts, in characters.
+pub const OPENAI_MAX_CALL_ID: usize = 40;
+
+/// FNV-1a, 64 bits: a hash whose value is fixed by its definition, the same on every
+/// machine and in every Rust version.
+fn fnv1a(bytes: &[u8], salt: u64) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325_u64 ^ salt;
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// Call ids as sent to OpenAI: each logged id as it is when it has at most
+/// [`OPENAI_MAX_CALL_ID`] characters, else its first 23 characters, `_` and 16 hex digits of
+/// a hash of the whole id (40 characters). Ids are given in history order; an id's sent
+/// form depends only on the ids before it, so a prefix renders the same whatever follows.
+/// A sent id equal to one already taken (a hash collision, or a logged short id of the same
+/// shape) is hashed again with the next salt until it is unique, so two logged ids never
+/// share a sent one; [`RenderedRequest::logged_call_id`] maps a sent id back.
+#[derive(Debug, Default)]
+pub(crate) struct CallIds {
+    taken: std::collections::BTreeMap<String, ToolCallId>,
+    by_logged: std::collections::BTreeMap<ToolCallId, String>,
+    pub(crate) replaced: Vec<(String, ToolCallId)>,
+}
+
+impl CallIds {
+    /// The sent form of `id`.
+    pub(crate) fn sent(&mut self, id: &ToolCallId) -> String {
+        if let Some(sent) = self.by_logged.get(id) {
+            return sent.clone();
+        }
+        let text = id.as_str();
+        let mut sent = text.to_owned();
+        let mut salt = 0u64;
+        let fits = text.chars().count() <= OPENAI_MAX_CALL_ID;
+        while (!fits && salt == 0) || self.taken.contains_key(&sent) {
+            let head: String = text.chars().take(OPENAI_MAX_CALL_ID - 17).collect();
+            sent = format!("{head}_{:016x}", fnv1a(text.as_bytes(), salt));
+            salt += 1;
+        }
+        if sent != text {
+            self.replaced.push((sent.clone(), id.clone()));
+        }
+        self.taken.insert(sent.clone(), id.clone());
+        self.by_logged.insert(id.clone(), sent.clone());
+        sent
     }
 }
 
@@ -470,6 +578,37 @@ mod tests {
             assert_eq!(out, sent, "{name:?}");
             assert!(provider_name_ok(&out), "{out:?}");
         }
+    }
+
+    #[test]
+    fn long_call_ids_map_to_unique_short_ones_and_back() {
+        let id = |text: &str| ToolCallId::new(text).unwrap();
+        let long = id(&format!("call_{}", "a".repeat(60)));
+        let mut ids = CallIds::default();
+        let sent = ids.sent(&long);
+        assert_eq!(sent.chars().count(), OPENAI_MAX_CALL_ID);
+        assert!(sent.starts_with("call_aaaa"), "{sent}");
+        assert_eq!(ids.sent(&long), sent, "the same id maps the same way");
+        assert_eq!(ids.sent(&id("short_1")), "short_1", "short ids are kept");
+        // A logged short id equal to a sent form already taken is mapped too.
+        let clash = id(&sent);
+        let other = ids.sent(&clash);
+        assert_ne!(other, sent);
+        assert_eq!(other.chars().count(), OPENAI_MAX_CALL_ID);
+        // Two long ids with the same first 23 characters differ by their hash.
+        let twin = id(&format!("call_{}b", "a".repeat(59)));
+        assert_ne!(ids.sent(&twin), sent);
+        let pairs: Vec<(String, String)> = ids
+            .replaced
+            .iter()
+            .map(|(s, l)| (s.clone(), l.to_string()))
+            .collect();
+        assert_eq!(pairs.len(), 3, "{pairs:?}");
+        let unique: std::collections::BTreeSet<&String> = pairs.iter().map(|(s, _)| s).collect();
+        assert_eq!(unique.len(), 3);
+        // Deterministic across runs: FNV-1a is fixed by its definition.
+        let mut again = CallIds::default();
+        assert_eq!(again.sent(&long), sent);
     }
 
     #[test]

@@ -32,6 +32,33 @@ fn outcome() -> impl Strategy<Value = Outcome> {
     ]
 }
 
+/// The outcomes of adversarial logs: everything above plus many and huge images and ids
+/// too long for OpenAI.
+fn adversarial_outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![
+        6 => outcome(),
+        1 => (1usize..30, prop_oneof![Just(100u32), Just(2500), Just(9000)])
+            .prop_map(|(count, side)| Outcome::Images { count, side }),
+        1 => Just(Outcome::HugeImage),
+        2 => Just(Outcome::LongId),
+    ]
+}
+
+fn adversarial_turns() -> impl Strategy<Value = Vec<Turn>> {
+    let step = prop::collection::vec(adversarial_outcome(), 1..6).prop_map(|calls| Step { calls });
+    let turn = (
+        any::<bool>(),
+        prop::collection::vec(step, 0..3),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(new_memory, steps, blank_texts)| Turn {
+            new_memory,
+            steps,
+            blank_texts,
+        });
+    prop::collection::vec(turn, 1..4)
+}
+
 fn turns() -> impl Strategy<Value = Vec<Turn>> {
     // Mostly a few parallel calls; sometimes a dozen, which adds more blocks than the
     // Anthropic lookback window covers.
@@ -204,6 +231,78 @@ proptest! {
         for (a, b) in rendered.iter().zip(&again) {
             prop_assert_eq!(a.anthropic.body(), b.anthropic.body());
             prop_assert_eq!(a.openai.body(), b.openai.body());
+        }
+    }
+}
+
+/// A tool surface of `n` tools.
+fn surface(n: usize) -> Vec<psych_types::ToolDefinition> {
+    (0..n)
+        .map(|i| {
+            psych_types::ToolDefinition::new(
+                psych_types::ToolName::new(format!("tool_{i:03}")).unwrap(),
+                "A tool.",
+                serde_json::from_str(r#"{"type":"object"}"#).unwrap(),
+            )
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Adversarial logs (model mistakes, calls left without a result, whitespace-only texts,
+    /// many and huge images, ids too long for OpenAI, a log starting with an assistant
+    /// record) over an empty surface, the scripts' surface, or 200 tools, with and without a
+    /// transient message: every body either passes the rule checker or is a typed
+    /// `RenderError` for a surface the provider refuses (OpenAI over 128 tools), never a
+    /// body the provider would refuse.
+    #[test]
+    fn every_adversarial_request_passes_the_rule_checker(
+        turns in adversarial_turns(),
+        tools in prop_oneof![Just(0usize), Just(4), Just(200)],
+        starts_with_assistant in any::<bool>(),
+        with_transient in any::<bool>(),
+    ) {
+        let mut session = play(&turns);
+        if starts_with_assistant {
+            // Drop the first user message: the log starts with the assistant.
+            session.history.remove(0);
+            for (i, logged) in session.history.iter_mut().enumerate() {
+                logged.handle.seq = i as u64;
+            }
+            for call in &mut session.calls {
+                call.history_len = call.history_len.saturating_sub(1);
+            }
+        }
+        let tools = if tools == 4 { common::tools() } else { surface(tools) };
+        let projector = TestProjector::default();
+        let zone1 = zone1();
+        let mut lengths: Vec<usize> = session.calls.iter().map(|c| c.history_len).collect();
+        lengths.push(session.history.len());
+        for len in lengths {
+            let call = &session.calls[0];
+            let transient = if with_transient { Transient::at(call.time) } else { Transient::new() };
+            let prompt = Assembler::new(&zone1, &call.tail, &tools)
+                .assemble(&session.history[..len], &projector, &transient)
+                .unwrap();
+            match prompt.render_anthropic(&anthropic()) {
+                Ok(request) => prop_assert_eq!(check_anthropic_body(request.body(), with_transient), Ok(())),
+                // Nothing to send at all (no transient message, and no record that renders
+                // to a block, such as a log of one blank assistant reply): typed.
+                Err(psych_prompt_assembly::RenderError::NoMessages) => prop_assert!(!with_transient),
+                Err(err) => prop_assert!(false, "anthropic: {}", err),
+            }
+            match prompt.render_openai(&openai()) {
+                Ok(request) => {
+                    prop_assert!(tools.len() <= 128);
+                    prop_assert_eq!(check_openai_body(request.body()), Ok(()));
+                }
+                Err(psych_prompt_assembly::RenderError::TooManyTools { count, max }) => {
+                    prop_assert_eq!((count, max), (200, 128));
+                }
+                Err(err) => prop_assert!(false, "openai: {}", err),
+            }
         }
     }
 }

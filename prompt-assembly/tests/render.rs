@@ -17,8 +17,8 @@ use psych_prompt_assembly::{
     OpenAiOptions, Part, StaticSections, Transient,
 };
 use psych_types::{
-    AssistantMessage, LoggedRecord, Record, RecordHandle, RunId, ToolCall, ToolCallId,
-    ToolDefinition, ToolName, ToolOutput, ToolResult, UserMessage,
+    AssistantMessage, ContentBlock, LoggedRecord, Record, RecordHandle, RunId, ToolCall,
+    ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolResult, UserMessage,
 };
 use serde_json::{Value, json};
 
@@ -199,11 +199,10 @@ fn model_mistakes_and_interrupted_calls_render_as_substitutes() {
         "\"name\": \"invalid_github_list_issues\"",
         "\"name\": \"invalid_multi_tool_use_parallel\"",
         &format!("\"name\": \"invalid_{}\"", "n".repeat(56)),
-        // Anthropic wraps non-object arguments; OpenAI sends the raw text.
+        // Both providers wrap non-object arguments (OpenAI as the text of the object).
         "\"_raw_arguments\": \"{\\\"q\\\": \\\"flaky\\\"\"",
         "\"_raw_arguments\": \"[1,{\\\"b\\\":null}]\"",
-        "\"arguments\": \"{\\\"q\\\": \\\"flaky\\\"\"",
-        "\"arguments\": \"[1,{\\\"b\\\":null}]\"",
+        "\"arguments\": \"{\\\"_raw_arguments\\\":\\\"{\\\\\\\"q\\\\\\\": \\\\\\\"flaky\\\\\\\"\\\"}\"",
     ] {
         assert!(out.contains(expected), "{expected} missing from\n{out}");
     }
@@ -233,22 +232,223 @@ fn binary_json_and_failed_outputs() {
             ),
             result(
                 "c2",
-                ToolOutput::binary("image/svg+xml", b"<svg/>".to_vec()),
+                ToolOutput::from_blocks(vec![block(json!({"type": "resource", "resource": {
+                    "uri": "file:///logo.svg", "mimeType": "image/svg+xml", "blob": "PHN2Zy8+"
+                }}))]),
             ),
-            result("c1", ToolOutput::binary("image/webp", vec![1, 2, 3])),
+            // Declared WebP, but three bytes are no image: a placeholder, never an image.
+            result(
+                "c1",
+                ToolOutput::from_blocks(vec![ContentBlock::image("image/webp", vec![1, 2, 3])]),
+            ),
         ],
         ..Case::default()
     });
     assert_renders(&out);
-    // The note promises no remedy: the reader tool refuses binary content.
+    assert!(
+        out.contains("[content block #0: resource file:///logo.svg, image/svg+xml, 6 bytes]"),
+        "{out}"
+    );
+    assert!(
+        out.contains("[content block #0: image, image/webp, 3 bytes]"),
+        "{out}"
+    );
+    assert!(!out.contains("\"type\": \"image\""), "{out}");
+    assert!(!out.contains("record r:"), "{out}");
+    insta::assert_snapshot!(out);
+}
+
+fn block(value: Value) -> ContentBlock {
+    ContentBlock::from_object(value.as_object().cloned().unwrap())
+}
+
+/// A text + real PNG + text result; a PNG declared as JPEG (sent with the type its bytes
+/// say); a PNG over 5 MB of base64 and one over 8000 px (placeholders); a GIF (an image for
+/// Anthropic, a placeholder for OpenAI).
+#[test]
+fn images_are_sniffed_and_limited() {
+    let png = common::rules::images::png(3, 2, 7);
+    let mut huge = common::rules::images::png(1, 1, 0);
+    huge.resize(4 * 1024 * 1024, 0);
+    let out = check(Case {
+        records: vec![
+            user("look"),
+            assistant(
+                "",
+                &[
+                    ("c1", "t", json!({})),
+                    ("c2", "t", json!({})),
+                    ("c3", "t", json!({})),
+                ],
+            ),
+            result(
+                "c1",
+                ToolOutput::from_blocks(vec![
+                    ContentBlock::text("before"),
+                    ContentBlock::image("image/png", png.clone()),
+                    ContentBlock::text("after"),
+                ]),
+            ),
+            result(
+                "c2",
+                ToolOutput::from_blocks(vec![
+                    ContentBlock::image("image/jpeg", png.clone()),
+                    ContentBlock::image("image/png", huge),
+                    ContentBlock::image("image/png", common::rules::images::png_header(9000, 10)),
+                ]),
+            ),
+            result(
+                "c3",
+                ToolOutput::from_blocks(vec![ContentBlock::image(
+                    "image/gif",
+                    common::rules::images::gif(),
+                )]),
+            ),
+        ],
+        ..Case::default()
+    });
+    assert_renders(&out);
+    let (anthropic, openai) = out.split_once("\nopenai: ").unwrap();
+    assert_eq!(
+        anthropic.matches("\"type\": \"image\"").count(),
+        3,
+        "{anthropic}"
+    );
+    assert!(
+        !anthropic.contains("image/jpeg"),
+        "sent with its sniffed type"
+    );
+    assert!(anthropic.contains("[content block #1: image, image/png, 4194304 bytes]"));
+    assert!(
+        anthropic.contains("[content block #2: image, image/png, 72 bytes]"),
+        "{anthropic}"
+    );
+    // OpenAI: placeholders in the tool messages, the images in one user message after them.
+    assert_eq!(
+        openai.matches("\"type\": \"image_url\"").count(),
+        2,
+        "{openai}"
+    );
+    let images_at = openai
+        .find(psych_prompt_assembly::TOOL_IMAGES_INTRO)
+        .unwrap();
+    let last_tool = openai.rfind("\"role\": \"tool\"").unwrap();
+    assert!(images_at > last_tool, "the images follow the tool messages");
+    assert!(openai.contains("[content block #0: image, image/gif, 35 bytes]"));
+    // The pretty bodies are long with base64: snapshot them without it.
+    let short: String = out
+        .lines()
+        .map(|line| match line.find("base64,") {
+            Some(at) => format!("{}base64,…", &line[..at]),
+            None if line.trim_start().starts_with("\"data\": ") => {
+                format!(
+                    "{}\"data\": …",
+                    &line[..line.len() - line.trim_start().len()]
+                )
+            }
+            None => line.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    insta::assert_snapshot!(short);
+}
+
+/// What else a provider refuses and the log may hold: a log that starts with an assistant
+/// record, assistant text ending in whitespace as the last message, a whitespace-only
+/// failure, and a history with calls rendered for an empty tool surface.
+#[test]
+fn requests_follow_each_providers_message_rules() {
+    let records = vec![
+        assistant("Hello! How can I help?  \n", &[]),
+        user("list files"),
+        assistant("Listing.\n", &[("c1", "t", json!({"path": "/"}))]),
+        result("c1", ToolOutput::error(" \n\t ")),
+        assistant("Nothing there.   ", &[]),
+    ];
+    let out = check(Case {
+        records: records.clone(),
+        transient: Transient::new(),
+        ..Case::default()
+    });
+    assert_renders(&out);
+    assert!(
+        out.contains(psych_prompt_assembly::CONVERSATION_START),
+        "{out}"
+    );
+    assert!(out.contains("\"text\": \"Nothing there.\""), "{out}");
+    insta::assert_snapshot!("message_rules", out);
+    let out = check(Case {
+        records,
+        tools: vec![],
+        transient: Transient::new(),
+        ..Case::default()
+    });
+    assert_renders(&out);
+    assert!(!out.contains("tool_use"), "{out}");
+    insta::assert_snapshot!("no_tools", out);
+}
+
+/// OpenAI: 200 tools is a typed error; a call id over 40 characters is sent as its short
+/// form in the call and in its tool message, and maps back.
+#[test]
+fn openai_limits() {
+    let tools: Vec<ToolDefinition> = (0..200).map(|i| tool(&format!("t{i:03}"))).collect();
+    let out = check(Case {
+        records: vec![user("x")],
+        tools,
+        ..Case::default()
+    });
     assert!(
         out.contains(
-            "[binary output not shown: image/svg+xml, 6 bytes; it cannot be read as text]"
+            "openai: error: the tool surface has 200 tools; the provider accepts at most 128"
         ),
         "{out}"
     );
-    assert!(!out.contains("record r:"), "{out}");
-    insta::assert_snapshot!(out);
+    assert!(!out.contains("anthropic: error"), "{out}");
+
+    let long = format!("toolu_{}", "x".repeat(60));
+    let records = vec![
+        user("x"),
+        assistant(
+            "",
+            &[(long.as_str(), "t", json!({})), ("short", "t", json!({}))],
+        ),
+        result(&long, ToolOutput::text("a")),
+        result("short", ToolOutput::text("b")),
+    ];
+    let run = RunId::new("r").unwrap();
+    let history: Vec<LoggedRecord> = records
+        .into_iter()
+        .enumerate()
+        .map(|(i, record)| LoggedRecord {
+            handle: RecordHandle::new(run.clone(), i as u64),
+            record,
+        })
+        .collect();
+    let (zone1, tail, transient) = (
+        StaticSections::new("x"),
+        DynamicTail::new(),
+        Transient::new(),
+    );
+    let tools = [tool("t")];
+    let prompt = Assembler::new(&zone1, &tail, &tools)
+        .assemble(&history, &common::Whole, &transient)
+        .unwrap();
+    let request = prompt.render_openai(&OpenAiOptions::new("m")).unwrap();
+    check_openai_body(request.body()).unwrap();
+    let [(sent, logged)] = request.replaced_call_ids() else {
+        panic!("{:?}", request.replaced_call_ids())
+    };
+    assert_eq!(sent.len(), 40);
+    assert_eq!(logged.as_str(), long);
+    assert_eq!(request.logged_call_id(sent), long);
+    assert_eq!(request.logged_call_id("short"), "short");
+    assert_eq!(
+        request.body().matches(sent.as_str()).count(),
+        2,
+        "call and tool message"
+    );
+    assert!(!request.body().contains(&long));
 }
 
 #[test]

@@ -14,9 +14,9 @@ pub struct ResultInfo {
     pub handle: RecordHandle,
     /// The tool name of the call it answers, as the model gave it.
     pub name: String,
-    /// Text, JSON or binary.
+    /// Content blocks, or structured content only.
     pub kind: OutputKind,
-    /// Its readable length in bytes (the text view for text and JSON).
+    /// Its readable length in bytes.
     pub len: u64,
     /// Whether the call failed.
     pub is_error: bool,
@@ -87,17 +87,14 @@ pub struct Page {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Answer {
-    /// Lines of a text or JSON result.
+    /// Lines of the result's readable text.
     Page(Page),
-    /// The result is binary: it is described (MIME type, size), not shown or searched.
-    Binary(ResultInfo),
     /// The arguments were malformed.
     Invalid(ArgsError),
 }
 
 impl Answer {
-    /// Whether the model should read this as a failed call: binary content refused, or
-    /// malformed arguments.
+    /// Whether the model should read this as a failed call: malformed arguments.
     pub fn is_error(&self) -> bool {
         !matches!(self, Answer::Page(_))
     }
@@ -121,21 +118,6 @@ impl Answer {
     pub fn render(&self) -> String {
         match self {
             Answer::Page(page) => render_page(page),
-            Answer::Binary(info) => {
-                let mut out = header(info, None, true);
-                let mime = match &info.kind {
-                    OutputKind::Binary { mime_type } => mime_type.as_str(),
-                    _ => "unknown type",
-                };
-                let _ = write!(
-                    out,
-                    "\nthis result is binary content ({mime}, {} bytes): read_tool_output \
-                     reads text only, so it is neither shown nor searched as text. It is kept \
-                     whole in the log.",
-                    info.len
-                );
-                out
-            }
             Answer::Invalid(err) => err.tool_text(),
         }
     }
@@ -159,11 +141,10 @@ fn plural(n: u64, one: &str, many: &str) -> String {
     }
 }
 
-fn header(info: &ResultInfo, total_lines: Option<u64>, binary: bool) -> String {
+fn header(info: &ResultInfo, total_lines: Option<u64>) -> String {
     let kind = match &info.kind {
-        OutputKind::Text => "text".to_owned(),
-        OutputKind::Json => "json shown pretty-printed".to_owned(),
-        OutputKind::Binary { mime_type } => format!("binary {mime_type}"),
+        OutputKind::Json => "json shown pretty-printed",
+        _ => "text",
     };
     let mut out = format!(
         "[read_tool_output {} · tool {} · {kind} · {}",
@@ -171,11 +152,9 @@ fn header(info: &ResultInfo, total_lines: Option<u64>, binary: bool) -> String {
         tool_name(&info.name),
         plural(info.len, "byte", "bytes")
     );
-    if !binary {
-        match total_lines {
-            Some(n) => out.push_str(&format!(" · {}", plural(n, "line", "lines"))),
-            None => out.push_str(" · lines not counted yet"),
-        }
+    match total_lines {
+        Some(n) => out.push_str(&format!(" · {}", plural(n, "line", "lines"))),
+        None => out.push_str(" · lines not counted yet"),
     }
     if info.is_error {
         out.push_str(" · the call failed");
@@ -185,7 +164,7 @@ fn header(info: &ResultInfo, total_lines: Option<u64>, binary: bool) -> String {
 }
 
 fn render_page(page: &Page) -> String {
-    let mut out = header(&page.result, page.total_lines, false);
+    let mut out = header(&page.result, page.total_lines);
     out.push('\n');
     out.push_str(&status(page));
     let invalid: usize = page

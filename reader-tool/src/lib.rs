@@ -25,9 +25,13 @@
 //! - Lines longer than [`Limits::max_line_bytes`] are cut and the cut is marked with the
 //!   bytes left out (around the match with `grep`); a page closes once it shows
 //!   [`Limits::max_page_bytes`].
-//! - Binary content is described (MIME type, size) and neither shown nor searched. Bytes of
-//!   a text result that are not UTF-8 are written `\xNN`, with backslashes doubled on that
-//!   page and a note saying so: the page decodes back to the exact bytes.
+//! - What is read is the result's readable text
+//!   ([`ToolOutput::readable_text`](psych_types::ToolOutput::readable_text)): its text blocks,
+//!   and one placeholder line for each image, audio, resource or unknown block naming its
+//!   kind, MIME type, size and position, so binary data is described, never shown or
+//!   searched as text. Bytes that are not UTF-8 (from a source other than psych's) are
+//!   written `\xNN`, with backslashes doubled on that page and a note saying so: the page
+//!   decodes back to the exact bytes.
 //!
 //! The crate also gives the tool's [`tool_definition`] for the prompt, and
 //! [`Answer::render`] turns an answer into the exact text the model sees.

@@ -76,8 +76,8 @@ impl<'s, S: RecordSource> Reader<'s, S> {
     /// Answers a call with parsed arguments.
     ///
     /// The handle is resolved first; then arguments that fail [`ReadArgs::validate`] are
-    /// [`Answer::Invalid`], binary content is [`Answer::Binary`], and text is read into an
-    /// [`Answer::Page`].
+    /// [`Answer::Invalid`], and the result's readable text is read into an [`Answer::Page`]
+    /// (a binary block is one placeholder line there, naming its kind, MIME type and size).
     ///
     /// # Errors
     ///
@@ -88,9 +88,6 @@ impl<'s, S: RecordSource> Reader<'s, S> {
         let info = self.resolve(&args.handle)?;
         if let Err(invalid) = args.validate(&self.limits) {
             return Ok(Answer::Invalid(invalid));
-        }
-        if !info.kind.is_text() {
-            return Ok(Answer::Binary(info));
         }
         let bounds = Bounds {
             limit: args.limit.unwrap_or(self.limits.default_limit) as usize,

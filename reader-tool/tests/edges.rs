@@ -12,7 +12,7 @@ mod sources;
 use std::path::PathBuf;
 
 use psych_reader_tool::{Answer, ArgsError, Limits, ReadArgs, ReadError, Reader};
-use psych_types::{MemoryRecords, OutputKind, RecordSource, ToolOutput};
+use psych_types::{ContentBlock, MemoryRecords, RecordSource, ToolOutput};
 use serde_json::{Value, json};
 use sources::{
     Counting, Failing, LongLine, RawBytes, SYNTHETIC_LINE, Synthetic, result, run, text_log,
@@ -162,19 +162,32 @@ fn grep_from_an_offset_past_the_end_is_empty() {
 }
 
 #[test]
-fn binary_content_is_described_never_shown_or_grepped() {
+fn binary_blocks_are_placeholder_lines_never_bytes() {
     let mut log = MemoryRecords::new(run("run-7"));
     let png = [0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13];
-    let handle = log.push(result(ToolOutput::binary("image/png", png.to_vec())));
+    let handle = log.push(result(ToolOutput::from_blocks(vec![
+        ContentBlock::text("Screenshot of the page:"),
+        ContentBlock::image("image/png", png.to_vec()),
+        ContentBlock::text("Title: Example Domain"),
+    ])));
     let read = Reader::new(&log)
         .call(&json!({"handle": handle.to_string()}))
         .unwrap();
-    assert!(matches!(&read, Answer::Binary(info) if info.len == 12));
-    assert!(read.is_error());
+    assert!(!read.is_error());
     insta::assert_snapshot!("binary", read.render());
-    let grep = check(&log, json!({"handle": handle.to_string(), "grep": "PNG"}));
-    assert_eq!(grep, read.render(), "grep is refused the same way");
-    assert!(!grep.contains("PNG\r"), "no bytes of the image leak");
+    let grep = check(
+        &log,
+        json!({"handle": handle.to_string(), "grep": "image/png"}),
+    );
+    assert!(
+        grep.contains("[content block #1: image, image/png, 12 bytes]"),
+        "{grep}"
+    );
+    let bytes = check(&log, json!({"handle": handle.to_string(), "grep": "PNG"}));
+    assert!(
+        !bytes.contains("PNG\r"),
+        "no bytes of the image leak: {bytes}"
+    );
 }
 
 #[test]
@@ -327,7 +340,7 @@ fn malformed_arguments_are_a_validation_answer_for_the_model() {
             output.is_error,
             "a validation error is a failed tool result"
         );
-        texts.push(format!("{arguments}\n{}", output.text_view().unwrap()));
+        texts.push(format!("{arguments}\n{}", output.readable_text()));
     }
     insta::assert_snapshot!("validation", texts.join("\n\n"));
     // Hand-built arguments get the same check.
@@ -425,20 +438,6 @@ fn a_source_shorter_than_announced_is_a_typed_error() {
         err.to_string(),
         "the record source ended the result raw:0 at byte 10, but announced 50 bytes"
     );
-}
-
-#[test]
-fn a_binary_kind_from_any_source_is_refused_as_text() {
-    let mut source = RawBytes::text(b"\x00\x01\x02 not text");
-    source.kind = OutputKind::Binary {
-        mime_type: "application/octet-stream".into(),
-    };
-    let text = check(&source, json!({"handle": source.handle().to_string()}));
-    assert!(
-        text.contains("(application/octet-stream, 12 bytes)"),
-        "{text}"
-    );
-    assert!(!text.contains("not text"));
 }
 
 /// The `shared/fixtures` folder beside the checkout (or `$PSYCH_FIXTURES`).

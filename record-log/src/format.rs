@@ -4,7 +4,8 @@
 //! Everything here is pure: bytes in, values out. Integers are little-endian.
 
 use psych_types::{
-    OutputBody, OutputKind, Record, RunId, ToolCallId, ToolOutput, ToolResult, readable_bytes,
+    BlobResource, ContentBlock, EmbeddedResource, JsonObject, MediaContent, OutputKind, Record,
+    ResourceContents, RunId, TextContent, TextResource, ToolCallId, ToolOutput, ToolResult,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -14,7 +15,7 @@ use crate::crc32c::{Crc32c, crc32c};
 /// The first eight bytes of every log file.
 pub(crate) const FILE_MAGIC: [u8; 8] = *b"PSYCHLOG";
 /// The format version written in the file header.
-pub(crate) const FORMAT_VERSION: u16 = 1;
+pub(crate) const FORMAT_VERSION: u16 = 2;
 /// Bytes of the file header before the Run id: magic, version, Run id length.
 pub(crate) const FILE_HEADER_FIXED: usize = 12;
 /// The first four bytes of every frame.
@@ -35,12 +36,13 @@ pub(crate) const KIND_TOOL_RESULT: u8 = 3;
 
 /// Content kind byte: no content (user and assistant records).
 pub(crate) const CONTENT_NONE: u8 = 0;
-/// Content kind byte: UTF-8 text.
+/// Content kind byte: content blocks without binary data; the content is the readable text.
 pub(crate) const CONTENT_TEXT: u8 = 1;
-/// Content kind byte: JSON, stored as its pretty text view.
+/// Content kind byte: structured content only; the content is its JSON text view.
 pub(crate) const CONTENT_JSON: u8 = 2;
-/// Content kind byte: binary.
-pub(crate) const CONTENT_BINARY: u8 = 3;
+/// Content kind byte: content blocks with binary data; the content is the readable text's
+/// length (u64), the readable text, then each binary block's bytes in block order.
+pub(crate) const CONTENT_WITH_BINARY: u8 = 3;
 
 /// Flag bit: the tool reported a failure.
 pub(crate) const FLAG_IS_ERROR: u8 = 1;
@@ -205,7 +207,7 @@ impl FrameHeader {
                 header.content_kind == CONTENT_NONE && header.content_len == 0 && header.flags == 0
             }
             KIND_TOOL_RESULT => {
-                (CONTENT_TEXT..=CONTENT_BINARY).contains(&header.content_kind)
+                (CONTENT_TEXT..=CONTENT_WITH_BINARY).contains(&header.content_kind)
                     && header.flags & !FLAG_IS_ERROR == 0
             }
             _ => false,
@@ -217,16 +219,47 @@ impl FrameHeader {
     }
 }
 
-/// The metadata of a tool result: everything but the content.
+/// The metadata of a tool result: everything but the readable text and the binary data.
 #[derive(Debug, Serialize, Deserialize)]
 struct ResultMeta {
     call_id: ToolCallId,
     name: String,
+    /// The content blocks without their bulk; absent when the result is exactly one text
+    /// block with nothing but its text (the readable text is that text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    mime_type: Option<String>,
+    blocks: Option<Vec<StoredBlock>>,
+    /// `structuredContent` when the readable text is not its text view (the result has
+    /// content blocks); with no block it is parsed back from the content.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    structured: Option<Value>,
+    /// The result's `_meta`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    meta: Option<JsonObject>,
 }
 
-/// A record split for storage: header fields, metadata and the readable content.
+/// A member that is present is `Some`, even when it is `null`.
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
+}
+
+/// One content block without its bulk (its text, or its binary data), and where the bulk is.
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredBlock {
+    /// The block as MCP JSON with its bulk emptied (`"text": ""`, `"data": ""`, `"blob": ""`).
+    block: JsonObject,
+    /// Where the bulk lies: in the readable text for text, in the binary area for data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    at: Option<u64>,
+    /// The bulk's length in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    len: Option<u64>,
+}
+
+/// A record split for storage: header fields, metadata and the content.
 #[derive(Debug)]
 pub(crate) struct Encoded<'a> {
     pub(crate) kind: u8,
@@ -234,6 +267,74 @@ pub(crate) struct Encoded<'a> {
     pub(crate) flags: u8,
     pub(crate) meta: Vec<u8>,
     pub(crate) content: std::borrow::Cow<'a, [u8]>,
+}
+
+/// `block` with its bulk emptied, as a JSON object.
+fn skeleton(block: &ContentBlock) -> Result<JsonObject, serde_json::Error> {
+    let emptied;
+    let block = match block {
+        ContentBlock::Text(text) => {
+            emptied = ContentBlock::Text(TextContent {
+                text: String::new(),
+                annotations: text.annotations.clone(),
+                meta: text.meta.clone(),
+                extra: text.extra.clone(),
+            });
+            &emptied
+        }
+        ContentBlock::Image(media) | ContentBlock::Audio(media) => {
+            let media = MediaContent {
+                data: Vec::new(),
+                mime_type: media.mime_type.clone(),
+                annotations: media.annotations.clone(),
+                meta: media.meta.clone(),
+                extra: media.extra.clone(),
+            };
+            emptied = if matches!(block, ContentBlock::Image(_)) {
+                ContentBlock::Image(media)
+            } else {
+                ContentBlock::Audio(media)
+            };
+            &emptied
+        }
+        ContentBlock::Resource(embedded) => {
+            let resource = match &embedded.resource {
+                ResourceContents::Text(text) => ResourceContents::Text(TextResource {
+                    text: String::new(),
+                    uri: text.uri.clone(),
+                    mime_type: text.mime_type.clone(),
+                    meta: text.meta.clone(),
+                    extra: text.extra.clone(),
+                }),
+                ResourceContents::Blob(blob) => ResourceContents::Blob(BlobResource {
+                    blob: Vec::new(),
+                    uri: blob.uri.clone(),
+                    mime_type: blob.mime_type.clone(),
+                    meta: blob.meta.clone(),
+                    extra: blob.extra.clone(),
+                }),
+            };
+            emptied = ContentBlock::Resource(EmbeddedResource {
+                resource,
+                annotations: embedded.annotations.clone(),
+                meta: embedded.meta.clone(),
+                extra: embedded.extra.clone(),
+            });
+            &emptied
+        }
+        other => other,
+    };
+    match serde_json::to_value(block)? {
+        Value::Object(map) => Ok(map),
+        // A block always serializes as an object.
+        _ => Ok(JsonObject::new()),
+    }
+}
+
+/// Whether `output` is one text block with nothing but its text.
+fn plain_text(output: &ToolOutput) -> bool {
+    matches!(output.content.as_slice(), [ContentBlock::Text(text)]
+        if text.annotations.is_none() && text.meta.is_none() && text.extra.is_empty())
 }
 
 /// Splits `record` into metadata and content.
@@ -252,32 +353,76 @@ pub(crate) fn encode_record(record: &Record) -> Result<Encoded<'_>, serde_json::
             content: Cow::Borrowed(&[]),
         }),
         Record::ToolResult(result) => {
-            // JSON is stored only as its text view and parsed back on read: exact because
-            // serde_json writes the shortest round-tripping float and this crate turns on
-            // its `float_roundtrip` parsing.
-            let content = readable_bytes(&result.output);
-            let (content_kind, mime_type) = match &result.output.body {
-                OutputBody::Text { .. } => (CONTENT_TEXT, None),
-                OutputBody::Json { .. } => (CONTENT_JSON, None),
-                OutputBody::Binary { mime_type, .. } => (CONTENT_BINARY, Some(mime_type.clone())),
-            };
+            let output = &result.output;
+            let (readable, spans) = output.readable_text_spans();
+            let json_only = output.shows_structured_content();
+            let mut blocks = None;
+            let mut binary: Vec<&[u8]> = Vec::new();
+            if !plain_text(output) && !json_only {
+                let mut stored = Vec::with_capacity(output.content.len());
+                let mut binary_at = 0u64;
+                for (block, span) in output.content.iter().zip(&spans) {
+                    let (at, len) = if let Some(span) = span {
+                        (Some(span.start as u64), Some(span.len() as u64))
+                    } else if let Some(data) = block.binary() {
+                        let at = binary_at;
+                        binary_at += data.data.len() as u64;
+                        binary.push(data.data);
+                        (Some(at), Some(data.data.len() as u64))
+                    } else {
+                        (None, None)
+                    };
+                    stored.push(StoredBlock {
+                        block: skeleton(block)?,
+                        at,
+                        len,
+                    });
+                }
+                blocks = Some(stored);
+            }
+            // Structured content shown as the readable text is stored only as that text and
+            // parsed back on read: exact because the canonical writer prints the shortest
+            // round-tripping float and this crate turns on `float_roundtrip` parsing.
             let meta = serde_json::to_vec(&ResultMeta {
                 call_id: result.call_id.clone(),
                 name: result.name.clone(),
-                mime_type,
+                blocks,
+                structured: if json_only {
+                    None
+                } else {
+                    output.structured_content.clone()
+                },
+                meta: output.meta.clone(),
             })?;
+            let (content_kind, content) = if json_only {
+                (CONTENT_JSON, bytes_of(readable))
+            } else if binary.is_empty() {
+                (CONTENT_TEXT, bytes_of(readable))
+            } else {
+                let total = binary.iter().map(|b| b.len()).sum::<usize>();
+                let mut content = Vec::with_capacity(8 + readable.len() + total);
+                content.extend_from_slice(&(readable.len() as u64).to_le_bytes());
+                content.extend_from_slice(readable.as_bytes());
+                for data in binary {
+                    content.extend_from_slice(data);
+                }
+                (CONTENT_WITH_BINARY, Cow::Owned(content))
+            };
             Ok(Encoded {
                 kind: KIND_TOOL_RESULT,
                 content_kind,
-                flags: if result.output.is_error {
-                    FLAG_IS_ERROR
-                } else {
-                    0
-                },
+                flags: if output.is_error { FLAG_IS_ERROR } else { 0 },
                 meta,
                 content,
             })
         }
+    }
+}
+
+fn bytes_of(text: std::borrow::Cow<'_, str>) -> std::borrow::Cow<'_, [u8]> {
+    match text {
+        std::borrow::Cow::Borrowed(text) => std::borrow::Cow::Borrowed(text.as_bytes()),
+        std::borrow::Cow::Owned(text) => std::borrow::Cow::Owned(text.into_bytes()),
     }
 }
 
@@ -289,12 +434,39 @@ pub(crate) fn body_crc(meta: &[u8], content: &[u8]) -> u32 {
     crc.finish()
 }
 
-/// What a tool result's metadata says, for `output_info` without reading the content.
+/// Bytes before the readable text in the content of a [`CONTENT_WITH_BINARY`] frame: the
+/// readable text's length (u64).
+pub(crate) const READABLE_LEN_PREFIX: u64 = 8;
+
+/// Where a tool result's readable text lies in its frame's content: `(offset, len)`, given
+/// the content's first [`READABLE_LEN_PREFIX`] bytes (or fewer when the content is shorter;
+/// only read for [`CONTENT_WITH_BINARY`]).
+pub(crate) fn readable_range(
+    header: &FrameHeader,
+    prefix: &[u8],
+) -> Result<(u64, u64), &'static str> {
+    if header.content_kind != CONTENT_WITH_BINARY {
+        return Ok((0, header.content_len));
+    }
+    let bytes: [u8; 8] = prefix
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or("binary content shorter than its length prefix")?;
+    let len = u64::from_le_bytes(bytes);
+    if len > header.content_len.saturating_sub(READABLE_LEN_PREFIX) {
+        return Err("readable text length runs past the content");
+    }
+    Ok((READABLE_LEN_PREFIX, len))
+}
+
+/// What a tool result's metadata says, for `output_info` and `content_block` without
+/// reading the content.
 #[derive(Debug)]
 pub(crate) struct ResultSummary {
     pub(crate) call_id: ToolCallId,
     pub(crate) name: String,
     pub(crate) kind: OutputKind,
+    meta: ResultMeta,
 }
 
 /// Reads a tool result's metadata.
@@ -304,17 +476,101 @@ pub(crate) fn decode_summary(
 ) -> Result<ResultSummary, &'static str> {
     let meta: ResultMeta =
         serde_json::from_slice(meta).map_err(|_| "tool result metadata is not valid")?;
-    let kind = match (header.content_kind, meta.mime_type) {
-        (CONTENT_TEXT, None) => OutputKind::Text,
-        (CONTENT_JSON, None) => OutputKind::Json,
-        (CONTENT_BINARY, Some(mime_type)) => OutputKind::Binary { mime_type },
-        _ => return Err("tool result metadata does not match its content kind"),
+    let kind = match header.content_kind {
+        CONTENT_JSON => OutputKind::Json,
+        _ => OutputKind::Text,
     };
     Ok(ResultSummary {
-        call_id: meta.call_id,
-        name: meta.name,
+        call_id: meta.call_id.clone(),
+        name: meta.name.clone(),
         kind,
+        meta,
     })
+}
+
+/// Where the bulk of one content block lies in its frame's content, to read it alone.
+#[derive(Debug)]
+pub(crate) struct BlockPlace {
+    skeleton: JsonObject,
+    /// Offset from the content's start and length of the bulk, if the block has one.
+    pub(crate) bulk: Option<(u64, u64)>,
+}
+
+impl ResultSummary {
+    /// Where block `position` is, given where the readable text lies (`readable`: offset
+    /// and length in the content). `Ok(None)` when there is no such block.
+    pub(crate) fn place(
+        &self,
+        position: usize,
+        readable: (u64, u64),
+    ) -> Result<Option<BlockPlace>, &'static str> {
+        let Some(blocks) = &self.meta.blocks else {
+            // One plain text block: the readable text.
+            return Ok(
+                (position == 0 && self.kind == OutputKind::Text).then(|| BlockPlace {
+                    skeleton: JsonObject::from_iter([
+                        ("type".to_owned(), Value::from("text")),
+                        ("text".to_owned(), Value::from("")),
+                    ]),
+                    bulk: Some(readable),
+                }),
+            );
+        };
+        let Some(stored) = blocks.get(position) else {
+            return Ok(None);
+        };
+        let bulk = match (stored.at, stored.len) {
+            (Some(at), Some(len)) => {
+                let base = if is_textual(&stored.block) {
+                    if at.saturating_add(len) > readable.1 {
+                        return Err("block text runs past the readable text");
+                    }
+                    readable.0
+                } else {
+                    readable.0 + readable.1
+                };
+                Some((base.saturating_add(at), len))
+            }
+            _ => None,
+        };
+        Ok(Some(BlockPlace {
+            skeleton: stored.block.clone(),
+            bulk,
+        }))
+    }
+}
+
+/// Whether a stored block's bulk is text (in the readable text) rather than binary data.
+fn is_textual(skeleton: &JsonObject) -> bool {
+    match skeleton.get("type").and_then(Value::as_str) {
+        Some("text") => true,
+        Some("resource") => skeleton
+            .get("resource")
+            .and_then(|r| r.get("text"))
+            .is_some(),
+        _ => false,
+    }
+}
+
+impl BlockPlace {
+    /// The block, with `bulk` (the bytes at [`BlockPlace::bulk`]) put back.
+    pub(crate) fn rebuild(self, bulk: Vec<u8>) -> Result<ContentBlock, &'static str> {
+        let mut block = ContentBlock::from_object(self.skeleton);
+        if self.bulk.is_none() {
+            return Ok(block);
+        }
+        let text = || String::from_utf8(bulk.clone()).map_err(|_| "block text is not UTF-8");
+        match &mut block {
+            ContentBlock::Text(content) => content.text = text()?,
+            ContentBlock::Image(media) | ContentBlock::Audio(media) => media.data = bulk,
+            ContentBlock::Resource(embedded) => match &mut embedded.resource {
+                ResourceContents::Text(resource) => resource.text = text()?,
+                ResourceContents::Blob(resource) => resource.blob = bulk,
+            },
+            _ => return Err("stored block does not take the bytes it names"),
+        }
+        Ok(block)
+    }
 }
 
 /// Rebuilds the record from a checked frame body.
@@ -339,29 +595,48 @@ pub(crate) fn decode_record(
             }
         }
         KIND_TOOL_RESULT => {
-            let meta: ResultMeta =
-                serde_json::from_slice(meta).map_err(|_| "tool result metadata is not valid")?;
-            let body = match (header.content_kind, meta.mime_type) {
-                (CONTENT_TEXT, None) => OutputBody::Text {
-                    text: String::from_utf8(content).map_err(|_| "text content is not UTF-8")?,
-                },
-                (CONTENT_JSON, None) => OutputBody::Json {
-                    value: serde_json::from_slice::<Value>(&content)
-                        .map_err(|_| "JSON content does not parse")?,
-                },
-                (CONTENT_BINARY, Some(mime_type)) => OutputBody::Binary {
-                    mime_type,
-                    data: content,
-                },
-                _ => return Err("tool result metadata does not match its content kind"),
+            let summary = decode_summary(header, meta)?;
+            let readable = readable_range(header, &content)?;
+            let mut output = ToolOutput {
+                is_error: header.flags & FLAG_IS_ERROR != 0,
+                meta: summary.meta.meta.clone(),
+                structured_content: summary.meta.structured.clone(),
+                content: Vec::new(),
             };
+            let text_of = |(at, len): (u64, u64)| -> Result<&[u8], &'static str> {
+                let end = at.checked_add(len).ok_or("block range overflows")?;
+                content
+                    .get(
+                        usize::try_from(at).map_err(|_| "block range too large")?
+                            ..usize::try_from(end).map_err(|_| "block range too large")?,
+                    )
+                    .ok_or("block range runs past the content")
+            };
+            if header.content_kind == CONTENT_JSON {
+                if summary.meta.blocks.is_some() {
+                    return Err("a JSON result holds content blocks");
+                }
+                output.structured_content = Some(
+                    serde_json::from_slice::<Value>(&content)
+                        .map_err(|_| "JSON content does not parse")?,
+                );
+            } else {
+                let count = summary.meta.blocks.as_ref().map_or(1, Vec::len);
+                for position in 0..count {
+                    let place = summary
+                        .place(position, readable)?
+                        .ok_or("stored block missing")?;
+                    let bulk = match place.bulk {
+                        Some(range) => text_of(range)?.to_vec(),
+                        None => Vec::new(),
+                    };
+                    output.content.push(place.rebuild(bulk)?);
+                }
+            }
             Ok(Record::ToolResult(ToolResult {
-                call_id: meta.call_id,
-                name: meta.name,
-                output: ToolOutput {
-                    body,
-                    is_error: header.flags & FLAG_IS_ERROR != 0,
-                },
+                call_id: summary.call_id,
+                name: summary.name,
+                output,
             }))
         }
         _ => Err("undefined record kind"),
@@ -390,6 +665,26 @@ mod tests {
     }
 
     #[test]
+    fn binary_blocks_follow_the_readable_text() {
+        let output = ToolOutput::from_blocks(vec![
+            ContentBlock::text("ab"),
+            ContentBlock::image("image/png", vec![7, 8, 9]),
+        ]);
+        let record = Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new("c").unwrap(),
+            name: "t".into(),
+            output: output.clone(),
+        });
+        let encoded = encode_record(&record).unwrap();
+        assert_eq!(encoded.content_kind, CONTENT_WITH_BINARY);
+        let readable = output.readable_text();
+        let mut expected = (readable.len() as u64).to_le_bytes().to_vec();
+        expected.extend_from_slice(readable.as_bytes());
+        expected.extend_from_slice(&[7, 8, 9]);
+        assert_eq!(encoded.content.as_ref(), expected.as_slice());
+    }
+
+    #[test]
     fn every_record_shape_round_trips() {
         let call_id = ToolCallId::new("call_1").unwrap();
         let records = [
@@ -415,9 +710,28 @@ mod tests {
                 ),
             }),
             Record::ToolResult(ToolResult {
+                call_id: call_id.clone(),
+                name: "t".into(),
+                output: ToolOutput::from_blocks(vec![
+                    ContentBlock::text("see:"),
+                    ContentBlock::image("image/png", vec![0, 159, 146, 150]),
+                    ContentBlock::from_object(
+                        serde_json::json!({"type": "resource", "resource": {"uri": "file:///a", "text": "é"}})
+                            .as_object()
+                            .cloned()
+                            .unwrap(),
+                    ),
+                    ContentBlock::audio("audio/wav", vec![1, 2]),
+                    ContentBlock::from_object(
+                        serde_json::json!({"type": "x-video", "n": 1}).as_object().cloned().unwrap(),
+                    ),
+                ])
+                .with_structured_content(serde_json::json!({"k": 1})),
+            }),
+            Record::ToolResult(ToolResult {
                 call_id,
                 name: "t".into(),
-                output: ToolOutput::binary("image/png", vec![0, 159, 146, 150]),
+                output: ToolOutput::default(),
             }),
         ];
         for record in &records {
@@ -503,9 +817,9 @@ mod tests {
         damaged[12] ^= 0x20;
         assert_eq!(header_fault(&damaged), HeaderFault::Damaged);
         let mut v2 = a[..FILE_HEADER_FIXED + 1].to_vec();
-        v2[8] = 2;
+        v2[8] = 1;
         let crc = crc32c(&v2);
         v2.extend_from_slice(&crc.to_le_bytes());
-        assert_eq!(header_fault(&v2), HeaderFault::Version(2));
+        assert_eq!(header_fault(&v2), HeaderFault::Version(1));
     }
 }

@@ -9,7 +9,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use psych_types::{LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId};
+use psych_types::{
+    ContentBlock, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
+};
 
 use crate::crc32c::Crc32c;
 use crate::error::{AppendError, OpenError, PolicyError, ReadError};
@@ -943,31 +945,21 @@ impl RecordSource for RecordLog {
     }
 
     fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, ReadError> {
-        let Some(entry) = self.tool_result_entry(handle) else {
+        let Some((entry, summary, readable)) = self.result_summary(handle)? else {
             return Ok(None);
         };
-        let mut raw = vec![0u8; FRAME_HEADER_LEN + entry.header.meta_len as usize];
-        self.file
-            .read_exact_at(&mut raw, entry.offset)
-            .map_err(self.read_io(entry.offset))?;
-        let mut head = [0u8; FRAME_HEADER_LEN];
-        head.copy_from_slice(&raw[..FRAME_HEADER_LEN]);
-        if FrameHeader::decode(&head).ok() != Some(entry.header) {
-            return Err(self.corrupt(entry.offset, "frame header changed on disk"));
-        }
-        let summary = format::decode_summary(&entry.header, &raw[FRAME_HEADER_LEN..])
-            .map_err(|reason| self.corrupt(entry.offset, reason))?;
         Ok(Some(OutputInfo {
             kind: summary.kind,
-            len: entry.header.content_len,
+            len: readable.1,
             is_error: entry.header.flags & format::FLAG_IS_ERROR != 0,
             call_id: summary.call_id,
             name: summary.name,
         }))
     }
 
-    /// Serves `buf.len()` bytes at most with one positional read of the stored content; the
-    /// rest of the result is not touched (nor checksummed: `record` checks the whole frame).
+    /// Serves `buf.len()` bytes at most with one positional read of the stored readable
+    /// text (two for a result with binary blocks, whose text length comes first); the rest
+    /// of the result is not touched (nor checksummed: `record` checks the whole frame).
     fn read_output(
         &self,
         handle: &RecordHandle,
@@ -977,16 +969,100 @@ impl RecordSource for RecordLog {
         let Some(entry) = self.tool_result_entry(handle) else {
             return Ok(0);
         };
-        let len = entry.header.content_len;
+        let (start, len) = self.readable_range(entry)?;
         if offset >= len {
             return Ok(0);
         }
         let n = usize::try_from(len - offset).map_or(buf.len(), |left| left.min(buf.len()));
-        let at = entry.offset + entry.header.content_start() + offset;
+        let at = entry.offset + entry.header.content_start() + start + offset;
         self.file
             .read_exact_at(&mut buf[..n], at)
             .map_err(self.read_io(at))?;
         Ok(n)
+    }
+
+    /// Reads the metadata and the one block's bytes, not the rest of the result.
+    fn content_block(
+        &self,
+        handle: &RecordHandle,
+        position: usize,
+    ) -> Result<Option<ContentBlock>, ReadError> {
+        let Some((entry, summary, readable)) = self.result_summary(handle)? else {
+            return Ok(None);
+        };
+        let Some(place) = summary
+            .place(position, readable)
+            .map_err(|reason| self.corrupt(entry.offset, reason))?
+        else {
+            return Ok(None);
+        };
+        let mut bulk = Vec::new();
+        if let Some((at, len)) = place.bulk {
+            if at.saturating_add(len) > entry.header.content_len {
+                return Err(self.corrupt(entry.offset, "block runs past the content"));
+            }
+            let len = usize::try_from(len)
+                .map_err(|_| self.corrupt(entry.offset, "block larger than memory"))?;
+            bulk = vec![0u8; len];
+            let at = entry.offset + entry.header.content_start() + at;
+            self.file
+                .read_exact_at(&mut bulk, at)
+                .map_err(self.read_io(at))?;
+        }
+        place
+            .rebuild(bulk)
+            .map(Some)
+            .map_err(|reason| self.corrupt(entry.offset, reason))
+    }
+}
+
+/// A tool result's index entry, its metadata, and where its readable text lies in its
+/// content (offset and length).
+type StoredResult<'a> = (&'a Entry, format::ResultSummary, (u64, u64));
+
+impl RecordLog {
+    /// Where the readable text of the tool result at `entry` lies in its content.
+    fn readable_range(&self, entry: &Entry) -> Result<(u64, u64), ReadError> {
+        let mut prefix = [0u8; format::READABLE_LEN_PREFIX as usize];
+        let prefix: &[u8] = if entry.header.content_kind == format::CONTENT_WITH_BINARY {
+            let at = entry.offset + entry.header.content_start();
+            self.file
+                .read_exact_at(&mut prefix, at)
+                .map_err(self.read_io(at))?;
+            &prefix
+        } else {
+            &[]
+        };
+        format::readable_range(&entry.header, prefix)
+            .map_err(|reason| self.corrupt(entry.offset, reason))
+    }
+
+    /// The checked header and metadata of the tool result at `handle`, and where its
+    /// readable text lies, read with one positional read.
+    fn result_summary(&self, handle: &RecordHandle) -> Result<Option<StoredResult<'_>>, ReadError> {
+        let Some(entry) = self.tool_result_entry(handle) else {
+            return Ok(None);
+        };
+        let prefix = if entry.header.content_kind == format::CONTENT_WITH_BINARY {
+            format::READABLE_LEN_PREFIX as usize
+        } else {
+            0
+        };
+        let mut raw = vec![0u8; FRAME_HEADER_LEN + entry.header.meta_len as usize + prefix];
+        self.file
+            .read_exact_at(&mut raw, entry.offset)
+            .map_err(self.read_io(entry.offset))?;
+        let mut head = [0u8; FRAME_HEADER_LEN];
+        head.copy_from_slice(&raw[..FRAME_HEADER_LEN]);
+        if FrameHeader::decode(&head).ok() != Some(entry.header) {
+            return Err(self.corrupt(entry.offset, "frame header changed on disk"));
+        }
+        let meta_end = FRAME_HEADER_LEN + entry.header.meta_len as usize;
+        let summary = format::decode_summary(&entry.header, &raw[FRAME_HEADER_LEN..meta_end])
+            .map_err(|reason| self.corrupt(entry.offset, reason))?;
+        let readable = format::readable_range(&entry.header, &raw[meta_end..])
+            .map_err(|reason| self.corrupt(entry.offset, reason))?;
+        Ok(Some((entry, summary, readable)))
     }
 }
 
@@ -1051,7 +1127,7 @@ mod format_doc {
             format!("`{CONTENT_NONE}` none"),
             format!("`{CONTENT_TEXT}` text"),
             format!("`{CONTENT_JSON}` JSON"),
-            format!("`{CONTENT_BINARY}` binary"),
+            format!("`{CONTENT_WITH_BINARY}` content blocks with binary data"),
             format!("bit 0 (`{FLAG_IS_ERROR}`)"),
             format!("`<run>.{FILE_EXTENSION}`"),
             format!("capped at {MAX_WRITE_INDEX}"),

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
-use psych_types::{OutputInfo, Record, RecordHandle, RecordSource, RunId};
+use psych_types::{ContentBlock, OutputInfo, Record, RecordHandle, RecordSource, RunId};
 
 use crate::error::{AppendError, OpenError, ReadError};
 use crate::format;
@@ -613,6 +613,14 @@ impl RecordSource for SharedRecordLog {
         buf: &mut [u8],
     ) -> Result<usize, ReadError> {
         self.read_log().read_output(handle, offset, buf)
+    }
+
+    fn content_block(
+        &self,
+        handle: &RecordHandle,
+        position: usize,
+    ) -> Result<Option<ContentBlock>, ReadError> {
+        self.read_log().content_block(handle, position)
     }
 }
 

@@ -34,10 +34,7 @@ fn tagged(t: usize, i: usize) -> Record {
     match (t + i) % 3 {
         0 => common::user(&body),
         1 => common::result(&format!("call_{t}_{i}"), ToolOutput::text(body)),
-        _ => common::result(
-            &format!("call_{t}_{i}"),
-            ToolOutput::binary("application/octet-stream", body.into_bytes()),
-        ),
+        _ => common::result(&format!("call_{t}_{i}"), common::with_binary(body)),
     }
 }
 

@@ -56,6 +56,14 @@ fn same_at(log: &RecordLog, model: &MemoryRecords, seq: u64, offset: u64, len: u
         want[..m],
         "read_output({handle}, {offset}, {len})"
     );
+    // Every block, binary data included, by position; one past the end is `None` in both.
+    for position in 0..8 {
+        assert_eq!(
+            log.content_block(&handle, position).unwrap(),
+            model.content_block(&handle, position).unwrap(),
+            "content_block({handle}, {position})"
+        );
+    }
 }
 
 proptest! {

@@ -42,7 +42,10 @@ fn records() -> Vec<Record> {
         ),
         common::result(
             "call_10",
-            ToolOutput::binary("image/png", vec![0x89, 0x50, 0, 255]),
+            ToolOutput::from_blocks(vec![
+                psych_types::ContentBlock::text("a chart:"),
+                psych_types::ContentBlock::image("image/png", vec![0x89, 0x50, 0, 255]),
+            ]),
         ),
         common::text_result(&"line\n".repeat(40)),
     ]

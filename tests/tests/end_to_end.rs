@@ -184,7 +184,7 @@ fn every_elided_preview_reads_back_in_full_from_the_record_log() {
             let Some(Record::ToolResult(stored)) = log.record(&parsed).unwrap() else {
                 panic!("{handle} is not a tool result in the log");
             };
-            let full = stored.output.text_view().unwrap().into_owned();
+            let full = stored.output.readable_text().into_owned();
             let escaped = serde_json::to_string(&full).unwrap();
             assert!(
                 !body.contains(&escaped[1..escaped.len() - 1]),

@@ -22,13 +22,16 @@ use psych_prompt_assembly::{
     RenderedRequest, StaticSections, Transient,
 };
 use psych_types::{
-    AssistantMessage, LoggedRecord, Record, RecordHandle, RunId, ToolCall, ToolCallId,
-    ToolDefinition, ToolList, ToolName, ToolOutput, ToolResult, UserMessage,
+    AssistantMessage, ContentBlock, LoggedRecord, Record, RecordHandle, RunId, ToolCall,
+    ToolCallId, ToolDefinition, ToolList, ToolName, ToolOutput, ToolResult, UserMessage,
 };
 use serde_json::{Value, json};
 
 mod common;
 use common::small_elider;
+
+#[path = "../../prompt-assembly/tests/rules/mod.rs"]
+mod rules;
 
 /// The `shared/fixtures/catalogs` folder beside the checkout (or `$PSYCH_FIXTURES/catalogs`).
 fn catalogs_dir() -> PathBuf {
@@ -245,7 +248,7 @@ fn conversation() -> (Vec<LoggedRecord>, Vec<(usize, DynamicTail, CurrentTime)>)
     log.result(
         "toolu_05",
         "read_media_file",
-        ToolOutput::binary("image/png", PNG.to_vec()),
+        ToolOutput::from_blocks(vec![ContentBlock::image("image/png", PNG.to_vec())]),
     );
     log.result(
         "toolu_04",
@@ -283,60 +286,14 @@ fn render_all() -> Vec<(RenderedRequest, RenderedRequest)> {
         .collect()
 }
 
-/// Checks the Anthropic pairing rules on a parsed body: each assistant `tool_use` answered
-/// by exactly one `tool_result` in the next message, results first, no breakpoint on the
-/// last (transient) message, at most four breakpoints.
+/// The rule checker on an Anthropic body (the last message is the transient one).
 fn check_anthropic(body: &Value) {
-    let messages = body["messages"].as_array().unwrap();
-    for (i, message) in messages.iter().enumerate() {
-        let ids: Vec<&str> = message["content"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|b| b["type"] == "tool_use")
-            .map(|b| b["id"].as_str().unwrap())
-            .collect();
-        if ids.is_empty() {
-            continue;
-        }
-        let next = messages[i + 1]["content"].as_array().unwrap();
-        let answered: Vec<&str> = next
-            .iter()
-            .take_while(|b| b["type"] == "tool_result")
-            .map(|b| b["tool_use_id"].as_str().unwrap())
-            .collect();
-        assert_eq!(answered, ids);
-        assert_eq!(messages[i + 1]["role"], "user");
-    }
-    let text = body.to_string();
-    assert!(text.matches("cache_control").count() <= 4);
-    assert!(
-        !messages
-            .last()
-            .unwrap()
-            .to_string()
-            .contains("cache_control")
-    );
+    assert_eq!(rules::check_anthropic_body(&body.to_string(), true), Ok(()));
 }
 
-/// Checks the OpenAI pairing rules: each assistant's `tool_calls` followed by one `tool`
-/// message per id, in order, and `arguments` a JSON string of an object.
+/// The rule checker on an OpenAI body.
 fn check_openai(body: &Value) {
-    let messages = body["messages"].as_array().unwrap();
-    for (i, message) in messages.iter().enumerate() {
-        let Some(calls) = message["tool_calls"].as_array() else {
-            continue;
-        };
-        for (k, call) in calls.iter().enumerate() {
-            let tool = &messages[i + 1 + k];
-            assert_eq!(tool["role"], "tool");
-            assert_eq!(tool["tool_call_id"], call["id"]);
-            assert_eq!(call["type"], "function");
-            let arguments: Value =
-                serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-            assert!(arguments.is_object());
-        }
-    }
+    assert_eq!(rules::check_openai_body(&body.to_string()), Ok(()));
 }
 
 #[test]
@@ -366,11 +323,10 @@ fn three_turn_conversation_requests() {
     );
     assert!(a.contains("The user wants file paths in answers."));
     assert_eq!(anthropic.breakpoint_blocks().len(), 3);
-    assert!(
-        openai
-            .body()
-            .contains("[binary output not shown: image/png, 67 bytes; it cannot be read as text]")
-    );
+    // OpenAI: the placeholder in the tool message, the image in a user message after it.
+    let o = openai.body();
+    assert!(o.contains("\"content\":\"[content block #0: image, image/png, 67 bytes]\""));
+    assert!(o.contains("\"image_url\":{\"url\":\"data:image/png;base64,iVBORw0KGgo"));
     // The reader tool is the reader crate's own definition, under its one name.
     let reader = psych_reader_tool::tool_definition(&psych_reader_tool::Limits::default());
     assert_eq!(reader.name.as_str(), psych_types::READ_TOOL_OUTPUT);
@@ -407,4 +363,100 @@ fn every_request_of_the_conversation_is_well_formed_and_stable() {
         assert_eq!(a.0.body(), b.0.body());
         assert_eq!(a.1.body(), b.1.body());
     }
+}
+
+/// A history of MCP results as servers return them: in turn 1 a browser screenshot whose
+/// long text comes with a real PNG (elided by turn 2: its placeholders are kept) and a
+/// result that is only `structuredContent`; in turn 2 a text + real PNG + text result, sent
+/// whole. Snapshotted for both providers.
+#[test]
+fn mcp_results_requests() {
+    let mut log = Log {
+        run: RunId::new("run-mcp").unwrap(),
+        records: Vec::new(),
+    };
+    let png = rules::images::png(4, 3, 9);
+    log.user("Open the jobs page and tell me what is wrong.");
+    log.assistant(
+        "",
+        &[
+            ("toolu_11", "read_media_file", json!({"path": "jobs.png"})),
+            ("toolu_12", "get_file_info", json!({"path": "jobs.png"})),
+        ],
+    );
+    let console: String = (0..60)
+        .map(|i| format!("console.error: job {i} failed to render (TypeError)\n"))
+        .collect();
+    log.result(
+        "toolu_11",
+        "read_media_file",
+        ToolOutput::from_blocks(vec![
+            ContentBlock::text(format!("Console output:\n{console}")),
+            ContentBlock::image("image/png", png.clone()),
+            ContentBlock::text("Page title: Jobs"),
+        ]),
+    );
+    log.result(
+        "toolu_12",
+        "get_file_info",
+        ToolOutput::json(json!({"size": png.len(), "type": "file", "permissions": "644"})),
+    );
+    log.assistant("Every job fails to render with a TypeError.", &[]);
+    log.user("Take another screenshot now.");
+    log.assistant(
+        "",
+        &[(
+            "toolu_13",
+            "read_media_file",
+            json!({"path": "jobs-now.png"}),
+        )],
+    );
+    log.result(
+        "toolu_13",
+        "read_media_file",
+        ToolOutput::from_blocks(vec![
+            ContentBlock::text("Screenshot of http://localhost:8080/jobs:"),
+            ContentBlock::image("image/png", png),
+            ContentBlock::text("Page title: Jobs (3 errors)"),
+        ]),
+    );
+    let history = log.records;
+    let (tools, zone1, tail) = (tools(), zone1(), DynamicTail::new());
+    let transient = Transient::at(CurrentTime::utc(1_796_041_497).unwrap());
+    let prompt = Assembler::new(&zone1, &tail, &tools)
+        .assemble(&history, &small_elider(), &transient)
+        .unwrap();
+    let anthropic = prompt
+        .render_anthropic(&AnthropicOptions::new("claude-sonnet-4-5", 2048))
+        .unwrap();
+    let openai = prompt
+        .render_openai(&OpenAiOptions::new("gpt-4.1"))
+        .unwrap();
+    check_anthropic(&serde_json::from_str(anthropic.body()).unwrap());
+    check_openai(&serde_json::from_str(openai.body()).unwrap());
+    let (a, o) = (anthropic.body(), openai.body());
+    // The elided mixed result keeps its placeholder; only the current turn's image is sent.
+    assert!(
+        a.contains("read_tool_output with handle \\\"run-mcp:2\\\""),
+        "{a}"
+    );
+    assert!(
+        a.contains("[content block #1: image, image/png, 107 bytes]"),
+        "{a}"
+    );
+    assert_eq!(a.matches("\"type\":\"image\"").count(), 1);
+    assert_eq!(o.matches("\"type\":\"image_url\"").count(), 1);
+    // The structuredContent-only result is its JSON text view.
+    assert!(
+        a.contains("\"text\":\"{\\n  \\\"permissions\\\": \\\"644\\\""),
+        "{a}"
+    );
+    // The snapshots cut the system prompt and the tools, which the conversation above shows.
+    let messages = |request: &RenderedRequest| {
+        let body = request.pretty_body();
+        let at = body.find("\"messages\": [").unwrap();
+        body[at..].to_owned()
+    };
+    insta::assert_snapshot!("mcp_results_anthropic", messages(&anthropic));
+    insta::assert_snapshot!("mcp_results_openai", messages(&openai));
 }

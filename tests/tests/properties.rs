@@ -41,10 +41,10 @@ use psych_prompt_assembly::{
     AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, RenderedRequest,
     StaticSections, Transient,
 };
-use psych_reader_tool::{Answer, Limits, Reader};
+use psych_reader_tool::{Limits, Reader};
 use psych_record_log::{RecordLog, SyncPolicy};
 use psych_types::{
-    AssistantMessage, LoggedRecord, OutputBody, Projection, Record, RecordHandle, RecordSource,
+    AssistantMessage, ContentBlock, LoggedRecord, Projection, Record, RecordHandle, RecordSource,
     ResultProjector, ResultRef, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput,
     ToolResult, UserMessage, readable_bytes,
 };
@@ -53,6 +53,9 @@ use tempfile::TempDir;
 
 mod common;
 use common::{open, preview_handles, read_back};
+
+#[path = "../../prompt-assembly/tests/rules/mod.rs"]
+mod rules;
 
 /// The Run under test and the other Run sharing its folder.
 const OWN_RUN: &str = "run-own";
@@ -77,7 +80,7 @@ enum Shape {
     Trace { frames: usize, json: bool },
     /// A short answer (some empty or blank, some not ASCII).
     Small { pick: usize },
-    /// A screenshot: a PNG followed by `extra` bytes of image data.
+    /// A screenshot: a caption, a real PNG of about `extra` bytes, the page title.
     Png { extra: usize },
     /// The model reads a stored result back with `read_tool_output`: one the last request
     /// showed elided when there is one (else any text result so far), from line `offset`
@@ -147,15 +150,6 @@ const TITLES: [&str; 6] = [
 
 const LOGINS: [&str; 4] = ["octocat", "ferris", "marie-k", "dependabot[bot]"];
 
-/// A 1x1 PNG.
-const PNG: [u8; 67] = [
-    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
-    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f, 0x15, 0xc4,
-    0x89, 0x00, 0x00, 0x00, 0x0a, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0x00, 0x01, 0x00, 0x00,
-    0x05, 0x00, 0x01, 0x0d, 0x0a, 0x2d, 0xb4, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae,
-    0x42, 0x60, 0x82,
-];
-
 fn issues(count: usize, seed: u32) -> Value {
     let seed = seed as usize;
     Value::Array(
@@ -215,10 +209,10 @@ fn trace(frames: usize, as_json: bool) -> ToolOutput {
                 called `Result::unwrap()` on an `Err` value: Io(Os { code: 28, kind: StorageFull, message: \"No space left on device\" })";
     if as_json {
         ToolOutput {
-            body: OutputBody::Json {
-                value: json!({"error": {"code": -32603, "message": head, "data": {"backtrace": (0..frames).map(frame).collect::<Vec<_>>()}}}),
-            },
             is_error: true,
+            ..ToolOutput::json(
+                json!({"error": {"code": -32603, "message": head, "data": {"backtrace": (0..frames).map(frame).collect::<Vec<_>>()}}}),
+            )
         }
     } else {
         let frames: String = (0..frames).map(|i| format!("\n{}", frame(i))).collect();
@@ -226,10 +220,17 @@ fn trace(frames: usize, as_json: bool) -> ToolOutput {
     }
 }
 
-fn png(extra: usize) -> Vec<u8> {
-    let mut data = PNG.to_vec();
-    data.extend((0..extra).map(|i| (i.wrapping_mul(31) % 251) as u8));
-    data
+/// A screenshot result as a browser server returns it: a caption, a real PNG, the page title.
+fn screenshot(extra: usize) -> ToolOutput {
+    // About `extra` bytes of pixels: 16 px wide rows of 49 bytes.
+    let png = rules::images::png(16, 1 + (extra / 49) as u32, extra as u8);
+    ToolOutput::from_blocks(vec![
+        ContentBlock::text(format!(
+            "Screenshot of http://localhost:8080/jobs ({extra})"
+        )),
+        ContentBlock::image("image/png", png),
+        ContentBlock::text("Page title: Jobs · Psych"),
+    ])
 }
 
 /// The tool name, arguments and output of a call with this shape.
@@ -262,7 +263,7 @@ fn call_of(shape: &Shape, n: usize) -> (&'static str, Value, ToolOutput) {
         Shape::Png { extra } => (
             "take_screenshot",
             json!({"url": "http://localhost:8080/jobs", "full_page": extra % 2 == 0}),
-            ToolOutput::binary("image/png", png(*extra)),
+            screenshot(*extra),
         ),
         // Played by `Conversation::reread`, which needs the log; without a result to read
         // the model asks for the status instead.
@@ -428,6 +429,9 @@ impl<'p> Conversation<'p> {
             .unwrap();
         let anthropic = prompt.render_anthropic(&anthropic_options).unwrap();
         let openai = prompt.render_openai(&openai_options).unwrap();
+        // The rule checker on every body the property renders.
+        assert_eq!(rules::check_anthropic_body(anthropic.body(), true), Ok(()));
+        assert_eq!(rules::check_openai_body(openai.body()), Ok(()));
         let views = prompt
             .result_views()
             .map(|(handle, view)| (handle.clone(), view.clone()))
@@ -467,11 +471,9 @@ impl<'p> Conversation<'p> {
     /// text result so far) and the real reader's answer, or `None` without such a result.
     fn reread(&self, grep: bool, offset: u64) -> Option<(&'static str, Value, ToolOutput)> {
         let textual = |handle: &RecordHandle| {
-            self.results.iter().any(|a| {
-                &a.handle == handle
-                    && !a.result.output.is_error
-                    && a.result.output.body.kind().is_text()
-            })
+            self.results
+                .iter()
+                .any(|a| &a.handle == handle && !a.result.output.is_error)
         };
         let elided: Vec<&RecordHandle> = self
             .calls
@@ -706,38 +708,24 @@ where
                 full.len()
             ));
         }
-        if info.kind.is_text() {
-            // Every turn with the default reader, and with small chunks and small pages in
-            // the turn the result was appended.
-            let mut reads = vec![read_back(&reader, &text, 200)?];
-            if Some(appended.turn) == current {
-                reads.push(read_back(&small, &text, 13)?);
-            }
-            if reads.iter().any(|bytes| *bytes != full) {
-                return Err(format!(
-                    "{text} does not read back whole through the reader"
-                ));
-            }
-        } else {
-            let answer = reader
-                .call(&json!({"handle": text}))
-                .map_err(|e| format!("{e:?}"))?;
-            if !matches!(&answer, Answer::Binary(info) if info.len == full.len() as u64) {
-                return Err(format!("{text} is binary, read as {answer:?}"));
-            }
-            let mut bytes = vec![0u8; full.len()];
-            let mut at = 0;
-            while at < bytes.len() {
-                let n = own
-                    .read_output(handle, at as u64, &mut bytes[at..])
-                    .map_err(|e| e.to_string())?;
-                if n == 0 {
-                    break;
-                }
-                at += n;
-            }
-            if at != full.len() || bytes != full {
-                return Err(format!("{text}: the stored bytes differ"));
+        // Every turn with the default reader, and with small chunks and small pages in the
+        // turn the result was appended.
+        let mut reads = vec![read_back(&reader, &text, 200)?];
+        if Some(appended.turn) == current {
+            reads.push(read_back(&small, &text, 13)?);
+        }
+        if reads.iter().any(|bytes| *bytes != full) {
+            return Err(format!(
+                "{text} does not read back whole through the reader"
+            ));
+        }
+        // Every block, binary data included, by position.
+        for (position, block) in appended.result.output.content.iter().enumerate() {
+            let back = own
+                .content_block(handle, position)
+                .map_err(|e| e.to_string())?;
+            if back.as_ref() != Some(block) {
+                return Err(format!("{text}: block {position} does not come back whole"));
             }
         }
     }
@@ -754,7 +742,7 @@ where
                     && conversation.results.iter().any(|a| {
                         a.handle == *handle
                             && !a.result.output.is_error
-                            && a.result.output.body.kind().is_text()
+                            && a.result.output.binary_blocks().next().is_none()
                     })
             })
             .map(|(handle, _)| handle.to_string())
@@ -1140,13 +1128,15 @@ fn the_telling_script_holds_every_property_and_exercises_each_check() {
     assert_eq!(previews, (2 * 6 + 2) * 2);
     assert_eq!(check_prefixes(&conversation.calls), Ok(6));
     let views = check_views_change_at_most_once(&conversation).unwrap();
-    // Turn 0's log, issues, trace and PNG change, and turn 1's read; turn 0's small text and
-    // turn 1's others do not, for both providers. Turn 2's result is never seen later.
-    assert_eq!((views.changed, views.unchanged), (10, 6));
+    // Turn 0's log, issues, trace and screenshot change, and turn 1's read; turn 0's small
+    // text and turn 1's others do not, for both providers; except that the screenshot's
+    // OpenAI tool message stays the same (its placeholder text; only the user message with
+    // the image after it goes). Turn 2's result is never seen later.
+    assert_eq!((views.changed, views.unchanged), (9, 7));
     // The read is the real reader's page of the first elided result, turn 0's issues.
     let read = &conversation.results[6].result;
     assert_eq!(read.name, psych_types::READ_TOOL_OUTPUT);
-    let text = read.output.text_view().unwrap();
+    let text = read.output.readable_text();
     assert!(
         text.starts_with("[read_tool_output run-own:2 · tool \"list_issues\" · json"),
         "{text}"
@@ -1203,13 +1193,11 @@ fn a_projector_that_varies_with_the_step_fails_the_prefix_and_view_checks() {
 /// The cheaper design the spec rejects: large text results trimmed before they are stored.
 fn trim_before_storing(record: &Record) -> Record {
     match record {
-        Record::ToolResult(result) => match &result.output.body {
-            OutputBody::Text { text } if text.len() > 500 => Record::ToolResult(ToolResult {
+        Record::ToolResult(result) => match result.output.content.as_slice() {
+            [ContentBlock::Text(text)] if text.text.len() > 500 => Record::ToolResult(ToolResult {
                 output: ToolOutput {
-                    body: OutputBody::Text {
-                        text: text.chars().take(200).collect(),
-                    },
                     is_error: result.output.is_error,
+                    ..ToolOutput::text(text.text.chars().take(200).collect::<String>())
                 },
                 ..result.clone()
             }),

@@ -5,11 +5,14 @@
 //! Every other Psych crate depends on this one and, among the core crates, on nothing else
 //! of ours. The principal types are [`ToolDefinition`] (one MCP tool, faithful to the
 //! 2025-11-25 schema and lossless through serde), [`ToolRef`] (the `(server, tool)` pair),
+//! [`ToolOutput`] (a tool result as MCP returns it: ordered [`ContentBlock`]s, structured
+//! content, `isError`, `_meta`, with its one [readable text](ToolOutput::readable_text)),
 //! [`Record`] with its [`RecordHandle`], and the seam traits [`TokenEstimator`],
 //! [`ResultProjector`], [`RecordSource`], [`ToolLister`] and [`ToolHost`].
 //!
 //! Ids are validated newtypes: a bad name is an [`IdError`] where it enters, never a panic
-//! later.
+//! later. JSON the workspace shows or stores as text is written by [`json`], the canonical
+//! writer: sorted keys, the same bytes whether or not serde_json's `preserve_order` is on.
 //!
 //! # Example
 //!
@@ -36,6 +39,7 @@ pub mod base64;
 mod catalog;
 mod connection;
 mod id;
+pub mod json;
 mod output;
 mod record;
 mod seam;
@@ -51,13 +55,16 @@ pub use catalog::{
 };
 pub use connection::{ConnectionSpec, PermissionGrant, Preload, ToolScope};
 pub use id::{IdError, RunId, ServerId, ToolCallId, ToolName, ToolRef};
-pub use output::{OutputBody, OutputKind, ToolOutput, render_json};
+pub use output::{
+    Annotations, BinaryRef, BlobResource, ContentBlock, EmbeddedResource, MediaContent,
+    ResourceContents, ResourceLink, TextContent, TextResource, ToolOutput, render_json,
+};
 pub use record::{
     AssistantMessage, HandleParseError, LoggedRecord, Record, RecordHandle, ToolCall, ToolResult,
     UserMessage,
 };
 pub use seam::{
-    MemoryRecords, OutputInfo, Projection, RecordSource, ResultProjector, ResultRef,
+    MemoryRecords, OutputInfo, OutputKind, Projection, RecordSource, ResultProjector, ResultRef,
     TokenEstimator, ToolHost, ToolLister, readable_bytes,
 };
 pub use tool::{

@@ -16,8 +16,8 @@ use std::convert::Infallible;
 use std::future::Future;
 
 use crate::{
-    JsonObject, LoggedRecord, OutputBody, OutputKind, Record, RecordHandle, RunId, ServerId,
-    ToolCallId, ToolDefinition, ToolOutput, ToolRef,
+    ContentBlock, JsonObject, LoggedRecord, Record, RecordHandle, RunId, ServerId, ToolCallId,
+    ToolDefinition, ToolOutput, ToolRef,
 };
 
 /// A cheap, monotone estimate of how many tokens content costs in a prompt.
@@ -31,17 +31,16 @@ pub trait TokenEstimator {
     /// Estimated tokens of `len` bytes of binary content of the given MIME type.
     fn estimate_binary(&self, mime_type: &str, len: u64) -> u64;
 
-    /// Estimated tokens of a tool output, through its text view or its binary size.
+    /// Estimated tokens of a tool output: its readable text
+    /// ([`ToolOutput::readable_text`], placeholders included) plus, for each binary block
+    /// (image, audio, blob resource), [`TokenEstimator::estimate_binary`] of its bytes, the
+    /// cost of sending them base64-encoded. Monotone: growing any block never lowers it.
     fn estimate_output(&self, output: &ToolOutput) -> u64 {
-        match &output.body {
-            OutputBody::Text { text } => self.estimate_text(text),
-            OutputBody::Json { .. } => output
-                .text_view()
-                .map_or(0, |view| self.estimate_text(&view)),
-            OutputBody::Binary { mime_type, data } => {
-                self.estimate_binary(mime_type, data.len() as u64)
-            }
-        }
+        let binary = output.binary_blocks().fold(0u64, |sum, (_, block)| {
+            sum.saturating_add(self.estimate_binary(block.mime_type, block.data.len() as u64))
+        });
+        self.estimate_text(&output.readable_text())
+            .saturating_add(binary)
     }
 }
 
@@ -74,13 +73,33 @@ pub trait ResultProjector {
     fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]);
 }
 
+/// What the readable text of a stored tool result is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OutputKind {
+    /// Content blocks: their text, with one placeholder line for each non-text block.
+    Text,
+    /// Only structured content: its JSON text view (pretty, keys sorted).
+    Json,
+}
+
+impl OutputKind {
+    /// The kind of `output`'s readable text.
+    pub fn of(output: &ToolOutput) -> Self {
+        if output.shows_structured_content() {
+            OutputKind::Json
+        } else {
+            OutputKind::Text
+        }
+    }
+}
+
 /// What a [`RecordSource`] knows of a stored tool result without reading its content.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputInfo {
-    /// The kind of content.
+    /// What the readable text is made of.
     pub kind: OutputKind,
-    /// Length in bytes of the readable content: the text view's UTF-8 bytes for text and
-    /// JSON, the raw bytes for binary.
+    /// Length in bytes of the readable text ([`ToolOutput::readable_text`]).
     pub len: u64,
     /// Whether the call failed.
     pub is_error: bool,
@@ -116,7 +135,7 @@ pub trait RecordSource {
     /// Storage failures only.
     fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, Self::Error>;
 
-    /// Copies readable content of the tool result at `handle`, starting at byte `offset`,
+    /// Copies readable text of the tool result at `handle`, starting at byte `offset`,
     /// into `buf`. Returns the number of bytes copied: `0` at or past the end, or when the
     /// handle does not resolve to a tool result of this Run. Like [`std::io::Read::read`],
     /// a source may copy fewer bytes than `buf` holds before the end; callers loop until
@@ -131,6 +150,27 @@ pub trait RecordSource {
         offset: u64,
         buf: &mut [u8],
     ) -> Result<usize, Self::Error>;
+
+    /// The content block at `position` (from 0, the number its placeholder line shows) of
+    /// the tool result at `handle`, whole: binary data included. `None` when the handle does
+    /// not resolve to a tool result of this Run or the result has no such block.
+    ///
+    /// The default reads the whole record; a store that can read one block alone (the
+    /// record log) overrides it.
+    ///
+    /// # Errors
+    ///
+    /// Storage failures only.
+    fn content_block(
+        &self,
+        handle: &RecordHandle,
+        position: usize,
+    ) -> Result<Option<ContentBlock>, Self::Error> {
+        Ok(match self.record(handle)? {
+            Some(Record::ToolResult(result)) => result.output.content.into_iter().nth(position),
+            _ => None,
+        })
+    }
 }
 
 /// A shared reference to a source is a source, so readers can borrow or own one.
@@ -156,6 +196,14 @@ impl<S: RecordSource + ?Sized> RecordSource for &S {
         buf: &mut [u8],
     ) -> Result<usize, Self::Error> {
         (**self).read_output(handle, offset, buf)
+    }
+
+    fn content_block(
+        &self,
+        handle: &RecordHandle,
+        position: usize,
+    ) -> Result<Option<ContentBlock>, Self::Error> {
+        (**self).content_block(handle, position)
     }
 }
 
@@ -213,15 +261,13 @@ impl MemoryRecords {
     }
 }
 
-/// The bytes [`RecordSource::read_output`] serves for an output: the UTF-8 of text, the
-/// text view of JSON ([`render_json`](crate::render_json)), the raw bytes of binary content.
-/// Borrowed except for JSON, which is rendered. Stores keep exactly these bytes so that a
-/// reader serves what the model was shown.
+/// The bytes [`RecordSource::read_output`] serves for an output: the UTF-8 of its
+/// [`readable text`](ToolOutput::readable_text). Borrowed for a result of one text block.
+/// Stores keep exactly these bytes so that a reader serves what the model was shown.
 pub fn readable_bytes(output: &ToolOutput) -> Cow<'_, [u8]> {
-    match &output.body {
-        OutputBody::Text { text } => Cow::Borrowed(text.as_bytes()),
-        OutputBody::Json { value } => Cow::Owned(crate::render_json(value).into_bytes()),
-        OutputBody::Binary { data, .. } => Cow::Borrowed(data),
+    match output.readable_text() {
+        Cow::Borrowed(text) => Cow::Borrowed(text.as_bytes()),
+        Cow::Owned(text) => Cow::Owned(text.into_bytes()),
     }
 }
 
@@ -245,7 +291,7 @@ impl RecordSource for MemoryRecords {
             return Ok(None);
         };
         Ok(Some(OutputInfo {
-            kind: result.output.body.kind(),
+            kind: OutputKind::of(&result.output),
             len: content.len() as u64,
             is_error: result.output.is_error,
             call_id: result.call_id.clone(),

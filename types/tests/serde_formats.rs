@@ -9,9 +9,9 @@
 )]
 
 use psych_types::{
-    AssistantMessage, ConnectionSpec, LoggedRecord, PermissionGrant, Preload, Record, RecordHandle,
-    RunId, ServerId, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolRef,
-    ToolResult, UserMessage,
+    AssistantMessage, ConnectionSpec, ContentBlock, LoggedRecord, PermissionGrant, Preload, Record,
+    RecordHandle, RunId, ServerId, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput,
+    ToolRef, ToolResult, UserMessage,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -79,11 +79,15 @@ fn tool_outputs() {
         ))
     );
     insta::assert_snapshot!(
-        "output_binary",
-        check(&ToolOutput::binary(
-            "image/png",
-            vec![0x89, b'P', b'N', b'G', 0, 255]
-        ))
+        "output_blocks",
+        check(
+            &ToolOutput::from_blocks(vec![
+                ContentBlock::text("Screenshot of the page:"),
+                ContentBlock::image("image/png", vec![0x89, b'P', b'N', b'G', 0, 255]),
+                ContentBlock::text("done"),
+            ])
+            .with_structured_content(serde_json::json!({"width": 1, "height": 1}))
+        )
     );
     insta::assert_snapshot!(
         "output_error",

@@ -12,14 +12,19 @@
 
 use std::collections::BTreeSet;
 
+#[path = "../rules/mod.rs"]
+pub mod rules;
+#[allow(unused_imports, reason = "not every test crate checks bodies")]
+pub use rules::{check_anthropic_body, check_openai_body};
+
 use psych_prompt_assembly::{
     AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, Part, Prompt,
     RenderedRequest, StaticSections, Transient,
 };
 use psych_types::{
-    AssistantMessage, LoggedRecord, OutputBody, Projection, Record, RecordHandle, ResultProjector,
-    ResultRef, RunId, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolResult,
-    UserMessage,
+    AssistantMessage, ContentBlock, LoggedRecord, Projection, Record, RecordHandle,
+    ResultProjector, ResultRef, RunId, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput,
+    ToolResult, UserMessage,
 };
 
 /// A small deterministic stand-in for psych-elision: sizes in bytes, two thresholds, the
@@ -39,10 +44,11 @@ impl Default for TestProjector {
 }
 
 fn size(output: &ToolOutput) -> usize {
-    match &output.body {
-        OutputBody::Binary { data, .. } => data.len(),
-        _ => output.text_view().map_or(0, |t| t.len()),
-    }
+    output.readable_text().len()
+        + output
+            .binary_blocks()
+            .map(|(_, b)| b.data.len())
+            .sum::<usize>()
 }
 
 impl ResultProjector for TestProjector {
@@ -77,21 +83,18 @@ impl ResultProjector for TestProjector {
 }
 
 fn preview(result: ResultRef<'_>) -> String {
-    let text = result.output.text_view().map(|t| t.into_owned());
-    match text {
-        Some(text) if result.output.is_error => text.chars().take(120).collect::<String>(),
-        Some(text) => {
-            let chars: Vec<char> = text.chars().collect();
-            let head: String = chars.iter().take(60).collect();
-            let tail: String = chars[chars.len().saturating_sub(60)..].iter().collect();
-            format!(
-                "{head}\n[... {} bytes elided; read the rest with read_tool_output(\"{}\") ...]\n{tail}",
-                text.len(),
-                result.handle
-            )
-        }
-        None => format!("[binary output elided; handle {}]", result.handle),
+    let text = result.output.readable_text();
+    if result.output.is_error {
+        return text.chars().take(120).collect::<String>();
     }
+    let chars: Vec<char> = text.chars().collect();
+    let head: String = chars.iter().take(60).collect();
+    let tail: String = chars[chars.len().saturating_sub(60)..].iter().collect();
+    format!(
+        "{head}\n[... {} bytes elided; read the rest with read_tool_output(\"{}\") ...]\n{tail}",
+        text.len(),
+        result.handle
+    )
 }
 
 /// Leaves every result whole.
@@ -116,6 +119,16 @@ pub enum Outcome {
     BadName(usize),
     /// The model's arguments did not parse; the log keeps their raw text; the call failed.
     RawArguments,
+    /// A screenshot tool returning `count` real PNGs whose headers say `side` px square
+    /// (past 2000 and 8000 px, and past 20 images, the limits bite).
+    Images {
+        count: usize,
+        side: u32,
+    },
+    /// An image of more than 5 MB of base64.
+    HugeImage,
+    /// A call whose id (from another provider) is longer than OpenAI's 40 characters.
+    LongId,
 }
 
 /// Names a model invents (outside `^[a-zA-Z0-9_-]{1,64}$`).
@@ -189,12 +202,41 @@ fn output(outcome: &Outcome, seed: usize) -> ToolOutput {
         Outcome::Json => ToolOutput::json(serde_json::json!({
             "z": seed, "a": [1.5, "x", null], "m": {"b": true, "a": -3}
         })),
-        Outcome::Image => ToolOutput::binary("image/png", vec![0x89, b'P', b'N', b'G', seed as u8]),
-        Outcome::Pdf => ToolOutput::binary("application/pdf", vec![b'%'; 300 + seed % 7]),
+        Outcome::Image => ToolOutput::from_blocks(vec![
+            ContentBlock::text(format!("screenshot {seed}:")),
+            ContentBlock::image("image/png", rules::images::png(4, 3, seed as u8)),
+            ContentBlock::text("done"),
+        ]),
+        Outcome::Pdf => ToolOutput::from_blocks(vec![ContentBlock::from_object(
+            serde_json::json!({"type": "resource", "resource": {
+                "uri": format!("file:///reports/{seed}.pdf"),
+                "mimeType": "application/pdf",
+                "blob": psych_types::base64::encode(&vec![b'%'; 300 + seed % 7]),
+            }})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+        )]),
         Outcome::BadName(i) => {
             ToolOutput::error(format!("unknown tool {}", BAD_NAMES[i % BAD_NAMES.len()]))
         }
         Outcome::RawArguments => ToolOutput::error("arguments are not valid JSON"),
+        Outcome::Images { count, side } => {
+            let mut blocks = vec![ContentBlock::text(format!("{count} screenshots:"))];
+            for k in 0..*count {
+                let mut png = rules::images::png(2, 2, (seed + k) as u8);
+                png[16..20].copy_from_slice(&side.to_be_bytes());
+                png[20..24].copy_from_slice(&side.to_be_bytes());
+                blocks.push(ContentBlock::image("image/png", png));
+            }
+            ToolOutput::from_blocks(blocks)
+        }
+        Outcome::HugeImage => {
+            let mut png = rules::images::png(1, 1, seed as u8);
+            png.resize(4_000_000, 0);
+            ToolOutput::from_blocks(vec![ContentBlock::image("image/png", png)])
+        }
+        Outcome::LongId => ToolOutput::text(format!("answered a long id {seed}")),
         // Never logged.
         Outcome::Missing => ToolOutput::text(String::new()),
     }
@@ -257,9 +299,13 @@ pub fn play(turns: &[Turn]) -> Session {
             let ids: Vec<String> = step
                 .calls
                 .iter()
-                .map(|_| {
+                .map(|outcome| {
                     call_id += 1;
-                    format!("toolu_{call_id:04}")
+                    if matches!(outcome, Outcome::LongId) {
+                        format!("call_from_another_provider_{call_id:04}_{}", "x".repeat(30))
+                    } else {
+                        format!("toolu_{call_id:04}")
+                    }
                 })
                 .collect();
             push(
@@ -501,8 +547,8 @@ fn elide_before_newest_step(
                     (view, &mut out[i].record)
                 {
                     r.output = ToolOutput {
-                        body: OutputBody::Text { text },
                         is_error: r.output.is_error,
+                        ..ToolOutput::text(text)
                     };
                 }
             }
@@ -622,152 +668,4 @@ pub fn check_lookback(calls: &[Call], requests: &[&RenderedRequest]) -> Result<(
         }
     }
     Ok(())
-}
-
-/// Whether a block list holds a text block without non-whitespace text (the API answers
-/// 400 "text content blocks must contain non-whitespace text"), searching `tool_result`
-/// content too.
-fn has_blank_text(blocks: &[serde_json::Value]) -> bool {
-    blocks.iter().any(|b| {
-        (b["type"] == "text"
-            && b["text"]
-                .as_str()
-                .is_none_or(|t| t.chars().all(char::is_whitespace)))
-            || b["content"]
-                .as_array()
-                .is_some_and(|inner| inner.is_empty() || has_blank_text(inner))
-    })
-}
-
-/// Checks a rendered Anthropic body as the API would: valid JSON; every `tool_use` answered
-/// by exactly one `tool_result` at the start of the next (user) message, in order; no
-/// `tool_result` without its `tool_use`; at most four breakpoints, none on the last message
-/// when it is the transient one; every tool and call name within `^[a-zA-Z0-9_-]{1,64}$`;
-/// every `input` an object; no message without content; no text block (system, message or
-/// inside a `tool_result`) that is empty or only whitespace.
-pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), String> {
-    let value: serde_json::Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
-    if let Some(system) = value.get("system") {
-        let blocks = system.as_array().ok_or("system is not blocks")?;
-        if blocks.is_empty() || has_blank_text(blocks) {
-            return Err("an empty system or a blank system text block".into());
-        }
-    }
-    let name_ok = |n: &str| {
-        (1..=64).contains(&n.len())
-            && n.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    };
-    for tool in value["tools"].as_array().into_iter().flatten() {
-        if !name_ok(tool["name"].as_str().unwrap_or("")) {
-            return Err(format!("bad tool name {}", tool["name"]));
-        }
-    }
-    let messages = value["messages"].as_array().ok_or("no messages")?;
-    let mut expected: Vec<String> = Vec::new();
-    for message in messages {
-        let content = message["content"]
-            .as_array()
-            .ok_or("content is not blocks")?;
-        let results: Vec<String> = content
-            .iter()
-            .take_while(|b| b["type"] == "tool_result")
-            .map(|b| b["tool_use_id"].as_str().unwrap_or("").to_owned())
-            .collect();
-        if results != expected {
-            return Err(format!("expected results {expected:?}, found {results:?}"));
-        }
-        if content
-            .iter()
-            .skip(results.len())
-            .any(|b| b["type"] == "tool_result")
-        {
-            return Err("a tool_result after other blocks".into());
-        }
-        if content.is_empty() {
-            return Err("a message without content".into());
-        }
-        if has_blank_text(content) {
-            return Err("a text block without non-whitespace text".into());
-        }
-        expected = content
-            .iter()
-            .filter(|b| b["type"] == "tool_use")
-            .map(|b| {
-                let name = b["name"].as_str().unwrap_or("");
-                if name_ok(name) && b["input"].is_object() {
-                    Ok(b["id"].as_str().unwrap_or("").to_owned())
-                } else {
-                    Err(format!("bad tool_use {b}"))
-                }
-            })
-            .collect::<Result<_, _>>()?;
-        if !expected.is_empty() && message["role"] != "assistant" {
-            return Err("tool_use outside an assistant message".into());
-        }
-    }
-    if !expected.is_empty() {
-        return Err(format!("unanswered calls {expected:?}"));
-    }
-    if body.matches("\"cache_control\"").count() > 4 {
-        return Err("more than four breakpoints".into());
-    }
-    if has_transient
-        && messages
-            .last()
-            .is_some_and(|m| m.to_string().contains("cache_control"))
-    {
-        return Err("a breakpoint on the transient message".into());
-    }
-    Ok(())
-}
-
-/// Checks a rendered OpenAI body: valid JSON; every assistant `tool_calls` entry followed by
-/// one `tool` message per id, in order, with a function name within `^[a-zA-Z0-9_-]{1,64}$`
-/// and `arguments` a string (the raw text when the model's arguments did not parse, else
-/// the JSON of an object); no `tool` message otherwise; every user message with content.
-pub fn check_openai_body(body: &str) -> Result<(), String> {
-    let value: serde_json::Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
-    let messages = value["messages"].as_array().ok_or("no messages")?;
-    let mut expected: std::collections::VecDeque<String> = Default::default();
-    for message in messages {
-        if message["role"] == "tool" {
-            let id = message["tool_call_id"].as_str().unwrap_or("");
-            if expected.pop_front().as_deref() != Some(id) {
-                return Err(format!("unexpected tool message for {id}"));
-            }
-            if !message["content"].is_string() {
-                return Err("tool content is not a string".into());
-            }
-            continue;
-        }
-        if !expected.is_empty() {
-            return Err(format!("unanswered calls {expected:?}"));
-        }
-        if message["role"] == "user" && message["content"].as_str().is_none_or(str::is_empty) {
-            return Err(format!("a user message without content: {message}"));
-        }
-        for call in message["tool_calls"].as_array().into_iter().flatten() {
-            let arguments = call["function"]["arguments"]
-                .as_str()
-                .ok_or("arguments not a string")?;
-            let name = call["function"]["name"].as_str().unwrap_or("");
-            let name_ok = (1..=64).contains(&name.len())
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-            if !name_ok || call["type"] != "function" {
-                return Err(format!(
-                    "bad call {call} ({} bytes of arguments)",
-                    arguments.len()
-                ));
-            }
-            expected.push_back(call["id"].as_str().unwrap_or("").to_owned());
-        }
-    }
-    if expected.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("unanswered calls {expected:?}"))
-    }
 }

@@ -215,7 +215,7 @@ impl RecordSource for RawBytes {
 
     fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, Infallible> {
         Ok((handle == &self.handle()).then(|| OutputInfo {
-            kind: self.kind.clone(),
+            kind: self.kind,
             len: self.announced,
             is_error: false,
             call_id: ToolCallId::new("call_1").unwrap(),

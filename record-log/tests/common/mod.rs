@@ -5,7 +5,8 @@
 
 use proptest::prelude::*;
 use psych_types::{
-    AssistantMessage, Record, RunId, ToolCall, ToolCallId, ToolOutput, ToolResult, UserMessage,
+    AssistantMessage, ContentBlock, Record, RunId, ToolCall, ToolCallId, ToolOutput, ToolResult,
+    UserMessage,
 };
 
 /// A Run id, panicking on a bad literal (tests only).
@@ -50,10 +51,7 @@ pub(crate) fn numbered(seq: u64) -> Record {
     match seq % 3 {
         0 => user(&text),
         1 => result(&format!("call_{seq}"), ToolOutput::text(text)),
-        _ => result(
-            &format!("call_{seq}"),
-            ToolOutput::binary("application/octet-stream", text.into_bytes()),
-        ),
+        _ => result(&format!("call_{seq}"), with_binary(text)),
     }
 }
 
@@ -73,10 +71,7 @@ pub(crate) fn tagged(round: u64, thread: u64, i: u64) -> Record {
     match (i + thread) % 3 {
         0 => user(&text),
         1 => result(&format!("call_{thread}_{i}"), ToolOutput::text(text)),
-        _ => result(
-            &format!("call_{thread}_{i}"),
-            ToolOutput::binary("application/octet-stream", text.into_bytes()),
-        ),
+        _ => result(&format!("call_{thread}_{i}"), with_binary(text)),
     }
 }
 
@@ -92,6 +87,15 @@ pub(crate) fn tag_of(record: &Record) -> Option<(u64, u64, u64)> {
     let mut parts = head.split(' ');
     let mut field = |prefix: char| parts.next()?.strip_prefix(prefix)?.parse().ok();
     Some((field('r')?, field('t')?, field('i')?))
+}
+
+/// A result of `text` as a text block followed by the same bytes as a binary block.
+pub(crate) fn with_binary(text: String) -> ToolOutput {
+    let bytes = text.clone().into_bytes();
+    ToolOutput::from_blocks(vec![
+        ContentBlock::text(text),
+        ContentBlock::image("application/octet-stream", bytes),
+    ])
 }
 
 fn json_value() -> impl Strategy<Value = serde_json::Value> {
@@ -113,17 +117,62 @@ fn json_value() -> impl Strategy<Value = serde_json::Value> {
     })
 }
 
-fn output() -> impl Strategy<Value = ToolOutput> {
+/// A content block of any MCP kind, unknown ones included.
+fn block() -> impl Strategy<Value = ContentBlock> {
+    prop_oneof![
+        ".{0,40}".prop_map(ContentBlock::text),
+        (
+            "[a-z]{1,8}/[a-z]{1,8}",
+            prop::collection::vec(any::<u8>(), 0..300)
+        )
+            .prop_map(|(mime, data)| ContentBlock::image(mime, data)),
+        prop::collection::vec(any::<u8>(), 0..100)
+            .prop_map(|data| ContentBlock::audio("audio/wav", data)),
+        ("[a-z]{1,8}", ".{0,30}").prop_map(|(name, text)| {
+            ContentBlock::from_object(
+                serde_json::json!({"type": "resource", "resource": {"uri": format!("file:///{name}"), "text": text}, "annotations": {"priority": 0.5}})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+        }),
+        ("[a-z]{1,8}", prop::collection::vec(any::<u8>(), 0..50)).prop_map(|(name, data)| {
+            ContentBlock::from_object(
+                serde_json::json!({"type": "resource", "resource": {"uri": format!("mem://{name}"), "blob": psych_types::base64::encode(&data), "mimeType": "application/pdf"}})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+        }),
+        "[a-z]{1,8}".prop_map(|name| {
+            ContentBlock::from_object(
+                serde_json::json!({"type": "resource_link", "uri": format!("https://x/{name}"), "name": name, "size": 3, "_meta": {"k": [1]}})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+        }),
+        "[a-z]{1,8}".prop_map(|kind| {
+            ContentBlock::from_object(
+                serde_json::json!({"type": format!("x-{kind}"), "payload": {"n": 1.5}})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            )
+        }),
+    ]
+}
+
+pub(crate) fn output() -> impl Strategy<Value = ToolOutput> {
     let body = prop_oneof![
         ".{0,60}".prop_map(ToolOutput::text),
         // Multi-byte text and sizes past the small-record path.
         (0usize..3000).prop_map(|n| ToolOutput::text("é\n".repeat(n))),
         json_value().prop_map(ToolOutput::json),
-        (
-            "[a-z]{1,8}/[a-z]{1,8}",
-            prop::collection::vec(any::<u8>(), 0..300)
-        )
-            .prop_map(|(mime, data)| ToolOutput::binary(mime, data)),
+        prop::collection::vec(block(), 0..6).prop_map(ToolOutput::from_blocks),
+        (prop::collection::vec(block(), 1..4), json_value()).prop_map(|(blocks, value)| {
+            ToolOutput::from_blocks(blocks).with_structured_content(value)
+        }),
     ];
     (body, any::<bool>()).prop_map(|(mut output, is_error)| {
         output.is_error = is_error;

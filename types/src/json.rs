@@ -1,16 +1,34 @@
-//! Canonical compact JSON, written straight into a string.
+//! The workspace's canonical JSON writer: compact or pretty, object keys in sorted byte
+//! order, the same bytes in every build.
 //!
-//! The output equals `serde_json::to_string` of the same value with object keys in sorted
-//! (byte) order, whatever map order the value carries and whether or not some other crate in
-//! the build turned on serde_json's `preserve_order` feature: keys are sorted here, not by
-//! the map. Strings are escaped exactly as serde_json escapes them, and numbers are printed
-//! by serde_json's own `Number` formatting (itoa for integers, its shortest round-trip form
-//! for floats), so the same value gives the same bytes on every machine.
+//! serde_json writes a map in the map's own order, which is sorted only while no crate in the
+//! build turns on serde_json's `preserve_order` feature (and one often does, through some
+//! other dependency). These functions sort keys themselves, escape strings exactly as
+//! serde_json does and print numbers with serde_json's own `Number` formatting (itoa for
+//! integers, the shortest round-tripping form for floats), so the same value gives the same
+//! bytes whatever map type serde_json was built with. Everything the workspace shows a model
+//! or stores as text (the JSON text view of a tool result, rendered requests) goes through
+//! here.
 
 use serde_json::{Map, Value};
 
+/// `value` as canonical compact JSON: equal to `serde_json::to_string` of the same value
+/// with every object's keys in sorted byte order.
+pub fn to_compact(value: &Value) -> String {
+    let mut out = String::new();
+    write_value(&mut out, value);
+    out
+}
+
+/// `value` as canonical pretty JSON: two-space indent, one member or element a line, `": "`
+/// after keys, empty objects and arrays as `{}` and `[]`, keys in sorted byte order. Equal to
+/// `serde_json::to_string_pretty` of the same value with sorted keys.
+pub fn to_pretty(value: &Value) -> String {
+    indent(&to_compact(value))
+}
+
 /// Appends `text` as a JSON string literal (with quotes), escaped as serde_json does.
-pub(crate) fn write_str(out: &mut String, text: &str) {
+pub fn write_str(out: &mut String, text: &str) {
     out.push('"');
     write_str_body(out, text);
     out.push('"');
@@ -36,7 +54,7 @@ const ESCAPE: [u8; 256] = {
 };
 
 /// Appends the escaped body of a JSON string literal, without quotes.
-pub(crate) fn write_str_body(out: &mut String, text: &str) {
+pub fn write_str_body(out: &mut String, text: &str) {
     let bytes = text.as_bytes();
     let mut start = 0;
     let mut i = 0;
@@ -68,7 +86,7 @@ pub(crate) fn write_str_body(out: &mut String, text: &str) {
 }
 
 /// Appends `value` as canonical compact JSON.
-pub(crate) fn write_value(out: &mut String, value: &Value) {
+pub fn write_value(out: &mut String, value: &Value) {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(true) => out.push_str("true"),
@@ -93,8 +111,8 @@ pub(crate) fn write_value(out: &mut String, value: &Value) {
     }
 }
 
-/// Appends `map` as a canonical JSON object (keys in sorted byte order).
-pub(crate) fn write_object(out: &mut String, map: &Map<String, Value>) {
+/// Appends `map` as a canonical compact JSON object (keys in sorted byte order).
+pub fn write_object(out: &mut String, map: &Map<String, Value>) {
     out.push('{');
     let sorted = map
         .keys()
@@ -121,15 +139,18 @@ fn write_members<'v>(out: &mut String, members: impl Iterator<Item = (&'v String
     }
 }
 
-/// Indents compact JSON (no white space outside strings) two spaces a level, without
-/// reordering or re-encoding anything.
-pub(crate) fn indent(json: &str) -> String {
+/// Indents compact JSON (no white space outside strings) two spaces a level, one member or
+/// element a line, without reordering or re-encoding anything; empty objects and arrays stay
+/// `{}` and `[]`.
+pub fn indent(json: &str) -> String {
     let mut out = String::with_capacity(json.len() * 2);
     let mut depth = 0usize;
     let (mut in_string, mut escaped) = (false, false);
     let newline = |out: &mut String, depth: usize| {
         out.push('\n');
-        out.push_str(&"  ".repeat(depth));
+        for _ in 0..depth {
+            out.push_str("  ");
+        }
     };
     let mut chars = json.chars().peekable();
     while let Some(c) = chars.next() {
@@ -179,12 +200,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn canonical(value: &Value) -> String {
-        let mut out = String::new();
-        write_value(&mut out, value);
-        out
-    }
-
     #[test]
     fn escapes_like_serde_json() {
         let text = "a\"b\\c\n\r\t\u{8}\u{c}\u{1}\u{1f}\u{7f}é😀/";
@@ -203,19 +218,24 @@ mod tests {
             serde_json::json!(1e300),
             serde_json::json!(-0.000001),
         ] {
-            assert_eq!(canonical(&value), serde_json::to_string(&value).unwrap());
+            assert_eq!(to_compact(&value), serde_json::to_string(&value).unwrap());
         }
     }
 
     #[test]
     fn keys_are_sorted_whatever_the_map_order() {
-        // Build a map whose iteration order is not sorted only if preserve_order is on; either
-        // way the canonical output is sorted.
+        // The map iterates unsorted only when preserve_order is on; either way the output
+        // is sorted.
         let mut map = Map::new();
         map.insert("b".into(), Value::from(1));
         map.insert("a".into(), Value::from(2));
         map.insert("B".into(), Value::from(3));
-        assert_eq!(canonical(&Value::Object(map)), r#"{"B":3,"a":2,"b":1}"#);
+        let value = Value::Object(map);
+        assert_eq!(to_compact(&value), r#"{"B":3,"a":2,"b":1}"#);
+        assert_eq!(
+            to_pretty(&value),
+            "{\n  \"B\": 3,\n  \"a\": 2,\n  \"b\": 1\n}"
+        );
     }
 
     fn arb_json() -> impl Strategy<Value = Value> {
@@ -223,6 +243,7 @@ mod tests {
             Just(Value::Null),
             any::<bool>().prop_map(Value::from),
             any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
             any::<f64>()
                 .prop_filter("finite", |f| f.is_finite())
                 .prop_map(Value::from),
@@ -239,18 +260,21 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+        // In this build serde_json's maps are sorted (tidy refuses preserve_order), so
+        // serde_json itself is the reference; the build with preserve_order on is checked by
+        // `cargo xtask canonical-json` (see xtask).
         #[test]
-        fn equals_serde_json_compact(value in arb_json()) {
-            prop_assert_eq!(canonical(&value), serde_json::to_string(&value).unwrap());
+        fn equals_serde_json_with_sorted_maps(value in arb_json()) {
+            prop_assert_eq!(to_compact(&value), serde_json::to_string(&value).unwrap());
+            prop_assert_eq!(to_pretty(&value), serde_json::to_string_pretty(&value).unwrap());
         }
 
         #[test]
         fn indent_only_adds_white_space_outside_strings(value in arb_json()) {
-            let compact = canonical(&value);
+            let compact = to_compact(&value);
             let indented = indent(&compact);
             let back: Value = serde_json::from_str(&indented).unwrap();
             prop_assert_eq!(&back, &value);
-            // Same characters once the added line breaks, indents and ": " spaces go.
             let strip = |text: &str| -> String {
                 text.chars().filter(|c| !c.is_whitespace()).collect()
             };

@@ -1,0 +1,251 @@
+//! The rule checker fails on a body breaking each rule it checks: a checker that passed
+//! everything would make the property tests that run it worthless.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+#[path = "rules/mod.rs"]
+mod rules;
+
+use rules::images;
+use serde_json::{Value, json};
+
+fn b64(bytes: &[u8]) -> String {
+    psych_types::base64::encode(bytes)
+}
+
+fn png_block(bytes: &[u8], media_type: &str) -> Value {
+    json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": b64(bytes)}})
+}
+
+/// A body every rule accepts: tools, a call answered by a result with text and a real PNG,
+/// then the transient message.
+fn anthropic_ok() -> Value {
+    json!({
+        "model": "m", "max_tokens": 10,
+        "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+        "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Looking."},
+                {"type": "tool_use", "id": "c1", "name": "t", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": [
+                {"type": "text", "text": "before"},
+                png_block(&images::png(2, 2, 1), "image/png"),
+                {"type": "text", "text": "after"}]}]},
+            {"role": "user", "content": [{"type": "text", "text": "now"}]}
+        ]
+    })
+}
+
+fn openai_ok() -> Value {
+    json!({
+        "model": "m",
+        "tools": [{"type": "function", "function": {"name": "t", "parameters": {"type": "object"}}}],
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "t", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "[content block #0: image, image/png, 70 bytes]"},
+            {"role": "user", "content": [
+                {"type": "text", "text": "Images from the tool results above:"},
+                {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", b64(&images::png(2, 2, 1)))}}]}
+        ]
+    })
+}
+
+fn anthropic(body: &Value) -> Result<(), String> {
+    rules::check_anthropic_body(&body.to_string(), true)
+}
+
+fn openai(body: &Value) -> Result<(), String> {
+    rules::check_openai_body(&body.to_string())
+}
+
+/// Applies `break_it` to a copy of the good body and expects an error mentioning `says`.
+fn refused(
+    good: fn() -> Value,
+    check: fn(&Value) -> Result<(), String>,
+    says: &str,
+    break_it: impl FnOnce(&mut Value),
+) {
+    let mut body = good();
+    break_it(&mut body);
+    match check(&body) {
+        Err(problem) => assert!(problem.contains(says), "{problem:?} does not say {says:?}"),
+        Ok(()) => panic!("accepted a body that should fail on {says:?}: {body:.300}"),
+    }
+}
+
+#[test]
+fn the_good_bodies_pass() {
+    assert_eq!(anthropic(&anthropic_ok()), Ok(()));
+    assert_eq!(openai(&openai_ok()), Ok(()));
+    // Every generated image format sniffs as itself.
+    assert_eq!(
+        rules::sniff(&images::png(3, 2, 0)),
+        Some(("image/png", 3, 2))
+    );
+    assert_eq!(rules::sniff(&images::jpeg()), Some(("image/jpeg", 8, 8)));
+    assert_eq!(rules::sniff(&images::gif()), Some(("image/gif", 1, 1)));
+    assert_eq!(
+        rules::sniff(&images::webp_header(30, 20)),
+        Some(("image/webp", 30, 20))
+    );
+}
+
+#[test]
+fn each_anthropic_rule_fails_a_body_that_breaks_it() {
+    let g = anthropic_ok;
+    let a = anthropic;
+    refused(g, a, "first message", |b| {
+        b["messages"].as_array_mut().unwrap().remove(0);
+    });
+    refused(g, a, "without tools", |b| {
+        b.as_object_mut().unwrap().remove("tools");
+    });
+    refused(g, a, "bad tool name", |b| {
+        b["tools"][0]["name"] = json!("a.b")
+    });
+    refused(g, a, "expected results", |b| {
+        b["messages"][2]["content"][0]["tool_use_id"] = json!("c9");
+    });
+    refused(g, a, "unanswered", |b| {
+        b["messages"].as_array_mut().unwrap().truncate(2);
+    });
+    refused(g, a, "bad tool_use", |b| {
+        b["messages"][1]["content"][1]["input"] = json!("not an object");
+    });
+    refused(g, a, "whitespace", |b| {
+        b["messages"][0]["content"][0]["text"] = json!(" \n")
+    });
+    refused(g, a, "whitespace", |b| {
+        b["messages"][2]["content"][0]["content"][0]["text"] = json!("\t");
+    });
+    refused(g, a, "without content", |b| {
+        b["messages"][3]["content"] = json!([])
+    });
+    refused(g, a, "final assistant content ends in whitespace", |b| {
+        let messages = b["messages"].as_array_mut().unwrap();
+        messages.truncate(3);
+        messages
+            .push(json!({"role": "assistant", "content": [{"type": "text", "text": "done \n"}]}));
+    });
+    refused(
+        g,
+        a,
+        "declared image/jpeg but its bytes are image/png",
+        |b| {
+            b["messages"][2]["content"][0]["content"][1] =
+                png_block(&images::png(2, 2, 1), "image/jpeg");
+        },
+    );
+    refused(g, a, "no image", |b| {
+        b["messages"][2]["content"][0]["content"][1] = png_block(b"\x89PNG\r", "image/png");
+    });
+    refused(g, a, "over 5 MB", |b| {
+        let mut big = images::png(1, 1, 0);
+        big.resize(4_000_000, 0);
+        b["messages"][2]["content"][0]["content"][1] = png_block(&big, "image/png");
+    });
+    refused(g, a, "9000x2 px", |b| {
+        b["messages"][2]["content"][0]["content"][1] =
+            png_block(&images::png_header(9000, 2), "image/png");
+    });
+    refused(g, a, "and one over 2000 px", |b| {
+        let inner = b["messages"][2]["content"][0]["content"]
+            .as_array_mut()
+            .unwrap();
+        inner[1] = png_block(&images::png_header(2500, 10), "image/png");
+        for _ in 0..20 {
+            inner.push(png_block(&images::png(1, 1, 0), "image/png"));
+        }
+    });
+    refused(g, a, "101 images", |b| {
+        let inner = b["messages"][2]["content"][0]["content"]
+            .as_array_mut()
+            .unwrap();
+        for _ in 0..100 {
+            inner.push(png_block(&images::png(1, 1, 0), "image/png"));
+        }
+    });
+    refused(g, a, "a Some(\"document\") block in a tool_result", |b| {
+        b["messages"][2]["content"][0]["content"][1] = json!({"type": "document"});
+    });
+    refused(g, a, "more than four breakpoints", |b| {
+        for i in 0..4 {
+            b["messages"][i]["content"][0]["cache_control"] = json!({"type": "ephemeral"});
+        }
+        b["system"][0]["cache_control"] = json!({"type": "ephemeral"});
+    });
+    refused(g, a, "transient", |b| {
+        b["messages"][3]["content"][0]["cache_control"] = json!({"type": "ephemeral"});
+    });
+    refused(g, a, "a request of", |b| {
+        b["messages"][3]["content"][0]["text"] = json!("x".repeat(33 * 1024 * 1024));
+    });
+}
+
+#[test]
+fn each_openai_rule_fails_a_body_that_breaks_it() {
+    let g = openai_ok;
+    let o = openai;
+    refused(g, o, "129 tools", |b| {
+        let tools = b["tools"].as_array_mut().unwrap();
+        for i in 0..128 {
+            tools.push(json!({"type": "function", "function": {"name": format!("t{i}"), "parameters": {}}}));
+        }
+    });
+    refused(g, o, "bad tool name", |b| {
+        b["tools"][0]["function"]["name"] = json!("a.b")
+    });
+    refused(g, o, "not a JSON object", |b| {
+        b["messages"][2]["tool_calls"][0]["function"]["arguments"] = json!("{\"q\": ");
+    });
+    refused(g, o, "not a JSON object", |b| {
+        b["messages"][2]["tool_calls"][0]["function"]["arguments"] = json!("[1]");
+    });
+    refused(g, o, "a call id of 41 characters", |b| {
+        let long = "c".repeat(41);
+        b["messages"][2]["tool_calls"][0]["id"] = json!(long);
+        b["messages"][3]["tool_call_id"] = json!(long);
+    });
+    refused(g, o, "unexpected tool message", |b| {
+        b["messages"][3]["tool_call_id"] = json!("c9")
+    });
+    refused(g, o, "unanswered", |b| {
+        b["messages"].as_array_mut().unwrap().remove(3);
+    });
+    refused(g, o, "tool content is not a string", |b| {
+        b["messages"][3]["content"] = json!([{"type": "text", "text": "x"}]);
+    });
+    refused(g, o, "without content", |b| {
+        b["messages"][1]["content"] = json!("")
+    });
+    refused(g, o, "bad user content part", |b| {
+        b["messages"][4]["content"][0]["text"] = json!("");
+    });
+    refused(g, o, "image type image/gif not accepted", |b| {
+        b["messages"][4]["content"][1]["image_url"]["url"] =
+            json!(format!("data:image/gif;base64,{}", b64(&images::gif())));
+    });
+    refused(
+        g,
+        o,
+        "declared image/webp but its bytes are image/png",
+        |b| {
+            b["messages"][4]["content"][1]["image_url"]["url"] = json!(format!(
+                "data:image/webp;base64,{}",
+                b64(&images::png(2, 2, 1))
+            ));
+        },
+    );
+    refused(g, o, "no data URL", |b| {
+        b["messages"][4]["content"][1]["image_url"]["url"] = json!("https://example.com/a.png");
+    });
+}

@@ -1,0 +1,388 @@
+//! The rule checker: every rule a provider enforces on a request body that a Psych log could
+//! break, checked on the JSON as the API would see it. Each rule has a test that feeds it a
+//! body breaking that rule (`tests/rules.rs` of psych-prompt-assembly); the property tests
+//! run it on every body they render, adversarial logs included.
+//!
+//! Image rules are checked on the bytes: the base64 decodes, the media type is the one the
+//! magic bytes say, the header's dimensions and the sizes fit the limits. This module has
+//! its own header reader, written apart from the renderer's.
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "shared by several test crates; each uses a different part"
+)]
+
+pub mod images;
+
+use serde_json::Value;
+
+/// Anthropic's largest image, in base64 bytes.
+pub const ANTHROPIC_MAX_IMAGE_BASE64: usize = 5 * 1024 * 1024;
+/// The largest image side, in pixels.
+pub const MAX_SIDE: u64 = 8000;
+/// Images per request.
+pub const MAX_IMAGES: usize = 100;
+/// Above this many images, each at most [`MANY_IMAGES_MAX_SIDE`].
+pub const MANY_IMAGES: usize = 20;
+/// The side cap when a request holds more than [`MANY_IMAGES`] images.
+pub const MANY_IMAGES_MAX_SIDE: u64 = 2000;
+/// The request size limit of Anthropic's standard endpoints.
+pub const MAX_REQUEST_BYTES: usize = 32 * 1024 * 1024;
+/// OpenAI's tool cap.
+pub const OPENAI_MAX_TOOLS: usize = 128;
+/// OpenAI's call id cap, in characters.
+pub const OPENAI_MAX_CALL_ID: usize = 40;
+
+fn name_ok(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Whitespace as a provider may count it (Unicode, the information separators, BOM).
+fn is_space(c: char) -> bool {
+    c.is_whitespace() || matches!(c, '\u{1C}'..='\u{1F}' | '\u{FEFF}')
+}
+
+fn blank(text: &str) -> bool {
+    text.chars().all(is_space)
+}
+
+/// The media type and dimensions the bytes say, read independently of the renderer.
+pub fn sniff(data: &[u8]) -> Option<(&'static str, u64, u64)> {
+    let be = |at: usize, n: usize| -> Option<u64> {
+        Some(
+            data.get(at..at + n)?
+                .iter()
+                .fold(0u64, |v, &b| (v << 8) | u64::from(b)),
+        )
+    };
+    let le = |at: usize, n: usize| -> Option<u64> {
+        Some(
+            data.get(at..at + n)?
+                .iter()
+                .rev()
+                .fold(0u64, |v, &b| (v << 8) | u64::from(b)),
+        )
+    };
+    if data.starts_with(b"\x89PNG\r\n\x1a\n") && data.get(12..16) == Some(b"IHDR") {
+        return Some(("image/png", be(16, 4)?, be(20, 4)?));
+    }
+    if data.starts_with(b"GIF8") {
+        return Some(("image/gif", le(6, 2)?, le(8, 2)?));
+    }
+    if data.starts_with(b"RIFF") && data.get(8..12) == Some(b"WEBP") {
+        return match data.get(12..16)? {
+            b"VP8X" => Some(("image/webp", le(24, 3)? + 1, le(27, 3)? + 1)),
+            b"VP8L" => {
+                let bits = le(21, 4)?;
+                Some((
+                    "image/webp",
+                    (bits & 0x3fff) + 1,
+                    ((bits >> 14) & 0x3fff) + 1,
+                ))
+            }
+            b"VP8 " => Some(("image/webp", le(26, 2)? & 0x3fff, le(28, 2)? & 0x3fff)),
+            _ => None,
+        };
+    }
+    if data.starts_with(b"\xff\xd8") {
+        let mut at = 2;
+        while at + 4 <= data.len() {
+            if data[at] != 0xff {
+                return None;
+            }
+            let marker = data[at + 1];
+            if (0xc0..=0xcf).contains(&marker) && ![0xc4, 0xc8, 0xcc].contains(&marker) {
+                return Some(("image/jpeg", be(at + 7, 2)?, be(at + 5, 2)?));
+            }
+            at += 2 + be(at + 2, 2)? as usize;
+        }
+    }
+    None
+}
+
+/// Checks one image (base64 `data` declared as `media_type`); returns its larger side.
+fn check_image(media_type: &str, data: &str, providers_types: &[&str]) -> Result<u64, String> {
+    if data.len() > ANTHROPIC_MAX_IMAGE_BASE64 {
+        return Err(format!(
+            "an image of {} bytes of base64 (over 5 MB)",
+            data.len()
+        ));
+    }
+    let bytes = psych_types::base64::decode(data).map_err(|e| format!("image base64: {e}"))?;
+    let (sniffed, width, height) =
+        sniff(&bytes).ok_or_else(|| format!("image bytes are no image ({media_type})"))?;
+    if sniffed != media_type {
+        return Err(format!(
+            "image declared {media_type} but its bytes are {sniffed}"
+        ));
+    }
+    if !providers_types.contains(&media_type) {
+        return Err(format!("image type {media_type} not accepted"));
+    }
+    if width == 0 || height == 0 || width.max(height) > MAX_SIDE {
+        return Err(format!("image of {width}x{height} px"));
+    }
+    Ok(width.max(height))
+}
+
+/// Checks the count rules over the larger sides of a request's images.
+fn check_image_counts(sides: &[u64]) -> Result<(), String> {
+    if sides.len() > MAX_IMAGES {
+        return Err(format!("{} images in one request", sides.len()));
+    }
+    if sides.len() > MANY_IMAGES && sides.iter().any(|&s| s > MANY_IMAGES_MAX_SIDE) {
+        return Err(format!(
+            "{} images in one request and one over {MANY_IMAGES_MAX_SIDE} px",
+            sides.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a block list holds a text block without non-whitespace text, searching
+/// `tool_result` content too.
+fn has_blank_text(blocks: &[Value]) -> bool {
+    blocks.iter().any(|b| {
+        (b["type"] == "text" && b["text"].as_str().is_none_or(blank))
+            || b["content"]
+                .as_array()
+                .is_some_and(|inner| inner.is_empty() || has_blank_text(inner))
+    })
+}
+
+/// Checks a rendered Anthropic Messages body as the API would:
+/// - valid JSON, under the 32 MB request limit;
+/// - every tool name within `^[a-zA-Z0-9_-]{1,64}$`;
+/// - the first message is a user message;
+/// - every `tool_use` is answered by exactly one `tool_result` at the start of the next
+///   (user) message, in order; no `tool_result` without its `tool_use`, none after other
+///   blocks; `tool_use` only in assistant messages, with a valid name and an object `input`;
+/// - `tool_use` or `tool_result` blocks only when the request declares tools;
+/// - no message without content; no text block (system, message, or inside a
+///   `tool_result`) that is empty or only whitespace; `tool_result` content only text and
+///   image blocks;
+/// - a final assistant message does not end in whitespace;
+/// - every image: base64 of at most 5 MB, bytes of the declared type (PNG, JPEG, GIF,
+///   WebP), at most 8000 px a side; at most 100 images, and at most 2000 px a side when more
+///   than 20;
+/// - at most four `cache_control` breakpoints, none on the transient message.
+pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), String> {
+    if body.len() > MAX_REQUEST_BYTES {
+        return Err(format!("a request of {} bytes", body.len()));
+    }
+    let value: Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
+    if let Some(system) = value.get("system") {
+        let blocks = system.as_array().ok_or("system is not blocks")?;
+        if blocks.is_empty() || has_blank_text(blocks) {
+            return Err("an empty system or a blank system text block".into());
+        }
+    }
+    let tools = value["tools"].as_array().map_or(0, Vec::len);
+    for tool in value["tools"].as_array().into_iter().flatten() {
+        if !name_ok(tool["name"].as_str().unwrap_or("")) {
+            return Err(format!("bad tool name {}", tool["name"]));
+        }
+    }
+    let messages = value["messages"].as_array().ok_or("no messages")?;
+    if messages.first().is_none_or(|m| m["role"] != "user") {
+        return Err("the first message is not a user message".into());
+    }
+    let mut expected: Vec<String> = Vec::new();
+    let mut image_sides = Vec::new();
+    for message in messages {
+        let content = message["content"]
+            .as_array()
+            .ok_or("content is not blocks")?;
+        let results: Vec<String> = content
+            .iter()
+            .take_while(|b| b["type"] == "tool_result")
+            .map(|b| b["tool_use_id"].as_str().unwrap_or("").to_owned())
+            .collect();
+        if results != expected {
+            return Err(format!("expected results {expected:?}, found {results:?}"));
+        }
+        if content
+            .iter()
+            .skip(results.len())
+            .any(|b| b["type"] == "tool_result")
+        {
+            return Err("a tool_result after other blocks".into());
+        }
+        if content.is_empty() {
+            return Err("a message without content".into());
+        }
+        if has_blank_text(content) {
+            return Err("a text block without non-whitespace text".into());
+        }
+        if tools == 0
+            && content
+                .iter()
+                .any(|b| b["type"] == "tool_use" || b["type"] == "tool_result")
+        {
+            return Err("tool_use or tool_result blocks in a request without tools".into());
+        }
+        let mut images: Vec<&Value> = content.iter().filter(|b| b["type"] == "image").collect();
+        for result in content.iter().filter(|b| b["type"] == "tool_result") {
+            for inner in result["content"].as_array().into_iter().flatten() {
+                match inner["type"].as_str() {
+                    Some("text") => {}
+                    Some("image") => images.push(inner),
+                    other => return Err(format!("a {other:?} block in a tool_result")),
+                }
+            }
+        }
+        for image in images {
+            let source = &image["source"];
+            if source["type"] != "base64" {
+                return Err(format!("an image source of type {}", source["type"]));
+            }
+            image_sides.push(check_image(
+                source["media_type"].as_str().unwrap_or(""),
+                source["data"].as_str().unwrap_or(""),
+                &["image/png", "image/jpeg", "image/gif", "image/webp"],
+            )?);
+        }
+        expected = content
+            .iter()
+            .filter(|b| b["type"] == "tool_use")
+            .map(|b| {
+                let name = b["name"].as_str().unwrap_or("");
+                if name_ok(name) && b["input"].is_object() {
+                    Ok(b["id"].as_str().unwrap_or("").to_owned())
+                } else {
+                    Err(format!("bad tool_use {b}"))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        if !expected.is_empty() && message["role"] != "assistant" {
+            return Err("tool_use outside an assistant message".into());
+        }
+    }
+    check_image_counts(&image_sides)?;
+    if !expected.is_empty() {
+        return Err(format!("unanswered calls {expected:?}"));
+    }
+    if let Some(last) = messages.last()
+        && last["role"] == "assistant"
+        && let Some(text) = last["content"]
+            .as_array()
+            .and_then(|c| c.last())
+            .and_then(|b| b["text"].as_str())
+        && text.ends_with(is_space)
+    {
+        return Err("the final assistant content ends in whitespace".into());
+    }
+    if body.matches("\"cache_control\"").count() > 4 {
+        return Err("more than four breakpoints".into());
+    }
+    if has_transient
+        && messages
+            .last()
+            .is_some_and(|m| m.to_string().contains("cache_control"))
+    {
+        return Err("a breakpoint on the transient message".into());
+    }
+    Ok(())
+}
+
+/// Checks a rendered OpenAI Chat Completions body:
+/// - valid JSON; at most 128 tools, each named within `^[a-zA-Z0-9_-]{1,64}$`;
+/// - every assistant `tool_calls` entry is of type `function`, has a valid name, an id of
+///   at most 40 characters, and `arguments` whose text parses as a JSON object; it is
+///   followed by one `tool` message per id, in order, and no `tool` message comes otherwise;
+/// - `tool` message content is a string (tool messages carry no image);
+/// - every user message has content: a non-empty string, or a non-empty list of parts, each
+///   a non-empty text part or an `image_url` part whose data URL holds an image of its
+///   declared type (PNG, JPEG or WebP; not GIF, which OpenAI takes only when not animated)
+///   within the size limits; the image count rules as for Anthropic.
+pub fn check_openai_body(body: &str) -> Result<(), String> {
+    let value: Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
+    let tools = value["tools"].as_array().map_or(&[][..], Vec::as_slice);
+    if tools.len() > OPENAI_MAX_TOOLS {
+        return Err(format!(
+            "{} tools (at most {OPENAI_MAX_TOOLS})",
+            tools.len()
+        ));
+    }
+    for tool in tools {
+        if !name_ok(tool["function"]["name"].as_str().unwrap_or("")) {
+            return Err(format!("bad tool name {}", tool["function"]["name"]));
+        }
+    }
+    let messages = value["messages"].as_array().ok_or("no messages")?;
+    let mut expected: std::collections::VecDeque<String> = Default::default();
+    let mut image_sides = Vec::new();
+    for message in messages {
+        if message["role"] == "tool" {
+            let id = message["tool_call_id"].as_str().unwrap_or("");
+            if expected.pop_front().as_deref() != Some(id) {
+                return Err(format!("unexpected tool message for {id}"));
+            }
+            if !message["content"].is_string() {
+                return Err("tool content is not a string".into());
+            }
+            continue;
+        }
+        if !expected.is_empty() {
+            return Err(format!("unanswered calls {expected:?}"));
+        }
+        if message["role"] == "user" {
+            match &message["content"] {
+                Value::String(text) if !text.is_empty() => {}
+                Value::Array(parts) if !parts.is_empty() => {
+                    for part in parts {
+                        match part["type"].as_str() {
+                            Some("text")
+                                if part["text"].as_str().is_some_and(|t| !t.is_empty()) => {}
+                            Some("image_url") => {
+                                let url = part["image_url"]["url"].as_str().unwrap_or("");
+                                let (media_type, data) = url
+                                    .strip_prefix("data:")
+                                    .and_then(|rest| rest.split_once(";base64,"))
+                                    .ok_or_else(|| {
+                                        format!("an image URL that is no data URL: {url:.40}")
+                                    })?;
+                                image_sides.push(check_image(
+                                    media_type,
+                                    data,
+                                    &["image/png", "image/jpeg", "image/webp"],
+                                )?);
+                            }
+                            _ => return Err(format!("a bad user content part {part:.80}")),
+                        }
+                    }
+                }
+                other => return Err(format!("a user message without content: {other:.80}")),
+            }
+        }
+        for call in message["tool_calls"].as_array().into_iter().flatten() {
+            let arguments = call["function"]["arguments"]
+                .as_str()
+                .ok_or("arguments not a string")?;
+            if !serde_json::from_str::<Value>(arguments).is_ok_and(|v| v.is_object()) {
+                return Err(format!(
+                    "arguments that are not a JSON object: {arguments:.60}"
+                ));
+            }
+            let name = call["function"]["name"].as_str().unwrap_or("");
+            if !name_ok(name) || call["type"] != "function" {
+                return Err(format!("bad call {call:.80}"));
+            }
+            let id = call["id"].as_str().unwrap_or("");
+            if id.is_empty() || id.chars().count() > OPENAI_MAX_CALL_ID {
+                return Err(format!("a call id of {} characters", id.chars().count()));
+            }
+            expected.push_back(id.to_owned());
+        }
+    }
+    check_image_counts(&image_sides)?;
+    if expected.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("unanswered calls {expected:?}"))
+    }
+}
