@@ -5,6 +5,10 @@
 //!   then the unit, integration and doc tests (with insta refusing to write or accept
 //!   snapshots) and a look for pending snapshots.
 //! - `cargo xtask tidy`: the tidy checks alone.
+//! - `cargo xtask preserve-order`: the tests of `xtask/preserve-order-check`, a build of
+//!   psych-types with serde_json's `preserve_order` on (which tidy refuses in the workspace),
+//!   in its own workspace and target folder: the JSON text view must be the same bytes there.
+//!   Part of `ci`.
 
 #![forbid(unsafe_code)]
 
@@ -20,7 +24,8 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(&root),
         Some("tidy") => tidy_step(&root),
-        _ => Err("usage: cargo xtask <ci|tidy>".to_owned()),
+        Some("preserve-order") => preserve_order(&root),
+        _ => Err("usage: cargo xtask <ci|tidy|preserve-order>".to_owned()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -59,6 +64,7 @@ fn ci(root: &Path) -> Result<(), String> {
         &["doc", "--no-deps", "--workspace", "--locked"],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
+    preserve_order(root)?;
     // Unit, integration and doc tests, last so that a run ends with their summary. insta
     // must never write or accept a snapshot here: a changed or missing one is a failure.
     let insta = [("INSTA_UPDATE", "no"), ("INSTA_FORCE_PASS", "0")];
@@ -70,6 +76,25 @@ fn ci(root: &Path) -> Result<(), String> {
     pending_snapshots(root)?;
     // Nothing is printed after a passing test run: CI output ends with its summary.
     tests
+}
+
+/// Tests psych-types built with serde_json's `preserve_order` on, apart from the workspace.
+fn preserve_order(root: &Path) -> Result<(), String> {
+    let manifest = root.join("xtask/preserve-order-check/Cargo.toml");
+    let target = root.join("target/preserve-order");
+    cargo(
+        root,
+        &[
+            "test",
+            "--quiet",
+            "--locked",
+            "--manifest-path",
+            &manifest.to_string_lossy(),
+            "--target-dir",
+            &target.to_string_lossy(),
+        ],
+        &[],
+    )
 }
 
 fn tidy_step(root: &Path) -> Result<(), String> {
