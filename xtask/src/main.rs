@@ -9,6 +9,11 @@
 //!   psych-types with serde_json's `preserve_order` on (which tidy refuses in the workspace),
 //!   in its own workspace and target folder: the JSON text view must be the same bytes there.
 //!   Part of `ci`.
+//! - `cargo xtask sdk-check` (optional, not part of `ci`; needs `python3` and PyPI): validates
+//!   every request body in the prompt snapshots with the official SDKs' request types (the
+//!   Python `anthropic` and `openai` packages' typed dictionaries, through pydantic's
+//!   `TypeAdapter`), in a virtual environment it makes once in `target/sdk-venv`. The script is
+//!   `xtask/sdk-check/check.py`.
 
 #![forbid(unsafe_code)]
 
@@ -25,7 +30,8 @@ fn main() -> ExitCode {
         Some("ci") => ci(&root),
         Some("tidy") => tidy_step(&root),
         Some("preserve-order") => preserve_order(&root),
-        _ => Err("usage: cargo xtask <ci|tidy|preserve-order>".to_owned()),
+        Some("sdk-check") => sdk_check(&root),
+        _ => Err("usage: cargo xtask <ci|tidy|preserve-order|sdk-check>".to_owned()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -94,6 +100,52 @@ fn preserve_order(root: &Path) -> Result<(), String> {
             &target.to_string_lossy(),
         ],
         &[],
+    )
+}
+
+/// Runs `program args` in the workspace, failing on a non-zero exit.
+fn run(root: &Path, program: &Path, args: &[&str]) -> Result<(), String> {
+    eprintln!("xtask: {} {}", program.display(), args.join(" "));
+    let status = Command::new(program)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .map_err(|err| format!("cannot run {}: {err}", program.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} {} failed ({status})",
+            program.display(),
+            args.join(" ")
+        ))
+    }
+}
+
+/// Validates the snapshot request bodies with the official SDKs' request types.
+fn sdk_check(root: &Path) -> Result<(), String> {
+    let venv = root.join("target/sdk-venv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        run(
+            root,
+            Path::new("python3"),
+            &["-m", "venv", &venv.to_string_lossy()],
+        )?;
+        run(
+            root,
+            &python,
+            &["-m", "pip", "install", "--quiet", "anthropic", "openai"],
+        )?;
+    }
+    run(
+        root,
+        &python,
+        &[
+            "xtask/sdk-check/check.py",
+            "tests/tests/snapshots",
+            "prompt-assembly/tests/snapshots",
+        ],
     )
 }
 
