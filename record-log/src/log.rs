@@ -125,12 +125,13 @@ impl SyncPolicy {
 pub struct Recovery {
     /// Whole records in the log after opening.
     pub records: u64,
-    /// The torn or damaged tail that was cut off, if any.
+    /// The torn or damaged tail that was cut off, or the last sync's records found
+    /// missing, if any.
     pub tail: Option<TailLoss>,
 }
 
 impl Recovery {
-    /// Whether the log opened with nothing cut off.
+    /// Whether the log opened with nothing cut off and no record found missing.
     pub fn is_clean(&self) -> bool {
         self.tail.is_none()
     }
