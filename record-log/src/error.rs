@@ -52,7 +52,10 @@ pub enum OpenError {
         path: PathBuf,
     },
     /// The file is a record log of a format version this build does not read.
-    #[error("{path} is format version {version}; this build reads version 1")]
+    #[error(
+        "{path} is format version {version}; this build reads version {}",
+        crate::format::FORMAT_VERSION
+    )]
     UnsupportedVersion {
         /// The file.
         path: PathBuf,
@@ -72,7 +75,10 @@ pub enum OpenError {
     },
     /// A damaged frame (or file header) is followed by whole frames that are not the rest of
     /// a torn last write (`docs/format.md`, "Recovery on open"): the damage is not a torn
-    /// tail, so cutting there could drop acknowledged records. The file is left as it is.
+    /// tail, so cutting there could drop acknowledged records. Also: the file holds fewer
+    /// whole records than its high-water mark says a completed sync made durable (frames
+    /// zeroed or cut since), the mark disagrees with the frames, or neither of the mark's
+    /// slots is valid. The file is left as it is.
     #[error("{path}: corrupt log at byte {offset}: {reason}")]
     Corrupt {
         /// The file.

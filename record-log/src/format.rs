@@ -47,6 +47,11 @@ pub(crate) const CONTENT_WITH_BINARY: u8 = 3;
 /// Flag bit: the tool reported a failure.
 pub(crate) const FLAG_IS_ERROR: u8 = 1;
 
+/// Bytes of one slot of the high-water mark.
+pub(crate) const MARK_LEN: usize = 36;
+/// Slots of the high-water mark, right after the file header; writes alternate between them.
+pub(crate) const MARK_SLOTS: usize = 2;
+
 /// The largest write index a frame header holds (byte 15): frames further into one write
 /// all hold this value.
 pub(crate) const MAX_WRITE_INDEX: u8 = u8::MAX;
@@ -69,6 +74,96 @@ pub(crate) fn file_header(run: &RunId) -> Vec<u8> {
     let crc = crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
+}
+
+/// The file header for `run` followed by both slots of the high-water mark of an empty log:
+/// what a new file starts with.
+pub(crate) fn initial_file_start(run: &RunId) -> Vec<u8> {
+    let mut out = file_header(run);
+    let frames_start = (out.len() + MARK_SLOTS * MARK_LEN) as u64;
+    let mark = Mark::initial(frames_start).encode();
+    for _ in 0..MARK_SLOTS {
+        out.extend_from_slice(&mark);
+    }
+    out
+}
+
+/// The high-water mark: what the last sync of the log made durable, so that `open` can tell
+/// frames lost after they were synced from a write a crash cut short (`docs/format.md`,
+/// "High-water mark"). Each sync that follows new frames writes one, into slot
+/// `generation % 2`, before its `fdatasync`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mark {
+    /// Counts the marks written; the valid slot with the larger one is the current mark.
+    pub(crate) generation: u64,
+    /// Records already durable before the sync that wrote this mark began: a completed
+    /// earlier sync made them so.
+    pub(crate) durable_records: u64,
+    /// Byte offset where the frame of record `durable_records` starts: the end of the
+    /// durable frames.
+    pub(crate) durable_end: u64,
+    /// Records in the file once the sync that wrote this mark returns.
+    pub(crate) written_records: u64,
+}
+
+impl Mark {
+    /// The mark of an empty log whose frames start at `frames_start`.
+    pub(crate) fn initial(frames_start: u64) -> Self {
+        Self {
+            generation: 0,
+            durable_records: 0,
+            durable_end: frames_start,
+            written_records: 0,
+        }
+    }
+
+    /// The slot this mark is written to.
+    pub(crate) fn slot(&self) -> usize {
+        (self.generation % MARK_SLOTS as u64) as usize
+    }
+
+    /// The slot's bytes, checksum included.
+    pub(crate) fn encode(&self) -> [u8; MARK_LEN] {
+        let mut out = [0u8; MARK_LEN];
+        out[0..8].copy_from_slice(&self.generation.to_le_bytes());
+        out[8..16].copy_from_slice(&self.durable_records.to_le_bytes());
+        out[16..24].copy_from_slice(&self.durable_end.to_le_bytes());
+        out[24..32].copy_from_slice(&self.written_records.to_le_bytes());
+        let crc = crc32c(&out[0..32]);
+        out[32..36].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Parses one slot; `None` when its checksum fails (a slot torn by a crash, or damaged)
+    /// or it counts fewer records written than durable.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
+        let bytes: &[u8; MARK_LEN] = bytes.try_into().ok()?;
+        let field = |at: usize| {
+            let mut le = [0u8; 8];
+            le.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(le)
+        };
+        let stored = u32::from_le_bytes([bytes[32], bytes[33], bytes[34], bytes[35]]);
+        if crc32c(&bytes[0..32]) != stored {
+            return None;
+        }
+        let mark = Self {
+            generation: field(0),
+            durable_records: field(8),
+            durable_end: field(16),
+            written_records: field(24),
+        };
+        (mark.durable_records <= mark.written_records).then_some(mark)
+    }
+
+    /// The current mark among the slots (`MARK_SLOTS * MARK_LEN` bytes): the valid one of
+    /// the larger generation. `None` when no slot is valid.
+    pub(crate) fn newest(slots: &[u8]) -> Option<Self> {
+        slots
+            .chunks_exact(MARK_LEN)
+            .filter_map(Self::decode)
+            .max_by_key(|mark| mark.generation)
+    }
 }
 
 /// What a file header that is not the expected one says instead.
@@ -816,10 +911,11 @@ mod tests {
         let mut damaged = a.clone();
         damaged[12] ^= 0x20;
         assert_eq!(header_fault(&damaged), HeaderFault::Damaged);
-        let mut v2 = a[..FILE_HEADER_FIXED + 1].to_vec();
-        v2[8] = 1;
-        let crc = crc32c(&v2);
-        v2.extend_from_slice(&crc.to_le_bytes());
-        assert_eq!(header_fault(&v2), HeaderFault::Version(1));
+        let next = FORMAT_VERSION + 1;
+        let mut newer = a[..FILE_HEADER_FIXED + 1].to_vec();
+        newer[8..10].copy_from_slice(&next.to_le_bytes());
+        let crc = crc32c(&newer);
+        newer.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(header_fault(&newer), HeaderFault::Version(next));
     }
 }

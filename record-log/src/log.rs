@@ -17,7 +17,7 @@ use crate::crc32c::Crc32c;
 use crate::error::{AppendError, OpenError, PolicyError, ReadError};
 use crate::format::{
     self, FILE_EXTENSION, FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_TRAILER_LEN, FrameHeader,
-    HeaderFault, KIND_TOOL_RESULT,
+    HeaderFault, KIND_TOOL_RESULT, MARK_LEN, MARK_SLOTS, Mark,
 };
 
 /// Content larger than this is written straight from the record instead of being copied
@@ -121,17 +121,19 @@ impl SyncPolicy {
 }
 
 /// What opening a log found and repaired. Opening never drops data silently: anything cut
-/// off is described here.
+/// off is described here, and records that the file's high-water mark says a completed sync
+/// made durable but that are missing make `open` fail with [`OpenError::Corrupt`] instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recovery {
     /// Whole records in the log after opening.
     pub records: u64,
-    /// The torn or damaged tail that was cut off, if any.
+    /// The torn or damaged tail that was cut off, or the last sync's records found
+    /// missing, if any.
     pub tail: Option<TailLoss>,
 }
 
 impl Recovery {
-    /// Whether the log opened with nothing cut off.
+    /// Whether the log opened with nothing cut off and no record found missing.
     pub fn is_clean(&self) -> bool {
         self.tail.is_none()
     }
@@ -155,7 +157,11 @@ impl fmt::Display for Recovery {
 /// died mid-append) or damaged, with no whole frame after it; or the part of the last write
 /// from its first damaged frame on, when a power loss left that unsynced write's pages on
 /// disk out of order (whole frames of the same write after the damage, none of them ever
-/// acknowledged: `reason` then starts with `torn write`).
+/// acknowledged: `reason` then starts with `torn write`); or zeros (or nothing) where the
+/// frames of the last sync belong (`reason` then starts with `last write missing`): a crash
+/// before that sync returned, or frames lost after it, which the log cannot tell apart, so
+/// it says so rather than taking the zeros for free space. When the last sync's records are
+/// among those cut, `reason` names them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TailLoss {
     /// Byte offset the file was cut back to: the end of the last whole record.
@@ -192,6 +198,15 @@ pub struct RecordLog {
     pub(crate) end: u64,
     /// The file's length: `end` plus preallocated zeros.
     pub(crate) allocated: u64,
+    /// Byte offset of the high-water mark's first slot (right after the file header).
+    marks_at: u64,
+    /// The current high-water mark: the last one written by a sync that returned, or the
+    /// one read on open.
+    mark: Mark,
+    /// Records a sync that returned has made durable (all of them when the policy syncs),
+    /// and the byte offset where they end.
+    durable_records: u64,
+    durable_end: u64,
     pub(crate) poisoned: bool,
     scratch: Vec<u8>,
     recovery: Recovery,
@@ -231,9 +246,10 @@ impl RecordLog {
     /// # Errors
     ///
     /// [`OpenError`]: I/O failures, a file locked by another open log, a file that is not a
-    /// log or belongs to another Run, or damage followed by whole frames that are not the
-    /// rest of a torn last write ([`OpenError::Corrupt`], which names the offset and leaves
-    /// the file untouched).
+    /// log or belongs to another Run, damage followed by whole frames that are not the
+    /// rest of a torn last write, records the high-water mark counts durable missing from
+    /// the file, or a high-water mark with no valid slot ([`OpenError::Corrupt`], which
+    /// names the offset and leaves the file untouched).
     pub fn open(
         dir: impl AsRef<Path>,
         run: &RunId,
@@ -273,6 +289,10 @@ impl RecordLog {
             index: Vec::new(),
             end: 0,
             allocated: 0,
+            marks_at: 0,
+            mark: Mark::initial(0),
+            durable_records: 0,
+            durable_end: 0,
             poisoned: false,
             scratch: Vec::new(),
             recovery: Recovery {
@@ -297,36 +317,57 @@ impl RecordLog {
         Ok((log, recovery))
     }
 
-    /// Checks the file header; writes it when the file is new or its creation was torn.
-    /// Returns the loss to report, and whether the header was written.
+    /// Checks the file header and reads the high-water mark; writes both when the file is
+    /// new or its creation was torn. Returns the loss to report, and whether the header was
+    /// written.
     fn check_header(&mut self) -> Result<(Option<TailLoss>, bool), OpenError> {
-        let expected = format::file_header(&self.run);
+        let header = format::file_header(&self.run);
+        let initial = format::initial_file_start(&self.run);
         let len = self.file_len()?;
-        let want = expected.len() as u64;
+        let want = initial.len() as u64;
         let mut head = vec![0u8; len.min(want) as usize];
         self.file
             .read_exact_at(&mut head, 0)
             .map_err(open_io(&self.path))?;
-        if head == expected {
+        self.marks_at = header.len() as u64;
+        if len >= want && head.starts_with(&header) {
+            let Some(mark) = Mark::newest(&head[header.len()..]) else {
+                return Err(OpenError::Corrupt {
+                    path: self.path.clone(),
+                    offset: self.marks_at,
+                    reason: "high-water mark damaged: neither of its slots checks out, so \
+                             whether records that were made durable are missing cannot be told"
+                        .into(),
+                });
+            };
             self.end = want;
             self.allocated = len;
+            self.set_mark(mark);
             return Ok((None, false));
         }
-        if len < want && expected.starts_with(&head) {
+        if len < want && initial.starts_with(&head) {
             // A new file, or one whose creation was cut short before any record.
             self.file.set_len(0).map_err(open_io(&self.path))?;
             self.file
-                .write_all_at(&expected, 0)
+                .write_all_at(&initial, 0)
                 .map_err(open_io(&self.path))?;
             self.file.sync_data().map_err(open_io(&self.path))?;
             self.end = want;
             self.allocated = want;
+            self.set_mark(Mark::initial(want));
             let loss = (len > 0).then(|| TailLoss {
                 offset: 0,
                 bytes: len,
                 reason: "file header torn during creation; rewritten".into(),
             });
             return Ok((loss, true));
+        }
+        if head.starts_with(&header) {
+            return Err(OpenError::Corrupt {
+                path: self.path.clone(),
+                offset: self.marks_at,
+                reason: "the file ends inside the high-water mark".into(),
+            });
         }
         // Not our header: read enough to say why (the longest possible header).
         let mut bytes = vec![0u8; len.min(format::FILE_HEADER_FIXED as u64 + 0xFFFF + 4) as usize];
@@ -348,6 +389,44 @@ impl RecordLog {
                 reason: "file header checksum mismatch".into(),
             },
         })
+    }
+
+    /// Takes `mark` as the current high-water mark read from the file: only what it says
+    /// was durable before its sync is known durable (that sync may not have returned).
+    fn set_mark(&mut self, mark: Mark) {
+        self.mark = mark;
+        self.durable_records = mark.durable_records;
+        self.durable_end = mark.durable_end;
+    }
+
+    /// The mark the next sync writes when the file will then hold `written_records`
+    /// records: the next generation, counting durable only what a sync that returned made
+    /// so, never the frames that sync is about to flush.
+    pub(crate) fn next_mark(&self, written_records: u64) -> Mark {
+        Mark {
+            generation: self.mark.generation.saturating_add(1),
+            durable_records: self.durable_records,
+            durable_end: self.durable_end,
+            written_records,
+        }
+    }
+
+    /// Writes `mark` into its slot, unsynced: the sync that follows makes it durable with
+    /// the frames it counts.
+    pub(crate) fn write_mark(&self, mark: &Mark) -> std::io::Result<()> {
+        let at = self.marks_at + (mark.slot() * MARK_LEN) as u64;
+        self.file.write_all_at(&mark.encode(), at)
+    }
+
+    /// After a sync that returned: every frame in the file is durable, and `mark`, when one
+    /// was written before the sync, is the current one. A failed write or sync never gets
+    /// here, so the next mark reuses the failed one's generation and slot.
+    pub(crate) fn synced(&mut self, mark: Option<Mark>) {
+        if let Some(mark) = mark {
+            self.mark = mark;
+        }
+        self.durable_records = self.len();
+        self.durable_end = self.end;
     }
 
     fn file_len(&self) -> Result<u64, OpenError> {
@@ -416,38 +495,144 @@ impl RecordLog {
         drop(reader);
         self.end = pos;
         self.allocated = len;
-        let Some((mut reason, search_from)) = fault else {
+        let records = self.index.len() as u64;
+        // What follows the last whole frame, as a reason to cut it: nothing when the file
+        // ends there or only zeros follow (preallocated space, or frames zeroed since).
+        let damage = match fault {
+            Some((reason, search_from)) if !self.all_zero(pos, len)? => {
+                Some(self.damage_reason(reason, search_from, pos, len)?)
+            }
+            _ => None,
+        };
+        self.check_mark(records, pos, len, damage.as_deref())?;
+        let written = self.mark.written_records;
+        let reason = match damage {
+            Some(reason) if records < written => Some(format!(
+                "{reason}; the last sync wrote records up to {}",
+                written - 1
+            )),
+            Some(reason) => Some(reason),
+            None if records < written => Some(format!(
+                "last write missing: records {records}..={} of the last sync are not in the \
+                 file ({} from byte {pos}): a crash before that sync returned, or lost since",
+                written - 1,
+                if pos == len { "it ends" } else { "zeros" }
+            )),
+            None => None,
+        };
+        let Some(reason) = reason else {
+            if self.sync.syncs() && records > self.durable_records {
+                // Frames the mark does not prove durable (their sync may not have returned
+                // before a crash): made durable now, so the next mark counts them.
+                self.file.sync_data().map_err(open_io(&self.path))?;
+                self.synced(None);
+            }
             return Ok(None);
         };
-        if self.all_zero(pos, len)? {
-            // Preallocated space after the last frame: not data, nothing lost.
-            return Ok(None);
-        }
-        if let Some(from) = search_from
-            && let Some(at) = self.find_whole_frame(from, len)?
-        {
-            let damaged = self.index.len() as u64;
-            let Some(last) = self.torn_write_end(at, damaged, len)? else {
-                return Err(OpenError::Corrupt {
-                    path: self.path.clone(),
-                    offset: pos,
-                    reason: format!("{reason}; a whole frame follows at byte {at}"),
-                });
-            };
-            reason = format!(
-                "torn write: records {damaged}..={last} of the last write were not all on \
-                 disk ({reason} at byte {pos}; whole frames of the same write follow from \
-                 byte {at})"
-            );
-        }
         self.file.set_len(pos).map_err(open_io(&self.path))?;
+        // A mark naming the lost records would report them again on every open.
+        let mark = (records < written).then(|| self.next_mark(records));
+        if let Some(mark) = &mark {
+            self.write_mark(mark).map_err(open_io(&self.path))?;
+        }
         self.file.sync_data().map_err(open_io(&self.path))?;
         self.allocated = pos;
+        self.synced(mark);
         Ok(Some(TailLoss {
             offset: pos,
             bytes: len - pos,
             reason,
         }))
+    }
+
+    /// Damage at `pos` (record `self.len()`), not zeros only: decides whether it is a torn
+    /// tail (returns why, to cut it) or is followed by whole frames that are not the rest of
+    /// a torn last write ([`OpenError::Corrupt`]). `search_from` is where whole frames may
+    /// start after it, if anywhere.
+    fn damage_reason(
+        &self,
+        reason: String,
+        search_from: Option<u64>,
+        pos: u64,
+        len: u64,
+    ) -> Result<String, OpenError> {
+        let Some(at) = search_from
+            .map(|from| self.find_whole_frame(from, len))
+            .transpose()?
+            .flatten()
+        else {
+            return Ok(reason);
+        };
+        let damaged = self.index.len() as u64;
+        let Some(last) = self.torn_write_end(at, damaged, len)? else {
+            return Err(OpenError::Corrupt {
+                path: self.path.clone(),
+                offset: pos,
+                reason: format!("{reason}; a whole frame follows at byte {at}"),
+            });
+        };
+        Ok(format!(
+            "torn write: records {damaged}..={last} of the last write were not all on \
+             disk ({reason} at byte {pos}; whole frames of the same write follow from \
+             byte {at})"
+        ))
+    }
+
+    /// Checks the `records` whole frames found (ending at `pos`; the file is `len` bytes)
+    /// against the high-water mark: every record it says a returned sync made durable must
+    /// be there and end where it says. What follows the frames is `damage`, or nothing or
+    /// zeros.
+    fn check_mark(
+        &self,
+        records: u64,
+        pos: u64,
+        len: u64,
+        damage: Option<&str>,
+    ) -> Result<(), OpenError> {
+        let mark = self.mark;
+        let corrupt = |offset, reason| OpenError::Corrupt {
+            path: self.path.clone(),
+            offset,
+            reason,
+        };
+        if records < mark.durable_records {
+            let follows = match damage {
+                Some(reason) => reason,
+                None if pos == len => "the file ends there",
+                None => "zeros from there to the end of the file",
+            };
+            return Err(corrupt(
+                pos,
+                format!(
+                    "records {records}..={} were made durable but are missing (the \
+                     high-water mark counts {} durable records, ending at byte {}); {follows}",
+                    mark.durable_records - 1,
+                    mark.durable_records,
+                    mark.durable_end
+                ),
+            ));
+        }
+        let frames_start = self.marks_at + (MARK_SLOTS * MARK_LEN) as u64;
+        let boundary = match mark.durable_records.checked_sub(1) {
+            None => Some(frames_start),
+            Some(last) => usize::try_from(last)
+                .ok()
+                .and_then(|last| self.index.get(last))
+                .map(|entry| entry.offset + entry.header.frame_len()),
+        };
+        if boundary != Some(mark.durable_end) {
+            return Err(corrupt(
+                self.marks_at,
+                format!(
+                    "the high-water mark says its {} durable records end at byte {}, but \
+                     they end at byte {}",
+                    mark.durable_records,
+                    mark.durable_end,
+                    boundary.unwrap_or(pos)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether every byte in `from..len` is zero.
@@ -607,14 +792,24 @@ impl RecordLog {
                 path: self.path.clone(),
             });
         }
-        self.file.sync_data().map_err(|source| {
-            self.poisoned = true;
-            AppendError::Io {
-                path: self.path.clone(),
-                offset: self.end,
-                source,
-            }
-        })
+        // Records appended since the last sync (under `OsBuffered`) get a high-water mark.
+        let mark = (self.durable_records < self.len()).then(|| self.next_mark(self.len()));
+        let result = match &mark {
+            Some(mark) => self.write_mark(mark),
+            None => Ok(()),
+        };
+        result
+            .and_then(|()| self.file.sync_data())
+            .map_err(|source| {
+                self.poisoned = true;
+                AppendError::Io {
+                    path: self.path.clone(),
+                    offset: self.end,
+                    source,
+                }
+            })?;
+        self.synced(mark);
+        Ok(())
     }
 
     /// Writes `records` as frames after the last whole one, syncs per policy, and indexes
@@ -634,7 +829,13 @@ impl RecordLog {
                 .map_or(self.end, |last| last.offset + last.header.frame_len());
             self.preallocate(new_end);
         }
+        // The high-water mark goes to disk with the frames, under their one sync.
+        let mark = (self.sync.syncs() && !records.is_empty())
+            .then(|| self.next_mark(first + records.len() as u64));
         let result = result.and_then(|()| {
+            if let Some(mark) = &mark {
+                self.write_mark(mark)?;
+            }
             if self.sync.syncs() {
                 self.file.sync_data().map_err(WriteFailure::Io)
             } else {
@@ -651,6 +852,9 @@ impl RecordLog {
                     self.allocated = self.allocated.max(self.end);
                 }
                 self.index.extend(entries);
+                if self.sync.syncs() {
+                    self.synced(mark);
+                }
                 Ok(first)
             }
             Err(WriteFailure::Encode(err)) => {
@@ -1084,11 +1288,12 @@ mod format_doc {
             .join(" ")
     }
 
-    /// The example log of the document: a user message and a text tool result.
+    /// The example log of the document: a user message and a text tool result, each
+    /// appended and synced on its own (so both high-water mark slots have been written).
     fn example_file() -> Vec<u8> {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new("run-7").unwrap();
-        let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
+        let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
         log.append(&Record::User(UserMessage { text: "hi".into() }))
             .unwrap();
         log.append(&Record::ToolResult(ToolResult {
@@ -1131,6 +1336,7 @@ mod format_doc {
             format!("bit 0 (`{FLAG_IS_ERROR}`)"),
             format!("`<run>.{FILE_EXTENSION}`"),
             format!("capped at {MAX_WRITE_INDEX}"),
+            format!("{MARK_SLOTS} slots of {MARK_LEN} bytes"),
         ];
         for needle in expect {
             assert!(

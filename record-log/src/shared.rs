@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use psych_types::{ContentBlock, OutputInfo, Record, RecordHandle, RecordSource, RunId};
 
 use crate::error::{AppendError, OpenError, ReadError};
-use crate::format;
+use crate::format::{self, Mark};
 use crate::log::{PendingFrame, RecordLog, Recovery, SyncPolicy, preallocate};
 
 /// Frames up to this size are gathered into the group's one write buffer; larger ones are
@@ -511,7 +511,12 @@ impl SharedRecordLog {
             entries.push(entry);
         }
         let new_end = offset;
-        let written = self.write_frames(&log, calls, scratch, new_end);
+        // The high-water mark goes to disk with the group's frames, under their one sync.
+        let mark = self
+            .policy
+            .syncs()
+            .then(|| log.next_mark(first + entries.len() as u64));
+        let written = self.write_frames(&log, calls, scratch, new_end, mark.as_ref());
         drop(log);
         let mut log = self.log.write().unwrap_or_else(PoisonError::into_inner);
         match written {
@@ -519,6 +524,9 @@ impl SharedRecordLog {
                 log.index.extend(entries);
                 log.end = new_end;
                 log.allocated = allocated;
+                if self.policy.syncs() {
+                    log.synced(mark);
+                }
                 Ok(first)
             }
             Err(err) => {
@@ -533,14 +541,15 @@ impl SharedRecordLog {
         }
     }
 
-    /// The I/O of one group: gathered writes from the log's end, preallocation, one sync.
-    /// Returns the file's new length.
+    /// The I/O of one group: gathered writes from the log's end, preallocation, the
+    /// high-water mark (under a syncing policy), one sync. Returns the file's new length.
     fn write_frames(
         &self,
         log: &RecordLog,
         calls: &[Pending],
         scratch: &mut Vec<u8>,
         new_end: u64,
+        mark: Option<&Mark>,
     ) -> std::io::Result<u64> {
         let mut at = log.end;
         scratch.clear();
@@ -561,6 +570,9 @@ impl SharedRecordLog {
             log.file.write_all_at(scratch, at)?;
         }
         let allocated = preallocate(&log.file, log.end, log.allocated, new_end);
+        if let Some(mark) = mark {
+            log.write_mark(mark)?;
+        }
         #[cfg(test)]
         if self
             .fail_next_sync

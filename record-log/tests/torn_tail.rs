@@ -1,6 +1,7 @@
 //! Torn and damaged tails: the file cut at every byte offset of its last frames, trailing
-//! garbage, a flipped byte in the last frame. Opening never panics, keeps every whole record
-//! before the damage, cuts the rest and reports the loss.
+//! garbage, a flipped byte in the last frame, the last sync's frames zeroed. Opening never
+//! panics, keeps every whole record before the damage, cuts the rest and reports the loss;
+//! every state a crash can leave a write and its high-water mark in opens.
 
 #![allow(
     clippy::unwrap_used,
@@ -12,7 +13,7 @@ mod common;
 
 use std::path::Path;
 
-use psych_record_log::{RecordLog, SyncPolicy};
+use psych_record_log::{RecordLog, Recovery, SyncPolicy};
 use psych_types::{Record, RecordSource, ToolOutput};
 
 /// Writes `records` to a fresh log of Run `cut` under `dir`; returns the file's bytes and
@@ -113,8 +114,9 @@ fn cut_at_every_offset_of_the_last_three_frames() {
 fn cut_inside_the_file_header_recovers_an_empty_log() {
     let dir = tempfile::tempdir().unwrap();
     let (bytes, _) = build(dir.path(), &[common::user("x")]);
-    // Magic, version, id length, `cut`, checksum (docs/format.md).
-    let header_len = 12 + 3 + 4;
+    // Magic, version, id length, `cut`, checksum, and the high-water mark's two slots of
+    // 36 bytes (docs/format.md).
+    let header_len = 12 + 3 + 4 + 2 * 36;
     let run = common::run("cut");
     let path = RecordLog::path_for(dir.path(), &run);
     for cut in 0..header_len {
@@ -202,4 +204,198 @@ fn an_unacknowledged_partial_append_is_cut_when_the_log_is_reopened() {
     let (log, recovery) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     assert_eq!(log.record(&handle).unwrap(), Some(common::user("after")));
+}
+
+/// Writes `records` to a fresh log of Run `cut` under `dir` with `SyncPolicy::EveryAppend`,
+/// the last `batch` of them with one `append_batch` (one write, one sync, one mark).
+/// Returns the file's bytes (preallocated zeros included) and each frame's start offset,
+/// then the end of the last frame.
+fn build_synced(dir: &Path, records: &[Record], batch: usize) -> (Vec<u8>, Vec<u64>) {
+    let (mut log, _) = RecordLog::open(dir, &common::run("cut"), SyncPolicy::EveryAppend).unwrap();
+    let mut starts = Vec::new();
+    let singles = records.len() - batch;
+    for record in &records[..singles] {
+        starts.push(log.size_bytes());
+        log.append(record).unwrap();
+    }
+    let handles = log.append_batch(&records[singles..]).unwrap();
+    assert_eq!(handles.len(), batch);
+    let mut bytes = std::fs::read(log.path()).unwrap();
+    let end = log.size_bytes();
+    drop(log);
+    // The batch's frame starts, from the file (each frame is `36 + m + c` bytes).
+    let mut at = *starts.last().unwrap();
+    for _ in 0..=batch {
+        let field = |from: usize, n: usize| {
+            let mut le = [0u8; 8];
+            le[..n].copy_from_slice(&bytes[at as usize + from..at as usize + from + n]);
+            u64::from_le_bytes(le)
+        };
+        at += 36 + field(16, 4) + field(20, 8);
+        starts.push(at);
+    }
+    starts.truncate(records.len() + 1);
+    assert_eq!(*starts.last().unwrap(), end);
+    bytes.resize(bytes.len().max(end as usize), 0);
+    (bytes, starts)
+}
+
+/// Opens the log at `dir`, expecting success; returns it with its recovery.
+fn reopen(dir: &Path) -> (RecordLog, Recovery) {
+    RecordLog::open(dir, &common::run("cut"), SyncPolicy::EveryAppend)
+        .unwrap_or_else(|err| panic!("must open: {err}"))
+}
+
+#[test]
+fn the_last_syncs_frames_zeroed_or_cut_are_reported_once_never_silent() {
+    // Zeros (or the end of the file) where the last sync's frames were: a crash before that
+    // sync returned leaves the same bytes, so they are cut and reported, not Corrupt; they
+    // used to open as a clean, shorter log.
+    let dir = tempfile::tempdir().unwrap();
+    let records = records();
+    let (bytes, starts) = build_synced(&dir.path().join("source"), &records, 1);
+    let last = starts[5];
+    let run = common::run("cut");
+    let target = dir.path().join("t");
+    std::fs::create_dir_all(&target).unwrap();
+    let path = RecordLog::path_for(&target, &run);
+    // (file, what the reason starts with)
+    let mut middle = bytes.clone();
+    middle[(last + 40) as usize..].fill(0);
+    let cases: [(Vec<u8>, &str); 4] = [
+        (
+            [
+                &bytes[..last as usize],
+                &vec![0; bytes.len() - last as usize][..],
+            ]
+            .concat(),
+            "last write missing: records 5..=5 of the last sync are not in the file (zeros from",
+        ),
+        (
+            bytes[..last as usize].to_vec(),
+            "last write missing: records 5..=5 of the last sync are not in the file (it ends",
+        ),
+        // From the middle of the frame: its header whole, its body not.
+        (
+            middle,
+            "frame body checksum mismatch; the last sync wrote records up to 5",
+        ),
+        // Cut inside its header.
+        (
+            bytes[..(last + 10) as usize].to_vec(),
+            "incomplete frame header; the last sync wrote records up to 5",
+        ),
+    ];
+    for (file, reason) in cases {
+        std::fs::write(&path, &file).unwrap();
+        let (log, recovery) = reopen(&target);
+        assert_eq!(recovery.records, 5, "{recovery}");
+        let tail = recovery
+            .tail
+            .clone()
+            .expect("the missing records are reported");
+        assert!(tail.reason.starts_with(reason), "{}", tail.reason);
+        assert_eq!((tail.offset, tail.bytes), (last, file.len() as u64 - last));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), last, "cut back");
+        for (seq, record) in records.iter().take(5).enumerate() {
+            let handle = log.handle(seq as u64).unwrap();
+            assert_eq!(log.record(&handle).unwrap().as_ref(), Some(record));
+        }
+        drop(log);
+        // Reported once: the cut wrote a mark of 5 records.
+        let (mut log, recovery) = reopen(&target);
+        assert!(recovery.is_clean(), "{recovery}");
+        let handle = log.append(&common::user("next")).unwrap();
+        assert_eq!(handle.seq, 5);
+        drop(log);
+        let (log, recovery) = reopen(&target);
+        assert!(recovery.is_clean(), "{recovery}");
+        assert_eq!(log.record(&handle).unwrap(), Some(common::user("next")));
+    }
+}
+
+/// Where the high-water mark's two slots are in a log file of Run `cut`: after its header.
+fn slots() -> std::ops::Range<usize> {
+    let at = 12 + 3 + 4;
+    at..at + 72
+}
+
+#[test]
+fn every_state_a_crash_leaves_a_write_and_its_mark_in_opens() {
+    // A power loss during the last write's sync can leave on disk any of: the new mark or
+    // the old one or a torn slot, with any of: the write's frames whole, missing from some
+    // frame on (zeros), or a first frame missing and later ones whole. None of these may be
+    // Corrupt (the write was never acknowledged, and every earlier one is whole), and
+    // every record before the write must be kept.
+    let dir = tempfile::tempdir().unwrap();
+    let records = records();
+    // Three single appends, then a batch of three as the last write.
+    let (after, starts) = build_synced(&dir.path().join("after"), &records, 3);
+    let before = {
+        let (mut log, _) = RecordLog::open(
+            dir.path().join("before"),
+            &common::run("cut"),
+            SyncPolicy::EveryAppend,
+        )
+        .unwrap();
+        for record in &records[..3] {
+            log.append(record).unwrap();
+        }
+        std::fs::read(log.path()).unwrap()
+    };
+    let slots = slots();
+    let old_marks = &before[slots.clone()];
+    let mut torn_marks = after[slots.clone()].to_vec();
+    // The new mark went to the slot of generation 4 (slot 0); tear it mid-way.
+    torn_marks[20..36].copy_from_slice(&old_marks[20..36]);
+    let zero = |from: u64, to: u64| {
+        let mut file = after.clone();
+        file[from as usize..to as usize].fill(0);
+        file
+    };
+    let frames = [
+        ("whole", after.clone(), 6),
+        ("first frame missing", zero(starts[3], starts[4]), 3),
+        (
+            "missing from its second frame",
+            zero(starts[4], after.len() as u64),
+            4,
+        ),
+        ("all missing", zero(starts[3], after.len() as u64), 3),
+    ];
+    let target = dir.path().join("t");
+    std::fs::create_dir_all(&target).unwrap();
+    let path = RecordLog::path_for(&target, &common::run("cut"));
+    for (marks, mark_state) in [
+        (after[slots.clone()].to_vec(), "new mark"),
+        (old_marks.to_vec(), "old mark"),
+        (torn_marks, "torn new slot"),
+    ] {
+        for (frames_state, file, kept) in &frames {
+            let mut file = file.clone();
+            file[slots.clone()].copy_from_slice(&marks);
+            std::fs::write(&path, &file).unwrap();
+            let (log, recovery) =
+                RecordLog::open(&target, &common::run("cut"), SyncPolicy::EveryAppend)
+                    .unwrap_or_else(|err| panic!("{mark_state}, frames {frames_state}: {err}"));
+            assert_eq!(
+                log.len(),
+                *kept,
+                "{mark_state}, frames {frames_state}: {recovery}"
+            );
+            for (seq, record) in records.iter().take(*kept as usize).enumerate() {
+                let handle = log.handle(seq as u64).unwrap();
+                assert_eq!(log.record(&handle).unwrap().as_ref(), Some(record));
+            }
+            // With the new mark on disk, missing frames of its write are reported; with the
+            // old one, zeros after the last whole frame are free space as ever.
+            let reported =
+                *kept < 6 && (mark_state == "new mark" || *frames_state == "first frame missing");
+            assert_eq!(
+                recovery.tail.is_some(),
+                reported,
+                "{mark_state}, frames {frames_state}: {recovery}"
+            );
+        }
+    }
 }

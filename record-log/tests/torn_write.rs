@@ -30,9 +30,10 @@ struct Frame {
 }
 
 /// The frames of a log file of Run `run`, read straight from its bytes (docs/format.md):
-/// after the file header, frames until the end or the preallocated zeros.
+/// after the file header and the two 36-byte slots of the high-water mark, frames until the
+/// end or the preallocated zeros.
 fn frames(bytes: &[u8], run: &RunId) -> Vec<Frame> {
-    let mut pos = 12 + run.as_str().len() + 4;
+    let mut pos = 12 + run.as_str().len() + 4 + 2 * 36;
     let mut out = Vec::new();
     while pos + 32 <= bytes.len() && bytes[pos..pos + 4] == *b"PSRF" {
         let field = |at: usize, n: usize| {
