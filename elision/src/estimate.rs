@@ -1,4 +1,4 @@
-//! The cheap token estimator: one branch-free pass over the bytes, a weight per byte from
+//! The cheap token estimator: one pass over the bytes, a weight per byte from
 //! the byte and the two bytes before it, with a cost for each script a character is in.
 //!
 //! # The formula
@@ -393,8 +393,8 @@ fn steps_reached<const N: usize>(x: u8, steps: &[(u8, usize); N], deltas: &[u8; 
 
 /// The workspace's cheap token estimator.
 ///
-/// A trigger for thresholds, not a meter: it is fast (one branch-free pass that the
-/// compiler vectorizes; see the crate's benchmark), monotone (appending or prepending
+/// A trigger for thresholds, not a meter: it is fast (one pass that the compiler
+/// vectorizes; see the crate's benchmark), monotone (appending or prepending
 /// text never lowers the estimate), and close to o200k_base on the content tool results
 /// carry, in every script (see `tests/accuracy.rs` for the measured tables, on content the
 /// weights were not fitted to). **Never use it for cost**: cost comes from
