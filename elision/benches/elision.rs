@@ -8,7 +8,10 @@
 //!     memory-bandwidth bound the "≥ 0.2×" target refers to;
 //!   - `estimator_16MiB`: the estimator over the 16 MiB;
 //!   - `estimator_256KiB` and `tiktoken_o200k_256KiB`: the estimator and tiktoken-rs
-//!     o200k_base on the same 256 KiB slice (tiktoken is too slow for 16 MiB).
+//!     o200k_base on the same 256 KiB slice (tiktoken is too slow for 16 MiB);
+//!   - `estimator_multilingual`: the estimator over the committed corpus of
+//!     `tests/corpus/text` (both halves, 3 MB: 40 languages in 24 scripts and tool
+//!     output), where most blocks hold non-ASCII bytes and so pay for the script terms.
 //! - `plan`: the batch plan over 1,000 results of mixed sizes.
 
 #![allow(
@@ -70,6 +73,12 @@ fn estimator(c: &mut Criterion) {
     let bpe = tiktoken_rs::o200k_base().unwrap();
     let estimator = Estimator::new();
 
+    let multilingual: String = [corpus::Half::Fit, corpus::Half::Held]
+        .into_iter()
+        .flat_map(corpus::texts)
+        .flat_map(|c| c.docs)
+        .collect();
+
     // 16 copies of the mixed content: every page touched, the same bytes as the 16 MiB.
     let large = text.as_bytes().repeat(LARGE_BYTES / text.len());
 
@@ -93,6 +102,10 @@ fn estimator(c: &mut Criterion) {
     });
     group.bench_function("tiktoken_o200k_256KiB", |b| {
         b.iter(|| bpe.encode_ordinary(black_box(slice)).len())
+    });
+    group.throughput(Throughput::Bytes(multilingual.len() as u64));
+    group.bench_function("estimator_multilingual", |b| {
+        b.iter(|| estimator.estimate_bytes(black_box(multilingual.as_bytes())))
     });
     group.finish();
 }

@@ -19,8 +19,8 @@ fn est(text: &str) -> u64 {
 }
 
 /// Text from a small alphabet that hits every class, run rule and cluster rule often:
-/// base64 and hex characters, spaces, newlines, JSON punctuation, CJK, combining marks,
-/// ZWJ emoji, control bytes.
+/// base64 and hex characters, spaces, newlines, JSON punctuation, a character of every
+/// script the estimator weighs, combining marks, ZWJ emoji, flags, control bytes.
 fn adversarial() -> impl Strategy<Value = String> {
     prop::collection::vec(atom(), 0..80).prop_map(|parts| parts.concat())
 }
@@ -72,6 +72,30 @@ fn atom() -> impl Strategy<Value = &'static str> {
         "ß",
         "aB1",
         "x9",
+        // One character of each script class the estimator weighs (see `term` in
+        // src/estimate.rs), so every step of the script weights is crossed and cut.
+        "ł",
+        "ư",
+        "λ",
+        "ж",
+        "ա",
+        "ש",
+        "ب",
+        "क",
+        "ক",
+        "ਕ",
+        "ଓ",
+        "త",
+        "ක",
+        "ก",
+        "ཀ",
+        "ა",
+        "ệ",
+        "—",
+        "あ",
+        "한",
+        "（",
+        "\u{1F1E9}\u{1F1EA}",
     ])
 }
 
@@ -136,6 +160,21 @@ proptest! {
             prop_assert!(now >= last, "dropped at {end} of {:?}", bytes);
             last = now;
         }
+    }
+
+    #[test]
+    fn estimate_is_monotone_when_a_character_is_cut(
+        text in adversarial(),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        // Cut anywhere, inside a multi-byte character too: the two halves are not UTF-8,
+        // and neither estimates above the whole.
+        let e = Estimator::new();
+        let bytes = text.as_bytes();
+        let at = cut.index(bytes.len() + 1);
+        let whole = e.estimate_bytes(bytes);
+        prop_assert!(e.estimate_bytes(&bytes[..at]) <= whole, "{:?} cut at {at}", text);
+        prop_assert!(e.estimate_bytes(&bytes[at..]) <= whole, "{:?} cut at {at}", text);
     }
 
     #[test]

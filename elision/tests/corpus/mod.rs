@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 /// One content type: a name and its documents.
 pub(crate) struct Corpus {
     /// The content type, as the accuracy table names it.
-    pub(crate) kind: &'static str,
+    pub(crate) kind: String,
     /// Its documents, each measured whole.
     pub(crate) docs: Vec<String>,
 }
@@ -418,36 +418,96 @@ pub(crate) fn corpora() -> Vec<Corpus> {
 
     vec![
         Corpus {
-            kind: "json: catalogues",
+            kind: "json: catalogues".to_owned(),
             docs: json_catalogues,
         },
         Corpus {
-            kind: "json: api (ids, hashes)",
+            kind: "json: api (ids, hashes)".to_owned(),
             docs: json_api,
         },
         Corpus {
-            kind: "prose (english)",
+            kind: "prose (english)".to_owned(),
             docs: prose,
         },
         Corpus {
-            kind: "code (rust)",
+            kind: "code (rust)".to_owned(),
             docs: code,
         },
         Corpus {
-            kind: "cjk: chinese",
+            kind: "cjk: chinese".to_owned(),
             docs: vec![zh.to_owned()],
         },
         Corpus {
-            kind: "cjk: japanese",
+            kind: "cjk: japanese".to_owned(),
             docs: vec![ja.to_owned()],
         },
         Corpus {
-            kind: "base64: random",
+            kind: "base64: random".to_owned(),
             docs: random_base64,
         },
         Corpus {
-            kind: "base64: icon uris",
+            kind: "base64: icon uris".to_owned(),
             docs: icons,
         },
     ]
+}
+
+/// A half of the committed multilingual and tool-output corpus (`text/`, gathered by
+/// `gather.py`; see `README.md` beside it): its sources were dealt into the two halves
+/// before the weights were fitted, and only the fitting half was fitted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Half {
+    /// The sources the weights were fitted on (`text/fit`).
+    #[allow(
+        dead_code,
+        reason = "the fitting tool and the benchmark read it, not the tests"
+    )]
+    Fit,
+    /// The sources kept out of the fit (`text/held`).
+    Held,
+}
+
+/// The content types of one half of `text/`, in name order, each with its sources (one
+/// document each) in name order.
+pub(crate) fn texts(half: Half) -> Vec<Corpus> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/corpus/text")
+        .join(match half {
+            Half::Fit => "fit",
+            Half::Held => "held",
+        });
+    let sorted = |dir: &Path| {
+        let mut paths = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .collect::<Vec<_>>();
+        paths.sort();
+        paths
+    };
+    sorted(&dir)
+        .into_iter()
+        .map(|kind_dir| Corpus {
+            kind: kind_dir.file_name().unwrap().to_string_lossy().into_owned(),
+            docs: sorted(&kind_dir)
+                .iter()
+                .map(|path| std::fs::read_to_string(path).unwrap())
+                .collect(),
+        })
+        .collect()
+}
+
+/// The consecutive slices of `doc` of about `size` bytes, each cut back to a char
+/// boundary; a last slice shorter than `size` is left out.
+pub(crate) fn slices(doc: &str, size: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start + size <= doc.len() {
+        let mut end = start + size;
+        while !doc.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.push(&doc[start..end]);
+        start = end;
+    }
+    out
 }
