@@ -228,8 +228,46 @@ struct Context<L> {
 /// Keeps a [`Catalog`] fresh from a [`ToolLister`]: sync on connect, a TTL sweep with jitter,
 /// refresh on demand, and coalesced `list_changed` notifications.
 ///
-/// Every task it starts is owned: [`shutdown`](Self::shutdown) signals them all and waits
-/// for them; dropping the freshener aborts them.
+/// A server is registered by the first [`connect`](Self::connect),
+/// [`refresh`](Self::refresh) or [`list_changed`](Self::list_changed) that names it, and is
+/// swept from then on. Every task it starts is owned: [`shutdown`](Self::shutdown) signals
+/// them all and waits for them; dropping the freshener aborts them.
+///
+/// # Example
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use psych_catalog::{Catalog, Freshener, FreshenerConfig};
+/// use psych_types::{ServerId, ToolDefinition, ToolLister, ToolName};
+///
+/// /// A lister that always answers with one tool.
+/// struct OneTool;
+///
+/// impl ToolLister for OneTool {
+///     type Error = std::io::Error;
+///
+///     async fn list_tools(&self, _: &ServerId) -> Result<Vec<ToolDefinition>, Self::Error> {
+///         let name = ToolName::new("echo").map_err(std::io::Error::other)?;
+///         Ok(vec![ToolDefinition::new(name, "Echo the input", Default::default())])
+///     }
+/// }
+///
+/// let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+/// runtime.block_on(async {
+///     let catalog = Catalog::in_memory()?;
+///     let config = FreshenerConfig::builder().build()?;
+///     let freshener = Freshener::start(catalog, Arc::new(OneTool), config)?;
+///     let echo = ServerId::new("echo")?;
+///     let outcome = freshener.refresh(&echo).await?; // on demand, awaited
+///     assert_eq!(outcome.version().0, 1);
+///     freshener.list_changed(&echo); // from the MCP adapter's notification handler
+///     assert_eq!(freshener.catalog().live(&echo)?.tools.len(), 1);
+///     freshener.shutdown().await;
+///     Ok::<(), Box<dyn std::error::Error>>(())
+/// })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Freshener<L: ToolLister + 'static> {
     context: Arc<Context<L>>,
     runtime: Handle,
