@@ -13,6 +13,9 @@
 //!   refresh starts once they stop for `debounce_quiet`, or `debounce_max` after the first,
 //!   so a storm gives one or two refreshes.
 //!
+//! [`Freshener::disconnect`] stops a server's task (a server removed from the configuration
+//! is no longer swept); its tools stay in the catalogue.
+//!
 //! One task per server owns that server's state. It numbers every list call it starts (a
 //! generation) and stores a reply only if no later call's reply is already stored, so a
 //! `tools/list` reply still in flight can never overwrite a newer one. A failure keeps the
@@ -199,6 +202,8 @@ type Waiter = oneshot::Sender<Result<RefreshOutcome, RefreshError>>;
 /// Requests from the [`Freshener`] handle to one server's task.
 #[derive(Default)]
 struct Pending {
+    /// Stop this server's task (it was disconnected).
+    stop: bool,
     connect: bool,
     changed: bool,
     demands: Vec<Waiter>,
@@ -333,6 +338,24 @@ impl<L: ToolLister + 'static> Freshener<L> {
         }
     }
 
+    /// `server` is gone (removed from the configuration): stop listing and sweeping it.
+    /// Its tools and health stay in the catalogue; a listing in flight is dropped, and an
+    /// on-demand refresh waiting for it returns [`RefreshError::ShutDown`]. A later
+    /// [`connect`](Self::connect) starts it afresh.
+    pub fn disconnect(&self, server: &ServerId) {
+        let slot = self
+            .servers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(server);
+        if let Some(slot) = slot {
+            slot.request(|p| p.stop = true);
+        }
+        // Collect the tasks that have ended, so disconnects do not accumulate.
+        let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        while tasks.try_join_next().is_some() {}
+    }
+
     /// Lists `server` now and stores the result.
     ///
     /// # Errors
@@ -464,6 +487,9 @@ async fn run_server<L: ToolLister + 'static>(
                 let pending = std::mem::take(
                     &mut *slot.pending.lock().unwrap_or_else(PoisonError::into_inner),
                 );
+                if pending.stop {
+                    break;
+                }
                 if pending.connect {
                     start(&mut inflight);
                     due = None;
@@ -492,7 +518,7 @@ async fn run_server<L: ToolLister + 'static>(
         }
     }
     // Dropping the listings cancels them; the waiters' channels close, so their callers see
-    // `RefreshError::ShutDown`.
+    // `RefreshError::ShutDown`, as do demands left in the slot after a disconnect.
     inflight.tasks.shutdown().await;
 }
 

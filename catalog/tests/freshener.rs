@@ -460,3 +460,47 @@ async fn shutdown_stops_every_task_and_answers_every_waiter() {
     assert_eq!(lister.calls("a").len(), 1);
     assert_eq!(lister.calls("b").len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_disconnected_server_is_no_longer_swept() {
+    let memory = tools("server-memory.tools.json");
+    let lister = Scripted::new([
+        (
+            "gone",
+            vec![Step::Reply(Duration::ZERO, memory.clone()), Step::Hang],
+        ),
+        ("stays", vec![Step::Reply(Duration::ZERO, memory.clone())]),
+    ]);
+    let freshener =
+        Freshener::start(catalog(), Arc::clone(&lister), config().build().unwrap()).unwrap();
+    freshener.connect(&server("gone"));
+    freshener.connect(&server("stays"));
+    sleep(secs(61.0)).await;
+    assert_eq!(lister.alive.load(Ordering::SeqCst), 1, "gone's sweep hangs");
+    freshener.disconnect(&server("gone"));
+    sleep(secs(300.0)).await;
+    assert_eq!(lister.calls("gone"), [0.0, 60.0], "no retry, no sweep");
+    assert_eq!(
+        lister.alive.load(Ordering::SeqCst),
+        0,
+        "its listing was dropped"
+    );
+    assert_eq!(
+        lister.calls("stays"),
+        [0.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0]
+    );
+    // Its tools stay in the catalogue, and a reconnect lists it again.
+    assert_eq!(
+        freshener
+            .catalog()
+            .live(&server("gone"))
+            .unwrap()
+            .tools
+            .len(),
+        9
+    );
+    freshener.connect(&server("gone"));
+    sleep(secs(1.0)).await;
+    assert_eq!(lister.calls("gone"), [0.0, 60.0, 361.0]);
+    freshener.shutdown().await;
+}
