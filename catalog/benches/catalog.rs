@@ -3,17 +3,23 @@
 //! the ratios come from one run. Every database is a file in a temporary directory on the
 //! checkout's disk, committed with redb's default `Durability::Immediate`.
 //!
-//! - `refresh_10k`: 10,000 tools (13 MB of JSON)
+//! - `refresh_10k`: 10,000 tools (about 12 MB of JSON)
 //!   - `bare_redb_insert`: the baseline, the same rows written the plainest way: each tool
 //!     serialized and inserted under `(server, tool, version)` in one write transaction of
-//!     a fresh database, then committed;
+//!     a fresh database, then committed, in listing order (`bare_redb_insert`) and given the
+//!     rows already sorted by name (`bare_redb_insert_sorted`, the stricter baseline: redb
+//!     takes sorted inserts faster, and a refresh sorts);
 //!   - `refresh_new`: [`Catalog::refresh`] of the same list into a fresh catalogue (sort,
 //!     duplicate check, scan of the server's rows, the rows, the version, the sync row);
 //!   - `refresh_unchanged`: the same list again into a catalogue that holds it: every tool
-//!     serialized and compared, nothing written but the sync row.
+//!     serialized and compared, nothing written but the sync row;
+//!   - `serialize_only`: serializing the 10,000 definitions and nothing else, the floor of
+//!     any change detection that compares definitions.
 //! - `live_read_500`: [`Catalog::live`] of a 500-tool server (after 20 refreshes that
 //!   changed 10 tools each, so it scans history too), against `serde_json_500`, parsing the
-//!   same 500 definitions from bytes already in memory: the floor any JSON-storing read has.
+//!   same 500 definitions from bytes already in memory (the floor of any JSON-storing read),
+//!   and `clone_500`, cloning them (the floor of anything that returns them owned, as
+//!   `ServerCatalog::tools` is).
 //!
 //! The file size after 10,000 unchanged refreshes is the `file_size` bench (it takes minutes:
 //! each refresh commits with an fsync).
@@ -36,8 +42,14 @@ use redb::{Database, TableDefinition};
 
 const ROWS: TableDefinition<'_, (&str, &str, u64), &[u8]> = TableDefinition::new("tools");
 
-fn bare_insert(dir: &std::path::Path, server: &ServerId, tools: &[ToolDefinition]) -> Database {
-    let db = Database::create(dir.join("bare.redb")).unwrap();
+/// A fresh database in a fresh directory (set up outside the timing, as the catalogue is).
+fn fresh_db() -> (Database, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::create(dir.path().join("bare.redb")).unwrap();
+    (db, dir)
+}
+
+fn bare_insert(db: &Database, server: &ServerId, tools: &[ToolDefinition]) {
     let txn = db.begin_write().unwrap();
     {
         let mut table = txn.open_table(ROWS).unwrap();
@@ -50,7 +62,6 @@ fn bare_insert(dir: &std::path::Path, server: &ServerId, tools: &[ToolDefinition
         }
     }
     txn.commit().unwrap();
-    db
 }
 
 fn refresh_10k(c: &mut Criterion) {
@@ -60,9 +71,23 @@ fn refresh_10k(c: &mut Criterion) {
     group.sample_size(10);
     group.bench_function("bare_redb_insert", |b| {
         b.iter_batched(
-            || tempfile::tempdir().unwrap(),
-            |dir| {
-                let db = bare_insert(dir.path(), &server, black_box(&tools));
+            fresh_db,
+            |(db, dir)| {
+                bare_insert(&db, &server, black_box(&tools));
+                (db, dir)
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    // The same, given the rows already sorted by name (sorting not timed): redb's B-tree
+    // takes sorted inserts faster, and `refresh` sorts, so this is the stricter baseline.
+    let mut sorted = tools.clone();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    group.bench_function("bare_redb_insert_sorted", |b| {
+        b.iter_batched(
+            fresh_db,
+            |(db, dir)| {
+                bare_insert(&db, &server, black_box(&sorted));
                 (db, dir)
             },
             BatchSize::PerIteration,
@@ -90,6 +115,15 @@ fn refresh_10k(c: &mut Criterion) {
         b.iter(|| {
             let refresh = catalog.refresh(&server, black_box(&tools)).unwrap();
             assert!(refresh.diff.is_empty());
+        });
+    });
+    // The floor of any change detection that compares definitions: serializing them.
+    group.bench_function("serialize_only", |b| {
+        b.iter(|| {
+            black_box(&tools)
+                .iter()
+                .map(|tool| serde_json::to_vec(tool).unwrap().len())
+                .sum::<usize>()
         });
     });
     group.finish();
