@@ -369,6 +369,9 @@ impl<L: ToolLister + 'static> Freshener<L> {
         let slot = self.slot(server).ok_or_else(shut)?;
         let (tx, rx) = oneshot::channel();
         slot.request(|p| p.demands.push(tx));
+        // Not held while waiting: if the server's task has ended (shutdown, disconnect), the
+        // last holder of the slot drops the request and with it `tx`, so this never hangs.
+        drop(slot);
         rx.await.map_err(|_| shut())?
     }
 
@@ -377,6 +380,12 @@ impl<L: ToolLister + 'static> Freshener<L> {
     /// already handed to the blocking pool finishes first, so none is cut short.
     pub async fn shutdown(&self) {
         self.shutdown.send_replace(true);
+        // Drop the handle's slots, so requests left in them after their task ends go with
+        // them (their callers see `ShutDown`).
+        self.servers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
         let mut tasks =
             std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
         while tasks.join_next().await.is_some() {}
@@ -520,6 +529,9 @@ async fn run_server<L: ToolLister + 'static>(
     // Dropping the listings cancels them; the waiters' channels close, so their callers see
     // `RefreshError::ShutDown`, as do demands left in the slot after a disconnect.
     inflight.tasks.shutdown().await;
+    drop(std::mem::take(
+        &mut *slot.pending.lock().unwrap_or_else(PoisonError::into_inner),
+    ));
 }
 
 /// One server's listings in flight, each numbered by the generation it was started at.
