@@ -550,7 +550,7 @@ impl Catalog {
         Ok(ServerCatalog {
             server: server.clone(),
             version: CatalogVersion(row.set_version),
-            tools,
+            tools: tools.into(),
             health: self.health_of(server, row),
         })
     }

@@ -380,7 +380,7 @@ async fn failures_keep_the_tools_and_retry_with_backoff() {
     assert_eq!(err.to_string(), "tools/list on s failed: connection reset");
     // …and the server keeps its tools, with the error in its health.
     let live = freshener.catalog().live(&s).unwrap();
-    assert_eq!(live.tools, {
+    assert_eq!(*live.tools, {
         let mut old = old.clone();
         old.sort_by(|a, b| a.name.cmp(&b.name));
         old

@@ -69,7 +69,7 @@ fn check(catalog: &Catalog, model: &Model) {
         let server = ServerId::new(*name).unwrap();
         let live = catalog.live(&server).unwrap();
         assert_eq!(
-            live.tools,
+            *live.tools,
             model.live[s].values().cloned().collect::<Vec<_>>(),
             "live set of {name}"
         );

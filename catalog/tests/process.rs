@@ -102,7 +102,7 @@ fn a_kill_mid_refresh_leaves_whole_listings(dir: &Path) {
         let live = catalog.live(&server()).unwrap();
         let expected = if version.0 % 2 == 1 { &a } else { &b };
         assert!(
-            &live.tools == expected,
+            *live.tools == **expected,
             "round {round}: live is one whole listing"
         );
         for v in 1..=version.0 {

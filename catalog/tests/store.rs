@@ -90,7 +90,7 @@ fn a_history_of_refreshes_reads_back_at_every_version() {
         .unwrap();
         let live = catalog.live(&fs).unwrap();
         assert_eq!(
-            live.tools,
+            *live.tools,
             sorted(tools.clone()),
             "{label}: live is the list"
         );
@@ -285,7 +285,7 @@ fn versions_and_tools_survive_reopening() {
     }
     let catalog = Catalog::open(&path).unwrap();
     assert_eq!(catalog.version().unwrap(), CatalogVersion(2));
-    assert_eq!(catalog.live(&s).unwrap().tools, sorted(tools.clone()));
+    assert_eq!(*catalog.live(&s).unwrap().tools, sorted(tools.clone()));
     assert_eq!(
         catalog.tools_at(&s, CatalogVersion(1)).unwrap(),
         sorted(tools[..10].to_vec())
@@ -403,7 +403,7 @@ fn readers_never_see_half_a_refresh() {
                 while !done.load(Ordering::Relaxed) || reads < 10 {
                     let live = catalog.live(&s).unwrap();
                     assert!(
-                        live.tools == a || live.tools == b,
+                        *live.tools == a || *live.tools == b,
                         "a half refresh was seen"
                     );
                     assert!(live.version >= last, "versions went back");
