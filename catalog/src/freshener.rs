@@ -21,7 +21,10 @@
 //! `tools/list` reply still in flight can never overwrite a newer one. A failure keeps the
 //! current tools, is recorded in the server's health, and is retried with exponential
 //! backoff. Redb writes commit with an fsync, so they run under
-//! [`tokio::task::spawn_blocking`]; the short read at a task's start runs inline.
+//! [`tokio::task::spawn_blocking`]; the short read at a task's start runs inline. A refresh
+//! that changed a server's tools is followed, in the same blocking task, by a read of its
+//! live set, so the catalogue's cache of decoded sets holds the new set before the next turn
+//! asks for it (that first read is the one that decodes).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -603,7 +606,8 @@ async fn list<L: ToolLister>(lister: Arc<L>, server: ServerId, timeout: Duration
     }
 }
 
-/// Stores a listing, or records its failure, on the blocking pool (redb commits fsync).
+/// Stores a listing, or records its failure, on the blocking pool (redb commits fsync); after
+/// a change, reads the server's live set there too, so the decoding is done off the turn.
 async fn store(
     catalog: &Catalog,
     server: &ServerId,
@@ -612,16 +616,25 @@ async fn store(
     let catalog = catalog.clone();
     let owned = server.clone();
     let task = tokio::task::spawn_blocking(move || match listing {
-        Ok(tools) => catalog.refresh(&owned, &tools).map_err(|source| {
-            let error = RefreshError::Store {
-                server: owned.clone(),
-                source,
-            };
-            // The store failed; recording that may fail too, and then the first error is
-            // the one to report.
-            let _ = catalog.record_failure(&owned, &error.to_string());
-            error
-        }),
+        Ok(tools) => match catalog.refresh(&owned, &tools) {
+            Ok(refresh) => {
+                if !refresh.diff.is_empty() {
+                    // Only warms the cache: a reader that hits the same error reports it.
+                    let _ = catalog.live(&owned);
+                }
+                Ok(refresh)
+            }
+            Err(source) => {
+                let error = RefreshError::Store {
+                    server: owned.clone(),
+                    source,
+                };
+                // The store failed; recording that may fail too, and then the first error
+                // is the one to report.
+                let _ = catalog.record_failure(&owned, &error.to_string());
+                Err(error)
+            }
+        },
         Err(error) => {
             if let Err(source) = catalog.record_failure(&owned, &error.to_string()) {
                 return Err(RefreshError::Store {
@@ -721,6 +734,34 @@ mod tests {
         let delays: Vec<u64> = (1..=6).map(|n| config.backoff(n).as_secs()).collect();
         assert_eq!(delays, [1, 2, 4, 5, 5, 5]);
         assert_eq!(config.backoff(200), Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_change_is_decoded_on_the_blocking_pool_before_the_next_read() {
+        let catalog = Catalog::in_memory().unwrap();
+        let s = ServerId::new("s").unwrap();
+        let tool = |name: &str| {
+            ToolDefinition::new(
+                psych_types::ToolName::new(name).unwrap(),
+                "",
+                Default::default(),
+            )
+        };
+        let first = store(&catalog, &s, Ok(vec![tool("a")])).await.unwrap();
+        assert_eq!(catalog.cached_set_version(&s), Some(first.version.0));
+        let same = store(&catalog, &s, Ok(vec![tool("a")])).await.unwrap();
+        assert_eq!(same.version, first.version);
+        let timed_out = RefreshError::TimedOut {
+            server: s.clone(),
+            after: Duration::from_secs(1),
+        };
+        assert!(store(&catalog, &s, Err(timed_out)).await.is_err());
+        assert_eq!(catalog.cached_set_version(&s), Some(first.version.0));
+        let second = store(&catalog, &s, Ok(vec![tool("a"), tool("b")]))
+            .await
+            .unwrap();
+        assert!(second.version > first.version);
+        assert_eq!(catalog.cached_set_version(&s), Some(second.version.0));
     }
 
     #[test]

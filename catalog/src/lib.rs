@@ -10,8 +10,10 @@
 //! [`Catalog::diff`]). Reads return `psych-types` data in a deterministic order:
 //! [`Catalog::live`] gives a server's [`ServerCatalog`](psych_types::ServerCatalog) (tools
 //! ordered by name, its set version, its health: last sync, last error, reachability), which
-//! is what disclosure resolves a turn from. Reads are redb read transactions: they never
-//! wait for a refresh and never see half of one. A file held by another process is
+//! is what disclosure resolves a turn from; its tools are a shared `Arc`, decoded once per
+//! change of the server's set and kept in memory, so a read of an unchanged server copies
+//! nothing. Reads are redb read transactions: they never wait for a refresh and never see
+//! half of one. A file held by another process is
 //! [`OpenError::Locked`]; a file of a newer layout is [`OpenError::NewerLayout`]. The layout
 //! is in `docs/format.md`.
 //!

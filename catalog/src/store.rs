@@ -162,6 +162,9 @@ struct Inner {
     db: Database,
     path: PathBuf,
     clock: Arc<dyn Clock>,
+    /// Each server's decoded live set, keyed by the set version it was decoded at (see
+    /// [`LiveSets`]).
+    live_sets: LiveSets,
     /// Held in memory, not stored: it is what this process's connections report now, and a
     /// stored "reachable" would be stale after a restart.
     reachability: Mutex<BTreeMap<ServerId, Reachability>>,
@@ -169,9 +172,9 @@ struct Inner {
 
 /// The catalogue of MCP tools: every server's tools, versioned and never hard-deleted.
 ///
-/// Cheap to clone (the clones share one database). Reads run in redb read transactions, so
-/// they never wait for a refresh and never see half of one; refreshes take one write
-/// transaction each and wait for each other.
+/// Cheap to clone (the clones share one database and one cache of decoded live sets). Reads
+/// run in redb read transactions, so they never wait for a refresh and never see half of
+/// one; refreshes take one write transaction each and wait for each other.
 #[derive(Clone)]
 pub struct Catalog {
     inner: Arc<Inner>,
@@ -262,6 +265,7 @@ impl Catalog {
                 db,
                 path,
                 clock,
+                live_sets: LiveSets::default(),
                 reachability: Mutex::new(BTreeMap::new()),
             }),
         })
@@ -308,6 +312,9 @@ impl Catalog {
         let txn = self.inner.db.begin_write().map_err(storage)?;
         let refresh = write_refresh(&txn, server, &incoming, at)?;
         txn.commit().map_err(storage)?;
+        // The stored set version moved on, so a cached set older than it can never be
+        // returned again: drop it now rather than at the server's next read.
+        self.inner.live_sets.forget_older(server, refresh.version.0);
         Ok(refresh)
     }
 
@@ -370,6 +377,13 @@ impl Catalog {
 
     /// The live tools of `server`, ordered by name, with its set version and health. A server
     /// the catalogue has never listed reads as version 0 with no tools.
+    ///
+    /// The catalogue keeps each server's decoded live set in memory, keyed by its set
+    /// version: a read opens a read transaction, reads the server's row, and when the set
+    /// version is the cached one returns the cached tools (the same `Arc` as the last read:
+    /// nothing is decoded or copied). The first read after a change decodes the rows and
+    /// caches them. Each `Catalog` opened has its own cache (its clones share it), holding
+    /// at most one set per server.
     ///
     /// # Errors
     ///
@@ -538,19 +552,21 @@ impl Catalog {
         server: &ServerId,
     ) -> Result<ServerCatalog, CatalogError> {
         let servers = txn.open_table(SERVERS).map_err(storage)?;
-        let tools_table = txn.open_table(TOOLS).map_err(storage)?;
         let row = read_server_row(&servers, server)?.unwrap_or_default();
-        let mut tools = Vec::new();
-        scan_server(&tools_table, server, |_, _, removed_at, json| {
-            if removed_at == LIVE {
-                tools.push(decode_tool(server, json)?);
+        let tools = match self.inner.live_sets.get(server, row.set_version) {
+            Some(tools) => tools,
+            // Never had a tool: nothing to decode, and nothing cached for a name that may
+            // not be a server at all.
+            None if row.set_version == 0 => Arc::from([]),
+            None => {
+                let decoded = decode_live(txn, server)?;
+                self.inner.live_sets.offer(server, row.set_version, decoded)
             }
-            Ok(())
-        })?;
+        };
         Ok(ServerCatalog {
             server: server.clone(),
             version: CatalogVersion(row.set_version),
-            tools: tools.into(),
+            tools,
             health: self.health_of(server, row),
         })
     }
@@ -562,6 +578,94 @@ impl Catalog {
             reachability: self.reachability(server),
         }
     }
+}
+
+/// Every server's live set as last decoded, keyed by the set version it was decoded at: the
+/// version at which the server's live set last changed (`ServerRow::set_version`).
+///
+/// Why a version is a sound key: a change to a server's live set always stores a catalogue
+/// version that no commit ever stored before (versions only grow, and an aborted refresh
+/// stores nothing), so within one catalogue file a (server, set version) pair names exactly
+/// one live set. Only readers fill the cache, from committed snapshots, so an entry is
+/// always a set some snapshot really held.
+///
+/// Holds at most one set per server. The mutex is held only to look up, clone an `Arc`,
+/// insert or remove (no I/O and no decoding under it), and a refresh takes it only after
+/// its commit, so a reader never waits on a writer's transaction.
+#[derive(Default)]
+struct LiveSets(Mutex<BTreeMap<ServerId, LiveSet>>);
+
+struct LiveSet {
+    version: u64,
+    tools: Arc<[ToolDefinition]>,
+}
+
+impl LiveSets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ServerId, LiveSet>> {
+        // The map is always whole between statements, so a panic elsewhere cannot have
+        // left it half updated.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The set of `server` at set version `version`, if it is the one cached.
+    fn get(&self, server: &ServerId, version: u64) -> Option<Arc<[ToolDefinition]>> {
+        self.lock()
+            .get(server)
+            .filter(|set| set.version == version)
+            .map(|set| Arc::clone(&set.tools))
+    }
+
+    /// Caches `decoded`, the set of `server` at set version `version`, unless a set at that
+    /// version or a later one is cached already (a reader of an older snapshot, or a second
+    /// reader decoding the same version); returns the cached set of that version, so readers
+    /// of one version share one allocation.
+    fn offer(
+        &self,
+        server: &ServerId,
+        version: u64,
+        decoded: Vec<ToolDefinition>,
+    ) -> Arc<[ToolDefinition]> {
+        let mut sets = self.lock();
+        match sets.get(server) {
+            Some(set) if set.version == version => Arc::clone(&set.tools),
+            Some(set) if set.version > version => decoded.into(),
+            _ => {
+                let tools: Arc<[ToolDefinition]> = decoded.into();
+                sets.insert(
+                    server.clone(),
+                    LiveSet {
+                        version,
+                        tools: Arc::clone(&tools),
+                    },
+                );
+                tools
+            }
+        }
+    }
+
+    /// Drops the cached set of `server` if it is older than set version `version`.
+    fn forget_older(&self, server: &ServerId, version: u64) {
+        let mut sets = self.lock();
+        if sets.get(server).is_some_and(|set| set.version < version) {
+            sets.remove(server);
+        }
+    }
+}
+
+/// Decodes the live rows of `server` in `txn`, ordered by name.
+fn decode_live(
+    txn: &ReadTransaction,
+    server: &ServerId,
+) -> Result<Vec<ToolDefinition>, CatalogError> {
+    let table = txn.open_table(TOOLS).map_err(storage)?;
+    let mut tools = Vec::new();
+    scan_server(&table, server, |_, _, removed_at, json| {
+        if removed_at == LIVE {
+            tools.push(decode_tool(server, json)?);
+        }
+        Ok(())
+    })?;
+    Ok(tools)
 }
 
 /// The body of [`Catalog::refresh`], inside its write transaction.
@@ -746,5 +850,81 @@ fn corrupt(what: impl Into<String>, reason: impl std::fmt::Display) -> CatalogEr
     CatalogError::Corrupt {
         what: what.into(),
         reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+impl Catalog {
+    /// The set version cached for `server`, if one is.
+    pub(crate) fn cached_set_version(&self, server: &ServerId) -> Option<u64> {
+        self.inner
+            .live_sets
+            .lock()
+            .get(server)
+            .map(|set| set.version)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(names: &[&str]) -> Vec<ToolDefinition> {
+        names
+            .iter()
+            .map(|name| ToolDefinition::new(ToolName::new(*name).unwrap(), "", Default::default()))
+            .collect()
+    }
+
+    #[test]
+    fn an_older_snapshot_never_replaces_a_newer_set() {
+        let sets = LiveSets::default();
+        let s = ServerId::new("s").unwrap();
+        let v2 = sets.offer(&s, 2, set(&["b"]));
+        assert!(Arc::ptr_eq(&sets.get(&s, 2).unwrap(), &v2));
+        // A reader of version 1 decoded late: it gets its own set, the cache keeps v2.
+        let v1 = sets.offer(&s, 1, set(&["a"]));
+        assert_eq!(v1.len(), 1);
+        assert!(sets.get(&s, 1).is_none());
+        assert!(Arc::ptr_eq(&sets.get(&s, 2).unwrap(), &v2));
+        // A second reader of version 2 shares the cached allocation.
+        assert!(Arc::ptr_eq(&sets.offer(&s, 2, set(&["b"])), &v2));
+        // A later version replaces it: one set per server.
+        let v3 = sets.offer(&s, 3, set(&["c"]));
+        assert!(sets.get(&s, 2).is_none());
+        assert!(Arc::ptr_eq(&sets.get(&s, 3).unwrap(), &v3));
+        assert_eq!(sets.lock().len(), 1);
+    }
+
+    #[test]
+    fn a_refresh_that_changes_a_server_drops_its_older_set_only() {
+        let sets = LiveSets::default();
+        let (s, t) = (ServerId::new("s").unwrap(), ServerId::new("t").unwrap());
+        sets.offer(&s, 2, set(&["a"]));
+        sets.offer(&t, 1, set(&["b"]));
+        sets.forget_older(&s, 2);
+        assert!(sets.get(&s, 2).is_some(), "not older: kept");
+        sets.forget_older(&s, 4);
+        assert!(sets.get(&s, 2).is_none());
+        assert!(sets.get(&t, 1).is_some(), "other servers are untouched");
+    }
+
+    #[test]
+    fn reads_cache_one_set_per_listed_server_and_none_for_unknown_names() {
+        let catalog = Catalog::in_memory().unwrap();
+        let s = ServerId::new("s").unwrap();
+        for name in ["x", "y", "z"] {
+            catalog.live(&ServerId::new(name).unwrap()).unwrap();
+        }
+        catalog.refresh(&s, &set(&["a", "b"])).unwrap();
+        catalog.live(&s).unwrap();
+        catalog.refresh(&s, &set(&["a"])).unwrap();
+        assert!(
+            catalog.inner.live_sets.lock().is_empty(),
+            "the change dropped the older set"
+        );
+        catalog.live(&s).unwrap();
+        assert_eq!(catalog.cached_set_version(&s), Some(2));
+        assert_eq!(catalog.inner.live_sets.lock().len(), 1);
     }
 }

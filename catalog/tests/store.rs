@@ -378,7 +378,8 @@ fn unchanged_refreshes_do_not_grow_the_file() {
 }
 
 /// Readers run while a writer alternates a server between two real catalogues: every read
-/// is one whole list, never a mix, and versions only grow.
+/// is one whole list, never a mix, it is the list of the version it reports (through the
+/// cache of decoded sets too), and versions only grow.
 #[test]
 fn readers_never_see_half_a_refresh() {
     let dir = tempfile::tempdir().unwrap();
@@ -406,6 +407,10 @@ fn readers_never_see_half_a_refresh() {
                         *live.tools == a || *live.tools == b,
                         "a half refresh was seen"
                     );
+                    // Odd versions hold `a`, even ones `b`: the tools are those of the
+                    // version read (a cached set is never paired with another version).
+                    let expected = if live.version.0 % 2 == 1 { &a } else { &b };
+                    assert!(*live.tools == **expected, "tools of another version");
                     assert!(live.version >= last, "versions went back");
                     last = live.version;
                     reads += 1;
