@@ -1,13 +1,73 @@
-//! The catalogue of MCP tools, stored in redb.
+//! The catalogue of MCP tools: a versioned, soft-delete redb store of every server's tools,
+//! and a freshener that keeps it current.
 //!
-//! Not built yet. This crate will own the versioned, soft-delete tool table: a refresh writes
-//! every tool it saw under a new catalogue version and marks everything older as removed, so
-//! nothing is hard-deleted and old versions stay readable; live and historical reads; diffs
-//! between versions; and the four freshness triggers (sync on connect, a TTL sweep, refresh on
-//! demand, `notifications/tools/list_changed`) over a `psych_types::ToolLister`.
+//! The principal type is [`Catalog`]. [`Catalog::refresh`] takes the complete list a server
+//! just returned and, in one write transaction, makes exactly that list the server's live
+//! set: new and changed tools get rows at a new [`CatalogVersion`](psych_types::CatalogVersion),
+//! tools no longer listed are marked removed at it, and unchanged tools are not written at
+//! all (an unchanged listing takes no version and moves only the sync stamp). Nothing is
+//! ever deleted, so any older version still reads as it was ([`Catalog::tools_at`],
+//! [`Catalog::diff`]). Reads return `psych-types` data in a deterministic order:
+//! [`Catalog::live`] gives a server's [`ServerCatalog`](psych_types::ServerCatalog) (tools
+//! ordered by name, its set version, its health: last sync, last error, reachability), which
+//! is what disclosure resolves a turn from; its tools are a shared `Arc`, decoded once per
+//! change of the server's set and kept in memory, so a read of an unchanged server copies
+//! nothing. Reads are redb read transactions: they never wait for a refresh and never see
+//! half of one. A file held by another process is
+//! [`OpenError::Locked`]; a file of a newer layout is [`OpenError::NewerLayout`]. The layout
+//! is in `docs/format.md`.
+//!
+//! [`Freshener`] keeps a catalogue fresh over any [`ToolLister`](psych_types::ToolLister)
+//! with four triggers: sync on connect, a TTL sweep with jitter and per-server timeouts,
+//! awaitable on-demand refresh, and coalesced `notifications/tools/list_changed`. A
+//! failure keeps the tools the server had, is recorded, and is retried with backoff.
 //!
 //! It depends on `psych-types`, redb and tokio only: it knows nothing of prompts, disclosure
 //! tiers or MCP transports.
+//!
+//! # Example
+//!
+//! ```
+//! use psych_catalog::Catalog;
+//! use psych_types::{CatalogVersion, ServerId, ToolDefinition, ToolName};
+//!
+//! let catalog = Catalog::in_memory()?;
+//! let fs = ServerId::new("fs")?;
+//! let tool = |name: &str, description: &str| -> Result<ToolDefinition, psych_types::IdError> {
+//!     Ok(ToolDefinition::new(ToolName::new(name)?, description, Default::default()))
+//! };
+//!
+//! let first = catalog.refresh(&fs, &[tool("read_file", "Read")?, tool("write_file", "Write")?])?;
+//! assert_eq!(first.version, CatalogVersion(1));
+//!
+//! // The same list again writes no tool and takes no version.
+//! let same = catalog.refresh(&fs, &[tool("write_file", "Write")?, tool("read_file", "Read")?])?;
+//! assert!(same.diff.is_empty());
+//! assert_eq!(same.version, CatalogVersion(1));
+//!
+//! // One changed, one removed.
+//! let next = catalog.refresh(&fs, &[tool("read_file", "Read a file")?])?;
+//! assert_eq!(next.version, CatalogVersion(2));
+//! assert_eq!(next.diff.changed[0].as_str(), "read_file");
+//! assert_eq!(next.diff.removed[0].as_str(), "write_file");
+//!
+//! let live = catalog.live(&fs)?;
+//! assert_eq!(live.tools.len(), 1);
+//! assert!(live.health.last_sync.is_some());
+//! // The older version still reads as it was.
+//! assert_eq!(catalog.tools_at(&fs, CatalogVersion(1))?.len(), 2);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+
+mod clock;
+mod error;
+mod freshener;
+mod store;
+
+pub use clock::{Clock, SystemClock};
+pub use error::{CatalogError, ConfigError, OpenError, RefreshError};
+pub use freshener::{Freshener, FreshenerBuilder, FreshenerConfig, RefreshOutcome};
+pub use store::{Catalog, CatalogBuilder, Diff, LAYOUT, Refresh, Stats};

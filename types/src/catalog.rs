@@ -5,6 +5,7 @@
 //! unreachable, or empty because of errors, is listed with its state instead of vanishing.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -86,8 +87,11 @@ pub struct ServerCatalog {
     /// The catalogue version of this read. Equal versions of one server mean equal tools,
     /// so anything derived from the tools (compiled schemas) can be cached per version.
     pub version: CatalogVersion,
-    /// The live tools, ordered by name.
-    pub tools: Vec<ToolDefinition>,
+    /// The live tools, ordered by name. Shared and immutable: a catalogue may hand every
+    /// reader of one server at one version the same allocation, so cloning a
+    /// `ServerCatalog` copies a pointer, not the definitions. Build one from a `Vec` with
+    /// `.into()`; read it as a slice (`&*tools`, `.iter()`).
+    pub tools: Arc<[ToolDefinition]>,
     /// The server's health.
     pub health: ServerHealth,
 }
@@ -118,6 +122,28 @@ mod tests {
             serde_json::from_str::<ServerHealth>("{}").unwrap(),
             ServerHealth::default()
         );
+    }
+
+    #[test]
+    fn server_catalog_shares_its_tools_and_round_trips() {
+        let tool = |name: &str| {
+            ToolDefinition::new(crate::ToolName::new(name).unwrap(), "", Default::default())
+        };
+        let catalog = ServerCatalog {
+            server: ServerId::new("fs").unwrap(),
+            version: CatalogVersion(3),
+            tools: vec![tool("read_file"), tool("write_file")].into(),
+            health: ServerHealth::default(),
+        };
+        let copy = catalog.clone();
+        assert!(
+            Arc::ptr_eq(&copy.tools, &catalog.tools),
+            "a clone shares the tools"
+        );
+        let text = serde_json::to_string(&catalog).unwrap();
+        let back: ServerCatalog = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, catalog);
+        assert_eq!(back.tools.len(), 2);
     }
 
     #[test]
