@@ -44,15 +44,16 @@
 //!
 //! # Decisions and defaults (measured on `shared/fixtures/catalogs`, bytes/4 estimate)
 //!
-//! - **Auto budget: 5% of a 200,000-token window (10,000 tokens) per server.** The GitHub
-//!   catalogue costs about 31,500 tokens as direct tools (15.7% of the window), notion
-//!   about 19,000 (9.5%), playwright about 5,000, filesystem 3,200, memory 2,700. A peer
-//!   defers all MCP tools together once they pass 10% of the window; per server, 10% would
-//!   still inject notion's 24 tools at 19,000 tokens every turn, and two such servers would
-//!   take a fifth of the window. 5% defers the two large catalogues and keeps the three
-//!   small ones (about 11,000 tokens together).
+//! - **Auto budget: 5% of a 200,000-token window (10,000 tokens) per server.** As direct
+//!   tools (name, description, input schema) the GitHub catalogue costs about 27,600
+//!   tokens (13.8% of the window), notion 18,500 (9.2%), playwright 4,250 (2.1%),
+//!   filesystem 1,900, memory 1,000. A peer defers all MCP tools together once they pass
+//!   10% of the window; per server, 10% would still inject notion's 24 tools at 18,500
+//!   tokens every turn, and two such servers would take a fifth of the window. 5% defers
+//!   the two large catalogues and keeps the three small ones (about 7,200 tokens
+//!   together). Express it in tokens or as a window share ([`Budget`]).
 //! - **Tiers:** direct up to 32 tools and 10,000 tokens; a facade while its index line is
-//!   at most 1,000 tokens (GitHub's 117 names fit in about 650); a search pair beyond.
+//!   at most 1,000 tokens (GitHub's 117 names take about 700); a search pair beyond.
 //! - **Tool cap:** 128 (OpenAI's limit), configurable.
 //! - **Meta tools** ([`LIST_TOOLS`], [`DESCRIBE_TOOL`], [`CALL_TOOL`]), present whenever a
 //!   server is deferred, fixed bytes:
@@ -64,6 +65,13 @@
 //!   take `{tool: string, input?: object}`: without `input` they answer the tool's
 //!   description and schema, with it they call it. The search tool takes
 //!   `{query: string}` and answers the best [`SEARCH_HITS`].
+//! - **Fixed cost of the meta tools:** 1,506 bytes (about 380 tokens), paid once however
+//!   many servers are deferred. GitHub deferred costs its line plus these, 1,633 bytes,
+//!   against 114,468 bytes as 117 direct tools (70×).
+//! - **Search** ([`SearchIndex`]): BM25F over stemmed words of names, titles, parameter
+//!   names and descriptions. On 51 natural-language tasks over the five fixture catalogues
+//!   searched together: recall@5 0.82 and MRR 0.74, against 0.75 and 0.69 for a plain BM25
+//!   (`tests/search_quality.rs`).
 //! - **Listings:** [`Settings::page_size`] (default 50) names per page with a one-line
 //!   summary of at most [`SUMMARY_CHARS`], and `more: ask for page N of M` when there is
 //!   more. A page past the end is empty, not an error.
@@ -156,7 +164,7 @@ pub use orientation::{
     orientation,
 };
 pub use resolve::{
-    DEFERRED_LINE_CHARS, Inputs, PermittedSet, ServerView, Shape, Surface, Why, resolve,
+    Cost, DEFERRED_LINE_CHARS, Inputs, PermittedSet, ServerView, Shape, Surface, Why, resolve,
 };
 pub use search::SearchIndex;
 pub use settings::{Budget, MAX_PAGE_SIZE, Settings, SettingsBuilder};

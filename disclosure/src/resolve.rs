@@ -62,6 +62,31 @@ pub enum Why {
     ToolCap,
 }
 
+/// A server's estimated cost as direct tools (name, description, input schema of each
+/// permitted tool), through the caller's estimator.
+///
+/// Counting stops once the sum passes every limit it is compared against (the auto budget
+/// for an `Auto` server, the direct-tier limit when the server is small enough to be
+/// direct), so resolution of a large catalogue does not serialize every schema each turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Cost {
+    /// Every permitted tool was counted.
+    Exact(u64),
+    /// Counting stopped here, above every limit that mattered.
+    AtLeast(u64),
+}
+
+impl Cost {
+    /// The counted tokens (a lower bound for [`Cost::AtLeast`]).
+    pub fn tokens(self) -> u64 {
+        match self {
+            Cost::Exact(tokens) | Cost::AtLeast(tokens) => tokens,
+        }
+    }
+}
+
 /// One server as this turn's Surface shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ServerView {
@@ -73,9 +98,8 @@ pub struct ServerView {
     pub why: Why,
     /// How many of its tools are permitted (live catalogue ∩ grant).
     pub permitted: usize,
-    /// Estimated tokens of its permitted tools as direct tools (name, description, input
-    /// schema), through the caller's estimator.
-    pub estimated_tokens: u64,
+    /// Estimated tokens of its permitted tools as direct tools.
+    pub cost: Cost,
     /// Tools injected as direct tools although the server is deferred.
     pub eager: Vec<ToolName>,
     /// The one-line description from its connection.
@@ -197,7 +221,7 @@ struct Plan<'a> {
     connection: &'a ConnectionSpec,
     catalog: Option<&'a ServerCatalog>,
     permitted: Vec<&'a ToolDefinition>,
-    cost: u64,
+    cost: Cost,
     index: String,
     index_fits: bool,
     shape: Shape,
@@ -233,6 +257,23 @@ fn tool_cost(estimator: &dyn TokenEstimator, server: &ServerId, tool: &ToolDefin
         + 1
         + estimator.estimate_text(tool.description_or_empty())
         + estimator.estimate_text(&schema)
+}
+
+/// The cost of `tools`, counted until it passes `limit`.
+fn counted_cost(
+    estimator: &dyn TokenEstimator,
+    server: &ServerId,
+    tools: &[&ToolDefinition],
+    limit: u64,
+) -> Cost {
+    let mut sum = 0u64;
+    for tool in tools {
+        if sum > limit {
+            return Cost::AtLeast(sum);
+        }
+        sum = sum.saturating_add(tool_cost(estimator, server, tool));
+    }
+    Cost::Exact(sum)
 }
 
 /// Resolves one turn's [`Surface`].
@@ -284,10 +325,14 @@ pub fn resolve(
                 tool: pair[0].name.clone(),
             });
         }
-        let cost = permitted
-            .iter()
-            .map(|tool| tool_cost(estimator, server, tool))
-            .sum();
+        let may_be_direct = permitted.len() <= settings.direct_max_tools;
+        let limit = match (connection.preload == Preload::Auto, may_be_direct) {
+            (true, true) => budget.max(settings.direct_max_tokens),
+            (true, false) => budget,
+            (false, true) => settings.direct_max_tokens,
+            (false, false) => 0,
+        };
+        let cost = counted_cost(estimator, server, &permitted, limit);
         let names: Vec<&ToolName> = permitted.iter().map(|t| &t.name).collect();
         let index = shapes::facade_index(server, &names);
         let index_fits = estimator.estimate_text(&index) <= settings.facade_max_index_tokens;
@@ -302,9 +347,7 @@ pub fn resolve(
             why: Why::NoTools,
             eager: Vec::new(),
         };
-        let tier = if plan.permitted.len() <= settings.direct_max_tools
-            && plan.cost <= settings.direct_max_tokens
-        {
+        let tier = if may_be_direct && plan.cost.tokens() <= settings.direct_max_tokens {
             Shape::Direct
         } else {
             plan.step_down_shape()
@@ -313,7 +356,7 @@ pub fn resolve(
             _ if plan.permitted.is_empty() => (Shape::Deferred, Why::NoTools),
             Preload::Deferred => (Shape::Deferred, Why::Pinned),
             Preload::Eager => (tier, Why::Pinned),
-            Preload::Auto if plan.cost > budget => (Shape::Deferred, Why::OverBudget),
+            Preload::Auto if plan.cost.tokens() > budget => (Shape::Deferred, Why::OverBudget),
             Preload::Auto => (tier, Why::Size),
         };
         if plan.shape == Shape::Deferred {
@@ -568,7 +611,7 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
             shape: p.shape,
             why: p.why,
             permitted: p.permitted.len(),
-            estimated_tokens: p.cost,
+            cost: p.cost,
             eager: p.eager.iter().map(|t| t.name.clone()).collect(),
             description: p.connection.description.clone(),
             health: p.catalog.map(|c| c.health.clone()).unwrap_or_default(),

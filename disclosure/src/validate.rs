@@ -104,25 +104,34 @@ impl Validators {
                 ),
             }]);
         }
-        let entry = self
-            .servers
-            .entry(server.clone())
-            .or_insert_with(|| ServerValidators {
-                version,
-                tools: HashMap::new(),
-            });
+        // The entry API clones the key on every call; look up first, so a warm call
+        // allocates nothing.
+        let entry = match self.servers.get_mut(server) {
+            Some(entry) => entry,
+            None => self
+                .servers
+                .entry(server.clone())
+                .or_insert_with(|| ServerValidators {
+                    version,
+                    tools: HashMap::new(),
+                }),
+        };
         if entry.version != version {
             entry.version = version;
             entry.tools.clear();
         }
-        let compiled = entry
-            .tools
-            .entry(tool.name.clone())
-            .or_insert_with(|| compile(tool));
+        let compiled = match entry.tools.get(&tool.name) {
+            Some(compiled) => compiled,
+            None => entry
+                .tools
+                .entry(tool.name.clone())
+                .or_insert_with(|| compile(tool)),
+        };
         match compiled {
             Compiled::Failed(reason) => Ok(Validation::Unchecked {
                 reason: reason.clone(),
             }),
+            Compiled::Ready(validator) if validator.is_valid(arguments) => Ok(Validation::Checked),
             Compiled::Ready(validator) => {
                 let mut errors = Vec::new();
                 let mut more = 0usize;

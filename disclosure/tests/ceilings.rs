@@ -10,8 +10,8 @@ use common::{
     Bytes4, FIXTURES, fixture_setup, large_setup, named_setup, surface_bytes, tool_bytes,
 };
 use psych_disclosure::{
-    Answer, DEFERRED_LINE_CHARS, LIST_TOOLS, OrientationContext, Settings, Validators, Verdict,
-    orientation, resolve,
+    Answer, Budget, Cost, DEFERRED_LINE_CHARS, LIST_TOOLS, OrientationContext, Settings,
+    Validators, Verdict, orientation, resolve,
 };
 use psych_types::{ConnectionSpec, Preload, ServerId, TokenEstimator};
 use serde_json::json;
@@ -235,17 +235,26 @@ fn github_eager_vs_deferred_vs_facade_vs_search_pair() {
     );
     assert!(rows[2].1 < rows[1].1 && rows[1].1 < rows[0].1);
 
-    // The per-server costs behind the Auto default, on a 200,000-token window.
+    // The per-server costs behind the Auto default, on a 200,000-token window: counted
+    // whole with a budget nothing passes, then the default's decision.
     let setup = fixture_setup(Preload::Auto);
-    let surface = resolve(&setup.inputs(), &Settings::default(), &Bytes4).unwrap();
-    for view in surface.servers() {
+    let whole = Settings::builder()
+        .auto_budget(Budget::Tokens(u64::MAX))
+        .build()
+        .unwrap();
+    let counted = resolve(&setup.inputs(), &whole, &Bytes4).unwrap();
+    let default = resolve(&setup.inputs(), &Settings::default(), &Bytes4).unwrap();
+    for (view, decided) in counted.servers().iter().zip(default.servers()) {
+        let Cost::Exact(tokens) = view.cost else {
+            panic!("{view:?}")
+        };
         println!(
-            "{}: {} tools, ~{} tokens = {:.1}% of 200k -> {:?}",
+            "{}: {} tools, ~{tokens} tokens = {:.1}% of 200k -> {:?} ({:?})",
             view.server,
             view.permitted,
-            view.estimated_tokens,
-            view.estimated_tokens as f64 / 2_000.0,
-            view.shape
+            tokens as f64 / 2_000.0,
+            decided.shape,
+            decided.cost
         );
     }
 }

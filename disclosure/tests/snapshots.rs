@@ -21,12 +21,12 @@ fn render(surface: &Surface) -> String {
     for view in surface.servers() {
         writeln!(
             out,
-            "  {}: {:?} ({:?}), {} permitted, ~{} tokens, eager {:?}",
+            "  {}: {:?} ({:?}), {} permitted, {:?} tokens, eager {:?}",
             view.server,
             view.shape,
             view.why,
             view.permitted,
-            view.estimated_tokens,
+            view.cost,
             view.eager.iter().map(|t| t.as_str()).collect::<Vec<_>>()
         )
         .unwrap();
