@@ -4,6 +4,12 @@
 //! replicated under four server names each: 24 servers, 1,224 tools. Token figures use the
 //! bytes/4 stand-in estimator, not a provider tokenizer.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
 mod common;
 
 use common::{

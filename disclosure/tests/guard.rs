@@ -2,6 +2,12 @@
 //! pair checked against the grant and catalogues as they are now, and arguments are
 //! validated against the real schemas (notion's `$defs`/`$ref`/`oneOf`, draft 2020-12).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
 mod common;
 
 use common::{FIXTURES, Setup, catalog, fixture_setup, fixture_tools, named_setup};

@@ -2,6 +2,12 @@
 //! name, dotted, empty and over-long names. Each is refused or mapped exactly, never to the
 //! wrong tool.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
 mod common;
 
 use std::collections::HashSet;

@@ -3,6 +3,12 @@
 //! tool revoked between resolution and call is refused; names are unique, provider-safe
 //! and round-trip; the cap holds; input order does not change a byte.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -4,6 +4,12 @@
 //! computed in the same test. Psych's must not be worse on recall@5 or on mean reciprocal
 //! rank.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
 mod common;
 
 use std::collections::HashMap;

@@ -6,6 +6,12 @@
 //! whole; a direct tool, which is the server's own definition under its exposed name, is
 //! shown as its name, size and first description line.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
 mod common;
 
 use std::fmt::Write;
