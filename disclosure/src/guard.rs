@@ -285,7 +285,7 @@ fn pointer(key: &str) -> String {
 /// The live catalogue of a server, and the server's id, if the server is on the Surface
 /// and permitted now.
 struct LiveServer<'a> {
-    server: ServerId,
+    server: &'a ServerId,
     catalog: Option<&'a ServerCatalog>,
     grant: &'a PermissionGrant,
 }
@@ -296,7 +296,7 @@ impl<'a> LiveServer<'a> {
             .map(|c| c.tools.iter())
             .into_iter()
             .flatten()
-            .filter(|t| self.grant.permits(&self.server, &t.name))
+            .filter(|t| self.grant.permits(self.server, &t.name))
     }
 
     fn sorted_permitted(&self) -> Vec<&'a ToolDefinition> {
@@ -306,21 +306,19 @@ impl<'a> LiveServer<'a> {
     }
 
     fn tool(&self, name: &str) -> Result<&'a ToolDefinition, Refusal> {
-        let not_available = || Refusal::NotAvailable {
-            server: self.server.clone(),
-            tool: name.to_owned(),
-        };
-        let name = ToolName::new(name).map_err(|_| not_available())?;
-        if !self.grant.permits(&self.server, &name) {
-            return Err(not_available());
-        }
         let tools = self.catalog.map(|c| c.tools.as_slice()).unwrap_or_default();
-        // Catalogues list tools by name; fall back to a scan for one that does not.
-        let found = match tools.binary_search_by(|t| t.name.cmp(&name)) {
+        // Catalogues list tools by name; fall back to a scan for one that does not. The
+        // name is compared as given: no case folding, no normalising.
+        let found = match tools.binary_search_by(|t| t.name.as_str().cmp(name)) {
             Ok(i) => Some(&tools[i]),
-            Err(_) => tools.iter().find(|t| t.name == name),
+            Err(_) => tools.iter().find(|t| t.name.as_str() == name),
         };
-        found.ok_or_else(not_available)
+        found
+            .filter(|t| self.grant.permits(self.server, &t.name))
+            .ok_or_else(|| Refusal::NotAvailable {
+                server: self.server.clone(),
+                tool: name.to_owned(),
+            })
     }
 
     fn version(&self) -> CatalogVersion {
@@ -403,7 +401,7 @@ impl Surface {
                 args.done(name)?;
                 let server = self.live_server(server.as_str(), live)?;
                 let permitted: Vec<_> = server.permitted().collect();
-                let index = SearchIndex::new(permitted.iter().map(|t| (&server.server, *t)));
+                let index = SearchIndex::new(permitted.iter().map(|t| (server.server, *t)));
                 let hits = index
                     .search(query, SEARCH_HITS)
                     .into_iter()
@@ -482,7 +480,7 @@ impl Surface {
     }
 
     /// The server, if it is on this Surface and permitted now.
-    fn live_server<'a>(&self, server: &str, live: &Live<'a>) -> Result<LiveServer<'a>, Refusal> {
+    fn live_server<'a>(&'a self, server: &str, live: &Live<'a>) -> Result<LiveServer<'a>, Refusal> {
         let unknown = || Refusal::UnknownServer {
             server: server.to_owned(),
         };
@@ -491,7 +489,7 @@ impl Surface {
             return Err(unknown());
         }
         Ok(LiveServer {
-            server: view.server.clone(),
+            server: &view.server,
             catalog: live.catalogs.iter().find(|c| c.server == view.server),
             grant: live.grant,
         })
@@ -531,7 +529,7 @@ fn forward(
     }
     let target = ToolRef::new(server.server.clone(), tool.name.clone());
     let validation = validators
-        .check(&server.server, server.version(), tool, arguments)
+        .check(server.server, server.version(), tool, arguments)
         .map_err(|errors| Refusal::InvalidArguments {
             call: target.to_string(),
             errors,
