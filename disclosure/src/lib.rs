@@ -1,12 +1,172 @@
-//! Tool disclosure: which tools a turn exposes to the model, and in what shape.
+//! Tool disclosure: which tools a turn exposes to the model, in what shape, and the
+//! call-time guard every call goes through.
 //!
-//! Not built yet. This crate will own narrowing by the permission grant, the three-valued
-//! preload flag, the tiers by permitted catalogue size (direct tools, a facade per server, a
-//! search+call pair), the one-line deferred-server entries, the meta tools that list, describe
-//! and call a deferred server's tools by `(server, tool)` pair, the call-time membership
-//! re-check, argument validation against input schemas, and the orientation payload.
+//! The main type is [`Surface`], made by [`resolve`] at the start of every turn from plain
+//! data: the connections ([`ConnectionSpec`](psych_types::ConnectionSpec)), each server's
+//! live catalogue ([`ServerCatalog`](psych_types::ServerCatalog)) and the grant
+//! ([`PermissionGrant`](psych_types::PermissionGrant)). It holds the tool definitions to
+//! expose ([`Surface::tools`], for prompt assembly's tool surface), one line per deferred
+//! server ([`Surface::deferred_lines`], for zone 1's capability notes), the permitted set,
+//! and a resolver from an exposed name back to what it means ([`Surface::exposed`]).
+//! [`Surface::guard`] checks one call against the grant and catalogues as they are *now*
+//! and answers with a [`Verdict`]: forward `(server, tool, validated arguments)` to the
+//! server (the runtime does), an [`Answer`] (a listing, a description, a search), the
+//! [`orientation`] payload, or a [`Refusal`]. Every answer becomes a
+//! [`ToolOutput`](psych_types::ToolOutput) through `to_output()`.
 //!
-//! It is pure (no I/O, no clock) and depends on `psych-types` only.
+//! The crate is pure: no I/O, no clock, no globals. Token costs go through the caller's
+//! [`TokenEstimator`](psych_types::TokenEstimator).
+//!
+//! # What a Surface guarantees
+//!
+//! - **Narrowing.** Permitted = live catalogue ∩ grant; every shape, every meta tool and
+//!   every call works on it alone. A server the grant does not mention is not shown. An
+//!   unknown and an unpermitted tool are refused with the same words.
+//! - **Preload.** `Eager` and `Deferred` pin it; `Auto` defers a server whose permitted
+//!   tools cost more than [`Settings::auto_budget`]. A server with no permitted tool is
+//!   listed as deferred with its state (not listed yet, listing failed, unreachable). A
+//!   deferred server's eager tools are exposed as direct tools and it stays deferred.
+//! - **Shapes** for servers that are not deferred ([`Shape`]): direct tools when the server
+//!   has at most [`Settings::direct_max_tools`] permitted tools costing at most
+//!   [`Settings::direct_max_tokens`]; else a facade when its index line costs at most
+//!   [`Settings::facade_max_index_tokens`]; else a search pair. The Surface never has more
+//!   than [`Settings::tool_cap`] tools: the largest direct server steps down first, then
+//!   the largest non-deferred server is deferred, then eager tools are dropped.
+//! - **Stability.** Bytes depend on the catalogues' tools, the connections, the grant and
+//!   the settings; health shows only on the line of a server with no tools, so a server
+//!   that disconnects keeps its place and bytes (its calls answer `unreachable: reason`).
+//!   Input order does not matter.
+//! - **Names** are provider-safe (`^[a-zA-Z0-9_-]{1,64}$`), unique ignoring ASCII case, and
+//!   reversed through the Surface's own table, never by parsing: `server__tool`; a facade is
+//!   `server`; a search pair is `server__search_tools` + `server__call_tool`; dotted, long
+//!   or colliding names are sanitised, cut to 55 bytes and suffixed `_` + 8 hex digits of
+//!   an FNV-1a hash of the pair.
+//!
+//! # Decisions and defaults (measured on `shared/fixtures/catalogs`, bytes/4 estimate)
+//!
+//! - **Auto budget: 5% of a 200,000-token window (10,000 tokens) per server.** As direct
+//!   tools (name, description, input schema) the GitHub catalogue costs about 27,600
+//!   tokens (13.8% of the window), notion 18,500 (9.2%), playwright 4,250 (2.1%),
+//!   filesystem 1,900, memory 1,000. A peer defers all MCP tools together once they pass
+//!   10% of the window; per server, 10% would still inject notion's 24 tools at 18,500
+//!   tokens every turn, and two such servers would take a fifth of the window. 5% defers
+//!   the two large catalogues and keeps the three small ones (about 7,200 tokens
+//!   together). Express it in tokens or as a window share ([`Budget`]).
+//! - **Tiers:** direct up to 32 tools and 10,000 tokens; a facade while its index line is
+//!   at most 1,000 tokens (GitHub's 117 names take about 700); a search pair beyond.
+//! - **Tool cap:** 128 (OpenAI's limit), configurable.
+//! - **Meta tools** ([`LIST_TOOLS`], [`DESCRIBE_TOOL`], [`CALL_TOOL`]), present whenever a
+//!   server is deferred, fixed bytes:
+//!   `psych_list_tools {server: string, page?: integer ≥ 1}`,
+//!   `psych_describe_tool {server: string, tool: string}`,
+//!   `psych_call_tool {server: string, tool: string, arguments?: object}`, each with
+//!   `additionalProperties: false`. They serve any server on the Surface (discovery is a
+//!   door, not a bypass: the same narrowing applies). A facade and a search pair's call tool
+//!   take `{tool: string, input?: object}`: without `input` they answer the tool's
+//!   description and schema, with it they call it. The search tool takes
+//!   `{query: string}` and answers the best [`SEARCH_HITS`].
+//! - **Fixed cost of the meta tools:** 1,506 bytes (about 380 tokens), paid once however
+//!   many servers are deferred. GitHub deferred costs its line plus these, 1,633 bytes,
+//!   against 114,468 bytes as 117 direct tools (70×).
+//! - **Search** ([`SearchIndex`]): BM25F over stemmed words of names, titles, parameter
+//!   names and descriptions. On 51 natural-language tasks over the five fixture catalogues
+//!   searched together: recall@5 0.82 and MRR 0.74, against 0.75 and 0.69 for a plain BM25
+//!   (`tests/search_quality.rs`).
+//! - **Listings:** [`Settings::page_size`] (default 50) names per page with a one-line
+//!   summary of at most [`SUMMARY_CHARS`], and `more: ask for page N of M` when there is
+//!   more. A page past the end is empty, not an error.
+//! - **Deferred lines:** `server: deferred MCP server, N tools[, M of them also direct].
+//!   description`, at most [`DEFERRED_LINE_CHARS`] characters, ending `…[truncated]` when
+//!   cut.
+//! - **Orientation tool** ([`ORIENTATION`], `{verbose?: boolean}`) on by default: the
+//!   documented first call.
+//! - **Schemas** are compiled by [`Validators`], once per `(server, catalogue version)`,
+//!   lazily at a tool's first call, kept by the runtime across turns. `$defs`, `$ref` inside
+//!   the schema, `oneOf` and `$schema` draft 2020-12 work; nothing is fetched. A schema that
+//!   does not compile leaves its tool usable: calls are forwarded with
+//!   [`Validation::Unchecked`] and its reason, the arguments only checked to be an object.
+//!
+//! # Example
+//!
+//! ```
+//! use psych_disclosure::{Inputs, Live, Settings, Validators, Verdict, resolve};
+//! use psych_types::{
+//!     CatalogVersion, ConnectionSpec, PermissionGrant, ServerCatalog, ServerHealth, ServerId,
+//!     TokenEstimator, ToolDefinition, ToolName,
+//! };
+//!
+//! /// Four bytes a token (the runtime plugs psych-elision's estimator in).
+//! struct Bytes4;
+//! impl TokenEstimator for Bytes4 {
+//!     fn estimate_text(&self, text: &str) -> u64 { text.len().div_ceil(4) as u64 }
+//!     fn estimate_binary(&self, _mime: &str, len: u64) -> u64 { len.div_ceil(4) }
+//! }
+//!
+//! let fs = ServerId::new("fs")?;
+//! let read = ToolDefinition::new(
+//!     ToolName::new("read_file")?,
+//!     "Read a file",
+//!     serde_json::from_str(
+//!         r#"{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}"#,
+//!     )?,
+//! );
+//! let catalogs = [ServerCatalog {
+//!     server: fs.clone(),
+//!     version: CatalogVersion(1),
+//!     tools: vec![read],
+//!     health: ServerHealth::default(),
+//! }];
+//! let connections = [ConnectionSpec::new(fs.clone())];
+//! let grant = PermissionGrant::none().allow_server(fs);
+//! let inputs = Inputs { connections: &connections, catalogs: &catalogs, grant: &grant };
+//!
+//! let surface = resolve(&inputs, &Settings::default(), &Bytes4)?;
+//! let names: Vec<&str> = surface.tools().iter().map(|t| t.name.as_str()).collect();
+//! assert_eq!(names, ["fs__read_file", "psych_orientation"]);
+//!
+//! let live = Live { grant: &grant, catalogs: &catalogs };
+//! let mut validators = Validators::new();
+//! let args = serde_json::json!({"path": "notes.txt"});
+//! let verdict = surface.guard("fs__read_file", &args, &live, &mut validators);
+//! assert!(matches!(verdict, Verdict::Forward(ref call) if call.target.tool.as_str() == "read_file"));
+//!
+//! // Wrong arguments come back as a failed tool result naming the path.
+//! let bad = serde_json::json!({"path": 7});
+//! let Verdict::Refused(refusal) = surface.guard("fs__read_file", &bad, &live, &mut validators)
+//! else { panic!("refused") };
+//! assert!(refusal.to_output().is_error);
+//! assert!(refusal.to_string().contains("/path"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+
+mod error;
+mod guard;
+mod names;
+mod orientation;
+mod resolve;
+mod search;
+mod settings;
+mod shapes;
+mod text;
+mod validate;
+
+pub use error::{ResolveError, SettingsError};
+pub use guard::{
+    Answer, Description, Forward, Listing, Live, Refusal, SUMMARY_CHARS, SearchAnswer, ToolEntry,
+    Verdict,
+};
+pub use names::{CALL_TOOL, DESCRIBE_TOOL, Exposed, LIST_TOOLS, MetaTool, ORIENTATION};
+pub use orientation::{
+    FREE_TEXT_CHARS, MapEntry, Orientation, OrientationContext, ServerSummary, VERBOSE_MARKER,
+    orientation,
+};
+pub use resolve::{
+    Cost, DEFERRED_LINE_CHARS, Inputs, PermittedSet, ServerView, Shape, Surface, Why, resolve,
+};
+pub use search::SearchIndex;
+pub use settings::{Budget, MAX_PAGE_SIZE, Settings, SettingsBuilder};
+pub use shapes::SEARCH_HITS;
+pub use validate::{ArgumentError, Validation, Validators};

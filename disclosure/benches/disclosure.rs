@@ -1,0 +1,119 @@
+//! Benchmarks of per-turn resolution and of the call-time guard, each beside its floor.
+//!
+//! - `resolve_20_servers_5000_tools`: 20 servers of 250 tools each, built from the fixture
+//!   catalogues (renamed copies), every tool granted, `Auto` preload, default settings.
+//!   - `resolve`: [`resolve`] into a Surface (narrowing, costs, shapes, cap, names);
+//!   - `baseline_serialize_schemas`: serializing every input schema once to JSON text, the
+//!     least work that looks at every schema the way the cost estimate must.
+//! - `guard_one_call`: one direct call to notion's `API-post-page` (`$defs`, `$ref`,
+//!   `oneOf`) with valid arguments and a warm [`Validators`] cache.
+//!   - `guard`: [`Surface::guard`] (name lookup, narrowing now, reachability, validation);
+//!   - `baseline_jsonschema_is_valid`: the compiled `jsonschema` validator alone on the
+//!     same arguments.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark fails loudly on bad data"
+)]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::hint::black_box;
+
+use common::{Bytes4, FIXTURES, Setup, fixture_setup, fixture_tools, named_setup};
+use criterion::{Criterion, criterion_group, criterion_main};
+use psych_disclosure::{Settings, Surface, Validators, Verdict, resolve};
+use psych_types::{Preload, ToolName};
+use serde_json::{Value, json};
+
+/// 20 servers × 250 tools from the fixtures.
+fn large() -> Setup {
+    let pool: Vec<_> = FIXTURES
+        .iter()
+        .flat_map(|(_, file)| fixture_tools(file))
+        .collect();
+    let mut setup = named_setup(
+        (0..20).map(|i| (format!("server-{i:02}"), FIXTURES[0].1)),
+        Preload::Auto,
+    );
+    for (i, catalog) in setup.catalogs.iter_mut().enumerate() {
+        let mut tools: Vec<_> = (0..250)
+            .map(|j| {
+                let mut tool = pool[(i * 250 + j) % pool.len()].clone();
+                tool.name = ToolName::new(format!("t{j:03}_{}", tool.name)).unwrap();
+                tool
+            })
+            .collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        catalog.tools = tools;
+    }
+    setup
+}
+
+fn bench_resolve(c: &mut Criterion) {
+    let setup = large();
+    let settings = Settings::default();
+    let tools: usize = setup.catalogs.iter().map(|c| c.tools.len()).sum();
+    assert_eq!(tools, 5_000);
+    let mut group = c.benchmark_group("resolve_20_servers_5000_tools");
+    group.bench_function("resolve", |b| {
+        b.iter(|| resolve(black_box(&setup.inputs()), &settings, &Bytes4).unwrap())
+    });
+    group.bench_function("baseline_serialize_schemas", |b| {
+        b.iter(|| {
+            let mut bytes = 0;
+            for catalog in black_box(&setup.catalogs) {
+                for tool in &catalog.tools {
+                    bytes += serde_json::to_string(&tool.input_schema).unwrap().len();
+                }
+            }
+            bytes
+        })
+    });
+    group.finish();
+}
+
+fn bench_guard(c: &mut Criterion) {
+    let setup = fixture_setup(Preload::Eager);
+    let settings = Settings::builder()
+        .direct_max_tools(1_000)
+        .direct_max_tokens(u64::MAX)
+        .tool_cap(1_000)
+        .build()
+        .unwrap();
+    let surface: Surface = setup.resolve(&settings);
+    let args = json!({
+        "parent": {"page_id": "59833787-2cf9-4fdf-8782-e53db20768a5"},
+        "properties": {"title": "Minutes"},
+        "children": [{"type": "paragraph"}]
+    });
+    let live = setup.live();
+    let mut validators = Validators::new();
+    let name = "notion__API-post-page";
+    assert!(matches!(
+        surface.guard(name, &args, &live, &mut validators),
+        Verdict::Forward(_)
+    ));
+    let schema = setup.catalogs[1]
+        .tools
+        .iter()
+        .find(|t| t.name.as_str() == "API-post-page")
+        .map(|t| Value::Object(t.input_schema.clone()))
+        .unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    assert!(validator.is_valid(&args));
+
+    let mut group = c.benchmark_group("guard_one_call");
+    group.bench_function("guard", |b| {
+        b.iter(|| surface.guard(black_box(name), black_box(&args), &live, &mut validators))
+    });
+    group.bench_function("baseline_jsonschema_is_valid", |b| {
+        b.iter(|| validator.is_valid(black_box(&args)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_resolve, bench_guard);
+criterion_main!(benches);

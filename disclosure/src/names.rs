@@ -1,0 +1,295 @@
+//! Provider-safe exposed names and what each one means.
+//!
+//! The scheme, decided once and documented in the crate root:
+//!
+//! - A direct tool is `server__tool`; a facade is `server`; a search pair is
+//!   `server__search_tools` and `server__call_tool`; the meta tools and the orientation
+//!   tool have fixed `psych_…` names that are reserved whether or not they are present.
+//! - A name that is not provider-safe as is (a dotted MCP name, or longer than 64 bytes)
+//!   is sanitised (every character outside `[A-Za-z0-9_-]` becomes `_`), cut to 55 bytes
+//!   and given the suffix `_` + 8 hex digits of an FNV-1a hash of what it means. Such a
+//!   name depends on its own pair only.
+//! - A name that is safe as is but collides with another exposed name or a reserved name,
+//!   compared ignoring ASCII case (`a__b` + `c` and `a` + `b__c` both make `a__b__c`),
+//!   gets the same hashed form, all colliding entries alike; if a hashed form is itself
+//!   taken, the hash is salted until it is free. Entries are named in sorted order, so the
+//!   result does not depend on input order.
+//!
+//! Names are reversed through the table only, never by parsing.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use psych_types::{ServerId, ToolRef};
+use serde::Serialize;
+
+/// The longest provider tool name (`^[a-zA-Z0-9_-]{1,64}$`).
+pub(crate) const MAX_NAME_LEN: usize = 64;
+
+/// The meta tool that lists a server's permitted tools.
+pub const LIST_TOOLS: &str = "psych_list_tools";
+/// The meta tool that reads one tool's description and schemas.
+pub const DESCRIBE_TOOL: &str = "psych_describe_tool";
+/// The meta tool that calls one tool by `(server, tool)` pair.
+pub const CALL_TOOL: &str = "psych_call_tool";
+/// The orientation tool ("call this first").
+pub const ORIENTATION: &str = "psych_orientation";
+
+const RESERVED: [&str; 4] = [LIST_TOOLS, DESCRIBE_TOOL, CALL_TOOL, ORIENTATION];
+
+/// One of the three meta tools present whenever a server is deferred.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetaTool {
+    /// [`LIST_TOOLS`]: a page of one server's permitted names with one-line summaries.
+    ListTools,
+    /// [`DESCRIBE_TOOL`]: one tool's description and schemas.
+    DescribeTool,
+    /// [`CALL_TOOL`]: call one tool by `(server, tool)`.
+    CallTool,
+}
+
+impl MetaTool {
+    /// The meta tool's fixed name.
+    pub fn name(self) -> &'static str {
+        match self {
+            MetaTool::ListTools => LIST_TOOLS,
+            MetaTool::DescribeTool => DESCRIBE_TOOL,
+            MetaTool::CallTool => CALL_TOOL,
+        }
+    }
+}
+
+/// What an exposed tool name means: the Surface's resolver answers with one of these.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Exposed {
+    /// One remote tool exposed as itself.
+    Direct {
+        /// The `(server, tool)` pair it calls.
+        target: ToolRef,
+    },
+    /// A server's facade: `{tool, input}` over its permitted tools.
+    Facade {
+        /// The server.
+        server: ServerId,
+    },
+    /// The search half of a server's search pair.
+    Search {
+        /// The server.
+        server: ServerId,
+    },
+    /// The call half of a server's search pair: `{tool, input}` like a facade.
+    SearchCall {
+        /// The server.
+        server: ServerId,
+    },
+    /// A meta tool.
+    Meta {
+        /// Which one.
+        tool: MetaTool,
+    },
+    /// The orientation tool.
+    Orientation,
+}
+
+impl Exposed {
+    /// The name this entry asks for before sanitising and collisions.
+    fn natural(&self) -> String {
+        match self {
+            Exposed::Direct { target } => format!("{}__{}", target.server, target.tool),
+            Exposed::Facade { server } => server.to_string(),
+            Exposed::Search { server } => format!("{server}__search_tools"),
+            Exposed::SearchCall { server } => format!("{server}__call_tool"),
+            Exposed::Meta { tool } => tool.name().to_owned(),
+            Exposed::Orientation => ORIENTATION.to_owned(),
+        }
+    }
+
+    /// The bytes the hash suffix is computed from: the kind and the pair, separated by
+    /// bytes no id may contain.
+    fn hash_key(&self) -> String {
+        match self {
+            Exposed::Direct { target } => format!("direct\0{}\0{}", target.server, target.tool),
+            Exposed::Facade { server } => format!("facade\0{server}"),
+            Exposed::Search { server } => format!("search\0{server}"),
+            Exposed::SearchCall { server } => format!("search_call\0{server}"),
+            Exposed::Meta { tool } => format!("meta\0{}", tool.name()),
+            Exposed::Orientation => "orientation".to_owned(),
+        }
+    }
+
+    /// Whether this entry has a reserved, fixed name.
+    fn is_fixed(&self) -> bool {
+        matches!(self, Exposed::Meta { .. } | Exposed::Orientation)
+    }
+}
+
+/// Whether `name` is a provider-safe tool name.
+pub(crate) fn is_provider_safe(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// 64-bit FNV-1a: small, stable across machines and releases, enough to tell names apart.
+fn fnv1a(bytes: &[u8], salt: u32) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes.iter().chain(salt.to_le_bytes().iter()) {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// The hashed form of an entry's name.
+fn hashed(entry: &Exposed, salt: u32) -> String {
+    let mut prefix: String = entry
+        .natural()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    // ASCII only after sanitising, so any byte index is a char boundary.
+    prefix.truncate(MAX_NAME_LEN - 9);
+    let hash = fnv1a(entry.hash_key().as_bytes(), salt) & 0xffff_ffff;
+    format!("{prefix}_{hash:08x}")
+}
+
+/// Names every entry: fixed names for the fixed entries, the scheme above for the rest.
+/// Duplicated entries are named once.
+pub(crate) fn assign(entries: impl IntoIterator<Item = Exposed>) -> BTreeMap<String, Exposed> {
+    let mut entries: Vec<Exposed> = entries.into_iter().collect();
+    entries.sort();
+    entries.dedup();
+
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for name in RESERVED {
+        *seen.entry(name.to_ascii_lowercase()).or_default() += 1;
+    }
+    let naturals: Vec<String> = entries.iter().map(Exposed::natural).collect();
+    for (entry, natural) in entries.iter().zip(&naturals) {
+        if !entry.is_fixed() && is_provider_safe(natural) {
+            *seen.entry(natural.to_ascii_lowercase()).or_default() += 1;
+        }
+    }
+
+    let mut table = BTreeMap::new();
+    let mut used: HashSet<String> = RESERVED.iter().map(|n| n.to_ascii_lowercase()).collect();
+    let mut pending = Vec::new();
+    for (entry, natural) in entries.into_iter().zip(naturals) {
+        if entry.is_fixed() {
+            table.insert(natural, entry);
+        } else if is_provider_safe(&natural) && seen.get(&natural.to_ascii_lowercase()) == Some(&1)
+        {
+            used.insert(natural.to_ascii_lowercase());
+            table.insert(natural, entry);
+        } else {
+            pending.push(entry);
+        }
+    }
+    for entry in pending {
+        let mut salt = 0;
+        let name = loop {
+            let candidate = hashed(&entry, salt);
+            if used.insert(candidate.to_ascii_lowercase()) {
+                break candidate;
+            }
+            salt += 1;
+        };
+        table.insert(name, entry);
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn direct(server: &str, tool: &str) -> Exposed {
+        Exposed::Direct {
+            target: ToolRef::parse(server, tool).unwrap(),
+        }
+    }
+
+    fn name_of(table: &BTreeMap<String, Exposed>, entry: &Exposed) -> String {
+        table
+            .iter()
+            .find(|(_, e)| *e == entry)
+            .map(|(n, _)| n.clone())
+            .unwrap()
+    }
+
+    #[test]
+    fn plain_names_are_server_double_underscore_tool() {
+        let table = assign([
+            direct("github", "search_code"),
+            direct("gitlab", "search_code"),
+        ]);
+        assert_eq!(
+            table.keys().collect::<Vec<_>>(),
+            ["github__search_code", "gitlab__search_code"]
+        );
+    }
+
+    #[test]
+    fn dotted_and_long_names_are_sanitised_with_a_hash() {
+        let dotted = direct("pw", "browser.navigate");
+        let plain = direct("pw", "browser_navigate");
+        let long = direct("s", &"x".repeat(128));
+        let table = assign([dotted.clone(), plain.clone(), long.clone()]);
+        assert_eq!(name_of(&table, &plain), "pw__browser_navigate");
+        let dotted_name = name_of(&table, &dotted);
+        assert!(
+            dotted_name.starts_with("pw__browser_navigate_"),
+            "{dotted_name}"
+        );
+        assert_eq!(dotted_name.len(), "pw__browser_navigate_".len() + 8);
+        let long_name = name_of(&table, &long);
+        assert_eq!(long_name.len(), MAX_NAME_LEN);
+        assert!(table.keys().all(|n| is_provider_safe(n)));
+    }
+
+    #[test]
+    fn smuggled_separators_collide_and_both_get_hashed() {
+        let a = direct("a__b", "c");
+        let b = direct("a", "b__c");
+        let table = assign([a.clone(), b.clone()]);
+        let (na, nb) = (name_of(&table, &a), name_of(&table, &b));
+        assert_ne!(na, nb);
+        assert!(na.starts_with("a__b__c_") && nb.starts_with("a__b__c_"));
+    }
+
+    #[test]
+    fn case_variants_are_collisions_and_reserved_names_win() {
+        let upper = direct("s", "Get");
+        let lower = direct("s", "get");
+        let facade = Exposed::Facade {
+            server: ServerId::new("psych_list_tools").unwrap(),
+        };
+        let meta = Exposed::Meta {
+            tool: MetaTool::ListTools,
+        };
+        let table = assign([upper.clone(), lower.clone(), facade.clone(), meta.clone()]);
+        assert_eq!(name_of(&table, &meta), LIST_TOOLS);
+        assert_ne!(name_of(&table, &facade), LIST_TOOLS);
+        assert_ne!(name_of(&table, &upper), "s__Get");
+        assert_ne!(name_of(&table, &lower), "s__get");
+        assert_eq!(table.len(), 4);
+    }
+
+    #[test]
+    fn order_of_entries_does_not_matter() {
+        let entries = vec![direct("a__b", "c"), direct("a", "b__c"), direct("z", "q.r")];
+        let mut reversed = entries.clone();
+        reversed.reverse();
+        assert_eq!(assign(entries), assign(reversed));
+    }
+}

@@ -1,0 +1,628 @@
+//! Per-turn resolution: connections, live catalogues and the grant in, a [`Surface`] out.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use psych_types::{
+    ConnectionSpec, PermissionGrant, Preload, Reachability, ServerCatalog, ServerHealth, ServerId,
+    TokenEstimator, ToolDefinition, ToolName, ToolRef,
+};
+use serde::Serialize;
+
+use crate::names::{self, Exposed, MetaTool};
+use crate::settings::META_TOOL_COUNT;
+use crate::text::{TRUNCATION_MARKER, cap_chars, first_line};
+use crate::{ResolveError, Settings, shapes};
+
+/// The most characters of one deferred server's line.
+pub const DEFERRED_LINE_CHARS: usize = 200;
+
+/// What resolution reads: plain data, as the runtime has it at the start of a turn.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// The connections (preload flag, eager tools, description). Only connected servers
+    /// appear on a Surface.
+    pub connections: &'a [ConnectionSpec],
+    /// Each server's live catalogue and health. A connection without one is a server not
+    /// listed yet.
+    pub catalogs: &'a [ServerCatalog],
+    /// The permission grant: the outermost narrowing.
+    pub grant: &'a PermissionGrant,
+}
+
+/// How one server is shown to the model this turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Shape {
+    /// One tool per permitted remote tool, schemas included.
+    Direct,
+    /// One tool for the server, its description indexing every permitted name.
+    Facade,
+    /// A search tool and a call-by-name tool.
+    SearchPair,
+    /// No schema in the prompt: one line, reached through the meta tools.
+    Deferred,
+}
+
+/// Why a server has its shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Why {
+    /// No permitted tool: it is listed as deferred with its state.
+    NoTools,
+    /// The connection pins the preload flag ([`Preload::Deferred`]), or ([`Preload::Eager`])
+    /// the size tier followed.
+    Pinned,
+    /// [`Preload::Auto`]: its permitted tools cost more than the auto budget.
+    OverBudget,
+    /// Not deferred; the tier follows from its permitted count and cost.
+    Size,
+    /// Stepped down so the Surface stays within its tool cap.
+    ToolCap,
+}
+
+/// A server's estimated cost as direct tools (name, description, input schema of each
+/// permitted tool), through the caller's estimator.
+///
+/// Counting stops once the sum passes every limit it is compared against (the auto budget
+/// for an `Auto` server, the direct-tier limit when the server is small enough to be
+/// direct), so resolution of a large catalogue does not serialize every schema each turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Cost {
+    /// Every permitted tool was counted.
+    Exact(u64),
+    /// Counting stopped here, above every limit that mattered.
+    AtLeast(u64),
+}
+
+impl Cost {
+    /// The counted tokens (a lower bound for [`Cost::AtLeast`]).
+    pub fn tokens(self) -> u64 {
+        match self {
+            Cost::Exact(tokens) | Cost::AtLeast(tokens) => tokens,
+        }
+    }
+}
+
+/// One server as this turn's Surface shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServerView {
+    /// The server.
+    pub server: ServerId,
+    /// How it is shown.
+    pub shape: Shape,
+    /// Why.
+    pub why: Why,
+    /// How many of its tools are permitted (live catalogue ∩ grant).
+    pub permitted: usize,
+    /// Estimated tokens of its permitted tools as direct tools.
+    pub cost: Cost,
+    /// Tools injected as direct tools although the server is deferred.
+    pub eager: Vec<ToolName>,
+    /// The one-line description from its connection.
+    pub description: Option<String>,
+    /// Its health as the catalogue reported it at resolution.
+    pub health: ServerHealth,
+}
+
+/// The permitted set at resolution: live catalogue ∩ grant, per server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PermittedSet {
+    servers: BTreeMap<ServerId, BTreeSet<ToolName>>,
+}
+
+impl PermittedSet {
+    /// Whether the pair is permitted.
+    pub fn contains(&self, pair: &ToolRef) -> bool {
+        self.servers
+            .get(&pair.server)
+            .is_some_and(|tools| tools.contains(&pair.tool))
+    }
+
+    /// The permitted tools of one server, sorted.
+    pub fn tools(&self, server: &ServerId) -> Option<&BTreeSet<ToolName>> {
+        self.servers.get(server)
+    }
+
+    /// Every permitted pair, sorted by server then tool.
+    pub fn pairs(&self) -> impl Iterator<Item = ToolRef> + '_ {
+        self.servers.iter().flat_map(|(server, tools)| {
+            tools
+                .iter()
+                .map(move |tool| ToolRef::new(server.clone(), tool.clone()))
+        })
+    }
+
+    /// How many pairs are permitted.
+    pub fn len(&self) -> usize {
+        self.servers.values().map(BTreeSet::len).sum()
+    }
+
+    /// Whether nothing is permitted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One turn's tool surface: the tool definitions to expose, one line per deferred server,
+/// the permitted set, and the resolver from an exposed name back to what it means.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Surface {
+    tools: Vec<ToolDefinition>,
+    deferred_lines: Vec<String>,
+    servers: Vec<ServerView>,
+    names: BTreeMap<String, Exposed>,
+    permitted: PermittedSet,
+    pub(crate) settings: Settings,
+}
+
+impl Surface {
+    /// The tool definitions, sorted by (provider-safe, unique) name: hand them to prompt
+    /// assembly as the tool surface.
+    pub fn tools(&self) -> &[ToolDefinition] {
+        &self.tools
+    }
+
+    /// One line per deferred server, in server order, each at most
+    /// [`DEFERRED_LINE_CHARS`] characters: hand each to prompt assembly as a capability note.
+    pub fn deferred_lines(&self) -> &[String] {
+        &self.deferred_lines
+    }
+
+    /// Every server on the Surface, in server order.
+    pub fn servers(&self) -> &[ServerView] {
+        &self.servers
+    }
+
+    /// One server's view.
+    pub fn server(&self, server: &str) -> Option<&ServerView> {
+        self.servers
+            .binary_search_by(|view| view.server.as_str().cmp(server))
+            .ok()
+            .map(|i| &self.servers[i])
+    }
+
+    /// The permitted set at resolution. The guard checks calls against the permitted set
+    /// as it is at call time; this one is for showing and counting.
+    pub fn permitted(&self) -> &PermittedSet {
+        &self.permitted
+    }
+
+    /// What an exposed name means, or `None` for a name this Surface does not expose. The
+    /// lookup is exact: a case variant or look-alike is `None`.
+    pub fn exposed(&self, name: &str) -> Option<&Exposed> {
+        self.names.get(name)
+    }
+
+    /// The exposed name of a direct pair, if it is exposed directly.
+    pub fn direct_name(&self, pair: &ToolRef) -> Option<&str> {
+        self.names.iter().find_map(|(name, exposed)| match exposed {
+            Exposed::Direct { target } if target == pair => Some(name.as_str()),
+            _ => None,
+        })
+    }
+
+    /// Every exposed name and its meaning, sorted by name.
+    pub fn names(&self) -> impl Iterator<Item = (&str, &Exposed)> {
+        self.names.iter().map(|(name, e)| (name.as_str(), e))
+    }
+
+    /// The settings this Surface was resolved with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+}
+
+/// The plan for one server while its shape is decided.
+struct Plan<'a> {
+    connection: &'a ConnectionSpec,
+    catalog: Option<&'a ServerCatalog>,
+    permitted: Vec<&'a ToolDefinition>,
+    cost: Cost,
+    index: String,
+    index_fits: bool,
+    shape: Shape,
+    why: Why,
+    eager: Vec<&'a ToolDefinition>,
+}
+
+impl Plan<'_> {
+    fn tool_count(&self) -> usize {
+        match self.shape {
+            Shape::Direct => self.permitted.len(),
+            Shape::Facade => 1,
+            Shape::SearchPair => 2,
+            Shape::Deferred => self.eager.len(),
+        }
+    }
+
+    fn step_down_shape(&self) -> Shape {
+        if self.index_fits {
+            Shape::Facade
+        } else {
+            Shape::SearchPair
+        }
+    }
+}
+
+/// Estimated tokens of one tool as a direct tool: its name, description and input schema.
+fn tool_cost(estimator: &dyn TokenEstimator, server: &ServerId, tool: &ToolDefinition) -> u64 {
+    let schema = serde_json::to_string(&tool.input_schema).unwrap_or_default();
+    // The exposed name is `server__tool` in the common case.
+    estimator.estimate_text(server.as_str())
+        + estimator.estimate_text(tool.name.as_str())
+        + 1
+        + estimator.estimate_text(tool.description_or_empty())
+        + estimator.estimate_text(&schema)
+}
+
+/// The cost of `tools`, counted until it passes `limit`.
+fn counted_cost(
+    estimator: &dyn TokenEstimator,
+    server: &ServerId,
+    tools: &[&ToolDefinition],
+    limit: u64,
+) -> Cost {
+    let mut sum = 0u64;
+    for tool in tools {
+        if sum > limit {
+            return Cost::AtLeast(sum);
+        }
+        sum = sum.saturating_add(tool_cost(estimator, server, tool));
+    }
+    Cost::Exact(sum)
+}
+
+/// Resolves one turn's [`Surface`].
+///
+/// Narrowing first (permitted = live catalogue ∩ grant); then each connected server the
+/// grant mentions gets a shape from its preload flag, its permitted count and cost; then the
+/// tool cap is enforced by stepping shapes down; then names are assigned. Input order does
+/// not matter: servers are taken in id order and tools in name order.
+///
+/// # Errors
+///
+/// [`ResolveError`] when a server has two connections or two catalogues, or a catalogue
+/// lists a tool twice.
+pub fn resolve(
+    inputs: &Inputs<'_>,
+    settings: &Settings,
+    estimator: &dyn TokenEstimator,
+) -> Result<Surface, ResolveError> {
+    let mut connections: BTreeMap<&ServerId, &ConnectionSpec> = BTreeMap::new();
+    for connection in inputs.connections {
+        if connections.insert(&connection.server, connection).is_some() {
+            return Err(ResolveError::DuplicateConnection(connection.server.clone()));
+        }
+    }
+    let mut catalogs: BTreeMap<&ServerId, &ServerCatalog> = BTreeMap::new();
+    for catalog in inputs.catalogs {
+        if catalogs.insert(&catalog.server, catalog).is_some() {
+            return Err(ResolveError::DuplicateCatalog(catalog.server.clone()));
+        }
+    }
+
+    let budget = settings.auto_budget.tokens();
+    let mut plans = Vec::new();
+    for (server, connection) in connections {
+        if !inputs.grant.permits_server(server) {
+            continue;
+        }
+        let catalog = catalogs.get(server).copied();
+        let mut permitted: Vec<&ToolDefinition> = catalog
+            .map(|c| c.tools.iter())
+            .into_iter()
+            .flatten()
+            .filter(|tool| inputs.grant.permits(server, &tool.name))
+            .collect();
+        permitted.sort_by(|a, b| a.name.cmp(&b.name));
+        if let Some(pair) = permitted.windows(2).find(|w| w[0].name == w[1].name) {
+            return Err(ResolveError::DuplicateTool {
+                server: server.clone(),
+                tool: pair[0].name.clone(),
+            });
+        }
+        let may_be_direct = permitted.len() <= settings.direct_max_tools;
+        let limit = match (connection.preload == Preload::Auto, may_be_direct) {
+            (true, true) => budget.max(settings.direct_max_tokens),
+            (true, false) => budget,
+            (false, true) => settings.direct_max_tokens,
+            (false, false) => 0,
+        };
+        let cost = counted_cost(estimator, server, &permitted, limit);
+        let names: Vec<&ToolName> = permitted.iter().map(|t| &t.name).collect();
+        let index = shapes::facade_index(server, &names);
+        let index_fits = estimator.estimate_text(&index) <= settings.facade_max_index_tokens;
+        let mut plan = Plan {
+            connection,
+            catalog,
+            permitted,
+            cost,
+            index,
+            index_fits,
+            shape: Shape::Deferred,
+            why: Why::NoTools,
+            eager: Vec::new(),
+        };
+        let tier = if may_be_direct && plan.cost.tokens() <= settings.direct_max_tokens {
+            Shape::Direct
+        } else {
+            plan.step_down_shape()
+        };
+        (plan.shape, plan.why) = match connection.preload {
+            _ if plan.permitted.is_empty() => (Shape::Deferred, Why::NoTools),
+            Preload::Deferred => (Shape::Deferred, Why::Pinned),
+            Preload::Eager => (tier, Why::Pinned),
+            Preload::Auto if plan.cost.tokens() > budget => (Shape::Deferred, Why::OverBudget),
+            Preload::Auto => (tier, Why::Size),
+        };
+        if plan.shape == Shape::Deferred {
+            plan.eager = plan
+                .permitted
+                .iter()
+                .copied()
+                .filter(|tool| connection.eager_tools.contains(&tool.name))
+                .collect();
+        }
+        plans.push(plan);
+    }
+
+    enforce_cap(&mut plans, settings);
+    Ok(build(plans, settings))
+}
+
+/// Steps shapes down, deterministically, until the Surface has at most `tool_cap` tools:
+/// first the direct server with the most permitted tools becomes a facade (or a search
+/// pair when that is fewer tools); then the largest remaining non-deferred server is
+/// deferred; then the largest set of eagerly injected tools is dropped. Ties go to the
+/// smaller server id. Settings guarantee the cap holds the fixed tools, so this ends with
+/// every server deferred at worst.
+fn enforce_cap(plans: &mut [Plan<'_>], settings: &Settings) {
+    let total = |plans: &[Plan<'_>]| {
+        let deferred = plans.iter().any(|p| p.shape == Shape::Deferred);
+        let fixed =
+            usize::from(settings.orientation_tool) + if deferred { META_TOOL_COUNT } else { 0 };
+        fixed + plans.iter().map(Plan::tool_count).sum::<usize>()
+    };
+    // Largest first; among equals, the first in server order (plans are sorted by server).
+    let pick = |plans: &[Plan<'_>],
+                eligible: &dyn Fn(&Plan<'_>) -> bool,
+                size: &dyn Fn(&Plan<'_>) -> usize| {
+        let mut best: Option<usize> = None;
+        for (i, plan) in plans.iter().enumerate() {
+            if eligible(plan) && best.is_none_or(|b| size(plan) > size(&plans[b])) {
+                best = Some(i);
+            }
+        }
+        best
+    };
+    while total(plans) > settings.tool_cap {
+        let shrinks = |p: &Plan<'_>| {
+            p.shape == Shape::Direct
+                && match p.step_down_shape() {
+                    Shape::Facade => 1,
+                    _ => 2,
+                } < p.permitted.len()
+        };
+        if let Some(i) = pick(plans, &shrinks, &|p| p.permitted.len()) {
+            plans[i].shape = plans[i].step_down_shape();
+            plans[i].why = Why::ToolCap;
+            continue;
+        }
+        if let Some(i) = pick(plans, &|p| p.shape != Shape::Deferred, &|p| {
+            p.permitted.len()
+        }) {
+            plans[i].shape = Shape::Deferred;
+            plans[i].why = Why::ToolCap;
+            continue;
+        }
+        if let Some(i) = pick(plans, &|p| !p.eager.is_empty(), &|p| p.eager.len()) {
+            plans[i].eager.clear();
+            continue;
+        }
+        break;
+    }
+}
+
+/// One deferred server's line.
+fn deferred_line(plan: &Plan<'_>) -> String {
+    let server = &plan.connection.server;
+    let mut line = if plan.permitted.is_empty() {
+        format!(
+            "{server}: deferred MCP server, no tools ({})",
+            empty_state(plan.catalog.map(|c| &c.health))
+        )
+    } else {
+        let n = plan.permitted.len();
+        let mut head = format!(
+            "{server}: deferred MCP server, {n} tool{}",
+            if n == 1 { "" } else { "s" }
+        );
+        if !plan.eager.is_empty() {
+            head.push_str(&format!(", {} of them also direct", plan.eager.len()));
+        }
+        head
+    };
+    if let Some(description) = plan.connection.description.as_deref() {
+        let description = first_line(description);
+        if !description.is_empty() {
+            line.push_str(". ");
+            line.push_str(&description);
+        }
+    }
+    cap_chars(&line, DEFERRED_LINE_CHARS, TRUNCATION_MARKER)
+}
+
+/// Why a server with no permitted tool has none, from its health. Only a server with no
+/// tools shows its health on its line, so a server with tools keeps its bytes through a
+/// disconnect.
+fn empty_state(health: Option<&ServerHealth>) -> String {
+    let Some(health) = health else {
+        return "not listed yet".into();
+    };
+    if let Some(failure) = &health.last_error {
+        return format!("listing failed: {}", first_line(&failure.message));
+    }
+    if let Reachability::Unreachable { reason } = &health.reachability {
+        return format!("unreachable: {}", first_line(reason));
+    }
+    if health.last_sync.is_none() {
+        return "not listed yet".into();
+    }
+    "none permitted".into()
+}
+
+fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
+    let any_deferred = plans.iter().any(|p| p.shape == Shape::Deferred);
+    let mut entries: Vec<Exposed> = Vec::new();
+    if any_deferred {
+        for tool in [
+            MetaTool::ListTools,
+            MetaTool::DescribeTool,
+            MetaTool::CallTool,
+        ] {
+            entries.push(Exposed::Meta { tool });
+        }
+    }
+    if settings.orientation_tool {
+        entries.push(Exposed::Orientation);
+    }
+    for plan in &plans {
+        let server = &plan.connection.server;
+        let direct: &[&ToolDefinition] = match plan.shape {
+            Shape::Direct => &plan.permitted,
+            Shape::Deferred => &plan.eager,
+            Shape::Facade => {
+                entries.push(Exposed::Facade {
+                    server: server.clone(),
+                });
+                &[]
+            }
+            Shape::SearchPair => {
+                entries.push(Exposed::Search {
+                    server: server.clone(),
+                });
+                entries.push(Exposed::SearchCall {
+                    server: server.clone(),
+                });
+                &[]
+            }
+        };
+        for tool in direct {
+            entries.push(Exposed::Direct {
+                target: ToolRef::new(server.clone(), tool.name.clone()),
+            });
+        }
+    }
+    let names = names::assign(entries);
+
+    let by_server: BTreeMap<&ServerId, &Plan<'_>> =
+        plans.iter().map(|p| (&p.connection.server, p)).collect();
+    let name_of = |wanted: &Exposed| {
+        names
+            .iter()
+            .find(|(_, e)| *e == wanted)
+            .map(|(n, _)| n.as_str())
+            .unwrap_or_default()
+    };
+    let meta = if any_deferred {
+        shapes::meta_tools()
+    } else {
+        Vec::new()
+    };
+    let mut tools = Vec::with_capacity(names.len());
+    for (name, exposed) in &names {
+        let definition = match exposed {
+            Exposed::Direct { target } => by_server.get(&target.server).and_then(|plan| {
+                let i = plan
+                    .permitted
+                    .binary_search_by(|t| t.name.cmp(&target.tool))
+                    .ok()?;
+                let mut tool = plan.permitted[i].clone();
+                tool.name = ToolName::new(name.as_str()).ok()?;
+                Some(tool)
+            }),
+            Exposed::Facade { server } => by_server.get(server).and_then(|plan| {
+                shapes::facade(
+                    name,
+                    server,
+                    plan.connection.description.as_deref(),
+                    &plan.index,
+                )
+            }),
+            Exposed::Search { server } => by_server.get(server).and_then(|plan| {
+                let call = name_of(&Exposed::SearchCall {
+                    server: server.clone(),
+                });
+                shapes::search(
+                    name,
+                    server,
+                    plan.connection.description.as_deref(),
+                    plan.permitted.len(),
+                    call,
+                )
+            }),
+            Exposed::SearchCall { server } => {
+                let search = name_of(&Exposed::Search {
+                    server: server.clone(),
+                });
+                shapes::search_call(name, server, search)
+            }
+            Exposed::Meta { tool } => meta
+                .iter()
+                .find(|t| t.name.as_str() == tool.name())
+                .cloned(),
+            Exposed::Orientation => shapes::orientation_tool(),
+        };
+        // Every entry was made from a plan above and every name is a valid MCP name, so a
+        // definition always exists; an entry without one would simply not be exposed.
+        if let Some(definition) = definition {
+            tools.push(definition);
+        }
+    }
+    let names = names
+        .into_iter()
+        .filter(|(name, _)| tools.iter().any(|t| t.name.as_str() == name))
+        .collect();
+
+    let deferred_lines = plans
+        .iter()
+        .filter(|p| p.shape == Shape::Deferred)
+        .map(deferred_line)
+        .collect();
+    let permitted = PermittedSet {
+        servers: plans
+            .iter()
+            .map(|p| {
+                (
+                    p.connection.server.clone(),
+                    p.permitted.iter().map(|t| t.name.clone()).collect(),
+                )
+            })
+            .collect(),
+    };
+    let servers = plans
+        .into_iter()
+        .map(|p| ServerView {
+            server: p.connection.server.clone(),
+            shape: p.shape,
+            why: p.why,
+            permitted: p.permitted.len(),
+            cost: p.cost,
+            eager: p.eager.iter().map(|t| t.name.clone()).collect(),
+            description: p.connection.description.clone(),
+            health: p.catalog.map(|c| c.health.clone()).unwrap_or_default(),
+        })
+        .collect();
+    Surface {
+        tools,
+        deferred_lines,
+        servers,
+        names,
+        permitted,
+        settings: settings.clone(),
+    }
+}

@@ -1,0 +1,292 @@
+//! Keyword search over tools: names, titles, descriptions and parameter names, ranked by
+//! BM25F (field-weighted BM25) over stemmed word tokens.
+//!
+//! The ranking, decided here and measured in `tests/search_quality.rs` against a plain BM25
+//! over the same text:
+//!
+//! - Tokens: identifiers are split at `_`, `-`, `.`, spaces and lowerCamel boundaries,
+//!   lowercased, and lightly stemmed (plural and `-ing`/`-ed` endings, a final `e`), so
+//!   `list_pull_requests` and "pull request" meet. A short list of English function words
+//!   is dropped from both sides.
+//! - Fields and weights: name 3, title 2, parameter names 1.5, description 1. Each field's
+//!   term frequency is normalised by the field's length against its average (b = 0.75),
+//!   summed with the weights, and saturated once (k1 = 1.2), so a long description cannot
+//!   outweigh a match in the name.
+//! - Ties are broken by `(server, tool)`, so the ranking is deterministic.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use psych_types::{ServerId, ToolDefinition, ToolRef};
+
+const K1: f64 = 1.2;
+const B: f64 = 0.75;
+const FIELDS: usize = 4;
+const WEIGHTS: [f64; FIELDS] = [3.0, 2.0, 1.5, 1.0];
+
+/// Words too common to tell tools apart.
+const STOP_WORDS: &[&str] = &[
+    "a", "an", "and", "are", "as", "at", "be", "by", "can", "do", "for", "from", "how", "i", "if",
+    "in", "into", "is", "it", "its", "my", "of", "on", "or", "our", "should", "so", "some", "that",
+    "the", "their", "them", "then", "there", "these", "this", "to", "use", "used", "want", "was",
+    "we", "what", "when", "where", "which", "with", "would", "you", "your",
+];
+
+/// Splits text into lowercase word tokens at non-alphanumeric characters and lowerCamel
+/// boundaries, dropping stop words and stemming lightly.
+pub(crate) fn tokens(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut prev_lower = false;
+    let flush = |word: &mut String, out: &mut Vec<String>| {
+        if !word.is_empty() {
+            let lower = word.to_lowercase();
+            if !STOP_WORDS.contains(&lower.as_str()) {
+                out.push(stem(&lower));
+            }
+            word.clear();
+        }
+    };
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            if c.is_uppercase() && prev_lower {
+                flush(&mut word, &mut out);
+            }
+            prev_lower = c.is_lowercase() || c.is_numeric();
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            prev_lower = false;
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+/// Strips plural and common verb endings and a final `e`, the same way on both sides of a
+/// match: `repositories` → `repository`, `branches` → `branch`, `starred` → `star`,
+/// `created` and `create` → `creat`.
+fn stem(word: &str) -> String {
+    if !word.is_ascii() || word.len() <= 3 {
+        return word.to_owned();
+    }
+    let mut stem = strip_ending(word);
+    if stem.len() > 4 && stem.ends_with('e') {
+        stem.pop();
+    }
+    stem
+}
+
+fn strip_ending(word: &str) -> String {
+    let n = word.len();
+    if let Some(base) = word.strip_suffix("ies")
+        && n > 4
+    {
+        return format!("{base}y");
+    }
+    for suffix in ["ches", "shes", "sses", "xes"] {
+        if word.ends_with(suffix) {
+            return word[..n - 2].to_owned();
+        }
+    }
+    if word.ends_with('s') && !["ss", "us", "is"].iter().any(|end| word.ends_with(end)) {
+        return word[..n - 1].to_owned();
+    }
+    for suffix in ["ing", "ed"] {
+        if let Some(base) = word.strip_suffix(suffix)
+            && base.len() >= 3
+        {
+            let bytes = base.as_bytes();
+            let last = bytes[bytes.len() - 1];
+            // `starred` → `star`, `running` → `run`: undo a doubled final consonant.
+            if bytes.len() >= 4 && bytes[bytes.len() - 2] == last && !b"aeiouslz".contains(&last) {
+                return base[..base.len() - 1].to_owned();
+            }
+            return base.to_owned();
+        }
+    }
+    word.to_owned()
+}
+
+/// Top-level parameter names of an input schema.
+fn parameter_names(tool: &ToolDefinition) -> String {
+    tool.input_schema
+        .get("properties")
+        .and_then(|p| p.as_object())
+        .map(|props| props.keys().cloned().collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+struct Doc {
+    target: ToolRef,
+    /// Term frequencies per field.
+    fields: [HashMap<String, u32>; FIELDS],
+    lengths: [u32; FIELDS],
+}
+
+/// A keyword index over the tools of one or several servers.
+///
+/// The guard builds one over a server's permitted tools to answer its search tool; a
+/// command line can build one over several servers to search them together.
+pub struct SearchIndex {
+    docs: Vec<Doc>,
+    document_frequency: HashMap<String, u32>,
+    average_lengths: [f64; FIELDS],
+}
+
+impl std::fmt::Debug for SearchIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SearchIndex")
+            .field("tools", &self.docs.len())
+            .finish()
+    }
+}
+
+impl SearchIndex {
+    /// Indexes the given tools. Give each pair once; the index searches what it is given, so
+    /// narrowing by the grant comes first.
+    pub fn new<'a>(tools: impl IntoIterator<Item = (&'a ServerId, &'a ToolDefinition)>) -> Self {
+        let mut docs = Vec::new();
+        let mut document_frequency: HashMap<String, u32> = HashMap::new();
+        let mut totals = [0u64; FIELDS];
+        for (server, tool) in tools {
+            let title = tool
+                .title
+                .as_deref()
+                .or_else(|| tool.annotations.as_ref().and_then(|a| a.title.as_deref()))
+                .unwrap_or("");
+            let texts = [
+                tool.name.as_str().to_owned(),
+                title.to_owned(),
+                parameter_names(tool),
+                tool.description_or_empty().to_owned(),
+            ];
+            let mut fields: [HashMap<String, u32>; FIELDS] = Default::default();
+            let mut lengths = [0u32; FIELDS];
+            let mut seen = BTreeSet::new();
+            for (i, text) in texts.iter().enumerate() {
+                for token in tokens(text) {
+                    lengths[i] += 1;
+                    *fields[i].entry(token.clone()).or_default() += 1;
+                    seen.insert(token);
+                }
+                totals[i] += u64::from(lengths[i]);
+            }
+            for token in seen {
+                *document_frequency.entry(token).or_default() += 1;
+            }
+            docs.push(Doc {
+                target: ToolRef::new(server.clone(), tool.name.clone()),
+                fields,
+                lengths,
+            });
+        }
+        let n = docs.len().max(1) as f64;
+        let average_lengths = totals.map(|total| (total as f64 / n).max(1.0));
+        Self {
+            docs,
+            document_frequency,
+            average_lengths,
+        }
+    }
+
+    /// How many tools are indexed.
+    pub fn len(&self) -> usize {
+        self.docs.len()
+    }
+
+    /// Whether no tool is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.docs.is_empty()
+    }
+
+    /// The best `limit` tools for `query`, best first. Only tools that match at least one
+    /// query word are returned; equal scores are ordered by `(server, tool)`.
+    pub fn search(&self, query: &str, limit: usize) -> Vec<ToolRef> {
+        let terms: BTreeSet<String> = tokens(query).into_iter().collect();
+        let n = self.docs.len() as f64;
+        let idf: BTreeMap<&str, f64> = terms
+            .iter()
+            .filter_map(|term| {
+                let df = f64::from(*self.document_frequency.get(term)?);
+                Some((term.as_str(), (1.0 + (n - df + 0.5) / (df + 0.5)).ln()))
+            })
+            .collect();
+        if idf.is_empty() {
+            return Vec::new();
+        }
+        let mut scored: Vec<(f64, &ToolRef)> = Vec::new();
+        for doc in &self.docs {
+            let mut score = 0.0;
+            for (term, idf) in &idf {
+                let mut tf = 0.0;
+                for (field, weight) in WEIGHTS.iter().enumerate() {
+                    if let Some(&count) = doc.fields[field].get(*term) {
+                        let norm = 1.0 - B
+                            + B * f64::from(doc.lengths[field]) / self.average_lengths[field];
+                        tf += weight * f64::from(count) / norm;
+                    }
+                }
+                if tf > 0.0 {
+                    score += idf * tf / (K1 + tf);
+                }
+            }
+            if score > 0.0 {
+                scored.push((score, &doc.target));
+            }
+        }
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        scored
+            .into_iter()
+            .take(limit)
+            .map(|(_, target)| target.clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use psych_types::ToolName;
+
+    #[test]
+    fn identifiers_split_and_stem() {
+        assert_eq!(
+            tokens("list_pull_requests getFileContents API-get-user"),
+            [
+                "list", "pull", "request", "get", "file", "content", "api", "get", "user"
+            ]
+        );
+        assert_eq!(
+            tokens("the starred repositories with branches"),
+            ["star", "repository", "branch"]
+        );
+    }
+
+    #[test]
+    fn names_outrank_descriptions_and_ties_are_ordered() {
+        let server = ServerId::new("s").unwrap();
+        let object = |s: &str| serde_json::from_str(s).unwrap();
+        let tools = [
+            ToolDefinition::new(
+                ToolName::new("b_other").unwrap(),
+                "Mentions branch once",
+                object("{}"),
+            ),
+            ToolDefinition::new(
+                ToolName::new("list_branches").unwrap(),
+                "List",
+                object("{}"),
+            ),
+            ToolDefinition::new(
+                ToolName::new("a_other").unwrap(),
+                "Mentions branch once",
+                object("{}"),
+            ),
+        ];
+        let index = SearchIndex::new(tools.iter().map(|t| (&server, t)));
+        let hits = index.search("which branches exist", 3);
+        let names: Vec<_> = hits.iter().map(|h| h.tool.as_str()).collect();
+        assert_eq!(names, ["list_branches", "a_other", "b_other"]);
+        assert!(index.search("the of", 3).is_empty());
+    }
+}

@@ -1,0 +1,253 @@
+//! The knobs of resolution, with their measured defaults, validated in
+//! [`SettingsBuilder::build`].
+
+use crate::SettingsError;
+
+/// The largest page size a listing may use: a page of this many one-line summaries stays
+/// far under the ceiling a tool result should have.
+pub const MAX_PAGE_SIZE: usize = 200;
+
+/// The number of meta tools present whenever a server is deferred.
+pub(crate) const META_TOOL_COUNT: usize = 3;
+
+/// A token budget, as an absolute number or as a share of the model's context window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Budget {
+    /// This many estimated tokens.
+    Tokens(u64),
+    /// `percent` percent of a window of `window_tokens` tokens.
+    WindowShare {
+        /// The model's context window, in tokens.
+        window_tokens: u64,
+        /// The share, 1 to 100.
+        percent: u8,
+    },
+}
+
+impl Budget {
+    /// The budget in estimated tokens.
+    pub fn tokens(&self) -> u64 {
+        match *self {
+            Budget::Tokens(tokens) => tokens,
+            Budget::WindowShare {
+                window_tokens,
+                percent,
+            } => window_tokens.saturating_mul(u64::from(percent)) / 100,
+        }
+    }
+}
+
+/// How a turn's Surface is shaped. Build with [`Settings::builder`]; [`Settings::default`]
+/// is the documented defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub(crate) auto_budget: Budget,
+    pub(crate) direct_max_tools: usize,
+    pub(crate) direct_max_tokens: u64,
+    pub(crate) facade_max_index_tokens: u64,
+    pub(crate) tool_cap: usize,
+    pub(crate) page_size: usize,
+    pub(crate) orientation_tool: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            auto_budget: Budget::WindowShare {
+                window_tokens: 200_000,
+                percent: 5,
+            },
+            direct_max_tools: 32,
+            direct_max_tokens: 10_000,
+            facade_max_index_tokens: 1_000,
+            tool_cap: 128,
+            page_size: 50,
+            orientation_tool: true,
+        }
+    }
+}
+
+impl Settings {
+    /// A builder starting from the defaults.
+    pub fn builder() -> SettingsBuilder {
+        SettingsBuilder {
+            settings: Settings::default(),
+        }
+    }
+
+    /// The budget above which an [`Auto`](psych_types::Preload::Auto) server is deferred.
+    pub fn auto_budget(&self) -> Budget {
+        self.auto_budget
+    }
+
+    /// The most tools a server may expose one by one.
+    pub fn direct_max_tools(&self) -> usize {
+        self.direct_max_tools
+    }
+
+    /// The most estimated tokens a server's direct tools may cost.
+    pub fn direct_max_tokens(&self) -> u64 {
+        self.direct_max_tokens
+    }
+
+    /// The most estimated tokens a facade's index line may cost.
+    pub fn facade_max_index_tokens(&self) -> u64 {
+        self.facade_max_index_tokens
+    }
+
+    /// The most tools a Surface exposes.
+    pub fn tool_cap(&self) -> usize {
+        self.tool_cap
+    }
+
+    /// Tools per page of a listing.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Whether the Surface carries the orientation tool.
+    pub fn orientation_tool(&self) -> bool {
+        self.orientation_tool
+    }
+
+    /// How many fixed tools a Surface may carry with these settings.
+    pub(crate) fn fixed_tools(&self) -> usize {
+        META_TOOL_COUNT + usize::from(self.orientation_tool)
+    }
+}
+
+/// Builds [`Settings`]; every knob starts at its default.
+#[derive(Debug, Clone)]
+pub struct SettingsBuilder {
+    settings: Settings,
+}
+
+impl SettingsBuilder {
+    /// Defer an [`Auto`](psych_types::Preload::Auto) server whose permitted tools cost more
+    /// than this. Default: 5% of a 200,000-token window (10,000 tokens).
+    #[must_use]
+    pub fn auto_budget(mut self, budget: Budget) -> Self {
+        self.settings.auto_budget = budget;
+        self
+    }
+
+    /// A server that is not deferred exposes one tool per remote tool when it has at most
+    /// this many permitted tools (and they cost at most
+    /// [`direct_max_tokens`](Self::direct_max_tokens)). Default: 32.
+    #[must_use]
+    pub fn direct_max_tools(mut self, tools: usize) -> Self {
+        self.settings.direct_max_tools = tools;
+        self
+    }
+
+    /// The most estimated tokens a server's direct tools may cost. Default: 10,000.
+    #[must_use]
+    pub fn direct_max_tokens(mut self, tokens: u64) -> Self {
+        self.settings.direct_max_tokens = tokens;
+        self
+    }
+
+    /// A server too large for direct tools gets a facade when the facade's index line (every
+    /// permitted name) costs at most this many estimated tokens, else a search pair.
+    /// Default: 1,000.
+    #[must_use]
+    pub fn facade_max_index_tokens(mut self, tokens: u64) -> Self {
+        self.settings.facade_max_index_tokens = tokens;
+        self
+    }
+
+    /// The most tools a Surface exposes (OpenAI accepts 128). Default: 128.
+    #[must_use]
+    pub fn tool_cap(mut self, cap: usize) -> Self {
+        self.settings.tool_cap = cap;
+        self
+    }
+
+    /// Tools per page of a deferred server's listing. Default: 50.
+    #[must_use]
+    pub fn page_size(mut self, size: usize) -> Self {
+        self.settings.page_size = size;
+        self
+    }
+
+    /// Whether the Surface carries the orientation tool. Default: on.
+    #[must_use]
+    pub fn orientation_tool(mut self, on: bool) -> Self {
+        self.settings.orientation_tool = on;
+        self
+    }
+
+    /// Checks the knobs together and returns the settings.
+    ///
+    /// # Errors
+    ///
+    /// [`SettingsError`] when the cap cannot hold the fixed tools, the page size is out of
+    /// range, or a window share is not a share.
+    pub fn build(self) -> Result<Settings, SettingsError> {
+        let settings = self.settings;
+        if settings.tool_cap < settings.fixed_tools() {
+            return Err(SettingsError::CapBelowFixedTools {
+                cap: settings.tool_cap,
+                fixed: settings.fixed_tools(),
+            });
+        }
+        if settings.page_size == 0 || settings.page_size > MAX_PAGE_SIZE {
+            return Err(SettingsError::PageSize(settings.page_size));
+        }
+        if let Budget::WindowShare {
+            window_tokens,
+            percent,
+        } = settings.auto_budget
+            && (window_tokens == 0 || percent == 0 || percent > 100)
+        {
+            return Err(SettingsError::WindowShare {
+                window_tokens,
+                percent,
+            });
+        }
+        Ok(settings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_build() {
+        assert_eq!(Settings::builder().build().unwrap(), Settings::default());
+        assert_eq!(Settings::default().auto_budget().tokens(), 10_000);
+    }
+
+    #[test]
+    fn build_refuses_what_cannot_work() {
+        assert_eq!(
+            Settings::builder().tool_cap(3).build(),
+            Err(SettingsError::CapBelowFixedTools { cap: 3, fixed: 4 })
+        );
+        assert!(
+            Settings::builder()
+                .tool_cap(3)
+                .orientation_tool(false)
+                .build()
+                .is_ok()
+        );
+        assert_eq!(
+            Settings::builder().page_size(0).build(),
+            Err(SettingsError::PageSize(0))
+        );
+        assert!(
+            Settings::builder()
+                .page_size(MAX_PAGE_SIZE + 1)
+                .build()
+                .is_err()
+        );
+        let share = Budget::WindowShare {
+            window_tokens: 1_000,
+            percent: 101,
+        };
+        assert!(Settings::builder().auto_budget(share).build().is_err());
+        assert_eq!(Budget::Tokens(7).tokens(), 7);
+    }
+}

@@ -1,0 +1,261 @@
+//! Argument validation against a tool's input schema, compiled once per
+//! `(server, catalogue version)` and kept by the caller across turns.
+
+use std::collections::HashMap;
+
+use psych_types::{CatalogVersion, ServerId, ToolDefinition, ToolName};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::text::{TRUNCATION_MARKER, cap_chars};
+
+/// The most validation errors one refusal reports; the rest are counted.
+const MAX_REPORTED_ERRORS: usize = 5;
+
+/// The most characters of one validation message.
+const MESSAGE_CHARS: usize = 200;
+
+/// One way the arguments fail the schema.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArgumentError {
+    /// Where, as a JSON pointer into the arguments (`""` is the arguments object itself).
+    pub path: String,
+    /// What is wrong there. Values are not repeated, so the message stays short.
+    pub message: String,
+}
+
+/// What validation did for a call that is forwarded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "validation", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Validation {
+    /// The arguments were checked against the compiled input schema and match it.
+    Checked,
+    /// The input schema did not compile (for example a `$ref` to another document, which is
+    /// never fetched), so only "the arguments are a JSON object" was checked; the server
+    /// remains usable and judges the arguments itself.
+    Unchecked {
+        /// Why the schema did not compile.
+        reason: String,
+    },
+}
+
+enum Compiled {
+    Ready(Box<jsonschema::Validator>),
+    Failed(String),
+}
+
+struct ServerValidators {
+    version: CatalogVersion,
+    tools: HashMap<ToolName, Compiled>,
+}
+
+/// Compiled input schemas, per server at one catalogue version.
+///
+/// Keep one across turns (the runtime owns it): a tool's schema is compiled the first time
+/// one of its calls is guarded and reused until its server's catalogue version changes, at
+/// which point that server's entries are dropped. No network or file is ever read: the
+/// `jsonschema` crate is built without its resolvers, so a schema whose `$ref` points
+/// outside itself fails to compile and its calls go through [`Validation::Unchecked`].
+#[derive(Default)]
+pub struct Validators {
+    servers: HashMap<ServerId, ServerValidators>,
+}
+
+impl std::fmt::Debug for Validators {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Validators")
+            .field("schemas", &self.len())
+            .finish()
+    }
+}
+
+impl Validators {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many schemas are compiled (or known not to compile).
+    pub fn len(&self) -> usize {
+        self.servers.values().map(|s| s.tools.len()).sum()
+    }
+
+    /// Whether nothing is compiled yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checks `arguments` against `tool`'s input schema, compiling it if this
+    /// `(server, version, tool)` has not been seen.
+    pub(crate) fn check(
+        &mut self,
+        server: &ServerId,
+        version: CatalogVersion,
+        tool: &ToolDefinition,
+        arguments: &Value,
+    ) -> Result<Validation, Vec<ArgumentError>> {
+        if !arguments.is_object() {
+            return Err(vec![ArgumentError {
+                path: String::new(),
+                message: format!(
+                    "the arguments must be a JSON object, not {}",
+                    kind(arguments)
+                ),
+            }]);
+        }
+        // The entry API clones the key on every call; look up first, so a warm call
+        // allocates nothing.
+        let entry = match self.servers.get_mut(server) {
+            Some(entry) => entry,
+            None => self
+                .servers
+                .entry(server.clone())
+                .or_insert_with(|| ServerValidators {
+                    version,
+                    tools: HashMap::new(),
+                }),
+        };
+        if entry.version != version {
+            entry.version = version;
+            entry.tools.clear();
+        }
+        let compiled = match entry.tools.get(&tool.name) {
+            Some(compiled) => compiled,
+            None => entry
+                .tools
+                .entry(tool.name.clone())
+                .or_insert_with(|| compile(tool)),
+        };
+        match compiled {
+            Compiled::Failed(reason) => Ok(Validation::Unchecked {
+                reason: reason.clone(),
+            }),
+            Compiled::Ready(validator) if validator.is_valid(arguments) => Ok(Validation::Checked),
+            Compiled::Ready(validator) => {
+                let mut errors = Vec::new();
+                let mut more = 0usize;
+                for error in validator.iter_errors(arguments) {
+                    if errors.len() < MAX_REPORTED_ERRORS {
+                        errors.push(ArgumentError {
+                            path: error.instance_path().to_string(),
+                            message: cap_chars(
+                                &error.masked().to_string(),
+                                MESSAGE_CHARS,
+                                TRUNCATION_MARKER,
+                            ),
+                        });
+                    } else {
+                        more += 1;
+                    }
+                }
+                if errors.is_empty() {
+                    return Ok(Validation::Checked);
+                }
+                if more > 0 {
+                    errors.push(ArgumentError {
+                        path: String::new(),
+                        message: format!("and {more} more errors"),
+                    });
+                }
+                Err(errors)
+            }
+        }
+    }
+}
+
+fn compile(tool: &ToolDefinition) -> Compiled {
+    let schema = Value::Object(tool.input_schema.clone());
+    match jsonschema::options().build(&schema) {
+        Ok(validator) => Compiled::Ready(Box::new(validator)),
+        Err(error) => Compiled::Failed(cap_chars(
+            &error.to_string(),
+            MESSAGE_CHARS,
+            TRUNCATION_MARKER,
+        )),
+    }
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn named(name: &str, schema: Value) -> ToolDefinition {
+        let Value::Object(schema) = schema else {
+            panic!("object")
+        };
+        ToolDefinition::new(ToolName::new(name).unwrap(), "d", schema)
+    }
+
+    fn tool(schema: Value) -> ToolDefinition {
+        named("t", schema)
+    }
+
+    #[test]
+    fn compiles_once_per_version() {
+        let server = ServerId::new("s").unwrap();
+        let t = tool(json!({"type": "object", "properties": {"n": {"type": "integer"}}}));
+        let mut validators = Validators::new();
+        assert_eq!(
+            validators.check(&server, CatalogVersion(1), &t, &json!({"n": 1})),
+            Ok(Validation::Checked)
+        );
+        let first = match &validators.servers[&server].tools[&t.name] {
+            Compiled::Ready(v) => &**v as *const jsonschema::Validator,
+            Compiled::Failed(_) => panic!("compiles"),
+        };
+        let errors = validators
+            .check(&server, CatalogVersion(1), &t, &json!({"n": "x"}))
+            .unwrap_err();
+        assert_eq!(errors[0].path, "/n");
+        let again = match &validators.servers[&server].tools[&t.name] {
+            Compiled::Ready(v) => &**v as *const jsonschema::Validator,
+            Compiled::Failed(_) => panic!("compiles"),
+        };
+        assert_eq!(first, again, "same version: the compiled schema is reused");
+        assert_eq!(validators.len(), 1);
+        // A new version drops the old entries and compiles again.
+        let t2 = tool(json!({"type": "object", "properties": {"n": {"type": "string"}}}));
+        assert_eq!(
+            validators.check(&server, CatalogVersion(2), &t2, &json!({"n": "x"})),
+            Ok(Validation::Checked)
+        );
+        assert_eq!(validators.len(), 1);
+    }
+
+    #[test]
+    fn non_objects_are_refused_and_bad_schemas_leave_the_tool_usable() {
+        let server = ServerId::new("s").unwrap();
+        let mut validators = Validators::new();
+        let t = tool(json!({"type": "object"}));
+        let errors = validators
+            .check(&server, CatalogVersion(1), &t, &json!([1]))
+            .unwrap_err();
+        assert!(errors[0].message.contains("an array"), "{errors:?}");
+        let remote = named("remote", json!({"$ref": "https://example.com/schema.json"}));
+        let outcome = validators.check(&server, CatalogVersion(1), &remote, &json!({}));
+        assert!(
+            matches!(outcome, Ok(Validation::Unchecked { .. })),
+            "{outcome:?}"
+        );
+        let broken = tool(json!({"type": "object", "properties": {"n": {"type": 7}}}));
+        let server2 = ServerId::new("s2").unwrap();
+        let outcome = validators.check(&server2, CatalogVersion(1), &broken, &json!({}));
+        assert!(
+            matches!(outcome, Ok(Validation::Unchecked { .. })),
+            "{outcome:?}"
+        );
+    }
+}

@@ -1,0 +1,371 @@
+//! Properties over random catalogues, grants, preload flags and settings: every shape and
+//! every meta tool exposes exactly the permitted set; discovery never bypasses the grant; a
+//! tool revoked between resolution and call is refused; names are unique, provider-safe
+//! and round-trip; the cap holds; input order does not change a byte.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::{Bytes4, catalog};
+use proptest::prelude::*;
+use psych_disclosure::{
+    Answer, Budget, DESCRIBE_TOOL, Exposed, Inputs, LIST_TOOLS, Refusal, Settings, Shape, Surface,
+    Validators, Verdict, resolve,
+};
+use psych_types::{
+    ConnectionSpec, PermissionGrant, Preload, ServerCatalog, ServerId, ToolDefinition, ToolName,
+    ToolRef, ToolScope,
+};
+use serde_json::json;
+
+#[derive(Debug, Clone)]
+struct Case {
+    connections: Vec<ConnectionSpec>,
+    catalogs: Vec<ServerCatalog>,
+    grant: PermissionGrant,
+    settings: Settings,
+}
+
+const SERVERS: [&str; 6] = ["a", "b", "a__b", "gh", "psych_list_tools", "s-1"];
+
+fn tool_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "get_me",
+            "Get_Me",
+            "search_code",
+            "create_branch",
+            "b__c",
+            "a.b",
+            "a_b",
+            "list",
+            "search_tools",
+            "call_tool",
+        ])
+        .prop_map(str::to_owned),
+        "[a-zA-Z0-9_.-]{1,100}",
+    ]
+}
+
+fn server_case() -> impl Strategy<Value = (Vec<String>, String, u8, u8, Vec<bool>, Vec<bool>)> {
+    (
+        prop::collection::btree_set(tool_name(), 0..24),
+        "[a-z ]{0,200}",
+        0u8..3,
+        0u8..3,
+        prop::collection::vec(any::<bool>(), 24),
+        prop::collection::vec(any::<bool>(), 24),
+    )
+        .prop_map(|(names, desc, grant, preload, only, eager)| {
+            (
+                names.into_iter().collect(),
+                desc,
+                grant,
+                preload,
+                only,
+                eager,
+            )
+        })
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        prop::sample::subsequence(SERVERS.to_vec(), 1..=SERVERS.len()),
+        prop::collection::vec(server_case(), SERVERS.len()),
+        (
+            0usize..30,
+            0u64..6_000,
+            0u64..300,
+            4usize..40,
+            0u64..6_000,
+            1usize..10,
+        ),
+    )
+        .prop_map(
+            |(servers, details, (dmax, dtok, ftok, cap, budget, page))| {
+                let mut case = Case {
+                    connections: Vec::new(),
+                    catalogs: Vec::new(),
+                    grant: PermissionGrant::none(),
+                    settings: Settings::builder()
+                        .direct_max_tools(dmax)
+                        .direct_max_tokens(dtok)
+                        .facade_max_index_tokens(ftok)
+                        .tool_cap(cap)
+                        .auto_budget(Budget::Tokens(budget))
+                        .page_size(page)
+                        .build()
+                        .unwrap(),
+                };
+                for (server, (names, desc, grant, preload, only, eager)) in
+                    servers.iter().zip(details)
+                {
+                    let id = ServerId::new(*server).unwrap();
+                    let mut tools: Vec<ToolDefinition> = names
+                        .iter()
+                        .map(|n| {
+                            ToolDefinition::new(
+                                ToolName::new(n.as_str()).unwrap(),
+                                format!("{n} {desc}"),
+                                serde_json::from_str(r#"{"type":"object"}"#).unwrap(),
+                            )
+                        })
+                        .collect();
+                    tools.sort_by(|a, b| a.name.cmp(&b.name));
+                    let mut connection = ConnectionSpec::new(id.clone()).with_preload(
+                        [Preload::Auto, Preload::Eager, Preload::Deferred][usize::from(preload)],
+                    );
+                    for (tool, on) in tools.iter().zip(&eager) {
+                        if *on {
+                            connection = connection.with_eager_tool(tool.name.clone());
+                        }
+                    }
+                    match grant {
+                        0 => {}
+                        1 => {
+                            case.grant.servers.insert(id.clone(), ToolScope::All);
+                        }
+                        _ => {
+                            // Some catalogue tools and a name that is not in the catalogue.
+                            let mut set: BTreeSet<ToolName> = tools
+                                .iter()
+                                .zip(&only)
+                                .filter(|(_, on)| **on)
+                                .map(|(t, _)| t.name.clone())
+                                .collect();
+                            set.insert(ToolName::new("granted_but_absent").unwrap());
+                            case.grant.servers.insert(id.clone(), ToolScope::Only(set));
+                        }
+                    }
+                    case.connections.push(connection);
+                    case.catalogs.push(catalog(server, tools));
+                }
+                case
+            },
+        )
+}
+
+impl Case {
+    fn inputs(&self) -> Inputs<'_> {
+        Inputs {
+            connections: &self.connections,
+            catalogs: &self.catalogs,
+            grant: &self.grant,
+        }
+    }
+
+    fn surface(&self) -> Surface {
+        resolve(&self.inputs(), &self.settings, &Bytes4).unwrap()
+    }
+
+    /// Narrowing computed independently: catalogue ∩ grant.
+    fn permitted(&self, grant: &PermissionGrant) -> BTreeMap<ServerId, BTreeSet<ToolName>> {
+        self.catalogs
+            .iter()
+            .filter(|c| grant.permits_server(&c.server))
+            .map(|c| {
+                (
+                    c.server.clone(),
+                    c.tools
+                        .iter()
+                        .filter(|t| grant.permits(&c.server, &t.name))
+                        .map(|t| t.name.clone())
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// The exposed name that reaches a server's tools one by one, and how to address a tool
+/// through it.
+fn describe_route(
+    surface: &Surface,
+    server: &ServerId,
+    tool: &str,
+) -> Option<(String, serde_json::Value)> {
+    for (name, exposed) in surface.names() {
+        match exposed {
+            Exposed::Facade { server: s } | Exposed::SearchCall { server: s } if s == server => {
+                return Some((name.to_owned(), json!({"tool": tool})));
+            }
+            _ => {}
+        }
+    }
+    surface.exposed(DESCRIBE_TOOL).map(|_| {
+        (
+            DESCRIBE_TOOL.to_owned(),
+            json!({"server": server.as_str(), "tool": tool}),
+        )
+    })
+}
+
+fn listed(surface: &Surface, case: &Case, server: &ServerId) -> BTreeSet<ToolName> {
+    let live = psych_disclosure::Live {
+        grant: &case.grant,
+        catalogs: &case.catalogs,
+    };
+    let mut names = BTreeSet::new();
+    let mut page = 1;
+    loop {
+        let verdict = surface.guard(
+            LIST_TOOLS,
+            &json!({"server": server.as_str(), "page": page}),
+            &live,
+            &mut Validators::new(),
+        );
+        let Verdict::Answer(Answer::Listing(listing)) = verdict else {
+            panic!("{verdict:?}")
+        };
+        assert!(listing.tools.len() <= case.settings.page_size());
+        for tool in listing.tools {
+            assert!(names.insert(tool.name), "listed twice");
+        }
+        if listing.more.is_none() {
+            return names;
+        }
+        page += 1;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn every_shape_exposes_exactly_the_permitted_set(case in case()) {
+        let surface = case.surface();
+        let permitted = case.permitted(&case.grant);
+        let live = psych_disclosure::Live { grant: &case.grant, catalogs: &case.catalogs };
+        let mut validators = Validators::new();
+
+        // The cap, and names that are safe, unique ignoring case, and resolve.
+        prop_assert!(surface.tools().len() <= case.settings.tool_cap());
+        let mut lower = BTreeSet::new();
+        for tool in surface.tools() {
+            let name = tool.name.as_str();
+            prop_assert!(name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'), "{}", name);
+            prop_assert!(lower.insert(name.to_ascii_lowercase()), "{}", name);
+            prop_assert!(surface.exposed(name).is_some());
+        }
+        prop_assert_eq!(surface.names().count(), surface.tools().len());
+
+        // The Surface's permitted set is narrowing, computed independently.
+        for view in surface.servers() {
+            prop_assert_eq!(surface.permitted().tools(&view.server), permitted.get(&view.server));
+        }
+        prop_assert_eq!(surface.servers().len(), permitted.len());
+
+        // Direct tools: each is permitted and round-trips; a Direct server shows all of them.
+        let mut direct: BTreeMap<ServerId, BTreeSet<ToolName>> = BTreeMap::new();
+        for (name, exposed) in surface.names() {
+            if let Exposed::Direct { target } = exposed {
+                prop_assert!(permitted[&target.server].contains(&target.tool));
+                prop_assert_eq!(surface.direct_name(target), Some(name));
+                direct.entry(target.server.clone()).or_default().insert(target.tool.clone());
+            }
+        }
+        let any_deferred = surface.servers().iter().any(|v| v.shape == Shape::Deferred);
+        prop_assert_eq!(surface.exposed(LIST_TOOLS).is_some(), any_deferred);
+        for view in surface.servers() {
+            let expected = &permitted[&view.server];
+            if view.shape == Shape::Direct {
+                prop_assert_eq!(direct.get(&view.server), Some(expected));
+            }
+            // Discovery lists exactly the permitted set.
+            if any_deferred {
+                prop_assert_eq!(&listed(&surface, &case, &view.server), expected);
+            }
+            // Every permitted tool is reachable by its route; every other catalogue tool is
+            // refused the same way an unknown one is.
+            let catalogue = &case.catalogs.iter().find(|c| c.server == view.server).unwrap().tools;
+            for tool in catalogue {
+                let Some((route, args)) = describe_route(&surface, &view.server, tool.name.as_str()) else {
+                    continue;
+                };
+                let verdict = surface.guard(&route, &args, &live, &mut validators);
+                if expected.contains(&tool.name) {
+                    let described = matches!(verdict, Verdict::Answer(Answer::Description(ref d)) if d.tool == tool.name);
+                    prop_assert!(described, "{:?}", verdict);
+                } else {
+                    let refused = matches!(verdict, Verdict::Refused(Refusal::NotAvailable { .. }));
+                    prop_assert!(refused, "{:?}", verdict);
+                }
+            }
+            // A facade's index line names exactly the permitted set.
+            if view.shape == Shape::Facade {
+                let facade = surface.tools().iter().find(|t| matches!(surface.exposed(t.name.as_str()), Some(Exposed::Facade { server }) if *server == view.server)).unwrap();
+                let first = facade.description_or_empty().lines().next().unwrap();
+                let (_, index) = first.split_once("): ").unwrap();
+                let names: BTreeSet<&str> = index.split(", ").filter(|s| !s.is_empty()).collect();
+                prop_assert_eq!(names, expected.iter().map(ToolName::as_str).collect::<BTreeSet<_>>());
+            }
+            // Search answers only permitted tools.
+            if view.shape == Shape::SearchPair {
+                let search = surface.names().find(|(_, e)| matches!(e, Exposed::Search { server } if *server == view.server)).unwrap().0.to_owned();
+                for tool in catalogue {
+                    let verdict = surface.guard(&search, &json!({"query": tool.name.as_str()}), &live, &mut validators);
+                    let Verdict::Answer(Answer::Search(answer)) = verdict else { panic!("{verdict:?}") };
+                    prop_assert!(answer.hits.iter().all(|h| expected.contains(&h.name)));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_tool_revoked_after_resolution_is_refused_by_every_route(case in case()) {
+        let surface = case.surface();
+        let permitted = case.permitted(&case.grant);
+        let Some((server, tool)) = permitted.iter().find_map(|(s, t)| t.iter().next().map(|t| (s.clone(), t.clone()))) else {
+            return Ok(());
+        };
+        let mut revoked = case.grant.clone();
+        let rest: BTreeSet<ToolName> = permitted[&server].iter().filter(|t| **t != tool).cloned().collect();
+        revoked.servers.insert(server.clone(), ToolScope::Only(rest));
+        let live = psych_disclosure::Live { grant: &revoked, catalogs: &case.catalogs };
+        let mut validators = Validators::new();
+        let pair = ToolRef::new(server.clone(), tool.clone());
+        let mut routes = Vec::new();
+        if let Some(name) = surface.direct_name(&pair) {
+            routes.push((name.to_owned(), json!({})));
+        }
+        if let Some(route) = describe_route(&surface, &server, tool.as_str()) {
+            routes.push(route);
+        }
+        if surface.exposed(psych_disclosure::CALL_TOOL).is_some() {
+            routes.push((psych_disclosure::CALL_TOOL.to_owned(), json!({"server": server.as_str(), "tool": tool.as_str()})));
+        }
+        for (name, args) in routes {
+            let verdict = surface.guard(&name, &args, &live, &mut validators);
+            let refused = matches!(
+                verdict,
+                Verdict::Refused(Refusal::NotAvailable { .. } | Refusal::UnknownServer { .. })
+            );
+            prop_assert!(refused, "{} {:?}", name, verdict);
+        }
+    }
+
+    #[test]
+    fn input_order_does_not_change_a_byte(case in case(), rotate in 0usize..6) {
+        let surface = case.surface();
+        let mut shuffled = case.clone();
+        shuffled.connections.reverse();
+        shuffled.catalogs.reverse();
+        let n = shuffled.catalogs.len();
+        shuffled.catalogs.rotate_left(rotate % n);
+        for catalog in &mut shuffled.catalogs {
+            catalog.tools.reverse();
+        }
+        let other = shuffled.surface();
+        prop_assert_eq!(surface.tools(), other.tools());
+        prop_assert_eq!(surface.deferred_lines(), other.deferred_lines());
+        prop_assert_eq!(surface.servers(), other.servers());
+        prop_assert_eq!(surface, other);
+    }
+}
