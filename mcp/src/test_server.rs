@@ -17,6 +17,7 @@
 //! | `sleep {ms, tag}` | answers `tag` after `ms` milliseconds |
 //! | `cancellations` | how many calls were cancelled so far |
 //! | `garbage {lines}` | writes lines that are not JSON-RPC to stdout, then answers |
+//! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
 //!
 //! plus [`Scenario::tools`] generated tools ([`synthetic_tools`](crate::synthetic_tools)),
 //! each answering with its name and arguments.
@@ -295,6 +296,11 @@ fn control_tools() -> Vec<Value> {
             "Writes lines that are not JSON-RPC to stdout.",
             object(json!({"lines": {"type": "integer"}}), json!([])),
         ),
+        tool(
+            "client_info",
+            "The client's protocol version and Authorization header.",
+            none.clone(),
+        ),
     ]
 }
 
@@ -432,6 +438,20 @@ impl TestServer {
                 };
                 tokio::time::sleep(Duration::from_millis(number_arg("ms"))).await;
                 CallToolResult::success(vec![ContentBlock::text(text_arg("tag"))])
+            }
+            "client_info" => {
+                let version = context
+                    .peer
+                    .peer_info()
+                    .map(|info| info.protocol_version.to_string());
+                let authorization = context
+                    .extensions
+                    .get::<http::request::Parts>()
+                    .and_then(|parts| parts.headers.get("authorization"))
+                    .and_then(|value| value.to_str().ok())
+                    .map(str::to_owned);
+                let info = json!({"protocolVersion": version, "authorization": authorization});
+                CallToolResult::success(vec![ContentBlock::text(info.to_string())])
             }
             "cancellations" => CallToolResult::success(vec![ContentBlock::text(
                 state.cancellations.load(Ordering::SeqCst).to_string(),

@@ -136,11 +136,11 @@ async fn listing_follows_every_page_to_the_end_in_order() {
     assert_eq!(reachability, Reachability::Reachable);
     let tools = manager.list_tools(&id("pages")).await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names.len(), 13 + 95);
+    assert_eq!(names.len(), 14 + 95);
     assert_eq!(&names[..3], ["echo", "add_tool", "remove_tool"]);
     let generated: Vec<_> = psych_mcp::synthetic_tools(95);
     assert_eq!(
-        &tools[13..],
+        &tools[14..],
         &generated[..],
         "every generated tool, whole and in order"
     );
@@ -157,7 +157,7 @@ async fn a_malformed_tool_does_not_fail_the_listing() {
     .await;
     assert_eq!(reachability, Reachability::Reachable);
     let listing = manager.list(&id("bad")).await.unwrap();
-    assert_eq!(listing.tools.len(), 13, "every good tool is kept");
+    assert_eq!(listing.tools.len(), 14, "every good tool is kept");
     let refused: Vec<(&str, usize)> = listing
         .malformed
         .iter()
@@ -246,8 +246,8 @@ async fn a_list_changed_before_the_initialize_response_is_covered_by_the_first_l
     })
     .await;
     let tools = manager.list_tools(&id("early")).await.unwrap();
-    assert_eq!(tools.len(), 13 + 3);
-    assert_eq!(tools[13].name.as_str(), "list_issues");
+    assert_eq!(tools.len(), 14 + 3);
+    assert_eq!(tools[14].name.as_str(), "list_issues");
     manager.shutdown().await;
 }
 
@@ -691,14 +691,23 @@ async fn over_http_listing_calls_and_list_changed_work_and_a_gone_server_is_repo
     let (manager, reachability) = one("web", http_config("web", &server.url), fast()).await;
     assert_eq!(reachability, Reachability::Reachable);
     let tools = manager.list_tools(&id("web")).await.unwrap();
-    assert_eq!(tools.len(), 13 + 30);
-    assert_eq!(&tools[13..], &psych_mcp::synthetic_tools(30)[..]);
+    assert_eq!(tools.len(), 14 + 30);
+    assert_eq!(&tools[14..], &psych_mcp::synthetic_tools(30)[..]);
 
     let result = manager
         .call_tool_raw(&tool("web", "mixed"), JsonObject::new())
         .await
         .unwrap();
     assert_eq!(result.content.len(), 3);
+    // The configured headers are sent, and the pinned protocol version was asked for.
+    let result = manager
+        .call_tool_raw(&tool("web", "client_info"), JsonObject::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        texts(&result),
+        [r#"{"authorization":"Bearer test","protocolVersion":"2025-11-25"}"#]
+    );
 
     let events = manager.events();
     // The queue coalesces per server: take the connect announcement first.
