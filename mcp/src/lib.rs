@@ -1,8 +1,69 @@
 //! Live MCP connections for Psych, through rmcp.
 //!
-//! Not built yet. This crate will own stdio and HTTP server connections from an `mcpServers`
-//! configuration, paginated `tools/list`, `notifications/tools/list_changed` and `tools/call`,
-//! implementing `psych_types::ToolLister` and `psych_types::ToolHost`.
+//! The main type is [`McpManager`]: built from the `mcpServers` file MCP users already
+//! have ([`McpConfig`]; Claude Desktop, Claude Code and Cursor write the same shape, and
+//! Psych adds optional `preload`, `eagerTools` and `description` keys per server), it starts
+//! each stdio server in its own process group or reaches it over streamable HTTP, lists its
+//! tools page by page (validating each tool by itself, so one malformed tool does not hide
+//! the others), calls tools with a deadline and cancellation, forwards
+//! `notifications/tools/list_changed` and reachability changes as [`McpEvent`]s, reconnects
+//! lost servers with [`Backoff`], and stops every process it started on shutdown. Every
+//! deadline is in [`Timeouts`]; every failure is an [`McpError`] that names the server, the
+//! call and the reason (exit status, the last stderr lines).
+//!
+//! It implements [`psych_types::ToolLister`]. Calls are [`McpManager::call_tool_raw`],
+//! returning rmcp's `CallToolResult` as the server sent it.
+//!
+//! The crate also ships `psych-test-server`, an MCP server built on rmcp whose behaviour is
+//! set by flags and control tools ([`test_server`]), and [`synthetic_tools`], the
+//! realistic catalogue generator it serves.
+//!
+//! # Example
+//!
+//! ```
+//! use psych_mcp::{McpConfig, McpManager, Timeouts, Transport};
+//! use psych_types::{Preload, ServerId};
+//!
+//! let config = McpConfig::parse(
+//!     r#"{"mcpServers": {"github": {
+//!         "type": "http", "url": "https://example.invalid/mcp",
+//!         "headers": {"Authorization": "Bearer ${GITHUB_TOKEN}"},
+//!         "preload": false}}}"#,
+//!     |name| (name == "GITHUB_TOKEN").then(|| "t0ken".to_owned()),
+//! )?;
+//! let github = &config.servers[&ServerId::new("github")?];
+//! assert_eq!(github.connection.preload, Preload::Deferred);
+//! let Transport::Http { headers, .. } = &github.transport else { unreachable!() };
+//! assert_eq!(headers["Authorization"], "Bearer t0ken");
+//!
+//! // Nothing is started until `connect_all` (inside a Tokio runtime).
+//! let manager = McpManager::builder(config).timeouts(Timeouts::default()).build()?;
+//! assert!(manager.servers().is_empty());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+
+mod config;
+mod connection;
+mod error;
+mod events;
+mod listing;
+mod manager;
+mod png;
+mod stdio;
+mod synthetic;
+pub mod test_server;
+mod timeouts;
+
+pub use config::{ConfigError, McpConfig, ServerConfig, Transport};
+pub use error::McpError;
+pub use events::{ChangeCause, McpEvent, McpEvents};
+pub use listing::{Listing, MalformedTool};
+pub use manager::{BuildError, McpManager, McpManagerBuilder};
+pub use synthetic::synthetic_tools;
+pub use timeouts::{Backoff, Timeouts};
+
+/// rmcp's `tools/call` result type, returned by [`McpManager::call_tool_raw`].
+pub use rmcp::model::CallToolResult;

@@ -1,0 +1,626 @@
+//! The `mcpServers` configuration file, as Claude Desktop, Claude Code and Cursor write it,
+//! plus Psych's own optional keys per server.
+//!
+//! A file is one JSON object with an `mcpServers` object inside; each entry names a server
+//! and says how to reach it:
+//!
+//! - stdio: `command` (required), `args`, `env`, `cwd`;
+//! - streamable HTTP: `url` (required), `headers`;
+//! - `type` is optional (`"stdio"`, `"http"`, `"streamable-http"`, `"streamableHttp"`); without
+//!   it, `command` means stdio and `url` means HTTP.
+//!
+//! Psych's keys, all optional: `preload` (`true` always injects the server's schemas,
+//! `false` always defers them, absent decides from the catalogue size), `eagerTools` (tool
+//! names injected even when the server is deferred) and `description` (the short line shown
+//! for a deferred server). Keys nobody here knows are kept in [`ServerConfig::extra`], and
+//! keys beside `mcpServers` in [`McpConfig::extra`], never rejected: the file is shared with
+//! other clients.
+//!
+//! `${VAR}` and `${VAR:-default}` in `command`, `args`, `env`, `cwd`, `url` and `headers`
+//! expand from the environment when the file is parsed, as the common clients do, so no
+//! secret has to sit in the file. `$` not followed by `{` is kept as it is.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use psych_types::{ConnectionSpec, JsonObject, Preload, ServerId, ToolName};
+use serde_json::Value;
+
+/// Why a configuration file was refused. Every variant about one server names it and the
+/// field at fault, so a person can find the line to fix.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read MCP config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The text is not JSON.
+    #[error("MCP config is not valid JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    /// The document is not an object with an `mcpServers` object inside.
+    #[error("MCP config must be a JSON object with an \"mcpServers\" object: {0}")]
+    Shape(&'static str),
+    /// A server's name is not a valid server id.
+    #[error("MCP config: server name {name:?} is not usable: {source}")]
+    ServerName {
+        /// The name as written.
+        name: String,
+        /// Why it was refused.
+        source: psych_types::IdError,
+    },
+    /// One field of one server is wrong.
+    #[error("MCP config: server {server:?}, field {field:?}: {problem}")]
+    Field {
+        /// The server, as named in the file.
+        server: String,
+        /// The field at fault (`args[2]`, `env.TOKEN`, `type`, …).
+        field: String,
+        /// What is wrong, and what is expected instead.
+        problem: String,
+    },
+}
+
+/// A parsed `mcpServers` file: every server, ordered by name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpConfig {
+    /// The servers, by name.
+    pub servers: BTreeMap<ServerId, ServerConfig>,
+    /// Keys beside `mcpServers`, kept as they were.
+    pub extra: JsonObject,
+}
+
+/// One server of the file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// How to reach it.
+    pub transport: Transport,
+    /// What disclosure needs: the preload flag, eager tools, the short description.
+    pub connection: ConnectionSpec,
+    /// Keys of the entry that neither MCP clients' common format nor Psych names, kept.
+    pub extra: JsonObject,
+}
+
+/// How to reach a server, with every `${VAR}` already expanded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// A child process speaking MCP on its standard input and output.
+    Stdio {
+        /// The program to run.
+        command: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Variables added to the inherited environment.
+        env: BTreeMap<String, String>,
+        /// The working directory, when given.
+        cwd: Option<PathBuf>,
+    },
+    /// A remote server over streamable HTTP.
+    Http {
+        /// The endpoint.
+        url: String,
+        /// Headers sent with every request (authorization, usually).
+        headers: BTreeMap<String, String>,
+    },
+}
+
+/// The keys this module reads from a server entry; anything else goes to `extra`.
+const KNOWN_KEYS: [&str; 10] = [
+    "type",
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "url",
+    "headers",
+    "preload",
+    "eagerTools",
+    "description",
+];
+
+impl McpConfig {
+    /// Reads and parses a file, expanding `${VAR}` from this process's environment.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Read`] when the file cannot be read, else as [`McpConfig::parse`].
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, |name| std::env::var(name).ok())
+    }
+
+    /// Parses the text of a file, expanding `${VAR}` through `env` (a name to its value, or
+    /// `None` when unset).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the server and field at fault; nothing is partly accepted.
+    pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let document: Value = serde_json::from_str(text).map_err(ConfigError::Json)?;
+        let Value::Object(mut top) = document else {
+            return Err(ConfigError::Shape("the document is not an object"));
+        };
+        let servers = match top.remove("mcpServers") {
+            Some(Value::Object(servers)) => servers,
+            Some(_) => return Err(ConfigError::Shape("\"mcpServers\" is not an object")),
+            None => return Err(ConfigError::Shape("there is no \"mcpServers\" key")),
+        };
+        let mut parsed = BTreeMap::new();
+        for (name, entry) in servers {
+            let server =
+                ServerId::new(name.as_str()).map_err(|source| ConfigError::ServerName {
+                    name: name.clone(),
+                    source,
+                })?;
+            let config = Entry {
+                name: &name,
+                env: &env,
+            }
+            .parse(entry, server.clone())?;
+            parsed.insert(server, config);
+        }
+        Ok(Self {
+            servers: parsed,
+            extra: top,
+        })
+    }
+}
+
+/// One server entry being parsed: its name for error messages and the environment.
+struct Entry<'a, E> {
+    name: &'a str,
+    env: &'a E,
+}
+
+impl<E: Fn(&str) -> Option<String>> Entry<'_, E> {
+    fn error(&self, field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+        ConfigError::Field {
+            server: self.name.to_owned(),
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    fn parse(&self, entry: Value, server: ServerId) -> Result<ServerConfig, ConfigError> {
+        let Value::Object(mut entry) = entry else {
+            return Err(self.error("", "a server entry must be a JSON object"));
+        };
+        let transport = self.transport(&mut entry)?;
+        let mut connection = ConnectionSpec::new(server);
+        connection.preload = match entry.remove("preload") {
+            None | Some(Value::Null) => Preload::Auto,
+            Some(Value::Bool(true)) => Preload::Eager,
+            Some(Value::Bool(false)) => Preload::Deferred,
+            Some(_) => {
+                return Err(self.error(
+                    "preload",
+                    "expected true (always inject schemas), false (always defer) or no value (decide from the catalogue size)",
+                ));
+            }
+        };
+        if let Some(tools) = entry.remove("eagerTools") {
+            for (i, name) in self.strings("eagerTools", tools)?.into_iter().enumerate() {
+                let tool = ToolName::new(name)
+                    .map_err(|e| self.error(format!("eagerTools[{i}]"), e.to_string()))?;
+                connection.eager_tools.insert(tool);
+            }
+        }
+        if let Some(description) = entry.remove("description") {
+            connection.description = Some(self.string("description", description)?);
+        }
+        entry.retain(|key, _| !KNOWN_KEYS.contains(&key.as_str()));
+        Ok(ServerConfig {
+            transport,
+            connection,
+            extra: entry,
+        })
+    }
+
+    fn transport(&self, entry: &mut JsonObject) -> Result<Transport, ConfigError> {
+        let kind = match entry.get("type") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(kind)) => Some(kind.as_str()),
+            Some(_) => return Err(self.error("type", "expected a string")),
+        };
+        let stdio = match kind {
+            Some("stdio") => true,
+            Some("http" | "streamable-http" | "streamableHttp") => false,
+            Some("sse") => {
+                return Err(self.error(
+                    "type",
+                    "the legacy SSE transport is not supported; use the server's streamable HTTP endpoint with \"type\": \"http\"",
+                ));
+            }
+            Some(other) => {
+                return Err(self.error(
+                    "type",
+                    format!("unknown transport {other:?}; expected \"stdio\" or \"http\""),
+                ));
+            }
+            None => match (entry.contains_key("command"), entry.contains_key("url")) {
+                (true, false) => true,
+                (false, true) => false,
+                (true, true) => {
+                    return Err(self.error(
+                        "type",
+                        "both \"command\" and \"url\" are given; say which with \"type\"",
+                    ));
+                }
+                (false, false) => {
+                    return Err(self.error(
+                        "command",
+                        "missing: a stdio server needs \"command\", a remote one \"url\"",
+                    ));
+                }
+            },
+        };
+        if stdio {
+            for key in ["url", "headers"] {
+                if entry.contains_key(key) {
+                    return Err(self.error(key, "not used by a stdio server"));
+                }
+            }
+            let command = match entry.get("command") {
+                Some(value) => self.expanded("command", value.clone())?,
+                None => return Err(self.error("command", "missing: a stdio server needs one")),
+            };
+            if command.is_empty() {
+                return Err(self.error("command", "is empty"));
+            }
+            let args = match entry.get("args") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(args) => self
+                    .strings("args", args.clone())?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, arg)| self.expand(&format!("args[{i}]"), &arg))
+                    .collect::<Result<_, _>>()?,
+            };
+            let env = self.map("env", entry.get("env"))?;
+            let cwd = match entry.get("cwd") {
+                None | Some(Value::Null) => None,
+                Some(cwd) => Some(PathBuf::from(self.expanded("cwd", cwd.clone())?)),
+            };
+            Ok(Transport::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            })
+        } else {
+            for key in ["command", "args", "env", "cwd"] {
+                if entry.contains_key(key) {
+                    return Err(self.error(key, "not used by a remote (HTTP) server"));
+                }
+            }
+            let url = match entry.get("url") {
+                Some(value) => self.expanded("url", value.clone())?,
+                None => return Err(self.error("url", "missing: a remote server needs one")),
+            };
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(self.error("url", format!("{url:?} is not an http(s) URL")));
+            }
+            let headers = self.map("headers", entry.get("headers"))?;
+            Ok(Transport::Http { url, headers })
+        }
+    }
+
+    fn string(&self, field: &str, value: Value) -> Result<String, ConfigError> {
+        match value {
+            Value::String(text) => Ok(text),
+            _ => Err(self.error(field, "expected a string")),
+        }
+    }
+
+    fn expanded(&self, field: &str, value: Value) -> Result<String, ConfigError> {
+        let text = self.string(field, value)?;
+        self.expand(field, &text)
+    }
+
+    fn strings(&self, field: &str, value: Value) -> Result<Vec<String>, ConfigError> {
+        let Value::Array(items) = value else {
+            return Err(self.error(field, "expected an array of strings"));
+        };
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| self.string(&format!("{field}[{i}]"), item))
+            .collect()
+    }
+
+    fn map(
+        &self,
+        field: &str,
+        value: Option<&Value>,
+    ) -> Result<BTreeMap<String, String>, ConfigError> {
+        match value {
+            None | Some(Value::Null) => Ok(BTreeMap::new()),
+            Some(Value::Object(map)) => map
+                .iter()
+                .map(|(key, value)| {
+                    let field = format!("{field}.{key}");
+                    let value = self.expanded(&field, value.clone())?;
+                    Ok((key.clone(), value))
+                })
+                .collect(),
+            Some(_) => Err(self.error(field, "expected an object of strings")),
+        }
+    }
+
+    /// Expands `${VAR}` and `${VAR:-default}` in `text`.
+    fn expand(&self, field: &str, text: &str) -> Result<String, ConfigError> {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + 2..];
+            let Some(end) = after.find('}') else {
+                return Err(self.error(field, "\"${\" without a closing \"}\""));
+            };
+            let inner = &after[..end];
+            let (name, default) = match inner.split_once(":-") {
+                Some((name, default)) => (name, Some(default)),
+                None => (inner, None),
+            };
+            let valid = !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid {
+                return Err(self.error(
+                    field,
+                    format!("\"${{{inner}}}\" does not name an environment variable"),
+                ));
+            }
+            match ((self.env)(name), default) {
+                (Some(value), _) => out.push_str(&value),
+                (None, Some(default)) => out.push_str(default),
+                (None, None) => {
+                    return Err(self.error(
+                        field,
+                        format!(
+                            "environment variable {name} is not set (write ${{{name}:-default}} to allow that)"
+                        ),
+                    ));
+                }
+            }
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "TOKEN" => Some("s3cret".into()),
+            "HOME" => Some("/home/me".into()),
+            _ => None,
+        }
+    }
+
+    fn parse(text: &str) -> Result<McpConfig, ConfigError> {
+        McpConfig::parse(text, env)
+    }
+
+    fn error(text: &str) -> String {
+        match parse(text) {
+            Ok(config) => panic!("accepted: {config:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn server(s: &str) -> ServerId {
+        ServerId::new(s).unwrap()
+    }
+
+    #[test]
+    fn reads_the_common_clients_format_and_psychs_keys() {
+        let config = parse(
+            r#"{
+              "mcpServers": {
+                "fs": {"command": "npx", "args": ["-y", "server-filesystem", "${HOME}/src"],
+                       "env": {"LOG": "debug"}, "cwd": "/tmp", "disabled": false},
+                "github": {"type": "http", "url": "https://api.example.com/mcp",
+                           "headers": {"Authorization": "Bearer ${TOKEN}"},
+                           "preload": false, "eagerTools": ["get_me"],
+                           "description": "GitHub issues and pull requests"},
+                "memory": {"type": "stdio", "command": "memory-server", "preload": true}
+              },
+              "globalShortcut": "Ctrl+Space"
+            }"#,
+        )
+        .unwrap();
+        assert_eq!(
+            config
+                .servers
+                .keys()
+                .map(ServerId::as_str)
+                .collect::<Vec<_>>(),
+            ["fs", "github", "memory"]
+        );
+        assert_eq!(config.extra["globalShortcut"], "Ctrl+Space");
+
+        let fs = &config.servers[&server("fs")];
+        assert_eq!(
+            fs.transport,
+            Transport::Stdio {
+                command: "npx".into(),
+                args: vec![
+                    "-y".into(),
+                    "server-filesystem".into(),
+                    "/home/me/src".into()
+                ],
+                env: BTreeMap::from([("LOG".into(), "debug".into())]),
+                cwd: Some(PathBuf::from("/tmp")),
+            }
+        );
+        assert_eq!(fs.connection.preload, Preload::Auto);
+        assert_eq!(fs.extra["disabled"], false, "unknown keys are kept");
+
+        let github = &config.servers[&server("github")];
+        assert_eq!(
+            github.transport,
+            Transport::Http {
+                url: "https://api.example.com/mcp".into(),
+                headers: BTreeMap::from([("Authorization".into(), "Bearer s3cret".into())]),
+            }
+        );
+        assert_eq!(github.connection.preload, Preload::Deferred);
+        assert!(
+            github
+                .connection
+                .eager_tools
+                .contains(&ToolName::new("get_me").unwrap())
+        );
+        assert_eq!(
+            github.connection.description.as_deref(),
+            Some("GitHub issues and pull requests")
+        );
+        assert!(github.extra.is_empty(), "Psych's keys are not extra");
+        assert_eq!(
+            config.servers[&server("memory")].connection.preload,
+            Preload::Eager
+        );
+    }
+
+    #[test]
+    fn type_is_inferred_or_accepted_as_clients_write_it() {
+        for kind in ["http", "streamable-http", "streamableHttp"] {
+            let text = format!(
+                r#"{{"mcpServers":{{"a":{{"type":"{kind}","url":"http://127.0.0.1:1/mcp"}}}}}}"#
+            );
+            assert!(matches!(
+                parse(&text).unwrap().servers[&server("a")].transport,
+                Transport::Http { .. }
+            ));
+        }
+        let remote = parse(r#"{"mcpServers":{"a":{"url":"http://127.0.0.1:1/mcp"}}}"#).unwrap();
+        assert!(matches!(
+            remote.servers[&server("a")].transport,
+            Transport::Http { .. }
+        ));
+    }
+
+    #[test]
+    fn expansion_has_defaults_and_keeps_a_bare_dollar() {
+        let config = parse(
+            r#"{"mcpServers":{"a":{"command":"run","args":["${MISSING:-fallback}","$HOME","cost $5","${TOKEN}${TOKEN}"]}}}"#,
+        )
+        .unwrap();
+        let Transport::Stdio { args, .. } = &config.servers[&server("a")].transport else {
+            panic!("not stdio");
+        };
+        assert_eq!(args, &["fallback", "$HOME", "cost $5", "s3crets3cret"]);
+    }
+
+    #[test]
+    fn malformed_files_name_the_server_and_the_field() {
+        let cases = [
+            ("[]", "the document is not an object"),
+            (r#"{"servers":{}}"#, "there is no \"mcpServers\" key"),
+            (r#"{"mcpServers":[]}"#, "\"mcpServers\" is not an object"),
+            (
+                r#"{"mcpServers":{"a b":{"command":"x"}}}"#,
+                "server name \"a b\"",
+            ),
+            (
+                r#"{"mcpServers":{"a":"npx"}}"#,
+                "server \"a\", field \"\": a server entry must be a JSON object",
+            ),
+            (
+                r#"{"mcpServers":{"a":{}}}"#,
+                "server \"a\", field \"command\": missing",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":"x","url":"http://h"}}}"#,
+                "field \"type\": both",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":"x","args":["ok",3]}}}"#,
+                "field \"args[1]\": expected a string",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":"x","args":"-y"}}}"#,
+                "field \"args\": expected an array",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":"x","env":{"K":1}}}}"#,
+                "field \"env.K\": expected a string",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":"x","env":{"K":"${NOPE}"}}}}"#,
+                "field \"env.K\": environment variable NOPE is not set",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":"x","env":{"K":"${1X}"}}}}"#,
+                "does not name an environment variable",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":"x","env":{"K":"${OPEN"}}}}"#,
+                "without a closing",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":""}}}"#,
+                "field \"command\": is empty",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"type":"sse","url":"http://h"}}}"#,
+                "legacy SSE",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"type":"ws","url":"http://h"}}}"#,
+                "unknown transport \"ws\"",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"type":"http","url":"ftp://h"}}}"#,
+                "is not an http(s) URL",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"type":"http","url":"http://h","args":[]}}}"#,
+                "field \"args\": not used by a remote",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":"x","headers":{}}}}"#,
+                "field \"headers\": not used by a stdio",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":"x","preload":"yes"}}}"#,
+                "field \"preload\": expected true",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":"x","eagerTools":["ok","bad name"]}}}"#,
+                "field \"eagerTools[1]\"",
+            ),
+            (
+                r#"{"mcpServers":{"a":{"command":"x","description":7}}}"#,
+                "field \"description\": expected a string",
+            ),
+        ];
+        for (text, expected) in cases {
+            let message = error(text);
+            assert!(
+                message.contains(expected),
+                "{text}\n  gave {message:?}\n  expected it to contain {expected:?}"
+            );
+        }
+        assert!(matches!(parse("{"), Err(ConfigError::Json(_))));
+    }
+
+    #[test]
+    fn a_missing_file_is_a_read_error_naming_it() {
+        let err = McpConfig::load(Path::new("/nonexistent/psych/mcp.json")).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }));
+        assert!(err.to_string().contains("/nonexistent/psych/mcp.json"));
+    }
+}

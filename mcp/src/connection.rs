@@ -1,0 +1,516 @@
+//! One live session with one server: connect (stdio child or streamable HTTP), list every
+//! page raw, call a tool, notice the connection is lost, close.
+//!
+//! Every request carries a deadline from [`Timeouts`]; every failure becomes an
+//! [`McpError`] naming the server, the call and the reason.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use psych_types::ServerId;
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
+    CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientNotification,
+    ClientRequest, CustomRequest, Implementation, ProtocolVersion, RequestId, ServerResult,
+};
+use rmcp::service::{
+    ClientInitializeError, NotificationContext, Peer, PeerRequestOptions, RunningService,
+    ServiceError,
+};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::Value;
+use tokio::sync::Notify;
+
+use crate::events::{ChangeCause, EventQueue, McpEvent};
+use crate::listing::{Listing, read_page};
+use crate::stdio::{self, Child, Tap};
+use crate::{McpError, Timeouts, Transport};
+
+/// The protocol version psych-mcp asks for. rmcp 3.11 asks for 2026-07-28 by default and
+/// then adds `io.modelcontextprotocol/*` keys to every request's `_meta`; the servers in
+/// use agree on 2025-11-25.
+pub(crate) const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+
+/// How long to wait for a process that lost its connection to report its exit status.
+const EXIT_REPORT_WAIT: Duration = Duration::from_millis(500);
+
+/// rmcp's client handler: forwards `notifications/tools/list_changed`.
+#[derive(Clone)]
+pub(crate) struct Handler {
+    server: ServerId,
+    events: Arc<EventQueue>,
+}
+
+impl ClientHandler for Handler {
+    fn on_tool_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        self.events.push(McpEvent::ToolsChanged {
+            server: self.server.clone(),
+            cause: ChangeCause::Notified,
+        });
+        std::future::ready(())
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("psych", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(PROTOCOL_VERSION)
+    }
+}
+
+/// A connected server.
+pub(crate) struct Session {
+    server: ServerId,
+    timeouts: Timeouts,
+    peer: Peer<RoleClient>,
+    service: tokio::sync::Mutex<Option<RunningService<RoleClient, Handler>>>,
+    child: Option<Child>,
+    tap: Option<Arc<Tap>>,
+    lost: Mutex<Option<String>>,
+    lost_signal: Notify,
+}
+
+impl Session {
+    /// Starts or reaches the server, completes `initialize` and lists its tools once
+    /// (always: a `list_changed` sent before the initialize response is dropped by rmcp, so
+    /// the notification alone can never be trusted to announce the first tools).
+    pub(crate) async fn connect(
+        server: &ServerId,
+        transport: &Transport,
+        timeouts: Timeouts,
+        events: Arc<EventQueue>,
+    ) -> Result<(Arc<Self>, Listing), McpError> {
+        let handler = Handler {
+            server: server.clone(),
+            events,
+        };
+        let (service, child, tap) = match transport {
+            Transport::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => {
+                let spec = stdio::Command {
+                    command,
+                    args,
+                    env,
+                    cwd: cwd.as_ref(),
+                };
+                let (child, transport) = Child::spawn(server, &spec)?;
+                let tap = transport.tap();
+                match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
+                    Ok(Ok(service)) => (service, Some(child), Some(tap)),
+                    Ok(Err(error)) => {
+                        let error = init_error(server, error, Some(&child)).await;
+                        child.terminate(timeouts.shutdown_grace).await;
+                        return Err(error);
+                    }
+                    Err(_) => {
+                        let stderr = child.diagnostics();
+                        child.terminate(timeouts.shutdown_grace).await;
+                        return Err(McpError::Timeout {
+                            server: server.clone(),
+                            call: "initialize".into(),
+                            after: timeouts.connect,
+                            stderr,
+                        });
+                    }
+                }
+            }
+            Transport::Http { url, headers } => {
+                let transport = http_transport(server, url, headers)?;
+                match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
+                    Ok(Ok(service)) => (service, None, None),
+                    Ok(Err(error)) => return Err(init_error(server, error, None).await),
+                    Err(_) => {
+                        return Err(McpError::Timeout {
+                            server: server.clone(),
+                            call: "initialize".into(),
+                            after: timeouts.connect,
+                            stderr: String::new(),
+                        });
+                    }
+                }
+            }
+        };
+        let session = Arc::new(Self {
+            server: server.clone(),
+            timeouts,
+            peer: service.peer().clone(),
+            service: tokio::sync::Mutex::new(Some(service)),
+            child,
+            tap,
+            lost: Mutex::new(None),
+            lost_signal: Notify::new(),
+        });
+        match session.list().await {
+            Ok(listing) => Ok((session, listing)),
+            Err(error) => {
+                session.close().await;
+                Err(error)
+            }
+        }
+    }
+
+    /// The process group of a stdio server.
+    pub(crate) fn pgid(&self) -> Option<i32> {
+        self.child.as_ref().and_then(Child::pgid)
+    }
+
+    /// Every tool of the server, page by page to the end, each page and the whole under
+    /// their deadlines; malformed tools are set aside by name.
+    pub(crate) async fn list(&self) -> Result<Listing, McpError> {
+        let started = tokio::time::Instant::now();
+        let mut listing = Listing::default();
+        let mut names = HashSet::new();
+        let mut cursors = HashSet::new();
+        let mut cursor: Option<String> = None;
+        for page in 1usize.. {
+            let call = format!("tools/list page {page}");
+            let left = self.timeouts.listing.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(McpError::Timeout {
+                    server: self.server.clone(),
+                    call: "tools/list".into(),
+                    after: self.timeouts.listing,
+                    stderr: self.diagnostics(),
+                });
+            }
+            let deadline = self.timeouts.page.min(left);
+            let params = cursor
+                .take()
+                .map(|cursor| serde_json::json!({ "cursor": cursor }));
+            let request = ClientRequest::CustomRequest(CustomRequest::new("tools/list", params));
+            let handle = match self
+                .peer
+                .send_request_with_option(request, PeerRequestOptions::with_timeout(deadline))
+                .await
+            {
+                Ok(handle) => handle,
+                Err(error) => return Err(self.fault(&call, error).await),
+            };
+            let id = handle.id.clone();
+            let result = handle.await_response().await;
+            let raw = self.tap.as_ref().and_then(|tap| tap.take(&id));
+            let result = match result {
+                Ok(result) => result,
+                Err(error) => return Err(self.fault(&call, error).await),
+            };
+            let raw = match raw {
+                Some(raw) => raw,
+                // Over HTTP the answer arrives typed: rmcp's `Tool` keeps the fields it
+                // models, and a page with a malformed tool arrives as a raw custom result.
+                None => match result {
+                    ServerResult::CustomResult(custom) => custom.0,
+                    other => serde_json::to_value(other).unwrap_or(Value::Null),
+                },
+            };
+            let read = read_page(raw, page, &mut names, &mut listing).map_err(|message| {
+                McpError::Protocol {
+                    server: self.server.clone(),
+                    call: call.clone(),
+                    message,
+                }
+            })?;
+            match read.next_cursor {
+                None => break,
+                Some(next) => {
+                    if !cursors.insert(next.clone()) {
+                        return Err(McpError::RepeatedCursor {
+                            server: self.server.clone(),
+                            page,
+                            cursor: next,
+                        });
+                    }
+                    cursor = Some(next);
+                }
+            }
+        }
+        Ok(listing)
+    }
+
+    /// Calls a tool with a deadline; when it passes, or when the returned future is dropped
+    /// first, `notifications/cancelled` goes to the server.
+    pub(crate) async fn call(
+        &self,
+        tool: &str,
+        arguments: psych_types::JsonObject,
+        deadline: Duration,
+    ) -> Result<CallToolResult, McpError> {
+        let call = format!("tools/call {tool}");
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let handle = match self
+            .peer
+            .send_request_with_option(request, PeerRequestOptions::with_timeout(deadline))
+            .await
+        {
+            Ok(handle) => handle,
+            Err(error) => return Err(self.fault(&call, error).await),
+        };
+        let mut guard = CancelOnDrop {
+            peer: Some(self.peer.clone()),
+            id: handle.id.clone(),
+        };
+        let result = handle.await_response().await;
+        guard.peer = None;
+        match result {
+            Ok(ServerResult::CallToolResult(result)) => Ok(result),
+            Ok(ServerResult::CustomResult(custom)) => {
+                serde_json::from_value(custom.0).map_err(|e| McpError::Protocol {
+                    server: self.server.clone(),
+                    call,
+                    message: format!("the answer is not a tools/call result: {e}"),
+                })
+            }
+            Ok(other) => Err(McpError::Protocol {
+                server: self.server.clone(),
+                call,
+                message: format!("the answer is not a tools/call result: {other:?}"),
+            }),
+            Err(error) => Err(self.fault(&call, error).await),
+        }
+    }
+
+    fn diagnostics(&self) -> String {
+        self.child
+            .as_ref()
+            .map(Child::diagnostics)
+            .unwrap_or_default()
+    }
+
+    /// An rmcp error as ours. A lost connection marks the session lost (the supervisor
+    /// then reconnects); for a stdio server it waits briefly for the exit status and the
+    /// stderr tail, which say why.
+    async fn fault(&self, call: &str, error: ServiceError) -> McpError {
+        let call = call.to_owned();
+        let server = self.server.clone();
+        match error {
+            ServiceError::Timeout { timeout } => McpError::Timeout {
+                server,
+                call,
+                after: timeout,
+                stderr: self.diagnostics(),
+            },
+            ServiceError::McpError(data) => McpError::Protocol {
+                server,
+                call,
+                message: format!(
+                    "the server answered error {}: {}",
+                    data.code.0, data.message
+                ),
+            },
+            ServiceError::TransportClosed | ServiceError::TransportSend(_) => match &self.child {
+                Some(child) => {
+                    let (status, stderr) = child.describe_end(EXIT_REPORT_WAIT).await;
+                    let mut reason = format!("the server process {status}");
+                    if !stderr.is_empty() {
+                        reason.push_str("; its last stderr lines: ");
+                        reason.push_str(&stderr.replace('\n', " | "));
+                    }
+                    self.mark_lost(&reason);
+                    McpError::Exited {
+                        server,
+                        call,
+                        status,
+                        stderr,
+                    }
+                }
+                None => {
+                    let reason = transport_reason(&error.to_string());
+                    self.mark_lost(&format!("{call} failed: {reason}"));
+                    McpError::Closed {
+                        server,
+                        call,
+                        reason,
+                    }
+                }
+            },
+            other => McpError::Protocol {
+                server,
+                call,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    fn mark_lost(&self, reason: &str) {
+        let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
+        if lost.is_none() {
+            *lost = Some(reason.to_owned());
+        }
+        drop(lost);
+        self.lost_signal.notify_one();
+    }
+
+    /// Resolves when the connection is lost, with the reason: the process exited, the
+    /// transport closed, or a request found it gone.
+    pub(crate) async fn lost(&self) -> String {
+        let mut exit = self.child.as_ref().map(Child::exit_watch);
+        let mut poll = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            if let Some(reason) = self
+                .lost
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+            {
+                return reason;
+            }
+            let exited = exit.as_ref().and_then(|exit| *exit.borrow());
+            if let Some(status) = exited {
+                let (_, stderr) = match &self.child {
+                    Some(child) => child.describe_end(EXIT_REPORT_WAIT).await,
+                    None => (String::new(), String::new()),
+                };
+                let mut reason = format!("the server process {}", stdio::describe(status));
+                if !stderr.is_empty() {
+                    reason.push_str("; its last stderr lines: ");
+                    reason.push_str(&stderr.replace('\n', " | "));
+                }
+                return reason;
+            }
+            if self.peer.is_transport_closed() {
+                return "the connection closed".to_owned();
+            }
+            tokio::select! {
+                () = self.lost_signal.notified() => {}
+                _ = poll.tick() => {}
+                Some(()) = async {
+                    match exit.as_mut() {
+                        Some(exit) => exit.changed().await.ok(),
+                        None => std::future::pending().await,
+                    }
+                } => {}
+            }
+        }
+    }
+
+    /// Closes the session: the MCP shutdown (stdin closed, or the HTTP session ended),
+    /// then the stdio server's whole process group is stopped.
+    pub(crate) async fn close(&self) {
+        let service = self.service.lock().await.take();
+        if let Some(mut service) = service {
+            let _ = service
+                .close_with_timeout(self.timeouts.shutdown_grace)
+                .await;
+        }
+        if let Some(child) = &self.child {
+            child.terminate(self.timeouts.shutdown_grace).await;
+        }
+    }
+}
+
+/// rmcp's transport errors name the transport's Rust type
+/// (`Transport [rmcp::transport::worker::WorkerTransport<…>] error: …`); a person needs
+/// only what follows.
+fn transport_reason(message: &str) -> String {
+    match message.split_once("] error: ") {
+        Some((_, reason)) => reason.to_owned(),
+        None => message.to_owned(),
+    }
+}
+
+/// Sends `notifications/cancelled` for a call whose future is dropped before its answer.
+struct CancelOnDrop {
+    peer: Option<Peer<RoleClient>>,
+    id: RequestId,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(peer) = self.peer.take() else {
+            return;
+        };
+        let id = self.id.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let notification = CancelledNotification::new(CancelledNotificationParam::new(
+                    Some(id),
+                    Some("request abandoned by the caller".into()),
+                ));
+                let _ = peer
+                    .send_notification(ClientNotification::CancelledNotification(notification))
+                    .await;
+            });
+        }
+    }
+}
+
+/// rmcp's streamable HTTP client transport with the configured headers.
+fn http_transport(
+    server: &ServerId,
+    url: &str,
+    headers: &std::collections::BTreeMap<String, String>,
+) -> Result<
+    rmcp::transport::StreamableHttpClientTransport<
+        impl rmcp::transport::streamable_http_client::StreamableHttpClient,
+    >,
+    McpError,
+> {
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let mut map = HashMap::new();
+    for (name, value) in headers {
+        let bad = |what: String| McpError::Protocol {
+            server: server.clone(),
+            call: "connect".into(),
+            message: format!("header {name:?} cannot be sent: {what}"),
+        };
+        let header_name =
+            http::HeaderName::try_from(name.as_str()).map_err(|e| bad(e.to_string()))?;
+        let header_value =
+            http::HeaderValue::try_from(value.as_str()).map_err(|e| bad(e.to_string()))?;
+        map.insert(header_name, header_value);
+    }
+    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(map);
+    Ok(StreamableHttpClientTransport::from_config(config))
+}
+
+/// An rmcp initialize failure as ours; for a child that closed its output, with its exit
+/// status and stderr.
+async fn init_error(
+    server: &ServerId,
+    error: ClientInitializeError,
+    child: Option<&Child>,
+) -> McpError {
+    let call = "initialize".to_owned();
+    match (error, child) {
+        (ClientInitializeError::ConnectionClosed(_), Some(child))
+        | (ClientInitializeError::TransportError { .. }, Some(child)) => {
+            let (status, stderr) = child.describe_end(EXIT_REPORT_WAIT).await;
+            McpError::Exited {
+                server: server.clone(),
+                call,
+                status,
+                stderr,
+            }
+        }
+        (ClientInitializeError::JsonRpcError(data), _) => McpError::Protocol {
+            server: server.clone(),
+            call,
+            message: format!(
+                "the server answered error {}: {}",
+                data.code.0, data.message
+            ),
+        },
+        (error @ ClientInitializeError::ConnectionClosed(_), None)
+        | (error @ ClientInitializeError::TransportError { .. }, None) => McpError::Closed {
+            server: server.clone(),
+            call,
+            reason: transport_reason(&error.to_string()),
+        },
+        (other, _) => McpError::Protocol {
+            server: server.clone(),
+            call,
+            message: other.to_string(),
+        },
+    }
+}

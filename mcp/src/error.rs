@@ -1,0 +1,178 @@
+//! What can go wrong with a live MCP connection, said so that a person can act on it: every
+//! variant about a server names it, the call that failed (`initialize`, `tools/list page 2`,
+//! `tools/call read_file`) and the reason (exit status, the last lines of the server's
+//! stderr, the deadline that passed).
+
+use std::fmt;
+use std::time::Duration;
+
+use psych_types::ServerId;
+
+/// Why an MCP operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum McpError {
+    /// The server is not (or no longer) one of the manager's servers.
+    #[error("MCP server \"{server}\" is not configured")]
+    UnknownServer {
+        /// The name asked for.
+        server: ServerId,
+    },
+    /// A stdio server's command could not be started (not found, not executable, bad `cwd`).
+    #[error("MCP server \"{server}\": cannot start {command:?}: {source}")]
+    Spawn {
+        /// The server.
+        server: ServerId,
+        /// The command as configured.
+        command: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// A stdio server's process exited: at once, during `initialize`, or mid-call.
+    #[error(
+        "MCP server \"{server}\": {call} failed: the server process {status}{}",
+        Stderr(stderr)
+    )]
+    Exited {
+        /// The server.
+        server: ServerId,
+        /// The call that was in flight.
+        call: String,
+        /// How it ended (`exited with status 3`, `was killed by signal 9`, or `closed its
+        /// output` when it has not exited yet).
+        status: String,
+        /// The last lines it wrote to stderr (bounded), empty if none.
+        stderr: String,
+    },
+    /// The connection closed with no process exit to report (an HTTP server gone, a stream
+    /// that ended).
+    #[error("MCP server \"{server}\": {call} failed: the connection closed: {reason}")]
+    Closed {
+        /// The server.
+        server: ServerId,
+        /// The call that was in flight.
+        call: String,
+        /// What the transport said.
+        reason: String,
+    },
+    /// The server did not answer within the deadline. For a call, cancellation was sent to
+    /// the server and the connection stays usable.
+    #[error(
+        "MCP server \"{server}\": {call} got no answer within {after:?}{}",
+        Stderr(stderr)
+    )]
+    Timeout {
+        /// The server.
+        server: ServerId,
+        /// The call that timed out.
+        call: String,
+        /// The deadline that passed.
+        after: Duration,
+        /// The last lines the server wrote to stderr (stdio servers), empty if none.
+        stderr: String,
+    },
+    /// The server answered with a JSON-RPC error, or with something that is not the result
+    /// the call expects.
+    #[error("MCP server \"{server}\": {call} failed: {message}")]
+    Protocol {
+        /// The server.
+        server: ServerId,
+        /// The call.
+        call: String,
+        /// The server's error, or what was wrong with its answer.
+        message: String,
+    },
+    /// A `tools/list` page returned a `nextCursor` already seen in this listing: following
+    /// it would loop forever.
+    #[error("MCP server \"{server}\": tools/list page {page} repeats the cursor {cursor:?}")]
+    RepeatedCursor {
+        /// The server.
+        server: ServerId,
+        /// The page (1-based) that repeated it.
+        page: usize,
+        /// The repeated cursor.
+        cursor: String,
+    },
+    /// The server is down; the manager is reconnecting it with backoff.
+    #[error("MCP server \"{server}\" is unreachable: {reason}")]
+    Unreachable {
+        /// The server.
+        server: ServerId,
+        /// Why it went down, as reported when it did.
+        reason: String,
+    },
+    /// The manager has been shut down.
+    #[error("the MCP connection manager has shut down")]
+    ShutDown,
+}
+
+impl McpError {
+    /// The server the error is about, if it is about one.
+    pub fn server(&self) -> Option<&ServerId> {
+        match self {
+            Self::UnknownServer { server }
+            | Self::Spawn { server, .. }
+            | Self::Exited { server, .. }
+            | Self::Closed { server, .. }
+            | Self::Timeout { server, .. }
+            | Self::Protocol { server, .. }
+            | Self::RepeatedCursor { server, .. }
+            | Self::Unreachable { server, .. } => Some(server),
+            Self::ShutDown => None,
+        }
+    }
+
+    /// Whether the connection itself is lost (the manager then reconnects), as opposed to
+    /// one request failing on a connection that stays usable.
+    pub fn is_connection_lost(&self) -> bool {
+        matches!(self, Self::Exited { .. } | Self::Closed { .. })
+    }
+}
+
+/// Formats the stderr tail after an error message, or nothing.
+struct Stderr<'a>(&'a str);
+
+impl fmt::Display for Stderr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        write!(f, "; its last stderr lines:")?;
+        for line in self.0.lines() {
+            write!(f, "\n  {line}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exit_names_server_call_status_and_stderr() {
+        let error = McpError::Exited {
+            server: ServerId::new("fs").unwrap(),
+            call: "initialize".into(),
+            status: "exited with status 3".into(),
+            stderr: "error: missing --root\nusage: fs --root DIR".into(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "MCP server \"fs\": initialize failed: the server process exited with status 3; \
+             its last stderr lines:\n  error: missing --root\n  usage: fs --root DIR"
+        );
+        assert!(error.is_connection_lost());
+        let timeout = McpError::Timeout {
+            server: ServerId::new("fs").unwrap(),
+            call: "tools/call hang".into(),
+            after: Duration::from_millis(200),
+            stderr: String::new(),
+        };
+        assert_eq!(
+            timeout.to_string(),
+            "MCP server \"fs\": tools/call hang got no answer within 200ms"
+        );
+        assert!(!timeout.is_connection_lost());
+    }
+}

@@ -1,0 +1,207 @@
+//! Reading `tools/list` pages raw and validating each tool on its own.
+//!
+//! rmcp 3.11 fails a whole page (`Unexpected response type`) when one tool lacks an
+//! `inputSchema`, and checks no names at all. Here a page is read as plain JSON and each
+//! tool is validated into a [`ToolDefinition`] by itself: a malformed tool is reported by
+//! name and the good tools around it are kept.
+
+use std::collections::HashSet;
+
+use psych_types::ToolDefinition;
+use serde_json::Value;
+
+/// Every tool of one server, read to the last page.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Listing {
+    /// The valid tools, in the server's order.
+    pub tools: Vec<ToolDefinition>,
+    /// The tools that were refused, with the reason for each.
+    pub malformed: Vec<MalformedTool>,
+}
+
+/// A tool a server declared that cannot be used as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MalformedTool {
+    /// Its `name` as sent, or `#N` (its position on the page) when it has no string name.
+    pub name: String,
+    /// The page it was on, from 1.
+    pub page: usize,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// One page after validation.
+#[derive(Debug)]
+pub(crate) struct Page {
+    pub(crate) next_cursor: Option<String>,
+}
+
+/// Validates one raw `tools/list` result into `listing`; `seen` holds the names of the
+/// listing so far, to refuse duplicates. `Err` is for a page that is not a listing at all.
+pub(crate) fn read_page(
+    raw: Value,
+    page: usize,
+    seen: &mut HashSet<String>,
+    listing: &mut Listing,
+) -> Result<Page, String> {
+    let Value::Object(mut result) = raw else {
+        return Err(format!(
+            "page {page} is not a JSON object but {}",
+            kind(&raw)
+        ));
+    };
+    let next_cursor = match result.remove("nextCursor") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(cursor)) => Some(cursor),
+        Some(other) => {
+            return Err(format!(
+                "page {page}: nextCursor is {}, not a string",
+                kind(&other)
+            ));
+        }
+    };
+    let tools = match result.remove("tools") {
+        Some(Value::Array(tools)) => tools,
+        Some(other) => {
+            return Err(format!(
+                "page {page}: \"tools\" is {}, not an array",
+                kind(&other)
+            ));
+        }
+        None => return Err(format!("page {page} has no \"tools\" array")),
+    };
+    for (i, tool) in tools.into_iter().enumerate() {
+        let name = match tool.get("name") {
+            Some(Value::String(name)) => name.clone(),
+            _ => format!("#{}", i + 1),
+        };
+        let refuse = |reason: String| MalformedTool {
+            name: name.clone(),
+            page,
+            reason,
+        };
+        if !tool.is_object() {
+            listing
+                .malformed
+                .push(refuse(format!("is {}, not an object", kind(&tool))));
+            continue;
+        }
+        match serde_json::from_value::<ToolDefinition>(tool) {
+            Ok(definition) => {
+                if seen.insert(definition.name.as_str().to_owned()) {
+                    listing.tools.push(definition);
+                } else {
+                    listing.malformed.push(refuse(
+                        "duplicate name: an earlier tool of this server has it".into(),
+                    ));
+                }
+            }
+            Err(error) => listing.malformed.push(refuse(error.to_string())),
+        }
+    }
+    Ok(Page { next_cursor })
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn read(raw: Value) -> (Listing, Result<Page, String>) {
+        let mut listing = Listing::default();
+        let page = read_page(raw, 1, &mut HashSet::new(), &mut listing);
+        (listing, page)
+    }
+
+    #[test]
+    fn a_malformed_tool_is_reported_by_name_and_the_rest_kept() {
+        let (listing, page) = read(json!({
+            "tools": [
+                {"name": "good", "inputSchema": {"type": "object"}, "x-vendor": 1},
+                {"name": "no_schema"},
+                {"name": "list schema", "inputSchema": []},
+                {"name": "bad name", "inputSchema": {"type": "object"}},
+                {"inputSchema": {"type": "object"}},
+                "not a tool",
+                {"name": "good", "inputSchema": {"type": "object"}},
+            ],
+            "nextCursor": "c2",
+        }));
+        assert_eq!(page.unwrap().next_cursor.as_deref(), Some("c2"));
+        let names: Vec<_> = listing.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["good"]);
+        assert_eq!(
+            listing.tools[0].extra["x-vendor"], 1,
+            "unknown fields are kept"
+        );
+        let refused: Vec<_> = listing
+            .malformed
+            .iter()
+            .map(|m| format!("{}: {}", m.name, m.reason))
+            .collect();
+        assert_eq!(refused.len(), 6, "{refused:#?}");
+        assert!(refused[0].starts_with("no_schema: missing field `inputSchema`"));
+        assert!(refused[1].starts_with("list schema: "));
+        assert!(refused[2].contains("has ' ' at byte 3"), "{}", refused[2]);
+        assert!(refused[3].starts_with("#5: missing field `name`"));
+        assert_eq!(refused[4], "#6: is a string, not an object");
+        assert!(refused[5].starts_with("good: duplicate name"));
+    }
+
+    #[test]
+    fn a_page_that_is_not_a_listing_is_an_error() {
+        assert_eq!(
+            read(json!([1])).1.unwrap_err(),
+            "page 1 is not a JSON object but an array"
+        );
+        assert_eq!(
+            read(json!({})).1.unwrap_err(),
+            "page 1 has no \"tools\" array"
+        );
+        assert_eq!(
+            read(json!({"tools": [], "nextCursor": 3})).1.unwrap_err(),
+            "page 1: nextCursor is a number, not a string"
+        );
+    }
+
+    #[test]
+    fn every_fixture_catalogue_reads_whole() {
+        let dir = std::env::var_os("PSYCH_FIXTURES")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures")
+            })
+            .join("catalogs");
+        let mut files = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let raw: Value = serde_json::from_str(&text).unwrap();
+            let count = raw["tools"].as_array().unwrap().len();
+            let (listing, page) = read(raw.clone());
+            assert!(page.unwrap().next_cursor.is_none());
+            assert!(
+                listing.malformed.is_empty(),
+                "{path:?}: {:?}",
+                listing.malformed
+            );
+            assert_eq!(listing.tools.len(), count);
+            // Lossless: the validated tools serialize back to the tools as sent.
+            let back = serde_json::to_value(&listing.tools).unwrap();
+            assert_eq!(back, raw["tools"], "{path:?}");
+            files += 1;
+        }
+        assert!(files >= 6, "fixtures not found in {dir:?}");
+    }
+}

@@ -1,0 +1,519 @@
+//! The connection manager: one supervised connection per configured server.
+//!
+//! Each server gets a supervisor task that connects it, lists it once, reports it
+//! reachable, waits until the connection is lost (process exit, transport closed, a request
+//! that found it gone), reports it unreachable with the reason, and reconnects after a
+//! backoff. Every task is owned by its server's slot and awaited on shutdown; shutdown
+//! closes every session and stops every stdio server's whole process group.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use psych_types::{JsonObject, Reachability, ServerId, ToolDefinition, ToolLister, ToolRef};
+use rmcp::model::CallToolResult;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::connection::Session;
+use crate::events::{ChangeCause, EventQueue, McpEvent, McpEvents};
+use crate::listing::{Listing, MalformedTool};
+use crate::{Backoff, McpConfig, McpError, ServerConfig, Timeouts};
+
+/// Why a manager could not be built from its settings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A deadline was zero.
+    #[error("the {0} deadline must be longer than zero")]
+    ZeroDeadline(&'static str),
+    /// The page deadline was longer than the whole-listing deadline.
+    #[error(
+        "the tools/list page deadline ({page:?}) is longer than the whole listing's ({listing:?})"
+    )]
+    PageOverListing {
+        /// The page deadline.
+        page: std::time::Duration,
+        /// The whole-listing deadline.
+        listing: std::time::Duration,
+    },
+    /// The backoff's first delay was zero or longer than its longest.
+    #[error("the reconnect backoff must start above zero and at most at its maximum")]
+    Backoff,
+}
+
+/// Settings of an [`McpManager`], validated by [`McpManagerBuilder::build`].
+#[derive(Debug, Clone)]
+pub struct McpManagerBuilder {
+    config: McpConfig,
+    timeouts: Timeouts,
+    backoff: Backoff,
+}
+
+impl McpManagerBuilder {
+    /// Sets the deadlines (default: [`Timeouts::default`]).
+    pub fn timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
+    /// Sets the reconnect backoff (default: [`Backoff::default`]).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Checks the settings and makes the manager; nothing is started until
+    /// [`McpManager::connect_all`] or [`McpManager::add_server`].
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError`] for a zero deadline, a page deadline over the listing deadline, or
+    /// a backoff that starts at zero or above its maximum.
+    pub fn build(self) -> Result<McpManager, BuildError> {
+        let t = self.timeouts;
+        for (name, deadline) in [
+            ("connect", t.connect),
+            ("tools/list page", t.page),
+            ("tools/list", t.listing),
+            ("tools/call", t.call),
+        ] {
+            if deadline.is_zero() {
+                return Err(BuildError::ZeroDeadline(name));
+            }
+        }
+        if t.page > t.listing {
+            return Err(BuildError::PageOverListing {
+                page: t.page,
+                listing: t.listing,
+            });
+        }
+        if self.backoff.initial.is_zero() || self.backoff.initial > self.backoff.max {
+            return Err(BuildError::Backoff);
+        }
+        Ok(McpManager {
+            inner: Arc::new(Inner {
+                config: self.config,
+                timeouts: self.timeouts,
+                backoff: self.backoff,
+                servers: RwLock::new(BTreeMap::new()),
+                events: Arc::new(EventQueue::default()),
+                shut_down: Mutex::new(false),
+            }),
+        })
+    }
+}
+
+/// Live connections to the servers of an [`McpConfig`]: lists their tools, calls them,
+/// reports `list_changed` and reachability as [`McpEvent`]s, reconnects lost servers with
+/// backoff, and stops every server it started on [`McpManager::shutdown`].
+///
+/// It implements [`ToolLister`]. Calls go through [`McpManager::call_tool_raw`], which
+/// returns rmcp's `CallToolResult` as the server sent it.
+#[derive(Clone)]
+pub struct McpManager {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: McpConfig,
+    timeouts: Timeouts,
+    backoff: Backoff,
+    servers: RwLock<BTreeMap<ServerId, Arc<Slot>>>,
+    events: Arc<EventQueue>,
+    shut_down: Mutex<bool>,
+}
+
+/// One server: its state and its supervisor.
+struct Slot {
+    state: RwLock<State>,
+    stop: watch::Sender<bool>,
+    first_attempt: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct State {
+    session: Option<Arc<Session>>,
+    reachability: Reachability,
+    malformed: Vec<MalformedTool>,
+}
+
+impl std::fmt::Debug for McpManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpManager")
+            .field("servers", &self.servers())
+            .finish_non_exhaustive()
+    }
+}
+
+impl McpManager {
+    /// A builder over `config`, with default deadlines and backoff.
+    pub fn builder(config: McpConfig) -> McpManagerBuilder {
+        McpManagerBuilder {
+            config,
+            timeouts: Timeouts::default(),
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// The events of this manager. Every receiver shares one queue: each event goes to
+    /// one of them.
+    pub fn events(&self) -> McpEvents {
+        McpEvents {
+            queue: Arc::clone(&self.inner.events),
+        }
+    }
+
+    /// Connects every server of the configuration, concurrently, and waits for each first
+    /// attempt. Servers that failed stay configured, reported unreachable, and are retried
+    /// with backoff. Returns each server's reachability after its first attempt.
+    pub async fn connect_all(&self) -> BTreeMap<ServerId, Reachability> {
+        let servers: Vec<_> = self
+            .inner
+            .config
+            .servers
+            .iter()
+            .map(|(id, config)| (id.clone(), config.clone()))
+            .collect();
+        let attempts = servers.into_iter().map(|(server, config)| {
+            let manager = self.clone();
+            tokio::spawn(async move {
+                let reachability = manager.add_server(server.clone(), config).await;
+                (server, reachability)
+            })
+        });
+        let mut out = BTreeMap::new();
+        for attempt in attempts.collect::<Vec<_>>() {
+            if let Ok((server, Ok(reachability))) = attempt.await {
+                out.insert(server, reachability);
+            }
+        }
+        out
+    }
+
+    /// Adds a server (one connected mid-Run, say) and waits for its first connection
+    /// attempt; returns its reachability then. Replaces a server of the same name.
+    ///
+    /// # Errors
+    ///
+    /// [`McpError::ShutDown`] after shutdown.
+    pub async fn add_server(
+        &self,
+        server: ServerId,
+        config: ServerConfig,
+    ) -> Result<Reachability, McpError> {
+        if *self
+            .inner
+            .shut_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            return Err(McpError::ShutDown);
+        }
+        self.remove_server(&server).await;
+        let (stop, stop_rx) = watch::channel(false);
+        let (first_attempt, mut first_rx) = watch::channel(false);
+        let slot = Arc::new(Slot {
+            state: RwLock::new(State::default()),
+            stop,
+            first_attempt,
+            task: Mutex::new(None),
+        });
+        let task = tokio::spawn(supervise(
+            server.clone(),
+            config,
+            Arc::clone(&slot),
+            Arc::clone(&self.inner.events),
+            self.inner.timeouts,
+            self.inner.backoff,
+            stop_rx,
+        ));
+        *slot.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+        self.inner
+            .servers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(server.clone(), Arc::clone(&slot));
+        let _ = first_rx.wait_for(|done| *done).await;
+        Ok(self.reachability(&server).unwrap_or_default())
+    }
+
+    /// Disconnects a server and forgets it; its process group is stopped. Does nothing for
+    /// an unknown server.
+    pub async fn remove_server(&self, server: &ServerId) {
+        let slot = self
+            .inner
+            .servers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(server);
+        if let Some(slot) = slot {
+            slot.finish().await;
+        }
+    }
+
+    /// The servers, by name.
+    pub fn servers(&self) -> Vec<ServerId> {
+        self.inner
+            .servers
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Whether `server` can be reached now, or `None` for a server the manager does not
+    /// have.
+    pub fn reachability(&self, server: &ServerId) -> Option<Reachability> {
+        let slot = self.slot(server).ok()?;
+        let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
+        Some(state.reachability.clone())
+    }
+
+    /// The tools the last listing of `server` refused, by name with the reason.
+    pub fn malformed_tools(&self, server: &ServerId) -> Vec<MalformedTool> {
+        self.slot(server)
+            .map(|slot| {
+                slot.state
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .malformed
+                    .clone()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The process group of a connected stdio server (its pid): for diagnostics, and for
+    /// tests that check nothing of it outlives shutdown.
+    pub fn process_group(&self, server: &ServerId) -> Option<i32> {
+        self.session(server).ok()?.pgid()
+    }
+
+    fn slot(&self, server: &ServerId) -> Result<Arc<Slot>, McpError> {
+        self.inner
+            .servers
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(server)
+            .cloned()
+            .ok_or_else(|| McpError::UnknownServer {
+                server: server.clone(),
+            })
+    }
+
+    fn session(&self, server: &ServerId) -> Result<Arc<Session>, McpError> {
+        if *self
+            .inner
+            .shut_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            return Err(McpError::ShutDown);
+        }
+        let slot = self.slot(server)?;
+        let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
+        match &state.session {
+            Some(session) => Ok(Arc::clone(session)),
+            None => Err(McpError::Unreachable {
+                server: server.clone(),
+                reason: match &state.reachability {
+                    Reachability::Unreachable { reason } => reason.clone(),
+                    _ => "not connected yet".to_owned(),
+                },
+            }),
+        }
+    }
+
+    /// Lists every tool of `server` now, page by page to the end (no cache). Malformed
+    /// tools are set aside in [`Listing::malformed`] and the rest kept.
+    ///
+    /// # Errors
+    ///
+    /// An [`McpError`] naming the server, the page and the reason.
+    pub async fn list(&self, server: &ServerId) -> Result<Listing, McpError> {
+        let listing = self.session(server)?.list().await?;
+        if let Ok(slot) = self.slot(server) {
+            slot.state
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .malformed
+                .clone_from(&listing.malformed);
+        }
+        Ok(listing)
+    }
+
+    /// Calls a tool and returns the server's result as rmcp parsed it. The call has the
+    /// [`Timeouts::call`] deadline; when it passes, or when the future is dropped before
+    /// the answer, `notifications/cancelled` is sent and the connection stays usable. A
+    /// tool that ran and failed is `Ok` with `is_error` set.
+    ///
+    /// # Errors
+    ///
+    /// An [`McpError`]: unknown or unreachable server, timeout, the server's exit (with
+    /// its status and last stderr lines), a closed connection, a protocol error.
+    pub async fn call_tool_raw(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+    ) -> Result<CallToolResult, McpError> {
+        let session = self.session(&tool.server)?;
+        session
+            .call(tool.tool.as_str(), arguments, self.inner.timeouts.call)
+            .await
+    }
+
+    /// Stops every supervisor, closes every session and stops every stdio server's process
+    /// group, and waits for all of it. Later calls fail with [`McpError::ShutDown`].
+    pub async fn shutdown(&self) {
+        *self
+            .inner
+            .shut_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = true;
+        let slots: Vec<_> = std::mem::take(
+            &mut *self
+                .inner
+                .servers
+                .write()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+        .into_values()
+        .collect();
+        for slot in &slots {
+            let _ = slot.stop.send(true);
+        }
+        for slot in slots {
+            slot.finish().await;
+        }
+    }
+}
+
+impl Slot {
+    /// Stops the supervisor and waits for it (it closes its session on the way out).
+    async fn finish(&self) {
+        let _ = self.stop.send(true);
+        let task = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        let session = self
+            .state
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .session
+            .take();
+        if let Some(session) = session {
+            session.close().await;
+        }
+    }
+
+    fn set(&self, session: Option<Arc<Session>>, reachability: Reachability) {
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        state.session = session;
+        state.reachability = reachability;
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // A manager dropped without `shutdown`: stop the supervisors; each stdio child
+        // kills its process group when dropped.
+        for slot in self
+            .servers
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+        {
+            let _ = slot.stop.send(true);
+            if let Some(task) = slot
+                .task
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+            {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// Connects, watches and reconnects one server until told to stop.
+async fn supervise(
+    server: ServerId,
+    config: ServerConfig,
+    slot: Arc<Slot>,
+    events: Arc<EventQueue>,
+    timeouts: Timeouts,
+    backoff: Backoff,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut failures = 0u32;
+    let report = |reachability: Reachability| {
+        events.push(McpEvent::Reachability {
+            server: server.clone(),
+            reachability,
+        });
+    };
+    loop {
+        let attempt = tokio::select! {
+            attempt = Session::connect(&server, &config.transport, timeouts, Arc::clone(&events)) => attempt,
+            _ = stop.wait_for(|stop| *stop) => break,
+        };
+        match attempt {
+            Ok((session, listing)) => {
+                failures = 0;
+                {
+                    let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
+                    state.malformed = listing.malformed;
+                }
+                slot.set(Some(Arc::clone(&session)), Reachability::Reachable);
+                let _ = slot.first_attempt.send(true);
+                report(Reachability::Reachable);
+                events.push(McpEvent::ToolsChanged {
+                    server: server.clone(),
+                    cause: ChangeCause::Connected,
+                });
+                let lost = tokio::select! {
+                    reason = session.lost() => Some(reason),
+                    _ = stop.wait_for(|stop| *stop) => None,
+                };
+                let Some(reason) = lost else {
+                    slot.set(None, Reachability::Unknown);
+                    session.close().await;
+                    break;
+                };
+                let down = Reachability::Unreachable { reason };
+                slot.set(None, down.clone());
+                report(down);
+                session.close().await;
+            }
+            Err(error) => {
+                let down = Reachability::Unreachable {
+                    reason: error.to_string(),
+                };
+                slot.set(None, down.clone());
+                let _ = slot.first_attempt.send(true);
+                report(down);
+            }
+        }
+        let delay = backoff.delay(failures);
+        failures = failures.saturating_add(1);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = stop.wait_for(|stop| *stop) => break,
+        }
+    }
+}
+
+impl ToolLister for McpManager {
+    type Error = McpError;
+
+    async fn list_tools(&self, server: &ServerId) -> Result<Vec<ToolDefinition>, McpError> {
+        Ok(self.list(server).await?.tools)
+    }
+}

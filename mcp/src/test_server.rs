@@ -1,0 +1,790 @@
+//! The workspace's own MCP server for tests and demos, built on rmcp's server side and
+//! shipped as the `psych-test-server` binary. It speaks stdio or streamable HTTP (loopback
+//! only), and its behaviour is set by a [`Scenario`] (command-line flags or a JSON
+//! scenario) and by control tools it exposes:
+//!
+//! | tool | what it does |
+//! |---|---|
+//! | `echo {text}` | answers the text |
+//! | `add_tool {name}` / `remove_tool {name}` | changes the catalogue and sends `list_changed` |
+//! | `large {bytes}` | a text result of that many bytes |
+//! | `mixed` | text, a real PNG image made in code, text |
+//! | `structured` | `structuredContent` with its text rendering |
+//! | `binary` | an embedded blob resource (binary bytes, base64) |
+//! | `fail {message}` | a tool error (`isError: true`) |
+//! | `crash` | writes to stderr and exits with status 70 mid-call |
+//! | `hang` | never answers (until cancelled) |
+//! | `sleep {ms, tag}` | answers `tag` after `ms` milliseconds |
+//! | `cancellations` | how many calls were cancelled so far |
+//! | `garbage {lines}` | writes lines that are not JSON-RPC to stdout, then answers |
+//! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
+//!
+//! plus [`Scenario::tools`] generated tools ([`synthetic_tools`](crate::synthetic_tools)),
+//! each answering with its name and arguments.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
+    ContentBlock, CustomResult, ErrorData, Implementation, InitializeRequestParams,
+    InitializeResult, JsonRpcMessage, ListToolsResult, PaginatedRequestParams, ResourceContents,
+    ServerCapabilities, ServerNotification, ServerResult, ToolListChangedNotification,
+};
+use rmcp::service::{
+    NotificationContext, Peer, RequestContext, RxJsonRpcMessage, TxJsonRpcMessage,
+};
+use rmcp::{RoleServer, ServerHandler, Service, ServiceExt};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+
+/// What the test server does, beyond answering its control tools.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "snake_case")]
+#[non_exhaustive]
+pub struct Scenario {
+    /// How many generated tools to serve besides the control tools.
+    pub tools: usize,
+    /// Tools per `tools/list` page; `None` serves one page.
+    pub page_size: Option<usize>,
+    /// Also serve malformed tools: one with no `inputSchema` (`malformed_no_schema`) and
+    /// one whose name has a space (`malformed name`).
+    pub malformed: bool,
+    /// Send `notifications/tools/list_changed` before the initialize response (stdio).
+    pub early_list_changed: bool,
+    /// Write this to stderr and exit with this status before reading anything.
+    pub exit_at_once: Option<i32>,
+    /// Write this many lines that are not JSON-RPC to stdout before serving (stdio).
+    pub garbage_at_start: usize,
+    /// Answer every `tools/list` page with the same `nextCursor`.
+    pub repeat_cursor: bool,
+    /// Never answer `initialize`.
+    pub hang_initialize: bool,
+    /// Never answer `tools/list`.
+    pub hang_listing: bool,
+    /// Start a `sleep 600` grandchild in the server's process group (it outlives the
+    /// server unless the group is stopped).
+    pub grandchild: bool,
+    /// A line written to stderr at start.
+    pub stderr_banner: Option<String>,
+}
+
+/// How to serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Mode {
+    /// MCP over standard input and output.
+    Stdio,
+    /// Streamable HTTP on this loopback address (port 0 picks a free one); the server
+    /// prints `listening on http://ADDR/mcp` on stdout once it accepts connections.
+    Http(SocketAddr),
+}
+
+/// The usage text of the `psych-test-server` binary.
+pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] [--page-size N] \
+[--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
+[--repeat-cursor] [--hang-initialize] [--hang-listing] [--grandchild] [--stderr-banner TEXT] \
+[--scenario JSON]";
+
+impl Scenario {
+    /// Parses the binary's arguments (without the program name).
+    ///
+    /// # Errors
+    ///
+    /// A message naming the flag at fault.
+    pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<(Self, Mode), String> {
+        let mut scenario = Self::default();
+        let mut mode = Mode::Stdio;
+        let mut args = args.into_iter();
+        while let Some(flag) = args.next() {
+            let mut value = |what: &str| {
+                args.next()
+                    .ok_or_else(|| format!("{flag} needs {what}\n{USAGE}"))
+            };
+            let number = |text: String| {
+                text.parse::<usize>()
+                    .map_err(|e| format!("{flag}: {text:?} is not a count: {e}"))
+            };
+            match flag.as_str() {
+                "--http" => {
+                    let addr = value("an address")?;
+                    let addr: SocketAddr = addr
+                        .parse()
+                        .map_err(|e| format!("--http: {addr:?} is not an address: {e}"))?;
+                    if !addr.ip().is_loopback() {
+                        return Err(format!("--http: {addr} is not a loopback address"));
+                    }
+                    mode = Mode::Http(addr);
+                }
+                "--tools" => scenario.tools = number(value("a count")?)?,
+                "--page-size" => scenario.page_size = Some(number(value("a count")?)?.max(1)),
+                "--malformed" => scenario.malformed = true,
+                "--early-list-changed" => scenario.early_list_changed = true,
+                "--exit-at-once" => {
+                    let status = value("a status")?;
+                    scenario.exit_at_once = Some(
+                        status
+                            .parse()
+                            .map_err(|e| format!("--exit-at-once: {status:?}: {e}"))?,
+                    );
+                }
+                "--garbage-at-start" => scenario.garbage_at_start = number(value("a count")?)?,
+                "--repeat-cursor" => scenario.repeat_cursor = true,
+                "--hang-initialize" => scenario.hang_initialize = true,
+                "--hang-listing" => scenario.hang_listing = true,
+                "--grandchild" => scenario.grandchild = true,
+                "--stderr-banner" => scenario.stderr_banner = Some(value("a text")?),
+                "--scenario" => {
+                    let text = value("JSON")?;
+                    scenario = serde_json::from_str(&text)
+                        .map_err(|e| format!("--scenario: not a scenario: {e}"))?;
+                }
+                other => return Err(format!("unknown flag {other:?}\n{USAGE}")),
+            }
+        }
+        Ok((scenario, mode))
+    }
+
+    /// Runs the server until its client goes away (stdio) or forever (HTTP).
+    ///
+    /// # Errors
+    ///
+    /// I/O errors of the transport or the listener.
+    pub async fn serve(self, mode: Mode) -> std::io::Result<()> {
+        if let Some(banner) = &self.stderr_banner {
+            eprintln!("{banner}");
+        }
+        if let Some(status) = self.exit_at_once {
+            eprintln!("psych-test-server: exiting at once with status {status}, as asked");
+            std::process::exit(status);
+        }
+        if self.grandchild {
+            // Left running on purpose: it shows whether the client stops the whole group.
+            let _grandchild = std::process::Command::new("sleep").arg("600").spawn()?;
+        }
+        let state = Arc::new(State::new(self));
+        match mode {
+            Mode::Stdio => serve_stdio(state).await,
+            Mode::Http(addr) => serve_http(state, addr).await,
+        }
+    }
+}
+
+/// What every session of one server process shares.
+struct State {
+    scenario: Scenario,
+    tools: Mutex<Vec<Value>>,
+    peers: Mutex<Vec<Peer<RoleServer>>>,
+    cancellations: AtomicU64,
+    /// The stdout writer (stdio only), for the garbage tool.
+    stdout: Mutex<Option<mpsc::UnboundedSender<Vec<u8>>>>,
+}
+
+impl State {
+    fn new(scenario: Scenario) -> Self {
+        let mut tools = control_tools();
+        tools.extend(
+            crate::synthetic_tools(scenario.tools)
+                .into_iter()
+                .filter_map(|tool| serde_json::to_value(tool).ok()),
+        );
+        if scenario.malformed {
+            tools
+                .push(json!({"name": "malformed_no_schema", "description": "Has no inputSchema."}));
+            tools.push(json!({"name": "malformed name", "description": "Has a space in its name.", "inputSchema": {"type": "object"}}));
+        }
+        Self {
+            scenario,
+            tools: Mutex::new(tools),
+            peers: Mutex::new(Vec::new()),
+            cancellations: AtomicU64::new(0),
+            stdout: Mutex::new(None),
+        }
+    }
+
+    fn page(&self, params: Option<&PaginatedRequestParams>) -> Value {
+        let tools = self.tools.lock().unwrap_or_else(PoisonError::into_inner);
+        let start = params
+            .and_then(|p| p.cursor.as_deref())
+            .and_then(|c| c.parse::<usize>().ok())
+            .unwrap_or(0)
+            .min(tools.len());
+        let size = self.scenario.page_size.unwrap_or(usize::MAX);
+        let end = start.saturating_add(size).min(tools.len());
+        let mut page = json!({"tools": tools[start..end]});
+        if self.scenario.repeat_cursor {
+            page["nextCursor"] = json!("1");
+        } else if end < tools.len() {
+            page["nextCursor"] = json!(end.to_string());
+        }
+        page
+    }
+
+    async fn notify_changed(&self) {
+        let peers = self
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for peer in peers {
+            let _ = peer.notify_tool_list_changed().await;
+        }
+    }
+}
+
+fn control_tools() -> Vec<Value> {
+    let object = |properties: Value, required: Value| json!({"type": "object", "properties": properties, "required": required});
+    let none = json!({"type": "object", "properties": {}});
+    let tool = |name: &str, description: &str, schema: Value| json!({"name": name, "description": description, "inputSchema": schema});
+    vec![
+        tool(
+            "echo",
+            "Answers the text.",
+            object(json!({"text": {"type": "string"}}), json!(["text"])),
+        ),
+        tool(
+            "add_tool",
+            "Adds a tool and sends list_changed.",
+            object(json!({"name": {"type": "string"}}), json!(["name"])),
+        ),
+        tool(
+            "remove_tool",
+            "Removes a tool and sends list_changed.",
+            object(json!({"name": {"type": "string"}}), json!(["name"])),
+        ),
+        tool(
+            "large",
+            "A text result of `bytes` bytes.",
+            object(
+                json!({"bytes": {"type": "integer", "minimum": 0}}),
+                json!(["bytes"]),
+            ),
+        ),
+        tool("mixed", "Text, a PNG image, text.", none.clone()),
+        tool(
+            "structured",
+            "Structured content with its text.",
+            none.clone(),
+        ),
+        tool("binary", "An embedded blob resource.", none.clone()),
+        tool(
+            "fail",
+            "A tool error.",
+            object(json!({"message": {"type": "string"}}), json!([])),
+        ),
+        tool("crash", "Exits the server mid-call.", none.clone()),
+        tool("hang", "Never answers.", none.clone()),
+        tool(
+            "sleep",
+            "Answers `tag` after `ms` milliseconds.",
+            object(
+                json!({"ms": {"type": "integer"}, "tag": {"type": "string"}}),
+                json!(["ms"]),
+            ),
+        ),
+        tool(
+            "cancellations",
+            "How many calls were cancelled.",
+            none.clone(),
+        ),
+        tool(
+            "garbage",
+            "Writes lines that are not JSON-RPC to stdout.",
+            object(json!({"lines": {"type": "integer"}}), json!([])),
+        ),
+        tool(
+            "client_info",
+            "The client's protocol version and Authorization header.",
+            none.clone(),
+        ),
+    ]
+}
+
+/// The text of `large`: numbered lines, exactly `bytes` long.
+pub fn large_text(bytes: usize) -> String {
+    let mut text = String::with_capacity(bytes + 64);
+    let mut n = 0u64;
+    while text.len() < bytes {
+        n += 1;
+        text.push_str(&format!(
+            "line {n:06}: the quick brown fox jumps over the lazy dog\n"
+        ));
+    }
+    text.truncate(bytes);
+    text
+}
+
+/// One session's service (every session of an HTTP server shares the [`State`]).
+#[derive(Clone)]
+struct TestServer {
+    state: Arc<State>,
+}
+
+/// Counts a call as cancelled if it is dropped (or finishes) after cancellation.
+struct CountCancelled<'a> {
+    state: &'a State,
+    ct: rmcp::service::RequestContext<RoleServer>,
+}
+
+impl Drop for CountCancelled<'_> {
+    fn drop(&mut self) {
+        if self.ct.ct.is_cancelled() {
+            self.state.cancellations.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl TestServer {
+    fn info(&self) -> InitializeResult {
+        InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            "psych-test-server",
+            env!("CARGO_PKG_VERSION"),
+        ))
+    }
+
+    async fn call(
+        &self,
+        params: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let args = params.arguments.unwrap_or_default();
+        let text_arg = |key: &str| {
+            args.get(key)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
+        let number_arg = |key: &str| args.get(key).and_then(Value::as_u64).unwrap_or(0);
+        let state = &self.state;
+        let result = match params.name.as_ref() {
+            "echo" => CallToolResult::success(vec![ContentBlock::text(text_arg("text"))]),
+            "add_tool" | "remove_tool" => {
+                let name = text_arg("name");
+                {
+                    let mut tools = state.tools.lock().unwrap_or_else(PoisonError::into_inner);
+                    tools.retain(|tool| tool["name"] != name.as_str());
+                    if params.name == "add_tool" {
+                        tools.push(json!({"name": name, "description": "Added at runtime.", "inputSchema": {"type": "object"}}));
+                    }
+                }
+                state.notify_changed().await;
+                CallToolResult::success(vec![ContentBlock::text(format!("{} {name}", params.name))])
+            }
+            "large" => {
+                let bytes = usize::try_from(number_arg("bytes")).unwrap_or(usize::MAX);
+                CallToolResult::success(vec![ContentBlock::text(large_text(bytes))])
+            }
+            "mixed" => CallToolResult::success(vec![
+                ContentBlock::text("Here is the chart:"),
+                ContentBlock::image(
+                    psych_types::base64::encode(&crate::png::gradient(16, 16)),
+                    "image/png",
+                ),
+                ContentBlock::text("End of chart."),
+            ]),
+            "structured" => {
+                let value =
+                    json!({"temperature": 21.5, "unit": "celsius", "readings": [20, 21, 23]});
+                let mut result = CallToolResult::structured(value);
+                result.is_error = Some(false);
+                result
+            }
+            "binary" => {
+                let bytes: Vec<u8> = (0..=255u8).chain([0xFF, 0xFE, 0x00]).collect();
+                CallToolResult::success(vec![ContentBlock::resource(
+                    ResourceContents::BlobResourceContents {
+                        uri: "test://binary/bytes.bin".into(),
+                        mime_type: Some("application/octet-stream".into()),
+                        blob: psych_types::base64::encode(&bytes),
+                        meta: None,
+                    },
+                )])
+            }
+            "fail" => {
+                let message = text_arg("message");
+                let message = if message.is_empty() {
+                    "failed as asked".to_owned()
+                } else {
+                    message
+                };
+                CallToolResult::error(vec![ContentBlock::text(message)])
+            }
+            "crash" => {
+                eprintln!("psych-test-server: crashing on request");
+                std::process::exit(70);
+            }
+            "hang" => {
+                let _count = CountCancelled {
+                    state,
+                    ct: context.clone(),
+                };
+                context.ct.cancelled().await;
+                return Err(ErrorData::internal_error("cancelled", None));
+            }
+            "sleep" => {
+                let _count = CountCancelled {
+                    state,
+                    ct: context.clone(),
+                };
+                tokio::time::sleep(Duration::from_millis(number_arg("ms"))).await;
+                CallToolResult::success(vec![ContentBlock::text(text_arg("tag"))])
+            }
+            "client_info" => {
+                let version = context
+                    .peer
+                    .peer_info()
+                    .map(|info| info.protocol_version.to_string());
+                let authorization = context
+                    .extensions
+                    .get::<http::request::Parts>()
+                    .and_then(|parts| parts.headers.get("authorization"))
+                    .and_then(|value| value.to_str().ok())
+                    .map(str::to_owned);
+                let info = json!({"protocolVersion": version, "authorization": authorization});
+                CallToolResult::success(vec![ContentBlock::text(info.to_string())])
+            }
+            "cancellations" => CallToolResult::success(vec![ContentBlock::text(
+                state.cancellations.load(Ordering::SeqCst).to_string(),
+            )]),
+            "garbage" => {
+                let lines = number_arg("lines").max(1);
+                let writer = state
+                    .stdout
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                match writer {
+                    Some(writer) => {
+                        for i in 0..lines {
+                            let _ =
+                                writer.send(format!("garbage line {i}: not json\n").into_bytes());
+                        }
+                        CallToolResult::success(vec![ContentBlock::text(format!(
+                            "wrote {lines} garbage lines"
+                        ))])
+                    }
+                    None => CallToolResult::error(vec![ContentBlock::text("garbage needs stdio")]),
+                }
+            }
+            name => {
+                let known = state
+                    .tools
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .iter()
+                    .any(|tool| tool["name"] == name);
+                if !known {
+                    return Err(ErrorData::invalid_params(format!("no tool {name:?}"), None));
+                }
+                CallToolResult::success(vec![ContentBlock::text(format!(
+                    "{name} called with {}",
+                    Value::Object(args.clone())
+                ))])
+            }
+        };
+        Ok(result)
+    }
+}
+
+impl ServerHandler for TestServer {
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        if self.state.scenario.hang_initialize {
+            std::future::pending::<()>().await;
+        }
+        self.state
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(context.peer.clone());
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        if self.state.scenario.hang_listing {
+            std::future::pending::<()>().await;
+        }
+        serde_json::from_value(self.state.page(request.as_ref()))
+            .map_err(|e| ErrorData::internal_error(format!("malformed listing: {e}"), None))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.call(request, context)
+            .await
+            .map(CallToolResponse::from)
+    }
+
+    fn get_info(&self) -> InitializeResult {
+        self.info()
+    }
+}
+
+/// Over stdio, `tools/list` is answered as raw JSON, so that a malformed tool reaches the
+/// client as it is (rmcp's typed `Tool` could not carry one); everything else is the
+/// [`ServerHandler`]'s.
+struct RawListing(TestServer);
+
+impl Service<RoleServer> for RawListing {
+    async fn handle_request(
+        &self,
+        request: ClientRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ServerResult, ErrorData> {
+        if let ClientRequest::ListToolsRequest(request) = &request {
+            if self.0.state.scenario.hang_listing {
+                std::future::pending::<()>().await;
+            }
+            return Ok(ServerResult::CustomResult(CustomResult(
+                self.0.state.page(request.params.as_ref()),
+            )));
+        }
+        Service::handle_request(&self.0, request, context).await
+    }
+
+    async fn handle_notification(
+        &self,
+        notification: ClientNotification,
+        context: NotificationContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Service::handle_notification(&self.0, notification, context).await
+    }
+
+    fn get_info(&self) -> InitializeResult {
+        self.0.info()
+    }
+}
+
+/// Our stdio transport: every write goes through one writer task, so the garbage tool and
+/// the early notification interleave with messages only between whole lines.
+struct Stdio {
+    lines: tokio::io::Lines<BufReader<tokio::io::Stdin>>,
+    out: mpsc::UnboundedSender<Vec<u8>>,
+    early_list_changed: bool,
+}
+
+impl rmcp::transport::Transport<RoleServer> for Stdio {
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let mut bytes = Vec::new();
+        if self.early_list_changed
+            && matches!(&item, JsonRpcMessage::Response(r) if matches!(r.result, ServerResult::InitializeResult(_)))
+        {
+            let early: TxJsonRpcMessage<RoleServer> = JsonRpcMessage::notification(
+                ServerNotification::ToolListChangedNotification(ToolListChangedNotification {
+                    method: Default::default(),
+                    extensions: Default::default(),
+                }),
+            );
+            if serde_json::to_writer(&mut bytes, &early).is_ok() {
+                bytes.push(b'\n');
+            }
+        }
+        let written = serde_json::to_writer(&mut bytes, &item);
+        bytes.push(b'\n');
+        let out = self.out.clone();
+        async move {
+            written.map_err(std::io::Error::other)?;
+            out.send(bytes)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdout closed"))
+        }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            let line = self.lines.next_line().await.ok()??;
+            if line.trim().is_empty() {
+                continue;
+            }
+            if let Ok(message) = serde_json::from_str(&line) {
+                return Some(message);
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+async fn serve_stdio(state: Arc<State>) -> std::io::Result<()> {
+    let (out, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let writer = tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        while let Some(bytes) = rx.recv().await {
+            if stdout.write_all(&bytes).await.is_err() || stdout.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    for i in 0..state.scenario.garbage_at_start {
+        let _ = out.send(format!("psych-test-server: startup noise {i}\n").into_bytes());
+    }
+    *state.stdout.lock().unwrap_or_else(PoisonError::into_inner) = Some(out.clone());
+    let transport = Stdio {
+        lines: BufReader::new(tokio::io::stdin()).lines(),
+        out,
+        early_list_changed: state.scenario.early_list_changed,
+    };
+    let server = RawListing(TestServer {
+        state: Arc::clone(&state),
+    });
+    let result = match server.serve(transport).await {
+        Ok(running) => running
+            .waiting()
+            .await
+            .map(|_| ())
+            .map_err(std::io::Error::other),
+        Err(error) => Err(std::io::Error::other(error)),
+    };
+    state
+        .stdout
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    state
+        .peers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clear();
+    let _ = writer.await;
+    result
+}
+
+async fn serve_http(state: Arc<State>, addr: SocketAddr) -> std::io::Result<()> {
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+    use rmcp::transport::StreamableHttpService;
+    use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+
+    if !addr.ip().is_loopback() {
+        return Err(std::io::Error::other(format!(
+            "{addr} is not a loopback address"
+        )));
+    }
+    let mut config = StreamableHttpServerConfig::default();
+    config.legacy_session_mode = true;
+    let service = TowerToHyperService::new(StreamableHttpService::new(
+        move || {
+            Ok(TestServer {
+                state: Arc::clone(&state),
+            })
+        },
+        LocalSessionManager::default().into(),
+        config,
+    ));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let mut stdout = tokio::io::stdout();
+    stdout
+        .write_all(format!("listening on http://{local}/mcp\n").as_bytes())
+        .await?;
+    stdout.flush().await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let service = service.clone();
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(text: &str) -> Vec<String> {
+        text.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn flags_and_scenarios_parse() {
+        let (scenario, mode) = Scenario::from_args(args(
+            "--tools 40 --page-size 7 --malformed --http 127.0.0.1:0",
+        ))
+        .unwrap();
+        assert_eq!(
+            (scenario.tools, scenario.page_size, scenario.malformed),
+            (40, Some(7), true)
+        );
+        assert_eq!(mode, Mode::Http("127.0.0.1:0".parse().unwrap()));
+        let (scenario, _) =
+            Scenario::from_args(["--scenario".into(), r#"{"repeat_cursor": true}"#.into()])
+                .unwrap();
+        assert!(scenario.repeat_cursor);
+        assert!(
+            Scenario::from_args(args("--http 10.0.0.1:80"))
+                .unwrap_err()
+                .contains("loopback")
+        );
+        assert!(
+            Scenario::from_args(args("--bogus"))
+                .unwrap_err()
+                .starts_with("unknown flag")
+        );
+        assert!(Scenario::from_args(["--scenario".into(), r#"{"nope": 1}"#.into()]).is_err());
+    }
+
+    #[test]
+    fn pages_cover_the_catalogue_once() {
+        let state = State::new(Scenario {
+            tools: 20,
+            page_size: Some(6),
+            ..Scenario::default()
+        });
+        let mut names = Vec::new();
+        let mut cursor = None;
+        loop {
+            let params =
+                cursor.map(|c: String| PaginatedRequestParams::default().with_cursor(Some(c)));
+            let page = state.page(params.as_ref());
+            names.extend(
+                page["tools"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t["name"].clone()),
+            );
+            match page.get("nextCursor") {
+                Some(next) => cursor = Some(next.as_str().unwrap().to_owned()),
+                None => break,
+            }
+        }
+        assert_eq!(names.len(), 20 + control_tools().len());
+    }
+
+    #[test]
+    fn large_text_is_exactly_that_long() {
+        assert_eq!(large_text(0), "");
+        assert_eq!(large_text(100_001).len(), 100_001);
+        assert!(large_text(30).starts_with("line 000001: the quick"));
+    }
+}

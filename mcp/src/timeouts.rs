@@ -1,0 +1,134 @@
+//! Every deadline and the reconnect backoff, in one place.
+//!
+//! rmcp puts no deadline on anything: an `initialize`, a `tools/list` page or a
+//! `tools/call` that is never answered waits forever. Every request psych-mcp sends goes
+//! through one of these deadlines.
+
+use std::time::Duration;
+
+/// Deadlines for talking to servers. [`Timeouts::default`] suits interactive agents; tests
+/// use shorter ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Timeouts {
+    /// Starting a server and completing `initialize` (HTTP: the first exchange).
+    pub connect: Duration,
+    /// One `tools/list` page.
+    pub page: Duration,
+    /// A whole listing, every page together.
+    pub listing: Duration,
+    /// One `tools/call`; when it passes, `notifications/cancelled` is sent to the server.
+    pub call: Duration,
+    /// How long a stdio server's process group gets after SIGTERM before SIGKILL, on
+    /// shutdown or after its connection is lost.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(30),
+            page: Duration::from_secs(15),
+            listing: Duration::from_secs(60),
+            call: Duration::from_secs(120),
+            shutdown_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Timeouts {
+    /// The same deadline for everything but the shutdown grace (tests mostly).
+    pub fn uniform(deadline: Duration) -> Self {
+        Self {
+            connect: deadline,
+            page: deadline,
+            listing: deadline,
+            call: deadline,
+            shutdown_grace: Duration::from_secs(2),
+        }
+    }
+
+    /// Sets the call deadline.
+    pub fn with_call(mut self, call: Duration) -> Self {
+        self.call = call;
+        self
+    }
+
+    /// Sets the connect deadline.
+    pub fn with_connect(mut self, connect: Duration) -> Self {
+        self.connect = connect;
+        self
+    }
+
+    /// Sets the page and whole-listing deadlines.
+    pub fn with_listing(mut self, page: Duration, listing: Duration) -> Self {
+        self.page = page;
+        self.listing = listing;
+        self
+    }
+
+    /// Sets the shutdown grace.
+    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+}
+
+/// Exponential backoff between reconnect attempts of one server: `initial`, then times
+/// `factor` after each failure, capped at `max`; a successful connection starts over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Backoff {
+    /// The first delay.
+    pub initial: Duration,
+    /// The longest delay.
+    pub max: Duration,
+    /// The growth factor (at least 1).
+    pub factor: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(30),
+            factor: 2,
+        }
+    }
+}
+
+impl Backoff {
+    /// A backoff from `initial` up to `max`, doubling.
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            factor: 2,
+        }
+    }
+
+    /// The delay before attempt `failures + 1`, after `failures` consecutive failures.
+    pub fn delay(&self, failures: u32) -> Duration {
+        let mut delay = self.initial;
+        for _ in 0..failures {
+            delay = delay.saturating_mul(self.factor.max(1));
+            if delay >= self.max {
+                return self.max;
+            }
+        }
+        delay.min(self.max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(700));
+        let delays: Vec<u128> = (0..6).map(|n| backoff.delay(n).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 700, 700, 700]);
+        assert_eq!(backoff.delay(u32::MAX), Duration::from_millis(700));
+    }
+}

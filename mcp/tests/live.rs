@@ -1,0 +1,790 @@
+//! psych-mcp against real server processes: the workspace's `psych-test-server` over stdio
+//! and streamable HTTP (loopback), plus shells that misbehave. Every fault the manager must
+//! survive is here, with short deadlines so the suite takes seconds.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::time::Duration;
+
+use psych_mcp::{
+    Backoff, ChangeCause, McpConfig, McpError, McpEvent, McpEvents, McpManager, ServerConfig,
+    Timeouts, Transport,
+};
+use psych_types::{ConnectionSpec, JsonObject, Reachability, ServerId, ToolLister, ToolRef};
+use serde_json::{Value, json};
+
+const SERVER: &str = env!("CARGO_BIN_EXE_psych-test-server");
+
+fn id(name: &str) -> ServerId {
+    ServerId::new(name).unwrap()
+}
+
+fn stdio_config(name: &str, command: &str, args: &[&str]) -> ServerConfig {
+    ServerConfig {
+        transport: Transport::Stdio {
+            command: command.to_owned(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            env: BTreeMap::new(),
+            cwd: None,
+        },
+        connection: ConnectionSpec::new(id(name)),
+        extra: JsonObject::new(),
+    }
+}
+
+fn test_server(name: &str, args: &[&str]) -> ServerConfig {
+    stdio_config(name, SERVER, args)
+}
+
+fn fast() -> Timeouts {
+    Timeouts::uniform(Duration::from_secs(5))
+        .with_call(Duration::from_secs(3))
+        .with_shutdown_grace(Duration::from_millis(500))
+}
+
+fn manager(timeouts: Timeouts) -> McpManager {
+    manager_with(timeouts, Duration::from_millis(50))
+}
+
+fn manager_with(timeouts: Timeouts, first_backoff: Duration) -> McpManager {
+    let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+    McpManager::builder(config)
+        .timeouts(timeouts)
+        .backoff(Backoff::new(first_backoff, first_backoff * 4))
+        .build()
+        .unwrap()
+}
+
+/// A manager with one connected server.
+async fn one(name: &str, config: ServerConfig, timeouts: Timeouts) -> (McpManager, Reachability) {
+    let manager = manager(timeouts);
+    let reachability = manager.add_server(id(name), config).await.unwrap();
+    (manager, reachability)
+}
+
+fn tool(server: &str, name: &str) -> ToolRef {
+    ToolRef::parse(server, name).unwrap()
+}
+
+fn args(value: Value) -> JsonObject {
+    match value {
+        Value::Object(map) => map,
+        _ => panic!("not an object"),
+    }
+}
+
+fn texts(result: &psych_mcp::CallToolResult) -> Vec<String> {
+    serde_json::to_value(&result.content)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|block| block["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Waits for an event matching `want`, skipping others.
+async fn expect_event(events: &McpEvents, want: impl Fn(&McpEvent) -> bool) -> McpEvent {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let event = events.next().await;
+            if want(&event) {
+                return event;
+            }
+        }
+    })
+    .await
+    .expect("the event did not come")
+}
+
+/// Processes of a process group that are still alive (not zombies), from /proc.
+fn live_members(pgid: i32) -> Vec<i32> {
+    let mut members = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // After the command name in parentheses: state, ppid, pgrp, …
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() > 2 && fields[2] == pgid.to_string() && fields[0] != "Z" {
+            members.push(pid);
+        }
+    }
+    members
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_follows_every_page_to_the_end_in_order() {
+    let (manager, reachability) = one(
+        "pages",
+        test_server("pages", &["--tools", "95", "--page-size", "10"]),
+        fast(),
+    )
+    .await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let tools = manager.list_tools(&id("pages")).await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names.len(), 14 + 95);
+    assert_eq!(&names[..3], ["echo", "add_tool", "remove_tool"]);
+    let generated: Vec<_> = psych_mcp::synthetic_tools(95);
+    assert_eq!(
+        &tools[14..],
+        &generated[..],
+        "every generated tool, whole and in order"
+    );
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_tool_does_not_fail_the_listing() {
+    let (manager, reachability) = one(
+        "bad",
+        test_server("bad", &["--malformed", "--page-size", "4"]),
+        fast(),
+    )
+    .await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let listing = manager.list(&id("bad")).await.unwrap();
+    assert_eq!(listing.tools.len(), 14, "every good tool is kept");
+    let refused: Vec<(&str, usize)> = listing
+        .malformed
+        .iter()
+        .map(|m| (m.name.as_str(), m.page))
+        .collect();
+    assert_eq!(refused, [("malformed_no_schema", 4), ("malformed name", 4)]);
+    assert!(
+        listing.malformed[0].reason.contains("inputSchema"),
+        "{:?}",
+        listing.malformed
+    );
+    assert_eq!(manager.malformed_tools(&id("bad")), listing.malformed);
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_changed_arrives_after_a_tool_is_added_and_removed() {
+    let (manager, _) = one("live", test_server("live", &[]), fast()).await;
+    let events = manager.events();
+    expect_event(&events, |e| {
+        matches!(
+            e,
+            McpEvent::ToolsChanged {
+                cause: ChangeCause::Connected,
+                ..
+            }
+        )
+    })
+    .await;
+    manager
+        .call_tool_raw(
+            &tool("live", "add_tool"),
+            args(json!({"name": "fresh_tool"})),
+        )
+        .await
+        .unwrap();
+    let event = expect_event(&events, |e| matches!(e, McpEvent::ToolsChanged { .. })).await;
+    assert_eq!(
+        event,
+        McpEvent::ToolsChanged {
+            server: id("live"),
+            cause: ChangeCause::Notified
+        }
+    );
+    let tools = manager.list_tools(&id("live")).await.unwrap();
+    assert!(tools.iter().any(|t| t.name.as_str() == "fresh_tool"));
+    let result = manager
+        .call_tool_raw(&tool("live", "fresh_tool"), args(json!({"x": 1})))
+        .await
+        .unwrap();
+    assert_eq!(texts(&result), ["fresh_tool called with {\"x\":1}"]);
+
+    manager
+        .call_tool_raw(
+            &tool("live", "remove_tool"),
+            args(json!({"name": "fresh_tool"})),
+        )
+        .await
+        .unwrap();
+    expect_event(&events, |e| matches!(e, McpEvent::ToolsChanged { .. })).await;
+    let tools = manager.list_tools(&id("live")).await.unwrap();
+    assert!(!tools.iter().any(|t| t.name.as_str() == "fresh_tool"));
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_changed_before_the_initialize_response_is_covered_by_the_first_listing() {
+    // rmcp drops this notification (it arrives before initialization completes), so the
+    // manager always lists once after connecting and announces it as `Connected`.
+    let (manager, reachability) = one(
+        "early",
+        test_server("early", &["--early-list-changed", "--tools", "3"]),
+        fast(),
+    )
+    .await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let events = manager.events();
+    expect_event(&events, |e| {
+        matches!(
+            e,
+            McpEvent::ToolsChanged {
+                cause: ChangeCause::Connected,
+                ..
+            }
+        )
+    })
+    .await;
+    let tools = manager.list_tools(&id("early")).await.unwrap();
+    assert_eq!(tools.len(), 14 + 3);
+    assert_eq!(tools[14].name.as_str(), "list_issues");
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_are_all_answered_each_with_its_own_result() {
+    let (manager, _) = one("many", test_server("many", &[]), fast()).await;
+    let started = std::time::Instant::now();
+    let calls: Vec<_> = (0..8u64)
+        .map(|i| {
+            let manager = manager.clone();
+            tokio::spawn(async move {
+                // Later calls finish first: answers come back out of order.
+                let arguments = args(json!({"ms": 400 - i * 40, "tag": format!("call {i}")}));
+                manager
+                    .call_tool_raw(&tool("many", "sleep"), arguments)
+                    .await
+            })
+        })
+        .collect();
+    for (i, call) in calls.into_iter().enumerate() {
+        let result = call.await.unwrap().unwrap();
+        assert_eq!(texts(&result), [format!("call {i}")]);
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(1_500),
+        "the calls ran one after another: {:?}",
+        started.elapsed()
+    );
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_its_deadline_is_cancelled_and_the_connection_stays_usable() {
+    let timeouts = fast().with_call(Duration::from_millis(300));
+    let (manager, _) = one("slow", test_server("slow", &[]), timeouts).await;
+    let error = manager
+        .call_tool_raw(&tool("slow", "hang"), JsonObject::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, McpError::Timeout { call, after, .. }
+            if call == "tools/call hang" && *after == Duration::from_millis(300)),
+        "{error}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "MCP server \"slow\": tools/call hang got no answer within 300ms"
+    );
+    // The server saw the cancellation (it counts them), and still answers.
+    let mut seen = String::new();
+    for _ in 0..20 {
+        let result = manager
+            .call_tool_raw(&tool("slow", "cancellations"), JsonObject::new())
+            .await
+            .unwrap();
+        seen = texts(&result).concat();
+        if seen == "1" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, "1", "the server never saw notifications/cancelled");
+
+    // A caller that gives up (drops the call) cancels it too.
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(100),
+        manager.call_tool_raw(&tool("slow", "hang"), JsonObject::new()),
+    )
+    .await;
+    assert!(abandoned.is_err());
+    let mut seen = String::new();
+    for _ in 0..20 {
+        let result = manager
+            .call_tool_raw(&tool("slow", "cancellations"), JsonObject::new())
+            .await
+            .unwrap();
+        seen = texts(&result).concat();
+        if seen == "2" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, "2", "dropping the call did not cancel it");
+    assert_eq!(
+        manager.reachability(&id("slow")),
+        Some(Reachability::Reachable)
+    );
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_of_every_kind_come_back_whole() {
+    let (manager, _) = one("kinds", test_server("kinds", &[]), fast()).await;
+    let call = |name: &'static str, arguments: Value| {
+        let manager = manager.clone();
+        async move {
+            let result = manager
+                .call_tool_raw(&tool("kinds", name), args(arguments))
+                .await
+                .unwrap();
+            serde_json::to_value(result).unwrap()
+        }
+    };
+    let large = call("large", json!({"bytes": 3_000_000})).await;
+    assert_eq!(
+        large["content"][0]["text"].as_str().unwrap(),
+        psych_mcp::test_server::large_text(3_000_000)
+    );
+
+    let mixed = call("mixed", json!({})).await;
+    let kinds: Vec<&str> = mixed["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["text", "image", "text"]);
+    assert_eq!(mixed["content"][1]["mimeType"], "image/png");
+    let png = psych_types::base64::decode(mixed["content"][1]["data"].as_str().unwrap()).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+
+    let structured = call("structured", json!({})).await;
+    assert_eq!(structured["structuredContent"]["unit"], "celsius");
+
+    let binary = call("binary", json!({})).await;
+    let resource = &binary["content"][0]["resource"];
+    assert_eq!(resource["mimeType"], "application/octet-stream");
+    let bytes = psych_types::base64::decode(resource["blob"].as_str().unwrap()).unwrap();
+    assert_eq!(bytes.len(), 259);
+    assert_eq!(&bytes[..3], [0, 1, 2]);
+
+    let failed = call("fail", json!({"message": "disk full"})).await;
+    assert_eq!(failed["isError"], true);
+    assert_eq!(failed["content"][0]["text"], "disk full");
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_exits_at_once_is_reported_with_its_status_and_stderr() {
+    let config = test_server(
+        "quits",
+        &[
+            "--stderr-banner",
+            "fatal: no API key in QUITS_TOKEN",
+            "--exit-at-once",
+            "3",
+        ],
+    );
+    let (manager, reachability) = one("quits", config, fast()).await;
+    let Reachability::Unreachable { reason } = reachability else {
+        panic!("{reachability:?}");
+    };
+    assert!(
+        reason.starts_with("MCP server \"quits\": initialize failed: the server process exited with status 3; its last stderr lines:"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("\n  fatal: no API key in QUITS_TOKEN"),
+        "{reason}"
+    );
+    let error = manager
+        .call_tool_raw(&tool("quits", "echo"), JsonObject::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, McpError::Unreachable { .. }), "{error}");
+    assert!(error.to_string().contains("fatal: no API key"), "{error}");
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_command_is_reported_and_other_servers_keep_working() {
+    let manager = manager(fast());
+    let missing = manager
+        .add_server(
+            id("missing"),
+            stdio_config("missing", "/nonexistent/psych-no-such-server", &[]),
+        )
+        .await
+        .unwrap();
+    let good = manager
+        .add_server(id("good"), test_server("good", &[]))
+        .await
+        .unwrap();
+    let Reachability::Unreachable { reason } = missing else {
+        panic!("{missing:?}");
+    };
+    assert!(
+        reason.starts_with(
+            "MCP server \"missing\": cannot start \"/nonexistent/psych-no-such-server\": No such file"
+        ),
+        "{reason}"
+    );
+    assert_eq!(good, Reachability::Reachable);
+    let result = manager
+        .call_tool_raw(&tool("good", "echo"), args(json!({"text": "still here"})))
+        .await
+        .unwrap();
+    assert_eq!(texts(&result), ["still here"]);
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_call_is_reported_then_the_server_is_reconnected() {
+    // A backoff long enough to see the server down before it is back (the event queue
+    // keeps only the latest reachability of a server).
+    let manager = manager_with(fast(), Duration::from_millis(400));
+    let reachability = manager
+        .add_server(id("crashy"), test_server("crashy", &[]))
+        .await
+        .unwrap();
+    assert_eq!(reachability, Reachability::Reachable);
+    let events = manager.events();
+    expect_event(&events, |e| matches!(e, McpEvent::ToolsChanged { .. })).await;
+    let error = manager
+        .call_tool_raw(&tool("crashy", "crash"), JsonObject::new())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "MCP server \"crashy\": tools/call crash failed: the server process exited with status 70; \
+         its last stderr lines:\n  psych-test-server: crashing on request"
+    );
+    expect_event(&events, |e| {
+        matches!(e, McpEvent::Reachability { reachability: Reachability::Unreachable { reason }, .. }
+            if reason.contains("exited with status 70"))
+    })
+    .await;
+    let error = manager
+        .call_tool_raw(&tool("crashy", "echo"), JsonObject::new())
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().starts_with(
+            "MCP server \"crashy\" is unreachable: the server process exited with status 70"
+        ),
+        "{error}"
+    );
+    // Reconnected after the backoff, and announced so the catalogue resyncs.
+    expect_event(&events, |e| {
+        matches!(
+            e,
+            McpEvent::ToolsChanged {
+                cause: ChangeCause::Connected,
+                ..
+            }
+        )
+    })
+    .await;
+    let result = manager
+        .call_tool_raw(&tool("crashy", "echo"), args(json!({"text": "back"})))
+        .await
+        .unwrap();
+    assert_eq!(texts(&result), ["back"]);
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_initialize_times_out() {
+    let timeouts = fast().with_connect(Duration::from_millis(400));
+    let config = test_server(
+        "mute",
+        &[
+            "--hang-initialize",
+            "--stderr-banner",
+            "waiting for a license server",
+        ],
+    );
+    let (manager, reachability) = one("mute", config, timeouts).await;
+    let Reachability::Unreachable { reason } = reachability else {
+        panic!("{reachability:?}");
+    };
+    assert_eq!(
+        reason,
+        "MCP server \"mute\": initialize got no answer within 400ms; its last stderr lines:\n  \
+         waiting for a license server"
+    );
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_that_hangs_or_loops_on_its_cursor_fails_with_the_reason() {
+    let timeouts = fast().with_listing(Duration::from_millis(300), Duration::from_secs(1));
+    let (manager, reachability) =
+        one("hangs", test_server("hangs", &["--hang-listing"]), timeouts).await;
+    assert_eq!(
+        reachability,
+        Reachability::Unreachable {
+            reason: "MCP server \"hangs\": tools/list page 1 got no answer within 300ms".into()
+        }
+    );
+    let (loops, reachability) = one(
+        "loops",
+        test_server("loops", &["--repeat-cursor", "--page-size", "5"]),
+        fast(),
+    )
+    .await;
+    assert_eq!(
+        reachability,
+        Reachability::Unreachable {
+            reason: "MCP server \"loops\": tools/list page 2 repeats the cursor \"1\"".into()
+        }
+    );
+    manager.shutdown().await;
+    loops.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_stdout_is_skipped_and_quoted_when_nothing_else_comes() {
+    let (manager, reachability) = one(
+        "noisy",
+        test_server("noisy", &["--garbage-at-start", "3"]),
+        fast(),
+    )
+    .await;
+    assert_eq!(reachability, Reachability::Reachable);
+    manager
+        .call_tool_raw(&tool("noisy", "garbage"), args(json!({"lines": 5})))
+        .await
+        .unwrap();
+    let result = manager
+        .call_tool_raw(&tool("noisy", "echo"), args(json!({"text": "fine"})))
+        .await
+        .unwrap();
+    assert_eq!(texts(&result), ["fine"]);
+    manager.shutdown().await;
+
+    // A program that is not an MCP server at all.
+    let timeouts = fast().with_connect(Duration::from_millis(500));
+    let shell = stdio_config(
+        "shell",
+        "sh",
+        &["-c", "echo 'Welcome to my tool v1.2'; sleep 30"],
+    );
+    let (manager, reachability) = one("shell", shell, timeouts).await;
+    assert_eq!(
+        reachability,
+        Reachability::Unreachable {
+            reason: "MCP server \"shell\": initialize got no answer within 500ms; its last stderr \
+                     lines:\n  (1 line(s) on stdout were not JSON-RPC; the last: \"Welcome to my tool v1.2\")"
+                .into()
+        }
+    );
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_leaves_no_process_of_the_group_behind() {
+    let (manager, _) = one("tree", test_server("tree", &["--grandchild"]), fast()).await;
+    let pgid = manager.process_group(&id("tree")).unwrap();
+    // The server and its `sleep 600` grandchild.
+    let mut members = live_members(pgid);
+    for _ in 0..50 {
+        if members.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        members = live_members(pgid);
+    }
+    assert!(members.len() >= 2, "{members:?}");
+    manager.shutdown().await;
+    let mut left = live_members(pgid);
+    for _ in 0..50 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        left = live_members(pgid);
+    }
+    assert_eq!(left, Vec::<i32>::new(), "orphans of group {pgid}");
+    let error = manager
+        .call_tool_raw(&tool("tree", "echo"), JsonObject::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, McpError::ShutDown));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_dropped_without_shutdown_still_kills_its_groups() {
+    let (manager, _) = one("dropped", test_server("dropped", &["--grandchild"]), fast()).await;
+    let pgid = manager.process_group(&id("dropped")).unwrap();
+    drop(manager);
+    let mut left = live_members(pgid);
+    for _ in 0..100 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        left = live_members(pgid);
+    }
+    assert_eq!(left, Vec::<i32>::new(), "orphans of group {pgid}");
+}
+
+/// An HTTP test server as a child process; killed when dropped.
+struct HttpServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HttpServer {
+    fn start(args: &[&str]) -> Self {
+        let mut child = std::process::Command::new(SERVER)
+            .args(["--http", "127.0.0.1:0"])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap()
+            .to_owned();
+        Self { child, url }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_config(name: &str, url: &str) -> ServerConfig {
+    ServerConfig {
+        transport: Transport::Http {
+            url: url.to_owned(),
+            headers: BTreeMap::from([("Authorization".to_owned(), "Bearer test".to_owned())]),
+        },
+        connection: ConnectionSpec::new(id(name)),
+        extra: JsonObject::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_listing_calls_and_list_changed_work_and_a_gone_server_is_reported() {
+    let mut server = HttpServer::start(&["--tools", "30", "--page-size", "7"]);
+    let (manager, reachability) = one("web", http_config("web", &server.url), fast()).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let tools = manager.list_tools(&id("web")).await.unwrap();
+    assert_eq!(tools.len(), 14 + 30);
+    assert_eq!(&tools[14..], &psych_mcp::synthetic_tools(30)[..]);
+
+    let result = manager
+        .call_tool_raw(&tool("web", "mixed"), JsonObject::new())
+        .await
+        .unwrap();
+    assert_eq!(result.content.len(), 3);
+    // The configured headers are sent, and the pinned protocol version was asked for.
+    let result = manager
+        .call_tool_raw(&tool("web", "client_info"), JsonObject::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        texts(&result),
+        [r#"{"authorization":"Bearer test","protocolVersion":"2025-11-25"}"#]
+    );
+
+    let events = manager.events();
+    // The queue coalesces per server: take the connect announcement first.
+    expect_event(&events, |e| {
+        matches!(
+            e,
+            McpEvent::ToolsChanged {
+                cause: ChangeCause::Connected,
+                ..
+            }
+        )
+    })
+    .await;
+    manager
+        .call_tool_raw(&tool("web", "add_tool"), args(json!({"name": "web_fresh"})))
+        .await
+        .unwrap();
+    expect_event(&events, |e| {
+        matches!(
+            e,
+            McpEvent::ToolsChanged {
+                cause: ChangeCause::Notified,
+                ..
+            }
+        )
+    })
+    .await;
+    assert!(
+        manager
+            .list_tools(&id("web"))
+            .await
+            .unwrap()
+            .iter()
+            .any(|t| t.name.as_str() == "web_fresh")
+    );
+
+    // The server goes away.
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let error = manager
+        .call_tool_raw(&tool("web", "echo"), args(json!({"text": "anyone?"})))
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().starts_with(
+            "MCP server \"web\": tools/call echo failed: the connection closed: Client error: \
+             error sending request for url (http://127.0.0.1:"
+        ),
+        "{error}"
+    );
+    expect_event(&events, |e| {
+        matches!(
+            e,
+            McpEvent::Reachability {
+                reachability: Reachability::Unreachable { .. },
+                ..
+            }
+        )
+    })
+    .await;
+    // Reconnect attempts (with backoff) fail while it is gone, each with the reason.
+    let mut reason = String::new();
+    for _ in 0..50 {
+        if let Some(Reachability::Unreachable { reason: now }) = manager.reachability(&id("web")) {
+            reason = now;
+        }
+        if reason.starts_with("MCP server \"web\": initialize failed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        reason.starts_with(
+            "MCP server \"web\": initialize failed: the connection closed: Client error: \
+             error sending request for url"
+        ),
+        "{reason}"
+    );
+    manager.shutdown().await;
+}
