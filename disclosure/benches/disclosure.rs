@@ -47,7 +47,7 @@ fn large() -> Setup {
             })
             .collect();
         tools.sort_by(|a, b| a.name.cmp(&b.name));
-        catalog.tools = tools;
+        catalog.tools = tools.into();
     }
     setup
 }
@@ -65,7 +65,7 @@ fn bench_resolve(c: &mut Criterion) {
         b.iter(|| {
             let mut bytes = 0;
             for catalog in black_box(&setup.catalogs) {
-                for tool in &catalog.tools {
+                for tool in catalog.tools.iter() {
                     bytes += serde_json::to_string(&tool.input_schema).unwrap().len();
                 }
             }

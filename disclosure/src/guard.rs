@@ -306,7 +306,7 @@ impl<'a> LiveServer<'a> {
     }
 
     fn tool(&self, name: &str) -> Result<&'a ToolDefinition, Refusal> {
-        let tools = self.catalog.map(|c| c.tools.as_slice()).unwrap_or_default();
+        let tools = self.catalog.map(|c| &*c.tools).unwrap_or_default();
         // Catalogues list tools by name; fall back to a scan for one that does not. The
         // name is compared as given: no case folding, no normalising.
         let found = match tools.binary_search_by(|t| t.name.as_str().cmp(name)) {

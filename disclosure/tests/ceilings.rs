@@ -41,7 +41,7 @@ fn default_orientation_stays_small_on_a_1000_tool_setup() {
         surface.permitted().len()
     );
     let payload = orientation(&surface, &setup.live(), &context(), false);
-    let text = serde_json::to_string(&payload.to_output().body).unwrap();
+    let text = payload.to_output().readable_text().into_owned();
     let value = serde_json::to_value(&payload).unwrap();
     println!(
         "default orientation over {} tools: {} chars",
@@ -124,7 +124,7 @@ fn a_1000_tool_server_lists_in_bounded_pages() {
     let large = large_setup(4, Preload::Deferred);
     let mut tools = Vec::new();
     for catalog in &large.catalogs {
-        for tool in &catalog.tools {
+        for tool in catalog.tools.iter() {
             let mut tool = tool.clone();
             tool.name = format!("{}_{}", catalog.server, tool.name).parse().unwrap();
             tools.push(tool);
@@ -135,7 +135,7 @@ fn a_1000_tool_server_lists_in_bounded_pages() {
         [("big".to_string(), "server-memory.tools.json")],
         Preload::Auto,
     );
-    setup.catalogs[0].tools = tools;
+    setup.catalogs[0].tools = tools.into();
     let surface = setup.resolve(&Settings::default());
     assert_eq!(surface.permitted().len(), 1_224);
     let mut validators = Validators::new();

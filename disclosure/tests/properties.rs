@@ -285,7 +285,7 @@ proptest! {
             // Every permitted tool is reachable by its route; every other catalogue tool is
             // refused the same way an unknown one is.
             let catalogue = &case.catalogs.iter().find(|c| c.server == view.server).unwrap().tools;
-            for tool in catalogue {
+            for tool in catalogue.iter() {
                 let Some((route, args)) = describe_route(&surface, &view.server, tool.name.as_str()) else {
                     continue;
                 };
@@ -309,7 +309,7 @@ proptest! {
             // Search answers only permitted tools.
             if view.shape == Shape::SearchPair {
                 let search = surface.names().find(|(_, e)| matches!(e, Exposed::Search { server } if *server == view.server)).unwrap().0.to_owned();
-                for tool in catalogue {
+                for tool in catalogue.iter() {
                     let verdict = surface.guard(&search, &json!({"query": tool.name.as_str()}), &live, &mut validators);
                     let Verdict::Answer(Answer::Search(answer)) = verdict else { panic!("{verdict:?}") };
                     prop_assert!(answer.hits.iter().all(|h| expected.contains(&h.name)));
@@ -360,7 +360,9 @@ proptest! {
         let n = shuffled.catalogs.len();
         shuffled.catalogs.rotate_left(rotate % n);
         for catalog in &mut shuffled.catalogs {
-            catalog.tools.reverse();
+            let mut tools = catalog.tools.to_vec();
+            tools.reverse();
+            catalog.tools = tools.into();
         }
         let other = shuffled.surface();
         prop_assert_eq!(surface.tools(), other.tools());

@@ -62,7 +62,7 @@ fn setup(
         catalogs.push(ServerCatalog {
             server: id.clone(),
             version: CatalogVersion(1),
-            tools: list.tools,
+            tools: list.tools.into(),
             health: ServerHealth {
                 reachability: reachability.clone(),
                 ..ServerHealth::default()

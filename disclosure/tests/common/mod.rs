@@ -64,7 +64,7 @@ pub(crate) fn catalog(server: &str, tools: Vec<ToolDefinition>) -> ServerCatalog
     ServerCatalog {
         server: ServerId::new(server).unwrap(),
         version: CatalogVersion(1),
-        tools,
+        tools: tools.into(),
         health: ServerHealth {
             last_sync: Some(SyncStamp {
                 version: CatalogVersion(1),
