@@ -60,17 +60,20 @@ fn child(dir: &str) -> ! {
 }
 
 /// Waits for the child's `ready`, lets it append for `delay`, kills it (SIGKILL) and returns
-/// the whole lines it printed after `ready`.
-fn kill_after(mut child: Child, delay: Duration) -> String {
+/// the whole lines it printed after `ready`. A child that dies before `ready` fails the test
+/// with its exit status and what it wrote to `stderr` (a file, so a chatty child never
+/// blocks on a full pipe).
+fn kill_after(mut child: Child, delay: Duration, stderr: &std::path::Path) -> String {
     // The delay counts from the child's log being open, so the kill lands in appends.
     let mut reader = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     while line.trim_end() != "ready" {
         line.clear();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "the child died before opening"
-        );
+        if reader.read_line(&mut line).unwrap() == 0 {
+            let status = child.wait().unwrap();
+            let said = std::fs::read_to_string(stderr).unwrap_or_default();
+            panic!("the child died before opening ({status}); its stderr:\n{said}");
+        }
     }
     std::thread::sleep(delay);
     child.kill().unwrap();
@@ -100,6 +103,8 @@ fn a_killed_writer_loses_no_acknowledged_record() {
         child(&dir);
     }
     let dir = tempfile::tempdir().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let stderr = scratch.path().join("child.stderr");
     let run = common::run("crash");
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -117,10 +122,10 @@ fn a_killed_writer_loses_no_acknowledged_record() {
             .env(CHILD_ENV, dir.path())
             .env(POLICY_ENV, policy)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
             .unwrap();
-        let stdout = kill_after(child, delay);
+        let stdout = kill_after(child, delay, &stderr);
         let before = acknowledged.len();
         for line in stdout.lines() {
             if let Some(handle) = line.strip_prefix("ack ") {
@@ -216,6 +221,8 @@ fn killed_group_committers_lose_no_acknowledged_record() {
         group_child(&dir);
     }
     let dir = tempfile::tempdir().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let stderr = scratch.path().join("child.stderr");
     let run = common::run("group");
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -234,10 +241,10 @@ fn killed_group_committers_lose_no_acknowledged_record() {
             .env(CHILD_ENV, dir.path())
             .env(ROUND_ENV, round.to_string())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
             .unwrap();
-        let stdout = kill_after(child, delay);
+        let stdout = kill_after(child, delay, &stderr);
         // (thread, i) -> handle, for this round's acknowledged appends.
         let mut acked = BTreeMap::new();
         for line in stdout.lines() {
