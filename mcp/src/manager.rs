@@ -233,7 +233,10 @@ impl McpManager {
             .servers
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(server.clone(), Arc::clone(&slot));
+            .insert(server.clone(), slot);
+        // Only the map and the supervisor hold the slot now: if the server is removed or
+        // the manager shut down during the first attempt, the sender is dropped and this
+        // wait ends.
         let _ = first_rx.wait_for(|done| *done).await;
         Ok(self.reachability(&server).unwrap_or_default())
     }
@@ -508,6 +511,8 @@ async fn supervise(
             _ = stop.wait_for(|stop| *stop) => break,
         }
     }
+    // Stopped before a first attempt finished: release whoever waits for it.
+    let _ = slot.first_attempt.send(true);
 }
 
 impl ToolLister for McpManager {

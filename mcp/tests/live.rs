@@ -788,3 +788,23 @@ async fn over_http_listing_calls_and_list_changed_work_and_a_gone_server_is_repo
     );
     manager.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_a_first_connection_attempt_ends_the_wait() {
+    let manager = manager(Timeouts::uniform(Duration::from_secs(30)));
+    let adding = tokio::spawn({
+        let manager = manager.clone();
+        async move {
+            let config = test_server("stuck", &["--hang-initialize"]);
+            manager.add_server(id("stuck"), config).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    manager.shutdown().await;
+    let reachability = tokio::time::timeout(Duration::from_secs(3), adding)
+        .await
+        .expect("add_server still waits after shutdown")
+        .unwrap()
+        .unwrap();
+    assert_eq!(reachability, Reachability::Unknown);
+}

@@ -1,0 +1,87 @@
+//! A `tools/call` round trip through psych-mcp (`McpManager::call_tool_raw`: deadline,
+//! cancel-on-drop guard, our stdio transport) against the same call made directly with
+//! rmcp (`Peer::call_tool` over rmcp's own `TokioChildProcess`), each against its own
+//! `psych-test-server` process, side by side in one group. Target: psych-mcp ≤ 1.2× rmcp.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark fails loudly on bad setup"
+)]
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use psych_mcp::{McpConfig, McpManager, ServerConfig, Transport};
+use psych_types::{ConnectionSpec, JsonObject, ServerId, ToolRef};
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::TokioChildProcess;
+use serde_json::json;
+
+const SERVER: &str = env!("CARGO_BIN_EXE_psych-test-server");
+
+fn arguments() -> JsonObject {
+    match json!({"text": "hello from the benchmark"}) {
+        serde_json::Value::Object(map) => map,
+        _ => unreachable!(),
+    }
+}
+
+fn round_trip(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    let manager = runtime.block_on(async {
+        let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+        let manager = McpManager::builder(config).build().unwrap();
+        let server = ServerId::new("bench").unwrap();
+        let config = ServerConfig {
+            transport: Transport::Stdio {
+                command: SERVER.to_owned(),
+                args: Vec::new(),
+                env: BTreeMap::new(),
+                cwd: None,
+            },
+            connection: ConnectionSpec::new(server.clone()),
+            extra: JsonObject::new(),
+        };
+        manager.add_server(server, config).await.unwrap();
+        manager
+    });
+    let direct = runtime.block_on(async {
+        let transport = TokioChildProcess::new(tokio::process::Command::new(SERVER)).unwrap();
+        ().serve(transport).await.unwrap()
+    });
+
+    let tool = ToolRef::parse("bench", "echo").unwrap();
+    let mut group = c.benchmark_group("tools_call_round_trip");
+    group.bench_function("rmcp_direct", |b| {
+        b.iter(|| {
+            let params = CallToolRequestParams::new("echo").with_arguments(arguments());
+            black_box(runtime.block_on(direct.peer().call_tool(params)).unwrap())
+        });
+    });
+    group.bench_function("psych_mcp", |b| {
+        b.iter(|| {
+            black_box(
+                runtime
+                    .block_on(manager.call_tool_raw(&tool, arguments()))
+                    .unwrap(),
+            )
+        });
+    });
+    group.finish();
+
+    runtime.block_on(async {
+        manager.shutdown().await;
+        let _ = direct.cancel().await;
+    });
+}
+
+criterion_group!(benches, round_trip);
+criterion_main!(benches);
