@@ -26,6 +26,7 @@
 //! on its own and summed, so a prefix ending at a block has an exact, additive count.
 
 use std::collections::HashSet;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use psych_prompt_assembly::RenderedRequest;
 use psych_types::TokenEstimator;
@@ -102,10 +103,9 @@ impl Bill {
     }
 }
 
-/// One request laid out for the simulator: the cache stream, cumulative tokens at each
-/// block end, the total, and each block's strict position.
+/// One request laid out for the simulator: where its blocks end, cumulative tokens at each
+/// block end, the total, each block's nested position and a key for each prefix.
 pub struct Layout {
-    pub stream: String,
     pub ends: Vec<usize>,
     /// Tokens of the prefix ending at each block.
     pub tokens: Vec<u64>,
@@ -115,7 +115,12 @@ pub struct Layout {
     pub nested_pos: Vec<usize>,
     /// Blocks of the history (before the transient message).
     pub history_blocks: usize,
+    /// A key for the prefix ending at each block: its length and a chained hash.
+    keys: Vec<Key>,
 }
+
+/// A prefix's identity: its length in bytes and a hash chained block by block.
+type Key = (usize, u64);
 
 impl Layout {
     pub fn new(request: &RenderedRequest, estimator: &dyn TokenEstimator) -> Self {
@@ -158,13 +163,24 @@ impl Layout {
             nested_pos.push(pos);
             pos += 1 + n;
         }
+        let mut keys = Vec::with_capacity(ends.len());
+        let mut at = 0;
+        let mut chained = 0u64;
+        for &end in &ends {
+            let mut hasher = DefaultHasher::new();
+            chained.hash(&mut hasher);
+            stream[at..end].hash(&mut hasher);
+            chained = hasher.finish();
+            keys.push((end, chained));
+            at = end;
+        }
         Self {
-            stream,
             ends,
             tokens,
             total,
             nested_pos,
             history_blocks,
+            keys,
         }
     }
 
@@ -175,8 +191,8 @@ impl Layout {
         }
     }
 
-    fn prefix(&self, block: usize) -> &str {
-        &self.stream[..self.ends[block]]
+    fn prefix(&self, block: usize) -> Key {
+        self.keys[block]
     }
 }
 
@@ -206,7 +222,7 @@ fn nested_counts(body: &str) -> Vec<usize> {
 /// Anthropic's cache, replayed over requests in order.
 pub struct AnthropicCache {
     model: AnthropicModel,
-    entries: HashSet<String>,
+    entries: HashSet<Key>,
 }
 
 impl AnthropicCache {
@@ -223,7 +239,7 @@ impl AnthropicCache {
     }
 
     /// [`AnthropicCache::lookup`] as if the entries `extra` were written too.
-    fn lookup_with(&self, layout: &Layout, breakpoints: &[usize], extra: &[&str]) -> Option<usize> {
+    fn lookup_with(&self, layout: &Layout, breakpoints: &[usize], extra: &[Key]) -> Option<usize> {
         let reading = self.model.reading;
         breakpoints
             .iter()
@@ -234,7 +250,7 @@ impl AnthropicCache {
                     .take_while(|&j| top - layout.position(j, reading) < self.model.window)
                     .find(|&j| {
                         let prefix = layout.prefix(j);
-                        self.entries.contains(prefix) || extra.contains(&prefix)
+                        self.entries.contains(&prefix) || extra.contains(&prefix)
                     })
             })
             .max()
@@ -248,7 +264,7 @@ impl AnthropicCache {
         for &q in breakpoints {
             if layout.tokens[q] >= self.model.min_tokens {
                 written_to = written_to.max(layout.tokens[q]);
-                self.entries.insert(layout.prefix(q).to_owned());
+                self.entries.insert(layout.prefix(q));
             }
         }
         Bill {
@@ -302,7 +318,7 @@ pub fn searched_bill(layouts: &[Layout], model: AnthropicModel) -> Bill {
         write_price: 1.25,
         ..Bill::default()
     };
-    let mut seen: HashSet<String> = HashSet::new();
+    let mut seen: HashSet<Key> = HashSet::new();
     for (k, layout) in layouts.iter().enumerate() {
         let mine = candidates(layout, &seen, layouts.get(k + 1), model);
         let mut best: Option<(f64, Vec<usize>)> = None;
@@ -311,7 +327,7 @@ pub fn searched_bill(layouts: &[Layout], model: AnthropicModel) -> Bill {
             .map(|next| candidates(next, &seen, Some(layout), model));
         for set in subsets(&mine, 4) {
             let read = cache.lookup(layout, &set).map_or(0, |j| layout.tokens[j]);
-            let new: Vec<&str> = set
+            let new: Vec<Key> = set
                 .iter()
                 .filter(|&&q| layout.tokens[q] >= model.min_tokens)
                 .map(|&q| layout.prefix(q))
@@ -340,7 +356,7 @@ pub fn searched_bill(layouts: &[Layout], model: AnthropicModel) -> Bill {
         let set = best.map(|(_, s)| s).unwrap_or_default();
         bill.add(cache.send(layout, &set));
         for j in 0..layout.history_blocks {
-            seen.insert(layout.prefix(j).to_owned());
+            seen.insert(layout.prefix(j));
         }
     }
     bill
@@ -348,21 +364,21 @@ pub fn searched_bill(layouts: &[Layout], model: AnthropicModel) -> Bill {
 
 fn candidates(
     layout: &Layout,
-    seen: &HashSet<String>,
+    seen: &HashSet<Key>,
     next: Option<&Layout>,
     model: AnthropicModel,
 ) -> Vec<usize> {
     let n = layout.history_blocks;
     let mut out: Vec<usize> = Vec::new();
     // The last block already seen (a prefix an earlier request had).
-    if let Some(j) = (0..n).rev().find(|&j| seen.contains(layout.prefix(j))) {
+    if let Some(j) = (0..n).rev().find(|&j| seen.contains(&layout.prefix(j))) {
         out.push(j);
     }
     // The last block the next request shares.
     if let Some(next) = next {
         if let Some(j) = (0..n)
             .rev()
-            .find(|&j| next.ends.get(j) == Some(&layout.ends[j]) && next.prefix(j) == layout.prefix(j))
+            .find(|&j| next.keys.get(j) == Some(&layout.prefix(j)))
         {
             out.push(j);
         }
