@@ -137,13 +137,19 @@ fn the_longest_hit_of_all_breakpoints_is_read() {
 
 #[test]
 fn openai_reads_from_the_minimum_in_increments() {
-    let streams = vec!["a".repeat(3000), format!("{}{}", "a".repeat(2000), "b".repeat(1000))];
+    let streams = vec![
+        "a".repeat(3000),
+        format!("{}{}", "a".repeat(2000), "b".repeat(1000)),
+    ];
     let bill = openai_bill_streams(&streams, &PerByte, 1024, 128, 0.25);
     // 2,000 shared: 1,024 + 7 × 128 = 1,920 read.
     assert_eq!((bill.input, bill.read, bill.written), (6000, 1920, 0));
     assert!((bill.cost() - (6000.0 - 1920.0 * 0.75) / 6000.0).abs() < 1e-12);
     let short = vec!["a".repeat(1000), "a".repeat(1100)];
-    assert_eq!(openai_bill_streams(&short, &PerByte, 1024, 128, 0.25).read, 0);
+    assert_eq!(
+        openai_bill_streams(&short, &PerByte, 1024, 128, 0.25).read,
+        0
+    );
 }
 
 fn anthropic_of(rendered: &[Rendered]) -> Vec<&RenderedRequest> {

@@ -85,7 +85,13 @@ fn figures(script: &str, turns: &[Turn]) -> Figures {
     }
     table.push_str("  openai, minimum 1024, 128-token increments\n");
     for (name, rendered) in &variants {
-        let bill = openai_bill(&openai_of(rendered), &estimator, 1024, 128, OPENAI_READ_PRICE);
+        let bill = openai_bill(
+            &openai_of(rendered),
+            &estimator,
+            1024,
+            128,
+            OPENAI_READ_PRICE,
+        );
         table.push_str(&line(name, &bill));
     }
     Figures { table, gaps }

@@ -259,7 +259,9 @@ impl AnthropicCache {
     /// Bills one request with breakpoints on `breakpoints` (block indices) and writes its
     /// entries.
     pub fn send(&mut self, layout: &Layout, breakpoints: &[usize]) -> Bill {
-        let read = self.lookup(layout, breakpoints).map_or(0, |j| layout.tokens[j]);
+        let read = self
+            .lookup(layout, breakpoints)
+            .map_or(0, |j| layout.tokens[j]);
         let mut written_to = read;
         for &q in breakpoints {
             if layout.tokens[q] >= self.model.min_tokens {
@@ -292,7 +294,11 @@ pub fn anthropic_bill(
 }
 
 /// Bills laid-out requests with the given breakpoints.
-pub fn bill_placements(layouts: &[Layout], placements: &[Vec<usize>], model: AnthropicModel) -> Bill {
+pub fn bill_placements(
+    layouts: &[Layout],
+    placements: &[Vec<usize>],
+    model: AnthropicModel,
+) -> Bill {
     let mut cache = AnthropicCache::new(model);
     let mut bill = Bill {
         read_price: 0.1,
@@ -375,19 +381,17 @@ fn candidates(
         out.push(j);
     }
     // The last block the next request shares.
-    if let Some(next) = next {
-        if let Some(j) = (0..n)
+    if let Some(next) = next
+        && let Some(j) = (0..n)
             .rev()
             .find(|&j| next.keys.get(j) == Some(&layout.prefix(j)))
-        {
-            out.push(j);
-        }
+    {
+        out.push(j);
     }
     if n > 0 {
         out.push(n - 1);
     }
-    // The last block of each part boundary region is covered above; add the first block at
-    // or over the minimum, a shared stable prefix.
+    // The first block at or over the minimum: the shortest prefix worth an entry.
     if let Some(j) = (0..n).find(|&j| layout.tokens[j] >= model.min_tokens) {
         out.push(j);
     }

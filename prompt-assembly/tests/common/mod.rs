@@ -710,7 +710,9 @@ pub fn wide_turns() -> Vec<Turn> {
                     Step {
                         calls: (0..n)
                             .map(|i| match (i, next(10)) {
-                                (0, _) | (_, 0..=2) => Outcome::Large(1500 + 500 * next(8) as usize),
+                                (0, _) | (_, 0..=2) => {
+                                    Outcome::Large(1500 + 500 * next(8) as usize)
+                                }
                                 (_, 3..=6) => Outcome::Small,
                                 (_, 7) => Outcome::Fail(700),
                                 (_, 8) => Outcome::Json,
