@@ -50,7 +50,12 @@
 //!    messages);
 //! 2. the zone 2 block, when there is one;
 //! 3. the last history block;
-//! 4. a lookback anchor, see [`ANCHOR_DISTANCE`].
+//! 4. a lookback anchor: within a turn, on the previous request's end when the lookback
+//!    from breakpoint 3 could miss it (see [`ANCHOR_DISTANCE`]); at a turn start, when the
+//!    moved boundary elides results of the previous turn, on the end of the last step
+//!    before the first of them, the last prefix of that turn still intact (its entry was
+//!    written by that turn's request for the step, and is usually out of the lookback's
+//!    reach).
 
 use std::borrow::Cow;
 
@@ -78,6 +83,16 @@ pub const CONVERSATION_START: &str = "[start of conversation]";
 /// that position: its lookup hits the previous entry at distance 0 and breakpoint 3 writes
 /// the new tail. We count on 18 of the documented "about 20" blocks, one block of margin
 /// with the breakpoint block itself counted.
+///
+/// The documentation does not say whether the blocks nested in a `tool_result` (its text
+/// and image blocks) are positions of their own, so the distance counts them too (an upper
+/// bound: two a content block plus one): the anchor is then placed whenever either reading
+/// would miss.
+///
+/// At a turn start the fourth breakpoint has another use: when the moved boundary elides
+/// results of the previous turn, it goes on the end of the last step before the first of
+/// them (the last prefix of that turn still intact, whose entry that turn's request for the
+/// step wrote).
 pub const ANCHOR_DISTANCE: usize = 18;
 
 /// Request options of the Anthropic renderer.
@@ -162,18 +177,30 @@ impl Prompt<'_> {
         if history_blocks > 0 {
             let last = history_start + history_blocks - 1;
             breakpoints.push(last);
-            let newest_assistant = self
+            let block_of = |j: usize| {
+                let before: usize = message_blocks[..j].iter().sum();
+                (before > 0).then(|| history_start + before - 1)
+            };
+            if let Some(j) = self.turn_start_anchor(&message_blocks) {
+                // The end of the last step before the first re-elided result.
+                if let Some(anchor) = block_of(j) {
+                    breakpoints.push(anchor);
+                }
+            } else if let Some(j) = self
                 .messages
                 .iter()
                 .zip(&message_blocks)
-                .rposition(|(message, &n)| n > 0 && matches!(message, Message::Assistant { .. }));
-            if let Some(j) = newest_assistant {
-                let before: usize = message_blocks[..j].iter().sum();
-                if before > 0 {
-                    let anchor = history_start + before - 1;
-                    if last - anchor > ANCHOR_DISTANCE {
-                        breakpoints.push(anchor);
-                    }
+                .rposition(|(message, &n)| n > 0 && matches!(message, Message::Assistant { .. }))
+                && let Some(anchor) = block_of(j)
+            {
+                let nested: usize = self.messages[j..]
+                    .iter()
+                    .zip(&message_blocks[j..])
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(message, _)| self.nested_blocks(message))
+                    .sum();
+                if last - anchor + nested > ANCHOR_DISTANCE {
+                    breakpoints.push(anchor);
                 }
             }
         }
@@ -450,6 +477,60 @@ impl Prompt<'_> {
                 }
                 out.push("]}");
             }
+        }
+    }
+
+    /// At a turn start (the newest message is the user's), the message index of the
+    /// assistant message whose call got the first result of the previous turn that is now
+    /// elided, if any.
+    ///
+    /// The boundary has just moved past the previous turn: its results, whole in that
+    /// turn's requests, are elided from now on, so every cache entry written after the
+    /// first of them is lost, and the last intact one may be far more than 20 blocks before
+    /// the last history block. That turn's request for the step whose results are the first
+    /// to be re-elided ended just before the assistant message that made the calls, and its
+    /// breakpoint 3 wrote an entry there; earlier turns' projections do not change (the
+    /// projector sees one turn at a time). All this is read from the history and the views.
+    fn turn_start_anchor(&self, message_blocks: &[usize]) -> Option<usize> {
+        let newest = message_blocks.iter().rposition(|&n| n > 0)?;
+        if !matches!(self.messages[newest], Message::User { .. }) {
+            return None;
+        }
+        let previous_user = self.messages[..newest]
+            .iter()
+            .zip(message_blocks)
+            .rposition(|(message, &n)| n > 0 && matches!(message, Message::User { .. }))
+            .map_or(0, |i| i + 1);
+        let results = (previous_user..newest).find(|&j| match &self.messages[j] {
+            Message::Results { items, .. } => items.iter().any(|item| {
+                matches!(item, Answer::Logged(index, _)
+                    if self.views[*index] != psych_types::Projection::Full)
+            }),
+            _ => false,
+        })?;
+        self.messages[..results]
+            .iter()
+            .zip(message_blocks)
+            .rposition(|(message, &n)| n > 0 && matches!(message, Message::Assistant { .. }))
+    }
+
+    /// An upper bound on the blocks nested in `message`'s top-level blocks (the content of
+    /// each `tool_result`: text between images and the images, at most two a block plus
+    /// one), for the reading of the lookback that counts them.
+    fn nested_blocks(&self, message: &Message<'_>) -> usize {
+        match message {
+            Message::Results { items, .. } => items
+                .iter()
+                .map(|item| match item {
+                    Answer::Logged(index, result)
+                        if self.views[*index] == psych_types::Projection::Full =>
+                    {
+                        2 * result.output.content.len() + 1
+                    }
+                    _ => 1,
+                })
+                .sum(),
+            _ => 0,
         }
     }
 

@@ -32,7 +32,9 @@
 //!   after the assistant message, results first); tool names of the surface outside
 //!   `^[a-zA-Z0-9_-]{1,64}$` are a [`RenderError`], never a request the provider would
 //!   refuse. Anthropic breakpoints: at most four, never on the transient message, with a
-//!   lookback anchor for wide steps (see [`ANCHOR_DISTANCE`]).
+//!   lookback anchor for wide steps (see [`ANCHOR_DISTANCE`]) and, at a turn start whose
+//!   moved boundary elides the previous turn's results, on the end of the last step before
+//!   the first of them: the last prefix still intact, whose entry that turn wrote.
 //! - **Every real log renders.** The log is never rewritten, so anything a model or a crash
 //!   can leave in it is rendered with a fixed, documented substitute rather than refused
 //!   (a refusal would fail every later request of the Run): a call name outside the

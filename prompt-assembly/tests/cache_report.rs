@@ -13,37 +13,6 @@ mod common;
 use common::*;
 use psych_prompt_assembly::{CacheReport, Part, RenderedRequest};
 
-/// Twenty turns of zero to three steps, one to three parallel calls each, with large
-/// results, failures, a JSON and a binary result, and memories changing at turns 5 and 12.
-fn twenty_turns() -> Vec<Turn> {
-    let mut state: u64 = 0x5eed;
-    let mut next = move |n: u64| {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (state >> 33) % n
-    };
-    (0..20)
-        .map(|t| Turn {
-            new_memory: t == 5 || t == 12,
-            blank_texts: false,
-            steps: (0..next(4))
-                .map(|_| Step {
-                    calls: (0..1 + next(3))
-                        .map(|_| match next(10) {
-                            0..=3 => Outcome::Small,
-                            4..=6 => Outcome::Large(1000 + 500 * next(8) as usize),
-                            7 => Outcome::Fail(700),
-                            8 => Outcome::Json,
-                            _ => Outcome::Pdf,
-                        })
-                        .collect(),
-                })
-                .collect(),
-        })
-        .collect()
-}
-
 fn report(rendered: &[Rendered], pick: fn(&Rendered) -> &RenderedRequest) -> CacheReport {
     let requests: Vec<RenderedRequest> = rendered.iter().map(|r| pick(r).clone()).collect();
     CacheReport::new(&requests)

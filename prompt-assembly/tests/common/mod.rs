@@ -12,6 +12,7 @@
 
 use std::collections::BTreeSet;
 
+pub mod billing;
 #[path = "../rules/mod.rs"]
 pub mod rules;
 #[allow(unused_imports, reason = "not every test crate checks bodies")]
@@ -668,4 +669,70 @@ pub fn check_lookback(calls: &[Call], requests: &[&RenderedRequest]) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Twenty turns of zero to three steps, one to three parallel calls each, with large
+/// results, failures, a JSON and a binary result, and memories changing at turns 5 and 12.
+pub fn twenty_turns() -> Vec<Turn> {
+    let mut next = lcg(0x5eed);
+    (0..20)
+        .map(|t| Turn {
+            new_memory: t == 5 || t == 12,
+            blank_texts: false,
+            steps: (0..next(4))
+                .map(|_| Step {
+                    calls: (0..1 + next(3))
+                        .map(|_| match next(10) {
+                            0..=3 => Outcome::Small,
+                            4..=6 => Outcome::Large(1000 + 500 * next(8) as usize),
+                            7 => Outcome::Fail(700),
+                            8 => Outcome::Json,
+                            _ => Outcome::Pdf,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// A wide session: twelve turns of two to four steps, each of 1 to 14 parallel calls, a
+/// large result in every step, a memory change at turn 6.
+pub fn wide_turns() -> Vec<Turn> {
+    let mut next = lcg(0x1de);
+    (0..12)
+        .map(|t| Turn {
+            new_memory: t == 6,
+            blank_texts: false,
+            steps: (0..2 + next(3))
+                .map(|_| {
+                    let n = 1 + next(14) as usize;
+                    Step {
+                        calls: (0..n)
+                            .map(|i| match (i, next(10)) {
+                                (0, _) | (_, 0..=2) => {
+                                    Outcome::Large(1500 + 500 * next(8) as usize)
+                                }
+                                (_, 3..=6) => Outcome::Small,
+                                (_, 7) => Outcome::Fail(700),
+                                (_, 8) => Outcome::Json,
+                                _ => Outcome::Pdf,
+                            })
+                            .collect(),
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// A small deterministic generator: `next(n)` is in `0..n`.
+fn lcg(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut state = seed;
+    move |n: u64| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (state >> 33) % n
+    }
 }
