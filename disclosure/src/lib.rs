@@ -113,7 +113,7 @@
 //! let catalogs = [ServerCatalog {
 //!     server: fs.clone(),
 //!     version: CatalogVersion(1),
-//!     tools: vec![read],
+//!     tools: vec![read].into(),
 //!     health: ServerHealth::default(),
 //! }];
 //! let connections = [ConnectionSpec::new(fs.clone())];
