@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use psych_types::ServerId;
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
-    CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientNotification,
-    ClientRequest, CustomRequest, Implementation, ProtocolVersion, RequestId, ServerResult,
+    CallToolRequest, CallToolRequestParams, CancelledNotification, CancelledNotificationParam,
+    ClientCapabilities, ClientConfig, ClientNotification, ClientRequest, CustomRequest,
+    Implementation, ProtocolVersion, RequestId, ServerResult,
 };
 use rmcp::service::{
     ClientInitializeError, NotificationContext, Peer, PeerRequestOptions, RunningService,
@@ -242,7 +242,7 @@ impl Session {
         tool: &str,
         arguments: psych_types::JsonObject,
         deadline: Duration,
-    ) -> Result<CallToolResult, McpError> {
+    ) -> Result<Value, McpError> {
         let call = format!("tools/call {tool}");
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
@@ -254,27 +254,38 @@ impl Session {
             Ok(handle) => handle,
             Err(error) => return Err(self.fault(&call, error).await),
         };
+        let id = handle.id.clone();
         let mut guard = CancelOnDrop {
             peer: Some(self.peer.clone()),
             id: handle.id.clone(),
         };
         let result = handle.await_response().await;
         guard.peer = None;
+        // Taken whatever the outcome, so that a failed call leaves nothing in the tap.
+        let raw = self.tap.as_ref().and_then(|tap| tap.take(&id));
+        let result = match result {
+            Ok(result) => result,
+            Err(error) => return Err(self.fault(&call, error).await),
+        };
+        if let Some(raw) = raw {
+            // Over stdio: the result exactly as the server wrote it.
+            return Ok(raw);
+        }
+        // Over HTTP the answer arrives typed; one rmcp could not type arrives raw.
         match result {
-            Ok(ServerResult::CallToolResult(result)) => Ok(result),
-            Ok(ServerResult::CustomResult(custom)) => {
-                serde_json::from_value(custom.0).map_err(|e| McpError::Protocol {
+            ServerResult::CallToolResult(result) => {
+                serde_json::to_value(result).map_err(|e| McpError::Protocol {
                     server: self.server.clone(),
                     call,
-                    message: format!("the answer is not a tools/call result: {e}"),
+                    message: format!("the tools/call result does not serialize: {e}"),
                 })
             }
-            Ok(other) => Err(McpError::Protocol {
+            ServerResult::CustomResult(custom) => Ok(custom.0),
+            other => Err(McpError::Protocol {
                 server: self.server.clone(),
                 call,
                 message: format!("the answer is not a tools/call result: {other:?}"),
             }),
-            Err(error) => Err(self.fault(&call, error).await),
         }
     }
 

@@ -11,8 +11,11 @@
 //! deadline is in [`Timeouts`]; every failure is an [`McpError`] that names the server, the
 //! call and the reason (exit status, the last stderr lines).
 //!
-//! It implements [`psych_types::ToolLister`]. Calls are [`McpManager::call_tool_raw`],
-//! returning rmcp's `CallToolResult` as the server sent it.
+//! It implements [`psych_types::ToolLister`] and [`psych_types::ToolHost`]: a `tools/call`
+//! result is read from the JSON the server sent into a [`psych_types::ToolOutput`], block
+//! by block, with nothing dropped (over stdio the raw answer is kept by psych-mcp's own
+//! transport, since rmcp's typed result drops fields and block types it does not model).
+//! [`McpManager::call_tool_raw`] returns rmcp's typed `CallToolResult` instead.
 //!
 //! The crate also ships `psych-test-server`, an MCP server built on rmcp whose behaviour is
 //! set by flags and control tools ([`test_server`]), and [`synthetic_tools`], the

@@ -9,8 +9,11 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use psych_types::{JsonObject, Reachability, ServerId, ToolDefinition, ToolLister, ToolRef};
+use psych_types::{
+    JsonObject, Reachability, ServerId, ToolDefinition, ToolHost, ToolLister, ToolOutput, ToolRef,
+};
 use rmcp::model::CallToolResult;
+use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -107,8 +110,8 @@ impl McpManagerBuilder {
 /// reports `list_changed` and reachability as [`McpEvent`]s, reconnects lost servers with
 /// backoff, and stops every server it started on [`McpManager::shutdown`].
 ///
-/// It implements [`ToolLister`]. Calls go through [`McpManager::call_tool_raw`], which
-/// returns rmcp's `CallToolResult` as the server sent it.
+/// It implements [`ToolLister`] and [`ToolHost`] (calls mapped whole into [`ToolOutput`]);
+/// [`McpManager::call_tool_raw`] returns rmcp's typed `CallToolResult` instead.
 #[derive(Clone)]
 pub struct McpManager {
     inner: Arc<Inner>,
@@ -346,20 +349,29 @@ impl McpManager {
         Ok(listing)
     }
 
-    /// Calls a tool and returns the server's result as rmcp parsed it. The call has the
-    /// [`Timeouts::call`] deadline; when it passes, or when the future is dropped before
-    /// the answer, `notifications/cancelled` is sent and the connection stays usable. A
-    /// tool that ran and failed is `Ok` with `is_error` set.
+    /// Calls a tool and returns the server's result as rmcp parses it (which drops fields
+    /// and block types rmcp does not model; [`ToolHost::call_tool`] keeps everything). The
+    /// call has the [`Timeouts::call`] deadline; when it passes, or when the future is
+    /// dropped before the answer, `notifications/cancelled` is sent and the connection stays
+    /// usable. A tool that ran and failed is `Ok` with `is_error` set.
     ///
     /// # Errors
     ///
     /// An [`McpError`]: unknown or unreachable server, timeout, the server's exit (with
-    /// its status and last stderr lines), a closed connection, a protocol error.
+    /// its status and last stderr lines), a closed connection, a protocol error (including
+    /// a result rmcp cannot read).
     pub async fn call_tool_raw(
         &self,
         tool: &ToolRef,
         arguments: JsonObject,
     ) -> Result<CallToolResult, McpError> {
+        let raw = self.call_json(tool, arguments).await?;
+        serde_json::from_value(raw).map_err(|e| not_a_call_result(tool, &e))
+    }
+
+    /// The `result` of a `tools/call` as JSON: exactly as the server wrote it over stdio,
+    /// as rmcp typed it over HTTP (or raw, for a result rmcp could not type).
+    async fn call_json(&self, tool: &ToolRef, arguments: JsonObject) -> Result<Value, McpError> {
         let session = self.session(&tool.server)?;
         session
             .call(tool.tool.as_str(), arguments, self.inner.timeouts.call)
@@ -520,5 +532,31 @@ impl ToolLister for McpManager {
 
     async fn list_tools(&self, server: &ServerId) -> Result<Vec<ToolDefinition>, McpError> {
         Ok(self.list(server).await?.tools)
+    }
+}
+
+/// `tools/call` with the [`Timeouts::call`] deadline and cancellation, as
+/// [`McpManager::call_tool_raw`]; the result is read from its JSON into a [`ToolOutput`]
+/// block by block, so nothing the server sent is dropped: unknown block types are kept as
+/// [`ContentBlock::Unknown`](psych_types::ContentBlock::Unknown), unknown fields in their
+/// block's `extra`. A tool that ran and failed is `Ok` with `is_error` set; `Err` is the
+/// connection, the deadline, or an answer that is not a `CallToolResult` at all.
+impl ToolHost for McpManager {
+    async fn call_tool(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+    ) -> Result<ToolOutput, McpError> {
+        let raw = self.call_json(tool, arguments).await?;
+        serde_json::from_value(raw).map_err(|e| not_a_call_result(tool, &e))
+    }
+}
+
+/// A `tools/call` answer that does not read as a result.
+fn not_a_call_result(tool: &ToolRef, error: &serde_json::Error) -> McpError {
+    McpError::Protocol {
+        server: tool.server.clone(),
+        call: format!("tools/call {}", tool.tool),
+        message: format!("the answer is not a tools/call result: {error}"),
     }
 }

@@ -7,8 +7,9 @@
 //! `TokioChildProcess`, for three reasons: rmcp's child transport hides the exit status and
 //! signals only the direct child; our reader keeps the raw `result` of each `tools/list`
 //! response (rmcp's typed `Tool` drops fields it does not model, such as `execution`, and
-//! fails a page on one malformed tool); and lines that are not JSON-RPC are counted and
-//! quoted in error messages instead of disappearing.
+//! fails a page on one malformed tool), and likewise of each `tools/call` response (rmcp's
+//! typed `CallToolResult` drops fields and block types it does not model); and lines that
+//! are not JSON-RPC are counted and quoted in error messages instead of disappearing.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::unix::process::ExitStatusExt;
@@ -281,7 +282,8 @@ impl Drop for Child {
     }
 }
 
-/// The raw `result` of each `tools/list` response, kept for the lister by request id.
+/// The raw `result` of each `tools/list` and `tools/call` response, kept by request id for
+/// the request's sender.
 #[derive(Default)]
 pub(crate) struct Tap {
     wanted: Mutex<HashMap<String, Option<Value>>>,
@@ -307,7 +309,7 @@ impl Tap {
             .is_empty()
     }
 
-    /// Keeps `result` if `id` is a listing request of ours; says whether it was.
+    /// Keeps `result` if `id` is a listing or call request of ours; says whether it was.
     fn offer(&self, id: &Value, result: &Value) -> bool {
         let key = id.to_string();
         let mut wanted = self.wanted.lock().unwrap_or_else(PoisonError::into_inner);
@@ -320,7 +322,7 @@ impl Tap {
         }
     }
 
-    /// The raw result of listing request `id`, forgetting the request either way.
+    /// The raw result of request `id`, forgetting the request either way.
     pub(crate) fn take(&self, id: &RequestId) -> Option<Value> {
         self.wanted
             .lock()
@@ -340,7 +342,7 @@ pub(crate) struct ChildTransport {
 }
 
 impl ChildTransport {
-    /// The tap that keeps raw listing results.
+    /// The tap that keeps raw listing and call results.
     pub(crate) fn tap(&self) -> Arc<Tap> {
         Arc::clone(&self.tap)
     }
@@ -387,10 +389,14 @@ impl ChildTransport {
                 (Some(id), Some(result)) => self.tap.offer(id, result),
                 _ => false,
             };
-            // The raw result is kept; rmcp gets a small stand-in so that it does not
-            // deserialize (and possibly refuse) a large listing a second time.
+            // The raw result is kept; rmcp gets a small stand-in of the same shape so that
+            // it does not deserialize (and possibly refuse) a large answer a second time.
             if kept && let Some(result) = value.get_mut("result") {
-                *result = serde_json::json!({"tools": []});
+                *result = if result.get("tools").is_some() {
+                    serde_json::json!({"tools": []})
+                } else {
+                    serde_json::json!({"content": []})
+                };
             }
             serde_json::from_value(value).ok()
         } else {
@@ -406,11 +412,15 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        if let JsonRpcMessage::Request(request) = &item
-            && let ClientRequest::CustomRequest(custom) = &request.request
-            && custom.method == "tools/list"
-        {
-            self.tap.want(&request.id);
+        if let JsonRpcMessage::Request(request) = &item {
+            let tapped = match &request.request {
+                ClientRequest::CustomRequest(custom) => custom.method == "tools/list",
+                ClientRequest::CallToolRequest(_) => true,
+                _ => false,
+            };
+            if tapped {
+                self.tap.want(&request.id);
+            }
         }
         let line = serde_json::to_vec(&item).map(|mut line| {
             line.push(b'\n');

@@ -18,6 +18,7 @@
 //! | `cancellations` | how many calls were cancelled so far |
 //! | `garbage {lines}` | writes lines that are not JSON-RPC to stdout, then answers |
 //! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
+//! | `exotic` | over stdio, [`exotic_result`] as raw JSON: fields and a block type rmcp does not model |
 //!
 //! plus [`Scenario::tools`] generated tools ([`synthetic_tools`](crate::synthetic_tools)),
 //! each answering with its name and arguments.
@@ -301,7 +302,33 @@ fn control_tools() -> Vec<Value> {
             "The client's protocol version and Authorization header.",
             none.clone(),
         ),
+        tool(
+            "exotic",
+            "A result with fields and a block type rmcp does not model.",
+            none.clone(),
+        ),
     ]
+}
+
+/// What the `exotic` tool answers over stdio, byte for byte as JSON: a result with a block
+/// type MCP does not define yet, unknown fields on a known block and on the result,
+/// annotations and `_meta` on blocks, an embedded text resource and a resource link. A
+/// client that maps results with nothing dropped gets all of it back.
+pub fn exotic_result() -> Value {
+    json!({
+        "content": [
+            {"type": "text", "text": "first", "annotations": {"audience": ["user"], "priority": 0.5},
+             "_meta": {"trace": "t-1"}, "futureField": {"kept": true}},
+            {"type": "widget", "widget": {"kind": "gauge", "value": 7}},
+            {"type": "resource_link", "uri": "file:///tmp/report.txt", "name": "report",
+             "mimeType": "text/plain", "size": 1234},
+            {"type": "resource", "resource": {"uri": "test://notes.md", "mimeType": "text/markdown",
+             "text": "# Notes\n"}},
+            {"type": "audio", "data": "AAEC", "mimeType": "audio/wav"}
+        ],
+        "structuredContent": {"ok": true, "n": 3},
+        "_meta": {"server": "psych-test-server"}
+    })
 }
 
 /// The text of `large`: numbered lines, exactly `bytes` long.
@@ -368,6 +395,9 @@ impl TestServer {
         let state = &self.state;
         let result = match params.name.as_ref() {
             "echo" => CallToolResult::success(vec![ContentBlock::text(text_arg("text"))]),
+            "exotic" => CallToolResult::error(vec![ContentBlock::text(
+                "exotic is answered raw over stdio only",
+            )]),
             "add_tool" | "remove_tool" => {
                 let name = text_arg("name");
                 {
@@ -541,9 +571,9 @@ impl ServerHandler for TestServer {
     }
 }
 
-/// Over stdio, `tools/list` is answered as raw JSON, so that a malformed tool reaches the
-/// client as it is (rmcp's typed `Tool` could not carry one); everything else is the
-/// [`ServerHandler`]'s.
+/// Over stdio, `tools/list` and the `exotic` tool are answered as raw JSON, so that a
+/// malformed tool or an unmodelled field reaches the client as it is (rmcp's typed `Tool`
+/// and `CallToolResult` could not carry one); everything else is the [`ServerHandler`]'s.
 struct RawListing(TestServer);
 
 impl Service<RoleServer> for RawListing {
@@ -559,6 +589,11 @@ impl Service<RoleServer> for RawListing {
             return Ok(ServerResult::CustomResult(CustomResult(
                 self.0.state.page(request.params.as_ref()),
             )));
+        }
+        if let ClientRequest::CallToolRequest(request) = &request
+            && request.params.name == "exotic"
+        {
+            return Ok(ServerResult::CustomResult(CustomResult(exotic_result())));
         }
         Service::handle_request(&self.0, request, context).await
     }

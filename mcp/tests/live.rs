@@ -16,10 +16,14 @@ use psych_mcp::{
     Backoff, ChangeCause, McpConfig, McpError, McpEvent, McpEvents, McpManager, ServerConfig,
     Timeouts, Transport,
 };
-use psych_types::{ConnectionSpec, JsonObject, Reachability, ServerId, ToolLister, ToolRef};
+use psych_types::{
+    ConnectionSpec, JsonObject, Reachability, ServerId, ToolHost, ToolLister, ToolRef,
+};
 use serde_json::{Value, json};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_psych-test-server");
+/// How many control tools the test server lists before its generated ones.
+const CONTROL_TOOLS: usize = 15;
 
 fn id(name: &str) -> ServerId {
     ServerId::new(name).unwrap()
@@ -136,11 +140,11 @@ async fn listing_follows_every_page_to_the_end_in_order() {
     assert_eq!(reachability, Reachability::Reachable);
     let tools = manager.list_tools(&id("pages")).await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names.len(), 14 + 95);
+    assert_eq!(names.len(), CONTROL_TOOLS + 95);
     assert_eq!(&names[..3], ["echo", "add_tool", "remove_tool"]);
     let generated: Vec<_> = psych_mcp::synthetic_tools(95);
     assert_eq!(
-        &tools[14..],
+        &tools[CONTROL_TOOLS..],
         &generated[..],
         "every generated tool, whole and in order"
     );
@@ -151,13 +155,17 @@ async fn listing_follows_every_page_to_the_end_in_order() {
 async fn a_malformed_tool_does_not_fail_the_listing() {
     let (manager, reachability) = one(
         "bad",
-        test_server("bad", &["--malformed", "--page-size", "4"]),
+        test_server("bad", &["--malformed", "--page-size", "5"]),
         fast(),
     )
     .await;
     assert_eq!(reachability, Reachability::Reachable);
     let listing = manager.list(&id("bad")).await.unwrap();
-    assert_eq!(listing.tools.len(), 14, "every good tool is kept");
+    assert_eq!(
+        listing.tools.len(),
+        CONTROL_TOOLS,
+        "every good tool is kept"
+    );
     let refused: Vec<(&str, usize)> = listing
         .malformed
         .iter()
@@ -246,8 +254,8 @@ async fn a_list_changed_before_the_initialize_response_is_covered_by_the_first_l
     })
     .await;
     let tools = manager.list_tools(&id("early")).await.unwrap();
-    assert_eq!(tools.len(), 14 + 3);
-    assert_eq!(tools[14].name.as_str(), "list_issues");
+    assert_eq!(tools.len(), CONTROL_TOOLS + 3);
+    assert_eq!(tools[CONTROL_TOOLS].name.as_str(), "list_issues");
     manager.shutdown().await;
 }
 
@@ -382,6 +390,77 @@ async fn results_of_every_kind_come_back_whole() {
     let failed = call("fail", json!({"message": "disk full"})).await;
     assert_eq!(failed["isError"], true);
     assert_eq!(failed["content"][0]["text"], "disk full");
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_host_maps_every_block_and_field_of_a_result() {
+    let (manager, _) = one("host", test_server("host", &[]), fast()).await;
+    let host = |name: &'static str, arguments: Value| {
+        let manager = manager.clone();
+        async move {
+            manager
+                .call_tool(&tool("host", name), args(arguments))
+                .await
+                .unwrap()
+        }
+    };
+
+    // What rmcp would drop (an unknown block type, unknown fields) comes back whole.
+    let exotic = host("exotic", json!({})).await;
+    assert_eq!(
+        serde_json::to_value(&exotic).unwrap(),
+        psych_mcp::test_server::exotic_result()
+    );
+    assert!(matches!(
+        &exotic.content[1],
+        psych_types::ContentBlock::Unknown(block) if block["type"] == "widget"
+    ));
+    assert_eq!(exotic.content.len(), 5);
+    let typed = manager
+        .call_tool_raw(&tool("host", "exotic"), JsonObject::new())
+        .await;
+    assert!(
+        typed.is_err_and(|e| e.to_string().contains("not a tools/call result")),
+        "rmcp's typed result cannot read an unknown block type"
+    );
+
+    // The test server's kinds, each equal to the same call as rmcp's typed result.
+    for (name, arguments) in [
+        ("mixed", json!({})),
+        ("structured", json!({})),
+        ("binary", json!({})),
+        ("fail", json!({"message": "disk full"})),
+        ("large", json!({"bytes": 200_000})),
+    ] {
+        let output = host(name, arguments.clone()).await;
+        let typed = manager
+            .call_tool_raw(&tool("host", name), args(arguments))
+            .await
+            .unwrap();
+        let mut typed = serde_json::to_value(&typed).unwrap();
+        // `isError: false` is MCP's default; `ToolOutput` leaves it out, as the server may.
+        if typed["isError"] == false {
+            typed.as_object_mut().unwrap().remove("isError");
+        }
+        assert_eq!(serde_json::to_value(&output).unwrap(), typed, "{name}");
+        assert_eq!(output.is_error, name == "fail", "{name}");
+    }
+    let mixed = host("mixed", json!({})).await;
+    assert_eq!(mixed.content.len(), 3);
+    assert!(
+        matches!(&mixed.content[1], psych_types::ContentBlock::Image(image)
+        if image.mime_type == "image/png")
+    );
+
+    // A connection failure is `Err`, not a failed result.
+    let crashed = manager
+        .call_tool(&tool("host", "crash"), JsonObject::new())
+        .await;
+    assert!(
+        matches!(crashed, Err(McpError::Exited { .. })),
+        "{crashed:?}"
+    );
     manager.shutdown().await;
 }
 
@@ -691,14 +770,30 @@ async fn over_http_listing_calls_and_list_changed_work_and_a_gone_server_is_repo
     let (manager, reachability) = one("web", http_config("web", &server.url), fast()).await;
     assert_eq!(reachability, Reachability::Reachable);
     let tools = manager.list_tools(&id("web")).await.unwrap();
-    assert_eq!(tools.len(), 14 + 30);
-    assert_eq!(&tools[14..], &psych_mcp::synthetic_tools(30)[..]);
+    assert_eq!(tools.len(), CONTROL_TOOLS + 30);
+    assert_eq!(&tools[CONTROL_TOOLS..], &psych_mcp::synthetic_tools(30)[..]);
 
     let result = manager
         .call_tool_raw(&tool("web", "mixed"), JsonObject::new())
         .await
         .unwrap();
     assert_eq!(result.content.len(), 3);
+    // Over HTTP the answer arrives typed from rmcp; the host maps it block by block.
+    let output = manager
+        .call_tool(&tool("web", "mixed"), JsonObject::new())
+        .await
+        .unwrap();
+    let mut typed = serde_json::to_value(&result).unwrap();
+    typed.as_object_mut().unwrap().remove("isError");
+    assert_eq!(serde_json::to_value(&output).unwrap(), typed);
+    let failed = manager
+        .call_tool(&tool("web", "fail"), JsonObject::new())
+        .await
+        .unwrap();
+    assert!(
+        failed.is_error,
+        "a tool that ran and failed is Ok with is_error"
+    );
     // The configured headers are sent, and the pinned protocol version was asked for.
     let result = manager
         .call_tool_raw(&tool("web", "client_info"), JsonObject::new())

@@ -312,6 +312,9 @@ fn group(history: &[LoggedRecord]) -> Result<Vec<Message<'_>>, AssembleError> {
                     close(history, &mut pending, &mut messages);
                 }
             }
+            // Bookkeeping, not conversation: wherever it sits, it renders as nothing and
+            // leaves an open call message open.
+            Record::Usage(_) => {}
         }
     }
     close(history, &mut pending, &mut messages);
@@ -544,6 +547,70 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn usage_records_render_as_nothing_wherever_they_sit() {
+        let usage = || {
+            Record::Usage(psych_types::Usage {
+                input: 10,
+                cache_read: 20,
+                cache_write: 30,
+                output: 40,
+            })
+        };
+        let plain = vec![
+            user("x"),
+            calls(&["a", "b"]),
+            result("a", "A"),
+            result("b", "B"),
+            Record::Assistant(AssistantMessage {
+                text: "done".into(),
+                tool_calls: Vec::new(),
+            }),
+            user("y"),
+        ];
+        let with_usage = vec![
+            user("x"),
+            calls(&["a", "b"]),
+            usage(),
+            result("a", "A"),
+            usage(),
+            result("b", "B"),
+            Record::Assistant(AssistantMessage {
+                text: "done".into(),
+                tool_calls: Vec::new(),
+            }),
+            usage(),
+            user("y"),
+            usage(),
+        ];
+        // The calls still pair with their results across the usage records.
+        assert_eq!(
+            answers(with_usage.clone()),
+            vec![vec![("a".to_owned(), Some(3)), ("b".to_owned(), Some(5))]]
+        );
+        let render = |records: Vec<Record>| {
+            let history = log(records);
+            let projector = Counting(Default::default());
+            let (zone1, zone2, transient) = Default::default();
+            let prompt = Assembler::new(&zone1, &zone2, &[])
+                .assemble(&history, &projector, &transient)
+                .unwrap();
+            (
+                prompt
+                    .render_anthropic(&crate::AnthropicOptions::new("m", 100))
+                    .unwrap()
+                    .body()
+                    .to_owned(),
+                prompt
+                    .render_openai(&crate::OpenAiOptions::new("m"))
+                    .unwrap()
+                    .body()
+                    .to_owned(),
+            )
+        };
+        assert_eq!(render(with_usage), render(plain));
     }
 
     #[test]

@@ -33,8 +33,10 @@ pub(crate) const KIND_USER: u8 = 1;
 pub(crate) const KIND_ASSISTANT: u8 = 2;
 /// Record kind byte: a tool result.
 pub(crate) const KIND_TOOL_RESULT: u8 = 3;
+/// Record kind byte: the usage a provider reported for one model call.
+pub(crate) const KIND_USAGE: u8 = 4;
 
-/// Content kind byte: no content (user and assistant records).
+/// Content kind byte: no content (user, assistant and usage records).
 pub(crate) const CONTENT_NONE: u8 = 0;
 /// Content kind byte: content blocks without binary data; the content is the readable text.
 pub(crate) const CONTENT_TEXT: u8 = 1;
@@ -298,7 +300,7 @@ impl FrameHeader {
             content_len: u64::from_le_bytes(content_len),
         };
         let known = match header.kind {
-            KIND_USER | KIND_ASSISTANT => {
+            KIND_USER | KIND_ASSISTANT | KIND_USAGE => {
                 header.content_kind == CONTENT_NONE && header.content_len == 0 && header.flags == 0
             }
             KIND_TOOL_RESULT => {
@@ -436,11 +438,11 @@ fn plain_text(output: &ToolOutput) -> bool {
 pub(crate) fn encode_record(record: &Record) -> Result<Encoded<'_>, serde_json::Error> {
     use std::borrow::Cow;
     match record {
-        Record::User(_) | Record::Assistant(_) => Ok(Encoded {
-            kind: if matches!(record, Record::User(_)) {
-                KIND_USER
-            } else {
-                KIND_ASSISTANT
+        Record::User(_) | Record::Assistant(_) | Record::Usage(_) => Ok(Encoded {
+            kind: match record {
+                Record::User(_) => KIND_USER,
+                Record::Assistant(_) => KIND_ASSISTANT,
+                _ => KIND_USAGE,
             },
             content_kind: CONTENT_NONE,
             flags: 0,
@@ -675,13 +677,13 @@ pub(crate) fn decode_record(
     content: Vec<u8>,
 ) -> Result<Record, &'static str> {
     match header.kind {
-        KIND_USER | KIND_ASSISTANT => {
+        KIND_USER | KIND_ASSISTANT | KIND_USAGE => {
             let record: Record =
                 serde_json::from_slice(meta).map_err(|_| "record metadata is not valid")?;
-            let expected = if header.kind == KIND_USER {
-                matches!(record, Record::User(_))
-            } else {
-                matches!(record, Record::Assistant(_))
+            let expected = match header.kind {
+                KIND_USER => matches!(record, Record::User(_)),
+                KIND_ASSISTANT => matches!(record, Record::Assistant(_)),
+                _ => matches!(record, Record::Usage(_)),
             };
             if expected {
                 Ok(record)
@@ -828,10 +830,49 @@ mod tests {
                 name: "t".into(),
                 output: ToolOutput::default(),
             }),
+            Record::Usage(psych_types::Usage {
+                input: 1_200,
+                cache_read: 30_000,
+                cache_write: 0,
+                output: 87,
+            }),
         ];
         for record in &records {
             assert_eq!(&round_trip(record), record);
         }
+    }
+
+    #[test]
+    fn a_usage_record_is_kind_4_and_its_kind_byte_is_checked() {
+        let usage = Record::Usage(psych_types::Usage {
+            input: 5,
+            output: 2,
+            ..psych_types::Usage::default()
+        });
+        let encoded = encode_record(&usage).unwrap();
+        assert_eq!(
+            (encoded.kind, encoded.content_kind, encoded.flags),
+            (KIND_USAGE, CONTENT_NONE, 0)
+        );
+        let header = |kind| FrameHeader {
+            seq: 0,
+            kind,
+            content_kind: CONTENT_NONE,
+            flags: 0,
+            write_index: 0,
+            meta_len: u32::try_from(encoded.meta.len()).unwrap(),
+            content_len: 0,
+        };
+        assert_eq!(
+            decode_record(&header(KIND_USAGE), &encoded.meta, Vec::new()),
+            Ok(usage.clone())
+        );
+        assert_eq!(
+            decode_record(&header(KIND_USER), &encoded.meta, Vec::new()),
+            Err("record metadata does not match its kind byte")
+        );
+        assert!(FrameHeader::decode(&header(KIND_USAGE).encode()).is_ok());
+        assert!(FrameHeader::decode(&header(KIND_USAGE + 1).encode()).is_err());
     }
 
     #[test]

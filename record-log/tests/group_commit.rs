@@ -43,7 +43,7 @@ fn tag_of(record: &Record) -> (usize, usize) {
     let bytes = match record {
         Record::User(user) => user.text.clone().into_bytes(),
         Record::ToolResult(result) => psych_types::readable_bytes(&result.output).into_owned(),
-        Record::Assistant(_) => panic!("not a tagged record"),
+        Record::Assistant(_) | Record::Usage(_) => panic!("not a tagged record"),
     };
     let text = String::from_utf8(bytes).unwrap();
     let mut parts = text.split(' ');

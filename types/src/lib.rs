@@ -61,7 +61,7 @@ pub use output::{
 };
 pub use record::{
     AssistantMessage, HandleParseError, LoggedRecord, Record, RecordHandle, ToolCall, ToolResult,
-    UserMessage,
+    Usage, UserMessage,
 };
 pub use seam::{
     MemoryRecords, OutputInfo, OutputKind, Projection, RecordSource, ResultProjector, ResultRef,

@@ -1,5 +1,5 @@
-//! Records of a Run's log (user messages, assistant messages with tool calls, tool results)
-//! and the handles that name them.
+//! Records of a Run's log (user messages, assistant messages with tool calls, tool results,
+//! the usage a provider reported for each model call) and the handles that name them.
 
 use std::fmt;
 use std::str::FromStr;
@@ -101,6 +101,9 @@ pub enum Record {
     Assistant(AssistantMessage),
     /// The full result of one tool call.
     ToolResult(ToolResult),
+    /// The token usage the provider reported for one model call. It is bookkeeping, not
+    /// conversation: prompt assembly renders nothing for it.
+    Usage(Usage),
 }
 
 /// A message from the user.
@@ -146,6 +149,49 @@ pub struct ToolResult {
     pub output: ToolOutput,
 }
 
+/// The token counts a provider reported for one model call, as it reported them: every
+/// token figure reported as spent is a sum of these, never an estimate.
+///
+/// The four counts are disjoint, so the tokens the request was billed for are their sum
+/// ([`Usage::total`]). `input` is the input neither read from nor written to the prompt
+/// cache, as Anthropic reports `input_tokens`; OpenAI's `prompt_tokens` includes its cached
+/// tokens, so for OpenAI `input` is `prompt_tokens - cached_tokens`, `cache_read` is
+/// `cached_tokens` and `cache_write` is 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// Input tokens not read from or written to the cache.
+    pub input: u64,
+    /// Input tokens read from the prompt cache.
+    #[serde(default)]
+    pub cache_read: u64,
+    /// Input tokens written to the prompt cache.
+    #[serde(default)]
+    pub cache_write: u64,
+    /// Output tokens the model generated.
+    pub output: u64,
+}
+
+impl Usage {
+    /// All four counts added up, saturating.
+    pub fn total(&self) -> u64 {
+        self.input
+            .saturating_add(self.cache_read)
+            .saturating_add(self.cache_write)
+            .saturating_add(self.output)
+    }
+
+    /// These counts plus `other`'s, each saturating: the usage of two model calls.
+    #[must_use]
+    pub fn plus(&self, other: &Usage) -> Usage {
+        Usage {
+            input: self.input.saturating_add(other.input),
+            cache_read: self.cache_read.saturating_add(other.cache_read),
+            cache_write: self.cache_write.saturating_add(other.cache_write),
+            output: self.output.saturating_add(other.output),
+        }
+    }
+}
+
 /// A record together with the handle the log gave it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoggedRecord {
@@ -158,6 +204,35 @@ pub struct LoggedRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_records_round_trip_and_add_up() {
+        let usage = Usage {
+            input: 1_200,
+            cache_read: 30_000,
+            cache_write: 512,
+            output: 87,
+        };
+        let record = Record::Usage(usage);
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"type": "usage", "input": 1_200, "cache_read": 30_000,
+                "cache_write": 512, "output": 87})
+        );
+        assert_eq!(serde_json::from_value::<Record>(json).unwrap(), record);
+        assert_eq!(usage.total(), 31_799);
+        let twice = usage.plus(&usage);
+        assert_eq!(twice.total(), 2 * 31_799);
+        let full = Usage {
+            input: u64::MAX,
+            ..Usage::default()
+        };
+        assert_eq!(full.plus(&usage).input, u64::MAX);
+        let sparse: Usage =
+            serde_json::from_value(serde_json::json!({"input": 5, "output": 2})).unwrap();
+        assert_eq!(sparse.total(), 7);
+    }
 
     #[test]
     fn handles_print_and_parse() {

@@ -80,7 +80,7 @@ pub(crate) fn tag_of(record: &Record) -> Option<(u64, u64, u64)> {
     let bytes = match record {
         Record::User(user) => user.text.as_bytes().to_vec(),
         Record::ToolResult(result) => psych_types::readable_bytes(&result.output).into_owned(),
-        Record::Assistant(_) => return None,
+        Record::Assistant(_) | Record::Usage(_) => return None,
     };
     let head = bytes.split(|&b| b == b';').next()?;
     let head = std::str::from_utf8(head).ok()?;
