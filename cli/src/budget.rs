@@ -229,7 +229,7 @@ pub(crate) fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -278,8 +278,8 @@ pub(crate) fn table(report: &BudgetReport) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<14} {:>5} {:>11} {:>9}  {:<8} {:<11} {}",
-        "server", "tools", "schema B", "~tokens", "preload", "shown as", "why"
+        "{:<14} {:>5} {:>11} {:>9}  {:<8} {:<11} why",
+        "server", "tools", "schema B", "~tokens", "preload", "shown as"
     );
     for s in &report.servers {
         let name: String = s.server.chars().take(14).collect();

@@ -2,6 +2,8 @@
 //! snapshotted, against the embedded servers and against a configuration naming the test
 //! server, a command that does not exist and a server that exits at once.
 
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on bad data")]
+
 use std::path::Path;
 use std::process::Command;
 
