@@ -6,7 +6,8 @@
 //! `baseline`, `bare_`, `serde_json`, `memmem`, `rmcp_direct`, `redb`, `u64_word_sum`,
 //! `per_append_fsync`, `clone_`; the first in id order when several do); a group with none
 //! is compared to its fastest figure. Only figures written by this run are reported
-//! (criterion's `new/estimates.json` newer than the start).
+//! (criterion's `new/estimates.json` newer than the start). The report is
+//! `target/bench-report.md` (under `CARGO_TARGET_DIR` when it is set).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -57,11 +58,13 @@ pub(crate) fn bench(root: &Path, packages: &[String]) -> Result<(), String> {
             &[],
         )?;
     }
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let mut figures = Vec::new();
-    collect(&root.join("target/criterion"), started, &mut figures)?;
+    collect(&target.join("criterion"), started, &mut figures)?;
     figures.sort_by(|a, b| (&a.group, &a.id).cmp(&(&b.group, &b.id)));
     let report = render(&packages, &figures);
-    let path = root.join("target/bench-report.md");
+    let path = target.join("bench-report.md");
     std::fs::write(&path, report).map_err(|e| format!("writing {}: {e}", path.display()))?;
     eprintln!("xtask: bench report in {}", path.display());
     Ok(())
