@@ -1,16 +1,332 @@
-//! The `psych` command.
+//! The `psych` command: the prompt budget of any MCP setup (`psych budget`), the search
+//! tier's ranking over every catalogue (`psych search`), the orientation payload
+//! (`psych orient`), and the reader over a record log (`psych read`).
 //!
-//! Not built yet: `psych budget` (the prompt cost of an MCP setup), `psych demo` (a scripted
-//! Run) and `psych read` (reading a stored result back) arrive with later issues. Until then
-//! the command says so and exits with a failure status rather than pretend.
+//! With no `--config`, the commands run against the embedded default: five MCP servers
+//! bundled with Psych, each this executable started as a real server process
+//! (`psych serve-embedded`, hidden) serving a generated catalogue of 9 to 480 tools.
+//!
+//! Exit codes: 0 success; 1 the report was printed but at least one server failed (budget,
+//! search, orient), or `read` answered a validation error; 2 bad arguments; 3 nothing could
+//! be reported (an unreadable configuration, a catalogue that cannot be opened, a log that
+//! cannot be read, or a foreign or unknown handle).
 
 #![forbid(unsafe_code)]
 
+mod budget;
+mod setup;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::{Args, Parser, Subcommand};
+use psych_disclosure::SearchIndex;
+use serde::Serialize;
+
+const EXIT_CODES: &str = "Exit codes: 0 success; 1 printed, but a server failed (or `read` \
+answered a validation error); 2 bad arguments; 3 nothing to report (configuration, \
+catalogue or log unreadable; a foreign or unknown handle).";
+
+/// The prompt budget of any MCP setup, and Psych's view of it.
+#[derive(Debug, Parser)]
+#[command(name = "psych", version, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Connect every MCP server, sync their catalogues and report what their tools cost in
+    /// the prompt, with every schema injected and with Psych.
+    ///
+    /// Example: `psych budget --config ~/.cursor/mcp.json --context-window 128000`
+    #[command(after_help = EXIT_CODES)]
+    Budget {
+        #[command(flatten)]
+        setup: SetupArgs,
+        /// The model's context window in tokens; the auto budget is 5% of it.
+        #[arg(long, value_name = "TOKENS", default_value_t = 200_000)]
+        context_window: u64,
+        /// Print the report as JSON (stable field names) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rank every server's tools for a query with the search tier's BM25F index.
+    ///
+    /// Example: `psych search "open a pull request" --limit 5`
+    #[command(after_help = EXIT_CODES)]
+    Search {
+        /// What the tool should do, in words.
+        query: String,
+        #[command(flatten)]
+        setup: SetupArgs,
+        /// How many hits to show.
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+        /// Print the hits as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the orientation payload exactly as the model gets it from `psych_orientation`.
+    ///
+    /// Example: `psych orient --verbose`
+    #[command(after_help = EXIT_CODES)]
+    Orient {
+        #[command(flatten)]
+        setup: SetupArgs,
+        /// The verbose payload: uncut context and the full tool map.
+        #[arg(long)]
+        verbose: bool,
+        /// Print the payload as pretty JSON instead of the model's exact text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read a stored tool result back from a record log, as `read_tool_output` does for
+    /// the model.
+    ///
+    /// Example: `psych read .psych/logs/run-7.plog run-7:3 --grep ERROR`
+    #[command(after_help = EXIT_CODES)]
+    Read {
+        /// The record log file (`<dir>/<run>.plog`).
+        log: PathBuf,
+        /// The handle (`<run>:<seq>`).
+        handle: String,
+        /// Lines to skip (0-based).
+        #[arg(long)]
+        offset: Option<u64>,
+        /// Lines to return at most.
+        #[arg(long)]
+        limit: Option<u64>,
+        /// Only lines containing this literal text.
+        #[arg(long)]
+        grep: Option<String>,
+    },
+    /// Serve one embedded catalogue over stdio (started by the other commands).
+    #[command(name = "serve-embedded", hide = true)]
+    Serve {
+        /// The test server's flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+struct SetupArgs {
+    /// An `mcpServers` file (Claude Desktop, Cursor, Claude Code); the embedded default
+    /// servers when absent.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The redb catalogue the listings are synced into.
+    #[arg(long, value_name = "FILE", default_value = ".psych/catalog.redb")]
+    store: PathBuf,
+}
+
+/// A failure that leaves nothing to report: exit status 3.
+const FATAL: u8 = 3;
+
 fn main() -> ExitCode {
-    eprintln!(
-        "psych: no commands are built yet; `budget`, `demo` and `read` arrive with later issues"
-    );
-    ExitCode::FAILURE
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(code) => ExitCode::from(code),
+        Err(message) => {
+            eprintln!("psych: {message}");
+            ExitCode::from(FATAL)
+        }
+    }
+}
+
+fn print_json<T: Serialize>(value: &T) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    println!("{text}");
+    Ok(())
+}
+
+fn run(command: Command) -> Result<u8, String> {
+    match command {
+        Command::Budget {
+            setup,
+            context_window,
+            json,
+        } => {
+            let loaded = setup::load(setup.config.as_deref(), &setup.store, context_window)?;
+            let report = budget::report(
+                &loaded,
+                setup::config_label(setup.config.as_deref()),
+                context_window,
+            );
+            if json {
+                print_json(&report)?;
+            } else {
+                print!("{}", budget::table(&report));
+            }
+            Ok(status(&loaded))
+        }
+        Command::Search {
+            query,
+            setup,
+            limit,
+            json,
+        } => {
+            let loaded = setup::load(setup.config.as_deref(), &setup.store, 200_000)?;
+            let index = SearchIndex::new(
+                loaded
+                    .catalogs
+                    .iter()
+                    .flat_map(|c| c.tools.iter().map(move |t| (&c.server, t))),
+            );
+            let hits: Vec<Hit> = index
+                .search_scored(&query, limit)
+                .into_iter()
+                .map(|(target, score)| {
+                    let description = loaded
+                        .catalogs
+                        .iter()
+                        .find(|c| c.server == target.server)
+                        .and_then(|c| c.tools.iter().find(|t| t.name == target.tool))
+                        .and_then(|t| t.description.as_deref())
+                        .and_then(|d| d.lines().next())
+                        .map(str::to_owned)
+                        .unwrap_or_default();
+                    Hit {
+                        tool: format!("{}/{}", target.server, target.tool),
+                        score: (score * 1000.0).round() / 1000.0,
+                        description,
+                    }
+                })
+                .collect();
+            if json {
+                print_json(&SearchReport {
+                    query,
+                    indexed: index.len(),
+                    hits,
+                })?;
+            } else {
+                println!(
+                    "{} hits for {query:?} among {} tools",
+                    hits.len(),
+                    index.len()
+                );
+                for hit in &hits {
+                    let line = format!("{:>7.3}  {}  {}", hit.score, hit.tool, hit.description);
+                    println!("{}", truncate(&line, 80));
+                }
+            }
+            Ok(status(&loaded))
+        }
+        Command::Orient {
+            setup,
+            verbose,
+            json,
+        } => {
+            let loaded = setup::load(setup.config.as_deref(), &setup.store, 200_000)?;
+            let text = budget::orientation_text(&loaded, verbose);
+            if json {
+                let value: serde_json::Value =
+                    serde_json::from_str(&text).map_err(|e| e.to_string())?;
+                print_json(&value)?;
+            } else {
+                println!("{text}");
+            }
+            Ok(status(&loaded))
+        }
+        Command::Read {
+            log,
+            handle,
+            offset,
+            limit,
+            grep,
+        } => read(&log, handle, offset, limit, grep),
+        Command::Serve { args } => serve(args),
+    }
+}
+
+/// One hit of `psych search --json`.
+#[derive(Debug, Serialize)]
+struct Hit {
+    /// `server/tool`.
+    tool: String,
+    /// The BM25F score, rounded to 3 decimals; comparable within one query only.
+    score: f64,
+    /// The first line of the tool's description.
+    description: String,
+}
+
+/// What `psych search --json` prints.
+#[derive(Debug, Serialize)]
+struct SearchReport {
+    /// The query as given.
+    query: String,
+    /// Tools indexed across every server.
+    indexed: usize,
+    /// Best first.
+    hits: Vec<Hit>,
+}
+
+fn truncate(line: &str, width: usize) -> String {
+    if line.chars().count() <= width {
+        return line.to_owned();
+    }
+    let mut cut: String = line.chars().take(width - 1).collect();
+    cut.push('…');
+    cut
+}
+
+/// 1 when a server failed, else 0.
+fn status(setup: &setup::Setup) -> u8 {
+    u8::from(setup.outcomes.iter().any(|o| o.error.is_some()))
+}
+
+fn read(
+    log: &std::path::Path,
+    handle: String,
+    offset: Option<u64>,
+    limit: Option<u64>,
+    grep: Option<String>,
+) -> Result<u8, String> {
+    use psych_reader_tool::Reader;
+    use psych_record_log::{RecordLog, SyncPolicy};
+    use psych_types::RunId;
+
+    if !log.is_file() {
+        return Err(format!("{}: no such record log", log.display()));
+    }
+    let run = log
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .ok_or_else(|| format!("{}: not a `<run>.plog` file name", log.display()))?;
+    let run = RunId::new(run).map_err(|e| format!("{}: {e}", log.display()))?;
+    let dir = log.parent().unwrap_or_else(|| std::path::Path::new("."));
+    let (log, _) = RecordLog::open(dir, &run, SyncPolicy::EveryAppend)
+        .map_err(|e| format!("{}: {e}", RecordLog::path_for(dir, &run).display()))?;
+    let mut arguments = serde_json::json!({ "handle": handle });
+    if let Some(offset) = offset {
+        arguments["offset"] = offset.into();
+    }
+    if let Some(limit) = limit {
+        arguments["limit"] = limit.into();
+    }
+    if let Some(grep) = grep {
+        arguments["grep"] = grep.into();
+    }
+    match Reader::new(&log).call(&arguments) {
+        Ok(answer) => {
+            println!("{}", answer.render());
+            Ok(u8::from(answer.is_error()))
+        }
+        // The error's text starts with its code (`invalid_deferred_handle: …`).
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+fn serve(args: Vec<String>) -> Result<u8, String> {
+    let (scenario, mode) = psych_mcp::test_server::Scenario::from_args(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime
+        .block_on(scenario.serve(mode))
+        .map_err(|e| format!("serve-embedded: {e}"))?;
+    Ok(0)
 }

@@ -202,6 +202,15 @@ impl SearchIndex {
     /// The best `limit` tools for `query`, best first. Only tools that match at least one
     /// query word are returned; equal scores are ordered by `(server, tool)`.
     pub fn search(&self, query: &str, limit: usize) -> Vec<ToolRef> {
+        self.search_scored(query, limit)
+            .into_iter()
+            .map(|(target, _)| target)
+            .collect()
+    }
+
+    /// [`SearchIndex::search`] with each hit's BM25F score (higher is better; comparable
+    /// only within one query), for callers that show the ranking, such as `psych search`.
+    pub fn search_scored(&self, query: &str, limit: usize) -> Vec<(ToolRef, f64)> {
         let terms: BTreeSet<String> = tokens(query).into_iter().collect();
         let n = self.docs.len() as f64;
         let idf: BTreeMap<&str, f64> = terms
@@ -238,7 +247,7 @@ impl SearchIndex {
         scored
             .into_iter()
             .take(limit)
-            .map(|(_, target)| target.clone())
+            .map(|(score, target)| (target.clone(), score))
             .collect()
     }
 }
@@ -288,5 +297,10 @@ mod tests {
         let names: Vec<_> = hits.iter().map(|h| h.tool.as_str()).collect();
         assert_eq!(names, ["list_branches", "a_other", "b_other"]);
         assert!(index.search("the of", 3).is_empty());
+        let scored = index.search_scored("which branches exist", 3);
+        let order: Vec<_> = scored.iter().map(|(h, _)| h.clone()).collect();
+        assert_eq!(order, hits);
+        assert!(scored[0].1 > scored[1].1, "{scored:?}");
+        assert_eq!(scored[1].1, scored[2].1, "equal scores tie on the name");
     }
 }

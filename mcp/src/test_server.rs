@@ -72,6 +72,9 @@ pub struct Scenario {
     pub grandchild: bool,
     /// A line written to stderr at start.
     pub stderr_banner: Option<String>,
+    /// Serve only the generated tools, without the control tools (the `psych` command's
+    /// embedded servers, whose catalogues should look like a real server's).
+    pub no_control_tools: bool,
 }
 
 /// How to serve.
@@ -89,7 +92,7 @@ pub enum Mode {
 pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] [--page-size N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
 [--repeat-cursor] [--hang-initialize] [--hang-listing] [--grandchild] [--stderr-banner TEXT] \
-[--scenario JSON]";
+[--no-control-tools] [--scenario JSON]";
 
 impl Scenario {
     /// Parses the binary's arguments (without the program name).
@@ -139,6 +142,7 @@ impl Scenario {
                 "--hang-listing" => scenario.hang_listing = true,
                 "--grandchild" => scenario.grandchild = true,
                 "--stderr-banner" => scenario.stderr_banner = Some(value("a text")?),
+                "--no-control-tools" => scenario.no_control_tools = true,
                 "--scenario" => {
                     let text = value("JSON")?;
                     scenario = serde_json::from_str(&text)
@@ -187,7 +191,11 @@ struct State {
 
 impl State {
     fn new(scenario: Scenario) -> Self {
-        let mut tools = control_tools();
+        let mut tools = if scenario.no_control_tools {
+            Vec::new()
+        } else {
+            control_tools()
+        };
         tools.extend(
             crate::synthetic_tools(scenario.tools)
                 .into_iter()
@@ -775,6 +783,10 @@ mod tests {
             Scenario::from_args(["--scenario".into(), r#"{"repeat_cursor": true}"#.into()])
                 .unwrap();
         assert!(scenario.repeat_cursor);
+        let (scenario, _) = Scenario::from_args(args("--tools 3 --no-control-tools")).unwrap();
+        assert!(scenario.no_control_tools);
+        let served = State::new(scenario).tools.into_inner().unwrap();
+        assert_eq!(served.len(), 3, "only the generated tools");
         assert!(
             Scenario::from_args(args("--http 10.0.0.1:80"))
                 .unwrap_err()

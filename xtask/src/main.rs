@@ -14,9 +14,13 @@
 //!   Python `anthropic` and `openai` packages' typed dictionaries, through pydantic's
 //!   `TypeAdapter`), in a virtual environment it makes once in `target/sdk-venv`. The script is
 //!   `xtask/sdk-check/check.py`.
+//! - `cargo xtask bench [PACKAGE…]` (not part of `ci`): every crate's criterion benches with
+//!   short settings, then one markdown report, `target/bench-report.md`, with each figure as
+//!   a ratio to its group's baseline.
 
 #![forbid(unsafe_code)]
 
+mod bench;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -31,7 +35,10 @@ fn main() -> ExitCode {
         Some("tidy") => tidy_step(&root),
         Some("preserve-order") => preserve_order(&root),
         Some("sdk-check") => sdk_check(&root),
-        _ => Err("usage: cargo xtask <ci|tidy|preserve-order|sdk-check>".to_owned()),
+        Some("bench") => bench::bench(&root, &args[1..]),
+        _ => {
+            Err("usage: cargo xtask <ci|tidy|preserve-order|sdk-check|bench [PACKAGE…]>".to_owned())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

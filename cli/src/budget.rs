@@ -1,0 +1,380 @@
+//! `psych budget`: what an MCP setup costs in the prompt, per server and in total, with
+//! every schema injected and with Psych. The JSON report and the human table are written
+//! from the same structs.
+
+use psych_disclosure::{
+    CALL_TOOL, DESCRIBE_TOOL, LIST_TOOLS, Live, OrientationContext, orientation,
+};
+use psych_elision::Estimator;
+use psych_types::{TokenEstimator, ToolDefinition};
+use serde::Serialize;
+
+use crate::setup::Setup;
+
+/// What `psych budget --json` prints. Field names are stable.
+#[derive(Debug, Serialize)]
+pub(crate) struct BudgetReport {
+    /// Where the servers came from: the `--config` path or `embedded default`.
+    pub(crate) config: String,
+    /// The redb catalogue the listings were synced into.
+    pub(crate) store: String,
+    /// The context window the auto budget is a share of, in tokens.
+    pub(crate) context_window: u64,
+    /// A server with `preload` unset is deferred when its tools cost more than this.
+    pub(crate) auto_budget_tokens: u64,
+    /// How every `*_tokens_est` field is counted: an estimate, never a provider's count.
+    pub(crate) estimates: &'static str,
+    /// One entry per configured server, by name.
+    pub(crate) servers: Vec<ServerReport>,
+    /// The whole prompt prefix.
+    pub(crate) totals: Totals,
+}
+
+/// One server of the report.
+#[derive(Debug, Serialize)]
+pub(crate) struct ServerReport {
+    /// Its name in the configuration.
+    pub(crate) server: String,
+    /// `ok`, or `failed` with `error` saying why.
+    pub(crate) status: &'static str,
+    /// Why it could not be connected or listed (absent when `ok`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<String>,
+    /// Tools in its live catalogue.
+    pub(crate) tools: usize,
+    /// Tools it declared that were refused (name and reason).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) malformed: Vec<String>,
+    /// Bytes of its tool definitions as JSON (name, description, schemas): what injecting
+    /// every schema costs.
+    pub(crate) schema_bytes: usize,
+    /// The same, in estimated tokens.
+    pub(crate) schema_tokens_est: u64,
+    /// The configured preload flag: `auto`, `eager` or `deferred`.
+    pub(crate) preload: String,
+    /// How Psych shows it: `direct`, `facade`, `search_pair` or `deferred`.
+    pub(crate) shown_as: String,
+    /// Why: `size`, `over_budget`, `pinned`, `no_tools` or `tool_cap`.
+    pub(crate) why: String,
+    /// Its line in the system prompt when deferred.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) deferred_line: Option<String>,
+}
+
+/// Totals of the report.
+#[derive(Debug, Serialize)]
+pub(crate) struct Totals {
+    /// Servers connected and listed.
+    pub(crate) servers_ok: usize,
+    /// Servers that failed.
+    pub(crate) servers_failed: usize,
+    /// Tools across every live catalogue.
+    pub(crate) tools: usize,
+    /// The tool part of the prompt prefix with every schema injected.
+    pub(crate) all_schemas_bytes: usize,
+    /// The same, in estimated tokens.
+    pub(crate) all_schemas_tokens_est: u64,
+    /// The tool part of the prompt prefix with Psych: the Surface's tools as JSON plus the
+    /// deferred lines.
+    pub(crate) with_psych_bytes: usize,
+    /// The same, in estimated tokens.
+    pub(crate) with_psych_tokens_est: u64,
+    /// Tools on the Surface.
+    pub(crate) with_psych_tools: usize,
+    /// Of `with_psych_bytes`, the three meta tools (list, describe, call): paid once when
+    /// any server is deferred, 0 otherwise.
+    pub(crate) meta_tools_bytes: usize,
+    /// The same, in estimated tokens.
+    pub(crate) meta_tools_tokens_est: u64,
+    /// The orientation payload as the model gets it (default, not verbose).
+    pub(crate) orientation_bytes: usize,
+    /// The same, in estimated tokens.
+    pub(crate) orientation_tokens_est: u64,
+}
+
+fn label<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => "?".to_owned(),
+    }
+}
+
+fn tools_json(tools: &[ToolDefinition]) -> String {
+    serde_json::to_string(tools).unwrap_or_default()
+}
+
+/// Builds the report of a loaded setup.
+pub(crate) fn report(setup: &Setup, config: String, window: u64) -> BudgetReport {
+    let estimator = Estimator::new();
+    let mut servers = Vec::new();
+    let mut totals = Totals {
+        servers_ok: 0,
+        servers_failed: 0,
+        tools: 0,
+        all_schemas_bytes: 0,
+        all_schemas_tokens_est: 0,
+        with_psych_bytes: 0,
+        with_psych_tokens_est: 0,
+        with_psych_tools: setup.surface.tools().len(),
+        meta_tools_bytes: 0,
+        meta_tools_tokens_est: 0,
+        orientation_bytes: 0,
+        orientation_tokens_est: 0,
+    };
+    for outcome in &setup.outcomes {
+        let server = &outcome.server;
+        let tools: &[ToolDefinition] = setup
+            .catalogs
+            .iter()
+            .find(|c| &c.server == server)
+            .map_or(&[], |c| &c.tools);
+        let json = if tools.is_empty() {
+            String::new()
+        } else {
+            tools_json(tools)
+        };
+        let view = setup.surface.server(server.as_str());
+        let prefix = format!("{server}: ");
+        let deferred_line = setup
+            .surface
+            .deferred_lines()
+            .iter()
+            .find(|l| l.starts_with(&prefix))
+            .cloned();
+        let preload = setup
+            .config
+            .servers
+            .get(server)
+            .map_or_else(String::new, |s| {
+                format!("{:?}", s.connection.preload).to_lowercase()
+            });
+        if outcome.error.is_some() {
+            totals.servers_failed += 1;
+        } else {
+            totals.servers_ok += 1;
+        }
+        totals.tools += tools.len();
+        totals.all_schemas_bytes += json.len();
+        let tokens = estimator.estimate_text(&json);
+        totals.all_schemas_tokens_est += tokens;
+        servers.push(ServerReport {
+            server: server.to_string(),
+            status: if outcome.error.is_some() {
+                "failed"
+            } else {
+                "ok"
+            },
+            error: outcome.error.clone(),
+            tools: tools.len(),
+            malformed: outcome.malformed.clone(),
+            schema_bytes: json.len(),
+            schema_tokens_est: tokens,
+            preload,
+            shown_as: view.map_or_else(|| "absent".to_owned(), |v| label(&v.shape)),
+            why: view.map_or_else(String::new, |v| label(&v.why)),
+            deferred_line,
+        });
+    }
+    let surface_json = tools_json(setup.surface.tools());
+    let lines = setup.surface.deferred_lines().join("\n");
+    totals.with_psych_bytes = surface_json.len() + lines.len();
+    totals.with_psych_tokens_est =
+        estimator.estimate_text(&surface_json) + estimator.estimate_text(&lines);
+    let meta: Vec<ToolDefinition> = setup
+        .surface
+        .tools()
+        .iter()
+        .filter(|t| [LIST_TOOLS, DESCRIBE_TOOL, CALL_TOOL].contains(&t.name.as_str()))
+        .cloned()
+        .collect();
+    if !meta.is_empty() {
+        let meta = tools_json(&meta);
+        totals.meta_tools_bytes = meta.len();
+        totals.meta_tools_tokens_est = estimator.estimate_text(&meta);
+    }
+    let payload = orientation_text(setup, false);
+    totals.orientation_bytes = payload.len();
+    totals.orientation_tokens_est = estimator.estimate_text(&payload);
+    BudgetReport {
+        config,
+        store: setup.store.display().to_string(),
+        context_window: window,
+        auto_budget_tokens: setup.settings.auto_budget().tokens(),
+        estimates: "token counts are estimates (psych-elision's estimator), not a provider's count",
+        servers,
+        totals,
+    }
+}
+
+/// The orientation payload's text exactly as the model gets it as a tool result.
+pub(crate) fn orientation_text(setup: &Setup, verbose: bool) -> String {
+    let live = Live {
+        grant: &setup.grant,
+        catalogs: &setup.catalogs,
+    };
+    orientation(
+        &setup.surface,
+        &live,
+        &OrientationContext::default(),
+        verbose,
+    )
+    .to_output()
+    .readable_text()
+    .into_owned()
+}
+
+/// `12345` as `12,345`.
+pub(crate) fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Wraps `text` to `width` columns, continuation lines indented by `indent`.
+pub(crate) fn wrap(text: &str, width: usize, indent: &str) -> String {
+    let mut out = String::new();
+    let mut column = 0;
+    for word in text.split(' ') {
+        let len = word.chars().count();
+        if column > 0 && column + 1 + len > width {
+            out.push('\n');
+            out.push_str(indent);
+            column = indent.chars().count();
+        } else if column > 0 {
+            out.push(' ');
+            column += 1;
+        }
+        out.push_str(word);
+        column += len;
+    }
+    out
+}
+
+/// The human table, at most 80 columns wide (deferred lines and errors are wrapped).
+pub(crate) fn table(report: &BudgetReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let t = &report.totals;
+    let _ = writeln!(
+        out,
+        "Prompt budget of {} MCP servers ({}), {} tools",
+        report.servers.len(),
+        report.config,
+        thousands(t.tools as u64)
+    );
+    let _ = writeln!(
+        out,
+        "~tok are estimates. Auto budget: {} tokens, 5% of a {}-token window.",
+        thousands(report.auto_budget_tokens),
+        thousands(report.context_window)
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<14} {:>5} {:>11} {:>9}  {:<8} {:<11} why",
+        "server", "tools", "schema B", "~tokens", "preload", "shown as"
+    );
+    for s in &report.servers {
+        let name: String = s.server.chars().take(14).collect();
+        let _ = writeln!(
+            out,
+            "{:<14} {:>5} {:>11} {:>9}  {:<8} {:<11} {}",
+            name,
+            s.tools,
+            thousands(s.schema_bytes as u64),
+            thousands(s.schema_tokens_est),
+            s.preload,
+            s.shown_as,
+            s.why
+        );
+    }
+    let failed: Vec<&ServerReport> = report
+        .servers
+        .iter()
+        .filter(|s| s.error.is_some())
+        .collect();
+    if !failed.is_empty() {
+        let _ = writeln!(out);
+        for s in failed {
+            let text = format!(
+                "FAILED {}: {}",
+                s.server,
+                s.error
+                    .as_deref()
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            let _ = writeln!(out, "{}", wrap(&text, 78, "    "));
+        }
+    }
+    let deferred: Vec<&str> = report
+        .servers
+        .iter()
+        .filter_map(|s| s.deferred_line.as_deref())
+        .collect();
+    if !deferred.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "Deferred lines in the system prompt:");
+        for line in deferred {
+            let _ = writeln!(out, "  {}", wrap(line, 76, "    "));
+        }
+    }
+    let _ = writeln!(out);
+    let row = |out: &mut String, what: &str, bytes: usize, tokens: u64| {
+        let _ = writeln!(
+            out,
+            "{:<40} {:>13} B {:>10} ~tok",
+            what,
+            thousands(bytes as u64),
+            thousands(tokens)
+        );
+    };
+    row(
+        &mut out,
+        "Tool prefix, every schema injected",
+        t.all_schemas_bytes,
+        t.all_schemas_tokens_est,
+    );
+    row(
+        &mut out,
+        &format!("Tool prefix with Psych ({} tools)", t.with_psych_tools),
+        t.with_psych_bytes,
+        t.with_psych_tokens_est,
+    );
+    row(
+        &mut out,
+        "  of which the meta tools (fixed)",
+        t.meta_tools_bytes,
+        t.meta_tools_tokens_est,
+    );
+    row(
+        &mut out,
+        "Orientation payload (first call)",
+        t.orientation_bytes,
+        t.orientation_tokens_est,
+    );
+    if t.with_psych_bytes > 0 {
+        #[allow(clippy::cast_precision_loss, reason = "a ratio for people to read")]
+        let ratio = t.all_schemas_bytes as f64 / t.with_psych_bytes as f64;
+        if ratio >= 1.0 {
+            let _ = writeln!(out, "With Psych the tool prefix is {ratio:.1}x smaller.");
+        } else {
+            let _ = writeln!(
+                out,
+                "With Psych the tool prefix is {:.2}x larger (meta and orientation tools).",
+                1.0 / ratio
+            );
+        }
+    }
+    let _ = writeln!(out, "Catalogue synced into {}", report.store);
+    out
+}

@@ -1,0 +1,237 @@
+//! The MCP setup a command works on: the `mcpServers` file (or the embedded default),
+//! connected, listed and synced into the redb catalogue, then resolved into a Surface the
+//! way a turn would be.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use psych_catalog::Catalog;
+use psych_disclosure::{Budget, Inputs, Settings, Surface, resolve};
+use psych_elision::Estimator;
+use psych_mcp::{McpConfig, McpManager};
+use psych_types::{PermissionGrant, Reachability, ServerCatalog, ServerId};
+use tokio::task::JoinSet;
+
+/// The embedded servers: name, generated tools, the real catalogue whose size it takes, and
+/// its description. Sizes follow `../shared/fixtures/catalogs/`: server-memory (9 tools),
+/// server-filesystem (14), notion (24), github (117), and one of several hundred, the size
+/// at which a facade's index no longer fits.
+pub(crate) const EMBEDDED: [(&str, usize, &str); 5] = [
+    (
+        "notes",
+        9,
+        "Notes and reminders (sized like server-memory).",
+    ),
+    (
+        "files",
+        14,
+        "Workspace files (sized like server-filesystem).",
+    ),
+    (
+        "wiki",
+        24,
+        "Team wiki pages and databases (sized like notion).",
+    ),
+    (
+        "forge",
+        117,
+        "Code hosting: issues, pull requests, CI (sized like github).",
+    ),
+    (
+        "suite",
+        480,
+        "An all-in-one business suite: CRM, billing, support, docs, HR.",
+    ),
+];
+
+/// The hidden subcommand that serves one embedded catalogue.
+pub(crate) const SERVE: &str = "serve-embedded";
+
+/// The embedded default as an `mcpServers` file: each server is this executable run as
+/// `psych serve-embedded --tools N --no-control-tools`, a real MCP server process.
+pub(crate) fn embedded_config() -> Result<McpConfig, String> {
+    let exe = std::env::current_exe().map_err(|e| {
+        format!("cannot find the psych executable to start the embedded servers: {e}")
+    })?;
+    let mut servers = serde_json::Map::new();
+    for (name, tools, description) in EMBEDDED {
+        servers.insert(
+            name.to_owned(),
+            serde_json::json!({
+                "command": exe,
+                "args": [SERVE, "--tools", tools.to_string(), "--no-control-tools"],
+                "description": description,
+            }),
+        );
+    }
+    let text = serde_json::json!({ "mcpServers": servers }).to_string();
+    McpConfig::parse(&text, |_| None).map_err(|e| format!("the embedded configuration: {e}"))
+}
+
+/// Where the config came from, for reports.
+pub(crate) fn config_label(path: Option<&Path>) -> String {
+    match path {
+        Some(path) => path.display().to_string(),
+        None => "embedded default".to_owned(),
+    }
+}
+
+/// One server after connecting and listing.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) server: ServerId,
+    /// `None` when it connected and listed; the reason otherwise.
+    pub(crate) error: Option<String>,
+    /// Tools the server declared that were refused, with the reason.
+    pub(crate) malformed: Vec<String>,
+}
+
+/// A synced setup, resolved.
+pub(crate) struct Setup {
+    pub(crate) config: McpConfig,
+    pub(crate) outcomes: Vec<Outcome>,
+    pub(crate) catalogs: Vec<ServerCatalog>,
+    pub(crate) grant: PermissionGrant,
+    pub(crate) surface: Surface,
+    pub(crate) settings: Settings,
+    pub(crate) store: PathBuf,
+}
+
+/// Loads the configuration (or the embedded default), connects every server, lists and
+/// syncs each into the catalogue at `store`, and resolves the Surface with an auto budget
+/// of 5% of `window` tokens (disclosure's documented default share).
+pub(crate) fn load(config: Option<&Path>, store: &Path, window: u64) -> Result<Setup, String> {
+    let config = match config {
+        Some(path) => McpConfig::load(path).map_err(|e| e.to_string())?,
+        None => embedded_config()?,
+    };
+    if let Some(dir) = store.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let catalog =
+        Catalog::open(store).map_err(|e| format!("the catalogue {}: {e}", store.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let outcomes = runtime.block_on(connect_and_sync(&config, &catalog))?;
+
+    let mut connections = Vec::new();
+    let mut grant = PermissionGrant::none();
+    for (server, entry) in &config.servers {
+        connections.push(entry.connection.clone());
+        grant = grant.allow_server(server.clone());
+    }
+    let catalogs: Vec<ServerCatalog> = catalog
+        .live_all()
+        .map_err(|e| format!("reading the catalogue: {e}"))?
+        .into_iter()
+        .filter(|c| config.servers.contains_key(&c.server))
+        .collect();
+    let settings = Settings::builder()
+        .auto_budget(Budget::WindowShare {
+            window_tokens: window,
+            percent: 5,
+        })
+        .build()
+        .map_err(|e| format!("settings: {e}"))?;
+    let inputs = Inputs {
+        connections: &connections,
+        catalogs: &catalogs,
+        grant: &grant,
+    };
+    let surface = resolve(&inputs, &settings, &Estimator::new())
+        .map_err(|e| format!("resolving the tool surface: {e}"))?;
+    Ok(Setup {
+        config,
+        outcomes,
+        catalogs,
+
+        grant,
+        surface,
+        settings,
+        store: store.to_owned(),
+    })
+}
+
+/// Connects and lists every server concurrently; one progress line per server on a
+/// terminal's stderr as each finishes. Every listing is synced; every failure recorded.
+async fn connect_and_sync(config: &McpConfig, catalog: &Catalog) -> Result<Vec<Outcome>, String> {
+    let progress = std::io::stderr().is_terminal();
+    let manager = McpManager::builder(McpConfig {
+        servers: Default::default(),
+        extra: config.extra.clone(),
+    })
+    .build()
+    .map_err(|e| e.to_string())?;
+    if progress {
+        eprintln!("connecting {} MCP servers…", config.servers.len());
+    }
+    let mut tasks = JoinSet::new();
+    for (server, entry) in &config.servers {
+        let manager = manager.clone();
+        let (server, entry) = (server.clone(), entry.clone());
+        tasks.spawn(async move {
+            let reached = manager.add_server(server.clone(), entry).await;
+            let result = match reached {
+                Ok(Reachability::Reachable) => {
+                    manager.list(&server).await.map_err(|e| e.to_string())
+                }
+                Ok(Reachability::Unreachable { reason }) => Err(reason),
+                Ok(_) => Err("no connection was made".to_owned()),
+                Err(e) => Err(e.to_string()),
+            };
+            (server, result)
+        });
+    }
+    let mut outcomes = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        let Ok((server, result)) = joined else {
+            continue;
+        };
+        let outcome = match result {
+            Ok(listing) => {
+                if progress {
+                    eprintln!("  {server}: {} tools listed", listing.tools.len());
+                }
+                catalog
+                    .refresh(&server, &listing.tools)
+                    .map_err(|e| format!("syncing {server}: {e}"))?;
+                catalog.set_reachability(&server, Reachability::Reachable);
+                Outcome {
+                    server,
+                    error: None,
+                    malformed: listing
+                        .malformed
+                        .iter()
+                        .map(|m| format!("{}: {}", m.name, m.reason))
+                        .collect(),
+                }
+            }
+            Err(reason) => {
+                if progress {
+                    eprintln!("  {server}: failed: {reason}");
+                }
+                catalog
+                    .record_failure(&server, &reason)
+                    .map_err(|e| format!("recording {server}'s failure: {e}"))?;
+                catalog.set_reachability(
+                    &server,
+                    Reachability::Unreachable {
+                        reason: reason.clone(),
+                    },
+                );
+                Outcome {
+                    server,
+                    error: Some(reason),
+                    malformed: Vec::new(),
+                }
+            }
+        };
+        outcomes.push(outcome);
+    }
+    manager.shutdown().await;
+    outcomes.sort_by(|a, b| a.server.cmp(&b.server));
+    Ok(outcomes)
+}

@@ -1,0 +1,169 @@
+//! The `psych` binary run as a process: every command's `--json` output and human text,
+//! snapshotted, against the embedded servers and against a configuration naming the test
+//! server, a command that does not exist and a server that exits at once.
+
+#![allow(clippy::unwrap_used, reason = "a test fails loudly on bad data")]
+
+use std::path::Path;
+use std::process::Command;
+
+use psych_record_log::{RecordLog, SyncPolicy};
+use psych_types::{Record, RunId, ToolCallId, ToolOutput, ToolResult};
+
+/// Runs `psych` with `args` in `dir`; returns stdout, stderr and the exit status.
+fn psych(dir: &Path, args: &[&str]) -> (String, String, i32) {
+    let out = Command::new(env!("CARGO_BIN_EXE_psych"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+        out.status.code().unwrap_or(-1),
+    )
+}
+
+/// Replaces volatile text (temporary paths, the executable's path) with fixed markers.
+fn redact(text: &str, dir: &Path) -> String {
+    let exe = env!("CARGO_BIN_EXE_psych");
+    text.replace(exe, "[psych]")
+        .replace(&dir.display().to_string(), "[dir]")
+}
+
+/// One command: its output (redacted) and exit status, snapshotted under `name`.
+fn check(name: &str, dir: &Path, args: &[&str], status: i32) -> String {
+    let (stdout, stderr, code) = psych(dir, args);
+    assert_eq!(
+        code, status,
+        "{args:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stderr.is_empty() || status != 0,
+        "no progress off a terminal: {stderr}"
+    );
+    let out = redact(&stdout, dir);
+    insta::assert_snapshot!(name, out);
+    out
+}
+
+fn bad_config(dir: &Path) -> std::path::PathBuf {
+    let server = env!("CARGO_BIN_EXE_psych");
+    let text = serde_json::json!({"mcpServers": {
+        "good": {"command": server, "args": ["serve-embedded", "--tools", "30", "--no-control-tools"],
+                 "description": "The workspace's test server, 30 generated tools."},
+        "missing": {"command": "/nonexistent/psych-no-such-server"},
+        "quits": {"command": server, "args": ["serve-embedded", "--exit-at-once", "9",
+                  "--stderr-banner", "quits: out of cheese"]}
+    }});
+    let path = dir.join("mcp.json");
+    std::fs::write(&path, text.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn budget_of_the_embedded_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = check("budget_embedded_table", dir.path(), &["budget"], 0);
+    for line in table.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "wider than 80 columns: {line:?}"
+        );
+    }
+    let json = check("budget_embedded_json", dir.path(), &["budget", "--json"], 0);
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let totals = &report["totals"];
+    assert!(totals["with_psych_bytes"].as_u64() < totals["all_schemas_bytes"].as_u64());
+    assert!(dir.path().join(".psych/catalog.redb").is_file());
+}
+
+#[test]
+fn budget_reports_bad_servers_and_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = bad_config(dir.path());
+    let config = config.to_str().unwrap();
+    let table = check(
+        "budget_bad_table",
+        dir.path(),
+        &["budget", "--config", config],
+        1,
+    );
+    assert!(table.contains("FAILED missing"), "{table}");
+    assert!(table.contains("FAILED quits"), "{table}");
+    let json = check(
+        "budget_bad_json",
+        dir.path(),
+        &["budget", "--config", config, "--json"],
+        1,
+    );
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(report["servers"][0]["tools"], 30);
+    assert_eq!(report["totals"]["servers_failed"], 2);
+}
+
+#[test]
+fn search_ranks_every_catalogue() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["search", "create a pull request", "--limit", "5"];
+    let text = check("search_text", dir.path(), &args, 0);
+    assert!(text.contains("forge/create_pull_request"), "{text}");
+    check(
+        "search_json",
+        dir.path(),
+        &[&args[..], &["--json"]].concat(),
+        0,
+    );
+}
+
+#[test]
+fn orient_prints_the_payload() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = check("orient_text", dir.path(), &["orient"], 0);
+    assert!(!text.contains("tool_map"), "the map is verbose only");
+    check("orient_json", dir.path(), &["orient", "--json"], 0);
+    let (verbose, _, code) = psych(dir.path(), &["orient", "--verbose", "--json"]);
+    assert_eq!(code, 0);
+    assert!(verbose.contains("tool_map"));
+}
+
+#[test]
+fn read_pages_a_stored_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = RunId::new("run-7").unwrap();
+    let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
+    let text: String = (1..=40)
+        .map(|i| format!("line {i}{}\n", if i % 10 == 0 { " ERROR" } else { "" }))
+        .collect();
+    let handle = log
+        .append(&Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new("call_1").unwrap(),
+            name: "fetch_logs".into(),
+            output: ToolOutput::text(text),
+        }))
+        .unwrap()
+        .to_string();
+    drop(log);
+    let file = "run-7.plog";
+    check(
+        "read_grep",
+        dir.path(),
+        &["read", file, &handle, "--grep", "ERROR"],
+        0,
+    );
+    check(
+        "read_page",
+        dir.path(),
+        &["read", file, &handle, "--offset", "35", "--limit", "3"],
+        0,
+    );
+    check(
+        "read_past_end",
+        dir.path(),
+        &["read", file, &handle, "--offset", "99"],
+        0,
+    );
+    let (_, stderr, code) = psych(dir.path(), &["read", file, "run-8:0"]);
+    assert_eq!(code, 3);
+    insta::assert_snapshot!("read_foreign_handle", stderr);
+}

@@ -1,0 +1,237 @@
+//! `cargo xtask bench [PACKAGE…]`: runs every crate's criterion benchmarks with short
+//! settings and writes one markdown report, each figure as a ratio to its group's baseline.
+//!
+//! Every bench group in this workspace compares Psych's code against a baseline side by
+//! side. The baseline of a group is its figure whose id names one ([`BASELINE_MARKS`]:
+//! `baseline`, `bare_`, `serde_json`, `memmem`, `rmcp_direct`, `redb`, `u64_word_sum`,
+//! `per_append_fsync`, `clone_`; the first in id order when several do); a group with none
+//! is compared to its fastest figure. Only figures written by this run are reported
+//! (criterion's `new/estimates.json` newer than the start). The report is
+//! `target/bench-report.md` (under `CARGO_TARGET_DIR` when it is set).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+/// Substrings that mark a figure as its group's baseline.
+const BASELINE_MARKS: [&str; 9] = [
+    "baseline",
+    "bare_",
+    "serde_json",
+    "memmem",
+    "rmcp_direct",
+    "redb",
+    "u64_word_sum",
+    "per_append_fsync",
+    "clone_",
+];
+
+/// One measured figure.
+struct Figure {
+    group: String,
+    id: String,
+    mean_ns: f64,
+}
+
+/// Runs the benches of `packages` (every package with a `[[bench]]` when empty) and writes
+/// `target/bench-report.md`.
+pub(crate) fn bench(root: &Path, packages: &[String]) -> Result<(), String> {
+    let packages = if packages.is_empty() {
+        bench_packages(root)?
+    } else {
+        packages.to_vec()
+    };
+    let started = SystemTime::now();
+    for package in &packages {
+        crate::cargo(
+            root,
+            &[
+                "bench",
+                "-p",
+                package,
+                "--",
+                "--warm-up-time",
+                "1",
+                "--measurement-time",
+                "3",
+            ],
+            &[],
+        )?;
+    }
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let mut figures = Vec::new();
+    collect(&target.join("criterion"), started, &mut figures)?;
+    figures.sort_by(|a, b| (&a.group, &a.id).cmp(&(&b.group, &b.id)));
+    let report = render(&packages, &figures);
+    let path = target.join("bench-report.md");
+    std::fs::write(&path, report).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    eprintln!("xtask: bench report in {}", path.display());
+    Ok(())
+}
+
+/// Packages whose manifest declares a `[[bench]]`, from the workspace's member folders.
+fn bench_packages(root: &Path) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(root).map_err(|e| format!("{}: {e}", root.display()))?;
+    let mut dirs: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
+    dirs.sort();
+    for dir in dirs {
+        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
+            continue;
+        };
+        if !manifest.contains("[[bench]]") {
+            continue;
+        }
+        let name = manifest
+            .lines()
+            .find_map(|l| l.strip_prefix("name = \""))
+            .and_then(|rest| rest.strip_suffix('"'));
+        if let Some(name) = name {
+            out.push(name.to_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// Every `<group>/<id…>/new/estimates.json` under `dir` written after `since`.
+fn collect(dir: &Path, since: SystemTime, out: &mut Vec<Figure>) -> Result<(), String> {
+    let Ok(groups) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for group in groups.filter_map(Result::ok) {
+        let group_path = group.path();
+        if !group_path.is_dir() || group.file_name() == "report" {
+            continue;
+        }
+        let mut stack = vec![group_path.clone()];
+        while let Some(path) = stack.pop() {
+            let estimates = path.join("new/estimates.json");
+            if estimates.is_file() {
+                let fresh = std::fs::metadata(&estimates)
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|modified| modified >= since);
+                if fresh {
+                    let text = std::fs::read_to_string(&estimates)
+                        .map_err(|e| format!("{}: {e}", estimates.display()))?;
+                    let value: serde_json::Value = serde_json::from_str(&text)
+                        .map_err(|e| format!("{}: {e}", estimates.display()))?;
+                    if let Some(mean) = value["mean"]["point_estimate"].as_f64() {
+                        let id = path
+                            .strip_prefix(&group_path)
+                            .map(|p| p.to_string_lossy().into_owned())
+                            .unwrap_or_default();
+                        out.push(Figure {
+                            group: group.file_name().to_string_lossy().into_owned(),
+                            id,
+                            mean_ns: mean,
+                        });
+                    }
+                }
+                continue;
+            }
+            if let Ok(children) = std::fs::read_dir(&path) {
+                for child in children.filter_map(Result::ok) {
+                    let child = child.path();
+                    if child.is_dir() && child.file_name().is_some_and(|n| n != "report") {
+                        stack.push(child);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A duration in ns as a short human figure.
+fn duration(ns: f64) -> String {
+    if ns >= 1e9 {
+        format!("{:.2} s", ns / 1e9)
+    } else if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.2} µs", ns / 1e3)
+    } else {
+        format!("{ns:.1} ns")
+    }
+}
+
+/// The markdown report.
+fn render(packages: &[String], figures: &[Figure]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# Benchmarks\n");
+    let _ = writeln!(
+        out,
+        "`cargo xtask bench` over {} (criterion, warm-up 1 s, measurement 3 s). Each figure is \
+         a ratio to its group's baseline (time / baseline time: below 1 is faster); read the \
+         ratios, not the absolute times, on a shared machine.\n",
+        packages.join(", ")
+    );
+    let mut groups: Vec<&str> = figures.iter().map(|f| f.group.as_str()).collect();
+    groups.dedup();
+    for group in groups {
+        let members: Vec<&Figure> = figures.iter().filter(|f| f.group == group).collect();
+        let marked = members
+            .iter()
+            .find(|f| BASELINE_MARKS.iter().any(|m| f.id.contains(m)));
+        let fastest = members
+            .iter()
+            .min_by(|a, b| a.mean_ns.total_cmp(&b.mean_ns));
+        let Some(baseline) = marked.or(fastest) else {
+            continue;
+        };
+        let _ = writeln!(out, "## {group}\n");
+        let _ = writeln!(out, "baseline: `{}`\n", baseline.id);
+        let _ = writeln!(out, "| figure | mean | × baseline |");
+        let _ = writeln!(out, "|---|---:|---:|");
+        for f in &members {
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {:.3} |",
+                f.id,
+                duration(f.mean_ns),
+                f.mean_ns / baseline.mean_ns
+            );
+        }
+        let _ = writeln!(out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_are_to_the_marked_baseline() {
+        let figure = |id: &str, mean_ns| Figure {
+            group: "g".into(),
+            id: id.into(),
+            mean_ns,
+        };
+        let report = render(
+            &["p".into()],
+            &[figure("psych", 300.0), figure("rmcp_direct", 200.0)],
+        );
+        assert!(report.contains("baseline: `rmcp_direct`"), "{report}");
+        assert!(
+            report.contains("| `psych` | 300.0 ns | 1.500 |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("| `rmcp_direct` | 200.0 ns | 1.000 |"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn every_bench_crate_is_found() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let packages = bench_packages(root).unwrap();
+        assert!(packages.contains(&"psych-mcp".to_owned()), "{packages:?}");
+        assert!(
+            packages.contains(&"psych-record-log".to_owned()),
+            "{packages:?}"
+        );
+    }
+}
