@@ -4,6 +4,8 @@
 //!   bare `write` + `fdatasync` of the same 4 KiB appended to a plain file, and against redb
 //!   (one write transaction per record, `Durability::Immediate`, the default). Before it,
 //!   the first two are also timed alternately and the medians printed (see `interleaved`).
+//! - `large_append_2m`: a durable 2 MiB tool result against a bare `write` + `fdatasync` of
+//!   the same 2 MiB appended to a plain file.
 //! - `group_commit_64`: at 512 B and 4 KiB records, 64 records appended one after another
 //!   with one `fdatasync` each (`per_append_fsync`), against the same 64 in one
 //!   `append_batch` (one write, one `fdatasync`), and against 64 threads each appending one
@@ -48,6 +50,35 @@ fn tool_result(len: usize) -> Record {
 /// (on these machines `/tmp` is ext4 on the same disk as the checkout, not tmpfs).
 fn bench_dir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
+}
+
+fn large_append(c: &mut Criterion) {
+    let mut group = c.benchmark_group("large_append_2m");
+    group.sample_size(20);
+    let record = tool_result(2 << 20);
+    let Record::ToolResult(result) = &record else {
+        unreachable!()
+    };
+    let bytes = psych_types::readable_bytes(&result.output);
+    group.throughput(Throughput::Bytes(bytes.len() as u64));
+    let dir = bench_dir();
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.path().join("bare"))
+        .unwrap();
+    group.bench_function("bare_write_fdatasync", |b| {
+        b.iter(|| {
+            file.write_all(black_box(&bytes)).unwrap();
+            file.sync_data().unwrap();
+        });
+    });
+    let run = RunId::new("bench").unwrap();
+    let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
+    group.bench_function("record_log_append", |b| {
+        b.iter(|| log.append(black_box(&record)).unwrap());
+    });
+    group.finish();
 }
 
 fn durable_append(c: &mut Criterion) {
@@ -248,5 +279,5 @@ fn group_commit(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, durable_append, group_commit);
+criterion_group!(benches, durable_append, large_append, group_commit);
 criterion_main!(benches);

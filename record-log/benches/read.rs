@@ -5,6 +5,10 @@
 //! - `record_log/record`: the whole record, checksum checked and decoded;
 //! - `record_log/read_output_256`: 256 bytes of a tool result's content at an offset;
 //! - `redb/get`: one read transaction, one `get`, the value copied out.
+//!
+//! And `open_1m`: `RecordLog::open` of that log (every frame's checksums verified, the
+//! index rebuilt) against `read_and_crc32c`, a plain read of the same file with one CRC-32C
+//! over all of it: the floor for any open that checks every byte.
 
 #![allow(
     clippy::unwrap_used,
@@ -119,6 +123,29 @@ fn read_by_handle(c: &mut Criterion) {
             let table = txn.open_table(TABLE).unwrap();
             let value = table.get(picks.next(RECORDS)).unwrap().unwrap();
             black_box(serde_json::from_slice::<Record>(value.value()).unwrap())
+        });
+    });
+    group.finish();
+    drop(log);
+
+    let path = RecordLog::path_for(dir.path(), &run);
+    let mut group = c.benchmark_group("open_1m");
+    group.sample_size(10);
+    group.bench_function("record_log_open", |b| {
+        b.iter(|| RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap());
+    });
+    group.bench_function("read_and_crc32c", |b| {
+        b.iter(|| {
+            let mut file = std::fs::File::open(&path).unwrap();
+            let mut buf = vec![0u8; 1 << 20];
+            let mut crc = 0u32;
+            loop {
+                let n = std::io::Read::read(&mut file, &mut buf).unwrap();
+                if n == 0 {
+                    break crc;
+                }
+                crc = crc32c::crc32c_append(crc, &buf[..n]);
+            }
         });
     });
     group.finish();

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -442,7 +442,6 @@ impl RecordLog {
         reader
             .seek(SeekFrom::Start(pos))
             .map_err(open_io(&self.path))?;
-        let mut chunk = vec![0u8; 64 << 10];
         // (reason, where to look for whole frames after the damage, if anywhere)
         let fault: Option<(String, Option<u64>)> = loop {
             if pos == len {
@@ -469,14 +468,20 @@ impl RecordLog {
                 // The header is whole and says the frame runs past the end: a torn write.
                 break Some(("frame cut short".into(), None));
             }
+            // The body is checksummed where it lies in the reader's buffer, not copied out.
             let mut crc = Crc32c::new();
             let mut left = frame_len - (FRAME_HEADER_LEN + FRAME_TRAILER_LEN) as u64;
             while left > 0 {
-                let take = left.min(chunk.len() as u64) as usize;
-                reader
-                    .read_exact(&mut chunk[..take])
-                    .map_err(open_io(&self.path))?;
-                crc.update(&chunk[..take]);
+                let buffered = reader.fill_buf().map_err(open_io(&self.path))?;
+                if buffered.is_empty() {
+                    // The length was checked above: the file shrank under us.
+                    return Err(open_io(&self.path)(
+                        std::io::ErrorKind::UnexpectedEof.into(),
+                    ));
+                }
+                let take = left.min(buffered.len() as u64) as usize;
+                crc.update(&buffered[..take]);
+                reader.consume(take);
                 left -= take as u64;
             }
             let mut stored = [0u8; FRAME_TRAILER_LEN];
