@@ -9,8 +9,6 @@
     reason = "a test fails loudly on bad data"
 )]
 
-use std::path::PathBuf;
-
 use psych_disclosure::{Inputs, Settings, Shape, Surface, resolve};
 use psych_elision::Estimator;
 use psych_prompt_assembly::{
@@ -22,22 +20,13 @@ use psych_types::{
     ServerHealth, ServerId, ToolList, UserMessage,
 };
 
+mod common;
+use common::catalogs_dir;
+
 /// Leaves every result whole: the request has no tool results anyway.
 struct Whole;
 impl ResultProjector for Whole {
     fn project(&self, _batch: &[ResultRef<'_>], _out: &mut [Projection]) {}
-}
-
-fn catalogs_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PSYCH_FIXTURES") {
-        return PathBuf::from(dir).join("catalogs");
-    }
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .ancestors()
-        .map(|dir| dir.join("shared/fixtures/catalogs"))
-        .find(|dir| dir.is_dir())
-        .unwrap_or_else(|| panic!("no shared/fixtures/catalogs above {}", manifest.display()))
 }
 
 fn setup(

@@ -15,8 +15,6 @@
     reason = "a test fails loudly on bad data"
 )]
 
-use std::path::PathBuf;
-
 use psych_prompt_assembly::{
     AnthropicOptions, Assembler, CacheReport, CurrentTime, DynamicTail, OpenAiOptions,
     RenderedRequest, StaticSections, Transient,
@@ -28,23 +26,10 @@ use psych_types::{
 use serde_json::{Value, json};
 
 mod common;
-use common::small_elider;
+use common::{catalogs_dir, small_elider};
 
 #[path = "../../prompt-assembly/tests/rules/mod.rs"]
 mod rules;
-
-/// The `shared/fixtures/catalogs` folder beside the checkout (or `$PSYCH_FIXTURES/catalogs`).
-fn catalogs_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PSYCH_FIXTURES") {
-        return PathBuf::from(dir).join("catalogs");
-    }
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .ancestors()
-        .map(|dir| dir.join("shared/fixtures/catalogs"))
-        .find(|dir| dir.is_dir())
-        .unwrap_or_else(|| panic!("no shared/fixtures/catalogs above {}", manifest.display()))
-}
 
 /// Three real filesystem tools, the deferred-server meta tools and the real reader tool
 /// (`psych_reader_tool::tool_definition`).

@@ -12,7 +12,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use psych_elision::{Elider, PreviewConfig, Thresholds};
 use psych_reader_tool::{Answer, Reader};
@@ -122,4 +122,17 @@ where
         }
     }
     Err(format!("{handle}: paging does not end"))
+}
+
+/// The `shared/fixtures/catalogs` folder beside the checkout (or `$PSYCH_FIXTURES/catalogs`).
+pub(crate) fn catalogs_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PSYCH_FIXTURES") {
+        return PathBuf::from(dir).join("catalogs");
+    }
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .map(|dir| dir.join("shared/fixtures/catalogs"))
+        .find(|dir| dir.is_dir())
+        .unwrap_or_else(|| panic!("no shared/fixtures/catalogs above {}", manifest.display()))
 }
