@@ -38,6 +38,7 @@
 pub mod base64;
 mod catalog;
 mod connection;
+mod history;
 mod id;
 pub mod json;
 mod output;
@@ -54,6 +55,10 @@ pub use catalog::{
     CatalogVersion, Reachability, ServerCatalog, ServerHealth, SyncFailure, SyncStamp, UnixMillis,
 };
 pub use connection::{ConnectionSpec, PermissionGrant, Preload, ToolScope};
+pub use history::{
+    History, HistoryEntry, HistoryItem, OutputAccess, SourceError, StoredRef, StoredResult,
+    count_line_breaks, is_text_only, load_whole, read_exact_output,
+};
 pub use id::{IdError, RunId, ServerId, ToolCallId, ToolName, ToolRef};
 pub use output::{
     Annotations, BinaryRef, BlobResource, ContentBlock, EmbeddedResource, MediaContent,

@@ -71,6 +71,26 @@ pub trait ResultProjector {
     /// length as `batch`, every slot [`Projection::Full`]. The same batch must always give
     /// the same projections.
     fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]);
+
+    /// The same views as [`project`](Self::project) would give for the whole outputs of
+    /// `batch`, from their [`StoredResult`](crate::StoredResult)s, reading content through
+    /// `source` only where the view needs it. `out` is as for `project`.
+    ///
+    /// The default reads every output whole and calls `project`; a projector that can
+    /// decide from the stored summary and a few bytes of head and tail (elision's) overrides
+    /// it, so that a step's cost does not grow with the size of results it does not show.
+    ///
+    /// # Errors
+    ///
+    /// A result the source cannot read.
+    fn project_stored(
+        &self,
+        batch: &[crate::StoredRef<'_>],
+        source: &dyn crate::OutputAccess,
+        out: &mut [Projection],
+    ) -> Result<(), crate::SourceError> {
+        crate::history::project_loaded(self, batch, source, out)
+    }
 }
 
 /// What the readable text of a stored tool result is made of.
