@@ -3,7 +3,12 @@
 
 use std::borrow::Cow;
 
-use psych_types::{Projection, ResultProjector, ResultRef, TokenEstimator, ToolOutput};
+use psych_types::{
+    OutputAccess, Projection, RecordHandle, ResultProjector, ResultRef, SourceError, StoredRef,
+    TokenEstimator, ToolOutput, load_whole, read_exact_output,
+};
+
+use crate::preview::Windows;
 
 use crate::{Estimator, PreviewConfig, Thresholds, plan};
 
@@ -144,19 +149,210 @@ impl ResultProjector for Elider {
                 continue;
             }
             let result = &batch[*i];
-            let has_binary = result.output.binary_blocks().next().is_some();
-            let view = match self.preview.preview(text, result.handle) {
-                Cow::Owned(mut preview) => {
-                    preview.push_str(&placeholders_not_shown(result.output, &preview));
-                    Projection::Replaced(preview)
-                }
-                Cow::Borrowed(_) if has_binary => Projection::Replaced(text.clone().into_owned()),
-                Cow::Borrowed(_) => Projection::Full,
-            };
+            let view = self.elided_view(text, result.output, result.handle);
             if let Some(slot) = out.get_mut(*i) {
                 *slot = view;
             }
         }
+    }
+
+    /// The views [`project`](ResultProjector::project) gives, from the stored summaries:
+    /// each estimate is the stored one (computed from the output, read whole, when a
+    /// record has none); a failure reads [`PreviewConfig::failure_window`] bytes; an
+    /// elided result whose readable text is all it holds reads
+    /// [`PreviewConfig::head_window`] bytes from its start and
+    /// [`PreviewConfig::tail_window`] from its end (its line breaks are counted, reading
+    /// it through once, only when the store has no count). A result with other blocks is
+    /// read whole, as is one kept whole (by the caller, to send it).
+    fn project_stored(
+        &self,
+        batch: &[StoredRef<'_>],
+        source: &dyn OutputAccess,
+        out: &mut [Projection],
+    ) -> Result<(), SourceError> {
+        let mut loaded: Vec<Option<ToolOutput>> = vec![None; batch.len()];
+        let mut planned = Vec::with_capacity(batch.len());
+        let mut sizes = Vec::with_capacity(batch.len());
+        for (i, item) in batch.iter().enumerate() {
+            let info = &item.stored.info;
+            if info.is_error {
+                let window = read_text(
+                    source,
+                    item.handle,
+                    0,
+                    self.preview.failure_window(),
+                    info.len,
+                )?;
+                let kept = self.preview.truncate_failure(&window);
+                if let Some(slot) = out.get_mut(i) {
+                    *slot = if kept.len() as u64 == info.len {
+                        Projection::Full
+                    } else {
+                        Projection::Replaced(kept.to_owned())
+                    };
+                }
+                continue;
+            }
+            if !item.stored.text_only || item.stored.estimate.is_none() {
+                loaded[i] = Some(load_whole(source, item.handle)?);
+            }
+            let size = match (item.stored.estimate, &loaded[i]) {
+                (Some(estimate), _) => estimate,
+                (None, Some(output)) => self.estimator.estimate_output(output),
+                (None, None) => 0,
+            };
+            sizes.push(size);
+            planned.push(i);
+        }
+        let plan = plan(&sizes, &self.thresholds);
+        for (k, &i) in planned.iter().enumerate() {
+            if !plan.is_elided(k) {
+                continue;
+            }
+            let item = &batch[i];
+            let view = match &loaded[i] {
+                Some(output) => self.elided_view(&output.readable_text(), output, item.handle),
+                None => self.stored_preview(item, source)?,
+            };
+            if let Some(slot) = out.get_mut(i) {
+                *slot = view;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Elider {
+    /// The view of an elided success whose readable text is `text`.
+    fn elided_view(&self, text: &str, output: &ToolOutput, handle: &RecordHandle) -> Projection {
+        let has_binary = output.binary_blocks().next().is_some();
+        match self.preview.preview(text, handle) {
+            Cow::Owned(mut preview) => {
+                preview.push_str(&placeholders_not_shown(output, &preview));
+                Projection::Replaced(preview)
+            }
+            Cow::Borrowed(_) if has_binary => Projection::Replaced(text.to_owned()),
+            Cow::Borrowed(_) => Projection::Full,
+        }
+    }
+
+    /// The view of an elided success whose readable text is all it holds, from its windows.
+    fn stored_preview(
+        &self,
+        item: &StoredRef<'_>,
+        source: &dyn OutputAccess,
+    ) -> Result<Projection, SourceError> {
+        let len = item.stored.info.len;
+        let (head_window, tail_window) = (self.preview.head_window(), self.preview.tail_window());
+        let whole;
+        let tail_text;
+        let windows = if len <= head_window.saturating_add(tail_window) as u64 {
+            whole = read_text(
+                source,
+                item.handle,
+                0,
+                head_window.saturating_add(tail_window),
+                len,
+            )?;
+            self.preview.windows_of(&whole)
+        } else {
+            let breaks = match item.stored.line_breaks {
+                Some(breaks) => breaks,
+                None => count_stored_breaks(source, item.handle, len)?,
+            };
+            whole = read_text(source, item.handle, 0, head_window, len)?;
+            let from = len - tail_window as u64;
+            let (skipped, text) = read_tail(source, item.handle, from, tail_window)?;
+            tail_text = text;
+            Windows {
+                head: &whole,
+                tail: &tail_text,
+                tail_at: from + skipped as u64,
+                len,
+                breaks,
+            }
+        };
+        Ok(match self.preview.preview_windows(&windows, item.handle) {
+            Some(preview) => Projection::Replaced(preview),
+            None => Projection::Full,
+        })
+    }
+}
+
+/// Up to `max` bytes of readable text from `offset` (a result of `len` bytes), cut back to
+/// whole characters.
+fn read_text(
+    source: &dyn OutputAccess,
+    handle: &RecordHandle,
+    offset: u64,
+    max: usize,
+    len: u64,
+) -> Result<String, SourceError> {
+    let n = usize::try_from(len.saturating_sub(offset)).map_or(max, |left| left.min(max));
+    let mut buf = vec![0u8; n];
+    let got = read_exact_output(source, handle, offset, &mut buf)?;
+    buf.truncate(got);
+    match String::from_utf8(buf) {
+        Ok(text) => Ok(text),
+        Err(error) => {
+            let valid = error.utf8_error().valid_up_to();
+            // Only an incomplete character at the window's end is cut; anything else is
+            // not the UTF-8 a store keeps.
+            if error.utf8_error().error_len().is_some() {
+                return Err(not_utf8(handle));
+            }
+            let mut bytes = error.into_bytes();
+            bytes.truncate(valid);
+            String::from_utf8(bytes).map_err(|_| not_utf8(handle))
+        }
+    }
+}
+
+/// The readable text from byte `from` to its end (`max` bytes), without the continuation
+/// bytes of a character begun before `from`: how many bytes were skipped, and the text.
+fn read_tail(
+    source: &dyn OutputAccess,
+    handle: &RecordHandle,
+    from: u64,
+    max: usize,
+) -> Result<(usize, String), SourceError> {
+    let mut buf = vec![0u8; max];
+    let got = read_exact_output(source, handle, from, &mut buf)?;
+    buf.truncate(got);
+    let skipped = buf
+        .iter()
+        .take(3)
+        .take_while(|&&b| b & 0xC0 == 0x80)
+        .count();
+    buf.drain(..skipped);
+    String::from_utf8(buf)
+        .map(|text| (skipped, text))
+        .map_err(|_| not_utf8(handle))
+}
+
+/// Line breaks in a stored result's readable text, read through in pieces.
+fn count_stored_breaks(
+    source: &dyn OutputAccess,
+    handle: &RecordHandle,
+    len: u64,
+) -> Result<u64, SourceError> {
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut offset, mut breaks) = (0u64, 0u64);
+    while offset < len {
+        let n = source.read_output(handle, offset, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        breaks += psych_types::count_line_breaks(&buf[..n]);
+        offset += n as u64;
+    }
+    Ok(breaks)
+}
+
+fn not_utf8(handle: &RecordHandle) -> SourceError {
+    SourceError {
+        handle: handle.clone(),
+        source: "the stored readable text is not UTF-8".into(),
     }
 }
 
@@ -246,7 +442,7 @@ mod tests {
             panic!("{:?}", out[0])
         };
         assert!(
-            preview.starts_with("{\n  \"items\": [\n    {\n"),
+            preview.starts_with("{\n  \"items\": [\n[… lines 3-"),
             "{preview}"
         );
     }

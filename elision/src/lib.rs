@@ -6,7 +6,14 @@
 //! [`Thresholds`] (per result and per batch, validated when built), and replaces each elided
 //! success with a head+tail preview plus guidance naming `read_tool_output` and the
 //! result's handle, and each failure with its first few hundred characters. Prompt
-//! assembly calls it through the trait, without depending on this crate.
+//! assembly calls it through the trait, without depending on this crate. A preview's head
+//! ends at a line break and its tail starts after one (within [`LINE_SLACK`]), and its
+//! marker names the omitted lines and the `read_tool_output` offset that reads on.
+//!
+//! [`ResultProjector::project_stored`](psych_types::ResultProjector::project_stored) gives
+//! the same bytes from a stored history: the estimate stored at append time, and only the
+//! few kilobytes of head and tail a preview shows, read through the store, so projecting
+//! a 256 MiB result costs what projecting a 2 KB one does.
 //!
 //! The [`Estimator`] is a trigger, not a meter: fast and monotone in size, close to a real
 //! tokenizer (o200k_base) on tool-result content in every script, measured on text it was
@@ -59,5 +66,5 @@ mod thresholds;
 pub use elider::{Elider, EliderBuilder, MAX_LISTED_PLACEHOLDERS, placeholders_not_shown};
 pub use estimate::Estimator;
 pub use plan::{Plan, plan};
-pub use preview::PreviewConfig;
+pub use preview::{LINE_SLACK, PreviewConfig};
 pub use thresholds::{Thresholds, ThresholdsBuilder, ThresholdsError};

@@ -11,8 +11,15 @@ use serde::{Deserialize, Serialize};
 /// preview sits in the cached prompt prefix, so it must never change between calls.
 const GUIDANCE_HEAD: &str = "[Elided tool result: only its beginning and end are shown above. \
 The full result is kept. To read the rest, call read_tool_output with handle \"";
-/// The guidance after the handle.
-const GUIDANCE_TAIL: &str = "\", paging with offset and limit, or searching with grep.]";
+/// The guidance after the handle, before the handle again in the grep example.
+const GUIDANCE_MIDDLE: &str = "\" and the offset named above (add limit for longer pages); \
+to search it, add grep with a literal text, as in {\"handle\": \"";
+/// The guidance after the grep example's handle.
+const GUIDANCE_TAIL: &str = "\", \"grep\": \"error\"}.]";
+
+/// How far, in characters, a preview's head or tail cut moves to fall on a line break:
+/// at most this, and at most half the part asked for.
+pub const LINE_SLACK: usize = 100;
 
 /// How much of an elided or failed result the model sees.
 ///
@@ -40,36 +47,115 @@ impl PreviewConfig {
     /// Default characters kept of a failure.
     pub const DEFAULT_FAILURE_CHARS: usize = 400;
 
-    /// The preview of an elided success: the head, an ellipsis line saying how much is
-    /// omitted, the tail, and guidance naming `read_tool_output` and `handle`.
+    /// The preview of an elided success: the head, a marker line naming the omitted lines
+    /// and the `read_tool_output` offset that continues after the head, the tail, and
+    /// guidance naming `read_tool_output`, `handle` and how to grep.
     ///
-    /// The text comes back unchanged (borrowed) when the head and tail would overlap or
-    /// meet, and whenever the preview would not be shorter than the text, so a preview
-    /// never lengthens or truncates something already small.
+    /// The head ends at a line break when one lies within [`LINE_SLACK`] characters of its
+    /// cut (and within half of `head_chars`), the tail starts after one likewise. The text
+    /// comes back unchanged (borrowed) when the head and tail would overlap or meet, and
+    /// whenever the preview would not be shorter than the text, so a preview never
+    /// lengthens or truncates something already small.
+    ///
+    /// Only the first [`PreviewConfig::head_window`] and last
+    /// [`PreviewConfig::tail_window`] bytes of `text`, and its count of line breaks, decide
+    /// the preview: a store can make the same preview from those without reading the rest.
     pub fn preview<'a>(&self, text: &'a str, handle: &RecordHandle) -> Cow<'a, str> {
-        let head_end = forward_boundary(text, nth_char_start(text, self.head_chars));
-        let tail_start = backward_boundary(text, nth_char_from_end(text, self.tail_chars));
-        if head_end >= tail_start {
-            return Cow::Borrowed(text);
+        let windows = self.windows_of(text);
+        match self.preview_windows(&windows, handle) {
+            Some(preview) => Cow::Owned(preview),
+            None => Cow::Borrowed(text),
         }
-        let (head, middle, tail) = (
-            &text[..head_end],
-            &text[head_end..tail_start],
-            &text[tail_start..],
-        );
-        let omitted_chars = middle.chars().count();
-        let omitted_lines = middle.bytes().filter(|&b| b == b'\n').count();
-        let mut out = String::with_capacity(head.len() + tail.len() + 320);
+    }
+
+    /// Bytes from the start of a text that decide a preview's head.
+    pub fn head_window(&self) -> usize {
+        window_bytes(self.head_chars)
+    }
+
+    /// Bytes from the end of a text that decide a preview's tail.
+    pub fn tail_window(&self) -> usize {
+        window_bytes(self.tail_chars)
+    }
+
+    /// Bytes from the start of a failure's text that decide its truncation.
+    pub fn failure_window(&self) -> usize {
+        self.failure_chars
+            .saturating_add(MAX_CLUSTER_MOVE + 2)
+            .saturating_mul(4)
+    }
+
+    /// The windows of a whole text, as a store reading only them would get them.
+    pub(crate) fn windows_of<'t>(&self, text: &'t str) -> Windows<'t> {
+        let (head_window, tail_window) = (self.head_window(), self.tail_window());
+        let breaks = psych_types::count_line_breaks(text.as_bytes());
+        if text.len() <= head_window.saturating_add(tail_window) {
+            return Windows {
+                head: text,
+                tail: text,
+                tail_at: 0,
+                len: text.len() as u64,
+                breaks,
+            };
+        }
+        let head_end = text.floor_char_boundary(head_window);
+        let tail_at = text.ceil_char_boundary(text.len() - tail_window);
+        Windows {
+            head: &text[..head_end],
+            tail: &text[tail_at..],
+            tail_at: tail_at as u64,
+            len: text.len() as u64,
+            breaks,
+        }
+    }
+
+    /// The preview made from a text's windows, or `None` when the text is to be left as
+    /// it is.
+    pub(crate) fn preview_windows(
+        &self,
+        windows: &Windows<'_>,
+        handle: &RecordHandle,
+    ) -> Option<String> {
+        let Windows {
+            head,
+            tail,
+            tail_at,
+            len,
+            breaks,
+        } = *windows;
+        let head_cut = forward_boundary(head, nth_char_start(head, self.head_chars));
+        let head_end = align_head(head, head_cut, slack(self.head_chars));
+        let tail_cut = backward_boundary(tail, nth_char_from_end(tail, self.tail_chars));
+        let tail_rel = align_tail(tail, tail_cut, slack(self.tail_chars));
+        let tail_start = tail_at + tail_rel as u64;
+        if head_end as u64 >= tail_start {
+            return None;
+        }
+        let (head, tail) = (&head[..head_end], &tail[tail_rel..]);
+        // Lines counted from 0, as the reader's offset counts them: the first omitted line
+        // is the one holding byte `head_end`, the last the one holding byte `tail_start - 1`.
+        let first = psych_types::count_line_breaks(head.as_bytes());
+        let before_tail = breaks.saturating_sub(psych_types::count_line_breaks(tail.as_bytes()));
+        let last = if windows.tail[..tail_rel].ends_with('\n') {
+            before_tail.saturating_sub(1)
+        } else {
+            before_tail
+        };
+        let mut out = String::with_capacity(head.len() + tail.len() + 480);
         out.push_str(head);
         if !head.is_empty() && !head.ends_with('\n') {
             out.push('\n');
         }
+        let lines = if first == last {
+            format!("line {}", first + 1)
+        } else {
+            format!("lines {}-{}", first + 1, last.max(first) + 1)
+        };
         // Writing into a String cannot fail.
         let _ = writeln!(
             out,
-            "[… {omitted_chars} characters ({omitted_lines} line breaks) omitted, \
-             bytes {head_end}..{tail_start} of {} …]",
-            text.len()
+            "[… {lines} omitted (bytes {head_end}..{tail_start} of {len}); read on with \
+             read_tool_output offset={first} …]"
         );
         out.push_str(tail);
         if !tail.is_empty() && !tail.ends_with('\n') {
@@ -78,11 +164,13 @@ impl PreviewConfig {
         out.push('\n');
         out.push_str(GUIDANCE_HEAD);
         let _ = write!(out, "{handle}");
+        out.push_str(GUIDANCE_MIDDLE);
+        let _ = write!(out, "{handle}");
         out.push_str(GUIDANCE_TAIL);
-        if out.len() >= text.len() {
-            return Cow::Borrowed(text);
+        if out.len() as u64 >= len {
+            return None;
         }
-        Cow::Owned(out)
+        Some(out)
     }
 
     /// A failure's text, hard-truncated to its first [`PreviewConfig::failure_chars`]
@@ -101,6 +189,78 @@ impl Default for PreviewConfig {
             failure_chars: Self::DEFAULT_FAILURE_CHARS,
         }
     }
+}
+
+/// What decides a preview of a text: its first and last bytes (each cut to whole
+/// characters), its length and its line breaks. For a text no longer than both windows,
+/// both are the whole text and `tail_at` is 0.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Windows<'t> {
+    /// The text from byte 0.
+    pub(crate) head: &'t str,
+    /// The text's end, from byte `tail_at`.
+    pub(crate) tail: &'t str,
+    /// Where `tail` starts in the text.
+    pub(crate) tail_at: u64,
+    /// The text's length in bytes.
+    pub(crate) len: u64,
+    /// Line breaks in the whole text.
+    pub(crate) breaks: u64,
+}
+
+/// Bytes that surely hold `chars` characters plus every move a cut may make.
+fn window_bytes(chars: usize) -> usize {
+    chars
+        .saturating_add(MAX_CLUSTER_MOVE + LINE_SLACK + 2)
+        .saturating_mul(4)
+}
+
+/// How far a cut of a part of `chars` characters may move to a line break.
+fn slack(chars: usize) -> usize {
+    LINE_SLACK.min(chars / 2)
+}
+
+/// Moves the head's end `at` to just after a line break: the last one within `slack`
+/// characters before it, else the first within `slack` characters after it.
+fn align_head(text: &str, at: usize, slack: usize) -> usize {
+    if at == 0 || text[..at].ends_with('\n') {
+        return at;
+    }
+    if let Some((i, _)) = text[..at]
+        .char_indices()
+        .rev()
+        .take(slack)
+        .find(|&(_, c)| c == '\n')
+    {
+        return i + 1;
+    }
+    text[at..]
+        .char_indices()
+        .take(slack)
+        .find(|&(_, c)| c == '\n')
+        .map_or(at, |(i, _)| at + i + 1)
+}
+
+/// Moves the tail's start `at` to just after a line break: the first within `slack`
+/// characters after it (keeping the tail non-empty), else the last within `slack`
+/// characters before it.
+fn align_tail(text: &str, at: usize, slack: usize) -> usize {
+    if at == 0 || text[..at].ends_with('\n') {
+        return at;
+    }
+    if let Some((i, _)) = text[at..]
+        .char_indices()
+        .take(slack)
+        .find(|&(i, c)| c == '\n' && at + i + 1 < text.len())
+    {
+        return at + i + 1;
+    }
+    text[..at]
+        .char_indices()
+        .rev()
+        .take(slack)
+        .find(|&(_, c)| c == '\n')
+        .map_or(at, |(i, _)| i + 1)
 }
 
 /// Byte offset of the start of character `n` (the end of the first `n` characters), or
@@ -227,14 +387,60 @@ mod tests {
     fn preview_has_head_ellipsis_tail_and_guidance() {
         let text = "line one\n".repeat(100);
         let out = config(12, 9).preview(&text, &handle());
+        // The head's cut (12 characters) moves back to the line break within its slack.
         assert_eq!(
             out,
-            "line one\nlin\n\
-             [… 879 characters (98 line breaks) omitted, bytes 12..891 of 900 …]\n\
+            "line one\n\
+             [… lines 2-99 omitted (bytes 9..891 of 900); read on with read_tool_output \
+             offset=1 …]\n\
              line one\n\n\
              [Elided tool result: only its beginning and end are shown above. The full \
              result is kept. To read the rest, call read_tool_output with handle \
-             \"run-7:42\", paging with offset and limit, or searching with grep.]"
+             \"run-7:42\" and the offset named above (add limit for longer pages); to \
+             search it, add grep with a literal text, as in {\"handle\": \"run-7:42\", \
+             \"grep\": \"error\"}.]"
+        );
+    }
+
+    #[test]
+    fn cuts_move_to_line_breaks_within_the_slack_only() {
+        // Lines of 30 characters: a head of 40 ends after line 1 (10 back, within 20).
+        let text = format!("{}\n", "x".repeat(29)).repeat(40);
+        let out = config(40, 40).preview(&text, &handle());
+        assert!(
+            out.starts_with(&format!("{}\n[… lines 2-", "x".repeat(29))),
+            "{out}"
+        );
+        assert!(out.contains("offset=1 …]\n"), "{out}");
+        // The tail starts at a line start: after the marker, one whole line of 29 x.
+        assert!(
+            out.contains(&format!("…]\n{}\n\n[Elided", "x".repeat(29))),
+            "{out}"
+        );
+        // No line break anywhere: the cuts stay where the counts put them.
+        let flat = "y".repeat(2_000);
+        let out = config(40, 40).preview(&flat, &handle());
+        assert!(
+            out.starts_with(&format!(
+                "{}\n[… line 1 omitted (bytes 40..1960",
+                "y".repeat(40)
+            )),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_long_text_is_previewed_from_its_windows() {
+        // Text past both windows: the preview is made from the windows alone.
+        let c = config(30, 30);
+        let text = "é line\n".repeat(5_000);
+        let windows = c.windows_of(&text);
+        assert!(windows.head.len() <= c.head_window() && windows.tail.len() <= c.tail_window());
+        assert_eq!(windows.breaks, 5_000);
+        let out = c.preview(&text, &handle());
+        assert!(
+            out.starts_with("é line\né line\né line\né line\n[… lines 5-4996 omitted"),
+            "{out}"
         );
     }
 
@@ -275,9 +481,15 @@ mod tests {
     fn zero_head_or_tail_shows_only_the_other_side() {
         let text = "0123456789".repeat(60);
         let tail_only = config(0, 10).preview(&text, &handle());
-        assert!(tail_only.starts_with("[… 590 characters"), "{tail_only}");
+        assert!(
+            tail_only.starts_with("[… line 1 omitted (bytes 0..590 of 600); read on with read_tool_output offset=0 …]\n0123456789\n"),
+            "{tail_only}"
+        );
         let head_only = config(10, 0).preview(&text, &handle());
-        assert!(head_only.starts_with("0123456789\n[… 590"), "{head_only}");
-        assert!(head_only.contains("of 600 …]\n\n[Elided"), "{head_only}");
+        assert!(
+            head_only.starts_with("0123456789\n[… line 1 omitted (bytes 10..600"),
+            "{head_only}"
+        );
+        assert!(head_only.contains("offset=0 …]\n\n[Elided"), "{head_only}");
     }
 }

@@ -9,9 +9,11 @@
 use std::borrow::Cow;
 
 use proptest::prelude::*;
-use psych_elision::{Elider, Estimator, PreviewConfig, Thresholds, plan};
+use psych_elision::{Elider, Estimator, LINE_SLACK, PreviewConfig, Thresholds, plan};
 use psych_types::{
-    Projection, RecordHandle, ResultProjector, ResultRef, RunId, TokenEstimator, ToolOutput,
+    ContentBlock, History, HistoryItem, MemoryRecords, Projection, Record, RecordHandle,
+    ResultProjector, ResultRef, RunId, StoredRef, TokenEstimator, ToolCallId, ToolOutput,
+    ToolResult,
 };
 
 fn est(text: &str) -> u64 {
@@ -280,6 +282,18 @@ proptest! {
     }
 }
 
+/// The omitted bytes `a..b` and the offset `K` a preview's marker line names.
+fn marker(preview: &str) -> (usize, usize, u64) {
+    let at = preview.find("[… line").unwrap();
+    let line = &preview[at..at + preview[at..].find('\n').unwrap()];
+    let bytes = &line[line.find("(bytes ").unwrap() + 7..];
+    let (a, rest) = bytes.split_once("..").unwrap();
+    let b = rest.split_once(' ').unwrap().0;
+    let k = &line[line.find("offset=").unwrap() + 7..];
+    let k = k.split_once(' ').unwrap().0;
+    (a.parse().unwrap(), b.parse().unwrap(), k.parse().unwrap())
+}
+
 fn handle() -> RecordHandle {
     RecordHandle::new(RunId::new("run-9").unwrap(), 12)
 }
@@ -316,15 +330,26 @@ proptest! {
             prop_assert_eq!(out.as_ref(), text.as_str());
         }
         if let Cow::Owned(preview) = &out {
-            // Strictly shorter, shows the original's head and tail, names the handle.
+            // Strictly shorter, shows the original's head and tail (each cut moved at most
+            // its slack to a line break), names the handle.
             prop_assert!(preview.len() < text.len());
-            let head: String = text.chars().take(c.head_chars).collect();
-            let tail: String = text.chars().rev().take(c.tail_chars).collect::<Vec<_>>().into_iter().rev().collect();
+            let head_min = c.head_chars - LINE_SLACK.min(c.head_chars / 2);
+            let tail_min = c.tail_chars - LINE_SLACK.min(c.tail_chars / 2);
+            let head: String = text.chars().take(head_min).collect();
+            let tail: String = text.chars().rev().take(tail_min).collect::<Vec<_>>().into_iter().rev().collect();
             prop_assert!(preview.starts_with(&head));
             let guidance_at = preview.rfind("\n\n[Elided tool result").unwrap();
             let body = &preview[..guidance_at];
             prop_assert!(body.trim_end_matches('\n').ends_with(tail.trim_end_matches('\n')) || tail.is_empty());
-            prop_assert!(preview.ends_with("handle \"run-9:12\", paging with offset and limit, or searching with grep.]"));
+            let ending = "{\"handle\": \"run-9:12\", \"grep\": \"error\"}.]";
+            prop_assert!(preview.ends_with(ending), "{}", preview);
+            // The marker: bytes a..b are what is omitted (the head is text[..a], the tail
+            // text[b..]) and offset=K is the reader's offset of the line holding byte a.
+            let (a, b, k) = marker(preview);
+            prop_assert!(a < b && b <= text.len());
+            prop_assert!(preview.starts_with(&text[..a]));
+            prop_assert!(body.trim_end_matches('\n').ends_with(text[b..].trim_end_matches('\n')));
+            prop_assert_eq!(k, text[..a].bytes().filter(|&x| x == b'\n').count() as u64);
         }
         // Deterministic.
         prop_assert_eq!(c.preview(&text, &handle()), out);
@@ -369,6 +394,61 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+/// One random output: text (often past both preview windows), a failure, JSON, or text
+/// with an image.
+fn stored_output() -> impl Strategy<Value = ToolOutput> {
+    prop_oneof![
+        4 => preview_text().prop_map(ToolOutput::text),
+        2 => (preview_text(), 1usize..40).prop_map(|(t, n)| ToolOutput::text(t.repeat(n))),
+        2 => preview_text().prop_map(ToolOutput::error),
+        1 => prop::collection::vec(0u32..500, 0..200)
+            .prop_map(|v| ToolOutput::json(serde_json::json!({ "items": v }))),
+        1 => (preview_text(), 1usize..3000).prop_map(|(t, n)| ToolOutput::from_blocks(vec![
+            ContentBlock::text(t),
+            ContentBlock::image("image/png", vec![7; n]),
+        ])),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// The lazy projection (stored summaries, windows read through the source) gives the
+    /// bytes the whole-output projection gives, with estimates stored or not.
+    #[test]
+    fn projecting_stored_results_equals_projecting_whole_ones(
+        outputs in prop::collection::vec(stored_output(), 0..8),
+        t in thresholds(),
+        c in config(),
+        stored_estimates in any::<bool>(),
+    ) {
+        let elider = Elider::builder().thresholds(t).preview(c).build();
+        let mut log = MemoryRecords::new(RunId::new("r").unwrap());
+        let handles: Vec<RecordHandle> = outputs.iter().enumerate().map(|(i, output)| {
+            log.push(Record::ToolResult(ToolResult {
+                call_id: ToolCallId::new(format!("c{i}")).unwrap(),
+                name: "t".into(),
+                output: output.clone(),
+            }))
+        }).collect();
+        let estimator = Estimator::new();
+        let history = History::from_records(
+            &log.records(),
+            stored_estimates.then_some(&estimator as &dyn TokenEstimator),
+        );
+        let batch: Vec<ResultRef<'_>> = handles.iter().zip(&outputs).map(|(handle, output)| ResultRef { handle, output }).collect();
+        let mut whole = vec![Projection::Full; batch.len()];
+        elider.project(&batch, &mut whole);
+        let stored: Vec<StoredRef<'_>> = history.entries.iter().filter_map(|entry| match &entry.item {
+            HistoryItem::Result(stored) => Some(StoredRef { handle: &entry.handle, stored }),
+            HistoryItem::Record(_) => None,
+        }).collect();
+        let mut lazy = vec![Projection::Full; stored.len()];
+        elider.project_stored(&stored, &log, &mut lazy).unwrap();
+        prop_assert_eq!(lazy, whole);
     }
 }
 
