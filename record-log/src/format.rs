@@ -5,7 +5,8 @@
 
 use psych_types::{
     BlobResource, ContentBlock, EmbeddedResource, JsonObject, MediaContent, OutputKind, Record,
-    ResourceContents, RunId, TextContent, TextResource, ToolCallId, ToolOutput, ToolResult,
+    ResourceContents, RunId, TextContent, TextResource, TokenEstimator, ToolCallId, ToolOutput,
+    ToolResult,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -336,6 +337,14 @@ struct ResultMeta {
     /// The result's `_meta`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     meta: Option<JsonObject>,
+    /// The token estimate of the whole output, by the estimator the log was given
+    /// (`RecordLog::set_estimator`) when it was appended; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    estimate: Option<u64>,
+    /// Line breaks (`\n` bytes) in the readable text; absent in records written before it
+    /// was stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    line_breaks: Option<u64>,
 }
 
 /// A member that is present is `Some`, even when it is `null`.
@@ -435,7 +444,13 @@ fn plain_text(output: &ToolOutput) -> bool {
 }
 
 /// Splits `record` into metadata and content.
-pub(crate) fn encode_record(record: &Record) -> Result<Encoded<'_>, serde_json::Error> {
+///
+/// A tool result's metadata also stores its readable text's line breaks and, when
+/// `estimator` is given, its token estimate.
+pub(crate) fn encode_record<'a>(
+    record: &'a Record,
+    estimator: Option<&dyn TokenEstimator>,
+) -> Result<Encoded<'a>, serde_json::Error> {
     use std::borrow::Cow;
     match record {
         Record::User(_) | Record::Assistant(_) | Record::Usage(_) => Ok(Encoded {
@@ -490,6 +505,8 @@ pub(crate) fn encode_record(record: &Record) -> Result<Encoded<'_>, serde_json::
                     output.structured_content.clone()
                 },
                 meta: output.meta.clone(),
+                estimate: estimator.map(|estimator| estimator.estimate_output(output)),
+                line_breaks: Some(psych_types::count_line_breaks(readable.as_bytes())),
             })?;
             let (content_kind, content) = if json_only {
                 (CONTENT_JSON, bytes_of(readable))
@@ -564,6 +581,28 @@ pub(crate) struct ResultSummary {
     pub(crate) name: String,
     pub(crate) kind: OutputKind,
     meta: ResultMeta,
+}
+
+impl ResultSummary {
+    /// The stored token estimate, if any.
+    pub(crate) fn estimate(&self) -> Option<u64> {
+        self.meta.estimate
+    }
+
+    /// The stored count of line breaks in the readable text, if any.
+    pub(crate) fn line_breaks(&self) -> Option<u64> {
+        self.meta.line_breaks
+    }
+
+    /// Whether the readable text is all the result holds: no block, one plain text block,
+    /// or text blocks only.
+    pub(crate) fn text_only(&self) -> bool {
+        self.meta.blocks.as_ref().is_none_or(|blocks| {
+            blocks
+                .iter()
+                .all(|stored| stored.block.get("type").and_then(Value::as_str) == Some("text"))
+        })
+    }
 }
 
 /// Reads a tool result's metadata.
@@ -746,7 +785,7 @@ mod tests {
     use psych_types::{AssistantMessage, ToolCall, UserMessage};
 
     fn round_trip(record: &Record) -> Record {
-        let encoded = encode_record(record).unwrap();
+        let encoded = encode_record(record, None).unwrap();
         let header = FrameHeader {
             seq: 7,
             kind: encoded.kind,
@@ -772,7 +811,7 @@ mod tests {
             name: "t".into(),
             output: output.clone(),
         });
-        let encoded = encode_record(&record).unwrap();
+        let encoded = encode_record(&record, None).unwrap();
         assert_eq!(encoded.content_kind, CONTENT_WITH_BINARY);
         let readable = output.readable_text();
         let mut expected = (readable.len() as u64).to_le_bytes().to_vec();
@@ -849,7 +888,7 @@ mod tests {
             output: 2,
             ..psych_types::Usage::default()
         });
-        let encoded = encode_record(&usage).unwrap();
+        let encoded = encode_record(&usage, None).unwrap();
         assert_eq!(
             (encoded.kind, encoded.content_kind, encoded.flags),
             (KIND_USAGE, CONTENT_NONE, 0)
@@ -885,7 +924,7 @@ mod tests {
         let Record::ToolResult(result) = &record else {
             unreachable!()
         };
-        let encoded = encode_record(&record).unwrap();
+        let encoded = encode_record(&record, None).unwrap();
         assert_eq!(
             encoded.content.as_ref(),
             &*psych_types::readable_bytes(&result.output)

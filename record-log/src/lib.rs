@@ -20,7 +20,12 @@
 //! own Run: it implements [`RecordSource`](psych_types::RecordSource), and a handle of
 //! another Run does not resolve. Tool results store their readable bytes raw and contiguous,
 //! so [`read_output`](psych_types::RecordSource::read_output) serves any slice of a huge
-//! result without loading it.
+//! result without loading it. [`RecordLog::history`] reads a Run's lazy
+//! [`History`](psych_types::History) for prompt assembly from the frames' headers and
+//! metadata alone (each tool result's length, kind, error flag, stored token estimate and
+//! line breaks), so a step's assembly does not read results it does not send whole; a log
+//! given an estimator ([`RecordLog::set_estimator`]) stores each result's estimate when
+//! it is appended.
 //!
 //! Unix only (positional reads and writes through `std::os::unix::fs::FileExt`).
 //!
@@ -86,6 +91,7 @@
 mod crc32c;
 mod error;
 mod format;
+mod history;
 mod log;
 mod shared;
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use psych_types::{
     ContentBlock, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
+    TokenEstimator,
 };
 
 use crate::crc32c::Crc32c;
@@ -210,7 +211,12 @@ pub struct RecordLog {
     pub(crate) poisoned: bool,
     scratch: Vec<u8>,
     recovery: Recovery,
+    /// Estimates each tool result's tokens at append time, stored in its metadata.
+    pub(crate) estimator: Option<Estimator>,
 }
+
+/// A token estimator a log can share with its appending threads.
+pub(crate) type Estimator = std::sync::Arc<dyn TokenEstimator + Send + Sync>;
 
 impl fmt::Debug for RecordLog {
     /// The log's identity and size, not its index or buffers.
@@ -295,6 +301,7 @@ impl RecordLog {
             durable_end: 0,
             poisoned: false,
             scratch: Vec::new(),
+            estimator: None,
             recovery: Recovery {
                 records: 0,
                 tail: None,
@@ -892,6 +899,17 @@ impl RecordLog {
         self.allocated = preallocate(&self.file, self.end, self.allocated, new_end);
     }
 
+    /// Stores each tool result appended from now on with its token estimate by
+    /// `estimator` (in its metadata, see `docs/format.md`), so that a lazy
+    /// [`history`](RecordLog::history) gives projectors the estimate without reading the
+    /// content. Give the estimator the projector uses (psych-elision's `Estimator`): a
+    /// result stored without one has it computed from its content on first need.
+    /// Set it before sharing the log ([`SharedRecordLog::new`](crate::SharedRecordLog::new)
+    /// takes it over).
+    pub fn set_estimator(&mut self, estimator: std::sync::Arc<dyn TokenEstimator + Send + Sync>) {
+        self.estimator = Some(estimator);
+    }
+
     fn write_unsynced(
         &mut self,
         records: &[Record],
@@ -902,9 +920,13 @@ impl RecordLog {
         let mut flushed = self.end;
         self.scratch.clear();
         for (i, record) in records.iter().enumerate() {
-            let (header, encoded, crc) =
-                frame_parts(record, first + i as u64, format::write_index(i))
-                    .map_err(WriteFailure::Encode)?;
+            let (header, encoded, crc) = frame_parts(
+                record,
+                first + i as u64,
+                format::write_index(i),
+                self.estimator.as_deref().map(|e| e as &dyn TokenEstimator),
+            )
+            .map_err(WriteFailure::Encode)?;
             self.scratch.extend_from_slice(&header.encode());
             self.scratch.extend_from_slice(&encoded.meta);
             let content: &[u8] = match &encoded.content {
@@ -1007,7 +1029,7 @@ impl RecordLog {
     }
 
     /// The whole record at `handle`, its body checksum checked again.
-    fn read_record(&self, handle: &RecordHandle) -> Result<Option<Record>, ReadError> {
+    pub(crate) fn read_record(&self, handle: &RecordHandle) -> Result<Option<Record>, ReadError> {
         let Some(entry) = self.entry(handle) else {
             return Ok(None);
         };
@@ -1081,12 +1103,13 @@ pub(crate) fn preallocate(file: &File, end: u64, allocated: u64, new_end: u64) -
 
 /// Encodes `record` for a frame at position `seq`, with index `write_index` in its write:
 /// its header, its metadata and content, and the checksum over both.
-fn frame_parts(
-    record: &Record,
+fn frame_parts<'a>(
+    record: &'a Record,
     seq: u64,
     write_index: u8,
-) -> Result<(FrameHeader, format::Encoded<'_>, u32), AppendError> {
-    let encoded = format::encode_record(record).map_err(AppendError::Encode)?;
+    estimator: Option<&dyn TokenEstimator>,
+) -> Result<(FrameHeader, format::Encoded<'a>, u32), AppendError> {
+    let encoded = format::encode_record(record, estimator).map_err(AppendError::Encode)?;
     let meta_len = u32::try_from(encoded.meta.len()).map_err(|_| AppendError::TooLarge {
         len: encoded.meta.len(),
     })?;
@@ -1112,8 +1135,11 @@ pub(crate) struct PendingFrame {
 
 impl PendingFrame {
     /// Encodes `record` (metadata, content, body checksum) into an owned frame buffer.
-    pub(crate) fn encode(record: &Record) -> Result<Self, AppendError> {
-        let (header, encoded, crc) = frame_parts(record, 0, 0)?;
+    pub(crate) fn encode(
+        record: &Record,
+        estimator: Option<&dyn TokenEstimator>,
+    ) -> Result<Self, AppendError> {
+        let (header, encoded, crc) = frame_parts(record, 0, 0, estimator)?;
         let len = usize::try_from(header.frame_len())
             .map_err(|_| AppendError::TooLarge { len: usize::MAX })?;
         let mut bytes = Vec::with_capacity(len);
@@ -1227,7 +1253,7 @@ impl RecordSource for RecordLog {
 
 /// A tool result's index entry, its metadata, and where its readable text lies in its
 /// content (offset and length).
-type StoredResult<'a> = (&'a Entry, format::ResultSummary, (u64, u64));
+pub(crate) type StoredResult<'a> = (&'a Entry, format::ResultSummary, (u64, u64));
 
 impl RecordLog {
     /// Where the readable text of the tool result at `entry` lies in its content.
@@ -1248,7 +1274,10 @@ impl RecordLog {
 
     /// The checked header and metadata of the tool result at `handle`, and where its
     /// readable text lies, read with one positional read.
-    fn result_summary(&self, handle: &RecordHandle) -> Result<Option<StoredResult<'_>>, ReadError> {
+    pub(crate) fn result_summary(
+        &self,
+        handle: &RecordHandle,
+    ) -> Result<Option<StoredResult<'_>>, ReadError> {
         let Some(entry) = self.tool_result_entry(handle) else {
             return Ok(None);
         };

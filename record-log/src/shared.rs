@@ -29,7 +29,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
-use psych_types::{ContentBlock, OutputInfo, Record, RecordHandle, RecordSource, RunId};
+use psych_types::{
+    ContentBlock, OutputInfo, Record, RecordHandle, RecordSource, RunId, TokenEstimator,
+};
 
 use crate::error::{AppendError, OpenError, ReadError};
 use crate::format::{self, Mark};
@@ -83,6 +85,8 @@ pub struct SharedRecordLog {
     group: Mutex<Group>,
     /// Wakes the leader when an arrival fills the window.
     filled: Condvar,
+    /// The log's estimator, used by each appending thread as it encodes its records.
+    estimator: Option<crate::log::Estimator>,
     /// Makes the next group fail after its write, before its sync (tests only).
     #[cfg(test)]
     fail_next_sync: std::sync::atomic::AtomicBool,
@@ -265,6 +269,7 @@ impl SharedRecordLog {
     /// Shares an open log; appends follow its [`SyncPolicy`] (checked when it was opened).
     pub fn new(log: RecordLog) -> Self {
         let policy = log.sync_policy();
+        let estimator = log.estimator.clone();
         Self {
             run: log.run().clone(),
             path: log.path().to_path_buf(),
@@ -273,6 +278,7 @@ impl SharedRecordLog {
             log: RwLock::new(log),
             group: Mutex::new(Group::default()),
             filled: Condvar::new(),
+            estimator,
             #[cfg(test)]
             fail_next_sync: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
@@ -368,7 +374,12 @@ impl SharedRecordLog {
     fn commit(&self, records: &[Record]) -> Result<u64, AppendError> {
         let frames = records
             .iter()
-            .map(PendingFrame::encode)
+            .map(|record| {
+                PendingFrame::encode(
+                    record,
+                    self.estimator.as_deref().map(|e| e as &dyn TokenEstimator),
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let bytes = frames.iter().map(|frame| frame.bytes.len() as u64).sum();
         let slot = Arc::new(Slot::default());
@@ -598,7 +609,7 @@ impl SharedRecordLog {
         self.group.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn read_log(&self) -> RwLockReadGuard<'_, RecordLog> {
+    pub(crate) fn read_log(&self) -> RwLockReadGuard<'_, RecordLog> {
         self.log.read().unwrap_or_else(PoisonError::into_inner)
     }
 }
