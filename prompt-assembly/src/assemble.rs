@@ -42,6 +42,15 @@ pub enum AssembleError {
         /// The repeated id.
         call_id: ToolCallId,
     },
+    /// Lazy assembly ([`StepHistory::load`](crate::StepHistory::load)) could not read a
+    /// stored tool result (the store failed, or the handle names no result of it).
+    #[error("tool result {result} could not be read: {reason}")]
+    Unreadable {
+        /// The tool result record.
+        result: RecordHandle,
+        /// The store's error, as text.
+        reason: String,
+    },
 }
 
 /// The prompt assembler: the fixed inputs of zones 1 and 2 and the tool surface, applied to
@@ -113,9 +122,34 @@ impl<'a> Assembler<'a> {
                 &mut views[..boundary],
             );
         }
+        Ok(self.prompt(history, boundary, views, messages, transient))
+    }
+
+    /// The prompt over `history` whose results' views are already decided.
+    pub(crate) fn assemble_with_views(
+        &self,
+        history: &'a [LoggedRecord],
+        views: Vec<Projection>,
+        transient: &'a Transient,
+    ) -> Result<Prompt<'a>, AssembleError> {
+        let boundary = history
+            .iter()
+            .rposition(|logged| matches!(logged.record, Record::User(_)));
+        let messages = group(history)?;
+        Ok(self.prompt(history, boundary, views, messages, transient))
+    }
+
+    fn prompt(
+        &self,
+        history: &'a [LoggedRecord],
+        boundary: Option<usize>,
+        views: Vec<Projection>,
+        messages: Vec<Message<'a>>,
+        transient: &'a Transient,
+    ) -> Prompt<'a> {
         let mut tools: Vec<&ToolDefinition> = self.tools.iter().collect();
         tools.sort_by(|a, b| a.name.as_str().cmp(b.name.as_str()));
-        Ok(Prompt {
+        Prompt {
             static_sections: self.static_sections,
             dynamic_tail: self.dynamic_tail,
             tools,
@@ -124,7 +158,7 @@ impl<'a> Assembler<'a> {
             views,
             messages,
             transient,
-        })
+        }
     }
 }
 
@@ -255,7 +289,7 @@ fn close<'a>(
 
 /// Groups records into messages, pairing each call with its result (see [`AssembleError`]
 /// for what is substituted, left out or refused).
-fn group(history: &[LoggedRecord]) -> Result<Vec<Message<'_>>, AssembleError> {
+pub(crate) fn group(history: &[LoggedRecord]) -> Result<Vec<Message<'_>>, AssembleError> {
     let mut messages = Vec::with_capacity(history.len());
     let mut seen_ids: BTreeSet<&ToolCallId> = BTreeSet::new();
     let mut pending: Pending<'_> = None;

@@ -9,6 +9,14 @@
 //! [`RenderedRequest`] for either provider; a [`CacheReport`] over a sequence of requests
 //! shows how much of each is a prefix reused from the one before.
 //!
+//! A Run assembles each step lazily: [`StepHistory::load`] takes the log's
+//! [`History`](psych_types::History) (tool results as stored summaries, no content), projects
+//! the turns behind the boundary with
+//! [`ResultProjector::project_stored`](psych_types::ResultProjector::project_stored) (kept per
+//! handle in a [`ProjectionCache`] between steps) and reads whole only the results sent
+//! whole; [`Assembler::assemble_history`] gives the same bytes [`Assembler::assemble`] gives
+//! for the whole records, at a cost that follows what the model sees, not what the log holds.
+//!
 //! What the crate guarantees:
 //!
 //! - **The clock lives only in zone 4.** [`CurrentTime`] is accepted by [`Transient::at`]
@@ -158,6 +166,7 @@ mod anthropic;
 mod assemble;
 mod error;
 mod image;
+mod lazy;
 mod openai;
 mod render;
 mod report;
@@ -169,6 +178,7 @@ pub use error::Error;
 pub use image::{
     MANY_IMAGES, MANY_IMAGES_MAX_SIDE, MAX_IMAGE_BASE64, MAX_IMAGES, MAX_SIDE, MAX_TOTAL_BASE64,
 };
+pub use lazy::{ProjectionCache, StepHistory};
 pub use openai::{OPENAI_MAX_TOOLS, OpenAiOptions, TOOL_IMAGES_INTRO};
 pub use render::{
     EMPTY_USER_MESSAGE, MISSING_RESULT, OPENAI_MAX_CALL_ID, Part, Provider, RAW_ARGUMENTS_KEY,
