@@ -21,7 +21,15 @@
 //!   log holds every tool result whole (paging it through the reader rebuilds its bytes)
 //!   and every handle a preview shows resolves in its own Run only; a result's rendered
 //!   bytes change at most once, when its turn ends. Fixed-script tests show each check
-//!   catches a broken part.
+//!   catches a broken part. A fourth property assembles every call again from the log's
+//!   lazy `History` (psych-prompt-assembly's `StepHistory`, a projection cache kept across
+//!   calls) and checks the bytes against the whole-record path.
+//! - `preview_offset.rs`: following an elided preview's `offset=K` with the real reader
+//!   returns exactly the first omitted line.
+//!
+//! `benches/lazy_step.rs` measures one step's lazy assembly over a 1,000-record log whose
+//! ten earlier results are 2 KB against 256 MiB each; `examples/lazy_step_rss.rs` measures
+//! that step's peak resident memory.
 //!
 //! Still to come: end-to-end runs against a real MCP server process.
 
