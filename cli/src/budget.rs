@@ -37,9 +37,14 @@ pub(crate) struct ServerReport {
     pub(crate) server: String,
     /// `ok`, or `failed` with `error` saying why.
     pub(crate) status: &'static str,
-    /// Why it could not be connected or listed (absent when `ok`).
+    /// Why it could not be connected or listed, in full: every stderr line psych-mcp kept
+    /// (absent when `ok`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
+    /// `error` in one line of at most 160 characters, with the most telling stderr line
+    /// as `(stderr: …)`: what the table and the deferred line show (absent when `ok`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error_line: Option<String>,
     /// Tools in its live catalogue.
     pub(crate) tools: usize,
     /// Tools it declared that were refused (name and reason).
@@ -166,6 +171,10 @@ pub(crate) fn report(setup: &Setup, config: String, window: u64) -> BudgetReport
                 "ok"
             },
             error: outcome.error.clone(),
+            error_line: outcome
+                .error
+                .as_deref()
+                .map(|e| crate::reason::one_line(server.as_str(), e)),
             tools: tools.len(),
             malformed: outcome.malformed.clone(),
             schema_bytes: json.len(),
@@ -306,12 +315,7 @@ pub(crate) fn table(report: &BudgetReport) -> String {
             let text = format!(
                 "FAILED {}: {}",
                 s.server,
-                s.error
-                    .as_deref()
-                    .unwrap_or_default()
-                    .split_whitespace()
-                    .collect::<Vec<_>>()
-                    .join(" ")
+                s.error_line.as_deref().unwrap_or_default()
             );
             let _ = writeln!(out, "{}", wrap(&text, 78, "    "));
         }

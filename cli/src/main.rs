@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod budget;
+mod reason;
 mod setup;
 
 use std::path::PathBuf;

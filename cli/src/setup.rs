@@ -12,30 +12,31 @@ use psych_mcp::{McpConfig, McpManager};
 use psych_types::{PermissionGrant, Reachability, ServerCatalog, ServerId};
 use tokio::task::JoinSet;
 
-/// The embedded servers: name, generated tools, the real catalogue whose size it takes, and
-/// its description. Sizes follow `../shared/fixtures/catalogs/`: server-memory (9 tools),
-/// server-filesystem (14), notion (24), github (117), and one of several hundred, the size
-/// at which a facade's index no longer fits.
+/// The embedded servers: name (also the [`psych_mcp::SyntheticKind`] whose vocabulary and
+/// schema style its generated tools have), tool count, and description. Sizes and shapes
+/// follow `../shared/fixtures/catalogs/`: server-memory (9 tools), server-filesystem (14),
+/// notion (24), github (117), and a suite of several hundred, the size at which a facade's
+/// index no longer fits.
 pub(crate) const EMBEDDED: [(&str, usize, &str); 5] = [
     (
         "notes",
         9,
-        "Notes and reminders (sized like server-memory).",
+        "Notes and reminders (shaped like server-memory).",
     ),
     (
         "files",
         14,
-        "Workspace files (sized like server-filesystem).",
+        "Workspace files (shaped like server-filesystem).",
     ),
     (
         "wiki",
         24,
-        "Team wiki pages and databases (sized like notion).",
+        "Team wiki pages and databases (shaped like notion).",
     ),
     (
         "forge",
         117,
-        "Code hosting: issues, pull requests, CI (sized like github).",
+        "Code hosting: issues, pull requests, CI (shaped like github).",
     ),
     (
         "suite",
@@ -48,7 +49,8 @@ pub(crate) const EMBEDDED: [(&str, usize, &str); 5] = [
 pub(crate) const SERVE: &str = "serve-embedded";
 
 /// The embedded default as an `mcpServers` file: each server is this executable run as
-/// `psych serve-embedded --tools N --no-control-tools`, a real MCP server process.
+/// `psych serve-embedded --kind NAME --tools N --no-control-tools`, a real MCP server
+/// process.
 pub(crate) fn embedded_config() -> Result<McpConfig, String> {
     let exe = std::env::current_exe().map_err(|e| {
         format!("cannot find the psych executable to start the embedded servers: {e}")
@@ -59,7 +61,7 @@ pub(crate) fn embedded_config() -> Result<McpConfig, String> {
             name.to_owned(),
             serde_json::json!({
                 "command": exe,
-                "args": [SERVE, "--tools", tools.to_string(), "--no-control-tools"],
+                "args": [SERVE, "--kind", name, "--tools", tools.to_string(), "--no-control-tools"],
                 "description": description,
             }),
         );
@@ -210,18 +212,16 @@ async fn connect_and_sync(config: &McpConfig, catalog: &Catalog) -> Result<Vec<O
                 }
             }
             Err(reason) => {
+                // The catalogue's health feeds the deferred line the model reads: one
+                // line, the stderr tail's telling line kept. The report keeps it all.
+                let line = crate::reason::one_line(server.as_str(), &reason);
                 if progress {
-                    eprintln!("  {server}: failed: {reason}");
+                    eprintln!("  {server}: failed: {line}");
                 }
                 catalog
-                    .record_failure(&server, &reason)
+                    .record_failure(&server, &line)
                     .map_err(|e| format!("recording {server}'s failure: {e}"))?;
-                catalog.set_reachability(
-                    &server,
-                    Reachability::Unreachable {
-                        reason: reason.clone(),
-                    },
-                );
+                catalog.set_reachability(&server, Reachability::Unreachable { reason: line });
                 Outcome {
                     server,
                     error: Some(reason),

@@ -18,8 +18,8 @@
 //! [`McpManager::call_tool_raw`] returns rmcp's typed `CallToolResult` instead.
 //!
 //! The crate also ships `psych-test-server`, an MCP server built on rmcp whose behaviour is
-//! set by flags and control tools ([`test_server`]), and [`synthetic_tools`], the
-//! realistic catalogue generator it serves.
+//! set by flags and control tools ([`test_server`]), and [`synthetic_catalog`], the
+//! realistic catalogue generator it serves (one vocabulary per [`SyntheticKind`]).
 //!
 //! # Example
 //!
@@ -65,7 +65,7 @@ pub use error::McpError;
 pub use events::{ChangeCause, McpEvent, McpEvents};
 pub use listing::{Listing, MalformedTool};
 pub use manager::{BuildError, McpManager, McpManagerBuilder};
-pub use synthetic::synthetic_tools;
+pub use synthetic::{SyntheticKind, synthetic_catalog, synthetic_tools};
 pub use timeouts::{Backoff, Timeouts};
 
 /// rmcp's `tools/call` result type, returned by [`McpManager::call_tool_raw`].

@@ -20,8 +20,9 @@
 //! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
 //! | `exotic` | over stdio, [`exotic_result`] as raw JSON: fields and a block type rmcp does not model |
 //!
-//! plus [`Scenario::tools`] generated tools ([`synthetic_tools`](crate::synthetic_tools)),
-//! each answering with its name and arguments.
+//! plus [`Scenario::tools`] generated tools of the kind [`Scenario::kind`]
+//! ([`synthetic_catalog`](crate::synthetic_catalog)), each answering with its name and
+//! arguments.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +51,8 @@ use tokio::sync::mpsc;
 pub struct Scenario {
     /// How many generated tools to serve besides the control tools.
     pub tools: usize,
+    /// The kind of server the generated tools look like (`suite` unless set).
+    pub kind: crate::SyntheticKind,
     /// Tools per `tools/list` page; `None` serves one page.
     pub page_size: Option<usize>,
     /// Also serve malformed tools: one with no `inputSchema` (`malformed_no_schema`) and
@@ -89,7 +92,8 @@ pub enum Mode {
 }
 
 /// The usage text of the `psych-test-server` binary.
-pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] [--page-size N] \
+pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
+[--kind notes|files|wiki|forge|suite] [--page-size N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
 [--repeat-cursor] [--hang-initialize] [--hang-listing] [--grandchild] [--stderr-banner TEXT] \
 [--no-control-tools] [--scenario JSON]";
@@ -125,6 +129,12 @@ impl Scenario {
                     mode = Mode::Http(addr);
                 }
                 "--tools" => scenario.tools = number(value("a count")?)?,
+                "--kind" => {
+                    let name = value("a kind")?;
+                    scenario.kind = crate::SyntheticKind::from_name(&name).ok_or_else(|| {
+                        format!("--kind: {name:?} is not one of notes, files, wiki, forge, suite")
+                    })?;
+                }
                 "--page-size" => scenario.page_size = Some(number(value("a count")?)?.max(1)),
                 "--malformed" => scenario.malformed = true,
                 "--early-list-changed" => scenario.early_list_changed = true,
@@ -197,7 +207,7 @@ impl State {
             control_tools()
         };
         tools.extend(
-            crate::synthetic_tools(scenario.tools)
+            crate::synthetic_catalog(scenario.kind, scenario.tools)
                 .into_iter()
                 .filter_map(|tool| serde_json::to_value(tool).ok()),
         );
@@ -798,6 +808,18 @@ mod tests {
                 .starts_with("unknown flag")
         );
         assert!(Scenario::from_args(["--scenario".into(), r#"{"nope": 1}"#.into()]).is_err());
+        let (scenario, _) = Scenario::from_args(args("--kind wiki --tools 2")).unwrap();
+        assert_eq!(scenario.kind, crate::SyntheticKind::Wiki);
+        let served = State::new(scenario).tools.into_inner().unwrap();
+        assert_eq!(served.last().unwrap()["name"], "API-patch-a-database");
+        let (scenario, _) =
+            Scenario::from_args(["--scenario".into(), r#"{"kind": "forge"}"#.into()]).unwrap();
+        assert_eq!(scenario.kind, crate::SyntheticKind::Forge);
+        assert!(
+            Scenario::from_args(args("--kind office"))
+                .unwrap_err()
+                .contains("not one of")
+        );
     }
 
     #[test]

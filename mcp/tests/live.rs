@@ -255,7 +255,7 @@ async fn a_list_changed_before_the_initialize_response_is_covered_by_the_first_l
     .await;
     let tools = manager.list_tools(&id("early")).await.unwrap();
     assert_eq!(tools.len(), CONTROL_TOOLS + 3);
-    assert_eq!(tools[CONTROL_TOOLS].name.as_str(), "list_issues");
+    assert_eq!(tools[CONTROL_TOOLS].name.as_str(), "list_customers");
     manager.shutdown().await;
 }
 

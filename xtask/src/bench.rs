@@ -42,13 +42,19 @@ pub(crate) fn bench(root: &Path, packages: &[String]) -> Result<(), String> {
         packages.to_vec()
     };
     let started = SystemTime::now();
+    // One package failing (a bench that panics, a build error) must not cost the figures of
+    // the others: each runs, failures are listed in the report and make the command fail.
+    let mut failed = Vec::new();
     for package in &packages {
-        crate::cargo(
+        let run = crate::cargo(
             root,
             &[
                 "bench",
                 "-p",
                 package,
+                // Bench targets only: a lib or bin target's libtest harness would reject
+                // criterion's options below.
+                "--benches",
                 "--",
                 "--warm-up-time",
                 "1",
@@ -56,18 +62,26 @@ pub(crate) fn bench(root: &Path, packages: &[String]) -> Result<(), String> {
                 "3",
             ],
             &[],
-        )?;
+        );
+        if let Err(e) = run {
+            eprintln!("xtask: {e}");
+            failed.push(format!("{package}: {e}"));
+        }
     }
     let target =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let mut figures = Vec::new();
     collect(&target.join("criterion"), started, &mut figures)?;
     figures.sort_by(|a, b| (&a.group, &a.id).cmp(&(&b.group, &b.id)));
-    let report = render(&packages, &figures);
+    let report = render(&packages, &figures, &failed);
     let path = target.join("bench-report.md");
     std::fs::write(&path, report).map_err(|e| format!("writing {}: {e}", path.display()))?;
     eprintln!("xtask: bench report in {}", path.display());
-    Ok(())
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("benches failed: {}", failed.join("; ")))
+    }
 }
 
 /// Packages whose manifest declares a `[[bench]]`, from the workspace's member folders.
@@ -157,7 +171,7 @@ fn duration(ns: f64) -> String {
 }
 
 /// The markdown report.
-fn render(packages: &[String], figures: &[Figure]) -> String {
+fn render(packages: &[String], figures: &[Figure], failed: &[String]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# Benchmarks\n");
     let _ = writeln!(
@@ -167,6 +181,13 @@ fn render(packages: &[String], figures: &[Figure]) -> String {
          ratios, not the absolute times, on a shared machine.\n",
         packages.join(", ")
     );
+    if !failed.is_empty() {
+        let _ = writeln!(out, "**Failed** (their figures are missing below):\n");
+        for failure in failed {
+            let _ = writeln!(out, "- {failure}");
+        }
+        let _ = writeln!(out);
+    }
     let mut groups: Vec<&str> = figures.iter().map(|f| f.group.as_str()).collect();
     groups.dedup();
     for group in groups {
@@ -212,6 +233,7 @@ mod tests {
         let report = render(
             &["p".into()],
             &[figure("psych", 300.0), figure("rmcp_direct", 200.0)],
+            &[],
         );
         assert!(report.contains("baseline: `rmcp_direct`"), "{report}");
         assert!(
@@ -220,6 +242,15 @@ mod tests {
         );
         assert!(
             report.contains("| `rmcp_direct` | 200.0 ns | 1.000 |"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn failed_packages_are_listed() {
+        let report = render(&["p".into()], &[], &["p: cargo bench -p p failed".into()]);
+        assert!(
+            report.contains("**Failed**") && report.contains("- p: cargo bench -p p failed"),
             "{report}"
         );
     }
