@@ -1,9 +1,107 @@
-//! The Psych runtime: a Run and its turns.
+//! The Psych runtime: a [`Run`] that resolves every turn against the servers as they are
+//! now, and the [`Executor`] that routes each tool call.
 //!
-//! Not built yet. This crate will compose the core crates: per-turn resolution of the tool
-//! surface from the catalogue, connections and grant; prompt assembly with elision as the
-//! projector; and the executor that runs meta tools, the reader and forwarded MCP calls after
-//! a call-time permission re-check, logging every result in full.
+//! The principal type is [`Run`]. An agent runtime drives it and keeps the model call: a
+//! turn logs the user's message, resolves the tool Surface from the catalogue at that moment
+//! (psych-disclosure over psych-catalog's live tools, the connections and the grant),
+//! assembles the request (psych-prompt-assembly, with psych-elision as the projector of
+//! earlier turns' results) and renders it for the provider the caller chose ([`Target`]).
+//! The caller sends it and hands back the model's reply ([`ModelReply`]: text, tool calls,
+//! provider-reported usage); the runtime logs it, runs the calls through the [`Executor`],
+//! logs every result whole (psych-record-log) and returns the next request, until the model
+//! answers without calls.
+//!
+//! - **Nothing cached across turns but the catalogue.** A server connected mid-Run is on the
+//!   next turn's Surface ([`Run::add_connection`]); a `list_changed` reaches the catalogue
+//!   through [`CatalogSync`] (psych-mcp's events into the catalogue's freshener); a grant
+//!   change holds at the next call, since the guard re-checks every call.
+//! - **The executor is glue.** Each route hands off to the crate that owns the policy: the
+//!   guard (direct tools, facades, search pairs, the meta tools), the orientation payload,
+//!   psych-reader-tool for `read_tool_output`, the [`ToolHost`](psych_types::ToolHost) for
+//!   what is forwarded (under a per-call deadline). Parallel calls run concurrently; their
+//!   results are logged in call order, whole, in one batch, before anything is elided.
+//! - **Resume.** Opening a Run whose log exists resumes it; every call without a result gets
+//!   a logged failed result ([`INTERRUPTED`]) before anything is assembled.
+//! - **Spent tokens come from the provider.** [`Run::spent`] sums the logged usage records
+//!   and nothing else ([`spent`]).
+//! - [`ScriptedModel`] answers from a script, to drive a Run deterministically.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use psych_catalog::Catalog;
+//! use psych_runtime::{Next, Run, ScriptedModel, Step};
+//! use psych_types::{
+//!     ConnectionSpec, JsonObject, PermissionGrant, ServerId, ToolDefinition, ToolHost,
+//!     ToolLister, ToolName, ToolOutput, ToolRef,
+//! };
+//! use serde_json::json;
+//!
+//! /// An in-process server with one tool that echoes its `text`.
+//! struct Echo;
+//! impl ToolLister for Echo {
+//!     type Error = std::io::Error;
+//!     async fn list_tools(&self, _: &ServerId) -> Result<Vec<ToolDefinition>, Self::Error> {
+//!         let name = ToolName::new("echo").map_err(std::io::Error::other)?;
+//!         Ok(vec![ToolDefinition::new(name, "Echo the text", Default::default())])
+//!     }
+//! }
+//! impl ToolHost for Echo {
+//!     async fn call_tool(&self, _: &ToolRef, args: JsonObject) -> Result<ToolOutput, Self::Error> {
+//!         Ok(ToolOutput::text(args["text"].as_str().unwrap_or_default()))
+//!     }
+//! }
+//!
+//! let dir = tempfile::tempdir()?;
+//! let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! tokio.block_on(async {
+//!     let server = ServerId::new("echo")?;
+//!     let catalog = Catalog::in_memory()?;
+//!     catalog.refresh(&server, &Echo.list_tools(&server).await?)?;
+//!
+//!     let mut run = Run::builder(dir.path(), "run-1".parse()?, catalog, Arc::new(Echo))
+//!         .connections([ConnectionSpec::new(server.clone())])
+//!         .grant(PermissionGrant::none().allow_server(server))
+//!         .clock(|| 1_796_041_497)
+//!         .open()
+//!         .await?;
+//!
+//!     // The caller's model: here a script. It calls the tool, then answers.
+//!     let mut model = ScriptedModel::new([
+//!         Step::call("echo__echo", json!({"text": "hello"})),
+//!         Step::say("It said hello."),
+//!     ]);
+//!     let request = run.user("Say hello through the tool.").await?;
+//!     assert!(request.body().contains(r#""name":"echo__echo""#));
+//!     let Next::Request(second) = run.reply(model.reply(&request)).await? else {
+//!         return Err("the model called a tool".into());
+//!     };
+//!     assert!(second.body().contains("hello"));
+//!     let done = run.reply(model.reply(&second)).await?;
+//!     assert_eq!(done, Next::Done { text: "It said hello.".into() });
+//!
+//!     // Spent tokens are the usage the "provider" reported, summed.
+//!     assert_eq!(run.spent().calls, 2);
+//!     Ok::<(), Box<dyn std::error::Error>>(())
+//! })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
+
+mod error;
+mod events;
+mod executor;
+mod run;
+mod scripted;
+mod usage;
+
+pub use error::{ExecuteError, RunError};
+pub use events::CatalogSync;
+pub use executor::{DEFAULT_CALL_TIMEOUT, Executor};
+pub use run::{INTERRUPTED, ModelReply, Next, Run, RunBuilder, Target};
+pub use scripted::{ScriptedModel, Step, Transcript};
+pub use usage::{Spent, spent};

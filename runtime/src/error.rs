@@ -1,0 +1,60 @@
+//! The runtime's errors: narrow per operation, with `From` into [`RunError`].
+
+use psych_reader_tool::InvalidHandle;
+
+/// Why one step's calls could not all be executed and logged.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecuteError {
+    /// A `read_tool_output` call named a result this Run never emitted (forged, another
+    /// Run's, not a tool result): a protocol violation, reported to the caller and never
+    /// shown to the model as a tool result. The step's other results are logged.
+    #[error(transparent)]
+    InvalidDeferredHandle(#[from] InvalidHandle),
+    /// The log refused the step's results (I/O, a poisoned group); none of them is
+    /// acknowledged.
+    #[error("logging the step's results: {0}")]
+    Append(#[from] psych_record_log::AppendError),
+    /// A task of the step (a blocking log write or read) panicked or was cancelled.
+    #[error("a task of the step failed: {0}")]
+    Task(String),
+}
+
+/// Any error of a [`Run`](crate::Run).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The Run's log could not be opened (see the record log's `OpenError`).
+    #[error("opening the run's log: {0}")]
+    Open(#[from] psych_record_log::OpenError),
+    /// A record of the reopened log could not be read back.
+    #[error("reading the run's log: {0}")]
+    Read(#[from] psych_record_log::ReadError),
+    /// A user message, an assistant message, usage or a repair result could not be logged.
+    #[error("appending to the run's log: {0}")]
+    Append(#[from] psych_record_log::AppendError),
+    /// The catalogue could not be read when the turn was resolved or a call re-checked.
+    #[error("reading the catalogue: {0}")]
+    Catalog(#[from] psych_catalog::CatalogError),
+    /// Disclosure refused the turn's inputs (two connections for one server, a catalogue
+    /// listing a tool twice).
+    #[error("resolving the tool surface: {0}")]
+    Resolve(#[from] psych_disclosure::ResolveError),
+    /// The history could not be assembled, or the prompt rendered for the provider chosen
+    /// (a log no real Run writes, a surface the provider refuses).
+    #[error("assembling the request: {0}")]
+    Assemble(#[from] psych_prompt_assembly::Error),
+    /// A step's calls could not be executed and logged (see [`ExecuteError`]).
+    #[error(transparent)]
+    Execute(#[from] ExecuteError),
+    /// The call came at the wrong moment: a reply when no request is waiting for one, or a
+    /// user message while the model's tool calls are still unanswered.
+    #[error("out of turn: {0}")]
+    OutOfTurn(&'static str),
+    /// A record the log acknowledged does not read back (its sequence number).
+    #[error("record {0} of the run's log does not read back")]
+    Missing(u64),
+    /// A blocking task (a catalogue read, a log write) panicked or was cancelled.
+    #[error("a blocking task failed: {0}")]
+    Task(String),
+}

@@ -1,0 +1,296 @@
+//! The executor: one step's tool calls, routed and logged.
+//!
+//! Each route is a small function handing off to the crate that owns the policy: the
+//! disclosure guard decides what a call means and whether it is permitted now; the reader
+//! answers `read_tool_output`; orientation builds its payload; the [`ToolHost`] runs what is
+//! forwarded. The executor only orders, bounds and logs.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use psych_disclosure::{Live, OrientationContext, Surface, Validators, Verdict, orientation};
+use psych_reader_tool::{Limits, ReadError, Reader};
+use psych_record_log::SharedRecordLog;
+use psych_types::{
+    LoggedRecord, READ_TOOL_OUTPUT, Record, ToolCall, ToolHost, ToolOutput, ToolRef, ToolResult,
+};
+use serde_json::Value;
+use tokio::task::JoinSet;
+
+use crate::error::ExecuteError;
+
+/// The default deadline of one forwarded call.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs one step's tool calls and logs their results.
+///
+/// For each call, in the order the model made them: `read_tool_output` goes to
+/// psych-reader-tool over the Run's log; any other name goes through
+/// [`Surface::guard`] against the grant and catalogues as they are at call time, and its
+/// [`Verdict`] decides: an answer (a listing, a description, a search), the orientation
+/// payload, a refusal (each through its `to_output()`), or a call forwarded to the
+/// [`ToolHost`] under a per-call deadline. Forwarded calls and reads run concurrently; the
+/// results are then appended to the log in call order, whole, in one batch (one sync), before
+/// anything reads them.
+///
+/// The executor knows nothing of prompts: `psych serve` reuses it for an MCP client.
+///
+/// Why one batch after every call ends rather than each result as it comes (group commit):
+/// a result logged as it completes lands in completion order, and the log's order is the
+/// order the model made its calls (so a transcript, and a resumed Run, read the step as it
+/// was made). A batch is one `fdatasync` for the step, contiguous and in order; what it costs
+/// is that a result finished early is not durable until the slowest call of its step ends:
+/// a crash in between loses it and the resumed Run logs it as interrupted.
+pub struct Executor<H> {
+    host: Arc<H>,
+    log: Arc<SharedRecordLog>,
+    validators: Mutex<Validators>,
+    call_timeout: Duration,
+    orientation: OrientationContext,
+    limits: Limits,
+}
+
+impl<H> std::fmt::Debug for Executor<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("log", &self.log.path())
+            .field("call_timeout", &self.call_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one call became before it is logged.
+enum Pending {
+    /// Answered without waiting (an answer, orientation, a refusal).
+    Ready(ToolOutput),
+    /// Running in the step's task set.
+    Running,
+}
+
+/// What a task of the step answers: the call's position and its output, or the typed
+/// handle error of a read.
+type Done = (usize, Result<ToolOutput, ExecuteError>);
+
+impl<H: ToolHost + 'static> Executor<H> {
+    /// An executor forwarding to `host` and logging to `log`, with
+    /// [`DEFAULT_CALL_TIMEOUT`], an empty orientation context and the reader's default
+    /// limits.
+    pub fn new(host: Arc<H>, log: Arc<SharedRecordLog>) -> Self {
+        Self {
+            host,
+            log,
+            validators: Mutex::new(Validators::new()),
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            orientation: OrientationContext::default(),
+            limits: Limits::default(),
+        }
+    }
+
+    /// Sets the deadline of each forwarded call. A call past it is answered with a failed
+    /// result naming the server, the tool and the deadline (the host's own deadline, if
+    /// shorter, applies first).
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// Sets what the orientation payload says of the tenant, user, conventions and state.
+    pub fn orientation_context(mut self, context: OrientationContext) -> Self {
+        self.orientation = context;
+        self
+    }
+
+    /// Sets the reader's limits (validated by [`Limits::validate`] at each read).
+    pub fn reader_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The reader's limits: the `read_tool_output` definition a prompt shows must use them.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The log results are appended to.
+    pub fn log(&self) -> &Arc<SharedRecordLog> {
+        &self.log
+    }
+
+    /// The host forwarded calls go to.
+    pub fn host(&self) -> &Arc<H> {
+        &self.host
+    }
+
+    /// Executes `calls` (one step's, in the model's order) against `surface` as resolved at
+    /// the start of the turn, re-checking each against `live` (the grant and catalogues
+    /// now), and returns their results as logged, in call order.
+    ///
+    /// # Errors
+    ///
+    /// [`ExecuteError::InvalidDeferredHandle`] when a read names a result this Run never
+    /// emitted: the other calls' results are logged first and the offending call is left
+    /// without one (the next assembly answers it as interrupted). [`ExecuteError::Append`]
+    /// when the log refuses the batch (none of it is acknowledged), [`ExecuteError::Task`]
+    /// when a blocking task died.
+    pub async fn execute(
+        &self,
+        surface: &Surface,
+        live: &Live<'_>,
+        calls: &[ToolCall],
+    ) -> Result<Vec<LoggedRecord>, ExecuteError> {
+        let mut pending = Vec::with_capacity(calls.len());
+        let mut tasks: JoinSet<Done> = JoinSet::new();
+        for (index, call) in calls.iter().enumerate() {
+            if call.name == READ_TOOL_OUTPUT {
+                self.spawn_read(&mut tasks, index, call.arguments.clone());
+                pending.push(Pending::Running);
+                continue;
+            }
+            match self.guard(surface, live, call) {
+                Verdict::Forward(forward) => {
+                    self.spawn_forward(&mut tasks, index, forward.target, forward.arguments);
+                    pending.push(Pending::Running);
+                }
+                verdict => pending.push(Pending::Ready(self.answer(surface, live, &verdict))),
+            }
+        }
+        let mut outputs: Vec<Option<ToolOutput>> = pending
+            .into_iter()
+            .map(|p| match p {
+                Pending::Ready(output) => Some(output),
+                Pending::Running => None,
+            })
+            .collect();
+        let mut refused_read = None;
+        while let Some(joined) = tasks.join_next().await {
+            let (index, result) = joined.map_err(|e| ExecuteError::Task(e.to_string()))?;
+            match result {
+                Ok(output) => outputs[index] = Some(output),
+                Err(error) => refused_read = Some(error),
+            }
+        }
+        let records: Vec<Record> = calls
+            .iter()
+            .zip(outputs)
+            .filter_map(|(call, output)| {
+                Some(Record::ToolResult(ToolResult {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    output: output?,
+                }))
+            })
+            .collect();
+        let logged = append(&self.log, records).await?;
+        match refused_read {
+            Some(error) => Err(error),
+            None => Ok(logged),
+        }
+    }
+
+    /// The guard's verdict on one call (disclosure owns the policy).
+    fn guard(&self, surface: &Surface, live: &Live<'_>, call: &ToolCall) -> Verdict {
+        let mut validators = self
+            .validators
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        surface.guard(&call.name, &call.arguments, live, &mut validators)
+    }
+
+    /// A verdict answered in place: disclosure's answer, refusal or orientation payload.
+    fn answer(&self, surface: &Surface, live: &Live<'_>, verdict: &Verdict) -> ToolOutput {
+        match verdict {
+            Verdict::Answer(answer) => answer.to_output(),
+            Verdict::Refused(refusal) => refusal.to_output(),
+            Verdict::Orientation { verbose } => {
+                orientation(surface, live, &self.orientation, *verbose).to_output()
+            }
+            // Forward is routed by the caller; a verdict this runtime does not know yet is
+            // refused rather than guessed at.
+            _ => ToolOutput::error("this call cannot be routed by this runtime"),
+        }
+    }
+
+    /// Forwards a permitted call to the host under the per-call deadline.
+    fn spawn_forward(
+        &self,
+        tasks: &mut JoinSet<Done>,
+        index: usize,
+        target: ToolRef,
+        arguments: psych_types::JsonObject,
+    ) {
+        let host = Arc::clone(&self.host);
+        let timeout = self.call_timeout;
+        tasks.spawn(async move {
+            let call = host.call_tool(&target, arguments);
+            let output = match tokio::time::timeout(timeout, call).await {
+                Ok(Ok(output)) => output,
+                Ok(Err(error)) => ToolOutput::error(format!(
+                    "the call to {}/{} failed: {error}",
+                    target.server, target.tool
+                )),
+                Err(_) => ToolOutput::error(format!(
+                    "the call to {}/{} timed out after {} ms; it was cancelled",
+                    target.server,
+                    target.tool,
+                    timeout.as_millis()
+                )),
+            };
+            (index, Ok(output))
+        });
+    }
+
+    /// Answers `read_tool_output` through psych-reader-tool over the log (blocking reads).
+    fn spawn_read(&self, tasks: &mut JoinSet<Done>, index: usize, arguments: Value) {
+        let log = Arc::clone(&self.log);
+        let limits = self.limits.clone();
+        tasks.spawn(async move {
+            let read = tokio::task::spawn_blocking(move || read(&log, limits, &arguments)).await;
+            let result = read.unwrap_or_else(|e| Err(ExecuteError::Task(e.to_string())));
+            (index, result)
+        });
+    }
+}
+
+/// One read by handle: an answer for the model, or the typed handle error for the caller.
+fn read(
+    log: &SharedRecordLog,
+    limits: Limits,
+    arguments: &Value,
+) -> Result<ToolOutput, ExecuteError> {
+    let reader = match Reader::with_limits(log, limits) {
+        Ok(reader) => reader,
+        Err(error) => return Ok(ToolOutput::error(format!("read_tool_output: {error}"))),
+    };
+    match reader.call(arguments) {
+        Ok(answer) => Ok(answer.to_tool_output()),
+        Err(ReadError::InvalidDeferredHandle(error)) => {
+            Err(ExecuteError::InvalidDeferredHandle(error))
+        }
+        // A storage failure of the log: the model is told the read failed, the log is not
+        // touched.
+        Err(error) => Ok(ToolOutput::error(format!(
+            "read_tool_output failed: {error}"
+        ))),
+    }
+}
+
+/// Appends `records` in one batch off the async threads and returns them as logged.
+pub(crate) async fn append(
+    log: &Arc<SharedRecordLog>,
+    records: Vec<Record>,
+) -> Result<Vec<LoggedRecord>, ExecuteError> {
+    if records.is_empty() {
+        return Ok(Vec::new());
+    }
+    let log = Arc::clone(log);
+    tokio::task::spawn_blocking(move || {
+        let handles = log.append_batch(&records)?;
+        Ok(handles
+            .into_iter()
+            .zip(records)
+            .map(|(handle, record)| LoggedRecord { handle, record })
+            .collect())
+    })
+    .await
+    .map_err(|e| ExecuteError::Task(e.to_string()))?
+}

@@ -1,0 +1,612 @@
+//! [`Run`]: one agent Run, driven turn by turn by its caller, who makes the model calls.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use psych_catalog::Catalog;
+use psych_disclosure::{Inputs, Live, OrientationContext, Settings, Surface, resolve};
+use psych_elision::{Elider, Estimator};
+use psych_prompt_assembly::{
+    AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, RenderedRequest,
+    StaticSections, Transient,
+};
+use psych_reader_tool::{Limits, tool_definition};
+use psych_record_log::{RecordLog, Recovery, SharedRecordLog, SyncPolicy};
+use psych_types::{
+    AssistantMessage, LoggedRecord, PermissionGrant, Record, RecordSource, RunId, ServerCatalog,
+    ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult, Usage, UserMessage,
+};
+
+use crate::error::{ExecuteError, RunError};
+use crate::executor::{Executor, append};
+use crate::usage::{Spent, spent};
+use psych_types::ConnectionSpec;
+
+/// The text of the failed result logged for a call that has none when a Run is reopened
+/// (or continued after a step that did not finish): the call may or may not have run.
+pub const INTERRUPTED: &str = "interrupted: the run stopped before this call's result was \
+logged; the call may or may not have taken effect";
+
+/// The provider a request is rendered for, with its options.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Target {
+    /// The Anthropic Messages API.
+    Anthropic(AnthropicOptions),
+    /// The OpenAI Chat Completions API.
+    OpenAi(OpenAiOptions),
+}
+
+/// What the model answered to one request, as the caller's LLM client received it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelReply {
+    /// The text the model wrote (may be empty when it only called tools).
+    pub text: String,
+    /// The tool calls, in the order the model made them. For OpenAI, ids are the model's
+    /// own (only ids the runtime sent are ever shortened, see
+    /// [`RenderedRequest::logged_call_id`]).
+    pub tool_calls: Vec<ToolCall>,
+    /// The token usage the provider reported for this call; logged as a
+    /// [`Record::Usage`], the only source of every spent figure ([`Run::spent`]).
+    pub usage: Option<Usage>,
+}
+
+/// What the caller does after handing over a reply.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Next {
+    /// The model made tool calls; their results are logged. Send this request next.
+    Request(RenderedRequest),
+    /// The model answered without calls: the turn is over.
+    Done {
+        /// The model's final text of the turn.
+        text: String,
+    },
+}
+
+/// The zones and tools of the current turn: resolved once at its start, fixed for its steps
+/// (so each step's request extends the last).
+#[derive(Debug)]
+struct Turn {
+    surface: Arc<Surface>,
+    zone1: StaticSections,
+    tools: Vec<ToolDefinition>,
+}
+
+/// The caller's clock, in Unix seconds (the transient message's time).
+type ClockFn = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// An agent Run over real MCP servers (or any [`ToolHost`]): the model call stays with the
+/// caller.
+///
+/// A turn: [`user`](Self::user) logs the message, resolves the Surface from the catalogue
+/// *now* (every connection's live tools, the grant, disclosure's settings), and assembles
+/// the request (the Surface's tools plus `read_tool_output`, deferred-server lines as
+/// capability notes, the history from the log with elision as the projector) rendered for
+/// the [`Target`]. The caller sends it and hands the model's answer to
+/// [`reply`](Self::reply): usage and the assistant message are logged, the calls run through
+/// the [`Executor`] (re-checked against the grant and catalogue at call time, results logged
+/// whole in call order), and the next request comes back, until the model answers without
+/// calls ([`Next::Done`]).
+///
+/// Nothing is cached across turns but the catalogue: a connection added with
+/// [`add_connection`](Self::add_connection) (its server connected and synced) is on the
+/// next turn's Surface, and a [`set_grant`](Self::set_grant) holds at the next call.
+///
+/// Opening a Run whose log exists resumes it: every call left without a result gets a
+/// logged failed result ([`INTERRUPTED`]) before anything is assembled, and
+/// [`request`](Self::request) gives the request that continues the interrupted turn.
+pub struct Run<H> {
+    history: Vec<LoggedRecord>,
+    executor: Executor<H>,
+    catalog: Catalog,
+    connections: Vec<ConnectionSpec>,
+    grant: PermissionGrant,
+    settings: Settings,
+    elider: Elider,
+    instructions: String,
+    dynamic_tail: DynamicTail,
+    target: Target,
+    clock: ClockFn,
+    turn: Option<Turn>,
+    /// A request was handed out and its reply is awaited.
+    awaiting: bool,
+    recovery: Recovery,
+}
+
+impl<H> std::fmt::Debug for Run<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run")
+            .field("records", &self.history.len())
+            .field("connections", &self.connections.len())
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Run`]: where its log lives, its catalogue and host, and the knobs with their
+/// defaults. [`open`](Self::open) opens (or resumes) it.
+pub struct RunBuilder<H> {
+    dir: PathBuf,
+    run: RunId,
+    catalog: Catalog,
+    host: Arc<H>,
+    connections: Vec<ConnectionSpec>,
+    grant: PermissionGrant,
+    settings: Settings,
+    elider: Elider,
+    instructions: String,
+    dynamic_tail: DynamicTail,
+    target: Target,
+    clock: ClockFn,
+    sync: SyncPolicy,
+    call_timeout: Duration,
+    orientation: OrientationContext,
+    limits: Limits,
+}
+
+impl<H> std::fmt::Debug for RunBuilder<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunBuilder")
+            .field("dir", &self.dir)
+            .field("run", &self.run)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: ToolHost + 'static> Run<H> {
+    /// A builder for the Run `run` whose log is `<dir>/<run>.plog`, reading tools from
+    /// `catalog` and forwarding calls to `host`. Defaults: no connection, an empty grant,
+    /// disclosure's and elision's default settings, Anthropic `claude-sonnet-4-5` with 4,096
+    /// output tokens, the system clock, [`SyncPolicy::EveryAppend`], a 60 s call deadline.
+    pub fn builder(
+        dir: impl Into<PathBuf>,
+        run: RunId,
+        catalog: Catalog,
+        host: Arc<H>,
+    ) -> RunBuilder<H> {
+        RunBuilder {
+            dir: dir.into(),
+            run,
+            catalog,
+            host,
+            connections: Vec::new(),
+            grant: PermissionGrant::none(),
+            settings: Settings::default(),
+            elider: Elider::default(),
+            instructions: String::from("You are a helpful assistant."),
+            dynamic_tail: DynamicTail::new(),
+            target: Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096)),
+            clock: Arc::new(system_seconds),
+            sync: SyncPolicy::EveryAppend,
+            call_timeout: crate::DEFAULT_CALL_TIMEOUT,
+            orientation: OrientationContext::default(),
+            limits: Limits::default(),
+        }
+    }
+
+    /// Starts a turn: logs `text` as the user's message, resolves the Surface now and returns
+    /// the turn's first request.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::OutOfTurn`] while a request's reply is awaited; otherwise the log, the
+    /// catalogue, disclosure or assembly failing.
+    pub async fn user(&mut self, text: impl Into<String>) -> Result<RenderedRequest, RunError> {
+        if self.awaiting {
+            return Err(RunError::OutOfTurn(
+                "a request is waiting for the model's reply",
+            ));
+        }
+        self.close_unanswered().await?;
+        let record = Record::User(UserMessage { text: text.into() });
+        self.log_records(vec![record]).await?;
+        self.turn = Some(self.resolve_turn().await?);
+        self.next_request().await
+    }
+
+    /// The request for the Run as it stands, to continue a turn after a resume or after a
+    /// step that ended in an error: unanswered calls are closed first ([`INTERRUPTED`]);
+    /// the Surface is resolved now if no turn is under way.
+    ///
+    /// # Errors
+    ///
+    /// As [`user`](Self::user), except out of turn.
+    pub async fn request(&mut self) -> Result<RenderedRequest, RunError> {
+        self.close_unanswered().await?;
+        if self.turn.is_none() {
+            self.turn = Some(self.resolve_turn().await?);
+        }
+        self.next_request().await
+    }
+
+    /// Hands over the model's reply to the last request: logs its usage and the assistant
+    /// message, executes its tool calls (results logged whole, in call order) and returns
+    /// the next request, or [`Next::Done`] when the model made no call.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::OutOfTurn`] when no request is waiting for a reply;
+    /// [`RunError::Execute`] with [`ExecuteError::InvalidDeferredHandle`] when a read named
+    /// a handle this Run never emitted (the other results are logged; continue with
+    /// [`request`](Self::request) or [`user`](Self::user)); the log, the catalogue or
+    /// assembly failing.
+    pub async fn reply(&mut self, reply: ModelReply) -> Result<Next, RunError> {
+        if !self.awaiting {
+            return Err(RunError::OutOfTurn("no request is waiting for a reply"));
+        }
+        self.awaiting = false;
+        let ModelReply {
+            text,
+            tool_calls,
+            usage,
+        } = reply;
+        let mut records = Vec::with_capacity(2);
+        if let Some(usage) = usage {
+            records.push(Record::Usage(usage));
+        }
+        records.push(Record::Assistant(AssistantMessage {
+            text: text.clone(),
+            tool_calls: tool_calls.clone(),
+        }));
+        self.log_records(records).await?;
+        if tool_calls.is_empty() {
+            self.turn = None;
+            return Ok(Next::Done { text });
+        }
+        let catalogs = self.live_catalogs().await?;
+        let surface = match &self.turn {
+            Some(turn) => Arc::clone(&turn.surface),
+            None => return Err(RunError::OutOfTurn("no turn is under way")),
+        };
+        let live = Live {
+            grant: &self.grant,
+            catalogs: &catalogs,
+        };
+        match self.executor.execute(&surface, &live, &tool_calls).await {
+            Ok(logged) => self.history.extend(logged),
+            Err(error) => {
+                // Whatever was logged before the error is read back, so the history is the
+                // log's.
+                self.reload_tail().await?;
+                return Err(error.into());
+            }
+        }
+        self.next_request().await.map(Next::Request)
+    }
+
+    /// Adds a connection (a server already connected and whose catalogue is synced), or
+    /// replaces the one of the same server. It is on the next turn's Surface.
+    pub fn add_connection(&mut self, connection: ConnectionSpec) {
+        self.connections.retain(|c| c.server != connection.server);
+        self.connections.push(connection);
+    }
+
+    /// Removes a server's connection; it is gone from the next turn's Surface, and its calls
+    /// are refused from now on by the guard if its tools leave the grant or catalogue.
+    pub fn remove_connection(&mut self, server: &psych_types::ServerId) {
+        self.connections.retain(|c| &c.server != server);
+    }
+
+    /// The connections the next turn resolves.
+    pub fn connections(&self) -> &[ConnectionSpec] {
+        &self.connections
+    }
+
+    /// Replaces the grant. It holds at the next call (the guard re-checks every call) and
+    /// shapes the next turn's Surface.
+    pub fn set_grant(&mut self, grant: PermissionGrant) {
+        self.grant = grant;
+    }
+
+    /// The grant in force.
+    pub fn grant(&self) -> &PermissionGrant {
+        &self.grant
+    }
+
+    /// Renders later requests for another provider (the next request already).
+    pub fn set_target(&mut self, target: Target) {
+        self.target = target;
+    }
+
+    /// The Surface of the turn under way, if any.
+    pub fn surface(&self) -> Option<&Surface> {
+        self.turn.as_ref().map(|t| &*t.surface)
+    }
+
+    /// Every record of the Run, as logged.
+    pub fn history(&self) -> &[LoggedRecord] {
+        &self.history
+    }
+
+    /// The Run's log (for a reader, a transcript, `psych read`).
+    pub fn log(&self) -> &Arc<SharedRecordLog> {
+        self.executor.log()
+    }
+
+    /// What opening the log found and repaired.
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    /// The tokens spent so far: the sum of the logged provider-reported usage records, and
+    /// nothing else.
+    pub fn spent(&self) -> Spent {
+        spent(&self.history)
+    }
+
+    /// Renders the request for the history as it stands (a request is then awaited).
+    async fn next_request(&mut self) -> Result<RenderedRequest, RunError> {
+        let Some(turn) = &self.turn else {
+            return Err(RunError::OutOfTurn("no turn is under way"));
+        };
+        let now = CurrentTime::utc((self.clock)()).map_err(psych_prompt_assembly::Error::from)?;
+        let transient = Transient::at(now);
+        let request = assemble_request(
+            turn,
+            &self.dynamic_tail,
+            &self.history,
+            &self.elider,
+            &transient,
+            &self.target,
+        )?;
+        self.awaiting = true;
+        Ok(request)
+    }
+
+    /// Resolves this turn's Surface from the catalogue now, and its zone 1 and tools.
+    async fn resolve_turn(&self) -> Result<Turn, RunError> {
+        let catalogs = self.live_catalogs().await?;
+        let inputs = Inputs {
+            connections: &self.connections,
+            catalogs: &catalogs,
+            grant: &self.grant,
+        };
+        let surface = resolve(&inputs, &self.settings, &Estimator::new())?;
+        let zone1 = surface.deferred_lines().iter().fold(
+            StaticSections::new(self.instructions.clone()),
+            |zone, line| zone.capability_note(line.clone()),
+        );
+        let mut tools = surface.tools().to_vec();
+        tools.push(tool_definition(self.executor.limits()));
+        Ok(Turn {
+            surface: Arc::new(surface),
+            zone1,
+            tools,
+        })
+    }
+
+    /// The live catalogue of every connected server, read now (off the async threads).
+    async fn live_catalogs(&self) -> Result<Vec<ServerCatalog>, RunError> {
+        let catalog = self.catalog.clone();
+        let servers: Vec<_> = self.connections.iter().map(|c| c.server.clone()).collect();
+        tokio::task::spawn_blocking(move || {
+            servers
+                .iter()
+                .map(|server| catalog.live(server))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(|e| RunError::Task(e.to_string()))?
+        .map_err(RunError::from)
+    }
+
+    /// Appends records in one batch and adds them to the history.
+    async fn log_records(&mut self, records: Vec<Record>) -> Result<(), RunError> {
+        let logged = append(self.executor.log(), records)
+            .await
+            .map_err(|e| match e {
+                ExecuteError::Append(e) => RunError::Append(e),
+                other => RunError::Execute(other),
+            })?;
+        self.history.extend(logged);
+        Ok(())
+    }
+
+    /// Logs a failed [`INTERRUPTED`] result for every call of the last assistant message
+    /// that has none, in call order.
+    async fn close_unanswered(&mut self) -> Result<(), RunError> {
+        let records: Vec<Record> = unanswered(&self.history)
+            .into_iter()
+            .map(|call| {
+                Record::ToolResult(ToolResult {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    output: ToolOutput::error(INTERRUPTED),
+                })
+            })
+            .collect();
+        self.log_records(records).await
+    }
+
+    /// Reads back the records the log holds past the history.
+    async fn reload_tail(&mut self) -> Result<(), RunError> {
+        let log = Arc::clone(self.executor.log());
+        let from = self.history.len() as u64;
+        let tail = tokio::task::spawn_blocking(move || read_from(&log, from))
+            .await
+            .map_err(|e| RunError::Task(e.to_string()))??;
+        self.history.extend(tail);
+        Ok(())
+    }
+}
+
+impl<H: ToolHost + 'static> RunBuilder<H> {
+    /// The servers the Run starts with (each connected, its catalogue synced).
+    pub fn connections(mut self, connections: impl IntoIterator<Item = ConnectionSpec>) -> Self {
+        self.connections = connections.into_iter().collect();
+        self
+    }
+
+    /// The grant: which servers and tools the model may reach.
+    pub fn grant(mut self, grant: PermissionGrant) -> Self {
+        self.grant = grant;
+        self
+    }
+
+    /// Disclosure's settings (budgets, tiers, the tool cap).
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// The projector of results before the elision boundary.
+    pub fn elider(mut self, elider: Elider) -> Self {
+        self.elider = elider;
+        self
+    }
+
+    /// Zone 1's instructions (the deferred lines are added after them each turn).
+    pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
+        self.instructions = instructions.into();
+        self
+    }
+
+    /// Zone 2: memories and other per-user text.
+    pub fn dynamic_tail(mut self, tail: DynamicTail) -> Self {
+        self.dynamic_tail = tail;
+        self
+    }
+
+    /// The provider requests are rendered for.
+    pub fn target(mut self, target: Target) -> Self {
+        self.target = target;
+        self
+    }
+
+    /// The clock of the transient message, in Unix seconds (fix it for snapshots).
+    pub fn clock(mut self, clock: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// When the log's appends are acknowledged.
+    pub fn sync_policy(mut self, sync: SyncPolicy) -> Self {
+        self.sync = sync;
+        self
+    }
+
+    /// The deadline of each forwarded call.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// What the orientation payload says of tenant, user, conventions and state.
+    pub fn orientation_context(mut self, context: OrientationContext) -> Self {
+        self.orientation = context;
+        self
+    }
+
+    /// The reader's limits (`read_tool_output`).
+    pub fn reader_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Opens the Run's log (creating it, or resuming it: a torn tail is cut back and
+    /// reported in [`Run::recovery`], every call left without a result gets a logged
+    /// [`INTERRUPTED`] result).
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::Open`] for a log that does not open (corrupt in the middle, locked,
+    /// a sync policy out of bounds), [`RunError::Read`] for a record that does not read
+    /// back, [`RunError::Append`] when the repair cannot be logged.
+    pub async fn open(self) -> Result<Run<H>, RunError> {
+        let (dir, run, sync) = (self.dir, self.run, self.sync);
+        let (log, history, recovery) = tokio::task::spawn_blocking(move || {
+            let (log, recovery) = RecordLog::open(&dir, &run, sync)?;
+            let history = log.iter().collect::<Result<Vec<_>, _>>()?;
+            Ok::<_, RunError>((SharedRecordLog::new(log), history, recovery))
+        })
+        .await
+        .map_err(|e| RunError::Task(e.to_string()))??;
+        let executor = Executor::new(self.host, Arc::new(log))
+            .call_timeout(self.call_timeout)
+            .orientation_context(self.orientation)
+            .reader_limits(self.limits);
+        let mut run = Run {
+            history,
+            executor,
+            catalog: self.catalog,
+            connections: self.connections,
+            grant: self.grant,
+            settings: self.settings,
+            elider: self.elider,
+            instructions: self.instructions,
+            dynamic_tail: self.dynamic_tail,
+            target: self.target,
+            clock: self.clock,
+            turn: None,
+            awaiting: false,
+            recovery,
+        };
+        run.close_unanswered().await?;
+        Ok(run)
+    }
+}
+
+/// The one call into prompt-assembly: the turn's zones and tools, the history, elision as
+/// the projector, the transient message; rendered for the target.
+fn assemble_request(
+    turn: &Turn,
+    dynamic_tail: &DynamicTail,
+    history: &[LoggedRecord],
+    elider: &Elider,
+    transient: &Transient,
+    target: &Target,
+) -> Result<RenderedRequest, psych_prompt_assembly::Error> {
+    let prompt = Assembler::new(&turn.zone1, dynamic_tail, &turn.tools)
+        .assemble(history, elider, transient)?;
+    Ok(match target {
+        Target::Anthropic(options) => prompt.render_anthropic(options)?,
+        Target::OpenAi(options) => prompt.render_openai(options)?,
+    })
+}
+
+/// The calls of the last assistant message that no later record answers.
+fn unanswered(history: &[LoggedRecord]) -> Vec<&ToolCall> {
+    let Some(last) = history
+        .iter()
+        .rposition(|l| matches!(l.record, Record::Assistant(_)))
+    else {
+        return Vec::new();
+    };
+    let Record::Assistant(message) = &history[last].record else {
+        return Vec::new();
+    };
+    let answered: BTreeSet<&str> = history[last + 1..]
+        .iter()
+        .filter_map(|l| match &l.record {
+            Record::ToolResult(result) => Some(result.call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    message
+        .tool_calls
+        .iter()
+        .filter(|call| !answered.contains(call.id.as_str()))
+        .collect()
+}
+
+/// The records of `log` from sequence number `from` on.
+fn read_from(log: &SharedRecordLog, from: u64) -> Result<Vec<LoggedRecord>, RunError> {
+    (from..log.len())
+        .map(|seq| {
+            let handle = psych_types::RecordHandle::new(log.run().clone(), seq);
+            let record = log.record(&handle)?.ok_or(RunError::Missing(seq))?;
+            Ok(LoggedRecord { handle, record })
+        })
+        .collect()
+}
+
+/// The system clock in Unix seconds.
+fn system_seconds() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

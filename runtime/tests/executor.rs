@@ -1,0 +1,307 @@
+//! The Run and its executor over an in-process host: parallel calls and call order, the
+//! per-call deadline, a grant revoked mid-Run, a read by a handle never emitted, resume
+//! after a crash that left calls unanswered, and spent tokens from usage records only.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use psych_catalog::Catalog;
+use psych_record_log::{RecordLog, SyncPolicy};
+use psych_runtime::{ExecuteError, INTERRUPTED, Next, Run, RunError, ScriptedModel, Step};
+use psych_types::{
+    AssistantMessage, ConnectionSpec, JsonObject, PermissionGrant, Record, RunId, ServerId,
+    ToolCall, ToolCallId, ToolDefinition, ToolHost, ToolLister, ToolName, ToolOutput, ToolRef,
+    UserMessage,
+};
+use serde_json::json;
+
+/// `sleep {ms, tag}` answers `tag` after `ms`; `hang` never answers.
+struct Host;
+
+impl ToolLister for Host {
+    type Error = std::io::Error;
+
+    async fn list_tools(&self, _: &ServerId) -> Result<Vec<ToolDefinition>, Self::Error> {
+        let schema = |s: serde_json::Value| serde_json::from_value(s).unwrap();
+        Ok(vec![
+            ToolDefinition::new(
+                ToolName::new("sleep").unwrap(),
+                "Answers tag after ms",
+                schema(
+                    json!({"type": "object", "properties": {"ms": {"type": "integer"}, "tag": {"type": "string"}}, "required": ["ms", "tag"]}),
+                ),
+            ),
+            ToolDefinition::new(
+                ToolName::new("hang").unwrap(),
+                "Never answers",
+                schema(json!({"type": "object"})),
+            ),
+        ])
+    }
+}
+
+impl ToolHost for Host {
+    async fn call_tool(&self, tool: &ToolRef, args: JsonObject) -> Result<ToolOutput, Self::Error> {
+        if tool.tool.as_str() == "hang" {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(Duration::from_millis(args["ms"].as_u64().unwrap_or(0))).await;
+        Ok(ToolOutput::text(args["tag"].as_str().unwrap_or_default()))
+    }
+}
+
+fn server() -> ServerId {
+    ServerId::new("svc").unwrap()
+}
+
+async fn open(dir: &std::path::Path) -> Run<Host> {
+    open_with(dir, Duration::from_millis(300)).await
+}
+
+async fn open_with(dir: &std::path::Path, timeout: Duration) -> Run<Host> {
+    let catalog = Catalog::in_memory().unwrap();
+    catalog
+        .refresh(&server(), &Host.list_tools(&server()).await.unwrap())
+        .unwrap();
+    Run::builder(dir, RunId::new("run-1").unwrap(), catalog, Arc::new(Host))
+        .connections([ConnectionSpec::new(server())])
+        .grant(PermissionGrant::none().allow_server(server()))
+        .call_timeout(timeout)
+        .clock(|| 1_796_041_497)
+        .open()
+        .await
+        .unwrap()
+}
+
+fn results(run: &Run<Host>) -> Vec<(String, ToolOutput)> {
+    run.history()
+        .iter()
+        .filter_map(|l| match &l.record {
+            Record::ToolResult(r) => Some((r.call_id.to_string(), r.output.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_calls_run_together_and_log_in_call_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = open_with(dir.path(), Duration::from_secs(10)).await;
+    let mut model = ScriptedModel::new([
+        Step::call("svc__sleep", json!({"ms": 800, "tag": "slow"}))
+            .and_call("svc__sleep", json!({"ms": 10, "tag": "fast"}))
+            .and_call("svc__sleep", json!({"ms": 700, "tag": "middle"})),
+        Step::say("done"),
+    ]);
+    let started = Instant::now();
+    let transcript = model.turn(&mut run, "go").await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1_400),
+        "calls ran one after another: {took:?}"
+    );
+    assert_eq!(transcript.text, "done");
+    let tags: Vec<_> = results(&run)
+        .into_iter()
+        .map(|(id, out)| (id, out.readable_text().into_owned()))
+        .collect();
+    assert_eq!(
+        tags,
+        [
+            ("call_1".into(), "slow".into()),
+            ("call_2".into(), "fast".into()),
+            ("call_3".into(), "middle".into())
+        ]
+    );
+    // The log holds the same, in the same order, after a reopen.
+    drop(run);
+    let (log, _) = RecordLog::open(
+        dir.path(),
+        &RunId::new("run-1").unwrap(),
+        SyncPolicy::EveryAppend,
+    )
+    .unwrap();
+    let logged: Vec<_> = log.iter().map(|r| r.unwrap().record).collect();
+    let kinds: Vec<&str> = logged
+        .iter()
+        .map(|r| match r {
+            Record::User(_) => "user",
+            Record::Assistant(_) => "assistant",
+            Record::ToolResult(_) => "result",
+            Record::Usage(_) => "usage",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "user",
+            "usage",
+            "assistant",
+            "result",
+            "result",
+            "result",
+            "usage",
+            "assistant"
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hang_past_the_deadline_is_a_clear_tool_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = open(dir.path()).await;
+    let mut model = ScriptedModel::new([
+        Step::call("svc__hang", json!({})).and_call("svc__sleep", json!({"ms": 1, "tag": "ok"})),
+        Step::say("done"),
+    ]);
+    let transcript = model.turn(&mut run, "go").await.unwrap();
+    let results = results(&run);
+    assert!(results[0].1.is_error());
+    assert_eq!(
+        results[0].1.readable_text(),
+        "the call to svc/hang timed out after 300 ms; it was cancelled"
+    );
+    assert_eq!(results[1].1.readable_text(), "ok");
+    assert!(
+        transcript.requests[1]
+            .body()
+            .contains("timed out after 300 ms")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_revoked_mid_turn_holds_at_the_next_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = open(dir.path()).await;
+    let mut model = ScriptedModel::new([
+        Step::call("svc__sleep", json!({"ms": 1, "tag": "allowed"})),
+        Step::call("svc__sleep", json!({"ms": 1, "tag": "revoked"})),
+        Step::say("done"),
+    ]);
+    let first = run.user("go").await.unwrap();
+    let Next::Request(second) = run.reply(model.reply(&first)).await.unwrap() else {
+        panic!("a request")
+    };
+    run.set_grant(PermissionGrant::none());
+    let Next::Request(_) = run.reply(model.reply(&second)).await.unwrap() else {
+        panic!("a request")
+    };
+    let results = results(&run);
+    assert_eq!(results[0].1.readable_text(), "allowed");
+    assert!(results[1].1.is_error());
+    assert_eq!(results[1].1.readable_text(), "unknown server \"svc\"");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_by_a_foreign_handle_is_the_typed_error_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = open(dir.path()).await;
+    let mut model = ScriptedModel::new([Step::call(
+        "read_tool_output",
+        json!({"handle": "run-2:0"}),
+    )
+    .and_call("svc__sleep", json!({"ms": 1, "tag": "kept"}))]);
+    let first = run.user("go").await.unwrap();
+    let error = run.reply(model.reply(&first)).await.unwrap_err();
+    let RunError::Execute(ExecuteError::InvalidDeferredHandle(invalid)) = error else {
+        panic!("not the handle error: {error}")
+    };
+    assert_eq!(invalid.handle, "run-2:0");
+    // The other call's result is logged; the read has none until the Run goes on.
+    assert_eq!(results(&run).len(), 1);
+    let request = run.request().await.unwrap();
+    let results = results(&run);
+    assert_eq!(results[0].0, "call_2");
+    assert_eq!(results[1].0, "call_1");
+    assert_eq!(results[1].1.readable_text(), INTERRUPTED);
+    assert!(request.body().contains("interrupted: the run stopped"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_run_answers_unanswered_calls_before_assembling() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_id = RunId::new("run-1").unwrap();
+    {
+        // What a crash mid-step leaves: the assistant's calls, one result of two.
+        let (mut log, _) = RecordLog::open(dir.path(), &run_id, SyncPolicy::EveryAppend).unwrap();
+        let call = |id: &str| ToolCall {
+            id: ToolCallId::new(id).unwrap(),
+            name: "svc__sleep".into(),
+            arguments: json!({"ms": 1, "tag": id}),
+        };
+        log.append(&Record::User(UserMessage { text: "go".into() }))
+            .unwrap();
+        log.append(&Record::Assistant(AssistantMessage {
+            text: String::new(),
+            tool_calls: vec![call("a"), call("b")],
+        }))
+        .unwrap();
+        log.append(&Record::ToolResult(psych_types::ToolResult {
+            call_id: ToolCallId::new("b").unwrap(),
+            name: "svc__sleep".into(),
+            output: ToolOutput::text("b"),
+        }))
+        .unwrap();
+    }
+    let mut run = open(dir.path()).await;
+    let results_now = results(&run);
+    assert_eq!(results_now.len(), 2);
+    assert_eq!(results_now[1].0, "a");
+    assert_eq!(results_now[1].1.readable_text(), INTERRUPTED);
+    // The turn goes on from where it stopped.
+    let request = run.request().await.unwrap();
+    assert!(request.body().contains(INTERRUPTED));
+    let mut model = ScriptedModel::new([Step::say("resumed")]).first_call(10);
+    let transcript = model.continue_turn(&mut run, request).await.unwrap();
+    assert_eq!(transcript.text, "resumed");
+    // Reopening again repairs nothing more.
+    drop(run);
+    let run = open(dir.path()).await;
+    assert_eq!(results(&run).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spent_comes_from_usage_records_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = open(dir.path()).await;
+    let first = run.user("x".repeat(10_000)).await.unwrap();
+    let reply = psych_runtime::ModelReply {
+        text: "fine".into(),
+        tool_calls: Vec::new(),
+        usage: Some(psych_types::Usage {
+            input: 12,
+            cache_read: 3_000,
+            cache_write: 0,
+            output: 4,
+        }),
+    };
+    assert_eq!(
+        run.reply(reply).await.unwrap(),
+        Next::Done {
+            text: "fine".into()
+        }
+    );
+    let spent = run.spent();
+    assert_eq!((spent.calls, spent.total()), (1, 3_016));
+    drop(first);
+    // A reply with no usage reported adds nothing.
+    let _ = run.user("again").await.unwrap();
+    run.reply(psych_runtime::ModelReply {
+        text: "ok".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(run.spent().total(), 3_016);
+    // Out of turn is a typed error.
+    assert!(matches!(
+        run.reply(psych_runtime::ModelReply::default()).await,
+        Err(RunError::OutOfTurn(_))
+    ));
+}

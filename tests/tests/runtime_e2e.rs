@@ -1,0 +1,627 @@
+//! A Run end to end against real MCP server processes (`psych-e2e-child server`, psych-mcp's
+//! test server): a small eager server, a large one that `auto` defers, one over streamable
+//! HTTP, and one added mid-Run; a scripted multi-turn session with parallel calls, a result
+//! elided the next turn and read back by handle with grep, a mixed text + image result, a
+//! failing call, a permission revoked mid-turn, a `list_changed` that adds a tool used the
+//! next turn, and a deferred tool reached through list → describe → call. Every request
+//! passes the rule checker; the last request of the session is pinned for both providers;
+//! the log holds every result byte for byte. Then the faults, and a `kill -9` mid-step.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use psych_catalog::{Catalog, Freshener, FreshenerConfig};
+use psych_elision::{Elider, Thresholds};
+use psych_mcp::test_server::large_text;
+use psych_mcp::{Backoff, McpConfig, McpManager, ServerConfig, Timeouts};
+use psych_prompt_assembly::{AnthropicOptions, OpenAiOptions, RenderedRequest};
+use psych_record_log::{RecordLog, SyncPolicy};
+use psych_runtime::{CatalogSync, INTERRUPTED, Next, Run, ScriptedModel, Step, Target};
+use psych_types::{
+    ConnectionSpec, ContentBlock, PermissionGrant, Record, RecordHandle, RunId, ServerId,
+    ToolOutput,
+};
+use serde_json::{Value, json};
+
+#[path = "../../prompt-assembly/tests/rules/mod.rs"]
+mod rules;
+
+const CHILD: &str = env!("CARGO_BIN_EXE_psych-e2e-child");
+const NOW: i64 = 1_796_041_497;
+
+fn id(name: &str) -> ServerId {
+    ServerId::new(name).unwrap()
+}
+
+/// An HTTP test server process, killed when dropped.
+struct HttpServer {
+    child: Child,
+    url: String,
+}
+
+impl HttpServer {
+    fn start() -> Self {
+        let mut child = Command::new(CHILD)
+            .args(["server", "--http", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("the server says where it listens")
+            .to_owned();
+        Self { child, url }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The servers, the catalogue kept fresh from their events, and the host.
+struct World {
+    manager: McpManager,
+    freshener: Arc<Freshener<McpManager>>,
+    sync: Option<CatalogSync>,
+    config: McpConfig,
+}
+
+fn config(servers: Value) -> McpConfig {
+    McpConfig::parse(&json!({ "mcpServers": servers }).to_string(), |_| None).unwrap()
+}
+
+fn stdio(args: &[&str], extra: Value) -> Value {
+    let mut server = json!({"command": CHILD, "args": ["server"]});
+    for arg in args {
+        server["args"].as_array_mut().unwrap().push(json!(arg));
+    }
+    if let Value::Object(extra) = extra {
+        server.as_object_mut().unwrap().extend(extra);
+    }
+    server
+}
+
+impl World {
+    async fn start(config: McpConfig, call: Duration) -> Self {
+        let manager = McpManager::builder(config.clone())
+            .timeouts(
+                Timeouts::uniform(Duration::from_secs(10))
+                    .with_call(call)
+                    .with_shutdown_grace(Duration::from_millis(300)),
+            )
+            .backoff(Backoff::new(
+                Duration::from_millis(100),
+                Duration::from_secs(1),
+            ))
+            .build()
+            .unwrap();
+        let freshener = Arc::new(
+            Freshener::start(
+                Catalog::in_memory().unwrap(),
+                Arc::new(manager.clone()),
+                FreshenerConfig::builder().build().unwrap(),
+            )
+            .unwrap(),
+        );
+        let sync = CatalogSync::start(manager.events(), Arc::clone(&freshener));
+        manager.connect_all().await;
+        let world = Self {
+            manager,
+            freshener,
+            sync: Some(sync),
+            config,
+        };
+        for server in world.config.servers.keys() {
+            let _ = world.freshener.refresh(server).await;
+        }
+        world
+    }
+
+    fn catalog(&self) -> Catalog {
+        self.freshener.catalog().clone()
+    }
+
+    fn connections(&self) -> Vec<ConnectionSpec> {
+        self.config
+            .servers
+            .values()
+            .map(|s| s.connection.clone())
+            .collect()
+    }
+
+    fn grant(&self) -> PermissionGrant {
+        self.config
+            .servers
+            .keys()
+            .fold(PermissionGrant::none(), |g, s| g.allow_server(s.clone()))
+    }
+
+    /// Connects `name` mid-Run and syncs its catalogue.
+    async fn add(&mut self, name: &str, server: Value) -> ServerConfig {
+        let entry = config(json!({ name: server }))
+            .servers
+            .remove(&id(name))
+            .unwrap();
+        self.manager
+            .add_server(id(name), entry.clone())
+            .await
+            .unwrap();
+        self.freshener.refresh(&id(name)).await.unwrap();
+        entry
+    }
+
+    async fn run(&self, dir: &Path, target: Target) -> Run<McpManager> {
+        self.run_named(dir, "run-e2e", target).await
+    }
+
+    async fn run_named(&self, dir: &Path, run: &str, target: Target) -> Run<McpManager> {
+        Run::builder(
+            dir,
+            RunId::new(run).unwrap(),
+            self.catalog(),
+            Arc::new(self.manager.clone()),
+        )
+        .connections(self.connections())
+        .grant(self.grant())
+        .instructions("You are the end-to-end test's assistant.")
+        .target(target)
+        .elider(
+            Elider::builder()
+                .thresholds(
+                    Thresholds::builder()
+                        .per_result(2_000)
+                        .per_batch(8_000)
+                        .build()
+                        .unwrap(),
+                )
+                .build(),
+        )
+        .call_timeout(Duration::from_secs(20))
+        .clock(|| NOW)
+        .open()
+        .await
+        .unwrap()
+    }
+
+    async fn stop(mut self) {
+        if let Some(sync) = self.sync.take() {
+            sync.stop().await;
+        }
+        self.freshener.shutdown().await;
+        self.manager.shutdown().await;
+    }
+}
+
+/// Every request a Run produces passes the provider's rules.
+fn check(request: &RenderedRequest, target: &Target) {
+    let verdict = match target {
+        Target::Anthropic(_) => rules::check_anthropic_body(request.body(), true),
+        _ => rules::check_openai_body(request.body()),
+    };
+    assert_eq!(verdict, Ok(()), "a request breaks the provider's rules");
+}
+
+/// Drives one turn from `user` with `steps`, checking every request; returns them.
+async fn turn(
+    run: &mut Run<McpManager>,
+    model: &mut ScriptedModel,
+    user: &str,
+    target: &Target,
+) -> Vec<RenderedRequest> {
+    let transcript = model.turn(run, user).await.unwrap();
+    for request in &transcript.requests {
+        check(request, target);
+    }
+    transcript.requests
+}
+
+fn result_of<'a>(run: &'a Run<McpManager>, call: &str) -> (&'a RecordHandle, &'a ToolOutput) {
+    run.history()
+        .iter()
+        .find_map(|l| match &l.record {
+            Record::ToolResult(r) if r.call_id.as_str() == call => Some((&l.handle, &r.output)),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no result for {call}"))
+}
+
+fn text(run: &Run<McpManager>, call: &str) -> String {
+    result_of(run, call).1.readable_text().into_owned()
+}
+
+/// The names of the tools a request offers.
+fn tool_names(request: &RenderedRequest) -> Vec<String> {
+    let body: Value = serde_json::from_str(request.body()).unwrap();
+    body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            t["name"]
+                .as_str()
+                .or_else(|| t["function"]["name"].as_str())
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The scripted session, for one provider; returns the tools of each turn's first request
+/// and the session's last request.
+async fn session(target: Target) -> (Vec<Vec<String>>, RenderedRequest) {
+    let dir = tempfile::tempdir().unwrap();
+    let http = HttpServer::start();
+    let mut world = World::start(
+        config(json!({
+            "small": stdio(&[], json!({"preload": true, "description": "Small control server."})),
+            "large": stdio(&["--tools", "400"], json!({"description": "A large generated catalogue."})),
+            "web": {"type": "http", "url": http.url, "description": "The same server over HTTP."},
+        })),
+        Duration::from_secs(10),
+    )
+    .await;
+    let mut run = world.run(dir.path(), target.clone()).await;
+    let mut tools = Vec::new();
+
+    // Turn 1: parallel calls, a large result, text + image, a failure, the orientation.
+    let mut model = ScriptedModel::new([
+        Step::call("psych_orientation", json!({}))
+            .and_call("small__large", json!({"bytes": 60_000}))
+            .and_call("small__mixed", json!({}))
+            .and_call("small__fail", json!({"message": "the disk is full"}))
+            .and_call("web__echo", json!({"text": "over http"}))
+            .saying("Looking around."),
+        Step::say("I have looked around."),
+    ]);
+    let requests = turn(&mut run, &mut model, "Look around.", &target).await;
+    tools.push(tool_names(&requests[0]));
+    assert!(text(&run, "call_1").contains("\"servers\""));
+    assert_eq!(text(&run, "call_2"), large_text(60_000));
+    let mixed = result_of(&run, "call_3").1.clone();
+    assert!(matches!(mixed.content[1], ContentBlock::Image(_)));
+    assert!(result_of(&run, "call_4").1.is_error());
+    assert_eq!(text(&run, "call_5"), "over http");
+    // The current turn's results go whole: the image is sent as an image.
+    assert!(requests[1].body().contains("iVBORw0KGgo"));
+
+    // Turn 2: the large result is elided now; read it back by handle with grep. A tool is
+    // added (list_changed).
+    let (large, _) = result_of(&run, "call_2");
+    let large = large.to_string();
+    let mut model = ScriptedModel::new([
+        Step::call(
+            "read_tool_output",
+            json!({"handle": large, "grep": "line 000420"}),
+        )
+        .and_call("small__add_tool", json!({"name": "fresh_tool"})),
+        Step::say("Found it."),
+    ])
+    .first_call(6);
+    let requests = turn(
+        &mut run,
+        &mut model,
+        "Find line 420 of that result.",
+        &target,
+    )
+    .await;
+    tools.push(tool_names(&requests[0]));
+    assert!(
+        requests[0]
+            .body()
+            .contains(&format!("read_tool_output with handle \\\"{large}\\\""))
+    );
+    assert!(
+        !requests[0].body().contains("line 000420"),
+        "the large result is elided"
+    );
+    let found = text(&run, "call_6");
+    assert!(
+        found.contains("line 000420: the quick brown fox"),
+        "{found}"
+    );
+
+    // The list_changed reaches the catalogue through the freshener.
+    let small = id("small");
+    for _ in 0..100 {
+        if world
+            .catalog()
+            .live(&small)
+            .unwrap()
+            .tools
+            .iter()
+            .any(|t| t.name.as_str() == "fresh_tool")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A server connected mid-Run.
+    let late = world
+        .add("late", stdio(&[], json!({"preload": true})))
+        .await;
+    run.add_connection(late.connection.clone());
+    run.set_grant(run.grant().clone().allow_server(id("late")));
+
+    // Turn 3: the added tool and the new server, a deferred tool through list → describe →
+    // call, and the HTTP server's permission revoked between two steps.
+    let mut model = ScriptedModel::new([
+        Step::call("small__fresh_tool", json!({}))
+            .and_call("late__echo", json!({"text": "new server"}))
+            .and_call("psych_list_tools", json!({"server": "large"})),
+        Step::call(
+            "psych_describe_tool",
+            json!({"server": "large", "tool": "echo"}),
+        ),
+        Step::call(
+            "psych_call_tool",
+            json!({"server": "large", "tool": "echo", "arguments": {"text": "deferred"}}),
+        ),
+        Step::call("web__echo", json!({"text": "still allowed?"})),
+        Step::say("Done with the new tools."),
+    ])
+    .first_call(8);
+    let first = run.user("Use the new tools.").await.unwrap();
+    check(&first, &target);
+    tools.push(tool_names(&first));
+    let mut request = first;
+    loop {
+        if model.remaining() == 2 {
+            let revoked = world
+                .config
+                .servers
+                .keys()
+                .filter(|s| s.as_str() != "web")
+                .fold(PermissionGrant::none().allow_server(id("late")), |g, s| {
+                    g.allow_server(s.clone())
+                });
+            run.set_grant(revoked);
+        }
+        match run.reply(model.reply(&request)).await.unwrap() {
+            Next::Request(next) => {
+                check(&next, &target);
+                request = next;
+            }
+            Next::Done { .. } => break,
+            _ => unreachable!(),
+        }
+    }
+    assert!(
+        !result_of(&run, "call_8").1.is_error(),
+        "{}",
+        text(&run, "call_8")
+    );
+    assert_eq!(text(&run, "call_9"), "new server");
+    let listing = text(&run, "call_10");
+    assert!(
+        listing.contains("add_tool") && listing.contains("page"),
+        "{listing}"
+    );
+    assert!(text(&run, "call_11").contains("\"text\""));
+    assert_eq!(text(&run, "call_12"), "deferred");
+    assert!(result_of(&run, "call_13").1.is_error());
+    assert_eq!(text(&run, "call_13"), "unknown server \"web\"");
+
+    // Spent figures are the usage records, one per model call.
+    assert_eq!(run.spent().calls, 2 + 2 + 5);
+    let last = request;
+    let history = run.history().to_vec();
+    drop(run);
+    // The log holds every result byte for byte: reopened, it reads back as the Run saw it.
+    let (log, recovery) = RecordLog::open(
+        dir.path(),
+        &RunId::new("run-e2e").unwrap(),
+        SyncPolicy::EveryAppend,
+    )
+    .unwrap();
+    assert!(recovery.is_clean());
+    let logged: Vec<_> = log.iter().map(|r| r.unwrap()).collect();
+    assert_eq!(logged, history);
+    // And the large result's stored bytes are the server's text, whole.
+    let handle: RecordHandle = large.parse().unwrap();
+    let mut stored = vec![0u8; 70_000];
+    let n = psych_types::RecordSource::read_output(&log, &handle, 0, &mut stored).unwrap();
+    assert_eq!(&stored[..n], large_text(60_000).as_bytes());
+    let mixed_png = match &mixed.content[1] {
+        ContentBlock::Image(image) => image.data.clone(),
+        _ => unreachable!(),
+    };
+    assert_eq!(&mixed_png[..8], b"\x89PNG\r\n\x1a\n");
+    drop(log);
+
+    world.stop().await;
+    drop(http);
+    (tools, last)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scripted_session_against_real_servers_anthropic() {
+    let target = Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096));
+    let (tools, last) = session(target).await;
+    insta::assert_snapshot!("e2e_tools_per_turn", format!("{tools:#?}"));
+    insta::assert_snapshot!("e2e_last_request_anthropic", last.pretty_body());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scripted_session_against_real_servers_openai() {
+    let target = Target::OpenAi(OpenAiOptions::new("gpt-4.1").prompt_cache_key("run-e2e"));
+    let (_, last) = session(target).await;
+    insta::assert_snapshot!("e2e_last_request_openai", last.pretty_body());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_are_clear_tool_errors_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut http = HttpServer::start();
+    let world = World::start(
+        config(json!({
+            "small": stdio(&["--garbage-at-start", "5"], json!({"preload": true})),
+            "crashy": stdio(&[], json!({"preload": true})),
+            "dead": stdio(&["--exit-at-once", "3"], json!({"preload": true})),
+            "web": {"type": "http", "url": http.url},
+        })),
+        Duration::from_secs(1),
+    )
+    .await;
+    let target = Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096));
+    let mut run = world.run(dir.path(), target.clone()).await;
+    http.kill();
+    let mut model = ScriptedModel::new([
+        Step::call("crashy__crash", json!({}))
+            .and_call("small__hang", json!({}))
+            .and_call(
+                "psych_call_tool",
+                json!({"server": "dead", "tool": "echo", "arguments": {"text": "x"}}),
+            )
+            .and_call("small__garbage", json!({"lines": 3}))
+            .and_call("web__echo", json!({"text": "is anyone there?"}))
+            .and_call("small__echo", json!({"text": "still fine"})),
+        Step::say("Some tools failed; I can say why."),
+    ]);
+    let requests = turn(&mut run, &mut model, "Try everything.", &target).await;
+    let crash = text(&run, "call_1");
+    assert!(result_of(&run, "call_1").1.is_error());
+    assert!(
+        crash.starts_with("the call to crashy/crash failed: "),
+        "{crash}"
+    );
+    assert!(
+        crash.contains("crashing on request"),
+        "the server's stderr is quoted: {crash}"
+    );
+    let hang = text(&run, "call_2");
+    assert!(result_of(&run, "call_2").1.is_error());
+    assert!(
+        hang.starts_with("the call to small/hang failed: "),
+        "{hang}"
+    );
+    assert!(
+        hang.contains("1s") || hang.contains("1000 ms") || hang.contains("deadline"),
+        "{hang}"
+    );
+    let dead = text(&run, "call_3");
+    assert!(result_of(&run, "call_3").1.is_error());
+    assert!(dead.contains("dead"), "{dead}");
+    assert!(
+        !result_of(&run, "call_4").1.is_error(),
+        "{}",
+        text(&run, "call_4")
+    );
+    let gone = text(&run, "call_5");
+    assert!(result_of(&run, "call_5").1.is_error());
+    assert!(gone.contains("web"), "{gone}");
+    assert_eq!(text(&run, "call_6"), "still fine");
+    // The model sees each error in the next request.
+    for error in [&crash, &hang, &gone] {
+        let quoted = serde_json::to_string(error).unwrap();
+        assert!(
+            requests[1].body().contains(&quoted[1..quoted.len() - 1]),
+            "{error}"
+        );
+    }
+    // Nothing logged is lost.
+    let history = run.history().to_vec();
+    drop(run);
+    let (log, recovery) = RecordLog::open(
+        dir.path(),
+        &RunId::new("run-e2e").unwrap(),
+        SyncPolicy::EveryAppend,
+    )
+    .unwrap();
+    assert!(recovery.is_clean());
+    assert_eq!(log.iter().map(|r| r.unwrap()).collect::<Vec<_>>(), history);
+    drop(log);
+    world.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_killed_mid_step_resumes_with_its_log_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(CHILD)
+        .arg("run")
+        .arg(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while line.trim() != "calling" {
+        line.clear();
+        assert_ne!(
+            stderr.read_line(&mut line).unwrap(),
+            0,
+            "the child ended before its step"
+        );
+    }
+    // Let the calls start, then kill -9.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let world = World::start(
+        config(json!({"svc": stdio(&[], json!({}))})),
+        Duration::from_secs(5),
+    )
+    .await;
+    let target = Target::OpenAi(OpenAiOptions::new("gpt-4.1"));
+    let mut run = world
+        .run_named(dir.path(), "run-crash", target.clone())
+        .await;
+    let kinds: Vec<String> = run
+        .history()
+        .iter()
+        .map(|l| match &l.record {
+            Record::User(u) => format!("user {}", u.text),
+            Record::Usage(_) => "usage".to_owned(),
+            Record::Assistant(a) => format!("assistant with {} calls", a.tool_calls.len()),
+            Record::ToolResult(r) => format!("{} {}", r.call_id, r.output.readable_text()),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "user Start, then die.".to_owned(),
+            "usage".to_owned(),
+            "assistant with 2 calls".to_owned(),
+            format!("call_1 {INTERRUPTED}"),
+            format!("call_2 {INTERRUPTED}"),
+        ]
+    );
+    // The next request is valid, and the turn goes on.
+    let request = run.request().await.unwrap();
+    check(&request, &target);
+    let mut model = ScriptedModel::new([
+        Step::call("svc__echo", json!({"text": "again"})),
+        Step::say("Recovered."),
+    ])
+    .first_call(3);
+    let transcript = model.continue_turn(&mut run, request).await.unwrap();
+    for request in &transcript.requests {
+        check(request, &target);
+    }
+    assert_eq!(transcript.text, "Recovered.");
+    assert_eq!(text(&run, "call_3"), "again");
+    drop(run);
+    world.stop().await;
+}
