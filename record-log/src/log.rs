@@ -32,12 +32,14 @@ const SCAN_CHUNK: usize = 1 << 20;
 /// not the file's size and extents (see `docs/format.md`, "Preallocation").
 const PREALLOC: u64 = 1 << 20;
 /// Writes (one append, one batch, one group) larger than this do not trigger
-/// preallocation. Zeros cost bandwidth: every byte is written twice, once as a zero. A sync
-/// that grows the file pays a metadata commit instead (measured here: +150 to +330 µs,
-/// 1.5 to 2 times the sync of the same bytes into preallocated space, from 4 to 260 KiB).
-/// The zeros cost less than that below about 190 KiB and as much from there to 260 KiB
-/// (mean latency over 200 interleaved syncs); see `docs/format.md`, "Preallocation".
-const PREALLOC_MAX_WRITE: u64 = 128 << 10;
+/// preallocation: they grow the file themselves. It is `PREALLOC / 2`, the least room
+/// preallocation leaves past the last frame, so every write that triggers it also lands in
+/// preallocated space: a group of 64 records of 4 KiB (266 KiB) included, which under the
+/// earlier limit of 128 KiB grew the file on every group past the first MiB. Zeros cost
+/// bandwidth (every byte is written twice) but only on the sync that writes them, about one
+/// in `PREALLOC / 2` bytes appended; the syncs in between flush data only (see
+/// `docs/format.md`, "Preallocation").
+const PREALLOC_MAX_WRITE: u64 = PREALLOC / 2;
 
 /// The longest [`SyncPolicy::GroupCommit::max_wait`] a log accepts: an appender blocked
 /// longer than this for company is a misconfiguration, not a tuning choice.
