@@ -41,6 +41,9 @@ const PREALLOC: u64 = 1 << 20;
 /// `docs/format.md`, "Preallocation").
 const PREALLOC_MAX_WRITE: u64 = PREALLOC / 2;
 
+/// Ends the reason of a tail that [`RecordLog::open_read_only`] found and left in place.
+const READ_ONLY_NOTE: &str = "left in place: opened read-only";
+
 /// The longest [`SyncPolicy::GroupCommit::max_wait`] a log accepts: an appender blocked
 /// longer than this for company is a misconfiguration, not a tuning choice.
 pub const MAX_GROUP_WAIT: Duration = Duration::from_secs(1);
@@ -210,6 +213,8 @@ pub struct RecordLog {
     durable_records: u64,
     durable_end: u64,
     pub(crate) poisoned: bool,
+    /// Opened by [`RecordLog::open_read_only`]: nothing is ever written, cut or synced.
+    pub(crate) read_only: bool,
     scratch: Vec<u8>,
     recovery: Recovery,
 }
@@ -224,6 +229,7 @@ impl fmt::Debug for RecordLog {
             .field("records", &self.index.len())
             .field("size_bytes", &self.end)
             .field("poisoned", &self.poisoned)
+            .field("read_only", &self.read_only)
             .finish_non_exhaustive()
     }
 }
@@ -261,29 +267,51 @@ impl RecordLog {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(open_io(dir))?;
         let path = Self::path_for(dir, run);
-        let (file, created) = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-        {
-            Ok(file) => (file, true),
-            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => (
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&path)
-                    .map_err(open_io(&path))?,
-                false,
-            ),
-            Err(err) => return Err(open_io(&path)(err)),
-        };
+        let (file, created) = Self::open_file(&path)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => return Err(OpenError::Locked { path }),
             Err(TryLockError::Error(err)) => return Err(open_io(&path)(err)),
         }
-        let mut log = Self {
+        let mut log = Self::unopened(run, path, file, sync, false);
+        let (header_loss, header_written) = log.check_header()?;
+        if created || header_written {
+            // The file's directory entry must be as durable as its header.
+            sync_dir(dir).map_err(open_io(dir))?;
+        }
+        log.finish_open(header_loss)
+    }
+
+    /// Opens the existing log of `run` under `dir` for reading only: the file is opened
+    /// without write access, not locked (a writer may hold it open meanwhile), and never
+    /// written, cut or synced. Every frame is checked as [`RecordLog::open`] checks it and
+    /// the same damage is an error; a torn or damaged tail that `open` would cut is left in
+    /// place, reported in [`Recovery::tail`] (its reason ending in `(left in place: opened
+    /// read-only)`), and the log serves the whole records before it. A file whose creation
+    /// was torn reads as an empty log, its tail reported the same way. Appends and syncs
+    /// are refused with [`AppendError::ReadOnly`].
+    ///
+    /// A log being appended to while it is open read-only may show a frame still being
+    /// written as a torn tail; records appended after the open are not seen.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError`] as for [`RecordLog::open`] (no file is [`OpenError::Io`], and
+    /// [`OpenError::Locked`] never happens).
+    pub fn open_read_only(
+        dir: impl AsRef<Path>,
+        run: &RunId,
+    ) -> Result<(Self, Recovery), OpenError> {
+        let path = Self::path_for(dir, run);
+        let file = File::open(&path).map_err(open_io(&path))?;
+        let mut log = Self::unopened(run, path, file, SyncPolicy::OsBuffered, true);
+        let (header_loss, _) = log.check_header()?;
+        log.finish_open(header_loss)
+    }
+
+    /// A log on `file` before its header and frames are read.
+    fn unopened(run: &RunId, path: PathBuf, file: File, sync: SyncPolicy, read_only: bool) -> Self {
+        Self {
             run: run.clone(),
             path,
             file,
@@ -296,27 +324,50 @@ impl RecordLog {
             durable_records: 0,
             durable_end: 0,
             poisoned: false,
+            read_only,
             scratch: Vec::new(),
             recovery: Recovery {
                 records: 0,
                 tail: None,
             },
-        };
-        let (header_loss, header_written) = log.check_header()?;
-        if created || header_written {
-            // The file's directory entry must be as durable as its header.
-            sync_dir(dir).map_err(open_io(dir))?;
         }
+    }
+
+    /// Scans the frames (unless the header check already reported a loss) and records
+    /// what opening found.
+    fn finish_open(mut self, header_loss: Option<TailLoss>) -> Result<(Self, Recovery), OpenError> {
         let tail = match header_loss {
             Some(loss) => Some(loss),
-            None => log.scan()?,
+            None => self.scan()?,
         };
-        log.recovery = Recovery {
-            records: log.index.len() as u64,
+        self.recovery = Recovery {
+            records: self.index.len() as u64,
             tail,
         };
-        let recovery = log.recovery.clone();
-        Ok((log, recovery))
+        let recovery = self.recovery.clone();
+        Ok((self, recovery))
+    }
+
+    /// Opens `path` for reading and writing, creating it if needed; says whether it was
+    /// created.
+    fn open_file(path: &Path) -> Result<(File, bool), OpenError> {
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(file) => Ok((file, true)),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok((
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+                    .map_err(open_io(path))?,
+                false,
+            )),
+            Err(err) => Err(open_io(path)(err)),
+        }
     }
 
     /// Checks the file header and reads the high-water mark; writes both when the file is
@@ -346,6 +397,18 @@ impl RecordLog {
             self.allocated = len;
             self.set_mark(mark);
             return Ok((None, false));
+        }
+        if len < want && initial.starts_with(&head) && self.read_only {
+            // Creation cut short (or under way): no record yet, and nothing is rewritten.
+            self.end = len;
+            self.allocated = len;
+            self.set_mark(Mark::initial(want));
+            let loss = (len > 0).then(|| TailLoss {
+                offset: 0,
+                bytes: len,
+                reason: format!("file header torn during creation; {READ_ONLY_NOTE}"),
+            });
+            return Ok((loss, false));
         }
         if len < want && initial.starts_with(&head) {
             // A new file, or one whose creation was cut short before any record.
@@ -527,6 +590,13 @@ impl RecordLog {
             )),
             None => None,
         };
+        if self.read_only {
+            return Ok(reason.map(|reason| TailLoss {
+                offset: pos,
+                bytes: len - pos,
+                reason: format!("{reason}; {READ_ONLY_NOTE}"),
+            }));
+        }
         let Some(reason) = reason else {
             if self.sync.syncs() && records > self.durable_records {
                 // Frames the mark does not prove durable (their sync may not have returned
@@ -792,8 +862,14 @@ impl RecordLog {
     /// # Errors
     ///
     /// [`AppendError::Io`] when the sync fails (the log is then poisoned: after a failed
-    /// `fdatasync` the OS may have dropped the dirty pages).
+    /// `fdatasync` the OS may have dropped the dirty pages); [`AppendError::ReadOnly`] on a
+    /// log opened read-only.
     pub fn sync(&mut self) -> Result<(), AppendError> {
+        if self.read_only {
+            return Err(AppendError::ReadOnly {
+                path: self.path.clone(),
+            });
+        }
         if self.poisoned {
             return Err(AppendError::Poisoned {
                 path: self.path.clone(),
@@ -822,6 +898,11 @@ impl RecordLog {
     /// Writes `records` as frames after the last whole one, syncs per policy, and indexes
     /// them. Returns the first one's position.
     fn write_frames(&mut self, records: &[Record]) -> Result<u64, AppendError> {
+        if self.read_only {
+            return Err(AppendError::ReadOnly {
+                path: self.path.clone(),
+            });
+        }
         if self.poisoned {
             return Err(AppendError::Poisoned {
                 path: self.path.clone(),
