@@ -13,6 +13,7 @@ use psych_types::{
     ContentBlock, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
 };
 
+use crate::checkpoint::{self, CHECKPOINT_AFTER, Identity};
 use crate::crc32c::Crc32c;
 use crate::error::{AppendError, OpenError, PolicyError, ReadError};
 use crate::format::{
@@ -338,7 +339,16 @@ impl RecordLog {
     fn finish_open(mut self, header_loss: Option<TailLoss>) -> Result<(Self, Recovery), OpenError> {
         let tail = match header_loss {
             Some(loss) => Some(loss),
-            None => self.scan()?,
+            None => {
+                let covered = self.load_checkpoint()?;
+                let tail = self.scan()?;
+                if !self.read_only && self.end.saturating_sub(covered) >= CHECKPOINT_AFTER {
+                    // Best effort: a checkpoint is a cache, and without one the next open
+                    // verifies every frame, as it would have.
+                    let _ = self.write_checkpoint();
+                }
+                tail
+            }
         };
         self.recovery = Recovery {
             records: self.index.len() as u64,
@@ -492,6 +502,66 @@ impl RecordLog {
         }
         self.durable_records = self.len();
         self.durable_end = self.end;
+    }
+
+    /// The identity a checkpoint of this log must carry.
+    fn identity(&self) -> std::io::Result<Identity> {
+        let header = format::file_header(&self.run);
+        let mut crc = [0u8; 4];
+        crc.copy_from_slice(&header[header.len() - 4..]);
+        Identity::of(
+            &self.file,
+            u32::from_le_bytes(crc),
+            self.marks_at + (MARK_SLOTS * MARK_LEN) as u64,
+        )
+    }
+
+    /// Takes the frames an earlier open verified from the log's checkpoint, if it has one
+    /// that checks out against this file (`docs/format.md`, "Open checkpoint"), as the
+    /// start of the index; the scan goes on from their end. A checkpoint refused is
+    /// removed (unless read-only). Returns where the covered frames end.
+    fn load_checkpoint(&mut self) -> Result<u64, OpenError> {
+        let start = self.end;
+        let Some(bytes) = checkpoint::read(&self.path).map_err(open_io(&self.path))? else {
+            return Ok(start);
+        };
+        let identity = self.identity().map_err(open_io(&self.path))?;
+        let len = self.file_len()?;
+        let entries = match checkpoint::decode(&bytes, &identity, len) {
+            Ok(entries) => Some(entries),
+            Err(_) => None,
+        };
+        // Its last frame must still be there and whole: zeros or a cut from any frame it
+        // covers to the end of the file leave that frame damaged or gone.
+        let entries = match entries {
+            Some(entries) => match entries.last() {
+                Some(last) if self.whole_frame_at(last.offset, len)? != Some(last.header) => None,
+                _ => Some(entries),
+            },
+            None => None,
+        };
+        let Some(entries) = entries else {
+            if !self.read_only {
+                let path = checkpoint::path_for(&self.path);
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(err) => return Err(open_io(&path)(err)),
+                }
+            }
+            return Ok(start);
+        };
+        if let Some(last) = entries.last() {
+            self.end = last.offset + last.header.frame_len();
+        }
+        self.index = entries;
+        Ok(self.end)
+    }
+
+    /// Writes a checkpoint of every frame in the index: each was verified by this open's
+    /// scan or by an earlier one's (the checkpoint this open took them from).
+    fn write_checkpoint(&self) -> std::io::Result<()> {
+        checkpoint::write(&self.path, &self.identity()?, &self.index)
     }
 
     fn file_len(&self) -> Result<u64, OpenError> {
@@ -1425,6 +1495,23 @@ mod format_doc {
             format!("`<run>.{FILE_EXTENSION}`"),
             format!("capped at {MAX_WRITE_INDEX}"),
             format!("{MARK_SLOTS} slots of {MARK_LEN} bytes"),
+            format!("`{}`", hex(&crate::checkpoint::CHECKPOINT_MAGIC)),
+            format!(
+                "checkpoint version: {}",
+                crate::checkpoint::CHECKPOINT_VERSION
+            ),
+            format!(
+                "checkpoint's fixed part: {} bytes",
+                crate::checkpoint::CHECKPOINT_HEAD_LEN
+            ),
+            format!(
+                "at least {} MiB of frames",
+                crate::checkpoint::CHECKPOINT_AFTER >> 20
+            ),
+            format!(
+                "`<run>.{FILE_EXTENSION}{}`",
+                crate::checkpoint::CHECKPOINT_SUFFIX
+            ),
         ];
         for needle in expect {
             assert!(
