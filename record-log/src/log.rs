@@ -365,7 +365,7 @@ impl RecordLog {
             .read(true)
             .write(true)
             .create_new(true)
-            .open(&path)
+            .open(path)
         {
             Ok(file) => Ok((file, true)),
             Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok((
@@ -527,10 +527,7 @@ impl RecordLog {
         };
         let identity = self.identity().map_err(open_io(&self.path))?;
         let len = self.file_len()?;
-        let entries = match checkpoint::decode(&bytes, &identity, len) {
-            Ok(entries) => Some(entries),
-            Err(_) => None,
-        };
+        let entries = checkpoint::decode(&bytes, &identity, len).ok();
         // Its last frame must still be there and whole: zeros or a cut from any frame it
         // covers to the end of the file leave that frame damaged or gone.
         let entries = match entries {
