@@ -286,7 +286,7 @@ fn read(
     grep: Option<String>,
 ) -> Result<u8, String> {
     use psych_reader_tool::Reader;
-    use psych_record_log::{RecordLog, SyncPolicy};
+    use psych_record_log::RecordLog;
     use psych_types::RunId;
 
     if !log.is_file() {
@@ -298,7 +298,9 @@ fn read(
         .ok_or_else(|| format!("{}: not a `<run>.plog` file name", log.display()))?;
     let run = RunId::new(run).map_err(|e| format!("{}: {e}", log.display()))?;
     let dir = log.parent().unwrap_or_else(|| std::path::Path::new("."));
-    let (log, _) = RecordLog::open(dir, &run, SyncPolicy::EveryAppend)
+    // Read-only: a log another process is appending to is read as it is, not locked,
+    // cut or synced.
+    let (log, _) = RecordLog::open_read_only(dir, &run)
         .map_err(|e| format!("{}: {e}", RecordLog::path_for(dir, &run).display()))?;
     let mut arguments = serde_json::json!({ "handle": handle });
     if let Some(offset) = offset {

@@ -6,8 +6,11 @@
 //! - `record_log/read_output_256`: 256 bytes of a tool result's content at an offset;
 //! - `redb/get`: one read transaction, one `get`, the value copied out.
 //!
-//! And `open_1m`: `RecordLog::open` of that log (every frame's checksums verified, the
-//! index rebuilt) against `read_and_crc32c`, a plain read of the same file with one CRC-32C
+//! And `open_1m`, opening that log: `record_log_open_checkpointed` (`RecordLog::open` with
+//! the checkpoint an earlier open wrote: the frames it covers are not read again),
+//! `record_log_open_full` (every frame's checksums verified, the index rebuilt: the open of
+//! before the checkpoint, measured through `open_read_only` with no checkpoint file so that
+//! it writes none), and `read_and_crc32c`, a plain read of the same file with one CRC-32C
 //! over all of it: the floor for any open that checks every byte.
 
 #![allow(
@@ -131,7 +134,16 @@ fn read_by_handle(c: &mut Criterion) {
     let path = RecordLog::path_for(dir.path(), &run);
     let mut group = c.benchmark_group("open_1m");
     group.sample_size(10);
-    group.bench_function("record_log_open", |b| {
+    let mut checkpoint = path.clone().into_os_string();
+    checkpoint.push(".ckpt");
+    let _ = std::fs::remove_file(&checkpoint);
+    group.bench_function("record_log_open_full", |b| {
+        b.iter(|| RecordLog::open_read_only(dir.path(), &run).unwrap());
+    });
+    // This open verifies every frame and writes the checkpoint the next ones use.
+    drop(RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap());
+    assert!(std::path::Path::new(&checkpoint).exists());
+    group.bench_function("record_log_open_checkpointed", |b| {
         b.iter(|| RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap());
     });
     group.bench_function("read_and_crc32c", |b| {

@@ -124,6 +124,13 @@ pub enum AppendError {
         /// The log file.
         path: PathBuf,
     },
+    /// The log was opened with [`RecordLog::open_read_only`](crate::RecordLog::open_read_only):
+    /// it never writes, so appends and syncs are refused.
+    #[error("{path} was opened read-only; it takes no appends")]
+    ReadOnly {
+        /// The log file.
+        path: PathBuf,
+    },
 }
 
 /// Why a read by handle failed. A handle that does not resolve is not an error.

@@ -16,8 +16,11 @@
 //! Opening cuts a torn tail back to the last whole record and reports it in a [`Recovery`];
 //! damage in the middle is [`OpenError::Corrupt`] naming the offset, and so are records
 //! that a completed sync made durable but that are gone from the file (zeroed or cut), which
-//! a high-water mark written with each sync reveals. A log serves only its
-//! own Run: it implements [`RecordSource`](psych_types::RecordSource), and a handle of
+//! a high-water mark written with each sync reveals. [`RecordLog::open_read_only`] reads a
+//! log without writing, cutting or locking it (a damaged tail is reported, left in place).
+//! Past 64 MiB, opening takes the frames an earlier open verified from a checkpoint file
+//! instead of checksumming them again (damage there is found when a record is read). A
+//! log serves only its own Run: it implements [`RecordSource`](psych_types::RecordSource), and a handle of
 //! another Run does not resolve. Tool results store their readable bytes raw and contiguous,
 //! so [`read_output`](psych_types::RecordSource::read_output) serves any slice of a huge
 //! result without loading it. [`RecordLog::history`] reads a Run's lazy
@@ -88,6 +91,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod checkpoint;
 mod crc32c;
 mod error;
 mod format;

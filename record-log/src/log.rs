@@ -14,6 +14,7 @@ use psych_types::{
     TokenEstimator,
 };
 
+use crate::checkpoint::{self, CHECKPOINT_AFTER, Identity};
 use crate::crc32c::Crc32c;
 use crate::error::{AppendError, OpenError, PolicyError, ReadError};
 use crate::format::{
@@ -33,12 +34,17 @@ const SCAN_CHUNK: usize = 1 << 20;
 /// not the file's size and extents (see `docs/format.md`, "Preallocation").
 const PREALLOC: u64 = 1 << 20;
 /// Writes (one append, one batch, one group) larger than this do not trigger
-/// preallocation. Zeros cost bandwidth: every byte is written twice, once as a zero. A sync
-/// that grows the file pays a metadata commit instead (measured here: +150 to +330 µs,
-/// 1.5 to 2 times the sync of the same bytes into preallocated space, from 4 to 260 KiB).
-/// The zeros cost less than that below about 190 KiB and as much from there to 260 KiB
-/// (mean latency over 200 interleaved syncs); see `docs/format.md`, "Preallocation".
-const PREALLOC_MAX_WRITE: u64 = 128 << 10;
+/// preallocation: they grow the file themselves. It is `PREALLOC / 2`, the least room
+/// preallocation leaves past the last frame, so every write that triggers it also lands in
+/// preallocated space: a group of 64 records of 4 KiB (266 KiB) included, which under the
+/// earlier limit of 128 KiB grew the file on every group past the first MiB. Zeros cost
+/// bandwidth (every byte is written twice) but only on the sync that writes them, about one
+/// in `PREALLOC / 2` bytes appended; the syncs in between flush data only (see
+/// `docs/format.md`, "Preallocation").
+const PREALLOC_MAX_WRITE: u64 = PREALLOC / 2;
+
+/// Ends the reason of a tail that [`RecordLog::open_read_only`] found and left in place.
+const READ_ONLY_NOTE: &str = "left in place: opened read-only";
 
 /// The longest [`SyncPolicy::GroupCommit::max_wait`] a log accepts: an appender blocked
 /// longer than this for company is a misconfiguration, not a tuning choice.
@@ -209,6 +215,8 @@ pub struct RecordLog {
     durable_records: u64,
     durable_end: u64,
     pub(crate) poisoned: bool,
+    /// Opened by [`RecordLog::open_read_only`]: nothing is ever written, cut or synced.
+    pub(crate) read_only: bool,
     scratch: Vec<u8>,
     recovery: Recovery,
     /// Estimates each tool result's tokens at append time, stored in its metadata.
@@ -228,6 +236,7 @@ impl fmt::Debug for RecordLog {
             .field("records", &self.index.len())
             .field("size_bytes", &self.end)
             .field("poisoned", &self.poisoned)
+            .field("read_only", &self.read_only)
             .finish_non_exhaustive()
     }
 }
@@ -265,29 +274,51 @@ impl RecordLog {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(open_io(dir))?;
         let path = Self::path_for(dir, run);
-        let (file, created) = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-        {
-            Ok(file) => (file, true),
-            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => (
-                OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&path)
-                    .map_err(open_io(&path))?,
-                false,
-            ),
-            Err(err) => return Err(open_io(&path)(err)),
-        };
+        let (file, created) = Self::open_file(&path)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => return Err(OpenError::Locked { path }),
             Err(TryLockError::Error(err)) => return Err(open_io(&path)(err)),
         }
-        let mut log = Self {
+        let mut log = Self::unopened(run, path, file, sync, false);
+        let (header_loss, header_written) = log.check_header()?;
+        if created || header_written {
+            // The file's directory entry must be as durable as its header.
+            sync_dir(dir).map_err(open_io(dir))?;
+        }
+        log.finish_open(header_loss)
+    }
+
+    /// Opens the existing log of `run` under `dir` for reading only: the file is opened
+    /// without write access, not locked (a writer may hold it open meanwhile), and never
+    /// written, cut or synced. Every frame is checked as [`RecordLog::open`] checks it and
+    /// the same damage is an error; a torn or damaged tail that `open` would cut is left in
+    /// place, reported in [`Recovery::tail`] (its reason ending in `(left in place: opened
+    /// read-only)`), and the log serves the whole records before it. A file whose creation
+    /// was torn reads as an empty log, its tail reported the same way. Appends and syncs
+    /// are refused with [`AppendError::ReadOnly`].
+    ///
+    /// A log being appended to while it is open read-only may show a frame still being
+    /// written as a torn tail; records appended after the open are not seen.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError`] as for [`RecordLog::open`] (no file is [`OpenError::Io`], and
+    /// [`OpenError::Locked`] never happens).
+    pub fn open_read_only(
+        dir: impl AsRef<Path>,
+        run: &RunId,
+    ) -> Result<(Self, Recovery), OpenError> {
+        let path = Self::path_for(dir, run);
+        let file = File::open(&path).map_err(open_io(&path))?;
+        let mut log = Self::unopened(run, path, file, SyncPolicy::OsBuffered, true);
+        let (header_loss, _) = log.check_header()?;
+        log.finish_open(header_loss)
+    }
+
+    /// A log on `file` before its header and frames are read.
+    fn unopened(run: &RunId, path: PathBuf, file: File, sync: SyncPolicy, read_only: bool) -> Self {
+        Self {
             run: run.clone(),
             path,
             file,
@@ -300,28 +331,60 @@ impl RecordLog {
             durable_records: 0,
             durable_end: 0,
             poisoned: false,
+            read_only,
             scratch: Vec::new(),
             estimator: None,
             recovery: Recovery {
                 records: 0,
                 tail: None,
             },
-        };
-        let (header_loss, header_written) = log.check_header()?;
-        if created || header_written {
-            // The file's directory entry must be as durable as its header.
-            sync_dir(dir).map_err(open_io(dir))?;
         }
+    }
+
+    /// Scans the frames (unless the header check already reported a loss) and records
+    /// what opening found.
+    fn finish_open(mut self, header_loss: Option<TailLoss>) -> Result<(Self, Recovery), OpenError> {
         let tail = match header_loss {
             Some(loss) => Some(loss),
-            None => log.scan()?,
+            None => {
+                let covered = self.load_checkpoint()?;
+                let tail = self.scan()?;
+                if !self.read_only && self.end.saturating_sub(covered) >= CHECKPOINT_AFTER {
+                    // Best effort: a checkpoint is a cache, and without one the next open
+                    // verifies every frame, as it would have.
+                    let _ = self.write_checkpoint();
+                }
+                tail
+            }
         };
-        log.recovery = Recovery {
-            records: log.index.len() as u64,
+        self.recovery = Recovery {
+            records: self.index.len() as u64,
             tail,
         };
-        let recovery = log.recovery.clone();
-        Ok((log, recovery))
+        let recovery = self.recovery.clone();
+        Ok((self, recovery))
+    }
+
+    /// Opens `path` for reading and writing, creating it if needed; says whether it was
+    /// created.
+    fn open_file(path: &Path) -> Result<(File, bool), OpenError> {
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+        {
+            Ok(file) => Ok((file, true)),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok((
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+                    .map_err(open_io(path))?,
+                false,
+            )),
+            Err(err) => Err(open_io(path)(err)),
+        }
     }
 
     /// Checks the file header and reads the high-water mark; writes both when the file is
@@ -351,6 +414,18 @@ impl RecordLog {
             self.allocated = len;
             self.set_mark(mark);
             return Ok((None, false));
+        }
+        if len < want && initial.starts_with(&head) && self.read_only {
+            // Creation cut short (or under way): no record yet, and nothing is rewritten.
+            self.end = len;
+            self.allocated = len;
+            self.set_mark(Mark::initial(want));
+            let loss = (len > 0).then(|| TailLoss {
+                offset: 0,
+                bytes: len,
+                reason: format!("file header torn during creation; {READ_ONLY_NOTE}"),
+            });
+            return Ok((loss, false));
         }
         if len < want && initial.starts_with(&head) {
             // A new file, or one whose creation was cut short before any record.
@@ -434,6 +509,63 @@ impl RecordLog {
         }
         self.durable_records = self.len();
         self.durable_end = self.end;
+    }
+
+    /// The identity a checkpoint of this log must carry.
+    fn identity(&self) -> std::io::Result<Identity> {
+        let header = format::file_header(&self.run);
+        let mut crc = [0u8; 4];
+        crc.copy_from_slice(&header[header.len() - 4..]);
+        Identity::of(
+            &self.file,
+            u32::from_le_bytes(crc),
+            self.marks_at + (MARK_SLOTS * MARK_LEN) as u64,
+        )
+    }
+
+    /// Takes the frames an earlier open verified from the log's checkpoint, if it has one
+    /// that checks out against this file (`docs/format.md`, "Open checkpoint"), as the
+    /// start of the index; the scan goes on from their end. A checkpoint refused is
+    /// removed (unless read-only). Returns where the covered frames end.
+    fn load_checkpoint(&mut self) -> Result<u64, OpenError> {
+        let start = self.end;
+        let Some(bytes) = checkpoint::read(&self.path).map_err(open_io(&self.path))? else {
+            return Ok(start);
+        };
+        let identity = self.identity().map_err(open_io(&self.path))?;
+        let len = self.file_len()?;
+        let entries = checkpoint::decode(&bytes, &identity, len).ok();
+        // Its last frame must still be there and whole: zeros or a cut from any frame it
+        // covers to the end of the file leave that frame damaged or gone.
+        let entries = match entries {
+            Some(entries) => match entries.last() {
+                Some(last) if self.whole_frame_at(last.offset, len)? != Some(last.header) => None,
+                _ => Some(entries),
+            },
+            None => None,
+        };
+        let Some(entries) = entries else {
+            if !self.read_only {
+                let path = checkpoint::path_for(&self.path);
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(err) => return Err(open_io(&path)(err)),
+                }
+            }
+            return Ok(start);
+        };
+        if let Some(last) = entries.last() {
+            self.end = last.offset + last.header.frame_len();
+        }
+        self.index = entries;
+        Ok(self.end)
+    }
+
+    /// Writes a checkpoint of every frame in the index: each was verified by this open's
+    /// scan or by an earlier one's (the checkpoint this open took them from).
+    fn write_checkpoint(&self) -> std::io::Result<()> {
+        checkpoint::write(&self.path, &self.identity()?, &self.index)
     }
 
     fn file_len(&self) -> Result<u64, OpenError> {
@@ -532,6 +664,13 @@ impl RecordLog {
             )),
             None => None,
         };
+        if self.read_only {
+            return Ok(reason.map(|reason| TailLoss {
+                offset: pos,
+                bytes: len - pos,
+                reason: format!("{reason}; {READ_ONLY_NOTE}"),
+            }));
+        }
         let Some(reason) = reason else {
             if self.sync.syncs() && records > self.durable_records {
                 // Frames the mark does not prove durable (their sync may not have returned
@@ -797,8 +936,14 @@ impl RecordLog {
     /// # Errors
     ///
     /// [`AppendError::Io`] when the sync fails (the log is then poisoned: after a failed
-    /// `fdatasync` the OS may have dropped the dirty pages).
+    /// `fdatasync` the OS may have dropped the dirty pages); [`AppendError::ReadOnly`] on a
+    /// log opened read-only.
     pub fn sync(&mut self) -> Result<(), AppendError> {
+        if self.read_only {
+            return Err(AppendError::ReadOnly {
+                path: self.path.clone(),
+            });
+        }
         if self.poisoned {
             return Err(AppendError::Poisoned {
                 path: self.path.clone(),
@@ -827,6 +972,11 @@ impl RecordLog {
     /// Writes `records` as frames after the last whole one, syncs per policy, and indexes
     /// them. Returns the first one's position.
     fn write_frames(&mut self, records: &[Record]) -> Result<u64, AppendError> {
+        if self.read_only {
+            return Err(AppendError::ReadOnly {
+                path: self.path.clone(),
+            });
+        }
         if self.poisoned {
             return Err(AppendError::Poisoned {
                 path: self.path.clone(),
@@ -1371,6 +1521,23 @@ mod format_doc {
             format!("`<run>.{FILE_EXTENSION}`"),
             format!("capped at {MAX_WRITE_INDEX}"),
             format!("{MARK_SLOTS} slots of {MARK_LEN} bytes"),
+            format!("`{}`", hex(&crate::checkpoint::CHECKPOINT_MAGIC)),
+            format!(
+                "checkpoint version: {}",
+                crate::checkpoint::CHECKPOINT_VERSION
+            ),
+            format!(
+                "checkpoint's fixed part: {} bytes",
+                crate::checkpoint::CHECKPOINT_HEAD_LEN
+            ),
+            format!(
+                "at least {} MiB of frames",
+                crate::checkpoint::CHECKPOINT_AFTER >> 20
+            ),
+            format!(
+                "`<run>.{FILE_EXTENSION}{}`",
+                crate::checkpoint::CHECKPOINT_SUFFIX
+            ),
         ];
         for needle in expect {
             assert!(

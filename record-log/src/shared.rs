@@ -211,6 +211,7 @@ enum Failure {
         message: String,
     },
     Poisoned,
+    ReadOnly,
 }
 
 impl Failure {
@@ -226,6 +227,9 @@ impl Failure {
                 source: std::io::Error::new(*kind, message.clone()),
             },
             Failure::Poisoned => AppendError::Poisoned {
+                path: path.to_path_buf(),
+            },
+            Failure::ReadOnly => AppendError::ReadOnly {
                 path: path.to_path_buf(),
             },
         }
@@ -506,6 +510,9 @@ impl SharedRecordLog {
     /// the first record's position.
     fn write_group(&self, calls: &mut [Pending], scratch: &mut Vec<u8>) -> Result<u64, Failure> {
         let log = self.read_log();
+        if log.read_only {
+            return Err(Failure::ReadOnly);
+        }
         if log.poisoned {
             return Err(Failure::Poisoned);
         }

@@ -1,0 +1,214 @@
+//! The open checkpoint (`docs/format.md`, "Open checkpoint"): a log past 64 MiB is verified
+//! in full once, and later opens take the verified frames from `<run>.plog.ckpt` instead of
+//! checksumming them again. Damage inside them is then found when the record is read; any
+//! doubt about the checkpoint (its checksum, another file's, its last frame gone, the file
+//! cut) and open verifies every frame as before, so lost durable records stay `Corrupt`.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use psych_record_log::{OpenError, ReadError, RecordLog, SyncPolicy};
+use psych_types::RecordSource;
+
+const RECORDS: u64 = 17;
+
+fn record(seq: u64) -> psych_types::Record {
+    let line = format!("record {seq} line\n");
+    common::text_result(&line.repeat((4 << 20) / line.len()))
+}
+
+/// A log of 17 results of 4 MiB (68 MiB), synced twice (after 16, then after the last),
+/// so its high-water mark counts 16 records durable; returns each frame's start.
+fn big(dir: &Path) -> Vec<u64> {
+    let (mut log, _) = RecordLog::open(dir, &common::run("big"), SyncPolicy::OsBuffered).unwrap();
+    let mut starts = Vec::new();
+    for seq in 0..RECORDS {
+        if seq == RECORDS - 1 {
+            log.sync().unwrap();
+        }
+        starts.push(log.size_bytes());
+        log.append(&record(seq)).unwrap();
+    }
+    log.sync().unwrap();
+    starts
+}
+
+fn open(dir: &Path) -> Result<(RecordLog, psych_record_log::Recovery), OpenError> {
+    RecordLog::open(dir, &common::run("big"), SyncPolicy::OsBuffered)
+}
+
+fn log_path(dir: &Path) -> PathBuf {
+    RecordLog::path_for(dir, &common::run("big"))
+}
+
+fn checkpoint_path(dir: &Path) -> PathBuf {
+    let mut name = log_path(dir).into_os_string();
+    name.push(".ckpt");
+    PathBuf::from(name)
+}
+
+fn flip(path: &Path, at: u64) {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut byte = [0u8; 1];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut byte, at).unwrap();
+    byte[0] ^= 1;
+    std::os::unix::fs::FileExt::write_all_at(&file, &byte, at).unwrap();
+}
+
+fn expect_corrupt_at(result: Result<(RecordLog, psych_record_log::Recovery), OpenError>, at: u64) {
+    match result {
+        Err(OpenError::Corrupt { offset, .. }) => assert_eq!(offset, at),
+        Err(other) => panic!("expected Corrupt at {at}, got {other:?}"),
+        Ok((_, recovery)) => panic!("expected Corrupt at {at}, opened: {recovery}"),
+    }
+}
+
+#[test]
+fn frames_verified_once_are_taken_from_the_checkpoint_and_checked_when_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let starts = big(dir.path());
+    assert!(
+        !checkpoint_path(dir.path()).exists(),
+        "appending writes none"
+    );
+    let (log, recovery) = open(dir.path()).unwrap();
+    assert!(recovery.is_clean(), "{recovery}");
+    drop(log);
+    assert!(
+        checkpoint_path(dir.path()).exists(),
+        "the verifying open writes one"
+    );
+
+    // A flipped content byte in record 3: not seen by open (checkpointed), but by a read.
+    flip(&log_path(dir.path()), starts[3] + 1000);
+    let (log, recovery) = open(dir.path()).unwrap();
+    assert!(recovery.is_clean(), "{recovery}");
+    assert_eq!(log.len(), RECORDS);
+    for seq in [0, 2, 4, 16] {
+        assert_eq!(
+            log.record(&log.handle(seq).unwrap()).unwrap(),
+            Some(record(seq))
+        );
+    }
+    match log.record(&log.handle(3).unwrap()) {
+        Err(ReadError::Corrupt { offset, .. }) => assert_eq!(offset, starts[3]),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    drop(log);
+
+    // Without the checkpoint, the open verifies every frame and refuses the damage.
+    std::fs::remove_file(checkpoint_path(dir.path())).unwrap();
+    expect_corrupt_at(open(dir.path()), starts[3]);
+}
+
+#[test]
+fn durable_records_zeroed_or_cut_are_corrupt_with_a_checkpoint_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let starts = big(dir.path());
+    drop(open(dir.path()).unwrap());
+    let pristine = std::fs::read(log_path(dir.path())).unwrap();
+    let checkpoint = std::fs::read(checkpoint_path(dir.path())).unwrap();
+
+    // Zeros from a middle frame to the end of the file.
+    let mut zeroed = pristine.clone();
+    zeroed[starts[9] as usize..].fill(0);
+    std::fs::write(log_path(dir.path()), &zeroed).unwrap();
+    expect_corrupt_at(open(dir.path()), starts[9]);
+    assert_eq!(std::fs::read(log_path(dir.path())).unwrap(), zeroed);
+
+    // Cut at a middle frame.
+    std::fs::write(checkpoint_path(dir.path()), &checkpoint).unwrap();
+    std::fs::write(log_path(dir.path()), &pristine[..starts[12] as usize]).unwrap();
+    expect_corrupt_at(open(dir.path()), starts[12]);
+
+    // The last checkpointed frame's header zeroed: the checkpoint is refused, and the
+    // last sync's record found damaged is cut and reported, as without a checkpoint.
+    std::fs::write(checkpoint_path(dir.path()), &checkpoint).unwrap();
+    let mut last = pristine.clone();
+    last[starts[16] as usize..starts[16] as usize + 32].fill(0);
+    std::fs::write(log_path(dir.path()), &last).unwrap();
+    let (log, recovery) = open(dir.path()).unwrap();
+    assert_eq!(log.len(), 16);
+    let tail = recovery.tail.expect("reported");
+    assert_eq!(tail.offset, starts[16]);
+    assert!(
+        tail.reason.contains("the last sync wrote records up to 16"),
+        "{}",
+        tail.reason
+    );
+}
+
+#[test]
+fn a_checkpoint_in_doubt_is_dropped_and_every_frame_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let starts = big(dir.path());
+    drop(open(dir.path()).unwrap());
+    let checkpoint = std::fs::read(checkpoint_path(dir.path())).unwrap();
+    let damaged_log = {
+        let mut bytes = std::fs::read(log_path(dir.path())).unwrap();
+        bytes[starts[5] as usize + 500] ^= 1;
+        bytes
+    };
+
+    // Its own checksum fails: every frame is verified (the damage is found) and the
+    // checkpoint file is removed.
+    let mut bad = checkpoint.clone();
+    bad[100] ^= 1;
+    std::fs::write(checkpoint_path(dir.path()), &bad).unwrap();
+    std::fs::write(log_path(dir.path()), &damaged_log).unwrap();
+    expect_corrupt_at(open(dir.path()), starts[5]);
+    assert!(!checkpoint_path(dir.path()).exists());
+
+    // The checkpoint of another file: the same log copied elsewhere (another inode).
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(log_path(other.path()), &damaged_log).unwrap();
+    std::fs::write(checkpoint_path(other.path()), &checkpoint).unwrap();
+    expect_corrupt_at(open(other.path()), starts[5]);
+}
+
+#[test]
+fn frames_appended_after_the_checkpoint_are_verified_at_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    big(dir.path());
+    let (mut log, _) = open(dir.path()).unwrap();
+    let a = log.size_bytes();
+    log.append(&common::user("after the checkpoint")).unwrap();
+    log.append(&common::user("and another")).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    flip(&log_path(dir.path()), a + 40);
+    expect_corrupt_at(open(dir.path()), a);
+}
+
+#[test]
+fn read_only_opens_use_a_checkpoint_but_never_write_one_and_small_logs_get_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let starts = big(dir.path());
+    let (log, recovery) = RecordLog::open_read_only(dir.path(), &common::run("big")).unwrap();
+    assert!(recovery.is_clean() && log.len() == RECORDS);
+    drop(log);
+    assert!(!checkpoint_path(dir.path()).exists());
+    drop(open(dir.path()).unwrap());
+    flip(&log_path(dir.path()), starts[2] + 77);
+    let (log, _) = RecordLog::open_read_only(dir.path(), &common::run("big")).unwrap();
+    assert!(log.record(&log.handle(2).unwrap()).is_err());
+
+    let small = tempfile::tempdir().unwrap();
+    let (mut log, _) =
+        RecordLog::open(small.path(), &common::run("big"), SyncPolicy::EveryAppend).unwrap();
+    log.append(&common::user("small")).unwrap();
+    drop(log);
+    drop(open(small.path()).unwrap());
+    assert!(!checkpoint_path(small.path()).exists());
+}

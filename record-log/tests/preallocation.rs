@@ -1,0 +1,86 @@
+//! Writes of up to 512 KiB land in space the log preallocated: a batch or a group of 64
+//! records of 4 KiB (266 KiB of frames) never grows the file once the first write has
+//! preallocated, so its `fdatasync` flushes data only (`docs/format.md`, "Preallocation").
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
+
+fn group(len: usize) -> Vec<psych_types::Record> {
+    (0..64)
+        .map(|i| common::text_result(&char::from(b'a' + i % 26).to_string().repeat(len)))
+        .collect()
+}
+
+fn file_len(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path).unwrap().len()
+}
+
+#[test]
+fn batches_of_64_records_of_4k_land_in_preallocated_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) =
+        RecordLog::open(dir.path(), &common::run("pre"), SyncPolicy::EveryAppend).unwrap();
+    let batch = group(4096);
+    log.append_batch(&batch).unwrap();
+    // 40 batches: about 10 MiB, ten times past the first MiB.
+    for round in 0..40 {
+        let before = file_len(log.path());
+        let start = log.size_bytes();
+        log.append_batch(&batch).unwrap();
+        let written = log.size_bytes() - start;
+        assert!(written > 256 << 10, "{written}");
+        assert!(
+            log.size_bytes() <= before,
+            "round {round}: the batch ended at {} in a file of {before} bytes: it grew the file",
+            log.size_bytes()
+        );
+        assert!(file_len(log.path()) - log.size_bytes() >= 512 << 10);
+    }
+}
+
+#[test]
+fn groups_of_64_records_of_4k_land_in_preallocated_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = SyncPolicy::GroupCommit {
+        max_wait: Duration::ZERO,
+        max_records: 64,
+        max_bytes: 1 << 20,
+    };
+    let shared = SharedRecordLog::open(dir.path(), &common::run("pre"), policy)
+        .unwrap()
+        .0;
+    let batch = group(4096);
+    shared.append_batch(&batch).unwrap();
+    let path = shared.path().to_path_buf();
+    for round in 0..40 {
+        let before = file_len(&path);
+        shared.append_batch(&batch).unwrap();
+        assert!(
+            shared.size_bytes() <= before,
+            "round {round}: the group ended at {} in a file of {before} bytes",
+            shared.size_bytes()
+        );
+    }
+    assert_eq!(shared.stats().groups, 41);
+}
+
+#[test]
+fn writes_over_512k_grow_the_file_themselves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) =
+        RecordLog::open(dir.path(), &common::run("pre"), SyncPolicy::EveryAppend).unwrap();
+    log.append(&common::user("first")).unwrap();
+    let big = common::text_result(&"x".repeat(2 << 20));
+    log.append(&big).unwrap();
+    // No zeros written after a write larger than the preallocation's reach.
+    assert_eq!(file_len(log.path()), log.size_bytes());
+}
