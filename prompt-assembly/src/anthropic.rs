@@ -59,6 +59,8 @@
 
 use std::borrow::Cow;
 
+use psych_types::TokenEstimator;
+
 use crate::assemble::{Answer, Message, Prompt};
 use crate::image::Budget;
 use crate::render::{
@@ -151,7 +153,77 @@ impl Prompt<'_> {
     ) -> Result<RenderedRequest, RenderError> {
         check_extra(&options.extra, &RESERVED)?;
         self.check_tools()?;
+        let breakpoints = self.plan_breakpoints();
+        self.write_anthropic(options, &breakpoints)
+    }
 
+    /// Renders the Anthropic request as [`Prompt::render_anthropic`] does, spending no
+    /// breakpoint on a prefix shorter than `min_cacheable_tokens` (the model's minimum
+    /// cacheable prompt, per Anthropic's prompt caching guide: 1,024 tokens for
+    /// Sonnet-class models, 2,048 or 4,096 for others), counted by `estimator` over the
+    /// cache stream block by block.
+    ///
+    /// A prefix below the minimum is never written to the cache, so a breakpoint there
+    /// buys nothing. When the zone breakpoints (the end of zone 1, zone 2) fall below it,
+    /// they are dropped and one breakpoint goes on the first block whose prefix reaches the
+    /// minimum instead, when that block is before the last history block: the longest-lived
+    /// prefix the cache can actually hold. The other breakpoints are kept as planned (a
+    /// history end below the minimum is the only place a later request can grow from).
+    /// Breakpoints never change the cache stream, so every byte property is the same as
+    /// [`Prompt::render_anthropic`]'s; the placement depends only on the inputs and the
+    /// estimator.
+    ///
+    /// # Errors
+    ///
+    /// As [`Prompt::render_anthropic`].
+    pub fn render_anthropic_sized(
+        &self,
+        options: &AnthropicOptions,
+        min_cacheable_tokens: u64,
+        estimator: &dyn TokenEstimator,
+    ) -> Result<RenderedRequest, RenderError> {
+        check_extra(&options.extra, &RESERVED)?;
+        self.check_tools()?;
+        let planned = self.plan_breakpoints();
+        let first = self.write_anthropic(options, &planned)?;
+        let zone_end = self.tools.len() + self.static_sections.sections().len();
+        let zone_blocks = zone_end + usize::from(self.dynamic_tail.text().is_some());
+        let Some(&last) = planned.iter().max() else {
+            return Ok(first);
+        };
+        let stream = first.cache_stream();
+        let mut prefix_tokens = Vec::with_capacity(first.block_ends().len());
+        let (mut at, mut sum) = (0, 0u64);
+        for &end in first.block_ends() {
+            sum += estimator.estimate_text(stream.get(at..end).unwrap_or_default());
+            prefix_tokens.push(sum);
+            at = end;
+        }
+        let short = |b: usize| {
+            prefix_tokens
+                .get(b)
+                .is_none_or(|&t| t < min_cacheable_tokens)
+        };
+        let mut breakpoints: Vec<usize> = planned
+            .iter()
+            .copied()
+            .filter(|&b| b >= zone_blocks || b == last || !short(b))
+            .collect();
+        if breakpoints.len() == planned.len() {
+            return Ok(first);
+        }
+        if let Some(reach) = (0..last).find(|&b| !short(b))
+            && !breakpoints.contains(&reach)
+        {
+            breakpoints.push(reach);
+        }
+        breakpoints.sort_unstable();
+        self.write_anthropic(options, &breakpoints)
+    }
+
+    /// The breakpoints (block indices) of an Anthropic request, as the module docs list
+    /// them.
+    fn plan_breakpoints(&self) -> Vec<usize> {
         let sections = self.static_sections.sections();
         let tail = self.dynamic_tail.text();
         let message_blocks: Vec<usize> = self.messages.iter().map(blocks).collect();
@@ -204,6 +276,24 @@ impl Prompt<'_> {
                 }
             }
         }
+        breakpoints
+    }
+
+    /// Writes the Anthropic request with breakpoints on `breakpoints` (block indices).
+    fn write_anthropic(
+        &self,
+        options: &AnthropicOptions,
+        breakpoints: &[usize],
+    ) -> Result<RenderedRequest, RenderError> {
+        let sections = self.static_sections.sections();
+        let tail = self.dynamic_tail.text();
+        let message_blocks: Vec<usize> = self.messages.iter().map(blocks).collect();
+        let lead = self
+            .messages
+            .iter()
+            .zip(&message_blocks)
+            .find(|(_, n)| **n > 0)
+            .is_some_and(|(message, _)| !matches!(message, Message::User { .. }));
 
         let mut out = Out::with_capacity(4096);
         out.open(Part::Preamble);
@@ -244,14 +334,14 @@ impl Prompt<'_> {
                     out.push(",");
                 }
                 first = false;
-                text_block(&mut out, section, &breakpoints);
+                text_block(&mut out, section, breakpoints);
             }
             if let Some(tail) = &tail {
                 out.open(Part::DynamicSystem);
                 if !first {
                     out.push(",");
                 }
-                text_block(&mut out, tail, &breakpoints);
+                text_block(&mut out, tail, breakpoints);
             }
             out.push("]");
         }
@@ -262,7 +352,7 @@ impl Prompt<'_> {
         if lead {
             out.open(Part::Message { records: 0..0 });
             out.push("{\"role\":\"user\",\"content\":[");
-            text_block(&mut out, CONVERSATION_START, &breakpoints);
+            text_block(&mut out, CONVERSATION_START, breakpoints);
             out.push("]}");
             first = false;
             history_end = out.pos();
@@ -279,7 +369,7 @@ impl Prompt<'_> {
                 out.push(",");
             }
             first = false;
-            self.anthropic_message(&mut out, message, &breakpoints, &mut budget);
+            self.anthropic_message(&mut out, message, breakpoints, &mut budget);
             history_end = out.pos();
         }
 
@@ -405,6 +495,11 @@ impl Prompt<'_> {
                     if !first_piece {
                         out.push("]");
                     }
+                    out.nest(
+                        view.iter()
+                            .filter(|piece| !matches!(piece, Piece::Text(text) if is_blank(text)))
+                            .count(),
+                    );
                     if is_error {
                         out.push(",\"is_error\":true");
                     }

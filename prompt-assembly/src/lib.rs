@@ -7,7 +7,9 @@
 //! turns a history (zone 3, the record log's [`LoggedRecord`](psych_types::LoggedRecord)s)
 //! plus a [`Transient`] message (zone 4) into a [`Prompt`]. The prompt renders to a
 //! [`RenderedRequest`] for either provider; a [`CacheReport`] over a sequence of requests
-//! shows how much of each is a prefix reused from the one before.
+//! estimates the tokens each provider's prompt cache reads and writes under its documented
+//! rules ([`CacheRules`]), with tokens counted through the
+//! [`TokenEstimator`](psych_types::TokenEstimator) seam.
 //!
 //! What the crate guarantees:
 //!
@@ -174,5 +176,8 @@ pub use render::{
     EMPTY_USER_MESSAGE, MISSING_RESULT, OPENAI_MAX_CALL_ID, Part, Provider, RAW_ARGUMENTS_KEY,
     RenderError, RenderedRequest, Span,
 };
-pub use report::{CacheReport, CacheRow};
+pub use report::{
+    ANTHROPIC_LOOKBACK, BlockReading, CacheReport, CacheRow, CacheRules, OPENAI_CACHE_INCREMENT,
+    OPENAI_MIN_CACHED,
+};
 pub use zones::{CurrentTime, DynamicTail, StaticSections, TimeError, Transient};

@@ -456,6 +456,31 @@ pub fn render_session(session: &Session, static_sections: &StaticSections) -> Ve
         .collect()
 }
 
+/// The Anthropic requests of every call of a session, rendered with
+/// `render_anthropic_sized` (no breakpoint below `min_tokens` as `estimator` counts).
+pub fn render_session_sized(
+    session: &Session,
+    static_sections: &StaticSections,
+    min_tokens: u64,
+    estimator: &dyn psych_types::TokenEstimator,
+) -> Vec<RenderedRequest> {
+    let tools = tools();
+    let projector = TestProjector::default();
+    session
+        .calls
+        .iter()
+        .map(|call| {
+            let transient = Transient::at(call.time);
+            let history = &session.history[..call.history_len];
+            Assembler::new(static_sections, &call.tail, &tools)
+                .assemble(history, &projector, &transient)
+                .unwrap()
+                .render_anthropic_sized(&anthropic(), min_tokens, estimator)
+                .unwrap()
+        })
+        .collect()
+}
+
 /// The naive assembly the crate exists to avoid, emulated through the public API: the date
 /// at the top of the system prompt and/or tool results elided per step (everything but the
 /// newest step's results goes through the projector, one batch per step).
