@@ -1,12 +1,14 @@
 //! Prompt assembly in four cache-stable zones, the elision boundary, and byte-stable
-//! renderers to the Anthropic Messages and OpenAI Chat Completions wire formats.
+//! renderers to the Anthropic Messages, OpenAI Chat Completions and OpenAI Responses wire
+//! formats.
 //!
 //! The main type is [`Assembler`]: it holds zone 1 ([`StaticSections`]: instructions, the
 //! skills index, the subagent roster, capability notes such as deferred-server lines), zone
 //! 2 ([`DynamicTail`]: memories and other per-user, mutable text) and the tool surface, and
 //! turns a history (zone 3, the record log's [`LoggedRecord`](psych_types::LoggedRecord)s)
 //! plus a [`Transient`] message (zone 4) into a [`Prompt`]. The prompt renders to a
-//! [`RenderedRequest`] for either provider; a [`CacheReport`] over a sequence of requests
+//! [`RenderedRequest`] for each wire format ([`Prompt::render_anthropic`],
+//! [`Prompt::render_openai`], [`Prompt::render_responses`]); a [`CacheReport`] over a sequence of requests
 //! estimates the tokens each provider's prompt cache reads and writes under its documented
 //! rules ([`CacheRules`]), with tokens counted through the
 //! [`TokenEstimator`](psych_types::TokenEstimator) seam.
@@ -106,6 +108,13 @@
 //!   function: {name, description, parameters}}]`; function names `^[a-zA-Z0-9_-]{1,64}$`
 //!   (the API's own validation error, quoted by error libraries); top-level
 //!   `prompt_cache_key` (string).
+//! - OpenAI, Responses API (`POST /v1/responses`), as the official `openai` Python SDK
+//!   types it (`responses.response_create_params.ResponseCreateParamsNonStreaming`, read in
+//!   December 2026): `instructions` (string), `input` items `message` (`role`, `content`),
+//!   `function_call` (`call_id`, `name`, `arguments` as JSON text), `function_call_output`
+//!   (`call_id`, `output` a string or a list of `input_text` / `input_image` parts);
+//!   function tools `{type: "function", name, description, parameters, strict}` with
+//!   `strict` required (and `defer_loading` optional); `prompt_cache_key`.
 //!
 //! # Example
 //!
@@ -163,6 +172,7 @@ mod image;
 mod openai;
 mod render;
 mod report;
+mod responses;
 mod zones;
 
 pub use anthropic::{ANCHOR_DISTANCE, AnthropicOptions, CONVERSATION_START};

@@ -58,9 +58,9 @@ pub const TOOL_IMAGES_INTRO: &str = "Images from the tool results above:";
 /// Request options of the OpenAI renderer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpenAiOptions {
-    model: String,
-    prompt_cache_key: Option<String>,
-    extra: psych_types::JsonObject,
+    pub(crate) model: String,
+    pub(crate) prompt_cache_key: Option<String>,
+    pub(crate) extra: psych_types::JsonObject,
 }
 
 impl OpenAiOptions {

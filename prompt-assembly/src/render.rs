@@ -155,6 +155,8 @@ pub enum Provider {
     Anthropic,
     /// The OpenAI Chat Completions API (`POST /v1/chat/completions`).
     OpenAi,
+    /// The OpenAI Responses API (`POST /v1/responses`).
+    OpenAiResponses,
 }
 
 /// Which part of the prompt a span of a rendered request holds.
