@@ -62,6 +62,14 @@
 //!   characters is sent as a short deterministic form (a prefix and a hash), reversible
 //!   through [`RenderedRequest::logged_call_id`].
 //!
+//! - **Native deferral where a provider has it.** With a [`NativeDeferral`] in the options
+//!   (the caller's [`DeferralMode`] per Run, [`choose_deferral`] falling back to the meta
+//!   tools), deferred servers' tools are sent with `defer_loading: true` after the surface's
+//!   tools, sorted, beside a search tool; a logged search answer ([`search_answer`]) becomes
+//!   `tool_reference` blocks (Anthropic) or a `tool_search_output` (Responses), naming only
+//!   tools of the deferred set. Anthropic documents tool search as a public beta behind the
+//!   `anthropic-beta: advanced-tool-use-2025-11-20` header, which the caller sends.
+//!
 //! Tool results are rendered from their content blocks, in order (see
 //! [`ToolOutput::readable_text`](psych_types::ToolOutput::readable_text)): text blocks as
 //! text, each other block as its placeholder line, except images. An image block is sent as
@@ -167,6 +175,7 @@
 
 mod anthropic;
 mod assemble;
+mod deferral;
 mod error;
 mod image;
 mod openai;
@@ -177,6 +186,10 @@ mod zones;
 
 pub use anthropic::{ANCHOR_DISTANCE, AnthropicOptions, CONVERSATION_START};
 pub use assemble::{AssembleError, Assembler, Prompt};
+pub use deferral::{
+    DeferralMode, MAX_DEFERRED_TOOLS, NO_MATCH, NativeDeferral, SEARCH_TOOL_NAME, SearchTool,
+    TOOL_REFERENCE, choose_deferral, search_answer,
+};
 pub use error::Error;
 pub use image::{
     MANY_IMAGES, MANY_IMAGES_MAX_SIDE, MAX_IMAGE_BASE64, MAX_IMAGES, MAX_SIDE, MAX_TOTAL_BASE64,

@@ -41,6 +41,14 @@ pub enum RenderError {
         /// The provider's cap.
         max: usize,
     },
+    /// Native deferral was asked of a wire format that has none (Chat Completions), or with
+    /// a search tool the format cannot carry (Anthropic's server-side search on Responses).
+    /// [`choose_deferral`](crate::choose_deferral) picks the meta tools there instead.
+    #[error("native deferral is not available here: {reason}")]
+    NativeDeferralUnsupported {
+        /// What is missing.
+        reason: &'static str,
+    },
     /// An extra request option uses a field the renderer writes itself.
     #[error("request option {key:?} is written by the renderer and cannot be set as an extra")]
     ReservedOption {

@@ -333,7 +333,16 @@ impl Layout {
 
 /// The longest common prefix of `a` and `b`, in bytes, on a char boundary of `b`.
 fn common_prefix(a: &str, b: &str) -> usize {
-    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    let len = x.len().min(y.len());
+    // Whole chunks first (slice equality is a memcmp), then byte by byte.
+    let mut n = 0;
+    while n + 256 <= len && x[n..n + 256] == y[n..n + 256] {
+        n += 256;
+    }
+    while n < len && x[n] == y[n] {
+        n += 1;
+    }
     while !b.is_char_boundary(n) {
         n -= 1;
     }

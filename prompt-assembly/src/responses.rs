@@ -39,14 +39,20 @@
 //! More than [`OPENAI_MAX_TOOLS`](crate::OPENAI_MAX_TOOLS) tools is a
 //! [`RenderError::TooManyTools`] (the Chat Completions cap, taken to hold here too).
 
+use std::collections::BTreeSet;
+
+use psych_types::{Projection, ToolCallId, ToolDefinition};
+
+use crate::anthropic::check_native_names;
 use crate::assemble::{Answer, Message, Prompt};
+use crate::deferral::references;
 use crate::image::Budget;
 use crate::render::{
     CallIds, EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Piece, Provider, RAW_ARGUMENTS_KEY,
     RenderError, RenderedRequest, call_name, check_extra, is_blank, pieces, raw_arguments,
     write_extra,
 };
-use crate::{OPENAI_MAX_TOOLS, OpenAiOptions};
+use crate::{NativeDeferral, OPENAI_MAX_TOOLS, OpenAiOptions, SearchTool};
 
 /// Fields the Responses renderer writes itself.
 const RESERVED: [&str; 5] = [
@@ -73,9 +79,20 @@ impl Prompt<'_> {
     ) -> Result<RenderedRequest, RenderError> {
         check_extra(&options.extra, &RESERVED)?;
         self.check_tools()?;
-        if self.tools.len() > OPENAI_MAX_TOOLS {
+        let native = options.native.as_ref();
+        if let Some(native) = native {
+            if !matches!(native.search(), SearchTool::Client { .. }) {
+                return Err(RenderError::NativeDeferralUnsupported {
+                    reason: "Anthropic's server-side tool search is not a Responses tool",
+                });
+            }
+            check_native_names(self, native)?;
+        }
+        // Deferred tools are not counted against the cap; the search tool is.
+        let count = self.tools.len() + usize::from(native.is_some());
+        if count > OPENAI_MAX_TOOLS {
             return Err(RenderError::TooManyTools {
-                count: self.tools.len(),
+                count,
                 max: OPENAI_MAX_TOOLS,
             });
         }
@@ -90,24 +107,36 @@ impl Prompt<'_> {
         }
         write_extra(&mut out, &options.extra);
 
-        if !self.tools.is_empty() {
+        if count > 0 {
             out.open(Part::Tools);
             out.push(",\"tools\":[");
             for (i, tool) in self.tools.iter().enumerate() {
                 if i > 0 {
                     out.push(",");
                 }
-                out.push("{\"type\":\"function\",\"name\":");
-                out.str(tool.name.as_str());
-                if let Some(description) = &tool.description {
-                    out.push(",\"description\":");
+                function_tool(&mut out, tool, false, true);
+            }
+            if let Some(native) = native {
+                if let SearchTool::Client {
+                    description,
+                    input_schema,
+                    ..
+                } = native.search()
+                {
+                    if !self.tools.is_empty() {
+                        out.push(",");
+                    }
+                    out.push("{\"type\":\"tool_search\",\"execution\":\"client\",\"description\":");
                     out.str(description);
+                    out.push(",\"parameters\":");
+                    out.object(input_schema);
+                    out.end_block(false);
+                    out.push("}");
                 }
-                out.push(",\"parameters\":");
-                out.object(&tool.input_schema);
-                out.push(",\"strict\":false");
-                out.end_block(false);
-                out.push("}");
+                for tool in native.tools() {
+                    out.push(",");
+                    function_tool(&mut out, tool, true, true);
+                }
             }
             out.push("]");
         }
@@ -140,8 +169,15 @@ impl Prompt<'_> {
         let mut first = true;
         let mut ids = CallIds::default();
         let mut budget = Budget::default();
+        let mut searches = BTreeSet::new();
         for message in &self.messages {
-            if self.responses_message(&mut out, message, first, &mut ids, &mut budget) {
+            let state = State {
+                ids: &mut ids,
+                budget: &mut budget,
+                native,
+                searches: &mut searches,
+            };
+            if self.responses_message(&mut out, message, first, state) {
                 first = false;
                 history_end = out.pos();
             }
@@ -169,9 +205,14 @@ impl Prompt<'_> {
         out: &mut Out,
         message: &Message<'_>,
         first: bool,
-        ids: &mut CallIds,
-        budget: &mut Budget,
+        state: State<'_, '_>,
     ) -> bool {
+        let State {
+            ids,
+            budget,
+            native,
+            searches,
+        } = state;
         let empty = match message {
             Message::User { .. } => false,
             Message::Assistant { message, .. } => {
@@ -215,6 +256,27 @@ impl Prompt<'_> {
                 let mut arguments = String::new();
                 for call in &message.tool_calls {
                     item(out);
+                    if let Some(native) = native
+                        && call.name == native.search().name()
+                    {
+                        // A search call: a tool_search_call item, its arguments an object.
+                        searches.insert(call.id.clone());
+                        out.push("{\"type\":\"tool_search_call\",\"call_id\":");
+                        out.str(&ids.sent(&call.id));
+                        out.push(",\"execution\":\"client\",\"arguments\":");
+                        if call.arguments.is_object() {
+                            out.value(&call.arguments);
+                        } else {
+                            out.push("{");
+                            out.str(RAW_ARGUMENTS_KEY);
+                            out.push(":");
+                            out.str(&raw_arguments(call));
+                            out.push("}");
+                        }
+                        out.end_block(false);
+                        out.push("}");
+                        continue;
+                    }
                     out.push("{\"type\":\"function_call\",\"call_id\":");
                     out.str(&ids.sent(&call.id));
                     out.push(",\"name\":");
@@ -239,6 +301,30 @@ impl Prompt<'_> {
             Message::Results { items, .. } => {
                 for answer in items {
                     item(out);
+                    if let Some(native) = native
+                        && searches.contains(answer.call_id())
+                    {
+                        // The search's answer: the deferred tools it references (only tools
+                        // of the request's deferred set), loaded with their definitions.
+                        out.push("{\"type\":\"tool_search_output\",\"call_id\":");
+                        out.str(&ids.sent(answer.call_id()));
+                        out.push(",\"execution\":\"client\",\"tools\":[");
+                        if let Answer::Logged(index, result) = answer
+                            && self.views[*index] == Projection::Full
+                            && let Some(tools) = references(&result.output, native)
+                        {
+                            for (k, tool) in tools.into_iter().enumerate() {
+                                if k > 0 {
+                                    out.push(",");
+                                }
+                                function_tool(out, tool, true, false);
+                            }
+                        }
+                        out.push("]");
+                        out.end_block(false);
+                        out.push("}");
+                        continue;
+                    }
                     out.push("{\"type\":\"function_call_output\",\"call_id\":");
                     out.str(&ids.sent(answer.call_id()));
                     out.push(",\"output\":");
@@ -257,6 +343,38 @@ impl Prompt<'_> {
         }
         true
     }
+}
+
+/// What the input items of one message need besides the message.
+struct State<'s, 'n> {
+    ids: &'s mut CallIds,
+    budget: &'s mut Budget,
+    native: Option<&'n NativeDeferral>,
+    /// The ids of the search calls made so far.
+    searches: &'s mut BTreeSet<ToolCallId>,
+}
+
+/// Writes a function tool, with `defer_loading` when `deferred`. Inside a
+/// `tool_search_output` the same bytes load the tool.
+/// `block`: whether it is a block of the request's layout (a tool of `tools`), not a tool
+/// inside an input item.
+fn function_tool(out: &mut Out, tool: &ToolDefinition, deferred: bool, block: bool) {
+    out.push("{\"type\":\"function\",\"name\":");
+    out.str(tool.name.as_str());
+    if let Some(description) = &tool.description {
+        out.push(",\"description\":");
+        out.str(description);
+    }
+    out.push(",\"parameters\":");
+    out.object(&tool.input_schema);
+    out.push(",\"strict\":false");
+    if deferred {
+        out.push(",\"defer_loading\":true");
+    }
+    if block {
+        out.end_block(false);
+    }
+    out.push("}");
 }
 
 /// Writes a result's `output`: a string when it is text only, else a list of `input_text`

@@ -377,3 +377,57 @@ fn each_responses_rule_fails_a_body_that_breaks_it() {
         b["input"][0]["type"] = json!("reasoning");
     });
 }
+
+/// An Anthropic body in native deferral: a client search tool, a deferred tool, a search
+/// answered by a reference, then a call to the loaded tool.
+fn anthropic_native_ok() -> Value {
+    json!({
+        "model": "m", "max_tokens": 10,
+        "tools": [
+            {"name": "tool_search", "input_schema": {"type": "object"}},
+            {"name": "gh__create_issue", "input_schema": {"type": "object"}, "defer_loading": true}
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "file it"}]},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "s1", "name": "tool_search", "input": {"query": "issue"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "s1", "content": [
+                {"type": "tool_reference", "tool_name": "gh__create_issue"}]}]},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "c1", "name": "gh__create_issue", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": [
+                {"type": "text", "text": "#12"}]}]},
+            {"role": "user", "content": [{"type": "text", "text": "now"}]}
+        ]
+    })
+}
+
+#[test]
+fn each_anthropic_deferral_rule_fails_a_body_that_breaks_it() {
+    let g = anthropic_native_ok;
+    let a = anthropic;
+    assert_eq!(a(&g()), Ok(()));
+    let mut server = g();
+    server["tools"][0] =
+        json!({"type": "tool_search_tool_bm25_20251119", "name": "tool_search_tool_bm25"});
+    assert_eq!(a(&server), Ok(()));
+    refused(g, a, "not a deferred tool of the request", |b| {
+        b["messages"][2]["content"][0]["content"][0]["tool_name"] = json!("tool_search");
+    });
+    refused(g, a, "not a deferred tool of the request", |b| {
+        b["messages"][2]["content"][0]["content"][0]["tool_name"] = json!("gh__delete_repo");
+    });
+    refused(g, a, "deferred tools without a search tool", |b| {
+        b["tools"][0]["name"] = json!("read_file");
+    });
+    refused(g, a, "the search tool is deferred", |b| {
+        b["tools"][0] = json!({"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex", "defer_loading": true});
+        b["tools"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "t", "input_schema": {}}));
+    });
+    refused(g, a, "declared twice", |b| {
+        b["tools"][1]["name"] = json!("tool_search");
+    });
+}

@@ -169,7 +169,11 @@ fn has_blank_text(blocks: &[Value]) -> bool {
 /// - every image: base64 of at most 5 MB, bytes of the declared type (PNG, JPEG, GIF,
 ///   WebP), at most 8000 px a side; at most 100 images, and at most 2000 px a side when more
 ///   than 20;
-/// - at most four `cache_control` breakpoints, none on the transient message.
+/// - at most four `cache_control` breakpoints, none on the transient message;
+/// - deferral: tool names unique; a tool with `defer_loading: true` needs a search tool in
+///   the request, never deferred itself (Anthropic's `tool_search_tool_*`, or a client tool
+///   whose name contains `search`), so at least one tool is not deferred; a `tool_reference`
+///   block (only inside a `tool_result`) names a tool present with `defer_loading: true`.
 pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), String> {
     if body.len() > MAX_REQUEST_BYTES {
         return Err(format!("a request of {} bytes", body.len()));
@@ -182,10 +186,31 @@ pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), Strin
         }
     }
     let tools = value["tools"].as_array().map_or(0, Vec::len);
+    let mut names = std::collections::BTreeSet::new();
+    let mut deferred = std::collections::BTreeSet::new();
+    let mut search = false;
     for tool in value["tools"].as_array().into_iter().flatten() {
-        if !name_ok(tool["name"].as_str().unwrap_or("")) {
+        let name = tool["name"].as_str().unwrap_or("");
+        if !name_ok(name) {
             return Err(format!("bad tool name {}", tool["name"]));
         }
+        if !names.insert(name.to_owned()) {
+            return Err(format!("tool {name} declared twice"));
+        }
+        let server_search = tool["type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("tool_search_tool_"));
+        if tool["defer_loading"] == true {
+            if server_search {
+                return Err("the search tool is deferred".into());
+            }
+            deferred.insert(name.to_owned());
+        } else if server_search || name.contains("search") {
+            search = true;
+        }
+    }
+    if !deferred.is_empty() && !search {
+        return Err("deferred tools without a search tool".into());
     }
     let messages = value["messages"].as_array().ok_or("no messages")?;
     if messages.first().is_none_or(|m| m["role"] != "user") {
@@ -231,6 +256,14 @@ pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), Strin
                 match inner["type"].as_str() {
                     Some("text") => {}
                     Some("image") => images.push(inner),
+                    Some("tool_reference") => {
+                        let name = inner["tool_name"].as_str().unwrap_or("");
+                        if !deferred.contains(name) {
+                            return Err(format!(
+                                "a tool_reference to {name:?}, not a deferred tool of the request"
+                            ));
+                        }
+                    }
                     other => return Err(format!("a {other:?} block in a tool_result")),
                 }
             }
