@@ -59,13 +59,17 @@
 
 use std::borrow::Cow;
 
+use psych_types::TokenEstimator;
+
 use crate::assemble::{Answer, Message, Prompt};
+use crate::deferral::{NO_MATCH, references};
 use crate::image::Budget;
 use crate::render::{
     EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Piece, Provider, RAW_ARGUMENTS_KEY, RenderError,
     RenderedRequest, call_name, check_extra, is_blank, pieces, provider_name_ok, raw_arguments,
     trim_end, write_extra,
 };
+use crate::{NativeDeferral, SearchTool};
 
 /// The text of the user message put first when the history's first message is not a user
 /// message (a log that starts with an assistant record): the Anthropic API requires the
@@ -101,6 +105,7 @@ pub struct AnthropicOptions {
     model: String,
     max_tokens: u32,
     extra: psych_types::JsonObject,
+    pub(crate) native: Option<NativeDeferral>,
 }
 
 impl AnthropicOptions {
@@ -110,6 +115,7 @@ impl AnthropicOptions {
             model: model.into(),
             max_tokens,
             extra: psych_types::JsonObject::new(),
+            native: None,
         }
     }
 
@@ -118,6 +124,15 @@ impl AnthropicOptions {
     #[must_use]
     pub fn option(mut self, key: impl Into<String>, value: serde_json::Value) -> Self {
         self.extra.insert(key.into(), value);
+        self
+    }
+
+    /// Renders deferred servers' tools natively (see [`NativeDeferral`]): they are sent
+    /// with `defer_loading: true` beside a search tool. The surface given to the
+    /// [`Assembler`](crate::Assembler) is then the one without the meta tools.
+    #[must_use]
+    pub fn native_deferral(mut self, deferral: NativeDeferral) -> Self {
+        self.native = Some(deferral);
         self
     }
 }
@@ -150,8 +165,78 @@ impl Prompt<'_> {
         options: &AnthropicOptions,
     ) -> Result<RenderedRequest, RenderError> {
         check_extra(&options.extra, &RESERVED)?;
-        self.check_tools()?;
+        self.check_anthropic_tools(options)?;
+        let breakpoints = self.plan_breakpoints(tool_blocks(self, options));
+        self.write_anthropic(options, &breakpoints)
+    }
 
+    /// Renders the Anthropic request as [`Prompt::render_anthropic`] does, spending no
+    /// breakpoint on a prefix shorter than `min_cacheable_tokens` (the model's minimum
+    /// cacheable prompt, per Anthropic's prompt caching guide: 1,024 tokens for
+    /// Sonnet-class models, 2,048 or 4,096 for others), counted by `estimator` over the
+    /// cache stream block by block.
+    ///
+    /// A prefix below the minimum is never written to the cache, so a breakpoint there
+    /// buys nothing. When the zone breakpoints (the end of zone 1, zone 2) fall below it,
+    /// they are dropped and one breakpoint goes on the first block whose prefix reaches the
+    /// minimum instead, when that block is before the last history block: the longest-lived
+    /// prefix the cache can actually hold. The other breakpoints are kept as planned (a
+    /// history end below the minimum is the only place a later request can grow from).
+    /// Breakpoints never change the cache stream, so every byte property is the same as
+    /// [`Prompt::render_anthropic`]'s; the placement depends only on the inputs and the
+    /// estimator.
+    ///
+    /// # Errors
+    ///
+    /// As [`Prompt::render_anthropic`].
+    pub fn render_anthropic_sized(
+        &self,
+        options: &AnthropicOptions,
+        min_cacheable_tokens: u64,
+        estimator: &dyn TokenEstimator,
+    ) -> Result<RenderedRequest, RenderError> {
+        check_extra(&options.extra, &RESERVED)?;
+        self.check_anthropic_tools(options)?;
+        let planned = self.plan_breakpoints(tool_blocks(self, options));
+        let first = self.write_anthropic(options, &planned)?;
+        let zone_end = tool_blocks(self, options) + self.static_sections.sections().len();
+        let zone_blocks = zone_end + usize::from(self.dynamic_tail.text().is_some());
+        let Some(&last) = planned.iter().max() else {
+            return Ok(first);
+        };
+        let stream = first.cache_stream();
+        let mut prefix_tokens = Vec::with_capacity(first.block_ends().len());
+        let (mut at, mut sum) = (0, 0u64);
+        for &end in first.block_ends() {
+            sum += estimator.estimate_text(stream.get(at..end).unwrap_or_default());
+            prefix_tokens.push(sum);
+            at = end;
+        }
+        let short = |b: usize| {
+            prefix_tokens
+                .get(b)
+                .is_none_or(|&t| t < min_cacheable_tokens)
+        };
+        let mut breakpoints: Vec<usize> = planned
+            .iter()
+            .copied()
+            .filter(|&b| b >= zone_blocks || b == last || !short(b))
+            .collect();
+        if breakpoints.len() == planned.len() {
+            return Ok(first);
+        }
+        if let Some(reach) = (0..last).find(|&b| !short(b))
+            && !breakpoints.contains(&reach)
+        {
+            breakpoints.push(reach);
+        }
+        breakpoints.sort_unstable();
+        self.write_anthropic(options, &breakpoints)
+    }
+
+    /// The breakpoints (block indices) of an Anthropic request, as the module docs list
+    /// them.
+    fn plan_breakpoints(&self, tool_blocks: usize) -> Vec<usize> {
         let sections = self.static_sections.sections();
         let tail = self.dynamic_tail.text();
         let message_blocks: Vec<usize> = self.messages.iter().map(blocks).collect();
@@ -164,7 +249,7 @@ impl Prompt<'_> {
             .is_some_and(|(message, _)| !matches!(message, Message::User { .. }));
 
         // Plan the breakpoints by block index.
-        let zone1_end = self.tools.len() + sections.len();
+        let zone1_end = tool_blocks + sections.len();
         let history_start = zone1_end + usize::from(tail.is_some()) + usize::from(lead);
         let history_blocks: usize = message_blocks.iter().sum();
         let mut breakpoints = Vec::with_capacity(4);
@@ -204,6 +289,24 @@ impl Prompt<'_> {
                 }
             }
         }
+        breakpoints
+    }
+
+    /// Writes the Anthropic request with breakpoints on `breakpoints` (block indices).
+    fn write_anthropic(
+        &self,
+        options: &AnthropicOptions,
+        breakpoints: &[usize],
+    ) -> Result<RenderedRequest, RenderError> {
+        let sections = self.static_sections.sections();
+        let tail = self.dynamic_tail.text();
+        let message_blocks: Vec<usize> = self.messages.iter().map(blocks).collect();
+        let lead = self
+            .messages
+            .iter()
+            .zip(&message_blocks)
+            .find(|(_, n)| **n > 0)
+            .is_some_and(|(message, _)| !matches!(message, Message::User { .. }));
 
         let mut out = Out::with_capacity(4096);
         out.open(Part::Preamble);
@@ -213,24 +316,48 @@ impl Prompt<'_> {
         out.push(&options.max_tokens.to_string());
         write_extra(&mut out, &options.extra);
 
-        if !self.tools.is_empty() {
+        let native = options.native.as_ref();
+        if tool_blocks(self, options) > 0 {
             out.open(Part::Tools);
             out.push(",\"tools\":[");
-            for (i, tool) in self.tools.iter().enumerate() {
+            let deferred = native.map_or(&[][..], |n| n.tools());
+            for (i, tool) in self.tools.iter().copied().enumerate() {
                 if i > 0 {
                     out.push(",");
                 }
-                out.push("{\"name\":");
-                out.str(tool.name.as_str());
-                if let Some(description) = &tool.description {
-                    out.push(",\"description\":");
-                    out.str(description);
+                tool_definition(&mut out, tool, false, breakpoints);
+            }
+            if let Some(native) = native {
+                if !self.tools.is_empty() {
+                    out.push(",");
                 }
-                out.push(",\"input_schema\":");
-                out.object(&tool.input_schema);
+                match native.search() {
+                    SearchTool::Client {
+                        name,
+                        description,
+                        input_schema,
+                    } => {
+                        out.push("{\"name\":");
+                        out.str(name.as_str());
+                        out.push(",\"description\":");
+                        out.str(description);
+                        out.push(",\"input_schema\":");
+                        out.object(input_schema);
+                    }
+                    SearchTool::AnthropicRegex => out.push(
+                        "{\"type\":\"tool_search_tool_regex_20251119\",\"name\":\"tool_search_tool_regex\"",
+                    ),
+                    SearchTool::AnthropicBm25 => out.push(
+                        "{\"type\":\"tool_search_tool_bm25_20251119\",\"name\":\"tool_search_tool_bm25\"",
+                    ),
+                }
                 let bp = breakpoints.contains(&out.next_block());
                 out.end_block(bp);
                 out.push("}");
+                for tool in deferred {
+                    out.push(",");
+                    tool_definition(&mut out, tool, true, breakpoints);
+                }
             }
             out.push("]");
         }
@@ -244,14 +371,14 @@ impl Prompt<'_> {
                     out.push(",");
                 }
                 first = false;
-                text_block(&mut out, section, &breakpoints);
+                text_block(&mut out, section, breakpoints);
             }
             if let Some(tail) = &tail {
                 out.open(Part::DynamicSystem);
                 if !first {
                     out.push(",");
                 }
-                text_block(&mut out, tail, &breakpoints);
+                text_block(&mut out, tail, breakpoints);
             }
             out.push("]");
         }
@@ -262,7 +389,7 @@ impl Prompt<'_> {
         if lead {
             out.open(Part::Message { records: 0..0 });
             out.push("{\"role\":\"user\",\"content\":[");
-            text_block(&mut out, CONVERSATION_START, &breakpoints);
+            text_block(&mut out, CONVERSATION_START, breakpoints);
             out.push("]}");
             first = false;
             history_end = out.pos();
@@ -279,7 +406,7 @@ impl Prompt<'_> {
                 out.push(",");
             }
             first = false;
-            self.anthropic_message(&mut out, message, &breakpoints, &mut budget);
+            self.anthropic_message(&mut out, message, breakpoints, &mut budget, options);
             history_end = out.pos();
         }
 
@@ -307,10 +434,11 @@ impl Prompt<'_> {
         message: &Message<'_>,
         breakpoints: &[usize],
         budget: &mut Budget,
+        options: &AnthropicOptions,
     ) {
         // With no tool in the request the API refuses tool_use and tool_result blocks: the
         // calls and results are then written as text (see `transcript_message`).
-        if self.tools.is_empty() && !matches!(message, Message::User { .. }) {
+        if tool_blocks(self, options) == 0 && !matches!(message, Message::User { .. }) {
             self.transcript_message(out, message, breakpoints);
             return;
         }
@@ -368,6 +496,33 @@ impl Prompt<'_> {
                     }
                     out.push("{\"type\":\"tool_result\",\"tool_use_id\":");
                     out.str(item.call_id().as_str());
+                    // A search answer in native deferral: its references, each to a tool of
+                    // the request's deferred set (any other name is left out).
+                    if let (Some(native), Answer::Logged(index, result)) = (&options.native, item)
+                        && self.views[*index] == psych_types::Projection::Full
+                        && let Some(tools) = references(&result.output, native)
+                    {
+                        out.push(",\"content\":[");
+                        if tools.is_empty() {
+                            out.push("{\"type\":\"text\",\"text\":");
+                            out.str(NO_MATCH);
+                            out.push("}");
+                        }
+                        for (k, tool) in tools.iter().enumerate() {
+                            if k > 0 {
+                                out.push(",");
+                            }
+                            out.push("{\"type\":\"tool_reference\",\"tool_name\":");
+                            out.str(tool.name.as_str());
+                            out.push("}");
+                        }
+                        out.push("]");
+                        out.nest(tools.len().max(1));
+                        let bp = breakpoints.contains(&out.next_block());
+                        out.end_block(bp);
+                        out.push("}");
+                        continue;
+                    }
                     let (view, is_error) = match item {
                         Answer::Logged(index, result) => (
                             pieces(result, &self.views[*index], Some((&mut *budget, true))),
@@ -405,6 +560,11 @@ impl Prompt<'_> {
                     if !first_piece {
                         out.push("]");
                     }
+                    out.nest(
+                        view.iter()
+                            .filter(|piece| !matches!(piece, Piece::Text(text) if is_blank(text)))
+                            .count(),
+                    );
                     if is_error {
                         out.push(",\"is_error\":true");
                     }
@@ -534,6 +694,17 @@ impl Prompt<'_> {
         }
     }
 
+    /// Checks the tools of an Anthropic request: the surface's (see
+    /// [`Prompt::check_tools`]), then, in native deferral, that no deferred tool or the
+    /// search tool shares a name with another tool, and that every deferred name is valid.
+    fn check_anthropic_tools(&self, options: &AnthropicOptions) -> Result<(), RenderError> {
+        self.check_tools()?;
+        let Some(native) = &options.native else {
+            return Ok(());
+        };
+        check_native_names(self, native)
+    }
+
     /// Checks the tool surface's names against the provider rule and for duplicates. These
     /// names come from our own disclosure, so a bad one is a typed error; call names in the
     /// history come from the model and are sanitised instead (see the renderers).
@@ -557,6 +728,65 @@ impl Prompt<'_> {
         Ok(())
     }
 }
+/// Tool blocks of an Anthropic request: the surface, plus the search tool and the deferred
+/// tools in native deferral.
+fn tool_blocks(prompt: &Prompt<'_>, options: &AnthropicOptions) -> usize {
+    prompt.tools.len()
+        + options
+            .native
+            .as_ref()
+            .map_or(0, |native| 1 + native.tools().len())
+}
+
+/// Writes one tool definition as a block, with `defer_loading` when `deferred`.
+fn tool_definition(
+    out: &mut Out,
+    tool: &psych_types::ToolDefinition,
+    deferred: bool,
+    breakpoints: &[usize],
+) {
+    out.push("{\"name\":");
+    out.str(tool.name.as_str());
+    if let Some(description) = &tool.description {
+        out.push(",\"description\":");
+        out.str(description);
+    }
+    out.push(",\"input_schema\":");
+    out.object(&tool.input_schema);
+    if deferred {
+        out.push(",\"defer_loading\":true");
+    }
+    let bp = breakpoints.contains(&out.next_block());
+    out.end_block(bp);
+    out.push("}");
+}
+
+/// Checks the names of a native deferral against the surface: each valid under the
+/// provider rule, none shared (a deferred tool named like a surface tool or the search
+/// tool would be two tools of one name).
+pub(crate) fn check_native_names(
+    prompt: &Prompt<'_>,
+    native: &NativeDeferral,
+) -> Result<(), RenderError> {
+    let mut names: std::collections::BTreeSet<&str> =
+        prompt.tools.iter().map(|tool| tool.name.as_str()).collect();
+    for name in std::iter::once(native.search().name())
+        .chain(native.tools().iter().map(|tool| tool.name.as_str()))
+    {
+        if !provider_name_ok(name) {
+            return Err(RenderError::ToolName {
+                name: name.to_owned(),
+            });
+        }
+        if !names.insert(name) {
+            return Err(RenderError::DuplicateTool {
+                name: name.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Writes `{"type":"text","text":…}` as one block, with a breakpoint if planned.
 fn text_block(out: &mut Out, text: &str, breakpoints: &[usize]) {
     out.push("{\"type\":\"text\",\"text\":");

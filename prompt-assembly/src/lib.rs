@@ -1,13 +1,17 @@
 //! Prompt assembly in four cache-stable zones, the elision boundary, and byte-stable
-//! renderers to the Anthropic Messages and OpenAI Chat Completions wire formats.
+//! renderers to the Anthropic Messages, OpenAI Chat Completions and OpenAI Responses wire
+//! formats.
 //!
 //! The main type is [`Assembler`]: it holds zone 1 ([`StaticSections`]: instructions, the
 //! skills index, the subagent roster, capability notes such as deferred-server lines), zone
 //! 2 ([`DynamicTail`]: memories and other per-user, mutable text) and the tool surface, and
 //! turns a history (zone 3, the record log's [`LoggedRecord`](psych_types::LoggedRecord)s)
 //! plus a [`Transient`] message (zone 4) into a [`Prompt`]. The prompt renders to a
-//! [`RenderedRequest`] for either provider; a [`CacheReport`] over a sequence of requests
-//! shows how much of each is a prefix reused from the one before.
+//! [`RenderedRequest`] for each wire format ([`Prompt::render_anthropic`],
+//! [`Prompt::render_openai`], [`Prompt::render_responses`]); a [`CacheReport`] over a sequence of requests
+//! estimates the tokens each provider's prompt cache reads and writes under its documented
+//! rules ([`CacheRules`]), with tokens counted through the
+//! [`TokenEstimator`](psych_types::TokenEstimator) seam.
 //!
 //! A Run assembles each step lazily: [`StepHistory::load`] takes the log's
 //! [`History`](psych_types::History) (tool results as stored summaries, no content), projects
@@ -66,6 +70,14 @@
 //!   characters is sent as a short deterministic form (a prefix and a hash), reversible
 //!   through [`RenderedRequest::logged_call_id`].
 //!
+//! - **Native deferral where a provider has it.** With a [`NativeDeferral`] in the options
+//!   (the caller's [`DeferralMode`] per Run, [`choose_deferral`] falling back to the meta
+//!   tools), deferred servers' tools are sent with `defer_loading: true` after the surface's
+//!   tools, sorted, beside a search tool; a logged search answer ([`search_answer`]) becomes
+//!   `tool_reference` blocks (Anthropic) or a `tool_search_output` (Responses), naming only
+//!   tools of the deferred set. Anthropic documents tool search as a public beta behind the
+//!   `anthropic-beta: advanced-tool-use-2025-11-20` header, which the caller sends.
+//!
 //! Tool results are rendered from their content blocks, in order (see
 //! [`ToolOutput::readable_text`](psych_types::ToolOutput::readable_text)): text blocks as
 //! text, each other block as its placeholder line, except images. An image block is sent as
@@ -112,6 +124,13 @@
 //!   function: {name, description, parameters}}]`; function names `^[a-zA-Z0-9_-]{1,64}$`
 //!   (the API's own validation error, quoted by error libraries); top-level
 //!   `prompt_cache_key` (string).
+//! - OpenAI, Responses API (`POST /v1/responses`), as the official `openai` Python SDK
+//!   types it (`responses.response_create_params.ResponseCreateParamsNonStreaming`, read in
+//!   December 2026): `instructions` (string), `input` items `message` (`role`, `content`),
+//!   `function_call` (`call_id`, `name`, `arguments` as JSON text), `function_call_output`
+//!   (`call_id`, `output` a string or a list of `input_text` / `input_image` parts);
+//!   function tools `{type: "function", name, description, parameters, strict}` with
+//!   `strict` required (and `defer_loading` optional); `prompt_cache_key`.
 //!
 //! # Example
 //!
@@ -164,16 +183,22 @@
 
 mod anthropic;
 mod assemble;
+mod deferral;
 mod error;
 mod image;
 mod lazy;
 mod openai;
 mod render;
 mod report;
+mod responses;
 mod zones;
 
 pub use anthropic::{ANCHOR_DISTANCE, AnthropicOptions, CONVERSATION_START};
 pub use assemble::{AssembleError, Assembler, Prompt};
+pub use deferral::{
+    DeferralMode, MAX_DEFERRED_TOOLS, NO_MATCH, NativeDeferral, SEARCH_TOOL_NAME, SearchTool,
+    TOOL_REFERENCE, choose_deferral, search_answer,
+};
 pub use error::Error;
 pub use image::{
     MANY_IMAGES, MANY_IMAGES_MAX_SIDE, MAX_IMAGE_BASE64, MAX_IMAGES, MAX_SIDE, MAX_TOTAL_BASE64,
@@ -184,5 +209,8 @@ pub use render::{
     EMPTY_USER_MESSAGE, MISSING_RESULT, OPENAI_MAX_CALL_ID, Part, Provider, RAW_ARGUMENTS_KEY,
     RenderError, RenderedRequest, Span,
 };
-pub use report::{CacheReport, CacheRow};
+pub use report::{
+    ANTHROPIC_LOOKBACK, BlockReading, CacheReport, CacheRow, CacheRules, OPENAI_CACHE_INCREMENT,
+    OPENAI_MIN_CACHED,
+};
 pub use zones::{CurrentTime, DynamicTail, StaticSections, TimeError, Transient};

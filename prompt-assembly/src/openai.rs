@@ -41,6 +41,7 @@
 
 use psych_types::{ContentBlock, Projection};
 
+use crate::NativeDeferral;
 use crate::assemble::{Answer, Message, Prompt};
 use crate::image::Budget;
 use crate::render::{
@@ -58,9 +59,10 @@ pub const TOOL_IMAGES_INTRO: &str = "Images from the tool results above:";
 /// Request options of the OpenAI renderer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpenAiOptions {
-    model: String,
-    prompt_cache_key: Option<String>,
-    extra: psych_types::JsonObject,
+    pub(crate) model: String,
+    pub(crate) prompt_cache_key: Option<String>,
+    pub(crate) extra: psych_types::JsonObject,
+    pub(crate) native: Option<NativeDeferral>,
 }
 
 impl OpenAiOptions {
@@ -70,6 +72,7 @@ impl OpenAiOptions {
             model: model.into(),
             prompt_cache_key: None,
             extra: psych_types::JsonObject::new(),
+            native: None,
         }
     }
 
@@ -88,6 +91,15 @@ impl OpenAiOptions {
         self.extra.insert(key.into(), value);
         self
     }
+
+    /// Renders deferred servers' tools natively (see [`NativeDeferral`]): they are sent
+    /// with `defer_loading: true` beside a search tool. The surface given to the
+    /// [`Assembler`](crate::Assembler) is then the one without the meta tools.
+    #[must_use]
+    pub fn native_deferral(mut self, deferral: NativeDeferral) -> Self {
+        self.native = Some(deferral);
+        self
+    }
 }
 
 /// Fields the OpenAI renderer writes itself.
@@ -103,6 +115,11 @@ impl Prompt<'_> {
     /// never fails a render: call names are sanitised, raw arguments sent as their text.
     pub fn render_openai(&self, options: &OpenAiOptions) -> Result<RenderedRequest, RenderError> {
         check_extra(&options.extra, &RESERVED)?;
+        if options.native.is_some() {
+            return Err(RenderError::NativeDeferralUnsupported {
+                reason: "the Chat Completions API has no deferred tools",
+            });
+        }
         self.check_tools()?;
         if self.tools.len() > OPENAI_MAX_TOOLS {
             return Err(RenderError::TooManyTools {

@@ -41,6 +41,14 @@ pub enum RenderError {
         /// The provider's cap.
         max: usize,
     },
+    /// Native deferral was asked of a wire format that has none (Chat Completions), or with
+    /// a search tool the format cannot carry (Anthropic's server-side search on Responses).
+    /// [`choose_deferral`](crate::choose_deferral) picks the meta tools there instead.
+    #[error("native deferral is not available here: {reason}")]
+    NativeDeferralUnsupported {
+        /// What is missing.
+        reason: &'static str,
+    },
     /// An extra request option uses a field the renderer writes itself.
     #[error("request option {key:?} is written by the renderer and cannot be set as an extra")]
     ReservedOption {
@@ -155,6 +163,8 @@ pub enum Provider {
     Anthropic,
     /// The OpenAI Chat Completions API (`POST /v1/chat/completions`).
     OpenAi,
+    /// The OpenAI Responses API (`POST /v1/responses`).
+    OpenAiResponses,
 }
 
 /// Which part of the prompt a span of a rendered request holds.
@@ -210,6 +220,7 @@ pub struct RenderedRequest {
     pub(crate) spans: Vec<Span>,
     pub(crate) block_ends: Vec<usize>,
     pub(crate) breakpoint_blocks: Vec<usize>,
+    pub(crate) nested: Vec<usize>,
     pub(crate) history_end: usize,
     pub(crate) call_ids: Vec<(String, ToolCallId)>,
 }
@@ -296,6 +307,15 @@ impl RenderedRequest {
     pub fn breakpoint_blocks(&self) -> &[usize] {
         &self.breakpoint_blocks
     }
+
+    /// For each block of [`RenderedRequest::block_ends`], how many blocks are nested in it:
+    /// the text and image blocks of an Anthropic `tool_result`'s `content`, 0 for every
+    /// other block. Anthropic's documentation does not say whether the prompt cache's
+    /// lookback counts them as block positions; [`CacheRules`](crate::CacheRules) can count
+    /// either way.
+    pub fn nested_blocks(&self) -> &[usize] {
+        &self.nested
+    }
 }
 
 /// The `cache_control` member the Anthropic renderer appends to a breakpoint block.
@@ -310,6 +330,8 @@ pub(crate) struct Out {
     spans: Vec<Span>,
     block_ends: Vec<usize>,
     breakpoint_blocks: Vec<usize>,
+    nested: Vec<usize>,
+    pending_nested: usize,
     open: Option<(Part, usize)>,
     pub(crate) call_ids: Vec<(String, ToolCallId)>,
 }
@@ -376,6 +398,13 @@ impl Out {
         }
         // The block's closing brace follows; count it in.
         self.block_ends.push(self.pos() + 1);
+        self.nested.push(std::mem::take(&mut self.pending_nested));
+    }
+
+    /// Records that the block being written nests `count` blocks (see
+    /// [`RenderedRequest::nested_blocks`]); taken by the next [`Out::end_block`].
+    pub(crate) fn nest(&mut self, count: usize) {
+        self.pending_nested = count;
     }
 
     /// The index the next block will get.
@@ -392,6 +421,7 @@ impl Out {
             spans: self.spans,
             block_ends: self.block_ends,
             breakpoint_blocks: self.breakpoint_blocks,
+            nested: self.nested,
             history_end,
             call_ids: self.call_ids,
         }
@@ -474,7 +504,7 @@ pub const OPENAI_MAX_CALL_ID: usize = 40;
 
 /// FNV-1a, 64 bits: a hash whose value is fixed by its definition, the same on every
 /// machine and in every Rust version.
-fn fnv1a(bytes: &[u8], salt: u64) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8], salt: u64) -> u64 {
     let mut hash = 0xcbf2_9ce4_8422_2325_u64 ^ salt;
     for &b in bytes {
         hash ^= u64::from(b);

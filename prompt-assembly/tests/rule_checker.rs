@@ -249,3 +249,185 @@ fn each_openai_rule_fails_a_body_that_breaks_it() {
         b["messages"][4]["content"][1]["image_url"]["url"] = json!("https://example.com/a.png");
     });
 }
+
+/// A Responses body every rule accepts: a deferred tool with the client tool search, a
+/// search answered by loading it, a call to it answered with text and a real PNG.
+fn responses_ok() -> Value {
+    json!({
+        "model": "m",
+        "tools": [
+            {"type": "function", "name": "t", "parameters": {"type": "object"}, "strict": false},
+            {"type": "function", "name": "d", "parameters": {"type": "object"}, "strict": false,
+             "defer_loading": true},
+            {"type": "tool_search", "execution": "client", "description": "Find tools",
+             "parameters": {"type": "object"}}
+        ],
+        "instructions": "Be brief.",
+        "input": [
+            {"type": "message", "role": "user", "content": "hi"},
+            {"type": "tool_search_call", "call_id": "s1", "execution": "client",
+             "arguments": {"query": "d"}},
+            {"type": "tool_search_output", "call_id": "s1", "execution": "client",
+             "tools": [{"type": "function", "name": "d", "parameters": {"type": "object"},
+                        "strict": false, "defer_loading": true}]},
+            {"type": "message", "role": "assistant", "content": "Calling."},
+            {"type": "function_call", "call_id": "c1", "name": "d", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": [
+                {"type": "input_text", "text": "before"},
+                {"type": "input_image", "image_url":
+                    format!("data:image/png;base64,{}", b64(&images::png(2, 2, 1)))}]},
+            {"type": "message", "role": "user", "content": "now"}
+        ]
+    })
+}
+
+fn responses(body: &Value) -> Result<(), String> {
+    rules::check_responses_body(&body.to_string())
+}
+
+#[test]
+fn each_responses_rule_fails_a_body_that_breaks_it() {
+    let g = responses_ok;
+    let r = responses;
+    assert_eq!(r(&g()), Ok(()));
+    refused(g, r, "130 tools", |b| {
+        let tools = b["tools"].as_array_mut().unwrap();
+        for i in 0..127 {
+            tools.push(json!({"type": "function", "name": format!("t{i}"), "parameters": {}, "strict": false}));
+        }
+    });
+    refused(g, r, "bad tool name", |b| {
+        b["tools"][0]["name"] = json!("a.b")
+    });
+    refused(g, r, "declared twice", |b| {
+        b["tools"][1]["name"] = json!("t")
+    });
+    refused(g, r, "without parameters or strict", |b| {
+        b["tools"][0].as_object_mut().unwrap().remove("strict");
+    });
+    refused(g, r, "without a tool_search tool", |b| {
+        b["tools"].as_array_mut().unwrap().pop();
+    });
+    refused(g, r, "the tool_search tool is deferred", |b| {
+        b["tools"][2]["defer_loading"] = json!(true);
+    });
+    refused(g, r, "a tool of unknown type", |b| {
+        b["tools"][0]["type"] = json!("web_search");
+    });
+    refused(g, r, "instructions are not a string", |b| {
+        b["instructions"] = json!(["Be brief."]);
+    });
+    refused(g, r, "not a JSON object", |b| {
+        b["input"][4]["arguments"] = json!("[1]");
+    });
+    refused(g, r, "a call id of 41 characters", |b| {
+        let long = "c".repeat(41);
+        b["input"][4]["call_id"] = json!(long);
+        b["input"][5]["call_id"] = json!(long);
+    });
+    refused(g, r, "unexpected function_call_output", |b| {
+        b["input"][5]["call_id"] = json!("c9");
+    });
+    refused(g, r, "unanswered", |b| {
+        b["input"].as_array_mut().unwrap().remove(5);
+    });
+    refused(g, r, "unanswered", |b| {
+        // A message between a call and its output.
+        let input = b["input"].as_array_mut().unwrap();
+        let output = input.remove(5);
+        input.insert(6, output);
+    });
+    refused(g, r, "unexpected tool_search_output", |b| {
+        b["input"][2]["type"] = json!("function_call_output");
+        b["input"][2]["output"] = json!("x");
+        b["input"][1]["type"] = json!("function_call");
+        b["input"][1]["name"] = json!("t");
+        b["input"][1]["arguments"] = json!("{}");
+        b["input"][2]["type"] = json!("tool_search_output");
+    });
+    refused(g, r, "not a deferred tool of the request", |b| {
+        b["input"][2]["tools"][0]["name"] = json!("t");
+    });
+    refused(g, r, "not a deferred tool of the request", |b| {
+        b["input"][2]["tools"][0]["name"] = json!("absent");
+    });
+    refused(g, r, "not executed by the client", |b| {
+        b["input"][1]["execution"] = json!("server");
+    });
+    refused(g, r, "an output that is no text nor parts", |b| {
+        b["input"][5]["output"] = json!([]);
+    });
+    refused(g, r, "a bad output part", |b| {
+        b["input"][5]["output"][0]["type"] = json!("text");
+    });
+    refused(g, r, "no data URL", |b| {
+        b["input"][5]["output"][1]["image_url"] = json!("https://example.com/a.png");
+    });
+    refused(g, r, "image type image/gif not accepted", |b| {
+        b["input"][5]["output"][1]["image_url"] =
+            json!(format!("data:image/gif;base64,{}", b64(&images::gif())));
+    });
+    refused(g, r, "a message without content", |b| {
+        b["input"][0]["content"] = json!("");
+    });
+    refused(g, r, "a message of role", |b| {
+        b["input"][0]["role"] = json!("system")
+    });
+    refused(g, r, "an input item of type", |b| {
+        b["input"][0]["type"] = json!("reasoning");
+    });
+}
+
+/// An Anthropic body in native deferral: a client search tool, a deferred tool, a search
+/// answered by a reference, then a call to the loaded tool.
+fn anthropic_native_ok() -> Value {
+    json!({
+        "model": "m", "max_tokens": 10,
+        "tools": [
+            {"name": "tool_search", "input_schema": {"type": "object"}},
+            {"name": "gh__create_issue", "input_schema": {"type": "object"}, "defer_loading": true}
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "file it"}]},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "s1", "name": "tool_search", "input": {"query": "issue"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "s1", "content": [
+                {"type": "tool_reference", "tool_name": "gh__create_issue"}]}]},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "c1", "name": "gh__create_issue", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": [
+                {"type": "text", "text": "#12"}]}]},
+            {"role": "user", "content": [{"type": "text", "text": "now"}]}
+        ]
+    })
+}
+
+#[test]
+fn each_anthropic_deferral_rule_fails_a_body_that_breaks_it() {
+    let g = anthropic_native_ok;
+    let a = anthropic;
+    assert_eq!(a(&g()), Ok(()));
+    let mut server = g();
+    server["tools"][0] =
+        json!({"type": "tool_search_tool_bm25_20251119", "name": "tool_search_tool_bm25"});
+    assert_eq!(a(&server), Ok(()));
+    refused(g, a, "not a deferred tool of the request", |b| {
+        b["messages"][2]["content"][0]["content"][0]["tool_name"] = json!("tool_search");
+    });
+    refused(g, a, "not a deferred tool of the request", |b| {
+        b["messages"][2]["content"][0]["content"][0]["tool_name"] = json!("gh__delete_repo");
+    });
+    refused(g, a, "deferred tools without a search tool", |b| {
+        b["tools"][0]["name"] = json!("read_file");
+    });
+    refused(g, a, "the search tool is deferred", |b| {
+        b["tools"][0] = json!({"type": "tool_search_tool_regex_20251119", "name": "tool_search_tool_regex", "defer_loading": true});
+        b["tools"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "t", "input_schema": {}}));
+    });
+    refused(g, a, "declared twice", |b| {
+        b["tools"][1]["name"] = json!("tool_search");
+    });
+}

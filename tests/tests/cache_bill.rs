@@ -18,7 +18,7 @@ mod pa;
 use pa::billing::*;
 use pa::*;
 use psych_elision::Estimator;
-use psych_prompt_assembly::RenderedRequest;
+use psych_prompt_assembly::{BlockReading, CacheReport, CacheRules, RenderedRequest};
 
 /// OpenAI's cached input price relative to base input for the model the tests name
 /// (gpt-4.1: $0.50 against $2.00 per million tokens, the published price list).
@@ -74,6 +74,27 @@ fn figures(script: &str, turns: &[Turn]) -> Figures {
                 }
                 table.push_str(&line(name, &bill));
             }
+            let sized = render_session_sized(&session, &zone1(), min, &estimator);
+            let bill = anthropic_bill(&sized.iter().collect::<Vec<_>>(), &estimator, model);
+            table.push_str(&line("psych, sized", &bill));
+            // The library's report agrees with the simulator on the real estimator.
+            let lib_reading = match reading {
+                Reading::TopLevel => BlockReading::TopLevel,
+                Reading::Nested => BlockReading::Nested,
+            };
+            let report = CacheReport::new(
+                &sized,
+                &estimator,
+                CacheRules::anthropic(min).reading(lib_reading),
+            );
+            assert_eq!(
+                (
+                    report.total_tokens(),
+                    report.read_tokens(),
+                    report.written_tokens()
+                ),
+                (bill.input, bill.read, bill.written)
+            );
             let best = searched_bill(&psych_layouts, model);
             table.push_str(&line("searched placement", &best));
             gaps.push((

@@ -16,7 +16,7 @@
 )]
 
 use psych_prompt_assembly::{
-    AnthropicOptions, Assembler, CacheReport, CurrentTime, DynamicTail, OpenAiOptions,
+    AnthropicOptions, Assembler, CacheReport, CacheRules, CurrentTime, DynamicTail, OpenAiOptions,
     RenderedRequest, StaticSections, Transient,
 };
 use psych_types::{
@@ -324,11 +324,19 @@ fn three_turn_conversation_requests() {
     insta::assert_snapshot!("openai_turn3", openai.pretty_body());
 
     // The whole conversation's cache report, per provider.
-    let report = |pick: fn(&(RenderedRequest, RenderedRequest)) -> &RenderedRequest| {
-        CacheReport::new(&rendered.iter().map(|r| pick(r).clone()).collect::<Vec<_>>())
+    // Estimated tokens as each provider bills them (psych-elision's estimator; OpenAI's
+    // cached input at 0.25x, gpt-4.1's price).
+    let estimator = psych_elision::Estimator::new();
+    let report = |pick: fn(&(RenderedRequest, RenderedRequest)) -> &RenderedRequest,
+                  rules: CacheRules| {
+        CacheReport::new(
+            &rendered.iter().map(|r| pick(r).clone()).collect::<Vec<_>>(),
+            &estimator,
+            rules,
+        )
     };
-    let anthropic_report = report(|r| &r.0);
-    let openai_report = report(|r| &r.1);
+    let anthropic_report = report(|r| &r.0, CacheRules::anthropic(1024));
+    let openai_report = report(|r| &r.1, CacheRules::openai(0.25));
     insta::assert_snapshot!(
         "cache_report",
         format!("anthropic\n{anthropic_report}\n\nopenai\n{openai_report}")

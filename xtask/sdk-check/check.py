@@ -3,7 +3,8 @@
 Reads every insta snapshot under the given folders, takes each JSON request body in it (a
 whole snapshot, or the `anthropic: {…}` / `openai: {…}` halves of a render snapshot), and
 validates it with pydantic's TypeAdapter over the typed dictionaries the `anthropic` and
-`openai` Python packages define for `messages.create` and `chat.completions.create`. Their
+`openai` Python packages define for `messages.create`, `chat.completions.create` and
+`responses.create` (a `responses: {…}` half, or a whole body with `input`). Their
 list fields validate lazily (ValidatorIterator), so every value is drained. Bodies that are
 not JSON (error reports, snapshots with base64 cut for review) are skipped and counted.
 
@@ -17,9 +18,11 @@ import sys
 from pydantic import TypeAdapter, ValidationError
 from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
 from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
+from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
 
 ANTHROPIC = TypeAdapter(MessageCreateParamsNonStreaming)
 OPENAI = TypeAdapter(CompletionCreateParamsNonStreaming)
+RESPONSES = TypeAdapter(ResponseCreateParamsNonStreaming)
 
 
 def drain(value):
@@ -44,7 +47,7 @@ def bodies(text):
         return
     label, chunk = None, []
     for line in content.splitlines():
-        for name in ("anthropic: ", "openai: "):
+        for name in ("anthropic: ", "openai: ", "responses: "):
             if line.startswith(name):
                 if label is not None:
                     yield label, "\n".join(chunk)
@@ -65,6 +68,13 @@ def main(folders):
                     value = json.loads(body)
                 except ValueError:
                     skipped += 1
+                    continue
+                if isinstance(value, dict) and (label == "responses" or "input" in value):
+                    try:
+                        drain(RESPONSES.validate_python(value))
+                        checked += 1
+                    except ValidationError as err:
+                        failures.append(f"{path.name} (responses): {err}")
                     continue
                 if not isinstance(value, dict) or "messages" not in value:
                     skipped += 1

@@ -198,7 +198,7 @@ impl Layout {
 
 /// For each top-level block of an Anthropic body, in order, how many blocks are nested in
 /// it (the `content` of a `tool_result`; 0 for every other block).
-fn nested_counts(body: &str) -> Vec<usize> {
+pub fn nested_counts(body: &str) -> Vec<usize> {
     let value: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
     let mut counts = Vec::new();
     for key in ["tools", "system"] {

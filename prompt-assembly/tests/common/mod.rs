@@ -16,7 +16,7 @@ pub mod billing;
 #[path = "../rules/mod.rs"]
 pub mod rules;
 #[allow(unused_imports, reason = "not every test crate checks bodies")]
-pub use rules::{check_anthropic_body, check_openai_body};
+pub use rules::{check_anthropic_body, check_openai_body, check_responses_body};
 
 use psych_prompt_assembly::{
     AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, Part, Prompt,
@@ -452,6 +452,53 @@ pub fn render_session(session: &Session, static_sections: &StaticSections) -> Ve
                 views: views(&prompt, history),
                 boundary: prompt.boundary(),
             }
+        })
+        .collect()
+}
+
+/// The Anthropic requests of every call of a session, rendered with
+/// `render_anthropic_sized` (no breakpoint below `min_tokens` as `estimator` counts).
+pub fn render_session_sized(
+    session: &Session,
+    static_sections: &StaticSections,
+    min_tokens: u64,
+    estimator: &dyn psych_types::TokenEstimator,
+) -> Vec<RenderedRequest> {
+    let tools = tools();
+    let projector = TestProjector::default();
+    session
+        .calls
+        .iter()
+        .map(|call| {
+            let transient = Transient::at(call.time);
+            let history = &session.history[..call.history_len];
+            Assembler::new(static_sections, &call.tail, &tools)
+                .assemble(history, &projector, &transient)
+                .unwrap()
+                .render_anthropic_sized(&anthropic(), min_tokens, estimator)
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The OpenAI Responses requests of every call of a session.
+pub fn render_session_responses(
+    session: &Session,
+    static_sections: &StaticSections,
+) -> Vec<RenderedRequest> {
+    let tools = tools();
+    let projector = TestProjector::default();
+    session
+        .calls
+        .iter()
+        .map(|call| {
+            let transient = Transient::at(call.time);
+            let history = &session.history[..call.history_len];
+            Assembler::new(static_sections, &call.tail, &tools)
+                .assemble(history, &projector, &transient)
+                .unwrap()
+                .render_responses(&openai())
+                .unwrap()
         })
         .collect()
 }

@@ -169,7 +169,11 @@ fn has_blank_text(blocks: &[Value]) -> bool {
 /// - every image: base64 of at most 5 MB, bytes of the declared type (PNG, JPEG, GIF,
 ///   WebP), at most 8000 px a side; at most 100 images, and at most 2000 px a side when more
 ///   than 20;
-/// - at most four `cache_control` breakpoints, none on the transient message.
+/// - at most four `cache_control` breakpoints, none on the transient message;
+/// - deferral: tool names unique; a tool with `defer_loading: true` needs a search tool in
+///   the request, never deferred itself (Anthropic's `tool_search_tool_*`, or a client tool
+///   whose name contains `search`), so at least one tool is not deferred; a `tool_reference`
+///   block (only inside a `tool_result`) names a tool present with `defer_loading: true`.
 pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), String> {
     if body.len() > MAX_REQUEST_BYTES {
         return Err(format!("a request of {} bytes", body.len()));
@@ -182,10 +186,31 @@ pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), Strin
         }
     }
     let tools = value["tools"].as_array().map_or(0, Vec::len);
+    let mut names = std::collections::BTreeSet::new();
+    let mut deferred = std::collections::BTreeSet::new();
+    let mut search = false;
     for tool in value["tools"].as_array().into_iter().flatten() {
-        if !name_ok(tool["name"].as_str().unwrap_or("")) {
+        let name = tool["name"].as_str().unwrap_or("");
+        if !name_ok(name) {
             return Err(format!("bad tool name {}", tool["name"]));
         }
+        if !names.insert(name.to_owned()) {
+            return Err(format!("tool {name} declared twice"));
+        }
+        let server_search = tool["type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("tool_search_tool_"));
+        if tool["defer_loading"] == true {
+            if server_search {
+                return Err("the search tool is deferred".into());
+            }
+            deferred.insert(name.to_owned());
+        } else if server_search || name.contains("search") {
+            search = true;
+        }
+    }
+    if !deferred.is_empty() && !search {
+        return Err("deferred tools without a search tool".into());
     }
     let messages = value["messages"].as_array().ok_or("no messages")?;
     if messages.first().is_none_or(|m| m["role"] != "user") {
@@ -231,6 +256,14 @@ pub fn check_anthropic_body(body: &str, has_transient: bool) -> Result<(), Strin
                 match inner["type"].as_str() {
                     Some("text") => {}
                     Some("image") => images.push(inner),
+                    Some("tool_reference") => {
+                        let name = inner["tool_name"].as_str().unwrap_or("");
+                        if !deferred.contains(name) {
+                            return Err(format!(
+                                "a tool_reference to {name:?}, not a deferred tool of the request"
+                            ));
+                        }
+                    }
                     other => return Err(format!("a {other:?} block in a tool_result")),
                 }
             }
@@ -377,6 +410,185 @@ pub fn check_openai_body(body: &str) -> Result<(), String> {
                 return Err(format!("a call id of {} characters", id.chars().count()));
             }
             expected.push_back(id.to_owned());
+        }
+    }
+    check_image_counts(&image_sides)?;
+    if expected.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("unanswered calls {expected:?}"))
+    }
+}
+
+/// Checks a data-URL image part (`data:<type>;base64,<data>`) as OpenAI takes it.
+fn check_data_url(url: &str) -> Result<u64, String> {
+    let (media_type, data) = url
+        .strip_prefix("data:")
+        .and_then(|rest| rest.split_once(";base64,"))
+        .ok_or_else(|| format!("an image URL that is no data URL: {url:.40}"))?;
+    check_image(media_type, data, &["image/png", "image/jpeg", "image/webp"])
+}
+
+/// Checks a rendered OpenAI Responses API body:
+/// - valid JSON; at most 128 tools; each `function` tool named within
+///   `^[a-zA-Z0-9_-]{1,64}$`, with `parameters` and `strict`; names unique; a tool with
+///   `defer_loading: true` is a function tool, and needs a `tool_search` tool in the request
+///   (which is never deferred);
+/// - `instructions`, when present, is a string;
+/// - every input item is a `message` (role `user` or `assistant`, content a non-empty
+///   string or a non-empty list of non-empty `input_text` parts and valid `input_image`
+///   parts), a `function_call` (valid name, a `call_id` of at most 40 characters, `arguments`
+///   whose text parses as a JSON object), a `function_call_output`, a `tool_search_call` or a
+///   `tool_search_output`;
+/// - pairing: the outputs answering a run of calls come right after that run, one per
+///   `call_id`, in call order; no output answers a call not made; no call is left unanswered;
+///   a `tool_search_output` answers a `tool_search_call` with its `call_id` the same way;
+/// - a `function_call_output`'s `output` is a string or a non-empty list of `input_text` and
+///   `input_image` parts; images as for Chat Completions (PNG, JPEG, WebP data URLs within
+///   the limits; the count rules);
+/// - a `tool_search_output`'s `tools` are function tools named in the request with
+///   `defer_loading: true` (a reference to a tool that is not deferred, or absent, is refused).
+pub fn check_responses_body(body: &str) -> Result<(), String> {
+    let value: Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
+    let tools = value["tools"].as_array().map_or(&[][..], Vec::as_slice);
+    if tools.len() > OPENAI_MAX_TOOLS {
+        return Err(format!(
+            "{} tools (at most {OPENAI_MAX_TOOLS})",
+            tools.len()
+        ));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    let mut deferred = std::collections::BTreeSet::new();
+    let mut search = false;
+    for tool in tools {
+        match tool["type"].as_str() {
+            Some("function") => {
+                let name = tool["name"].as_str().unwrap_or("");
+                if !name_ok(name) {
+                    return Err(format!("bad tool name {}", tool["name"]));
+                }
+                if !names.insert(name.to_owned()) {
+                    return Err(format!("tool {name} declared twice"));
+                }
+                if tool.get("parameters").is_none() || !tool["strict"].is_boolean() {
+                    return Err(format!("tool {name} without parameters or strict"));
+                }
+                if tool["defer_loading"] == true {
+                    deferred.insert(name.to_owned());
+                }
+            }
+            Some("tool_search") => {
+                if tool.get("defer_loading").is_some() {
+                    return Err("the tool_search tool is deferred".into());
+                }
+                search = true;
+            }
+            _ => return Err(format!("a tool of unknown type {tool:.80}")),
+        }
+    }
+    if !deferred.is_empty() && !search {
+        return Err("deferred tools without a tool_search tool".into());
+    }
+    if value.get("instructions").is_some_and(|i| !i.is_string()) {
+        return Err("instructions are not a string".into());
+    }
+    let input = value["input"].as_array().ok_or("no input")?;
+    let mut expected: std::collections::VecDeque<(String, bool)> = Default::default();
+    let mut answering = false;
+    let mut image_sides = Vec::new();
+    for item in input {
+        let kind = item["type"].as_str().unwrap_or("");
+        match kind {
+            "function_call_output" | "tool_search_output" => {
+                let id = item["call_id"].as_str().unwrap_or("");
+                let search_output = kind == "tool_search_output";
+                if expected.pop_front() != Some((id.to_owned(), search_output)) {
+                    return Err(format!("unexpected {kind} for {id}"));
+                }
+                answering = true;
+            }
+            "function_call" | "tool_search_call" if !answering => {}
+            _ => {
+                if !expected.is_empty() {
+                    return Err(format!("unanswered calls {expected:?}"));
+                }
+                answering = false;
+            }
+        }
+        match kind {
+            "message" => match item["role"].as_str() {
+                Some("user" | "assistant") => match &item["content"] {
+                    Value::String(text) if !text.is_empty() => {}
+                    Value::Array(parts) if !parts.is_empty() => {
+                        for part in parts {
+                            match part["type"].as_str() {
+                                Some("input_text")
+                                    if part["text"].as_str().is_some_and(|t| !t.is_empty()) => {}
+                                Some("input_image") => image_sides.push(check_data_url(
+                                    part["image_url"].as_str().unwrap_or(""),
+                                )?),
+                                _ => return Err(format!("a bad message part {part:.80}")),
+                            }
+                        }
+                    }
+                    other => return Err(format!("a message without content: {other:.80}")),
+                },
+                other => return Err(format!("a message of role {other:?}")),
+            },
+            "function_call" | "tool_search_call" => {
+                let id = item["call_id"].as_str().unwrap_or("");
+                if id.is_empty() || id.chars().count() > OPENAI_MAX_CALL_ID {
+                    return Err(format!("a call id of {} characters", id.chars().count()));
+                }
+                if expected.iter().any(|(e, _)| e == id) {
+                    return Err(format!("call id {id} used twice"));
+                }
+                if kind == "function_call" {
+                    let arguments = item["arguments"].as_str().ok_or("arguments not a string")?;
+                    if !serde_json::from_str::<Value>(arguments).is_ok_and(|v| v.is_object()) {
+                        return Err(format!(
+                            "arguments that are not a JSON object: {arguments:.60}"
+                        ));
+                    }
+                    if !name_ok(item["name"].as_str().unwrap_or("")) {
+                        return Err(format!("bad call {item:.80}"));
+                    }
+                } else if item["execution"] != "client" {
+                    return Err("a tool_search_call not executed by the client".into());
+                }
+                expected.push_back((id.to_owned(), kind == "tool_search_call"));
+            }
+            "function_call_output" => match &item["output"] {
+                Value::String(_) => {}
+                Value::Array(parts) if !parts.is_empty() => {
+                    for part in parts {
+                        match part["type"].as_str() {
+                            Some("input_text") if part["text"].is_string() => {}
+                            Some("input_image") => image_sides
+                                .push(check_data_url(part["image_url"].as_str().unwrap_or(""))?),
+                            _ => return Err(format!("a bad output part {part:.80}")),
+                        }
+                    }
+                }
+                other => return Err(format!("an output that is no text nor parts: {other:.80}")),
+            },
+            "tool_search_output" => {
+                if item["execution"] != "client" {
+                    return Err("a tool_search_output not executed by the client".into());
+                }
+                for tool in item["tools"]
+                    .as_array()
+                    .ok_or("tool_search_output without tools")?
+                {
+                    let name = tool["name"].as_str().unwrap_or("");
+                    if tool["type"] != "function" || !deferred.contains(name) {
+                        return Err(format!(
+                            "tool_search_output loads {name:?}, not a deferred tool of the request"
+                        ));
+                    }
+                }
+            }
+            other => return Err(format!("an input item of type {other:?}")),
         }
     }
     check_image_counts(&image_sides)?;

@@ -1,0 +1,541 @@
+//! Native deferral against the meta tools, for Anthropic and the OpenAI Responses API:
+//! complete requests of a turn where a deferred tool is searched, loaded and called
+//! (snapshots, read by `cargo xtask sdk-check`), the rule checker and the within-turn prefix
+//! property on every step in both modes, a reference to a tool outside the deferred set
+//! never sent, the fallback above the documented limit, and the comparison table (request
+//! bytes, estimated tokens, the tokens the provider bills, cache reads) over the scripted
+//! 20-turn session with GitHub's 117 tools deferred, printed and pinned.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+use psych_prompt_assembly::{
+    AnthropicOptions, Assembler, CacheReport, CacheRules, CurrentTime, DeferralMode, DynamicTail,
+    MAX_DEFERRED_TOOLS, NativeDeferral, OpenAiOptions, Provider, RenderError, RenderedRequest,
+    SearchTool, StaticSections, Transient, choose_deferral, search_answer,
+};
+use psych_types::{
+    AssistantMessage, LoggedRecord, Record, RecordHandle, RunId, TokenEstimator, ToolCall,
+    ToolCallId, ToolDefinition, ToolList, ToolName, ToolOutput, ToolResult, UserMessage,
+};
+use serde_json::{Value, json};
+
+fn catalogs_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PSYCH_FIXTURES") {
+        return PathBuf::from(dir).join("catalogs");
+    }
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .map(|dir| dir.join("shared/fixtures/catalogs"))
+        .find(|dir| dir.is_dir())
+        .unwrap_or_else(|| panic!("no shared/fixtures/catalogs above {}", manifest.display()))
+}
+
+/// A fixture catalogue's tools under qualified names `server__tool`, as disclosure names
+/// them.
+fn qualified(file: &str, server: &str) -> Vec<ToolDefinition> {
+    let text = std::fs::read_to_string(catalogs_dir().join(file)).unwrap();
+    let list: ToolList = serde_json::from_str(&text).unwrap();
+    list.tools
+        .into_iter()
+        .map(|mut tool| {
+            tool.name = ToolName::new(format!("{server}__{}", tool.name)).unwrap();
+            tool
+        })
+        .collect()
+}
+
+fn object(value: Value) -> psych_types::JsonObject {
+    serde_json::from_value(value).unwrap()
+}
+
+/// Psych's three meta tools, as disclosure defines them (names and schemas).
+fn meta_tools() -> Vec<ToolDefinition> {
+    let def = |name: &str, description: &str, schema: Value| {
+        ToolDefinition::new(ToolName::new(name).unwrap(), description, object(schema))
+    };
+    vec![
+        def(
+            "psych_list_tools",
+            "List the permitted tools of a deferred server, 50 a page.",
+            json!({"type": "object", "properties": {"server": {"type": "string"},
+                   "page": {"type": "integer", "minimum": 1}},
+                   "required": ["server"], "additionalProperties": false}),
+        ),
+        def(
+            "psych_describe_tool",
+            "Read one deferred tool's description and input schema.",
+            json!({"type": "object", "properties": {"server": {"type": "string"},
+                   "tool": {"type": "string"}},
+                   "required": ["server", "tool"], "additionalProperties": false}),
+        ),
+        def(
+            "psych_call_tool",
+            "Call one tool of a deferred server with its arguments.",
+            json!({"type": "object", "properties": {"server": {"type": "string"},
+                   "tool": {"type": "string"}, "arguments": {"type": "object"}},
+                   "required": ["server", "tool"], "additionalProperties": false}),
+        ),
+    ]
+}
+
+fn zone1_deferred() -> StaticSections {
+    StaticSections::new("You are a careful engineering assistant.").capability_note(
+        "Server `github` is connected and deferred (117 tools): repositories, issues, pull \
+         requests, actions.",
+    )
+}
+
+fn user(text: &str) -> Record {
+    Record::User(UserMessage { text: text.into() })
+}
+
+fn assistant(text: &str, calls: &[(&str, &str, Value)]) -> Record {
+    Record::Assistant(AssistantMessage {
+        text: text.into(),
+        tool_calls: calls
+            .iter()
+            .map(|(id, name, arguments)| ToolCall {
+                id: ToolCallId::new(*id).unwrap(),
+                name: (*name).into(),
+                arguments: arguments.clone(),
+            })
+            .collect(),
+    })
+}
+
+fn result(id: &str, name: &str, output: ToolOutput) -> Record {
+    Record::ToolResult(ToolResult {
+        call_id: ToolCallId::new(id).unwrap(),
+        name: name.into(),
+        output,
+    })
+}
+
+/// A small deferred set for the snapshots: three of GitHub's real tools.
+fn small_deferral(search: SearchTool) -> NativeDeferral {
+    let tools = qualified("github.tools.json", "github")
+        .into_iter()
+        .filter(|t| {
+            matches!(
+                t.name.as_str(),
+                "github__create_issue" | "github__get_me" | "github__search_issues"
+            )
+        })
+        .collect();
+    NativeDeferral::new(tools, search)
+}
+
+fn read_file() -> ToolDefinition {
+    ToolDefinition::new(
+        ToolName::new("read_file").unwrap(),
+        "Read a file",
+        object(
+            json!({"type": "object", "properties": {"path": {"type": "string"}},
+                      "required": ["path"]}),
+        ),
+    )
+}
+
+/// The native session: a search, the loaded tool called, the answer; each prefix of it is
+/// one step's history.
+fn native_history(deferral: &NativeDeferral) -> Vec<Record> {
+    let issue = json!({"owner": "acme", "repo": "app", "title": "Flaky test: cache_bill"});
+    vec![
+        user("Open an issue about the flaky cache_bill test in acme/app."),
+        assistant(
+            "",
+            &[(
+                "call_s1",
+                "tool_search",
+                json!({"query": "create a github issue"}),
+            )],
+        ),
+        result(
+            "call_s1",
+            "tool_search",
+            // Disclosure's ranking, with a name outside the deferred set in it: never sent.
+            search_answer(
+                [
+                    "github__create_issue",
+                    "secret__delete_repo",
+                    "github__search_issues",
+                ],
+                deferral,
+                5,
+            ),
+        ),
+        assistant("", &[("call_c1", "github__create_issue", issue)]),
+        result(
+            "call_c1",
+            "github__create_issue",
+            ToolOutput::text("Created issue #42."),
+        ),
+        assistant("Filed acme/app#42.", &[]),
+    ]
+}
+
+/// The same task through the meta tools: describe, then call through.
+fn meta_history() -> Vec<Record> {
+    let issue = json!({"owner": "acme", "repo": "app", "title": "Flaky test: cache_bill"});
+    vec![
+        user("Open an issue about the flaky cache_bill test in acme/app."),
+        assistant(
+            "",
+            &[(
+                "call_d1",
+                "psych_describe_tool",
+                json!({"server": "github", "tool": "create_issue"}),
+            )],
+        ),
+        result(
+            "call_d1",
+            "psych_describe_tool",
+            ToolOutput::text(
+                "create_issue: Create a new issue in a GitHub repository. Input: {owner, repo, title, body?, labels?, assignees?}",
+            ),
+        ),
+        assistant(
+            "",
+            &[(
+                "call_c1",
+                "psych_call_tool",
+                json!({"server": "github", "tool": "create_issue", "arguments": issue}),
+            )],
+        ),
+        result(
+            "call_c1",
+            "psych_call_tool",
+            ToolOutput::text("Created issue #42."),
+        ),
+        assistant("Filed acme/app#42.", &[]),
+    ]
+}
+
+fn logged(records: &[Record]) -> Vec<LoggedRecord> {
+    let run = RunId::new("run-native").unwrap();
+    records
+        .iter()
+        .enumerate()
+        .map(|(i, record)| LoggedRecord {
+            handle: RecordHandle::new(run.clone(), i as u64),
+            record: record.clone(),
+        })
+        .collect()
+}
+
+/// Renders every step (each prefix ending before an assistant record, plus the whole) with
+/// `render`, checking each body and the prefix property; returns the last body.
+fn steps(
+    history: &[LoggedRecord],
+    tools: &[ToolDefinition],
+    render: &dyn Fn(&psych_prompt_assembly::Prompt<'_>) -> RenderedRequest,
+    check: fn(&str) -> Result<(), String>,
+) -> Vec<RenderedRequest> {
+    let zone1 = zone1_deferred();
+    let tail = DynamicTail::new();
+    let transient = Transient::at(CurrentTime::utc(1_796_041_497).unwrap());
+    let ends: Vec<usize> = (1..=history.len())
+        .filter(|&n| n == history.len() || matches!(history[n].record, Record::Assistant(_)))
+        .collect();
+    let rendered: Vec<RenderedRequest> = ends
+        .iter()
+        .map(|&n| {
+            let prompt = Assembler::new(&zone1, &tail, tools)
+                .assemble(&history[..n], &Whole, &transient)
+                .unwrap();
+            render(&prompt)
+        })
+        .collect();
+    for (k, request) in rendered.iter().enumerate() {
+        assert_eq!(check(request.body()), Ok(()), "step {k}");
+        if k > 0 {
+            assert!(
+                request
+                    .cache_stream()
+                    .starts_with(&cacheable(&rendered[k - 1])),
+                "step {k} breaks the prefix"
+            );
+        }
+    }
+    rendered
+}
+
+fn anthropic_check(body: &str) -> Result<(), String> {
+    check_anthropic_body(body, true)
+}
+
+#[test]
+fn a_deferred_tool_searched_loaded_and_called_both_modes_both_providers() {
+    let deferral = small_deferral(SearchTool::client());
+    let native_log = logged(&native_history(&deferral));
+    let meta_log = logged(&meta_history());
+    let native_tools = [read_file()];
+    let mut meta_tools = meta_tools();
+    meta_tools.push(read_file());
+
+    let anthropic_native =
+        AnthropicOptions::new("claude-sonnet-4-5", 1024).native_deferral(deferral.clone());
+    let responses_native = OpenAiOptions::new("gpt-5.1")
+        .prompt_cache_key("run-native")
+        .native_deferral(deferral.clone());
+    let anthropic_meta = AnthropicOptions::new("claude-sonnet-4-5", 1024);
+    let responses_meta = OpenAiOptions::new("gpt-5.1").prompt_cache_key("run-native");
+
+    let a_native = steps(
+        &native_log,
+        &native_tools,
+        &|p| p.render_anthropic(&anthropic_native).unwrap(),
+        anthropic_check,
+    );
+    let r_native = steps(
+        &native_log,
+        &native_tools,
+        &|p| p.render_responses(&responses_native).unwrap(),
+        check_responses_body,
+    );
+    let a_meta = steps(
+        &meta_log,
+        &meta_tools,
+        &|p| p.render_anthropic(&anthropic_meta).unwrap(),
+        anthropic_check,
+    );
+    let r_meta = steps(
+        &meta_log,
+        &meta_tools,
+        &|p| p.render_responses(&responses_meta).unwrap(),
+        check_responses_body,
+    );
+    // The reference outside the deferred set is never sent, in either format.
+    for request in a_native.iter().chain(&r_native) {
+        assert!(!request.body().contains("secret__delete_repo"));
+    }
+    let last = |r: &[RenderedRequest]| r.last().unwrap().pretty_body();
+    insta::assert_snapshot!(
+        "anthropic_native",
+        format!("anthropic: {}", last(&a_native))
+    );
+    insta::assert_snapshot!(
+        "responses_native",
+        format!("responses: {}", last(&r_native))
+    );
+    insta::assert_snapshot!("anthropic_meta", format!("anthropic: {}", last(&a_meta)));
+    insta::assert_snapshot!("responses_meta", format!("responses: {}", last(&r_meta)));
+}
+
+#[test]
+fn anthropic_server_search_and_typed_refusals() {
+    let deferral = small_deferral(SearchTool::AnthropicBm25);
+    let log = logged(&[user("What issues mention the cache?")]);
+    let zone1 = zone1_deferred();
+    let tail = DynamicTail::new();
+    let transient = Transient::new();
+    let tools = [read_file()];
+    let prompt = Assembler::new(&zone1, &tail, &tools)
+        .assemble(&log, &Whole, &transient)
+        .unwrap();
+    let body = prompt
+        .render_anthropic(&AnthropicOptions::new("m", 64).native_deferral(deferral.clone()))
+        .unwrap();
+    assert_eq!(check_anthropic_body(body.body(), false), Ok(()));
+    assert!(
+        body.body().contains(
+            r#"{"type":"tool_search_tool_bm25_20251119","name":"tool_search_tool_bm25"}"#
+        )
+    );
+    // The server-side search is Anthropic's; Chat Completions has no deferral at all.
+    assert!(matches!(
+        prompt.render_responses(&OpenAiOptions::new("m").native_deferral(deferral.clone())),
+        Err(RenderError::NativeDeferralUnsupported { .. })
+    ));
+    assert!(matches!(
+        prompt.render_openai(&OpenAiOptions::new("m").native_deferral(deferral)),
+        Err(RenderError::NativeDeferralUnsupported { .. })
+    ));
+    // A deferred tool named like a surface tool is two tools of one name.
+    let clash = NativeDeferral::new(vec![read_file()], SearchTool::client());
+    assert_eq!(
+        prompt.render_anthropic(&AnthropicOptions::new("m", 64).native_deferral(clash)),
+        Err(RenderError::DuplicateTool {
+            name: "read_file".into()
+        })
+    );
+    assert_eq!(
+        choose_deferral(
+            DeferralMode::Native,
+            Provider::Anthropic,
+            MAX_DEFERRED_TOOLS + 1
+        ),
+        DeferralMode::MetaTools
+    );
+}
+
+/// About four bytes a token.
+struct Bytes4;
+
+impl TokenEstimator for Bytes4 {
+    fn estimate_text(&self, text: &str) -> u64 {
+        text.len().div_ceil(4) as u64
+    }
+
+    fn estimate_binary(&self, _mime_type: &str, len: u64) -> u64 {
+        len.div_ceil(3)
+    }
+}
+
+/// Estimated tokens of the deferred tools' definitions as a request carries them: what
+/// the provider does not bill until a search loads them.
+fn deferred_tokens(request: &RenderedRequest, deferral: &NativeDeferral) -> u64 {
+    let body: Value = serde_json::from_str(request.body()).unwrap();
+    body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|tool| tool["defer_loading"] == true)
+        .map(|tool| Bytes4.estimate_text(&tool.to_string()))
+        .sum::<u64>()
+        .min(deferral.tools().len() as u64 * 10_000)
+}
+
+#[test]
+fn comparison_over_the_scripted_session() {
+    let session = play(&twenty_turns());
+    let github = qualified("github.tools.json", "github");
+    let deferral = NativeDeferral::new(github, SearchTool::client());
+    let surface = tools();
+    let mut with_meta = surface.clone();
+    with_meta.extend(meta_tools());
+    let zone1 = zone1_deferred();
+    let projector = TestProjector::default();
+    let mut table = format!(
+        "20-turn session, {} requests, GitHub's {} tools deferred (estimated tokens: bytes/4)\n\
+         (billed: without the deferred definitions; cache read and cost of the billed tokens)\n\
+         mode/provider          bytes/request   est. tokens   billed est.   cache read   cost\n",
+        session.calls.len(),
+        deferral.tools().len()
+    );
+    let mut figures = Vec::new();
+    for (label, native, provider) in [
+        ("meta tools, anthropic", false, Provider::Anthropic),
+        ("native, anthropic", true, Provider::Anthropic),
+        ("meta tools, responses", false, Provider::OpenAiResponses),
+        ("native, responses", true, Provider::OpenAiResponses),
+    ] {
+        let tools = if native { &surface } else { &with_meta };
+        let requests: Vec<RenderedRequest> = session
+            .calls
+            .iter()
+            .map(|call| {
+                let transient = Transient::at(call.time);
+                let prompt = Assembler::new(&zone1, &call.tail, tools)
+                    .assemble(&session.history[..call.history_len], &projector, &transient)
+                    .unwrap();
+                match (provider, native) {
+                    (Provider::Anthropic, true) => {
+                        prompt.render_anthropic(&anthropic().native_deferral(deferral.clone()))
+                    }
+                    (Provider::Anthropic, false) => prompt.render_anthropic(&anthropic()),
+                    (_, true) => {
+                        prompt.render_responses(&openai().native_deferral(deferral.clone()))
+                    }
+                    (_, false) => prompt.render_responses(&openai()),
+                }
+                .unwrap()
+            })
+            .collect();
+        for request in &requests {
+            let ok = match provider {
+                Provider::Anthropic => check_anthropic_body(request.body(), true),
+                _ => check_responses_body(request.body()),
+            };
+            assert_eq!(ok, Ok(()));
+        }
+        let rules = match provider {
+            Provider::Anthropic => CacheRules::anthropic(1024),
+            _ => CacheRules::openai(0.1),
+        };
+        let report = CacheReport::new(&requests, &Bytes4, rules);
+        let bytes: usize = requests.iter().map(|r| r.body().len()).sum();
+        // The billed view: the deferred definitions are not input until loaded, so they come
+        // out of each request's tokens, out of its cache read when the read covers them (the
+        // read prefix always spans the tool list), else out of its cache write.
+        let (read_price, write_price) = match provider {
+            Provider::Anthropic => (0.1, 1.25),
+            _ => (0.1, 1.0),
+        };
+        let (mut total, mut read, mut written) = (0u64, 0u64, 0u64);
+        for (request, row) in requests.iter().zip(report.rows()) {
+            let d = if native {
+                deferred_tokens(request, &deferral)
+            } else {
+                0
+            };
+            total += row.tokens - d;
+            read += row.read.saturating_sub(d);
+            written += row.written.saturating_sub(d - d.min(row.read));
+        }
+        let plain = total - read - written;
+        let cost =
+            (read as f64 * read_price + written as f64 * write_price + plain as f64) / total as f64;
+        let n = requests.len() as u64;
+        table.push_str(&format!(
+            "{label:<22} {:>13} {:>13} {:>13} {:>11.1}% {:>6.3}x\n",
+            bytes as u64 / n,
+            report.total_tokens() / n,
+            total / n,
+            read as f64 / total as f64 * 100.0,
+            cost,
+        ));
+        figures.push((bytes, total));
+    }
+    // What a request carries at 1,000+ deferred tools: the six fixture catalogues, copied
+    // under 24 server names (1,224 tools), sent in full on every request.
+    let mut many = Vec::new();
+    for copy in 0..4 {
+        for (file, server) in [
+            ("github.tools.json", "github"),
+            ("notion.tools.json", "notion"),
+            ("playwright.tools.json", "playwright"),
+            ("server-filesystem.tools.json", "files"),
+            ("server-memory.tools.json", "memory"),
+            ("github.tools.full.json", "ghfull"),
+        ] {
+            many.extend(qualified(file, &format!("{server}{copy}")));
+        }
+    }
+    let big = NativeDeferral::new(many, SearchTool::client());
+    let first = &session.calls[0];
+    let transient = Transient::at(first.time);
+    let prompt = Assembler::new(&zone1, &first.tail, &surface)
+        .assemble(
+            &session.history[..first.history_len],
+            &projector,
+            &transient,
+        )
+        .unwrap();
+    let request = prompt
+        .render_anthropic(&anthropic().native_deferral(big.clone()))
+        .unwrap();
+    table.push_str(&format!(
+        "at {} deferred tools: {} bytes a request ({} est. tokens of deferred schemas, not billed \
+         until loaded; Anthropic's limit is {MAX_DEFERRED_TOOLS} tools)\n",
+        big.tools().len(),
+        request.body().len(),
+        deferred_tokens(&request, &big),
+    ));
+    println!("{table}");
+    insta::assert_snapshot!("comparison", table);
+    // Native mode sends more bytes (every deferred schema) but bills fewer tokens than the
+    // meta tools, whose definitions are always loaded.
+    assert!(figures[1].0 > figures[0].0 && figures[3].0 > figures[2].0);
+    assert!(figures[1].1 < figures[0].1 && figures[3].1 < figures[2].1);
+}
