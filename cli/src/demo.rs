@@ -75,7 +75,10 @@ impl Side {
     /// The cache report's row of the last request (against the one before it).
     fn last_row(&self) -> Option<CacheRow> {
         let from = self.requests.len().saturating_sub(2);
-        CacheReport::new(&self.requests[from..]).rows().last().cloned()
+        CacheReport::new(&self.requests[from..])
+            .rows()
+            .last()
+            .cloned()
     }
 }
 
@@ -90,7 +93,9 @@ async fn demo(
     let reached = manager.connect_all().await;
     for (server, reachability) in &reached {
         if let Reachability::Unreachable { reason } = reachability {
-            return Err(format!("the embedded server {server} did not start: {reason}"));
+            return Err(format!(
+                "the embedded server {server} did not start: {reason}"
+            ));
         }
         let listing = manager
             .list(server)
@@ -107,10 +112,7 @@ async fn demo(
             "anthropic",
             Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096)),
         ),
-        (
-            "openai",
-            Target::OpenAi(OpenAiOptions::new("gpt-4.1")),
-        ),
+        ("openai", Target::OpenAi(OpenAiOptions::new("gpt-4.1"))),
     ];
     let mut sides = Vec::with_capacity(targets.len());
     for (name, target) in targets {
@@ -189,8 +191,14 @@ async fn demo(
 
     println!();
     for side in &sides {
-        println!("Cache report, {} (bytes, a proxy for what a prompt cache can reuse):", side.name);
-        println!("{}", indent(&CacheReport::new(&side.requests).to_string(), "  "));
+        println!(
+            "Cache report, {} (bytes, a proxy for what a prompt cache can reuse):",
+            side.name
+        );
+        println!(
+            "{}",
+            indent(&CacheReport::new(&side.requests).to_string(), "  ")
+        );
     }
     println!();
     println!("Spent, summed from the usage the script reported (request bytes / 4, reply");
@@ -340,7 +348,9 @@ async fn play(
             return Ok(());
         }
         if done > 0 {
-            return Err(format!("turn {turn}: the providers' Runs went different ways"));
+            return Err(format!(
+                "turn {turn}: the providers' Runs went different ways"
+            ));
         }
     }
     Ok(())
@@ -349,7 +359,10 @@ async fn play(
 /// The model's side of one step.
 fn print_reply(reply: &ModelReply) {
     if !reply.text.is_empty() {
-        println!("    model     {}", crate::truncate(&format!("{:?}", reply.text), 66));
+        println!(
+            "    model     {}",
+            crate::truncate(&format!("{:?}", reply.text), 66)
+        );
     }
     if reply.tool_calls.len() > 1 {
         println!("    calls     {} in parallel", reply.tool_calls.len());
@@ -485,7 +498,10 @@ fn group(n: usize) -> String {
 /// `text` cut into pieces of at most `width` characters (arguments are printed whole).
 fn chunks(text: &str, width: usize) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
-    chars.chunks(width.max(1)).map(|c| c.iter().collect()).collect()
+    chars
+        .chunks(width.max(1))
+        .map(|c| c.iter().collect())
+        .collect()
 }
 
 /// Every line of `text` prefixed with `prefix`.

@@ -53,8 +53,8 @@ fn demo_plays_the_script_and_dumps_valid_requests() {
     for file in &files {
         let body = std::fs::read_to_string(file).unwrap();
         let name = file.file_name().unwrap().to_str().unwrap().to_owned();
-        let _: serde_json::Value = serde_json::from_str(&body)
-            .unwrap_or_else(|e| panic!("{name} is not JSON: {e}"));
+        let _: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"));
         let verdict = if name.ends_with(".anthropic.json") {
             anthropic += 1;
             rules::check_anthropic_body(&body, true)
