@@ -1,6 +1,7 @@
 //! The `psych` command: the prompt budget of any MCP setup (`psych budget`), the search
 //! tier's ranking over every catalogue (`psych search`), the orientation payload
-//! (`psych orient`), and the reader over a record log (`psych read`).
+//! (`psych orient`), the reader over a record log (`psych read`), and a scripted Run
+//! against the embedded servers (`psych demo`).
 //!
 //! With no `--config`, the commands run against the embedded default: five MCP servers
 //! bundled with Psych, each this executable started as a real server process
@@ -9,11 +10,13 @@
 //! Exit codes: 0 success; 1 the report was printed but at least one server failed (budget,
 //! search, orient), or `read` answered a validation error; 2 bad arguments; 3 nothing could
 //! be reported (an unreadable configuration, a catalogue that cannot be opened, a log that
-//! cannot be read, or a foreign or unknown handle).
+//! cannot be read, or a foreign or unknown handle; for `demo`, an embedded server that did
+//! not start or a step of the Run that failed).
 
 #![forbid(unsafe_code)]
 
 mod budget;
+mod demo;
 mod reason;
 mod setup;
 
@@ -26,7 +29,7 @@ use serde::Serialize;
 
 const EXIT_CODES: &str = "Exit codes: 0 success; 1 printed, but a server failed (or `read` \
 answered a validation error); 2 bad arguments; 3 nothing to report (configuration, \
-catalogue or log unreadable; a foreign or unknown handle).";
+catalogue or log unreadable; a foreign or unknown handle; a demo server or step failed).";
 
 /// The prompt budget of any MCP setup, and Psych's view of it.
 #[derive(Debug, Parser)]
@@ -102,6 +105,17 @@ enum Command {
         /// Only lines containing this literal text.
         #[arg(long)]
         grep: Option<String>,
+    },
+    /// Play a scripted multi-turn Run against the embedded servers and print, step by step,
+    /// each request's size, the bytes it reuses, what was elided and what the reader read.
+    ///
+    /// Offline and deterministic: the model is a script, the clock fixed. Example:
+    /// `psych demo --dump demo-requests`
+    #[command(after_help = EXIT_CODES)]
+    Demo {
+        /// Write every rendered request body (Anthropic and OpenAI JSON) into this folder.
+        #[arg(long, value_name = "DIR")]
+        dump: Option<PathBuf>,
     },
     /// Serve one embedded catalogue over stdio (started by the other commands).
     #[command(name = "serve-embedded", hide = true)]
@@ -238,6 +252,7 @@ fn run(command: Command) -> Result<u8, String> {
             limit,
             grep,
         } => read(&log, handle, offset, limit, grep),
+        Command::Demo { dump } => demo::run(dump.as_deref()),
         Command::Serve { args } => serve(args),
     }
 }

@@ -1,0 +1,542 @@
+//! `psych demo`: a scripted multi-turn Run against the embedded servers (the five real MCP
+//! server processes `psych budget` starts with no `--config`), printed turn by turn and
+//! step by step.
+//!
+//! The same script drives two Runs side by side, one rendered for Anthropic and one for
+//! OpenAI Chat Completions, so each step shows both requests' sizes and the bytes each
+//! shares with the request before it (prompt-assembly's `CacheReport`). The model is
+//! psych-runtime's `ScriptedModel`; the clock is fixed; the catalogue is in memory and the
+//! Runs' logs live in a temporary folder, so the output is the same on every machine and
+//! nothing is left behind. What the demo prints is the crates' own work: the Surface,
+//! the elision of earlier turns' results, the reader's answer, the spent-token sum.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use psych_catalog::Catalog;
+use psych_disclosure::{Budget, Settings};
+use psych_mcp::{McpConfig, McpManager};
+use psych_prompt_assembly::{
+    AnthropicOptions, CacheReport, CacheRow, OpenAiOptions, Part, RenderedRequest,
+};
+use psych_runtime::{ModelReply, Next, Run, ScriptedModel, Spent, Step, Target};
+use psych_types::{
+    ConnectionSpec, LoggedRecord, PermissionGrant, Reachability, Record, RunId, ToolResult,
+};
+use serde_json::json;
+
+/// The transient message's clock: a fixed instant, so every byte is the same on every run.
+const NOW: i64 = 1_796_041_497;
+
+/// The Runs' id (one log per provider, each in its own folder).
+const RUN: &str = "demo";
+
+/// Zone 1's instructions.
+const INSTRUCTIONS: &str = "You are the psych demo's assistant. Use the tools to answer; \
+read an elided result back with read_tool_output rather than guessing.";
+
+/// Where the results the reader answers with are cut for printing.
+const SHOWN_LINES: usize = 12;
+
+/// Runs the demo; writes every request body under `dump` when given.
+pub(crate) fn run(dump: Option<&Path>) -> Result<u8, String> {
+    if let Some(dir) = dump {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let config = crate::setup::embedded_config()?;
+    let logs = tempfile::tempdir().map_err(|e| format!("cannot create a temporary folder: {e}"))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async {
+        let manager = McpManager::builder(config.clone())
+            .build()
+            .map_err(|e| e.to_string())?;
+        let outcome = demo(&config, &manager, logs.path(), dump).await;
+        manager.shutdown().await;
+        outcome
+    })?;
+    Ok(0)
+}
+
+/// One provider's Run and the script answering it.
+struct Side {
+    run: Run<McpManager>,
+    model: ScriptedModel,
+    /// Every request of the session, in order (the cache report's input).
+    requests: Vec<RenderedRequest>,
+    /// `anthropic` or `openai`: the dump files' suffix.
+    name: &'static str,
+}
+
+impl Side {
+    /// The cache report's row of the last request (against the one before it).
+    fn last_row(&self) -> Option<CacheRow> {
+        let from = self.requests.len().saturating_sub(2);
+        CacheReport::new(&self.requests[from..])
+            .rows()
+            .last()
+            .cloned()
+    }
+}
+
+/// Connects and syncs the servers, then plays the script on both providers.
+async fn demo(
+    config: &McpConfig,
+    manager: &McpManager,
+    logs: &Path,
+    dump: Option<&Path>,
+) -> Result<(), String> {
+    let catalog = Catalog::in_memory().map_err(|e| format!("the catalogue: {e}"))?;
+    let reached = manager.connect_all().await;
+    for (server, reachability) in &reached {
+        if let Reachability::Unreachable { reason } = reachability {
+            return Err(format!(
+                "the embedded server {server} did not start: {reason}"
+            ));
+        }
+        let listing = manager
+            .list(server)
+            .await
+            .map_err(|e| format!("listing {server}: {e}"))?;
+        catalog
+            .refresh(server, &listing.tools)
+            .map_err(|e| format!("syncing {server}: {e}"))?;
+        catalog.set_reachability(server, Reachability::Reachable);
+    }
+
+    let targets = [
+        (
+            "anthropic",
+            Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096)),
+        ),
+        ("openai", Target::OpenAi(OpenAiOptions::new("gpt-4.1"))),
+    ];
+    let mut sides = Vec::with_capacity(targets.len());
+    for (name, target) in targets {
+        let run = open_run(config, manager, &catalog, &logs.join(name), target).await?;
+        sides.push(Side {
+            run,
+            model: ScriptedModel::default(),
+            requests: Vec::new(),
+            name,
+        });
+    }
+
+    println!(
+        "psych demo: a scripted Run against the {} embedded MCP servers (real processes).",
+        reached.len()
+    );
+    println!("The model is a script and the clock is fixed; every byte below is reproducible.");
+    println!("Each request is rendered for Anthropic Messages and OpenAI Chat Completions.");
+    println!("\"reused\": bytes of it (less cache_control marks) that repeat the cacheable");
+    println!("prefix of the request before, as prompt-assembly's cache report counts them.");
+
+    // Turn 1: a direct call and the orientation in parallel, then a deferred server reached
+    // through list → describe → call.
+    let open_issues = json!({
+        "workspace_id": "acme",
+        "filters": [{"field": "state", "op": "eq", "value": "open"}]
+    });
+    let turn1 = vec![
+        Step::call("psych_orientation", json!({"verbose": true}))
+            .and_call("notes__search_issues", open_issues)
+            .saying("I will look at the whole toolkit and search the notes at once."),
+        Step::call("psych_list_tools", json!({"server": "suite"})),
+        Step::call(
+            "psych_describe_tool",
+            json!({"server": "suite", "tool": "list_invoice"}),
+        ),
+        Step::call(
+            "psych_call_tool",
+            json!({"server": "suite", "tool": "list_invoice", "arguments": {"workspace_id": "acme"}}),
+        ),
+        Step::say("Here are ACME's open invoices, from the suite server."),
+    ];
+    let mut calls = 1;
+    play(
+        &mut sides,
+        1,
+        "What can you reach? Then find ACME's open invoices.",
+        &turn1,
+        &mut calls,
+        dump,
+    )
+    .await?;
+
+    // Turn 2: the orientation's full tool map is elided now; read it back by handle.
+    let handle = sides
+        .first()
+        .and_then(|side| result_handle(side.run.history(), "call_1"))
+        .ok_or("the orientation's result is not in the log")?;
+    let turn2 = vec![
+        Step::call(
+            "read_tool_output",
+            json!({"handle": handle, "grep": "export_invoice"}),
+        )
+        .saying("The tool map I read earlier is elided now; I will grep it."),
+        Step::say("The suite can export invoices with billing_export_invoice."),
+    ];
+    play(
+        &mut sides,
+        2,
+        "Which tools can export invoices?",
+        &turn2,
+        &mut calls,
+        dump,
+    )
+    .await?;
+
+    println!();
+    for side in &sides {
+        println!(
+            "Cache report, {} (bytes, a proxy for what a prompt cache can reuse):",
+            side.name
+        );
+        println!(
+            "{}",
+            indent(&CacheReport::new(&side.requests).to_string(), "  ")
+        );
+    }
+    println!();
+    println!("Spent, summed from the usage the script reported (request bytes / 4, reply");
+    println!("bytes / 4): the script's figures, not a provider's.");
+    for side in &sides {
+        println!("  {:<10} {}", side.name, spent_line(&side.run.spent()));
+    }
+    if let Some(dir) = dump {
+        let files: usize = sides.iter().map(|s| s.requests.len()).sum();
+        println!();
+        println!("{files} request bodies written to {}", dir.display());
+    }
+    Ok(())
+}
+
+/// Opens one provider's Run over the embedded servers, all of them granted, with the auto
+/// budget `psych budget` reports (5% of a 200,000-token window).
+async fn open_run(
+    config: &McpConfig,
+    manager: &McpManager,
+    catalog: &Catalog,
+    dir: &Path,
+    target: Target,
+) -> Result<Run<McpManager>, String> {
+    let connections: Vec<ConnectionSpec> = config
+        .servers
+        .values()
+        .map(|s| s.connection.clone())
+        .collect();
+    let grant = config
+        .servers
+        .keys()
+        .fold(PermissionGrant::none(), |g, s| g.allow_server(s.clone()));
+    let settings = Settings::builder()
+        .auto_budget(Budget::WindowShare {
+            window_tokens: 200_000,
+            percent: 5,
+        })
+        .build()
+        .map_err(|e| format!("settings: {e}"))?;
+    let run = RunId::new(RUN).map_err(|e| e.to_string())?;
+    Run::builder(dir, run, catalog.clone(), Arc::new(manager.clone()))
+        .connections(connections)
+        .grant(grant)
+        .settings(settings)
+        .instructions(INSTRUCTIONS)
+        .target(target)
+        .clock(|| NOW)
+        .open()
+        .await
+        .map_err(|e| format!("opening the Run: {e}"))
+}
+
+/// Plays one turn on every side in step, printing the first side's steps and every side's
+/// request sizes.
+async fn play(
+    sides: &mut [Side],
+    turn: usize,
+    user: &str,
+    steps: &[Step],
+    calls: &mut u64,
+    dump: Option<&Path>,
+) -> Result<(), String> {
+    println!();
+    println!("Turn {turn}. User: {user}");
+    let mut requests = Vec::with_capacity(sides.len());
+    for side in sides.iter_mut() {
+        side.model = ScriptedModel::new(steps.to_vec()).first_call(*calls);
+        let request = side
+            .run
+            .user(user)
+            .await
+            .map_err(|e| format!("turn {turn}: {e}"))?;
+        requests.push(request);
+    }
+    if let Some(surface) = sides.first().and_then(|s| s.run.surface()) {
+        println!(
+            "  Surface: {} tools; deferred: {}",
+            surface.tools().len() + 1,
+            deferred_servers(surface.deferred_lines())
+        );
+    }
+    for step in 1.. {
+        println!("  step {step}");
+        let mut replies = Vec::with_capacity(sides.len());
+        for (side, request) in sides.iter_mut().zip(requests.drain(..)) {
+            side.requests.push(request);
+            let Some(request) = side.requests.last() else {
+                continue;
+            };
+            let row = side.last_row().unwrap_or(CacheRow {
+                bytes: 0,
+                reused: 0,
+                first_change: None,
+            });
+            println!(
+                "    {:<9} {:>9} B  reused {:>9} B ({:>5.1}%){}",
+                side.name,
+                group(request.body().len()),
+                group(row.reused),
+                row.reused_share() * 100.0,
+                row.first_change
+                    .as_ref()
+                    .filter(|_| row.reused > 0)
+                    .map(|part| format!("  new from {}", part_name(part)))
+                    .unwrap_or_default()
+            );
+            if let Some(dir) = dump {
+                let file = dir.join(format!(
+                    "{:02}-turn{turn}-step{step}.{}.json",
+                    side.requests.len(),
+                    side.name
+                ));
+                std::fs::write(&file, request.body())
+                    .map_err(|e| format!("writing {}: {e}", file.display()))?;
+            }
+            replies.push(side.model.reply(request));
+        }
+        let Some(first) = sides.first() else {
+            return Ok(());
+        };
+        let elided = elided(first.run.history(), first.requests.last());
+        if !elided.is_empty() {
+            println!("    elided    {}", elided.join(", "));
+        }
+        if let Some(reply) = replies.first() {
+            print_reply(reply);
+            *calls += reply.tool_calls.len() as u64;
+        }
+        let mut done = 0;
+        for (side, reply) in sides.iter_mut().zip(replies) {
+            let before = side.run.history().len();
+            let next = side
+                .run
+                .reply(reply)
+                .await
+                .map_err(|e| format!("turn {turn}, step {step}: {e}"))?;
+            if side.name == "anthropic" {
+                print_results(&side.run.history()[before..]);
+            }
+            match next {
+                Next::Request(request) => requests.push(request),
+                _ => done += 1,
+            }
+        }
+        if done == sides.len() {
+            return Ok(());
+        }
+        if done > 0 {
+            return Err(format!(
+                "turn {turn}: the providers' Runs went different ways"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The model's side of one step.
+fn print_reply(reply: &ModelReply) {
+    if !reply.text.is_empty() {
+        println!(
+            "    model     {}",
+            crate::truncate(&format!("{:?}", reply.text), 66)
+        );
+    }
+    if reply.tool_calls.len() > 1 {
+        println!("    calls     {} in parallel", reply.tool_calls.len());
+    }
+    for call in &reply.tool_calls {
+        println!("    call      {} {}", call.id, call.name);
+        for chunk in chunks(&call.arguments.to_string(), 62) {
+            println!("                {chunk}");
+        }
+    }
+}
+
+/// The results a step logged: each with its size and handle; the reader's answer in full
+/// (up to [`SHOWN_LINES`] lines).
+fn print_results(records: &[LoggedRecord]) {
+    for logged in records {
+        let Record::ToolResult(ToolResult {
+            call_id,
+            name,
+            output,
+        }) = &logged.record
+        else {
+            continue;
+        };
+        let text = output.readable_text();
+        let state = if output.is_error() { " (error)" } else { "" };
+        println!(
+            "    result    {call_id} {name}: {} B logged whole as {}{state}",
+            group(text.len()),
+            logged.handle
+        );
+        if name == psych_reader_tool::TOOL_NAME {
+            for line in text.lines().take(SHOWN_LINES) {
+                println!("      | {}", crate::truncate(line, 70));
+            }
+            let more = text.lines().count().saturating_sub(SHOWN_LINES);
+            if more > 0 {
+                println!("      | … {more} more lines");
+            }
+        }
+    }
+}
+
+/// The handle of the result of call `id`.
+fn result_handle(history: &[LoggedRecord], id: &str) -> Option<String> {
+    history.iter().find_map(|logged| match &logged.record {
+        Record::ToolResult(result) if result.call_id.as_str() == id => {
+            Some(logged.handle.to_string())
+        }
+        _ => None,
+    })
+}
+
+/// The results `request` sends as an elided preview: those whose guidance (elision's
+/// preview names the handle to read it back with) is in the body, with the bytes the log
+/// holds.
+fn elided(history: &[LoggedRecord], request: Option<&RenderedRequest>) -> Vec<String> {
+    let Some(request) = request else {
+        return Vec::new();
+    };
+    history
+        .iter()
+        .filter_map(|logged| match &logged.record {
+            Record::ToolResult(result) => {
+                let marker = format!(r#"handle \"{}\""#, logged.handle);
+                request.body().contains(&marker).then(|| {
+                    format!(
+                        "{} ({} {} B, sent as a preview)",
+                        logged.handle,
+                        result.name,
+                        group(result.output.readable_text().len())
+                    )
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The deferred servers' names, from their lines (`name: deferred MCP server, …`).
+fn deferred_servers(lines: &[String]) -> String {
+    let names: Vec<&str> = lines
+        .iter()
+        .filter_map(|line| line.split(':').next())
+        .collect();
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// The part of a request a byte falls in, as the cache report names it.
+fn part_name(part: &Part) -> &'static str {
+    match part {
+        Part::Preamble => "the preamble",
+        Part::Tools => "the tools",
+        Part::StaticSystem => "zone 1",
+        Part::DynamicSystem => "zone 2",
+        Part::Message { .. } => "the history",
+        Part::Transient => "the transient message",
+        _ => "elsewhere",
+    }
+}
+
+/// The spent tokens, one line.
+fn spent_line(spent: &Spent) -> String {
+    let usage = &spent.usage;
+    format!(
+        "{} calls: input {}, output {}, cache r/w {}/{}; total {}",
+        spent.calls,
+        group(usage.input as usize),
+        group(usage.output as usize),
+        group(usage.cache_read as usize),
+        group(usage.cache_write as usize),
+        group(spent.total() as usize)
+    )
+}
+
+/// `n` with thousands separators.
+fn group(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `text` cut into pieces of at most `width` characters (arguments are printed whole).
+fn chunks(text: &str, width: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    chars
+        .chunks(width.max(1))
+        .map(|c| c.iter().collect())
+        .collect()
+}
+
+/// Every line of `text` prefixed with `prefix`.
+fn indent(text: &str, prefix: &str) -> String {
+    text.lines()
+        .map(|line| format!("{prefix}{line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_thousands() {
+        assert_eq!(group(0), "0");
+        assert_eq!(group(999), "999");
+        assert_eq!(group(1_000), "1,000");
+        assert_eq!(group(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn deferred_servers_are_named_from_their_lines() {
+        let lines = [
+            "forge: deferred MCP server, 117 tools.".to_owned(),
+            "suite: deferred MCP server, 480 tools.".to_owned(),
+        ];
+        assert_eq!(deferred_servers(&lines), "forge, suite");
+        assert_eq!(deferred_servers(&[]), "none");
+    }
+
+    #[test]
+    fn chunks_keep_every_character() {
+        assert_eq!(chunks("abcdé", 2), ["ab", "cd", "é"]);
+        assert!(chunks("", 2).is_empty());
+    }
+}
