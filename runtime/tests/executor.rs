@@ -2,6 +2,12 @@
 //! per-call deadline, a grant revoked mid-Run, a read by a handle never emitted, resume
 //! after a crash that left calls unanswered, and spent tokens from usage records only.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -129,7 +135,6 @@ async fn parallel_calls_run_together_and_log_in_call_order() {
             Record::Assistant(_) => "assistant",
             Record::ToolResult(_) => "result",
             Record::Usage(_) => "usage",
-            _ => "other",
         })
         .collect();
     assert_eq!(

@@ -23,7 +23,12 @@
 //!   bytes change at most once, when its turn ends. Fixed-script tests show each check
 //!   catches a broken part.
 //!
-//! Still to come: end-to-end runs against a real MCP server process.
+//! - `runtime_e2e.rs`: a psych-runtime `Run` against real MCP server processes (the
+//!   `psych-e2e-child` binary of this crate serves psych-mcp's test server): a scripted
+//!   three-turn session over a small eager server, a large deferred one, one over HTTP and
+//!   one added mid-Run, every request through the rule checker and the last one pinned for
+//!   both providers; faults (crash mid-call, hang, never starts, garbage, HTTP gone); and a
+//!   Run killed with SIGKILL mid-step (`psych-e2e-child run`), then resumed.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]

@@ -25,7 +25,7 @@ use psych_mcp::test_server::large_text;
 use psych_mcp::{Backoff, McpConfig, McpManager, ServerConfig, Timeouts};
 use psych_prompt_assembly::{AnthropicOptions, OpenAiOptions, RenderedRequest};
 use psych_record_log::{RecordLog, SyncPolicy};
-use psych_runtime::{CatalogSync, Next, Run, ScriptedModel, Step, Target};
+use psych_runtime::{CatalogSync, INTERRUPTED, Next, Run, ScriptedModel, Step, Target};
 use psych_types::{
     ConnectionSpec, ContentBlock, PermissionGrant, Record, RecordHandle, RunId, ServerId,
     ToolOutput,
@@ -173,9 +173,13 @@ impl World {
     }
 
     async fn run(&self, dir: &Path, target: Target) -> Run<McpManager> {
+        self.run_named(dir, "run-e2e", target).await
+    }
+
+    async fn run_named(&self, dir: &Path, run: &str, target: Target) -> Run<McpManager> {
         Run::builder(
             dir,
-            RunId::new("run-e2e").unwrap(),
+            RunId::new(run).unwrap(),
             self.catalog(),
             Arc::new(self.manager.clone()),
         )
@@ -464,4 +468,160 @@ async fn a_scripted_session_against_real_servers_openai() {
     let target = Target::OpenAi(OpenAiOptions::new("gpt-4.1").prompt_cache_key("run-e2e"));
     let (_, last) = session(target).await;
     insta::assert_snapshot!("e2e_last_request_openai", last.pretty_body());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_are_clear_tool_errors_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut http = HttpServer::start();
+    let world = World::start(
+        config(json!({
+            "small": stdio(&["--garbage-at-start", "5"], json!({"preload": true})),
+            "crashy": stdio(&[], json!({"preload": true})),
+            "dead": stdio(&["--exit-at-once", "3"], json!({"preload": true})),
+            "web": {"type": "http", "url": http.url},
+        })),
+        Duration::from_secs(1),
+    )
+    .await;
+    let target = Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096));
+    let mut run = world.run(dir.path(), target.clone()).await;
+    http.kill();
+    let mut model = ScriptedModel::new([
+        Step::call("crashy__crash", json!({}))
+            .and_call("small__hang", json!({}))
+            .and_call(
+                "psych_call_tool",
+                json!({"server": "dead", "tool": "echo", "arguments": {"text": "x"}}),
+            )
+            .and_call("small__garbage", json!({"lines": 3}))
+            .and_call("web__echo", json!({"text": "is anyone there?"}))
+            .and_call("small__echo", json!({"text": "still fine"})),
+        Step::say("Some tools failed; I can say why."),
+    ]);
+    let requests = turn(&mut run, &mut model, "Try everything.", &target).await;
+    let crash = text(&run, "call_1");
+    assert!(result_of(&run, "call_1").1.is_error());
+    assert!(
+        crash.starts_with("the call to crashy/crash failed: "),
+        "{crash}"
+    );
+    assert!(
+        crash.contains("crashing on request"),
+        "the server's stderr is quoted: {crash}"
+    );
+    let hang = text(&run, "call_2");
+    assert!(result_of(&run, "call_2").1.is_error());
+    assert!(
+        hang.starts_with("the call to small/hang failed: "),
+        "{hang}"
+    );
+    assert!(
+        hang.contains("1s") || hang.contains("1000 ms") || hang.contains("deadline"),
+        "{hang}"
+    );
+    let dead = text(&run, "call_3");
+    assert!(result_of(&run, "call_3").1.is_error());
+    assert!(dead.contains("dead"), "{dead}");
+    assert!(
+        !result_of(&run, "call_4").1.is_error(),
+        "{}",
+        text(&run, "call_4")
+    );
+    let gone = text(&run, "call_5");
+    assert!(result_of(&run, "call_5").1.is_error());
+    assert!(gone.contains("web"), "{gone}");
+    assert_eq!(text(&run, "call_6"), "still fine");
+    // The model sees each error in the next request.
+    for error in [&crash, &hang, &gone] {
+        let quoted = serde_json::to_string(error).unwrap();
+        assert!(
+            requests[1].body().contains(&quoted[1..quoted.len() - 1]),
+            "{error}"
+        );
+    }
+    // Nothing logged is lost.
+    let history = run.history().to_vec();
+    drop(run);
+    let (log, recovery) = RecordLog::open(
+        dir.path(),
+        &RunId::new("run-e2e").unwrap(),
+        SyncPolicy::EveryAppend,
+    )
+    .unwrap();
+    assert!(recovery.is_clean());
+    assert_eq!(log.iter().map(|r| r.unwrap()).collect::<Vec<_>>(), history);
+    drop(log);
+    world.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_killed_mid_step_resumes_with_its_log_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(CHILD)
+        .arg("run")
+        .arg(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while line.trim() != "calling" {
+        line.clear();
+        assert_ne!(
+            stderr.read_line(&mut line).unwrap(),
+            0,
+            "the child ended before its step"
+        );
+    }
+    // Let the calls start, then kill -9.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let world = World::start(
+        config(json!({"svc": stdio(&[], json!({}))})),
+        Duration::from_secs(5),
+    )
+    .await;
+    let target = Target::OpenAi(OpenAiOptions::new("gpt-4.1"));
+    let mut run = world
+        .run_named(dir.path(), "run-crash", target.clone())
+        .await;
+    let kinds: Vec<String> = run
+        .history()
+        .iter()
+        .map(|l| match &l.record {
+            Record::User(u) => format!("user {}", u.text),
+            Record::Usage(_) => "usage".to_owned(),
+            Record::Assistant(a) => format!("assistant with {} calls", a.tool_calls.len()),
+            Record::ToolResult(r) => format!("{} {}", r.call_id, r.output.readable_text()),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "user Start, then die.".to_owned(),
+            "usage".to_owned(),
+            "assistant with 2 calls".to_owned(),
+            format!("call_1 {INTERRUPTED}"),
+            format!("call_2 {INTERRUPTED}"),
+        ]
+    );
+    // The next request is valid, and the turn goes on.
+    let request = run.request().await.unwrap();
+    check(&request, &target);
+    let mut model = ScriptedModel::new([
+        Step::call("svc__echo", json!({"text": "again"})),
+        Step::say("Recovered."),
+    ])
+    .first_call(3);
+    let transcript = model.continue_turn(&mut run, request).await.unwrap();
+    for request in &transcript.requests {
+        check(request, &target);
+    }
+    assert_eq!(transcript.text, "Recovered.");
+    assert_eq!(text(&run, "call_3"), "again");
+    drop(run);
+    world.stop().await;
 }

@@ -1,0 +1,294 @@
+//! The runtime's own overhead per step, the server excluded (an in-process host that answers
+//! at once), for 20 servers / 2,000 tools and a 500-record history.
+//!
+//! Group `step_20_servers_2000_tools_500_records`:
+//! - `step`: what a Run does per step besides waiting for the model and the server: read
+//!   every connected server's live catalogue, resolve the Surface, assemble the 500-record
+//!   history with the elider and render it for Anthropic, route one forwarded call through
+//!   the executor (guard with argument validation, the host, the log append);
+//! - `resolve`: the catalogue reads and disclosure's `resolve` alone;
+//! - `assemble_render`: assembly and the Anthropic render alone;
+//! - `route`: the executor alone on one forwarded call (log opened `OsBuffered`, so the
+//!   figure is the runtime's work, not the disk's `fdatasync`);
+//! - `baseline_serialize_history`: `serde_json::to_string` of the 500 records, the least
+//!   work that reads the history once.
+//!
+//! Catalogues are psych-mcp's `synthetic_tools` (realistic names, descriptions, schemas):
+//! five servers of 10 tools (direct) and fifteen of 130 (deferred or a search pair).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark fails loudly on bad data"
+)]
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use psych_catalog::Catalog;
+use psych_disclosure::{Inputs, Live, Settings, Surface, Validators, Verdict, resolve};
+use psych_elision::{Elider, Estimator};
+use psych_mcp::synthetic_tools;
+use psych_prompt_assembly::{
+    AnthropicOptions, Assembler, CurrentTime, DynamicTail, StaticSections, Transient,
+};
+use psych_record_log::{SharedRecordLog, SyncPolicy};
+use psych_runtime::Executor;
+use psych_types::{
+    AssistantMessage, ConnectionSpec, JsonObject, LoggedRecord, PermissionGrant, Record,
+    RecordHandle, RunId, ServerCatalog, ServerId, ToolCall, ToolCallId, ToolDefinition, ToolHost,
+    ToolLister, ToolOutput, ToolRef, ToolResult, UserMessage,
+};
+use serde_json::json;
+
+/// Answers every call at once with a short text.
+struct Instant;
+
+impl ToolLister for Instant {
+    type Error = std::io::Error;
+
+    async fn list_tools(&self, _: &ServerId) -> Result<Vec<ToolDefinition>, Self::Error> {
+        Ok(Vec::new())
+    }
+}
+
+impl ToolHost for Instant {
+    async fn call_tool(&self, tool: &ToolRef, _: JsonObject) -> Result<ToolOutput, Self::Error> {
+        Ok(ToolOutput::text(format!("{} done", tool.tool)))
+    }
+}
+
+struct Setup {
+    catalog: Catalog,
+    connections: Vec<ConnectionSpec>,
+    grant: PermissionGrant,
+    history: Vec<LoggedRecord>,
+    call: ToolCall,
+}
+
+fn setup() -> Setup {
+    let catalog = Catalog::in_memory().unwrap();
+    let mut connections = Vec::new();
+    let mut grant = PermissionGrant::none();
+    let mut total = 0;
+    for i in 0..20 {
+        let server = ServerId::new(format!("s{i:02}")).unwrap();
+        let tools = synthetic_tools(if i < 5 { 10 } else { 130 });
+        total += tools.len();
+        catalog.refresh(&server, &tools).unwrap();
+        connections.push(ConnectionSpec::new(server.clone()));
+        grant = grant.allow_server(server);
+    }
+    assert_eq!(total, 2_000);
+    let run = RunId::new("bench").unwrap();
+    let mut history = Vec::new();
+    let push = |history: &mut Vec<LoggedRecord>, record| {
+        let handle = RecordHandle::new(run.clone(), history.len() as u64);
+        history.push(LoggedRecord { handle, record });
+    };
+    let log_text: String = (0..300)
+        .map(|i| {
+            format!(
+                "2026-11-30T12:{:02}:00Z GET /api/items/{i} 200 12ms\n",
+                i % 60
+            )
+        })
+        .collect();
+    let mut turn = 0;
+    while history.len() < 500 {
+        turn += 1;
+        push(
+            &mut history,
+            Record::User(UserMessage {
+                text: format!("Turn {turn}: look at the items and the log."),
+            }),
+        );
+        let calls: Vec<ToolCall> = (0..2)
+            .map(|k| ToolCall {
+                id: ToolCallId::new(format!("call_{turn}_{k}")).unwrap(),
+                name: "s00__list_items".into(),
+                arguments: json!({"page": k, "query": "open"}),
+            })
+            .collect();
+        push(
+            &mut history,
+            Record::Assistant(AssistantMessage {
+                text: "Checking.".into(),
+                tool_calls: calls.clone(),
+            }),
+        );
+        push(
+            &mut history,
+            Record::ToolResult(ToolResult {
+                call_id: calls[0].id.clone(),
+                name: calls[0].name.clone(),
+                output: ToolOutput::json(
+                    json!({"items": (0..20).map(|i| json!({"id": i, "title": format!("Item {i}"), "state": "open"})).collect::<Vec<_>>()}),
+                ),
+            }),
+        );
+        push(
+            &mut history,
+            Record::ToolResult(ToolResult {
+                call_id: calls[1].id.clone(),
+                name: calls[1].name.clone(),
+                output: ToolOutput::text(log_text.clone()),
+            }),
+        );
+        push(
+            &mut history,
+            Record::Assistant(AssistantMessage {
+                text: format!("Turn {turn} looks fine."),
+                tool_calls: Vec::new(),
+            }),
+        );
+    }
+    push(
+        &mut history,
+        Record::User(UserMessage {
+            text: "One more thing.".into(),
+        }),
+    );
+    // A direct tool that takes `{}`: the call the step routes.
+    let catalogs = live(&catalog, &connections);
+    let surface = resolve_now(&catalogs, &connections, &grant);
+    let mut validators = Validators::new();
+    let name = surface
+        .tools()
+        .iter()
+        .map(|t| t.name.as_str().to_owned())
+        .find(|name| {
+            name.starts_with("s0")
+                && matches!(
+                    surface.guard(
+                        name,
+                        &json!({}),
+                        &Live {
+                            grant: &grant,
+                            catalogs: &catalogs
+                        },
+                        &mut validators
+                    ),
+                    Verdict::Forward(_)
+                )
+        })
+        .expect("a direct tool that takes no argument");
+    let call = ToolCall {
+        id: ToolCallId::new("call_bench").unwrap(),
+        name,
+        arguments: json!({}),
+    };
+    Setup {
+        catalog,
+        connections,
+        grant,
+        history,
+        call,
+    }
+}
+
+fn live(catalog: &Catalog, connections: &[ConnectionSpec]) -> Vec<ServerCatalog> {
+    connections
+        .iter()
+        .map(|c| catalog.live(&c.server).unwrap())
+        .collect()
+}
+
+fn resolve_now(
+    catalogs: &[ServerCatalog],
+    connections: &[ConnectionSpec],
+    grant: &PermissionGrant,
+) -> Surface {
+    let inputs = Inputs {
+        connections,
+        catalogs,
+        grant,
+    };
+    resolve(&inputs, &Settings::default(), &Estimator::new()).unwrap()
+}
+
+fn assemble(surface: &Surface, history: &[LoggedRecord], elider: &Elider) -> usize {
+    let zone1 = surface.deferred_lines().iter().fold(
+        StaticSections::new("You are a careful assistant."),
+        |z, l| z.capability_note(l.clone()),
+    );
+    let zone2 = DynamicTail::new();
+    let tools = surface.tools().to_vec();
+    let transient = Transient::at(CurrentTime::utc(1_796_041_497).unwrap());
+    let prompt = Assembler::new(&zone1, &zone2, &tools)
+        .assemble(history, elider, &transient)
+        .unwrap();
+    prompt
+        .render_anthropic(&AnthropicOptions::new("claude-sonnet-4-5", 4096))
+        .unwrap()
+        .body()
+        .len()
+}
+
+fn bench_step(c: &mut Criterion) {
+    let setup = setup();
+    let elider = Elider::default();
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = SharedRecordLog::open(
+        dir.path(),
+        &RunId::new("bench").unwrap(),
+        SyncPolicy::OsBuffered,
+    )
+    .unwrap();
+    let executor = Executor::new(Arc::new(Instant), Arc::new(log));
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let calls = [setup.call.clone()];
+    let step = || {
+        let catalogs = live(&setup.catalog, &setup.connections);
+        let surface = resolve_now(&catalogs, &setup.connections, &setup.grant);
+        let bytes = assemble(&surface, &setup.history, &elider);
+        let live = Live {
+            grant: &setup.grant,
+            catalogs: &catalogs,
+        };
+        let logged = tokio
+            .block_on(executor.execute(&surface, &live, &calls))
+            .unwrap();
+        bytes + logged.len()
+    };
+    eprintln!("request bytes per step: {}", step());
+
+    let mut group = c.benchmark_group("step_20_servers_2000_tools_500_records");
+    group.bench_function("step", |b| b.iter(|| black_box(step())));
+    group.bench_function("resolve", |b| {
+        b.iter(|| {
+            let catalogs = live(&setup.catalog, &setup.connections);
+            black_box(resolve_now(&catalogs, &setup.connections, &setup.grant))
+        })
+    });
+    let catalogs = live(&setup.catalog, &setup.connections);
+    let surface = resolve_now(&catalogs, &setup.connections, &setup.grant);
+    group.bench_function("assemble_render", |b| {
+        b.iter(|| black_box(assemble(&surface, &setup.history, &elider)))
+    });
+    group.bench_function("route", |b| {
+        b.iter(|| {
+            let live = Live {
+                grant: &setup.grant,
+                catalogs: &catalogs,
+            };
+            black_box(
+                tokio
+                    .block_on(executor.execute(&surface, &live, &calls))
+                    .unwrap(),
+            )
+        })
+    });
+    group.bench_function("baseline_serialize_history", |b| {
+        b.iter(|| black_box(serde_json::to_string(&setup.history).unwrap().len()))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_step);
+criterion_main!(benches);
