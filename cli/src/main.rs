@@ -17,6 +17,7 @@
 
 mod budget;
 mod demo;
+mod gateway;
 mod reason;
 mod setup;
 
@@ -116,6 +117,26 @@ enum Command {
         /// Write every rendered request body (Anthropic and OpenAI JSON) into this folder.
         #[arg(long, value_name = "DIR")]
         dump: Option<PathBuf>,
+    },
+    /// Serve every MCP server of the file to one MCP client, as one MCP server with Psych's
+    /// disclosure: direct tools, facades or search pairs, the meta tools for deferred
+    /// servers, `read_tool_output` and the orientation tool; large results elided and
+    /// logged whole under `<dir>/serve/`.
+    ///
+    /// Example, in a client's config: `"psych": {"command": "psych", "args": ["serve",
+    /// "--config", "/home/me/.psych/mcp.json"]}`
+    #[command(name = "serve", after_help = EXIT_CODES)]
+    Gateway {
+        /// An `mcpServers` file; the embedded default servers when absent. A server entry
+        /// may narrow its grant with `"allowTools": ["tool", ...]`.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Serve streamable HTTP on this loopback address instead of stdio.
+        #[arg(long, value_name = "ADDR")]
+        http: Option<std::net::SocketAddr>,
+        /// Where the session logs go (`<dir>/serve/<session>.plog`).
+        #[arg(long, value_name = "DIR", default_value = ".psych")]
+        dir: PathBuf,
     },
     /// Serve one embedded catalogue over stdio (started by the other commands).
     #[command(name = "serve-embedded", hide = true)]
@@ -254,6 +275,17 @@ fn run(command: Command) -> Result<u8, String> {
         } => read(&log, handle, offset, limit, grep),
         Command::Demo { dump } => demo::run(dump.as_deref()),
         Command::Serve { args } => serve(args),
+        Command::Gateway { config, http, dir } => {
+            let config = match config {
+                Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
+                None => setup::embedded_config()?,
+            };
+            let listen = match http {
+                Some(addr) => gateway::Listen::Http(addr),
+                None => gateway::Listen::Stdio,
+            };
+            gateway::run(config, &dir, listen)
+        }
     }
 }
 

@@ -1,0 +1,676 @@
+//! `psych serve`: Psych's disclosure for any MCP client, as one MCP server.
+//!
+//! The gateway connects the upstream servers of an `mcpServers` file (psych-mcp's
+//! [`McpManager`]), keeps their catalogues fresh in an in-memory catalogue (the runtime's
+//! [`CatalogSync`]: sync on connect, `list_changed`, reachability) and answers its one MCP
+//! client (stdio) or each of its clients (`--http`) with what disclosure decides:
+//!
+//! - `tools/list` resolves the Surface from the catalogue as it is *now* (direct tools,
+//!   facades, search pairs, the meta tools, the orientation tool) plus `read_tool_output`.
+//!   The deferred-server lines go in the initialize result's `instructions` and at the end of
+//!   the list meta tool's description, where a client that hides `instructions` still shows
+//!   them to its model.
+//! - `tools/call` goes through the runtime's [`Executor`] (the guard re-checked at call time
+//!   against the grant and the live catalogues, meta tools, orientation, the reader, the
+//!   forwarded call under a deadline); the result is logged whole in this session's record
+//!   log (`<dir>/serve/<session>.plog`) and the client gets psych-elision's projection of it
+//!   (the per-result threshold, failures truncated). A result that is not elided passes
+//!   through as the upstream sent it (images stay images).
+//! - A handle from another session is the JSON-RPC error `invalid_deferred_handle`, never a
+//!   tool result.
+//! - When what `tools/list` would answer changes (an upstream `list_changed`, a server
+//!   connecting late or going down), the client gets `notifications/tools/list_changed`.
+//!   Resolution is deterministic, so unchanged tools keep their bytes and their order.
+//!
+//! Grants come from the file: each server entry may carry Psych's `allowTools` key (a list of
+//! tool names); without it every tool of the server is permitted.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use psych_catalog::{Catalog, Freshener, FreshenerConfig};
+use psych_disclosure::{Budget, Inputs, LIST_TOOLS, Live, Settings, Surface, resolve};
+use psych_elision::{Elider, Estimator};
+use psych_mcp::{McpConfig, McpManager};
+use psych_reader_tool::tool_definition;
+use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
+use psych_runtime::{CatalogSync, ExecuteError, Executor};
+use psych_types::{
+    ConnectionSpec, PermissionGrant, Projection, Record, ResultProjector, ResultRef, RunId,
+    ServerCatalog, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolRef,
+};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
+    CustomResult, ErrorCode, ErrorData, Implementation, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerResult,
+};
+use rmcp::service::{NotificationContext, Peer, RequestContext};
+use rmcp::{RoleServer, ServerHandler, Service, ServiceExt};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+/// The key of a server entry that narrows its grant to the tools named.
+pub(crate) const ALLOW_TOOLS: &str = "allowTools";
+
+/// How often a session compares the catalogue's versions and health with what its client
+/// last saw.
+const WATCH_EVERY: Duration = Duration::from_millis(200);
+
+/// The code of the JSON-RPC error answering a handle this session never emitted.
+pub(crate) const INVALID_DEFERRED_HANDLE: &str = "invalid_deferred_handle";
+
+/// What every session shares: the upstream connections, the catalogue kept fresh from
+/// them, the connections and grant from the file, and disclosure's and elision's settings.
+struct Shared {
+    manager: McpManager,
+    freshener: Arc<Freshener<McpManager>>,
+    connections: Vec<ConnectionSpec>,
+    grant: PermissionGrant,
+    settings: Settings,
+    elider: Elider,
+    logs: PathBuf,
+    sessions: AtomicU64,
+}
+
+/// The grant the file gives: every server whole, or the tools its `allowTools` names.
+pub(crate) fn grant_from(config: &McpConfig) -> Result<PermissionGrant, String> {
+    let mut grant = PermissionGrant::none();
+    for (server, entry) in &config.servers {
+        match entry.extra.get(ALLOW_TOOLS) {
+            None => grant = grant.allow_server(server.clone()),
+            Some(Value::Array(names)) => {
+                for name in names {
+                    let name = name
+                        .as_str()
+                        .ok_or_else(|| format!("{server}: {ALLOW_TOOLS} holds a non-string"))?;
+                    let tool =
+                        ToolName::new(name).map_err(|e| format!("{server}: {ALLOW_TOOLS}: {e}"))?;
+                    grant = grant.allow_tool(ToolRef::new(server.clone(), tool));
+                }
+            }
+            Some(_) => return Err(format!("{server}: {ALLOW_TOOLS} must be a list of names")),
+        }
+    }
+    Ok(grant)
+}
+
+/// What a client's `tools/list` gets for `surface`: its tools, the deferred lines at the end
+/// of the list meta tool's description, and `read_tool_output` with the reader's `limits`.
+pub(crate) fn client_tools(
+    surface: &Surface,
+    limits: &psych_reader_tool::Limits,
+) -> Vec<ToolDefinition> {
+    let mut tools = surface.tools().to_vec();
+    let lines = surface.deferred_lines();
+    if !lines.is_empty()
+        && let Some(list) = tools.iter_mut().find(|t| t.name.as_str() == LIST_TOOLS)
+    {
+        let mut description = list.description.take().unwrap_or_default();
+        description.push_str("\n\nDeferred servers:");
+        for line in lines {
+            description.push_str("\n- ");
+            description.push_str(line);
+        }
+        list.description = Some(description);
+    }
+    tools.push(tool_definition(limits));
+    tools
+}
+
+/// Disclosure's settings for the gateway: the auto budget `psych budget` reports with, 5%
+/// of a 200,000-token window.
+pub(crate) fn settings() -> Result<Settings, String> {
+    Settings::builder()
+        .auto_budget(Budget::WindowShare {
+            window_tokens: 200_000,
+            percent: 5,
+        })
+        .build()
+        .map_err(|e| format!("settings: {e}"))
+}
+
+impl Shared {
+    /// Every connected server's live catalogue, read now.
+    fn catalogs(&self) -> Result<Vec<ServerCatalog>, ErrorData> {
+        self.connections
+            .iter()
+            .map(|c| self.freshener.catalog().live(&c.server))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ErrorData::internal_error(format!("reading the catalogue: {e}"), None))
+    }
+
+    /// The Surface of `catalogs`, resolved now.
+    fn surface(&self, catalogs: &[ServerCatalog]) -> Result<Surface, ErrorData> {
+        let inputs = Inputs {
+            connections: &self.connections,
+            catalogs,
+            grant: &self.grant,
+        };
+        resolve(&inputs, &self.settings, &Estimator::new()).map_err(|e| {
+            ErrorData::internal_error(format!("resolving the tool surface: {e}"), None)
+        })
+    }
+
+    /// The `instructions` of the initialize result: the deferred lines.
+    fn instructions(&self) -> Option<String> {
+        let catalogs = self.catalogs().ok()?;
+        let surface = self.surface(&catalogs).ok()?;
+        let lines = surface.deferred_lines();
+        if lines.is_empty() {
+            return Some(
+                "Psych gateway: call psych_orientation first for the shape of the toolkit."
+                    .to_owned(),
+            );
+        }
+        let mut text = String::from(
+            "Psych gateway. Call psych_orientation first. These MCP servers are deferred: \
+             their tools are reached through the meta tools (list, describe, call).",
+        );
+        for line in lines {
+            text.push_str("\n- ");
+            text.push_str(line);
+        }
+        Some(text)
+    }
+
+    /// What decides whether the listing can have changed: each server's set version and
+    /// health.
+    fn fingerprint(&self) -> String {
+        match self.catalogs() {
+            Ok(catalogs) => catalogs
+                .iter()
+                .map(|c| format!("{}@{:?}/{:?};", c.server, c.version, c.health))
+                .collect(),
+            Err(error) => error.message.into_owned(),
+        }
+    }
+}
+
+/// One client session: its own record log (one Run per connection) and executor.
+struct Session {
+    shared: Arc<Shared>,
+    executor: Executor<McpManager>,
+    calls: AtomicU64,
+    watcher: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let watcher = self
+            .watcher
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = watcher {
+            task.abort();
+        }
+    }
+}
+
+impl Session {
+    /// A session with a fresh record log under the shared log folder.
+    fn open(shared: Arc<Shared>) -> std::io::Result<Self> {
+        let n = shared.sessions.fetch_add(1, Ordering::Relaxed);
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let run = RunId::new(format!("serve-{secs}-{}-{n}", std::process::id()))
+            .map_err(std::io::Error::other)?;
+        std::fs::create_dir_all(&shared.logs)?;
+        let (log, _) = RecordLog::open(&shared.logs, &run, SyncPolicy::EveryAppend)
+            .map_err(std::io::Error::other)?;
+        let host = Arc::new(shared.manager.clone());
+        let executor = Executor::new(host, Arc::new(SharedRecordLog::new(log)));
+        Ok(Self {
+            shared,
+            executor,
+            calls: AtomicU64::new(0),
+            watcher: Mutex::new(None),
+        })
+    }
+
+    /// The `tools/list` result, as JSON.
+    fn listing(&self) -> Result<Value, ErrorData> {
+        let catalogs = self.shared.catalogs()?;
+        let surface = self.shared.surface(&catalogs)?;
+        let tools = client_tools(&surface, self.executor.limits());
+        Ok(json!({ "tools": tools }))
+    }
+
+    /// One `tools/call`: through the executor, logged whole, projected by elision.
+    async fn call(&self, params: CallToolRequestParams) -> Result<Value, ErrorData> {
+        let catalogs = self.shared.catalogs()?;
+        let surface = self.shared.surface(&catalogs)?;
+        let live = Live {
+            grant: &self.shared.grant,
+            catalogs: &catalogs,
+        };
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let id = ToolCallId::new(format!("call-{n}"))
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let call = ToolCall {
+            id,
+            name: params.name.into_owned(),
+            arguments: Value::Object(params.arguments.unwrap_or_default()),
+        };
+        let logged = match self.executor.execute(&surface, &live, &[call]).await {
+            Ok(logged) => logged,
+            Err(ExecuteError::InvalidDeferredHandle(error)) => {
+                return Err(ErrorData::new(
+                    ErrorCode::INVALID_PARAMS,
+                    format!("{INVALID_DEFERRED_HANDLE}: {error}"),
+                    Some(json!({ "code": INVALID_DEFERRED_HANDLE })),
+                ));
+            }
+            Err(error) => return Err(ErrorData::internal_error(error.to_string(), None)),
+        };
+        let Some(Record::ToolResult(result)) = logged.first().map(|l| &l.record) else {
+            return Err(ErrorData::internal_error("the call logged no result", None));
+        };
+        let handle = &logged[0].handle;
+        let mut view = [Projection::Full];
+        self.shared.elider.project(
+            &[ResultRef {
+                handle,
+                output: &result.output,
+            }],
+            &mut view,
+        );
+        let output = match view {
+            [Projection::Replaced(text)] => {
+                let mut shown = ToolOutput::text(text);
+                shown.is_error = result.output.is_error;
+                shown
+            }
+            _ => result.output.clone(),
+        };
+        serde_json::to_value(&output)
+            .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
+    }
+
+    /// [`call`](Self::call), unless the client cancels first: then the call is dropped,
+    /// which drops the upstream request with it.
+    async fn call_or_cancel(
+        &self,
+        params: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Value, ErrorData> {
+        tokio::select! {
+            result = self.call(params) => result,
+            () = context.ct.cancelled() => Err(ErrorData::new(
+                ErrorCode::INVALID_REQUEST,
+                "cancelled by the client",
+                None,
+            )),
+        }
+    }
+
+    /// Starts telling `peer` when its listing changes.
+    fn watch(&self, peer: Peer<RoleServer>) {
+        let shared = Arc::clone(&self.shared);
+        let limits = self.executor.limits().clone();
+        let listing = move |shared: &Shared| -> Option<String> {
+            let catalogs = shared.catalogs().ok()?;
+            let surface = shared.surface(&catalogs).ok()?;
+            serde_json::to_string(&client_tools(&surface, &limits)).ok()
+        };
+        let task = tokio::spawn(async move {
+            let mut seen = shared.fingerprint();
+            let mut last = listing(&shared);
+            loop {
+                tokio::time::sleep(WATCH_EVERY).await;
+                let now = shared.fingerprint();
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                let current = listing(&shared);
+                if current != last {
+                    last = current;
+                    if peer.notify_tool_list_changed().await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let previous = self
+            .watcher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(task);
+        if let Some(previous) = previous {
+            previous.abort();
+        }
+    }
+}
+
+/// Over streamable HTTP the session is rmcp's [`ServerHandler`] (typed results: a block
+/// type rmcp does not model cannot pass through there); over stdio, [`Gateway`] answers the
+/// listing and calls as raw JSON.
+impl ServerHandler for Session {
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        serde_json::from_value(self.listing()?)
+            .map_err(|e| ErrorData::internal_error(format!("encoding the listing: {e}"), None))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let result: CallToolResult =
+            serde_json::from_value(self.call_or_cancel(request, &context).await?).map_err(|e| {
+                ErrorData::internal_error(format!("encoding the result: {e}"), None)
+            })?;
+        Ok(CallToolResponse::from(result))
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.watch(context.peer);
+    }
+
+    fn get_info(&self) -> InitializeResult {
+        let info = InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new("psych", env!("CARGO_PKG_VERSION")));
+        match self.shared.instructions() {
+            Some(text) => info.with_instructions(text),
+            None => info,
+        }
+    }
+}
+
+/// `tools/list` and `tools/call` are answered as raw JSON: the tool definitions and the
+/// upstream's result exactly as stored (unknown fields and block types kept); the rest is
+/// rmcp's [`ServerHandler`].
+struct Gateway(Session);
+
+impl Service<RoleServer> for Gateway {
+    async fn handle_request(
+        &self,
+        request: ClientRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ServerResult, ErrorData> {
+        match request {
+            ClientRequest::ListToolsRequest(_) => {
+                Ok(ServerResult::CustomResult(CustomResult(self.0.listing()?)))
+            }
+            ClientRequest::CallToolRequest(request) => Ok(ServerResult::CustomResult(
+                CustomResult(self.0.call_or_cancel(request.params, &context).await?),
+            )),
+            other => Service::handle_request(&self.0, other, context).await,
+        }
+    }
+
+    async fn handle_notification(
+        &self,
+        notification: ClientNotification,
+        context: NotificationContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Service::handle_notification(&self.0, notification, context).await
+    }
+
+    fn get_info(&self) -> InitializeResult {
+        ServerHandler::get_info(&self.0)
+    }
+}
+
+/// Where `psych serve` listens.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Listen {
+    /// One client on stdin/stdout.
+    Stdio,
+    /// Streamable HTTP on this loopback address, one session per client.
+    Http(SocketAddr),
+}
+
+/// Runs the gateway for `config` until its client leaves (stdio) or the process is stopped
+/// (HTTP). Logs go under `<dir>/serve/`.
+pub(crate) fn run(config: McpConfig, dir: &Path, listen: Listen) -> Result<u8, String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(serve(config, dir, listen))
+}
+
+async fn serve(config: McpConfig, dir: &Path, listen: Listen) -> Result<u8, String> {
+    let grant = grant_from(&config)?;
+    let connections: Vec<ConnectionSpec> = config
+        .servers
+        .values()
+        .map(|entry| entry.connection.clone())
+        .collect();
+    let settings = settings()?;
+    let manager = McpManager::builder(config.clone())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let catalog = Catalog::in_memory().map_err(|e| format!("the catalogue: {e}"))?;
+    let fresh = FreshenerConfig::builder()
+        .build()
+        .map_err(|e| format!("the catalogue's freshener: {e}"))?;
+    let freshener = Arc::new(
+        Freshener::start(catalog, Arc::new(manager.clone()), fresh)
+            .map_err(|e| format!("the catalogue's freshener: {e}"))?,
+    );
+    let sync = CatalogSync::start(manager.events(), Arc::clone(&freshener));
+    manager.connect_all().await;
+    for server in config.servers.keys() {
+        if let Err(error) = freshener.refresh(server).await {
+            eprintln!("psych serve: {server}: {error}");
+        }
+    }
+    let shared = Arc::new(Shared {
+        manager: manager.clone(),
+        freshener: Arc::clone(&freshener),
+        connections,
+        grant,
+        settings,
+        elider: Elider::default(),
+        logs: dir.join("serve"),
+        sessions: AtomicU64::new(0),
+    });
+    let served = match listen {
+        Listen::Stdio => serve_stdio(shared).await,
+        Listen::Http(addr) => serve_http(shared, addr).await,
+    };
+    sync.stop().await;
+    freshener.shutdown().await;
+    manager.shutdown().await;
+    served.map(|()| 0)
+}
+
+async fn serve_stdio(shared: Arc<Shared>) -> Result<(), String> {
+    let session = Session::open(shared).map_err(|e| format!("the session's record log: {e}"))?;
+    let running = Gateway(session)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| format!("serving stdio: {e}"))?;
+    running
+        .waiting()
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("serving stdio: {e}"))
+}
+
+async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String> {
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+    use rmcp::transport::StreamableHttpService;
+    use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+
+    if !addr.ip().is_loopback() {
+        return Err(format!("--http: {addr} is not a loopback address"));
+    }
+    let service = TowerToHyperService::new(StreamableHttpService::new(
+        move || Session::open(Arc::clone(&shared)),
+        LocalSessionManager::default().into(),
+        StreamableHttpServerConfig::default(),
+    ));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("--http {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    eprintln!("psych serve: listening on http://{local}/mcp");
+    println!("listening on http://{local}/mcp");
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = accepted.map_err(|e| format!("--http {addr}: {e}"))?;
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> McpConfig {
+        McpConfig::parse(text, |_| None).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn allow_tools_narrows_the_grant_and_its_absence_grants_the_server() {
+        let config = config(
+            r#"{"mcpServers": {
+                "a": {"command": "x", "allowTools": ["echo", "large"]},
+                "b": {"command": "y"}
+            }}"#,
+        );
+        let grant = grant_from(&config).unwrap_or_else(|e| panic!("{e}"));
+        let permits = |s: &str, t: &str| {
+            let pair = ToolRef::parse(s, t).unwrap_or_else(|e| panic!("{e}"));
+            grant.permits(&pair.server, &pair.tool)
+        };
+        assert!(permits("a", "echo"));
+        assert!(permits("a", "large"));
+        assert!(!permits("a", "crash"));
+        assert!(permits("b", "anything"));
+    }
+
+    #[test]
+    fn a_malformed_allow_list_is_refused_with_the_server_named() {
+        for bad in [r#""echo""#, r#"[1]"#, r#"["no spaces allowed"]"#] {
+            let text =
+                format!(r#"{{"mcpServers": {{"a": {{"command": "x", "allowTools": {bad}}}}}}}"#);
+            let error = grant_from(&config(&text)).err().unwrap_or_default();
+            assert!(error.starts_with("a: allowTools"), "{bad}: {error}");
+        }
+    }
+
+    /// The real catalogues (one github capture), each as the `tools/list` result a client
+    /// connected to it directly receives: (server, result text, tools).
+    fn fixtures() -> Vec<(String, String, Vec<ToolDefinition>)> {
+        let dir = match std::env::var_os("PSYCH_FIXTURES") {
+            Some(dir) => std::path::PathBuf::from(dir).join("catalogs"),
+            None => Path::new(env!("CARGO_MANIFEST_DIR"))
+                .ancestors()
+                .map(|dir| dir.join("shared/fixtures/catalogs"))
+                .find(|dir| dir.is_dir())
+                .unwrap_or_else(|| panic!("no shared/fixtures/catalogs")),
+        };
+        let files = [
+            ("github", "github.tools.full.json"),
+            ("notion", "notion.tools.json"),
+            ("playwright", "playwright.tools.json"),
+            ("filesystem", "server-filesystem.tools.json"),
+            ("memory", "server-memory.tools.json"),
+        ];
+        files
+            .iter()
+            .map(|(server, file)| {
+                let text = std::fs::read_to_string(dir.join(file))
+                    .unwrap_or_else(|e| panic!("{file}: {e}"));
+                let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+                let tools = serde_json::from_value(value["tools"].clone())
+                    .unwrap_or_else(|e| panic!("{file}: {e}"));
+                ((*server).to_owned(), text, tools)
+            })
+            .collect()
+    }
+
+    /// The gateway's `tools/list` result over the fixtures, with every server's preload set
+    /// to `preload`: its text.
+    fn gateway_listing(preload: psych_types::Preload) -> String {
+        use psych_types::ServerId;
+        let catalog = Catalog::in_memory().unwrap_or_else(|e| panic!("{e}"));
+        let mut connections = Vec::new();
+        let mut grant = PermissionGrant::none();
+        let mut catalogs = Vec::new();
+        for (server, _, tools) in fixtures() {
+            let server = ServerId::new(server).unwrap_or_else(|e| panic!("{e}"));
+            catalog
+                .refresh(&server, &tools)
+                .unwrap_or_else(|e| panic!("{e}"));
+            catalogs.push(catalog.live(&server).unwrap_or_else(|e| panic!("{e}")));
+            connections.push(ConnectionSpec::new(server.clone()).with_preload(preload));
+            grant = grant.allow_server(server);
+        }
+        let settings = settings().unwrap_or_else(|e| panic!("{e}"));
+        let inputs = Inputs {
+            connections: &connections,
+            catalogs: &catalogs,
+            grant: &grant,
+        };
+        let surface =
+            resolve(&inputs, &settings, &Estimator::new()).unwrap_or_else(|e| panic!("{e}"));
+        let tools = client_tools(&surface, &psych_reader_tool::Limits::default());
+        json!({ "tools": tools }).to_string()
+    }
+
+    /// What `psych serve` saves a client of the five real catalogues: the bytes and estimated
+    /// tokens of its `tools/list` against the five results of connecting each server
+    /// directly. Printed with `cargo test -p psych-cli --bin psych fixture_listing --
+    /// --nocapture`.
+    #[test]
+    fn fixture_listing_through_serve_against_every_server_directly() {
+        use psych_types::{Preload, TokenEstimator};
+        let estimator = Estimator::new();
+        let fixtures = fixtures();
+        let direct_bytes: usize = fixtures.iter().map(|(_, text, _)| text.len()).sum();
+        let direct_tokens: u64 = fixtures
+            .iter()
+            .map(|(_, text, _)| estimator.estimate_text(text))
+            .sum();
+        let tools: usize = fixtures.iter().map(|(_, _, tools)| tools.len()).sum();
+        eprintln!("directly: {tools} tools, {direct_bytes} B, {direct_tokens} ~tok");
+        let mut ratios = Vec::new();
+        for (label, preload) in [("auto", Preload::Auto), ("deferred", Preload::Deferred)] {
+            let listing = gateway_listing(preload);
+            let tokens = estimator.estimate_text(&listing);
+            let ratio = direct_bytes as f64 / listing.len() as f64;
+            let token_ratio = direct_tokens as f64 / tokens as f64;
+            eprintln!(
+                "psych serve, preload {label}: {} B, {tokens} ~tok: {ratio:.1}x bytes, \
+                 {token_ratio:.1}x tokens",
+                listing.len()
+            );
+            ratios.push((ratio, token_ratio));
+        }
+        // Every server deferred: the listing is the meta tools, orientation and the reader.
+        assert!(ratios[1].0 >= 30.0 && ratios[1].1 >= 30.0, "{ratios:?}");
+        // The auto budget injects the small servers: still several times smaller.
+        assert!(ratios[0].0 >= 3.0 && ratios[0].1 >= 3.0, "{ratios:?}");
+    }
+}

@@ -1,0 +1,316 @@
+//! `psych serve` as a process, driven by a real MCP client (rmcp's client side) over stdio,
+//! in front of the workspace's test servers (`psych serve-embedded`, real processes): the
+//! listing under each tier (direct, facade, search pair, deferred with the meta tools), a
+//! deferred tool reached through list → describe → call, a large result elided and read
+//! back by handle with grep, a handle of another session refused with the typed error, a
+//! tool outside the grant refused through every tier, an upstream `list_changed` reaching
+//! the client (unchanged tools keep their bytes and order), and an upstream crash answered
+//! as a tool error while the other servers keep working.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, Tool};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
+
+/// A client that forwards each `tools/list_changed` to a channel.
+struct Client {
+    changed: mpsc::UnboundedSender<()>,
+}
+
+impl ClientHandler for Client {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.changed.send(());
+    }
+}
+
+type Session = RunningService<RoleClient, Client>;
+
+/// The names `psych serve-embedded --tools n` generates, plus the control tool `echo`: a
+/// grant that leaves out `large`, `crash` and the other control tools.
+fn generated_and_echo(n: usize) -> Value {
+    let mut names: Vec<Value> = psych_mcp::synthetic_tools(n)
+        .into_iter()
+        .map(|t| json!(t.name.as_str()))
+        .collect();
+    names.push(json!("echo"));
+    Value::Array(names)
+}
+
+fn embedded(tools: usize, extra: Value) -> Value {
+    let mut server = json!({
+        "command": PSYCH,
+        "args": ["serve-embedded", "--tools", tools.to_string()],
+    });
+    if let Value::Object(extra) = extra {
+        server.as_object_mut().unwrap().extend(extra);
+    }
+    server
+}
+
+/// Writes the configuration: every tier, a narrowed grant on each, and a server to crash.
+fn write_config(dir: &Path) -> std::path::PathBuf {
+    let config = json!({"mcpServers": {
+        "small": embedded(3, json!({})),
+        "narrow": embedded(3, json!({"allowTools": ["echo"]})),
+        "mid": embedded(40, json!({"preload": true, "allowTools": generated_and_echo(40)})),
+        "huge": embedded(400, json!({"preload": true, "allowTools": generated_and_echo(400)})),
+        "big": embedded(117, json!({
+            "preload": false,
+            "description": "A forge sized like github.",
+            "allowTools": generated_and_echo(117),
+        })),
+        "crashy": embedded(2, json!({})),
+    }});
+    let path = dir.join("mcp.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    path
+}
+
+async fn connect(config: &Path, dir: &Path) -> (Session, mpsc::UnboundedReceiver<()>) {
+    let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
+        c.arg("serve")
+            .arg("--config")
+            .arg(config)
+            .arg("--dir")
+            .arg(dir)
+            .stderr(std::process::Stdio::null());
+    }))
+    .unwrap();
+    let (changed, receiver) = mpsc::unbounded_channel();
+    let session = Client { changed }.serve(transport).await.unwrap();
+    (session, receiver)
+}
+
+async fn call(session: &Session, name: &str, arguments: Value) -> CallToolResult {
+    let Value::Object(arguments) = arguments else {
+        panic!("arguments are an object");
+    };
+    session
+        .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The result's text blocks, or its structured content's JSON when it has no text.
+fn text(result: &CallToolResult) -> String {
+    let text: String = result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect();
+    match (&result.structured_content, text.is_empty()) {
+        (Some(structured), true) => structured.to_string(),
+        _ => text,
+    }
+}
+
+fn names(tools: &[Tool]) -> Vec<String> {
+    tools.iter().map(|t| t.name.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psych_serve_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let (session, mut changed) = connect(&config, dir.path()).await;
+
+    // tools/list under each tier.
+    let tools = session.list_all_tools().await.unwrap();
+    let listed = names(&tools);
+    let has = |name: &str| listed.iter().any(|n| n == name);
+    for name in [
+        "small__echo",
+        "small__large",
+        "narrow__echo",
+        "mid",
+        "huge__search_tools",
+        "huge__call_tool",
+        "psych_list_tools",
+        "psych_describe_tool",
+        "psych_call_tool",
+        "psych_orientation",
+        "read_tool_output",
+        "crashy__crash",
+    ] {
+        assert!(has(name), "{name} is listed: {listed:?}");
+    }
+    for name in ["narrow__large", "narrow__crash", "mid__echo", "huge__echo"] {
+        assert!(!has(name), "{name} is not listed: {listed:?}");
+    }
+    assert!(
+        !listed.iter().any(|n| n.starts_with("big")),
+        "the deferred server has no tool of its own: {listed:?}"
+    );
+    let list_meta = tools.iter().find(|t| t.name == "psych_list_tools").unwrap();
+    let description = list_meta.description.as_deref().unwrap_or_default();
+    assert!(
+        description.contains("big: deferred MCP server") && description.contains("A forge"),
+        "the deferred line is in the list meta tool's description: {description}"
+    );
+    let info = session.peer_info().unwrap();
+    let instructions = info.instructions.as_deref().unwrap_or_default();
+    assert!(
+        instructions.contains("big: deferred MCP server"),
+        "{instructions}"
+    );
+    let bytes = serde_json::to_string(&tools).unwrap().len();
+    assert!(bytes < 40_000, "the listing stays small: {bytes} bytes");
+
+    // The orientation tool answers.
+    let oriented = call(&session, "psych_orientation", json!({})).await;
+    assert_ne!(oriented.is_error, Some(true));
+    let payload = serde_json::to_string(&oriented).unwrap();
+    assert!(payload.contains("big"), "{payload}");
+
+    // A deferred tool through list → describe → call.
+    let page = call(&session, "psych_list_tools", json!({"server": "big"})).await;
+    assert_ne!(page.is_error, Some(true), "{}", text(&page));
+    assert!(text(&page).contains("echo"), "{}", text(&page));
+    assert!(!text(&page).contains("crash"), "{}", text(&page));
+    let described = call(
+        &session,
+        "psych_describe_tool",
+        json!({"server": "big", "tool": "echo"}),
+    )
+    .await;
+    assert!(
+        text(&described).contains("Answers the text"),
+        "{}",
+        text(&described)
+    );
+    let echoed = call(
+        &session,
+        "psych_call_tool",
+        json!({"server": "big", "tool": "echo", "arguments": {"text": "hello, deferred"}}),
+    )
+    .await;
+    assert_eq!(text(&echoed), "hello, deferred");
+    assert_ne!(echoed.is_error, Some(true));
+
+    // A large result elided, then read back by handle with grep.
+    let large = call(&session, "small__large", json!({"bytes": 200_000})).await;
+    let shown = text(&large);
+    assert!(shown.len() < 10_000, "elided: {} bytes shown", shown.len());
+    assert!(
+        shown.starts_with("line 000001: the quick brown fox"),
+        "{shown}"
+    );
+    let handle = shown
+        .split("handle \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("a handle in {shown}"))
+        .to_owned();
+    let read = call(
+        &session,
+        "read_tool_output",
+        json!({"handle": handle, "grep": "line 002345:"}),
+    )
+    .await;
+    assert!(
+        text(&read).contains("line 002345: the quick brown fox jumps over the lazy dog"),
+        "{}",
+        text(&read)
+    );
+    assert!(!text(&read).contains("line 002346"), "{}", text(&read));
+    // A small result passes through as it was.
+    let small = call(&session, "small__echo", json!({"text": "as is"})).await;
+    assert_eq!(text(&small), "as is");
+
+    // A handle from another session is the typed error, never a tool result.
+    let (other, _) = connect(&config, dir.path()).await;
+    let large = call(&other, "small__large", json!({"bytes": 200_000})).await;
+    let foreign = text(&large)
+        .split("handle \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    assert_ne!(foreign, handle);
+    other.cancel().await.unwrap();
+    let refused = session
+        .call_tool(
+            CallToolRequestParams::new("read_tool_output")
+                .with_arguments(json!({"handle": foreign}).as_object().unwrap().clone()),
+        )
+        .await
+        .expect_err("a foreign handle is refused");
+    assert!(
+        refused.to_string().contains("invalid_deferred_handle"),
+        "{refused}"
+    );
+
+    // A tool outside the grant, through every tier: refused, and the upstream never runs it.
+    for (name, arguments) in [
+        ("narrow__large", json!({"bytes": 10})),
+        (
+            "psych_call_tool",
+            json!({"server": "narrow", "tool": "large"}),
+        ),
+        ("mid", json!({"tool": "crash", "input": {}})),
+        ("huge__call_tool", json!({"tool": "crash", "input": {}})),
+        ("psych_call_tool", json!({"server": "big", "tool": "crash"})),
+        (
+            "psych_describe_tool",
+            json!({"server": "big", "tool": "crash"}),
+        ),
+    ] {
+        let refused = call(&session, name, arguments.clone()).await;
+        assert_eq!(
+            refused.is_error,
+            Some(true),
+            "{name} {arguments}: {}",
+            text(&refused)
+        );
+    }
+    let searched = call(&session, "huge__search_tools", json!({"query": "crash"})).await;
+    let hits = serde_json::from_str::<Value>(&text(&searched)).unwrap()["hits"].to_string();
+    assert!(!hits.contains("\"crash\""), "{hits}");
+
+    // An upstream list_changed reaches the client; unchanged tools keep bytes and order.
+    while changed.try_recv().is_ok() {}
+    let added = call(&session, "small__add_tool", json!({"name": "fresh_tool"})).await;
+    assert_ne!(added.is_error, Some(true), "{}", text(&added));
+    tokio::time::timeout(Duration::from_secs(20), changed.recv())
+        .await
+        .expect("list_changed reaches the client")
+        .unwrap();
+    let after = session.list_all_tools().await.unwrap();
+    assert!(names(&after).iter().any(|n| n == "small__fresh_tool"));
+    let kept: Vec<&Tool> = after
+        .iter()
+        .filter(|t| t.name != "small__fresh_tool")
+        .collect();
+    assert_eq!(
+        serde_json::to_string(&kept).unwrap(),
+        serde_json::to_string(&tools).unwrap(),
+        "every tool that did not change keeps its bytes and its place"
+    );
+
+    // An upstream crash is a tool error naming the server; the others keep working.
+    let crashed = call(&session, "crashy__crash", json!({})).await;
+    assert_eq!(crashed.is_error, Some(true));
+    assert!(text(&crashed).contains("crashy"), "{}", text(&crashed));
+    let still = call(&session, "small__echo", json!({"text": "still here"})).await;
+    assert_eq!(text(&still), "still here");
+    let listed = names(&session.list_all_tools().await.unwrap());
+    assert!(listed.iter().any(|n| n == "crashy__echo"), "{listed:?}");
+
+    session.cancel().await.unwrap();
+    // One record log per session, under `<dir>/serve/`.
+    let logs = std::fs::read_dir(dir.path().join("serve")).unwrap().count();
+    assert_eq!(logs, 2);
+}
