@@ -15,9 +15,10 @@ use std::sync::Arc;
 
 use psych_catalog::Catalog;
 use psych_disclosure::{Budget, Settings};
+use psych_elision::Estimator;
 use psych_mcp::{McpConfig, McpManager};
 use psych_prompt_assembly::{
-    AnthropicOptions, CacheReport, CacheRow, OpenAiOptions, Part, RenderedRequest,
+    AnthropicOptions, CacheReport, CacheRow, CacheRules, OpenAiOptions, RenderedRequest,
 };
 use psych_runtime::{ModelReply, Next, Run, ScriptedModel, Spent, Step, Target};
 use psych_types::{
@@ -61,6 +62,14 @@ pub(crate) fn run(dump: Option<&Path>) -> Result<u8, String> {
     Ok(0)
 }
 
+/// The minimum cacheable prompt of the demo's Anthropic model (Sonnet-class models: 1,024
+/// tokens, per Anthropic's prompt caching guide).
+const ANTHROPIC_MIN_TOKENS: u64 = 1024;
+
+/// What a cached input token costs on the demo's OpenAI model, relative to an uncached one
+/// (gpt-4.1: $0.50 against $2.00 per million).
+const OPENAI_READ_PRICE: f64 = 0.25;
+
 /// One provider's Run and the script answering it.
 struct Side {
     run: Run<McpManager>,
@@ -69,13 +78,15 @@ struct Side {
     requests: Vec<RenderedRequest>,
     /// `anthropic` or `openai`: the dump files' suffix.
     name: &'static str,
+    /// The provider's prompt cache rules, for the cache report.
+    rules: CacheRules,
 }
 
 impl Side {
     /// The cache report's row of the last request (against the one before it).
     fn last_row(&self) -> Option<CacheRow> {
         let from = self.requests.len().saturating_sub(2);
-        CacheReport::new(&self.requests[from..])
+        CacheReport::new(&self.requests[from..], &Estimator::new(), self.rules)
             .rows()
             .last()
             .cloned()
@@ -122,6 +133,11 @@ async fn demo(
             model: ScriptedModel::default(),
             requests: Vec::new(),
             name,
+            rules: if name == "anthropic" {
+                CacheRules::anthropic(ANTHROPIC_MIN_TOKENS)
+            } else {
+                CacheRules::openai(OPENAI_READ_PRICE)
+            },
         });
     }
 
@@ -131,19 +147,18 @@ async fn demo(
     );
     println!("The model is a script and the clock is fixed; every byte below is reproducible.");
     println!("Each request is rendered for Anthropic Messages and OpenAI Chat Completions.");
-    println!("\"reused\": bytes of it (less cache_control marks) that repeat the cacheable");
-    println!("prefix of the request before, as prompt-assembly's cache report counts them.");
+    println!("\"tok\" and \"cache read\": estimated input tokens, and those the provider's");
+    println!("documented prompt cache would read after the request before (an estimate).");
 
     // Turn 1: a direct call and the orientation in parallel, then a deferred server reached
     // through list → describe → call.
-    let open_issues = json!({
-        "workspace_id": "acme",
-        "filters": [{"field": "state", "op": "eq", "value": "open"}]
+    let acme_reminders = json!({
+        "reminders": [{"name": "ACME invoices", "kind": "follow-up", "contents": ["open"]}]
     });
     let turn1 = vec![
         Step::call("psych_orientation", json!({"verbose": true}))
-            .and_call("notes__search_issues", open_issues)
-            .saying("I will look at the whole toolkit and search the notes at once."),
+            .and_call("notes__search_reminders", acme_reminders)
+            .saying("I will look at the whole toolkit and search my reminders at once."),
         Step::call("psych_list_tools", json!({"server": "suite"})),
         Step::call(
             "psych_describe_tool",
@@ -177,7 +192,9 @@ async fn demo(
             json!({"handle": handle, "grep": "export_invoice"}),
         )
         .saying("The tool map I read earlier is elided now; I will grep it."),
-        Step::say("The suite can export invoices with billing_export_invoice."),
+        Step::say(
+            "The suite exports invoices with export_invoice; the CRM with crm_export_invoice.",
+        ),
     ];
     play(
         &mut sides,
@@ -192,13 +209,11 @@ async fn demo(
     println!();
     for side in &sides {
         println!(
-            "Cache report, {} (bytes, a proxy for what a prompt cache can reuse):",
+            "Cache report, {} (its documented cache rules over estimated tokens):",
             side.name
         );
-        println!(
-            "{}",
-            indent(&CacheReport::new(&side.requests).to_string(), "  ")
-        );
+        let report = CacheReport::new(&side.requests, &Estimator::new(), side.rules);
+        println!("{}", indent(&report.to_string(), "  "));
     }
     println!();
     println!("Spent, summed from the usage the script reported (request bytes / 4, reply");
@@ -289,22 +304,16 @@ async fn play(
             let Some(request) = side.requests.last() else {
                 continue;
             };
-            let row = side.last_row().unwrap_or(CacheRow {
-                bytes: 0,
-                reused: 0,
-                first_change: None,
-            });
+            let (tokens, read, read_share) = side
+                .last_row()
+                .map_or((0, 0, 0.0), |row| (row.tokens, row.read, row.read_share()));
             println!(
-                "    {:<9} {:>9} B  reused {:>9} B ({:>5.1}%){}",
+                "    {:<9} {:>9} B  ~{:>7} tok, cache read ~{:>7} ({:>5.1}%)",
                 side.name,
                 group(request.body().len()),
-                group(row.reused),
-                row.reused_share() * 100.0,
-                row.first_change
-                    .as_ref()
-                    .filter(|_| row.reused > 0)
-                    .map(|part| format!("  new from {}", part_name(part)))
-                    .unwrap_or_default()
+                group(usize::try_from(tokens).unwrap_or(usize::MAX)),
+                group(usize::try_from(read).unwrap_or(usize::MAX)),
+                read_share * 100.0,
             );
             if let Some(dir) = dump {
                 let file = dir.join(format!(
@@ -452,19 +461,6 @@ fn deferred_servers(lines: &[String]) -> String {
         "none".to_owned()
     } else {
         names.join(", ")
-    }
-}
-
-/// The part of a request a byte falls in, as the cache report names it.
-fn part_name(part: &Part) -> &'static str {
-    match part {
-        Part::Preamble => "the preamble",
-        Part::Tools => "the tools",
-        Part::StaticSystem => "zone 1",
-        Part::DynamicSystem => "zone 2",
-        Part::Message { .. } => "the history",
-        Part::Transient => "the transient message",
-        _ => "elsewhere",
     }
 }
 

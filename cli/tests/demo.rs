@@ -40,7 +40,7 @@ fn demo_plays_the_script_and_dumps_valid_requests() {
     assert!(stdout.contains("psych_describe_tool"), "{stdout}");
     assert!(stdout.contains("psych_call_tool"), "{stdout}");
     assert!(stdout.contains("elided    demo:"), "{stdout}");
-    assert!(stdout.contains("billing_export_invoice"), "{stdout}");
+    assert!(stdout.contains("crm_export_invoice"), "{stdout}");
     assert!(stdout.contains("not a provider's"), "{stdout}");
     insta::assert_snapshot!("demo_output", stdout);
 

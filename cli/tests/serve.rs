@@ -176,10 +176,24 @@ async fn psych_serve_end_to_end() {
     assert!(payload.contains("big"), "{payload}");
 
     // A deferred tool through list → describe → call.
-    let page = call(&session, "psych_list_tools", json!({"server": "big"})).await;
-    assert_ne!(page.is_error, Some(true), "{}", text(&page));
-    assert!(text(&page).contains("echo"), "{}", text(&page));
-    assert!(!text(&page).contains("crash"), "{}", text(&page));
+    // Every page of the listing: the grant's tools are there, the tool outside it is not.
+    let mut listing = String::new();
+    for n in 1..=10 {
+        let page = call(
+            &session,
+            "psych_list_tools",
+            json!({"server": "big", "page": n}),
+        )
+        .await;
+        assert_ne!(page.is_error, Some(true), "{}", text(&page));
+        let page = text(&page);
+        if page.contains("\"tools\":[]") {
+            break;
+        }
+        listing.push_str(&page);
+    }
+    assert!(listing.contains("\"name\":\"echo\""), "{listing}");
+    assert!(!listing.contains("crash"), "{listing}");
     let described = call(
         &session,
         "psych_describe_tool",
