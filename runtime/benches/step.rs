@@ -150,34 +150,49 @@ fn setup() -> Setup {
             text: "One more thing.".into(),
         }),
     );
-    // A direct tool that takes `{}`: the call the step routes.
+    // A call the guard forwards to a server, whatever tier its server got: a direct tool
+    // given `{}`, or a catalogue tool through its facade, search pair or the meta tools.
     let catalogs = live(&catalog, &connections);
     let surface = resolve_now(&catalogs, &connections, &grant);
     let mut validators = Validators::new();
-    let name = surface
+    let mut candidates: Vec<(String, serde_json::Value)> = surface
         .tools()
         .iter()
-        .map(|t| t.name.as_str().to_owned())
-        .find(|name| {
-            name.starts_with("s0")
-                && matches!(
-                    surface.guard(
-                        name,
-                        &json!({}),
-                        &Live {
-                            grant: &grant,
-                            catalogs: &catalogs
-                        },
-                        &mut validators
-                    ),
-                    Verdict::Forward(_)
-                )
+        .map(|t| (t.name.as_str().to_owned(), json!({})))
+        .collect();
+    for server in &catalogs {
+        let s = server.server.as_str();
+        for tool in server.tools.iter() {
+            let t = tool.name.as_str();
+            candidates.push((s.to_owned(), json!({"tool": t, "input": {}})));
+            candidates.push((format!("{s}__call_tool"), json!({"tool": t, "input": {}})));
+            candidates.push((
+                "psych_call_tool".to_owned(),
+                json!({"server": s, "tool": t, "arguments": {}}),
+            ));
+        }
+    }
+    let (name, arguments) = candidates
+        .into_iter()
+        .find(|(name, arguments)| {
+            matches!(
+                surface.guard(
+                    name,
+                    arguments,
+                    &Live {
+                        grant: &grant,
+                        catalogs: &catalogs
+                    },
+                    &mut validators
+                ),
+                Verdict::Forward(_)
+            )
         })
-        .expect("a direct tool that takes no argument");
+        .expect("a tool the guard forwards");
     let call = ToolCall {
         id: ToolCallId::new("call_bench").unwrap(),
         name,
-        arguments: json!({}),
+        arguments,
     };
     Setup {
         catalog,
