@@ -65,9 +65,8 @@ use crate::assemble::{Answer, Message, Prompt};
 use crate::deferral::{NO_MATCH, references};
 use crate::image::Budget;
 use crate::render::{
-    EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Piece, Provider, RAW_ARGUMENTS_KEY, RenderError,
-    RenderedRequest, call_name, check_extra, is_blank, pieces, provider_name_ok, raw_arguments,
-    trim_end, write_extra,
+    EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Piece, Provider, RenderError, RenderedRequest,
+    call_name, check_extra, is_blank, pieces, provider_name_ok, trim_end, write_extra,
 };
 use crate::{NativeDeferral, SearchTool};
 
@@ -159,7 +158,7 @@ impl Prompt<'_> {
     /// [`RenderError`] for a tool of the surface named outside `^[a-zA-Z0-9_-]{1,64}$`,
     /// duplicate tool names, an extra option the renderer owns, or a request with no
     /// message at all. What the model wrote never fails a render: call names are
-    /// sanitised, arguments that are not an object are wrapped (see [`RAW_ARGUMENTS_KEY`]).
+    /// sanitised, arguments that are not an object are wrapped (see [`RAW_ARGUMENTS_KEY`](crate::RAW_ARGUMENTS_KEY)).
     pub fn render_anthropic(
         &self,
         options: &AnthropicOptions,
@@ -473,15 +472,7 @@ impl Prompt<'_> {
                     out.push(",\"name\":");
                     out.str(&call_name(&call.name));
                     out.push(",\"input\":");
-                    if call.arguments.is_object() {
-                        out.value(&call.arguments);
-                    } else {
-                        out.push("{");
-                        out.str(RAW_ARGUMENTS_KEY);
-                        out.push(":");
-                        out.str(&raw_arguments(call));
-                        out.push("}");
-                    }
+                    out.arguments(call);
                     let bp = breakpoints.contains(&out.next_block());
                     out.end_block(bp);
                     out.push("}");

@@ -45,8 +45,8 @@ use crate::NativeDeferral;
 use crate::assemble::{Answer, Message, Prompt};
 use crate::image::Budget;
 use crate::render::{
-    CallIds, EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Provider, RAW_ARGUMENTS_KEY,
-    RenderError, RenderedRequest, call_name, check_extra, is_blank, raw_arguments, write_extra,
+    CallIds, EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Provider, RenderError, RenderedRequest,
+    call_name, check_extra, is_blank, write_arguments, write_extra,
 };
 
 /// The most tools an OpenAI Chat Completions request may declare.
@@ -267,19 +267,9 @@ impl Prompt<'_> {
                         out.str(&call_name(&call.name));
                         out.push(",\"arguments\":");
                         arguments.clear();
-                        if call.arguments.is_object() {
-                            psych_types::json::write_value(&mut arguments, &call.arguments);
-                        } else {
-                            // Not an object (the raw text of arguments that did not parse, or
-                            // another JSON value): wrapped as for Anthropic, so the text the
-                            // API parses is always an object.
-                            let mut wrapped = psych_types::JsonObject::new();
-                            wrapped.insert(
-                                RAW_ARGUMENTS_KEY.to_owned(),
-                                raw_arguments(call).into_owned().into(),
-                            );
-                            psych_types::json::write_object(&mut arguments, &wrapped);
-                        }
+                        // Wrapped as for Anthropic when not an object, so the text the API
+                        // parses is always an object.
+                        write_arguments(&mut arguments, call);
                         out.str(&arguments);
                         out.push("}}");
                     }

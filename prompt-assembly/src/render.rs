@@ -155,6 +155,21 @@ pub(crate) fn raw_arguments(call: &ToolCall) -> Cow<'_, str> {
     }
 }
 
+/// Writes a call's arguments as a JSON object: the arguments when they are one, else
+/// `{"_raw_arguments": <text>}` (see [`RAW_ARGUMENTS_KEY`] and [`raw_arguments`]). Anthropic
+/// sends these bytes as `input`, OpenAI as the text of `arguments`.
+pub(crate) fn write_arguments(out: &mut String, call: &ToolCall) {
+    if call.arguments.is_object() {
+        json::write_value(out, &call.arguments);
+    } else {
+        out.push('{');
+        json::write_str(out, RAW_ARGUMENTS_KEY);
+        out.push(':');
+        json::write_str(out, &raw_arguments(call));
+        out.push('}');
+    }
+}
+
 /// Which wire format a request is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
@@ -367,6 +382,11 @@ impl Out {
 
     pub(crate) fn value(&mut self, value: &serde_json::Value) {
         json::write_value(&mut self.body, value);
+    }
+
+    /// Writes a call's arguments as a JSON object (see [`write_arguments`]).
+    pub(crate) fn arguments(&mut self, call: &ToolCall) {
+        write_arguments(&mut self.body, call);
     }
 
     /// Starts a span here.

@@ -48,9 +48,8 @@ use crate::assemble::{Answer, Message, Prompt};
 use crate::deferral::references;
 use crate::image::Budget;
 use crate::render::{
-    CallIds, EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Piece, Provider, RAW_ARGUMENTS_KEY,
-    RenderError, RenderedRequest, call_name, check_extra, is_blank, pieces, raw_arguments,
-    write_extra,
+    CallIds, EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Piece, Provider, RenderError,
+    RenderedRequest, call_name, check_extra, is_blank, pieces, write_arguments, write_extra,
 };
 use crate::{NativeDeferral, OPENAI_MAX_TOOLS, OpenAiOptions, SearchTool};
 
@@ -264,15 +263,7 @@ impl Prompt<'_> {
                         out.push("{\"type\":\"tool_search_call\",\"call_id\":");
                         out.str(&ids.sent(&call.id));
                         out.push(",\"execution\":\"client\",\"arguments\":");
-                        if call.arguments.is_object() {
-                            out.value(&call.arguments);
-                        } else {
-                            out.push("{");
-                            out.str(RAW_ARGUMENTS_KEY);
-                            out.push(":");
-                            out.str(&raw_arguments(call));
-                            out.push("}");
-                        }
+                        out.arguments(call);
                         out.end_block(false);
                         out.push("}");
                         continue;
@@ -283,16 +274,7 @@ impl Prompt<'_> {
                     out.str(&call_name(&call.name));
                     out.push(",\"arguments\":");
                     arguments.clear();
-                    if call.arguments.is_object() {
-                        psych_types::json::write_value(&mut arguments, &call.arguments);
-                    } else {
-                        let mut wrapped = psych_types::JsonObject::new();
-                        wrapped.insert(
-                            RAW_ARGUMENTS_KEY.to_owned(),
-                            raw_arguments(call).into_owned().into(),
-                        );
-                        psych_types::json::write_object(&mut arguments, &wrapped);
-                    }
+                    write_arguments(&mut arguments, call);
                     out.str(&arguments);
                     out.end_block(false);
                     out.push("}");
