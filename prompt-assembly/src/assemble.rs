@@ -237,6 +237,18 @@ impl Answer<'_> {
 }
 
 impl Message<'_> {
+    /// Whether the message renders as nothing in any format: an assistant message with
+    /// blank text and no call, or a run of results answering no call.
+    pub(crate) fn renders_empty(&self) -> bool {
+        match self {
+            Message::User { .. } => false,
+            Message::Assistant { message, .. } => {
+                crate::render::is_blank(&message.text) && message.tool_calls.is_empty()
+            }
+            Message::Results { items, .. } => items.is_empty(),
+        }
+    }
+
     /// The history records this message renders (empty for results that are all
     /// substitutes).
     pub(crate) fn records(&self) -> Range<usize> {

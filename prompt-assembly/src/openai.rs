@@ -102,6 +102,19 @@ impl OpenAiOptions {
     }
 }
 
+/// Writes the opening of a request body for both OpenAI formats: `{"model":…`,
+/// `prompt_cache_key` when set, the extra options.
+pub(crate) fn write_preamble(out: &mut Out, options: &OpenAiOptions) {
+    out.open(Part::Preamble);
+    out.push("{\"model\":");
+    out.str(&options.model);
+    if let Some(key) = &options.prompt_cache_key {
+        out.push(",\"prompt_cache_key\":");
+        out.str(key);
+    }
+    write_extra(out, &options.extra);
+}
+
 /// Fields the OpenAI renderer writes itself.
 const RESERVED: [&str; 4] = ["model", "prompt_cache_key", "tools", "messages"];
 
@@ -129,14 +142,7 @@ impl Prompt<'_> {
         }
 
         let mut out = Out::with_capacity(4096);
-        out.open(Part::Preamble);
-        out.push("{\"model\":");
-        out.str(&options.model);
-        if let Some(key) = &options.prompt_cache_key {
-            out.push(",\"prompt_cache_key\":");
-            out.str(key);
-        }
-        write_extra(&mut out, &options.extra);
+        write_preamble(&mut out, options);
 
         if !self.tools.is_empty() {
             out.open(Part::Tools);
@@ -162,57 +168,86 @@ impl Prompt<'_> {
 
         out.open(Part::StaticSystem);
         out.push(",\"messages\":[");
-        let sections = self.static_sections.sections();
-        let tail = self.dynamic_tail.text();
-        let mut first = true;
-        if !sections.is_empty() || tail.is_some() {
-            out.push("{\"role\":\"system\",\"content\":\"");
-            for (i, section) in sections.iter().enumerate() {
-                if i > 0 {
-                    out.str_body("\n\n");
-                }
-                out.str_body(section);
-            }
-            if let Some(tail) = &tail {
-                out.open(Part::DynamicSystem);
-                if !sections.is_empty() {
-                    out.str_body("\n\n");
-                }
-                out.str_body(tail);
-            }
+        let system = self.write_system_text(&mut out, "{\"role\":\"system\",\"content\":\"");
+        if system {
             out.push("\"");
             out.end_block(false);
             out.push("}");
-            first = false;
         }
 
-        let mut history_end = out.pos();
         let mut ids = CallIds::default();
         let mut budget = Budget::default();
-        for message in &self.messages {
-            if self.openai_message(&mut out, message, first, &mut ids, &mut budget) {
+        let history_end = self.write_items(
+            &mut out,
+            !system,
+            "{\"role\":\"user\",\"content\":",
+            |out, message, first| self.openai_message(out, message, first, &mut ids, &mut budget),
+        );
+        out.call_ids = ids.replaced;
+        Ok(out.finish(Provider::OpenAi, history_end))
+    }
+
+    /// Writes zones 1 and 2 as the body of one JSON string after `open` (the sections, then
+    /// the tail in its own span, `\n\n` between), for both OpenAI formats; writes nothing
+    /// and returns `false` when both zones are empty.
+    pub(crate) fn write_system_text(&self, out: &mut Out, open: &str) -> bool {
+        let sections = self.static_sections.sections();
+        let tail = self.dynamic_tail.text();
+        if sections.is_empty() && tail.is_none() {
+            return false;
+        }
+        out.push(open);
+        for (i, section) in sections.iter().enumerate() {
+            if i > 0 {
+                out.str_body("\n\n");
+            }
+            out.str_body(section);
+        }
+        if let Some(tail) = &tail {
+            out.open(Part::DynamicSystem);
+            if !sections.is_empty() {
+                out.str_body("\n\n");
+            }
+            out.str_body(tail);
+        }
+        true
+    }
+
+    /// Writes the history's messages with `message` (a message that renders as nothing is
+    /// left out), then the transient message as an item opening with `transient_open`, and
+    /// closes the list and the body, for both OpenAI formats. `first`: whether no item
+    /// precedes the history in the list. Returns where the history ends.
+    pub(crate) fn write_items(
+        &self,
+        out: &mut Out,
+        mut first: bool,
+        transient_open: &str,
+        mut message: impl FnMut(&mut Out, &Message<'_>, bool),
+    ) -> usize {
+        let mut history_end = out.pos();
+        for m in &self.messages {
+            if !m.renders_empty() {
+                message(out, m, first);
                 first = false;
                 history_end = out.pos();
             }
         }
-        out.call_ids = std::mem::take(&mut ids.replaced);
-
         if let Some(text) = self.transient.text() {
             out.open(Part::Transient);
             if !first {
                 out.push(",");
             }
-            out.push("{\"role\":\"user\",\"content\":");
+            out.push(transient_open);
             out.str(&text);
             out.end_block(false);
             out.push("}");
         }
         out.close();
         out.push("]}");
-        Ok(out.finish(Provider::OpenAi, history_end))
+        history_end
     }
 
-    /// Writes one message (or run of tool messages); returns whether anything was written.
+    /// Writes one message (or run of tool messages).
     fn openai_message(
         &self,
         out: &mut Out,
@@ -220,17 +255,7 @@ impl Prompt<'_> {
         first: bool,
         ids: &mut CallIds,
         budget: &mut Budget,
-    ) -> bool {
-        let empty = match message {
-            Message::User { .. } => false,
-            Message::Assistant { message, .. } => {
-                is_blank(&message.text) && message.tool_calls.is_empty()
-            }
-            Message::Results { items, .. } => items.is_empty(),
-        };
-        if empty {
-            return false;
-        }
+    ) {
         out.open(Part::Message {
             records: message.records(),
         });
@@ -349,6 +374,5 @@ impl Prompt<'_> {
                 }
             }
         }
-        true
     }
 }

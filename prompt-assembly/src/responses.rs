@@ -47,9 +47,10 @@ use crate::anthropic::check_native_names;
 use crate::assemble::{Answer, Message, Prompt};
 use crate::deferral::references;
 use crate::image::Budget;
+use crate::openai::write_preamble;
 use crate::render::{
     CallIds, EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Piece, Provider, RenderError,
-    RenderedRequest, call_name, check_extra, is_blank, pieces, write_arguments, write_extra,
+    RenderedRequest, call_name, check_extra, is_blank, pieces, write_arguments,
 };
 use crate::{NativeDeferral, OPENAI_MAX_TOOLS, OpenAiOptions, SearchTool};
 
@@ -97,14 +98,7 @@ impl Prompt<'_> {
         }
 
         let mut out = Out::with_capacity(4096);
-        out.open(Part::Preamble);
-        out.push("{\"model\":");
-        out.str(&options.model);
-        if let Some(key) = &options.prompt_cache_key {
-            out.push(",\"prompt_cache_key\":");
-            out.str(key);
-        }
-        write_extra(&mut out, &options.extra);
+        write_preamble(&mut out, options);
 
         if count > 0 {
             out.open(Part::Tools);
@@ -141,87 +135,48 @@ impl Prompt<'_> {
         }
 
         out.open(Part::StaticSystem);
-        let sections = self.static_sections.sections();
-        let tail = self.dynamic_tail.text();
-        if !sections.is_empty() || tail.is_some() {
-            out.push(",\"instructions\":\"");
-            for (i, section) in sections.iter().enumerate() {
-                if i > 0 {
-                    out.str_body("\n\n");
-                }
-                out.str_body(section);
-            }
-            if let Some(tail) = &tail {
-                out.open(Part::DynamicSystem);
-                if !sections.is_empty() {
-                    out.str_body("\n\n");
-                }
-                out.str_body(tail);
-            }
+        if self.write_system_text(&mut out, ",\"instructions\":\"") {
             // The closing quote ends the instructions block.
             out.end_block(false);
             out.push("\"");
         }
         out.push(",\"input\":[");
 
-        let mut history_end = out.pos();
-        let mut first = true;
         let mut ids = CallIds::default();
         let mut budget = Budget::default();
         let mut searches = BTreeSet::new();
-        for message in &self.messages {
-            let state = State {
-                ids: &mut ids,
-                budget: &mut budget,
-                native,
-                searches: &mut searches,
-            };
-            if self.responses_message(&mut out, message, first, state) {
-                first = false;
-                history_end = out.pos();
-            }
-        }
-        out.call_ids = std::mem::take(&mut ids.replaced);
-
-        if let Some(text) = self.transient.text() {
-            out.open(Part::Transient);
-            if !first {
-                out.push(",");
-            }
-            out.push("{\"type\":\"message\",\"role\":\"user\",\"content\":");
-            out.str(&text);
-            out.end_block(false);
-            out.push("}");
-        }
-        out.close();
-        out.push("]}");
+        let history_end = self.write_items(
+            &mut out,
+            true,
+            "{\"type\":\"message\",\"role\":\"user\",\"content\":",
+            |out, message, first| {
+                let state = State {
+                    ids: &mut ids,
+                    budget: &mut budget,
+                    native,
+                    searches: &mut searches,
+                };
+                self.responses_message(out, message, first, state)
+            },
+        );
+        out.call_ids = ids.replaced;
         Ok(out.finish(Provider::OpenAiResponses, history_end))
     }
 
-    /// Writes one message's input items; returns whether anything was written.
+    /// Writes one message's input items.
     fn responses_message(
         &self,
         out: &mut Out,
         message: &Message<'_>,
         first: bool,
         state: State<'_, '_>,
-    ) -> bool {
+    ) {
         let State {
             ids,
             budget,
             native,
             searches,
         } = state;
-        let empty = match message {
-            Message::User { .. } => false,
-            Message::Assistant { message, .. } => {
-                is_blank(&message.text) && message.tool_calls.is_empty()
-            }
-            Message::Results { items, .. } => items.is_empty(),
-        };
-        if empty {
-            return false;
-        }
         out.open(Part::Message {
             records: message.records(),
         });
@@ -323,7 +278,6 @@ impl Prompt<'_> {
                 }
             }
         }
-        true
     }
 }
 
