@@ -103,16 +103,7 @@ impl<'a> Assembler<'a> {
         let messages = group(history)?;
         // Only results that are sent are projected: a duplicate or late result the
         // grouping left out must not take a share of its turn's elision budget.
-        let mut sent = vec![false; history.len()];
-        for message in &messages {
-            if let Message::Results { items, .. } = message {
-                for item in items {
-                    if let Answer::Logged(index, _) = item {
-                        sent[*index] = true;
-                    }
-                }
-            }
-        }
+        let sent = sent_flags(&messages, history.len());
         let mut views = vec![Projection::Full; history.len()];
         if let Some(boundary) = boundary {
             project_prior_turns(
@@ -162,6 +153,39 @@ impl<'a> Assembler<'a> {
     }
 }
 
+/// Which of `len` records the grouped `messages` send (a duplicate or late result the
+/// grouping left out is not sent).
+pub(crate) fn sent_flags(messages: &[Message<'_>], len: usize) -> Vec<bool> {
+    let mut sent = vec![false; len];
+    for message in messages {
+        if let Message::Results { items, .. } = message {
+            for item in items {
+                if let Answer::Logged(index, _) = item {
+                    sent[*index] = true;
+                }
+            }
+        }
+    }
+    sent
+}
+
+/// The turns of records `0..len`, in order: each starts at a user record (`is_user`), but
+/// the first starts at 0 (records before the first user message form a turn of their own).
+pub(crate) fn turns(
+    len: usize,
+    is_user: impl Fn(usize) -> bool,
+) -> impl Iterator<Item = Range<usize>> {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        (start < len).then(|| {
+            let end = (start + 1..len).find(|&i| is_user(i)).unwrap_or(len);
+            let turn = start..end;
+            start = end;
+            turn
+        })
+    })
+}
+
 /// Calls the projector once per turn of `prior` (the records before the last user message),
 /// with the results of that turn that are sent (`sent[i]`).
 fn project_prior_turns(
@@ -170,33 +194,28 @@ fn project_prior_turns(
     projector: &dyn ResultProjector,
     views: &mut [Projection],
 ) {
-    let mut start = 0;
-    while start < prior.len() {
-        let end = prior[start + 1..]
-            .iter()
-            .position(|logged| matches!(logged.record, Record::User(_)))
-            .map_or(prior.len(), |offset| start + 1 + offset);
-        let indices: Vec<usize> = (start..end)
+    for turn in turns(prior.len(), |i| matches!(prior[i].record, Record::User(_))) {
+        let indices: Vec<usize> = turn
             .filter(|&i| sent[i] && matches!(prior[i].record, Record::ToolResult(_)))
             .collect();
-        if !indices.is_empty() {
-            let batch: Vec<ResultRef<'_>> = indices
-                .iter()
-                .filter_map(|&i| match &prior[i].record {
-                    Record::ToolResult(result) => Some(ResultRef {
-                        handle: &prior[i].handle,
-                        output: &result.output,
-                    }),
-                    _ => None,
-                })
-                .collect();
-            let mut out = vec![Projection::Full; batch.len()];
-            projector.project(&batch, &mut out);
-            for (&i, projection) in indices.iter().zip(out) {
-                views[i] = projection;
-            }
+        if indices.is_empty() {
+            continue;
         }
-        start = end;
+        let batch: Vec<ResultRef<'_>> = indices
+            .iter()
+            .filter_map(|&i| match &prior[i].record {
+                Record::ToolResult(result) => Some(ResultRef {
+                    handle: &prior[i].handle,
+                    output: &result.output,
+                }),
+                _ => None,
+            })
+            .collect();
+        let mut out = vec![Projection::Full; batch.len()];
+        projector.project(&batch, &mut out);
+        for (&i, projection) in indices.iter().zip(out) {
+            views[i] = projection;
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use psych_types::{
     ResultProjector, ResultRef, SourceError, StoredRef, ToolOutput, ToolResult, load_whole,
 };
 
-use crate::assemble::{Answer, Message, group};
+use crate::assemble::{group, sent_flags, turns};
 use crate::{AssembleError, Assembler, Prompt, Transient};
 
 /// The projections of tool results behind the elision boundary, by handle, kept by the
@@ -95,7 +95,7 @@ impl StepHistory {
                 },
             })
             .collect();
-        let sent = sent_flags(&records)?;
+        let sent = sent_flags(&group(&records)?, records.len());
         let boundary = records
             .iter()
             .rposition(|logged| matches!(logged.record, Record::User(_)));
@@ -121,21 +121,6 @@ impl StepHistory {
     pub fn records(&self) -> &[LoggedRecord] {
         &self.records
     }
-}
-
-/// Which records the grouping sends (a duplicate or late result is left out).
-fn sent_flags(records: &[LoggedRecord]) -> Result<Vec<bool>, AssembleError> {
-    let mut sent = vec![false; records.len()];
-    for message in group(records)? {
-        if let Message::Results { items, .. } = message {
-            for item in items {
-                if let Answer::Logged(index, _) = item {
-                    sent[index] = true;
-                }
-            }
-        }
-    }
-    Ok(sent)
 }
 
 fn unreadable(error: SourceError) -> AssembleError {
@@ -164,13 +149,8 @@ fn project_turns(
             HistoryItem::Result(_) | HistoryItem::Record(Record::ToolResult(_))
         )
     };
-    let mut start = 0;
-    while start < entries.len() {
-        let end = (start + 1..entries.len())
-            .find(|&i| is_user(i))
-            .unwrap_or(entries.len());
-        let indices: Vec<usize> = (start..end).filter(|&i| sent[i] && is_result(i)).collect();
-        start = end;
+    for turn in turns(entries.len(), is_user) {
+        let indices: Vec<usize> = turn.filter(|&i| sent[i] && is_result(i)).collect();
         if indices.is_empty() {
             continue;
         }
