@@ -23,8 +23,8 @@ use psych_prompt_assembly::{
     SearchTool, StaticSections, Transient, choose_deferral, search_answer,
 };
 use psych_types::{
-    AssistantMessage, LoggedRecord, Record, RecordHandle, RunId, TokenEstimator, ToolCall,
-    ToolCallId, ToolDefinition, ToolList, ToolName, ToolOutput, ToolResult, UserMessage,
+    LoggedRecord, Record, RecordHandle, RunId, TokenEstimator, ToolDefinition, ToolList, ToolName,
+    ToolOutput,
 };
 use serde_json::{Value, json};
 
@@ -95,32 +95,6 @@ fn zone1_deferred() -> StaticSections {
     )
 }
 
-fn user(text: &str) -> Record {
-    Record::User(UserMessage { text: text.into() })
-}
-
-fn assistant(text: &str, calls: &[(&str, &str, Value)]) -> Record {
-    Record::Assistant(AssistantMessage {
-        text: text.into(),
-        tool_calls: calls
-            .iter()
-            .map(|(id, name, arguments)| ToolCall {
-                id: ToolCallId::new(*id).unwrap(),
-                name: (*name).into(),
-                arguments: arguments.clone(),
-            })
-            .collect(),
-    })
-}
-
-fn result(id: &str, name: &str, output: ToolOutput) -> Record {
-    Record::ToolResult(ToolResult {
-        call_id: ToolCallId::new(id).unwrap(),
-        name: name.into(),
-        output,
-    })
-}
-
 /// A small deferred set for the snapshots: three of GitHub's real tools.
 fn small_deferral(search: SearchTool) -> NativeDeferral {
     let tools = qualified("github.tools.json", "github")
@@ -160,7 +134,7 @@ fn native_history(deferral: &NativeDeferral) -> Vec<Record> {
                 json!({"query": "create a github issue"}),
             )],
         ),
-        result(
+        result_of(
             "call_s1",
             "tool_search",
             // Disclosure's ranking, with a name outside the deferred set in it: never sent.
@@ -175,7 +149,7 @@ fn native_history(deferral: &NativeDeferral) -> Vec<Record> {
             ),
         ),
         assistant("", &[("call_c1", "github__create_issue", issue)]),
-        result(
+        result_of(
             "call_c1",
             "github__create_issue",
             ToolOutput::text("Created issue #42."),
@@ -197,7 +171,7 @@ fn meta_history() -> Vec<Record> {
                 json!({"server": "github", "tool": "create_issue"}),
             )],
         ),
-        result(
+        result_of(
             "call_d1",
             "psych_describe_tool",
             ToolOutput::text(
@@ -212,7 +186,7 @@ fn meta_history() -> Vec<Record> {
                 json!({"server": "github", "tool": "create_issue", "arguments": issue}),
             )],
         ),
-        result(
+        result_of(
             "call_c1",
             "psych_call_tool",
             ToolOutput::text("Created issue #42."),

@@ -11,42 +11,15 @@
 
 mod common;
 
-use common::{check_anthropic_body, check_openai_body};
+use common::{assistant, check_anthropic_body, check_openai_body, result, user};
 use psych_prompt_assembly::{
     AnthropicOptions, Assembler, CurrentTime, DynamicTail, EMPTY_USER_MESSAGE, MISSING_RESULT,
     OpenAiOptions, Part, StaticSections, Transient,
 };
 use psych_types::{
-    AssistantMessage, ContentBlock, LoggedRecord, Record, RecordHandle, RunId, ToolCall,
-    ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolResult, UserMessage,
+    ContentBlock, LoggedRecord, Record, RecordHandle, RunId, ToolDefinition, ToolName, ToolOutput,
 };
 use serde_json::{Value, json};
-
-fn user(text: &str) -> Record {
-    Record::User(UserMessage { text: text.into() })
-}
-
-fn assistant(text: &str, calls: &[(&str, &str, Value)]) -> Record {
-    Record::Assistant(AssistantMessage {
-        text: text.into(),
-        tool_calls: calls
-            .iter()
-            .map(|(id, name, arguments)| ToolCall {
-                id: ToolCallId::new(*id).unwrap(),
-                name: (*name).into(),
-                arguments: arguments.clone(),
-            })
-            .collect(),
-    })
-}
-
-fn result(id: &str, output: ToolOutput) -> Record {
-    Record::ToolResult(ToolResult {
-        call_id: ToolCallId::new(id).unwrap(),
-        name: "t".into(),
-        output,
-    })
-}
 
 fn tool(name: &str) -> ToolDefinition {
     let mut tool = ToolDefinition::new(

@@ -17,36 +17,9 @@ use psych_prompt_assembly::{
     RenderError, RenderedRequest, StaticSections, Transient,
 };
 use psych_types::{
-    AssistantMessage, ContentBlock, LoggedRecord, Record, RecordHandle, RunId, ToolCall,
-    ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolResult, UserMessage,
+    ContentBlock, LoggedRecord, Record, RecordHandle, RunId, ToolDefinition, ToolName, ToolOutput,
 };
-use serde_json::{Value, json};
-
-fn user(text: &str) -> Record {
-    Record::User(UserMessage { text: text.into() })
-}
-
-fn assistant(text: &str, calls: &[(&str, &str, Value)]) -> Record {
-    Record::Assistant(AssistantMessage {
-        text: text.into(),
-        tool_calls: calls
-            .iter()
-            .map(|(id, name, arguments)| ToolCall {
-                id: ToolCallId::new(*id).unwrap(),
-                name: (*name).into(),
-                arguments: arguments.clone(),
-            })
-            .collect(),
-    })
-}
-
-fn result(id: &str, output: ToolOutput) -> Record {
-    Record::ToolResult(ToolResult {
-        call_id: ToolCallId::new(id).unwrap(),
-        name: "t".into(),
-        output,
-    })
-}
+use serde_json::json;
 
 fn tool(name: &str, description: &str) -> ToolDefinition {
     ToolDefinition::new(

@@ -28,6 +28,40 @@ use psych_types::{
     ToolResult, UserMessage,
 };
 
+/// A user record.
+pub fn user(text: &str) -> Record {
+    Record::User(UserMessage { text: text.into() })
+}
+
+/// An assistant record with `text` and `calls`, each `(id, name, arguments)`.
+pub fn assistant(text: &str, calls: &[(&str, &str, serde_json::Value)]) -> Record {
+    Record::Assistant(AssistantMessage {
+        text: text.into(),
+        tool_calls: calls
+            .iter()
+            .map(|(id, name, arguments)| ToolCall {
+                id: ToolCallId::new(*id).unwrap(),
+                name: (*name).into(),
+                arguments: arguments.clone(),
+            })
+            .collect(),
+    })
+}
+
+/// The result of call `id` of the tool `t`.
+pub fn result(id: &str, output: ToolOutput) -> Record {
+    result_of(id, "t", output)
+}
+
+/// The result of call `id` of the tool `name`.
+pub fn result_of(id: &str, name: &str, output: ToolOutput) -> Record {
+    Record::ToolResult(ToolResult {
+        call_id: ToolCallId::new(id).unwrap(),
+        name: name.into(),
+        output,
+    })
+}
+
 /// A small deterministic stand-in for psych-elision: sizes in bytes, two thresholds, the
 /// batch algorithm of the spec, a head+tail preview with the handle, failures truncated.
 pub struct TestProjector {
@@ -464,27 +498,26 @@ pub fn render_session_sized(
     min_tokens: u64,
     estimator: &dyn psych_types::TokenEstimator,
 ) -> Vec<RenderedRequest> {
-    let tools = tools();
-    let projector = TestProjector::default();
-    session
-        .calls
-        .iter()
-        .map(|call| {
-            let transient = Transient::at(call.time);
-            let history = &session.history[..call.history_len];
-            Assembler::new(static_sections, &call.tail, &tools)
-                .assemble(history, &projector, &transient)
-                .unwrap()
-                .render_anthropic_sized(&anthropic(), min_tokens, estimator)
-                .unwrap()
-        })
-        .collect()
+    render_each(session, static_sections, |prompt| {
+        prompt.render_anthropic_sized(&anthropic(), min_tokens, estimator)
+    })
 }
 
 /// The OpenAI Responses requests of every call of a session.
 pub fn render_session_responses(
     session: &Session,
     static_sections: &StaticSections,
+) -> Vec<RenderedRequest> {
+    render_each(session, static_sections, |prompt| {
+        prompt.render_responses(&openai())
+    })
+}
+
+/// Every call of a session assembled with the test projector and rendered by `render`.
+fn render_each(
+    session: &Session,
+    static_sections: &StaticSections,
+    render: impl Fn(&Prompt<'_>) -> Result<RenderedRequest, psych_prompt_assembly::RenderError>,
 ) -> Vec<RenderedRequest> {
     let tools = tools();
     let projector = TestProjector::default();
@@ -494,11 +527,10 @@ pub fn render_session_responses(
         .map(|call| {
             let transient = Transient::at(call.time);
             let history = &session.history[..call.history_len];
-            Assembler::new(static_sections, &call.tail, &tools)
+            let prompt = Assembler::new(static_sections, &call.tail, &tools)
                 .assemble(history, &projector, &transient)
-                .unwrap()
-                .render_responses(&openai())
-                .unwrap()
+                .unwrap();
+            render(&prompt).unwrap()
         })
         .collect()
 }
