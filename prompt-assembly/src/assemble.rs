@@ -1,6 +1,7 @@
 //! Zone 3 and the elision boundary: turning the record log's records into provider-neutral
 //! messages, with tool results before the last user message projected turn by turn.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::ops::Range;
 
@@ -113,28 +114,28 @@ impl<'a> Assembler<'a> {
                 &mut views[..boundary],
             );
         }
-        Ok(self.prompt(history, boundary, views, messages, transient))
+        Ok(self.prompt(history, boundary, views.into(), messages, transient))
     }
 
     /// The prompt over `history` whose results' views are already decided.
     pub(crate) fn assemble_with_views(
         &self,
         history: &'a [LoggedRecord],
-        views: Vec<Projection>,
+        views: &'a [Projection],
         transient: &'a Transient,
     ) -> Result<Prompt<'a>, AssembleError> {
         let boundary = history
             .iter()
             .rposition(|logged| matches!(logged.record, Record::User(_)));
         let messages = group(history)?;
-        Ok(self.prompt(history, boundary, views, messages, transient))
+        Ok(self.prompt(history, boundary, views.into(), messages, transient))
     }
 
     fn prompt(
         &self,
         history: &'a [LoggedRecord],
         boundary: Option<usize>,
-        views: Vec<Projection>,
+        views: Cow<'a, [Projection]>,
         messages: Vec<Message<'a>>,
         transient: &'a Transient,
     ) -> Prompt<'a> {
@@ -395,7 +396,9 @@ pub struct Prompt<'a> {
     pub(crate) tools: Vec<&'a ToolDefinition>,
     pub(crate) history: &'a [LoggedRecord],
     pub(crate) boundary: Option<usize>,
-    pub(crate) views: Vec<Projection>,
+    /// Each record's view: owned when projected for this prompt, borrowed from a
+    /// [`StepHistory`](crate::StepHistory) that holds them.
+    pub(crate) views: Cow<'a, [Projection]>,
     pub(crate) messages: Vec<Message<'a>>,
     pub(crate) transient: &'a Transient,
 }
@@ -412,7 +415,7 @@ impl<'a> Prompt<'a> {
     pub fn result_views(&self) -> impl Iterator<Item = (&'a RecordHandle, &Projection)> + '_ {
         self.history
             .iter()
-            .zip(&self.views)
+            .zip(self.views.iter())
             .filter(|(logged, _)| matches!(logged.record, Record::ToolResult(_)))
             .map(|(logged, view)| (&logged.handle, view))
     }

@@ -235,6 +235,6 @@ impl<'a> Assembler<'a> {
         step: &'a StepHistory,
         transient: &'a Transient,
     ) -> Result<Prompt<'a>, AssembleError> {
-        self.assemble_with_views(&step.records, step.views.clone(), transient)
+        self.assemble_with_views(&step.records, &step.views, transient)
     }
 }
