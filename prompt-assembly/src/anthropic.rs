@@ -68,6 +68,7 @@ use crate::render::{
     EMPTY_USER_MESSAGE, MISSING_RESULT, Out, Part, Piece, Provider, RenderError, RenderedRequest,
     call_name, check_extra, is_blank, pieces, provider_name_ok, trim_end, write_extra,
 };
+use crate::report::prefix_tokens;
 use crate::{NativeDeferral, SearchTool};
 
 /// The text of the user message put first when the history's first message is not a user
@@ -203,14 +204,7 @@ impl Prompt<'_> {
         let Some(&last) = planned.iter().max() else {
             return Ok(first);
         };
-        let stream = first.cache_stream();
-        let mut prefix_tokens = Vec::with_capacity(first.block_ends().len());
-        let (mut at, mut sum) = (0, 0u64);
-        for &end in first.block_ends() {
-            sum += estimator.estimate_text(stream.get(at..end).unwrap_or_default());
-            prefix_tokens.push(sum);
-            at = end;
-        }
+        let prefix_tokens = prefix_tokens(&first, &first.cache_stream(), estimator);
         let short = |b: usize| {
             prefix_tokens
                 .get(b)

@@ -279,21 +279,20 @@ struct Layout {
 impl Layout {
     fn new(request: &RenderedRequest, stream: &str, estimator: &dyn TokenEstimator) -> Self {
         let ends = request.block_ends();
-        let mut tokens = Vec::with_capacity(ends.len());
+        let tokens = prefix_tokens(request, stream, estimator);
         let mut keys = Vec::with_capacity(ends.len());
         let mut nested_pos = Vec::with_capacity(ends.len());
-        let (mut at, mut sum, mut chained, mut pos) = (0, 0u64, 0u64, 0usize);
+        let (mut at, mut chained, mut pos) = (0, 0u64, 0usize);
         for (i, &end) in ends.iter().enumerate() {
             let block = stream.get(at..end).unwrap_or_default();
-            sum += estimator.estimate_text(block);
             chained = fnv1a(block.as_bytes(), chained);
-            tokens.push(sum);
             keys.push((end, chained));
             nested_pos.push(pos);
             pos += 1 + request.nested_blocks().get(i).copied().unwrap_or(0);
             at = end;
         }
-        let total = sum + estimator.estimate_text(stream.get(at..).unwrap_or_default());
+        let total = tokens.last().copied().unwrap_or(0)
+            + estimator.estimate_text(stream.get(at..).unwrap_or_default());
         Self {
             tokens,
             keys,
@@ -329,6 +328,26 @@ impl Layout {
             })
             .max()
     }
+}
+
+/// The estimated tokens of `stream` (`request`'s cache stream) up to each block end, as
+/// the cache report and [`Prompt::render_anthropic_sized`](crate::Prompt::render_anthropic_sized)
+/// count them: block by block.
+pub(crate) fn prefix_tokens(
+    request: &RenderedRequest,
+    stream: &str,
+    estimator: &dyn TokenEstimator,
+) -> Vec<u64> {
+    let (mut at, mut sum) = (0, 0u64);
+    request
+        .block_ends()
+        .iter()
+        .map(|&end| {
+            sum += estimator.estimate_text(stream.get(at..end).unwrap_or_default());
+            at = end;
+            sum
+        })
+        .collect()
 }
 
 /// The longest common prefix of `a` and `b`, in bytes, on a char boundary of `b`.
