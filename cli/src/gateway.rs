@@ -37,7 +37,7 @@ use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
 use psych_reader_tool::tool_definition;
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
-use psych_runtime::{CatalogSync, ExecuteError, Executor};
+use psych_runtime::{CatalogSync, Connected, ExecuteError, Executor};
 use psych_types::{
     ConnectionSpec, PermissionGrant, Projection, Record, ResultProjector, ResultRef, RunId,
     ServerCatalog, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolRef,
@@ -461,16 +461,16 @@ async fn serve(config: McpConfig, dir: &Path, listen: Listen) -> Result<u8, Stri
     let fresh = FreshenerConfig::builder()
         .build()
         .map_err(|e| format!("the catalogue's freshener: {e}"))?;
-    let freshener = Arc::new(
-        Freshener::start(catalog, Arc::new(manager.clone()), fresh)
-            .map_err(|e| format!("the catalogue's freshener: {e}"))?,
-    );
-    let sync = CatalogSync::start(manager.events(), Arc::clone(&freshener));
-    manager.connect_all().await;
-    for server in config.servers.keys() {
-        if let Err(error) = freshener.refresh(server).await {
-            eprintln!("psych serve: {server}: {error}");
-        }
+    let Connected {
+        sync,
+        freshener,
+        failures,
+        ..
+    } = CatalogSync::connect(&manager, catalog, fresh)
+        .await
+        .map_err(|e| format!("the catalogue's freshener: {e}"))?;
+    for (server, error) in failures {
+        eprintln!("psych serve: {server}: {error}");
     }
     let shared = Arc::new(Shared {
         manager: manager.clone(),
