@@ -14,7 +14,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use psych_catalog::Catalog;
-use psych_disclosure::{Budget, Settings};
 use psych_elision::Estimator;
 use psych_mcp::{McpConfig, McpManager};
 use psych_prompt_assembly::{
@@ -249,13 +248,7 @@ async fn open_run(
         .servers
         .keys()
         .fold(PermissionGrant::none(), |g, s| g.allow_server(s.clone()));
-    let settings = Settings::builder()
-        .auto_budget(Budget::WindowShare {
-            window_tokens: 200_000,
-            percent: 5,
-        })
-        .build()
-        .map_err(|e| format!("settings: {e}"))?;
+    let settings = crate::setup::settings(crate::setup::WINDOW)?;
     let run = RunId::new(RUN).map_err(|e| e.to_string())?;
     Run::builder(dir, run, catalog.clone(), Arc::new(manager.clone()))
         .connections(connections)

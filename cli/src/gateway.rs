@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use psych_catalog::{Catalog, Freshener, FreshenerConfig};
-use psych_disclosure::{Budget, Inputs, LIST_TOOLS, Live, Settings, Surface, resolve};
+use psych_disclosure::{Inputs, LIST_TOOLS, Live, Settings, Surface, resolve};
 use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
 use psych_reader_tool::tool_definition;
@@ -118,18 +118,6 @@ pub(crate) fn client_tools(
     }
     tools.push(tool_definition(limits));
     tools
-}
-
-/// Disclosure's settings for the gateway: the auto budget `psych budget` reports with, 5%
-/// of a 200,000-token window.
-pub(crate) fn settings() -> Result<Settings, String> {
-    Settings::builder()
-        .auto_budget(Budget::WindowShare {
-            window_tokens: 200_000,
-            percent: 5,
-        })
-        .build()
-        .map_err(|e| format!("settings: {e}"))
 }
 
 impl Shared {
@@ -453,7 +441,7 @@ async fn serve(config: McpConfig, dir: &Path, listen: Listen) -> Result<u8, Stri
         .values()
         .map(|entry| entry.connection.clone())
         .collect();
-    let settings = settings()?;
+    let settings = crate::setup::settings(crate::setup::WINDOW)?;
     let manager = McpManager::builder(config.clone())
         .build()
         .map_err(|e| e.to_string())?;
@@ -627,7 +615,8 @@ mod tests {
             connections.push(ConnectionSpec::new(server.clone()).with_preload(preload));
             grant = grant.allow_server(server);
         }
-        let settings = settings().unwrap_or_else(|e| panic!("{e}"));
+        let settings =
+            crate::setup::settings(crate::setup::WINDOW).unwrap_or_else(|e| panic!("{e}"));
         let inputs = Inputs {
             connections: &connections,
             catalogs: &catalogs,

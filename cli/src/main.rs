@@ -51,7 +51,7 @@ enum Command {
         #[command(flatten)]
         setup: SetupArgs,
         /// The model's context window in tokens; the auto budget is 5% of it.
-        #[arg(long, value_name = "TOKENS", default_value_t = 200_000)]
+        #[arg(long, value_name = "TOKENS", default_value_t = setup::WINDOW)]
         context_window: u64,
         /// Print the report as JSON (stable field names) instead of a table.
         #[arg(long)]
