@@ -382,3 +382,16 @@ pub(crate) fn table(report: &BudgetReport) -> String {
     let _ = writeln!(out, "Catalogue synced into {}", report.store);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_thousands() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+}

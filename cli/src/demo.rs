@@ -14,7 +14,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use psych_catalog::Catalog;
-use psych_disclosure::{Budget, Settings};
 use psych_elision::Estimator;
 use psych_mcp::{McpConfig, McpManager};
 use psych_prompt_assembly::{
@@ -25,6 +24,8 @@ use psych_types::{
     ConnectionSpec, LoggedRecord, PermissionGrant, Reachability, Record, RunId, ToolResult,
 };
 use serde_json::json;
+
+use crate::budget::thousands;
 
 /// The transient message's clock: a fixed instant, so every byte is the same on every run.
 const NOW: i64 = 1_796_041_497;
@@ -247,13 +248,7 @@ async fn open_run(
         .servers
         .keys()
         .fold(PermissionGrant::none(), |g, s| g.allow_server(s.clone()));
-    let settings = Settings::builder()
-        .auto_budget(Budget::WindowShare {
-            window_tokens: 200_000,
-            percent: 5,
-        })
-        .build()
-        .map_err(|e| format!("settings: {e}"))?;
+    let settings = crate::setup::settings(crate::setup::WINDOW)?;
     let run = RunId::new(RUN).map_err(|e| e.to_string())?;
     Run::builder(dir, run, catalog.clone(), Arc::new(manager.clone()))
         .connections(connections)
@@ -310,9 +305,9 @@ async fn play(
             println!(
                 "    {:<9} {:>9} B  ~{:>7} tok, cache read ~{:>7} ({:>5.1}%)",
                 side.name,
-                group(request.body().len()),
-                group(usize::try_from(tokens).unwrap_or(usize::MAX)),
-                group(usize::try_from(read).unwrap_or(usize::MAX)),
+                thousands(request.body().len() as u64),
+                thousands(tokens),
+                thousands(read),
                 read_share * 100.0,
             );
             if let Some(dir) = dump {
@@ -400,7 +395,7 @@ fn print_results(records: &[LoggedRecord]) {
         let state = if output.is_error() { " (error)" } else { "" };
         println!(
             "    result    {call_id} {name}: {} B logged whole as {}{state}",
-            group(text.len()),
+            thousands(text.len() as u64),
             logged.handle
         );
         if name == psych_reader_tool::TOOL_NAME {
@@ -442,7 +437,7 @@ fn elided(history: &[LoggedRecord], request: Option<&RenderedRequest>) -> Vec<St
                         "{} ({} {} B, sent as a preview)",
                         logged.handle,
                         result.name,
-                        group(result.output.readable_text().len())
+                        thousands(result.output.readable_text().len() as u64)
                     )
                 })
             }
@@ -470,25 +465,12 @@ fn spent_line(spent: &Spent) -> String {
     format!(
         "{} calls: input {}, output {}, cache r/w {}/{}; total {}",
         spent.calls,
-        group(usage.input as usize),
-        group(usage.output as usize),
-        group(usage.cache_read as usize),
-        group(usage.cache_write as usize),
-        group(spent.total() as usize)
+        thousands(usage.input),
+        thousands(usage.output),
+        thousands(usage.cache_read),
+        thousands(usage.cache_write),
+        thousands(spent.total())
     )
-}
-
-/// `n` with thousands separators.
-fn group(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// `text` cut into pieces of at most `width` characters (arguments are printed whole).
@@ -511,14 +493,6 @@ fn indent(text: &str, prefix: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn groups_thousands() {
-        assert_eq!(group(0), "0");
-        assert_eq!(group(999), "999");
-        assert_eq!(group(1_000), "1,000");
-        assert_eq!(group(1_234_567), "1,234,567");
-    }
 
     #[test]
     fn deferred_servers_are_named_from_their_lines() {

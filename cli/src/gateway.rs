@@ -32,12 +32,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use psych_catalog::{Catalog, Freshener, FreshenerConfig};
-use psych_disclosure::{Budget, Inputs, LIST_TOOLS, Live, Settings, Surface, resolve};
+use psych_disclosure::{Inputs, LIST_TOOLS, Live, Settings, Surface, resolve};
 use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
 use psych_reader_tool::tool_definition;
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
-use psych_runtime::{CatalogSync, ExecuteError, Executor};
+use psych_runtime::{CatalogSync, Connected, ExecuteError, Executor};
 use psych_types::{
     ConnectionSpec, PermissionGrant, Projection, Record, ResultProjector, ResultRef, RunId,
     ServerCatalog, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolRef,
@@ -73,6 +73,9 @@ struct Shared {
     elider: Elider,
     logs: PathBuf,
     sessions: AtomicU64,
+    /// The last Surface resolved, with the [`fingerprint`] of the catalogues it was
+    /// resolved from.
+    resolved: Mutex<Option<(String, Arc<Surface>)>>,
 }
 
 /// The grant the file gives: every server whole, or the tools its `allowTools` names.
@@ -120,18 +123,6 @@ pub(crate) fn client_tools(
     tools
 }
 
-/// Disclosure's settings for the gateway: the auto budget `psych budget` reports with, 5%
-/// of a 200,000-token window.
-pub(crate) fn settings() -> Result<Settings, String> {
-    Settings::builder()
-        .auto_budget(Budget::WindowShare {
-            window_tokens: 200_000,
-            percent: 5,
-        })
-        .build()
-        .map_err(|e| format!("settings: {e}"))
-}
-
 impl Shared {
     /// Every connected server's live catalogue, read now.
     fn catalogs(&self) -> Result<Vec<ServerCatalog>, ErrorData> {
@@ -142,22 +133,36 @@ impl Shared {
             .map_err(|e| ErrorData::internal_error(format!("reading the catalogue: {e}"), None))
     }
 
-    /// The Surface of `catalogs`, resolved now.
-    fn surface(&self, catalogs: &[ServerCatalog]) -> Result<Surface, ErrorData> {
+    /// Every connected server's live catalogue, read now, and their Surface. Disclosure is
+    /// a function of the catalogues, the connections, the grant and the settings, and only
+    /// the catalogues change: the Surface is resolved again only when a server's set
+    /// version or health (the [`fingerprint`]) differs from the last resolution's, not on
+    /// every call and listing of every session.
+    fn current(&self) -> Result<(Vec<ServerCatalog>, Arc<Surface>), ErrorData> {
+        let catalogs = self.catalogs()?;
+        let key = fingerprint(&catalogs);
+        let mut resolved = self.resolved.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((seen, surface)) = resolved.as_ref()
+            && *seen == key
+        {
+            return Ok((catalogs, Arc::clone(surface)));
+        }
         let inputs = Inputs {
             connections: &self.connections,
-            catalogs,
+            catalogs: &catalogs,
             grant: &self.grant,
         };
-        resolve(&inputs, &self.settings, &Estimator::new()).map_err(|e| {
+        let surface = resolve(&inputs, &self.settings, &Estimator::new()).map_err(|e| {
             ErrorData::internal_error(format!("resolving the tool surface: {e}"), None)
-        })
+        })?;
+        let surface = Arc::new(surface);
+        *resolved = Some((key, Arc::clone(&surface)));
+        Ok((catalogs, surface))
     }
 
     /// The `instructions` of the initialize result: the deferred lines.
     fn instructions(&self) -> Option<String> {
-        let catalogs = self.catalogs().ok()?;
-        let surface = self.surface(&catalogs).ok()?;
+        let (_, surface) = self.current().ok()?;
         let lines = surface.deferred_lines();
         if lines.is_empty() {
             return Some(
@@ -176,17 +181,22 @@ impl Shared {
         Some(text)
     }
 
-    /// What decides whether the listing can have changed: each server's set version and
-    /// health.
+    /// The [`fingerprint`] of the catalogues now.
     fn fingerprint(&self) -> String {
         match self.catalogs() {
-            Ok(catalogs) => catalogs
-                .iter()
-                .map(|c| format!("{}@{:?}/{:?};", c.server, c.version, c.health))
-                .collect(),
+            Ok(catalogs) => fingerprint(&catalogs),
             Err(error) => error.message.into_owned(),
         }
     }
+}
+
+/// What decides whether the Surface, and so the listing, can have changed: each server's
+/// set version and health.
+fn fingerprint(catalogs: &[ServerCatalog]) -> String {
+    catalogs
+        .iter()
+        .map(|c| format!("{}@{:?}/{:?};", c.server, c.version, c.health))
+        .collect()
 }
 
 /// One client session: its own record log (one Run per connection) and executor.
@@ -235,16 +245,14 @@ impl Session {
 
     /// The `tools/list` result, as JSON.
     fn listing(&self) -> Result<Value, ErrorData> {
-        let catalogs = self.shared.catalogs()?;
-        let surface = self.shared.surface(&catalogs)?;
+        let (_, surface) = self.shared.current()?;
         let tools = client_tools(&surface, self.executor.limits());
         Ok(json!({ "tools": tools }))
     }
 
     /// One `tools/call`: through the executor, logged whole, projected by elision.
     async fn call(&self, params: CallToolRequestParams) -> Result<Value, ErrorData> {
-        let catalogs = self.shared.catalogs()?;
-        let surface = self.shared.surface(&catalogs)?;
+        let (catalogs, surface) = self.shared.current()?;
         let live = Live {
             grant: &self.shared.grant,
             catalogs: &catalogs,
@@ -314,8 +322,7 @@ impl Session {
         let shared = Arc::clone(&self.shared);
         let limits = self.executor.limits().clone();
         let listing = move |shared: &Shared| -> Option<String> {
-            let catalogs = shared.catalogs().ok()?;
-            let surface = shared.surface(&catalogs).ok()?;
+            let (_, surface) = shared.current().ok()?;
             serde_json::to_string(&client_tools(&surface, &limits)).ok()
         };
         let task = tokio::spawn(async move {
@@ -453,7 +460,7 @@ async fn serve(config: McpConfig, dir: &Path, listen: Listen) -> Result<u8, Stri
         .values()
         .map(|entry| entry.connection.clone())
         .collect();
-    let settings = settings()?;
+    let settings = crate::setup::settings(crate::setup::WINDOW)?;
     let manager = McpManager::builder(config.clone())
         .build()
         .map_err(|e| e.to_string())?;
@@ -461,16 +468,16 @@ async fn serve(config: McpConfig, dir: &Path, listen: Listen) -> Result<u8, Stri
     let fresh = FreshenerConfig::builder()
         .build()
         .map_err(|e| format!("the catalogue's freshener: {e}"))?;
-    let freshener = Arc::new(
-        Freshener::start(catalog, Arc::new(manager.clone()), fresh)
-            .map_err(|e| format!("the catalogue's freshener: {e}"))?,
-    );
-    let sync = CatalogSync::start(manager.events(), Arc::clone(&freshener));
-    manager.connect_all().await;
-    for server in config.servers.keys() {
-        if let Err(error) = freshener.refresh(server).await {
-            eprintln!("psych serve: {server}: {error}");
-        }
+    let Connected {
+        sync,
+        freshener,
+        failures,
+        ..
+    } = CatalogSync::connect(&manager, catalog, fresh)
+        .await
+        .map_err(|e| format!("the catalogue's freshener: {e}"))?;
+    for (server, error) in failures {
+        eprintln!("psych serve: {server}: {error}");
     }
     let shared = Arc::new(Shared {
         manager: manager.clone(),
@@ -481,6 +488,7 @@ async fn serve(config: McpConfig, dir: &Path, listen: Listen) -> Result<u8, Stri
         elider: Elider::default(),
         logs: dir.join("serve"),
         sessions: AtomicU64::new(0),
+        resolved: Mutex::new(None),
     });
     let served = match listen {
         Listen::Stdio => serve_stdio(shared).await,
@@ -627,7 +635,8 @@ mod tests {
             connections.push(ConnectionSpec::new(server.clone()).with_preload(preload));
             grant = grant.allow_server(server);
         }
-        let settings = settings().unwrap_or_else(|e| panic!("{e}"));
+        let settings =
+            crate::setup::settings(crate::setup::WINDOW).unwrap_or_else(|e| panic!("{e}"));
         let inputs = Inputs {
             connections: &connections,
             catalogs: &catalogs,

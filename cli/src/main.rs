@@ -51,7 +51,7 @@ enum Command {
         #[command(flatten)]
         setup: SetupArgs,
         /// The model's context window in tokens; the auto budget is 5% of it.
-        #[arg(long, value_name = "TOKENS", default_value_t = 200_000)]
+        #[arg(long, value_name = "TOKENS", default_value_t = setup::WINDOW)]
         context_window: u64,
         /// Print the report as JSON (stable field names) instead of a table.
         #[arg(long)]
@@ -125,8 +125,8 @@ enum Command {
     ///
     /// Example, in a client's config: `"psych": {"command": "psych", "args": ["serve",
     /// "--config", "/home/me/.psych/mcp.json"]}`
-    #[command(name = "serve", after_help = EXIT_CODES)]
-    Gateway {
+    #[command(after_help = EXIT_CODES)]
+    Serve {
         /// An `mcpServers` file; the embedded default servers when absent. A server entry
         /// may narrow its grant with `"allowTools": ["tool", ...]`.
         #[arg(long, value_name = "FILE")]
@@ -139,8 +139,8 @@ enum Command {
         dir: PathBuf,
     },
     /// Serve one embedded catalogue over stdio (started by the other commands).
-    #[command(name = "serve-embedded", hide = true)]
-    Serve {
+    #[command(hide = true)]
+    ServeEmbedded {
         /// The test server's flags.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -274,8 +274,8 @@ fn run(command: Command) -> Result<u8, String> {
             grep,
         } => read(&log, handle, offset, limit, grep),
         Command::Demo { dump } => demo::run(dump.as_deref()),
-        Command::Serve { args } => serve(args),
-        Command::Gateway { config, http, dir } => {
+        Command::ServeEmbedded { args } => serve_embedded(args),
+        Command::Serve { config, http, dir } => {
             let config = match config {
                 Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
                 None => setup::embedded_config()?,
@@ -369,7 +369,7 @@ fn read(
     }
 }
 
-fn serve(args: Vec<String>) -> Result<u8, String> {
+fn serve_embedded(args: Vec<String>) -> Result<u8, String> {
     let (scenario, mode) = psych_mcp::test_server::Scenario::from_args(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

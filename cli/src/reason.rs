@@ -56,20 +56,11 @@ pub(crate) fn one_line(server: &str, reason: &str) -> String {
     if let Some(telling) = telling {
         line = format!("{line} (stderr: {})", collapse(telling));
     }
-    cap(&line)
+    crate::truncate(&line, REASON_CHARS)
 }
 
 fn collapse(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-fn cap(text: &str) -> String {
-    if text.chars().count() <= REASON_CHARS {
-        return text.to_owned();
-    }
-    let mut out: String = text.chars().take(REASON_CHARS - 1).collect();
-    out.push('…');
-    out
 }
 
 #[cfg(test)]

@@ -131,13 +131,7 @@ pub(crate) fn load(config: Option<&Path>, store: &Path, window: u64) -> Result<S
         .into_iter()
         .filter(|c| config.servers.contains_key(&c.server))
         .collect();
-    let settings = Settings::builder()
-        .auto_budget(Budget::WindowShare {
-            window_tokens: window,
-            percent: 5,
-        })
-        .build()
-        .map_err(|e| format!("settings: {e}"))?;
+    let settings = settings(window)?;
     let inputs = Inputs {
         connections: &connections,
         catalogs: &catalogs,
@@ -155,6 +149,22 @@ pub(crate) fn load(config: Option<&Path>, store: &Path, window: u64) -> Result<S
         settings,
         store: store.to_owned(),
     })
+}
+
+/// The context window, in tokens, the auto budget is a share of unless one is given
+/// (`psych budget --context-window`'s default).
+pub(crate) const WINDOW: u64 = 200_000;
+
+/// Disclosure's settings with an auto budget of 5% of `window` tokens (disclosure's
+/// documented default share): what every command resolves with.
+pub(crate) fn settings(window: u64) -> Result<Settings, String> {
+    Settings::builder()
+        .auto_budget(Budget::WindowShare {
+            window_tokens: window,
+            percent: 5,
+        })
+        .build()
+        .map_err(|e| format!("settings: {e}"))
 }
 
 /// Connects and lists every server concurrently; one progress line per server on a

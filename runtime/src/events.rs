@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use psych_catalog::Freshener;
-use psych_mcp::{ChangeCause, McpEvent, McpEvents};
-use psych_types::ToolLister;
+use psych_catalog::{Catalog, ConfigError, Freshener, FreshenerConfig, RefreshError};
+use psych_mcp::{ChangeCause, McpEvent, McpEvents, McpManager};
+use psych_types::{ServerId, ToolLister};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -40,6 +40,41 @@ impl CatalogSync {
         }
     }
 
+    /// Connects every server of `manager` and keeps `catalog` fresh from them: a
+    /// [`Freshener`] listing through the manager, fed the manager's events by a
+    /// `CatalogSync` started before connecting (so no connection is missed), and each server
+    /// listed once before this returns, so the catalogue holds every server that answered.
+    /// Call it inside the tokio runtime the freshener is to run on.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::NoRuntime`] outside a tokio runtime. A server whose first listing
+    /// fails is not an error: it is in [`Connected::failures`].
+    pub async fn connect(
+        manager: &McpManager,
+        catalog: Catalog,
+        config: FreshenerConfig,
+    ) -> Result<Connected, ConfigError> {
+        let freshener = Arc::new(Freshener::start(
+            catalog,
+            Arc::new(manager.clone()),
+            config,
+        )?);
+        let sync = Self::start(manager.events(), Arc::clone(&freshener));
+        manager.connect_all().await;
+        let mut failures = Vec::new();
+        for server in manager.servers() {
+            if let Err(error) = freshener.refresh(&server).await {
+                failures.push((server, error));
+            }
+        }
+        Ok(Connected {
+            sync,
+            freshener,
+            failures,
+        })
+    }
+
     /// Stops following and waits for the task to end.
     pub async fn stop(mut self) {
         self.stop.send_replace(true);
@@ -47,6 +82,20 @@ impl CatalogSync {
             let _ = task.await;
         }
     }
+}
+
+/// What [`CatalogSync::connect`] set up: the catalogue kept fresh from live connections.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Connected {
+    /// The task feeding the manager's events to the freshener; stop it before shutting the
+    /// freshener down.
+    pub sync: CatalogSync,
+    /// The freshener over the manager, holding the catalogue ([`Freshener::catalog`]).
+    pub freshener: Arc<Freshener<McpManager>>,
+    /// The servers whose first listing failed, in name order, with why (each failure is
+    /// also recorded in the catalogue's health).
+    pub failures: Vec<(ServerId, RefreshError)>,
 }
 
 impl Drop for CatalogSync {

@@ -100,7 +100,7 @@ mod scripted;
 mod usage;
 
 pub use error::{ExecuteError, RunError};
-pub use events::CatalogSync;
+pub use events::{CatalogSync, Connected};
 pub use executor::{DEFAULT_CALL_TIMEOUT, Executor};
 pub use run::{INTERRUPTED, ModelReply, Next, Run, RunBuilder, Target};
 pub use scripted::{ScriptedModel, Step, Transcript};

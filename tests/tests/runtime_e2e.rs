@@ -25,7 +25,7 @@ use psych_mcp::test_server::large_text;
 use psych_mcp::{Backoff, McpConfig, McpManager, ServerConfig, Timeouts};
 use psych_prompt_assembly::{AnthropicOptions, OpenAiOptions, RenderedRequest};
 use psych_record_log::{RecordLog, SyncPolicy};
-use psych_runtime::{CatalogSync, INTERRUPTED, Next, Run, ScriptedModel, Step, Target};
+use psych_runtime::{CatalogSync, Connected, INTERRUPTED, Next, Run, ScriptedModel, Step, Target};
 use psych_types::{
     ConnectionSpec, ContentBlock, PermissionGrant, Record, RecordHandle, RunId, ServerId,
     ToolOutput,
@@ -117,26 +117,22 @@ impl World {
             ))
             .build()
             .unwrap();
-        let freshener = Arc::new(
-            Freshener::start(
-                Catalog::in_memory().unwrap(),
-                Arc::new(manager.clone()),
-                FreshenerConfig::builder().build().unwrap(),
-            )
-            .unwrap(),
-        );
-        let sync = CatalogSync::start(manager.events(), Arc::clone(&freshener));
-        manager.connect_all().await;
-        let world = Self {
+        // A server that fails its first listing is what some tests are about.
+        let Connected {
+            sync, freshener, ..
+        } = CatalogSync::connect(
+            &manager,
+            Catalog::in_memory().unwrap(),
+            FreshenerConfig::builder().build().unwrap(),
+        )
+        .await
+        .unwrap();
+        Self {
             manager,
             freshener,
             sync: Some(sync),
             config,
-        };
-        for server in world.config.servers.keys() {
-            let _ = world.freshener.refresh(server).await;
         }
-        world
     }
 
     fn catalog(&self) -> Catalog {
