@@ -132,12 +132,7 @@ impl ResultProjector for Elider {
         for (i, (result, slot)) in batch.iter().zip(out.iter_mut()).enumerate() {
             let text = result.output.readable_text();
             if result.output.is_error {
-                let kept = self.preview.truncate_failure(&text);
-                *slot = if kept.len() == text.len() {
-                    Projection::Full
-                } else {
-                    Projection::Replaced(kept.to_owned())
-                };
+                *slot = self.failure_view(&text, text.len() as u64);
             } else {
                 sizes.push(self.estimator.estimate_output(result.output));
                 planned.push((i, text));
@@ -183,13 +178,8 @@ impl ResultProjector for Elider {
                     self.preview.failure_window(),
                     info.len,
                 )?;
-                let kept = self.preview.truncate_failure(&window);
                 if let Some(slot) = out.get_mut(i) {
-                    *slot = if kept.len() as u64 == info.len {
-                        Projection::Full
-                    } else {
-                        Projection::Replaced(kept.to_owned())
-                    };
+                    *slot = self.failure_view(&window, info.len);
                 }
                 continue;
             }
@@ -223,6 +213,17 @@ impl ResultProjector for Elider {
 }
 
 impl Elider {
+    /// The view of a failure whose readable text (`len` bytes) starts with `text`: whole
+    /// when truncating keeps all of it.
+    fn failure_view(&self, text: &str, len: u64) -> Projection {
+        let kept = self.preview.truncate_failure(text);
+        if kept.len() as u64 == len {
+            Projection::Full
+        } else {
+            Projection::Replaced(kept.to_owned())
+        }
+    }
+
     /// The view of an elided success whose readable text is `text`.
     fn elided_view(&self, text: &str, output: &ToolOutput, handle: &RecordHandle) -> Projection {
         let has_binary = output.binary_blocks().next().is_some();
