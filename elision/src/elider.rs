@@ -157,8 +157,8 @@ impl ResultProjector for Elider {
     /// elided result whose readable text is all it holds reads
     /// [`PreviewConfig::head_window`] bytes from its start and
     /// [`PreviewConfig::tail_window`] from its end (its line breaks are counted, reading
-    /// it through once, only when the store has no count). A result with other blocks is
-    /// read whole, as is one kept whole (by the caller, to send it).
+    /// it through once, only when the store has no count). An elided result with other
+    /// blocks is read whole; a result kept whole is read only by the caller, to send it.
     fn project_stored(
         &self,
         batch: &[StoredRef<'_>],
@@ -183,13 +183,15 @@ impl ResultProjector for Elider {
                 }
                 continue;
             }
-            if !item.stored.text_only || item.stored.estimate.is_none() {
-                loaded[i] = Some(load_whole(source, item.handle)?);
-            }
-            let size = match (item.stored.estimate, &loaded[i]) {
-                (Some(estimate), _) => estimate,
-                (None, Some(output)) => self.estimator.estimate_output(output),
-                (None, None) => 0,
+            let size = match item.stored.estimate {
+                Some(estimate) => estimate,
+                None => {
+                    // Stored without an estimate: it needs the output, read whole.
+                    let output = load_whole(source, item.handle)?;
+                    let estimate = self.estimator.estimate_output(&output);
+                    loaded[i] = Some(output);
+                    estimate
+                }
             };
             sizes.push(size);
             planned.push(i);
@@ -200,6 +202,11 @@ impl ResultProjector for Elider {
                 continue;
             }
             let item = &batch[i];
+            // A result with other blocks is read whole (its preview lists them); only an
+            // elided one, so a result sent whole is read once, by the caller.
+            if loaded[i].is_none() && !item.stored.text_only {
+                loaded[i] = Some(load_whole(source, item.handle)?);
+            }
             let view = match &loaded[i] {
                 Some(output) => self.elided_view(&output.readable_text(), output, item.handle),
                 None => self.stored_preview(item, source)?,
