@@ -132,12 +132,7 @@ impl ResultProjector for Elider {
         for (i, (result, slot)) in batch.iter().zip(out.iter_mut()).enumerate() {
             let text = result.output.readable_text();
             if result.output.is_error {
-                let kept = self.preview.truncate_failure(&text);
-                *slot = if kept.len() == text.len() {
-                    Projection::Full
-                } else {
-                    Projection::Replaced(kept.to_owned())
-                };
+                *slot = self.failure_view(&text, text.len() as u64);
             } else {
                 sizes.push(self.estimator.estimate_output(result.output));
                 planned.push((i, text));
@@ -162,8 +157,8 @@ impl ResultProjector for Elider {
     /// elided result whose readable text is all it holds reads
     /// [`PreviewConfig::head_window`] bytes from its start and
     /// [`PreviewConfig::tail_window`] from its end (its line breaks are counted, reading
-    /// it through once, only when the store has no count). A result with other blocks is
-    /// read whole, as is one kept whole (by the caller, to send it).
+    /// it through once, only when the store has no count). An elided result with other
+    /// blocks is read whole; a result kept whole is read only by the caller, to send it.
     fn project_stored(
         &self,
         batch: &[StoredRef<'_>],
@@ -183,23 +178,20 @@ impl ResultProjector for Elider {
                     self.preview.failure_window(),
                     info.len,
                 )?;
-                let kept = self.preview.truncate_failure(&window);
                 if let Some(slot) = out.get_mut(i) {
-                    *slot = if kept.len() as u64 == info.len {
-                        Projection::Full
-                    } else {
-                        Projection::Replaced(kept.to_owned())
-                    };
+                    *slot = self.failure_view(&window, info.len);
                 }
                 continue;
             }
-            if !item.stored.text_only || item.stored.estimate.is_none() {
-                loaded[i] = Some(load_whole(source, item.handle)?);
-            }
-            let size = match (item.stored.estimate, &loaded[i]) {
-                (Some(estimate), _) => estimate,
-                (None, Some(output)) => self.estimator.estimate_output(output),
-                (None, None) => 0,
+            let size = match item.stored.estimate {
+                Some(estimate) => estimate,
+                None => {
+                    // Stored without an estimate: it needs the output, read whole.
+                    let output = load_whole(source, item.handle)?;
+                    let estimate = self.estimator.estimate_output(&output);
+                    loaded[i] = Some(output);
+                    estimate
+                }
             };
             sizes.push(size);
             planned.push(i);
@@ -210,6 +202,11 @@ impl ResultProjector for Elider {
                 continue;
             }
             let item = &batch[i];
+            // A result with other blocks is read whole (its preview lists them); only an
+            // elided one, so a result sent whole is read once, by the caller.
+            if loaded[i].is_none() && !item.stored.text_only {
+                loaded[i] = Some(load_whole(source, item.handle)?);
+            }
             let view = match &loaded[i] {
                 Some(output) => self.elided_view(&output.readable_text(), output, item.handle),
                 None => self.stored_preview(item, source)?,
@@ -223,6 +220,17 @@ impl ResultProjector for Elider {
 }
 
 impl Elider {
+    /// The view of a failure whose readable text (`len` bytes) starts with `text`: whole
+    /// when truncating keeps all of it.
+    fn failure_view(&self, text: &str, len: u64) -> Projection {
+        let kept = self.preview.truncate_failure(text);
+        if kept.len() as u64 == len {
+            Projection::Full
+        } else {
+            Projection::Replaced(kept.to_owned())
+        }
+    }
+
     /// The view of an elided success whose readable text is `text`.
     fn elided_view(&self, text: &str, output: &ToolOutput, handle: &RecordHandle) -> Projection {
         let has_binary = output.binary_blocks().next().is_some();

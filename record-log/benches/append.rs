@@ -22,13 +22,17 @@
     reason = "a benchmark fails loudly on bad setup"
 )]
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::hint::black_box;
 use std::io::Write;
+use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_types::{Record, RunId, ToolCallId, ToolOutput, ToolResult};
 use redb::{Database, TableDefinition};
@@ -52,27 +56,43 @@ fn bench_dir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
 
+/// The readable bytes of a [`tool_result`] record: what the bare writes append.
+fn readable(record: &Record) -> Vec<u8> {
+    let Record::ToolResult(result) = record else {
+        unreachable!()
+    };
+    psych_types::readable_bytes(&result.output).into_owned()
+}
+
+/// Times `bytes` appended to a plain file in `dir` with `write` + `fdatasync`, as
+/// `bare_write_fdatasync`; returns the file.
+fn bare_write_fdatasync(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    dir: &Path,
+    bytes: &[u8],
+) -> File {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("bare"))
+        .unwrap();
+    group.bench_function("bare_write_fdatasync", |b| {
+        b.iter(|| {
+            file.write_all(black_box(bytes)).unwrap();
+            file.sync_data().unwrap();
+        });
+    });
+    file
+}
+
 fn large_append(c: &mut Criterion) {
     let mut group = c.benchmark_group("large_append_2m");
     group.sample_size(20);
     let record = tool_result(2 << 20);
-    let Record::ToolResult(result) = &record else {
-        unreachable!()
-    };
-    let bytes = psych_types::readable_bytes(&result.output);
+    let bytes = readable(&record);
     group.throughput(Throughput::Bytes(bytes.len() as u64));
     let dir = bench_dir();
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.path().join("bare"))
-        .unwrap();
-    group.bench_function("bare_write_fdatasync", |b| {
-        b.iter(|| {
-            file.write_all(black_box(&bytes)).unwrap();
-            file.sync_data().unwrap();
-        });
-    });
+    bare_write_fdatasync(&mut group, dir.path(), &bytes);
     let run = RunId::new("bench").unwrap();
     let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
     group.bench_function("record_log_append", |b| {
@@ -84,24 +104,11 @@ fn large_append(c: &mut Criterion) {
 fn durable_append(c: &mut Criterion) {
     let mut group = c.benchmark_group("durable_append_4k");
     let record = tool_result(4096);
-    let Record::ToolResult(result) = &record else {
-        unreachable!()
-    };
-    let bytes = psych_types::readable_bytes(&result.output);
+    let bytes = readable(&record);
     group.throughput(Throughput::Bytes(bytes.len() as u64));
 
     let dir = bench_dir();
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.path().join("bare"))
-        .unwrap();
-    group.bench_function("bare_write_fdatasync", |b| {
-        b.iter(|| {
-            file.write_all(black_box(&bytes)).unwrap();
-            file.sync_data().unwrap();
-        });
-    });
+    let mut file = bare_write_fdatasync(&mut group, dir.path(), &bytes);
 
     let run = RunId::new("bench").unwrap();
     let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();

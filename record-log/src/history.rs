@@ -17,9 +17,9 @@
 //! with [`RecordSource::record`](psych_types::RecordSource::record), which checks its body
 //! checksum again.
 
-use psych_types::{History, HistoryEntry, HistoryItem, OutputInfo, RecordHandle, StoredResult};
+use psych_types::{History, HistoryEntry, HistoryItem, RecordHandle, StoredResult};
 
-use crate::format::{self, KIND_TOOL_RESULT};
+use crate::log::output_info;
 use crate::{ReadError, RecordLog, SharedRecordLog};
 
 impl RecordLog {
@@ -55,33 +55,15 @@ impl RecordLog {
     }
 
     fn history_item(&self, handle: &RecordHandle) -> Result<HistoryItem, ReadError> {
-        let is_result = usize::try_from(handle.seq)
-            .ok()
-            .and_then(|i| self.index.get(i))
-            .is_some_and(|entry| entry.header.kind == KIND_TOOL_RESULT);
-        if !is_result {
-            // No content: the whole frame is the header, the metadata and the checksum.
-            return match self.read_record(handle)? {
-                Some(record) => Ok(HistoryItem::Record(record)),
-                None => Err(self.vanished(handle)),
-            };
+        if let Some(stored) = self.result_summary(handle)? {
+            return Ok(HistoryItem::Result(stored_result(stored)));
         }
-        let Some((entry, summary, readable)) = self.result_summary(handle)? else {
-            return Err(self.vanished(handle));
-        };
-        let text_only = summary.text_only();
-        Ok(HistoryItem::Result(StoredResult {
-            info: OutputInfo {
-                kind: summary.kind,
-                len: readable.1,
-                is_error: entry.header.flags & format::FLAG_IS_ERROR != 0,
-                call_id: summary.call_id.clone(),
-                name: summary.name.clone(),
-            },
-            estimate: summary.estimate(),
-            line_breaks: summary.line_breaks(),
-            text_only,
-        }))
+        // Not a tool result: no content, the whole frame is the header, the metadata and
+        // the checksum.
+        match self.read_record(handle)? {
+            Some(record) => Ok(HistoryItem::Record(record)),
+            None => Err(self.vanished(handle)),
+        }
     }
 
     fn vanished(&self, handle: &RecordHandle) -> ReadError {
@@ -90,6 +72,16 @@ impl RecordLog {
             offset: 0,
             reason: format!("record {handle} is indexed but does not read back"),
         }
+    }
+}
+
+/// A tool result's [`StoredResult`] from its checked header and metadata.
+fn stored_result((entry, summary, readable): crate::log::StoredResult<'_>) -> StoredResult {
+    StoredResult {
+        estimate: summary.estimate(),
+        line_breaks: summary.line_breaks(),
+        text_only: summary.text_only(),
+        info: output_info(entry, summary, readable),
     }
 }
 

@@ -1330,16 +1330,9 @@ impl RecordSource for RecordLog {
     }
 
     fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, ReadError> {
-        let Some((entry, summary, readable)) = self.result_summary(handle)? else {
-            return Ok(None);
-        };
-        Ok(Some(OutputInfo {
-            kind: summary.kind,
-            len: readable.1,
-            is_error: entry.header.flags & format::FLAG_IS_ERROR != 0,
-            call_id: summary.call_id,
-            name: summary.name,
-        }))
+        Ok(self
+            .result_summary(handle)?
+            .map(|(entry, summary, readable)| output_info(entry, summary, readable)))
     }
 
     /// Serves `buf.len()` bytes at most with one positional read of the stored readable
@@ -1404,6 +1397,21 @@ impl RecordSource for RecordLog {
 /// A tool result's index entry, its metadata, and where its readable text lies in its
 /// content (offset and length).
 pub(crate) type StoredResult<'a> = (&'a Entry, format::ResultSummary, (u64, u64));
+
+/// The [`OutputInfo`] of a tool result from its index entry, metadata and readable range.
+pub(crate) fn output_info(
+    entry: &Entry,
+    summary: format::ResultSummary,
+    readable: (u64, u64),
+) -> OutputInfo {
+    OutputInfo {
+        kind: summary.kind,
+        len: readable.1,
+        is_error: entry.header.flags & format::FLAG_IS_ERROR != 0,
+        call_id: summary.call_id,
+        name: summary.name,
+    }
+}
 
 impl RecordLog {
     /// Where the readable text of the tool result at `entry` lies in its content.

@@ -53,7 +53,7 @@ pub fn count_line_breaks(bytes: &[u8]) -> u64 {
 }
 
 /// Whether `output`'s readable text is all it holds (see [`StoredResult::text_only`]).
-pub fn is_text_only(output: &ToolOutput) -> bool {
+fn is_text_only(output: &ToolOutput) -> bool {
     output
         .content
         .iter()

@@ -57,7 +57,7 @@ pub use catalog::{
 pub use connection::{ConnectionSpec, PermissionGrant, Preload, ToolScope};
 pub use history::{
     History, HistoryEntry, HistoryItem, OutputAccess, SourceError, StoredRef, StoredResult,
-    count_line_breaks, is_text_only, load_whole, read_exact_output,
+    count_line_breaks, load_whole, read_exact_output,
 };
 pub use id::{IdError, RunId, ServerId, ToolCallId, ToolName, ToolRef};
 pub use output::{
