@@ -13,7 +13,7 @@ use psych_types::{
     JsonObject, Reachability, ServerId, ToolDefinition, ToolHost, ToolLister, ToolOutput, ToolRef,
 };
 use rmcp::model::CallToolResult;
-use serde_json::Value;
+use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -365,17 +365,26 @@ impl McpManager {
         tool: &ToolRef,
         arguments: JsonObject,
     ) -> Result<CallToolResult, McpError> {
-        let raw = self.call_json(tool, arguments).await?;
-        serde_json::from_value(raw).map_err(|e| not_a_call_result(tool, &e))
+        self.call_as(tool, arguments).await
     }
 
-    /// The `result` of a `tools/call` as JSON: exactly as the server wrote it over stdio,
-    /// as rmcp typed it over HTTP (or raw, for a result rmcp could not type).
-    async fn call_json(&self, tool: &ToolRef, arguments: JsonObject) -> Result<Value, McpError> {
+    /// A `tools/call` whose `result` JSON (exactly as the server wrote it over stdio, as
+    /// rmcp typed it over HTTP, or raw for a result rmcp could not type) is read as `T`; an
+    /// answer that does not read is a protocol error.
+    async fn call_as<T: DeserializeOwned>(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+    ) -> Result<T, McpError> {
         let session = self.session(&tool.server)?;
-        session
+        let raw = session
             .call(tool.tool.as_str(), arguments, self.inner.timeouts.call)
-            .await
+            .await?;
+        serde_json::from_value(raw).map_err(|e| McpError::Protocol {
+            server: tool.server.clone(),
+            call: format!("tools/call {}", tool.tool),
+            message: format!("the answer is not a tools/call result: {e}"),
+        })
     }
 
     /// Stops every supervisor, closes every session and stops every stdio server's process
@@ -547,16 +556,6 @@ impl ToolHost for McpManager {
         tool: &ToolRef,
         arguments: JsonObject,
     ) -> Result<ToolOutput, McpError> {
-        let raw = self.call_json(tool, arguments).await?;
-        serde_json::from_value(raw).map_err(|e| not_a_call_result(tool, &e))
-    }
-}
-
-/// A `tools/call` answer that does not read as a result.
-fn not_a_call_result(tool: &ToolRef, error: &serde_json::Error) -> McpError {
-    McpError::Protocol {
-        server: tool.server.clone(),
-        call: format!("tools/call {}", tool.tool),
-        message: format!("the answer is not a tools/call result: {error}"),
+        self.call_as(tool, arguments).await
     }
 }

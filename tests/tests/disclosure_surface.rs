@@ -11,23 +11,13 @@
 
 use psych_disclosure::{Inputs, Settings, Shape, Surface, resolve};
 use psych_elision::Estimator;
-use psych_prompt_assembly::{
-    AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, StaticSections, Transient,
-};
 use psych_types::{
-    CatalogVersion, ConnectionSpec, LoggedRecord, PermissionGrant, Preload, Projection,
-    Reachability, Record, RecordHandle, ResultProjector, ResultRef, RunId, ServerCatalog,
-    ServerHealth, ServerId, ToolList, UserMessage,
+    CatalogVersion, ConnectionSpec, PermissionGrant, Preload, Reachability, ServerCatalog,
+    ServerHealth, ServerId, ToolList,
 };
 
 mod common;
 use common::catalogs_dir;
-
-/// Leaves every result whole: the request has no tool results anyway.
-struct Whole;
-impl ResultProjector for Whole {
-    fn project(&self, _batch: &[ResultRef<'_>], _out: &mut [Projection]) {}
-}
 
 fn setup(
     preload: Preload,
@@ -77,30 +67,9 @@ fn surface(preload: Preload, reachability: Reachability, settings: &Settings) ->
     resolve(&inputs, settings, &Estimator::new()).unwrap()
 }
 
-/// The Anthropic and OpenAI request bodies of a one-message conversation over `surface`.
+/// The request bodies of a one-message conversation over `surface`.
 fn render(surface: &Surface) -> (String, String) {
-    let mut zone1 = StaticSections::new("You are a careful assistant.");
-    for line in surface.deferred_lines() {
-        zone1 = zone1.capability_note(line.clone());
-    }
-    let zone2 = DynamicTail::new();
-    let history = vec![LoggedRecord {
-        handle: RecordHandle::new(RunId::new("run-1").unwrap(), 0),
-        record: Record::User(UserMessage {
-            text: "Open an issue about the flaky test.".into(),
-        }),
-    }];
-    let now = Transient::at(CurrentTime::utc(1_796_041_497).unwrap());
-    let prompt = Assembler::new(&zone1, &zone2, surface.tools())
-        .assemble(&history, &Whole, &now)
-        .unwrap();
-    let anthropic = prompt
-        .render_anthropic(&AnthropicOptions::new("claude-sonnet-4-5", 1024))
-        .unwrap();
-    let openai = prompt
-        .render_openai(&OpenAiOptions::new("gpt-4.1"))
-        .unwrap();
-    (anthropic.body().to_owned(), openai.body().to_owned())
+    common::render(surface, "Open an issue about the flaky test.")
 }
 
 #[test]

@@ -17,13 +17,9 @@ use std::fmt::Write as _;
 use psych_disclosure::{Inputs, Live, Settings, Surface, Validation, Validators, Verdict, resolve};
 use psych_elision::Estimator;
 use psych_mcp::{SyntheticKind, synthetic_catalog};
-use psych_prompt_assembly::{
-    AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, StaticSections, Transient,
-};
 use psych_types::{
-    CatalogVersion, ConnectionSpec, LoggedRecord, PermissionGrant, Preload, Projection, Record,
-    RecordHandle, ResultProjector, ResultRef, RunId, ServerCatalog, ServerHealth, ServerId,
-    ToolDefinition, ToolList, UserMessage,
+    CatalogVersion, ConnectionSpec, PermissionGrant, Preload, ServerCatalog, ServerHealth,
+    ServerId, ToolDefinition, ToolList,
 };
 use serde_json::{Value, json};
 
@@ -360,35 +356,9 @@ fn every_generated_schema_compiles_and_checks_arguments() {
     assert!(refused > 600, "{refused} tools have a required argument");
 }
 
-/// Leaves every result whole: the request has no tool results anyway.
-struct Whole;
-impl ResultProjector for Whole {
-    fn project(&self, _batch: &[ResultRef<'_>], _out: &mut [Projection]) {}
-}
-
+/// The request bodies of a one-message conversation over `surface`.
 fn render(surface: &Surface) -> (String, String) {
-    let mut zone1 = StaticSections::new("You are a careful assistant.");
-    for line in surface.deferred_lines() {
-        zone1 = zone1.capability_note(line.clone());
-    }
-    let zone2 = DynamicTail::new();
-    let history = vec![LoggedRecord {
-        handle: RecordHandle::new(RunId::new("run-1").unwrap(), 0),
-        record: Record::User(UserMessage {
-            text: "Find last week's invoices.".into(),
-        }),
-    }];
-    let now = Transient::at(CurrentTime::utc(1_796_041_497).unwrap());
-    let prompt = Assembler::new(&zone1, &zone2, surface.tools())
-        .assemble(&history, &Whole, &now)
-        .unwrap();
-    let anthropic = prompt
-        .render_anthropic(&AnthropicOptions::new("claude-sonnet-4-5", 1024))
-        .unwrap();
-    let openai = prompt
-        .render_openai(&OpenAiOptions::new("gpt-4.1"))
-        .unwrap();
-    (anthropic.body().to_owned(), openai.body().to_owned())
+    common::render(surface, "Find last week's invoices.")
 }
 
 #[test]

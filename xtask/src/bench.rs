@@ -84,27 +84,27 @@ pub(crate) fn bench(root: &Path, packages: &[String]) -> Result<(), String> {
     }
 }
 
-/// Packages whose manifest declares a `[[bench]]`, from the workspace's member folders.
+/// Workspace packages with a bench target, by name, from `cargo metadata` (as tidy reads it).
 fn bench_packages(root: &Path) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    let entries = std::fs::read_dir(root).map_err(|e| format!("{}: {e}", root.display()))?;
-    let mut dirs: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
-    dirs.sort();
-    for dir in dirs {
-        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
-            continue;
-        };
-        if !manifest.contains("[[bench]]") {
-            continue;
-        }
-        let name = manifest
-            .lines()
-            .find_map(|l| l.strip_prefix("name = \""))
-            .and_then(|rest| rest.strip_suffix('"'));
-        if let Some(name) = name {
-            out.push(name.to_owned());
-        }
-    }
+    let metadata = crate::tidy::cargo_metadata(root)?;
+    let mut out: Vec<String> = metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|package| {
+            package["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|target| {
+                    target["kind"]
+                        .as_array()
+                        .is_some_and(|k| k.contains(&"bench".into()))
+                })
+        })
+        .filter_map(|package| package["name"].as_str().map(str::to_owned))
+        .collect();
+    out.sort();
     Ok(out)
 }
 

@@ -14,10 +14,17 @@
 
 use std::path::{Path, PathBuf};
 
+use psych_disclosure::Surface;
 use psych_elision::{Elider, PreviewConfig, Thresholds};
+use psych_prompt_assembly::{
+    AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, StaticSections, Transient,
+};
 use psych_reader_tool::{Answer, Reader};
 use psych_record_log::{RecordLog, SyncPolicy};
-use psych_types::{RecordSource, RunId};
+use psych_types::{
+    LoggedRecord, Projection, Record, RecordHandle, RecordSource, ResultProjector, ResultRef,
+    RunId, UserMessage,
+};
 use serde_json::{Value, json};
 
 /// The text before the handle in elision's guidance.
@@ -135,4 +142,35 @@ pub(crate) fn catalogs_dir() -> PathBuf {
         .map(|dir| dir.join("shared/fixtures/catalogs"))
         .find(|dir| dir.is_dir())
         .unwrap_or_else(|| panic!("no shared/fixtures/catalogs above {}", manifest.display()))
+}
+
+/// Leaves every result whole: the request has no tool results anyway.
+pub(crate) struct Whole;
+impl ResultProjector for Whole {
+    fn project(&self, _batch: &[ResultRef<'_>], _out: &mut [Projection]) {}
+}
+
+/// The Anthropic and OpenAI request bodies of a one-message conversation (the user says
+/// `user`) over `surface`, its deferred lines in zone 1 as capability notes.
+pub(crate) fn render(surface: &Surface, user: &str) -> (String, String) {
+    let mut zone1 = StaticSections::new("You are a careful assistant.");
+    for line in surface.deferred_lines() {
+        zone1 = zone1.capability_note(line.clone());
+    }
+    let zone2 = DynamicTail::new();
+    let history = vec![LoggedRecord {
+        handle: RecordHandle::new(RunId::new("run-1").unwrap(), 0),
+        record: Record::User(UserMessage { text: user.into() }),
+    }];
+    let now = Transient::at(CurrentTime::utc(1_796_041_497).unwrap());
+    let prompt = Assembler::new(&zone1, &zone2, surface.tools())
+        .assemble(&history, &Whole, &now)
+        .unwrap();
+    let anthropic = prompt
+        .render_anthropic(&AnthropicOptions::new("claude-sonnet-4-5", 1024))
+        .unwrap();
+    let openai = prompt
+        .render_openai(&OpenAiOptions::new("gpt-4.1"))
+        .unwrap();
+    (anthropic.body().to_owned(), openai.body().to_owned())
 }
