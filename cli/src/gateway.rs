@@ -280,15 +280,11 @@ impl Session {
             return Err(ErrorData::internal_error("the call logged no result", None));
         };
         let handle = &logged[0].handle;
-        let mut view = [Projection::Full];
-        self.shared.elider.project(
-            &[ResultRef {
-                handle,
-                output: &result.output,
-            }],
-            &mut view,
-        );
-        let output = match view {
+        let view = self.shared.elider.project(&[ResultRef {
+            handle,
+            output: &result.output,
+        }]);
+        let output = match view.as_slice() {
             [Projection::Replaced(text)] => {
                 let mut shown = ToolOutput::text(text);
                 shown.is_error = result.output.is_error;

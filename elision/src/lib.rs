@@ -41,8 +41,7 @@
 //!     ResultRef { handle: &small, output: &fine },
 //!     ResultRef { handle: &large, output: &huge },
 //! ];
-//! let mut out = vec![Projection::Full; batch.len()];
-//! elider.project(&batch, &mut out);
+//! let out = elider.project(&batch);
 //!
 //! assert_eq!(out[0], Projection::Full);
 //! let Projection::Replaced(preview) = &out[1] else { return Err("not elided".into()) };

@@ -368,7 +368,7 @@ proptest! {
     }
 
     #[test]
-    fn the_elider_is_deterministic_and_fills_each_slot(
+    fn the_elider_is_deterministic_and_gives_one_view_per_result(
         texts in prop::collection::vec((preview_text(), any::<bool>()), 0..12),
         t in thresholds(),
         c in config(),
@@ -381,10 +381,9 @@ proptest! {
         let run = RunId::new("r").unwrap();
         let handles: Vec<RecordHandle> = (0..outputs.len() as u64).map(|i| RecordHandle::new(run.clone(), i)).collect();
         let batch: Vec<ResultRef<'_>> = handles.iter().zip(&outputs).map(|(handle, output)| ResultRef { handle, output }).collect();
-        let mut first = vec![Projection::Full; batch.len()];
-        elider.project(&batch, &mut first);
-        let mut second = vec![Projection::Full; batch.len()];
-        elider.project(&batch, &mut second);
+        let first = elider.project(&batch);
+        let second = elider.project(&batch);
+        prop_assert_eq!(first.len(), batch.len());
         prop_assert_eq!(&first, &second);
         for (out, (text, failed)) in first.iter().zip(&texts) {
             if let Projection::Replaced(view) = out {
@@ -440,14 +439,13 @@ proptest! {
             stored_estimates.then_some(&estimator as &dyn TokenEstimator),
         );
         let batch: Vec<ResultRef<'_>> = handles.iter().zip(&outputs).map(|(handle, output)| ResultRef { handle, output }).collect();
-        let mut whole = vec![Projection::Full; batch.len()];
-        elider.project(&batch, &mut whole);
+        let whole = elider.project(&batch);
         let stored: Vec<StoredRef<'_>> = history.entries.iter().filter_map(|entry| match &entry.item {
             HistoryItem::Result(stored) => Some(StoredRef { handle: &entry.handle, stored }),
             HistoryItem::Record(_) => None,
         }).collect();
-        let mut lazy = vec![Projection::Full; stored.len()];
-        elider.project_stored(&stored, &log, &mut lazy).unwrap();
+        let lazy = elider.project_stored(&stored, &log).unwrap();
+        prop_assert_eq!(lazy.len(), stored.len());
         prop_assert_eq!(lazy, whole);
     }
 }

@@ -49,8 +49,8 @@ fn check(outputs: &[ToolOutput]) -> String {
         .zip(outputs)
         .map(|(handle, output)| ResultRef { handle, output })
         .collect();
-    let mut out = vec![Projection::Full; batch.len()];
-    elider().project(&batch, &mut out);
+    let out = elider().project(&batch);
+    assert_eq!(out.len(), batch.len(), "one view per result");
     let mut rendered = String::new();
     for (i, (projection, output)) in out.iter().zip(outputs).enumerate() {
         let len = psych_types::readable_bytes(output).len();

@@ -26,17 +26,21 @@ use psych_types::{
 struct Preview;
 
 impl ResultProjector for Preview {
-    fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]) {
-        for (result, slot) in batch.iter().zip(out) {
-            let text = result.output.readable_text();
-            if text.len() > 4096 {
+    fn project(&self, batch: &[ResultRef<'_>]) -> Vec<Projection> {
+        batch
+            .iter()
+            .map(|result| {
+                let text = result.output.readable_text();
+                if text.len() <= 4096 {
+                    return Projection::Full;
+                }
                 let head: String = text.chars().take(200).collect();
-                *slot = Projection::Replaced(format!(
+                Projection::Replaced(format!(
                     "{head}\n[... elided; read_tool_output(\"{}\") ...]",
                     result.handle
-                ));
-            }
-        }
+                ))
+            })
+            .collect()
     }
 }
 

@@ -212,9 +212,8 @@ fn project_prior_turns(
                 _ => None,
             })
             .collect();
-        let mut out = vec![Projection::Full; batch.len()];
-        projector.project(&batch, &mut out);
-        for (&i, projection) in indices.iter().zip(out) {
+        // A result the projector gives no view for stays whole (see `ResultProjector`).
+        for (&i, projection) in indices.iter().zip(projector.project(&batch)) {
             views[i] = projection;
         }
     }
@@ -473,13 +472,11 @@ mod tests {
     struct Counting(std::cell::RefCell<Vec<Vec<u64>>>);
 
     impl ResultProjector for Counting {
-        fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]) {
+        fn project(&self, batch: &[ResultRef<'_>]) -> Vec<Projection> {
             self.0
                 .borrow_mut()
                 .push(batch.iter().map(|r| r.handle.seq).collect());
-            for slot in out {
-                *slot = Projection::Replaced("elided".into());
-            }
+            vec![Projection::Replaced("elided".into()); batch.len()]
         }
     }
 
@@ -520,6 +517,57 @@ mod tests {
         assert_eq!(records, &(2..4));
         let ids: Vec<&str> = items.iter().map(|item| item.call_id().as_str()).collect();
         assert_eq!(ids, vec!["a", "b"]);
+    }
+
+    /// Replaces the first `.0` results of each batch, giving exactly `.0` views whatever
+    /// the batch's length: too few or too many.
+    struct Answers(usize);
+
+    impl ResultProjector for Answers {
+        fn project(&self, _batch: &[ResultRef<'_>]) -> Vec<Projection> {
+            vec![Projection::Replaced("elided".into()); self.0]
+        }
+    }
+
+    #[test]
+    fn a_projector_giving_too_few_or_too_many_views_never_fails_assembly() {
+        let mut store = psych_types::MemoryRecords::new(RunId::new("r").unwrap());
+        for record in [
+            user("one"),
+            calls(&["a", "b", "c"]),
+            result("a", "A"),
+            result("b", "B"),
+            result("c", "C"),
+            user("two"),
+        ] {
+            store.push(record);
+        }
+        let history = store.records();
+        let lazy_history = psych_types::History::from_records(&history, None);
+        let (zone1, zone2, transient) = Default::default();
+        let assembler = Assembler::new(&zone1, &zone2, &[]);
+        for (answers, replaced) in [(0, vec![]), (2, vec![2, 3]), (5, vec![2, 3, 4])] {
+            let projector = Answers(answers);
+            let prompt = assembler
+                .assemble(&history, &projector, &transient)
+                .unwrap();
+            let seen: Vec<u64> = prompt
+                .result_views()
+                .filter(|(_, view)| **view != Projection::Full)
+                .map(|(handle, _)| handle.seq)
+                .collect();
+            assert_eq!(seen, replaced, "{answers} views, whole records");
+            let mut cache = crate::ProjectionCache::default();
+            let step =
+                crate::StepHistory::load(&lazy_history, &store, &projector, &mut cache).unwrap();
+            let prompt = assembler.assemble_history(&step, &transient).unwrap();
+            let seen: Vec<u64> = prompt
+                .result_views()
+                .filter(|(_, view)| **view != Projection::Full)
+                .map(|(handle, _)| handle.seq)
+                .collect();
+            assert_eq!(seen, replaced, "{answers} views, stored history");
+        }
     }
 
     #[test]

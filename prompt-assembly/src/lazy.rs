@@ -183,7 +183,6 @@ fn project_batch(
     source: &dyn OutputAccess,
     projector: &dyn ResultProjector,
 ) -> Result<Vec<Projection>, AssembleError> {
-    let mut out = vec![Projection::Full; indices.len()];
     let stored: Option<Vec<StoredRef<'_>>> = indices
         .iter()
         .map(|&i| match &entries[i].item {
@@ -195,10 +194,10 @@ fn project_batch(
         })
         .collect();
     if let Some(batch) = stored {
-        projector
-            .project_stored(&batch, source, &mut out)
+        let out = projector
+            .project_stored(&batch, source)
             .map_err(unreadable)?;
-        return Ok(out);
+        return Ok(whole_if_missing(out, indices.len()));
     }
     let mut outputs = Vec::with_capacity(indices.len());
     for &i in indices {
@@ -215,8 +214,14 @@ fn project_batch(
             output,
         })
         .collect();
-    projector.project(&batch, &mut out);
-    Ok(out)
+    Ok(whole_if_missing(projector.project(&batch), indices.len()))
+}
+
+/// Exactly `len` views: a result the projector gave no view for is shown whole, views past
+/// the batch are dropped (see `ResultProjector`), so the cache holds one view per result.
+fn whole_if_missing(mut views: Vec<Projection>, len: usize) -> Vec<Projection> {
+    views.resize(len, Projection::Full);
+    views
 }
 
 impl<'a> Assembler<'a> {

@@ -147,7 +147,9 @@
 //! /// Leaves every result whole (psych-elision provides the real projector).
 //! struct Whole;
 //! impl ResultProjector for Whole {
-//!     fn project(&self, _batch: &[ResultRef<'_>], _out: &mut [Projection]) {}
+//!     fn project(&self, batch: &[ResultRef<'_>]) -> Vec<Projection> {
+//!         vec![Projection::Full; batch.len()]
+//!     }
 //! }
 //!
 //! let zone1 = StaticSections::new("You are a careful assistant.")

@@ -879,8 +879,7 @@ fn check_views_change_at_most_once(conversation: &Conversation<'_>) -> Result<Vi
                 output: &a.result.output,
             })
             .collect();
-        let mut projected = vec![Projection::Full; refs.len()];
-        conversation.projector.project(&refs, &mut projected);
+        let projected = conversation.projector.project(&refs);
         let position = batch.iter().position(|a| a.handle == *handle).unwrap();
         let later_view = &projected[position];
 
@@ -1185,8 +1184,8 @@ struct StepVarying {
 }
 
 impl ResultProjector for StepVarying {
-    fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]) {
-        self.inner.project(batch, out);
+    fn project(&self, batch: &[ResultRef<'_>]) -> Vec<Projection> {
+        let mut out = self.inner.project(batch);
         let n = self.calls.get();
         self.calls.set(n + 1);
         for view in out.iter_mut() {
@@ -1194,6 +1193,7 @@ impl ResultProjector for StepVarying {
                 text.push_str(&format!(" (projection {n})"));
             }
         }
+        out
     }
 }
 

@@ -227,8 +227,7 @@ pub(crate) fn project_loaded(
     projector: &(impl crate::ResultProjector + ?Sized),
     batch: &[StoredRef<'_>],
     source: &dyn OutputAccess,
-    out: &mut [Projection],
-) -> Result<(), SourceError> {
+) -> Result<Vec<Projection>, SourceError> {
     let mut outputs = Vec::with_capacity(batch.len());
     for item in batch {
         outputs.push(load_whole(source, item.handle)?);
@@ -241,8 +240,7 @@ pub(crate) fn project_loaded(
             output,
         })
         .collect();
-    projector.project(&refs, out);
-    Ok(())
+    Ok(projector.project(&refs))
 }
 
 /// The whole output at `handle`; a handle that does not resolve is an error here (a
@@ -265,6 +263,69 @@ pub fn load_whole(
 mod tests {
     use super::*;
     use crate::{MemoryRecords, RunId, ToolCallId, ToolResult, UserMessage};
+
+    /// Replaces each result with its handle and its first byte: a projector that needs
+    /// the whole output, and so keeps `project_stored`'s default.
+    struct FirstByte;
+
+    impl crate::ResultProjector for FirstByte {
+        fn project(&self, batch: &[ResultRef<'_>]) -> Vec<Projection> {
+            batch
+                .iter()
+                .map(|r| {
+                    let text = r.output.readable_text();
+                    Projection::Replaced(format!("{} {:?}", r.handle, text.chars().next()))
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn the_default_stored_projection_reads_whole_outputs_and_projects_them() {
+        use crate::ResultProjector;
+        let mut log = MemoryRecords::new(RunId::new("r").unwrap());
+        let outputs = [ToolOutput::text("xyz"), ToolOutput::error("boom")];
+        let handles: Vec<RecordHandle> = outputs
+            .iter()
+            .enumerate()
+            .map(|(i, output)| {
+                log.push(Record::ToolResult(ToolResult {
+                    call_id: ToolCallId::new(format!("c{i}")).unwrap(),
+                    name: "t".into(),
+                    output: output.clone(),
+                }))
+            })
+            .collect();
+        let history = History::from_records(&log.records(), None);
+        let stored: Vec<StoredRef<'_>> = history
+            .entries
+            .iter()
+            .filter_map(|entry| match &entry.item {
+                HistoryItem::Result(stored) => Some(StoredRef {
+                    handle: &entry.handle,
+                    stored,
+                }),
+                HistoryItem::Record(_) => None,
+            })
+            .collect();
+        let whole: Vec<ResultRef<'_>> = handles
+            .iter()
+            .zip(&outputs)
+            .map(|(handle, output)| ResultRef { handle, output })
+            .collect();
+        let views = FirstByte.project_stored(&stored, &log).unwrap();
+        assert_eq!(views, FirstByte.project(&whole));
+        assert_eq!(views[1], Projection::Replaced("r:1 Some('b')".into()));
+
+        // A handle naming no tool result of the source is an error, not a guess.
+        let unissued = RecordHandle::new(RunId::new("r").unwrap(), 9);
+        let missing = [StoredRef {
+            handle: &unissued,
+            stored: stored[0].stored,
+        }];
+        let error = FirstByte.project_stored(&missing, &log).unwrap_err();
+        assert_eq!(error.handle, unissued);
+    }
 
     #[test]
     fn a_history_summarizes_results_and_reads_them_back() {

@@ -66,15 +66,17 @@ pub enum Projection {
 ///
 /// Prompt assembly calls it for results strictly before the last user message; the record
 /// log is never changed by it.
+///
+/// Both methods return one view per result of the batch, in batch order. A caller shows a
+/// result the projector gave no view for whole ([`Projection::Full`]) and ignores views
+/// past the end of the batch, so a short or long answer never fails an assembly.
 pub trait ResultProjector {
-    /// Fills `out[i]` with the view of `batch[i]`. The caller passes `out` with the same
-    /// length as `batch`, every slot [`Projection::Full`]. The same batch must always give
-    /// the same projections.
-    fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]);
+    /// The views of `batch`'s results. The same batch must always give the same views.
+    fn project(&self, batch: &[ResultRef<'_>]) -> Vec<Projection>;
 
     /// The same views as [`project`](Self::project) would give for the whole outputs of
     /// `batch`, from their [`StoredResult`](crate::StoredResult)s, reading content through
-    /// `source` only where the view needs it. `out` is as for `project`.
+    /// `source` only where the view needs it.
     ///
     /// The default reads every output whole and calls `project`; a projector that can
     /// decide from the stored summary and a few bytes of head and tail (elision's) overrides
@@ -82,14 +84,14 @@ pub trait ResultProjector {
     ///
     /// # Errors
     ///
-    /// A result the source cannot read.
+    /// A [`SourceError`](crate::SourceError) when `source` cannot read a result the view
+    /// needs, or a handle of the batch names no tool result of `source`.
     fn project_stored(
         &self,
         batch: &[crate::StoredRef<'_>],
         source: &dyn crate::OutputAccess,
-        out: &mut [Projection],
-    ) -> Result<(), crate::SourceError> {
-        crate::history::project_loaded(self, batch, source, out)
+    ) -> Result<Vec<Projection>, crate::SourceError> {
+        crate::history::project_loaded(self, batch, source)
     }
 }
 

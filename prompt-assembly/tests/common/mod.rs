@@ -87,11 +87,11 @@ fn size(output: &ToolOutput) -> usize {
 }
 
 impl ResultProjector for TestProjector {
-    fn project(&self, batch: &[ResultRef<'_>], out: &mut [Projection]) {
+    fn project(&self, batch: &[ResultRef<'_>]) -> Vec<Projection> {
         let sizes: Vec<usize> = batch.iter().map(|r| size(r.output)).collect();
         let mut total: usize = sizes.iter().sum();
         if total < self.per_result {
-            return;
+            return vec![Projection::Full; batch.len()];
         }
         let mut elide = vec![false; batch.len()];
         for (i, &s) in sizes.iter().enumerate() {
@@ -109,11 +109,12 @@ impl ResultProjector for TestProjector {
             elide[i] = true;
             total -= sizes[i];
         }
-        for (i, slot) in out.iter_mut().enumerate() {
-            if elide[i] {
-                *slot = Projection::Replaced(preview(batch[i]));
-            }
-        }
+        (0..batch.len())
+            .map(|i| match elide[i] {
+                true => Projection::Replaced(preview(batch[i])),
+                false => Projection::Full,
+            })
+            .collect()
     }
 }
 
@@ -136,7 +137,9 @@ fn preview(result: ResultRef<'_>) -> String {
 pub struct Whole;
 
 impl ResultProjector for Whole {
-    fn project(&self, _batch: &[ResultRef<'_>], _out: &mut [Projection]) {}
+    fn project(&self, batch: &[ResultRef<'_>]) -> Vec<Projection> {
+        vec![Projection::Full; batch.len()]
+    }
 }
 
 /// What one tool call returns in a script.
@@ -620,9 +623,7 @@ fn elide_before_newest_step(
                     _ => None,
                 })
                 .collect();
-            let mut views = vec![Projection::Full; batch.len()];
-            projector.project(&batch, &mut views);
-            for (&i, view) in indices.iter().zip(views) {
+            for (&i, view) in indices.iter().zip(projector.project(&batch)) {
                 if let (Projection::Replaced(text), Record::ToolResult(r)) =
                     (view, &mut out[i].record)
                 {

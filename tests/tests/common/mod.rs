@@ -147,7 +147,9 @@ pub(crate) fn catalogs_dir() -> PathBuf {
 /// Leaves every result whole: the request has no tool results anyway.
 pub(crate) struct Whole;
 impl ResultProjector for Whole {
-    fn project(&self, _batch: &[ResultRef<'_>], _out: &mut [Projection]) {}
+    fn project(&self, batch: &[ResultRef<'_>]) -> Vec<Projection> {
+        vec![Projection::Full; batch.len()]
+    }
 }
 
 /// The Anthropic and OpenAI request bodies of a one-message conversation (the user says
