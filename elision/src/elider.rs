@@ -33,19 +33,36 @@ use crate::{Estimator, PreviewConfig, Thresholds, plan};
 ///
 /// Projection is pure and deterministic: the same batch gives the same bytes, every time,
 /// on every machine.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Elider {
-    estimator: Estimator,
+///
+/// Results are sized through the [`TokenEstimator`] seam: `E` is the crate's [`Estimator`]
+/// unless [`EliderBuilder::estimator`] sets another (a tokenizer of the caller's model,
+/// say). The elider is generic over it rather than holding a `dyn`, so the default costs
+/// nothing over calling [`Estimator`] directly. The same estimator should size results
+/// when a store records their estimates ([`StoredResult::estimate`](psych_types::StoredResult::estimate)),
+/// since [`ResultProjector::project_stored`] plans with the stored figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Elider<E = Estimator> {
+    estimator: E,
     thresholds: Thresholds,
     preview: PreviewConfig,
 }
 
 impl Elider {
-    /// A builder starting from the default thresholds and preview sizes.
+    /// A builder starting from the default thresholds and preview sizes, and the crate's
+    /// [`Estimator`].
     pub fn builder() -> EliderBuilder {
         EliderBuilder::default()
     }
+}
 
+/// The default thresholds and preview sizes, with the crate's [`Estimator`].
+impl Default for Elider {
+    fn default() -> Self {
+        Elider::builder().build()
+    }
+}
+
+impl<E> Elider<E> {
     /// The thresholds the plan uses.
     pub fn thresholds(&self) -> &Thresholds {
         &self.thresholds
@@ -57,20 +74,43 @@ impl Elider {
     }
 
     /// The estimator sizing each result.
-    pub fn estimator(&self) -> &Estimator {
+    pub fn estimator(&self) -> &E {
         &self.estimator
     }
 }
 
 /// Builds an [`Elider`]. Every part is valid by construction ([`Thresholds`] are checked
 /// when they are built), so [`EliderBuilder::build`] cannot fail.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EliderBuilder {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EliderBuilder<E = Estimator> {
+    estimator: E,
     thresholds: Thresholds,
     preview: PreviewConfig,
 }
 
-impl EliderBuilder {
+/// The default thresholds and preview sizes, with the crate's [`Estimator`].
+impl Default for EliderBuilder {
+    fn default() -> Self {
+        Self {
+            estimator: Estimator,
+            thresholds: Thresholds::default(),
+            preview: PreviewConfig::default(),
+        }
+    }
+}
+
+impl<E> EliderBuilder<E> {
+    /// Sizes results with `estimator` instead of the crate's [`Estimator`]. It is a
+    /// threshold trigger like ours: it must be deterministic (the same batch must give the
+    /// same views) and should not fall when a result grows; it is never a meter.
+    pub fn estimator<F: TokenEstimator>(self, estimator: F) -> EliderBuilder<F> {
+        EliderBuilder {
+            estimator,
+            thresholds: self.thresholds,
+            preview: self.preview,
+        }
+    }
+
     /// Sets the thresholds of the plan.
     pub fn thresholds(mut self, thresholds: Thresholds) -> Self {
         self.thresholds = thresholds;
@@ -84,9 +124,9 @@ impl EliderBuilder {
     }
 
     /// The elider.
-    pub fn build(self) -> Elider {
+    pub fn build(self) -> Elider<E> {
         Elider {
-            estimator: Estimator,
+            estimator: self.estimator,
             thresholds: self.thresholds,
             preview: self.preview,
         }
@@ -124,7 +164,7 @@ pub fn placeholders_not_shown(output: &ToolOutput, preview: &str) -> String {
     out
 }
 
-impl ResultProjector for Elider {
+impl<E: TokenEstimator> ResultProjector for Elider<E> {
     fn project(&self, batch: &[ResultRef<'_>]) -> Vec<Projection> {
         let mut out = vec![Projection::Full; batch.len()];
         // Planned results: (index in batch, readable text).
@@ -221,7 +261,7 @@ impl ResultProjector for Elider {
     }
 }
 
-impl Elider {
+impl<E> Elider<E> {
     /// The view of a failure whose readable text (`len` bytes) starts with `text`: whole
     /// when truncating keeps all of it.
     fn failure_view(&self, text: &str, len: u64) -> Projection {
@@ -439,6 +479,61 @@ mod tests {
         );
         assert_eq!(out[5], Projection::Full);
         assert_eq!(out, project(&small_elider(), &outputs), "deterministic");
+    }
+
+    /// Sizes every output by a fixed figure, through `estimate_output` alone: its text
+    /// and binary estimates would keep everything.
+    struct Fixed(u64);
+
+    impl TokenEstimator for Fixed {
+        fn estimate_text(&self, _text: &str) -> u64 {
+            0
+        }
+        fn estimate_binary(&self, _mime_type: &str, _len: u64) -> u64 {
+            0
+        }
+        fn estimate_output(&self, _output: &ToolOutput) -> u64 {
+            self.0
+        }
+    }
+
+    #[test]
+    fn results_are_sized_through_the_estimator_seam() {
+        let thresholds = Thresholds::builder()
+            .per_result(1_000)
+            .per_batch(3_000)
+            .build()
+            .unwrap();
+        let config = Elider::builder()
+            .thresholds(thresholds)
+            .preview(*small_elider().preview_config())
+            .build();
+        let with = |estimator: Fixed| {
+            Elider::builder()
+                .estimator(estimator)
+                .thresholds(thresholds)
+                .preview(*config.preview_config())
+                .build()
+        };
+        let text = "line of a result\n".repeat(40);
+        let outputs = [
+            ToolOutput::text(text.clone()),
+            ToolOutput::error(text.clone()),
+        ];
+        let handles = handles(2);
+        let batch: Vec<ResultRef<'_>> = handles
+            .iter()
+            .zip(&outputs)
+            .map(|(handle, output)| ResultRef { handle, output })
+            .collect();
+        // Our estimator finds the success small and keeps it whole.
+        assert_eq!(config.project(&batch)[0], Projection::Full);
+        // Sized over the per-result threshold by the caller's estimator, it is elided; the
+        // failure is truncated whatever the estimate, as with ours.
+        let huge = with(Fixed(1_000)).project(&batch);
+        assert!(matches!(&huge[0], Projection::Replaced(p) if p.contains("read_tool_output")));
+        assert_eq!(huge[1], config.project(&batch)[1]);
+        assert_eq!(with(Fixed(999)).project(&batch), config.project(&batch));
     }
 
     #[test]

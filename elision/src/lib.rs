@@ -2,7 +2,8 @@
 //!
 //! The principal type is [`Elider`], the workspace's
 //! [`ResultProjector`](psych_types::ResultProjector): given one turn's tool results it sizes
-//! each with the cheap [`Estimator`], runs the spec's batch [`plan`] against two
+//! each through the [`TokenEstimator`](psych_types::TokenEstimator) seam (the cheap
+//! [`Estimator`] unless [`EliderBuilder::estimator`] names another), runs the spec's batch [`plan`] against two
 //! [`Thresholds`] (per result and per batch, validated when built), and replaces each elided
 //! success with a head+tail preview plus guidance naming `read_tool_output` and the
 //! result's handle, and each failure with its first few hundred characters. Prompt
