@@ -104,7 +104,7 @@ fn atom() -> impl Strategy<Value = &'static str> {
 /// A base64 string of random bytes, optionally a data URI.
 fn base64_text() -> impl Strategy<Value = String> {
     (prop::collection::vec(any::<u8>(), 0..300), any::<bool>()).prop_map(|(bytes, uri)| {
-        let coded = psych_types::base64::encode(&bytes);
+        let coded = psych_types::encode_base64(&bytes);
         if uri {
             format!("data:image/png;base64,{coded}")
         } else {

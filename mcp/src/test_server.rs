@@ -435,7 +435,7 @@ impl TestServer {
             "mixed" => CallToolResult::success(vec![
                 ContentBlock::text("Here is the chart:"),
                 ContentBlock::image(
-                    psych_types::base64::encode(&crate::png::gradient(16, 16)),
+                    psych_types::encode_base64(&crate::png::gradient(16, 16)),
                     "image/png",
                 ),
                 ContentBlock::text("End of chart."),
@@ -453,7 +453,7 @@ impl TestServer {
                     ResourceContents::BlobResourceContents {
                         uri: "test://binary/bytes.bin".into(),
                         mime_type: Some("application/octet-stream".into()),
-                        blob: psych_types::base64::encode(&bytes),
+                        blob: psych_types::encode_base64(&bytes),
                         meta: None,
                     },
                 )])

@@ -374,7 +374,7 @@ async fn results_of_every_kind_come_back_whole() {
         .collect();
     assert_eq!(kinds, ["text", "image", "text"]);
     assert_eq!(mixed["content"][1]["mimeType"], "image/png");
-    let png = psych_types::base64::decode(mixed["content"][1]["data"].as_str().unwrap()).unwrap();
+    let png = binary_data(&mixed["content"][1]);
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
 
     let structured = call("structured", json!({})).await;
@@ -383,7 +383,7 @@ async fn results_of_every_kind_come_back_whole() {
     let binary = call("binary", json!({})).await;
     let resource = &binary["content"][0]["resource"];
     assert_eq!(resource["mimeType"], "application/octet-stream");
-    let bytes = psych_types::base64::decode(resource["blob"].as_str().unwrap()).unwrap();
+    let bytes = binary_data(&binary["content"][0]);
     assert_eq!(bytes.len(), 259);
     assert_eq!(&bytes[..3], [0, 1, 2]);
 
@@ -902,4 +902,11 @@ async fn shutdown_during_a_first_connection_attempt_ends_the_wait() {
         .unwrap()
         .unwrap();
     assert_eq!(reachability, Reachability::Unknown);
+}
+
+/// The bytes of a binary content block as the server sent it, decoded by psych-types'
+/// serde form of `ContentBlock`.
+fn binary_data(block: &serde_json::Value) -> Vec<u8> {
+    let block: psych_types::ContentBlock = serde_json::from_value(block.clone()).unwrap();
+    block.binary().expect("a binary block").data.to_vec()
 }

@@ -537,7 +537,7 @@ impl Prompt<'_> {
                                 );
                                 out.str(media_type);
                                 out.push(",\"data\":\"");
-                                out.push(&psych_types::base64::encode(data));
+                                out.push(&psych_types::encode_base64(data));
                                 out.push("\"}}");
                             }
                         }

@@ -365,7 +365,7 @@ impl Prompt<'_> {
                         out.push("},{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:");
                         out.push(media_type);
                         out.push(";base64,");
-                        out.push(&psych_types::base64::encode(data));
+                        out.push(&psych_types::encode_base64(data));
                         out.push("\"}}");
                     }
                     out.push("]");

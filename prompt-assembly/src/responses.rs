@@ -356,7 +356,7 @@ fn write_output(out: &mut Out, view: &[Piece<'_>], is_error: bool) {
                 out.push("{\"type\":\"input_image\",\"image_url\":\"data:");
                 out.push(media_type);
                 out.push(";base64,");
-                out.push(&psych_types::base64::encode(data));
+                out.push(&psych_types::encode_base64(data));
                 out.push("\"}");
             }
         }

@@ -14,7 +14,7 @@ use rules::images;
 use serde_json::{Value, json};
 
 fn b64(bytes: &[u8]) -> String {
-    psych_types::base64::encode(bytes)
+    psych_types::encode_base64(bytes)
 }
 
 fn png_block(bytes: &[u8], media_type: &str) -> Value {

@@ -16,7 +16,7 @@ use common::{open, read_back};
 use proptest::prelude::*;
 use psych_reader_tool::Reader;
 use psych_record_log::SyncPolicy;
-use psych_types::{Record, RecordSource, ToolCallId, ToolOutput, ToolResult, base64};
+use psych_types::{Record, RecordSource, ToolCallId, ToolOutput, ToolResult, encode_base64};
 use serde_json::{Value, json};
 
 /// Text of `lines` lines of at most 80 characters (the reader pages whole lines).
@@ -56,9 +56,9 @@ fn block() -> impl Strategy<Value = Value> {
         4 => (text(), annotations(), any::<bool>())
             .prop_map(move |(t, a, m)| with(json!({"type": "text", "text": t}), a, m)),
         2 => (bytes(), "image/(png|jpeg|gif|webp|svg\\+xml)", annotations())
-            .prop_map(move |(d, mime, a)| with(json!({"type": "image", "data": base64::encode(&d), "mimeType": mime}), a, false)),
+            .prop_map(move |(d, mime, a)| with(json!({"type": "image", "data": encode_base64(&d), "mimeType": mime}), a, false)),
         1 => (bytes(), any::<bool>())
-            .prop_map(move |(d, m)| with(json!({"type": "audio", "data": base64::encode(&d), "mimeType": "audio/wav"}), None, m)),
+            .prop_map(move |(d, m)| with(json!({"type": "audio", "data": encode_base64(&d), "mimeType": "audio/wav"}), None, m)),
         1 => ("[a-z]{1,12}", prop::option::of(0u64..1_000_000), any::<bool>())
             .prop_map(move |(name, size, m)| {
                 let mut link = json!({"type": "resource_link", "uri": format!("file:///srv/{name}.txt"), "name": name, "mimeType": "text/plain"});
@@ -70,7 +70,7 @@ fn block() -> impl Strategy<Value = Value> {
         1 => ("[a-z]{1,12}", text(), annotations())
             .prop_map(move |(name, t, a)| with(json!({"type": "resource", "resource": {"uri": format!("file:///srv/{name}.md"), "mimeType": "text/markdown", "text": t}}), a, false)),
         1 => ("[a-z]{1,12}", bytes())
-            .prop_map(|(name, d)| json!({"type": "resource", "resource": {"uri": format!("s3://bucket/{name}.pdf"), "mimeType": "application/pdf", "blob": base64::encode(&d)}})),
+            .prop_map(|(name, d)| json!({"type": "resource", "resource": {"uri": format!("s3://bucket/{name}.pdf"), "mimeType": "application/pdf", "blob": encode_base64(&d)}})),
         1 => "[a-z]{1,8}".prop_map(|kind| json!({"type": format!("x-{kind}"), "payload": {"n": 1.5, "list": [1, "two"]}})),
     ]
 }

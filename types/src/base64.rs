@@ -1,12 +1,23 @@
 //! Standard padded base64 (RFC 4648 §4), the serde form of binary tool output.
 //!
-//! Small enough to keep here rather than take a dependency for one field.
+//! Small enough to keep here rather than take a dependency for one field. Private: the
+//! crate's surface is the serde form of [`ContentBlock`](crate::ContentBlock) (decoding
+//! happens there, a block with bad base64 kept whole as
+//! [`ContentBlock::Unknown`](crate::ContentBlock::Unknown)) and
+//! [`encode_base64`](crate::encode_base64), which renderers need to write binary content
+//! into a request.
 
 use serde::{Deserialize, Deserializer, Serializer};
 
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-/// Encodes bytes as standard padded base64.
+/// Encodes bytes as standard padded base64 (RFC 4648 §4): the form MCP carries binary
+/// content in (an image's `data`, a resource's `blob`) and provider requests send images
+/// in. Decoding is the serde form of [`ContentBlock`](crate::ContentBlock)'s job.
+///
+/// ```
+/// assert_eq!(psych_types::encode_base64(b"foob"), "Zm9vYg==");
+/// ```
 pub fn encode(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
@@ -30,7 +41,7 @@ pub fn encode(bytes: &[u8]) -> String {
 /// Why a string is not standard padded base64.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum Base64Error {
+pub(crate) enum Base64Error {
     /// The length is not a multiple of four.
     #[error("base64 length {0} is not a multiple of 4")]
     Length(usize),
@@ -61,7 +72,7 @@ fn value(byte: u8) -> Option<u32> {
 /// # Errors
 ///
 /// [`Base64Error`] on a bad length, a byte outside the alphabet, or misplaced padding.
-pub fn decode(text: &str) -> Result<Vec<u8>, Base64Error> {
+pub(crate) fn decode(text: &str) -> Result<Vec<u8>, Base64Error> {
     let input = text.as_bytes();
     if !input.len().is_multiple_of(4) {
         return Err(Base64Error::Length(input.len()));

@@ -35,7 +35,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-pub mod base64;
+mod base64;
 mod catalog;
 mod connection;
 mod history;
@@ -51,6 +51,7 @@ mod tool;
 /// (elision's guidance) name the same tool.
 pub const READ_TOOL_OUTPUT: &str = "read_tool_output";
 
+pub use base64::encode as encode_base64;
 pub use catalog::{
     CatalogVersion, Reachability, ServerCatalog, ServerHealth, SyncFailure, SyncStamp, UnixMillis,
 };

@@ -112,7 +112,7 @@ impl Rng {
     /// A GitHub-style node id: a type prefix and base64 of a packed id.
     pub(crate) fn node_id(&mut self, prefix: &str) -> String {
         let raw = self.bytes(12);
-        let coded = psych_types::base64::encode(&raw);
+        let coded = psych_types::encode_base64(&raw);
         format!("{prefix}_kwDO{}", coded.trim_end_matches('='))
     }
 }
@@ -316,7 +316,7 @@ pub(crate) fn cloud_resources(rng: &mut Rng, count: usize) -> Value {
             })
         })
         .collect::<Vec<_>>();
-    json!({"items": items, "nextToken": psych_types::base64::encode(&rng.bytes(48))})
+    json!({"items": items, "nextToken": psych_types::encode_base64(&rng.bytes(48))})
 }
 
 /// Every text-valued `description` in a JSON value, in document order.
@@ -409,7 +409,7 @@ pub(crate) fn corpora() -> Vec<Corpus> {
 
     let random_base64 = [3usize, 100, 1000, 20_000]
         .iter()
-        .map(|&n| psych_types::base64::encode(&rng.bytes(n)))
+        .map(|&n| psych_types::encode_base64(&rng.bytes(n)))
         .collect();
     let mut icons = Vec::new();
     for (_, value) in &catalogues {

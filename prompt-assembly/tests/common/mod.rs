@@ -249,7 +249,7 @@ fn output(outcome: &Outcome, seed: usize) -> ToolOutput {
             serde_json::json!({"type": "resource", "resource": {
                 "uri": format!("file:///reports/{seed}.pdf"),
                 "mimeType": "application/pdf",
-                "blob": psych_types::base64::encode(&vec![b'%'; 300 + seed % 7]),
+                "blob": psych_types::encode_base64(&vec![b'%'; 300 + seed % 7]),
             }})
             .as_object()
             .cloned()

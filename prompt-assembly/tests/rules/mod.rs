@@ -104,6 +104,16 @@ pub fn sniff(data: &[u8]) -> Option<(&'static str, u64, u64)> {
     None
 }
 
+/// The bytes of standard padded base64 `data`, decoded as MCP image data is (through the
+/// serde form of `ContentBlock`, which keeps a block with bad base64 as an unknown block).
+fn decode_base64(data: &str) -> Option<Vec<u8>> {
+    let block: psych_types::ContentBlock = serde_json::from_value(
+        serde_json::json!({"type": "image", "data": data, "mimeType": "image/png"}),
+    )
+    .ok()?;
+    block.binary().map(|binary| binary.data.to_vec())
+}
+
 /// Checks one image (base64 `data` declared as `media_type`); returns its larger side.
 fn check_image(media_type: &str, data: &str, providers_types: &[&str]) -> Result<u64, String> {
     if data.len() > ANTHROPIC_MAX_IMAGE_BASE64 {
@@ -112,7 +122,7 @@ fn check_image(media_type: &str, data: &str, providers_types: &[&str]) -> Result
             data.len()
         ));
     }
-    let bytes = psych_types::base64::decode(data).map_err(|e| format!("image base64: {e}"))?;
+    let bytes = decode_base64(data).ok_or("image data is not standard padded base64")?;
     let (sniffed, width, height) =
         sniff(&bytes).ok_or_else(|| format!("image bytes are no image ({media_type})"))?;
     if sniffed != media_type {

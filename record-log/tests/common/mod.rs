@@ -138,7 +138,7 @@ fn block() -> impl Strategy<Value = ContentBlock> {
         }),
         ("[a-z]{1,8}", prop::collection::vec(any::<u8>(), 0..50)).prop_map(|(name, data)| {
             ContentBlock::from_object(
-                serde_json::json!({"type": "resource", "resource": {"uri": format!("mem://{name}"), "blob": psych_types::base64::encode(&data), "mimeType": "application/pdf"}})
+                serde_json::json!({"type": "resource", "resource": {"uri": format!("mem://{name}"), "blob": psych_types::encode_base64(&data), "mimeType": "application/pdf"}})
                     .as_object()
                     .cloned()
                     .unwrap_or_default(),
