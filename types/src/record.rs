@@ -274,9 +274,74 @@ mod tests {
             proptest::prop_assert_eq!(handle.to_string().parse::<RecordHandle>().unwrap(), handle);
         }
 
+        /// One spelling per handle: whatever text parses is exactly its handle's printed
+        /// form, so two texts never name one record. The texts are near-handles (a sign,
+        /// leading zeros, spaces, non-ASCII digits, overflow, colons) and arbitrary text.
         #[test]
-        fn any_text_parses_or_errs_without_panic(text in ".{0,80}") {
-            let _ = text.parse::<RecordHandle>();
+        fn a_handle_has_one_spelling(text in near_handle()) {
+            proptest::prop_assert_eq!(one_spelling(&text, |t| t.parse().ok()), Ok(()));
         }
+    }
+
+    /// Texts near the handle grammar: about half of them parse.
+    fn near_handle() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let run = prop_oneof![
+            4 => "[A-Za-z0-9_-]{1,8}",
+            1 => "[A-Za-z0-9_: .-]{0,8}",
+        ];
+        let seq = prop_oneof![
+            4 => "(0|[1-9][0-9]{0,5})",
+            1 => "[+-]?0{0,3}[0-9]{0,4}",
+            1 => " ?[0-9]{1,3} ?",
+            1 => "[\u{660}-\u{669}\u{FF10}-\u{FF19}]{1,2}",
+            1 => "1844674407370955161[0-9]",
+        ];
+        prop_oneof![
+            8 => (run, seq).prop_map(|(run, seq)| format!("{run}:{seq}")),
+            1 => ".{0,40}",
+        ]
+    }
+
+    /// `Err` naming `text` when `parse` accepts it as a handle that prints otherwise.
+    fn one_spelling(
+        text: &str,
+        parse: impl Fn(&str) -> Option<RecordHandle>,
+    ) -> Result<(), String> {
+        match parse(text) {
+            Some(handle) if handle.to_string() != text => {
+                Err(format!("{text:?} parses as {handle}, printed otherwise"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    #[test]
+    fn the_one_spelling_check_fails_a_lenient_parser() {
+        // A parser that takes what `u64::from_str` takes ("+7", "007") gives a record two
+        // spellings; the check must say so, or the property above proves nothing.
+        let lenient = |text: &str| {
+            let (run, seq) = text.rsplit_once(':')?;
+            Some(RecordHandle::new(RunId::new(run).ok()?, seq.parse().ok()?))
+        };
+        for text in ["run-7:007", "run-7:+7"] {
+            assert!(one_spelling(text, lenient).is_err(), "{text:?}");
+            assert!(text.parse::<RecordHandle>().is_err(), "{text:?}");
+        }
+        assert_eq!(one_spelling("run-7:7", lenient), Ok(()));
+        // The strategy reaches both answers.
+        let runner = &mut proptest::test_runner::TestRunner::deterministic();
+        let texts: Vec<String> = (0..200)
+            .map(|_| {
+                proptest::strategy::ValueTree::current(
+                    &proptest::strategy::Strategy::new_tree(&near_handle(), runner).unwrap(),
+                )
+            })
+            .collect();
+        let parsed = texts
+            .iter()
+            .filter(|t| t.parse::<RecordHandle>().is_ok())
+            .count();
+        assert!((40..160).contains(&parsed), "{parsed} of 200 parsed");
     }
 }
