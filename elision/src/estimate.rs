@@ -1000,6 +1000,20 @@ mod tests {
     }
 
     #[test]
+    fn monotone_under_appending_and_prepending_not_in_length() {
+        // What the docs claim, and what they must not: a longer text can estimate fewer
+        // tokens (digits start a token each pair; lowercase runs are nearly free), but text
+        // added at either end never lowers the estimate.
+        let (digits, letters) = ("0123456789", "abcdefghijkl");
+        assert_eq!((est(digits), est(letters)), (3, 1));
+        assert!(letters.len() > digits.len());
+        for (a, b) in [(digits, letters), (letters, digits)] {
+            let ab = format!("{a}{b}");
+            assert!(est(&ab) >= est(a).max(est(b)), "{ab:?}");
+        }
+    }
+
+    #[test]
     fn small_cases_are_sensible() {
         assert_eq!(est(""), 0);
         assert_eq!(est("a"), 1, "any non-empty word is at least one token");

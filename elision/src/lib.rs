@@ -16,7 +16,9 @@
 //! few kilobytes of head and tail a preview shows, read through the store, so projecting
 //! a 256 MiB result costs what projecting a 2 KB one does.
 //!
-//! The [`Estimator`] is a trigger, not a meter: fast and monotone in size, close to a real
+//! The [`Estimator`] is a trigger, not a meter: fast, monotone under appending and prepending
+//! (text added at either end never lowers the estimate; it is not monotone in length, as no
+//! tokenizer is: `0123456789` is 3 tokens, `abcdefghijkl` 1), close to a real
 //! tokenizer (o200k_base) on tool-result content in every script, measured on text it was
 //! not fitted to, and **never to be used for cost**.
 //!

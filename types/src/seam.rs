@@ -20,10 +20,13 @@ use crate::{
     ToolDefinition, ToolOutput, ToolRef,
 };
 
-/// A cheap, monotone estimate of how many tokens content costs in a prompt.
+/// A cheap estimate of how many tokens content costs in a prompt.
 ///
-/// It is a trigger for thresholds, not a meter: it must be fast and never decrease when
-/// content grows. Nothing may use it for cost; cost comes from provider-reported usage.
+/// It is a trigger for thresholds, not a meter: it must be fast, deterministic, and never
+/// decrease when text is appended or prepended (what a threshold needs: a result that
+/// grows at either end is never estimated smaller). It need not be monotone in length: a
+/// real tokenizer is not, and neither is elision's (`0123456789` is 3 tokens to it,
+/// `abcdefghijkl` 1). Nothing may use it for cost; cost comes from provider-reported usage.
 pub trait TokenEstimator {
     /// Estimated tokens of `text`.
     fn estimate_text(&self, text: &str) -> u64;
@@ -34,7 +37,9 @@ pub trait TokenEstimator {
     /// Estimated tokens of a tool output: its readable text
     /// ([`ToolOutput::readable_text`], placeholders included) plus, for each binary block
     /// (image, audio, blob resource), [`TokenEstimator::estimate_binary`] of its bytes, the
-    /// cost of sending them base64-encoded. Monotone: growing any block never lowers it.
+    /// cost of sending them base64-encoded. It keeps its parts' guarantees: text appended
+    /// or prepended to the readable text never lowers its part, nor does a larger binary
+    /// block lower its own.
     fn estimate_output(&self, output: &ToolOutput) -> u64 {
         let binary = output.binary_blocks().fold(0u64, |sum, (_, block)| {
             sum.saturating_add(self.estimate_binary(block.mime_type, block.data.len() as u64))
