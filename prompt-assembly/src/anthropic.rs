@@ -679,38 +679,15 @@ impl Prompt<'_> {
         }
     }
 
-    /// Checks the tools of an Anthropic request: the surface's (see
-    /// [`Prompt::check_tools`]), then, in native deferral, that no deferred tool or the
+    /// Checks the tools of an Anthropic request: the surface's (checked once, at assembly:
+    /// see [`Prompt::surface_check`]), then, in native deferral, that no deferred tool or the
     /// search tool shares a name with another tool, and that every deferred name is valid.
     fn check_anthropic_tools(&self, options: &AnthropicOptions) -> Result<(), RenderError> {
-        self.check_tools()?;
+        self.surface_check()?;
         let Some(native) = &options.native else {
             return Ok(());
         };
         check_native_names(self, native)
-    }
-
-    /// Checks the tool surface's names against the provider rule and for duplicates. These
-    /// names come from our own disclosure, so a bad one is a typed error; call names in the
-    /// history come from the model and are sanitised instead (see the renderers).
-    pub(crate) fn check_tools(&self) -> Result<(), RenderError> {
-        for pair in self.tools.windows(2) {
-            if pair[0].name == pair[1].name {
-                return Err(RenderError::DuplicateTool {
-                    name: pair[0].name.to_string(),
-                });
-            }
-        }
-        if let Some(tool) = self
-            .tools
-            .iter()
-            .find(|tool| !provider_name_ok(tool.name.as_str()))
-        {
-            return Err(RenderError::ToolName {
-                name: tool.name.to_string(),
-            });
-        }
-        Ok(())
     }
 }
 /// Tool blocks of an Anthropic request: the surface, plus the search tool and the deferred

@@ -10,7 +10,8 @@ use psych_types::{
     ToolCall, ToolCallId, ToolDefinition, ToolResult,
 };
 
-use crate::{DynamicTail, StaticSections, Transient};
+use crate::render::provider_name_ok;
+use crate::{DynamicTail, RenderError, StaticSections, Transient};
 
 /// Why a history cannot be assembled into a request the providers accept.
 ///
@@ -141,16 +142,41 @@ impl<'a> Assembler<'a> {
     ) -> Prompt<'a> {
         let mut tools: Vec<&ToolDefinition> = self.tools.iter().collect();
         tools.sort_by(|a, b| a.name.as_str().cmp(b.name.as_str()));
+        let surface = check_surface(&tools);
         Prompt {
             static_sections: self.static_sections,
             dynamic_tail: self.dynamic_tail,
             tools,
+            surface,
             history,
             boundary,
             views,
             messages,
             transient,
         }
+    }
+}
+
+/// Checks the tool surface (sorted by name) the way every provider needs it: no name twice,
+/// every name in `^[a-zA-Z0-9_-]{1,64}$`. These names come from our own disclosure, so a bad
+/// one is a typed error; call names in the history come from the model and are sanitised
+/// instead (see the renderers). Run once per assembly; each renderer returns its answer.
+fn check_surface(tools: &[&ToolDefinition]) -> Result<(), RenderError> {
+    for pair in tools.windows(2) {
+        if pair[0].name == pair[1].name {
+            return Err(RenderError::DuplicateTool {
+                name: pair[0].name.to_string(),
+            });
+        }
+    }
+    match tools
+        .iter()
+        .find(|tool| !provider_name_ok(tool.name.as_str()))
+    {
+        Some(tool) => Err(RenderError::ToolName {
+            name: tool.name.to_string(),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -393,6 +419,8 @@ pub struct Prompt<'a> {
     pub(crate) static_sections: &'a StaticSections,
     pub(crate) dynamic_tail: &'a DynamicTail,
     pub(crate) tools: Vec<&'a ToolDefinition>,
+    /// The provider-independent check of `tools`, made once when the prompt is assembled.
+    pub(crate) surface: Result<(), RenderError>,
     pub(crate) history: &'a [LoggedRecord],
     pub(crate) boundary: Option<usize>,
     /// Each record's view: owned when projected for this prompt, borrowed from a
@@ -422,6 +450,12 @@ impl<'a> Prompt<'a> {
     /// The tools in the order they are rendered (sorted by name).
     pub fn tools(&self) -> &[&'a ToolDefinition] {
         &self.tools
+    }
+
+    /// The answer of the tool-surface check made at assembly (see `check_surface`): every
+    /// renderer returns it before writing anything.
+    pub(crate) fn surface_check(&self) -> Result<(), RenderError> {
+        self.surface.clone()
     }
 }
 
@@ -567,6 +601,48 @@ mod tests {
                 .map(|(handle, _)| handle.seq)
                 .collect();
             assert_eq!(seen, replaced, "{answers} views, stored history");
+        }
+    }
+
+    #[test]
+    fn the_tool_surface_is_checked_once_at_assembly_for_every_renderer() {
+        let tool = |name: &str| {
+            ToolDefinition::new(
+                psych_types::ToolName::new(name).unwrap(),
+                "d",
+                serde_json::Map::new(),
+            )
+        };
+        let history = log(vec![user("hi")]);
+        let (zone1, zone2, transient) = Default::default();
+        for (tools, error) in [
+            (vec![tool("b"), tool("a")], None),
+            (
+                vec![tool("b"), tool("a"), tool("b")],
+                Some(RenderError::DuplicateTool { name: "b".into() }),
+            ),
+            (
+                vec![tool("fs.read"), tool("a")],
+                Some(RenderError::ToolName {
+                    name: "fs.read".into(),
+                }),
+            ),
+        ] {
+            let prompt = Assembler::new(&zone1, &zone2, &tools)
+                .assemble(&history, &Counting(Default::default()), &transient)
+                .unwrap();
+            let expected = error.clone().map_or(Ok(()), Err);
+            assert_eq!(prompt.surface, expected, "decided at assembly");
+            let anthropic = prompt.render_anthropic(&crate::AnthropicOptions::new("m", 1));
+            let openai = prompt.render_openai(&crate::OpenAiOptions::new("m"));
+            let responses = prompt.render_responses(&crate::OpenAiOptions::new("m"));
+            for (provider, rendered) in [
+                ("anthropic", anthropic),
+                ("openai", openai),
+                ("responses", responses),
+            ] {
+                assert_eq!(rendered.err(), error, "{provider}");
+            }
         }
     }
 

@@ -133,7 +133,7 @@ impl Prompt<'_> {
                 reason: "the Chat Completions API has no deferred tools",
             });
         }
-        self.check_tools()?;
+        self.surface_check()?;
         if self.tools.len() > OPENAI_MAX_TOOLS {
             return Err(RenderError::TooManyTools {
                 count: self.tools.len(),

@@ -78,7 +78,7 @@ impl Prompt<'_> {
         options: &OpenAiOptions,
     ) -> Result<RenderedRequest, RenderError> {
         check_extra(&options.extra, &RESERVED)?;
-        self.check_tools()?;
+        self.surface_check()?;
         let native = options.native.as_ref();
         if let Some(native) = native {
             if !matches!(native.search(), SearchTool::Client { .. }) {
