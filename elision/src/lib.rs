@@ -25,6 +25,34 @@
 //! This crate is pure: no I/O, no clock, no globals. The record log keeps every result in
 //! full; this is only a projection.
 //!
+//! # What blocks
+//!
+//! Nothing of this crate's own: estimating, planning and
+//! [`project`](psych_types::ResultProjector::project) are CPU work over memory, linear in
+//! the bytes estimated (the crate's bench measures the estimator's speed).
+//! [`project_stored`](psych_types::ResultProjector::project_stored) reads through the
+//! [`OutputAccess`](psych_types::OutputAccess) it is given, so it blocks as that store does
+//! (the record log reads its file: a preview's head and tail for an elided text result, the
+//! whole result when it has other blocks or no stored estimate): from async code, call it
+//! (or prompt-assembly's `StepHistory::load`, which calls it) off the async threads.
+//!
+//! # Errors
+//!
+//! - [`ThresholdsError`]: thresholds refused when they are built (zero, or a per-result
+//!   threshold over the per-batch one), never when they are used.
+//! - [`SourceError`](psych_types::SourceError), from `project_stored` only: the store could
+//!   not read a result the view needs, or its readable text is not UTF-8.
+//!
+//! Projection itself cannot fail: every batch has a view.
+//!
+//! # Configuration
+//!
+//! [`Elider::builder`]: [`Thresholds`] (built and checked by [`Thresholds::builder`], or
+//! deserialized, which runs the same checks), [`PreviewConfig`] (characters of head, tail
+//! and failure kept), and [`EliderBuilder::estimator`] to size results with another
+//! [`TokenEstimator`](psych_types::TokenEstimator). [`Elider::default`] is the default
+//! thresholds and preview sizes with our [`Estimator`].
+//!
 //! # Example
 //!
 //! ```

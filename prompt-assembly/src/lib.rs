@@ -93,6 +93,38 @@
 //! non-animated GIF). A projection (a preview, a truncated failure) always replaces the
 //! output with its text. A result that is only `structuredContent` is its JSON text view.
 //!
+//! # What blocks
+//!
+//! Nothing of this crate's own: assembling and rendering are CPU work over memory, with no
+//! I/O, lock or clock. [`StepHistory::load`] reads stored results through the
+//! [`OutputAccess`](psych_types::OutputAccess) it is given (and projects through
+//! [`ResultProjector::project_stored`](psych_types::ResultProjector::project_stored)), so it
+//! blocks as that store does; from async code, call it off the async threads
+//! (`spawn_blocking`). [`Assembler::assemble`] over whole records only calls the projector.
+//!
+//! # Errors
+//!
+//! The umbrella [`Error`] gathers three families:
+//!
+//! - [`AssembleError`]: a history no real Run produces (a call id used twice, a result for
+//!   a call never made), or, on the lazy path, a stored result the source could not read.
+//!   What a model or a crash can leave in a log is never an error (see above).
+//! - [`RenderError`]: a request the provider would refuse, found before it is sent: a tool
+//!   of the surface named outside the provider rule or twice (checked once, at assembly),
+//!   too many tools, no message at all, native deferral where the format has none, an extra
+//!   option that collides with a field the renderer writes.
+//! - [`TimeError`]: a [`CurrentTime`] outside the years 0000-9999, or a UTC offset beyond
+//!   ±23:59.
+//!
+//! # Configuration
+//!
+//! Zones are built with [`StaticSections`] and [`DynamicTail`] (one method per section),
+//! the tool surface is a slice of tool definitions, the clock a [`Transient`]. Each wire
+//! format has its options: [`AnthropicOptions`] (model, `max_tokens`, native deferral,
+//! extra members) and [`OpenAiOptions`] (model, `prompt_cache_key`, native deferral for
+//! Responses, extra members). [`choose_deferral`] picks native deferral or the meta tools
+//! from a [`DeferralMode`]; [`CacheRules`] sets the cache report's billing rules.
+//!
 //! # Sources checked for the wire formats
 //!
 //! Checked field by field while writing the renderers (searched in November 2026):

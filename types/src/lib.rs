@@ -14,6 +14,32 @@
 //! later. JSON the workspace shows or stores as text is written by [`json`], the canonical
 //! writer: sorted keys, the same bytes whether or not serde_json's `preserve_order` is on.
 //!
+//! # What blocks
+//!
+//! Nothing in this crate does I/O, sleeps or takes a lock: its functions are pure. The seam
+//! traits are as blocking as their implementations: [`RecordSource`] and [`OutputAccess`]
+//! are synchronous reads (the record log's read files, so from async code call them, and
+//! [`load_whole`] / [`read_exact_output`] which go through them, on `spawn_blocking` or a
+//! thread of your own); [`ToolLister`] and [`ToolHost`] are async and must not block.
+//! [`MemoryRecords`] never blocks.
+//!
+//! # Errors
+//!
+//! - [`IdError`]: an id outside its alphabet (a server, tool, Run or call id), where it
+//!   enters: a constructor, a `tools/list` reply, serde. Its text names the id and the rule.
+//! - [`HandleParseError`]: text that is not a record handle `<run>:<seq>` (one spelling per
+//!   handle: no sign, no leading zero).
+//! - [`SourceError`]: a store failed to read a stored tool result, or a handle named none;
+//!   it carries the handle and the store's own error as its source.
+//! - serde errors: a tool definition or output that is not MCP's JSON shape. A content
+//!   block of an unknown type, or with data that is not base64, is kept whole as
+//!   [`ContentBlock::Unknown`] rather than refused.
+//!
+//! # Configuration
+//!
+//! None: this crate is the vocabulary. [`ConnectionSpec`] (a server's preload flag, eager
+//! tools, description) and [`PermissionGrant`] are the configuration other crates read.
+//!
 //! # Example
 //!
 //! ```
