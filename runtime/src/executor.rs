@@ -100,7 +100,7 @@ impl<H: ToolHost + 'static> Executor<H> {
         self
     }
 
-    /// Sets the reader's limits (validated by [`Limits::validate`] at each read).
+    /// Sets the reader's limits (checked when they were built: `Limits::builder`).
     pub fn reader_limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self
