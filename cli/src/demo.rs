@@ -398,7 +398,7 @@ fn print_results(records: &[LoggedRecord]) {
             thousands(text.len() as u64),
             logged.handle
         );
-        if name == psych_reader_tool::TOOL_NAME {
+        if name == psych_types::READ_TOOL_OUTPUT {
             for line in text.lines().take(SHOWN_LINES) {
                 println!("      | {}", crate::truncate(line, 70));
             }

@@ -83,7 +83,7 @@ pub struct Page {
 /// The answer to one `read_tool_output` call that the model sees as its tool result.
 ///
 /// Corruption (an `invalid_deferred_handle`) and storage failures are not answers: they are
-/// [`ReadError`](crate::ReadError)s.
+/// [`CallError`](crate::CallError)s.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Answer {

@@ -1,15 +1,13 @@
 //! The tool's definition for the prompt: name, description and JSON input schema.
 
-use psych_types::{JsonObject, ToolDefinition, ToolName};
+use psych_types::{JsonObject, READ_TOOL_OUTPUT, ToolDefinition, ToolName};
 use serde_json::json;
 
 use crate::Limits;
 use crate::limits::MAX_GREP_BYTES;
 
-/// The tool's name, `read_tool_output`.
-pub const TOOL_NAME: &str = psych_types::READ_TOOL_OUTPUT;
-
-/// The definition of `read_tool_output` under `limits` (the limit's default and maximum and
+/// The definition of `read_tool_output` (named by
+/// [`psych_types::READ_TOOL_OUTPUT`]) under `limits` (the limit's default and maximum and
 /// the line cap appear in it). The same limits always give the same bytes.
 pub fn tool_definition(limits: &Limits) -> ToolDefinition {
     let description = format!(
@@ -61,12 +59,12 @@ pub fn tool_definition(limits: &Limits) -> ToolDefinition {
         serde_json::Value::Object(map) => map,
         _ => JsonObject::new(),
     };
-    // TOOL_NAME is the constant "read_tool_output": 16 bytes of [a-z_], inside the tool-name
+    // READ_TOOL_OUTPUT is the constant "read_tool_output": 16 bytes of [a-z_], inside the tool-name
     // alphabet `[A-Za-z0-9_.-]{1,128}`, so `new` cannot refuse it (a test builds it too).
     #[allow(
         clippy::expect_used,
         reason = "a constant inside the alphabet, proved above"
     )]
-    let name = ToolName::new(TOOL_NAME).expect("TOOL_NAME is a valid tool name");
+    let name = ToolName::new(READ_TOOL_OUTPUT).expect("READ_TOOL_OUTPUT is a valid tool name");
     ToolDefinition::new(name, description, input_schema)
 }

@@ -57,11 +57,13 @@ fn describe(problem: &HandleProblem) -> String {
     }
 }
 
-/// Why a read failed. Never shown to the model as a tool result: the caller decides (the
+/// Why a call of the reader failed (named apart from `psych_record_log::CallError`, the
+/// error a record log's reads give, which reaches a caller here as [`CallError::Source`]).
+/// Never shown to the model as a tool result: the caller decides (the
 /// runtime ends the step with the error).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ReadError<E> {
+pub enum CallError<E> {
     /// The handle does not parse, names another Run, names no record, or names a record that
     /// is not a tool result.
     #[error(transparent)]
@@ -82,21 +84,21 @@ pub enum ReadError<E> {
     },
 }
 
-impl<E> ReadError<E> {
+impl<E> CallError<E> {
     /// A stable code for the error: `invalid_deferred_handle`, `record_source_failed` or
     /// `record_short_read`.
     pub fn code(&self) -> &'static str {
         match self {
-            ReadError::InvalidDeferredHandle(_) => InvalidHandle::CODE,
-            ReadError::Source(_) => "record_source_failed",
-            ReadError::ShortRead { .. } => "record_short_read",
+            CallError::InvalidDeferredHandle(_) => InvalidHandle::CODE,
+            CallError::Source(_) => "record_source_failed",
+            CallError::ShortRead { .. } => "record_short_read",
         }
     }
 
     /// The handle problem, when this is the `invalid_deferred_handle` error.
     pub fn handle_problem(&self) -> Option<&HandleProblem> {
         match self {
-            ReadError::InvalidDeferredHandle(err) => Some(&err.problem),
+            CallError::InvalidDeferredHandle(err) => Some(&err.problem),
             _ => None,
         }
     }

@@ -11,7 +11,7 @@
 //!
 //! - A handle that does not parse, names another Run, names no record, or names a record
 //!   that is not a tool result is the `invalid_deferred_handle` corruption error
-//!   ([`ReadError::InvalidDeferredHandle`]): an error value for the caller, not a tool
+//!   ([`CallError::InvalidDeferredHandle`]): an error value for the caller, not a tool
 //!   result. Another Run's handle is refused before the source is asked.
 //! - Malformed arguments are [`Answer::Invalid`]: a validation error the model sees as its
 //!   tool result and can correct.
@@ -36,10 +36,28 @@
 //! The crate also gives the tool's [`tool_definition`] for the prompt, and
 //! [`Answer::render`] turns an answer into the exact text the model sees.
 //!
+//! # What blocks
+//!
+//! [`Reader::call`] reads its source on the calling thread, as much as the read needs: a
+//! page reads from the result's start to one chunk past its last line, and a `grep` with
+//! few or no matches scans the whole result, 256 MiB for the largest measured
+//! (`cargo bench -p psych-reader-tool`), each read a positional file read for a record log.
+//! From an async runtime, call it from `tokio::task::spawn_blocking` (or a thread of its
+//! own), never from a task directly.
+//!
+//! # Errors and configuration
+//!
+//! A [`CallError`] is for the caller, never the model: the handle problem
+//! (`invalid_deferred_handle`), the source's own error, or a source serving less than it
+//! announced; its [`code`](CallError::code) is stable. What the model got wrong is an
+//! [`Answer::Invalid`] instead. The bounds are [`Limits`], built by [`Limits::builder`]
+//! (defaults: 200 lines a page, at most 1,000, lines cut at 2,000 bytes, pages closed at
+//! 64 KiB), checked when built.
+//!
 //! # Example
 //!
 //! ```
-//! use psych_reader_tool::{Answer, ReadError, Reader};
+//! use psych_reader_tool::{Answer, CallError, Reader};
 //! use psych_types::{MemoryRecords, Record, RunId, ToolCallId, ToolOutput, ToolResult};
 //! use serde_json::json;
 //!
@@ -59,7 +77,7 @@
 //! // A handle of another Run is a typed corruption error, not a tool result.
 //! let foreign = reader.call(&json!({"handle": "run-8:0"})).unwrap_err();
 //! assert_eq!(foreign.code(), "invalid_deferred_handle");
-//! assert!(matches!(foreign, ReadError::InvalidDeferredHandle(_)));
+//! assert!(matches!(foreign, CallError::InvalidDeferredHandle(_)));
 //!
 //! // Malformed arguments are for the model to fix.
 //! let invalid = reader.call(&json!({"handle": handle.to_string(), "limit": 0}))?;
@@ -80,7 +98,7 @@ mod scan;
 
 pub use answer::{Answer, Line, Page, ResultInfo};
 pub use args::{ArgsError, ReadArgs};
-pub use definition::{TOOL_NAME, tool_definition};
-pub use error::{HandleProblem, InvalidHandle, ReadError};
-pub use limits::{Limits, LimitsError, MAX_GREP_BYTES};
+pub use definition::tool_definition;
+pub use error::{CallError, HandleProblem, InvalidHandle};
+pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_GREP_BYTES};
 pub use reader::{Reader, read_tool_output};

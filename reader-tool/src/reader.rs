@@ -5,41 +5,48 @@ use serde_json::Value;
 
 use crate::scan::{Bounds, Scan};
 use crate::{
-    Answer, HandleProblem, InvalidHandle, Limits, LimitsError, Page, ReadArgs, ReadError,
-    ResultInfo, tool_definition,
+    Answer, CallError, HandleProblem, InvalidHandle, Limits, Page, ReadArgs, ResultInfo,
+    tool_definition,
 };
 
 /// Answers `read_tool_output` calls over one Run's [`RecordSource`], in process.
 ///
-/// It borrows the source and keeps no state between calls: every read resolves its handle
+/// It holds its source, borrowed (`Reader::new(&log)`: a shared reference to a source is a
+/// source) or owned (`Reader::new(log)`), and keeps no state between calls: every read resolves its handle
 /// again and scans the stored result in bounded chunks ([`Limits::chunk_bytes`]). A page at
 /// offset `N` reads the result from its start to line `N` and no further than one chunk past
 /// its last line (or to the end of a result of at most [`Limits::count_all_bytes`], to count
 /// its lines); a `grep` reads on to the next match after a full page (to know that more
 /// follows), or to the end. Memory stays bounded by the limits whatever the result's size.
 #[derive(Debug)]
-pub struct Reader<'s, S> {
-    source: &'s S,
+pub struct Reader<S> {
+    source: S,
     limits: Limits,
 }
 
-impl<'s, S: RecordSource> Reader<'s, S> {
+impl<S: RecordSource> Reader<S> {
     /// A reader with the default [`Limits`].
-    pub fn new(source: &'s S) -> Self {
+    pub fn new(source: S) -> Self {
         Self {
             source,
             limits: Limits::default(),
         }
     }
 
-    /// A reader with the given limits.
-    ///
-    /// # Errors
-    ///
-    /// [`LimitsError`] when the limits are inconsistent (see [`Limits::validate`]).
-    pub fn with_limits(source: &'s S, limits: Limits) -> Result<Self, LimitsError> {
-        limits.validate()?;
-        Ok(Self { source, limits })
+    /// A reader with the given limits (checked when they were built:
+    /// [`LimitsBuilder::build`](crate::LimitsBuilder::build)).
+    pub fn with_limits(source: S, limits: Limits) -> Self {
+        Self { source, limits }
+    }
+
+    /// The source it reads.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    /// The source back.
+    pub fn into_source(self) -> S {
+        self.source
     }
 
     /// The limits in force.
@@ -61,7 +68,7 @@ impl<'s, S: RecordSource> Reader<'s, S> {
     /// # Errors
     ///
     /// As [`Reader::read`].
-    pub fn call(&self, arguments: &Value) -> Result<Answer, ReadError<S::Error>> {
+    pub fn call(&self, arguments: &Value) -> Result<Answer, CallError<S::Error>> {
         match ReadArgs::from_json(arguments, &self.limits) {
             Ok(args) => self.read(&args),
             Err(invalid) => {
@@ -81,10 +88,10 @@ impl<'s, S: RecordSource> Reader<'s, S> {
     ///
     /// # Errors
     ///
-    /// [`ReadError::InvalidDeferredHandle`] when the handle does not parse, names another
+    /// [`CallError::InvalidDeferredHandle`] when the handle does not parse, names another
     /// Run, names no record, or names a record that is not a tool result;
-    /// [`ReadError::Source`] and [`ReadError::ShortRead`] when the source fails.
-    pub fn read(&self, args: &ReadArgs) -> Result<Answer, ReadError<S::Error>> {
+    /// [`CallError::Source`] and [`CallError::ShortRead`] when the source fails.
+    pub fn read(&self, args: &ReadArgs) -> Result<Answer, CallError<S::Error>> {
         let info = self.resolve(&args.handle)?;
         if let Err(invalid) = args.validate(&self.limits) {
             return Ok(Answer::Invalid(invalid));
@@ -95,7 +102,12 @@ impl<'s, S: RecordSource> Reader<'s, S> {
             page_budget: self.limits.max_page_bytes,
             count_all: self.limits.count_all_bytes,
         };
-        let mut scan = Scan::new(self.source, &info.handle, info.len, self.limits.chunk_bytes);
+        let mut scan = Scan::new(
+            &self.source,
+            &info.handle,
+            info.len,
+            self.limits.chunk_bytes,
+        );
         let found = match &args.grep {
             None => scan.read_lines(args.offset, bounds)?,
             Some(needle) => scan.grep(args.offset, needle.as_bytes(), bounds)?,
@@ -119,8 +131,8 @@ impl<'s, S: RecordSource> Reader<'s, S> {
     ///
     /// # Errors
     ///
-    /// As [`Reader::read`], without [`ReadError::ShortRead`].
-    pub fn resolve(&self, handle: &str) -> Result<ResultInfo, ReadError<S::Error>> {
+    /// As [`Reader::read`], without [`CallError::ShortRead`].
+    pub fn resolve(&self, handle: &str) -> Result<ResultInfo, CallError<S::Error>> {
         let invalid = |problem| InvalidHandle {
             handle: handle.to_owned(),
             problem,
@@ -139,9 +151,9 @@ impl<'s, S: RecordSource> Reader<'s, S> {
         let Some(info) = self
             .source
             .output_info(&parsed)
-            .map_err(ReadError::Source)?
+            .map_err(CallError::Source)?
         else {
-            let problem = match self.source.record(&parsed).map_err(ReadError::Source)? {
+            let problem = match self.source.record(&parsed).map_err(CallError::Source)? {
                 Some(_) => HandleProblem::NotToolResult,
                 None => HandleProblem::Unresolved,
             };
@@ -165,6 +177,6 @@ impl<'s, S: RecordSource> Reader<'s, S> {
 pub fn read_tool_output<S: RecordSource>(
     source: &S,
     arguments: &Value,
-) -> Result<Answer, ReadError<S::Error>> {
+) -> Result<Answer, CallError<S::Error>> {
     Reader::new(source).call(arguments)
 }

@@ -9,9 +9,9 @@ use memchr::memmem::Finder;
 use memchr::{memchr, memchr_iter, memrchr};
 use psych_types::{RecordHandle, RecordSource};
 
-use crate::{Line, ReadError};
+use crate::{CallError, Line};
 
-type Result<T, S> = std::result::Result<T, ReadError<<S as RecordSource>::Error>>;
+type Result<T, S> = std::result::Result<T, CallError<<S as RecordSource>::Error>>;
 
 /// What a page needs from one scan.
 #[derive(Debug)]
@@ -72,9 +72,9 @@ fn read_exact<S: RecordSource>(
     while got < dst.len() {
         let n = source
             .read_output(handle, at, &mut dst[got..])
-            .map_err(ReadError::Source)?;
+            .map_err(CallError::Source)?;
         if n == 0 {
-            return Err(ReadError::ShortRead {
+            return Err(CallError::ShortRead {
                 handle: handle.clone(),
                 at,
                 len,

@@ -13,7 +13,7 @@ mod sources;
 use std::convert::Infallible;
 
 use proptest::prelude::*;
-use psych_reader_tool::{Answer, HandleProblem, ReadArgs, ReadError, Reader};
+use psych_reader_tool::{Answer, CallError, HandleProblem, ReadArgs, Reader};
 use psych_types::MemoryRecords;
 use serde_json::json;
 use sources::{Counting, text_log};
@@ -154,10 +154,10 @@ fn a_handle_of_a_record_that_is_not_a_tool_result_is_invalid() {
 #[test]
 fn the_error_is_a_value_of_the_crate_not_a_tool_result() {
     let (a, _) = two_runs();
-    let result: Result<Answer, ReadError<Infallible>> =
+    let result: Result<Answer, CallError<Infallible>> =
         Reader::new(&a).call(&json!({"handle": "run-b:1"}));
     let err = result.unwrap_err();
-    assert!(matches!(err, ReadError::InvalidDeferredHandle(_)));
+    assert!(matches!(err, CallError::InvalidDeferredHandle(_)));
     let source: &dyn std::error::Error = &err;
     assert!(source.to_string().contains("invalid_deferred_handle"));
 }

@@ -7,13 +7,14 @@
     reason = "a test fails loudly on bad data"
 )]
 
-use psych_reader_tool::{Limits, MAX_GREP_BYTES, ReadArgs, TOOL_NAME, tool_definition};
+use psych_reader_tool::{Limits, MAX_GREP_BYTES, ReadArgs, tool_definition};
+use psych_types::READ_TOOL_OUTPUT;
 use serde_json::json;
 
 #[test]
 fn the_definition_is_byte_stable() {
     let definition = tool_definition(&Limits::default());
-    assert_eq!(definition.name.as_str(), TOOL_NAME);
+    assert_eq!(definition.name.as_str(), READ_TOOL_OUTPUT);
     insta::assert_json_snapshot!("definition", definition);
     assert_eq!(
         serde_json::to_string(&definition).unwrap(),
@@ -23,11 +24,11 @@ fn the_definition_is_byte_stable() {
 
 #[test]
 fn the_schema_follows_the_limits() {
-    let limits = Limits {
-        default_limit: 50,
-        max_limit: 300,
-        ..Limits::default()
-    };
+    let limits = Limits::builder()
+        .default_limit(50)
+        .max_limit(300)
+        .build()
+        .unwrap();
     let definition = tool_definition(&limits);
     let limit = &definition.input_schema["properties"]["limit"];
     assert_eq!(

@@ -11,7 +11,7 @@ mod sources;
 
 use std::path::PathBuf;
 
-use psych_reader_tool::{Answer, ArgsError, Limits, ReadArgs, ReadError, Reader};
+use psych_reader_tool::{Answer, ArgsError, CallError, Limits, ReadArgs, Reader};
 use psych_types::{ContentBlock, MemoryRecords, RecordSource, ToolOutput};
 use serde_json::{Value, json};
 use sources::{
@@ -257,7 +257,7 @@ fn a_100_mb_line_is_cut_and_read_in_bounded_chunks() {
     assert!(grep.len() < 2400, "{} bytes", grep.len());
     assert!(grep.contains("[…49999003 bytes]xxxx"), "{grep}");
     assert!(grep.contains("xxxxNEEDLExxxx"), "{grep}");
-    let chunk = Limits::default().chunk_bytes;
+    let chunk = Limits::default().chunk_bytes();
     assert!(
         source.largest_read.get() <= chunk,
         "{}",
@@ -271,11 +271,8 @@ fn a_page_closes_at_its_byte_budget() {
         .map(|i| format!("{i:03} {}\n", "z".repeat(1500)))
         .collect();
     let (log, handle) = text_log("run-7", &text);
-    let limits = Limits {
-        max_page_bytes: 10_000,
-        ..Limits::default()
-    };
-    let reader = Reader::with_limits(&log, limits).unwrap();
+    let limits = Limits::builder().max_page_bytes(10_000).build().unwrap();
+    let reader = Reader::with_limits(&log, limits);
     let first = page(
         reader
             .call(&json!({"handle": handle.to_string(), "limit": 50}))
@@ -366,7 +363,7 @@ fn a_small_read_of_a_huge_result_never_pulls_the_whole_result() {
     // 100 million lines, 2 GB: generated on the fly, never stored.
     let source = Counting::new(Synthetic::new(100_000_000, 1000));
     let h = source.inner.handle().to_string();
-    let chunk = Limits::default().chunk_bytes as u64;
+    let chunk = Limits::default().chunk_bytes() as u64;
     let reader = Reader::new(&source);
 
     let first = reader.call(&json!({"handle": h, "limit": 3})).unwrap();
@@ -415,7 +412,7 @@ fn a_failing_source_is_a_typed_error_not_a_tool_result() {
     let source = Failing::new();
     let reader = Reader::new(&source);
     let err = reader.call(&json!({"handle": "fail:0"})).unwrap_err();
-    assert!(matches!(err, ReadError::Source(_)), "{err:?}");
+    assert!(matches!(err, CallError::Source(_)), "{err:?}");
     assert_eq!(err.code(), "record_source_failed");
     assert_eq!(
         err.to_string(),
@@ -423,7 +420,7 @@ fn a_failing_source_is_a_typed_error_not_a_tool_result() {
     );
     // Classifying an unknown handle asks the source too; its failure surfaces the same way.
     let err = reader.call(&json!({"handle": "fail:3"})).unwrap_err();
-    assert!(matches!(err, ReadError::Source(_)), "{err:?}");
+    assert!(matches!(err, CallError::Source(_)), "{err:?}");
 }
 
 #[test]
@@ -451,4 +448,22 @@ fn fixtures_dir() -> PathBuf {
         .map(|dir| dir.join("shared/fixtures"))
         .find(|dir| dir.is_dir())
         .unwrap_or_else(|| panic!("no shared/fixtures above {}", manifest.display()))
+}
+
+#[test]
+fn a_reader_can_own_its_source_and_give_it_back() {
+    let (log, handle) = text_log("run-7", TEN_LINES);
+    let owned = Reader::new(log);
+    let borrowed_text = check(
+        owned.source(),
+        json!({"handle": handle.to_string(), "limit": 2}),
+    );
+    let owned_text = owned
+        .call(&json!({"handle": handle.to_string(), "limit": 2}))
+        .unwrap()
+        .render();
+    assert_eq!(owned_text, borrowed_text);
+    assert!(owned_text.contains("started on :8080"), "{owned_text}");
+    let log: MemoryRecords = owned.into_source();
+    assert!(log.output_info(&handle).unwrap().is_some());
 }

@@ -17,14 +17,14 @@ use psych_types::RecordSource;
 use sources::{RawBytes, text_log};
 
 fn limits(chunk: usize, page: usize) -> Limits {
-    Limits {
-        chunk_bytes: chunk,
-        max_page_bytes: page,
-        ..Limits::default()
-    }
+    Limits::builder()
+        .chunk_bytes(chunk)
+        .max_page_bytes(page)
+        .build()
+        .unwrap()
 }
 
-fn read<S: RecordSource>(reader: &Reader<'_, S>, args: &ReadArgs) -> Page
+fn read<S: RecordSource>(reader: &Reader<S>, args: &ReadArgs) -> Page
 where
     S::Error: std::fmt::Debug,
 {
@@ -83,7 +83,7 @@ proptest! {
         page_bytes in 1usize..60,
     ) {
         let (log, handle) = text_log("run-p", &text);
-        let reader = Reader::with_limits(&log, limits(chunk, page_bytes)).unwrap();
+        let reader = Reader::with_limits(&log, limits(chunk, page_bytes));
         let mut args = ReadArgs::new(handle.to_string());
         args.limit = Some(limit);
         let mut rebuilt = Vec::new();
@@ -124,7 +124,7 @@ proptest! {
         chunk in 1usize..40,
     ) {
         let (log, handle) = text_log("run-p", &text);
-        let reader = Reader::with_limits(&log, limits(chunk, usize::MAX)).unwrap();
+        let reader = Reader::with_limits(&log, limits(chunk, usize::MAX));
         let args = ReadArgs { offset, limit: Some(limit), ..ReadArgs::new(handle.to_string()) };
         let page = read(&reader, &args);
         let lines = naive_lines(&text);
@@ -144,7 +144,7 @@ proptest! {
         chunk in 1usize..32,
     ) {
         let (log, handle) = text_log("run-g", &text);
-        let reader = Reader::with_limits(&log, limits(chunk, usize::MAX)).unwrap();
+        let reader = Reader::with_limits(&log, limits(chunk, usize::MAX));
         let expected: Vec<(u64, &str)> = naive_lines(&text)
             .into_iter()
             .enumerate()
@@ -208,7 +208,7 @@ proptest! {
     ) {
         let text: String = lengths.iter().map(|&n| format!("{}\n", "é".repeat(n / 2))).collect();
         let (log, handle) = text_log("run-c", &text);
-        let reader = Reader::with_limits(&log, limits(chunk, usize::MAX)).unwrap();
+        let reader = Reader::with_limits(&log, limits(chunk, usize::MAX));
         let page = read(&reader, &ReadArgs::new(handle.to_string()));
         for (line, &n) in page.lines.iter().zip(&lengths) {
             prop_assert!(line.shown.len() <= 2000);

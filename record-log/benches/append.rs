@@ -33,7 +33,7 @@ use criterion::measurement::WallTime;
 use criterion::{
     BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
 };
-use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
+use psych_record_log::{GroupCommit, RecordLog, SharedRecordLog, SyncPolicy};
 use psych_types::{Record, RunId, ToolCallId, ToolOutput, ToolResult};
 use redb::{Database, TableDefinition};
 
@@ -235,11 +235,14 @@ fn group_commit(c: &mut Criterion) {
     // 64 fsyncs an iteration: few, long samples.
     group.sample_size(10);
     let run = RunId::new("bench").unwrap();
-    let policy = SyncPolicy::GroupCommit {
-        max_wait: Duration::from_millis(5),
-        max_records: RECORDS,
-        max_bytes: 64 << 20,
-    };
+    let policy = SyncPolicy::GroupCommit(
+        GroupCommit::builder()
+            .max_wait(Duration::from_millis(5))
+            .max_records(RECORDS)
+            .max_bytes(64 << 20)
+            .build()
+            .unwrap(),
+    );
     for len in [512usize, 4096] {
         let record = tool_result(len);
         let batch: Vec<Record> = (0..RECORDS).map(|_| record.clone()).collect();

@@ -3,17 +3,21 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Why a [`SyncPolicy`](crate::SyncPolicy) was refused when a log was opened.
+use crate::cause::{LogCorruption, RecordCorruption};
+use crate::format::FORMAT_VERSION;
+
+/// Why [`GroupCommitBuilder::build`](crate::GroupCommitBuilder::build) refused a group-commit
+/// policy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
-    /// A group-commit policy's `max_records` is 0: no group could ever hold a record.
+    /// `max_records` is 0: no group could ever hold a record.
     #[error("group commit max_records must be at least 1")]
     ZeroMaxRecords,
-    /// A group-commit policy's `max_bytes` is 0: no group could ever hold a frame.
+    /// `max_bytes` is 0: no group could ever hold a frame.
     #[error("group commit max_bytes must be at least 1")]
     ZeroMaxBytes,
-    /// A group-commit policy's `max_wait` is longer than the log allows
+    /// `max_wait` is longer than the log allows
     /// ([`MAX_GROUP_WAIT`](crate::MAX_GROUP_WAIT)).
     #[error("group commit max_wait of {max_wait:?} exceeds the limit of {limit:?}")]
     MaxWaitTooLong {
@@ -28,9 +32,6 @@ pub enum PolicyError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
-    /// The sync policy given to `open` is out of bounds; nothing was opened or created.
-    #[error("invalid sync policy: {0}")]
-    Policy(#[from] PolicyError),
     /// The directory or file could not be created, read, locked, cut or synced.
     #[error("{path}: {source}")]
     Io {
@@ -51,11 +52,9 @@ pub enum OpenError {
         /// The file.
         path: PathBuf,
     },
-    /// The file is a record log of a format version this build does not read.
-    #[error(
-        "{path} is format version {version}; this build reads version {}",
-        crate::format::FORMAT_VERSION
-    )]
+    /// The file is a record log of a format version this build does not read: it reads
+    /// [`FORMAT_VERSION`](crate::FORMAT_VERSION) only.
+    #[error("{path} is format version {version}; this build reads version {FORMAT_VERSION}")]
     UnsupportedVersion {
         /// The file.
         path: PathBuf,
@@ -86,7 +85,7 @@ pub enum OpenError {
         /// Byte offset of the first damaged frame (0 for the file header).
         offset: u64,
         /// What is wrong there.
-        reason: String,
+        reason: LogCorruption,
     },
 }
 
@@ -96,9 +95,11 @@ pub enum OpenError {
 pub enum AppendError {
     /// Writing or syncing failed. The log cut the partial frame off again when it could;
     /// otherwise it is poisoned (see [`AppendError::Poisoned`]). Under group commit every
-    /// append of the failed group gets this error (each a copy of the group's error, with
-    /// its kind and message; `offset` is where the group started) and none of the group is
-    /// acknowledged.
+    /// append of the failed group gets this error and none of the group is acknowledged;
+    /// `offset` is where the group started, and each append's `source` is the group's one
+    /// error: the same OS error (kind, `raw_os_error`, text) for an operating system
+    /// error, else an error of the same kind and text whose inner error (`get_ref`) is the
+    /// original, an `Arc<std::io::Error>` shared by the group.
     #[error("appending to {path} at byte {offset}: {source}")]
     Io {
         /// The log file.
@@ -156,7 +157,7 @@ pub enum ReadError {
         /// Byte offset of the frame.
         offset: u64,
         /// What is wrong there.
-        reason: String,
+        reason: RecordCorruption,
     },
 }
 
@@ -173,4 +174,7 @@ pub enum Error {
     /// A read failed.
     #[error(transparent)]
     Read(#[from] ReadError),
+    /// A group-commit policy was refused when it was built.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
 }

@@ -11,12 +11,14 @@ use psych_types::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::cause::RecordCorruption;
 use crate::crc32c::{Crc32c, crc32c};
 
 /// The first eight bytes of every log file.
 pub(crate) const FILE_MAGIC: [u8; 8] = *b"PSYCHLOG";
-/// The format version written in the file header.
-pub(crate) const FORMAT_VERSION: u16 = 2;
+/// The on-disk format version this build writes in a log's file header, and the only one it
+/// reads (`docs/format.md`).
+pub const FORMAT_VERSION: u16 = 2;
 /// Bytes of the file header before the Run id: magic, version, Run id length.
 pub(crate) const FILE_HEADER_FIXED: usize = 12;
 /// The first four bytes of every frame.
@@ -235,16 +237,6 @@ pub(crate) enum FrameFault {
     /// The checksum matches but a kind or flag byte holds a value this version does not
     /// define.
     Fields,
-}
-
-impl FrameFault {
-    pub(crate) fn describe(self) -> &'static str {
-        match self {
-            FrameFault::Magic => "no frame magic",
-            FrameFault::HeaderChecksum => "frame header checksum mismatch",
-            FrameFault::Fields => "frame header holds undefined kind or flag values",
-        }
-    }
 }
 
 impl FrameHeader {
@@ -558,17 +550,17 @@ pub(crate) const READABLE_LEN_PREFIX: u64 = 8;
 pub(crate) fn readable_range(
     header: &FrameHeader,
     prefix: &[u8],
-) -> Result<(u64, u64), &'static str> {
+) -> Result<(u64, u64), RecordCorruption> {
     if header.content_kind != CONTENT_WITH_BINARY {
         return Ok((0, header.content_len));
     }
     let bytes: [u8; 8] = prefix
         .get(..8)
         .and_then(|b| b.try_into().ok())
-        .ok_or("binary content shorter than its length prefix")?;
+        .ok_or(RecordCorruption::ReadableLength)?;
     let len = u64::from_le_bytes(bytes);
     if len > header.content_len.saturating_sub(READABLE_LEN_PREFIX) {
-        return Err("readable text length runs past the content");
+        return Err(RecordCorruption::ReadableLength);
     }
     Ok((READABLE_LEN_PREFIX, len))
 }
@@ -609,9 +601,8 @@ impl ResultSummary {
 pub(crate) fn decode_summary(
     header: &FrameHeader,
     meta: &[u8],
-) -> Result<ResultSummary, &'static str> {
-    let meta: ResultMeta =
-        serde_json::from_slice(meta).map_err(|_| "tool result metadata is not valid")?;
+) -> Result<ResultSummary, RecordCorruption> {
+    let meta: ResultMeta = serde_json::from_slice(meta).map_err(|_| RecordCorruption::Metadata)?;
     let kind = match header.content_kind {
         CONTENT_JSON => OutputKind::Json,
         _ => OutputKind::Text,
@@ -639,7 +630,7 @@ impl ResultSummary {
         &self,
         position: usize,
         readable: (u64, u64),
-    ) -> Result<Option<BlockPlace>, &'static str> {
+    ) -> Result<Option<BlockPlace>, RecordCorruption> {
         let Some(blocks) = &self.meta.blocks else {
             // One plain text block: the readable text.
             return Ok(
@@ -659,7 +650,7 @@ impl ResultSummary {
             (Some(at), Some(len)) => {
                 let base = if is_textual(&stored.block) {
                     if at.saturating_add(len) > readable.1 {
-                        return Err("block text runs past the readable text");
+                        return Err(RecordCorruption::BlockRange);
                     }
                     readable.0
                 } else {
@@ -690,12 +681,12 @@ fn is_textual(skeleton: &JsonObject) -> bool {
 
 impl BlockPlace {
     /// The block, with `bulk` (the bytes at [`BlockPlace::bulk`]) put back.
-    pub(crate) fn rebuild(self, bulk: Vec<u8>) -> Result<ContentBlock, &'static str> {
+    pub(crate) fn rebuild(self, bulk: Vec<u8>) -> Result<ContentBlock, RecordCorruption> {
         let mut block = ContentBlock::from_object(self.skeleton);
         if self.bulk.is_none() {
             return Ok(block);
         }
-        let text = || String::from_utf8(bulk.clone()).map_err(|_| "block text is not UTF-8");
+        let text = || String::from_utf8(bulk.clone()).map_err(|_| RecordCorruption::BlockText);
         match &mut block {
             ContentBlock::Text(content) => content.text = text()?,
             ContentBlock::Image(media) | ContentBlock::Audio(media) => media.data = bulk,
@@ -703,7 +694,7 @@ impl BlockPlace {
                 ResourceContents::Text(resource) => resource.text = text()?,
                 ResourceContents::Blob(resource) => resource.blob = bulk,
             },
-            _ => return Err("stored block does not take the bytes it names"),
+            _ => return Err(RecordCorruption::BlockKind),
         }
         Ok(block)
     }
@@ -714,11 +705,11 @@ pub(crate) fn decode_record(
     header: &FrameHeader,
     meta: &[u8],
     content: Vec<u8>,
-) -> Result<Record, &'static str> {
+) -> Result<Record, RecordCorruption> {
     match header.kind {
         KIND_USER | KIND_ASSISTANT | KIND_USAGE => {
             let record: Record =
-                serde_json::from_slice(meta).map_err(|_| "record metadata is not valid")?;
+                serde_json::from_slice(meta).map_err(|_| RecordCorruption::Metadata)?;
             let expected = match header.kind {
                 KIND_USER => matches!(record, Record::User(_)),
                 KIND_ASSISTANT => matches!(record, Record::Assistant(_)),
@@ -727,7 +718,7 @@ pub(crate) fn decode_record(
             if expected {
                 Ok(record)
             } else {
-                Err("record metadata does not match its kind byte")
+                Err(RecordCorruption::KindMismatch)
             }
         }
         KIND_TOOL_RESULT => {
@@ -739,29 +730,29 @@ pub(crate) fn decode_record(
                 structured_content: summary.meta.structured.clone(),
                 content: Vec::new(),
             };
-            let text_of = |(at, len): (u64, u64)| -> Result<&[u8], &'static str> {
-                let end = at.checked_add(len).ok_or("block range overflows")?;
+            let text_of = |(at, len): (u64, u64)| -> Result<&[u8], RecordCorruption> {
+                let end = at.checked_add(len).ok_or(RecordCorruption::BlockRange)?;
                 content
                     .get(
-                        usize::try_from(at).map_err(|_| "block range too large")?
-                            ..usize::try_from(end).map_err(|_| "block range too large")?,
+                        usize::try_from(at).map_err(|_| RecordCorruption::BlockRange)?
+                            ..usize::try_from(end).map_err(|_| RecordCorruption::BlockRange)?,
                     )
-                    .ok_or("block range runs past the content")
+                    .ok_or(RecordCorruption::BlockRange)
             };
             if header.content_kind == CONTENT_JSON {
                 if summary.meta.blocks.is_some() {
-                    return Err("a JSON result holds content blocks");
+                    return Err(RecordCorruption::JsonContent);
                 }
                 output.structured_content = Some(
                     serde_json::from_slice::<Value>(&content)
-                        .map_err(|_| "JSON content does not parse")?,
+                        .map_err(|_| RecordCorruption::JsonContent)?,
                 );
             } else {
                 let count = summary.meta.blocks.as_ref().map_or(1, Vec::len);
                 for position in 0..count {
                     let place = summary
                         .place(position, readable)?
-                        .ok_or("stored block missing")?;
+                        .ok_or(RecordCorruption::BlockRange)?;
                     let bulk = match place.bulk {
                         Some(range) => text_of(range)?.to_vec(),
                         None => Vec::new(),
@@ -775,7 +766,7 @@ pub(crate) fn decode_record(
                 output,
             }))
         }
-        _ => Err("undefined record kind"),
+        _ => Err(RecordCorruption::UnknownKind),
     }
 }
 
@@ -908,7 +899,7 @@ mod tests {
         );
         assert_eq!(
             decode_record(&header(KIND_USER), &encoded.meta, Vec::new()),
-            Err("record metadata does not match its kind byte")
+            Err(RecordCorruption::KindMismatch)
         );
         assert!(FrameHeader::decode(&header(KIND_USAGE).encode()).is_ok());
         assert!(FrameHeader::decode(&header(KIND_USAGE + 1).encode()).is_err());

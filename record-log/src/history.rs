@@ -62,15 +62,16 @@ impl RecordLog {
         // the checksum.
         match self.read_record(handle)? {
             Some(record) => Ok(HistoryItem::Record(record)),
-            None => Err(self.vanished(handle)),
+            None => Err(self.vanished()),
         }
     }
 
-    fn vanished(&self, handle: &RecordHandle) -> ReadError {
+    /// A record the index holds that `read_record` does not find.
+    fn vanished(&self) -> ReadError {
         ReadError::Corrupt {
             path: self.path.clone(),
             offset: 0,
-            reason: format!("record {handle} is indexed but does not read back"),
+            reason: crate::cause::RecordCorruption::Vanished,
         }
     }
 }

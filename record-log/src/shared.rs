@@ -24,24 +24,21 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use psych_types::{
-    ContentBlock, OutputInfo, Record, RecordHandle, RecordSource, RunId, TokenEstimator,
+    ContentBlock, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
+    TokenEstimator,
 };
 
 use crate::error::{AppendError, OpenError, ReadError};
-use crate::format::{self, Mark};
-use crate::log::{PendingFrame, RecordLog, Recovery, SyncPolicy, preallocate};
-
-/// Frames up to this size are gathered into the group's one write buffer; larger ones are
-/// written from their own buffer.
-const GATHER_LIMIT: usize = 1 << 20;
-/// The gather buffer is dropped after a group larger than this.
-const SCRATCH_KEEP: usize = 4 << 20;
+use crate::format;
+use crate::log::RecordLog;
+use crate::policy::SyncPolicy;
+use crate::recovery::Recovery;
+use crate::write::{PendingFrame, SCRATCH_KEEP, WriteFailure};
 
 /// Counters of a [`SharedRecordLog`]'s groups since it was made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -87,12 +84,6 @@ pub struct SharedRecordLog {
     filled: Condvar,
     /// The log's estimator, used by each appending thread as it encodes its records.
     estimator: Option<crate::log::Estimator>,
-    /// Makes the next group fail after its write, before its sync (tests only).
-    #[cfg(test)]
-    fail_next_sync: std::sync::atomic::AtomicBool,
-    /// Makes the next group's write panic, standing for a bug (tests only).
-    #[cfg(test)]
-    panic_next_write: std::sync::atomic::AtomicBool,
 }
 
 /// The bounds of a group, from the policy.
@@ -106,14 +97,10 @@ struct Window {
 impl Window {
     fn of(policy: SyncPolicy) -> Self {
         match policy {
-            SyncPolicy::GroupCommit {
-                max_wait,
-                max_records,
-                max_bytes,
-            } => Self {
-                max_wait,
-                max_records,
-                max_bytes,
+            SyncPolicy::GroupCommit(window) => Self {
+                max_wait: window.max_wait(),
+                max_records: window.max_records(),
+                max_bytes: window.max_bytes(),
             },
             // One call per group: the smallest bound lets exactly one call in.
             SyncPolicy::EveryAppend => Self {
@@ -202,29 +189,36 @@ enum Outcome {
     Failed(Failure),
 }
 
-/// Why a group failed, copied to each of its calls.
+/// Why a group failed, given to each of its calls.
 #[derive(Debug, Clone)]
 enum Failure {
     Io {
         offset: u64,
-        kind: std::io::ErrorKind,
-        message: String,
+        /// The group's one error, shared by its calls (`io::Error` is not `Clone`).
+        source: Arc<std::io::Error>,
     },
     Poisoned,
     ReadOnly,
 }
 
+/// Each call's copy of its group's I/O error: an operating system error is the same error
+/// again (same kind, same `raw_os_error`, same text); any other keeps its kind and carries
+/// the original, shared, as its inner error (`get_ref` downcasts to
+/// `Arc<std::io::Error>`).
+fn copy_of(source: &Arc<std::io::Error>) -> std::io::Error {
+    match source.raw_os_error() {
+        Some(code) => std::io::Error::from_raw_os_error(code),
+        None => std::io::Error::new(source.kind(), Arc::clone(source)),
+    }
+}
+
 impl Failure {
     fn to_error(&self, path: &Path) -> AppendError {
         match self {
-            Failure::Io {
-                offset,
-                kind,
-                message,
-            } => AppendError::Io {
+            Failure::Io { offset, source } => AppendError::Io {
                 path: path.to_path_buf(),
                 offset: *offset,
-                source: std::io::Error::new(*kind, message.clone()),
+                source: copy_of(source),
             },
             Failure::Poisoned => AppendError::Poisoned {
                 path: path.to_path_buf(),
@@ -259,8 +253,7 @@ impl SharedRecordLog {
     ///
     /// # Errors
     ///
-    /// [`OpenError`], including [`OpenError::Policy`] for a group-commit policy out of
-    /// bounds.
+    /// [`OpenError`], as for [`RecordLog::open`].
     pub fn open(
         dir: impl AsRef<Path>,
         run: &RunId,
@@ -283,10 +276,6 @@ impl SharedRecordLog {
             group: Mutex::new(Group::default()),
             filled: Condvar::new(),
             estimator,
-            #[cfg(test)]
-            fail_next_sync: std::sync::atomic::AtomicBool::new(false),
-            #[cfg(test)]
-            panic_next_write: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -327,13 +316,48 @@ impl SharedRecordLog {
         self.read_log().size_bytes()
     }
 
+    /// What opening found (the [`Recovery`] `open` returned).
+    pub fn recovery(&self) -> Recovery {
+        self.read_log().recovery().clone()
+    }
+
+    /// The handle of record `seq`, if the log holds that many acknowledged records.
+    pub fn handle(&self, seq: u64) -> Option<RecordHandle> {
+        (seq < self.len()).then(|| RecordHandle::new(self.run.clone(), seq))
+    }
+
+    /// Every acknowledged record with its handle, in order, read one at a time (see
+    /// [`iter_from`](Self::iter_from)).
+    pub fn iter(&self) -> impl Iterator<Item = Result<LoggedRecord, ReadError>> + '_ {
+        self.iter_from(0)
+    }
+
+    /// The acknowledged records from position `seq` on, with their handles, in order: those
+    /// in the log when it is called (records appended meanwhile are not included), each read
+    /// under the read lock taken for that record alone, so appends go on between reads.
+    pub fn iter_from(
+        &self,
+        seq: u64,
+    ) -> impl Iterator<Item = Result<LoggedRecord, ReadError>> + '_ {
+        (seq..self.len()).filter_map(|seq| {
+            let handle = RecordHandle::new(self.run.clone(), seq);
+            self.read_log()
+                .read_record(&handle)
+                .transpose()
+                .map(|record| record.map(|record| LoggedRecord { handle, record }))
+        })
+    }
+
     /// Counters of the groups written so far.
     pub fn stats(&self) -> GroupStats {
         self.lock_group().stats
     }
 
     /// Appends one record and returns its handle once it is durable under the policy,
-    /// possibly in a group with other threads' appends.
+    /// possibly in a group with other threads' appends. Parks the calling thread until
+    /// then: up to the group's `max_wait` for company, plus the group's write and
+    /// `fdatasync` (call it from `spawn_blocking` or a thread of its own in async code; only
+    /// appenders on different OS threads share a group).
     ///
     /// # Errors
     ///
@@ -345,7 +369,9 @@ impl SharedRecordLog {
     }
 
     /// Appends records contiguously, in order, in one group (never split between groups,
-    /// whatever the bounds), and returns their handles once they are durable.
+    /// whatever the bounds), and returns their handles once they are durable. An empty
+    /// batch writes and syncs nothing and returns no handle (as
+    /// [`RecordLog::append_batch`] does).
     ///
     /// # Errors
     ///
@@ -469,7 +495,7 @@ impl SharedRecordLog {
             self.log
                 .write()
                 .unwrap_or_else(PoisonError::into_inner)
-                .poisoned = true;
+                .poison();
             Err(Failure::Poisoned)
         });
 
@@ -505,17 +531,15 @@ impl SharedRecordLog {
         }
     }
 
-    /// Positions the group's frames after the last whole one, writes them, preallocates
-    /// and syncs (per policy), then indexes them; on failure cuts them off again. Returns
-    /// the first record's position.
+    /// Positions the group's frames after the last whole one and writes them through the
+    /// log's one write path (write, preallocation, high-water mark, sync per policy), then
+    /// indexes them; on failure cuts them off again. Returns the first record's position.
     fn write_group(&self, calls: &mut [Pending], scratch: &mut Vec<u8>) -> Result<u64, Failure> {
         let log = self.read_log();
-        if log.read_only {
-            return Err(Failure::ReadOnly);
-        }
-        if log.poisoned {
-            return Err(Failure::Poisoned);
-        }
+        log.check_writable().map_err(|err| match err {
+            AppendError::ReadOnly { .. } => Failure::ReadOnly,
+            _ => Failure::Poisoned,
+        })?;
         let first = log.len();
         let mut entries = Vec::new();
         let mut offset = log.end;
@@ -529,86 +553,33 @@ impl SharedRecordLog {
             entries.push(entry);
         }
         let new_end = offset;
-        // The high-water mark goes to disk with the group's frames, under their one sync.
-        let mark = self
-            .policy
-            .syncs()
-            .then(|| log.next_mark(first + entries.len() as u64));
-        let written = self.write_frames(&log, calls, scratch, new_end, mark.as_ref());
+        let written = log.write_frames(entries.len() as u64, scratch, |gather| {
+            for frame in calls.iter().flat_map(|call| &call.frames) {
+                gather.push(&frame.bytes)?;
+            }
+            Ok(new_end)
+        });
         drop(log);
         let mut log = self.log.write().unwrap_or_else(PoisonError::into_inner);
         match written {
-            Ok(allocated) => {
-                log.index.extend(entries);
-                log.end = new_end;
-                log.allocated = allocated;
-                if self.policy.syncs() {
-                    log.synced(mark);
-                }
+            Ok(written) => {
+                log.commit_write(entries, written);
                 Ok(first)
             }
-            Err(err) => {
+            Err(failure) => {
                 let offset = log.end;
                 log.undo();
+                let source = match failure {
+                    WriteFailure::Io(err) => err,
+                    // Frames were encoded by their appenders: nothing is encoded here.
+                    WriteFailure::Encode(err) => std::io::Error::other(err),
+                };
                 Err(Failure::Io {
                     offset,
-                    kind: err.kind(),
-                    message: err.to_string(),
+                    source: Arc::new(source),
                 })
             }
         }
-    }
-
-    /// The I/O of one group: gathered writes from the log's end, preallocation, the
-    /// high-water mark (under a syncing policy), one sync. Returns the file's new length.
-    fn write_frames(
-        &self,
-        log: &RecordLog,
-        calls: &[Pending],
-        scratch: &mut Vec<u8>,
-        new_end: u64,
-        mark: Option<&Mark>,
-    ) -> std::io::Result<u64> {
-        let mut at = log.end;
-        scratch.clear();
-        for frame in calls.iter().flat_map(|call| &call.frames) {
-            if frame.bytes.len() > GATHER_LIMIT {
-                if !scratch.is_empty() {
-                    log.file.write_all_at(scratch, at)?;
-                    at += scratch.len() as u64;
-                    scratch.clear();
-                }
-                log.file.write_all_at(&frame.bytes, at)?;
-                at += frame.bytes.len() as u64;
-            } else {
-                scratch.extend_from_slice(&frame.bytes);
-            }
-        }
-        if !scratch.is_empty() {
-            log.file.write_all_at(scratch, at)?;
-        }
-        let allocated = preallocate(&log.file, log.end, log.allocated, new_end);
-        if let Some(mark) = mark {
-            log.write_mark(mark)?;
-        }
-        #[cfg(test)]
-        if self
-            .fail_next_sync
-            .swap(false, std::sync::atomic::Ordering::SeqCst)
-        {
-            return Err(std::io::Error::other("injected sync failure"));
-        }
-        #[cfg(test)]
-        assert!(
-            !self
-                .panic_next_write
-                .swap(false, std::sync::atomic::Ordering::SeqCst),
-            "injected panic in a group's write"
-        );
-        if self.policy.syncs() {
-            log.file.sync_data()?;
-        }
-        Ok(allocated)
     }
 
     fn lock_group(&self) -> MutexGuard<'_, Group> {
@@ -658,11 +629,39 @@ impl RecordSource for SharedRecordLog {
 mod tests {
     use std::sync::Barrier;
 
+    use std::fs::File;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
+    use crate::{FaultyStorage, FileStorage, GroupCommit, Storage, StorageOp};
     use psych_types::UserMessage;
 
     fn user(text: &str) -> Record {
         Record::User(UserMessage { text: text.into() })
+    }
+
+    /// A storage whose next write, once armed, panics: a bug on the leader's I/O path.
+    #[derive(Debug, Default)]
+    struct PanicOnWrite {
+        armed: AtomicBool,
+    }
+
+    impl Storage for PanicOnWrite {
+        fn write_all_at(&self, file: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            assert!(
+                !self.armed.swap(false, Ordering::SeqCst),
+                "injected panic in a group's write"
+            );
+            FileStorage.write_all_at(file, buf, offset)
+        }
+
+        fn set_len(&self, file: &File, len: u64) -> std::io::Result<()> {
+            FileStorage.set_len(file, len)
+        }
+
+        fn sync_data(&self, file: &File) -> std::io::Result<()> {
+            FileStorage.sync_data(file)
+        }
     }
 
     #[test]
@@ -670,17 +669,22 @@ mod tests {
         const THREADS: usize = 6;
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new("fail").unwrap();
-        let policy = SyncPolicy::GroupCommit {
+        let policy = SyncPolicy::GroupCommit(
             // Long enough that all the threads join one group; max_records closes it.
-            max_wait: Duration::from_secs(1),
-            max_records: THREADS,
-            max_bytes: u64::MAX,
-        };
-        let (log, _) = SharedRecordLog::open(dir.path(), &run, policy).unwrap();
+            GroupCommit::builder()
+                .max_wait(Duration::from_secs(1))
+                .max_records(THREADS)
+                .max_bytes(u64::MAX)
+                .build()
+                .unwrap(),
+        );
+        let faults = Arc::new(FaultyStorage::new());
+        let (log, _) = RecordLog::open_with_storage(dir.path(), &run, policy, faults.clone())
+            .map(|(log, recovery)| (SharedRecordLog::new(log), recovery))
+            .unwrap();
         let kept = log.append(&user("before")).unwrap();
         let end = log.size_bytes();
-        log.fail_next_sync
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        faults.fail_next(StorageOp::Sync, 1);
         let log = Arc::new(log);
         let barrier = Arc::new(Barrier::new(THREADS));
         let results: Vec<_> = (0..THREADS)
@@ -695,11 +699,12 @@ mod tests {
             .into_iter()
             .map(|thread| thread.join().unwrap())
             .collect();
+        // Every appender gets the group's error itself: the same OS error number.
         for result in &results {
             let err = result.as_ref().unwrap_err();
             assert!(
                 matches!(err, AppendError::Io { offset, source, .. }
-                    if *offset == end && source.to_string() == "injected sync failure"),
+                    if *offset == end && source.raw_os_error() == Some(5)),
                 "{err:?}"
             );
         }
@@ -728,15 +733,20 @@ mod tests {
         const THREADS: usize = 4;
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new("panic").unwrap();
-        let policy = SyncPolicy::GroupCommit {
-            max_wait: Duration::from_secs(1),
-            max_records: THREADS,
-            max_bytes: u64::MAX,
-        };
-        let (log, _) = SharedRecordLog::open(dir.path(), &run, policy).unwrap();
+        let policy = SyncPolicy::GroupCommit(
+            GroupCommit::builder()
+                .max_wait(Duration::from_secs(1))
+                .max_records(THREADS)
+                .max_bytes(u64::MAX)
+                .build()
+                .unwrap(),
+        );
+        let panics = Arc::new(PanicOnWrite::default());
+        let (log, _) = RecordLog::open_with_storage(dir.path(), &run, policy, panics.clone())
+            .map(|(log, recovery)| (SharedRecordLog::new(log), recovery))
+            .unwrap();
         let kept = log.append(&user("before")).unwrap();
-        log.panic_next_write
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        panics.armed.store(true, Ordering::SeqCst);
         let log = Arc::new(log);
         let barrier = Arc::new(Barrier::new(THREADS));
         let (done, results) = std::sync::mpsc::channel();
@@ -770,11 +780,14 @@ mod tests {
     fn a_batch_is_never_split_between_groups() {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new("batch").unwrap();
-        let policy = SyncPolicy::GroupCommit {
-            max_wait: Duration::ZERO,
-            max_records: 2,
-            max_bytes: 1,
-        };
+        let policy = SyncPolicy::GroupCommit(
+            GroupCommit::builder()
+                .max_wait(Duration::ZERO)
+                .max_records(2)
+                .max_bytes(1)
+                .build()
+                .unwrap(),
+        );
         let (log, _) = SharedRecordLog::open(dir.path(), &run, policy).unwrap();
         let batch: Vec<_> = (0..5).map(|i| user(&i.to_string())).collect();
         let handles = log.append_batch(&batch).unwrap();
@@ -786,6 +799,30 @@ mod tests {
         assert_eq!(log.stats().largest_group, 5);
         assert!(log.append_batch(&[]).unwrap().is_empty());
         assert_eq!(log.stats().groups, 1, "an empty batch writes nothing");
+    }
+
+    #[test]
+    fn each_waiter_gets_the_group_error_itself() {
+        let os = Arc::new(std::io::Error::from_raw_os_error(28));
+        let copy = copy_of(&os);
+        assert_eq!(
+            (copy.raw_os_error(), copy.kind(), copy.to_string()),
+            (Some(28), os.kind(), os.to_string())
+        );
+        let other = Arc::new(std::io::Error::new(
+            std::io::ErrorKind::WriteZero,
+            "short write",
+        ));
+        let copy = copy_of(&other);
+        assert_eq!(
+            (copy.kind(), copy.to_string()),
+            (std::io::ErrorKind::WriteZero, "short write".to_owned())
+        );
+        let shared = copy
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<Arc<std::io::Error>>())
+            .expect("the original is carried");
+        assert!(Arc::ptr_eq(shared, &other));
     }
 
     #[test]

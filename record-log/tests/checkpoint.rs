@@ -14,7 +14,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use psych_record_log::{OpenError, ReadError, RecordLog, SyncPolicy};
+use psych_record_log::{OpenError, ReadError, RecordLog, SyncPolicy, TailReason};
 use psych_types::RecordSource;
 
 const RECORDS: u64 = 17;
@@ -143,9 +143,22 @@ fn durable_records_zeroed_or_cut_are_corrupt_with_a_checkpoint_too() {
     let tail = recovery.tail.expect("reported");
     assert_eq!(tail.offset, starts[16]);
     assert!(
-        tail.reason.contains("the last sync wrote records up to 16"),
-        "{}",
-        tail.reason
+        matches!(
+            tail.reason,
+            TailReason::Damaged {
+                last_synced: Some(16),
+                ..
+            } | TailReason::TornWrite {
+                last_synced: Some(16),
+                ..
+            }
+        ),
+        "{tail}"
+    );
+    assert!(
+        tail.to_string()
+            .contains("the last sync wrote records up to 16"),
+        "{tail}"
     );
 }
 

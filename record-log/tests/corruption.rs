@@ -15,7 +15,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use psych_record_log::{OpenError, ReadError, RecordLog, SharedRecordLog, SyncPolicy};
+use psych_record_log::{
+    GroupCommit, LogCorruption, OpenError, ReadError, RecordLog, SharedRecordLog, SyncPolicy,
+    TailReason,
+};
 use psych_types::RecordSource;
 
 /// A log of five records under `dir`; returns each frame's start offset.
@@ -53,7 +56,11 @@ fn damage_before_whole_frames_is_a_typed_error_naming_the_offset() {
                 offset, ref reason, ..
             } => {
                 assert_eq!(offset, starts[2], "flip at {at}: {err}");
-                assert!(reason.contains(&format!("{}", starts[3])), "{reason}");
+                assert!(
+                    matches!(reason, LogCorruption::DamageBeforeWholeFrame { whole_at, .. }
+                        if *whole_at == starts[3]),
+                    "{reason}"
+                );
             }
             other => panic!("flip at {at}: expected Corrupt, got {other:?}"),
         }
@@ -173,7 +180,12 @@ fn assert_durable_records_missing(dir: &Path, run: &str, offset: u64, first: u64
         }) => {
             assert_eq!(at, offset, "{reason}");
             assert!(
-                reason.starts_with(&format!(
+                matches!(&reason, LogCorruption::DurableMissing { first: f, durable_records, .. }
+                    if *f == first && *durable_records == last + 1),
+                "{reason:?}"
+            );
+            assert!(
+                reason.to_string().starts_with(&format!(
                     "records {first}..={last} were made durable but are missing"
                 )),
                 "{reason}"
@@ -240,11 +252,14 @@ fn durable_records_zeroed_after_group_commit_or_a_buffered_sync_are_corrupt() {
     // last sync's, every record before it was durable.
     let dir = tempfile::tempdir().unwrap();
     let run = common::run("groups");
-    let policy = SyncPolicy::GroupCommit {
-        max_wait: Duration::from_millis(1),
-        max_records: 3,
-        max_bytes: 1 << 20,
-    };
+    let policy = SyncPolicy::GroupCommit(
+        GroupCommit::builder()
+            .max_wait(Duration::from_millis(1))
+            .max_records(3)
+            .max_bytes(1 << 20)
+            .build()
+            .unwrap(),
+    );
     let (log, _) = SharedRecordLog::open(dir.path(), &run, policy).unwrap();
     let log = Arc::new(log);
     let threads: Vec<_> = (0..4)
@@ -270,7 +285,8 @@ fn durable_records_zeroed_after_group_commit_or_a_buffered_sync_are_corrupt() {
     let err = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap_err();
     assert!(
         matches!(&err, OpenError::Corrupt { offset, reason, .. }
-            if *offset == starts[4] && reason.starts_with("records 4..=")),
+            if *offset == starts[4]
+                && matches!(reason, LogCorruption::DurableMissing { first: 4, .. })),
         "{err}"
     );
 
@@ -298,7 +314,16 @@ fn durable_records_zeroed_after_group_commit_or_a_buffered_sync_are_corrupt() {
     assert_eq!(log.len(), 1);
     let tail = recovery.tail.expect("the lost records are reported");
     assert!(
-        tail.reason.starts_with("last write missing: records 1..=3"),
+        matches!(
+            tail.reason,
+            TailReason::LastWriteMissing {
+                first: 1,
+                last: 3,
+                ..
+            }
+        ) && tail
+            .to_string()
+            .starts_with("last write missing: records 1..=3"),
         "{}",
         tail.reason
     );
@@ -391,7 +416,7 @@ fn a_damaged_mark_slot_falls_back_to_the_other_and_both_damaged_is_corrupt() {
     match RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend) {
         Err(OpenError::Corrupt { offset, reason, .. }) => {
             assert_eq!(offset, slots[0]);
-            assert!(reason.contains("high-water mark damaged"), "{reason}");
+            assert_eq!(reason, LogCorruption::MarkDamaged, "{reason}");
         }
         other => panic!("expected Corrupt at the mark, got {other:?}"),
     }
@@ -425,7 +450,10 @@ fn a_mark_that_disagrees_with_the_frames_is_corrupt() {
     match RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend) {
         Err(OpenError::Corrupt { offset, reason, .. }) => {
             assert_eq!(offset, marks_at("mid"));
-            assert!(reason.contains("the high-water mark says"), "{reason}");
+            assert!(
+                matches!(reason, LogCorruption::MarkMismatch { .. }),
+                "{reason}"
+            );
         }
         other => panic!("expected Corrupt, got {other:?}"),
     }

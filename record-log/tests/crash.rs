@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
+use psych_record_log::{GroupCommit, RecordLog, SharedRecordLog, SyncPolicy};
 use psych_types::{RecordHandle, RecordSource};
 
 const CHILD_ENV: &str = "PSYCH_RECORD_LOG_CHILD";
@@ -141,7 +141,7 @@ fn a_killed_writer_loses_no_acknowledged_record() {
             .unwrap_or_else(|err| panic!("round {round}: reopen failed: {err}"));
         if let Some(tail) = &recovery.tail {
             torn += 1;
-            assert!(tail.bytes > 0 && !tail.reason.is_empty());
+            assert!(tail.bytes > 0 && !tail.left_in_place, "{tail}");
         }
         assert!(
             log.len() >= acknowledged.len() as u64,
@@ -184,11 +184,14 @@ fn a_killed_writer_loses_no_acknowledged_record() {
 /// append is acknowledged.
 fn group_child(dir: &str) -> ! {
     let round: u64 = std::env::var(ROUND_ENV).unwrap().parse().unwrap();
-    let policy = SyncPolicy::GroupCommit {
-        max_wait: Duration::from_millis(1),
-        max_records: 8,
-        max_bytes: 1 << 20,
-    };
+    let policy = SyncPolicy::GroupCommit(
+        GroupCommit::builder()
+            .max_wait(Duration::from_millis(1))
+            .max_records(8)
+            .max_bytes(1 << 20)
+            .build()
+            .unwrap(),
+    );
     let (log, _) = SharedRecordLog::open(dir, &common::run("group"), policy).unwrap();
     let log = Arc::new(log);
     {
@@ -261,7 +264,7 @@ fn killed_group_committers_lose_no_acknowledged_record() {
             .unwrap_or_else(|err| panic!("round {round}: reopen failed: {err}"));
         if let Some(tail) = &recovery.tail {
             torn += 1;
-            assert!(tail.bytes > 0 && !tail.reason.is_empty());
+            assert!(tail.bytes > 0 && !tail.left_in_place, "{tail}");
         }
         // Every record this round left on disk, acknowledged or not, is whole and is some
         // thread's next append: each thread's records appear in its own order, no gaps.

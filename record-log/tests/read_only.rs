@@ -100,9 +100,11 @@ fn a_torn_tail_is_reported_and_left_in_place() {
     let tail = recovery.tail.clone().expect("torn tail reported");
     assert_eq!((tail.offset, tail.bytes), (end, 30));
     assert!(
-        tail.reason.ends_with("left in place: opened read-only"),
-        "{}",
-        tail.reason
+        tail.left_in_place
+            && tail
+                .to_string()
+                .ends_with("left in place: opened read-only"),
+        "{tail}"
     );
     assert!(log.record(&log.handle(3).unwrap()).unwrap().is_some());
     drop(log);

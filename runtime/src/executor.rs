@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use psych_disclosure::{Live, OrientationContext, Surface, Validators, Verdict, orientation};
-use psych_reader_tool::{Limits, ReadError, Reader};
+use psych_reader_tool::{CallError, Limits, Reader};
 use psych_record_log::SharedRecordLog;
 use psych_types::{
     LoggedRecord, READ_TOOL_OUTPUT, Record, ToolCall, ToolHost, ToolOutput, ToolRef, ToolResult,
@@ -100,7 +100,7 @@ impl<H: ToolHost + 'static> Executor<H> {
         self
     }
 
-    /// Sets the reader's limits (validated by [`Limits::validate`] at each read).
+    /// Sets the reader's limits (checked when they were built: `Limits::builder`).
     pub fn reader_limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self
@@ -257,13 +257,9 @@ fn read(
     limits: Limits,
     arguments: &Value,
 ) -> Result<ToolOutput, ExecuteError> {
-    let reader = match Reader::with_limits(log, limits) {
-        Ok(reader) => reader,
-        Err(error) => return Ok(ToolOutput::error(format!("read_tool_output: {error}"))),
-    };
-    match reader.call(arguments) {
+    match Reader::with_limits(log, limits).call(arguments) {
         Ok(answer) => Ok(answer.to_tool_output()),
-        Err(ReadError::InvalidDeferredHandle(error)) => {
+        Err(CallError::InvalidDeferredHandle(error)) => {
             Err(ExecuteError::InvalidDeferredHandle(error))
         }
         // A storage failure of the log: the model is told the read failed, the log is not

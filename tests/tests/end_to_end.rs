@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use psych_prompt_assembly::{
     AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, StaticSections, Transient,
 };
-use psych_reader_tool::{Answer, Limits, ReadError, Reader};
+use psych_reader_tool::{Answer, CallError, Limits, Reader};
 use psych_record_log::{RecordLog, SyncPolicy};
 use psych_types::{
     AssistantMessage, LoggedRecord, Projection, Record, RecordHandle, RecordSource, ToolCall,
@@ -212,7 +212,7 @@ fn every_elided_preview_reads_back_in_full_from_the_record_log() {
         let err = reader.call(&json!({"handle": handle})).unwrap_err();
         assert_eq!(err.code(), "invalid_deferred_handle", "{handle}");
         assert!(
-            matches!(err, ReadError::InvalidDeferredHandle(_)),
+            matches!(err, CallError::InvalidDeferredHandle(_)),
             "{err:?}"
         );
         // The grep path refuses it the same way.

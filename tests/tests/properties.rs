@@ -652,15 +652,8 @@ fn check_prefixes(calls: &[CallTrace]) -> Result<usize, String> {
 }
 
 /// A reader that reads the source a few hundred bytes at a time, so lines straddle chunks.
-fn small_chunk_reader<S: RecordSource>(source: &S) -> Reader<'_, S> {
-    Reader::with_limits(
-        source,
-        Limits {
-            chunk_bytes: 777,
-            ..Limits::default()
-        },
-    )
-    .unwrap()
+fn small_chunk_reader<S: RecordSource>(source: &S) -> Reader<&S> {
+    Reader::with_limits(source, Limits::builder().chunk_bytes(777).build().unwrap())
 }
 
 /// What property 2 saw, so tests can tell it was not vacuous.

@@ -88,7 +88,7 @@ pub(crate) fn preview_handles(body: &str) -> Result<Vec<String>, String> {
 /// rebuilds its bytes from the lines; every line must be whole and numbered in order, and
 /// the last page must say the scan reached the end.
 pub(crate) fn read_back<S: RecordSource>(
-    reader: &Reader<'_, S>,
+    reader: &Reader<S>,
     handle: &str,
     limit: u32,
 ) -> Result<Vec<u8>, String>

@@ -1,0 +1,440 @@
+//! The log's one write path, used by [`RecordLog::append`] and [`RecordLog::append_batch`]
+//! and by [`SharedRecordLog`](crate::SharedRecordLog)'s group leader alike: frames gathered
+//! into as few positional writes as their sizes allow, preallocation, the high-water mark,
+//! one sync; then the index extended, or the file cut back (and the log poisoned when even
+//! that fails). Every file operation goes through the log's [`Storage`](crate::Storage).
+
+use std::borrow::Cow;
+use std::fs::File;
+
+use psych_types::{Record, RecordHandle, TokenEstimator};
+
+use crate::error::AppendError;
+use crate::format::{self, FRAME_HEADER_LEN, FrameHeader, MARK_LEN, Mark};
+use crate::log::{Entry, RecordLog};
+use crate::storage::Storage;
+
+/// Pieces of a write up to this size are gathered into one buffer and written together;
+/// larger ones (a large result's content) are written from where they are, not copied.
+const GATHER_LIMIT: usize = 1 << 20;
+/// The gather buffer is dropped after a write that made it larger than this.
+pub(crate) const SCRATCH_KEEP: usize = 4 << 20;
+/// The file is extended with zeros this far past the last frame, ahead of appends, so that
+/// an append overwrites blocks that already exist and its `fdatasync` flushes data only,
+/// not the file's size and extents (see `docs/format.md`, "Preallocation").
+const PREALLOC: u64 = 1 << 20;
+/// Writes (one append, one batch, one group) larger than this do not trigger
+/// preallocation: they grow the file themselves. It is `PREALLOC / 2`, the least room
+/// preallocation leaves past the last frame, so every write that triggers it also lands in
+/// preallocated space: a group of 64 records of 4 KiB (266 KiB) included, which under the
+/// earlier limit of 128 KiB grew the file on every group past the first MiB. Zeros cost
+/// bandwidth (every byte is written twice) but only on the sync that writes them, about one
+/// in `PREALLOC / 2` bytes appended; the syncs in between flush data only (see
+/// `docs/format.md`, "Preallocation").
+const PREALLOC_MAX_WRITE: u64 = PREALLOC / 2;
+
+/// Why a write stopped.
+pub(crate) enum WriteFailure {
+    /// A record could not be encoded (nothing of it was written).
+    Encode(AppendError),
+    /// A write or the sync failed.
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for WriteFailure {
+    fn from(err: std::io::Error) -> Self {
+        WriteFailure::Io(err)
+    }
+}
+
+/// Positional writes from one offset on, small pieces gathered into one buffer.
+pub(crate) struct Gather<'a> {
+    storage: &'a dyn Storage,
+    file: &'a File,
+    /// Where the buffered bytes go.
+    at: u64,
+    buf: &'a mut Vec<u8>,
+}
+
+impl Gather<'_> {
+    /// Appends `bytes` to the write: buffered when small, written at once (after what is
+    /// buffered) when larger than [`GATHER_LIMIT`].
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if bytes.len() > GATHER_LIMIT {
+            self.flush()?;
+            self.storage.write_all_at(self.file, bytes, self.at)?;
+            self.at += bytes.len() as u64;
+        } else {
+            self.buf.extend_from_slice(bytes);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            self.storage.write_all_at(self.file, self.buf, self.at)?;
+            self.at += self.buf.len() as u64;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+/// A write that reached the disk (under the policy): what [`RecordLog::commit_write`]
+/// records.
+pub(crate) struct Written {
+    /// The file's length after it (preallocated zeros included).
+    allocated: u64,
+    /// The high-water mark written with it, under a syncing policy.
+    mark: Option<Mark>,
+}
+
+impl RecordLog {
+    /// Refuses a write to a read-only or poisoned log.
+    pub(crate) fn check_writable(&self) -> Result<(), AppendError> {
+        if self.read_only {
+            return Err(AppendError::ReadOnly {
+                path: self.path.clone(),
+            });
+        }
+        if self.poisoned {
+            return Err(AppendError::Poisoned {
+                path: self.path.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes `records` frames after the last whole one: `fill` pushes their bytes in
+    /// order and returns where they end; then preallocation, the high-water mark and one
+    /// sync (under a syncing policy). The log is not changed: on success give the result
+    /// to [`RecordLog::commit_write`], on failure call [`RecordLog::undo`].
+    pub(crate) fn write_frames(
+        &self,
+        records: u64,
+        buf: &mut Vec<u8>,
+        fill: impl FnOnce(&mut Gather<'_>) -> Result<u64, WriteFailure>,
+    ) -> Result<Written, WriteFailure> {
+        buf.clear();
+        let mut gather = Gather {
+            storage: &*self.storage,
+            file: &self.file,
+            at: self.end,
+            buf,
+        };
+        let new_end = fill(&mut gather)?;
+        gather.flush()?;
+        let allocated = self.preallocate(new_end);
+        // The high-water mark goes to disk with the frames, under their one sync.
+        let mark = self
+            .sync
+            .syncs()
+            .then(|| self.next_mark(self.len() + records));
+        if let Some(mark) = &mark {
+            self.write_mark(mark)?;
+            self.storage.sync_data(&self.file)?;
+        }
+        Ok(Written { allocated, mark })
+    }
+
+    /// Indexes the frames of a write that reached the disk: `entries`, ending at the new
+    /// end of the log.
+    pub(crate) fn commit_write(&mut self, entries: Vec<Entry>, written: Written) {
+        if let Some(last) = entries.last() {
+            self.end = last.offset + last.header.frame_len();
+        }
+        self.allocated = written.allocated.max(self.end);
+        self.index.extend(entries);
+        if written.mark.is_some() {
+            self.synced(written.mark);
+        }
+    }
+
+    /// Cuts the file back to its last whole frame after a failed write; poisons the log if
+    /// that fails too (what is on disk past the last frame is then unknown).
+    pub(crate) fn undo(&mut self) {
+        if self.storage.set_len(&self.file, self.end).is_err() {
+            self.poisoned = true;
+        }
+        self.allocated = self.end;
+    }
+
+    /// Takes no more appends: a write failed in a way that leaves the file unknown.
+    pub(crate) fn poison(&mut self) {
+        self.poisoned = true;
+    }
+
+    /// The mark the next sync writes when the file will then hold `written_records`
+    /// records: the next generation, counting durable only what a sync that returned made
+    /// so, never the frames that sync is about to flush.
+    pub(crate) fn next_mark(&self, written_records: u64) -> Mark {
+        Mark {
+            generation: self.mark.generation.saturating_add(1),
+            durable_records: self.durable_records,
+            durable_end: self.durable_end,
+            written_records,
+        }
+    }
+
+    /// Writes `mark` into its slot, unsynced: the sync that follows makes it durable with
+    /// the frames it counts.
+    pub(crate) fn write_mark(&self, mark: &Mark) -> std::io::Result<()> {
+        let at = self.marks_at + (mark.slot() * MARK_LEN) as u64;
+        self.storage.write_all_at(&self.file, &mark.encode(), at)
+    }
+
+    /// After a sync that returned: every frame in the file is durable, and `mark`, when one
+    /// was written before the sync, is the current one. A failed write or sync never gets
+    /// here, so the next mark reuses the failed one's generation and slot.
+    pub(crate) fn synced(&mut self, mark: Option<Mark>) {
+        if let Some(mark) = mark {
+            self.mark = mark;
+        }
+        self.durable_records = self.len();
+        self.durable_end = self.end;
+    }
+
+    /// After a write of frames from the log's end to `new_end`, when the write was at most
+    /// `PREALLOC_MAX_WRITE` and fewer than `PREALLOC / 2` bytes are left past it, extends
+    /// the file with zeros to `PREALLOC` past `new_end`; the zeros reach the disk with the
+    /// write's own sync, and the writes after it overwrite existing blocks without a
+    /// metadata commit. Larger writes grow the file themselves: for them the zeros would
+    /// cost as much bandwidth as the metadata commit they save. Returns the file's new
+    /// length.
+    ///
+    /// Best effort: preallocation only makes later syncs cheaper, so a failure to write the
+    /// zeros (a nearly full disk, a file size limit) must not fail an append whose own bytes
+    /// were written. The zeros written are given back and the length before them returned.
+    fn preallocate(&self, new_end: u64) -> u64 {
+        let allocated = self.allocated.max(new_end);
+        if new_end.saturating_sub(self.end) > PREALLOC_MAX_WRITE
+            || allocated - new_end >= PREALLOC / 2
+        {
+            return allocated;
+        }
+        let target = new_end + PREALLOC;
+        let zeros = vec![0u8; (target - allocated) as usize];
+        match self.storage.write_all_at(&self.file, &zeros, allocated) {
+            Ok(()) => target,
+            Err(_) => {
+                // If even this fails, zeros past `allocated` are read as free space anyway.
+                let _ = self.storage.set_len(&self.file, allocated);
+                allocated
+            }
+        }
+    }
+
+    /// Appends one record and returns its handle once it is durable under the log's
+    /// [`SyncPolicy`](crate::SyncPolicy). Blocks the calling thread for the write and, under
+    /// a syncing policy, one `fdatasync` (see the crate's "What blocks").
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError`]; no handle is issued and the record is not in the log's index.
+    pub fn append(&mut self, record: &Record) -> Result<RecordHandle, AppendError> {
+        let seq = self.append_records(std::slice::from_ref(record))?;
+        Ok(RecordHandle::new(self.run.clone(), seq))
+    }
+
+    /// Appends records in order with a single write and (under a syncing policy) a single
+    /// `fdatasync`. All handles are returned after that one sync; on error none is issued.
+    /// An empty batch writes and syncs nothing and returns no handle (as
+    /// [`SharedRecordLog::append_batch`](crate::SharedRecordLog::append_batch) does).
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError`]; the log cuts whatever of the batch it wrote.
+    pub fn append_batch(&mut self, records: &[Record]) -> Result<Vec<RecordHandle>, AppendError> {
+        let first = self.append_records(records)?;
+        Ok((first..first + records.len() as u64)
+            .map(|seq| RecordHandle::new(self.run.clone(), seq))
+            .collect())
+    }
+
+    /// Makes every record appended so far durable (`fdatasync`, blocking). Needed only
+    /// under [`SyncPolicy::OsBuffered`](crate::SyncPolicy::OsBuffered).
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError::Io`] when the sync fails (the log is then poisoned: after a failed
+    /// `fdatasync` the OS may have dropped the dirty pages); [`AppendError::ReadOnly`] on a
+    /// log opened read-only; [`AppendError::Poisoned`] after an earlier such failure.
+    pub fn sync(&mut self) -> Result<(), AppendError> {
+        self.check_writable()?;
+        // Records appended since the last sync (under `OsBuffered`) get a high-water mark.
+        let mark = (self.durable_records < self.len()).then(|| self.next_mark(self.len()));
+        let result = match &mark {
+            Some(mark) => self.write_mark(mark),
+            None => Ok(()),
+        };
+        result
+            .and_then(|()| self.storage.sync_data(&self.file))
+            .map_err(|source| {
+                self.poisoned = true;
+                AppendError::Io {
+                    path: self.path.clone(),
+                    offset: self.end,
+                    source,
+                }
+            })?;
+        self.synced(mark);
+        Ok(())
+    }
+
+    /// Writes `records` as frames after the last whole one, encoding each as it goes (a
+    /// large result's content is written from the record, not copied), syncs per policy,
+    /// and indexes them. Returns the first one's position.
+    fn append_records(&mut self, records: &[Record]) -> Result<u64, AppendError> {
+        let first = self.len();
+        if records.is_empty() {
+            return Ok(first);
+        }
+        self.check_writable()?;
+        let mut entries = Vec::with_capacity(records.len());
+        let mut buf = std::mem::take(&mut self.scratch);
+        let estimator = self.estimator.clone();
+        let written = self.write_frames(records.len() as u64, &mut buf, |gather| {
+            let mut offset = self.end;
+            for (i, record) in records.iter().enumerate() {
+                let (header, encoded, crc) = frame_parts(
+                    record,
+                    first + i as u64,
+                    format::write_index(i),
+                    estimator.as_deref().map(|e| e as &dyn TokenEstimator),
+                )
+                .map_err(WriteFailure::Encode)?;
+                gather.push(&header.encode())?;
+                gather.push(&encoded.meta)?;
+                let content: &[u8] = match &encoded.content {
+                    Cow::Borrowed(bytes) => bytes,
+                    Cow::Owned(bytes) => bytes,
+                };
+                gather.push(content)?;
+                gather.push(&crc.to_le_bytes())?;
+                entries.push(Entry { offset, header });
+                offset += header.frame_len();
+            }
+            Ok(offset)
+        });
+        if buf.capacity() <= SCRATCH_KEEP {
+            self.scratch = buf;
+        }
+        match written {
+            Ok(written) => {
+                self.commit_write(entries, written);
+                Ok(first)
+            }
+            Err(WriteFailure::Encode(err)) => {
+                self.undo();
+                Err(err)
+            }
+            Err(WriteFailure::Io(source)) => {
+                let offset = self.end;
+                self.undo();
+                Err(AppendError::Io {
+                    path: self.path.clone(),
+                    offset,
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Encodes `record` for a frame at position `seq`, with index `write_index` in its write:
+/// its header, its metadata and content, and the checksum over both.
+fn frame_parts<'a>(
+    record: &'a Record,
+    seq: u64,
+    write_index: u8,
+    estimator: Option<&dyn TokenEstimator>,
+) -> Result<(FrameHeader, format::Encoded<'a>, u32), AppendError> {
+    let encoded = format::encode_record(record, estimator).map_err(AppendError::Encode)?;
+    let meta_len = u32::try_from(encoded.meta.len()).map_err(|_| AppendError::TooLarge {
+        len: encoded.meta.len(),
+    })?;
+    let header = FrameHeader {
+        seq,
+        kind: encoded.kind,
+        content_kind: encoded.content_kind,
+        flags: encoded.flags,
+        write_index,
+        meta_len,
+        content_len: encoded.content.len() as u64,
+    };
+    let crc = format::body_crc(&encoded.meta, &encoded.content);
+    Ok((header, encoded, crc))
+}
+
+/// One record encoded as a whole frame whose position is not yet known: the header's
+/// 32 bytes are a placeholder until [`PendingFrame::place`] fills them in.
+pub(crate) struct PendingFrame {
+    pub(crate) header: FrameHeader,
+    pub(crate) bytes: Vec<u8>,
+}
+
+impl PendingFrame {
+    /// Encodes `record` (metadata, content, body checksum) into an owned frame buffer.
+    pub(crate) fn encode(
+        record: &Record,
+        estimator: Option<&dyn TokenEstimator>,
+    ) -> Result<Self, AppendError> {
+        let (header, encoded, crc) = frame_parts(record, 0, 0, estimator)?;
+        let len = usize::try_from(header.frame_len())
+            .map_err(|_| AppendError::TooLarge { len: usize::MAX })?;
+        let mut bytes = Vec::with_capacity(len);
+        bytes.extend_from_slice(&[0u8; FRAME_HEADER_LEN]);
+        bytes.extend_from_slice(&encoded.meta);
+        bytes.extend_from_slice(&encoded.content);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        Ok(Self { header, bytes })
+    }
+
+    /// Gives the frame its position `seq` and its index `write_index` within the write that
+    /// carries it (header and header checksum) and returns its index entry at `offset`.
+    pub(crate) fn place(&mut self, seq: u64, write_index: u8, offset: u64) -> Entry {
+        self.header.seq = seq;
+        self.header.write_index = write_index;
+        self.bytes[..FRAME_HEADER_LEN].copy_from_slice(&self.header.encode());
+        Entry {
+            offset,
+            header: self.header,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use psych_types::{RunId, UserMessage};
+
+    use crate::{FaultyStorage, StorageOp, SyncPolicy};
+
+    #[test]
+    fn preallocation_is_best_effort() {
+        // A storage whose writes fail stands for a full disk: the zeros fail, the append
+        // they follow must not, and the file keeps the length before them.
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("full").unwrap();
+        let faults = std::sync::Arc::new(FaultyStorage::new());
+        let (mut log, _) =
+            RecordLog::open_with_storage(dir.path(), &run, SyncPolicy::OsBuffered, faults.clone())
+                .unwrap();
+        log.append(&Record::User(UserMessage { text: "a".into() }))
+            .unwrap();
+        assert!(log.allocated >= log.end + PREALLOC / 2);
+        let end = log.end;
+        let allocated = log.allocated;
+        log.end = allocated - 10;
+        let cuts = faults.calls(StorageOp::SetLen);
+        faults.fail_next(StorageOp::Write, 1);
+        assert_eq!(log.preallocate(allocated), allocated);
+        assert_eq!(
+            faults.calls(StorageOp::SetLen),
+            cuts + 1,
+            "the zeros are given back"
+        );
+        assert_eq!(log.preallocate(allocated), allocated + PREALLOC);
+        log.end = end;
+    }
+}
