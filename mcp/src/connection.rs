@@ -24,7 +24,8 @@ use tokio::sync::Notify;
 
 use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, read_page};
-use crate::stdio::{self, Child, Tap};
+use crate::stdio::{self, Child};
+use crate::tap::{Claim, Tap};
 use crate::{McpError, Timeouts, Transport};
 
 /// The protocol version psych-mcp asks for. rmcp 3.11 asks for 2026-07-28 by default and
@@ -195,9 +196,9 @@ impl Session {
                 Ok(handle) => handle,
                 Err(error) => return Err(self.fault(&call, error).await),
             };
-            let id = handle.id.clone();
+            let claim = self.tap.as_ref().map(|tap| tap.claim(handle.id.clone()));
             let result = handle.await_response().await;
-            let raw = self.tap.as_ref().and_then(|tap| tap.take(&id));
+            let raw = claim.and_then(Claim::take);
             let result = match result {
                 Ok(result) => result,
                 Err(error) => return Err(self.fault(&call, error).await),
@@ -254,7 +255,9 @@ impl Session {
             Ok(handle) => handle,
             Err(error) => return Err(self.fault(&call, error).await),
         };
-        let id = handle.id.clone();
+        // Both made before the first await, so that a caller giving up (dropping this
+        // future) cancels the call on the server and frees its slot in the tap.
+        let claim = self.tap.as_ref().map(|tap| tap.claim(handle.id.clone()));
         let mut guard = CancelOnDrop {
             peer: Some(self.peer.clone()),
             id: handle.id.clone(),
@@ -262,7 +265,7 @@ impl Session {
         let result = handle.await_response().await;
         guard.peer = None;
         // Taken whatever the outcome, so that a failed call leaves nothing in the tap.
-        let raw = self.tap.as_ref().and_then(|tap| tap.take(&id));
+        let raw = claim.and_then(Claim::take);
         let result = match result {
             Ok(result) => result,
             Err(error) => return Err(self.fault(&call, error).await),
@@ -523,5 +526,76 @@ async fn init_error(
             call,
             message: other.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        reason = "a test fails loudly on bad data"
+    )]
+
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    const GIVEN_UP: usize = 20;
+
+    fn timeouts() -> Timeouts {
+        Timeouts::uniform(Duration::from_secs(5)).with_shutdown_grace(Duration::from_millis(300))
+    }
+
+    /// Calls that never get an answer, each given up by its caller (the future dropped, as
+    /// a caller's own deadline or a cancelled Run does) or ended by the call deadline, then
+    /// the tap's count, which must be back to zero; the connection still answers.
+    async fn given_up_calls_leave_the_tap_empty(session: &Session, hang: &str) {
+        let tap = session.tap.as_ref().expect("the session has a tap");
+        for _ in 0..GIVEN_UP {
+            let call = session.call(hang, JsonObject::new(), Duration::from_secs(30));
+            let given_up = tokio::time::timeout(Duration::from_millis(20), call).await;
+            assert!(given_up.is_err(), "the call was answered: {given_up:?}");
+        }
+        for _ in 0..3 {
+            let error = session
+                .call(hang, JsonObject::new(), Duration::from_millis(20))
+                .await
+                .unwrap_err();
+            assert!(matches!(error, McpError::Timeout { .. }), "{error}");
+        }
+        assert_eq!(tap.len(), 0, "slots left behind by calls given up");
+        assert!(!tap.is_waiting());
+    }
+
+    type JsonObject = psych_types::JsonObject;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_stdio_calls_given_up_leave_no_slot_in_the_tap() {
+        // A stdio server that answers initialize and the first listing, then reads and
+        // never answers: every call hangs.
+        let script = r#"
+            answer() { read -r line; id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/'); }
+            answer
+            printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"mute","version":"1"}}}\n' "$id"
+            read -r initialized
+            answer
+            printf '{"jsonrpc":"2.0","id":%s,"result":{"tools":[{"name":"hang","inputSchema":{"type":"object"}}]}}\n' "$id"
+            while read -r line; do :; done
+        "#;
+        let transport = Transport::Stdio {
+            command: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: BTreeMap::new(),
+            cwd: None,
+        };
+        let server = ServerId::new("mute").unwrap();
+        let events = Arc::new(EventQueue::default());
+        let (session, listing) = Session::connect(&server, &transport, timeouts(), events)
+            .await
+            .unwrap();
+        assert_eq!(listing.tools.len(), 1);
+        given_up_calls_leave_the_tap_empty(&session, "hang").await;
+        session.close().await;
     }
 }

@@ -57,6 +57,7 @@ mod manager;
 mod png;
 mod stdio;
 mod synthetic;
+mod tap;
 pub mod test_server;
 mod timeouts;
 
