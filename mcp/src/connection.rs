@@ -4,7 +4,7 @@
 //! Every request carries a deadline from [`Timeouts`]; every failure becomes an
 //! [`McpError`] naming the server, the call and the reason.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 
 use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, read_page};
+use crate::remote;
 use crate::stdio::{self, Child};
 use crate::tap::{Claim, Tap};
 use crate::{McpError, Timeouts, Transport};
@@ -125,9 +126,10 @@ impl Session {
                 }
             }
             Transport::Http { url, headers } => {
-                let transport = http_transport(server, url, headers)?;
+                let tap = Arc::new(Tap::default());
+                let transport = remote::transport(server, url, headers, Arc::clone(&tap))?;
                 match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
-                    Ok(Ok(service)) => (service, None, None),
+                    Ok(Ok(service)) => (service, None, Some(tap)),
                     Ok(Err(error)) => return Err(init_error(server, error, None).await),
                     Err(_) => {
                         return Err(McpError::Timeout {
@@ -205,8 +207,9 @@ impl Session {
             };
             let raw = match raw {
                 Some(raw) => raw,
-                // Over HTTP the answer arrives typed: rmcp's `Tool` keeps the fields it
-                // models, and a page with a malformed tool arrives as a raw custom result.
+                // A page sent as one JSON body over HTTP arrives typed: rmcp's `Tool` keeps
+                // the fields it models, and a page with a malformed tool arrives as a raw
+                // custom result.
                 None => match result {
                     ServerResult::CustomResult(custom) => custom.0,
                     other => serde_json::to_value(other).unwrap_or(Value::Null),
@@ -271,10 +274,11 @@ impl Session {
             Err(error) => return Err(self.fault(&call, error).await),
         };
         if let Some(raw) = raw {
-            // Over stdio: the result exactly as the server wrote it.
+            // The result exactly as the server wrote it (stdio, or HTTP server-sent events).
             return Ok(raw);
         }
-        // Over HTTP the answer arrives typed; one rmcp could not type arrives raw.
+        // An HTTP answer sent as one JSON body arrives typed; one rmcp could not type
+        // arrives raw.
         match result {
             ServerResult::CallToolResult(result) => {
                 serde_json::to_value(result).map_err(|e| McpError::Protocol {
@@ -457,37 +461,6 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// rmcp's streamable HTTP client transport with the configured headers.
-fn http_transport(
-    server: &ServerId,
-    url: &str,
-    headers: &std::collections::BTreeMap<String, String>,
-) -> Result<
-    rmcp::transport::StreamableHttpClientTransport<
-        impl rmcp::transport::streamable_http_client::StreamableHttpClient,
-    >,
-    McpError,
-> {
-    use rmcp::transport::StreamableHttpClientTransport;
-    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-
-    let mut map = HashMap::new();
-    for (name, value) in headers {
-        let bad = |what: String| McpError::Protocol {
-            server: server.clone(),
-            call: "connect".into(),
-            message: format!("header {name:?} cannot be sent: {what}"),
-        };
-        let header_name =
-            http::HeaderName::try_from(name.as_str()).map_err(|e| bad(e.to_string()))?;
-        let header_value =
-            http::HeaderValue::try_from(value.as_str()).map_err(|e| bad(e.to_string()))?;
-        map.insert(header_name, header_value);
-    }
-    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(map);
-    Ok(StreamableHttpClientTransport::from_config(config))
-}
-
 /// An rmcp initialize failure as ours; for a child that closed its output, with its exit
 /// status and stderr.
 async fn init_error(
@@ -540,6 +513,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::test_server::{Mode, Scenario};
 
     const GIVEN_UP: usize = 20;
 
@@ -597,5 +571,40 @@ mod tests {
         assert_eq!(listing.tools.len(), 1);
         given_up_calls_leave_the_tap_empty(&session, "hang").await;
         session.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_http_calls_given_up_leave_no_slot_in_the_tap() {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let serving = tokio::spawn(Scenario::default().serve(Mode::Http(addr)));
+        let transport = Transport::Http {
+            url: format!("http://{addr}/mcp"),
+            headers: BTreeMap::new(),
+        };
+        let server = ServerId::new("web").unwrap();
+        let mut connected = None;
+        for _ in 0..50 {
+            let events = Arc::new(EventQueue::default());
+            if let Ok(done) = Session::connect(&server, &transport, timeouts(), events).await {
+                connected = Some(done);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (session, _) = connected.expect("the in-process test server did not start");
+        given_up_calls_leave_the_tap_empty(&session, "hang").await;
+        let mut arguments = JsonObject::new();
+        arguments.insert("text".into(), "still here".into());
+        let echo = session
+            .call("echo", arguments, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(echo["content"][0]["text"], "still here");
+        assert_eq!(session.tap.as_ref().unwrap().len(), 0);
+        session.close().await;
+        serving.abort();
     }
 }
