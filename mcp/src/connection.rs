@@ -342,6 +342,10 @@ impl Session {
                 }
                 None => {
                     let reason = transport_reason(&error.to_string());
+                    let reason = match &error {
+                        ServiceError::TransportSend(inner) => remote::with_causes(reason, inner),
+                        _ => reason,
+                    };
                     self.mark_lost(&format!("{call} failed: {reason}"));
                     McpError::Closed {
                         server,
@@ -488,12 +492,25 @@ async fn init_error(
                 data.code.0, data.message
             ),
         },
-        (error @ ClientInitializeError::ConnectionClosed(_), None)
-        | (error @ ClientInitializeError::TransportError { .. }, None) => McpError::Closed {
+        (error @ ClientInitializeError::ConnectionClosed(_), None) => McpError::Closed {
             server: server.clone(),
             call,
             reason: transport_reason(&error.to_string()),
         },
+        (error @ ClientInitializeError::TransportError { .. }, None) => {
+            let reason = transport_reason(&error.to_string());
+            let reason = match &error {
+                ClientInitializeError::TransportError { error: inner, .. } => {
+                    remote::with_causes(reason, inner)
+                }
+                _ => reason,
+            };
+            McpError::Closed {
+                server: server.clone(),
+                call,
+                reason,
+            }
+        }
         (other, _) => McpError::Protocol {
             server: server.clone(),
             call,

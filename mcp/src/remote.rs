@@ -254,3 +254,35 @@ impl StreamableHttpClient for TappedClient {
         Ok(self.tapped(events))
     }
 }
+
+/// `reason` followed by why reqwest failed, in parentheses: reqwest's own message says only
+/// "error sending request for url (…)", and neither rmcp's transport error nor its
+/// `StreamableHttpError::Client` links reqwest's error as a source, so the causes
+/// (connection refused, a TLS handshake that failed, a certificate not trusted) would be
+/// lost. Causes already in `reason` are not repeated.
+pub(crate) fn with_causes(mut reason: String, error: &(dyn std::error::Error + 'static)) -> String {
+    let mut node = Some(error);
+    while let Some(current) = node {
+        if let Some(StreamableHttpError::Client(client)) =
+            current.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+        {
+            let mut causes: Vec<String> = Vec::new();
+            let mut cause = std::error::Error::source(client);
+            while let Some(next) = cause {
+                let message = next.to_string();
+                if !reason.contains(&message) && !causes.iter().any(|c| c.contains(&message)) {
+                    causes.push(message);
+                }
+                cause = next.source();
+            }
+            if !causes.is_empty() {
+                reason.push_str(" (");
+                reason.push_str(&causes.join(": "));
+                reason.push(')');
+            }
+            break;
+        }
+        node = current.source();
+    }
+    reason
+}

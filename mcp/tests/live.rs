@@ -1038,3 +1038,76 @@ async fn over_http_a_result_keeps_every_block_and_field_the_server_sent() {
     );
     manager.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_server_is_reached_over_tls_and_a_failed_handshake_names_the_server() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    // Not a TLS server: it reads what the client opens with and answers in plain HTTP.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let opening = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut record = [0u8; 3];
+        stream.read_exact(&mut record).await.unwrap();
+        stream
+            .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let _ = stream.read_to_end(&mut Vec::new()).await;
+        record
+    });
+    let manager = manager(fast());
+    let url = format!("https://localhost:{port}/mcp");
+    let secure = manager
+        .add_server(id("secure"), http_config("secure", &url))
+        .await
+        .unwrap();
+    // A TLS handshake record (content type 22, version 3.x): the https URL is spoken TLS.
+    let record = opening.await.unwrap();
+    assert_eq!(record[..2], [0x16, 0x03], "{record:?}");
+    let Reachability::Unreachable { reason } = secure else {
+        panic!("{secure:?}");
+    };
+    assert!(
+        reason.starts_with(
+            "MCP server \"secure\": initialize failed: the connection closed: Client error: \
+             error sending request for url (https://localhost:"
+        ),
+        "{reason}"
+    );
+    // Why, from reqwest's causes: rustls read a plain HTTP answer as a TLS record.
+    assert!(
+        reason.ends_with(
+            "when send initialize request (client error (Connect): received corrupt message \
+             of type InvalidContentType)"
+        ),
+        "{reason}"
+    );
+
+    // Nothing listening at all: the same, with the reason.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("https://127.0.0.1:{closed}/mcp");
+    let nobody = manager
+        .add_server(id("nobody"), http_config("nobody", &url))
+        .await
+        .unwrap();
+    let Reachability::Unreachable { reason } = nobody else {
+        panic!("{nobody:?}");
+    };
+    assert!(
+        reason.starts_with("MCP server \"nobody\": initialize failed: the connection closed:"),
+        "{reason}"
+    );
+    assert!(
+        reason.ends_with(
+            "(client error (Connect): tcp connect error: Connection refused (os error 111))"
+        ),
+        "{reason}"
+    );
+    manager.shutdown().await;
+}
