@@ -4,7 +4,7 @@
 //! Every request carries a deadline from [`Timeouts`]; every failure becomes an
 //! [`McpError`] naming the server, the call and the reason.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -24,7 +24,9 @@ use tokio::sync::Notify;
 
 use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, read_page};
-use crate::stdio::{self, Child, Tap};
+use crate::remote;
+use crate::stdio::{self, Child};
+use crate::tap::{Claim, Tap};
 use crate::{McpError, Timeouts, Transport};
 
 /// The protocol version psych-mcp asks for. rmcp 3.11 asks for 2026-07-28 by default and
@@ -124,9 +126,10 @@ impl Session {
                 }
             }
             Transport::Http { url, headers } => {
-                let transport = http_transport(server, url, headers)?;
+                let tap = Arc::new(Tap::default());
+                let transport = remote::transport(server, url, headers, Arc::clone(&tap))?;
                 match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
-                    Ok(Ok(service)) => (service, None, None),
+                    Ok(Ok(service)) => (service, None, Some(tap)),
                     Ok(Err(error)) => return Err(init_error(server, error, None).await),
                     Err(_) => {
                         return Err(McpError::Timeout {
@@ -195,17 +198,18 @@ impl Session {
                 Ok(handle) => handle,
                 Err(error) => return Err(self.fault(&call, error).await),
             };
-            let id = handle.id.clone();
+            let claim = self.tap.as_ref().map(|tap| tap.claim(handle.id.clone()));
             let result = handle.await_response().await;
-            let raw = self.tap.as_ref().and_then(|tap| tap.take(&id));
+            let raw = claim.and_then(Claim::take);
             let result = match result {
                 Ok(result) => result,
                 Err(error) => return Err(self.fault(&call, error).await),
             };
             let raw = match raw {
                 Some(raw) => raw,
-                // Over HTTP the answer arrives typed: rmcp's `Tool` keeps the fields it
-                // models, and a page with a malformed tool arrives as a raw custom result.
+                // A page sent as one JSON body over HTTP arrives typed: rmcp's `Tool` keeps
+                // the fields it models, and a page with a malformed tool arrives as a raw
+                // custom result.
                 None => match result {
                     ServerResult::CustomResult(custom) => custom.0,
                     other => serde_json::to_value(other).unwrap_or(Value::Null),
@@ -254,7 +258,9 @@ impl Session {
             Ok(handle) => handle,
             Err(error) => return Err(self.fault(&call, error).await),
         };
-        let id = handle.id.clone();
+        // Both made before the first await, so that a caller giving up (dropping this
+        // future) cancels the call on the server and frees its slot in the tap.
+        let claim = self.tap.as_ref().map(|tap| tap.claim(handle.id.clone()));
         let mut guard = CancelOnDrop {
             peer: Some(self.peer.clone()),
             id: handle.id.clone(),
@@ -262,16 +268,17 @@ impl Session {
         let result = handle.await_response().await;
         guard.peer = None;
         // Taken whatever the outcome, so that a failed call leaves nothing in the tap.
-        let raw = self.tap.as_ref().and_then(|tap| tap.take(&id));
+        let raw = claim.and_then(Claim::take);
         let result = match result {
             Ok(result) => result,
             Err(error) => return Err(self.fault(&call, error).await),
         };
         if let Some(raw) = raw {
-            // Over stdio: the result exactly as the server wrote it.
+            // The result exactly as the server wrote it (stdio, or HTTP server-sent events).
             return Ok(raw);
         }
-        // Over HTTP the answer arrives typed; one rmcp could not type arrives raw.
+        // An HTTP answer sent as one JSON body arrives typed; one rmcp could not type
+        // arrives raw.
         match result {
             ServerResult::CallToolResult(result) => {
                 serde_json::to_value(result).map_err(|e| McpError::Protocol {
@@ -335,6 +342,10 @@ impl Session {
                 }
                 None => {
                     let reason = transport_reason(&error.to_string());
+                    let reason = match &error {
+                        ServiceError::TransportSend(inner) => remote::with_causes(reason, inner),
+                        _ => reason,
+                    };
                     self.mark_lost(&format!("{call} failed: {reason}"));
                     McpError::Closed {
                         server,
@@ -454,37 +465,6 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// rmcp's streamable HTTP client transport with the configured headers.
-fn http_transport(
-    server: &ServerId,
-    url: &str,
-    headers: &std::collections::BTreeMap<String, String>,
-) -> Result<
-    rmcp::transport::StreamableHttpClientTransport<
-        impl rmcp::transport::streamable_http_client::StreamableHttpClient,
-    >,
-    McpError,
-> {
-    use rmcp::transport::StreamableHttpClientTransport;
-    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-
-    let mut map = HashMap::new();
-    for (name, value) in headers {
-        let bad = |what: String| McpError::Protocol {
-            server: server.clone(),
-            call: "connect".into(),
-            message: format!("header {name:?} cannot be sent: {what}"),
-        };
-        let header_name =
-            http::HeaderName::try_from(name.as_str()).map_err(|e| bad(e.to_string()))?;
-        let header_value =
-            http::HeaderValue::try_from(value.as_str()).map_err(|e| bad(e.to_string()))?;
-        map.insert(header_name, header_value);
-    }
-    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(map);
-    Ok(StreamableHttpClientTransport::from_config(config))
-}
-
 /// An rmcp initialize failure as ours; for a child that closed its output, with its exit
 /// status and stderr.
 async fn init_error(
@@ -512,16 +492,136 @@ async fn init_error(
                 data.code.0, data.message
             ),
         },
-        (error @ ClientInitializeError::ConnectionClosed(_), None)
-        | (error @ ClientInitializeError::TransportError { .. }, None) => McpError::Closed {
+        (error @ ClientInitializeError::ConnectionClosed(_), None) => McpError::Closed {
             server: server.clone(),
             call,
             reason: transport_reason(&error.to_string()),
         },
+        (error @ ClientInitializeError::TransportError { .. }, None) => {
+            let reason = transport_reason(&error.to_string());
+            let reason = match &error {
+                ClientInitializeError::TransportError { error: inner, .. } => {
+                    remote::with_causes(reason, inner)
+                }
+                _ => reason,
+            };
+            McpError::Closed {
+                server: server.clone(),
+                call,
+                reason,
+            }
+        }
         (other, _) => McpError::Protocol {
             server: server.clone(),
             call,
             message: other.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        reason = "a test fails loudly on bad data"
+    )]
+
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::test_server::{Mode, Scenario};
+
+    const GIVEN_UP: usize = 20;
+
+    fn timeouts() -> Timeouts {
+        Timeouts::uniform(Duration::from_secs(5)).with_shutdown_grace(Duration::from_millis(300))
+    }
+
+    /// Calls that never get an answer, each given up by its caller (the future dropped, as
+    /// a caller's own deadline or a cancelled Run does) or ended by the call deadline, then
+    /// the tap's count, which must be back to zero; the connection still answers.
+    async fn given_up_calls_leave_the_tap_empty(session: &Session, hang: &str) {
+        let tap = session.tap.as_ref().expect("the session has a tap");
+        for _ in 0..GIVEN_UP {
+            let call = session.call(hang, JsonObject::new(), Duration::from_secs(30));
+            let given_up = tokio::time::timeout(Duration::from_millis(20), call).await;
+            assert!(given_up.is_err(), "the call was answered: {given_up:?}");
+        }
+        for _ in 0..3 {
+            let error = session
+                .call(hang, JsonObject::new(), Duration::from_millis(20))
+                .await
+                .unwrap_err();
+            assert!(matches!(error, McpError::Timeout { .. }), "{error}");
+        }
+        assert_eq!(tap.len(), 0, "slots left behind by calls given up");
+        assert!(!tap.is_waiting());
+    }
+
+    type JsonObject = psych_types::JsonObject;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_stdio_calls_given_up_leave_no_slot_in_the_tap() {
+        // A stdio server that answers initialize and the first listing, then reads and
+        // never answers: every call hangs.
+        let script = r#"
+            answer() { read -r line; id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/'); }
+            answer
+            printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"mute","version":"1"}}}\n' "$id"
+            read -r initialized
+            answer
+            printf '{"jsonrpc":"2.0","id":%s,"result":{"tools":[{"name":"hang","inputSchema":{"type":"object"}}]}}\n' "$id"
+            while read -r line; do :; done
+        "#;
+        let transport = Transport::Stdio {
+            command: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: BTreeMap::new(),
+            cwd: None,
+        };
+        let server = ServerId::new("mute").unwrap();
+        let events = Arc::new(EventQueue::default());
+        let (session, listing) = Session::connect(&server, &transport, timeouts(), events)
+            .await
+            .unwrap();
+        assert_eq!(listing.tools.len(), 1);
+        given_up_calls_leave_the_tap_empty(&session, "hang").await;
+        session.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_http_calls_given_up_leave_no_slot_in_the_tap() {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let serving = tokio::spawn(Scenario::default().serve(Mode::Http(addr)));
+        let transport = Transport::Http {
+            url: format!("http://{addr}/mcp"),
+            headers: BTreeMap::new(),
+        };
+        let server = ServerId::new("web").unwrap();
+        let mut connected = None;
+        for _ in 0..50 {
+            let events = Arc::new(EventQueue::default());
+            if let Ok(done) = Session::connect(&server, &transport, timeouts(), events).await {
+                connected = Some(done);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (session, _) = connected.expect("the in-process test server did not start");
+        given_up_calls_leave_the_tap_empty(&session, "hang").await;
+        let mut arguments = JsonObject::new();
+        arguments.insert("text".into(), "still here".into());
+        let echo = session
+            .call("echo", arguments, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(echo["content"][0]["text"], "still here");
+        assert_eq!(session.tap.as_ref().unwrap().len(), 0);
+        session.close().await;
+        serving.abort();
     }
 }

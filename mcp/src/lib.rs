@@ -13,8 +13,11 @@
 //!
 //! It implements [`psych_types::ToolLister`] and [`psych_types::ToolHost`]: a `tools/call`
 //! result is read from the JSON the server sent into a [`psych_types::ToolOutput`], block
-//! by block, with nothing dropped (over stdio the raw answer is kept by psych-mcp's own
-//! transport, since rmcp's typed result drops fields and block types it does not model).
+//! by block, with nothing dropped: rmcp's typed result drops fields and block types it
+//! does not model, so psych-mcp keeps the raw answer, through its own stdio transport and
+//! through a wrapper of rmcp's streamable HTTP client that reads the server-sent events
+//! first (an HTTP server that answers with a single JSON body instead of an event stream
+//! is read by rmcp itself, and only block types rmcp does not know survive whole there).
 //! [`McpManager::call_tool_raw`] returns rmcp's typed `CallToolResult` instead.
 //!
 //! The crate also ships `psych-test-server`, an MCP server built on rmcp whose behaviour is
@@ -55,8 +58,10 @@ mod events;
 mod listing;
 mod manager;
 mod png;
+mod remote;
 mod stdio;
 mod synthetic;
+mod tap;
 pub mod test_server;
 mod timeouts;
 

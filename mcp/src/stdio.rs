@@ -11,7 +11,7 @@
 //! typed `CallToolResult` drops fields and block types it does not model); and lines that
 //! are not JSON-RPC are counted and quoted in error messages instead of disappearing.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
@@ -23,7 +23,6 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use psych_types::ServerId;
 use rmcp::RoleClient;
-use rmcp::model::{ClientRequest, JsonRpcMessage, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -32,6 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::McpError;
+use crate::tap::Tap;
 
 /// The longest line read from a server's stdout; a longer one is dropped and reported.
 const MAX_LINE: usize = 64 * 1024 * 1024;
@@ -282,56 +282,6 @@ impl Drop for Child {
     }
 }
 
-/// The raw `result` of each `tools/list` and `tools/call` response, kept by request id for
-/// the request's sender.
-#[derive(Default)]
-pub(crate) struct Tap {
-    wanted: Mutex<HashMap<String, Option<Value>>>,
-}
-
-fn id_key(id: &RequestId) -> String {
-    serde_json::to_string(id).unwrap_or_default()
-}
-
-impl Tap {
-    fn want(&self, id: &RequestId) {
-        self.wanted
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id_key(id), None);
-    }
-
-    fn is_waiting(&self) -> bool {
-        !self
-            .wanted
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
-    }
-
-    /// Keeps `result` if `id` is a listing or call request of ours; says whether it was.
-    fn offer(&self, id: &Value, result: &Value) -> bool {
-        let key = id.to_string();
-        let mut wanted = self.wanted.lock().unwrap_or_else(PoisonError::into_inner);
-        match wanted.get_mut(&key) {
-            Some(slot) => {
-                *slot = Some(result.clone());
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// The raw result of request `id`, forgetting the request either way.
-    pub(crate) fn take(&self, id: &RequestId) -> Option<Value> {
-        self.wanted
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id_key(id))
-            .flatten()
-    }
-}
-
 /// JSON-RPC over a child's stdin and stdout, one message per line.
 pub(crate) struct ChildTransport {
     reader: BufReader<ChildStdout>,
@@ -385,19 +335,7 @@ impl ChildTransport {
     fn parse(&self, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
         if self.tap.is_waiting() {
             let mut value: Value = serde_json::from_slice(line).ok()?;
-            let kept = match (value.get("id"), value.get("result")) {
-                (Some(id), Some(result)) => self.tap.offer(id, result),
-                _ => false,
-            };
-            // The raw result is kept; rmcp gets a small stand-in of the same shape so that
-            // it does not deserialize (and possibly refuse) a large answer a second time.
-            if kept && let Some(result) = value.get_mut("result") {
-                *result = if result.get("tools").is_some() {
-                    serde_json::json!({"tools": []})
-                } else {
-                    serde_json::json!({"content": []})
-                };
-            }
+            self.tap.keep(&mut value);
             serde_json::from_value(value).ok()
         } else {
             serde_json::from_slice(line).ok()
@@ -412,16 +350,7 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        if let JsonRpcMessage::Request(request) = &item {
-            let tapped = match &request.request {
-                ClientRequest::CustomRequest(custom) => custom.method == "tools/list",
-                ClientRequest::CallToolRequest(_) => true,
-                _ => false,
-            };
-            if tapped {
-                self.tap.want(&request.id);
-            }
-        }
+        self.tap.want_request(&item);
         let line = serde_json::to_vec(&item).map(|mut line| {
             line.push(b'\n');
             line

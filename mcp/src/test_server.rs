@@ -18,7 +18,7 @@
 //! | `cancellations` | how many calls were cancelled so far |
 //! | `garbage {lines}` | writes lines that are not JSON-RPC to stdout, then answers |
 //! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
-//! | `exotic` | over stdio, [`exotic_result`] as raw JSON: fields and a block type rmcp does not model |
+//! | `exotic {known_only}` | [`exotic_result`] as raw JSON: fields and a block type rmcp does not model ([`exotic_known_result`], without the unknown block type, if `known_only` is true) |
 //!
 //! plus [`Scenario::tools`] generated tools of the kind [`Scenario::kind`]
 //! ([`synthetic_catalog`](crate::synthetic_catalog)), each answering with its name and
@@ -43,6 +43,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
+
+mod raw_http;
 
 /// What the test server does, beyond answering its control tools.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -328,7 +330,7 @@ fn control_tools() -> Vec<Value> {
     ]
 }
 
-/// What the `exotic` tool answers over stdio, byte for byte as JSON: a result with a block
+/// What the `exotic` tool answers, byte for byte as JSON: a result with a block
 /// type MCP does not define yet, unknown fields on a known block and on the result,
 /// annotations and `_meta` on blocks, an embedded text resource and a resource link. A
 /// client that maps results with nothing dropped gets all of it back.
@@ -347,6 +349,17 @@ pub fn exotic_result() -> Value {
         "structuredContent": {"ok": true, "n": 3},
         "_meta": {"server": "psych-test-server"}
     })
+}
+
+/// What the `exotic` tool answers with `known_only`: [`exotic_result`] without its block of
+/// an unknown type, so that rmcp's typed `CallToolResult` reads it (dropping the unknown
+/// fields) rather than falling back to a raw custom result.
+pub fn exotic_known_result() -> Value {
+    let mut result = exotic_result();
+    if let Some(content) = result["content"].as_array_mut() {
+        content.retain(|block| block["type"] != "widget");
+    }
+    result
 }
 
 /// The text of `large`: numbered lines, exactly `bytes` long.
@@ -413,9 +426,11 @@ impl TestServer {
         let state = &self.state;
         let result = match params.name.as_ref() {
             "echo" => CallToolResult::success(vec![ContentBlock::text(text_arg("text"))]),
-            "exotic" => CallToolResult::error(vec![ContentBlock::text(
-                "exotic is answered raw over stdio only",
-            )]),
+            // Over stdio `RawListing` answers instead; over HTTP the session's transport
+            // replaces this answer.
+            "exotic" => CallToolResult::success(vec![ContentBlock::text(raw_http::marker(
+                args.get("known_only") == Some(&Value::Bool(true)),
+            ))]),
             "add_tool" | "remove_tool" => {
                 let name = text_arg("name");
                 {
@@ -611,7 +626,18 @@ impl Service<RoleServer> for RawListing {
         if let ClientRequest::CallToolRequest(request) = &request
             && request.params.name == "exotic"
         {
-            return Ok(ServerResult::CustomResult(CustomResult(exotic_result())));
+            let known_only = request
+                .params
+                .arguments
+                .as_ref()
+                .and_then(|args| args.get("known_only"))
+                == Some(&Value::Bool(true));
+            let result = if known_only {
+                exotic_known_result()
+            } else {
+                exotic_result()
+            };
+            return Ok(ServerResult::CustomResult(CustomResult(result)));
         }
         Service::handle_request(&self.0, request, context).await
     }
@@ -749,7 +775,7 @@ async fn serve_http(state: Arc<State>, addr: SocketAddr) -> std::io::Result<()> 
                 state: Arc::clone(&state),
             })
         },
-        LocalSessionManager::default().into(),
+        raw_http::RawSessions(LocalSessionManager::default()).into(),
         config,
     ));
     let listener = tokio::net::TcpListener::bind(addr).await?;

@@ -418,6 +418,11 @@ async fn tool_host_maps_every_block_and_field_of_a_result() {
         psych_types::ContentBlock::Unknown(block) if block["type"] == "widget"
     ));
     assert_eq!(exotic.content.len(), 5);
+    let known = host("exotic", json!({"known_only": true})).await;
+    assert_eq!(
+        serde_json::to_value(&known).unwrap(),
+        psych_mcp::test_server::exotic_known_result()
+    );
     let typed = manager
         .call_tool_raw(&tool("host", "exotic"), JsonObject::new())
         .await;
@@ -780,7 +785,7 @@ async fn over_http_listing_calls_and_list_changed_work_and_a_gone_server_is_repo
         .await
         .unwrap();
     assert_eq!(result.content.len(), 3);
-    // Over HTTP the answer arrives typed from rmcp; the host maps it block by block.
+    // The host maps the raw answer block by block: the same as rmcp's typed result here.
     let output = manager
         .call_tool(&tool("web", "mixed"), JsonObject::new())
         .await
@@ -911,4 +916,207 @@ async fn shutdown_during_a_first_connection_attempt_ends_the_wait() {
 fn binary_data(block: &serde_json::Value) -> Vec<u8> {
     let block: psych_types::ContentBlock = serde_json::from_value(block.clone()).unwrap();
     block.binary().expect("a binary block").data.to_vec()
+}
+
+/// Two concurrent `sleep` calls through [`ToolHost`] (the raw path), the first told to
+/// answer long after the second: the server answers them in reverse order, and each caller
+/// gets its own result.
+async fn reverse_order_answers_reach_their_callers(manager: &McpManager, server: &str) {
+    let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
+    let calls: Vec<_> = [("slow", 600), ("fast", 50)]
+        .into_iter()
+        .map(|(tag, ms)| {
+            let manager = manager.clone();
+            let done = done.clone();
+            let sleep = tool(server, "sleep");
+            tokio::spawn(async move {
+                let output = manager
+                    .call_tool(&sleep, args(json!({"ms": ms, "tag": tag})))
+                    .await
+                    .unwrap();
+                done.send(tag).unwrap();
+                serde_json::to_value(&output).unwrap()
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    assert_eq!(
+        answers,
+        [
+            json!({"content": [{"type": "text", "text": "slow"}]}),
+            json!({"content": [{"type": "text", "text": "fast"}]}),
+        ]
+    );
+    let order = [
+        finished.recv().await.unwrap(),
+        finished.recv().await.unwrap(),
+    ];
+    assert_eq!(
+        order,
+        ["fast", "slow"],
+        "the answers did not come out of order"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_out_of_order_reach_their_callers_over_stdio_and_http() {
+    let server = HttpServer::start(&[]);
+    let manager = manager(fast());
+    manager
+        .add_server(id("local"), test_server("local", &[]))
+        .await
+        .unwrap();
+    manager
+        .add_server(id("web"), http_config("web", &server.url))
+        .await
+        .unwrap();
+    reverse_order_answers_reach_their_callers(&manager, "local").await;
+    reverse_order_answers_reach_their_callers(&manager, "web").await;
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_a_result_keeps_every_block_and_field_the_server_sent() {
+    let server = HttpServer::start(&[]);
+    let (manager, _) = one("web", http_config("web", &server.url), fast()).await;
+
+    // What rmcp's typed result drops (a block type it does not know, unknown fields on a
+    // known block and on the result) comes back whole, as over stdio.
+    let exotic = manager
+        .call_tool(&tool("web", "exotic"), JsonObject::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(&exotic).unwrap(),
+        psych_mcp::test_server::exotic_result()
+    );
+    assert_eq!(exotic.content.len(), 5);
+    assert!(matches!(
+        &exotic.content[1],
+        psych_types::ContentBlock::Unknown(block) if block["type"] == "widget"
+    ));
+    let typed = manager
+        .call_tool_raw(&tool("web", "exotic"), JsonObject::new())
+        .await;
+    assert!(
+        typed.is_err_and(|e| e.to_string().contains("not a tools/call result")),
+        "rmcp's typed result cannot read an unknown block type"
+    );
+    // Without the unknown block type rmcp types the result and drops the unknown fields
+    // (`futureField` on the text block); the raw path keeps them.
+    let known = manager
+        .call_tool(&tool("web", "exotic"), args(json!({"known_only": true})))
+        .await
+        .unwrap();
+    let known_raw = psych_mcp::test_server::exotic_known_result();
+    assert_eq!(serde_json::to_value(&known).unwrap(), known_raw);
+    assert_eq!(
+        known_raw["content"][0]["futureField"],
+        json!({"kept": true})
+    );
+    let typed = manager
+        .call_tool_raw(&tool("web", "exotic"), args(json!({"known_only": true})))
+        .await
+        .unwrap();
+    assert_ne!(
+        serde_json::to_value(&typed).unwrap(),
+        known_raw,
+        "rmcp's typed result keeps everything: the assertion above shows nothing"
+    );
+
+    // A large result comes back whole, and the connection keeps working after it.
+    let large = manager
+        .call_tool(&tool("web", "large"), args(json!({"bytes": 3_000_000})))
+        .await
+        .unwrap();
+    let large = serde_json::to_value(&large).unwrap();
+    assert_eq!(
+        large["content"][0]["text"].as_str().unwrap(),
+        psych_mcp::test_server::large_text(3_000_000)
+    );
+    let echo = manager
+        .call_tool(&tool("web", "echo"), args(json!({"text": "still here"})))
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(&echo).unwrap(),
+        json!({"content": [{"type": "text", "text": "still here"}]})
+    );
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_server_is_reached_over_tls_and_a_failed_handshake_names_the_server() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    // Not a TLS server: it reads what the client opens with and answers in plain HTTP.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let opening = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut record = [0u8; 3];
+        stream.read_exact(&mut record).await.unwrap();
+        stream
+            .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        let _ = stream.read_to_end(&mut Vec::new()).await;
+        record
+    });
+    let manager = manager(fast());
+    let url = format!("https://localhost:{port}/mcp");
+    let secure = manager
+        .add_server(id("secure"), http_config("secure", &url))
+        .await
+        .unwrap();
+    // A TLS handshake record (content type 22, version 3.x): the https URL is spoken TLS.
+    let record = opening.await.unwrap();
+    assert_eq!(record[..2], [0x16, 0x03], "{record:?}");
+    let Reachability::Unreachable { reason } = secure else {
+        panic!("{secure:?}");
+    };
+    assert!(
+        reason.starts_with(
+            "MCP server \"secure\": initialize failed: the connection closed: Client error: \
+             error sending request for url (https://localhost:"
+        ),
+        "{reason}"
+    );
+    // Why, from reqwest's causes: rustls read a plain HTTP answer as a TLS record.
+    assert!(
+        reason.ends_with(
+            "when send initialize request (client error (Connect): received corrupt message \
+             of type InvalidContentType)"
+        ),
+        "{reason}"
+    );
+
+    // Nothing listening at all: the same, with the reason.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("https://127.0.0.1:{closed}/mcp");
+    let nobody = manager
+        .add_server(id("nobody"), http_config("nobody", &url))
+        .await
+        .unwrap();
+    let Reachability::Unreachable { reason } = nobody else {
+        panic!("{nobody:?}");
+    };
+    assert!(
+        reason.starts_with("MCP server \"nobody\": initialize failed: the connection closed:"),
+        "{reason}"
+    );
+    assert!(
+        reason.ends_with(
+            "(client error (Connect): tcp connect error: Connection refused (os error 111))"
+        ),
+        "{reason}"
+    );
+    manager.shutdown().await;
 }

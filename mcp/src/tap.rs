@@ -1,0 +1,225 @@
+//! The raw `result` of each `tools/list` and `tools/call` response, kept by request id for
+//! the request's sender, whatever the transport (stdio or streamable HTTP).
+//!
+//! rmcp types every answer before handing it on: its `Tool` drops fields it does not model
+//! (such as `execution`) and fails a whole page on one malformed tool; its `CallToolResult`
+//! drops fields and block types it does not model. So each transport of ours shows the tap
+//! the outgoing request ([`Tap::want_request`]) and every incoming message
+//! ([`Tap::keep`]) before rmcp sees it: the result is kept here, and rmcp gets a small
+//! stand-in of the same shape.
+//!
+//! A slot lives from the request's sending to its sender's [`Claim::take`]. A sender that
+//! gives up (its future dropped: a caller's deadline, a cancelled Run) drops its [`Claim`],
+//! which forgets the slot; if the request had not reached the transport yet, the claim
+//! leaves a tombstone that the transport's `want` consumes instead of opening a slot.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, RequestId};
+use serde_json::Value;
+
+/// Raw results by request id (the id's JSON text, as it appears on the wire).
+#[derive(Default)]
+pub(crate) struct Tap {
+    slots: Mutex<Slots>,
+}
+
+#[derive(Default)]
+struct Slots {
+    /// Requests sent and not yet taken: `None` until the answer arrives.
+    wanted: HashMap<String, Option<Value>>,
+    /// Requests whose sender gave up before the transport sent them.
+    abandoned: HashSet<String>,
+}
+
+fn id_key(id: &RequestId) -> String {
+    serde_json::to_string(id).unwrap_or_default()
+}
+
+impl Tap {
+    fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Opens a slot for `message` if it is a `tools/list` (sent as a custom request, so
+    /// that rmcp does not type the answer) or `tools/call` request.
+    pub(crate) fn want_request(&self, message: &ClientJsonRpcMessage) {
+        let JsonRpcMessage::Request(request) = message else {
+            return;
+        };
+        let tapped = match &request.request {
+            ClientRequest::CustomRequest(custom) => custom.method == "tools/list",
+            ClientRequest::CallToolRequest(_) => true,
+            _ => false,
+        };
+        if tapped {
+            self.want(&request.id);
+        }
+    }
+
+    fn want(&self, id: &RequestId) {
+        let key = id_key(id);
+        let mut slots = self.slots();
+        if !slots.abandoned.remove(&key) {
+            slots.wanted.insert(key, None);
+        }
+    }
+
+    /// Whether any slot is open (when none is, incoming messages need not be looked at).
+    pub(crate) fn is_waiting(&self) -> bool {
+        !self.slots().wanted.is_empty()
+    }
+
+    /// Keeps the `result` of `message` (a JSON-RPC message as the server wrote it) if it
+    /// answers a request with an open slot, and puts a small stand-in of the same shape in
+    /// its place, so that rmcp does not deserialize (and possibly refuse) a large answer a
+    /// second time. Says whether it was kept.
+    pub(crate) fn keep(&self, message: &mut Value) -> bool {
+        let Some(key) = message.get("id").map(Value::to_string) else {
+            return false;
+        };
+        let Some(result) = message.get_mut("result") else {
+            return false;
+        };
+        {
+            let mut slots = self.slots();
+            let Some(slot) = slots.wanted.get_mut(&key) else {
+                return false;
+            };
+            let stand_in = if result.get("tools").is_some() {
+                serde_json::json!({"tools": []})
+            } else {
+                serde_json::json!({"content": []})
+            };
+            *slot = Some(std::mem::replace(result, stand_in));
+        }
+        true
+    }
+
+    /// A claim on request `id`'s slot, taken by the request's sender once the request is
+    /// sent; dropping it unredeemed forgets the slot.
+    pub(crate) fn claim(self: &Arc<Self>, id: RequestId) -> Claim {
+        Claim {
+            tap: Some(Arc::clone(self)),
+            id,
+        }
+    }
+
+    fn take(&self, id: &RequestId) -> Option<Value> {
+        self.slots().wanted.remove(&id_key(id)).flatten()
+    }
+
+    fn forget(&self, id: &RequestId) {
+        let key = id_key(id);
+        let mut slots = self.slots();
+        if slots.wanted.remove(&key).is_none() {
+            slots.abandoned.insert(key);
+        }
+    }
+
+    /// Open slots and tombstones: zero when no request is in flight.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        let slots = self.slots();
+        slots.wanted.len() + slots.abandoned.len()
+    }
+}
+
+/// A request sender's hold on its slot in a [`Tap`]: [`Claim::take`] returns the raw
+/// result and closes the slot; dropping the claim without taking (the sender gave up)
+/// closes it too.
+pub(crate) struct Claim {
+    tap: Option<Arc<Tap>>,
+    id: RequestId,
+}
+
+impl Claim {
+    /// The raw result, if one arrived; the slot is closed either way.
+    pub(crate) fn take(mut self) -> Option<Value> {
+        self.tap.take().and_then(|tap| tap.take(&self.id))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(tap) = self.tap.take() {
+            tap.forget(&self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a test fails loudly on bad data")]
+
+    use super::*;
+    use rmcp::model::{CallToolRequest, CallToolRequestParams};
+    use serde_json::json;
+
+    fn call(id: i64) -> ClientJsonRpcMessage {
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new("echo"),
+        ));
+        JsonRpcMessage::request(request, RequestId::Number(id))
+    }
+
+    #[test]
+    fn a_result_is_kept_whole_and_rmcp_gets_a_stand_in() {
+        let tap = Arc::new(Tap::default());
+        tap.want_request(&call(7));
+        let claim = tap.claim(RequestId::Number(7));
+        let result = json!({"content": [{"type": "widget", "x": 1}], "extra": true});
+        let mut message = json!({"jsonrpc": "2.0", "id": 7, "result": result.clone()});
+        assert!(tap.keep(&mut message));
+        assert_eq!(message["result"], json!({"content": []}));
+        assert_eq!(claim.take(), Some(result));
+        assert_eq!(tap.len(), 0);
+    }
+
+    #[test]
+    fn other_messages_pass_untouched() {
+        let tap = Arc::new(Tap::default());
+        tap.want_request(&call(1));
+        for mut message in [
+            json!({"jsonrpc": "2.0", "id": 2, "result": {"content": []}}),
+            json!({"jsonrpc": "2.0", "id": 1, "error": {"code": 1, "message": "no"}}),
+            json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}),
+        ] {
+            let before = message.clone();
+            assert!(!tap.keep(&mut message));
+            assert_eq!(message, before);
+        }
+        let initialize = JsonRpcMessage::request(
+            ClientRequest::PingRequest(Default::default()),
+            RequestId::Number(3),
+        );
+        tap.want_request(&initialize);
+        assert_eq!(tap.len(), 1, "only tools/list and tools/call are tapped");
+    }
+
+    #[test]
+    fn a_dropped_claim_closes_its_slot_before_or_after_the_answer() {
+        let tap = Arc::new(Tap::default());
+        tap.want_request(&call(1));
+        drop(tap.claim(RequestId::Number(1)));
+        assert_eq!(tap.len(), 0, "given up while waiting");
+
+        tap.want_request(&call(2));
+        let claim = tap.claim(RequestId::Number(2));
+        let mut answer = json!({"jsonrpc": "2.0", "id": 2, "result": {"content": []}});
+        assert!(tap.keep(&mut answer));
+        drop(claim);
+        assert_eq!(tap.len(), 0, "given up after the answer arrived");
+    }
+
+    #[test]
+    fn a_claim_dropped_before_the_transport_sends_leaves_no_slot() {
+        let tap = Arc::new(Tap::default());
+        drop(tap.claim(RequestId::Number(5)));
+        assert_eq!(tap.len(), 1, "a tombstone until the transport sends");
+        tap.want_request(&call(5));
+        assert_eq!(tap.len(), 0);
+        assert!(!tap.is_waiting());
+    }
+}

@@ -1,0 +1,147 @@
+//! The test server's raw results over streamable HTTP: rmcp's HTTP server takes only a
+//! typed `ServerHandler`, whose `tools/call` answer is rmcp's `CallToolResult` (which cannot
+//! carry a block type or a field rmcp does not model). So the `exotic` tool answers with a
+//! marker, and the session's transport replaces that answer with [`exotic_result`] (or
+//! [`exotic_known_result`]) as raw JSON on its way out; every other message passes
+//! untouched.
+
+use futures_util::Stream;
+use rmcp::RoleServer;
+use rmcp::model::ServerResult;
+use rmcp::model::{ClientJsonRpcMessage, CustomResult, JsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use rmcp::transport::streamable_http_server::session::ServerSseMessage;
+use rmcp::transport::streamable_http_server::{RestoreOutcome, SessionId, SessionManager};
+
+use super::{exotic_known_result, exotic_result};
+
+/// What the handler answers `exotic` with; replaced by [`exotic_result`] on the wire.
+const EXOTIC_MARKER: &str = "psych-test-server: exotic, replaced on the wire";
+/// The same for `exotic` with `known_only`; replaced by [`exotic_known_result`].
+const EXOTIC_KNOWN_MARKER: &str = "psych-test-server: exotic (known only), replaced on the wire";
+
+/// The marker the handler answers `exotic` with.
+pub(super) fn marker(known_only: bool) -> &'static str {
+    if known_only {
+        EXOTIC_KNOWN_MARKER
+    } else {
+        EXOTIC_MARKER
+    }
+}
+
+/// A session manager whose sessions' transports are [`RawResults`].
+pub(super) struct RawSessions<M>(pub(super) M);
+
+/// A session transport that puts [`exotic_result`] in place of the marker answer.
+pub(super) struct RawResults<T>(T);
+
+fn replace_marker(mut item: TxJsonRpcMessage<RoleServer>) -> TxJsonRpcMessage<RoleServer> {
+    if let JsonRpcMessage::Response(response) = &mut item
+        && let ServerResult::CallToolResult(result) = &response.result
+        && let [block] = result.content.as_slice()
+        && let Some(text) = block.as_text()
+    {
+        let raw = match text.text.as_str() {
+            EXOTIC_MARKER => exotic_result(),
+            EXOTIC_KNOWN_MARKER => exotic_known_result(),
+            _ => return item,
+        };
+        response.result = ServerResult::CustomResult(CustomResult(raw));
+    }
+    item
+}
+
+impl<T: Transport<RoleServer>> Transport<RoleServer> for RawResults<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.0.send(replace_marker(item))
+    }
+
+    fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleServer>>> + Send {
+        self.0.receive()
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.0.close()
+    }
+}
+
+impl<M: SessionManager> SessionManager for RawSessions<M> {
+    type Error = M::Error;
+    type Transport = RawResults<M::Transport>;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let (id, transport) = self.0.create_session().await?;
+        Ok((id, RawResults(transport)))
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        self.0.initialize_session(id, message).await
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        self.0.has_session(id).await
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        self.0.close_session(id).await
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.0.create_stream(id, message).await
+    }
+
+    async fn accept_message(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<(), Self::Error> {
+        self.0.accept_message(id, message).await
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.0.create_standalone_stream(id).await
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.0.resume(id, last_event_id).await
+    }
+
+    async fn restore_session(
+        &self,
+        id: SessionId,
+    ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        Ok(match self.0.restore_session(id).await? {
+            RestoreOutcome::Restored(transport) => RestoreOutcome::Restored(RawResults(transport)),
+            RestoreOutcome::AlreadyPresent => RestoreOutcome::AlreadyPresent,
+            _ => RestoreOutcome::NotSupported,
+        })
+    }
+
+    fn event_store(
+        &self,
+    ) -> Option<std::sync::Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>>
+    {
+        self.0.event_store()
+    }
+}
