@@ -39,12 +39,15 @@ pub(crate) fn run_all(root: &Path) -> Result<Vec<String>, String> {
     Ok(violations)
 }
 
-/// `cargo metadata` of the workspace, without dependencies' own packages.
+/// `cargo metadata` of the workspace, without dependencies' own packages (needs nothing
+/// downloaded, so it runs offline).
 pub(crate) fn cargo_metadata(root: &Path) -> Result<Value, String> {
-    metadata(root, &["--no-deps"])
+    metadata(root, &["--no-deps", "--offline"])
 }
 
-/// `cargo metadata` with the resolved dependency graph and its features.
+/// `cargo metadata` with the resolved dependency graph and its features. Not offline: the
+/// graph names every platform's crates (TLS pulls in Windows and macOS ones), which a
+/// build on this platform never downloads; `--locked` keeps the lockfile as committed.
 fn resolved_metadata(root: &Path) -> Result<Value, String> {
     metadata(root, &["--locked"])
 }
@@ -52,7 +55,7 @@ fn resolved_metadata(root: &Path) -> Result<Value, String> {
 fn metadata(root: &Path, extra: &[&str]) -> Result<Value, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["metadata", "--format-version", "1"])
         .args(extra)
         .current_dir(root)
         .output()
