@@ -21,7 +21,8 @@ use psych_prompt_assembly::{
 };
 use psych_runtime::{ModelReply, Next, Run, ScriptedModel, Spent, Step, Target};
 use psych_types::{
-    ConnectionSpec, LoggedRecord, PermissionGrant, Reachability, Record, RunId, ToolResult,
+    ConnectionSpec, History, HistoryItem, LoggedRecord, PermissionGrant, Reachability, Record,
+    RunId, ToolResult,
 };
 use serde_json::json;
 
@@ -334,14 +335,18 @@ async fn play(
         }
         let mut done = 0;
         for (side, reply) in sides.iter_mut().zip(replies) {
-            let before = side.run.history().len();
+            let before = side.run.history().len() as u64;
             let next = side
                 .run
                 .reply(reply)
                 .await
                 .map_err(|e| format!("turn {turn}, step {step}: {e}"))?;
             if side.name == "anthropic" {
-                print_results(&side.run.history()[before..]);
+                let logged = side
+                    .run
+                    .records(before)
+                    .map_err(|e| format!("turn {turn}, step {step}: {e}"))?;
+                print_results(&logged);
             }
             match next {
                 Next::Request(request) => requests.push(request),
@@ -411,10 +416,10 @@ fn print_results(records: &[LoggedRecord]) {
 }
 
 /// The handle of the result of call `id`.
-fn result_handle(history: &[LoggedRecord], id: &str) -> Option<String> {
-    history.iter().find_map(|logged| match &logged.record {
-        Record::ToolResult(result) if result.call_id.as_str() == id => {
-            Some(logged.handle.to_string())
+fn result_handle(history: &History, id: &str) -> Option<String> {
+    history.entries.iter().find_map(|entry| match &entry.item {
+        HistoryItem::Result(result) if result.info.call_id.as_str() == id => {
+            Some(entry.handle.to_string())
         }
         _ => None,
     })
@@ -423,21 +428,22 @@ fn result_handle(history: &[LoggedRecord], id: &str) -> Option<String> {
 /// The results `request` sends as an elided preview: those whose guidance (elision's
 /// preview names the handle to read it back with) is in the body, with the bytes the log
 /// holds.
-fn elided(history: &[LoggedRecord], request: Option<&RenderedRequest>) -> Vec<String> {
+fn elided(history: &History, request: Option<&RenderedRequest>) -> Vec<String> {
     let Some(request) = request else {
         return Vec::new();
     };
     history
+        .entries
         .iter()
-        .filter_map(|logged| match &logged.record {
-            Record::ToolResult(result) => {
-                let marker = format!(r#"handle \"{}\""#, logged.handle);
+        .filter_map(|entry| match &entry.item {
+            HistoryItem::Result(result) => {
+                let marker = format!(r#"handle \"{}\""#, entry.handle);
                 request.body().contains(&marker).then(|| {
                     format!(
                         "{} ({} {} B, sent as a preview)",
-                        logged.handle,
-                        result.name,
-                        thousands(result.output.readable_text().len() as u64)
+                        entry.handle,
+                        result.info.name,
+                        thousands(result.info.len)
                     )
                 })
             }

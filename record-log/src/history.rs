@@ -9,12 +9,14 @@
 //! the stored token estimate and line-break count from the metadata.
 //!
 //! What is checked: every frame the index holds had its header and body checksums checked
-//! when the log was opened, or was written by this log; each read here checks that the
+//! when the log was opened (by this open, or, for frames taken from the open checkpoint,
+//! by the open that wrote it), or was written by this log; each read here checks that the
 //! frame header on disk is still the indexed one. A tool result's content is not read, so
 //! its body checksum is not checked again; the bytes a projection then reads through
-//! [`RecordSource::read_output`](psych_types::RecordSource::read_output) are checked the
-//! same way a reader's slices are (at open or append), and a result sent whole is read
-//! with [`RecordSource::record`](psych_types::RecordSource::record), which checks its body
+//! [`RecordSource::read_output`](psych_types::RecordSource::read_output) are checked as a
+//! reader's slices are (at open or append, or, for a checkpointed frame, whole on its
+//! first content read in this process), and a result sent whole is read with
+//! [`RecordSource::record`](psych_types::RecordSource::record), which checks its body
 //! checksum again.
 
 use psych_types::{History, HistoryEntry, HistoryItem, RecordHandle, StoredResult};

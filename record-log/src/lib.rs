@@ -19,7 +19,8 @@
 //! a high-water mark written with each sync reveals. [`RecordLog::open_read_only`] reads a
 //! log without writing, cutting or locking it (a damaged tail is reported, left in place).
 //! Past 64 MiB, opening takes the frames an earlier open verified from a checkpoint file
-//! instead of checksumming them again (damage there is found when a record is read). A
+//! instead of checksumming them again (damage there is found when a record is read: each
+//! such frame is checked whole on its first content read in the process). A
 //! log serves only its own Run: it implements [`RecordSource`](psych_types::RecordSource), and a handle of
 //! another Run does not resolve. Tool results store their readable bytes raw and contiguous,
 //! so [`read_output`](psych_types::RecordSource::read_output) serves any slice of a huge
@@ -153,6 +154,7 @@ mod policy;
 mod recovery;
 mod shared;
 mod storage;
+mod touch;
 mod write;
 
 pub use cause::{AfterFrames, FrameDamage, LogCorruption, RecordCorruption, TailReason};

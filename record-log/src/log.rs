@@ -66,6 +66,9 @@ pub struct RecordLog {
     pub(crate) recovery: Recovery,
     /// Estimates each tool result's tokens at append time, stored in its metadata.
     pub(crate) estimator: Option<Estimator>,
+    /// The frames taken from the open checkpoint, each checked whole on its first content
+    /// read in this process (`touch.rs`).
+    pub(crate) first_touch: crate::touch::FirstTouch,
 }
 
 /// A token estimator a log can share with its appending threads.
@@ -210,6 +213,7 @@ impl RecordLog {
             read_only,
             scratch: Vec::new(),
             estimator: None,
+            first_touch: crate::touch::FirstTouch::default(),
             recovery: Recovery {
                 records: 0,
                 tail: None,
@@ -318,7 +322,7 @@ impl RecordLog {
         }
     }
 
-    fn corrupt(&self, offset: u64, reason: RecordCorruption) -> ReadError {
+    pub(crate) fn corrupt(&self, offset: u64, reason: RecordCorruption) -> ReadError {
         ReadError::Corrupt {
             path: self.path.clone(),
             offset,
@@ -347,6 +351,7 @@ impl RecordLog {
         if crc.finish() != stored {
             return Err(self.corrupt(entry.offset, RecordCorruption::BodyChecksum));
         }
+        self.first_touch.verified(header.seq);
         let content = body.split_off(meta_len);
         format::decode_record(header, &body, content)
             .map(Some)
@@ -383,7 +388,9 @@ impl RecordSource for RecordLog {
 
     /// Serves `buf.len()` bytes at most with one positional read of the stored readable
     /// text (two for a result with binary blocks, whose text length comes first); the rest
-    /// of the result is not touched (nor checksummed: `record` checks the whole frame).
+    /// of the result is not touched. Its body checksum was checked at open or at append,
+    /// or, for a frame the open took from its checkpoint, is checked whole on the first
+    /// content read in this process.
     fn read_output(
         &self,
         handle: &RecordHandle,
@@ -393,6 +400,7 @@ impl RecordSource for RecordLog {
         let Some(entry) = self.tool_result_entry(handle) else {
             return Ok(0);
         };
+        self.check_first_touch(entry)?;
         let (start, len) = self.readable_range(entry)?;
         if offset >= len {
             return Ok(0);
@@ -414,6 +422,7 @@ impl RecordSource for RecordLog {
         let Some((entry, summary, readable)) = self.result_summary(handle)? else {
             return Ok(None);
         };
+        self.check_first_touch(entry)?;
         let Some(place) = summary
             .place(position, readable)
             .map_err(|reason| self.corrupt(entry.offset, reason))?

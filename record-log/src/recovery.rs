@@ -263,6 +263,7 @@ impl RecordLog {
         if let Some(last) = entries.last() {
             self.end = last.offset + last.header.frame_len();
         }
+        self.first_touch = crate::touch::FirstTouch::covering(entries.len());
         self.index = entries;
         Ok(self.end)
     }

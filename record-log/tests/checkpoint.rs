@@ -112,6 +112,55 @@ fn frames_verified_once_are_taken_from_the_checkpoint_and_checked_when_read() {
     expect_corrupt_at(open(dir.path()), starts[3]);
 }
 
+/// A lazy read (the history's walk, then a projection's slice of a result) of a log whose
+/// frames came from the checkpoint: each frame is checked whole on its first content read
+/// in this process, so damage inside it is `Corrupt` even where the slice read misses it.
+#[test]
+fn a_checkpointed_frame_is_checked_whole_on_its_first_lazy_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let starts = big(dir.path());
+    drop(open(dir.path()).unwrap());
+    assert!(checkpoint_path(dir.path()).exists());
+
+    // A flipped byte near the end of record 3's content, far from the head read below.
+    flip(&log_path(dir.path()), starts[4] - 1000);
+    let (log, recovery) = open(dir.path()).unwrap();
+    assert!(recovery.is_clean(), "{recovery}");
+    // The walk reads headers and metadata only.
+    assert_eq!(log.history().unwrap().len() as u64, RECORDS);
+    let damaged = log.handle(3).unwrap();
+    let mut head = [0u8; 64];
+    // Twice: a frame that failed is not remembered as verified.
+    for _ in 0..2 {
+        match log.read_output(&damaged, 0, &mut head) {
+            Err(ReadError::Corrupt { offset, .. }) => assert_eq!(offset, starts[3]),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        log.content_block(&damaged, 0),
+        Err(ReadError::Corrupt { offset, .. }) if offset == starts[3]
+    ));
+    // Undamaged frames read as written (checked whole first).
+    let whole = |seq: u64| match record(seq) {
+        psych_types::Record::ToolResult(result) => result.output.readable_text().into_owned(),
+        _ => unreachable!(),
+    };
+    let two = log.handle(2).unwrap();
+    assert_eq!(log.read_output(&two, 0, &mut head).unwrap(), head.len());
+    assert_eq!(&head[..], &whole(2).as_bytes()[..head.len()]);
+
+    // Once checked, a frame is not read whole again by later slices of this process, as
+    // frames checked at open are not: damage after the check is found by `record` (and by
+    // the next process).
+    flip(&log_path(dir.path()), starts[3] - 1000);
+    assert_eq!(log.read_output(&two, 0, &mut head).unwrap(), head.len());
+    assert!(matches!(
+        log.record(&two),
+        Err(ReadError::Corrupt { offset, .. }) if offset == starts[2]
+    ));
+}
+
 #[test]
 fn durable_records_zeroed_or_cut_are_corrupt_with_a_checkpoint_too() {
     let dir = tempfile::tempdir().unwrap();

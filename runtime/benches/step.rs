@@ -4,10 +4,18 @@
 //! Group `step_20_servers_2000_tools_500_records`:
 //! - `step`: what a Run does per step besides waiting for the model and the server: read
 //!   every connected server's live catalogue, resolve the Surface, assemble the 500-record
-//!   history with the elider and render it for Anthropic, route one forwarded call through
-//!   the executor (guard with argument validation, the host, the log append);
+//!   history as the Run does (its lazy `History` read from the log's metadata, earlier
+//!   turns' views from its `ProjectionCache`, results sent whole read from the log) with
+//!   the elider and render it for Anthropic, route one forwarded call through the executor
+//!   (guard with argument validation, the host, the log append);
+//! - `step_whole_records`: the same with the whole-record assembly the Run used before
+//!   (every record in memory, every earlier result projected again at every step);
 //! - `resolve`: the catalogue reads and disclosure's `resolve` alone;
-//! - `assemble_render`: assembly and the Anthropic render alone;
+//! - `assemble_render`: the Run's assembly and the Anthropic render alone (its cache warm,
+//!   as at every step but the first of a turn);
+//! - `assemble_render_cold`: the same from nothing (the history read from the log and
+//!   every earlier turn projected: a Run's first step after it is reopened);
+//! - `assemble_render_whole_records`: the whole-record assembly and the render;
 //! - `route`: the executor alone on one forwarded call (log opened `OsBuffered`, so the
 //!   figure is the runtime's work, not the disk's `fdatasync`);
 //! - `baseline_serialize_history`: `serde_json::to_string` of the 500 records, the least
@@ -31,12 +39,13 @@ use psych_disclosure::{Inputs, Live, Settings, Surface, Validators, Verdict, res
 use psych_elision::{Elider, Estimator};
 use psych_mcp::synthetic_tools;
 use psych_prompt_assembly::{
-    AnthropicOptions, Assembler, CurrentTime, DynamicTail, StaticSections, Transient,
+    AnthropicOptions, Assembler, CurrentTime, DynamicTail, ProjectionCache, StaticSections,
+    StepHistory, Transient,
 };
-use psych_record_log::{SharedRecordLog, SyncPolicy};
+use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_runtime::Executor;
 use psych_types::{
-    AssistantMessage, ConnectionSpec, JsonObject, LoggedRecord, PermissionGrant, Record,
+    AssistantMessage, ConnectionSpec, History, JsonObject, LoggedRecord, PermissionGrant, Record,
     RecordHandle, RunId, ServerCatalog, ServerId, ToolCall, ToolCallId, ToolDefinition, ToolHost,
     ToolLister, ToolOutput, ToolRef, ToolResult, UserMessage,
 };
@@ -223,7 +232,18 @@ fn resolve_now(
     resolve(&inputs, &Settings::default(), &Estimator::new()).unwrap()
 }
 
-fn assemble(surface: &Surface, history: &[LoggedRecord], elider: &Elider) -> usize {
+/// Where the history comes from: whole records in memory (the Run before), or the Run's
+/// lazy history over its log with its projection cache.
+enum Source<'a> {
+    Whole(&'a [LoggedRecord]),
+    Lazy {
+        history: &'a History,
+        log: &'a SharedRecordLog,
+        cache: &'a mut ProjectionCache,
+    },
+}
+
+fn assemble(surface: &Surface, from: Source<'_>, elider: &Elider) -> usize {
     let zone1 = surface.deferred_lines().iter().fold(
         StaticSections::new("You are a careful assistant."),
         |z, l| z.capability_note(l.clone()),
@@ -231,19 +251,63 @@ fn assemble(surface: &Surface, history: &[LoggedRecord], elider: &Elider) -> usi
     let zone2 = DynamicTail::new();
     let tools = surface.tools().to_vec();
     let transient = Transient::at(CurrentTime::utc(1_796_041_497).unwrap());
-    let prompt = Assembler::new(&zone1, &zone2, &tools)
-        .assemble(history, elider, &transient)
-        .unwrap();
-    prompt
-        .render_anthropic(&AnthropicOptions::new("claude-sonnet-4-5", 4096))
-        .unwrap()
-        .body()
-        .len()
+    let assembler = Assembler::new(&zone1, &zone2, &tools);
+    let options = AnthropicOptions::new("claude-sonnet-4-5", 4096);
+    match from {
+        Source::Whole(records) => assembler
+            .assemble(records, elider, &transient)
+            .unwrap()
+            .render_anthropic(&options)
+            .unwrap()
+            .body()
+            .len(),
+        Source::Lazy {
+            history,
+            log,
+            cache,
+        } => {
+            let step = StepHistory::load(history, log, elider, cache).unwrap();
+            assembler
+                .assemble_history(&step, &transient)
+                .unwrap()
+                .render_anthropic(&options)
+                .unwrap()
+                .body()
+                .len()
+        }
+    }
+}
+
+fn lazy<'a>(
+    history: &'a History,
+    log: &'a SharedRecordLog,
+    cache: &'a mut ProjectionCache,
+) -> Source<'a> {
+    Source::Lazy {
+        history,
+        log,
+        cache,
+    }
+}
+
+/// The history written to a log as a Run writes it (the elider's estimate stored with each
+/// result), shared as a Run shares it.
+fn logged(dir: &std::path::Path, records: &[LoggedRecord], elider: &Elider) -> SharedRecordLog {
+    let (mut log, _) =
+        RecordLog::open(dir, &RunId::new("bench").unwrap(), SyncPolicy::OsBuffered).unwrap();
+    log.set_estimator(Arc::new(*elider.estimator()));
+    let batch: Vec<Record> = records.iter().map(|l| l.record.clone()).collect();
+    log.append_batch(&batch).unwrap();
+    log.sync().unwrap();
+    SharedRecordLog::new(log)
 }
 
 fn bench_step(c: &mut Criterion) {
     let setup = setup();
     let elider = Elider::default();
+    let history_dir = tempfile::tempdir().unwrap();
+    let history_log = logged(history_dir.path(), &setup.history, &elider);
+    let history = history_log.history().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (log, _) = SharedRecordLog::open(
         dir.path(),
@@ -258,10 +322,10 @@ fn bench_step(c: &mut Criterion) {
         .build()
         .unwrap();
     let calls = [setup.call.clone()];
-    let step = || {
+    let step = |from: Source<'_>| {
         let catalogs = live(&setup.catalog, &setup.connections);
         let surface = resolve_now(&catalogs, &setup.connections, &setup.grant);
-        let bytes = assemble(&surface, &setup.history, &elider);
+        let bytes = assemble(&surface, from, &elider);
         let live = Live {
             grant: &setup.grant,
             catalogs: &catalogs,
@@ -271,10 +335,22 @@ fn bench_step(c: &mut Criterion) {
             .unwrap();
         bytes + logged.len()
     };
-    eprintln!("request bytes per step: {}", step());
+    let mut cache = ProjectionCache::new();
+    let lazy_bytes = step(lazy(&history, &history_log, &mut cache));
+    assert_eq!(
+        lazy_bytes,
+        step(Source::Whole(&setup.history)),
+        "both paths send the same request"
+    );
+    eprintln!("request bytes per step: {lazy_bytes}");
 
     let mut group = c.benchmark_group("step_20_servers_2000_tools_500_records");
-    group.bench_function("step", |b| b.iter(|| black_box(step())));
+    group.bench_function("step", |b| {
+        b.iter(|| black_box(step(lazy(&history, &history_log, &mut cache))))
+    });
+    group.bench_function("step_whole_records", |b| {
+        b.iter(|| black_box(step(Source::Whole(&setup.history))))
+    });
     group.bench_function("resolve", |b| {
         b.iter(|| {
             let catalogs = live(&setup.catalog, &setup.connections);
@@ -284,7 +360,27 @@ fn bench_step(c: &mut Criterion) {
     let catalogs = live(&setup.catalog, &setup.connections);
     let surface = resolve_now(&catalogs, &setup.connections, &setup.grant);
     group.bench_function("assemble_render", |b| {
-        b.iter(|| black_box(assemble(&surface, &setup.history, &elider)))
+        b.iter(|| {
+            black_box(assemble(
+                &surface,
+                lazy(&history, &history_log, &mut cache),
+                &elider,
+            ))
+        })
+    });
+    group.bench_function("assemble_render_cold", |b| {
+        b.iter(|| {
+            let history = history_log.history().unwrap();
+            let mut cache = ProjectionCache::new();
+            black_box(assemble(
+                &surface,
+                lazy(&history, &history_log, &mut cache),
+                &elider,
+            ))
+        })
+    });
+    group.bench_function("assemble_render_whole_records", |b| {
+        b.iter(|| black_box(assemble(&surface, Source::Whole(&setup.history), &elider)))
     });
     group.bench_function("route", |b| {
         b.iter(|| {

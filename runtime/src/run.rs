@@ -9,19 +9,20 @@ use psych_catalog::Catalog;
 use psych_disclosure::{Inputs, Live, OrientationContext, Settings, Surface, resolve};
 use psych_elision::{Elider, Estimator};
 use psych_prompt_assembly::{
-    AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, RenderedRequest,
-    StaticSections, Transient,
+    AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, ProjectionCache,
+    RenderedRequest, StaticSections, StepHistory, Transient,
 };
 use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, Recovery, SharedRecordLog, SyncPolicy};
 use psych_types::{
-    AssistantMessage, LoggedRecord, PermissionGrant, Record, RecordSource, RunId, ServerCatalog,
-    ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult, Usage, UserMessage,
+    AssistantMessage, History, HistoryItem, LoggedRecord, PermissionGrant, Record, RecordSource,
+    RunId, ServerCatalog, ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult, Usage,
+    UserMessage,
 };
 
 use crate::error::{ExecuteError, RunError};
 use crate::executor::{Executor, append};
-use crate::usage::{Spent, spent};
+use crate::usage::Spent;
 use psych_types::ConnectionSpec;
 
 /// The text of the failed result logged for a call that has none when a Run is reopened
@@ -98,8 +99,19 @@ type ClockFn = Arc<dyn Fn() -> i64 + Send + Sync>;
 /// Opening a Run whose log exists resumes it: every call left without a result gets a
 /// logged failed result ([`INTERRUPTED`]) before anything is assembled, and
 /// [`request`](Self::request) gives the request that continues the interrupted turn.
+///
+/// A step costs what the model is sent, not what the log holds: the Run keeps its
+/// [`History`] (tool results as the summaries the log stores, with the token estimate
+/// computed when each was appended), projects each earlier turn's results once (a preview
+/// reads only its head and tail from the log), and reads whole only the results it sends
+/// whole.
 pub struct Run<H> {
-    history: Vec<LoggedRecord>,
+    /// The records as prompt assembly reads them, extended from the log after each append.
+    history: History,
+    /// The views of earlier turns' results, by handle: each turn is projected once.
+    projections: ProjectionCache,
+    /// The logged usage records, summed as they are appended.
+    spent: Spent,
     executor: Executor<H>,
     catalog: Catalog,
     connections: Vec<ConnectionSpec>,
@@ -265,15 +277,11 @@ impl<H: ToolHost + 'static> Run<H> {
             grant: &self.grant,
             catalogs: &catalogs,
         };
-        match self.executor.execute(&surface, &live, &tool_calls).await {
-            Ok(logged) => self.history.extend(logged),
-            Err(error) => {
-                // Whatever was logged before the error is read back, so the history is the
-                // log's.
-                self.reload_tail().await?;
-                return Err(error.into());
-            }
-        }
+        let executed = self.executor.execute(&surface, &live, &tool_calls).await;
+        // Whatever was logged (all of the step's results, or what came before an error) is
+        // read into the history, so the history is the log's.
+        self.sync_history().await?;
+        executed?;
         self.next_request().await.map(Next::Request)
     }
 
@@ -316,9 +324,24 @@ impl<H: ToolHost + 'static> Run<H> {
         self.turn.as_ref().map(|t| &*t.surface)
     }
 
-    /// Every record of the Run, as logged.
-    pub fn history(&self) -> &[LoggedRecord] {
+    /// Every record of the Run in log order, as prompt assembly reads it: messages and
+    /// usage whole, each tool result as its stored summary (call id, name, kind, length,
+    /// error flag, token estimate), its content left in the log. Read results whole with
+    /// [`records`](Self::records), or a slice of one through [`log`](Self::log) as the
+    /// reader does.
+    pub fn history(&self) -> &History {
         &self.history
+    }
+
+    /// The records of the Run from sequence number `from` on, read whole from the log
+    /// (every result's content with them: this reads as much as they hold). Blocking I/O.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::Read`] when a record does not read back, [`RunError::Missing`] when
+    /// the log no longer holds one.
+    pub fn records(&self, from: u64) -> Result<Vec<LoggedRecord>, RunError> {
+        read_from(self.executor.log(), from)
     }
 
     /// The Run's log (for a reader, a transcript, `psych read`).
@@ -334,7 +357,7 @@ impl<H: ToolHost + 'static> Run<H> {
     /// The tokens spent so far: the sum of the logged provider-reported usage records, and
     /// nothing else.
     pub fn spent(&self) -> Spent {
-        spent(&self.history)
+        self.spent
     }
 
     /// Renders the request for the history as it stands (a request is then awaited).
@@ -344,16 +367,65 @@ impl<H: ToolHost + 'static> Run<H> {
         };
         let now = CurrentTime::utc((self.clock)()).map_err(psych_prompt_assembly::Error::from)?;
         let transient = Transient::at(now);
-        let request = assemble_request(
-            turn,
-            &self.dynamic_tail,
-            &self.history,
-            &self.elider,
-            &transient,
-            &self.target,
-        )?;
+        // Reading the results sent whole, and the head and tail of a turn's results when
+        // the boundary has just passed them, is I/O: off the async threads.
+        let log = Arc::clone(self.executor.log());
+        let elider = self.elider.clone();
+        let history = std::mem::take(&mut self.history);
+        let mut projections = std::mem::take(&mut self.projections);
+        let loaded = tokio::task::spawn_blocking(move || {
+            let step = StepHistory::load(&history, &*log, &elider, &mut projections);
+            (history, projections, step)
+        })
+        .await;
+        let step = match loaded {
+            Ok((history, projections, step)) => {
+                self.history = history;
+                self.projections = projections;
+                step.map_err(psych_prompt_assembly::Error::from)?
+            }
+            Err(e) => {
+                self.lost_history();
+                return Err(RunError::Task(e.to_string()));
+            }
+        };
+        let request = assemble_request(turn, &self.dynamic_tail, &step, &transient, &self.target)?;
         self.awaiting = true;
         Ok(request)
+    }
+
+    /// Reads into the history the records the log holds past it (each one's header and
+    /// metadata, not a result's content) and adds the usage records among them to
+    /// [`spent`](Self::spent).
+    async fn sync_history(&mut self) -> Result<(), RunError> {
+        let log = Arc::clone(self.executor.log());
+        let mut history = std::mem::take(&mut self.history);
+        let from = history.len();
+        let read = tokio::task::spawn_blocking(move || {
+            let read = log.extend_history(&mut history);
+            (history, read)
+        })
+        .await;
+        match read {
+            Ok((history, read)) => {
+                self.history = history;
+                self.spent.tally(&self.history.entries[from..]);
+                read.map_err(RunError::from)
+            }
+            Err(e) => {
+                self.lost_history();
+                Err(RunError::Task(e.to_string()))
+            }
+        }
+    }
+
+    /// After a blocking task holding the history failed: starts again from an empty
+    /// history (and no spent tokens, no projections), which the next
+    /// [`sync_history`](Self::sync_history) reads back from the log whole.
+    fn lost_history(&mut self) {
+        self.history = History::default();
+        self.projections = ProjectionCache::new();
+        self.spent = Spent::default();
     }
 
     /// Resolves this turn's Surface from the catalogue now, and its zone 1 and tools.
@@ -393,16 +465,18 @@ impl<H: ToolHost + 'static> Run<H> {
         .map_err(RunError::from)
     }
 
-    /// Appends records in one batch and adds them to the history.
+    /// Appends records in one batch and reads them into the history.
     async fn log_records(&mut self, records: Vec<Record>) -> Result<(), RunError> {
-        let logged = append(self.executor.log(), records)
+        if records.is_empty() {
+            return Ok(());
+        }
+        append(self.executor.log(), records)
             .await
             .map_err(|e| match e {
                 ExecuteError::Append(e) => RunError::Append(e),
                 other => RunError::Execute(other),
             })?;
-        self.history.extend(logged);
-        Ok(())
+        self.sync_history().await
     }
 
     /// Logs a failed [`INTERRUPTED`] result for every call of the last assistant message
@@ -419,17 +493,6 @@ impl<H: ToolHost + 'static> Run<H> {
             })
             .collect();
         self.log_records(records).await
-    }
-
-    /// Reads back the records the log holds past the history.
-    async fn reload_tail(&mut self) -> Result<(), RunError> {
-        let log = Arc::clone(self.executor.log());
-        let from = self.history.len() as u64;
-        let tail = tokio::task::spawn_blocking(move || read_from(&log, from))
-            .await
-            .map_err(|e| RunError::Task(e.to_string()))??;
-        self.history.extend(tail);
-        Ok(())
     }
 }
 
@@ -517,9 +580,13 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     /// back, [`RunError::Append`] when the repair cannot be logged.
     pub async fn open(self) -> Result<Run<H>, RunError> {
         let (dir, run, sync) = (self.dir, self.run, self.sync);
+        // Results are logged with the elider's own estimate, so projecting them later
+        // needs no pass over their content.
+        let estimator = Arc::new(*self.elider.estimator());
         let (log, history, recovery) = tokio::task::spawn_blocking(move || {
-            let (log, recovery) = RecordLog::open(&dir, &run, sync)?;
-            let history = log.iter().collect::<Result<Vec<_>, _>>()?;
+            let (mut log, recovery) = RecordLog::open(&dir, &run, sync)?;
+            log.set_estimator(estimator);
+            let history = log.history()?;
             Ok::<_, RunError>((SharedRecordLog::new(log), history, recovery))
         })
         .await
@@ -528,8 +595,12 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             .call_timeout(self.call_timeout)
             .orientation_context(self.orientation)
             .reader_limits(self.limits);
+        let mut spent = Spent::default();
+        spent.tally(&history.entries);
         let mut run = Run {
             history,
+            projections: ProjectionCache::new(),
+            spent,
             executor,
             catalog: self.catalog,
             connections: self.connections,
@@ -549,18 +620,17 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     }
 }
 
-/// The one call into prompt-assembly: the turn's zones and tools, the history, elision as
-/// the projector, the transient message; rendered for the target.
+/// The one call into prompt-assembly: the turn's zones and tools, the step's history (its
+/// earlier turns projected by elision), the transient message; rendered for the target.
 fn assemble_request(
     turn: &Turn,
     dynamic_tail: &DynamicTail,
-    history: &[LoggedRecord],
-    elider: &Elider,
+    step: &StepHistory,
     transient: &Transient,
     target: &Target,
 ) -> Result<RenderedRequest, psych_prompt_assembly::Error> {
-    let prompt = Assembler::new(&turn.zone1, dynamic_tail, &turn.tools)
-        .assemble(history, elider, transient)?;
+    let prompt =
+        Assembler::new(&turn.zone1, dynamic_tail, &turn.tools).assemble_history(step, transient)?;
     Ok(match target {
         Target::Anthropic(options) => prompt.render_anthropic(options)?,
         Target::OpenAi(options) => prompt.render_openai(options)?,
@@ -568,20 +638,22 @@ fn assemble_request(
 }
 
 /// The calls of the last assistant message that no later record answers.
-fn unanswered(history: &[LoggedRecord]) -> Vec<&ToolCall> {
-    let Some(last) = history
+fn unanswered(history: &History) -> Vec<&ToolCall> {
+    let entries = &history.entries;
+    let Some(last) = entries
         .iter()
-        .rposition(|l| matches!(l.record, Record::Assistant(_)))
+        .rposition(|e| matches!(e.item, HistoryItem::Record(Record::Assistant(_))))
     else {
         return Vec::new();
     };
-    let Record::Assistant(message) = &history[last].record else {
+    let HistoryItem::Record(Record::Assistant(message)) = &entries[last].item else {
         return Vec::new();
     };
-    let answered: BTreeSet<&str> = history[last + 1..]
+    let answered: BTreeSet<&str> = entries[last + 1..]
         .iter()
-        .filter_map(|l| match &l.record {
-            Record::ToolResult(result) => Some(result.call_id.as_str()),
+        .filter_map(|e| match &e.item {
+            HistoryItem::Result(stored) => Some(stored.info.call_id.as_str()),
+            HistoryItem::Record(Record::ToolResult(result)) => Some(result.call_id.as_str()),
             _ => None,
         })
         .collect();

@@ -1,6 +1,6 @@
 //! What a Run spent: provider-reported usage records summed, never estimates.
 
-use psych_types::{LoggedRecord, Record, Usage};
+use psych_types::{HistoryEntry, HistoryItem, LoggedRecord, Record, Usage};
 use serde::Serialize;
 
 /// The tokens spent by the model calls of a Run, from its [`Record::Usage`] records alone
@@ -21,18 +21,31 @@ impl Spent {
     }
 }
 
+impl Spent {
+    /// Adds the usage records among `entries` (a Run's history as it grows).
+    pub(crate) fn tally(&mut self, entries: &[HistoryEntry]) {
+        for entry in entries {
+            if let HistoryItem::Record(Record::Usage(usage)) = &entry.item {
+                self.add(usage);
+            }
+        }
+    }
+
+    fn add(&mut self, usage: &Usage) {
+        self.calls += 1;
+        self.usage = self.usage.plus(usage);
+    }
+}
+
 /// Sums the usage records of `records`.
 pub fn spent(records: &[LoggedRecord]) -> Spent {
-    records
-        .iter()
-        .filter_map(|logged| match &logged.record {
-            Record::Usage(usage) => Some(usage),
-            _ => None,
-        })
-        .fold(Spent::default(), |sum, usage| Spent {
-            calls: sum.calls + 1,
-            usage: sum.usage.plus(usage),
-        })
+    let mut sum = Spent::default();
+    for logged in records {
+        if let Record::Usage(usage) = &logged.record {
+            sum.add(usage);
+        }
+    }
+    sum
 }
 
 #[cfg(test)]
@@ -69,5 +82,12 @@ mod tests {
         assert_eq!(spent.usage.output, 10);
         assert_eq!(spent.total(), 140 + 20 + 10 + 10);
         assert_eq!(super::spent(&records[..1]), Spent::default());
+
+        // Tallied over a history as it grows: the same sum.
+        let history = psych_types::History::from_records(&records, None);
+        let mut tallied = Spent::default();
+        tallied.tally(&history.entries[..2]);
+        tallied.tally(&history.entries[2..]);
+        assert_eq!(tallied, spent);
     }
 }

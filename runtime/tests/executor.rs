@@ -79,11 +79,13 @@ async fn open_with(dir: &std::path::Path, timeout: Duration) -> Run<Host> {
         .unwrap()
 }
 
+/// The Run's results, read whole from its log.
 fn results(run: &Run<Host>) -> Vec<(String, ToolOutput)> {
-    run.history()
-        .iter()
-        .filter_map(|l| match &l.record {
-            Record::ToolResult(r) => Some((r.call_id.to_string(), r.output.clone())),
+    run.records(0)
+        .unwrap()
+        .into_iter()
+        .filter_map(|l| match l.record {
+            Record::ToolResult(r) => Some((r.call_id.to_string(), r.output)),
             _ => None,
         })
         .collect()
@@ -304,4 +306,8 @@ async fn spent_comes_from_usage_records_only() {
         run.reply(psych_runtime::ModelReply::default()).await,
         Err(RunError::OutOfTurn(_))
     ));
+    // Reopened, the Run tallies the same from its log's usage records.
+    drop(run);
+    let run = open(dir.path()).await;
+    assert_eq!((run.spent().calls, run.spent().total()), (1, 3_016));
 }

@@ -233,14 +233,26 @@ async fn turn(
     transcript.requests
 }
 
-fn result_of<'a>(run: &'a Run<McpManager>, call: &str) -> (&'a RecordHandle, &'a ToolOutput) {
-    run.history()
-        .iter()
-        .find_map(|l| match &l.record {
-            Record::ToolResult(r) if r.call_id.as_str() == call => Some((&l.handle, &r.output)),
+/// The result of call `call`, read whole from the Run's log.
+fn result_of(run: &Run<McpManager>, call: &str) -> (RecordHandle, ToolOutput) {
+    run.records(0)
+        .unwrap()
+        .into_iter()
+        .find_map(|l| match l.record {
+            Record::ToolResult(r) if r.call_id.as_str() == call => Some((l.handle, r.output)),
             _ => None,
         })
         .unwrap_or_else(|| panic!("no result for {call}"))
+}
+
+/// The Run's lazy history is the log's records summarized, each result with the elider's
+/// estimate stored when it was appended.
+fn assert_history_is_the_logs(run: &Run<McpManager>, logged: &[psych_types::LoggedRecord]) {
+    let estimator = psych_elision::Estimator::new();
+    assert_eq!(
+        run.history(),
+        &psych_types::History::from_records(logged, Some(&estimator))
+    );
 }
 
 fn text(run: &Run<McpManager>, call: &str) -> String {
@@ -295,7 +307,7 @@ async fn session(target: Target) -> (Vec<Vec<String>>, RenderedRequest) {
     tools.push(tool_names(&requests[0]));
     assert!(text(&run, "call_1").contains("\"servers\""));
     assert_eq!(text(&run, "call_2"), large_text(60_000));
-    let mixed = result_of(&run, "call_3").1.clone();
+    let mixed = result_of(&run, "call_3").1;
     assert!(matches!(mixed.content[1], ContentBlock::Image(_)));
     assert!(result_of(&run, "call_4").1.is_error());
     assert_eq!(text(&run, "call_5"), "over http");
@@ -422,7 +434,8 @@ async fn session(target: Target) -> (Vec<Vec<String>>, RenderedRequest) {
     // Spent figures are the usage records, one per model call.
     assert_eq!(run.spent().calls, 2 + 2 + 5);
     let last = request;
-    let history = run.history().to_vec();
+    let history = run.records(0).unwrap();
+    assert_history_is_the_logs(&run, &history);
     drop(run);
     // The log holds every result byte for byte: reopened, it reads back as the Run saw it.
     let (log, recovery) = RecordLog::open(
@@ -537,7 +550,8 @@ async fn faults_are_clear_tool_errors_and_the_run_goes_on() {
         );
     }
     // Nothing logged is lost.
-    let history = run.history().to_vec();
+    let history = run.records(0).unwrap();
+    assert_history_is_the_logs(&run, &history);
     drop(run);
     let (log, recovery) = RecordLog::open(
         dir.path(),
@@ -584,8 +598,9 @@ async fn a_run_killed_mid_step_resumes_with_its_log_intact() {
     let mut run = world
         .run_named(dir.path(), "run-crash", target.clone())
         .await;
-    let kinds: Vec<String> = run
-        .history()
+    let logged = run.records(0).unwrap();
+    assert_history_is_the_logs(&run, &logged);
+    let kinds: Vec<String> = logged
         .iter()
         .map(|l| match &l.record {
             Record::User(u) => format!("user {}", u.text),
