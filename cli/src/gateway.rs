@@ -32,15 +32,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use psych_catalog::{Catalog, Freshener, FreshenerConfig};
-use psych_disclosure::{Inputs, LIST_TOOLS, Live, Settings, Surface, resolve};
+use psych_disclosure::{Exposed, Inputs, LIST_TOOLS, Live, MetaTool, Settings, Surface, resolve};
 use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
 use psych_reader_tool::tool_definition;
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_runtime::{CatalogSync, Connected, ExecuteError, Executor};
 use psych_types::{
-    ConnectionSpec, PermissionGrant, Projection, Record, ResultProjector, ResultRef, RunId,
-    ServerCatalog, ToolCall, ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolRef,
+    ConnectionSpec, ContentBlock, PermissionGrant, Projection, READ_TOOL_OUTPUT, Record,
+    ResultProjector, ResultRef, RunId, ServerCatalog, ToolCall, ToolCallId, ToolDefinition,
+    ToolName, ToolOutput, ToolRef,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
@@ -51,6 +52,8 @@ use rmcp::service::{NotificationContext, Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler, Service, ServiceExt};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
+
+mod raw;
 
 /// The key of a server entry that narrows its grant to the tools named.
 pub(crate) const ALLOW_TOOLS: &str = "allowTools";
@@ -76,6 +79,8 @@ struct Shared {
     /// The last Surface resolved, with the [`fingerprint`] of the catalogues it was
     /// resolved from.
     resolved: Mutex<Option<(String, Arc<Surface>)>>,
+    /// Raw answers waiting for the HTTP transport (see [`raw`]).
+    raw: Arc<raw::RawAnswers>,
 }
 
 /// The grant the file gives: every server whole, or the tools its `allowTools` names.
@@ -199,6 +204,32 @@ fn fingerprint(catalogs: &[ServerCatalog]) -> String {
         .collect()
 }
 
+/// Whether a call named `name` is answered by Psych itself (a meta tool's listing or
+/// description, a search, the orientation payload, the reader) rather than forwarded to an
+/// upstream server, whose result passes through as it was sent.
+fn answered_here(surface: &Surface, name: &str) -> bool {
+    match surface.exposed(name) {
+        Some(Exposed::Direct { .. } | Exposed::Facade { .. } | Exposed::SearchCall { .. }) => false,
+        Some(Exposed::Meta { tool }) => *tool != MetaTool::CallTool,
+        Some(_) => true,
+        None => name == READ_TOOL_OUTPUT,
+    }
+}
+
+/// `output` with its structured content also as one text block when it has no content
+/// block: MCP says a tool returning structured content should also return it serialized in
+/// a text block, and a client that shows only `content` would otherwise show nothing.
+fn with_text_block(mut output: ToolOutput) -> ToolOutput {
+    if output.content.is_empty()
+        && let Some(structured) = &output.structured_content
+    {
+        output
+            .content
+            .push(ContentBlock::text(structured.to_string()));
+    }
+    output
+}
+
 /// One client session: its own record log (one Run per connection) and executor.
 struct Session {
     shared: Arc<Shared>,
@@ -260,9 +291,10 @@ impl Session {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let id = ToolCallId::new(format!("call-{n}"))
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let name = params.name.into_owned();
         let call = ToolCall {
             id,
-            name: params.name.into_owned(),
+            name: name.clone(),
             arguments: Value::Object(params.arguments.unwrap_or_default()),
         };
         let logged = match self.executor.execute(&surface, &live, &[call]).await {
@@ -294,6 +326,7 @@ impl Session {
                 shown.is_error = result.output.is_error;
                 shown
             }
+            _ if answered_here(&surface, &name) => with_text_block(result.output.clone()),
             _ => result.output.clone(),
         };
         serde_json::to_value(&output)
@@ -355,17 +388,21 @@ impl Session {
     }
 }
 
-/// Over streamable HTTP the session is rmcp's [`ServerHandler`] (typed results: a block
-/// type rmcp does not model cannot pass through there); over stdio, [`Gateway`] answers the
-/// listing and calls as raw JSON.
+/// Over stdio, [`Gateway`] answers `tools/list` and `tools/call` as raw JSON and the rest
+/// is this handler's. Over streamable HTTP (whose server takes only a handler) the two
+/// answer with typed placeholders that [`raw::RawTransport`] replaces with the raw JSON on
+/// the way out.
 impl ServerHandler for Session {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        serde_json::from_value(self.listing()?)
-            .map_err(|e| ErrorData::internal_error(format!("encoding the listing: {e}"), None))
+        let raw = self.listing()?;
+        let mut typed: ListToolsResult = serde_json::from_value(raw.clone())
+            .map_err(|e| ErrorData::internal_error(format!("encoding the listing: {e}"), None))?;
+        self.shared.raw.stash(raw, &mut typed.meta);
+        Ok(typed)
     }
 
     async fn call_tool(
@@ -373,11 +410,15 @@ impl ServerHandler for Session {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let result: CallToolResult =
-            serde_json::from_value(self.call_or_cancel(request, &context).await?).map_err(|e| {
-                ErrorData::internal_error(format!("encoding the result: {e}"), None)
-            })?;
-        Ok(CallToolResponse::from(result))
+        let raw = self.call_or_cancel(request, &context).await?;
+        // What rmcp can type of the result: sent only if the raw answer cannot be.
+        let mut typed = serde_json::from_value::<CallToolResult>(raw.clone()).unwrap_or_else(|e| {
+            CallToolResult::error(vec![rmcp::model::ContentBlock::text(format!(
+                "the result cannot be sent typed: {e}"
+            ))])
+        });
+        self.shared.raw.stash(raw, &mut typed.meta);
+        Ok(CallToolResponse::from(typed))
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
@@ -399,9 +440,10 @@ impl ServerHandler for Session {
     }
 }
 
-/// `tools/list` and `tools/call` are answered as raw JSON: the tool definitions and the
-/// upstream's result exactly as stored (unknown fields and block types kept); the rest is
-/// rmcp's [`ServerHandler`].
+/// `tools/list` and `tools/call` are answered as raw JSON, over stdio and streamable HTTP
+/// alike: the tool definitions and the upstream's result exactly as stored (unknown fields
+/// and block types kept, which rmcp's typed `CallToolResult` would drop or refuse); the rest
+/// is rmcp's [`ServerHandler`].
 struct Gateway(Session);
 
 impl Service<RoleServer> for Gateway {
@@ -489,6 +531,7 @@ async fn serve(config: McpConfig, dir: &Path, listen: Listen) -> Result<u8, Stri
         logs: dir.join("serve"),
         sessions: AtomicU64::new(0),
         resolved: Mutex::new(None),
+        raw: Arc::default(),
     });
     let served = match listen {
         Listen::Stdio => serve_stdio(shared).await,
@@ -518,14 +561,14 @@ async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String>
     use hyper_util::service::TowerToHyperService;
     use rmcp::transport::StreamableHttpService;
     use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 
     if !addr.ip().is_loopback() {
         return Err(format!("--http: {addr} is not a loopback address"));
     }
+    let raw = Arc::clone(&shared.raw);
     let service = TowerToHyperService::new(StreamableHttpService::new(
         move || Session::open(Arc::clone(&shared)),
-        LocalSessionManager::default().into(),
+        raw::RawSessions::new(raw).into(),
         StreamableHttpServerConfig::default(),
     ));
     let listener = tokio::net::TcpListener::bind(addr)

@@ -4,8 +4,11 @@
 //! deferred tool reached through list → describe → call, a large result elided and read
 //! back by handle with grep, a handle of another session refused with the typed error, a
 //! tool outside the grant refused through every tier, an upstream `list_changed` reaching
-//! the client (unchanged tools keep their bytes and order), and an upstream crash answered
-//! as a tool error while the other servers keep working.
+//! the client (unchanged tools keep their bytes and order), an upstream crash answered
+//! as a tool error while the other servers keep working, Psych's own answers carrying
+//! their structured content as a text block too, an upstream result with unmodelled
+//! fields and block types passed through whole, and a call the client cancels cancelled
+//! upstream.
 
 #![allow(
     clippy::unwrap_used,
@@ -16,7 +19,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rmcp::model::{CallToolRequestParams, CallToolResult, Tool};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, CustomResult,
+    ServerResult, Tool,
+};
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
@@ -169,11 +175,52 @@ async fn psych_serve_end_to_end() {
     let bytes = serde_json::to_string(&tools).unwrap().len();
     assert!(bytes < 40_000, "the listing stays small: {bytes} bytes");
 
-    // The orientation tool answers.
+    // The orientation tool answers, its structured content also as a text block (a client
+    // that shows only `content` sees it); so do the meta tools' own answers.
     let oriented = call(&session, "psych_orientation", json!({})).await;
     assert_ne!(oriented.is_error, Some(true));
     let payload = serde_json::to_string(&oriented).unwrap();
     assert!(payload.contains("big"), "{payload}");
+    for answer in [
+        oriented,
+        call(&session, "psych_list_tools", json!({"server": "big"})).await,
+    ] {
+        let [block] = answer.content.as_slice() else {
+            panic!("one text block: {answer:?}");
+        };
+        let shown: Value = serde_json::from_str(&block.as_text().unwrap().text).unwrap();
+        assert_eq!(Some(shown), answer.structured_content);
+    }
+    // An upstream result passes through as it was sent: a block type and fields rmcp does
+    // not model are kept (read raw here, since rmcp's typed result would refuse it).
+    let raw = session
+        .peer()
+        .send_request(ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new("small__exotic"),
+        )))
+        .await
+        .unwrap();
+    let ServerResult::CustomResult(CustomResult(raw)) = raw else {
+        panic!("the exotic result arrives raw: {raw:?}");
+    };
+    assert_eq!(raw, psych_mcp::test_server::exotic_result());
+
+    // A call the client cancels is cancelled upstream.
+    let hung = tokio::time::timeout(
+        Duration::from_millis(300),
+        call(&session, "small__hang", json!({})),
+    )
+    .await;
+    assert!(hung.is_err(), "hang never answers");
+    let mut cancelled = String::new();
+    for _ in 0..100 {
+        cancelled = text(&call(&session, "small__cancellations", json!({})).await);
+        if cancelled != "0" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(cancelled, "1", "the upstream saw the cancellation");
 
     // A deferred tool through list → describe → call.
     // Every page of the listing: the grant's tools are there, the tool outside it is not.

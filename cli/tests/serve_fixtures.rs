@@ -110,13 +110,18 @@ async fn the_fixture_catalogues_through_serve_against_every_server_directly() {
         direct_tokens += tokens;
     }
     assert_eq!(direct_tools, 189, "every fixture tool is served upstream");
-    eprintln!("every server directly: {direct_tools} tools, {direct_bytes} B, ~{direct_tokens} tokens");
+    eprintln!(
+        "every server directly: {direct_tools} tools, {direct_bytes} B, ~{direct_tokens} tokens"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let mut ratios = Vec::new();
     for (label, extra) in [
         ("preload auto (default)", json!({})),
-        ("every server \"preload\": false", json!({ "preload": false })),
+        (
+            "every server \"preload\": false",
+            json!({ "preload": false }),
+        ),
     ] {
         let tools = through_serve(dir.path(), &extra).await;
         let (bytes, tokens) = measure(&tools);
