@@ -55,6 +55,7 @@ mod events;
 mod listing;
 mod manager;
 mod png;
+mod progress;
 mod stdio;
 mod synthetic;
 pub mod test_server;
@@ -65,6 +66,7 @@ pub use error::McpError;
 pub use events::{ChangeCause, McpEvent, McpEvents};
 pub use listing::{Listing, MalformedTool};
 pub use manager::{BuildError, McpManager, McpManagerBuilder};
+pub use progress::Progress;
 pub use synthetic::{SyntheticKind, synthetic_catalog, synthetic_tools};
 pub use timeouts::{Backoff, Timeouts};
 

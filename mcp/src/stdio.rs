@@ -23,7 +23,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use psych_types::ServerId;
 use rmcp::RoleClient;
-use rmcp::model::{ClientRequest, JsonRpcMessage, RequestId};
+use rmcp::model::{ClientRequest, JsonRpcMessage, RequestId, ServerNotification};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -32,6 +32,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::McpError;
+use crate::progress::ProgressRoutes;
 
 /// The longest line read from a server's stdout; a longer one is dropped and reported.
 const MAX_LINE: usize = 64 * 1024 * 1024;
@@ -287,6 +288,10 @@ impl Drop for Child {
 #[derive(Default)]
 pub(crate) struct Tap {
     wanted: Mutex<HashMap<String, Option<Value>>>,
+    /// Where progress notifications go, delivered here in the order they were read (rmcp
+    /// runs each notification's handler as its own task, which a call's response can
+    /// overtake, so progress sent just before the result would be lost there).
+    progress: std::sync::OnceLock<Arc<ProgressRoutes>>,
 }
 
 fn id_key(id: &RequestId) -> String {
@@ -320,6 +325,11 @@ impl Tap {
             }
             None => false,
         }
+    }
+
+    /// Delivers the server's progress notifications to `routes` as they are read.
+    pub(crate) fn route_progress(&self, routes: Arc<ProgressRoutes>) {
+        let _ = self.progress.set(routes);
     }
 
     /// The raw result of request `id`, forgetting the request either way.
@@ -383,6 +393,17 @@ impl ChildTransport {
     }
 
     fn parse(&self, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let message = self.decode(line)?;
+        if let JsonRpcMessage::Notification(notification) = &message
+            && let ServerNotification::ProgressNotification(progress) = &notification.notification
+            && let Some(routes) = self.tap.progress.get()
+        {
+            routes.deliver(progress.params.clone());
+        }
+        Some(message)
+    }
+
+    fn decode(&self, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
         if self.tap.is_waiting() {
             let mut value: Value = serde_json::from_slice(line).ok()?;
             let kept = match (value.get("id"), value.get("result")) {

@@ -16,6 +16,7 @@
 //! | `hang` | never answers (until cancelled) |
 //! | `sleep {ms, tag}` | answers `tag` after `ms` milliseconds |
 //! | `cancellations` | how many calls were cancelled so far |
+//! | `progress {steps}` | sends `steps` progress notifications with the call's progress token, then answers |
 //! | `garbage {lines}` | writes lines that are not JSON-RPC to stdout, then answers |
 //! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
 //! | `exotic` | over stdio, [`exotic_result`] as raw JSON: fields and a block type rmcp does not model |
@@ -34,8 +35,9 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
     ContentBlock, CustomResult, ErrorData, Implementation, InitializeRequestParams,
-    InitializeResult, JsonRpcMessage, ListToolsResult, PaginatedRequestParams, ResourceContents,
-    ServerCapabilities, ServerNotification, ServerResult, ToolListChangedNotification,
+    InitializeResult, JsonRpcMessage, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, RequestMetaObject, ResourceContents, ServerCapabilities,
+    ServerNotification, ServerResult, ToolListChangedNotification,
 };
 use rmcp::service::{
     NotificationContext, Peer, RequestContext, RxJsonRpcMessage, TxJsonRpcMessage,
@@ -347,6 +349,14 @@ fn control_tools() -> Vec<Value> {
             none.clone(),
         ),
         tool(
+            "progress",
+            "Sends `steps` progress notifications with the call's progress token, then answers.",
+            object(
+                json!({"steps": {"type": "integer", "minimum": 1}}),
+                json!(["steps"]),
+            ),
+        ),
+        tool(
             "garbage",
             "Writes lines that are not JSON-RPC to stdout.",
             object(json!({"lines": {"type": "integer"}}), json!([])),
@@ -536,6 +546,26 @@ impl TestServer {
                     .map(str::to_owned);
                 let info = json!({"protocolVersion": version, "authorization": authorization});
                 CallToolResult::success(vec![ContentBlock::text(info.to_string())])
+            }
+            "progress" => {
+                let steps = number_arg("steps").max(1);
+                let token = params
+                    .meta
+                    .as_ref()
+                    .and_then(RequestMetaObject::get_progress_token)
+                    .or_else(|| context.meta.get_progress_token());
+                let Some(token) = token else {
+                    return Ok(CallToolResult::error(vec![ContentBlock::text(
+                        "progress: the call carried no progress token",
+                    )]));
+                };
+                for step in 1..=steps {
+                    let mut note = ProgressNotificationParam::new(token.clone(), step as f64);
+                    note.total = Some(steps as f64);
+                    note.message = Some(format!("step {step} of {steps}"));
+                    let _ = context.peer.notify_progress(note).await;
+                }
+                CallToolResult::success(vec![ContentBlock::text(format!("{steps} steps reported"))])
             }
             "cancellations" => CallToolResult::success(vec![ContentBlock::text(
                 state.cancellations.load(Ordering::SeqCst).to_string(),
@@ -874,12 +904,21 @@ mod tests {
         assert_eq!(Value::Array(scenario.catalog_tools().unwrap()), tools);
         std::fs::write(&path, r#"{"items": []}"#).unwrap();
         let error = scenario.catalog_tools().unwrap_err().to_string();
-        assert!(error.contains("tools.json") && error.contains("no \"tools\""), "{error}");
+        assert!(
+            error.contains("tools.json") && error.contains("no \"tools\""),
+            "{error}"
+        );
         let missing = Scenario {
             catalog: Some(dir.join("absent.json")),
             ..Scenario::default()
         };
-        assert!(missing.catalog_tools().unwrap_err().to_string().contains("absent.json"));
+        assert!(
+            missing
+                .catalog_tools()
+                .unwrap_err()
+                .to_string()
+                .contains("absent.json")
+        );
         assert!(Scenario::default().catalog_tools().unwrap().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
