@@ -32,7 +32,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use psych_catalog::{Catalog, Freshener, FreshenerConfig};
-use psych_disclosure::{Exposed, Inputs, LIST_TOOLS, Live, MetaTool, Settings, Surface, resolve};
+use psych_disclosure::{
+    Exposed, Inputs, LIST_TOOLS, Live, MetaTool, Settings, Surface, Validators, Verdict, resolve,
+};
 use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
 use psych_reader_tool::tool_definition;
@@ -46,13 +48,14 @@ use psych_types::{
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
     CustomResult, ErrorCode, ErrorData, Implementation, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerResult,
+    PaginatedRequestParams, RequestMetaObject, ServerCapabilities, ServerResult,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler, Service, ServiceExt};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
+mod progress;
 mod raw;
 
 /// The key of a server entry that narrows its grant to the tools named.
@@ -233,7 +236,11 @@ fn with_text_block(mut output: ToolOutput) -> ToolOutput {
 /// One client session: its own record log (one Run per connection) and executor.
 struct Session {
     shared: Arc<Shared>,
-    executor: Executor<McpManager>,
+    host: Arc<progress::GatewayHost>,
+    /// Disclosure's compiled schemas for working out which upstream call a client call
+    /// with a progress token becomes (the executor keeps its own).
+    validators: Mutex<Validators>,
+    executor: Executor<progress::GatewayHost>,
     calls: AtomicU64,
     watcher: Mutex<Option<JoinHandle<()>>>,
 }
@@ -264,10 +271,12 @@ impl Session {
         std::fs::create_dir_all(&shared.logs)?;
         let (log, _) = RecordLog::open(&shared.logs, &run, SyncPolicy::EveryAppend)
             .map_err(std::io::Error::other)?;
-        let host = Arc::new(shared.manager.clone());
-        let executor = Executor::new(host, Arc::new(SharedRecordLog::new(log)));
+        let host = Arc::new(progress::GatewayHost::new(shared.manager.clone()));
+        let executor = Executor::new(Arc::clone(&host), Arc::new(SharedRecordLog::new(log)));
         Ok(Self {
             shared,
+            host,
+            validators: Mutex::new(Validators::new()),
             executor,
             calls: AtomicU64::new(0),
             watcher: Mutex::new(None),
@@ -281,8 +290,13 @@ impl Session {
         Ok(json!({ "tools": tools }))
     }
 
-    /// One `tools/call`: through the executor, logged whole, projected by elision.
-    async fn call(&self, params: CallToolRequestParams) -> Result<Value, ErrorData> {
+    /// One `tools/call`: through the executor, logged whole, projected by elision; with
+    /// `progress`, the upstream's progress reaches the client under its token.
+    async fn call(
+        &self,
+        params: CallToolRequestParams,
+        progress: Option<progress::ClientProgress>,
+    ) -> Result<Value, ErrorData> {
         let (catalogs, surface) = self.shared.current()?;
         let live = Live {
             grant: &self.shared.grant,
@@ -297,6 +311,19 @@ impl Session {
             name: name.clone(),
             arguments: Value::Object(params.arguments.unwrap_or_default()),
         };
+        // Which upstream call this becomes, if any, decided as the executor will decide it.
+        let _expected = progress.and_then(|client| {
+            let mut validators = self
+                .validators
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match surface.guard(&call.name, &call.arguments, &live, &mut validators) {
+                Verdict::Forward(forward) => {
+                    Some(self.host.expect(forward.target, forward.arguments, client))
+                }
+                _ => None,
+            }
+        });
         let logged = match self.executor.execute(&surface, &live, &[call]).await {
             Ok(logged) => logged,
             Err(ExecuteError::InvalidDeferredHandle(error)) => {
@@ -340,8 +367,17 @@ impl Session {
         params: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
     ) -> Result<Value, ErrorData> {
+        let token = params
+            .meta
+            .as_ref()
+            .and_then(RequestMetaObject::get_progress_token)
+            .or_else(|| context.meta.get_progress_token());
+        let progress = token.map(|token| progress::ClientProgress {
+            peer: context.peer.clone(),
+            token,
+        });
         tokio::select! {
-            result = self.call(params) => result,
+            result = self.call(params, progress) => result,
             () = context.ct.cancelled() => Err(ErrorData::new(
                 ErrorCode::INVALID_REQUEST,
                 "cancelled by the client",

@@ -7,8 +7,8 @@
 //! the client (unchanged tools keep their bytes and order), an upstream crash answered
 //! as a tool error while the other servers keep working, Psych's own answers carrying
 //! their structured content as a text block too, an upstream result with unmodelled
-//! fields and block types passed through whole, and a call the client cancels cancelled
-//! upstream.
+//! fields and block types passed through whole, a call the client cancels cancelled
+//! upstream, and the upstream's progress reaching the client under the client's token.
 
 #![allow(
     clippy::unwrap_used,
@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, CustomResult,
-    ServerResult, Tool,
+    ProgressNotificationParam, ServerResult, Tool,
 };
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
@@ -31,15 +31,31 @@ use tokio::sync::mpsc;
 
 const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
 
-/// A client that forwards each `tools/list_changed` to a channel.
+/// A client that forwards each `tools/list_changed` and each progress notification to a
+/// channel.
 struct Client {
     changed: mpsc::UnboundedSender<()>,
+    progress: mpsc::UnboundedSender<ProgressNotificationParam>,
 }
 
 impl ClientHandler for Client {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         let _ = self.changed.send(());
     }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.progress.send(params);
+    }
+}
+
+/// What a client's handler received.
+struct Received {
+    changed: mpsc::UnboundedReceiver<()>,
+    progress: mpsc::UnboundedReceiver<ProgressNotificationParam>,
 }
 
 type Session = RunningService<RoleClient, Client>;
@@ -85,7 +101,7 @@ fn write_config(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-async fn connect(config: &Path, dir: &Path) -> (Session, mpsc::UnboundedReceiver<()>) {
+async fn connect(config: &Path, dir: &Path) -> (Session, Received) {
     let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
         c.arg("serve")
             .arg("--config")
@@ -95,9 +111,14 @@ async fn connect(config: &Path, dir: &Path) -> (Session, mpsc::UnboundedReceiver
             .stderr(std::process::Stdio::null());
     }))
     .unwrap();
-    let (changed, receiver) = mpsc::unbounded_channel();
-    let session = Client { changed }.serve(transport).await.unwrap();
-    (session, receiver)
+    let (changed, changed_rx) = mpsc::unbounded_channel();
+    let (progress, progress_rx) = mpsc::unbounded_channel();
+    let session = Client { changed, progress }.serve(transport).await.unwrap();
+    let received = Received {
+        changed: changed_rx,
+        progress: progress_rx,
+    };
+    (session, received)
 }
 
 async fn call(session: &Session, name: &str, arguments: Value) -> CallToolResult {
@@ -131,7 +152,11 @@ fn names(tools: &[Tool]) -> Vec<String> {
 async fn psych_serve_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());
-    let (session, mut changed) = connect(&config, dir.path()).await;
+    let (session, received) = connect(&config, dir.path()).await;
+    let Received {
+        mut changed,
+        mut progress,
+    } = received;
 
     // tools/list under each tier.
     let tools = session.list_all_tools().await.unwrap();
@@ -221,6 +246,49 @@ async fn psych_serve_end_to_end() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(cancelled, "1", "the upstream saw the cancellation");
+
+    // The upstream's progress reaches the client under the client's own token (rmcp's
+    // client gives every request one), before the result; directly and through a meta tool.
+    for (name, arguments) in [
+        ("small__progress", json!({"steps": 3})),
+        (
+            "psych_call_tool",
+            json!({"server": "small", "tool": "progress", "arguments": {"steps": 3}}),
+        ),
+    ] {
+        let params = CallToolRequestParams::new(name.to_owned())
+            .with_arguments(arguments.as_object().unwrap().clone());
+        let handle = session
+            .peer()
+            .send_cancellable_request(
+                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+                PeerRequestOptions::no_options(),
+            )
+            .await
+            .unwrap();
+        let token = handle.progress_token.clone();
+        let ServerResult::CallToolResult(done) = handle.await_response().await.unwrap() else {
+            panic!("{name}: a tools/call result");
+        };
+        assert_eq!(text(&done), "3 steps reported", "{name}");
+        let mut seen = Vec::new();
+        while seen.len() < 3 {
+            let note = tokio::time::timeout(Duration::from_secs(10), progress.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{name}: progress reaches the client: {seen:?}"))
+                .unwrap();
+            seen.push((note.progress_token, note.progress, note.total, note.message));
+        }
+        // rmcp's client runs each notification's handler as its own task: sorted here.
+        seen.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let expected: Vec<_> = (1..=3)
+            .map(|n| {
+                let message = Some(format!("step {n} of 3"));
+                (token.clone(), f64::from(n), Some(3.0), message)
+            })
+            .collect();
+        assert_eq!(seen, expected, "{name}");
+    }
 
     // A deferred tool through list → describe → call.
     // Every page of the listing: the grant's tools are there, the tool outside it is not.
@@ -372,6 +440,9 @@ async fn psych_serve_end_to_end() {
 
     session.cancel().await.unwrap();
     // One record log per session, under `<dir>/serve/`.
-    let logs = std::fs::read_dir(dir.path().join("serve")).unwrap().count();
-    assert_eq!(logs, 2);
+    let logs: Vec<_> = std::fs::read_dir(dir.path().join("serve"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(logs.len(), 2, "{logs:?}");
 }
