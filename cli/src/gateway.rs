@@ -15,7 +15,12 @@
 //!   forwarded call under a deadline); the result is logged whole in this session's record
 //!   log (`<dir>/serve/<session>.plog`) and the client gets psych-elision's projection of it
 //!   (the per-result threshold, failures truncated). A result that is not elided passes
-//!   through as the upstream sent it (images stay images).
+//!   through as the upstream sent it (images stay images, unknown block types and fields
+//!   are kept), over stdio and over HTTP ([`raw`]); Psych's own answers (meta tools,
+//!   search, orientation, the reader) carry their structured content as a text block too.
+//! - A call the client cancels is dropped, which cancels the upstream request; the
+//!   upstream's progress reaches the client under the client's progress token
+//!   ([`progress`]).
 //! - A handle from another session is the JSON-RPC error `invalid_deferred_handle`, never a
 //!   tool result.
 //! - When what `tools/list` would answer changes (an upstream `list_changed`, a server
@@ -269,7 +274,12 @@ impl Session {
         let run = RunId::new(format!("serve-{secs}-{}-{n}", std::process::id()))
             .map_err(std::io::Error::other)?;
         std::fs::create_dir_all(&shared.logs)?;
-        let (log, _) = RecordLog::open(&shared.logs, &run, SyncPolicy::EveryAppend)
+        // No fdatasync per call: measured, it was most of a proxied call's added latency
+        // (a call 2.1 ms through the gateway against 0.24 ms direct; one write+fdatasync
+        // on that disk about 3 ms). The log is the session's own: its handles are read
+        // back only by this session, which ends with this process, so a record needs to
+        // survive the process being killed (the OS page cache does that), not a power loss.
+        let (log, _) = RecordLog::open(&shared.logs, &run, SyncPolicy::OsBuffered)
             .map_err(std::io::Error::other)?;
         let host = Arc::new(progress::GatewayHost::new(shared.manager.clone()));
         let executor = Executor::new(Arc::clone(&host), Arc::new(SharedRecordLog::new(log)));
