@@ -249,7 +249,10 @@ mod tests {
         let plain = CallToolResult::success(vec![ContentBlock::text("plain")]);
         let mut message = response(ServerResult::CallToolResult(plain.clone()));
         raw.swap(&mut message);
-        assert_eq!(message, response(ServerResult::CallToolResult(plain)));
+        assert_eq!(
+            serde_json::to_value(&message).unwrap(),
+            serde_json::to_value(response(ServerResult::CallToolResult(plain))).unwrap()
+        );
     }
 
     #[test]
