@@ -4,8 +4,11 @@
 //! deferred tool reached through list → describe → call, a large result elided and read
 //! back by handle with grep, a handle of another session refused with the typed error, a
 //! tool outside the grant refused through every tier, an upstream `list_changed` reaching
-//! the client (unchanged tools keep their bytes and order), and an upstream crash answered
-//! as a tool error while the other servers keep working.
+//! the client (unchanged tools keep their bytes and order), an upstream crash answered
+//! as a tool error while the other servers keep working, Psych's own answers carrying
+//! their structured content as a text block too, an upstream result with unmodelled
+//! fields and block types passed through whole, a call the client cancels cancelled
+//! upstream, and the upstream's progress reaching the client under the client's token.
 
 #![allow(
     clippy::unwrap_used,
@@ -16,8 +19,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rmcp::model::{CallToolRequestParams, CallToolResult, Tool};
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, CustomResult,
+    ProgressNotificationParam, ServerResult, Tool,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
@@ -25,15 +31,31 @@ use tokio::sync::mpsc;
 
 const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
 
-/// A client that forwards each `tools/list_changed` to a channel.
+/// A client that forwards each `tools/list_changed` and each progress notification to a
+/// channel.
 struct Client {
     changed: mpsc::UnboundedSender<()>,
+    progress: mpsc::UnboundedSender<ProgressNotificationParam>,
 }
 
 impl ClientHandler for Client {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         let _ = self.changed.send(());
     }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.progress.send(params);
+    }
+}
+
+/// What a client's handler received.
+struct Received {
+    changed: mpsc::UnboundedReceiver<()>,
+    progress: mpsc::UnboundedReceiver<ProgressNotificationParam>,
 }
 
 type Session = RunningService<RoleClient, Client>;
@@ -79,7 +101,7 @@ fn write_config(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-async fn connect(config: &Path, dir: &Path) -> (Session, mpsc::UnboundedReceiver<()>) {
+async fn connect(config: &Path, dir: &Path) -> (Session, Received) {
     let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
         c.arg("serve")
             .arg("--config")
@@ -89,9 +111,14 @@ async fn connect(config: &Path, dir: &Path) -> (Session, mpsc::UnboundedReceiver
             .stderr(std::process::Stdio::null());
     }))
     .unwrap();
-    let (changed, receiver) = mpsc::unbounded_channel();
-    let session = Client { changed }.serve(transport).await.unwrap();
-    (session, receiver)
+    let (changed, changed_rx) = mpsc::unbounded_channel();
+    let (progress, progress_rx) = mpsc::unbounded_channel();
+    let session = Client { changed, progress }.serve(transport).await.unwrap();
+    let received = Received {
+        changed: changed_rx,
+        progress: progress_rx,
+    };
+    (session, received)
 }
 
 async fn call(session: &Session, name: &str, arguments: Value) -> CallToolResult {
@@ -125,7 +152,11 @@ fn names(tools: &[Tool]) -> Vec<String> {
 async fn psych_serve_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());
-    let (session, mut changed) = connect(&config, dir.path()).await;
+    let (session, received) = connect(&config, dir.path()).await;
+    let Received {
+        mut changed,
+        mut progress,
+    } = received;
 
     // tools/list under each tier.
     let tools = session.list_all_tools().await.unwrap();
@@ -169,11 +200,95 @@ async fn psych_serve_end_to_end() {
     let bytes = serde_json::to_string(&tools).unwrap().len();
     assert!(bytes < 40_000, "the listing stays small: {bytes} bytes");
 
-    // The orientation tool answers.
+    // The orientation tool answers, its structured content also as a text block (a client
+    // that shows only `content` sees it); so do the meta tools' own answers.
     let oriented = call(&session, "psych_orientation", json!({})).await;
     assert_ne!(oriented.is_error, Some(true));
     let payload = serde_json::to_string(&oriented).unwrap();
     assert!(payload.contains("big"), "{payload}");
+    for answer in [
+        oriented,
+        call(&session, "psych_list_tools", json!({"server": "big"})).await,
+    ] {
+        let [block] = answer.content.as_slice() else {
+            panic!("one text block: {answer:?}");
+        };
+        let shown: Value = serde_json::from_str(&block.as_text().unwrap().text).unwrap();
+        assert_eq!(Some(shown), answer.structured_content);
+    }
+    // An upstream result passes through as it was sent: a block type and fields rmcp does
+    // not model are kept (read raw here, since rmcp's typed result would refuse it).
+    let raw = session
+        .peer()
+        .send_request(ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new("small__exotic"),
+        )))
+        .await
+        .unwrap();
+    let ServerResult::CustomResult(CustomResult(raw)) = raw else {
+        panic!("the exotic result arrives raw: {raw:?}");
+    };
+    assert_eq!(raw, psych_mcp::test_server::exotic_result());
+
+    // A call the client cancels is cancelled upstream.
+    let hung = tokio::time::timeout(
+        Duration::from_millis(300),
+        call(&session, "small__hang", json!({})),
+    )
+    .await;
+    assert!(hung.is_err(), "hang never answers");
+    let mut cancelled = String::new();
+    for _ in 0..100 {
+        cancelled = text(&call(&session, "small__cancellations", json!({})).await);
+        if cancelled != "0" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(cancelled, "1", "the upstream saw the cancellation");
+
+    // The upstream's progress reaches the client under the client's own token (rmcp's
+    // client gives every request one), before the result; directly and through a meta tool.
+    for (name, arguments) in [
+        ("small__progress", json!({"steps": 3})),
+        (
+            "psych_call_tool",
+            json!({"server": "small", "tool": "progress", "arguments": {"steps": 3}}),
+        ),
+    ] {
+        let params = CallToolRequestParams::new(name.to_owned())
+            .with_arguments(arguments.as_object().unwrap().clone());
+        let handle = session
+            .peer()
+            .send_cancellable_request(
+                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+                PeerRequestOptions::no_options(),
+            )
+            .await
+            .unwrap();
+        let token = handle.progress_token.clone();
+        let ServerResult::CallToolResult(done) = handle.await_response().await.unwrap() else {
+            panic!("{name}: a tools/call result");
+        };
+        assert_eq!(text(&done), "3 steps reported", "{name}");
+        let mut seen = Vec::new();
+        while seen.len() < 3 {
+            let note = tokio::time::timeout(Duration::from_secs(10), progress.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{name}: progress reaches the client: {seen:?}"))
+                .unwrap();
+            seen.push((note.progress_token, note.progress, note.total, note.message));
+        }
+        // rmcp's client runs each notification's handler as its own task: sorted here.
+        seen.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let expected: Vec<_> = (1..=3)
+            .map(|n| {
+                let message = Some(format!("step {n} of 3"));
+                (token.clone(), f64::from(n), Some(3.0), message)
+            })
+            .collect();
+        assert_eq!(seen, expected, "{name}");
+    }
 
     // A deferred tool through list → describe → call.
     // Every page of the listing: the grant's tools are there, the tool outside it is not.
@@ -325,6 +440,9 @@ async fn psych_serve_end_to_end() {
 
     session.cancel().await.unwrap();
     // One record log per session, under `<dir>/serve/`.
-    let logs = std::fs::read_dir(dir.path().join("serve")).unwrap().count();
-    assert_eq!(logs, 2);
+    let logs: Vec<_> = std::fs::read_dir(dir.path().join("serve"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(logs.len(), 2, "{logs:?}");
 }

@@ -12,7 +12,7 @@ use psych_types::ServerId;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotification, CancelledNotificationParam,
     ClientCapabilities, ClientConfig, ClientNotification, ClientRequest, CustomRequest,
-    Implementation, ProtocolVersion, RequestId, ServerResult,
+    Implementation, ProgressNotificationParam, ProtocolVersion, RequestId, ServerResult,
 };
 use rmcp::service::{
     ClientInitializeError, NotificationContext, Peer, PeerRequestOptions, RunningService,
@@ -21,9 +21,11 @@ use rmcp::service::{
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 use tokio::sync::Notify;
+use tokio::sync::mpsc::UnboundedSender;
 
 use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, read_page};
+use crate::progress::{Progress, ProgressRoutes};
 use crate::remote;
 use crate::stdio::{self, Child};
 use crate::tap::{Claim, Tap};
@@ -42,6 +44,8 @@ const EXIT_REPORT_WAIT: Duration = Duration::from_millis(500);
 pub(crate) struct Handler {
     server: ServerId,
     events: Arc<EventQueue>,
+    /// Where progress notifications go, when the transport does not deliver them itself.
+    progress: Option<Arc<ProgressRoutes>>,
 }
 
 impl ClientHandler for Handler {
@@ -53,6 +57,17 @@ impl ClientHandler for Handler {
             server: self.server.clone(),
             cause: ChangeCause::Notified,
         });
+        std::future::ready(())
+    }
+
+    fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        if let Some(routes) = &self.progress {
+            routes.deliver(params);
+        }
         std::future::ready(())
     }
 
@@ -75,6 +90,7 @@ pub(crate) struct Session {
     tap: Option<Arc<Tap>>,
     lost: Mutex<Option<String>>,
     lost_signal: Notify,
+    progress: Arc<ProgressRoutes>,
 }
 
 impl Session {
@@ -87,9 +103,11 @@ impl Session {
         timeouts: Timeouts,
         events: Arc<EventQueue>,
     ) -> Result<(Arc<Self>, Listing), McpError> {
-        let handler = Handler {
+        let progress = Arc::new(ProgressRoutes::default());
+        let mut handler = Handler {
             server: server.clone(),
             events,
+            progress: Some(Arc::clone(&progress)),
         };
         let (service, child, tap) = match transport {
             Transport::Stdio {
@@ -106,6 +124,9 @@ impl Session {
                 };
                 let (child, transport) = Child::spawn(server, &spec)?;
                 let tap = transport.tap();
+                // Over stdio our transport delivers progress in order (see `Tap`).
+                tap.route_progress(Arc::clone(&progress));
+                handler.progress = None;
                 match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
                     Ok(Ok(service)) => (service, Some(child), Some(tap)),
                     Ok(Err(error)) => {
@@ -151,6 +172,7 @@ impl Session {
             tap,
             lost: Mutex::new(None),
             lost_signal: Notify::new(),
+            progress,
         });
         match session.list().await {
             Ok(listing) => Ok((session, listing)),
@@ -240,12 +262,14 @@ impl Session {
     }
 
     /// Calls a tool with a deadline; when it passes, or when the returned future is dropped
-    /// first, `notifications/cancelled` goes to the server.
+    /// first, `notifications/cancelled` goes to the server. With `progress`, the call
+    /// carries a progress token and the server's progress for it goes to that channel.
     pub(crate) async fn call(
         &self,
         tool: &str,
         arguments: psych_types::JsonObject,
         deadline: Duration,
+        progress: Option<UnboundedSender<Progress>>,
     ) -> Result<Value, McpError> {
         let call = format!("tools/call {tool}");
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
@@ -261,6 +285,8 @@ impl Session {
         // Both made before the first await, so that a caller giving up (dropping this
         // future) cancels the call on the server and frees its slot in the tap.
         let claim = self.tap.as_ref().map(|tap| tap.claim(handle.id.clone()));
+        // Held to the end of the call: dropping it closes the channel.
+        let _route = progress.map(|sink| self.progress.route(handle.progress_token.clone(), sink));
         let mut guard = CancelOnDrop {
             peer: Some(self.peer.clone()),
             id: handle.id.clone(),
@@ -544,13 +570,13 @@ mod tests {
     async fn given_up_calls_leave_the_tap_empty(session: &Session, hang: &str) {
         let tap = session.tap.as_ref().expect("the session has a tap");
         for _ in 0..GIVEN_UP {
-            let call = session.call(hang, JsonObject::new(), Duration::from_secs(30));
+            let call = session.call(hang, JsonObject::new(), Duration::from_secs(30), None);
             let given_up = tokio::time::timeout(Duration::from_millis(20), call).await;
             assert!(given_up.is_err(), "the call was answered: {given_up:?}");
         }
         for _ in 0..3 {
             let error = session
-                .call(hang, JsonObject::new(), Duration::from_millis(20))
+                .call(hang, JsonObject::new(), Duration::from_millis(20), None)
                 .await
                 .unwrap_err();
             assert!(matches!(error, McpError::Timeout { .. }), "{error}");
@@ -616,7 +642,7 @@ mod tests {
         let mut arguments = JsonObject::new();
         arguments.insert("text".into(), "still here".into());
         let echo = session
-            .call("echo", arguments, Duration::from_secs(5))
+            .call("echo", arguments, Duration::from_secs(5), None)
             .await
             .unwrap();
         assert_eq!(echo["content"][0]["text"], "still here");

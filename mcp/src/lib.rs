@@ -58,6 +58,7 @@ mod events;
 mod listing;
 mod manager;
 mod png;
+mod progress;
 mod remote;
 mod stdio;
 mod synthetic;
@@ -70,6 +71,7 @@ pub use error::McpError;
 pub use events::{ChangeCause, McpEvent, McpEvents};
 pub use listing::{Listing, MalformedTool};
 pub use manager::{BuildError, McpManager, McpManagerBuilder};
+pub use progress::Progress;
 pub use synthetic::{SyntheticKind, synthetic_catalog, synthetic_tools};
 pub use timeouts::{Backoff, Timeouts};
 

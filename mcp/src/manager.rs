@@ -14,12 +14,14 @@ use psych_types::{
 };
 use rmcp::model::CallToolResult;
 use serde::de::DeserializeOwned;
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::connection::Session;
 use crate::events::{ChangeCause, EventQueue, McpEvent, McpEvents};
 use crate::listing::{Listing, MalformedTool};
+use crate::progress::Progress;
 use crate::{Backoff, McpConfig, McpError, ServerConfig, Timeouts};
 
 /// Why a manager could not be built from its settings.
@@ -365,7 +367,24 @@ impl McpManager {
         tool: &ToolRef,
         arguments: JsonObject,
     ) -> Result<CallToolResult, McpError> {
-        self.call_as(tool, arguments).await
+        self.call_as(tool, arguments, None).await
+    }
+
+    /// [`ToolHost::call_tool`] with the server's progress: the call carries a progress
+    /// token of its own, and each `notifications/progress` the server sends for it is
+    /// sent to `progress` until the call ends (then the channel closes). Deadline,
+    /// cancellation and errors as [`ToolHost::call_tool`].
+    ///
+    /// # Errors
+    ///
+    /// As [`ToolHost::call_tool`].
+    pub async fn call_tool_with_progress(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+        progress: UnboundedSender<Progress>,
+    ) -> Result<ToolOutput, McpError> {
+        self.call_as(tool, arguments, Some(progress)).await
     }
 
     /// A `tools/call` whose `result` JSON (exactly as the server wrote it, or as rmcp typed
@@ -375,10 +394,16 @@ impl McpManager {
         &self,
         tool: &ToolRef,
         arguments: JsonObject,
+        progress: Option<UnboundedSender<Progress>>,
     ) -> Result<T, McpError> {
         let session = self.session(&tool.server)?;
         let raw = session
-            .call(tool.tool.as_str(), arguments, self.inner.timeouts.call)
+            .call(
+                tool.tool.as_str(),
+                arguments,
+                self.inner.timeouts.call,
+                progress,
+            )
             .await?;
         serde_json::from_value(raw).map_err(|e| McpError::Protocol {
             server: tool.server.clone(),
@@ -556,6 +581,6 @@ impl ToolHost for McpManager {
         tool: &ToolRef,
         arguments: JsonObject,
     ) -> Result<ToolOutput, McpError> {
-        self.call_as(tool, arguments).await
+        self.call_as(tool, arguments, None).await
     }
 }

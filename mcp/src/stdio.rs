@@ -23,6 +23,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use psych_types::ServerId;
 use rmcp::RoleClient;
+use rmcp::model::{JsonRpcMessage, ServerNotification};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -333,6 +334,17 @@ impl ChildTransport {
     }
 
     fn parse(&self, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let message = self.decode(line)?;
+        if let JsonRpcMessage::Notification(notification) = &message
+            && let ServerNotification::ProgressNotification(progress) = &notification.notification
+            && let Some(routes) = self.tap.progress_routes()
+        {
+            routes.deliver(progress.params.clone());
+        }
+        Some(message)
+    }
+
+    fn decode(&self, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
         if self.tap.is_waiting() {
             let mut value: Value = serde_json::from_slice(line).ok()?;
             self.tap.keep(&mut value);

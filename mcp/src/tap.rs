@@ -19,10 +19,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, RequestId};
 use serde_json::Value;
 
+use crate::progress::ProgressRoutes;
+
 /// Raw results by request id (the id's JSON text, as it appears on the wire).
 #[derive(Default)]
 pub(crate) struct Tap {
     slots: Mutex<Slots>,
+    /// Where progress notifications go, delivered by the stdio transport in the order they
+    /// were read (rmcp runs each notification's handler as its own task, which a call's
+    /// response can overtake, so progress sent just before the result would be lost there).
+    progress: std::sync::OnceLock<Arc<ProgressRoutes>>,
 }
 
 #[derive(Default)]
@@ -64,6 +70,16 @@ impl Tap {
         if !slots.abandoned.remove(&key) {
             slots.wanted.insert(key, None);
         }
+    }
+
+    /// Delivers the server's progress notifications to `routes` as they are read.
+    pub(crate) fn route_progress(&self, routes: Arc<ProgressRoutes>) {
+        let _ = self.progress.set(routes);
+    }
+
+    /// Where progress notifications go, if the transport delivers them itself.
+    pub(crate) fn progress_routes(&self) -> Option<&Arc<ProgressRoutes>> {
+        self.progress.get()
     }
 
     /// Whether any slot is open (when none is, incoming messages need not be looked at).

@@ -16,15 +16,18 @@
 //! | `hang` | never answers (until cancelled) |
 //! | `sleep {ms, tag}` | answers `tag` after `ms` milliseconds |
 //! | `cancellations` | how many calls were cancelled so far |
+//! | `progress {steps}` | sends `steps` progress notifications with the call's progress token, then answers |
 //! | `garbage {lines}` | writes lines that are not JSON-RPC to stdout, then answers |
 //! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
 //! | `exotic {known_only}` | [`exotic_result`] as raw JSON: fields and a block type rmcp does not model ([`exotic_known_result`], without the unknown block type, if `known_only` is true) |
 //!
 //! plus [`Scenario::tools`] generated tools of the kind [`Scenario::kind`]
 //! ([`synthetic_catalog`](crate::synthetic_catalog)), each answering with its name and
-//! arguments.
+//! arguments, and the tools of a catalogue file ([`Scenario::catalog`], e.g. a real
+//! server's `tools/list` captured in `../shared/fixtures/catalogs/`), answering the same way.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -32,8 +35,9 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
     ContentBlock, CustomResult, ErrorData, Implementation, InitializeRequestParams,
-    InitializeResult, JsonRpcMessage, ListToolsResult, PaginatedRequestParams, ResourceContents,
-    ServerCapabilities, ServerNotification, ServerResult, ToolListChangedNotification,
+    InitializeResult, JsonRpcMessage, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, RequestMetaObject, ResourceContents, ServerCapabilities,
+    ServerNotification, ServerResult, ToolListChangedNotification,
 };
 use rmcp::service::{
     NotificationContext, Peer, RequestContext, RxJsonRpcMessage, TxJsonRpcMessage,
@@ -80,6 +84,10 @@ pub struct Scenario {
     /// Serve only the generated tools, without the control tools (the `psych` command's
     /// embedded servers, whose catalogues should look like a real server's).
     pub no_control_tools: bool,
+    /// Also serve the tools of this file, a `tools/list` result (`{"tools": [...]}`) served
+    /// as it is written (each tool answers with its name and arguments), so a real
+    /// server's captured catalogue can stand upstream.
+    pub catalog: Option<PathBuf>,
 }
 
 /// How to serve.
@@ -98,7 +106,7 @@ pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--kind notes|files|wiki|forge|suite] [--page-size N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
 [--repeat-cursor] [--hang-initialize] [--hang-listing] [--grandchild] [--stderr-banner TEXT] \
-[--no-control-tools] [--scenario JSON]";
+[--no-control-tools] [--catalog FILE] [--scenario JSON]";
 
 impl Scenario {
     /// Parses the binary's arguments (without the program name).
@@ -155,6 +163,7 @@ impl Scenario {
                 "--grandchild" => scenario.grandchild = true,
                 "--stderr-banner" => scenario.stderr_banner = Some(value("a text")?),
                 "--no-control-tools" => scenario.no_control_tools = true,
+                "--catalog" => scenario.catalog = Some(PathBuf::from(value("a file")?)),
                 "--scenario" => {
                     let text = value("JSON")?;
                     scenario = serde_json::from_str(&text)
@@ -166,11 +175,33 @@ impl Scenario {
         Ok((scenario, mode))
     }
 
+    /// The tools of [`Scenario::catalog`], as the file holds them (none without one).
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be read, is not JSON, or has no `tools` list (the error names it).
+    pub fn catalog_tools(&self) -> std::io::Result<Vec<Value>> {
+        let Some(path) = &self.catalog else {
+            return Ok(Vec::new());
+        };
+        let named = |what: String| std::io::Error::other(format!("{}: {what}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| named(e.to_string()))?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| named(e.to_string()))?;
+        match value {
+            Value::Object(mut result) => match result.remove("tools") {
+                Some(Value::Array(tools)) => Ok(tools),
+                _ => Err(named("no \"tools\" list".to_owned())),
+            },
+            _ => Err(named("not a tools/list result".to_owned())),
+        }
+    }
+
     /// Runs the server until its client goes away (stdio) or forever (HTTP).
     ///
     /// # Errors
     ///
-    /// I/O errors of the transport or the listener.
+    /// I/O errors of the transport or the listener; a [`Scenario::catalog`] that cannot
+    /// be read.
     pub async fn serve(self, mode: Mode) -> std::io::Result<()> {
         if let Some(banner) = &self.stderr_banner {
             eprintln!("{banner}");
@@ -183,7 +214,14 @@ impl Scenario {
             // Left running on purpose: it shows whether the client stops the whole group.
             let _grandchild = std::process::Command::new("sleep").arg("600").spawn()?;
         }
-        let state = Arc::new(State::new(self));
+        let catalog = self.catalog_tools()?;
+        let state = State::new(self);
+        state
+            .tools
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(catalog);
+        let state = Arc::new(state);
         match mode {
             Mode::Stdio => serve_stdio(state).await,
             Mode::Http(addr) => serve_http(state, addr).await,
@@ -311,6 +349,14 @@ fn control_tools() -> Vec<Value> {
             "cancellations",
             "How many calls were cancelled.",
             none.clone(),
+        ),
+        tool(
+            "progress",
+            "Sends `steps` progress notifications with the call's progress token, then answers.",
+            object(
+                json!({"steps": {"type": "integer", "minimum": 1}}),
+                json!(["steps"]),
+            ),
         ),
         tool(
             "garbage",
@@ -515,6 +561,26 @@ impl TestServer {
                     .map(str::to_owned);
                 let info = json!({"protocolVersion": version, "authorization": authorization});
                 CallToolResult::success(vec![ContentBlock::text(info.to_string())])
+            }
+            "progress" => {
+                let steps = number_arg("steps").max(1);
+                let token = params
+                    .meta
+                    .as_ref()
+                    .and_then(RequestMetaObject::get_progress_token)
+                    .or_else(|| context.meta.get_progress_token());
+                let Some(token) = token else {
+                    return Ok(CallToolResult::error(vec![ContentBlock::text(
+                        "progress: the call carried no progress token",
+                    )]));
+                };
+                for step in 1..=steps {
+                    let mut note = ProgressNotificationParam::new(token.clone(), step as f64);
+                    note.total = Some(steps as f64);
+                    note.message = Some(format!("step {step} of {steps}"));
+                    let _ = context.peer.notify_progress(note).await;
+                }
+                CallToolResult::success(vec![ContentBlock::text(format!("{steps} steps reported"))])
             }
             "cancellations" => CallToolResult::success(vec![ContentBlock::text(
                 state.cancellations.load(Ordering::SeqCst).to_string(),
@@ -846,6 +912,41 @@ mod tests {
                 .unwrap_err()
                 .contains("not one of")
         );
+    }
+
+    #[test]
+    fn a_catalogue_file_is_served_as_written() {
+        let dir = std::env::temp_dir().join(format!("psych-catalog-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tools.json");
+        let tools = json!([{"name": "read_graph", "inputSchema": {"type": "object"}, "x": 1}]);
+        std::fs::write(&path, json!({ "tools": tools }).to_string()).unwrap();
+        let (scenario, _) = Scenario::from_args([
+            "--catalog".to_owned(),
+            path.display().to_string(),
+            "--no-control-tools".to_owned(),
+        ])
+        .unwrap();
+        assert_eq!(Value::Array(scenario.catalog_tools().unwrap()), tools);
+        std::fs::write(&path, r#"{"items": []}"#).unwrap();
+        let error = scenario.catalog_tools().unwrap_err().to_string();
+        assert!(
+            error.contains("tools.json") && error.contains("no \"tools\""),
+            "{error}"
+        );
+        let missing = Scenario {
+            catalog: Some(dir.join("absent.json")),
+            ..Scenario::default()
+        };
+        assert!(
+            missing
+                .catalog_tools()
+                .unwrap_err()
+                .to_string()
+                .contains("absent.json")
+        );
+        assert!(Scenario::default().catalog_tools().unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 const SERVER: &str = env!("CARGO_BIN_EXE_psych-test-server");
 /// How many control tools the test server lists before its generated ones.
-const CONTROL_TOOLS: usize = 15;
+const CONTROL_TOOLS: usize = 16;
 
 fn id(name: &str) -> ServerId {
     ServerId::new(name).unwrap()

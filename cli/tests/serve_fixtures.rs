@@ -1,0 +1,146 @@
+//! What `psych serve` saves a client, measured end to end: the five real catalogues of
+//! `../shared/fixtures/catalogs/` (github, notion, playwright, server-filesystem,
+//! server-memory: 189 tools) each served by its own upstream process (`psych serve-embedded
+//! --catalog FILE --no-control-tools`), listed by a real MCP client (rmcp) once by connecting
+//! every server directly and once through `psych serve` as a process, with preload `auto` (the
+//! default) and with every server `"preload": false`. Bytes are the `tools/list` results as
+//! the client holds them, serialized the same way on both sides; tokens are psych-elision's
+//! estimate of those bytes. The figures are printed with
+//! `cargo test -p psych-cli --test serve_fixtures -- --nocapture`.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::path::{Path, PathBuf};
+
+use psych_elision::Estimator;
+use psych_types::TokenEstimator;
+use rmcp::ServiceExt;
+use rmcp::model::Tool;
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use serde_json::{Value, json};
+
+const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
+
+/// (server name, fixture file).
+const FIXTURES: [(&str, &str); 5] = [
+    ("github", "github.tools.full.json"),
+    ("notion", "notion.tools.json"),
+    ("playwright", "playwright.tools.json"),
+    ("filesystem", "server-filesystem.tools.json"),
+    ("memory", "server-memory.tools.json"),
+];
+
+fn catalogs() -> PathBuf {
+    match std::env::var_os("PSYCH_FIXTURES") {
+        Some(dir) => PathBuf::from(dir).join("catalogs"),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .ancestors()
+            .map(|dir| dir.join("shared/fixtures/catalogs"))
+            .find(|dir| dir.is_dir())
+            .expect("../shared/fixtures/catalogs"),
+    }
+}
+
+/// The arguments that make `psych serve-embedded` serve `file` and nothing else.
+fn upstream_args(file: &str) -> Vec<String> {
+    vec![
+        "serve-embedded".to_owned(),
+        "--catalog".to_owned(),
+        catalogs().join(file).display().to_string(),
+        "--no-control-tools".to_owned(),
+    ]
+}
+
+/// Lists every tool of the MCP server `command args` as a client does; returns them.
+async fn list(args: &[String], dir: Option<&Path>) -> Vec<Tool> {
+    let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
+        c.args(args).stderr(std::process::Stdio::null());
+        if let Some(dir) = dir {
+            c.current_dir(dir);
+        }
+    }))
+    .unwrap();
+    let client = ().serve(transport).await.unwrap();
+    let tools = client.list_all_tools().await.unwrap();
+    client.cancel().await.unwrap();
+    tools
+}
+
+/// The `tools/list` result's text as the client holds it, and its estimated tokens.
+fn measure(tools: &[Tool]) -> (usize, u64) {
+    let text = json!({ "tools": tools }).to_string();
+    (text.len(), Estimator::new().estimate_text(&text))
+}
+
+/// `psych serve` over the five fixture servers, `extra` merged into each server's entry.
+async fn through_serve(dir: &Path, extra: &Value) -> Vec<Tool> {
+    let mut servers = serde_json::Map::new();
+    for (server, file) in FIXTURES {
+        let mut entry = json!({ "command": PSYCH, "args": upstream_args(file) });
+        if let (Value::Object(entry), Value::Object(extra)) = (&mut entry, extra) {
+            entry.extend(extra.clone());
+        }
+        servers.insert(server.to_owned(), entry);
+    }
+    let config = dir.join("mcp.json");
+    std::fs::write(&config, json!({ "mcpServers": servers }).to_string()).unwrap();
+    let args = [
+        "serve".to_owned(),
+        "--config".to_owned(),
+        config.display().to_string(),
+        "--dir".to_owned(),
+        dir.display().to_string(),
+    ];
+    list(&args, Some(dir)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fixture_catalogues_through_serve_against_every_server_directly() {
+    let mut direct_tools = 0;
+    let (mut direct_bytes, mut direct_tokens) = (0, 0);
+    for (_, file) in FIXTURES {
+        let tools = list(&upstream_args(file), None).await;
+        let (bytes, tokens) = measure(&tools);
+        direct_tools += tools.len();
+        direct_bytes += bytes;
+        direct_tokens += tokens;
+    }
+    assert_eq!(direct_tools, 189, "every fixture tool is served upstream");
+    eprintln!(
+        "every server directly: {direct_tools} tools, {direct_bytes} B, ~{direct_tokens} tokens"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut ratios = Vec::new();
+    for (label, extra) in [
+        ("preload auto (default)", json!({})),
+        (
+            "every server \"preload\": false",
+            json!({ "preload": false }),
+        ),
+    ] {
+        let tools = through_serve(dir.path(), &extra).await;
+        let (bytes, tokens) = measure(&tools);
+        let ratio = direct_bytes as f64 / bytes as f64;
+        let token_ratio = direct_tokens as f64 / tokens as f64;
+        eprintln!(
+            "psych serve, {label}: {} tools, {bytes} B, ~{tokens} tokens: {ratio:.1}x smaller \
+             in bytes, {token_ratio:.1}x in tokens",
+            tools.len()
+        );
+        assert!(
+            tools.iter().any(|t| t.name == "psych_orientation"),
+            "the gateway answered the listing"
+        );
+        ratios.push((ratio, token_ratio));
+    }
+    // Every server deferred: the meta tools, the orientation tool and the reader.
+    assert!(ratios[1].0 >= 30.0 && ratios[1].1 >= 30.0, "{ratios:?}");
+    // The auto budget (5% of a 200,000-token window) keeps the small servers direct: the
+    // listing is bounded by the budget, so the saving is the catalogues' size over it.
+    assert!(ratios[0].0 >= 3.0 && ratios[0].1 >= 3.0, "{ratios:?}");
+}
