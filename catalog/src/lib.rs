@@ -25,6 +25,36 @@
 //! It depends on `psych-types`, redb and tokio only: it knows nothing of prompts, disclosure
 //! tiers or MCP transports.
 //!
+//! # What blocks
+//!
+//! Every [`Catalog`] method is synchronous. The writes ([`Catalog::refresh`],
+//! [`Catalog::record_failure`]) commit a redb write transaction, which syncs the file: call
+//! them from [`tokio::task::spawn_blocking`] or a thread of your own, never on an async
+//! worker. Writes are serialized by redb (one writer at a time); reads never wait for them.
+//! Reads of a server whose set has not changed copy an `Arc` from memory; the first read
+//! after a change decodes the set from the file. [`Catalog::set_reachability`] only touches
+//! memory. The [`Freshener`] does its own writes under `spawn_blocking`, so its methods are
+//! safe to call from async code; [`Freshener::start`] needs a tokio runtime.
+//!
+//! # Errors
+//!
+//! [`OpenError`] when the file cannot be a catalogue (held by another process, a newer
+//! layout, not a catalogue, a value that does not decode): nothing is written to it.
+//! [`CatalogError`] from a read or write: a failed write commits nothing, so the server keeps
+//! the tools it had (a listing naming a tool twice is refused whole). [`RefreshError`] from
+//! the freshener's on-demand refresh: the lister failed or timed out (the failure is also
+//! recorded in the server's health and retried with backoff). [`ConfigError`] when a
+//! [`FreshenerBuilder`] is given a zero duration, a backoff or debounce window that is
+//! inverted, or no runtime to start in.
+//!
+//! # Configuration
+//!
+//! [`Catalog::builder`] chooses the clock (the sync stamps; a fixed clock for tests) and the
+//! backend (a file, or [`Catalog::in_memory`]). [`FreshenerConfig::builder`] sets the TTL and
+//! its jitter, the per-server list timeout, the retry backoff, the `list_changed` quiet period
+//! and longest wait, and the jitter's seed, each checked in
+//! [`build`](FreshenerBuilder::build); the defaults are on [`FreshenerBuilder`].
+//!
 //! # Example
 //!
 //! ```
