@@ -46,8 +46,8 @@ use psych_reader_tool::tool_definition;
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_runtime::{CatalogSync, Connected, ExecuteError, Executor};
 use psych_types::{
-    ConnectionSpec, ContentBlock, PermissionGrant, Projection, READ_TOOL_OUTPUT, Record,
-    ResultProjector, ResultRef, RunId, ServerCatalog, ToolCall, ToolCallId, ToolDefinition,
+    ConnectionSpec, ContentBlock, LoggedRecord, PermissionGrant, Projection, READ_TOOL_OUTPUT,
+    Record, ResultProjector, ResultRef, RunId, ServerCatalog, ToolCall, ToolCallId, ToolDefinition,
     ToolName, ToolOutput, ToolRef,
 };
 use rmcp::model::{
@@ -345,12 +345,16 @@ impl Session {
             }
             Err(error) => return Err(ErrorData::internal_error(error.to_string(), None)),
         };
-        let Some(Record::ToolResult(result)) = logged.first().map(|l| &l.record) else {
+        // The logged record is ours: its output is moved to the client, not copied.
+        let Some(LoggedRecord {
+            handle,
+            record: Record::ToolResult(result),
+        }) = logged.into_iter().next()
+        else {
             return Err(ErrorData::internal_error("the call logged no result", None));
         };
-        let handle = &logged[0].handle;
         let view = self.shared.elider.project(&[ResultRef {
-            handle,
+            handle: &handle,
             output: &result.output,
         }]);
         let output = match view.as_slice() {
@@ -359,8 +363,8 @@ impl Session {
                 shown.is_error = result.output.is_error;
                 shown
             }
-            _ if answered_here(&surface, &name) => with_text_block(result.output.clone()),
-            _ => result.output.clone(),
+            _ if answered_here(&surface, &name) => with_text_block(result.output),
+            _ => result.output,
         };
         serde_json::to_value(&output)
             .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
