@@ -2,7 +2,8 @@
 //! 500-tool server (rows built from the real fixture catalogues) and after 10,000 unchanged
 //! refreshes of it, each committed with redb's default `Durability::Immediate`. Prints the
 //! sizes every 1,000 refreshes and the time per refresh; fails if the file grew by more than
-//! four pages.
+//! four pages. Its two summary lines start with `figure: `, so `cargo xtask bench` puts them
+//! in its report.
 //!
 //! `cargo bench -p psych-catalog --bench file_size` (a few minutes: one fsync per refresh).
 
@@ -58,7 +59,7 @@ fn main() {
     catalog.refresh(&server, &tools).unwrap();
     let size = || std::fs::metadata(&path).unwrap().len();
     let first = size();
-    println!("file_size: after the first refresh of 500 tools: {first} bytes");
+    println!("figure: catalogue file_size after the first refresh of 500 tools: {first} bytes");
     let started = Instant::now();
     for i in 1..=REFRESHES {
         assert!(catalog.refresh(&server, &tools).unwrap().diff.is_empty());
@@ -69,7 +70,7 @@ fn main() {
     let elapsed = started.elapsed();
     let last = size();
     println!(
-        "file_size: {REFRESHES} unchanged refreshes in {elapsed:.1?} ({:.2?} each); grew {} bytes ({} pages of 4 KiB)",
+        "figure: catalogue file_size after {REFRESHES} unchanged refreshes in {elapsed:.1?} ({:.2?} each): {last} bytes, grew {} bytes ({} pages of 4 KiB)",
         elapsed / REFRESHES,
         last.saturating_sub(first),
         last.saturating_sub(first).div_ceil(4096)

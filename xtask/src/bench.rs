@@ -6,12 +6,19 @@
 //! `baseline`, `bare_`, `serde_json`, `memmem`, `rmcp_direct`, `redb`, `u64_word_sum`,
 //! `per_append_fsync`, `clone_`; the first in id order when several do); a group with none
 //! is compared to its fastest figure. Only figures written by this run are reported
-//! (criterion's `new/estimates.json` newer than the start). The report is
+//! (criterion's `new/estimates.json` newer than the start). A figure that is not a time (a
+//! file's size, how many groups a commit formed) is printed by its bench on a line starting
+//! with [`PRINTED_MARK`]; those lines are kept in the report as printed. The report is
 //! `target/bench-report.md` (under `CARGO_TARGET_DIR` when it is set).
 
 use std::fmt::Write as _;
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::SystemTime;
+
+/// How a bench's output line starts when it states a figure that is not a time.
+const PRINTED_MARK: &str = "figure: ";
 
 /// Substrings that mark a figure as its group's baseline.
 const BASELINE_MARKS: [&str; 9] = [
@@ -45,24 +52,9 @@ pub(crate) fn bench(root: &Path, packages: &[String]) -> Result<(), String> {
     // One package failing (a bench that panics, a build error) must not cost the figures of
     // the others: each runs, failures are listed in the report and make the command fail.
     let mut failed = Vec::new();
+    let mut printed = Vec::new();
     for package in &packages {
-        let run = crate::cargo(
-            root,
-            &[
-                "bench",
-                "-p",
-                package,
-                // Bench targets only: a lib or bin target's libtest harness would reject
-                // criterion's options below.
-                "--benches",
-                "--",
-                "--warm-up-time",
-                "1",
-                "--measurement-time",
-                "3",
-            ],
-            &[],
-        );
+        let run = bench_package(root, package, &mut printed);
         if let Err(e) = run {
             eprintln!("xtask: {e}");
             failed.push(format!("{package}: {e}"));
@@ -73,7 +65,7 @@ pub(crate) fn bench(root: &Path, packages: &[String]) -> Result<(), String> {
     let mut figures = Vec::new();
     collect(&target.join("criterion"), started, &mut figures)?;
     figures.sort_by(|a, b| (&a.group, &a.id).cmp(&(&b.group, &b.id)));
-    let report = render(&packages, &figures, &failed);
+    let report = render(&packages, &figures, &printed, &failed);
     let path = target.join("bench-report.md");
     std::fs::write(&path, report).map_err(|e| format!("writing {}: {e}", path.display()))?;
     eprintln!("xtask: bench report in {}", path.display());
@@ -82,6 +74,57 @@ pub(crate) fn bench(root: &Path, packages: &[String]) -> Result<(), String> {
     } else {
         Err(format!("benches failed: {}", failed.join("; ")))
     }
+}
+
+/// Runs one package's benches, echoing their output and keeping each [`PRINTED_MARK`] line
+/// (without the mark) in `printed`.
+fn bench_package(root: &Path, package: &str, printed: &mut Vec<String>) -> Result<(), String> {
+    let args = [
+        "bench",
+        "-p",
+        package,
+        // Bench targets only: a lib or bin target's libtest harness would reject criterion's
+        // options below.
+        "--benches",
+        "--",
+        "--warm-up-time",
+        "1",
+        "--measurement-time",
+        "3",
+    ];
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let mut child = Command::new(cargo)
+        .args(args)
+        .current_dir(root)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|err| format!("cannot run cargo {}: {err}", args.join(" ")))?;
+    if let Some(stdout) = child.stdout.take() {
+        let mut echo = std::io::stdout().lock();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.map_err(|e| format!("reading cargo bench's output: {e}"))?;
+            // The echo is for the person watching; a closed stdout must not stop the run.
+            let _ = writeln!(echo, "{line}");
+            printed.extend(printed_figure(&line));
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|err| format!("waiting for cargo {}: {err}", args.join(" ")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("cargo {} failed ({status})", args.join(" ")))
+    }
+}
+
+/// The figure a bench's output line states, if it starts with [`PRINTED_MARK`].
+fn printed_figure(line: &str) -> Option<String> {
+    line.strip_prefix(PRINTED_MARK)
+        .map(str::trim)
+        .filter(|figure| !figure.is_empty())
+        .map(str::to_owned)
 }
 
 /// Workspace packages with a bench target, by name, from `cargo metadata` (as tidy reads it).
@@ -171,7 +214,12 @@ fn duration(ns: f64) -> String {
 }
 
 /// The markdown report.
-fn render(packages: &[String], figures: &[Figure], failed: &[String]) -> String {
+fn render(
+    packages: &[String],
+    figures: &[Figure],
+    printed: &[String],
+    failed: &[String],
+) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# Benchmarks\n");
     let _ = writeln!(
@@ -216,6 +264,14 @@ fn render(packages: &[String], figures: &[Figure], failed: &[String]) -> String 
         }
         let _ = writeln!(out);
     }
+    if !printed.is_empty() {
+        let _ = writeln!(out, "## Figures that are not times\n");
+        let _ = writeln!(out, "As the benches printed them:\n");
+        for figure in printed {
+            let _ = writeln!(out, "- {figure}");
+        }
+        let _ = writeln!(out);
+    }
     out
 }
 
@@ -234,6 +290,7 @@ mod tests {
             &["p".into()],
             &[figure("psych", 300.0), figure("rmcp_direct", 200.0)],
             &[],
+            &[],
         );
         assert!(report.contains("baseline: `rmcp_direct`"), "{report}");
         assert!(
@@ -248,11 +305,39 @@ mod tests {
 
     #[test]
     fn failed_packages_are_listed() {
-        let report = render(&["p".into()], &[], &["p: cargo bench -p p failed".into()]);
+        let report = render(
+            &["p".into()],
+            &[],
+            &[],
+            &["p: cargo bench -p p failed".into()],
+        );
         assert!(
             report.contains("**Failed**") && report.contains("- p: cargo bench -p p failed"),
             "{report}"
         );
+    }
+
+    #[test]
+    fn printed_figures_are_kept_as_printed() {
+        assert_eq!(
+            printed_figure("figure: catalogue file after 10,000 refreshes: 1,118,208 bytes"),
+            Some("catalogue file after 10,000 refreshes: 1,118,208 bytes".to_owned())
+        );
+        for line in [
+            "",
+            "figure: ",
+            "file_size: 3 bytes",
+            "Benchmarking figure: x",
+            "  figure: x",
+        ] {
+            assert_eq!(printed_figure(line), None, "{line:?}");
+        }
+        let report = render(&["p".into()], &[], &["a: 3 bytes".into()], &[]);
+        assert!(
+            report.contains("## Figures that are not times") && report.contains("- a: 3 bytes"),
+            "{report}"
+        );
+        assert!(!render(&["p".into()], &[], &[], &[]).contains("not times"));
     }
 
     #[test]
