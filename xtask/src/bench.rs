@@ -43,23 +43,37 @@ struct Figure {
 /// Runs the benches of `packages` (every package with a `[[bench]]` when empty) and writes
 /// `target/bench-report.md`.
 pub(crate) fn bench(root: &Path, packages: &[String]) -> Result<(), String> {
-    let packages = if packages.is_empty() {
-        bench_packages(root)?
+    let all = bench_targets(root)?;
+    let chosen: Vec<&BenchPackage> = if packages.is_empty() {
+        all.iter().collect()
     } else {
-        packages.to_vec()
+        let mut chosen = Vec::new();
+        for name in packages {
+            let package = all
+                .iter()
+                .find(|p| &p.name == name)
+                .ok_or_else(|| format!("{name} is not a workspace package with benches"))?;
+            chosen.push(package);
+        }
+        chosen
     };
+    // Every run selects every bench package, so cargo resolves their features once, as for
+    // one build: selecting one package at a time would rebuild shared dependencies (rmcp,
+    // tokio) with that package's features, again for each package.
+    let selection: Vec<&str> = all.iter().flat_map(|p| ["-p", p.name.as_str()]).collect();
     let started = SystemTime::now();
     // One package failing (a bench that panics, a build error) must not cost the figures of
     // the others: each runs, failures are listed in the report and make the command fail.
     let mut failed = Vec::new();
     let mut printed = Vec::new();
-    for package in &packages {
-        let run = bench_package(root, package, &mut printed);
+    for package in &chosen {
+        let run = bench_package(root, &selection, package, &mut printed);
         if let Err(e) = run {
             eprintln!("xtask: {e}");
-            failed.push(format!("{package}: {e}"));
+            failed.push(format!("{}: {e}", package.name));
         }
     }
+    let packages: Vec<String> = chosen.iter().map(|p| p.name.clone()).collect();
     let target =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let mut figures = Vec::new();
@@ -76,26 +90,27 @@ pub(crate) fn bench(root: &Path, packages: &[String]) -> Result<(), String> {
     }
 }
 
-/// Runs one package's benches, echoing their output and keeping each [`PRINTED_MARK`] line
-/// (without the mark) in `printed`.
-fn bench_package(root: &Path, package: &str, printed: &mut Vec<String>) -> Result<(), String> {
-    let args = [
-        "bench",
-        "-p",
-        package,
-        // Bench targets only: a lib or bin target's libtest harness would reject criterion's
-        // options below.
-        "--benches",
-        "--",
-        "--warm-up-time",
-        "1",
-        "--measurement-time",
-        "3",
-    ];
+/// Runs one package's benches (cargo selecting `selection`), echoing their output and
+/// keeping each [`PRINTED_MARK`] line (without the mark) in `printed`.
+fn bench_package(
+    root: &Path,
+    selection: &[&str],
+    package: &BenchPackage,
+    printed: &mut Vec<String>,
+) -> Result<(), String> {
+    let mut args = vec!["bench"];
+    args.extend_from_slice(selection);
+    // Bench targets only, by name (they are unique in the workspace: tidy would not need
+    // it, cargo refuses an ambiguous `--bench`): a lib or bin target's libtest harness would
+    // reject criterion's options below.
+    for target in &package.benches {
+        args.extend(["--bench", target.as_str()]);
+    }
+    args.extend(["--", "--warm-up-time", "1", "--measurement-time", "3"]);
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     eprintln!("xtask: cargo {}", args.join(" "));
     let mut child = Command::new(cargo)
-        .args(args)
+        .args(&args)
         .current_dir(root)
         .stdout(Stdio::piped())
         .spawn()
@@ -127,27 +142,38 @@ fn printed_figure(line: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Workspace packages with a bench target, by name, from `cargo metadata` (as tidy reads it).
-fn bench_packages(root: &Path) -> Result<Vec<String>, String> {
+/// A workspace package and its bench targets.
+struct BenchPackage {
+    name: String,
+    benches: Vec<String>,
+}
+
+/// Workspace packages with a bench target, by name, each with its bench targets' names, from
+/// `cargo metadata` (as tidy reads it).
+fn bench_targets(root: &Path) -> Result<Vec<BenchPackage>, String> {
     let metadata = crate::tidy::cargo_metadata(root)?;
-    let mut out: Vec<String> = metadata["packages"]
+    let mut out: Vec<BenchPackage> = metadata["packages"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|package| {
-            package["targets"]
+        .filter_map(|package| {
+            let mut benches: Vec<String> = package["targets"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .any(|target| {
+                .filter(|target| {
                     target["kind"]
                         .as_array()
                         .is_some_and(|k| k.contains(&"bench".into()))
                 })
+                .filter_map(|target| target["name"].as_str().map(str::to_owned))
+                .collect();
+            benches.sort();
+            let name = package["name"].as_str()?.to_owned();
+            (!benches.is_empty()).then_some(BenchPackage { name, benches })
         })
-        .filter_map(|package| package["name"].as_str().map(str::to_owned))
         .collect();
-    out.sort();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
 }
 
@@ -341,13 +367,24 @@ mod tests {
     }
 
     #[test]
-    fn every_bench_crate_is_found() {
+    fn every_bench_crate_is_found_with_its_benches() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let packages = bench_packages(root).unwrap();
-        assert!(packages.contains(&"psych-mcp".to_owned()), "{packages:?}");
-        assert!(
-            packages.contains(&"psych-record-log".to_owned()),
-            "{packages:?}"
-        );
+        let packages = bench_targets(root).unwrap();
+        let benches = |name: &str| {
+            packages
+                .iter()
+                .find(|p| p.name == name)
+                .map(|p| p.benches.clone())
+                .unwrap_or_default()
+        };
+        assert_eq!(benches("psych-mcp"), ["call"]);
+        assert_eq!(benches("psych-record-log"), ["append", "crc", "read"]);
+        assert!(packages.iter().all(|p| !p.benches.is_empty()));
+        // `--bench NAME` is passed with every package selected, so a name must be unique.
+        let mut names: Vec<&String> = packages.iter().flat_map(|p| &p.benches).collect();
+        let count = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), count, "bench target names repeat: {names:?}");
     }
 }
