@@ -4,7 +4,9 @@
 //!
 //! The same script drives two Runs side by side, one rendered for Anthropic and one for
 //! OpenAI Chat Completions, so each step shows both requests' sizes and the bytes each
-//! shares with the request before it (prompt-assembly's `CacheReport`). The model is
+//! shares with the request before it (prompt-assembly's `CacheReport`). A third Run, for the
+//! OpenAI Responses API, plays the same script unprinted: `--dump` writes its requests
+//! beside the others. The model is
 //! psych-runtime's `ScriptedModel`; the clock is fixed; the catalogue is in memory and the
 //! Runs' logs live in a temporary folder, so the output is the same on every machine and
 //! nothing is left behind. What the demo prints is the crates' own work: the Surface,
@@ -78,8 +80,11 @@ struct Side {
     model: ScriptedModel,
     /// Every request of the session, in order (the cache report's input).
     requests: Vec<RenderedRequest>,
-    /// `anthropic` or `openai`: the dump files' suffix.
+    /// `anthropic`, `openai` or `responses`: the dump files' suffix.
     name: &'static str,
+    /// Whether its sizes, cache report and spent tokens are printed (the Responses Run is
+    /// only dumped, so the printed demo reads as two providers side by side).
+    shown: bool,
     /// The provider's prompt cache rules, for the cache report.
     rules: CacheRules,
 }
@@ -126,6 +131,10 @@ async fn demo(
             Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096)),
         ),
         ("openai", Target::OpenAi(OpenAiOptions::new("gpt-4.1"))),
+        (
+            "responses",
+            Target::Responses(OpenAiOptions::new("gpt-4.1")),
+        ),
     ];
     let mut sides = Vec::with_capacity(targets.len());
     for (name, target) in targets {
@@ -135,6 +144,7 @@ async fn demo(
             model: ScriptedModel::default(),
             requests: Vec::new(),
             name,
+            shown: name != "responses",
             rules: if name == "anthropic" {
                 CacheRules::anthropic(ANTHROPIC_MIN_TOKENS)
             } else {
@@ -209,7 +219,7 @@ async fn demo(
     .await?;
 
     println!();
-    for side in &sides {
+    for side in sides.iter().filter(|side| side.shown) {
         println!(
             "Cache report, {} (its documented cache rules over estimated tokens):",
             side.name
@@ -220,7 +230,7 @@ async fn demo(
     println!();
     println!("Spent, summed from the usage the script reported (request bytes / 4, reply");
     println!("bytes / 4): the script's figures, not a provider's.");
-    for side in &sides {
+    for side in sides.iter().filter(|side| side.shown) {
         println!("  {:<10} {}", side.name, spent_line(&side.run.spent()));
     }
     if let Some(dir) = dump {
@@ -300,17 +310,19 @@ async fn play(
             let Some(request) = side.requests.last() else {
                 continue;
             };
-            let (tokens, read, read_share) = side
-                .last_row()
-                .map_or((0, 0, 0.0), |row| (row.tokens, row.read, row.read_share()));
-            println!(
-                "    {:<9} {:>9} B  ~{:>7} tok, cache read ~{:>7} ({:>5.1}%)",
-                side.name,
-                thousands(request.body().len() as u64),
-                thousands(tokens),
-                thousands(read),
-                read_share * 100.0,
-            );
+            if side.shown {
+                let (tokens, read, read_share) = side
+                    .last_row()
+                    .map_or((0, 0, 0.0), |row| (row.tokens, row.read, row.read_share()));
+                println!(
+                    "    {:<9} {:>9} B  ~{:>7} tok, cache read ~{:>7} ({:>5.1}%)",
+                    side.name,
+                    thousands(request.body().len() as u64),
+                    thousands(tokens),
+                    thousands(read),
+                    read_share * 100.0,
+                );
+            }
             if let Some(dir) = dump {
                 let file = dir.join(format!(
                     "{:02}-turn{turn}-step{step}.{}.json",

@@ -217,7 +217,12 @@ fn fingerprint(catalogs: &[ServerCatalog]) -> String {
 /// upstream server, whose result passes through as it was sent.
 fn answered_here(surface: &Surface, name: &str) -> bool {
     match surface.exposed(name) {
-        Some(Exposed::Direct { .. } | Exposed::Facade { .. } | Exposed::SearchCall { .. }) => false,
+        Some(
+            Exposed::Direct { .. }
+            | Exposed::Deferred { .. }
+            | Exposed::Facade { .. }
+            | Exposed::SearchCall { .. },
+        ) => false,
         Some(Exposed::Meta { tool }) => *tool != MetaTool::CallTool,
         Some(_) => true,
         None => name == READ_TOOL_OUTPUT,

@@ -114,7 +114,9 @@ enum Command {
     /// `psych demo --dump demo-requests`
     #[command(after_help = EXIT_CODES)]
     Demo {
-        /// Write every rendered request body (Anthropic and OpenAI JSON) into this folder.
+        /// Write every rendered request body into this folder: Anthropic Messages, OpenAI
+        /// Chat Completions and OpenAI Responses JSON (`NN-turnT-stepS.anthropic.json`,
+        /// `….openai.json`, `….responses.json`).
         #[arg(long, value_name = "DIR")]
         dump: Option<PathBuf>,
     },

@@ -1,6 +1,6 @@
 //! `psych demo` run as a process: its output snapshotted (temporary paths redacted), and
-//! every request body `--dump` writes parsed as JSON and passed through the
-//! prompt-assembly rule checker.
+//! every request body `--dump` writes (Anthropic, Chat Completions and Responses) parsed as
+//! JSON and passed through the prompt-assembly rule checker.
 
 #![allow(
     clippy::unwrap_used,
@@ -49,7 +49,7 @@ fn demo_plays_the_script_and_dumps_valid_requests() {
         .map(|entry| entry.unwrap().path())
         .collect();
     files.sort();
-    let (mut anthropic, mut openai) = (0, 0);
+    let (mut anthropic, mut openai, mut responses) = (0, 0, 0);
     for file in &files {
         let body = std::fs::read_to_string(file).unwrap();
         let name = file.file_name().unwrap().to_str().unwrap().to_owned();
@@ -61,6 +61,9 @@ fn demo_plays_the_script_and_dumps_valid_requests() {
         } else if name.ends_with(".openai.json") {
             openai += 1;
             rules::check_openai_body(&body)
+        } else if name.ends_with(".responses.json") {
+            responses += 1;
+            rules::check_responses_body(&body)
         } else {
             panic!("an unexpected file in the dump: {name}");
         };
@@ -68,6 +71,7 @@ fn demo_plays_the_script_and_dumps_valid_requests() {
     }
     assert!(anthropic > 2, "{files:?}");
     assert_eq!(anthropic, openai, "{files:?}");
+    assert_eq!(anthropic, responses, "{files:?}");
     assert!(
         stdout.contains(&format!("{} request bodies written to [dump]", files.len())),
         "{stdout}"

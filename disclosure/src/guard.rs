@@ -284,8 +284,8 @@ fn pointer(key: &str) -> String {
 
 /// The live catalogue of a server, and the server's id, if the server is on the Surface
 /// and permitted now.
-struct LiveServer<'a> {
-    server: &'a ServerId,
+pub(crate) struct LiveServer<'a> {
+    pub(crate) server: &'a ServerId,
     catalog: Option<&'a ServerCatalog>,
     grant: &'a PermissionGrant,
 }
@@ -305,7 +305,7 @@ impl<'a> LiveServer<'a> {
         tools
     }
 
-    fn tool(&self, name: &str) -> Result<&'a ToolDefinition, Refusal> {
+    pub(crate) fn tool(&self, name: &str) -> Result<&'a ToolDefinition, Refusal> {
         let tools = self.catalog.map(|c| &*c.tools).unwrap_or_default();
         // Catalogues list tools by name; fall back to a scan for one that does not. The
         // name is compared as given: no case folding, no normalising.
@@ -378,7 +378,9 @@ impl Surface {
             });
         };
         match exposed {
-            Exposed::Direct { target } => {
+            // A deferred tool loaded by a provider's native search is called by its
+            // qualified name: the same narrowing and validation as a direct tool.
+            Exposed::Direct { target } | Exposed::Deferred { target } => {
                 let server = self.live_server(target.server.as_str(), live)?;
                 let tool = server.tool(target.tool.as_str())?;
                 forward(&server, tool, arguments, validators)
@@ -480,7 +482,11 @@ impl Surface {
     }
 
     /// The server, if it is on this Surface and permitted now.
-    fn live_server<'a>(&'a self, server: &str, live: &Live<'a>) -> Result<LiveServer<'a>, Refusal> {
+    pub(crate) fn live_server<'a>(
+        &'a self,
+        server: &str,
+        live: &Live<'a>,
+    ) -> Result<LiveServer<'a>, Refusal> {
         let unknown = || Refusal::UnknownServer {
             server: server.to_owned(),
         };

@@ -36,6 +36,12 @@
 //!   the settings; health shows only on the line of a server with no tools, so a server
 //!   that disconnects keeps its place and bytes (its calls answer `unreachable: reason`).
 //!   Input order does not matter.
+//! - **Native deferral.** A deferred server's permitted tools (less its eager ones) also
+//!   get qualified names, assigned with every other name ([`Exposed::Deferred`]), and the
+//!   Surface keeps their definitions ([`Surface::deferred_tools`]), for a provider that
+//!   defers natively (`defer_loading`) beside [`Surface::native_tools`]; the model's search
+//!   is answered from [`Surface::search_deferred`]; a loaded tool's call goes through the
+//!   guard like a direct one.
 //! - **Names** are provider-safe (`^[a-zA-Z0-9_-]{1,64}$`), unique ignoring ASCII case, and
 //!   reversed through the Surface's own table, never by parsing: `server__tool`; a facade is
 //!   `server`; a search pair is `server__search_tools` + `server__call_tool`; dotted, long
@@ -173,6 +179,7 @@
 mod error;
 mod guard;
 mod names;
+mod native;
 mod orientation;
 mod resolve;
 mod search;

@@ -91,13 +91,24 @@ pub enum Exposed {
     },
     /// The orientation tool.
     Orientation,
+    /// A deferred server's permitted tool under its qualified name (`server__tool`, named
+    /// like a direct tool). It is not among the Surface's tools, which reach its server
+    /// through the meta tools; a provider that defers natively is sent its definition with
+    /// `defer_loading` under this name ([`Surface::deferred_tools`](crate::Surface::deferred_tools)),
+    /// and a call of it, once a search has loaded it, is guarded exactly like a direct call.
+    Deferred {
+        /// The `(server, tool)` pair it calls.
+        target: ToolRef,
+    },
 }
 
 impl Exposed {
     /// The name this entry asks for before sanitising and collisions.
     fn natural(&self) -> String {
         match self {
-            Exposed::Direct { target } => format!("{}__{}", target.server, target.tool),
+            Exposed::Direct { target } | Exposed::Deferred { target } => {
+                format!("{}__{}", target.server, target.tool)
+            }
             Exposed::Facade { server } => server.to_string(),
             Exposed::Search { server } => format!("{server}__search_tools"),
             Exposed::SearchCall { server } => format!("{server}__call_tool"),
@@ -110,7 +121,11 @@ impl Exposed {
     /// bytes no id may contain.
     fn hash_key(&self) -> String {
         match self {
-            Exposed::Direct { target } => format!("direct\0{}\0{}", target.server, target.tool),
+            // A pair is never both direct and deferred on one Surface, so a tool keeps its
+            // name when its server moves between the two.
+            Exposed::Direct { target } | Exposed::Deferred { target } => {
+                format!("direct\0{}\0{}", target.server, target.tool)
+            }
             Exposed::Facade { server } => format!("facade\0{server}"),
             Exposed::Search { server } => format!("search\0{server}"),
             Exposed::SearchCall { server } => format!("search_call\0{server}"),

@@ -1,6 +1,7 @@
 //! Per-turn resolution: connections, live catalogues and the grant in, a [`Surface`] out.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use psych_types::{
     ConnectionSpec, PermissionGrant, Preload, Reachability, ServerCatalog, ServerHealth, ServerId,
@@ -155,6 +156,11 @@ pub struct Surface {
     deferred_lines: Vec<String>,
     servers: Vec<ServerView>,
     names: BTreeMap<String, Exposed>,
+    /// Each deferred tool's qualified name and its [`Exposed::Deferred`] meaning.
+    pub(crate) deferred: BTreeMap<String, Exposed>,
+    /// The catalogue each deferred server was resolved from (shared, not copied): where
+    /// [`Surface::deferred_tools`] reads the deferred tools' definitions.
+    pub(crate) deferred_catalogs: BTreeMap<ServerId, SharedTools>,
     permitted: PermittedSet,
     pub(crate) settings: Settings,
 }
@@ -192,9 +198,10 @@ impl Surface {
     }
 
     /// What an exposed name means, or `None` for a name this Surface does not expose. The
-    /// lookup is exact: a case variant or look-alike is `None`.
+    /// lookup is exact: a case variant or look-alike is `None`. A deferred tool's qualified
+    /// name is [`Exposed::Deferred`] (see [`Surface::deferred_tools`]).
     pub fn exposed(&self, name: &str) -> Option<&Exposed> {
-        self.names.get(name)
+        self.names.get(name).or_else(|| self.deferred.get(name))
     }
 
     /// The exposed name of a direct pair, if it is exposed directly.
@@ -205,7 +212,8 @@ impl Surface {
         })
     }
 
-    /// Every exposed name and its meaning, sorted by name.
+    /// The name and meaning of every tool of [`Surface::tools`], sorted by name (the
+    /// deferred tools' names are [`Surface::deferred_names`]).
     pub fn names(&self) -> impl Iterator<Item = (&str, &Exposed)> {
         self.names.iter().map(|(name, e)| (name.as_str(), e))
     }
@@ -213,6 +221,32 @@ impl Surface {
     /// The settings this Surface was resolved with.
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+}
+
+/// A catalogue's tools, shared with the catalogue rather than copied. Two are equal when
+/// they hold the same tools whatever their order, so a Surface does not depend on the
+/// order a catalogue lists its tools in.
+#[derive(Clone)]
+pub(crate) struct SharedTools(pub(crate) Arc<[ToolDefinition]>);
+
+impl SharedTools {
+    fn sorted(&self) -> Vec<&ToolDefinition> {
+        let mut tools: Vec<&ToolDefinition> = self.0.iter().collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        tools
+    }
+}
+
+impl PartialEq for SharedTools {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.sorted() == other.sorted()
+    }
+}
+
+impl std::fmt::Debug for SharedTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.sorted()).finish()
     }
 }
 
@@ -516,8 +550,30 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
                 target: ToolRef::new(server.clone(), tool.name.clone()),
             });
         }
+        if plan.shape == Shape::Deferred {
+            // Named with everything else, so a qualified name is unique across the whole
+            // Surface; the eagerly injected tools are direct already.
+            for tool in &plan.permitted {
+                if !plan.eager.iter().any(|eager| eager.name == tool.name) {
+                    entries.push(Exposed::Deferred {
+                        target: ToolRef::new(server.clone(), tool.name.clone()),
+                    });
+                }
+            }
+        }
     }
-    let names = names::assign(entries);
+    let (deferred, names): (BTreeMap<String, Exposed>, BTreeMap<String, Exposed>) =
+        names::assign(entries)
+            .into_iter()
+            .partition(|(_, exposed)| matches!(exposed, Exposed::Deferred { .. }));
+    let deferred_catalogs = plans
+        .iter()
+        .filter(|p| p.shape == Shape::Deferred)
+        .filter_map(|p| {
+            let tools = SharedTools(Arc::clone(&p.catalog?.tools));
+            Some((p.connection.server.clone(), tools))
+        })
+        .collect();
 
     let by_server: BTreeMap<&ServerId, &Plan<'_>> =
         plans.iter().map(|p| (&p.connection.server, p)).collect();
@@ -576,6 +632,8 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
                 .find(|t| t.name.as_str() == tool.name())
                 .cloned(),
             Exposed::Orientation => shapes::orientation_tool(),
+            // Partitioned out above: a deferred tool is not among the tools.
+            Exposed::Deferred { .. } => None,
         };
         // Every entry was made from a plan above and every name is a valid MCP name, so a
         // definition always exists; an entry without one would simply not be exposed.
@@ -622,6 +680,8 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
         deferred_lines,
         servers,
         names,
+        deferred,
+        deferred_catalogs,
         permitted,
         settings: settings.clone(),
     }

@@ -255,6 +255,24 @@ proptest! {
             prop_assert!(surface.exposed(name).is_some());
         }
         prop_assert_eq!(surface.names().count(), surface.tools().len());
+        // Deferred tools' qualified names: safe, unique with the tools' ignoring case, each
+        // a permitted tool of a deferred server that is not direct already; together, with
+        // the eager ones, exactly the deferred servers' permitted sets.
+        let mut deferred: BTreeMap<ServerId, BTreeSet<ToolName>> = BTreeMap::new();
+        for (name, target) in surface.deferred_names() {
+            prop_assert!(name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'), "{}", name);
+            prop_assert!(lower.insert(name.to_ascii_lowercase()), "{}", name);
+            prop_assert!(permitted[&target.server].contains(&target.tool));
+            prop_assert!(surface.direct_name(target).is_none());
+            deferred.entry(target.server.clone()).or_default().insert(target.tool.clone());
+        }
+        prop_assert_eq!(surface.deferred_tools().len(), surface.deferred_names().count());
+        for view in surface.servers().iter().filter(|v| v.shape == Shape::Deferred) {
+            let mut all = deferred.remove(&view.server).unwrap_or_default();
+            all.extend(view.eager.iter().cloned());
+            prop_assert_eq!(&all, &permitted[&view.server]);
+        }
+        prop_assert!(deferred.is_empty());
 
         // The Surface's permitted set is narrowing, computed independently.
         for view in surface.servers() {

@@ -37,9 +37,12 @@ use psych_types::{ContentBlock, JsonObject, ToolDefinition, ToolName, ToolOutput
 use crate::Provider;
 
 /// The most deferred tools Anthropic's tool search takes: "Maximum tools: 10,000 tools in
-/// your catalog" (Anthropic, "Tool search tool", platform.claude.com
-/// `agents-and-tools/tool-use/tool-search-tool`, Limits). OpenAI documents no limit for
-/// deferred tools in the Responses API that we found; Psych applies the same figure there.
+/// your catalog", section "Limits and best practices › Limits" of Anthropic's "Tool search
+/// tool" page (<https://platform.claude.com/docs/en/agents-and-tools/tool-use/tool-search-tool>,
+/// read in December 2026; the same section gives 3-5 tools per search and 200 characters
+/// per regex pattern; the Agent SDK's "Tool search" page states the same maximum). OpenAI
+/// documents no limit for deferred tools in the Responses API that we found; Psych applies
+/// the same figure there.
 pub const MAX_DEFERRED_TOOLS: usize = 10_000;
 
 /// The content block type of a reference to a deferred tool in a search answer.

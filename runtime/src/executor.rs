@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use psych_disclosure::{Live, OrientationContext, Surface, Validators, Verdict, orientation};
+use psych_prompt_assembly::NativeDeferral;
 use psych_reader_tool::{CallError, Limits, Reader};
 use psych_record_log::SharedRecordLog;
 use psych_types::{
@@ -138,9 +139,35 @@ impl<H: ToolHost + 'static> Executor<H> {
         live: &Live<'_>,
         calls: &[ToolCall],
     ) -> Result<Vec<LoggedRecord>, ExecuteError> {
+        self.execute_native(surface, live, calls, None).await
+    }
+
+    /// [`execute`](Self::execute) for a step whose request deferred tools natively with
+    /// `native`: a call of its client search tool is answered here, from disclosure's
+    /// ranking of the deferred tools permitted now, as `tool_reference` blocks naming only
+    /// tools of `native` (prompt-assembly's `search_answer`), logged like any result. The
+    /// tools it loads are called by their qualified names and go through the guard like
+    /// direct tools. With `None`, exactly [`execute`](Self::execute).
+    ///
+    /// # Errors
+    ///
+    /// As [`execute`](Self::execute).
+    pub async fn execute_native(
+        &self,
+        surface: &Surface,
+        live: &Live<'_>,
+        calls: &[ToolCall],
+        native: Option<&NativeDeferral>,
+    ) -> Result<Vec<LoggedRecord>, ExecuteError> {
         let mut pending = Vec::with_capacity(calls.len());
         let mut tasks: JoinSet<Done> = JoinSet::new();
         for (index, call) in calls.iter().enumerate() {
+            if let Some(output) =
+                native.and_then(|deferral| crate::native::answer(surface, live, deferral, call))
+            {
+                pending.push(Pending::Ready(output));
+                continue;
+            }
             if call.name == READ_TOOL_OUTPUT {
                 self.spawn_read(&mut tasks, index, call.arguments.clone());
                 pending.push(Pending::Running);

@@ -24,6 +24,14 @@
 //!   a logged failed result ([`INTERRUPTED`]) before anything is assembled.
 //! - **Spent tokens come from the provider.** [`Run::spent`] sums the logged usage records
 //!   and nothing else ([`spent`]).
+//! - **Native deferral where the provider has it.** With
+//!   [`RunBuilder::deferral`]`(`[`DeferralMode::Native`](psych_prompt_assembly::DeferralMode::Native)`)`,
+//!   a turn sends the deferred servers' permitted tools with `defer_loading` and Psych's
+//!   search tool instead of the meta tools (Anthropic Messages and OpenAI Responses; Chat
+//!   Completions, and more than
+//!   [`MAX_DEFERRED_TOOLS`](psych_prompt_assembly::MAX_DEFERRED_TOOLS) deferred tools, fall
+//!   back to the meta tools). The executor answers the search from disclosure's ranking of
+//!   the tools permitted now; a loaded tool's call goes through the guard like a direct one.
 //! - [`ScriptedModel`] answers from a script, to drive a Run deterministically.
 //!
 //! # Example
@@ -95,6 +103,7 @@
 mod error;
 mod events;
 mod executor;
+mod native;
 mod run;
 mod scripted;
 mod usage;
@@ -102,6 +111,7 @@ mod usage;
 pub use error::{ExecuteError, RunError};
 pub use events::{CatalogSync, Connected};
 pub use executor::{DEFAULT_CALL_TIMEOUT, Executor};
+pub use native::{DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT};
 pub use run::{INTERRUPTED, ModelReply, Next, Run, RunBuilder, Target};
 pub use scripted::{ScriptedModel, Step, Transcript};
 pub use usage::{Spent, spent};

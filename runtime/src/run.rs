@@ -9,8 +9,9 @@ use psych_catalog::Catalog;
 use psych_disclosure::{Inputs, Live, OrientationContext, Settings, Surface, resolve};
 use psych_elision::{Elider, Estimator};
 use psych_prompt_assembly::{
-    AnthropicOptions, Assembler, CurrentTime, DynamicTail, OpenAiOptions, ProjectionCache,
-    RenderedRequest, StaticSections, StepHistory, Transient,
+    AnthropicOptions, Assembler, CurrentTime, DeferralMode, DynamicTail, NativeDeferral,
+    OpenAiOptions, ProjectionCache, Provider, RenderedRequest, SearchTool, StaticSections,
+    StepHistory, Transient, choose_deferral,
 };
 use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, Recovery, SharedRecordLog, SyncPolicy};
@@ -38,6 +39,19 @@ pub enum Target {
     Anthropic(AnthropicOptions),
     /// The OpenAI Chat Completions API.
     OpenAi(OpenAiOptions),
+    /// The OpenAI Responses API.
+    Responses(OpenAiOptions),
+}
+
+impl Target {
+    /// The wire format the target renders.
+    pub fn provider(&self) -> Provider {
+        match self {
+            Target::Anthropic(_) => Provider::Anthropic,
+            Target::OpenAi(_) => Provider::OpenAi,
+            Target::Responses(_) => Provider::OpenAiResponses,
+        }
+    }
 }
 
 /// What the model answered to one request, as the caller's LLM client received it.
@@ -74,6 +88,17 @@ struct Turn {
     surface: Arc<Surface>,
     zone1: StaticSections,
     tools: Vec<ToolDefinition>,
+    /// With [`DeferralMode::Native`] and deferred tools: what the turn sends instead of
+    /// `tools` where the provider defers natively.
+    native: Option<NativeTurn>,
+}
+
+/// A turn's tools in native deferral: the Surface's tools less the meta tools (plus the
+/// reader), and the deferred tools with the search tool.
+#[derive(Debug)]
+struct NativeTurn {
+    tools: Vec<ToolDefinition>,
+    deferral: NativeDeferral,
 }
 
 /// The caller's clock, in Unix seconds (the transient message's time).
@@ -121,6 +146,7 @@ pub struct Run<H> {
     instructions: String,
     dynamic_tail: DynamicTail,
     target: Target,
+    deferral: DeferralMode,
     clock: ClockFn,
     turn: Option<Turn>,
     /// A request was handed out and its reply is awaited.
@@ -152,6 +178,7 @@ pub struct RunBuilder<H> {
     instructions: String,
     dynamic_tail: DynamicTail,
     target: Target,
+    deferral: DeferralMode,
     clock: ClockFn,
     sync: SyncPolicy,
     call_timeout: Duration,
@@ -172,7 +199,8 @@ impl<H: ToolHost + 'static> Run<H> {
     /// A builder for the Run `run` whose log is `<dir>/<run>.plog`, reading tools from
     /// `catalog` and forwarding calls to `host`. Defaults: no connection, an empty grant,
     /// disclosure's and elision's default settings, Anthropic `claude-sonnet-4-5` with 4,096
-    /// output tokens, the system clock, [`SyncPolicy::EveryAppend`], a 60 s call deadline.
+    /// output tokens, the meta tools for deferred servers ([`DeferralMode::MetaTools`]), the
+    /// system clock, [`SyncPolicy::EveryAppend`], a 60 s call deadline.
     pub fn builder(
         dir: impl Into<PathBuf>,
         run: RunId,
@@ -191,6 +219,7 @@ impl<H: ToolHost + 'static> Run<H> {
             instructions: String::from("You are a helpful assistant."),
             dynamic_tail: DynamicTail::new(),
             target: Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096)),
+            deferral: DeferralMode::MetaTools,
             clock: Arc::new(system_seconds),
             sync: SyncPolicy::EveryAppend,
             call_timeout: crate::DEFAULT_CALL_TIMEOUT,
@@ -277,7 +306,15 @@ impl<H: ToolHost + 'static> Run<H> {
             grant: &self.grant,
             catalogs: &catalogs,
         };
-        let executed = self.executor.execute(&surface, &live, &tool_calls).await;
+        let native = self
+            .turn
+            .as_ref()
+            .and_then(|turn| native_in_force(turn, self.deferral, &self.target))
+            .map(|native| native.deferral.clone());
+        let executed = self
+            .executor
+            .execute_native(&surface, &live, &tool_calls, native.as_ref())
+            .await;
         // Whatever was logged (all of the step's results, or what came before an error) is
         // read into the history, so the history is the log's.
         self.sync_history().await?;
@@ -389,7 +426,15 @@ impl<H: ToolHost + 'static> Run<H> {
                 return Err(RunError::Task(e.to_string()));
             }
         };
-        let request = assemble_request(turn, &self.dynamic_tail, &step, &transient, &self.target)?;
+        let native = native_in_force(turn, self.deferral, &self.target);
+        let request = assemble_request(
+            turn,
+            native,
+            &self.dynamic_tail,
+            &step,
+            &transient,
+            &self.target,
+        )?;
         self.awaiting = true;
         Ok(request)
     }
@@ -441,12 +486,28 @@ impl<H: ToolHost + 'static> Run<H> {
             StaticSections::new(self.instructions.clone()),
             |zone, line| zone.capability_note(line.clone()),
         );
+        let reader = tool_definition(self.executor.limits());
         let mut tools = surface.tools().to_vec();
-        tools.push(tool_definition(self.executor.limits()));
+        tools.push(reader.clone());
+        let native = match self.deferral {
+            DeferralMode::Native => {
+                let deferred = surface.deferred_tools();
+                (!deferred.is_empty()).then(|| {
+                    let mut tools = surface.native_tools();
+                    tools.push(reader);
+                    NativeTurn {
+                        tools,
+                        deferral: NativeDeferral::new(deferred, SearchTool::client()),
+                    }
+                })
+            }
+            _ => None,
+        };
         Ok(Turn {
             surface: Arc::new(surface),
             zone1,
             tools,
+            native,
         })
     }
 
@@ -539,6 +600,18 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
+    /// How deferred servers' tools reach the model: Psych's meta tools (the default), or
+    /// [`DeferralMode::Native`]: the deferred tools sent with `defer_loading` and Psych's
+    /// search tool ([`SearchTool::client`]), whose calls the executor answers. Native
+    /// deferral applies where [`choose_deferral`] allows it (Anthropic Messages and OpenAI
+    /// Responses, at most
+    /// [`MAX_DEFERRED_TOOLS`](psych_prompt_assembly::MAX_DEFERRED_TOOLS)); elsewhere the
+    /// turn falls back to the meta tools.
+    pub fn deferral(mut self, mode: DeferralMode) -> Self {
+        self.deferral = mode;
+        self
+    }
+
     /// The clock of the transient message, in Unix seconds (fix it for snapshots).
     pub fn clock(mut self, clock: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
         self.clock = Arc::new(clock);
@@ -610,6 +683,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             instructions: self.instructions,
             dynamic_tail: self.dynamic_tail,
             target: self.target,
+            deferral: self.deferral,
             clock: self.clock,
             turn: None,
             awaiting: false,
@@ -620,20 +694,44 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     }
 }
 
-/// The one call into prompt-assembly: the turn's zones and tools, the step's history (its
-/// earlier turns projected by elision), the transient message; rendered for the target.
+/// The turn's native deferral, when it has one and the target's provider takes it
+/// ([`choose_deferral`]).
+fn native_in_force<'t>(
+    turn: &'t Turn,
+    mode: DeferralMode,
+    target: &Target,
+) -> Option<&'t NativeTurn> {
+    turn.native.as_ref().filter(|native| {
+        choose_deferral(mode, target.provider(), native.deferral.tools().len())
+            == DeferralMode::Native
+    })
+}
+
+/// The one call into prompt-assembly: the turn's zones and tools (natively deferred when
+/// `native` is given), the step's history (its earlier turns projected by elision), the
+/// transient message; rendered for the target.
 fn assemble_request(
     turn: &Turn,
+    native: Option<&NativeTurn>,
     dynamic_tail: &DynamicTail,
     step: &StepHistory,
     transient: &Transient,
     target: &Target,
 ) -> Result<RenderedRequest, psych_prompt_assembly::Error> {
+    let tools = native.map_or(&turn.tools, |native| &native.tools);
     let prompt =
-        Assembler::new(&turn.zone1, dynamic_tail, &turn.tools).assemble_history(step, transient)?;
-    Ok(match target {
-        Target::Anthropic(options) => prompt.render_anthropic(options)?,
-        Target::OpenAi(options) => prompt.render_openai(options)?,
+        Assembler::new(&turn.zone1, dynamic_tail, tools).assemble_history(step, transient)?;
+    let deferral = native.map(|native| native.deferral.clone());
+    Ok(match (target, deferral) {
+        (Target::Anthropic(options), Some(deferral)) => {
+            prompt.render_anthropic(&options.clone().native_deferral(deferral))?
+        }
+        (Target::Anthropic(options), None) => prompt.render_anthropic(options)?,
+        (Target::OpenAi(options), _) => prompt.render_openai(options)?,
+        (Target::Responses(options), Some(deferral)) => {
+            prompt.render_responses(&options.clone().native_deferral(deferral))?
+        }
+        (Target::Responses(options), None) => prompt.render_responses(options)?,
     })
 }
 
