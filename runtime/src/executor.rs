@@ -12,7 +12,8 @@ use psych_disclosure::{Live, OrientationContext, Surface, Validators, Verdict, o
 use psych_reader_tool::{CallError, Limits, Reader};
 use psych_record_log::SharedRecordLog;
 use psych_types::{
-    LoggedRecord, READ_TOOL_OUTPUT, Record, ToolCall, ToolHost, ToolOutput, ToolRef, ToolResult,
+    LoggedRecord, ProgressSink, READ_TOOL_OUTPUT, Record, ToolCall, ToolHost, ToolOutput, ToolRef,
+    ToolResult,
 };
 use serde_json::Value;
 use tokio::task::JoinSet;
@@ -138,9 +139,37 @@ impl<H: ToolHost + 'static> Executor<H> {
         live: &Live<'_>,
         calls: &[ToolCall],
     ) -> Result<Vec<LoggedRecord>, ExecuteError> {
+        self.execute_with_progress(surface, live, calls, Vec::new())
+            .await
+    }
+
+    /// [`execute`](Self::execute), with the progress of forwarded calls: `progress[i]`, when
+    /// given, receives what the host reports while `calls[i]` runs upstream
+    /// ([`ToolHost::call_tool_with_progress`]); a call without a sink is made with
+    /// [`ToolHost::call_tool`].
+    ///
+    /// Each sink is dropped as soon as its call can report no more: when its forwarded call
+    /// ends (answered, failed, past its deadline), and at once for a call that is not
+    /// forwarded (a read, an answer, a refusal); sinks past the last call are dropped at
+    /// once. So a caller relaying reports from a channel its sink sends into sees it close
+    /// with the call, and learns by it that the call has left the host: from then on, what
+    /// remains of the execution is logging the results.
+    ///
+    /// # Errors
+    ///
+    /// As [`execute`](Self::execute).
+    pub async fn execute_with_progress(
+        &self,
+        surface: &Surface,
+        live: &Live<'_>,
+        calls: &[ToolCall],
+        progress: Vec<Option<ProgressSink>>,
+    ) -> Result<Vec<LoggedRecord>, ExecuteError> {
         let mut pending = Vec::with_capacity(calls.len());
         let mut tasks: JoinSet<Done> = JoinSet::new();
+        let mut progress = progress.into_iter();
         for (index, call) in calls.iter().enumerate() {
+            let sink = progress.next().flatten();
             if call.name == READ_TOOL_OUTPUT {
                 self.spawn_read(&mut tasks, index, call.arguments.clone());
                 pending.push(Pending::Running);
@@ -148,12 +177,13 @@ impl<H: ToolHost + 'static> Executor<H> {
             }
             match self.guard(surface, live, call) {
                 Verdict::Forward(forward) => {
-                    self.spawn_forward(&mut tasks, index, forward.target, forward.arguments);
+                    self.spawn_forward(&mut tasks, index, forward.target, forward.arguments, sink);
                     pending.push(Pending::Running);
                 }
                 verdict => pending.push(Pending::Ready(self.answer(surface, live, &verdict))),
             }
         }
+        drop(progress);
         let mut outputs: Vec<Option<ToolOutput>> = pending
             .into_iter()
             .map(|p| match p {
@@ -210,18 +240,25 @@ impl<H: ToolHost + 'static> Executor<H> {
         }
     }
 
-    /// Forwards a permitted call to the host under the per-call deadline.
+    /// Forwards a permitted call to the host under the per-call deadline, with its progress
+    /// sink when it has one.
     fn spawn_forward(
         &self,
         tasks: &mut JoinSet<Done>,
         index: usize,
         target: ToolRef,
         arguments: psych_types::JsonObject,
+        progress: Option<ProgressSink>,
     ) {
         let host = Arc::clone(&self.host);
         let timeout = self.call_timeout;
         tasks.spawn(async move {
-            let call = host.call_tool(&target, arguments);
+            let call = async {
+                match progress {
+                    Some(sink) => host.call_tool_with_progress(&target, arguments, sink).await,
+                    None => host.call_tool(&target, arguments).await,
+                }
+            };
             let output = match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(output)) => output,
                 Ok(Err(error)) => ToolOutput::error(format!(
