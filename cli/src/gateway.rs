@@ -18,8 +18,9 @@
 //!   through as the upstream sent it (images stay images, unknown block types and fields
 //!   are kept), over stdio and over HTTP ([`raw`]); Psych's own answers (meta tools,
 //!   search, orientation, the reader) carry their structured content as a text block too.
-//! - A call the client cancels is dropped, which cancels the upstream request; the
-//!   upstream's progress reaches the client under the client's progress token
+//! - A call the client cancels is dropped, which cancels the upstream request. The
+//!   upstream's progress reaches the client under the client's progress token: the
+//!   call carries its own progress sink through the executor to the upstream call
 //!   ([`progress`]).
 //! - A handle from another session is the JSON-RPC error `invalid_deferred_handle`, never a
 //!   tool result.
@@ -37,9 +38,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use psych_catalog::{Catalog, Freshener, FreshenerConfig};
-use psych_disclosure::{
-    Exposed, Inputs, LIST_TOOLS, Live, MetaTool, Settings, Surface, Validators, Verdict, resolve,
-};
+use psych_disclosure::{Exposed, Inputs, LIST_TOOLS, Live, MetaTool, Settings, Surface, resolve};
 use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
 use psych_reader_tool::tool_definition;
@@ -72,6 +71,9 @@ const WATCH_EVERY: Duration = Duration::from_millis(200);
 
 /// The code of the JSON-RPC error answering a handle this session never emitted.
 pub(crate) const INVALID_DEFERRED_HANDLE: &str = "invalid_deferred_handle";
+
+/// What a call the client cancelled is answered with.
+pub(crate) const CANCELLED_BY_CLIENT: &str = "cancelled by the client";
 
 /// What every session shares: the upstream connections, the catalogue kept fresh from
 /// them, the connections and grant from the file, and disclosure's and elision's settings.
@@ -241,10 +243,6 @@ fn with_text_block(mut output: ToolOutput) -> ToolOutput {
 /// One client session: its own record log (one Run per connection) and executor.
 struct Session {
     shared: Arc<Shared>,
-    host: Arc<progress::GatewayHost>,
-    /// Disclosure's compiled schemas for working out which upstream call a client call
-    /// with a progress token becomes (the executor keeps its own).
-    validators: Mutex<Validators>,
     executor: Executor<progress::GatewayHost>,
     calls: AtomicU64,
     watcher: Mutex<Option<JoinHandle<()>>>,
@@ -282,11 +280,9 @@ impl Session {
         let (log, _) = RecordLog::open(&shared.logs, &run, SyncPolicy::OsBuffered)
             .map_err(std::io::Error::other)?;
         let host = Arc::new(progress::GatewayHost::new(shared.manager.clone()));
-        let executor = Executor::new(Arc::clone(&host), Arc::new(SharedRecordLog::new(log)));
+        let executor = Executor::new(host, Arc::new(SharedRecordLog::new(log)));
         Ok(Self {
             shared,
-            host,
-            validators: Mutex::new(Validators::new()),
             executor,
             calls: AtomicU64::new(0),
             watcher: Mutex::new(None),
@@ -300,13 +296,24 @@ impl Session {
         Ok(json!({ "tools": tools }))
     }
 
-    /// One `tools/call`: through the executor, logged whole, projected by elision; with
-    /// `progress`, the upstream's progress reaches the client under its token.
-    async fn call(
+    /// One `tools/call`: through the executor, which carries the call's progress sink to
+    /// the upstream call (its progress reaches the client under the client's token, when
+    /// the client sent one); logged whole; projected by elision. A call the client cancels
+    /// is dropped, which cancels the upstream request.
+    async fn call_or_cancel(
         &self,
         params: CallToolRequestParams,
-        progress: Option<progress::ClientProgress>,
+        context: &RequestContext<RoleServer>,
     ) -> Result<Value, ErrorData> {
+        let token = params
+            .meta
+            .as_ref()
+            .and_then(RequestMetaObject::get_progress_token)
+            .or_else(|| context.meta.get_progress_token());
+        let client = token.map(|token| progress::ClientProgress {
+            peer: context.peer.clone(),
+            token,
+        });
         let (catalogs, surface) = self.shared.current()?;
         let live = Live {
             grant: &self.shared.grant,
@@ -315,26 +322,29 @@ impl Session {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let id = ToolCallId::new(format!("call-{n}"))
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        let name = params.name.into_owned();
         let call = ToolCall {
             id,
-            name: name.clone(),
+            name: params.name.into_owned(),
             arguments: Value::Object(params.arguments.unwrap_or_default()),
         };
-        // Which upstream call this becomes, if any, decided as the executor will decide it.
-        let _expected = progress.and_then(|client| {
-            let mut validators = self
-                .validators
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            match surface.guard(&call.name, &call.arguments, &live, &mut validators) {
-                Verdict::Forward(forward) => {
-                    Some(self.host.expect(forward.target, forward.arguments, client))
-                }
-                _ => None,
+        let (sink, relay) = progress::sink(client);
+        let execution = async {
+            let calls = std::slice::from_ref(&call);
+            let execution =
+                self.executor
+                    .execute_with_progress(&surface, &live, calls, vec![Some(sink)]);
+            // The relay ends when the sink is dropped: every report is sent before the
+            // result is.
+            let (logged, ()) = tokio::join!(execution, relay.run());
+            logged
+        };
+        let logged = tokio::select! {
+            logged = execution => logged,
+            () = context.ct.cancelled() => {
+                return Err(ErrorData::new(ErrorCode::INVALID_REQUEST, CANCELLED_BY_CLIENT, None));
             }
-        });
-        let logged = match self.executor.execute(&surface, &live, &[call]).await {
+        };
+        let logged = match logged {
             Ok(logged) => logged,
             Err(ExecuteError::InvalidDeferredHandle(error)) => {
                 return Err(ErrorData::new(
@@ -363,37 +373,11 @@ impl Session {
                 shown.is_error = result.output.is_error;
                 shown
             }
-            _ if answered_here(&surface, &name) => with_text_block(result.output),
+            _ if answered_here(&surface, &call.name) => with_text_block(result.output),
             _ => result.output,
         };
         serde_json::to_value(&output)
             .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
-    }
-
-    /// [`call`](Self::call), unless the client cancels first: then the call is dropped,
-    /// which drops the upstream request with it.
-    async fn call_or_cancel(
-        &self,
-        params: CallToolRequestParams,
-        context: &RequestContext<RoleServer>,
-    ) -> Result<Value, ErrorData> {
-        let token = params
-            .meta
-            .as_ref()
-            .and_then(RequestMetaObject::get_progress_token)
-            .or_else(|| context.meta.get_progress_token());
-        let progress = token.map(|token| progress::ClientProgress {
-            peer: context.peer.clone(),
-            token,
-        });
-        tokio::select! {
-            result = self.call(params, progress) => result,
-            () = context.ct.cancelled() => Err(ErrorData::new(
-                ErrorCode::INVALID_REQUEST,
-                "cancelled by the client",
-                None,
-            )),
-        }
     }
 
     /// Starts telling `peer` when its listing changes.
