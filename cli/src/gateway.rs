@@ -18,8 +18,9 @@
 //!   through as the upstream sent it (images stay images, unknown block types and fields
 //!   are kept), over stdio and over HTTP ([`raw`]); Psych's own answers (meta tools,
 //!   search, orientation, the reader) carry their structured content as a text block too.
-//! - A call the client cancels is dropped, which cancels the upstream request. The
-//!   upstream's progress reaches the client under the client's progress token: the
+//! - A call the client cancels is dropped, which cancels the upstream request, and its
+//!   result is logged as cancelled by the client, so the log holds a result for every call.
+//!   The upstream's progress reaches the client under the client's progress token: the
 //!   call carries its own progress sink through the executor to the upstream call
 //!   ([`progress`]).
 //! - A handle from another session is the JSON-RPC error `invalid_deferred_handle`, never a
@@ -47,7 +48,7 @@ use psych_runtime::{CatalogSync, Connected, ExecuteError, Executor};
 use psych_types::{
     ConnectionSpec, ContentBlock, LoggedRecord, PermissionGrant, Projection, READ_TOOL_OUTPUT,
     Record, ResultProjector, ResultRef, RunId, ServerCatalog, ToolCall, ToolCallId, ToolDefinition,
-    ToolName, ToolOutput, ToolRef,
+    ToolName, ToolOutput, ToolRef, ToolResult,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
@@ -72,7 +73,7 @@ const WATCH_EVERY: Duration = Duration::from_millis(200);
 /// The code of the JSON-RPC error answering a handle this session never emitted.
 pub(crate) const INVALID_DEFERRED_HANDLE: &str = "invalid_deferred_handle";
 
-/// What a call the client cancelled is answered with.
+/// What a call the client cancelled is answered with, and how its logged result begins.
 pub(crate) const CANCELLED_BY_CLIENT: &str = "cancelled by the client";
 
 /// What every session shares: the upstream connections, the catalogue kept fresh from
@@ -261,6 +262,15 @@ impl Drop for Session {
     }
 }
 
+/// How a call's execution ended.
+enum Ended {
+    /// It ran to its logged result.
+    Done(Result<Vec<LoggedRecord>, ExecuteError>),
+    /// The client cancelled it; `logged` when its own result was logged all the same (it had
+    /// left the host when the cancellation came).
+    Cancelled { logged: bool },
+}
+
 impl Session {
     /// A session with a fresh record log under the shared log folder.
     fn open(shared: Arc<Shared>) -> std::io::Result<Self> {
@@ -298,8 +308,13 @@ impl Session {
 
     /// One `tools/call`: through the executor, which carries the call's progress sink to
     /// the upstream call (its progress reaches the client under the client's token, when
-    /// the client sent one); logged whole; projected by elision. A call the client cancels
-    /// is dropped, which cancels the upstream request.
+    /// the client sent one); logged whole; projected by elision.
+    ///
+    /// A call the client cancels while it is upstream (or before it got there) is dropped,
+    /// which cancels the upstream request, and its result is logged as cancelled by the
+    /// client; one cancelled after it left the host keeps its own result in the log. Either
+    /// way the log holds one result for every call, and the client is answered with the
+    /// cancellation.
     async fn call_or_cancel(
         &self,
         params: CallToolRequestParams,
@@ -327,21 +342,44 @@ impl Session {
             name: params.name.into_owned(),
             arguments: Value::Object(params.arguments.unwrap_or_default()),
         };
-        let (sink, relay) = progress::sink(client);
-        let execution = async {
-            let calls = std::slice::from_ref(&call);
-            let execution =
-                self.executor
-                    .execute_with_progress(&surface, &live, calls, vec![Some(sink)]);
-            // The relay ends when the sink is dropped: every report is sent before the
-            // result is.
-            let (logged, ()) = tokio::join!(execution, relay.run());
-            logged
+        let (sink, relay, watch) = progress::sink(client);
+        let ended = {
+            let execution = async {
+                let calls = std::slice::from_ref(&call);
+                let execution =
+                    self.executor
+                        .execute_with_progress(&surface, &live, calls, vec![Some(sink)]);
+                // The relay ends when the sink is dropped: every report is sent before the
+                // result is.
+                let (logged, ()) = tokio::join!(execution, relay.run());
+                logged
+            };
+            let mut execution = std::pin::pin!(execution);
+            tokio::select! {
+                logged = &mut execution => Ended::Done(logged),
+                () = context.ct.cancelled() => {
+                    let logged = watch.left_host();
+                    if logged {
+                        // Answered (or never forwarded): what remains is logging it.
+                        let _ = execution.await;
+                    }
+                    // Otherwise the execution is dropped here, before it logged anything,
+                    // and the upstream request with it.
+                    Ended::Cancelled { logged }
+                }
+            }
         };
-        let logged = tokio::select! {
-            logged = execution => logged,
-            () = context.ct.cancelled() => {
-                return Err(ErrorData::new(ErrorCode::INVALID_REQUEST, CANCELLED_BY_CLIENT, None));
+        let logged = match ended {
+            Ended::Done(logged) => logged,
+            Ended::Cancelled { logged } => {
+                if !logged {
+                    self.log_cancelled(call).await?;
+                }
+                return Err(ErrorData::new(
+                    ErrorCode::INVALID_REQUEST,
+                    CANCELLED_BY_CLIENT,
+                    None,
+                ));
             }
         };
         let logged = match logged {
@@ -378,6 +416,28 @@ impl Session {
         };
         serde_json::to_value(&output)
             .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
+    }
+
+    /// Logs `call`'s result as cancelled by the client (it was dropped before it had one).
+    async fn log_cancelled(&self, call: ToolCall) -> Result<(), ErrorData> {
+        let record = Record::ToolResult(ToolResult {
+            call_id: call.id,
+            name: call.name,
+            output: ToolOutput::error(format!(
+                "{CANCELLED_BY_CLIENT} before it had a result; its upstream request, if it \
+                 had been sent, was cancelled"
+            )),
+        });
+        let log = Arc::clone(self.executor.log());
+        let appended = tokio::task::spawn_blocking(move || log.append(&record)).await;
+        match appended {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(ErrorData::internal_error(
+                format!("{CANCELLED_BY_CLIENT}; logging that failed: {error}"),
+                None,
+            )),
+            Err(error) => Err(ErrorData::internal_error(error.to_string(), None)),
+        }
     }
 
     /// Starts telling `peer` when its listing changes.

@@ -8,7 +8,7 @@
 //! as a tool error while the other servers keep working, Psych's own answers carrying
 //! their structured content as a text block too, an upstream result with unmodelled
 //! fields and block types passed through whole, a call the client cancels cancelled
-//! upstream, the upstream's progress reaching the client under the
+//! upstream and logged as cancelled, the upstream's progress reaching the client under the
 //! client's token, and identical calls in flight each getting only their own progress
 //! (read by a raw JSON-RPC client, which sees the gateway's messages in order).
 
@@ -447,6 +447,37 @@ async fn psych_serve_end_to_end() {
         .map(|entry| entry.unwrap().file_name())
         .collect();
     assert_eq!(logs.len(), 2, "{logs:?}");
+    // The log holds a result for every call, the cancelled one too.
+    let results: Vec<(String, String)> = logs
+        .iter()
+        .flat_map(|name| session_results(&dir.path().join("serve"), name))
+        .collect();
+    let hung: Vec<&String> = results
+        .iter()
+        .filter(|(name, _)| name == "small__hang")
+        .map(|(_, text)| text)
+        .collect();
+    assert_eq!(hung.len(), 1, "one result for the cancelled call: {hung:?}");
+    assert!(
+        hung[0].starts_with("cancelled by the client"),
+        "{:?}",
+        hung[0]
+    );
+}
+
+/// The tool results of the session log `file` in `dir`: (tool name, readable text).
+fn session_results(dir: &Path, file: &std::ffi::OsStr) -> Vec<(String, String)> {
+    let run = Path::new(file).file_stem().unwrap().to_str().unwrap();
+    let run = psych_types::RunId::new(run).unwrap();
+    let (log, _) = psych_record_log::RecordLog::open_read_only(dir, &run).unwrap();
+    log.iter()
+        .filter_map(|logged| match logged.unwrap().record {
+            psych_types::Record::ToolResult(result) => {
+                Some((result.name, result.output.readable_text().into_owned()))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// A JSON-RPC client of `psych serve` over stdio that sees every message in the order the

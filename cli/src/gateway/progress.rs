@@ -9,7 +9,8 @@
 //!
 //! The sink is dropped when its call leaves the host (the executor's contract), which
 //! closes the relay's channel: the relay has sent every report before the call's result is
-//! returned.
+//! returned, and [`SinkWatch::left_host`] tells the session whether the call is still
+//! upstream.
 //!
 //! [`Executor::execute_with_progress`]: psych_runtime::Executor::execute_with_progress
 
@@ -21,7 +22,7 @@ use psych_types::{
 use rmcp::RoleServer;
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::Peer;
-use tokio::sync::mpsc::{self, UnboundedReceiver};
+use tokio::sync::mpsc::{self, UnboundedReceiver, WeakUnboundedSender};
 
 /// Where one client call's progress goes: its session's peer and the client's token.
 #[derive(Clone)]
@@ -38,14 +39,27 @@ pub(super) struct Relay {
     client: Option<ClientProgress>,
 }
 
-/// A sink for one call and its relay to `client` (with no client the reports are dropped).
-pub(super) fn sink(client: Option<ClientProgress>) -> (ProgressSink, Relay) {
+/// Tells whether one call's [`ProgressSink`] still exists.
+pub(super) struct SinkWatch(WeakUnboundedSender<ToolProgress>);
+
+impl SinkWatch {
+    /// Whether the call's sink is gone: the executor dropped it, so the call is not
+    /// upstream (any more), and what remains of its execution is logging its result.
+    pub(super) fn left_host(&self) -> bool {
+        self.0.upgrade().is_none()
+    }
+}
+
+/// A sink for one call, its relay to `client` (with no client the reports are dropped) and
+/// a watch on the sink.
+pub(super) fn sink(client: Option<ClientProgress>) -> (ProgressSink, Relay, SinkWatch) {
     let (tx, notes) = mpsc::unbounded_channel();
+    let watch = SinkWatch(tx.downgrade());
     let sink = ProgressSink::new(move |progress| {
         // The relay is gone only when the call was abandoned: nothing left to tell.
         let _ = tx.send(progress);
     });
-    (sink, Relay { notes, client })
+    (sink, Relay { notes, client }, watch)
 }
 
 impl Relay {
