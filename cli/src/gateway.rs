@@ -52,8 +52,9 @@ use psych_types::{
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
-    CustomResult, ErrorCode, ErrorData, Implementation, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, RequestMetaObject, ServerCapabilities, ServerResult,
+    CustomResult, DiscoverResult, ErrorCode, ErrorData, Implementation, InitializeResult,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, RequestMetaObject,
+    ServerCapabilities, ServerResult,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler, Service, ServiceExt};
@@ -258,6 +259,12 @@ impl Drop for Session {
             .take();
         if let Some(task) = watcher {
             task.abort();
+        }
+        // A session that logged nothing (a probe the gateway refused, a client that left
+        // at once) leaves no file behind.
+        let log = self.executor.log();
+        if log.is_empty() {
+            let _ = std::fs::remove_file(log.path());
         }
     }
 }
@@ -478,6 +485,25 @@ impl Session {
     }
 }
 
+/// Refuses a request of MCP 2026-07-28's per-request lifecycle (its `_meta` names a protocol
+/// version) as an unsupported version, naming the revisions with `initialize`.
+///
+/// The gateway is a session per client: its record log (whose handles `read_tool_output`
+/// reads back), its `list_changed` watcher, and over HTTP the session transport that sends
+/// results raw ([`raw`]). rmcp serves a per-request request with a handler of its own and a
+/// one-shot transport: such a client would get typed results (unknown fields dropped) and a
+/// new session, so a foreign handle, on every request. Only the handler path needs this
+/// (HTTP); over stdio the [`Gateway`] answers raw and the process is the session.
+fn per_request(context: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
+    match context.meta.protocol_version() {
+        Some(requested) => Err(ErrorData::unsupported_protocol_version(
+            requested,
+            ProtocolVersion::known_up_to(&ProtocolVersion::LATEST_WITH_INITIALIZE),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Over stdio, [`Gateway`] answers `tools/list` and `tools/call` as raw JSON and the rest
 /// is this handler's. Over streamable HTTP (whose server takes only a handler) the two
 /// answer with typed placeholders that [`raw::RawTransport`] replaces with the raw JSON on
@@ -486,8 +512,9 @@ impl ServerHandler for Session {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        per_request(&context)?;
         let raw = self.listing()?;
         let mut typed: ListToolsResult = serde_json::from_value(raw.clone())
             .map_err(|e| ErrorData::internal_error(format!("encoding the listing: {e}"), None))?;
@@ -500,6 +527,7 @@ impl ServerHandler for Session {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        per_request(&context)?;
         let raw = self.call_or_cancel(request, &context).await?;
         // What rmcp can type of the result: sent only if the raw answer cannot be.
         let mut typed = serde_json::from_value::<CallToolResult>(raw.clone()).unwrap_or_else(|e| {
@@ -513,6 +541,21 @@ impl ServerHandler for Session {
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         self.watch(context.peer);
+    }
+
+    /// `server/discover` is not found, as on every server from before 2026-07-28: a client
+    /// of that revision then connects with `initialize`, as its backward-compatibility rule
+    /// says (rmcp's client does so in its `Auto` lifecycle). See [`per_request`].
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        Err(ErrorData::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            "server/discover: psych serve keeps a session per client (its record log and \
+             handles); connect with initialize",
+            None,
+        ))
     }
 
     fn get_info(&self) -> InitializeResult {
