@@ -18,8 +18,10 @@
 //!   through as the upstream sent it (images stay images, unknown block types and fields
 //!   are kept), over stdio and over HTTP ([`raw`]); Psych's own answers (meta tools,
 //!   search, orientation, the reader) carry their structured content as a text block too.
-//! - A call the client cancels is dropped, which cancels the upstream request; the
-//!   upstream's progress reaches the client under the client's progress token
+//! - A call the client cancels is dropped, which cancels the upstream request, and its
+//!   result is logged as cancelled by the client, so the log holds a result for every call.
+//!   The upstream's progress reaches the client under the client's progress token: the
+//!   call carries its own progress sink through the executor to the upstream call
 //!   ([`progress`]).
 //! - A handle from another session is the JSON-RPC error `invalid_deferred_handle`, never a
 //!   tool result.
@@ -37,9 +39,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use psych_catalog::{Catalog, Freshener, FreshenerConfig};
-use psych_disclosure::{
-    Exposed, Inputs, LIST_TOOLS, Live, MetaTool, Settings, Surface, Validators, Verdict, resolve,
-};
+use psych_disclosure::{Exposed, Inputs, LIST_TOOLS, Live, MetaTool, Settings, Surface, resolve};
 use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
 use psych_reader_tool::tool_definition;
@@ -48,12 +48,13 @@ use psych_runtime::{CatalogSync, Connected, ExecuteError, Executor};
 use psych_types::{
     ConnectionSpec, ContentBlock, LoggedRecord, PermissionGrant, Projection, READ_TOOL_OUTPUT,
     Record, ResultProjector, ResultRef, RunId, ServerCatalog, ToolCall, ToolCallId, ToolDefinition,
-    ToolName, ToolOutput, ToolRef,
+    ToolName, ToolOutput, ToolRef, ToolResult,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
-    CustomResult, ErrorCode, ErrorData, Implementation, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, RequestMetaObject, ServerCapabilities, ServerResult,
+    CustomResult, DiscoverResult, ErrorCode, ErrorData, Implementation, InitializeResult,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, RequestMetaObject,
+    ServerCapabilities, ServerResult,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler, Service, ServiceExt};
@@ -72,6 +73,9 @@ const WATCH_EVERY: Duration = Duration::from_millis(200);
 
 /// The code of the JSON-RPC error answering a handle this session never emitted.
 pub(crate) const INVALID_DEFERRED_HANDLE: &str = "invalid_deferred_handle";
+
+/// What a call the client cancelled is answered with, and how its logged result begins.
+pub(crate) const CANCELLED_BY_CLIENT: &str = "cancelled by the client";
 
 /// What every session shares: the upstream connections, the catalogue kept fresh from
 /// them, the connections and grant from the file, and disclosure's and elision's settings.
@@ -246,10 +250,6 @@ fn with_text_block(mut output: ToolOutput) -> ToolOutput {
 /// One client session: its own record log (one Run per connection) and executor.
 struct Session {
     shared: Arc<Shared>,
-    host: Arc<progress::GatewayHost>,
-    /// Disclosure's compiled schemas for working out which upstream call a client call
-    /// with a progress token becomes (the executor keeps its own).
-    validators: Mutex<Validators>,
     executor: Executor<progress::GatewayHost>,
     calls: AtomicU64,
     watcher: Mutex<Option<JoinHandle<()>>>,
@@ -265,7 +265,22 @@ impl Drop for Session {
         if let Some(task) = watcher {
             task.abort();
         }
+        // A session that logged nothing (a probe the gateway refused, a client that left
+        // at once) leaves no file behind.
+        let log = self.executor.log();
+        if log.is_empty() {
+            let _ = std::fs::remove_file(log.path());
+        }
     }
+}
+
+/// How a call's execution ended.
+enum Ended {
+    /// It ran to its logged result.
+    Done(Result<Vec<LoggedRecord>, ExecuteError>),
+    /// The client cancelled it; `logged` when its own result was logged all the same (it had
+    /// left the host when the cancellation came).
+    Cancelled { logged: bool },
 }
 
 impl Session {
@@ -287,11 +302,9 @@ impl Session {
         let (log, _) = RecordLog::open(&shared.logs, &run, SyncPolicy::OsBuffered)
             .map_err(std::io::Error::other)?;
         let host = Arc::new(progress::GatewayHost::new(shared.manager.clone()));
-        let executor = Executor::new(Arc::clone(&host), Arc::new(SharedRecordLog::new(log)));
+        let executor = Executor::new(host, Arc::new(SharedRecordLog::new(log)));
         Ok(Self {
             shared,
-            host,
-            validators: Mutex::new(Validators::new()),
             executor,
             calls: AtomicU64::new(0),
             watcher: Mutex::new(None),
@@ -305,13 +318,29 @@ impl Session {
         Ok(json!({ "tools": tools }))
     }
 
-    /// One `tools/call`: through the executor, logged whole, projected by elision; with
-    /// `progress`, the upstream's progress reaches the client under its token.
-    async fn call(
+    /// One `tools/call`: through the executor, which carries the call's progress sink to
+    /// the upstream call (its progress reaches the client under the client's token, when
+    /// the client sent one); logged whole; projected by elision.
+    ///
+    /// A call the client cancels while it is upstream (or before it got there) is dropped,
+    /// which cancels the upstream request, and its result is logged as cancelled by the
+    /// client; one cancelled after it left the host keeps its own result in the log. Either
+    /// way the log holds one result for every call, and the client is answered with the
+    /// cancellation.
+    async fn call_or_cancel(
         &self,
         params: CallToolRequestParams,
-        progress: Option<progress::ClientProgress>,
+        context: &RequestContext<RoleServer>,
     ) -> Result<Value, ErrorData> {
+        let token = params
+            .meta
+            .as_ref()
+            .and_then(RequestMetaObject::get_progress_token)
+            .or_else(|| context.meta.get_progress_token());
+        let client = token.map(|token| progress::ClientProgress {
+            peer: context.peer.clone(),
+            token,
+        });
         let (catalogs, surface) = self.shared.current()?;
         let live = Live {
             grant: &self.shared.grant,
@@ -320,26 +349,52 @@ impl Session {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let id = ToolCallId::new(format!("call-{n}"))
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        let name = params.name.into_owned();
         let call = ToolCall {
             id,
-            name: name.clone(),
+            name: params.name.into_owned(),
             arguments: Value::Object(params.arguments.unwrap_or_default()),
         };
-        // Which upstream call this becomes, if any, decided as the executor will decide it.
-        let _expected = progress.and_then(|client| {
-            let mut validators = self
-                .validators
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            match surface.guard(&call.name, &call.arguments, &live, &mut validators) {
-                Verdict::Forward(forward) => {
-                    Some(self.host.expect(forward.target, forward.arguments, client))
+        let (sink, relay, watch) = progress::sink(client);
+        let ended = {
+            let execution = async {
+                let calls = std::slice::from_ref(&call);
+                let execution =
+                    self.executor
+                        .execute_with_progress(&surface, &live, calls, vec![Some(sink)]);
+                // The relay ends when the sink is dropped: every report is sent before the
+                // result is.
+                let (logged, ()) = tokio::join!(execution, relay.run());
+                logged
+            };
+            let mut execution = std::pin::pin!(execution);
+            tokio::select! {
+                logged = &mut execution => Ended::Done(logged),
+                () = context.ct.cancelled() => {
+                    let logged = watch.left_host();
+                    if logged {
+                        // Answered (or never forwarded): what remains is logging it.
+                        let _ = execution.await;
+                    }
+                    // Otherwise the execution is dropped here, before it logged anything,
+                    // and the upstream request with it.
+                    Ended::Cancelled { logged }
                 }
-                _ => None,
             }
-        });
-        let logged = match self.executor.execute(&surface, &live, &[call]).await {
+        };
+        let logged = match ended {
+            Ended::Done(logged) => logged,
+            Ended::Cancelled { logged } => {
+                if !logged {
+                    self.log_cancelled(call).await?;
+                }
+                return Err(ErrorData::new(
+                    ErrorCode::INVALID_REQUEST,
+                    CANCELLED_BY_CLIENT,
+                    None,
+                ));
+            }
+        };
+        let logged = match logged {
             Ok(logged) => logged,
             Err(ExecuteError::InvalidDeferredHandle(error)) => {
                 return Err(ErrorData::new(
@@ -368,36 +423,32 @@ impl Session {
                 shown.is_error = result.output.is_error;
                 shown
             }
-            _ if answered_here(&surface, &name) => with_text_block(result.output),
+            _ if answered_here(&surface, &call.name) => with_text_block(result.output),
             _ => result.output,
         };
         serde_json::to_value(&output)
             .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
     }
 
-    /// [`call`](Self::call), unless the client cancels first: then the call is dropped,
-    /// which drops the upstream request with it.
-    async fn call_or_cancel(
-        &self,
-        params: CallToolRequestParams,
-        context: &RequestContext<RoleServer>,
-    ) -> Result<Value, ErrorData> {
-        let token = params
-            .meta
-            .as_ref()
-            .and_then(RequestMetaObject::get_progress_token)
-            .or_else(|| context.meta.get_progress_token());
-        let progress = token.map(|token| progress::ClientProgress {
-            peer: context.peer.clone(),
-            token,
+    /// Logs `call`'s result as cancelled by the client (it was dropped before it had one).
+    async fn log_cancelled(&self, call: ToolCall) -> Result<(), ErrorData> {
+        let record = Record::ToolResult(ToolResult {
+            call_id: call.id,
+            name: call.name,
+            output: ToolOutput::error(format!(
+                "{CANCELLED_BY_CLIENT} before it had a result; its upstream request, if it \
+                 had been sent, was cancelled"
+            )),
         });
-        tokio::select! {
-            result = self.call(params, progress) => result,
-            () = context.ct.cancelled() => Err(ErrorData::new(
-                ErrorCode::INVALID_REQUEST,
-                "cancelled by the client",
+        let log = Arc::clone(self.executor.log());
+        let appended = tokio::task::spawn_blocking(move || log.append(&record)).await;
+        match appended {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(ErrorData::internal_error(
+                format!("{CANCELLED_BY_CLIENT}; logging that failed: {error}"),
                 None,
             )),
+            Err(error) => Err(ErrorData::internal_error(error.to_string(), None)),
         }
     }
 
@@ -439,6 +490,25 @@ impl Session {
     }
 }
 
+/// Refuses a request of MCP 2026-07-28's per-request lifecycle (its `_meta` names a protocol
+/// version) as an unsupported version, naming the revisions with `initialize`.
+///
+/// The gateway is a session per client: its record log (whose handles `read_tool_output`
+/// reads back), its `list_changed` watcher, and over HTTP the session transport that sends
+/// results raw ([`raw`]). rmcp serves a per-request request with a handler of its own and a
+/// one-shot transport: such a client would get typed results (unknown fields dropped) and a
+/// new session, so a foreign handle, on every request. Only the handler path needs this
+/// (HTTP); over stdio the [`Gateway`] answers raw and the process is the session.
+fn per_request(context: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
+    match context.meta.protocol_version() {
+        Some(requested) => Err(ErrorData::unsupported_protocol_version(
+            requested,
+            ProtocolVersion::known_up_to(&ProtocolVersion::LATEST_WITH_INITIALIZE),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Over stdio, [`Gateway`] answers `tools/list` and `tools/call` as raw JSON and the rest
 /// is this handler's. Over streamable HTTP (whose server takes only a handler) the two
 /// answer with typed placeholders that [`raw::RawTransport`] replaces with the raw JSON on
@@ -447,8 +517,9 @@ impl ServerHandler for Session {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        per_request(&context)?;
         let raw = self.listing()?;
         let mut typed: ListToolsResult = serde_json::from_value(raw.clone())
             .map_err(|e| ErrorData::internal_error(format!("encoding the listing: {e}"), None))?;
@@ -461,6 +532,7 @@ impl ServerHandler for Session {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        per_request(&context)?;
         let raw = self.call_or_cancel(request, &context).await?;
         // What rmcp can type of the result: sent only if the raw answer cannot be.
         let mut typed = serde_json::from_value::<CallToolResult>(raw.clone()).unwrap_or_else(|e| {
@@ -474,6 +546,21 @@ impl ServerHandler for Session {
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         self.watch(context.peer);
+    }
+
+    /// `server/discover` is not found, as on every server from before 2026-07-28: a client
+    /// of that revision then connects with `initialize`, as its backward-compatibility rule
+    /// says (rmcp's client does so in its `Auto` lifecycle). See [`per_request`].
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        Err(ErrorData::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            "server/discover: psych serve keeps a session per client (its record log and \
+             handles); connect with initialize",
+            None,
+        ))
     }
 
     fn get_info(&self) -> InitializeResult {

@@ -8,7 +8,9 @@
 //! as a tool error while the other servers keep working, Psych's own answers carrying
 //! their structured content as a text block too, an upstream result with unmodelled
 //! fields and block types passed through whole, a call the client cancels cancelled
-//! upstream, and the upstream's progress reaching the client under the client's token.
+//! upstream and logged as cancelled, the upstream's progress reaching the client under the
+//! client's token, and identical calls in flight each getting only their own progress
+//! (read by a raw JSON-RPC client, which sees the gateway's messages in order).
 
 #![allow(
     clippy::unwrap_used,
@@ -445,4 +447,160 @@ async fn psych_serve_end_to_end() {
         .map(|entry| entry.unwrap().file_name())
         .collect();
     assert_eq!(logs.len(), 2, "{logs:?}");
+    // The log holds a result for every call, the cancelled one too.
+    let results: Vec<(String, String)> = logs
+        .iter()
+        .flat_map(|name| session_results(&dir.path().join("serve"), name))
+        .collect();
+    let hung: Vec<&String> = results
+        .iter()
+        .filter(|(name, _)| name == "small__hang")
+        .map(|(_, text)| text)
+        .collect();
+    assert_eq!(hung.len(), 1, "one result for the cancelled call: {hung:?}");
+    assert!(
+        hung[0].starts_with("cancelled by the client"),
+        "{:?}",
+        hung[0]
+    );
+}
+
+/// The tool results of the session log `file` in `dir`: (tool name, readable text).
+fn session_results(dir: &Path, file: &std::ffi::OsStr) -> Vec<(String, String)> {
+    let run = Path::new(file).file_stem().unwrap().to_str().unwrap();
+    let run = psych_types::RunId::new(run).unwrap();
+    let (log, _) = psych_record_log::RecordLog::open_read_only(dir, &run).unwrap();
+    log.iter()
+        .filter_map(|logged| match logged.unwrap().record {
+            psych_types::Record::ToolResult(result) => {
+                Some((result.name, result.output.readable_text().into_owned()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A JSON-RPC client of `psych serve` over stdio that sees every message in the order the
+/// gateway wrote it (rmcp's client runs each notification's handler as a task of its own,
+/// so the order of progress and results is lost there).
+struct RawClient {
+    _child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl RawClient {
+    /// Starts `psych serve` and makes the initialize handshake.
+    async fn start(config: &Path, dir: &Path) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(PSYCH)
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .arg("--dir")
+            .arg(dir)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut client = Self {
+            _child: child,
+            stdin,
+            lines,
+        };
+        client
+            .send(
+                json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "0"},
+                }}),
+            )
+            .await;
+        while client.next().await.get("id") != Some(&json!(0)) {}
+        client
+            .send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        client
+    }
+
+    async fn send(&mut self, message: Value) {
+        use tokio::io::AsyncWriteExt;
+        let mut line = message.to_string();
+        line.push('\n');
+        self.stdin.write_all(line.as_bytes()).await.unwrap();
+    }
+
+    async fn next(&mut self) -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
+            .await
+            .expect("the gateway answers")
+            .unwrap()
+            .expect("the gateway is running");
+        serde_json::from_str(&line).unwrap()
+    }
+}
+
+/// Identical calls in flight at once, each with its own progress token: each token gets
+/// exactly its own call's reports, all of them before its result and none after. (Before
+/// the call carried its progress sink through the executor, the gateway guessed which
+/// upstream call was whose by `(target, arguments)`, so identical calls could swap
+/// streams: a result came before its token's reports, or reports after it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_calls_in_flight_each_get_only_their_own_progress() {
+    const CALLS: u64 = 40;
+    const STEPS: u64 = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mcp.json");
+    let servers = json!({"mcpServers": {"small": embedded(3, json!({}))}});
+    std::fs::write(&config, servers.to_string()).unwrap();
+    let mut client = RawClient::start(&config, dir.path()).await;
+    for round in 0..6 {
+        let ids: Vec<u64> = (1..=CALLS).map(|n| round * 100 + n).collect();
+        for id in &ids {
+            client
+                .send(
+                    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                        "name": "small__progress",
+                        "arguments": {"steps": STEPS},
+                        "_meta": {"progressToken": format!("token-{id}")},
+                    }}),
+                )
+                .await;
+        }
+        let mut reports = std::collections::BTreeMap::<String, Vec<f64>>::new();
+        let mut answered = std::collections::BTreeSet::new();
+        while answered.len() < ids.len() {
+            let message = client.next().await;
+            if message["method"] == "notifications/progress" {
+                let token = message["params"]["progressToken"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                let id: u64 = token["token-".len()..].parse().unwrap();
+                assert!(
+                    !answered.contains(&id),
+                    "round {round}: a report of {token} after its result: {message}"
+                );
+                let progress = message["params"]["progress"].as_f64().unwrap();
+                reports.entry(token).or_default().push(progress);
+            } else if let Some(id) = message.get("id").and_then(Value::as_u64) {
+                let text = message["result"]["content"][0]["text"].as_str();
+                let done = format!("{STEPS} steps reported");
+                assert_eq!(text, Some(done.as_str()), "round {round}: {message}");
+                let seen = reports.get(&format!("token-{id}")).cloned();
+                let expected: Vec<f64> = (1..=STEPS).map(|n| n as f64).collect();
+                assert_eq!(
+                    seen,
+                    Some(expected),
+                    "round {round}: call {id}'s result comes after its own reports, all of them"
+                );
+                answered.insert(id);
+            }
+        }
+    }
 }

@@ -1,8 +1,8 @@
 //! `psych serve --http` as a process, driven by rmcp's streamable HTTP client, in front of a
 //! test server (`psych serve-embedded`, a real process): the listing, a call, a large result
 //! elided and read back by handle, an upstream result with unmodelled fields and block types
-//! passed through whole (the same raw JSON as over stdio), and an upstream `list_changed`
-//! reaching the client.
+//! passed through whole (the same raw JSON as over stdio), an upstream `list_changed`
+//! reaching the client, and a client of the 2026-07-28 revision falling back to a session.
 
 #![allow(
     clippy::unwrap_used,
@@ -17,7 +17,7 @@ use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, CustomResult,
     ServerResult,
 };
-use rmcp::service::NotificationContext;
+use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
@@ -59,10 +59,10 @@ impl Drop for Gateway {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn psych_serve_over_streamable_http() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("mcp.json");
+/// Starts `psych serve --http` in front of one test server, logging under `dir`: the
+/// gateway and its URL.
+async fn start(dir: &std::path::Path) -> (Gateway, String) {
+    let config = dir.join("mcp.json");
     let upstream = json!({"command": PSYCH, "args": ["serve-embedded", "--tools", "3"]});
     std::fs::write(&config, json!({"mcpServers": {"up": upstream}}).to_string()).unwrap();
     let mut child = tokio::process::Command::new(PSYCH)
@@ -72,14 +72,14 @@ async fn psych_serve_over_streamable_http() {
         .arg("--config")
         .arg(&config)
         .arg("--dir")
-        .arg(dir.path())
+        .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let _gateway = Gateway(child);
+    let gateway = Gateway(child);
     let mut lines = BufReader::new(stdout).lines();
     let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
         .await
@@ -90,6 +90,29 @@ async fn psych_serve_over_streamable_http() {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("{line}"))
         .to_owned();
+    (gateway, url)
+}
+
+/// The result of `up__exotic`, read raw (rmcp's typed result would drop the unknown
+/// fields and refuse the unknown block type).
+async fn exotic<S: rmcp::Service<RoleClient>>(session: &RunningService<RoleClient, S>) -> Value {
+    let raw = session
+        .peer()
+        .send_request(ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new("up__exotic"),
+        )))
+        .await
+        .unwrap();
+    let ServerResult::CustomResult(CustomResult(raw)) = raw else {
+        panic!("the exotic result arrives raw: {raw:?}");
+    };
+    raw
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psych_serve_over_streamable_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_gateway, url) = start(dir.path()).await;
 
     let (changed, mut receiver) = mpsc::unbounded_channel();
     let session = Client { changed }
@@ -141,19 +164,11 @@ async fn psych_serve_over_streamable_http() {
         text(&read)
     );
 
-    // An upstream result passes through whole, as over stdio: rmcp's typed result would
-    // drop the unknown fields and refuse the unknown block type, so it is read raw.
-    let raw = session
-        .peer()
-        .send_request(ClientRequest::CallToolRequest(CallToolRequest::new(
-            CallToolRequestParams::new("up__exotic"),
-        )))
-        .await
-        .unwrap();
-    let ServerResult::CustomResult(CustomResult(raw)) = raw else {
-        panic!("the exotic result arrives raw: {raw:?}");
-    };
-    assert_eq!(raw, psych_mcp::test_server::exotic_result());
+    // An upstream result passes through whole, as over stdio.
+    assert_eq!(
+        exotic(&session).await,
+        psych_mcp::test_server::exotic_result()
+    );
 
     // An upstream list_changed reaches the client.
     while receiver.try_recv().is_ok() {}
@@ -167,4 +182,121 @@ async fn psych_serve_over_streamable_http() {
     assert!(after.iter().any(|t| t.name == "up__fresh_tool"));
 
     session.cancel().await.unwrap();
+}
+
+/// A client of 2026-07-28 (rmcp's `Auto` lifecycle: `server/discover` first) gets a
+/// session: the gateway answers `server/discover` as a server from before that revision
+/// would, so the client falls back to `initialize`. Served per request instead, it would
+/// get rmcp's typed results (unknown fields dropped) and a session of its own on every
+/// request (every handle foreign to the next). A client that insists on the per-request
+/// lifecycle is refused; a call made per request all the same is refused naming the
+/// versions with a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_request_client_falls_back_to_a_session_and_gets_results_whole() {
+    use rmcp::model::ProtocolVersion;
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (_gateway, url) = start(dir.path()).await;
+    let modern = vec![ProtocolVersion::V_2026_07_28];
+    let (changed, _receiver) = mpsc::unbounded_channel();
+    let session = Client { changed }
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(url.clone()),
+            ClientLifecycleMode::Auto {
+                preferred_versions: modern.clone(),
+                legacy_version: None,
+            },
+        )
+        .await
+        .unwrap();
+    let version = session.peer_info().unwrap().protocol_version.clone();
+    assert!(version.has_initialize(), "a session: {version}");
+    assert_eq!(
+        exotic(&session).await,
+        psych_mcp::test_server::exotic_result()
+    );
+    // Its handles read back on its next request.
+    let large = session
+        .call_tool(
+            CallToolRequestParams::new("up__large")
+                .with_arguments(json!({"bytes": 200_000}).as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    let shown = text(&large);
+    let handle = shown
+        .split("handle \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("a handle in {shown}"));
+    let read = session
+        .call_tool(
+            CallToolRequestParams::new("read_tool_output").with_arguments(
+                json!({"handle": handle, "grep": "line 000777:"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(
+        text(&read).contains("line 000777: the quick"),
+        "{}",
+        text(&read)
+    );
+    session.cancel().await.unwrap();
+
+    let (changed, _receiver) = mpsc::unbounded_channel();
+    let refused = Client { changed }
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(url.clone()),
+            ClientLifecycleMode::Discover {
+                preferred_versions: modern,
+            },
+        )
+        .await;
+    assert!(refused.is_err(), "the per-request lifecycle is not served");
+
+    // A call made per request all the same is refused, naming the versions with a session.
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "up__echo",
+        "arguments": {"text": "per request"},
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        },
+    }});
+    let answer = post(&url, &body.to_string()).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("Unsupported protocol version") && answer.contains("2025-11-25"),
+        "{answer}"
+    );
+    assert!(!answer.contains("per request\""), "not served: {answer}");
+}
+
+/// One JSON-RPC POST of `body` (a `tools/call` of `up__echo`) to `url`
+/// (`http://host:port/path`) over a bare TCP stream, with the headers a client of
+/// 2026-07-28 sends: the whole HTTP answer as text.
+async fn post(url: &str, body: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Type: application/json\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+         Mcp-Method: tools/call\r\nMcp-Name: up__echo\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_string(&mut answer))
+        .await
+        .expect("the gateway answers")
+        .unwrap();
+    answer
 }

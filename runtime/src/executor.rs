@@ -13,7 +13,8 @@ use psych_prompt_assembly::NativeDeferral;
 use psych_reader_tool::{CallError, Limits, Reader};
 use psych_record_log::SharedRecordLog;
 use psych_types::{
-    LoggedRecord, READ_TOOL_OUTPUT, Record, ToolCall, ToolHost, ToolOutput, ToolRef, ToolResult,
+    LoggedRecord, ProgressSink, READ_TOOL_OUTPUT, Record, ToolCall, ToolHost, ToolOutput, ToolRef,
+    ToolResult,
 };
 use serde_json::Value;
 use tokio::task::JoinSet;
@@ -139,7 +140,8 @@ impl<H: ToolHost + 'static> Executor<H> {
         live: &Live<'_>,
         calls: &[ToolCall],
     ) -> Result<Vec<LoggedRecord>, ExecuteError> {
-        self.execute_native(surface, live, calls, None).await
+        self.execute_with(surface, live, calls, None, Vec::new())
+            .await
     }
 
     /// [`execute`](Self::execute) for a step whose request deferred tools natively with
@@ -159,9 +161,51 @@ impl<H: ToolHost + 'static> Executor<H> {
         calls: &[ToolCall],
         native: Option<&NativeDeferral>,
     ) -> Result<Vec<LoggedRecord>, ExecuteError> {
+        self.execute_with(surface, live, calls, native, Vec::new())
+            .await
+    }
+
+    /// [`execute`](Self::execute), with the progress of forwarded calls: `progress[i]`, when
+    /// given, receives what the host reports while `calls[i]` runs upstream
+    /// ([`ToolHost::call_tool_with_progress`]); a call without a sink is made with
+    /// [`ToolHost::call_tool`].
+    ///
+    /// Each sink is dropped as soon as its call can report no more: when its forwarded call
+    /// ends (answered, failed, past its deadline), and at once for a call that is not
+    /// forwarded (a read, an answer, a refusal); sinks past the last call are dropped at
+    /// once. So a caller relaying reports from a channel its sink sends into sees it close
+    /// with the call, and learns by it that the call has left the host: from then on, what
+    /// remains of the execution is logging the results.
+    ///
+    /// # Errors
+    ///
+    /// As [`execute`](Self::execute).
+    pub async fn execute_with_progress(
+        &self,
+        surface: &Surface,
+        live: &Live<'_>,
+        calls: &[ToolCall],
+        progress: Vec<Option<ProgressSink>>,
+    ) -> Result<Vec<LoggedRecord>, ExecuteError> {
+        self.execute_with(surface, live, calls, None, progress)
+            .await
+    }
+
+    /// The one body of [`execute`](Self::execute), [`execute_native`](Self::execute_native)
+    /// and [`execute_with_progress`](Self::execute_with_progress).
+    async fn execute_with(
+        &self,
+        surface: &Surface,
+        live: &Live<'_>,
+        calls: &[ToolCall],
+        native: Option<&NativeDeferral>,
+        progress: Vec<Option<ProgressSink>>,
+    ) -> Result<Vec<LoggedRecord>, ExecuteError> {
         let mut pending = Vec::with_capacity(calls.len());
         let mut tasks: JoinSet<Done> = JoinSet::new();
+        let mut progress = progress.into_iter();
         for (index, call) in calls.iter().enumerate() {
+            let sink = progress.next().flatten();
             if let Some(output) =
                 native.and_then(|deferral| crate::native::answer(surface, live, deferral, call))
             {
@@ -175,12 +219,13 @@ impl<H: ToolHost + 'static> Executor<H> {
             }
             match self.guard(surface, live, call) {
                 Verdict::Forward(forward) => {
-                    self.spawn_forward(&mut tasks, index, forward.target, forward.arguments);
+                    self.spawn_forward(&mut tasks, index, forward.target, forward.arguments, sink);
                     pending.push(Pending::Running);
                 }
                 verdict => pending.push(Pending::Ready(self.answer(surface, live, &verdict))),
             }
         }
+        drop(progress);
         let mut outputs: Vec<Option<ToolOutput>> = pending
             .into_iter()
             .map(|p| match p {
@@ -237,18 +282,25 @@ impl<H: ToolHost + 'static> Executor<H> {
         }
     }
 
-    /// Forwards a permitted call to the host under the per-call deadline.
+    /// Forwards a permitted call to the host under the per-call deadline, with its progress
+    /// sink when it has one.
     fn spawn_forward(
         &self,
         tasks: &mut JoinSet<Done>,
         index: usize,
         target: ToolRef,
         arguments: psych_types::JsonObject,
+        progress: Option<ProgressSink>,
     ) {
         let host = Arc::clone(&self.host);
         let timeout = self.call_timeout;
         tasks.spawn(async move {
-            let call = host.call_tool(&target, arguments);
+            let call = async {
+                match progress {
+                    Some(sink) => host.call_tool_with_progress(&target, arguments, sink).await,
+                    None => host.call_tool(&target, arguments).await,
+                }
+            };
             let output = match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(output)) => output,
                 Ok(Err(error)) => ToolOutput::error(format!(

@@ -18,7 +18,9 @@
 //! - **The executor is glue.** Each route hands off to the crate that owns the policy: the
 //!   guard (direct tools, facades, search pairs, the meta tools), the orientation payload,
 //!   psych-reader-tool for `read_tool_output`, the [`ToolHost`](psych_types::ToolHost) for
-//!   what is forwarded (under a per-call deadline). Parallel calls run concurrently; their
+//!   what is forwarded (under a per-call deadline), with the call's
+//!   [`ProgressSink`](psych_types::ProgressSink) when the caller gave one
+//!   ([`Executor::execute_with_progress`]). Parallel calls run concurrently; their
 //!   results are logged in call order, whole, in one batch, before anything is elided.
 //! - **Resume.** Opening a Run whose log exists resumes it; every call without a result gets
 //!   a logged failed result ([`INTERRUPTED`]) before anything is assembled.

@@ -8,7 +8,8 @@
 //! [`ToolOutput`] (a tool result as MCP returns it: ordered [`ContentBlock`]s, structured
 //! content, `isError`, `_meta`, with its one [readable text](ToolOutput::readable_text)),
 //! [`Record`] with its [`RecordHandle`], and the seam traits [`TokenEstimator`],
-//! [`ResultProjector`], [`RecordSource`], [`ToolLister`] and [`ToolHost`].
+//! [`ResultProjector`], [`RecordSource`], [`ToolLister`] and [`ToolHost`] (whose calls can
+//! report progress to a [`ProgressSink`]).
 //!
 //! Ids are validated newtypes: a bad name is an [`IdError`] where it enters, never a panic
 //! later. JSON the workspace shows or stores as text is written by [`json`], the canonical
@@ -68,6 +69,7 @@ mod history;
 mod id;
 pub mod json;
 mod output;
+mod progress;
 mod record;
 mod seam;
 mod tool;
@@ -91,6 +93,7 @@ pub use output::{
     Annotations, BinaryRef, BlobResource, ContentBlock, EmbeddedResource, MediaContent,
     ResourceContents, ResourceLink, TextContent, TextResource, ToolOutput, render_json,
 };
+pub use progress::{ProgressSink, ToolProgress};
 pub use record::{
     AssistantMessage, HandleParseError, LoggedRecord, Record, RecordHandle, ToolCall, ToolResult,
     Usage, UserMessage,

@@ -9,15 +9,16 @@
 //! - [`RecordSource`]: implemented by the record log (and [`MemoryRecords`]), read by the
 //!   reader tool.
 //! - [`ToolLister`] / [`ToolHost`]: implemented by live MCP connections, used by the catalogue
-//!   and the runtime's executor.
+//!   and the runtime's executor; a call can carry a [`ProgressSink`] for its progress
+//!   ([`ToolHost::call_tool_with_progress`]).
 
 use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
 
 use crate::{
-    ContentBlock, JsonObject, LoggedRecord, Record, RecordHandle, RunId, ServerId, ToolCallId,
-    ToolDefinition, ToolOutput, ToolRef,
+    ContentBlock, JsonObject, LoggedRecord, ProgressSink, Record, RecordHandle, RunId, ServerId,
+    ToolCallId, ToolDefinition, ToolOutput, ToolRef,
 };
 
 /// A cheap estimate of how many tokens content costs in a prompt.
@@ -365,12 +366,72 @@ pub trait ToolHost: ToolLister {
         tool: &ToolRef,
         arguments: JsonObject,
     ) -> impl Future<Output = Result<ToolOutput, Self::Error>> + Send;
+
+    /// [`call_tool`](Self::call_tool), reporting the call's progress (MCP's
+    /// `notifications/progress` for this call alone) to `progress` while it runs.
+    ///
+    /// The host drops `progress` when the call ends (answered, failed, or its future
+    /// dropped), never keeping it for another call, so a caller relaying the reports knows
+    /// when no more can come. Deadlines, cancellation and errors are as
+    /// [`call_tool`](Self::call_tool)'s.
+    ///
+    /// The default reports nothing: it drops the sink and makes the plain call. A host whose
+    /// calls can report progress overrides it.
+    fn call_tool_with_progress(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+        progress: ProgressSink,
+    ) -> impl Future<Output = Result<ToolOutput, Self::Error>> + Send {
+        drop(progress);
+        self.call_tool(tool, arguments)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{ToolResult, UserMessage};
+    use std::sync::Arc;
+
+    /// A host whose calls answer at once with the tool's name.
+    struct Plain;
+
+    impl ToolLister for Plain {
+        type Error = Infallible;
+
+        async fn list_tools(&self, _server: &ServerId) -> Result<Vec<ToolDefinition>, Infallible> {
+            Ok(Vec::new())
+        }
+    }
+
+    impl ToolHost for Plain {
+        async fn call_tool(
+            &self,
+            tool: &ToolRef,
+            _arguments: JsonObject,
+        ) -> Result<ToolOutput, Infallible> {
+            Ok(ToolOutput::text(tool.tool.as_str()))
+        }
+    }
+
+    #[test]
+    fn a_host_without_progress_makes_the_plain_call_and_drops_the_sink_at_once() {
+        let held = Arc::new(());
+        let inside = Arc::clone(&held);
+        let sink = ProgressSink::new(move |_| {
+            let _ = &inside;
+        });
+        let tool = ToolRef::parse("fs", "read_file").unwrap();
+        let call = Plain.call_tool_with_progress(&tool, JsonObject::new(), sink);
+        assert_eq!(Arc::strong_count(&held), 1, "dropped before the call runs");
+        let mut call = std::pin::pin!(call);
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        let std::task::Poll::Ready(Ok(output)) = call.as_mut().poll(&mut context) else {
+            panic!("the plain call answers at once");
+        };
+        assert_eq!(output.readable_text(), "read_file");
+    }
 
     fn result(text: &str) -> Record {
         Record::ToolResult(ToolResult {

@@ -1,23 +1,28 @@
 //! Progress from the client forwarded to the upstream call, and back.
 //!
-//! A client asks for progress by putting a `progressToken` in a call's `_meta`. The call goes
-//! through the runtime's executor, which sees only `(server, tool, arguments)`; so before
-//! executing, the session works out (with disclosure's guard, the same pure check the
-//! executor makes) which upstream call the executor will forward, and tells the
-//! [`GatewayHost`] to expect it. When the executor forwards that call, the host makes it with
-//! psych-mcp's own progress token and relays each upstream `notifications/progress` to the
-//! client under the client's token, all before the call's result is returned.
-
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+//! A client asks for progress by putting a `progressToken` in a call's `_meta`. The session
+//! hands the executor a [`ProgressSink`] with the call ([`Executor::execute_with_progress`]
+//! carries it to the forwarded call, if the call is forwarded); the [`GatewayHost`] makes that
+//! call with psych-mcp's own progress token and hands each upstream `notifications/progress`
+//! to the sink, whose [`Relay`] sends it to the client under the client's token. The sink
+//! belongs to one call, so two identical calls in flight never exchange their progress.
+//!
+//! The sink is dropped when its call leaves the host (the executor's contract), which
+//! closes the relay's channel: the relay has sent every report before the call's result is
+//! returned, and [`SinkWatch::left_host`] tells the session whether the call is still
+//! upstream.
+//!
+//! [`Executor::execute_with_progress`]: psych_runtime::Executor::execute_with_progress
 
 use psych_mcp::{McpError, McpManager};
 use psych_types::{
-    JsonObject, ServerId, ToolDefinition, ToolHost, ToolLister, ToolOutput, ToolRef,
+    JsonObject, ProgressSink, ServerId, ToolDefinition, ToolHost, ToolLister, ToolOutput,
+    ToolProgress, ToolRef,
 };
 use rmcp::RoleServer;
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::Peer;
+use tokio::sync::mpsc::{self, UnboundedReceiver, WeakUnboundedSender};
 
 /// Where one client call's progress goes: its session's peer and the client's token.
 #[derive(Clone)]
@@ -28,80 +33,63 @@ pub(super) struct ClientProgress {
     pub(super) token: ProgressToken,
 }
 
-/// An upstream call the host expects, with where its progress goes.
-struct Expected {
-    id: u64,
-    target: ToolRef,
-    arguments: JsonObject,
-    client: ClientProgress,
+/// The receiving end of one call's [`ProgressSink`]: sends its reports to the client.
+pub(super) struct Relay {
+    notes: UnboundedReceiver<ToolProgress>,
+    client: Option<ClientProgress>,
 }
 
-/// The session's [`ToolHost`]: psych-mcp's manager, relaying the progress of the calls it
-/// was told to expect.
+/// Tells whether one call's [`ProgressSink`] still exists.
+pub(super) struct SinkWatch(WeakUnboundedSender<ToolProgress>);
+
+impl SinkWatch {
+    /// Whether the call's sink is gone: the executor dropped it, so the call is not
+    /// upstream (any more), and what remains of its execution is logging its result.
+    pub(super) fn left_host(&self) -> bool {
+        self.0.upgrade().is_none()
+    }
+}
+
+/// A sink for one call, its relay to `client` (with no client the reports are dropped) and
+/// a watch on the sink.
+pub(super) fn sink(client: Option<ClientProgress>) -> (ProgressSink, Relay, SinkWatch) {
+    let (tx, notes) = mpsc::unbounded_channel();
+    let watch = SinkWatch(tx.downgrade());
+    let sink = ProgressSink::new(move |progress| {
+        // The relay is gone only when the call was abandoned: nothing left to tell.
+        let _ = tx.send(progress);
+    });
+    (sink, Relay { notes, client }, watch)
+}
+
+impl Relay {
+    /// Sends each report to the client under its token until the sink is dropped.
+    pub(super) async fn run(mut self) {
+        while let Some(progress) = self.notes.recv().await {
+            let Some(client) = &self.client else {
+                continue;
+            };
+            let mut note = ProgressNotificationParam::new(client.token.clone(), progress.progress);
+            note.total = progress.total;
+            note.message = progress.message;
+            if client.peer.notify_progress(note).await.is_err() {
+                // The client is gone: keep draining, so the call is not held up.
+                self.client = None;
+            }
+        }
+    }
+}
+
+/// The session's [`ToolHost`]: psych-mcp's manager, with each forwarded call's progress
+/// handed to the sink the call carries.
 pub(super) struct GatewayHost {
     manager: McpManager,
-    next: AtomicU64,
-    expected: Mutex<Vec<Expected>>,
-}
-
-/// Forgets an expectation when dropped (the call was forwarded, refused, or cancelled).
-pub(super) struct Expectation {
-    id: u64,
-    host: Arc<GatewayHost>,
-}
-
-impl Drop for Expectation {
-    fn drop(&mut self) {
-        self.host
-            .expected
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|e| e.id != self.id);
-    }
 }
 
 impl GatewayHost {
     /// A host forwarding to `manager`.
     pub(super) fn new(manager: McpManager) -> Self {
-        Self {
-            manager,
-            next: AtomicU64::new(0),
-            expected: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Expects a call of `target` with `arguments`, whose progress goes to `client`, for as
-    /// long as the returned [`Expectation`] lives.
-    pub(super) fn expect(
-        self: &Arc<Self>,
-        target: ToolRef,
-        arguments: JsonObject,
-        client: ClientProgress,
-    ) -> Expectation {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.expected
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Expected {
-                id,
-                target,
-                arguments,
-                client,
-            });
-        Expectation {
-            id,
-            host: Arc::clone(self),
-        }
-    }
-
-    /// The progress target of an expected call of `target` with `arguments`, taken (the
-    /// oldest first when identical calls are in flight).
-    fn take(&self, target: &ToolRef, arguments: &JsonObject) -> Option<ClientProgress> {
-        let mut expected = self.expected.lock().unwrap_or_else(PoisonError::into_inner);
-        let at = expected
-            .iter()
-            .position(|e| e.target == *target && e.arguments == *arguments)?;
-        Some(expected.remove(at).client)
+        Self { manager }
     }
 }
 
@@ -119,23 +107,30 @@ impl ToolHost for GatewayHost {
         tool: &ToolRef,
         arguments: JsonObject,
     ) -> Result<ToolOutput, McpError> {
-        let Some(client) = self.take(tool, &arguments) else {
-            return self.manager.call_tool(tool, arguments).await;
-        };
-        let (sink, mut notes) = tokio::sync::mpsc::unbounded_channel::<psych_mcp::Progress>();
+        self.manager.call_tool(tool, arguments).await
+    }
+
+    async fn call_tool_with_progress(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+        progress: ProgressSink,
+    ) -> Result<ToolOutput, McpError> {
+        let (upstream, mut notes) = mpsc::unbounded_channel::<psych_mcp::Progress>();
         let relay = async move {
-            // Ends when the call ends: psych-mcp closes the channel with the call.
-            while let Some(progress) = notes.recv().await {
-                let mut note =
-                    ProgressNotificationParam::new(client.token.clone(), progress.progress);
-                note.total = progress.total;
-                note.message = progress.message;
-                if client.peer.notify_progress(note).await.is_err() {
-                    break;
-                }
+            // Ends when the call ends: psych-mcp closes the channel with the call; the sink
+            // is dropped with it.
+            while let Some(note) = notes.recv().await {
+                progress.report(
+                    ToolProgress::new(note.progress)
+                        .with_total(note.total)
+                        .with_message(note.message),
+                );
             }
         };
-        let call = self.manager.call_tool_with_progress(tool, arguments, sink);
+        let call = self
+            .manager
+            .call_tool_with_progress(tool, arguments, upstream);
         let (result, ()) = tokio::join!(call, relay);
         result
     }

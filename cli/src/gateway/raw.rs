@@ -9,9 +9,14 @@
 //! raw JSON in its place on the way out.
 //!
 //! This covers every client of an HTTP session (the initialize lifecycle: protocol
-//! versions up to 2025-11-25). rmcp answers a client that negotiates per request
-//! (2026-07-28's discover lifecycle) without a session transport: that client gets the
-//! typed placeholder itself, which is the result as rmcp models it plus the key in `_meta`.
+//! versions up to 2025-11-25). rmcp 3.11 answers a request that negotiates per request
+//! (2026-07-28's discover lifecycle) through a one-shot transport of its own, with no
+//! session manager and no hook between the handler's typed result and the bytes sent
+//! (its event store sees each message only by reference): such a client would get the
+//! typed placeholder itself. So the gateway does not serve that lifecycle: the session
+//! handler supports the revisions with `initialize` only and answers `server/discover` as
+//! not found, and a 2026-07-28 client falls back to `initialize`, getting a session whose
+//! transport is wrapped here.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
