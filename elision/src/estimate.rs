@@ -476,22 +476,22 @@ impl TokenEstimator for Estimator {
 // into a `u64` and then vectorizes the packing instead of the comparisons), and once
 // inlined the compiler computes each only once per byte.
 
-/// `a`–`z` or `A`–`Z`.
+/// `a`–`z` or `A`–`Z`: `x | 0x20` in `a..=z`, shifted so that `a` is `i8::MIN`.
 #[inline(always)]
 fn is_letter(x: u8) -> bool {
-    (x | 0x20).wrapping_sub(b'a') < 26
+    (x | 0x20).wrapping_add(0x80 - b'a').cast_signed() < i8::MIN + 26
 }
 
 /// `A`–`Z`.
 #[inline(always)]
 fn is_upper(x: u8) -> bool {
-    is_letter(x) & (x & 0x20 == 0)
+    x.wrapping_add(0x80 - b'A').cast_signed() < i8::MIN + 26
 }
 
 /// `0`–`9`.
 #[inline(always)]
 fn is_digit(x: u8) -> bool {
-    x.wrapping_sub(b'0') < 10
+    x.wrapping_add(0x80 - b'0').cast_signed() < i8::MIN + 10
 }
 
 /// A letter or a digit.
@@ -630,20 +630,83 @@ fn weight_at(m: &Model, bytes: &[u8], i: usize) -> u64 {
 /// Bytes per block.
 const BLOCK: usize = 64;
 
+/// Bytes per vector: the lanes of one SSE2 register.
+const VECTOR: usize = 16;
+
+/// The ASCII terms of a byte `c` after `p` after `q`, but the floor: [`own_classes`] +
+/// [`ascii_pair`] + [`triple`], regrouped by the class of `c` so that each class of a byte
+/// is tested once and each weight is masked once (`fast_lane_regroups_the_ascii_terms`
+/// checks the equality for every window).
+#[inline(always)]
+fn ascii_lane(m: &Model, q: u8, p: u8, c: u8) -> u8 {
+    let w = &m.w;
+    let space_p = is_space(p);
+    let alnum_p = is_alnum(p);
+    let punct_p = is_punct(p);
+    // Alphanumeric `c`: its own weight, a number starting, a change of class.
+    let digit = when(
+        is_digit(c),
+        w[term::DIGIT] + when(!alnum_p, w[term::DIGIT_START]),
+    );
+    let alnum = when(is_upper(c), w[term::UPPER]) | digit;
+    let transition = when(
+        is_alnum(c) & alnum_p & ((c ^ p) & 0x60 != 0),
+        w[term::TRANSITION],
+    );
+    // Punctuation `c`: after punctuation, after neither punctuation nor a space.
+    let punct = when(
+        is_punct(c),
+        w[term::PUNCT]
+            + (when(punct_p, w[term::PUNCT_PUNCT])
+                | when(!(punct_p | space_p), w[term::PUNCT_START])),
+    );
+    // A space, newline or tab `c` after another byte.
+    let runs = when(
+        c != p,
+        when(is_space(c), w[term::SPACE_START])
+            | when(is_newline(c), w[term::NEWLINE_START])
+            | when(is_tab(c), w[term::TAB_START]),
+    );
+    // An ASCII byte but a space (`c ^ 0x20` positive as `i8`) after two spaces.
+    let indent = when(
+        ((c ^ 0x20).cast_signed() > 0) & space_p & is_space(q),
+        w[term::AFTER_INDENT],
+    );
+    (alnum | punct | runs) + transition + indent
+}
+
+/// The ASCII terms of 16 bytes `c`, after `p`, after `q` (the same bytes one and two
+/// back), summed: lane-wise arithmetic on arrays the size of a vector register, then a
+/// horizontal byte sum (`psadbw`).
+#[inline(always)]
+fn vector(m: &Model, q: &[u8; VECTOR], p: &[u8; VECTOR], c: &[u8; VECTOR]) -> [u8; VECTOR] {
+    let mut lanes = [0u8; VECTOR];
+    for j in 0..VECTOR {
+        lanes[j] = ascii_lane(m, q[j], p[j], c[j]);
+    }
+    lanes
+}
+
+/// The sum of a vector's lanes (a horizontal byte sum, `psadbw`).
+#[inline(always)]
+fn lane_sum(lanes: [u8; VECTOR]) -> u32 {
+    lanes.iter().map(|&lane| u32::from(lane)).sum()
+}
+
 /// The weight of one block's bytes: `c` is the block, `p` the same bytes one back, `q`
-/// two back. The terms every byte may have are lane-wise arithmetic on fixed-size arrays,
-/// so they vectorize (16 `u8` lanes a vector), and the lanes' sum is a horizontal byte sum
-/// (`psadbw` on x86-64). The script terms, 0 unless a continuation byte follows a lead
-/// byte, are added only in a block where a byte of `c` is not ASCII, one character at a
-/// time ([`scripts`]): ASCII pays nothing for them.
+/// two back. The ASCII terms vector by vector ([`vector`]); the script terms, 0 unless
+/// a continuation byte follows a lead byte, are added only in a block where a byte of
+/// `c` is not ASCII, one character at a time ([`scripts`]): ASCII pays nothing for them.
 #[inline(always)]
 fn block(m: &Model, q: &[u8; BLOCK], p: &[u8; BLOCK], c: &[u8; BLOCK]) -> u32 {
-    let mut lanes = [0u8; BLOCK];
-    for j in 0..BLOCK {
-        lanes[j] = own_classes(m, c[j]) + ascii_pair(m, p[j], c[j]) + triple(m, q[j], p[j], c[j]);
-    }
-    // At most 64 × 255: a `u16` sum, which LLVM makes a horizontal byte sum.
-    let sum = u32::from(lanes.iter().map(|&lane| u16::from(lane)).sum::<u16>());
+    let (qs, _) = q.as_chunks::<VECTOR>();
+    let (ps, _) = p.as_chunks::<VECTOR>();
+    let (cs, _) = c.as_chunks::<VECTOR>();
+    let l0 = vector(m, &qs[0], &ps[0], &cs[0]);
+    let l1 = vector(m, &qs[1], &ps[1], &cs[1]);
+    let l2 = vector(m, &qs[2], &ps[2], &cs[2]);
+    let l3 = vector(m, &qs[3], &ps[3], &cs[3]);
+    let sum = lane_sum(l0) + lane_sum(l1) + lane_sum(l2) + lane_sum(l3);
     if has_non_ascii(c) {
         sum + scripts(m, p, c)
     } else {
@@ -828,6 +891,27 @@ mod tests {
                 // `T` reads the byte two back only through `is_space` and `is_digit`.
                 for q in [b' ', b'x'] {
                     check(Some(q), Some(p), c);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fast_lane_regroups_the_ascii_terms() {
+        // The block loop's regrouping of the ASCII terms by the class of `c` is the sum of
+        // the terms as `lane` adds them, for every window, with the fitted weights and with
+        // each one-hot model (how the fitting tool counts terms through the same loop).
+        let models: Vec<Model> = std::iter::once(MODEL)
+            .chain((0..term::COUNT).map(|k| Model::new(&one_hot(k))))
+            .collect();
+        for m in &models {
+            // Both read the byte two back only through `is_space`.
+            for q in [b' ', b'x'] {
+                for p in 0..=255u8 {
+                    for c in 0..=255u8 {
+                        let terms = own_classes(m, c) + ascii_pair(m, p, c) + triple(m, q, p, c);
+                        assert_eq!(ascii_lane(m, q, p, c), terms, "{q:#x} {p:#x} {c:#x}");
+                    }
                 }
             }
         }
