@@ -76,19 +76,27 @@
 //!
 //! The bytes are read in 64-byte blocks, three times over with offsets 0, 1 and 2 (so
 //! the block, the byte before each and the byte two before each are lanes of three
-//! arrays; nothing is carried between blocks). The ASCII terms are range comparisons
-//! and `mask & constant` in `u8` lanes, and a block's lanes are summed at once (a
-//! horizontal byte sum, `psadbw`): LLVM turns the block loop into SSE2 vector code
-//! without `unsafe` (16 bytes an instruction). The floor is added once for all blocks. Terms
-//! that hold at one byte in many (a space, newline or tab after another byte) are one
-//! comparison of the byte with the byte before. The script terms are not lanes: in a
-//! block where a byte is `0x80` or above, each `u64` of the block gives, in three
-//! operations, a bit for every continuation byte after a lead byte, and each such
-//! character is one lookup (the lead's and the second byte's low six bits index a
-//! 4 KiB table of script classes built at compile time); ASCII pays only the test that
-//! skips them, and text in other scripts pays by the character, not by the byte. Bytes
-//! the blocks do not cover (the first two, the tail) take the same formula one at a
-//! time, with the same table.
+//! arrays; nothing is carried between blocks), and each block as four vectors of 16
+//! lanes. The ASCII terms are regrouped by the class of the byte (`ascii_lane`: an
+//! uppercase letter or a digit, punctuation, a space, newline or tab; each class tested
+//! once, and each weight masked once, punctuation's as the most it can weigh less what
+//! the byte before takes off), and every range test is one signed comparison after an
+//! addition (`x + k` as `i8` below a bound), which SSE2 has, where an unsigned one costs a
+//! `pminub` and a compare. A vector's lanes are summed by a horizontal byte sum
+//! (`psadbw`), four to a block: LLVM turns the block into straight SSE2 code without
+//! `unsafe` (16 bytes an instruction, about 6.3 instructions a byte on the mixed bench
+//! input), the four vectors unrolled, which measured fewer instructions than a loop over
+//! them, a block of 32 or 128 bytes, or the classes of the byte before kept in memory and
+//! read back one lane later (that replaces its comparisons by loads, and stalls on the
+//! stores it reads across). The floor is added once for all blocks. Terms that hold at
+//! one byte in many (a space, newline or tab after another byte) are one comparison of
+//! the byte with the byte before. The script terms are not lanes: in a block where a byte
+//! is `0x80` or above, each `u64` of the block gives, in three operations, a bit for every
+//! continuation byte after a lead byte, and each such character is one lookup (the
+//! lead's and the second byte's low six bits index a 4 KiB table of script classes built
+//! at compile time); ASCII pays only the test that skips them, and text in other scripts
+//! pays by the character, not by the byte. Bytes the blocks do not cover (the first two,
+//! the tail) take the same formula one at a time, with the same table.
 
 use psych_types::TokenEstimator;
 
@@ -470,8 +478,8 @@ impl TokenEstimator for Estimator {
     }
 }
 
-// The classes of a byte, by range comparisons only (`x - lo < n` unsigned, `x as i8 > k`
-// signed), which compile to a few SSE2 instructions for 16 bytes at once. They are plain
+// The classes of a byte, by range comparisons only, signed (`x + k` as `i8` below a bound,
+// `x as i8 > k`), which compile to two or three SSE2 instructions for 16 bytes at once. They are plain
 // functions of one byte (not a struct of flags: LLVM packs a struct of eight `bool`s
 // into a `u64` and then vectorizes the packing instead of the comparisons), and once
 // inlined the compiler computes each only once per byte.
@@ -633,6 +641,9 @@ const BLOCK: usize = 64;
 /// Bytes per vector: the lanes of one SSE2 register.
 const VECTOR: usize = 16;
 
+// [`block`] weighs its four vectors one by one.
+const _: () = assert!(BLOCK == 4 * VECTOR);
+
 /// The ASCII terms of a byte `c` after `p` after `q`, but the floor: [`own_classes`] +
 /// [`ascii_pair`] + [`triple`], regrouped by the class of `c` so that each class of a byte
 /// is tested once and each weight is masked once (`fast_lane_regroups_the_ascii_terms`
@@ -653,12 +664,20 @@ fn ascii_lane(m: &Model, q: u8, p: u8, c: u8) -> u8 {
         is_alnum(c) & alnum_p & ((c ^ p) & 0x60 != 0),
         w[term::TRANSITION],
     );
-    // Punctuation `c`: after punctuation, after neither punctuation nor a space.
+    // Punctuation `c`: after punctuation, after neither punctuation nor a space. Written
+    // as the most it can weigh less what `p` takes off (`p` is punctuation or a space,
+    // not both): one mask fewer. The `u8` arithmetic wraps, and is exact because the
+    // result is one of the three sums, each at most 255.
     let punct = when(
         is_punct(c),
         w[term::PUNCT]
-            + (when(punct_p, w[term::PUNCT_PUNCT])
-                | when(!(punct_p | space_p), w[term::PUNCT_START])),
+            .wrapping_add(w[term::PUNCT_START])
+            .wrapping_sub(
+                when(
+                    punct_p,
+                    w[term::PUNCT_START].wrapping_sub(w[term::PUNCT_PUNCT]),
+                ) | when(space_p, w[term::PUNCT_START]),
+            ),
     );
     // A space, newline or tab `c` after another byte.
     let runs = when(
@@ -676,8 +695,7 @@ fn ascii_lane(m: &Model, q: u8, p: u8, c: u8) -> u8 {
 }
 
 /// The ASCII terms of 16 bytes `c`, after `p`, after `q` (the same bytes one and two
-/// back), summed: lane-wise arithmetic on arrays the size of a vector register, then a
-/// horizontal byte sum (`psadbw`).
+/// back), a lane each: lane-wise arithmetic on arrays the size of a vector register.
 #[inline(always)]
 fn vector(m: &Model, q: &[u8; VECTOR], p: &[u8; VECTOR], c: &[u8; VECTOR]) -> [u8; VECTOR] {
     let mut lanes = [0u8; VECTOR];
@@ -694,9 +712,11 @@ fn lane_sum(lanes: [u8; VECTOR]) -> u32 {
 }
 
 /// The weight of one block's bytes: `c` is the block, `p` the same bytes one back, `q`
-/// two back. The ASCII terms vector by vector ([`vector`]); the script terms, 0 unless
-/// a continuation byte follows a lead byte, are added only in a block where a byte of
-/// `c` is not ASCII, one character at a time ([`scripts`]): ASCII pays nothing for them.
+/// two back. The ASCII terms vector by vector ([`vector`]), the four vectors written out
+/// (LLVM keeps them in registers; a loop over them measured more instructions); the
+/// script terms, 0 unless a continuation byte follows a lead byte, are added only in a
+/// block where a byte of `c` is not ASCII, one character at a time ([`scripts`]): ASCII
+/// pays nothing for them.
 #[inline(always)]
 fn block(m: &Model, q: &[u8; BLOCK], p: &[u8; BLOCK], c: &[u8; BLOCK]) -> u32 {
     let (qs, _) = q.as_chunks::<VECTOR>();
