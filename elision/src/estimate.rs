@@ -76,19 +76,27 @@
 //!
 //! The bytes are read in 64-byte blocks, three times over with offsets 0, 1 and 2 (so
 //! the block, the byte before each and the byte two before each are lanes of three
-//! arrays; nothing is carried between blocks). The ASCII terms are range comparisons
-//! and `mask & constant` in `u8` lanes, and a block's lanes are summed at once (a
-//! horizontal byte sum, `psadbw`): LLVM turns the block loop into SSE2 vector code
-//! without `unsafe` (16 bytes an instruction). The floor is added once for all blocks. Terms
-//! that hold at one byte in many (a space, newline or tab after another byte) are one
-//! comparison of the byte with the byte before. The script terms are not lanes: in a
-//! block where a byte is `0x80` or above, each `u64` of the block gives, in three
-//! operations, a bit for every continuation byte after a lead byte, and each such
-//! character is one lookup (the lead's and the second byte's low six bits index a
-//! 4 KiB table of script classes built at compile time); ASCII pays only the test that
-//! skips them, and text in other scripts pays by the character, not by the byte. Bytes
-//! the blocks do not cover (the first two, the tail) take the same formula one at a
-//! time, with the same table.
+//! arrays; nothing is carried between blocks), and each block as four vectors of 16
+//! lanes. The ASCII terms are regrouped by the class of the byte (`ascii_lane`: an
+//! uppercase letter or a digit, punctuation, a space, newline or tab; each class tested
+//! once, and each weight masked once, punctuation's as the most it can weigh less what
+//! the byte before takes off), and every range test is one signed comparison after an
+//! addition (`x + k` as `i8` below a bound), which SSE2 has, where an unsigned one costs a
+//! `pminub` and a compare. A vector's lanes are summed by a horizontal byte sum
+//! (`psadbw`), four to a block: LLVM turns the block into straight SSE2 code without
+//! `unsafe` (16 bytes an instruction, about 6.3 instructions a byte on the mixed bench
+//! input), the four vectors unrolled, which measured fewer instructions than a loop over
+//! them, a block of 32 or 128 bytes, or the classes of the byte before kept in memory and
+//! read back one lane later (that replaces its comparisons by loads, and stalls on the
+//! stores it reads across). The floor is added once for all blocks. Terms that hold at
+//! one byte in many (a space, newline or tab after another byte) are one comparison of
+//! the byte with the byte before. The script terms are not lanes: in a block where a byte
+//! is `0x80` or above, each `u64` of the block gives, in three operations, a bit for every
+//! continuation byte after a lead byte, and each such character is one lookup (the
+//! lead's and the second byte's low six bits index a 4 KiB table of script classes built
+//! at compile time); ASCII pays only the test that skips them, and text in other scripts
+//! pays by the character, not by the byte. Bytes the blocks do not cover (the first two,
+//! the tail) take the same formula one at a time, with the same table.
 
 use psych_types::TokenEstimator;
 
@@ -470,28 +478,28 @@ impl TokenEstimator for Estimator {
     }
 }
 
-// The classes of a byte, by range comparisons only (`x - lo < n` unsigned, `x as i8 > k`
-// signed), which compile to a few SSE2 instructions for 16 bytes at once. They are plain
+// The classes of a byte, by range comparisons only, signed (`x + k` as `i8` below a bound,
+// `x as i8 > k`), which compile to two or three SSE2 instructions for 16 bytes at once. They are plain
 // functions of one byte (not a struct of flags: LLVM packs a struct of eight `bool`s
 // into a `u64` and then vectorizes the packing instead of the comparisons), and once
 // inlined the compiler computes each only once per byte.
 
-/// `a`–`z` or `A`–`Z`.
+/// `a`–`z` or `A`–`Z`: `x | 0x20` in `a..=z`, shifted so that `a` is `i8::MIN`.
 #[inline(always)]
 fn is_letter(x: u8) -> bool {
-    (x | 0x20).wrapping_sub(b'a') < 26
+    (x | 0x20).wrapping_add(0x80 - b'a').cast_signed() < i8::MIN + 26
 }
 
 /// `A`–`Z`.
 #[inline(always)]
 fn is_upper(x: u8) -> bool {
-    is_letter(x) & (x & 0x20 == 0)
+    x.wrapping_add(0x80 - b'A').cast_signed() < i8::MIN + 26
 }
 
 /// `0`–`9`.
 #[inline(always)]
 fn is_digit(x: u8) -> bool {
-    x.wrapping_sub(b'0') < 10
+    x.wrapping_add(0x80 - b'0').cast_signed() < i8::MIN + 10
 }
 
 /// A letter or a digit.
@@ -630,20 +638,95 @@ fn weight_at(m: &Model, bytes: &[u8], i: usize) -> u64 {
 /// Bytes per block.
 const BLOCK: usize = 64;
 
+/// Bytes per vector: the lanes of one SSE2 register.
+const VECTOR: usize = 16;
+
+// [`block`] weighs its four vectors one by one.
+const _: () = assert!(BLOCK == 4 * VECTOR);
+
+/// The ASCII terms of a byte `c` after `p` after `q`, but the floor: [`own_classes`] +
+/// [`ascii_pair`] + [`triple`], regrouped by the class of `c` so that each class of a byte
+/// is tested once and each weight is masked once (`fast_lane_regroups_the_ascii_terms`
+/// checks the equality for every window).
+#[inline(always)]
+fn ascii_lane(m: &Model, q: u8, p: u8, c: u8) -> u8 {
+    let w = &m.w;
+    let space_p = is_space(p);
+    let alnum_p = is_alnum(p);
+    let punct_p = is_punct(p);
+    // Alphanumeric `c`: its own weight, a number starting, a change of class.
+    let digit = when(
+        is_digit(c),
+        w[term::DIGIT] + when(!alnum_p, w[term::DIGIT_START]),
+    );
+    let alnum = when(is_upper(c), w[term::UPPER]) | digit;
+    let transition = when(
+        is_alnum(c) & alnum_p & ((c ^ p) & 0x60 != 0),
+        w[term::TRANSITION],
+    );
+    // Punctuation `c`: after punctuation, after neither punctuation nor a space. Written
+    // as the most it can weigh less what `p` takes off (`p` is punctuation or a space,
+    // not both): one mask fewer. The `u8` arithmetic wraps, and is exact because the
+    // result is one of the three sums, each at most 255.
+    let punct = when(
+        is_punct(c),
+        w[term::PUNCT]
+            .wrapping_add(w[term::PUNCT_START])
+            .wrapping_sub(
+                when(
+                    punct_p,
+                    w[term::PUNCT_START].wrapping_sub(w[term::PUNCT_PUNCT]),
+                ) | when(space_p, w[term::PUNCT_START]),
+            ),
+    );
+    // A space, newline or tab `c` after another byte.
+    let runs = when(
+        c != p,
+        when(is_space(c), w[term::SPACE_START])
+            | when(is_newline(c), w[term::NEWLINE_START])
+            | when(is_tab(c), w[term::TAB_START]),
+    );
+    // An ASCII byte but a space (`c ^ 0x20` positive as `i8`) after two spaces.
+    let indent = when(
+        ((c ^ 0x20).cast_signed() > 0) & space_p & is_space(q),
+        w[term::AFTER_INDENT],
+    );
+    (alnum | punct | runs) + transition + indent
+}
+
+/// The ASCII terms of 16 bytes `c`, after `p`, after `q` (the same bytes one and two
+/// back), a lane each: lane-wise arithmetic on arrays the size of a vector register.
+#[inline(always)]
+fn vector(m: &Model, q: &[u8; VECTOR], p: &[u8; VECTOR], c: &[u8; VECTOR]) -> [u8; VECTOR] {
+    let mut lanes = [0u8; VECTOR];
+    for j in 0..VECTOR {
+        lanes[j] = ascii_lane(m, q[j], p[j], c[j]);
+    }
+    lanes
+}
+
+/// The sum of a vector's lanes (a horizontal byte sum, `psadbw`).
+#[inline(always)]
+fn lane_sum(lanes: [u8; VECTOR]) -> u32 {
+    lanes.iter().map(|&lane| u32::from(lane)).sum()
+}
+
 /// The weight of one block's bytes: `c` is the block, `p` the same bytes one back, `q`
-/// two back. The terms every byte may have are lane-wise arithmetic on fixed-size arrays,
-/// so they vectorize (16 `u8` lanes a vector), and the lanes' sum is a horizontal byte sum
-/// (`psadbw` on x86-64). The script terms, 0 unless a continuation byte follows a lead
-/// byte, are added only in a block where a byte of `c` is not ASCII, one character at a
-/// time ([`scripts`]): ASCII pays nothing for them.
+/// two back. The ASCII terms vector by vector ([`vector`]), the four vectors written out
+/// (LLVM keeps them in registers; a loop over them measured more instructions); the
+/// script terms, 0 unless a continuation byte follows a lead byte, are added only in a
+/// block where a byte of `c` is not ASCII, one character at a time ([`scripts`]): ASCII
+/// pays nothing for them.
 #[inline(always)]
 fn block(m: &Model, q: &[u8; BLOCK], p: &[u8; BLOCK], c: &[u8; BLOCK]) -> u32 {
-    let mut lanes = [0u8; BLOCK];
-    for j in 0..BLOCK {
-        lanes[j] = own_classes(m, c[j]) + ascii_pair(m, p[j], c[j]) + triple(m, q[j], p[j], c[j]);
-    }
-    // At most 64 × 255: a `u16` sum, which LLVM makes a horizontal byte sum.
-    let sum = u32::from(lanes.iter().map(|&lane| u16::from(lane)).sum::<u16>());
+    let (qs, _) = q.as_chunks::<VECTOR>();
+    let (ps, _) = p.as_chunks::<VECTOR>();
+    let (cs, _) = c.as_chunks::<VECTOR>();
+    let l0 = vector(m, &qs[0], &ps[0], &cs[0]);
+    let l1 = vector(m, &qs[1], &ps[1], &cs[1]);
+    let l2 = vector(m, &qs[2], &ps[2], &cs[2]);
+    let l3 = vector(m, &qs[3], &ps[3], &cs[3]);
+    let sum = lane_sum(l0) + lane_sum(l1) + lane_sum(l2) + lane_sum(l3);
     if has_non_ascii(c) {
         sum + scripts(m, p, c)
     } else {
@@ -828,6 +911,27 @@ mod tests {
                 // `T` reads the byte two back only through `is_space` and `is_digit`.
                 for q in [b' ', b'x'] {
                     check(Some(q), Some(p), c);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fast_lane_regroups_the_ascii_terms() {
+        // The block loop's regrouping of the ASCII terms by the class of `c` is the sum of
+        // the terms as `lane` adds them, for every window, with the fitted weights and with
+        // each one-hot model (how the fitting tool counts terms through the same loop).
+        let models: Vec<Model> = std::iter::once(MODEL)
+            .chain((0..term::COUNT).map(|k| Model::new(&one_hot(k))))
+            .collect();
+        for m in &models {
+            // Both read the byte two back only through `is_space`.
+            for q in [b' ', b'x'] {
+                for p in 0..=255u8 {
+                    for c in 0..=255u8 {
+                        let terms = own_classes(m, c) + ascii_pair(m, p, c) + triple(m, q, p, c);
+                        assert_eq!(ascii_lane(m, q, p, c), terms, "{q:#x} {p:#x} {c:#x}");
+                    }
                 }
             }
         }
