@@ -229,9 +229,9 @@ impl Session {
             };
             let raw = match raw {
                 Some(raw) => raw,
-                // A page sent as one JSON body over HTTP arrives typed: rmcp's `Tool` keeps
-                // the fields it models, and a page with a malformed tool arrives as a raw
-                // custom result.
+                // Not seen by the tap (no transport of ours lets an answer by since HTTP
+                // JSON bodies go through it too): rmcp's typed page, re-serialized, or raw
+                // if rmcp could not type it.
                 None => match result {
                     ServerResult::CustomResult(custom) => custom.0,
                     other => serde_json::to_value(other).unwrap_or(Value::Null),
@@ -300,11 +300,12 @@ impl Session {
             Err(error) => return Err(self.fault(&call, error).await),
         };
         if let Some(raw) = raw {
-            // The result exactly as the server wrote it (stdio, or HTTP server-sent events).
+            // The result exactly as the server wrote it (stdio, or HTTP: an event or a
+            // JSON body).
             return Ok(raw);
         }
-        // An HTTP answer sent as one JSON body arrives typed; one rmcp could not type
-        // arrives raw.
+        // Not seen by the tap (see `list`): rmcp's typed result, or raw if rmcp could not
+        // type it.
         match result {
             ServerResult::CallToolResult(result) => {
                 serde_json::to_value(result).map_err(|e| McpError::Protocol {

@@ -1120,3 +1120,105 @@ async fn an_https_server_is_reached_over_tls_and_a_failed_handshake_names_the_se
     );
     manager.shutdown().await;
 }
+
+/// POSTs one JSON-RPC message to `url` as an MCP client would and returns the answer's
+/// `Content-Type` and body.
+async fn post_raw(url: &str, message: Value) -> (String, String) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(message.to_string())
+        .send()
+        .await
+        .unwrap();
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    (content_type, response.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_json_bodies_keep_every_field_and_everything_else_still_works() {
+    let server = HttpServer::start(&["--json-response"]);
+
+    // The server really answers with one JSON body, `futureField` on its wire.
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "exotic", "arguments": {"known_only": true}}});
+    let (content_type, body) = post_raw(&server.url, call).await;
+    assert_eq!(content_type, "application/json");
+    let wire: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        wire["result"],
+        psych_mcp::test_server::exotic_known_result()
+    );
+
+    let (manager, reachability) = one("json", http_config("json", &server.url), fast()).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let listing = manager.list_tools(&id("json")).await.unwrap();
+    assert_eq!(listing.len(), CONTROL_TOOLS);
+
+    // rmcp types a JSON body itself, dropping the unknown fields of known blocks
+    // (`futureField`); the raw path keeps them, and a block type rmcp does not know.
+    let known = manager
+        .call_tool(&tool("json", "exotic"), args(json!({"known_only": true})))
+        .await
+        .unwrap();
+    let known_raw = psych_mcp::test_server::exotic_known_result();
+    assert_eq!(serde_json::to_value(&known).unwrap(), known_raw);
+    assert_eq!(
+        known_raw["content"][0]["futureField"],
+        json!({"kept": true})
+    );
+    let typed = manager
+        .call_tool_raw(&tool("json", "exotic"), args(json!({"known_only": true})))
+        .await
+        .unwrap();
+    assert_ne!(
+        serde_json::to_value(&typed).unwrap(),
+        known_raw,
+        "rmcp's typed result keeps everything: the assertion above shows nothing"
+    );
+    let exotic = manager
+        .call_tool(&tool("json", "exotic"), JsonObject::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(&exotic).unwrap(),
+        psych_mcp::test_server::exotic_result()
+    );
+
+    // A 3 MB result whole, a tool error, a JSON-RPC error, answers out of order.
+    let large = manager
+        .call_tool(&tool("json", "large"), args(json!({"bytes": 3_000_000})))
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(&large).unwrap()["content"][0]["text"]
+            .as_str()
+            .unwrap(),
+        psych_mcp::test_server::large_text(3_000_000)
+    );
+    let failed = manager
+        .call_tool(&tool("json", "fail"), args(json!({"message": "disk full"})))
+        .await
+        .unwrap();
+    assert!(failed.is_error);
+    assert_eq!(
+        serde_json::to_value(&failed).unwrap()["content"][0]["text"],
+        "disk full"
+    );
+    let unknown = manager
+        .call_tool(&tool("json", "nothing_here"), JsonObject::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        unknown.contains("MCP server \"json\"") && unknown.contains("no tool \"nothing_here\""),
+        "{unknown}"
+    );
+    reverse_order_answers_reach_their_callers(&manager, "json").await;
+    manager.shutdown().await;
+}
