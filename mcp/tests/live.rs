@@ -1222,3 +1222,64 @@ async fn over_http_json_bodies_keep_every_field_and_everything_else_still_works(
     reverse_order_answers_reach_their_callers(&manager, "json").await;
     manager.shutdown().await;
 }
+
+/// A `progress` call of `steps` steps through [`McpManager::call_tool_with_progress`]:
+/// by the time the call returns, every notification is in the channel, in order, and the
+/// channel is closed.
+async fn progress_arrives_before_the_result(manager: &McpManager, server: &str, steps: u32) {
+    let (sink, mut progress) = tokio::sync::mpsc::unbounded_channel();
+    let output = manager
+        .call_tool_with_progress(
+            &tool(server, "progress"),
+            args(json!({"steps": steps})),
+            sink,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(&output).unwrap()["content"][0]["text"],
+        format!("{steps} steps reported")
+    );
+    let mut seen = Vec::new();
+    let end = loop {
+        match progress.try_recv() {
+            Ok(note) => seen.push((note.progress, note.total, note.message)),
+            Err(end) => break end,
+        }
+    };
+    let expected: Vec<_> = (1..=steps)
+        .map(|n| {
+            let message = Some(format!("step {n} of {steps}"));
+            (f64::from(n), Some(f64::from(steps)), message)
+        })
+        .collect();
+    assert_eq!(
+        seen, expected,
+        "{server}: progress delivered by the call's return"
+    );
+    assert_eq!(
+        end,
+        tokio::sync::mpsc::error::TryRecvError::Disconnected,
+        "{server}: the channel closes with the call"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_progress_notification_arrives_before_the_call_returns_over_stdio_and_http() {
+    let events = HttpServer::start(&[]);
+    let bodies = HttpServer::start(&["--json-response"]);
+    let manager = manager(fast());
+    for (name, config) in [
+        ("local", test_server("local", &[])),
+        ("web", http_config("web", &events.url)),
+        ("json", http_config("json", &bodies.url)),
+    ] {
+        manager.add_server(id(name), config).await.unwrap();
+    }
+    for _ in 0..5 {
+        for server in ["local", "web", "json"] {
+            progress_arrives_before_the_result(&manager, server, 20).await;
+        }
+    }
+    manager.shutdown().await;
+}
