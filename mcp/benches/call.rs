@@ -2,6 +2,12 @@
 //! cancel-on-drop guard, our stdio transport) against the same call made directly with
 //! rmcp (`Peer::call_tool` over rmcp's own `TokioChildProcess`), each against its own
 //! `psych-test-server` process, side by side in one group. Target: psych-mcp ≤ 1.2× rmcp.
+//!
+//! A second group does the same over streamable HTTP against one `psych-test-server
+//! --json-response` process (each answer one `application/json` body): psych-mcp's
+//! `ToolHost::call_tool` (its own POST, the raw body kept by the tap and read into
+//! `ToolOutput`) against rmcp's `StreamableHttpClientTransport` and `Peer::call_tool`,
+//! both asking for protocol 2025-11-25.
 
 #![allow(
     clippy::unwrap_used,
@@ -14,10 +20,12 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use psych_mcp::{McpConfig, McpManager, ServerConfig, Transport};
-use psych_types::{ConnectionSpec, JsonObject, ServerId, ToolRef};
+use psych_types::{ConnectionSpec, JsonObject, ServerId, ToolHost, ToolRef};
 use rmcp::ServiceExt;
-use rmcp::model::CallToolRequestParams;
-use rmcp::transport::TokioChildProcess;
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion,
+};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::json;
 
 const SERVER: &str = env!("CARGO_BIN_EXE_psych-test-server");
@@ -83,5 +91,80 @@ fn round_trip(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, round_trip);
+fn round_trip_http(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut server = std::process::Command::new(SERVER)
+        .args(["--http", "127.0.0.1:0", "--json-response"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+
+    let manager = runtime.block_on(async {
+        let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+        let manager = McpManager::builder(config).build().unwrap();
+        let server = ServerId::new("bench").unwrap();
+        let config = ServerConfig {
+            transport: Transport::Http {
+                url: url.clone(),
+                headers: BTreeMap::new(),
+            },
+            connection: ConnectionSpec::new(server.clone()),
+            extra: JsonObject::new(),
+        };
+        manager.add_server(server, config).await.unwrap();
+        manager
+    });
+    let direct = runtime.block_on(async {
+        let transport = StreamableHttpClientTransport::from_uri(url.as_str());
+        let client = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("bench", "0"),
+        )
+        .with_protocol_version(ProtocolVersion::V_2025_11_25);
+        client.serve(transport).await.unwrap()
+    });
+
+    let tool = ToolRef::parse("bench", "echo").unwrap();
+    let mut group = c.benchmark_group("tools_call_round_trip_http_json");
+    group.bench_function("rmcp_direct", |b| {
+        b.iter(|| {
+            let params = CallToolRequestParams::new("echo").with_arguments(arguments());
+            black_box(runtime.block_on(direct.peer().call_tool(params)).unwrap())
+        });
+    });
+    group.bench_function("psych_mcp", |b| {
+        b.iter(|| {
+            black_box(
+                runtime
+                    .block_on(ToolHost::call_tool(&manager, &tool, arguments()))
+                    .unwrap(),
+            )
+        });
+    });
+    group.finish();
+
+    runtime.block_on(async {
+        manager.shutdown().await;
+        let _ = direct.cancel().await;
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+criterion_group!(benches, round_trip, round_trip_http);
 criterion_main!(benches);

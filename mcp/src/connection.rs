@@ -12,7 +12,7 @@ use psych_types::ServerId;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotification, CancelledNotificationParam,
     ClientCapabilities, ClientConfig, ClientNotification, ClientRequest, CustomRequest,
-    Implementation, ProgressNotificationParam, ProtocolVersion, RequestId, ServerResult,
+    Implementation, ProtocolVersion, RequestId, ServerResult,
 };
 use rmcp::service::{
     ClientInitializeError, NotificationContext, Peer, PeerRequestOptions, RunningService,
@@ -39,13 +39,13 @@ pub(crate) const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion::V_2025_11_
 /// How long to wait for a process that lost its connection to report its exit status.
 const EXIT_REPORT_WAIT: Duration = Duration::from_millis(500);
 
-/// rmcp's client handler: forwards `notifications/tools/list_changed`.
+/// rmcp's client handler: forwards `notifications/tools/list_changed`. (Progress is
+/// delivered by our transports through the [`Tap`], in the order read: rmcp runs this
+/// handler's notifications as tasks that a call's response can overtake.)
 #[derive(Clone)]
 pub(crate) struct Handler {
     server: ServerId,
     events: Arc<EventQueue>,
-    /// Where progress notifications go, when the transport does not deliver them itself.
-    progress: Option<Arc<ProgressRoutes>>,
 }
 
 impl ClientHandler for Handler {
@@ -57,17 +57,6 @@ impl ClientHandler for Handler {
             server: self.server.clone(),
             cause: ChangeCause::Notified,
         });
-        std::future::ready(())
-    }
-
-    fn on_progress(
-        &self,
-        params: ProgressNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) -> impl Future<Output = ()> + Send + '_ {
-        if let Some(routes) = &self.progress {
-            routes.deliver(params);
-        }
         std::future::ready(())
     }
 
@@ -104,10 +93,9 @@ impl Session {
         events: Arc<EventQueue>,
     ) -> Result<(Arc<Self>, Listing), McpError> {
         let progress = Arc::new(ProgressRoutes::default());
-        let mut handler = Handler {
+        let handler = Handler {
             server: server.clone(),
             events,
-            progress: Some(Arc::clone(&progress)),
         };
         let (service, child, tap) = match transport {
             Transport::Stdio {
@@ -124,9 +112,7 @@ impl Session {
                 };
                 let (child, transport) = Child::spawn(server, &spec)?;
                 let tap = transport.tap();
-                // Over stdio our transport delivers progress in order (see `Tap`).
                 tap.route_progress(Arc::clone(&progress));
-                handler.progress = None;
                 match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
                     Ok(Ok(service)) => (service, Some(child), Some(tap)),
                     Ok(Err(error)) => {
@@ -148,6 +134,7 @@ impl Session {
             }
             Transport::Http { url, headers } => {
                 let tap = Arc::new(Tap::default());
+                tap.route_progress(Arc::clone(&progress));
                 let transport = remote::transport(server, url, headers, Arc::clone(&tap))?;
                 match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
                     Ok(Ok(service)) => (service, None, Some(tap)),
@@ -229,9 +216,9 @@ impl Session {
             };
             let raw = match raw {
                 Some(raw) => raw,
-                // A page sent as one JSON body over HTTP arrives typed: rmcp's `Tool` keeps
-                // the fields it models, and a page with a malformed tool arrives as a raw
-                // custom result.
+                // Not seen by the tap (no transport of ours lets an answer by since HTTP
+                // JSON bodies go through it too): rmcp's typed page, re-serialized, or raw
+                // if rmcp could not type it.
                 None => match result {
                     ServerResult::CustomResult(custom) => custom.0,
                     other => serde_json::to_value(other).unwrap_or(Value::Null),
@@ -300,11 +287,12 @@ impl Session {
             Err(error) => return Err(self.fault(&call, error).await),
         };
         if let Some(raw) = raw {
-            // The result exactly as the server wrote it (stdio, or HTTP server-sent events).
+            // The result exactly as the server wrote it (stdio, or HTTP: an event or a
+            // JSON body).
             return Ok(raw);
         }
-        // An HTTP answer sent as one JSON body arrives typed; one rmcp could not type
-        // arrives raw.
+        // Not seen by the tap (see `list`): rmcp's typed result, or raw if rmcp could not
+        // type it.
         match result {
             ServerResult::CallToolResult(result) => {
                 serde_json::to_value(result).map_err(|e| McpError::Protocol {

@@ -58,6 +58,7 @@ mod events;
 mod listing;
 mod manager;
 mod png;
+mod post;
 mod progress;
 mod remote;
 mod stdio;

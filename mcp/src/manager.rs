@@ -387,9 +387,8 @@ impl McpManager {
         self.call_as(tool, arguments, Some(progress)).await
     }
 
-    /// A `tools/call` whose `result` JSON (exactly as the server wrote it, or as rmcp typed
-    /// an HTTP answer sent as one JSON body, or raw for a result rmcp could not type) is
-    /// read as `T`; an answer that does not read is a protocol error.
+    /// A `tools/call` whose `result` JSON (exactly as the server wrote it) is read as `T`;
+    /// an answer that does not read is a protocol error.
     async fn call_as<T: DeserializeOwned>(
         &self,
         tool: &ToolRef,

@@ -4,10 +4,14 @@
 //! `notifications/progress` the server sends with that call's token reaches the caller's
 //! channel as a [`Progress`] until the call ends, so progress of another call (or of a call
 //! already abandoned: servers that ignore cancellation keep sending it) never reaches the
-//! wrong channel. The route is made as soon as rmcp has sent the request and named its
-//! token, before the server can have read it.
+//! wrong channel. The route is made as soon as rmcp has queued the request and named its
+//! token; the server may already be answering by then (an HTTP answer's first event can be
+//! read before the caller runs again), so notifications for a token with no route yet are
+//! held, for a few calls (the oldest dropped first), and handed to the route when it is
+//! made. A token is never reused on a connection, so what is held for a call that never
+//! asks for its progress, or has ended, reaches no one.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
@@ -25,10 +29,22 @@ pub struct Progress {
     pub message: Option<String>,
 }
 
+/// How many tokens without a route have their progress held.
+const EARLY_CALLS: usize = 16;
+/// How many notifications are held for one token without a route.
+const EARLY_NOTES: usize = 64;
+
 /// The channels of the calls in flight on one connection, by progress token.
 #[derive(Debug, Default)]
 pub(crate) struct ProgressRoutes {
-    routes: Mutex<HashMap<ProgressToken, UnboundedSender<Progress>>>,
+    inner: Mutex<Routes>,
+}
+
+#[derive(Debug, Default)]
+struct Routes {
+    routes: HashMap<ProgressToken, UnboundedSender<Progress>>,
+    /// Progress for tokens with no route yet, oldest token first.
+    early: VecDeque<(ProgressToken, Vec<Progress>)>,
 }
 
 /// A call's route, removed (closing the channel) when dropped.
@@ -39,40 +55,64 @@ pub(crate) struct Route {
 
 impl Drop for Route {
     fn drop(&mut self) {
-        self.routes
-            .routes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.token);
+        self.routes.lock().routes.remove(&self.token);
     }
 }
 
 impl ProgressRoutes {
-    /// Routes the progress of the call whose token is `token` to `sink`.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Routes> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Routes the progress of the call whose token is `token` to `sink`, starting with what
+    /// arrived for it before the route was made.
     pub(crate) fn route(
         self: &Arc<Self>,
         token: ProgressToken,
         sink: UnboundedSender<Progress>,
     ) -> Route {
-        self.routes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(token.clone(), sink);
+        let mut inner = self.lock();
+        if let Some(at) = inner.early.iter().position(|(early, _)| *early == token)
+            && let Some((_, held)) = inner.early.remove(at)
+        {
+            for progress in held {
+                let _ = sink.send(progress);
+            }
+        }
+        inner.routes.insert(token.clone(), sink);
         Route {
             token,
             routes: Arc::clone(self),
         }
     }
 
-    /// Sends `param` to its call's channel; a token with no call in flight is dropped.
+    /// Sends `param` to its call's channel, or holds it until the call's route is made.
     pub(crate) fn deliver(&self, param: ProgressNotificationParam) {
-        let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(sink) = routes.get(&param.progress_token) {
-            let _ = sink.send(Progress {
-                progress: param.progress,
-                total: param.total,
-                message: param.message,
-            });
+        let progress = Progress {
+            progress: param.progress,
+            total: param.total,
+            message: param.message,
+        };
+        let mut inner = self.lock();
+        if let Some(sink) = inner.routes.get(&param.progress_token) {
+            let _ = sink.send(progress);
+            return;
+        }
+        match inner
+            .early
+            .iter_mut()
+            .find(|(early, _)| *early == param.progress_token)
+        {
+            Some((_, held)) if held.len() < EARLY_NOTES => held.push(progress),
+            Some(_) => {}
+            None => {
+                if inner.early.len() == EARLY_CALLS {
+                    inner.early.pop_front();
+                }
+                inner
+                    .early
+                    .push_back((param.progress_token, vec![progress]));
+            }
         }
     }
 }
@@ -104,5 +144,28 @@ mod tests {
             "the channel is closed with its route"
         );
         drop(route_b);
+    }
+
+    #[test]
+    fn progress_that_arrives_before_its_route_is_handed_over_first() {
+        let routes = Arc::new(ProgressRoutes::default());
+        routes.deliver(ProgressNotificationParam::new(token(1), 1.0));
+        for n in 2..=(EARLY_CALLS as i64 + 1) {
+            routes.deliver(ProgressNotificationParam::new(token(n), 1.0));
+        }
+        routes.deliver(ProgressNotificationParam::new(token(2), 2.0));
+        let (sink, mut progress) = tokio::sync::mpsc::unbounded_channel();
+        let _route = routes.route(token(2), sink);
+        routes.deliver(ProgressNotificationParam::new(token(2), 3.0));
+        let seen: Vec<f64> = std::iter::from_fn(|| progress.try_recv().ok())
+            .map(|p| p.progress)
+            .collect();
+        assert_eq!(seen, [1.0, 2.0, 3.0], "held, then live, in order");
+        let (sink, mut oldest) = tokio::sync::mpsc::unbounded_channel();
+        let _route = routes.route(token(1), sink);
+        assert!(
+            oldest.try_recv().is_err(),
+            "the oldest token's progress made room for newer ones"
+        );
     }
 }

@@ -1,13 +1,15 @@
 //! Streamable HTTP with the raw results kept: rmcp's streamable HTTP client transport over
 //! a [`TappedClient`], which is rmcp's own reqwest client with the [`Tap`] looking at each
-//! request it posts and each server-sent event it receives.
+//! request it posts and each message the server writes back.
 //!
 //! rmcp parses the events of a POST's (or the GET stream's) `text/event-stream` answer
 //! after the client hands them over, so the tap sees the JSON exactly as the server wrote
-//! it, as over stdio. A server that answers a POST with one `application/json` body
-//! instead is parsed by rmcp's reqwest client itself; such an answer arrives typed, and
-//! the session falls back to re-serializing it (a block type rmcp does not know still
-//! arrives whole, as rmcp's raw custom result; unknown fields of known blocks do not).
+//! it, as over stdio. A server may instead answer a POST with one `application/json` body,
+//! which rmcp's reqwest client would parse itself (dropping the unknown fields of known
+//! blocks); so the requests whose answers the tap keeps (`tools/list`, `tools/call`) are
+//! posted by [`post`](crate::post), rmcp's POST with the JSON body offered to the tap
+//! first, and every other message by rmcp's client. Progress notifications go to their
+//! call's channel as the tap reads them, before rmcp sees the call's response.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -102,7 +104,8 @@ fn same_origin_redirects() -> reqwest::redirect::Policy {
 type Events = BoxStream<'static, Result<sse_stream::Sse, SseError>>;
 
 impl TappedClient {
-    /// The events with each answer the tap waits for kept raw (and a stand-in for rmcp).
+    /// The events, each offered to the tap: an answer it waits for is kept raw (and a
+    /// stand-in goes to rmcp), progress goes to its call's channel.
     fn tapped(&self, events: Events) -> Events {
         let tap = Arc::clone(&self.tap);
         Box::pin(events.map(move |event| {
@@ -118,13 +121,13 @@ impl TappedClient {
 
 /// Offers one event's data to the tap, rewriting it with the stand-in if it was kept.
 fn keep(tap: &Tap, data: &mut String) {
-    if !tap.is_waiting() {
+    if !tap.wants(data.as_bytes()) {
         return;
     }
     let Ok(mut message) = serde_json::from_str::<Value>(data) else {
         return;
     };
-    if tap.keep(&mut message)
+    if tap.offer(&mut message)
         && let Ok(rewritten) = serde_json::to_string(&message)
     {
         *data = rewritten;
@@ -184,18 +187,30 @@ impl StreamableHttpClient for TappedClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        self.tap.want_request(&message);
-        let response = self
-            .inner
-            .post_message_with_response_limits(
-                uri,
-                message,
+        let response = if self.tap.want_request(&message) {
+            crate::post::post_request(
+                &self.inner,
+                &self.tap,
+                &uri,
+                &message,
                 session_id,
                 auth_header,
                 custom_headers,
                 limits,
             )
-            .await?;
+            .await?
+        } else {
+            self.inner
+                .post_message_with_response_limits(
+                    uri,
+                    message,
+                    session_id,
+                    auth_header,
+                    custom_headers,
+                    limits,
+                )
+                .await?
+        };
         Ok(match response {
             StreamableHttpPostResponse::Sse(events, session_id) => {
                 StreamableHttpPostResponse::Sse(self.tapped(events), session_id)

@@ -16,18 +16,25 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, RequestId};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, ProgressNotificationParam, RequestId,
+};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::progress::ProgressRoutes;
+
+/// The method of a progress notification.
+const PROGRESS: &str = "notifications/progress";
 
 /// Raw results by request id (the id's JSON text, as it appears on the wire).
 #[derive(Default)]
 pub(crate) struct Tap {
     slots: Mutex<Slots>,
-    /// Where progress notifications go, delivered by the stdio transport in the order they
-    /// were read (rmcp runs each notification's handler as its own task, which a call's
-    /// response can overtake, so progress sent just before the result would be lost there).
+    /// Where progress notifications go, delivered by our transports (stdio, and HTTP
+    /// through [`Tap::offer`]) in the order they were read (rmcp runs each notification's
+    /// handler as its own task, which a call's response can overtake, so progress sent just
+    /// before the result would be lost there).
     progress: std::sync::OnceLock<Arc<ProgressRoutes>>,
 }
 
@@ -49,10 +56,10 @@ impl Tap {
     }
 
     /// Opens a slot for `message` if it is a `tools/list` (sent as a custom request, so
-    /// that rmcp does not type the answer) or `tools/call` request.
-    pub(crate) fn want_request(&self, message: &ClientJsonRpcMessage) {
+    /// that rmcp does not type the answer) or `tools/call` request; says whether it is one.
+    pub(crate) fn want_request(&self, message: &ClientJsonRpcMessage) -> bool {
         let JsonRpcMessage::Request(request) = message else {
-            return;
+            return false;
         };
         let tapped = match &request.request {
             ClientRequest::CustomRequest(custom) => custom.method == "tools/list",
@@ -62,6 +69,7 @@ impl Tap {
         if tapped {
             self.want(&request.id);
         }
+        tapped
     }
 
     fn want(&self, id: &RequestId) {
@@ -70,6 +78,29 @@ impl Tap {
         if !slots.abandoned.remove(&key) {
             slots.wanted.insert(key, None);
         }
+    }
+
+    /// Offers a message the server wrote (HTTP: a JSON body or an event's data): a progress
+    /// notification goes to its call's channel now, in the order read, and a result with an
+    /// open slot is kept as [`Tap::keep`] does. Says whether `message` was rewritten.
+    pub(crate) fn offer(&self, message: &mut Value) -> bool {
+        if let Some(routes) = self.progress.get()
+            && message.get("method").and_then(Value::as_str) == Some(PROGRESS)
+            && let Some(params) = message.get("params")
+            && let Ok(params) = ProgressNotificationParam::deserialize(params)
+        {
+            routes.deliver(params);
+            return false;
+        }
+        self.keep(message)
+    }
+
+    /// Whether [`Tap::offer`] would look at a message whose text is `text`: a result is
+    /// awaited, or `text` may be a progress notification and progress is routed here.
+    pub(crate) fn wants(&self, text: &[u8]) -> bool {
+        self.is_waiting()
+            || (self.progress.get().is_some()
+                && memchr::memmem::find(text, PROGRESS.as_bytes()).is_some())
     }
 
     /// Delivers the server's progress notifications to `routes` as they are read.

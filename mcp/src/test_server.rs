@@ -84,6 +84,10 @@ pub struct Scenario {
     /// Serve only the generated tools, without the control tools (the `psych` command's
     /// embedded servers, whose catalogues should look like a real server's).
     pub no_control_tools: bool,
+    /// Over HTTP, serve statelessly and answer each request with one `application/json`
+    /// body (rmcp's `json_response`; a call that sends progress first is answered with an
+    /// event stream). Stateless: no session, no `list_changed`, no cancellation.
+    pub json_response: bool,
     /// Also serve the tools of this file, a `tools/list` result (`{"tools": [...]}`) served
     /// as it is written (each tool answers with its name and arguments), so a real
     /// server's captured catalogue can stand upstream.
@@ -106,7 +110,7 @@ pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--kind notes|files|wiki|forge|suite] [--page-size N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
 [--repeat-cursor] [--hang-initialize] [--hang-listing] [--grandchild] [--stderr-banner TEXT] \
-[--no-control-tools] [--catalog FILE] [--scenario JSON]";
+[--no-control-tools] [--catalog FILE] [--json-response] [--scenario JSON]";
 
 impl Scenario {
     /// Parses the binary's arguments (without the program name).
@@ -164,6 +168,7 @@ impl Scenario {
                 "--stderr-banner" => scenario.stderr_banner = Some(value("a text")?),
                 "--no-control-tools" => scenario.no_control_tools = true,
                 "--catalog" => scenario.catalog = Some(PathBuf::from(value("a file")?)),
+                "--json-response" => scenario.json_response = true,
                 "--scenario" => {
                     let text = value("JSON")?;
                     scenario = serde_json::from_str(&text)
@@ -823,7 +828,6 @@ async fn serve_stdio(state: Arc<State>) -> std::io::Result<()> {
 
 async fn serve_http(state: Arc<State>, addr: SocketAddr) -> std::io::Result<()> {
     use hyper_util::rt::TokioIo;
-    use hyper_util::service::TowerToHyperService;
     use rmcp::transport::StreamableHttpService;
     use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -834,8 +838,9 @@ async fn serve_http(state: Arc<State>, addr: SocketAddr) -> std::io::Result<()> 
         )));
     }
     let mut config = StreamableHttpServerConfig::default();
-    config.legacy_session_mode = true;
-    let service = TowerToHyperService::new(StreamableHttpService::new(
+    config.legacy_session_mode = !state.scenario.json_response;
+    config.json_response = state.scenario.json_response;
+    let service = StreamableHttpService::new(
         move || {
             Ok(TestServer {
                 state: Arc::clone(&state),
@@ -843,7 +848,15 @@ async fn serve_http(state: Arc<State>, addr: SocketAddr) -> std::io::Result<()> 
         },
         raw_http::RawSessions(LocalSessionManager::default()).into(),
         config,
-    ));
+    );
+    // A JSON body is written by rmcp's service itself, not by a session transport.
+    let service = hyper::service::service_fn(move |request| {
+        let service = service.clone();
+        async move {
+            let response = service.handle(request).await;
+            Ok::<_, std::convert::Infallible>(raw_http::replace_marker_in_body(response).await)
+        }
+    });
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let mut stdout = tokio::io::stdout();

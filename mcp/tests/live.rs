@@ -1120,3 +1120,166 @@ async fn an_https_server_is_reached_over_tls_and_a_failed_handshake_names_the_se
     );
     manager.shutdown().await;
 }
+
+/// POSTs one JSON-RPC message to `url` as an MCP client would and returns the answer's
+/// `Content-Type` and body.
+async fn post_raw(url: &str, message: Value) -> (String, String) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(message.to_string())
+        .send()
+        .await
+        .unwrap();
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    (content_type, response.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_json_bodies_keep_every_field_and_everything_else_still_works() {
+    let server = HttpServer::start(&["--json-response"]);
+
+    // The server really answers with one JSON body, `futureField` on its wire.
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "exotic", "arguments": {"known_only": true}}});
+    let (content_type, body) = post_raw(&server.url, call).await;
+    assert_eq!(content_type, "application/json");
+    let wire: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        wire["result"],
+        psych_mcp::test_server::exotic_known_result()
+    );
+
+    let (manager, reachability) = one("json", http_config("json", &server.url), fast()).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let listing = manager.list_tools(&id("json")).await.unwrap();
+    assert_eq!(listing.len(), CONTROL_TOOLS);
+
+    // rmcp types a JSON body itself, dropping the unknown fields of known blocks
+    // (`futureField`); the raw path keeps them, and a block type rmcp does not know.
+    let known = manager
+        .call_tool(&tool("json", "exotic"), args(json!({"known_only": true})))
+        .await
+        .unwrap();
+    let known_raw = psych_mcp::test_server::exotic_known_result();
+    assert_eq!(serde_json::to_value(&known).unwrap(), known_raw);
+    assert_eq!(
+        known_raw["content"][0]["futureField"],
+        json!({"kept": true})
+    );
+    let typed = manager
+        .call_tool_raw(&tool("json", "exotic"), args(json!({"known_only": true})))
+        .await
+        .unwrap();
+    assert_ne!(
+        serde_json::to_value(&typed).unwrap(),
+        known_raw,
+        "rmcp's typed result keeps everything: the assertion above shows nothing"
+    );
+    let exotic = manager
+        .call_tool(&tool("json", "exotic"), JsonObject::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(&exotic).unwrap(),
+        psych_mcp::test_server::exotic_result()
+    );
+
+    // A 3 MB result whole, a tool error, a JSON-RPC error, answers out of order.
+    let large = manager
+        .call_tool(&tool("json", "large"), args(json!({"bytes": 3_000_000})))
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(&large).unwrap()["content"][0]["text"]
+            .as_str()
+            .unwrap(),
+        psych_mcp::test_server::large_text(3_000_000)
+    );
+    let failed = manager
+        .call_tool(&tool("json", "fail"), args(json!({"message": "disk full"})))
+        .await
+        .unwrap();
+    assert!(failed.is_error);
+    assert_eq!(
+        serde_json::to_value(&failed).unwrap()["content"][0]["text"],
+        "disk full"
+    );
+    let unknown = manager
+        .call_tool(&tool("json", "nothing_here"), JsonObject::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        unknown.contains("MCP server \"json\"") && unknown.contains("no tool \"nothing_here\""),
+        "{unknown}"
+    );
+    reverse_order_answers_reach_their_callers(&manager, "json").await;
+    manager.shutdown().await;
+}
+
+/// A `progress` call of `steps` steps through [`McpManager::call_tool_with_progress`]:
+/// by the time the call returns, every notification is in the channel, in order, and the
+/// channel is closed.
+async fn progress_arrives_before_the_result(manager: &McpManager, server: &str, steps: u32) {
+    let (sink, mut progress) = tokio::sync::mpsc::unbounded_channel();
+    let output = manager
+        .call_tool_with_progress(
+            &tool(server, "progress"),
+            args(json!({"steps": steps})),
+            sink,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(&output).unwrap()["content"][0]["text"],
+        format!("{steps} steps reported")
+    );
+    let mut seen = Vec::new();
+    let end = loop {
+        match progress.try_recv() {
+            Ok(note) => seen.push((note.progress, note.total, note.message)),
+            Err(end) => break end,
+        }
+    };
+    let expected: Vec<_> = (1..=steps)
+        .map(|n| {
+            let message = Some(format!("step {n} of {steps}"));
+            (f64::from(n), Some(f64::from(steps)), message)
+        })
+        .collect();
+    assert_eq!(
+        seen, expected,
+        "{server}: progress delivered by the call's return"
+    );
+    assert_eq!(
+        end,
+        tokio::sync::mpsc::error::TryRecvError::Disconnected,
+        "{server}: the channel closes with the call"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_progress_notification_arrives_before_the_call_returns_over_stdio_and_http() {
+    let events = HttpServer::start(&[]);
+    let bodies = HttpServer::start(&["--json-response"]);
+    let manager = manager(fast());
+    for (name, config) in [
+        ("local", test_server("local", &[])),
+        ("web", http_config("web", &events.url)),
+        ("json", http_config("json", &bodies.url)),
+    ] {
+        manager.add_server(id(name), config).await.unwrap();
+    }
+    for _ in 0..5 {
+        for server in ["local", "web", "json"] {
+            progress_arrives_before_the_result(&manager, server, 20).await;
+        }
+    }
+    manager.shutdown().await;
+}

@@ -3,9 +3,15 @@
 //! carry a block type or a field rmcp does not model). So the `exotic` tool answers with a
 //! marker, and the session's transport replaces that answer with [`exotic_result`] (or
 //! [`exotic_known_result`]) as raw JSON on its way out; every other message passes
-//! untouched.
+//! untouched. Served statelessly with JSON bodies (`--json-response`), there is no session
+//! transport: [`replace_marker_in_body`] does the same in the response body.
+
+use std::convert::Infallible;
 
 use futures_util::Stream;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Collected, Full};
+use hyper::body::Bytes;
 use rmcp::RoleServer;
 use rmcp::model::ServerResult;
 use rmcp::model::{ClientJsonRpcMessage, CustomResult, JsonRpcMessage, ServerJsonRpcMessage};
@@ -50,6 +56,36 @@ fn replace_marker(mut item: TxJsonRpcMessage<RoleServer>) -> TxJsonRpcMessage<Ro
         response.result = ServerResult::CustomResult(CustomResult(raw));
     }
     item
+}
+
+/// A response of rmcp's HTTP service, with the marker answer replaced if it is a JSON body
+/// that carries one; any other response is passed on untouched.
+pub(super) async fn replace_marker_in_body(
+    response: http::Response<BoxBody<Bytes, Infallible>>,
+) -> http::Response<BoxBody<Bytes, Infallible>> {
+    let is_json = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|ct| ct.as_bytes().starts_with(b"application/json"));
+    if !is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(body) = body.collect().await.map(Collected::to_bytes);
+    let marked = [EXOTIC_MARKER, EXOTIC_KNOWN_MARKER]
+        .iter()
+        .any(|marker| memchr::memmem::find(&body, marker.as_bytes()).is_some());
+    let body = match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
+        Ok(message) if marked => match serde_json::to_vec(&replace_marker(message)) {
+            Ok(rewritten) => {
+                parts.headers.remove(http::header::CONTENT_LENGTH);
+                Bytes::from(rewritten)
+            }
+            Err(_) => body,
+        },
+        _ => body,
+    };
+    http::Response::from_parts(parts, Full::new(body).boxed())
 }
 
 impl<T: Transport<RoleServer>> Transport<RoleServer> for RawResults<T> {

@@ -1,0 +1,460 @@
+//! rmcp's streamable HTTP POST for the requests whose answers the [`Tap`] keeps
+//! (`tools/list` and `tools/call`): the same request and the same reading of every kind of
+//! answer as rmcp 3.11's reqwest client (`StreamableHttpClient for reqwest::Client`), with
+//! one difference. A single `application/json` body is offered to the tap as the server
+//! wrote it before it is parsed into rmcp's message, as the events of an event-stream
+//! answer are; rmcp's client parses such a body itself, so the unknown fields of a known
+//! block would be gone before the tap could see them.
+//!
+//! rmcp's public pieces are used as they are: its header names and media types, its
+//! error and answer types, the [`StreamableHttpResponseLimits`] the transport passes on
+//! every POST, [`HttpStatusError`]. Its helpers for the rest (bounded body reads, media
+//! type matching, the per-event size limit of an event stream, reserved headers, the scope
+//! of a 403 challenge) are private to rmcp, so they are ported here with the same limits
+//! and the same errors. One difference remains there: rmcp recognises its own "event too
+//! large" error and ends the stream at once, where it treats ours as any other stream
+//! error (it may try to resume the stream before failing the call).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::common::http_header::{
+    EVENT_STREAM_MIME_TYPE, HEADER_LAST_EVENT_ID, HEADER_SESSION_ID, JSON_MIME_TYPE,
+};
+use rmcp::transport::streamable_http_client::{
+    AuthRequiredError, HttpStatusError, InsufficientScopeError, StreamableHttpError,
+    StreamableHttpPostResponse, StreamableHttpResponseLimits,
+};
+use serde_json::Value;
+
+use crate::tap::Tap;
+
+type Error = StreamableHttpError<reqwest::Error>;
+
+/// What a body that could not be read reads as (rmcp's words).
+const BODY_READ_FAILURE: &str = "<failed to read response body>";
+/// How much of a body that is not a JSON-RPC message an error quotes (rmcp's length).
+const BODY_PREVIEW: usize = 256;
+
+/// POSTs `message` (a request: it always awaits an answer) as rmcp's reqwest client does,
+/// and reads the answer as it does, except that a JSON body is offered to `tap` first.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "rmcp's `post_message_with_response_limits` arguments, plus the client and the tap"
+)]
+pub(crate) async fn post_request(
+    client: &reqwest::Client,
+    tap: &Tap,
+    uri: &str,
+    message: &ClientJsonRpcMessage,
+    session_id: Option<Arc<str>>,
+    auth_token: Option<String>,
+    custom_headers: HashMap<HeaderName, HeaderValue>,
+    limits: StreamableHttpResponseLimits,
+) -> Result<StreamableHttpPostResponse, Error> {
+    let mut request = client
+        .post(uri)
+        .header(ACCEPT, [EVENT_STREAM_MIME_TYPE, JSON_MIME_TYPE].join(", "));
+    if let Some(token) = auth_token {
+        request = request.bearer_auth(token);
+    }
+    for (name, value) in custom_headers {
+        if is_reserved(&name) {
+            return Err(StreamableHttpError::ReservedHeaderConflict(
+                name.to_string(),
+            ));
+        }
+        request = request.header(name, value);
+    }
+    let session_was_attached = session_id.is_some();
+    if let Some(session_id) = session_id {
+        request = request.header(HEADER_SESSION_ID, session_id.as_ref());
+    }
+    let response = request.json(message).send().await?;
+    let status = response.status();
+    if let Some(error) = challenge(status, response.headers()) {
+        return Err(error);
+    }
+    if matches!(status, StatusCode::ACCEPTED | StatusCode::NO_CONTENT) {
+        return Ok(StreamableHttpPostResponse::Accepted);
+    }
+    if status == StatusCode::NOT_FOUND && session_was_attached {
+        return Err(StreamableHttpError::SessionExpired);
+    }
+    let content_type = response.headers().get(CONTENT_TYPE).cloned();
+    let is_json = content_type
+        .as_ref()
+        .is_some_and(|ct| media_type_is(ct.as_bytes(), JSON_MIME_TYPE));
+    // Rate limits and failures that are not JSON return without reading the body.
+    let status_error = match (http_status_error(status, response.headers()), is_json) {
+        (Some(error), is_json) if !is_json || status == StatusCode::TOO_MANY_REQUESTS => {
+            return Err(error.into());
+        }
+        (error, _) => error,
+    };
+    let session_id = response
+        .headers()
+        .get(HEADER_SESSION_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if !status.is_success() {
+        return failure(response, status, status_error, is_json, session_id, limits).await;
+    }
+    match &content_type {
+        Some(ct) if media_type_is(ct.as_bytes(), EVENT_STREAM_MIME_TYPE) => {
+            Ok(StreamableHttpPostResponse::Sse(
+                bounded_events(response, limits.max_sse_event_size),
+                session_id,
+            ))
+        }
+        Some(_) if is_json => {
+            let body = read_bounded(response, limits.max_json_response_size).await?;
+            let unreadable = |e: serde_json::Error| {
+                StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
+                    "could not parse JSON response as ServerJsonRpcMessage: {e}: {}",
+                    preview(&body)
+                )))
+            };
+            let mut raw: Value = serde_json::from_slice(&body).map_err(unreadable)?;
+            tap.offer(&mut raw);
+            let parsed = serde_json::from_value(raw).map_err(unreadable)?;
+            Ok(StreamableHttpPostResponse::Json(parsed, session_id))
+        }
+        _ => Err(StreamableHttpError::UnexpectedContentType(
+            content_type.map(|ct| String::from_utf8_lossy(ct.as_bytes()).into_owned()),
+        )),
+    }
+}
+
+/// A non-success answer: a JSON-RPC error in a JSON body is the answer (read whole within
+/// the JSON limit); anything else is an error quoting a bounded prefix of the body.
+async fn failure(
+    response: reqwest::Response,
+    status: StatusCode,
+    status_error: Option<HttpStatusError>,
+    is_json: bool,
+    session_id: Option<String>,
+    limits: StreamableHttpResponseLimits,
+) -> Result<StreamableHttpPostResponse, Error> {
+    let content_type = response.headers().get(CONTENT_TYPE).cloned();
+    let max_error = limits.max_error_response_size;
+    // A 401/403 without a challenge (those with one were answered already) keeps its status.
+    let is_auth_failure = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
+    let body = if is_json && !is_auth_failure {
+        match read_bounded(response, limits.max_json_response_size).await {
+            Ok(raw) => {
+                let prefix = (raw.len() > max_error).then(|| raw[..max_error].to_vec());
+                let full = decode(raw, content_type.clone(), max_error).await;
+                if let Ok(error @ JsonRpcMessage::Error(_)) =
+                    serde_json::from_str::<ServerJsonRpcMessage>(&full)
+                {
+                    return Ok(StreamableHttpPostResponse::Json(error, session_id));
+                }
+                match prefix {
+                    Some(prefix) => decode(prefix, content_type, max_error).await,
+                    None => full,
+                }
+            }
+            Err(error @ StreamableHttpError::ResponseBodyTooLarge { .. }) => {
+                return Err(status_error.map(StreamableHttpError::from).unwrap_or(error));
+            }
+            Err(StreamableHttpError::Client(_)) => read_failure(max_error),
+            Err(error) => return Err(error),
+        }
+    } else {
+        match read_truncated(response, max_error).await {
+            Ok(prefix) => decode(prefix, content_type, max_error).await,
+            Err(_) => read_failure(max_error),
+        }
+    };
+    if let Some(error) = status_error {
+        return Err(error.into());
+    }
+    Err(StreamableHttpError::UnexpectedServerResponse(Cow::Owned(
+        format!("HTTP {status}: {body}"),
+    )))
+}
+
+/// Header names rmcp sets itself (`MCP-Protocol-Version` is let through: its worker
+/// sends it as a custom header once the version is negotiated).
+fn is_reserved(name: &HeaderName) -> bool {
+    ["accept", HEADER_SESSION_ID, HEADER_LAST_EVENT_ID]
+        .iter()
+        .any(|reserved| name.as_str().eq_ignore_ascii_case(reserved))
+}
+
+/// A 401 or 403 with a `WWW-Authenticate` challenge, as rmcp's errors.
+fn challenge(status: StatusCode, headers: &HeaderMap) -> Option<Error> {
+    if !matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+        return None;
+    }
+    let header = headers.get(WWW_AUTHENTICATE)?;
+    let Ok(header) = header.to_str() else {
+        return Some(StreamableHttpError::UnexpectedServerResponse(Cow::from(
+            "invalid www-authenticate header value",
+        )));
+    };
+    Some(if status == StatusCode::UNAUTHORIZED {
+        StreamableHttpError::AuthRequired(AuthRequiredError::new(header.to_owned()))
+    } else {
+        StreamableHttpError::InsufficientScope(InsufficientScopeError::new(
+            header.to_owned(),
+            scope(header),
+        ))
+    })
+}
+
+/// The `scope=` parameter of a challenge, quoted or not.
+fn scope(header: &str) -> Option<String> {
+    let start = header.to_ascii_lowercase().find("scope=")? + "scope=".len();
+    let value = header.get(start..)?;
+    if let Some(quoted) = value.strip_prefix('"') {
+        return quoted.find('"').map(|end| quoted[..end].to_owned());
+    }
+    let end = value
+        .find(|c: char| c == ',' || c == ';' || c.is_whitespace())
+        .unwrap_or(value.len());
+    (end > 0).then(|| value[..end].to_owned())
+}
+
+/// 429 and 5xx, with a `Retry-After` of at most 128 bytes.
+fn http_status_error(status: StatusCode, headers: &HeaderMap) -> Option<HttpStatusError> {
+    if status != StatusCode::TOO_MANY_REQUESTS && !status.is_server_error() {
+        return None;
+    }
+    let retry_after = headers
+        .get(RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    Some(HttpStatusError::new(status.as_u16(), retry_after))
+}
+
+/// Whether a `Content-Type` value's media type (case-insensitive, parameters ignored) is
+/// `expected`.
+fn media_type_is(value: &[u8], expected: &str) -> bool {
+    value
+        .split(|byte| *byte == b';')
+        .next()
+        .and_then(|essence| std::str::from_utf8(essence).ok())
+        .is_some_and(|essence| {
+            essence
+                .trim_matches([' ', '\t'])
+                .eq_ignore_ascii_case(expected)
+        })
+}
+
+/// The whole body, or `ResponseBodyTooLarge` as soon as it is known to be over `max`.
+async fn read_bounded(mut response: reqwest::Response, max: usize) -> Result<Vec<u8>, Error> {
+    if response
+        .content_length()
+        .is_some_and(|length| length > max as u64)
+    {
+        return Err(StreamableHttpError::ResponseBodyTooLarge { max_size: max });
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if chunk.len() > max - body.len() {
+            return Err(StreamableHttpError::ResponseBodyTooLarge { max_size: max });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// At most `max` bytes of the body, for a diagnostic.
+async fn read_truncated(mut response: reqwest::Response, max: usize) -> Result<Vec<u8>, Error> {
+    let mut body = Vec::new();
+    while body.len() < max {
+        let Some(chunk) = response.chunk().await? else {
+            break;
+        };
+        let count = chunk.len().min(max - body.len());
+        body.extend_from_slice(&chunk[..count]);
+    }
+    Ok(body)
+}
+
+/// A body as text, decoded as reqwest decodes it.
+async fn decode(body: Vec<u8>, content_type: Option<HeaderValue>, max_error: usize) -> String {
+    if body.is_empty() {
+        return String::new();
+    }
+    let mut buffered = http::Response::new(body);
+    if let Some(content_type) = content_type {
+        buffered.headers_mut().insert(CONTENT_TYPE, content_type);
+    }
+    reqwest::Response::from(buffered)
+        .text()
+        .await
+        .unwrap_or_else(|_| read_failure(max_error))
+}
+
+fn read_failure(max_error: usize) -> String {
+    BODY_READ_FAILURE[..BODY_READ_FAILURE.len().min(max_error)].to_owned()
+}
+
+/// The start of a body that is not a JSON-RPC message, for an error.
+fn preview(body: &[u8]) -> Cow<'_, str> {
+    if body.is_empty() {
+        return Cow::Borrowed("<empty>");
+    }
+    let lossy = String::from_utf8_lossy(body);
+    if lossy.len() <= BODY_PREVIEW {
+        return lossy;
+    }
+    let mut end = BODY_PREVIEW;
+    while end > 0 && !lossy.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(lossy[..end].to_owned())
+}
+
+/// Why an event stream ended early.
+#[derive(Debug, thiserror::Error)]
+enum EventsError {
+    #[error(transparent)]
+    Source(reqwest::Error),
+    #[error("SSE event exceeded the maximum size of {max_size} bytes")]
+    EventTooLarge { max_size: usize },
+}
+
+/// The answer's events, each at most `max_event_size` bytes as rmcp counts them; the
+/// stream ends with an error at the first byte over.
+fn bounded_events(
+    response: reqwest::Response,
+    max_event_size: usize,
+) -> futures_util::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>> {
+    let chunks = futures_util::stream::unfold(
+        Some((response, EventSize::new(max_event_size))),
+        |state| async move {
+            let (mut response, mut size) = state?;
+            match response.chunk().await {
+                Ok(Some(chunk)) => match size.observe(&chunk) {
+                    Ok(()) => Some((Ok(chunk), Some((response, size)))),
+                    Err(()) => Some((
+                        Err(EventsError::EventTooLarge {
+                            max_size: size.max_size,
+                        }),
+                        None,
+                    )),
+                },
+                Ok(None) => None,
+                Err(error) => Some((Err(EventsError::Source(error)), None)),
+            }
+        },
+    );
+    sse_stream::SseStream::from_bytes_stream(chunks).boxed()
+}
+
+/// rmcp's count of an event's size: the bytes of its non-comment lines, one more per line
+/// (the parser joins data lines with a newline); a blank line ends the event.
+#[derive(Debug)]
+struct EventSize {
+    max_size: usize,
+    retained: usize,
+    line: usize,
+    line_is_comment: bool,
+    previous_was_cr: bool,
+}
+
+impl EventSize {
+    fn new(max_size: usize) -> Self {
+        Self {
+            max_size,
+            retained: 0,
+            line: 0,
+            line_is_comment: false,
+            previous_was_cr: false,
+        }
+    }
+
+    fn observe(&mut self, chunk: &[u8]) -> Result<(), ()> {
+        for &byte in chunk {
+            if self.previous_was_cr {
+                self.previous_was_cr = false;
+                if byte == b'\n' {
+                    continue;
+                }
+            }
+            match byte {
+                b'\r' => {
+                    self.finish_line()?;
+                    self.previous_was_cr = true;
+                }
+                b'\n' => self.finish_line()?,
+                _ => {
+                    if self.line == 0 {
+                        self.line_is_comment = byte == b':';
+                    }
+                    self.line = self.line.saturating_add(1);
+                    self.check()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_line(&mut self) -> Result<(), ()> {
+        if self.line == 0 {
+            self.retained = 0;
+        } else if !self.line_is_comment {
+            self.retained = self.retained.saturating_add(self.line).saturating_add(1);
+        }
+        self.line = 0;
+        self.line_is_comment = false;
+        self.check()
+    }
+
+    fn check(&self) -> Result<(), ()> {
+        if self.retained.saturating_add(self.line) > self.max_size {
+            Err(())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_is_counted_as_rmcp_counts_it() {
+        let mut size = EventSize::new(10);
+        // A comment line is not kept; a blank line (LF, CR or CRLF) starts a new event.
+        assert!(size.observe(b": note\ndata: 12\n\n").is_ok());
+        assert!(size.observe(b"data: 1\r\n\r\n").is_ok());
+        assert!(size.observe(b"data: 1234").is_ok());
+        assert!(size.observe(b"5").is_err(), "11 bytes in one event");
+    }
+
+    #[test]
+    fn media_types_and_scopes_read_as_rmcp_reads_them() {
+        assert!(media_type_is(
+            b"Application/JSON; charset=utf-8",
+            JSON_MIME_TYPE
+        ));
+        assert!(!media_type_is(
+            b"application/json-patch+json",
+            JSON_MIME_TYPE
+        ));
+        assert_eq!(
+            scope(r#"Bearer error="insufficient_scope", scope="files:read files:write""#),
+            Some("files:read files:write".to_owned())
+        );
+        assert_eq!(
+            scope("Bearer scope=read:data, x=1"),
+            Some("read:data".to_owned())
+        );
+        assert_eq!(scope("Bearer realm=x"), None);
+        assert!(is_reserved(&HeaderName::from_static("last-event-id")));
+        assert!(!is_reserved(&HeaderName::from_static(
+            "mcp-protocol-version"
+        )));
+    }
+}
