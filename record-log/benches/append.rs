@@ -4,6 +4,11 @@
 //!   bare `write` + `fdatasync` of the same 4 KiB appended to a plain file, and against redb
 //!   (one write transaction per record, `Durability::Immediate`, the default). Before it,
 //!   the first two are also timed alternately and the medians printed (see `interleaved`).
+//!   Beside them, what the high-water mark costs on its own, side by side: a 4 KiB
+//!   `pwrite` into a preallocated file + `fdatasync` (`prealloc_write_fdatasync`, the
+//!   log's own pattern without the mark) against the same plus a 36-byte `pwrite` into
+//!   the file's first page before the sync (`prealloc_write_mark_fdatasync`, what each
+//!   durable append does for its mark); also timed alternately, medians printed.
 //! - `large_append_2m`: a durable 2 MiB tool result against a bare `write` + `fdatasync` of
 //!   the same 2 MiB appended to a plain file.
 //! - `group_commit_64`: at 512 B and 4 KiB records, 64 records appended one after another
@@ -25,6 +30,7 @@
 use std::fs::{File, OpenOptions};
 use std::hint::black_box;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -117,6 +123,8 @@ fn durable_append(c: &mut Criterion) {
         b.iter(|| log.append(black_box(&record)).unwrap());
     });
 
+    mark_cost(&mut group, dir.path(), &bytes);
+
     let db = Database::create(dir.path().join("bench.redb")).unwrap();
     let mut key = 0u64;
     group.bench_function("redb_insert_commit", |b| {
@@ -155,6 +163,80 @@ fn interleaved(file: &mut std::fs::File, bytes: &[u8], log: &mut RecordLog, reco
          ratio {:.2}",
         ours.as_secs_f64() / bare.as_secs_f64()
     );
+}
+
+/// Bytes of zeros written ahead into each file of [`mark_cost`], as the log preallocates.
+const PREALLOCATED: u64 = 16 << 20;
+
+/// A file of [`PREALLOCATED`] zeros, written and synced, and the writes into it: each
+/// `write` puts `bytes` at the next offset (back to the start past the end), and with
+/// `mark` a 36-byte write at offset 21 (where a log of Run `bench` keeps its high-water
+/// mark's first slot) before the `fdatasync`.
+struct Preallocated {
+    file: File,
+    at: u64,
+}
+
+impl Preallocated {
+    fn create(path: &Path) -> Self {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        for i in 0..PREALLOCATED >> 20 {
+            file.write_all_at(&zeros, i << 20).unwrap();
+        }
+        file.sync_all().unwrap();
+        Self { file, at: 4096 }
+    }
+
+    fn write(&mut self, bytes: &[u8], mark: bool) {
+        if self.at + bytes.len() as u64 > PREALLOCATED {
+            self.at = 4096;
+        }
+        self.file.write_all_at(black_box(bytes), self.at).unwrap();
+        self.at += bytes.len() as u64;
+        if mark {
+            self.file.write_all_at(black_box(&[7u8; 36]), 21).unwrap();
+        }
+        self.file.sync_data().unwrap();
+    }
+}
+
+/// The high-water mark's own cost, side by side: the same 4 KiB `pwrite` + `fdatasync`
+/// into preallocated space, without and with the 36-byte mark write into the first page
+/// (so each sync flushes two places instead of one). Timed alternately first (medians
+/// printed), then as two criterion functions.
+fn mark_cost(group: &mut BenchmarkGroup<'_, WallTime>, dir: &Path, bytes: &[u8]) {
+    let mut plain = Preallocated::create(&dir.join("prealloc_plain"));
+    let mut marked = Preallocated::create(&dir.join("prealloc_mark"));
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let started = Instant::now();
+        plain.write(bytes, false);
+        without.push(started.elapsed());
+        let started = Instant::now();
+        marked.write(bytes, true);
+        with.push(started.elapsed());
+    }
+    without.sort();
+    with.sort();
+    let (without, with) = (without[150], with[150]);
+    eprintln!(
+        "interleaved medians: prealloc write+fdatasync {without:?}, with the mark's write \
+         {with:?}, ratio {:.2}",
+        with.as_secs_f64() / without.as_secs_f64()
+    );
+    group.bench_function("prealloc_write_fdatasync", |b| {
+        b.iter(|| plain.write(bytes, false));
+    });
+    group.bench_function("prealloc_write_mark_fdatasync", |b| {
+        b.iter(|| marked.write(bytes, true));
+    });
 }
 
 /// 64 appender threads parked on a barrier, each appending one record per round to a
