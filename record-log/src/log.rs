@@ -314,7 +314,7 @@ impl RecordLog {
             .and_then(|i| self.index.get(i))
     }
 
-    fn read_io(&self, offset: u64) -> impl FnOnce(std::io::Error) -> ReadError + '_ {
+    pub(crate) fn read_io(&self, offset: u64) -> impl FnOnce(std::io::Error) -> ReadError + '_ {
         move |source| ReadError::Io {
             path: self.path.clone(),
             offset,

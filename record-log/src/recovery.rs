@@ -612,6 +612,25 @@ impl RecordLog {
         if header.frame_len() > len - at {
             return Ok(None);
         }
+        let holds = self
+            .body_checksum_holds(at, &header)
+            .map_err(|(_, err)| open_io(&self.path)(err))?;
+        Ok(holds.then_some(header))
+    }
+
+    /// Whether the body of the frame at `at`, whose header is `header` (its length within
+    /// the file), matches the checksum in its trailer: read in chunks of at most
+    /// `SCAN_CHUNK` bytes, so in bounded memory whatever the frame's size. Used on open and
+    /// on a checkpointed frame's first touch (`touch.rs`).
+    ///
+    /// # Errors
+    ///
+    /// The read that failed, with the byte offset it was at.
+    pub(crate) fn body_checksum_holds(
+        &self,
+        at: u64,
+        header: &FrameHeader,
+    ) -> Result<bool, (u64, std::io::Error)> {
         let mut crc = Crc32c::new();
         let mut pos = at + FRAME_HEADER_LEN as u64;
         let body_end = at + header.frame_len() - FRAME_TRAILER_LEN as u64;
@@ -620,14 +639,14 @@ impl RecordLog {
             let take = (body_end - pos).min(buf.len() as u64) as usize;
             self.file
                 .read_exact_at(&mut buf[..take], pos)
-                .map_err(open_io(&self.path))?;
+                .map_err(|err| (pos, err))?;
             crc.update(&buf[..take]);
             pos += take as u64;
         }
         let mut stored = [0u8; FRAME_TRAILER_LEN];
         self.file
             .read_exact_at(&mut stored, body_end)
-            .map_err(open_io(&self.path))?;
-        Ok((crc.finish() == u32::from_le_bytes(stored)).then_some(header))
+            .map_err(|err| (body_end, err))?;
+        Ok(crc.finish() == u32::from_le_bytes(stored))
     }
 }

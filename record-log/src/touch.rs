@@ -5,16 +5,10 @@
 //! result's content a read serves was checksummed at open, at append, or here; a mismatch
 //! is [`ReadError::Corrupt`] on that read and on every later one.
 
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::crc32c::Crc32c;
-use crate::format::{FRAME_HEADER_LEN, FRAME_TRAILER_LEN};
 use crate::log::Entry;
 use crate::{ReadError, RecordCorruption, RecordLog};
-
-/// Bytes read at a time when a frame is verified on first touch.
-const CHUNK: usize = 1 << 20;
 
 /// Which of the frames taken from the checkpoint (the first ones of the index) this
 /// process has verified.
@@ -60,32 +54,10 @@ impl RecordLog {
         if !self.first_touch.pending(seq) {
             return Ok(());
         }
-        let body = FRAME_HEADER_LEN as u64;
-        let trailer = entry.header.frame_len() - FRAME_TRAILER_LEN as u64;
-        let mut buf = vec![0u8; CHUNK.min(usize::try_from(trailer - body).unwrap_or(CHUNK))];
-        let mut crc = Crc32c::new();
-        let mut at = body;
-        while at < trailer {
-            let n = usize::try_from(trailer - at).map_or(buf.len(), |left| left.min(buf.len()));
-            self.file
-                .read_exact_at(&mut buf[..n], entry.offset + at)
-                .map_err(|source| ReadError::Io {
-                    path: self.path.clone(),
-                    offset: entry.offset + at,
-                    source,
-                })?;
-            crc.update(&buf[..n]);
-            at += n as u64;
-        }
-        let mut stored = [0u8; FRAME_TRAILER_LEN];
-        self.file
-            .read_exact_at(&mut stored, entry.offset + trailer)
-            .map_err(|source| ReadError::Io {
-                path: self.path.clone(),
-                offset: entry.offset + trailer,
-                source,
-            })?;
-        if crc.finish() != u32::from_le_bytes(stored) {
+        let holds = self
+            .body_checksum_holds(entry.offset, &entry.header)
+            .map_err(|(offset, source)| self.read_io(offset)(source))?;
+        if !holds {
             return Err(self.corrupt(entry.offset, RecordCorruption::BodyChecksum));
         }
         self.first_touch.verified(seq);
