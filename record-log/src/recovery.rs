@@ -144,40 +144,31 @@ impl RecordLog {
             self.set_mark(mark);
             return Ok((None, false));
         }
-        if len < want && initial.starts_with(&head) && self.read_only {
-            // Creation cut short (or under way): no record yet, and nothing is rewritten.
-            self.end = len;
-            self.allocated = len;
-            self.set_mark(Mark::initial(want));
-            let loss = (len > 0).then_some(TailLoss {
-                offset: 0,
-                bytes: len,
-                reason: TailReason::HeaderTorn,
-                left_in_place: true,
-            });
-            return Ok((loss, false));
-        }
         if len < want && initial.starts_with(&head) {
-            // A new file, or one whose creation was cut short before any record.
-            self.storage
-                .set_len(&self.file, 0)
-                .map_err(open_io(&self.path))?;
-            self.storage
-                .write_all_at(&self.file, &initial, 0)
-                .map_err(open_io(&self.path))?;
-            self.storage
-                .sync_data(&self.file)
-                .map_err(open_io(&self.path))?;
-            self.end = want;
-            self.allocated = want;
+            // A new file, or one whose creation was cut short (or, read-only, is under way)
+            // before any record: written whole, unless read-only (then nothing is rewritten).
+            let rewrite = !self.read_only;
+            if rewrite {
+                self.storage
+                    .set_len(&self.file, 0)
+                    .map_err(open_io(&self.path))?;
+                self.storage
+                    .write_all_at(&self.file, &initial, 0)
+                    .map_err(open_io(&self.path))?;
+                self.storage
+                    .sync_data(&self.file)
+                    .map_err(open_io(&self.path))?;
+            }
+            self.end = if rewrite { want } else { len };
+            self.allocated = self.end;
             self.set_mark(Mark::initial(want));
             let loss = (len > 0).then_some(TailLoss {
                 offset: 0,
                 bytes: len,
                 reason: TailReason::HeaderTorn,
-                left_in_place: false,
+                left_in_place: self.read_only,
             });
-            return Ok((loss, true));
+            return Ok((loss, rewrite));
         }
         if head.starts_with(&header) {
             return Err(OpenError::Corrupt {
