@@ -297,12 +297,15 @@ impl RecordLog {
 
     /// Every record with its handle, in order, read one at a time.
     pub fn iter(&self) -> impl Iterator<Item = Result<LoggedRecord, ReadError>> + '_ {
-        (0..self.len()).filter_map(|seq| {
-            let handle = RecordHandle::new(self.run.clone(), seq);
-            self.read_record(&handle)
-                .transpose()
-                .map(|record| record.map(|record| LoggedRecord { handle, record }))
-        })
+        (0..self.len()).filter_map(|seq| self.logged(seq))
+    }
+
+    /// Record `seq` with its handle, read whole; `None` when the log holds no such record.
+    pub(crate) fn logged(&self, seq: u64) -> Option<Result<LoggedRecord, ReadError>> {
+        let handle = RecordHandle::new(self.run.clone(), seq);
+        self.read_record(&handle)
+            .transpose()
+            .map(|record| record.map(|record| LoggedRecord { handle, record }))
     }
 
     fn entry(&self, handle: &RecordHandle) -> Option<&Entry> {

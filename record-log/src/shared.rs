@@ -339,13 +339,7 @@ impl SharedRecordLog {
         &self,
         seq: u64,
     ) -> impl Iterator<Item = Result<LoggedRecord, ReadError>> + '_ {
-        (seq..self.len()).filter_map(|seq| {
-            let handle = RecordHandle::new(self.run.clone(), seq);
-            self.read_log()
-                .read_record(&handle)
-                .transpose()
-                .map(|record| record.map(|record| LoggedRecord { handle, record }))
-        })
+        (seq..self.len()).filter_map(|seq| self.read_log().logged(seq))
     }
 
     /// Counters of the groups written so far.
