@@ -658,24 +658,34 @@ mod tests {
         }
     }
 
+    /// The shared log of `run` under `dir`, changing its file through `storage`, whose
+    /// groups close at `threads` records: the 1 s window is long enough for that many
+    /// threads to join one group, and `max_records` closes it.
+    fn group_of(
+        threads: usize,
+        dir: &Path,
+        run: &RunId,
+        storage: Arc<dyn Storage>,
+    ) -> SharedRecordLog {
+        let policy = SyncPolicy::GroupCommit(
+            GroupCommit::builder()
+                .max_wait(Duration::from_secs(1))
+                .max_records(threads)
+                .max_bytes(u64::MAX)
+                .build()
+                .unwrap(),
+        );
+        let (log, _) = RecordLog::open_with_storage(dir, run, policy, storage).unwrap();
+        SharedRecordLog::new(log)
+    }
+
     #[test]
     fn a_failed_group_fails_every_appender_and_is_cut_off() {
         const THREADS: usize = 6;
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new("fail").unwrap();
-        let policy = SyncPolicy::GroupCommit(
-            // Long enough that all the threads join one group; max_records closes it.
-            GroupCommit::builder()
-                .max_wait(Duration::from_secs(1))
-                .max_records(THREADS)
-                .max_bytes(u64::MAX)
-                .build()
-                .unwrap(),
-        );
         let faults = Arc::new(FaultyStorage::new());
-        let (log, _) = RecordLog::open_with_storage(dir.path(), &run, policy, faults.clone())
-            .map(|(log, recovery)| (SharedRecordLog::new(log), recovery))
-            .unwrap();
+        let log = group_of(THREADS, dir.path(), &run, faults.clone());
         let kept = log.append(&user("before")).unwrap();
         let end = log.size_bytes();
         faults.fail_next(StorageOp::Sync, 1);
@@ -727,18 +737,8 @@ mod tests {
         const THREADS: usize = 4;
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new("panic").unwrap();
-        let policy = SyncPolicy::GroupCommit(
-            GroupCommit::builder()
-                .max_wait(Duration::from_secs(1))
-                .max_records(THREADS)
-                .max_bytes(u64::MAX)
-                .build()
-                .unwrap(),
-        );
         let panics = Arc::new(PanicOnWrite::default());
-        let (log, _) = RecordLog::open_with_storage(dir.path(), &run, policy, panics.clone())
-            .map(|(log, recovery)| (SharedRecordLog::new(log), recovery))
-            .unwrap();
+        let log = group_of(THREADS, dir.path(), &run, panics.clone());
         let kept = log.append(&user("before")).unwrap();
         panics.armed.store(true, Ordering::SeqCst);
         let log = Arc::new(log);
