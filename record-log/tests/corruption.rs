@@ -16,8 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use psych_record_log::{
-    GroupCommit, LogCorruption, OpenError, ReadError, RecordLog, SharedRecordLog, SyncPolicy,
-    TailReason,
+    LogCorruption, OpenError, ReadError, RecordLog, SharedRecordLog, SyncPolicy, TailReason,
 };
 use psych_types::RecordSource;
 
@@ -252,14 +251,7 @@ fn durable_records_zeroed_after_group_commit_or_a_buffered_sync_are_corrupt() {
     // last sync's, every record before it was durable.
     let dir = tempfile::tempdir().unwrap();
     let run = common::run("groups");
-    let policy = SyncPolicy::GroupCommit(
-        GroupCommit::builder()
-            .max_wait(Duration::from_millis(1))
-            .max_records(3)
-            .max_bytes(1 << 20)
-            .build()
-            .unwrap(),
-    );
+    let policy = common::group_commit(Duration::from_millis(1), 3, 1 << 20);
     let (log, _) = SharedRecordLog::open(dir.path(), &run, policy).unwrap();
     let log = Arc::new(log);
     let threads: Vec<_> = (0..4)

@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use psych_record_log::{GroupCommit, RecordLog, SharedRecordLog, SyncPolicy};
+use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_types::{RecordHandle, RecordSource};
 
 const CHILD_ENV: &str = "PSYCH_RECORD_LOG_CHILD";
@@ -184,14 +184,7 @@ fn a_killed_writer_loses_no_acknowledged_record() {
 /// append is acknowledged.
 fn group_child(dir: &str) -> ! {
     let round: u64 = std::env::var(ROUND_ENV).unwrap().parse().unwrap();
-    let policy = SyncPolicy::GroupCommit(
-        GroupCommit::builder()
-            .max_wait(Duration::from_millis(1))
-            .max_records(8)
-            .max_bytes(1 << 20)
-            .build()
-            .unwrap(),
-    );
+    let policy = common::group_commit(Duration::from_millis(1), 8, 1 << 20);
     let (log, _) = SharedRecordLog::open(dir, &common::run("group"), policy).unwrap();
     let log = Arc::new(log);
     {

@@ -15,19 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use psych_record_log::{GroupCommit, MAX_GROUP_WAIT, RecordLog, SharedRecordLog, SyncPolicy};
+use psych_record_log::{MAX_GROUP_WAIT, RecordLog, SharedRecordLog, SyncPolicy};
 use psych_types::{Record, RecordHandle, RecordSource, ToolOutput};
-
-fn group_commit(max_wait: Duration, max_records: usize, max_bytes: u64) -> SyncPolicy {
-    SyncPolicy::GroupCommit(
-        GroupCommit::builder()
-            .max_wait(max_wait)
-            .max_records(max_records)
-            .max_bytes(max_bytes)
-            .build()
-            .unwrap(),
-    )
-}
 
 /// Record `i` of thread `t`: distinct per thread and position, of varied size and kind.
 fn tagged(t: usize, i: usize) -> Record {
@@ -107,7 +96,7 @@ fn concurrent_appends_read_back_identical_after_reopen() {
     const PER_THREAD: usize = 40;
     let dir = tempfile::tempdir().unwrap();
     let run = common::run("shared");
-    let policy = group_commit(Duration::from_millis(2), 16, 1 << 20);
+    let policy = common::group_commit(Duration::from_millis(2), 16, 1 << 20);
     let (log, _) = SharedRecordLog::open(dir.path(), &run, policy).unwrap();
     let log = Arc::new(log);
     // A reader going on meanwhile sees only whole, acknowledged records.
@@ -175,7 +164,7 @@ fn max_records_caps_every_group() {
     const THREADS: usize = 12;
     let dir = tempfile::tempdir().unwrap();
     // A long window: only the size bound can close a group early.
-    let policy = group_commit(Duration::from_millis(300), 3, u64::MAX);
+    let policy = common::group_commit(Duration::from_millis(300), 3, u64::MAX);
     let (log, _) = SharedRecordLog::open(dir.path(), &common::run("cap"), policy).unwrap();
     let log = Arc::new(log);
     run_appenders(&log, THREADS, 3);
@@ -192,7 +181,7 @@ fn max_bytes_caps_a_group() {
     const THREADS: usize = 6;
     let dir = tempfile::tempdir().unwrap();
     // Each frame is well over 1000 bytes and under 2000: two never fit in one group.
-    let policy = group_commit(Duration::from_millis(50), 100, 2000);
+    let policy = common::group_commit(Duration::from_millis(50), 100, 2000);
     let (log, _) = SharedRecordLog::open(dir.path(), &common::run("bytes"), policy).unwrap();
     let log = Arc::new(log);
     let barrier = Arc::new(Barrier::new(THREADS));
@@ -221,7 +210,7 @@ fn max_bytes_caps_a_group() {
 fn a_lone_appender_waits_about_max_wait() {
     let dir = tempfile::tempdir().unwrap();
     let max_wait = Duration::from_millis(60);
-    let policy = group_commit(max_wait, 64, u64::MAX);
+    let policy = common::group_commit(max_wait, 64, u64::MAX);
     let (log, _) = SharedRecordLog::open(dir.path(), &common::run("lone"), policy).unwrap();
     for i in 0..3 {
         let started = Instant::now();
@@ -239,7 +228,7 @@ fn a_lone_appender_waits_about_max_wait() {
 fn a_full_window_does_not_wait() {
     let dir = tempfile::tempdir().unwrap();
     // The longest wait allowed, but one record fills the group.
-    let policy = group_commit(MAX_GROUP_WAIT, 1, u64::MAX);
+    let policy = common::group_commit(MAX_GROUP_WAIT, 1, u64::MAX);
     let (log, _) = SharedRecordLog::open(dir.path(), &common::run("full"), policy).unwrap();
     let started = Instant::now();
     for i in 0..5 {

@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use psych_record_log::{GroupCommit, RecordLog, SharedRecordLog, SyncPolicy};
+use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 
 fn group(len: usize) -> Vec<psych_types::Record> {
     (0..64)
@@ -50,14 +50,7 @@ fn batches_of_64_records_of_4k_land_in_preallocated_space() {
 #[test]
 fn groups_of_64_records_of_4k_land_in_preallocated_space() {
     let dir = tempfile::tempdir().unwrap();
-    let policy = SyncPolicy::GroupCommit(
-        GroupCommit::builder()
-            .max_wait(Duration::ZERO)
-            .max_records(64)
-            .max_bytes(1 << 20)
-            .build()
-            .unwrap(),
-    );
+    let policy = common::group_commit(Duration::ZERO, 64, 1 << 20);
     let shared = SharedRecordLog::open(dir.path(), &common::run("pre"), policy)
         .unwrap()
         .0;

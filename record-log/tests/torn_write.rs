@@ -17,9 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use psych_record_log::{
-    GroupCommit, OpenError, RecordLog, SharedRecordLog, SyncPolicy, TailReason,
-};
+use psych_record_log::{OpenError, RecordLog, SharedRecordLog, SyncPolicy, TailReason};
 use psych_types::{Record, RecordSource, RunId};
 
 /// One frame in a file: where it starts and ends, its `seq` and its write index (byte 15).
@@ -301,14 +299,7 @@ fn a_torn_group_of_a_shared_log_is_cut_and_reported() {
     let singles = records("single", 3);
     let (_, _, _) = build(source.path(), &singles, &[]);
     // Two calls, a batch of 2 and a batch of 3, closing one group of 5 records.
-    let policy = SyncPolicy::GroupCommit(
-        GroupCommit::builder()
-            .max_wait(Duration::from_secs(1))
-            .max_records(5)
-            .max_bytes(1 << 20)
-            .build()
-            .unwrap(),
-    );
+    let policy = common::group_commit(Duration::from_secs(1), 5, 1 << 20);
     let (log, _) = SharedRecordLog::open(source.path(), &run, policy).unwrap();
     let log = Arc::new(log);
     let barrier = Arc::new(Barrier::new(2));

@@ -3,11 +3,27 @@
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+use std::time::Duration;
+
 use proptest::prelude::*;
+use psych_record_log::{GroupCommit, SyncPolicy};
 use psych_types::{
     AssistantMessage, ContentBlock, Record, RunId, ToolCall, ToolCallId, ToolOutput, ToolResult,
     UserMessage,
 };
+
+/// A group commit policy with these bounds, panicking if they are out of range (tests
+/// only).
+pub(crate) fn group_commit(max_wait: Duration, max_records: usize, max_bytes: u64) -> SyncPolicy {
+    SyncPolicy::GroupCommit(
+        GroupCommit::builder()
+            .max_wait(max_wait)
+            .max_records(max_records)
+            .max_bytes(max_bytes)
+            .build()
+            .expect("test group commit bounds"),
+    )
+}
 
 /// A Run id, panicking on a bad literal (tests only).
 pub(crate) fn run(id: &str) -> RunId {
