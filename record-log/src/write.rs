@@ -4,7 +4,6 @@
 //! one sync; then the index extended, or the file cut back (and the log poisoned when even
 //! that fails). Every file operation goes through the log's [`Storage`](crate::Storage).
 
-use std::borrow::Cow;
 use std::fs::File;
 
 use psych_types::{Record, RecordHandle, TokenEstimator};
@@ -292,24 +291,16 @@ impl RecordLog {
         self.check_writable()?;
         let mut entries = Vec::with_capacity(records.len());
         let mut buf = std::mem::take(&mut self.scratch);
-        let estimator = self.estimator.clone();
+        let estimator = self.estimator.as_deref().map(|e| e as &dyn TokenEstimator);
         let written = self.write_frames(records.len() as u64, &mut buf, |gather| {
             let mut offset = self.end;
             for (i, record) in records.iter().enumerate() {
-                let (header, encoded, crc) = frame_parts(
-                    record,
-                    first + i as u64,
-                    format::write_index(i),
-                    estimator.as_deref().map(|e| e as &dyn TokenEstimator),
-                )
-                .map_err(WriteFailure::Encode)?;
+                let (header, encoded, crc) =
+                    frame_parts(record, first + i as u64, format::write_index(i), estimator)
+                        .map_err(WriteFailure::Encode)?;
                 gather.push(&header.encode())?;
                 gather.push(&encoded.meta)?;
-                let content: &[u8] = match &encoded.content {
-                    Cow::Borrowed(bytes) => bytes,
-                    Cow::Owned(bytes) => bytes,
-                };
-                gather.push(content)?;
+                gather.push(&encoded.content)?;
                 gather.push(&crc.to_le_bytes())?;
                 entries.push(Entry { offset, header });
                 offset += header.frame_len();
