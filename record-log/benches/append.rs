@@ -145,24 +145,36 @@ fn durable_append(c: &mut Criterion) {
 /// so criterion's back-to-back measurements can mislead. This times the two alternately,
 /// one bare append then one log append, 300 times, and prints both medians and the ratio.
 fn interleaved(file: &mut std::fs::File, bytes: &[u8], log: &mut RecordLog, record: &Record) {
-    let (mut bare, mut ours) = (Vec::new(), Vec::new());
-    for _ in 0..300 {
-        let started = Instant::now();
-        file.write_all(bytes).unwrap();
-        file.sync_data().unwrap();
-        bare.push(started.elapsed());
-        let started = Instant::now();
-        log.append(record).unwrap();
-        ours.push(started.elapsed());
-    }
-    bare.sort();
-    ours.sort();
-    let (bare, ours) = (bare[150], ours[150]);
+    let (bare, ours) = alternate_medians(
+        || {
+            file.write_all(bytes).unwrap();
+            file.sync_data().unwrap();
+        },
+        || {
+            log.append(record).unwrap();
+        },
+    );
     eprintln!(
         "interleaved medians: bare write+fdatasync {bare:?}, record_log_append {ours:?}, \
          ratio {:.2}",
         ours.as_secs_f64() / bare.as_secs_f64()
     );
+}
+
+/// Times `first` and `second` alternately, 300 times each, and returns their medians.
+fn alternate_medians(mut first: impl FnMut(), mut second: impl FnMut()) -> (Duration, Duration) {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        let started = Instant::now();
+        first();
+        a.push(started.elapsed());
+        let started = Instant::now();
+        second();
+        b.push(started.elapsed());
+    }
+    a.sort();
+    b.sort();
+    (a[150], b[150])
 }
 
 /// Bytes of zeros written ahead into each file of [`mark_cost`], as the log preallocates.
@@ -214,18 +226,8 @@ impl Preallocated {
 fn mark_cost(group: &mut BenchmarkGroup<'_, WallTime>, dir: &Path, bytes: &[u8]) {
     let mut plain = Preallocated::create(&dir.join("prealloc_plain"));
     let mut marked = Preallocated::create(&dir.join("prealloc_mark"));
-    let (mut without, mut with) = (Vec::new(), Vec::new());
-    for _ in 0..300 {
-        let started = Instant::now();
-        plain.write(bytes, false);
-        without.push(started.elapsed());
-        let started = Instant::now();
-        marked.write(bytes, true);
-        with.push(started.elapsed());
-    }
-    without.sort();
-    with.sort();
-    let (without, with) = (without[150], with[150]);
+    let (without, with) =
+        alternate_medians(|| plain.write(bytes, false), || marked.write(bytes, true));
     eprintln!(
         "interleaved medians: prealloc write+fdatasync {without:?}, with the mark's write \
          {with:?}, ratio {:.2}",
