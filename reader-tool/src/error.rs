@@ -57,7 +57,7 @@ fn describe(problem: &HandleProblem) -> String {
     }
 }
 
-/// Why a call of the reader failed (named apart from `psych_record_log::CallError`, the
+/// Why a call of the reader failed (named apart from `psych_record_log::ReadError`, the
 /// error a record log's reads give, which reaches a caller here as [`CallError::Source`]).
 /// Never shown to the model as a tool result: the caller decides (the
 /// runtime ends the step with the error).
