@@ -64,16 +64,8 @@ impl RecordLog {
         // the checksum.
         match self.read_record(handle)? {
             Some(record) => Ok(HistoryItem::Record(record)),
-            None => Err(self.vanished()),
-        }
-    }
-
-    /// A record the index holds that `read_record` does not find.
-    fn vanished(&self) -> ReadError {
-        ReadError::Corrupt {
-            path: self.path.clone(),
-            offset: 0,
-            reason: crate::cause::RecordCorruption::Vanished,
+            // A record the index holds that `read_record` does not find.
+            None => Err(self.corrupt(0, crate::cause::RecordCorruption::Vanished)),
         }
     }
 }
