@@ -52,16 +52,6 @@ impl fmt::Display for FrameDamage {
     }
 }
 
-impl From<crate::format::FrameFault> for FrameDamage {
-    fn from(fault: crate::format::FrameFault) -> Self {
-        match fault {
-            crate::format::FrameFault::Magic => FrameDamage::NoMagic,
-            crate::format::FrameFault::HeaderChecksum => FrameDamage::HeaderChecksum,
-            crate::format::FrameFault::Fields => FrameDamage::UndefinedFields,
-        }
-    }
-}
-
 /// Why a tail was cut off on open (or, read-only, found and left in place): the cause in a
 /// [`TailLoss`](crate::TailLoss).
 #[derive(Debug, Clone, PartialEq, Eq)]

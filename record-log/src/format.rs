@@ -11,7 +11,7 @@ use psych_types::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::cause::RecordCorruption;
+use crate::cause::{FrameDamage, RecordCorruption};
 use crate::crc32c::{Crc32c, crc32c};
 
 /// The first eight bytes of every log file.
@@ -227,18 +227,6 @@ pub(crate) struct FrameHeader {
     pub(crate) content_len: u64,
 }
 
-/// Why 32 bytes are not a frame header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FrameFault {
-    /// The bytes do not start with [`FRAME_MAGIC`].
-    Magic,
-    /// The header checksum does not match.
-    HeaderChecksum,
-    /// The checksum matches but a kind or flag byte holds a value this version does not
-    /// define.
-    Fields,
-}
-
 impl FrameHeader {
     /// Total frame length: header, metadata, content, trailer.
     /// Saturates rather than overflows on a forged length, so a hostile header is merely
@@ -271,13 +259,13 @@ impl FrameHeader {
     }
 
     /// Parses and checks 32 header bytes.
-    pub(crate) fn decode(bytes: &[u8; FRAME_HEADER_LEN]) -> Result<Self, FrameFault> {
+    pub(crate) fn decode(bytes: &[u8; FRAME_HEADER_LEN]) -> Result<Self, FrameDamage> {
         if bytes[0..4] != FRAME_MAGIC {
-            return Err(FrameFault::Magic);
+            return Err(FrameDamage::NoMagic);
         }
         let stored = u32::from_le_bytes([bytes[28], bytes[29], bytes[30], bytes[31]]);
         if crc32c(&bytes[0..28]) != stored {
-            return Err(FrameFault::HeaderChecksum);
+            return Err(FrameDamage::HeaderChecksum);
         }
         let mut seq = [0u8; 8];
         seq.copy_from_slice(&bytes[4..12]);
@@ -303,7 +291,7 @@ impl FrameHeader {
             _ => false,
         };
         if !known {
-            return Err(FrameFault::Fields);
+            return Err(FrameDamage::UndefinedFields);
         }
         Ok(header)
     }
@@ -936,12 +924,15 @@ mod tests {
         let good = header.encode();
         let mut bad = good;
         bad[0] = b'X';
-        assert_eq!(FrameHeader::decode(&bad), Err(FrameFault::Magic));
+        assert_eq!(FrameHeader::decode(&bad), Err(FrameDamage::NoMagic));
         let mut bad = good;
         bad[5] ^= 1;
-        assert_eq!(FrameHeader::decode(&bad), Err(FrameFault::HeaderChecksum));
+        assert_eq!(FrameHeader::decode(&bad), Err(FrameDamage::HeaderChecksum));
         let undefined = FrameHeader { kind: 9, ..header }.encode();
-        assert_eq!(FrameHeader::decode(&undefined), Err(FrameFault::Fields));
+        assert_eq!(
+            FrameHeader::decode(&undefined),
+            Err(FrameDamage::UndefinedFields)
+        );
     }
 
     #[test]
@@ -966,7 +957,10 @@ mod tests {
             // Covered by the header checksum.
             let mut other = bytes;
             other[15] ^= 1;
-            assert_eq!(FrameHeader::decode(&other), Err(FrameFault::HeaderChecksum));
+            assert_eq!(
+                FrameHeader::decode(&other),
+                Err(FrameDamage::HeaderChecksum)
+            );
         }
     }
 

@@ -290,7 +290,7 @@ impl RecordLog {
             reader.read_exact(&mut raw).map_err(open_io(&self.path))?;
             let header = match FrameHeader::decode(&raw) {
                 Ok(header) => header,
-                Err(fault) => break Some((fault.into(), Some(pos + 1))),
+                Err(damage) => break Some((damage, Some(pos + 1))),
             };
             let expected = self.index.len() as u64;
             if header.seq != expected {
