@@ -251,10 +251,13 @@ impl RecordLog {
             }
             return Ok(start);
         };
+        self.first_touch = crate::touch::FirstTouch::covering(entries.len());
         if let Some(last) = entries.last() {
             self.end = last.offset + last.header.frame_len();
+            // Its body checksum was checked just above (`whole_frame_at`): not again on its
+            // first content read.
+            self.first_touch.verified(last.header.seq);
         }
-        self.first_touch = crate::touch::FirstTouch::covering(entries.len());
         self.index = entries;
         Ok(self.end)
     }
