@@ -38,7 +38,7 @@ use crate::format;
 use crate::log::RecordLog;
 use crate::policy::SyncPolicy;
 use crate::recovery::Recovery;
-use crate::write::{PendingFrame, SCRATCH_KEEP, WriteFailure};
+use crate::write::{PendingFrame, SCRATCH_KEEP};
 
 /// Counters of a [`SharedRecordLog`]'s groups since it was made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -563,14 +563,9 @@ impl SharedRecordLog {
             Err(failure) => {
                 let offset = log.end;
                 log.undo();
-                let source = match failure {
-                    WriteFailure::Io(err) => err,
-                    // Frames were encoded by their appenders: nothing is encoded here.
-                    WriteFailure::Encode(err) => std::io::Error::other(err),
-                };
                 Err(Failure::Io {
                     offset,
-                    source: Arc::new(source),
+                    source: Arc::new(failure),
                 })
             }
         }

@@ -107,13 +107,15 @@ impl RecordLog {
     /// Writes `records` frames after the last whole one: `fill` pushes their bytes in
     /// order and returns where they end; then preallocation, the high-water mark and one
     /// sync (under a syncing policy). The log is not changed: on success give the result
-    /// to [`RecordLog::commit_write`], on failure call [`RecordLog::undo`].
-    pub(crate) fn write_frames(
+    /// to [`RecordLog::commit_write`], on failure call [`RecordLog::undo`]. The error is
+    /// `fill`'s own or an I/O error made into it: [`WriteFailure`] where `fill` encodes
+    /// records, `std::io::Error` where they come encoded (a group's).
+    pub(crate) fn write_frames<E: From<std::io::Error>>(
         &self,
         records: u64,
         buf: &mut Vec<u8>,
-        fill: impl FnOnce(&mut Gather<'_>) -> Result<u64, WriteFailure>,
-    ) -> Result<Written, WriteFailure> {
+        fill: impl FnOnce(&mut Gather<'_>) -> Result<u64, E>,
+    ) -> Result<Written, E> {
         buf.clear();
         let mut gather = Gather {
             storage: &*self.storage,
