@@ -307,13 +307,7 @@ impl<'a> LiveServer<'a> {
 
     pub(crate) fn tool(&self, name: &str) -> Result<&'a ToolDefinition, Refusal> {
         let tools = self.catalog.map(|c| &*c.tools).unwrap_or_default();
-        // Catalogues list tools by name; fall back to a scan for one that does not. The
-        // name is compared as given: no case folding, no normalising.
-        let found = match tools.binary_search_by(|t| t.name.as_str().cmp(name)) {
-            Ok(i) => Some(&tools[i]),
-            Err(_) => tools.iter().find(|t| t.name.as_str() == name),
-        };
-        found
+        tool_named(tools, name)
             .filter(|t| self.grant.permits(self.server, &t.name))
             .ok_or_else(|| Refusal::NotAvailable {
                 server: self.server.clone(),
@@ -323,6 +317,19 @@ impl<'a> LiveServer<'a> {
 
     fn version(&self) -> CatalogVersion {
         self.catalog.map(|c| c.version).unwrap_or_default()
+    }
+}
+
+/// The tool of a catalogue's `tools` named `name`. Catalogues list tools by name; fall
+/// back to a scan for one that does not. The name is compared as given: no case folding,
+/// no normalising.
+pub(crate) fn tool_named<'a>(
+    tools: &'a [ToolDefinition],
+    name: &str,
+) -> Option<&'a ToolDefinition> {
+    match tools.binary_search_by(|t| t.name.as_str().cmp(name)) {
+        Ok(i) => tools.get(i),
+        Err(_) => tools.iter().find(|t| t.name.as_str() == name),
     }
 }
 

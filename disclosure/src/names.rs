@@ -185,36 +185,42 @@ pub(crate) fn assign(entries: impl IntoIterator<Item = Exposed>) -> BTreeMap<Str
     entries.sort();
     entries.dedup();
 
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for name in RESERVED {
-        *seen.entry(name.to_ascii_lowercase()).or_default() += 1;
-    }
+    // Names compare ignoring ASCII case: each natural name is folded once (this runs for
+    // every deferred tool on every resolve). The reserved names are lowercase already.
     let naturals: Vec<String> = entries.iter().map(Exposed::natural).collect();
-    for (entry, natural) in entries.iter().zip(&naturals) {
+    let folded: Vec<String> = naturals.iter().map(|n| n.to_ascii_lowercase()).collect();
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for name in RESERVED {
+        *seen.entry(name).or_default() += 1;
+    }
+    for ((entry, natural), lower) in entries.iter().zip(&naturals).zip(&folded) {
         if !entry.is_fixed() && is_provider_safe(natural) {
-            *seen.entry(natural.to_ascii_lowercase()).or_default() += 1;
+            *seen.entry(lower).or_default() += 1;
         }
     }
 
     let mut table = BTreeMap::new();
-    let mut used: HashSet<String> = RESERVED.iter().map(|n| n.to_ascii_lowercase()).collect();
+    // The names taken, folded: the reserved ones and the natural names kept, then the
+    // hashed ones as they are given.
+    let mut kept: HashSet<&str> = RESERVED.into_iter().collect();
     let mut pending = Vec::new();
-    for (entry, natural) in entries.into_iter().zip(naturals) {
+    for ((entry, natural), lower) in entries.into_iter().zip(naturals).zip(&folded) {
         if entry.is_fixed() {
             table.insert(natural, entry);
-        } else if is_provider_safe(&natural) && seen.get(&natural.to_ascii_lowercase()) == Some(&1)
-        {
-            used.insert(natural.to_ascii_lowercase());
+        } else if is_provider_safe(&natural) && seen.get(lower.as_str()) == Some(&1) {
+            kept.insert(lower);
             table.insert(natural, entry);
         } else {
             pending.push(entry);
         }
     }
+    let mut hashed_taken: HashSet<String> = HashSet::new();
     for entry in pending {
         let mut salt = 0;
         let name = loop {
             let candidate = hashed(&entry, salt);
-            if used.insert(candidate.to_ascii_lowercase()) {
+            let lower = candidate.to_ascii_lowercase();
+            if !kept.contains(lower.as_str()) && hashed_taken.insert(lower) {
                 break candidate;
             }
             salt += 1;
@@ -240,6 +246,13 @@ mod tests {
             .find(|(_, e)| *e == entry)
             .map(|(n, _)| n.clone())
             .unwrap()
+    }
+
+    #[test]
+    fn reserved_names_are_lowercase_as_assign_compares_them() {
+        for name in RESERVED {
+            assert_eq!(name, name.to_ascii_lowercase());
+        }
     }
 
     #[test]

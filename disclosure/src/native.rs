@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use psych_types::{ToolDefinition, ToolName, ToolRef};
 
+use crate::guard::tool_named;
 use crate::names::Exposed;
 use crate::{Live, SearchIndex, Surface};
 
@@ -35,11 +36,7 @@ impl Surface {
         self.deferred_names()
             .filter_map(|(name, target)| {
                 let tools = &self.deferred_catalogs.get(&target.server)?.0;
-                let found = match tools.binary_search_by(|t| t.name.cmp(&target.tool)) {
-                    Ok(i) => tools.get(i),
-                    Err(_) => tools.iter().find(|t| t.name == target.tool),
-                }?;
-                let mut tool = found.clone();
+                let mut tool = tool_named(tools, target.tool.as_str())?.clone();
                 // The name was checked provider-safe when it was assigned.
                 tool.name = ToolName::new(name).ok()?;
                 Some(tool)

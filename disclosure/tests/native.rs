@@ -8,26 +8,15 @@
     reason = "a test fails loudly on bad data"
 )]
 
-use psych_disclosure::{
-    Exposed, Inputs, Live, Refusal, Settings, Surface, Validators, Verdict, resolve,
-};
+mod common;
+
+use common::Setup;
+use psych_disclosure::{Exposed, Live, Refusal, Settings, Surface, Validators, Verdict};
 use psych_types::{
     CatalogVersion, ConnectionSpec, PermissionGrant, Preload, ServerCatalog, ServerHealth,
-    ServerId, TokenEstimator, ToolDefinition, ToolName, ToolRef,
+    ServerId, ToolDefinition, ToolName, ToolRef,
 };
 use serde_json::json;
-
-struct Bytes4;
-
-impl TokenEstimator for Bytes4 {
-    fn estimate_text(&self, text: &str) -> u64 {
-        text.len().div_ceil(4) as u64
-    }
-
-    fn estimate_binary(&self, _mime_type: &str, len: u64) -> u64 {
-        len.div_ceil(4)
-    }
-}
 
 fn tool(name: &str, description: &str, required: &str) -> ToolDefinition {
     ToolDefinition::new(
@@ -59,13 +48,7 @@ fn catalog(server: &str, tools: Vec<ToolDefinition>) -> ServerCatalog {
 
 /// `crm` is deferred (one tool eager, one outside the grant); `a__b` is direct with a tool
 /// `c`, whose natural name `a__b__c` is also the deferred `a`/`b__c`'s; `a` is deferred.
-struct World {
-    connections: Vec<ConnectionSpec>,
-    catalogs: Vec<ServerCatalog>,
-    grant: PermissionGrant,
-}
-
-fn world() -> World {
+fn world() -> Setup {
     let crm = vec![
         tool("create_contact", "Create a contact in the CRM.", "email"),
         tool(
@@ -94,20 +77,11 @@ fn world() -> World {
         .allow_tool(ToolRef::parse("crm", "get_me").unwrap())
         .allow_server(id("a__b"))
         .allow_server(id("a"));
-    World {
+    Setup {
         connections,
         catalogs,
         grant,
     }
-}
-
-fn surface(world: &World) -> Surface {
-    let inputs = Inputs {
-        connections: &world.connections,
-        catalogs: &world.catalogs,
-        grant: &world.grant,
-    };
-    resolve(&inputs, &Settings::default(), &Bytes4).unwrap()
 }
 
 fn deferred_name<'s>(surface: &'s Surface, server: &str, tool: &str) -> &'s str {
@@ -121,7 +95,7 @@ fn deferred_name<'s>(surface: &'s Surface, server: &str, tool: &str) -> &'s str 
 #[test]
 fn deferred_tools_are_the_permitted_ones_under_names_unique_across_the_surface() {
     let world = world();
-    let surface = surface(&world);
+    let surface = world.resolve(&Settings::default());
     let pairs: Vec<String> = surface
         .deferred_names()
         .map(|(_, t)| t.to_string())
@@ -172,7 +146,7 @@ fn deferred_tools_are_the_permitted_ones_under_names_unique_across_the_surface()
 #[test]
 fn definitions_and_the_tools_beside_them() {
     let world = world();
-    let surface = surface(&world);
+    let surface = world.resolve(&Settings::default());
     let deferred = surface.deferred_tools();
     let names: Vec<&str> = deferred.iter().map(|t| t.name.as_str()).collect();
     let expected: Vec<&str> = surface.deferred_names().map(|(n, _)| n).collect();
@@ -207,11 +181,8 @@ fn definitions_and_the_tools_beside_them() {
 #[test]
 fn a_loaded_tool_is_guarded_like_a_direct_one() {
     let world = world();
-    let surface = surface(&world);
-    let live = Live {
-        grant: &world.grant,
-        catalogs: &world.catalogs,
-    };
+    let surface = world.resolve(&Settings::default());
+    let live = world.live();
     let mut validators = Validators::new();
     let name = "crm__export_invoice";
     let verdict = surface.guard(

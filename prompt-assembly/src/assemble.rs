@@ -580,27 +580,33 @@ mod tests {
         let lazy_history = psych_types::History::from_records(&history, None);
         let (zone1, zone2, transient) = Default::default();
         let assembler = Assembler::new(&zone1, &zone2, &[]);
+        // The records whose view is not the whole result.
+        let replaced_in = |prompt: Prompt<'_>| -> Vec<u64> {
+            prompt
+                .result_views()
+                .filter(|(_, view)| **view != Projection::Full)
+                .map(|(handle, _)| handle.seq)
+                .collect()
+        };
         for (answers, replaced) in [(0, vec![]), (2, vec![2, 3]), (5, vec![2, 3, 4])] {
             let projector = Answers(answers);
             let prompt = assembler
                 .assemble(&history, &projector, &transient)
                 .unwrap();
-            let seen: Vec<u64> = prompt
-                .result_views()
-                .filter(|(_, view)| **view != Projection::Full)
-                .map(|(handle, _)| handle.seq)
-                .collect();
-            assert_eq!(seen, replaced, "{answers} views, whole records");
+            assert_eq!(
+                replaced_in(prompt),
+                replaced,
+                "{answers} views, whole records"
+            );
             let mut cache = crate::ProjectionCache::default();
             let step =
                 crate::StepHistory::load(&lazy_history, &store, &projector, &mut cache).unwrap();
             let prompt = assembler.assemble_history(&step, &transient).unwrap();
-            let seen: Vec<u64> = prompt
-                .result_views()
-                .filter(|(_, view)| **view != Projection::Full)
-                .map(|(handle, _)| handle.seq)
-                .collect();
-            assert_eq!(seen, replaced, "{answers} views, stored history");
+            assert_eq!(
+                replaced_in(prompt),
+                replaced,
+                "{answers} views, stored history"
+            );
         }
     }
 

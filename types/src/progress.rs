@@ -76,9 +76,18 @@ impl std::fmt::Debug for ProgressSink {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::Mutex;
+
+    /// A sink whose callback holds a clone of `held`, so `Arc::strong_count(held)` tells
+    /// whether the callback (every clone of the sink) is still alive.
+    pub(crate) fn holding(held: &Arc<()>) -> ProgressSink {
+        let inside = Arc::clone(held);
+        ProgressSink::new(move |_| {
+            let _ = &inside;
+        })
+    }
 
     #[test]
     fn a_sink_hands_each_report_to_its_callback_in_order_and_is_shared_by_its_clones() {
@@ -110,10 +119,7 @@ mod tests {
     #[test]
     fn dropping_every_clone_drops_the_callback_and_what_it_holds() {
         let held = Arc::new(());
-        let inside = Arc::clone(&held);
-        let sink = ProgressSink::new(move |_| {
-            let _ = &inside;
-        });
+        let sink = holding(&held);
         let clone = sink.clone();
         drop(sink);
         assert_eq!(

@@ -418,10 +418,7 @@ mod tests {
     #[test]
     fn a_host_without_progress_makes_the_plain_call_and_drops_the_sink_at_once() {
         let held = Arc::new(());
-        let inside = Arc::clone(&held);
-        let sink = ProgressSink::new(move |_| {
-            let _ = &inside;
-        });
+        let sink = crate::progress::tests::holding(&held);
         let tool = ToolRef::parse("fs", "read_file").unwrap();
         let call = Plain.call_tool_with_progress(&tool, JsonObject::new(), sink);
         assert_eq!(Arc::strong_count(&held), 1, "dropped before the call runs");
