@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use psych_types::ServerId;
+use psych_types::{ProgressSink, ServerId};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotification, CancelledNotificationParam,
     ClientCapabilities, ClientConfig, ClientNotification, ClientRequest, CustomRequest,
@@ -21,11 +21,10 @@ use rmcp::service::{
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 use tokio::sync::Notify;
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, read_page};
-use crate::progress::{Progress, ProgressRoutes};
+use crate::progress::ProgressRoutes;
 use crate::remote;
 use crate::stdio::{self, Child};
 use crate::tap::{Claim, Tap};
@@ -250,13 +249,13 @@ impl Session {
 
     /// Calls a tool with a deadline; when it passes, or when the returned future is dropped
     /// first, `notifications/cancelled` goes to the server. With `progress`, the call
-    /// carries a progress token and the server's progress for it goes to that channel.
+    /// carries a progress token and the server's progress for it goes to that sink.
     pub(crate) async fn call(
         &self,
         tool: &str,
         arguments: psych_types::JsonObject,
         deadline: Duration,
-        progress: Option<UnboundedSender<Progress>>,
+        progress: Option<ProgressSink>,
     ) -> Result<Value, McpError> {
         let call = format!("tools/call {tool}");
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
@@ -272,7 +271,7 @@ impl Session {
         // Both made before the first await, so that a caller giving up (dropping this
         // future) cancels the call on the server and frees its slot in the tap.
         let claim = self.tap.as_ref().map(|tap| tap.claim(handle.id.clone()));
-        // Held to the end of the call: dropping it closes the channel.
+        // Held to the end of the call: dropping it drops the sink.
         let _route = progress.map(|sink| self.progress.route(handle.progress_token.clone(), sink));
         let mut guard = CancelOnDrop {
             peer: Some(self.peer.clone()),

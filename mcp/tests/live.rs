@@ -17,7 +17,7 @@ use psych_mcp::{
     Timeouts, Transport,
 };
 use psych_types::{
-    ConnectionSpec, JsonObject, Reachability, ServerId, ToolHost, ToolLister, ToolRef,
+    ConnectionSpec, JsonObject, ProgressSink, Reachability, ServerId, ToolHost, ToolLister, ToolRef,
 };
 use serde_json::{Value, json};
 
@@ -1223,11 +1223,14 @@ async fn over_http_json_bodies_keep_every_field_and_everything_else_still_works(
     manager.shutdown().await;
 }
 
-/// A `progress` call of `steps` steps through [`McpManager::call_tool_with_progress`]:
-/// by the time the call returns, every notification is in the channel, in order, and the
-/// channel is closed.
+/// A `progress` call of `steps` steps through [`ToolHost::call_tool_with_progress`], with
+/// a sink sending into a channel: by the time the call returns, every notification is in
+/// the channel, in order, and the channel is closed (the sink was dropped with the call).
 async fn progress_arrives_before_the_result(manager: &McpManager, server: &str, steps: u32) {
-    let (sink, mut progress) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut progress) = tokio::sync::mpsc::unbounded_channel();
+    let sink = ProgressSink::new(move |note| {
+        let _ = tx.send(note);
+    });
     let output = manager
         .call_tool_with_progress(
             &tool(server, "progress"),
