@@ -37,30 +37,38 @@ fn arguments() -> JsonObject {
     }
 }
 
-fn round_trip(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// The runtime every round trip is driven on.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
 
-    let manager = runtime.block_on(async {
-        let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
-        let manager = McpManager::builder(config).build().unwrap();
-        let server = ServerId::new("bench").unwrap();
-        let config = ServerConfig {
-            transport: Transport::Stdio {
-                command: SERVER.to_owned(),
-                args: Vec::new(),
-                env: BTreeMap::new(),
-                cwd: None,
-            },
-            connection: ConnectionSpec::new(server.clone()),
-            extra: JsonObject::new(),
-        };
-        manager.add_server(server, config).await.unwrap();
-        manager
-    });
+/// A manager with one server, `bench`, reached over `transport`.
+async fn manager(transport: Transport) -> McpManager {
+    let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+    let manager = McpManager::builder(config).build().unwrap();
+    let server = ServerId::new("bench").unwrap();
+    let config = ServerConfig {
+        transport,
+        connection: ConnectionSpec::new(server.clone()),
+        extra: JsonObject::new(),
+    };
+    manager.add_server(server, config).await.unwrap();
+    manager
+}
+
+fn round_trip(c: &mut Criterion) {
+    let runtime = runtime();
+
+    let manager = runtime.block_on(manager(Transport::Stdio {
+        command: SERVER.to_owned(),
+        args: Vec::new(),
+        env: BTreeMap::new(),
+        cwd: None,
+    }));
     let direct = runtime.block_on(async {
         let transport = TokioChildProcess::new(tokio::process::Command::new(SERVER)).unwrap();
         ().serve(transport).await.unwrap()
@@ -92,11 +100,7 @@ fn round_trip(c: &mut Criterion) {
 }
 
 fn round_trip_http(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let mut server = std::process::Command::new(SERVER)
         .args(["--http", "127.0.0.1:0", "--json-response"])
         .stdout(std::process::Stdio::piped())
@@ -114,21 +118,10 @@ fn round_trip_http(c: &mut Criterion) {
         .unwrap()
         .to_owned();
 
-    let manager = runtime.block_on(async {
-        let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
-        let manager = McpManager::builder(config).build().unwrap();
-        let server = ServerId::new("bench").unwrap();
-        let config = ServerConfig {
-            transport: Transport::Http {
-                url: url.clone(),
-                headers: BTreeMap::new(),
-            },
-            connection: ConnectionSpec::new(server.clone()),
-            extra: JsonObject::new(),
-        };
-        manager.add_server(server, config).await.unwrap();
-        manager
-    });
+    let manager = runtime.block_on(manager(Transport::Http {
+        url: url.clone(),
+        headers: BTreeMap::new(),
+    }));
     let direct = runtime.block_on(async {
         let transport = StreamableHttpClientTransport::from_uri(url.as_str());
         let client = ClientConfig::new(
