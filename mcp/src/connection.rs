@@ -504,12 +504,11 @@ async fn init_error(
                 data.code.0, data.message
             ),
         },
-        (error @ ClientInitializeError::ConnectionClosed(_), None) => McpError::Closed {
-            server: server.clone(),
-            call,
-            reason: transport_reason(&error.to_string()),
-        },
-        (error @ ClientInitializeError::TransportError { .. }, None) => {
+        (
+            error @ (ClientInitializeError::ConnectionClosed(_)
+            | ClientInitializeError::TransportError { .. }),
+            None,
+        ) => {
             let reason = transport_reason(&error.to_string());
             let reason = match &error {
                 ClientInitializeError::TransportError { error: inner, .. } => {
