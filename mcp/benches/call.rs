@@ -28,7 +28,9 @@ use rmcp::model::{
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::json;
 
-const SERVER: &str = env!("CARGO_BIN_EXE_psych-test-server");
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{HttpServer, SERVER};
 
 fn arguments() -> JsonObject {
     match json!({"text": "hello from the benchmark"}) {
@@ -101,29 +103,15 @@ fn round_trip(c: &mut Criterion) {
 
 fn round_trip_http(c: &mut Criterion) {
     let runtime = runtime();
-    let mut server = std::process::Command::new(SERVER)
-        .args(["--http", "127.0.0.1:0", "--json-response"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
+    // Killed when dropped, after the manager and the direct client.
+    let server = HttpServer::start(&["--json-response"]);
 
     let manager = runtime.block_on(manager(Transport::Http {
-        url: url.clone(),
+        url: server.url.clone(),
         headers: BTreeMap::new(),
     }));
     let direct = runtime.block_on(async {
-        let transport = StreamableHttpClientTransport::from_uri(url.as_str());
+        let transport = StreamableHttpClientTransport::from_uri(server.url.as_str());
         let client = ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("bench", "0"),
@@ -155,8 +143,6 @@ fn round_trip_http(c: &mut Criterion) {
         manager.shutdown().await;
         let _ = direct.cancel().await;
     });
-    let _ = server.kill();
-    let _ = server.wait();
 }
 
 criterion_group!(benches, round_trip, round_trip_http);

@@ -9,7 +9,6 @@
 )]
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::time::Duration;
 
 use psych_mcp::{
@@ -21,7 +20,9 @@ use psych_types::{
 };
 use serde_json::{Value, json};
 
-const SERVER: &str = env!("CARGO_BIN_EXE_psych-test-server");
+mod common;
+use common::{HttpServer, SERVER};
+
 /// How many control tools the test server lists before its generated ones.
 const CONTROL_TOOLS: usize = 16;
 
@@ -724,40 +725,6 @@ async fn a_manager_dropped_without_shutdown_still_kills_its_groups() {
         left = live_members(pgid);
     }
     assert_eq!(left, Vec::<i32>::new(), "orphans of group {pgid}");
-}
-
-/// An HTTP test server as a child process; killed when dropped.
-struct HttpServer {
-    child: std::process::Child,
-    url: String,
-}
-
-impl HttpServer {
-    fn start(args: &[&str]) -> Self {
-        let mut child = std::process::Command::new(SERVER)
-            .args(["--http", "127.0.0.1:0"])
-            .args(args)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap()
-            .to_owned();
-        Self { child, url }
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn http_config(name: &str, url: &str) -> ServerConfig {
