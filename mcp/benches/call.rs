@@ -28,7 +28,9 @@ use rmcp::model::{
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::json;
 
-const SERVER: &str = env!("CARGO_BIN_EXE_psych-test-server");
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{HttpServer, SERVER};
 
 fn arguments() -> JsonObject {
     match json!({"text": "hello from the benchmark"}) {
@@ -37,30 +39,38 @@ fn arguments() -> JsonObject {
     }
 }
 
-fn round_trip(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+/// The runtime every round trip is driven on.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
 
-    let manager = runtime.block_on(async {
-        let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
-        let manager = McpManager::builder(config).build().unwrap();
-        let server = ServerId::new("bench").unwrap();
-        let config = ServerConfig {
-            transport: Transport::Stdio {
-                command: SERVER.to_owned(),
-                args: Vec::new(),
-                env: BTreeMap::new(),
-                cwd: None,
-            },
-            connection: ConnectionSpec::new(server.clone()),
-            extra: JsonObject::new(),
-        };
-        manager.add_server(server, config).await.unwrap();
-        manager
-    });
+/// A manager with one server, `bench`, reached over `transport`.
+async fn manager(transport: Transport) -> McpManager {
+    let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+    let manager = McpManager::builder(config).build().unwrap();
+    let server = ServerId::new("bench").unwrap();
+    let config = ServerConfig {
+        transport,
+        connection: ConnectionSpec::new(server.clone()),
+        extra: JsonObject::new(),
+    };
+    manager.add_server(server, config).await.unwrap();
+    manager
+}
+
+fn round_trip(c: &mut Criterion) {
+    let runtime = runtime();
+
+    let manager = runtime.block_on(manager(Transport::Stdio {
+        command: SERVER.to_owned(),
+        args: Vec::new(),
+        env: BTreeMap::new(),
+        cwd: None,
+    }));
     let direct = runtime.block_on(async {
         let transport = TokioChildProcess::new(tokio::process::Command::new(SERVER)).unwrap();
         ().serve(transport).await.unwrap()
@@ -92,45 +102,16 @@ fn round_trip(c: &mut Criterion) {
 }
 
 fn round_trip_http(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut server = std::process::Command::new(SERVER)
-        .args(["--http", "127.0.0.1:0", "--json-response"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
+    let runtime = runtime();
+    // Killed when dropped, after the manager and the direct client.
+    let server = HttpServer::start(&["--json-response"]);
 
-    let manager = runtime.block_on(async {
-        let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
-        let manager = McpManager::builder(config).build().unwrap();
-        let server = ServerId::new("bench").unwrap();
-        let config = ServerConfig {
-            transport: Transport::Http {
-                url: url.clone(),
-                headers: BTreeMap::new(),
-            },
-            connection: ConnectionSpec::new(server.clone()),
-            extra: JsonObject::new(),
-        };
-        manager.add_server(server, config).await.unwrap();
-        manager
-    });
+    let manager = runtime.block_on(manager(Transport::Http {
+        url: server.url.clone(),
+        headers: BTreeMap::new(),
+    }));
     let direct = runtime.block_on(async {
-        let transport = StreamableHttpClientTransport::from_uri(url.as_str());
+        let transport = StreamableHttpClientTransport::from_uri(server.url.as_str());
         let client = ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("bench", "0"),
@@ -162,8 +143,6 @@ fn round_trip_http(c: &mut Criterion) {
         manager.shutdown().await;
         let _ = direct.cancel().await;
     });
-    let _ = server.kill();
-    let _ = server.wait();
 }
 
 criterion_group!(benches, round_trip, round_trip_http);

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use psych_types::ServerId;
+use psych_types::{ProgressSink, ServerId};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotification, CancelledNotificationParam,
     ClientCapabilities, ClientConfig, ClientNotification, ClientRequest, CustomRequest,
@@ -21,14 +21,12 @@ use rmcp::service::{
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::Value;
 use tokio::sync::Notify;
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, read_page};
-use crate::progress::{Progress, ProgressRoutes};
 use crate::remote;
 use crate::stdio::{self, Child};
-use crate::tap::{Claim, Tap};
+use crate::tap::Tap;
 use crate::{McpError, Timeouts, Transport};
 
 /// The protocol version psych-mcp asks for. rmcp 3.11 asks for 2026-07-28 by default and
@@ -76,10 +74,10 @@ pub(crate) struct Session {
     peer: Peer<RoleClient>,
     service: tokio::sync::Mutex<Option<RunningService<RoleClient, Handler>>>,
     child: Option<Child>,
-    tap: Option<Arc<Tap>>,
+    /// Sees every message of the transport: keeps raw results, routes progress.
+    tap: Arc<Tap>,
     lost: Mutex<Option<String>>,
     lost_signal: Notify,
-    progress: Arc<ProgressRoutes>,
 }
 
 impl Session {
@@ -92,7 +90,6 @@ impl Session {
         timeouts: Timeouts,
         events: Arc<EventQueue>,
     ) -> Result<(Arc<Self>, Listing), McpError> {
-        let progress = Arc::new(ProgressRoutes::default());
         let handler = Handler {
             server: server.clone(),
             events,
@@ -112,9 +109,8 @@ impl Session {
                 };
                 let (child, transport) = Child::spawn(server, &spec)?;
                 let tap = transport.tap();
-                tap.route_progress(Arc::clone(&progress));
                 match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
-                    Ok(Ok(service)) => (service, Some(child), Some(tap)),
+                    Ok(Ok(service)) => (service, Some(child), tap),
                     Ok(Err(error)) => {
                         let error = init_error(server, error, Some(&child)).await;
                         child.terminate(timeouts.shutdown_grace).await;
@@ -134,10 +130,9 @@ impl Session {
             }
             Transport::Http { url, headers } => {
                 let tap = Arc::new(Tap::default());
-                tap.route_progress(Arc::clone(&progress));
                 let transport = remote::transport(server, url, headers, Arc::clone(&tap))?;
                 match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
-                    Ok(Ok(service)) => (service, None, Some(tap)),
+                    Ok(Ok(service)) => (service, None, tap),
                     Ok(Err(error)) => return Err(init_error(server, error, None).await),
                     Err(_) => {
                         return Err(McpError::Timeout {
@@ -159,7 +154,6 @@ impl Session {
             tap,
             lost: Mutex::new(None),
             lost_signal: Notify::new(),
-            progress,
         });
         match session.list().await {
             Ok(listing) => Ok((session, listing)),
@@ -207,9 +201,9 @@ impl Session {
                 Ok(handle) => handle,
                 Err(error) => return Err(self.fault(&call, error).await),
             };
-            let claim = self.tap.as_ref().map(|tap| tap.claim(handle.id.clone()));
+            let claim = self.tap.claim(handle.id.clone());
             let result = handle.await_response().await;
-            let raw = claim.and_then(Claim::take);
+            let raw = claim.take();
             let result = match result {
                 Ok(result) => result,
                 Err(error) => return Err(self.fault(&call, error).await),
@@ -250,13 +244,13 @@ impl Session {
 
     /// Calls a tool with a deadline; when it passes, or when the returned future is dropped
     /// first, `notifications/cancelled` goes to the server. With `progress`, the call
-    /// carries a progress token and the server's progress for it goes to that channel.
+    /// carries a progress token and the server's progress for it goes to that sink.
     pub(crate) async fn call(
         &self,
         tool: &str,
         arguments: psych_types::JsonObject,
         deadline: Duration,
-        progress: Option<UnboundedSender<Progress>>,
+        progress: Option<ProgressSink>,
     ) -> Result<Value, McpError> {
         let call = format!("tools/call {tool}");
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
@@ -271,9 +265,13 @@ impl Session {
         };
         // Both made before the first await, so that a caller giving up (dropping this
         // future) cancels the call on the server and frees its slot in the tap.
-        let claim = self.tap.as_ref().map(|tap| tap.claim(handle.id.clone()));
-        // Held to the end of the call: dropping it closes the channel.
-        let _route = progress.map(|sink| self.progress.route(handle.progress_token.clone(), sink));
+        let claim = self.tap.claim(handle.id.clone());
+        // Held to the end of the call: dropping it drops the sink.
+        let _route = progress.map(|sink| {
+            self.tap
+                .progress()
+                .route(handle.progress_token.clone(), sink)
+        });
         let mut guard = CancelOnDrop {
             peer: Some(self.peer.clone()),
             id: handle.id.clone(),
@@ -281,7 +279,7 @@ impl Session {
         let result = handle.await_response().await;
         guard.peer = None;
         // Taken whatever the outcome, so that a failed call leaves nothing in the tap.
-        let raw = claim.and_then(Claim::take);
+        let raw = claim.take();
         let result = match result {
             Ok(result) => result,
             Err(error) => return Err(self.fault(&call, error).await),
@@ -506,12 +504,11 @@ async fn init_error(
                 data.code.0, data.message
             ),
         },
-        (error @ ClientInitializeError::ConnectionClosed(_), None) => McpError::Closed {
-            server: server.clone(),
-            call,
-            reason: transport_reason(&error.to_string()),
-        },
-        (error @ ClientInitializeError::TransportError { .. }, None) => {
+        (
+            error @ (ClientInitializeError::ConnectionClosed(_)
+            | ClientInitializeError::TransportError { .. }),
+            None,
+        ) => {
             let reason = transport_reason(&error.to_string());
             let reason = match &error {
                 ClientInitializeError::TransportError { error: inner, .. } => {
@@ -556,7 +553,7 @@ mod tests {
     /// a caller's own deadline or a cancelled Run does) or ended by the call deadline, then
     /// the tap's count, which must be back to zero; the connection still answers.
     async fn given_up_calls_leave_the_tap_empty(session: &Session, hang: &str) {
-        let tap = session.tap.as_ref().expect("the session has a tap");
+        let tap = &session.tap;
         for _ in 0..GIVEN_UP {
             let call = session.call(hang, JsonObject::new(), Duration::from_secs(30), None);
             let given_up = tokio::time::timeout(Duration::from_millis(20), call).await;
@@ -634,7 +631,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(echo["content"][0]["text"], "still here");
-        assert_eq!(session.tap.as_ref().unwrap().len(), 0);
+        assert_eq!(session.tap.len(), 0);
         session.close().await;
         serving.abort();
     }

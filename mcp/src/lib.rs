@@ -72,7 +72,6 @@ pub use error::McpError;
 pub use events::{ChangeCause, McpEvent, McpEvents};
 pub use listing::{Listing, MalformedTool};
 pub use manager::{BuildError, McpManager, McpManagerBuilder};
-pub use progress::Progress;
 pub use synthetic::{SyntheticKind, synthetic_catalog, synthetic_tools};
 pub use timeouts::{Backoff, Timeouts};
 

@@ -10,18 +10,17 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use psych_types::{
-    JsonObject, Reachability, ServerId, ToolDefinition, ToolHost, ToolLister, ToolOutput, ToolRef,
+    JsonObject, ProgressSink, Reachability, ServerId, ToolDefinition, ToolHost, ToolLister,
+    ToolOutput, ToolRef,
 };
 use rmcp::model::CallToolResult;
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::connection::Session;
 use crate::events::{ChangeCause, EventQueue, McpEvent, McpEvents};
 use crate::listing::{Listing, MalformedTool};
-use crate::progress::Progress;
 use crate::{Backoff, McpConfig, McpError, ServerConfig, Timeouts};
 
 /// Why a manager could not be built from its settings.
@@ -370,30 +369,13 @@ impl McpManager {
         self.call_as(tool, arguments, None).await
     }
 
-    /// [`ToolHost::call_tool`] with the server's progress: the call carries a progress
-    /// token of its own, and each `notifications/progress` the server sends for it is
-    /// sent to `progress` until the call ends (then the channel closes). Deadline,
-    /// cancellation and errors as [`ToolHost::call_tool`].
-    ///
-    /// # Errors
-    ///
-    /// As [`ToolHost::call_tool`].
-    pub async fn call_tool_with_progress(
-        &self,
-        tool: &ToolRef,
-        arguments: JsonObject,
-        progress: UnboundedSender<Progress>,
-    ) -> Result<ToolOutput, McpError> {
-        self.call_as(tool, arguments, Some(progress)).await
-    }
-
     /// A `tools/call` whose `result` JSON (exactly as the server wrote it) is read as `T`;
     /// an answer that does not read is a protocol error.
     async fn call_as<T: DeserializeOwned>(
         &self,
         tool: &ToolRef,
         arguments: JsonObject,
-        progress: Option<UnboundedSender<Progress>>,
+        progress: Option<ProgressSink>,
     ) -> Result<T, McpError> {
         let session = self.session(&tool.server)?;
         let raw = session
@@ -574,6 +556,10 @@ impl ToolLister for McpManager {
 /// [`ContentBlock::Unknown`](psych_types::ContentBlock::Unknown), unknown fields in their
 /// block's `extra`. A tool that ran and failed is `Ok` with `is_error` set; `Err` is the
 /// connection, the deadline, or an answer that is not a `CallToolResult` at all.
+///
+/// With [`ToolHost::call_tool_with_progress`] the call carries a progress token of its own,
+/// and each `notifications/progress` the server sends for it is reported to the sink, in
+/// the order read and before the call returns; the sink is dropped when the call ends.
 impl ToolHost for McpManager {
     async fn call_tool(
         &self,
@@ -581,5 +567,14 @@ impl ToolHost for McpManager {
         arguments: JsonObject,
     ) -> Result<ToolOutput, McpError> {
         self.call_as(tool, arguments, None).await
+    }
+
+    async fn call_tool_with_progress(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+        progress: ProgressSink,
+    ) -> Result<ToolOutput, McpError> {
+        self.call_as(tool, arguments, Some(progress)).await
     }
 }

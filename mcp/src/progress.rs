@@ -1,10 +1,10 @@
 //! Progress of a forwarded `tools/call`. rmcp gives every request a `progressToken` of its
 //! own (unique per connection, replacing any the caller set); with
-//! [`McpManager::call_tool_with_progress`](crate::McpManager::call_tool_with_progress) each
-//! `notifications/progress` the server sends with that call's token reaches the caller's
-//! channel as a [`Progress`] until the call ends, so progress of another call (or of a call
-//! already abandoned: servers that ignore cancellation keep sending it) never reaches the
-//! wrong channel. The route is made as soon as rmcp has queued the request and named its
+//! [`ToolHost::call_tool_with_progress`](psych_types::ToolHost::call_tool_with_progress)
+//! each `notifications/progress` the server sends with that call's token reaches the
+//! caller's [`ProgressSink`] as a [`ToolProgress`] until the call ends, so progress of
+//! another call (or of a call already abandoned: servers that ignore cancellation keep
+//! sending it) never reaches the wrong sink. The route is made as soon as rmcp has queued the request and named its
 //! token; the server may already be answering by then (an HTTP answer's first event can be
 //! read before the caller runs again), so notifications for a token with no route yet are
 //! held, for a few calls (the oldest dropped first), and handed to the route when it is
@@ -14,27 +14,15 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use psych_types::{ProgressSink, ToolProgress};
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
-use tokio::sync::mpsc::UnboundedSender;
-
-/// One `notifications/progress` of a call, as the server sent it.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct Progress {
-    /// The progress so far; it increases with each notification.
-    pub progress: f64,
-    /// The total, when the server knows it.
-    pub total: Option<f64>,
-    /// What the server says it is doing.
-    pub message: Option<String>,
-}
 
 /// How many tokens without a route have their progress held.
 const EARLY_CALLS: usize = 16;
 /// How many notifications are held for one token without a route.
 const EARLY_NOTES: usize = 64;
 
-/// The channels of the calls in flight on one connection, by progress token.
+/// The sinks of the calls in flight on one connection, by progress token.
 #[derive(Debug, Default)]
 pub(crate) struct ProgressRoutes {
     inner: Mutex<Routes>,
@@ -42,12 +30,12 @@ pub(crate) struct ProgressRoutes {
 
 #[derive(Debug, Default)]
 struct Routes {
-    routes: HashMap<ProgressToken, UnboundedSender<Progress>>,
+    routes: HashMap<ProgressToken, ProgressSink>,
     /// Progress for tokens with no route yet, oldest token first.
-    early: VecDeque<(ProgressToken, Vec<Progress>)>,
+    early: VecDeque<(ProgressToken, Vec<ToolProgress>)>,
 }
 
-/// A call's route, removed (closing the channel) when dropped.
+/// A call's route, removed (dropping the sink) when dropped.
 pub(crate) struct Route {
     token: ProgressToken,
     routes: Arc<ProgressRoutes>,
@@ -66,17 +54,13 @@ impl ProgressRoutes {
 
     /// Routes the progress of the call whose token is `token` to `sink`, starting with what
     /// arrived for it before the route was made.
-    pub(crate) fn route(
-        self: &Arc<Self>,
-        token: ProgressToken,
-        sink: UnboundedSender<Progress>,
-    ) -> Route {
+    pub(crate) fn route(self: &Arc<Self>, token: ProgressToken, sink: ProgressSink) -> Route {
         let mut inner = self.lock();
         if let Some(at) = inner.early.iter().position(|(early, _)| *early == token)
             && let Some((_, held)) = inner.early.remove(at)
         {
             for progress in held {
-                let _ = sink.send(progress);
+                sink.report(progress);
             }
         }
         inner.routes.insert(token.clone(), sink);
@@ -86,16 +70,14 @@ impl ProgressRoutes {
         }
     }
 
-    /// Sends `param` to its call's channel, or holds it until the call's route is made.
+    /// Reports `param` to its call's sink, or holds it until the call's route is made.
     pub(crate) fn deliver(&self, param: ProgressNotificationParam) {
-        let progress = Progress {
-            progress: param.progress,
-            total: param.total,
-            message: param.message,
-        };
+        let progress = ToolProgress::new(param.progress)
+            .with_total(param.total)
+            .with_message(param.message);
         let mut inner = self.lock();
         if let Some(sink) = inner.routes.get(&param.progress_token) {
-            let _ = sink.send(progress);
+            sink.report(progress);
             return;
         }
         match inner
@@ -121,16 +103,26 @@ impl ProgressRoutes {
 mod tests {
     use super::*;
     use rmcp::model::NumberOrString;
+    use tokio::sync::mpsc::UnboundedReceiver;
 
     fn token(n: i64) -> ProgressToken {
         ProgressToken(NumberOrString::Number(n))
     }
 
+    /// A sink and the channel it reports into (closed when the sink is dropped).
+    fn channel() -> (ProgressSink, UnboundedReceiver<ToolProgress>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let sink = ProgressSink::new(move |progress| {
+            let _ = tx.send(progress);
+        });
+        (sink, rx)
+    }
+
     #[test]
     fn progress_reaches_only_its_calls_channel_while_the_call_lasts() {
         let routes = Arc::new(ProgressRoutes::default());
-        let (a_sink, mut a) = tokio::sync::mpsc::unbounded_channel();
-        let (b_sink, mut b) = tokio::sync::mpsc::unbounded_channel();
+        let (a_sink, mut a) = channel();
+        let (b_sink, mut b) = channel();
         let route_a = routes.route(token(1), a_sink);
         let route_b = routes.route(token(2), b_sink);
         routes.deliver(ProgressNotificationParam::new(token(1), 1.0));
@@ -154,14 +146,14 @@ mod tests {
             routes.deliver(ProgressNotificationParam::new(token(n), 1.0));
         }
         routes.deliver(ProgressNotificationParam::new(token(2), 2.0));
-        let (sink, mut progress) = tokio::sync::mpsc::unbounded_channel();
+        let (sink, mut progress) = channel();
         let _route = routes.route(token(2), sink);
         routes.deliver(ProgressNotificationParam::new(token(2), 3.0));
         let seen: Vec<f64> = std::iter::from_fn(|| progress.try_recv().ok())
             .map(|p| p.progress)
             .collect();
         assert_eq!(seen, [1.0, 2.0, 3.0], "held, then live, in order");
-        let (sink, mut oldest) = tokio::sync::mpsc::unbounded_channel();
+        let (sink, mut oldest) = channel();
         let _route = routes.route(token(1), sink);
         assert!(
             oldest.try_recv().is_err(),

@@ -337,9 +337,8 @@ impl ChildTransport {
         let message = self.decode(line)?;
         if let JsonRpcMessage::Notification(notification) = &message
             && let ServerNotification::ProgressNotification(progress) = &notification.notification
-            && let Some(routes) = self.tap.progress_routes()
         {
-            routes.deliver(progress.params.clone());
+            self.tap.progress().deliver(progress.params.clone());
         }
         Some(message)
     }

@@ -35,7 +35,7 @@ pub(crate) struct Tap {
     /// through [`Tap::offer`]) in the order they were read (rmcp runs each notification's
     /// handler as its own task, which a call's response can overtake, so progress sent just
     /// before the result would be lost there).
-    progress: std::sync::OnceLock<Arc<ProgressRoutes>>,
+    progress: Arc<ProgressRoutes>,
 }
 
 #[derive(Default)]
@@ -84,33 +84,25 @@ impl Tap {
     /// notification goes to its call's channel now, in the order read, and a result with an
     /// open slot is kept as [`Tap::keep`] does. Says whether `message` was rewritten.
     pub(crate) fn offer(&self, message: &mut Value) -> bool {
-        if let Some(routes) = self.progress.get()
-            && message.get("method").and_then(Value::as_str) == Some(PROGRESS)
+        if message.get("method").and_then(Value::as_str) == Some(PROGRESS)
             && let Some(params) = message.get("params")
             && let Ok(params) = ProgressNotificationParam::deserialize(params)
         {
-            routes.deliver(params);
+            self.progress.deliver(params);
             return false;
         }
         self.keep(message)
     }
 
     /// Whether [`Tap::offer`] would look at a message whose text is `text`: a result is
-    /// awaited, or `text` may be a progress notification and progress is routed here.
+    /// awaited, or `text` may be a progress notification.
     pub(crate) fn wants(&self, text: &[u8]) -> bool {
-        self.is_waiting()
-            || (self.progress.get().is_some()
-                && memchr::memmem::find(text, PROGRESS.as_bytes()).is_some())
+        self.is_waiting() || memchr::memmem::find(text, PROGRESS.as_bytes()).is_some()
     }
 
-    /// Delivers the server's progress notifications to `routes` as they are read.
-    pub(crate) fn route_progress(&self, routes: Arc<ProgressRoutes>) {
-        let _ = self.progress.set(routes);
-    }
-
-    /// Where progress notifications go, if the transport delivers them itself.
-    pub(crate) fn progress_routes(&self) -> Option<&Arc<ProgressRoutes>> {
-        self.progress.get()
+    /// Where the progress notifications our transports read go: the connection's calls.
+    pub(crate) fn progress(&self) -> &Arc<ProgressRoutes> {
+        &self.progress
     }
 
     /// Whether any slot is open (when none is, incoming messages need not be looked at).

@@ -477,8 +477,8 @@ impl TestServer {
         let state = &self.state;
         let result = match params.name.as_ref() {
             "echo" => CallToolResult::success(vec![ContentBlock::text(text_arg("text"))]),
-            // Over stdio `RawListing` answers instead; over HTTP the session's transport
-            // replaces this answer.
+            // Replaced by the raw result on its way out: over stdio by `RawListing`, over
+            // HTTP by the session's transport or in the JSON body.
             "exotic" => CallToolResult::success(vec![ContentBlock::text(raw_http::marker(
                 args.get("known_only") == Some(&Value::Bool(true)),
             ))]),
@@ -677,7 +677,8 @@ impl ServerHandler for TestServer {
 
 /// Over stdio, `tools/list` and the `exotic` tool are answered as raw JSON, so that a
 /// malformed tool or an unmodelled field reaches the client as it is (rmcp's typed `Tool`
-/// and `CallToolResult` could not carry one); everything else is the [`ServerHandler`]'s.
+/// and `CallToolResult` could not carry one); everything else is the [`ServerHandler`]'s
+/// (with `exotic`'s marker answer replaced as over HTTP).
 struct RawListing(TestServer);
 
 impl Service<RoleServer> for RawListing {
@@ -694,23 +695,9 @@ impl Service<RoleServer> for RawListing {
                 self.0.state.page(request.params.as_ref()),
             )));
         }
-        if let ClientRequest::CallToolRequest(request) = &request
-            && request.params.name == "exotic"
-        {
-            let known_only = request
-                .params
-                .arguments
-                .as_ref()
-                .and_then(|args| args.get("known_only"))
-                == Some(&Value::Bool(true));
-            let result = if known_only {
-                exotic_known_result()
-            } else {
-                exotic_result()
-            };
-            return Ok(ServerResult::CustomResult(CustomResult(result)));
-        }
-        Service::handle_request(&self.0, request, context).await
+        let mut result = Service::handle_request(&self.0, request, context).await?;
+        raw_http::replace_marker_result(&mut result);
+        Ok(result)
     }
 
     async fn handle_notification(

@@ -9,7 +9,6 @@
 )]
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::time::Duration;
 
 use psych_mcp::{
@@ -17,11 +16,13 @@ use psych_mcp::{
     Timeouts, Transport,
 };
 use psych_types::{
-    ConnectionSpec, JsonObject, Reachability, ServerId, ToolHost, ToolLister, ToolRef,
+    ConnectionSpec, JsonObject, ProgressSink, Reachability, ServerId, ToolHost, ToolLister, ToolRef,
 };
 use serde_json::{Value, json};
 
-const SERVER: &str = env!("CARGO_BIN_EXE_psych-test-server");
+mod common;
+use common::{HttpServer, SERVER};
+
 /// How many control tools the test server lists before its generated ones.
 const CONTROL_TOOLS: usize = 16;
 
@@ -726,40 +727,6 @@ async fn a_manager_dropped_without_shutdown_still_kills_its_groups() {
     assert_eq!(left, Vec::<i32>::new(), "orphans of group {pgid}");
 }
 
-/// An HTTP test server as a child process; killed when dropped.
-struct HttpServer {
-    child: std::process::Child,
-    url: String,
-}
-
-impl HttpServer {
-    fn start(args: &[&str]) -> Self {
-        let mut child = std::process::Command::new(SERVER)
-            .args(["--http", "127.0.0.1:0"])
-            .args(args)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap()
-            .to_owned();
-        Self { child, url }
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn http_config(name: &str, url: &str) -> ServerConfig {
     ServerConfig {
         transport: Transport::Http {
@@ -978,15 +945,14 @@ async fn answers_out_of_order_reach_their_callers_over_stdio_and_http() {
     manager.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn over_http_a_result_keeps_every_block_and_field_the_server_sent() {
-    let server = HttpServer::start(&[]);
-    let (manager, _) = one("web", http_config("web", &server.url), fast()).await;
-
+/// Over HTTP, what rmcp's typed result would drop comes back whole from `server`: the
+/// `exotic` result (a block type rmcp does not know, unknown fields), its `known_only`
+/// variant (which rmcp would type, dropping `futureField`), and a 3 MB result.
+async fn raw_results_come_back_whole(manager: &McpManager, server: &str) {
     // What rmcp's typed result drops (a block type it does not know, unknown fields on a
     // known block and on the result) comes back whole, as over stdio.
     let exotic = manager
-        .call_tool(&tool("web", "exotic"), JsonObject::new())
+        .call_tool(&tool(server, "exotic"), JsonObject::new())
         .await
         .unwrap();
     assert_eq!(
@@ -999,7 +965,7 @@ async fn over_http_a_result_keeps_every_block_and_field_the_server_sent() {
         psych_types::ContentBlock::Unknown(block) if block["type"] == "widget"
     ));
     let typed = manager
-        .call_tool_raw(&tool("web", "exotic"), JsonObject::new())
+        .call_tool_raw(&tool(server, "exotic"), JsonObject::new())
         .await;
     assert!(
         typed.is_err_and(|e| e.to_string().contains("not a tools/call result")),
@@ -1008,7 +974,7 @@ async fn over_http_a_result_keeps_every_block_and_field_the_server_sent() {
     // Without the unknown block type rmcp types the result and drops the unknown fields
     // (`futureField` on the text block); the raw path keeps them.
     let known = manager
-        .call_tool(&tool("web", "exotic"), args(json!({"known_only": true})))
+        .call_tool(&tool(server, "exotic"), args(json!({"known_only": true})))
         .await
         .unwrap();
     let known_raw = psych_mcp::test_server::exotic_known_result();
@@ -1018,7 +984,7 @@ async fn over_http_a_result_keeps_every_block_and_field_the_server_sent() {
         json!({"kept": true})
     );
     let typed = manager
-        .call_tool_raw(&tool("web", "exotic"), args(json!({"known_only": true})))
+        .call_tool_raw(&tool(server, "exotic"), args(json!({"known_only": true})))
         .await
         .unwrap();
     assert_ne!(
@@ -1027,9 +993,9 @@ async fn over_http_a_result_keeps_every_block_and_field_the_server_sent() {
         "rmcp's typed result keeps everything: the assertion above shows nothing"
     );
 
-    // A large result comes back whole, and the connection keeps working after it.
+    // A large result comes back whole.
     let large = manager
-        .call_tool(&tool("web", "large"), args(json!({"bytes": 3_000_000})))
+        .call_tool(&tool(server, "large"), args(json!({"bytes": 3_000_000})))
         .await
         .unwrap();
     let large = serde_json::to_value(&large).unwrap();
@@ -1037,6 +1003,14 @@ async fn over_http_a_result_keeps_every_block_and_field_the_server_sent() {
         large["content"][0]["text"].as_str().unwrap(),
         psych_mcp::test_server::large_text(3_000_000)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_a_result_keeps_every_block_and_field_the_server_sent() {
+    let server = HttpServer::start(&[]);
+    let (manager, _) = one("web", http_config("web", &server.url), fast()).await;
+    raw_results_come_back_whole(&manager, "web").await;
+    // The connection keeps working after a large result.
     let echo = manager
         .call_tool(&tool("web", "echo"), args(json!({"text": "still here"})))
         .await
@@ -1161,46 +1135,11 @@ async fn over_http_json_bodies_keep_every_field_and_everything_else_still_works(
     assert_eq!(listing.len(), CONTROL_TOOLS);
 
     // rmcp types a JSON body itself, dropping the unknown fields of known blocks
-    // (`futureField`); the raw path keeps them, and a block type rmcp does not know.
-    let known = manager
-        .call_tool(&tool("json", "exotic"), args(json!({"known_only": true})))
-        .await
-        .unwrap();
-    let known_raw = psych_mcp::test_server::exotic_known_result();
-    assert_eq!(serde_json::to_value(&known).unwrap(), known_raw);
-    assert_eq!(
-        known_raw["content"][0]["futureField"],
-        json!({"kept": true})
-    );
-    let typed = manager
-        .call_tool_raw(&tool("json", "exotic"), args(json!({"known_only": true})))
-        .await
-        .unwrap();
-    assert_ne!(
-        serde_json::to_value(&typed).unwrap(),
-        known_raw,
-        "rmcp's typed result keeps everything: the assertion above shows nothing"
-    );
-    let exotic = manager
-        .call_tool(&tool("json", "exotic"), JsonObject::new())
-        .await
-        .unwrap();
-    assert_eq!(
-        serde_json::to_value(&exotic).unwrap(),
-        psych_mcp::test_server::exotic_result()
-    );
+    // (`futureField`); the raw path keeps them, a block type rmcp does not know, and a
+    // 3 MB result.
+    raw_results_come_back_whole(&manager, "json").await;
 
-    // A 3 MB result whole, a tool error, a JSON-RPC error, answers out of order.
-    let large = manager
-        .call_tool(&tool("json", "large"), args(json!({"bytes": 3_000_000})))
-        .await
-        .unwrap();
-    assert_eq!(
-        serde_json::to_value(&large).unwrap()["content"][0]["text"]
-            .as_str()
-            .unwrap(),
-        psych_mcp::test_server::large_text(3_000_000)
-    );
+    // A tool error, a JSON-RPC error, answers out of order.
     let failed = manager
         .call_tool(&tool("json", "fail"), args(json!({"message": "disk full"})))
         .await
@@ -1223,11 +1162,14 @@ async fn over_http_json_bodies_keep_every_field_and_everything_else_still_works(
     manager.shutdown().await;
 }
 
-/// A `progress` call of `steps` steps through [`McpManager::call_tool_with_progress`]:
-/// by the time the call returns, every notification is in the channel, in order, and the
-/// channel is closed.
+/// A `progress` call of `steps` steps through [`ToolHost::call_tool_with_progress`], with
+/// a sink sending into a channel: by the time the call returns, every notification is in
+/// the channel, in order, and the channel is closed (the sink was dropped with the call).
 async fn progress_arrives_before_the_result(manager: &McpManager, server: &str, steps: u32) {
-    let (sink, mut progress) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut progress) = tokio::sync::mpsc::unbounded_channel();
+    let sink = ProgressSink::new(move |note| {
+        let _ = tx.send(note);
+    });
     let output = manager
         .call_tool_with_progress(
             &tool(server, "progress"),

@@ -4,7 +4,9 @@
 //! marker, and the session's transport replaces that answer with [`exotic_result`] (or
 //! [`exotic_known_result`]) as raw JSON on its way out; every other message passes
 //! untouched. Served statelessly with JSON bodies (`--json-response`), there is no session
-//! transport: [`replace_marker_in_body`] does the same in the response body.
+//! transport: [`replace_marker_in_body`] does the same in the response body. Over stdio
+//! the server's `RawListing` service replaces the handler's answer with
+//! [`replace_marker_result`], the same replacement.
 
 use std::convert::Infallible;
 
@@ -42,18 +44,25 @@ pub(super) struct RawSessions<M>(pub(super) M);
 /// A session transport that puts [`exotic_result`] in place of the marker answer.
 pub(super) struct RawResults<T>(T);
 
-fn replace_marker(mut item: TxJsonRpcMessage<RoleServer>) -> TxJsonRpcMessage<RoleServer> {
-    if let JsonRpcMessage::Response(response) = &mut item
-        && let ServerResult::CallToolResult(result) = &response.result
-        && let [block] = result.content.as_slice()
+/// Puts the raw result in place of a marker answer; any other result is left as it is.
+/// (Over stdio the server's `RawListing` service does this to the handler's answers.)
+pub(super) fn replace_marker_result(result: &mut ServerResult) {
+    if let ServerResult::CallToolResult(call) = result
+        && let [block] = call.content.as_slice()
         && let Some(text) = block.as_text()
     {
         let raw = match text.text.as_str() {
             EXOTIC_MARKER => exotic_result(),
             EXOTIC_KNOWN_MARKER => exotic_known_result(),
-            _ => return item,
+            _ => return,
         };
-        response.result = ServerResult::CustomResult(CustomResult(raw));
+        *result = ServerResult::CustomResult(CustomResult(raw));
+    }
+}
+
+fn replace_marker(mut item: TxJsonRpcMessage<RoleServer>) -> TxJsonRpcMessage<RoleServer> {
+    if let JsonRpcMessage::Response(response) = &mut item {
+        replace_marker_result(&mut response.result);
     }
     item
 }
