@@ -21,12 +21,12 @@ use psych_prompt_assembly::{
 };
 use psych_types::{
     AssistantMessage, ContentBlock, LoggedRecord, Record, RecordHandle, RunId, ToolCall,
-    ToolCallId, ToolDefinition, ToolList, ToolName, ToolOutput, ToolResult, UserMessage,
+    ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolResult, UserMessage,
 };
 use serde_json::{Value, json};
 
 mod common;
-use common::{catalogs_dir, small_elider};
+use common::{fixture_tools, small_elider};
 
 #[path = "../../prompt-assembly/tests/rules/mod.rs"]
 mod rules;
@@ -34,11 +34,7 @@ mod rules;
 /// Three real filesystem tools, the deferred-server meta tools and the real reader tool
 /// (`psych_reader_tool::tool_definition`).
 fn tools() -> Vec<ToolDefinition> {
-    let text =
-        std::fs::read_to_string(catalogs_dir().join("server-filesystem.tools.json")).unwrap();
-    let list: ToolList = serde_json::from_str(&text).unwrap();
-    let mut tools: Vec<ToolDefinition> = list
-        .tools
+    let mut tools: Vec<ToolDefinition> = fixture_tools("server-filesystem.tools.json")
         .into_iter()
         .filter(|t| {
             ["list_directory", "read_media_file", "read_text_file"].contains(&t.name.as_str())

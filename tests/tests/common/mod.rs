@@ -1,6 +1,5 @@
-//! Helpers shared by the cross-crate tests: the elider of the scripted conversations,
-//! opening a Run's log, finding the handles elided previews show, and reading a result back
-//! through the reader page by page.
+//! Helpers shared by the cross-crate tests: the fixture catalogues, the elider of the scripted conversations, opening a Run's log, finding the handles elided
+//! previews show, and reading a result back through the reader page by page.
 
 #![allow(
     dead_code,
@@ -23,7 +22,7 @@ use psych_reader_tool::{Answer, Reader};
 use psych_record_log::{RecordLog, SyncPolicy};
 use psych_types::{
     LoggedRecord, Projection, Record, RecordHandle, RecordSource, ResultProjector, ResultRef,
-    RunId, UserMessage,
+    RunId, ToolDefinition, ToolList, UserMessage,
 };
 use serde_json::{Value, json};
 
@@ -142,6 +141,12 @@ pub(crate) fn catalogs_dir() -> PathBuf {
         .map(|dir| dir.join("shared/fixtures/catalogs"))
         .find(|dir| dir.is_dir())
         .unwrap_or_else(|| panic!("no shared/fixtures/catalogs above {}", manifest.display()))
+}
+
+/// A fixture catalogue's tools (`file` under [`catalogs_dir`]), as its server lists them.
+pub(crate) fn fixture_tools(file: &str) -> Vec<ToolDefinition> {
+    let text = std::fs::read_to_string(catalogs_dir().join(file)).unwrap();
+    serde_json::from_str::<ToolList>(&text).unwrap().tools
 }
 
 /// Leaves every result whole: the request has no tool results anyway.
