@@ -20,8 +20,7 @@ use psych_prompt_assembly::{
     RenderedRequest, StaticSections, Transient,
 };
 use psych_types::{
-    AssistantMessage, ContentBlock, LoggedRecord, Record, RecordHandle, RunId, ToolCall,
-    ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolResult, UserMessage,
+    ContentBlock, LoggedRecord, Record, RecordHandle, RunId, ToolDefinition, ToolName, ToolOutput,
 };
 use serde_json::{Value, json};
 
@@ -104,29 +103,15 @@ impl Log {
     }
 
     fn user(&mut self, text: &str) {
-        self.push(Record::User(UserMessage { text: text.into() }));
+        self.push(common::user(text));
     }
 
     fn assistant(&mut self, text: &str, calls: &[(&str, &str, Value)]) {
-        self.push(Record::Assistant(AssistantMessage {
-            text: text.into(),
-            tool_calls: calls
-                .iter()
-                .map(|(id, name, arguments)| ToolCall {
-                    id: ToolCallId::new(*id).unwrap(),
-                    name: (*name).into(),
-                    arguments: arguments.clone(),
-                })
-                .collect(),
-        }));
+        self.push(common::assistant(text, calls));
     }
 
     fn result(&mut self, id: &str, name: &str, output: ToolOutput) {
-        self.push(Record::ToolResult(ToolResult {
-            call_id: ToolCallId::new(id).unwrap(),
-            name: name.into(),
-            output,
-        }));
+        self.push(common::result(id, name, output));
     }
 }
 

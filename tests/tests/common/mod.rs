@@ -1,4 +1,5 @@
-//! Helpers shared by the cross-crate tests: the fixture catalogues, the elider of the scripted conversations, opening a Run's log, finding the handles elided
+//! Helpers shared by the cross-crate tests: record builders, the fixture catalogues, the
+//! elider of the scripted conversations, opening a Run's log, finding the handles elided
 //! previews show, and reading a result back through the reader page by page.
 
 #![allow(
@@ -21,10 +22,40 @@ use psych_prompt_assembly::{
 use psych_reader_tool::{Answer, Reader};
 use psych_record_log::{RecordLog, SyncPolicy};
 use psych_types::{
-    LoggedRecord, Projection, Record, RecordHandle, RecordSource, ResultProjector, ResultRef,
-    RunId, ToolDefinition, ToolList, UserMessage,
+    AssistantMessage, LoggedRecord, Projection, Record, RecordHandle, RecordSource,
+    ResultProjector, ResultRef, RunId, ToolCall, ToolCallId, ToolDefinition, ToolList, ToolOutput,
+    ToolResult, UserMessage,
 };
 use serde_json::{Value, json};
+
+/// A user record.
+pub(crate) fn user(text: &str) -> Record {
+    Record::User(UserMessage { text: text.into() })
+}
+
+/// An assistant record with `text` and `calls`, each `(id, name, arguments)`.
+pub(crate) fn assistant(text: &str, calls: &[(&str, &str, Value)]) -> Record {
+    Record::Assistant(AssistantMessage {
+        text: text.into(),
+        tool_calls: calls
+            .iter()
+            .map(|(id, name, arguments)| ToolCall {
+                id: ToolCallId::new(*id).unwrap(),
+                name: (*name).into(),
+                arguments: arguments.clone(),
+            })
+            .collect(),
+    })
+}
+
+/// The result of call `id` of the tool `name`.
+pub(crate) fn result(id: &str, name: &str, output: ToolOutput) -> Record {
+    Record::ToolResult(ToolResult {
+        call_id: ToolCallId::new(id).unwrap(),
+        name: name.into(),
+        output,
+    })
+}
 
 /// The text before the handle in elision's guidance.
 pub(crate) const HANDLE_MARK: &str = "read_tool_output with handle \"";
