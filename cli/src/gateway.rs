@@ -250,7 +250,7 @@ fn with_text_block(mut output: ToolOutput) -> ToolOutput {
 /// One client session: its own record log (one Run per connection) and executor.
 struct Session {
     shared: Arc<Shared>,
-    executor: Executor<progress::GatewayHost>,
+    executor: Executor<McpManager>,
     calls: AtomicU64,
     watcher: Mutex<Option<JoinHandle<()>>>,
 }
@@ -301,8 +301,10 @@ impl Session {
         // survive the process being killed (the OS page cache does that), not a power loss.
         let (log, _) = RecordLog::open(&shared.logs, &run, SyncPolicy::OsBuffered)
             .map_err(std::io::Error::other)?;
-        let host = Arc::new(progress::GatewayHost::new(shared.manager.clone()));
-        let executor = Executor::new(host, Arc::new(SharedRecordLog::new(log)));
+        let executor = Executor::new(
+            Arc::new(shared.manager.clone()),
+            Arc::new(SharedRecordLog::new(log)),
+        );
         Ok(Self {
             shared,
             executor,

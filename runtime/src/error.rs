@@ -51,9 +51,6 @@ pub enum RunError {
     /// user message while the model's tool calls are still unanswered.
     #[error("out of turn: {0}")]
     OutOfTurn(&'static str),
-    /// A record the log acknowledged does not read back (its sequence number).
-    #[error("record {0} of the run's log does not read back")]
-    Missing(u64),
     /// A blocking task (a catalogue read, a log write) panicked or was cancelled.
     #[error("a blocking task failed: {0}")]
     Task(String),

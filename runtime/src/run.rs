@@ -16,9 +16,8 @@ use psych_prompt_assembly::{
 use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, Recovery, SharedRecordLog, SyncPolicy};
 use psych_types::{
-    AssistantMessage, History, HistoryItem, LoggedRecord, PermissionGrant, Record, RecordSource,
-    RunId, ServerCatalog, ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult, Usage,
-    UserMessage,
+    AssistantMessage, History, HistoryItem, LoggedRecord, PermissionGrant, Record, RunId,
+    ServerCatalog, ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult, Usage, UserMessage,
 };
 
 use crate::error::{ExecuteError, RunError};
@@ -375,10 +374,13 @@ impl<H: ToolHost + 'static> Run<H> {
     ///
     /// # Errors
     ///
-    /// [`RunError::Read`] when a record does not read back, [`RunError::Missing`] when
-    /// the log no longer holds one.
+    /// [`RunError::Read`] when a record does not read back.
     pub fn records(&self, from: u64) -> Result<Vec<LoggedRecord>, RunError> {
-        read_from(self.executor.log(), from)
+        self.executor
+            .log()
+            .iter_from(from)
+            .map(|record| record.map_err(RunError::from))
+            .collect()
     }
 
     /// The Run's log (for a reader, a transcript, `psych read`).
@@ -759,17 +761,6 @@ fn unanswered(history: &History) -> Vec<&ToolCall> {
         .tool_calls
         .iter()
         .filter(|call| !answered.contains(call.id.as_str()))
-        .collect()
-}
-
-/// The records of `log` from sequence number `from` on.
-fn read_from(log: &SharedRecordLog, from: u64) -> Result<Vec<LoggedRecord>, RunError> {
-    (from..log.len())
-        .map(|seq| {
-            let handle = psych_types::RecordHandle::new(log.run().clone(), seq);
-            let record = log.record(&handle)?.ok_or(RunError::Missing(seq))?;
-            Ok(LoggedRecord { handle, record })
-        })
         .collect()
 }
 

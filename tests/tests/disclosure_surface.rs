@@ -13,11 +13,11 @@ use psych_disclosure::{Inputs, Settings, Shape, Surface, resolve};
 use psych_elision::Estimator;
 use psych_types::{
     CatalogVersion, ConnectionSpec, PermissionGrant, Preload, Reachability, ServerCatalog,
-    ServerHealth, ServerId, ToolList,
+    ServerHealth, ServerId,
 };
 
 mod common;
-use common::catalogs_dir;
+use common::fixture_tools;
 
 fn setup(
     preload: Preload,
@@ -35,13 +35,12 @@ fn setup(
     let mut grant = PermissionGrant::none();
     for (server, file) in fixtures {
         let id = ServerId::new(server).unwrap();
-        let text = std::fs::read_to_string(catalogs_dir().join(file)).unwrap();
-        let mut list: ToolList = serde_json::from_str(&text).unwrap();
-        list.tools.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut tools = fixture_tools(file);
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
         catalogs.push(ServerCatalog {
             server: id.clone(),
             version: CatalogVersion(1),
-            tools: list.tools.into(),
+            tools: tools.into(),
             health: ServerHealth {
                 reachability: reachability.clone(),
                 ..ServerHealth::default()

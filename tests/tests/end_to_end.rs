@@ -18,40 +18,11 @@ use psych_prompt_assembly::{
 };
 use psych_reader_tool::{Answer, CallError, Limits, Reader};
 use psych_record_log::{RecordLog, SyncPolicy};
-use psych_types::{
-    AssistantMessage, LoggedRecord, Projection, Record, RecordHandle, RecordSource, ToolCall,
-    ToolCallId, ToolOutput, ToolResult, UserMessage,
-};
+use psych_types::{LoggedRecord, Projection, Record, RecordHandle, RecordSource, ToolOutput};
 use serde_json::{Value, json};
 
 mod common;
-use common::{open, preview_handles, read_back, small_elider};
-
-fn user(text: &str) -> Record {
-    Record::User(UserMessage { text: text.into() })
-}
-
-fn calls(text: &str, calls: &[(&str, &str, Value)]) -> Record {
-    Record::Assistant(AssistantMessage {
-        text: text.into(),
-        tool_calls: calls
-            .iter()
-            .map(|(id, name, arguments)| ToolCall {
-                id: ToolCallId::new(*id).unwrap(),
-                name: (*name).into(),
-                arguments: arguments.clone(),
-            })
-            .collect(),
-    })
-}
-
-fn result(id: &str, name: &str, output: ToolOutput) -> Record {
-    Record::ToolResult(ToolResult {
-        call_id: ToolCallId::new(id).unwrap(),
-        name: name.into(),
-        output,
-    })
-}
+use common::{assistant, open, preview_handles, read_back, result, small_elider, user};
 
 /// A log file of 600 lines, one of them flagged, without a final line break.
 fn server_log() -> String {
@@ -79,7 +50,7 @@ fn records() -> Vec<Record> {
         .collect();
     vec![
         user("Why did the server fail last night?"),
-        calls(
+        assistant(
             "Reading the log and the source tree.",
             &[
                 ("toolu_01", "read_text_file", json!({"path": "server.log"})),
@@ -88,9 +59,9 @@ fn records() -> Vec<Record> {
         ),
         result("toolu_02", "list_directory", ToolOutput::text(listing)),
         result("toolu_01", "read_text_file", ToolOutput::text(server_log())),
-        calls("Request 417 failed.", &[]),
+        assistant("Request 417 failed.", &[]),
         user("Is there an issue about it?"),
-        calls(
+        assistant(
             "",
             &[(
                 "toolu_03",
@@ -108,7 +79,7 @@ fn records() -> Vec<Record> {
             "deferred_call_tool",
             ToolOutput::text("a second result is left out"),
         ),
-        calls("There are 80 flaky-test issues.", &[]),
+        assistant("There are 80 flaky-test issues.", &[]),
         user("Thanks. Which one is the oldest?"),
     ]
 }

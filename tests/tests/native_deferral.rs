@@ -22,9 +22,11 @@
 #[path = "../../prompt-assembly/tests/common/mod.rs"]
 mod pa;
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::{Arc, Mutex};
 
+use common::fixture_tools;
 use pa::*;
 use psych_catalog::Catalog;
 use psych_disclosure::{Inputs, Settings, Surface, resolve};
@@ -36,29 +38,10 @@ use psych_prompt_assembly::{
 use psych_runtime::{Next, Run, ScriptedModel, Step, Target};
 use psych_types::{
     CatalogVersion, ConnectionSpec, JsonObject, PermissionGrant, Preload, Record, RunId,
-    ServerCatalog, ServerHealth, ServerId, TokenEstimator, ToolDefinition, ToolHost, ToolList,
-    ToolLister, ToolOutput, ToolRef,
+    ServerCatalog, ServerHealth, ServerId, TokenEstimator, ToolDefinition, ToolHost, ToolLister,
+    ToolOutput, ToolRef,
 };
 use serde_json::{Value, json};
-
-fn catalogs_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PSYCH_FIXTURES") {
-        return PathBuf::from(dir).join("catalogs");
-    }
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .ancestors()
-        .map(|dir| dir.join("shared/fixtures/catalogs"))
-        .find(|dir| dir.is_dir())
-        .unwrap_or_else(|| panic!("no shared/fixtures/catalogs above {}", manifest.display()))
-}
-
-/// A fixture catalogue's tools, as its server lists them.
-fn fixture(file: &str) -> Vec<ToolDefinition> {
-    let text = std::fs::read_to_string(catalogs_dir().join(file)).unwrap();
-    let list: ToolList = serde_json::from_str(&text).unwrap();
-    list.tools
-}
 
 /// An in-process MCP server: lists the fixture catalogue it was given and answers every
 /// call with what it was called with, remembering each.
@@ -103,7 +86,7 @@ struct Played {
 async fn play_run(mode: DeferralMode, target: Target, turns: [Vec<Step>; 2]) -> Played {
     let memory = ServerId::new("memory").unwrap();
     let host = Arc::new(Host {
-        tools: fixture("server-memory.tools.json"),
+        tools: fixture_tools("server-memory.tools.json"),
         calls: Mutex::new(Vec::new()),
     });
     let catalog = Catalog::in_memory().unwrap();
@@ -328,7 +311,7 @@ fn deferred_surface(servers: &[(String, &str)]) -> Surface {
     let catalogs: Vec<ServerCatalog> = servers
         .iter()
         .map(|(name, file)| {
-            let mut tools = fixture(file);
+            let mut tools = fixture_tools(file);
             tools.sort_by(|a, b| a.name.cmp(&b.name));
             ServerCatalog {
                 server: ServerId::new(name.as_str()).unwrap(),

@@ -20,13 +20,12 @@ use psych_prompt_assembly::{
     RenderedRequest, StaticSections, Transient,
 };
 use psych_types::{
-    AssistantMessage, ContentBlock, LoggedRecord, Record, RecordHandle, RunId, ToolCall,
-    ToolCallId, ToolDefinition, ToolList, ToolName, ToolOutput, ToolResult, UserMessage,
+    ContentBlock, LoggedRecord, Record, RecordHandle, RunId, ToolDefinition, ToolName, ToolOutput,
 };
 use serde_json::{Value, json};
 
 mod common;
-use common::{catalogs_dir, small_elider};
+use common::{fixture_tools, small_elider};
 
 #[path = "../../prompt-assembly/tests/rules/mod.rs"]
 mod rules;
@@ -34,11 +33,7 @@ mod rules;
 /// Three real filesystem tools, the deferred-server meta tools and the real reader tool
 /// (`psych_reader_tool::tool_definition`).
 fn tools() -> Vec<ToolDefinition> {
-    let text =
-        std::fs::read_to_string(catalogs_dir().join("server-filesystem.tools.json")).unwrap();
-    let list: ToolList = serde_json::from_str(&text).unwrap();
-    let mut tools: Vec<ToolDefinition> = list
-        .tools
+    let mut tools: Vec<ToolDefinition> = fixture_tools("server-filesystem.tools.json")
         .into_iter()
         .filter(|t| {
             ["list_directory", "read_media_file", "read_text_file"].contains(&t.name.as_str())
@@ -108,29 +103,15 @@ impl Log {
     }
 
     fn user(&mut self, text: &str) {
-        self.push(Record::User(UserMessage { text: text.into() }));
+        self.push(common::user(text));
     }
 
     fn assistant(&mut self, text: &str, calls: &[(&str, &str, Value)]) {
-        self.push(Record::Assistant(AssistantMessage {
-            text: text.into(),
-            tool_calls: calls
-                .iter()
-                .map(|(id, name, arguments)| ToolCall {
-                    id: ToolCallId::new(*id).unwrap(),
-                    name: (*name).into(),
-                    arguments: arguments.clone(),
-                })
-                .collect(),
-        }));
+        self.push(common::assistant(text, calls));
     }
 
     fn result(&mut self, id: &str, name: &str, output: ToolOutput) {
-        self.push(Record::ToolResult(ToolResult {
-            call_id: ToolCallId::new(id).unwrap(),
-            name: name.into(),
-            output,
-        }));
+        self.push(common::result(id, name, output));
     }
 }
 

@@ -19,12 +19,12 @@ use psych_elision::Estimator;
 use psych_mcp::{SyntheticKind, synthetic_catalog};
 use psych_types::{
     CatalogVersion, ConnectionSpec, PermissionGrant, Preload, ServerCatalog, ServerHealth,
-    ServerId, ToolDefinition, ToolList,
+    ServerId, ToolDefinition,
 };
 use serde_json::{Value, json};
 
 mod common;
-use common::catalogs_dir;
+use common::fixture_tools;
 
 #[path = "../../prompt-assembly/tests/rules/mod.rs"]
 mod rules;
@@ -58,8 +58,7 @@ const ALL_REAL: [&str; 5] = [
 ];
 
 fn real(name: &str) -> Vec<ToolDefinition> {
-    let text = std::fs::read_to_string(catalogs_dir().join(format!("{name}.tools.json"))).unwrap();
-    serde_json::from_str::<ToolList>(&text).unwrap().tools
+    fixture_tools(&format!("{name}.tools.json"))
 }
 
 fn has_key(value: &Value, keys: &[&str]) -> bool {

@@ -14,7 +14,7 @@
 use std::fmt::Write as _;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::SystemTime;
 
 /// How a bench's output line starts when it states a figure that is not a time.
@@ -107,11 +107,7 @@ fn bench_package(
         args.extend(["--bench", target.as_str()]);
     }
     args.extend(["--", "--warm-up-time", "1", "--measurement-time", "3"]);
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    eprintln!("xtask: cargo {}", args.join(" "));
-    let mut child = Command::new(cargo)
-        .args(&args)
-        .current_dir(root)
+    let mut child = crate::cargo_command(root, &args)
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|err| format!("cannot run cargo {}: {err}", args.join(" ")))?;
@@ -127,11 +123,7 @@ fn bench_package(
     let status = child
         .wait()
         .map_err(|err| format!("waiting for cargo {}: {err}", args.join(" ")))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("cargo {} failed ({status})", args.join(" ")))
-    }
+    crate::cargo_exit(&args, status)
 }
 
 /// The figure a bench's output line states, if it starts with [`PRINTED_MARK`].

@@ -24,7 +24,7 @@ mod bench;
 mod tidy;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::{Command, ExitCode, ExitStatus};
 use std::time::Instant;
 
 fn main() -> ExitCode {
@@ -199,14 +199,25 @@ fn pending_snapshots(root: &Path) -> Result<(), String> {
 
 /// Runs `cargo <args>` in the workspace with extra environment, failing on a non-zero exit.
 fn cargo(root: &Path, args: &[&str], envs: &[(&str, &str)]) -> Result<(), String> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    eprintln!("xtask: cargo {}", args.join(" "));
-    let status = Command::new(cargo)
-        .args(args)
+    let status = cargo_command(root, args)
         .envs(envs.iter().copied())
-        .current_dir(root)
         .status()
         .map_err(|err| format!("cannot run cargo {}: {err}", args.join(" ")))?;
+    cargo_exit(args, status)
+}
+
+/// `cargo <args>` in the workspace (the cargo running xtask, else `cargo`), announced on
+/// stderr.
+fn cargo_command(root: &Path, args: &[&str]) -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let mut command = Command::new(cargo);
+    command.args(args).current_dir(root);
+    command
+}
+
+/// Whether `cargo <args>`, which exited with `status`, succeeded.
+fn cargo_exit(args: &[&str], status: ExitStatus) -> Result<(), String> {
     if status.success() {
         Ok(())
     } else {

@@ -2,10 +2,11 @@
 //!
 //! A client asks for progress by putting a `progressToken` in a call's `_meta`. The session
 //! hands the executor a [`ProgressSink`] with the call ([`Executor::execute_with_progress`]
-//! carries it to the forwarded call, if the call is forwarded); the [`GatewayHost`] makes that
-//! call with psych-mcp's own progress token and hands each upstream `notifications/progress`
-//! to the sink, whose [`Relay`] sends it to the client under the client's token. The sink
-//! belongs to one call, so two identical calls in flight never exchange their progress.
+//! carries it to the forwarded call, if the call is forwarded); psych-mcp's manager makes
+//! that call with its own progress token ([`ToolHost::call_tool_with_progress`]) and hands
+//! each upstream `notifications/progress` to the sink, whose [`Relay`] sends it to the
+//! client under the client's token. The sink belongs to one call, so two identical calls in
+//! flight never exchange their progress.
 //!
 //! The sink is dropped when its call leaves the host (the executor's contract), which
 //! closes the relay's channel: the relay has sent every report before the call's result is
@@ -13,12 +14,9 @@
 //! upstream.
 //!
 //! [`Executor::execute_with_progress`]: psych_runtime::Executor::execute_with_progress
+//! [`ToolHost::call_tool_with_progress`]: psych_types::ToolHost::call_tool_with_progress
 
-use psych_mcp::{McpError, McpManager};
-use psych_types::{
-    JsonObject, ProgressSink, ServerId, ToolDefinition, ToolHost, ToolLister, ToolOutput,
-    ToolProgress, ToolRef,
-};
+use psych_types::{ProgressSink, ToolProgress};
 use rmcp::RoleServer;
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::Peer;
@@ -77,61 +75,5 @@ impl Relay {
                 self.client = None;
             }
         }
-    }
-}
-
-/// The session's [`ToolHost`]: psych-mcp's manager, with each forwarded call's progress
-/// handed to the sink the call carries.
-pub(super) struct GatewayHost {
-    manager: McpManager,
-}
-
-impl GatewayHost {
-    /// A host forwarding to `manager`.
-    pub(super) fn new(manager: McpManager) -> Self {
-        Self { manager }
-    }
-}
-
-impl ToolLister for GatewayHost {
-    type Error = McpError;
-
-    async fn list_tools(&self, server: &ServerId) -> Result<Vec<ToolDefinition>, McpError> {
-        self.manager.list_tools(server).await
-    }
-}
-
-impl ToolHost for GatewayHost {
-    async fn call_tool(
-        &self,
-        tool: &ToolRef,
-        arguments: JsonObject,
-    ) -> Result<ToolOutput, McpError> {
-        self.manager.call_tool(tool, arguments).await
-    }
-
-    async fn call_tool_with_progress(
-        &self,
-        tool: &ToolRef,
-        arguments: JsonObject,
-        progress: ProgressSink,
-    ) -> Result<ToolOutput, McpError> {
-        let (upstream, mut notes) = mpsc::unbounded_channel::<psych_mcp::Progress>();
-        let relay = async move {
-            // Ends when the call ends: psych-mcp closes the channel with the call; the sink
-            // is dropped with it.
-            while let Some(note) = notes.recv().await {
-                progress.report(
-                    ToolProgress::new(note.progress)
-                        .with_total(note.total)
-                        .with_message(note.message),
-                );
-            }
-        };
-        let call = self
-            .manager
-            .call_tool_with_progress(tool, arguments, upstream);
-        let (result, ()) = tokio::join!(call, relay);
-        result
     }
 }

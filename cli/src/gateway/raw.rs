@@ -40,7 +40,7 @@ pub(super) const RAW_KEY: &str = "psych.gateway/raw";
 
 /// How many raw answers may wait for their transport at once. One waits only between the
 /// handler's return and the transport's send; the bound is for answers whose send never
-/// comes (a client gone mid-call, a per-request client): the oldest is forgotten first.
+/// comes (a client gone mid-call): the oldest is forgotten first.
 const MAX_WAITING: usize = 1024;
 
 /// Raw answers waiting for the transport to put them in place of their placeholders.

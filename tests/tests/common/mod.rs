@@ -1,6 +1,6 @@
-//! Helpers shared by the cross-crate tests: the elider of the scripted conversations,
-//! opening a Run's log, finding the handles elided previews show, and reading a result back
-//! through the reader page by page.
+//! Helpers shared by the cross-crate tests: record builders, the fixture catalogues, the
+//! elider of the scripted conversations, opening a Run's log, finding the handles elided
+//! previews show, and reading a result back through the reader page by page.
 
 #![allow(
     dead_code,
@@ -22,10 +22,40 @@ use psych_prompt_assembly::{
 use psych_reader_tool::{Answer, Reader};
 use psych_record_log::{RecordLog, SyncPolicy};
 use psych_types::{
-    LoggedRecord, Projection, Record, RecordHandle, RecordSource, ResultProjector, ResultRef,
-    RunId, UserMessage,
+    AssistantMessage, LoggedRecord, Projection, Record, RecordHandle, RecordSource,
+    ResultProjector, ResultRef, RunId, ToolCall, ToolCallId, ToolDefinition, ToolList, ToolOutput,
+    ToolResult, UserMessage,
 };
 use serde_json::{Value, json};
+
+/// A user record.
+pub(crate) fn user(text: &str) -> Record {
+    Record::User(UserMessage { text: text.into() })
+}
+
+/// An assistant record with `text` and `calls`, each `(id, name, arguments)`.
+pub(crate) fn assistant(text: &str, calls: &[(&str, &str, Value)]) -> Record {
+    Record::Assistant(AssistantMessage {
+        text: text.into(),
+        tool_calls: calls
+            .iter()
+            .map(|(id, name, arguments)| ToolCall {
+                id: ToolCallId::new(*id).unwrap(),
+                name: (*name).into(),
+                arguments: arguments.clone(),
+            })
+            .collect(),
+    })
+}
+
+/// The result of call `id` of the tool `name`.
+pub(crate) fn result(id: &str, name: &str, output: ToolOutput) -> Record {
+    Record::ToolResult(ToolResult {
+        call_id: ToolCallId::new(id).unwrap(),
+        name: name.into(),
+        output,
+    })
+}
 
 /// The text before the handle in elision's guidance.
 pub(crate) const HANDLE_MARK: &str = "read_tool_output with handle \"";
@@ -142,6 +172,12 @@ pub(crate) fn catalogs_dir() -> PathBuf {
         .map(|dir| dir.join("shared/fixtures/catalogs"))
         .find(|dir| dir.is_dir())
         .unwrap_or_else(|| panic!("no shared/fixtures/catalogs above {}", manifest.display()))
+}
+
+/// A fixture catalogue's tools (`file` under [`catalogs_dir`]), as its server lists them.
+pub(crate) fn fixture_tools(file: &str) -> Vec<ToolDefinition> {
+    let text = std::fs::read_to_string(catalogs_dir().join(file)).unwrap();
+    serde_json::from_str::<ToolList>(&text).unwrap().tools
 }
 
 /// Leaves every result whole: the request has no tool results anyway.
