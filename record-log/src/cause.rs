@@ -98,6 +98,17 @@ pub enum TailReason {
         /// Whether the file ends there (`true`) or holds zeros from there on (`false`).
         file_ends: bool,
     },
+    /// The end mark is not after the last whole frame: zeros or the end of the file where
+    /// the last write left it. Frames after that one may have been lost (zeroed or cut
+    /// off since they were written, or a crash before their sync returned); which, the log
+    /// cannot tell, so it says so rather than take the zeros for free space. A writable
+    /// open writes the end mark there again, so this is reported once.
+    EndMarkMissing {
+        /// Where the last whole frame ends (where the end mark belongs).
+        at: u64,
+        /// Whether the file ends there (`true`) or holds zeros from there on (`false`).
+        file_ends: bool,
+    },
 }
 
 impl fmt::Display for TailReason {
@@ -141,6 +152,12 @@ impl fmt::Display for TailReason {
                 "last write missing: records {first}..={last} of the last sync are not in the \
                  file ({} from byte {at}): a crash before that sync returned, or lost since",
                 if *file_ends { "it ends" } else { "zeros" }
+            ),
+            TailReason::EndMarkMissing { at, file_ends } => write!(
+                f,
+                "the log's end mark is missing: records after byte {at} may have been lost \
+                 ({} from there)",
+                if *file_ends { "the file ends" } else { "zeros" }
             ),
         }
     }

@@ -18,11 +18,15 @@ use crate::crc32c::{Crc32c, crc32c};
 pub(crate) const FILE_MAGIC: [u8; 8] = *b"PSYCHLOG";
 /// The on-disk format version this build writes in a log's file header, and the only one it
 /// reads (`docs/format.md`).
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 /// Bytes of the file header before the Run id: magic, version, Run id length.
 pub(crate) const FILE_HEADER_FIXED: usize = 12;
 /// The first four bytes of every frame.
 pub(crate) const FRAME_MAGIC: [u8; 4] = *b"PSRF";
+/// The first four bytes of the end mark that follows the last frame.
+pub(crate) const END_MAGIC: [u8; 4] = *b"PSEM";
+/// Bytes of the end mark.
+pub(crate) const END_MARK_LEN: usize = 24;
 /// Bytes of a frame header.
 pub(crate) const FRAME_HEADER_LEN: usize = 32;
 /// Bytes of the trailing body checksum of a frame.
@@ -81,8 +85,8 @@ pub(crate) fn file_header(run: &RunId) -> Vec<u8> {
     out
 }
 
-/// The file header for `run` followed by both slots of the high-water mark of an empty log:
-/// what a new file starts with.
+/// The file header for `run` followed by both slots of the high-water mark of an empty log
+/// and the end mark of no records: what a new file starts with.
 pub(crate) fn initial_file_start(run: &RunId) -> Vec<u8> {
     let mut out = file_header(run);
     let frames_start = (out.len() + MARK_SLOTS * MARK_LEN) as u64;
@@ -90,13 +94,59 @@ pub(crate) fn initial_file_start(run: &RunId) -> Vec<u8> {
     for _ in 0..MARK_SLOTS {
         out.extend_from_slice(&mark);
     }
+    out.extend_from_slice(&EndMark::new(0, frames_start).encode());
     out
+}
+
+/// The end mark: written right after the last frame in the same write as the frames (and
+/// overwritten by the next write, which starts where it starts), so that `open` can tell
+/// the log's end from frames zeroed or cut off after it (`docs/format.md`, "End mark").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EndMark {
+    /// Records in the log: the frames before the mark.
+    pub(crate) records: u64,
+    /// Byte offset of the mark itself: where the last frame ends.
+    pub(crate) at: u64,
+}
+
+impl EndMark {
+    /// The end mark after `records` frames ending at byte `at`.
+    pub(crate) fn new(records: u64, at: u64) -> Self {
+        Self { records, at }
+    }
+
+    /// The mark's bytes: magic, records, offset, CRC-32C of the 20 bytes before it.
+    pub(crate) fn encode(&self) -> [u8; END_MARK_LEN] {
+        let mut out = [0u8; END_MARK_LEN];
+        out[0..4].copy_from_slice(&END_MAGIC);
+        out[4..12].copy_from_slice(&self.records.to_le_bytes());
+        out[12..20].copy_from_slice(&self.at.to_le_bytes());
+        let crc = crc32c(&out[0..20]);
+        out[20..24].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Parses an end mark; `None` unless the magic and checksum hold.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
+        let bytes: &[u8; END_MARK_LEN] = bytes.try_into().ok()?;
+        let field = |at: usize| {
+            let mut le = [0u8; 8];
+            le.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(le)
+        };
+        let stored = u32::from_le_bytes([bytes[20], bytes[21], bytes[22], bytes[23]]);
+        (bytes[0..4] == END_MAGIC && crc32c(&bytes[0..20]) == stored).then(|| Self {
+            records: field(4),
+            at: field(12),
+        })
+    }
 }
 
 /// The high-water mark: what the last sync of the log made durable, so that `open` can tell
 /// frames lost after they were synced from a write a crash cut short (`docs/format.md`,
-/// "High-water mark"). Each sync that follows new frames writes one, into slot
-/// `generation % 2`, before its `fdatasync`.
+/// "High-water mark"). Written into slot `generation % 2` by a sync that commits a new
+/// file length anyway (before its `fdatasync`), by `sync()` under `OsBuffered`, at open's
+/// cuts, and unsynced when the log is closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Mark {
     /// Counts the marks written; the valid slot with the larger one is the current mark.

@@ -16,7 +16,8 @@
 //! Opening cuts a torn tail back to the last whole record and reports it in a [`Recovery`];
 //! damage in the middle is [`OpenError::Corrupt`] naming the offset, and so are records
 //! that a completed sync made durable but that are gone from the file (zeroed or cut), which
-//! a high-water mark written with each sync reveals. [`RecordLog::open_read_only`] reads a
+//! a high-water mark reveals; the end mark each write puts after its last frame tells the
+//! log's end from frames zeroed or cut off after it (reported, never a clean shorter log). [`RecordLog::open_read_only`] reads a
 //! log without writing, cutting or locking it (a damaged tail is reported, left in place).
 //! Past 64 MiB, opening takes the frames an earlier open verified from a checkpoint file
 //! instead of checksumming them again (damage there is found when a record is read: each

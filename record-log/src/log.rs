@@ -48,7 +48,7 @@ pub struct RecordLog {
     pub(crate) index: Vec<Entry>,
     /// Byte length of the whole frames (where the next frame goes).
     pub(crate) end: u64,
-    /// The file's length: `end` plus preallocated zeros.
+    /// The file's length: `end` plus the end mark and preallocated zeros.
     pub(crate) allocated: u64,
     /// Byte offset of the high-water mark's first slot (right after the file header).
     pub(crate) marks_at: u64,
@@ -62,6 +62,9 @@ pub struct RecordLog {
     pub(crate) poisoned: bool,
     /// Opened by [`RecordLog::open_read_only`]: nothing is ever written, cut or synced.
     pub(crate) read_only: bool,
+    /// Set once opening succeeded: a log whose open failed is dropped without a write
+    /// (its file must be left as it was found).
+    pub(crate) opened: bool,
     pub(crate) scratch: Vec<u8>,
     pub(crate) recovery: Recovery,
     /// Estimates each tool result's tokens at append time, stored in its metadata.
@@ -211,6 +214,7 @@ impl RecordLog {
             durable_end: 0,
             poisoned: false,
             read_only,
+            opened: false,
             scratch: Vec::new(),
             estimator: None,
             first_touch: crate::touch::FirstTouch::default(),
@@ -279,8 +283,9 @@ impl RecordLog {
         self.index.is_empty()
     }
 
-    /// Bytes of the file holding whole frames (the header included). The file itself may be
-    /// longer: zeros preallocated for the next appends.
+    /// Bytes of the file holding whole frames (the header included). The file itself is
+    /// longer: the end mark after the last frame, then zeros preallocated for the next
+    /// appends.
     pub fn size_bytes(&self) -> u64 {
         self.end
     }
@@ -539,7 +544,8 @@ mod format_doc {
     }
 
     /// The example log of the document: a user message and a text tool result, each
-    /// appended and synced on its own (so both high-water mark slots have been written).
+    /// appended and synced on its own, then the log closed (the first append and the close
+    /// each wrote a high-water mark, one into each slot).
     fn example_file() -> Vec<u8> {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new("run-7").unwrap();
@@ -552,9 +558,12 @@ mod format_doc {
             output: ToolOutput::text("a\nb\n"),
         }))
         .unwrap();
-        let mut bytes = std::fs::read(log.path()).unwrap();
-        assert!(bytes[log.size_bytes() as usize..].iter().all(|&b| b == 0));
-        bytes.truncate(log.size_bytes() as usize);
+        let end = log.size_bytes() as usize + END_MARK_LEN;
+        let path = log.path().to_path_buf();
+        drop(log);
+        let mut bytes = std::fs::read(path).unwrap();
+        assert!(bytes[end..].iter().all(|&b| b == 0));
+        bytes.truncate(end);
         bytes
     }
 
@@ -587,6 +596,8 @@ mod format_doc {
             format!("`<run>.{FILE_EXTENSION}`"),
             format!("capped at {MAX_WRITE_INDEX}"),
             format!("{MARK_SLOTS} slots of {MARK_LEN} bytes"),
+            format!("end mark: {END_MARK_LEN} bytes"),
+            format!("`{}`", hex(&END_MAGIC)),
             format!("`{}`", hex(&crate::checkpoint::CHECKPOINT_MAGIC)),
             format!(
                 "checkpoint version: {}",

@@ -12,8 +12,8 @@ use crate::checkpoint::{self, CHECKPOINT_AFTER, Identity};
 use crate::crc32c::Crc32c;
 use crate::error::OpenError;
 use crate::format::{
-    self, FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_TRAILER_LEN, FrameHeader, HeaderFault, MARK_LEN,
-    MARK_SLOTS, Mark,
+    self, END_MARK_LEN, EndMark, FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_TRAILER_LEN, FrameHeader,
+    HeaderFault, MARK_LEN, MARK_SLOTS, Mark,
 };
 use crate::log::{Entry, RecordLog, open_io};
 
@@ -58,9 +58,10 @@ impl fmt::Display for Recovery {
 /// the part of the last write from its first damaged frame on, when a power loss left that
 /// unsynced write's pages on disk out of order (whole frames of the same write after the
 /// damage, none of them ever acknowledged: [`TailReason::TornWrite`]); or zeros (or
-/// nothing) where the frames of the last sync belong ([`TailReason::LastWriteMissing`]): a
-/// crash before that sync returned, or frames lost after it, which the log cannot tell
-/// apart, so it says so rather than taking the zeros for free space. When the last sync's
+/// nothing) where the frames of the last sync belong ([`TailReason::LastWriteMissing`]), or
+/// where the end mark belongs ([`TailReason::EndMarkMissing`]): a crash before that sync
+/// returned, or frames lost after it, which the log cannot tell apart, so it says so
+/// rather than taking the zeros for free space. When the last sync's
 /// records are among those cut, the reason names them. Its `Display` is the reason in
 /// words, with what was done about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +115,7 @@ impl RecordLog {
             records: self.index.len() as u64,
             tail,
         };
+        self.opened = true;
         let recovery = self.recovery.clone();
         Ok((self, recovery))
     }
@@ -126,25 +128,28 @@ impl RecordLog {
         let initial = format::initial_file_start(&self.run);
         let len = self.file_len()?;
         let want = initial.len() as u64;
+        // The header and the high-water mark: where the frames (or the end mark) start.
+        let frames_start = (header.len() + MARK_SLOTS * MARK_LEN) as u64;
         let mut head = vec![0u8; len.min(want) as usize];
         self.file
             .read_exact_at(&mut head, 0)
             .map_err(open_io(&self.path))?;
         self.marks_at = header.len() as u64;
-        if len >= want && head.starts_with(&header) {
-            let Some(mark) = Mark::newest(&head[header.len()..]) else {
+        let creation_torn = len < want && initial.starts_with(&head);
+        if len >= frames_start && head.starts_with(&header) && !creation_torn {
+            let Some(mark) = Mark::newest(&head[header.len()..frames_start as usize]) else {
                 return Err(OpenError::Corrupt {
                     path: self.path.clone(),
                     offset: self.marks_at,
                     reason: LogCorruption::MarkDamaged,
                 });
             };
-            self.end = want;
+            self.end = frames_start;
             self.allocated = len;
             self.set_mark(mark);
             return Ok((None, false));
         }
-        if len < want && initial.starts_with(&head) {
+        if creation_torn {
             // A new file, or one whose creation was cut short (or, read-only, is under way)
             // before any record: written whole, unless read-only (then nothing is rewritten).
             let rewrite = !self.read_only;
@@ -159,9 +164,14 @@ impl RecordLog {
                     .sync_data(&self.file)
                     .map_err(open_io(&self.path))?;
             }
-            self.end = if rewrite { want } else { len };
-            self.allocated = self.end;
-            self.set_mark(Mark::initial(want));
+            // The frames start after the high-water mark; the new file's end mark is there.
+            self.end = if rewrite {
+                frames_start
+            } else {
+                len.min(frames_start)
+            };
+            self.allocated = if rewrite { want } else { len };
+            self.set_mark(Mark::initial(frames_start));
             let loss = (len > 0).then_some(TailLoss {
                 offset: 0,
                 bytes: len,
@@ -275,6 +285,10 @@ impl RecordLog {
     /// Reads every frame after the header, checking both checksums, and builds the index.
     /// On the first bad frame, decides torn tail (cut, reported) or mid-file damage (error).
     fn scan(&mut self) -> Result<Option<TailLoss>, OpenError> {
+        if self.end < self.marks_at + (MARK_SLOTS * MARK_LEN) as u64 {
+            // Read-only, a file whose creation never began: no header, no frame.
+            return Ok(None);
+        }
         let len = self.file_len()?;
         let mut pos = self.end;
         let mut reader = BufReader::with_capacity(SCAN_CHUNK, &self.file);
@@ -343,9 +357,17 @@ impl RecordLog {
         self.end = pos;
         self.allocated = len;
         let records = self.index.len() as u64;
+        // The log's end as its last write left it: the end mark of these records, then
+        // nothing or preallocated zeros.
+        let mark_end = pos + END_MARK_LEN as u64;
+        let at_end = fault.is_some()
+            && self.end_mark_at(pos, len)? == Some(EndMark::new(records, pos))
+            && self.all_zero(mark_end, len)?;
         // What follows the last whole frame, as a reason to cut it: nothing when the file
-        // ends there or only zeros follow (preallocated space, or frames zeroed since).
+        // ends there or only zeros follow (frames zeroed or cut off since, unless the end
+        // mark is there; the high-water mark and the end mark tell, below).
         let damage = match fault {
+            _ if at_end => None,
             Some((damage, search_from)) if !self.all_zero(pos, len)? => {
                 Some(self.damage_reason(damage, search_from, pos, len)?)
             }
@@ -363,12 +385,18 @@ impl RecordLog {
                 }
                 Some(reason)
             }
-            None => lost_synced.map(|last| TailReason::LastWriteMissing {
-                first: records,
-                last,
-                at: pos,
-                file_ends: pos == len,
-            }),
+            None => match lost_synced {
+                Some(last) => Some(TailReason::LastWriteMissing {
+                    first: records,
+                    last,
+                    at: pos,
+                    file_ends: pos == len,
+                }),
+                None => (!at_end).then_some(TailReason::EndMarkMissing {
+                    at: pos,
+                    file_ends: pos == len,
+                }),
+            },
         };
         if self.read_only {
             return Ok(reason.map(|reason| TailLoss {
@@ -397,10 +425,12 @@ impl RecordLog {
         if let Some(mark) = &mark {
             self.write_mark(mark).map_err(open_io(&self.path))?;
         }
+        // The end mark again after the last whole frame, so the loss is reported once.
+        self.write_end_mark().map_err(open_io(&self.path))?;
         self.storage
             .sync_data(&self.file)
             .map_err(open_io(&self.path))?;
-        self.allocated = pos;
+        self.allocated = mark_end;
         self.synced(mark);
         Ok(Some(TailLoss {
             offset: pos,
@@ -506,6 +536,18 @@ impl RecordLog {
         Ok(())
     }
 
+    /// The end mark at `at`, if a valid one is there.
+    fn end_mark_at(&self, at: u64, len: u64) -> Result<Option<EndMark>, OpenError> {
+        if len.saturating_sub(at) < END_MARK_LEN as u64 {
+            return Ok(None);
+        }
+        let mut raw = [0u8; END_MARK_LEN];
+        self.file
+            .read_exact_at(&mut raw, at)
+            .map_err(open_io(&self.path))?;
+        Ok(EndMark::decode(&raw))
+    }
+
     /// Whether every byte in `from..len` is zero.
     fn all_zero(&self, from: u64, len: u64) -> Result<bool, OpenError> {
         let mut buf = vec![0u8; (len - from).min(SCAN_CHUNK as u64) as usize];
@@ -567,7 +609,12 @@ impl RecordLog {
         }
         let mut pos = at + frame.frame_len();
         loop {
-            if pos == len || self.all_zero(pos, len)? {
+            let next_seq = frame.seq.saturating_add(1);
+            if pos == len
+                || self.all_zero(pos, len)?
+                || (self.end_mark_at(pos, len)? == Some(EndMark::new(next_seq, pos))
+                    && self.all_zero(pos + END_MARK_LEN as u64, len)?)
+            {
                 return Ok(Some(frame.seq));
             }
             let Some(next) = self.whole_frame_at(pos, len)? else {

@@ -710,12 +710,16 @@ mod tests {
         let stats = log.stats();
         assert_eq!((stats.failed_groups, stats.records), (1, 1), "{stats:?}");
         assert_eq!((log.len(), log.size_bytes()), (1, end));
-        // Nothing of the group is readable, and the file was cut back to the group's start.
+        // Nothing of the group is readable, and the file was cut back to the group's start
+        // (where the end mark is written again).
         assert_eq!(
             log.record(&RecordHandle::new(run.clone(), 1)).unwrap(),
             None
         );
-        assert_eq!(std::fs::metadata(log.path()).unwrap().len(), end);
+        assert_eq!(
+            std::fs::metadata(log.path()).unwrap().len(),
+            end + crate::format::END_MARK_LEN as u64
+        );
         // The log goes on: the next append takes the failed group's place.
         let next = log.append(&user("after")).unwrap();
         assert_eq!(next.seq, 1);

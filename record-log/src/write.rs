@@ -1,15 +1,16 @@
 //! The log's one write path, used by [`RecordLog::append`] and [`RecordLog::append_batch`]
 //! and by [`SharedRecordLog`](crate::SharedRecordLog)'s group leader alike: frames gathered
-//! into as few positional writes as their sizes allow, preallocation, the high-water mark,
-//! one sync; then the index extended, or the file cut back (and the log poisoned when even
-//! that fails). Every file operation goes through the log's [`Storage`](crate::Storage).
+//! and the end mark into as few positional writes as their sizes allow, preallocation, the
+//! high-water mark when the sync commits a new file length, one sync; then the index
+//! extended, or the file cut back (and the log poisoned when even that fails). Every file
+//! operation goes through the log's [`Storage`](crate::Storage).
 
 use std::fs::File;
 
 use psych_types::{Record, RecordHandle, TokenEstimator};
 
 use crate::error::AppendError;
-use crate::format::{self, FRAME_HEADER_LEN, FrameHeader, MARK_LEN, Mark};
+use crate::format::{self, END_MARK_LEN, EndMark, FRAME_HEADER_LEN, FrameHeader, MARK_LEN, Mark};
 use crate::log::{Entry, RecordLog};
 use crate::storage::Storage;
 
@@ -84,7 +85,8 @@ impl Gather<'_> {
 pub(crate) struct Written {
     /// The file's length after it (preallocated zeros included).
     allocated: u64,
-    /// The high-water mark written with it, under a syncing policy.
+    /// The high-water mark written with it: under a syncing policy, when the write changed
+    /// the file's length.
     mark: Option<Mark>,
 }
 
@@ -105,9 +107,11 @@ impl RecordLog {
     }
 
     /// Writes `records` frames after the last whole one: `fill` pushes their bytes in
-    /// order and returns where they end; then preallocation, the high-water mark and one
-    /// sync (under a syncing policy). The log is not changed: on success give the result
-    /// to [`RecordLog::commit_write`], on failure call [`RecordLog::undo`]. The error is
+    /// order and returns where they end, and the end mark follows them in the same write
+    /// (over the previous one, where the write starts); then preallocation, the high-water
+    /// mark when the write changes the file's length, and one sync (under a syncing
+    /// policy). The log is not changed: on success give the result to
+    /// [`RecordLog::commit_write`], on failure call [`RecordLog::undo`]. The error is
     /// `fill`'s own or an I/O error made into it: [`WriteFailure`] where `fill` encodes
     /// records, `std::io::Error` where they come encoded (a group's).
     pub(crate) fn write_frames<E: From<std::io::Error>>(
@@ -124,15 +128,20 @@ impl RecordLog {
             buf,
         };
         let new_end = fill(&mut gather)?;
+        // The end mark, in the same write as the last frame it follows.
+        gather.push(&EndMark::new(self.len() + records, new_end).encode())?;
         gather.flush()?;
-        let allocated = self.preallocate(new_end);
-        // The high-water mark goes to disk with the frames, under their one sync.
-        let mark = self
-            .sync
-            .syncs()
+        let allocated = self.preallocate(new_end + END_MARK_LEN as u64);
+        // The high-water mark goes to disk with the frames, under their one sync, when
+        // that sync commits a new file length anyway (about once per `PREALLOC / 2`
+        // bytes appended): a sync of frames alone then flushes their pages only, not the
+        // header's too (`docs/format.md`, "High-water mark").
+        let mark = (self.sync.syncs() && allocated != self.allocated)
             .then(|| self.next_mark(self.len() + records));
         if let Some(mark) = &mark {
             self.write_mark(mark)?;
+        }
+        if self.sync.syncs() {
             self.storage.sync_data(&self.file)?;
         }
         Ok(Written { allocated, mark })
@@ -144,20 +153,32 @@ impl RecordLog {
         if let Some(last) = entries.last() {
             self.end = last.offset + last.header.frame_len();
         }
-        self.allocated = written.allocated.max(self.end);
+        self.allocated = written.allocated.max(self.end + END_MARK_LEN as u64);
         self.index.extend(entries);
-        if written.mark.is_some() {
+        if self.sync.syncs() {
             self.synced(written.mark);
         }
     }
 
-    /// Cuts the file back to its last whole frame after a failed write; poisons the log if
-    /// that fails too (what is on disk past the last frame is then unknown).
+    /// Cuts the file back to its last whole frame and end mark after a failed write, and
+    /// writes the end mark again (the write began over it); poisons the log if the cut
+    /// fails (what is on disk past the last frame is then unknown). If only the end
+    /// mark's write fails, the next write (which starts there) or the next open (which
+    /// reports the mark missing) puts it back.
     pub(crate) fn undo(&mut self) {
-        if self.storage.set_len(&self.file, self.end).is_err() {
+        let mark_end = self.end + END_MARK_LEN as u64;
+        if self.storage.set_len(&self.file, mark_end).is_err() {
             self.poisoned = true;
+        } else {
+            let _ = self.write_end_mark();
         }
-        self.allocated = self.end;
+        self.allocated = mark_end;
+    }
+
+    /// Writes the end mark after the last whole frame, unsynced.
+    pub(crate) fn write_end_mark(&self) -> std::io::Result<()> {
+        let mark = EndMark::new(self.len(), self.end).encode();
+        self.storage.write_all_at(&self.file, &mark, self.end)
     }
 
     /// Takes no more appends: a write failed in a way that leaves the file unknown.
@@ -330,6 +351,25 @@ impl RecordLog {
                     source,
                 })
             }
+        }
+    }
+}
+
+impl Drop for RecordLog {
+    /// Brings the high-water mark up to date when the log is closed: it counts durable
+    /// every record a sync that returned made so, which a crash cannot undo, so it needs no
+    /// sync of its own (the system writes it back in its own time, or the next open's or
+    /// append's sync does). Until then the older mark stands, which is only less strict.
+    fn drop(&mut self) {
+        if !self.opened || self.read_only || self.poisoned {
+            return;
+        }
+        let mark = self.next_mark(self.len());
+        let current = self.mark;
+        if (mark.durable_records, mark.written_records)
+            != (current.durable_records, current.written_records)
+        {
+            let _ = self.write_mark(&mark);
         }
     }
 }

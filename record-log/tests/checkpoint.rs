@@ -181,11 +181,22 @@ fn durable_records_zeroed_or_cut_are_corrupt_with_a_checkpoint_too() {
     std::fs::write(log_path(dir.path()), &pristine[..starts[12] as usize]).unwrap();
     expect_corrupt_at(open(dir.path()), starts[12]);
 
-    // The last checkpointed frame's header zeroed: the checkpoint is refused, and the
-    // last sync's record found damaged is cut and reported, as without a checkpoint.
+    // The last checkpointed frame's header zeroed: the checkpoint is refused, and, as
+    // without a checkpoint, the record is durable missing: closing the log after its sync
+    // made the high-water mark count it (generation 3, slot 1).
     std::fs::write(checkpoint_path(dir.path()), &checkpoint).unwrap();
     let mut last = pristine.clone();
     last[starts[16] as usize..starts[16] as usize + 32].fill(0);
+    std::fs::write(log_path(dir.path()), &last).unwrap();
+    expect_corrupt_at(open(dir.path()), starts[16]);
+    assert_eq!(std::fs::read(log_path(dir.path())).unwrap(), last);
+    // Without that mark (a crash before the close: the mark of the last sync, generation
+    // 2 in slot 0, counts record 16 as that sync's own), the record found damaged is cut
+    // and reported.
+    let slot_1 = 16 + "big".len() + 36;
+    assert_eq!(last[slot_1], 3, "the mark the close wrote");
+    last[slot_1..slot_1 + 36].fill(0);
+    std::fs::write(checkpoint_path(dir.path()), &checkpoint).unwrap();
     std::fs::write(log_path(dir.path()), &last).unwrap();
     let (log, recovery) = open(dir.path()).unwrap();
     assert_eq!(log.len(), 16);

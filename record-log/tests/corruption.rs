@@ -213,7 +213,10 @@ fn zeroed_from(bytes: &[u8], from: u64) -> Vec<u8> {
 #[test]
 fn durable_records_zeroed_to_the_end_of_the_file_are_corrupt_not_free_space() {
     // Storage damage, not a crash: every acknowledged frame from one in the middle on
-    // reads as zeros, which used to open as a clean, shorter log.
+    // reads as zeros, which used to open as a clean, shorter log. The log was closed, so
+    // its high-water mark counts all five durable (after a crash it may count fewer; the
+    // end mark reports the loss then: torn_tail.rs,
+    // `durable_records_lost_while_the_mark_lags_are_reported_by_the_end_mark`).
     let dir = tempfile::tempdir().unwrap();
     let starts = five(dir.path());
     let path = RecordLog::path_for(dir.path(), &common::run("mid"));
@@ -229,13 +232,18 @@ fn durable_records_zeroed_to_the_end_of_the_file_are_corrupt_not_free_space() {
             starts[k + 1] - 1,
         ] {
             std::fs::write(&path, zeroed_from(&pristine, from)).unwrap();
-            assert_durable_records_missing(dir.path(), "mid", starts[k], k as u64, 3);
+            assert_durable_records_missing(dir.path(), "mid", starts[k], k as u64, 4);
         }
     }
+    // The last record too: closing the log made the mark count it (its sync had returned).
+    for from in [starts[4], starts[4] + 5, starts[4] + frame_header + 3] {
+        std::fs::write(&path, zeroed_from(&pristine, from)).unwrap();
+        assert_durable_records_missing(dir.path(), "mid", starts[4], 4, 4);
+    }
     // The same damage with the preallocated zeros gone: the file cut at the frame.
-    for k in 0..4 {
+    for k in 0..5 {
         std::fs::write(&path, &pristine[..starts[k] as usize]).unwrap();
-        assert_durable_records_missing(dir.path(), "mid", starts[k], k as u64, 3);
+        assert_durable_records_missing(dir.path(), "mid", starts[k], k as u64, 4);
     }
     // Untouched, it still opens clean.
     std::fs::write(&path, &pristine).unwrap();
@@ -297,9 +305,11 @@ fn durable_records_zeroed_after_group_commit_or_a_buffered_sync_are_corrupt() {
     starts.push(log.size_bytes());
     log.append(&common::user("after the sync")).unwrap();
     let path = log.path().to_path_buf();
+    // As a crash leaves it (closing the log brings the mark up to date: below).
+    let crashed = std::fs::read(&path).unwrap();
     drop(log);
-    let pristine = std::fs::read(&path).unwrap();
-    std::fs::write(&path, zeroed_from(&pristine, starts[1])).unwrap();
+    let closed = std::fs::read(&path).unwrap();
+    std::fs::write(&path, zeroed_from(&crashed, starts[1])).unwrap();
     // The mark of that sync counts 0 durable before it and 4 written by it: records 1..=3
     // are its own, so (as after a crash during it) they are cut and reported, not corrupt.
     let (log, recovery) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
@@ -320,6 +330,9 @@ fn durable_records_zeroed_after_group_commit_or_a_buffered_sync_are_corrupt() {
         tail.reason
     );
     drop(log);
+    // Closed after that sync returned, the log's mark counts its records durable: corrupt.
+    std::fs::write(&path, zeroed_from(&closed, starts[1])).unwrap();
+    assert_durable_records_missing(dir.path(), "buffered", starts[1], 1, 3);
     // A second sync makes the first one's records durable before it: now they are corrupt.
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
@@ -332,8 +345,9 @@ fn durable_records_zeroed_after_group_commit_or_a_buffered_sync_are_corrupt() {
         }
     }
     let path = log.path().to_path_buf();
-    drop(log);
+    // As a crash leaves it.
     let pristine = std::fs::read(&path).unwrap();
+    drop(log);
     std::fs::write(&path, zeroed_from(&pristine, starts[1])).unwrap();
     assert_durable_records_missing(dir.path(), "buffered", starts[1], 1, 3);
 }
@@ -363,15 +377,17 @@ fn a_damaged_mark_slot_falls_back_to_the_other_and_both_damaged_is_corrupt() {
     let path = RecordLog::path_for(dir.path(), &run);
     let pristine = std::fs::read(&path).unwrap();
     let slots = [marks_at("mid"), marks_at("mid") + 36];
-    // Five syncs: the current mark (generation 5) is in slot 1, the one before in slot 0.
+    // Two marks: the first append's (generation 1, it preallocated: `d` = 0, `w` = 1) in
+    // slot 1, and the one written when the log was closed (generation 2: all five
+    // durable), the current one, in slot 0. The other four appends synced frames only.
     assert_eq!(
         [
             generation(&pristine, slots[0]),
             generation(&pristine, slots[1])
         ],
-        [4, 5]
+        [2, 1]
     );
-    for (slot, fill) in [(0, 0u8), (1, 0), (1, 0xA5)] {
+    for (slot, fill) in [(0, 0u8), (1, 0), (0, 0xA5)] {
         // One slot zeroed (or garbage): the other one is the mark. Nothing is lost.
         let mut bytes = pristine.clone();
         bytes[slots[slot] as usize..slots[slot] as usize + 36].fill(fill);
@@ -380,7 +396,8 @@ fn a_damaged_mark_slot_falls_back_to_the_other_and_both_damaged_is_corrupt() {
             .unwrap_or_else(|err| panic!("slot {slot} damaged: {err}"));
         assert!(recovery.is_clean(), "{recovery}");
         assert_eq!(log.len(), 5);
-        // The next append writes the damaged slot again, and the log reopens clean.
+        // Closing the log writes the damaged slot or the other again (the next
+        // generation's), and the log reopens clean.
         log.append(&common::user("after")).unwrap();
         drop(log);
         let (log, recovery) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
@@ -388,14 +405,29 @@ fn a_damaged_mark_slot_falls_back_to_the_other_and_both_damaged_is_corrupt() {
         assert_eq!(log.len(), 6);
         drop(log);
     }
-    // The older mark alone still catches durable records zeroed before its last sync.
+    // The older mark alone counts none durable: records zeroed from the third on are
+    // reported by the missing end mark (not Corrupt, but never a clean open).
+    let mut bytes = zeroed_from(&pristine, starts[2]);
+    bytes[slots[0] as usize..slots[0] as usize + 36].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    let (log, recovery) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
+    assert_eq!(log.len(), 2);
+    assert!(
+        matches!(
+            recovery.tail.as_ref().map(|tail| &tail.reason),
+            Some(TailReason::EndMarkMissing { at, file_ends: false }) if *at == starts[2]
+        ),
+        "{recovery}"
+    );
+    drop(log);
+    // The current mark catches them as durable records missing.
     let mut bytes = zeroed_from(&pristine, starts[2]);
     bytes[slots[1] as usize..slots[1] as usize + 36].fill(0);
     std::fs::write(&path, &bytes).unwrap();
-    assert_durable_records_missing(dir.path(), "mid", starts[2], 2, 2);
+    assert_durable_records_missing(dir.path(), "mid", starts[2], 2, 4);
     // A bit flipped in the current slot: its checksum fails, the other slot is used.
     let mut bytes = pristine.clone();
-    bytes[slots[1] as usize + 9] ^= 0x01;
+    bytes[slots[0] as usize + 9] ^= 0x01;
     std::fs::write(&path, &bytes).unwrap();
     let (log, recovery) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
@@ -433,8 +465,10 @@ fn a_mark_that_disagrees_with_the_frames_is_corrupt() {
     for i in 0..5 {
         log.append(&common::user(&format!("other {i}"))).unwrap();
     }
-    let theirs = std::fs::read(log.path()).unwrap();
+    let path_theirs = log.path().to_path_buf();
     drop(log);
+    // Closed: its mark counts all five durable, ending at its fifth frame's end.
+    let theirs = std::fs::read(path_theirs).unwrap();
     let mut spliced = ours.clone();
     let slots = marks_at("mid") as usize..marks_at("mid") as usize + 72;
     spliced[slots.clone()].copy_from_slice(&theirs[slots]);

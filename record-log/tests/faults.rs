@@ -49,8 +49,12 @@ fn a_failed_sync_is_cut_back_and_the_log_goes_on() {
     let err = log.append(&common::text_result("lost")).unwrap_err();
     assert!(is_eio(&err), "{err:?}");
     assert!(matches!(err, AppendError::Io { offset, .. } if offset == end));
-    // Nothing acknowledged, nothing indexed, and the file cut back to the last whole frame.
-    assert_eq!((log.len(), log.size_bytes(), file_len(&log)), (1, end, end));
+    // Nothing acknowledged, nothing indexed, and the file cut back to the last whole frame
+    // and its end mark.
+    assert_eq!(
+        (log.len(), log.size_bytes(), file_len(&log)),
+        (1, end, end + common::END_MARK)
+    );
     let next = log.append(&common::user("next")).unwrap();
     assert_eq!(next.seq, 1, "the failed record's place is taken again");
     let path = log.path().to_path_buf();
@@ -68,6 +72,30 @@ fn a_failed_sync_is_cut_back_and_the_log_goes_on() {
 }
 
 #[test]
+fn a_failed_sync_puts_the_end_mark_back_so_the_log_reopens_clean() {
+    // The failed append's write went over the end mark; cutting it back writes the mark
+    // again after the last whole frame, so closing now loses nothing and reports nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, faults) = open(dir.path(), "mark", SyncPolicy::EveryAppend);
+    let kept = log.append(&common::user("kept")).unwrap();
+    faults.fail_next(StorageOp::Sync, 1);
+    assert!(is_eio(
+        &log.append(&common::text_result("lost")).unwrap_err()
+    ));
+    let path = log.path().to_path_buf();
+    drop(log);
+    let (log, recovery) = RecordLog::open(
+        path.parent().unwrap(),
+        &common::run("mark"),
+        SyncPolicy::EveryAppend,
+    )
+    .unwrap();
+    assert!(recovery.is_clean(), "{recovery}");
+    assert_eq!(log.len(), 1);
+    assert_eq!(log.record(&kept).unwrap(), Some(common::user("kept")));
+}
+
+#[test]
 fn a_failed_write_is_cut_back_too() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, faults) = open(dir.path(), "write", SyncPolicy::EveryAppend);
@@ -76,7 +104,7 @@ fn a_failed_write_is_cut_back_too() {
     faults.fail_next(StorageOp::Write, 1);
     let batch = [common::user("a"), common::text_result("b")];
     assert!(is_eio(&log.append_batch(&batch).unwrap_err()));
-    assert_eq!((log.len(), file_len(&log)), (1, end));
+    assert_eq!((log.len(), file_len(&log)), (1, end + common::END_MARK));
     assert_eq!(log.append_batch(&batch).unwrap().len(), 2);
 }
 

@@ -78,5 +78,67 @@ fn writes_over_512k_grow_the_file_themselves() {
     let big = common::text_result(&"x".repeat(2 << 20));
     log.append(&big).unwrap();
     // No zeros written after a write larger than the preallocation's reach.
-    assert_eq!(file_len(log.path()), log.size_bytes());
+    assert_eq!(file_len(log.path()), log.size_bytes() + common::END_MARK);
+}
+
+#[test]
+fn a_durable_append_into_preallocated_space_is_one_write_and_one_sync() {
+    // The end mark rides in the frames' own write, and the high-water mark is written only
+    // by a sync that commits a new file length anyway: so an append into preallocated
+    // space dirties the frames' pages only (`docs/format.md`, "End mark").
+    use psych_record_log::{FaultyStorage, StorageOp};
+    let dir = tempfile::tempdir().unwrap();
+    let storage = std::sync::Arc::new(FaultyStorage::new());
+    let (mut log, _) = RecordLog::open_with_storage(
+        dir.path(),
+        &common::run("pre"),
+        SyncPolicy::EveryAppend,
+        storage.clone(),
+    )
+    .unwrap();
+    let record = common::text_result(&"x".repeat(4096));
+    // The first append preallocates: frames and end mark, zeros, the high-water mark.
+    let calls = |op| storage.calls(op);
+    let (writes, syncs) = (calls(StorageOp::Write), calls(StorageOp::Sync));
+    log.append(&record).unwrap();
+    assert_eq!(
+        (
+            calls(StorageOp::Write) - writes,
+            calls(StorageOp::Sync) - syncs
+        ),
+        (3, 1)
+    );
+    let marks = std::fs::read(log.path()).unwrap()[..128].to_vec();
+    for _ in 0..50 {
+        let (writes, syncs) = (calls(StorageOp::Write), calls(StorageOp::Sync));
+        let before = file_len(log.path());
+        log.append(&record).unwrap();
+        assert_eq!(file_len(log.path()), before, "within preallocated space");
+        assert_eq!(
+            (
+                calls(StorageOp::Write) - writes,
+                calls(StorageOp::Sync) - syncs
+            ),
+            (1, 1),
+            "one pwrite (frame and end mark), one fdatasync"
+        );
+    }
+    assert_eq!(
+        std::fs::read(log.path()).unwrap()[..128],
+        marks[..],
+        "the header page was not written"
+    );
+    // Past half the preallocation, the next append preallocates again, and with it the
+    // high-water mark is written, under the sync that commits the new length.
+    for _ in 0..200 {
+        let before = file_len(log.path());
+        let writes = calls(StorageOp::Write);
+        log.append(&record).unwrap();
+        if file_len(log.path()) != before {
+            assert_eq!(calls(StorageOp::Write) - writes, 3, "frames, zeros, mark");
+            assert_ne!(std::fs::read(log.path()).unwrap()[..128], marks[..]);
+            return;
+        }
+    }
+    panic!("200 appends of 4 KiB never preallocated again");
 }

@@ -13,11 +13,11 @@ mod common;
 
 use std::path::Path;
 
-use psych_record_log::{RecordLog, Recovery, SyncPolicy};
+use psych_record_log::{RecordLog, Recovery, SyncPolicy, TailReason};
 use psych_types::{Record, RecordSource, ToolOutput};
 
-/// Writes `records` to a fresh log of Run `cut` under `dir`; returns the file's bytes and
-/// the end offset of each frame.
+/// Writes `records` to a fresh log of Run `cut` under `dir`; returns the file's bytes up to
+/// the end mark's end (the end mark included) and the end offset of each frame.
 fn build(dir: &Path, records: &[Record]) -> (Vec<u8>, Vec<u64>) {
     let (mut log, _) = RecordLog::open(dir, &common::run("cut"), SyncPolicy::OsBuffered).unwrap();
     let mut ends = Vec::new();
@@ -26,9 +26,11 @@ fn build(dir: &Path, records: &[Record]) -> (Vec<u8>, Vec<u64>) {
         ends.push(log.size_bytes());
     }
     let mut bytes = std::fs::read(log.path()).unwrap();
-    // Past the last frame the file holds only preallocated zeros.
-    assert!(bytes[log.size_bytes() as usize..].iter().all(|&b| b == 0));
-    bytes.truncate(log.size_bytes() as usize);
+    // Past the last frame the file holds the end mark, then only preallocated zeros.
+    let end = (log.size_bytes() + common::END_MARK) as usize;
+    assert_eq!(&bytes[log.size_bytes() as usize..][..4], b"PSEM");
+    assert!(bytes[end..].iter().all(|&b| b == 0));
+    bytes.truncate(end);
     (bytes, ends)
 }
 
@@ -63,7 +65,9 @@ fn cut_at_every_offset_of_the_last_three_frames() {
     let path = RecordLog::path_for(&target, &run);
     std::fs::create_dir_all(&target).unwrap();
     // Each cut twice: at the end of the file, and followed by preallocated zeros (a torn
-    // append into preallocated space).
+    // append into preallocated space). Only the whole file, its end mark included, opens
+    // clean: a cut at a frame boundary leaves no end mark, so records after it may have
+    // been lost, and that is reported (it used to open clean).
     for (cut, padding) in (start..=bytes.len() as u64).flat_map(|cut| [(cut, 0), (cut, 5000)]) {
         let mut file = bytes[..cut as usize].to_vec();
         file.resize(file.len() + padding, 0);
@@ -77,7 +81,12 @@ fn cut_at_every_offset_of_the_last_three_frames() {
         assert_eq!(log.size_bytes(), boundary);
         match &recovery.tail {
             None => {
-                assert_eq!(cut, boundary, "cut at {cut}+{padding} went unreported");
+                assert_eq!(
+                    cut,
+                    bytes.len() as u64,
+                    "cut at {cut}+{padding} went unreported"
+                );
+                assert_eq!(boundary + common::END_MARK, cut);
                 // Zeros after the last whole frame are preallocated space, kept.
                 assert_eq!(
                     std::fs::metadata(&path).unwrap().len(),
@@ -93,8 +102,8 @@ fn cut_at_every_offset_of_the_last_three_frames() {
                 assert!(!tail.left_in_place, "{tail}");
                 assert_eq!(
                     std::fs::metadata(&path).unwrap().len(),
-                    boundary,
-                    "file cut back"
+                    boundary + common::END_MARK,
+                    "file cut back, and the end mark written again"
                 );
             }
         }
@@ -149,7 +158,11 @@ fn garbage_after_the_last_frame_is_cut_and_reported_but_zeros_are_not_garbage() 
         let (log, recovery) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
         assert_eq!(log.len(), records.len() as u64);
         let loss = recovery.tail.expect("the garbage is reported");
-        assert_eq!((loss.offset, loss.bytes), (ends[5], tail.len() as u64));
+        // Cut from the end of the last frame: the end mark and the garbage after it.
+        assert_eq!(
+            (loss.offset, loss.bytes),
+            (ends[5], common::END_MARK + tail.len() as u64)
+        );
     }
     // Zeros only: preallocated space, as the log itself leaves it.
     let mut padded = bytes.clone();
@@ -250,9 +263,13 @@ fn reopen(dir: &Path) -> (RecordLog, Recovery) {
 fn the_last_syncs_frames_zeroed_or_cut_are_reported_once_never_silent() {
     // Zeros (or the end of the file) where the last sync's frames were: a crash before that
     // sync returned leaves the same bytes, so they are cut and reported, not Corrupt; they
-    // used to open as a clean, shorter log.
+    // used to open as a clean, shorter log. The last record is over 1 MiB, so its write
+    // grows the file past the preallocated space and writes the high-water mark with its
+    // sync (a write within preallocated space leaves the mark as it is; the end mark alone
+    // reports such a loss: `durable_records_lost_while_the_mark_lags_are_reported_by_the_end_mark`).
     let dir = tempfile::tempdir().unwrap();
-    let records = records();
+    let mut records = records();
+    records[5] = common::text_result(&"line\n".repeat(250_000));
     let (bytes, starts) = build_synced(&dir.path().join("source"), &records, 1);
     let last = starts[5];
     let run = common::run("cut");
@@ -296,7 +313,11 @@ fn the_last_syncs_frames_zeroed_or_cut_are_reported_once_never_silent() {
             .expect("the missing records are reported");
         assert!(tail.to_string().starts_with(reason), "{tail}");
         assert_eq!((tail.offset, tail.bytes), (last, file.len() as u64 - last));
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), last, "cut back");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            last + common::END_MARK,
+            "cut back, the end mark written again"
+        );
         for (seq, record) in records.iter().take(5).enumerate() {
             let handle = log.handle(seq as u64).unwrap();
             assert_eq!(log.record(&handle).unwrap().as_ref(), Some(record));
@@ -323,15 +344,18 @@ fn slots() -> std::ops::Range<usize> {
 #[test]
 fn every_state_a_crash_leaves_a_write_and_its_mark_in_opens() {
     // A power loss during the last write's sync can leave on disk any of: the new mark or
-    // the old one or a torn slot, with any of: the write's frames whole, missing from some
-    // frame on (zeros), or a first frame missing and later ones whole. None of these may be
-    // Corrupt (the write was never acknowledged, and every earlier one is whole), and
-    // every record before the write must be kept.
+    // the old one or a torn slot, with any of: the write's frames and end mark whole, its
+    // pages missing from some frame on (the old bytes there: the old end mark, then zeros),
+    // a first frame missing and later ones whole, or only its end mark missing. None of
+    // these may be Corrupt (the write was never acknowledged, and every earlier one is
+    // whole), and every record before the write must be kept.
     let dir = tempfile::tempdir().unwrap();
-    let records = records();
-    // Three single appends, then a batch of three as the last write.
+    let mut records = records();
+    // Three single appends, then a batch of three as the last write; its last record is
+    // over 1 MiB, so the batch grows the file and writes the high-water mark.
+    records[5] = common::text_result(&"line\n".repeat(250_000));
     let (after, starts) = build_synced(&dir.path().join("after"), &records, 3);
-    let before = {
+    let mut before = {
         let (mut log, _) = RecordLog::open(
             dir.path().join("before"),
             &common::run("cut"),
@@ -341,37 +365,60 @@ fn every_state_a_crash_leaves_a_write_and_its_mark_in_opens() {
         for record in &records[..3] {
             log.append(record).unwrap();
         }
+        // Read before the log is closed: as a crash leaves it.
         std::fs::read(log.path()).unwrap()
     };
+    before.resize(after.len().max(before.len()), 0);
+    let end = starts[6];
+    assert_eq!(
+        &before[starts[3] as usize..][..4],
+        b"PSEM",
+        "the old end mark"
+    );
+    assert_eq!(&after[end as usize..][..4], b"PSEM", "the new end mark");
     let slots = slots();
     let old_marks = &before[slots.clone()];
-    let mut torn_marks = after[slots.clone()].to_vec();
-    // The new mark went to the slot of generation 4 (slot 0); tear it mid-way.
+    let new_marks = &after[slots.clone()];
+    assert_ne!(old_marks, new_marks, "the last write wrote a mark");
+    // The new mark went to the slot of generation 2 (slot 0); tear it mid-way.
+    let mut torn_marks = new_marks.to_vec();
     torn_marks[20..36].copy_from_slice(&old_marks[20..36]);
-    let zero = |from: u64, to: u64| {
+    // The last write's pages from `from` to `to` never reached the disk.
+    let old_from = |from: u64, to: u64| {
         let mut file = after.clone();
-        file[from as usize..to as usize].fill(0);
+        file[from as usize..to as usize].copy_from_slice(&before[from as usize..to as usize]);
         file
     };
+    let len = after.len() as u64;
+    // (state of the write's pages, file, records kept, whether reported with either mark)
     let frames = [
-        ("whole", after.clone(), 6),
-        ("first frame missing", zero(starts[3], starts[4]), 3),
+        ("whole", after.clone(), 6, false),
+        (
+            "first frame missing",
+            old_from(starts[3], starts[4]),
+            3,
+            true,
+        ),
         (
             "missing from its second frame",
-            zero(starts[4], after.len() as u64),
+            old_from(starts[4], len),
             4,
+            true,
         ),
-        ("all missing", zero(starts[3], after.len() as u64), 3),
+        // The old end mark still after record 2: a clean log of 3, unless the new mark
+        // counts the write.
+        ("all missing", old_from(starts[3], len), 3, false),
+        ("only its end mark missing", old_from(end, len), 6, true),
     ];
     let target = dir.path().join("t");
     std::fs::create_dir_all(&target).unwrap();
     let path = RecordLog::path_for(&target, &common::run("cut"));
     for (marks, mark_state) in [
-        (after[slots.clone()].to_vec(), "new mark"),
+        (new_marks.to_vec(), "new mark"),
         (old_marks.to_vec(), "old mark"),
         (torn_marks, "torn new slot"),
     ] {
-        for (frames_state, file, kept) in &frames {
+        for (frames_state, file, kept, reported) in &frames {
             let mut file = file.clone();
             file[slots.clone()].copy_from_slice(&marks);
             std::fs::write(&path, &file).unwrap();
@@ -388,9 +435,8 @@ fn every_state_a_crash_leaves_a_write_and_its_mark_in_opens() {
                 assert_eq!(log.record(&handle).unwrap().as_ref(), Some(record));
             }
             // With the new mark on disk, missing frames of its write are reported; with the
-            // old one, zeros after the last whole frame are free space as ever.
-            let reported =
-                *kept < 6 && (mark_state == "new mark" || *frames_state == "first frame missing");
+            // old one, the end mark says whether the log ends where its last write left it.
+            let reported = *reported || (mark_state == "new mark" && *kept < 6);
             assert_eq!(
                 recovery.tail.is_some(),
                 reported,
@@ -398,4 +444,88 @@ fn every_state_a_crash_leaves_a_write_and_its_mark_in_opens() {
             );
         }
     }
+}
+
+#[test]
+fn durable_records_lost_while_the_mark_lags_are_reported_by_the_end_mark() {
+    // The high-water mark is written only by syncs that change the file's length (and when
+    // the log is closed), so after a crash it may count none of the last appends durable.
+    // Zeros or a cut from any of their frames to the end of the file then leave no end mark
+    // after the last whole frame: reported, never a clean shorter log (issue 8, section 3:
+    // zeros to the end used to be taken for preallocated space).
+    let dir = tempfile::tempdir().unwrap();
+    let records = records();
+    let (mut log, _) = RecordLog::open(
+        dir.path().join("source"),
+        &common::run("cut"),
+        SyncPolicy::EveryAppend,
+    )
+    .unwrap();
+    let mut starts = Vec::new();
+    for record in &records {
+        starts.push(log.size_bytes());
+        log.append(record).unwrap();
+    }
+    // As a crash leaves it: every append synced, the mark written by the first one only
+    // (it counts record 0 as written, so from record 1 on only the end mark tells).
+    let pristine = std::fs::read(log.path()).unwrap();
+    let end = log.size_bytes();
+    drop(log);
+    let target = dir.path().join("t");
+    std::fs::create_dir_all(&target).unwrap();
+    let path = RecordLog::path_for(&target, &common::run("cut"));
+    for (k, &from) in starts.iter().enumerate().skip(1) {
+        let mut zeroed = pristine.clone();
+        zeroed[from as usize..].fill(0);
+        let cut = pristine[..from as usize].to_vec();
+        for (file, file_ends) in [(zeroed, false), (cut, true)] {
+            // Read-only: reported, left in place.
+            std::fs::write(&path, &file).unwrap();
+            let (log, recovery) = RecordLog::open_read_only(&target, &common::run("cut"))
+                .unwrap_or_else(|err| panic!("from {k}: {err}"));
+            assert_eq!(log.len(), k as u64);
+            let tail = recovery.tail.expect("the loss is reported");
+            assert!(tail.left_in_place, "{tail}");
+            assert_eq!(
+                std::fs::read(&path).unwrap(),
+                file,
+                "read-only writes nothing"
+            );
+            drop(log);
+            // Writable: reported, cut, the end mark written again; reported once.
+            let (log, recovery) = reopen(&target);
+            assert_eq!(log.len(), k as u64, "{recovery}");
+            let tail = recovery.tail.expect("the loss is reported");
+            assert_eq!(
+                tail.reason,
+                TailReason::EndMarkMissing {
+                    at: from,
+                    file_ends
+                },
+                "from {k}"
+            );
+            assert_eq!((tail.offset, tail.bytes), (from, file.len() as u64 - from));
+            let what = if file_ends { "the file ends" } else { "zeros" };
+            assert_eq!(
+                tail.to_string(),
+                format!(
+                    "the log's end mark is missing: records after byte {from} may have been \
+                     lost ({what} from there)"
+                )
+            );
+            for (seq, record) in records.iter().take(k).enumerate() {
+                let handle = log.handle(seq as u64).unwrap();
+                assert_eq!(log.record(&handle).unwrap().as_ref(), Some(record));
+            }
+            drop(log);
+            let (log, recovery) = reopen(&target);
+            assert!(recovery.is_clean(), "{recovery}");
+            assert_eq!(log.len(), k as u64);
+        }
+    }
+    // Untouched, as a crash leaves it: clean.
+    std::fs::write(&path, &pristine).unwrap();
+    let (log, recovery) = reopen(&target);
+    assert!(recovery.is_clean(), "{recovery}");
+    assert_eq!((log.len(), log.size_bytes()), (6, end));
 }

@@ -12,6 +12,10 @@ use psych_types::{
     UserMessage,
 };
 
+/// Bytes of the end mark the log writes right after its last frame (`docs/format.md`,
+/// "End mark"): a log's file holds it past `size_bytes()`, then preallocated zeros.
+pub(crate) const END_MARK: u64 = 24;
+
 /// A group commit policy with these bounds, panicking if they are out of range (tests
 /// only).
 pub(crate) fn group_commit(max_wait: Duration, max_records: usize, max_bytes: u64) -> SyncPolicy {
