@@ -8,7 +8,11 @@
 //!   `pwrite` into a preallocated file + `fdatasync` (`prealloc_write_fdatasync`, the
 //!   log's own pattern without the mark) against the same plus a 36-byte `pwrite` into
 //!   the file's first page before the sync (`prealloc_write_mark_fdatasync`, what each
-//!   durable append does for its mark); also timed alternately, medians printed.
+//!   durable append did for its mark until the end mark replaced it); and the same 4 KiB
+//!   followed by a 24-byte end mark in the same `pwrite`, each write starting over the
+//!   previous mark (`prealloc_write_end_mark_fdatasync`, what each durable append does
+//!   now). Each is also timed alternately against the write without a mark, and the log's
+//!   own durable append against that write too; medians and ratios printed.
 //! - `large_append_2m`: a durable 2 MiB tool result against a bare `write` + `fdatasync` of
 //!   the same 2 MiB appended to a plain file.
 //! - `group_commit_64`: at 512 B and 4 KiB records, 64 records appended one after another
@@ -123,7 +127,7 @@ fn durable_append(c: &mut Criterion) {
         b.iter(|| log.append(black_box(&record)).unwrap());
     });
 
-    mark_cost(&mut group, dir.path(), &bytes);
+    mark_cost(&mut group, dir.path(), &bytes, &mut log, &record);
 
     let db = Database::create(dir.path().join("bench.redb")).unwrap();
     let mut key = 0u64;
@@ -181,9 +185,10 @@ fn alternate_medians(mut first: impl FnMut(), mut second: impl FnMut()) -> (Dura
 const PREALLOCATED: u64 = 16 << 20;
 
 /// A file of [`PREALLOCATED`] zeros, written and synced, and the writes into it: each
-/// `write` puts `bytes` at the next offset (back to the start past the end), and with
-/// `mark` a 36-byte write at offset 21 (where a log of Run `bench` keeps its high-water
-/// mark's first slot) before the `fdatasync`.
+/// `write` puts `bytes` at the next offset (back to the start past the end), with
+/// [`Mark::Header`] a 36-byte write at offset 21 (where a log of Run `bench` keeps its
+/// high-water mark's first slot) before the `fdatasync`, with [`Mark::End`] 24 bytes more
+/// in the same `pwrite`, right after `bytes` (the next write starts over them).
 struct Preallocated {
     file: File,
     at: u64,
@@ -206,38 +211,93 @@ impl Preallocated {
         Self { file, at: 4096 }
     }
 
-    fn write(&mut self, bytes: &[u8], mark: bool) {
-        if self.at + bytes.len() as u64 > PREALLOCATED {
+    fn write(&mut self, bytes: &[u8], mark: Mark) {
+        if self.at + bytes.len() as u64 + 24 > PREALLOCATED {
             self.at = 4096;
         }
-        self.file.write_all_at(black_box(bytes), self.at).unwrap();
+        match mark {
+            Mark::End => {
+                // As the log gathers frames and end mark into one buffer.
+                let mut buf = Vec::with_capacity(bytes.len() + 24);
+                buf.extend_from_slice(bytes);
+                buf.extend_from_slice(&[7u8; 24]);
+                self.file.write_all_at(black_box(&buf), self.at).unwrap();
+            }
+            Mark::None | Mark::Header => {
+                self.file.write_all_at(black_box(bytes), self.at).unwrap();
+            }
+        }
         self.at += bytes.len() as u64;
-        if mark {
+        if mark == Mark::Header {
             self.file.write_all_at(black_box(&[7u8; 36]), 21).unwrap();
         }
         self.file.sync_data().unwrap();
     }
 }
 
+/// Which mark a [`Preallocated`] write carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    /// None: the log's pattern without a mark.
+    None,
+    /// The 36-byte high-water mark in the first page, as every durable append wrote it
+    /// before the end mark.
+    Header,
+    /// The 24-byte end mark after the frame, in the same `pwrite`, as now.
+    End,
+}
+
 /// The high-water mark's own cost, side by side: the same 4 KiB `pwrite` + `fdatasync`
 /// into preallocated space, without and with the 36-byte mark write into the first page
 /// (so each sync flushes two places instead of one). Timed alternately first (medians
 /// printed), then as two criterion functions.
-fn mark_cost(group: &mut BenchmarkGroup<'_, WallTime>, dir: &Path, bytes: &[u8]) {
+fn mark_cost(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    dir: &Path,
+    bytes: &[u8],
+    log: &mut RecordLog,
+    record: &Record,
+) {
     let mut plain = Preallocated::create(&dir.join("prealloc_plain"));
     let mut marked = Preallocated::create(&dir.join("prealloc_mark"));
-    let (without, with) =
-        alternate_medians(|| plain.write(bytes, false), || marked.write(bytes, true));
+    let mut ended = Preallocated::create(&dir.join("prealloc_end_mark"));
+    let (without, with) = alternate_medians(
+        || plain.write(bytes, Mark::None),
+        || marked.write(bytes, Mark::Header),
+    );
     eprintln!(
-        "interleaved medians: prealloc write+fdatasync {without:?}, with the mark's write \
-         {with:?}, ratio {:.2}",
+        "interleaved medians: prealloc write+fdatasync {without:?}, with the header mark's \
+         write {with:?}, ratio {:.2}",
         with.as_secs_f64() / without.as_secs_f64()
     );
+    let (without, with) = alternate_medians(
+        || plain.write(bytes, Mark::None),
+        || ended.write(bytes, Mark::End),
+    );
+    eprintln!(
+        "interleaved medians: prealloc write+fdatasync {without:?}, with the end mark in the \
+         same write {with:?}, ratio {:.2}",
+        with.as_secs_f64() / without.as_secs_f64()
+    );
+    let (without, ours) = alternate_medians(
+        || plain.write(bytes, Mark::None),
+        || {
+            log.append(record).unwrap();
+        },
+    );
+    eprintln!(
+        "interleaved medians: prealloc write+fdatasync {without:?}, record_log_append \
+         {ours:?}, ratio {:.2}",
+        ours.as_secs_f64() / without.as_secs_f64()
+    );
     group.bench_function("prealloc_write_fdatasync", |b| {
-        b.iter(|| plain.write(bytes, false));
+        b.iter(|| plain.write(bytes, Mark::None));
     });
     group.bench_function("prealloc_write_mark_fdatasync", |b| {
-        b.iter(|| marked.write(bytes, true));
+        b.iter(|| marked.write(bytes, Mark::Header));
+    });
+    group.bench_function("prealloc_write_end_mark_fdatasync", |b| {
+        b.iter(|| ended.write(bytes, Mark::End));
     });
 }
 
