@@ -22,8 +22,15 @@
 //!   5 ms): the leader/follower group commit, thread wake-ups included
 //!   (`shared_64_threads`). Throughput in records; the shared case prints how many groups
 //!   its rounds took. `threads_only_no_append` is the same 64-thread barrier round with no
-//!   append: the harness's own cost, to read `shared_64_threads` against. Before each size,
-//!   the three are also timed alternately and the medians and ratios printed.
+//!   append: the harness's own cost, to read `shared_64_threads` against. Beside them, the
+//!   disk's own floor for one group: the same 64 records' readable bytes (64 × 512 B or
+//!   64 × 4 KiB, without frame headers or metadata) as one `pwrite` + `fdatasync` into a
+//!   preallocated, synced file (`floor_write_fdatasync`); the same plus the 36-byte
+//!   high-water mark `pwrite` into the file's first page (`floor_write_mark_fdatasync`);
+//!   and the same plus the mark, into a file that grows as the log's does, zeros written
+//!   ahead by the log's rule (1 MiB past the end whenever under 512 KiB is left) before
+//!   the sync (`floor_growing_mark_fdatasync`): the log's I/O without the log. Before each
+//!   size, all six are also timed alternately and the medians and ratios printed.
 
 #![allow(
     clippy::unwrap_used,
@@ -301,6 +308,72 @@ fn mark_cost(
     });
 }
 
+/// Zeros the log writes ahead of its last frame (`write.rs`, `PREALLOC`): whenever fewer
+/// than half of them are left after a write, it writes zeros up to this far past its end.
+const LOG_PREALLOC: u64 = 1 << 20;
+
+/// A file written as the log writes its frames, without the log: each `write` puts `bytes`
+/// at the end, then, as the log's preallocation does, zeros up to [`LOG_PREALLOC`] past
+/// the end when fewer than half of that are left, then the 36-byte mark at offset 21, then
+/// `fdatasync`. The file grows from 0, as a new log does.
+struct Growing {
+    file: File,
+    end: u64,
+    allocated: u64,
+}
+
+impl Growing {
+    fn create(path: &Path) -> Self {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        file.write_all_at(&[0u8; 93], 0).unwrap();
+        file.sync_all().unwrap();
+        Self {
+            file,
+            end: 93,
+            allocated: 93,
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.file.write_all_at(black_box(bytes), self.end).unwrap();
+        self.end += bytes.len() as u64;
+        self.allocated = self.allocated.max(self.end);
+        if self.allocated - self.end < LOG_PREALLOC / 2 {
+            let zeros = vec![0u8; (self.end + LOG_PREALLOC - self.allocated) as usize];
+            self.file.write_all_at(&zeros, self.allocated).unwrap();
+            self.allocated = self.end + LOG_PREALLOC;
+        }
+        self.file.write_all_at(black_box(&[7u8; 36]), 21).unwrap();
+        self.file.sync_data().unwrap();
+    }
+}
+
+/// The disk's floor for one group of `bytes`, three ways (see the module doc): into
+/// preallocated space without and with the mark, and growing as the log grows.
+struct Floors {
+    bytes: Vec<u8>,
+    bare: Preallocated,
+    marked: Preallocated,
+    growing: Growing,
+}
+
+impl Floors {
+    fn create(dir: &Path, bytes: Vec<u8>) -> Self {
+        Self {
+            bytes,
+            bare: Preallocated::create(&dir.join("floor_bare")),
+            marked: Preallocated::create(&dir.join("floor_mark")),
+            growing: Growing::create(&dir.join("floor_growing")),
+        }
+    }
+}
+
 /// 64 appender threads parked on a barrier, each appending one record per round to a
 /// shared log (or, with no log, doing nothing: the harness's own cost): one round is 64
 /// tool calls finishing at once.
@@ -345,9 +418,19 @@ fn interleaved_group(
     batched: &mut RecordLog,
     appenders: &Appenders,
     batch: &[Record],
+    floors: &mut Floors,
 ) {
-    let mut times = [Vec::new(), Vec::new(), Vec::new()];
+    let mut times = [(); 6].map(|()| Vec::new());
     for _ in 0..25 {
+        let started = Instant::now();
+        floors.bare.write(&floors.bytes, false);
+        times[3].push(started.elapsed());
+        let started = Instant::now();
+        floors.marked.write(&floors.bytes, true);
+        times[4].push(started.elapsed());
+        let started = Instant::now();
+        floors.growing.write(&floors.bytes);
+        times[5].push(started.elapsed());
         let started = Instant::now();
         for record in batch {
             single.append(record).unwrap();
@@ -360,15 +443,20 @@ fn interleaved_group(
         appenders.round();
         times[2].push(started.elapsed());
     }
-    let [single, batch, shared] = times.map(|mut t| {
+    let [single, batch, shared, floor, floor_mark, growing] = times.map(|mut t| {
         t.sort();
         t[12]
     });
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     eprintln!(
         "interleaved medians at {len} B: per_append_fsync {single:?}, append_batch {batch:?} \
-         ({:.1}x), shared_64_threads {shared:?} ({:.1}x)",
-        single.as_secs_f64() / batch.as_secs_f64(),
-        single.as_secs_f64() / shared.as_secs_f64()
+         ({:.1}x), shared_64_threads {shared:?} ({:.1}x); floor {floor:?} ({:.1}x; \
+         append_batch {:.2}x the floor), with the mark {floor_mark:?}, growing as the log \
+         {growing:?}",
+        ratio(single, batch),
+        ratio(single, shared),
+        ratio(single, floor),
+        ratio(batch, floor),
     );
 }
 
@@ -399,7 +487,16 @@ fn group_commit(c: &mut Criterion) {
         let (log, _) = SharedRecordLog::open(dirs[2].path(), &run, policy).unwrap();
         let log = Arc::new(log);
         let appenders = Appenders::spawn(Some(&log), &record, RECORDS);
-        interleaved_group(len, &mut single, &mut batched, &appenders, &batch);
+        let floor_dir = bench_dir();
+        let mut floors = Floors::create(floor_dir.path(), readable(&record).repeat(RECORDS));
+        interleaved_group(
+            len,
+            &mut single,
+            &mut batched,
+            &appenders,
+            &batch,
+            &mut floors,
+        );
 
         group.bench_with_input(
             BenchmarkId::new("per_append_fsync", len),
@@ -426,6 +523,21 @@ fn group_commit(c: &mut Criterion) {
             after.groups - before.groups,
             after.largest_group
         );
+        let Floors {
+            bytes,
+            bare,
+            marked,
+            growing,
+        } = &mut floors;
+        group.bench_function(BenchmarkId::new("floor_write_fdatasync", len), |b| {
+            b.iter(|| bare.write(bytes, false));
+        });
+        group.bench_function(BenchmarkId::new("floor_write_mark_fdatasync", len), |b| {
+            b.iter(|| marked.write(bytes, true));
+        });
+        group.bench_function(BenchmarkId::new("floor_growing_mark_fdatasync", len), |b| {
+            b.iter(|| growing.write(bytes))
+        });
     }
     // The barrier rounds alone: what waking 64 threads and waiting for them costs here.
     let idle = Appenders::spawn(None, &tool_result(0), RECORDS);

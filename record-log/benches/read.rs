@@ -11,7 +11,10 @@
 //! `record_log_open_full` (every frame's checksums verified, the index rebuilt: the open of
 //! before the checkpoint, measured through `open_read_only` with no checkpoint file so that
 //! it writes none), and `read_and_crc32c`, a plain read of the same file with one CRC-32C
-//! over all of it: the floor for any open that checks every byte.
+//! over all of it: the floor for any open that checks every byte. Beside them,
+//! `checkpoint_read_and_crc32c`: the same plain read and CRC-32C of the checkpoint file
+//! alone (its compact index, 16 bytes a frame), the floor for any open that trusts a
+//! checkpoint only after checking its checksum.
 
 #![allow(
     clippy::unwrap_used,
@@ -147,20 +150,30 @@ fn read_by_handle(c: &mut Criterion) {
         b.iter(|| RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap());
     });
     group.bench_function("read_and_crc32c", |b| {
-        b.iter(|| {
-            let mut file = std::fs::File::open(&path).unwrap();
-            let mut buf = vec![0u8; 1 << 20];
-            let mut crc = 0u32;
-            loop {
-                let n = std::io::Read::read(&mut file, &mut buf).unwrap();
-                if n == 0 {
-                    break crc;
-                }
-                crc = crc32c::crc32c_append(crc, &buf[..n]);
-            }
-        });
+        b.iter(|| read_and_crc32c(path.as_ref()));
+    });
+    eprintln!(
+        "checkpoint: {} bytes",
+        std::fs::metadata(&checkpoint).unwrap().len()
+    );
+    group.bench_function("checkpoint_read_and_crc32c", |b| {
+        b.iter(|| read_and_crc32c(checkpoint.as_ref()));
     });
     group.finish();
+}
+
+/// One plain read of the file at `path` in 1 MiB pieces, with one CRC-32C over all of it.
+fn read_and_crc32c(path: &std::path::Path) -> u32 {
+    let mut file = std::fs::File::open(path).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut crc = 0u32;
+    loop {
+        let n = std::io::Read::read(&mut file, &mut buf).unwrap();
+        if n == 0 {
+            break crc;
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+    }
 }
 
 criterion_group!(benches, read_by_handle);

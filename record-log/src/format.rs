@@ -330,20 +330,26 @@ impl FrameHeader {
             meta_len: u32::from_le_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]),
             content_len: u64::from_le_bytes(content_len),
         };
-        let known = match header.kind {
-            KIND_USER | KIND_ASSISTANT | KIND_USAGE => {
-                header.content_kind == CONTENT_NONE && header.content_len == 0 && header.flags == 0
-            }
-            KIND_TOOL_RESULT => {
-                (CONTENT_TEXT..=CONTENT_WITH_BINARY).contains(&header.content_kind)
-                    && header.flags & !FLAG_IS_ERROR == 0
-            }
-            _ => false,
-        };
-        if !known {
+        if !header.fields_known() {
             return Err(FrameDamage::UndefinedFields);
         }
         Ok(header)
+    }
+
+    /// Whether the kind, content kind and flags are values the format defines, together
+    /// (a frame whose header checksum holds but fails this is treated as damaged). Also
+    /// checked for each frame an open takes from its checkpoint.
+    pub(crate) fn fields_known(&self) -> bool {
+        match self.kind {
+            KIND_USER | KIND_ASSISTANT | KIND_USAGE => {
+                self.content_kind == CONTENT_NONE && self.content_len == 0 && self.flags == 0
+            }
+            KIND_TOOL_RESULT => {
+                (CONTENT_TEXT..=CONTENT_WITH_BINARY).contains(&self.content_kind)
+                    && self.flags & !FLAG_IS_ERROR == 0
+            }
+            _ => false,
+        }
     }
 }
 
