@@ -55,7 +55,9 @@ pub enum Why {
     /// The connection pins the preload flag ([`Preload::Deferred`]), or ([`Preload::Eager`])
     /// the size tier followed.
     Pinned,
-    /// [`Preload::Auto`]: its permitted tools cost more than the auto budget.
+    /// [`Preload::Auto`]: its permitted tools did not fit in the auto budget, which the
+    /// Auto servers share smallest first (ties by server id): they cost more than the
+    /// budget left after the servers kept before it, or more than the whole budget.
     OverBudget,
     /// Not deferred; the tier follows from its permitted count and cost.
     Size,
@@ -66,9 +68,10 @@ pub enum Why {
 /// A server's estimated cost as direct tools (name, description, input schema of each
 /// permitted tool), through the caller's estimator.
 ///
-/// Counting stops once the sum passes every limit it is compared against (the auto budget
-/// for an `Auto` server, the direct-tier limit when the server is small enough to be
-/// direct), so resolution of a large catalogue does not serialize every schema each turn.
+/// Counting stops once the sum passes every limit it is compared against (the whole auto
+/// budget for an `Auto` server, which a server costing more than it alone can never be
+/// kept in; the direct-tier limit when the server is small enough to be direct), so
+/// resolution of a large catalogue does not serialize every schema each turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -314,8 +317,10 @@ fn counted_cost(
 ///
 /// Narrowing first (permitted = live catalogue ∩ grant); then each connected server the
 /// grant mentions gets a shape from its preload flag, its permitted count and cost; then the
-/// tool cap is enforced by stepping shapes down; then names are assigned. Input order does
-/// not matter: servers are taken in id order and tools in name order.
+/// [`Auto`](Preload::Auto) servers share the auto budget, smallest first (see
+/// [`Why::OverBudget`]); then the tool cap is enforced by stepping shapes down; then names
+/// are assigned. Input order does not matter: servers are taken in id order and tools in
+/// name order.
 ///
 /// # Errors
 ///
@@ -390,22 +395,53 @@ pub fn resolve(
             _ if plan.permitted.is_empty() => (Shape::Deferred, Why::NoTools),
             Preload::Deferred => (Shape::Deferred, Why::Pinned),
             Preload::Eager => (tier, Why::Pinned),
+            // Alone over the budget: it can never be kept, whatever the others cost.
             Preload::Auto if plan.cost.tokens() > budget => (Shape::Deferred, Why::OverBudget),
+            // Kept for now; `share_budget` decides with the other Auto servers.
             Preload::Auto => (tier, Why::Size),
         };
-        if plan.shape == Shape::Deferred {
-            plan.eager = plan
-                .permitted
-                .iter()
-                .copied()
-                .filter(|tool| connection.eager_tools.contains(&tool.name))
-                .collect();
-        }
         plans.push(plan);
     }
 
+    share_budget(&mut plans, budget);
+    for plan in plans.iter_mut().filter(|p| p.shape == Shape::Deferred) {
+        let eager_tools = &plan.connection.eager_tools;
+        plan.eager = plan
+            .permitted
+            .iter()
+            .copied()
+            .filter(|tool| eager_tools.contains(&tool.name))
+            .collect();
+    }
     enforce_cap(&mut plans, settings);
     Ok(build(plans, settings))
+}
+
+/// Shares the auto budget among the [`Auto`](Preload::Auto) servers still kept (each costs
+/// at most the budget alone, so its cost is [`Cost::Exact`]): in ascending order of cost,
+/// ties to the smaller server id, each stays at its size tier while the kept ones' costs
+/// sum to at most `budget`; the first that does not fit, and every one after it (none
+/// costs less), is deferred with [`Why::OverBudget`]. Greedy by size keeps the most servers
+/// out of deferral (no extra round trip to reach them) within the budget. Pinned servers
+/// ([`Preload::Eager`], [`Preload::Deferred`]) take no share: their author decided.
+fn share_budget(plans: &mut [Plan<'_>], budget: u64) {
+    let mut auto: Vec<usize> = (0..plans.len())
+        .filter(|&i| plans[i].connection.preload == Preload::Auto && plans[i].why == Why::Size)
+        .collect();
+    // Plans are in server order, and the sort is stable: equal costs stay in server order.
+    auto.sort_by_key(|&i| plans[i].cost.tokens());
+    let mut kept = 0u64;
+    let mut fits = true;
+    for i in auto {
+        let cost = plans[i].cost.tokens();
+        fits = fits && kept.saturating_add(cost) <= budget;
+        if fits {
+            kept += cost;
+        } else {
+            plans[i].shape = Shape::Deferred;
+            plans[i].why = Why::OverBudget;
+        }
+    }
 }
 
 /// Steps shapes down, deterministically, until the Surface has at most `tool_cap` tools:

@@ -76,7 +76,10 @@ impl Settings {
         }
     }
 
-    /// The budget above which an [`Auto`](psych_types::Preload::Auto) server is deferred.
+    /// The budget the [`Auto`](psych_types::Preload::Auto) servers' direct, facade and
+    /// search tools share: smallest first, each is kept (at its size tier) while the kept
+    /// ones' costs as direct tools sum to at most this; the rest are deferred. Pinned
+    /// servers take no share of it.
     pub fn auto_budget(&self) -> Budget {
         self.auto_budget
     }
@@ -124,8 +127,15 @@ pub struct SettingsBuilder {
 }
 
 impl SettingsBuilder {
-    /// Defer an [`Auto`](psych_types::Preload::Auto) server whose permitted tools cost more
-    /// than this. Default: 5% of a 200,000-token window (10,000 tokens).
+    /// The budget the [`Auto`](psych_types::Preload::Auto) servers' direct, facade and
+    /// search tools share, over the whole Surface. The Auto servers are taken in ascending
+    /// order of their permitted tools' cost as direct tools (ties by server id); each is
+    /// kept at its size tier while the kept ones' costs sum to at most the budget, and the
+    /// rest are deferred ([`Why::OverBudget`](crate::Why::OverBudget)). Servers whose
+    /// preload is pinned ([`Eager`](psych_types::Preload::Eager),
+    /// [`Deferred`](psych_types::Preload::Deferred)) neither count against it nor are
+    /// deferred by it. `Budget::Tokens(0)` defers every Auto server. Default: 5% of a
+    /// 200,000-token window (10,000 tokens).
     #[must_use]
     pub fn auto_budget(mut self, budget: Budget) -> Self {
         self.settings.auto_budget = budget;
