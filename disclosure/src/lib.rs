@@ -74,8 +74,10 @@
 //! # Configuration
 //!
 //! [`Settings::builder`] sets the auto budget ([`Budget`]: tokens or a share of a window),
-//! the tiers' limits, the tool cap, the listing page size and whether the orientation tool
-//! is on, checked in [`build`](SettingsBuilder::build); [`Settings::default`] holds the
+//! the tiers' limits, the tool cap, the listing page size, whether the orientation tool is
+//! on, and what a direct tool's cost counts ([`CostBasis`]: the fields a model is sent, or
+//! the whole MCP definition an MCP gateway's client receives), checked in
+//! [`build`](SettingsBuilder::build); [`Settings::default`] holds the
 //! defaults below. Per server, the preload and the eager tools come from its
 //! [`ConnectionSpec`](psych_types::ConnectionSpec), and what may be called from the
 //! [`PermissionGrant`](psych_types::PermissionGrant).
@@ -94,7 +96,8 @@
 //!   setup deferral exists for. Smallest first keeps the most servers direct (no extra
 //!   round trip) for the tokens spent. Express it in tokens or as a window share
 //!   ([`Budget`]); a gateway whose listing rides on every request of a client it does not
-//!   know may want far less (`psych serve` uses 1,000 tokens).
+//!   know may want far less (`psych serve` gives 1,000 tokens to whole definitions:
+//!   [`CostBasis::Definition`]).
 //! - **Tiers:** direct up to 32 tools and 10,000 tokens; a facade while its index line is
 //!   at most 1,000 tokens (GitHub's 117 names take about 700); a search pair beyond.
 //! - **Tool cap:** 128 (OpenAI's limit), configurable.
@@ -211,6 +214,6 @@ pub use resolve::{
     Cost, DEFERRED_LINE_CHARS, Inputs, PermittedSet, ServerView, Shape, Surface, Why, resolve,
 };
 pub use search::SearchIndex;
-pub use settings::{Budget, MAX_PAGE_SIZE, Settings, SettingsBuilder};
+pub use settings::{Budget, CostBasis, MAX_PAGE_SIZE, Settings, SettingsBuilder};
 pub use shapes::SEARCH_HITS;
 pub use validate::{ArgumentError, Validation, Validators};

@@ -10,7 +10,7 @@ use psych_types::{
 use serde::Serialize;
 
 use crate::names::{self, Exposed, MetaTool};
-use crate::settings::META_TOOL_COUNT;
+use crate::settings::{CostBasis, META_TOOL_COUNT};
 use crate::text::{TRUNCATION_MARKER, cap_chars, first_line};
 use crate::{ResolveError, Settings, shapes};
 
@@ -66,7 +66,8 @@ pub enum Why {
 }
 
 /// A server's estimated cost as direct tools (name, description, input schema of each
-/// permitted tool), through the caller's estimator.
+/// permitted tool, or each one's whole definition: [`Settings::cost_basis`]), through the
+/// caller's estimator.
 ///
 /// Counting stops once the sum passes every limit it is compared against (the whole auto
 /// budget for an `Auto` server, which a server costing more than it alone can never be
@@ -285,15 +286,29 @@ impl Plan<'_> {
     }
 }
 
-/// Estimated tokens of one tool as a direct tool: its name, description and input schema.
-fn tool_cost(estimator: &dyn TokenEstimator, server: &ServerId, tool: &ToolDefinition) -> u64 {
-    let schema = serde_json::to_string(&tool.input_schema).unwrap_or_default();
+/// Estimated tokens of one tool as a direct tool: its name, description and input schema,
+/// or its whole definition ([`CostBasis`]).
+fn tool_cost(
+    estimator: &dyn TokenEstimator,
+    server: &ServerId,
+    tool: &ToolDefinition,
+    basis: CostBasis,
+) -> u64 {
     // The exposed name is `server__tool` in the common case.
-    estimator.estimate_text(server.as_str())
-        + estimator.estimate_text(tool.name.as_str())
-        + 1
-        + estimator.estimate_text(tool.description_or_empty())
-        + estimator.estimate_text(&schema)
+    let prefix = estimator.estimate_text(server.as_str()) + 1;
+    match basis {
+        CostBasis::Definition => {
+            let definition = serde_json::to_string(tool).unwrap_or_default();
+            prefix + estimator.estimate_text(&definition)
+        }
+        CostBasis::ModelFields => {
+            let schema = serde_json::to_string(&tool.input_schema).unwrap_or_default();
+            prefix
+                + estimator.estimate_text(tool.name.as_str())
+                + estimator.estimate_text(tool.description_or_empty())
+                + estimator.estimate_text(&schema)
+        }
+    }
 }
 
 /// The cost of `tools`, counted until it passes `limit`.
@@ -302,13 +317,14 @@ fn counted_cost(
     server: &ServerId,
     tools: &[&ToolDefinition],
     limit: u64,
+    basis: CostBasis,
 ) -> Cost {
     let mut sum = 0u64;
     for tool in tools {
         if sum > limit {
             return Cost::AtLeast(sum);
         }
-        sum = sum.saturating_add(tool_cost(estimator, server, tool));
+        sum = sum.saturating_add(tool_cost(estimator, server, tool, basis));
     }
     Cost::Exact(sum)
 }
@@ -371,7 +387,7 @@ pub fn resolve(
             (false, true) => settings.direct_max_tokens,
             (false, false) => 0,
         };
-        let cost = counted_cost(estimator, server, &permitted, limit);
+        let cost = counted_cost(estimator, server, &permitted, limit, settings.cost_basis);
         let names: Vec<&ToolName> = permitted.iter().map(|t| &t.name).collect();
         let index = shapes::facade_index(server, &names);
         let index_fits = estimator.estimate_text(&index) <= settings.facade_max_index_tokens;

@@ -38,6 +38,20 @@ impl Budget {
     }
 }
 
+/// What a server's cost as direct tools counts, for the auto budget and the direct tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CostBasis {
+    /// Each tool's name, description and input schema: what prompt assembly renders for a
+    /// provider (an MCP definition's other fields never reach the model). The default.
+    #[default]
+    ModelFields,
+    /// Each tool's whole MCP definition as a `tools/list` result carries it (title, output
+    /// schema, annotations, icons, `_meta` as well): what the client of an MCP gateway
+    /// receives for a direct tool, on every request whether or not its model sees it all.
+    Definition,
+}
+
 /// How a turn's Surface is shaped. Build with [`Settings::builder`]; [`Settings::default`]
 /// is the documented defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +63,7 @@ pub struct Settings {
     pub(crate) tool_cap: usize,
     pub(crate) page_size: usize,
     pub(crate) orientation_tool: bool,
+    pub(crate) cost_basis: CostBasis,
 }
 
 impl Default for Settings {
@@ -64,6 +79,7 @@ impl Default for Settings {
             tool_cap: 128,
             page_size: 50,
             orientation_tool: true,
+            cost_basis: CostBasis::ModelFields,
         }
     }
 }
@@ -112,6 +128,11 @@ impl Settings {
     /// Whether the Surface carries the orientation tool.
     pub fn orientation_tool(&self) -> bool {
         self.orientation_tool
+    }
+
+    /// What a server's cost as direct tools counts.
+    pub fn cost_basis(&self) -> CostBasis {
+        self.cost_basis
     }
 
     /// How many fixed tools a Surface may carry with these settings.
@@ -188,6 +209,16 @@ impl SettingsBuilder {
         self
     }
 
+    /// What a server's cost as direct tools counts, against the auto budget and the direct
+    /// tier's [`direct_max_tokens`](Self::direct_max_tokens). Default:
+    /// [`CostBasis::ModelFields`], what a model is sent; an MCP gateway, whose client
+    /// receives every field of a direct tool, counts [`CostBasis::Definition`].
+    #[must_use]
+    pub fn cost_basis(mut self, basis: CostBasis) -> Self {
+        self.settings.cost_basis = basis;
+        self
+    }
+
     /// Checks the knobs together and returns the settings.
     ///
     /// # Errors
@@ -228,6 +259,7 @@ mod tests {
     fn defaults_build() {
         assert_eq!(Settings::builder().build().unwrap(), Settings::default());
         assert_eq!(Settings::default().auto_budget().tokens(), 10_000);
+        assert_eq!(Settings::default().cost_basis(), CostBasis::ModelFields);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 mod common;
 
 use common::{Setup, catalog};
-use psych_disclosure::{Budget, Cost, Settings, Shape, Surface, Why};
+use psych_disclosure::{Budget, Cost, CostBasis, Settings, Shape, Surface, Why};
 use psych_types::{ConnectionSpec, PermissionGrant, Preload, ServerId, ToolDefinition, ToolName};
 
 /// The fixed part of a tool's cost as a direct tool under [`Bytes4`]: a server id of at
@@ -282,4 +282,41 @@ fn a_deferred_auto_server_keeps_its_eager_tools() {
     let names: Vec<&str> = surface.tools().iter().map(|t| t.name.as_str()).collect();
     assert!(names.contains(&"b__t3"), "{names:?}");
     assert!(names.contains(&"a__t0"), "{names:?}");
+}
+
+#[test]
+fn a_gateway_counts_the_whole_definition_its_client_receives() {
+    // Two servers of 400 tokens as a model sees them; b's tools also carry an output
+    // schema, which an MCP client of a gateway receives with every listing.
+    let mut setup = setup(&[("a", Preload::Auto, 4, 100), ("b", Preload::Auto, 4, 100)]);
+    let output: psych_types::JsonObject = serde_json::from_value(
+        serde_json::json!({"type": "object", "description": "x".repeat(400)}),
+    )
+    .unwrap();
+    let mut tools = setup.catalogs[1].tools.to_vec();
+    for tool in &mut tools {
+        tool.output_schema = Some(output.clone());
+    }
+    setup.catalogs[1].tools = tools.into();
+    assert_eq!(
+        decisions(&setup.resolve(&budget(1_000))),
+        ["a: Direct (Size) Exact(400)", "b: Direct (Size) Exact(400)"]
+    );
+    let whole = Settings::builder()
+        .auto_budget(Budget::Tokens(1_000))
+        .cost_basis(CostBasis::Definition)
+        .build()
+        .unwrap();
+    let surface = setup.resolve(&whole);
+    let [a, b] = surface.servers() else {
+        panic!("two servers")
+    };
+    // The whole definition of a's tool: `{"name":"t0","description":"x…","inputSchema":…}`.
+    assert!(
+        matches!(a.cost, Cost::Exact(tokens) if tokens > 400 && tokens < 500),
+        "{a:?}"
+    );
+    assert_eq!((a.shape, a.why), (Shape::Direct, Why::Size));
+    assert!(b.cost.tokens() > 800, "{b:?}");
+    assert_eq!((b.shape, b.why), (Shape::Deferred, Why::OverBudget));
 }
