@@ -34,7 +34,13 @@ fn proxied_against_direct(c: &mut Criterion) {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("mcp.json");
-    let upstream = json!({"command": PSYCH, "args": ["serve-embedded", "--tools", "3"]});
+    // Pinned direct (`up__echo`): with the control tools it is over `psych serve`'s default
+    // auto budget.
+    let upstream = json!({
+        "command": PSYCH,
+        "args": ["serve-embedded", "--tools", "3"],
+        "preload": true,
+    });
     std::fs::write(&config, json!({"mcpServers": {"up": upstream}}).to_string()).unwrap();
 
     let (direct, proxied) = runtime.block_on(async {

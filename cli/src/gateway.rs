@@ -6,7 +6,11 @@
 //! client (stdio) or each of its clients (`--http`) with what disclosure decides:
 //!
 //! - `tools/list` resolves the Surface from the catalogue as it is *now* (direct tools,
-//!   facades, search pairs, the meta tools, the orientation tool) plus `read_tool_output`.
+//!   facades, search pairs, the meta tools, the orientation tool) plus `read_tool_output`,
+//!   with the gateway's own auto budget (`--auto-budget`, by default
+//!   [`crate::setup::SERVE_AUTO_BUDGET`] tokens of whole tool definitions shared by the
+//!   `auto` servers, smallest first), so the listing stays small however many servers the
+//!   file names.
 //!   The deferred-server lines go in the initialize result's `instructions` and at the end of
 //!   the list meta tool's description, where a client that hides `instructions` still shows
 //!   them to its model.
@@ -626,23 +630,33 @@ pub(crate) enum Listen {
 }
 
 /// Runs the gateway for `config` until its client leaves (stdio) or the process is stopped
-/// (HTTP). Logs go under `<dir>/serve/`.
-pub(crate) fn run(config: McpConfig, dir: &Path, listen: Listen) -> Result<u8, String> {
+/// (HTTP), resolving with `settings` (`psych serve`'s own auto budget,
+/// [`crate::setup::SERVE_AUTO_BUDGET`] by default). Logs go under `<dir>/serve/`.
+pub(crate) fn run(
+    config: McpConfig,
+    dir: &Path,
+    listen: Listen,
+    settings: Settings,
+) -> Result<u8, String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(serve(config, dir, listen))
+    runtime.block_on(serve(config, dir, listen, settings))
 }
 
-async fn serve(config: McpConfig, dir: &Path, listen: Listen) -> Result<u8, String> {
+async fn serve(
+    config: McpConfig,
+    dir: &Path,
+    listen: Listen,
+    settings: Settings,
+) -> Result<u8, String> {
     let grant = grant_from(&config)?;
     let connections: Vec<ConnectionSpec> = config
         .servers
         .values()
         .map(|entry| entry.connection.clone())
         .collect();
-    let settings = crate::setup::settings(crate::setup::WINDOW)?;
     let manager = McpManager::builder(config.clone())
         .build()
         .map_err(|e| e.to_string())?;
@@ -802,7 +816,7 @@ mod tests {
     }
 
     /// The gateway's `tools/list` result over the fixtures, with every server's preload set
-    /// to `preload`: its text.
+    /// to `preload`, under `psych serve`'s default settings: its text.
     fn gateway_listing(preload: psych_types::Preload) -> String {
         use psych_types::ServerId;
         let catalog = Catalog::in_memory().unwrap_or_else(|e| panic!("{e}"));
@@ -818,8 +832,8 @@ mod tests {
             connections.push(ConnectionSpec::new(server.clone()).with_preload(preload));
             grant = grant.allow_server(server);
         }
-        let settings =
-            crate::setup::settings(crate::setup::WINDOW).unwrap_or_else(|e| panic!("{e}"));
+        let settings = crate::setup::serve_settings(crate::setup::SERVE_AUTO_BUDGET)
+            .unwrap_or_else(|e| panic!("{e}"));
         let inputs = Inputs {
             connections: &connections,
             catalogs: &catalogs,
@@ -860,9 +874,10 @@ mod tests {
             );
             ratios.push((ratio, token_ratio));
         }
+        // The default: the Auto servers share 1,000 tokens, so the listing is the meta
+        // tools, orientation, the reader and at most that much more.
+        assert!(ratios[0].0 >= 30.0 && ratios[0].1 >= 30.0, "{ratios:?}");
         // Every server deferred: the listing is the meta tools, orientation and the reader.
         assert!(ratios[1].0 >= 30.0 && ratios[1].1 >= 30.0, "{ratios:?}");
-        // The auto budget injects the small servers: still several times smaller.
-        assert!(ratios[0].0 >= 3.0 && ratios[0].1 >= 3.0, "{ratios:?}");
     }
 }

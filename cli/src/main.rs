@@ -139,6 +139,18 @@ enum Command {
         /// Where the session logs go (`<dir>/serve/<session>.plog`).
         #[arg(long, value_name = "DIR", default_value = ".psych")]
         dir: PathBuf,
+        /// Estimated tokens the tool definitions of the servers with preload `auto` (the
+        /// default) share in the listing; the servers that do not fit are deferred.
+        ///
+        /// Smallest server first, each is kept (direct tools, or a facade or search pair by
+        /// size) while the kept ones' whole definitions fit; the rest are deferred behind
+        /// the meta tools. 0 defers every `auto` server. Small by default because the
+        /// listing rides on every request of a client whose window and other tools Psych
+        /// cannot see: with Psych's own tools (about 850 tokens) it stays near 2,000 tokens
+        /// however many servers are configured. `"preload": true` or `false` on a server
+        /// pins it and takes no share.
+        #[arg(long, value_name = "TOKENS", default_value_t = setup::SERVE_AUTO_BUDGET)]
+        auto_budget: u64,
     },
     /// Serve one embedded catalogue over stdio (started by the other commands).
     #[command(hide = true)]
@@ -277,7 +289,12 @@ fn run(command: Command) -> Result<u8, String> {
         } => read(&log, handle, offset, limit, grep),
         Command::Demo { dump } => demo::run(dump.as_deref()),
         Command::ServeEmbedded { args } => serve_embedded(args),
-        Command::Serve { config, http, dir } => {
+        Command::Serve {
+            config,
+            http,
+            dir,
+            auto_budget,
+        } => {
             let config = match config {
                 Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
                 None => setup::embedded_config()?,
@@ -286,7 +303,8 @@ fn run(command: Command) -> Result<u8, String> {
                 Some(addr) => gateway::Listen::Http(addr),
                 None => gateway::Listen::Stdio,
             };
-            gateway::run(config, &dir, listen)
+            let settings = setup::serve_settings(auto_budget)?;
+            gateway::run(config, &dir, listen, settings)
         }
     }
 }

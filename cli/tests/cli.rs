@@ -167,3 +167,13 @@ fn read_pages_a_stored_result() {
     assert_eq!(code, 3);
     insta::assert_snapshot!("read_foreign_handle", stderr);
 }
+
+#[test]
+fn serve_help_documents_the_auto_budget_and_its_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stdout, _, code) = psych(dir.path(), &["serve", "--help"]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("--auto-budget <TOKENS>"), "{stdout}");
+    assert!(stdout.contains("[default: 1000]"), "{stdout}");
+    assert!(stdout.contains("0 defers every `auto` server"), "{stdout}");
+}

@@ -9,8 +9,9 @@
 //! their structured content as a text block too, an upstream result with unmodelled
 //! fields and block types passed through whole, a call the client cancels cancelled
 //! upstream and logged as cancelled, the upstream's progress reaching the client under the
-//! client's token, and identical calls in flight each getting only their own progress
-//! (read by a raw JSON-RPC client, which sees the gateway's messages in order).
+//! client's token, identical calls in flight each getting only their own progress
+//! (read by a raw JSON-RPC client, which sees the gateway's messages in order), and
+//! `--auto-budget` deciding which `auto` servers stay direct.
 
 #![allow(
     clippy::unwrap_used,
@@ -85,9 +86,12 @@ fn embedded(tools: usize, extra: Value) -> Value {
 }
 
 /// Writes the configuration: every tier, a narrowed grant on each, and a server to crash.
+/// `small` and `crashy` (with the control tools, about 1,300 to 1,600 tokens each) are
+/// pinned direct: under `psych serve`'s 1,000-token auto budget they would be deferred;
+/// `narrow` (only `echo`) fits it and stays `auto`.
 fn write_config(dir: &Path) -> std::path::PathBuf {
     let config = json!({"mcpServers": {
-        "small": embedded(3, json!({})),
+        "small": embedded(3, json!({"preload": true})),
         "narrow": embedded(3, json!({"allowTools": ["echo"]})),
         "mid": embedded(40, json!({"preload": true, "allowTools": generated_and_echo(40)})),
         "huge": embedded(400, json!({"preload": true, "allowTools": generated_and_echo(400)})),
@@ -96,7 +100,7 @@ fn write_config(dir: &Path) -> std::path::PathBuf {
             "description": "A forge sized like github.",
             "allowTools": generated_and_echo(117),
         })),
-        "crashy": embedded(2, json!({})),
+        "crashy": embedded(2, json!({"preload": true})),
     }});
     let path = dir.join("mcp.json");
     std::fs::write(&path, config.to_string()).unwrap();
@@ -104,12 +108,18 @@ fn write_config(dir: &Path) -> std::path::PathBuf {
 }
 
 async fn connect(config: &Path, dir: &Path) -> (Session, Received) {
+    connect_with(config, dir, &[]).await
+}
+
+/// [`connect`] with more flags for `psych serve`.
+async fn connect_with(config: &Path, dir: &Path, flags: &[&str]) -> (Session, Received) {
     let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
         c.arg("serve")
             .arg("--config")
             .arg(config)
             .arg("--dir")
             .arg(dir)
+            .args(flags)
             .stderr(std::process::Stdio::null());
     }))
     .unwrap();
@@ -465,6 +475,67 @@ async fn psych_serve_end_to_end() {
     );
 }
 
+/// `--auto-budget` decides which `auto` servers stay direct: by default (1,000 tokens) a
+/// server small enough to fit (one permitted tool) stays direct and the larger ones are
+/// deferred; 0 defers every `auto` server, so no upstream tool is listed directly; a large
+/// budget keeps them all direct and needs no meta tools. A pinned server takes no share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_auto_budget_flag_decides_which_auto_servers_stay_direct() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mcp.json");
+    let servers = json!({"mcpServers": {
+        "tiny": embedded(3, json!({"allowTools": ["echo"]})),
+        "two": embedded(2, json!({})),
+        "three": embedded(3, json!({})),
+        "pinned": embedded(2, json!({"preload": true})),
+    }});
+    std::fs::write(&config, servers.to_string()).unwrap();
+    let own = |name: &str| name.starts_with("psych_") || name == "read_tool_output";
+    for (flags, direct, deferred) in [
+        (&[][..], &["tiny", "pinned"][..], &["two", "three"][..]),
+        (
+            &["--auto-budget", "0"][..],
+            &["pinned"][..],
+            &["tiny", "two", "three"][..],
+        ),
+        (
+            &["--auto-budget", "100000"][..],
+            &["tiny", "two", "three", "pinned"][..],
+            &[][..],
+        ),
+    ] {
+        let (session, _) = connect_with(&config, dir.path(), flags).await;
+        let listed = names(&session.list_all_tools().await.unwrap());
+        let instructions = session
+            .peer_info()
+            .and_then(|info| info.instructions.clone())
+            .unwrap_or_default();
+        session.cancel().await.unwrap();
+        let servers: std::collections::BTreeSet<&str> = listed
+            .iter()
+            .filter(|name| !own(name))
+            .map(|name| {
+                name.split_once("__")
+                    .map_or(name.as_str(), |(server, _)| server)
+            })
+            .collect();
+        let expected: std::collections::BTreeSet<&str> = direct.iter().copied().collect();
+        assert_eq!(servers, expected, "{flags:?}: {listed:?}");
+        assert!(listed.iter().any(|n| n == "tiny__echo") == direct.contains(&"tiny"));
+        assert_eq!(
+            listed.iter().any(|n| n == "psych_list_tools"),
+            !deferred.is_empty(),
+            "{flags:?}: {listed:?}"
+        );
+        for server in deferred {
+            assert!(
+                instructions.contains(&format!("- {server}: deferred MCP server")),
+                "{flags:?}: {instructions}"
+            );
+        }
+    }
+}
+
 /// The tool results of the session log `file` in `dir`: (tool name, readable text).
 fn session_results(dir: &Path, file: &std::ffi::OsStr) -> Vec<(String, String)> {
     let run = Path::new(file).file_stem().unwrap().to_str().unwrap();
@@ -556,7 +627,7 @@ async fn identical_calls_in_flight_each_get_only_their_own_progress() {
     const STEPS: u64 = 5;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("mcp.json");
-    let servers = json!({"mcpServers": {"small": embedded(3, json!({}))}});
+    let servers = json!({"mcpServers": {"small": embedded(3, json!({"preload": true}))}});
     std::fs::write(&config, servers.to_string()).unwrap();
     let mut client = RawClient::start(&config, dir.path()).await;
     for round in 0..6 {

@@ -63,7 +63,12 @@ impl Drop for Gateway {
 /// gateway and its URL.
 async fn start(dir: &std::path::Path) -> (Gateway, String) {
     let config = dir.join("mcp.json");
-    let upstream = json!({"command": PSYCH, "args": ["serve-embedded", "--tools", "3"]});
+    // Pinned direct: with the control tools it is over `psych serve`'s default auto budget.
+    let upstream = json!({
+        "command": PSYCH,
+        "args": ["serve-embedded", "--tools", "3"],
+        "preload": true,
+    });
     std::fs::write(&config, json!({"mcpServers": {"up": upstream}}).to_string()).unwrap();
     let mut child = tokio::process::Command::new(PSYCH)
         .arg("serve")

@@ -22,8 +22,12 @@
 //! - **Narrowing.** Permitted = live catalogue ∩ grant; every shape, every meta tool and
 //!   every call works on it alone. A server the grant does not mention is not shown. An
 //!   unknown and an unpermitted tool are refused with the same words.
-//! - **Preload.** `Eager` and `Deferred` pin it; `Auto` defers a server whose permitted
-//!   tools cost more than [`Settings::auto_budget`]. A server with no permitted tool is
+//! - **Preload.** `Eager` and `Deferred` pin it; the `Auto` servers share
+//!   [`Settings::auto_budget`] over the whole Surface: smallest first (by their permitted
+//!   tools' cost as direct tools, ties by server id), each is kept while the kept ones'
+//!   costs sum to at most the budget, and the rest are deferred ([`Why::OverBudget`]), so
+//!   a dozen mid-size servers cost the budget, not a dozen times it. Pinned servers take no
+//!   share of the budget. A server with no permitted tool is
 //!   listed as deferred with its state (not listed yet, listing failed, unreachable). A
 //!   deferred server's eager tools are exposed as direct tools and it stays deferred.
 //! - **Shapes** for servers that are not deferred ([`Shape`]): direct tools when the server
@@ -70,22 +74,30 @@
 //! # Configuration
 //!
 //! [`Settings::builder`] sets the auto budget ([`Budget`]: tokens or a share of a window),
-//! the tiers' limits, the tool cap, the listing page size and whether the orientation tool
-//! is on, checked in [`build`](SettingsBuilder::build); [`Settings::default`] holds the
+//! the tiers' limits, the tool cap, the listing page size, whether the orientation tool is
+//! on, and what a direct tool's cost counts ([`CostBasis`]: the fields a model is sent, or
+//! the whole MCP definition an MCP gateway's client receives), checked in
+//! [`build`](SettingsBuilder::build); [`Settings::default`] holds the
 //! defaults below. Per server, the preload and the eager tools come from its
 //! [`ConnectionSpec`](psych_types::ConnectionSpec), and what may be called from the
 //! [`PermissionGrant`](psych_types::PermissionGrant).
 //!
 //! # Decisions and defaults (measured on `shared/fixtures/catalogs`, bytes/4 estimate)
 //!
-//! - **Auto budget: 5% of a 200,000-token window (10,000 tokens) per server.** As direct
-//!   tools (name, description, input schema) the GitHub catalogue costs about 27,600
-//!   tokens (13.8% of the window), notion 18,500 (9.2%), playwright 4,250 (2.1%),
-//!   filesystem 1,900, memory 1,000. A peer defers all MCP tools together once they pass
-//!   10% of the window; per server, 10% would still inject notion's 24 tools at 18,500
-//!   tokens every turn, and two such servers would take a fifth of the window. 5% defers
-//!   the two large catalogues and keeps the three small ones (about 7,200 tokens
-//!   together). Express it in tokens or as a window share ([`Budget`]).
+//! - **Auto budget: 5% of a 200,000-token window (10,000 tokens), shared by every `Auto`
+//!   server.** As direct tools (name, description, input schema) the GitHub catalogue
+//!   costs about 27,600 tokens (13.8% of the window), notion 18,500 (9.2%), playwright
+//!   4,250 (2.1%), filesystem 1,900, memory 1,000. A peer defers all MCP tools together
+//!   once they pass 10% of the window; 10% would still inject notion's 24 tools at 18,500
+//!   tokens every turn. 5% defers the two large catalogues and keeps the three small ones
+//!   (about 7,200 tokens together, smallest first: memory, filesystem, playwright). The
+//!   budget spans the Surface rather than each server because a budget per server lets a
+//!   dozen mid-size servers, each under it, take twelve times it every turn: exactly the
+//!   setup deferral exists for. Smallest first keeps the most servers direct (no extra
+//!   round trip) for the tokens spent. Express it in tokens or as a window share
+//!   ([`Budget`]); a gateway whose listing rides on every request of a client it does not
+//!   know may want far less (`psych serve` gives 1,000 tokens to whole definitions:
+//!   [`CostBasis::Definition`]).
 //! - **Tiers:** direct up to 32 tools and 10,000 tokens; a facade while its index line is
 //!   at most 1,000 tokens (GitHub's 117 names take about 700); a search pair beyond.
 //! - **Tool cap:** 128 (OpenAI's limit), configurable.
@@ -202,6 +214,6 @@ pub use resolve::{
     Cost, DEFERRED_LINE_CHARS, Inputs, PermittedSet, ServerView, Shape, Surface, Why, resolve,
 };
 pub use search::SearchIndex;
-pub use settings::{Budget, MAX_PAGE_SIZE, Settings, SettingsBuilder};
+pub use settings::{Budget, CostBasis, MAX_PAGE_SIZE, Settings, SettingsBuilder};
 pub use shapes::SEARCH_HITS;
 pub use validate::{ArgumentError, Validation, Validators};

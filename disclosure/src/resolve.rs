@@ -10,7 +10,7 @@ use psych_types::{
 use serde::Serialize;
 
 use crate::names::{self, Exposed, MetaTool};
-use crate::settings::META_TOOL_COUNT;
+use crate::settings::{CostBasis, META_TOOL_COUNT};
 use crate::text::{TRUNCATION_MARKER, cap_chars, first_line};
 use crate::{ResolveError, Settings, shapes};
 
@@ -55,7 +55,9 @@ pub enum Why {
     /// The connection pins the preload flag ([`Preload::Deferred`]), or ([`Preload::Eager`])
     /// the size tier followed.
     Pinned,
-    /// [`Preload::Auto`]: its permitted tools cost more than the auto budget.
+    /// [`Preload::Auto`]: its permitted tools did not fit in the auto budget, which the
+    /// Auto servers share smallest first (ties by server id): they cost more than the
+    /// budget left after the servers kept before it, or more than the whole budget.
     OverBudget,
     /// Not deferred; the tier follows from its permitted count and cost.
     Size,
@@ -64,11 +66,13 @@ pub enum Why {
 }
 
 /// A server's estimated cost as direct tools (name, description, input schema of each
-/// permitted tool), through the caller's estimator.
+/// permitted tool, or each one's whole definition: [`Settings::cost_basis`]), through the
+/// caller's estimator.
 ///
-/// Counting stops once the sum passes every limit it is compared against (the auto budget
-/// for an `Auto` server, the direct-tier limit when the server is small enough to be
-/// direct), so resolution of a large catalogue does not serialize every schema each turn.
+/// Counting stops once the sum passes every limit it is compared against (the whole auto
+/// budget for an `Auto` server, which a server costing more than it alone can never be
+/// kept in; the direct-tier limit when the server is small enough to be direct), so
+/// resolution of a large catalogue does not serialize every schema each turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -282,15 +286,29 @@ impl Plan<'_> {
     }
 }
 
-/// Estimated tokens of one tool as a direct tool: its name, description and input schema.
-fn tool_cost(estimator: &dyn TokenEstimator, server: &ServerId, tool: &ToolDefinition) -> u64 {
-    let schema = serde_json::to_string(&tool.input_schema).unwrap_or_default();
+/// Estimated tokens of one tool as a direct tool: its name, description and input schema,
+/// or its whole definition ([`CostBasis`]).
+fn tool_cost(
+    estimator: &dyn TokenEstimator,
+    server: &ServerId,
+    tool: &ToolDefinition,
+    basis: CostBasis,
+) -> u64 {
     // The exposed name is `server__tool` in the common case.
-    estimator.estimate_text(server.as_str())
-        + estimator.estimate_text(tool.name.as_str())
-        + 1
-        + estimator.estimate_text(tool.description_or_empty())
-        + estimator.estimate_text(&schema)
+    let prefix = estimator.estimate_text(server.as_str()) + 1;
+    match basis {
+        CostBasis::Definition => {
+            let definition = serde_json::to_string(tool).unwrap_or_default();
+            prefix + estimator.estimate_text(&definition)
+        }
+        CostBasis::ModelFields => {
+            let schema = serde_json::to_string(&tool.input_schema).unwrap_or_default();
+            prefix
+                + estimator.estimate_text(tool.name.as_str())
+                + estimator.estimate_text(tool.description_or_empty())
+                + estimator.estimate_text(&schema)
+        }
+    }
 }
 
 /// The cost of `tools`, counted until it passes `limit`.
@@ -299,13 +317,14 @@ fn counted_cost(
     server: &ServerId,
     tools: &[&ToolDefinition],
     limit: u64,
+    basis: CostBasis,
 ) -> Cost {
     let mut sum = 0u64;
     for tool in tools {
         if sum > limit {
             return Cost::AtLeast(sum);
         }
-        sum = sum.saturating_add(tool_cost(estimator, server, tool));
+        sum = sum.saturating_add(tool_cost(estimator, server, tool, basis));
     }
     Cost::Exact(sum)
 }
@@ -314,8 +333,10 @@ fn counted_cost(
 ///
 /// Narrowing first (permitted = live catalogue ∩ grant); then each connected server the
 /// grant mentions gets a shape from its preload flag, its permitted count and cost; then the
-/// tool cap is enforced by stepping shapes down; then names are assigned. Input order does
-/// not matter: servers are taken in id order and tools in name order.
+/// [`Auto`](Preload::Auto) servers share the auto budget, smallest first (see
+/// [`Why::OverBudget`]); then the tool cap is enforced by stepping shapes down; then names
+/// are assigned. Input order does not matter: servers are taken in id order and tools in
+/// name order.
 ///
 /// # Errors
 ///
@@ -366,7 +387,7 @@ pub fn resolve(
             (false, true) => settings.direct_max_tokens,
             (false, false) => 0,
         };
-        let cost = counted_cost(estimator, server, &permitted, limit);
+        let cost = counted_cost(estimator, server, &permitted, limit, settings.cost_basis);
         let names: Vec<&ToolName> = permitted.iter().map(|t| &t.name).collect();
         let index = shapes::facade_index(server, &names);
         let index_fits = estimator.estimate_text(&index) <= settings.facade_max_index_tokens;
@@ -390,22 +411,53 @@ pub fn resolve(
             _ if plan.permitted.is_empty() => (Shape::Deferred, Why::NoTools),
             Preload::Deferred => (Shape::Deferred, Why::Pinned),
             Preload::Eager => (tier, Why::Pinned),
+            // Alone over the budget: it can never be kept, whatever the others cost.
             Preload::Auto if plan.cost.tokens() > budget => (Shape::Deferred, Why::OverBudget),
+            // Kept for now; `share_budget` decides with the other Auto servers.
             Preload::Auto => (tier, Why::Size),
         };
-        if plan.shape == Shape::Deferred {
-            plan.eager = plan
-                .permitted
-                .iter()
-                .copied()
-                .filter(|tool| connection.eager_tools.contains(&tool.name))
-                .collect();
-        }
         plans.push(plan);
     }
 
+    share_budget(&mut plans, budget);
+    for plan in plans.iter_mut().filter(|p| p.shape == Shape::Deferred) {
+        let eager_tools = &plan.connection.eager_tools;
+        plan.eager = plan
+            .permitted
+            .iter()
+            .copied()
+            .filter(|tool| eager_tools.contains(&tool.name))
+            .collect();
+    }
     enforce_cap(&mut plans, settings);
     Ok(build(plans, settings))
+}
+
+/// Shares the auto budget among the [`Auto`](Preload::Auto) servers still kept (each costs
+/// at most the budget alone, so its cost is [`Cost::Exact`]): in ascending order of cost,
+/// ties to the smaller server id, each stays at its size tier while the kept ones' costs
+/// sum to at most `budget`; the first that does not fit, and every one after it (none
+/// costs less), is deferred with [`Why::OverBudget`]. Greedy by size keeps the most servers
+/// out of deferral (no extra round trip to reach them) within the budget. Pinned servers
+/// ([`Preload::Eager`], [`Preload::Deferred`]) take no share: their author decided.
+fn share_budget(plans: &mut [Plan<'_>], budget: u64) {
+    let mut auto: Vec<usize> = (0..plans.len())
+        .filter(|&i| plans[i].connection.preload == Preload::Auto && plans[i].why == Why::Size)
+        .collect();
+    // Plans are in server order, and the sort is stable: equal costs stay in server order.
+    auto.sort_by_key(|&i| plans[i].cost.tokens());
+    let mut kept = 0u64;
+    let mut fits = true;
+    for i in auto {
+        let cost = plans[i].cost.tokens();
+        fits = fits && kept.saturating_add(cost) <= budget;
+        if fits {
+            kept += cost;
+        } else {
+            plans[i].shape = Shape::Deferred;
+            plans[i].why = Why::OverBudget;
+        }
+    }
 }
 
 /// Steps shapes down, deterministically, until the Surface has at most `tool_cap` tools:

@@ -38,6 +38,20 @@ impl Budget {
     }
 }
 
+/// What a server's cost as direct tools counts, for the auto budget and the direct tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CostBasis {
+    /// Each tool's name, description and input schema: what prompt assembly renders for a
+    /// provider (an MCP definition's other fields never reach the model). The default.
+    #[default]
+    ModelFields,
+    /// Each tool's whole MCP definition as a `tools/list` result carries it (title, output
+    /// schema, annotations, icons, `_meta` as well): what the client of an MCP gateway
+    /// receives for a direct tool, on every request whether or not its model sees it all.
+    Definition,
+}
+
 /// How a turn's Surface is shaped. Build with [`Settings::builder`]; [`Settings::default`]
 /// is the documented defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +63,7 @@ pub struct Settings {
     pub(crate) tool_cap: usize,
     pub(crate) page_size: usize,
     pub(crate) orientation_tool: bool,
+    pub(crate) cost_basis: CostBasis,
 }
 
 impl Default for Settings {
@@ -64,6 +79,7 @@ impl Default for Settings {
             tool_cap: 128,
             page_size: 50,
             orientation_tool: true,
+            cost_basis: CostBasis::ModelFields,
         }
     }
 }
@@ -76,7 +92,10 @@ impl Settings {
         }
     }
 
-    /// The budget above which an [`Auto`](psych_types::Preload::Auto) server is deferred.
+    /// The budget the [`Auto`](psych_types::Preload::Auto) servers' direct, facade and
+    /// search tools share: smallest first, each is kept (at its size tier) while the kept
+    /// ones' costs as direct tools sum to at most this; the rest are deferred. Pinned
+    /// servers take no share of it.
     pub fn auto_budget(&self) -> Budget {
         self.auto_budget
     }
@@ -111,6 +130,11 @@ impl Settings {
         self.orientation_tool
     }
 
+    /// What a server's cost as direct tools counts.
+    pub fn cost_basis(&self) -> CostBasis {
+        self.cost_basis
+    }
+
     /// How many fixed tools a Surface may carry with these settings.
     pub(crate) fn fixed_tools(&self) -> usize {
         META_TOOL_COUNT + usize::from(self.orientation_tool)
@@ -124,8 +148,15 @@ pub struct SettingsBuilder {
 }
 
 impl SettingsBuilder {
-    /// Defer an [`Auto`](psych_types::Preload::Auto) server whose permitted tools cost more
-    /// than this. Default: 5% of a 200,000-token window (10,000 tokens).
+    /// The budget the [`Auto`](psych_types::Preload::Auto) servers' direct, facade and
+    /// search tools share, over the whole Surface. The Auto servers are taken in ascending
+    /// order of their permitted tools' cost as direct tools (ties by server id); each is
+    /// kept at its size tier while the kept ones' costs sum to at most the budget, and the
+    /// rest are deferred ([`Why::OverBudget`](crate::Why::OverBudget)). Servers whose
+    /// preload is pinned ([`Eager`](psych_types::Preload::Eager),
+    /// [`Deferred`](psych_types::Preload::Deferred)) neither count against it nor are
+    /// deferred by it. `Budget::Tokens(0)` defers every Auto server. Default: 5% of a
+    /// 200,000-token window (10,000 tokens).
     #[must_use]
     pub fn auto_budget(mut self, budget: Budget) -> Self {
         self.settings.auto_budget = budget;
@@ -178,6 +209,16 @@ impl SettingsBuilder {
         self
     }
 
+    /// What a server's cost as direct tools counts, against the auto budget and the direct
+    /// tier's [`direct_max_tokens`](Self::direct_max_tokens). Default:
+    /// [`CostBasis::ModelFields`], what a model is sent; an MCP gateway, whose client
+    /// receives every field of a direct tool, counts [`CostBasis::Definition`].
+    #[must_use]
+    pub fn cost_basis(mut self, basis: CostBasis) -> Self {
+        self.settings.cost_basis = basis;
+        self
+    }
+
     /// Checks the knobs together and returns the settings.
     ///
     /// # Errors
@@ -218,6 +259,7 @@ mod tests {
     fn defaults_build() {
         assert_eq!(Settings::builder().build().unwrap(), Settings::default());
         assert_eq!(Settings::default().auto_budget().tokens(), 10_000);
+        assert_eq!(Settings::default().cost_basis(), CostBasis::ModelFields);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Properties over random catalogues, grants, preload flags and settings: every shape and
 //! every meta tool exposes exactly the permitted set; discovery never bypasses the grant; a
 //! tool revoked between resolution and call is refused; names are unique, provider-safe
-//! and round-trip; the cap holds; input order does not change a byte.
+//! and round-trip; the cap holds; the `Auto` servers share the auto budget greedily by
+//! size; input order does not change a byte.
 
 #![allow(
     clippy::unwrap_used,
@@ -16,8 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::{Bytes4, catalog};
 use proptest::prelude::*;
 use psych_disclosure::{
-    Answer, Budget, DESCRIBE_TOOL, Exposed, Inputs, LIST_TOOLS, Refusal, Settings, Shape, Surface,
-    Validators, Verdict, resolve,
+    Answer, Budget, Cost, DESCRIBE_TOOL, Exposed, Inputs, LIST_TOOLS, Refusal, ServerView,
+    Settings, Shape, Surface, Validators, Verdict, Why, resolve,
 };
 use psych_types::{
     ConnectionSpec, PermissionGrant, Preload, ServerCatalog, ServerId, ToolDefinition, ToolName,
@@ -366,6 +367,46 @@ proptest! {
                 Verdict::Refused(Refusal::NotAvailable { .. } | Refusal::UnknownServer { .. })
             );
             prop_assert!(refused, "{} {:?}", name, verdict);
+        }
+    }
+
+    #[test]
+    fn the_auto_servers_share_the_budget_greedily_by_size(case in case()) {
+        let surface = case.surface();
+        let budget = case.settings.auto_budget().tokens();
+        let auto = |view: &ServerView| {
+            case.connections
+                .iter()
+                .any(|c| c.server == view.server && c.preload == Preload::Auto)
+        };
+        // Kept: at their size tier, or stepped down by the cap afterwards (the cap only
+        // touches servers that were not deferred).
+        let kept: Vec<&ServerView> = surface
+            .servers()
+            .iter()
+            .filter(|v| auto(v) && matches!(v.why, Why::Size | Why::ToolCap))
+            .collect();
+        let over: Vec<&ServerView> = surface
+            .servers()
+            .iter()
+            .filter(|v| v.why == Why::OverBudget)
+            .collect();
+        let sum: u64 = kept.iter().map(|v| v.cost.tokens()).sum();
+        prop_assert!(sum <= budget, "kept {} > budget {}", sum, budget);
+        for view in &kept {
+            prop_assert!(matches!(view.cost, Cost::Exact(_)), "{:?}", view);
+        }
+        for view in &over {
+            prop_assert!(auto(view) && view.shape == Shape::Deferred, "{:?}", view);
+            // It would not have fitted after the kept ones...
+            prop_assert!(sum + view.cost.tokens() > budget, "{:?} fits in {}", view, budget - sum);
+            // ...and every kept server came before it: smaller cost, ties by id.
+            for k in &kept {
+                prop_assert!(
+                    (k.cost.tokens(), &k.server) < (view.cost.tokens(), &view.server),
+                    "{:?} kept before {:?}", k, view
+                );
+            }
         }
     }
 
