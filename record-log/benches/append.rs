@@ -25,12 +25,13 @@
 //!   append: the harness's own cost, to read `shared_64_threads` against. Beside them, the
 //!   disk's own floor for one group: the same 64 records' readable bytes (64 × 512 B or
 //!   64 × 4 KiB, without frame headers or metadata) as one `pwrite` + `fdatasync` into a
-//!   preallocated, synced file (`floor_write_fdatasync`); the same plus the 36-byte
-//!   high-water mark `pwrite` into the file's first page (`floor_write_mark_fdatasync`);
-//!   and the same plus the mark, into a file that grows as the log's does, zeros written
-//!   ahead by the log's rule (1 MiB past the end whenever under 512 KiB is left) before
-//!   the sync (`floor_growing_mark_fdatasync`): the log's I/O without the log. Before each
-//!   size, all six are also timed alternately and the medians and ratios printed.
+//!   preallocated, synced file (`floor_write_fdatasync`); the same with the 24-byte end
+//!   mark in the same `pwrite` (`floor_write_end_mark_fdatasync`); and the same into a file
+//!   that grows as the log's does, zeros written ahead by the log's rule (1 MiB past the
+//!   end whenever under 512 KiB is left) and, when it grew, the 36-byte header mark into
+//!   the first page, before the sync (`floor_growing_fdatasync`): the log's I/O without
+//!   the log. Before each size, all six are also timed alternately and the medians and
+//!   ratios printed.
 
 #![allow(
     clippy::unwrap_used,
@@ -313,9 +314,11 @@ fn mark_cost(
 const LOG_PREALLOC: u64 = 1 << 20;
 
 /// A file written as the log writes its frames, without the log: each `write` puts `bytes`
-/// at the end, then, as the log's preallocation does, zeros up to [`LOG_PREALLOC`] past
-/// the end when fewer than half of that are left, then the 36-byte mark at offset 21, then
-/// `fdatasync`. The file grows from 0, as a new log does.
+/// and a 24-byte end mark at the end (the next write starts over the mark), then, as the
+/// log's preallocation does, zeros up to [`LOG_PREALLOC`] past the end when fewer than half
+/// of that are left and, only then, the 36-byte header mark at offset 21 (the log writes
+/// it only with a sync that commits a new length), then `fdatasync`. The file grows from
+/// 0, as a new log does.
 struct Growing {
     file: File,
     end: u64,
@@ -341,25 +344,28 @@ impl Growing {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        self.file.write_all_at(black_box(bytes), self.end).unwrap();
+        let mut buf = Vec::with_capacity(bytes.len() + 24);
+        buf.extend_from_slice(bytes);
+        buf.extend_from_slice(&[7u8; 24]);
+        self.file.write_all_at(black_box(&buf), self.end).unwrap();
         self.end += bytes.len() as u64;
-        self.allocated = self.allocated.max(self.end);
+        self.allocated = self.allocated.max(self.end + 24);
         if self.allocated - self.end < LOG_PREALLOC / 2 {
             let zeros = vec![0u8; (self.end + LOG_PREALLOC - self.allocated) as usize];
             self.file.write_all_at(&zeros, self.allocated).unwrap();
             self.allocated = self.end + LOG_PREALLOC;
+            self.file.write_all_at(black_box(&[7u8; 36]), 21).unwrap();
         }
-        self.file.write_all_at(black_box(&[7u8; 36]), 21).unwrap();
         self.file.sync_data().unwrap();
     }
 }
 
 /// The disk's floor for one group of `bytes`, three ways (see the module doc): into
-/// preallocated space without and with the mark, and growing as the log grows.
+/// preallocated space without and with the end mark, and growing as the log grows.
 struct Floors {
     bytes: Vec<u8>,
     bare: Preallocated,
-    marked: Preallocated,
+    ended: Preallocated,
     growing: Growing,
 }
 
@@ -368,7 +374,7 @@ impl Floors {
         Self {
             bytes,
             bare: Preallocated::create(&dir.join("floor_bare")),
-            marked: Preallocated::create(&dir.join("floor_mark")),
+            ended: Preallocated::create(&dir.join("floor_end_mark")),
             growing: Growing::create(&dir.join("floor_growing")),
         }
     }
@@ -423,10 +429,10 @@ fn interleaved_group(
     let mut times = [(); 6].map(|()| Vec::new());
     for _ in 0..25 {
         let started = Instant::now();
-        floors.bare.write(&floors.bytes, false);
+        floors.bare.write(&floors.bytes, Mark::None);
         times[3].push(started.elapsed());
         let started = Instant::now();
-        floors.marked.write(&floors.bytes, true);
+        floors.ended.write(&floors.bytes, Mark::End);
         times[4].push(started.elapsed());
         let started = Instant::now();
         floors.growing.write(&floors.bytes);
@@ -443,7 +449,7 @@ fn interleaved_group(
         appenders.round();
         times[2].push(started.elapsed());
     }
-    let [single, batch, shared, floor, floor_mark, growing] = times.map(|mut t| {
+    let [single, batch, shared, floor, floor_end_mark, growing] = times.map(|mut t| {
         t.sort();
         t[12]
     });
@@ -451,7 +457,7 @@ fn interleaved_group(
     eprintln!(
         "interleaved medians at {len} B: per_append_fsync {single:?}, append_batch {batch:?} \
          ({:.1}x), shared_64_threads {shared:?} ({:.1}x); floor {floor:?} ({:.1}x; \
-         append_batch {:.2}x the floor), with the mark {floor_mark:?}, growing as the log \
+         append_batch {:.2}x the floor), with the end mark {floor_end_mark:?}, growing as the log \
          {growing:?}",
         ratio(single, batch),
         ratio(single, shared),
@@ -526,16 +532,19 @@ fn group_commit(c: &mut Criterion) {
         let Floors {
             bytes,
             bare,
-            marked,
+            ended,
             growing,
         } = &mut floors;
         group.bench_function(BenchmarkId::new("floor_write_fdatasync", len), |b| {
-            b.iter(|| bare.write(bytes, false));
+            b.iter(|| bare.write(bytes, Mark::None));
         });
-        group.bench_function(BenchmarkId::new("floor_write_mark_fdatasync", len), |b| {
-            b.iter(|| marked.write(bytes, true));
-        });
-        group.bench_function(BenchmarkId::new("floor_growing_mark_fdatasync", len), |b| {
+        group.bench_function(
+            BenchmarkId::new("floor_write_end_mark_fdatasync", len),
+            |b| {
+                b.iter(|| ended.write(bytes, Mark::End));
+            },
+        );
+        group.bench_function(BenchmarkId::new("floor_growing_fdatasync", len), |b| {
             b.iter(|| growing.write(bytes))
         });
     }
