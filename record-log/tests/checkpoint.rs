@@ -40,18 +40,8 @@ fn big(dir: &Path) -> Vec<u64> {
     starts
 }
 
-fn open(dir: &Path) -> Result<(RecordLog, psych_record_log::Recovery), OpenError> {
-    RecordLog::open(dir, &common::run("big"), SyncPolicy::OsBuffered)
-}
-
-fn log_path(dir: &Path) -> PathBuf {
-    RecordLog::path_for(dir, &common::run("big"))
-}
-
 fn checkpoint_path(dir: &Path) -> PathBuf {
-    let mut name = log_path(dir).into_os_string();
-    name.push(".ckpt");
-    PathBuf::from(name)
+    common::with_suffix(common::big_log_path(dir), ".ckpt")
 }
 
 fn flip(path: &Path, at: u64) {
@@ -82,7 +72,7 @@ fn frames_verified_once_are_taken_from_the_checkpoint_and_checked_when_read() {
         !checkpoint_path(dir.path()).exists(),
         "appending writes none"
     );
-    let (log, recovery) = open(dir.path()).unwrap();
+    let (log, recovery) = common::open_big(dir.path()).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     drop(log);
     assert!(
@@ -91,8 +81,8 @@ fn frames_verified_once_are_taken_from_the_checkpoint_and_checked_when_read() {
     );
 
     // A flipped content byte in record 3: not seen by open (checkpointed), but by a read.
-    flip(&log_path(dir.path()), starts[3] + 1000);
-    let (log, recovery) = open(dir.path()).unwrap();
+    flip(&common::big_log_path(dir.path()), starts[3] + 1000);
+    let (log, recovery) = common::open_big(dir.path()).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     assert_eq!(log.len(), RECORDS);
     for seq in [0, 2, 4, 16] {
@@ -109,7 +99,7 @@ fn frames_verified_once_are_taken_from_the_checkpoint_and_checked_when_read() {
 
     // Without the checkpoint, the open verifies every frame and refuses the damage.
     std::fs::remove_file(checkpoint_path(dir.path())).unwrap();
-    expect_corrupt_at(open(dir.path()), starts[3]);
+    expect_corrupt_at(common::open_big(dir.path()), starts[3]);
 }
 
 /// A lazy read (the history's walk, then a projection's slice of a result) of a log whose
@@ -119,12 +109,12 @@ fn frames_verified_once_are_taken_from_the_checkpoint_and_checked_when_read() {
 fn a_checkpointed_frame_is_checked_whole_on_its_first_lazy_read() {
     let dir = tempfile::tempdir().unwrap();
     let starts = big(dir.path());
-    drop(open(dir.path()).unwrap());
+    drop(common::open_big(dir.path()).unwrap());
     assert!(checkpoint_path(dir.path()).exists());
 
     // A flipped byte near the end of record 3's content, far from the head read below.
-    flip(&log_path(dir.path()), starts[4] - 1000);
-    let (log, recovery) = open(dir.path()).unwrap();
+    flip(&common::big_log_path(dir.path()), starts[4] - 1000);
+    let (log, recovery) = common::open_big(dir.path()).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     // The walk reads headers and metadata only.
     assert_eq!(log.history().unwrap().len() as u64, RECORDS);
@@ -153,7 +143,7 @@ fn a_checkpointed_frame_is_checked_whole_on_its_first_lazy_read() {
     // Once checked, a frame is not read whole again by later slices of this process, as
     // frames checked at open are not: damage after the check is found by `record` (and by
     // the next process).
-    flip(&log_path(dir.path()), starts[3] - 1000);
+    flip(&common::big_log_path(dir.path()), starts[3] - 1000);
     assert_eq!(log.read_output(&two, 0, &mut head).unwrap(), head.len());
     assert!(matches!(
         log.record(&two),
@@ -165,21 +155,28 @@ fn a_checkpointed_frame_is_checked_whole_on_its_first_lazy_read() {
 fn durable_records_zeroed_or_cut_are_corrupt_with_a_checkpoint_too() {
     let dir = tempfile::tempdir().unwrap();
     let starts = big(dir.path());
-    drop(open(dir.path()).unwrap());
-    let pristine = std::fs::read(log_path(dir.path())).unwrap();
+    drop(common::open_big(dir.path()).unwrap());
+    let pristine = std::fs::read(common::big_log_path(dir.path())).unwrap();
     let checkpoint = std::fs::read(checkpoint_path(dir.path())).unwrap();
 
     // Zeros from a middle frame to the end of the file.
     let mut zeroed = pristine.clone();
     zeroed[starts[9] as usize..].fill(0);
-    std::fs::write(log_path(dir.path()), &zeroed).unwrap();
-    expect_corrupt_at(open(dir.path()), starts[9]);
-    assert_eq!(std::fs::read(log_path(dir.path())).unwrap(), zeroed);
+    std::fs::write(common::big_log_path(dir.path()), &zeroed).unwrap();
+    expect_corrupt_at(common::open_big(dir.path()), starts[9]);
+    assert_eq!(
+        std::fs::read(common::big_log_path(dir.path())).unwrap(),
+        zeroed
+    );
 
     // Cut at a middle frame.
     std::fs::write(checkpoint_path(dir.path()), &checkpoint).unwrap();
-    std::fs::write(log_path(dir.path()), &pristine[..starts[12] as usize]).unwrap();
-    expect_corrupt_at(open(dir.path()), starts[12]);
+    std::fs::write(
+        common::big_log_path(dir.path()),
+        &pristine[..starts[12] as usize],
+    )
+    .unwrap();
+    expect_corrupt_at(common::open_big(dir.path()), starts[12]);
 
     // The last checkpointed frame's header zeroed: the checkpoint is refused, and, as
     // without a checkpoint, the record is durable missing: closing the log after its sync
@@ -187,9 +184,12 @@ fn durable_records_zeroed_or_cut_are_corrupt_with_a_checkpoint_too() {
     std::fs::write(checkpoint_path(dir.path()), &checkpoint).unwrap();
     let mut last = pristine.clone();
     last[starts[16] as usize..starts[16] as usize + 32].fill(0);
-    std::fs::write(log_path(dir.path()), &last).unwrap();
-    expect_corrupt_at(open(dir.path()), starts[16]);
-    assert_eq!(std::fs::read(log_path(dir.path())).unwrap(), last);
+    std::fs::write(common::big_log_path(dir.path()), &last).unwrap();
+    expect_corrupt_at(common::open_big(dir.path()), starts[16]);
+    assert_eq!(
+        std::fs::read(common::big_log_path(dir.path())).unwrap(),
+        last
+    );
     // Without that mark (a crash before the close: the mark of the last sync, generation
     // 2 in slot 0, counts record 16 as that sync's own), the record found damaged is cut
     // and reported.
@@ -197,8 +197,8 @@ fn durable_records_zeroed_or_cut_are_corrupt_with_a_checkpoint_too() {
     assert_eq!(last[slot_1], 3, "the mark the close wrote");
     last[slot_1..slot_1 + 36].fill(0);
     std::fs::write(checkpoint_path(dir.path()), &checkpoint).unwrap();
-    std::fs::write(log_path(dir.path()), &last).unwrap();
-    let (log, recovery) = open(dir.path()).unwrap();
+    std::fs::write(common::big_log_path(dir.path()), &last).unwrap();
+    let (log, recovery) = common::open_big(dir.path()).unwrap();
     assert_eq!(log.len(), 16);
     let tail = recovery.tail.expect("reported");
     assert_eq!(tail.offset, starts[16]);
@@ -226,10 +226,10 @@ fn durable_records_zeroed_or_cut_are_corrupt_with_a_checkpoint_too() {
 fn a_checkpoint_in_doubt_is_dropped_and_every_frame_verified() {
     let dir = tempfile::tempdir().unwrap();
     let starts = big(dir.path());
-    drop(open(dir.path()).unwrap());
+    drop(common::open_big(dir.path()).unwrap());
     let checkpoint = std::fs::read(checkpoint_path(dir.path())).unwrap();
     let damaged_log = {
-        let mut bytes = std::fs::read(log_path(dir.path())).unwrap();
+        let mut bytes = std::fs::read(common::big_log_path(dir.path())).unwrap();
         bytes[starts[5] as usize + 500] ^= 1;
         bytes
     };
@@ -239,29 +239,29 @@ fn a_checkpoint_in_doubt_is_dropped_and_every_frame_verified() {
     let mut bad = checkpoint.clone();
     bad[100] ^= 1;
     std::fs::write(checkpoint_path(dir.path()), &bad).unwrap();
-    std::fs::write(log_path(dir.path()), &damaged_log).unwrap();
-    expect_corrupt_at(open(dir.path()), starts[5]);
+    std::fs::write(common::big_log_path(dir.path()), &damaged_log).unwrap();
+    expect_corrupt_at(common::open_big(dir.path()), starts[5]);
     assert!(!checkpoint_path(dir.path()).exists());
 
     // The checkpoint of another file: the same log copied elsewhere (another inode).
     let other = tempfile::tempdir().unwrap();
-    std::fs::write(log_path(other.path()), &damaged_log).unwrap();
+    std::fs::write(common::big_log_path(other.path()), &damaged_log).unwrap();
     std::fs::write(checkpoint_path(other.path()), &checkpoint).unwrap();
-    expect_corrupt_at(open(other.path()), starts[5]);
+    expect_corrupt_at(common::open_big(other.path()), starts[5]);
 }
 
 #[test]
 fn frames_appended_after_the_checkpoint_are_verified_at_the_next_open() {
     let dir = tempfile::tempdir().unwrap();
     big(dir.path());
-    let (mut log, _) = open(dir.path()).unwrap();
+    let (mut log, _) = common::open_big(dir.path()).unwrap();
     let a = log.size_bytes();
     log.append(&common::user("after the checkpoint")).unwrap();
     log.append(&common::user("and another")).unwrap();
     log.sync().unwrap();
     drop(log);
-    flip(&log_path(dir.path()), a + 40);
-    expect_corrupt_at(open(dir.path()), a);
+    flip(&common::big_log_path(dir.path()), a + 40);
+    expect_corrupt_at(common::open_big(dir.path()), a);
 }
 
 #[test]
@@ -272,8 +272,8 @@ fn read_only_opens_use_a_checkpoint_but_never_write_one_and_small_logs_get_none(
     assert!(recovery.is_clean() && log.len() == RECORDS);
     drop(log);
     assert!(!checkpoint_path(dir.path()).exists());
-    drop(open(dir.path()).unwrap());
-    flip(&log_path(dir.path()), starts[2] + 77);
+    drop(common::open_big(dir.path()).unwrap());
+    flip(&common::big_log_path(dir.path()), starts[2] + 77);
     let (log, _) = RecordLog::open_read_only(dir.path(), &common::run("big")).unwrap();
     assert!(log.record(&log.handle(2).unwrap()).is_err());
 
@@ -282,6 +282,6 @@ fn read_only_opens_use_a_checkpoint_but_never_write_one_and_small_logs_get_none(
         RecordLog::open(small.path(), &common::run("big"), SyncPolicy::EveryAppend).unwrap();
     log.append(&common::user("small")).unwrap();
     drop(log);
-    drop(open(small.path()).unwrap());
+    drop(common::open_big(small.path()).unwrap());
     assert!(!checkpoint_path(small.path()).exists());
 }

@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use psych_record_log::{OpenError, RecordLog, SyncPolicy};
 
@@ -31,23 +31,9 @@ fn big(dir: &Path) -> Vec<u64> {
     starts
 }
 
-fn open(dir: &Path) -> Result<(RecordLog, psych_record_log::Recovery), OpenError> {
-    RecordLog::open(dir, &common::run("big"), SyncPolicy::OsBuffered)
-}
-
-fn log_path(dir: &Path) -> PathBuf {
-    RecordLog::path_for(dir, &common::run("big"))
-}
-
-fn with_suffix(path: PathBuf, suffix: &str) -> PathBuf {
-    let mut name = path.into_os_string();
-    name.push(suffix);
-    PathBuf::from(name)
-}
-
 /// Flips one byte of the log inside record 5's content: only a full verification sees it.
 fn damage(dir: &Path, starts: &[u64]) -> u64 {
-    let path = log_path(dir);
+    let path = common::big_log_path(dir);
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[starts[5] as usize + 1000] ^= 1;
     std::fs::write(&path, &bytes).unwrap();
@@ -55,7 +41,7 @@ fn damage(dir: &Path, starts: &[u64]) -> u64 {
 }
 
 fn expect_corrupt_at(dir: &Path, at: u64) {
-    match open(dir) {
+    match common::open_big(dir) {
         Err(OpenError::Corrupt { offset, .. }) => assert_eq!(offset, at),
         Err(other) => panic!("expected Corrupt at {at}, got {other:?}"),
         Ok((_, recovery)) => panic!("expected Corrupt at {at}, opened: {recovery}"),
@@ -66,13 +52,13 @@ fn expect_corrupt_at(dir: &Path, at: u64) {
 fn a_torn_checkpoint_is_never_trusted() {
     let dir = tempfile::tempdir().unwrap();
     let starts = big(dir.path());
-    drop(open(dir.path()).unwrap());
-    let ckpt = with_suffix(log_path(dir.path()), ".ckpt");
+    drop(common::open_big(dir.path()).unwrap());
+    let ckpt = common::with_suffix(common::big_log_path(dir.path()), ".ckpt");
     let whole = std::fs::read(&ckpt).unwrap();
-    let pristine = std::fs::read(log_path(dir.path())).unwrap();
+    let pristine = std::fs::read(common::big_log_path(dir.path())).unwrap();
     let at = damage(dir.path(), &starts);
     // The whole checkpoint hides the damage (it is found on a read, not by open)...
-    drop(open(dir.path()).unwrap());
+    drop(common::open_big(dir.path()).unwrap());
     // ...but no torn one does: a prefix of it (cut inside its fixed part, inside the
     // entries, before its checksum), or its length with zeros from some point on.
     let cuts = [
@@ -105,8 +91,8 @@ fn a_torn_checkpoint_is_never_trusted() {
     assert!(ckpt.exists());
 
     // Undamaged, the open after a torn one verifies every frame and writes a whole one.
-    std::fs::write(log_path(dir.path()), &pristine).unwrap();
-    let (log, recovery) = open(dir.path()).unwrap();
+    std::fs::write(common::big_log_path(dir.path()), &pristine).unwrap();
+    let (log, recovery) = common::open_big(dir.path()).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     assert_eq!(log.len(), 17);
     drop(log);
@@ -117,9 +103,9 @@ fn a_torn_checkpoint_is_never_trusted() {
 fn a_temporary_checkpoint_left_by_a_crash_is_ignored_and_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let starts = big(dir.path());
-    drop(open(dir.path()).unwrap());
-    let ckpt = with_suffix(log_path(dir.path()), ".ckpt");
-    let tmp = with_suffix(log_path(dir.path()), ".ckpt.tmp");
+    drop(common::open_big(dir.path()).unwrap());
+    let ckpt = common::with_suffix(common::big_log_path(dir.path()), ".ckpt");
+    let tmp = common::with_suffix(common::big_log_path(dir.path()), ".ckpt.tmp");
     // A crash before the rename: the temporary file (here, half of one) and no checkpoint.
     let whole = std::fs::read(&ckpt).unwrap();
     std::fs::rename(&ckpt, &tmp).unwrap();
@@ -131,10 +117,10 @@ fn a_temporary_checkpoint_left_by_a_crash_is_ignored_and_replaced() {
     expect_corrupt_at(dir.path(), at);
     // Undamaged, the verifying open writes over it and renames it into place.
     std::fs::write(&tmp, &whole[..100]).unwrap();
-    let mut bytes = std::fs::read(log_path(dir.path())).unwrap();
+    let mut bytes = std::fs::read(common::big_log_path(dir.path())).unwrap();
     bytes[at as usize + 1000] ^= 1;
-    std::fs::write(log_path(dir.path()), &bytes).unwrap();
-    let (_, recovery) = open(dir.path()).unwrap();
+    std::fs::write(common::big_log_path(dir.path()), &bytes).unwrap();
+    let (_, recovery) = common::open_big(dir.path()).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     assert!(!tmp.exists());
     assert_eq!(std::fs::read(&ckpt).unwrap(), whole);

@@ -3,10 +3,11 @@
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use psych_record_log::{GroupCommit, SyncPolicy};
+use psych_record_log::{GroupCommit, OpenError, RecordLog, Recovery, SyncPolicy};
 use psych_types::{
     AssistantMessage, ContentBlock, Record, RunId, ToolCall, ToolCallId, ToolOutput, ToolResult,
     UserMessage,
@@ -32,6 +33,23 @@ pub(crate) fn group_commit(max_wait: Duration, max_records: usize, max_bytes: u6
 /// A Run id, panicking on a bad literal (tests only).
 pub(crate) fn run(id: &str) -> RunId {
     RunId::new(id).expect("test run id")
+}
+
+/// Opens the log of Run `big` in `dir`, buffered: the large log the checkpoint tests build.
+pub(crate) fn open_big(dir: &Path) -> Result<(RecordLog, Recovery), OpenError> {
+    RecordLog::open(dir, &run("big"), SyncPolicy::OsBuffered)
+}
+
+/// The file of Run `big`'s log in `dir`.
+pub(crate) fn big_log_path(dir: &Path) -> PathBuf {
+    RecordLog::path_for(dir, &run("big"))
+}
+
+/// `path` with `suffix` added to its file name: `big.plog` and `.ckpt` give `big.plog.ckpt`.
+pub(crate) fn with_suffix(path: PathBuf, suffix: &str) -> PathBuf {
+    let mut name = path.into_os_string();
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 /// A user message.
