@@ -192,6 +192,17 @@ fn alternate_medians(mut first: impl FnMut(), mut second: impl FnMut()) -> (Dura
 /// Bytes of zeros written ahead into each file of [`mark_cost`], as the log preallocates.
 const PREALLOCATED: u64 = 16 << 20;
 
+/// A new, empty file at `path` (truncated if it was there), open for reading and writing.
+fn empty_file(path: &Path) -> File {
+    OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
 /// A file of [`PREALLOCATED`] zeros, written and synced, and the writes into it: each
 /// `write` puts `bytes` at the next offset (back to the start past the end), with
 /// [`Mark::Header`] a 36-byte write at offset 21 (where a log of Run `bench` keeps its
@@ -204,13 +215,7 @@ struct Preallocated {
 
 impl Preallocated {
     fn create(path: &Path) -> Self {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(path)
-            .unwrap();
+        let file = empty_file(path);
         let zeros = vec![0u8; 1 << 20];
         for i in 0..PREALLOCATED >> 20 {
             file.write_all_at(&zeros, i << 20).unwrap();
@@ -327,13 +332,7 @@ struct Growing {
 
 impl Growing {
     fn create(path: &Path) -> Self {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(path)
-            .unwrap();
+        let file = empty_file(path);
         file.write_all_at(&[0u8; 93], 0).unwrap();
         file.sync_all().unwrap();
         Self {
