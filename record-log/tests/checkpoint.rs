@@ -12,9 +12,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use psych_record_log::{OpenError, ReadError, RecordLog, SyncPolicy, TailReason};
+use psych_record_log::{ReadError, RecordLog, SyncPolicy, TailReason};
 use psych_types::RecordSource;
 
 const RECORDS: u64 = 17;
@@ -27,7 +27,7 @@ fn record(seq: u64) -> psych_types::Record {
 /// A log of 17 results of 4 MiB (68 MiB), synced twice (after 16, then after the last),
 /// so its high-water mark counts 16 records durable; returns each frame's start.
 fn big(dir: &Path) -> Vec<u64> {
-    let (mut log, _) = RecordLog::open(dir, &common::run("big"), SyncPolicy::OsBuffered).unwrap();
+    let (mut log, _) = common::open_big(dir).unwrap();
     let mut starts = Vec::new();
     for seq in 0..RECORDS {
         if seq == RECORDS - 1 {
@@ -38,10 +38,6 @@ fn big(dir: &Path) -> Vec<u64> {
     }
     log.sync().unwrap();
     starts
-}
-
-fn checkpoint_path(dir: &Path) -> PathBuf {
-    common::with_suffix(common::big_log_path(dir), ".ckpt")
 }
 
 fn flip(path: &Path, at: u64) {
@@ -56,27 +52,19 @@ fn flip(path: &Path, at: u64) {
     std::os::unix::fs::FileExt::write_all_at(&file, &byte, at).unwrap();
 }
 
-fn expect_corrupt_at(result: Result<(RecordLog, psych_record_log::Recovery), OpenError>, at: u64) {
-    match result {
-        Err(OpenError::Corrupt { offset, .. }) => assert_eq!(offset, at),
-        Err(other) => panic!("expected Corrupt at {at}, got {other:?}"),
-        Ok((_, recovery)) => panic!("expected Corrupt at {at}, opened: {recovery}"),
-    }
-}
-
 #[test]
 fn frames_verified_once_are_taken_from_the_checkpoint_and_checked_when_read() {
     let dir = tempfile::tempdir().unwrap();
     let starts = big(dir.path());
     assert!(
-        !checkpoint_path(dir.path()).exists(),
+        !common::big_checkpoint_path(dir.path()).exists(),
         "appending writes none"
     );
     let (log, recovery) = common::open_big(dir.path()).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     drop(log);
     assert!(
-        checkpoint_path(dir.path()).exists(),
+        common::big_checkpoint_path(dir.path()).exists(),
         "the verifying open writes one"
     );
 
@@ -98,8 +86,8 @@ fn frames_verified_once_are_taken_from_the_checkpoint_and_checked_when_read() {
     drop(log);
 
     // Without the checkpoint, the open verifies every frame and refuses the damage.
-    std::fs::remove_file(checkpoint_path(dir.path())).unwrap();
-    expect_corrupt_at(common::open_big(dir.path()), starts[3]);
+    std::fs::remove_file(common::big_checkpoint_path(dir.path())).unwrap();
+    common::expect_corrupt_at(common::open_big(dir.path()), starts[3]);
 }
 
 /// A lazy read (the history's walk, then a projection's slice of a result) of a log whose
@@ -110,7 +98,7 @@ fn a_checkpointed_frame_is_checked_whole_on_its_first_lazy_read() {
     let dir = tempfile::tempdir().unwrap();
     let starts = big(dir.path());
     drop(common::open_big(dir.path()).unwrap());
-    assert!(checkpoint_path(dir.path()).exists());
+    assert!(common::big_checkpoint_path(dir.path()).exists());
 
     // A flipped byte near the end of record 3's content, far from the head read below.
     flip(&common::big_log_path(dir.path()), starts[4] - 1000);
@@ -157,35 +145,35 @@ fn durable_records_zeroed_or_cut_are_corrupt_with_a_checkpoint_too() {
     let starts = big(dir.path());
     drop(common::open_big(dir.path()).unwrap());
     let pristine = std::fs::read(common::big_log_path(dir.path())).unwrap();
-    let checkpoint = std::fs::read(checkpoint_path(dir.path())).unwrap();
+    let checkpoint = std::fs::read(common::big_checkpoint_path(dir.path())).unwrap();
 
     // Zeros from a middle frame to the end of the file.
     let mut zeroed = pristine.clone();
     zeroed[starts[9] as usize..].fill(0);
     std::fs::write(common::big_log_path(dir.path()), &zeroed).unwrap();
-    expect_corrupt_at(common::open_big(dir.path()), starts[9]);
+    common::expect_corrupt_at(common::open_big(dir.path()), starts[9]);
     assert_eq!(
         std::fs::read(common::big_log_path(dir.path())).unwrap(),
         zeroed
     );
 
     // Cut at a middle frame.
-    std::fs::write(checkpoint_path(dir.path()), &checkpoint).unwrap();
+    std::fs::write(common::big_checkpoint_path(dir.path()), &checkpoint).unwrap();
     std::fs::write(
         common::big_log_path(dir.path()),
         &pristine[..starts[12] as usize],
     )
     .unwrap();
-    expect_corrupt_at(common::open_big(dir.path()), starts[12]);
+    common::expect_corrupt_at(common::open_big(dir.path()), starts[12]);
 
     // The last checkpointed frame's header zeroed: the checkpoint is refused, and, as
     // without a checkpoint, the record is durable missing: closing the log after its sync
     // made the high-water mark count it (generation 3, slot 1).
-    std::fs::write(checkpoint_path(dir.path()), &checkpoint).unwrap();
+    std::fs::write(common::big_checkpoint_path(dir.path()), &checkpoint).unwrap();
     let mut last = pristine.clone();
     last[starts[16] as usize..starts[16] as usize + 32].fill(0);
     std::fs::write(common::big_log_path(dir.path()), &last).unwrap();
-    expect_corrupt_at(common::open_big(dir.path()), starts[16]);
+    common::expect_corrupt_at(common::open_big(dir.path()), starts[16]);
     assert_eq!(
         std::fs::read(common::big_log_path(dir.path())).unwrap(),
         last
@@ -196,7 +184,7 @@ fn durable_records_zeroed_or_cut_are_corrupt_with_a_checkpoint_too() {
     let slot_1 = 16 + "big".len() + 36;
     assert_eq!(last[slot_1], 3, "the mark the close wrote");
     last[slot_1..slot_1 + 36].fill(0);
-    std::fs::write(checkpoint_path(dir.path()), &checkpoint).unwrap();
+    std::fs::write(common::big_checkpoint_path(dir.path()), &checkpoint).unwrap();
     std::fs::write(common::big_log_path(dir.path()), &last).unwrap();
     let (log, recovery) = common::open_big(dir.path()).unwrap();
     assert_eq!(log.len(), 16);
@@ -227,7 +215,7 @@ fn a_checkpoint_in_doubt_is_dropped_and_every_frame_verified() {
     let dir = tempfile::tempdir().unwrap();
     let starts = big(dir.path());
     drop(common::open_big(dir.path()).unwrap());
-    let checkpoint = std::fs::read(checkpoint_path(dir.path())).unwrap();
+    let checkpoint = std::fs::read(common::big_checkpoint_path(dir.path())).unwrap();
     let damaged_log = {
         let mut bytes = std::fs::read(common::big_log_path(dir.path())).unwrap();
         bytes[starts[5] as usize + 500] ^= 1;
@@ -238,16 +226,16 @@ fn a_checkpoint_in_doubt_is_dropped_and_every_frame_verified() {
     // checkpoint file is removed.
     let mut bad = checkpoint.clone();
     bad[100] ^= 1;
-    std::fs::write(checkpoint_path(dir.path()), &bad).unwrap();
+    std::fs::write(common::big_checkpoint_path(dir.path()), &bad).unwrap();
     std::fs::write(common::big_log_path(dir.path()), &damaged_log).unwrap();
-    expect_corrupt_at(common::open_big(dir.path()), starts[5]);
-    assert!(!checkpoint_path(dir.path()).exists());
+    common::expect_corrupt_at(common::open_big(dir.path()), starts[5]);
+    assert!(!common::big_checkpoint_path(dir.path()).exists());
 
     // The checkpoint of another file: the same log copied elsewhere (another inode).
     let other = tempfile::tempdir().unwrap();
     std::fs::write(common::big_log_path(other.path()), &damaged_log).unwrap();
-    std::fs::write(checkpoint_path(other.path()), &checkpoint).unwrap();
-    expect_corrupt_at(common::open_big(other.path()), starts[5]);
+    std::fs::write(common::big_checkpoint_path(other.path()), &checkpoint).unwrap();
+    common::expect_corrupt_at(common::open_big(other.path()), starts[5]);
 }
 
 #[test]
@@ -261,7 +249,7 @@ fn frames_appended_after_the_checkpoint_are_verified_at_the_next_open() {
     log.sync().unwrap();
     drop(log);
     flip(&common::big_log_path(dir.path()), a + 40);
-    expect_corrupt_at(common::open_big(dir.path()), a);
+    common::expect_corrupt_at(common::open_big(dir.path()), a);
 }
 
 #[test]
@@ -271,7 +259,7 @@ fn read_only_opens_use_a_checkpoint_but_never_write_one_and_small_logs_get_none(
     let (log, recovery) = RecordLog::open_read_only(dir.path(), &common::run("big")).unwrap();
     assert!(recovery.is_clean() && log.len() == RECORDS);
     drop(log);
-    assert!(!checkpoint_path(dir.path()).exists());
+    assert!(!common::big_checkpoint_path(dir.path()).exists());
     drop(common::open_big(dir.path()).unwrap());
     flip(&common::big_log_path(dir.path()), starts[2] + 77);
     let (log, _) = RecordLog::open_read_only(dir.path(), &common::run("big")).unwrap();
@@ -283,5 +271,5 @@ fn read_only_opens_use_a_checkpoint_but_never_write_one_and_small_logs_get_none(
     log.append(&common::user("small")).unwrap();
     drop(log);
     drop(common::open_big(small.path()).unwrap());
-    assert!(!checkpoint_path(small.path()).exists());
+    assert!(!common::big_checkpoint_path(small.path()).exists());
 }

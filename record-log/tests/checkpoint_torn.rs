@@ -14,12 +14,12 @@ mod common;
 
 use std::path::Path;
 
-use psych_record_log::{OpenError, RecordLog, SyncPolicy};
+use psych_record_log::{OpenError, RecordLog};
 
 /// A log of 17 results of 4 MiB (68 MiB: over the size that gets a checkpoint); returns
 /// each frame's start.
 fn big(dir: &Path) -> Vec<u64> {
-    let (mut log, _) = RecordLog::open(dir, &common::run("big"), SyncPolicy::OsBuffered).unwrap();
+    let (mut log, _) = common::open_big(dir).unwrap();
     let line = "a line of a large result\n";
     let text = line.repeat((4 << 20) / line.len());
     let mut starts = Vec::new();
@@ -40,20 +40,12 @@ fn damage(dir: &Path, starts: &[u64]) -> u64 {
     starts[5]
 }
 
-fn expect_corrupt_at(dir: &Path, at: u64) {
-    match common::open_big(dir) {
-        Err(OpenError::Corrupt { offset, .. }) => assert_eq!(offset, at),
-        Err(other) => panic!("expected Corrupt at {at}, got {other:?}"),
-        Ok((_, recovery)) => panic!("expected Corrupt at {at}, opened: {recovery}"),
-    }
-}
-
 #[test]
 fn a_torn_checkpoint_is_never_trusted() {
     let dir = tempfile::tempdir().unwrap();
     let starts = big(dir.path());
     drop(common::open_big(dir.path()).unwrap());
-    let ckpt = common::with_suffix(common::big_log_path(dir.path()), ".ckpt");
+    let ckpt = common::big_checkpoint_path(dir.path());
     let whole = std::fs::read(&ckpt).unwrap();
     let pristine = std::fs::read(common::big_log_path(dir.path())).unwrap();
     let at = damage(dir.path(), &starts);
@@ -78,7 +70,7 @@ fn a_torn_checkpoint_is_never_trusted() {
                 continue; // zeros where it already held zeros: not torn
             }
             std::fs::write(&ckpt, torn).unwrap();
-            expect_corrupt_at(dir.path(), at);
+            common::expect_corrupt_at(common::open_big(dir.path()), at);
             assert!(!ckpt.exists(), "a writable open removes it (cut at {cut})");
         }
     }
@@ -104,17 +96,17 @@ fn a_temporary_checkpoint_left_by_a_crash_is_ignored_and_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let starts = big(dir.path());
     drop(common::open_big(dir.path()).unwrap());
-    let ckpt = common::with_suffix(common::big_log_path(dir.path()), ".ckpt");
+    let ckpt = common::big_checkpoint_path(dir.path());
     let tmp = common::with_suffix(common::big_log_path(dir.path()), ".ckpt.tmp");
     // A crash before the rename: the temporary file (here, half of one) and no checkpoint.
     let whole = std::fs::read(&ckpt).unwrap();
     std::fs::rename(&ckpt, &tmp).unwrap();
     std::fs::write(&tmp, &whole[..whole.len() / 2]).unwrap();
     let at = damage(dir.path(), &starts);
-    expect_corrupt_at(dir.path(), at);
+    common::expect_corrupt_at(common::open_big(dir.path()), at);
     // The temporary file is never read as a checkpoint, even whole.
     std::fs::write(&tmp, &whole).unwrap();
-    expect_corrupt_at(dir.path(), at);
+    common::expect_corrupt_at(common::open_big(dir.path()), at);
     // Undamaged, the verifying open writes over it and renames it into place.
     std::fs::write(&tmp, &whole[..100]).unwrap();
     let mut bytes = std::fs::read(common::big_log_path(dir.path())).unwrap();

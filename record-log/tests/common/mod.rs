@@ -45,6 +45,20 @@ pub(crate) fn big_log_path(dir: &Path) -> PathBuf {
     RecordLog::path_for(dir, &run("big"))
 }
 
+/// Run `big`'s checkpoint file in `dir` (`big.plog.ckpt`).
+pub(crate) fn big_checkpoint_path(dir: &Path) -> PathBuf {
+    with_suffix(big_log_path(dir), ".ckpt")
+}
+
+/// Asserts that `opened` is [`OpenError::Corrupt`] at byte `at`.
+pub(crate) fn expect_corrupt_at(opened: Result<(RecordLog, Recovery), OpenError>, at: u64) {
+    match opened {
+        Err(OpenError::Corrupt { offset, .. }) => assert_eq!(offset, at),
+        Err(other) => panic!("expected Corrupt at {at}, got {other:?}"),
+        Ok((_, recovery)) => panic!("expected Corrupt at {at}, opened: {recovery}"),
+    }
+}
+
 /// `path` with `suffix` added to its file name: `big.plog` and `.ckpt` give `big.plog.ckpt`.
 pub(crate) fn with_suffix(path: PathBuf, suffix: &str) -> PathBuf {
     let mut name = path.into_os_string();
