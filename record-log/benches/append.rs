@@ -27,9 +27,10 @@
 //!   64 × 4 KiB, without frame headers or metadata) as one `pwrite` + `fdatasync` into a
 //!   preallocated, synced file (`floor_write_fdatasync`); the same with the 24-byte end
 //!   mark in the same `pwrite` (`floor_write_end_mark_fdatasync`); and the same into a file
-//!   that grows as the log's does, zeros written ahead by the log's rule (1 MiB past the
-//!   end whenever under 512 KiB is left) and, when it grew, the 36-byte header mark into
-//!   the first page, before the sync (`floor_growing_fdatasync`): the log's I/O without
+//!   that grows as the log's does, by the log's rule (after a write of up to 128 KiB,
+//!   zeros up to 1 MiB past the end whenever under 512 KiB is left; a larger write grows
+//!   the file itself) and, when it grew, the 36-byte header mark into the first page,
+//!   before the sync (`floor_growing_fdatasync`): the log's I/O without
 //!   the log. Before each size, all six are also timed alternately and the medians and
 //!   ratios printed.
 
@@ -317,13 +318,17 @@ fn mark_cost(
 /// Zeros the log writes ahead of its last frame (`write.rs`, `PREALLOC`): whenever fewer
 /// than half of them are left after a write, it writes zeros up to this far past its end.
 const LOG_PREALLOC: u64 = 1 << 20;
+/// The largest write after which the log preallocates (`write.rs`, `PREALLOC_MAX_WRITE`);
+/// a larger one grows the file itself.
+const LOG_PREALLOC_MAX_WRITE: u64 = 128 << 10;
 
 /// A file written as the log writes its frames, without the log: each `write` puts `bytes`
 /// and a 24-byte end mark at the end (the next write starts over the mark), then, as the
-/// log's preallocation does, zeros up to [`LOG_PREALLOC`] past the end when fewer than half
-/// of that are left and, only then, the 36-byte header mark at offset 21 (the log writes
-/// it only with a sync that commits a new length), then `fdatasync`. The file grows from
-/// 0, as a new log does.
+/// log's preallocation does, after a write of up to [`LOG_PREALLOC_MAX_WRITE`], zeros up
+/// to [`LOG_PREALLOC`] past the end when fewer than half of that are left; when the file
+/// grew (zeros, or a larger write past the end), the 36-byte header mark at offset 21 (the
+/// log writes it only with a sync that commits a new length); then `fdatasync`. The file
+/// grows from 0, as a new log does.
 struct Growing {
     file: File,
     end: u64,
@@ -348,11 +353,16 @@ impl Growing {
         buf.extend_from_slice(&[7u8; 24]);
         self.file.write_all_at(black_box(&buf), self.end).unwrap();
         self.end += bytes.len() as u64;
+        let before = self.allocated;
         self.allocated = self.allocated.max(self.end + 24);
-        if self.allocated - self.end < LOG_PREALLOC / 2 {
+        if bytes.len() as u64 <= LOG_PREALLOC_MAX_WRITE
+            && self.allocated - self.end < LOG_PREALLOC / 2
+        {
             let zeros = vec![0u8; (self.end + LOG_PREALLOC - self.allocated) as usize];
             self.file.write_all_at(&zeros, self.allocated).unwrap();
             self.allocated = self.end + LOG_PREALLOC;
+        }
+        if self.allocated != before {
             self.file.write_all_at(black_box(&[7u8; 36]), 21).unwrap();
         }
         self.file.sync_data().unwrap();

@@ -24,14 +24,15 @@ pub(crate) const SCRATCH_KEEP: usize = 4 << 20;
 /// not the file's size and extents (see `docs/format.md`, "Preallocation").
 const PREALLOC: u64 = 1 << 20;
 /// Writes (one append, one batch, one group) larger than this do not trigger
-/// preallocation: they grow the file themselves. It is `PREALLOC / 2`, the least room
-/// preallocation leaves past the last frame, so every write that triggers it also lands in
-/// preallocated space: a group of 64 records of 4 KiB (266 KiB) included, which under the
-/// earlier limit of 128 KiB grew the file on every group past the first MiB. Zeros cost
-/// bandwidth (every byte is written twice) but only on the sync that writes them, about one
-/// in `PREALLOC / 2` bytes appended; the syncs in between flush data only (see
-/// `docs/format.md`, "Preallocation").
-const PREALLOC_MAX_WRITE: u64 = PREALLOC / 2;
+/// preallocation: they grow the file themselves, and pay a metadata commit on their sync
+/// instead of the zeros' bandwidth (every preallocated byte is written twice). The commit
+/// costs about as much as writing 128 KiB more, so past this size growing is cheaper:
+/// 64 records of 4 KiB (266 KiB) in one `append_batch` take 1.6-1.9x one bare write +
+/// `fdatasync` of their bytes when each batch grows the file, 2.6-3.0x when zeros are
+/// written ahead of them (`cargo bench -p psych-record-log --bench append --
+/// group_commit_64`, interleaved medians; `docs/format.md`, "Preallocation"). A large
+/// write still lands in preallocated space when it fits in what is left.
+const PREALLOC_MAX_WRITE: u64 = 128 << 10;
 
 /// Why a write stopped.
 pub(crate) enum WriteFailure {

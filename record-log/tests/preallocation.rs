@@ -1,6 +1,9 @@
-//! Writes of up to 512 KiB land in space the log preallocated: a batch or a group of 64
-//! records of 4 KiB (266 KiB of frames) never grows the file once the first write has
-//! preallocated, so its `fdatasync` flushes data only (`docs/format.md`, "Preallocation").
+//! Writes of up to 128 KiB land in space the log preallocated: an append, or a batch or a
+//! group of 16 records of 4 KiB (66 KiB of frames), never grows the file once the first
+//! write has preallocated, so its `fdatasync` flushes data only. Larger writes, a group of
+//! 64 records of 4 KiB (266 KiB) included, grow the file themselves when they do not fit in
+//! what is left, with no zeros after them: past that size the zeros cost more than the
+//! metadata commit they save (`docs/format.md`, "Preallocation").
 
 #![allow(
     clippy::unwrap_used,
@@ -14,8 +17,8 @@ use std::time::Duration;
 
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 
-fn group(len: usize) -> Vec<psych_types::Record> {
-    (0..64)
+fn group(records: u8, len: usize) -> Vec<psych_types::Record> {
+    (0..records)
         .map(|i| common::text_result(&char::from(b'a' + i % 26).to_string().repeat(len)))
         .collect()
 }
@@ -25,19 +28,19 @@ fn file_len(path: &std::path::Path) -> u64 {
 }
 
 #[test]
-fn batches_of_64_records_of_4k_land_in_preallocated_space() {
+fn batches_of_16_records_of_4k_land_in_preallocated_space() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) =
         RecordLog::open(dir.path(), &common::run("pre"), SyncPolicy::EveryAppend).unwrap();
-    let batch = group(4096);
+    let batch = group(16, 4096);
     log.append_batch(&batch).unwrap();
-    // 40 batches: about 10 MiB, ten times past the first MiB.
-    for round in 0..40 {
+    // 150 batches: about 10 MiB, ten times past the first MiB.
+    for round in 0..150 {
         let before = file_len(log.path());
         let start = log.size_bytes();
         log.append_batch(&batch).unwrap();
         let written = log.size_bytes() - start;
-        assert!(written > 256 << 10, "{written}");
+        assert!(written > 64 << 10, "{written}");
         assert!(
             log.size_bytes() <= before,
             "round {round}: the batch ended at {} in a file of {before} bytes: it grew the file",
@@ -48,16 +51,16 @@ fn batches_of_64_records_of_4k_land_in_preallocated_space() {
 }
 
 #[test]
-fn groups_of_64_records_of_4k_land_in_preallocated_space() {
+fn groups_of_16_records_of_4k_land_in_preallocated_space() {
     let dir = tempfile::tempdir().unwrap();
     let policy = common::group_commit(Duration::ZERO, 64, 1 << 20);
     let shared = SharedRecordLog::open(dir.path(), &common::run("pre"), policy)
         .unwrap()
         .0;
-    let batch = group(4096);
+    let batch = group(16, 4096);
     shared.append_batch(&batch).unwrap();
     let path = shared.path().to_path_buf();
-    for round in 0..40 {
+    for round in 0..150 {
         let before = file_len(&path);
         shared.append_batch(&batch).unwrap();
         assert!(
@@ -66,11 +69,45 @@ fn groups_of_64_records_of_4k_land_in_preallocated_space() {
             shared.size_bytes()
         );
     }
-    assert_eq!(shared.stats().groups, 41);
+    assert_eq!(shared.stats().groups, 151);
 }
 
 #[test]
-fn writes_over_512k_grow_the_file_themselves() {
+fn batches_of_64_records_of_4k_use_what_is_left_then_grow_the_file_themselves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) =
+        RecordLog::open(dir.path(), &common::run("pre"), SyncPolicy::EveryAppend).unwrap();
+    // A small append preallocates 1 MiB past itself.
+    log.append(&common::user("first")).unwrap();
+    let preallocated = file_len(log.path());
+    let batch = group(64, 4096);
+    let (mut fitted, mut grew) = (0, 0);
+    for round in 0..12 {
+        let before = file_len(log.path());
+        log.append_batch(&batch).unwrap();
+        if log.size_bytes() + common::END_MARK <= before {
+            fitted += 1;
+            assert_eq!(
+                file_len(log.path()),
+                before,
+                "round {round}: no zeros written"
+            );
+        } else {
+            grew += 1;
+            assert_eq!(
+                file_len(log.path()),
+                log.size_bytes() + common::END_MARK,
+                "round {round}: a batch that grew the file wrote no zeros after it"
+            );
+        }
+    }
+    // 1 MiB of zeros holds three batches of 266 KiB; each one after them grows the file.
+    assert!(preallocated > 1 << 20);
+    assert_eq!((fitted, grew), (3, 9));
+}
+
+#[test]
+fn writes_over_128k_grow_the_file_themselves() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) =
         RecordLog::open(dir.path(), &common::run("pre"), SyncPolicy::EveryAppend).unwrap();
