@@ -6,7 +6,10 @@
 //!     repeated) as u64 words. It mostly fits in cache, so it is a compute bound;
 //!   - `u64_word_sum_256MiB`: the same over 256 MiB, larger than the last-level cache: the
 //!     memory-bandwidth bound the "≥ 0.2×" target refers to;
-//!   - `estimator_16MiB`: the estimator over the 16 MiB;
+//!   - `estimator_16MiB`: the estimator over the 16 MiB (on a processor with AVX2, its
+//!     wide loop, compiled for AVX2);
+//!   - `estimator_16MiB_narrow`: its narrow loop, compiled for the baseline (SSE2 on
+//!     x86-64), over the same 16 MiB: what a processor without AVX2 runs;
 //!   - `estimator_256KiB` and `tiktoken_o200k_256KiB`: the estimator and tiktoken-rs
 //!     o200k_base on the same 256 KiB slice (tiktoken is too slow for 16 MiB);
 //!   - `estimator_multilingual`: the estimator over the committed corpus of
@@ -19,6 +22,14 @@
     clippy::expect_used,
     reason = "a benchmark fails loudly on bad data"
 )]
+
+#[path = "../src/estimate.rs"]
+#[allow(
+    dead_code,
+    unreachable_pub,
+    reason = "the benchmark times the narrow loop alone"
+)]
+mod estimate;
 
 #[path = "../tests/corpus/mod.rs"]
 #[allow(dead_code, reason = "the benchmark uses part of the corpus module")]
@@ -95,6 +106,9 @@ fn estimator(c: &mut Criterion) {
     group.throughput(Throughput::Bytes(text.len() as u64));
     group.bench_function("estimator_16MiB", |b| {
         b.iter(|| estimator.estimate_bytes(black_box(text.as_bytes())))
+    });
+    group.bench_function("estimator_16MiB_narrow", |b| {
+        b.iter(|| estimate::weight_narrow(black_box(text.as_bytes())))
     });
     group.throughput(Throughput::Bytes(slice.len() as u64));
     group.bench_function("estimator_256KiB", |b| {
