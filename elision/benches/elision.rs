@@ -10,6 +10,10 @@
 //!     wide loop, compiled for AVX2);
 //!   - `estimator_16MiB_narrow`: its narrow loop, compiled for the baseline (SSE2 on
 //!     x86-64), over the same 16 MiB: what a processor without AVX2 runs;
+//!   - `estimator_short_texts` and `estimator_short_texts_narrow`: both loops over 1,000
+//!     pieces of the mixed content, 40, 100, 300 and 1,000 bytes long in turn, each
+//!     estimated alone, as tool names, descriptions and small results are: where the
+//!     bytes after the last whole block weigh most;
 //!   - `estimator_256KiB` and `tiktoken_o200k_256KiB`: the estimator and tiktoken-rs
 //!     o200k_base on the same 256 KiB slice (tiktoken is too slow for 16 MiB);
 //!   - `estimator_multilingual`: the estimator over the committed corpus of
@@ -62,6 +66,17 @@ fn mixed() -> String {
     text
 }
 
+/// 1,000 consecutive pieces of `bytes`, 40, 100, 300 and 1,000 bytes long in turn.
+fn short_texts(bytes: &[u8]) -> Vec<&[u8]> {
+    let mut pieces = Vec::with_capacity(1_000);
+    let mut at = 0;
+    for len in [40, 100, 300, 1_000].into_iter().cycle().take(1_000) {
+        pieces.push(&bytes[at..at + len]);
+        at += len;
+    }
+    pieces
+}
+
 fn sum_words(bytes: &[u8]) -> u64 {
     let mut chunks = bytes.chunks_exact(8);
     let mut sum = 0u64;
@@ -109,6 +124,26 @@ fn estimator(c: &mut Criterion) {
     });
     group.bench_function("estimator_16MiB_narrow", |b| {
         b.iter(|| estimate::weight_narrow(black_box(text.as_bytes())))
+    });
+    let shorts = short_texts(text.as_bytes());
+    group.throughput(Throughput::Bytes(
+        shorts.iter().map(|s| s.len() as u64).sum(),
+    ));
+    group.bench_function("estimator_short_texts", |b| {
+        b.iter(|| {
+            shorts
+                .iter()
+                .map(|s| estimator.estimate_bytes(black_box(s)))
+                .sum::<u64>()
+        })
+    });
+    group.bench_function("estimator_short_texts_narrow", |b| {
+        b.iter(|| {
+            shorts
+                .iter()
+                .map(|s| estimate::weight_narrow(black_box(s)))
+                .sum::<u64>()
+        })
     });
     group.throughput(Throughput::Bytes(slice.len() as u64));
     group.bench_function("estimator_256KiB", |b| {

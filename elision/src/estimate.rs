@@ -894,27 +894,56 @@ pub(crate) fn weight_narrow(bytes: &[u8]) -> u64 {
     weight_in::<{ 4 * NARROW }, NARROW>(std::hint::black_box(&MODEL), bytes)
 }
 
-/// [`weight_with`] in blocks of `BLOCK` bytes, four vectors of `VECTOR` lanes.
+/// [`weight_with`] in blocks of `BLOCK` bytes, four vectors of `VECTOR` lanes. The bytes
+/// after the last whole block (the tail, or the whole text when it is shorter than a
+/// block) are weighed as one more block, padded with [`PAD`], whose lanes weigh nothing:
+/// one block's time instead of the formula one byte at a time (about 10 ns a byte here:
+/// 40-byte texts took 0.41 µs each that way, 0.08 µs so).
 #[inline(always)]
 fn weight_in<const BLOCK: usize, const VECTOR: usize>(m: &Model, bytes: &[u8]) -> u64 {
     // Bytes 0 and 1 lack a full window; blocks start at byte 2.
     let head = bytes.len().min(2);
     let mut sum: u64 = (0..head).map(|i| weight_at(m, bytes, i)).sum();
+    let (whole, lanes) = blocks::<BLOCK, VECTOR>(m, bytes);
+    sum += lanes;
+    let covered = 2 + BLOCK * whole;
+    if covered < bytes.len() {
+        // The tail and the two bytes before it, then padding: `covered - 2` is a byte of
+        // the text (`covered < len`), and the tail with its two bytes is at most
+        // `BLOCK + 1` long, so it fits the `2 * BLOCK` bytes of padding.
+        let tail = &bytes[covered - 2..];
+        let mut padded = [[PAD; BLOCK]; 2];
+        let padded = padded.as_flattened_mut();
+        padded[..tail.len()].copy_from_slice(tail);
+        sum += blocks::<BLOCK, VECTOR>(m, padded).1;
+    }
+    // The floor of every byte but the first two, left out of the blocks' lanes.
+    sum + (bytes.len() - head) as u64 * u64::from(m.w[term::FLOOR])
+}
+
+/// What pads a text's tail to a whole block: `0xc0`, a byte that never occurs in UTF-8.
+/// No term holds at it, whatever the bytes before it (it is no letter, digit,
+/// punctuation, space, newline or tab, not ASCII, and no continuation byte), and no
+/// script term after it (the bytes after it are padding too, never continuation bytes),
+/// so its lanes add nothing (`padding_weighs_nothing`); the floor is added only for the
+/// text's own bytes.
+const PAD: u8 = 0xc0;
+
+/// The whole blocks of `bytes` from byte 2 on: how many, and the sum of their lanes (the
+/// floor left out).
+#[inline(always)]
+fn blocks<const BLOCK: usize, const VECTOR: usize>(m: &Model, bytes: &[u8]) -> (usize, u64) {
     let body = bytes.get(2..).unwrap_or_default();
     let (blocks, _) = body.as_chunks::<BLOCK>();
     let (ones_back, _) = bytes.get(1..).unwrap_or_default().as_chunks::<BLOCK>();
     let (twos_back, _) = bytes.as_chunks::<BLOCK>();
     // The three views have the same blocks at the same indices (`ones_back` and
     // `twos_back` may have one more); zip stops with `blocks`.
+    let mut sum = 0;
     for ((c, p), q) in blocks.iter().zip(ones_back).zip(twos_back) {
         sum += u64::from(block::<BLOCK, VECTOR>(m, q, p, c));
     }
-    // The floor of the blocks' bytes, left out of their lanes.
-    sum += (BLOCK * blocks.len()) as u64 * u64::from(m.w[term::FLOOR]);
-    let covered = 2 + BLOCK * blocks.len();
-    sum + (covered..bytes.len())
-        .map(|i| weight_at(m, bytes, i))
-        .sum::<u64>()
+    (blocks.len(), sum)
 }
 
 #[cfg(test)]
@@ -1132,6 +1161,25 @@ mod tests {
             assert_eq!(term::NAMES[k], name);
         }
         assert_eq!(term::AFTER_INDENT + 1, term::COUNT);
+    }
+
+    #[test]
+    fn padding_weighs_nothing() {
+        // After any two bytes, and after padding, for every term alone: no ASCII term and
+        // no script term holds at the padding byte.
+        let models: Vec<Model> = (0..term::COUNT)
+            .map(|k| Model::new(&one_hot(k)))
+            .chain([MODEL])
+            .collect();
+        for m in &models {
+            for q in 0..=255u8 {
+                for p in 0..=255u8 {
+                    assert_eq!(ascii_lane(m, q, p, PAD), 0, "{q:#x} {p:#x}");
+                    assert_eq!(script(m, p, PAD), 0, "{p:#x}");
+                }
+            }
+        }
+        assert!(std::str::from_utf8(&[PAD, 0x80]).is_err(), "never in UTF-8");
     }
 
     #[test]
