@@ -77,8 +77,10 @@
 //! The bytes are read in blocks of four vectors, three times over with offsets 0, 1 and 2
 //! (so the block, the byte before each and the byte two before each are lanes of three
 //! arrays; nothing is carried between blocks). The vectors are as wide as the processor's
-//! registers: on an x86 processor with AVX2, 32 lanes in 128-byte blocks, compiled for
-//! AVX2 and entered through `fearless_simd`'s runtime detection (safe code on our side:
+//! registers: on an x86 processor with AVX2 (the x86-64-v3 set: AVX2, FMA, BMI1/2 and
+//! the rest; a virtual machine that hides one of them gets the narrow loop), 32 lanes in
+//! 128-byte blocks, compiled for AVX2 and entered through `fearless_simd`'s runtime
+//! detection (safe code on our side:
 //! 3.6 GiB/s on the mixed bench input, 1.9 times the narrow loop beside it); elsewhere
 //! 16 lanes in 64-byte blocks, compiled for the target's baseline (SSE2 on x86-64). The
 //! rest of this section describes the narrow loop; the wide one is the same code at twice
@@ -91,21 +93,24 @@
 //! vector's lanes are summed by a horizontal byte sum (`psadbw`), four to a block: LLVM
 //! turns the block into straight SSE2 code without `unsafe` (16 bytes an instruction,
 //! about 5.5 instructions a byte on the mixed bench input), the four vectors unrolled,
-//! which measured fewer instructions than a loop over them, a block of 32 or 128 bytes,
-//! or the classes of the byte before kept in memory and read back one lane later (that
+//! which measured fewer instructions than a loop over them, a narrow block of 32 or 128
+//! bytes, or the classes of the byte before kept in memory and read back one lane later (that
 //! replaces its comparisons by loads, and stalls on the stores it reads across). The
 //! weights and the bytes the classes compare with are read from the model behind
 //! `black_box`, not written into the code: as constants, LLVM reloaded each one into a
-//! register before each use (see [`weight`]). The floor is added once for all blocks.
+//! register before each use (see [`weight`]). The floor is added once, by the text's
+//! length.
 //! Terms that hold at one byte in many (a space, newline or tab after another byte) are
 //! one comparison of the byte with the byte before. The script terms are not lanes: in
 //! a block where a byte is `0x80` or above, each `u64` of the block gives, in three
 //! operations, a bit for every continuation byte after a lead byte, and each such
 //! character is one lookup (the lead's and the second byte's low six bits index a 4 KiB
 //! table of script classes built at compile time); ASCII pays only the test that skips
-//! them, and text in other scripts pays by the character, not by the byte. Bytes the
-//! blocks do not cover (the first two, the tail) take the same formula one at a time,
-//! with the same table.
+//! them (but in the padded last block, below), and text in other scripts pays by the
+//! character, not by the byte. The first two bytes take the same formula one at a time,
+//! with the same table; the bytes after the last whole block (or a whole text shorter
+//! than a block) are copied into a block of padding, a byte at which no term holds, and
+//! weighed as one more block ([`PAD`]).
 
 use psych_types::TokenEstimator;
 
@@ -620,7 +625,7 @@ fn own(m: &Model, c: u8) -> u8 {
     m.w[term::FLOOR] + own_classes(m, c)
 }
 
-/// `C` less the floor, which [`weight_with`] adds for all the blocks at once. The classes are disjoint, so
+/// `C` less the floor, which [`weight_in`] adds once, by the text's length. The classes are disjoint, so
 /// `|` adds.
 #[inline(always)]
 fn own_classes(m: &Model, c: u8) -> u8 {
@@ -797,7 +802,7 @@ fn lane_sum<const VECTOR: usize>(lanes: [u8; VECTOR]) -> u32 {
 /// (LLVM keeps them in registers; a loop over them measured more instructions); the
 /// script terms, 0 unless a continuation byte follows a lead byte, are added only in a
 /// block where a byte of `c` is not ASCII, one character at a time ([`scripts`]): ASCII
-/// pays nothing for them.
+/// pays nothing for them (but in a padded last block, whose padding is not ASCII).
 #[inline(always)]
 fn block<const BLOCK: usize, const VECTOR: usize>(
     m: &Model,
@@ -870,7 +875,8 @@ fn weight(bytes: &[u8]) -> u64 {
 /// with [`MODEL`] behind `black_box`, so its weights are read, not constants of the code.
 /// The fitting tool calls it with one-hot weights to count how often each term holds.
 ///
-/// On an x86 processor with AVX2 (detected once, at the first call, by `fearless_simd`)
+/// On an x86 processor with AVX2 (the x86-64-v3 set, detected once, at the first call, by
+/// `fearless_simd`)
 /// it runs the wide loop, compiled for AVX2: 32 bytes an instruction; elsewhere the
 /// narrow loop, compiled for the target's baseline (SSE2 on x86-64). Both compute the same
 /// sum (the tests check both against the formula written plainly); safe code, both of them.
@@ -1268,7 +1274,8 @@ mod tests {
                 0..12,
             ),
         ) {
-            // Long runs across 64-byte block boundaries: base64-like, lowercase, spaces.
+            // Long runs across block boundaries (64 and 128 bytes): base64-like, lowercase,
+            // spaces.
             let runs: Vec<u8> =
                 runs.into_iter().flat_map(|(b, n)| std::iter::repeat_n(b, n)).collect();
             let mixed: Vec<u8> =

@@ -22,7 +22,9 @@
 //! tokenizer (o200k_base) on tool-result content in every script, measured on text it was
 //! not fitted to, and **never to be used for cost**.
 //!
-//! This crate is pure: no I/O, no clock, no globals. The record log keeps every result in
+//! This crate is pure: no I/O, no clock, no globals of its own (the estimator reads
+//! `fearless_simd`'s once-detected processor level, which changes its speed, never its
+//! sums). The record log keeps every result in
 //! full; this is only a projection.
 //!
 //! # What blocks
