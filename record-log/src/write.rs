@@ -221,9 +221,10 @@ impl RecordLog {
     /// `PREALLOC_MAX_WRITE` and fewer than `PREALLOC / 2` bytes are left past it, extends
     /// the file with zeros to `PREALLOC` past `new_end`; the zeros reach the disk with the
     /// write's own sync, and the writes after it overwrite existing blocks without a
-    /// metadata commit. Larger writes grow the file themselves: for them the zeros would
-    /// cost as much bandwidth as the metadata commit they save. Returns the file's new
-    /// length.
+    /// metadata commit. Larger writes land in what is left of the preallocated space, or
+    /// grow the file themselves where it is not enough: for them the zeros would cost more
+    /// bandwidth than the metadata commit they save (see [`PREALLOC_MAX_WRITE`]). Returns
+    /// the file's new length.
     ///
     /// Best effort: preallocation only makes later syncs cheaper, so a failure to write the
     /// zeros (a nearly full disk, a file size limit) must not fail an append whose own bytes

@@ -112,9 +112,27 @@ fn writes_over_128k_grow_the_file_themselves() {
     let (mut log, _) =
         RecordLog::open(dir.path(), &common::run("pre"), SyncPolicy::EveryAppend).unwrap();
     log.append(&common::user("first")).unwrap();
+    // 150 KiB: over the limit, under the 512 KiB the earlier limit preallocated for. The
+    // first six fill the 1 MiB the first append preallocated; from then on, less than
+    // 512 KiB is left after each, and none of them writes zeros.
+    let record = common::text_result(&"x".repeat(150 << 10));
+    let mut grew = 0;
+    for round in 0..10 {
+        let before = file_len(log.path());
+        log.append(&record).unwrap();
+        if file_len(log.path()) != before {
+            grew += 1;
+            assert_eq!(
+                file_len(log.path()),
+                log.size_bytes() + common::END_MARK,
+                "round {round}: no zeros written after a write over 128 KiB"
+            );
+        }
+    }
+    assert!(grew >= 3, "{grew}");
+    // And a large one, 2 MiB, past what is left.
     let big = common::text_result(&"x".repeat(2 << 20));
     log.append(&big).unwrap();
-    // No zeros written after a write larger than the preallocation's reach.
     assert_eq!(file_len(log.path()), log.size_bytes() + common::END_MARK);
 }
 
