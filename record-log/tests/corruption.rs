@@ -12,8 +12,9 @@
 mod common;
 
 use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use psych_record_log::{
     LogCorruption, OpenError, ReadError, RecordLog, SharedRecordLog, SyncPolicy, TailReason,
@@ -146,11 +147,69 @@ fn a_second_opener_is_refused_while_the_log_is_open() {
     let dir = tempfile::tempdir().unwrap();
     let run = common::run("locked");
     let (log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
+    let started = Instant::now();
     assert!(matches!(
         RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend),
         Err(OpenError::Locked { .. })
     ));
+    // It waited for the lock first (half a second), then gave up.
+    assert!(started.elapsed() >= Duration::from_millis(400));
     drop(log);
+    assert!(RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).is_ok());
+}
+
+/// `flock(1)` holding `path`'s lock (the same `flock(2)` lock the log takes) in another
+/// process until its standard input is closed; returns once it holds it.
+fn hold_lock(path: &Path) -> std::process::Child {
+    use std::io::BufRead;
+    let mut holder = Command::new("flock")
+        .arg(path)
+        .args(["-c", "echo held; read -r _"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("flock(1), from util-linux");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "held");
+    holder
+}
+
+#[test]
+fn a_lock_held_for_a_moment_is_waited_out() {
+    // What a process being started does to a log closed just before: its copy of the
+    // descriptor holds the lock until it reaches exec. Here another process holds it for
+    // 20 ms after the open began; the open waits, then opens.
+    let dir = tempfile::tempdir().unwrap();
+    let run = common::run("moment");
+    drop(RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap());
+    let mut holder = hold_lock(&RecordLog::path_for(dir.path(), &run));
+    let opening = std::thread::spawn({
+        let dir = dir.path().to_path_buf();
+        move || RecordLog::open(&dir, &run, SyncPolicy::EveryAppend).map(|_| ())
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    opening.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_lock_held_by_another_process_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = common::run("held");
+    drop(RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap());
+    let path = RecordLog::path_for(dir.path(), &run);
+    let mut holder = hold_lock(&path);
+    let err = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap_err();
+    assert!(
+        matches!(&err, OpenError::Locked { path: p } if p == &path),
+        "{err:?}"
+    );
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
     assert!(RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).is_ok());
 }
 

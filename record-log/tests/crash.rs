@@ -38,8 +38,10 @@ const GROUP_THREADS: u64 = 4;
 /// The lock can be held for a moment by no writer at all: this binary's two tests run in
 /// parallel, and a process one of them spawns holds a copy of every descriptor the test
 /// process has open until it reaches `exec` (close-on-exec acts only there), the other
-/// test's just-reopened log and its lock among them. Under load that window can outlast the
-/// parent's close, so the next child would find the log locked by its dying sibling.
+/// test's just-reopened log and its lock among them. `RecordLog::open` waits half a second
+/// for such a lock; a child here waits longer, since at load 10-12 (the workspace's tests
+/// in parallel on 2 cores) a process being started may be kept off the processor for
+/// longer than that.
 fn waiting_out_locks<T>(open: impl Fn() -> Result<T, OpenError>) -> T {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
