@@ -14,7 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::crc32c::Crc32c;
-use crate::format::FrameHeader;
+use crate::format::{FIELDS_LEN, FrameHeader};
 use crate::log::Entry;
 
 /// The checkpoint file's first 8 bytes.
@@ -26,9 +26,9 @@ pub(crate) const CHECKPOINT_VERSION: u32 = 2;
 /// Bytes before the frame entries: magic, version, the log's header checksum, device,
 /// inode, frame count, first frame's offset, end of the last frame.
 pub(crate) const CHECKPOINT_HEAD_LEN: usize = 56;
-/// Bytes of one frame's entry: kind, content kind, flags, write index (a byte each), the
-/// metadata length (u32) and the content length (u64).
-pub(crate) const CHECKPOINT_ENTRY_LEN: usize = 16;
+/// Bytes of one frame's entry: the header's fields but its position, magic and checksum
+/// ([`FrameHeader::encode_fields`]).
+pub(crate) const CHECKPOINT_ENTRY_LEN: usize = FIELDS_LEN;
 /// Bytes of the trailing checksum.
 const CHECKPOINT_TRAILER_LEN: usize = 4;
 /// A writable open writes a checkpoint when it verified at least this many bytes of frames
@@ -73,36 +73,6 @@ pub(crate) fn path_for(log_path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// One frame's entry: the header fields that are not implied by its place in the index
-/// (the magic, the position, the header checksum).
-fn encode_entry(header: &FrameHeader) -> [u8; CHECKPOINT_ENTRY_LEN] {
-    let mut out = [0u8; CHECKPOINT_ENTRY_LEN];
-    out[0] = header.kind;
-    out[1] = header.content_kind;
-    out[2] = header.flags;
-    out[3] = header.write_index;
-    out[4..8].copy_from_slice(&header.meta_len.to_le_bytes());
-    out[8..16].copy_from_slice(&header.content_len.to_le_bytes());
-    out
-}
-
-/// The header of frame `seq` from its entry (`CHECKPOINT_ENTRY_LEN` bytes).
-fn decode_entry(seq: u64, raw: &[u8]) -> FrameHeader {
-    let mut meta_len = [0u8; 4];
-    meta_len.copy_from_slice(&raw[4..8]);
-    let mut content_len = [0u8; 8];
-    content_len.copy_from_slice(&raw[8..16]);
-    FrameHeader {
-        seq,
-        kind: raw[0],
-        content_kind: raw[1],
-        flags: raw[2],
-        write_index: raw[3],
-        meta_len: u32::from_le_bytes(meta_len),
-        content_len: u64::from_le_bytes(content_len),
-    }
-}
-
 /// Writes the checkpoint of `entries` (contiguous frames from `identity.frames_start`, in
 /// position order from 0) to `out`.
 fn encode_to(out: &mut impl Write, identity: &Identity, entries: &[Entry]) -> std::io::Result<()> {
@@ -125,7 +95,7 @@ fn encode_to(out: &mut impl Write, identity: &Identity, entries: &[Entry]) -> st
     for batch in entries.chunks(CHUNK / CHECKPOINT_ENTRY_LEN) {
         chunk.clear();
         for entry in batch {
-            chunk.extend_from_slice(&encode_entry(&entry.header));
+            chunk.extend_from_slice(&entry.header.encode_fields());
         }
         crc.update(&chunk);
         out.write_all(&chunk)?;
@@ -228,8 +198,9 @@ fn decode_from(
         let chunk = &mut chunk[..take];
         input.read_exact(chunk).map_err(|_| UNREADABLE)?;
         crc.update(chunk);
-        for raw in chunk.chunks_exact(CHECKPOINT_ENTRY_LEN) {
-            let header = decode_entry(entries.len() as u64, raw);
+        let (raws, _) = chunk.as_chunks::<CHECKPOINT_ENTRY_LEN>();
+        for raw in raws {
+            let header = FrameHeader::from_fields(entries.len() as u64, raw);
             if !header.fields_known() {
                 return Err("a frame's fields are not defined values");
             }
@@ -424,37 +395,33 @@ mod tests {
         let entries = entries(9);
         let bytes = encode(&IDENTITY, &entries);
         let entry_at = |i: usize| CHECKPOINT_HEAD_LEN + i * CHECKPOINT_ENTRY_LEN;
-        // An undefined record kind, content kind or flag, with the checksum recomputed.
-        for (byte, value) in [(0, 9u8), (1, 7), (2, 0x80)] {
+        // `bytes` changed by `forge`, with the checksum recomputed: why it is refused.
+        let refusal = |forge: &dyn Fn(&mut Vec<u8>)| {
             let mut bad = bytes.clone();
-            bad[entry_at(4) + byte] = value;
+            forge(&mut bad);
             reseal(&mut bad);
+            decode_bytes(&bad, u64::MAX).unwrap_err()
+        };
+        // An undefined record kind, content kind or flag.
+        for (byte, value) in [(0, 9u8), (1, 7), (2, 0x80)] {
             assert_eq!(
-                decode_bytes(&bad, u64::MAX).unwrap_err(),
+                refusal(&|bad| bad[entry_at(4) + byte] = value),
                 "a frame's fields are not defined values"
             );
         }
         // A length that overruns the recorded end, or one that falls short of it.
-        let mut bad = bytes.clone();
-        bad[entry_at(8) + 8] = bad[entry_at(8) + 8].wrapping_add(1);
-        reseal(&mut bad);
+        let len_byte = entry_at(8) + 8;
         assert_eq!(
-            decode_bytes(&bad, u64::MAX).unwrap_err(),
+            refusal(&|bad| bad[len_byte] = bad[len_byte].wrapping_add(1)),
             "frames run past its end"
         );
-        let mut bad = bytes.clone();
-        bad[entry_at(8) + 8] = bad[entry_at(8) + 8].wrapping_sub(1);
-        reseal(&mut bad);
         assert_eq!(
-            decode_bytes(&bad, u64::MAX).unwrap_err(),
+            refusal(&|bad| bad[len_byte] = bad[len_byte].wrapping_sub(1)),
             "frames do not reach its end"
         );
         // A count that does not match the length: refused before anything is allocated.
-        let mut bad = bytes.clone();
-        bad[32..40].copy_from_slice(&u64::MAX.to_le_bytes());
-        reseal(&mut bad);
         assert_eq!(
-            decode_bytes(&bad, u64::MAX).unwrap_err(),
+            refusal(&|bad| bad[32..40].copy_from_slice(&u64::MAX.to_le_bytes())),
             "frame count does not match its length"
         );
         // Another file's, or another version's.
@@ -467,11 +434,8 @@ mod tests {
             decode_bytes(&bad, u64::MAX).unwrap_err(),
             "belongs to another file"
         );
-        let mut bad = bytes.clone();
-        bad[8..12].copy_from_slice(&1u32.to_le_bytes());
-        reseal(&mut bad);
         assert_eq!(
-            decode_bytes(&bad, u64::MAX).unwrap_err(),
+            refusal(&|bad| bad[8..12].copy_from_slice(&1u32.to_le_bytes())),
             "not a checkpoint of this version"
         );
     }

@@ -277,6 +277,9 @@ pub(crate) struct FrameHeader {
     pub(crate) content_len: u64,
 }
 
+/// Bytes of a frame header's fields after its position ([`FrameHeader::encode_fields`]).
+pub(crate) const FIELDS_LEN: usize = 16;
+
 impl FrameHeader {
     /// Total frame length: header, metadata, content, trailer.
     /// Saturates rather than overflows on a forged length, so a hostile header is merely
@@ -297,15 +300,40 @@ impl FrameHeader {
         let mut out = [0u8; FRAME_HEADER_LEN];
         out[0..4].copy_from_slice(&FRAME_MAGIC);
         out[4..12].copy_from_slice(&self.seq.to_le_bytes());
-        out[12] = self.kind;
-        out[13] = self.content_kind;
-        out[14] = self.flags;
-        out[15] = self.write_index;
-        out[16..20].copy_from_slice(&self.meta_len.to_le_bytes());
-        out[20..28].copy_from_slice(&self.content_len.to_le_bytes());
+        out[12..28].copy_from_slice(&self.encode_fields());
         let crc = crc32c(&out[0..28]);
         out[28..32].copy_from_slice(&crc.to_le_bytes());
         out
+    }
+
+    /// The fields after the position, as bytes 12 to 28 of the header hold them: kind,
+    /// content kind, flags, write index (a byte each), the metadata length (u32) and the
+    /// content length (u64). Also a frame's entry in the open checkpoint.
+    pub(crate) fn encode_fields(&self) -> [u8; FIELDS_LEN] {
+        let mut out = [0u8; FIELDS_LEN];
+        out[0] = self.kind;
+        out[1] = self.content_kind;
+        out[2] = self.flags;
+        out[3] = self.write_index;
+        out[4..8].copy_from_slice(&self.meta_len.to_le_bytes());
+        out[8..16].copy_from_slice(&self.content_len.to_le_bytes());
+        out
+    }
+
+    /// The header of frame `seq` whose other fields are `fields` ([`Self::encode_fields`]),
+    /// unchecked.
+    pub(crate) fn from_fields(seq: u64, fields: &[u8; FIELDS_LEN]) -> Self {
+        let mut content_len = [0u8; 8];
+        content_len.copy_from_slice(&fields[8..16]);
+        Self {
+            seq,
+            kind: fields[0],
+            content_kind: fields[1],
+            flags: fields[2],
+            write_index: fields[3],
+            meta_len: u32::from_le_bytes([fields[4], fields[5], fields[6], fields[7]]),
+            content_len: u64::from_le_bytes(content_len),
+        }
     }
 
     /// Parses and checks 32 header bytes.
@@ -319,17 +347,9 @@ impl FrameHeader {
         }
         let mut seq = [0u8; 8];
         seq.copy_from_slice(&bytes[4..12]);
-        let mut content_len = [0u8; 8];
-        content_len.copy_from_slice(&bytes[20..28]);
-        let header = Self {
-            seq: u64::from_le_bytes(seq),
-            kind: bytes[12],
-            content_kind: bytes[13],
-            flags: bytes[14],
-            write_index: bytes[15],
-            meta_len: u32::from_le_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]),
-            content_len: u64::from_le_bytes(content_len),
-        };
+        let mut fields = [0u8; FIELDS_LEN];
+        fields.copy_from_slice(&bytes[12..28]);
+        let header = Self::from_fields(u64::from_le_bytes(seq), &fields);
         if !header.fields_known() {
             return Err(FrameDamage::UndefinedFields);
         }

@@ -12,9 +12,9 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use psych_record_log::{OpenError, RecordLog};
+use psych_record_log::RecordLog;
 
 /// A log of 17 results of 4 MiB (68 MiB: over the size that gets a checkpoint); returns
 /// each frame's start.
@@ -31,24 +31,31 @@ fn big(dir: &Path) -> Vec<u64> {
     starts
 }
 
-/// Flips one byte of the log inside record 5's content: only a full verification sees it.
-fn damage(dir: &Path, starts: &[u64]) -> u64 {
-    let path = common::big_log_path(dir);
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[starts[5] as usize + 1000] ^= 1;
-    std::fs::write(&path, &bytes).unwrap();
-    starts[5]
-}
-
-#[test]
-fn a_torn_checkpoint_is_never_trusted() {
+/// The big log, opened once so that its checkpoint is written: the directory, each
+/// frame's start, and the checkpoint's path and bytes.
+fn checkpointed() -> (tempfile::TempDir, Vec<u64>, PathBuf, Vec<u8>) {
     let dir = tempfile::tempdir().unwrap();
     let starts = big(dir.path());
     drop(common::open_big(dir.path()).unwrap());
     let ckpt = common::big_checkpoint_path(dir.path());
     let whole = std::fs::read(&ckpt).unwrap();
-    let pristine = std::fs::read(common::big_log_path(dir.path())).unwrap();
-    let at = damage(dir.path(), &starts);
+    (dir, starts, ckpt, whole)
+}
+
+/// Flips one byte of the log inside the content of the record at `start` (again, to undo
+/// it): only a full verification sees it. Returns `start`, where open reports the damage.
+fn flip(dir: &Path, start: u64) -> u64 {
+    let path = common::big_log_path(dir);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[start as usize + 1000] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    start
+}
+
+#[test]
+fn a_torn_checkpoint_is_never_trusted() {
+    let (dir, starts, ckpt, whole) = checkpointed();
+    let at = flip(dir.path(), starts[5]);
     // The whole checkpoint hides the damage (it is found on a read, not by open)...
     drop(common::open_big(dir.path()).unwrap());
     // ...but no torn one does: a prefix of it (cut inside its fixed part, inside the
@@ -76,14 +83,14 @@ fn a_torn_checkpoint_is_never_trusted() {
     }
     // Read-only opens verify in full too, and leave it where it is.
     std::fs::write(&ckpt, &whole[..whole.len() / 2]).unwrap();
-    match RecordLog::open_read_only(dir.path(), &common::run("big")) {
-        Err(OpenError::Corrupt { offset, .. }) => assert_eq!(offset, at),
-        other => panic!("expected Corrupt, got {other:?}"),
-    }
+    common::expect_corrupt_at(
+        RecordLog::open_read_only(dir.path(), &common::run("big")),
+        at,
+    );
     assert!(ckpt.exists());
 
     // Undamaged, the open after a torn one verifies every frame and writes a whole one.
-    std::fs::write(common::big_log_path(dir.path()), &pristine).unwrap();
+    flip(dir.path(), at);
     let (log, recovery) = common::open_big(dir.path()).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     assert_eq!(log.len(), 17);
@@ -93,25 +100,19 @@ fn a_torn_checkpoint_is_never_trusted() {
 
 #[test]
 fn a_temporary_checkpoint_left_by_a_crash_is_ignored_and_replaced() {
-    let dir = tempfile::tempdir().unwrap();
-    let starts = big(dir.path());
-    drop(common::open_big(dir.path()).unwrap());
-    let ckpt = common::big_checkpoint_path(dir.path());
+    let (dir, starts, ckpt, whole) = checkpointed();
     let tmp = common::with_suffix(common::big_log_path(dir.path()), ".ckpt.tmp");
     // A crash before the rename: the temporary file (here, half of one) and no checkpoint.
-    let whole = std::fs::read(&ckpt).unwrap();
     std::fs::rename(&ckpt, &tmp).unwrap();
     std::fs::write(&tmp, &whole[..whole.len() / 2]).unwrap();
-    let at = damage(dir.path(), &starts);
+    let at = flip(dir.path(), starts[5]);
     common::expect_corrupt_at(common::open_big(dir.path()), at);
     // The temporary file is never read as a checkpoint, even whole.
     std::fs::write(&tmp, &whole).unwrap();
     common::expect_corrupt_at(common::open_big(dir.path()), at);
     // Undamaged, the verifying open writes over it and renames it into place.
     std::fs::write(&tmp, &whole[..100]).unwrap();
-    let mut bytes = std::fs::read(common::big_log_path(dir.path())).unwrap();
-    bytes[at as usize + 1000] ^= 1;
-    std::fs::write(common::big_log_path(dir.path()), &bytes).unwrap();
+    flip(dir.path(), at);
     let (_, recovery) = common::open_big(dir.path()).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     assert!(!tmp.exists());

@@ -27,6 +27,26 @@ fn file_len(path: &std::path::Path) -> u64 {
     std::fs::metadata(path).unwrap().len()
 }
 
+/// Does `write` on `log` and checks that it wrote no zeros: the file kept its length (the
+/// write fitted in what was left) or now ends right after the write's end mark (it grew
+/// the file itself). Returns whether it grew the file.
+#[track_caller]
+fn grew_without_zeros(log: &mut RecordLog, write: impl FnOnce(&mut RecordLog)) -> bool {
+    let before = file_len(log.path());
+    write(log);
+    let after = file_len(log.path());
+    assert!(log.size_bytes() + common::END_MARK <= after);
+    if after == before {
+        return false;
+    }
+    assert_eq!(
+        after,
+        log.size_bytes() + common::END_MARK,
+        "a write that grew the file wrote zeros after it"
+    );
+    true
+}
+
 #[test]
 fn batches_of_16_records_of_4k_land_in_preallocated_space() {
     let dir = tempfile::tempdir().unwrap();
@@ -81,29 +101,12 @@ fn batches_of_64_records_of_4k_use_what_is_left_then_grow_the_file_themselves() 
     log.append(&common::user("first")).unwrap();
     let preallocated = file_len(log.path());
     let batch = group(64, 4096);
-    let (mut fitted, mut grew) = (0, 0);
-    for round in 0..12 {
-        let before = file_len(log.path());
-        log.append_batch(&batch).unwrap();
-        if log.size_bytes() + common::END_MARK <= before {
-            fitted += 1;
-            assert_eq!(
-                file_len(log.path()),
-                before,
-                "round {round}: no zeros written"
-            );
-        } else {
-            grew += 1;
-            assert_eq!(
-                file_len(log.path()),
-                log.size_bytes() + common::END_MARK,
-                "round {round}: a batch that grew the file wrote no zeros after it"
-            );
-        }
-    }
+    let grew: Vec<bool> = (0..12)
+        .map(|_| grew_without_zeros(&mut log, |log| drop(log.append_batch(&batch).unwrap())))
+        .collect();
     // 1 MiB of zeros holds three batches of 266 KiB; each one after them grows the file.
     assert!(preallocated > 1 << 20);
-    assert_eq!((fitted, grew), (3, 9));
+    assert_eq!(grew, [[false; 3].as_slice(), &[true; 9]].concat());
 }
 
 #[test]
@@ -116,19 +119,9 @@ fn writes_over_128k_grow_the_file_themselves() {
     // first six fill the 1 MiB the first append preallocated; from then on, less than
     // 512 KiB is left after each, and none of them writes zeros.
     let record = common::text_result(&"x".repeat(150 << 10));
-    let mut grew = 0;
-    for round in 0..10 {
-        let before = file_len(log.path());
-        log.append(&record).unwrap();
-        if file_len(log.path()) != before {
-            grew += 1;
-            assert_eq!(
-                file_len(log.path()),
-                log.size_bytes() + common::END_MARK,
-                "round {round}: no zeros written after a write over 128 KiB"
-            );
-        }
-    }
+    let grew = (0..10)
+        .filter(|_| grew_without_zeros(&mut log, |log| drop(log.append(&record).unwrap())))
+        .count();
     assert!(grew >= 3, "{grew}");
     // And a large one, 2 MiB, past what is left.
     let big = common::text_result(&"x".repeat(2 << 20));
