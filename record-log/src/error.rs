@@ -40,10 +40,7 @@ pub enum OpenError {
         /// The operating system's error.
         source: std::io::Error,
     },
-    /// Another open log (in this process or another) holds the file's lock: still, after
-    /// `open` waited half a second for it (a lock held only for a moment, by a process
-    /// being started that has not yet closed its copy of a closed log's descriptor, is
-    /// waited out).
+    /// Another open log (in this process or another) holds the file's lock.
     #[error("{path} is open elsewhere; a Run's log has one writer at a time")]
     Locked {
         /// The log file.

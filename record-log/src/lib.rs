@@ -53,9 +53,7 @@
 //!   while it waits, so async tasks share a group only when each appends from its own
 //!   blocking thread (`spawn_blocking`).
 //! - [`RecordLog::open`] reads and checksums every frame (past 64 MiB, those after the
-//!   last checkpoint): its time grows with the log. When another log holds the file's
-//!   lock, it waits up to half a second for it before it reports
-//!   [`OpenError::Locked`]. Reads by handle are one or two
+//!   last checkpoint): its time grows with the log. Reads by handle are one or two
 //!   positional reads; [`RecordLog::record`](psych_types::RecordSource::record) reads the
 //!   whole record, however large.
 //!

@@ -6,7 +6,6 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use psych_types::{
     ContentBlock, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
@@ -100,37 +99,6 @@ pub(crate) fn open_io(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError +
     }
 }
 
-/// How long [`RecordLog::open`] waits for the file's lock before it reports
-/// [`OpenError::Locked`] (see [`lock`]).
-const LOCK_WAIT: Duration = Duration::from_millis(500);
-
-/// How often [`lock`] tries again meanwhile.
-const LOCK_RETRY: Duration = Duration::from_millis(2);
-
-/// Takes `file`'s exclusive lock, waiting up to [`LOCK_WAIT`] for it. A lock can be held
-/// for a moment by no log at all: a process that any thread of this process starts holds
-/// a copy of every open descriptor until it reaches `exec` (close-on-exec acts only
-/// there), so a log closed and opened again while another thread starts a process (an
-/// MCP server, say) can find the lock of its own closed descriptor still held for that
-/// moment. A log open elsewhere holds it for longer, and is reported.
-fn lock(file: &File, path: &Path) -> Result<(), OpenError> {
-    let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(()),
-            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
-                std::thread::sleep(LOCK_RETRY);
-            }
-            Err(TryLockError::WouldBlock) => {
-                return Err(OpenError::Locked {
-                    path: path.to_path_buf(),
-                });
-            }
-            Err(TryLockError::Error(err)) => return Err(open_io(path)(err)),
-        }
-    }
-}
-
 impl RecordLog {
     /// The file that holds `run`'s log under `dir`.
     pub fn path_for(dir: impl AsRef<Path>, run: &RunId) -> PathBuf {
@@ -174,7 +142,11 @@ impl RecordLog {
         std::fs::create_dir_all(dir).map_err(open_io(dir))?;
         let path = Self::path_for(dir, run);
         let (file, created) = Self::open_file(&path)?;
-        lock(&file, &path)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(OpenError::Locked { path }),
+            Err(TryLockError::Error(err)) => return Err(open_io(&path)(err)),
+        }
         let mut log = Self::unopened(run, path, file, storage, sync, false);
         let (header_loss, header_written) = log.check_header()?;
         if created || header_written {

@@ -362,17 +362,23 @@ impl Drop for RecordLog {
     /// every record a sync that returned made so, which a crash cannot undo, so it needs no
     /// sync of its own (the system writes it back in its own time, or the next open's or
     /// append's sync does). Until then the older mark stands, which is only less strict.
+    ///
+    /// Then it releases the file's lock through its own descriptor rather than leaving that
+    /// to the close: a process that any thread of this process is starting holds a copy of
+    /// every open descriptor until it reaches `exec`, and a `flock` belongs to the open
+    /// file that the copy shares, so a log closed and opened again meanwhile would find
+    /// itself locked. Unlocking releases it for every copy.
     fn drop(&mut self) {
-        if !self.opened || self.read_only || self.poisoned {
-            return;
+        if self.opened && !self.read_only && !self.poisoned {
+            let mark = self.next_mark(self.len());
+            let current = self.mark;
+            if (mark.durable_records, mark.written_records)
+                != (current.durable_records, current.written_records)
+            {
+                let _ = self.write_mark(&mark);
+            }
         }
-        let mark = self.next_mark(self.len());
-        let current = self.mark;
-        if (mark.durable_records, mark.written_records)
-            != (current.durable_records, current.written_records)
-        {
-            let _ = self.write_mark(&mark);
-        }
+        let _ = self.file.unlock();
     }
 }
 
@@ -444,6 +450,26 @@ mod tests {
     use psych_types::{RunId, UserMessage};
 
     use crate::{FaultyStorage, StorageOp, SyncPolicy};
+
+    #[test]
+    fn closing_releases_the_lock_that_a_copy_of_the_descriptor_shares() {
+        // A process started while the log is open holds a copy of its descriptor (here
+        // given as its standard input, so that it outlives `exec`): closing the log
+        // releases the lock all the same, and the log opens again at once.
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("shared-fd").unwrap();
+        let (log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(log.file.try_clone().unwrap())
+            .spawn()
+            .unwrap();
+        drop(log);
+        let reopened = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(reopened.is_ok(), "{:?}", reopened.err());
+    }
 
     #[test]
     fn preallocation_is_best_effort() {

@@ -14,7 +14,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use psych_record_log::{
     LogCorruption, OpenError, ReadError, RecordLog, SharedRecordLog, SyncPolicy, TailReason,
@@ -147,13 +147,10 @@ fn a_second_opener_is_refused_while_the_log_is_open() {
     let dir = tempfile::tempdir().unwrap();
     let run = common::run("locked");
     let (log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
-    let started = Instant::now();
     assert!(matches!(
         RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend),
         Err(OpenError::Locked { .. })
     ));
-    // It waited for the lock first (half a second), then gave up.
-    assert!(started.elapsed() >= Duration::from_millis(400));
     drop(log);
     assert!(RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).is_ok());
 }
@@ -175,25 +172,6 @@ fn hold_lock(path: &Path) -> std::process::Child {
         .unwrap();
     assert_eq!(line.trim(), "held");
     holder
-}
-
-#[test]
-fn a_lock_held_for_a_moment_is_waited_out() {
-    // What a process being started does to a log closed just before: its copy of the
-    // descriptor holds the lock until it reaches exec. Here another process holds it for
-    // 20 ms after the open began; the open waits, then opens.
-    let dir = tempfile::tempdir().unwrap();
-    let run = common::run("moment");
-    drop(RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap());
-    let mut holder = hold_lock(&RecordLog::path_for(dir.path(), &run));
-    let opening = std::thread::spawn({
-        let dir = dir.path().to_path_buf();
-        move || RecordLog::open(&dir, &run, SyncPolicy::EveryAppend).map(|_| ())
-    });
-    std::thread::sleep(Duration::from_millis(20));
-    drop(holder.stdin.take());
-    holder.wait().unwrap();
-    opening.join().unwrap().unwrap();
 }
 
 #[test]

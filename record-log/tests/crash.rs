@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use psych_record_log::{OpenError, RecordLog, SharedRecordLog, SyncPolicy};
+use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_types::{RecordHandle, RecordSource};
 
 const CHILD_ENV: &str = "PSYCH_RECORD_LOG_CHILD";
@@ -33,34 +33,13 @@ const GROUP_TEST_NAME: &str = "killed_group_committers_lose_no_acknowledged_reco
 /// Appender threads of the group-commit child.
 const GROUP_THREADS: u64 = 4;
 
-/// A child's open of the log, retried while it is [`OpenError::Locked`], for at most 10 s.
-///
-/// The lock can be held for a moment by no writer at all: this binary's two tests run in
-/// parallel, and a process one of them spawns holds a copy of every descriptor the test
-/// process has open until it reaches `exec` (close-on-exec acts only there), the other
-/// test's just-reopened log and its lock among them. `RecordLog::open` waits half a second
-/// for such a lock; a child here waits longer, since at load 10-12 (the workspace's tests
-/// in parallel on 2 cores) a process being started may be kept off the processor for
-/// longer than that.
-fn waiting_out_locks<T>(open: impl Fn() -> Result<T, OpenError>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match open() {
-            Err(OpenError::Locked { .. }) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            opened => return opened.unwrap(),
-        }
-    }
-}
-
 /// Child mode: append numbered records until killed, acknowledging each on stdout.
 fn child(dir: &str) -> ! {
     let policy = match std::env::var(POLICY_ENV).as_deref() {
         Ok("buffered") => SyncPolicy::OsBuffered,
         _ => SyncPolicy::EveryAppend,
     };
-    let (mut log, _) = waiting_out_locks(|| RecordLog::open(dir, &common::run("crash"), policy));
+    let (mut log, _) = RecordLog::open(dir, &common::run("crash"), policy).unwrap();
     let mut out = std::io::stdout().lock();
     // libtest's "test … " has no newline yet: start on a line of our own.
     writeln!(out, "\nready").unwrap();
@@ -206,7 +185,7 @@ fn a_killed_writer_loses_no_acknowledged_record() {
 fn group_child(dir: &str) -> ! {
     let round: u64 = std::env::var(ROUND_ENV).unwrap().parse().unwrap();
     let policy = common::group_commit(Duration::from_millis(1), 8, 1 << 20);
-    let (log, _) = waiting_out_locks(|| SharedRecordLog::open(dir, &common::run("group"), policy));
+    let (log, _) = SharedRecordLog::open(dir, &common::run("group"), policy).unwrap();
     let log = Arc::new(log);
     {
         let mut out = std::io::stdout().lock();
