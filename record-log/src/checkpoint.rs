@@ -9,7 +9,7 @@
 //! compared at the end, and an index decoded from a checkpoint that fails it is dropped.
 
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -115,9 +115,8 @@ pub(crate) fn write(
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
-    let mut out = BufWriter::with_capacity(CHUNK, File::create(&tmp)?);
-    encode_to(&mut out, identity, entries)?;
-    out.into_inner().map_err(|err| err.into_error())?;
+    // `encode_to` gathers the entries into writes of `CHUNK` bytes itself.
+    encode_to(&mut File::create(&tmp)?, identity, entries)?;
     std::fs::rename(&tmp, &path)
 }
 
@@ -297,13 +296,6 @@ mod tests {
         bytes[body..].copy_from_slice(&crc.to_le_bytes());
     }
 
-    fn same(a: &[Entry], b: &[Entry]) -> bool {
-        a.len() == b.len()
-            && a.iter()
-                .zip(b)
-                .all(|(a, b)| a.offset == b.offset && a.header == b.header)
-    }
-
     #[test]
     fn documented_layout_matches_the_code() {
         const DOC: &str = include_str!("../docs/format.md");
@@ -339,7 +331,7 @@ mod tests {
                 last.offset + last.header.frame_len()
             });
             let decoded = decode_bytes(&bytes, end).unwrap();
-            assert!(same(&decoded, &entries), "{count} entries");
+            assert_eq!(decoded, entries, "{count} entries");
             // The file it covers must hold every frame it names.
             if count > 0 {
                 assert_eq!(

@@ -23,7 +23,7 @@ use crate::recovery::Recovery;
 use crate::storage::{FileStorage, Storage};
 
 /// Where one record's frame is, with its checked header.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Entry {
     pub(crate) offset: u64,
     pub(crate) header: FrameHeader,

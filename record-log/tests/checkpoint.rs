@@ -40,18 +40,6 @@ fn big(dir: &Path) -> Vec<u64> {
     starts
 }
 
-fn flip(path: &Path, at: u64) {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    let mut byte = [0u8; 1];
-    std::os::unix::fs::FileExt::read_exact_at(&file, &mut byte, at).unwrap();
-    byte[0] ^= 1;
-    std::os::unix::fs::FileExt::write_all_at(&file, &byte, at).unwrap();
-}
-
 #[test]
 fn frames_verified_once_are_taken_from_the_checkpoint_and_checked_when_read() {
     let dir = tempfile::tempdir().unwrap();
@@ -69,7 +57,7 @@ fn frames_verified_once_are_taken_from_the_checkpoint_and_checked_when_read() {
     );
 
     // A flipped content byte in record 3: not seen by open (checkpointed), but by a read.
-    flip(&common::big_log_path(dir.path()), starts[3] + 1000);
+    common::flip(&common::big_log_path(dir.path()), starts[3] + 1000);
     let (log, recovery) = common::open_big(dir.path()).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     assert_eq!(log.len(), RECORDS);
@@ -101,7 +89,7 @@ fn a_checkpointed_frame_is_checked_whole_on_its_first_lazy_read() {
     assert!(common::big_checkpoint_path(dir.path()).exists());
 
     // A flipped byte near the end of record 3's content, far from the head read below.
-    flip(&common::big_log_path(dir.path()), starts[4] - 1000);
+    common::flip(&common::big_log_path(dir.path()), starts[4] - 1000);
     let (log, recovery) = common::open_big(dir.path()).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     // The walk reads headers and metadata only.
@@ -131,7 +119,7 @@ fn a_checkpointed_frame_is_checked_whole_on_its_first_lazy_read() {
     // Once checked, a frame is not read whole again by later slices of this process, as
     // frames checked at open are not: damage after the check is found by `record` (and by
     // the next process).
-    flip(&common::big_log_path(dir.path()), starts[3] - 1000);
+    common::flip(&common::big_log_path(dir.path()), starts[3] - 1000);
     assert_eq!(log.read_output(&two, 0, &mut head).unwrap(), head.len());
     assert!(matches!(
         log.record(&two),
@@ -248,7 +236,7 @@ fn frames_appended_after_the_checkpoint_are_verified_at_the_next_open() {
     log.append(&common::user("and another")).unwrap();
     log.sync().unwrap();
     drop(log);
-    flip(&common::big_log_path(dir.path()), a + 40);
+    common::flip(&common::big_log_path(dir.path()), a + 40);
     common::expect_corrupt_at(common::open_big(dir.path()), a);
 }
 
@@ -261,7 +249,7 @@ fn read_only_opens_use_a_checkpoint_but_never_write_one_and_small_logs_get_none(
     drop(log);
     assert!(!common::big_checkpoint_path(dir.path()).exists());
     drop(common::open_big(dir.path()).unwrap());
-    flip(&common::big_log_path(dir.path()), starts[2] + 77);
+    common::flip(&common::big_log_path(dir.path()), starts[2] + 77);
     let (log, _) = RecordLog::open_read_only(dir.path(), &common::run("big")).unwrap();
     assert!(log.record(&log.handle(2).unwrap()).is_err());
 

@@ -59,6 +59,19 @@ pub(crate) fn expect_corrupt_at(opened: Result<(RecordLog, Recovery), OpenError>
     }
 }
 
+/// Flips the lowest bit of byte `at` of the file at `path`, in place (again, to undo it).
+pub(crate) fn flip(path: &Path, at: u64) {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("the file to flip a byte of");
+    let mut byte = [0u8; 1];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut byte, at).expect("a byte there");
+    byte[0] ^= 1;
+    std::os::unix::fs::FileExt::write_all_at(&file, &byte, at).expect("written back");
+}
+
 /// `path` with `suffix` added to its file name: `big.plog` and `.ckpt` give `big.plog.ckpt`.
 pub(crate) fn with_suffix(path: PathBuf, suffix: &str) -> PathBuf {
     let mut name = path.into_os_string();
