@@ -103,7 +103,8 @@ pub struct ServerView {
     pub why: Why,
     /// How many of its tools are permitted (live catalogue ∩ grant).
     pub permitted: usize,
-    /// Estimated tokens of its permitted tools as direct tools.
+    /// Estimated tokens of its permitted tools as direct tools, counted as
+    /// [`Settings::cost_basis`](crate::Settings::cost_basis) says.
     pub cost: Cost,
     /// Tools injected as direct tools although the server is deferred.
     pub eager: Vec<ToolName>,
@@ -442,16 +443,15 @@ pub fn resolve(
 /// ([`Preload::Eager`], [`Preload::Deferred`]) take no share: their author decided.
 fn share_budget(plans: &mut [Plan<'_>], budget: u64) {
     let mut auto: Vec<usize> = (0..plans.len())
-        .filter(|&i| plans[i].connection.preload == Preload::Auto && plans[i].why == Why::Size)
+        // Only Auto servers are kept for their size (`Why::Size`).
+        .filter(|&i| plans[i].why == Why::Size)
         .collect();
     // Plans are in server order, and the sort is stable: equal costs stay in server order.
     auto.sort_by_key(|&i| plans[i].cost.tokens());
     let mut kept = 0u64;
-    let mut fits = true;
     for i in auto {
         let cost = plans[i].cost.tokens();
-        fits = fits && kept.saturating_add(cost) <= budget;
-        if fits {
+        if kept.saturating_add(cost) <= budget {
             kept += cost;
         } else {
             plans[i].shape = Shape::Deferred;

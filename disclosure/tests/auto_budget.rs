@@ -13,9 +13,9 @@
 
 mod common;
 
-use common::{Setup, catalog};
+use common::Setup;
 use psych_disclosure::{Budget, Cost, CostBasis, Settings, Shape, Surface, Why};
-use psych_types::{ConnectionSpec, PermissionGrant, Preload, ServerId, ToolDefinition, ToolName};
+use psych_types::{ConnectionSpec, Preload, ServerId, ToolDefinition, ToolName};
 
 /// The fixed part of a tool's cost as a direct tool under [`Bytes4`]: a server id of at
 /// most 4 bytes (1), a tool name of at most 4 bytes (1), the separator (1) and the schema
@@ -39,22 +39,17 @@ fn tools(tools: usize, each: u64) -> Vec<ToolDefinition> {
 
 /// Servers `(id, preload, tool count, tokens per tool)`, every tool granted.
 fn setup(servers: &[(&str, Preload, usize, u64)]) -> Setup {
-    let mut setup = Setup {
-        connections: Vec::new(),
-        catalogs: Vec::new(),
-        grant: PermissionGrant::none(),
-    };
+    let mut setup = Setup::empty();
     for &(server, preload, count, each) in servers {
         assert!(
             server.len() <= 4,
             "{server}: the cost arithmetic assumes a short id"
         );
         let id = ServerId::new(server).unwrap();
-        setup
-            .connections
-            .push(ConnectionSpec::new(id.clone()).with_preload(preload));
-        setup.catalogs.push(catalog(server, tools(count, each)));
-        setup.grant = std::mem::take(&mut setup.grant).allow_server(id);
+        setup.add(
+            ConnectionSpec::new(id).with_preload(preload),
+            tools(count, each),
+        );
     }
     setup
 }
@@ -255,10 +250,10 @@ fn pinned_servers_take_no_share_of_the_budget() {
     );
     // A server with no permitted tool takes none either.
     let mut empty = setup(&[("a", Preload::Auto, 4, 100), ("b", Preload::Auto, 6, 100)]);
-    empty.catalogs.push(catalog("none", Vec::new()));
-    let none = ServerId::new("none").unwrap();
-    empty.connections.push(ConnectionSpec::new(none.clone()));
-    empty.grant = std::mem::take(&mut empty.grant).allow_server(none);
+    empty.add(
+        ConnectionSpec::new(ServerId::new("none").unwrap()),
+        Vec::new(),
+    );
     assert_eq!(
         decisions(&empty.resolve(&budget(1_000))),
         [

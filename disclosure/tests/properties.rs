@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::{Bytes4, catalog};
 use proptest::prelude::*;
 use psych_disclosure::{
-    Answer, Budget, Cost, DESCRIBE_TOOL, Exposed, Inputs, LIST_TOOLS, Refusal, ServerView,
-    Settings, Shape, Surface, Validators, Verdict, Why, resolve,
+    Answer, Budget, Cost, CostBasis, DESCRIBE_TOOL, Exposed, Inputs, LIST_TOOLS, Refusal,
+    ServerView, Settings, Shape, Surface, Validators, Verdict, Why, resolve,
 };
 use psych_types::{
     ConnectionSpec, PermissionGrant, Preload, ServerCatalog, ServerId, ToolDefinition, ToolName,
@@ -87,10 +87,11 @@ fn case() -> impl Strategy<Value = Case> {
             4usize..40,
             0u64..6_000,
             1usize..10,
+            prop::sample::select(vec![CostBasis::ModelFields, CostBasis::Definition]),
         ),
     )
         .prop_map(
-            |(servers, details, (dmax, dtok, ftok, cap, budget, page))| {
+            |(servers, details, (dmax, dtok, ftok, cap, budget, page, basis))| {
                 let mut case = Case {
                     connections: Vec::new(),
                     catalogs: Vec::new(),
@@ -102,6 +103,7 @@ fn case() -> impl Strategy<Value = Case> {
                         .tool_cap(cap)
                         .auto_budget(Budget::Tokens(budget))
                         .page_size(page)
+                        .cost_basis(basis)
                         .build()
                         .unwrap(),
                 };

@@ -114,6 +114,23 @@ impl Setup {
         }
     }
 
+    /// No server.
+    pub(crate) fn empty() -> Self {
+        Self {
+            connections: Vec::new(),
+            catalogs: Vec::new(),
+            grant: PermissionGrant::none(),
+        }
+    }
+
+    /// Adds the server of `connection` with its catalogue of `tools`, every tool granted.
+    pub(crate) fn add(&mut self, connection: ConnectionSpec, tools: Vec<ToolDefinition>) {
+        let id = connection.server.clone();
+        self.catalogs.push(catalog(id.as_str(), tools));
+        self.connections.push(connection);
+        self.grant = std::mem::take(&mut self.grant).allow_server(id);
+    }
+
     /// Resolves with `settings` and the bytes/4 estimator.
     pub(crate) fn resolve(&self, settings: &Settings) -> Surface {
         resolve(&self.inputs(), settings, &Bytes4).unwrap()
@@ -130,20 +147,15 @@ pub(crate) fn named_setup(
     servers: impl IntoIterator<Item = (String, &'static str)>,
     preload: Preload,
 ) -> Setup {
-    let mut setup = Setup {
-        connections: Vec::new(),
-        catalogs: Vec::new(),
-        grant: PermissionGrant::none(),
-    };
+    let mut setup = Setup::empty();
     for (server, file) in servers {
         let id = ServerId::new(server.as_str()).unwrap();
-        setup.connections.push(
-            ConnectionSpec::new(id.clone())
+        setup.add(
+            ConnectionSpec::new(id)
                 .with_description(description(&server))
                 .with_preload(preload),
+            fixture_tools(file),
         );
-        setup.catalogs.push(catalog(&server, fixture_tools(file)));
-        setup.grant = std::mem::take(&mut setup.grant).allow_server(id);
     }
     setup
 }
