@@ -3,7 +3,10 @@
 //! rmcp 3.11 fails a whole page (`Unexpected response type`) when one tool lacks an
 //! `inputSchema`, and checks no names at all. Here a page is read as plain JSON and each
 //! tool is validated into a [`ToolDefinition`] by itself: a malformed tool is reported by
-//! name and the good tools around it are kept.
+//! name and the good tools around it are kept. A tool whose `inputSchema` is not an object
+//! schema a provider takes (`{"type":"string"}`, `properties` as a list) is malformed too,
+//! by psych-types' [`check_input_schema`](psych_types::check_input_schema), the rule
+//! disclosure holds its calls to.
 
 use std::collections::HashSet;
 
@@ -88,7 +91,12 @@ pub(crate) fn read_page(
         }
         match serde_json::from_value::<ToolDefinition>(tool) {
             Ok(definition) => {
-                if seen.insert(definition.name.as_str().to_owned()) {
+                // Listed to a client, a tool no provider takes (or whose arguments nothing
+                // could match) would be refused at every call: set it aside instead, by
+                // the same rule disclosure's guard holds.
+                if let Err(unusable) = definition.check_input_schema() {
+                    listing.malformed.push(refuse(unusable.to_string()));
+                } else if seen.insert(definition.name.as_str().to_owned()) {
                     listing.tools.push(definition);
                 } else {
                     listing.malformed.push(refuse(
@@ -135,6 +143,8 @@ mod tests {
                 {"inputSchema": {"type": "object"}},
                 "not a tool",
                 {"name": "good", "inputSchema": {"type": "object"}},
+                {"name": "string_schema", "inputSchema": {"type": "string"}},
+                {"name": "listed_properties", "inputSchema": {"type": "object", "properties": ["path"]}},
             ],
             "nextCursor": "c2",
         }));
@@ -150,13 +160,21 @@ mod tests {
             .iter()
             .map(|m| format!("{}: {}", m.name, m.reason))
             .collect();
-        assert_eq!(refused.len(), 6, "{refused:#?}");
+        assert_eq!(refused.len(), 8, "{refused:#?}");
         assert!(refused[0].starts_with("no_schema: missing field `inputSchema`"));
         assert!(refused[1].starts_with("list schema: "));
         assert!(refused[2].contains("has ' ' at byte 3"), "{}", refused[2]);
         assert!(refused[3].starts_with("#5: missing field `name`"));
         assert_eq!(refused[4], "#6: is a string, not an object");
         assert!(refused[5].starts_with("good: duplicate name"));
+        assert_eq!(
+            refused[6],
+            r#"string_schema: inputSchema has type "string", not "object""#
+        );
+        assert_eq!(
+            refused[7],
+            r#"listed_properties: inputSchema's "properties" is an array, not an object of schemas"#
+        );
     }
 
     #[test]

@@ -71,6 +71,7 @@ pub mod json;
 mod output;
 mod progress;
 mod record;
+mod schema;
 mod seam;
 mod tool;
 
@@ -98,6 +99,7 @@ pub use record::{
     AssistantMessage, HandleParseError, LoggedRecord, Record, RecordHandle, ToolCall, ToolResult,
     Usage, UserMessage,
 };
+pub use schema::{InputSchemaError, check_input_schema};
 pub use seam::{
     MemoryRecords, OutputInfo, OutputKind, Projection, RecordSource, ResultProjector, ResultRef,
     TokenEstimator, ToolHost, ToolLister, readable_bytes,
