@@ -12,6 +12,7 @@ use crate::Surface;
 use crate::names::{Exposed, MetaTool};
 use crate::search::SearchIndex;
 use crate::shapes::SEARCH_HITS;
+use crate::state::{self, ServerState};
 use crate::text::{TRUNCATION_MARKER, cap_chars, tool_summary};
 use crate::validate::{ArgumentError, Validation, Validators};
 
@@ -82,6 +83,18 @@ pub enum Refusal {
         server: ServerId,
         /// The tool the model named.
         tool: String,
+    },
+    /// The server is on the Surface but has no permitted tool because it could not be
+    /// listed (it failed, is unreachable, or was not listed yet): a listing of it, and a
+    /// call of any tool of it, say so with the reason instead of an empty list or "not
+    /// available". Every tool name reads the same, so nothing is said of a tool's
+    /// existence; only the server's state.
+    #[error("server {server} has no tools: {state}")]
+    NoTools {
+        /// The server.
+        server: ServerId,
+        /// Why, from its catalogue health now.
+        state: ServerState,
     },
     /// The server is permitted and known but its connection is down.
     #[error("unreachable: {reason}")]
@@ -296,7 +309,7 @@ impl<'a> LiveServer<'a> {
             .map(|c| c.tools.iter())
             .into_iter()
             .flatten()
-            .filter(|t| self.grant.permits(self.server, &t.name))
+            .filter(|t| in_permitted_set(self.grant, self.server, t))
     }
 
     fn sorted_permitted(&self) -> Vec<&'a ToolDefinition> {
@@ -308,16 +321,44 @@ impl<'a> LiveServer<'a> {
     pub(crate) fn tool(&self, name: &str) -> Result<&'a ToolDefinition, Refusal> {
         let tools = self.catalog.map(|c| &*c.tools).unwrap_or_default();
         tool_named(tools, name)
-            .filter(|t| self.grant.permits(self.server, &t.name))
-            .ok_or_else(|| Refusal::NotAvailable {
-                server: self.server.clone(),
-                tool: name.to_owned(),
+            .filter(|t| in_permitted_set(self.grant, self.server, t))
+            .ok_or_else(|| {
+                self.no_tools().unwrap_or_else(|| Refusal::NotAvailable {
+                    server: self.server.clone(),
+                    tool: name.to_owned(),
+                })
             })
+    }
+
+    /// [`Refusal::NoTools`] when the server has no permitted tool because it could not be
+    /// listed; `None` when it has some, or was listed and permits none.
+    fn no_tools(&self) -> Option<Refusal> {
+        if self.permitted().next().is_some() {
+            return None;
+        }
+        let state = state::state(self.server, self.catalog.map(|c| &c.health))?;
+        Some(Refusal::NoTools {
+            server: self.server.clone(),
+            state,
+        })
     }
 
     fn version(&self) -> CatalogVersion {
         self.catalog.map(|c| c.version).unwrap_or_default()
     }
+}
+
+/// Whether `tool` of `server` is in the permitted set: the grant permits it and its input
+/// schema is usable (psych-types' [`check_input_schema`](psych_types::check_input_schema),
+/// the rule psych-mcp's listing sets tools aside by). A tool no provider takes, or whose
+/// arguments nothing could match, is never exposed, listed or forwarded, so what a model is
+/// shown and what the guard lets through agree; it reads as any tool outside the set.
+pub(crate) fn in_permitted_set(
+    grant: &PermissionGrant,
+    server: &ServerId,
+    tool: &ToolDefinition,
+) -> bool {
+    grant.permits(server, &tool.name) && tool.check_input_schema().is_ok()
 }
 
 /// The tool of a catalogue's `tools` named `name`. Catalogues list tools by name; fall
@@ -409,6 +450,9 @@ impl Surface {
                 let query = args.string("query").unwrap_or_default();
                 args.done(name)?;
                 let server = self.live_server(server.as_str(), live)?;
+                if let Some(refusal) = server.no_tools() {
+                    return Err(refusal);
+                }
                 let permitted: Vec<_> = server.permitted().collect();
                 let index = SearchIndex::new(permitted.iter().map(|t| (server.server, *t)));
                 let hits = index
@@ -463,6 +507,9 @@ impl Surface {
                 };
                 args.done(name)?;
                 let server = self.live_server(server.unwrap_or_default(), live)?;
+                if let Some(refusal) = server.no_tools() {
+                    return Err(refusal);
+                }
                 Ok(Verdict::Answer(Answer::Listing(
                     self.listing(&server, page),
                 )))

@@ -21,14 +21,20 @@
 //!
 //! - **Narrowing.** Permitted = live catalogue ∩ grant; every shape, every meta tool and
 //!   every call works on it alone. A server the grant does not mention is not shown. An
-//!   unknown and an unpermitted tool are refused with the same words.
+//!   unknown and an unpermitted tool are refused with the same words. A tool whose input
+//!   schema is not usable (psych-types' [`check_input_schema`](psych_types::check_input_schema):
+//!   `{"type":"string"}`, `properties` as a list) is outside the permitted set: no provider
+//!   would take it and no call could match it.
 //! - **Preload.** `Eager` and `Deferred` pin it; the `Auto` servers share
 //!   [`Settings::auto_budget`] over the whole Surface: smallest first (by their permitted
 //!   tools' cost as direct tools, ties by server id), each is kept while the kept ones'
 //!   costs sum to at most the budget, and the rest are deferred ([`Why::OverBudget`]), so
 //!   a dozen mid-size servers cost the budget, not a dozen times it. Pinned servers take no
 //!   share of the budget. A server with no permitted tool is
-//!   listed as deferred with its state (not listed yet, listing failed, unreachable). A
+//!   listed as deferred with its state (not listed yet, listing failed, unreachable), the
+//!   clauses of its reason that name the server again dropped and the telling detail line
+//!   (a stderr line with an error word) kept within the line's cap; listing it, or calling
+//!   any tool of it, answers [`Refusal::NoTools`] with the reason, never an empty list. A
 //!   deferred server's eager tools are exposed as direct tools and it stays deferred.
 //! - **Shapes** for servers that are not deferred ([`Shape`]): direct tools when the server
 //!   has at most [`Settings::direct_max_tools`] permitted tools costing at most
@@ -64,7 +70,8 @@
 //!
 //! A model's bad call is not an error: [`Surface::guard`] answers it with a [`Refusal`]
 //! (an unexposed name, an unknown or unpermitted server or tool, which read the same, an
-//! unreachable server, arguments that do not match the schema, by path), which
+//! unreachable server, a server with no tools because it could not be listed, with the
+//! reason ([`ServerState`]), arguments that do not match the schema, by path), which
 //! `to_output()` turns into a failed tool result for the model. Errors are the caller's
 //! mistakes: [`ResolveError`] when the inputs would make the Surface depend on their order
 //! (a server with two connections or two catalogues, a catalogue naming a tool twice), and
@@ -197,6 +204,7 @@ mod resolve;
 mod search;
 mod settings;
 mod shapes;
+mod state;
 mod text;
 mod validate;
 
@@ -216,4 +224,5 @@ pub use resolve::{
 pub use search::SearchIndex;
 pub use settings::{Budget, CostBasis, MAX_PAGE_SIZE, Settings, SettingsBuilder};
 pub use shapes::SEARCH_HITS;
+pub use state::{STATE_REASON_CHARS, ServerState};
 pub use validate::{ArgumentError, Validation, Validators};

@@ -325,7 +325,7 @@ pub fn orientation(
             .map(|c| c.tools.iter())
             .into_iter()
             .flatten()
-            .filter(|t| live.grant.permits(&view.server, &t.name))
+            .filter(|t| crate::guard::in_permitted_set(live.grant, &view.server, t))
             .collect();
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         let mut entries = Vec::new();

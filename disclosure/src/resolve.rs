@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use psych_types::{
-    ConnectionSpec, PermissionGrant, Preload, Reachability, ServerCatalog, ServerHealth, ServerId,
+    ConnectionSpec, PermissionGrant, Preload, ServerCatalog, ServerHealth, ServerId,
     TokenEstimator, ToolDefinition, ToolName, ToolRef,
 };
 use serde::Serialize;
@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::names::{self, Exposed, MetaTool};
 use crate::settings::{CostBasis, META_TOOL_COUNT};
 use crate::text::{TRUNCATION_MARKER, cap_chars, first_line};
-use crate::{ResolveError, Settings, shapes};
+use crate::{ResolveError, Settings, shapes, state};
 
 /// The most characters of one deferred server's line.
 pub const DEFERRED_LINE_CHARS: usize = 200;
@@ -372,7 +372,7 @@ pub fn resolve(
             .map(|c| c.tools.iter())
             .into_iter()
             .flatten()
-            .filter(|tool| inputs.grant.permits(server, &tool.name))
+            .filter(|tool| crate::guard::in_permitted_set(inputs.grant, server, tool))
             .collect();
         permitted.sort_by(|a, b| a.name.cmp(&b.name));
         if let Some(pair) = permitted.windows(2).find(|w| w[0].name == w[1].name) {
@@ -517,10 +517,11 @@ fn enforce_cap(plans: &mut [Plan<'_>], settings: &Settings) {
 fn deferred_line(plan: &Plan<'_>) -> String {
     let server = &plan.connection.server;
     let mut line = if plan.permitted.is_empty() {
-        format!(
-            "{server}: deferred MCP server, no tools ({})",
-            empty_state(plan.catalog.map(|c| &c.health))
-        )
+        let head = format!("{server}: deferred MCP server, no tools (");
+        // The state's reason gets what the line has left, so its telling part is not cut.
+        let room = DEFERRED_LINE_CHARS.saturating_sub(head.chars().count() + 1);
+        let state = state::line_state(server, plan.catalog.map(|c| &c.health), room);
+        format!("{head}{state})")
     } else {
         let n = plan.permitted.len();
         let mut head = format!(
@@ -540,25 +541,6 @@ fn deferred_line(plan: &Plan<'_>) -> String {
         }
     }
     cap_chars(&line, DEFERRED_LINE_CHARS, TRUNCATION_MARKER)
-}
-
-/// Why a server with no permitted tool has none, from its health. Only a server with no
-/// tools shows its health on its line, so a server with tools keeps its bytes through a
-/// disconnect.
-fn empty_state(health: Option<&ServerHealth>) -> String {
-    let Some(health) = health else {
-        return "not listed yet".into();
-    };
-    if let Some(failure) = &health.last_error {
-        return format!("listing failed: {}", first_line(&failure.message));
-    }
-    if let Reachability::Unreachable { reason } = &health.reachability {
-        return format!("unreachable: {}", first_line(reason));
-    }
-    if health.last_sync.is_none() {
-        return "not listed yet".into();
-    }
-    "none permitted".into()
 }
 
 fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {

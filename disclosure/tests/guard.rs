@@ -311,15 +311,191 @@ fn a_server_with_no_tools_is_listed_with_its_state() {
             "fresh: deferred MCP server, no tools (not listed yet)",
         ]
     );
-    let listing = guard(
+    // Listing it says why it has no tools, instead of an empty list that looks healthy.
+    let listing = refusal_text(guard(
         &setup,
         &Settings::default(),
         LIST_TOOLS,
         json!({"server": "broken"}),
+    ));
+    assert_eq!(
+        listing,
+        "server broken has no tools: listing failed: tools/list: connection refused | stack…"
+    );
+    let fresh = refusal_text(guard(
+        &setup,
+        &Settings::default(),
+        LIST_TOOLS,
+        json!({"server": "fresh"}),
+    ));
+    assert_eq!(fresh, "server fresh has no tools: not listed yet");
+}
+
+/// What psych-mcp reports, through the catalogue's freshener, for a Python server that
+/// cannot start: the server named twice, then the call, then its stderr, line by line.
+const PYTHON_FAILURE: &str = "MCP server \"py\" is unreachable: MCP server \"py\": initialize \
+    failed: the server process exited with status 1; its last stderr lines:\n  \
+    Traceback (most recent call last):\n  File \"/srv/py/server.py\", line 3, in <module>\n    \
+    from mcp.server.fastmcp import FastMCP\n  ModuleNotFoundError: No module named 'mcp'";
+
+/// The memory fixture plus `py`, a server that failed as [`PYTHON_FAILURE`] says and has no
+/// tools, with a long description.
+fn failed_python_setup() -> common::Setup {
+    let mut setup = named_setup(
+        [("memory".to_string(), "server-memory.tools.json")],
+        Preload::Auto,
+    );
+    let py = ServerId::new("py").unwrap();
+    let mut empty = catalog("py", Vec::new());
+    empty.health.last_sync = None;
+    empty.health.last_error = Some(psych_types::SyncFailure {
+        at: 1,
+        message: PYTHON_FAILURE.into(),
+    });
+    empty.health.reachability = Reachability::Unreachable {
+        reason: PYTHON_FAILURE
+            .strip_prefix("MCP server \"py\" is unreachable: ")
+            .unwrap()
+            .into(),
+    };
+    setup.catalogs.push(empty);
+    setup.connections.push(
+        ConnectionSpec::new(py.clone()).with_description(
+            "Reports from the data warehouse, refreshed nightly by the ETL jobs.",
+        ),
+    );
+    setup.grant = std::mem::take(&mut setup.grant).allow_server(py);
+    setup
+}
+
+#[test]
+fn a_failed_servers_line_keeps_its_reason_not_its_repeated_prefixes() {
+    let setup = failed_python_setup();
+    let surface = setup.resolve(&Settings::default());
+    let line = &surface.deferred_lines()[0];
+    assert_eq!(
+        line,
+        "py: deferred MCP server, no tools (listing failed: initialize failed: the server \
+         process exited with status 1; its last stderr lines: ModuleNotFoundError: No module \
+         named 'mcp'). Reports f…[truncated]"
+    );
+    assert!(line.chars().count() <= psych_disclosure::DEFERRED_LINE_CHARS);
+}
+
+#[test]
+fn listing_or_calling_a_failed_server_says_why_and_leaks_no_tool() {
+    let setup = failed_python_setup();
+    let settings = Settings::default();
+    let listing = refusal(guard(
+        &setup,
+        &settings,
+        LIST_TOOLS,
+        json!({"server": "py"}),
+    ));
+    let Refusal::NoTools {
+        ref server,
+        ref state,
+    } = listing
+    else {
+        panic!("{listing:?}")
+    };
+    assert_eq!(server.as_str(), "py");
+    let text = listing.to_string();
+    assert!(
+        text.starts_with(
+            "server py has no tools: listing failed: initialize failed: the server process \
+             exited with status 1; its last stderr lines: | Traceback (most recent call last):"
+        ),
+        "{text}"
     );
     assert!(
-        matches!(listing, Verdict::Answer(Answer::Listing(ref l)) if l.total == 0 && l.pages == 1)
+        text.ends_with("ModuleNotFoundError: No module named 'mcp'"),
+        "{text}"
     );
+    assert!(listing.to_output().is_error);
+    // Typed, for a caller that shows it otherwise.
+    assert_eq!(
+        serde_json::to_value(state).unwrap()["state"],
+        "listing_failed"
+    );
+    // Any tool name reads the same: the server's state is said, never whether a tool exists.
+    let call = |tool: &str| {
+        refusal_text(guard(
+            &setup,
+            &settings,
+            CALL_TOOL,
+            json!({"server": "py", "tool": tool, "arguments": {}}),
+        ))
+    };
+    assert_eq!(call("run_report"), text);
+    assert_eq!(call("no_such_tool"), text);
+    let describe = refusal_text(guard(
+        &setup,
+        &settings,
+        DESCRIBE_TOOL,
+        json!({"server": "py", "tool": "run_report"}),
+    ));
+    assert_eq!(describe, text);
+}
+
+#[test]
+fn a_tool_with_a_schema_no_provider_takes_is_neither_exposed_nor_called() {
+    let schema = |value: Value| match value {
+        Value::Object(map) => map,
+        _ => panic!("an object"),
+    };
+    let tool = |name: &str, input: Value| {
+        psych_types::ToolDefinition::new(ToolName::new(name).unwrap(), "A tool.", schema(input))
+    };
+    let mut setup = common::Setup::empty();
+    setup.add(
+        ConnectionSpec::new(ServerId::new("odd").unwrap()),
+        vec![
+            tool(
+                "good",
+                json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+            ),
+            tool("string_schema", json!({"type": "string"})),
+            tool(
+                "listed_properties",
+                json!({"type": "object", "properties": ["path", "mode"]}),
+            ),
+        ],
+    );
+    let settings = Settings::default();
+    let surface = setup.resolve(&settings);
+    let names: Vec<&str> = surface.tools().iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["odd__good", "psych_orientation"]);
+    assert_eq!(surface.server("odd").unwrap().permitted, 1);
+    // Deferred, its listing and the guard agree with the direct tools.
+    let deferred = common::Setup {
+        connections: vec![
+            ConnectionSpec::new(ServerId::new("odd").unwrap()).with_preload(Preload::Deferred),
+        ],
+        ..setup
+    };
+    let Verdict::Answer(Answer::Listing(listing)) =
+        guard(&deferred, &settings, LIST_TOOLS, json!({"server": "odd"}))
+    else {
+        panic!("a listing")
+    };
+    let listed: Vec<&str> = listing.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(listed, ["good"]);
+    let unknown = refusal_text(guard(
+        &deferred,
+        &settings,
+        CALL_TOOL,
+        json!({"server": "odd", "tool": "no_such_tool", "arguments": {}}),
+    ));
+    for bad in ["string_schema", "listed_properties"] {
+        let text = refusal_text(guard(
+            &deferred,
+            &settings,
+            CALL_TOOL,
+            json!({"server": "odd", "tool": bad, "arguments": {}}),
+        ));
+        assert_eq!(text, unknown.replace("no_such_tool", bad));
+    }
 }
 
 #[test]
