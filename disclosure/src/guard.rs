@@ -101,7 +101,8 @@ pub enum Refusal {
     Unreachable {
         /// The server.
         server: ServerId,
-        /// Why, as its connection reported.
+        /// Why, as its connection reported (its lines joined, the clauses naming the server
+        /// again dropped, at most [`STATE_REASON_CHARS`](crate::STATE_REASON_CHARS)).
         reason: String,
     },
     /// The arguments do not match the schema (of the remote tool, or of the meta tool).
@@ -584,7 +585,7 @@ fn forward(
     {
         return Err(Refusal::Unreachable {
             server: server.server.clone(),
-            reason: reason.clone(),
+            reason: state::whole_reason(server.server, reason),
         });
     }
     let target = ToolRef::new(server.server.clone(), tool.name.clone());

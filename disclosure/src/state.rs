@@ -157,7 +157,7 @@ fn without_server_clauses<'a>(server: &ServerId, mut line: &'a str) -> &'a str {
 
 /// The whole reason in one line: its lines joined with ` | `, at most
 /// [`STATE_REASON_CHARS`] characters.
-fn whole_reason(server: &ServerId, reason: &str) -> String {
+pub(crate) fn whole_reason(server: &ServerId, reason: &str) -> String {
     let joined = reason_lines(server, reason).join(" | ");
     cap_chars(&joined, STATE_REASON_CHARS, CUT)
 }

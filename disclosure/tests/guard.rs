@@ -625,3 +625,36 @@ fn eager_tools_of_a_deferred_server_are_direct_and_narrowed() {
             .starts_with("github: deferred MCP server, 1 tool, 1 of them also direct")
     );
 }
+
+#[test]
+fn a_call_to_an_unreachable_server_says_why_in_one_bounded_line() {
+    let mut setup = named_setup(
+        [("memory".to_string(), "server-memory.tools.json")],
+        Preload::Auto,
+    );
+    let stderr = "x".repeat(5_000);
+    setup.catalogs[0].health.reachability = Reachability::Unreachable {
+        reason: format!(
+            "MCP server \"memory\": tools/call read_graph failed: the server process was \
+             killed by signal 9; its last stderr lines:\n  {stderr}\n  fatal: out of memory"
+        ),
+    };
+    let text = refusal_text(guard(
+        &setup,
+        &Settings::default(),
+        "memory__read_graph",
+        json!({}),
+    ));
+    assert!(
+        text.starts_with(
+            "unreachable: tools/call read_graph failed: the server process was killed by \
+             signal 9; its last stderr lines: | xxx"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains('\n'));
+    assert_eq!(
+        text.chars().count(),
+        "unreachable: ".len() + psych_disclosure::STATE_REASON_CHARS
+    );
+}
