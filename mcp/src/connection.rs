@@ -328,6 +328,14 @@ impl Session {
                 after: timeout,
                 stderr: self.diagnostics(),
             },
+            // Not the server's answer: psych-mcp's HTTP transport saying why none came.
+            ServiceError::McpError(data) if let Some(reason) = remote::fault_of(&data) => {
+                McpError::Protocol {
+                    server,
+                    call,
+                    message: reason,
+                }
+            }
             ServiceError::McpError(data) => McpError::Protocol {
                 server,
                 call,

@@ -72,6 +72,7 @@ pub use error::McpError;
 pub use events::{ChangeCause, McpEvent, McpEvents};
 pub use listing::{Listing, MalformedTool};
 pub use manager::{BuildError, McpManager, McpManagerBuilder};
+pub use remote::{MAX_JSON_BODY_BYTES, MAX_SSE_EVENT_BYTES};
 pub use synthetic::{SyntheticKind, synthetic_catalog, synthetic_tools};
 pub use timeouts::{Backoff, Timeouts};
 

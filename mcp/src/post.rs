@@ -11,9 +11,11 @@
 //! every POST, [`HttpStatusError`]. Its helpers for the rest (bounded body reads, media
 //! type matching, the per-event size limit of an event stream, reserved headers, the scope
 //! of a 403 challenge) are private to rmcp, so they are ported here with the same limits
-//! and the same errors. One difference remains there: rmcp recognises its own "event too
-//! large" error and ends the stream at once, where it treats ours as any other stream
-//! error (it may try to resume the stream before failing the call).
+//! and the same errors, with two more things said: an event stream that ends inside an
+//! event is an error (`EndedMidEvent`; the SSE parser would drop the cut event silently),
+//! and a JSON body over its limit answers its request with what happened instead of
+//! failing the POST (rmcp would then report the session as closed). How the errors of an
+//! answer's event stream reach its call is [`remote`](crate::remote)'s answer wrapper.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -32,6 +34,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use serde_json::Value;
 
+use crate::remote::Fault;
 use crate::tap::Tap;
 
 type Error = StreamableHttpError<reqwest::Error>;
@@ -113,7 +116,14 @@ pub(crate) async fn post_request(
             ))
         }
         Some(_) if is_json => {
-            let body = read_bounded(response, limits.max_json_response_size).await?;
+            let body = match read_bounded(response, limits.max_json_response_size).await {
+                Ok(body) => body,
+                // Answered with what happened, so the call fails at once and says why.
+                Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
+                    return too_large(message, max_size, session_id);
+                }
+                Err(error) => return Err(error),
+            };
             let unreadable = |e: serde_json::Error| {
                 StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
                     "could not parse JSON response as ServerJsonRpcMessage: {e}: {}",
@@ -128,6 +138,23 @@ pub(crate) async fn post_request(
         _ => Err(StreamableHttpError::UnexpectedContentType(
             content_type.map(|ct| String::from_utf8_lossy(ct.as_bytes()).into_owned()),
         )),
+    }
+}
+
+/// The answer to `message` (a request) that says its JSON body was over `max`.
+fn too_large(
+    message: &ClientJsonRpcMessage,
+    max: usize,
+    session_id: Option<String>,
+) -> Result<StreamableHttpPostResponse, Error> {
+    let refused = StreamableHttpError::ResponseBodyTooLarge { max_size: max };
+    let JsonRpcMessage::Request(request) = message else {
+        return Err(refused);
+    };
+    let answer = Fault::BodyTooLarge { max }.answer(&request.id);
+    match serde_json::from_value(answer) {
+        Ok(answer) => Ok(StreamableHttpPostResponse::Json(answer, session_id)),
+        Err(_) => Err(refused),
     }
 }
 
@@ -317,15 +344,36 @@ fn preview(body: &[u8]) -> Cow<'_, str> {
 /// Why an event stream ended early.
 #[derive(Debug, thiserror::Error)]
 enum EventsError {
+    /// Reading the body failed.
     #[error(transparent)]
     Source(reqwest::Error),
+    /// An event was over the limit.
     #[error("SSE event exceeded the maximum size of {max_size} bytes")]
     EventTooLarge { max_size: usize },
+    /// The body ended inside an event (the SSE parser drops such an event silently).
+    #[error("the stream ended in the middle of an event ({bytes} bytes of it read)")]
+    EndedMidEvent { bytes: usize },
+}
+
+/// What an event stream's error says happened to the answer it was to carry.
+pub(crate) fn fault_of_stream(error: &sse_stream::Error) -> Fault {
+    if let sse_stream::Error::Body(body) = error
+        && let Some(events) = body.downcast_ref::<EventsError>()
+    {
+        return match events {
+            EventsError::EventTooLarge { max_size } => Fault::EventTooLarge { max: *max_size },
+            EventsError::EndedMidEvent { bytes } => Fault::EndedMidEvent { bytes: *bytes },
+            EventsError::Source(source) => {
+                Fault::Broke(crate::remote::with_causes_of(source.to_string(), source))
+            }
+        };
+    }
+    Fault::Broke(error.to_string())
 }
 
 /// The answer's events, each at most `max_event_size` bytes as rmcp counts them; the
 /// stream ends with an error at the first byte over.
-fn bounded_events(
+pub(crate) fn bounded_events(
     response: reqwest::Response,
     max_event_size: usize,
 ) -> futures_util::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>> {
@@ -343,7 +391,11 @@ fn bounded_events(
                         None,
                     )),
                 },
-                Ok(None) => None,
+                // An event cut short is an error, not an end: the parser would drop it.
+                Ok(None) => match size.pending() {
+                    0 => None,
+                    bytes => Some((Err(EventsError::EndedMidEvent { bytes }), None)),
+                },
                 Err(error) => Some((Err(EventsError::Source(error)), None)),
             }
         },
@@ -408,6 +460,11 @@ impl EventSize {
         self.line = 0;
         self.line_is_comment = false;
         self.check()
+    }
+
+    /// The bytes of the event being read (0 between events).
+    fn pending(&self) -> usize {
+        self.retained.saturating_add(self.line)
     }
 
     fn check(&self) -> Result<(), ()> {

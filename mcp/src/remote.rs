@@ -10,6 +10,38 @@
 //! posted by [`post`](crate::post), rmcp's POST with the JSON body offered to the tap
 //! first, and every other message by rmcp's client. Progress notifications go to their
 //! call's channel as the tap reads them, before rmcp sees the call's response.
+//!
+//! # What a request whose answer never comes reads
+//!
+//! rmcp reports an answer's event stream that ends early, breaks, or holds an event over
+//! its limit as "Transport closed" (or, for some of them, tries to resume the stream and
+//! leaves the call to its deadline). So the event stream of each request's POST ends, when
+//! it ends without an error, with one more event: a JSON-RPC error answering that request
+//! with what happened ([`Fault`]: the stream ended before the answer or in the middle of
+//! an event, it broke, an event was over [`MAX_SSE_EVENT_BYTES`]), marked as psych-mcp's
+//! own (never the server's words). rmcp stops reading a POST's stream at its answer, so
+//! the extra event reaches the call only when the answer did not. A JSON body over
+//! [`MAX_JSON_BODY_BYTES`] is answered the same way. The connection reads such an error
+//! back with [`fault_of`] as a failed request on a connection that stays up: one stream
+//! cut (by a proxy's idle timeout, say) does not end the session and every call in flight
+//! on it; a server that is gone fails the next request to reach it.
+//!
+//! # Memory
+//!
+//! One event is held whole while it is read, at most [`MAX_SSE_EVENT_BYTES`] (the bytes of
+//! its lines as rmcp counts them); a JSON body at most [`MAX_JSON_BODY_BYTES`]; an error
+//! body is quoted from its first 64 KiB. Each is counted as it arrives, so a larger one is
+//! refused at the first byte over, never buffered.
+//!
+//! # Cancel safety
+//!
+//! rmcp drives these futures from its worker's `select!` loop. A POST's future lives in
+//! rmcp's set of posts until it finishes, and is dropped only when its request is
+//! cancelled (the caller gave up), when losing the partly read body is what is meant. An
+//! event stream is polled through `next()`, which holds no data: the partly read event is
+//! in the stream (the SSE parser's buffer, the pending chunk read of `post`'s
+//! `bounded_events`, the answer wrapper's state), so a `next()` dropped at any point loses
+//! nothing (`post::tests::events_survive_next_dropped_at_random_points`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +50,7 @@ use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use http::{HeaderName, HeaderValue};
 use psych_types::ServerId;
-use rmcp::model::ClientJsonRpcMessage;
+use rmcp::model::{ClientJsonRpcMessage, ErrorCode, ErrorData, JsonRpcMessage, RequestId};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
     SseError, StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
@@ -30,7 +62,97 @@ use crate::McpError;
 use crate::tap::Tap;
 
 /// How many same-origin redirects a request follows.
-const MAX_REDIRECTS: usize = 10;
+pub(crate) const MAX_REDIRECTS: usize = 5;
+
+/// The most bytes of one server-sent event from a streamable HTTP server (rmcp's default,
+/// named here): an answer sent as a larger event is refused at its first byte over, never
+/// buffered, and its call fails at once saying so; the connection stays up.
+pub const MAX_SSE_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
+/// The most bytes of one `application/json` answer from a streamable HTTP server (rmcp's
+/// default, named here): a larger body is refused at its first byte over, or before reading
+/// when its `Content-Length` says so, and its call fails at once saying so.
+pub const MAX_JSON_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// The key of the `data` of a JSON-RPC error that psych-mcp wrote itself (see the module
+/// docs).
+const FAULT_KEY: &str = "psych-mcp/transport";
+
+/// Why the answer to a request sent over HTTP did not come.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The answer's event stream ended cleanly before the answer.
+    EndedBeforeAnswer,
+    /// The answer's event stream ended inside an event, `bytes` of it read.
+    EndedMidEvent {
+        /// The bytes of the cut event that had arrived.
+        bytes: usize,
+    },
+    /// Reading the event stream failed (a connection reset, a body that is not SSE).
+    Broke(String),
+    /// One event was over the limit.
+    EventTooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// A JSON body was over the limit.
+    BodyTooLarge {
+        /// The limit.
+        max: usize,
+    },
+}
+
+impl Fault {
+    fn reason(&self) -> String {
+        match self {
+            Self::EndedBeforeAnswer => "the server's event stream ended before the answer".into(),
+            Self::EndedMidEvent { bytes } => format!(
+                "the server's event stream ended in the middle of an event ({bytes} bytes of \
+                 it read), before the answer"
+            ),
+            Self::Broke(why) => format!("the server's event stream broke: {why}"),
+            Self::EventTooLarge { max } => format!(
+                "the answer is a server-sent event over the {} limit ({max} bytes); it was \
+                 not read",
+                size(*max)
+            ),
+            Self::BodyTooLarge { max } => format!(
+                "the answer is a JSON body over the {} limit ({max} bytes); it was not read",
+                size(*max)
+            ),
+        }
+    }
+
+    /// This fault as the JSON-RPC error answering request `id`.
+    pub(crate) fn answer(&self, id: &RequestId) -> Value {
+        serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "error": {
+                "code": ErrorCode::INTERNAL_ERROR.0,
+                "message": self.reason(),
+                "data": {FAULT_KEY: true},
+            },
+        })
+    }
+}
+
+/// `bytes` in MiB when it is a whole number of them, else in bytes.
+fn size(bytes: usize) -> String {
+    const MIB: usize = 1024 * 1024;
+    if bytes >= MIB && bytes.is_multiple_of(MIB) {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{bytes}-byte")
+    }
+}
+
+/// The reason of a JSON-RPC error written by [`Fault::answer`]; `None` for an error the
+/// server sent.
+pub(crate) fn fault_of(error: &ErrorData) -> Option<String> {
+    let ours = error.data.as_ref()?.get(FAULT_KEY)?.as_bool()?;
+    ours.then(|| error.message.to_string())
+}
 
 /// rmcp's reqwest client, with the tap.
 #[derive(Clone)]
@@ -70,31 +192,53 @@ pub(crate) fn transport(
             call: "connect".into(),
             message: format!("the HTTP client cannot be set up: {e}"),
         })?;
-    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(map);
+    let config = StreamableHttpClientTransportConfig::with_uri(url)
+        .custom_headers(map)
+        .max_sse_event_size(MAX_SSE_EVENT_BYTES)
+        .max_json_response_size(MAX_JSON_BODY_BYTES);
     Ok(StreamableHttpClientTransport::with_client(
         TappedClient { inner, tap },
         config,
     ))
 }
 
-/// rmcp's redirect policy for its default client: a 301, 302 or 303 would turn the POST
-/// into a bodyless GET and lose the message, and a cross-origin redirect would replay the
-/// session id and the configured headers (credentials) to another host, so only
-/// same-origin 307 and 308 are followed; anything else comes back as the redirect answer.
+/// rmcp's redirect policy for its default client, with its refusals said: a 301, 302 or
+/// 303 would turn the POST into a bodyless GET and lose the message, and a cross-origin
+/// redirect would replay the session id and the configured headers (credentials) to
+/// another host, so only same-origin 307 and 308 are followed (method, body and headers
+/// kept), at most [`MAX_REDIRECTS`] in a row. Anything else is an error naming the status
+/// and the target.
 fn same_origin_redirects() -> reqwest::redirect::Policy {
     reqwest::redirect::Policy::custom(|attempt| {
+        let status = attempt.status();
         let keeps_body = matches!(
-            attempt.status(),
+            status,
             reqwest::StatusCode::TEMPORARY_REDIRECT | reqwest::StatusCode::PERMANENT_REDIRECT
         );
         let same_origin = attempt
             .previous()
             .first()
             .is_some_and(|first| first.origin() == attempt.url().origin());
-        if !keeps_body || !same_origin {
-            attempt.stop()
+        let target = attempt.url().to_string();
+        if !keeps_body {
+            let error = format!(
+                "a {status} redirect to {target}: only 307 and 308 are followed (a {} would \
+                 send the request again without its body)",
+                status.as_u16()
+            );
+            attempt.error(error)
+        } else if !same_origin {
+            let error = format!(
+                "a {} redirect to another origin ({target}): not followed, since it would \
+                 send the session and the configured headers there; configure that URL \
+                 instead",
+                status.as_u16()
+            );
+            attempt.error(error)
         } else if attempt.previous().len() > MAX_REDIRECTS {
-            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+            attempt.error(format!(
+                "more than {MAX_REDIRECTS} redirects (the last to {target})"
+            ))
         } else {
             attempt.follow()
         }
@@ -102,6 +246,30 @@ fn same_origin_redirects() -> reqwest::redirect::Policy {
 }
 
 type Events = BoxStream<'static, Result<sse_stream::Sse, SseError>>;
+
+/// The events of request `id`'s POST, then, if the stream ends or fails, the [`Fault`]
+/// as that request's answer (see the module docs); an error ends the stream. The state
+/// lives in the stream, so dropping a pending `next()` loses nothing.
+fn answered(events: Events, id: RequestId) -> Events {
+    Box::pin(futures_util::stream::unfold(Some(events), move |events| {
+        let id = id.clone();
+        async move {
+            let mut events = events?;
+            let fault = match events.next().await {
+                Some(Ok(event)) => return Some((Ok(event), Some(events))),
+                Some(Err(error)) => crate::post::fault_of_stream(&error),
+                None => Fault::EndedBeforeAnswer,
+            };
+            let event = sse_stream::Sse {
+                event: None,
+                data: Some(fault.answer(&id).to_string()),
+                id: None,
+                retry: None,
+            };
+            Some((Ok(event), None))
+        }
+    }))
+}
 
 impl TappedClient {
     /// The events, each offered to the tap: an answer it waits for is kept raw (and a
@@ -187,6 +355,10 @@ impl StreamableHttpClient for TappedClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        let request = match &message {
+            JsonRpcMessage::Request(request) => Some(request.id.clone()),
+            _ => None,
+        };
         let response = if self.tap.want_request(&message) {
             crate::post::post_request(
                 &self.inner,
@@ -213,6 +385,10 @@ impl StreamableHttpClient for TappedClient {
         };
         Ok(match response {
             StreamableHttpPostResponse::Sse(events, session_id) => {
+                let events = match request {
+                    Some(id) => answered(events, id),
+                    None => events,
+                };
                 StreamableHttpPostResponse::Sse(self.tapped(events), session_id)
             }
             other => other,
@@ -275,29 +451,183 @@ impl StreamableHttpClient for TappedClient {
 /// `StreamableHttpError::Client` links reqwest's error as a source, so the causes
 /// (connection refused, a TLS handshake that failed, a certificate not trusted) would be
 /// lost. Causes already in `reason` are not repeated.
-pub(crate) fn with_causes(mut reason: String, error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn with_causes(reason: String, error: &(dyn std::error::Error + 'static)) -> String {
     let mut node = Some(error);
     while let Some(current) = node {
         if let Some(StreamableHttpError::Client(client)) =
             current.downcast_ref::<StreamableHttpError<reqwest::Error>>()
         {
-            let mut causes: Vec<String> = Vec::new();
-            let mut cause = std::error::Error::source(client);
-            while let Some(next) = cause {
-                let message = next.to_string();
-                if !reason.contains(&message) && !causes.iter().any(|c| c.contains(&message)) {
-                    causes.push(message);
-                }
-                cause = next.source();
-            }
-            if !causes.is_empty() {
-                reason.push_str(" (");
-                reason.push_str(&causes.join(": "));
-                reason.push(')');
-            }
-            break;
+            return with_causes_of(reason, client);
         }
         node = current.source();
     }
     reason
+}
+
+/// `reason` followed by the causes of reqwest's `error`, as [`with_causes`].
+pub(crate) fn with_causes_of(mut reason: String, error: &reqwest::Error) -> String {
+    let mut causes: Vec<String> = Vec::new();
+    let mut cause = std::error::Error::source(error);
+    while let Some(next) = cause {
+        let message = next.to_string();
+        if !reason.contains(&message) && !causes.iter().any(|c| c.contains(&message)) {
+            causes.push(message);
+        }
+        cause = next.source();
+    }
+    if !causes.is_empty() {
+        reason.push_str(" (");
+        reason.push_str(&causes.join(": "));
+        reason.push(')');
+    }
+    reason
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "a test fails loudly on bad data")]
+
+    use std::task::Poll;
+
+    use http_body_util::StreamBody;
+    use hyper::body::{Bytes, Frame};
+
+    use super::*;
+
+    /// A deterministic xorshift: the same "random" points on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            usize::try_from(self.0 % n as u64).unwrap()
+        }
+    }
+
+    /// A response whose body is `wire` sent in chunks of 1 B to 16 KiB by another task,
+    /// with a yield between chunks, and the POST's events read from it as a call's are.
+    fn events_of(wire: Vec<u8>, seed: u64) -> Events {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+        tokio::spawn(async move {
+            let mut rng = Rng(seed);
+            let mut at = 0;
+            while at < wire.len() {
+                let end = (at + 1 + rng.below(16 * 1024)).min(wire.len());
+                if tx
+                    .send(Bytes::copy_from_slice(&wire[at..end]))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                at = end;
+                tokio::task::yield_now().await;
+            }
+        });
+        let chunks = futures_util::stream::poll_fn(move |cx| {
+            rx.poll_recv(cx)
+                .map(|chunk| chunk.map(|c| Ok::<_, std::io::Error>(Frame::data(c))))
+        });
+        let response = http::Response::new(reqwest::Body::wrap(StreamBody::new(chunks)));
+        let events = crate::post::bounded_events(response.into(), MAX_SSE_EVENT_BYTES);
+        answered(events, RequestId::Number(7))
+    }
+
+    /// Reads every event, dropping a `next()` after one poll at random points (as rmcp's
+    /// `select!` does when another branch is ready first).
+    async fn read_dropping_at_random(mut events: Events, seed: u64) -> (Vec<String>, usize) {
+        let mut rng = Rng(seed);
+        let mut read = Vec::new();
+        let mut dropped = 0;
+        loop {
+            let item = if rng.below(8) != 0 {
+                match futures_util::poll!(events.next()) {
+                    Poll::Ready(item) => item,
+                    Poll::Pending => {
+                        dropped += 1;
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                }
+            } else {
+                events.next().await
+            };
+            match item {
+                Some(event) => read.push(event.unwrap().data.unwrap_or_default()),
+                None => break,
+            }
+        }
+        (read, dropped)
+    }
+
+    // One thread: the reader and the writer take turns, so reads are often pending.
+    #[tokio::test]
+    async fn events_survive_next_dropped_at_random_points() {
+        let mut rng = Rng(0x5eed);
+        let mut wire = Vec::new();
+        let mut sent = Vec::new();
+        for i in 0..40 {
+            // 1 B to 8 MiB, most of them small.
+            let len = match rng.below(4) {
+                0 => 1 + rng.below(8 * 1024 * 1024),
+                1 => 1 + rng.below(64 * 1024),
+                _ => 1 + rng.below(100),
+            };
+            let data = format!("{i}:{}", "x".repeat(len));
+            wire.extend_from_slice(b"data: ");
+            wire.extend_from_slice(data.as_bytes());
+            wire.extend_from_slice(if i % 2 == 0 { b"\n\n" } else { b"\r\n\r\n" });
+            sent.push(data);
+        }
+        let (read, dropped) = read_dropping_at_random(events_of(wire, 1), 2).await;
+        assert!(dropped > 50, "only {dropped} futures dropped");
+        let (fault, events) = read.split_last().unwrap();
+        assert_eq!(events.len(), sent.len());
+        for (i, (read, sent)) in events.iter().zip(&sent).enumerate() {
+            assert!(
+                read == sent,
+                "event {i}: {} bytes, sent {}",
+                read.len(),
+                sent.len()
+            );
+        }
+        // No answer came: the stream's end is the request's answer, saying so.
+        let fault: Value = serde_json::from_str(fault).unwrap();
+        assert_eq!(fault["id"], 7);
+        assert_eq!(
+            fault["error"]["message"],
+            "the server's event stream ended before the answer"
+        );
+        assert_eq!(fault["error"]["data"][FAULT_KEY], true);
+    }
+
+    #[tokio::test]
+    async fn a_cut_event_and_an_event_over_the_limit_are_said() {
+        let mut cut = b"data: whole\n\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"res".to_vec();
+        cut.extend(std::iter::repeat_n(b'x', 300_000));
+        let (read, _) = read_dropping_at_random(events_of(cut, 3), 4).await;
+        assert_eq!(read[0], "whole");
+        let fault: Value = serde_json::from_str(&read[1]).unwrap();
+        assert_eq!(
+            fault["error"]["message"],
+            "the server's event stream ended in the middle of an event (300034 bytes of it \
+             read), before the answer"
+        );
+        assert_eq!(read.len(), 2);
+
+        // 20 MiB in one event: refused at the first byte over, never held whole.
+        let mut huge = b"data: ".to_vec();
+        huge.extend(std::iter::repeat_n(b'x', 20 * 1024 * 1024));
+        huge.extend_from_slice(b"\n\n");
+        let (read, _) = read_dropping_at_random(events_of(huge, 5), 6).await;
+        assert_eq!(read.len(), 1);
+        let fault: Value = serde_json::from_str(&read[0]).unwrap();
+        assert_eq!(
+            fault["error"]["message"],
+            "the answer is a server-sent event over the 16 MiB limit (16777216 bytes); it was \
+             not read"
+        );
+    }
 }

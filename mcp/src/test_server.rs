@@ -19,6 +19,7 @@
 //! | `progress {steps}` | sends `steps` progress notifications with the call's progress token, then answers |
 //! | `garbage {lines}` | writes lines that are not JSON-RPC to stdout, then answers |
 //! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
+//! | (HTTP) `cut_stream {bytes}`, `end_stream` | not listed: an event stream cut mid-event, or ended before any answer; and paths under `/moved` redirect (see `raw_http`) |
 //! | `exotic {known_only}` | [`exotic_result`] as raw JSON: fields and a block type rmcp does not model ([`exotic_known_result`], without the unknown block type, if `known_only` is true) |
 //!
 //! plus [`Scenario::tools`] generated tools of the kind [`Scenario::kind`]
@@ -840,6 +841,12 @@ async fn serve_http(state: Arc<State>, addr: SocketAddr) -> std::io::Result<()> 
     let service = hyper::service::service_fn(move |request| {
         let service = service.clone();
         async move {
+            let request = match raw_http::fault(request).await {
+                raw_http::Fault::Answer(response) => {
+                    return Ok::<_, std::convert::Infallible>(response);
+                }
+                raw_http::Fault::Pass(request) => request,
+            };
             let response = service.handle(request).await;
             Ok::<_, std::convert::Infallible>(raw_http::replace_marker_in_body(response).await)
         }

@@ -7,6 +7,12 @@
 //! transport: [`replace_marker_in_body`] does the same in the response body. Over stdio
 //! the server's `RawListing` service replaces the handler's answer with
 //! [`replace_marker_result`], the same replacement.
+//!
+//! [`fault`] answers, before rmcp sees the request, what a misbehaving HTTP server or the
+//! proxy in front of it would: redirects (paths under `/moved`: a same-origin 307 or 308 to
+//! `/mcp`, a loop, a cross-origin 307), and event streams cut short (`tools/call` of
+//! `cut_stream {bytes}`: part of an event, then the end; of `end_stream`: the end before
+//! any answer). Those tools are not listed; only a client that calls them by name sees them.
 
 use std::convert::Infallible;
 
@@ -23,6 +29,102 @@ use rmcp::transport::streamable_http_server::session::ServerSseMessage;
 use rmcp::transport::streamable_http_server::{RestoreOutcome, SessionId, SessionManager};
 
 use super::{exotic_known_result, exotic_result};
+
+/// A response of the test server's HTTP service.
+pub(super) type HttpResponse = http::Response<BoxBody<Bytes, Infallible>>;
+
+/// What [`fault`] decided: answer with this, or hand rmcp the request (its body read).
+pub(super) enum Fault {
+    /// The misbehaviour's answer.
+    Answer(HttpResponse),
+    /// An ordinary request, for rmcp.
+    Pass(http::Request<Full<Bytes>>),
+}
+
+/// A redirect to `location`.
+fn redirect(status: http::StatusCode, location: &str) -> HttpResponse {
+    let mut response = http::Response::new(Full::new(Bytes::new()).boxed());
+    *response.status_mut() = status;
+    if let Ok(location) = http::HeaderValue::from_str(location) {
+        response
+            .headers_mut()
+            .insert(http::header::LOCATION, location);
+    }
+    response
+}
+
+/// An event stream of `body`, which ends when it does.
+fn event_stream(body: Vec<u8>) -> HttpResponse {
+    let mut response = http::Response::new(Full::new(Bytes::from(body)).boxed());
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    response
+}
+
+/// The misbehaviours of the HTTP mode (see the module docs), or the request for rmcp.
+pub(super) async fn fault<B>(request: http::Request<B>) -> Fault
+where
+    B: hyper::body::Body<Data = Bytes>,
+{
+    use http::StatusCode;
+    let path = request.uri().path().to_owned();
+    let host = request
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    match path.as_str() {
+        "/moved" => return Fault::Answer(redirect(StatusCode::TEMPORARY_REDIRECT, "/mcp")),
+        "/moved/permanently" => {
+            return Fault::Answer(redirect(StatusCode::PERMANENT_REDIRECT, "/mcp"));
+        }
+        "/moved/absolute" => {
+            let target = format!("http://{host}/mcp");
+            return Fault::Answer(redirect(StatusCode::TEMPORARY_REDIRECT, &target));
+        }
+        "/moved/loop" => {
+            return Fault::Answer(redirect(StatusCode::TEMPORARY_REDIRECT, "/moved/loop"));
+        }
+        "/moved/away" => {
+            // Another origin: the same server under another host name.
+            let port = host.rsplit_once(':').map(|(_, port)| port).unwrap_or("80");
+            let target = format!("http://localhost:{port}/mcp");
+            return Fault::Answer(redirect(StatusCode::TEMPORARY_REDIRECT, &target));
+        }
+        _ => {}
+    }
+    let (parts, body) = request.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(Collected::to_bytes)
+        .unwrap_or_default();
+    if parts.method == http::Method::POST
+        && let Ok(message) = serde_json::from_slice::<serde_json::Value>(&body)
+        && message["method"] == "tools/call"
+    {
+        let id = message["id"].to_string();
+        match message["params"]["name"].as_str() {
+            Some("cut_stream") => {
+                let bytes = message["params"]["arguments"]["bytes"]
+                    .as_u64()
+                    .unwrap_or(1_000);
+                let mut event = format!(
+                    "data: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"content\":[{{\"type\":\"text\",\"text\":\""
+                )
+                .into_bytes();
+                event.resize(event.len() + usize::try_from(bytes).unwrap_or(0), b'x');
+                return Fault::Answer(event_stream(event));
+            }
+            Some("end_stream") => return Fault::Answer(event_stream(b": no answer\n\n".to_vec())),
+            _ => {}
+        }
+    }
+    Fault::Pass(http::Request::from_parts(parts, Full::new(body)))
+}
 
 /// What the handler answers `exotic` with; replaced by [`exotic_result`] on the wire.
 const EXOTIC_MARKER: &str = "psych-test-server: exotic, replaced on the wire";

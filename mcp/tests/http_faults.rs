@@ -1,0 +1,281 @@
+//! psych-mcp against a streamable HTTP server that misbehaves the way servers and the
+//! proxies in front of them do: redirects (same origin, another origin, a loop), event
+//! streams cut mid-event or ended before the answer, an answer larger than the event
+//! limit, and tools whose input schema no provider takes. Each is the real
+//! `psych-test-server` process over loopback HTTP.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use psych_mcp::{
+    Backoff, ChangeCause, McpConfig, McpError, McpEvent, McpEvents, McpManager, ServerConfig,
+    Timeouts, Transport,
+};
+use psych_types::{ConnectionSpec, JsonObject, Reachability, ServerId, ToolHost, ToolRef};
+use serde_json::{Value, json};
+
+mod common;
+use common::HttpServer;
+
+fn id(name: &str) -> ServerId {
+    ServerId::new(name).unwrap()
+}
+
+fn http_config(name: &str, url: &str) -> ServerConfig {
+    ServerConfig {
+        transport: Transport::Http {
+            url: url.to_owned(),
+            headers: BTreeMap::new(),
+        },
+        connection: ConnectionSpec::new(id(name)),
+        extra: JsonObject::new(),
+    }
+}
+
+/// Deadlines far longer than any answer here takes: a fault must be reported at once,
+/// not when a deadline passes, and the tests check that against these.
+fn patient() -> Timeouts {
+    Timeouts::uniform(Duration::from_secs(60)).with_shutdown_grace(Duration::from_millis(500))
+}
+
+/// A manager with one server at `url`, after its first connection attempt.
+async fn connect(name: &str, url: &str) -> (McpManager, Reachability) {
+    let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+    let manager = McpManager::builder(config)
+        .timeouts(patient())
+        .backoff(Backoff::new(
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+        ))
+        .build()
+        .unwrap();
+    let reachability = manager
+        .add_server(id(name), http_config(name, url))
+        .await
+        .unwrap();
+    (manager, reachability)
+}
+
+fn args(value: Value) -> JsonObject {
+    match value {
+        Value::Object(map) => map,
+        _ => panic!("not an object"),
+    }
+}
+
+async fn echo(manager: &McpManager, server: &str, text: &str) -> String {
+    let output = manager
+        .call_tool(
+            &ToolRef::parse(server, "echo").unwrap(),
+            args(json!({"text": text})),
+        )
+        .await
+        .unwrap();
+    serde_json::to_value(&output).unwrap()["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Waits for an event matching `want` (generously: the deadline only decides how long a
+/// failing test takes).
+async fn wait_for(events: &McpEvents, what: &str, want: impl Fn(&McpEvent) -> bool) {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while !want(&events.next().await) {}
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: the event did not come"));
+}
+
+/// `url` with its path replaced by `path`.
+fn at(url: &str, path: &str) -> String {
+    format!("{}{path}", url.strip_suffix("/mcp").unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_origin_307_and_308_redirects_are_followed_with_the_body() {
+    let server = HttpServer::start(&[]);
+    for path in ["/moved", "/moved/permanently", "/moved/absolute"] {
+        let (manager, reachability) = connect("web", &at(&server.url, path)).await;
+        assert_eq!(reachability, Reachability::Reachable, "{path}");
+        let events = manager.events();
+        // Every POST (initialize, the listing, a call) went through the redirect whole.
+        assert!(manager.list(&id("web")).await.unwrap().tools.len() > 10);
+        assert_eq!(echo(&manager, "web", "through").await, "through", "{path}");
+        // The notification stream (a GET) is redirected too: list_changed arrives. (The
+        // queue coalesces per server: take the connect announcement first.)
+        wait_for(&events, path, |e| {
+            matches!(
+                e,
+                McpEvent::ToolsChanged {
+                    cause: ChangeCause::Connected,
+                    ..
+                }
+            )
+        })
+        .await;
+        manager
+            .call_tool(
+                &ToolRef::parse("web", "add_tool").unwrap(),
+                args(json!({"name": "fresh"})),
+            )
+            .await
+            .unwrap();
+        wait_for(&events, path, |e| {
+            matches!(
+                e,
+                McpEvent::ToolsChanged {
+                    cause: ChangeCause::Notified,
+                    ..
+                }
+            )
+        })
+        .await;
+        manager.shutdown().await;
+    }
+    // A stateless server answering with JSON bodies, behind the same redirect.
+    let json = HttpServer::start(&["--json-response"]);
+    let (manager, reachability) = connect("web", &at(&json.url, "/moved")).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    assert_eq!(echo(&manager, "web", "json").await, "json");
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_origin_redirect_or_a_loop_is_an_error_naming_it() {
+    let server = HttpServer::start(&[]);
+    let port = server.url.rsplit_once(':').unwrap().1;
+    let (manager, reachability) = connect("web", &at(&server.url, "/moved/away")).await;
+    let Reachability::Unreachable { reason } = reachability else {
+        panic!("{reachability:?}")
+    };
+    assert!(
+        reason.contains(&format!(
+            "redirect to another origin (http://localhost:{port}"
+        )),
+        "{reason}"
+    );
+    manager.shutdown().await;
+
+    let (manager, reachability) = connect("web", &at(&server.url, "/moved/loop")).await;
+    let Reachability::Unreachable { reason } = reachability else {
+        panic!("{reachability:?}")
+    };
+    assert!(reason.contains("more than 5 redirects"), "{reason}");
+    manager.shutdown().await;
+}
+
+/// Calls `tool` and expects a failure at once (well within the 60 s deadline).
+async fn fails_at_once(manager: &McpManager, tool: &str, arguments: Value) -> McpError {
+    let started = Instant::now();
+    let error = manager
+        .call_tool(&ToolRef::parse("web", tool).unwrap(), args(arguments))
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{tool} failed only after {:?}: {error}",
+        started.elapsed()
+    );
+    error
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_event_stream_says_how_it_ended() {
+    let server = HttpServer::start(&[]);
+    let (manager, reachability) = connect("web", &server.url).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let error = fails_at_once(&manager, "cut_stream", json!({"bytes": 100_000})).await;
+    assert!(
+        error.to_string().starts_with(
+            "MCP server \"web\": tools/call cut_stream failed: the server's event stream \
+             ended in the middle of an event (100"
+        ),
+        "{error}"
+    );
+    let error = fails_at_once(&manager, "end_stream", json!({})).await;
+    assert_eq!(
+        error.to_string(),
+        "MCP server \"web\": tools/call end_stream failed: the server's event stream \
+         ended before the answer"
+    );
+    // A stream cut is that answer's loss, not the session's: the connection stays.
+    assert_eq!(echo(&manager, "web", "still here").await, "still here");
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_over_the_limit_names_the_limit_and_the_connection_stays() {
+    let server = HttpServer::start(&[]);
+    let (manager, reachability) = connect("web", &server.url).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    // 50 MB in one event, more than the 16 MiB bound (psych-mcp's MAX_SSE_EVENT_BYTES).
+    assert_eq!(psych_mcp::MAX_SSE_EVENT_BYTES, 16 * 1024 * 1024);
+    let error = fails_at_once(&manager, "large", json!({"bytes": 50_000_000})).await;
+    assert_eq!(
+        error.to_string(),
+        "MCP server \"web\": tools/call large failed: the answer is a server-sent event over \
+         the 16 MiB limit (16777216 bytes); it was not read"
+    );
+    assert!(!error.is_connection_lost());
+    assert_eq!(echo(&manager, "web", "still here").await, "still here");
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_body_over_the_limit_names_the_limit() {
+    let server = HttpServer::start(&["--json-response"]);
+    let (manager, reachability) = connect("web", &server.url).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    // 20 MB in one JSON body, more than the 16 MiB bound (MAX_JSON_BODY_BYTES).
+    let error = fails_at_once(&manager, "large", json!({"bytes": 20_000_000})).await;
+    assert_eq!(
+        error.to_string(),
+        "MCP server \"web\": tools/call large failed: the answer is a JSON body over the \
+         16 MiB limit (16777216 bytes); it was not read"
+    );
+    assert_eq!(psych_mcp::MAX_JSON_BODY_BYTES, 16 * 1024 * 1024);
+    assert_eq!(echo(&manager, "web", "still here").await, "still here");
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_whose_schema_no_provider_takes_are_set_aside_by_name() {
+    let catalog = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("http-faults-odd-{}.json", std::process::id()));
+    std::fs::write(
+        &catalog,
+        json!({"tools": [
+            {"name": "string_schema", "inputSchema": {"type": "string"}},
+            {"name": "listed_properties",
+             "inputSchema": {"type": "object", "properties": ["path", "mode"]}},
+            {"name": "fine", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let server = HttpServer::start(&["--catalog", catalog.to_str().unwrap(), "--page-size", "10"]);
+    let (manager, reachability) = connect("web", &server.url).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let listing = manager.list(&id("web")).await.unwrap();
+    assert!(listing.tools.iter().any(|t| t.name.as_str() == "fine"));
+    let refused: Vec<String> = listing
+        .malformed
+        .iter()
+        .map(|m| format!("{} (page {}): {}", m.name, m.page, m.reason))
+        .collect();
+    assert_eq!(
+        refused,
+        [
+            r#"string_schema (page 2): inputSchema has type "string", not "object""#,
+            r#"listed_properties (page 2): inputSchema's "properties" is an array, not an object of schemas"#,
+        ]
+    );
+    manager.shutdown().await;
+}
