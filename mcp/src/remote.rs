@@ -21,9 +21,10 @@
 //! an event, it broke, an event was over [`MAX_SSE_EVENT_BYTES`]), marked as psych-mcp's
 //! own (never the server's words). rmcp stops reading a POST's stream at its answer, so
 //! the extra event reaches the call only when the answer did not. A JSON body over
-//! [`MAX_JSON_BODY_BYTES`] is answered the same way. The connection reads such an error
-//! back with [`fault_of`] as a failed request on a connection that stays up: one stream
-//! cut (by a proxy's idle timeout, say) does not end the session and every call in flight
+//! [`MAX_JSON_BODY_BYTES`] is answered the same way. A stream whose events carry ids is
+//! left to rmcp when it ends or breaks, since the server can resume it. The connection
+//! reads such an error back with [`fault_of`] as a failed request on a connection that
+//! stays up: one stream cut (by a proxy's idle timeout, say) does not end the session and every call in flight
 //! on it; a server that is gone fails the next request to reach it.
 //!
 //! # Memory
@@ -248,27 +249,41 @@ fn same_origin_redirects() -> reqwest::redirect::Policy {
 type Events = BoxStream<'static, Result<sse_stream::Sse, SseError>>;
 
 /// The events of request `id`'s POST, then, if the stream ends or fails, the [`Fault`]
-/// as that request's answer (see the module docs); an error ends the stream. The state
-/// lives in the stream, so dropping a pending `next()` loses nothing.
+/// as that request's answer (see the module docs); an error ends the stream. A stream
+/// whose events carry ids can be resumed (the server keeps its events), so its end or
+/// break is left to rmcp, which resumes it; an event over the limit never is (it would be
+/// sent again). The state lives in the stream, so dropping a pending `next()` loses
+/// nothing.
 fn answered(events: Events, id: RequestId) -> Events {
-    Box::pin(futures_util::stream::unfold(Some(events), move |events| {
-        let id = id.clone();
-        async move {
-            let mut events = events?;
-            let fault = match events.next().await {
-                Some(Ok(event)) => return Some((Ok(event), Some(events))),
-                Some(Err(error)) => crate::post::fault_of_stream(&error),
-                None => Fault::EndedBeforeAnswer,
-            };
-            let event = sse_stream::Sse {
-                event: None,
-                data: Some(fault.answer(&id).to_string()),
-                id: None,
-                retry: None,
-            };
-            Some((Ok(event), None))
-        }
-    }))
+    Box::pin(futures_util::stream::unfold(
+        Some((events, false)),
+        move |state| {
+            let id = id.clone();
+            async move {
+                let (mut events, resumable) = state?;
+                let fault = match events.next().await {
+                    Some(Ok(event)) => {
+                        let resumable = resumable || event.id.is_some();
+                        return Some((Ok(event), Some((events, resumable))));
+                    }
+                    Some(Err(error)) => match crate::post::fault_of_stream(&error) {
+                        fault @ Fault::EventTooLarge { .. } => fault,
+                        _ if resumable => return Some((Err(error), None)),
+                        fault => fault,
+                    },
+                    None if resumable => return None,
+                    None => Fault::EndedBeforeAnswer,
+                };
+                let event = sse_stream::Sse {
+                    event: None,
+                    data: Some(fault.answer(&id).to_string()),
+                    id: None,
+                    retry: None,
+                };
+                Some((Ok(event), None))
+            }
+        },
+    ))
 }
 
 impl TappedClient {
@@ -555,7 +570,8 @@ mod tests {
                 events.next().await
             };
             match item {
-                Some(event) => read.push(event.unwrap().data.unwrap_or_default()),
+                Some(Ok(event)) => read.push(event.data.unwrap_or_default()),
+                Some(Err(error)) => read.push(format!("error: {error}")),
                 None => break,
             }
         }
@@ -601,6 +617,24 @@ mod tests {
             "the server's event stream ended before the answer"
         );
         assert_eq!(fault["error"]["data"][FAULT_KEY], true);
+    }
+
+    #[tokio::test]
+    async fn a_resumable_stream_is_left_to_rmcp_to_resume() {
+        // Events with ids: the server keeps them, and rmcp resumes a stream cut short.
+        let wire = b"id: 1\ndata: progress\n\nid: 2\ndata: {\"cut".to_vec();
+        let (read, _) = read_dropping_at_random(events_of(wire, 7), 8).await;
+        assert_eq!(
+            read,
+            [
+                "progress",
+                "error: body error: the stream ended in the middle of an event (17 bytes of it read)"
+            ]
+        );
+        // Ended between events: simply the end.
+        let wire = b"id: 1\ndata: progress\n\n".to_vec();
+        let (read, _) = read_dropping_at_random(events_of(wire, 9), 10).await;
+        assert_eq!(read, ["progress"]);
     }
 
     #[tokio::test]
