@@ -9,9 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use psych_types::{
-    Reachability, ServerCatalog, ServerId, ToolDefinition, ToolName, ToolOutput, ToolRef,
-};
+use psych_types::{ServerCatalog, ServerId, ToolDefinition, ToolName, ToolOutput, ToolRef};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -56,7 +54,9 @@ pub struct ServerSummary {
     /// `server__tool`; deferred servers go through the meta tools.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub via: Option<String>,
-    /// `reachable`, `unreachable: …` or `unknown`, as the catalogue reports now.
+    /// `reachable`, `unreachable: …` or `unknown`, as the catalogue reports now; for a
+    /// server with no tools because it could not be listed, why (as
+    /// [`ServerState`](crate::ServerState) reads).
     pub state: String,
     /// The connection's description (capped unless verbose).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -352,21 +352,21 @@ pub fn orientation(
             }
             _ => None,
         });
-        let state = match catalog.map(|c| &c.health.reachability) {
-            Some(Reachability::Reachable) => "reachable".to_owned(),
-            Some(Reachability::Unreachable { reason }) => format!("unreachable: {reason}"),
-            _ => "unknown".to_owned(),
-        };
+        // A failed server's reason reads as on its deferred line: the clauses naming the
+        // server again dropped; cut, the telling stderr line is kept.
+        let health = catalog.map(|c| &c.health);
+        let mut state = crate::state::summary(&view.server, health, tools.is_empty(), None);
+        if !verbose && state.chars().count() > FREE_TEXT_CHARS {
+            let room = FREE_TEXT_CHARS - VERBOSE_MARKER.chars().count();
+            state = crate::state::summary(&view.server, health, tools.is_empty(), Some(room));
+            state.push_str(VERBOSE_MARKER);
+        }
         servers.push(ServerSummary {
             server: view.server.clone(),
             shown_as: view.shape,
             tools: tools.len(),
             via,
-            state: if verbose {
-                state
-            } else {
-                cap_chars(&state, FREE_TEXT_CHARS, VERBOSE_MARKER)
-            },
+            state,
             description: view.description.as_ref().map(|d| {
                 if verbose {
                     d.clone()

@@ -123,6 +123,38 @@ pub(crate) fn line_state(
         .unwrap_or_default()
 }
 
+/// A server's state for the orientation payload: for a server with no tools, why
+/// ([`ServerState`]); else `reachable`, `unknown`, or `unreachable: ` and why. The reason
+/// whole (lines joined) when `max_chars` is `None`, else the state in at most `max_chars`
+/// with the telling detail kept.
+pub(crate) fn summary(
+    server: &ServerId,
+    health: Option<&ServerHealth>,
+    no_tools: bool,
+    max_chars: Option<usize>,
+) -> String {
+    let reason = |words: usize, reason: &str| match max_chars {
+        None => whole_reason(server, reason),
+        Some(max) => short_reason(server, reason, max.saturating_sub(words)),
+    };
+    if no_tools {
+        let probe = state_with(health, |_| String::new());
+        if let Some(probe) = probe {
+            let words = probe.to_string().chars().count();
+            return state_with(health, |why| reason(words, why))
+                .map(|state| state.to_string())
+                .unwrap_or_default();
+        }
+    }
+    match health.map(|h| &h.reachability) {
+        Some(Reachability::Reachable) => "reachable".to_owned(),
+        Some(Reachability::Unreachable { reason: why }) => {
+            format!("unreachable: {}", reason("unreachable: ".len(), why))
+        }
+        _ => "unknown".to_owned(),
+    }
+}
+
 /// The reason's lines (a line break or ` | ` separates them), whitespace folded, empty
 /// lines dropped, the leading clauses that name `server` again removed from the first.
 fn reason_lines(server: &ServerId, reason: &str) -> Vec<String> {
@@ -156,10 +188,26 @@ fn without_server_clauses<'a>(server: &ServerId, mut line: &'a str) -> &'a str {
 }
 
 /// The whole reason in one line: its lines joined with ` | `, at most
-/// [`STATE_REASON_CHARS`] characters.
+/// [`STATE_REASON_CHARS`] characters. Too long, it is cut in the middle: the first line (at
+/// most a third of the cap) and the end of the rest, where a stderr tail says what went
+/// wrong.
 pub(crate) fn whole_reason(server: &ServerId, reason: &str) -> String {
-    let joined = reason_lines(server, reason).join(" | ");
-    cap_chars(&joined, STATE_REASON_CHARS, CUT)
+    let lines = reason_lines(server, reason);
+    let joined = lines.join(" | ");
+    if joined.chars().count() <= STATE_REASON_CHARS {
+        return joined;
+    }
+    let Some((first, rest)) = lines.split_first() else {
+        return joined;
+    };
+    let joint = " | ";
+    let head = cap_chars(first, STATE_REASON_CHARS / 3, CUT);
+    let room =
+        STATE_REASON_CHARS.saturating_sub(head.chars().count() + joint.len() + CUT.chars().count());
+    let rest = rest.join(joint);
+    let skip = rest.chars().count().saturating_sub(room);
+    let tail: String = rest.chars().skip(skip).collect();
+    format!("{head}{joint}{CUT}{tail}")
 }
 
 /// The reason in at most `max_chars`: its first line, and the most telling of the lines
@@ -280,6 +328,39 @@ mod tests {
     }
 
     #[test]
+    fn the_orientation_summary_keeps_the_telling_line_when_cut() {
+        let noisy = format!(
+            "MCP server \"py\": initialize failed: exited with status 1; its last stderr \
+             lines:\n{}fatal: no config",
+            "loading plugin\n".repeat(100)
+        );
+        let cut = summary(&id("py"), Some(&failed(&noisy)), true, Some(100));
+        assert!(cut.chars().count() <= 100, "{cut}");
+        assert!(
+            cut.starts_with("listing failed: initialize failed"),
+            "{cut}"
+        );
+        assert!(cut.ends_with("stderr lines: fatal: no config"), "{cut}");
+        // A server with tools shows its reachability, its reason folded the same way.
+        let down = ServerHealth {
+            reachability: Reachability::Unreachable {
+                reason: noisy.clone(),
+            },
+            ..ServerHealth::default()
+        };
+        let whole = summary(&id("py"), Some(&down), false, None);
+        assert!(
+            whole.starts_with("unreachable: initialize failed"),
+            "{whole}"
+        );
+        assert!(
+            whole.ends_with("loading plugin | fatal: no config"),
+            "{whole}"
+        );
+        assert_eq!(summary(&id("py"), None, false, None), "unknown");
+    }
+
+    #[test]
     fn the_whole_reason_joins_every_line_and_is_bounded() {
         let state = state(&id("py"), Some(&failed(PYTHON))).unwrap();
         let ServerState::ListingFailed { reason } = &state else {
@@ -293,12 +374,14 @@ mod tests {
             reason.ends_with("ModuleNotFoundError: No module named 'mcp' | (installed: none)"),
             "{reason}"
         );
-        let huge = format!("boom:\n{}", "stderr line\n".repeat(10_000));
+        let huge = format!("boom:\n{}fatal: the end", "stderr line\n".repeat(10_000));
         let ServerState::ListingFailed { reason } =
             super::state(&id("x"), Some(&failed(&huge))).unwrap()
         else {
             panic!()
         };
         assert_eq!(reason.chars().count(), STATE_REASON_CHARS);
+        assert!(reason.starts_with("boom: | …"), "{reason}");
+        assert!(reason.ends_with("stderr line | fatal: the end"), "{reason}");
     }
 }

@@ -648,13 +648,37 @@ fn a_call_to_an_unreachable_server_says_why_in_one_bounded_line() {
     assert!(
         text.starts_with(
             "unreachable: tools/call read_graph failed: the server process was killed by \
-             signal 9; its last stderr lines: | xxx"
+             signal 9; its last stderr lines: | …xxx"
         ),
         "{text}"
     );
+    assert!(text.ends_with("xxx | fatal: out of memory"), "{text}");
     assert!(!text.contains('\n'));
     assert_eq!(
         text.chars().count(),
         "unreachable: ".len() + psych_disclosure::STATE_REASON_CHARS
     );
+}
+
+#[test]
+fn orientation_says_why_a_failed_server_has_no_tools() {
+    let setup = failed_python_setup();
+    let surface = setup.resolve(&Settings::default());
+    let context = psych_disclosure::OrientationContext::default();
+    let state = |verbose: bool| {
+        let payload = psych_disclosure::orientation(&surface, &setup.live(), &context, verbose);
+        let py = payload.servers.iter().find(|s| s.server.as_str() == "py");
+        py.unwrap().state.clone()
+    };
+    let short = state(false);
+    assert!(
+        short.starts_with(
+            "listing failed: initialize failed: the server process exited with status 1; its \
+             last stderr lines: | Traceback (most recent call last):"
+        ),
+        "{short}"
+    );
+    assert!(short.ends_with("No module named 'mcp'"), "{short}");
+    assert_eq!(state(true), short, "short enough to be whole");
+    assert!(!short.contains("MCP server"), "{short}");
 }
