@@ -123,10 +123,11 @@ pub(crate) fn line_state(
         .unwrap_or_default()
 }
 
-/// A server's state for the orientation payload: for a server with no tools, why
-/// ([`ServerState`]); else `reachable`, `unknown`, or `unreachable: ` and why. The reason
-/// whole (lines joined) when `max_chars` is `None`, else the state in at most `max_chars`
-/// with the telling detail kept.
+/// A server's state for the orientation payload: `unreachable: ` and why when its
+/// connection is down; else, for a server with no tools because it could not be listed,
+/// why ([`ServerState`]); else `reachable` or `unknown`. The reason whole (lines joined)
+/// when `max_chars` is `None`, else the state in at most `max_chars` with the telling
+/// detail kept.
 pub(crate) fn summary(
     server: &ServerId,
     health: Option<&ServerHealth>,
@@ -137,20 +138,17 @@ pub(crate) fn summary(
         None => whole_reason(server, reason),
         Some(max) => short_reason(server, reason, max.saturating_sub(words)),
     };
-    if no_tools {
-        let probe = state_with(health, |_| String::new());
-        if let Some(probe) = probe {
-            let words = probe.to_string().chars().count();
-            return state_with(health, |why| reason(words, why))
-                .map(|state| state.to_string())
-                .unwrap_or_default();
-        }
+    if let Some(Reachability::Unreachable { reason: why }) = health.map(|h| &h.reachability) {
+        return format!("unreachable: {}", reason("unreachable: ".len(), why));
+    }
+    if no_tools && let Some(probe) = state_with(health, |_| String::new()) {
+        let words = probe.to_string().chars().count();
+        return state_with(health, |why| reason(words, why))
+            .map(|state| state.to_string())
+            .unwrap_or_default();
     }
     match health.map(|h| &h.reachability) {
         Some(Reachability::Reachable) => "reachable".to_owned(),
-        Some(Reachability::Unreachable { reason: why }) => {
-            format!("unreachable: {}", reason("unreachable: ".len(), why))
-        }
         _ => "unknown".to_owned(),
     }
 }

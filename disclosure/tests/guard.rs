@@ -673,7 +673,7 @@ fn orientation_says_why_a_failed_server_has_no_tools() {
     let short = state(false);
     assert!(
         short.starts_with(
-            "listing failed: initialize failed: the server process exited with status 1; its \
+            "unreachable: initialize failed: the server process exited with status 1; its \
              last stderr lines: | Traceback (most recent call last):"
         ),
         "{short}"
@@ -681,4 +681,19 @@ fn orientation_says_why_a_failed_server_has_no_tools() {
     assert!(short.ends_with("No module named 'mcp'"), "{short}");
     assert_eq!(state(true), short, "short enough to be whole");
     assert!(!short.contains("MCP server"), "{short}");
+    // Listed with no error but never reachable: why it has no tools, not "unknown".
+    let mut quiet = failed_python_setup();
+    quiet.catalogs[1].health.reachability = Reachability::Unknown;
+    let surface = quiet.resolve(&Settings::default());
+    let payload = psych_disclosure::orientation(&surface, &quiet.live(), &context, false);
+    let py = payload
+        .servers
+        .iter()
+        .find(|s| s.server.as_str() == "py")
+        .unwrap();
+    assert!(
+        py.state.starts_with("listing failed: initialize failed"),
+        "{}",
+        py.state
+    );
 }
