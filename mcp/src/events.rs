@@ -1,24 +1,9 @@
 //! What the manager tells its owner: a server's tools may have changed, a server's
 //! reachability changed. The catalogue's freshener consumes these.
 //!
-//! Every [`McpManager::events`](crate::McpManager::events) call is a subscriber of its own:
-//! each sees every event pushed from its subscription on, whatever the others read (a
-//! subscriber that only logs takes nothing from the catalogue's). Each subscriber's queue
-//! coalesces per server, so it is bounded by [`MAX_QUEUED_PER_SERVER`] events per server
-//! however fast a server sends `notifications/tools/list_changed` or flaps, and however
-//! late the subscriber reads; coalescing never loses what a subscriber acts on:
-//!
-//! - at most one `ToolsChanged` per server waits: a newer one replaces it at the back of
-//!   the queue, with the stronger cause (`Connected` over `Notified`), since the listing it
-//!   asks for happens when it is read, after both;
-//! - at most two reachabilities per server wait, of different kinds: a newer one of the
-//!   same kind as the last waiting replaces it (its reason is the current one), one of
-//!   another kind is queued behind it and the oldest beyond two is dropped. So "down then
-//!   up again" reads as down, then up, however late the subscriber looks, and the last
-//!   event of a server is always its reachability now.
-//!
-//! A dropped [`McpEvents`] costs nothing: the manager holds its subscribers weakly and
-//! forgets each one when it finds it gone.
+//! Every [`McpManager::events`](crate::McpManager::events) call is a subscriber of its own
+//! with its own coalescing queue; the rules and the bound are on [`McpEvents`]. The manager
+//! holds its subscribers weakly and forgets each one when it finds it dropped.
 
 use std::collections::VecDeque;
 use std::mem::discriminant;
@@ -28,7 +13,7 @@ use psych_types::{Reachability, ServerId};
 use tokio::sync::Notify;
 
 /// The most events one subscriber's queue holds for one server: one `ToolsChanged` and two
-/// reachabilities (see the [module](self) documentation).
+/// reachabilities (see [`McpEvents`]).
 pub const MAX_QUEUED_PER_SERVER: usize = 3;
 
 /// The most reachabilities one subscriber's queue holds for one server.
@@ -143,7 +128,7 @@ impl Subscriber {
 }
 
 /// Queues `event` behind the others, coalescing it with those of its server (the rules are
-/// in the [module](self) documentation).
+/// on [`McpEvents`]).
 fn coalesce(queue: &mut VecDeque<McpEvent>, event: McpEvent) {
     match event {
         McpEvent::ToolsChanged { server, cause } => {
@@ -198,9 +183,22 @@ fn reachability_of<'a>(event: &'a McpEvent, server: &ServerId) -> Option<&'a Rea
 }
 
 /// One subscriber to a manager's events, from
-/// [`McpManager::events`](crate::McpManager::events): every event pushed since it was made,
-/// coalesced per server (see the [module](self) documentation), whatever other subscribers
-/// read. Dropping it unsubscribes.
+/// [`McpManager::events`](crate::McpManager::events): it sees every event pushed from its
+/// subscription on, whatever other subscribers read (a subscriber that only logs takes
+/// nothing from the catalogue's). Dropping it unsubscribes.
+///
+/// Its queue coalesces per server, so it holds at most [`MAX_QUEUED_PER_SERVER`] events per
+/// server however fast a server sends `notifications/tools/list_changed` or flaps, and
+/// however late the subscriber reads; coalescing never loses what a subscriber acts on:
+///
+/// - at most one `ToolsChanged` per server waits: a newer one replaces it at the back of
+///   the queue, with the stronger cause (`Connected` over `Notified`), since the listing it
+///   asks for happens when it is read, after both;
+/// - at most two reachabilities per server wait, of different kinds: a newer one of the
+///   same kind as the last waiting replaces it (its reason is the current one), one of
+///   another kind is queued behind it and the oldest beyond two is dropped. So "down then
+///   up again" reads as down, then up, however late the subscriber looks, and the last
+///   reachability of a server in the queue is always its reachability now.
 pub struct McpEvents {
     subscriber: Arc<Subscriber>,
 }
