@@ -147,9 +147,15 @@ impl CatalogBuilder {
     ///
     /// [`OpenError::Storage`] if redb cannot initialise it.
     pub fn in_memory(self) -> Result<Catalog, OpenError> {
+        self.over(InMemoryBackend::new())
+    }
+
+    /// Opens an empty catalogue over `backend` (named `<memory>`): the in-memory one, or in
+    /// tests one that fails chosen operations.
+    pub(crate) fn over(self, backend: impl redb::StorageBackend) -> Result<Catalog, OpenError> {
         let path = PathBuf::from("<memory>");
         let db = Database::builder()
-            .create_with_backend(InMemoryBackend::new())
+            .create_with_backend(backend)
             .map_err(|e| OpenError::Storage {
                 path: path.clone(),
                 source: e.into(),

@@ -73,6 +73,19 @@ async fn one(name: &str, config: ServerConfig, timeouts: Timeouts) -> (McpManage
     (manager, reachability)
 }
 
+/// A manager with one connected server, and a subscriber to its events from before it was
+/// added (so the first connection's events are in it).
+async fn subscribed(
+    name: &str,
+    config: ServerConfig,
+    timeouts: Timeouts,
+) -> (McpManager, McpEvents, Reachability) {
+    let manager = manager(timeouts);
+    let events = manager.events();
+    let reachability = manager.add_server(id(name), config).await.unwrap();
+    (manager, events, reachability)
+}
+
 fn tool(server: &str, name: &str) -> ToolRef {
     ToolRef::parse(server, name).unwrap()
 }
@@ -185,8 +198,7 @@ async fn a_malformed_tool_does_not_fail_the_listing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_changed_arrives_after_a_tool_is_added_and_removed() {
-    let (manager, _) = one("live", test_server("live", &[]), fast()).await;
-    let events = manager.events();
+    let (manager, events, _) = subscribed("live", test_server("live", &[]), fast()).await;
     expect_event(&events, |e| {
         matches!(
             e,
@@ -237,14 +249,13 @@ async fn list_changed_arrives_after_a_tool_is_added_and_removed() {
 async fn a_list_changed_before_the_initialize_response_is_covered_by_the_first_listing() {
     // rmcp drops this notification (it arrives before initialization completes), so the
     // manager always lists once after connecting and announces it as `Connected`.
-    let (manager, reachability) = one(
+    let (manager, events, reachability) = subscribed(
         "early",
         test_server("early", &["--early-list-changed", "--tools", "3"]),
         fast(),
     )
     .await;
     assert_eq!(reachability, Reachability::Reachable);
-    let events = manager.events();
     expect_event(&events, |e| {
         matches!(
             e,
@@ -537,16 +548,17 @@ async fn a_bad_command_is_reported_and_other_servers_keep_working() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_mid_call_is_reported_then_the_server_is_reconnected() {
-    // A backoff long enough to see the server down before it is back, even on a loaded
-    // machine (the event queue keeps only the latest reachability of a server, so a
-    // reconnect before the test looks would replace the Unreachable event).
+    // Subscribed before the server is added, so every event of it is seen; the queue
+    // keeps an outage even when the reconnect comes before the test reads it. The backoff
+    // only has to outlast the few steps between the Unreachable event and the call below
+    // that must find the server down.
     let manager = manager_with(fast(), Duration::from_secs(2));
+    let events = manager.events();
     let reachability = manager
         .add_server(id("crashy"), test_server("crashy", &[]))
         .await
         .unwrap();
     assert_eq!(reachability, Reachability::Reachable);
-    let events = manager.events();
     expect_event(&events, |e| matches!(e, McpEvent::ToolsChanged { .. })).await;
     let error = manager
         .call_tool_raw(&tool("crashy", "crash"), JsonObject::new())
@@ -741,7 +753,8 @@ fn http_config(name: &str, url: &str) -> ServerConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http_listing_calls_and_list_changed_work_and_a_gone_server_is_reported() {
     let mut server = HttpServer::start(&["--tools", "30", "--page-size", "7"]);
-    let (manager, reachability) = one("web", http_config("web", &server.url), fast()).await;
+    let (manager, events, reachability) =
+        subscribed("web", http_config("web", &server.url), fast()).await;
     assert_eq!(reachability, Reachability::Reachable);
     let tools = manager.list_tools(&id("web")).await.unwrap();
     assert_eq!(tools.len(), CONTROL_TOOLS + 30);
@@ -778,8 +791,7 @@ async fn over_http_listing_calls_and_list_changed_work_and_a_gone_server_is_repo
         [r#"{"authorization":"Bearer test","protocolVersion":"2025-11-25"}"#]
     );
 
-    let events = manager.events();
-    // The queue coalesces per server: take the connect announcement first.
+    // The connect announcement first.
     expect_event(&events, |e| {
         matches!(
             e,
@@ -1224,4 +1236,152 @@ async fn every_progress_notification_arrives_before_the_call_returns_over_stdio_
         }
     }
     manager.shutdown().await;
+}
+
+// Events and connect_all (issue 27, finding 7): every subscriber sees every event, a late
+// reader still sees an outage, and connect_all reports every server.
+
+/// Every event of `events` waiting now.
+fn drain(events: &McpEvents) -> Vec<McpEvent> {
+    std::iter::from_fn(|| events.try_next()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_subscriber_sees_every_event_and_a_late_one_still_sees_the_outage() {
+    // Before, subscribers shared one queue (the eager one took the lazy one's events), and
+    // the queue kept only a server's latest reachability (an outage read after the
+    // reconnect was gone).
+    let manager = manager(fast());
+    let lazy = manager.events();
+    let eager = manager.events();
+    manager
+        .add_server(id("crashy"), test_server("crashy", &[]))
+        .await
+        .unwrap();
+    manager
+        .call_tool_raw(&tool("crashy", "crash"), JsonObject::new())
+        .await
+        .unwrap_err();
+    let outage = expect_event(&eager, |e| {
+        matches!(
+            e,
+            McpEvent::Reachability {
+                reachability: Reachability::Unreachable { .. },
+                ..
+            }
+        )
+    })
+    .await;
+    // The reconnect's announcement is pushed after its Reachable: when the eager
+    // subscriber has it, every event of the reconnect is in the lazy one's queue too.
+    expect_event(&eager, |e| {
+        matches!(
+            e,
+            McpEvent::ToolsChanged {
+                cause: ChangeCause::Connected,
+                ..
+            }
+        )
+    })
+    .await;
+    let McpEvent::Reachability {
+        reachability: Reachability::Unreachable { reason },
+        ..
+    } = &outage
+    else {
+        unreachable!()
+    };
+    assert!(reason.contains("exited with status 70"), "{reason}");
+    assert_eq!(
+        drain(&lazy),
+        [
+            outage,
+            McpEvent::Reachability {
+                server: id("crashy"),
+                reachability: Reachability::Reachable,
+            },
+            McpEvent::ToolsChanged {
+                server: id("crashy"),
+                cause: ChangeCause::Connected,
+            },
+        ]
+    );
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_added_is_announced_before_add_server_returns() {
+    let manager = manager(fast());
+    let events = manager.events();
+    manager
+        .add_server(id("prompt"), test_server("prompt", &[]))
+        .await
+        .unwrap();
+    assert_eq!(
+        drain(&events),
+        [
+            McpEvent::Reachability {
+                server: id("prompt"),
+                reachability: Reachability::Reachable,
+            },
+            McpEvent::ToolsChanged {
+                server: id("prompt"),
+                cause: ChangeCause::Connected,
+            },
+        ]
+    );
+    manager
+        .add_server(
+            id("missing"),
+            stdio_config("missing", "/nonexistent/psych-no-such-server", &[]),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        drain(&events)[..],
+        [McpEvent::Reachability {
+            reachability: Reachability::Unreachable { .. },
+            ..
+        }]
+    ));
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_all_reports_every_server_including_those_it_could_not_add() {
+    let text = json!({"mcpServers": {
+        "good": {"command": SERVER, "args": []},
+        "missing": {"command": "/nonexistent/psych-no-such-server"},
+    }})
+    .to_string();
+    let build = || {
+        McpManager::builder(McpConfig::parse(&text, |_| None).unwrap())
+            .timeouts(fast())
+            .build()
+            .unwrap()
+    };
+    let manager = build();
+    let reached = manager.connect_all().await;
+    assert_eq!(reached.len(), 2, "{reached:?}");
+    assert_eq!(
+        reached[&id("good")].as_ref().unwrap(),
+        &Reachability::Reachable
+    );
+    assert!(matches!(
+        reached[&id("missing")],
+        Ok(Reachability::Unreachable { .. })
+    ));
+    manager.shutdown().await;
+    // Before, a server the manager refused was left out of the answer.
+    let reached = manager.connect_all().await;
+    assert_eq!(reached.len(), 2, "{reached:?}");
+    for outcome in reached.values() {
+        assert!(
+            matches!(
+                outcome,
+                Err(psych_mcp::ConnectError::Manager(McpError::ShutDown))
+            ),
+            "{outcome:?}"
+        );
+    }
 }
