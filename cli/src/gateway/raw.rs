@@ -97,12 +97,12 @@ pub(super) struct RawSessions {
 }
 
 impl RawSessions {
-    /// Sessions whose placeholders are answered from `raw`.
-    pub(super) fn new(raw: Arc<RawAnswers>) -> Self {
-        Self {
-            inner: LocalSessionManager::default(),
-            raw,
-        }
+    /// Sessions whose placeholders are answered from `raw`, each closed after `idle`
+    /// without a message (rmcp's keep-alive).
+    pub(super) fn new(raw: Arc<RawAnswers>, idle: std::time::Duration) -> Self {
+        let mut inner = LocalSessionManager::default();
+        inner.session_config.keep_alive = Some(idle);
+        Self { inner, raw }
     }
 }
 
