@@ -13,7 +13,7 @@
 //! | `binary` | an embedded blob resource (binary bytes, base64) |
 //! | `fail {message}` | a tool error (`isError: true`) |
 //! | `crash` | writes to stderr and exits with status 70 mid-call |
-//! | `hang` | never answers (until cancelled) |
+//! | `hang` | never answers (until cancelled); with `--announce-hang` and a progress token, first reports progress 0 ("hanging"), so a client knows the call arrived |
 //! | `sleep {ms, tag}` | answers `tag` after `ms` milliseconds |
 //! | `cancellations` | how many calls were cancelled so far |
 //! | `progress {steps}` | sends `steps` progress notifications with the call's progress token, then answers |
@@ -76,6 +76,9 @@ pub struct Scenario {
     pub hang_initialize: bool,
     /// Never answer `tools/list`.
     pub hang_listing: bool,
+    /// The `hang` tool first reports progress 0 ("hanging") when the call carries a
+    /// progress token, so a client knows the call reached the server.
+    pub announce_hang: bool,
     /// Start a `sleep 600` grandchild in the server's process group (it outlives the
     /// server unless the group is stopped).
     pub grandchild: bool,
@@ -109,7 +112,7 @@ pub enum Mode {
 pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--kind notes|files|wiki|forge|suite] [--page-size N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
-[--repeat-cursor] [--hang-initialize] [--hang-listing] [--grandchild] [--stderr-banner TEXT] \
+[--repeat-cursor] [--hang-initialize] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
 [--no-control-tools] [--catalog FILE] [--json-response] [--scenario JSON]";
 
 impl Scenario {
@@ -164,6 +167,7 @@ impl Scenario {
                 "--repeat-cursor" => scenario.repeat_cursor = true,
                 "--hang-initialize" => scenario.hang_initialize = true,
                 "--hang-listing" => scenario.hang_listing = true,
+                "--announce-hang" => scenario.announce_hang = true,
                 "--grandchild" => scenario.grandchild = true,
                 "--stderr-banner" => scenario.stderr_banner = Some(value("a text")?),
                 "--no-control-tools" => scenario.no_control_tools = true,
@@ -542,6 +546,9 @@ impl TestServer {
                     state,
                     ct: context.clone(),
                 };
+                if state.scenario.announce_hang {
+                    announce_hanging(params.meta.as_ref(), &context).await;
+                }
                 context.ct.cancelled().await;
                 return Err(ErrorData::internal_error("cancelled", None));
             }
@@ -627,6 +634,20 @@ impl TestServer {
             }
         };
         Ok(result)
+    }
+}
+
+/// The `hang` tool's one progress report under `--announce-hang` (progress 0, "hanging")
+/// when the call carries a progress token: a client then knows the call reached the server
+/// and hangs there.
+async fn announce_hanging(meta: Option<&RequestMetaObject>, context: &RequestContext<RoleServer>) {
+    let token = meta
+        .and_then(RequestMetaObject::get_progress_token)
+        .or_else(|| context.meta.get_progress_token());
+    if let Some(token) = token {
+        let mut note = ProgressNotificationParam::new(token, 0.0);
+        note.message = Some("hanging".to_owned());
+        let _ = context.peer.notify_progress(note).await;
     }
 }
 
