@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use psych_catalog::{Catalog, ConfigError, Freshener, FreshenerConfig, RefreshError};
-use psych_mcp::{ChangeCause, McpEvent, McpEvents, McpManager};
+use psych_mcp::{ChangeCause, ConnectError, McpEvent, McpEvents, McpManager};
 use psych_types::{ServerId, ToolLister};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -95,13 +95,24 @@ impl CatalogSync {
             let manager = manager.clone();
             let freshener = Arc::clone(&freshener);
             async move {
-                manager.connect_all().await;
+                let attempts = manager.connect_all().await;
+                let added = manager.servers();
                 let mut failures = Vec::new();
-                for server in manager.servers() {
-                    if let Err(error) = freshener.refresh(&server).await {
-                        failures.push((server, error));
+                for (server, attempt) in attempts {
+                    // A server the manager refused (or whose attempt panicked) and does not
+                    // hold has nothing to list: its connect error is the failure.
+                    if let Err(error) = attempt
+                        && !added.contains(&server)
+                    {
+                        failures.push((server, FirstSyncError::Connect(error)));
                     }
                 }
+                for server in added {
+                    if let Err(error) = freshener.refresh(&server).await {
+                        failures.push((server, FirstSyncError::Listing(error)));
+                    }
+                }
+                failures.sort_by(|a, b| a.0.cmp(&b.0));
                 failures
             }
         });
@@ -121,6 +132,21 @@ impl CatalogSync {
     }
 }
 
+/// Why a server has no first listing after [`CatalogSync::connect`] (or
+/// [`Connecting::finish`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FirstSyncError {
+    /// The manager could not add the server (it had shut down), or the task making its
+    /// first attempt panicked: the server is not one of the manager's.
+    #[error(transparent)]
+    Connect(ConnectError),
+    /// The server is the manager's, but its first listing failed (it is down, or it
+    /// answered badly); the failure is also in the catalogue's health.
+    #[error(transparent)]
+    Listing(RefreshError),
+}
+
 /// What [`CatalogSync::connect`] set up: the catalogue kept fresh from live connections.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -130,9 +156,9 @@ pub struct Connected {
     pub sync: CatalogSync,
     /// The freshener over the manager, holding the catalogue ([`Freshener::catalog`]).
     pub freshener: Arc<Freshener<McpManager>>,
-    /// The servers whose first listing failed, in name order, with why (each failure is
+    /// The servers whose first connection or listing failed, in name order, with why (each failure is
     /// also recorded in the catalogue's health).
-    pub failures: Vec<(ServerId, RefreshError)>,
+    pub failures: Vec<(ServerId, FirstSyncError)>,
 }
 
 /// What [`CatalogSync::start_connecting`] set up: the catalogue kept fresh from live
@@ -155,14 +181,14 @@ pub struct Started {
 /// by [`McpManager::shutdown`](psych_mcp::McpManager::shutdown)).
 #[derive(Debug)]
 pub struct Connecting {
-    task: Option<JoinHandle<Vec<(ServerId, RefreshError)>>>,
+    task: Option<JoinHandle<Vec<(ServerId, FirstSyncError)>>>,
 }
 
 impl Connecting {
     /// Waits until every server has connected or failed and been listed once: the servers
-    /// whose first listing failed, in name order, with why (each failure is also in the
+    /// whose first connection or listing failed, in name order, with why (each failure is also in the
     /// catalogue's health). Bounded by the manager's connect and listing deadlines.
-    pub async fn finish(mut self) -> Vec<(ServerId, RefreshError)> {
+    pub async fn finish(mut self) -> Vec<(ServerId, FirstSyncError)> {
         // Awaited in place: dropped mid-way, `self` still aborts the task.
         match self.task.as_mut() {
             Some(task) => match task.await {
