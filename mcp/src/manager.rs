@@ -263,12 +263,31 @@ impl McpManager {
             self.inner.backoff,
             stop_rx,
         ));
-        *slot.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
-        self.inner
-            .servers
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(server.clone(), slot);
+        {
+            // The shutdown flag is checked again under the map's lock: `shutdown` sets the
+            // flag before it takes the map, so a slot is either in the map it takes (and
+            // stopped with the others) or refused here, never left running after it.
+            let mut servers = self
+                .inner
+                .servers
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            if *self
+                .inner
+                .shut_down
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+            {
+                drop(servers);
+                let _ = slot.stop.send(true);
+                // Aborted, the supervisor drops its session, and a stdio child kills its
+                // process group when dropped.
+                task.abort();
+                return Err(McpError::ShutDown);
+            }
+            *slot.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+            servers.insert(server.clone(), slot);
+        }
         // Only the map and the supervisor hold the slot now: if the server is removed or
         // the manager shut down during the first attempt, the sender is dropped and this
         // wait ends.

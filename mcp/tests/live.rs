@@ -1385,3 +1385,68 @@ async fn connect_all_reports_every_server_including_those_it_could_not_add() {
         );
     }
 }
+
+/// Live processes (not zombies) whose command line holds `marker`.
+fn live_with_marker(marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let zombie = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                let (_, rest) = stat.rsplit_once(')')?;
+                Some(rest.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true);
+        if !zombie && memchr::memmem::find(&cmdline, marker.as_bytes()).is_some() {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_racing_add_server_leaves_no_server_running() {
+    // `add_server` checked the shutdown flag, then awaited the removal of the server of the
+    // same name it replaces, then inserted its slot: a shutdown during that removal took
+    // the map without it, and the new supervisor and server process ran on after shutdown.
+    let marker = format!("shutdown-race-{}", std::process::id());
+    let config = || test_server("racer", &["--stderr-banner", &marker]);
+    let manager = manager(fast());
+    let first = manager.add_server(id("racer"), config()).await.unwrap();
+    assert_eq!(first, Reachability::Reachable);
+    let replacing = tokio::spawn({
+        let manager = manager.clone();
+        let config = config();
+        async move { manager.add_server(id("racer"), config).await }
+    });
+    // The replacement has taken the old slot out of the map and is stopping its server.
+    while !manager.servers().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    manager.shutdown().await;
+    let replaced = replacing.await.unwrap();
+    // Refused (the usual outcome: the flag is set long before the old server has
+    // stopped), or added just before shutdown took the map and stopped with the others.
+    assert!(
+        matches!(replaced, Err(McpError::ShutDown) | Ok(_)),
+        "{replaced:?}"
+    );
+    assert_eq!(
+        manager.servers(),
+        Vec::<ServerId>::new(),
+        "no server is left after shutdown"
+    );
+    // Every server was stopped (SIGTERM then SIGKILL to its group); give the last signals
+    // time to land.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !live_with_marker(&marker).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(live_with_marker(&marker), Vec::<i32>::new());
+}
