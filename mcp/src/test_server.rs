@@ -100,7 +100,8 @@ pub struct Scenario {
     /// Write this many bytes to stderr without a line break (then one) before serving.
     pub stderr_flood: Option<u64>,
     /// Start a `sleep` in a session of its own (`setsid`, outside the server's process
-    /// group) before anything else, and write its pid to this file.
+    /// group) that holds the server's stdout and stderr open, before anything else, and
+    /// write its pid to this file.
     pub setsid_grandchild: Option<PathBuf>,
 }
 

@@ -8,8 +8,8 @@
 //!   with a marker and [`raw_line`] writes the line in its place;
 //! - at start: `--stderr-flood BYTES` writes that many bytes to stderr without a line
 //!   break (then one), and `--setsid-grandchild PIDFILE` starts a `sleep` in a session of
-//!   its own (`setsid`), out of the server's process group, and writes its pid to the
-//!   file.
+//!   its own (`setsid`), out of the server's process group, holding its stdout and stderr,
+//!   and writes its pid to the file.
 
 use std::io::Write;
 use std::path::Path;
@@ -100,14 +100,13 @@ pub(super) fn flood_stderr(bytes: u64) -> std::io::Result<()> {
     stderr.flush()
 }
 
-/// Starts `setsid sleep 1000` (a new session and process group, stdio closed) and writes
-/// its pid to `pidfile`; it is left running on purpose.
+/// Starts `setsid sleep 1000` (a new session and process group, holding the server's
+/// stdout and stderr open, as a daemon that forgot to close them does) and writes its pid
+/// to `pidfile`; it is left running on purpose.
 pub(super) fn setsid_grandchild(pidfile: &Path) -> std::io::Result<()> {
     let child = std::process::Command::new("setsid")
         .args(["sleep", "1000"])
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
         .spawn()?;
     std::fs::write(pidfile, child.id().to_string())
 }
