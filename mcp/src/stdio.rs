@@ -581,3 +581,87 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        reason = "a test fails loudly on bad data"
+    )]
+
+    use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, RequestId};
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    const CHANGED: &[u8] =
+        b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n";
+
+    fn reader(
+        pipe: tokio::io::DuplexStream,
+    ) -> (
+        ChildReader<tokio::io::DuplexStream>,
+        watch::Sender<Option<ExitStatus>>,
+        Arc<Tap>,
+    ) {
+        let (exit_tx, exit) = watch::channel(None);
+        let tap = Arc::new(Tap::default());
+        let reader = ChildReader::new(
+            pipe,
+            exit,
+            Arc::clone(&tap),
+            Arc::new(Diagnostics::default()),
+        );
+        (reader, exit_tx, tap)
+    }
+
+    #[tokio::test]
+    async fn after_the_exit_what_was_written_is_read_then_the_output_ends_though_still_open() {
+        let (mut writer, pipe) = tokio::io::duplex(1024);
+        let (mut reader, exit, _) = reader(pipe);
+        writer.write_all(CHANGED).await.unwrap();
+        writer.write_all(CHANGED).await.unwrap();
+        exit.send(Some(ExitStatus::from_raw(0))).unwrap();
+        assert!(reader.receive().await.is_some());
+        assert!(reader.receive().await.is_some());
+        // The writer (a grandchild holding the pipe) is still there.
+        assert!(reader.receive().await.is_none());
+        drop(writer);
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_answer_fails_its_request_in_the_tap_and_ends_it_in_rmcp() {
+        let (mut writer, pipe) = tokio::io::duplex(1024);
+        let (mut reader, _exit, tap) = reader(pipe);
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new("echo"),
+        ));
+        tap.want_request(&JsonRpcMessage::request(request, RequestId::Number(5)));
+        let claim = tap.claim(RequestId::Number(5));
+        writer
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{\"content\":[{\"text\":\"cut\n")
+            .await
+            .unwrap();
+        let Some(JsonRpcMessage::Error(error)) = reader.receive().await else {
+            panic!("no error answer for rmcp");
+        };
+        assert_eq!(error.id, Some(RequestId::Number(5)));
+        let Some(Err(AnswerFailure::Malformed { reason })) = claim.take() else {
+            panic!("no failure in the tap");
+        };
+        assert!(
+            reason.starts_with("EOF while parsing a string")
+                && reason.ends_with(r#"it reads: "{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{\"content\":[{\"text\":\"cut""#),
+            "{reason}"
+        );
+        // A line that names no request is only counted.
+        writer.write_all(b"not json\n").await.unwrap();
+        writer.write_all(CHANGED).await.unwrap();
+        assert!(matches!(
+            reader.receive().await,
+            Some(JsonRpcMessage::Notification(_))
+        ));
+        assert!(reader.diagnostics.text().contains("2 line(s)"));
+    }
+}

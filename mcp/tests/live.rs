@@ -1371,7 +1371,7 @@ async fn an_answer_with_invalid_utf8_or_a_lone_surrogate_is_kept_lossily_and_say
     );
     assert_eq!(
         surrogate["_meta"]["psych/lossy"],
-        "lone surrogate escapes replaced by U+FFFD at 1 places"
+        "lone surrogate escapes replaced by U+FFFD at 1 place"
     );
     let fine = host_call(&manager, "lossy", "echo", json!({"text": "fine"})).await;
     assert_eq!(fine, json!({"content": [{"type": "text", "text": "fine"}]}));

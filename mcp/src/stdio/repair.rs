@@ -36,7 +36,8 @@ pub(crate) fn repair(line: &[u8]) -> Option<(Value, String)> {
     let surrogates = replace_lone_surrogates(&mut text);
     if surrogates > 0 {
         notes.push(format!(
-            "lone surrogate escapes replaced by U+FFFD at {surrogates} places"
+            "lone surrogate escapes replaced by U+FFFD at {}",
+            places_text(surrogates)
         ));
     }
     if notes.is_empty() {
@@ -44,6 +45,14 @@ pub(crate) fn repair(line: &[u8]) -> Option<(Value, String)> {
     }
     let value = serde_json::from_str(&text).ok()?;
     Some((value, notes.join("; ")))
+}
+
+fn places_text(n: usize) -> String {
+    if n == 1 {
+        "1 place".to_owned()
+    } else {
+        format!("{n} places")
+    }
 }
 
 /// Puts a note in `message`'s `result._meta` under [`LOSSY_META_KEY`] (when the result is
