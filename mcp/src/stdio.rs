@@ -32,6 +32,8 @@ mod lines;
 mod repair;
 mod scan;
 mod stderr;
+#[cfg(test)]
+mod testing;
 mod tree;
 
 use std::collections::VecDeque;
@@ -590,9 +592,12 @@ mod tests {
         reason = "a test fails loudly on bad data"
     )]
 
+    use std::task::Poll;
+
     use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, RequestId};
     use tokio::io::AsyncWriteExt;
 
+    use super::testing::{Rng, poll_once};
     use super::*;
 
     const CHANGED: &[u8] =
@@ -614,6 +619,87 @@ mod tests {
             Arc::new(Diagnostics::default()),
         );
         (reader, exit_tx, tap)
+    }
+
+    /// The data of message `i`: its number, then `len` bytes in all.
+    fn data(i: usize, len: usize) -> String {
+        let mut data = format!("{i}:");
+        let filler = char::from(b'a' + (i % 26) as u8);
+        data.extend(std::iter::repeat_n(filler, len.saturating_sub(data.len())));
+        data
+    }
+
+    /// Finding 1 where rmcp meets it: `receive` futures dropped after a random number of
+    /// polls while messages carrying 1 B to 8 MiB of data arrive in chunks of random sizes;
+    /// every message arrives whole and in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn messages_arrive_whole_and_in_order_when_receives_are_dropped() {
+        const MAX: u64 = 8 * 1024 * 1024;
+        for seed in [3, 0x5EED_F00D] {
+            let mut rng = Rng(seed);
+            let mut sizes: Vec<usize> = (0..24).map(|_| rng.size(MAX) as usize).collect();
+            sizes[0] = 1;
+            sizes[1] = MAX as usize;
+            let (mut writer, pipe) = tokio::io::duplex(64 * 1024);
+            let (mut reader, _exit, _) = reader(pipe);
+            let written = sizes.clone();
+            let mut writer_rng = Rng(rng.next() | 1);
+            let writing = tokio::spawn(async move {
+                for (i, &len) in written.iter().enumerate() {
+                    let line = format!(
+                        r#"{{"jsonrpc":"2.0","method":"notifications/psych_test","params":{{"data":"{}"}}}}"#,
+                        data(i, len)
+                    ) + "\n";
+                    let mut rest = line.as_bytes();
+                    while !rest.is_empty() {
+                        let take = (writer_rng.size(256 * 1024) as usize).min(rest.len());
+                        writer.write_all(&rest[..take]).await.unwrap();
+                        rest = &rest[take..];
+                        if writer_rng.below(4) == 0 {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                }
+            });
+            let mut dropped = 0u64;
+            for (i, &len) in sizes.iter().enumerate() {
+                let message = loop {
+                    let polls = rng.below(6);
+                    let mut receive = std::pin::pin!(reader.receive());
+                    let mut done = None;
+                    for _ in 0..=polls {
+                        if let Poll::Ready(message) = poll_once(&mut receive).await {
+                            done = Some(message);
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    match done {
+                        Some(message) => break message.expect("a message"),
+                        None => dropped += 1,
+                    }
+                };
+                let JsonRpcMessage::Notification(notification) = message else {
+                    panic!("seed {seed}: message {i} is not a notification");
+                };
+                let ServerNotification::CustomNotification(custom) = notification.notification
+                else {
+                    panic!("seed {seed}: message {i} is not the test's notification");
+                };
+                let params = custom.params.unwrap_or_default();
+                let got = params["data"].as_str().unwrap_or_default();
+                assert!(
+                    got == data(i, len),
+                    "seed {seed}: message {i} of {len} B came as {} B",
+                    got.len()
+                );
+            }
+            writing.await.unwrap();
+            assert!(
+                dropped > 50,
+                "seed {seed}: only {dropped} receives were dropped"
+            );
+        }
     }
 
     #[tokio::test]

@@ -140,35 +140,13 @@ mod tests {
         reason = "a test fails loudly on bad data"
     )]
 
-    use std::future::Future;
     use std::pin::pin;
     use std::task::Poll;
 
     use tokio::io::AsyncWriteExt;
 
     use super::*;
-
-    /// xorshift64*: a seeded generator, so a failure names the seed that reproduces it.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-
-        /// Log-uniform in `1..=max`: as many tiny lines as huge ones, per order of size.
-        fn size(&mut self, max: u64) -> u64 {
-            let bits = self.below(u64::from(max.ilog2()) + 1);
-            (1u64 << bits) + self.below(1u64 << bits)
-        }
-    }
+    use crate::stdio::testing::{Rng, poll_once};
 
     /// Line `i` of length `len`: an id that says which line it is, then filler, in a
     /// top-level object when it is long enough, so that over the limit its id is found.
@@ -191,11 +169,6 @@ mod tests {
         out.resize(len - tail.len(), b'a' + (i % 26) as u8);
         out.extend_from_slice(&tail);
         out
-    }
-
-    /// Polls `future` once.
-    async fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
-        std::future::poll_fn(|cx| Poll::Ready(std::pin::Pin::new(&mut *future).poll(cx))).await
     }
 
     /// A writer sends lines of 1 B to 8 MiB in chunks of random sizes through a pipe, while
