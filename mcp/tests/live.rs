@@ -1530,3 +1530,25 @@ async fn a_setsid_grandchild_does_not_outlive_a_failed_start() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Finding 4 (second part): a manager dropped without shutdown stops a grandchild that
+/// called `setsid` too, not only the server's process group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_dropped_without_shutdown_stops_a_setsid_grandchild_too() {
+    let dir = std::env::temp_dir().join(format!("psych-dropped-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pidfile = dir.join("grandchild");
+    let pidfile_arg = pidfile.display().to_string();
+    let config = test_server("orphan", &["--setsid-grandchild", &pidfile_arg]);
+    let (manager, reachability) = one("orphan", config, fast()).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!gone(pid), "the grandchild {pid} did not start");
+    drop(manager);
+    wait_until(&format!("grandchild {pid} gone"), || gone(pid)).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
