@@ -1552,3 +1552,48 @@ async fn a_manager_dropped_without_shutdown_stops_a_setsid_grandchild_too() {
     wait_until(&format!("grandchild {pid} gone"), || gone(pid)).await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Finding 6 (stdio), during a listing: a server that exits while answering `tools/list`,
+/// its stdout held open by a grandchild in a session of its own, fails the listing at once
+/// with its exit status and stderr (it used to be "tools/list page 1 got no answer within
+/// 5s"), and the grandchild does not outlive the failed start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_exits_during_the_listing_is_reported_as_exited() {
+    let dir = std::env::temp_dir().join(format!("psych-listing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pidfile = dir.join("grandchild");
+    let script = format!(
+        r#"
+        setsid sleep 1000 &
+        echo $! > '{}'
+        read -r line
+        id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/')
+        printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":"2025-11-25","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"dies","version":"1"}}}}}}\n' "$id"
+        read -r initialized
+        read -r listing
+        echo 'fatal: the catalogue database is locked' >&2
+        exit 4
+        "#,
+        pidfile.display()
+    );
+    let config = stdio_config("dies", "sh", &["-c", &script]);
+    let manager = manager_with(fast(), Duration::from_secs(600));
+    let reachability = manager.add_server(id("dies"), config).await.unwrap();
+    assert_eq!(
+        reachability,
+        Reachability::Unreachable {
+            reason: "MCP server \"dies\": tools/list page 1 failed: the server process exited \
+                     with status 4; its last stderr lines:\n  fatal: the catalogue database is \
+                     locked"
+                .into()
+        }
+    );
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    wait_until(&format!("grandchild {pid} gone"), || gone(pid)).await;
+    manager.shutdown().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
