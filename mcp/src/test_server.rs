@@ -21,6 +21,10 @@
 //! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
 //! | `exotic {known_only}` | [`exotic_result`] as raw JSON: fields and a block type rmcp does not model ([`exotic_known_result`], without the unknown block type, if `known_only` is true) |
 //!
+//! Over stdio, unlisted `raw_*` tools answer with lines rmcp cannot write (invalid UTF-8,
+//! a lone surrogate escape, a line over the client's cap, a line cut short): see
+//! `stdio_faults.rs`.
+//!
 //! plus [`Scenario::tools`] generated tools of the kind [`Scenario::kind`]
 //! ([`synthetic_catalog`](crate::synthetic_catalog)), each answering with its name and
 //! arguments, and the tools of a catalogue file ([`Scenario::catalog`], e.g. a real
@@ -49,6 +53,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
 mod raw_http;
+mod stdio_faults;
 
 /// What the test server does, beyond answering its control tools.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -95,6 +100,12 @@ pub struct Scenario {
     /// as it is written (each tool answers with its name and arguments), so a real
     /// server's captured catalogue can stand upstream.
     pub catalog: Option<PathBuf>,
+    /// Write this many bytes to stderr without a line break (then one) before serving.
+    pub stderr_flood: Option<u64>,
+    /// Start a `sleep` in a session of its own (`setsid`, outside the server's process
+    /// group) that holds the server's stdout and stderr open, before anything else, and
+    /// write its pid to this file.
+    pub setsid_grandchild: Option<PathBuf>,
 }
 
 /// How to serve.
@@ -113,7 +124,8 @@ pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--kind notes|files|wiki|forge|suite] [--page-size N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
 [--repeat-cursor] [--hang-initialize] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
-[--no-control-tools] [--catalog FILE] [--json-response] [--scenario JSON]";
+[--no-control-tools] [--catalog FILE] [--json-response] [--stderr-flood BYTES] \
+[--setsid-grandchild PIDFILE] [--scenario JSON]";
 
 impl Scenario {
     /// Parses the binary's arguments (without the program name).
@@ -173,6 +185,10 @@ impl Scenario {
                 "--no-control-tools" => scenario.no_control_tools = true,
                 "--catalog" => scenario.catalog = Some(PathBuf::from(value("a file")?)),
                 "--json-response" => scenario.json_response = true,
+                "--stderr-flood" => scenario.stderr_flood = Some(number(value("a count")?)? as u64),
+                "--setsid-grandchild" => {
+                    scenario.setsid_grandchild = Some(PathBuf::from(value("a file")?));
+                }
                 "--scenario" => {
                     let text = value("JSON")?;
                     scenario = serde_json::from_str(&text)
@@ -212,6 +228,12 @@ impl Scenario {
     /// I/O errors of the transport or the listener; a [`Scenario::catalog`] that cannot
     /// be read.
     pub async fn serve(self, mode: Mode) -> std::io::Result<()> {
+        if let Some(pidfile) = &self.setsid_grandchild {
+            stdio_faults::setsid_grandchild(pidfile)?;
+        }
+        if let Some(bytes) = self.stderr_flood {
+            stdio_faults::flood_stderr(bytes)?;
+        }
         if let Some(banner) = &self.stderr_banner {
             eprintln!("{banner}");
         }
@@ -716,6 +738,9 @@ impl Service<RoleServer> for RawListing {
                 self.0.state.page(request.params.as_ref()),
             )));
         }
+        if let Some(marker) = stdio_faults::marker(&request) {
+            return Ok(marker);
+        }
         let mut result = Service::handle_request(&self.0, request, context).await?;
         raw_http::replace_marker_result(&mut result);
         Ok(result)
@@ -763,8 +788,13 @@ impl rmcp::transport::Transport<RoleServer> for Stdio {
                 bytes.push(b'\n');
             }
         }
-        let written = serde_json::to_writer(&mut bytes, &item);
-        bytes.push(b'\n');
+        let written = match stdio_faults::raw_line(&item) {
+            Some(raw) => {
+                bytes.extend_from_slice(&raw);
+                Ok(())
+            }
+            None => serde_json::to_writer(&mut bytes, &item).map(|()| bytes.push(b'\n')),
+        };
         let out = self.out.clone();
         async move {
             written.map_err(std::io::Error::other)?;
@@ -775,7 +805,13 @@ impl rmcp::transport::Transport<RoleServer> for Stdio {
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
-            let line = self.lines.next_line().await.ok()??;
+            // Cancel-safe (tokio's `Lines::next_line` keeps its buffer in itself). A line
+            // that is not UTF-8 is skipped, as a line that is not JSON is.
+            let line = match self.lines.next_line().await {
+                Ok(line) => line?,
+                Err(error) if error.kind() == std::io::ErrorKind::InvalidData => continue,
+                Err(_) => return None,
+            };
             if line.trim().is_empty() {
                 continue;
             }
