@@ -1,6 +1,7 @@
 //! `psych serve` under load, as issue 27 asks: three upstream servers (real processes, their
 //! listings served page by page), one client keeping 32 calls in flight for 2,000 calls
-//! whose results run from 1 KiB to 8 MiB (some with an image), while the client lists the
+//! whose results run from 1 KiB to 8 MiB (some with an image, some with bytes that are not
+//! UTF-8), while the client lists the
 //! tools again and again and an upstream changes its tools (`list_changed`) in the same
 //! window. Every call must come back (no error, no timeout), every result must be in the
 //! session's record log whole, and the gateway's peak memory (its `VmHWM`) must stay under a
@@ -100,6 +101,8 @@ enum Planned {
     Large { server: &'static str, bytes: usize },
     /// `mixed` (text, a PNG, text) on the server.
     Mixed { server: &'static str },
+    /// `raw_bad_utf8 {bytes}`: a text with bytes that are not UTF-8, written raw.
+    BadUtf8 { server: &'static str, bytes: usize },
 }
 
 impl Planned {
@@ -112,6 +115,13 @@ impl Planned {
                 CallToolRequestParams::new(format!("{server}__large")).with_arguments(arguments)
             }
             Self::Mixed { server } => CallToolRequestParams::new(format!("{server}__mixed")),
+            Self::BadUtf8 { server, bytes } => {
+                let Value::Object(arguments) = json!({"bytes": bytes}) else {
+                    unreachable!("an object");
+                };
+                CallToolRequestParams::new(format!("{server}__raw_bad_utf8"))
+                    .with_arguments(arguments)
+            }
         }
     }
 }
@@ -122,8 +132,14 @@ fn plan() -> Vec<Planned> {
     (0..CALLS)
         .map(|i| {
             let server = servers[i % servers.len()];
-            if rng.next() % 10 == 0 {
+            let kind = rng.next() % 20;
+            if kind < 2 {
                 Planned::Mixed { server }
+            } else if kind == 2 {
+                Planned::BadUtf8 {
+                    server,
+                    bytes: rng.size(),
+                }
             } else {
                 Planned::Large {
                     server,
@@ -138,14 +154,15 @@ fn write_config(dir: &Path) -> std::path::PathBuf {
     let upstream = |tools: usize, page: usize| {
         json!({
             "command": PSYCH,
-            "args": ["serve-embedded", "--tools", tools.to_string(), "--page-size", page.to_string()],
+            "args": ["serve-embedded", "--tools", tools.to_string(), "--page-size", page.to_string(),
+                "--list-raw-tools"],
             "preload": true,
         })
     };
     let config = json!({"mcpServers": {
-        "alpha": upstream(8, 5),
-        "beta": upstream(4, 3),
-        "gamma": upstream(10, 2),
+        "alpha": upstream(3, 5),
+        "beta": upstream(1, 3),
+        "gamma": upstream(6, 2),
     }});
     let path = dir.join("mcp.json");
     std::fs::write(&path, config.to_string()).unwrap();
@@ -190,7 +207,23 @@ fn check_answer(planned: &Planned, result: &CallToolResult) {
                 "{planned:?}: the image arrives: {result:?}"
             );
         }
+        Planned::BadUtf8 { .. } => {
+            let whole = text.starts_with("caf\u{FFFD} and \u{FFFD}\u{FFFD}, then fine\n");
+            let elided = text.contains("read_tool_output") && text.contains("handle");
+            assert!(
+                whole || elided,
+                "{planned:?}: neither the lossy text nor a preview: {}",
+                &text[..text.len().min(300)]
+            );
+        }
     }
+}
+
+/// What the log holds for `raw_bad_utf8 {bytes}`: the text with each byte that is not
+/// UTF-8 replaced by U+FFFD.
+fn lossy(bytes: usize) -> String {
+    let raw = psych_mcp::test_server::bad_utf8_text(bytes);
+    String::from_utf8_lossy(&raw).replace("\\n", "\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,9 +249,11 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     let started = Instant::now();
     loop {
         let tools = session.list_all_tools().await.unwrap();
-        let ready = ["alpha", "beta", "gamma"]
-            .iter()
-            .all(|s| tools.iter().any(|t| t.name == format!("{s}__large")));
+        let ready = ["alpha", "beta", "gamma"].iter().all(|s| {
+            ["large", "mixed", "raw_bad_utf8"]
+                .iter()
+                .all(|tool| tools.iter().any(|t| t.name == format!("{s}__{tool}")))
+        });
         if ready {
             break;
         }
@@ -238,9 +273,9 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
         .unwrap()
         .iter()
         .filter_map(|t| t.name.strip_prefix("gamma__").map(str::to_owned))
-        .filter(|name| !CONTROL_TOOLS.contains(&name.as_str()))
+        .filter(|name| !CONTROL_TOOLS.contains(&name.as_str()) && !name.starts_with("raw_"))
         .collect();
-    assert_eq!(removable.len(), 10, "{removable:?}");
+    assert_eq!(removable.len(), 6, "{removable:?}");
     let plan = Arc::new(plan());
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
@@ -330,6 +365,7 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     let (log, _) = psych_record_log::RecordLog::open_read_only(&serve, &run).unwrap();
     let mut logged: BTreeMap<usize, usize> = BTreeMap::new();
     let mut mixed = 0usize;
+    let mut bad_utf8: BTreeMap<usize, usize> = BTreeMap::new();
     for record in log.iter() {
         let psych_types::Record::ToolResult(result) = record.unwrap().record else {
             continue;
@@ -349,16 +385,48 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
                 result.name
             );
             mixed += 1;
+        } else if result.name.ends_with("__raw_bad_utf8") {
+            let text = result.output.readable_text();
+            let bytes = psych_mcp::test_server::bad_utf8_text(0).len();
+            let lines = text.matches('\n').count();
+            assert_eq!(
+                *text,
+                lossy(lines * bytes),
+                "the logged text is the lossy text"
+            );
+            let said = result
+                .output
+                .meta
+                .as_ref()
+                .and_then(|meta| meta.get("psych/lossy"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            assert!(
+                said.contains("invalid UTF-8"),
+                "the log says the text was repaired: {:?}",
+                result.output.meta
+            );
+            *bad_utf8.entry(lines).or_default() += 1;
         }
     }
     let mut wanted: BTreeMap<usize, usize> = BTreeMap::new();
     let mut wanted_mixed = 0usize;
+    let mut wanted_bad: BTreeMap<usize, usize> = BTreeMap::new();
+    let line = psych_mcp::test_server::bad_utf8_text(0).len();
     for planned in plan.iter() {
         match planned {
             Planned::Large { bytes, .. } => *wanted.entry(*bytes).or_default() += 1,
             Planned::Mixed { .. } => wanted_mixed += 1,
+            Planned::BadUtf8 { bytes, .. } => {
+                let lines = psych_mcp::test_server::bad_utf8_text(*bytes).len() / line;
+                *wanted_bad.entry(lines).or_default() += 1;
+            }
         }
     }
     assert_eq!(logged, wanted, "every large result is logged whole");
     assert_eq!(mixed, wanted_mixed, "every mixed result is logged");
+    assert_eq!(
+        bad_utf8, wanted_bad,
+        "every result with bad UTF-8 is logged, repaired"
+    );
 }

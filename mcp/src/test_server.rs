@@ -55,6 +55,8 @@ use tokio::sync::mpsc;
 mod raw_http;
 mod stdio_faults;
 
+pub use stdio_faults::bad_utf8_text;
+
 /// What the test server does, beyond answering its control tools.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "snake_case")]
@@ -106,6 +108,9 @@ pub struct Scenario {
     /// group) that holds the server's stdout and stderr open, before anything else, and
     /// write its pid to this file.
     pub setsid_grandchild: Option<PathBuf>,
+    /// List the raw stdio tools (`raw_bad_utf8`, …) with the others, so that a client
+    /// behind a gateway, which reaches only listed tools, can call them.
+    pub list_raw_tools: bool,
 }
 
 /// How to serve.
@@ -125,7 +130,7 @@ pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
 [--repeat-cursor] [--hang-initialize] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
 [--no-control-tools] [--catalog FILE] [--json-response] [--stderr-flood BYTES] \
-[--setsid-grandchild PIDFILE] [--scenario JSON]";
+[--setsid-grandchild PIDFILE] [--list-raw-tools] [--scenario JSON]";
 
 impl Scenario {
     /// Parses the binary's arguments (without the program name).
@@ -186,6 +191,7 @@ impl Scenario {
                 "--catalog" => scenario.catalog = Some(PathBuf::from(value("a file")?)),
                 "--json-response" => scenario.json_response = true,
                 "--stderr-flood" => scenario.stderr_flood = Some(number(value("a count")?)? as u64),
+                "--list-raw-tools" => scenario.list_raw_tools = true,
                 "--setsid-grandchild" => {
                     scenario.setsid_grandchild = Some(PathBuf::from(value("a file")?));
                 }
@@ -282,6 +288,9 @@ impl State {
                 .into_iter()
                 .filter_map(|tool| serde_json::to_value(tool).ok()),
         );
+        if scenario.list_raw_tools {
+            tools.extend(stdio_faults::raw_tools());
+        }
         if scenario.malformed {
             tools
                 .push(json!({"name": "malformed_no_schema", "description": "Has no inputSchema."}));

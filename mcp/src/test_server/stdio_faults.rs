@@ -1,7 +1,8 @@
 //! Faults of a stdio server that rmcp's server side cannot commit, for the client's tests:
 //!
-//! - unlisted tools (stdio only) whose answer line is written raw: `raw_bad_utf8` (a text
-//!   with bytes that are not UTF-8), `raw_lone_surrogate` (a text cut inside an emoji, as
+//! - tools (stdio only; unlisted unless `--list-raw-tools`) whose answer line is written
+//!   raw: `raw_bad_utf8 {bytes}` (a text with bytes that are not UTF-8, about `bytes` long
+//!   when given: [`bad_utf8_text`]), `raw_lone_surrogate` (a text cut inside an emoji, as
 //!   Python's `json.dumps` writes it: `"\ud83d"`), `raw_oversize {bytes, id_last}` (a text
 //!   of `bytes` bytes; with `id_last`, the `id` written last, as the TypeScript SDK does),
 //!   `raw_unparseable` (a line cut in the middle of the result). The handler answers them
@@ -70,7 +71,13 @@ pub(super) fn raw_line(item: &TxJsonRpcMessage<RoleServer>) -> Option<Vec<u8>> {
         line
     };
     Some(match kind {
-        "bad_utf8" => text(b"caf\xC3 and \xFF\xFE, then fine", false),
+        "bad_utf8" => {
+            let bytes = marker["bytes"]
+                .as_u64()
+                .and_then(|b| usize::try_from(b).ok())
+                .unwrap_or(0);
+            text(&bad_utf8_text(bytes), false)
+        }
         "lone_surrogate" => text(br"cut inside an emoji: \ud83d", true),
         "oversize" => {
             let bytes = marker["bytes"]
@@ -84,6 +91,36 @@ pub(super) fn raw_line(item: &TxJsonRpcMessage<RoleServer>) -> Option<Vec<u8>> {
         .into_bytes(),
         _ => return None,
     })
+}
+
+/// The text `raw_bad_utf8 {bytes}` answers: lines with bytes that are not UTF-8 (a cut
+/// two-byte sequence, `FF FE`), at least one line and about `bytes` long; JSON-safe as it
+/// stands (no quote, backslash or control byte but the escaped line breaks).
+pub fn bad_utf8_text(bytes: usize) -> Vec<u8> {
+    let line: &[u8] = b"caf\xC3 and \xFF\xFE, then fine\\n";
+    let mut text = Vec::with_capacity(bytes + line.len());
+    loop {
+        text.extend_from_slice(line);
+        if text.len() >= bytes {
+            return text;
+        }
+    }
+}
+
+/// The definitions of the raw tools, for `--list-raw-tools`.
+pub(super) fn raw_tools() -> Vec<Value> {
+    let object = |properties: Value| json!({"type": "object", "properties": properties});
+    vec![
+        json!({"name": "raw_bad_utf8", "description": "A text with bytes that are not UTF-8.",
+            "inputSchema": object(json!({"bytes": {"type": "integer", "minimum": 0}}))}),
+        json!({"name": "raw_lone_surrogate", "description": "A text cut inside an emoji.",
+            "inputSchema": object(json!({}))}),
+        json!({"name": "raw_oversize", "description": "A text of `bytes` bytes, written raw.",
+            "inputSchema": object(json!({"bytes": {"type": "integer", "minimum": 0},
+                "id_last": {"type": "boolean"}}))}),
+        json!({"name": "raw_unparseable", "description": "A line cut inside the result.",
+            "inputSchema": object(json!({}))}),
+    ]
 }
 
 /// Writes `bytes` bytes of `#` to stderr without a line break, then one.
