@@ -313,7 +313,7 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
         let tools = session.list_all_tools().await.unwrap();
         assert!(tools.iter().any(|t| t.name == "gamma__large"));
         listings += 1;
-        if listings % 10 == 0
+        if listings.is_multiple_of(10)
             && let Some(name) = removable.pop()
         {
             let Value::Object(arguments) = json!({"name": name}) else {
