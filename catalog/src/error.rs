@@ -177,4 +177,26 @@ pub enum RefreshError {
         /// What tokio said.
         reason: String,
     },
+    /// The refresh failed (`failure`: the lister's error, a timeout…), and recording that
+    /// failure in the server's health failed too (`recording`). `failure` is why the refresh
+    /// failed, and this error's source.
+    #[error("{failure} (recording the failure failed too: {recording})")]
+    Unrecorded {
+        /// Why the refresh failed.
+        #[source]
+        failure: Box<RefreshError>,
+        /// Why the failure could not be recorded.
+        recording: CatalogError,
+    },
+}
+
+impl RefreshError {
+    /// Why the refresh failed: this error, or for [`RefreshError::Unrecorded`] the failure
+    /// that could not be recorded.
+    pub fn failure(&self) -> &RefreshError {
+        match self {
+            Self::Unrecorded { failure, .. } => failure,
+            other => other,
+        }
+    }
 }

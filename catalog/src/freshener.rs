@@ -635,15 +635,13 @@ async fn store(
                 Err(error)
             }
         },
-        Err(error) => {
-            if let Err(source) = catalog.record_failure(&owned, &error.to_string()) {
-                return Err(RefreshError::Store {
-                    server: owned,
-                    source,
-                });
-            }
-            Err(error)
-        }
+        Err(error) => match catalog.record_failure(&owned, &error.to_string()) {
+            Ok(()) => Err(error),
+            Err(recording) => Err(RefreshError::Unrecorded {
+                failure: Box::new(error),
+                recording,
+            }),
+        },
     });
     task.await.unwrap_or_else(|error| {
         Err(RefreshError::Task {
@@ -762,6 +760,85 @@ mod tests {
             .unwrap();
         assert!(second.version > first.version);
         assert_eq!(catalog.cached_set_version(&s), Some(second.version.0));
+    }
+
+    /// redb's in-memory backend, whose writes and syncs fail once `failing` is set.
+    #[derive(Debug, Default)]
+    struct Faulty {
+        inner: redb::backends::InMemoryBackend,
+        failing: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Faulty {
+        fn check(&self) -> std::io::Result<()> {
+            if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(std::io::Error::other("the disk is gone"));
+            }
+            Ok(())
+        }
+    }
+
+    impl redb::StorageBackend for Faulty {
+        fn len(&self) -> std::io::Result<u64> {
+            self.inner.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+            self.inner.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.check()?;
+            self.inner.write(offset, data)
+        }
+    }
+
+    /// Before, the caller got the recording's storage error and the lister's was lost.
+    #[tokio::test]
+    async fn a_failure_that_cannot_be_recorded_is_still_the_listers() {
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let backend = Faulty {
+            failing: Arc::clone(&failing),
+            ..Faulty::default()
+        };
+        let catalog = Catalog::builder().over(backend).unwrap();
+        let s = ServerId::new("s").unwrap();
+        failing.store(true, std::sync::atomic::Ordering::SeqCst);
+        let lister = RefreshError::Lister {
+            server: s.clone(),
+            source: Box::new(std::io::Error::other("tools/list: connection reset")),
+        };
+        let error = store(&catalog, &s, Err(lister)).await.unwrap_err();
+        let RefreshError::Unrecorded { failure, recording } = &error else {
+            panic!("not the lister's error: {error}");
+        };
+        assert!(
+            matches!(**failure, RefreshError::Lister { .. }),
+            "{failure}"
+        );
+        assert!(matches!(error.failure(), RefreshError::Lister { .. }));
+        assert!(
+            matches!(recording, crate::error::CatalogError::Storage(_)),
+            "{recording:?}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.starts_with("tools/list on s failed: tools/list: connection reset (recording the failure failed too: "),
+            "{message}"
+        );
+        // The chain reaches the lister's own error.
+        let source = std::error::Error::source(&error).unwrap();
+        assert_eq!(source.to_string(), failure.to_string());
+        assert_eq!(
+            std::error::Error::source(source).unwrap().to_string(),
+            "tools/list: connection reset"
+        );
     }
 
     #[test]

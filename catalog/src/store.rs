@@ -15,6 +15,7 @@ use redb::{
     ReadableTableMetadata, TableDefinition, WriteTransaction,
 };
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{CatalogError, OpenError, storage};
@@ -147,9 +148,15 @@ impl CatalogBuilder {
     ///
     /// [`OpenError::Storage`] if redb cannot initialise it.
     pub fn in_memory(self) -> Result<Catalog, OpenError> {
+        self.over(InMemoryBackend::new())
+    }
+
+    /// Opens an empty catalogue over `backend` (named `<memory>`): the in-memory one, or in
+    /// tests one that fails chosen operations.
+    pub(crate) fn over(self, backend: impl redb::StorageBackend) -> Result<Catalog, OpenError> {
         let path = PathBuf::from("<memory>");
         let db = Database::builder()
-            .create_with_backend(InMemoryBackend::new())
+            .create_with_backend(backend)
             .map_err(|e| OpenError::Storage {
                 path: path.clone(),
                 source: e.into(),
@@ -168,6 +175,8 @@ struct Inner {
     /// Held in memory, not stored: it is what this process's connections report now, and a
     /// stored "reachable" would be stale after a restart.
     reachability: Mutex<BTreeMap<ServerId, Reachability>>,
+    /// The change counter ([`Catalog::changes`]).
+    changes: watch::Sender<u64>,
 }
 
 /// The catalogue of MCP tools: every server's tools, versioned and never hard-deleted.
@@ -267,6 +276,7 @@ impl Catalog {
                 clock,
                 live_sets: LiveSets::default(),
                 reachability: Mutex::new(BTreeMap::new()),
+                changes: watch::Sender::new(0),
             }),
         })
     }
@@ -315,6 +325,7 @@ impl Catalog {
         // The stored set version moved on, so a cached set older than it can never be
         // returned again: drop it now rather than at the server's next read.
         self.inner.live_sets.forget_older(server, refresh.version.0);
+        self.changed();
         Ok(refresh)
     }
 
@@ -339,17 +350,41 @@ impl Catalog {
                 .insert(server.as_str(), bytes.as_slice())
                 .map_err(storage)?;
         }
-        txn.commit().map_err(storage)
+        txn.commit().map_err(storage)?;
+        self.changed();
+        Ok(())
     }
 
     /// Records whether `server` is reachable now, as its connection reports. Held in memory
     /// only (see `docs/format.md`): it describes this process's connection, not the catalogue.
     pub fn set_reachability(&self, server: &ServerId, reachability: Reachability) {
-        self.inner
+        let before = self
+            .inner
             .reachability
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(server.clone(), reachability);
+            .insert(server.clone(), reachability.clone());
+        if before.as_ref() != Some(&reachability) {
+            self.changed();
+        }
+    }
+
+    /// A counter of the changes a reader of this catalogue can see: it moves on after
+    /// every committed [`refresh`](Self::refresh) (a new live set, or only a new sync
+    /// stamp), every [`record_failure`](Self::record_failure), and every
+    /// [`set_reachability`](Self::set_reachability) that changes a server's reachability.
+    ///
+    /// For a reader that keeps something derived from the catalogue (a resolved Surface):
+    /// wait for [`changed`](watch::Receiver::changed) instead of polling, and read the
+    /// counter *before* reading the catalogue, so what was read is at least as new as the
+    /// counter says. Every clone of the catalogue shares the counter; it starts at 0.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
+    /// Moves the change counter on.
+    fn changed(&self) {
+        self.inner.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn reachability(&self, server: &ServerId) -> Reachability {
@@ -874,6 +909,46 @@ mod tests {
             .iter()
             .map(|name| ToolDefinition::new(ToolName::new(*name).unwrap(), "", Default::default()))
             .collect()
+    }
+
+    /// Every change a reader can see moves the counter on, once; a reachability reported
+    /// again unchanged does not.
+    #[test]
+    fn the_change_counter_moves_on_every_visible_change() {
+        let catalog = Catalog::in_memory().unwrap();
+        let changes = catalog.changes();
+        let server = ServerId::new("s").unwrap();
+        let mut seen = *changes.borrow();
+        assert_eq!(seen, 0);
+        let mut expect_moved = |what: &str, moved: bool| {
+            let now = *changes.borrow();
+            assert_eq!(now != seen, moved, "{what}: {seen} -> {now}");
+            assert!(now <= seen + 1, "{what}: once");
+            seen = now;
+        };
+        catalog.refresh(&server, &set(&["a"])).unwrap();
+        expect_moved("a new set", true);
+        catalog.refresh(&server, &set(&["a"])).unwrap();
+        expect_moved("an unchanged set: a new sync stamp", true);
+        catalog.record_failure(&server, "down").unwrap();
+        expect_moved("a failure", true);
+        catalog.set_reachability(&server, Reachability::Reachable);
+        expect_moved("reachable", true);
+        catalog.set_reachability(&server, Reachability::Reachable);
+        expect_moved("reachable again", false);
+        let unreachable = Reachability::Unreachable {
+            reason: "gone".into(),
+        };
+        catalog.set_reachability(&server, unreachable);
+        expect_moved("unreachable", true);
+        let clone = catalog.clone();
+        clone.refresh(&server, &set(&["a", "b"])).unwrap();
+        expect_moved("through a clone", true);
+        assert!(
+            catalog.refresh(&server, &set(&["x", "x"])).is_err(),
+            "a duplicate"
+        );
+        expect_moved("a refused refresh", false);
     }
 
     #[test]

@@ -57,10 +57,20 @@ fn proxied_against_direct(c: &mut Criterion) {
                 .stderr(std::process::Stdio::null());
         }))
         .unwrap();
-        (
-            ().serve(direct).await.unwrap(),
-            ().serve(gateway).await.unwrap(),
-        )
+        let direct = ().serve(direct).await.unwrap();
+        let proxied = ().serve(gateway).await.unwrap();
+        // `psych serve` answers `initialize` before its upstream is listed: measure calls
+        // once `up__echo` is there.
+        while !proxied
+            .list_all_tools()
+            .await
+            .unwrap()
+            .iter()
+            .any(|t| t.name == "up__echo")
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        (direct, proxied)
     });
 
     let mut group = c.benchmark_group("serve_tools_call");

@@ -109,7 +109,10 @@ async fn demo(
 ) -> Result<(), String> {
     let catalog = Catalog::in_memory().map_err(|e| format!("the catalogue: {e}"))?;
     let reached = manager.connect_all().await;
-    for (server, reachability) in &reached {
+    for (server, reached) in &reached {
+        let reachability = reached
+            .as_ref()
+            .map_err(|e| format!("the embedded server {server} did not start: {e}"))?;
         if let Reachability::Unreachable { reason } = reachability {
             return Err(format!(
                 "the embedded server {server} did not start: {reason}"

@@ -32,23 +32,40 @@
 //! - When what `tools/list` would answer changes (an upstream `list_changed`, a server
 //!   connecting late or going down), the client gets `notifications/tools/list_changed`.
 //!   Resolution is deterministic, so unchanged tools keep their bytes and their order.
+//!   Sessions are woken by the catalogue ([`Catalog::changes`]), never by a timer: one
+//!   resolver task resolves the Surface again off the async workers when the catalogue
+//!   changes, and each session compares the new listing's bytes with its client's.
+//! - `initialize` is answered at once from what is known: the upstream servers connect in
+//!   the background, so one that never answers delays nobody. A server still connecting is
+//!   a deferred server with no tools ("not listed yet", disclosure's own line for a server
+//!   without a listing); its tools reach the client through `list_changed` when its first
+//!   listing commits.
+//! - SIGTERM or SIGINT stops the gateway gracefully within [`SHUTDOWN_WITHIN`]: every call
+//!   in flight is cancelled upstream and logged as [`CANCELLED_BY_SHUTDOWN`], the sessions
+//!   are closed, the catalogue's tasks stopped, and every upstream process group stopped
+//!   (SIGTERM, grace, SIGKILL). A second signal exits at once (the upstream groups are
+//!   still killed as the manager is dropped).
+//! - Over HTTP at most `--max-sessions` ([`MAX_SESSIONS`] by default) sessions are open at
+//!   once; one more is refused with an error saying so. A session ends when its client
+//!   deletes it or after [`SESSION_IDLE`] without a message, and its slot is freed.
 //!
 //! Grants come from the file: each server entry may carry Psych's `allowTools` key (a list of
 //! tool names); without it every tool of the server is permitted.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use psych_catalog::{Catalog, Freshener, FreshenerConfig};
+use psych_catalog::{Catalog, FreshenerConfig};
 use psych_disclosure::{Exposed, Inputs, LIST_TOOLS, Live, MetaTool, Settings, Surface, resolve};
 use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
-use psych_reader_tool::tool_definition;
+use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
-use psych_runtime::{CatalogSync, Connected, ExecuteError, Executor};
+use psych_runtime::{CatalogSync, ExecuteError, Executor, Started};
 use psych_types::{
     ConnectionSpec, ContentBlock, LoggedRecord, PermissionGrant, Projection, READ_TOOL_OUTPUT,
     Record, ResultProjector, ResultRef, RunId, ServerCatalog, ToolCall, ToolCallId, ToolDefinition,
@@ -63,7 +80,8 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler, Service, ServiceExt};
 use serde_json::{Value, json};
-use tokio::task::JoinHandle;
+use tokio::sync::{OnceCell, watch};
+use tokio::task::{JoinHandle, JoinSet};
 
 mod progress;
 mod raw;
@@ -71,9 +89,27 @@ mod raw;
 /// The key of a server entry that narrows its grant to the tools named.
 pub(crate) const ALLOW_TOOLS: &str = "allowTools";
 
-/// How often a session compares the catalogue's versions and health with what its client
-/// last saw.
-const WATCH_EVERY: Duration = Duration::from_millis(200);
+/// How long a graceful shutdown may take, from the first SIGTERM or SIGINT to the exit:
+/// the calls in flight cancelled and logged, the sessions closed, the catalogue's tasks
+/// stopped, every upstream process group stopped (each SIGTERM, psych-mcp's 2 s grace,
+/// then SIGKILL; all servers at once). Past it the gateway exits anyway, and the upstream
+/// groups are killed as the manager is dropped.
+pub(crate) const SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long the exit waits for what is left in tokio's blocking pool once every task was
+/// awaited: only tokio's read of stdin, which never ends while the client keeps its end
+/// open (or, after a second signal, whatever was abandoned).
+const STRAGGLERS: Duration = Duration::from_millis(100);
+
+/// How many HTTP sessions may be open at once by default (`--max-sessions`). Each holds a
+/// record log, a watcher task and rmcp's session worker; a client opening sessions in a
+/// loop is refused past it instead of exhausting memory and file descriptors.
+pub(crate) const MAX_SESSIONS: usize = 64;
+
+/// How long an HTTP session may go without a message before it is closed and its slot
+/// freed (rmcp's session keep-alive): a client that vanished without deleting its session
+/// holds it no longer than this.
+pub(crate) const SESSION_IDLE: Duration = Duration::from_secs(300);
 
 /// The code of the JSON-RPC error answering a handle this session never emitted.
 pub(crate) const INVALID_DEFERRED_HANDLE: &str = "invalid_deferred_handle";
@@ -81,20 +117,136 @@ pub(crate) const INVALID_DEFERRED_HANDLE: &str = "invalid_deferred_handle";
 /// What a call the client cancelled is answered with, and how its logged result begins.
 pub(crate) const CANCELLED_BY_CLIENT: &str = "cancelled by the client";
 
-/// What every session shares: the upstream connections, the catalogue kept fresh from
-/// them, the connections and grant from the file, and disclosure's and elision's settings.
-struct Shared {
-    manager: McpManager,
-    freshener: Arc<Freshener<McpManager>>,
+/// What a call in flight when the gateway shut down is answered with, and how its logged
+/// result begins.
+pub(crate) const CANCELLED_BY_SHUTDOWN: &str = "cancelled: psych serve shut down";
+
+/// What the Surface is resolved from: the catalogue, and the connections and grant from
+/// the file with disclosure's settings (only the catalogue changes).
+struct Basis {
+    catalog: Catalog,
     connections: Vec<ConnectionSpec>,
     grant: PermissionGrant,
     settings: Settings,
+    /// The reader's limits: the `read_tool_output` definition listed, and every session's.
+    limits: Limits,
+}
+
+/// The Surface resolved from the catalogue at one moment, with what is derived from it.
+struct View {
+    /// Every connected server's live catalogue, as the Surface was resolved from them.
+    catalogs: Vec<ServerCatalog>,
+    surface: Surface,
+    /// The `tools/list` result.
+    listing: Value,
+    /// Its bytes: what a session's watcher compares with what its client last saw.
+    bytes: String,
+}
+
+/// What the resolver publishes: the [`View`] resolved at a count of the catalogue's
+/// changes ([`Catalog::changes`], read before the catalogues were), or why it failed.
+struct Resolved {
+    at: u64,
+    view: Result<Arc<View>, String>,
+}
+
+impl Basis {
+    /// Reads every server's live catalogue now and resolves their Surface. Blocks (redb
+    /// reads, and resolution: about 12 ms at 2,000 tools): run off the async workers.
+    fn view(&self) -> Result<View, String> {
+        let catalogs = self
+            .connections
+            .iter()
+            .map(|c| self.catalog.live(&c.server))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("reading the catalogue: {e}"))?;
+        let inputs = Inputs {
+            connections: &self.connections,
+            catalogs: &catalogs,
+            grant: &self.grant,
+        };
+        let surface = resolve(&inputs, &self.settings, &Estimator::new())
+            .map_err(|e| format!("resolving the tool surface: {e}"))?;
+        let tools = client_tools(&surface, &self.limits);
+        let bytes = serde_json::to_string(&tools).map_err(|e| format!("the listing: {e}"))?;
+        Ok(View {
+            catalogs,
+            surface,
+            listing: json!({ "tools": tools }),
+            bytes,
+        })
+    }
+}
+
+/// The one task that resolves the Surface: once at start, then each time the catalogue
+/// changes, off the async workers; sessions wait for it instead of resolving themselves
+/// (single flight: a change is resolved once, whatever the number of sessions).
+///
+/// It runs until aborted: calls cut short by a shutdown still read the Surface.
+async fn resolver(basis: Arc<Basis>, published: watch::Sender<Option<Arc<Resolved>>>) {
+    let mut changes = basis.catalog.changes();
+    loop {
+        let at = *changes.borrow_and_update();
+        let basis = Arc::clone(&basis);
+        // Dropped mid-way (shutdown), the blocking work finishes alone and is discarded.
+        let view = match tokio::task::spawn_blocking(move || basis.view()).await {
+            Ok(view) => view.map(Arc::new),
+            Err(error) => Err(format!("resolving the tool surface: {error}")),
+        };
+        published.send_replace(Some(Arc::new(Resolved { at, view })));
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// What the gateway counts to shut down in order: whether it is closing, the calls in
+/// flight, and the sessions open.
+#[derive(Debug, Clone, Copy, Default)]
+struct Gauge {
+    closing: bool,
+    calls: usize,
+    sessions: usize,
+}
+
+/// Resolves once the gateway is closing (or its state is gone).
+async fn closing(state: &mut watch::Receiver<Gauge>) {
+    let _ = state.wait_for(|g| g.closing).await;
+}
+
+/// A call in flight, counted until it is dropped.
+struct InFlight(watch::Sender<Gauge>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|g| g.calls -= 1);
+    }
+}
+
+/// An open session's slot, freed when it is dropped.
+struct SessionSlot(watch::Sender<Gauge>);
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        self.0.send_modify(|g| g.sessions -= 1);
+    }
+}
+
+/// What every session shares: the upstream connections, the Surface resolved from the
+/// catalogue kept fresh from them, elision's settings, and the gateway's state.
+struct Shared {
+    manager: McpManager,
+    basis: Arc<Basis>,
     elider: Elider,
     logs: PathBuf,
     sessions: AtomicU64,
-    /// The last Surface resolved, with the [`fingerprint`] of the catalogues it was
-    /// resolved from.
-    resolved: Mutex<Option<(String, Arc<Surface>)>>,
+    /// The catalogue's change count (see [`Catalog::changes`]).
+    changes: watch::Receiver<u64>,
+    /// The resolver's latest [`Resolved`].
+    resolved: watch::Receiver<Option<Arc<Resolved>>>,
+    state: watch::Sender<Gauge>,
+    /// The most sessions open at once (`None`: no cap, stdio's one session).
+    max_sessions: Option<usize>,
     /// Raw answers waiting for the HTTP transport (see [`raw`]).
     raw: Arc<raw::RawAnswers>,
 }
@@ -145,79 +297,101 @@ pub(crate) fn client_tools(
 }
 
 impl Shared {
-    /// Every connected server's live catalogue, read now.
-    fn catalogs(&self) -> Result<Vec<ServerCatalog>, ErrorData> {
-        self.connections
-            .iter()
-            .map(|c| self.freshener.catalog().live(&c.server))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ErrorData::internal_error(format!("reading the catalogue: {e}"), None))
+    /// The Surface as the catalogue is *now*: waits (without blocking a worker) until the
+    /// resolver has resolved every catalogue change made before this call, which is at
+    /// most one resolution, shared with every session waiting for it. So permission is
+    /// checked against the catalogues as they were when the call came, not as they were at
+    /// the last listing.
+    async fn current(&self) -> Result<Arc<View>, ErrorData> {
+        let at = *self.changes.borrow();
+        let mut resolved = self.resolved.clone();
+        let view = resolved
+            .wait_for(|r| r.as_ref().is_some_and(|r| r.at >= at))
+            .await
+            .map_err(|_| ErrorData::internal_error("psych serve is shutting down", None))?
+            .as_ref()
+            .map(|r| r.view.clone());
+        match view {
+            Some(Ok(view)) => Ok(view),
+            Some(Err(error)) => Err(ErrorData::internal_error(error, None)),
+            None => Err(ErrorData::internal_error(
+                "the tool surface is not resolved yet",
+                None,
+            )),
+        }
     }
 
-    /// Every connected server's live catalogue, read now, and their Surface. Disclosure is
-    /// a function of the catalogues, the connections, the grant and the settings, and only
-    /// the catalogues change: the Surface is resolved again only when a server's set
-    /// version or health (the [`fingerprint`]) differs from the last resolution's, not on
-    /// every call and listing of every session.
-    fn current(&self) -> Result<(Vec<ServerCatalog>, Arc<Surface>), ErrorData> {
-        let catalogs = self.catalogs()?;
-        let key = fingerprint(&catalogs);
-        let mut resolved = self.resolved.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((seen, surface)) = resolved.as_ref()
-            && *seen == key
-        {
-            return Ok((catalogs, Arc::clone(surface)));
-        }
-        let inputs = Inputs {
-            connections: &self.connections,
-            catalogs: &catalogs,
-            grant: &self.grant,
-        };
-        let surface = resolve(&inputs, &self.settings, &Estimator::new()).map_err(|e| {
-            ErrorData::internal_error(format!("resolving the tool surface: {e}"), None)
-        })?;
-        let surface = Arc::new(surface);
-        *resolved = Some((key, Arc::clone(&surface)));
-        Ok((catalogs, surface))
+    /// The last Surface resolved, without waiting: what `initialize` answers from.
+    fn latest(&self) -> Option<Arc<View>> {
+        self.resolved
+            .borrow()
+            .as_ref()
+            .and_then(|r| r.view.as_ref().ok().cloned())
     }
 
-    /// The `instructions` of the initialize result: the deferred lines.
-    fn instructions(&self) -> Option<String> {
-        let (_, surface) = self.current().ok()?;
-        let lines = surface.deferred_lines();
-        if lines.is_empty() {
-            return Some(
-                "Psych gateway: call psych_orientation first for the shape of the toolkit."
-                    .to_owned(),
-            );
-        }
-        let mut text = String::from(
-            "Psych gateway. Call psych_orientation first. These MCP servers are deferred: \
-             their tools are reached through the meta tools (list, describe, call).",
-        );
-        for line in lines {
-            text.push_str("\n- ");
-            text.push_str(line);
-        }
-        Some(text)
+    /// Counts a call in flight until the guard is dropped.
+    fn enter_call(&self) -> InFlight {
+        self.state.send_modify(|g| g.calls += 1);
+        InFlight(self.state.clone())
     }
 
-    /// The [`fingerprint`] of the catalogues now.
-    fn fingerprint(&self) -> String {
-        match self.catalogs() {
-            Ok(catalogs) => fingerprint(&catalogs),
-            Err(error) => error.message.into_owned(),
+    /// Takes a session's slot, or says why not: [`Shared::max_sessions`] open already, or
+    /// the gateway closing.
+    fn take_session_slot(&self) -> Result<SessionSlot, String> {
+        let mut refused = None;
+        self.state.send_if_modified(|g| {
+            if g.closing {
+                refused = Some("psych serve is shutting down".to_owned());
+                return false;
+            }
+            if let Some(max) = self.max_sessions
+                && g.sessions >= max
+            {
+                refused = Some(format!(
+                    "psych serve: {max} sessions are open, the most --max-sessions allows; \
+                     end one (a client deleting its session, or {} s idle) or raise \
+                     --max-sessions",
+                    SESSION_IDLE.as_secs()
+                ));
+                return false;
+            }
+            g.sessions += 1;
+            true
+        });
+        match refused {
+            Some(why) => Err(why),
+            None => Ok(SessionSlot(self.state.clone())),
         }
+    }
+
+    /// Starts closing: new sessions are refused, and every call in flight cancels itself.
+    fn close(&self) {
+        self.state
+            .send_if_modified(|g| !std::mem::replace(&mut g.closing, true));
+    }
+
+    /// Waits until `done` holds of the gateway's state.
+    async fn settled(&self, done: impl FnMut(&Gauge) -> bool) {
+        let _ = self.state.subscribe().wait_for(done).await;
     }
 }
 
-/// What decides whether the Surface, and so the listing, can have changed: each server's
-/// set version and health.
-fn fingerprint(catalogs: &[ServerCatalog]) -> String {
-    catalogs
-        .iter()
-        .map(|c| format!("{}@{:?}/{:?};", c.server, c.version, c.health))
-        .collect()
+/// The `instructions` of the initialize result for `view`: the deferred lines.
+fn instructions(view: &View) -> String {
+    let lines = view.surface.deferred_lines();
+    if lines.is_empty() {
+        return "Psych gateway: call psych_orientation first for the shape of the toolkit."
+            .to_owned();
+    }
+    let mut text = String::from(
+        "Psych gateway. Call psych_orientation first. These MCP servers are deferred: \
+         their tools are reached through the meta tools (list, describe, call).",
+    );
+    for line in lines {
+        text.push_str("\n- ");
+        text.push_str(line);
+    }
+    text
 }
 
 /// Whether a call named `name` is answered by Psych itself (a meta tool's listing or
@@ -254,9 +428,15 @@ fn with_text_block(mut output: ToolOutput) -> ToolOutput {
 /// One client session: its own record log (one Run per connection) and executor.
 struct Session {
     shared: Arc<Shared>,
-    executor: Executor<McpManager>,
+    /// The session's Run, named when the session opens; its log is opened on the first
+    /// call, off the async workers.
+    run: RunId,
+    executor: OnceCell<Executor<McpManager>>,
     calls: AtomicU64,
+    /// What the client was shown at `initialize`: the watcher's first baseline.
+    shown: Mutex<Option<Arc<View>>>,
     watcher: Mutex<Option<JoinHandle<()>>>,
+    _slot: SessionSlot,
 }
 
 impl Drop for Session {
@@ -269,11 +449,32 @@ impl Drop for Session {
         if let Some(task) = watcher {
             task.abort();
         }
-        // A session that logged nothing (a probe the gateway refused, a client that left
-        // at once) leaves no file behind.
-        let log = self.executor.log();
-        if log.is_empty() {
-            let _ = std::fs::remove_file(log.path());
+        // A session that logged nothing (a client that listed and left) leaves no file
+        // behind.
+        if let Some(executor) = self.executor.get() {
+            let log = executor.log();
+            if log.is_empty() {
+                let _ = std::fs::remove_file(log.path());
+            }
+        }
+    }
+}
+
+/// Why a call ended without its own result.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    /// The client cancelled it.
+    Client,
+    /// The gateway is shutting down.
+    Shutdown,
+}
+
+impl Cut {
+    /// How the call's logged result begins, and what the client is answered.
+    fn reason(self) -> &'static str {
+        match self {
+            Self::Client => CANCELLED_BY_CLIENT,
+            Self::Shutdown => CANCELLED_BY_SHUTDOWN,
         }
     }
 }
@@ -282,46 +483,76 @@ impl Drop for Session {
 enum Ended {
     /// It ran to its logged result.
     Done(Result<Vec<LoggedRecord>, ExecuteError>),
-    /// The client cancelled it; `logged` when its own result was logged all the same (it had
+    /// It was cut short; `logged` when its own result was logged all the same (it had
     /// left the host when the cancellation came).
-    Cancelled { logged: bool },
+    Cancelled { logged: bool, why: Cut },
 }
 
 impl Session {
-    /// A session with a fresh record log under the shared log folder.
-    fn open(shared: Arc<Shared>) -> std::io::Result<Self> {
+    /// A session of `shared`, in one of its session slots. No I/O: its record log is
+    /// opened on the first call.
+    ///
+    /// # Errors
+    ///
+    /// Why no slot is free ([`Shared::take_session_slot`]), or a run id that cannot be.
+    fn open(shared: Arc<Shared>) -> Result<Self, String> {
+        let slot = shared.take_session_slot()?;
         let n = shared.sessions.fetch_add(1, Ordering::Relaxed);
         let secs = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or_default();
         let run = RunId::new(format!("serve-{secs}-{}-{n}", std::process::id()))
-            .map_err(std::io::Error::other)?;
-        std::fs::create_dir_all(&shared.logs)?;
-        // No fdatasync per call: measured, it was most of a proxied call's added latency
-        // (a call 2.1 ms through the gateway against 0.24 ms direct; one write+fdatasync
-        // on that disk about 3 ms). The log is the session's own: its handles are read
-        // back only by this session, which ends with this process, so a record needs to
-        // survive the process being killed (the OS page cache does that), not a power loss.
-        let (log, _) = RecordLog::open(&shared.logs, &run, SyncPolicy::OsBuffered)
-            .map_err(std::io::Error::other)?;
-        let executor = Executor::new(
-            Arc::new(shared.manager.clone()),
-            Arc::new(SharedRecordLog::new(log)),
-        );
+            .map_err(|e| e.to_string())?;
         Ok(Self {
             shared,
-            executor,
+            run,
+            executor: OnceCell::new(),
             calls: AtomicU64::new(0),
+            shown: Mutex::new(None),
             watcher: Mutex::new(None),
+            _slot: slot,
         })
     }
 
+    /// The session's executor, its record log opened on first use (in the blocking pool:
+    /// a file created, locked and its header written). Cancel-safe: a caller dropped while
+    /// it opens leaves the cell empty for the next.
+    async fn executor(&self) -> Result<&Executor<McpManager>, ErrorData> {
+        self.executor
+            .get_or_try_init(|| async {
+                let logs = self.shared.logs.clone();
+                let run = self.run.clone();
+                // No fdatasync per call: measured, it was most of a proxied call's added
+                // latency (a call 2.1 ms through the gateway against 0.24 ms direct; one
+                // write+fdatasync on that disk about 3 ms). The log is the session's own:
+                // its handles are read back only by this session, which ends with this
+                // process, so a record needs to survive the process being killed (the OS
+                // page cache does that), not a power loss.
+                let opened = tokio::task::spawn_blocking(move || {
+                    std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
+                    RecordLog::open(&logs, &run, SyncPolicy::OsBuffered)
+                        .map(|(log, _)| log)
+                        .map_err(|e| e.to_string())
+                })
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|opened| opened)
+                .map_err(|e| {
+                    ErrorData::internal_error(format!("the session's record log: {e}"), None)
+                })?;
+                Ok(Executor::new(
+                    Arc::new(self.shared.manager.clone()),
+                    Arc::new(SharedRecordLog::new(opened)),
+                )
+                .reader_limits(self.shared.basis.limits.clone()))
+            })
+            .await
+    }
+
     /// The `tools/list` result, as JSON.
-    fn listing(&self) -> Result<Value, ErrorData> {
-        let (_, surface) = self.shared.current()?;
-        let tools = client_tools(&surface, self.executor.limits());
-        Ok(json!({ "tools": tools }))
+    async fn listing(&self) -> Result<Value, ErrorData> {
+        Ok(self.shared.current().await?.listing.clone())
     }
 
     /// One `tools/call`: through the executor, which carries the call's progress sink to
@@ -330,14 +561,17 @@ impl Session {
     ///
     /// A call the client cancels while it is upstream (or before it got there) is dropped,
     /// which cancels the upstream request, and its result is logged as cancelled by the
-    /// client; one cancelled after it left the host keeps its own result in the log. Either
-    /// way the log holds one result for every call, and the client is answered with the
-    /// cancellation.
+    /// client; one cancelled after it left the host keeps its own result in the log. A call
+    /// in flight when the gateway shuts down is cut short the same way, logged as
+    /// [`CANCELLED_BY_SHUTDOWN`]. Either way the log holds one result for every call, and
+    /// the client is answered with the cancellation.
     async fn call_or_cancel(
         &self,
         params: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
     ) -> Result<Value, ErrorData> {
+        // Counted until it returns: the shutdown waits for every call to be logged.
+        let _in_flight = self.shared.enter_call();
         let token = params
             .meta
             .as_ref()
@@ -347,10 +581,11 @@ impl Session {
             peer: context.peer.clone(),
             token,
         });
-        let (catalogs, surface) = self.shared.current()?;
+        let view = self.shared.current().await?;
+        let executor = self.executor().await?;
         let live = Live {
-            grant: &self.shared.grant,
-            catalogs: &catalogs,
+            grant: &self.shared.basis.grant,
+            catalogs: &view.catalogs,
         };
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let id = ToolCallId::new(format!("call-{n}"))
@@ -361,21 +596,28 @@ impl Session {
             arguments: Value::Object(params.arguments.unwrap_or_default()),
         };
         let (sink, relay, watch) = progress::sink(client);
+        let mut state = self.shared.state.subscribe();
         let ended = {
             let execution = async {
                 let calls = std::slice::from_ref(&call);
                 let execution =
-                    self.executor
-                        .execute_with_progress(&surface, &live, calls, vec![Some(sink)]);
+                    executor.execute_with_progress(&view.surface, &live, calls, vec![Some(sink)]);
                 // The relay ends when the sink is dropped: every report is sent before the
                 // result is.
                 let (logged, ()) = tokio::join!(execution, relay.run());
                 logged
             };
             let mut execution = std::pin::pin!(execution);
-            tokio::select! {
-                logged = &mut execution => Ended::Done(logged),
-                () = context.ct.cancelled() => {
+            // Closing first: once the gateway closes, no call goes upstream.
+            let why = tokio::select! {
+                biased;
+                () = closing(&mut state) => Ok(Cut::Shutdown),
+                () = context.ct.cancelled() => Ok(Cut::Client),
+                logged = &mut execution => Err(logged),
+            };
+            match why {
+                Err(logged) => Ended::Done(logged),
+                Ok(why) => {
                     let logged = watch.left_host();
                     if logged {
                         // Answered (or never forwarded): what remains is logging it.
@@ -383,21 +625,21 @@ impl Session {
                     }
                     // Otherwise the execution is dropped here, before it logged anything,
                     // and the upstream request with it.
-                    Ended::Cancelled { logged }
+                    Ended::Cancelled { logged, why }
                 }
             }
         };
         let logged = match ended {
             Ended::Done(logged) => logged,
-            Ended::Cancelled { logged } => {
+            Ended::Cancelled { logged, why } => {
                 if !logged {
-                    self.log_cancelled(call).await?;
+                    self.log_cancelled(executor, call, why).await?;
                 }
-                return Err(ErrorData::new(
-                    ErrorCode::INVALID_REQUEST,
-                    CANCELLED_BY_CLIENT,
-                    None,
-                ));
+                let code = match why {
+                    Cut::Client => ErrorCode::INVALID_REQUEST,
+                    Cut::Shutdown => ErrorCode::INTERNAL_ERROR,
+                };
+                return Err(ErrorData::new(code, why.reason(), None));
             }
         };
         let logged = match logged {
@@ -419,69 +661,76 @@ impl Session {
         else {
             return Err(ErrorData::internal_error("the call logged no result", None));
         };
-        let view = self.shared.elider.project(&[ResultRef {
+        let view_of = self.shared.elider.project(&[ResultRef {
             handle: &handle,
             output: &result.output,
         }]);
-        let output = match view.as_slice() {
+        let output = match view_of.as_slice() {
             [Projection::Replaced(text)] => {
                 let mut shown = ToolOutput::text(text);
                 shown.is_error = result.output.is_error;
                 shown
             }
-            _ if answered_here(&surface, &call.name) => with_text_block(result.output),
+            _ if answered_here(&view.surface, &call.name) => with_text_block(result.output),
             _ => result.output,
         };
         serde_json::to_value(&output)
             .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
     }
 
-    /// Logs `call`'s result as cancelled by the client (it was dropped before it had one).
-    async fn log_cancelled(&self, call: ToolCall) -> Result<(), ErrorData> {
+    /// Logs `call`'s result as cut short by `why` (it was dropped before it had one).
+    async fn log_cancelled(
+        &self,
+        executor: &Executor<McpManager>,
+        call: ToolCall,
+        why: Cut,
+    ) -> Result<(), ErrorData> {
+        let reason = why.reason();
         let record = Record::ToolResult(ToolResult {
             call_id: call.id,
             name: call.name,
             output: ToolOutput::error(format!(
-                "{CANCELLED_BY_CLIENT} before it had a result; its upstream request, if it \
-                 had been sent, was cancelled"
+                "{reason} before it had a result; its upstream request, if it had been sent, \
+                 was cancelled"
             )),
         });
-        let log = Arc::clone(self.executor.log());
+        let log = Arc::clone(executor.log());
         let appended = tokio::task::spawn_blocking(move || log.append(&record)).await;
         match appended {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(error)) => Err(ErrorData::internal_error(
-                format!("{CANCELLED_BY_CLIENT}; logging that failed: {error}"),
+                format!("{reason}; logging that failed: {error}"),
                 None,
             )),
             Err(error) => Err(ErrorData::internal_error(error.to_string(), None)),
         }
     }
 
-    /// Starts telling `peer` when its listing changes.
+    /// Starts telling `peer` when its listing changes: woken by the resolver (so by the
+    /// catalogue), never by a timer; compares the listing's bytes with what the client
+    /// last saw, starting from what it was shown at `initialize`.
     fn watch(&self, peer: Peer<RoleServer>) {
-        let shared = Arc::clone(&self.shared);
-        let limits = self.executor.limits().clone();
-        let listing = move |shared: &Shared| -> Option<String> {
-            let (_, surface) = shared.current().ok()?;
-            serde_json::to_string(&client_tools(&surface, &limits)).ok()
-        };
+        let mut resolved = self.shared.resolved.clone();
+        let shown = self
+            .shown
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .or_else(|| self.shared.latest());
         let task = tokio::spawn(async move {
-            let mut seen = shared.fingerprint();
-            let mut last = listing(&shared);
-            loop {
-                tokio::time::sleep(WATCH_EVERY).await;
-                let now = shared.fingerprint();
-                if now == seen {
+            let mut last = shown;
+            while resolved.changed().await.is_ok() {
+                let now = resolved
+                    .borrow_and_update()
+                    .as_ref()
+                    .and_then(|r| r.view.as_ref().ok().cloned());
+                let Some(now) = now else { continue };
+                if last.as_ref().is_some_and(|last| last.bytes == now.bytes) {
                     continue;
                 }
-                seen = now;
-                let current = listing(&shared);
-                if current != last {
-                    last = current;
-                    if peer.notify_tool_list_changed().await.is_err() {
-                        break;
-                    }
+                last = Some(now);
+                if peer.notify_tool_list_changed().await.is_err() {
+                    break;
                 }
             }
         });
@@ -526,7 +775,7 @@ impl ServerHandler for Session {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         per_request(&context)?;
-        let raw = self.listing()?;
+        let raw = self.listing().await?;
         let mut typed: ListToolsResult = serde_json::from_value(raw.clone())
             .map_err(|e| ErrorData::internal_error(format!("encoding the listing: {e}"), None))?;
         self.shared.raw.stash(raw, &mut typed.meta);
@@ -577,7 +826,11 @@ impl ServerHandler for Session {
                 .build(),
         )
         .with_server_info(Implementation::new("psych", env!("CARGO_PKG_VERSION")));
-        match self.shared.instructions() {
+        // What is known now, without waiting for any upstream server.
+        let view = self.shared.latest();
+        let text = view.as_deref().map(instructions);
+        *self.shown.lock().unwrap_or_else(PoisonError::into_inner) = view;
+        match text {
             Some(text) => info.with_instructions(text),
             None => info,
         }
@@ -597,9 +850,9 @@ impl Service<RoleServer> for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, ErrorData> {
         match request {
-            ClientRequest::ListToolsRequest(_) => {
-                Ok(ServerResult::CustomResult(CustomResult(self.0.listing()?)))
-            }
+            ClientRequest::ListToolsRequest(_) => Ok(ServerResult::CustomResult(CustomResult(
+                self.0.listing().await?,
+            ))),
             ClientRequest::CallToolRequest(request) => Ok(ServerResult::CustomResult(
                 CustomResult(self.0.call_or_cancel(request.params, &context).await?),
             )),
@@ -629,27 +882,97 @@ pub(crate) enum Listen {
     Http(SocketAddr),
 }
 
-/// Runs the gateway for `config` until its client leaves (stdio) or the process is stopped
-/// (HTTP), resolving with `settings` (`psych serve`'s own auto budget,
-/// [`crate::setup::SERVE_AUTO_BUDGET`] by default). Logs go under `<dir>/serve/`.
+/// Runs the gateway for `config` until its client leaves (stdio) or a SIGTERM or SIGINT
+/// stops it (either transport), resolving with `settings` (`psych serve`'s own auto
+/// budget, [`crate::setup::SERVE_AUTO_BUDGET`] by default), at most `max_sessions` HTTP
+/// sessions at once. Logs go under `<dir>/serve/`.
+///
+/// The first signal starts a graceful shutdown (bounded by [`SHUTDOWN_WITHIN`]); a second
+/// one exits at once.
 pub(crate) fn run(
     config: McpConfig,
     dir: &Path,
     listen: Listen,
     settings: Settings,
+    max_sessions: usize,
 ) -> Result<u8, String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(serve(config, dir, listen, settings))
+    let outcome = runtime.block_on(async {
+        let mut signals = Signals::new()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        let serving = serve(config, dir, listen, settings, max_sessions, shutdown);
+        let mut serving = std::pin::pin!(serving);
+        let mut stop = Some(stop);
+        loop {
+            tokio::select! {
+                served = &mut serving => return served,
+                name = signals.next() => match stop.take() {
+                    Some(stop) => {
+                        eprintln!(
+                            "psych serve: {name}: shutting down (within {} s; a second \
+                             signal exits at once)",
+                            SHUTDOWN_WITHIN.as_secs()
+                        );
+                        let _ = stop.send(());
+                    }
+                    None => return Err(format!("{name} again: exiting at once")),
+                },
+            }
+        }
+    });
+    // Every task was awaited (or, after a second signal, is abandoned: dropping the
+    // manager's tasks kills the upstream groups). What may remain is tokio's blocking read
+    // of stdin, which must not hold the exit.
+    runtime.shutdown_timeout(STRAGGLERS);
+    outcome
 }
 
+/// SIGTERM and SIGINT, as one stream of signals.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers (from then on neither signal ends the process by itself).
+    fn new() -> Result<Self, String> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let install = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| format!("cannot handle {name}: {e}"))
+        };
+        Ok(Self {
+            term: install(SignalKind::terminate(), "SIGTERM")?,
+            int: install(SignalKind::interrupt(), "SIGINT")?,
+        })
+    }
+
+    /// The next signal's name. Cancel-safe (each `recv` is).
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+/// The gateway: serves `listen` until its client leaves (stdio) or `shutdown` resolves,
+/// then shuts down in order within [`SHUTDOWN_WITHIN`]: every call in flight cancelled
+/// upstream and logged, the sessions closed, its own tasks, the catalogue's sync and
+/// freshener stopped, and every upstream process group stopped. Shaped as the library's
+/// `serve(config, listener, settings, shutdown)` will be: the caller owns the signal.
 async fn serve(
     config: McpConfig,
     dir: &Path,
     listen: Listen,
     settings: Settings,
+    max_sessions: usize,
+    shutdown: impl Future<Output = ()>,
 ) -> Result<u8, String> {
     let grant = grant_from(&config)?;
     let connections: Vec<ConnectionSpec> = config
@@ -657,59 +980,126 @@ async fn serve(
         .values()
         .map(|entry| entry.connection.clone())
         .collect();
-    let manager = McpManager::builder(config.clone())
+    let manager = McpManager::builder(config)
         .build()
         .map_err(|e| e.to_string())?;
-    let catalog = Catalog::in_memory().map_err(|e| format!("the catalogue: {e}"))?;
+    // Creating it commits a redb transaction: off the async workers.
+    let catalog = tokio::task::spawn_blocking(Catalog::in_memory)
+        .await
+        .map_err(|e| format!("the catalogue: {e}"))?
+        .map_err(|e| format!("the catalogue: {e}"))?;
     let fresh = FreshenerConfig::builder()
         .build()
         .map_err(|e| format!("the catalogue's freshener: {e}"))?;
-    let Connected {
+    // The servers connect in the background: `initialize` is answered from what is known.
+    let Started {
         sync,
         freshener,
-        failures,
+        connecting,
         ..
-    } = CatalogSync::connect(&manager, catalog, fresh)
-        .await
+    } = CatalogSync::start_connecting(&manager, catalog, fresh)
         .map_err(|e| format!("the catalogue's freshener: {e}"))?;
-    for (server, error) in failures {
-        eprintln!("psych serve: {server}: {error}");
-    }
-    let shared = Arc::new(Shared {
-        manager: manager.clone(),
-        freshener: Arc::clone(&freshener),
+    let basis = Arc::new(Basis {
+        catalog: freshener.catalog().clone(),
         connections,
         grant,
         settings,
+        limits: Limits::default(),
+    });
+    let (published, resolved) = watch::channel(None);
+    let mut tasks = JoinSet::new();
+    tasks.spawn(resolver(Arc::clone(&basis), published));
+    tasks.spawn(async move {
+        for (server, error) in connecting.finish().await {
+            eprintln!("psych serve: {server}: {error}");
+        }
+    });
+    let shared = Arc::new(Shared {
+        manager: manager.clone(),
+        changes: basis.catalog.changes(),
+        basis,
         elider: Elider::default(),
         logs: dir.join("serve"),
         sessions: AtomicU64::new(0),
-        resolved: Mutex::new(None),
+        resolved,
+        state: watch::Sender::new(Gauge::default()),
+        max_sessions: matches!(listen, Listen::Http(_)).then_some(max_sessions),
         raw: Arc::default(),
     });
-    let served = match listen {
-        Listen::Stdio => serve_stdio(shared).await,
-        Listen::Http(addr) => serve_http(shared, addr).await,
+    // The first resolution, of whatever the catalogue holds now (most likely nothing).
+    let _ = shared.resolved.clone().wait_for(Option::is_some).await;
+
+    let serving = async {
+        match listen {
+            Listen::Stdio => serve_stdio(Arc::clone(&shared)).await,
+            Listen::Http(addr) => serve_http(Arc::clone(&shared), addr).await,
+        }
     };
-    sync.stop().await;
-    freshener.shutdown().await;
-    manager.shutdown().await;
-    served.map(|()| 0)
+    let mut serving = std::pin::pin!(serving);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let (served, deadline) = tokio::select! {
+        served = &mut serving => (served, tokio::time::Instant::now() + SHUTDOWN_WITHIN),
+        () = &mut shutdown => {
+            let deadline = tokio::time::Instant::now() + SHUTDOWN_WITHIN;
+            shared.close();
+            let served = tokio::time::timeout_at(deadline, serving)
+                .await
+                .unwrap_or_else(|_| Err(format!(
+                    "the sessions did not close within {} s",
+                    SHUTDOWN_WITHIN.as_secs()
+                )));
+            (served, deadline)
+        }
+    };
+    shared.close();
+    let stopped = tokio::time::timeout_at(deadline, async {
+        // The resolver, and the report of the first attempts (which aborts them).
+        tasks.shutdown().await;
+        sync.stop().await;
+        freshener.shutdown().await;
+        manager.shutdown().await;
+    })
+    .await;
+    match (served, stopped) {
+        (Err(error), _) => Err(error),
+        (Ok(()), Err(_)) => Err(format!(
+            "the upstream servers did not stop within {} s; killing their process groups",
+            SHUTDOWN_WITHIN.as_secs()
+        )),
+        (Ok(()), Ok(())) => Ok(0),
+    }
 }
 
+/// Serves the one stdio client until it leaves or the gateway closes; when closing, waits
+/// for every call in flight to cancel itself and log its result before ending the session.
 async fn serve_stdio(shared: Arc<Shared>) -> Result<(), String> {
-    let session = Session::open(shared).map_err(|e| format!("the session's record log: {e}"))?;
-    let running = Gateway(session)
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| format!("serving stdio: {e}"))?;
-    running
-        .waiting()
+    let session = Session::open(Arc::clone(&shared))?;
+    let mut state = shared.state.subscribe();
+    let running = tokio::select! {
+        running = Gateway(session).serve(rmcp::transport::stdio()) => {
+            running.map_err(|e| format!("serving stdio: {e}"))?
+        }
+        () = closing(&mut state) => return Ok(()),
+    };
+    let stop = running.cancellation_token();
+    let mut waiting = std::pin::pin!(running.waiting());
+    tokio::select! {
+        quit = &mut waiting => {
+            return quit.map(|_| ()).map_err(|e| format!("serving stdio: {e}"));
+        }
+        () = closing(&mut state) => {}
+    }
+    shared.settled(|g| g.calls == 0).await;
+    stop.cancel();
+    waiting
         .await
         .map(|_| ())
         .map_err(|e| format!("serving stdio: {e}"))
 }
 
+/// Serves streamable HTTP on `addr` until the gateway closes; then stops accepting, waits
+/// for every call in flight to cancel itself and log its result, ends every session, and
+/// lets each connection finish what it is sending.
 async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String> {
     use hyper_util::rt::TokioIo;
     use hyper_util::service::TowerToHyperService;
@@ -720,10 +1110,14 @@ async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String>
         return Err(format!("--http: {addr} is not a loopback address"));
     }
     let raw = Arc::clone(&shared.raw);
+    let config = StreamableHttpServerConfig::default();
+    // Cancelling it ends every session rmcp serves (their workers and event streams).
+    let sessions = config.cancellation_token.clone();
+    let factory = Arc::clone(&shared);
     let service = TowerToHyperService::new(StreamableHttpService::new(
-        move || Session::open(Arc::clone(&shared)),
-        raw::RawSessions::new(raw).into(),
-        StreamableHttpServerConfig::default(),
+        move || Session::open(Arc::clone(&factory)).map_err(std::io::Error::other),
+        raw::RawSessions::new(raw, SESSION_IDLE).into(),
+        config,
     ));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -731,20 +1125,42 @@ async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String>
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     eprintln!("psych serve: listening on http://{local}/mcp");
     println!("listening on http://{local}/mcp");
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, _) = accepted.map_err(|e| format!("--http {addr}: {e}"))?;
-                let service = service.clone();
-                tokio::spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
+    let mut state = shared.state.subscribe();
+    let mut connections = JoinSet::new();
+    let accepted = loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = closing(&mut state) => break Ok(()),
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(error) => break Err(format!("--http {addr}: {error}")),
+        };
+        while connections.try_join_next().is_some() {}
+        let service = service.clone();
+        let mut state = shared.state.subscribe();
+        connections.spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                () = closing(&mut state) => {
+                    // Finishes the response being sent (a call's cancellation, an event
+                    // stream until its session ends), then closes.
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
             }
-            _ = tokio::signal::ctrl_c() => return Ok(()),
-        }
-    }
+        });
+    };
+    drop(listener);
+    shared.close();
+    shared.settled(|g| g.calls == 0).await;
+    sessions.cancel();
+    shared.settled(|g| g.sessions == 0).await;
+    while connections.join_next().await.is_some() {}
+    accepted
 }
 
 #[cfg(test)]

@@ -151,6 +151,11 @@ enum Command {
         /// pins it and takes no share.
         #[arg(long, value_name = "TOKENS", default_value_t = setup::SERVE_AUTO_BUDGET)]
         auto_budget: u64,
+        /// With `--http`: the most sessions open at once; a client opening one more is
+        /// refused with an error saying so. A session ends when its client deletes it, or
+        /// after 5 minutes without a message.
+        #[arg(long, value_name = "N", default_value_t = gateway::MAX_SESSIONS)]
+        max_sessions: usize,
     },
     /// Serve one embedded catalogue over stdio (started by the other commands).
     #[command(hide = true)]
@@ -294,6 +299,7 @@ fn run(command: Command) -> Result<u8, String> {
             http,
             dir,
             auto_budget,
+            max_sessions,
         } => {
             let config = match config {
                 Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
@@ -304,7 +310,7 @@ fn run(command: Command) -> Result<u8, String> {
                 None => gateway::Listen::Stdio,
             };
             let settings = setup::serve_settings(auto_budget)?;
-            gateway::run(config, &dir, listen, settings)
+            gateway::run(config, &dir, listen, settings, max_sessions)
         }
     }
 }

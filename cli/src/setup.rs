@@ -2,13 +2,14 @@
 //! connected, listed and synced into the redb catalogue, then resolved into a Surface the
 //! way a turn would be.
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use psych_catalog::Catalog;
 use psych_disclosure::{Budget, CostBasis, Inputs, Settings, Surface, resolve};
 use psych_elision::Estimator;
-use psych_mcp::{McpConfig, McpManager};
+use psych_mcp::{Listing, McpConfig, McpManager, ServerConfig};
 use psych_types::{PermissionGrant, Reachability, ServerCatalog, ServerId};
 use tokio::task::JoinSet;
 
@@ -195,36 +196,69 @@ pub(crate) fn serve_settings(tokens: u64) -> Result<Settings, String> {
 /// Connects and lists every server concurrently; one progress line per server on a
 /// terminal's stderr as each finishes. Every listing is synced; every failure recorded.
 async fn connect_and_sync(config: &McpConfig, catalog: &Catalog) -> Result<Vec<Outcome>, String> {
-    let progress = std::io::stderr().is_terminal();
     let manager = McpManager::builder(McpConfig {
         servers: Default::default(),
         extra: config.extra.clone(),
     })
     .build()
     .map_err(|e| e.to_string())?;
+    let outcomes = sync_all(config, catalog, |server, entry| {
+        let manager = manager.clone();
+        async move { attempt(&manager, server, entry).await }
+    })
+    .await;
+    manager.shutdown().await;
+    outcomes
+}
+
+/// One server connected and listed, or why not.
+async fn attempt(
+    manager: &McpManager,
+    server: ServerId,
+    entry: ServerConfig,
+) -> Result<Listing, String> {
+    match manager.add_server(server.clone(), entry).await {
+        Ok(Reachability::Reachable) => manager.list(&server).await.map_err(|e| e.to_string()),
+        Ok(Reachability::Unreachable { reason }) => Err(reason),
+        Ok(_) => Err("no connection was made".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Runs `connect` for every server of `config` in a task of its own and syncs each answer
+/// into `catalog` as it comes. Every server has an outcome, in name order: a task that
+/// panicked is a failure that says so.
+async fn sync_all<F, A>(
+    config: &McpConfig,
+    catalog: &Catalog,
+    connect: F,
+) -> Result<Vec<Outcome>, String>
+where
+    F: Fn(ServerId, ServerConfig) -> A,
+    A: Future<Output = Result<Listing, String>> + Send + 'static,
+{
+    let progress = std::io::stderr().is_terminal();
     if progress {
         eprintln!("connecting {} MCP servers…", config.servers.len());
     }
     let mut tasks = JoinSet::new();
+    let mut servers = BTreeMap::new();
     for (server, entry) in &config.servers {
-        let manager = manager.clone();
-        let (server, entry) = (server.clone(), entry.clone());
-        tasks.spawn(async move {
-            let reached = manager.add_server(server.clone(), entry).await;
-            let result = match reached {
-                Ok(Reachability::Reachable) => {
-                    manager.list(&server).await.map_err(|e| e.to_string())
-                }
-                Ok(Reachability::Unreachable { reason }) => Err(reason),
-                Ok(_) => Err("no connection was made".to_owned()),
-                Err(e) => Err(e.to_string()),
-            };
-            (server, result)
-        });
+        let task = tasks.spawn(connect(server.clone(), entry.clone()));
+        servers.insert(task.id(), server.clone());
     }
     let mut outcomes = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        let Ok((server, result)) = joined else {
+    while let Some(joined) = tasks.join_next_with_id().await {
+        let (task, result) = match joined {
+            Ok((task, result)) => (task, result),
+            Err(error) => (
+                error.id(),
+                Err(format!(
+                    "connecting and listing it failed inside psych: {error}"
+                )),
+            ),
+        };
+        let Some(server) = servers.remove(&task) else {
             continue;
         };
         let outcome = match result {
@@ -266,7 +300,53 @@ async fn connect_and_sync(config: &McpConfig, catalog: &Catalog) -> Result<Vec<O
         };
         outcomes.push(outcome);
     }
-    manager.shutdown().await;
     outcomes.sort_by(|a, b| a.server.cmp(&b.server));
     Ok(outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Before, a connect task that panicked was skipped: its server was missing from the
+    /// report and `psych budget` could exit 0.
+    #[test]
+    fn a_connect_task_that_panics_is_a_failed_server() {
+        let config = McpConfig::parse(
+            r#"{"mcpServers": {"fine": {"command": "x"}, "buggy": {"command": "y"}}}"#,
+            |_| None,
+        )
+        .unwrap();
+        let catalog = Catalog::in_memory().unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let outcomes = runtime
+            .block_on(sync_all(&config, &catalog, |server, _| async move {
+                assert_ne!(server.as_str(), "buggy", "a bug in the connect task");
+                Ok(Listing::default())
+            }))
+            .unwrap();
+        let seen: Vec<_> = outcomes
+            .iter()
+            .map(|o| (o.server.as_str(), o.error.as_deref()))
+            .collect();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_eq!(seen[1], ("fine", None));
+        assert_eq!(seen[0].0, "buggy");
+        let reason = seen[0].1.unwrap();
+        assert!(
+            reason.starts_with("connecting and listing it failed inside psych: task ")
+                && reason.contains("panicked with message \"assertion `left != right` failed: a bug in the connect task"),
+            "{reason}"
+        );
+        assert!(
+            catalog
+                .health(&ServerId::new("buggy").unwrap())
+                .unwrap()
+                .last_error
+                .is_some()
+        );
+    }
 }

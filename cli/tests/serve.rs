@@ -126,11 +126,32 @@ async fn connect_with(config: &Path, dir: &Path, flags: &[&str]) -> (Session, Re
     let (changed, changed_rx) = mpsc::unbounded_channel();
     let (progress, progress_rx) = mpsc::unbounded_channel();
     let session = Client { changed, progress }.serve(transport).await.unwrap();
-    let received = Received {
+    let mut received = Received {
         changed: changed_rx,
         progress: progress_rx,
     };
+    ready(&session, &mut received.changed).await;
     (session, received)
+}
+
+/// Waits until every upstream server has been listed: `psych serve` answers `initialize`
+/// at once, and each server reaches the client through `list_changed` as it connects (its
+/// deferred line says "not listed yet" until then).
+async fn ready(session: &Session, changed: &mut mpsc::UnboundedReceiver<()>) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let tools = session.list_all_tools().await.unwrap();
+            if !serde_json::to_string(&tools)
+                .unwrap()
+                .contains("not listed yet")
+            {
+                return;
+            }
+            changed.recv().await.unwrap();
+        }
+    })
+    .await
+    .expect("every upstream is listed");
 }
 
 async fn call(session: &Session, name: &str, arguments: Value) -> CallToolResult {
@@ -596,6 +617,29 @@ impl RawClient {
         client
             .send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
             .await;
+        // Every upstream listed (see [`ready`]).
+        let mut id = 1_000_000;
+        loop {
+            id += 1;
+            client
+                .send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}))
+                .await;
+            let mut changed = false;
+            let listing = loop {
+                let message = client.next().await;
+                if message["method"] == "notifications/tools/list_changed" {
+                    changed = true;
+                } else if message.get("id") == Some(&json!(id)) {
+                    break message;
+                }
+            };
+            if !listing.to_string().contains("not listed yet") {
+                break;
+            }
+            while !changed {
+                changed = client.next().await["method"] == "notifications/tools/list_changed";
+            }
+        }
         client
     }
 

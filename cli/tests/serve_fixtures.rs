@@ -18,13 +18,16 @@
 )]
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use psych_elision::Estimator;
 use psych_types::TokenEstimator;
-use rmcp::ServiceExt;
 use rmcp::model::Tool;
+use rmcp::service::NotificationContext;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
 
@@ -58,7 +61,19 @@ fn upstream_args(file: &str) -> Vec<String> {
     ]
 }
 
+/// A client that forwards each `tools/list_changed` to a channel.
+struct Client(mpsc::UnboundedSender<()>);
+
+impl ClientHandler for Client {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.0.send(());
+    }
+}
+
 /// Lists every tool of the MCP server `command args` as a client does; returns them.
+/// Through `psych serve`, which answers `initialize` before its upstreams are listed, the
+/// listing is taken once every upstream is (none says "not listed yet"), each arriving
+/// through `list_changed`.
 async fn list(args: &[String], dir: Option<&Path>) -> Vec<Tool> {
     let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
         c.args(args).stderr(std::process::Stdio::null());
@@ -67,8 +82,22 @@ async fn list(args: &[String], dir: Option<&Path>) -> Vec<Tool> {
         }
     }))
     .unwrap();
-    let client = ().serve(transport).await.unwrap();
-    let tools = client.list_all_tools().await.unwrap();
+    let (changed, mut changes) = mpsc::unbounded_channel();
+    let client = Client(changed).serve(transport).await.unwrap();
+    let tools = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let tools = client.list_all_tools().await.unwrap();
+            if !serde_json::to_string(&tools)
+                .unwrap()
+                .contains("not listed yet")
+            {
+                return tools;
+            }
+            changes.recv().await.unwrap();
+        }
+    })
+    .await
+    .expect("every upstream is listed");
     client.cancel().await.unwrap();
     tools
 }

@@ -98,6 +98,29 @@ async fn start(dir: &std::path::Path) -> (Gateway, String) {
     (gateway, url)
 }
 
+/// Waits until the upstream has been listed: `psych serve` answers `initialize` at once,
+/// and the upstream reaches the client through `list_changed` as it connects (its
+/// deferred line says "not listed yet" until then).
+async fn ready<S: rmcp::Service<RoleClient>>(
+    session: &RunningService<RoleClient, S>,
+    changed: &mut mpsc::UnboundedReceiver<()>,
+) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let tools = session.list_all_tools().await.unwrap();
+            if !serde_json::to_string(&tools)
+                .unwrap()
+                .contains("not listed yet")
+            {
+                return;
+            }
+            changed.recv().await.unwrap();
+        }
+    })
+    .await
+    .expect("the upstream is listed");
+}
+
 /// The result of `up__exotic`, read raw (rmcp's typed result would drop the unknown
 /// fields and refuse the unknown block type).
 async fn exotic<S: rmcp::Service<RoleClient>>(session: &RunningService<RoleClient, S>) -> Value {
@@ -124,6 +147,7 @@ async fn psych_serve_over_streamable_http() {
         .serve(StreamableHttpClientTransport::from_uri(url))
         .await
         .unwrap();
+    ready(&session, &mut receiver).await;
     let call = async |name: &str, arguments: Value| -> CallToolResult {
         let Value::Object(arguments) = arguments else {
             panic!("arguments are an object");
@@ -204,7 +228,7 @@ async fn a_per_request_client_falls_back_to_a_session_and_gets_results_whole() {
     let dir = tempfile::tempdir().unwrap();
     let (_gateway, url) = start(dir.path()).await;
     let modern = vec![ProtocolVersion::V_2026_07_28];
-    let (changed, _receiver) = mpsc::unbounded_channel();
+    let (changed, mut receiver) = mpsc::unbounded_channel();
     let session = Client { changed }
         .serve_with_lifecycle(
             StreamableHttpClientTransport::from_uri(url.clone()),
@@ -215,6 +239,7 @@ async fn a_per_request_client_falls_back_to_a_session_and_gets_results_whole() {
         )
         .await
         .unwrap();
+    ready(&session, &mut receiver).await;
     let version = session.peer_info().unwrap().protocol_version.clone();
     assert!(version.has_initialize(), "a session: {version}");
     assert_eq!(

@@ -26,7 +26,7 @@ use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, read_page};
 use crate::remote;
 use crate::stdio::{self, Child};
-use crate::tap::Tap;
+use crate::tap::{AnswerFailure, Tap};
 use crate::{McpError, Timeouts, Transport};
 
 /// The protocol version psych-mcp asks for. rmcp 3.11 asks for 2026-07-28 by default and
@@ -203,7 +203,13 @@ impl Session {
             };
             let claim = self.tap.claim(handle.id.clone());
             let result = handle.await_response().await;
-            let raw = claim.take();
+            let raw = match claim.take() {
+                // An answer came that the transport could not deliver (over its memory
+                // cap, or unreadable): rmcp's error for it is a stand-in.
+                Some(Err(failure)) => return Err(failure.into_error(&self.server, &call)),
+                Some(Ok(raw)) => Some(raw),
+                None => None,
+            };
             let result = match result {
                 Ok(result) => result,
                 Err(error) => return Err(self.fault(&call, error).await),
@@ -279,7 +285,12 @@ impl Session {
         let result = handle.await_response().await;
         guard.peer = None;
         // Taken whatever the outcome, so that a failed call leaves nothing in the tap.
-        let raw = claim.take();
+        let raw = match claim.take() {
+            // An answer came that the transport could not deliver (see `list`).
+            Some(Err(failure)) => return Err(failure.into_error(&self.server, &call)),
+            Some(Ok(raw)) => Some(raw),
+            None => None,
+        };
         let result = match result {
             Ok(result) => result,
             Err(error) => return Err(self.fault(&call, error).await),
@@ -328,6 +339,13 @@ impl Session {
                 after: timeout,
                 stderr: self.diagnostics(),
             },
+            // Not the server's answer: psych-mcp's stdio transport saying why an answer
+            // could not be read.
+            ServiceError::McpError(data)
+                if let Some(failure) = AnswerFailure::from_error_data(&data) =>
+            {
+                failure.into_error(&server, &call)
+            }
             // Not the server's answer: psych-mcp's HTTP transport saying why none came.
             ServiceError::McpError(data) if let Some(reason) = remote::fault_of(&data) => {
                 McpError::Protocol {
@@ -504,14 +522,21 @@ async fn init_error(
                 stderr,
             }
         }
-        (ClientInitializeError::JsonRpcError(data), _) => McpError::Protocol {
-            server: server.clone(),
-            call,
-            message: format!(
-                "the server answered error {}: {}",
-                data.code.0, data.message
-            ),
-        },
+        (ClientInitializeError::JsonRpcError(data), _) => {
+            match AnswerFailure::from_error_data(&data) {
+                // An answer the transport could not deliver (the tap does not follow
+                // `initialize`, so the failure travels in rmcp's error).
+                Some(failure) => failure.into_error(server, &call),
+                None => McpError::Protocol {
+                    server: server.clone(),
+                    call,
+                    message: format!(
+                        "the server answered error {}: {}",
+                        data.code.0, data.message
+                    ),
+                },
+            }
+        }
         (
             error @ (ClientInitializeError::ConnectionClosed(_)
             | ClientInitializeError::TransportError { .. }),

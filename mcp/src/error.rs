@@ -82,6 +82,37 @@ pub enum McpError {
         /// The server's error, or what was wrong with its answer.
         message: String,
     },
+    /// The server's answer to a request is longer than psych-mcp reads into memory (a stdio
+    /// line over 64 MiB): the request fails as soon as the answer has gone by, and the
+    /// connection stays usable.
+    #[error(
+        "MCP server \"{server}\": {call} failed: its answer of {bytes} bytes is over the \
+         {limit} bytes psych-mcp reads into memory"
+    )]
+    AnswerTooLarge {
+        /// The server.
+        server: ServerId,
+        /// The call the answer was for.
+        call: String,
+        /// The answer's size.
+        bytes: u64,
+        /// The limit it is over.
+        limit: u64,
+    },
+    /// The server answered a request with something psych-mcp cannot read (not JSON, or
+    /// not a JSON-RPC response): the request fails as soon as the answer arrives, and the
+    /// connection stays usable. (Invalid UTF-8 and lone surrogate escapes are not this:
+    /// they are replaced by U+FFFD and the result says so in its `_meta`, under
+    /// `psych/lossy`.)
+    #[error("MCP server \"{server}\": {call} failed: the answer could not be read: {reason}")]
+    MalformedAnswer {
+        /// The server.
+        server: ServerId,
+        /// The call the answer was for.
+        call: String,
+        /// What is wrong, with a bounded quote of the answer.
+        reason: String,
+    },
     /// A `tools/list` page returned a `nextCursor` already seen in this listing: following
     /// it would loop forever.
     #[error("MCP server \"{server}\": tools/list page {page} repeats the cursor {cursor:?}")]
@@ -116,6 +147,8 @@ impl McpError {
             | Self::Closed { server, .. }
             | Self::Timeout { server, .. }
             | Self::Protocol { server, .. }
+            | Self::AnswerTooLarge { server, .. }
+            | Self::MalformedAnswer { server, .. }
             | Self::RepeatedCursor { server, .. }
             | Self::Unreachable { server, .. } => Some(server),
             Self::ShutDown => None,

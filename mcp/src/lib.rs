@@ -69,9 +69,9 @@ mod timeouts;
 
 pub use config::{ConfigError, McpConfig, ServerConfig, Transport};
 pub use error::McpError;
-pub use events::{ChangeCause, McpEvent, McpEvents};
+pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};
 pub use listing::{Listing, MalformedTool};
-pub use manager::{BuildError, McpManager, McpManagerBuilder};
+pub use manager::{BuildError, ConnectError, McpManager, McpManagerBuilder};
 pub use remote::{MAX_JSON_BODY_BYTES, MAX_SSE_EVENT_BYTES};
 pub use synthetic::{SyntheticKind, synthetic_catalog, synthetic_tools};
 pub use timeouts::{Backoff, Timeouts};

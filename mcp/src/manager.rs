@@ -16,7 +16,7 @@ use psych_types::{
 use rmcp::model::CallToolResult;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinError, JoinHandle, JoinSet};
 
 use crate::connection::Session;
 use crate::events::{ChangeCause, EventQueue, McpEvent, McpEvents};
@@ -43,6 +43,25 @@ pub enum BuildError {
     /// The backoff's first delay was zero or longer than its longest.
     #[error("the reconnect backoff must start above zero and at most at its maximum")]
     Backoff,
+}
+
+/// Why [`McpManager::connect_all`] has no reachability to report for a server.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The manager refused the server ([`McpError::ShutDown`] after shutdown).
+    #[error(transparent)]
+    Manager(#[from] McpError),
+    /// The task making the server's first attempt panicked or was cancelled: a bug,
+    /// reported rather than lost. The server may stay configured.
+    #[error("the first connection attempt of MCP server \"{server}\" did not finish: {source}")]
+    Task {
+        /// The server.
+        server: ServerId,
+        /// What tokio said.
+        #[source]
+        source: JoinError,
+    },
 }
 
 /// Settings of an [`McpManager`], validated by [`McpManagerBuilder::build`].
@@ -160,43 +179,55 @@ impl McpManager {
         }
     }
 
-    /// The events of this manager. Every receiver shares one queue: each event goes to
-    /// one of them.
+    /// A new subscriber to this manager's events: it sees every event from now on, each
+    /// subscriber its own copy, its queue coalesced per server and so bounded (see
+    /// [`McpEvents`]). Subscribe before [`add_server`](Self::add_server) or
+    /// [`connect_all`](Self::connect_all) to see a server's first connection.
     pub fn events(&self) -> McpEvents {
-        McpEvents {
-            queue: Arc::clone(&self.inner.events),
-        }
+        self.inner.events.subscribe()
     }
 
     /// Connects every server of the configuration, concurrently, and waits for each first
     /// attempt. Servers that failed stay configured, reported unreachable, and are retried
-    /// with backoff. Returns each server's reachability after its first attempt.
-    pub async fn connect_all(&self) -> BTreeMap<ServerId, Reachability> {
-        let servers: Vec<_> = self
-            .inner
-            .config
-            .servers
-            .iter()
-            .map(|(id, config)| (id.clone(), config.clone()))
-            .collect();
-        let attempts = servers.into_iter().map(|(server, config)| {
+    /// with backoff. Returns, for every server of the configuration, its reachability after
+    /// its first attempt, or why there is none: the manager refused it (after shutdown), or
+    /// the task making the attempt panicked.
+    ///
+    /// Dropping the future stops the attempts not yet made; servers already added stay.
+    pub async fn connect_all(&self) -> BTreeMap<ServerId, Result<Reachability, ConnectError>> {
+        let mut attempts = JoinSet::new();
+        let mut servers = BTreeMap::new();
+        for (server, config) in &self.inner.config.servers {
             let manager = self.clone();
-            tokio::spawn(async move {
-                let reachability = manager.add_server(server.clone(), config).await;
-                (server, reachability)
-            })
-        });
+            let (id, config) = (server.clone(), config.clone());
+            let handle = attempts.spawn(async move { manager.add_server(id, config).await });
+            servers.insert(handle.id(), server.clone());
+        }
         let mut out = BTreeMap::new();
-        for attempt in attempts.collect::<Vec<_>>() {
-            if let Ok((server, Ok(reachability))) = attempt.await {
-                out.insert(server, reachability);
-            }
+        while let Some(joined) = attempts.join_next_with_id().await {
+            let task = match &joined {
+                Ok((task, _)) => *task,
+                Err(error) => error.id(),
+            };
+            let Some(server) = servers.remove(&task) else {
+                continue;
+            };
+            let outcome = match joined {
+                Ok((_, reached)) => reached.map_err(ConnectError::from),
+                Err(source) => Err(ConnectError::Task {
+                    server: server.clone(),
+                    source,
+                }),
+            };
+            out.insert(server, outcome);
         }
         out
     }
 
     /// Adds a server (one connected mid-Run, say) and waits for its first connection
-    /// attempt; returns its reachability then. Replaces a server of the same name.
+    /// attempt; returns its reachability then. Replaces a server of the same name. When it
+    /// returns, the attempt's events (its reachability, and `ToolsChanged` with
+    /// [`ChangeCause::Connected`] when it connected) are already queued for every subscriber.
     ///
     /// # Errors
     ///
@@ -232,12 +263,31 @@ impl McpManager {
             self.inner.backoff,
             stop_rx,
         ));
-        *slot.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
-        self.inner
-            .servers
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(server.clone(), slot);
+        {
+            // The shutdown flag is checked again under the map's lock: `shutdown` sets the
+            // flag before it takes the map, so a slot is either in the map it takes (and
+            // stopped with the others) or refused here, never left running after it.
+            let mut servers = self
+                .inner
+                .servers
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            if *self
+                .inner
+                .shut_down
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+            {
+                drop(servers);
+                let _ = slot.stop.send(true);
+                // Aborted, the supervisor drops its session, and a stdio child kills its
+                // process group when dropped.
+                task.abort();
+                return Err(McpError::ShutDown);
+            }
+            *slot.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+            servers.insert(server.clone(), slot);
+        }
         // Only the map and the supervisor hold the slot now: if the server is removed or
         // the manager shut down during the first attempt, the sender is dropped and this
         // wait ends.
@@ -502,12 +552,13 @@ async fn supervise(
                     state.malformed = listing.malformed;
                 }
                 slot.set(Some(Arc::clone(&session)), Reachability::Reachable);
-                let _ = slot.first_attempt.send(true);
                 report(Reachability::Reachable);
                 events.push(McpEvent::ToolsChanged {
                     server: server.clone(),
                     cause: ChangeCause::Connected,
                 });
+                // After the events: whoever waited for the first attempt finds them queued.
+                let _ = slot.first_attempt.send(true);
                 let lost = tokio::select! {
                     reason = session.lost() => Some(reason),
                     _ = stop.wait_for(|stop| *stop) => None,
@@ -527,8 +578,8 @@ async fn supervise(
                     reason: error.to_string(),
                 };
                 slot.set(None, down.clone());
-                let _ = slot.first_attempt.send(true);
                 report(down);
+                let _ = slot.first_attempt.send(true);
             }
         }
         let delay = backoff.delay(failures);

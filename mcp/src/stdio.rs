@@ -1,15 +1,40 @@
 //! A stdio server as a child process: spawned in its own process group, its stderr kept
-//! (the last lines, bounded), its exit status watched, and the whole group signalled when it
-//! is stopped, so that nothing it started (a server behind `bash -c`, `npx`, `uv run`)
-//! outlives it.
+//! (the last lines, bounded), its exit status watched, and everything it started stopped
+//! when it is stopped: its process group, and every process of its tree found by
+//! [`tree`] (a grandchild that called `setsid` included), also after a failed start, so
+//! that nothing it started (a server behind `bash -c`, `npx`, `uv run`) outlives it.
 //!
 //! The JSON-RPC transport over its stdin and stdout is ours rather than rmcp's
-//! `TokioChildProcess`, for three reasons: rmcp's child transport hides the exit status and
+//! `TokioChildProcess`, for these reasons: rmcp's child transport hides the exit status and
 //! signals only the direct child; our reader keeps the raw `result` of each `tools/list`
 //! response (rmcp's typed `Tool` drops fields it does not model, such as `execution`, and
 //! fails a page on one malformed tool), and likewise of each `tools/call` response (rmcp's
-//! typed `CallToolResult` drops fields and block types it does not model); and lines that
-//! are not JSON-RPC are counted and quoted in error messages instead of disappearing.
+//! typed `CallToolResult` drops fields and block types it does not model); lines that
+//! are not JSON-RPC are counted and quoted in error messages instead of disappearing; and
+//! an answer it cannot deliver fails its request at once rather than at its deadline:
+//!
+//! - its `receive` is cancel-safe ([`lines`]): rmcp's loop drops it whenever another event
+//!   comes first, and a line half read then is resumed, never lost;
+//! - invalid UTF-8 and lone surrogate escapes in an answer are replaced by U+FFFD, said
+//!   in the result's `_meta` under `psych/lossy` ([`repair`]);
+//! - a line over [`MAX_LINE`] is read past without being kept, and the request whose `id`
+//!   it carries (first or last in the line: [`scan`]) fails with
+//!   [`McpError::AnswerTooLarge`]; any other unreadable line that names a request's `id`
+//!   fails it with [`McpError::MalformedAnswer`] (both through the [`Tap`]);
+//! - once the server process has exited, what it wrote is read to the end and the output
+//!   then ends, even if a descendant still holds the pipe open, so a waiting request fails
+//!   with [`McpError::Exited`] at once.
+//!
+//! stderr is read in bounded memory ([`stderr`]): a line ends at `\n` or `\r`, and of a
+//! long line only a preview is kept.
+
+mod lines;
+mod repair;
+mod scan;
+mod stderr;
+#[cfg(test)]
+mod testing;
+mod tree;
 
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
@@ -26,22 +51,32 @@ use rmcp::RoleClient;
 use rmcp::model::{JsonRpcMessage, ServerNotification};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::McpError;
-use crate::tap::Tap;
+use crate::tap::{AnswerFailure, Tap};
+use lines::{Line, LineReader, Overflow};
+use tree::Tag;
 
-/// The longest line read from a server's stdout; a longer one is dropped and reported.
-const MAX_LINE: usize = 64 * 1024 * 1024;
+/// The longest line read from a server's stdout into memory; a longer one is read past and
+/// fails the request it answers ([`McpError::AnswerTooLarge`]).
+pub(crate) const MAX_LINE: usize = 64 * 1024 * 1024;
 /// How many stderr lines are kept.
 const STDERR_LINES: usize = 20;
 /// How many stderr bytes are kept, all lines together.
 const STDERR_BYTES: usize = 8 * 1024;
 /// How much of one stderr line (or one garbage stdout line) is kept.
 const LINE_PREVIEW: usize = 400;
+/// Once the server process has exited, how long its stdout or stderr may stay silent
+/// before it is taken as ended (a descendant may hold the pipe open forever). What the
+/// server wrote before exiting is already in the pipe, so this is only the time to read
+/// it.
+const EXIT_QUIET: Duration = Duration::from_millis(200);
+/// The byte order mark some servers write before their first line.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// What a stdio server's process is configured as.
 pub(crate) struct Command<'a> {
@@ -54,6 +89,8 @@ pub(crate) struct Command<'a> {
 /// A running (or ended) stdio server process and what it said on stderr.
 pub(crate) struct Child {
     pgid: Option<Pid>,
+    /// The environment variable its processes carry.
+    tag: Tag,
     exit: watch::Receiver<Option<ExitStatus>>,
     diagnostics: Arc<Diagnostics>,
     stderr_done: watch::Receiver<bool>,
@@ -77,8 +114,13 @@ struct DiagnosticsInner {
 }
 
 impl Diagnostics {
-    fn push_stderr(&self, line: &str) {
-        let line = preview(line.trim_end());
+    /// Keeps one stderr line's preview (`cut`: the line was longer).
+    fn push_stderr(&self, line: &[u8], cut: bool) {
+        let text = String::from_utf8_lossy(line);
+        let mut line = preview(text.trim_end());
+        if cut && !line.ends_with('…') {
+            line.push('…');
+        }
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.stderr_bytes += line.len();
         inner.stderr.push_back(line);
@@ -124,6 +166,16 @@ fn preview(text: &str) -> String {
     format!("{}…", &text[..end])
 }
 
+/// [`preview`] of bytes, without decoding more of them than the preview shows.
+fn preview_bytes(line: &[u8]) -> String {
+    let head = &line[..line.len().min(LINE_PREVIEW + 4)];
+    let text = preview(&String::from_utf8_lossy(head));
+    if head.len() < line.len() && !text.ends_with('…') {
+        return format!("{text}…");
+    }
+    text
+}
+
 /// How a process ended, in words.
 pub(crate) fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
@@ -133,16 +185,34 @@ pub(crate) fn describe(status: ExitStatus) -> String {
     }
 }
 
+/// Resolves once the process has exited (never, if its waiter is gone without knowing).
+async fn exited(mut exit: watch::Receiver<Option<ExitStatus>>) {
+    if exit.wait_for(Option::is_some).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Runs blocking `work` (it reads `/proc`) off the async workers, inline without a runtime.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => runtime.spawn_blocking(work).await.ok(),
+        Err(_) => Some(work()),
+    }
+}
+
 impl Child {
-    /// Starts the server in its own process group with piped stdio.
+    /// Starts the server in its own process group with piped stdio and its [`Tag`] in its
+    /// environment.
     pub(crate) fn spawn(
         server: &ServerId,
         spec: &Command<'_>,
     ) -> Result<(Self, ChildTransport), McpError> {
+        let tag = Tag::new();
         let mut command = tokio::process::Command::new(spec.command);
         command
             .args(spec.args)
             .envs(spec.env)
+            .env(tag.name(), server.as_str())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -175,28 +245,19 @@ impl Child {
             }
         });
         let tail = Arc::clone(&diagnostics);
+        let stderr_exit = exited(exit.clone());
         let reader = tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr);
-            let mut line = Vec::new();
-            loop {
-                line.clear();
-                match lines.read_until(b'\n', &mut line).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => tail.push_stderr(&String::from_utf8_lossy(&line)),
-                }
-            }
+            stderr::read_lines(stderr, stderr_exit, EXIT_QUIET, |line, cut| {
+                tail.push_stderr(line, cut);
+            })
+            .await;
             let _ = stderr_tx.send(true);
         });
-        let transport = ChildTransport {
-            reader: BufReader::new(stdout),
-            writer: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
-            tap: Arc::new(Tap::default()),
-            diagnostics: Arc::clone(&diagnostics),
-            line: Vec::new(),
-        };
+        let transport = ChildTransport::new(stdout, stdin, exit.clone(), Arc::clone(&diagnostics));
         Ok((
             Self {
                 pgid,
+                tag,
                 exit,
                 diagnostics,
                 stderr_done,
@@ -240,27 +301,38 @@ impl Child {
         self.diagnostics.text()
     }
 
-    fn signal(&self, signal: Signal) {
-        if let Some(pgid) = self.pgid {
-            // ESRCH (the group is already gone) is the expected outcome after an exit.
-            let _ = killpg(pgid, signal);
-        }
+    /// Sends `signal` to the group and to every process of the server's tree.
+    async fn signal_tree(&self, signal: Signal) {
+        let Some(leader) = self.pgid else {
+            return;
+        };
+        let tag = self.tag.clone();
+        let alive = self.exit.borrow().is_none();
+        blocking(move || tree::signal(leader, &tag, alive, signal)).await;
     }
 
-    /// Stops the whole process group: SIGTERM, up to `grace` for the server to exit, then
-    /// SIGKILL to every process left in the group, and waits for the server's exit.
+    /// Stops everything the server started: SIGTERM to its group and tree, up to `grace`
+    /// for the server to exit, then SIGKILL to whatever is left of its group and tree (a
+    /// grandchild in a session of its own included), looking again until none is left;
+    /// waits for the server's exit.
     pub(crate) async fn terminate(&self, grace: Duration) {
         if self.reaped.load(Ordering::Acquire) {
             return;
         }
         let mut exit = self.exit.clone();
         if exit.borrow().is_none() {
-            self.signal(Signal::SIGTERM);
+            self.signal_tree(Signal::SIGTERM).await;
             let _ = tokio::time::timeout(grace, exit.wait_for(Option::is_some)).await;
         }
-        // Whatever the leader did, anything else in its group goes now.
-        self.signal(Signal::SIGKILL);
-        let _ = tokio::time::timeout(grace, exit.wait_for(Option::is_some)).await;
+        if exit.borrow().is_none() {
+            self.signal_tree(Signal::SIGKILL).await;
+            let _ = tokio::time::timeout(grace, exit.wait_for(Option::is_some)).await;
+        }
+        // Whatever the leader did, anything else of its group or tree goes now.
+        if let Some(leader) = self.pgid {
+            let tag = self.tag.clone();
+            blocking(move || tree::stop(leader, &tag)).await;
+        }
         self.reaped.store(true, Ordering::Release);
         let mut done = self.stderr_done.clone();
         let _ = tokio::time::timeout(Duration::from_millis(200), done.wait_for(|d| *d)).await;
@@ -272,10 +344,21 @@ impl Child {
 
 impl Drop for Child {
     fn drop(&mut self) {
-        if !self.reaped.load(Ordering::Acquire) {
+        if !self.reaped.load(Ordering::Acquire)
+            && let Some(leader) = self.pgid
+        {
             // Dropped without `terminate` (a manager dropped without shutdown): kill the
-            // group now, synchronously, so no server outlives its owner.
-            self.signal(Signal::SIGKILL);
+            // group now, synchronously, so no server outlives its owner; then the rest of
+            // its tree, off the async workers if there are any.
+            let _ = killpg(leader, Signal::SIGKILL);
+            let tag = self.tag.clone();
+            let stop = move || {
+                tree::stop(leader, &tag);
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(stop)),
+                Err(_) => stop(),
+            }
         }
         for task in &self.tasks {
             task.abort();
@@ -285,72 +368,178 @@ impl Drop for Child {
 
 /// JSON-RPC over a child's stdin and stdout, one message per line.
 pub(crate) struct ChildTransport {
-    reader: BufReader<ChildStdout>,
+    reader: ChildReader<ChildStdout>,
     writer: Arc<tokio::sync::Mutex<Option<ChildStdin>>>,
-    tap: Arc<Tap>,
-    diagnostics: Arc<Diagnostics>,
-    line: Vec<u8>,
 }
 
 impl ChildTransport {
+    fn new(
+        stdout: ChildStdout,
+        stdin: ChildStdin,
+        exit: watch::Receiver<Option<ExitStatus>>,
+        diagnostics: Arc<Diagnostics>,
+    ) -> Self {
+        Self {
+            reader: ChildReader::new(stdout, exit, Arc::new(Tap::default()), diagnostics),
+            writer: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
+        }
+    }
+
     /// The tap that keeps raw listing and call results.
     pub(crate) fn tap(&self) -> Arc<Tap> {
-        Arc::clone(&self.tap)
+        Arc::clone(&self.reader.tap)
+    }
+}
+
+/// The reading half of [`ChildTransport`], over any reader (tests use a pipe): lines to
+/// JSON-RPC messages, through the tap.
+struct ChildReader<R> {
+    lines: LineReader<R>,
+    exit: watch::Receiver<Option<ExitStatus>>,
+    /// Set once the process is known to have exited.
+    exited: bool,
+    tap: Arc<Tap>,
+    diagnostics: Arc<Diagnostics>,
+}
+
+impl<R: AsyncRead + Unpin> ChildReader<R> {
+    fn new(
+        reader: R,
+        exit: watch::Receiver<Option<ExitStatus>>,
+        tap: Arc<Tap>,
+        diagnostics: Arc<Diagnostics>,
+    ) -> Self {
+        Self {
+            lines: LineReader::new(reader, MAX_LINE),
+            exit,
+            exited: false,
+            tap,
+            diagnostics,
+        }
     }
 
-    /// Reads one line into `self.line` (without its newline). `Ok(false)` at the end of
-    /// output. A line over [`MAX_LINE`] is dropped and reported, and reading goes on.
-    async fn read_line(&mut self) -> std::io::Result<bool> {
-        self.line.clear();
-        let mut too_long = false;
+    /// The next line, `None` at the end of the output: at EOF, at a read error, or once the
+    /// process has exited and the pipe has been quiet for [`EXIT_QUIET`]. Cancel-safe.
+    async fn next_line(&mut self) -> Option<Line> {
+        if !self.exited {
+            tokio::select! {
+                biased;
+                line = self.lines.next() => return line.ok().flatten(),
+                Ok(_) = self.exit.wait_for(Option::is_some) => self.exited = true,
+            }
+        }
+        // The process has exited: what it wrote is in the pipe; read on while bytes come.
         loop {
-            let available = self.reader.fill_buf().await?;
-            if available.is_empty() {
-                return Ok(!self.line.is_empty());
+            let before = self.lines.consumed();
+            match tokio::time::timeout(EXIT_QUIET, self.lines.next()).await {
+                Ok(line) => return line.ok().flatten(),
+                Err(_) if self.lines.consumed() == before => return None,
+                Err(_) => {}
             }
-            let (chunk, consumed, end) = match memchr::memchr(b'\n', available) {
-                Some(i) => (&available[..i], i + 1, true),
-                None => (available, available.len(), false),
+        }
+    }
+
+    /// The next JSON-RPC message for rmcp. Cancel-safe: the only await is
+    /// [`ChildReader::next_line`], and a line it returns is handled without another.
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        loop {
+            let message = match self.next_line().await? {
+                Line::Whole(line) => self.read(&line),
+                Line::TooLong(overflow) => self.too_long(overflow),
             };
-            if !too_long && self.line.len() + chunk.len() <= MAX_LINE {
-                self.line.extend_from_slice(chunk);
-            } else {
-                too_long = true;
-                self.line.clear();
-            }
-            self.reader.consume(consumed);
-            if end {
-                if too_long {
-                    self.diagnostics.push_garbage(format!(
-                        "a line over {} MiB, dropped",
-                        MAX_LINE / (1024 * 1024)
-                    ));
-                    too_long = false;
-                    continue;
+            if let Some(message) = message {
+                if let JsonRpcMessage::Notification(notification) = &message
+                    && let ServerNotification::ProgressNotification(progress) =
+                        &notification.notification
+                {
+                    self.tap.progress().deliver(progress.params.clone());
                 }
-                return Ok(true);
+                return Some(message);
             }
         }
     }
 
-    fn parse(&self, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
-        let message = self.decode(line)?;
-        if let JsonRpcMessage::Notification(notification) = &message
-            && let ServerNotification::ProgressNotification(progress) = &notification.notification
-        {
-            self.tap.progress().deliver(progress.params.clone());
+    /// One line as a message: typed straight from the bytes when no raw result is awaited;
+    /// else (or when that fails) through a JSON value the tap may keep the result of, read
+    /// a second time with invalid UTF-8 and lone surrogates replaced if need be. `None`
+    /// for a blank line or one that is not JSON-RPC (counted and quoted), after failing
+    /// the request it names, if it names one.
+    fn read(&self, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let line = line.strip_prefix(BOM).unwrap_or(line).trim_ascii();
+        if line.is_empty() {
+            return None;
         }
-        Some(message)
+        if !self.tap.is_waiting()
+            && let Ok(message) = serde_json::from_slice(line)
+        {
+            return Some(message);
+        }
+        let mut value = match serde_json::from_slice::<Value>(line) {
+            Ok(value) => value,
+            Err(error) => match repair::repair(line) {
+                Some((mut value, note)) => {
+                    repair::record(&mut value, &note);
+                    value
+                }
+                None => return self.unreadable(line, &error.to_string(), None),
+            },
+        };
+        self.tap.keep(&mut value);
+        let id = (value.get("method").is_none())
+            .then(|| value.get("id").map(Value::to_string))
+            .flatten();
+        match serde_json::from_value(value) {
+            Ok(message) => Some(message),
+            Err(error) => {
+                self.unreadable(line, &format!("not a JSON-RPC message: {error}"), Some(id))
+            }
+        }
     }
 
-    fn decode(&self, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
-        if self.tap.is_waiting() {
-            let mut value: Value = serde_json::from_slice(line).ok()?;
-            self.tap.keep(&mut value);
-            serde_json::from_value(value).ok()
-        } else {
-            serde_json::from_slice(line).ok()
-        }
+    /// A line that could not be read as a message: quoted as stdout garbage, and if it
+    /// answers a request (a top-level `id`, no `method`; `id` when already known), that
+    /// request fails with [`McpError::MalformedAnswer`].
+    fn unreadable(
+        &self,
+        line: &[u8],
+        error: &str,
+        id: Option<Option<String>>,
+    ) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let quote = preview_bytes(line);
+        let id = id.unwrap_or_else(|| {
+            let mut scanner = scan::IdScanner::default();
+            scanner.feed(line);
+            scanner.id().filter(|_| !scanner.has_method())
+        });
+        let reason = format!("{error}; it reads: {quote:?}");
+        self.diagnostics.push_garbage(quote);
+        self.fail(id?, AnswerFailure::Malformed { reason })
+    }
+
+    /// A line over [`MAX_LINE`]: noted as stdout garbage, and the request it answers fails
+    /// with [`McpError::AnswerTooLarge`].
+    fn too_long(&self, overflow: Overflow) -> Option<RxJsonRpcMessage<RoleClient>> {
+        self.diagnostics.push_garbage(format!(
+            "a line of {} bytes, over the {} MiB limit, dropped",
+            overflow.bytes,
+            MAX_LINE / (1024 * 1024)
+        ));
+        let id = overflow.id.filter(|_| !overflow.has_method)?;
+        self.fail(
+            id,
+            AnswerFailure::TooLarge {
+                bytes: overflow.bytes,
+                limit: MAX_LINE as u64,
+            },
+        )
+    }
+
+    /// Fails request `id` (JSON text) in the tap and gives rmcp an error answer for it, so
+    /// that it stops waiting at once.
+    fn fail(&self, id: String, failure: AnswerFailure) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let message = failure.to_message(serde_json::from_str(&id).ok()?);
+        self.tap.fail(&id, failure);
+        serde_json::from_value(message).ok()
     }
 }
 
@@ -361,7 +550,7 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.tap.want_request(&item);
+        self.reader.tap.want_request(&item);
         let line = serde_json::to_vec(&item).map(|mut line| {
             line.push(b'\n');
             line
@@ -382,27 +571,7 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
-        loop {
-            match self.read_line().await {
-                Ok(true) => {}
-                Ok(false) | Err(_) => return None,
-            }
-            let line = self
-                .line
-                .strip_prefix(b"\xEF\xBB\xBF")
-                .unwrap_or(&self.line);
-            let line = line.trim_ascii();
-            if line.is_empty() {
-                continue;
-            }
-            match self.parse(line) {
-                Some(message) => return Some(message),
-                None => {
-                    let text = preview(&String::from_utf8_lossy(line));
-                    self.diagnostics.push_garbage(text);
-                }
-            }
-        }
+        self.reader.receive().await
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
@@ -412,5 +581,173 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
             let _ = stdin.shutdown().await;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        reason = "a test fails loudly on bad data"
+    )]
+
+    use std::task::Poll;
+
+    use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, RequestId};
+    use tokio::io::AsyncWriteExt;
+
+    use super::testing::{Rng, poll_once};
+    use super::*;
+
+    const CHANGED: &[u8] =
+        b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n";
+
+    fn reader(
+        pipe: tokio::io::DuplexStream,
+    ) -> (
+        ChildReader<tokio::io::DuplexStream>,
+        watch::Sender<Option<ExitStatus>>,
+        Arc<Tap>,
+    ) {
+        let (exit_tx, exit) = watch::channel(None);
+        let tap = Arc::new(Tap::default());
+        let reader = ChildReader::new(
+            pipe,
+            exit,
+            Arc::clone(&tap),
+            Arc::new(Diagnostics::default()),
+        );
+        (reader, exit_tx, tap)
+    }
+
+    /// The data of message `i`: its number, then `len` bytes in all.
+    fn data(i: usize, len: usize) -> String {
+        let mut data = format!("{i}:");
+        let filler = char::from(b'a' + (i % 26) as u8);
+        data.extend(std::iter::repeat_n(filler, len.saturating_sub(data.len())));
+        data
+    }
+
+    /// Finding 1 where rmcp meets it: `receive` futures dropped after a random number of
+    /// polls while messages carrying 1 B to 8 MiB of data arrive in chunks of random sizes;
+    /// every message arrives whole and in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn messages_arrive_whole_and_in_order_when_receives_are_dropped() {
+        const MAX: u64 = 8 * 1024 * 1024;
+        for seed in [3, 0x5EED_F00D] {
+            let mut rng = Rng(seed);
+            let mut sizes: Vec<usize> = (0..24).map(|_| rng.size(MAX) as usize).collect();
+            sizes[0] = 1;
+            sizes[1] = MAX as usize;
+            let (mut writer, pipe) = tokio::io::duplex(64 * 1024);
+            let (mut reader, _exit, _) = reader(pipe);
+            let written = sizes.clone();
+            let mut writer_rng = Rng(rng.next() | 1);
+            let writing = tokio::spawn(async move {
+                for (i, &len) in written.iter().enumerate() {
+                    let line = format!(
+                        r#"{{"jsonrpc":"2.0","method":"notifications/psych_test","params":{{"data":"{}"}}}}"#,
+                        data(i, len)
+                    ) + "\n";
+                    let mut rest = line.as_bytes();
+                    while !rest.is_empty() {
+                        let take = (writer_rng.size(256 * 1024) as usize).min(rest.len());
+                        writer.write_all(&rest[..take]).await.unwrap();
+                        rest = &rest[take..];
+                        if writer_rng.below(4) == 0 {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                }
+            });
+            let mut dropped = 0u64;
+            for (i, &len) in sizes.iter().enumerate() {
+                let message = loop {
+                    let polls = rng.below(6);
+                    let mut receive = std::pin::pin!(reader.receive());
+                    let mut done = None;
+                    for _ in 0..=polls {
+                        if let Poll::Ready(message) = poll_once(&mut receive).await {
+                            done = Some(message);
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    match done {
+                        Some(message) => break message.expect("a message"),
+                        None => dropped += 1,
+                    }
+                };
+                let JsonRpcMessage::Notification(notification) = message else {
+                    panic!("seed {seed}: message {i} is not a notification");
+                };
+                let ServerNotification::CustomNotification(custom) = notification.notification
+                else {
+                    panic!("seed {seed}: message {i} is not the test's notification");
+                };
+                let params = custom.params.unwrap_or_default();
+                let got = params["data"].as_str().unwrap_or_default();
+                assert!(
+                    got == data(i, len),
+                    "seed {seed}: message {i} of {len} B came as {} B",
+                    got.len()
+                );
+            }
+            writing.await.unwrap();
+            assert!(
+                dropped > 50,
+                "seed {seed}: only {dropped} receives were dropped"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn after_the_exit_what_was_written_is_read_then_the_output_ends_though_still_open() {
+        let (mut writer, pipe) = tokio::io::duplex(1024);
+        let (mut reader, exit, _) = reader(pipe);
+        writer.write_all(CHANGED).await.unwrap();
+        writer.write_all(CHANGED).await.unwrap();
+        exit.send(Some(ExitStatus::from_raw(0))).unwrap();
+        assert!(reader.receive().await.is_some());
+        assert!(reader.receive().await.is_some());
+        // The writer (a grandchild holding the pipe) is still there.
+        assert!(reader.receive().await.is_none());
+        drop(writer);
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_answer_fails_its_request_in_the_tap_and_ends_it_in_rmcp() {
+        let (mut writer, pipe) = tokio::io::duplex(1024);
+        let (mut reader, _exit, tap) = reader(pipe);
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new("echo"),
+        ));
+        tap.want_request(&JsonRpcMessage::request(request, RequestId::Number(5)));
+        let claim = tap.claim(RequestId::Number(5));
+        writer
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{\"content\":[{\"text\":\"cut\n")
+            .await
+            .unwrap();
+        let Some(JsonRpcMessage::Error(error)) = reader.receive().await else {
+            panic!("no error answer for rmcp");
+        };
+        assert_eq!(error.id, Some(RequestId::Number(5)));
+        let Some(Err(AnswerFailure::Malformed { reason })) = claim.take() else {
+            panic!("no failure in the tap");
+        };
+        assert!(
+            reason.starts_with("EOF while parsing a string")
+                && reason.ends_with(r#"it reads: "{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{\"content\":[{\"text\":\"cut""#),
+            "{reason}"
+        );
+        // A line that names no request is only counted.
+        writer.write_all(b"not json\n").await.unwrap();
+        writer.write_all(CHANGED).await.unwrap();
+        assert!(matches!(
+            reader.receive().await,
+            Some(JsonRpcMessage::Notification(_))
+        ));
+        assert!(reader.diagnostics.text().contains("2 line(s)"));
     }
 }

@@ -8,6 +8,12 @@
 //! ([`Tap::keep`]) before rmcp sees it: the result is kept here, and rmcp gets a small
 //! stand-in of the same shape.
 //!
+//! A transport that reads an answer it cannot deliver (a line over its memory cap, or one
+//! that does not parse but names the request's `id`) puts an [`AnswerFailure`] in the slot
+//! with [`Tap::fail`] and hands rmcp a JSON-RPC error for the same id
+//! ([`AnswerFailure::to_message`]), so the request ends at once and its sender reads the
+//! typed failure from the slot rather than rmcp's error.
+//!
 //! A slot lives from the request's sending to its sender's [`Claim::take`]. A sender that
 //! gives up (its future dropped: a caller's deadline, a cancelled Run) drops its [`Claim`],
 //! which forgets the slot; if the request had not reached the transport yet, the claim
@@ -16,12 +22,15 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use psych_types::ServerId;
 use rmcp::model::{
-    ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, ProgressNotificationParam, RequestId,
+    ClientJsonRpcMessage, ClientRequest, ErrorData, JsonRpcMessage, ProgressNotificationParam,
+    RequestId,
 };
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
+use crate::McpError;
 use crate::progress::ProgressRoutes;
 
 /// The method of a progress notification.
@@ -38,10 +47,93 @@ pub(crate) struct Tap {
     progress: Arc<ProgressRoutes>,
 }
 
+/// Why an answer that arrived could not be delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AnswerFailure {
+    /// The answer's line is longer than the transport keeps in memory.
+    TooLarge {
+        /// The line's length.
+        bytes: u64,
+        /// The transport's cap.
+        limit: u64,
+    },
+    /// The answer does not parse, or is not a JSON-RPC response.
+    Malformed {
+        /// What is wrong, with a bounded quote of the answer.
+        reason: String,
+    },
+}
+
+/// The key of the `data` of the JSON-RPC error a transport gives rmcp in place of an answer
+/// it could not deliver.
+const FAILURE_DATA_KEY: &str = "psych/answer";
+
+impl AnswerFailure {
+    /// The error for `call` to `server`.
+    pub(crate) fn into_error(self, server: &ServerId, call: &str) -> McpError {
+        match self {
+            Self::TooLarge { bytes, limit } => McpError::AnswerTooLarge {
+                server: server.clone(),
+                call: call.to_owned(),
+                bytes,
+                limit,
+            },
+            Self::Malformed { reason } => McpError::MalformedAnswer {
+                server: server.clone(),
+                call: call.to_owned(),
+                reason,
+            },
+        }
+    }
+
+    /// The JSON-RPC error response (as JSON) that ends request `id` in rmcp: parse error
+    /// (-32700), the failure in words, and the failure itself in `data`, so that a request
+    /// the tap does not follow (`initialize`) still gets the typed error
+    /// ([`AnswerFailure::from_error_data`]).
+    pub(crate) fn to_message(&self, id: Value) -> Value {
+        let (message, data) = match self {
+            Self::TooLarge { bytes, limit } => (
+                format!("the answer is {bytes} bytes, over the {limit} bytes read into memory"),
+                json!({"bytes": bytes, "limit": limit}),
+            ),
+            Self::Malformed { reason } => (
+                format!("the answer could not be read: {reason}"),
+                json!({"reason": reason}),
+            ),
+        };
+        json!({"jsonrpc": "2.0", "id": id, "error": {
+            "code": -32700, "message": message, "data": {FAILURE_DATA_KEY: data}}})
+    }
+
+    /// The failure carried by an error made by [`AnswerFailure::to_message`].
+    pub(crate) fn from_error_data(error: &ErrorData) -> Option<Self> {
+        let data = error.data.as_ref()?.get(FAILURE_DATA_KEY)?;
+        if let Some(reason) = data.get("reason").and_then(Value::as_str) {
+            return Some(Self::Malformed {
+                reason: reason.to_owned(),
+            });
+        }
+        Some(Self::TooLarge {
+            bytes: data.get("bytes")?.as_u64()?,
+            limit: data.get("limit")?.as_u64()?,
+        })
+    }
+}
+
+/// A slot's content.
+enum Answer {
+    /// Sent, no answer yet.
+    Pending,
+    /// The raw result.
+    Result(Value),
+    /// An answer arrived that could not be delivered.
+    Failed(AnswerFailure),
+}
+
 #[derive(Default)]
 struct Slots {
-    /// Requests sent and not yet taken: `None` until the answer arrives.
-    wanted: HashMap<String, Option<Value>>,
+    /// Requests sent and not yet taken.
+    wanted: HashMap<String, Answer>,
     /// Requests whose sender gave up before the transport sent them.
     abandoned: HashSet<String>,
 }
@@ -76,7 +168,7 @@ impl Tap {
         let key = id_key(id);
         let mut slots = self.slots();
         if !slots.abandoned.remove(&key) {
-            slots.wanted.insert(key, None);
+            slots.wanted.insert(key, Answer::Pending);
         }
     }
 
@@ -131,9 +223,22 @@ impl Tap {
             } else {
                 serde_json::json!({"content": []})
             };
-            *slot = Some(std::mem::replace(result, stand_in));
+            *slot = Answer::Result(std::mem::replace(result, stand_in));
         }
         true
+    }
+
+    /// Records that the answer to the request whose id is `key` (JSON text, as on the wire)
+    /// arrived and could not be delivered; says whether the request has a slot. Replaces a
+    /// result kept for it (its message turned out unreadable as a whole).
+    pub(crate) fn fail(&self, key: &str, failure: AnswerFailure) -> bool {
+        match self.slots().wanted.get_mut(key) {
+            Some(slot) => {
+                *slot = Answer::Failed(failure);
+                true
+            }
+            None => false,
+        }
     }
 
     /// A claim on request `id`'s slot, taken by the request's sender once the request is
@@ -145,8 +250,12 @@ impl Tap {
         }
     }
 
-    fn take(&self, id: &RequestId) -> Option<Value> {
-        self.slots().wanted.remove(&id_key(id)).flatten()
+    fn take(&self, id: &RequestId) -> Option<Result<Value, AnswerFailure>> {
+        match self.slots().wanted.remove(&id_key(id))? {
+            Answer::Pending => None,
+            Answer::Result(value) => Some(Ok(value)),
+            Answer::Failed(failure) => Some(Err(failure)),
+        }
     }
 
     fn forget(&self, id: &RequestId) {
@@ -174,8 +283,9 @@ pub(crate) struct Claim {
 }
 
 impl Claim {
-    /// The raw result, if one arrived; the slot is closed either way.
-    pub(crate) fn take(mut self) -> Option<Value> {
+    /// The raw result, or why the answer that arrived could not be delivered; `None` if
+    /// nothing arrived. The slot is closed either way.
+    pub(crate) fn take(mut self) -> Option<Result<Value, AnswerFailure>> {
         self.tap.take().and_then(|tap| tap.take(&self.id))
     }
 }
@@ -212,8 +322,37 @@ mod tests {
         let mut message = json!({"jsonrpc": "2.0", "id": 7, "result": result.clone()});
         assert!(tap.keep(&mut message));
         assert_eq!(message["result"], json!({"content": []}));
-        assert_eq!(claim.take(), Some(result));
+        assert_eq!(claim.take(), Some(Ok(result)));
         assert_eq!(tap.len(), 0);
+    }
+
+    #[test]
+    fn a_failure_replaces_the_answer_and_travels_through_rmcps_error() {
+        let tap = Arc::new(Tap::default());
+        tap.want_request(&call(4));
+        let claim = tap.claim(RequestId::Number(4));
+        let mut answer = json!({"jsonrpc": "2.0", "id": 4, "result": {"content": []}});
+        assert!(tap.keep(&mut answer));
+        let failure = AnswerFailure::TooLarge {
+            bytes: 70_000_000,
+            limit: 64 << 20,
+        };
+        assert!(tap.fail("4", failure.clone()));
+        assert!(!tap.fail("5", failure.clone()), "no slot for 5");
+        assert_eq!(claim.take(), Some(Err(failure.clone())));
+        assert_eq!(tap.len(), 0);
+
+        let message = failure.to_message(json!(4));
+        let error: ErrorData = serde_json::from_value(message["error"].clone()).unwrap();
+        assert_eq!(AnswerFailure::from_error_data(&error), Some(failure));
+        let malformed = AnswerFailure::Malformed {
+            reason: "EOF while parsing a string".into(),
+        };
+        let message = malformed.to_message(json!("a"));
+        let error: ErrorData = serde_json::from_value(message["error"].clone()).unwrap();
+        assert_eq!(AnswerFailure::from_error_data(&error), Some(malformed));
+        let plain = ErrorData::internal_error("no", None);
+        assert_eq!(AnswerFailure::from_error_data(&plain), None);
     }
 
     #[test]

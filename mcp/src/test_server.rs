@@ -13,7 +13,7 @@
 //! | `binary` | an embedded blob resource (binary bytes, base64) |
 //! | `fail {message}` | a tool error (`isError: true`) |
 //! | `crash` | writes to stderr and exits with status 70 mid-call |
-//! | `hang` | never answers (until cancelled) |
+//! | `hang` | never answers (until cancelled); with `--announce-hang` and a progress token, first reports progress 0 ("hanging"), so a client knows the call arrived |
 //! | `sleep {ms, tag}` | answers `tag` after `ms` milliseconds |
 //! | `cancellations` | how many calls were cancelled so far |
 //! | `progress {steps}` | sends `steps` progress notifications with the call's progress token, then answers |
@@ -21,6 +21,10 @@
 //! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
 //! | (HTTP) `cut_stream {bytes}`, `end_stream` | not listed: an event stream cut mid-event, or ended before any answer; and paths under `/moved` redirect (see `raw_http`) |
 //! | `exotic {known_only}` | [`exotic_result`] as raw JSON: fields and a block type rmcp does not model ([`exotic_known_result`], without the unknown block type, if `known_only` is true) |
+//!
+//! Over stdio, unlisted `raw_*` tools answer with lines rmcp cannot write (invalid UTF-8,
+//! a lone surrogate escape, a line over the client's cap, a line cut short): see
+//! `stdio_faults.rs`.
 //!
 //! plus [`Scenario::tools`] generated tools of the kind [`Scenario::kind`]
 //! ([`synthetic_catalog`](crate::synthetic_catalog)), each answering with its name and
@@ -50,6 +54,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
 mod raw_http;
+mod stdio_faults;
+
+pub use stdio_faults::bad_utf8_text;
 
 /// What the test server does, beyond answering its control tools.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -77,6 +84,9 @@ pub struct Scenario {
     pub hang_initialize: bool,
     /// Never answer `tools/list`.
     pub hang_listing: bool,
+    /// The `hang` tool first reports progress 0 ("hanging") when the call carries a
+    /// progress token, so a client knows the call reached the server.
+    pub announce_hang: bool,
     /// Start a `sleep 600` grandchild in the server's process group (it outlives the
     /// server unless the group is stopped).
     pub grandchild: bool,
@@ -93,6 +103,15 @@ pub struct Scenario {
     /// as it is written (each tool answers with its name and arguments), so a real
     /// server's captured catalogue can stand upstream.
     pub catalog: Option<PathBuf>,
+    /// Write this many bytes to stderr without a line break (then one) before serving.
+    pub stderr_flood: Option<u64>,
+    /// Start a `sleep` in a session of its own (`setsid`, outside the server's process
+    /// group) that holds the server's stdout and stderr open, before anything else, and
+    /// write its pid to this file.
+    pub setsid_grandchild: Option<PathBuf>,
+    /// List the raw stdio tools (`raw_bad_utf8`, …) with the others, so that a client
+    /// behind a gateway, which reaches only listed tools, can call them.
+    pub list_raw_tools: bool,
 }
 
 /// How to serve.
@@ -110,8 +129,9 @@ pub enum Mode {
 pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--kind notes|files|wiki|forge|suite] [--page-size N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
-[--repeat-cursor] [--hang-initialize] [--hang-listing] [--grandchild] [--stderr-banner TEXT] \
-[--no-control-tools] [--catalog FILE] [--json-response] [--scenario JSON]";
+[--repeat-cursor] [--hang-initialize] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
+[--no-control-tools] [--catalog FILE] [--json-response] [--stderr-flood BYTES] \
+[--setsid-grandchild PIDFILE] [--list-raw-tools] [--scenario JSON]";
 
 impl Scenario {
     /// Parses the binary's arguments (without the program name).
@@ -165,11 +185,17 @@ impl Scenario {
                 "--repeat-cursor" => scenario.repeat_cursor = true,
                 "--hang-initialize" => scenario.hang_initialize = true,
                 "--hang-listing" => scenario.hang_listing = true,
+                "--announce-hang" => scenario.announce_hang = true,
                 "--grandchild" => scenario.grandchild = true,
                 "--stderr-banner" => scenario.stderr_banner = Some(value("a text")?),
                 "--no-control-tools" => scenario.no_control_tools = true,
                 "--catalog" => scenario.catalog = Some(PathBuf::from(value("a file")?)),
                 "--json-response" => scenario.json_response = true,
+                "--stderr-flood" => scenario.stderr_flood = Some(number(value("a count")?)? as u64),
+                "--list-raw-tools" => scenario.list_raw_tools = true,
+                "--setsid-grandchild" => {
+                    scenario.setsid_grandchild = Some(PathBuf::from(value("a file")?));
+                }
                 "--scenario" => {
                     let text = value("JSON")?;
                     scenario = serde_json::from_str(&text)
@@ -209,6 +235,12 @@ impl Scenario {
     /// I/O errors of the transport or the listener; a [`Scenario::catalog`] that cannot
     /// be read.
     pub async fn serve(self, mode: Mode) -> std::io::Result<()> {
+        if let Some(pidfile) = &self.setsid_grandchild {
+            stdio_faults::setsid_grandchild(pidfile)?;
+        }
+        if let Some(bytes) = self.stderr_flood {
+            stdio_faults::flood_stderr(bytes)?;
+        }
         if let Some(banner) = &self.stderr_banner {
             eprintln!("{banner}");
         }
@@ -257,6 +289,9 @@ impl State {
                 .into_iter()
                 .filter_map(|tool| serde_json::to_value(tool).ok()),
         );
+        if scenario.list_raw_tools {
+            tools.extend(stdio_faults::raw_tools());
+        }
         if scenario.malformed {
             tools
                 .push(json!({"name": "malformed_no_schema", "description": "Has no inputSchema."}));
@@ -543,6 +578,9 @@ impl TestServer {
                     state,
                     ct: context.clone(),
                 };
+                if state.scenario.announce_hang {
+                    announce_hanging(params.meta.as_ref(), &context).await;
+                }
                 context.ct.cancelled().await;
                 return Err(ErrorData::internal_error("cancelled", None));
             }
@@ -631,6 +669,20 @@ impl TestServer {
     }
 }
 
+/// The `hang` tool's one progress report under `--announce-hang` (progress 0, "hanging")
+/// when the call carries a progress token: a client then knows the call reached the server
+/// and hangs there.
+async fn announce_hanging(meta: Option<&RequestMetaObject>, context: &RequestContext<RoleServer>) {
+    let token = meta
+        .and_then(RequestMetaObject::get_progress_token)
+        .or_else(|| context.meta.get_progress_token());
+    if let Some(token) = token {
+        let mut note = ProgressNotificationParam::new(token, 0.0);
+        note.message = Some("hanging".to_owned());
+        let _ = context.peer.notify_progress(note).await;
+    }
+}
+
 impl ServerHandler for TestServer {
     async fn initialize(
         &self,
@@ -696,6 +748,9 @@ impl Service<RoleServer> for RawListing {
                 self.0.state.page(request.params.as_ref()),
             )));
         }
+        if let Some(marker) = stdio_faults::marker(&request) {
+            return Ok(marker);
+        }
         let mut result = Service::handle_request(&self.0, request, context).await?;
         raw_http::replace_marker_result(&mut result);
         Ok(result)
@@ -743,8 +798,13 @@ impl rmcp::transport::Transport<RoleServer> for Stdio {
                 bytes.push(b'\n');
             }
         }
-        let written = serde_json::to_writer(&mut bytes, &item);
-        bytes.push(b'\n');
+        let written = match stdio_faults::raw_line(&item) {
+            Some(raw) => {
+                bytes.extend_from_slice(&raw);
+                Ok(())
+            }
+            None => serde_json::to_writer(&mut bytes, &item).map(|()| bytes.push(b'\n')),
+        };
         let out = self.out.clone();
         async move {
             written.map_err(std::io::Error::other)?;
@@ -755,7 +815,13 @@ impl rmcp::transport::Transport<RoleServer> for Stdio {
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
-            let line = self.lines.next_line().await.ok()??;
+            // Cancel-safe (tokio's `Lines::next_line` keeps its buffer in itself). A line
+            // that is not UTF-8 is skipped, as a line that is not JSON is.
+            let line = match self.lines.next_line().await {
+                Ok(line) => line?,
+                Err(error) if error.kind() == std::io::ErrorKind::InvalidData => continue,
+                Err(_) => return None,
+            };
             if line.trim().is_empty() {
                 continue;
             }

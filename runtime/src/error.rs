@@ -1,6 +1,7 @@
 //! The runtime's errors: narrow per operation, with `From` into [`RunError`].
 
 use psych_reader_tool::InvalidHandle;
+use psych_types::ToolCallId;
 
 /// Why one step's calls could not all be executed and logged.
 #[derive(Debug, thiserror::Error)]
@@ -15,9 +16,36 @@ pub enum ExecuteError {
     /// acknowledged.
     #[error("logging the step's results: {0}")]
     Append(#[from] psych_record_log::AppendError),
-    /// A task of the step (a blocking log write or read) panicked or was cancelled.
+    /// The task running one call (a forwarded call, a read) panicked or was cancelled: a
+    /// bug in the host or in psych. The call is logged as a failed result saying so, with
+    /// the step's other results.
+    #[error("the call {call} ({name}) did not finish: {source}")]
+    Panicked {
+        /// The call.
+        call: ToolCallId,
+        /// The tool it named.
+        name: String,
+        /// What tokio said.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// Several calls of the step failed as above (refused reads, panicked calls): each
+    /// error, in call order. Every other result of the step is logged.
+    #[error("{} calls of the step failed: {}", .0.len(), joined(.0))]
+    Calls(Vec<ExecuteError>),
+    /// The blocking task writing the step's results panicked or was cancelled; none of them
+    /// is acknowledged.
     #[error("a task of the step failed: {0}")]
-    Task(String),
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// `errors` on one line, `; ` between them.
+fn joined(errors: &[ExecuteError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Any error of a [`Run`](crate::Run).

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use psych_catalog::{Catalog, ConfigError, Freshener, FreshenerConfig, RefreshError};
-use psych_mcp::{ChangeCause, McpEvent, McpEvents, McpManager};
+use psych_mcp::{ChangeCause, ConnectError, McpEvent, McpEvents, McpManager};
 use psych_types::{ServerId, ToolLister};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -55,23 +55,71 @@ impl CatalogSync {
         catalog: Catalog,
         config: FreshenerConfig,
     ) -> Result<Connected, ConfigError> {
+        let Started {
+            sync,
+            freshener,
+            connecting,
+        } = Self::start_connecting(manager, catalog, config)?;
+        let failures = connecting.finish().await;
+        Ok(Connected {
+            sync,
+            freshener,
+            failures,
+        })
+    }
+
+    /// [`connect`](Self::connect) without waiting: starts the freshener and the
+    /// `CatalogSync`, then connects every server of `manager` in a task of its own and
+    /// returns at once. Each server reaches the catalogue as its first listing commits
+    /// (the catalogue's [`changes`](Catalog::changes) counter moves on), so a caller that
+    /// must answer at once (a gateway's `initialize`) serves what is known and learns of
+    /// the rest from the catalogue; one server that never answers delays nothing but
+    /// itself. [`Connecting::finish`] waits for every first attempt, as `connect` does.
+    /// Call it inside the tokio runtime the freshener is to run on.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::NoRuntime`] outside a tokio runtime.
+    pub fn start_connecting(
+        manager: &McpManager,
+        catalog: Catalog,
+        config: FreshenerConfig,
+    ) -> Result<Started, ConfigError> {
         let freshener = Arc::new(Freshener::start(
             catalog,
             Arc::new(manager.clone()),
             config,
         )?);
         let sync = Self::start(manager.events(), Arc::clone(&freshener));
-        manager.connect_all().await;
-        let mut failures = Vec::new();
-        for server in manager.servers() {
-            if let Err(error) = freshener.refresh(&server).await {
-                failures.push((server, error));
+        let task = tokio::spawn({
+            let manager = manager.clone();
+            let freshener = Arc::clone(&freshener);
+            async move {
+                let attempts = manager.connect_all().await;
+                let added = manager.servers();
+                let mut failures = Vec::new();
+                for (server, attempt) in attempts {
+                    // A server the manager refused (or whose attempt panicked) and does not
+                    // hold has nothing to list: its connect error is the failure.
+                    if let Err(error) = attempt
+                        && !added.contains(&server)
+                    {
+                        failures.push((server, FirstSyncError::Connect(error)));
+                    }
+                }
+                for server in added {
+                    if let Err(error) = freshener.refresh(&server).await {
+                        failures.push((server, FirstSyncError::Listing(error)));
+                    }
+                }
+                failures.sort_by(|a, b| a.0.cmp(&b.0));
+                failures
             }
-        }
-        Ok(Connected {
+        });
+        Ok(Started {
             sync,
             freshener,
-            failures,
+            connecting: Connecting { task: Some(task) },
         })
     }
 
@@ -84,6 +132,21 @@ impl CatalogSync {
     }
 }
 
+/// Why a server has no first listing after [`CatalogSync::connect`] (or
+/// [`Connecting::finish`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FirstSyncError {
+    /// The manager could not add the server (it had shut down), or the task making its
+    /// first attempt panicked: the server is not one of the manager's.
+    #[error(transparent)]
+    Connect(ConnectError),
+    /// The server is the manager's, but its first listing failed (it is down, or it
+    /// answered badly); the failure is also in the catalogue's health.
+    #[error(transparent)]
+    Listing(RefreshError),
+}
+
 /// What [`CatalogSync::connect`] set up: the catalogue kept fresh from live connections.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -93,9 +156,58 @@ pub struct Connected {
     pub sync: CatalogSync,
     /// The freshener over the manager, holding the catalogue ([`Freshener::catalog`]).
     pub freshener: Arc<Freshener<McpManager>>,
-    /// The servers whose first listing failed, in name order, with why (each failure is
+    /// The servers whose first connection or listing failed, in name order, with why (each failure is
     /// also recorded in the catalogue's health).
-    pub failures: Vec<(ServerId, RefreshError)>,
+    pub failures: Vec<(ServerId, FirstSyncError)>,
+}
+
+/// What [`CatalogSync::start_connecting`] set up: the catalogue kept fresh from live
+/// connections, with the servers still connecting.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Started {
+    /// The task feeding the manager's events to the freshener; stop it before shutting the
+    /// freshener down.
+    pub sync: CatalogSync,
+    /// The freshener over the manager, holding the catalogue ([`Freshener::catalog`]).
+    pub freshener: Arc<Freshener<McpManager>>,
+    /// The first connection attempt of every server, under way.
+    pub connecting: Connecting,
+}
+
+/// The first connection attempt and listing of every server, running in a task of its
+/// own. Owned: [`finish`](Self::finish) waits for it; dropping it aborts the task (a server
+/// whose attempt was cut short stays with the manager, which retries it, and is stopped
+/// by [`McpManager::shutdown`](psych_mcp::McpManager::shutdown)).
+#[derive(Debug)]
+pub struct Connecting {
+    task: Option<JoinHandle<Vec<(ServerId, FirstSyncError)>>>,
+}
+
+impl Connecting {
+    /// Waits until every server has connected or failed and been listed once: the servers
+    /// whose first connection or listing failed, in name order, with why (each failure is also in the
+    /// catalogue's health). Bounded by the manager's connect and listing deadlines.
+    pub async fn finish(mut self) -> Vec<(ServerId, FirstSyncError)> {
+        // Awaited in place: dropped mid-way, `self` still aborts the task.
+        match self.task.as_mut() {
+            Some(task) => match task.await {
+                Ok(failures) => failures,
+                // A bug in the task, not a server's failure: it is not hidden here.
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                Err(_) => Vec::new(),
+            },
+            None => Vec::new(),
+        }
+    }
+}
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
 }
 
 impl Drop for CatalogSync {

@@ -5,6 +5,7 @@
 //! answers `read_tool_output`; orientation builds its payload; the [`ToolHost`] runs what is
 //! forwarded. The executor only orders, bounds and logs.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use psych_types::{
     ToolResult,
 };
 use serde_json::Value;
-use tokio::task::JoinSet;
+use tokio::task::{Id, JoinError, JoinSet};
 
 use crate::error::ExecuteError;
 
@@ -33,7 +34,8 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// payload, a refusal (each through its `to_output()`), or a call forwarded to the
 /// [`ToolHost`] under a per-call deadline. Forwarded calls and reads run concurrently; the
 /// results are then appended to the log in call order, whole, in one batch (one sync), before
-/// anything reads them.
+/// anything reads them. A call whose task panicked is answered with a failed result that
+/// says so, and the step's other results are logged with it.
 ///
 /// The executor knows nothing of prompts: `psych serve` reuses it for an MCP client.
 ///
@@ -129,11 +131,14 @@ impl<H: ToolHost + 'static> Executor<H> {
     ///
     /// # Errors
     ///
-    /// [`ExecuteError::InvalidDeferredHandle`] when a read names a result this Run never
-    /// emitted: the other calls' results are logged first and the offending call is left
-    /// without one (the next assembly answers it as interrupted). [`ExecuteError::Append`]
-    /// when the log refuses the batch (none of it is acknowledged), [`ExecuteError::Task`]
-    /// when a blocking task died.
+    /// Every call of the step that ran is logged before any error is returned, in call
+    /// order, in one batch. [`ExecuteError::InvalidDeferredHandle`] when a read names a
+    /// result this Run never emitted: the offending call is left without a result (the next
+    /// assembly answers it as interrupted). [`ExecuteError::Panicked`] when a call's task
+    /// panicked: the call is logged as a failed result saying so. [`ExecuteError::Calls`]
+    /// with each of them, in call order, when there is more than one.
+    /// [`ExecuteError::Append`] when the log refuses the batch (none of it is acknowledged),
+    /// [`ExecuteError::Task`] when the blocking task writing it died.
     pub async fn execute(
         &self,
         surface: &Surface,
@@ -203,6 +208,8 @@ impl<H: ToolHost + 'static> Executor<H> {
     ) -> Result<Vec<LoggedRecord>, ExecuteError> {
         let mut pending = Vec::with_capacity(calls.len());
         let mut tasks: JoinSet<Done> = JoinSet::new();
+        // Which call each task runs, so a task that panics still answers its call.
+        let mut running = BTreeMap::new();
         let mut progress = progress.into_iter();
         for (index, call) in calls.iter().enumerate() {
             let sink = progress.next().flatten();
@@ -213,13 +220,21 @@ impl<H: ToolHost + 'static> Executor<H> {
                 continue;
             }
             if call.name == READ_TOOL_OUTPUT {
-                self.spawn_read(&mut tasks, index, call.arguments.clone());
+                let task = self.spawn_read(&mut tasks, index, call);
+                running.insert(task, index);
                 pending.push(Pending::Running);
                 continue;
             }
             match self.guard(surface, live, call) {
                 Verdict::Forward(forward) => {
-                    self.spawn_forward(&mut tasks, index, forward.target, forward.arguments, sink);
+                    let task = self.spawn_forward(
+                        &mut tasks,
+                        index,
+                        forward.target,
+                        forward.arguments,
+                        sink,
+                    );
+                    running.insert(task, index);
                     pending.push(Pending::Running);
                 }
                 verdict => pending.push(Pending::Ready(self.answer(surface, live, &verdict))),
@@ -233,12 +248,27 @@ impl<H: ToolHost + 'static> Executor<H> {
                 Pending::Running => None,
             })
             .collect();
-        let mut refused_read = None;
-        while let Some(joined) = tasks.join_next().await {
-            let (index, result) = joined.map_err(|e| ExecuteError::Task(e.to_string()))?;
+        let mut failures = Vec::new();
+        while let Some(joined) = tasks.join_next_with_id().await {
+            let (index, result) = match joined {
+                Ok((_, done)) => done,
+                Err(source) => {
+                    let Some(&index) = running.get(&source.id()) else {
+                        continue;
+                    };
+                    (index, Err(panicked(&calls[index], source)))
+                }
+            };
             match result {
                 Ok(output) => outputs[index] = Some(output),
-                Err(error) => refused_read = Some(error),
+                Err(error) => {
+                    // A refused read stays without a result (the next assembly answers it
+                    // as interrupted); any other failure is logged as the call's result.
+                    if !matches!(error, ExecuteError::InvalidDeferredHandle(_)) {
+                        outputs[index] = Some(ToolOutput::error(error.to_string()));
+                    }
+                    failures.push((index, error));
+                }
             }
         }
         let records: Vec<Record> = calls
@@ -253,9 +283,12 @@ impl<H: ToolHost + 'static> Executor<H> {
             })
             .collect();
         let logged = append(&self.log, records).await?;
-        match refused_read {
-            Some(error) => Err(error),
-            None => Ok(logged),
+        failures.sort_by_key(|(index, _)| *index);
+        let mut failures: Vec<ExecuteError> = failures.into_iter().map(|(_, e)| e).collect();
+        match failures.len() {
+            0 => Ok(logged),
+            1 => Err(failures.remove(0)),
+            _ => Err(ExecuteError::Calls(failures)),
         }
     }
 
@@ -291,10 +324,10 @@ impl<H: ToolHost + 'static> Executor<H> {
         target: ToolRef,
         arguments: psych_types::JsonObject,
         progress: Option<ProgressSink>,
-    ) {
+    ) -> Id {
         let host = Arc::clone(&self.host);
         let timeout = self.call_timeout;
-        tasks.spawn(async move {
+        let task = tasks.spawn(async move {
             let call = async {
                 match progress {
                     Some(sink) => host.call_tool_with_progress(&target, arguments, sink).await,
@@ -316,17 +349,22 @@ impl<H: ToolHost + 'static> Executor<H> {
             };
             (index, Ok(output))
         });
+        task.id()
     }
 
     /// Answers `read_tool_output` through psych-reader-tool over the log (blocking reads).
-    fn spawn_read(&self, tasks: &mut JoinSet<Done>, index: usize, arguments: Value) {
+    fn spawn_read(&self, tasks: &mut JoinSet<Done>, index: usize, call: &ToolCall) -> Id {
         let log = Arc::clone(&self.log);
         let limits = self.limits.clone();
-        tasks.spawn(async move {
+        let arguments = call.arguments.clone();
+        let (call, name) = (call.id.clone(), call.name.clone());
+        let task = tasks.spawn(async move {
             let read = tokio::task::spawn_blocking(move || read(&log, limits, &arguments)).await;
-            let result = read.unwrap_or_else(|e| Err(ExecuteError::Task(e.to_string())));
+            let result =
+                read.unwrap_or_else(|source| Err(ExecuteError::Panicked { call, name, source }));
             (index, result)
         });
+        task.id()
     }
 }
 
@@ -366,6 +404,14 @@ pub(crate) async fn append(
             .map(|(handle, record)| LoggedRecord { handle, record })
             .collect())
     })
-    .await
-    .map_err(|e| ExecuteError::Task(e.to_string()))?
+    .await?
+}
+
+/// What a call whose task did not finish (it panicked) is answered with, and reported as.
+fn panicked(call: &ToolCall, source: JoinError) -> ExecuteError {
+    ExecuteError::Panicked {
+        call: call.id.clone(),
+        name: call.name.clone(),
+        source,
+    }
 }

@@ -111,7 +111,7 @@ mod scripted;
 mod usage;
 
 pub use error::{ExecuteError, RunError};
-pub use events::{CatalogSync, Connected};
+pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};
 pub use executor::{DEFAULT_CALL_TIMEOUT, Executor};
 pub use native::{DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT};
 pub use run::{INTERRUPTED, ModelReply, Next, Run, RunBuilder, Target};

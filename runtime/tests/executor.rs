@@ -21,7 +21,8 @@ use psych_types::{
 };
 use serde_json::json;
 
-/// `sleep {ms, tag}` answers `tag` after `ms`; `hang` never answers.
+/// `sleep {ms, tag}` answers `tag` after `ms` (and panics, a host bug, for the tag
+/// `panic`); `hang` never answers.
 struct Host;
 
 impl ToolLister for Host {
@@ -52,6 +53,7 @@ impl ToolHost for Host {
             std::future::pending::<()>().await;
         }
         tokio::time::sleep(Duration::from_millis(args["ms"].as_u64().unwrap_or(0))).await;
+        assert_ne!(args["tag"], "panic", "the host's bug");
         Ok(ToolOutput::text(args["tag"].as_str().unwrap_or_default()))
     }
 }
@@ -310,4 +312,85 @@ async fn spent_comes_from_usage_records_only() {
     drop(run);
     let run = open(dir.path()).await;
     assert_eq!((run.spent().calls, run.spent().total()), (1, 3_016));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_panics_is_logged_as_failed_with_every_other_result_of_its_step() {
+    // Before, the panic returned from the step before anything was logged: the results of
+    // the calls that ran were lost.
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = open_with(dir.path(), Duration::from_secs(10)).await;
+    let mut model = ScriptedModel::new([Step::call(
+        "svc__sleep",
+        json!({"ms": 50, "tag": "before"}),
+    )
+    .and_call("svc__sleep", json!({"ms": 1, "tag": "panic"}))
+    .and_call("svc__sleep", json!({"ms": 1, "tag": "after"}))]);
+    let first = run.user("go").await.unwrap();
+    let error = run.reply(model.reply(&first)).await.unwrap_err();
+    let RunError::Execute(ExecuteError::Panicked { call, name, source }) = &error else {
+        panic!("not the panic: {error}")
+    };
+    assert_eq!((call.as_str(), name.as_str()), ("call_2", "svc__sleep"));
+    assert!(source.is_panic());
+    let results = results(&run);
+    let texts: Vec<_> = results
+        .iter()
+        .map(|(id, out)| (id.as_str(), out.is_error(), out.readable_text()))
+        .collect();
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert_eq!(texts[0], ("call_1", false, "before".into()));
+    assert_eq!((texts[1].0, texts[1].1), ("call_2", true));
+    assert!(
+        texts[1]
+            .2
+            .starts_with("the call call_2 (svc__sleep) did not finish: task ")
+            && texts[1].2.contains("panicked"),
+        "{}",
+        texts[1].2
+    );
+    assert_eq!(texts[2], ("call_3", false, "after".into()));
+    // Every call is answered: the Run goes on.
+    let request = run.request().await.unwrap();
+    assert!(request.body().contains("did not finish"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_failed_call_of_a_step_is_reported_in_call_order() {
+    // Before, only the last refused read was reported.
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = open_with(dir.path(), Duration::from_secs(10)).await;
+    let mut model = ScriptedModel::new([Step::call(
+        "read_tool_output",
+        json!({"handle": "run-2:0"}),
+    )
+    .and_call("svc__sleep", json!({"ms": 1, "tag": "panic"}))
+    .and_call("svc__sleep", json!({"ms": 1, "tag": "kept"}))
+    .and_call("read_tool_output", json!({"handle": "run-3:0"}))]);
+    let first = run.user("go").await.unwrap();
+    let error = run.reply(model.reply(&first)).await.unwrap_err();
+    let RunError::Execute(ExecuteError::Calls(errors)) = &error else {
+        panic!("not every failure: {error}")
+    };
+    let seen: Vec<String> = errors
+        .iter()
+        .map(|e| match e {
+            ExecuteError::InvalidDeferredHandle(invalid) => invalid.handle.clone(),
+            ExecuteError::Panicked { call, .. } => call.to_string(),
+            other => panic!("{other}"),
+        })
+        .collect();
+    assert_eq!(seen, ["run-2:0", "call_2", "run-3:0"]);
+    assert!(
+        error
+            .to_string()
+            .starts_with("3 calls of the step failed: "),
+        "{error}"
+    );
+    // The panicked call and the good one are logged; the refused reads have no result
+    // until the Run goes on (then they read as interrupted).
+    let logged: Vec<_> = results(&run).into_iter().map(|(id, _)| id).collect();
+    assert_eq!(logged, ["call_2", "call_3"]);
+    run.request().await.unwrap();
+    assert_eq!(results(&run).len(), 4);
 }

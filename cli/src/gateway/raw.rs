@@ -40,7 +40,17 @@ pub(super) const RAW_KEY: &str = "psych.gateway/raw";
 
 /// How many raw answers may wait for their transport at once. One waits only between the
 /// handler's return and the transport's send; the bound is for answers whose send never
-/// comes (a client gone mid-call): the oldest is forgotten first.
+/// comes (a session ended between the two): the oldest is forgotten first.
+///
+/// Memory: a raw answer is a listing (under 40 KB, asserted in the serve tests) or a
+/// result elision let through whole, so under its per-result threshold (10,000 estimated
+/// tokens by default, some 40 KB of text; a larger image or blob is replaced by its
+/// placeholder line). So the answers waiting hold some tens of MB at the very worst, and
+/// in practice nothing: each is taken by its send.
+///
+/// Cancel safety: nothing here is held across an await. The swap happens before
+/// [`RawTransport::send`] returns its future, and `receive` and `close` are the inner
+/// transport's own.
 const MAX_WAITING: usize = 1024;
 
 /// Raw answers waiting for the transport to put them in place of their placeholders.
@@ -97,12 +107,12 @@ pub(super) struct RawSessions {
 }
 
 impl RawSessions {
-    /// Sessions whose placeholders are answered from `raw`.
-    pub(super) fn new(raw: Arc<RawAnswers>) -> Self {
-        Self {
-            inner: LocalSessionManager::default(),
-            raw,
-        }
+    /// Sessions whose placeholders are answered from `raw`, each closed after `idle`
+    /// without a message (rmcp's keep-alive).
+    pub(super) fn new(raw: Arc<RawAnswers>, idle: std::time::Duration) -> Self {
+        let mut inner = LocalSessionManager::default();
+        inner.session_config.keep_alive = Some(idle);
+        Self { inner, raw }
     }
 }
 

@@ -1,0 +1,625 @@
+//! `psych serve` under faults, as a process in front of real upstream processes
+//! (`psych serve-embedded`): SIGTERM and SIGINT over stdio and `--http` with a call in
+//! flight (a clean exit within the bound, nothing of the upstreams' process groups left,
+//! the session log intact with a result for the call), `initialize` answered at once with
+//! upstreams that never answer (the others' tools arriving through `list_changed`), and the
+//! cap on HTTP sessions.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, ClientRequest, ProgressNotificationParam,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+
+const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
+
+/// `psych serve`'s bound on a graceful shutdown (`SHUTDOWN_WITHIN` in the gateway).
+const SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
+
+/// How a call cut short by the shutdown is logged (`CANCELLED_BY_SHUTDOWN`).
+const CANCELLED_BY_SHUTDOWN: &str = "cancelled: psych serve shut down";
+
+fn embedded(tools: usize, flags: &[&str], extra: Value) -> Value {
+    let mut args = vec![
+        json!("serve-embedded"),
+        json!("--tools"),
+        json!(tools.to_string()),
+    ];
+    args.extend(flags.iter().map(|f| json!(f)));
+    let mut server = json!({ "command": PSYCH, "args": args });
+    if let Value::Object(extra) = extra {
+        server.as_object_mut().unwrap().extend(extra);
+    }
+    server
+}
+
+fn write_config(dir: &Path, servers: Value) -> std::path::PathBuf {
+    let path = dir.join("mcp.json");
+    std::fs::write(&path, json!({ "mcpServers": servers }).to_string()).unwrap();
+    path
+}
+
+/// The live (not zombie) members of process group `pgid`, from /proc.
+fn live_members(pgid: i32) -> Vec<i32> {
+    let mut members = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // After the command name in parentheses: state, ppid, pgrp, …
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() > 2 && fields[2] == pgid.to_string() && fields[0] != "Z" {
+            members.push(pid);
+        }
+    }
+    members
+}
+
+/// The process groups of `parent`'s live children (each upstream is its own group).
+fn child_groups(parent: u32) -> Vec<i32> {
+    let mut groups = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() > 2 && fields[1] == parent.to_string() && fields[0] != "Z" {
+            groups.push(fields[2].parse().unwrap());
+        }
+    }
+    groups.sort_unstable();
+    groups.dedup();
+    groups
+}
+
+/// Stops `gateway` as a process manager would (SIGTERM) and waits for it: a gateway
+/// killed outright cannot stop its upstreams, and one that never answered its
+/// `initialize` would outlive the test.
+async fn stop(mut gateway: tokio::process::Child) {
+    let pid = gateway.id().unwrap().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exited = tokio::time::timeout(SHUTDOWN_WITHIN + Duration::from_secs(20), gateway.wait())
+        .await
+        .expect("the gateway exits")
+        .unwrap();
+    assert!(exited.success(), "{exited}");
+}
+
+/// The tool results of every session log under `<dir>/serve/`, each log opened (and so
+/// checked whole) by psych-record-log: (tool name, readable text).
+fn logged_results(dir: &Path) -> Vec<(String, String)> {
+    let serve = dir.join("serve");
+    let mut results = Vec::new();
+    for entry in std::fs::read_dir(&serve).unwrap() {
+        let name = entry.unwrap().file_name();
+        let run = Path::new(&name)
+            .file_stem()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let run = psych_types::RunId::new(run).unwrap();
+        let (log, _) = psych_record_log::RecordLog::open_read_only(&serve, &run)
+            .unwrap_or_else(|e| panic!("{name:?} opens intact: {e}"));
+        for logged in log.iter() {
+            if let psych_types::Record::ToolResult(result) = logged.unwrap().record {
+                results.push((result.name, result.output.readable_text().into_owned()));
+            }
+        }
+    }
+    results
+}
+
+/// A JSON-RPC client of `psych serve` over stdio, reading every message in order.
+struct RawClient {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl RawClient {
+    /// Starts `psych serve` (not yet initialized).
+    fn spawn(config: &Path, dir: &Path) -> Self {
+        let mut child = tokio::process::Command::new(PSYCH)
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .arg("--dir")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    async fn send(&mut self, message: Value) {
+        let mut line = message.to_string();
+        line.push('\n');
+        self.stdin.write_all(line.as_bytes()).await.unwrap();
+    }
+
+    async fn next(&mut self) -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
+            .await
+            .expect("the gateway answers")
+            .unwrap()
+            .expect("the gateway is running");
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// The initialize handshake: the initialize result, and how long it took.
+    async fn initialize(&mut self) -> (Value, Duration) {
+        let asked = Instant::now();
+        self.send(
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "0"},
+            }}),
+        )
+        .await;
+        let result = loop {
+            let message = self.next().await;
+            if message.get("id") == Some(&json!(0)) {
+                break message["result"].clone();
+            }
+        };
+        let took = asked.elapsed();
+        self.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        (result, took)
+    }
+
+    /// The listed tool names (request `id`); counts the `list_changed` seen meanwhile.
+    async fn list(&mut self, id: u64, changed: &mut usize) -> Vec<String> {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}))
+            .await;
+        loop {
+            let message = self.next().await;
+            if message["method"] == "notifications/tools/list_changed" {
+                *changed += 1;
+            } else if message.get("id") == Some(&json!(id)) {
+                return message["result"]["tools"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t["name"].as_str().unwrap().to_owned())
+                    .collect();
+            }
+        }
+    }
+
+    /// Waits for the next `notifications/tools/list_changed`.
+    async fn list_changed(&mut self) {
+        while self.next().await["method"] != "notifications/tools/list_changed" {}
+    }
+}
+
+/// Lists until `tool` is there, waiting for a `list_changed` between tries (request ids
+/// from `id` on).
+async fn wait_listed(client: &mut RawClient, tool: &str, id: &mut u64) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            *id += 1;
+            let mut changed = 0;
+            let tools = client.list(*id, &mut changed).await;
+            if tools.iter().any(|n| n == tool) {
+                return;
+            }
+            if changed == 0 {
+                client.list_changed().await;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{tool} is listed"));
+}
+
+/// Lists until `tool` is there, waiting for a `list_changed` between tries.
+async fn wait_listed_http(
+    session: &HttpSession,
+    changed: &mut mpsc::UnboundedReceiver<()>,
+    tool: &str,
+) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let tools = session.list_all_tools().await.unwrap();
+            if tools.iter().any(|t| t.name == tool) {
+                return;
+            }
+            changed.recv().await.unwrap();
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{tool} is listed"));
+}
+
+/// The upstreams: `busy` (its `hang` tool is the call in flight, and it leaves a `sleep`
+/// grandchild in its group) and `idle`.
+fn shutdown_config(dir: &Path) -> std::path::PathBuf {
+    write_config(
+        dir,
+        json!({
+            "busy": embedded(3, &["--grandchild", "--announce-hang"], json!({"preload": true})),
+            "idle": embedded(2, &[], json!({"preload": true})),
+        }),
+    )
+}
+
+/// After the signal: the gateway exits by itself, successfully, within the bound; no
+/// member of any upstream's group is left; the session log opens intact and holds the
+/// in-flight call's result, logged as cut short by the shutdown.
+async fn check_stopped(
+    mut gateway: tokio::process::Child,
+    signal: &str,
+    groups: &[i32],
+    dir: &Path,
+) {
+    let pid = gateway.id().unwrap();
+    let signalled = Instant::now();
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exited = tokio::time::timeout(SHUTDOWN_WITHIN + Duration::from_secs(20), gateway.wait())
+        .await
+        .unwrap_or_else(|_| panic!("{signal}: the gateway exits"))
+        .unwrap();
+    let took = signalled.elapsed();
+    eprintln!("{signal}: exited {exited} in {took:?}");
+    for &group in groups {
+        assert_eq!(
+            live_members(group),
+            Vec::<i32>::new(),
+            "{signal}: nothing of upstream group {group} is left"
+        );
+    }
+    assert!(exited.success(), "{signal}: a clean exit: {exited}");
+    assert!(
+        took < SHUTDOWN_WITHIN,
+        "{signal}: within the bound: {took:?}"
+    );
+    let results = logged_results(dir);
+    let hung: Vec<&String> = results
+        .iter()
+        .filter(|(name, _)| name == "busy__hang")
+        .map(|(_, text)| text)
+        .collect();
+    assert_eq!(
+        hung.len(),
+        1,
+        "{signal}: one result for the call: {results:?}"
+    );
+    assert!(
+        hung[0].starts_with(CANCELLED_BY_SHUTDOWN),
+        "{signal}: {:?}",
+        hung[0]
+    );
+}
+
+/// SIGTERM and SIGINT over stdio, with a call hanging upstream: the gateway cancels it
+/// upstream, logs it, stops every upstream process group (the grandchild too) and exits
+/// cleanly within its bound. (Before, SIGTERM killed it at once: the upstream groups were
+/// left running and the call had no result in the log.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_stops_the_stdio_gateway_cleanly_with_a_call_in_flight() {
+    for signal in ["-TERM", "-INT"] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = shutdown_config(dir.path());
+        let mut client = RawClient::spawn(&config, dir.path());
+        client.initialize().await;
+        let mut id = 0;
+        wait_listed(&mut client, "busy__hang", &mut id).await;
+        wait_listed(&mut client, "idle__echo", &mut id).await;
+        let groups = child_groups(client.child.id().unwrap());
+        assert_eq!(groups.len(), 2, "{signal}: two upstream groups: {groups:?}");
+        assert!(
+            groups.iter().any(|&g| live_members(g).len() >= 2),
+            "{signal}: busy's grandchild runs in its group"
+        );
+        // The call in flight: hanging upstream once its progress says so.
+        client
+            .send(
+                json!({"jsonrpc": "2.0", "id": 1000, "method": "tools/call", "params": {
+                    "name": "busy__hang",
+                    "arguments": {},
+                    "_meta": {"progressToken": "hang"},
+                }}),
+            )
+            .await;
+        while client.next().await["method"] != "notifications/progress" {}
+        let RawClient { child, stdin, .. } = client;
+        // The client stays connected (its stdin open) while the gateway is signalled.
+        check_stopped(child, signal, &groups, dir.path()).await;
+        drop(stdin);
+    }
+}
+
+/// A client that forwards each `tools/list_changed` and each progress notification.
+struct Client {
+    changed: mpsc::UnboundedSender<()>,
+    progress: mpsc::UnboundedSender<ProgressNotificationParam>,
+}
+
+impl ClientHandler for Client {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.changed.send(());
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.progress.send(params);
+    }
+}
+
+/// Starts `psych serve --http` with `flags`: the gateway and its URL.
+async fn start_http(config: &Path, dir: &Path, flags: &[&str]) -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new(PSYCH)
+        .arg("serve")
+        .arg("--http")
+        .arg("127.0.0.1:0")
+        .arg("--config")
+        .arg(config)
+        .arg("--dir")
+        .arg(dir)
+        .args(flags)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the gateway says where it listens")
+        .unwrap()
+        .unwrap();
+    let url = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+    (child, url)
+}
+
+type HttpSession = RunningService<RoleClient, Client>;
+
+async fn http_session(
+    url: &str,
+) -> (
+    HttpSession,
+    mpsc::UnboundedReceiver<()>,
+    mpsc::UnboundedReceiver<ProgressNotificationParam>,
+) {
+    let (changed, changed_rx) = mpsc::unbounded_channel();
+    let (progress, progress_rx) = mpsc::unbounded_channel();
+    let session = Client { changed, progress }
+        .serve(StreamableHttpClientTransport::from_uri(url.to_owned()))
+        .await
+        .unwrap();
+    (session, changed_rx, progress_rx)
+}
+
+/// SIGTERM and SIGINT over `--http`, with a call hanging upstream: as over stdio.
+/// (Before, SIGTERM killed it at once, and SIGINT left the call without a result.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_stops_the_http_gateway_cleanly_with_a_call_in_flight() {
+    for signal in ["-TERM", "-INT"] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = shutdown_config(dir.path());
+        let (gateway, url) = start_http(&config, dir.path(), &[]).await;
+        let (session, mut changed, mut progress) = http_session(&url).await;
+        for tool in ["busy__hang", "idle__echo"] {
+            wait_listed_http(&session, &mut changed, tool).await;
+        }
+        let groups = child_groups(gateway.id().unwrap());
+        assert_eq!(groups.len(), 2, "{signal}: two upstream groups: {groups:?}");
+        let call = session
+            .peer()
+            .send_cancellable_request(
+                ClientRequest::CallToolRequest(CallToolRequest::new(CallToolRequestParams::new(
+                    "busy__hang",
+                ))),
+                PeerRequestOptions::no_options(),
+            )
+            .await
+            .unwrap();
+        let note = tokio::time::timeout(Duration::from_secs(60), progress.recv())
+            .await
+            .expect("the call reaches the upstream")
+            .unwrap();
+        assert_eq!(note.progress_token, call.progress_token);
+        check_stopped(gateway, signal, &groups, dir.path()).await;
+        drop(call);
+        drop(session);
+    }
+}
+
+/// A TCP listener that accepts connections and never answers (an HTTP upstream that
+/// hangs): its URL, and the task holding it.
+async fn deaf_listener() -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    (format!("http://{addr}/mcp"), task)
+}
+
+/// `initialize` is answered at once while one stdio upstream never answers its initialize
+/// and one HTTP upstream accepts and never answers; a good upstream that starts a second
+/// late reaches the client through `list_changed`. (Before, `initialize` waited for every
+/// upstream's first attempt: 30 s, the connect deadline.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initialize_is_answered_at_once_and_late_servers_arrive_through_list_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (deaf, _held) = deaf_listener().await;
+    let late = json!({
+        "command": "sh",
+        "args": ["-c", "sleep 1; exec \"$0\" serve-embedded --tools 3", PSYCH],
+        "preload": true,
+    });
+    let config = write_config(
+        dir.path(),
+        json!({
+            "mute": embedded(3, &["--hang-initialize"], json!({"preload": true})),
+            "deaf": {"url": deaf, "preload": true},
+            "late": late,
+        }),
+    );
+    let mut client = RawClient::spawn(&config, dir.path());
+    let (info, took) = client.initialize().await;
+    eprintln!("initialize answered in {took:?}");
+    assert!(took < Duration::from_secs(1), "initialize took {took:?}");
+    let instructions = info["instructions"].as_str().unwrap_or_default();
+    for server in ["mute", "deaf", "late"] {
+        assert!(
+            instructions.contains(&format!(
+                "- {server}: deferred MCP server, no tools (not listed yet)"
+            )),
+            "{server} is shown connecting: {instructions}"
+        );
+    }
+    let mut changed = 0;
+    let first = client.list(1, &mut changed).await;
+    assert!(
+        !first.iter().any(|n| n.starts_with("late__")),
+        "late is still starting: {first:?}"
+    );
+    assert!(first.iter().any(|n| n == "psych_list_tools"), "{first:?}");
+    let mut id = 1;
+    wait_listed(&mut client, "late__echo", &mut id).await;
+    // The silent ones are still connecting, and nothing of them is listed.
+    let now = client.list(id + 1, &mut changed).await;
+    assert!(
+        !now.iter()
+            .any(|n| n.starts_with("mute__") || n.starts_with("deaf__")),
+        "{now:?}"
+    );
+    // Stopped while the mute upstream still waits in its initialize: nothing is left.
+    let groups = child_groups(client.child.id().unwrap());
+    let RawClient { child, stdin, .. } = client;
+    stop(child).await;
+    drop(stdin);
+    for group in groups {
+        assert_eq!(live_members(group), Vec::<i32>::new(), "group {group}");
+    }
+}
+
+/// One raw JSON-RPC `initialize` POST to `url`: the whole HTTP answer as text.
+async fn post_initialize(url: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    }})
+    .to_string();
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    // An accepted session streams: read what comes within a moment; a refusal closes.
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// More HTTP sessions than `--max-sessions`: the one past the cap is refused with an error
+/// naming the cap, the open ones keep working, and a session a client deletes frees its
+/// slot. (Before, there was no cap: the flag did not exist.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sessions_past_the_cap_are_refused_and_closed_ones_are_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        json!({"up": embedded(3, &[], json!({"preload": true}))}),
+    );
+    let (gateway, url) = start_http(&config, dir.path(), &["--max-sessions", "2"]).await;
+    let (first, ..) = http_session(&url).await;
+    let (second, ..) = http_session(&url).await;
+    let (changed, _) = mpsc::unbounded_channel();
+    let (progress, _) = mpsc::unbounded_channel();
+    let third = Client { changed, progress }
+        .serve(StreamableHttpClientTransport::from_uri(url.clone()))
+        .await;
+    assert!(third.is_err(), "a third session is refused");
+    let refused = post_initialize(&url).await;
+    assert!(
+        refused.contains("2 sessions are open, the most --max-sessions allows"),
+        "{refused}"
+    );
+    // The open sessions are served.
+    for session in [&first, &second] {
+        assert!(!session.list_all_tools().await.unwrap().is_empty());
+    }
+    // A session the client closes (rmcp's client deletes it) frees its slot.
+    first.cancel().await.unwrap();
+    let reopened = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let (changed, _) = mpsc::unbounded_channel();
+            let (progress, _) = mpsc::unbounded_channel();
+            if let Ok(session) = (Client { changed, progress })
+                .serve(StreamableHttpClientTransport::from_uri(url.clone()))
+                .await
+            {
+                break session;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the deleted session's slot is freed");
+    assert!(!reopened.list_all_tools().await.unwrap().is_empty());
+    reopened.cancel().await.unwrap();
+    second.cancel().await.unwrap();
+    stop(gateway).await;
+}

@@ -1,0 +1,149 @@
+//! Faults of a stdio server that rmcp's server side cannot commit, for the client's tests:
+//!
+//! - tools (stdio only; unlisted unless `--list-raw-tools`) whose answer line is written
+//!   raw: `raw_bad_utf8 {bytes}` (a text with bytes that are not UTF-8, about `bytes` long
+//!   when given: [`bad_utf8_text`]), `raw_lone_surrogate` (a text cut inside an emoji, as
+//!   Python's `json.dumps` writes it: `"\ud83d"`), `raw_oversize {bytes, id_last}` (a text
+//!   of `bytes` bytes; with `id_last`, the `id` written last, as the TypeScript SDK does),
+//!   `raw_unparseable` (a line cut in the middle of the result). The handler answers them
+//!   with a marker and [`raw_line`] writes the line in its place;
+//! - at start: `--stderr-flood BYTES` writes that many bytes to stderr without a line
+//!   break (then one), and `--setsid-grandchild PIDFILE` starts a `sleep` in a session of
+//!   its own (`setsid`), out of the server's process group, holding its stdout and stderr,
+//!   and writes its pid to the file.
+
+use std::io::Write;
+use std::path::Path;
+
+use rmcp::RoleServer;
+use rmcp::model::{ClientRequest, CustomResult, JsonRpcMessage, ServerResult};
+use rmcp::service::TxJsonRpcMessage;
+use serde_json::{Value, json};
+
+/// The key of the marker answer of a raw tool.
+const MARKER: &str = "psych-test-server/raw";
+
+/// The marker answer of a raw tool, if `request` calls one.
+pub(super) fn marker(request: &ClientRequest) -> Option<ServerResult> {
+    let ClientRequest::CallToolRequest(call) = request else {
+        return None;
+    };
+    let name = call.params.name.as_ref();
+    let kind = name.strip_prefix("raw_")?;
+    if !matches!(
+        kind,
+        "bad_utf8" | "lone_surrogate" | "oversize" | "unparseable"
+    ) {
+        return None;
+    }
+    let args = call.params.arguments.clone().unwrap_or_default();
+    Some(ServerResult::CustomResult(CustomResult(json!({
+        MARKER: kind,
+        "bytes": args.get("bytes").and_then(Value::as_u64).unwrap_or(0),
+        "id_last": args.get("id_last").and_then(Value::as_bool).unwrap_or(false),
+    }))))
+}
+
+/// The raw line (with its `\n`) that replaces a marker answer, if `item` is one.
+pub(super) fn raw_line(item: &TxJsonRpcMessage<RoleServer>) -> Option<Vec<u8>> {
+    let JsonRpcMessage::Response(response) = item else {
+        return None;
+    };
+    let ServerResult::CustomResult(CustomResult(marker)) = &response.result else {
+        return None;
+    };
+    let kind = marker.get(MARKER)?.as_str()?;
+    let id = serde_json::to_string(&response.id).ok()?;
+    let text = |text: &[u8], id_last: bool| {
+        let mut line = Vec::with_capacity(text.len() + 128);
+        if !id_last {
+            line.extend_from_slice(format!(r#"{{"jsonrpc":"2.0","id":{id},"#).as_bytes());
+        } else {
+            line.push(b'{');
+        }
+        line.extend_from_slice(br#""result":{"content":[{"type":"text","text":""#);
+        line.extend_from_slice(text);
+        line.extend_from_slice(br#""}]}"#);
+        if id_last {
+            line.extend_from_slice(format!(r#","jsonrpc":"2.0","id":{id}"#).as_bytes());
+        }
+        line.extend_from_slice(b"}\n");
+        line
+    };
+    Some(match kind {
+        "bad_utf8" => {
+            let bytes = marker["bytes"]
+                .as_u64()
+                .and_then(|b| usize::try_from(b).ok())
+                .unwrap_or(0);
+            text(&bad_utf8_text(bytes), false)
+        }
+        "lone_surrogate" => text(br"cut inside an emoji: \ud83d", true),
+        "oversize" => {
+            let bytes = marker["bytes"]
+                .as_u64()
+                .and_then(|b| usize::try_from(b).ok())?;
+            text(&vec![b'x'; bytes], marker["id_last"] == true)
+        }
+        "unparseable" => format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"content\":[{{\"text\":\"cut he\n"
+        )
+        .into_bytes(),
+        _ => return None,
+    })
+}
+
+/// The text `raw_bad_utf8 {bytes}` answers: lines with bytes that are not UTF-8 (a cut
+/// two-byte sequence, `FF FE`), at least one line and about `bytes` long; JSON-safe as it
+/// stands (no quote, backslash or control byte but the escaped line breaks).
+pub fn bad_utf8_text(bytes: usize) -> Vec<u8> {
+    let line: &[u8] = b"caf\xC3 and \xFF\xFE, then fine\\n";
+    let mut text = Vec::with_capacity(bytes + line.len());
+    loop {
+        text.extend_from_slice(line);
+        if text.len() >= bytes {
+            return text;
+        }
+    }
+}
+
+/// The definitions of the raw tools, for `--list-raw-tools`.
+pub(super) fn raw_tools() -> Vec<Value> {
+    let object = |properties: Value| json!({"type": "object", "properties": properties});
+    vec![
+        json!({"name": "raw_bad_utf8", "description": "A text with bytes that are not UTF-8.",
+            "inputSchema": object(json!({"bytes": {"type": "integer", "minimum": 0}}))}),
+        json!({"name": "raw_lone_surrogate", "description": "A text cut inside an emoji.",
+            "inputSchema": object(json!({}))}),
+        json!({"name": "raw_oversize", "description": "A text of `bytes` bytes, written raw.",
+            "inputSchema": object(json!({"bytes": {"type": "integer", "minimum": 0},
+                "id_last": {"type": "boolean"}}))}),
+        json!({"name": "raw_unparseable", "description": "A line cut inside the result.",
+            "inputSchema": object(json!({}))}),
+    ]
+}
+
+/// Writes `bytes` bytes of `#` to stderr without a line break, then one.
+pub(super) fn flood_stderr(bytes: u64) -> std::io::Result<()> {
+    let chunk = vec![b'#'; 1024 * 1024];
+    let mut stderr = std::io::stderr().lock();
+    let mut left = bytes;
+    while left > 0 {
+        let n = usize::try_from(left.min(chunk.len() as u64)).unwrap_or(chunk.len());
+        stderr.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    stderr.write_all(b"\npsych-test-server: stderr flood done\n")?;
+    stderr.flush()
+}
+
+/// Starts `setsid sleep 1000` (a new session and process group, holding the server's
+/// stdout and stderr open, as a daemon that forgot to close them does) and writes its pid
+/// to `pidfile`; it is left running on purpose.
+pub(super) fn setsid_grandchild(pidfile: &Path) -> std::io::Result<()> {
+    let child = std::process::Command::new("setsid")
+        .args(["sleep", "1000"])
+        .stdin(std::process::Stdio::null())
+        .spawn()?;
+    std::fs::write(pidfile, child.id().to_string())
+}
