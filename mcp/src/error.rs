@@ -44,8 +44,9 @@ pub enum McpError {
         /// The last lines it wrote to stderr (bounded), empty if none.
         stderr: String,
     },
-    /// The connection closed with no process exit to report (an HTTP server gone, a stream
-    /// that ended).
+    /// The connection closed with no process exit to report (an HTTP server gone). An HTTP
+    /// event stream that ends or breaks before its answer is not this: that request fails
+    /// alone, as [`McpError::Protocol`] saying what happened, and the session stays.
     #[error("MCP server \"{server}\": {call} failed: the connection closed: {reason}")]
     Closed {
         /// The server.

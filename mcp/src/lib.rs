@@ -15,9 +15,8 @@
 //! result is read from the JSON the server sent into a [`psych_types::ToolOutput`], block
 //! by block, with nothing dropped: rmcp's typed result drops fields and block types it
 //! does not model, so psych-mcp keeps the raw answer, through its own stdio transport and
-//! through a wrapper of rmcp's streamable HTTP client that reads the server-sent events
-//! first (an HTTP server that answers with a single JSON body instead of an event stream
-//! is read by rmcp itself, and only block types rmcp does not know survive whole there).
+//! through a wrapper of rmcp's streamable HTTP client that sees every server-sent event and
+//! every single JSON body before rmcp parses it.
 //! [`McpManager::call_tool_raw`] returns rmcp's typed `CallToolResult` instead.
 //!
 //! The crate also ships `psych-test-server`, an MCP server built on rmcp whose behaviour is
