@@ -39,6 +39,11 @@ const LARGEST: usize = 8 * 1024 * 1024;
 /// bound says the memory does not grow with the number of calls (2,000 results add up to
 /// about 2 GB).
 const PEAK_BOUND_MIB: u64 = 1_024;
+/// How much the gateway's resident memory may grow between the 500th call and the last:
+/// memory that grew with the calls (a result kept per call) would add over 1 GB here.
+const GROWTH_BOUND_MIB: u64 = 256;
+/// When the resident memory is first sampled.
+const WARM_CALLS: usize = 500;
 /// A hang guard only: a call that takes this long has failed the test.
 const CALL_GUARD: Duration = Duration::from_secs(300);
 
@@ -169,12 +174,12 @@ fn write_config(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-/// The peak resident set of process `pid`, in KiB (`VmHWM` in `/proc/PID/status`).
-fn peak_kib(pid: u32) -> u64 {
+/// A `kB` figure of `/proc/PID/status`: `VmHWM` (the peak resident set) or `VmRSS` (now).
+fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
 }
@@ -305,10 +310,14 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     // (each a list_changed through the gateway).
     let mut listings = 0usize;
     let mut removed = 0usize;
+    let mut warm_rss: Option<u64> = None;
     while done.load(Ordering::SeqCst) < CALLS && !workers.is_empty() {
         if let Some(joined) = workers.try_join_next() {
             joined.unwrap();
             continue;
+        }
+        if warm_rss.is_none() && done.load(Ordering::SeqCst) >= WARM_CALLS {
+            warm_rss = Some(status_kib(pid, "VmRSS") / 1024);
         }
         let tools = session.list_all_tools().await.unwrap();
         assert!(tools.iter().any(|t| t.name == "gamma__large"));
@@ -335,10 +344,13 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     }
     let elapsed = begun.elapsed();
     assert_eq!(done.load(Ordering::SeqCst), CALLS);
-    let peak = peak_kib(pid) / 1024;
+    let peak = status_kib(pid, "VmHWM") / 1024;
+    let rss = status_kib(pid, "VmRSS") / 1024;
+    let warm = warm_rss.expect("sampled after the first calls");
     eprintln!(
         "{CALLS} calls, {IN_FLIGHT} in flight: {elapsed:.1?}; {listings} listings, {removed} tools \
-         removed, {} list_changed received; the gateway's peak resident memory {peak} MiB",
+         removed, {} list_changed received; the gateway's peak resident memory {peak} MiB, \
+         resident {warm} MiB after {WARM_CALLS} calls and {rss} MiB at the end",
         changed.load(Ordering::SeqCst)
     );
     assert!(removed > 0, "the window saw a tools change");
@@ -349,6 +361,11 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     assert!(
         peak < PEAK_BOUND_MIB,
         "the gateway's peak memory {peak} MiB is over {PEAK_BOUND_MIB} MiB"
+    );
+    assert!(
+        rss <= warm + GROWTH_BOUND_MIB,
+        "the gateway's memory grew with the calls: {warm} MiB after {WARM_CALLS}, {rss} MiB \
+         after {CALLS}"
     );
     session.cancel().await.unwrap();
 

@@ -156,8 +156,9 @@ pub struct Connected {
     pub sync: CatalogSync,
     /// The freshener over the manager, holding the catalogue ([`Freshener::catalog`]).
     pub freshener: Arc<Freshener<McpManager>>,
-    /// The servers whose first connection or listing failed, in name order, with why (each failure is
-    /// also recorded in the catalogue's health).
+    /// The servers whose first connection or listing failed, in name order, with why (a
+    /// listing failure is also recorded in the catalogue's health; a server the manager
+    /// could not add, [`FirstSyncError::Connect`], is not in the catalogue at all).
     pub failures: Vec<(ServerId, FirstSyncError)>,
 }
 
@@ -186,8 +187,8 @@ pub struct Connecting {
 
 impl Connecting {
     /// Waits until every server has connected or failed and been listed once: the servers
-    /// whose first connection or listing failed, in name order, with why (each failure is also in the
-    /// catalogue's health). Bounded by the manager's connect and listing deadlines.
+    /// whose first connection or listing failed, in name order, with why (as
+    /// [`Connected::failures`]). Bounded by the manager's connect and listing deadlines.
     pub async fn finish(mut self) -> Vec<(ServerId, FirstSyncError)> {
         // Awaited in place: dropped mid-way, `self` still aborts the task.
         match self.task.as_mut() {
