@@ -45,6 +45,10 @@
 //!   are closed, the catalogue's tasks stopped, and every upstream process group stopped
 //!   (SIGTERM, grace, SIGKILL). A second signal exits at once (the upstream groups are
 //!   still killed as the manager is dropped).
+//! - A stdio client that closes stdin with calls in flight ends the gateway the same way,
+//!   by one path: rmcp waits up to 5 s for their answers, then the calls still in flight
+//!   are cancelled upstream and logged as [`CANCELLED_BY_CLIENT`], and the gateway waits
+//!   for every one of them to be logged before it stops the upstreams and exits.
 //! - Over HTTP at most `--max-sessions` ([`MAX_SESSIONS`] by default) sessions are open at
 //!   once; one more is refused with an error saying so. A session ends when its client
 //!   deletes it or after [`SESSION_IDLE`] without a message, and its slot is freed.
@@ -200,18 +204,18 @@ async fn resolver(basis: Arc<Basis>, published: watch::Sender<Option<Arc<Resolve
     }
 }
 
-/// What the gateway counts to shut down in order: whether it is closing, the calls in
-/// flight, and the sessions open.
+/// What the gateway counts to shut down in order: whether it is closing (and why: the
+/// stdio client left, or a signal), the calls in flight, and the sessions open.
 #[derive(Debug, Clone, Copy, Default)]
 struct Gauge {
-    closing: bool,
+    closing: Option<Cut>,
     calls: usize,
     sessions: usize,
 }
 
 /// Resolves once the gateway is closing (or its state is gone).
 async fn closing(state: &mut watch::Receiver<Gauge>) {
-    let _ = state.wait_for(|g| g.closing).await;
+    let _ = state.wait_for(|g| g.closing.is_some()).await;
 }
 
 /// A call in flight, counted until it is dropped.
@@ -340,7 +344,7 @@ impl Shared {
     fn take_session_slot(&self) -> Result<SessionSlot, String> {
         let mut refused = None;
         self.state.send_if_modified(|g| {
-            if g.closing {
+            if g.closing.is_some() {
                 refused = Some("psych serve is shutting down".to_owned());
                 return false;
             }
@@ -364,10 +368,14 @@ impl Shared {
         }
     }
 
-    /// Starts closing: new sessions are refused, and every call in flight cancels itself.
-    fn close(&self) {
-        self.state
-            .send_if_modified(|g| !std::mem::replace(&mut g.closing, true));
+    /// Starts closing because of `why` (the first reason given stands): new sessions are
+    /// refused, and every call in flight cancels itself and logs `why`.
+    fn close(&self, why: Cut) {
+        self.state.send_if_modified(|g| {
+            let first = g.closing.is_none();
+            g.closing.get_or_insert(why);
+            first
+        });
     }
 
     /// Waits until `done` holds of the gateway's state.
@@ -460,10 +468,10 @@ impl Drop for Session {
     }
 }
 
-/// Why a call ended without its own result.
+/// Why a call ended without its own result (and why the gateway closes).
 #[derive(Debug, Clone, Copy)]
 enum Cut {
-    /// The client cancelled it.
+    /// The client cancelled it (or, over stdio, left: it closed stdin).
     Client,
     /// The gateway is shutting down.
     Shutdown,
@@ -608,10 +616,11 @@ impl Session {
                 logged
             };
             let mut execution = std::pin::pin!(execution);
-            // Closing first: once the gateway closes, no call goes upstream.
+            // Closing first: once the gateway closes, no call goes upstream. A call cut
+            // short because its stdio client left is logged as the client's cancellation.
             let why = tokio::select! {
                 biased;
-                () = closing(&mut state) => Ok(Cut::Shutdown),
+                () = closing(&mut state) => Ok(state.borrow().closing.unwrap_or(Cut::Shutdown)),
                 () = context.ct.cancelled() => Ok(Cut::Client),
                 logged = &mut execution => Err(logged),
             };
@@ -1041,7 +1050,7 @@ async fn serve(
         served = &mut serving => (served, tokio::time::Instant::now() + SHUTDOWN_WITHIN),
         () = &mut shutdown => {
             let deadline = tokio::time::Instant::now() + SHUTDOWN_WITHIN;
-            shared.close();
+            shared.close(Cut::Shutdown);
             let served = tokio::time::timeout_at(deadline, serving)
                 .await
                 .unwrap_or_else(|_| Err(format!(
@@ -1051,7 +1060,12 @@ async fn serve(
             (served, deadline)
         }
     };
-    shared.close();
+    // One path for both transports and both ends (the stdio client leaving, a signal):
+    // rmcp does not await its request handlers (when its input ends it cancels them and
+    // returns), so the calls in flight are awaited here, each logging its result, before
+    // the upstreams and the runtime are stopped.
+    shared.close(Cut::Shutdown);
+    let logged = tokio::time::timeout_at(deadline, shared.settled(|g| g.calls == 0)).await;
     let stopped = tokio::time::timeout_at(deadline, async {
         // The resolver, and the report of the first attempts (which aborts them).
         tasks.shutdown().await;
@@ -1060,18 +1074,25 @@ async fn serve(
         manager.shutdown().await;
     })
     .await;
-    match (served, stopped) {
-        (Err(error), _) => Err(error),
-        (Ok(()), Err(_)) => Err(format!(
+    match (served, logged, stopped) {
+        (Err(error), ..) => Err(error),
+        (Ok(()), Err(_), _) => Err(format!(
+            "the calls in flight did not log their results within {} s",
+            SHUTDOWN_WITHIN.as_secs()
+        )),
+        (Ok(()), Ok(()), Err(_)) => Err(format!(
             "the upstream servers did not stop within {} s; killing their process groups",
             SHUTDOWN_WITHIN.as_secs()
         )),
-        (Ok(()), Ok(())) => Ok(0),
+        (Ok(()), Ok(()), Ok(())) => Ok(0),
     }
 }
 
 /// Serves the one stdio client until it leaves or the gateway closes; when closing, waits
 /// for every call in flight to cancel itself and log its result before ending the session.
+/// When the client leaves (closes stdin), the gateway closes as cancelled by the client:
+/// the calls still in flight (rmcp cancels them and returns without awaiting them) log
+/// [`CANCELLED_BY_CLIENT`], and [`serve`] awaits them.
 async fn serve_stdio(shared: Arc<Shared>) -> Result<(), String> {
     let session = Session::open(Arc::clone(&shared))?;
     let mut state = shared.state.subscribe();
@@ -1085,6 +1106,7 @@ async fn serve_stdio(shared: Arc<Shared>) -> Result<(), String> {
     let mut waiting = std::pin::pin!(running.waiting());
     tokio::select! {
         quit = &mut waiting => {
+            shared.close(Cut::Client);
             return quit.map(|_| ()).map_err(|e| format!("serving stdio: {e}"));
         }
         () = closing(&mut state) => {}
@@ -1155,7 +1177,7 @@ async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String>
         });
     };
     drop(listener);
-    shared.close();
+    shared.close(Cut::Shutdown);
     shared.settled(|g| g.calls == 0).await;
     sessions.cancel();
     shared.settled(|g| g.sessions == 0).await;

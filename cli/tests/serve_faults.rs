@@ -372,6 +372,85 @@ async fn a_signal_stops_the_stdio_gateway_cleanly_with_a_call_in_flight() {
     }
 }
 
+/// How a call the client cancelled is logged (`CANCELLED_BY_CLIENT`).
+const CANCELLED_BY_CLIENT: &str = "cancelled by the client";
+
+/// A client that closes stdin with calls hanging upstream (what clients commonly do when
+/// they quit): the gateway exits cleanly, stops every upstream group, and the session log
+/// opens intact with a result for every call, saying the client cancelled it. (Before, the
+/// gateway returned as soon as rmcp's loop ended, without waiting for the calls to log
+/// their results, and a call cut short when the client left was logged as cut short by a
+/// shutdown.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_closing_stdin_with_calls_in_flight_finds_them_logged_as_cancelled_by_it() {
+    const CALLS: u64 = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let config = shutdown_config(dir.path());
+    let mut client = RawClient::spawn(&config, dir.path());
+    client.initialize().await;
+    let mut id = 0;
+    wait_listed(&mut client, "busy__hang", &mut id).await;
+    wait_listed(&mut client, "idle__echo", &mut id).await;
+    let groups = child_groups(client.child.id().unwrap());
+    assert_eq!(groups.len(), 2, "two upstream groups: {groups:?}");
+    for n in 0..CALLS {
+        client
+            .send(
+                json!({"jsonrpc": "2.0", "id": 1000 + n, "method": "tools/call", "params": {
+                    "name": "busy__hang",
+                    "arguments": {},
+                    "_meta": {"progressToken": format!("hang-{n}")},
+                }}),
+            )
+            .await;
+    }
+    // Every call hangs upstream once its progress says so.
+    let mut hanging = 0;
+    while hanging < CALLS {
+        if client.next().await["method"] == "notifications/progress" {
+            hanging += 1;
+        }
+    }
+    let RawClient {
+        mut child,
+        stdin,
+        lines,
+    } = client;
+    drop(stdin);
+    // rmcp waits up to 5 s for the answers of calls in flight when its input ends, then
+    // cancels them; the shutdown that follows is bounded by SHUTDOWN_WITHIN.
+    let exited = tokio::time::timeout(
+        Duration::from_secs(5) + SHUTDOWN_WITHIN + Duration::from_secs(20),
+        child.wait(),
+    )
+    .await
+    .expect("the gateway exits when its client leaves")
+    .unwrap();
+    drop(lines);
+    assert!(exited.success(), "a clean exit: {exited}");
+    for &group in &groups {
+        assert_eq!(
+            live_members(group),
+            Vec::<i32>::new(),
+            "nothing of upstream group {group} is left"
+        );
+    }
+    let results = logged_results(dir.path());
+    let hung: Vec<&String> = results
+        .iter()
+        .filter(|(name, _)| name == "busy__hang")
+        .map(|(_, text)| text)
+        .collect();
+    assert_eq!(
+        hung.len(),
+        CALLS as usize,
+        "a result for every call: {results:?}"
+    );
+    for text in hung {
+        assert!(text.starts_with(CANCELLED_BY_CLIENT), "{text:?}");
+    }
+}
+
 /// A client that forwards each `tools/list_changed` and each progress notification.
 struct Client {
     changed: mpsc::UnboundedSender<()>,
