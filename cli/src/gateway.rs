@@ -45,6 +45,10 @@
 //!   are closed, the catalogue's tasks stopped, and every upstream process group stopped
 //!   (SIGTERM, grace, SIGKILL). A second signal exits at once (the upstream groups are
 //!   still killed as the manager is dropped).
+//! - A stdio client that closes stdin with calls in flight ends the gateway the same way,
+//!   by one path: rmcp waits up to 5 s for their answers, then the calls still in flight
+//!   are cancelled upstream and logged as [`CANCELLED_BY_CLIENT`], and the gateway waits
+//!   for every one of them to be logged before it stops the upstreams and exits.
 //! - Over HTTP at most `--max-sessions` ([`MAX_SESSIONS`] by default) sessions are open at
 //!   once; one more is refused with an error saying so. A session ends when its client
 //!   deletes it or after [`SESSION_IDLE`] without a message, and its slot is freed.
@@ -80,7 +84,7 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, Peer, RequestContext};
 use rmcp::{RoleServer, ServerHandler, Service, ServiceExt};
 use serde_json::{Value, json};
-use tokio::sync::{OnceCell, watch};
+use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 mod progress;
@@ -200,18 +204,18 @@ async fn resolver(basis: Arc<Basis>, published: watch::Sender<Option<Arc<Resolve
     }
 }
 
-/// What the gateway counts to shut down in order: whether it is closing, the calls in
-/// flight, and the sessions open.
+/// What the gateway counts to shut down in order: whether it is closing (and why: the
+/// stdio client left, or a signal), the calls in flight, and the sessions open.
 #[derive(Debug, Clone, Copy, Default)]
 struct Gauge {
-    closing: bool,
+    closing: Option<Cut>,
     calls: usize,
     sessions: usize,
 }
 
 /// Resolves once the gateway is closing (or its state is gone).
 async fn closing(state: &mut watch::Receiver<Gauge>) {
-    let _ = state.wait_for(|g| g.closing).await;
+    let _ = state.wait_for(|g| g.closing.is_some()).await;
 }
 
 /// A call in flight, counted until it is dropped.
@@ -340,7 +344,7 @@ impl Shared {
     fn take_session_slot(&self) -> Result<SessionSlot, String> {
         let mut refused = None;
         self.state.send_if_modified(|g| {
-            if g.closing {
+            if g.closing.is_some() {
                 refused = Some("psych serve is shutting down".to_owned());
                 return false;
             }
@@ -364,10 +368,14 @@ impl Shared {
         }
     }
 
-    /// Starts closing: new sessions are refused, and every call in flight cancels itself.
-    fn close(&self) {
-        self.state
-            .send_if_modified(|g| !std::mem::replace(&mut g.closing, true));
+    /// Starts closing because of `why` (the first reason given stands): new sessions are
+    /// refused, and every call in flight cancels itself and logs `why`.
+    fn close(&self, why: Cut) {
+        self.state.send_if_modified(|g| {
+            let first = g.closing.is_none();
+            g.closing.get_or_insert(why);
+            first
+        });
     }
 
     /// Waits until `done` holds of the gateway's state.
@@ -425,13 +433,35 @@ fn with_text_block(mut output: ToolOutput) -> ToolOutput {
     output
 }
 
+/// A session's executor over its record log. Dropped (with the last session or opening
+/// task holding it), an empty log leaves no file behind: a session whose client listed
+/// and left logged nothing.
+struct SessionLog {
+    executor: Executor<McpManager>,
+}
+
+impl Drop for SessionLog {
+    fn drop(&mut self) {
+        let log = self.executor.log();
+        if log.is_empty() {
+            let _ = std::fs::remove_file(log.path());
+        }
+    }
+}
+
+/// The outcome of opening a session's record log, published by the task opening it:
+/// `None` while it opens.
+type LogOpening = watch::Receiver<Option<Result<Arc<SessionLog>, String>>>;
+
 /// One client session: its own record log (one Run per connection) and executor.
 struct Session {
     shared: Arc<Shared>,
     /// The session's Run, named when the session opens; its log is opened on the first
     /// call, off the async workers.
     run: RunId,
-    executor: OnceCell<Executor<McpManager>>,
+    /// The opening of the session's log, once the first call started it
+    /// ([`Session::executor`]).
+    log: Mutex<Option<LogOpening>>,
     calls: AtomicU64,
     /// What the client was shown at `initialize`: the watcher's first baseline.
     shown: Mutex<Option<Arc<View>>>,
@@ -449,21 +479,14 @@ impl Drop for Session {
         if let Some(task) = watcher {
             task.abort();
         }
-        // A session that logged nothing (a client that listed and left) leaves no file
-        // behind.
-        if let Some(executor) = self.executor.get() {
-            let log = executor.log();
-            if log.is_empty() {
-                let _ = std::fs::remove_file(log.path());
-            }
-        }
+        // The log, if one was opened, goes with the last holder of its `SessionLog`.
     }
 }
 
-/// Why a call ended without its own result.
+/// Why a call ended without its own result (and why the gateway closes).
 #[derive(Debug, Clone, Copy)]
 enum Cut {
-    /// The client cancelled it.
+    /// The client cancelled it (or, over stdio, left: it closed stdin).
     Client,
     /// The gateway is shutting down.
     Shutdown,
@@ -507,7 +530,7 @@ impl Session {
         Ok(Self {
             shared,
             run,
-            executor: OnceCell::new(),
+            log: Mutex::new(None),
             calls: AtomicU64::new(0),
             shown: Mutex::new(None),
             watcher: Mutex::new(None),
@@ -515,39 +538,72 @@ impl Session {
         })
     }
 
-    /// The session's executor, its record log opened on first use (in the blocking pool:
-    /// a file created, locked and its header written). Cancel-safe: a caller dropped while
-    /// it opens leaves the cell empty for the next.
-    async fn executor(&self) -> Result<&Executor<McpManager>, ErrorData> {
-        self.executor
-            .get_or_try_init(|| async {
-                let logs = self.shared.logs.clone();
-                let run = self.run.clone();
-                // No fdatasync per call: measured, it was most of a proxied call's added
-                // latency (a call 2.1 ms through the gateway against 0.24 ms direct; one
-                // write+fdatasync on that disk about 3 ms). The log is the session's own:
-                // its handles are read back only by this session, which ends with this
-                // process, so a record needs to survive the process being killed (the OS
-                // page cache does that), not a power loss.
-                let opened = tokio::task::spawn_blocking(move || {
-                    std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
-                    RecordLog::open(&logs, &run, SyncPolicy::OsBuffered)
-                        .map(|(log, _)| log)
-                        .map_err(|e| e.to_string())
-                })
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|opened| opened)
-                .map_err(|e| {
-                    ErrorData::internal_error(format!("the session's record log: {e}"), None)
-                })?;
-                Ok(Executor::new(
-                    Arc::new(self.shared.manager.clone()),
-                    Arc::new(SharedRecordLog::new(opened)),
+    /// The session's executor, its record log opened on first use, once. Cancel-safe:
+    /// the log is opened by a task of its own (the file created, locked and its header
+    /// written in the blocking pool), started by the first caller and awaited by every
+    /// caller through a watch, so a caller dropped while it opens (a client cancelling its
+    /// first call) leaves the opening running for the next, never a second opening of the
+    /// same file (which would find it locked).
+    async fn executor(&self) -> Result<Arc<SessionLog>, ErrorData> {
+        let mut opening = self
+            .log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(|| self.open_log())
+            .clone();
+        let opened = opening
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| {
+                ErrorData::internal_error(
+                    "the session's record log: its opening was cut short",
+                    None,
                 )
-                .reader_limits(self.shared.basis.limits.clone()))
+            })?
+            .clone();
+        match opened {
+            Some(Ok(log)) => Ok(log),
+            Some(Err(error)) => Err(ErrorData::internal_error(
+                format!("the session's record log: {error}"),
+                None,
+            )),
+            None => Err(ErrorData::internal_error(
+                "the session's record log is not open",
+                None,
+            )),
+        }
+    }
+
+    /// Starts the task that opens the session's log: what [`Session::executor`] awaits.
+    /// The task runs to its end whoever waits for it; if the session is gone by then, the
+    /// log it opened is dropped with it (and its empty file removed).
+    fn open_log(&self) -> LogOpening {
+        let (published, opening) = watch::channel(None);
+        let logs = self.shared.logs.clone();
+        let run = self.run.clone();
+        let manager = self.shared.manager.clone();
+        let limits = self.shared.basis.limits.clone();
+        tokio::spawn(async move {
+            // No fdatasync per call: measured, it was most of a proxied call's added
+            // latency (a call 2.1 ms through the gateway against 0.24 ms direct; one
+            // write+fdatasync on that disk about 3 ms). The log is the session's own: its
+            // handles are read back only by this session, which ends with this process,
+            // so a record needs to survive the process being killed (the OS page cache
+            // does that), not a power loss.
+            let opened = tokio::task::spawn_blocking(move || {
+                std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
+                let (log, _) = RecordLog::open(&logs, &run, SyncPolicy::OsBuffered)
+                    .map_err(|e| e.to_string())?;
+                let executor =
+                    Executor::new(Arc::new(manager), Arc::new(SharedRecordLog::new(log)))
+                        .reader_limits(limits);
+                Ok(Arc::new(SessionLog { executor }))
             })
             .await
+            .unwrap_or_else(|error| Err(error.to_string()));
+            published.send_replace(Some(opened));
+        });
+        opening
     }
 
     /// The `tools/list` result, as JSON.
@@ -582,7 +638,8 @@ impl Session {
             token,
         });
         let view = self.shared.current().await?;
-        let executor = self.executor().await?;
+        let log = self.executor().await?;
+        let executor = &log.executor;
         let live = Live {
             grant: &self.shared.basis.grant,
             catalogs: &view.catalogs,
@@ -608,10 +665,11 @@ impl Session {
                 logged
             };
             let mut execution = std::pin::pin!(execution);
-            // Closing first: once the gateway closes, no call goes upstream.
+            // Closing first: once the gateway closes, no call goes upstream. A call cut
+            // short because its stdio client left is logged as the client's cancellation.
             let why = tokio::select! {
                 biased;
-                () = closing(&mut state) => Ok(Cut::Shutdown),
+                () = closing(&mut state) => Ok(state.borrow().closing.unwrap_or(Cut::Shutdown)),
                 () = context.ct.cancelled() => Ok(Cut::Client),
                 logged = &mut execution => Err(logged),
             };
@@ -1041,7 +1099,7 @@ async fn serve(
         served = &mut serving => (served, tokio::time::Instant::now() + SHUTDOWN_WITHIN),
         () = &mut shutdown => {
             let deadline = tokio::time::Instant::now() + SHUTDOWN_WITHIN;
-            shared.close();
+            shared.close(Cut::Shutdown);
             let served = tokio::time::timeout_at(deadline, serving)
                 .await
                 .unwrap_or_else(|_| Err(format!(
@@ -1051,7 +1109,12 @@ async fn serve(
             (served, deadline)
         }
     };
-    shared.close();
+    // One path for both transports and both ends (the stdio client leaving, a signal):
+    // rmcp does not await its request handlers (when its input ends it cancels them and
+    // returns), so the calls in flight are awaited here, each logging its result, before
+    // the upstreams and the runtime are stopped.
+    shared.close(Cut::Shutdown);
+    let logged = tokio::time::timeout_at(deadline, shared.settled(|g| g.calls == 0)).await;
     let stopped = tokio::time::timeout_at(deadline, async {
         // The resolver, and the report of the first attempts (which aborts them).
         tasks.shutdown().await;
@@ -1060,18 +1123,25 @@ async fn serve(
         manager.shutdown().await;
     })
     .await;
-    match (served, stopped) {
-        (Err(error), _) => Err(error),
-        (Ok(()), Err(_)) => Err(format!(
+    match (served, logged, stopped) {
+        (Err(error), ..) => Err(error),
+        (Ok(()), Err(_), _) => Err(format!(
+            "the calls in flight did not log their results within {} s",
+            SHUTDOWN_WITHIN.as_secs()
+        )),
+        (Ok(()), Ok(()), Err(_)) => Err(format!(
             "the upstream servers did not stop within {} s; killing their process groups",
             SHUTDOWN_WITHIN.as_secs()
         )),
-        (Ok(()), Ok(())) => Ok(0),
+        (Ok(()), Ok(()), Ok(())) => Ok(0),
     }
 }
 
 /// Serves the one stdio client until it leaves or the gateway closes; when closing, waits
 /// for every call in flight to cancel itself and log its result before ending the session.
+/// When the client leaves (closes stdin), the gateway closes as cancelled by the client:
+/// the calls still in flight (rmcp cancels them and returns without awaiting them) log
+/// [`CANCELLED_BY_CLIENT`], and [`serve`] awaits them.
 async fn serve_stdio(shared: Arc<Shared>) -> Result<(), String> {
     let session = Session::open(Arc::clone(&shared))?;
     let mut state = shared.state.subscribe();
@@ -1085,6 +1155,7 @@ async fn serve_stdio(shared: Arc<Shared>) -> Result<(), String> {
     let mut waiting = std::pin::pin!(running.waiting());
     tokio::select! {
         quit = &mut waiting => {
+            shared.close(Cut::Client);
             return quit.map(|_| ()).map_err(|e| format!("serving stdio: {e}"));
         }
         () = closing(&mut state) => {}
@@ -1155,7 +1226,7 @@ async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String>
         });
     };
     drop(listener);
-    shared.close();
+    shared.close(Cut::Shutdown);
     shared.settled(|g| g.calls == 0).await;
     sessions.cancel();
     shared.settled(|g| g.sessions == 0).await;
@@ -1198,6 +1269,60 @@ mod tests {
             let error = grant_from(&config(&text)).err().unwrap_or_default();
             assert!(error.starts_with("a: allowTools"), "{bad}: {error}");
         }
+    }
+
+    /// A gateway's shared state with no upstream server, its session logs under `logs`.
+    fn shared_without_servers(logs: PathBuf) -> Arc<Shared> {
+        let manager = McpManager::builder(config(r#"{"mcpServers": {}}"#))
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let catalog = Catalog::in_memory().unwrap_or_else(|e| panic!("{e}"));
+        let basis = Arc::new(Basis {
+            catalog,
+            connections: Vec::new(),
+            grant: PermissionGrant::none(),
+            settings: crate::setup::serve_settings(crate::setup::SERVE_AUTO_BUDGET)
+                .unwrap_or_else(|e| panic!("{e}")),
+            limits: Limits::default(),
+        });
+        let (_, resolved) = watch::channel(None);
+        Arc::new(Shared {
+            manager,
+            changes: basis.catalog.changes(),
+            basis,
+            elider: Elider::default(),
+            logs,
+            sessions: AtomicU64::new(0),
+            resolved,
+            state: watch::Sender::new(Gauge::default()),
+            max_sessions: None,
+            raw: Arc::default(),
+        })
+    }
+
+    /// A first caller dropped while the session's log opens (a client cancelling its first
+    /// call at once) leaves the opening to the next caller, which gets the log. (Before,
+    /// the next caller started a second opening of the same file while the first still
+    /// held its lock, and failed with "the session's record log: … locked" in most rounds.)
+    #[test]
+    fn a_caller_dropped_while_the_log_opens_leaves_it_to_the_next() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let shared = shared_without_servers(dir.path().join("serve"));
+        runtime.block_on(async {
+            for round in 0..100 {
+                let session = Session::open(Arc::clone(&shared)).unwrap_or_else(|e| panic!("{e}"));
+                // Polled once (the opening starts), then dropped (unless the log opened
+                // within that one poll, which the opening task on another worker may do).
+                let _ = tokio::time::timeout(Duration::ZERO, session.executor()).await;
+                let second = session.executor().await;
+                assert!(second.is_ok(), "round {round}: {:?}", second.err());
+            }
+        });
     }
 
     /// The real catalogues (one github capture), each as the `tools/list` result a client

@@ -2,16 +2,14 @@
 //! connected, listed and synced into the redb catalogue, then resolved into a Surface the
 //! way a turn would be.
 
-use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use psych_catalog::Catalog;
 use psych_disclosure::{Budget, CostBasis, Inputs, Settings, Surface, resolve};
 use psych_elision::Estimator;
-use psych_mcp::{Listing, McpConfig, McpManager, ServerConfig};
+use psych_mcp::{ConnectError, Listing, McpConfig, McpManager};
 use psych_types::{PermissionGrant, Reachability, ServerCatalog, ServerId};
-use tokio::task::JoinSet;
 
 /// The embedded servers: name (also the [`psych_mcp::SyntheticKind`] whose vocabulary and
 /// schema style its generated tools have), tool count, and description. Sizes and shapes
@@ -193,79 +191,80 @@ pub(crate) fn serve_settings(tokens: u64) -> Result<Settings, String> {
         .map_err(|e| format!("settings: {e}"))
 }
 
-/// Connects and lists every server concurrently; one progress line per server on a
-/// terminal's stderr as each finishes. Every listing is synced; every failure recorded.
+/// Connects every server concurrently (psych-mcp's [`McpManager::connect_all`]: every
+/// server has an outcome, a connect task that panicked is a [`ConnectError::Task`]), then
+/// lists every reachable one concurrently; one progress line per server on a terminal's
+/// stderr. Every listing is synced into `catalog`, every failure recorded, in the
+/// blocking pool.
 async fn connect_and_sync(config: &McpConfig, catalog: &Catalog) -> Result<Vec<Outcome>, String> {
-    let manager = McpManager::builder(McpConfig {
-        servers: Default::default(),
-        extra: config.extra.clone(),
-    })
-    .build()
-    .map_err(|e| e.to_string())?;
-    let outcomes = sync_all(config, catalog, |server, entry| {
-        let manager = manager.clone();
-        async move { attempt(&manager, server, entry).await }
-    })
-    .await;
-    manager.shutdown().await;
-    outcomes
-}
-
-/// One server connected and listed, or why not.
-async fn attempt(
-    manager: &McpManager,
-    server: ServerId,
-    entry: ServerConfig,
-) -> Result<Listing, String> {
-    match manager.add_server(server.clone(), entry).await {
-        Ok(Reachability::Reachable) => manager.list(&server).await.map_err(|e| e.to_string()),
-        Ok(Reachability::Unreachable { reason }) => Err(reason),
-        Ok(_) => Err("no connection was made".to_owned()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Runs `connect` for every server of `config` in a task of its own and syncs each answer
-/// into `catalog` as it comes. Every server has an outcome, in name order: a task that
-/// panicked is a failure that says so.
-async fn sync_all<F, A>(
-    config: &McpConfig,
-    catalog: &Catalog,
-    connect: F,
-) -> Result<Vec<Outcome>, String>
-where
-    F: Fn(ServerId, ServerConfig) -> A,
-    A: Future<Output = Result<Listing, String>> + Send + 'static,
-{
+    let manager = McpManager::builder(config.clone())
+        .build()
+        .map_err(|e| e.to_string())?;
     let progress = std::io::stderr().is_terminal();
     if progress {
         eprintln!("connecting {} MCP servers…", config.servers.len());
     }
-    let mut tasks = JoinSet::new();
-    let mut servers = BTreeMap::new();
-    for (server, entry) in &config.servers {
-        let task = tasks.spawn(connect(server.clone(), entry.clone()));
-        servers.insert(task.id(), server.clone());
+    let attempts = manager.connect_all().await;
+    // Each reachable server listed in a task of its own, all at once; awaited in name
+    // order, so a listing task that panicked is that server's failure.
+    let listings: Vec<_> = attempts
+        .into_iter()
+        .map(|(server, attempt)| {
+            let listing = reached(attempt).map(|()| {
+                let manager = manager.clone();
+                let server = server.clone();
+                tokio::spawn(async move { manager.list(&server).await })
+            });
+            (server, listing)
+        })
+        .collect();
+    let mut listed = Vec::new();
+    for (server, listing) in listings {
+        let listing = match listing {
+            Ok(task) => match task.await {
+                Ok(listing) => listing.map_err(|e| e.to_string()),
+                Err(error) => Err(format!("listing it failed inside psych: {error}")),
+            },
+            Err(reason) => Err(reason),
+        };
+        if progress {
+            match &listing {
+                Ok(listing) => eprintln!("  {server}: {} tools listed", listing.tools.len()),
+                Err(reason) => eprintln!(
+                    "  {server}: failed: {}",
+                    crate::reason::one_line(server.as_str(), reason)
+                ),
+            }
+        }
+        listed.push((server, listing));
     }
+    manager.shutdown().await;
+    let catalog = catalog.clone();
+    tokio::task::spawn_blocking(move || sync(&catalog, listed))
+        .await
+        .map_err(|e| format!("syncing the catalogue: {e}"))?
+}
+
+/// Whether a server's first connection attempt reached it, or why not.
+fn reached(attempt: Result<Reachability, ConnectError>) -> Result<(), String> {
+    match attempt {
+        Ok(Reachability::Reachable) => Ok(()),
+        Ok(Reachability::Unreachable { reason }) => Err(reason),
+        Ok(_) => Err("no connection was made".to_owned()),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// Syncs every server's listing (or failure) into `catalog`: its outcomes, in name order.
+/// Blocks (redb commits): run it in the blocking pool.
+fn sync(
+    catalog: &Catalog,
+    listed: Vec<(ServerId, Result<Listing, String>)>,
+) -> Result<Vec<Outcome>, String> {
     let mut outcomes = Vec::new();
-    while let Some(joined) = tasks.join_next_with_id().await {
-        let (task, result) = match joined {
-            Ok((task, result)) => (task, result),
-            Err(error) => (
-                error.id(),
-                Err(format!(
-                    "connecting and listing it failed inside psych: {error}"
-                )),
-            ),
-        };
-        let Some(server) = servers.remove(&task) else {
-            continue;
-        };
-        let outcome = match result {
+    for (server, listing) in listed {
+        let outcome = match listing {
             Ok(listing) => {
-                if progress {
-                    eprintln!("  {server}: {} tools listed", listing.tools.len());
-                }
                 catalog
                     .refresh(&server, &listing.tools)
                     .map_err(|e| format!("syncing {server}: {e}"))?;
@@ -284,9 +283,6 @@ where
                 // The catalogue's health feeds the deferred line the model reads: one
                 // line, the stderr tail's telling line kept. The report keeps it all.
                 let line = crate::reason::one_line(server.as_str(), &reason);
-                if progress {
-                    eprintln!("  {server}: failed: {line}");
-                }
                 catalog
                     .record_failure(&server, &line)
                     .map_err(|e| format!("recording {server}'s failure: {e}"))?;
@@ -309,25 +305,37 @@ mod tests {
     use super::*;
 
     /// Before, a connect task that panicked was skipped: its server was missing from the
-    /// report and `psych budget` could exit 0.
+    /// report and `psych budget` could exit 0. The panic becoming the server's outcome is
+    /// psych-mcp's (`McpManager::connect_all`'s [`ConnectError::Task`]); here, that outcome
+    /// is a failed server in the report and in the catalogue's health.
     #[test]
     fn a_connect_task_that_panics_is_a_failed_server() {
-        let config = McpConfig::parse(
-            r#"{"mcpServers": {"fine": {"command": "x"}, "buggy": {"command": "y"}}}"#,
-            |_| None,
-        )
-        .unwrap();
-        let catalog = Catalog::in_memory().unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .build()
             .unwrap();
-        let outcomes = runtime
-            .block_on(sync_all(&config, &catalog, |server, _| async move {
-                assert_ne!(server.as_str(), "buggy", "a bug in the connect task");
-                Ok(Listing::default())
-            }))
-            .unwrap();
+        let buggy = ServerId::new("buggy").unwrap();
+        let source = runtime
+            .block_on(async {
+                tokio::spawn(async {
+                    panic!("a bug in the connect task");
+                })
+                .await
+            })
+            .unwrap_err();
+        let attempt = Err(ConnectError::Task {
+            server: buggy.clone(),
+            source,
+        });
+        let catalog = Catalog::in_memory().unwrap();
+        let outcomes = sync(
+            &catalog,
+            vec![
+                (ServerId::new("fine").unwrap(), Ok(Listing::default())),
+                (buggy.clone(), reached(attempt).map(|()| Listing::default())),
+            ],
+        )
+        .unwrap();
         let seen: Vec<_> = outcomes
             .iter()
             .map(|o| (o.server.as_str(), o.error.as_deref()))
@@ -337,16 +345,11 @@ mod tests {
         assert_eq!(seen[0].0, "buggy");
         let reason = seen[0].1.unwrap();
         assert!(
-            reason.starts_with("connecting and listing it failed inside psych: task ")
-                && reason.contains("panicked with message \"assertion `left != right` failed: a bug in the connect task"),
+            reason.starts_with(
+                "the first connection attempt of MCP server \"buggy\" did not finish: task "
+            ) && reason.contains("panicked with message \"a bug in the connect task"),
             "{reason}"
         );
-        assert!(
-            catalog
-                .health(&ServerId::new("buggy").unwrap())
-                .unwrap()
-                .last_error
-                .is_some()
-        );
+        assert!(catalog.health(&buggy).unwrap().last_error.is_some());
     }
 }
