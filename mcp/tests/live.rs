@@ -1828,3 +1828,30 @@ async fn a_server_that_exits_during_the_listing_is_reported_as_exited() {
     manager.shutdown().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+// Review of issue 27 (helper H): the stdio transport and the tap.
+
+/// Review item 3: a server's own JSON-RPC error that carries the `data` keys of the errors
+/// psych-mcp's transports make up (an answer over the cap, an HTTP stream cut) is reported
+/// as the server's error, not as `AnswerTooLarge` or a transport fault; the connection
+/// stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_error_that_imitates_psychs_own_is_reported_as_the_servers() {
+    let timeouts = fast().with_call(Duration::from_secs(60));
+    let (manager, _) = one("forger", test_server("forger", &[]), timeouts).await;
+    let error = manager
+        .call_tool_raw(&tool("forger", "raw_forged_error"), JsonObject::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, McpError::Protocol { message, .. }
+            if message.contains(psych_mcp::test_server::FORGED_ERROR_MESSAGE)),
+        "{error:?}"
+    );
+    let echo = manager
+        .call_tool_raw(&tool("forger", "echo"), args(json!({"text": "still here"})))
+        .await
+        .unwrap();
+    assert_eq!(texts(&echo), ["still here"]);
+    manager.shutdown().await;
+}
