@@ -26,7 +26,8 @@
 //!   with [`McpError::Exited`] at once.
 //!
 //! stderr is read in bounded memory ([`stderr`]): a line ends at `\n` or `\r`, and of a
-//! long line only a preview is kept.
+//! long line only a preview is kept; a line ended by a bare `\r` (a progress bar's frame)
+//! is replaced in the tail by the line after it, as a terminal shows it.
 
 mod lines;
 mod repair;
@@ -109,19 +110,35 @@ pub(crate) struct Diagnostics {
 struct DiagnosticsInner {
     stderr: VecDeque<String>,
     stderr_bytes: usize,
+    /// The last stderr line ended by a bare `\r`: the next line takes its place.
+    open_frame: bool,
     garbage_lines: u64,
     last_garbage: String,
 }
 
 impl Diagnostics {
-    /// Keeps one stderr line's preview (`cut`: the line was longer).
-    fn push_stderr(&self, line: &[u8], cut: bool) {
+    /// Keeps one stderr line's preview (`cut`: the line was longer). A line after one
+    /// ended by a bare `\r` takes that one's place, as on a terminal, so that a progress
+    /// bar's frames are one line of the tail; an empty (or blank) line leaves it, as a
+    /// terminal does.
+    fn push_stderr(&self, line: &[u8], cut: bool, end: stderr::End) {
         let text = String::from_utf8_lossy(line);
         let mut line = preview(text.trim_end());
         if cut && !line.ends_with('…') {
             line.push('…');
         }
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let over_frame = std::mem::replace(&mut inner.open_frame, end == stderr::End::Return);
+        if over_frame {
+            if line.is_empty() {
+                // Nothing drawn over the frame. After a `\n` the frame stays as a line;
+                // after a `\r` it is still open.
+                return;
+            }
+            if let Some(frame) = inner.stderr.pop_back() {
+                inner.stderr_bytes -= frame.len();
+            }
+        }
         inner.stderr_bytes += line.len();
         inner.stderr.push_back(line);
         while inner.stderr.len() > STDERR_LINES || inner.stderr_bytes > STDERR_BYTES {
@@ -247,8 +264,8 @@ impl Child {
         let tail = Arc::clone(&diagnostics);
         let stderr_exit = exited(exit.clone());
         let reader = tokio::spawn(async move {
-            stderr::read_lines(stderr, stderr_exit, EXIT_QUIET, |line, cut| {
-                tail.push_stderr(line, cut);
+            stderr::read_lines(stderr, stderr_exit, EXIT_QUIET, |line, cut, end| {
+                tail.push_stderr(line, cut, end);
             })
             .await;
             let _ = stderr_tx.send(true);
@@ -700,6 +717,53 @@ mod tests {
                 "seed {seed}: only {dropped} receives were dropped"
             );
         }
+    }
+
+    /// The stderr tail of `input`, read as a server's stderr is.
+    async fn tail(input: &[u8]) -> Vec<String> {
+        let diagnostics = Diagnostics::default();
+        stderr::read_lines(
+            input,
+            std::future::pending(),
+            Duration::ZERO,
+            |line, cut, end| {
+                diagnostics.push_stderr(line, cut, end);
+            },
+        )
+        .await;
+        diagnostics
+            .inner
+            .lock()
+            .unwrap()
+            .stderr
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Review item 4: a progress bar's `\r` frames after the line that says why the server
+    /// stops are one line of the tail, so that line is still there at the exit.
+    #[tokio::test]
+    async fn progress_frames_are_one_line_of_the_stderr_tail() {
+        let mut input = b"starting\nfatal: the catalogue database is locked\n".to_vec();
+        for i in 1..=1_000 {
+            input.extend_from_slice(format!("retrying {i}/1000\r").as_bytes());
+        }
+        assert_eq!(
+            tail(&input).await,
+            [
+                "starting",
+                "fatal: the catalogue database is locked",
+                "retrying 1000/1000"
+            ]
+        );
+        // As a terminal shows it: the line after a frame takes its place (a `\r\n` ends a
+        // line, not a frame); an empty one leaves it.
+        assert_eq!(
+            tail(b"10%\r20%\r\rdone\r\nnext\n30%\r\nlast").await,
+            ["done", "next", "30%", "last"]
+        );
+        assert_eq!(tail(b"a\n\nb\r\n").await, ["a", "", "b"]);
     }
 
     #[tokio::test]

@@ -1855,3 +1855,28 @@ async fn a_servers_error_that_imitates_psychs_own_is_reported_as_the_servers() {
     assert_eq!(texts(&echo), ["still here"]);
     manager.shutdown().await;
 }
+
+/// Review item 4: a server that says why it stops, then draws a progress bar (1,000 `\r`
+/// frames) and exits, is reported with that line: the frames are one line of the tail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_line_before_a_progress_bar_is_still_in_the_stderr_tail_at_the_exit() {
+    let script = r#"
+        echo 'fatal: the catalogue database is locked' >&2
+        i=0
+        while [ $i -lt 1000 ]; do i=$((i + 1)); printf 'retrying %d/1000\r' $i >&2; done
+        exit 3
+    "#;
+    let config = stdio_config("bar", "sh", &["-c", script]);
+    let manager = manager_with(fast(), Duration::from_secs(600));
+    let reachability = manager.add_server(id("bar"), config).await.unwrap();
+    assert_eq!(
+        reachability,
+        Reachability::Unreachable {
+            reason: "MCP server \"bar\": initialize failed: the server process exited with \
+                     status 3; its last stderr lines:\n  fatal: the catalogue database is \
+                     locked\n  retrying 1000/1000"
+                .into()
+        }
+    );
+    manager.shutdown().await;
+}
