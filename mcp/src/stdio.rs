@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use psych_types::ServerId;
 use rmcp::RoleClient;
@@ -60,7 +60,7 @@ use tokio::task::JoinHandle;
 use crate::McpError;
 use crate::tap::{AnswerFailure, Tap};
 use lines::{Line, LineReader, Overflow};
-use tree::Tag;
+use tree::{Leader, Tag};
 
 /// The longest line read from a server's stdout into memory; a longer one is read past and
 /// fails the request it answers ([`McpError::AnswerTooLarge`]).
@@ -89,7 +89,8 @@ pub(crate) struct Command<'a> {
 
 /// A running (or ended) stdio server process and what it said on stderr.
 pub(crate) struct Child {
-    pgid: Option<Pid>,
+    /// Its pid (and process group id) and start time, if its pid was known.
+    leader: Option<Leader>,
     /// The environment variable its processes carry.
     tag: Tag,
     exit: watch::Receiver<Option<ExitStatus>>,
@@ -209,14 +210,6 @@ async fn exited(mut exit: watch::Receiver<Option<ExitStatus>>) {
     }
 }
 
-/// Runs blocking `work` (it reads `/proc`) off the async workers, inline without a runtime.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => runtime.spawn_blocking(work).await.ok(),
-        Err(_) => Some(work()),
-    }
-}
-
 impl Child {
     /// Starts the server in its own process group with piped stdio and its [`Tag`] in its
     /// environment.
@@ -244,10 +237,12 @@ impl Child {
             source,
         };
         let mut child = command.spawn().map_err(spawn_error)?;
-        let pgid = child
+        // Read now, while the process cannot have been reaped: its start time tells it
+        // from a later process with the same pid (one small read of `/proc/<pid>/stat`).
+        let leader = child
             .id()
             .and_then(|pid| i32::try_from(pid).ok())
-            .map(Pid::from_raw);
+            .map(|pid| Leader::new(Pid::from_raw(pid)));
         let missing = || spawn_error(std::io::Error::other("a standard stream was not piped"));
         let stdin = child.stdin.take().ok_or_else(missing)?;
         let stdout = child.stdout.take().ok_or_else(missing)?;
@@ -273,7 +268,7 @@ impl Child {
         let transport = ChildTransport::new(stdout, stdin, exit.clone(), Arc::clone(&diagnostics));
         Ok((
             Self {
-                pgid,
+                leader,
                 tag,
                 exit,
                 diagnostics,
@@ -287,7 +282,7 @@ impl Child {
 
     /// The process group id (the server's pid), if it was known.
     pub(crate) fn pgid(&self) -> Option<i32> {
-        self.pgid.map(Pid::as_raw)
+        self.leader.map(|leader| leader.pid().as_raw())
     }
 
     /// A receiver that changes when the process exits.
@@ -318,20 +313,22 @@ impl Child {
         self.diagnostics.text()
     }
 
-    /// Sends `signal` to the group and to every process of the server's tree.
+    /// Sends `signal` to the group and to every process of the server's tree, from a
+    /// thread of its own, waiting for it at most [`tree::DEADLINE`].
     async fn signal_tree(&self, signal: Signal) {
-        let Some(leader) = self.pgid else {
+        let Some(leader) = self.leader else {
             return;
         };
         let tag = self.tag.clone();
-        let alive = self.exit.borrow().is_none();
-        blocking(move || tree::signal(leader, &tag, alive, signal)).await;
+        tree::bounded(tree::DEADLINE, move || tree::signal(leader, &tag, signal)).await;
     }
 
     /// Stops everything the server started: SIGTERM to its group and tree, up to `grace`
     /// for the server to exit, then SIGKILL to whatever is left of its group and tree (a
     /// grandchild in a session of its own included), looking again until none is left;
-    /// waits for the server's exit.
+    /// waits for the server's exit. Each look through `/proc` runs on a thread of its own
+    /// and is waited for at most [`tree::DEADLINE`], so this returns within about
+    /// `2 × grace + 3 ×` that deadline whatever the processes do.
     pub(crate) async fn terminate(&self, grace: Duration) {
         if self.reaped.load(Ordering::Acquire) {
             return;
@@ -346,9 +343,9 @@ impl Child {
             let _ = tokio::time::timeout(grace, exit.wait_for(Option::is_some)).await;
         }
         // Whatever the leader did, anything else of its group or tree goes now.
-        if let Some(leader) = self.pgid {
+        if let Some(leader) = self.leader {
             let tag = self.tag.clone();
-            blocking(move || tree::stop(leader, &tag)).await;
+            tree::bounded(tree::DEADLINE, move || tree::stop(leader, &tag)).await;
         }
         self.reaped.store(true, Ordering::Release);
         let mut done = self.stderr_done.clone();
@@ -362,19 +359,24 @@ impl Child {
 impl Drop for Child {
     fn drop(&mut self) {
         if !self.reaped.load(Ordering::Acquire)
-            && let Some(leader) = self.pgid
+            && let Some(leader) = self.leader
         {
-            // Dropped without `terminate` (a manager dropped without shutdown): kill the
-            // group now, synchronously, so no server outlives its owner; then the rest of
-            // its tree, off the async workers if there are any.
-            let _ = killpg(leader, Signal::SIGKILL);
+            // Dropped without `terminate`: a manager dropped without shutdown, or a process
+            // on its way out (a second signal, a shutdown past its deadline), which may
+            // exit right after this drop. So the group and every process of the tree found
+            // in one look are killed now, before this returns (blocking this thread for
+            // that look, a few milliseconds, at most `tree::SWEEP_DEADLINE`); if it found
+            // any, a thread looks again for one that forked meanwhile, which happens only
+            // if this process lives on.
             let tag = self.tag.clone();
-            let stop = move || {
-                tree::stop(leader, &tag);
+            let sweep = {
+                let tag = tag.clone();
+                move || tree::sweep(leader, &tag)
             };
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn_blocking(stop)),
-                Err(_) => stop(),
+            if tree::bounded_blocking(tree::SWEEP_DEADLINE, sweep) != Some(true) {
+                tree::detach(move || {
+                    tree::stop(leader, &tag);
+                });
             }
         }
         for task in &self.tasks {

@@ -1880,3 +1880,81 @@ async fn the_line_before_a_progress_bar_is_still_in_the_stderr_tail_at_the_exit(
     );
     manager.shutdown().await;
 }
+
+/// Set in the test process that [`a_server_dropped_as_the_process_exits_takes_its_setsid_grandchild`]
+/// starts: the pid file of its server's grandchild.
+const EXITING_CHILD: &str = "PSYCH_MCP_TEST_EXITING_CHILD";
+
+/// Review item 2: a manager whose servers are dropped while the runtime shuts down (what
+/// the gateway does after a second signal, or past its shutdown deadline) and whose process
+/// exits right after, leaves no grandchild that called `setsid` behind: the descendants are
+/// killed before the drop returns, not on a blocking thread that the exit outruns. This
+/// test runs itself in a process of its own (with [`EXITING_CHILD`] set) to have a process
+/// that exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_dropped_as_the_process_exits_takes_its_setsid_grandchild() {
+    let dir = std::env::temp_dir().join(format!("psych-exiting-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pidfile = dir.join("grandchild");
+    let output = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "exiting_process_with_a_server",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(EXITING_CHILD, &pidfile)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    for _ in 0..1_000 {
+        if gone(pid) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+    panic!("the grandchild {pid} outlived its server's process by 20s");
+}
+
+/// The process [`a_server_dropped_as_the_process_exits_takes_its_setsid_grandchild`]
+/// starts (without [`EXITING_CHILD`], as in a plain test run, it does nothing): a server
+/// with a `setsid` grandchild, its manager held by a task, the runtime shut down with the
+/// gateway's 100 ms for stragglers, and the process exiting at once.
+#[test]
+fn exiting_process_with_a_server() {
+    let Some(pidfile) = std::env::var_os(EXITING_CHILD) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pidfile_arg = std::path::PathBuf::from(pidfile).display().to_string();
+    runtime.block_on(async {
+        let config = test_server("exiting", &["--setsid-grandchild", &pidfile_arg]);
+        let (manager, reachability) = one("exiting", config, fast()).await;
+        assert_eq!(reachability, Reachability::Reachable);
+        tokio::spawn(async move {
+            let _held = manager;
+            std::future::pending::<()>().await;
+        });
+    });
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    std::process::exit(0);
+}
