@@ -15,6 +15,8 @@
 //!
 //! - its `receive` is cancel-safe ([`lines`]): rmcp's loop drops it whenever another event
 //!   comes first, and a line half read then is resumed, never lost;
+//! - a line over [`PARSE_ON_WORKER`] is parsed on a blocking thread, not in rmcp's loop on
+//!   an async worker, and the parse survives a dropped `receive` (its handle is kept);
 //! - invalid UTF-8 and lone surrogate escapes in an answer are replaced by U+FFFD, said
 //!   in the result's `_meta` under `psych/lossy` ([`repair`]);
 //! - a line over [`MAX_LINE`] is read past without being kept, and the request whose `id`
@@ -78,6 +80,10 @@ const LINE_PREVIEW: usize = 400;
 const EXIT_QUIET: Duration = Duration::from_millis(200);
 /// The byte order mark some servers write before their first line.
 const BOM: &[u8] = b"\xEF\xBB\xBF";
+/// The longest line parsed on the async worker that reads it (about a millisecond of
+/// work); a longer one, up to [`MAX_LINE`] (tens of milliseconds per parse, and a repair
+/// may parse it twice more), is parsed on a blocking thread.
+const PARSE_ON_WORKER: usize = 1024 * 1024;
 
 /// What a stdio server's process is configured as.
 pub(crate) struct Command<'a> {
@@ -406,7 +412,7 @@ impl ChildTransport {
 
     /// The tap that keeps raw listing and call results.
     pub(crate) fn tap(&self) -> Arc<Tap> {
-        Arc::clone(&self.reader.tap)
+        Arc::clone(&self.reader.parser.tap)
     }
 }
 
@@ -417,6 +423,18 @@ struct ChildReader<R> {
     exit: watch::Receiver<Option<ExitStatus>>,
     /// Set once the process is known to have exited.
     exited: bool,
+    parser: Parser,
+    /// The parse of a line over [`PARSE_ON_WORKER`], on a blocking thread: kept here so
+    /// that a `receive` dropped while it runs loses nothing.
+    parsing: Option<JoinHandle<Option<RxJsonRpcMessage<RoleClient>>>>,
+    /// Held by a test to keep a blocking parse from finishing.
+    #[cfg(test)]
+    parse_gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// What turns lines into messages, shared with the blocking thread that parses a long one.
+#[derive(Clone)]
+struct Parser {
     tap: Arc<Tap>,
     diagnostics: Arc<Diagnostics>,
 }
@@ -432,8 +450,10 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
             lines: LineReader::new(reader, MAX_LINE),
             exit,
             exited: false,
-            tap,
-            diagnostics,
+            parser: Parser { tap, diagnostics },
+            parsing: None,
+            #[cfg(test)]
+            parse_gate: Arc::default(),
         }
     }
 
@@ -458,26 +478,54 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
         }
     }
 
-    /// The next JSON-RPC message for rmcp. Cancel-safe: the only await is
-    /// [`ChildReader::next_line`], and a line it returns is handled without another.
+    /// The next JSON-RPC message for rmcp. Cancel-safe: the awaits are
+    /// [`ChildReader::next_line`] and the parse of a long line (its handle kept in `self`,
+    /// so a dropped `receive` finds it again), and a line or parse they return is handled
+    /// without another.
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
         loop {
-            let message = match self.next_line().await? {
-                Line::Whole(line) => self.read(&line),
-                Line::TooLong(overflow) => self.too_long(overflow),
+            let message = if let Some(parsing) = self.parsing.as_mut() {
+                let parsed = parsing.await;
+                self.parsing = None;
+                // A failed task (a panic in serde_json) loses that one line.
+                parsed.ok().flatten()
+            } else {
+                match self.next_line().await? {
+                    Line::Whole(line) if line.len() > PARSE_ON_WORKER => {
+                        self.parse_off_worker(line);
+                        continue;
+                    }
+                    Line::Whole(line) => self.parser.read(&line),
+                    Line::TooLong(overflow) => self.parser.too_long(overflow),
+                }
             };
             if let Some(message) = message {
                 if let JsonRpcMessage::Notification(notification) = &message
                     && let ServerNotification::ProgressNotification(progress) =
                         &notification.notification
                 {
-                    self.tap.progress().deliver(progress.params.clone());
+                    self.parser.tap.progress().deliver(progress.params.clone());
                 }
                 return Some(message);
             }
         }
     }
 
+    /// Starts the parse of a long line on a blocking thread; [`ChildReader::receive`]
+    /// awaits it before reading on, so messages keep their order.
+    fn parse_off_worker(&mut self, line: Vec<u8>) {
+        let parser = self.parser.clone();
+        #[cfg(test)]
+        let gate = Arc::clone(&self.parse_gate);
+        self.parsing = Some(tokio::task::spawn_blocking(move || {
+            #[cfg(test)]
+            drop(gate.blocking_lock());
+            parser.read(&line)
+        }));
+    }
+}
+
+impl Parser {
     /// One line as a message: typed straight from the bytes when no raw result is awaited;
     /// else (or when that fails) through a JSON value the tap may keep the result of, read
     /// a second time with invalid UTF-8 and lone surrogates replaced if need be. `None`
@@ -569,7 +617,7 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.reader.tap.want_request(&item);
+        self.reader.parser.tap.want_request(&item);
         let line = serde_json::to_vec(&item).map(|mut line| {
             line.push(b'\n');
             line
@@ -768,6 +816,45 @@ mod tests {
         assert_eq!(tail(b"a\n\nb\r\n").await, ["a", "", "b"]);
     }
 
+    /// Review item 5: a line over [`PARSE_ON_WORKER`] is not parsed inside `receive`'s
+    /// poll (on an async worker) but on a blocking thread, and a `receive` dropped while
+    /// that parse runs loses nothing: the next one delivers the message.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_line_is_parsed_off_the_worker_and_survives_a_dropped_receive() {
+        let text = data(1, 2 * PARSE_ON_WORKER);
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/psych_test","params":{{"data":"{text}"}}}}"#
+        ) + "\n";
+        let (mut writer, pipe) = tokio::io::duplex(line.len() + 1);
+        writer.write_all(line.as_bytes()).await.unwrap();
+        let (mut reader, _exit, _) = reader(pipe);
+        // The parse cannot finish while the gate is held.
+        let gate = Arc::clone(&reader.parse_gate).lock_owned().await;
+        {
+            let mut receive = std::pin::pin!(reader.receive());
+            for _ in 0..16 {
+                assert!(
+                    poll_once(&mut receive).await.is_pending(),
+                    "the line was parsed inside the poll"
+                );
+                tokio::task::yield_now().await;
+            }
+        }
+        assert!(reader.parsing.is_some(), "the line was not read whole");
+        drop(gate);
+        let Some(JsonRpcMessage::Notification(notification)) = reader.receive().await else {
+            panic!("no message");
+        };
+        let ServerNotification::CustomNotification(custom) = notification.notification else {
+            panic!("not the test's notification");
+        };
+        assert!(custom.params.unwrap_or_default()["data"] == text.as_str());
+        assert!(reader.parsing.is_none());
+        // A short line is still read in the poll.
+        writer.write_all(CHANGED).await.unwrap();
+        assert!(reader.receive().await.is_some());
+    }
+
     #[tokio::test]
     async fn after_the_exit_what_was_written_is_read_then_the_output_ends_though_still_open() {
         let (mut writer, pipe) = tokio::io::duplex(1024);
@@ -814,6 +901,6 @@ mod tests {
             reader.receive().await,
             Some(JsonRpcMessage::Notification(_))
         ));
-        assert!(reader.diagnostics.text().contains("2 line(s)"));
+        assert!(reader.parser.diagnostics.text().contains("2 line(s)"));
     }
 }
