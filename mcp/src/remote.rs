@@ -76,7 +76,8 @@ pub const MAX_SSE_EVENT_BYTES: usize = 16 * 1024 * 1024;
 pub const MAX_JSON_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// The key of the `data` of a JSON-RPC error that psych-mcp wrote itself (see the module
-/// docs).
+/// docs); its value is this process's [`nonce`](crate::tap::nonce), so that a server's
+/// error with the same key is not taken for ours.
 const FAULT_KEY: &str = "psych-mcp/transport";
 
 /// Why the answer to a request sent over HTTP did not come.
@@ -132,7 +133,7 @@ impl Fault {
             "error": {
                 "code": ErrorCode::INTERNAL_ERROR.0,
                 "message": self.reason(),
-                "data": {FAULT_KEY: true},
+                "data": {FAULT_KEY: crate::tap::nonce()},
             },
         })
     }
@@ -148,10 +149,10 @@ fn size(bytes: usize) -> String {
     }
 }
 
-/// The reason of a JSON-RPC error written by [`Fault::answer`]; `None` for an error the
-/// server sent.
+/// The reason of a JSON-RPC error written by [`Fault::answer`] in this process (it carries
+/// the nonce); `None` for an error the server sent, one in the same shape included.
 pub(crate) fn fault_of(error: &ErrorData) -> Option<String> {
-    let ours = error.data.as_ref()?.get(FAULT_KEY)?.as_bool()?;
+    let ours = error.data.as_ref()?.get(FAULT_KEY)?.as_str()? == crate::tap::nonce();
     ours.then(|| error.message.to_string())
 }
 
@@ -616,7 +617,25 @@ mod tests {
             fault["error"]["message"],
             "the server's event stream ended before the answer"
         );
-        assert_eq!(fault["error"]["data"][FAULT_KEY], true);
+        assert_eq!(fault["error"]["data"][FAULT_KEY], crate::tap::nonce());
+        let error: ErrorData = serde_json::from_value(fault["error"].clone()).unwrap();
+        assert_eq!(
+            fault_of(&error).as_deref(),
+            Some("the server's event stream ended before the answer")
+        );
+    }
+
+    /// Review item 3: a server's own error in the shape of ours (the key without our
+    /// nonce) is the server's error.
+    #[test]
+    fn a_servers_error_in_our_shape_is_not_taken_for_ours() {
+        for data in [
+            serde_json::json!({FAULT_KEY: true}),
+            serde_json::json!({FAULT_KEY: "0123456789abcdef0123456789abcdef"}),
+        ] {
+            let forged = ErrorData::internal_error("forged", Some(data.clone()));
+            assert_eq!(fault_of(&forged), None, "{data}");
+        }
     }
 
     #[tokio::test]

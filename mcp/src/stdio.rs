@@ -15,6 +15,8 @@
 //!
 //! - its `receive` is cancel-safe ([`lines`]): rmcp's loop drops it whenever another event
 //!   comes first, and a line half read then is resumed, never lost;
+//! - a line over [`PARSE_ON_WORKER`] is parsed on a blocking thread, not in rmcp's loop on
+//!   an async worker, and the parse survives a dropped `receive` (its handle is kept);
 //! - invalid UTF-8 and lone surrogate escapes in an answer are replaced by U+FFFD, said
 //!   in the result's `_meta` under `psych/lossy` ([`repair`]);
 //! - a line over [`MAX_LINE`] is read past without being kept, and the request whose `id`
@@ -26,7 +28,8 @@
 //!   with [`McpError::Exited`] at once.
 //!
 //! stderr is read in bounded memory ([`stderr`]): a line ends at `\n` or `\r`, and of a
-//! long line only a preview is kept.
+//! long line only a preview is kept; a line ended by a bare `\r` (a progress bar's frame)
+//! is replaced in the tail by the line after it, as a terminal shows it.
 
 mod lines;
 mod repair;
@@ -44,7 +47,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use psych_types::ServerId;
 use rmcp::RoleClient;
@@ -59,7 +62,7 @@ use tokio::task::JoinHandle;
 use crate::McpError;
 use crate::tap::{AnswerFailure, Tap};
 use lines::{Line, LineReader, Overflow};
-use tree::Tag;
+use tree::{Leader, Tag};
 
 /// The longest line read from a server's stdout into memory; a longer one is read past and
 /// fails the request it answers ([`McpError::AnswerTooLarge`]).
@@ -77,6 +80,10 @@ const LINE_PREVIEW: usize = 400;
 const EXIT_QUIET: Duration = Duration::from_millis(200);
 /// The byte order mark some servers write before their first line.
 const BOM: &[u8] = b"\xEF\xBB\xBF";
+/// The longest line parsed on the async worker that reads it (about a millisecond of
+/// work); a longer one, up to [`MAX_LINE`] (tens of milliseconds per parse, and a repair
+/// may parse it twice more), is parsed on a blocking thread.
+const PARSE_ON_WORKER: usize = 1024 * 1024;
 
 /// What a stdio server's process is configured as.
 pub(crate) struct Command<'a> {
@@ -88,7 +95,8 @@ pub(crate) struct Command<'a> {
 
 /// A running (or ended) stdio server process and what it said on stderr.
 pub(crate) struct Child {
-    pgid: Option<Pid>,
+    /// Its pid (and process group id) and start time, if its pid was known.
+    leader: Option<Leader>,
     /// The environment variable its processes carry.
     tag: Tag,
     exit: watch::Receiver<Option<ExitStatus>>,
@@ -109,19 +117,35 @@ pub(crate) struct Diagnostics {
 struct DiagnosticsInner {
     stderr: VecDeque<String>,
     stderr_bytes: usize,
+    /// The last stderr line ended by a bare `\r`: the next line takes its place.
+    open_frame: bool,
     garbage_lines: u64,
     last_garbage: String,
 }
 
 impl Diagnostics {
-    /// Keeps one stderr line's preview (`cut`: the line was longer).
-    fn push_stderr(&self, line: &[u8], cut: bool) {
+    /// Keeps one stderr line's preview (`cut`: the line was longer). A line after one
+    /// ended by a bare `\r` takes that one's place, as on a terminal, so that a progress
+    /// bar's frames are one line of the tail; an empty (or blank) line leaves it, as a
+    /// terminal does.
+    fn push_stderr(&self, line: &[u8], cut: bool, end: stderr::End) {
         let text = String::from_utf8_lossy(line);
         let mut line = preview(text.trim_end());
         if cut && !line.ends_with('…') {
             line.push('…');
         }
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let over_frame = std::mem::replace(&mut inner.open_frame, end == stderr::End::Return);
+        if over_frame {
+            if line.is_empty() {
+                // Nothing drawn over the frame. After a `\n` the frame stays as a line;
+                // after a `\r` it is still open.
+                return;
+            }
+            if let Some(frame) = inner.stderr.pop_back() {
+                inner.stderr_bytes -= frame.len();
+            }
+        }
         inner.stderr_bytes += line.len();
         inner.stderr.push_back(line);
         while inner.stderr.len() > STDERR_LINES || inner.stderr_bytes > STDERR_BYTES {
@@ -192,14 +216,6 @@ async fn exited(mut exit: watch::Receiver<Option<ExitStatus>>) {
     }
 }
 
-/// Runs blocking `work` (it reads `/proc`) off the async workers, inline without a runtime.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => runtime.spawn_blocking(work).await.ok(),
-        Err(_) => Some(work()),
-    }
-}
-
 impl Child {
     /// Starts the server in its own process group with piped stdio and its [`Tag`] in its
     /// environment.
@@ -227,10 +243,12 @@ impl Child {
             source,
         };
         let mut child = command.spawn().map_err(spawn_error)?;
-        let pgid = child
+        // Read now, while the process cannot have been reaped: its start time tells it
+        // from a later process with the same pid (one small read of `/proc/<pid>/stat`).
+        let leader = child
             .id()
             .and_then(|pid| i32::try_from(pid).ok())
-            .map(Pid::from_raw);
+            .map(|pid| Leader::new(Pid::from_raw(pid)));
         let missing = || spawn_error(std::io::Error::other("a standard stream was not piped"));
         let stdin = child.stdin.take().ok_or_else(missing)?;
         let stdout = child.stdout.take().ok_or_else(missing)?;
@@ -247,8 +265,8 @@ impl Child {
         let tail = Arc::clone(&diagnostics);
         let stderr_exit = exited(exit.clone());
         let reader = tokio::spawn(async move {
-            stderr::read_lines(stderr, stderr_exit, EXIT_QUIET, |line, cut| {
-                tail.push_stderr(line, cut);
+            stderr::read_lines(stderr, stderr_exit, EXIT_QUIET, |line, cut, end| {
+                tail.push_stderr(line, cut, end);
             })
             .await;
             let _ = stderr_tx.send(true);
@@ -256,7 +274,7 @@ impl Child {
         let transport = ChildTransport::new(stdout, stdin, exit.clone(), Arc::clone(&diagnostics));
         Ok((
             Self {
-                pgid,
+                leader,
                 tag,
                 exit,
                 diagnostics,
@@ -270,7 +288,7 @@ impl Child {
 
     /// The process group id (the server's pid), if it was known.
     pub(crate) fn pgid(&self) -> Option<i32> {
-        self.pgid.map(Pid::as_raw)
+        self.leader.map(|leader| leader.pid().as_raw())
     }
 
     /// A receiver that changes when the process exits.
@@ -301,20 +319,22 @@ impl Child {
         self.diagnostics.text()
     }
 
-    /// Sends `signal` to the group and to every process of the server's tree.
+    /// Sends `signal` to the group and to every process of the server's tree, from a
+    /// thread of its own, waiting for it at most [`tree::DEADLINE`].
     async fn signal_tree(&self, signal: Signal) {
-        let Some(leader) = self.pgid else {
+        let Some(leader) = self.leader else {
             return;
         };
         let tag = self.tag.clone();
-        let alive = self.exit.borrow().is_none();
-        blocking(move || tree::signal(leader, &tag, alive, signal)).await;
+        tree::bounded(tree::DEADLINE, move || tree::signal(leader, &tag, signal)).await;
     }
 
     /// Stops everything the server started: SIGTERM to its group and tree, up to `grace`
     /// for the server to exit, then SIGKILL to whatever is left of its group and tree (a
     /// grandchild in a session of its own included), looking again until none is left;
-    /// waits for the server's exit.
+    /// waits for the server's exit. Each look through `/proc` runs on a thread of its own
+    /// and is waited for at most [`tree::DEADLINE`], so this returns within about
+    /// `2 × grace + 3 ×` that deadline whatever the processes do.
     pub(crate) async fn terminate(&self, grace: Duration) {
         if self.reaped.load(Ordering::Acquire) {
             return;
@@ -329,9 +349,9 @@ impl Child {
             let _ = tokio::time::timeout(grace, exit.wait_for(Option::is_some)).await;
         }
         // Whatever the leader did, anything else of its group or tree goes now.
-        if let Some(leader) = self.pgid {
+        if let Some(leader) = self.leader {
             let tag = self.tag.clone();
-            blocking(move || tree::stop(leader, &tag)).await;
+            tree::bounded(tree::DEADLINE, move || tree::stop(leader, &tag)).await;
         }
         self.reaped.store(true, Ordering::Release);
         let mut done = self.stderr_done.clone();
@@ -345,19 +365,24 @@ impl Child {
 impl Drop for Child {
     fn drop(&mut self) {
         if !self.reaped.load(Ordering::Acquire)
-            && let Some(leader) = self.pgid
+            && let Some(leader) = self.leader
         {
-            // Dropped without `terminate` (a manager dropped without shutdown): kill the
-            // group now, synchronously, so no server outlives its owner; then the rest of
-            // its tree, off the async workers if there are any.
-            let _ = killpg(leader, Signal::SIGKILL);
+            // Dropped without `terminate`: a manager dropped without shutdown, or a process
+            // on its way out (a second signal, a shutdown past its deadline), which may
+            // exit right after this drop. So the group and every process of the tree found
+            // in one look are killed now, before this returns (blocking this thread for
+            // that look, a few milliseconds, at most `tree::SWEEP_DEADLINE`); if it found
+            // any, a thread looks again for one that forked meanwhile, which happens only
+            // if this process lives on.
             let tag = self.tag.clone();
-            let stop = move || {
-                tree::stop(leader, &tag);
+            let sweep = {
+                let tag = tag.clone();
+                move || tree::sweep(leader, &tag)
             };
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn_blocking(stop)),
-                Err(_) => stop(),
+            if tree::bounded_blocking(tree::SWEEP_DEADLINE, sweep) != Some(true) {
+                tree::detach(move || {
+                    tree::stop(leader, &tag);
+                });
             }
         }
         for task in &self.tasks {
@@ -387,7 +412,7 @@ impl ChildTransport {
 
     /// The tap that keeps raw listing and call results.
     pub(crate) fn tap(&self) -> Arc<Tap> {
-        Arc::clone(&self.reader.tap)
+        Arc::clone(&self.reader.parser.tap)
     }
 }
 
@@ -398,6 +423,18 @@ struct ChildReader<R> {
     exit: watch::Receiver<Option<ExitStatus>>,
     /// Set once the process is known to have exited.
     exited: bool,
+    parser: Parser,
+    /// The parse of a line over [`PARSE_ON_WORKER`], on a blocking thread: kept here so
+    /// that a `receive` dropped while it runs loses nothing.
+    parsing: Option<JoinHandle<Option<RxJsonRpcMessage<RoleClient>>>>,
+    /// Held by a test to keep a blocking parse from finishing.
+    #[cfg(test)]
+    parse_gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// What turns lines into messages, shared with the blocking thread that parses a long one.
+#[derive(Clone)]
+struct Parser {
     tap: Arc<Tap>,
     diagnostics: Arc<Diagnostics>,
 }
@@ -413,8 +450,10 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
             lines: LineReader::new(reader, MAX_LINE),
             exit,
             exited: false,
-            tap,
-            diagnostics,
+            parser: Parser { tap, diagnostics },
+            parsing: None,
+            #[cfg(test)]
+            parse_gate: Arc::default(),
         }
     }
 
@@ -439,26 +478,54 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
         }
     }
 
-    /// The next JSON-RPC message for rmcp. Cancel-safe: the only await is
-    /// [`ChildReader::next_line`], and a line it returns is handled without another.
+    /// The next JSON-RPC message for rmcp. Cancel-safe: the awaits are
+    /// [`ChildReader::next_line`] and the parse of a long line (its handle kept in `self`,
+    /// so a dropped `receive` finds it again), and a line or parse they return is handled
+    /// without another.
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
         loop {
-            let message = match self.next_line().await? {
-                Line::Whole(line) => self.read(&line),
-                Line::TooLong(overflow) => self.too_long(overflow),
+            let message = if let Some(parsing) = self.parsing.as_mut() {
+                let parsed = parsing.await;
+                self.parsing = None;
+                // A failed task (a panic in serde_json) loses that one line.
+                parsed.ok().flatten()
+            } else {
+                match self.next_line().await? {
+                    Line::Whole(line) if line.len() > PARSE_ON_WORKER => {
+                        self.parse_off_worker(line);
+                        continue;
+                    }
+                    Line::Whole(line) => self.parser.read(&line),
+                    Line::TooLong(overflow) => self.parser.too_long(overflow),
+                }
             };
             if let Some(message) = message {
                 if let JsonRpcMessage::Notification(notification) = &message
                     && let ServerNotification::ProgressNotification(progress) =
                         &notification.notification
                 {
-                    self.tap.progress().deliver(progress.params.clone());
+                    self.parser.tap.progress().deliver(progress.params.clone());
                 }
                 return Some(message);
             }
         }
     }
 
+    /// Starts the parse of a long line on a blocking thread; [`ChildReader::receive`]
+    /// awaits it before reading on, so messages keep their order.
+    fn parse_off_worker(&mut self, line: Vec<u8>) {
+        let parser = self.parser.clone();
+        #[cfg(test)]
+        let gate = Arc::clone(&self.parse_gate);
+        self.parsing = Some(tokio::task::spawn_blocking(move || {
+            #[cfg(test)]
+            drop(gate.blocking_lock());
+            parser.read(&line)
+        }));
+    }
+}
+
+impl Parser {
     /// One line as a message: typed straight from the bytes when no raw result is awaited;
     /// else (or when that fails) through a JSON value the tap may keep the result of, read
     /// a second time with invalid UTF-8 and lone surrogates replaced if need be. `None`
@@ -550,7 +617,7 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.reader.tap.want_request(&item);
+        self.reader.parser.tap.want_request(&item);
         let line = serde_json::to_vec(&item).map(|mut line| {
             line.push(b'\n');
             line
@@ -702,6 +769,92 @@ mod tests {
         }
     }
 
+    /// The stderr tail of `input`, read as a server's stderr is.
+    async fn tail(input: &[u8]) -> Vec<String> {
+        let diagnostics = Diagnostics::default();
+        stderr::read_lines(
+            input,
+            std::future::pending(),
+            Duration::ZERO,
+            |line, cut, end| {
+                diagnostics.push_stderr(line, cut, end);
+            },
+        )
+        .await;
+        diagnostics
+            .inner
+            .lock()
+            .unwrap()
+            .stderr
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Review item 4: a progress bar's `\r` frames after the line that says why the server
+    /// stops are one line of the tail, so that line is still there at the exit.
+    #[tokio::test]
+    async fn progress_frames_are_one_line_of_the_stderr_tail() {
+        let mut input = b"starting\nfatal: the catalogue database is locked\n".to_vec();
+        for i in 1..=1_000 {
+            input.extend_from_slice(format!("retrying {i}/1000\r").as_bytes());
+        }
+        assert_eq!(
+            tail(&input).await,
+            [
+                "starting",
+                "fatal: the catalogue database is locked",
+                "retrying 1000/1000"
+            ]
+        );
+        // As a terminal shows it: the line after a frame takes its place (a `\r\n` ends a
+        // line, not a frame); an empty one leaves it.
+        assert_eq!(
+            tail(b"10%\r20%\r\rdone\r\nnext\n30%\r\nlast").await,
+            ["done", "next", "30%", "last"]
+        );
+        assert_eq!(tail(b"a\n\nb\r\n").await, ["a", "", "b"]);
+    }
+
+    /// Review item 5: a line over [`PARSE_ON_WORKER`] is not parsed inside `receive`'s
+    /// poll (on an async worker) but on a blocking thread, and a `receive` dropped while
+    /// that parse runs loses nothing: the next one delivers the message.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_line_is_parsed_off_the_worker_and_survives_a_dropped_receive() {
+        let text = data(1, 2 * PARSE_ON_WORKER);
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/psych_test","params":{{"data":"{text}"}}}}"#
+        ) + "\n";
+        let (mut writer, pipe) = tokio::io::duplex(line.len() + 1);
+        writer.write_all(line.as_bytes()).await.unwrap();
+        let (mut reader, _exit, _) = reader(pipe);
+        // The parse cannot finish while the gate is held.
+        let gate = Arc::clone(&reader.parse_gate).lock_owned().await;
+        {
+            let mut receive = std::pin::pin!(reader.receive());
+            for _ in 0..16 {
+                assert!(
+                    poll_once(&mut receive).await.is_pending(),
+                    "the line was parsed inside the poll"
+                );
+                tokio::task::yield_now().await;
+            }
+        }
+        assert!(reader.parsing.is_some(), "the line was not read whole");
+        drop(gate);
+        let Some(JsonRpcMessage::Notification(notification)) = reader.receive().await else {
+            panic!("no message");
+        };
+        let ServerNotification::CustomNotification(custom) = notification.notification else {
+            panic!("not the test's notification");
+        };
+        assert!(custom.params.unwrap_or_default()["data"] == text.as_str());
+        assert!(reader.parsing.is_none());
+        // A short line is still read in the poll.
+        writer.write_all(CHANGED).await.unwrap();
+        assert!(reader.receive().await.is_some());
+    }
+
     #[tokio::test]
     async fn after_the_exit_what_was_written_is_read_then_the_output_ends_though_still_open() {
         let (mut writer, pipe) = tokio::io::duplex(1024);
@@ -748,6 +901,6 @@ mod tests {
             reader.receive().await,
             Some(JsonRpcMessage::Notification(_))
         ));
-        assert!(reader.diagnostics.text().contains("2 line(s)"));
+        assert!(reader.parser.diagnostics.text().contains("2 line(s)"));
     }
 }

@@ -12,7 +12,9 @@
 //! that does not parse but names the request's `id`) puts an [`AnswerFailure`] in the slot
 //! with [`Tap::fail`] and hands rmcp a JSON-RPC error for the same id
 //! ([`AnswerFailure::to_message`]), so the request ends at once and its sender reads the
-//! typed failure from the slot rather than rmcp's error.
+//! typed failure from the slot rather than rmcp's error. Such an error carries this
+//! process's [`nonce`], so that an error a server wrote with the same `data` (by mistake or
+//! on purpose) is reported as the server's error, never as one of ours.
 //!
 //! A slot lives from the request's sending to its sender's [`Claim::take`]. A sender that
 //! gives up (its future dropped: a caller's deadline, a cancelled Run) drops its [`Claim`],
@@ -20,7 +22,8 @@
 //! leaves a tombstone that the transport's `want` consumes instead of opening a slot.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use psych_types::ServerId;
 use rmcp::model::{
@@ -67,6 +70,31 @@ pub(crate) enum AnswerFailure {
 /// The key of the `data` of the JSON-RPC error a transport gives rmcp in place of an answer
 /// it could not deliver.
 const FAILURE_DATA_KEY: &str = "psych/answer";
+/// The key of the [`nonce`] in that `data`.
+const NONCE_KEY: &str = "nonce";
+
+/// A random value drawn once per process, carried by the errors our transports make up
+/// (here and in [`remote`](crate::remote)) and required on the way back in: a server never
+/// sees it (these errors go from our transport to rmcp only), so an error of its own that
+/// imitates ours is taken for what it is. Drawn from the standard library's randomly
+/// keyed hasher (OS randomness), with the process id and the time mixed in.
+pub(crate) fn nonce() -> &'static str {
+    static NONCE: OnceLock<String> = OnceLock::new();
+    NONCE.get_or_init(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_nanos());
+        let mut halves = [0u64; 2];
+        for (i, half) in halves.iter_mut().enumerate() {
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_usize(i);
+            hasher.write_u32(std::process::id());
+            hasher.write_u128(now);
+            *half = hasher.finish();
+        }
+        format!("{:016x}{:016x}", halves[0], halves[1])
+    })
+}
 
 impl AnswerFailure {
     /// The error for `call` to `server`.
@@ -87,27 +115,32 @@ impl AnswerFailure {
     }
 
     /// The JSON-RPC error response (as JSON) that ends request `id` in rmcp: parse error
-    /// (-32700), the failure in words, and the failure itself in `data`, so that a request
-    /// the tap does not follow (`initialize`) still gets the typed error
-    /// ([`AnswerFailure::from_error_data`]).
+    /// (-32700), the failure in words, and the failure itself in `data` with the
+    /// [`nonce`], so that a request the tap does not follow (`initialize`) still gets the
+    /// typed error ([`AnswerFailure::from_error_data`]).
     pub(crate) fn to_message(&self, id: Value) -> Value {
         let (message, data) = match self {
             Self::TooLarge { bytes, limit } => (
                 format!("the answer is {bytes} bytes, over the {limit} bytes read into memory"),
-                json!({"bytes": bytes, "limit": limit}),
+                json!({"bytes": bytes, "limit": limit, NONCE_KEY: nonce()}),
             ),
             Self::Malformed { reason } => (
                 format!("the answer could not be read: {reason}"),
-                json!({"reason": reason}),
+                json!({"reason": reason, NONCE_KEY: nonce()}),
             ),
         };
         json!({"jsonrpc": "2.0", "id": id, "error": {
             "code": -32700, "message": message, "data": {FAILURE_DATA_KEY: data}}})
     }
 
-    /// The failure carried by an error made by [`AnswerFailure::to_message`].
+    /// The failure carried by an error made by [`AnswerFailure::to_message`] in this
+    /// process (its [`nonce`]); `None` for any other error, one a server wrote in the same
+    /// shape included.
     pub(crate) fn from_error_data(error: &ErrorData) -> Option<Self> {
         let data = error.data.as_ref()?.get(FAILURE_DATA_KEY)?;
+        if data.get(NONCE_KEY).and_then(Value::as_str) != Some(nonce()) {
+            return None;
+        }
         if let Some(reason) = data.get("reason").and_then(Value::as_str) {
             return Some(Self::Malformed {
                 reason: reason.to_owned(),
@@ -353,6 +386,23 @@ mod tests {
         assert_eq!(AnswerFailure::from_error_data(&error), Some(malformed));
         let plain = ErrorData::internal_error("no", None);
         assert_eq!(AnswerFailure::from_error_data(&plain), None);
+    }
+
+    /// Review item 3: a server's own error in the shape of ours (without our nonce, or
+    /// with another) is not taken for one of ours.
+    #[test]
+    fn an_error_in_our_shape_without_our_nonce_is_the_servers() {
+        assert_eq!(nonce().len(), 32);
+        assert_eq!(nonce(), nonce(), "drawn once");
+        for data in [
+            json!({FAILURE_DATA_KEY: {"bytes": 1, "limit": 2}}),
+            json!({FAILURE_DATA_KEY: {"reason": "forged"}}),
+            json!({FAILURE_DATA_KEY: {"reason": "forged", NONCE_KEY: "0123"}}),
+            json!({FAILURE_DATA_KEY: {"bytes": 1, "limit": 2, NONCE_KEY: true}}),
+        ] {
+            let forged = ErrorData::parse_error("forged", Some(data.clone()));
+            assert_eq!(AnswerFailure::from_error_data(&forged), None, "{data}");
+        }
     }
 
     #[test]

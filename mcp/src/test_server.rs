@@ -56,7 +56,7 @@ use tokio::sync::mpsc;
 mod raw_http;
 mod stdio_faults;
 
-pub use stdio_faults::bad_utf8_text;
+pub use stdio_faults::{FORGED_ERROR_MESSAGE, bad_utf8_text};
 
 /// What the test server does, beyond answering its control tools.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

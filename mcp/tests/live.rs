@@ -1828,3 +1828,133 @@ async fn a_server_that_exits_during_the_listing_is_reported_as_exited() {
     manager.shutdown().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+// Review of issue 27 (helper H): the stdio transport and the tap.
+
+/// Review item 3: a server's own JSON-RPC error that carries the `data` keys of the errors
+/// psych-mcp's transports make up (an answer over the cap, an HTTP stream cut) is reported
+/// as the server's error, not as `AnswerTooLarge` or a transport fault; the connection
+/// stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_error_that_imitates_psychs_own_is_reported_as_the_servers() {
+    let timeouts = fast().with_call(Duration::from_secs(60));
+    let (manager, _) = one("forger", test_server("forger", &[]), timeouts).await;
+    let error = manager
+        .call_tool_raw(&tool("forger", "raw_forged_error"), JsonObject::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, McpError::Protocol { message, .. }
+            if message.contains(psych_mcp::test_server::FORGED_ERROR_MESSAGE)),
+        "{error:?}"
+    );
+    let echo = manager
+        .call_tool_raw(&tool("forger", "echo"), args(json!({"text": "still here"})))
+        .await
+        .unwrap();
+    assert_eq!(texts(&echo), ["still here"]);
+    manager.shutdown().await;
+}
+
+/// Review item 4: a server that says why it stops, then draws a progress bar (1,000 `\r`
+/// frames) and exits, is reported with that line: the frames are one line of the tail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_line_before_a_progress_bar_is_still_in_the_stderr_tail_at_the_exit() {
+    let script = r#"
+        echo 'fatal: the catalogue database is locked' >&2
+        i=0
+        while [ $i -lt 1000 ]; do i=$((i + 1)); printf 'retrying %d/1000\r' $i >&2; done
+        exit 3
+    "#;
+    let config = stdio_config("bar", "sh", &["-c", script]);
+    let manager = manager_with(fast(), Duration::from_secs(600));
+    let reachability = manager.add_server(id("bar"), config).await.unwrap();
+    assert_eq!(
+        reachability,
+        Reachability::Unreachable {
+            reason: "MCP server \"bar\": initialize failed: the server process exited with \
+                     status 3; its last stderr lines:\n  fatal: the catalogue database is \
+                     locked\n  retrying 1000/1000"
+                .into()
+        }
+    );
+    manager.shutdown().await;
+}
+
+/// Set in the test process that [`a_server_dropped_as_the_process_exits_takes_its_setsid_grandchild`]
+/// starts: the pid file of its server's grandchild.
+const EXITING_CHILD: &str = "PSYCH_MCP_TEST_EXITING_CHILD";
+
+/// Review item 2: a manager whose servers are dropped while the runtime shuts down (what
+/// the gateway does after a second signal, or past its shutdown deadline) and whose process
+/// exits right after, leaves no grandchild that called `setsid` behind: the descendants are
+/// killed before the drop returns, not on a blocking thread that the exit outruns. This
+/// test runs itself in a process of its own (with [`EXITING_CHILD`] set) to have a process
+/// that exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_dropped_as_the_process_exits_takes_its_setsid_grandchild() {
+    let dir = std::env::temp_dir().join(format!("psych-exiting-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pidfile = dir.join("grandchild");
+    let output = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "exiting_process_with_a_server",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(EXITING_CHILD, &pidfile)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    for _ in 0..1_000 {
+        if gone(pid) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+    panic!("the grandchild {pid} outlived its server's process by 20s");
+}
+
+/// The process [`a_server_dropped_as_the_process_exits_takes_its_setsid_grandchild`]
+/// starts (without [`EXITING_CHILD`], as in a plain test run, it does nothing): a server
+/// with a `setsid` grandchild, its manager held by a task, the runtime shut down with the
+/// gateway's 100 ms for stragglers, and the process exiting at once.
+#[test]
+fn exiting_process_with_a_server() {
+    let Some(pidfile) = std::env::var_os(EXITING_CHILD) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pidfile_arg = std::path::PathBuf::from(pidfile).display().to_string();
+    runtime.block_on(async {
+        let config = test_server("exiting", &["--setsid-grandchild", &pidfile_arg]);
+        let (manager, reachability) = one("exiting", config, fast()).await;
+        assert_eq!(reachability, Reachability::Reachable);
+        tokio::spawn(async move {
+            let _held = manager;
+            std::future::pending::<()>().await;
+        });
+    });
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    std::process::exit(0);
+}

@@ -11,11 +11,32 @@
 //! of every child tokio waits for. cgroups would be exact but need privileges a user's
 //! agent does not have.
 //!
-//! Everything here reads `/proc` and blocks its thread: async callers use
-//! `spawn_blocking`. Off Linux (no `/proc`) only the process group is found.
+//! # What a look through `/proc` reads
+//!
+//! The server's [`Leader`] is its pid and its start time (field 22 of `/proc/<pid>/stat`),
+//! read at spawn, before the pid can be reused. A look reads the owner of each
+//! `/proc/<pid>` and the `stat` of the processes of this process's user only (reading a
+//! `stat` takes no lock its process can hold), and considers only those that started no
+//! earlier than the leader: nothing older can be of its tree. Of those, the group and
+//! parent checks hold only while the pid is still the leader's (no process with its pid
+//! and another start time), so a reused pid is never taken for the server. Only then is an
+//! `environ` read for the tag, and never a process in state `D`: reading `environ` takes
+//! the process's memory lock, which one stuck in uninterruptible sleep may hold for good.
+//!
+//! # Blocking
+//!
+//! Everything here reads `/proc` and blocks its thread. The callers run a look on a thread
+//! of its own ([`bounded`], [`bounded_blocking`]) and wait for it at most a deadline, so
+//! that a read that blocks anyway (a process that entered `D` after its `stat` was read)
+//! holds up neither an async worker nor the server's stop; an abandoned thread ends when
+//! its read does, or with the process. A dedicated thread rather than `spawn_blocking`:
+//! tokio's runtime waits for its blocking tasks when it is dropped. Off Linux (no `/proc`)
+//! only the process group is found.
 
 use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
@@ -24,7 +45,13 @@ use nix::unistd::Pid;
 /// found on the next look).
 const ROUNDS: usize = 50;
 /// The pause between two looks.
-const ROUND_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+const ROUND_PAUSE: Duration = Duration::from_millis(10);
+/// How long a caller waits for [`signal`] or [`stop`] on their thread before going on
+/// without them: [`ROUNDS`] pauses and looks take well under a second; a look stuck on a
+/// process's memory lock is abandoned.
+pub(crate) const DEADLINE: Duration = Duration::from_secs(5);
+/// How long [`Drop`] of a server waits for its [`sweep`]: one look, no pause.
+pub(crate) const SWEEP_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The environment variable that marks one server's processes.
 #[derive(Debug, Clone)]
@@ -56,33 +83,112 @@ impl Tag {
     }
 }
 
-/// One process as `/proc/<pid>/stat` describes it.
-struct Proc {
-    ppid: i32,
-    pgrp: i32,
-    zombie: bool,
+/// A server's process as it was spawned: its pid (also its process group's id) and its
+/// start time, which tell it from a later process given the same pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Leader {
+    pid: Pid,
+    /// Field 22 of `/proc/<pid>/stat` (clock ticks since boot); `None` off Linux.
+    start: Option<u64>,
 }
 
-fn stat(pid: i32) -> Option<Proc> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name in parentheses: state, ppid, pgrp, …
+impl Leader {
+    /// The process `pid`, just spawned and not reaped (so that the pid is still its own).
+    /// Blocks for one read of its `/proc/<pid>/stat` (microseconds; it takes no lock the
+    /// process can hold).
+    pub(crate) fn new(pid: Pid) -> Self {
+        Self {
+            pid,
+            start: stat(pid.as_raw()).map(|proc| proc.start),
+        }
+    }
+
+    /// The pid.
+    pub(crate) fn pid(self) -> Pid {
+        self.pid
+    }
+
+    /// Whether the pid may still be the leader's, or its group's: no process has it with
+    /// another start time. (Once the leader is reaped and its group empty, the pid can be
+    /// reused; a reuse whose new process has already exited again is not seen.)
+    fn pid_is_ours(self, procs: &HashMap<i32, Proc>) -> bool {
+        match (procs.get(&self.pid.as_raw()), self.start) {
+            (Some(proc), Some(start)) => proc.start == start,
+            _ => true,
+        }
+    }
+
+    /// Sends `signal` to the leader's process group, unless its pid now belongs to another
+    /// process.
+    fn signal_group(self, signal: Signal) {
+        let reused = match (stat(self.pid.as_raw()), self.start) {
+            (Some(proc), Some(start)) => proc.start != start,
+            _ => false,
+        };
+        if !reused {
+            // ESRCH (already gone) is the expected outcome for most.
+            let _ = killpg(self.pid, signal);
+        }
+    }
+}
+
+/// One process as `/proc/<pid>/stat` describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Proc {
+    state: u8,
+    ppid: i32,
+    pgrp: i32,
+    /// Field 22: the start time in clock ticks since boot.
+    start: u64,
+}
+
+impl Proc {
+    fn zombie(&self) -> bool {
+        matches!(self.state, b'Z' | b'X' | b'x')
+    }
+
+    /// Whether reading its `environ` cannot block on its memory lock as far as its state
+    /// tells: not in uninterruptible sleep (`D`).
+    fn environ_readable(&self) -> bool {
+        self.state != b'D'
+    }
+}
+
+/// Reads the fields of a `/proc/<pid>/stat` line that the tree needs.
+fn parse_stat(text: &str) -> Option<Proc> {
+    // After the command name in parentheses (which may hold anything, `)` included):
+    // state (field 3), ppid, pgrp, …, starttime (field 22).
     let (_, rest) = text.rsplit_once(')')?;
     let mut fields = rest.split_whitespace();
-    let state = fields.next()?;
+    let state = *fields.next()?.as_bytes().first()?;
     let ppid = fields.next()?.parse().ok()?;
     let pgrp = fields.next()?.parse().ok()?;
+    let start = fields.nth(22 - 6)?.parse().ok()?;
     Some(Proc {
+        state,
         ppid,
         pgrp,
-        zombie: state == "Z" || state == "X",
+        start,
     })
 }
 
+fn stat(pid: i32) -> Option<Proc> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
 /// The live processes (not zombies) of `leader`'s tree: in its group, tagged with `tag`,
-/// or (while the leader has not been reaped, so that its id cannot have been reused)
-/// descended from it. Never this process.
-pub(crate) fn members(leader: Pid, tag: &Tag, leader_alive: bool) -> Vec<Pid> {
+/// or (while its pid is still its own) descended from it; never this process, one of
+/// another user, or one older than the leader. Blocks: reads `/proc` (see the module docs
+/// for what, and for the one read that may block for long).
+pub(crate) fn members(leader: Leader, tag: &Tag) -> Vec<Pid> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    // Without the leader's start time a pid cannot be told from a reused one.
+    let Some(leader_start) = leader.start else {
+        return Vec::new();
+    };
+    let Ok(uid) = std::fs::metadata("/proc/self").map(|meta| meta.uid()) else {
         return Vec::new();
     };
     let me = i32::try_from(std::process::id()).unwrap_or(0);
@@ -91,14 +197,16 @@ pub(crate) fn members(leader: Pid, tag: &Tag, leader_alive: bool) -> Vec<Pid> {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
-        if pid == me {
+        // The owner of `/proc/<pid>` is the process's effective user.
+        if pid == me || entry.metadata().map(|meta| meta.uid()).ok() != Some(uid) {
             continue;
         }
         if let Some(proc) = stat(pid) {
             procs.insert(pid, proc);
         }
     }
-    let leader = leader.as_raw();
+    let ours = leader.pid_is_ours(&procs);
+    let leader = leader.pid.as_raw();
     let descends = |mut pid: i32| {
         // Bounded: a parent chain longer than the table is a loop of reused ids.
         for _ in 0..procs.len() {
@@ -114,12 +222,12 @@ pub(crate) fn members(leader: Pid, tag: &Tag, leader_alive: bool) -> Vec<Pid> {
     };
     let mut found: Vec<Pid> = procs
         .iter()
-        .filter(|(_, proc)| !proc.zombie)
+        .filter(|(_, proc)| !proc.zombie() && proc.start >= leader_start)
         .filter(|&(&pid, proc)| {
-            proc.pgrp == leader
-                || (leader_alive && descends(pid))
-                || std::fs::read(format!("/proc/{pid}/environ"))
-                    .is_ok_and(|environ| tag.in_environ(&environ))
+            (ours && (proc.pgrp == leader || descends(pid)))
+                || (proc.environ_readable()
+                    && std::fs::read(format!("/proc/{pid}/environ"))
+                        .is_ok_and(|environ| tag.in_environ(&environ)))
         })
         .map(|(&pid, _)| Pid::from_raw(pid))
         .collect();
@@ -128,36 +236,95 @@ pub(crate) fn members(leader: Pid, tag: &Tag, leader_alive: bool) -> Vec<Pid> {
 }
 
 /// Sends `signal` to `leader`'s group and to every process of its tree. Blocks (reads
-/// `/proc`).
-pub(crate) fn signal(leader: Pid, tag: &Tag, leader_alive: bool, signal: Signal) {
-    // ESRCH (already gone) is the expected outcome for most.
-    let _ = killpg(leader, signal);
-    for pid in members(leader, tag, leader_alive) {
+/// `/proc`): run it through [`bounded`].
+pub(crate) fn signal(leader: Leader, tag: &Tag, signal: Signal) {
+    leader.signal_group(signal);
+    for pid in members(leader, tag) {
         let _ = kill(pid, signal);
     }
 }
 
 /// Kills (SIGKILL) `leader`'s group and every process of its tree, looking again until none
-/// is left (or [`ROUNDS`] looks); says whether none is. Blocks (reads `/proc`, pauses).
-/// Call it once the leader has been reaped (its descendants are then found by group and
-/// tag).
-pub(crate) fn stop(leader: Pid, tag: &Tag) -> bool {
+/// is left (or [`ROUNDS`] looks); says whether none is. Blocks (reads `/proc`, pauses): run
+/// it through [`bounded`].
+pub(crate) fn stop(leader: Leader, tag: &Tag) -> bool {
     for _ in 0..ROUNDS {
-        let _ = killpg(leader, Signal::SIGKILL);
-        let left = members(leader, tag, false);
-        if left.is_empty() {
+        if sweep(leader, tag) {
             return true;
-        }
-        for pid in left {
-            let _ = kill(pid, Signal::SIGKILL);
         }
         std::thread::sleep(ROUND_PAUSE);
     }
-    members(leader, tag, false).is_empty()
+    members(leader, tag).is_empty()
+}
+
+/// Kills (SIGKILL) `leader`'s group and every process of its tree found in one look, with
+/// no pause: what a server dropped without being stopped gets at once. Says whether the
+/// look found none. Blocks (reads `/proc` once): run it through [`bounded_blocking`].
+pub(crate) fn sweep(leader: Leader, tag: &Tag) -> bool {
+    leader.signal_group(Signal::SIGKILL);
+    let left = members(leader, tag);
+    for &pid in &left {
+        let _ = kill(pid, Signal::SIGKILL);
+    }
+    left.is_empty()
+}
+
+/// Runs `work` on a thread of its own, and sends its result on `done`.
+fn spawn<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+    done: impl FnOnce(T) + Send + 'static,
+) -> bool {
+    detach(move || done(work()))
+}
+
+/// Runs blocking `work` on a thread of its own, not waited for; says whether the thread
+/// started.
+pub(crate) fn detach(work: impl FnOnce() + Send + 'static) -> bool {
+    std::thread::Builder::new()
+        .name("psych-mcp-tree".into())
+        .spawn(work)
+        .is_ok()
+}
+
+/// Runs blocking `work` on a thread of its own and waits for it at most `deadline`,
+/// without blocking the async worker; `None` if it did not finish by then (the thread is
+/// left to finish alone) or could not be started.
+pub(crate) async fn bounded<T: Send + 'static>(
+    deadline: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if !spawn(work, move |result| drop(tx.send(result))) {
+        return None;
+    }
+    tokio::time::timeout(deadline, rx).await.ok()?.ok()
+}
+
+/// Runs blocking `work` on a thread of its own and blocks this thread until it finishes,
+/// at most `deadline`; `None` if it did not finish by then (the thread is left to finish
+/// alone) or could not be started.
+pub(crate) fn bounded_blocking<T: Send + 'static>(
+    deadline: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    if !spawn(work, move |result| drop(tx.send(result))) {
+        return None;
+    }
+    rx.recv_timeout(deadline).ok()
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        reason = "a test fails loudly on bad data"
+    )]
+
+    use std::os::unix::process::CommandExt;
+    use std::process::{Child, Command, Stdio};
+
     use super::*;
 
     #[test]
@@ -174,7 +341,125 @@ mod tests {
 
     #[test]
     fn this_process_is_never_a_member() {
-        let me = Pid::from_raw(i32::try_from(std::process::id()).unwrap_or(0));
-        assert!(!members(me, &Tag::new(), true).contains(&me));
+        let me = Leader::new(Pid::from_raw(i32::try_from(std::process::id()).unwrap()));
+        assert!(!members(me, &Tag::new()).contains(&me.pid()));
+    }
+
+    #[test]
+    fn stat_fields_are_read_after_the_last_parenthesis() {
+        let line = "4242 (a) (b) 1 2) D 17 4242 4242 0 -1 4194560 107 0 0 0 0 0 0 0 20 0 1 0 \
+                    987654 2273280 288 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1";
+        assert_eq!(
+            parse_stat(line),
+            Some(Proc {
+                state: b'D',
+                ppid: 17,
+                pgrp: 4242,
+                start: 987_654
+            })
+        );
+        assert!(!parse_stat(line).unwrap().environ_readable());
+        assert_eq!(parse_stat("1 (x) S 0 1"), None);
+        let me = stat(i32::try_from(std::process::id()).unwrap()).unwrap();
+        assert!(me.environ_readable() && !me.zombie() && me.start > 0);
+    }
+
+    /// `sleep 1000` in a process group of its own, with `tag` in its environment if given.
+    fn sleeper(tag: Option<&Tag>) -> Child {
+        let mut command = Command::new("sleep");
+        command.arg("1000").stdin(Stdio::null()).process_group(0);
+        if let Some(tag) = tag {
+            command.env(tag.name(), "test");
+        }
+        command.spawn().unwrap()
+    }
+
+    fn pid(child: &Child) -> Pid {
+        Pid::from_raw(i32::try_from(child.id()).unwrap())
+    }
+
+    fn end(mut children: Vec<Child>) {
+        for child in &mut children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Review item 1: a process that carries the tag but started before the server is not
+    /// of its tree (a tag of an earlier psych process with the same pid), nor is one of
+    /// another user; one that started after is.
+    #[test]
+    fn only_processes_started_after_the_leader_by_this_user_are_members() {
+        let tag = Tag::new();
+        let early = sleeper(Some(&tag));
+        let early_start = stat(pid(&early).as_raw()).unwrap().start;
+        // A leader that started at least one clock tick after `early`.
+        let leader = loop {
+            let leader = sleeper(None);
+            if Leader::new(pid(&leader)).start > Some(early_start) {
+                break leader;
+            }
+            end(vec![leader]);
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let info = Leader::new(pid(&leader));
+        let late = sleeper(Some(&tag));
+        let mut children = vec![early, leader, late];
+        let mut want = vec![pid(&children[1]), pid(&children[2])];
+        want.sort();
+        // Root can start a tagged process as another user; it is not ours to kill.
+        if std::fs::metadata("/proc/self").unwrap().uid() == 0 {
+            let mut command = Command::new("sleep");
+            command
+                .arg("1000")
+                .env(tag.name(), "test")
+                .process_group(0)
+                .uid(65_534);
+            children.push(command.spawn().unwrap());
+        }
+        assert_eq!(members(info, &tag), want);
+        end(children);
+    }
+
+    /// Review item 1: once the leader's pid belongs to another process (another start
+    /// time), its group and its descendants are not taken for the server's.
+    #[test]
+    fn a_reused_leader_pid_is_not_taken_for_the_server() {
+        let other = sleeper(None);
+        let real = Leader::new(pid(&other));
+        assert_eq!(members(real, &Tag::new()), [pid(&other)], "its own group");
+        let before = Leader {
+            pid: real.pid,
+            start: real.start.map(|start| start - 1),
+        };
+        assert_eq!(members(before, &Tag::new()), []);
+        end(vec![other]);
+    }
+
+    #[test]
+    fn a_stop_kills_the_group_and_the_tagged_processes() {
+        let tag = Tag::new();
+        let leader = sleeper(None);
+        let info = Leader::new(pid(&leader));
+        let tagged = sleeper(Some(&tag));
+        assert!(stop(info, &tag));
+        for mut child in [leader, tagged] {
+            assert!(child.wait().unwrap().code().is_none(), "killed");
+        }
+    }
+
+    /// Review item 1: a look that blocks is abandoned at its deadline.
+    #[tokio::test]
+    async fn a_stuck_look_is_abandoned_at_its_deadline() {
+        let stuck = || loop {
+            std::thread::park();
+        };
+        assert_eq!(bounded(Duration::from_millis(50), stuck).await, None::<()>);
+        assert_eq!(
+            bounded_blocking(Duration::from_millis(50), stuck),
+            None::<()>
+        );
+        assert_eq!(bounded(DEADLINE, || 7).await, Some(7));
+        assert_eq!(bounded_blocking(DEADLINE, || 8), Some(8));
     }
 }
