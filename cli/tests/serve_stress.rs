@@ -269,6 +269,27 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // Each upstream is callable before the load starts: the gateway announces servers as
+    // they arrive, and a listing taken while the last one arrives may be resolved again
+    // (how many tries it took is printed; a refusal after this point fails the test).
+    let mut warm_refusals = 0usize;
+    for server in ["alpha", "beta", "gamma"] {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let probe = Planned::BadUtf8 { server, bytes: 10 };
+            let result = session.call_tool(probe.params()).await.unwrap();
+            if result.is_error != Some(true) {
+                break;
+            }
+            assert!(tries < 100, "{server} never became callable: {result:?}");
+            warm_refusals += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if tries > 1 {
+            eprintln!("{server}: callable after {tries} tries");
+        }
+    }
     // gamma's generated tools (not its control tools), removed one by one during the load:
     // each removal is an upstream list_changed and a change of the gateway's listing.
     // (Removing keeps gamma's tier: adding tools could move it from direct tools to a facade.)
@@ -383,6 +404,7 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     let mut logged: BTreeMap<usize, usize> = BTreeMap::new();
     let mut mixed = 0usize;
     let mut bad_utf8: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut refused = 0usize;
     for record in log.iter() {
         let psych_types::Record::ToolResult(result) = record.unwrap().record else {
             continue;
@@ -403,6 +425,10 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
             );
             mixed += 1;
         } else if result.name.ends_with("__raw_bad_utf8") {
+            if result.output.is_error {
+                refused += 1;
+                continue;
+            }
             let text = result.output.readable_text();
             let bytes = psych_mcp::test_server::bad_utf8_text(0).len();
             let lines = text.matches('\n').count();
@@ -428,7 +454,8 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     }
     let mut wanted: BTreeMap<usize, usize> = BTreeMap::new();
     let mut wanted_mixed = 0usize;
-    let mut wanted_bad: BTreeMap<usize, usize> = BTreeMap::new();
+    // The three warm-up calls: one line each.
+    let mut wanted_bad: BTreeMap<usize, usize> = BTreeMap::from([(1, 3)]);
     let line = psych_mcp::test_server::bad_utf8_text(0).len();
     for planned in plan.iter() {
         match planned {
@@ -445,5 +472,9 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     assert_eq!(
         bad_utf8, wanted_bad,
         "every result with bad UTF-8 is logged, repaired"
+    );
+    assert_eq!(
+        refused, warm_refusals,
+        "the only refusals were before the load"
     );
 }
