@@ -99,8 +99,8 @@ pub use record::{
     Usage, UserMessage,
 };
 pub use seam::{
-    MemoryRecords, OutputInfo, OutputKind, Projection, RecordSource, ResultProjector, ResultRef,
-    TokenEstimator, ToolHost, ToolLister, readable_bytes,
+    LineMark, MemoryRecords, OutputInfo, OutputKind, Projection, RecordSource, ResultProjector,
+    ResultRef, TokenEstimator, ToolHost, ToolLister, readable_bytes,
 };
 pub use tool::{
     Icon, JsonObject, TaskSupport, ToolAnnotations, ToolDefinition, ToolExecution, ToolList,
