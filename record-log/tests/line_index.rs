@@ -72,7 +72,11 @@ fn a_log_written_before_the_line_index_reads_and_its_results_are_marked_from_the
     assert_eq!(info.len, text.len() as u64);
     assert_eq!(read_all(&log, &old, info.len), text.as_bytes());
     for line in [0, 1, 2000, 2999, 3000, 5000] {
-        assert_eq!(log.line_mark(&old, line).unwrap(), LineMark::START, "{line}");
+        assert_eq!(
+            log.line_mark(&old, line).unwrap(),
+            LineMark::START,
+            "{line}"
+        );
     }
 
     // The same text appended by this build: marked within a stride before each line.
@@ -81,7 +85,10 @@ fn a_log_written_before_the_line_index_reads_and_its_results_are_marked_from_the
         for line in [1, 2000, 2597, 2598, 2999, 3000, 5000] {
             let mark = log(line);
             let start = line_start(&text, line);
-            assert!(mark.at <= start && start - mark.at <= 128 << 10, "{line}: {mark:?}");
+            assert!(
+                mark.at <= start && start - mark.at <= 128 << 10,
+                "{line}: {mark:?}"
+            );
             assert_eq!(
                 mark.breaks_before,
                 count_line_breaks(&text.as_bytes()[..mark.at as usize])
