@@ -512,6 +512,21 @@ mod tests {
     }
 
     #[test]
+    fn a_source_without_a_line_index_marks_every_line_from_the_start() {
+        let mut log = MemoryRecords::new(RunId::new("a").unwrap());
+        let out = log.push(result("one\ntwo\nthree\n"));
+        for line in [0, 1, 2, 99] {
+            assert_eq!(log.line_mark(&out, line).unwrap(), LineMark::START);
+            let borrowed: &MemoryRecords = &log;
+            assert_eq!(
+                RecordSource::line_mark(&borrowed, &out, line).unwrap(),
+                LineMark::START
+            );
+        }
+        assert_eq!(LineMark::default(), LineMark::START);
+    }
+
+    #[test]
     fn json_output_reads_as_its_text_view() {
         let mut log = MemoryRecords::new(RunId::new("a").unwrap());
         let value = serde_json::json!({"b": 1, "a": [true]});
