@@ -19,13 +19,19 @@
 //!   two or three characters); and the **script** of a non-ASCII character, on its second
 //!   byte: the UTF-8 lead byte before it says which block the character is in (Latin-1,
 //!   Latin Extended, Greek, Cyrillic, Armenian, Hebrew, Arabic, Indic scripts, Thai,
-//!   Georgian…, symbols, kana, CJK ideographs, Hangul, four-byte characters such as
-//!   emoji), and for leads `0xe0` and `0xe1` the second byte itself refines it
-//!   (Devanagari, Gurmukhi, Oriya, Telugu, Sinhala, Thai, Tibetan; Vietnamese letters).
+//!   Georgian…, symbols, kana, CJK ideographs, Hangul, four-byte characters), and for
+//!   leads `0xe0`, `0xe1` and `0xf0` the second byte itself refines it (Devanagari,
+//!   Gurmukhi, Oriya, Telugu, Sinhala, Thai, Tibetan; Vietnamese letters; the emoji,
+//!   U+1F000..=U+1FFFF, second byte `0x9f`).
 //!   Each class has its own weight: with the other terms of its bytes, a character costs
 //!   from about 0.3 token (Cyrillic, Devanagari) to 1.5 (Tibetan);
 //! - for `i >= 2`, `T(x[i-2], x[i-1], x[i])`: an ASCII byte other than a space after two
-//!   spaces, the end of an indentation run, whose last space goes with the next token.
+//!   spaces, the end of an indentation run, whose last space goes with the next token;
+//!   and the third byte of an emoji (`0xf0 0x9f`, then a continuation byte) outside the
+//!   blocks of 64 where o200k_base spells most emoji in two tokens ([`POPULAR_THIRDS`]):
+//!   in the others (cards, enclosed characters, geometric shapes, arrows, chess, the
+//!   newest emoji) nearly every one is three, a weight the second byte's lane cannot
+//!   hold alone.
 //!
 //! # How the weights were fitted
 //!
@@ -37,7 +43,10 @@
 //! content type weighing the same. The held-out half (`tests/corpus/text/held`: other
 //! sources of the same types) was never fitted on; `tests/accuracy.rs` asserts the targets
 //! on it (mean error over the types at most 8%, none over 25%, none underestimated by
-//! more than 15%, 95% of 4 KiB slices within 30%) and prints the table. Terms that bought
+//! more than 15%, 95% of 4 KiB slices within 30%) and prints the table. The two emoji
+//! terms (`EMOJI`, `EMOJI_RARE`) came later: fitted alone (`FIT_ONLY`) once the corpus had
+//! emoji-heavy types (`emoji-only`, `emoji-heavy-chat`), every other weight kept, so the
+//! estimate of every text without an emoji is what it was. Terms that bought
 //! too little accuracy for their time were measured with the tool and dropped (a lowercase
 //! weight, tab runs, digit runs of three, letters after punctuation or control bytes, a
 //! weight per lead byte whatever the script).
@@ -107,7 +116,12 @@
 //! character is one lookup (the lead's and the second byte's low six bits index a 4 KiB
 //! table of script classes built at compile time); ASCII pays only the test that skips
 //! them (but in the padded last block, below), and text in other scripts pays by the
-//! character, not by the byte. The first two bytes take the same formula one at a time,
+//! character, not by the byte. The emoji's third bytes are a second pass of the same kind
+//! out of line, over the blocks that hold a four-byte lead or follow one (the block's
+//! largest byte, one vectorized maximum, tells this and whether the block holds any
+//! non-ASCII byte at all): each `u64` with no byte of `0xf0` or above two back is skipped
+//! after three shifts and a test, else gives a bit for each `0xf0 0x9f` and continuation
+//! byte, and each is one lookup in a 64-entry table. The first two bytes take the same formula one at a time,
 //! with the same table; the bytes after the last whole block (or a whole text shorter
 //! than a block) are copied into a block of padding, a byte at which no term holds, and
 //! weighed as one more block ([`PAD`]).
@@ -203,12 +217,24 @@ pub(crate) mod term {
     /// … led by `0xee..=0xef`: private use, CJK compatibility, fullwidth forms, variation
     /// selectors.
     pub(crate) const FULLWIDTH: usize = 33;
-    /// … led by `0xf0..=0xff`: four-byte characters, emoji above all.
+    /// … led by `0xf0..=0xff`, but for the emoji below: four-byte characters (CJK
+    /// Extension B, mathematical letters, historic scripts).
     pub(crate) const ASTRAL: usize = 34;
     /// An ASCII byte other than a space after two spaces: the end of an indentation run.
     pub(crate) const AFTER_INDENT: usize = 35;
+    /// … led by `0xf0` with a second byte `0x9f`: U+1F000..=U+1FFFF, the emoji (faces,
+    /// pictographs, transport, flags' regional indicators, skin tones), playing cards and
+    /// enclosed characters. o200k_base spells most of them in two or three tokens, the
+    /// few hundred commonest in one.
+    pub(crate) const EMOJI: usize = 36;
+    /// The third byte of an emoji (after `0xf0 0x9f`) outside the blocks of 64 where
+    /// o200k_base spells most in two tokens ([`POPULAR_THIRDS`](super::POPULAR_THIRDS):
+    /// regional indicators, pictographs, emoticons, transport, the supplemental faces and
+    /// hands): in the others (playing cards, enclosed characters, alchemical and geometric
+    /// shapes, arrows, chess, the newest emoji) nearly all are three.
+    pub(crate) const EMOJI_RARE: usize = 37;
     /// How many terms there are.
-    pub(crate) const COUNT: usize = 36;
+    pub(crate) const COUNT: usize = 38;
 
     /// The terms' names, by index.
     #[allow(dead_code, reason = "the tests and examples/fit_estimator.rs use it")]
@@ -249,6 +275,8 @@ pub(crate) mod term {
         "FULLWIDTH",
         "ASTRAL",
         "AFTER_INDENT",
+        "EMOJI",
+        "EMOJI_RARE",
     ];
 }
 
@@ -293,6 +321,8 @@ pub(crate) const WEIGHTS: Weights = [
     3,   // FULLWIDTH
     116, // ASTRAL
     83,  // AFTER_INDENT
+    157, // EMOJI
+    247, // EMOJI_RARE
 ];
 
 /// The lead bytes at which the script of a character changes, in increasing order, with
@@ -338,6 +368,19 @@ const E0_STEPS: [(u8, usize); 11] = [
 /// Within the characters led by `0xe1`: likewise (below the first, [`term::E1`]).
 const E1_STEPS: [(u8, usize); 1] = [(0xb8, term::LATIN_EXT_ADDITIONAL)];
 
+/// Within the characters led by `0xf0`: likewise (below the first, [`term::ASTRAL`]).
+const F0_STEPS: [(u8, usize); 2] = [(0x9f, term::EMOJI), (0xa0, term::ASTRAL)];
+
+/// The steps within the characters led by `lead`, for the leads that have any.
+const fn steps_within(lead: u8) -> &'static [(u8, usize)] {
+    match lead {
+        0xe0 => &E0_STEPS,
+        0xe1 => &E1_STEPS,
+        0xf0 => &F0_STEPS,
+        _ => &[],
+    }
+}
+
 /// The script term of a character led by `lead` whose second byte is `second`, the plain
 /// way: `None` for `0xc0`, `0xc1` and bytes that lead nothing.
 #[allow(dead_code, reason = "the tests and examples/fit_estimator.rs use it")]
@@ -350,12 +393,7 @@ pub(crate) fn script_term(lead: u8, second: u8) -> Option<usize> {
             .map(|&(_, found)| found)
     };
     let found = last(&LEAD_STEPS, lead)?;
-    let within = match lead {
-        0xe0 => last(&E0_STEPS, second),
-        0xe1 => last(&E1_STEPS, second),
-        _ => None,
-    };
-    Some(within.unwrap_or(found))
+    Some(last(steps_within(lead), second).unwrap_or(found))
 }
 
 /// The script class of a character led by `lead` (`0xc0..=0xff`) whose second byte is
@@ -372,25 +410,31 @@ const fn script_class(lead: u8, second: u8) -> u8 {
         }
         k += 1;
     }
-    if lead == 0xe0 {
-        let mut k = 0;
-        while k < E0_STEPS.len() {
-            if second >= E0_STEPS[k].0 {
-                class = E0_STEPS[k].1 as u8;
-            }
-            k += 1;
+    let steps = steps_within(lead);
+    let mut k = 0;
+    while k < steps.len() {
+        if second >= steps[k].0 {
+            class = steps[k].1 as u8;
         }
-    }
-    if lead == 0xe1 {
-        let mut k = 0;
-        while k < E1_STEPS.len() {
-            if second >= E1_STEPS[k].0 {
-                class = E1_STEPS[k].1 as u8;
-            }
-            k += 1;
-        }
+        k += 1;
     }
     class
+}
+
+/// The emoji's blocks of 64 (U+1F000 + 64 × `third & 0x3f`) that are not
+/// [`term::EMOJI_RARE`], one bit each by the low six bits of their third byte: `0x87`
+/// (U+1F1C0..: the regional indicators of flags), `0x8c..=0x94` (U+1F300..=U+1F53F:
+/// pictographs, animals, food, hands, hearts, objects), `0x98..=0x9a` (U+1F600..=U+1F6BF:
+/// emoticons, transport) and `0xa4..=0xa5` (U+1F900..=U+1F97F: supplemental faces and
+/// hands). Measured with o200k_base, each character alone: 1.9 to 2.0 tokens a
+/// character in these blocks, 2.9 to 3.0 in every other.
+pub(crate) const POPULAR_THIRDS: u64 = 1 << 0x07 | 0x1ff << 0x0c | 0b111 << 0x18 | 0b11 << 0x24;
+
+/// Whether `q p c` are an emoji's lead, second byte and third byte: `0xf0 0x9f`, then a
+/// continuation byte.
+#[inline(always)]
+fn is_emoji_third(q: u8, p: u8, c: u8) -> bool {
+    (q == 0xf0) & (p == 0x9f) & is_continuation(c)
 }
 
 /// The index of [`Model::script`] that weighs 0: no script (the leads `0xc0`, `0xc1`).
@@ -424,6 +468,9 @@ pub(crate) struct Model {
     /// The weight of each script class: `w` and then zeros (the class [`NO_SCRIPT`] is
     /// one of them), 64 entries so that a class masked with `63` needs no bounds check.
     script: [u8; 64],
+    /// The weight of an emoji's third byte, by its low six bits: 0 in the blocks of
+    /// [`POPULAR_THIRDS`], the weight of [`term::EMOJI_RARE`] in the others.
+    emoji_third: [u8; 64],
     /// The class bytes ([`CLASS_BYTES`]), which the block loop reads from here.
     bytes: ClassBytes,
 }
@@ -437,9 +484,20 @@ impl Model {
             script[k] = w[k];
             k += 1;
         }
+        let mut emoji_third = [0u8; 64];
+        let mut i = 0;
+        while i < 64 {
+            emoji_third[i] = if POPULAR_THIRDS >> i & 1 == 1 {
+                0
+            } else {
+                w[term::EMOJI_RARE]
+            };
+            i += 1;
+        }
         Self {
             w: *w,
             script,
+            emoji_third,
             bytes: CLASS_BYTES,
         }
     }
@@ -670,10 +728,23 @@ fn ascii_pair(m: &Model, p: u8, c: u8) -> u8 {
 /// `T`: what the byte `c` weighs more after the bytes `q` and `p`.
 #[inline(always)]
 fn triple(m: &Model, q: u8, p: u8, c: u8) -> u8 {
+    ascii_triple(m, q, p, c) + emoji_third(m, q, p, c)
+}
+
+/// The terms of `T` but the emoji's: the end of an indentation run.
+#[inline(always)]
+fn ascii_triple(m: &Model, q: u8, p: u8, c: u8) -> u8 {
     when(
         is_ascii_non_space(c) & is_space(p) & is_space(q),
         m.w[term::AFTER_INDENT],
     )
+}
+
+/// The emoji term of `T`: [`term::EMOJI_RARE`] on the third byte of an emoji outside
+/// [`POPULAR_THIRDS`], 0 at any other byte.
+#[inline(always)]
+fn emoji_third(m: &Model, q: u8, p: u8, c: u8) -> u8 {
+    when(is_emoji_third(q, p, c), m.emoji_third[usize::from(c & 63)])
 }
 
 /// The whole weight of a byte `c` after `p` after `q` (all three in the text). At most
@@ -819,11 +890,80 @@ fn block<const BLOCK: usize, const VECTOR: usize>(
     let l2 = vector(m, &qs[2], &ps[2], &cs[2]);
     let l3 = vector(m, &qs[3], &ps[3], &cs[3]);
     let sum = lane_sum(l0) + lane_sum(l1) + lane_sum(l2) + lane_sum(l3);
-    if has_non_ascii(c) {
-        sum + scripts(m, p, c)
+    // The largest byte of the block tells both whether it holds non-ASCII bytes and
+    // whether one is a four-byte lead.
+    let top = largest(c);
+    if top >= 0x80 {
+        // An emoji's third byte at index `j` has its lead at `j - 2`: in this block, or
+        // (for `j < 2`) one of the two bytes before it, `q[0]` and `q[1]`.
+        let emoji = if top.max(q[0]).max(q[1]) >= 0xf0 {
+            emoji_thirds(m, q, p, c)
+        } else {
+            0
+        };
+        sum + scripts(m, p, c) + emoji
     } else {
         sum
     }
+}
+
+/// The largest byte of the block (one maximum over it, vectorized).
+#[inline(always)]
+fn largest<const BLOCK: usize>(x: &[u8; BLOCK]) -> u8 {
+    x.iter().fold(0, |acc, &b| acc.max(b))
+}
+
+/// Bit 7 of each byte of a `u64`.
+const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+
+/// Bit 7 set in each byte of `x` that is zero, exactly (no borrow crosses a byte: the
+/// low seven bits plus `0x7f` stay within the byte).
+#[inline(always)]
+fn zero_bytes(x: u64) -> u64 {
+    const LOW: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    !(((x & LOW) + LOW) | x) & HIGH_BITS
+}
+
+/// The emoji terms of a block's third bytes ([`emoji_third`]): eight bytes at a time,
+/// skipped at once where no byte two back is `0xf0` or above (no four-byte character
+/// starts there), else a `u64` whose bytes have bit 7 set where `q p c` are `0xf0 0x9f`
+/// and a continuation byte, and one lookup for each such bit. Called only for a block
+/// that holds a four-byte lead or follows one (the block's largest byte, which also
+/// tells whether it holds non-ASCII bytes, or the two bytes before it), so text without
+/// four-byte characters does not pay for it. Out of line (cold): inlined, it cost the
+/// block loop 8 to 11% on the multilingual benchmark, which has no emoji.
+#[cold]
+#[inline(never)]
+fn emoji_thirds<const BLOCK: usize>(
+    m: &Model,
+    q: &[u8; BLOCK],
+    p: &[u8; BLOCK],
+    c: &[u8; BLOCK],
+) -> u32 {
+    let (qs, _) = q.as_chunks::<8>();
+    let (ps, _) = p.as_chunks::<8>();
+    let (cs, _) = c.as_chunks::<8>();
+    let mut sum = 0;
+    for ((&q, &p), &c) in qs.iter().zip(ps).zip(cs) {
+        let q = u64::from_le_bytes(q);
+        // Bits 7 to 4 of a byte shifted onto bit 7: set where the byte is `0xf0..=0xff`.
+        if q & (q << 1) & (q << 2) & (q << 3) & HIGH_BITS == 0 {
+            continue;
+        }
+        let p = u64::from_le_bytes(p);
+        let c = u64::from_le_bytes(c);
+        let mut thirds = zero_bytes(q ^ 0xf0f0_f0f0_f0f0_f0f0)
+            & zero_bytes(p ^ 0x9f9f_9f9f_9f9f_9f9f)
+            & c
+            & !(c << 1);
+        while thirds != 0 {
+            let shift = thirds.trailing_zeros() & !7;
+            // `as u8` keeps the byte at `shift`, the one the bit is in.
+            sum += u32::from(m.emoji_third[usize::from((c >> shift) as u8 & 63)]);
+            thirds &= thirds - 1;
+        }
+    }
+    sum
 }
 
 /// The script weights of a block's characters: eight bytes at a time, a `u64` whose
@@ -849,12 +989,6 @@ fn scripts<const BLOCK: usize>(m: &Model, p: &[u8; BLOCK], c: &[u8; BLOCK]) -> u
         }
     }
     sum
-}
-
-/// Whether a byte of the block is `0x80` or above (one OR over the block, vectorized).
-#[inline(always)]
-fn has_non_ascii<const BLOCK: usize>(x: &[u8; BLOCK]) -> bool {
-    x.iter().fold(0, |acc, &b| acc | b) >= 0x80
 }
 
 /// The sum of the weights of `bytes`, [`UNIT`] per estimated token.
@@ -1012,6 +1146,10 @@ mod tests {
             }
             if let Some(q) = q {
                 t[term::AFTER_INDENT] = c.is_ascii() && c != b' ' && p == b' ' && q == b' ';
+                // U+1F000 + 64 × (c - 0x80): the block of 64 the emoji is in.
+                let popular = matches!(c, 0x87 | 0x8c..=0x94 | 0x98..=0x9a | 0xa4..=0xa5);
+                t[term::EMOJI_RARE] =
+                    q == 0xf0 && p == 0x9f && (0x80..0xc0).contains(&c) && !popular;
             }
         }
         t
@@ -1026,10 +1164,10 @@ mod tests {
 
     #[test]
     fn weights_are_non_negative_and_fit_a_lane() {
-        // `T` reads the byte two back only through `is_space` and `is_digit`: a space, a
-        // digit and a letter stand for all of them; every pair of the byte before and the
-        // byte itself.
-        for q in [b' ', b'x'] {
+        // `T` reads the byte two back only through `is_space` and whether it is `0xf0`: a
+        // space, a letter and `0xf0` stand for all of them; every pair of the byte before
+        // and the byte itself.
+        for q in [b' ', b'x', 0xf0] {
             for p in 0..=255u8 {
                 for c in 0..=255u8 {
                     // Terms are u8 (never negative); their sum in u16 must fit a u8 lane.
@@ -1076,8 +1214,9 @@ mod tests {
             check(None, None, c);
             for p in 0..=255u8 {
                 check(None, Some(p), c);
-                // `T` reads the byte two back only through `is_space` and `is_digit`.
-                for q in [b' ', b'x'] {
+                // `T` reads the byte two back only through `is_space` and whether it is
+                // `0xf0`.
+                for q in [b' ', b'x', 0xf0] {
                     check(Some(q), Some(p), c);
                 }
             }
@@ -1097,7 +1236,8 @@ mod tests {
             for q in [b' ', b'x'] {
                 for p in 0..=255u8 {
                     for c in 0..=255u8 {
-                        let terms = own_classes(m, c) + ascii_pair(m, p, c) + triple(m, q, p, c);
+                        let terms =
+                            own_classes(m, c) + ascii_pair(m, p, c) + ascii_triple(m, q, p, c);
                         assert_eq!(ascii_lane(m, q, p, c), terms, "{q:#x} {p:#x} {c:#x}");
                     }
                 }
@@ -1146,7 +1286,16 @@ mod tests {
             ('中', "HAN"),
             ('한', "HANGUL"),
             ('（', "FULLWIDTH"),
-            ('😀', "ASTRAL"),
+            ('\u{1d400}', "ASTRAL"),
+            ('\u{20000}', "ASTRAL"),
+            // Emoji (written escaped: this file is in the accuracy corpus's Rust).
+            ('\u{1f600}', "EMOJI"),
+            ('\u{1f1fa}', "EMOJI"),
+            ('\u{1f3fd}', "EMOJI"),
+            ('\u{1fae0}', "EMOJI"),
+            ('\u{2600}', "SYMBOL"),
+            ('\u{200d}', "SYMBOL"),
+            ('\u{fe0f}', "FULLWIDTH"),
         ];
         for (ch, name) in cases {
             assert_eq!(script(ch), Some(name), "{ch}");
@@ -1162,11 +1311,12 @@ mod tests {
             (term::TELUGU, "TELUGU"),
             (term::ASTRAL, "ASTRAL"),
             (term::AFTER_INDENT, "AFTER_INDENT"),
+            (term::EMOJI, "EMOJI"),
         ];
         for (k, name) in named {
             assert_eq!(term::NAMES[k], name);
         }
-        assert_eq!(term::AFTER_INDENT + 1, term::COUNT);
+        assert_eq!(term::EMOJI_RARE + 1, term::COUNT);
     }
 
     #[test]
@@ -1182,6 +1332,7 @@ mod tests {
                 for p in 0..=255u8 {
                     assert_eq!(ascii_lane(m, q, p, PAD), 0, "{q:#x} {p:#x}");
                     assert_eq!(script(m, p, PAD), 0, "{p:#x}");
+                    assert_eq!(emoji_third(m, q, p, PAD), 0, "{q:#x} {p:#x}");
                 }
             }
         }
@@ -1257,6 +1408,48 @@ mod tests {
                 "shift {shift}"
             );
         }
+    }
+
+    #[test]
+    fn fast_loop_weighs_every_emoji_third_byte_at_every_lane() {
+        // `0xf0 0x9f` before every byte, and near misses (`0xf1 0x9f`, `0xf0 0x9e`), at
+        // each of the eight positions a byte can have in a `u64` of the emoji pass and
+        // across block boundaries; and real emoji of every block, in runs.
+        let mut triples = Vec::new();
+        for c in 0..=255u8 {
+            for (q, p) in [(0xf0, 0x9f), (0xf1, 0x9f), (0xf0, 0x9e), (0xff, 0x9f)] {
+                triples.extend_from_slice(&[q, p, c]);
+            }
+        }
+        for shift in 0..8 {
+            let mut bytes = vec![b'a'; shift];
+            for (k, triple) in triples.chunks(3).enumerate() {
+                bytes.extend_from_slice(triple);
+                if k % 5 == 0 {
+                    bytes.push(b' ');
+                }
+            }
+            assert_eq!(
+                fast_weight(&bytes),
+                reference_weight(&bytes),
+                "shift {shift}"
+            );
+        }
+        let emoji: String = (0x1f000..0x20000u32).filter_map(char::from_u32).collect();
+        for skip in 0..5 {
+            let text = &emoji.as_bytes()[skip..];
+            assert_eq!(fast_weight(text), reference_weight(text), "skip {skip}");
+        }
+        // With the fitted weights: a popular emoji (U+1F600) weighs less than a rare one
+        // (U+1F004, a mahjong tile), both more than any other four-byte character.
+        let one = |ch: u32| weight(char::from_u32(ch).unwrap().to_string().as_bytes());
+        assert!(
+            one(0x1f600) < one(0x1f004),
+            "{} {}",
+            one(0x1f600),
+            one(0x1f004)
+        );
+        assert!(one(0x1f600) > one(0x1d400));
     }
 
     proptest::proptest! {

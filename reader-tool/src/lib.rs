@@ -39,9 +39,12 @@
 //! # What blocks
 //!
 //! [`Reader::call`] reads its source on the calling thread, as much as the read needs: a
-//! page reads from the result's start to one chunk past its last line, and a `grep` with
-//! few or no matches scans the whole result, 256 MiB for the largest measured
-//! (`cargo bench -p psych-reader-tool`), each read a positional file read for a record log.
+//! page reads from the source's mark for its first line
+//! ([`RecordSource::line_mark`](psych_types::RecordSource::line_mark): the result's start,
+//! or a nearby point of a line index such as the record log keeps) to one chunk past its
+//! last line, and a `grep` with few or no matches scans the rest of the result, 256 MiB
+//! for the largest measured (`cargo bench -p psych-reader-tool`), each read a positional
+//! file read for a record log.
 //! From an async runtime, call it from `tokio::task::spawn_blocking` (or a thread of its
 //! own), never from a task directly.
 //!

@@ -1,9 +1,9 @@
 //! [`Reader`]: resolves a handle in one Run's [`RecordSource`] and answers a read.
 
-use psych_types::{RecordHandle, RecordSource, ToolDefinition};
+use psych_types::{LineMark, RecordHandle, RecordSource, ToolDefinition};
 use serde_json::Value;
 
-use crate::scan::{Bounds, Scan};
+use crate::scan::{Bounds, Scan, checked_mark};
 use crate::{
     Answer, CallError, HandleProblem, InvalidHandle, Limits, Page, ReadArgs, ResultInfo,
     tool_definition,
@@ -14,10 +14,13 @@ use crate::{
 /// It holds its source, borrowed (`Reader::new(&log)`: a shared reference to a source is a
 /// source) or owned (`Reader::new(log)`), and keeps no state between calls: every read resolves its handle
 /// again and scans the stored result in bounded chunks ([`Limits::chunk_bytes`]). A page at
-/// offset `N` reads the result from its start to line `N` and no further than one chunk past
-/// its last line (or to the end of a result of at most [`Limits::count_all_bytes`], to count
-/// its lines); a `grep` reads on to the next match after a full page (to know that more
-/// follows), or to the end. Memory stays bounded by the limits whatever the result's size.
+/// offset `N` reads the result from the source's [`line_mark`](RecordSource::line_mark) for
+/// line `N` to that line (from the result's start for a source that keeps no line index;
+/// from at most 128 KiB before the line for a record log's result up to 256 MiB), and no
+/// further than one chunk past its last line (or to the end of a result of at most
+/// [`Limits::count_all_bytes`], to count its lines); a `grep` reads on to the next match
+/// after a full page (to know that more follows), or to the end. Memory stays bounded by
+/// the limits whatever the result's size.
 #[derive(Debug)]
 pub struct Reader<S> {
     source: S,
@@ -102,11 +105,21 @@ impl<S: RecordSource> Reader<S> {
             page_budget: self.limits.max_page_bytes,
             count_all: self.limits.count_all_bytes,
         };
-        let mut scan = Scan::new(
+        let mark = if args.offset == 0 {
+            LineMark::START
+        } else {
+            let mark = self
+                .source
+                .line_mark(&info.handle, args.offset)
+                .map_err(CallError::Source)?;
+            checked_mark(mark, args.offset, info.len)
+        };
+        let mut scan = Scan::from_mark(
             &self.source,
             &info.handle,
             info.len,
             self.limits.chunk_bytes,
+            mark,
         );
         let found = match &args.grep {
             None => scan.read_lines(args.offset, bounds)?,

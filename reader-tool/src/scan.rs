@@ -7,7 +7,7 @@
 
 use memchr::memmem::Finder;
 use memchr::{memchr, memchr_iter, memrchr};
-use psych_types::{RecordHandle, RecordSource};
+use psych_types::{LineMark, RecordHandle, RecordSource, count_line_breaks};
 
 use crate::{CallError, Line};
 
@@ -60,6 +60,43 @@ fn is_continuation(byte: u8) -> bool {
     byte & 0xC0 == 0x80
 }
 
+/// Bytes [`nth_line_break`] counts at a time before it looks for the break itself.
+const SKIP_BLOCK: usize = 4096;
+
+/// The index of the `n`-th (from 1) `\n` in `bytes`, or `None` when it holds fewer.
+///
+/// Counts whole blocks with [`count_line_breaks`] (vectorized: an order of magnitude faster
+/// than visiting each break) and walks the breaks of the one block that holds the `n`-th.
+fn nth_line_break(bytes: &[u8], n: u64) -> Option<usize> {
+    let mut left = n;
+    for (i, block) in bytes.chunks(SKIP_BLOCK).enumerate() {
+        let here = count_line_breaks(block);
+        if here >= left {
+            // 1 <= left <= here <= SKIP_BLOCK, so it fits usize.
+            let index = usize::try_from(left.checked_sub(1)?).ok()?;
+            return memchr_iter(b'\n', block)
+                .nth(index)
+                .map(|at| i * SKIP_BLOCK + at);
+        }
+        left -= here;
+    }
+    None
+}
+
+/// `mark` if it can be true of a text of `len` bytes and line `line`, else the start.
+///
+/// A mark past the text, with more breaks before it than bytes, or with `line` or more
+/// breaks before it (so that the line would start before it) cannot be, and is not used;
+/// nor is one at the text's very end, which would leave unknown whether a last line
+/// without a line break precedes it (the total line count needs that).
+pub(crate) fn checked_mark(mark: LineMark, line: u64, len: u64) -> LineMark {
+    if mark.at < len && mark.breaks_before <= mark.at && mark.breaks_before < line {
+        mark
+    } else {
+        LineMark::START
+    }
+}
+
 /// Reads exactly `dst.len()` bytes at `at`, or fails with a short-read error.
 fn read_exact<S: RecordSource>(
     source: &S,
@@ -88,7 +125,26 @@ fn read_exact<S: RecordSource>(
 }
 
 impl<'a, S: RecordSource> Scan<'a, S> {
+    #[cfg(test)]
     pub(crate) fn new(source: &'a S, handle: &'a RecordHandle, len: u64, chunk: usize) -> Self {
+        Self::from_mark(source, handle, len, chunk, LineMark::START)
+    }
+
+    /// A cursor that starts counting at `mark` instead of byte 0: the bytes before it are
+    /// never read. `mark` must be a true one (`breaks_before` line breaks before `at`,
+    /// `at <= len`), as [`checked_mark`] makes sure of what it can.
+    ///
+    /// The line holding `mark.at` starts at or before it; taking `at` for its start keeps
+    /// every use of `line_start` right: a line start found by counting replaces it before
+    /// a line is shown, and the total's "unterminated last line" only asks whether any
+    /// byte follows the last line break, which one at or after `at` does.
+    pub(crate) fn from_mark(
+        source: &'a S,
+        handle: &'a RecordHandle,
+        len: u64,
+        chunk: usize,
+        mark: LineMark,
+    ) -> Self {
         Self {
             source,
             handle,
@@ -96,10 +152,10 @@ impl<'a, S: RecordSource> Scan<'a, S> {
             chunk: chunk.max(1),
             buf: Vec::new(),
             filled: 0,
-            start: 0,
-            counted: 0,
-            lines_before: 0,
-            line_start: 0,
+            start: mark.at,
+            counted: mark.at,
+            lines_before: mark.breaks_before,
+            line_start: mark.at,
         }
     }
 
@@ -171,7 +227,7 @@ impl<'a, S: RecordSource> Scan<'a, S> {
         }
         let from = self.rel(self.counted);
         let slice = &self.buf[from..self.rel(to)];
-        let n = memchr_iter(b'\n', slice).count() as u64;
+        let n = count_line_breaks(slice);
         if n > 0 {
             self.lines_before += n;
             if let Some(last) = memrchr(b'\n', slice) {
@@ -220,16 +276,10 @@ impl<'a, S: RecordSource> Scan<'a, S> {
                 return Ok(self.counted);
             }
             let need = n - self.lines_before;
-            let slice = self.data_from(self.counted);
-            let found = memchr_iter(b'\n', slice).count() as u64;
-            if found >= need {
-                // The need-th break is in this slice (need <= found, so it fits usize).
-                let index = usize::try_from(need - 1).unwrap_or(usize::MAX);
-                if let Some(at) = memchr_iter(b'\n', slice).nth(index) {
-                    let pos = self.counted + at as u64 + 1;
-                    self.set_line_start(pos, n);
-                    return Ok(pos);
-                }
+            if let Some(at) = nth_line_break(self.data_from(self.counted), need) {
+                let pos = self.counted + at as u64 + 1;
+                self.set_line_start(pos, n);
+                return Ok(pos);
             }
             self.count_to(self.end());
             if !self.load(self.end())? {

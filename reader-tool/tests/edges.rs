@@ -408,6 +408,59 @@ fn a_small_read_of_a_huge_result_never_pulls_the_whole_result() {
 }
 
 #[test]
+fn a_deep_page_of_a_source_with_line_marks_reads_from_the_mark_not_from_the_start() {
+    // 100 million lines, 2 GB, whose source knows where each line starts (as a store with
+    // a line index knows it within a stride).
+    let source = Counting::new(Synthetic::new(100_000_000, 1000).with_marks());
+    let h = source.inner.handle().to_string();
+    let chunk = Limits::default().chunk_bytes() as u64;
+    let reader = Reader::new(&source);
+    for offset in [5_000_000u64, 99_000_000, 99_999_999] {
+        source.bytes_requested.set(0);
+        let deep = page(
+            reader
+                .call(&json!({"handle": h, "offset": offset, "limit": 64}))
+                .unwrap(),
+        );
+        assert_eq!(deep.lines[0].number, offset + 1);
+        assert_eq!(
+            deep.lines[0].shown,
+            source
+                .inner
+                .line(offset)
+                .strip_suffix('\n')
+                .unwrap()
+                .as_bytes()
+        );
+        assert!(
+            source.bytes_requested.get() <= chunk,
+            "offset {offset}: {} bytes read",
+            source.bytes_requested.get()
+        );
+    }
+    // The last page knows the total, counted from the mark.
+    let last = page(
+        reader
+            .call(&json!({"handle": h, "offset": 99_999_990u64, "limit": 64}))
+            .unwrap(),
+    );
+    assert_eq!(
+        (last.total_lines, last.next_offset),
+        (Some(100_000_000), None)
+    );
+    // `grep` from a deep offset starts there too.
+    source.bytes_requested.set(0);
+    let grep = page(
+        reader
+            .call(&json!({"handle": h, "grep": "FAIL", "offset": 99_000_000u64, "limit": 2}))
+            .unwrap(),
+    );
+    let numbers: Vec<u64> = grep.lines.iter().map(|line| line.number).collect();
+    assert_eq!(numbers, [99_001_000, 99_002_000]);
+    assert!(source.bytes_requested.get() <= chunk);
+}
+
+#[test]
 fn a_failing_source_is_a_typed_error_not_a_tool_result() {
     let source = Failing::new();
     let reader = Reader::new(&source);

@@ -1,6 +1,7 @@
 //! Properties of the reader against naive models: following `next_offset` from 0 pages
 //! through any text and reconstructs it exactly; `grep` pages equal a naive line filter;
-//! an escaped page decodes back to the exact bytes. Tiny chunk sizes put every chunk edge
+//! an escaped page decodes back to the exact bytes; a source with a line index gives the
+//! same answers as one the reader scans from byte 0. Tiny chunk sizes put every chunk edge
 //! inside lines and matches.
 
 #![allow(
@@ -14,7 +15,7 @@ mod sources;
 use proptest::prelude::*;
 use psych_reader_tool::{Answer, Limits, Page, ReadArgs, Reader};
 use psych_types::RecordSource;
-use sources::{RawBytes, text_log};
+use sources::{Indexed, RawBytes, text_log};
 
 fn limits(chunk: usize, page: usize) -> Limits {
     Limits::builder()
@@ -216,5 +217,46 @@ proptest! {
             prop_assert_eq!(line.len as usize, n / 2 * 2);
             prop_assert_eq!(line.cut_before() + line.shown.len() as u64 + line.cut_after(), line.len);
         }
+    }
+
+    #[test]
+    fn pages_from_a_line_index_equal_the_scanning_readers(
+        lines in prop::collection::vec(
+            prop_oneof![
+                8 => "[a-c é\t]{0,12}",
+                1 => "[ab]{500,1200}",
+            ],
+            0..60,
+        ),
+        final_break in any::<bool>(),
+        stride in 1u64..200,
+        chunk in 1usize..300,
+        page_bytes in prop_oneof![Just(usize::MAX), 1usize..2000],
+        count_all in prop_oneof![Just(u64::MAX), 0u64..400],
+        offset in 0u64..70,
+        limit in 1u32..12,
+        grep in prop::option::of("[abé]{1,2}"),
+    ) {
+        let mut text = lines.join("\n");
+        if final_break {
+            text.push('\n');
+        }
+        let (log, handle) = text_log("run-i", &text);
+        let limits = Limits::builder()
+            .chunk_bytes(chunk)
+            .max_page_bytes(page_bytes)
+            .max_line_bytes(512)
+            .count_all_bytes(count_all)
+            .build()
+            .unwrap();
+        let scanning = Reader::with_limits(&log, limits.clone());
+        let indexed = Reader::with_limits(Indexed::new(&log, 2, stride), limits);
+        let args = ReadArgs {
+            offset,
+            limit: Some(limit),
+            grep,
+            ..ReadArgs::new(handle.to_string())
+        };
+        prop_assert_eq!(indexed.read(&args).unwrap(), scanning.read(&args).unwrap());
     }
 }

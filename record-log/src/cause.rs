@@ -295,6 +295,9 @@ pub enum RecordCorruption {
     JsonContent,
     /// The index names the record but its frame does not read back.
     Vanished,
+    /// A tool result's line index (its metadata's `line_index`) does not fit its
+    /// readable text: an entry past the text, or more line breaks than bytes before one.
+    LineIndex,
 }
 
 impl fmt::Display for RecordCorruption {
@@ -312,6 +315,7 @@ impl fmt::Display for RecordCorruption {
             RecordCorruption::BlockKind => "stored block does not take the bytes it names",
             RecordCorruption::JsonContent => "JSON content does not parse",
             RecordCorruption::Vanished => "record is indexed but does not read back",
+            RecordCorruption::LineIndex => "line index does not fit the readable text",
         })
     }
 }

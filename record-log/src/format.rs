@@ -4,9 +4,9 @@
 //! Everything here is pure: bytes in, values out. Integers are little-endian.
 
 use psych_types::{
-    BlobResource, ContentBlock, EmbeddedResource, JsonObject, MediaContent, OutputKind, Record,
-    ResourceContents, RunId, TextContent, TextResource, TokenEstimator, ToolCallId, ToolOutput,
-    ToolResult,
+    BlobResource, ContentBlock, EmbeddedResource, JsonObject, LineMark, MediaContent, OutputKind,
+    Record, ResourceContents, RunId, TextContent, TextResource, TokenEstimator, ToolCallId,
+    ToolOutput, ToolResult,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -401,6 +401,163 @@ struct ResultMeta {
     /// was stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     line_breaks: Option<u64>,
+    /// The readable text's sparse line index; absent for a text of at most one stride, and
+    /// in records written before it was stored. Written only: a summary does not need it
+    /// (serde skips the string without copying it); [`line_mark`] reads it alone.
+    #[serde(default, skip_serializing_if = "Option::is_none", skip_deserializing)]
+    line_index: Option<LineIndex>,
+}
+
+/// The smallest stride of a line index, in bytes of readable text: a result this long or
+/// shorter has no index (counting its lines from byte 0 reads at most this much).
+pub(crate) const LINE_INDEX_MIN_STRIDE: u64 = 128 << 10;
+
+/// The most entries a line index holds: the stride doubles from
+/// [`LINE_INDEX_MIN_STRIDE`] until the entries fit, so an index is at most
+/// `8 * (LINE_INDEX_MAX_ENTRIES - 1)` characters of metadata (16 KiB) whatever the
+/// result's size; up to 256 MiB, one entry per 128 KiB.
+pub(crate) const LINE_INDEX_MAX_ENTRIES: u64 = 2048;
+
+/// Bytes of one entry before base64: a line count as an unsigned 48-bit little-endian
+/// integer (6 bytes, 8 base64 characters, so an entry is found by its position).
+const LINE_INDEX_ENTRY_BYTES: usize = 6;
+
+/// Characters of one entry in the base64 string.
+const LINE_INDEX_ENTRY_CHARS: usize = 8;
+
+/// A result's sparse line index as it is written in its metadata (`docs/format.md`,
+/// "Metadata"): entry `k` (from 1) is the number of line breaks in the first
+/// `k * stride` bytes of the readable text, for each `k * stride` inside the text.
+#[derive(Debug, Serialize)]
+struct LineIndex {
+    /// Bytes of readable text between entries.
+    stride: u64,
+    /// The entries, each 6 bytes (u48 little-endian), as standard base64.
+    breaks: String,
+}
+
+/// The stride of the line index of a readable text of `len` bytes: the smallest power of
+/// two of at least [`LINE_INDEX_MIN_STRIDE`] that keeps the entries within
+/// [`LINE_INDEX_MAX_ENTRIES`].
+pub(crate) fn line_index_stride(len: u64) -> u64 {
+    len.div_ceil(LINE_INDEX_MAX_ENTRIES)
+        .next_power_of_two()
+        .max(LINE_INDEX_MIN_STRIDE)
+}
+
+/// The line breaks of `text` and, when it is longer than one stride, its line index:
+/// one pass, counting a stride at a time.
+fn index_lines(text: &[u8]) -> (u64, Option<LineIndex>) {
+    index_lines_by(text, line_index_stride(text.len() as u64))
+}
+
+/// [`index_lines`] with the given stride (tests take small ones).
+fn index_lines_by(text: &[u8], stride: u64) -> (u64, Option<LineIndex>) {
+    let len = text.len() as u64;
+    // Entries at `k * stride` for k >= 1 while inside the text (before its last byte).
+    let entries = len.saturating_sub(1) / stride;
+    // A count fits 48 bits when the text does; a text of 256 TiB is not in memory.
+    if entries == 0 || len >= 1 << 48 {
+        return (psych_types::count_line_breaks(text), None);
+    }
+    let Ok(step) = usize::try_from(stride) else {
+        return (psych_types::count_line_breaks(text), None);
+    };
+    let mut raw = Vec::with_capacity(entries as usize * LINE_INDEX_ENTRY_BYTES);
+    let mut total = 0u64;
+    for (k, chunk) in text.chunks(step).enumerate() {
+        total += psych_types::count_line_breaks(chunk);
+        if (k as u64) < entries {
+            raw.extend_from_slice(&total.to_le_bytes()[..LINE_INDEX_ENTRY_BYTES]);
+        }
+    }
+    let breaks = psych_types::encode_base64(&raw);
+    (total, Some(LineIndex { stride, breaks }))
+}
+
+/// The line index member alone, borrowed from the metadata.
+#[derive(Deserialize)]
+struct LineIndexOnly<'a> {
+    #[serde(default, borrow)]
+    line_index: Option<LineIndexRef<'a>>,
+}
+
+#[derive(Deserialize)]
+struct LineIndexRef<'a> {
+    stride: u64,
+    #[serde(borrow)]
+    breaks: &'a str,
+}
+
+/// The value of one standard base64 character.
+fn base64_value(c: u8) -> Option<u64> {
+    Some(u64::from(match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => return None,
+    }))
+}
+
+/// Entry `i` (from 0) of a line index's base64 string: 8 characters, 48 bits.
+fn line_index_entry(breaks: &[u8], i: usize) -> Option<u64> {
+    let chars = breaks.get(i * LINE_INDEX_ENTRY_CHARS..(i + 1) * LINE_INDEX_ENTRY_CHARS)?;
+    // Big-endian bits of 8 characters give the 6 bytes in order; they are little-endian.
+    let mut bits = 0u64;
+    for &c in chars {
+        bits = bits << 6 | base64_value(c)?;
+    }
+    let bytes = bits.to_be_bytes();
+    let mut le = [0u8; 8];
+    le[..LINE_INDEX_ENTRY_BYTES].copy_from_slice(&bytes[2..]);
+    Some(u64::from_le_bytes(le))
+}
+
+/// Where to count from to reach line `line` (see `RecordSource::line_mark`) of a tool
+/// result whose metadata is `meta` and readable text `len` bytes: the last entry of its
+/// line index with fewer than `line` line breaks before it, found by binary search over
+/// the base64 string without decoding the rest; the start of the text when it has no
+/// index (shorter than a stride, or written before the index was).
+pub(crate) fn line_mark(meta: &[u8], len: u64, line: u64) -> Result<LineMark, RecordCorruption> {
+    let only: LineIndexOnly<'_> =
+        serde_json::from_slice(meta).map_err(|_| RecordCorruption::Metadata)?;
+    let Some(index) = only.line_index else {
+        return Ok(LineMark::START);
+    };
+    let breaks = index.breaks.as_bytes();
+    let entries = breaks.len() / LINE_INDEX_ENTRY_CHARS;
+    let fits = index.stride > 0
+        && breaks.len() % LINE_INDEX_ENTRY_CHARS == 0
+        && index
+            .stride
+            .checked_mul(entries as u64)
+            .is_some_and(|last| last < len);
+    if !fits {
+        return Err(RecordCorruption::LineIndex);
+    }
+    let entry = |i: usize| line_index_entry(breaks, i).ok_or(RecordCorruption::LineIndex);
+    // Invariant: the mark `lo` (0 is the text's start) has fewer than `line` breaks
+    // before it, and the last such mark is at most `hi`.
+    let (mut lo, mut hi) = (0usize, entries);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if entry(mid - 1)? < line {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    if lo == 0 {
+        return Ok(LineMark::START);
+    }
+    let at = index.stride * lo as u64;
+    let breaks_before = entry(lo - 1)?;
+    if breaks_before > at {
+        return Err(RecordCorruption::LineIndex);
+    }
+    Ok(LineMark { at, breaks_before })
 }
 
 /// A member that is present is `Some`, even when it is `null`.
@@ -501,8 +658,9 @@ fn plain_text(output: &ToolOutput) -> bool {
 
 /// Splits `record` into metadata and content.
 ///
-/// A tool result's metadata also stores its readable text's line breaks and, when
-/// `estimator` is given, its token estimate.
+/// A tool result's metadata also stores its readable text's line breaks, its line index
+/// when the text is longer than one stride, and, when `estimator` is given, its token
+/// estimate.
 pub(crate) fn encode_record<'a>(
     record: &'a Record,
     estimator: Option<&dyn TokenEstimator>,
@@ -523,6 +681,7 @@ pub(crate) fn encode_record<'a>(
         Record::ToolResult(result) => {
             let output = &result.output;
             let (readable, spans) = output.readable_text_spans();
+            let (line_breaks, line_index) = index_lines(readable.as_bytes());
             let json_only = output.shows_structured_content();
             let mut blocks = None;
             let mut binary: Vec<&[u8]> = Vec::new();
@@ -562,7 +721,8 @@ pub(crate) fn encode_record<'a>(
                 },
                 meta: output.meta.clone(),
                 estimate: estimator.map(|estimator| estimator.estimate_output(output)),
-                line_breaks: Some(psych_types::count_line_breaks(readable.as_bytes())),
+                line_breaks: Some(line_breaks),
+                line_index,
             })?;
             let (content_kind, content) = if json_only {
                 (CONTENT_JSON, bytes_of(readable))
@@ -853,6 +1013,172 @@ mod tests {
         let bytes = header.encode();
         assert_eq!(FrameHeader::decode(&bytes), Ok(header));
         decode_record(&header, &encoded.meta, encoded.content.into_owned()).unwrap()
+    }
+
+    /// The metadata a tool result with `index` would have (other members do not matter).
+    fn index_meta(index: Option<LineIndex>) -> Vec<u8> {
+        serde_json::to_vec(&ResultMeta {
+            call_id: ToolCallId::new("c").unwrap(),
+            name: "t".into(),
+            blocks: None,
+            structured: None,
+            meta: None,
+            estimate: None,
+            line_breaks: Some(0),
+            line_index: index,
+        })
+        .unwrap()
+    }
+
+    /// Checks every line's mark of `text` indexed at `stride` against counting.
+    fn check_marks(text: &[u8], stride: u64) {
+        let (total, index) = index_lines_by(text, stride);
+        assert_eq!(total, psych_types::count_line_breaks(text));
+        let len = text.len() as u64;
+        assert_eq!(
+            index.is_some(),
+            len > stride,
+            "an index exactly when longer than a stride"
+        );
+        let meta = index_meta(index);
+        // Line n starts after the n-th break: its start, or the end for lines past it.
+        let mut starts = vec![0u64];
+        starts.extend(memchr::memchr_iter(b'\n', text).map(|at| at as u64 + 1));
+        for line in 0..=total + 1 {
+            let mark = line_mark(&meta, len, line).unwrap();
+            let start = starts.get(line as usize).copied().unwrap_or(len);
+            assert!(mark.at <= start && mark.at < len.max(1), "{line}: {mark:?}");
+            let before = psych_types::count_line_breaks(&text[..mark.at as usize]);
+            assert_eq!(mark.breaks_before, before, "{line}: {mark:?}");
+            assert!(
+                mark.at == 0 || mark.breaks_before < line,
+                "{line}: {mark:?}"
+            );
+            // The last mark before the line: the line's break is before the next boundary.
+            assert!(
+                start <= mark.at + stride || mark.at + stride >= len,
+                "{line}: {mark:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_line_mark_is_the_last_index_entry_before_the_line() {
+        let mut text = Vec::new();
+        for i in 0..300u32 {
+            // Lines of 0 to 40 bytes, some runs of empty lines, and no final break.
+            text.extend(std::iter::repeat_n(b'x', (i * 7 % 41) as usize));
+            text.push(b'\n');
+        }
+        text.extend_from_slice(b"tail");
+        for stride in [1, 2, 3, 7, 64, 1000, 4096, 10_000] {
+            check_marks(&text, stride);
+        }
+        check_marks(b"", 1);
+        check_marks(b"\n\n\n", 1);
+        check_marks(b"no break at all", 4);
+    }
+
+    #[test]
+    fn the_index_stays_within_its_bound_whatever_the_size() {
+        let max_chars = 8 * (LINE_INDEX_MAX_ENTRIES - 1);
+        assert_eq!(max_chars, 16_376, "the bound docs/format.md states");
+        for len in [
+            0u64,
+            LINE_INDEX_MIN_STRIDE,
+            LINE_INDEX_MIN_STRIDE + 1,
+            256 << 20,
+            (256 << 20) + 1,
+            1 << 30,
+            (1 << 40) + 12_345,
+            (1 << 48) - 1,
+        ] {
+            let stride = line_index_stride(len);
+            let entries = len.saturating_sub(1) / stride;
+            assert!(stride >= LINE_INDEX_MIN_STRIDE && stride.is_power_of_two());
+            assert!(entries < LINE_INDEX_MAX_ENTRIES, "{len}: {entries}");
+        }
+        assert_eq!(line_index_stride(256 << 20), 128 << 10);
+        assert_eq!(line_index_stride((256 << 20) + 1), 256 << 10);
+        // A real text past one stride: one entry per stride inside it, 8 characters each.
+        let text = vec![b'\n'; 3 * LINE_INDEX_MIN_STRIDE as usize + 5];
+        let (total, index) = index_lines(&text);
+        let index = index.unwrap();
+        assert_eq!(
+            (total, index.stride),
+            (text.len() as u64, LINE_INDEX_MIN_STRIDE)
+        );
+        assert_eq!(index.breaks.len(), 3 * 8);
+        let exact = vec![b'a'; 2 * LINE_INDEX_MIN_STRIDE as usize];
+        assert_eq!(index_lines(&exact).1.unwrap().breaks.len(), 8);
+        let short = vec![b'a'; LINE_INDEX_MIN_STRIDE as usize];
+        assert!(index_lines(&short).1.is_none());
+    }
+
+    #[test]
+    fn a_result_longer_than_a_stride_stores_its_index_after_the_other_members() {
+        let text = "line\n".repeat(30_000);
+        let record = Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new("c").unwrap(),
+            name: "t".into(),
+            output: ToolOutput::text(text),
+        });
+        let encoded = encode_record(&record, None).unwrap();
+        let meta = std::str::from_utf8(&encoded.meta).unwrap();
+        // Entry 1: 131,072 bytes hold 26,214 breaks (u48 LE 66 66 00 00 00 00).
+        assert_eq!(
+            meta,
+            r#"{"call_id":"c","name":"t","line_breaks":30000,"line_index":{"stride":131072,"breaks":"ZmYAAAAA"}}"#
+        );
+        assert_eq!(
+            line_mark(&encoded.meta, 150_000, 29_000),
+            Ok(LineMark {
+                at: 131_072,
+                breaks_before: 26_214
+            })
+        );
+        // Whole records and summaries read as before: the member is not theirs.
+        assert_eq!(round_trip(&record), record);
+    }
+
+    #[test]
+    fn a_line_index_that_does_not_fit_its_text_is_corruption() {
+        let meta = |stride: u64, breaks: &str| {
+            format!(
+                r#"{{"call_id":"c","name":"t","line_index":{{"stride":{stride},"breaks":"{breaks}"}}}}"#
+            )
+        };
+        let ok = meta(4, "AQAAAAAA");
+        assert_eq!(
+            line_mark(ok.as_bytes(), 5, 2),
+            Ok(LineMark {
+                at: 4,
+                breaks_before: 1
+            })
+        );
+        for (stride, breaks, len) in [
+            (4, "AQAAAAAA", 4),        // the entry at the text's end
+            (0, "AQAAAAAA", 100),      // no stride
+            (4, "AQAAAAA", 100),       // not whole entries
+            (4, "AQAA*AAA", 100),      // not base64
+            (1, "BQAAAAAA", 100),      // five breaks in one byte
+            (u64::MAX, "AQAAAAAA", 1), // overflowing
+        ] {
+            assert_eq!(
+                line_mark(meta(stride, breaks).as_bytes(), len, 9),
+                Err(RecordCorruption::LineIndex),
+                "{stride} {breaks} {len}"
+            );
+        }
+        assert_eq!(
+            line_mark(b"{not json", 5, 2),
+            Err(RecordCorruption::Metadata)
+        );
+        // No index, or line 0's start: the text's start.
+        assert_eq!(
+            line_mark(br#"{"call_id":"c","name":"t"}"#, 1 << 30, 99),
+            Ok(LineMark::START)
+        );
     }
 
     #[test]

@@ -30,7 +30,10 @@
 //! metadata alone (each tool result's length, kind, error flag, stored token estimate and
 //! line breaks), so a step's assembly does not read results it does not send whole; a log
 //! given an estimator ([`RecordLog::set_estimator`]) stores each result's estimate when
-//! it is appended.
+//! it is appended. A result longer than 128 KiB also stores a sparse line index (the line
+//! breaks before every 128 KiB, more widely spaced past 256 MiB: at most 16 KiB of
+//! metadata), from which [`line_mark`](psych_types::RecordSource::line_mark) answers,
+//! so that reading from line `N` of a huge result starts within a stride of it.
 //!
 //! Unix only (positional reads and writes through `std::os::unix::fs::FileExt`): on any
 //! other target the crate does not compile (`compile_error!`).

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use psych_types::{
-    ContentBlock, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
+    ContentBlock, LineMark, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
     TokenEstimator,
 };
 
@@ -421,6 +421,26 @@ impl RecordSource for RecordLog {
         Ok(n)
     }
 
+    /// Reads the metadata (one positional read) and searches the result's line index,
+    /// stored with it when it was appended: the mark is within one stride (128 KiB up to
+    /// 256 MiB results, see `docs/format.md`) before the line. A result written without an
+    /// index (at most one stride long, or appended by an earlier build) gives the start.
+    /// A frame the open took from its checkpoint is first checked whole, as on its first
+    /// content read.
+    fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, ReadError> {
+        let Some(entry) = self.tool_result_entry(handle) else {
+            return Ok(LineMark::START);
+        };
+        if line == 0 {
+            return Ok(LineMark::START);
+        }
+        self.check_first_touch(entry)?;
+        let (raw, meta_end) = self.result_head(entry)?;
+        let corrupt = |reason| self.corrupt(entry.offset, reason);
+        let (_, len) = format::readable_range(&entry.header, &raw[meta_end..]).map_err(corrupt)?;
+        format::line_mark(&raw[FRAME_HEADER_LEN..meta_end], len, line).map_err(corrupt)
+    }
+
     /// Reads the metadata and the one block's bytes, not the rest of the result.
     fn content_block(
         &self,
@@ -502,6 +522,18 @@ impl RecordLog {
         let Some(entry) = self.tool_result_entry(handle) else {
             return Ok(None);
         };
+        let (raw, meta_end) = self.result_head(entry)?;
+        let summary = format::decode_summary(&entry.header, &raw[FRAME_HEADER_LEN..meta_end])
+            .map_err(|reason| self.corrupt(entry.offset, reason))?;
+        let readable = format::readable_range(&entry.header, &raw[meta_end..])
+            .map_err(|reason| self.corrupt(entry.offset, reason))?;
+        Ok(Some((entry, summary, readable)))
+    }
+
+    /// The frame header (checked against the index), metadata and, for a result with
+    /// binary data, the readable text's length prefix of the tool result at `entry`, read
+    /// with one positional read; and where the metadata ends in them.
+    fn result_head(&self, entry: &Entry) -> Result<(Vec<u8>, usize), ReadError> {
         let prefix = if entry.header.content_kind == format::CONTENT_WITH_BINARY {
             format::READABLE_LEN_PREFIX as usize
         } else {
@@ -517,11 +549,7 @@ impl RecordLog {
             return Err(self.corrupt(entry.offset, RecordCorruption::HeaderChanged));
         }
         let meta_end = FRAME_HEADER_LEN + entry.header.meta_len as usize;
-        let summary = format::decode_summary(&entry.header, &raw[FRAME_HEADER_LEN..meta_end])
-            .map_err(|reason| self.corrupt(entry.offset, reason))?;
-        let readable = format::readable_range(&entry.header, &raw[meta_end..])
-            .map_err(|reason| self.corrupt(entry.offset, reason))?;
-        Ok(Some((entry, summary, readable)))
+        Ok((raw, meta_end))
     }
 }
 
@@ -615,6 +643,11 @@ mod format_doc {
                 "`<run>.{FILE_EXTENSION}{}`",
                 crate::checkpoint::CHECKPOINT_SUFFIX
             ),
+            format!(
+                "power of two of at least {} KiB",
+                LINE_INDEX_MIN_STRIDE >> 10
+            ),
+            format!("under {LINE_INDEX_MAX_ENTRIES} entries"),
         ];
         for needle in expect {
             assert!(

@@ -29,7 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockRead
 use std::time::{Duration, Instant};
 
 use psych_types::{
-    ContentBlock, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
+    ContentBlock, LineMark, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
     TokenEstimator,
 };
 
@@ -611,6 +611,10 @@ impl RecordSource for SharedRecordLog {
         position: usize,
     ) -> Result<Option<ContentBlock>, ReadError> {
         self.read_log().content_block(handle, position)
+    }
+
+    fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, ReadError> {
+        self.read_log().line_mark(handle, line)
     }
 }
 

@@ -101,8 +101,8 @@ pub use record::{
 };
 pub use schema::{InputSchemaError, check_input_schema};
 pub use seam::{
-    MemoryRecords, OutputInfo, OutputKind, Projection, RecordSource, ResultProjector, ResultRef,
-    TokenEstimator, ToolHost, ToolLister, readable_bytes,
+    LineMark, MemoryRecords, OutputInfo, OutputKind, Projection, RecordSource, ResultProjector,
+    ResultRef, TokenEstimator, ToolHost, ToolLister, readable_bytes,
 };
 pub use tool::{
     Icon, JsonObject, TaskSupport, ToolAnnotations, ToolDefinition, ToolExecution, ToolList,

@@ -137,6 +137,28 @@ pub struct OutputInfo {
     pub name: String,
 }
 
+/// A place in a stored result's readable text to count lines from: byte `at`, with
+/// `breaks_before` line breaks (`\n` bytes) in the bytes before it.
+///
+/// What [`RecordSource::line_mark`] answers, so that a reader looking for line `N` of a
+/// large result counts from a nearby mark instead of from byte 0. [`LineMark::START`] is
+/// always a valid answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct LineMark {
+    /// Byte offset in the readable text; at most its length.
+    pub at: u64,
+    /// The number of `\n` bytes in the readable text before `at`.
+    pub breaks_before: u64,
+}
+
+impl LineMark {
+    /// The start of the text: nothing before it.
+    pub const START: LineMark = LineMark {
+        at: 0,
+        breaks_before: 0,
+    };
+}
+
 /// Read access to one Run's records, by handle, without loading a large result whole.
 ///
 /// A source serves exactly one Run. A handle naming another Run, or a record that is not a
@@ -199,6 +221,27 @@ pub trait RecordSource {
             _ => None,
         })
     }
+
+    /// Where to start counting to reach line `line` (0-based; line `line` starts right
+    /// after the `line`-th `\n`) of the readable text of the tool result at `handle`: a
+    /// [`LineMark`] at or before that line's start (at or before the text's end when it
+    /// has fewer lines) whose `breaks_before` is below `line`, so that the line's start
+    /// is found by counting forward from the mark. [`LineMark::START`] for line 0, or when
+    /// the handle does not resolve to a tool result of this Run.
+    ///
+    /// The default is [`LineMark::START`]: a reader counts from byte 0, reading the text
+    /// up to the line. A store that keeps a sparse index of its results' line breaks (the
+    /// record log) overrides it, so that reading at line `N` costs about what reading at
+    /// line 0 costs. A reader checks what it can of the answer (`at` within the text,
+    /// `breaks_before` below `line` and at most `at`) and counts from byte 0 otherwise.
+    ///
+    /// # Errors
+    ///
+    /// Storage failures only.
+    fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, Self::Error> {
+        let _ = (handle, line);
+        Ok(LineMark::START)
+    }
 }
 
 /// A shared reference to a source is a source, so readers can borrow or own one.
@@ -232,6 +275,10 @@ impl<S: RecordSource + ?Sized> RecordSource for &S {
         position: usize,
     ) -> Result<Option<ContentBlock>, Self::Error> {
         (**self).content_block(handle, position)
+    }
+
+    fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, Self::Error> {
+        (**self).line_mark(handle, line)
     }
 }
 
@@ -462,6 +509,21 @@ mod tests {
         assert_eq!(log.read_output(&foreign, 0, &mut buf).unwrap(), 0);
         let unissued = RecordHandle::new(RunId::new("a").unwrap(), 2);
         assert!(log.record(&unissued).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_source_without_a_line_index_marks_every_line_from_the_start() {
+        let mut log = MemoryRecords::new(RunId::new("a").unwrap());
+        let out = log.push(result("one\ntwo\nthree\n"));
+        for line in [0, 1, 2, 99] {
+            assert_eq!(log.line_mark(&out, line).unwrap(), LineMark::START);
+            let borrowed: &MemoryRecords = &log;
+            assert_eq!(
+                RecordSource::line_mark(&borrowed, &out, line).unwrap(),
+                LineMark::START
+            );
+        }
+        assert_eq!(LineMark::default(), LineMark::START);
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::cell::Cell;
 use std::convert::Infallible;
 
 use psych_types::{
-    MemoryRecords, OutputInfo, OutputKind, Record, RecordHandle, RecordSource, RunId, ToolCallId,
-    ToolOutput, ToolResult, UserMessage,
+    LineMark, MemoryRecords, OutputInfo, OutputKind, Record, RecordHandle, RecordSource, RunId,
+    ToolCallId, ToolOutput, ToolResult, UserMessage,
 };
 
 pub(crate) fn run(name: &str) -> RunId {
@@ -82,6 +82,107 @@ impl<S: RecordSource> RecordSource for Counting<S> {
             .set(self.largest_read.get().max(buf.len()));
         self.inner.read_output(handle, offset, buf)
     }
+
+    fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, S::Error> {
+        self.inner.line_mark(handle, line)
+    }
+}
+
+/// Wraps a source and answers [`RecordSource::line_mark`] from a sparse line index of
+/// each tool result it holds, built when wrapped: the line breaks before every
+/// `stride`-th byte, as a store keeping such an index (the record log) answers it.
+pub(crate) struct Indexed<S> {
+    pub(crate) inner: S,
+    stride: u64,
+    /// Per record: the line breaks in `[0, k * stride)` for `k` from 1 while `k * stride`
+    /// is inside the text (empty for records that are not tool results).
+    breaks: Vec<Vec<u64>>,
+}
+
+impl<S: RecordSource> Indexed<S>
+where
+    S::Error: std::fmt::Debug,
+{
+    /// Indexes the first `records` records of `inner`.
+    pub(crate) fn new(inner: S, records: u64, stride: u64) -> Self {
+        assert!(stride > 0);
+        let breaks = (0..records)
+            .map(|seq| {
+                let handle = RecordHandle::new(inner.run().clone(), seq);
+                let Some(info) = inner.output_info(&handle).unwrap() else {
+                    return Vec::new();
+                };
+                let mut text = vec![0u8; info.len as usize];
+                let mut got = 0;
+                while got < text.len() {
+                    let n = inner
+                        .read_output(&handle, got as u64, &mut text[got..])
+                        .unwrap();
+                    assert!(n > 0, "the source served less than it announced");
+                    got += n;
+                }
+                let mut total = 0;
+                text.chunks(stride as usize)
+                    .map(|chunk| {
+                        total += chunk.iter().filter(|&&b| b == b'\n').count() as u64;
+                        total
+                    })
+                    .take((text.len().saturating_sub(1)) / stride as usize)
+                    .collect()
+            })
+            .collect();
+        Self {
+            inner,
+            stride,
+            breaks,
+        }
+    }
+}
+
+impl<S: RecordSource> RecordSource for Indexed<S> {
+    type Error = S::Error;
+
+    fn run(&self) -> &RunId {
+        self.inner.run()
+    }
+
+    fn record(&self, handle: &RecordHandle) -> Result<Option<Record>, S::Error> {
+        self.inner.record(handle)
+    }
+
+    fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, S::Error> {
+        self.inner.output_info(handle)
+    }
+
+    fn read_output(
+        &self,
+        handle: &RecordHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, S::Error> {
+        self.inner.read_output(handle, offset, buf)
+    }
+
+    fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, S::Error> {
+        if handle.run != *self.run() || line == 0 {
+            return Ok(LineMark::START);
+        }
+        let Some(breaks) = usize::try_from(handle.seq)
+            .ok()
+            .and_then(|i| self.breaks.get(i))
+        else {
+            return Ok(LineMark::START);
+        };
+        // The last entry with fewer than `line` breaks before it.
+        let k = breaks.partition_point(|&before| before < line);
+        Ok(match k {
+            0 => LineMark::START,
+            k => LineMark {
+                at: k as u64 * self.stride,
+                breaks_before: breaks[k - 1],
+            },
+        })
+    }
 }
 
 /// One text result of `lines` lines, generated on the fly and never stored: line `i`
@@ -91,6 +192,9 @@ pub(crate) struct Synthetic {
     run: RunId,
     pub(crate) lines: u64,
     pub(crate) needle_every: u64,
+    /// Answers [`RecordSource::line_mark`] with the line's own start (its position is
+    /// known), as a store with a line index would, give or take a stride.
+    pub(crate) marks: bool,
 }
 
 pub(crate) const SYNTHETIC_LINE: u64 = 21;
@@ -101,6 +205,15 @@ impl Synthetic {
             run: run("huge"),
             lines,
             needle_every,
+            marks: false,
+        }
+    }
+
+    /// The same result, answering `line_mark` too.
+    pub(crate) fn with_marks(self) -> Self {
+        Self {
+            marks: true,
+            ..self
         }
     }
 
@@ -171,6 +284,18 @@ impl RecordSource for Synthetic {
             at += take as u64;
         }
         Ok(n)
+    }
+
+    fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, Infallible> {
+        if !self.marks || handle != &self.handle() || line == 0 {
+            return Ok(LineMark::START);
+        }
+        // One line before it: a mark in the middle of a line, as a byte stride gives.
+        let before = (line - 1).min(self.lines.saturating_sub(1));
+        Ok(LineMark {
+            at: before * SYNTHETIC_LINE + 7,
+            breaks_before: before,
+        })
     }
 }
 
