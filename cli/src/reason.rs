@@ -8,22 +8,6 @@ const STDERR_MARK: &str = "; its last stderr lines:";
 /// The longest one-line reason, in characters.
 pub(crate) const REASON_CHARS: usize = 160;
 
-/// Words that make a stderr line the telling one: the last line holding one is chosen (a
-/// Python traceback ends with its exception, a panic says `panicked`), else the last line.
-const TELLING: [&str; 11] = [
-    "error",
-    "panic",
-    "fail",
-    "fatal",
-    "not found",
-    "no such",
-    "denied",
-    "cannot",
-    "can't",
-    "exception",
-    "invalid",
-];
-
 /// `reason` in one line of at most [`REASON_CHARS`] characters: without the `MCP server
 /// "name": ` prefix (the report names the server already), whitespace collapsed, and when
 /// psych-mcp appended the server's last stderr lines, the most telling of them as
@@ -46,10 +30,9 @@ pub(crate) fn one_line(server: &str, reason: &str) -> String {
         lines
             .iter()
             .rev()
-            .find(|l| {
-                let lower = l.to_lowercase();
-                TELLING.iter().any(|w| lower.contains(w))
-            })
+            // The last line that says what went wrong (disclosure's rule, the one the
+            // deferred line uses), else the last line.
+            .find(|l| psych_disclosure::is_telling(l))
             .or(lines.last())
             .copied()
     });

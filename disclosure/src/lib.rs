@@ -224,5 +224,5 @@ pub use resolve::{
 pub use search::SearchIndex;
 pub use settings::{Budget, CostBasis, MAX_PAGE_SIZE, Settings, SettingsBuilder};
 pub use shapes::SEARCH_HITS;
-pub use state::{STATE_REASON_CHARS, ServerState};
+pub use state::{STATE_REASON_CHARS, ServerState, is_telling};
 pub use validate::{ArgumentError, Validation, Validators};

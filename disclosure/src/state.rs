@@ -39,6 +39,14 @@ const TELLING: [&str; 12] = [
     "refused",
 ];
 
+/// Whether `line` (one line of a failure's detail, such as a stderr line) says what went
+/// wrong: it holds an error word (`error`, `panic`, `fail`, `not found`, `refused`, …). The
+/// last such line of a stderr tail is the one worth showing when only one fits.
+pub fn is_telling(line: &str) -> bool {
+    let lower = line.to_lowercase();
+    TELLING.iter().any(|word| lower.contains(word))
+}
+
 /// Why a server the Surface shows has no permitted tool, when it is not simply that the
 /// grant permits none of its tools: from its catalogue health.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -220,10 +228,7 @@ fn short_reason(server: &ServerId, reason: &str, max_chars: usize) -> String {
     let telling = details
         .iter()
         .rev()
-        .find(|line| {
-            let lower = line.to_lowercase();
-            TELLING.iter().any(|word| lower.contains(word))
-        })
+        .find(|line| is_telling(line))
         .or(if introduces { details.last() } else { None });
     let Some(telling) = telling else {
         return cap_chars(head, max_chars, CUT);

@@ -100,7 +100,7 @@ impl Validators {
                 path: String::new(),
                 message: format!(
                     "the arguments must be a JSON object, not {}",
-                    kind(arguments)
+                    psych_types::json_kind(arguments)
                 ),
             }]);
         }
@@ -173,17 +173,6 @@ fn compile(tool: &ToolDefinition) -> Compiled {
             MESSAGE_CHARS,
             TRUNCATION_MARKER,
         )),
-    }
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

@@ -50,7 +50,7 @@ pub(crate) fn read_page(
     let Value::Object(mut result) = raw else {
         return Err(format!(
             "page {page} is not a JSON object but {}",
-            kind(&raw)
+            psych_types::json_kind(&raw)
         ));
     };
     let next_cursor = match result.remove("nextCursor") {
@@ -59,7 +59,7 @@ pub(crate) fn read_page(
         Some(other) => {
             return Err(format!(
                 "page {page}: nextCursor is {}, not a string",
-                kind(&other)
+                psych_types::json_kind(&other)
             ));
         }
     };
@@ -68,7 +68,7 @@ pub(crate) fn read_page(
         Some(other) => {
             return Err(format!(
                 "page {page}: \"tools\" is {}, not an array",
-                kind(&other)
+                psych_types::json_kind(&other)
             ));
         }
         None => return Err(format!("page {page} has no \"tools\" array")),
@@ -84,9 +84,10 @@ pub(crate) fn read_page(
             reason,
         };
         if !tool.is_object() {
-            listing
-                .malformed
-                .push(refuse(format!("is {}, not an object", kind(&tool))));
+            listing.malformed.push(refuse(format!(
+                "is {}, not an object",
+                psych_types::json_kind(&tool)
+            )));
             continue;
         }
         match serde_json::from_value::<ToolDefinition>(tool) {
@@ -108,17 +109,6 @@ pub(crate) fn read_page(
         }
     }
     Ok(Page { next_cursor })
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

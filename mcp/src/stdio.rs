@@ -659,12 +659,10 @@ mod tests {
         reason = "a test fails loudly on bad data"
     )]
 
-    use std::task::Poll;
-
     use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, RequestId};
     use tokio::io::AsyncWriteExt;
 
-    use super::testing::{Rng, poll_once};
+    use super::testing::{Rng, poll_once, poll_up_to};
     use super::*;
 
     const CHANGED: &[u8] =
@@ -733,15 +731,7 @@ mod tests {
                 let message = loop {
                     let polls = rng.below(6);
                     let mut receive = std::pin::pin!(reader.receive());
-                    let mut done = None;
-                    for _ in 0..=polls {
-                        if let Poll::Ready(message) = poll_once(&mut receive).await {
-                            done = Some(message);
-                            break;
-                        }
-                        tokio::task::yield_now().await;
-                    }
-                    match done {
+                    match poll_up_to(&mut receive, polls).await {
                         Some(message) => break message.expect("a message"),
                         None => dropped += 1,
                     }

@@ -99,7 +99,7 @@ pub use record::{
     AssistantMessage, HandleParseError, LoggedRecord, Record, RecordHandle, ToolCall, ToolResult,
     Usage, UserMessage,
 };
-pub use schema::{InputSchemaError, check_input_schema};
+pub use schema::{InputSchemaError, check_input_schema, json_kind};
 pub use seam::{
     LineMark, MemoryRecords, OutputInfo, OutputKind, Projection, RecordSource, ResultProjector,
     ResultRef, TokenEstimator, ToolHost, ToolLister, readable_bytes,

@@ -81,12 +81,14 @@ pub fn check_input_schema(schema: &JsonObject) -> Result<(), InputSchemaError> {
             {
                 return Err(InputSchemaError::PropertyNotASchema {
                     name: name.clone(),
-                    found: kind(bad),
+                    found: json_kind(bad),
                 });
             }
         }
         Some(other) => {
-            return Err(InputSchemaError::PropertiesNotAnObject { found: kind(other) });
+            return Err(InputSchemaError::PropertiesNotAnObject {
+                found: json_kind(other),
+            });
         }
     }
     match schema.get("required") {
@@ -107,7 +109,9 @@ impl ToolDefinition {
     }
 }
 
-fn kind(value: &Value) -> &'static str {
+/// What kind of JSON value `value` is, with its article, for messages: `"an object"`,
+/// `"a string"`, `"null"`.
+pub fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

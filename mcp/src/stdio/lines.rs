@@ -141,12 +141,11 @@ mod tests {
     )]
 
     use std::pin::pin;
-    use std::task::Poll;
 
     use tokio::io::AsyncWriteExt;
 
     use super::*;
-    use crate::stdio::testing::{Rng, poll_once};
+    use crate::stdio::testing::{Rng, poll_up_to};
 
     /// Line `i` of length `len`: an id that says which line it is, then filler, in a
     /// top-level object when it is long enough, so that over the limit its id is found.
@@ -213,15 +212,7 @@ mod tests {
             let got = loop {
                 let polls = rng.below(6);
                 let mut next = pin!(lines.next());
-                let mut done = None;
-                for _ in 0..=polls {
-                    if let Poll::Ready(line) = poll_once(&mut next).await {
-                        done = Some(line);
-                        break;
-                    }
-                    tokio::task::yield_now().await;
-                }
-                match done {
+                match poll_up_to(&mut next, polls).await {
                     Some(line) => break line.unwrap().expect("a line"),
                     None => dropped += 1,
                 }

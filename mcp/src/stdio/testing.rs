@@ -31,3 +31,15 @@ impl Rng {
 pub(crate) async fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
     std::future::poll_fn(|cx| Poll::Ready(std::pin::Pin::new(&mut *future).poll(cx))).await
 }
+
+/// Polls `future` up to `polls + 1` times, yielding between polls: its output if it was
+/// ready by then, else `None` (the caller then drops it, mid-way, as a `select!` would).
+pub(crate) async fn poll_up_to<F: Future + Unpin>(future: &mut F, polls: u64) -> Option<F::Output> {
+    for _ in 0..=polls {
+        if let Poll::Ready(output) = poll_once(future).await {
+            return Some(output);
+        }
+        tokio::task::yield_now().await;
+    }
+    None
+}
