@@ -949,6 +949,7 @@ pub(crate) fn decode_record(
             let summary = decode_summary(header, meta)?;
             let readable = readable_range(header, &content)?;
             let mut output = ToolOutput {
+                spilled: Vec::new(),
                 is_error: header.flags & FLAG_IS_ERROR != 0,
                 meta: summary.meta.meta.clone(),
                 structured_content: summary.meta.structured.clone(),

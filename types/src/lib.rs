@@ -73,6 +73,7 @@ mod progress;
 mod record;
 mod schema;
 mod seam;
+mod spill;
 mod tool;
 
 /// The name of the reader tool that reads a stored tool result back by handle. Defined here
@@ -104,6 +105,7 @@ pub use seam::{
     LineMark, MemoryRecords, OutputInfo, OutputKind, Projection, RecordSource, ResultProjector,
     ResultRef, TokenEstimator, ToolHost, ToolLister, readable_bytes,
 };
+pub use spill::{SpilledBlock, SpilledText};
 pub use tool::{
     Icon, JsonObject, TaskSupport, ToolAnnotations, ToolDefinition, ToolExecution, ToolList,
 };

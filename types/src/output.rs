@@ -10,7 +10,7 @@ use std::ops::Range;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use crate::JsonObject;
+use crate::{JsonObject, SpilledBlock};
 
 /// The result of one tool call, whole: MCP's `CallToolResult`.
 ///
@@ -40,6 +40,15 @@ pub struct ToolOutput {
     /// MCP `_meta` of the result.
     #[serde(rename = "_meta", default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<JsonObject>,
+    /// Text blocks whose text is too large to hold in memory and is kept in a file
+    /// ([`SpilledBlock`]), in block order, each naming a distinct text block of `content`;
+    /// empty for every result that fits in memory. Such a block's in-memory `text` is the
+    /// spilled text's [placeholder](crate::SpilledText::placeholder), so
+    /// [`readable_text`](Self::readable_text) and the serde form show the placeholder; the
+    /// record log stores the file's text in its place, so the logged result, read back, is
+    /// whole and has no spilled blocks. Not serialized.
+    #[serde(skip)]
+    pub spilled: Vec<SpilledBlock>,
 }
 
 impl ToolOutput {
@@ -78,6 +87,12 @@ impl ToolOutput {
     pub fn with_structured_content(mut self, value: Value) -> Self {
         self.structured_content = Some(value);
         self
+    }
+
+    /// Whether some of its text is in files rather than in memory (see
+    /// [`spilled`](Self::spilled)).
+    pub fn is_spilled(&self) -> bool {
+        !self.spilled.is_empty()
     }
 
     /// Whether the tool reported a failure.
