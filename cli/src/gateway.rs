@@ -72,8 +72,8 @@ use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_runtime::{CatalogSync, ExecuteError, Executor, Started};
 use psych_types::{
     ConnectionSpec, ContentBlock, LoggedRecord, PermissionGrant, Projection, READ_TOOL_OUTPUT,
-    Record, ResultProjector, ResultRef, RunId, ServerCatalog, ToolCall, ToolCallId, ToolDefinition,
-    ToolName, ToolOutput, ToolRef, ToolResult,
+    Record, RecordHandle, ResultProjector, RunId, ServerCatalog, StoredRef, ToolCall, ToolCallId,
+    ToolDefinition, ToolName, ToolOutput, ToolRef, ToolResult,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
@@ -583,6 +583,7 @@ impl Session {
         let run = self.run.clone();
         let manager = self.shared.manager.clone();
         let limits = self.shared.basis.limits.clone();
+        let estimator = *self.shared.elider.estimator();
         tokio::spawn(async move {
             // No fdatasync per call: measured, it was most of a proxied call's added
             // latency (a call 2.1 ms through the gateway against 0.24 ms direct; one
@@ -592,8 +593,11 @@ impl Session {
             // does that), not a power loss.
             let opened = tokio::task::spawn_blocking(move || {
                 std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
-                let (log, _) = RecordLog::open(&logs, &run, SyncPolicy::OsBuffered)
+                let (mut log, _) = RecordLog::open(&logs, &run, SyncPolicy::OsBuffered)
                     .map_err(|e| e.to_string())?;
+                // Each result's estimate is stored as it is appended: what the projection
+                // plans with, so no result is estimated twice or read whole to be sized.
+                log.set_estimator(Arc::new(estimator));
                 let executor =
                     Executor::new(Arc::new(manager), Arc::new(SharedRecordLog::new(log)))
                         .reader_limits(limits);
@@ -719,21 +723,72 @@ impl Session {
         else {
             return Err(ErrorData::internal_error("the call logged no result", None));
         };
-        let view_of = self.shared.elider.project(&[ResultRef {
-            handle: &handle,
-            output: &result.output,
-        }]);
-        let output = match view_of.as_slice() {
-            [Projection::Replaced(text)] => {
+        let view_of = self.project(executor, &handle).await?;
+        let output = match view_of {
+            Projection::Replaced(text) => {
                 let mut shown = ToolOutput::text(text);
                 shown.is_error = result.output.is_error;
                 shown
             }
-            _ if answered_here(&view.surface, &call.name) => with_text_block(result.output),
-            _ => result.output,
+            // Shown whole, yet too large to hold in memory: only thresholds set past any
+            // sensible size get here. The placeholder says how large; the handle, where.
+            Projection::Full if result.output.is_spilled() => {
+                let mut shown = ToolOutput::text(format!(
+                    "{} Read it with {READ_TOOL_OUTPUT}, handle {handle}.",
+                    result.output.readable_text()
+                ));
+                shown.is_error = result.output.is_error;
+                shown
+            }
+            Projection::Full if answered_here(&view.surface, &call.name) => {
+                with_text_block(result.output)
+            }
+            Projection::Full => result.output,
         };
         serde_json::to_value(&output)
             .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
+    }
+
+    /// The client's view of the result just logged at `handle`: elision's projection made
+    /// from what the log stored (its estimate, line breaks, and a head and tail read back),
+    /// on a blocking thread. From the log rather than from the output in memory, so that a
+    /// result too large to hold in memory (spilled to a file by the transport, streamed
+    /// into the log) is previewed like any other, and each result is estimated once, when
+    /// it is appended.
+    async fn project(
+        &self,
+        executor: &Executor<McpManager>,
+        handle: &RecordHandle,
+    ) -> Result<Projection, ErrorData> {
+        let log = Arc::clone(executor.log());
+        let shared = Arc::clone(&self.shared);
+        let handle = handle.clone();
+        let projected = tokio::task::spawn_blocking(move || {
+            let stored = log
+                .stored_result(&handle)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("{handle} is not a tool result of the session's log"))?;
+            let views = shared
+                .elider
+                .project_stored(
+                    &[StoredRef {
+                        handle: &handle,
+                        stored: &stored,
+                    }],
+                    &*log,
+                )
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(views.into_iter().next().unwrap_or(Projection::Full))
+        })
+        .await;
+        match projected {
+            Ok(Ok(view)) => Ok(view),
+            Ok(Err(error)) => Err(ErrorData::internal_error(
+                format!("previewing the logged result: {error}"),
+                None,
+            )),
+            Err(error) => Err(ErrorData::internal_error(error.to_string(), None)),
+        }
     }
 
     /// Logs `call`'s result as cut short by `why` (it was dropped before it had one).

@@ -56,6 +56,18 @@ impl RecordLog {
         Ok(())
     }
 
+    /// What is known of the tool result at `handle` without its content (the
+    /// [`StoredResult`] its history entry holds), read with one positional read; `None`
+    /// when `handle` names no tool result of this log. What a caller projecting one result
+    /// it has just appended needs, without reading the history.
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError`] when the read fails or the frame no longer checks out.
+    pub fn stored_result(&self, handle: &RecordHandle) -> Result<Option<StoredResult>, ReadError> {
+        Ok(self.result_summary(handle)?.map(stored_result))
+    }
+
     fn history_item(&self, handle: &RecordHandle) -> Result<HistoryItem, ReadError> {
         if let Some(stored) = self.result_summary(handle)? {
             return Ok(HistoryItem::Result(stored_result(stored)));
@@ -89,6 +101,15 @@ impl SharedRecordLog {
     /// As [`RecordLog::history`].
     pub fn history(&self) -> Result<History, ReadError> {
         self.read_log().history()
+    }
+
+    /// [`RecordLog::stored_result`] of the shared log (under its read lock).
+    ///
+    /// # Errors
+    ///
+    /// As [`RecordLog::stored_result`].
+    pub fn stored_result(&self, handle: &RecordHandle) -> Result<Option<StoredResult>, ReadError> {
+        self.read_log().stored_result(handle)
     }
 
     /// [`RecordLog::extend_history`] of the shared log.
