@@ -157,12 +157,13 @@ mod log;
 mod policy;
 mod recovery;
 mod shared;
+mod spill;
 mod storage;
 mod touch;
 mod write;
 
 pub use cause::{AfterFrames, FrameDamage, LogCorruption, RecordCorruption, TailReason};
-pub use error::{AppendError, Error, OpenError, PolicyError, ReadError};
+pub use error::{AppendError, Error, OpenError, PolicyError, ReadError, SpillError};
 pub use format::FORMAT_VERSION;
 pub use log::RecordLog;
 pub use policy::{GroupCommit, GroupCommitBuilder, MAX_GROUP_WAIT, SyncPolicy};
