@@ -1145,7 +1145,7 @@ mod tests {
             flags: encoded.flags,
             write_index: 3,
             meta_len: encoded.meta.len() as u32,
-            content_len: encoded.content.len() as u64,
+            content_len: encoded.content.len(),
         };
         let bytes = header.encode();
         assert_eq!(FrameHeader::decode(&bytes), Ok(header));

@@ -73,7 +73,9 @@ pub struct GroupStats {
 /// see only records that are on disk (a group's records become readable once its sync
 /// returns, possibly just before its appenders are woken). Frames are encoded by the appending threads, into one
 /// owned buffer each, so a huge result is copied once more than through
-/// [`RecordLog::append`].
+/// [`RecordLog::append`]; a result with spilled text (`ToolOutput::spilled`) is encoded
+/// on its appender's thread (its spill files read through once) and its text is read from
+/// the files again by the leader as it writes the group, never copied whole.
 pub struct SharedRecordLog {
     run: RunId,
     path: PathBuf,
