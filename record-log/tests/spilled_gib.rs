@@ -137,6 +137,8 @@ fn a_gib_spilled_result_is_stored_and_served_in_bounded_memory() {
     check_reads(&log);
     drop(log);
     // Again: the frame comes from the checkpoint, so the first content read checks it.
+    let checkpoint = common::with_suffix(RecordLog::path_for(dir.path(), &run), ".ckpt");
+    assert!(checkpoint.exists(), "the reopen wrote a checkpoint");
     let (log, recovery) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
     assert!(recovery.is_clean(), "{recovery}");
     check_reads(&log);
