@@ -125,6 +125,21 @@ pub enum AppendError {
         /// The log file.
         path: PathBuf,
     },
+    /// A tool result's spilled text (`ToolOutput::spilled`,
+    /// [`SpilledText`](psych_types::SpilledText)) could not be stored: the output names a
+    /// block that is not one of its text blocks, or the spill file could not be read
+    /// whole as the UTF-8 text it should hold. Nothing of the append is acknowledged and
+    /// whatever of its frame was written is cut back off the file.
+    #[error("the spilled text of content block {block} ({len} bytes) could not be stored: {cause}")]
+    Spill {
+        /// The content block whose text is spilled.
+        block: usize,
+        /// The spilled text's length in bytes ([`SpilledText::len`](psych_types::SpilledText::len)).
+        len: u64,
+        /// What went wrong.
+        #[source]
+        cause: SpillError,
+    },
     /// The log was opened with [`RecordLog::open_read_only`](crate::RecordLog::open_read_only):
     /// it never writes, so appends and syncs are refused.
     #[error("{path} was opened read-only; it takes no appends")]
@@ -132,6 +147,40 @@ pub enum AppendError {
         /// The log file.
         path: PathBuf,
     },
+}
+
+/// Why a spilled text could not be stored ([`AppendError::Spill`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpillError {
+    /// `ToolOutput::spilled` names a block that is not a text block of the output's
+    /// content, or names blocks out of order or one twice.
+    #[error("the output's content has no such text block (or it is named twice, or out of order)")]
+    NotATextBlock,
+    /// Reading the spill file failed.
+    #[error("reading the spill file at byte {offset}: {source}")]
+    Read {
+        /// Where in the text the read started.
+        offset: u64,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The spill file ends before the text's length.
+    #[error("the spill file ends at byte {at}, before the text's end")]
+    Short {
+        /// Where the file ended.
+        at: u64,
+    },
+    /// The spill file's bytes are not UTF-8.
+    #[error("the text is not UTF-8 at byte {at}")]
+    NotUtf8 {
+        /// The first byte that is not part of a valid UTF-8 sequence.
+        at: u64,
+    },
+    /// The spill file no longer holds the text it held when the record was encoded (its
+    /// line breaks differ): it changed between the two reads of an append.
+    #[error("the spill file changed while it was being appended")]
+    Changed,
 }
 
 /// Why a read by handle failed. A handle that does not resolve is not an error.

@@ -13,6 +13,8 @@ use serde_json::Value;
 
 use crate::cause::{FrameDamage, RecordCorruption};
 use crate::crc32c::{Crc32c, crc32c};
+use crate::error::AppendError;
+use crate::spill::{Readable, Streamed};
 
 /// The first eight bytes of every log file.
 pub(crate) const FILE_MAGIC: [u8; 8] = *b"PSYCHLOG";
@@ -447,32 +449,101 @@ pub(crate) fn line_index_stride(len: u64) -> u64 {
 
 /// The line breaks of `text` and, when it is longer than one stride, its line index:
 /// one pass, counting a stride at a time.
+#[cfg(test)]
 fn index_lines(text: &[u8]) -> (u64, Option<LineIndex>) {
     index_lines_by(text, line_index_stride(text.len() as u64))
 }
 
 /// [`index_lines`] with the given stride (tests take small ones).
+#[cfg(test)]
 fn index_lines_by(text: &[u8], stride: u64) -> (u64, Option<LineIndex>) {
-    let len = text.len() as u64;
-    // Entries at `k * stride` for k >= 1 while inside the text (before its last byte).
-    let entries = len.saturating_sub(1) / stride;
-    // A count fits 48 bits when the text does; a text of 256 TiB is not in memory.
-    if entries == 0 || len >= 1 << 48 {
-        return (psych_types::count_line_breaks(text), None);
+    let mut indexer = LineIndexer::with_stride(text.len() as u64, stride);
+    indexer.feed(text);
+    indexer.finish()
+}
+
+/// Counts the line breaks of a readable text of a known length fed in pieces (in memory,
+/// or streamed from a spill file), and builds its line index a stride at a time: the
+/// same counts and index whatever the pieces, since entries fall at fixed offsets. Holds
+/// the index only (at most 12 KiB of entries before base64).
+#[derive(Debug)]
+pub(crate) struct LineIndexer {
+    stride: u64,
+    /// Entries to write: one for each `k * stride` inside the text (before its last
+    /// byte), none when the text is at most one stride long or too long to count in
+    /// 48 bits.
+    entries: u64,
+    /// Bytes fed so far.
+    fed: u64,
+    /// Line breaks fed so far.
+    total: u64,
+    raw: Vec<u8>,
+}
+
+impl LineIndexer {
+    /// An indexer for a readable text of `len` bytes.
+    pub(crate) fn new(len: u64) -> Self {
+        Self::with_stride(len, line_index_stride(len))
     }
-    let Ok(step) = usize::try_from(stride) else {
-        return (psych_types::count_line_breaks(text), None);
-    };
-    let mut raw = Vec::with_capacity(entries as usize * LINE_INDEX_ENTRY_BYTES);
-    let mut total = 0u64;
-    for (k, chunk) in text.chunks(step).enumerate() {
-        total += psych_types::count_line_breaks(chunk);
-        if (k as u64) < entries {
-            raw.extend_from_slice(&total.to_le_bytes()[..LINE_INDEX_ENTRY_BYTES]);
+
+    /// An indexer for `len` bytes with the given stride (tests take small ones).
+    fn with_stride(len: u64, stride: u64) -> Self {
+        // A count fits 48 bits when the text does; a text of 256 TiB has no index.
+        let entries = if len >= 1 << 48 {
+            0
+        } else {
+            len.saturating_sub(1) / stride
+        };
+        Self {
+            stride,
+            entries,
+            fed: 0,
+            total: 0,
+            raw: Vec::with_capacity(entries as usize * LINE_INDEX_ENTRY_BYTES),
         }
     }
-    let breaks = psych_types::encode_base64(&raw);
-    (total, Some(LineIndex { stride, breaks }))
+
+    /// Feeds the next bytes of the text.
+    pub(crate) fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let written = (self.raw.len() / LINE_INDEX_ENTRY_BYTES) as u64;
+            if written >= self.entries {
+                self.total += psych_types::count_line_breaks(bytes);
+                self.fed += bytes.len() as u64;
+                return;
+            }
+            let boundary = (written + 1) * self.stride;
+            let take = usize::try_from(boundary - self.fed)
+                .map_or(bytes.len(), |left| left.min(bytes.len()));
+            self.total += psych_types::count_line_breaks(&bytes[..take]);
+            self.fed += take as u64;
+            if self.fed == boundary {
+                self.raw
+                    .extend_from_slice(&self.total.to_le_bytes()[..LINE_INDEX_ENTRY_BYTES]);
+            }
+            bytes = &bytes[take..];
+        }
+    }
+
+    /// Line breaks fed so far.
+    pub(crate) fn line_breaks(&self) -> u64 {
+        self.total
+    }
+
+    /// The line breaks fed and the index, if the text has one.
+    fn finish(self) -> (u64, Option<LineIndex>) {
+        if self.entries == 0 {
+            return (self.total, None);
+        }
+        let breaks = psych_types::encode_base64(&self.raw);
+        (
+            self.total,
+            Some(LineIndex {
+                stride: self.stride,
+                breaks,
+            }),
+        )
+    }
 }
 
 /// The line index member alone, borrowed from the metadata.
@@ -585,7 +656,38 @@ pub(crate) struct Encoded<'a> {
     pub(crate) content_kind: u8,
     pub(crate) flags: u8,
     pub(crate) meta: Vec<u8>,
-    pub(crate) content: std::borrow::Cow<'a, [u8]>,
+    pub(crate) content: Content<'a>,
+}
+
+/// A frame's content: in memory, or (a tool result with spilled text) streamed from its
+/// spill files as the frame is written.
+#[derive(Debug)]
+pub(crate) enum Content<'a> {
+    /// The content's bytes.
+    Memory(std::borrow::Cow<'a, [u8]>),
+    /// The content's pieces, the spilled texts among them read as they are written.
+    Streamed(Streamed<'a>),
+}
+
+impl Content<'_> {
+    /// The content's length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        match self {
+            Content::Memory(bytes) => bytes.len() as u64,
+            Content::Streamed(streamed) => streamed.len(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Content<'_> {
+    /// The bytes of an in-memory content (tests only).
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Content::Memory(bytes) => bytes,
+            Content::Streamed(_) => panic!("a streamed content has no bytes in memory"),
+        }
+    }
 }
 
 /// `block` with its bulk emptied, as a JSON object.
@@ -660,11 +762,14 @@ fn plain_text(output: &ToolOutput) -> bool {
 ///
 /// A tool result's metadata also stores its readable text's line breaks, its line index
 /// when the text is longer than one stride, and, when `estimator` is given, its token
-/// estimate.
+/// estimate. A tool result with spilled text blocks (`ToolOutput::spilled`) gets the
+/// metadata the same result with those texts in memory would, and content streamed from
+/// the spill files ([`Content::Streamed`]): encoding it reads every spill file through
+/// once, in chunks (see `spill.rs`), so it blocks.
 pub(crate) fn encode_record<'a>(
     record: &'a Record,
     estimator: Option<&dyn TokenEstimator>,
-) -> Result<Encoded<'a>, serde_json::Error> {
+) -> Result<Encoded<'a>, AppendError> {
     use std::borrow::Cow;
     match record {
         Record::User(_) | Record::Assistant(_) | Record::Usage(_) => Ok(Encoded {
@@ -675,13 +780,31 @@ pub(crate) fn encode_record<'a>(
             },
             content_kind: CONTENT_NONE,
             flags: 0,
-            meta: serde_json::to_vec(record)?,
-            content: Cow::Borrowed(&[]),
+            meta: serde_json::to_vec(record).map_err(AppendError::Encode)?,
+            content: Content::Memory(Cow::Borrowed(&[])),
         }),
         Record::ToolResult(result) => {
             let output = &result.output;
-            let (readable, spans) = output.readable_text_spans();
-            let (line_breaks, line_index) = index_lines(readable.as_bytes());
+            let (readable, mut spans) = output.readable_text_spans();
+            let mut readable = Readable::of(output, readable, &mut spans)?;
+            let mut lines = LineIndexer::new(readable.len());
+            let binary_estimate = |estimator: &dyn TokenEstimator| {
+                output.binary_blocks().fold(0u64, |sum, (_, block)| {
+                    sum.saturating_add(
+                        estimator.estimate_binary(block.mime_type, block.data.len() as u64),
+                    )
+                })
+            };
+            let estimate = if readable.is_spilled() {
+                // Summed over the text's pieces and chunks: see `docs/format.md`,
+                // "Streamed appends".
+                let text = readable.scan(&mut lines, estimator)?;
+                estimator.map(|estimator| text.saturating_add(binary_estimate(estimator)))
+            } else {
+                lines.feed(readable.memory());
+                estimator.map(|estimator| estimator.estimate_output(output))
+            };
+            let (line_breaks, line_index) = lines.finish();
             let json_only = output.shows_structured_content();
             let mut blocks = None;
             let mut binary: Vec<&[u8]> = Vec::new();
@@ -700,7 +823,7 @@ pub(crate) fn encode_record<'a>(
                         (None, None)
                     };
                     stored.push(StoredBlock {
-                        block: skeleton(block)?,
+                        block: skeleton(block).map_err(AppendError::Encode)?,
                         at,
                         len,
                     });
@@ -720,23 +843,43 @@ pub(crate) fn encode_record<'a>(
                     output.structured_content.clone()
                 },
                 meta: output.meta.clone(),
-                estimate: estimator.map(|estimator| estimator.estimate_output(output)),
+                estimate,
                 line_breaks: Some(line_breaks),
                 line_index,
-            })?;
-            let (content_kind, content) = if json_only {
-                (CONTENT_JSON, bytes_of(readable))
-            } else if binary.is_empty() {
-                (CONTENT_TEXT, bytes_of(readable))
+            })
+            .map_err(AppendError::Encode)?;
+            let readable_len = readable.len();
+            let (content_kind, content) = if readable.is_spilled() {
+                // Spilled text is in content blocks, so never JSON only.
+                let with_binary = !binary.is_empty();
+                (
+                    if with_binary {
+                        CONTENT_WITH_BINARY
+                    } else {
+                        CONTENT_TEXT
+                    },
+                    Content::Streamed(Streamed {
+                        prefix: with_binary.then(|| readable_len.to_le_bytes()),
+                        readable,
+                        binary: binary.into_iter().map(Cow::Borrowed).collect(),
+                    }),
+                )
             } else {
-                let total = binary.iter().map(|b| b.len()).sum::<usize>();
-                let mut content = Vec::with_capacity(8 + readable.len() + total);
-                content.extend_from_slice(&(readable.len() as u64).to_le_bytes());
-                content.extend_from_slice(readable.as_bytes());
-                for data in binary {
-                    content.extend_from_slice(data);
+                let memory = readable.into_memory();
+                if json_only {
+                    (CONTENT_JSON, Content::Memory(memory))
+                } else if binary.is_empty() {
+                    (CONTENT_TEXT, Content::Memory(memory))
+                } else {
+                    let total = binary.iter().map(|b| b.len()).sum::<usize>();
+                    let mut content = Vec::with_capacity(8 + memory.len() + total);
+                    content.extend_from_slice(&readable_len.to_le_bytes());
+                    content.extend_from_slice(&memory);
+                    for data in binary {
+                        content.extend_from_slice(data);
+                    }
+                    (CONTENT_WITH_BINARY, Content::Memory(Cow::Owned(content)))
                 }
-                (CONTENT_WITH_BINARY, Cow::Owned(content))
             };
             Ok(Encoded {
                 kind: KIND_TOOL_RESULT,
@@ -746,13 +889,6 @@ pub(crate) fn encode_record<'a>(
                 content,
             })
         }
-    }
-}
-
-fn bytes_of(text: std::borrow::Cow<'_, str>) -> std::borrow::Cow<'_, [u8]> {
-    match text {
-        std::borrow::Cow::Borrowed(text) => std::borrow::Cow::Borrowed(text.as_bytes()),
-        std::borrow::Cow::Owned(text) => std::borrow::Cow::Owned(text.into_bytes()),
     }
 }
 
@@ -1009,11 +1145,11 @@ mod tests {
             flags: encoded.flags,
             write_index: 3,
             meta_len: encoded.meta.len() as u32,
-            content_len: encoded.content.len() as u64,
+            content_len: encoded.content.len(),
         };
         let bytes = header.encode();
         assert_eq!(FrameHeader::decode(&bytes), Ok(header));
-        decode_record(&header, &encoded.meta, encoded.content.into_owned()).unwrap()
+        decode_record(&header, &encoded.meta, encoded.content.bytes().to_vec()).unwrap()
     }
 
     /// The metadata a tool result with `index` would have (other members do not matter).
@@ -1199,7 +1335,7 @@ mod tests {
         let mut expected = (readable.len() as u64).to_le_bytes().to_vec();
         expected.extend_from_slice(readable.as_bytes());
         expected.extend_from_slice(&[7, 8, 9]);
-        assert_eq!(encoded.content.as_ref(), expected.as_slice());
+        assert_eq!(encoded.content.bytes(), expected.as_slice());
     }
 
     #[test]
@@ -1308,7 +1444,7 @@ mod tests {
         };
         let encoded = encode_record(&record, None).unwrap();
         assert_eq!(
-            encoded.content.as_ref(),
+            encoded.content.bytes(),
             &*psych_types::readable_bytes(&result.output)
         );
     }

@@ -25,7 +25,9 @@
 //! log serves only its own Run: it implements [`RecordSource`](psych_types::RecordSource), and a handle of
 //! another Run does not resolve. Tool results store their readable bytes raw and contiguous,
 //! so [`read_output`](psych_types::RecordSource::read_output) serves any slice of a huge
-//! result without loading it. [`RecordLog::history`] reads a Run's lazy
+//! result without loading it. A result too large to hold in memory is appended from its
+//! spill files (`ToolOutput::spilled`), streamed, and stored byte for byte as the same
+//! result in memory would be. [`RecordLog::history`] reads a Run's lazy
 //! [`History`](psych_types::History) for prompt assembly from the frames' headers and
 //! metadata alone (each tool result's length, kind, error flag, stored token estimate and
 //! line breaks), so a step's assembly does not read results it does not send whole; a log
@@ -55,6 +57,13 @@
 //!   commit groups only appenders on different OS threads: an appender's thread is parked
 //!   while it waits, so async tasks share a group only when each appends from its own
 //!   blocking thread (`spawn_blocking`).
+//! - Appending a tool result with spilled text (`ToolOutput::spilled`, a
+//!   [`SpilledText`](psych_types::SpilledText) in a file) reads each spill file through
+//!   twice, in 1 MiB chunks: once as the record is encoded (UTF-8 check, line index, token
+//!   estimate; on the appending thread, under group commit too) and once as its frame is
+//!   written (by the appender, or by the group's leader). Its time grows with the text
+//!   (about 2.4 s for 1 GiB in a release build, `fdatasync` included), its memory does
+//!   not (see `docs/format.md`, "Streamed appends").
 //! - [`RecordLog::open`] reads and checksums every frame (past 64 MiB, those after the
 //!   last checkpoint): its time grows with the log. Reads by handle are one or two
 //!   positional reads; [`RecordLog::record`](psych_types::RecordSource::record) reads the
@@ -66,7 +75,8 @@
 //! when it happens: [`OpenError`] (I/O, another opener holding the lock, not a log, another
 //! format version ([`FORMAT_VERSION`]) or Run, and [`OpenError::Corrupt`] whose
 //! [`LogCorruption`] says what does not check out and leaves the file untouched);
-//! [`AppendError`] (nothing of a failed append is acknowledged; `Poisoned` until reopened
+//! [`AppendError`] (nothing of a failed append is acknowledged; [`AppendError::Spill`]
+//! with a [`SpillError`] when a spilled text cannot be read whole as UTF-8; `Poisoned` until reopened
 //! when the log could not cut a failed write back); [`ReadError`] (a
 //! [`RecordCorruption`] when a frame changed on disk since open); [`PolicyError`] when a
 //! [`GroupCommit`] is built out of bounds. What opening cut off is not an error: it is the
@@ -157,12 +167,13 @@ mod log;
 mod policy;
 mod recovery;
 mod shared;
+mod spill;
 mod storage;
 mod touch;
 mod write;
 
 pub use cause::{AfterFrames, FrameDamage, LogCorruption, RecordCorruption, TailReason};
-pub use error::{AppendError, Error, OpenError, PolicyError, ReadError};
+pub use error::{AppendError, Error, OpenError, PolicyError, ReadError, SpillError};
 pub use format::FORMAT_VERSION;
 pub use log::RecordLog;
 pub use policy::{GroupCommit, GroupCommitBuilder, MAX_GROUP_WAIT, SyncPolicy};

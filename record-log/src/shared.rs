@@ -38,6 +38,7 @@ use crate::format;
 use crate::log::RecordLog;
 use crate::policy::SyncPolicy;
 use crate::recovery::Recovery;
+use crate::spill::StreamFailure;
 use crate::write::{PendingFrame, SCRATCH_KEEP};
 
 /// Counters of a [`SharedRecordLog`]'s groups since it was made.
@@ -72,7 +73,9 @@ pub struct GroupStats {
 /// see only records that are on disk (a group's records become readable once its sync
 /// returns, possibly just before its appenders are woken). Frames are encoded by the appending threads, into one
 /// owned buffer each, so a huge result is copied once more than through
-/// [`RecordLog::append`].
+/// [`RecordLog::append`]; a result with spilled text (`ToolOutput::spilled`) is encoded
+/// on its appender's thread (its spill files read through once) and its text is read from
+/// the files again by the leader as it writes the group, never copied whole.
 pub struct SharedRecordLog {
     run: RunId,
     path: PathBuf,
@@ -405,7 +408,7 @@ impl SharedRecordLog {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let bytes = frames.iter().map(|frame| frame.bytes.len() as u64).sum();
+        let bytes = frames.iter().map(PendingFrame::len).sum();
         let slot = Arc::new(Slot::default());
         let mut lead = {
             let mut group = self.lock_group();
@@ -547,9 +550,13 @@ impl SharedRecordLog {
             entries.push(entry);
         }
         let new_end = offset;
+        // Where a spilled text's chunks are read into (allocated only for one).
+        let mut chunk = Vec::new();
         let written = log.write_frames(entries.len() as u64, scratch, |gather| {
             for frame in calls.iter().flat_map(|call| &call.frames) {
-                gather.push(&frame.bytes)?;
+                frame
+                    .push_to(gather, &mut chunk)
+                    .map_err(StreamFailure::into_io)?;
             }
             Ok(new_end)
         });

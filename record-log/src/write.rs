@@ -9,9 +9,13 @@ use std::fs::File;
 
 use psych_types::{Record, RecordHandle, TokenEstimator};
 
+use crate::crc32c::Crc32c;
 use crate::error::AppendError;
-use crate::format::{self, END_MARK_LEN, EndMark, FRAME_HEADER_LEN, FrameHeader, MARK_LEN, Mark};
+use crate::format::{
+    self, Content, END_MARK_LEN, EndMark, FRAME_HEADER_LEN, FrameHeader, MARK_LEN, Mark,
+};
 use crate::log::{Entry, RecordLog};
+use crate::spill::{StreamFailure, Streamed};
 use crate::storage::Storage;
 
 /// Pieces of a write up to this size are gathered into one buffer and written together;
@@ -36,7 +40,7 @@ const PREALLOC_MAX_WRITE: u64 = 128 << 10;
 
 /// Why a write stopped.
 pub(crate) enum WriteFailure {
-    /// A record could not be encoded (nothing of it was written).
+    /// A record could not be encoded, or its spilled text not read as it is written.
     Encode(AppendError),
     /// A write or the sync failed.
     Io(std::io::Error),
@@ -67,6 +71,18 @@ impl Gather<'_> {
             self.at += bytes.len() as u64;
         } else {
             self.buf.extend_from_slice(bytes);
+        }
+        Ok(())
+    }
+
+    /// Appends a piece of a streamed frame (at most [`GATHER_LIMIT`] bytes, a chunk of a
+    /// spilled text at most): buffered, and the buffer written out once it holds
+    /// [`GATHER_LIMIT`] bytes, so a streamed frame of any size holds at most that much
+    /// of its content here.
+    pub(crate) fn push_streamed(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.push(bytes)?;
+        if self.buf.len() >= GATHER_LIMIT {
+            self.flush()?;
         }
         Ok(())
     }
@@ -317,16 +333,26 @@ impl RecordLog {
         let mut entries = Vec::with_capacity(records.len());
         let mut buf = std::mem::take(&mut self.scratch);
         let estimator = self.estimator.as_deref().map(|e| e as &dyn TokenEstimator);
+        // Where a spilled text's chunks are read into (allocated only for one).
+        let mut chunk = Vec::new();
         let written = self.write_frames(records.len() as u64, &mut buf, |gather| {
             let mut offset = self.end;
             for (i, record) in records.iter().enumerate() {
                 let (header, encoded, crc) =
                     frame_parts(record, first + i as u64, format::write_index(i), estimator)
                         .map_err(WriteFailure::Encode)?;
-                gather.push(&header.encode())?;
-                gather.push(&encoded.meta)?;
-                gather.push(&encoded.content)?;
-                gather.push(&crc.to_le_bytes())?;
+                push_frame(
+                    gather,
+                    &header,
+                    &encoded.meta,
+                    &encoded.content,
+                    crc,
+                    &mut chunk,
+                )
+                .map_err(|failure| match failure.into_append_error() {
+                    Ok(err) => WriteFailure::Encode(err),
+                    Err(err) => WriteFailure::Io(err),
+                })?;
                 entries.push(Entry { offset, header });
                 offset += header.frame_len();
             }
@@ -383,14 +409,15 @@ impl Drop for RecordLog {
 }
 
 /// Encodes `record` for a frame at position `seq`, with index `write_index` in its write:
-/// its header, its metadata and content, and the checksum over both.
+/// its header, its metadata and content, and the checksum over both when the content is
+/// in memory (a streamed content's is computed as it is written, [`push_frame`]).
 fn frame_parts<'a>(
     record: &'a Record,
     seq: u64,
     write_index: u8,
     estimator: Option<&dyn TokenEstimator>,
-) -> Result<(FrameHeader, format::Encoded<'a>, u32), AppendError> {
-    let encoded = format::encode_record(record, estimator).map_err(AppendError::Encode)?;
+) -> Result<(FrameHeader, format::Encoded<'a>, Option<u32>), AppendError> {
+    let encoded = format::encode_record(record, estimator)?;
     let meta_len = u32::try_from(encoded.meta.len()).map_err(|_| AppendError::TooLarge {
         len: encoded.meta.len(),
     })?;
@@ -401,34 +428,118 @@ fn frame_parts<'a>(
         flags: encoded.flags,
         write_index,
         meta_len,
-        content_len: encoded.content.len() as u64,
+        content_len: encoded.content.len(),
     };
-    let crc = format::body_crc(&encoded.meta, &encoded.content);
+    let crc = match &encoded.content {
+        Content::Memory(content) => Some(format::body_crc(&encoded.meta, content)),
+        Content::Streamed(_) => None,
+    };
     Ok((header, encoded, crc))
 }
 
-/// One record encoded as a whole frame whose position is not yet known: the header's
-/// 32 bytes are a placeholder until [`PendingFrame::place`] fills them in.
+/// Pushes one frame onto a write: its header, metadata, content and body checksum. A
+/// streamed content is read from its spill files in chunks (into `chunk`) and checksummed
+/// as it goes, so the frame is never whole in memory.
+fn push_frame(
+    gather: &mut Gather<'_>,
+    header: &FrameHeader,
+    meta: &[u8],
+    content: &Content<'_>,
+    crc: Option<u32>,
+    chunk: &mut Vec<u8>,
+) -> Result<(), StreamFailure> {
+    gather
+        .push(&header.encode())
+        .map_err(StreamFailure::Write)?;
+    match content {
+        Content::Streamed(streamed) => push_streamed(gather, meta, streamed, chunk),
+        Content::Memory(content) => {
+            let crc = crc.unwrap_or_else(|| format::body_crc(meta, content));
+            [meta, content, &crc.to_le_bytes()]
+                .into_iter()
+                .try_for_each(|bytes| gather.push(bytes))
+                .map_err(StreamFailure::Write)
+        }
+    }
+}
+
+/// The body of a streamed frame whose header is pushed: metadata, content read from the
+/// spill files in chunks and checksummed as it goes, and the checksum.
+fn push_streamed(
+    gather: &mut Gather<'_>,
+    meta: &[u8],
+    streamed: &Streamed<'_>,
+    chunk: &mut Vec<u8>,
+) -> Result<(), StreamFailure> {
+    gather.push(meta).map_err(StreamFailure::Write)?;
+    let mut crc = Crc32c::new();
+    crc.update(meta);
+    streamed.emit(chunk, &mut |bytes| {
+        crc.update(bytes);
+        gather.push_streamed(bytes)
+    })?;
+    gather
+        .push(&crc.finish().to_le_bytes())
+        .map_err(StreamFailure::Write)
+}
+
+/// One record encoded as a whole frame whose position is not yet known (a call queued for
+/// a group): the header's fields but `seq` and the write index, and the body.
 pub(crate) struct PendingFrame {
     pub(crate) header: FrameHeader,
-    pub(crate) bytes: Vec<u8>,
+    body: PendingBody,
+}
+
+enum PendingBody {
+    /// The whole frame; its first 32 bytes are a placeholder for the header until
+    /// [`PendingFrame::place`] fills them in.
+    Whole(Vec<u8>),
+    /// A frame whose content is partly in spill files: its metadata, and the content read
+    /// from the files as the leader writes it.
+    Streamed {
+        meta: Vec<u8>,
+        content: Streamed<'static>,
+    },
 }
 
 impl PendingFrame {
-    /// Encodes `record` (metadata, content, body checksum) into an owned frame buffer.
+    /// Encodes `record` (metadata, content, body checksum) into an owned frame buffer, or,
+    /// for a tool result with spilled text, its metadata and the pieces of its content
+    /// (the spill files read through once to encode it; their text is not copied).
     pub(crate) fn encode(
         record: &Record,
         estimator: Option<&dyn TokenEstimator>,
     ) -> Result<Self, AppendError> {
         let (header, encoded, crc) = frame_parts(record, 0, 0, estimator)?;
+        let content = match encoded.content {
+            Content::Memory(content) => content,
+            Content::Streamed(content) => {
+                return Ok(Self {
+                    header,
+                    body: PendingBody::Streamed {
+                        meta: encoded.meta,
+                        content: content.into_owned(),
+                    },
+                });
+            }
+        };
         let len = usize::try_from(header.frame_len())
             .map_err(|_| AppendError::TooLarge { len: usize::MAX })?;
         let mut bytes = Vec::with_capacity(len);
         bytes.extend_from_slice(&[0u8; FRAME_HEADER_LEN]);
         bytes.extend_from_slice(&encoded.meta);
-        bytes.extend_from_slice(&encoded.content);
+        bytes.extend_from_slice(&content);
+        let crc = crc.unwrap_or_else(|| format::body_crc(&encoded.meta, &content));
         bytes.extend_from_slice(&crc.to_le_bytes());
-        Ok(Self { header, bytes })
+        Ok(Self {
+            header,
+            body: PendingBody::Whole(bytes),
+        })
+    }
+
+    /// The frame's length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.header.frame_len()
     }
 
     /// Gives the frame its position `seq` and its index `write_index` within the write that
@@ -436,10 +547,30 @@ impl PendingFrame {
     pub(crate) fn place(&mut self, seq: u64, write_index: u8, offset: u64) -> Entry {
         self.header.seq = seq;
         self.header.write_index = write_index;
-        self.bytes[..FRAME_HEADER_LEN].copy_from_slice(&self.header.encode());
+        if let PendingBody::Whole(bytes) = &mut self.body {
+            bytes[..FRAME_HEADER_LEN].copy_from_slice(&self.header.encode());
+        }
         Entry {
             offset,
             header: self.header,
+        }
+    }
+
+    /// Pushes the placed frame onto a write; a streamed one reads its spill files
+    /// (chunks into `chunk`) and checksums its body as it goes.
+    pub(crate) fn push_to(
+        &self,
+        gather: &mut Gather<'_>,
+        chunk: &mut Vec<u8>,
+    ) -> Result<(), StreamFailure> {
+        match &self.body {
+            PendingBody::Whole(bytes) => gather.push(bytes).map_err(StreamFailure::Write),
+            PendingBody::Streamed { meta, content } => {
+                gather
+                    .push(&self.header.encode())
+                    .map_err(StreamFailure::Write)?;
+                push_streamed(gather, meta, content, chunk)
+            }
         }
     }
 }
