@@ -32,7 +32,7 @@
 //! is replaced in the tail by the line after it, as a terminal shows it.
 
 mod lines;
-mod repair;
+pub(crate) mod repair;
 mod scan;
 mod stderr;
 #[cfg(test)]
