@@ -61,7 +61,8 @@ use tokio::task::JoinHandle;
 
 use crate::McpError;
 use crate::tap::{AnswerFailure, Tap};
-use lines::{Line, LineReader, Overflow};
+use crate::spill::{self, MAX_SPILLED_ANSWER, SPILL_AT, SPILL_TEXT_AT, SplitError};
+use lines::{Line, LineReader, Overflow, SpillTo, SpilledLine};
 use tree::{Leader, Tag};
 
 /// The longest line read from a server's stdout into memory; a longer one is read past and
@@ -437,6 +438,8 @@ struct ChildReader<R> {
 struct Parser {
     tap: Arc<Tap>,
     diagnostics: Arc<Diagnostics>,
+    /// Where the texts of a spilled answer go.
+    spill_dir: PathBuf,
 }
 
 impl<R: AsyncRead + Unpin> ChildReader<R> {
@@ -446,11 +449,19 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
         tap: Arc<Tap>,
         diagnostics: Arc<Diagnostics>,
     ) -> Self {
+        let spill_dir = std::env::temp_dir();
         Self {
-            lines: LineReader::new(reader, MAX_LINE),
+            lines: LineReader::new(reader, SPILL_AT).spilling(SpillTo {
+                dir: spill_dir.clone(),
+                max: MAX_SPILLED_ANSWER,
+            }),
             exit,
             exited: false,
-            parser: Parser { tap, diagnostics },
+            parser: Parser {
+                tap,
+                diagnostics,
+                spill_dir,
+            },
             parsing: None,
             #[cfg(test)]
             parse_gate: Arc::default(),
@@ -497,6 +508,10 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
                     }
                     Line::Whole(line) => self.parser.read(&line),
                     Line::TooLong(overflow) => self.parser.too_long(overflow),
+                    Line::Spilled(line) => {
+                        self.parse_spilled(line);
+                        continue;
+                    }
                 }
             };
             if let Some(message) = message {
@@ -525,7 +540,163 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
     }
 }
 
+impl<R> ChildReader<R> {
+    /// Starts reading a spilled line back (its last chunk written, then its texts split
+    /// off on a blocking thread); [`ChildReader::receive`] awaits it as it awaits a parse.
+    fn parse_spilled(&mut self, line: SpilledLine) {
+        let parser = self.parser.clone();
+        #[cfg(test)]
+        let gate = Arc::clone(&self.parse_gate);
+        self.parsing = Some(tokio::spawn(async move {
+            let (bytes, id, has_method) = (line.bytes(), line.id(), line.has_method());
+            let file = line.finish().await;
+            let read = tokio::task::spawn_blocking(move || {
+                #[cfg(test)]
+                drop(gate.blocking_lock());
+                parser.read_spilled(file, bytes, id, has_method)
+            });
+            read.await.ok().flatten()
+        }));
+    }
+}
+
 impl Parser {
+    /// A line read into a file (over [`SPILL_AT`]). An answer to a request awaiting its
+    /// result has its long texts split off into files ([`spill::split`]) and the rest
+    /// parsed as [`Parser::read`] parses a line, the texts kept with the result in the
+    /// tap; any other line is read into memory if it is within [`MAX_LINE`] and parsed as
+    /// usual, or read past as too long. Blocks (file reads and writes).
+    fn read_spilled(
+        &self,
+        file: std::io::Result<std::fs::File>,
+        bytes: u64,
+        id: Option<String>,
+        has_method: bool,
+    ) -> Option<RxJsonRpcMessage<RoleClient>> {
+        use std::io::{Read as _, Seek as _};
+        let unwritable = |error: &std::io::Error| {
+            format!(
+                "it could not be kept in a file in {}: {error}",
+                self.spill_dir.display()
+            )
+        };
+        let mut file = match file.and_then(|mut file| {
+            file.rewind()?;
+            Ok(file)
+        }) {
+            Ok(file) => file,
+            Err(error) => {
+                return self.too_long(Overflow {
+                    bytes,
+                    id,
+                    has_method,
+                    limit: MAX_LINE as u64,
+                    unwritable: Some(unwritable(&error)),
+                });
+            }
+        };
+        let answer = id
+            .clone()
+            .filter(|id| !has_method && self.tap.is_open(id));
+        let Some(key) = answer else {
+            if bytes > MAX_LINE as u64 {
+                return self.too_long(Overflow {
+                    bytes,
+                    id,
+                    has_method,
+                    limit: MAX_LINE as u64,
+                    unwritable: None,
+                });
+            }
+            let mut line = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
+            if let Err(error) = file.read_to_end(&mut line) {
+                return self.too_long(Overflow {
+                    bytes,
+                    id,
+                    has_method,
+                    limit: MAX_LINE as u64,
+                    unwritable: Some(unwritable(&error)),
+                });
+            }
+            return self.read(&line);
+        };
+        let input = std::io::BufReader::with_capacity(spill::WRITE_BUFFER, file);
+        let split = match spill::split(input, &self.spill_dir, SPILL_TEXT_AT, MAX_LINE) {
+            Ok(split) => split,
+            Err(SplitError::TooLarge) => {
+                return self.too_long(Overflow {
+                    bytes,
+                    id,
+                    has_method,
+                    limit: MAX_LINE as u64,
+                    unwritable: None,
+                });
+            }
+            Err(SplitError::Malformed(reason)) => {
+                let reason = format!("{reason} (in an answer of {bytes} bytes)");
+                self.diagnostics.push_garbage(format!(
+                    "an answer of {bytes} bytes that could not be read"
+                ));
+                return self.fail(key, AnswerFailure::Malformed { reason });
+            }
+            Err(SplitError::Io(error)) => {
+                return self.too_long(Overflow {
+                    bytes,
+                    id,
+                    has_method,
+                    limit: MAX_LINE as u64,
+                    unwritable: Some(unwritable(&error)),
+                });
+            }
+        };
+        let (mut value, lossy) = match serde_json::from_slice::<Value>(&split.rest) {
+            Ok(value) => (value, spill::Lossy::default()),
+            Err(error) => match repair::repair_counted(&split.rest) {
+                Some(repaired) => repaired,
+                None => return self.unreadable(&split.rest, &error.to_string(), Some(Some(key))),
+            },
+        };
+        if let Some(note) = lossy.add(split.lossy).note() {
+            repair::record(&mut value, &note);
+        }
+        let mut blocks = Vec::new();
+        for (block, text) in split.texts {
+            let content = &value["result"]["content"][block];
+            if content.get("text").and_then(Value::as_str) != Some(text.placeholder().as_str())
+            {
+                // Replaced by a later `text` key of the same block: not the block's text.
+                continue;
+            }
+            if content.get("type").and_then(Value::as_str) != Some("text") {
+                // A long `text` in a block that is not a text block: not something a
+                // spilled output can hold.
+                return self.too_long(Overflow {
+                    bytes,
+                    id,
+                    has_method,
+                    limit: MAX_LINE as u64,
+                    unwritable: None,
+                });
+            }
+            blocks.push(psych_types::SpilledBlock {
+                block,
+                text: Arc::new(text),
+            });
+        }
+        if !self.tap.keep_spilled(&mut value, blocks) {
+            // The request gave up meanwhile: its texts go with it.
+            return None;
+        }
+        match serde_json::from_value(value) {
+            Ok(message) => Some(message),
+            Err(error) => self.unreadable(
+                &split.rest,
+                &format!("not a JSON-RPC message: {error}"),
+                Some(Some(key)),
+            ),
+        }
+    }
+
     /// One line as a message: typed straight from the bytes when no raw result is awaited;
     /// else (or when that fails) through a JSON value the tap may keep the result of, read
     /// a second time with invalid UTF-8 and lone surrogates replaced if need be. `None`
@@ -583,22 +754,36 @@ impl Parser {
         self.fail(id?, AnswerFailure::Malformed { reason })
     }
 
-    /// A line over [`MAX_LINE`]: noted as stdout garbage, and the request it answers fails
-    /// with [`McpError::AnswerTooLarge`].
+    /// A line over a limit (what stays in memory over [`MAX_LINE`], the whole over
+    /// [`MAX_SPILLED_ANSWER`]), or one that could not be kept in a file: noted as stdout
+    /// garbage, and the request it answers fails with [`McpError::AnswerTooLarge`] (or
+    /// [`McpError::MalformedAnswer`] saying why it could not be kept).
     fn too_long(&self, overflow: Overflow) -> Option<RxJsonRpcMessage<RoleClient>> {
-        self.diagnostics.push_garbage(format!(
-            "a line of {} bytes, over the {} MiB limit, dropped",
-            overflow.bytes,
-            MAX_LINE / (1024 * 1024)
-        ));
-        let id = overflow.id.filter(|_| !overflow.has_method)?;
-        self.fail(
+        let Overflow {
+            bytes,
             id,
-            AnswerFailure::TooLarge {
-                bytes: overflow.bytes,
-                limit: MAX_LINE as u64,
-            },
-        )
+            has_method,
+            limit,
+            unwritable,
+        } = overflow;
+        let failure = match unwritable {
+            Some(why) => {
+                self.diagnostics
+                    .push_garbage(format!("a line of {bytes} bytes dropped: {why}"));
+                AnswerFailure::Malformed {
+                    reason: format!("the answer is {bytes} bytes and {why}"),
+                }
+            }
+            None => {
+                self.diagnostics.push_garbage(format!(
+                    "a line of {bytes} bytes, over the {} MiB limit, dropped",
+                    limit / (1024 * 1024)
+                ));
+                AnswerFailure::TooLarge { bytes, limit }
+            }
+        };
+        let id = id.filter(|_| !has_method)?;
+        self.fail(id, failure)
     }
 
     /// Fails request `id` (JSON text) in the tap and gives rmcp an error answer for it, so
