@@ -199,7 +199,7 @@ const HUGE_DESCRIPTION: &str = "raw_huge {mib, second_mib, lone_surrogate, bad_u
     then `\\n`, and a last line `THE END after N lines` with no line break. With \
     `lone_surrogate`, a lone `\\ud83d` escape after line N/2; with `bad_utf8`, a byte \
     0xFF there (each read as U+FFFD, 3 bytes). With `second_mib` > 0, a second text block \
-    made the same way of that many MiB.";
+    made the same way of that many MiB (without those faults).";
 
 /// One line of a `raw_huge` text, decoded: 64 bytes.
 const HUGE_LINE: usize = 64;
@@ -266,10 +266,10 @@ impl Huge {
             format!(r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":["#, self.id).as_bytes(),
         )
         .await?;
-        self.block(out, self.mib).await?;
+        self.block(out, self.mib, true).await?;
         if self.second_mib > 0 {
             out.write_all(b",").await?;
-            self.block(out, self.second_mib).await?;
+            self.block(out, self.second_mib, false).await?;
         }
         out.write_all(b"]}}\n").await
     }
@@ -278,6 +278,7 @@ impl Huge {
         &self,
         out: &mut (impl tokio::io::AsyncWrite + Unpin),
         mib: u64,
+        faults: bool,
     ) -> std::io::Result<()> {
         use tokio::io::AsyncWriteExt as _;
         out.write_all(br#"{"type":"text","text":""#).await?;
@@ -285,7 +286,7 @@ impl Huge {
         let mut chunk = Vec::with_capacity(1024 * 1024 + 1024);
         for i in 1..=lines {
             chunk.extend_from_slice(huge_line(i).as_bytes());
-            if i == lines / 2 {
+            if faults && i == lines / 2 {
                 if self.lone_surrogate {
                     chunk.extend_from_slice(br"\ud83d");
                 }
