@@ -19,6 +19,12 @@
 //! every single JSON body before rmcp parses it.
 //! [`McpManager::call_tool_raw`] returns rmcp's typed `CallToolResult` instead.
 //!
+//! A stdio answer too large to hold in memory (a line over [`SPILL_AT`]) is kept in files
+//! rather than refused: its long texts reach the caller as
+//! [`psych_types::ToolOutput::spilled`] blocks, each an unnamed file, while psych-mcp's
+//! memory stays at a few MiB; caps remain for what stays in memory and for the whole
+//! ([`MAX_SPILLED_ANSWER`]).
+//!
 //! The crate also ships `psych-test-server`, an MCP server built on rmcp whose behaviour is
 //! set by flags and control tools ([`test_server`]), and [`synthetic_catalog`], the
 //! realistic catalogue generator it serves (one vocabulary per [`SyntheticKind`]).

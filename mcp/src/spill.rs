@@ -137,6 +137,80 @@ impl From<io::Error> for SplitError {
     }
 }
 
+/// Why a spilled answer was not delivered.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// What stays in memory is over [`MAX_IN_MEMORY`], or a long `text` is in a block that
+    /// is not a text block.
+    TooLarge,
+    /// A spilled text's string is not valid JSON.
+    Malformed(String),
+    /// What stays in memory does not parse, even repaired: it, and serde's error.
+    Unreadable { rest: Vec<u8>, error: String },
+    /// Reading the answer or writing a text failed.
+    Io(io::Error),
+}
+
+/// The most of a spilled answer parsed in memory: the stdio transport's line cap.
+pub(crate) const MAX_IN_MEMORY: usize = crate::stdio::MAX_LINE;
+
+/// Reads back the spilled answer in `file` (from its start) to a request whose slot in
+/// `tap` is open: its long texts split into files in `dir` ([`split`]), the rest parsed
+/// (repaired if need be, the lossy note in its `_meta`), its result kept in the tap with
+/// the texts. Returns the message with the tap's stand-in for rmcp, or `None` if the
+/// request gave up meanwhile (the texts are dropped, their files gone). Blocks.
+///
+/// # Errors
+///
+/// [`Refused`] says why the answer cannot be delivered.
+pub(crate) fn read_answer(
+    file: File,
+    tap: &crate::tap::Tap,
+    dir: &Path,
+) -> Result<Option<serde_json::Value>, Refused> {
+    use serde_json::Value;
+    let input = io::BufReader::with_capacity(WRITE_BUFFER, file);
+    let split = match split(input, dir, SPILL_TEXT_AT, MAX_IN_MEMORY) {
+        Ok(split) => split,
+        Err(SplitError::TooLarge) => return Err(Refused::TooLarge),
+        Err(SplitError::Malformed(reason)) => return Err(Refused::Malformed(reason)),
+        Err(SplitError::Io(error)) => return Err(Refused::Io(error)),
+    };
+    let (mut value, lossy) = match serde_json::from_slice::<Value>(&split.rest) {
+        Ok(value) => (value, Lossy::default()),
+        Err(error) => match crate::stdio::repair::repair_counted(&split.rest) {
+            Some(repaired) => repaired,
+            None => {
+                return Err(Refused::Unreadable {
+                    rest: split.rest,
+                    error: error.to_string(),
+                });
+            }
+        },
+    };
+    if let Some(note) = lossy.add(split.lossy).note() {
+        crate::stdio::repair::record(&mut value, &note);
+    }
+    let mut blocks = Vec::new();
+    for (block, text) in split.texts {
+        let content = &value["result"]["content"][block];
+        if content.get("text").and_then(Value::as_str) != Some(text.placeholder().as_str()) {
+            // Replaced by a later `text` key of the same block: not the block's text.
+            continue;
+        }
+        if content.get("type").and_then(Value::as_str) != Some("text") {
+            // A long `text` in a block that is not a text block: not something a spilled
+            // output can hold.
+            return Err(Refused::TooLarge);
+        }
+        blocks.push(psych_types::SpilledBlock {
+            block,
+            text: std::sync::Arc::new(text),
+        });
+    }
+    Ok(tap.keep_spilled(&mut value, blocks).then_some(value))
+}
+
 /// The most bytes of a key remembered (`content` is the longest of the path).
 const MAX_KEY: usize = 8;
 /// The depth of `result.content[i].text`'s object: frames kept above it are not needed.
@@ -274,10 +348,13 @@ impl Lexer<'_> {
             b'"' => {
                 let key = matches!(
                     (self.deep, self.frames.last()),
-                    (0, Some(Frame::Object {
-                        expect_key: true,
-                        ..
-                    }))
+                    (
+                        0,
+                        Some(Frame::Object {
+                            expect_key: true,
+                            ..
+                        })
+                    )
                 );
                 if key && let Some(Frame::Object { key_len, .. }) = self.frames.last_mut() {
                     *key_len = 0;
@@ -370,7 +447,11 @@ impl Lexer<'_> {
         };
         let taken = &bytes[..used];
         self.rest.extend_from_slice(taken);
-        if key && let Some(Frame::Object { key: k, key_len, .. }) = self.frames.last_mut() {
+        if key
+            && let Some(Frame::Object {
+                key: k, key_len, ..
+            }) = self.frames.last_mut()
+        {
             let body = if ended {
                 &taken[..taken.len() - 1]
             } else {
@@ -475,9 +556,9 @@ impl Decoder {
         while i < bytes.len() {
             match self.escape {
                 Escape::Unicode(unit, digits) => {
-                    let digit = char::from(bytes[i])
-                        .to_digit(16)
-                        .ok_or_else(|| malformed("a \\u escape with a character that is not hex"))?;
+                    let digit = char::from(bytes[i]).to_digit(16).ok_or_else(|| {
+                        malformed("a \\u escape with a character that is not hex")
+                    })?;
                     let unit = unit * 16 + digit as u16;
                     i += 1;
                     if digits == 3 {
@@ -550,7 +631,8 @@ impl Decoder {
     fn unit(&mut self, unit: u16) -> Result<(), SplitError> {
         if let Some(lead) = self.lead.take() {
             if TRAIL.contains(&unit) {
-                let code = 0x10000 + ((u32::from(lead) - 0xD800) << 10) + (u32::from(unit) - 0xDC00);
+                let code =
+                    0x10000 + ((u32::from(lead) - 0xD800) << 10) + (u32::from(unit) - 0xDC00);
                 let c = char::from_u32(code).unwrap_or(char::REPLACEMENT_CHARACTER);
                 return self.write(c.encode_utf8(&mut [0; 4]).as_bytes());
             }
@@ -817,7 +899,10 @@ mod tests {
             line.extend_from_slice(bad);
             line.extend_from_slice(br#""}]}}"#);
             let refused = split(line.as_slice(), &std::env::temp_dir(), 64, usize::MAX);
-            assert!(matches!(refused, Err(SplitError::Malformed(_))), "{refused:?}");
+            assert!(
+                matches!(refused, Err(SplitError::Malformed(_))),
+                "{refused:?}"
+            );
             assert!(in_memory(&line).is_none());
         }
     }

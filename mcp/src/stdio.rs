@@ -19,10 +19,18 @@
 //!   an async worker, and the parse survives a dropped `receive` (its handle is kept);
 //! - invalid UTF-8 and lone surrogate escapes in an answer are replaced by U+FFFD, said
 //!   in the result's `_meta` under `psych/lossy` ([`repair`]);
-//! - a line over [`MAX_LINE`] is read past without being kept, and the request whose `id`
-//!   it carries (first or last in the line: [`scan`]) fails with
-//!   [`McpError::AnswerTooLarge`]; any other unreadable line that names a request's `id`
-//!   fails it with [`McpError::MalformedAnswer`] (both through the [`Tap`]);
+//! - a line over [`SPILL_AT`] is written to an unnamed file as it is read ([`lines`]:
+//!   1 MiB chunks on a blocking thread; about 2 MiB of memory past the first 16 MiB); once
+//!   it has ended, an answer to a call awaiting its result has its long texts decoded into
+//!   files of their own on a blocking thread ([`spill::split`]) and the rest parsed in
+//!   memory, the files kept with the raw result in the [`Tap`] and handed to the caller as
+//!   [`psych_types::ToolOutput::spilled`]; any other long line is read back into memory
+//!   up to [`MAX_LINE`];
+//! - an answer whose in-memory part is over [`MAX_LINE`], or a line over
+//!   [`MAX_SPILLED_ANSWER`] (read past without being kept), fails the request whose `id` it
+//!   carries (first or last in the line: [`scan`]) with [`McpError::AnswerTooLarge`]; any
+//!   other unreadable line that names a request's `id` fails it with
+//!   [`McpError::MalformedAnswer`] (both through the [`Tap`]);
 //! - once the server process has exited, what it wrote is read to the end and the output
 //!   then ends, even if a descendant still holds the pipe open, so a waiting request fails
 //!   with [`McpError::Exited`] at once.
@@ -60,13 +68,14 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::McpError;
+use crate::spill::{self, MAX_SPILLED_ANSWER, SPILL_AT};
 use crate::tap::{AnswerFailure, Tap};
-use crate::spill::{self, MAX_SPILLED_ANSWER, SPILL_AT, SPILL_TEXT_AT, SplitError};
 use lines::{Line, LineReader, Overflow, SpillTo, SpilledLine};
 use tree::{Leader, Tag};
 
-/// The longest line read from a server's stdout into memory; a longer one is read past and
-/// fails the request it answers ([`McpError::AnswerTooLarge`]).
+/// The most of a line held in memory: a line over [`SPILL_AT`] is kept in a file, and
+/// what of it is then parsed in memory (all but its long texts) must be within this, else
+/// it fails the request it answers ([`McpError::AnswerTooLarge`]).
 pub(crate) const MAX_LINE: usize = 64 * 1024 * 1024;
 /// How many stderr lines are kept.
 const STDERR_LINES: usize = 20;
@@ -595,9 +604,7 @@ impl Parser {
                 });
             }
         };
-        let answer = id
-            .clone()
-            .filter(|id| !has_method && self.tap.is_open(id));
+        let answer = id.clone().filter(|id| !has_method && self.tap.is_open(id));
         let Some(key) = answer else {
             if bytes > MAX_LINE as u64 {
                 return self.too_long(Overflow {
@@ -620,80 +627,39 @@ impl Parser {
             }
             return self.read(&line);
         };
-        let input = std::io::BufReader::with_capacity(spill::WRITE_BUFFER, file);
-        let split = match spill::split(input, &self.spill_dir, SPILL_TEXT_AT, MAX_LINE) {
-            Ok(split) => split,
-            Err(SplitError::TooLarge) => {
-                return self.too_long(Overflow {
-                    bytes,
-                    id,
-                    has_method,
-                    limit: MAX_LINE as u64,
-                    unwritable: None,
-                });
-            }
-            Err(SplitError::Malformed(reason)) => {
-                let reason = format!("{reason} (in an answer of {bytes} bytes)");
-                self.diagnostics.push_garbage(format!(
-                    "an answer of {bytes} bytes that could not be read"
-                ));
-                return self.fail(key, AnswerFailure::Malformed { reason });
-            }
-            Err(SplitError::Io(error)) => {
-                return self.too_long(Overflow {
-                    bytes,
-                    id,
-                    has_method,
-                    limit: MAX_LINE as u64,
-                    unwritable: Some(unwritable(&error)),
-                });
-            }
+        let too_large = Overflow {
+            bytes,
+            id,
+            has_method,
+            limit: MAX_LINE as u64,
+            unwritable: None,
         };
-        let (mut value, lossy) = match serde_json::from_slice::<Value>(&split.rest) {
-            Ok(value) => (value, spill::Lossy::default()),
-            Err(error) => match repair::repair_counted(&split.rest) {
-                Some(repaired) => repaired,
-                None => return self.unreadable(&split.rest, &error.to_string(), Some(Some(key))),
+        match spill::read_answer(file, &self.tap, &self.spill_dir) {
+            Ok(Some(message)) => match serde_json::from_value(message) {
+                Ok(message) => Some(message),
+                Err(error) => self.fail(
+                    key,
+                    AnswerFailure::Malformed {
+                        reason: format!("not a JSON-RPC message: {error}"),
+                    },
+                ),
             },
-        };
-        if let Some(note) = lossy.add(split.lossy).note() {
-            repair::record(&mut value, &note);
-        }
-        let mut blocks = Vec::new();
-        for (block, text) in split.texts {
-            let content = &value["result"]["content"][block];
-            if content.get("text").and_then(Value::as_str) != Some(text.placeholder().as_str())
-            {
-                // Replaced by a later `text` key of the same block: not the block's text.
-                continue;
+            // The request gave up meanwhile: its texts went with it.
+            Ok(None) => None,
+            Err(spill::Refused::TooLarge) => self.too_long(too_large),
+            Err(spill::Refused::Malformed(reason)) => {
+                let reason = format!("{reason} (in an answer of {bytes} bytes)");
+                self.diagnostics
+                    .push_garbage(format!("an answer of {bytes} bytes that could not be read"));
+                self.fail(key, AnswerFailure::Malformed { reason })
             }
-            if content.get("type").and_then(Value::as_str) != Some("text") {
-                // A long `text` in a block that is not a text block: not something a
-                // spilled output can hold.
-                return self.too_long(Overflow {
-                    bytes,
-                    id,
-                    has_method,
-                    limit: MAX_LINE as u64,
-                    unwritable: None,
-                });
+            Err(spill::Refused::Unreadable { rest, error }) => {
+                self.unreadable(&rest, &error, Some(Some(key)))
             }
-            blocks.push(psych_types::SpilledBlock {
-                block,
-                text: Arc::new(text),
-            });
-        }
-        if !self.tap.keep_spilled(&mut value, blocks) {
-            // The request gave up meanwhile: its texts go with it.
-            return None;
-        }
-        match serde_json::from_value(value) {
-            Ok(message) => Some(message),
-            Err(error) => self.unreadable(
-                &split.rest,
-                &format!("not a JSON-RPC message: {error}"),
-                Some(Some(key)),
-            ),
+            Err(spill::Refused::Io(error)) => self.too_long(Overflow {
+                unwritable: Some(unwritable(&error)),
+                ..too_large
+            }),
         }
     }
 

@@ -312,7 +312,10 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             bytes,
             id: scanner.id(),
             has_method: scanner.has_method(),
-            limit: self.spill_to.as_ref().map_or(self.limit as u64, |to| to.max),
+            limit: self
+                .spill_to
+                .as_ref()
+                .map_or(self.limit as u64, |to| to.max),
             unwritable: self.spill_error.take(),
         })
     }
@@ -440,7 +443,10 @@ mod tests {
                     })
                     .await
                     .unwrap();
-                    assert!(bytes == want, "seed {seed}: line {i} of {len} B spilled wrong");
+                    assert!(
+                        bytes == want,
+                        "seed {seed}: line {i} of {len} B spilled wrong"
+                    );
                 }
                 Line::Whole(bytes) => {
                     assert!(len <= limit, "seed {seed}: line {i} of {len} B kept");

@@ -263,7 +263,11 @@ impl Huge {
     ) -> std::io::Result<()> {
         use tokio::io::AsyncWriteExt as _;
         out.write_all(
-            format!(r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":["#, self.id).as_bytes(),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":["#,
+                self.id
+            )
+            .as_bytes(),
         )
         .await?;
         self.block(out, self.mib, true).await?;
