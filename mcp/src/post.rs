@@ -14,7 +14,10 @@
 //! and the same errors, with two more things said: an event stream that ends inside an
 //! event is an error (`EndedMidEvent`; the SSE parser would drop the cut event silently),
 //! and a JSON body over its limit answers its request with what happened instead of
-//! failing the POST (rmcp would then report the session as closed). How the errors of an
+//! failing the POST (rmcp would then report the session as closed), unless it answers a
+//! request whose result the tap awaits: then it is written to an unnamed file as it
+//! arrives (up to [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER)) and its long texts
+//! are kept in files, as a stdio line over [`SPILL_AT`](crate::SPILL_AT) is. How the errors of an
 //! answer's event stream reach its call is [`remote`](crate::remote)'s answer wrapper.
 
 use std::borrow::Cow;
