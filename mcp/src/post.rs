@@ -386,12 +386,10 @@ async fn spilled(
     .await
     .map_err(|error| unreadable(error.to_string()))?;
     match read {
-        Ok(Some(raw)) => {
+        Ok(raw) => {
             let parsed = serde_json::from_value(raw).map_err(|e| unreadable(e.to_string()))?;
             Ok(StreamableHttpPostResponse::Json(parsed, session_id))
         }
-        // The request gave up meanwhile: nothing waits for an answer.
-        Ok(None) => Err(unreadable("the request was given up".to_owned())),
         Err(crate::spill::Refused::TooLarge) => {
             too_large(message, crate::spill::MAX_IN_MEMORY.max(max), session_id)
         }

@@ -157,8 +157,9 @@ pub(crate) const MAX_IN_MEMORY: usize = crate::stdio::MAX_LINE;
 /// Reads back the spilled answer in `file` (from its start) to a request whose slot in
 /// `tap` is open: its long texts split into files in `dir` ([`split`]), the rest parsed
 /// (repaired if need be, the lossy note in its `_meta`), its result kept in the tap with
-/// the texts. Returns the message with the tap's stand-in for rmcp, or `None` if the
-/// request gave up meanwhile (the texts are dropped, their files gone). Blocks.
+/// the texts. Returns the message for rmcp, with the tap's stand-in for its result; if the
+/// tap did not keep it (the request gave up meanwhile, or the answer is an error), the
+/// texts are dropped, their files gone, and the message is returned as read. Blocks.
 ///
 /// # Errors
 ///
@@ -167,7 +168,7 @@ pub(crate) fn read_answer(
     file: File,
     tap: &crate::tap::Tap,
     dir: &Path,
-) -> Result<Option<serde_json::Value>, Refused> {
+) -> Result<serde_json::Value, Refused> {
     use serde_json::Value;
     let input = io::BufReader::with_capacity(WRITE_BUFFER, file);
     let split = match split(input, dir, SPILL_TEXT_AT, MAX_IN_MEMORY) {
@@ -208,7 +209,10 @@ pub(crate) fn read_answer(
             text: std::sync::Arc::new(text),
         });
     }
-    Ok(tap.keep_spilled(&mut value, blocks).then_some(value))
+    // Not kept (the request gave up meanwhile, or the answer is an error): the texts go
+    // now, and the message goes to rmcp as it is.
+    tap.keep_spilled(&mut value, blocks);
+    Ok(value)
 }
 
 /// The most bytes of a key remembered (`content` is the longest of the path).

@@ -635,7 +635,7 @@ impl Parser {
             unwritable: None,
         };
         match spill::read_answer(file, &self.tap, &self.spill_dir) {
-            Ok(Some(message)) => match serde_json::from_value(message) {
+            Ok(message) => match serde_json::from_value(message) {
                 Ok(message) => Some(message),
                 Err(error) => self.fail(
                     key,
@@ -644,8 +644,6 @@ impl Parser {
                     },
                 ),
             },
-            // The request gave up meanwhile: its texts went with it.
-            Ok(None) => None,
             Err(spill::Refused::TooLarge) => self.too_long(too_large),
             Err(spill::Refused::Malformed(reason)) => {
                 let reason = format!("{reason} (in an answer of {bytes} bytes)");
@@ -994,6 +992,57 @@ mod tests {
         // A short line is still read in the poll.
         writer.write_all(CHANGED).await.unwrap();
         assert!(reader.receive().await.is_some());
+    }
+
+    /// A line over [`SPILL_AT`] that answers a call has its text kept in a file, with the
+    /// result in the tap (rmcp gets the stand-in); an error answer that long reaches rmcp
+    /// as it is (it must end the call, not wait out its deadline).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_answer_is_kept_in_files_and_a_long_error_still_ends_its_call() {
+        let text = data(1, SPILL_AT + 10);
+        let (mut writer, pipe) = tokio::io::duplex(1024 * 1024);
+        let (mut reader, _exit, tap) = reader(pipe);
+        for id in [1, 2] {
+            let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+                CallToolRequestParams::new("echo"),
+            ));
+            tap.want_request(&JsonRpcMessage::request(request, RequestId::Number(id)));
+        }
+        let (result, error) = (
+            tap.claim(RequestId::Number(1)),
+            tap.claim(RequestId::Number(2)),
+        );
+        let lines = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{"content":[{{"type":"text","text":"{text}"}}]}}}}
+{{"jsonrpc":"2.0","id":2,"error":{{"code":-1,"message":"{text}"}}}}
+"#
+        );
+        let writing = tokio::spawn(async move {
+            writer.write_all(lines.as_bytes()).await.unwrap();
+            writer
+        });
+        let Some(JsonRpcMessage::Response(response)) = reader.receive().await else {
+            panic!("no response");
+        };
+        assert_eq!(response.id, RequestId::Number(1));
+        let Some(Ok(kept)) = result.take() else {
+            panic!("nothing kept");
+        };
+        assert_eq!(kept.spilled.len(), 1);
+        let spilled = &kept.spilled[0];
+        assert_eq!(spilled.text.len(), text.len() as u64);
+        assert!(spilled.text.read_to_string().unwrap() == text);
+        assert_eq!(
+            kept.value["content"][0]["text"],
+            spilled.text.placeholder().as_str()
+        );
+        let Some(JsonRpcMessage::Error(answer)) = reader.receive().await else {
+            panic!("no error");
+        };
+        assert_eq!(answer.id, Some(RequestId::Number(2)));
+        assert_eq!(answer.error.message.len(), text.len());
+        drop(error);
+        drop(writing.await.unwrap());
     }
 
     #[tokio::test]
