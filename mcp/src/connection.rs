@@ -26,7 +26,7 @@ use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, read_page};
 use crate::remote;
 use crate::stdio::{self, Child};
-use crate::tap::{AnswerFailure, Tap};
+use crate::tap::{AnswerFailure, Kept, Tap};
 use crate::{McpError, Timeouts, Transport};
 
 /// The protocol version psych-mcp asks for. rmcp 3.11 asks for 2026-07-28 by default and
@@ -207,7 +207,8 @@ impl Session {
                 // An answer came that the transport could not deliver (over its memory
                 // cap, or unreadable): rmcp's error for it is a stand-in.
                 Some(Err(failure)) => return Err(failure.into_error(&self.server, &call)),
-                Some(Ok(raw)) => Some(raw),
+                // (A listing has no text blocks to keep in files.)
+                Some(Ok(raw)) => Some(raw.value),
                 None => None,
             };
             let result = match result {
@@ -250,14 +251,15 @@ impl Session {
 
     /// Calls a tool with a deadline; when it passes, or when the returned future is dropped
     /// first, `notifications/cancelled` goes to the server. With `progress`, the call
-    /// carries a progress token and the server's progress for it goes to that sink.
+    /// carries a progress token and the server's progress for it goes to that sink. The
+    /// result's text blocks too large to hold in memory come in files, with it.
     pub(crate) async fn call(
         &self,
         tool: &str,
         arguments: psych_types::JsonObject,
         deadline: Duration,
         progress: Option<ProgressSink>,
-    ) -> Result<Value, McpError> {
+    ) -> Result<Kept, McpError> {
         let call = format!("tools/call {tool}");
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
@@ -302,21 +304,27 @@ impl Session {
         }
         // Not seen by the tap (see `list`): rmcp's typed result, or raw if rmcp could not
         // type it.
-        match result {
+        let value = match result {
             ServerResult::CallToolResult(result) => {
                 serde_json::to_value(result).map_err(|e| McpError::Protocol {
                     server: self.server.clone(),
                     call,
                     message: format!("the tools/call result does not serialize: {e}"),
-                })
+                })?
             }
-            ServerResult::CustomResult(custom) => Ok(custom.0),
-            other => Err(McpError::Protocol {
-                server: self.server.clone(),
-                call,
-                message: format!("the answer is not a tools/call result: {other:?}"),
-            }),
-        }
+            ServerResult::CustomResult(custom) => custom.0,
+            other => {
+                return Err(McpError::Protocol {
+                    server: self.server.clone(),
+                    call,
+                    message: format!("the answer is not a tools/call result: {other:?}"),
+                });
+            }
+        };
+        Ok(Kept {
+            value,
+            spilled: Vec::new(),
+        })
     }
 
     fn diagnostics(&self) -> String {
@@ -663,7 +671,7 @@ mod tests {
             .call("echo", arguments, Duration::from_secs(5), None)
             .await
             .unwrap();
-        assert_eq!(echo["content"][0]["text"], "still here");
+        assert_eq!(echo.value["content"][0]["text"], "still here");
         assert_eq!(session.tap.len(), 0);
         session.close().await;
         serving.abort();

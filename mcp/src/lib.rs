@@ -19,6 +19,12 @@
 //! every single JSON body before rmcp parses it.
 //! [`McpManager::call_tool_raw`] returns rmcp's typed `CallToolResult` instead.
 //!
+//! A stdio answer too large to hold in memory (a line over [`SPILL_AT`]) is kept in files
+//! rather than refused: its long texts reach the caller as
+//! [`psych_types::ToolOutput::spilled`] blocks, each an unnamed file, while psych-mcp's
+//! memory stays at a few MiB; caps remain for what stays in memory and for the whole
+//! ([`MAX_SPILLED_ANSWER`]).
+//!
 //! The crate also ships `psych-test-server`, an MCP server built on rmcp whose behaviour is
 //! set by flags and control tools ([`test_server`]), and [`synthetic_catalog`], the
 //! realistic catalogue generator it serves (one vocabulary per [`SyntheticKind`]).
@@ -60,6 +66,7 @@ mod png;
 mod post;
 mod progress;
 mod remote;
+mod spill;
 mod stdio;
 mod synthetic;
 mod tap;
@@ -72,6 +79,7 @@ pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};
 pub use listing::{Listing, MalformedTool};
 pub use manager::{BuildError, ConnectError, McpManager, McpManagerBuilder};
 pub use remote::{MAX_JSON_BODY_BYTES, MAX_SSE_EVENT_BYTES};
+pub use spill::{MAX_SPILLED_ANSWER, MAX_SPILLED_TEXTS, SPILL_AT, SPILL_TEXT_AT};
 pub use synthetic::{SyntheticKind, synthetic_catalog, synthetic_tools};
 pub use timeouts::{Backoff, Timeouts};
 

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use psych_types::{
-    JsonObject, ProgressSink, Reachability, ServerId, ToolDefinition, ToolHost, ToolLister,
-    ToolOutput, ToolRef,
+    JsonObject, ProgressSink, Reachability, ServerId, SpilledBlock, ToolDefinition, ToolHost,
+    ToolLister, ToolOutput, ToolRef,
 };
 use rmcp::model::CallToolResult;
 use serde::de::DeserializeOwned;
@@ -416,19 +416,20 @@ impl McpManager {
         tool: &ToolRef,
         arguments: JsonObject,
     ) -> Result<CallToolResult, McpError> {
-        self.call_as(tool, arguments, None).await
+        // A text kept in a file is its placeholder here: rmcp's type cannot name files.
+        Ok(self.call_as(tool, arguments, None).await?.0)
     }
 
     /// A `tools/call` whose `result` JSON (exactly as the server wrote it) is read as `T`;
-    /// an answer that does not read is a protocol error.
+    /// an answer that does not read is a protocol error. Texts kept in files come with it.
     async fn call_as<T: DeserializeOwned>(
         &self,
         tool: &ToolRef,
         arguments: JsonObject,
         progress: Option<ProgressSink>,
-    ) -> Result<T, McpError> {
+    ) -> Result<(T, Vec<SpilledBlock>), McpError> {
         let session = self.session(&tool.server)?;
-        let raw = session
+        let kept = session
             .call(
                 tool.tool.as_str(),
                 arguments,
@@ -436,11 +437,25 @@ impl McpManager {
                 progress,
             )
             .await?;
-        serde_json::from_value(raw).map_err(|e| McpError::Protocol {
+        let read = serde_json::from_value(kept.value).map_err(|e| McpError::Protocol {
             server: tool.server.clone(),
             call: format!("tools/call {}", tool.tool),
             message: format!("the answer is not a tools/call result: {e}"),
-        })
+        })?;
+        Ok((read, kept.spilled))
+    }
+
+    /// [`McpManager::call_as`] into a [`ToolOutput`], its spilled texts named in it.
+    async fn call_output(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+        progress: Option<ProgressSink>,
+    ) -> Result<ToolOutput, McpError> {
+        let (mut output, spilled): (ToolOutput, _) =
+            self.call_as(tool, arguments, progress).await?;
+        output.spilled = spilled;
+        Ok(output)
     }
 
     /// Stops every supervisor, closes every session and stops every stdio server's process
@@ -617,7 +632,7 @@ impl ToolHost for McpManager {
         tool: &ToolRef,
         arguments: JsonObject,
     ) -> Result<ToolOutput, McpError> {
-        self.call_as(tool, arguments, None).await
+        self.call_output(tool, arguments, None).await
     }
 
     async fn call_tool_with_progress(
@@ -626,6 +641,6 @@ impl ToolHost for McpManager {
         arguments: JsonObject,
         progress: ProgressSink,
     ) -> Result<ToolOutput, McpError> {
-        self.call_as(tool, arguments, Some(progress)).await
+        self.call_output(tool, arguments, Some(progress)).await
     }
 }

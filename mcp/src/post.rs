@@ -14,7 +14,10 @@
 //! and the same errors, with two more things said: an event stream that ends inside an
 //! event is an error (`EndedMidEvent`; the SSE parser would drop the cut event silently),
 //! and a JSON body over its limit answers its request with what happened instead of
-//! failing the POST (rmcp would then report the session as closed). How the errors of an
+//! failing the POST (rmcp would then report the session as closed), unless it answers a
+//! request whose result the tap awaits: then it is written to an unnamed file as it
+//! arrives (up to [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER)) and its long texts
+//! are kept in files, as a stdio line over [`SPILL_AT`](crate::SPILL_AT) is. How the errors of an
 //! answer's event stream reach its call is [`remote`](crate::remote)'s answer wrapper.
 
 use std::borrow::Cow;
@@ -52,7 +55,7 @@ const BODY_PREVIEW: usize = 256;
 )]
 pub(crate) async fn post_request(
     client: &reqwest::Client,
-    tap: &Tap,
+    tap: &Arc<Tap>,
     uri: &str,
     message: &ClientJsonRpcMessage,
     session_id: Option<Arc<str>>,
@@ -116,8 +119,19 @@ pub(crate) async fn post_request(
             ))
         }
         Some(_) if is_json => {
-            let body = match read_bounded(response, limits.max_json_response_size).await {
-                Ok(body) => body,
+            let spill = match message {
+                JsonRpcMessage::Request(request) => {
+                    let key = serde_json::to_string(&request.id).unwrap_or_default();
+                    tap.is_open(&key)
+                }
+                _ => false,
+            };
+            let max = limits.max_json_response_size;
+            let body = match read_bounded_or_spill(response, max, spill).await {
+                Ok(Body::Memory(body)) => body,
+                Ok(Body::Spilled(file)) => {
+                    return spilled(tap, message, file, max, session_id).await;
+                }
                 // Answered with what happened, so the call fails at once and says why.
                 Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
                     return too_large(message, max_size, session_id);
@@ -276,6 +290,117 @@ fn media_type_is(value: &[u8], expected: &str) -> bool {
 }
 
 /// The whole body, or `ResponseBodyTooLarge` as soon as it is known to be over `max`.
+/// A JSON body read whole: in memory, or in a file when it was over the memory limit.
+enum Body {
+    Memory(Vec<u8>),
+    Spilled(std::fs::File),
+}
+
+/// The body within `max` bytes in memory; past `max`, with `spill`, written to an unnamed
+/// file (in chunks of [`WRITE_BUFFER`](crate::spill::WRITE_BUFFER), each on a blocking
+/// thread) up to [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER). Dropped midway, the
+/// file goes with it (the POST's answer is lost with its future either way).
+async fn read_bounded_or_spill(
+    mut response: reqwest::Response,
+    max: usize,
+    spill: bool,
+) -> Result<Body, Error> {
+    use crate::spill::{WRITE_BUFFER, unnamed_file};
+    if !spill {
+        return read_bounded(response, max).await.map(Body::Memory);
+    }
+    let cap = crate::MAX_SPILLED_ANSWER;
+    if response.content_length().is_some_and(|length| length > cap) {
+        return Err(StreamableHttpError::ResponseBodyTooLarge {
+            max_size: usize::try_from(cap).unwrap_or(usize::MAX),
+        });
+    }
+    let mut body = Vec::new();
+    let mut file: Option<std::fs::File> = None;
+    let mut total = 0u64;
+    let write = |file: Option<std::fs::File>, chunk: Vec<u8>| {
+        tokio::task::spawn_blocking(move || {
+            use std::io::Write as _;
+            let mut file = match file {
+                Some(file) => file,
+                None => unnamed_file(&std::env::temp_dir())?,
+            };
+            file.write_all(&chunk)?;
+            Ok::<_, std::io::Error>(file)
+        })
+    };
+    let failed = |error: std::io::Error| {
+        StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
+            "the JSON body, over {} MiB, could not be written to a file in {}: {error}",
+            max >> 20,
+            std::env::temp_dir().display()
+        )))
+    };
+    while let Some(chunk) = response.chunk().await? {
+        total += chunk.len() as u64;
+        if total > cap {
+            return Err(StreamableHttpError::ResponseBodyTooLarge {
+                max_size: usize::try_from(cap).unwrap_or(usize::MAX),
+            });
+        }
+        body.extend_from_slice(&chunk);
+        if (file.is_some() || body.len() > max) && body.len() >= WRITE_BUFFER {
+            let chunk = std::mem::replace(&mut body, Vec::with_capacity(WRITE_BUFFER + 64 * 1024));
+            let written = write(file.take(), chunk)
+                .await
+                .map_err(std::io::Error::other);
+            file = Some(written.and_then(|written| written).map_err(failed)?);
+        }
+    }
+    let Some(file) = file else {
+        return Ok(Body::Memory(body));
+    };
+    let written = write(Some(file), body).await.map_err(std::io::Error::other);
+    Ok(Body::Spilled(
+        written.and_then(|written| written).map_err(failed)?,
+    ))
+}
+
+/// The answer to `message` whose JSON body is in `file`: read back on a blocking thread
+/// ([`crate::spill::read_answer`]), its long texts kept in files with its result in the
+/// tap; answered as too large (`max`, the memory limit) if what stays in memory is over
+/// the cap.
+async fn spilled(
+    tap: &Arc<Tap>,
+    message: &ClientJsonRpcMessage,
+    mut file: std::fs::File,
+    max: usize,
+    session_id: Option<String>,
+) -> Result<StreamableHttpPostResponse, Error> {
+    let unreadable = |reason: String| {
+        StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
+            "could not parse JSON response as ServerJsonRpcMessage: {reason}"
+        )))
+    };
+    let tap = Arc::clone(tap);
+    let read = tokio::task::spawn_blocking(move || {
+        use std::io::Seek as _;
+        file.rewind().map_err(crate::spill::Refused::Io)?;
+        crate::spill::read_answer(file, &tap, &std::env::temp_dir())
+    })
+    .await
+    .map_err(|error| unreadable(error.to_string()))?;
+    match read {
+        Ok(raw) => {
+            let parsed = serde_json::from_value(raw).map_err(|e| unreadable(e.to_string()))?;
+            Ok(StreamableHttpPostResponse::Json(parsed, session_id))
+        }
+        Err(crate::spill::Refused::TooLarge) => {
+            too_large(message, crate::spill::MAX_IN_MEMORY.max(max), session_id)
+        }
+        Err(crate::spill::Refused::Malformed(reason)) => Err(unreadable(reason)),
+        Err(crate::spill::Refused::Unreadable { rest, error }) => {
+            Err(unreadable(format!("{error}: {}", preview(&rest))))
+        }
+        Err(crate::spill::Refused::Io(error)) => Err(unreadable(error.to_string())),
+    }
+}
+
 async fn read_bounded(mut response: reqwest::Response, max: usize) -> Result<Vec<u8>, Error> {
     if response
         .content_length()

@@ -21,7 +21,8 @@
 //! an event, it broke, an event was over [`MAX_SSE_EVENT_BYTES`]), marked as psych-mcp's
 //! own (never the server's words). rmcp stops reading a POST's stream at its answer, so
 //! the extra event reaches the call only when the answer did not. A JSON body over
-//! [`MAX_JSON_BODY_BYTES`] is answered the same way. A stream whose events carry ids is
+//! [`MAX_JSON_BODY_BYTES`] is answered the same way, unless it answers a call awaiting
+//! its result: that one is kept in files (see [`post`](crate::post)). A stream whose events carry ids is
 //! left to rmcp when it ends or breaks, since the server can resume it. The connection
 //! reads such an error back with [`fault_of`] as a failed request on a connection that
 //! stays up: one stream cut (by a proxy's idle timeout, say) does not end the session and every call in flight
@@ -30,9 +31,11 @@
 //! # Memory
 //!
 //! One event is held whole while it is read, at most [`MAX_SSE_EVENT_BYTES`] (the bytes of
-//! its lines as rmcp counts them); a JSON body at most [`MAX_JSON_BODY_BYTES`]; an error
-//! body is quoted from its first 64 KiB. Each is counted as it arrives, so a larger one is
-//! refused at the first byte over, never buffered.
+//! its lines as rmcp counts them); a JSON body at most [`MAX_JSON_BODY_BYTES`] (past it, a
+//! call's answer goes to a file in 1 MiB chunks, at most 4 GiB, and what of it stays in
+//! memory is at most 64 MiB); an error body is quoted from its first 64 KiB. Each is
+//! counted as it arrives, so a larger one is refused at the first byte over, never
+//! buffered.
 //!
 //! # Cancel safety
 //!
@@ -70,9 +73,12 @@ pub(crate) const MAX_REDIRECTS: usize = 5;
 /// buffered, and its call fails at once saying so; the connection stays up.
 pub const MAX_SSE_EVENT_BYTES: usize = 16 * 1024 * 1024;
 
-/// The most bytes of one `application/json` answer from a streamable HTTP server (rmcp's
-/// default, named here): a larger body is refused at its first byte over, or before reading
-/// when its `Content-Length` says so, and its call fails at once saying so.
+/// The most bytes of one `application/json` answer from a streamable HTTP server held in
+/// memory (rmcp's default, named here): a larger body answering a `tools/call` is written
+/// to a file as it arrives and its long texts kept in files (up to
+/// [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER)); any other is refused at its first
+/// byte over, or before reading when its `Content-Length` says so, and its call fails at
+/// once saying so.
 pub const MAX_JSON_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// The key of the `data` of a JSON-RPC error that psych-mcp wrote itself (see the module

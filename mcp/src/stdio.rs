@@ -19,10 +19,18 @@
 //!   an async worker, and the parse survives a dropped `receive` (its handle is kept);
 //! - invalid UTF-8 and lone surrogate escapes in an answer are replaced by U+FFFD, said
 //!   in the result's `_meta` under `psych/lossy` ([`repair`]);
-//! - a line over [`MAX_LINE`] is read past without being kept, and the request whose `id`
-//!   it carries (first or last in the line: [`scan`]) fails with
-//!   [`McpError::AnswerTooLarge`]; any other unreadable line that names a request's `id`
-//!   fails it with [`McpError::MalformedAnswer`] (both through the [`Tap`]);
+//! - a line over [`SPILL_AT`] is written to an unnamed file as it is read ([`lines`]:
+//!   1 MiB chunks on a blocking thread; about 2 MiB of memory past the first 16 MiB); once
+//!   it has ended, an answer to a call awaiting its result has its long texts decoded into
+//!   files of their own on a blocking thread ([`spill::split`]) and the rest parsed in
+//!   memory, the files kept with the raw result in the [`Tap`] and handed to the caller as
+//!   [`psych_types::ToolOutput::spilled`]; any other long line is read back into memory
+//!   up to [`MAX_LINE`];
+//! - an answer whose in-memory part is over [`MAX_LINE`], or a line over
+//!   [`MAX_SPILLED_ANSWER`] (read past without being kept), fails the request whose `id` it
+//!   carries (first or last in the line: [`scan`]) with [`McpError::AnswerTooLarge`]; any
+//!   other unreadable line that names a request's `id` fails it with
+//!   [`McpError::MalformedAnswer`] (both through the [`Tap`]);
 //! - once the server process has exited, what it wrote is read to the end and the output
 //!   then ends, even if a descendant still holds the pipe open, so a waiting request fails
 //!   with [`McpError::Exited`] at once.
@@ -32,7 +40,7 @@
 //! is replaced in the tail by the line after it, as a terminal shows it.
 
 mod lines;
-mod repair;
+pub(crate) mod repair;
 mod scan;
 mod stderr;
 #[cfg(test)]
@@ -60,12 +68,14 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::McpError;
+use crate::spill::{self, MAX_SPILLED_ANSWER, SPILL_AT};
 use crate::tap::{AnswerFailure, Tap};
-use lines::{Line, LineReader, Overflow};
+use lines::{Line, LineReader, Overflow, SpillTo, SpilledLine};
 use tree::{Leader, Tag};
 
-/// The longest line read from a server's stdout into memory; a longer one is read past and
-/// fails the request it answers ([`McpError::AnswerTooLarge`]).
+/// The most of a line held in memory: a line over [`SPILL_AT`] is kept in a file, and
+/// what of it is then parsed in memory (all but its long texts) must be within this, else
+/// it fails the request it answers ([`McpError::AnswerTooLarge`]).
 pub(crate) const MAX_LINE: usize = 64 * 1024 * 1024;
 /// How many stderr lines are kept.
 const STDERR_LINES: usize = 20;
@@ -437,6 +447,8 @@ struct ChildReader<R> {
 struct Parser {
     tap: Arc<Tap>,
     diagnostics: Arc<Diagnostics>,
+    /// Where the texts of a spilled answer go.
+    spill_dir: PathBuf,
 }
 
 impl<R: AsyncRead + Unpin> ChildReader<R> {
@@ -446,11 +458,19 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
         tap: Arc<Tap>,
         diagnostics: Arc<Diagnostics>,
     ) -> Self {
+        let spill_dir = std::env::temp_dir();
         Self {
-            lines: LineReader::new(reader, MAX_LINE),
+            lines: LineReader::new(reader, SPILL_AT).spilling(SpillTo {
+                dir: spill_dir.clone(),
+                max: MAX_SPILLED_ANSWER,
+            }),
             exit,
             exited: false,
-            parser: Parser { tap, diagnostics },
+            parser: Parser {
+                tap,
+                diagnostics,
+                spill_dir,
+            },
             parsing: None,
             #[cfg(test)]
             parse_gate: Arc::default(),
@@ -497,6 +517,10 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
                     }
                     Line::Whole(line) => self.parser.read(&line),
                     Line::TooLong(overflow) => self.parser.too_long(overflow),
+                    Line::Spilled(line) => {
+                        self.parse_spilled(line);
+                        continue;
+                    }
                 }
             };
             if let Some(message) = message {
@@ -525,7 +549,118 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
     }
 }
 
+impl<R> ChildReader<R> {
+    /// Starts reading a spilled line back (its last chunk written, then its texts split
+    /// off on a blocking thread); [`ChildReader::receive`] awaits it as it awaits a parse.
+    fn parse_spilled(&mut self, line: SpilledLine) {
+        let parser = self.parser.clone();
+        #[cfg(test)]
+        let gate = Arc::clone(&self.parse_gate);
+        self.parsing = Some(tokio::spawn(async move {
+            let (bytes, id, has_method) = (line.bytes(), line.id(), line.has_method());
+            let file = line.finish().await;
+            let read = tokio::task::spawn_blocking(move || {
+                #[cfg(test)]
+                drop(gate.blocking_lock());
+                parser.read_spilled(file, bytes, id, has_method)
+            });
+            read.await.ok().flatten()
+        }));
+    }
+}
+
 impl Parser {
+    /// A line read into a file (over [`SPILL_AT`]). An answer to a request awaiting its
+    /// result has its long texts split off into files ([`spill::split`]) and the rest
+    /// parsed as [`Parser::read`] parses a line, the texts kept with the result in the
+    /// tap; any other line is read into memory if it is within [`MAX_LINE`] and parsed as
+    /// usual, or read past as too long. Blocks (file reads and writes).
+    fn read_spilled(
+        &self,
+        file: std::io::Result<std::fs::File>,
+        bytes: u64,
+        id: Option<String>,
+        has_method: bool,
+    ) -> Option<RxJsonRpcMessage<RoleClient>> {
+        use std::io::{Read as _, Seek as _};
+        let unwritable = |error: &std::io::Error| {
+            format!(
+                "it could not be kept in a file in {}: {error}",
+                self.spill_dir.display()
+            )
+        };
+        let mut file = match file.and_then(|mut file| {
+            file.rewind()?;
+            Ok(file)
+        }) {
+            Ok(file) => file,
+            Err(error) => {
+                return self.too_long(Overflow {
+                    bytes,
+                    id,
+                    has_method,
+                    limit: MAX_LINE as u64,
+                    unwritable: Some(unwritable(&error)),
+                });
+            }
+        };
+        let answer = id.clone().filter(|id| !has_method && self.tap.is_open(id));
+        let Some(key) = answer else {
+            if bytes > MAX_LINE as u64 {
+                return self.too_long(Overflow {
+                    bytes,
+                    id,
+                    has_method,
+                    limit: MAX_LINE as u64,
+                    unwritable: None,
+                });
+            }
+            let mut line = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
+            if let Err(error) = file.read_to_end(&mut line) {
+                return self.too_long(Overflow {
+                    bytes,
+                    id,
+                    has_method,
+                    limit: MAX_LINE as u64,
+                    unwritable: Some(unwritable(&error)),
+                });
+            }
+            return self.read(&line);
+        };
+        let too_large = Overflow {
+            bytes,
+            id,
+            has_method,
+            limit: MAX_LINE as u64,
+            unwritable: None,
+        };
+        match spill::read_answer(file, &self.tap, &self.spill_dir) {
+            Ok(message) => match serde_json::from_value(message) {
+                Ok(message) => Some(message),
+                Err(error) => self.fail(
+                    key,
+                    AnswerFailure::Malformed {
+                        reason: format!("not a JSON-RPC message: {error}"),
+                    },
+                ),
+            },
+            Err(spill::Refused::TooLarge) => self.too_long(too_large),
+            Err(spill::Refused::Malformed(reason)) => {
+                let reason = format!("{reason} (in an answer of {bytes} bytes)");
+                self.diagnostics
+                    .push_garbage(format!("an answer of {bytes} bytes that could not be read"));
+                self.fail(key, AnswerFailure::Malformed { reason })
+            }
+            Err(spill::Refused::Unreadable { rest, error }) => {
+                self.unreadable(&rest, &error, Some(Some(key)))
+            }
+            Err(spill::Refused::Io(error)) => self.too_long(Overflow {
+                unwritable: Some(unwritable(&error)),
+                ..too_large
+            }),
+        }
+    }
+
     /// One line as a message: typed straight from the bytes when no raw result is awaited;
     /// else (or when that fails) through a JSON value the tap may keep the result of, read
     /// a second time with invalid UTF-8 and lone surrogates replaced if need be. `None`
@@ -583,22 +718,36 @@ impl Parser {
         self.fail(id?, AnswerFailure::Malformed { reason })
     }
 
-    /// A line over [`MAX_LINE`]: noted as stdout garbage, and the request it answers fails
-    /// with [`McpError::AnswerTooLarge`].
+    /// A line over a limit (what stays in memory over [`MAX_LINE`], the whole over
+    /// [`MAX_SPILLED_ANSWER`]), or one that could not be kept in a file: noted as stdout
+    /// garbage, and the request it answers fails with [`McpError::AnswerTooLarge`] (or
+    /// [`McpError::MalformedAnswer`] saying why it could not be kept).
     fn too_long(&self, overflow: Overflow) -> Option<RxJsonRpcMessage<RoleClient>> {
-        self.diagnostics.push_garbage(format!(
-            "a line of {} bytes, over the {} MiB limit, dropped",
-            overflow.bytes,
-            MAX_LINE / (1024 * 1024)
-        ));
-        let id = overflow.id.filter(|_| !overflow.has_method)?;
-        self.fail(
+        let Overflow {
+            bytes,
             id,
-            AnswerFailure::TooLarge {
-                bytes: overflow.bytes,
-                limit: MAX_LINE as u64,
-            },
-        )
+            has_method,
+            limit,
+            unwritable,
+        } = overflow;
+        let failure = match unwritable {
+            Some(why) => {
+                self.diagnostics
+                    .push_garbage(format!("a line of {bytes} bytes dropped: {why}"));
+                AnswerFailure::Malformed {
+                    reason: format!("the answer is {bytes} bytes and {why}"),
+                }
+            }
+            None => {
+                self.diagnostics.push_garbage(format!(
+                    "a line of {bytes} bytes, over the {} MiB limit, dropped",
+                    limit / (1024 * 1024)
+                ));
+                AnswerFailure::TooLarge { bytes, limit }
+            }
+        };
+        let id = id.filter(|_| !has_method)?;
+        self.fail(id, failure)
     }
 
     /// Fails request `id` (JSON text) in the tap and gives rmcp an error answer for it, so
@@ -843,6 +992,57 @@ mod tests {
         // A short line is still read in the poll.
         writer.write_all(CHANGED).await.unwrap();
         assert!(reader.receive().await.is_some());
+    }
+
+    /// A line over [`SPILL_AT`] that answers a call has its text kept in a file, with the
+    /// result in the tap (rmcp gets the stand-in); an error answer that long reaches rmcp
+    /// as it is (it must end the call, not wait out its deadline).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_answer_is_kept_in_files_and_a_long_error_still_ends_its_call() {
+        let text = data(1, SPILL_AT + 10);
+        let (mut writer, pipe) = tokio::io::duplex(1024 * 1024);
+        let (mut reader, _exit, tap) = reader(pipe);
+        for id in [1, 2] {
+            let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+                CallToolRequestParams::new("echo"),
+            ));
+            tap.want_request(&JsonRpcMessage::request(request, RequestId::Number(id)));
+        }
+        let (result, error) = (
+            tap.claim(RequestId::Number(1)),
+            tap.claim(RequestId::Number(2)),
+        );
+        let lines = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{"content":[{{"type":"text","text":"{text}"}}]}}}}
+{{"jsonrpc":"2.0","id":2,"error":{{"code":-1,"message":"{text}"}}}}
+"#
+        );
+        let writing = tokio::spawn(async move {
+            writer.write_all(lines.as_bytes()).await.unwrap();
+            writer
+        });
+        let Some(JsonRpcMessage::Response(response)) = reader.receive().await else {
+            panic!("no response");
+        };
+        assert_eq!(response.id, RequestId::Number(1));
+        let Some(Ok(kept)) = result.take() else {
+            panic!("nothing kept");
+        };
+        assert_eq!(kept.spilled.len(), 1);
+        let spilled = &kept.spilled[0];
+        assert_eq!(spilled.text.len(), text.len() as u64);
+        assert!(spilled.text.read_to_string().unwrap() == text);
+        assert_eq!(
+            kept.value["content"][0]["text"],
+            spilled.text.placeholder().as_str()
+        );
+        let Some(JsonRpcMessage::Error(answer)) = reader.receive().await else {
+            panic!("no error");
+        };
+        assert_eq!(answer.id, Some(RequestId::Number(2)));
+        assert_eq!(answer.error.message.len(), text.len());
+        drop(error);
+        drop(writing.await.unwrap());
     }
 
     #[tokio::test]

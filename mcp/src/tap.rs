@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use psych_types::ServerId;
+use psych_types::{ServerId, SpilledBlock};
 use rmcp::model::{
     ClientJsonRpcMessage, ClientRequest, ErrorData, JsonRpcMessage, ProgressNotificationParam,
     RequestId,
@@ -157,8 +157,8 @@ impl AnswerFailure {
 enum Answer {
     /// Sent, no answer yet.
     Pending,
-    /// The raw result.
-    Result(Value),
+    /// The raw result, with its texts kept in files if it was too large to hold.
+    Result(Value, Vec<SpilledBlock>),
     /// An answer arrived that could not be delivered.
     Failed(AnswerFailure),
 }
@@ -230,6 +230,11 @@ impl Tap {
         &self.progress
     }
 
+    /// Whether request `key` (JSON text) awaits its result.
+    pub(crate) fn is_open(&self, key: &str) -> bool {
+        matches!(self.slots().wanted.get(key), Some(Answer::Pending))
+    }
+
     /// Whether any slot is open (when none is, incoming messages need not be looked at).
     pub(crate) fn is_waiting(&self) -> bool {
         !self.slots().wanted.is_empty()
@@ -240,6 +245,15 @@ impl Tap {
     /// its place, so that rmcp does not deserialize (and possibly refuse) a large answer a
     /// second time. Says whether it was kept.
     pub(crate) fn keep(&self, message: &mut Value) -> bool {
+        self.keep_spilled(message, Vec::new())
+    }
+
+    /// [`Tap::keep`] for a result whose text blocks `spilled` are in files (their `text`
+    /// in `message` is the placeholder): the files are kept with the result until its
+    /// sender takes it, and go when the slot does (taken, given up, or the connection
+    /// dropped). The slots are the requests in flight, so what is kept is bounded by them.
+    /// Says whether it was kept (if not, the files go now).
+    pub(crate) fn keep_spilled(&self, message: &mut Value, spilled: Vec<SpilledBlock>) -> bool {
         let Some(key) = message.get("id").map(Value::to_string) else {
             return false;
         };
@@ -256,7 +270,7 @@ impl Tap {
             } else {
                 serde_json::json!({"content": []})
             };
-            *slot = Answer::Result(std::mem::replace(result, stand_in));
+            *slot = Answer::Result(std::mem::replace(result, stand_in), spilled);
         }
         true
     }
@@ -283,10 +297,10 @@ impl Tap {
         }
     }
 
-    fn take(&self, id: &RequestId) -> Option<Result<Value, AnswerFailure>> {
+    fn take(&self, id: &RequestId) -> Option<Result<Kept, AnswerFailure>> {
         match self.slots().wanted.remove(&id_key(id))? {
             Answer::Pending => None,
-            Answer::Result(value) => Some(Ok(value)),
+            Answer::Result(value, spilled) => Some(Ok(Kept { value, spilled })),
             Answer::Failed(failure) => Some(Err(failure)),
         }
     }
@@ -307,6 +321,15 @@ impl Tap {
     }
 }
 
+/// A raw result taken from the tap.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Kept {
+    /// The `result` as the server wrote it (a spilled text's `text` is its placeholder).
+    pub(crate) value: Value,
+    /// The text blocks kept in files, in block order.
+    pub(crate) spilled: Vec<SpilledBlock>,
+}
+
 /// A request sender's hold on its slot in a [`Tap`]: [`Claim::take`] returns the raw
 /// result and closes the slot; dropping the claim without taking (the sender gave up)
 /// closes it too.
@@ -318,7 +341,7 @@ pub(crate) struct Claim {
 impl Claim {
     /// The raw result, or why the answer that arrived could not be delivered; `None` if
     /// nothing arrived. The slot is closed either way.
-    pub(crate) fn take(mut self) -> Option<Result<Value, AnswerFailure>> {
+    pub(crate) fn take(mut self) -> Option<Result<Kept, AnswerFailure>> {
         self.tap.take().and_then(|tap| tap.take(&self.id))
     }
 }
@@ -355,7 +378,13 @@ mod tests {
         let mut message = json!({"jsonrpc": "2.0", "id": 7, "result": result.clone()});
         assert!(tap.keep(&mut message));
         assert_eq!(message["result"], json!({"content": []}));
-        assert_eq!(claim.take(), Some(Ok(result)));
+        assert_eq!(
+            claim.take(),
+            Some(Ok(Kept {
+                value: result,
+                spilled: Vec::new()
+            }))
+        );
         assert_eq!(tap.len(), 0);
     }
 

@@ -56,7 +56,7 @@ use tokio::sync::mpsc;
 mod raw_http;
 mod stdio_faults;
 
-pub use stdio_faults::{FORGED_ERROR_MESSAGE, bad_utf8_text};
+pub use stdio_faults::{FORGED_ERROR_MESSAGE, bad_utf8_text, huge_end, huge_line, huge_lines};
 
 /// What the test server does, beyond answering its control tools.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -274,7 +274,7 @@ struct State {
     peers: Mutex<Vec<Peer<RoleServer>>>,
     cancellations: AtomicU64,
     /// The stdout writer (stdio only), for the garbage tool.
-    stdout: Mutex<Option<mpsc::UnboundedSender<Vec<u8>>>>,
+    stdout: Mutex<Option<mpsc::UnboundedSender<stdio_faults::Out>>>,
 }
 
 impl State {
@@ -639,8 +639,9 @@ impl TestServer {
                 match writer {
                     Some(writer) => {
                         for i in 0..lines {
-                            let _ =
-                                writer.send(format!("garbage line {i}: not json\n").into_bytes());
+                            let _ = writer.send(stdio_faults::Out::Bytes(
+                                format!("garbage line {i}: not json\n").into_bytes(),
+                            ));
                         }
                         CallToolResult::success(vec![ContentBlock::text(format!(
                             "wrote {lines} garbage lines"
@@ -773,7 +774,7 @@ impl Service<RoleServer> for RawListing {
 /// the early notification interleave with messages only between whole lines.
 struct Stdio {
     lines: tokio::io::Lines<BufReader<tokio::io::Stdin>>,
-    out: mpsc::UnboundedSender<Vec<u8>>,
+    out: mpsc::UnboundedSender<stdio_faults::Out>,
     early_list_changed: bool,
 }
 
@@ -798,6 +799,14 @@ impl rmcp::transport::Transport<RoleServer> for Stdio {
                 bytes.push(b'\n');
             }
         }
+        if let Some(huge) = stdio_faults::huge(&item) {
+            let out = self.out.clone();
+            return futures_util::future::Either::Left(async move {
+                out.send(stdio_faults::Out::Huge(huge)).map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdout closed")
+                })
+            });
+        }
         let written = match stdio_faults::raw_line(&item) {
             Some(raw) => {
                 bytes.extend_from_slice(&raw);
@@ -806,11 +815,11 @@ impl rmcp::transport::Transport<RoleServer> for Stdio {
             None => serde_json::to_writer(&mut bytes, &item).map(|()| bytes.push(b'\n')),
         };
         let out = self.out.clone();
-        async move {
+        futures_util::future::Either::Right(async move {
             written.map_err(std::io::Error::other)?;
-            out.send(bytes)
+            out.send(stdio_faults::Out::Bytes(bytes))
                 .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdout closed"))
-        }
+        })
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
@@ -837,17 +846,23 @@ impl rmcp::transport::Transport<RoleServer> for Stdio {
 }
 
 async fn serve_stdio(state: Arc<State>) -> std::io::Result<()> {
-    let (out, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let (out, mut rx) = mpsc::unbounded_channel::<stdio_faults::Out>();
     let writer = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();
-        while let Some(bytes) = rx.recv().await {
-            if stdout.write_all(&bytes).await.is_err() || stdout.flush().await.is_err() {
+        while let Some(item) = rx.recv().await {
+            let written = match item {
+                stdio_faults::Out::Bytes(bytes) => stdout.write_all(&bytes).await,
+                stdio_faults::Out::Huge(huge) => huge.write(&mut stdout).await,
+            };
+            if written.is_err() || stdout.flush().await.is_err() {
                 break;
             }
         }
     });
     for i in 0..state.scenario.garbage_at_start {
-        let _ = out.send(format!("psych-test-server: startup noise {i}\n").into_bytes());
+        let _ = out.send(stdio_faults::Out::Bytes(
+            format!("psych-test-server: startup noise {i}\n").into_bytes(),
+        ));
     }
     *state.stdout.lock().unwrap_or_else(PoisonError::into_inner) = Some(out.clone());
     let transport = Stdio {

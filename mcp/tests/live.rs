@@ -1609,9 +1609,11 @@ async fn an_answer_with_invalid_utf8_or_a_lone_surrogate_is_kept_lossily_and_say
     manager.shutdown().await;
 }
 
-/// Finding 2: an answer over the 64 MiB line cap (its `id` first, as rmcp and Python write
-/// it, or last, as the TypeScript SDK does) and an answer cut short fail their call at
-/// once with a typed error, not at the deadline, and the connection stays usable.
+/// Finding 2: an answer whose part held in memory is over the 64 MiB cap (an image block's
+/// data: only long texts are kept in files) and an answer cut short fail their call at
+/// once with a typed error, not at the deadline, and the connection stays usable. A text
+/// that long is kept in a file (its `id` first, as rmcp and Python write it, or last, as
+/// the TypeScript SDK does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_or_unreadable_answer_fails_its_call_at_once_and_the_connection_stays() {
     // A deadline the test would notice: the old behaviour was to wait it out.
@@ -1619,10 +1621,19 @@ async fn an_oversized_or_unreadable_answer_fails_its_call_at_once_and_the_connec
     let (manager, _) = one("bad", test_server("bad", &[]), timeouts).await;
     let over = 64 * 1024 * 1024 + 1;
     for id_last in [false, true] {
+        let text = manager
+            .call_tool(
+                &tool("bad", "raw_oversize"),
+                args(json!({"bytes": over, "id_last": id_last})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(text.spilled.len(), 1, "id last: {id_last}");
+        assert_eq!(text.spilled[0].text.len(), over as u64);
         let error = manager
             .call_tool_raw(
                 &tool("bad", "raw_oversize"),
-                args(json!({"bytes": over, "id_last": id_last})),
+                args(json!({"bytes": over, "image": true})),
             )
             .await
             .unwrap_err();

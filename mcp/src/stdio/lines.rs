@@ -7,14 +7,25 @@
 //! is dropped, and what follows it (copying into the line, `consume`) runs without an
 //! await in between. A dropped `next` is resumed by the next call where it stopped.
 //!
-//! A line over the limit is not kept: its bytes are counted and passed through an
-//! [`IdScanner`] as they go by (the part read before the limit was reached first), and the
-//! line is reported as [`Line::TooLong`] with the `id` it carried. That is the place where
-//! a spill of oversized answers to a file would hook in: it sees the same chunks, in order.
+//! A line over the in-memory limit is, when spilling is on ([`LineReader::spilling`]),
+//! written to an unnamed file as it is read, in chunks of [`WRITE_BUFFER`] written on a
+//! blocking thread whose handle is kept in `self` (so the other await of `next` is that
+//! handle, which a dropped `next` leaves in place), and reported as [`Line::Spilled`].
+//! Memory for such a line: the limit while it grows in memory, then at most two chunks
+//! (one filling, one being written) and the read buffer, about 2 MiB. Past the spill's
+//! own cap, or without spilling, a line is not kept: its bytes are counted and passed
+//! through an [`IdScanner`] as they go by (the part read before the limit was reached
+//! first), and the line is reported as [`Line::TooLong`] with the `id` it carried.
+
+use std::fs::File;
+use std::io::Write as _;
+use std::path::PathBuf;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::task::JoinHandle;
 
 use super::scan::IdScanner;
+use crate::spill::{WRITE_BUFFER, unnamed_file};
 
 /// The read buffer: a pipe's default capacity, so one read takes what a writer can queue.
 const READ_BUFFER: usize = 64 * 1024;
@@ -26,6 +37,105 @@ pub(crate) enum Line {
     Whole(Vec<u8>),
     /// A line over the limit, read past and not kept.
     TooLong(Overflow),
+    /// A line over the limit, kept in a file.
+    Spilled(SpilledLine),
+}
+
+/// A line written to a file as it was read (see [`Line::Spilled`]).
+#[derive(Debug)]
+pub(crate) struct SpilledLine {
+    spill: Spill,
+}
+
+impl SpilledLine {
+    /// The line's length in bytes, without its `\n`.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.spill.bytes
+    }
+
+    /// The line's top-level `id` (JSON text), if it had one.
+    pub(crate) fn id(&self) -> Option<String> {
+        self.spill.scanner.id()
+    }
+
+    /// Whether the line had a top-level `method`.
+    pub(crate) fn has_method(&self) -> bool {
+        self.spill.scanner.has_method()
+    }
+
+    /// The file holding the whole line from offset 0, once its last chunk is written
+    /// (awaits the write in flight, then writes the last chunk on a blocking thread).
+    pub(crate) async fn finish(mut self) -> std::io::Result<File> {
+        self.spill.flush().await?;
+        if let Some(writing) = self.spill.writing.take() {
+            let (file, _) = writing.await.map_err(std::io::Error::other)??;
+            return Ok(file);
+        }
+        match self.spill.file.take() {
+            Some(file) => Ok(file),
+            None => Err(std::io::Error::other("the spilled line has no file")),
+        }
+    }
+}
+
+/// Spilling on: where the files go and the longest line kept in one.
+#[derive(Debug, Clone)]
+pub(crate) struct SpillTo {
+    pub(crate) dir: PathBuf,
+    pub(crate) max: u64,
+}
+
+/// A chunk written, with its file and its buffer (cleared) given back.
+type Written = std::io::Result<(File, Vec<u8>)>;
+
+/// A line being written to a file.
+#[derive(Debug)]
+struct Spill {
+    dir: PathBuf,
+    scanner: IdScanner,
+    bytes: u64,
+    /// The file, while no write holds it (`None` before the first write creates it).
+    file: Option<File>,
+    /// Bytes read and not yet handed to a write.
+    pending: Vec<u8>,
+    /// A buffer given back by the last write, for the next chunk.
+    spare: Vec<u8>,
+    /// The write in flight, kept here so a dropped `next` leaves it.
+    writing: Option<JoinHandle<Written>>,
+}
+
+impl Spill {
+    /// Waits for the write in flight, then hands the pending bytes to a new one. Cancel
+    /// safe: until the write in flight has ended, nothing of `self` has changed.
+    async fn flush(&mut self) -> std::io::Result<()> {
+        if let Some(writing) = self.writing.as_mut() {
+            let written = writing.await;
+            self.writing = None;
+            let (file, mut buffer) = written.map_err(std::io::Error::other)??;
+            self.file = Some(file);
+            if buffer.capacity() > 2 * WRITE_BUFFER {
+                // The first chunk is the line read in memory so far: not kept.
+                buffer = Vec::new();
+            }
+            self.spare = buffer;
+        }
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let mut chunk = std::mem::replace(&mut self.pending, std::mem::take(&mut self.spare));
+        let file = self.file.take();
+        let dir = self.dir.clone();
+        self.writing = Some(tokio::task::spawn_blocking(move || {
+            let mut file = match file {
+                Some(file) => file,
+                None => unnamed_file(&dir)?,
+            };
+            file.write_all(&chunk)?;
+            chunk.clear();
+            Ok((file, chunk))
+        }));
+        Ok(())
+    }
 }
 
 /// What is known of a line over the limit.
@@ -38,6 +148,10 @@ pub(crate) struct Overflow {
     /// Whether the line had a top-level `method` (a request or notification, not an
     /// answer).
     pub(crate) has_method: bool,
+    /// The limit it is over.
+    pub(crate) limit: u64,
+    /// Why it was not kept in a file, when spilling is on and writing it failed.
+    pub(crate) unwritable: Option<String>,
 }
 
 /// Reads lines of at most `limit` bytes from `R`, cancel-safely (see the module docs).
@@ -50,6 +164,12 @@ pub(crate) struct LineReader<R> {
     overflow: Option<(IdScanner, u64)>,
     /// Bytes consumed from the reader in all.
     consumed: u64,
+    /// Where a line over the limit is written, if it is.
+    spill_to: Option<SpillTo>,
+    /// The current line, while it is being written to a file.
+    spill: Option<Box<Spill>>,
+    /// Why the current line could not be written to its file.
+    spill_error: Option<String>,
 }
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
@@ -61,7 +181,17 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             line: Vec::new(),
             overflow: None,
             consumed: 0,
+            spill_to: None,
+            spill: None,
+            spill_error: None,
         }
+    }
+
+    /// The same reader, writing a line over its limit (up to `to.max` bytes) to an unnamed
+    /// file in `to.dir` rather than reading past it.
+    pub(crate) fn spilling(mut self, to: SpillTo) -> Self {
+        self.spill_to = Some(to);
+        self
     }
 
     /// How many bytes have been taken from the reader so far (whole lines or not).
@@ -78,11 +208,17 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     /// with the same line.
     pub(crate) async fn next(&mut self) -> std::io::Result<Option<Line>> {
         loop {
+            if let Some(spill) = self.spill.as_mut()
+                && spill.pending.len() >= WRITE_BUFFER
+                && let Err(error) = spill.flush().await
+            {
+                self.spill_failed(&error);
+            }
             let available = self.reader.fill_buf().await?;
             // From here to the end of the iteration there is no await.
             if available.is_empty() {
-                if self.overflow.is_some() {
-                    return Ok(Some(self.end_overflow()));
+                if self.spill.is_some() || self.overflow.is_some() {
+                    return Ok(Some(self.end_long()));
                 }
                 if self.line.is_empty() {
                     return Ok(None);
@@ -93,32 +229,80 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 Some(i) => (&available[..i], i + 1, true),
                 None => (available, available.len(), false),
             };
-            match &mut self.overflow {
-                Some((scanner, bytes)) => {
+            let max = self.spill_to.as_ref().map_or(0, |to| to.max);
+            match (&mut self.spill, &mut self.overflow) {
+                (Some(spill), _) if spill.bytes + chunk.len() as u64 <= max => {
+                    spill.scanner.feed(chunk);
+                    spill.bytes += chunk.len() as u64;
+                    spill.pending.extend_from_slice(chunk);
+                }
+                (Some(_), _) => {
+                    // Past the spill's cap: read past the rest (the file goes with it).
+                    if let Some(spill) = self.spill.take() {
+                        let mut scanner = spill.scanner;
+                        scanner.feed(chunk);
+                        self.overflow = Some((scanner, spill.bytes + chunk.len() as u64));
+                    }
+                }
+                (None, Some((scanner, bytes))) => {
                     scanner.feed(chunk);
                     *bytes += chunk.len() as u64;
                 }
-                None if self.line.len() + chunk.len() <= self.limit => {
+                (None, None) if self.line.len() + chunk.len() <= self.limit => {
                     self.line.extend_from_slice(chunk);
                 }
-                None => {
+                (None, None) => {
                     let mut scanner = IdScanner::default();
                     scanner.feed(&self.line);
                     scanner.feed(chunk);
                     let bytes = (self.line.len() + chunk.len()) as u64;
-                    // Given back now: an oversized line holds no memory past this point.
-                    self.line = Vec::new();
-                    self.overflow = Some((scanner, bytes));
+                    if let Some(to) = self.spill_to.as_ref().filter(|to| bytes <= to.max) {
+                        // The line so far is the first chunk to write.
+                        let mut pending = std::mem::take(&mut self.line);
+                        pending.extend_from_slice(chunk);
+                        self.spill = Some(Box::new(Spill {
+                            dir: to.dir.clone(),
+                            scanner,
+                            bytes,
+                            file: None,
+                            pending,
+                            spare: Vec::new(),
+                            writing: None,
+                        }));
+                    } else {
+                        // Given back now: an oversized line holds no memory past this point.
+                        self.line = Vec::new();
+                        self.overflow = Some((scanner, bytes));
+                    }
                 }
             }
             self.reader.consume(used);
             self.consumed += used as u64;
             if end {
-                if self.overflow.is_some() {
-                    return Ok(Some(self.end_overflow()));
+                if self.spill.is_some() || self.overflow.is_some() {
+                    return Ok(Some(self.end_long()));
                 }
                 return Ok(Some(Line::Whole(std::mem::take(&mut self.line))));
             }
+        }
+    }
+
+    /// The line could not be written to its file: the rest of it is read past, and the
+    /// line reported as too long with the reason.
+    fn spill_failed(&mut self, error: &std::io::Error) {
+        if let Some(spill) = self.spill.take() {
+            self.spill_error = Some(format!(
+                "it could not be written to a file in {}: {error}",
+                spill.dir.display()
+            ));
+            self.overflow = Some((spill.scanner, spill.bytes));
+        }
+    }
+
+    fn end_long(&mut self) -> Line {
+        match self.spill.take() {
+            Some(spill) => Line::Spilled(SpilledLine { spill: *spill }),
+            None => self.end_overflow(),
         }
     }
 
@@ -128,6 +312,11 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             bytes,
             id: scanner.id(),
             has_method: scanner.has_method(),
+            limit: self
+                .spill_to
+                .as_ref()
+                .map_or(self.limit as u64, |to| to.max),
+            unwritable: self.spill_error.take(),
         })
     }
 }
@@ -174,9 +363,16 @@ mod tests {
     /// the reader's `next` futures are dropped after a random number of polls; every line
     /// must arrive whole and in order, and every line over the limit must be reported with
     /// its length and id.
-    async fn lines_survive_dropped_reads(seed: u64) {
+    async fn lines_survive_dropped_reads(seed: u64, spill: bool) {
         const MAX: u64 = 8 * 1024 * 1024;
-        const LIMIT: usize = 6 * 1024 * 1024;
+        // Spilling, lines over LIMIT go to files, and those over SPILL_MAX are too long.
+        let (limit, spill_max) = if spill {
+            (1024 * 1024, 6 * 1024 * 1024)
+        } else {
+            (6 * 1024 * 1024, 0)
+        };
+        #[allow(non_snake_case, reason = "read as the constant it was")]
+        let LIMIT: usize = if spill { spill_max } else { limit };
         let mut rng = Rng(seed);
         let count = 48 + rng.below(32);
         let mut sizes: Vec<(usize, bool)> = (0..count)
@@ -187,6 +383,8 @@ mod tests {
         sizes[1].0 = MAX as usize;
         sizes[2].0 = LIMIT + 1;
         sizes[3].0 = LIMIT;
+        sizes[4].0 = limit + 1;
+        sizes[5].0 = limit;
         let (mut writer, reader) = tokio::io::duplex(64 * 1024);
         let written = sizes.clone();
         let writer_seed = rng.next() | 1;
@@ -206,7 +404,13 @@ mod tests {
                 }
             }
         });
-        let mut lines = LineReader::new(reader, LIMIT);
+        let mut lines = LineReader::new(reader, limit);
+        if spill {
+            lines = lines.spilling(SpillTo {
+                dir: std::env::temp_dir(),
+                max: spill_max as u64,
+            });
+        }
         let mut dropped = 0u64;
         for (i, &(len, id_last)) in sizes.iter().enumerate() {
             let got = loop {
@@ -219,8 +423,33 @@ mod tests {
             };
             let want = line(i as u64, len, id_last);
             match got {
+                Line::Spilled(spilled) => {
+                    assert!(
+                        spill && len > limit && len <= LIMIT,
+                        "seed {seed}: line {i} of {len} B spilled"
+                    );
+                    assert_eq!(spilled.bytes(), len as u64);
+                    if len > 64 {
+                        assert_eq!(spilled.id(), Some(i.to_string()), "seed {seed}: line {i}");
+                    }
+                    let file = spilled.finish().await.unwrap();
+                    let bytes = tokio::task::spawn_blocking(move || {
+                        use std::io::{Read as _, Seek as _};
+                        let mut file = file;
+                        file.rewind().unwrap();
+                        let mut bytes = Vec::new();
+                        file.read_to_end(&mut bytes).unwrap();
+                        bytes
+                    })
+                    .await
+                    .unwrap();
+                    assert!(
+                        bytes == want,
+                        "seed {seed}: line {i} of {len} B spilled wrong"
+                    );
+                }
                 Line::Whole(bytes) => {
-                    assert!(len <= LIMIT, "seed {seed}: line {i} of {len} B kept");
+                    assert!(len <= limit, "seed {seed}: line {i} of {len} B kept");
                     assert!(
                         bytes == want,
                         "seed {seed}: line {i} of {len} B came as {} B",
@@ -245,7 +474,16 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn lines_arrive_whole_and_in_order_when_reads_are_dropped() {
         for seed in [0x9E37_79B9_7F4A_7C15, 7, 1_000_003, 0xDEAD_BEEF] {
-            lines_survive_dropped_reads(seed).await;
+            lines_survive_dropped_reads(seed, false).await;
+        }
+    }
+
+    /// The same with spilling on, at a small threshold: lines over it are written to files
+    /// (their writes awaited inside `next`, so dropped there too) and come back whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn spilled_lines_arrive_whole_and_in_order_when_reads_are_dropped() {
+        for seed in [0x9E37_79B9_7F4A_7C15, 11, 0xDEAD_BEEF] {
+            lines_survive_dropped_reads(seed, true).await;
         }
     }
 

@@ -6,6 +6,8 @@
 
 use serde_json::Value;
 
+use crate::spill::Lossy;
+
 /// The key, in the `_meta` of a result psych-mcp had to repair, that says what was replaced
 /// (e.g. `"invalid UTF-8 replaced by U+FFFD at 2 places"`). Namespaced `psych/` as MCP's
 /// `_meta` naming rules ask.
@@ -14,45 +16,32 @@ pub(crate) const LOSSY_META_KEY: &str = "psych/lossy";
 /// The line read again with invalid UTF-8 and lone surrogate escapes replaced, and what was
 /// replaced; `None` if there was nothing to replace or the line still does not parse.
 pub(crate) fn repair(line: &[u8]) -> Option<(Value, String)> {
-    let mut notes = Vec::new();
+    let (value, lossy) = repair_counted(line)?;
+    Some((value, lossy.note()?))
+}
+
+/// [`repair`], saying what was replaced in counts (the spilled path adds those of the texts
+/// it decoded into files).
+pub(crate) fn repair_counted(line: &[u8]) -> Option<(Value, Lossy)> {
+    let mut lossy = Lossy::default();
     let mut text = match std::str::from_utf8(line) {
         Ok(text) => text.to_owned(),
         Err(_) => {
             let mut text = String::with_capacity(line.len() + 16);
-            let mut places = 0usize;
             for chunk in line.utf8_chunks() {
                 text.push_str(chunk.valid());
                 if !chunk.invalid().is_empty() {
                     text.push(char::REPLACEMENT_CHARACTER);
-                    places += 1;
+                    lossy.invalid_utf8 += 1;
                 }
             }
-            notes.push(format!(
-                "invalid UTF-8 replaced by U+FFFD at {places} places"
-            ));
             text
         }
     };
-    let surrogates = replace_lone_surrogates(&mut text);
-    if surrogates > 0 {
-        notes.push(format!(
-            "lone surrogate escapes replaced by U+FFFD at {}",
-            places_text(surrogates)
-        ));
-    }
-    if notes.is_empty() {
-        return None;
-    }
+    lossy.lone_surrogates = replace_lone_surrogates(&mut text);
+    lossy.note()?;
     let value = serde_json::from_str(&text).ok()?;
-    Some((value, notes.join("; ")))
-}
-
-fn places_text(n: usize) -> String {
-    if n == 1 {
-        "1 place".to_owned()
-    } else {
-        format!("{n} places")
-    }
+    Some((value, lossy))
 }
 
 /// Puts a note in `message`'s `result._meta` under [`LOSSY_META_KEY`] (when the result is

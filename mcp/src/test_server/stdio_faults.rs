@@ -7,8 +7,10 @@
 //!   of `bytes` bytes; with `id_last`, the `id` written last, as the TypeScript SDK does),
 //!   `raw_unparseable` (a line cut in the middle of the result), `raw_forged_error` (a
 //!   JSON-RPC error of the server's own in the shape of the one psych-mcp's transport
-//!   makes up for an answer over its cap: [`FORGED_ERROR_MESSAGE`]). The handler answers
-//!   them with a marker and [`raw_line`] writes the line in its place;
+//!   makes up for an answer over its cap: [`FORGED_ERROR_MESSAGE`]), `raw_huge {mib,
+//!   second_mib, lone_surrogate, bad_utf8, image}` (a text result of `mib` MiB written as it
+//!   is made, never held: [`Huge`]). The handler answers them with a marker and
+//!   [`raw_line`] writes the line in its place (the writer task writes a huge one);
 //! - at start: `--stderr-flood BYTES` writes that many bytes to stderr without a line
 //!   break (then one), and `--setsid-grandchild PIDFILE` starts a `sleep` in a session of
 //!   its own (`setsid`), out of the server's process group, holding its stdout and stderr,
@@ -36,15 +38,22 @@ pub(super) fn marker(request: &ClientRequest) -> Option<ServerResult> {
     let kind = name.strip_prefix("raw_")?;
     if !matches!(
         kind,
-        "bad_utf8" | "lone_surrogate" | "oversize" | "unparseable" | "forged_error"
+        "bad_utf8" | "lone_surrogate" | "oversize" | "unparseable" | "forged_error" | "huge"
     ) {
         return None;
     }
     let args = call.params.arguments.clone().unwrap_or_default();
+    let flag = |name: &str| args.get(name).and_then(Value::as_bool).unwrap_or(false);
+    let number = |name: &str| args.get(name).and_then(Value::as_u64).unwrap_or(0);
     Some(ServerResult::CustomResult(CustomResult(json!({
         MARKER: kind,
-        "bytes": args.get("bytes").and_then(Value::as_u64).unwrap_or(0),
-        "id_last": args.get("id_last").and_then(Value::as_bool).unwrap_or(false),
+        "bytes": number("bytes"),
+        "id_last": flag("id_last"),
+        "mib": number("mib"),
+        "second_mib": number("second_mib"),
+        "lone_surrogate": flag("lone_surrogate"),
+        "bad_utf8": flag("bad_utf8"),
+        "image": flag("image"),
     }))))
 }
 
@@ -83,6 +92,18 @@ pub(super) fn raw_line(item: &TxJsonRpcMessage<RoleServer>) -> Option<Vec<u8>> {
             text(&bad_utf8_text(bytes), false)
         }
         "lone_surrogate" => text(br"cut inside an emoji: \ud83d", true),
+        "oversize" if marker["image"] == true => {
+            let bytes = marker["bytes"]
+                .as_u64()
+                .and_then(|b| usize::try_from(b).ok())?;
+            let mut line = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"image","mimeType":"image/png","data":""#
+            )
+            .into_bytes();
+            line.resize(line.len() + bytes, b'A');
+            line.extend_from_slice(b"\"}]}}\n");
+            line
+        }
         "oversize" => {
             let bytes = marker["bytes"]
                 .as_u64()
@@ -131,9 +152,14 @@ pub(super) fn raw_tools() -> Vec<Value> {
             "inputSchema": object(json!({"bytes": {"type": "integer", "minimum": 0}}))}),
         json!({"name": "raw_lone_surrogate", "description": "A text cut inside an emoji.",
             "inputSchema": object(json!({}))}),
-        json!({"name": "raw_oversize", "description": "A text of `bytes` bytes, written raw.",
+        json!({"name": "raw_oversize", "description": "A text of `bytes` bytes, written raw \
+            (an image block of `bytes` bytes of base64 data instead with `image`).",
             "inputSchema": object(json!({"bytes": {"type": "integer", "minimum": 0},
-                "id_last": {"type": "boolean"}}))}),
+                "id_last": {"type": "boolean"}, "image": {"type": "boolean"}}))}),
+        json!({"name": "raw_huge", "description": HUGE_DESCRIPTION,
+            "inputSchema": object(json!({"mib": {"type": "integer", "minimum": 0},
+                "second_mib": {"type": "integer", "minimum": 0},
+                "lone_surrogate": {"type": "boolean"}, "bad_utf8": {"type": "boolean"}}))}),
         json!({"name": "raw_unparseable", "description": "A line cut inside the result.",
             "inputSchema": object(json!({}))}),
         json!({"name": "raw_forged_error", "description": "An error in the shape of psych's.",
@@ -164,4 +190,121 @@ pub(super) fn setsid_grandchild(pidfile: &Path) -> std::io::Result<()> {
         .stdin(std::process::Stdio::null())
         .spawn()?;
     std::fs::write(pidfile, child.id().to_string())
+}
+
+/// What `raw_huge` does, in its description.
+const HUGE_DESCRIPTION: &str = "raw_huge {mib, second_mib, lone_surrogate, bad_utf8}: a \
+    text result of `mib` MiB written to stdout as it is made (never held): `mib` × 16384 \
+    lines of 64 bytes, `line 00000001 ` (the line's number from 1, 8 digits) then dots \
+    then `\\n`, and a last line `THE END after N lines` with no line break. With \
+    `lone_surrogate`, a lone `\\ud83d` escape after line N/2; with `bad_utf8`, a byte \
+    0xFF there (each read as U+FFFD, 3 bytes). With `second_mib` > 0, a second text block \
+    made the same way of that many MiB (without those faults).";
+
+/// One line of a `raw_huge` text, decoded: 64 bytes.
+const HUGE_LINE: usize = 64;
+
+/// Line `i` of a `raw_huge` text as written in JSON (its `\n` escaped: 65 bytes).
+pub fn huge_line(i: u64) -> String {
+    let head = format!("line {i:08} ");
+    format!("{head}{}\\n", ".".repeat(HUGE_LINE - 1 - head.len()))
+}
+
+/// The last line of a `raw_huge` text of `lines` lines.
+pub fn huge_end(lines: u64) -> String {
+    format!("THE END after {lines} lines")
+}
+
+/// How many numbered lines a `raw_huge` text of `mib` MiB has.
+pub fn huge_lines(mib: u64) -> u64 {
+    mib * 1024 * 1024 / HUGE_LINE as u64
+}
+
+/// What goes to the stdio server's stdout: bytes, or a huge answer written as it is made.
+pub(crate) enum Out {
+    Bytes(Vec<u8>),
+    Huge(Huge),
+}
+
+/// A `raw_huge` answer to write.
+pub(crate) struct Huge {
+    id: String,
+    mib: u64,
+    second_mib: u64,
+    lone_surrogate: bool,
+    bad_utf8: bool,
+}
+
+/// The huge answer `item` stands for, if it is a `raw_huge` marker.
+pub(super) fn huge(item: &TxJsonRpcMessage<RoleServer>) -> Option<Huge> {
+    let JsonRpcMessage::Response(response) = item else {
+        return None;
+    };
+    let ServerResult::CustomResult(CustomResult(marker)) = &response.result else {
+        return None;
+    };
+    if marker.get(MARKER)?.as_str()? != "huge" {
+        return None;
+    }
+    Some(Huge {
+        id: serde_json::to_string(&response.id).ok()?,
+        mib: marker["mib"].as_u64().unwrap_or(0),
+        second_mib: marker["second_mib"].as_u64().unwrap_or(0),
+        lone_surrogate: marker["lone_surrogate"] == true,
+        bad_utf8: marker["bad_utf8"] == true,
+    })
+}
+
+impl Huge {
+    /// Writes the answer's line, a MiB or so at a time.
+    pub(crate) async fn write(
+        &self,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    ) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt as _;
+        out.write_all(
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":["#,
+                self.id
+            )
+            .as_bytes(),
+        )
+        .await?;
+        self.block(out, self.mib, true).await?;
+        if self.second_mib > 0 {
+            out.write_all(b",").await?;
+            self.block(out, self.second_mib, false).await?;
+        }
+        out.write_all(b"]}}\n").await
+    }
+
+    async fn block(
+        &self,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+        mib: u64,
+        faults: bool,
+    ) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt as _;
+        out.write_all(br#"{"type":"text","text":""#).await?;
+        let lines = huge_lines(mib);
+        let mut chunk = Vec::with_capacity(1024 * 1024 + 1024);
+        for i in 1..=lines {
+            chunk.extend_from_slice(huge_line(i).as_bytes());
+            if faults && i == lines / 2 {
+                if self.lone_surrogate {
+                    chunk.extend_from_slice(br"\ud83d");
+                }
+                if self.bad_utf8 {
+                    chunk.push(0xFF);
+                }
+            }
+            if chunk.len() >= 1024 * 1024 {
+                out.write_all(&chunk).await?;
+                chunk.clear();
+            }
+        }
+        chunk.extend_from_slice(huge_end(lines).as_bytes());
+        chunk.extend_from_slice(b"\"}");
+        out.write_all(&chunk).await
+    }
 }
