@@ -343,6 +343,10 @@ async fn read_bounded_or_spill(
                 max_size: usize::try_from(cap).unwrap_or(usize::MAX),
             });
         }
+        if file.is_none() && body.len() + chunk.len() > body.capacity() && body.len() >= max {
+            // Exact: doubling a body of `max` bytes here would be the peak.
+            body.reserve_exact(chunk.len());
+        }
         body.extend_from_slice(&chunk);
         if (file.is_some() || body.len() > max) && body.len() >= WRITE_BUFFER {
             let chunk = std::mem::replace(&mut body, Vec::with_capacity(WRITE_BUFFER + 64 * 1024));

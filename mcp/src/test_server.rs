@@ -23,8 +23,9 @@
 //! | `exotic {known_only}` | [`exotic_result`] as raw JSON: fields and a block type rmcp does not model ([`exotic_known_result`], without the unknown block type, if `known_only` is true) |
 //!
 //! Over stdio, unlisted `raw_*` tools answer with lines rmcp cannot write (invalid UTF-8,
-//! a lone surrogate escape, a line over the client's cap, a line cut short): see
-//! `stdio_faults.rs`.
+//! a lone surrogate escape, a line over the client's cap, a line cut short, and
+//! `raw_huge {mib, second_mib, lone_surrogate, bad_utf8}`: a text result of any size
+//! written as it is made, never held; see [`huge_lines`]): see `stdio_faults.rs`.
 //!
 //! plus [`Scenario::tools`] generated tools of the kind [`Scenario::kind`]
 //! ([`synthetic_catalog`](crate::synthetic_catalog)), each answering with its name and

@@ -259,6 +259,8 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                     if let Some(to) = self.spill_to.as_ref().filter(|to| bytes <= to.max) {
                         // The line so far is the first chunk to write.
                         let mut pending = std::mem::take(&mut self.line);
+                        // Exact: doubling the line's capacity here would be the peak.
+                        pending.reserve_exact(chunk.len());
                         pending.extend_from_slice(chunk);
                         self.spill = Some(Box::new(Spill {
                             dir: to.dir.clone(),
