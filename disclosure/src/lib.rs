@@ -195,6 +195,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod cache;
 mod error;
 mod guard;
 mod names;
@@ -208,6 +209,7 @@ mod state;
 mod text;
 mod validate;
 
+pub use cache::SurfaceCache;
 pub use error::{ResolveError, SettingsError};
 pub use guard::{
     Answer, Description, Forward, Listing, Live, Refusal, SUMMARY_CHARS, SearchAnswer, ToolEntry,
