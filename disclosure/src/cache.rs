@@ -164,7 +164,8 @@ impl<E: TokenEstimator> SurfaceCache<E> {
     ///
     /// # Errors
     ///
-    /// As [`resolve`](crate::resolve); an error leaves the cache as it was.
+    /// As [`resolve`](crate::resolve); an error keeps the last Surface and parts (unless
+    /// the settings changed, which drops them first).
     pub fn resolve(
         &mut self,
         inputs: &Inputs<'_>,
@@ -223,5 +224,93 @@ impl<E: TokenEstimator> SurfaceCache<E> {
             surface: Arc::clone(&surface),
         });
         Ok(surface)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use psych_types::{ServerHealth, ToolName};
+
+    struct Bytes4;
+
+    impl TokenEstimator for Bytes4 {
+        fn estimate_text(&self, text: &str) -> u64 {
+            text.len().div_ceil(4) as u64
+        }
+
+        fn estimate_binary(&self, _mime_type: &str, len: u64) -> u64 {
+            len.div_ceil(4)
+        }
+    }
+
+    fn catalog(server: &str, tools: usize) -> ServerCatalog {
+        let schema: psych_types::JsonObject =
+            serde_json::from_str(r#"{"type":"object"}"#).unwrap_or_default();
+        ServerCatalog {
+            server: ServerId::new(server).unwrap_or_else(|e| panic!("{e}")),
+            version: CatalogVersion(1),
+            tools: (0..tools)
+                .map(|i| {
+                    let name = ToolName::new(format!("t{i:03}")).unwrap_or_else(|e| panic!("{e}"));
+                    ToolDefinition::new(name, "a tool", schema.clone())
+                })
+                .collect::<Vec<_>>()
+                .into(),
+            health: ServerHealth::default(),
+        }
+    }
+
+    /// The cache holds one part per server of the last call: a server gone is dropped, so
+    /// its memory is bounded by the current setup, not by every server ever seen.
+    #[test]
+    fn holds_the_servers_of_the_last_call_only() {
+        let names: Vec<String> = (0..50).map(|i| format!("s{i:02}")).collect();
+        let connections: Vec<ConnectionSpec> = names
+            .iter()
+            .map(|n| {
+                ConnectionSpec::new(ServerId::new(n.as_str()).unwrap_or_else(|e| panic!("{e}")))
+            })
+            .collect();
+        let catalogs: Vec<ServerCatalog> = names.iter().map(|n| catalog(n, 40)).collect();
+        let grant = connections.iter().fold(PermissionGrant::none(), |g, c| {
+            g.allow_server(c.server.clone())
+        });
+        let settings = Settings::default();
+        let mut cache = SurfaceCache::new(Bytes4);
+        let inputs = Inputs {
+            connections: &connections,
+            catalogs: &catalogs,
+            grant: &grant,
+        };
+        let first = cache
+            .resolve(&inputs, &settings)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cache.servers.len(), 50);
+        let again = cache
+            .resolve(&inputs, &settings)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(Arc::ptr_eq(&first, &again), "unchanged: the same Surface");
+
+        let fewer = Inputs {
+            connections: &connections[..3],
+            catalogs: &catalogs[..3],
+            grant: &grant,
+        };
+        cache
+            .resolve(&fewer, &settings)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cache.servers.len(), 3);
+
+        // Other settings: nothing prepared under the old ones is reused.
+        let other = Settings::builder()
+            .tool_cap(64)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let surface = cache
+            .resolve(&fewer, &other)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let plain = crate::resolve(&fewer, &other, &Bytes4).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(*surface, plain);
     }
 }

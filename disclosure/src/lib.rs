@@ -14,6 +14,10 @@
 //! [`orientation`] payload, or a [`Refusal`]. Every answer becomes a
 //! [`ToolOutput`](psych_types::ToolOutput) through `to_output()`.
 //!
+//! A caller that resolves turn after turn keeps a [`SurfaceCache`]: the same Surface as
+//! [`resolve`], shared while nothing it depends on changed, and prepared again only for the
+//! servers that changed.
+//!
 //! The crate is pure: no I/O, no clock, no globals. Token costs go through the caller's
 //! [`TokenEstimator`](psych_types::TokenEstimator).
 //!

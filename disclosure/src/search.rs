@@ -366,4 +366,53 @@ mod tests {
         assert!(scored[0].1 > scored[1].1, "{scored:?}");
         assert_eq!(scored[1].1, scored[2].1, "equal scores tie on the name");
     }
+
+    #[test]
+    fn parts_searched_together_rank_as_one_index() {
+        let object = |s: &str| serde_json::from_str(s).unwrap();
+        let servers: Vec<ServerId> = ["a", "b", "c"]
+            .iter()
+            .map(|s| ServerId::new(*s).unwrap())
+            .collect();
+        let words = [
+            "list", "branch", "create", "issue", "file", "read", "pull", "request",
+        ];
+        let tools: Vec<(usize, ToolDefinition)> = (0..60)
+            .map(|i| {
+                let name = format!("{}_{}_{i}", words[i % 8], words[(i * 3 + 1) % 8]);
+                let description = format!("{} the {} {}", words[(i * 5) % 8], words[i % 3], i);
+                let tool = ToolDefinition::new(
+                    ToolName::new(name).unwrap(),
+                    description,
+                    object(r#"{"type":"object","properties":{"path":{}}}"#),
+                );
+                (i % 3, tool)
+            })
+            .collect();
+        let whole = SearchIndex::new(tools.iter().map(|(s, t)| (&servers[*s], t)));
+        let parts = (0..3)
+            .map(|s| {
+                Arc::new(Part::new(
+                    tools
+                        .iter()
+                        .filter(|(t, _)| *t == s)
+                        .map(|(t, tool)| (&servers[*t], tool)),
+                ))
+            })
+            .collect();
+        let combined = SearchIndex::combine(parts);
+        assert_eq!(whole.len(), combined.len());
+        for query in [
+            "list branches",
+            "create a pull request",
+            "read file path",
+            "nothing",
+        ] {
+            assert_eq!(
+                whole.search_scored(query, 100),
+                combined.search_scored(query, 100),
+                "{query}"
+            );
+        }
+    }
 }
