@@ -64,7 +64,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use psych_catalog::{Catalog, FreshenerConfig};
-use psych_disclosure::{Exposed, Inputs, LIST_TOOLS, Live, MetaTool, Settings, Surface, resolve};
+use psych_disclosure::{
+    Exposed, Inputs, LIST_TOOLS, Live, MetaTool, Settings, Surface, SurfaceCache,
+};
 use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
 use psych_reader_tool::{Limits, tool_definition};
@@ -134,13 +136,15 @@ struct Basis {
     settings: Settings,
     /// The reader's limits: the `read_tool_output` definition listed, and every session's.
     limits: Limits,
+    /// The last Surface and each server's prepared part: a change resolves what changed.
+    surfaces: Mutex<SurfaceCache<Estimator>>,
 }
 
 /// The Surface resolved from the catalogue at one moment, with what is derived from it.
 struct View {
     /// Every connected server's live catalogue, as the Surface was resolved from them.
     catalogs: Vec<ServerCatalog>,
-    surface: Surface,
+    surface: Arc<Surface>,
     /// The `tools/list` result.
     listing: Value,
     /// Its bytes: what a session's watcher compares with what its client last saw.
@@ -155,8 +159,9 @@ struct Resolved {
 }
 
 impl Basis {
-    /// Reads every server's live catalogue now and resolves their Surface. Blocks (redb
-    /// reads, and resolution: about 12 ms at 2,000 tools): run off the async workers.
+    /// Reads every server's live catalogue now and resolves their Surface through the
+    /// cache, with its search indexes. Blocks (redb reads, and resolution of the servers
+    /// that changed, milliseconds at thousands of tools): run off the async workers.
     fn view(&self) -> Result<View, String> {
         let catalogs = self
             .connections
@@ -169,8 +174,13 @@ impl Basis {
             catalogs: &catalogs,
             grant: &self.grant,
         };
-        let surface = resolve(&inputs, &self.settings, &Estimator::new())
+        let surface = self
+            .surfaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .resolve(&inputs, &self.settings)
             .map_err(|e| format!("resolving the tool surface: {e}"))?;
+        surface.prepare_search();
         let tools = client_tools(&surface, &self.limits);
         let bytes = serde_json::to_string(&tools).map_err(|e| format!("the listing: {e}"))?;
         Ok(View {
@@ -1118,6 +1128,7 @@ async fn serve(
         grant,
         settings,
         limits: Limits::default(),
+        surfaces: Mutex::new(SurfaceCache::new(Estimator::new())),
     });
     let (published, resolved) = watch::channel(None);
     let mut tasks = JoinSet::new();
@@ -1292,6 +1303,7 @@ async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use psych_disclosure::resolve;
 
     fn config(text: &str) -> McpConfig {
         McpConfig::parse(text, |_| None).unwrap_or_else(|e| panic!("{e}"))
@@ -1339,6 +1351,7 @@ mod tests {
             settings: crate::setup::serve_settings(crate::setup::SERVE_AUTO_BUDGET)
                 .unwrap_or_else(|e| panic!("{e}")),
             limits: Limits::default(),
+            surfaces: Mutex::new(SurfaceCache::new(Estimator::new())),
         });
         let (_, resolved) = watch::channel(None);
         Arc::new(Shared {

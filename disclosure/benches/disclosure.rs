@@ -24,7 +24,9 @@ use std::hint::black_box;
 
 use common::{Bytes4, FIXTURES, Setup, fixture_setup, fixture_tools, named_setup};
 use criterion::{Criterion, criterion_group, criterion_main};
-use psych_disclosure::{Settings, Surface, Validators, Verdict, resolve};
+use psych_disclosure::{
+    SearchIndex, Settings, Surface, SurfaceCache, Validators, Verdict, resolve,
+};
 use psych_types::{Preload, ToolName};
 use serde_json::{Value, json};
 
@@ -115,5 +117,103 @@ fn bench_guard(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_resolve, bench_guard);
+/// The cache beside plain resolution: an unchanged setup, a setup where one server's
+/// catalogue changed, and that one server resolved alone.
+fn bench_cache(c: &mut Criterion) {
+    let setup = large();
+    let settings = Settings::default();
+    let mut group = c.benchmark_group("resolve_cached_20_servers_5000_tools");
+    group.bench_function("baseline_serialize_schemas", |b| {
+        b.iter(|| {
+            let mut bytes = 0;
+            for catalog in black_box(&setup.catalogs) {
+                for tool in catalog.tools.iter() {
+                    bytes += serde_json::to_string(&tool.input_schema).unwrap().len();
+                }
+            }
+            bytes
+        })
+    });
+    let mut cache = SurfaceCache::new(Bytes4);
+    cache.resolve(&setup.inputs(), &settings).unwrap();
+    group.bench_function("cached_unchanged", |b| {
+        b.iter(|| {
+            cache
+                .resolve(black_box(&setup.inputs()), &settings)
+                .unwrap()
+        })
+    });
+    // One server's catalogue alternates between two versions (each its own allocation), so
+    // every iteration resolves after a change of that server.
+    let mut changed = large();
+    let mut versions = [changed.catalogs[7].clone(), changed.catalogs[7].clone()];
+    let mut tools = versions[1].tools.to_vec();
+    tools.pop();
+    versions[1].tools = tools.into();
+    versions[1].version = psych_types::CatalogVersion(2);
+    let mut turn = 0usize;
+    group.bench_function("cached_one_server_changed", |b| {
+        b.iter(|| {
+            turn += 1;
+            changed.catalogs[7] = versions[turn % 2].clone();
+            cache
+                .resolve(black_box(&changed.inputs()), &settings)
+                .unwrap()
+        })
+    });
+    let alone = Setup {
+        connections: vec![changed.connections[7].clone()],
+        catalogs: vec![changed.catalogs[7].clone()],
+        grant: changed.grant.clone(),
+    };
+    group.bench_function("resolve_that_server_alone", |b| {
+        b.iter(|| resolve(black_box(&alone.inputs()), &settings, &Bytes4).unwrap())
+    });
+    group.finish();
+}
+
+/// Search over `n` tools (the fixtures' tools renamed, one server of 250 per 250): a query
+/// through the index a Surface keeps, its one-off build, and the old way, an index built
+/// for every query.
+fn bench_search(c: &mut Criterion) {
+    let pool: Vec<_> = FIXTURES
+        .iter()
+        .flat_map(|(_, file)| fixture_tools(file))
+        .collect();
+    for n in [1_000usize, 10_000] {
+        let servers: Vec<_> = (0..n / 250)
+            .map(|i| psych_types::ServerId::new(format!("server-{i:02}")).unwrap())
+            .collect();
+        let tools: Vec<_> = (0..n)
+            .map(|j| {
+                let mut tool = pool[j % pool.len()].clone();
+                tool.name = ToolName::new(format!("t{j:05}_{}", tool.name)).unwrap();
+                (&servers[j / 250], tool)
+            })
+            .collect();
+        let query = "create a pull request on a branch";
+        let index = SearchIndex::new(tools.iter().map(|(s, t)| (*s, t)));
+        let mut group = c.benchmark_group(format!("search_{n}_tools"));
+        group.bench_function("query_built_index", |b| {
+            b.iter(|| index.search(black_box(query), 10))
+        });
+        group.bench_function("build_index_once", |b| {
+            b.iter(|| SearchIndex::new(tools.iter().map(|(s, t)| (*s, t))))
+        });
+        group.bench_function("baseline_build_per_query", |b| {
+            b.iter(|| {
+                SearchIndex::new(tools.iter().map(|(s, t)| (*s, t))).search(black_box(query), 10)
+            })
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(
+    benches,
+    bench_resolve,
+    bench_guard,
+    bench_cache,
+    bench_search
+);
 criterion_main!(benches);

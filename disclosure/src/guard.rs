@@ -7,10 +7,11 @@ use psych_types::{
 };
 use serde::Serialize;
 use serde_json::Value;
+use std::sync::Arc;
 
 use crate::Surface;
 use crate::names::{Exposed, MetaTool};
-use crate::search::SearchIndex;
+use crate::search::{Part, SearchIndex};
 use crate::shapes::SEARCH_HITS;
 use crate::state::{self, ServerState};
 use crate::text::{TRUNCATION_MARKER, cap_chars, tool_summary};
@@ -454,8 +455,10 @@ impl Surface {
                 if let Some(refusal) = server.no_tools() {
                     return Err(refusal);
                 }
-                let permitted: Vec<_> = server.permitted().collect();
-                let index = SearchIndex::new(permitted.iter().map(|t| (server.server, *t)));
+                let index = match self.cached_part(&server) {
+                    Some(part) => SearchIndex::combine(vec![part]),
+                    None => SearchIndex::new(server.permitted().map(|t| (server.server, t))),
+                };
                 let hits = index
                     .search(query, SEARCH_HITS)
                     .into_iter()
@@ -554,6 +557,17 @@ impl Surface {
             catalog: live.catalogs.iter().find(|c| c.server == view.server),
             grant: live.grant,
         })
+    }
+
+    /// The server's keyword index as resolution prepared it (built now if no search did
+    /// yet), when what it permits now is what it was prepared from: the same catalogue
+    /// tools (the same allocation) and the same scope in the grant. `None` otherwise; the
+    /// caller then indexes what is permitted now.
+    pub(crate) fn cached_part(&self, server: &LiveServer<'_>) -> Option<Arc<Part>> {
+        let part = &self.parts.get(server.server)?.0;
+        let same = Arc::ptr_eq(part.tools()?, &server.catalog?.tools)
+            && part.scope.as_ref() == server.grant.servers.get(server.server);
+        same.then(|| part.search_part(server.server))
     }
 
     fn listing(&self, server: &LiveServer<'_>, page: usize) -> Listing {

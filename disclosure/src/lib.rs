@@ -14,6 +14,10 @@
 //! [`orientation`] payload, or a [`Refusal`]. Every answer becomes a
 //! [`ToolOutput`](psych_types::ToolOutput) through `to_output()`.
 //!
+//! A caller that resolves turn after turn keeps a [`SurfaceCache`]: the same Surface as
+//! [`resolve`], shared while nothing it depends on changed, and prepared again only for the
+//! servers that changed.
+//!
 //! The crate is pure: no I/O, no clock, no globals. Token costs go through the caller's
 //! [`TokenEstimator`](psych_types::TokenEstimator).
 //!
@@ -64,7 +68,10 @@
 //! What costs CPU: [`resolve`] prices every permitted tool of every server through the
 //! estimator each time it runs (about 12 ms for 20 servers and 2,000 tools, the runtime's
 //! step bench), and [`Validators`] compiles a tool's input schema at its first call (then
-//! once per catalogue version).
+//! once per catalogue version). [`SurfaceCache::resolve`] costs microseconds when nothing
+//! changed and re-prepares only the servers that did. A search indexes its server's tools
+//! at the first search of a catalogue version unless [`Surface::prepare_search`] did it
+//! ahead (call it where resolution is called, off an async worker).
 //!
 //! # Errors
 //!
@@ -195,6 +202,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod cache;
 mod error;
 mod guard;
 mod names;
@@ -208,6 +216,7 @@ mod state;
 mod text;
 mod validate;
 
+pub use cache::SurfaceCache;
 pub use error::{ResolveError, SettingsError};
 pub use guard::{
     Answer, Description, Forward, Listing, Live, Refusal, SUMMARY_CHARS, SearchAnswer, ToolEntry,

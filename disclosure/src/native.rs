@@ -9,12 +9,14 @@
 //! permitted has no name, no definition here and no place in a search answer.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use psych_types::{ToolDefinition, ToolName, ToolRef};
+use psych_types::{ServerId, ToolDefinition, ToolName, ToolRef};
 
 use crate::guard::tool_named;
 use crate::names::Exposed;
-use crate::{Live, SearchIndex, Surface};
+use crate::search::Part;
+use crate::{Live, SearchIndex, Shape, Surface};
 
 impl Surface {
     /// Every deferred tool's qualified name and the pair it calls, sorted by name: the
@@ -59,6 +61,11 @@ impl Surface {
     /// most `limit`: disclosure's keyword search ([`SearchIndex`]) over the deferred tools
     /// permitted *now* (the grant and catalogues of `live`), so a tool revoked or gone
     /// since resolution is never named. An empty list when nothing matches.
+    ///
+    /// Each deferred server's index is built once per catalogue version and shared
+    /// ([`Surface::prepare_search`] builds them ahead); a server whose catalogue or grant
+    /// scope changed since resolution, or that has eagerly injected tools, is indexed for
+    /// this call alone.
     pub fn search_deferred<'a>(
         &'a self,
         query: &str,
@@ -66,21 +73,89 @@ impl Surface {
         limit: usize,
     ) -> Vec<&'a str> {
         let mut by_pair: HashMap<ToolRef, &'a str> = HashMap::new();
+        let mut parts = Vec::new();
         let mut indexed = Vec::new();
-        for (name, target) in self.deferred_names() {
-            let Ok(server) = self.live_server(target.server.as_str(), live) else {
+        for view in self.servers() {
+            if view.shape != Shape::Deferred || view.permitted == 0 {
+                continue;
+            }
+            let Ok(server) = self.live_server(view.server.as_str(), live) else {
                 continue;
             };
-            let Ok(tool) = server.tool(target.tool.as_str()) else {
+            if view.eager.is_empty()
+                && let Some(part) = self.cached_part(&server)
+            {
+                parts.push(part);
                 continue;
-            };
-            indexed.push((server.server, tool));
-            by_pair.insert(target.clone(), name);
+            }
+            for (name, target) in self.deferred_names_of(&view.server) {
+                let Ok(tool) = server.tool(target.tool.as_str()) else {
+                    continue;
+                };
+                indexed.push((server.server, tool));
+                by_pair.insert(target.clone(), name);
+            }
         }
-        SearchIndex::new(indexed)
+        if !indexed.is_empty() {
+            parts.push(Arc::new(Part::new(indexed)));
+        }
+        SearchIndex::combine(parts)
             .search(query, limit)
             .into_iter()
-            .filter_map(|hit| by_pair.get(&hit).copied())
+            .filter_map(|hit| {
+                by_pair
+                    .get(&hit)
+                    .copied()
+                    .or_else(|| self.deferred_name(&hit))
+            })
             .collect()
+    }
+
+    /// The deferred names of one server's tools.
+    fn deferred_names_of<'a>(
+        &'a self,
+        server: &'a ServerId,
+    ) -> impl Iterator<Item = (&'a str, &'a ToolRef)> {
+        self.deferred_names()
+            .filter(move |(_, target)| target.server == *server)
+    }
+
+    /// The qualified name of a deferred pair: its natural name when it has it, else found
+    /// by a scan (a hashed name).
+    fn deferred_name(&self, pair: &ToolRef) -> Option<&str> {
+        let natural = format!("{}__{}", pair.server, pair.tool);
+        if let Some((name, Exposed::Deferred { target })) = self.deferred.get_key_value(&natural)
+            && target == pair
+        {
+            return Some(name.as_str());
+        }
+        self.deferred_names()
+            .find(|(_, target)| *target == pair)
+            .map(|(name, _)| name)
+    }
+
+    /// Builds, ahead of the first search, the keyword index of every server whose search
+    /// it serves: each search pair's, and each deferred server's for
+    /// [`Surface::search_deferred`]. Each is built once per catalogue version and shared
+    /// by the Surfaces a [`SurfaceCache`](crate::SurfaceCache) composes from the same
+    /// server part, so this costs nothing for the servers indexed before.
+    ///
+    /// Blocks: CPU work that grows with the tools not indexed yet (milliseconds per
+    /// thousand tools). Call it where resolution is called, off an async worker, so that
+    /// no search indexes inline.
+    pub fn prepare_search(&self) {
+        for view in self.servers() {
+            let searched = match view.shape {
+                Shape::SearchPair => true,
+                Shape::Deferred => view.eager.is_empty(),
+                _ => false,
+            };
+            if searched
+                && view.permitted > 0
+                && let Some(part) = self.parts.get(&view.server)
+            {
+                part.0.search_part(&view.server);
+            }
+        }
     }
 }

@@ -1,15 +1,16 @@
 //! Per-turn resolution: connections, live catalogues and the grant in, a [`Surface`] out.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use psych_types::{
     ConnectionSpec, PermissionGrant, Preload, ServerCatalog, ServerHealth, ServerId,
-    TokenEstimator, ToolDefinition, ToolName, ToolRef,
+    TokenEstimator, ToolDefinition, ToolName, ToolRef, ToolScope,
 };
 use serde::Serialize;
 
 use crate::names::{self, Exposed, MetaTool};
+use crate::search::Part;
 use crate::settings::{CostBasis, META_TOOL_COUNT};
 use crate::text::{TRUNCATION_MARKER, cap_chars, first_line};
 use crate::{ResolveError, Settings, shapes, state};
@@ -168,6 +169,25 @@ pub struct Surface {
     pub(crate) deferred_catalogs: BTreeMap<ServerId, SharedTools>,
     permitted: PermittedSet,
     pub(crate) settings: Settings,
+    /// Each server's prepared part, for its search index (shared across Surfaces).
+    pub(crate) parts: BTreeMap<ServerId, SharedPart>,
+}
+
+/// A server's prepared part as a Surface holds it. Derived data: it never makes two
+/// Surfaces differ.
+#[derive(Clone)]
+pub(crate) struct SharedPart(pub(crate) Arc<Prepared>);
+
+impl PartialEq for SharedPart {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for SharedPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedPart")
+    }
 }
 
 impl Surface {
@@ -258,10 +278,11 @@ impl std::fmt::Debug for SharedTools {
 /// The plan for one server while its shape is decided.
 struct Plan<'a> {
     connection: &'a ConnectionSpec,
+    part: &'a Arc<Prepared>,
     catalog: Option<&'a ServerCatalog>,
     permitted: Vec<&'a ToolDefinition>,
     cost: Cost,
-    index: String,
+    index: &'a str,
     index_fits: bool,
     shape: Shape,
     why: Why,
@@ -348,6 +369,29 @@ pub fn resolve(
     settings: &Settings,
     estimator: &dyn TokenEstimator,
 ) -> Result<Surface, ResolveError> {
+    let servers = index_inputs(inputs)?;
+    let mut prepared = Vec::with_capacity(servers.len());
+    for (connection, catalog) in servers {
+        let part = prepare(connection, catalog, inputs.grant, settings, estimator)?;
+        prepared.push((connection, catalog, Arc::new(part)));
+    }
+    Ok(compose(
+        prepared
+            .iter()
+            .map(|(c, catalog, part)| (*c, *catalog, part)),
+        settings,
+    ))
+}
+
+/// The servers a resolution shows, in id order: each connection the grant mentions, with
+/// its catalogue when it has one.
+///
+/// # Errors
+///
+/// [`ResolveError`] when a server has two connections or two catalogues.
+pub(crate) fn index_inputs<'a>(
+    inputs: &Inputs<'a>,
+) -> Result<Vec<(&'a ConnectionSpec, Option<&'a ServerCatalog>)>, ResolveError> {
     let mut connections: BTreeMap<&ServerId, &ConnectionSpec> = BTreeMap::new();
     for connection in inputs.connections {
         if connections.insert(&connection.server, connection).is_some() {
@@ -360,62 +404,148 @@ pub fn resolve(
             return Err(ResolveError::DuplicateCatalog(catalog.server.clone()));
         }
     }
+    Ok(connections
+        .into_iter()
+        .filter(|(server, _)| inputs.grant.permits_server(server))
+        .map(|(server, connection)| (connection, catalogs.get(server).copied()))
+        .collect())
+}
 
+/// One server's part of a resolution that depends on nothing but its connection, its
+/// catalogue's tools, its scope in the grant, the settings and the estimator: its
+/// permitted tools, their cost, its facade index and its size tier. The most expensive
+/// part of a resolution, and what [`SurfaceCache`](crate::SurfaceCache) keeps per server.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    /// The catalogue's tools, shared: `permitted` indexes them.
+    tools: Option<Arc<[ToolDefinition]>>,
+    /// The permitted tools, as indices into `tools`, sorted by name.
+    permitted: Vec<usize>,
+    cost: Cost,
+    index: String,
+    index_fits: bool,
+    /// The shape its size gives it, before preload, budget and cap.
+    tier: Shape,
+    /// Its scope in the grant it was prepared under.
+    pub(crate) scope: Option<ToolScope>,
+    /// The keyword index over its permitted tools, built at the first search that needs
+    /// it ([`Surface::prepare_search`]) and shared by every Surface composed from this part.
+    search: OnceLock<Arc<Part>>,
+}
+
+impl Prepared {
+    /// The catalogue's tools it was prepared from.
+    pub(crate) fn tools(&self) -> Option<&Arc<[ToolDefinition]>> {
+        self.tools.as_ref()
+    }
+
+    /// The keyword index over the permitted tools, built now if no search built it yet.
+    /// Blocks for the indexing: about a millisecond per few hundred tools.
+    pub(crate) fn search_part(&self, server: &ServerId) -> Arc<Part> {
+        let part = self.search.get_or_init(|| {
+            let all: &[ToolDefinition] = self.tools.as_deref().unwrap_or_default();
+            Arc::new(Part::new(self.permitted.iter().map(|&i| (server, &all[i]))))
+        });
+        Arc::clone(part)
+    }
+}
+
+/// Prepares one server (see [`Prepared`]).
+///
+/// # Errors
+///
+/// [`ResolveError::DuplicateTool`] when its catalogue lists a permitted tool twice.
+pub(crate) fn prepare(
+    connection: &ConnectionSpec,
+    catalog: Option<&ServerCatalog>,
+    grant: &PermissionGrant,
+    settings: &Settings,
+    estimator: &dyn TokenEstimator,
+) -> Result<Prepared, ResolveError> {
+    let server = &connection.server;
+    let tools = catalog.map(|c| Arc::clone(&c.tools));
+    let all: &[ToolDefinition] = tools.as_deref().unwrap_or_default();
+    let mut permitted: Vec<usize> = (0..all.len())
+        .filter(|&i| crate::guard::in_permitted_set(grant, server, &all[i]))
+        .collect();
+    permitted.sort_by(|&a, &b| all[a].name.cmp(&all[b].name));
+    if let Some(pair) = permitted
+        .windows(2)
+        .find(|w| all[w[0]].name == all[w[1]].name)
+    {
+        return Err(ResolveError::DuplicateTool {
+            server: server.clone(),
+            tool: all[pair[0]].name.clone(),
+        });
+    }
+    let budget = settings.auto_budget.tokens();
+    let may_be_direct = permitted.len() <= settings.direct_max_tools;
+    let limit = match (connection.preload == Preload::Auto, may_be_direct) {
+        (true, true) => budget.max(settings.direct_max_tokens),
+        (true, false) => budget,
+        (false, true) => settings.direct_max_tokens,
+        (false, false) => 0,
+    };
+    let refs: Vec<&ToolDefinition> = permitted.iter().map(|&i| &all[i]).collect();
+    let cost = counted_cost(estimator, server, &refs, limit, settings.cost_basis);
+    let names: Vec<&ToolName> = refs.iter().map(|t| &t.name).collect();
+    let index = shapes::facade_index(server, &names);
+    let index_fits = estimator.estimate_text(&index) <= settings.facade_max_index_tokens;
+    let tier = if may_be_direct && cost.tokens() <= settings.direct_max_tokens {
+        Shape::Direct
+    } else if index_fits {
+        Shape::Facade
+    } else {
+        Shape::SearchPair
+    };
+    Ok(Prepared {
+        tools,
+        permitted,
+        cost,
+        index,
+        index_fits,
+        tier,
+        scope: grant.servers.get(server).cloned(),
+        search: OnceLock::new(),
+    })
+}
+
+/// Decides every server's shape from its prepared part, shares the budget, enforces the
+/// cap and builds the Surface. `servers` are in server order.
+pub(crate) fn compose<'a>(
+    servers: impl IntoIterator<
+        Item = (
+            &'a ConnectionSpec,
+            Option<&'a ServerCatalog>,
+            &'a Arc<Prepared>,
+        ),
+    >,
+    settings: &Settings,
+) -> Surface {
     let budget = settings.auto_budget.tokens();
     let mut plans = Vec::new();
-    for (server, connection) in connections {
-        if !inputs.grant.permits_server(server) {
-            continue;
-        }
-        let catalog = catalogs.get(server).copied();
-        let mut permitted: Vec<&ToolDefinition> = catalog
-            .map(|c| c.tools.iter())
-            .into_iter()
-            .flatten()
-            .filter(|tool| crate::guard::in_permitted_set(inputs.grant, server, tool))
-            .collect();
-        permitted.sort_by(|a, b| a.name.cmp(&b.name));
-        if let Some(pair) = permitted.windows(2).find(|w| w[0].name == w[1].name) {
-            return Err(ResolveError::DuplicateTool {
-                server: server.clone(),
-                tool: pair[0].name.clone(),
-            });
-        }
-        let may_be_direct = permitted.len() <= settings.direct_max_tools;
-        let limit = match (connection.preload == Preload::Auto, may_be_direct) {
-            (true, true) => budget.max(settings.direct_max_tokens),
-            (true, false) => budget,
-            (false, true) => settings.direct_max_tokens,
-            (false, false) => 0,
-        };
-        let cost = counted_cost(estimator, server, &permitted, limit, settings.cost_basis);
-        let names: Vec<&ToolName> = permitted.iter().map(|t| &t.name).collect();
-        let index = shapes::facade_index(server, &names);
-        let index_fits = estimator.estimate_text(&index) <= settings.facade_max_index_tokens;
+    for (connection, catalog, part) in servers {
+        let all: &[ToolDefinition] = part.tools.as_deref().unwrap_or_default();
         let mut plan = Plan {
             connection,
             catalog,
-            permitted,
-            cost,
-            index,
-            index_fits,
+            part,
+            permitted: part.permitted.iter().map(|&i| &all[i]).collect(),
+            cost: part.cost,
+            index: &part.index,
+            index_fits: part.index_fits,
             shape: Shape::Deferred,
             why: Why::NoTools,
             eager: Vec::new(),
         };
-        let tier = if may_be_direct && plan.cost.tokens() <= settings.direct_max_tokens {
-            Shape::Direct
-        } else {
-            plan.step_down_shape()
-        };
         (plan.shape, plan.why) = match connection.preload {
             _ if plan.permitted.is_empty() => (Shape::Deferred, Why::NoTools),
             Preload::Deferred => (Shape::Deferred, Why::Pinned),
-            Preload::Eager => (tier, Why::Pinned),
+            Preload::Eager => (part.tier, Why::Pinned),
             // Alone over the budget: it can never be kept, whatever the others cost.
             Preload::Auto if plan.cost.tokens() > budget => (Shape::Deferred, Why::OverBudget),
             // Kept for now; `share_budget` decides with the other Auto servers.
-            Preload::Auto => (tier, Why::Size),
+            Preload::Auto => (part.tier, Why::Size),
         };
         plans.push(plan);
     }
@@ -423,6 +553,9 @@ pub fn resolve(
     share_budget(&mut plans, budget);
     for plan in plans.iter_mut().filter(|p| p.shape == Shape::Deferred) {
         let eager_tools = &plan.connection.eager_tools;
+        if eager_tools.is_empty() {
+            continue;
+        }
         plan.eager = plan
             .permitted
             .iter()
@@ -431,7 +564,7 @@ pub fn resolve(
             .collect();
     }
     enforce_cap(&mut plans, settings);
-    Ok(build(plans, settings))
+    build(plans, settings)
 }
 
 /// Shares the auto budget among the [`Auto`](Preload::Auto) servers still kept (each costs
@@ -640,7 +773,7 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
                     name,
                     server,
                     plan.connection.description.as_deref(),
-                    &plan.index,
+                    plan.index,
                 )
             }),
             Exposed::Search { server } => by_server.get(server).and_then(|plan| {
@@ -696,6 +829,10 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
             })
             .collect(),
     };
+    let parts = plans
+        .iter()
+        .map(|p| (p.connection.server.clone(), SharedPart(Arc::clone(p.part))))
+        .collect();
     let servers = plans
         .into_iter()
         .map(|p| ServerView {
@@ -718,5 +855,6 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
         deferred_catalogs,
         permitted,
         settings: settings.clone(),
+        parts,
     }
 }

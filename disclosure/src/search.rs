@@ -15,6 +15,7 @@
 //! - Ties are broken by `(server, tool)`, so the ranking is deterministic.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use psych_types::{ServerId, ToolDefinition, ToolRef};
 
@@ -116,37 +117,29 @@ fn parameter_names(tool: &ToolDefinition) -> String {
         .unwrap_or_default()
 }
 
+/// One indexed tool: what it calls and its fields' lengths in tokens.
 struct Doc {
     target: ToolRef,
-    /// Term frequencies per field.
-    fields: [HashMap<String, u32>; FIELDS],
     lengths: [u32; FIELDS],
 }
 
-/// A keyword index over the tools of one or several servers.
-///
-/// The guard builds one over a server's permitted tools to answer its search tool; a
-/// command line can build one over several servers to search them together.
-pub struct SearchIndex {
+/// An index over some tools: their docs, and for each token the docs holding it with its
+/// count in each field. Immutable once built, so parts are shared (`Arc`) between the
+/// indexes that search them together: a Surface keeps one per server and catalogue
+/// version, and a search over several servers combines theirs without indexing again.
+pub(crate) struct Part {
     docs: Vec<Doc>,
-    document_frequency: HashMap<String, u32>,
-    average_lengths: [f64; FIELDS],
+    postings: HashMap<String, Vec<(u32, [u32; FIELDS])>>,
+    totals: [u64; FIELDS],
 }
 
-impl std::fmt::Debug for SearchIndex {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SearchIndex")
-            .field("tools", &self.docs.len())
-            .finish()
-    }
-}
-
-impl SearchIndex {
-    /// Indexes the given tools. Give each pair once; the index searches what it is given, so
-    /// narrowing by the grant comes first.
-    pub fn new<'a>(tools: impl IntoIterator<Item = (&'a ServerId, &'a ToolDefinition)>) -> Self {
+impl Part {
+    /// Indexes the given tools, in the order given.
+    pub(crate) fn new<'a>(
+        tools: impl IntoIterator<Item = (&'a ServerId, &'a ToolDefinition)>,
+    ) -> Self {
         let mut docs = Vec::new();
-        let mut document_frequency: HashMap<String, u32> = HashMap::new();
+        let mut postings: HashMap<String, Vec<(u32, [u32; FIELDS])>> = HashMap::new();
         let mut totals = [0u64; FIELDS];
         for (server, tool) in tools {
             let title = tool
@@ -160,43 +153,98 @@ impl SearchIndex {
                 parameter_names(tool),
                 tool.description_or_empty().to_owned(),
             ];
-            let mut fields: [HashMap<String, u32>; FIELDS] = Default::default();
+            let mut counts: BTreeMap<String, [u32; FIELDS]> = BTreeMap::new();
             let mut lengths = [0u32; FIELDS];
-            let mut seen = BTreeSet::new();
             for (i, text) in texts.iter().enumerate() {
                 for token in tokens(text) {
                     lengths[i] += 1;
-                    *fields[i].entry(token.clone()).or_default() += 1;
-                    seen.insert(token);
+                    counts.entry(token).or_default()[i] += 1;
                 }
                 totals[i] += u64::from(lengths[i]);
             }
-            for token in seen {
-                *document_frequency.entry(token).or_default() += 1;
+            // At most u32::MAX tools: a catalogue is bounded far below that by its bytes.
+            let id = u32::try_from(docs.len()).unwrap_or(u32::MAX);
+            for (token, counts) in counts {
+                postings.entry(token).or_default().push((id, counts));
             }
             docs.push(Doc {
                 target: ToolRef::new(server.clone(), tool.name.clone()),
-                fields,
                 lengths,
             });
         }
-        let n = docs.len().max(1) as f64;
-        let average_lengths = totals.map(|total| (total as f64 / n).max(1.0));
         Self {
             docs,
-            document_frequency,
+            postings,
+            totals,
+        }
+    }
+}
+
+impl std::fmt::Debug for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Part")
+            .field("tools", &self.docs.len())
+            .finish()
+    }
+}
+
+/// A keyword index over the tools of one or several servers.
+///
+/// The guard searches one over a server's permitted tools to answer its search tool; a
+/// command line can build one over several servers to search them together.
+///
+/// Built once, searched many times: a search costs what the query's words' postings hold
+/// (the tools sharing a word with it), not the whole index. A Surface keeps the indexes its
+/// searches need per server and catalogue version ([`Surface::prepare_search`](crate::Surface::prepare_search)).
+#[derive(Clone)]
+pub struct SearchIndex {
+    parts: Vec<Arc<Part>>,
+    docs: usize,
+    average_lengths: [f64; FIELDS],
+}
+
+impl std::fmt::Debug for SearchIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SearchIndex")
+            .field("tools", &self.docs)
+            .finish()
+    }
+}
+
+impl SearchIndex {
+    /// Indexes the given tools. Give each pair once; the index searches what it is given, so
+    /// narrowing by the grant comes first.
+    pub fn new<'a>(tools: impl IntoIterator<Item = (&'a ServerId, &'a ToolDefinition)>) -> Self {
+        Self::combine(vec![Arc::new(Part::new(tools))])
+    }
+
+    /// One index over several parts, searched as if their tools had been indexed together
+    /// (each pair in one part only). Costs a few operations a part.
+    pub(crate) fn combine(parts: Vec<Arc<Part>>) -> Self {
+        let docs: usize = parts.iter().map(|p| p.docs.len()).sum();
+        let mut totals = [0u64; FIELDS];
+        for part in &parts {
+            for (total, add) in totals.iter_mut().zip(part.totals) {
+                *total += add;
+            }
+        }
+        let n = docs.max(1) as f64;
+        let average_lengths = totals.map(|total| (total as f64 / n).max(1.0));
+        Self {
+            parts,
+            docs,
             average_lengths,
         }
     }
 
     /// How many tools are indexed.
     pub fn len(&self) -> usize {
-        self.docs.len()
+        self.docs
     }
 
     /// Whether no tool is indexed.
     pub fn is_empty(&self) -> bool {
-        self.docs.is_empty()
+        self.docs == 0
     }
 
     /// The best `limit` tools for `query`, best first. Only tools that match at least one
@@ -212,37 +260,52 @@ impl SearchIndex {
     /// only within one query), for callers that show the ranking, such as `psych search`.
     pub fn search_scored(&self, query: &str, limit: usize) -> Vec<(ToolRef, f64)> {
         let terms: BTreeSet<String> = tokens(query).into_iter().collect();
-        let n = self.docs.len() as f64;
-        let idf: BTreeMap<&str, f64> = terms
+        let n = self.docs as f64;
+        let idf: Vec<(&str, f64)> = terms
             .iter()
             .filter_map(|term| {
-                let df = f64::from(*self.document_frequency.get(term)?);
-                Some((term.as_str(), (1.0 + (n - df + 0.5) / (df + 0.5)).ln()))
+                let df: usize = self
+                    .parts
+                    .iter()
+                    .filter_map(|part| part.postings.get(term))
+                    .map(Vec::len)
+                    .sum();
+                let df = df as f64;
+                (df > 0.0).then(|| (term.as_str(), (1.0 + (n - df + 0.5) / (df + 0.5)).ln()))
             })
             .collect();
         if idf.is_empty() {
             return Vec::new();
         }
-        let mut scored: Vec<(f64, &ToolRef)> = Vec::new();
-        for doc in &self.docs {
-            let mut score = 0.0;
-            for (term, idf) in &idf {
-                let mut tf = 0.0;
-                for (field, weight) in WEIGHTS.iter().enumerate() {
-                    if let Some(&count) = doc.fields[field].get(*term) {
-                        let norm = 1.0 - B
-                            + B * f64::from(doc.lengths[field]) / self.average_lengths[field];
-                        tf += weight * f64::from(count) / norm;
+        // Each tool's score adds its terms' shares in term order, as a scan of every tool
+        // would: the same floating-point sums, so the same ranking.
+        let mut scores: HashMap<(usize, u32), f64> = HashMap::new();
+        for (term, idf) in &idf {
+            for (p, part) in self.parts.iter().enumerate() {
+                let Some(postings) = part.postings.get(*term) else {
+                    continue;
+                };
+                for (doc, counts) in postings {
+                    let lengths = &part.docs[*doc as usize].lengths;
+                    let mut tf = 0.0;
+                    for (field, weight) in WEIGHTS.iter().enumerate() {
+                        if counts[field] > 0 {
+                            let norm = 1.0 - B
+                                + B * f64::from(lengths[field]) / self.average_lengths[field];
+                            tf += weight * f64::from(counts[field]) / norm;
+                        }
+                    }
+                    if tf > 0.0 {
+                        *scores.entry((p, *doc)).or_insert(0.0) += idf * tf / (K1 + tf);
                     }
                 }
-                if tf > 0.0 {
-                    score += idf * tf / (K1 + tf);
-                }
-            }
-            if score > 0.0 {
-                scored.push((score, &doc.target));
             }
         }
+        let mut scored: Vec<(f64, &ToolRef)> = scores
+            .into_iter()
+            .filter(|(_, score)| *score > 0.0)
+            .map(|((p, doc), score)| (score, &self.parts[p].docs[doc as usize].target))
+            .collect();
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
         scored
             .into_iter()
@@ -302,5 +365,54 @@ mod tests {
         assert_eq!(order, hits);
         assert!(scored[0].1 > scored[1].1, "{scored:?}");
         assert_eq!(scored[1].1, scored[2].1, "equal scores tie on the name");
+    }
+
+    #[test]
+    fn parts_searched_together_rank_as_one_index() {
+        let object = |s: &str| serde_json::from_str(s).unwrap();
+        let servers: Vec<ServerId> = ["a", "b", "c"]
+            .iter()
+            .map(|s| ServerId::new(*s).unwrap())
+            .collect();
+        let words = [
+            "list", "branch", "create", "issue", "file", "read", "pull", "request",
+        ];
+        let tools: Vec<(usize, ToolDefinition)> = (0..60)
+            .map(|i| {
+                let name = format!("{}_{}_{i}", words[i % 8], words[(i * 3 + 1) % 8]);
+                let description = format!("{} the {} {}", words[(i * 5) % 8], words[i % 3], i);
+                let tool = ToolDefinition::new(
+                    ToolName::new(name).unwrap(),
+                    description,
+                    object(r#"{"type":"object","properties":{"path":{}}}"#),
+                );
+                (i % 3, tool)
+            })
+            .collect();
+        let whole = SearchIndex::new(tools.iter().map(|(s, t)| (&servers[*s], t)));
+        let parts = (0..3)
+            .map(|s| {
+                Arc::new(Part::new(
+                    tools
+                        .iter()
+                        .filter(|(t, _)| *t == s)
+                        .map(|(t, tool)| (&servers[*t], tool)),
+                ))
+            })
+            .collect();
+        let combined = SearchIndex::combine(parts);
+        assert_eq!(whole.len(), combined.len());
+        for query in [
+            "list branches",
+            "create a pull request",
+            "read file path",
+            "nothing",
+        ] {
+            assert_eq!(
+                whole.search_scored(query, 100),
+                combined.search_scored(query, 100),
+                "{query}"
+            );
+        }
     }
 }

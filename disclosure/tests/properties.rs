@@ -432,3 +432,178 @@ proptest! {
         prop_assert_eq!(surface, other);
     }
 }
+
+/// One change between two resolutions, as a Run sees them from turn to turn.
+#[derive(Debug, Clone)]
+enum Change {
+    /// Nothing changed: the same catalogue reads.
+    Nothing,
+    /// A server's catalogue changed: its `k`-th tool dropped, or a new tool added, at a new
+    /// version (a new allocation).
+    Catalogue { server: usize, k: usize, add: bool },
+    /// The same tools read again into a new allocation at the same version.
+    Reread { server: usize },
+    /// A server went unreachable, or came back.
+    Reachability { server: usize, down: bool },
+    /// The grant of a server: removed, all of it, or one tool fewer.
+    Grant { server: usize, how: u8 },
+    /// A connection's description or eager tools changed.
+    Connection { server: usize, k: usize },
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        Just(Change::Nothing),
+        (0usize..8, 0usize..30, any::<bool>()).prop_map(|(server, k, add)| Change::Catalogue {
+            server,
+            k,
+            add
+        }),
+        (0usize..8).prop_map(|server| Change::Reread { server }),
+        (0usize..8, any::<bool>()).prop_map(|(server, down)| Change::Reachability { server, down }),
+        (0usize..8, 0u8..3).prop_map(|(server, how)| Change::Grant { server, how }),
+        (0usize..8, 0usize..30).prop_map(|(server, k)| Change::Connection { server, k }),
+    ]
+}
+
+impl Case {
+    fn live(&self) -> psych_disclosure::Live<'_> {
+        psych_disclosure::Live {
+            grant: &self.grant,
+            catalogs: &self.catalogs,
+        }
+    }
+
+    fn apply(&mut self, change: &Change) {
+        let n = self.catalogs.len();
+        match *change {
+            Change::Nothing => {}
+            Change::Catalogue { server, k, add } => {
+                let catalog = &mut self.catalogs[server % n];
+                let mut tools = catalog.tools.to_vec();
+                if add {
+                    let name = format!("added_{k}_{}", catalog.version.0);
+                    tools.push(ToolDefinition::new(
+                        ToolName::new(name).unwrap(),
+                        "an added tool to list things",
+                        serde_json::from_str(r#"{"type":"object"}"#).unwrap(),
+                    ));
+                    tools.sort_by(|a, b| a.name.cmp(&b.name));
+                } else if !tools.is_empty() {
+                    tools.remove(k % tools.len());
+                }
+                catalog.tools = tools.into();
+                catalog.version.0 += 1;
+            }
+            Change::Reread { server } => {
+                let catalog = &mut self.catalogs[server % n];
+                catalog.tools = catalog.tools.to_vec().into();
+            }
+            Change::Reachability { server, down } => {
+                self.catalogs[server % n].health.reachability = if down {
+                    psych_types::Reachability::Unreachable {
+                        reason: "exited with status 1".into(),
+                    }
+                } else {
+                    psych_types::Reachability::Reachable
+                };
+            }
+            Change::Grant { server, how } => {
+                let catalog = &self.catalogs[server % n];
+                let id = catalog.server.clone();
+                match how {
+                    0 => {
+                        self.grant.servers.remove(&id);
+                    }
+                    1 => {
+                        self.grant.servers.insert(id, ToolScope::All);
+                    }
+                    _ => {
+                        let set = catalog
+                            .tools
+                            .iter()
+                            .skip(1)
+                            .map(|t| t.name.clone())
+                            .collect();
+                        self.grant.servers.insert(id, ToolScope::Only(set));
+                    }
+                }
+            }
+            Change::Connection { server, k } => {
+                let tools = self.catalogs[server % n].tools.clone();
+                let connection = &mut self.connections[server % n];
+                connection.description = Some(format!("changed {k}"));
+                if let Some(tool) = tools.get(k % tools.len().max(1)) {
+                    connection.eager_tools.insert(tool.name.clone());
+                }
+            }
+        }
+    }
+}
+
+/// Everything a model or client is sent from a Surface, as bytes.
+fn sent(surface: &Surface, live: &psych_disclosure::Live<'_>) -> String {
+    let names: Vec<(&str, &Exposed)> = surface
+        .names()
+        .chain(surface.deferred_names().map(|(name, target)| {
+            (
+                name,
+                surface.exposed(name).unwrap_or_else(|| panic!("{target}")),
+            )
+        }))
+        .collect();
+    let searches: Vec<Vec<&str>> = ["list get", "search code branch", "create"]
+        .iter()
+        .map(|q| surface.search_deferred(q, live, 10))
+        .collect();
+    serde_json::to_string(&json!({
+        "tools": surface.tools(),
+        "native": surface.native_tools(),
+        "deferred": surface.deferred_tools(),
+        "lines": surface.deferred_lines(),
+        "servers": surface.servers(),
+        "names": names,
+        "permitted": surface.permitted(),
+        "searches": searches,
+    }))
+    .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Resolving through a cache gives exactly the Surface resolving without it gives, over
+    /// random sequences of catalogue, reachability, grant and connection changes; an
+    /// unchanged setup gives the very same Surface.
+    #[test]
+    fn the_cache_resolves_what_resolve_does(
+        mut case in case(),
+        changes in prop::collection::vec(change(), 1..12),
+    ) {
+        let mut cache = psych_disclosure::SurfaceCache::new(Bytes4);
+        let mut previous = cache.resolve(&case.inputs(), &case.settings).unwrap();
+        prop_assert_eq!(&*previous, &case.surface());
+        for change in &changes {
+            case.apply(change);
+            let cached = cache.resolve(&case.inputs(), &case.settings).unwrap();
+            let plain = case.surface();
+            prop_assert_eq!(&*cached, &plain, "after {:?}", change);
+            let live = case.live();
+            prop_assert_eq!(sent(&cached, &live), sent(&plain, &live), "after {:?}", change);
+            // Search pairs answer the same through the cached index.
+            for (name, exposed) in plain.names() {
+                if matches!(exposed, Exposed::Search { .. }) {
+                    let args = json!({"query": "list get create"});
+                    let mut validators = Validators::new();
+                    let a = cached.guard(name, &args, &live, &mut validators);
+                    let b = plain.guard(name, &args, &live, &mut validators);
+                    prop_assert_eq!(a, b);
+                }
+            }
+            if matches!(change, Change::Nothing) {
+                prop_assert!(std::sync::Arc::ptr_eq(&previous, &cached), "unchanged: shared");
+            }
+            previous = cached;
+        }
+    }
+}

@@ -2,11 +2,11 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use psych_catalog::Catalog;
-use psych_disclosure::{Inputs, Live, OrientationContext, Settings, Surface, resolve};
+use psych_disclosure::{Inputs, Live, OrientationContext, Settings, Surface, SurfaceCache};
 use psych_elision::{Elider, Estimator};
 use psych_prompt_assembly::{
     AnthropicOptions, Assembler, CurrentTime, DeferralMode, DynamicTail, NativeDeferral,
@@ -141,6 +141,8 @@ pub struct Run<H> {
     connections: Vec<ConnectionSpec>,
     grant: PermissionGrant,
     settings: Settings,
+    /// The last Surface and each server's prepared part, kept across turns.
+    surfaces: Arc<Mutex<SurfaceCache<Estimator>>>,
     elider: Elider,
     instructions: String,
     dynamic_tail: DynamicTail,
@@ -477,13 +479,7 @@ impl<H: ToolHost + 'static> Run<H> {
 
     /// Resolves this turn's Surface from the catalogue now, and its zone 1 and tools.
     async fn resolve_turn(&self) -> Result<Turn, RunError> {
-        let catalogs = self.live_catalogs().await?;
-        let inputs = Inputs {
-            connections: &self.connections,
-            catalogs: &catalogs,
-            grant: &self.grant,
-        };
-        let surface = resolve(&inputs, &self.settings, &Estimator::new())?;
+        let surface = self.resolve_surface().await?;
         let zone1 = surface.deferred_lines().iter().fold(
             StaticSections::new(self.instructions.clone()),
             |zone, line| zone.capability_note(line.clone()),
@@ -506,11 +502,43 @@ impl<H: ToolHost + 'static> Run<H> {
             _ => None,
         };
         Ok(Turn {
-            surface: Arc::new(surface),
+            surface,
             zone1,
             tools,
             native,
         })
+    }
+
+    /// Reads every connected server's live catalogue now and resolves their Surface through
+    /// the Run's [`SurfaceCache`] (an unchanged setup answers the last turn's Surface; a
+    /// changed one prepares only the servers that changed), with its search indexes built:
+    /// redb reads and CPU work, off the async threads. Dropped mid-way, the blocking task
+    /// still finishes and leaves the cache consistent.
+    async fn resolve_surface(&self) -> Result<Arc<Surface>, RunError> {
+        let catalog = self.catalog.clone();
+        let cache = Arc::clone(&self.surfaces);
+        let connections = self.connections.clone();
+        let grant = self.grant.clone();
+        let settings = self.settings.clone();
+        tokio::task::spawn_blocking(move || {
+            let catalogs = connections
+                .iter()
+                .map(|c| catalog.live(&c.server))
+                .collect::<Result<Vec<_>, _>>()?;
+            let inputs = Inputs {
+                connections: &connections,
+                catalogs: &catalogs,
+                grant: &grant,
+            };
+            let surface = cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .resolve(&inputs, &settings)?;
+            surface.prepare_search();
+            Ok::<_, RunError>(surface)
+        })
+        .await
+        .map_err(|e| RunError::Task(e.to_string()))?
     }
 
     /// The live catalogue of every connected server, read now (off the async threads).
@@ -681,6 +709,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             connections: self.connections,
             grant: self.grant,
             settings: self.settings,
+            surfaces: Arc::new(Mutex::new(SurfaceCache::new(Estimator::new()))),
             elider: self.elider,
             instructions: self.instructions,
             dynamic_tail: self.dynamic_tail,

@@ -1,0 +1,316 @@
+//! [`SurfaceCache`]: resolution that remembers what it resolved from, so an unchanged setup
+//! resolves in microseconds and a changed one prepares only the servers that changed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use psych_types::{
+    CatalogVersion, ConnectionSpec, PermissionGrant, ServerCatalog, ServerHealth, ServerId,
+    TokenEstimator, ToolDefinition,
+};
+
+use crate::resolve::{Prepared, compose, index_inputs, prepare};
+use crate::{Inputs, ResolveError, Settings, Surface};
+
+/// Resolution with memory: [`SurfaceCache::resolve`] gives exactly the [`Surface`] that
+/// [`resolve`](crate::resolve) gives for the same inputs (the same tools, lines, names and
+/// bytes), reusing what an earlier call computed from the same inputs.
+///
+/// What it keys on, and why that is sound:
+///
+/// - **The whole Surface** by everything it is made of: the settings, the connections, the
+///   grant, and each catalogue's server, version, health and tools. Tools are compared by
+///   identity: the cache holds the catalogue's `Arc<[ToolDefinition]>` and a later read is
+///   the same only when it is the very same allocation (psych-catalog hands every reader of
+///   one server at one version the same one), so equal keys mean equal tools whatever
+///   versions a caller assigns. An unchanged setup answers the same `Arc<Surface>`.
+/// - **Each server's prepared part** (its permitted tools sorted, their cost through the
+///   estimator, its facade index and size tier: the work that grows with its catalogue) by
+///   its connection, its catalogue's tools (by identity and version) and its scope in the
+///   grant, under the same settings. A change to one server prepares that server again;
+///   the others' parts are reused, and the Surface is composed from them (budget, cap,
+///   names), which still visits every permitted tool once.
+///
+/// Health is part of the Surface's key but not of a server's part: a server going
+/// unreachable rewrites only its line and view.
+///
+/// The estimator is the cache's own ([`SurfaceCache::new`]), so a cached cost is always the
+/// one the estimator would give.
+///
+/// # Memory
+///
+/// One prepared part per server of the last call (servers gone since are dropped), each a
+/// few words per permitted tool and its facade index, plus the last Surface; the catalogues'
+/// tools are shared with the caller, not copied, but the cache keeps the last ones alive
+/// until the next call.
+///
+/// # What blocks
+///
+/// A call whose inputs are unchanged does no more than compare them: microseconds. Any
+/// other call is CPU work that grows with the changed servers' tools and the permitted
+/// tools' count (milliseconds at thousands of tools): call it where [`resolve`](crate::resolve)
+/// would be called, off an async worker.
+pub struct SurfaceCache<E> {
+    estimator: E,
+    settings: Option<Settings>,
+    servers: HashMap<ServerId, Slot>,
+    last: Option<Last>,
+}
+
+/// One server's prepared part and what it was prepared from.
+struct Slot {
+    connection: ConnectionSpec,
+    /// The catalogue's version; its tools and the grant scope are the part's own.
+    version: Option<CatalogVersion>,
+    part: Arc<Prepared>,
+}
+
+/// The last Surface and everything it was resolved from.
+struct Last {
+    connections: Vec<ConnectionSpec>,
+    catalogs: Vec<CatalogKey>,
+    grant: PermissionGrant,
+    surface: Arc<Surface>,
+}
+
+/// A catalogue as a key: its tools by identity.
+struct CatalogKey {
+    server: ServerId,
+    version: CatalogVersion,
+    tools: Arc<[ToolDefinition]>,
+    health: ServerHealth,
+}
+
+impl CatalogKey {
+    fn new(catalog: &ServerCatalog) -> Self {
+        Self {
+            server: catalog.server.clone(),
+            version: catalog.version,
+            tools: Arc::clone(&catalog.tools),
+            health: catalog.health.clone(),
+        }
+    }
+
+    fn matches(&self, catalog: &ServerCatalog) -> bool {
+        self.server == catalog.server
+            && self.version == catalog.version
+            && Arc::ptr_eq(&self.tools, &catalog.tools)
+            && self.health == catalog.health
+    }
+}
+
+impl Last {
+    fn matches(&self, inputs: &Inputs<'_>) -> bool {
+        self.connections.as_slice() == inputs.connections
+            && self.catalogs.len() == inputs.catalogs.len()
+            && self
+                .catalogs
+                .iter()
+                .zip(inputs.catalogs)
+                .all(|(key, catalog)| key.matches(catalog))
+            && &self.grant == inputs.grant
+    }
+}
+
+impl Slot {
+    fn matches(
+        &self,
+        connection: &ConnectionSpec,
+        catalog: Option<&ServerCatalog>,
+        grant: &PermissionGrant,
+    ) -> bool {
+        let same_tools = match (self.part.tools(), catalog) {
+            (None, None) => true,
+            (Some(tools), Some(catalog)) => {
+                self.version == Some(catalog.version) && Arc::ptr_eq(tools, &catalog.tools)
+            }
+            _ => false,
+        };
+        same_tools
+            && &self.connection == connection
+            && self.part.scope.as_ref() == grant.servers.get(&connection.server)
+    }
+}
+
+impl<E> std::fmt::Debug for SurfaceCache<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SurfaceCache")
+            .field("servers", &self.servers.len())
+            .field("surface", &self.last.is_some())
+            .finish()
+    }
+}
+
+impl<E: TokenEstimator> SurfaceCache<E> {
+    /// An empty cache whose costs come from `estimator`.
+    pub fn new(estimator: E) -> Self {
+        Self {
+            estimator,
+            settings: None,
+            servers: HashMap::new(),
+            last: None,
+        }
+    }
+
+    /// The cache's estimator.
+    pub fn estimator(&self) -> &E {
+        &self.estimator
+    }
+
+    /// Resolves the Surface of `inputs` under `settings`: the same Surface
+    /// [`resolve`](crate::resolve) gives, shared with the last call's when nothing it
+    /// depends on changed, else composed from each server's prepared part, prepared again
+    /// only for the servers whose connection, catalogue tools or grant scope changed.
+    ///
+    /// # Errors
+    ///
+    /// As [`resolve`](crate::resolve); an error keeps the last Surface and parts (unless
+    /// the settings changed, which drops them first).
+    pub fn resolve(
+        &mut self,
+        inputs: &Inputs<'_>,
+        settings: &Settings,
+    ) -> Result<Arc<Surface>, ResolveError> {
+        if self.settings.as_ref() != Some(settings) {
+            self.settings = Some(settings.clone());
+            self.servers.clear();
+            self.last = None;
+        }
+        if let Some(last) = &self.last
+            && last.matches(inputs)
+        {
+            return Ok(Arc::clone(&last.surface));
+        }
+        let servers = index_inputs(inputs)?;
+        let mut parts = Vec::with_capacity(servers.len());
+        for &(connection, catalog) in &servers {
+            let part = match self.servers.get(&connection.server) {
+                Some(slot) if slot.matches(connection, catalog, inputs.grant) => {
+                    Arc::clone(&slot.part)
+                }
+                _ => Arc::new(prepare(
+                    connection,
+                    catalog,
+                    inputs.grant,
+                    settings,
+                    &self.estimator,
+                )?),
+            };
+            parts.push(part);
+        }
+        let surface = Arc::new(compose(
+            servers
+                .iter()
+                .zip(&parts)
+                .map(|(&(connection, catalog), part)| (connection, catalog, part)),
+            settings,
+        ));
+        self.servers = servers
+            .iter()
+            .zip(parts)
+            .map(|(&(connection, catalog), part)| {
+                let slot = Slot {
+                    connection: connection.clone(),
+                    version: catalog.map(|c| c.version),
+                    part,
+                };
+                (connection.server.clone(), slot)
+            })
+            .collect();
+        self.last = Some(Last {
+            connections: inputs.connections.to_vec(),
+            catalogs: inputs.catalogs.iter().map(CatalogKey::new).collect(),
+            grant: inputs.grant.clone(),
+            surface: Arc::clone(&surface),
+        });
+        Ok(surface)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use psych_types::{ServerHealth, ToolName};
+
+    struct Bytes4;
+
+    impl TokenEstimator for Bytes4 {
+        fn estimate_text(&self, text: &str) -> u64 {
+            text.len().div_ceil(4) as u64
+        }
+
+        fn estimate_binary(&self, _mime_type: &str, len: u64) -> u64 {
+            len.div_ceil(4)
+        }
+    }
+
+    fn catalog(server: &str, tools: usize) -> ServerCatalog {
+        let schema: psych_types::JsonObject =
+            serde_json::from_str(r#"{"type":"object"}"#).unwrap_or_default();
+        ServerCatalog {
+            server: ServerId::new(server).unwrap_or_else(|e| panic!("{e}")),
+            version: CatalogVersion(1),
+            tools: (0..tools)
+                .map(|i| {
+                    let name = ToolName::new(format!("t{i:03}")).unwrap_or_else(|e| panic!("{e}"));
+                    ToolDefinition::new(name, "a tool", schema.clone())
+                })
+                .collect::<Vec<_>>()
+                .into(),
+            health: ServerHealth::default(),
+        }
+    }
+
+    /// The cache holds one part per server of the last call: a server gone is dropped, so
+    /// its memory is bounded by the current setup, not by every server ever seen.
+    #[test]
+    fn holds_the_servers_of_the_last_call_only() {
+        let names: Vec<String> = (0..50).map(|i| format!("s{i:02}")).collect();
+        let connections: Vec<ConnectionSpec> = names
+            .iter()
+            .map(|n| {
+                ConnectionSpec::new(ServerId::new(n.as_str()).unwrap_or_else(|e| panic!("{e}")))
+            })
+            .collect();
+        let catalogs: Vec<ServerCatalog> = names.iter().map(|n| catalog(n, 40)).collect();
+        let grant = connections.iter().fold(PermissionGrant::none(), |g, c| {
+            g.allow_server(c.server.clone())
+        });
+        let settings = Settings::default();
+        let mut cache = SurfaceCache::new(Bytes4);
+        let inputs = Inputs {
+            connections: &connections,
+            catalogs: &catalogs,
+            grant: &grant,
+        };
+        let first = cache
+            .resolve(&inputs, &settings)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cache.servers.len(), 50);
+        let again = cache
+            .resolve(&inputs, &settings)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(Arc::ptr_eq(&first, &again), "unchanged: the same Surface");
+
+        let fewer = Inputs {
+            connections: &connections[..3],
+            catalogs: &catalogs[..3],
+            grant: &grant,
+        };
+        cache
+            .resolve(&fewer, &settings)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(cache.servers.len(), 3);
+
+        // Other settings: nothing prepared under the old ones is reused.
+        let other = Settings::builder()
+            .tool_cap(64)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let surface = cache
+            .resolve(&fewer, &other)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let plain = crate::resolve(&fewer, &other, &Bytes4).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(*surface, plain);
+    }
+}
