@@ -1,0 +1,197 @@
+//! Results larger than `psych serve` holds in memory, as issue 27 asks: a 200 MiB and a
+//! 1 GiB tool result from a real upstream process (the test server's `raw_huge`, written to
+//! its stdout as one line without ever being held) reach the client as a preview with a
+//! handle; `read_tool_output` reads the end of each back from the session's record log (an
+//! offset read at the last line, a grep from near the end); the log holds each whole; and
+//! the gateway's peak resident memory (`VmHWM`) stays well under the result's size.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use psych_mcp::test_server::{huge_end, huge_lines};
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
+
+/// How much the gateway's peak resident memory may grow over its peak at start while it
+/// takes a huge result: a third of the smaller result, a sixteenth of the larger.
+const GROWTH_BOUND_MIB: u64 = 64;
+
+/// A hang guard only: a call that takes this long has failed the test.
+const CALL_GUARD: Duration = Duration::from_secs(600);
+
+fn write_config(dir: &Path) -> std::path::PathBuf {
+    let config = json!({"mcpServers": {
+        "up": {
+            "command": PSYCH,
+            "args": ["serve-embedded", "--tools", "1", "--list-raw-tools"],
+            "preload": true,
+        },
+    }});
+    let path = dir.join("mcp.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    path
+}
+
+/// A `kB` figure of `/proc/PID/status`: `VmHWM` (the peak resident set) or `VmRSS` (now).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+fn texts(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+        .collect()
+}
+
+fn params(name: &str, arguments: Value) -> CallToolRequestParams {
+    let Value::Object(arguments) = arguments else {
+        panic!("arguments are an object")
+    };
+    CallToolRequestParams::new(name.to_owned()).with_arguments(arguments)
+}
+
+/// The handle a preview names (`… read_tool_output with handle "RUN:SEQ" …`).
+fn handle_in(preview: &str) -> String {
+    let (_, rest) = preview
+        .split_once("with handle \"")
+        .unwrap_or_else(|| panic!("no handle in the preview: {preview}"));
+    rest.split('"').next().unwrap().to_owned()
+}
+
+async fn call(session: &RunningService<RoleClient, ()>, name: &str, arguments: Value) -> String {
+    let result = tokio::time::timeout(CALL_GUARD, session.call_tool(params(name, arguments)))
+        .await
+        .expect("the call came back")
+        .unwrap();
+    assert_ne!(result.is_error, Some(true), "{name}: {result:?}");
+    texts(&result)
+}
+
+/// One huge result of `mib` MiB through the gateway, read back at its end.
+async fn one_huge_result(session: &RunningService<RoleClient, ()>, mib: u64) {
+    let started = Instant::now();
+    let preview = call(session, "up__raw_huge", json!({ "mib": mib })).await;
+    let took = started.elapsed();
+    assert!(
+        preview.len() < 64 * 1024,
+        "{mib} MiB: the client got a preview, not the result ({} bytes)",
+        preview.len()
+    );
+    assert!(
+        preview.starts_with("line 00000001 "),
+        "{mib} MiB: the preview's head: {}",
+        &preview[..200.min(preview.len())]
+    );
+    let handle = handle_in(&preview);
+    let lines = huge_lines(mib);
+    let last = huge_end(lines);
+    assert!(
+        preview.contains(&last),
+        "{mib} MiB: the preview's tail holds the last line"
+    );
+
+    // An offset read at the last line, and a grep from near the end.
+    let page = call(
+        session,
+        "read_tool_output",
+        json!({ "handle": handle, "offset": lines, "limit": 5 }),
+    )
+    .await;
+    assert!(
+        page.contains(&last),
+        "{mib} MiB: the offset read at the end: {page}"
+    );
+    let wanted = format!("line {:08} ", lines - 3);
+    let grep = call(
+        session,
+        "read_tool_output",
+        json!({ "handle": handle, "offset": lines - 100, "grep": wanted.clone() }),
+    )
+    .await;
+    assert!(
+        grep.contains(&wanted),
+        "{mib} MiB: the grep near the end: {grep}"
+    );
+    eprintln!("{mib} MiB: answered in {took:.1?}, read back at its end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_of_200_mib_and_1_gib_are_previewed_logged_whole_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
+        c.arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .arg("--dir")
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null());
+    }))
+    .unwrap();
+    let pid = transport.id().unwrap();
+    let session: RunningService<RoleClient, ()> = ().serve(transport).await.unwrap();
+
+    let started = Instant::now();
+    loop {
+        let tools = session.list_all_tools().await.unwrap();
+        if tools.iter().any(|t| t.name == "up__raw_huge") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the upstream never appeared"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let base = status_kib(pid, "VmHWM") / 1024;
+
+    let mut peaks = Vec::new();
+    for mib in [200, 1024] {
+        one_huge_result(&session, mib).await;
+        let peak = status_kib(pid, "VmHWM") / 1024;
+        eprintln!(
+            "after the {mib} MiB result: the gateway's peak resident memory {peak} MiB (at start {base} MiB)"
+        );
+        peaks.push((mib, peak));
+    }
+
+    // The session's log holds both whole: its file is larger than the two texts together.
+    let logged: u64 = std::fs::read_dir(dir.path().join("serve"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "plog"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert!(
+        logged > (200 + 1024) << 20,
+        "the session log holds both results whole ({logged} bytes)"
+    );
+    session.cancel().await.unwrap();
+
+    // Well under the result's size: what the gateway grew by while taking each result is
+    // a bounded few buffers (measured about 20 and 30 MiB), not the result.
+    for (mib, peak) in peaks {
+        assert!(
+            peak.saturating_sub(base) < GROWTH_BOUND_MIB,
+            "the gateway grew from {base} to {peak} MiB with the {mib} MiB result"
+        );
+    }
+}
