@@ -733,7 +733,10 @@ impl Session {
         else {
             return Err(ErrorData::internal_error("the call logged no result", None));
         };
-        let view_of = self.project(executor, &handle).await?;
+        let (view_of, stored_len) = self.project(executor, &handle).await?;
+        // Whether the output in memory is not the whole result: its text was spilled to
+        // files, stored streamed, and what remains here is the placeholder.
+        let partial = result.output.readable_text().len() as u64 != stored_len;
         let output = match view_of {
             Projection::Replaced(text) => {
                 let mut shown = ToolOutput::text(text);
@@ -742,7 +745,7 @@ impl Session {
             }
             // Shown whole, yet too large to hold in memory: only thresholds set past any
             // sensible size get here. The placeholder says how large; the handle, where.
-            Projection::Full if result.output.is_spilled() => {
+            Projection::Full if partial => {
                 let mut shown = ToolOutput::text(format!(
                     "{} Read it with {READ_TOOL_OUTPUT}, handle {handle}.",
                     result.output.readable_text()
@@ -759,7 +762,8 @@ impl Session {
             .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
     }
 
-    /// The client's view of the result just logged at `handle`: elision's projection made
+    /// The client's view of the result just logged at `handle`, and the length of its
+    /// readable text as stored: elision's projection made
     /// from what the log stored (its estimate, line breaks, and a head and tail read back),
     /// on a blocking thread. From the log rather than from the output in memory, so that a
     /// result too large to hold in memory (spilled to a file by the transport, streamed
@@ -769,7 +773,7 @@ impl Session {
         &self,
         executor: &Executor<McpManager>,
         handle: &RecordHandle,
-    ) -> Result<Projection, ErrorData> {
+    ) -> Result<(Projection, u64), ErrorData> {
         let log = Arc::clone(executor.log());
         let shared = Arc::clone(&self.shared);
         let handle = handle.clone();
@@ -788,7 +792,8 @@ impl Session {
                     &*log,
                 )
                 .map_err(|e| e.to_string())?;
-            Ok::<_, String>(views.into_iter().next().unwrap_or(Projection::Full))
+            let view = views.into_iter().next().unwrap_or(Projection::Full);
+            Ok::<_, String>((view, stored.info.len))
         })
         .await;
         match projected {

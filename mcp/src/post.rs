@@ -162,10 +162,21 @@ fn too_large(
     session_id: Option<String>,
 ) -> Result<StreamableHttpPostResponse, Error> {
     let refused = StreamableHttpError::ResponseBodyTooLarge { max_size: max };
+    answered_with(message, &Fault::BodyTooLarge { max }, session_id, refused)
+}
+
+/// `message`'s request answered with `fault` (that request fails, the session stays);
+/// `refused` when `message` is not a request.
+fn answered_with(
+    message: &ClientJsonRpcMessage,
+    fault: &Fault,
+    session_id: Option<String>,
+    refused: Error,
+) -> Result<StreamableHttpPostResponse, Error> {
     let JsonRpcMessage::Request(request) = message else {
         return Err(refused);
     };
-    let answer = Fault::BodyTooLarge { max }.answer(&request.id);
+    let answer = fault.answer(&request.id);
     match serde_json::from_value(answer) {
         Ok(answer) => Ok(StreamableHttpPostResponse::Json(answer, session_id)),
         Err(_) => Err(refused),
@@ -397,11 +408,21 @@ async fn spilled(
         Err(crate::spill::Refused::TooLarge) => {
             too_large(message, crate::spill::MAX_IN_MEMORY.max(max), session_id)
         }
-        Err(crate::spill::Refused::Malformed(reason)) => Err(unreadable(reason)),
-        Err(crate::spill::Refused::Unreadable { rest, error }) => {
-            Err(unreadable(format!("{error}: {}", preview(&rest))))
+        // The request fails with what happened; the session stays usable.
+        Err(crate::spill::Refused::Malformed(reason)) => {
+            let fault = Fault::SpilledUnreadable(reason.clone());
+            answered_with(message, &fault, session_id, unreadable(reason))
         }
-        Err(crate::spill::Refused::Io(error)) => Err(unreadable(error.to_string())),
+        Err(crate::spill::Refused::Unreadable { rest, error }) => {
+            let reason = format!("{error}: {}", preview(&rest));
+            let fault = Fault::SpilledUnreadable(reason.clone());
+            answered_with(message, &fault, session_id, unreadable(reason))
+        }
+        Err(crate::spill::Refused::Io(error)) => {
+            let reason = error.to_string();
+            let fault = Fault::SpilledUnreadable(reason.clone());
+            answered_with(message, &fault, session_id, unreadable(reason))
+        }
     }
 }
 

@@ -74,11 +74,13 @@ pub(crate) const MAX_REDIRECTS: usize = 5;
 pub const MAX_SSE_EVENT_BYTES: usize = 16 * 1024 * 1024;
 
 /// The most bytes of one `application/json` answer from a streamable HTTP server held in
-/// memory (rmcp's default, named here): a larger body answering a `tools/call` is written
-/// to a file as it arrives and its long texts kept in files (up to
-/// [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER)); any other is refused at its first
-/// byte over, or before reading when its `Content-Length` says so, and its call fails at
-/// once saying so.
+/// memory (rmcp's default, named here): a larger body answering a request whose answer
+/// psych-mcp reads itself (`tools/call`, `tools/list`) is written to a file as it arrives
+/// (up to [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER)), a call's long texts are kept
+/// in files and the rest (a listing whole) parsed in memory up to 64 MiB; any other body is
+/// refused at its first byte over, or before reading when its `Content-Length` says so,
+/// and its request fails at once saying so. A spilled body that cannot be read back fails
+/// its request alone; the session stays.
 pub const MAX_JSON_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// The key of the `data` of a JSON-RPC error that psych-mcp wrote itself (see the module
@@ -108,6 +110,9 @@ pub(crate) enum Fault {
         /// The limit.
         max: usize,
     },
+    /// A JSON body over the memory limit, kept in a file, could not be read back (not a
+    /// valid answer, or the file failed): why.
+    SpilledUnreadable(String),
 }
 
 impl Fault {
@@ -128,6 +133,9 @@ impl Fault {
                 "the answer is a JSON body over the {} limit ({max} bytes); it was not read",
                 size(*max)
             ),
+            Self::SpilledUnreadable(why) => {
+                format!("the answer, a JSON body kept in a file for its size, is unreadable: {why}")
+            }
         }
     }
 

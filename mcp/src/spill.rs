@@ -13,10 +13,9 @@
 //! per text being decoded: a few MiB whatever the texts' sizes. Every call here blocks
 //! (file I/O): call it from a blocking thread.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use psych_types::SpilledText;
 
@@ -31,39 +30,19 @@ pub const MAX_SPILLED_ANSWER: u64 = 4 * 1024 * 1024 * 1024;
 /// A text of a spilled answer's `result.content` whose JSON string is longer than this
 /// (64 KiB) is decoded into a file of its own; a shorter one stays in memory.
 pub const SPILL_TEXT_AT: usize = 64 * 1024;
-/// The most texts of one answer kept in files (each holds a file open); the texts past it
-/// stay in memory, counted against the in-memory cap.
-pub const MAX_SPILLED_TEXTS: usize = 64;
+/// The most texts of one answer kept in files; the texts past it stay in memory, counted
+/// against the in-memory cap. Each holds a file descriptor open until the result is
+/// logged, so this bounds what a server's answers in flight hold: 16 per call.
+pub const MAX_SPILLED_TEXTS: usize = 16;
 /// The write buffer of each text being decoded, and the size of the chunks a spilling line
 /// is written in.
 pub(crate) const WRITE_BUFFER: usize = 1024 * 1024;
 
-/// A file that has no name: created in `dir` under a name no one else uses, then unlinked
-/// at once, so it goes when its last handle does and a process killed on the way leaves
-/// nothing behind. Blocks.
+/// A file that has no name, in `dir`: `O_TMPFILE` where the kernel and file system have
+/// it, else created readable by this user alone (0600) under a random name and unlinked at
+/// once (`tempfile::tempfile_in`). It goes when its last handle does. Blocks.
 pub(crate) fn unnamed_file(dir: &Path) -> io::Result<File> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    loop {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!(
-            ".psych-spill-{}-{n}-{}",
-            std::process::id(),
-            &crate::tap::nonce()[..12]
-        ));
-        match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-        {
-            Ok(file) => {
-                std::fs::remove_file(&path)?;
-                return Ok(file);
-            }
-            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(error) => return Err(error),
-        }
-    }
+    tempfile::tempfile_in(dir)
 }
 
 /// What the decoding replaced by U+FFFD, counted as the in-memory repair counts it.
@@ -192,8 +171,15 @@ pub(crate) fn read_answer(
     if let Some(note) = lossy.add(split.lossy).note() {
         crate::stdio::repair::record(&mut value, &note);
     }
-    let mut blocks = Vec::new();
+    // A block whose `text` key is repeated has several texts split off: serde keeps the
+    // last, and so does this (in document order, the last one of each block wins).
+    let mut last: std::collections::BTreeMap<usize, SpilledText> =
+        std::collections::BTreeMap::new();
     for (block, text) in split.texts {
+        last.insert(block, text);
+    }
+    let mut blocks = Vec::new();
+    for (block, text) in last {
         let content = &value["result"]["content"][block];
         if content.get("text").and_then(Value::as_str) != Some(text.placeholder().as_str()) {
             // Replaced by a later `text` key of the same block: not the block's text.
@@ -203,6 +189,17 @@ pub(crate) fn read_answer(
             // A long `text` in a block that is not a text block: not something a spilled
             // output can hold.
             return Err(Refused::TooLarge);
+        }
+        // What psych-types makes of the block must be a text block too (a block with
+        // `_meta` or `annotations` of the wrong shape reads as an unknown block), or the
+        // record log could not store the spilled text in it.
+        let parsed = content
+            .as_object()
+            .map(|object| psych_types::ContentBlock::from_object(object.clone()));
+        if !matches!(parsed, Some(psych_types::ContentBlock::Text(_))) {
+            return Err(Refused::Malformed(format!(
+                "result.content[{block}] holds a long text but does not read as a text block"
+            )));
         }
         blocks.push(psych_types::SpilledBlock {
             block,
@@ -280,6 +277,8 @@ pub(crate) fn split(
         dir,
         text_at,
         started: false,
+        results: 0,
+        content_arrays: 0,
     };
     let mut buffer = vec![0u8; WRITE_BUFFER];
     loop {
@@ -293,6 +292,13 @@ pub(crate) fn split(
         if lexer.rest.len() > max_rest {
             return Err(SplitError::TooLarge);
         }
+    }
+    if (lexer.results > 1 || lexer.content_arrays > 1) && !lexer.texts.is_empty() {
+        // serde keeps the last `result` or `content`: a text spilled from an earlier one
+        // could be matched to a later block standing in for it.
+        return Err(malformed(
+            "the answer repeats its `result` or `result.content` key",
+        ));
     }
     if let State::Spilling { .. } = lexer.state {
         // The answer ends inside a spilled text: what stays in memory says so to serde.
@@ -318,6 +324,10 @@ struct Lexer<'a> {
     text_at: usize,
     /// Past a leading byte order mark.
     started: bool,
+    /// `result` objects entered (a repeated key makes more than one).
+    results: u32,
+    /// `result.content` arrays entered.
+    content_arrays: u32,
 }
 
 impl Lexer<'_> {
@@ -371,6 +381,18 @@ impl Lexer<'_> {
                 };
             }
             b'{' | b'[' => {
+                if self.deep == 0 {
+                    match (self.frames.len(), byte) {
+                        (1, b'{') if self.frames[0].key_is(b"result") => self.results += 1,
+                        (2, b'[')
+                            if self.frames[0].key_is(b"result")
+                                && self.frames[1].key_is(b"content") =>
+                        {
+                            self.content_arrays += 1;
+                        }
+                        _ => {}
+                    }
+                }
                 if self.deep == 0 && self.frames.len() < PATH_DEPTH {
                     self.frames.push(if byte == b'{' {
                         Frame::Object {
@@ -909,6 +931,57 @@ mod tests {
             );
             assert!(in_memory(&line).is_none());
         }
+    }
+
+    /// `line`, an answer to call 1, read back through [`read_answer`] with the call's slot
+    /// open: what the call takes from the tap.
+    fn answer_of(line: &str) -> Result<Option<crate::tap::Kept>, Refused> {
+        use rmcp::model::{
+            CallToolRequest, CallToolRequestParams, ClientRequest, JsonRpcMessage, RequestId,
+        };
+        let tap = std::sync::Arc::new(crate::tap::Tap::default());
+        let request =
+            ClientRequest::CallToolRequest(CallToolRequest::new(CallToolRequestParams::new("t")));
+        tap.want_request(&JsonRpcMessage::request(request, RequestId::Number(1)));
+        let claim = tap.claim(RequestId::Number(1));
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(line.as_bytes()).unwrap();
+        use std::io::Seek as _;
+        file.rewind().unwrap();
+        read_answer(file, &tap, &std::env::temp_dir())?;
+        Ok(claim.take().and_then(Result::ok))
+    }
+
+    #[test]
+    fn a_repeated_key_or_a_block_that_is_not_text_never_misplaces_a_spilled_text() {
+        let (a, b) = (
+            "a".repeat(SPILL_TEXT_AT + 10),
+            "b".repeat(SPILL_TEXT_AT + 10),
+        );
+        // A repeated `text` of the same length: serde keeps the last, and so does the split.
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{"content":[{{"type":"text","text":"{a}","text":"{b}"}}]}}}}"#
+        );
+        let kept = answer_of(&line).unwrap().unwrap();
+        assert_eq!(kept.spilled.len(), 1);
+        assert_eq!(kept.spilled[0].block, 0);
+        assert_eq!(kept.spilled[0].text.read_to_string().unwrap(), b);
+
+        // A repeated `content` whose later one stands in a placeholder for an earlier text.
+        let placeholder = format!(
+            "[{} bytes of text, too large to hold in memory: the record log stores it whole]",
+            a.len()
+        );
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{"content":[{{"type":"text","text":"{a}"}}],"content":[{{"type":"text","text":"{placeholder}"}}]}}}}"#
+        );
+        assert!(matches!(answer_of(&line), Err(Refused::Malformed(_))));
+
+        // A long text in a block psych-types does not read as a text block.
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{"content":[{{"type":"text","text":"{a}","_meta":1}}]}}}}"#
+        );
+        assert!(matches!(answer_of(&line), Err(Refused::Malformed(_))));
     }
 
     #[test]

@@ -478,7 +478,8 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
     }
 
     /// The next line, `None` at the end of the output: at EOF, at a read error, or once the
-    /// process has exited and the pipe has been quiet for [`EXIT_QUIET`]. Cancel-safe.
+    /// process has exited and the pipe has been quiet for [`EXIT_QUIET`] (no byte read and
+    /// no write of a line to its file in flight). Cancel-safe.
     async fn next_line(&mut self) -> Option<Line> {
         if !self.exited {
             tokio::select! {
@@ -492,7 +493,11 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
             let before = self.lines.consumed();
             match tokio::time::timeout(EXIT_QUIET, self.lines.next()).await {
                 Ok(line) => return line.ok().flatten(),
-                Err(_) if self.lines.consumed() == before => return None,
+                // Quiet: nothing taken from the pipe, and no line being written to its file
+                // (a write to a slow disk takes no byte from the pipe while it runs).
+                Err(_) if self.lines.consumed() == before && !self.lines.is_writing() => {
+                    return None;
+                }
                 Err(_) => {}
             }
         }

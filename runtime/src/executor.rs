@@ -388,6 +388,14 @@ fn read(
 }
 
 /// Appends `records` in one batch off the async threads and returns them as logged.
+///
+/// A result with spilled text ([`ToolOutput::spilled`]) is stored streamed from its files;
+/// if one cannot be (its file unreadable or not what it claims, the log refusing its
+/// shape), the log acknowledges nothing of the batch, and its records are appended again
+/// one by one in call order, the refused one replaced by an error result saying why: the
+/// other results of the step are never lost for one bad answer. Once logged, each record's spilled files are
+/// let go here, on the blocking thread (closing a multi-GiB unlinked file frees its
+/// blocks): the records returned hold the placeholders, and the log the text.
 pub(crate) async fn append(
     log: &Arc<SharedRecordLog>,
     records: Vec<Record>,
@@ -397,11 +405,44 @@ pub(crate) async fn append(
     }
     let log = Arc::clone(log);
     tokio::task::spawn_blocking(move || {
-        let handles = log.append_batch(&records)?;
+        let mut records = records;
+        let handles = match log.append_batch(&records) {
+            Ok(handles) => handles,
+            // Which result the log refused is not said: each is appended alone, and a
+            // refused one replaced by an error result saying why (a rare path: one sync
+            // per record, in call order).
+            Err(psych_record_log::AppendError::Spill { .. }) => {
+                let mut handles = Vec::with_capacity(records.len());
+                for record in &mut records {
+                    match log.append(record) {
+                        Ok(handle) => handles.push(handle),
+                        Err(error @ psych_record_log::AppendError::Spill { .. }) => {
+                            if let Record::ToolResult(result) = record {
+                                let bytes: u64 =
+                                    result.output.spilled.iter().map(|s| s.text.len()).sum();
+                                result.output = ToolOutput::error(format!(
+                                    "the result ({bytes} bytes of text kept in files) could \
+                                     not be stored, so it is not shown: {error}"
+                                ));
+                            }
+                            handles.push(log.append(record)?);
+                        }
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+                handles
+            }
+            Err(error) => return Err(error.into()),
+        };
         Ok(handles
             .into_iter()
             .zip(records)
-            .map(|(handle, record)| LoggedRecord { handle, record })
+            .map(|(handle, mut record)| {
+                if let Record::ToolResult(result) = &mut record {
+                    result.output.spilled.clear();
+                }
+                LoggedRecord { handle, record }
+            })
             .collect())
     })
     .await?

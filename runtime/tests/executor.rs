@@ -54,8 +54,42 @@ impl ToolHost for Host {
         }
         tokio::time::sleep(Duration::from_millis(args["ms"].as_u64().unwrap_or(0))).await;
         assert_ne!(args["tag"], "panic", "the host's bug");
-        Ok(ToolOutput::text(args["tag"].as_str().unwrap_or_default()))
+        match args["tag"].as_str() {
+            Some(tag @ ("spilled" | "spilled_into_an_image")) => Ok(spilled(tag)),
+            tag => Ok(ToolOutput::text(tag.unwrap_or_default())),
+        }
     }
+}
+
+/// The text a spilled result of the host holds in its file.
+fn spilled_text() -> String {
+    (0..20_000).map(|i| format!("line {i}\n")).collect()
+}
+
+/// A result whose text is in a file, as psych-mcp hands on an answer too large to hold in
+/// memory; for `spilled_into_an_image`, one whose spilled block is wrongly an image (the
+/// log refuses to store it).
+fn spilled(tag: &str) -> ToolOutput {
+    use std::io::Write as _;
+    let text = spilled_text();
+    let mut file = tempfile::tempfile().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    let spilled = Arc::new(psych_types::SpilledText::new(file, text.len() as u64));
+    let block = if tag == "spilled" {
+        psych_types::ContentBlock::text(spilled.placeholder())
+    } else {
+        psych_types::ContentBlock::Image(psych_types::MediaContent {
+            data: vec![1, 2, 3],
+            mime_type: "image/png".into(),
+            ..Default::default()
+        })
+    };
+    let mut output = ToolOutput::from_blocks(vec![block]);
+    output.spilled = vec![psych_types::SpilledBlock {
+        block: 0,
+        text: spilled,
+    }];
+    output
 }
 
 fn server() -> ServerId {
@@ -393,4 +427,36 @@ async fn every_failed_call_of_a_step_is_reported_in_call_order() {
     assert_eq!(logged, ["call_2", "call_3"]);
     run.request().await.unwrap();
     assert_eq!(results(&run).len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spilled_result_is_logged_whole_and_one_the_log_refuses_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = open_with(dir.path(), Duration::from_secs(10)).await;
+    let mut model = ScriptedModel::new([
+        Step::call("svc__sleep", json!({"ms": 0, "tag": "spilled"}))
+            .and_call(
+                "svc__sleep",
+                json!({"ms": 0, "tag": "spilled_into_an_image"}),
+            )
+            .and_call("svc__sleep", json!({"ms": 0, "tag": "plain"})),
+        Step::say("done"),
+    ]);
+    model.turn(&mut run, "go").await.unwrap();
+    let results = results(&run);
+    assert_eq!(results.len(), 3);
+    // The spilled text is in the log, not its placeholder.
+    assert!(
+        results[0].1.readable_text() == spilled_text(),
+        "the spilled text is logged whole"
+    );
+    assert!(!results[0].1.is_error);
+    // The one the log refused is an error result saying why; the others are kept.
+    assert!(results[1].1.is_error, "{:?}", results[1].1);
+    assert!(
+        results[1].1.readable_text().contains("could not be stored"),
+        "{}",
+        results[1].1.readable_text()
+    );
+    assert_eq!(results[2].1.readable_text(), "plain");
 }

@@ -199,6 +199,14 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         self.consumed
     }
 
+    /// Whether a write of a line to its file is in flight: progress even while no byte is
+    /// taken from the reader (it ends, however slow the disk).
+    pub(crate) fn is_writing(&self) -> bool {
+        self.spill
+            .as_ref()
+            .is_some_and(|spill| spill.writing.is_some())
+    }
+
     /// The next line; `None` at the end of the output (a last line without `\n` is still
     /// returned).
     ///
