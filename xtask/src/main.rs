@@ -1,10 +1,15 @@
 //! Workspace automation, reached as `cargo xtask <command>`.
 //!
 //! - `cargo xtask ci`: everything CI checks, in order, stopping at the first failure: tidy
-//!   checks, `cargo fmt --check`, clippy with warnings denied, rustdoc with warnings denied,
-//!   then the unit, integration and doc tests (with insta refusing to write or accept
-//!   snapshots) and a look for pending snapshots.
+//!   checks, `cargo fmt --check`, clippy with warnings denied, `cargo xtask package`,
+//!   rustdoc with warnings denied, then the unit, integration and doc tests (with insta
+//!   refusing to write or accept snapshots) and a look for pending snapshots.
 //! - `cargo xtask tidy`: the tidy checks alone.
+//! - `cargo xtask package`: every published crate packaged as crates.io would receive it
+//!   (nothing is uploaded), each package's file list checked and its sources compiled from
+//!   the package (see `package.rs`). Part of `ci`.
+//! - `cargo xtask sync-readmes`: rewrites the example of each published crate's README from
+//!   the `# Example` of its `lib.rs` (tidy refuses a README whose example differs).
 //! - `cargo xtask preserve-order`: the tests of `xtask/preserve-order-check`, a build of
 //!   psych-types with serde_json's `preserve_order` on (which tidy refuses in the workspace),
 //!   in its own workspace and target folder: the JSON text view must be the same bytes there.
@@ -21,6 +26,8 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod package;
+mod readme;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -33,12 +40,16 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(&root),
         Some("tidy") => tidy_step(&root),
+        Some("package") => package::package(&root),
+        Some("sync-readmes") => sync_readmes(&root),
         Some("preserve-order") => preserve_order(&root),
         Some("sdk-check") => sdk_check(&root),
         Some("bench") => bench::bench(&root, &args[1..]),
-        _ => {
-            Err("usage: cargo xtask <ci|tidy|preserve-order|sdk-check|bench [PACKAGE…]>".to_owned())
-        }
+        _ => Err(
+            "usage: cargo xtask <ci|tidy|package|sync-readmes|preserve-order|sdk-check|bench \
+             [PACKAGE…]>"
+                .to_owned(),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -72,6 +83,8 @@ fn ci(root: &Path) -> Result<(), String> {
         ],
         &[],
     )?;
+    // After clippy, which has checked every dependency the packages' checks need.
+    package::package(root)?;
     cargo(
         root,
         &["doc", "--no-deps", "--workspace", "--locked"],
@@ -154,6 +167,26 @@ fn sdk_check(root: &Path) -> Result<(), String> {
             "prompt-assembly/tests/snapshots",
         ],
     )
+}
+
+/// Rewrites each published crate's README example from its `lib.rs` example.
+fn sync_readmes(root: &Path) -> Result<(), String> {
+    let metadata = tidy::cargo_metadata(root)?;
+    for krate in tidy::published(&metadata) {
+        let (lib, readme) = (krate.dir.join("src/lib.rs"), krate.dir.join("README.md"));
+        let (Ok(lib_rs), Ok(text)) = (
+            std::fs::read_to_string(&lib),
+            std::fs::read_to_string(&readme),
+        ) else {
+            continue;
+        };
+        if let Some(new) = readme::synced(&lib_rs, &text) {
+            std::fs::write(&readme, new)
+                .map_err(|err| format!("cannot write {}: {err}", readme.display()))?;
+            eprintln!("xtask: rewrote the example of {}", readme.display());
+        }
+    }
+    Ok(())
 }
 
 fn tidy_step(root: &Path) -> Result<(), String> {

@@ -22,11 +22,98 @@ pub(crate) const CORE_CRATES: [&str; 6] = [
 /// The one workspace crate the core crates may depend on.
 const SHARED_TYPES: &str = "psych-types";
 
+/// crates.io's category slugs (its `src/boot/categories.toml`, read in December 2026): a
+/// slug outside this list is dropped by crates.io with only a warning, so tidy refuses it.
+const CRATES_IO_CATEGORIES: &[&str] = &[
+    "algorithms",
+    "api-bindings",
+    "asynchronous",
+    "authentication",
+    "caching",
+    "command-line-interface",
+    "command-line-utilities",
+    "compression",
+    "computer-vision",
+    "concurrency",
+    "config",
+    "cryptography",
+    "cryptography::cryptocurrencies",
+    "data-structures",
+    "database",
+    "database-implementations",
+    "date-and-time",
+    "development-tools",
+    "development-tools::build-utils",
+    "development-tools::cargo-plugins",
+    "development-tools::debugging",
+    "development-tools::ffi",
+    "development-tools::procedural-macro-helpers",
+    "development-tools::profiling",
+    "development-tools::testing",
+    "email",
+    "embedded",
+    "emulators",
+    "encoding",
+    "external-ffi-bindings",
+    "filesystem",
+    "game-development",
+    "game-engines",
+    "games",
+    "graphics",
+    "gui",
+    "hardware-support",
+    "internationalization",
+    "localization",
+    "mathematics",
+    "memory-management",
+    "multimedia",
+    "multimedia::audio",
+    "multimedia::encoding",
+    "multimedia::images",
+    "multimedia::video",
+    "network-programming",
+    "no-std",
+    "os",
+    "os::linux-apis",
+    "os::macos-apis",
+    "os::unix-apis",
+    "os::windows-apis",
+    "parser-implementations",
+    "parsing",
+    "rendering",
+    "rendering::data-formats",
+    "rendering::engine",
+    "rendering::graphics-api",
+    "rust-patterns",
+    "science",
+    "science::robotics",
+    "simulation",
+    "template-engine",
+    "text-editors",
+    "text-processing",
+    "value-formatting",
+    "visualization",
+    "wasm",
+    "web-programming",
+    "web-programming::http-client",
+    "web-programming::http-server",
+    "web-programming::websocket",
+];
+
+/// crates.io takes at most this many keywords, and as many categories.
+const MAX_KEYWORDS: usize = 5;
+
 /// Runs every tidy check on the workspace at `root`; returns the violations found.
 pub(crate) fn run_all(root: &Path) -> Result<Vec<String>, String> {
     let metadata = cargo_metadata(root)?;
     let mut violations = dependency_rule(&metadata);
     violations.extend(internal_deps_have_versions(&metadata));
+    violations.extend(published_depend_on_published(&metadata));
+    for krate in published(&metadata) {
+        let exists = |file: &str| krate.dir.join(file).is_file();
+        violations.extend(publish_metadata(&krate, exists));
+        violations.extend(readme_example(root, &krate)?);
+    }
     violations.extend(no_order_preserving_json(&resolved_metadata(root)?));
     let files = rust_files(root)?;
     for path in &files {
@@ -116,13 +203,19 @@ pub(crate) fn dependency_rule(metadata: &Value) -> Vec<String> {
 }
 
 /// Internal (path) dependencies give a version too, so each crate stays publishable alone.
+/// The one exception is a dev-dependency on a crate that is not published (a test fixture
+/// crate): it must have no version, so that `cargo package` drops it (see
+/// [`published_depend_on_published`]).
 pub(crate) fn internal_deps_have_versions(metadata: &Value) -> Vec<String> {
+    let unpublished = unpublished_names(metadata);
     let mut violations = Vec::new();
     for (name, deps) in packages(metadata) {
         for dep in deps {
             let has_path = dep.get("path").is_some_and(|p| !p.is_null());
             let req = dep["req"].as_str().unwrap_or("*");
-            if has_path && req == "*" {
+            let dep_name = dep["name"].as_str().unwrap_or("?");
+            let dev_fixture = dep["kind"] == "dev" && unpublished.contains(&dep_name);
+            if has_path && req == "*" && !dev_fixture {
                 violations.push(format!(
                     "internal dependency without version: {name} depends on {} by path only; \
                      give it `version` as well",
@@ -132,6 +225,215 @@ pub(crate) fn internal_deps_have_versions(metadata: &Value) -> Vec<String> {
         }
     }
     violations
+}
+
+/// A workspace crate that is published (its manifest has no `publish = false`), as
+/// `cargo metadata` describes it.
+#[derive(Debug)]
+pub(crate) struct Published {
+    /// The package name (`psych-types`).
+    pub(crate) name: String,
+    /// Its version (`0.1.0`).
+    pub(crate) version: String,
+    /// The folder of its `Cargo.toml`.
+    pub(crate) dir: PathBuf,
+    /// Its `readme` file, relative to `dir` (cargo fills in `README.md` when the key is
+    /// absent and the file exists).
+    pub(crate) readme: Option<String>,
+    /// Its description, if any.
+    pub(crate) description: Option<String>,
+    /// Its crates.io keywords.
+    pub(crate) keywords: Vec<String>,
+    /// Its crates.io category slugs.
+    pub(crate) categories: Vec<String>,
+}
+
+impl Published {
+    /// The folder its `.crate` unpacks to: `<name>-<version>`.
+    pub(crate) fn package_folder(&self) -> String {
+        format!("{}-{}", self.name, self.version)
+    }
+
+    /// The file `cargo package` writes: `<name>-<version>.crate`.
+    pub(crate) fn crate_file(&self) -> String {
+        format!("{}.crate", self.package_folder())
+    }
+}
+
+/// Whether `cargo metadata` says a package may be published: `publish` is null (anywhere)
+/// or a non-empty list of registries; `publish = false` is an empty list.
+fn is_published(package: &Value) -> bool {
+    package["publish"]
+        .as_array()
+        .is_none_or(|registries| !registries.is_empty())
+}
+
+/// The workspace's published crates, in `cargo metadata`'s order.
+pub(crate) fn published(metadata: &Value) -> Vec<Published> {
+    let strings = |value: &Value| -> Vec<String> {
+        value
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    metadata["packages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|package| is_published(package))
+        .map(|package| {
+            let manifest = Path::new(package["manifest_path"].as_str().unwrap_or(""));
+            Published {
+                name: package["name"].as_str().unwrap_or("?").to_owned(),
+                version: package["version"].as_str().unwrap_or("?").to_owned(),
+                dir: manifest.parent().unwrap_or(manifest).to_path_buf(),
+                readme: package["readme"].as_str().map(str::to_owned),
+                description: package["description"].as_str().map(str::to_owned),
+                keywords: strings(&package["keywords"]),
+                categories: strings(&package["categories"]),
+            }
+        })
+        .collect()
+}
+
+/// Names of the workspace's packages with `publish = false`.
+fn unpublished_names(metadata: &Value) -> Vec<&str> {
+    metadata["packages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|package| !is_published(package))
+        .filter_map(|package| package["name"].as_str())
+        .collect()
+}
+
+/// A published crate carries what crates.io shows: a description, a `README.md` in its
+/// folder that its `readme` key names, 1 to 5 keywords in crates.io's alphabet and 1 to 5
+/// of crates.io's category slugs. `exists` says whether a file (relative to the crate's
+/// folder) is there.
+pub(crate) fn publish_metadata(krate: &Published, exists: impl Fn(&str) -> bool) -> Vec<String> {
+    let name = &krate.name;
+    let mut violations = Vec::new();
+    if krate
+        .description
+        .as_deref()
+        .is_none_or(|d| d.trim().is_empty())
+    {
+        violations.push(format!("publish: {name} has no `description`"));
+    }
+    if !exists("README.md") {
+        violations.push(format!(
+            "publish: {name} has no README.md in its folder (what it is for, an example, its \
+             place among the other crates)"
+        ));
+    }
+    match krate.readme.as_deref() {
+        None => violations.push(format!("publish: {name} has no `readme` in its Cargo.toml")),
+        Some(readme) if !exists(readme) => violations.push(format!(
+            "publish: {name}'s `readme = \"{readme}\"` names a file that does not exist"
+        )),
+        Some(_) => {}
+    }
+    if krate.keywords.is_empty() || krate.keywords.len() > MAX_KEYWORDS {
+        violations.push(format!(
+            "publish: {name} has {} keywords; crates.io wants 1 to {MAX_KEYWORDS}",
+            krate.keywords.len()
+        ));
+    }
+    for keyword in &krate.keywords {
+        if !valid_keyword(keyword) {
+            violations.push(format!(
+                "publish: {name}'s keyword \"{keyword}\" is not one crates.io takes (at most \
+                 20 characters, ASCII letters, digits, `_`, `-`, `+`, starting with a letter or \
+                 digit)"
+            ));
+        }
+    }
+    if krate.categories.is_empty() || krate.categories.len() > MAX_KEYWORDS {
+        violations.push(format!(
+            "publish: {name} has {} categories; crates.io wants 1 to {MAX_KEYWORDS}",
+            krate.categories.len()
+        ));
+    }
+    for category in &krate.categories {
+        if !CRATES_IO_CATEGORIES.contains(&category.as_str()) {
+            violations.push(format!(
+                "publish: {name}'s category \"{category}\" is not a crates.io category slug \
+                 (crates.io would drop it)"
+            ));
+        }
+    }
+    violations
+}
+
+/// crates.io's keyword rule: 1 to 20 ASCII characters, letters, digits, `_`, `-` or `+`,
+/// the first a letter or digit.
+fn valid_keyword(keyword: &str) -> bool {
+    let mut chars = keyword.chars();
+    keyword.len() <= 20
+        && chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '+'))
+}
+
+/// No published crate depends on one that is not published: a user of the first could not
+/// build it. A dev-dependency on an unpublished crate (a test fixture crate) is allowed
+/// only without a version, so that `cargo package` drops it from the published manifest.
+pub(crate) fn published_depend_on_published(metadata: &Value) -> Vec<String> {
+    let unpublished = unpublished_names(metadata);
+    let mut violations = Vec::new();
+    for krate in published(metadata) {
+        let deps = packages(metadata)
+            .find(|(name, _)| *name == krate.name)
+            .map(|(_, deps)| deps)
+            .unwrap_or_default();
+        for dep in deps {
+            let dep_name = dep["name"].as_str().unwrap_or("?");
+            if !unpublished.contains(&dep_name) {
+                continue;
+            }
+            let kind = dep["kind"].as_str().unwrap_or("normal");
+            let versioned = dep["req"].as_str().unwrap_or("*") != "*";
+            if kind != "dev" {
+                violations.push(format!(
+                    "publish: {} is published but depends on {dep_name} ({kind}), which has \
+                     `publish = false`: move what it needs into a published crate",
+                    krate.name
+                ));
+            } else if versioned {
+                violations.push(format!(
+                    "publish: {} is published and dev-depends on {dep_name} (`publish = \
+                     false`) with a version; give it `path` only, so `cargo package` drops it",
+                    krate.name
+                ));
+            }
+        }
+    }
+    violations
+}
+
+/// The README example of a published crate with a `lib.rs` example is that example
+/// ([`crate::readme`]).
+fn readme_example(root: &Path, krate: &Published) -> Result<Option<String>, String> {
+    let lib = krate.dir.join("src/lib.rs");
+    let readme = krate.dir.join("README.md");
+    if !lib.is_file() || !readme.is_file() {
+        return Ok(None);
+    }
+    let read = |path: &Path| {
+        std::fs::read_to_string(path)
+            .map_err(|err| format!("cannot read {}: {err}", path.display()))
+    };
+    let shown = krate.dir.strip_prefix(root).unwrap_or(&krate.dir);
+    Ok(crate::readme::example_matches(
+        shown,
+        &read(&lib)?,
+        &read(&readme)?,
+    ))
 }
 
 /// serde_json's `preserve_order` feature is never on in the build. Without it a JSON object
@@ -298,6 +600,117 @@ mod tests {
             &[("psych-types", Some("/w/types"), "^0.1.0")],
         );
         assert!(internal_deps_have_versions(&good).is_empty());
+    }
+
+    /// A published crate with the given metadata, as `cargo metadata` describes it.
+    fn crate_with(readme: Option<&str>, keywords: &[&str], categories: &[&str]) -> Published {
+        let metadata = serde_json::json!({"packages": [{
+            "name": "psych-a", "version": "0.1.0", "publish": null,
+            "manifest_path": "/w/a/Cargo.toml", "description": "A crate.",
+            "readme": readme, "keywords": keywords, "categories": categories,
+        }]});
+        published(&metadata).remove(0)
+    }
+
+    #[test]
+    fn complete_publish_metadata_passes() {
+        let good = crate_with(
+            Some("README.md"),
+            &["mcp", "llm", "c++", "a_b"],
+            &["caching"],
+        );
+        assert!(publish_metadata(&good, |_| true).is_empty());
+    }
+
+    #[test]
+    fn missing_readme_and_bad_keywords_and_categories_are_refused() {
+        let no_file = crate_with(Some("README.md"), &["mcp"], &["caching"]);
+        let violations = publish_metadata(&no_file, |_| false);
+        assert_eq!(violations.len(), 2, "{violations:?}");
+        assert!(violations[0].contains("no README.md in its folder"));
+        assert!(violations[1].contains("names a file that does not exist"));
+
+        let no_key = crate_with(None, &["mcp"], &["caching"]);
+        let violations = publish_metadata(&no_key, |_| true);
+        assert_eq!(
+            violations,
+            ["publish: psych-a has no `readme` in its Cargo.toml"]
+        );
+
+        let six = ["a", "b", "c", "d", "e", "f"];
+        let bad = crate_with(
+            Some("README.md"),
+            &six,
+            &["ai", "development-tools::testing", "command-line-utilities"],
+        );
+        let violations = publish_metadata(&bad, |_| true);
+        assert_eq!(violations.len(), 2, "{violations:?}");
+        assert!(violations[0].contains("6 keywords"));
+        assert!(violations[1].contains("\"ai\" is not a crates.io category"));
+
+        let spelled = crate_with(
+            Some("README.md"),
+            &["two words", "-dash", "twenty-one-characters", "ok"],
+            &[],
+        );
+        let violations = publish_metadata(&spelled, |_| true);
+        assert_eq!(violations.len(), 4, "{violations:?}");
+        assert!(
+            violations[..3]
+                .iter()
+                .all(|v| v.contains("is not one crates.io takes"))
+        );
+        assert!(violations[3].contains("0 categories"));
+    }
+
+    #[test]
+    fn a_published_crate_may_not_depend_on_an_unpublished_one() {
+        let metadata = |kind: Option<&str>, req: &str| {
+            serde_json::json!({"packages": [
+                {"name": "psych-cli", "publish": null, "dependencies": [
+                    {"name": "psych-test-server", "path": "/w/ts", "req": req, "kind": kind},
+                ]},
+                {"name": "psych-test-server", "publish": [], "dependencies": []},
+                {"name": "psych-tests", "publish": [], "dependencies": [
+                    {"name": "psych-test-server", "path": "/w/ts", "req": "^0.1.0", "kind": null},
+                ]},
+            ]})
+        };
+        let normal = published_depend_on_published(&metadata(None, "^0.1.0"));
+        assert_eq!(normal.len(), 1, "{normal:?}");
+        assert!(normal[0].contains("psych-cli is published but depends on psych-test-server"));
+        let build = published_depend_on_published(&metadata(Some("build"), "^0.1.0"));
+        assert!(build[0].contains("(build)"), "{build:?}");
+
+        let dev_versioned = published_depend_on_published(&metadata(Some("dev"), "^0.1.0"));
+        assert_eq!(dev_versioned.len(), 1, "{dev_versioned:?}");
+        assert!(dev_versioned[0].contains("give it `path` only"));
+
+        // A path-only dev-dependency is dropped by `cargo package`: allowed by both rules.
+        let dev_path = metadata(Some("dev"), "*");
+        assert!(published_depend_on_published(&dev_path).is_empty());
+        assert!(internal_deps_have_versions(&dev_path).is_empty());
+        // A path-only normal dependency is still refused for its missing version.
+        assert_eq!(internal_deps_have_versions(&metadata(None, "*")).len(), 1);
+    }
+
+    #[test]
+    fn the_published_crates_are_the_libraries_and_the_cli() {
+        let metadata = cargo_metadata(&root()).unwrap();
+        let mut names: Vec<String> = published(&metadata).into_iter().map(|c| c.name).collect();
+        names.sort();
+        for expected in CORE_CRATES
+            .iter()
+            .chain(&["psych-types", "psych-runtime", "psych-cli"])
+        {
+            assert!(
+                names.iter().any(|n| n == expected),
+                "{expected} not in {names:?}"
+            );
+        }
+        for unpublished in ["xtask", "psych-tests"] {
+            assert!(!names.iter().any(|n| n == unpublished), "{names:?}");
+        }
     }
 
     #[test]
