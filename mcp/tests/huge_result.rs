@@ -10,6 +10,8 @@
     reason = "a test fails loudly on bad data"
 )]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -27,21 +29,6 @@ const MIB: u64 = 200;
 /// what stays in memory, plus a runtime and a connection's noise; far below the result.
 const ALLOWED_GROWTH: u64 = 64 * 1024 * 1024;
 
-/// The process's peak resident memory (`VmHWM`), in bytes.
-fn peak_memory() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status
-        .lines()
-        .find(|line| line.starts_with("VmHWM:"))
-        .unwrap();
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap();
-    kib * 1024
-}
-
 /// The bytes of `text` from `offset`, `len` of them.
 fn read(text: &psych_types::SpilledText, offset: u64, len: usize) -> String {
     let mut buf = vec![0; len];
@@ -56,7 +43,7 @@ async fn a_200_mib_result_arrives_in_files_with_bounded_memory() {
         .ok()
         .and_then(|mib| mib.parse().ok())
         .unwrap_or(MIB);
-    let before = peak_memory();
+    let before = common::peak_memory();
     let server = ServerId::new("huge").unwrap();
     let config = ServerConfig {
         transport: Transport::Stdio {
@@ -88,7 +75,7 @@ async fn a_200_mib_result_arrives_in_files_with_bounded_memory() {
         .await
         .unwrap();
     let took = started.elapsed();
-    let peak = peak_memory();
+    let peak = common::peak_memory();
 
     assert_eq!(output.spilled.len(), 2, "{output:?}");
     let lines = huge_lines(mib);

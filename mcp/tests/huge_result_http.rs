@@ -26,21 +26,6 @@ const BYTES: usize = 200 * 1024 * 1024;
 /// chunks, the split's buffers, a runtime's and an HTTP client's noise.
 const ALLOWED_GROWTH: u64 = 64 * 1024 * 1024;
 
-/// The process's peak resident memory (`VmHWM`), in bytes.
-fn peak_memory() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status
-        .lines()
-        .find(|line| line.starts_with("VmHWM:"))
-        .unwrap();
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap();
-    kib * 1024
-}
-
 /// The last `len` bytes of `large_text(bytes)`, made line by line without holding it.
 fn large_tail(bytes: usize, len: usize) -> String {
     let mut lines = VecDeque::new();
@@ -64,7 +49,7 @@ fn large_tail(bytes: usize, len: usize) -> String {
 async fn a_200_mib_json_body_arrives_in_a_file_with_bounded_memory() {
     let tail = large_tail(BYTES, 4096);
     let server = HttpServer::start(&["--json-response"]);
-    let before = peak_memory();
+    let before = common::peak_memory();
     let name = ServerId::new("web").unwrap();
     let config = ServerConfig {
         transport: Transport::Http {
@@ -92,7 +77,7 @@ async fn a_200_mib_json_body_arrives_in_a_file_with_bounded_memory() {
         .await
         .unwrap();
     let took = started.elapsed();
-    let peak = peak_memory();
+    let peak = common::peak_memory();
     assert_eq!(output.spilled.len(), 1, "{output:?}");
     let text = &output.spilled[0].text;
     assert_eq!(text.len(), BYTES as u64);

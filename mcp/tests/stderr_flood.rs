@@ -9,6 +9,8 @@
     reason = "a test fails loudly on bad data"
 )]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -22,24 +24,9 @@ const FLOOD: u64 = 256 * 1024 * 1024;
 /// of a tokio runtime and a connection, far below the flood.
 const ALLOWED_GROWTH: u64 = 48 * 1024 * 1024;
 
-/// The process's peak resident memory (`VmHWM`), in bytes.
-fn peak_memory() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status
-        .lines()
-        .find(|line| line.starts_with("VmHWM:"))
-        .unwrap();
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap();
-    kib * 1024
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quarter_gigabyte_of_stderr_without_a_line_break_costs_bounded_memory() {
-    let before = peak_memory();
+    let before = common::peak_memory();
     let server = ServerId::new("flood").unwrap();
     let config = ServerConfig {
         transport: Transport::Stdio {
@@ -96,7 +83,7 @@ async fn a_quarter_gigabyte_of_stderr_without_a_line_break_costs_bounded_memory(
     assert_eq!(lines[1], "psych-test-server: stderr flood done");
     assert_eq!(lines[2], "psych-test-server: crashing on request");
     manager.shutdown().await;
-    let growth = peak_memory().saturating_sub(before);
+    let growth = common::peak_memory().saturating_sub(before);
     eprintln!(
         "peak memory before {} MiB, growth over a {} MiB stderr flood: {} MiB",
         before >> 20,

@@ -1,6 +1,8 @@
 //! What the live tests and the benchmarks share: `psych-test-server` over HTTP as a child
 //! process. (The benchmarks include this file by path.)
 
+#![allow(dead_code, reason = "each test binary uses a part of what is shared")]
+
 use std::io::BufRead;
 
 /// The test server binary.
@@ -41,4 +43,20 @@ impl Drop for HttpServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The process's peak resident memory (`VmHWM`), in bytes: what the memory tests bound
+/// (each runs in a test binary of its own, so the figure is its test's).
+pub(crate) fn peak_memory() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmHWM:"))
+        .unwrap();
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kib * 1024
 }
