@@ -5,6 +5,7 @@
 //! [`McpError`] naming the server, the call and the reason.
 
 use std::collections::HashSet;
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -89,6 +90,7 @@ impl Session {
         transport: &Transport,
         timeouts: Timeouts,
         events: Arc<EventQueue>,
+        spill_dir: &Path,
     ) -> Result<(Arc<Self>, Listing), McpError> {
         let handler = Handler {
             server: server.clone(),
@@ -106,6 +108,7 @@ impl Session {
                     args,
                     env,
                     cwd: cwd.as_ref(),
+                    spill_dir,
                 };
                 let (child, transport) = Child::spawn(server, &spec)?;
                 let tap = transport.tap();
@@ -129,7 +132,7 @@ impl Session {
                 }
             }
             Transport::Http { url, headers } => {
-                let tap = Arc::new(Tap::default());
+                let tap = Arc::new(Tap::new(spill_dir.to_path_buf()));
                 let transport = remote::transport(server, url, headers, Arc::clone(&tap))?;
                 match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
                     Ok(Ok(service)) => (service, None, tap),
@@ -634,9 +637,15 @@ mod tests {
         };
         let server = ServerId::new("mute").unwrap();
         let events = Arc::new(EventQueue::default());
-        let (session, listing) = Session::connect(&server, &transport, timeouts(), events)
-            .await
-            .unwrap();
+        let (session, listing) = Session::connect(
+            &server,
+            &transport,
+            timeouts(),
+            events,
+            &std::env::temp_dir(),
+        )
+        .await
+        .unwrap();
         assert_eq!(listing.tools.len(), 1);
         given_up_calls_leave_the_tap_empty(&session, "hang").await;
         session.close().await;
@@ -657,7 +666,15 @@ mod tests {
         let mut connected = None;
         for _ in 0..50 {
             let events = Arc::new(EventQueue::default());
-            if let Ok(done) = Session::connect(&server, &transport, timeouts(), events).await {
+            if let Ok(done) = Session::connect(
+                &server,
+                &transport,
+                timeouts(),
+                events,
+                &std::env::temp_dir(),
+            )
+            .await
+            {
                 connected = Some(done);
                 break;
             }

@@ -67,6 +67,7 @@ mod post;
 mod progress;
 mod remote;
 mod spill;
+mod sse;
 mod stdio;
 mod synthetic;
 mod tap;

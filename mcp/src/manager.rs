@@ -7,6 +7,7 @@
 //! closes every session and stops every stdio server's whole process group.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use psych_types::{
@@ -70,9 +71,22 @@ pub struct McpManagerBuilder {
     config: McpConfig,
     timeouts: Timeouts,
     backoff: Backoff,
+    spill_dir: PathBuf,
 }
 
 impl McpManagerBuilder {
+    /// Sets the folder of the unnamed files that hold an answer too large for memory while
+    /// it is read and until its result is logged (default: [`std::env::temp_dir`]). Each
+    /// file has no name (`O_TMPFILE`, or unlinked at once) and goes with its last handle;
+    /// what they hold at once is bounded by the calls in flight, each at most
+    /// [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER). The folder must exist; if a file
+    /// cannot be made there, the call whose answer needed it fails saying so. `psych serve`
+    /// puts it beside its record logs, on the disk that will hold the result anyway.
+    pub fn spill_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.spill_dir = dir.into();
+        self
+    }
+
     /// Sets the deadlines (default: [`Timeouts::default`]).
     pub fn timeouts(mut self, timeouts: Timeouts) -> Self {
         self.timeouts = timeouts;
@@ -118,6 +132,7 @@ impl McpManagerBuilder {
                 config: self.config,
                 timeouts: self.timeouts,
                 backoff: self.backoff,
+                spill_dir: Arc::from(self.spill_dir),
                 servers: RwLock::new(BTreeMap::new()),
                 events: Arc::new(EventQueue::default()),
                 shut_down: Mutex::new(false),
@@ -141,6 +156,7 @@ struct Inner {
     config: McpConfig,
     timeouts: Timeouts,
     backoff: Backoff,
+    spill_dir: Arc<Path>,
     servers: RwLock<BTreeMap<ServerId, Arc<Slot>>>,
     events: Arc<EventQueue>,
     shut_down: Mutex<bool>,
@@ -175,6 +191,7 @@ impl McpManager {
         McpManagerBuilder {
             config,
             timeouts: Timeouts::default(),
+            spill_dir: std::env::temp_dir(),
             backoff: Backoff::default(),
         }
     }
@@ -259,8 +276,11 @@ impl McpManager {
             config,
             Arc::clone(&slot),
             Arc::clone(&self.inner.events),
-            self.inner.timeouts,
-            self.inner.backoff,
+            Connecting {
+                timeouts: self.inner.timeouts,
+                backoff: self.inner.backoff,
+                spill_dir: Arc::clone(&self.inner.spill_dir),
+            },
             stop_rx,
         ));
         {
@@ -537,16 +557,27 @@ impl Drop for Inner {
     }
 }
 
+/// How a server is connected: the manager's settings a supervisor needs.
+struct Connecting {
+    timeouts: Timeouts,
+    backoff: Backoff,
+    spill_dir: Arc<Path>,
+}
+
 /// Connects, watches and reconnects one server until told to stop.
 async fn supervise(
     server: ServerId,
     config: ServerConfig,
     slot: Arc<Slot>,
     events: Arc<EventQueue>,
-    timeouts: Timeouts,
-    backoff: Backoff,
+    how: Connecting,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Connecting {
+        timeouts,
+        backoff,
+        spill_dir,
+    } = how;
     let mut failures = 0u32;
     let report = |reachability: Reachability| {
         events.push(McpEvent::Reachability {
@@ -556,7 +587,7 @@ async fn supervise(
     };
     loop {
         let attempt = tokio::select! {
-            attempt = Session::connect(&server, &config.transport, timeouts, Arc::clone(&events)) => attempt,
+            attempt = Session::connect(&server, &config.transport, timeouts, Arc::clone(&events), &spill_dir) => attempt,
             _ = stop.wait_for(|stop| *stop) => break,
         };
         match attempt {

@@ -12,8 +12,9 @@
 //! type matching, the per-event size limit of an event stream, reserved headers, the scope
 //! of a 403 challenge) are private to rmcp, so they are ported here with the same limits
 //! and the same errors, with two more things said: an event stream that ends inside an
-//! event is an error (`EndedMidEvent`; the SSE parser would drop the cut event silently),
-//! and a JSON body over its limit answers its request with what happened instead of
+//! event is an error (`EndedMidEvent`; the SSE parser would drop the cut event silently;
+//! the events are read by [`sse`](crate::sse), which keeps an event over its limit that
+//! answers a call in a file), and a JSON body over its limit answers its request with what happened instead of
 //! failing the POST (rmcp would then report the session as closed), unless it answers a
 //! request whose result the tap awaits: then it is written to an unnamed file as it
 //! arrives (up to [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER)) and its long texts
@@ -24,7 +25,6 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage, ServerJsonRpcMessage};
@@ -113,8 +113,22 @@ pub(crate) async fn post_request(
     }
     match &content_type {
         Some(ct) if media_type_is(ct.as_bytes(), EVENT_STREAM_MIME_TYPE) => {
+            // An event answering a call that awaits its result is kept in a file past the
+            // limit, as a JSON body is.
+            let spill = match message {
+                JsonRpcMessage::Request(request)
+                    if tap.is_open(&serde_json::to_string(&request.id).unwrap_or_default()) =>
+                {
+                    Some(crate::sse::SpillTo {
+                        tap: Arc::clone(tap),
+                        id: request.id.clone(),
+                        dir: tap.spill_dir().to_path_buf(),
+                    })
+                }
+                _ => None,
+            };
             Ok(StreamableHttpPostResponse::Sse(
-                bounded_events(response, limits.max_sse_event_size),
+                crate::sse::events(response, limits.max_sse_event_size, spill),
                 session_id,
             ))
         }
@@ -127,10 +141,17 @@ pub(crate) async fn post_request(
                 _ => false,
             };
             let max = limits.max_json_response_size;
-            let body = match read_bounded_or_spill(response, max, spill).await {
+            let body = match read_bounded_or_spill(response, max, spill.then(|| tap.spill_dir()))
+                .await
+            {
                 Ok(Body::Memory(body)) => body,
                 Ok(Body::Spilled(file)) => {
                     return spilled(tap, message, file, max, session_id).await;
+                }
+                Ok(Body::Unwritable(reason)) => {
+                    let fault = Fault::SpilledUnreadable(reason.clone());
+                    let refused = StreamableHttpError::UnexpectedServerResponse(Cow::Owned(reason));
+                    return answered_with(message, &fault, session_id, refused);
                 }
                 // Answered with what happened, so the call fails at once and says why.
                 Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
@@ -144,7 +165,18 @@ pub(crate) async fn post_request(
                     preview(&body)
                 )))
             };
-            let mut raw: Value = serde_json::from_slice(&body).map_err(unreadable)?;
+            // Invalid UTF-8 and lone surrogate escapes are repaired (U+FFFD, the fact in
+            // the result's `_meta`), as over stdio.
+            let mut raw: Value = match serde_json::from_slice(&body) {
+                Ok(raw) => raw,
+                Err(error) => match crate::stdio::repair::repair(&body) {
+                    Some((mut repaired, note)) => {
+                        crate::stdio::repair::record(&mut repaired, &note);
+                        repaired
+                    }
+                    None => return Err(unreadable(error)),
+                },
+            };
             tap.offer(&mut raw);
             let parsed = serde_json::from_value(raw).map_err(unreadable)?;
             Ok(StreamableHttpPostResponse::Json(parsed, session_id))
@@ -305,6 +337,9 @@ fn media_type_is(value: &[u8], expected: &str) -> bool {
 enum Body {
     Memory(Vec<u8>),
     Spilled(std::fs::File),
+    /// Over the memory limit, and its file could not be written: why (the rest of the body
+    /// is not read; its request fails, the session stays).
+    Unwritable(String),
 }
 
 /// The body within `max` bytes in memory; past `max`, with `spill`, written to an unnamed
@@ -314,12 +349,13 @@ enum Body {
 async fn read_bounded_or_spill(
     mut response: reqwest::Response,
     max: usize,
-    spill: bool,
+    spill_dir: Option<&std::path::Path>,
 ) -> Result<Body, Error> {
     use crate::spill::{WRITE_BUFFER, unnamed_file};
-    if !spill {
+    let Some(spill_dir) = spill_dir else {
         return read_bounded(response, max).await.map(Body::Memory);
-    }
+    };
+    let spill_dir = spill_dir.to_path_buf();
     let cap = crate::MAX_SPILLED_ANSWER;
     if response.content_length().is_some_and(|length| length > cap) {
         return Err(StreamableHttpError::ResponseBodyTooLarge {
@@ -330,22 +366,23 @@ async fn read_bounded_or_spill(
     let mut file: Option<std::fs::File> = None;
     let mut total = 0u64;
     let write = |file: Option<std::fs::File>, chunk: Vec<u8>| {
+        let dir = spill_dir.clone();
         tokio::task::spawn_blocking(move || {
             use std::io::Write as _;
             let mut file = match file {
                 Some(file) => file,
-                None => unnamed_file(&std::env::temp_dir())?,
+                None => unnamed_file(&dir)?,
             };
             file.write_all(&chunk)?;
             Ok::<_, std::io::Error>(file)
         })
     };
     let failed = |error: std::io::Error| {
-        StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
+        format!(
             "the JSON body, over {} MiB, could not be written to a file in {}: {error}",
             max >> 20,
-            std::env::temp_dir().display()
-        )))
+            spill_dir.display()
+        )
     };
     while let Some(chunk) = response.chunk().await? {
         total += chunk.len() as u64;
@@ -364,16 +401,20 @@ async fn read_bounded_or_spill(
             let written = write(file.take(), chunk)
                 .await
                 .map_err(std::io::Error::other);
-            file = Some(written.and_then(|written| written).map_err(failed)?);
+            match written.and_then(|written| written) {
+                Ok(written) => file = Some(written),
+                Err(error) => return Ok(Body::Unwritable(failed(error))),
+            }
         }
     }
     let Some(file) = file else {
         return Ok(Body::Memory(body));
     };
     let written = write(Some(file), body).await.map_err(std::io::Error::other);
-    Ok(Body::Spilled(
-        written.and_then(|written| written).map_err(failed)?,
-    ))
+    Ok(match written.and_then(|written| written) {
+        Ok(file) => Body::Spilled(file),
+        Err(error) => Body::Unwritable(failed(error)),
+    })
 }
 
 /// The answer to `message` whose JSON body is in `file`: read back on a blocking thread
@@ -396,7 +437,8 @@ async fn spilled(
     let read = tokio::task::spawn_blocking(move || {
         use std::io::Seek as _;
         file.rewind().map_err(crate::spill::Refused::Io)?;
-        crate::spill::read_answer(file, &tap, &std::env::temp_dir())
+        let dir = tap.spill_dir().to_path_buf();
+        crate::spill::read_answer(file, &tap, &dir)
     })
     .await
     .map_err(|error| unreadable(error.to_string()))?;
@@ -491,154 +533,9 @@ fn preview(body: &[u8]) -> Cow<'_, str> {
     Cow::Owned(lossy[..end].to_owned())
 }
 
-/// Why an event stream ended early.
-#[derive(Debug, thiserror::Error)]
-enum EventsError {
-    /// Reading the body failed.
-    #[error(transparent)]
-    Source(reqwest::Error),
-    /// An event was over the limit.
-    #[error("SSE event exceeded the maximum size of {max_size} bytes")]
-    EventTooLarge { max_size: usize },
-    /// The body ended inside an event (the SSE parser drops such an event silently).
-    #[error("the stream ended in the middle of an event ({bytes} bytes of it read)")]
-    EndedMidEvent { bytes: usize },
-}
-
-/// What an event stream's error says happened to the answer it was to carry.
-pub(crate) fn fault_of_stream(error: &sse_stream::Error) -> Fault {
-    if let sse_stream::Error::Body(body) = error
-        && let Some(events) = body.downcast_ref::<EventsError>()
-    {
-        return match events {
-            EventsError::EventTooLarge { max_size } => Fault::EventTooLarge { max: *max_size },
-            EventsError::EndedMidEvent { bytes } => Fault::EndedMidEvent { bytes: *bytes },
-            EventsError::Source(source) => {
-                Fault::Broke(crate::remote::with_causes_of(source.to_string(), source))
-            }
-        };
-    }
-    Fault::Broke(error.to_string())
-}
-
-/// The answer's events, each at most `max_event_size` bytes as rmcp counts them; the
-/// stream ends with an error at the first byte over.
-pub(crate) fn bounded_events(
-    response: reqwest::Response,
-    max_event_size: usize,
-) -> futures_util::stream::BoxStream<'static, Result<sse_stream::Sse, sse_stream::Error>> {
-    let chunks = futures_util::stream::unfold(
-        Some((response, EventSize::new(max_event_size))),
-        |state| async move {
-            let (mut response, mut size) = state?;
-            match response.chunk().await {
-                Ok(Some(chunk)) => match size.observe(&chunk) {
-                    Ok(()) => Some((Ok(chunk), Some((response, size)))),
-                    Err(()) => Some((
-                        Err(EventsError::EventTooLarge {
-                            max_size: size.max_size,
-                        }),
-                        None,
-                    )),
-                },
-                // An event cut short is an error, not an end: the parser would drop it.
-                Ok(None) => match size.pending() {
-                    0 => None,
-                    bytes => Some((Err(EventsError::EndedMidEvent { bytes }), None)),
-                },
-                Err(error) => Some((Err(EventsError::Source(error)), None)),
-            }
-        },
-    );
-    sse_stream::SseStream::from_bytes_stream(chunks).boxed()
-}
-
-/// rmcp's count of an event's size: the bytes of its non-comment lines, one more per line
-/// (the parser joins data lines with a newline); a blank line ends the event.
-#[derive(Debug)]
-struct EventSize {
-    max_size: usize,
-    retained: usize,
-    line: usize,
-    line_is_comment: bool,
-    previous_was_cr: bool,
-}
-
-impl EventSize {
-    fn new(max_size: usize) -> Self {
-        Self {
-            max_size,
-            retained: 0,
-            line: 0,
-            line_is_comment: false,
-            previous_was_cr: false,
-        }
-    }
-
-    fn observe(&mut self, chunk: &[u8]) -> Result<(), ()> {
-        for &byte in chunk {
-            if self.previous_was_cr {
-                self.previous_was_cr = false;
-                if byte == b'\n' {
-                    continue;
-                }
-            }
-            match byte {
-                b'\r' => {
-                    self.finish_line()?;
-                    self.previous_was_cr = true;
-                }
-                b'\n' => self.finish_line()?,
-                _ => {
-                    if self.line == 0 {
-                        self.line_is_comment = byte == b':';
-                    }
-                    self.line = self.line.saturating_add(1);
-                    self.check()?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn finish_line(&mut self) -> Result<(), ()> {
-        if self.line == 0 {
-            self.retained = 0;
-        } else if !self.line_is_comment {
-            self.retained = self.retained.saturating_add(self.line).saturating_add(1);
-        }
-        self.line = 0;
-        self.line_is_comment = false;
-        self.check()
-    }
-
-    /// The bytes of the event being read (0 between events).
-    fn pending(&self) -> usize {
-        self.retained.saturating_add(self.line)
-    }
-
-    fn check(&self) -> Result<(), ()> {
-        if self.retained.saturating_add(self.line) > self.max_size {
-            Err(())
-        } else {
-            Ok(())
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_event_is_counted_as_rmcp_counts_it() {
-        let mut size = EventSize::new(10);
-        // A comment line is not kept; a blank line (LF, CR or CRLF) starts a new event.
-        assert!(size.observe(b": note\ndata: 12\n\n").is_ok());
-        assert!(size.observe(b"data: 1\r\n\r\n").is_ok());
-        assert!(size.observe(b"data: 1234").is_ok());
-        assert!(size.observe(b"5").is_err(), "11 bytes in one event");
-    }
 
     #[test]
     fn media_types_and_scopes_read_as_rmcp_reads_them() {

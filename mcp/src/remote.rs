@@ -31,11 +31,11 @@
 //! # Memory
 //!
 //! One event is held whole while it is read, at most [`MAX_SSE_EVENT_BYTES`] (the bytes of
-//! its lines as rmcp counts them); a JSON body at most [`MAX_JSON_BODY_BYTES`] (past it, a
-//! call's answer goes to a file in 1 MiB chunks, at most 4 GiB, and what of it stays in
-//! memory is at most 64 MiB); an error body is quoted from its first 64 KiB. Each is
-//! counted as it arrives, so a larger one is refused at the first byte over, never
-//! buffered.
+//! its lines as rmcp counts them); a JSON body at most [`MAX_JSON_BODY_BYTES`]. Past either,
+//! a call's answer goes to a file in 1 MiB chunks, at most 4 GiB, and what of it stays in
+//! memory is at most 64 MiB ([`sse`](crate::sse), [`post`](crate::post)); an error body is
+//! quoted from its first 64 KiB. Each is counted as it arrives, so a larger one that answers
+//! nothing awaited is refused at the first byte over, never buffered.
 //!
 //! # Cancel safety
 //!
@@ -43,9 +43,10 @@
 //! rmcp's set of posts until it finishes, and is dropped only when its request is
 //! cancelled (the caller gave up), when losing the partly read body is what is meant. An
 //! event stream is polled through `next()`, which holds no data: the partly read event is
-//! in the stream (the SSE parser's buffer, the pending chunk read of `post`'s
-//! `bounded_events`, the answer wrapper's state), so a `next()` dropped at any point loses
-//! nothing (`post::tests::events_survive_next_dropped_at_random_points`).
+//! in the stream ([`sse`](crate::sse)'s parser, its pending chunk read or file write, the
+//! answer wrapper's state), so a `next()` dropped at any point loses nothing
+//! (`tests::events_survive_next_dropped_at_random_points`,
+//! `sse::tests::a_spilled_event_survives_next_dropped_at_random_points`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -68,9 +69,12 @@ use crate::tap::Tap;
 /// How many same-origin redirects a request follows.
 pub(crate) const MAX_REDIRECTS: usize = 5;
 
-/// The most bytes of one server-sent event from a streamable HTTP server (rmcp's default,
-/// named here): an answer sent as a larger event is refused at its first byte over, never
-/// buffered, and its call fails at once saying so; the connection stays up.
+/// The most bytes of one server-sent event from a streamable HTTP server held in memory
+/// (rmcp's default, named here): a larger event answering a request whose answer psych-mcp
+/// reads itself (`tools/call`, `tools/list`) has its data written to a file as it arrives
+/// and is read back as a JSON body over [`MAX_JSON_BODY_BYTES`] is; any other is refused at
+/// its first byte over, never buffered, and its request fails at once saying so. The
+/// connection stays up either way.
 pub const MAX_SSE_EVENT_BYTES: usize = 16 * 1024 * 1024;
 
 /// The most bytes of one `application/json` answer from a streamable HTTP server held in
@@ -134,7 +138,7 @@ impl Fault {
                 size(*max)
             ),
             Self::SpilledUnreadable(why) => {
-                format!("the answer, a JSON body kept in a file for its size, is unreadable: {why}")
+                format!("the answer, kept in a file for its size, is unreadable: {why}")
             }
         }
     }
@@ -281,8 +285,11 @@ fn answered(events: Events, id: RequestId) -> Events {
                         let resumable = resumable || event.id.is_some();
                         return Some((Ok(event), Some((events, resumable))));
                     }
-                    Some(Err(error)) => match crate::post::fault_of_stream(&error) {
-                        fault @ Fault::EventTooLarge { .. } => fault,
+                    Some(Err(error)) => match crate::sse::fault_of_stream(&error) {
+                        // Sent again on resumption, it would fail again.
+                        fault @ (Fault::EventTooLarge { .. } | Fault::SpilledUnreadable(_)) => {
+                            fault
+                        }
                         _ if resumable => return Some((Err(error), None)),
                         fault => fault,
                     },
@@ -322,10 +329,19 @@ fn keep(tap: &Tap, data: &mut String) {
     if !tap.wants(data.as_bytes()) {
         return;
     }
-    let Ok(mut message) = serde_json::from_str::<Value>(data) else {
-        return;
+    // Lone surrogate escapes are repaired (U+FFFD, the fact in the result's `_meta`), as
+    // over stdio, and rmcp gets the repaired message either way: it could not read it.
+    let (mut message, repaired) = match serde_json::from_str::<Value>(data) {
+        Ok(message) => (message, false),
+        Err(_) => match crate::stdio::repair::repair(data.as_bytes()) {
+            Some((mut message, note)) => {
+                crate::stdio::repair::record(&mut message, &note);
+                (message, true)
+            }
+            None => return,
+        },
     };
-    if tap.offer(&mut message)
+    if (tap.offer(&mut message) || repaired)
         && let Ok(rewritten) = serde_json::to_string(&message)
     {
         *data = rewritten;
@@ -519,49 +535,13 @@ mod tests {
 
     use std::task::Poll;
 
-    use http_body_util::StreamBody;
-    use hyper::body::{Bytes, Frame};
-
     use super::*;
 
-    /// A deterministic xorshift: the same "random" points on every run.
-    struct Rng(u64);
+    use crate::sse::tests::{Rng, response_of};
 
-    impl Rng {
-        fn below(&mut self, n: usize) -> usize {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            usize::try_from(self.0 % n as u64).unwrap()
-        }
-    }
-
-    /// A response whose body is `wire` sent in chunks of 1 B to 16 KiB by another task,
-    /// with a yield between chunks, and the POST's events read from it as a call's are.
+    /// The POST's events of a response whose body is `wire`, read as a call's are.
     fn events_of(wire: Vec<u8>, seed: u64) -> Events {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(1);
-        tokio::spawn(async move {
-            let mut rng = Rng(seed);
-            let mut at = 0;
-            while at < wire.len() {
-                let end = (at + 1 + rng.below(16 * 1024)).min(wire.len());
-                if tx
-                    .send(Bytes::copy_from_slice(&wire[at..end]))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-                at = end;
-                tokio::task::yield_now().await;
-            }
-        });
-        let chunks = futures_util::stream::poll_fn(move |cx| {
-            rx.poll_recv(cx)
-                .map(|chunk| chunk.map(|c| Ok::<_, std::io::Error>(Frame::data(c))))
-        });
-        let response = http::Response::new(reqwest::Body::wrap(StreamBody::new(chunks)));
-        let events = crate::post::bounded_events(response.into(), MAX_SSE_EVENT_BYTES);
+        let events = crate::sse::events(response_of(wire, seed), MAX_SSE_EVENT_BYTES, None);
         answered(events, RequestId::Number(7))
     }
 

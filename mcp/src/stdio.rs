@@ -49,7 +49,7 @@ mod tree;
 
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -101,6 +101,8 @@ pub(crate) struct Command<'a> {
     pub(crate) args: &'a [String],
     pub(crate) env: &'a std::collections::BTreeMap<String, String>,
     pub(crate) cwd: Option<&'a PathBuf>,
+    /// Where an answer too large for memory is kept ([`McpManagerBuilder::spill_dir`](crate::McpManagerBuilder::spill_dir)).
+    pub(crate) spill_dir: &'a Path,
 }
 
 /// A running (or ended) stdio server process and what it said on stderr.
@@ -281,7 +283,9 @@ impl Child {
             .await;
             let _ = stderr_tx.send(true);
         });
-        let transport = ChildTransport::new(stdout, stdin, exit.clone(), Arc::clone(&diagnostics));
+        let tap = Arc::new(Tap::new(spec.spill_dir.to_path_buf()));
+        let transport =
+            ChildTransport::new(stdout, stdin, exit.clone(), tap, Arc::clone(&diagnostics));
         Ok((
             Self {
                 leader,
@@ -412,10 +416,11 @@ impl ChildTransport {
         stdout: ChildStdout,
         stdin: ChildStdin,
         exit: watch::Receiver<Option<ExitStatus>>,
+        tap: Arc<Tap>,
         diagnostics: Arc<Diagnostics>,
     ) -> Self {
         Self {
-            reader: ChildReader::new(stdout, exit, Arc::new(Tap::default()), diagnostics),
+            reader: ChildReader::new(stdout, exit, tap, diagnostics),
             writer: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
         }
     }
@@ -458,7 +463,7 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
         tap: Arc<Tap>,
         diagnostics: Arc<Diagnostics>,
     ) -> Self {
-        let spill_dir = std::env::temp_dir();
+        let spill_dir = tap.spill_dir().to_path_buf();
         Self {
             lines: LineReader::new(reader, SPILL_AT).spilling(SpillTo {
                 dir: spill_dir.clone(),

@@ -23,6 +23,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use psych_types::{ServerId, SpilledBlock};
@@ -40,9 +41,10 @@ use crate::progress::ProgressRoutes;
 const PROGRESS: &str = "notifications/progress";
 
 /// Raw results by request id (the id's JSON text, as it appears on the wire).
-#[derive(Default)]
 pub(crate) struct Tap {
     slots: Mutex<Slots>,
+    /// Where an answer too large for memory is kept while it is read.
+    spill_dir: PathBuf,
     /// Where progress notifications go, delivered by our transports (stdio, and HTTP
     /// through [`Tap::offer`]) in the order they were read (rmcp runs each notification's
     /// handler as its own task, which a call's response can overtake, so progress sent just
@@ -175,7 +177,28 @@ fn id_key(id: &RequestId) -> String {
     serde_json::to_string(id).unwrap_or_default()
 }
 
+impl Default for Tap {
+    /// A tap spilling into [`std::env::temp_dir`].
+    fn default() -> Self {
+        Self::new(std::env::temp_dir())
+    }
+}
+
 impl Tap {
+    /// A tap whose connection keeps answers too large for memory in `spill_dir`.
+    pub(crate) fn new(spill_dir: PathBuf) -> Self {
+        Self {
+            slots: Mutex::default(),
+            spill_dir,
+            progress: Arc::default(),
+        }
+    }
+
+    /// Where the connection keeps answers too large for memory.
+    pub(crate) fn spill_dir(&self) -> &Path {
+        &self.spill_dir
+    }
+
     fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -262,7 +285,9 @@ impl Tap {
         };
         {
             let mut slots = self.slots();
-            let Some(slot) = slots.wanted.get_mut(&key) else {
+            // Only an answer awaited: a second answer with the same id (a server's
+            // mistake, or a kept answer's stand-in offered again) leaves the first.
+            let Some(slot @ Answer::Pending) = slots.wanted.get_mut(&key) else {
                 return false;
             };
             let stand_in = if result.get("tools").is_some() {

@@ -46,8 +46,18 @@ fn patient() -> Timeouts {
 
 /// A manager with one server at `url`, after its first connection attempt.
 async fn connect(name: &str, url: &str) -> (McpManager, Reachability) {
+    connect_spilling(name, url, &std::env::temp_dir()).await
+}
+
+/// [`connect`], keeping answers too large for memory in `spill_dir`.
+async fn connect_spilling(
+    name: &str,
+    url: &str,
+    spill_dir: &std::path::Path,
+) -> (McpManager, Reachability) {
     let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
     let manager = McpManager::builder(config)
+        .spill_dir(spill_dir)
         .timeouts(patient())
         .backoff(Backoff::new(
             Duration::from_secs(30),
@@ -200,20 +210,27 @@ async fn a_cut_event_stream_says_how_it_ended() {
     manager.shutdown().await;
 }
 
+/// Issue 27: an event over the 16 MiB held in memory that answers a call has its data
+/// written to a file as it arrives and its text reaches `call_tool` kept in a file; the
+/// connection stays. (An event over the limit that answers nothing awaited is refused, as
+/// rmcp refuses it: `remote::tests::a_cut_event_and_an_event_over_the_limit_are_said`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_event_over_the_limit_names_the_limit_and_the_connection_stays() {
+async fn an_event_over_the_limit_arrives_with_its_text_in_a_file_and_the_connection_stays() {
     let server = HttpServer::start(&[]);
     let (manager, reachability) = connect("web", &server.url).await;
     assert_eq!(reachability, Reachability::Reachable);
     // 50 MB in one event, more than the 16 MiB bound (psych-mcp's MAX_SSE_EVENT_BYTES).
     assert_eq!(psych_mcp::MAX_SSE_EVENT_BYTES, 16 * 1024 * 1024);
-    let error = fails_at_once(&manager, "large", json!({"bytes": 50_000_000})).await;
-    assert_eq!(
-        error.to_string(),
-        "MCP server \"web\": tools/call large failed: the answer is a server-sent event over \
-         the 16 MiB limit (16777216 bytes); it was not read"
-    );
-    assert!(!error.is_connection_lost());
+    let bytes = 50_000_000;
+    let output = manager
+        .call_tool(
+            &ToolRef::parse("web", "large").unwrap(),
+            args(json!({"bytes": bytes})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(output.spilled.len(), 1, "{output:?}");
+    assert_eq!(output.spilled[0].text.len(), bytes);
     assert_eq!(echo(&manager, "web", "still here").await, "still here");
     manager.shutdown().await;
 }
@@ -241,6 +258,28 @@ async fn a_json_body_over_the_limit_arrives_with_its_text_in_a_file() {
     assert!(text.read_to_string().unwrap() == psych_mcp::test_server::large_text(bytes));
     assert_eq!(echo(&manager, "web", "still here").await, "still here");
     manager.shutdown().await;
+}
+
+/// The answers too large for memory go where the manager's `spill_dir` says: a folder that
+/// cannot hold them fails the call that needed one, saying where, at once; the connection
+/// and the calls that fit in memory go on. Over both kinds of answer (a JSON body, an
+/// event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_too_large_for_memory_go_to_the_spill_dir_given() {
+    let missing = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("http-faults-no-such-dir-{}", std::process::id()));
+    for flags in [&["--json-response"][..], &[]] {
+        let server = HttpServer::start(flags);
+        let (manager, reachability) = connect_spilling("web", &server.url, &missing).await;
+        assert_eq!(reachability, Reachability::Reachable);
+        let error = fails_at_once(&manager, "large", json!({"bytes": 20_000_000})).await;
+        assert!(
+            error.to_string().contains(&*missing.to_string_lossy()),
+            "{flags:?}: {error}"
+        );
+        assert_eq!(echo(&manager, "web", "still here").await, "still here");
+        manager.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
