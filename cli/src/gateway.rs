@@ -1013,7 +1013,9 @@ pub(crate) enum Listen {
 /// Runs the gateway for `config` until its client leaves (stdio) or a SIGTERM or SIGINT
 /// stops it (either transport), resolving with `settings` (`psych serve`'s own auto
 /// budget, [`crate::setup::SERVE_AUTO_BUDGET`] by default), at most `max_sessions` HTTP
-/// sessions at once. Logs go under `<dir>/serve/`.
+/// sessions at once. Logs go under `<dir>/serve/`, and the unnamed files holding an answer
+/// too large for memory until it is logged in `<dir>/serve/spill/` (on the disk that will
+/// hold the result anyway, not a `/tmp` that may be a small tmpfs).
 ///
 /// The first signal starts a graceful shutdown (bounded by [`SHUTDOWN_WITHIN`]); a second
 /// one exits at once.
@@ -1024,6 +1026,9 @@ pub(crate) fn run(
     settings: Settings,
     max_sessions: usize,
 ) -> Result<u8, String> {
+    let spill = spill_dir(dir);
+    std::fs::create_dir_all(&spill)
+        .map_err(|e| format!("cannot create {}: {e}", spill.display()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -1089,6 +1094,11 @@ impl Signals {
     }
 }
 
+/// Where `psych serve` keeps answers too large for memory until they are logged.
+fn spill_dir(dir: &Path) -> std::path::PathBuf {
+    dir.join("serve").join("spill")
+}
+
 /// The gateway: serves `listen` until its client leaves (stdio) or `shutdown` resolves,
 /// then shuts down in order within [`SHUTDOWN_WITHIN`]: every call in flight cancelled
 /// upstream and logged, the sessions closed, its own tasks, the catalogue's sync and
@@ -1109,6 +1119,7 @@ async fn serve(
         .map(|entry| entry.connection.clone())
         .collect();
     let manager = McpManager::builder(config)
+        .spill_dir(spill_dir(dir))
         .build()
         .map_err(|e| e.to_string())?;
     // Creating it commits a redb transaction: off the async workers.
