@@ -9,7 +9,7 @@ use psych_types::{
     TokenEstimator, ToolDefinition,
 };
 
-use crate::resolve::{Prepared, compose, index_inputs, prepare};
+use crate::resolve::{Naming, Prepared, compose, index_inputs, prepare};
 use crate::{Inputs, ResolveError, Settings, Surface};
 
 /// Resolution with memory: [`SurfaceCache::resolve`] gives exactly the [`Surface`] that
@@ -204,6 +204,9 @@ impl<E: TokenEstimator> SurfaceCache<E> {
                 .zip(&parts)
                 .map(|(&(connection, catalog), part)| (connection, catalog, part)),
             settings,
+            Naming::Pieces {
+                previous: self.last.as_ref().map(|last| &*last.surface),
+            },
         ));
         self.servers = servers
             .iter()
