@@ -1,7 +1,7 @@
 //! [`SurfaceCache`]: resolution that remembers what it resolved from, so an unchanged setup
 //! resolves in microseconds and a changed one prepares only the servers that changed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use psych_types::{
@@ -183,18 +183,23 @@ impl<E: TokenEstimator> SurfaceCache<E> {
         }
         let servers = index_inputs(inputs)?;
         let mut parts = Vec::with_capacity(servers.len());
-        for &(connection, catalog) in &servers {
+        // The servers prepared again, by index: their slots change once all is well.
+        let mut fresh = Vec::new();
+        for (i, &(connection, catalog)) in servers.iter().enumerate() {
             let part = match self.servers.get(&connection.server) {
                 Some(slot) if slot.matches(connection, catalog, inputs.grant) => {
                     Arc::clone(&slot.part)
                 }
-                _ => Arc::new(prepare(
-                    connection,
-                    catalog,
-                    inputs.grant,
-                    settings,
-                    &self.estimator,
-                )?),
+                _ => {
+                    fresh.push(i);
+                    Arc::new(prepare(
+                        connection,
+                        catalog,
+                        inputs.grant,
+                        settings,
+                        &self.estimator,
+                    )?)
+                }
             };
             parts.push(part);
         }
@@ -208,18 +213,20 @@ impl<E: TokenEstimator> SurfaceCache<E> {
                 previous: self.last.as_ref().map(|last| &*last.surface),
             },
         ));
-        self.servers = servers
-            .iter()
-            .zip(parts)
-            .map(|(&(connection, catalog), part)| {
-                let slot = Slot {
-                    connection: connection.clone(),
-                    version: catalog.map(|c| c.version),
-                    part,
-                };
-                (connection.server.clone(), slot)
-            })
-            .collect();
+        for i in fresh {
+            let (connection, catalog) = servers[i];
+            let slot = Slot {
+                connection: connection.clone(),
+                version: catalog.map(|c| c.version),
+                part: Arc::clone(&parts[i]),
+            };
+            self.servers.insert(connection.server.clone(), slot);
+        }
+        // Every server of this call has its slot now; any other is gone since.
+        if self.servers.len() != servers.len() {
+            let current: HashSet<&ServerId> = servers.iter().map(|(c, _)| &c.server).collect();
+            self.servers.retain(|server, _| current.contains(server));
+        }
         self.last = Some(Last {
             connections: inputs.connections.to_vec(),
             catalogs: inputs.catalogs.iter().map(CatalogKey::new).collect(),

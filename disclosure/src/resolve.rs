@@ -414,6 +414,9 @@ pub(crate) struct Piece {
     /// [`names::claims`] of its names, computed when another server's zone overlaps its
     /// own (rare: an id that is a prefix of another).
     claims: OnceLock<HashSet<u64>>,
+    /// Its deferred line and the description it was written with, once written (only for
+    /// a server with permitted tools: another's line shows its health).
+    line: OnceLock<(Option<String>, String)>,
 }
 
 impl Piece {
@@ -435,6 +438,26 @@ impl Piece {
             exposed,
             deferred: Arc::new(deferred),
             claims: OnceLock::new(),
+            line: OnceLock::new(),
+        }
+    }
+
+    /// The deferred line of `plan`, which this piece fits: written once per piece. A
+    /// line shows the server, its permitted and eager counts (the piece's) and its
+    /// description; the health shows only on a server with no permitted tool, whose line
+    /// is written each time.
+    fn line(&self, plan: &Plan<'_>) -> String {
+        if plan.permitted == 0 {
+            return deferred_line(plan);
+        }
+        let description = &plan.connection.description;
+        let (written_with, line) = self
+            .line
+            .get_or_init(|| (description.clone(), deferred_line(plan)));
+        if written_with == description {
+            line.clone()
+        } else {
+            deferred_line(plan)
         }
     }
 
@@ -878,7 +901,8 @@ fn deferred_line(plan: &Plan<'_>) -> String {
 struct Named {
     names: BTreeMap<String, Exposed>,
     deferred: BTreeMap<ServerId, Arc<BTreeMap<String, Exposed>>>,
-    pieces: Pieces,
+    /// Each plan's piece, in plan order, when named by pieces.
+    pieces: Option<Vec<Arc<Piece>>>,
 }
 
 /// Names every entry of the plans (and the fixed ones: the meta tools when a server is
@@ -898,24 +922,14 @@ fn name(plans: &[Plan<'_>], fixed: Vec<Exposed>, naming: Naming<'_>) -> Named {
                 .collect::<Vec<_>>(),
         ),
     };
-    let kept = pieces.as_ref().map(|pieces| {
-        Pieces(
-            plans
-                .iter()
-                .zip(pieces)
-                .map(|(plan, piece)| (plan.connection.server.clone(), Arc::clone(piece)))
-                .collect(),
-        )
-    });
-    let pieces = pieces.filter(|pieces| pieces_are_disjoint(pieces));
-    if let Some(pieces) = pieces {
+    if let Some(each) = pieces.as_deref().filter(|each| pieces_are_disjoint(each)) {
         // Each piece named alone is what the one pass would give.
         let mut names: BTreeMap<String, Exposed> = fixed
             .into_iter()
             .map(|entry| (entry.fixed_name().unwrap_or_default().to_owned(), entry))
             .collect();
         let mut deferred = BTreeMap::new();
-        for (plan, piece) in plans.iter().zip(&pieces) {
+        for (plan, piece) in plans.iter().zip(each) {
             names.extend(piece.exposed.iter().cloned());
             if plan.shape == Shape::Deferred {
                 deferred.insert(plan.connection.server.clone(), Arc::clone(&piece.deferred));
@@ -924,7 +938,7 @@ fn name(plans: &[Plan<'_>], fixed: Vec<Exposed>, naming: Naming<'_>) -> Named {
         return Named {
             names,
             deferred,
-            pieces: kept.unwrap_or_default(),
+            pieces,
         };
     }
     let mut entries = fixed;
@@ -939,11 +953,11 @@ fn name(plans: &[Plan<'_>], fixed: Vec<Exposed>, naming: Naming<'_>) -> Named {
     let mut names = BTreeMap::new();
     for (name, exposed) in names::assign(entries) {
         match &exposed {
+            // Every deferred entry is of a deferred plan, whose map is there.
             Exposed::Deferred { target } => {
-                deferred
-                    .entry(target.server.clone())
-                    .or_default()
-                    .insert(name, exposed);
+                if let Some(names) = deferred.get_mut(&target.server) {
+                    names.insert(name, exposed);
+                }
             }
             _ => {
                 names.insert(name, exposed);
@@ -956,7 +970,7 @@ fn name(plans: &[Plan<'_>], fixed: Vec<Exposed>, naming: Naming<'_>) -> Named {
             .into_iter()
             .map(|(server, names)| (server, Arc::new(names)))
             .collect(),
-        pieces: kept.unwrap_or_default(),
+        pieces,
     }
 }
 
@@ -1056,8 +1070,14 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings, naming: Naming<'_>) -> Surfa
 
     let deferred_lines = plans
         .iter()
-        .filter(|p| p.shape == Shape::Deferred)
-        .map(deferred_line)
+        .enumerate()
+        .filter(|(_, p)| p.shape == Shape::Deferred)
+        .map(
+            |(i, p)| match pieces.as_ref().and_then(|pieces| pieces.get(i)) {
+                Some(piece) => piece.line(p),
+                None => deferred_line(p),
+            },
+        )
         .collect();
     let permitted = PermittedSet {
         servers: plans
@@ -1069,6 +1089,14 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings, naming: Naming<'_>) -> Surfa
         .iter()
         .map(|p| (p.connection.server.clone(), SharedPart(Arc::clone(p.part))))
         .collect();
+    let pieces = Pieces(
+        pieces
+            .into_iter()
+            .flatten()
+            .zip(&plans)
+            .map(|(piece, plan)| (plan.connection.server.clone(), piece))
+            .collect(),
+    );
     let servers = plans
         .into_iter()
         .map(|p| ServerView {
