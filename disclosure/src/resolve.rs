@@ -287,6 +287,26 @@ impl Surface {
     }
 }
 
+#[cfg(test)]
+impl Surface {
+    /// Whether `server`'s deferred names are its piece's own (named alone and shared),
+    /// not split out of the one pass over every server.
+    pub(crate) fn deferred_names_from_piece(&self, server: &ServerId) -> bool {
+        match (self.deferred.get(server), self.pieces.0.get(server)) {
+            (Some(names), Some(piece)) => Arc::ptr_eq(names, &piece.deferred),
+            _ => false,
+        }
+    }
+
+    /// `server`'s deferred names as shared (to compare allocations across Surfaces).
+    pub(crate) fn deferred_names_arc(
+        &self,
+        server: &ServerId,
+    ) -> Option<&Arc<BTreeMap<String, Exposed>>> {
+        self.deferred.get(server)
+    }
+}
+
 /// A catalogue's tools, shared with the catalogue rather than copied. Two are equal when
 /// they hold the same tools whatever their order, so a Surface does not depend on the
 /// order a catalogue lists its tools in.
