@@ -5,6 +5,13 @@
 //!   - `resolve`: [`resolve`] into a Surface (narrowing, costs, shapes, cap, names);
 //!   - `baseline_serialize_schemas`: serializing every input schema once to JSON text, the
 //!     least work that looks at every schema the way the cost estimate must.
+//! - `resolve_cached_20_servers_5000_tools`: the same setup through a [`SurfaceCache`].
+//!   - `cached_unchanged`: nothing changed since the last call;
+//!   - `baseline_serialize_schemas`: as above.
+//! - `one_server_changed`: one server of the same setup changes its catalogue (one tool
+//!   fewer, a new version) between calls.
+//!   - `cache`: [`SurfaceCache::resolve`] after that change (the other 19 servers reused);
+//!   - `alone`: [`resolve`] of a setup with that server alone, the floor the cache aims at.
 //! - `guard_one_call`: one direct call to notion's `API-post-page` (`$defs`, `$ref`,
 //!   `oneOf`) with valid arguments and a warm [`Validators`] cache.
 //!   - `guard`: [`Surface::guard`] (name lookup, narrowing now, reachability, validation);
@@ -117,8 +124,7 @@ fn bench_guard(c: &mut Criterion) {
     group.finish();
 }
 
-/// The cache beside plain resolution: an unchanged setup, a setup where one server's
-/// catalogue changed, and that one server resolved alone.
+/// The cache on an unchanged setup, beside the least work that looks at every schema.
 fn bench_cache(c: &mut Criterion) {
     let setup = large();
     let settings = Settings::default();
@@ -143,6 +149,14 @@ fn bench_cache(c: &mut Criterion) {
                 .unwrap()
         })
     });
+    group.finish();
+}
+
+/// The cache after one server's catalogue changed, beside that one server resolved alone:
+/// the issue asks the first to cost at most 1.2 times the second.
+fn bench_one_server_changed(c: &mut Criterion) {
+    let settings = Settings::default();
+    let mut group = c.benchmark_group("one_server_changed");
     // One server's catalogue alternates between two versions (each its own allocation), so
     // every iteration resolves after a change of that server.
     let mut changed = large();
@@ -151,8 +165,10 @@ fn bench_cache(c: &mut Criterion) {
     tools.pop();
     versions[1].tools = tools.into();
     versions[1].version = psych_types::CatalogVersion(2);
+    let mut cache = SurfaceCache::new(Bytes4);
+    cache.resolve(&changed.inputs(), &settings).unwrap();
     let mut turn = 0usize;
-    group.bench_function("cached_one_server_changed", |b| {
+    group.bench_function("cache", |b| {
         b.iter(|| {
             turn += 1;
             changed.catalogs[7] = versions[turn % 2].clone();
@@ -166,7 +182,12 @@ fn bench_cache(c: &mut Criterion) {
         catalogs: vec![changed.catalogs[7].clone()],
         grant: changed.grant.clone(),
     };
-    group.bench_function("resolve_that_server_alone", |b| {
+    // The cache's answer is resolve's (the property tests check it); here, once more.
+    assert_eq!(
+        *cache.resolve(&changed.inputs(), &settings).unwrap(),
+        resolve(&changed.inputs(), &settings, &Bytes4).unwrap()
+    );
+    group.bench_function("alone", |b| {
         b.iter(|| resolve(black_box(&alone.inputs()), &settings, &Bytes4).unwrap())
     });
     group.finish();
@@ -214,6 +235,7 @@ criterion_group!(
     bench_resolve,
     bench_guard,
     bench_cache,
+    bench_one_server_changed,
     bench_search
 );
 criterion_main!(benches);

@@ -1,7 +1,8 @@
 //! [`SurfaceCache`]: resolution that remembers what it resolved from, so an unchanged setup
-//! resolves in microseconds and a changed one prepares only the servers that changed.
+//! resolves in microseconds and a changed one prepares and names only the servers that
+//! changed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use psych_types::{
@@ -9,7 +10,7 @@ use psych_types::{
     TokenEstimator, ToolDefinition,
 };
 
-use crate::resolve::{Prepared, compose, index_inputs, prepare};
+use crate::resolve::{Naming, Prepared, compose, index_inputs, prepare};
 use crate::{Inputs, ResolveError, Settings, Surface};
 
 /// Resolution with memory: [`SurfaceCache::resolve`] gives exactly the [`Surface`] that
@@ -28,8 +29,17 @@ use crate::{Inputs, ResolveError, Settings, Surface};
 ///   estimator, its facade index and size tier: the work that grows with its catalogue) by
 ///   its connection, its catalogue's tools (by identity and version) and its scope in the
 ///   grant, under the same settings. A change to one server prepares that server again;
-///   the others' parts are reused, and the Surface is composed from them (budget, cap,
-///   names), which still visits every permitted tool once.
+///   the others' parts are reused, and the Surface is composed from them (budget, cap)
+///   in work that grows with the servers, not their tools.
+/// - **Each server's names** (its direct tools, facade or search pair, its deferred tools'
+///   qualified names, and its deferred line) by its part, its shape and its eager tools:
+///   they are assigned over the server's own entries, and reused while those three are the
+///   same. Names depend on other servers only through collisions (`a` + `b__c` and
+///   `a__b` + `c` both ask for `a__b__c`), which only servers whose sanitised ids are
+///   prefixes of one another can have; when two such servers do claim a name, the Surface
+///   is named in one pass over every entry, as [`resolve`](crate::resolve) always is. So a
+///   change to one server that moves no other server's shape costs about what resolving
+///   that server alone costs (the `one_server_changed` bench).
 ///
 /// Health is part of the Surface's key but not of a server's part: a server going
 /// unreachable rewrites only its line and view.
@@ -40,16 +50,18 @@ use crate::{Inputs, ResolveError, Settings, Surface};
 /// # Memory
 ///
 /// One prepared part per server of the last call (servers gone since are dropped), each a
-/// few words per permitted tool and its facade index, plus the last Surface; the catalogues'
-/// tools are shared with the caller, not copied, but the cache keeps the last ones alive
-/// until the next call.
+/// few words per permitted tool, its permitted names and its facade index, plus the last
+/// Surface, which keeps each server's names (its qualified names are about one name and
+/// one pair per permitted tool of a deferred server); the catalogues' tools are shared with
+/// the caller, not copied, but the cache keeps the last ones alive until the next call.
 ///
 /// # What blocks
 ///
 /// A call whose inputs are unchanged does no more than compare them: microseconds. Any
-/// other call is CPU work that grows with the changed servers' tools and the permitted
-/// tools' count (milliseconds at thousands of tools): call it where [`resolve`](crate::resolve)
-/// would be called, off an async worker.
+/// other call is CPU work that grows with the changed servers' tools, the servers' count
+/// and the tools on the Surface (at most the tool cap), plus every permitted tool when
+/// names collide across servers (milliseconds at thousands of tools): call it where
+/// [`resolve`](crate::resolve) would be called, off an async worker.
 pub struct SurfaceCache<E> {
     estimator: E,
     settings: Option<Settings>,
@@ -160,7 +172,9 @@ impl<E: TokenEstimator> SurfaceCache<E> {
     /// Resolves the Surface of `inputs` under `settings`: the same Surface
     /// [`resolve`](crate::resolve) gives, shared with the last call's when nothing it
     /// depends on changed, else composed from each server's prepared part, prepared again
-    /// only for the servers whose connection, catalogue tools or grant scope changed.
+    /// only for the servers whose connection, catalogue tools or grant scope changed, and
+    /// from each server's names, named again only for the servers whose part, shape or
+    /// eager tools changed.
     ///
     /// # Errors
     ///
@@ -183,18 +197,23 @@ impl<E: TokenEstimator> SurfaceCache<E> {
         }
         let servers = index_inputs(inputs)?;
         let mut parts = Vec::with_capacity(servers.len());
-        for &(connection, catalog) in &servers {
+        // The servers prepared again, by index: their slots change once all is well.
+        let mut fresh = Vec::new();
+        for (i, &(connection, catalog)) in servers.iter().enumerate() {
             let part = match self.servers.get(&connection.server) {
                 Some(slot) if slot.matches(connection, catalog, inputs.grant) => {
                     Arc::clone(&slot.part)
                 }
-                _ => Arc::new(prepare(
-                    connection,
-                    catalog,
-                    inputs.grant,
-                    settings,
-                    &self.estimator,
-                )?),
+                _ => {
+                    fresh.push(i);
+                    Arc::new(prepare(
+                        connection,
+                        catalog,
+                        inputs.grant,
+                        settings,
+                        &self.estimator,
+                    )?)
+                }
             };
             parts.push(part);
         }
@@ -204,19 +223,24 @@ impl<E: TokenEstimator> SurfaceCache<E> {
                 .zip(&parts)
                 .map(|(&(connection, catalog), part)| (connection, catalog, part)),
             settings,
+            Naming::Pieces {
+                previous: self.last.as_ref().map(|last| &*last.surface),
+            },
         ));
-        self.servers = servers
-            .iter()
-            .zip(parts)
-            .map(|(&(connection, catalog), part)| {
-                let slot = Slot {
-                    connection: connection.clone(),
-                    version: catalog.map(|c| c.version),
-                    part,
-                };
-                (connection.server.clone(), slot)
-            })
-            .collect();
+        for i in fresh {
+            let (connection, catalog) = servers[i];
+            let slot = Slot {
+                connection: connection.clone(),
+                version: catalog.map(|c| c.version),
+                part: Arc::clone(&parts[i]),
+            };
+            self.servers.insert(connection.server.clone(), slot);
+        }
+        // Every server of this call has its slot now; any other is gone since.
+        if self.servers.len() != servers.len() {
+            let current: HashSet<&ServerId> = servers.iter().map(|(c, _)| &c.server).collect();
+            self.servers.retain(|server, _| current.contains(server));
+        }
         self.last = Some(Last {
             connections: inputs.connections.to_vec(),
             catalogs: inputs.catalogs.iter().map(CatalogKey::new).collect(),
@@ -259,6 +283,123 @@ mod tests {
                 .into(),
             health: ServerHealth::default(),
         }
+    }
+
+    fn setup(servers: &[(&str, &[&str])]) -> (Vec<ConnectionSpec>, Vec<ServerCatalog>) {
+        let schema: psych_types::JsonObject =
+            serde_json::from_str(r#"{"type":"object"}"#).unwrap_or_default();
+        let connections = servers
+            .iter()
+            .map(|(server, _)| {
+                ConnectionSpec::new(ServerId::new(*server).unwrap_or_else(|e| panic!("{e}")))
+                    .with_preload(psych_types::Preload::Deferred)
+            })
+            .collect();
+        let catalogs = servers
+            .iter()
+            .map(|(server, tools)| {
+                let mut catalog = catalog(server, 0);
+                catalog.tools = tools
+                    .iter()
+                    .map(|t| {
+                        let name = ToolName::new(*t).unwrap_or_else(|e| panic!("{e}"));
+                        ToolDefinition::new(name, "a tool", schema.clone())
+                    })
+                    .collect::<Vec<_>>()
+                    .into();
+                catalog
+            })
+            .collect();
+        (connections, catalogs)
+    }
+
+    fn inputs<'a>(
+        connections: &'a [ConnectionSpec],
+        catalogs: &'a [ServerCatalog],
+        grant: &'a PermissionGrant,
+    ) -> Inputs<'a> {
+        Inputs {
+            connections,
+            catalogs,
+            grant,
+        }
+    }
+
+    fn everyone(connections: &[ConnectionSpec]) -> PermissionGrant {
+        connections.iter().fold(PermissionGrant::none(), |g, c| {
+            g.allow_server(c.server.clone())
+        })
+    }
+
+    /// After one server's change, every other server's deferred names are the very
+    /// allocation the last Surface had: composing them again copied nothing.
+    #[test]
+    fn a_change_reuses_every_other_servers_names() {
+        let (connections, mut catalogs) = setup(&[
+            ("github", &["search_code", "create_branch"]),
+            ("notion", &["get_page", "post_page"]),
+            ("memory", &["read_graph"]),
+        ]);
+        let grant = everyone(&connections);
+        let settings = Settings::default();
+        let mut cache = SurfaceCache::new(Bytes4);
+        let first = cache
+            .resolve(&inputs(&connections, &catalogs, &grant), &settings)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut tools = catalogs[1].tools.to_vec();
+        tools.pop();
+        catalogs[1].tools = tools.into();
+        catalogs[1].version = CatalogVersion(2);
+        let second = cache
+            .resolve(&inputs(&connections, &catalogs, &grant), &settings)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let plain = crate::resolve(&inputs(&connections, &catalogs, &grant), &settings, &Bytes4)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(*second, plain);
+        for connection in &connections {
+            let server = &connection.server;
+            assert!(second.deferred_names_from_piece(server), "{server}");
+            let shared = match (
+                first.deferred_names_arc(server),
+                second.deferred_names_arc(server),
+            ) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            assert_eq!(shared, server.as_str() != "notion", "{server}");
+        }
+    }
+
+    /// `a` with `b__c` and `a__b` with `c` both ask for `a__b__c`: named apart, each
+    /// would keep it, so the cache names every entry in one pass, as `resolve` does; once
+    /// the collision is gone, it names each server alone again.
+    #[test]
+    fn competing_names_are_named_in_one_pass() {
+        let (connections, mut catalogs) =
+            setup(&[("a", &["b__c", "x"]), ("a__b", &["c", "y"]), ("gh", &["z"])]);
+        let grant = everyone(&connections);
+        let settings = Settings::default();
+        let mut cache = SurfaceCache::new(Bytes4);
+        let surface = cache
+            .resolve(&inputs(&connections, &catalogs, &grant), &settings)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let plain = crate::resolve(&inputs(&connections, &catalogs, &grant), &settings, &Bytes4)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(*surface, plain);
+        assert!(surface.exposed("a__b__c").is_none(), "both hashed");
+        for connection in &connections {
+            assert!(!surface.deferred_names_from_piece(&connection.server));
+        }
+
+        catalogs[0] = catalog("a", 0);
+        let surface = cache
+            .resolve(&inputs(&connections, &catalogs, &grant), &settings)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let plain = crate::resolve(&inputs(&connections, &catalogs, &grant), &settings, &Bytes4)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(*surface, plain);
+        assert!(surface.exposed("a__b__c").is_some());
+        assert!(surface.deferred_names_from_piece(&connections[1].server));
     }
 
     /// The cache holds one part per server of the last call: a server gone is dropped, so

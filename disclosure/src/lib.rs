@@ -69,7 +69,7 @@
 //! estimator each time it runs (about 12 ms for 20 servers and 2,000 tools, the runtime's
 //! step bench), and [`Validators`] compiles a tool's input schema at its first call (then
 //! once per catalogue version). [`SurfaceCache::resolve`] costs microseconds when nothing
-//! changed and re-prepares only the servers that did. A search indexes its server's tools
+//! changed, and after a change about what the changed servers would cost resolved alone. A search indexes its server's tools
 //! at the first search of a catalogue version unless [`Surface::prepare_search`] did it
 //! ahead (call it where resolution is called, off an async worker).
 //!

@@ -134,6 +134,15 @@ impl Exposed {
         }
     }
 
+    /// The reserved name of a fixed entry (a meta tool, the orientation tool).
+    pub(crate) fn fixed_name(&self) -> Option<&'static str> {
+        match self {
+            Exposed::Meta { tool } => Some(tool.name()),
+            Exposed::Orientation => Some(ORIENTATION),
+            _ => None,
+        }
+    }
+
     /// Whether this entry has a reserved, fixed name.
     fn is_fixed(&self) -> bool {
         matches!(self, Exposed::Meta { .. } | Exposed::Orientation)
@@ -228,6 +237,53 @@ pub(crate) fn assign(entries: impl IntoIterator<Item = Exposed>) -> BTreeMap<Str
         table.insert(name, entry);
     }
     table
+}
+
+/// The prefix every name of `server`'s entries begins with, folded: its id sanitised and
+/// folded, cut where a hashed name cuts. A natural name kept is `server`, or
+/// `server__…`, in an id of safe characters only; a hashed name is the sanitised natural
+/// name cut to 55 bytes. So two servers whose zones are not prefixes of one another never
+/// compete for a name, and each one's names can be assigned alone ([`claims`]).
+pub(crate) fn zone(server: &ServerId) -> String {
+    let mut zone: String = server
+        .as_str()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    // ASCII only after sanitising, so any byte index is a char boundary.
+    zone.truncate(MAX_NAME_LEN - 9);
+    zone
+}
+
+/// What a table made by [`assign`] over some entries competes for with other entries, as
+/// hashes of folded names: the provider-safe natural names of its entries (which decide
+/// whether a natural name is kept) and the names it gave (which a hashed name must avoid).
+///
+/// When the claims of tables assigned separately are pairwise disjoint, the tables'
+/// union is what [`assign`] gives over all their entries at once: every natural name is
+/// counted once either way, so the same ones are kept, and the salt each hashed name needed
+/// alone is the one it needs among all (the names it must avoid are its own table's, since
+/// no other table gave a name it claims). A shared hash, true or by chance, only sends the
+/// caller to the one pass over all entries, which is always exact.
+pub(crate) fn claims(table: &BTreeMap<String, Exposed>) -> HashSet<u64> {
+    let mut claims = HashSet::with_capacity(table.len() * 2);
+    for (name, entry) in table {
+        if entry.is_fixed() {
+            continue;
+        }
+        claims.insert(fnv1a(name.to_ascii_lowercase().as_bytes(), 0));
+        let natural = entry.natural();
+        if is_provider_safe(&natural) {
+            claims.insert(fnv1a(natural.to_ascii_lowercase().as_bytes(), 0));
+        }
+    }
+    claims
 }
 
 #[cfg(test)]

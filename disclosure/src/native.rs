@@ -22,12 +22,25 @@ impl Surface {
     /// Every deferred tool's qualified name and the pair it calls, sorted by name: the
     /// permitted tools of each deferred server, less those injected as direct tools.
     pub fn deferred_names(&self) -> impl Iterator<Item = (&str, &ToolRef)> {
-        self.deferred
-            .iter()
-            .filter_map(|(name, exposed)| match exposed {
-                Exposed::Deferred { target } => Some((name.as_str(), target)),
-                _ => None,
-            })
+        // Each server's names are sorted; merged, they are sorted across servers (a hashed
+        // name need not sort beside its server's others).
+        let mut heads: Vec<_> = self
+            .deferred
+            .values()
+            .map(|names| names.iter().peekable())
+            .collect();
+        std::iter::from_fn(move || {
+            let mut first: Option<(usize, &String)> = None;
+            for (i, head) in heads.iter_mut().enumerate() {
+                if let Some(&(name, _)) = head.peek()
+                    && first.is_none_or(|(_, least)| name < least)
+                {
+                    first = Some((i, name));
+                }
+            }
+            heads.get_mut(first?.0)?.next()
+        })
+        .filter_map(|(name, exposed)| deferred_target(name, exposed))
     }
 
     /// The deferred tools' definitions under their qualified names, sorted by name: what a
@@ -116,22 +129,27 @@ impl Surface {
         &'a self,
         server: &'a ServerId,
     ) -> impl Iterator<Item = (&'a str, &'a ToolRef)> {
-        self.deferred_names()
-            .filter(move |(_, target)| target.server == *server)
+        self.deferred
+            .get(server)
+            .into_iter()
+            .flat_map(|names| names.iter())
+            .filter_map(|(name, exposed)| deferred_target(name, exposed))
     }
 
     /// The qualified name of a deferred pair: its natural name when it has it, else found
-    /// by a scan (a hashed name).
+    /// by a scan of its server's names (a hashed name).
     fn deferred_name(&self, pair: &ToolRef) -> Option<&str> {
+        let names = self.deferred.get(&pair.server)?;
         let natural = format!("{}__{}", pair.server, pair.tool);
-        if let Some((name, Exposed::Deferred { target })) = self.deferred.get_key_value(&natural)
+        if let Some((name, Exposed::Deferred { target })) = names.get_key_value(&natural)
             && target == pair
         {
             return Some(name.as_str());
         }
-        self.deferred_names()
-            .find(|(_, target)| *target == pair)
-            .map(|(name, _)| name)
+        names
+            .iter()
+            .find(|(_, exposed)| matches!(exposed, Exposed::Deferred { target } if target == pair))
+            .map(|(name, _)| name.as_str())
     }
 
     /// Builds, ahead of the first search, the keyword index of every server whose search
@@ -157,5 +175,13 @@ impl Surface {
                 part.0.search_part(&view.server);
             }
         }
+    }
+}
+
+/// A deferred name's target (every entry of a Surface's deferred names is one).
+fn deferred_target<'a>(name: &'a str, exposed: &'a Exposed) -> Option<(&'a str, &'a ToolRef)> {
+    match exposed {
+        Exposed::Deferred { target } => Some((name, target)),
+        _ => None,
     }
 }

@@ -1,6 +1,6 @@
 //! Per-turn resolution: connections, live catalogues and the grant in, a [`Surface`] out.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use psych_types::{
@@ -116,9 +116,23 @@ pub struct ServerView {
 }
 
 /// The permitted set at resolution: live catalogue ∩ grant, per server.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+///
+/// Each server's set is shared with the part it was prepared in, so a Surface composed
+/// again from unchanged servers does not copy their names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PermittedSet {
-    servers: BTreeMap<ServerId, BTreeSet<ToolName>>,
+    servers: BTreeMap<ServerId, Arc<BTreeSet<ToolName>>>,
+}
+
+impl Serialize for PermittedSet {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.servers.len()))?;
+        for (server, tools) in &self.servers {
+            map.serialize_entry(server, &**tools)?;
+        }
+        map.end()
+    }
 }
 
 impl PermittedSet {
@@ -131,7 +145,7 @@ impl PermittedSet {
 
     /// The permitted tools of one server, sorted.
     pub fn tools(&self, server: &ServerId) -> Option<&BTreeSet<ToolName>> {
-        self.servers.get(server)
+        self.servers.get(server).map(|tools| &**tools)
     }
 
     /// Every permitted pair, sorted by server then tool.
@@ -145,7 +159,7 @@ impl PermittedSet {
 
     /// How many pairs are permitted.
     pub fn len(&self) -> usize {
-        self.servers.values().map(BTreeSet::len).sum()
+        self.servers.values().map(|tools| tools.len()).sum()
     }
 
     /// Whether nothing is permitted.
@@ -162,8 +176,10 @@ pub struct Surface {
     deferred_lines: Vec<String>,
     servers: Vec<ServerView>,
     names: BTreeMap<String, Exposed>,
-    /// Each deferred tool's qualified name and its [`Exposed::Deferred`] meaning.
-    pub(crate) deferred: BTreeMap<String, Exposed>,
+    /// Per deferred server, each of its deferred tools' qualified name and its
+    /// [`Exposed::Deferred`] meaning: one map per server, shared with the composed piece it
+    /// came from when the names did not depend on other servers.
+    pub(crate) deferred: BTreeMap<ServerId, Arc<BTreeMap<String, Exposed>>>,
     /// The catalogue each deferred server was resolved from (shared, not copied): where
     /// [`Surface::deferred_tools`] reads the deferred tools' definitions.
     pub(crate) deferred_catalogs: BTreeMap<ServerId, SharedTools>,
@@ -171,6 +187,26 @@ pub struct Surface {
     pub(crate) settings: Settings,
     /// Each server's prepared part, for its search index (shared across Surfaces).
     pub(crate) parts: BTreeMap<ServerId, SharedPart>,
+    /// Each server's composed piece, when the Surface was composed from pieces (through a
+    /// [`SurfaceCache`](crate::SurfaceCache)): what the next composition reuses.
+    pieces: Pieces,
+}
+
+/// The composed pieces a Surface keeps for the next composition. Derived data: they never
+/// make two Surfaces differ.
+#[derive(Clone, Default)]
+struct Pieces(BTreeMap<ServerId, Arc<Piece>>);
+
+impl PartialEq for Pieces {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Pieces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pieces")
+    }
 }
 
 /// A server's prepared part as a Surface holds it. Derived data: it never makes two
@@ -226,7 +262,9 @@ impl Surface {
     /// lookup is exact: a case variant or look-alike is `None`. A deferred tool's qualified
     /// name is [`Exposed::Deferred`] (see [`Surface::deferred_tools`]).
     pub fn exposed(&self, name: &str) -> Option<&Exposed> {
-        self.names.get(name).or_else(|| self.deferred.get(name))
+        self.names
+            .get(name)
+            .or_else(|| self.deferred.values().find_map(|names| names.get(name)))
     }
 
     /// The exposed name of a direct pair, if it is exposed directly.
@@ -246,6 +284,26 @@ impl Surface {
     /// The settings this Surface was resolved with.
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+}
+
+#[cfg(test)]
+impl Surface {
+    /// Whether `server`'s deferred names are its piece's own (named alone and shared),
+    /// not split out of the one pass over every server.
+    pub(crate) fn deferred_names_from_piece(&self, server: &ServerId) -> bool {
+        match (self.deferred.get(server), self.pieces.0.get(server)) {
+            (Some(names), Some(piece)) => Arc::ptr_eq(names, &piece.deferred),
+            _ => false,
+        }
+    }
+
+    /// `server`'s deferred names as shared (to compare allocations across Surfaces).
+    pub(crate) fn deferred_names_arc(
+        &self,
+        server: &ServerId,
+    ) -> Option<&Arc<BTreeMap<String, Exposed>>> {
+        self.deferred.get(server)
     }
 }
 
@@ -280,9 +338,9 @@ struct Plan<'a> {
     connection: &'a ConnectionSpec,
     part: &'a Arc<Prepared>,
     catalog: Option<&'a ServerCatalog>,
-    permitted: Vec<&'a ToolDefinition>,
+    /// How many tools are permitted (the part's `permitted`).
+    permitted: usize,
     cost: Cost,
-    index: &'a str,
     index_fits: bool,
     shape: Shape,
     why: Why,
@@ -292,7 +350,7 @@ struct Plan<'a> {
 impl Plan<'_> {
     fn tool_count(&self) -> usize {
         match self.shape {
-            Shape::Direct => self.permitted.len(),
+            Shape::Direct => self.permitted,
             Shape::Facade => 1,
             Shape::SearchPair => 2,
             Shape::Deferred => self.eager.len(),
@@ -306,6 +364,156 @@ impl Plan<'_> {
             Shape::SearchPair
         }
     }
+
+    /// The entries its shape exposes, to be named: its direct tools, its facade or search
+    /// pair, or (deferred) its eager tools and the qualified names of the others.
+    fn entries(&self) -> Vec<Exposed> {
+        let server = &self.connection.server;
+        let direct = |tool: &ToolDefinition| Exposed::Direct {
+            target: ToolRef::new(server.clone(), tool.name.clone()),
+        };
+        match self.shape {
+            Shape::Direct => self.part.permitted().map(direct).collect(),
+            Shape::Facade => vec![Exposed::Facade {
+                server: server.clone(),
+            }],
+            Shape::SearchPair => vec![
+                Exposed::Search {
+                    server: server.clone(),
+                },
+                Exposed::SearchCall {
+                    server: server.clone(),
+                },
+            ],
+            Shape::Deferred => {
+                let mut entries: Vec<Exposed> = self.eager.iter().map(|t| direct(t)).collect();
+                // Named with everything else, so a qualified name is unique across the
+                // whole Surface; the eagerly injected tools are direct already (both lists
+                // are sorted by name).
+                let mut eager = self.eager.iter().peekable();
+                for tool in self.part.permitted() {
+                    if eager.next_if(|e| e.name == tool.name).is_none() {
+                        entries.push(Exposed::Deferred {
+                            target: ToolRef::new(server.clone(), tool.name.clone()),
+                        });
+                    }
+                }
+                entries
+            }
+        }
+    }
+
+    /// Whether `piece` was composed for this plan: the same part, shape and eager tools.
+    fn fits(&self, piece: &Piece) -> bool {
+        Arc::ptr_eq(&piece.part, self.part)
+            && piece.shape == self.shape
+            && piece.eager.len() == self.eager.len()
+            && piece
+                .eager
+                .iter()
+                .zip(&self.eager)
+                .all(|(a, b)| *a == b.name)
+    }
+}
+
+/// One server's share of a Surface's names, assigned over its own entries alone
+/// ([`Plan::entries`]), with what it needs to tell whether that is what the one pass over
+/// every server's entries would give ([`names::claims`]). Kept by a Surface composed
+/// through a [`SurfaceCache`](crate::SurfaceCache), and reused by the next composition
+/// while the server's part, shape and eager tools are the same.
+pub(crate) struct Piece {
+    part: Arc<Prepared>,
+    shape: Shape,
+    eager: Vec<ToolName>,
+    /// [`names::zone`] of the server.
+    zone: String,
+    /// The names of its entries that are among the Surface's tools, sorted by name.
+    exposed: Vec<(String, Exposed)>,
+    /// The names of its deferred tools.
+    deferred: Arc<BTreeMap<String, Exposed>>,
+    /// [`names::claims`] of its names, computed when another server's zone overlaps its
+    /// own (rare: an id that is a prefix of another).
+    claims: OnceLock<HashSet<u64>>,
+    /// Its deferred line and the description it was written with, once written (only for
+    /// a server with permitted tools: another's line shows its health).
+    line: OnceLock<(Option<String>, String)>,
+}
+
+impl Piece {
+    fn new(plan: &Plan<'_>) -> Self {
+        let mut deferred = BTreeMap::new();
+        let mut exposed = Vec::new();
+        for (name, entry) in names::assign(plan.entries()) {
+            if matches!(entry, Exposed::Deferred { .. }) {
+                deferred.insert(name, entry);
+            } else {
+                exposed.push((name, entry));
+            }
+        }
+        Self {
+            part: Arc::clone(plan.part),
+            shape: plan.shape,
+            eager: plan.eager.iter().map(|t| t.name.clone()).collect(),
+            zone: names::zone(&plan.connection.server),
+            exposed,
+            deferred: Arc::new(deferred),
+            claims: OnceLock::new(),
+            line: OnceLock::new(),
+        }
+    }
+
+    /// The deferred line of `plan`, which this piece fits: written once per piece. A
+    /// line shows the server, its permitted and eager counts (the piece's) and its
+    /// description; the health shows only on a server with no permitted tool, whose line
+    /// is written each time.
+    fn line(&self, plan: &Plan<'_>) -> String {
+        if plan.permitted == 0 {
+            return deferred_line(plan);
+        }
+        let description = &plan.connection.description;
+        let (written_with, line) = self
+            .line
+            .get_or_init(|| (description.clone(), deferred_line(plan)));
+        if written_with == description {
+            line.clone()
+        } else {
+            deferred_line(plan)
+        }
+    }
+
+    fn claims(&self) -> &HashSet<u64> {
+        self.claims.get_or_init(|| {
+            let mut table: BTreeMap<String, Exposed> = self.exposed.iter().cloned().collect();
+            table.extend(self.deferred.iter().map(|(n, e)| (n.clone(), e.clone())));
+            names::claims(&table)
+        })
+    }
+}
+
+/// Whether no two pieces claim a name ([`names::claims`]): then the union of their names
+/// is what naming every entry at once gives. Only servers whose zones overlap (one a
+/// prefix of the other) can share a claim, so only their claims are compared.
+fn pieces_are_disjoint(pieces: &[Arc<Piece>]) -> bool {
+    let mut zones: Vec<(&str, usize)> = pieces
+        .iter()
+        .enumerate()
+        .map(|(i, piece)| (piece.zone.as_str(), i))
+        .collect();
+    zones.sort_unstable();
+    for (k, &(zone, i)) in zones.iter().enumerate() {
+        // Sorted: the zones that start with this one follow it.
+        for &(_, j) in zones[k + 1..]
+            .iter()
+            .take_while(|(other, _)| other.starts_with(zone))
+        {
+            let (a, b) = (pieces[i].claims(), pieces[j].claims());
+            let (small, large) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+            if small.iter().any(|claim| large.contains(claim)) {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// Estimated tokens of one tool as a direct tool: its name, description and input schema,
@@ -380,6 +588,7 @@ pub fn resolve(
             .iter()
             .map(|(c, catalog, part)| (*c, *catalog, part)),
         settings,
+        Naming::Global,
     ))
 }
 
@@ -421,6 +630,8 @@ pub(crate) struct Prepared {
     tools: Option<Arc<[ToolDefinition]>>,
     /// The permitted tools, as indices into `tools`, sorted by name.
     permitted: Vec<usize>,
+    /// The permitted tools' names: this server's share of a Surface's [`PermittedSet`].
+    names: Arc<BTreeSet<ToolName>>,
     cost: Cost,
     index: String,
     index_fits: bool,
@@ -437,6 +648,22 @@ impl Prepared {
     /// The catalogue's tools it was prepared from.
     pub(crate) fn tools(&self) -> Option<&Arc<[ToolDefinition]>> {
         self.tools.as_ref()
+    }
+
+    /// The permitted tools, sorted by name.
+    fn permitted(&self) -> impl Iterator<Item = &ToolDefinition> {
+        let all: &[ToolDefinition] = self.tools.as_deref().unwrap_or_default();
+        self.permitted.iter().map(move |&i| &all[i])
+    }
+
+    /// The permitted tool named `name`.
+    fn permitted_tool(&self, name: &ToolName) -> Option<&ToolDefinition> {
+        let all: &[ToolDefinition] = self.tools.as_deref().unwrap_or_default();
+        let i = self
+            .permitted
+            .binary_search_by(|&i| all[i].name.cmp(name))
+            .ok()?;
+        Some(&all[self.permitted[i]])
     }
 
     /// The keyword index over the permitted tools, built now if no search built it yet.
@@ -498,9 +725,11 @@ pub(crate) fn prepare(
     } else {
         Shape::SearchPair
     };
+    let names = Arc::new(refs.iter().map(|t| t.name.clone()).collect());
     Ok(Prepared {
         tools,
         permitted,
+        names,
         cost,
         index,
         index_fits,
@@ -510,8 +739,25 @@ pub(crate) fn prepare(
     })
 }
 
+/// How a composition names the Surface's entries.
+#[derive(Clone, Copy)]
+pub(crate) enum Naming<'a> {
+    /// One pass over every server's entries ([`resolve`]).
+    Global,
+    /// Each server's entries named alone, reusing the pieces of `previous` whose server
+    /// is unchanged; the one pass only when two servers compete for a name
+    /// ([`SurfaceCache`](crate::SurfaceCache)).
+    Pieces {
+        /// The last Surface composed from pieces.
+        previous: Option<&'a Surface>,
+    },
+}
+
 /// Decides every server's shape from its prepared part, shares the budget, enforces the
 /// cap and builds the Surface. `servers` are in server order.
+///
+/// Work per unchanged server is constant with [`Naming::Pieces`]: shapes come from each
+/// part's cost and counts, names from its reused piece.
 pub(crate) fn compose<'a>(
     servers: impl IntoIterator<
         Item = (
@@ -521,25 +767,24 @@ pub(crate) fn compose<'a>(
         ),
     >,
     settings: &Settings,
+    naming: Naming<'_>,
 ) -> Surface {
     let budget = settings.auto_budget.tokens();
     let mut plans = Vec::new();
     for (connection, catalog, part) in servers {
-        let all: &[ToolDefinition] = part.tools.as_deref().unwrap_or_default();
         let mut plan = Plan {
             connection,
             catalog,
             part,
-            permitted: part.permitted.iter().map(|&i| &all[i]).collect(),
+            permitted: part.permitted.len(),
             cost: part.cost,
-            index: &part.index,
             index_fits: part.index_fits,
             shape: Shape::Deferred,
             why: Why::NoTools,
             eager: Vec::new(),
         };
         (plan.shape, plan.why) = match connection.preload {
-            _ if plan.permitted.is_empty() => (Shape::Deferred, Why::NoTools),
+            _ if plan.permitted == 0 => (Shape::Deferred, Why::NoTools),
             Preload::Deferred => (Shape::Deferred, Why::Pinned),
             Preload::Eager => (part.tier, Why::Pinned),
             // Alone over the budget: it can never be kept, whatever the others cost.
@@ -552,19 +797,17 @@ pub(crate) fn compose<'a>(
 
     share_budget(&mut plans, budget);
     for plan in plans.iter_mut().filter(|p| p.shape == Shape::Deferred) {
-        let eager_tools = &plan.connection.eager_tools;
-        if eager_tools.is_empty() {
-            continue;
-        }
+        // Both sorted by name, so the eager tools come in name order.
+        let part = plan.part;
         plan.eager = plan
-            .permitted
+            .connection
+            .eager_tools
             .iter()
-            .copied()
-            .filter(|tool| eager_tools.contains(&tool.name))
+            .filter_map(|name| part.permitted_tool(name))
             .collect();
     }
     enforce_cap(&mut plans, settings);
-    build(plans, settings)
+    build(plans, settings, naming)
 }
 
 /// Shares the auto budget among the [`Auto`](Preload::Auto) servers still kept (each costs
@@ -624,16 +867,14 @@ fn enforce_cap(plans: &mut [Plan<'_>], settings: &Settings) {
                 && match p.step_down_shape() {
                     Shape::Facade => 1,
                     _ => 2,
-                } < p.permitted.len()
+                } < p.permitted
         };
-        if let Some(i) = pick(plans, &shrinks, &|p| p.permitted.len()) {
+        if let Some(i) = pick(plans, &shrinks, &|p| p.permitted) {
             plans[i].shape = plans[i].step_down_shape();
             plans[i].why = Why::ToolCap;
             continue;
         }
-        if let Some(i) = pick(plans, &|p| p.shape != Shape::Deferred, &|p| {
-            p.permitted.len()
-        }) {
+        if let Some(i) = pick(plans, &|p| p.shape != Shape::Deferred, &|p| p.permitted) {
             plans[i].shape = Shape::Deferred;
             plans[i].why = Why::ToolCap;
             continue;
@@ -649,14 +890,14 @@ fn enforce_cap(plans: &mut [Plan<'_>], settings: &Settings) {
 /// One deferred server's line.
 fn deferred_line(plan: &Plan<'_>) -> String {
     let server = &plan.connection.server;
-    let mut line = if plan.permitted.is_empty() {
+    let mut line = if plan.permitted == 0 {
         let head = format!("{server}: deferred MCP server, no tools (");
         // The state's reason gets what the line has left, so its telling part is not cut.
         let room = DEFERRED_LINE_CHARS.saturating_sub(head.chars().count() + 1);
         let state = state::line_state(server, plan.catalog.map(|c| &c.health), room);
         format!("{head}{state})")
     } else {
-        let n = plan.permitted.len();
+        let n = plan.permitted;
         let mut head = format!(
             "{server}: deferred MCP server, {n} tool{}",
             if n == 1 { "" } else { "s" }
@@ -676,63 +917,103 @@ fn deferred_line(plan: &Plan<'_>) -> String {
     cap_chars(&line, DEFERRED_LINE_CHARS, TRUNCATION_MARKER)
 }
 
-fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
+/// The Surface's names: those of its tools, and per deferred server its deferred tools'.
+struct Named {
+    names: BTreeMap<String, Exposed>,
+    deferred: BTreeMap<ServerId, Arc<BTreeMap<String, Exposed>>>,
+    /// Each plan's piece, in plan order, when named by pieces.
+    pieces: Option<Vec<Arc<Piece>>>,
+}
+
+/// Names every entry of the plans (and the fixed ones: the meta tools when a server is
+/// deferred, the orientation tool when it is on).
+fn name(plans: &[Plan<'_>], fixed: Vec<Exposed>, naming: Naming<'_>) -> Named {
+    let pieces = match naming {
+        Naming::Global => None,
+        Naming::Pieces { previous } => Some(
+            plans
+                .iter()
+                .map(|plan| {
+                    previous
+                        .and_then(|surface| surface.pieces.0.get(&plan.connection.server))
+                        .filter(|piece| plan.fits(piece))
+                        .map_or_else(|| Arc::new(Piece::new(plan)), Arc::clone)
+                })
+                .collect::<Vec<_>>(),
+        ),
+    };
+    if let Some(each) = pieces.as_deref().filter(|each| pieces_are_disjoint(each)) {
+        // Each piece named alone is what the one pass would give.
+        let mut names: BTreeMap<String, Exposed> = fixed
+            .into_iter()
+            .map(|entry| (entry.fixed_name().unwrap_or_default().to_owned(), entry))
+            .collect();
+        let mut deferred = BTreeMap::new();
+        for (plan, piece) in plans.iter().zip(each) {
+            names.extend(piece.exposed.iter().cloned());
+            if plan.shape == Shape::Deferred {
+                deferred.insert(plan.connection.server.clone(), Arc::clone(&piece.deferred));
+            }
+        }
+        return Named {
+            names,
+            deferred,
+            pieces,
+        };
+    }
+    let mut entries = fixed;
+    for plan in plans {
+        entries.extend(plan.entries());
+    }
+    let mut deferred: BTreeMap<ServerId, BTreeMap<String, Exposed>> = plans
+        .iter()
+        .filter(|p| p.shape == Shape::Deferred)
+        .map(|p| (p.connection.server.clone(), BTreeMap::new()))
+        .collect();
+    let mut names = BTreeMap::new();
+    for (name, exposed) in names::assign(entries) {
+        match &exposed {
+            // Every deferred entry is of a deferred plan, whose map is there.
+            Exposed::Deferred { target } => {
+                if let Some(names) = deferred.get_mut(&target.server) {
+                    names.insert(name, exposed);
+                }
+            }
+            _ => {
+                names.insert(name, exposed);
+            }
+        }
+    }
+    Named {
+        names,
+        deferred: deferred
+            .into_iter()
+            .map(|(server, names)| (server, Arc::new(names)))
+            .collect(),
+        pieces,
+    }
+}
+
+fn build(plans: Vec<Plan<'_>>, settings: &Settings, naming: Naming<'_>) -> Surface {
     let any_deferred = plans.iter().any(|p| p.shape == Shape::Deferred);
-    let mut entries: Vec<Exposed> = Vec::new();
+    let mut fixed: Vec<Exposed> = Vec::new();
     if any_deferred {
         for tool in [
             MetaTool::ListTools,
             MetaTool::DescribeTool,
             MetaTool::CallTool,
         ] {
-            entries.push(Exposed::Meta { tool });
+            fixed.push(Exposed::Meta { tool });
         }
     }
     if settings.orientation_tool {
-        entries.push(Exposed::Orientation);
+        fixed.push(Exposed::Orientation);
     }
-    for plan in &plans {
-        let server = &plan.connection.server;
-        let direct: &[&ToolDefinition] = match plan.shape {
-            Shape::Direct => &plan.permitted,
-            Shape::Deferred => &plan.eager,
-            Shape::Facade => {
-                entries.push(Exposed::Facade {
-                    server: server.clone(),
-                });
-                &[]
-            }
-            Shape::SearchPair => {
-                entries.push(Exposed::Search {
-                    server: server.clone(),
-                });
-                entries.push(Exposed::SearchCall {
-                    server: server.clone(),
-                });
-                &[]
-            }
-        };
-        for tool in direct {
-            entries.push(Exposed::Direct {
-                target: ToolRef::new(server.clone(), tool.name.clone()),
-            });
-        }
-        if plan.shape == Shape::Deferred {
-            // Named with everything else, so a qualified name is unique across the whole
-            // Surface; the eagerly injected tools are direct already.
-            for tool in &plan.permitted {
-                if !plan.eager.iter().any(|eager| eager.name == tool.name) {
-                    entries.push(Exposed::Deferred {
-                        target: ToolRef::new(server.clone(), tool.name.clone()),
-                    });
-                }
-            }
-        }
-    }
-    let (deferred, names): (BTreeMap<String, Exposed>, BTreeMap<String, Exposed>) =
-        names::assign(entries)
-            .into_iter()
-            .partition(|(_, exposed)| matches!(exposed, Exposed::Deferred { .. }));
+    let Named {
+        mut names,
+        deferred,
+        pieces,
+    } = name(&plans, fixed, naming);
     let deferred_catalogs = plans
         .iter()
         .filter(|p| p.shape == Shape::Deferred)
@@ -760,11 +1041,7 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
     for (name, exposed) in &names {
         let definition = match exposed {
             Exposed::Direct { target } => by_server.get(&target.server).and_then(|plan| {
-                let i = plan
-                    .permitted
-                    .binary_search_by(|t| t.name.cmp(&target.tool))
-                    .ok()?;
-                let mut tool = plan.permitted[i].clone();
+                let mut tool = plan.part.permitted_tool(&target.tool)?.clone();
                 tool.name = ToolName::new(name.as_str()).ok()?;
                 Some(tool)
             }),
@@ -773,7 +1050,7 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
                     name,
                     server,
                     plan.connection.description.as_deref(),
-                    plan.index,
+                    &plan.part.index,
                 )
             }),
             Exposed::Search { server } => by_server.get(server).and_then(|plan| {
@@ -784,7 +1061,7 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
                     name,
                     server,
                     plan.connection.description.as_deref(),
-                    plan.permitted.len(),
+                    plan.permitted,
                     call,
                 )
             }),
@@ -799,7 +1076,7 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
                 .find(|t| t.name.as_str() == tool.name())
                 .cloned(),
             Exposed::Orientation => shapes::orientation_tool(),
-            // Partitioned out above: a deferred tool is not among the tools.
+            // Kept apart by `name`: a deferred tool is not among the tools.
             Exposed::Deferred { .. } => None,
         };
         // Every entry was made from a plan above and every name is a valid MCP name, so a
@@ -808,38 +1085,45 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
             tools.push(definition);
         }
     }
-    let names = names
-        .into_iter()
-        .filter(|(name, _)| tools.iter().any(|t| t.name.as_str() == name))
-        .collect();
+    let built: HashSet<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+    names.retain(|name, _| built.contains(name.as_str()));
 
     let deferred_lines = plans
         .iter()
-        .filter(|p| p.shape == Shape::Deferred)
-        .map(deferred_line)
+        .enumerate()
+        .filter(|(_, p)| p.shape == Shape::Deferred)
+        .map(
+            |(i, p)| match pieces.as_ref().and_then(|pieces| pieces.get(i)) {
+                Some(piece) => piece.line(p),
+                None => deferred_line(p),
+            },
+        )
         .collect();
     let permitted = PermittedSet {
         servers: plans
             .iter()
-            .map(|p| {
-                (
-                    p.connection.server.clone(),
-                    p.permitted.iter().map(|t| t.name.clone()).collect(),
-                )
-            })
+            .map(|p| (p.connection.server.clone(), Arc::clone(&p.part.names)))
             .collect(),
     };
     let parts = plans
         .iter()
         .map(|p| (p.connection.server.clone(), SharedPart(Arc::clone(p.part))))
         .collect();
+    let pieces = Pieces(
+        pieces
+            .into_iter()
+            .flatten()
+            .zip(&plans)
+            .map(|(piece, plan)| (plan.connection.server.clone(), piece))
+            .collect(),
+    );
     let servers = plans
         .into_iter()
         .map(|p| ServerView {
             server: p.connection.server.clone(),
             shape: p.shape,
             why: p.why,
-            permitted: p.permitted.len(),
+            permitted: p.permitted,
             cost: p.cost,
             eager: p.eager.iter().map(|t| t.name.clone()).collect(),
             description: p.connection.description.clone(),
@@ -856,5 +1140,6 @@ fn build(plans: Vec<Plan<'_>>, settings: &Settings) -> Surface {
         permitted,
         settings: settings.clone(),
         parts,
+        pieces,
     }
 }

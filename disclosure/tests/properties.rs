@@ -449,6 +449,16 @@ enum Change {
     Grant { server: usize, how: u8 },
     /// A connection's description or eager tools changed.
     Connection { server: usize, k: usize },
+    /// A connection's preload flag changed: its server moves across the budget and the cap.
+    Preload { server: usize, how: u8 },
+    /// `n` tools added at once: a server crosses the direct tier, the auto budget or the
+    /// tool cap.
+    Bulk { server: usize, n: usize },
+    /// A tool added to `a` that makes one of its names compete with one of `a__b`'s
+    /// (`a` with `b__x` and `a__b` with `x` both ask for `a__b__x`; `a` with `b` asks for
+    /// `a__b`'s facade name), both servers granted whole; either one connected first when
+    /// it was not.
+    Collide { k: usize, how: u8 },
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -463,6 +473,9 @@ fn change() -> impl Strategy<Value = Change> {
         (0usize..8, any::<bool>()).prop_map(|(server, down)| Change::Reachability { server, down }),
         (0usize..8, 0u8..3).prop_map(|(server, how)| Change::Grant { server, how }),
         (0usize..8, 0usize..30).prop_map(|(server, k)| Change::Connection { server, k }),
+        (0usize..8, 0u8..3).prop_map(|(server, how)| Change::Preload { server, how }),
+        (0usize..8, 1usize..60).prop_map(|(server, n)| Change::Bulk { server, n }),
+        (0usize..30, 0u8..5).prop_map(|(k, how)| Change::Collide { k, how }),
     ]
 }
 
@@ -537,7 +550,80 @@ impl Case {
                     connection.eager_tools.insert(tool.name.clone());
                 }
             }
+            Change::Preload { server, how } => {
+                self.connections[server % n].preload =
+                    [Preload::Auto, Preload::Eager, Preload::Deferred][usize::from(how)];
+            }
+            Change::Bulk { server, n: count } => {
+                let catalog = &mut self.catalogs[server % n];
+                let version = catalog.version.0;
+                let added = (0..count).map(|i| {
+                    ToolDefinition::new(
+                        ToolName::new(format!("bulk_{version}_{i:02}")).unwrap(),
+                        "one of many tools added at once",
+                        serde_json::from_str(
+                            r#"{"type":"object","properties":{"q":{"type":"string"}}}"#,
+                        )
+                        .unwrap(),
+                    )
+                });
+                self.add_tools(server % n, added);
+            }
+            Change::Collide { k, how } => {
+                let a = self.server("a");
+                let ab = self.server("a__b");
+                let theirs = &self.catalogs[ab].tools;
+                let name = match how {
+                    0 => "b".to_owned(),
+                    1 => "b__search_tools".to_owned(),
+                    2 => "B__call_tool".to_owned(),
+                    _ if theirs.is_empty() => "b__get_me".to_owned(),
+                    // Sometimes a case variant: still the same name to a provider.
+                    3 => format!("b__{}", theirs[k % theirs.len()].name),
+                    _ => format!(
+                        "B__{}",
+                        theirs[k % theirs.len()].name.as_str().to_uppercase()
+                    ),
+                };
+                let Ok(name) = ToolName::new(name) else {
+                    return;
+                };
+                let tool = ToolDefinition::new(
+                    name,
+                    "a tool whose name another server wants too",
+                    serde_json::from_str(r#"{"type":"object"}"#).unwrap(),
+                );
+                self.add_tools(a, [tool]);
+            }
         }
+    }
+
+    /// The index of `id`'s connection and catalogue, granted whole: connected now (with
+    /// an empty catalogue) when it was not.
+    fn server(&mut self, id: &str) -> usize {
+        let server = ServerId::new(id).unwrap();
+        self.grant.servers.insert(server.clone(), ToolScope::All);
+        if let Some(i) = self.catalogs.iter().position(|c| c.server == server) {
+            return i;
+        }
+        self.connections.push(ConnectionSpec::new(server));
+        self.catalogs.push(catalog(id, Vec::new()));
+        self.catalogs.len() - 1
+    }
+
+    /// Adds tools to the `i`-th catalogue (a name it lists already is not added again) at
+    /// a new version.
+    fn add_tools(&mut self, i: usize, added: impl IntoIterator<Item = ToolDefinition>) {
+        let catalog = &mut self.catalogs[i];
+        let mut tools = catalog.tools.to_vec();
+        for tool in added {
+            if !tools.iter().any(|t| t.name == tool.name) {
+                tools.push(tool);
+            }
+        }
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        catalog.tools = tools.into();
+        catalog.version.0 += 1;
     }
 }
 
