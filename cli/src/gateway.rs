@@ -1013,9 +1013,10 @@ pub(crate) enum Listen {
 /// Runs the gateway for `config` until its client leaves (stdio) or a SIGTERM or SIGINT
 /// stops it (either transport), resolving with `settings` (`psych serve`'s own auto
 /// budget, [`crate::setup::SERVE_AUTO_BUDGET`] by default), at most `max_sessions` HTTP
-/// sessions at once. Logs go under `<dir>/serve/`, and the unnamed files holding an answer
-/// too large for memory until it is logged in `<dir>/serve/spill/` (on the disk that will
-/// hold the result anyway, not a `/tmp` that may be a small tmpfs).
+/// sessions at once. Logs go under `<dir>/serve/` (one file per session, nothing else), and
+/// the unnamed files holding an answer too large for memory until it is logged in
+/// `<dir>/spill/` (on the disk that will hold the result anyway, not a `/tmp` that may be a
+/// small tmpfs).
 ///
 /// The first signal starts a graceful shutdown (bounded by [`SHUTDOWN_WITHIN`]); a second
 /// one exits at once.
@@ -1096,7 +1097,7 @@ impl Signals {
 
 /// Where `psych serve` keeps answers too large for memory until they are logged.
 fn spill_dir(dir: &Path) -> std::path::PathBuf {
-    dir.join("serve").join("spill")
+    dir.join("spill")
 }
 
 /// The gateway: serves `listen` until its client leaves (stdio) or `shutdown` resolves,
