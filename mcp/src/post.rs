@@ -35,7 +35,6 @@ use rmcp::transport::streamable_http_client::{
     AuthRequiredError, HttpStatusError, InsufficientScopeError, StreamableHttpError,
     StreamableHttpPostResponse, StreamableHttpResponseLimits,
 };
-use serde_json::Value;
 
 use crate::remote::Fault;
 use crate::tap::Tap;
@@ -111,35 +110,27 @@ pub(crate) async fn post_request(
     if !status.is_success() {
         return failure(response, status, status_error, is_json, session_id, limits).await;
     }
+    // The request whose result the tap awaits: its answer is kept in a file past the
+    // memory limit, as an event or as a JSON body.
+    let awaited = match message {
+        JsonRpcMessage::Request(request) if tap.awaits(&request.id) => Some(&request.id),
+        _ => None,
+    };
     match &content_type {
         Some(ct) if media_type_is(ct.as_bytes(), EVENT_STREAM_MIME_TYPE) => {
             // An event answering a call that awaits its result is kept in a file past the
             // limit, as a JSON body is.
-            let spill = match message {
-                JsonRpcMessage::Request(request)
-                    if tap.is_open(&serde_json::to_string(&request.id).unwrap_or_default()) =>
-                {
-                    Some(crate::sse::SpillTo {
-                        tap: Arc::clone(tap),
-                        id: request.id.clone(),
-                        dir: tap.spill_dir().to_path_buf(),
-                    })
-                }
-                _ => None,
-            };
+            let spill = awaited.map(|id| crate::sse::SpillTo {
+                tap: Arc::clone(tap),
+                id: id.clone(),
+            });
             Ok(StreamableHttpPostResponse::Sse(
                 crate::sse::events(response, limits.max_sse_event_size, spill),
                 session_id,
             ))
         }
         Some(_) if is_json => {
-            let spill = match message {
-                JsonRpcMessage::Request(request) => {
-                    let key = serde_json::to_string(&request.id).unwrap_or_default();
-                    tap.is_open(&key)
-                }
-                _ => false,
-            };
+            let spill = awaited.is_some();
             let max = limits.max_json_response_size;
             let body = match read_bounded_or_spill(response, max, spill.then(|| tap.spill_dir()))
                 .await
@@ -167,16 +158,7 @@ pub(crate) async fn post_request(
             };
             // Invalid UTF-8 and lone surrogate escapes are repaired (U+FFFD, the fact in
             // the result's `_meta`), as over stdio.
-            let mut raw: Value = match serde_json::from_slice(&body) {
-                Ok(raw) => raw,
-                Err(error) => match crate::stdio::repair::repair(&body) {
-                    Some((mut repaired, note)) => {
-                        crate::stdio::repair::record(&mut repaired, &note);
-                        repaired
-                    }
-                    None => return Err(unreadable(error)),
-                },
-            };
+            let (mut raw, _) = crate::stdio::repair::parse_or_repair(&body).map_err(unreadable)?;
             tap.offer(&mut raw);
             let parsed = serde_json::from_value(raw).map_err(unreadable)?;
             Ok(StreamableHttpPostResponse::Json(parsed, session_id))
@@ -351,7 +333,7 @@ async fn read_bounded_or_spill(
     max: usize,
     spill_dir: Option<&std::path::Path>,
 ) -> Result<Body, Error> {
-    use crate::spill::{WRITE_BUFFER, unnamed_file};
+    use crate::spill::WRITE_BUFFER;
     let Some(spill_dir) = spill_dir else {
         return read_bounded(response, max).await.map(Body::Memory);
     };
@@ -367,15 +349,7 @@ async fn read_bounded_or_spill(
     let mut total = 0u64;
     let write = |file: Option<std::fs::File>, chunk: Vec<u8>| {
         let dir = spill_dir.clone();
-        tokio::task::spawn_blocking(move || {
-            use std::io::Write as _;
-            let mut file = match file {
-                Some(file) => file,
-                None => unnamed_file(&dir)?,
-            };
-            file.write_all(&chunk)?;
-            Ok::<_, std::io::Error>(file)
-        })
+        tokio::task::spawn_blocking(move || crate::spill::append(file, &dir, &chunk))
     };
     let failed = |error: std::io::Error| {
         format!(
@@ -424,7 +398,7 @@ async fn read_bounded_or_spill(
 async fn spilled(
     tap: &Arc<Tap>,
     message: &ClientJsonRpcMessage,
-    mut file: std::fs::File,
+    file: std::fs::File,
     max: usize,
     session_id: Option<String>,
 ) -> Result<StreamableHttpPostResponse, Error> {
@@ -434,37 +408,22 @@ async fn spilled(
         )))
     };
     let tap = Arc::clone(tap);
-    let read = tokio::task::spawn_blocking(move || {
-        use std::io::Seek as _;
-        file.rewind().map_err(crate::spill::Refused::Io)?;
-        let dir = tap.spill_dir().to_path_buf();
-        crate::spill::read_answer(file, &tap, &dir)
-    })
-    .await
-    .map_err(|error| unreadable(error.to_string()))?;
+    let read = tokio::task::spawn_blocking(move || crate::spill::read_answer(file, &tap))
+        .await
+        .map_err(|error| unreadable(error.to_string()))?;
     match read {
         Ok(raw) => {
             let parsed = serde_json::from_value(raw).map_err(|e| unreadable(e.to_string()))?;
             Ok(StreamableHttpPostResponse::Json(parsed, session_id))
         }
-        Err(crate::spill::Refused::TooLarge) => {
-            too_large(message, crate::spill::MAX_IN_MEMORY.max(max), session_id)
-        }
-        // The request fails with what happened; the session stays usable.
-        Err(crate::spill::Refused::Malformed(reason)) => {
-            let fault = Fault::SpilledUnreadable(reason.clone());
-            answered_with(message, &fault, session_id, unreadable(reason))
-        }
-        Err(crate::spill::Refused::Unreadable { rest, error }) => {
-            let reason = format!("{error}: {}", preview(&rest));
-            let fault = Fault::SpilledUnreadable(reason.clone());
-            answered_with(message, &fault, session_id, unreadable(reason))
-        }
-        Err(crate::spill::Refused::Io(error)) => {
-            let reason = error.to_string();
-            let fault = Fault::SpilledUnreadable(reason.clone());
-            answered_with(message, &fault, session_id, unreadable(reason))
-        }
+        Err(refused) => match refused.reason() {
+            None => too_large(message, crate::spill::MAX_IN_MEMORY.max(max), session_id),
+            // The request fails with what happened; the session stays usable.
+            Some(reason) => {
+                let fault = Fault::SpilledUnreadable(reason.clone());
+                answered_with(message, &fault, session_id, unreadable(reason))
+            }
+        },
     }
 }
 
@@ -518,7 +477,7 @@ fn read_failure(max_error: usize) -> String {
 }
 
 /// The start of a body that is not a JSON-RPC message, for an error.
-fn preview(body: &[u8]) -> Cow<'_, str> {
+pub(crate) fn preview(body: &[u8]) -> Cow<'_, str> {
     if body.is_empty() {
         return Cow::Borrowed("<empty>");
     }

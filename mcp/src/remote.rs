@@ -331,15 +331,8 @@ fn keep(tap: &Tap, data: &mut String) {
     }
     // Lone surrogate escapes are repaired (U+FFFD, the fact in the result's `_meta`), as
     // over stdio, and rmcp gets the repaired message either way: it could not read it.
-    let (mut message, repaired) = match serde_json::from_str::<Value>(data) {
-        Ok(message) => (message, false),
-        Err(_) => match crate::stdio::repair::repair(data.as_bytes()) {
-            Some((mut message, note)) => {
-                crate::stdio::repair::record(&mut message, &note);
-                (message, true)
-            }
-            None => return,
-        },
+    let Ok((mut message, repaired)) = crate::stdio::repair::parse_or_repair(data.as_bytes()) else {
+        return;
     };
     if (tap.offer(&mut message) || repaired)
         && let Ok(rewritten) = serde_json::to_string(&message)

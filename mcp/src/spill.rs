@@ -130,11 +130,40 @@ pub(crate) enum Refused {
     Io(io::Error),
 }
 
+impl Refused {
+    /// Why the answer cannot be delivered, for its call (an unreadable rest quoted from
+    /// its start); `None` for [`Refused::TooLarge`], which each transport says with its
+    /// own limit.
+    pub(crate) fn reason(self) -> Option<String> {
+        match self {
+            Self::TooLarge => None,
+            Self::Malformed(reason) => Some(reason),
+            Self::Unreadable { rest, error } => {
+                Some(format!("{error}: {}", crate::post::preview(&rest)))
+            }
+            Self::Io(error) => Some(error.to_string()),
+        }
+    }
+}
+
+/// Appends `bytes` to `file`, or to a new [`unnamed_file`] in `dir` when there is none yet:
+/// one write of a spilling answer. Blocks.
+pub(crate) fn append(file: Option<File>, dir: &Path, bytes: &[u8]) -> io::Result<File> {
+    use std::io::Write as _;
+    let mut file = match file {
+        Some(file) => file,
+        None => unnamed_file(dir)?,
+    };
+    file.write_all(bytes)?;
+    Ok(file)
+}
+
 /// The most of a spilled answer parsed in memory: the stdio transport's line cap.
 pub(crate) const MAX_IN_MEMORY: usize = crate::stdio::MAX_LINE;
 
-/// Reads back the spilled answer in `file` (from its start) to a request whose slot in
-/// `tap` is open: its long texts split into files in `dir` ([`split`]), the rest parsed
+/// Reads back the spilled answer in `file` (rewound to its start first) to a request whose
+/// slot in `tap` is open: its long texts split into files in the tap's
+/// [spill folder](crate::tap::Tap::spill_dir) ([`split`]), the rest parsed
 /// (repaired if need be, the lossy note in its `_meta`), its result kept in the tap with
 /// the texts. Returns the message for rmcp, with the tap's stand-in for its result; if the
 /// tap did not keep it (the request gave up meanwhile, or the answer is an error), the
@@ -144,11 +173,13 @@ pub(crate) const MAX_IN_MEMORY: usize = crate::stdio::MAX_LINE;
 ///
 /// [`Refused`] says why the answer cannot be delivered.
 pub(crate) fn read_answer(
-    file: File,
+    mut file: File,
     tap: &crate::tap::Tap,
-    dir: &Path,
 ) -> Result<serde_json::Value, Refused> {
     use serde_json::Value;
+    use std::io::Seek as _;
+    file.rewind().map_err(Refused::Io)?;
+    let dir = tap.spill_dir();
     let input = io::BufReader::with_capacity(WRITE_BUFFER, file);
     let split = match split(input, dir, SPILL_TEXT_AT, MAX_IN_MEMORY) {
         Ok(split) => split,
@@ -948,7 +979,7 @@ mod tests {
         file.write_all(line.as_bytes()).unwrap();
         use std::io::Seek as _;
         file.rewind().unwrap();
-        read_answer(file, &tap, &std::env::temp_dir())?;
+        read_answer(file, &tap)?;
         Ok(claim.take().and_then(Result::ok))
     }
 

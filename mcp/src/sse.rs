@@ -33,7 +33,6 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
@@ -42,7 +41,7 @@ use rmcp::model::RequestId;
 use sse_stream::{Error as SseError, Sse};
 
 use crate::remote::Fault;
-use crate::spill::{Refused, WRITE_BUFFER, read_answer, unnamed_file};
+use crate::spill::{Refused, WRITE_BUFFER, append, read_answer};
 use crate::tap::Tap;
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
@@ -92,15 +91,13 @@ pub(crate) fn fault_of_stream(error: &SseError) -> Fault {
     Fault::Broke(error.to_string())
 }
 
-/// Where an event over the limit goes: the request the POST carries (whose result `tap`
-/// awaits) and the folder of the files.
+/// Where an event over the limit goes: the request the POST carries, whose result `tap`
+/// awaits (the files are made in the tap's spill folder).
 pub(crate) struct SpillTo {
     /// The connection's tap, holding the request's open slot.
     pub(crate) tap: Arc<Tap>,
     /// The request the POST carries.
     pub(crate) id: RequestId,
-    /// Where the unnamed files are made.
-    pub(crate) dir: PathBuf,
 }
 
 type Events = BoxStream<'static, Result<Sse, SseError>>;
@@ -173,20 +170,12 @@ impl State {
         let Some(spill) = &self.spill else {
             return Ok(());
         };
-        let dir = spill.dir.clone();
+        let tap = Arc::clone(&spill.tap);
         let file = self.file.take();
-        let written = tokio::task::spawn_blocking(move || {
-            use std::io::Write as _;
-            let mut file = match file {
-                Some(file) => file,
-                None => unnamed_file(&dir)?,
-            };
-            file.write_all(&bytes)?;
-            Ok::<_, std::io::Error>(file)
-        })
-        .await
-        .map_err(std::io::Error::other)
-        .and_then(|written| written);
+        let written = tokio::task::spawn_blocking(move || append(file, tap.spill_dir(), &bytes))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|written| written);
         match written {
             Ok(file) => {
                 self.file = Some(file);
@@ -194,7 +183,7 @@ impl State {
             }
             Err(source) => Err(SseError::Body(Box::new(EventsError::Spill {
                 max: self.parser.max,
-                dir: spill.dir.display().to_string(),
+                dir: spill.tap.spill_dir().display().to_string(),
                 source,
             }))),
         }
@@ -209,14 +198,9 @@ impl State {
         };
         let file = self.file.take();
         let tap = Arc::clone(&spill.tap);
-        let dir = spill.dir.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            use std::io::Seek as _;
-            let Some(mut file) = file else {
-                return Err(Refused::Io(std::io::Error::other("no file was written")));
-            };
-            file.rewind().map_err(Refused::Io)?;
-            read_answer(file, &tap, &dir)
+        let read = tokio::task::spawn_blocking(move || match file {
+            Some(file) => read_answer(file, &tap),
+            None => Err(Refused::Io(std::io::Error::other("no file was written"))),
         })
         .await
         .map_err(|error| Refused::Io(std::io::Error::other(error)))
@@ -229,15 +213,12 @@ impl State {
                 }
                 Err(error) => Fault::SpilledUnreadable(error.to_string()),
             },
-            Err(Refused::TooLarge) => Fault::EventTooLarge {
-                max: crate::spill::MAX_IN_MEMORY,
+            Err(refused) => match refused.reason() {
+                Some(reason) => Fault::SpilledUnreadable(reason),
+                None => Fault::EventTooLarge {
+                    max: crate::spill::MAX_IN_MEMORY,
+                },
             },
-            Err(Refused::Malformed(reason)) => Fault::SpilledUnreadable(reason),
-            Err(Refused::Unreadable { rest, error }) => {
-                let start = String::from_utf8_lossy(&rest[..rest.len().min(256)]).into_owned();
-                Fault::SpilledUnreadable(format!("{error}: {start}"))
-            }
-            Err(Refused::Io(error)) => Fault::SpilledUnreadable(error.to_string()),
         };
         event.data = Some(fault.answer(&spill.id).to_string());
         event
@@ -403,31 +384,33 @@ impl Parser {
         }
     }
 
-    /// Adds `bytes` to the spilled data, within the cap on a kept answer.
-    fn spill(&mut self, bytes: &[u8]) {
-        let Some((buffer, total)) = &mut self.spilled else {
-            return;
+    /// Counts `len` more spilled bytes; says whether they are within the cap on a kept
+    /// answer (past it, the stream fails).
+    fn count_spilled(&mut self, len: usize) -> bool {
+        let Some((_, total)) = &mut self.spilled else {
+            return false;
         };
-        *total += bytes.len() as u64;
+        *total += len as u64;
         if *total > crate::MAX_SPILLED_ANSWER {
             self.too_large(usize::try_from(crate::MAX_SPILLED_ANSWER).unwrap_or(usize::MAX));
-            return;
+            return false;
         }
-        buffer.extend_from_slice(bytes);
+        true
+    }
+
+    /// Adds `bytes` to the spilled data, within the cap on a kept answer.
+    fn spill(&mut self, bytes: &[u8]) {
+        if self.count_spilled(bytes.len())
+            && let Some((buffer, _)) = &mut self.spilled
+        {
+            buffer.extend_from_slice(bytes);
+        }
     }
 
     /// [`Parser::spill`] for bytes already in a buffer of their own (the spilled ones
     /// before them handed out already), handed out as they are.
     fn spill_owned(&mut self, bytes: Vec<u8>) {
-        let Some((_, total)) = &mut self.spilled else {
-            return;
-        };
-        *total += bytes.len() as u64;
-        if *total > crate::MAX_SPILLED_ANSWER {
-            self.too_large(usize::try_from(crate::MAX_SPILLED_ANSWER).unwrap_or(usize::MAX));
-            return;
-        }
-        if !bytes.is_empty() {
+        if self.count_spilled(bytes.len()) && !bytes.is_empty() {
             self.out.push_back(Out::Write(bytes));
         }
     }
@@ -947,7 +930,6 @@ pub(crate) mod tests {
         let spill = SpillTo {
             tap: Arc::clone(&tap),
             id: RequestId::Number(7),
-            dir: std::env::temp_dir(),
         };
         let mut events = events(response_of(wire, 11), 64 * 1024, Some(spill));
         let mut rng = Rng(12);
@@ -996,7 +978,6 @@ pub(crate) mod tests {
         let spill = SpillTo {
             tap: Arc::clone(&tap),
             id: RequestId::Number(3),
-            dir: std::env::temp_dir(),
         };
         let read: Vec<_> = events(response_of(wire, 5), 1024, Some(spill))
             .collect()

@@ -452,8 +452,6 @@ struct ChildReader<R> {
 struct Parser {
     tap: Arc<Tap>,
     diagnostics: Arc<Diagnostics>,
-    /// Where the texts of a spilled answer go.
-    spill_dir: PathBuf,
 }
 
 impl<R: AsyncRead + Unpin> ChildReader<R> {
@@ -463,19 +461,14 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
         tap: Arc<Tap>,
         diagnostics: Arc<Diagnostics>,
     ) -> Self {
-        let spill_dir = tap.spill_dir().to_path_buf();
         Self {
             lines: LineReader::new(reader, SPILL_AT).spilling(SpillTo {
-                dir: spill_dir.clone(),
+                dir: tap.spill_dir().to_path_buf(),
                 max: MAX_SPILLED_ANSWER,
             }),
             exit,
             exited: false,
-            parser: Parser {
-                tap,
-                diagnostics,
-                spill_dir,
-            },
+            parser: Parser { tap, diagnostics },
             parsing: None,
             #[cfg(test)]
             parse_gate: Arc::default(),
@@ -596,7 +589,7 @@ impl Parser {
         let unwritable = |error: &std::io::Error| {
             format!(
                 "it could not be kept in a file in {}: {error}",
-                self.spill_dir.display()
+                self.tap.spill_dir().display()
             )
         };
         let mut file = match file.and_then(|mut file| {
@@ -644,7 +637,7 @@ impl Parser {
             limit: MAX_LINE as u64,
             unwritable: None,
         };
-        match spill::read_answer(file, &self.tap, &self.spill_dir) {
+        match spill::read_answer(file, &self.tap) {
             Ok(message) => match serde_json::from_value(message) {
                 Ok(message) => Some(message),
                 Err(error) => self.fail(
@@ -686,15 +679,9 @@ impl Parser {
         {
             return Some(message);
         }
-        let mut value = match serde_json::from_slice::<Value>(line) {
-            Ok(value) => value,
-            Err(error) => match repair::repair(line) {
-                Some((mut value, note)) => {
-                    repair::record(&mut value, &note);
-                    value
-                }
-                None => return self.unreadable(line, &error.to_string(), None),
-            },
+        let mut value = match repair::parse_or_repair(line) {
+            Ok((value, _)) => value,
+            Err(error) => return self.unreadable(line, &error.to_string(), None),
         };
         self.tap.keep(&mut value);
         let id = (value.get("method").is_none())

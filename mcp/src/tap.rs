@@ -258,6 +258,11 @@ impl Tap {
         matches!(self.slots().wanted.get(key), Some(Answer::Pending))
     }
 
+    /// Whether request `id` awaits its result.
+    pub(crate) fn awaits(&self, id: &RequestId) -> bool {
+        self.is_open(&id_key(id))
+    }
+
     /// Whether any slot is open (when none is, incoming messages need not be looked at).
     pub(crate) fn is_waiting(&self) -> bool {
         !self.slots().wanted.is_empty()

@@ -171,6 +171,17 @@ async fn a_cross_origin_redirect_or_a_loop_is_an_error_naming_it() {
     manager.shutdown().await;
 }
 
+/// Calls `web`'s `large` for a text of `bytes` bytes, which must succeed.
+async fn call_large(manager: &McpManager, bytes: u64) -> psych_types::ToolOutput {
+    manager
+        .call_tool(
+            &ToolRef::parse("web", "large").unwrap(),
+            args(json!({"bytes": bytes})),
+        )
+        .await
+        .unwrap()
+}
+
 /// Calls `tool` and expects a failure at once (well within the 60 s deadline).
 async fn fails_at_once(manager: &McpManager, tool: &str, arguments: Value) -> McpError {
     let started = Instant::now();
@@ -222,13 +233,7 @@ async fn an_event_over_the_limit_arrives_with_its_text_in_a_file_and_the_connect
     // 50 MB in one event, more than the 16 MiB bound (psych-mcp's MAX_SSE_EVENT_BYTES).
     assert_eq!(psych_mcp::MAX_SSE_EVENT_BYTES, 16 * 1024 * 1024);
     let bytes = 50_000_000;
-    let output = manager
-        .call_tool(
-            &ToolRef::parse("web", "large").unwrap(),
-            args(json!({"bytes": bytes})),
-        )
-        .await
-        .unwrap();
+    let output = call_large(&manager, bytes).await;
     assert_eq!(output.spilled.len(), 1, "{output:?}");
     assert_eq!(output.spilled[0].text.len(), bytes);
     assert_eq!(echo(&manager, "web", "still here").await, "still here");
@@ -245,17 +250,11 @@ async fn a_json_body_over_the_limit_arrives_with_its_text_in_a_file() {
     // 20 MB in one JSON body, more than the 16 MiB bound (MAX_JSON_BODY_BYTES).
     assert_eq!(psych_mcp::MAX_JSON_BODY_BYTES, 16 * 1024 * 1024);
     let bytes = 20_000_000;
-    let output = manager
-        .call_tool(
-            &ToolRef::parse("web", "large").unwrap(),
-            args(json!({"bytes": bytes})),
-        )
-        .await
-        .unwrap();
+    let output = call_large(&manager, bytes).await;
     assert_eq!(output.spilled.len(), 1, "{output:?}");
     let text = &output.spilled[0].text;
-    assert_eq!((output.spilled[0].block, text.len()), (0, bytes as u64));
-    assert!(text.read_to_string().unwrap() == psych_mcp::test_server::large_text(bytes));
+    assert_eq!((output.spilled[0].block, text.len()), (0, bytes));
+    assert!(text.read_to_string().unwrap() == psych_mcp::test_server::large_text(bytes as usize));
     assert_eq!(echo(&manager, "web", "still here").await, "still here");
     manager.shutdown().await;
 }

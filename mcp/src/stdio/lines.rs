@@ -18,14 +18,13 @@
 //! first), and the line is reported as [`Line::TooLong`] with the `id` it carried.
 
 use std::fs::File;
-use std::io::Write as _;
 use std::path::PathBuf;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::task::JoinHandle;
 
 use super::scan::IdScanner;
-use crate::spill::{WRITE_BUFFER, unnamed_file};
+use crate::spill::WRITE_BUFFER;
 
 /// The read buffer: a pipe's default capacity, so one read takes what a writer can queue.
 const READ_BUFFER: usize = 64 * 1024;
@@ -126,11 +125,7 @@ impl Spill {
         let file = self.file.take();
         let dir = self.dir.clone();
         self.writing = Some(tokio::task::spawn_blocking(move || {
-            let mut file = match file {
-                Some(file) => file,
-                None => unnamed_file(&dir)?,
-            };
-            file.write_all(&chunk)?;
+            let file = crate::spill::append(file, &dir, &chunk)?;
             chunk.clear();
             Ok((file, chunk))
         }));

@@ -44,6 +44,22 @@ pub(crate) fn repair_counted(line: &[u8]) -> Option<(Value, Lossy)> {
     Some((value, lossy))
 }
 
+/// `bytes` parsed as JSON, or, if that fails, [repaired](repair) with the note
+/// [recorded](record) in it; says whether it was repaired. Serde's error when even the
+/// repair does not parse.
+pub(crate) fn parse_or_repair(bytes: &[u8]) -> Result<(Value, bool), serde_json::Error> {
+    match serde_json::from_slice(bytes) {
+        Ok(value) => Ok((value, false)),
+        Err(error) => match repair(bytes) {
+            Some((mut value, note)) => {
+                record(&mut value, &note);
+                Ok((value, true))
+            }
+            None => Err(error),
+        },
+    }
+}
+
 /// Puts a note in `message`'s `result._meta` under [`LOSSY_META_KEY`] (when the result is
 /// an object whose `_meta`, if any, is one).
 pub(crate) fn record(message: &mut Value, note: &str) {
