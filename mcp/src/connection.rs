@@ -448,7 +448,21 @@ impl Session {
                 return reason;
             }
             if self.peer.is_transport_closed() {
-                return "the connection closed".to_owned();
+                // A stdio server's output closes as it exits, and the two are seen in
+                // either order: its exit status, when it comes within EXIT_REPORT_WAIT,
+                // says more than the closed pipe (the next turn of the loop reports it).
+                let exits = match exit.as_mut() {
+                    Some(exit) => {
+                        tokio::time::timeout(EXIT_REPORT_WAIT, exit.wait_for(Option::is_some))
+                            .await
+                            .is_ok_and(|exited| exited.is_ok())
+                    }
+                    None => false,
+                };
+                if !exits {
+                    return "the connection closed".to_owned();
+                }
+                continue;
             }
             tokio::select! {
                 () = self.lost_signal.notified() => {}
@@ -585,7 +599,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::test_server::{Mode, Scenario};
+    use crate::test_server::Scenario;
 
     const GIVEN_UP: usize = 20;
 
@@ -653,34 +667,26 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn over_http_calls_given_up_leave_no_slot_in_the_tap() {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let serving = tokio::spawn(Scenario::default().serve(Mode::Http(addr)));
+        // Bound here, before the server is spawned: the first connection attempt finds it
+        // listening, however loaded the machine.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let serving = tokio::spawn(Scenario::default().serve_on(listener));
         let transport = Transport::Http {
             url: format!("http://{addr}/mcp"),
             headers: BTreeMap::new(),
         };
         let server = ServerId::new("web").unwrap();
-        let mut connected = None;
-        for _ in 0..50 {
-            let events = Arc::new(EventQueue::default());
-            if let Ok(done) = Session::connect(
-                &server,
-                &transport,
-                timeouts(),
-                events,
-                &std::env::temp_dir(),
-            )
-            .await
-            {
-                connected = Some(done);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let (session, _) = connected.expect("the in-process test server did not start");
+        let events = Arc::new(EventQueue::default());
+        let (session, _) = Session::connect(
+            &server,
+            &transport,
+            timeouts(),
+            events,
+            &std::env::temp_dir(),
+        )
+        .await
+        .unwrap();
         given_up_calls_leave_the_tap_empty(&session, "hang").await;
         let mut arguments = JsonObject::new();
         arguments.insert("text".into(), "still here".into());

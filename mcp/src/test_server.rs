@@ -236,6 +236,40 @@ impl Scenario {
     /// I/O errors of the transport or the listener; a [`Scenario::catalog`] that cannot
     /// be read.
     pub async fn serve(self, mode: Mode) -> std::io::Result<()> {
+        match mode {
+            Mode::Stdio => serve_stdio(self.start()?).await,
+            Mode::Http(addr) => {
+                if !addr.ip().is_loopback() {
+                    return Err(std::io::Error::other(format!(
+                        "{addr} is not a loopback address"
+                    )));
+                }
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                let local = listener.local_addr()?;
+                let state = self.start()?;
+                let mut stdout = tokio::io::stdout();
+                stdout
+                    .write_all(format!("listening on http://{local}/mcp\n").as_bytes())
+                    .await?;
+                stdout.flush().await?;
+                serve_http(state, listener).await
+            }
+        }
+    }
+
+    /// Serves streamable HTTP on `listener`, already bound by the caller (so a client may
+    /// connect as soon as this is spawned: no address to wait for), forever; prints
+    /// nothing. For a test server in the test's own process.
+    ///
+    /// # Errors
+    ///
+    /// As [`Scenario::serve`].
+    pub async fn serve_on(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        serve_http(self.start()?, listener).await
+    }
+
+    /// What every transport does first: the scenario's start-up faults, then its state.
+    fn start(self) -> std::io::Result<Arc<State>> {
         if let Some(pidfile) = &self.setsid_grandchild {
             stdio_faults::setsid_grandchild(pidfile)?;
         }
@@ -260,11 +294,7 @@ impl Scenario {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(catalog);
-        let state = Arc::new(state);
-        match mode {
-            Mode::Stdio => serve_stdio(state).await,
-            Mode::Http(addr) => serve_http(state, addr).await,
-        }
+        Ok(Arc::new(state))
     }
 }
 
@@ -896,17 +926,12 @@ async fn serve_stdio(state: Arc<State>) -> std::io::Result<()> {
     result
 }
 
-async fn serve_http(state: Arc<State>, addr: SocketAddr) -> std::io::Result<()> {
+async fn serve_http(state: Arc<State>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
     use hyper_util::rt::TokioIo;
     use rmcp::transport::StreamableHttpService;
     use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 
-    if !addr.ip().is_loopback() {
-        return Err(std::io::Error::other(format!(
-            "{addr} is not a loopback address"
-        )));
-    }
     let mut config = StreamableHttpServerConfig::default();
     config.legacy_session_mode = !state.scenario.json_response;
     config.json_response = state.scenario.json_response;
@@ -933,13 +958,6 @@ async fn serve_http(state: Arc<State>, addr: SocketAddr) -> std::io::Result<()> 
             Ok::<_, std::convert::Infallible>(raw_http::replace_marker_in_body(response).await)
         }
     });
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let mut stdout = tokio::io::stdout();
-    stdout
-        .write_all(format!("listening on http://{local}/mcp\n").as_bytes())
-        .await?;
-    stdout.flush().await?;
     loop {
         let (stream, _) = listener.accept().await?;
         let service = service.clone();

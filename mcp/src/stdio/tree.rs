@@ -417,6 +417,20 @@ mod tests {
                 .uid(65_534);
             children.push(command.spawn().unwrap());
         }
+        // A process is read only out of uninterruptible sleep (`environ_readable`); on a
+        // loaded machine `late` can still be in `D` loading `sleep` when the scan comes,
+        // and is then rightly skipped. The test is about start times and users: it scans
+        // once `late` is asleep in `sleep` itself.
+        let asleep = |child: &Child| {
+            for _ in 0..10_000 {
+                if stat(pid(child).as_raw()).is_some_and(|proc| proc.state == b'S') {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            panic!("{} never went to sleep", child.id());
+        };
+        asleep(&children[2]);
         assert_eq!(members(info, &tag), want);
         end(children);
     }
