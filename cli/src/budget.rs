@@ -3,7 +3,7 @@
 //! from the same structs.
 
 use psych_disclosure::{
-    CALL_TOOL, DESCRIBE_TOOL, LIST_TOOLS, Live, OrientationContext, orientation,
+    CALL_TOOL, Cost, DESCRIBE_TOOL, LIST_TOOLS, Live, OrientationContext, Why, orientation,
 };
 use psych_elision::Estimator;
 use psych_types::{TokenEstimator, ToolDefinition};
@@ -18,14 +18,25 @@ pub(crate) struct BudgetReport {
     pub(crate) config: String,
     /// The redb catalogue the listings were synced into.
     pub(crate) store: String,
-    /// The context window the auto budget is a share of, in tokens.
-    pub(crate) context_window: u64,
-    /// A server with `preload` unset is deferred when its tools cost more than this.
+    /// What the decision was made as: `window_share` (a Run's: 5% of `context_window`,
+    /// counting what a model is sent of each tool) or `serve` (`psych serve`'s: its auto
+    /// budget, counting whole tool definitions).
+    pub(crate) decided_as: &'static str,
+    /// The context window the auto budget is a share of, in tokens (absent with `serve`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) context_window: Option<u64>,
+    /// The tokens the servers with `preload` unset share: smallest first, each is kept
+    /// while the kept ones' `cost_tokens_est` sum to at most this.
     pub(crate) auto_budget_tokens: u64,
+    /// Of `auto_budget_tokens`, what the kept `auto` servers cost together.
+    pub(crate) auto_kept_tokens_est: u64,
     /// How every `*_tokens_est` field is counted: an estimate, never a provider's count.
     pub(crate) estimates: &'static str,
     /// One entry per configured server, by name.
     pub(crate) servers: Vec<ServerReport>,
+    /// The names of the tools on the Surface, in its order: with `serve`, what `psych
+    /// serve` lists for the same file, `read_tool_output` aside.
+    pub(crate) surface_tools: Vec<String>,
     /// The whole prompt prefix.
     pub(crate) totals: Totals,
 }
@@ -47,6 +58,8 @@ pub(crate) struct ServerReport {
     pub(crate) error_line: Option<String>,
     /// Tools in its live catalogue.
     pub(crate) tools: usize,
+    /// Of `tools`, those the grant permits (the file's `allowTools`, else every one).
+    pub(crate) permitted: usize,
     /// Tools it declared that were refused (name and reason).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) malformed: Vec<String>,
@@ -55,6 +68,12 @@ pub(crate) struct ServerReport {
     pub(crate) schema_bytes: usize,
     /// The same, in estimated tokens.
     pub(crate) schema_tokens_est: u64,
+    /// What its permitted tools cost as direct tools, as disclosure counted it to decide
+    /// (`decided_as` says how): the figure compared with the auto budget.
+    pub(crate) cost_tokens_est: u64,
+    /// Whether `cost_tokens_est` counted every permitted tool; `false` when counting
+    /// stopped above every limit it was compared with (it is then a lower bound).
+    pub(crate) cost_exact: bool,
     /// The configured preload flag: `auto`, `eager` or `deferred`.
     pub(crate) preload: String,
     /// How Psych shows it: `direct`, `facade`, `search_pair` or `deferred`.
@@ -109,8 +128,17 @@ fn tools_json(tools: &[ToolDefinition]) -> String {
     serde_json::to_string(tools).unwrap_or_default()
 }
 
+/// How a report's Surface was decided.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Basis {
+    /// As a Run: 5% of this context window.
+    Window(u64),
+    /// As `psych serve`.
+    Serve,
+}
+
 /// Builds the report of a loaded setup.
-pub(crate) fn report(setup: &Setup, config: String, window: u64) -> BudgetReport {
+pub(crate) fn report(setup: &Setup, config: String, basis: Basis) -> BudgetReport {
     let estimator = Estimator::new();
     let mut servers = Vec::new();
     let mut totals = Totals {
@@ -127,6 +155,7 @@ pub(crate) fn report(setup: &Setup, config: String, window: u64) -> BudgetReport
         orientation_bytes: 0,
         orientation_tokens_est: 0,
     };
+    let mut auto_kept = 0;
     for outcome in &setup.outcomes {
         let server = &outcome.server;
         let tools: &[ToolDefinition] = setup
@@ -140,6 +169,10 @@ pub(crate) fn report(setup: &Setup, config: String, window: u64) -> BudgetReport
             tools_json(tools)
         };
         let view = setup.surface.server(server.as_str());
+        let cost = view.map_or(Cost::Exact(0), |v| v.cost);
+        if view.is_some_and(|v| v.why == Why::Size) {
+            auto_kept += cost.tokens();
+        }
         let prefix = format!("{server}: ");
         let deferred_line = setup
             .surface
@@ -176,9 +209,12 @@ pub(crate) fn report(setup: &Setup, config: String, window: u64) -> BudgetReport
                 .as_deref()
                 .map(|e| crate::reason::one_line(server.as_str(), e)),
             tools: tools.len(),
+            permitted: view.map_or(0, |v| v.permitted),
             malformed: outcome.malformed.clone(),
             schema_bytes: json.len(),
             schema_tokens_est: tokens,
+            cost_tokens_est: cost.tokens(),
+            cost_exact: matches!(cost, Cost::Exact(_)),
             preload,
             shown_as: view.map_or_else(|| "absent".to_owned(), |v| label(&v.shape)),
             why: view.map_or_else(String::new, |v| label(&v.why)),
@@ -208,10 +244,24 @@ pub(crate) fn report(setup: &Setup, config: String, window: u64) -> BudgetReport
     BudgetReport {
         config,
         store: setup.store.display().to_string(),
-        context_window: window,
+        decided_as: match basis {
+            Basis::Window(_) => "window_share",
+            Basis::Serve => "serve",
+        },
+        context_window: match basis {
+            Basis::Window(window) => Some(window),
+            Basis::Serve => None,
+        },
         auto_budget_tokens: setup.settings.auto_budget().tokens(),
+        auto_kept_tokens_est: auto_kept,
         estimates: "token counts are estimates (psych-elision's estimator), not a provider's count",
         servers,
+        surface_tools: setup
+            .surface
+            .tools()
+            .iter()
+            .map(|t| t.name.as_str().to_owned())
+            .collect(),
         totals,
     }
 }
@@ -278,27 +328,52 @@ pub(crate) fn table(report: &BudgetReport) -> String {
         report.config,
         thousands(t.tools as u64)
     );
+    match report.context_window {
+        Some(window) => {
+            let _ = writeln!(
+                out,
+                "~tok are estimates. Auto budget: {} tokens, 5% of a {}-token window.",
+                thousands(report.auto_budget_tokens),
+                thousands(window)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "~tok are estimates. Auto budget: {} tokens of whole definitions, as psych serve.",
+                thousands(report.auto_budget_tokens),
+            );
+        }
+    }
     let _ = writeln!(
         out,
-        "~tok are estimates. Auto budget: {} tokens, 5% of a {}-token window.",
-        thousands(report.auto_budget_tokens),
-        thousands(report.context_window)
+        "cost: the permitted tools as direct tools, the figure the decision used; the"
+    );
+    let _ = writeln!(
+        out,
+        "auto servers kept cost {} ~tok together.",
+        thousands(report.auto_kept_tokens_est)
     );
     let _ = writeln!(out);
     let _ = writeln!(
         out,
         "{:<14} {:>5} {:>11} {:>9}  {:<8} {:<11} why",
-        "server", "tools", "schema B", "~tokens", "preload", "shown as"
+        "server", "tools", "schema B", "cost ~tok", "preload", "shown as"
     );
     for s in &report.servers {
         let name: String = s.server.chars().take(14).collect();
+        let cost = if s.cost_exact {
+            thousands(s.cost_tokens_est)
+        } else {
+            format!(">{}", thousands(s.cost_tokens_est))
+        };
         let _ = writeln!(
             out,
             "{:<14} {:>5} {:>11} {:>9}  {:<8} {:<11} {}",
             name,
             s.tools,
             thousands(s.schema_bytes as u64),
-            thousands(s.schema_tokens_est),
+            cost,
             s.preload,
             s.shown_as,
             s.why

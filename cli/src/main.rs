@@ -17,8 +17,8 @@
 
 mod budget;
 mod demo;
-mod gateway;
 mod reason;
+mod serve;
 mod setup;
 
 use std::path::PathBuf;
@@ -51,8 +51,17 @@ enum Command {
         #[command(flatten)]
         setup: SetupArgs,
         /// The model's context window in tokens; the auto budget is 5% of it.
-        #[arg(long, value_name = "TOKENS", default_value_t = setup::WINDOW)]
+        #[arg(long, value_name = "TOKENS", default_value_t = setup::WINDOW, conflicts_with = "serve")]
         context_window: u64,
+        /// Decide as `psych serve` does for this file: its auto budget (`--auto-budget`),
+        /// counted on whole tool definitions. The table then shows what `psych serve`
+        /// lists, `read_tool_output` aside.
+        #[arg(long)]
+        serve: bool,
+        /// With `--serve`: the tokens the `auto` servers share, as `psych serve
+        /// --auto-budget`.
+        #[arg(long, value_name = "TOKENS", requires = "serve", default_value_t = psych_gateway::DEFAULT_AUTO_BUDGET)]
+        auto_budget: u64,
         /// Print the report as JSON (stable field names) instead of a table.
         #[arg(long)]
         json: bool,
@@ -149,12 +158,12 @@ enum Command {
         /// cannot see: with Psych's own tools (about 850 tokens) it stays near 2,000 tokens
         /// however many servers are configured. `"preload": true` or `false` on a server
         /// pins it and takes no share.
-        #[arg(long, value_name = "TOKENS", default_value_t = setup::SERVE_AUTO_BUDGET)]
+        #[arg(long, value_name = "TOKENS", default_value_t = psych_gateway::DEFAULT_AUTO_BUDGET)]
         auto_budget: u64,
         /// With `--http`: the most sessions open at once; a client opening one more is
         /// refused with an error saying so. A session ends when its client deletes it, or
         /// after 5 minutes without a message.
-        #[arg(long, value_name = "N", default_value_t = gateway::MAX_SESSIONS)]
+        #[arg(long, value_name = "N", default_value_t = psych_gateway::MAX_SESSIONS)]
         max_sessions: usize,
     },
     /// Serve one embedded catalogue over stdio (started by the other commands).
@@ -202,14 +211,23 @@ fn run(command: Command) -> Result<u8, String> {
         Command::Budget {
             setup,
             context_window,
+            serve,
+            auto_budget,
             json,
         } => {
-            let loaded = setup::load(setup.config.as_deref(), &setup.store, context_window)?;
-            let report = budget::report(
-                &loaded,
-                setup::config_label(setup.config.as_deref()),
-                context_window,
-            );
+            let (settings, basis) = if serve {
+                let settings = psych_gateway::disclosure_settings(auto_budget)
+                    .map_err(|e| format!("settings: {e}"))?;
+                (settings, budget::Basis::Serve)
+            } else {
+                (
+                    setup::settings(context_window)?,
+                    budget::Basis::Window(context_window),
+                )
+            };
+            let loaded = setup::load(setup.config.as_deref(), &setup.store, settings)?;
+            let report =
+                budget::report(&loaded, setup::config_label(setup.config.as_deref()), basis);
             if json {
                 print_json(&report)?;
             } else {
@@ -223,7 +241,11 @@ fn run(command: Command) -> Result<u8, String> {
             limit,
             json,
         } => {
-            let loaded = setup::load(setup.config.as_deref(), &setup.store, 200_000)?;
+            let loaded = setup::load(
+                setup.config.as_deref(),
+                &setup.store,
+                setup::settings(setup::WINDOW)?,
+            )?;
             let index = SearchIndex::new(
                 loaded
                     .catalogs
@@ -274,7 +296,11 @@ fn run(command: Command) -> Result<u8, String> {
             verbose,
             json,
         } => {
-            let loaded = setup::load(setup.config.as_deref(), &setup.store, 200_000)?;
+            let loaded = setup::load(
+                setup.config.as_deref(),
+                &setup.store,
+                setup::settings(setup::WINDOW)?,
+            )?;
             let text = budget::orientation_text(&loaded, verbose);
             if json {
                 let value: serde_json::Value =
@@ -305,12 +331,7 @@ fn run(command: Command) -> Result<u8, String> {
                 Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
                 None => setup::embedded_config()?,
             };
-            let listen = match http {
-                Some(addr) => gateway::Listen::Http(addr),
-                None => gateway::Listen::Stdio,
-            };
-            let settings = setup::serve_settings(auto_budget)?;
-            gateway::run(config, &dir, listen, settings, max_sessions)
+            serve::run(config, &dir, http, auto_budget, max_sessions)
         }
     }
 }

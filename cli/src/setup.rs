@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use psych_catalog::Catalog;
-use psych_disclosure::{Budget, CostBasis, Inputs, Settings, Surface, resolve};
+use psych_disclosure::{Budget, Inputs, Settings, Surface, resolve};
 use psych_elision::Estimator;
 use psych_mcp::{ConnectError, Listing, McpConfig, McpManager};
 use psych_types::{PermissionGrant, Reachability, ServerCatalog, ServerId};
@@ -99,9 +99,14 @@ pub(crate) struct Setup {
 }
 
 /// Loads the configuration (or the embedded default), connects every server, lists and
-/// syncs each into the catalogue at `store`, and resolves the Surface with an auto budget
-/// of 5% of `window` tokens (disclosure's documented default share).
-pub(crate) fn load(config: Option<&Path>, store: &Path, window: u64) -> Result<Setup, String> {
+/// syncs each into the catalogue at `store`, and resolves the Surface with `settings` and
+/// the file's grant ([`McpConfig::grant`], the one `psych serve` uses: a server's
+/// `allowTools` narrows it), so the same file gives the same Surface here and there.
+pub(crate) fn load(
+    config: Option<&Path>,
+    store: &Path,
+    settings: Settings,
+) -> Result<Setup, String> {
     let config = match config {
         Some(path) => McpConfig::load(path).map_err(|e| e.to_string())?,
         None => embedded_config()?,
@@ -118,19 +123,18 @@ pub(crate) fn load(config: Option<&Path>, store: &Path, window: u64) -> Result<S
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let outcomes = runtime.block_on(connect_and_sync(&config, &catalog))?;
 
-    let mut connections = Vec::new();
-    let mut grant = PermissionGrant::none();
-    for (server, entry) in &config.servers {
-        connections.push(entry.connection.clone());
-        grant = grant.allow_server(server.clone());
-    }
+    let connections: Vec<_> = config
+        .servers
+        .values()
+        .map(|entry| entry.connection.clone())
+        .collect();
+    let grant = config.grant().map_err(|e| e.to_string())?;
     let catalogs: Vec<ServerCatalog> = catalog
         .live_all()
         .map_err(|e| format!("reading the catalogue: {e}"))?
         .into_iter()
         .filter(|c| config.servers.contains_key(&c.server))
         .collect();
-    let settings = settings(window)?;
     let inputs = Inputs {
         connections: &connections,
         catalogs: &catalogs,
@@ -162,31 +166,6 @@ pub(crate) fn settings(window: u64) -> Result<Settings, String> {
             window_tokens: window,
             percent: 5,
         })
-        .build()
-        .map_err(|e| format!("settings: {e}"))
-}
-
-/// `psych serve`'s auto budget unless `--auto-budget` says otherwise: 1,000 tokens for the
-/// direct, facade and search tools of every `Auto` server together.
-///
-/// The runtime and `psych budget` give the Auto servers 5% of the model's window, since
-/// they know the window and the rest of the prompt. A gateway knows neither: its listing
-/// rides on every request of a client whose window and other tools it cannot see, so it
-/// keeps the listing small whatever is configured. Psych's own tools in that listing (the
-/// meta tools, orientation, the reader) cost about 850 tokens; with 1,000 for the servers
-/// kept out of deferral the listing stays near 2,000 tokens however many servers there
-/// are, and a server small enough to fit stays direct (no extra round trip).
-pub(crate) const SERVE_AUTO_BUDGET: u64 = 1_000;
-
-/// Disclosure's settings for `psych serve`: an auto budget of `tokens` (the Auto servers'
-/// share, [`SERVE_AUTO_BUDGET`] by default) counted on whole tool definitions
-/// ([`CostBasis::Definition`]: the client receives every field of a direct tool, output
-/// schema and annotations included, so the listing's size is what the budget bounds), the
-/// other knobs at their defaults.
-pub(crate) fn serve_settings(tokens: u64) -> Result<Settings, String> {
-    Settings::builder()
-        .auto_budget(Budget::Tokens(tokens))
-        .cost_basis(CostBasis::Definition)
         .build()
         .map_err(|e| format!("settings: {e}"))
 }

@@ -500,6 +500,9 @@ async fn psych_serve_end_to_end() {
 /// server small enough to fit (one permitted tool) stays direct and the larger ones are
 /// deferred; 0 defers every `auto` server, so no upstream tool is listed directly; a large
 /// budget keeps them all direct and needs no meta tools. A pinned server takes no share.
+/// `psych budget --serve` with the same budget decides the same for the same file (its
+/// `allowTools` included): its Surface is what `psych serve` lists, `read_tool_output`
+/// aside, and its kept `auto` servers' costs add up to at most the budget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_auto_budget_flag_decides_which_auto_servers_stay_direct() {
     let dir = tempfile::tempdir().unwrap();
@@ -527,6 +530,26 @@ async fn the_auto_budget_flag_decides_which_auto_servers_stay_direct() {
     ] {
         let (session, _) = connect_with(&config, dir.path(), flags).await;
         let listed = names(&session.list_all_tools().await.unwrap());
+        let budget = budget_as_served(&config, dir.path(), flags);
+        let mut surface: Vec<String> =
+            serde_json::from_value(budget["surface_tools"].clone()).unwrap();
+        surface.push("read_tool_output".to_owned());
+        assert_eq!(
+            surface, listed,
+            "{flags:?}: psych budget --serve and psych serve"
+        );
+        let kept: u64 = budget["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["why"] == "size")
+            .map(|s| s["cost_tokens_est"].as_u64().unwrap())
+            .sum();
+        assert_eq!(budget["auto_kept_tokens_est"], kept, "{flags:?}");
+        assert!(
+            kept <= budget["auto_budget_tokens"].as_u64().unwrap(),
+            "{flags:?}: {budget}"
+        );
         let instructions = session
             .peer_info()
             .and_then(|info| info.instructions.clone())
@@ -555,6 +578,24 @@ async fn the_auto_budget_flag_decides_which_auto_servers_stay_direct() {
             );
         }
     }
+}
+
+/// `psych budget --serve --json` for `config` with `psych serve`'s `flags` (its auto
+/// budget), the catalogue in `dir`.
+fn budget_as_served(config: &Path, dir: &Path, flags: &[&str]) -> Value {
+    let output = std::process::Command::new(PSYCH)
+        .arg("budget")
+        .arg("--serve")
+        .args(flags)
+        .arg("--json")
+        .arg("--config")
+        .arg(config)
+        .arg("--store")
+        .arg(dir.join("budget.redb"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 /// The tool results of the session log `file` in `dir`: (tool name, readable text).

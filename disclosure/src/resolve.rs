@@ -239,6 +239,53 @@ impl Surface {
         &self.deferred_lines
     }
 
+    /// The Surface as one MCP client's `tools/list` shows it: [`tools`](Self::tools), with
+    /// the [`deferred_lines`](Self::deferred_lines) appended to the [`LIST_TOOLS`] meta
+    /// tool's description under "Deferred servers:". A client that hides the server's
+    /// `instructions` from its model (many do) still shows it every tool's description, so
+    /// the deferred servers stay visible. A gateway adds its own tools (the reader) after.
+    ///
+    /// [`LIST_TOOLS`]: crate::LIST_TOOLS
+    pub fn client_tools(&self) -> Vec<ToolDefinition> {
+        let mut tools = self.tools.clone();
+        if !self.deferred_lines.is_empty()
+            && let Some(list) = tools
+                .iter_mut()
+                .find(|t| t.name.as_str() == names::LIST_TOOLS)
+        {
+            let mut description = list.description.take().unwrap_or_default();
+            description.push_str("\n\nDeferred servers:");
+            for line in &self.deferred_lines {
+                description.push_str("\n- ");
+                description.push_str(line);
+            }
+            list.description = Some(description);
+        }
+        tools
+    }
+
+    /// What an MCP server serving this Surface says in its initialize result's
+    /// `instructions`: call the orientation tool first, and, when servers are deferred, that
+    /// their tools are reached through the meta tools, one line per deferred server.
+    pub fn client_instructions(&self) -> String {
+        if self.deferred_lines.is_empty() {
+            return format!(
+                "Psych gateway: call {} first for the shape of the toolkit.",
+                names::ORIENTATION
+            );
+        }
+        let mut text = format!(
+            "Psych gateway. Call {} first. These MCP servers are deferred: \
+             their tools are reached through the meta tools (list, describe, call).",
+            names::ORIENTATION
+        );
+        for line in &self.deferred_lines {
+            text.push_str("\n- ");
+            text.push_str(line);
+        }
+        text
+    }
+
     /// Every server on the Surface, in server order.
     pub fn servers(&self) -> &[ServerView] {
         &self.servers

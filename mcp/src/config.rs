@@ -23,7 +23,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use psych_types::{ConnectionSpec, JsonObject, Preload, ServerId, ToolName};
+use psych_types::{
+    ConnectionSpec, JsonObject, PermissionGrant, Preload, ServerId, ToolName, ToolRef,
+};
 use serde_json::Value;
 
 /// Why a configuration file was refused. Every variant about one server names it and the
@@ -106,6 +108,75 @@ pub enum Transport {
         /// Headers sent with every request (authorization, usually).
         headers: BTreeMap<String, String>,
     },
+}
+
+/// The key of a server entry that narrows its grant to the tools it names (a list of tool
+/// names): Psych's own, kept in [`ServerConfig::extra`] (other clients reading the same file
+/// ignore it) and read by [`ServerConfig::allowed_tools`] and [`McpConfig::grant`].
+pub const ALLOW_TOOLS: &str = "allowTools";
+
+impl ServerConfig {
+    /// The tools this server's [`ALLOW_TOOLS`] entry names, or `None` when it has none (every
+    /// tool of the server is permitted).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Field`] when the entry is not a list of tool names; `server` names the
+    /// server in it. [`McpConfig::parse`] checks every entry, so a parsed file never fails.
+    pub fn allowed_tools(
+        &self,
+        server: &ServerId,
+    ) -> Result<Option<std::collections::BTreeSet<ToolName>>, ConfigError> {
+        let error = |field: String, problem: String| ConfigError::Field {
+            server: server.as_str().to_owned(),
+            field,
+            problem,
+        };
+        let Some(value) = self.extra.get(ALLOW_TOOLS) else {
+            return Ok(None);
+        };
+        let Value::Array(names) = value else {
+            return Err(error(
+                ALLOW_TOOLS.to_owned(),
+                "expected a list of tool names".to_owned(),
+            ));
+        };
+        let mut tools = std::collections::BTreeSet::new();
+        for (i, name) in names.iter().enumerate() {
+            let field = format!("{ALLOW_TOOLS}[{i}]");
+            let Value::String(name) = name else {
+                return Err(error(field, "expected a tool name (a string)".to_owned()));
+            };
+            let tool = ToolName::new(name.as_str()).map_err(|e| error(field, e.to_string()))?;
+            tools.insert(tool);
+        }
+        Ok(Some(tools))
+    }
+}
+
+impl McpConfig {
+    /// The permission grant the file gives: every tool of a server without
+    /// [`ALLOW_TOOLS`], the tools it names for a server with it. The one grant builder:
+    /// `psych serve` and `psych budget` both decide with it, so one file gives one Surface.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Field`] for an [`ALLOW_TOOLS`] entry that is not a list of tool names
+    /// (never for a file [`McpConfig::parse`] accepted).
+    pub fn grant(&self) -> Result<PermissionGrant, ConfigError> {
+        let mut grant = PermissionGrant::none();
+        for (server, entry) in &self.servers {
+            match entry.allowed_tools(server)? {
+                None => grant = grant.allow_server(server.clone()),
+                Some(tools) => {
+                    for tool in tools {
+                        grant = grant.allow_tool(ToolRef::new(server.clone(), tool));
+                    }
+                }
+            }
+        }
+        Ok(grant)
+    }
 }
 
 /// The keys this module reads from a server entry; anything else goes to `extra`.
@@ -216,11 +287,14 @@ impl<E: Fn(&str) -> Option<String>> Entry<'_, E> {
             connection.description = Some(self.string("description", description)?);
         }
         entry.retain(|key, _| !KNOWN_KEYS.contains(&key.as_str()));
-        Ok(ServerConfig {
+        let config = ServerConfig {
             transport,
             connection,
             extra: entry,
-        })
+        };
+        // Checked now, so a bad grant fails loading rather than the first command using it.
+        config.allowed_tools(&config.connection.server)?;
+        Ok(config)
     }
 
     fn transport(&self, entry: &mut JsonObject) -> Result<Transport, ConfigError> {
@@ -400,6 +474,45 @@ impl<E: Fn(&str) -> Option<String>> Entry<'_, E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allow_tools_narrows_the_grant_and_its_absence_grants_the_server() {
+        let config = McpConfig::parse(
+            r#"{"mcpServers": {
+                "a": {"command": "x", "allowTools": ["echo", "large"]},
+                "b": {"command": "y"}
+            }}"#,
+            |_| None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let grant = config.grant().unwrap_or_else(|e| panic!("{e}"));
+        let permits = |s: &str, t: &str| {
+            let pair = ToolRef::parse(s, t).unwrap_or_else(|e| panic!("{e}"));
+            grant.permits(&pair.server, &pair.tool)
+        };
+        assert!(permits("a", "echo"));
+        assert!(permits("a", "large"));
+        assert!(!permits("a", "crash"));
+        assert!(permits("b", "anything"));
+    }
+
+    #[test]
+    fn a_malformed_allow_list_fails_loading_with_the_server_and_field_named() {
+        for (bad, field) in [
+            (r#""echo""#, "allowTools"),
+            (r#"[1]"#, "allowTools[0]"),
+            (r#"["ok", "no spaces allowed"]"#, "allowTools[1]"),
+        ] {
+            let text =
+                format!(r#"{{"mcpServers": {{"a": {{"command": "x", "allowTools": {bad}}}}}}}"#);
+            match McpConfig::parse(&text, |_| None) {
+                Err(ConfigError::Field {
+                    server, field: at, ..
+                }) => assert_eq!((server.as_str(), at.as_str()), ("a", field), "{bad}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
 
     fn env(name: &str) -> Option<String> {
         match name {

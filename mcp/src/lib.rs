@@ -74,7 +74,7 @@ mod tap;
 pub mod test_server;
 mod timeouts;
 
-pub use config::{ConfigError, McpConfig, ServerConfig, Transport};
+pub use config::{ALLOW_TOOLS, ConfigError, McpConfig, ServerConfig, Transport};
 pub use error::McpError;
 pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};
 pub use listing::{Listing, MalformedTool};

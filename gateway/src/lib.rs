@@ -1,4 +1,33 @@
-//! `psych serve`: Psych's disclosure for any MCP client, as one MCP server.
+//! Psych's disclosure for any MCP client, as one MCP server: the library behind
+//! `psych serve`, embeddable in a program of your own ([`serve`]: an `mcpServers` file, a
+//! [`Listener`], [`GatewaySettings`], and a shutdown signal the caller owns).
+//!
+//! # Example
+//!
+//! ```
+//! use psych_gateway::{GatewaySettings, Listener, serve};
+//! use psych_mcp::McpConfig;
+//!
+//! let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None)?;
+//! let dir = tempfile::tempdir()?;
+//! let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+//! runtime.block_on(async {
+//!     // Bound by the caller (port 0: any free one), on loopback: the gateway has no
+//!     // authentication.
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//!     println!("MCP clients connect to http://{}/mcp", listener.local_addr()?);
+//!     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//!     let settings = GatewaySettings::new(dir.path())?;
+//!     let gateway = tokio::spawn(serve(config, Listener::Http(listener), settings, async {
+//!         let _ = stopped.await;
+//!     }));
+//!     // ... the program's own work; then:
+//!     let _ = stop.send(());
+//!     gateway.await??;
+//!     Ok::<(), Box<dyn std::error::Error>>(())
+//! })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! The gateway connects the upstream servers of an `mcpServers` file (psych-mcp's
 //! [`McpManager`]), keeps their catalogues fresh in an in-memory catalogue (the runtime's
@@ -7,8 +36,8 @@
 //!
 //! - `tools/list` resolves the Surface from the catalogue as it is *now* (direct tools,
 //!   facades, search pairs, the meta tools, the orientation tool) plus `read_tool_output`,
-//!   with the gateway's own auto budget (`--auto-budget`, by default
-//!   [`crate::setup::SERVE_AUTO_BUDGET`] tokens of whole tool definitions shared by the
+//!   with the gateway's own auto budget ([`disclosure_settings`], by default
+//!   [`DEFAULT_AUTO_BUDGET`] tokens of whole tool definitions shared by the
 //!   `auto` servers, smallest first), so the listing stays small however many servers the
 //!   file names.
 //!   The deferred-server lines go in the initialize result's `instructions` and at the end of
@@ -20,13 +49,13 @@
 //!   log (`<dir>/serve/<session>.plog`) and the client gets psych-elision's projection of it
 //!   (the per-result threshold, failures truncated). A result that is not elided passes
 //!   through as the upstream sent it (images stay images, unknown block types and fields
-//!   are kept), over stdio and over HTTP ([`raw`]); Psych's own answers (meta tools,
+//!   are kept), over stdio and over HTTP (the `raw` module); Psych's own answers (meta tools,
 //!   search, orientation, the reader) carry their structured content as a text block too.
 //! - A call the client cancels is dropped, which cancels the upstream request, and its
 //!   result is logged as cancelled by the client, so the log holds a result for every call.
 //!   The upstream's progress reaches the client under the client's progress token: the
 //!   call carries its own progress sink through the executor to the upstream call
-//!   ([`progress`]).
+//!   (the `progress` module).
 //! - A handle from another session is the JSON-RPC error `invalid_deferred_handle`, never a
 //!   tool result.
 //! - When what `tools/list` would answer changes (an upstream `list_changed`, a server
@@ -40,32 +69,35 @@
 //!   a deferred server with no tools ("not listed yet", disclosure's own line for a server
 //!   without a listing); its tools reach the client through `list_changed` when its first
 //!   listing commits.
-//! - SIGTERM or SIGINT stops the gateway gracefully within [`SHUTDOWN_WITHIN`]: every call
-//!   in flight is cancelled upstream and logged as [`CANCELLED_BY_SHUTDOWN`], the sessions
-//!   are closed, the catalogue's tasks stopped, and every upstream process group stopped
-//!   (SIGTERM, grace, SIGKILL). A second signal exits at once (the upstream groups are
-//!   still killed as the manager is dropped).
+//! - The shutdown signal (`psych serve`: SIGTERM or SIGINT) stops the gateway gracefully
+//!   within [`SHUTDOWN_WITHIN`]: every call in flight is cancelled upstream and logged as
+//!   [`CANCELLED_BY_SHUTDOWN`], the sessions are closed, the catalogue's tasks stopped, and
+//!   every upstream process group stopped (SIGTERM, grace, SIGKILL). A caller that stops
+//!   polling [`serve`] instead (`psych serve` on a second signal) still has the upstream
+//!   groups killed, as the manager is dropped.
 //! - A stdio client that closes stdin with calls in flight ends the gateway the same way,
 //!   by one path: rmcp waits up to 5 s for their answers, then the calls still in flight
 //!   are cancelled upstream and logged as [`CANCELLED_BY_CLIENT`], and the gateway waits
 //!   for every one of them to be logged before it stops the upstreams and exits.
-//! - Over HTTP at most `--max-sessions` ([`MAX_SESSIONS`] by default) sessions are open at
+//! - Over HTTP at most [`GatewaySettings::max_sessions`] ([`MAX_SESSIONS`] by default) sessions are open at
 //!   once; one more is refused with an error saying so. A session ends when its client
 //!   deletes it or after [`SESSION_IDLE`] without a message, and its slot is freed.
 //!
-//! Grants come from the file: each server entry may carry Psych's `allowTools` key (a list of
-//! tool names); without it every tool of the server is permitted.
+//! Grants come from the file ([`McpConfig::grant`]): each server entry may carry Psych's
+//! `allowTools` key (a list of tool names); without it every tool of the server is
+//! permitted. The listing and the `instructions` are disclosure's
+//! ([`Surface::client_tools`], [`Surface::client_instructions`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use psych_catalog::{Catalog, FreshenerConfig};
 use psych_disclosure::{
-    Exposed, Inputs, LIST_TOOLS, Live, MetaTool, Settings, Surface, SurfaceCache,
+    Budget, CostBasis, Exposed, Inputs, Live, MetaTool, Settings, Surface, SurfaceCache,
 };
 use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
@@ -75,7 +107,7 @@ use psych_runtime::{CatalogSync, ExecuteError, Executor, Started};
 use psych_types::{
     ConnectionSpec, ContentBlock, LoggedRecord, PermissionGrant, Projection, READ_TOOL_OUTPUT,
     Record, RecordHandle, ResultProjector, RunId, ServerCatalog, StoredRef, ToolCall, ToolCallId,
-    ToolDefinition, ToolName, ToolOutput, ToolRef, ToolResult,
+    ToolDefinition, ToolOutput, ToolResult,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
@@ -92,40 +124,32 @@ use tokio::task::{JoinHandle, JoinSet};
 mod progress;
 mod raw;
 
-/// The key of a server entry that narrows its grant to the tools named.
-pub(crate) const ALLOW_TOOLS: &str = "allowTools";
-
 /// How long a graceful shutdown may take, from the first SIGTERM or SIGINT to the exit:
 /// the calls in flight cancelled and logged, the sessions closed, the catalogue's tasks
 /// stopped, every upstream process group stopped (each SIGTERM, psych-mcp's 2 s grace,
 /// then SIGKILL; all servers at once). Past it the gateway exits anyway, and the upstream
 /// groups are killed as the manager is dropped.
-pub(crate) const SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
-
-/// How long the exit waits for what is left in tokio's blocking pool once every task was
-/// awaited: only tokio's read of stdin, which never ends while the client keeps its end
-/// open (or, after a second signal, whatever was abandoned).
-const STRAGGLERS: Duration = Duration::from_millis(100);
+pub const SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
 
 /// How many HTTP sessions may be open at once by default (`--max-sessions`). Each holds a
 /// record log, a watcher task and rmcp's session worker; a client opening sessions in a
 /// loop is refused past it instead of exhausting memory and file descriptors.
-pub(crate) const MAX_SESSIONS: usize = 64;
+pub const MAX_SESSIONS: usize = 64;
 
 /// How long an HTTP session may go without a message before it is closed and its slot
 /// freed (rmcp's session keep-alive): a client that vanished without deleting its session
 /// holds it no longer than this.
-pub(crate) const SESSION_IDLE: Duration = Duration::from_secs(300);
+pub const SESSION_IDLE: Duration = Duration::from_secs(300);
 
 /// The code of the JSON-RPC error answering a handle this session never emitted.
-pub(crate) const INVALID_DEFERRED_HANDLE: &str = "invalid_deferred_handle";
+pub const INVALID_DEFERRED_HANDLE: &str = "invalid_deferred_handle";
 
 /// What a call the client cancelled is answered with, and how its logged result begins.
-pub(crate) const CANCELLED_BY_CLIENT: &str = "cancelled by the client";
+pub const CANCELLED_BY_CLIENT: &str = "cancelled by the client";
 
 /// What a call in flight when the gateway shut down is answered with, and how its logged
 /// result begins.
-pub(crate) const CANCELLED_BY_SHUTDOWN: &str = "cancelled: psych serve shut down";
+pub const CANCELLED_BY_SHUTDOWN: &str = "cancelled: psych serve shut down";
 
 /// What the Surface is resolved from: the catalogue, and the connections and grant from
 /// the file with disclosure's settings (only the catalogue changes).
@@ -265,47 +289,11 @@ struct Shared {
     raw: Arc<raw::RawAnswers>,
 }
 
-/// The grant the file gives: every server whole, or the tools its `allowTools` names.
-pub(crate) fn grant_from(config: &McpConfig) -> Result<PermissionGrant, String> {
-    let mut grant = PermissionGrant::none();
-    for (server, entry) in &config.servers {
-        match entry.extra.get(ALLOW_TOOLS) {
-            None => grant = grant.allow_server(server.clone()),
-            Some(Value::Array(names)) => {
-                for name in names {
-                    let name = name
-                        .as_str()
-                        .ok_or_else(|| format!("{server}: {ALLOW_TOOLS} holds a non-string"))?;
-                    let tool =
-                        ToolName::new(name).map_err(|e| format!("{server}: {ALLOW_TOOLS}: {e}"))?;
-                    grant = grant.allow_tool(ToolRef::new(server.clone(), tool));
-                }
-            }
-            Some(_) => return Err(format!("{server}: {ALLOW_TOOLS} must be a list of names")),
-        }
-    }
-    Ok(grant)
-}
-
-/// What a client's `tools/list` gets for `surface`: its tools, the deferred lines at the end
-/// of the list meta tool's description, and `read_tool_output` with the reader's `limits`.
-pub(crate) fn client_tools(
-    surface: &Surface,
-    limits: &psych_reader_tool::Limits,
-) -> Vec<ToolDefinition> {
-    let mut tools = surface.tools().to_vec();
-    let lines = surface.deferred_lines();
-    if !lines.is_empty()
-        && let Some(list) = tools.iter_mut().find(|t| t.name.as_str() == LIST_TOOLS)
-    {
-        let mut description = list.description.take().unwrap_or_default();
-        description.push_str("\n\nDeferred servers:");
-        for line in lines {
-            description.push_str("\n- ");
-            description.push_str(line);
-        }
-        list.description = Some(description);
-    }
+/// What a client's `tools/list` gets for `surface`: disclosure's client listing
+/// ([`Surface::client_tools`]: the deferred lines at the end of the list meta tool's
+/// description), then `read_tool_output` with the reader's `limits`.
+fn client_tools(surface: &Surface, limits: &psych_reader_tool::Limits) -> Vec<ToolDefinition> {
+    let mut tools = surface.client_tools();
     tools.push(tool_definition(limits));
     tools
 }
@@ -351,22 +339,17 @@ impl Shared {
 
     /// Takes a session's slot, or says why not: [`Shared::max_sessions`] open already, or
     /// the gateway closing.
-    fn take_session_slot(&self) -> Result<SessionSlot, String> {
+    fn take_session_slot(&self) -> Result<SessionSlot, SessionRefused> {
         let mut refused = None;
         self.state.send_if_modified(|g| {
             if g.closing.is_some() {
-                refused = Some("psych serve is shutting down".to_owned());
+                refused = Some(SessionRefused::Closing);
                 return false;
             }
             if let Some(max) = self.max_sessions
                 && g.sessions >= max
             {
-                refused = Some(format!(
-                    "psych serve: {max} sessions are open, the most --max-sessions allows; \
-                     end one (a client deleting its session, or {} s idle) or raise \
-                     --max-sessions",
-                    SESSION_IDLE.as_secs()
-                ));
+                refused = Some(SessionRefused::Full { max });
                 return false;
             }
             g.sessions += 1;
@@ -392,24 +375,6 @@ impl Shared {
     async fn settled(&self, done: impl FnMut(&Gauge) -> bool) {
         let _ = self.state.subscribe().wait_for(done).await;
     }
-}
-
-/// The `instructions` of the initialize result for `view`: the deferred lines.
-fn instructions(view: &View) -> String {
-    let lines = view.surface.deferred_lines();
-    if lines.is_empty() {
-        return "Psych gateway: call psych_orientation first for the shape of the toolkit."
-            .to_owned();
-    }
-    let mut text = String::from(
-        "Psych gateway. Call psych_orientation first. These MCP servers are deferred: \
-         their tools are reached through the meta tools (list, describe, call).",
-    );
-    for line in lines {
-        text.push_str("\n- ");
-        text.push_str(line);
-    }
-    text
 }
 
 /// Whether a call named `name` is answered by Psych itself (a meta tool's listing or
@@ -438,7 +403,9 @@ fn with_text_block(mut output: ToolOutput) -> ToolOutput {
     {
         output
             .content
-            .push(ContentBlock::text(structured.to_string()));
+            .push(ContentBlock::text(psych_types::json::to_compact(
+                structured,
+            )));
     }
     output
 }
@@ -528,7 +495,7 @@ impl Session {
     /// # Errors
     ///
     /// Why no slot is free ([`Shared::take_session_slot`]), or a run id that cannot be.
-    fn open(shared: Arc<Shared>) -> Result<Self, String> {
+    fn open(shared: Arc<Shared>) -> Result<Self, SessionRefused> {
         let slot = shared.take_session_slot()?;
         let n = shared.sessions.fetch_add(1, Ordering::Relaxed);
         let secs = SystemTime::now()
@@ -536,7 +503,7 @@ impl Session {
             .map(|d| d.as_secs())
             .unwrap_or_default();
         let run = RunId::new(format!("serve-{secs}-{}-{n}", std::process::id()))
-            .map_err(|e| e.to_string())?;
+            .map_err(SessionRefused::RunId)?;
         Ok(Self {
             shared,
             run,
@@ -956,7 +923,9 @@ impl ServerHandler for Session {
         .with_server_info(Implementation::new("psych", env!("CARGO_PKG_VERSION")));
         // What is known now, without waiting for any upstream server.
         let view = self.shared.latest();
-        let text = view.as_deref().map(instructions);
+        let text = view
+            .as_deref()
+            .map(|view| view.surface.client_instructions());
         *self.shown.lock().unwrap_or_else(PoisonError::into_inner) = view;
         match text {
             Some(text) => info.with_instructions(text),
@@ -1001,179 +970,305 @@ impl Service<RoleServer> for Gateway {
     }
 }
 
-/// Where `psych serve` listens.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Listen {
-    /// One client on stdin/stdout.
+/// Where the gateway listens.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Listener {
+    /// One client on this process's stdin and stdout (the client started the process).
+    /// The gateway ends when the client closes stdin.
     Stdio,
-    /// Streamable HTTP on this loopback address, one session per client.
-    Http(SocketAddr),
+    /// Streamable HTTP at `/mcp` on a listener the caller bound (on a loopback address:
+    /// the gateway has no authentication), one session per client, at most
+    /// [`GatewaySettings::max_sessions`] at once.
+    Http(tokio::net::TcpListener),
 }
 
-/// Runs the gateway for `config` until its client leaves (stdio) or a SIGTERM or SIGINT
-/// stops it (either transport), resolving with `settings` (`psych serve`'s own auto
-/// budget, [`crate::setup::SERVE_AUTO_BUDGET`] by default), at most `max_sessions` HTTP
-/// sessions at once. Logs go under `<dir>/serve/` (one file per session, nothing else), and
-/// the unnamed files holding an answer too large for memory until it is logged in
-/// `<dir>/spill/` (on the disk that will hold the result anyway, not a `/tmp` that may be a
-/// small tmpfs).
-///
-/// The first signal starts a graceful shutdown (bounded by [`SHUTDOWN_WITHIN`]); a second
-/// one exits at once.
-pub(crate) fn run(
-    config: McpConfig,
-    dir: &Path,
-    listen: Listen,
-    settings: Settings,
+/// How the gateway resolves and serves, beyond the `mcpServers` file: where its logs go,
+/// disclosure's settings, the session cap, and who hears of upstream failures.
+pub struct GatewaySettings {
+    dir: PathBuf,
+    disclosure: Settings,
     max_sessions: usize,
-) -> Result<u8, String> {
-    let spill = spill_dir(dir);
-    std::fs::create_dir_all(&spill)
-        .map_err(|e| format!("cannot create {}: {e}", spill.display()))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let outcome = runtime.block_on(async {
-        let mut signals = Signals::new()?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let shutdown = async {
-            let _ = stopped.await;
-        };
-        let serving = serve(config, dir, listen, settings, max_sessions, shutdown);
-        let mut serving = std::pin::pin!(serving);
-        let mut stop = Some(stop);
-        loop {
-            tokio::select! {
-                served = &mut serving => return served,
-                name = signals.next() => match stop.take() {
-                    Some(stop) => {
-                        eprintln!(
-                            "psych serve: {name}: shutting down (within {} s; a second \
-                             signal exits at once)",
-                            SHUTDOWN_WITHIN.as_secs()
-                        );
-                        let _ = stop.send(());
-                    }
-                    None => return Err(format!("{name} again: exiting at once")),
-                },
-            }
-        }
-    });
-    // Every task was awaited (or, after a second signal, is abandoned: dropping the
-    // manager's tasks kills the upstream groups). What may remain is tokio's blocking read
-    // of stdin, which must not hold the exit.
-    runtime.shutdown_timeout(STRAGGLERS);
-    outcome
+    report: Arc<dyn Fn(&str) + Send + Sync>,
 }
 
-/// SIGTERM and SIGINT, as one stream of signals.
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
+impl std::fmt::Debug for GatewaySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewaySettings")
+            .field("dir", &self.dir)
+            .field("disclosure", &self.disclosure)
+            .field("max_sessions", &self.max_sessions)
+            .finish_non_exhaustive()
+    }
 }
 
-impl Signals {
-    /// Installs the handlers (from then on neither signal ends the process by itself).
-    fn new() -> Result<Self, String> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let install = |kind: SignalKind, name: &str| {
-            signal(kind).map_err(|e| format!("cannot handle {name}: {e}"))
-        };
+impl GatewaySettings {
+    /// Settings keeping logs under `dir`: one record log per session in `<dir>/serve/`
+    /// (nothing else goes there), and the unnamed files holding an answer too large for
+    /// memory until it is logged in `<dir>/spill/` (on the disk that will hold the result
+    /// anyway, not a `/tmp` that may be a small tmpfs). Disclosure resolves with
+    /// [`disclosure_settings`]`(`[`DEFAULT_AUTO_BUDGET`]`)`, at most [`MAX_SESSIONS`] HTTP
+    /// sessions are open at once, and upstream failures are reported to nobody (they are in
+    /// the deferred lines the client's model reads either way).
+    ///
+    /// # Errors
+    ///
+    /// Disclosure's [`SettingsError`](psych_disclosure::SettingsError), never in practice:
+    /// the default settings are valid.
+    pub fn new(dir: impl Into<PathBuf>) -> Result<Self, psych_disclosure::SettingsError> {
         Ok(Self {
-            term: install(SignalKind::terminate(), "SIGTERM")?,
-            int: install(SignalKind::interrupt(), "SIGINT")?,
+            dir: dir.into(),
+            disclosure: disclosure_settings(DEFAULT_AUTO_BUDGET)?,
+            max_sessions: MAX_SESSIONS,
+            report: Arc::new(|_: &str| {}),
         })
     }
 
-    /// The next signal's name. Cancel-safe (each `recv` is).
-    async fn next(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.term.recv() => "SIGTERM",
-            _ = self.int.recv() => "SIGINT",
-        }
+    /// Resolves with `settings` instead ([`disclosure_settings`] builds the gateway's own
+    /// for another auto budget).
+    #[must_use]
+    pub fn disclosure(mut self, settings: Settings) -> Self {
+        self.disclosure = settings;
+        self
+    }
+
+    /// Over HTTP, at most `max` sessions open at once; one more is refused with an error
+    /// saying so. A session ends when its client deletes it or after [`SESSION_IDLE`]
+    /// without a message. Stdio has its one session.
+    #[must_use]
+    pub fn max_sessions(mut self, max: usize) -> Self {
+        self.max_sessions = max;
+        self
+    }
+
+    /// Where an upstream server's failed first connection or listing is reported, one line
+    /// each, `server: why` (`psych serve` prints them on stderr).
+    #[must_use]
+    pub fn report(mut self, report: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.report = Arc::new(report);
+        self
+    }
+
+    /// Where the session logs go: `<dir>/serve/`.
+    pub fn logs(&self) -> PathBuf {
+        self.dir.join("serve")
+    }
+
+    /// Where answers too large for memory wait until they are logged: `<dir>/spill/`.
+    pub fn spill(&self) -> PathBuf {
+        self.dir.join("spill")
     }
 }
 
-/// Where `psych serve` keeps answers too large for memory until they are logged.
-fn spill_dir(dir: &Path) -> std::path::PathBuf {
-    dir.join("spill")
+/// The gateway's auto budget unless the caller gives another: 1,000 tokens for the direct,
+/// facade and search tools of every `Auto` server together.
+///
+/// The runtime and `psych budget` give the Auto servers 5% of the model's window, since
+/// they know the window and the rest of the prompt. A gateway knows neither: its listing
+/// rides on every request of a client whose window and other tools it cannot see, so it
+/// keeps the listing small whatever is configured. Psych's own tools in that listing (the
+/// meta tools, orientation, the reader) cost about 850 tokens; with 1,000 for the servers
+/// kept out of deferral the listing stays near 2,000 tokens however many servers there
+/// are, and a server small enough to fit stays direct (no extra round trip).
+pub const DEFAULT_AUTO_BUDGET: u64 = 1_000;
+
+/// Disclosure's settings for a gateway: an auto budget of `tokens` (the Auto servers'
+/// share, [`DEFAULT_AUTO_BUDGET`] by default) counted on whole tool definitions
+/// ([`CostBasis::Definition`]: the client receives every field of a direct tool, output
+/// schema and annotations included, so the listing's size is what the budget bounds), one
+/// tool slot reserved for `read_tool_output`, the other knobs at their defaults.
+///
+/// # Errors
+///
+/// Disclosure's [`SettingsError`](psych_disclosure::SettingsError) if it refuses them (it
+/// does not for any `tokens`).
+pub fn disclosure_settings(tokens: u64) -> Result<Settings, psych_disclosure::SettingsError> {
+    Settings::builder()
+        .auto_budget(Budget::Tokens(tokens))
+        .cost_basis(CostBasis::Definition)
+        .build()
 }
 
-/// The gateway: serves `listen` until its client leaves (stdio) or `shutdown` resolves,
-/// then shuts down in order within [`SHUTDOWN_WITHIN`]: every call in flight cancelled
-/// upstream and logged, the sessions closed, its own tasks, the catalogue's sync and
-/// freshener stopped, and every upstream process group stopped. Shaped as the library's
-/// `serve(config, listener, settings, shutdown)` will be: the caller owns the signal.
-async fn serve(
+/// Why the gateway could not start, or did not stop cleanly.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The file's grant is malformed (an `allowTools` that is not a list of tool names).
+    #[error("the grant of the MCP config")]
+    Grant(#[source] psych_mcp::ConfigError),
+    /// A folder under the gateway's `dir` could not be created.
+    #[error("cannot create {}", path.display())]
+    CreateDir {
+        /// The folder.
+        path: PathBuf,
+        /// What the system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The MCP manager refused the file.
+    #[error("the MCP servers")]
+    Manager(#[source] psych_mcp::BuildError),
+    /// The in-memory catalogue could not be created.
+    #[error("the catalogue")]
+    Catalog(#[source] psych_catalog::OpenError),
+    /// The catalogue's freshener could not start.
+    #[error("the catalogue's freshener")]
+    Freshener(#[source] psych_catalog::ConfigError),
+    /// A blocking task of the start (creating the catalogue) panicked or was cancelled.
+    #[error("a task starting the gateway did not finish")]
+    Task(#[source] tokio::task::JoinError),
+    /// The HTTP listener is not on a loopback address: the gateway has no authentication.
+    #[error("{0} is not a loopback address")]
+    NotLoopback(SocketAddr),
+    /// Accepting a connection, or reading the listener's address, failed.
+    #[error("the HTTP listener")]
+    Listen(#[source] std::io::Error),
+    /// The stdio session could not open (the gateway was already closing).
+    #[error("the stdio session")]
+    Session(#[source] SessionRefused),
+    /// The stdio client's initialization failed.
+    #[error("serving stdio")]
+    Stdio(#[source] Box<rmcp::service::ServerInitializeError>),
+    /// The task serving stdio panicked or was cancelled.
+    #[error("serving stdio")]
+    StdioTask(#[source] tokio::task::JoinError),
+    /// Shutting down, the sessions did not close within [`SHUTDOWN_WITHIN`].
+    #[error("the sessions did not close within {} s", SHUTDOWN_WITHIN.as_secs())]
+    SessionsOpen,
+    /// Shutting down, the calls in flight did not log their results within
+    /// [`SHUTDOWN_WITHIN`].
+    #[error("the calls in flight did not log their results within {} s", SHUTDOWN_WITHIN.as_secs())]
+    CallsUnlogged,
+    /// Shutting down, the upstream servers did not stop within [`SHUTDOWN_WITHIN`] (their
+    /// process groups are killed as the manager is dropped).
+    #[error(
+        "the upstream servers did not stop within {} s; killing their process groups",
+        SHUTDOWN_WITHIN.as_secs()
+    )]
+    UpstreamsRunning,
+}
+
+/// Why a session could not open.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionRefused {
+    /// The gateway is shutting down.
+    #[error("psych serve is shutting down")]
+    Closing,
+    /// As many sessions are open as [`GatewaySettings::max_sessions`] allows.
+    #[error(
+        "psych serve: {max} sessions are open, the most --max-sessions allows; end one (a \
+         client deleting its session, or {} s idle) or raise --max-sessions",
+        SESSION_IDLE.as_secs()
+    )]
+    Full {
+        /// The cap.
+        max: usize,
+    },
+    /// The session's run id could not be made (it is made of the time, the process id and a
+    /// counter, so this is a bug).
+    #[error("the session's run id")]
+    RunId(#[source] psych_types::IdError),
+}
+
+/// Serves Psych's disclosure of the servers of `config` on `listener` until its client
+/// leaves (stdio) or `shutdown` resolves, then shuts down in order within
+/// [`SHUTDOWN_WITHIN`]: every call in flight cancelled upstream and logged, the sessions
+/// closed, its own tasks, the catalogue's sync and freshener stopped, and every upstream
+/// process group stopped. The caller owns the signal: `psych serve` resolves `shutdown` on
+/// SIGTERM or SIGINT; a program embedding the gateway on whatever ends its own work.
+///
+/// The upstream servers connect in the background: a client's `initialize` is answered at
+/// once from what is known.
+///
+/// # Errors
+///
+/// [`ServeError`]: the settings, the file's grant, the folders under the settings' `dir`, the
+/// listener (not loopback, failing), and a shutdown that did not finish in time.
+pub async fn serve(
     config: McpConfig,
-    dir: &Path,
-    listen: Listen,
-    settings: Settings,
-    max_sessions: usize,
+    listener: Listener,
+    settings: GatewaySettings,
     shutdown: impl Future<Output = ()>,
-) -> Result<u8, String> {
-    let grant = grant_from(&config)?;
+) -> Result<(), ServeError> {
+    if let Listener::Http(listener) = &listener {
+        let addr = listener.local_addr().map_err(ServeError::Listen)?;
+        if !addr.ip().is_loopback() {
+            return Err(ServeError::NotLoopback(addr));
+        }
+    }
+    let spill = settings.spill();
+    // Off the async workers: creating folders blocks.
+    let created = spill.clone();
+    tokio::task::spawn_blocking(move || std::fs::create_dir_all(&created))
+        .await
+        .map_err(ServeError::Task)?
+        .map_err(|source| ServeError::CreateDir {
+            path: spill.clone(),
+            source,
+        })?;
+    let grant = config.grant().map_err(ServeError::Grant)?;
     let connections: Vec<ConnectionSpec> = config
         .servers
         .values()
         .map(|entry| entry.connection.clone())
         .collect();
     let manager = McpManager::builder(config)
-        .spill_dir(spill_dir(dir))
+        .spill_dir(spill)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(ServeError::Manager)?;
     // Creating it commits a redb transaction: off the async workers.
     let catalog = tokio::task::spawn_blocking(Catalog::in_memory)
         .await
-        .map_err(|e| format!("the catalogue: {e}"))?
-        .map_err(|e| format!("the catalogue: {e}"))?;
+        .map_err(ServeError::Task)?
+        .map_err(ServeError::Catalog)?;
     let fresh = FreshenerConfig::builder()
         .build()
-        .map_err(|e| format!("the catalogue's freshener: {e}"))?;
+        .map_err(ServeError::Freshener)?;
     // The servers connect in the background: `initialize` is answered from what is known.
     let Started {
         sync,
         freshener,
         connecting,
         ..
-    } = CatalogSync::start_connecting(&manager, catalog, fresh)
-        .map_err(|e| format!("the catalogue's freshener: {e}"))?;
+    } = CatalogSync::start_connecting(&manager, catalog, fresh).map_err(ServeError::Freshener)?;
     let basis = Arc::new(Basis {
         catalog: freshener.catalog().clone(),
         connections,
         grant,
-        settings,
+        settings: settings.disclosure,
         limits: Limits::default(),
         surfaces: Mutex::new(SurfaceCache::new(Estimator::new())),
     });
     let (published, resolved) = watch::channel(None);
     let mut tasks = JoinSet::new();
     tasks.spawn(resolver(Arc::clone(&basis), published));
+    let report = Arc::clone(&settings.report);
     tasks.spawn(async move {
         for (server, error) in connecting.finish().await {
-            eprintln!("psych serve: {server}: {error}");
+            report(&format!("{server}: {error}"));
         }
     });
+    let http = matches!(listener, Listener::Http(_));
     let shared = Arc::new(Shared {
         manager: manager.clone(),
         changes: basis.catalog.changes(),
         basis,
         elider: Elider::default(),
-        logs: dir.join("serve"),
+        logs: settings.dir.join("serve"),
         sessions: AtomicU64::new(0),
         resolved,
         state: watch::Sender::new(Gauge::default()),
-        max_sessions: matches!(listen, Listen::Http(_)).then_some(max_sessions),
+        max_sessions: http.then_some(settings.max_sessions),
         raw: Arc::default(),
     });
     // The first resolution, of whatever the catalogue holds now (most likely nothing).
     let _ = shared.resolved.clone().wait_for(Option::is_some).await;
 
     let serving = async {
-        match listen {
-            Listen::Stdio => serve_stdio(Arc::clone(&shared)).await,
-            Listen::Http(addr) => serve_http(Arc::clone(&shared), addr).await,
+        match listener {
+            Listener::Stdio => serve_stdio(Arc::clone(&shared)).await,
+            Listener::Http(listener) => serve_http(Arc::clone(&shared), listener).await,
         }
     };
     let mut serving = std::pin::pin!(serving);
@@ -1185,10 +1280,7 @@ async fn serve(
             shared.close(Cut::Shutdown);
             let served = tokio::time::timeout_at(deadline, serving)
                 .await
-                .unwrap_or_else(|_| Err(format!(
-                    "the sessions did not close within {} s",
-                    SHUTDOWN_WITHIN.as_secs()
-                )));
+                .unwrap_or(Err(ServeError::SessionsOpen));
             (served, deadline)
         }
     };
@@ -1208,15 +1300,9 @@ async fn serve(
     .await;
     match (served, logged, stopped) {
         (Err(error), ..) => Err(error),
-        (Ok(()), Err(_), _) => Err(format!(
-            "the calls in flight did not log their results within {} s",
-            SHUTDOWN_WITHIN.as_secs()
-        )),
-        (Ok(()), Ok(()), Err(_)) => Err(format!(
-            "the upstream servers did not stop within {} s; killing their process groups",
-            SHUTDOWN_WITHIN.as_secs()
-        )),
-        (Ok(()), Ok(()), Ok(())) => Ok(0),
+        (Ok(()), Err(_), _) => Err(ServeError::CallsUnlogged),
+        (Ok(()), Ok(()), Err(_)) => Err(ServeError::UpstreamsRunning),
+        (Ok(()), Ok(()), Ok(())) => Ok(()),
     }
 }
 
@@ -1225,12 +1311,12 @@ async fn serve(
 /// When the client leaves (closes stdin), the gateway closes as cancelled by the client:
 /// the calls still in flight (rmcp cancels them and returns without awaiting them) log
 /// [`CANCELLED_BY_CLIENT`], and [`serve`] awaits them.
-async fn serve_stdio(shared: Arc<Shared>) -> Result<(), String> {
-    let session = Session::open(Arc::clone(&shared))?;
+async fn serve_stdio(shared: Arc<Shared>) -> Result<(), ServeError> {
+    let session = Session::open(Arc::clone(&shared)).map_err(ServeError::Session)?;
     let mut state = shared.state.subscribe();
     let running = tokio::select! {
         running = Gateway(session).serve(rmcp::transport::stdio()) => {
-            running.map_err(|e| format!("serving stdio: {e}"))?
+            running.map_err(|e| ServeError::Stdio(Box::new(e)))?
         }
         () = closing(&mut state) => return Ok(()),
     };
@@ -1239,30 +1325,27 @@ async fn serve_stdio(shared: Arc<Shared>) -> Result<(), String> {
     tokio::select! {
         quit = &mut waiting => {
             shared.close(Cut::Client);
-            return quit.map(|_| ()).map_err(|e| format!("serving stdio: {e}"));
+            return quit.map(|_| ()).map_err(ServeError::StdioTask);
         }
         () = closing(&mut state) => {}
     }
     shared.settled(|g| g.calls == 0).await;
     stop.cancel();
-    waiting
-        .await
-        .map(|_| ())
-        .map_err(|e| format!("serving stdio: {e}"))
+    waiting.await.map(|_| ()).map_err(ServeError::StdioTask)
 }
 
-/// Serves streamable HTTP on `addr` until the gateway closes; then stops accepting, waits
+/// Serves streamable HTTP on `listener` until the gateway closes; then stops accepting, waits
 /// for every call in flight to cancel itself and log its result, ends every session, and
 /// lets each connection finish what it is sending.
-async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String> {
+async fn serve_http(
+    shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+) -> Result<(), ServeError> {
     use hyper_util::rt::TokioIo;
     use hyper_util::service::TowerToHyperService;
     use rmcp::transport::StreamableHttpService;
     use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 
-    if !addr.ip().is_loopback() {
-        return Err(format!("--http: {addr} is not a loopback address"));
-    }
     let raw = Arc::clone(&shared.raw);
     let config = StreamableHttpServerConfig::default();
     // Cancelling it ends every session rmcp serves (their workers and event streams).
@@ -1273,12 +1356,6 @@ async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String>
         raw::RawSessions::new(raw, SESSION_IDLE).into(),
         config,
     ));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("--http {addr}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
-    eprintln!("psych serve: listening on http://{local}/mcp");
-    println!("listening on http://{local}/mcp");
     let mut state = shared.state.subscribe();
     let mut connections = JoinSet::new();
     let accepted = loop {
@@ -1288,7 +1365,7 @@ async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String>
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,
-            Err(error) => break Err(format!("--http {addr}: {error}")),
+            Err(error) => break Err(ServeError::Listen(error)),
         };
         while connections.try_join_next().is_some() {}
         let service = service.clone();
@@ -1321,38 +1398,10 @@ async fn serve_http(shared: Arc<Shared>, addr: SocketAddr) -> Result<(), String>
 mod tests {
     use super::*;
     use psych_disclosure::resolve;
+    use std::path::Path;
 
     fn config(text: &str) -> McpConfig {
         McpConfig::parse(text, |_| None).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    #[test]
-    fn allow_tools_narrows_the_grant_and_its_absence_grants_the_server() {
-        let config = config(
-            r#"{"mcpServers": {
-                "a": {"command": "x", "allowTools": ["echo", "large"]},
-                "b": {"command": "y"}
-            }}"#,
-        );
-        let grant = grant_from(&config).unwrap_or_else(|e| panic!("{e}"));
-        let permits = |s: &str, t: &str| {
-            let pair = ToolRef::parse(s, t).unwrap_or_else(|e| panic!("{e}"));
-            grant.permits(&pair.server, &pair.tool)
-        };
-        assert!(permits("a", "echo"));
-        assert!(permits("a", "large"));
-        assert!(!permits("a", "crash"));
-        assert!(permits("b", "anything"));
-    }
-
-    #[test]
-    fn a_malformed_allow_list_is_refused_with_the_server_named() {
-        for bad in [r#""echo""#, r#"[1]"#, r#"["no spaces allowed"]"#] {
-            let text =
-                format!(r#"{{"mcpServers": {{"a": {{"command": "x", "allowTools": {bad}}}}}}}"#);
-            let error = grant_from(&config(&text)).err().unwrap_or_default();
-            assert!(error.starts_with("a: allowTools"), "{bad}: {error}");
-        }
     }
 
     /// A gateway's shared state with no upstream server, its session logs under `logs`.
@@ -1365,8 +1414,7 @@ mod tests {
             catalog,
             connections: Vec::new(),
             grant: PermissionGrant::none(),
-            settings: crate::setup::serve_settings(crate::setup::SERVE_AUTO_BUDGET)
-                .unwrap_or_else(|e| panic!("{e}")),
+            settings: disclosure_settings(DEFAULT_AUTO_BUDGET).unwrap_or_else(|e| panic!("{e}")),
             limits: Limits::default(),
             surfaces: Mutex::new(SurfaceCache::new(Estimator::new())),
         });
@@ -1458,8 +1506,7 @@ mod tests {
             connections.push(ConnectionSpec::new(server.clone()).with_preload(preload));
             grant = grant.allow_server(server);
         }
-        let settings = crate::setup::serve_settings(crate::setup::SERVE_AUTO_BUDGET)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let settings = disclosure_settings(DEFAULT_AUTO_BUDGET).unwrap_or_else(|e| panic!("{e}"));
         let inputs = Inputs {
             connections: &connections,
             catalogs: &catalogs,
