@@ -13,8 +13,8 @@
 //!
 //! - **Nothing cached across turns but the catalogue.** A server connected mid-Run is on the
 //!   next turn's Surface ([`Run::add_connection`]); a `list_changed` reaches the catalogue
-//!   through [`CatalogSync`] (psych-mcp's events into the catalogue's freshener); a grant
-//!   change holds at the next call, since the guard re-checks every call.
+//!   through `CatalogSync` (psych-mcp's events into the catalogue's freshener; feature
+//!   `mcp`); a grant change holds at the next call, since the guard re-checks every call.
 //! - **The executor is glue.** Each route hands off to the crate that owns the policy: the
 //!   guard (direct tools, facades, search pairs, the meta tools), the orientation payload,
 //!   psych-reader-tool for `read_tool_output`, the [`ToolHost`](psych_types::ToolHost) for
@@ -35,6 +35,14 @@
 //!   back to the meta tools). The executor answers the search from disclosure's ranking of
 //!   the tools permitted now; a loaded tool's call goes through the guard like a direct one.
 //! - [`ScriptedModel`] answers from a script, to drive a Run deterministically.
+//!
+//! # Features
+//!
+//! - `mcp` (off by default): `CatalogSync`, which keeps a catalogue fresh from psych-mcp's
+//!   live connections (a sync on connect, `list_changed`, reachability). Without it the
+//!   runtime depends on no MCP client at all (no rmcp, hyper or reqwest): it forwards calls
+//!   to any [`ToolHost`](psych_types::ToolHost), and a caller with its own MCP client
+//!   refreshes the catalogue through psych-catalog's `Freshener` itself.
 //!
 //! # Example
 //!
@@ -103,6 +111,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+#[cfg(feature = "mcp")]
 mod events;
 mod executor;
 mod native;
@@ -111,6 +120,7 @@ mod scripted;
 mod usage;
 
 pub use error::{ExecuteError, RunError};
+#[cfg(feature = "mcp")]
 pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};
 pub use executor::{DEFAULT_CALL_TIMEOUT, Executor};
 pub use native::{DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT};
