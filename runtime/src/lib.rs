@@ -119,7 +119,7 @@ mod run;
 mod scripted;
 mod usage;
 
-pub use error::{ExecuteError, RunError};
+pub use error::{ExecuteError, RunError, TurnState};
 #[cfg(feature = "mcp")]
 pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};
 pub use executor::{DEFAULT_CALL_TIMEOUT, Executor};

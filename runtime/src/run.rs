@@ -20,7 +20,7 @@ use psych_types::{
     ServerCatalog, ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult, Usage, UserMessage,
 };
 
-use crate::error::{ExecuteError, RunError};
+use crate::error::{ExecuteError, RunError, TurnState};
 use crate::executor::{Executor, append};
 use crate::usage::Spent;
 use psych_types::ConnectionSpec;
@@ -238,9 +238,7 @@ impl<H: ToolHost + 'static> Run<H> {
     /// catalogue, disclosure or assembly failing.
     pub async fn user(&mut self, text: impl Into<String>) -> Result<RenderedRequest, RunError> {
         if self.awaiting {
-            return Err(RunError::OutOfTurn(
-                "a request is waiting for the model's reply",
-            ));
+            return Err(RunError::OutOfTurn(TurnState::AwaitingReply));
         }
         self.close_unanswered().await?;
         let record = Record::User(UserMessage { text: text.into() });
@@ -276,9 +274,11 @@ impl<H: ToolHost + 'static> Run<H> {
     /// [`request`](Self::request) or [`user`](Self::user)); the log, the catalogue or
     /// assembly failing.
     pub async fn reply(&mut self, reply: ModelReply) -> Result<Next, RunError> {
-        if !self.awaiting {
-            return Err(RunError::OutOfTurn("no request is waiting for a reply"));
-        }
+        // A request is handed out only within a turn, so a reply awaited has its turn.
+        let surface = match (&self.turn, self.awaiting) {
+            (Some(turn), true) => Arc::clone(&turn.surface),
+            _ => return Err(RunError::OutOfTurn(TurnState::NoRequestWaiting)),
+        };
         self.awaiting = false;
         let ModelReply {
             text,
@@ -299,10 +299,6 @@ impl<H: ToolHost + 'static> Run<H> {
             return Ok(Next::Done { text });
         }
         let catalogs = self.live_catalogs().await?;
-        let surface = match &self.turn {
-            Some(turn) => Arc::clone(&turn.surface),
-            None => return Err(RunError::OutOfTurn("no turn is under way")),
-        };
         let live = Live {
             grant: &self.grant,
             catalogs: &catalogs,
@@ -403,8 +399,9 @@ impl<H: ToolHost + 'static> Run<H> {
 
     /// Renders the request for the history as it stands (a request is then awaited).
     async fn next_request(&mut self) -> Result<RenderedRequest, RunError> {
+        // Called with a turn under way; without one there is no request to give.
         let Some(turn) = &self.turn else {
-            return Err(RunError::OutOfTurn("no turn is under way"));
+            return Err(RunError::OutOfTurn(TurnState::NoRequestWaiting));
         };
         let now = CurrentTime::utc((self.clock)()).map_err(psych_prompt_assembly::Error::from)?;
         let transient = Transient::at(now);
@@ -427,7 +424,7 @@ impl<H: ToolHost + 'static> Run<H> {
             }
             Err(e) => {
                 self.lost_history();
-                return Err(RunError::Task(e.to_string()));
+                return Err(RunError::Task(e));
             }
         };
         let native = native_in_force(turn, self.deferral, &self.target);
@@ -463,7 +460,7 @@ impl<H: ToolHost + 'static> Run<H> {
             }
             Err(e) => {
                 self.lost_history();
-                Err(RunError::Task(e.to_string()))
+                Err(RunError::Task(e))
             }
         }
     }
@@ -538,7 +535,7 @@ impl<H: ToolHost + 'static> Run<H> {
             Ok::<_, RunError>(surface)
         })
         .await
-        .map_err(|e| RunError::Task(e.to_string()))?
+        .map_err(RunError::Task)?
     }
 
     /// The live catalogue of every connected server, read now (off the async threads).
@@ -552,7 +549,7 @@ impl<H: ToolHost + 'static> Run<H> {
                 .collect::<Result<Vec<_>, _>>()
         })
         .await
-        .map_err(|e| RunError::Task(e.to_string()))?
+        .map_err(RunError::Task)?
         .map_err(RunError::from)
     }
 
@@ -693,7 +690,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             Ok::<_, RunError>((SharedRecordLog::new(log), history, recovery))
         })
         .await
-        .map_err(|e| RunError::Task(e.to_string()))??;
+        .map_err(RunError::Task)??;
         let executor = Executor::new(self.host, Arc::new(log))
             .call_timeout(self.call_timeout)
             .orientation_context(self.orientation)

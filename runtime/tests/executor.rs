@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use psych_catalog::Catalog;
 use psych_record_log::{RecordLog, SyncPolicy};
-use psych_runtime::{ExecuteError, INTERRUPTED, Next, Run, RunError, ScriptedModel, Step};
+use psych_runtime::{
+    ExecuteError, INTERRUPTED, Next, Run, RunError, ScriptedModel, Step, TurnState,
+};
 use psych_types::{
     AssistantMessage, ConnectionSpec, JsonObject, PermissionGrant, Record, RunId, ServerId,
     ToolCall, ToolCallId, ToolDefinition, ToolHost, ToolLister, ToolName, ToolOutput, ToolRef,
@@ -330,6 +332,11 @@ async fn spent_comes_from_usage_records_only() {
     drop(first);
     // A reply with no usage reported adds nothing.
     let _ = run.user("again").await.unwrap();
+    // A user message while the request's reply is awaited is out of turn, and says so.
+    assert!(matches!(
+        run.user("too soon").await,
+        Err(RunError::OutOfTurn(TurnState::AwaitingReply))
+    ));
     run.reply(psych_runtime::ModelReply {
         text: "ok".into(),
         ..Default::default()
@@ -340,7 +347,7 @@ async fn spent_comes_from_usage_records_only() {
     // Out of turn is a typed error.
     assert!(matches!(
         run.reply(psych_runtime::ModelReply::default()).await,
-        Err(RunError::OutOfTurn(_))
+        Err(RunError::OutOfTurn(TurnState::NoRequestWaiting))
     ));
     // Reopened, the Run tallies the same from its log's usage records.
     drop(run);
