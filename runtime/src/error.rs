@@ -64,6 +64,11 @@ pub enum RunError {
     /// The catalogue could not be read when the turn was resolved or a call re-checked.
     #[error("reading the catalogue: {0}")]
     Catalog(#[from] psych_catalog::CatalogError),
+    /// The settings leave no room in the tool cap for the tools the Run adds to every
+    /// Surface ([`EXECUTOR_TOOLS`](crate::EXECUTOR_TOOLS), reserved on top of the caller's
+    /// own reservation): the cap less the reserved tools is below the fixed tools.
+    #[error("the settings leave no room for the run's own tools")]
+    Settings(#[from] psych_disclosure::SettingsError),
     /// Disclosure refused the turn's inputs (two connections for one server, a catalogue
     /// listing a tool twice).
     #[error("resolving the tool surface: {0}")]

@@ -597,7 +597,10 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
-    /// Disclosure's settings (budgets, tiers, the tool cap).
+    /// Disclosure's settings (budgets, tiers, the tool cap). The Run reserves in the tool
+    /// cap the tools it adds to every Surface ([`EXECUTOR_TOOLS`](crate::EXECUTOR_TOOLS),
+    /// on top of any [`reserved_tools`](psych_disclosure::SettingsBuilder::reserved_tools)
+    /// already set), so a request never carries more than the cap.
     pub fn settings(mut self, settings: Settings) -> Self {
         self.settings = settings;
         self
@@ -675,10 +678,21 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     ///
     /// # Errors
     ///
+    /// [`RunError::Settings`] when the tool cap has no room for the Run's own tools,
     /// [`RunError::Open`] for a log that does not open (corrupt in the middle, locked,
     /// a sync policy out of bounds), [`RunError::Read`] for a record that does not read
     /// back, [`RunError::Append`] when the repair cannot be logged.
     pub async fn open(self) -> Result<Run<H>, RunError> {
+        // The tools every turn sends beside the Surface's are reserved in its tool cap.
+        let settings = self
+            .settings
+            .to_builder()
+            .reserved_tools(
+                self.settings
+                    .reserved_tools()
+                    .saturating_add(crate::EXECUTOR_TOOLS),
+            )
+            .build()?;
         let (dir, run, sync) = (self.dir, self.run, self.sync);
         // Results are logged with the elider's own estimate, so projecting them later
         // needs no pass over their content.
@@ -705,7 +719,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             catalog: self.catalog,
             connections: self.connections,
             grant: self.grant,
-            settings: self.settings,
+            settings,
             surfaces: Arc::new(Mutex::new(SurfaceCache::new(Estimator::new()))),
             elider: self.elider,
             instructions: self.instructions,

@@ -1,6 +1,7 @@
 //! The Run and its executor over an in-process host: parallel calls and call order, the
 //! per-call deadline, a grant revoked mid-Run, a read by a handle never emitted, resume
-//! after a crash that left calls unanswered, and spent tokens from usage records only.
+//! after a crash that left calls unanswered, spent tokens from usage records only, and a
+//! Run whose catalogue fills the tool cap.
 
 #![allow(
     clippy::unwrap_used,
@@ -466,4 +467,73 @@ async fn a_spilled_result_is_logged_whole_and_one_the_log_refuses_fails_alone() 
         results[1].1.readable_text()
     );
     assert_eq!(results[2].1.readable_text(), "plain");
+}
+
+/// A catalogue that fills disclosure's default tool cap exactly (four servers of 32, 32,
+/// 32 and 31 tools, all direct, and the orientation tool: 128) still renders for OpenAI,
+/// which refuses more than 128 tools: the Run reserves `read_tool_output`'s slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_at_the_tool_cap_renders_for_openai() {
+    use psych_disclosure::{Inputs, Settings, Why};
+    use psych_prompt_assembly::{OPENAI_MAX_TOOLS, OpenAiOptions};
+    use psych_runtime::{EXECUTOR_TOOLS, Target};
+
+    let catalog = Catalog::in_memory().unwrap();
+    let mut connections = Vec::new();
+    for (i, n) in [32, 32, 32, 31].into_iter().enumerate() {
+        let server = ServerId::new(format!("s{i}")).unwrap();
+        let tools: Vec<_> = (0..n)
+            .map(|t| {
+                let name = ToolName::new(format!("t{t}")).unwrap();
+                ToolDefinition::new(name, "Does one thing", Default::default())
+            })
+            .collect();
+        catalog.refresh(&server, &tools).unwrap();
+        connections.push(ConnectionSpec::new(server));
+    }
+    let grant = connections.iter().fold(PermissionGrant::none(), |grant, c| {
+        grant.allow_server(c.server.clone())
+    });
+    // Resolved with nothing reserved, the Surface is exactly at the cap.
+    let catalogs: Vec<_> = connections
+        .iter()
+        .map(|c| catalog.live(&c.server).unwrap())
+        .collect();
+    let inputs = Inputs {
+        connections: &connections,
+        catalogs: &catalogs,
+        grant: &grant,
+    };
+    let estimator = psych_elision::Estimator::new();
+    let full = psych_disclosure::resolve(&inputs, &Settings::default(), &estimator).unwrap();
+    assert_eq!(full.tools().len(), OPENAI_MAX_TOOLS);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = Run::builder(dir.path(), RunId::new("cap").unwrap(), catalog, Arc::new(Host))
+        .connections(connections)
+        .grant(grant)
+        .target(Target::OpenAi(OpenAiOptions::new("gpt-test")))
+        .clock(|| 1_796_041_497)
+        .open()
+        .await
+        .unwrap();
+    let request = run.user("Use any tool.").await.unwrap();
+    let body: serde_json::Value = serde_json::from_str(request.body()).unwrap();
+    let tools = body["tools"].as_array().unwrap();
+    assert!(tools.len() <= OPENAI_MAX_TOOLS, "{} tools", tools.len());
+    assert!(
+        tools
+            .iter()
+            .any(|t| t["function"]["name"] == psych_types::READ_TOOL_OUTPUT)
+    );
+    let surface = run.surface().unwrap();
+    assert_eq!(
+        surface.settings().surface_cap(),
+        OPENAI_MAX_TOOLS - EXECUTOR_TOOLS
+    );
+    assert!(surface.tools().len() + EXECUTOR_TOOLS <= OPENAI_MAX_TOOLS);
+    assert!(
+        surface.servers().iter().any(|s| s.why == Why::ToolCap),
+        "a server stepped down for the reserved slot"
+    );
 }
