@@ -17,7 +17,8 @@ use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, Recovery, SharedRecordLog, SyncPolicy};
 use psych_types::{
     AssistantMessage, History, HistoryItem, LoggedRecord, PermissionGrant, Record, RunId,
-    ServerCatalog, ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult, Usage, UserMessage,
+    ServerCatalog, TokenEstimator, ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult,
+    Usage, UserMessage,
 };
 
 use crate::error::{ExecuteError, RunError, TurnState};
@@ -103,6 +104,25 @@ struct NativeTurn {
 /// The caller's clock, in Unix seconds (the transient message's time).
 type ClockFn = Arc<dyn Fn() -> i64 + Send + Sync>;
 
+/// The Run's one token estimator ([`RunBuilder::estimator`]), shared by disclosure's
+/// costs, the log's stored estimates and elision.
+#[derive(Clone)]
+struct RunEstimator(Arc<dyn TokenEstimator + Send + Sync>);
+
+impl TokenEstimator for RunEstimator {
+    fn estimate_text(&self, text: &str) -> u64 {
+        self.0.estimate_text(text)
+    }
+
+    fn estimate_binary(&self, mime_type: &str, len: u64) -> u64 {
+        self.0.estimate_binary(mime_type, len)
+    }
+
+    fn estimate_output(&self, output: &ToolOutput) -> u64 {
+        self.0.estimate_output(output)
+    }
+}
+
 /// An agent Run over real MCP servers (or any [`ToolHost`]): the model call stays with the
 /// caller.
 ///
@@ -142,8 +162,8 @@ pub struct Run<H> {
     grant: PermissionGrant,
     settings: Settings,
     /// The last Surface and each server's prepared part, kept across turns.
-    surfaces: Arc<Mutex<SurfaceCache<Estimator>>>,
-    elider: Elider,
+    surfaces: Arc<Mutex<SurfaceCache<RunEstimator>>>,
+    elider: Elider<RunEstimator>,
     instructions: String,
     dynamic_tail: DynamicTail,
     target: Target,
@@ -176,6 +196,7 @@ pub struct RunBuilder<H> {
     grant: PermissionGrant,
     settings: Settings,
     elider: Elider,
+    estimator: Arc<dyn TokenEstimator + Send + Sync>,
     instructions: String,
     dynamic_tail: DynamicTail,
     target: Target,
@@ -217,6 +238,7 @@ impl<H: ToolHost + 'static> Run<H> {
             grant: PermissionGrant::none(),
             settings: Settings::default(),
             elider: Elider::default(),
+            estimator: Arc::new(Estimator::new()),
             instructions: String::from("You are a helpful assistant."),
             dynamic_tail: DynamicTail::new(),
             target: Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096)),
@@ -606,9 +628,25 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
-    /// The projector of results before the elision boundary.
+    /// The projector of results before the elision boundary: its thresholds and preview
+    /// settings. Results are sized with the Run's [`estimator`](Self::estimator), not the
+    /// elider's.
     pub fn elider(mut self, elider: Elider) -> Self {
         self.elider = elider;
+        self
+    }
+
+    /// The token estimator of the Run, set once for every estimate it makes: disclosure's
+    /// cost of each server's tools (the auto budget, the direct tier, a facade's index
+    /// line), the estimate the log stores with each result, and elision's sizing of
+    /// results against its thresholds (from those stored estimates). Default:
+    /// psych-elision's [`Estimator`]. An estimate never feeds metering: spent tokens are
+    /// the provider's usage ([`Run::spent`]).
+    ///
+    /// A Run reopened with another estimator keeps the estimates its log already stores
+    /// for the results logged before.
+    pub fn estimator(mut self, estimator: impl TokenEstimator + Send + Sync + 'static) -> Self {
+        self.estimator = Arc::new(estimator);
         self
     }
 
@@ -694,12 +732,18 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             )
             .build()?;
         let (dir, run, sync) = (self.dir, self.run, self.sync);
-        // Results are logged with the elider's own estimate, so projecting them later
-        // needs no pass over their content.
-        let estimator = Arc::new(*self.elider.estimator());
+        // One estimator for disclosure, the log and elision. Results are logged with its
+        // estimate, so projecting them later needs no pass over their content.
+        let estimator = RunEstimator(self.estimator);
+        let elider = Elider::builder()
+            .estimator(estimator.clone())
+            .thresholds(*self.elider.thresholds())
+            .preview(*self.elider.preview_config())
+            .build();
+        let logged = Arc::clone(&estimator.0);
         let (log, history, recovery) = tokio::task::spawn_blocking(move || {
             let (mut log, recovery) = RecordLog::open(&dir, &run, sync)?;
-            log.set_estimator(estimator);
+            log.set_estimator(logged);
             let history = log.history()?;
             Ok::<_, RunError>((SharedRecordLog::new(log), history, recovery))
         })
@@ -720,8 +764,8 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             connections: self.connections,
             grant: self.grant,
             settings,
-            surfaces: Arc::new(Mutex::new(SurfaceCache::new(Estimator::new()))),
-            elider: self.elider,
+            surfaces: Arc::new(Mutex::new(SurfaceCache::new(estimator))),
+            elider,
             instructions: self.instructions,
             dynamic_tail: self.dynamic_tail,
             target: self.target,

@@ -537,3 +537,102 @@ async fn a_run_at_the_tool_cap_renders_for_openai() {
         "a server stepped down for the reserved slot"
     );
 }
+
+/// Counts one token per byte: four times or so what psych-elision's estimator says of
+/// English text.
+struct PerByte;
+
+impl psych_types::TokenEstimator for PerByte {
+    fn estimate_text(&self, text: &str) -> u64 {
+        text.len() as u64
+    }
+
+    fn estimate_binary(&self, _: &str, len: u64) -> u64 {
+        len
+    }
+}
+
+/// One estimator set on the builder reaches disclosure's costs, the log's stored
+/// estimates and elision: a 20,000-byte result that psych-elision's own estimator keeps
+/// whole is elided in the next turn when the Run counts a token per byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_estimator_reaches_disclosure_the_log_and_elision() {
+    use psych_disclosure::{Inputs, Settings};
+    use psych_elision::{Estimator, Thresholds};
+    use psych_types::{HistoryItem, TokenEstimator};
+
+    let text: String = (0..2_000).map(|i| format!("word{:05} ", i * 7)).collect();
+    assert_eq!(text.len(), 20_000);
+    // psych-elision's estimator keeps it whole; one token per byte does not.
+    assert!(Estimator::new().estimate_text(&text) < Thresholds::DEFAULT_PER_RESULT);
+    assert!(PerByte.estimate_text(&text) > Thresholds::DEFAULT_PER_RESULT);
+
+    // Returns the Run's cost of `svc`, the estimate stored with the result, and whether
+    // the next turn's request carries the result whole.
+    let drive = async |estimator: Option<PerByte>| {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::in_memory().unwrap();
+        catalog
+            .refresh(&server(), &Host.list_tools(&server()).await.unwrap())
+            .unwrap();
+        let builder = Run::builder(dir.path(), RunId::new("est").unwrap(), catalog, Arc::new(Host))
+            .connections([ConnectionSpec::new(server())])
+            .grant(PermissionGrant::none().allow_server(server()))
+            .clock(|| 1_796_041_497);
+        let builder = match estimator {
+            Some(estimator) => builder.estimator(estimator),
+            None => builder,
+        };
+        let mut run = builder.open().await.unwrap();
+        let mut model = ScriptedModel::new([
+            Step::call("svc__sleep", json!({"ms": 0, "tag": text})),
+            Step::say("done"),
+        ]);
+        model.turn(&mut run, "Fetch it.").await.unwrap();
+        let stored = run
+            .history()
+            .entries
+            .iter()
+            .find_map(|entry| match &entry.item {
+                HistoryItem::Result(stored) => stored.estimate,
+                _ => None,
+            })
+            .unwrap();
+        let next = run.user("And now?").await.unwrap();
+        let cost = run.surface().unwrap().server("svc").unwrap().cost;
+        // Once in the call's arguments; a second time if the result is sent whole.
+        (cost, stored, next.body().matches(&text).count() == 2)
+    };
+
+    // The same catalogue resolved by disclosure alone with each estimator.
+    let catalog = Catalog::in_memory().unwrap();
+    catalog
+        .refresh(&server(), &Host.list_tools(&server()).await.unwrap())
+        .unwrap();
+    let connections = [ConnectionSpec::new(server())];
+    let catalogs = [catalog.live(&server()).unwrap()];
+    let grant = PermissionGrant::none().allow_server(server());
+    let inputs = Inputs {
+        connections: &connections,
+        catalogs: &catalogs,
+        grant: &grant,
+    };
+    let cost_with = |estimator: &dyn TokenEstimator| {
+        psych_disclosure::resolve(&inputs, &Settings::default(), estimator)
+            .unwrap()
+            .server("svc")
+            .unwrap()
+            .cost
+    };
+    assert_ne!(cost_with(&PerByte), cost_with(&Estimator::new()));
+
+    let (cost, stored, whole) = drive(None).await;
+    assert_eq!(cost, cost_with(&Estimator::new()));
+    assert_eq!(stored, Estimator::new().estimate_text(&text));
+    assert!(whole, "the default estimator keeps the result whole");
+
+    let (cost, stored, whole) = drive(Some(PerByte)).await;
+    assert_eq!(cost, cost_with(&PerByte), "disclosure's cost");
+    assert_eq!(stored, 20_000, "the log's stored estimate");
+    assert!(!whole, "elision sized the result with it and elided it");
+}
