@@ -50,7 +50,8 @@
 //! use std::sync::Arc;
 //!
 //! use psych_catalog::Catalog;
-//! use psych_runtime::{Next, Run, ScriptedModel, Step};
+//! use psych_prompt_assembly::AnthropicOptions;
+//! use psych_runtime::{Next, Run, ScriptedModel, Step, Target};
 //! use psych_types::{
 //!     ConnectionSpec, JsonObject, PermissionGrant, ServerId, ToolDefinition, ToolHost,
 //!     ToolLister, ToolName, ToolOutput, ToolRef,
@@ -79,7 +80,12 @@
 //!     let catalog = Catalog::in_memory()?;
 //!     catalog.refresh(&server, &Echo.list_tools(&server).await?)?;
 //!
-//!     let mut run = Run::builder(dir.path(), "run-1".parse()?, catalog, Arc::new(Echo))
+//!     // The provider and model requests are rendered for, and the system prompt: the
+//!     // caller's to choose.
+//!     let target = Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096));
+//!     let run = Run::builder(dir.path(), "run-1".parse()?, catalog, Arc::new(Echo), target);
+//!     let mut run = run
+//!         .instructions("You answer through the tools you are given.")
 //!         .connections([ConnectionSpec::new(server.clone())])
 //!         .grant(PermissionGrant::none().allow_server(server))
 //!         .clock(|| 1_796_041_497)

@@ -219,15 +219,18 @@ impl<H> std::fmt::Debug for RunBuilder<H> {
 
 impl<H: ToolHost + 'static> Run<H> {
     /// A builder for the Run `run` whose log is `<dir>/<run>.plog`, reading tools from
-    /// `catalog` and forwarding calls to `host`. Defaults: no connection, an empty grant,
-    /// disclosure's and elision's default settings, Anthropic `claude-sonnet-4-5` with 4,096
-    /// output tokens, the meta tools for deferred servers ([`DeferralMode::MetaTools`]), the
-    /// system clock, [`SyncPolicy::EveryAppend`], a 60 s call deadline.
+    /// `catalog`, forwarding calls to `host` and rendering requests for `target` (the
+    /// provider and model are the caller's choice: the runtime names none). Defaults: no
+    /// instructions ([`RunBuilder::instructions`]), no connection, an empty grant,
+    /// disclosure's and elision's default settings, psych-elision's estimator, the meta
+    /// tools for deferred servers ([`DeferralMode::MetaTools`]), the system clock,
+    /// [`SyncPolicy::EveryAppend`], a 60 s call deadline.
     pub fn builder(
         dir: impl Into<PathBuf>,
         run: RunId,
         catalog: Catalog,
         host: Arc<H>,
+        target: Target,
     ) -> RunBuilder<H> {
         RunBuilder {
             dir: dir.into(),
@@ -239,9 +242,9 @@ impl<H: ToolHost + 'static> Run<H> {
             settings: Settings::default(),
             elider: Elider::default(),
             estimator: Arc::new(Estimator::new()),
-            instructions: String::from("You are a helpful assistant."),
+            instructions: String::new(),
             dynamic_tail: DynamicTail::new(),
-            target: Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096)),
+            target,
             deferral: DeferralMode::MetaTools,
             clock: Arc::new(system_seconds),
             sync: SyncPolicy::EveryAppend,
@@ -650,7 +653,8 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
-    /// Zone 1's instructions (the deferred lines are added after them each turn).
+    /// Zone 1's instructions, the system prompt (the deferred lines are added after them
+    /// each turn). Default: none; zone 1 then holds only the deferred lines.
     pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
         self.instructions = instructions.into();
         self
@@ -659,12 +663,6 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     /// Zone 2: memories and other per-user text.
     pub fn dynamic_tail(mut self, tail: DynamicTail) -> Self {
         self.dynamic_tail = tail;
-        self
-    }
-
-    /// The provider requests are rendered for.
-    pub fn target(mut self, target: Target) -> Self {
-        self.target = target;
         self
     }
 

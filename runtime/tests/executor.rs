@@ -95,6 +95,12 @@ fn spilled(tag: &str) -> ToolOutput {
     output
 }
 
+/// The provider every Run of these tests renders for.
+fn target() -> psych_runtime::Target {
+    let options = psych_prompt_assembly::AnthropicOptions::new("claude-sonnet-4-5", 4096);
+    psych_runtime::Target::Anthropic(options)
+}
+
 fn server() -> ServerId {
     ServerId::new("svc").unwrap()
 }
@@ -108,14 +114,20 @@ async fn open_with(dir: &std::path::Path, timeout: Duration) -> Run<Host> {
     catalog
         .refresh(&server(), &Host.list_tools(&server()).await.unwrap())
         .unwrap();
-    Run::builder(dir, RunId::new("run-1").unwrap(), catalog, Arc::new(Host))
-        .connections([ConnectionSpec::new(server())])
-        .grant(PermissionGrant::none().allow_server(server()))
-        .call_timeout(timeout)
-        .clock(|| 1_796_041_497)
-        .open()
-        .await
-        .unwrap()
+    Run::builder(
+        dir,
+        RunId::new("run-1").unwrap(),
+        catalog,
+        Arc::new(Host),
+        target(),
+    )
+    .connections([ConnectionSpec::new(server())])
+    .grant(PermissionGrant::none().allow_server(server()))
+    .call_timeout(timeout)
+    .clock(|| 1_796_041_497)
+    .open()
+    .await
+    .unwrap()
 }
 
 /// The Run's results, read whole from its log.
@@ -491,9 +503,11 @@ async fn a_run_at_the_tool_cap_renders_for_openai() {
         catalog.refresh(&server, &tools).unwrap();
         connections.push(ConnectionSpec::new(server));
     }
-    let grant = connections.iter().fold(PermissionGrant::none(), |grant, c| {
-        grant.allow_server(c.server.clone())
-    });
+    let grant = connections
+        .iter()
+        .fold(PermissionGrant::none(), |grant, c| {
+            grant.allow_server(c.server.clone())
+        });
     // Resolved with nothing reserved, the Surface is exactly at the cap.
     let catalogs: Vec<_> = connections
         .iter()
@@ -509,10 +523,17 @@ async fn a_run_at_the_tool_cap_renders_for_openai() {
     assert_eq!(full.tools().len(), OPENAI_MAX_TOOLS);
 
     let dir = tempfile::tempdir().unwrap();
-    let mut run = Run::builder(dir.path(), RunId::new("cap").unwrap(), catalog, Arc::new(Host))
+    let target = Target::OpenAi(OpenAiOptions::new("gpt-test"));
+    let run = Run::builder(
+        dir.path(),
+        RunId::new("cap").unwrap(),
+        catalog,
+        Arc::new(Host),
+        target,
+    );
+    let mut run = run
         .connections(connections)
         .grant(grant)
-        .target(Target::OpenAi(OpenAiOptions::new("gpt-test")))
         .clock(|| 1_796_041_497)
         .open()
         .await
@@ -575,7 +596,8 @@ async fn one_estimator_reaches_disclosure_the_log_and_elision() {
         catalog
             .refresh(&server(), &Host.list_tools(&server()).await.unwrap())
             .unwrap();
-        let builder = Run::builder(dir.path(), RunId::new("est").unwrap(), catalog, Arc::new(Host))
+        let run_id = RunId::new("est").unwrap();
+        let builder = Run::builder(dir.path(), run_id, catalog, Arc::new(Host), target())
             .connections([ConnectionSpec::new(server())])
             .grant(PermissionGrant::none().allow_server(server()))
             .clock(|| 1_796_041_497);
