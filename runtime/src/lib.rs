@@ -129,7 +129,6 @@ pub use error::{ExecuteError, RunError, TurnState};
 #[cfg(feature = "mcp")]
 pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};
 pub use executor::{DEFAULT_CALL_TIMEOUT, EXECUTOR_TOOLS, Executor};
-pub use native::{DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT};
 pub use run::{INTERRUPTED, ModelReply, Next, Run, RunBuilder, Target};
 pub use scripted::{ScriptedModel, Step, Transcript};
 pub use usage::{Spent, spent};
