@@ -474,7 +474,8 @@ const NOT_IN_RUNTIME: [&str; 4] = ["psych-mcp", "rmcp", "hyper", "reqwest"];
 fn runtime_tree(root: &Path) -> Result<String, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(cargo)
-        .args(["tree", "-p", "psych-runtime", "-e", "normal", "--prefix", "none"])
+        .args(["tree", "-p", "psych-runtime", "-e", "normal"])
+        .args(["--prefix", "none"])
         .args(["--locked", "--offline"])
         .current_dir(root)
         .output()
