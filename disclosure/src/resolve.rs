@@ -734,7 +734,7 @@ pub(crate) fn prepare(
         index,
         index_fits,
         tier,
-        scope: grant.servers.get(server).cloned(),
+        scope: grant.scope(server).cloned(),
         search: OnceLock::new(),
     })
 }
