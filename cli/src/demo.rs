@@ -264,12 +264,11 @@ async fn open_run(
         .fold(PermissionGrant::none(), |g, s| g.allow_server(s.clone()));
     let settings = crate::setup::settings(crate::setup::WINDOW)?;
     let run = RunId::new(RUN).map_err(|e| e.to_string())?;
-    Run::builder(dir, run, catalog.clone(), Arc::new(manager.clone()))
+    Run::builder(dir, run, catalog.clone(), Arc::new(manager.clone()), target)
         .connections(connections)
         .grant(grant)
         .settings(settings)
         .instructions(INSTRUCTIONS)
-        .target(target)
         .clock(|| NOW)
         .open()
         .await

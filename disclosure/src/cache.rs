@@ -140,7 +140,7 @@ impl Slot {
         };
         same_tools
             && &self.connection == connection
-            && self.part.scope.as_ref() == grant.servers.get(&connection.server)
+            && self.part.scope.as_ref() == grant.scope(&connection.server)
     }
 }
 

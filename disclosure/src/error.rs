@@ -19,6 +19,20 @@ pub enum SettingsError {
         /// How many fixed tools a Surface may carry with these settings.
         fixed: usize,
     },
+    /// The tool cap less the reserved tools leaves no room for the fixed tools, so no
+    /// Surface could leave the reserved slots free.
+    #[error(
+        "tool cap {cap} less {reserved} reserved tools is below the {fixed} fixed tools the \
+         Surface may need"
+    )]
+    ReservedOverCap {
+        /// The cap that was asked for.
+        cap: usize,
+        /// The tools reserved for the caller.
+        reserved: usize,
+        /// How many fixed tools a Surface may carry with these settings.
+        fixed: usize,
+    },
     /// A listing page size of zero, or above [`MAX_PAGE_SIZE`](crate::MAX_PAGE_SIZE), was
     /// asked for.
     #[error("page size {0} is outside 1..={max}", max = crate::MAX_PAGE_SIZE)]

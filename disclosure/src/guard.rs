@@ -566,7 +566,7 @@ impl Surface {
     pub(crate) fn cached_part(&self, server: &LiveServer<'_>) -> Option<Arc<Part>> {
         let part = &self.parts.get(server.server)?.0;
         let same = Arc::ptr_eq(part.tools()?, &server.catalog?.tools)
-            && part.scope.as_ref() == server.grant.servers.get(server.server);
+            && part.scope.as_ref() == server.grant.scope(server.server);
         same.then(|| part.search_part(server.server))
     }
 

@@ -44,8 +44,10 @@
 //!   has at most [`Settings::direct_max_tools`] permitted tools costing at most
 //!   [`Settings::direct_max_tokens`]; else a facade when its index line costs at most
 //!   [`Settings::facade_max_index_tokens`]; else a search pair. The Surface never has more
-//!   than [`Settings::tool_cap`] tools: the largest direct server steps down first, then
-//!   the largest non-deferred server is deferred, then eager tools are dropped.
+//!   than [`Settings::surface_cap`] tools (the [`Settings::tool_cap`] less the slots the
+//!   caller reserves for tools it adds, [`SettingsBuilder::reserved_tools`]): the largest
+//!   direct server steps down first, then the largest non-deferred server is deferred,
+//!   then eager tools are dropped.
 //! - **Stability.** Bytes depend on the catalogues' tools, the connections, the grant and
 //!   the settings; health shows only on the line of a server with no tools, so a server
 //!   that disconnects keeps its place and bytes (its calls answer `unreachable: reason`).

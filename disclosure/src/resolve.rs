@@ -781,7 +781,7 @@ pub(crate) fn prepare(
         index,
         index_fits,
         tier,
-        scope: grant.servers.get(server).cloned(),
+        scope: grant.scope(server).cloned(),
         search: OnceLock::new(),
     })
 }
@@ -883,7 +883,8 @@ fn share_budget(plans: &mut [Plan<'_>], budget: u64) {
     }
 }
 
-/// Steps shapes down, deterministically, until the Surface has at most `tool_cap` tools:
+/// Steps shapes down, deterministically, until the Surface has at most
+/// [`Settings::surface_cap`] tools (the tool cap less the caller's reserved tools):
 /// first the direct server with the most permitted tools becomes a facade (or a search
 /// pair when that is fewer tools); then the largest remaining non-deferred server is
 /// deferred; then the largest set of eagerly injected tools is dropped. Ties go to the
@@ -908,7 +909,7 @@ fn enforce_cap(plans: &mut [Plan<'_>], settings: &Settings) {
         }
         best
     };
-    while total(plans) > settings.tool_cap {
+    while total(plans) > settings.surface_cap() {
         let shrinks = |p: &Plan<'_>| {
             p.shape == Shape::Direct
                 && match p.step_down_shape() {

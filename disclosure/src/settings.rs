@@ -61,6 +61,7 @@ pub struct Settings {
     pub(crate) direct_max_tokens: u64,
     pub(crate) facade_max_index_tokens: u64,
     pub(crate) tool_cap: usize,
+    pub(crate) reserved_tools: usize,
     pub(crate) page_size: usize,
     pub(crate) orientation_tool: bool,
     pub(crate) cost_basis: CostBasis,
@@ -77,6 +78,7 @@ impl Default for Settings {
             direct_max_tokens: 10_000,
             facade_max_index_tokens: 1_000,
             tool_cap: 128,
+            reserved_tools: 0,
             page_size: 50,
             orientation_tool: true,
             cost_basis: CostBasis::ModelFields,
@@ -115,9 +117,30 @@ impl Settings {
         self.facade_max_index_tokens
     }
 
-    /// The most tools a Surface exposes.
+    /// The most tools a request may carry: the Surface's and the
+    /// [`reserved_tools`](Self::reserved_tools) together.
     pub fn tool_cap(&self) -> usize {
         self.tool_cap
+    }
+
+    /// The slots of the [`tool_cap`](Self::tool_cap) kept for tools the caller adds to the
+    /// Surface's after resolution (`read_tool_output`, a search tool of its own).
+    pub fn reserved_tools(&self) -> usize {
+        self.reserved_tools
+    }
+
+    /// The most tools a Surface exposes: the [`tool_cap`](Self::tool_cap) less the
+    /// [`reserved_tools`](Self::reserved_tools).
+    pub fn surface_cap(&self) -> usize {
+        self.tool_cap.saturating_sub(self.reserved_tools)
+    }
+
+    /// A builder starting from these settings, to change some knobs of settings built
+    /// elsewhere (checked again by [`build`](SettingsBuilder::build)).
+    pub fn to_builder(&self) -> SettingsBuilder {
+        SettingsBuilder {
+            settings: self.clone(),
+        }
     }
 
     /// Tools per page of a listing.
@@ -188,10 +211,21 @@ impl SettingsBuilder {
         self
     }
 
-    /// The most tools a Surface exposes (OpenAI accepts 128). Default: 128.
+    /// The most tools a request may carry (OpenAI accepts 128): the Surface keeps to it
+    /// less the [`reserved_tools`](Self::reserved_tools). Default: 128.
     #[must_use]
     pub fn tool_cap(mut self, cap: usize) -> Self {
         self.settings.tool_cap = cap;
+        self
+    }
+
+    /// Keeps `tools` slots of the [`tool_cap`](Self::tool_cap) for tools the caller sends
+    /// beside the Surface's, added after resolution (`read_tool_output`, a search tool of
+    /// its own): the Surface then exposes at most `tool_cap - tools`, so the request stays
+    /// within the cap. Default: 0. (psych-runtime's Run reserves the tools it adds itself.)
+    #[must_use]
+    pub fn reserved_tools(mut self, tools: usize) -> Self {
+        self.settings.reserved_tools = tools;
         self
     }
 
@@ -223,13 +257,20 @@ impl SettingsBuilder {
     ///
     /// # Errors
     ///
-    /// [`SettingsError`] when the cap cannot hold the fixed tools, the page size is out of
-    /// range, or a window share is not a share.
+    /// [`SettingsError`] when the cap cannot hold the fixed tools (and the reserved ones),
+    /// the page size is out of range, or a window share is not a share.
     pub fn build(self) -> Result<Settings, SettingsError> {
         let settings = self.settings;
         if settings.tool_cap < settings.fixed_tools() {
             return Err(SettingsError::CapBelowFixedTools {
                 cap: settings.tool_cap,
+                fixed: settings.fixed_tools(),
+            });
+        }
+        if settings.surface_cap() < settings.fixed_tools() {
+            return Err(SettingsError::ReservedOverCap {
+                cap: settings.tool_cap,
+                reserved: settings.reserved_tools,
                 fixed: settings.fixed_tools(),
             });
         }
@@ -291,5 +332,22 @@ mod tests {
         };
         assert!(Settings::builder().auto_budget(share).build().is_err());
         assert_eq!(Budget::Tokens(7).tokens(), 7);
+    }
+
+    #[test]
+    fn reserved_tools_come_out_of_the_surface_cap() {
+        let settings = Settings::builder().reserved_tools(1).build().unwrap();
+        assert_eq!((settings.tool_cap(), settings.surface_cap()), (128, 127));
+        assert_eq!(Settings::default().surface_cap(), 128);
+        assert_eq!(
+            Settings::builder().tool_cap(5).reserved_tools(2).build(),
+            Err(SettingsError::ReservedOverCap {
+                cap: 5,
+                reserved: 2,
+                fixed: 4
+            })
+        );
+        let again = settings.to_builder().reserved_tools(3).build().unwrap();
+        assert_eq!((again.tool_cap(), again.surface_cap()), (128, 125));
     }
 }

@@ -133,7 +133,8 @@ fn case() -> impl Strategy<Value = Case> {
                     match grant {
                         0 => {}
                         1 => {
-                            case.grant.servers.insert(id.clone(), ToolScope::All);
+                            case.grant = std::mem::take(&mut case.grant)
+                                .allow_scope(id.clone(), ToolScope::All);
                         }
                         _ => {
                             // Some catalogue tools and a name that is not in the catalogue.
@@ -144,7 +145,8 @@ fn case() -> impl Strategy<Value = Case> {
                                 .map(|(t, _)| t.name.clone())
                                 .collect();
                             set.insert(ToolName::new("granted_but_absent").unwrap());
-                            case.grant.servers.insert(id.clone(), ToolScope::Only(set));
+                            case.grant = std::mem::take(&mut case.grant)
+                                .allow_scope(id.clone(), ToolScope::Only(set));
                         }
                     }
                     case.connections.push(connection);
@@ -348,7 +350,7 @@ proptest! {
         };
         let mut revoked = case.grant.clone();
         let rest: BTreeSet<ToolName> = permitted[&server].iter().filter(|t| **t != tool).cloned().collect();
-        revoked.servers.insert(server.clone(), ToolScope::Only(rest));
+        revoked = std::mem::take(&mut revoked).allow_scope(server.clone(), ToolScope::Only(rest));
         let live = psych_disclosure::Live { grant: &revoked, catalogs: &case.catalogs };
         let mut validators = Validators::new();
         let pair = ToolRef::new(server.clone(), tool.clone());
@@ -526,10 +528,11 @@ impl Case {
                 let id = catalog.server.clone();
                 match how {
                     0 => {
-                        self.grant.servers.remove(&id);
+                        self.grant = std::mem::take(&mut self.grant).revoke_server(&id);
                     }
                     1 => {
-                        self.grant.servers.insert(id, ToolScope::All);
+                        self.grant =
+                            std::mem::take(&mut self.grant).allow_scope(id, ToolScope::All);
                     }
                     _ => {
                         let set = catalog
@@ -538,7 +541,8 @@ impl Case {
                             .skip(1)
                             .map(|t| t.name.clone())
                             .collect();
-                        self.grant.servers.insert(id, ToolScope::Only(set));
+                        self.grant =
+                            std::mem::take(&mut self.grant).allow_scope(id, ToolScope::Only(set));
                     }
                 }
             }
@@ -602,7 +606,7 @@ impl Case {
     /// an empty catalogue) when it was not.
     fn server(&mut self, id: &str) -> usize {
         let server = ServerId::new(id).unwrap();
-        self.grant.servers.insert(server.clone(), ToolScope::All);
+        self.grant = std::mem::take(&mut self.grant).allow_scope(server.clone(), ToolScope::All);
         if let Some(i) = self.catalogs.iter().position(|c| c.server == server) {
             return i;
         }

@@ -439,11 +439,13 @@ mod tests {
                     .build()
                     .unwrap(),
             )
-            .preview(PreviewConfig {
-                head_chars: 20,
-                tail_chars: 10,
-                failure_chars: 30,
-            })
+            .preview(
+                PreviewConfig::builder()
+                    .head_chars(20)
+                    .tail_chars(10)
+                    .failure_chars(30)
+                    .build(),
+            )
             .build()
     }
 

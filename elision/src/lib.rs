@@ -64,7 +64,7 @@
 //! let thresholds = Thresholds::builder().per_result(2_000).per_batch(5_000).build()?;
 //! let elider = Elider::builder()
 //!     .thresholds(thresholds)
-//!     .preview(PreviewConfig { head_chars: 40, tail_chars: 20, ..PreviewConfig::default() })
+//!     .preview(PreviewConfig::builder().head_chars(40).tail_chars(20).build())
 //!     .build();
 //!
 //! let run = RunId::new("run-7")?;
@@ -98,5 +98,5 @@ mod thresholds;
 pub use elider::{Elider, EliderBuilder, MAX_LISTED_PLACEHOLDERS, placeholders_not_shown};
 pub use estimate::Estimator;
 pub use plan::{Plan, plan};
-pub use preview::{LINE_SLACK, PreviewConfig};
+pub use preview::{LINE_SLACK, PreviewConfig, PreviewConfigBuilder};
 pub use thresholds::{Thresholds, ThresholdsBuilder, ThresholdsError};

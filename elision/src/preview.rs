@@ -27,19 +27,78 @@ pub const LINE_SLACK: usize = 100;
 /// and it is moved to keep together what cheaply can be: a character with the combining
 /// marks, variation selectors, emoji modifiers and tags that follow it, both sides of a
 /// zero-width joiner, and `\r\n`. So a part may be a few characters longer than asked.
+///
+/// Built like [`Thresholds`](crate::Thresholds): [`PreviewConfig::builder`] (every count
+/// starting at its default), read through its getters. Its serde form is
+/// `{"head_chars", "tail_chars", "failure_chars"}`, each optional.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PreviewConfig {
-    /// Characters shown from the start of an elided success. Zero shows none.
-    pub head_chars: usize,
-    /// Characters shown from the end of an elided success. Zero shows none.
-    pub tail_chars: usize,
+    head_chars: usize,
+    tail_chars: usize,
+    failure_chars: usize,
+}
+
+/// Builds a [`PreviewConfig`]; every count starts at its default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreviewConfigBuilder {
+    config: PreviewConfig,
+}
+
+impl PreviewConfigBuilder {
+    /// Characters shown from the start of an elided success. Zero shows none. Default:
+    /// [`PreviewConfig::DEFAULT_HEAD_CHARS`].
+    #[must_use]
+    pub fn head_chars(mut self, chars: usize) -> Self {
+        self.config.head_chars = chars;
+        self
+    }
+
+    /// Characters shown from the end of an elided success. Zero shows none. Default:
+    /// [`PreviewConfig::DEFAULT_TAIL_CHARS`].
+    #[must_use]
+    pub fn tail_chars(mut self, chars: usize) -> Self {
+        self.config.tail_chars = chars;
+        self
+    }
+
     /// Characters kept from the start of a failure. Zero keeps none: the model then sees
-    /// only that the call failed.
-    pub failure_chars: usize,
+    /// only that the call failed. Default: [`PreviewConfig::DEFAULT_FAILURE_CHARS`].
+    #[must_use]
+    pub fn failure_chars(mut self, chars: usize) -> Self {
+        self.config.failure_chars = chars;
+        self
+    }
+
+    /// The configuration. Every count is valid (zero included), so this cannot fail.
+    pub fn build(self) -> PreviewConfig {
+        self.config
+    }
 }
 
 impl PreviewConfig {
+    /// A builder starting from the defaults.
+    pub fn builder() -> PreviewConfigBuilder {
+        PreviewConfigBuilder {
+            config: Self::default(),
+        }
+    }
+
+    /// Characters shown from the start of an elided success.
+    pub fn head_chars(&self) -> usize {
+        self.head_chars
+    }
+
+    /// Characters shown from the end of an elided success.
+    pub fn tail_chars(&self) -> usize {
+        self.tail_chars
+    }
+
+    /// Characters kept from the start of a failure.
+    pub fn failure_chars(&self) -> usize {
+        self.failure_chars
+    }
+
     /// Default characters from the head of a preview.
     pub const DEFAULT_HEAD_CHARS: usize = 1_500;
     /// Default characters from the tail of a preview.
@@ -376,11 +435,11 @@ mod tests {
     }
 
     fn config(head: usize, tail: usize) -> PreviewConfig {
-        PreviewConfig {
-            head_chars: head,
-            tail_chars: tail,
-            failure_chars: 5,
-        }
+        PreviewConfig::builder()
+            .head_chars(head)
+            .tail_chars(tail)
+            .failure_chars(5)
+            .build()
     }
 
     #[test]
@@ -470,10 +529,11 @@ mod tests {
         assert_eq!(c.truncate_failure("日本語のテキストです"), "日本語のテ");
         assert_eq!(c.truncate_failure("a\r\nb"), "a\r\nb");
         assert_eq!(config(0, 0).truncate_failure(""), "");
-        let crlf = PreviewConfig {
-            failure_chars: 1,
-            ..config(0, 0)
-        };
+        let crlf = PreviewConfig::builder()
+            .head_chars(0)
+            .tail_chars(0)
+            .failure_chars(1)
+            .build();
         assert_eq!(crlf.truncate_failure("\r\nxyz"), "\r\n");
     }
 

@@ -299,10 +299,12 @@ fn handle() -> RecordHandle {
 }
 
 fn config() -> impl Strategy<Value = PreviewConfig> {
-    (0usize..60, 0usize..60, 0usize..80).prop_map(|(head, tail, failure)| PreviewConfig {
-        head_chars: head,
-        tail_chars: tail,
-        failure_chars: failure,
+    (0usize..60, 0usize..60, 0usize..80).prop_map(|(head, tail, failure)| {
+        PreviewConfig::builder()
+            .head_chars(head)
+            .tail_chars(tail)
+            .failure_chars(failure)
+            .build()
     })
 }
 
@@ -325,7 +327,7 @@ proptest! {
         prop_assert!(std::str::from_utf8(out.as_bytes()).is_ok());
         prop_assert!(out.len() <= text.len());
         let chars = text.chars().count();
-        if c.head_chars + c.tail_chars >= chars {
+        if c.head_chars() + c.tail_chars() >= chars {
             prop_assert!(matches!(out, Cow::Borrowed(_)));
             prop_assert_eq!(out.as_ref(), text.as_str());
         }
@@ -333,8 +335,8 @@ proptest! {
             // Strictly shorter, shows the original's head and tail (each cut moved at most
             // its slack to a line break), names the handle.
             prop_assert!(preview.len() < text.len());
-            let head_min = c.head_chars - LINE_SLACK.min(c.head_chars / 2);
-            let tail_min = c.tail_chars - LINE_SLACK.min(c.tail_chars / 2);
+            let head_min = c.head_chars() - LINE_SLACK.min(c.head_chars() / 2);
+            let tail_min = c.tail_chars() - LINE_SLACK.min(c.tail_chars() / 2);
             let head: String = text.chars().take(head_min).collect();
             let tail: String = text.chars().rev().take(tail_min).collect::<Vec<_>>().into_iter().rev().collect();
             prop_assert!(preview.starts_with(&head));
@@ -361,8 +363,8 @@ proptest! {
         prop_assert!(text.starts_with(kept));
         let kept_chars = kept.chars().count();
         let chars = text.chars().count();
-        prop_assert!(kept_chars >= c.failure_chars.min(chars));
-        if chars <= c.failure_chars {
+        prop_assert!(kept_chars >= c.failure_chars().min(chars));
+        if chars <= c.failure_chars() {
             prop_assert_eq!(kept, text.as_str());
         }
     }

@@ -29,11 +29,13 @@ fn elider() -> Elider {
                 .build()
                 .unwrap(),
         )
-        .preview(PreviewConfig {
-            head_chars: 600,
-            tail_chars: 200,
-            failure_chars: 400,
-        })
+        .preview(
+            PreviewConfig::builder()
+                .head_chars(600)
+                .tail_chars(200)
+                .failure_chars(400)
+                .build(),
+        )
         .build()
 }
 

@@ -17,7 +17,8 @@
 //! does not model, so psych-mcp keeps the raw answer, through its own stdio transport and
 //! through a wrapper of rmcp's streamable HTTP client that sees every server-sent event and
 //! every single JSON body before rmcp parses it.
-//! [`McpManager::call_tool_raw`] returns rmcp's typed `CallToolResult` instead.
+//! [`McpManager::call_tool_raw`] returns rmcp's typed `CallToolResult` instead (the one
+//! place rmcp shows in the API: the crate is re-exported as [`rmcp`]).
 //!
 //! A stdio answer too large to hold in memory (a line over [`SPILL_AT`]) is kept in files
 //! rather than refused: its long texts reach the caller as
@@ -84,5 +85,11 @@ pub use spill::{MAX_SPILLED_ANSWER, MAX_SPILLED_TEXTS, SPILL_AT, SPILL_TEXT_AT};
 pub use synthetic::{SyntheticKind, synthetic_catalog, synthetic_tools};
 pub use timeouts::{Backoff, Timeouts};
 
-/// rmcp's `tools/call` result type, returned by [`McpManager::call_tool_raw`].
-pub use rmcp::model::CallToolResult;
+/// The rmcp crate psych-mcp is built on, whose
+/// [`CallToolResult`](rmcp::model::CallToolResult) [`McpManager::call_tool_raw`] returns:
+/// name it as `psych_mcp::rmcp::model::CallToolResult` to get the same version. It is a
+/// public dependency through that one method, so an rmcp release that breaks it is a
+/// breaking release of psych-mcp; every other item of this crate speaks psych-types
+/// ([`ToolHost::call_tool`](psych_types::ToolHost::call_tool) returns the same result,
+/// whole, as a [`ToolOutput`](psych_types::ToolOutput)).
+pub use rmcp;

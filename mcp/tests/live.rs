@@ -97,7 +97,7 @@ fn args(value: Value) -> JsonObject {
     }
 }
 
-fn texts(result: &psych_mcp::CallToolResult) -> Vec<String> {
+fn texts(result: &psych_mcp::rmcp::model::CallToolResult) -> Vec<String> {
     serde_json::to_value(&result.content)
         .unwrap()
         .as_array()

@@ -56,6 +56,13 @@ pub const NO_MATCH: &str = "No deferred tool matched the query.";
 /// The name of the client search tool [`SearchTool::client`] declares.
 pub const SEARCH_TOOL_NAME: &str = "tool_search";
 
+/// How many tools a search loads when its call does not say ([`SearchTool::client`]'s
+/// schema documents it).
+pub const DEFAULT_SEARCH_LIMIT: usize = 5;
+
+/// The most tools one search loads ([`SearchTool::client`]'s schema says so too).
+pub const MAX_SEARCH_LIMIT: usize = 10;
+
 /// How deferred servers' tools reach the model, chosen by the caller per Run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -109,14 +116,17 @@ pub enum SearchTool {
 
 impl SearchTool {
     /// The client search tool Psych declares by default: [`SEARCH_TOOL_NAME`], a `query`
-    /// and an optional `limit`.
+    /// and an optional `limit` (1 to [`MAX_SEARCH_LIMIT`], [`DEFAULT_SEARCH_LIMIT`] when
+    /// not given). [`SearchArguments::parse`] reads its calls.
     pub fn client() -> Self {
         let schema = serde_json::json!({
             "type": "object",
             "properties": {
                 "query": {"type": "string", "description": "What the tool should do, in words."},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 10,
-                          "description": "How many tools to load (default 5)."}
+                "limit": {"type": "integer", "minimum": 1, "maximum": MAX_SEARCH_LIMIT,
+                          "description": format!(
+                              "How many tools to load (default {DEFAULT_SEARCH_LIMIT})."
+                          )}
             },
             "required": ["query"],
             "additionalProperties": false
@@ -148,6 +158,64 @@ impl SearchTool {
         }
     }
 }
+
+/// The arguments of a call of the client search tool ([`SearchTool::client`]), checked
+/// against its schema: what the caller's executor ranks the deferred tools by (disclosure's
+/// search) before answering with [`search_answer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SearchArguments<'a> {
+    /// What the model is looking for, in words.
+    pub query: &'a str,
+    /// How many tools to load: 1 to [`MAX_SEARCH_LIMIT`], [`DEFAULT_SEARCH_LIMIT`] when the
+    /// call does not say.
+    pub limit: usize,
+}
+
+impl<'a> SearchArguments<'a> {
+    /// Reads a call's arguments as [`SearchTool::client`]'s schema declares them: an object
+    /// with a string `query` and an optional integer `limit`, nothing else.
+    ///
+    /// # Errors
+    ///
+    /// [`SearchArgumentsError`], saying where (a JSON pointer) and what is wrong, for the
+    /// model to read as the call's failed result.
+    pub fn parse(arguments: &'a serde_json::Value) -> Result<Self, SearchArgumentsError> {
+        use serde_json::Value;
+        let refuse = |problem: String| Err(SearchArgumentsError(problem));
+        let Some(object) = arguments.as_object() else {
+            return refuse("the arguments must be a JSON object".into());
+        };
+        if let Some(key) = object.keys().find(|k| *k != "query" && *k != "limit") {
+            return refuse(format!(
+                "/{key}: unknown property; expected \"query\" and \"limit\""
+            ));
+        }
+        let query = match object.get("query") {
+            Some(Value::String(query)) => query.as_str(),
+            Some(_) => return refuse("/query: must be a string".into()),
+            None => return refuse("/query: is required".into()),
+        };
+        let limit = match object.get("limit") {
+            None => DEFAULT_SEARCH_LIMIT,
+            Some(value) => match value.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                Some(n) if (1..=MAX_SEARCH_LIMIT).contains(&n) => n,
+                _ => {
+                    return refuse(format!(
+                        "/limit: must be an integer from 1 to {MAX_SEARCH_LIMIT}"
+                    ));
+                }
+            },
+        };
+        Ok(Self { query, limit })
+    }
+}
+
+/// Why [`SearchArguments::parse`] refused a search call's arguments: where and what, said
+/// for the model (the call is answered with a failed result, not an error of the caller).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SearchArgumentsError(String);
 
 /// What a request in native deferral sends besides the surface: the deferred tools and the
 /// search tool.
@@ -255,6 +323,40 @@ mod tests {
             "d",
             JsonObject::from_iter([("type".to_owned(), "object".into())]),
         )
+    }
+
+    #[test]
+    fn search_arguments_are_checked_against_the_schema() {
+        use serde_json::json;
+        let parse = |value: serde_json::Value| {
+            SearchArguments::parse(&value)
+                .map(|a| (a.query.to_owned(), a.limit))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(parse(json!({"query": "q"})), Ok(("q".into(), 5)));
+        assert_eq!(
+            parse(json!({"query": "q", "limit": 10})),
+            Ok(("q".into(), 10))
+        );
+        assert_eq!(
+            parse(json!({"query": "q", "limit": 11})),
+            Err("/limit: must be an integer from 1 to 10".into())
+        );
+        assert!(parse(json!({"query": "q", "limit": 0})).is_err());
+        assert_eq!(
+            parse(json!({"query": 3})),
+            Err("/query: must be a string".into())
+        );
+        assert_eq!(parse(json!({})), Err("/query: is required".into()));
+        assert!(parse(json!({"query": "q", "k": 1})).is_err());
+        assert!(parse(json!("q")).is_err());
+        // The schema the model reads says the same limits.
+        let SearchTool::Client { input_schema, .. } = SearchTool::client() else {
+            unreachable!("client() is a client tool")
+        };
+        let limit = &input_schema["properties"]["limit"];
+        assert_eq!(limit["maximum"], json!(MAX_SEARCH_LIMIT));
+        assert_eq!(limit["description"], "How many tools to load (default 5).");
     }
 
     #[test]

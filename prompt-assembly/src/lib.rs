@@ -73,7 +73,9 @@
 //! - **Native deferral where a provider has it.** With a [`NativeDeferral`] in the options
 //!   (the caller's [`DeferralMode`] per Run, [`choose_deferral`] falling back to the meta
 //!   tools), deferred servers' tools are sent with `defer_loading: true` after the surface's
-//!   tools, sorted, beside a search tool; a logged search answer ([`search_answer`]) becomes
+//!   tools, sorted, beside a search tool (Psych's own, [`SearchTool::client`], whose calls'
+//!   arguments [`SearchArguments::parse`] reads, as psych-reader-tool does for
+//!   `read_tool_output`); a logged search answer ([`search_answer`]) becomes
 //!   `tool_reference` blocks (Anthropic) or a `tool_search_output` (Responses), naming only
 //!   tools of the deferred set. Anthropic documents tool search as a public beta behind the
 //!   `anthropic-beta: advanced-tool-use-2025-11-20` header, which the caller sends.
@@ -230,7 +232,8 @@ mod zones;
 pub use anthropic::{ANCHOR_DISTANCE, AnthropicOptions, CONVERSATION_START};
 pub use assemble::{AssembleError, Assembler, Prompt};
 pub use deferral::{
-    DeferralMode, MAX_DEFERRED_TOOLS, NO_MATCH, NativeDeferral, SEARCH_TOOL_NAME, SearchTool,
+    DEFAULT_SEARCH_LIMIT, DeferralMode, MAX_DEFERRED_TOOLS, MAX_SEARCH_LIMIT, NO_MATCH,
+    NativeDeferral, SEARCH_TOOL_NAME, SearchArguments, SearchArgumentsError, SearchTool,
     TOOL_REFERENCE, choose_deferral, search_answer,
 };
 pub use error::Error;

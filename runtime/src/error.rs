@@ -34,8 +34,8 @@ pub enum ExecuteError {
     #[error("{} calls of the step failed: {}", .0.len(), joined(.0))]
     Calls(Vec<ExecuteError>),
     /// The blocking task writing the step's results panicked or was cancelled; none of them
-    /// is acknowledged.
-    #[error("a task of the step failed: {0}")]
+    /// is acknowledged. The source is what tokio said.
+    #[error("the task logging the step's results did not finish")]
     Task(#[from] tokio::task::JoinError),
 }
 
@@ -64,6 +64,11 @@ pub enum RunError {
     /// The catalogue could not be read when the turn was resolved or a call re-checked.
     #[error("reading the catalogue: {0}")]
     Catalog(#[from] psych_catalog::CatalogError),
+    /// The settings leave no room in the tool cap for the tools the Run adds to every
+    /// Surface ([`EXECUTOR_TOOLS`](crate::EXECUTOR_TOOLS), reserved on top of the caller's
+    /// own reservation): the cap less the reserved tools is below the fixed tools.
+    #[error("the settings leave no room for the run's own tools")]
+    Settings(#[from] psych_disclosure::SettingsError),
     /// Disclosure refused the turn's inputs (two connections for one server, a catalogue
     /// listing a tool twice).
     #[error("resolving the tool surface: {0}")]
@@ -75,11 +80,72 @@ pub enum RunError {
     /// A step's calls could not be executed and logged (see [`ExecuteError`]).
     #[error(transparent)]
     Execute(#[from] ExecuteError),
-    /// The call came at the wrong moment: a reply when no request is waiting for one, or a
-    /// user message while the model's tool calls are still unanswered.
+    /// The call came at the wrong moment for the Run's turn, which is as [`TurnState`]
+    /// says: a user message while a request awaits the model's reply, or a reply when no
+    /// request awaits one. Nothing was logged.
     #[error("out of turn: {0}")]
-    OutOfTurn(&'static str),
-    /// A blocking task (a catalogue read, a log write) panicked or was cancelled.
-    #[error("a blocking task failed: {0}")]
-    Task(String),
+    OutOfTurn(TurnState),
+    /// A blocking task (a catalogue read, the history read from the log, the step's reads
+    /// for assembly) panicked or was cancelled; the source is what tokio said.
+    #[error("a blocking task of the run did not finish")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Where a [`Run`](crate::Run) stood when a call came out of turn
+/// ([`RunError::OutOfTurn`]), so a caller can tell what it must do first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TurnState {
+    /// A request was handed out and the model's reply to it is awaited: hand it to
+    /// [`Run::reply`](crate::Run::reply) before starting another turn with
+    /// [`Run::user`](crate::Run::user).
+    AwaitingReply,
+    /// No request awaits a reply (none was handed out, or its reply was already given):
+    /// [`Run::reply`](crate::Run::reply) has nothing to answer; start a turn with
+    /// [`Run::user`](crate::Run::user) or get the request with
+    /// [`Run::request`](crate::Run::request).
+    NoRequestWaiting,
+}
+
+impl std::fmt::Display for TurnState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TurnState::AwaitingReply => "a request is waiting for the model's reply",
+            TurnState::NoRequestWaiting => "no request is waiting for a reply",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// A `JoinError` of a task that panicked saying `message`.
+    async fn join_error(message: &'static str) -> tokio::task::JoinError {
+        match tokio::spawn(async move { std::panic::panic_any(message) }).await {
+            Err(error) => error,
+            Ok(()) => unreachable!("the task panics"),
+        }
+    }
+
+    #[tokio::test]
+    async fn task_errors_keep_the_join_error_as_their_source() {
+        let run = RunError::Task(join_error("the catalogue read broke").await);
+        let step = ExecuteError::Task(join_error("the log write broke").await);
+        for (error, said) in [
+            (&run as &dyn std::error::Error, "the catalogue read broke"),
+            (&step, "the log write broke"),
+        ] {
+            let source = error.source().map(ToString::to_string).unwrap_or_default();
+            assert!(source.contains(said), "{source}");
+            // Printed with its chain, the cause is said once.
+            assert!(!error.to_string().contains(said), "{error}");
+        }
+        assert!(matches!(
+            run.source().and_then(|s| s.downcast_ref::<tokio::task::JoinError>()),
+            Some(join) if join.is_panic()
+        ));
+    }
 }

@@ -25,6 +25,18 @@ use crate::error::ExecuteError;
 /// The default deadline of one forwarded call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How many tools the [`Executor`] answers that no Surface lists: `read_tool_output`.
+///
+/// A request that sends them beside a Surface's tools needs their slots in disclosure's
+/// tool cap, or a Surface resolved right at the cap makes every request one tool too many
+/// (OpenAI refuses more than 128): reserve them with
+/// [`SettingsBuilder::reserved_tools`](psych_disclosure::SettingsBuilder::reserved_tools).
+/// A [`Run`](crate::Run) does so itself; a caller composing the executor with a Surface
+/// of its own (an MCP gateway listing `read_tool_output` to its client) reserves them in
+/// the settings it resolves with. Native deferral's search tool needs no slot of its own:
+/// it takes the place of the meta tools, which the Surface counts.
+pub const EXECUTOR_TOOLS: usize = 1;
+
 /// Runs one step's tool calls and logs their results.
 ///
 /// For each call, in the order the model made them: `read_tool_output` goes to

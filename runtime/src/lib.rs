@@ -13,8 +13,8 @@
 //!
 //! - **Nothing cached across turns but the catalogue.** A server connected mid-Run is on the
 //!   next turn's Surface ([`Run::add_connection`]); a `list_changed` reaches the catalogue
-//!   through [`CatalogSync`] (psych-mcp's events into the catalogue's freshener); a grant
-//!   change holds at the next call, since the guard re-checks every call.
+//!   through `CatalogSync` (psych-mcp's events into the catalogue's freshener; feature
+//!   `mcp`); a grant change holds at the next call, since the guard re-checks every call.
 //! - **The executor is glue.** Each route hands off to the crate that owns the policy: the
 //!   guard (direct tools, facades, search pairs, the meta tools), the orientation payload,
 //!   psych-reader-tool for `read_tool_output`, the [`ToolHost`](psych_types::ToolHost) for
@@ -36,13 +36,22 @@
 //!   the tools permitted now; a loaded tool's call goes through the guard like a direct one.
 //! - [`ScriptedModel`] answers from a script, to drive a Run deterministically.
 //!
+//! # Features
+//!
+//! - `mcp` (off by default): `CatalogSync`, which keeps a catalogue fresh from psych-mcp's
+//!   live connections (a sync on connect, `list_changed`, reachability). Without it the
+//!   runtime depends on no MCP client at all (no rmcp, hyper or reqwest): it forwards calls
+//!   to any [`ToolHost`](psych_types::ToolHost), and a caller with its own MCP client
+//!   refreshes the catalogue through psych-catalog's `Freshener` itself.
+//!
 //! # Example
 //!
 //! ```
 //! use std::sync::Arc;
 //!
 //! use psych_catalog::Catalog;
-//! use psych_runtime::{Next, Run, ScriptedModel, Step};
+//! use psych_prompt_assembly::AnthropicOptions;
+//! use psych_runtime::{Next, Run, ScriptedModel, Step, Target};
 //! use psych_types::{
 //!     ConnectionSpec, JsonObject, PermissionGrant, ServerId, ToolDefinition, ToolHost,
 //!     ToolLister, ToolName, ToolOutput, ToolRef,
@@ -71,7 +80,12 @@
 //!     let catalog = Catalog::in_memory()?;
 //!     catalog.refresh(&server, &Echo.list_tools(&server).await?)?;
 //!
-//!     let mut run = Run::builder(dir.path(), "run-1".parse()?, catalog, Arc::new(Echo))
+//!     // The provider and model requests are rendered for, and the system prompt: the
+//!     // caller's to choose.
+//!     let target = Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096));
+//!     let run = Run::builder(dir.path(), "run-1".parse()?, catalog, Arc::new(Echo), target);
+//!     let mut run = run
+//!         .instructions("You answer through the tools you are given.")
 //!         .connections([ConnectionSpec::new(server.clone())])
 //!         .grant(PermissionGrant::none().allow_server(server))
 //!         .clock(|| 1_796_041_497)
@@ -103,6 +117,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+#[cfg(feature = "mcp")]
 mod events;
 mod executor;
 mod native;
@@ -110,10 +125,10 @@ mod run;
 mod scripted;
 mod usage;
 
-pub use error::{ExecuteError, RunError};
+pub use error::{ExecuteError, RunError, TurnState};
+#[cfg(feature = "mcp")]
 pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};
-pub use executor::{DEFAULT_CALL_TIMEOUT, Executor};
-pub use native::{DEFAULT_SEARCH_LIMIT, MAX_SEARCH_LIMIT};
+pub use executor::{DEFAULT_CALL_TIMEOUT, EXECUTOR_TOOLS, Executor};
 pub use run::{INTERRUPTED, ModelReply, Next, Run, RunBuilder, Target};
 pub use scripted::{ScriptedModel, Step, Transcript};
 pub use usage::{Spent, spent};

@@ -17,10 +17,11 @@ use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, Recovery, SharedRecordLog, SyncPolicy};
 use psych_types::{
     AssistantMessage, History, HistoryItem, LoggedRecord, PermissionGrant, Record, RunId,
-    ServerCatalog, ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult, Usage, UserMessage,
+    ServerCatalog, TokenEstimator, ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult,
+    Usage, UserMessage,
 };
 
-use crate::error::{ExecuteError, RunError};
+use crate::error::{ExecuteError, RunError, TurnState};
 use crate::executor::{Executor, append};
 use crate::usage::Spent;
 use psych_types::ConnectionSpec;
@@ -103,6 +104,25 @@ struct NativeTurn {
 /// The caller's clock, in Unix seconds (the transient message's time).
 type ClockFn = Arc<dyn Fn() -> i64 + Send + Sync>;
 
+/// The Run's one token estimator ([`RunBuilder::estimator`]), shared by disclosure's
+/// costs, the log's stored estimates and elision.
+#[derive(Clone)]
+struct RunEstimator(Arc<dyn TokenEstimator + Send + Sync>);
+
+impl TokenEstimator for RunEstimator {
+    fn estimate_text(&self, text: &str) -> u64 {
+        self.0.estimate_text(text)
+    }
+
+    fn estimate_binary(&self, mime_type: &str, len: u64) -> u64 {
+        self.0.estimate_binary(mime_type, len)
+    }
+
+    fn estimate_output(&self, output: &ToolOutput) -> u64 {
+        self.0.estimate_output(output)
+    }
+}
+
 /// An agent Run over real MCP servers (or any [`ToolHost`]): the model call stays with the
 /// caller.
 ///
@@ -142,8 +162,8 @@ pub struct Run<H> {
     grant: PermissionGrant,
     settings: Settings,
     /// The last Surface and each server's prepared part, kept across turns.
-    surfaces: Arc<Mutex<SurfaceCache<Estimator>>>,
-    elider: Elider,
+    surfaces: Arc<Mutex<SurfaceCache<RunEstimator>>>,
+    elider: Elider<RunEstimator>,
     instructions: String,
     dynamic_tail: DynamicTail,
     target: Target,
@@ -176,6 +196,7 @@ pub struct RunBuilder<H> {
     grant: PermissionGrant,
     settings: Settings,
     elider: Elider,
+    estimator: Arc<dyn TokenEstimator + Send + Sync>,
     instructions: String,
     dynamic_tail: DynamicTail,
     target: Target,
@@ -198,15 +219,18 @@ impl<H> std::fmt::Debug for RunBuilder<H> {
 
 impl<H: ToolHost + 'static> Run<H> {
     /// A builder for the Run `run` whose log is `<dir>/<run>.plog`, reading tools from
-    /// `catalog` and forwarding calls to `host`. Defaults: no connection, an empty grant,
-    /// disclosure's and elision's default settings, Anthropic `claude-sonnet-4-5` with 4,096
-    /// output tokens, the meta tools for deferred servers ([`DeferralMode::MetaTools`]), the
-    /// system clock, [`SyncPolicy::EveryAppend`], a 60 s call deadline.
+    /// `catalog`, forwarding calls to `host` and rendering requests for `target` (the
+    /// provider and model are the caller's choice: the runtime names none). Defaults: no
+    /// instructions ([`RunBuilder::instructions`]), no connection, an empty grant,
+    /// disclosure's and elision's default settings, psych-elision's estimator, the meta
+    /// tools for deferred servers ([`DeferralMode::MetaTools`]), the system clock,
+    /// [`SyncPolicy::EveryAppend`], a 60 s call deadline.
     pub fn builder(
         dir: impl Into<PathBuf>,
         run: RunId,
         catalog: Catalog,
         host: Arc<H>,
+        target: Target,
     ) -> RunBuilder<H> {
         RunBuilder {
             dir: dir.into(),
@@ -217,9 +241,10 @@ impl<H: ToolHost + 'static> Run<H> {
             grant: PermissionGrant::none(),
             settings: Settings::default(),
             elider: Elider::default(),
-            instructions: String::from("You are a helpful assistant."),
+            estimator: Arc::new(Estimator::new()),
+            instructions: String::new(),
             dynamic_tail: DynamicTail::new(),
-            target: Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096)),
+            target,
             deferral: DeferralMode::MetaTools,
             clock: Arc::new(system_seconds),
             sync: SyncPolicy::EveryAppend,
@@ -238,9 +263,7 @@ impl<H: ToolHost + 'static> Run<H> {
     /// catalogue, disclosure or assembly failing.
     pub async fn user(&mut self, text: impl Into<String>) -> Result<RenderedRequest, RunError> {
         if self.awaiting {
-            return Err(RunError::OutOfTurn(
-                "a request is waiting for the model's reply",
-            ));
+            return Err(RunError::OutOfTurn(TurnState::AwaitingReply));
         }
         self.close_unanswered().await?;
         let record = Record::User(UserMessage { text: text.into() });
@@ -276,9 +299,11 @@ impl<H: ToolHost + 'static> Run<H> {
     /// [`request`](Self::request) or [`user`](Self::user)); the log, the catalogue or
     /// assembly failing.
     pub async fn reply(&mut self, reply: ModelReply) -> Result<Next, RunError> {
-        if !self.awaiting {
-            return Err(RunError::OutOfTurn("no request is waiting for a reply"));
-        }
+        // A request is handed out only within a turn, so a reply awaited has its turn.
+        let surface = match (&self.turn, self.awaiting) {
+            (Some(turn), true) => Arc::clone(&turn.surface),
+            _ => return Err(RunError::OutOfTurn(TurnState::NoRequestWaiting)),
+        };
         self.awaiting = false;
         let ModelReply {
             text,
@@ -299,10 +324,6 @@ impl<H: ToolHost + 'static> Run<H> {
             return Ok(Next::Done { text });
         }
         let catalogs = self.live_catalogs().await?;
-        let surface = match &self.turn {
-            Some(turn) => Arc::clone(&turn.surface),
-            None => return Err(RunError::OutOfTurn("no turn is under way")),
-        };
         let live = Live {
             grant: &self.grant,
             catalogs: &catalogs,
@@ -403,8 +424,9 @@ impl<H: ToolHost + 'static> Run<H> {
 
     /// Renders the request for the history as it stands (a request is then awaited).
     async fn next_request(&mut self) -> Result<RenderedRequest, RunError> {
+        // Called with a turn under way; without one there is no request to give.
         let Some(turn) = &self.turn else {
-            return Err(RunError::OutOfTurn("no turn is under way"));
+            return Err(RunError::OutOfTurn(TurnState::NoRequestWaiting));
         };
         let now = CurrentTime::utc((self.clock)()).map_err(psych_prompt_assembly::Error::from)?;
         let transient = Transient::at(now);
@@ -427,7 +449,7 @@ impl<H: ToolHost + 'static> Run<H> {
             }
             Err(e) => {
                 self.lost_history();
-                return Err(RunError::Task(e.to_string()));
+                return Err(RunError::Task(e));
             }
         };
         let native = native_in_force(turn, self.deferral, &self.target);
@@ -463,7 +485,7 @@ impl<H: ToolHost + 'static> Run<H> {
             }
             Err(e) => {
                 self.lost_history();
-                Err(RunError::Task(e.to_string()))
+                Err(RunError::Task(e))
             }
         }
     }
@@ -538,7 +560,7 @@ impl<H: ToolHost + 'static> Run<H> {
             Ok::<_, RunError>(surface)
         })
         .await
-        .map_err(|e| RunError::Task(e.to_string()))?
+        .map_err(RunError::Task)?
     }
 
     /// The live catalogue of every connected server, read now (off the async threads).
@@ -552,7 +574,7 @@ impl<H: ToolHost + 'static> Run<H> {
                 .collect::<Result<Vec<_>, _>>()
         })
         .await
-        .map_err(|e| RunError::Task(e.to_string()))?
+        .map_err(RunError::Task)?
         .map_err(RunError::from)
     }
 
@@ -600,19 +622,39 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
-    /// Disclosure's settings (budgets, tiers, the tool cap).
+    /// Disclosure's settings (budgets, tiers, the tool cap). The Run reserves in the tool
+    /// cap the tools it adds to every Surface ([`EXECUTOR_TOOLS`](crate::EXECUTOR_TOOLS),
+    /// on top of any [`reserved_tools`](psych_disclosure::SettingsBuilder::reserved_tools)
+    /// already set), so a request never carries more than the cap.
     pub fn settings(mut self, settings: Settings) -> Self {
         self.settings = settings;
         self
     }
 
-    /// The projector of results before the elision boundary.
+    /// The projector of results before the elision boundary: its thresholds and preview
+    /// settings. Results are sized with the Run's [`estimator`](Self::estimator), not the
+    /// elider's.
     pub fn elider(mut self, elider: Elider) -> Self {
         self.elider = elider;
         self
     }
 
-    /// Zone 1's instructions (the deferred lines are added after them each turn).
+    /// The token estimator of the Run, set once for every estimate it makes: disclosure's
+    /// cost of each server's tools (the auto budget, the direct tier, a facade's index
+    /// line), the estimate the log stores with each result, and elision's sizing of
+    /// results against its thresholds (from those stored estimates). Default:
+    /// psych-elision's [`Estimator`]. An estimate never feeds metering: spent tokens are
+    /// the provider's usage ([`Run::spent`]).
+    ///
+    /// A Run reopened with another estimator keeps the estimates its log already stores
+    /// for the results logged before.
+    pub fn estimator(mut self, estimator: impl TokenEstimator + Send + Sync + 'static) -> Self {
+        self.estimator = Arc::new(estimator);
+        self
+    }
+
+    /// Zone 1's instructions, the system prompt (the deferred lines are added after them
+    /// each turn). Default: none; zone 1 then holds only the deferred lines.
     pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
         self.instructions = instructions.into();
         self
@@ -621,12 +663,6 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     /// Zone 2: memories and other per-user text.
     pub fn dynamic_tail(mut self, tail: DynamicTail) -> Self {
         self.dynamic_tail = tail;
-        self
-    }
-
-    /// The provider requests are rendered for.
-    pub fn target(mut self, target: Target) -> Self {
-        self.target = target;
         self
     }
 
@@ -678,22 +714,39 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     ///
     /// # Errors
     ///
+    /// [`RunError::Settings`] when the tool cap has no room for the Run's own tools,
     /// [`RunError::Open`] for a log that does not open (corrupt in the middle, locked,
     /// a sync policy out of bounds), [`RunError::Read`] for a record that does not read
     /// back, [`RunError::Append`] when the repair cannot be logged.
     pub async fn open(self) -> Result<Run<H>, RunError> {
+        // The tools every turn sends beside the Surface's are reserved in its tool cap.
+        let settings = self
+            .settings
+            .to_builder()
+            .reserved_tools(
+                self.settings
+                    .reserved_tools()
+                    .saturating_add(crate::EXECUTOR_TOOLS),
+            )
+            .build()?;
         let (dir, run, sync) = (self.dir, self.run, self.sync);
-        // Results are logged with the elider's own estimate, so projecting them later
-        // needs no pass over their content.
-        let estimator = Arc::new(*self.elider.estimator());
+        // One estimator for disclosure, the log and elision. Results are logged with its
+        // estimate, so projecting them later needs no pass over their content.
+        let estimator = RunEstimator(self.estimator);
+        let elider = Elider::builder()
+            .estimator(estimator.clone())
+            .thresholds(*self.elider.thresholds())
+            .preview(*self.elider.preview_config())
+            .build();
+        let logged = Arc::clone(&estimator.0);
         let (log, history, recovery) = tokio::task::spawn_blocking(move || {
             let (mut log, recovery) = RecordLog::open(&dir, &run, sync)?;
-            log.set_estimator(estimator);
+            log.set_estimator(logged);
             let history = log.history()?;
             Ok::<_, RunError>((SharedRecordLog::new(log), history, recovery))
         })
         .await
-        .map_err(|e| RunError::Task(e.to_string()))??;
+        .map_err(RunError::Task)??;
         let executor = Executor::new(self.host, Arc::new(log))
             .call_timeout(self.call_timeout)
             .orientation_context(self.orientation)
@@ -708,9 +761,9 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             catalog: self.catalog,
             connections: self.connections,
             grant: self.grant,
-            settings: self.settings,
-            surfaces: Arc::new(Mutex::new(SurfaceCache::new(Estimator::new()))),
-            elider: self.elider,
+            settings,
+            surfaces: Arc::new(Mutex::new(SurfaceCache::new(estimator))),
+            elider,
             instructions: self.instructions,
             dynamic_tail: self.dynamic_tail,
             target: self.target,

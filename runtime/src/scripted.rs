@@ -154,14 +154,13 @@ impl ScriptedModel {
         run: &mut Run<H>,
         request: RenderedRequest,
     ) -> Result<Transcript, RunError> {
-        let mut requests = vec![request];
+        let mut requests = Vec::new();
+        let mut request = request;
         loop {
-            let reply = match requests.last() {
-                Some(last) => self.reply(last),
-                None => return Err(RunError::OutOfTurn("no request to answer")),
-            };
+            let reply = self.reply(&request);
+            requests.push(request);
             match run.reply(reply).await? {
-                Next::Request(next) => requests.push(next),
+                Next::Request(next) => request = next,
                 Next::Done { text } => return Ok(Transcript { requests, text }),
             }
         }

@@ -1,6 +1,7 @@
 //! The Run and its executor over an in-process host: parallel calls and call order, the
 //! per-call deadline, a grant revoked mid-Run, a read by a handle never emitted, resume
-//! after a crash that left calls unanswered, and spent tokens from usage records only.
+//! after a crash that left calls unanswered, spent tokens from usage records only, and a
+//! Run whose catalogue fills the tool cap.
 
 #![allow(
     clippy::unwrap_used,
@@ -13,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use psych_catalog::Catalog;
 use psych_record_log::{RecordLog, SyncPolicy};
-use psych_runtime::{ExecuteError, INTERRUPTED, Next, Run, RunError, ScriptedModel, Step};
+use psych_runtime::{
+    ExecuteError, INTERRUPTED, Next, Run, RunError, ScriptedModel, Step, TurnState,
+};
 use psych_types::{
     AssistantMessage, ConnectionSpec, JsonObject, PermissionGrant, Record, RunId, ServerId,
     ToolCall, ToolCallId, ToolDefinition, ToolHost, ToolLister, ToolName, ToolOutput, ToolRef,
@@ -92,6 +95,12 @@ fn spilled(tag: &str) -> ToolOutput {
     output
 }
 
+/// The provider every Run of these tests renders for.
+fn target() -> psych_runtime::Target {
+    let options = psych_prompt_assembly::AnthropicOptions::new("claude-sonnet-4-5", 4096);
+    psych_runtime::Target::Anthropic(options)
+}
+
 fn server() -> ServerId {
     ServerId::new("svc").unwrap()
 }
@@ -105,14 +114,20 @@ async fn open_with(dir: &std::path::Path, timeout: Duration) -> Run<Host> {
     catalog
         .refresh(&server(), &Host.list_tools(&server()).await.unwrap())
         .unwrap();
-    Run::builder(dir, RunId::new("run-1").unwrap(), catalog, Arc::new(Host))
-        .connections([ConnectionSpec::new(server())])
-        .grant(PermissionGrant::none().allow_server(server()))
-        .call_timeout(timeout)
-        .clock(|| 1_796_041_497)
-        .open()
-        .await
-        .unwrap()
+    Run::builder(
+        dir,
+        RunId::new("run-1").unwrap(),
+        catalog,
+        Arc::new(Host),
+        target(),
+    )
+    .connections([ConnectionSpec::new(server())])
+    .grant(PermissionGrant::none().allow_server(server()))
+    .call_timeout(timeout)
+    .clock(|| 1_796_041_497)
+    .open()
+    .await
+    .unwrap()
 }
 
 /// The Run's results, read whole from its log.
@@ -330,6 +345,11 @@ async fn spent_comes_from_usage_records_only() {
     drop(first);
     // A reply with no usage reported adds nothing.
     let _ = run.user("again").await.unwrap();
+    // A user message while the request's reply is awaited is out of turn, and says so.
+    assert!(matches!(
+        run.user("too soon").await,
+        Err(RunError::OutOfTurn(TurnState::AwaitingReply))
+    ));
     run.reply(psych_runtime::ModelReply {
         text: "ok".into(),
         ..Default::default()
@@ -340,7 +360,7 @@ async fn spent_comes_from_usage_records_only() {
     // Out of turn is a typed error.
     assert!(matches!(
         run.reply(psych_runtime::ModelReply::default()).await,
-        Err(RunError::OutOfTurn(_))
+        Err(RunError::OutOfTurn(TurnState::NoRequestWaiting))
     ));
     // Reopened, the Run tallies the same from its log's usage records.
     drop(run);
@@ -459,4 +479,182 @@ async fn a_spilled_result_is_logged_whole_and_one_the_log_refuses_fails_alone() 
         results[1].1.readable_text()
     );
     assert_eq!(results[2].1.readable_text(), "plain");
+}
+
+/// A catalogue that fills disclosure's default tool cap exactly (four servers of 32, 32,
+/// 32 and 31 tools, all direct, and the orientation tool: 128) still renders for OpenAI,
+/// which refuses more than 128 tools: the Run reserves `read_tool_output`'s slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_at_the_tool_cap_renders_for_openai() {
+    use psych_disclosure::{Inputs, Settings, Why};
+    use psych_prompt_assembly::{OPENAI_MAX_TOOLS, OpenAiOptions};
+    use psych_runtime::{EXECUTOR_TOOLS, Target};
+
+    let catalog = Catalog::in_memory().unwrap();
+    let mut connections = Vec::new();
+    for (i, n) in [32, 32, 32, 31].into_iter().enumerate() {
+        let server = ServerId::new(format!("s{i}")).unwrap();
+        let tools: Vec<_> = (0..n)
+            .map(|t| {
+                let name = ToolName::new(format!("t{t}")).unwrap();
+                ToolDefinition::new(name, "Does one thing", Default::default())
+            })
+            .collect();
+        catalog.refresh(&server, &tools).unwrap();
+        connections.push(ConnectionSpec::new(server));
+    }
+    let grant = connections
+        .iter()
+        .fold(PermissionGrant::none(), |grant, c| {
+            grant.allow_server(c.server.clone())
+        });
+    // Resolved with nothing reserved, the Surface is exactly at the cap.
+    let catalogs: Vec<_> = connections
+        .iter()
+        .map(|c| catalog.live(&c.server).unwrap())
+        .collect();
+    let inputs = Inputs {
+        connections: &connections,
+        catalogs: &catalogs,
+        grant: &grant,
+    };
+    let estimator = psych_elision::Estimator::new();
+    let full = psych_disclosure::resolve(&inputs, &Settings::default(), &estimator).unwrap();
+    assert_eq!(full.tools().len(), OPENAI_MAX_TOOLS);
+
+    let dir = tempfile::tempdir().unwrap();
+    let target = Target::OpenAi(OpenAiOptions::new("gpt-test"));
+    let run = Run::builder(
+        dir.path(),
+        RunId::new("cap").unwrap(),
+        catalog,
+        Arc::new(Host),
+        target,
+    );
+    let mut run = run
+        .connections(connections)
+        .grant(grant)
+        .clock(|| 1_796_041_497)
+        .open()
+        .await
+        .unwrap();
+    let request = run.user("Use any tool.").await.unwrap();
+    let body: serde_json::Value = serde_json::from_str(request.body()).unwrap();
+    let tools = body["tools"].as_array().unwrap();
+    assert!(tools.len() <= OPENAI_MAX_TOOLS, "{} tools", tools.len());
+    assert!(
+        tools
+            .iter()
+            .any(|t| t["function"]["name"] == psych_types::READ_TOOL_OUTPUT)
+    );
+    let surface = run.surface().unwrap();
+    assert_eq!(
+        surface.settings().surface_cap(),
+        OPENAI_MAX_TOOLS - EXECUTOR_TOOLS
+    );
+    assert!(surface.tools().len() + EXECUTOR_TOOLS <= OPENAI_MAX_TOOLS);
+    assert!(
+        surface.servers().iter().any(|s| s.why == Why::ToolCap),
+        "a server stepped down for the reserved slot"
+    );
+}
+
+/// Counts one token per byte: four times or so what psych-elision's estimator says of
+/// English text.
+struct PerByte;
+
+impl psych_types::TokenEstimator for PerByte {
+    fn estimate_text(&self, text: &str) -> u64 {
+        text.len() as u64
+    }
+
+    fn estimate_binary(&self, _: &str, len: u64) -> u64 {
+        len
+    }
+}
+
+/// One estimator set on the builder reaches disclosure's costs, the log's stored
+/// estimates and elision: a 20,000-byte result that psych-elision's own estimator keeps
+/// whole is elided in the next turn when the Run counts a token per byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_estimator_reaches_disclosure_the_log_and_elision() {
+    use psych_disclosure::{Inputs, Settings};
+    use psych_elision::{Estimator, Thresholds};
+    use psych_types::{HistoryItem, TokenEstimator};
+
+    let text: String = (0..2_000).map(|i| format!("word{:05} ", i * 7)).collect();
+    assert_eq!(text.len(), 20_000);
+    // psych-elision's estimator keeps it whole; one token per byte does not.
+    assert!(Estimator::new().estimate_text(&text) < Thresholds::DEFAULT_PER_RESULT);
+    assert!(PerByte.estimate_text(&text) > Thresholds::DEFAULT_PER_RESULT);
+
+    // Returns the Run's cost of `svc`, the estimate stored with the result, and whether
+    // the next turn's request carries the result whole.
+    let drive = async |estimator: Option<PerByte>| {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::in_memory().unwrap();
+        catalog
+            .refresh(&server(), &Host.list_tools(&server()).await.unwrap())
+            .unwrap();
+        let run_id = RunId::new("est").unwrap();
+        let builder = Run::builder(dir.path(), run_id, catalog, Arc::new(Host), target())
+            .connections([ConnectionSpec::new(server())])
+            .grant(PermissionGrant::none().allow_server(server()))
+            .clock(|| 1_796_041_497);
+        let builder = match estimator {
+            Some(estimator) => builder.estimator(estimator),
+            None => builder,
+        };
+        let mut run = builder.open().await.unwrap();
+        let mut model = ScriptedModel::new([
+            Step::call("svc__sleep", json!({"ms": 0, "tag": text})),
+            Step::say("done"),
+        ]);
+        model.turn(&mut run, "Fetch it.").await.unwrap();
+        let stored = run
+            .history()
+            .entries
+            .iter()
+            .find_map(|entry| match &entry.item {
+                HistoryItem::Result(stored) => stored.estimate,
+                _ => None,
+            })
+            .unwrap();
+        let next = run.user("And now?").await.unwrap();
+        let cost = run.surface().unwrap().server("svc").unwrap().cost;
+        // Once in the call's arguments; a second time if the result is sent whole.
+        (cost, stored, next.body().matches(&text).count() == 2)
+    };
+
+    // The same catalogue resolved by disclosure alone with each estimator.
+    let catalog = Catalog::in_memory().unwrap();
+    catalog
+        .refresh(&server(), &Host.list_tools(&server()).await.unwrap())
+        .unwrap();
+    let connections = [ConnectionSpec::new(server())];
+    let catalogs = [catalog.live(&server()).unwrap()];
+    let grant = PermissionGrant::none().allow_server(server());
+    let inputs = Inputs {
+        connections: &connections,
+        catalogs: &catalogs,
+        grant: &grant,
+    };
+    let cost_with = |estimator: &dyn TokenEstimator| {
+        psych_disclosure::resolve(&inputs, &Settings::default(), estimator)
+            .unwrap()
+            .server("svc")
+            .unwrap()
+            .cost
+    };
+    assert_ne!(cost_with(&PerByte), cost_with(&Estimator::new()));
+
+    let (cost, stored, whole) = drive(None).await;
+    assert_eq!(cost, cost_with(&Estimator::new()));
+    assert_eq!(stored, Estimator::new().estimate_text(&text));
+    assert!(whole, "the default estimator keeps the result whole");
+
+    let (cost, stored, whole) = drive(Some(PerByte)).await;
+    assert_eq!(cost, cost_with(&PerByte), "disclosure's cost");
+    assert_eq!(stored, 20_000, "the log's stored estimate");
+    assert!(!whole, "elision sized the result with it and elided it");
 }

@@ -106,13 +106,13 @@ async fn play_run(mode: DeferralMode, target: Target, turns: [Vec<Step>; 2]) -> 
         RunId::new("run-native").unwrap(),
         catalog,
         Arc::clone(&host),
+        target,
     )
     .connections([ConnectionSpec::new(memory.clone())
         .with_preload(Preload::Deferred)
         .with_description("The user's notes, as a knowledge graph of entities.")])
     .grant(grant)
     .instructions("You are a careful assistant.")
-    .target(target)
     .deferral(mode)
     .clock(|| 1_796_041_497)
     .open()

@@ -96,11 +96,11 @@ fn following_the_offset_on_real_results_reads_the_first_omitted_line() {
         assert!(check(text, PreviewConfig::default()));
         assert!(check(
             text,
-            PreviewConfig {
-                head_chars: 333,
-                tail_chars: 77,
-                failure_chars: 0
-            }
+            PreviewConfig::builder()
+                .head_chars(333)
+                .tail_chars(77)
+                .failure_chars(0)
+                .build()
         ));
     }
 }
@@ -118,6 +118,6 @@ proptest! {
         head in 0usize..400,
         tail in 0usize..200,
     ) {
-        check(&text, PreviewConfig { head_chars: head, tail_chars: tail, failure_chars: 0 });
+        check(&text, PreviewConfig::builder().head_chars(head).tail_chars(tail).failure_chars(0).build());
     }
 }

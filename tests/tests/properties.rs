@@ -978,11 +978,11 @@ fn script() -> impl Strategy<Value = Script> {
         .prop_map(|(per_result, extra, (head, tail, failure), turns)| Script {
             per_result,
             per_batch: per_result + extra,
-            preview: PreviewConfig {
-                head_chars: head,
-                tail_chars: tail,
-                failure_chars: failure,
-            },
+            preview: PreviewConfig::builder()
+                .head_chars(head)
+                .tail_chars(tail)
+                .failure_chars(failure)
+                .build(),
             turns,
         })
 }
@@ -1077,11 +1077,11 @@ fn telling_script() -> Script {
     Script {
         per_result: 300,
         per_batch: 900,
-        preview: PreviewConfig {
-            head_chars: 120,
-            tail_chars: 80,
-            failure_chars: 100,
-        },
+        preview: PreviewConfig::builder()
+            .head_chars(120)
+            .tail_chars(80)
+            .failure_chars(100)
+            .build(),
         turns: vec![
             Turn {
                 new_memory: false,

@@ -178,11 +178,11 @@ impl World {
             RunId::new(run).unwrap(),
             self.catalog(),
             Arc::new(self.manager.clone()),
+            target,
         )
         .connections(self.connections())
         .grant(self.grant())
         .instructions("You are the end-to-end test's assistant.")
-        .target(target)
         .elider(
             Elider::builder()
                 .thresholds(

@@ -90,10 +90,14 @@ pub enum ToolScope {
 /// absent from the grant has no permitted tools.
 ///
 /// A grant is the outermost narrowing every disclosure tier and every call goes through.
+///
+/// Built from [`none`](Self::none) with the `allow_*` and [`revoke_server`](Self::revoke_server)
+/// methods, read with [`scope`](Self::scope), [`scopes`](Self::scopes) and the `permits*`
+/// methods. Its serde form is `{"servers": {server: scope}}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PermissionGrant {
     /// The scope per server.
-    pub servers: BTreeMap<ServerId, ToolScope>,
+    servers: BTreeMap<ServerId, ToolScope>,
 }
 
 impl PermissionGrant {
@@ -106,6 +110,20 @@ impl PermissionGrant {
     #[must_use]
     pub fn allow_server(mut self, server: ServerId) -> Self {
         self.servers.insert(server, ToolScope::All);
+        self
+    }
+
+    /// Sets `server`'s scope, replacing whatever the grant held for it.
+    #[must_use]
+    pub fn allow_scope(mut self, server: ServerId, scope: ToolScope) -> Self {
+        self.servers.insert(server, scope);
+        self
+    }
+
+    /// Permits nothing on `server` any more.
+    #[must_use]
+    pub fn revoke_server(mut self, server: &ServerId) -> Self {
+        self.servers.remove(server);
         self
     }
 
@@ -123,6 +141,16 @@ impl PermissionGrant {
             }
         }
         self
+    }
+
+    /// The scope the grant gives `server`, if it names it.
+    pub fn scope(&self, server: &ServerId) -> Option<&ToolScope> {
+        self.servers.get(server)
+    }
+
+    /// Every server the grant names with its scope, in server order.
+    pub fn scopes(&self) -> impl Iterator<Item = (&ServerId, &ToolScope)> {
+        self.servers.iter()
     }
 
     /// Whether the grant permits anything on `server`.
@@ -173,7 +201,16 @@ mod tests {
         let grant = PermissionGrant::none()
             .allow_server(server("fs"))
             .allow_tool(ToolRef::parse("fs", "read_file").unwrap());
-        assert_eq!(grant.servers.get(&server("fs")), Some(&ToolScope::All));
+        assert_eq!(grant.scope(&server("fs")), Some(&ToolScope::All));
+        let grant = grant
+            .allow_scope(server("fs"), ToolScope::Only(BTreeSet::new()))
+            .allow_server(server("git"))
+            .revoke_server(&server("git"));
+        assert_eq!(
+            grant.scopes().collect::<Vec<_>>(),
+            [(&server("fs"), &ToolScope::Only(BTreeSet::new()))]
+        );
+        assert!(!grant.permits_server(&server("fs")));
     }
 
     #[test]

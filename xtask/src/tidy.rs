@@ -115,6 +115,7 @@ pub(crate) fn run_all(root: &Path) -> Result<Vec<String>, String> {
         violations.extend(readme_example(root, &krate)?);
     }
     violations.extend(no_order_preserving_json(&resolved_metadata(root)?));
+    violations.extend(runtime_without_mcp_client(&runtime_tree(root)?));
     let files = rust_files(root)?;
     for path in &files {
         let text = std::fs::read_to_string(path)
@@ -463,6 +464,53 @@ pub(crate) fn no_order_preserving_json(resolved: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The crates psych-runtime must not build with its default features: an MCP client and
+/// the HTTP stack under it. A Run user with their own MCP client, or none, compiles none of
+/// them; psych-mcp's glue (`CatalogSync`) is behind the feature `mcp`.
+const NOT_IN_RUNTIME: [&str; 4] = ["psych-mcp", "rmcp", "hyper", "reqwest"];
+
+/// `cargo tree -p psych-runtime -e normal --prefix none`: the crates a user of
+/// psych-runtime with its default features compiles, one per line (`name vX.Y.Z ...`).
+fn runtime_tree(root: &Path) -> Result<String, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(cargo)
+        .args(["tree", "-p", "psych-runtime", "-e", "normal"])
+        .args(["--prefix", "none"])
+        .args(["--locked", "--offline"])
+        .current_dir(root)
+        .output()
+        .map_err(|err| format!("cannot run cargo tree: {err}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "cargo tree failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    String::from_utf8(output.stdout).map_err(|err| format!("cargo tree output: {err}"))
+}
+
+/// psych-runtime with its default features depends on none of [`NOT_IN_RUNTIME`], in its
+/// normal dependency tree (`tree` is [`runtime_tree`]'s output).
+pub(crate) fn runtime_without_mcp_client(tree: &str) -> Vec<String> {
+    let mut found: Vec<&str> = tree
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| NOT_IN_RUNTIME.contains(name))
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    found
+        .into_iter()
+        .map(|name| {
+            format!(
+                "psych-runtime builds {name} with its default features (`cargo tree -p \
+                 psych-runtime -e normal -i {name}` says through what): a Run user without \
+                 our MCP client must not compile it; put what needs it behind the feature `mcp`"
+            )
+        })
+        .collect()
+}
+
 /// Every Rust module opens with a `//!` doc comment saying what it is for.
 pub(crate) fn module_doc(path: &Path, text: &str) -> Option<String> {
     let first = text.lines().map(str::trim).find(|line| !line.is_empty());
@@ -740,6 +788,29 @@ mod tests {
             "serde_json must be in the resolved graph for this check to mean anything"
         );
         assert!(no_order_preserving_json(&resolved).is_empty());
+    }
+
+    #[test]
+    fn an_mcp_client_in_the_runtime_is_refused() {
+        let tree = "psych-runtime v0.1.0 (/w/runtime)\npsych-types v0.1.0 (/w/types)\n\
+                    rmcp v3.11.0\nhyper v1.8.1\nhyper-util v0.1.19\nrmcp v3.11.0\n";
+        let bad = runtime_without_mcp_client(tree);
+        assert_eq!(bad.len(), 2, "{bad:?}");
+        assert!(bad[0].contains("builds hyper "), "{}", bad[0]);
+        assert!(bad[1].contains("builds rmcp "), "{}", bad[1]);
+        let clean = "psych-runtime v0.1.0 (/w/runtime)\ntokio v1.48.0\nhyper-util v0.1.19\n";
+        assert!(runtime_without_mcp_client(clean).is_empty());
+    }
+
+    #[test]
+    fn the_runtime_builds_without_an_mcp_client() {
+        let tree = runtime_tree(&root()).unwrap();
+        assert!(
+            tree.lines().any(|line| line.starts_with("psych-types ")),
+            "the tree must list the runtime's dependencies for this check to mean anything"
+        );
+        let bad = runtime_without_mcp_client(&tree);
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
     }
 
     #[test]

@@ -13,7 +13,8 @@ use std::time::Duration;
 use psych_catalog::Catalog;
 use psych_mcp::test_server::Scenario;
 use psych_mcp::{McpConfig, McpManager, Timeouts};
-use psych_runtime::{Run, ScriptedModel, Step};
+use psych_prompt_assembly::AnthropicOptions;
+use psych_runtime::{Run, ScriptedModel, Step, Target};
 use psych_types::{PermissionGrant, RunId, ServerId, ToolLister};
 use serde_json::json;
 
@@ -57,7 +58,9 @@ async fn run(dir: &str) -> Result<(), String> {
     let tools = manager.list_tools(&svc).await.map_err(|e| e.to_string())?;
     catalog.refresh(&svc, &tools).map_err(|e| e.to_string())?;
     let run_id = RunId::new("run-crash").map_err(|e| e.to_string())?;
-    let mut run = Run::builder(dir, run_id, catalog, Arc::new(manager))
+    let target = Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096));
+    let mut run = Run::builder(dir, run_id, catalog, Arc::new(manager), target)
+        .instructions("You are a helpful assistant.")
         .connections([psych_types::ConnectionSpec::new(svc.clone())])
         .grant(PermissionGrant::none().allow_server(svc))
         .clock(|| 1_796_041_497)

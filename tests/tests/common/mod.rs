@@ -71,11 +71,13 @@ pub(crate) fn small_elider() -> Elider {
                 .build()
                 .unwrap(),
         )
-        .preview(PreviewConfig {
-            head_chars: 200,
-            tail_chars: 120,
-            failure_chars: 160,
-        })
+        .preview(
+            PreviewConfig::builder()
+                .head_chars(200)
+                .tail_chars(120)
+                .failure_chars(160)
+                .build(),
+        )
         .build()
 }
 
