@@ -217,6 +217,7 @@ fn run(command: Command) -> Result<u8, String> {
         } => {
             let (settings, basis) = if serve {
                 let settings = psych_gateway::disclosure_settings(auto_budget)
+                    .and_then(|settings| psych_gateway::listing_settings(&settings))
                     .map_err(|e| format!("settings: {e}"))?;
                 (settings, budget::Basis::Serve)
             } else {

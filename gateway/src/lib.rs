@@ -1075,8 +1075,9 @@ pub const DEFAULT_AUTO_BUDGET: u64 = 1_000;
 /// Disclosure's settings for a gateway: an auto budget of `tokens` (the Auto servers'
 /// share, [`DEFAULT_AUTO_BUDGET`] by default) counted on whole tool definitions
 /// ([`CostBasis::Definition`]: the client receives every field of a direct tool, output
-/// schema and annotations included, so the listing's size is what the budget bounds), one
-/// tool slot reserved for `read_tool_output`, the other knobs at their defaults.
+/// schema and annotations included, so the listing's size is what the budget bounds), the
+/// other knobs at their defaults. ([`serve`] reserves the slot of `read_tool_output` on
+/// top: [`listing_settings`].)
 ///
 /// # Errors
 ///
@@ -1089,10 +1090,35 @@ pub fn disclosure_settings(tokens: u64) -> Result<Settings, psych_disclosure::Se
         .build()
 }
 
+/// The settings the gateway resolves with, given the caller's `settings`: the same, with
+/// the slot of `read_tool_output` (which the gateway lists beside the Surface's tools,
+/// [`EXECUTOR_TOOLS`](psych_runtime::EXECUTOR_TOOLS)) reserved in the tool cap on top of
+/// the caller's own reserve, so the listing stays within the cap. `psych budget --serve`
+/// resolves with the same, and so shows the same Surface.
+///
+/// # Errors
+///
+/// Disclosure's [`SettingsError`](psych_disclosure::SettingsError) when the cap has no room
+/// left for the fixed tools.
+pub fn listing_settings(settings: &Settings) -> Result<Settings, psych_disclosure::SettingsError> {
+    settings
+        .to_builder()
+        .reserved_tools(
+            settings
+                .reserved_tools()
+                .saturating_add(psych_runtime::EXECUTOR_TOOLS),
+        )
+        .build()
+}
+
 /// Why the gateway could not start, or did not stop cleanly.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServeError {
+    /// The tool cap of the settings has no room for the gateway's own tool
+    /// ([`listing_settings`]).
+    #[error("the gateway's disclosure settings")]
+    Settings(#[source] psych_disclosure::SettingsError),
     /// The file's grant is malformed (an `allowTools` that is not a list of tool names).
     #[error("the grant of the MCP config")]
     Grant(#[source] psych_mcp::ConfigError),
@@ -1207,6 +1233,7 @@ pub async fn serve(
             path: spill.clone(),
             source,
         })?;
+    let disclosure = listing_settings(&settings.disclosure).map_err(ServeError::Settings)?;
     let grant = config.grant().map_err(ServeError::Grant)?;
     let connections: Vec<ConnectionSpec> = config
         .servers
@@ -1236,7 +1263,7 @@ pub async fn serve(
         catalog: freshener.catalog().clone(),
         connections,
         grant,
-        settings: settings.disclosure,
+        settings: disclosure,
         limits: Limits::default(),
         surfaces: Mutex::new(SurfaceCache::new(Estimator::new())),
     });
