@@ -142,11 +142,17 @@ fn list(file: &Path) -> Result<Vec<String>, String> {
         .collect())
 }
 
-/// Unpacks a `.crate` into `dir` (it holds one folder, `<name>-<version>/`).
+/// Unpacks a `.crate` into `dir` (it holds one folder, `<name>-<version>/`), every file
+/// given the current time (`--touch`): with the times the `.crate` records, a source
+/// changed since the last check could be older than that check's build in the shared
+/// target folder, and cargo would take the stale build as fresh (a packaged crate then
+/// checked against an older sibling's build: seen as the gateway's package failing on
+/// prompt-assembly items added since).
 fn unpack(file: &Path, dir: &Path) -> Result<(), String> {
     let status = Command::new("tar")
         .arg("xzf")
         .arg(file)
+        .arg("--touch")
         .current_dir(dir)
         .status()
         .map_err(|err| format!("cannot run tar: {err}"))?;
