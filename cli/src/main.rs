@@ -418,7 +418,7 @@ fn read(
 }
 
 fn serve_embedded(args: Vec<String>) -> Result<u8, String> {
-    let (scenario, mode) = psych_mcp::test_server::Scenario::from_args(args)?;
+    let (scenario, mode) = psych_test_server::Scenario::from_args(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

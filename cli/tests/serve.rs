@@ -66,7 +66,7 @@ type Session = RunningService<RoleClient, Client>;
 /// The names `psych serve-embedded --tools n` generates, plus the control tool `echo`: a
 /// grant that leaves out `large`, `crash` and the other control tools.
 fn generated_and_echo(n: usize) -> Value {
-    let mut names: Vec<Value> = psych_mcp::synthetic_tools(n)
+    let mut names: Vec<Value> = psych_test_server::synthetic_tools(n)
         .into_iter()
         .map(|t| json!(t.name.as_str()))
         .collect();
@@ -261,7 +261,7 @@ async fn psych_serve_end_to_end() {
     let ServerResult::CustomResult(CustomResult(raw)) = raw else {
         panic!("the exotic result arrives raw: {raw:?}");
     };
-    assert_eq!(raw, psych_mcp::test_server::exotic_result());
+    assert_eq!(raw, psych_test_server::exotic_result());
 
     // A call the client cancels is cancelled upstream.
     let hung = tokio::time::timeout(

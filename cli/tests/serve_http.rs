@@ -194,10 +194,7 @@ async fn psych_serve_over_streamable_http() {
     );
 
     // An upstream result passes through whole, as over stdio.
-    assert_eq!(
-        exotic(&session).await,
-        psych_mcp::test_server::exotic_result()
-    );
+    assert_eq!(exotic(&session).await, psych_test_server::exotic_result());
 
     // An upstream list_changed reaches the client.
     while receiver.try_recv().is_ok() {}
@@ -242,10 +239,7 @@ async fn a_per_request_client_falls_back_to_a_session_and_gets_results_whole() {
     ready(&session, &mut receiver).await;
     let version = session.peer_info().unwrap().protocol_version.clone();
     assert!(version.has_initialize(), "a session: {version}");
-    assert_eq!(
-        exotic(&session).await,
-        psych_mcp::test_server::exotic_result()
-    );
+    assert_eq!(exotic(&session).await, psych_test_server::exotic_result());
     // Its handles read back on its next request.
     let large = session
         .call_tool(

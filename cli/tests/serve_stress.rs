@@ -227,7 +227,7 @@ fn check_answer(planned: &Planned, result: &CallToolResult) {
 /// What the log holds for `raw_bad_utf8 {bytes}`: the text with each byte that is not
 /// UTF-8 replaced by U+FFFD.
 fn lossy(bytes: usize) -> String {
-    let raw = psych_mcp::test_server::bad_utf8_text(bytes);
+    let raw = psych_test_server::bad_utf8_text(bytes);
     String::from_utf8_lossy(&raw).replace("\\n", "\n")
 }
 
@@ -413,7 +413,7 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
             let text = result.output.readable_text();
             assert_eq!(
                 *text,
-                psych_mcp::test_server::large_text(text.len()),
+                psych_test_server::large_text(text.len()),
                 "a logged result is the upstream's whole text"
             );
             *logged.entry(text.len()).or_default() += 1;
@@ -430,7 +430,7 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
                 continue;
             }
             let text = result.output.readable_text();
-            let bytes = psych_mcp::test_server::bad_utf8_text(0).len();
+            let bytes = psych_test_server::bad_utf8_text(0).len();
             let lines = text.matches('\n').count();
             assert_eq!(
                 *text,
@@ -456,13 +456,13 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     let mut wanted_mixed = 0usize;
     // The three warm-up calls: one line each.
     let mut wanted_bad: BTreeMap<usize, usize> = BTreeMap::from([(1, 3)]);
-    let line = psych_mcp::test_server::bad_utf8_text(0).len();
+    let line = psych_test_server::bad_utf8_text(0).len();
     for planned in plan.iter() {
         match planned {
             Planned::Large { bytes, .. } => *wanted.entry(*bytes).or_default() += 1,
             Planned::Mixed { .. } => wanted_mixed += 1,
             Planned::BadUtf8 { bytes, .. } => {
-                let lines = psych_mcp::test_server::bad_utf8_text(*bytes).len() / line;
+                let lines = psych_test_server::bad_utf8_text(*bytes).len() / line;
                 *wanted_bad.entry(lines).or_default() += 1;
             }
         }

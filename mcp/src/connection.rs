@@ -599,7 +599,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::test_server::Scenario;
+    use psych_test_server::Scenario;
 
     const GIVEN_UP: usize = 20;
 

@@ -26,9 +26,8 @@
 //! memory stays at a few MiB; caps remain for what stays in memory and for the whole
 //! ([`MAX_SPILLED_ANSWER`]).
 //!
-//! The crate also ships `psych-test-server`, an MCP server built on rmcp whose behaviour is
-//! set by flags and control tools ([`test_server`]), and [`synthetic_catalog`], the
-//! realistic catalogue generator it serves (one vocabulary per [`SyntheticKind`]).
+//! The MCP server its tests run against is the workspace's `psych-test-server` crate (not
+//! published): nothing of it ships with this one.
 //!
 //! # Example
 //!
@@ -63,16 +62,13 @@ mod error;
 mod events;
 mod listing;
 mod manager;
-mod png;
 mod post;
 mod progress;
 mod remote;
 mod spill;
 mod sse;
 mod stdio;
-mod synthetic;
 mod tap;
-pub mod test_server;
 mod timeouts;
 
 pub use config::{ALLOW_TOOLS, ConfigError, McpConfig, ServerConfig, Transport};
@@ -82,7 +78,6 @@ pub use listing::{Listing, MalformedTool};
 pub use manager::{BuildError, ConnectError, McpManager, McpManagerBuilder};
 pub use remote::{MAX_JSON_BODY_BYTES, MAX_SSE_EVENT_BYTES};
 pub use spill::{MAX_SPILLED_ANSWER, MAX_SPILLED_TEXTS, SPILL_AT, SPILL_TEXT_AT};
-pub use synthetic::{SyntheticKind, synthetic_catalog, synthetic_tools};
 pub use timeouts::{Backoff, Timeouts};
 
 /// The rmcp crate psych-mcp is built on, whose

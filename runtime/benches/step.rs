@@ -37,13 +37,13 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use psych_catalog::Catalog;
 use psych_disclosure::{Inputs, Live, Settings, Surface, Validators, Verdict, resolve};
 use psych_elision::{Elider, Estimator};
-use psych_mcp::synthetic_tools;
 use psych_prompt_assembly::{
     AnthropicOptions, Assembler, CurrentTime, DynamicTail, ProjectionCache, StaticSections,
     StepHistory, Transient,
 };
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_runtime::Executor;
+use psych_test_server::synthetic_tools;
 use psych_types::{
     AssistantMessage, ConnectionSpec, History, JsonObject, LoggedRecord, PermissionGrant, Record,
     RecordHandle, RunId, ServerCatalog, ServerId, ToolCall, ToolCallId, ToolDefinition, ToolHost,

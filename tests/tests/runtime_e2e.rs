@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use psych_catalog::{Catalog, Freshener, FreshenerConfig};
 use psych_elision::{Elider, Thresholds};
-use psych_mcp::test_server::large_text;
 use psych_mcp::{Backoff, McpConfig, McpManager, ServerConfig, Timeouts};
 use psych_prompt_assembly::{AnthropicOptions, OpenAiOptions, RenderedRequest};
 use psych_record_log::{RecordLog, SyncPolicy};
 use psych_runtime::{CatalogSync, Connected, INTERRUPTED, Next, Run, ScriptedModel, Step, Target};
+use psych_test_server::large_text;
 use psych_types::{
     ConnectionSpec, ContentBlock, PermissionGrant, Record, RecordHandle, RunId, ServerId,
     ToolOutput,

@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 
 use psych_disclosure::{Inputs, Live, Settings, Surface, Validation, Validators, Verdict, resolve};
 use psych_elision::Estimator;
-use psych_mcp::{SyntheticKind, synthetic_catalog};
+use psych_test_server::{SyntheticKind, synthetic_catalog};
 use psych_types::{
     CatalogVersion, ConnectionSpec, PermissionGrant, Preload, ServerCatalog, ServerHealth,
     ServerId, ToolDefinition,

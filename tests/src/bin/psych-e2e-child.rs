@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use psych_catalog::Catalog;
-use psych_mcp::test_server::Scenario;
 use psych_mcp::{McpConfig, McpManager, Timeouts};
 use psych_prompt_assembly::AnthropicOptions;
 use psych_runtime::{Run, ScriptedModel, Step, Target};
+use psych_test_server::Scenario;
 use psych_types::{PermissionGrant, RunId, ServerId, ToolLister};
 use serde_json::json;
 

@@ -10,13 +10,13 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+mod mcp_common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use psych_mcp::test_server::{huge_end, huge_line, huge_lines};
 use psych_mcp::{Backoff, McpConfig, McpManager, ServerConfig, Timeouts, Transport};
+use psych_test_server::{huge_end, huge_line, huge_lines};
 use psych_types::{
     ConnectionSpec, ContentBlock, JsonObject, Reachability, ServerId, ToolHost, ToolRef,
 };
@@ -43,7 +43,7 @@ async fn a_200_mib_result_arrives_in_files_with_bounded_memory() {
         .ok()
         .and_then(|mib| mib.parse().ok())
         .unwrap_or(MIB);
-    let before = common::peak_memory();
+    let before = mcp_common::peak_memory();
     let server = ServerId::new("huge").unwrap();
     let config = ServerConfig {
         transport: Transport::Stdio {
@@ -75,7 +75,7 @@ async fn a_200_mib_result_arrives_in_files_with_bounded_memory() {
         .await
         .unwrap();
     let took = started.elapsed();
-    let peak = common::peak_memory();
+    let peak = mcp_common::peak_memory();
 
     assert_eq!(output.spilled.len(), 2, "{output:?}");
     let lines = huge_lines(mib);

@@ -1,8 +1,8 @@
-//! `psych-test-server`: the workspace's MCP test server (see `psych_mcp::test_server`).
+//! `psych-test-server`: the workspace's MCP test server (see `psych_test_server`).
 //! Flags set its scenario; it serves stdio by default, or streamable HTTP on a loopback
 //! address with `--http 127.0.0.1:0`.
 
-use psych_mcp::test_server::Scenario;
+use psych_test_server::Scenario;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {

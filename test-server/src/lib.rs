@@ -1,6 +1,7 @@
-//! The workspace's own MCP server for tests and demos, built on rmcp's server side and
-//! shipped as the `psych-test-server` binary. It speaks stdio or streamable HTTP (loopback
-//! only), and its behaviour is set by a [`Scenario`] (command-line flags or a JSON
+//! The workspace's own MCP server for tests and demos, built on rmcp's server side, run as
+//! the `psych-test-server` binary of the psych-tests crate and as the `psych` command's
+//! embedded servers (`psych serve-embedded`). Not published: it is a fixture. It speaks
+//! stdio or streamable HTTP (loopback only), and its behaviour is set by a [`Scenario`] (command-line flags or a JSON
 //! scenario) and by control tools it exposes:
 //!
 //! | tool | what it does |
@@ -28,7 +29,7 @@
 //! written as it is made, never held; see [`huge_lines`]): see `stdio_faults.rs`.
 //!
 //! plus [`Scenario::tools`] generated tools of the kind [`Scenario::kind`]
-//! ([`synthetic_catalog`](crate::synthetic_catalog)), each answering with its name and
+//! ([`synthetic_catalog`]), each answering with its name and
 //! arguments, and the tools of a catalogue file ([`Scenario::catalog`], e.g. a real
 //! server's `tools/list` captured in `../shared/fixtures/catalogs/`), answering the same way.
 
@@ -54,10 +55,13 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
+mod png;
 mod raw_http;
 mod stdio_faults;
+mod synthetic;
 
 pub use stdio_faults::{FORGED_ERROR_MESSAGE, bad_utf8_text, huge_end, huge_line, huge_lines};
+pub use synthetic::{SyntheticKind, synthetic_catalog, synthetic_tools};
 
 /// What the test server does, beyond answering its control tools.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

@@ -10,9 +10,9 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+mod mcp_common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_200_mib_json_body_arrives_in_a_file_with_bounded_memory() {
-    common::a_huge_result_over_http(&["--json-response"], "JSON body").await;
+    mcp_common::a_huge_result_over_http(&["--json-response"], "JSON body").await;
 }

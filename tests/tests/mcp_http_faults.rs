@@ -20,8 +20,8 @@ use psych_mcp::{
 use psych_types::{ConnectionSpec, JsonObject, Reachability, ServerId, ToolHost, ToolRef};
 use serde_json::{Value, json};
 
-mod common;
-use common::HttpServer;
+mod mcp_common;
+use mcp_common::HttpServer;
 
 fn id(name: &str) -> ServerId {
     ServerId::new(name).unwrap()
@@ -254,7 +254,7 @@ async fn a_json_body_over_the_limit_arrives_with_its_text_in_a_file() {
     assert_eq!(output.spilled.len(), 1, "{output:?}");
     let text = &output.spilled[0].text;
     assert_eq!((output.spilled[0].block, text.len()), (0, bytes));
-    assert!(text.read_to_string().unwrap() == psych_mcp::test_server::large_text(bytes as usize));
+    assert!(text.read_to_string().unwrap() == psych_test_server::large_text(bytes as usize));
     assert_eq!(echo(&manager, "web", "still here").await, "still here");
     manager.shutdown().await;
 }

@@ -9,7 +9,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+mod mcp_common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -26,7 +26,7 @@ const ALLOWED_GROWTH: u64 = 48 * 1024 * 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quarter_gigabyte_of_stderr_without_a_line_break_costs_bounded_memory() {
-    let before = common::peak_memory();
+    let before = mcp_common::peak_memory();
     let server = ServerId::new("flood").unwrap();
     let config = ServerConfig {
         transport: Transport::Stdio {
@@ -83,7 +83,7 @@ async fn a_quarter_gigabyte_of_stderr_without_a_line_break_costs_bounded_memory(
     assert_eq!(lines[1], "psych-test-server: stderr flood done");
     assert_eq!(lines[2], "psych-test-server: crashing on request");
     manager.shutdown().await;
-    let growth = common::peak_memory().saturating_sub(before);
+    let growth = mcp_common::peak_memory().saturating_sub(before);
     eprintln!(
         "peak memory before {} MiB, growth over a {} MiB stderr flood: {} MiB",
         before >> 20,

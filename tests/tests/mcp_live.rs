@@ -20,8 +20,8 @@ use psych_types::{
 };
 use serde_json::{Value, json};
 
-mod common;
-use common::{HttpServer, SERVER};
+mod mcp_common;
+use mcp_common::{HttpServer, SERVER};
 
 /// How many control tools the test server lists before its generated ones.
 const CONTROL_TOOLS: usize = 16;
@@ -157,7 +157,7 @@ async fn listing_follows_every_page_to_the_end_in_order() {
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names.len(), CONTROL_TOOLS + 95);
     assert_eq!(&names[..3], ["echo", "add_tool", "remove_tool"]);
-    let generated: Vec<_> = psych_mcp::synthetic_tools(95);
+    let generated: Vec<_> = psych_test_server::synthetic_tools(95);
     assert_eq!(
         &tools[CONTROL_TOOLS..],
         &generated[..],
@@ -375,7 +375,7 @@ async fn results_of_every_kind_come_back_whole() {
     let large = call("large", json!({"bytes": 3_000_000})).await;
     assert_eq!(
         large["content"][0]["text"].as_str().unwrap(),
-        psych_mcp::test_server::large_text(3_000_000)
+        psych_test_server::large_text(3_000_000)
     );
 
     let mixed = call("mixed", json!({})).await;
@@ -423,7 +423,7 @@ async fn tool_host_maps_every_block_and_field_of_a_result() {
     let exotic = host("exotic", json!({})).await;
     assert_eq!(
         serde_json::to_value(&exotic).unwrap(),
-        psych_mcp::test_server::exotic_result()
+        psych_test_server::exotic_result()
     );
     assert!(matches!(
         &exotic.content[1],
@@ -433,7 +433,7 @@ async fn tool_host_maps_every_block_and_field_of_a_result() {
     let known = host("exotic", json!({"known_only": true})).await;
     assert_eq!(
         serde_json::to_value(&known).unwrap(),
-        psych_mcp::test_server::exotic_known_result()
+        psych_test_server::exotic_known_result()
     );
     let typed = manager
         .call_tool_raw(&tool("host", "exotic"), JsonObject::new())
@@ -758,7 +758,10 @@ async fn over_http_listing_calls_and_list_changed_work_and_a_gone_server_is_repo
     assert_eq!(reachability, Reachability::Reachable);
     let tools = manager.list_tools(&id("web")).await.unwrap();
     assert_eq!(tools.len(), CONTROL_TOOLS + 30);
-    assert_eq!(&tools[CONTROL_TOOLS..], &psych_mcp::synthetic_tools(30)[..]);
+    assert_eq!(
+        &tools[CONTROL_TOOLS..],
+        &psych_test_server::synthetic_tools(30)[..]
+    );
 
     let result = manager
         .call_tool_raw(&tool("web", "mixed"), JsonObject::new())
@@ -969,7 +972,7 @@ async fn raw_results_come_back_whole(manager: &McpManager, server: &str) {
         .unwrap();
     assert_eq!(
         serde_json::to_value(&exotic).unwrap(),
-        psych_mcp::test_server::exotic_result()
+        psych_test_server::exotic_result()
     );
     assert_eq!(exotic.content.len(), 5);
     assert!(matches!(
@@ -989,7 +992,7 @@ async fn raw_results_come_back_whole(manager: &McpManager, server: &str) {
         .call_tool(&tool(server, "exotic"), args(json!({"known_only": true})))
         .await
         .unwrap();
-    let known_raw = psych_mcp::test_server::exotic_known_result();
+    let known_raw = psych_test_server::exotic_known_result();
     assert_eq!(serde_json::to_value(&known).unwrap(), known_raw);
     assert_eq!(
         known_raw["content"][0]["futureField"],
@@ -1013,7 +1016,7 @@ async fn raw_results_come_back_whole(manager: &McpManager, server: &str) {
     let large = serde_json::to_value(&large).unwrap();
     assert_eq!(
         large["content"][0]["text"].as_str().unwrap(),
-        psych_mcp::test_server::large_text(3_000_000)
+        psych_test_server::large_text(3_000_000)
     );
 }
 
@@ -1136,10 +1139,7 @@ async fn over_http_json_bodies_keep_every_field_and_everything_else_still_works(
     let (content_type, body) = post_raw(&server.url, call).await;
     assert_eq!(content_type, "application/json");
     let wire: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(
-        wire["result"],
-        psych_mcp::test_server::exotic_known_result()
-    );
+    assert_eq!(wire["result"], psych_test_server::exotic_known_result());
 
     let (manager, reachability) = one("json", http_config("json", &server.url), fast()).await;
     assert_eq!(reachability, Reachability::Reachable);
@@ -1559,7 +1559,7 @@ async fn large_answers_arrive_whole_while_notifications_keep_rmcps_loop_busy() {
             let text = texts(&result).concat();
             assert_eq!(text.len() as u64, bytes);
             assert!(
-                text == psych_mcp::test_server::large_text(bytes as usize),
+                text == psych_test_server::large_text(bytes as usize),
                 "{bytes} B came back changed"
             );
         }
@@ -1856,7 +1856,7 @@ async fn a_servers_error_that_imitates_psychs_own_is_reported_as_the_servers() {
         .unwrap_err();
     assert!(
         matches!(&error, McpError::Protocol { message, .. }
-            if message.contains(psych_mcp::test_server::FORGED_ERROR_MESSAGE)),
+            if message.contains(psych_test_server::FORGED_ERROR_MESSAGE)),
         "{error:?}"
     );
     let echo = manager

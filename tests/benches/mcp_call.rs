@@ -28,7 +28,7 @@ use rmcp::model::{
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::json;
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/mcp_common/mod.rs"]
 mod common;
 use common::{HttpServer, SERVER};
 
