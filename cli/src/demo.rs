@@ -15,16 +15,15 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use psych_catalog::Catalog;
+use psych_catalog::{Catalog, FreshenerConfig};
 use psych_elision::Estimator;
 use psych_mcp::{McpConfig, McpManager};
 use psych_prompt_assembly::{
     AnthropicOptions, CacheReport, CacheRow, CacheRules, OpenAiOptions, RenderedRequest,
 };
-use psych_runtime::{ModelReply, Next, Run, ScriptedModel, Spent, Step, Target};
+use psych_runtime::{CatalogSync, ModelReply, Next, Run, ScriptedModel, Spent, Step, Target};
 use psych_types::{
-    ConnectionSpec, History, HistoryItem, LoggedRecord, PermissionGrant, Reachability, Record,
-    RunId, ToolResult,
+    ConnectionSpec, History, HistoryItem, LoggedRecord, PermissionGrant, Record, RunId, ToolResult,
 };
 use serde_json::json;
 
@@ -107,27 +106,38 @@ async fn demo(
     logs: &Path,
     dump: Option<&Path>,
 ) -> Result<(), String> {
-    let catalog = Catalog::in_memory().map_err(|e| format!("the catalogue: {e}"))?;
-    let reached = manager.connect_all().await;
-    for (server, reached) in &reached {
-        let reachability = reached
-            .as_ref()
-            .map_err(|e| format!("the embedded server {server} did not start: {e}"))?;
-        if let Reachability::Unreachable { reason } = reachability {
-            return Err(format!(
-                "the embedded server {server} did not start: {reason}"
-            ));
-        }
-        let listing = manager
-            .list(server)
-            .await
-            .map_err(|e| format!("listing {server}: {e}"))?;
-        catalog
-            .refresh(server, &listing.tools)
-            .map_err(|e| format!("syncing {server}: {e}"))?;
-        catalog.set_reachability(server, Reachability::Reachable);
+    // Creating it commits a redb transaction: off the async workers.
+    let catalog = tokio::task::spawn_blocking(Catalog::in_memory)
+        .await
+        .map_err(|e| format!("the catalogue: {e}"))?
+        .map_err(|e| format!("the catalogue: {e}"))?;
+    // The one connect path (the gateway's and a Run's): every server connected and listed
+    // into the catalogue, which stays fresh from the servers' events while the script plays.
+    let fresh = FreshenerConfig::builder()
+        .build()
+        .map_err(|e| format!("the catalogue's freshener: {e}"))?;
+    let connected = CatalogSync::connect(manager, catalog.clone(), fresh)
+        .await
+        .map_err(|e| format!("the catalogue's freshener: {e}"))?;
+    if let Some((server, error)) = connected.failures.first() {
+        return Err(format!(
+            "the embedded server {server} did not start: {error}"
+        ));
     }
+    let played = script(config, manager, &catalog, logs, dump).await;
+    connected.sync.stop().await;
+    connected.freshener.shutdown().await;
+    played
+}
 
+/// Plays the script on every provider over the synced `catalog`.
+async fn script(
+    config: &McpConfig,
+    manager: &McpManager,
+    catalog: &Catalog,
+    logs: &Path,
+    dump: Option<&Path>,
+) -> Result<(), String> {
     let targets = [
         (
             "anthropic",
@@ -141,7 +151,7 @@ async fn demo(
     ];
     let mut sides = Vec::with_capacity(targets.len());
     for (name, target) in targets {
-        let run = open_run(config, manager, &catalog, &logs.join(name), target).await?;
+        let run = open_run(config, manager, catalog, &logs.join(name), target).await?;
         sides.push(Side {
             run,
             model: ScriptedModel::default(),
@@ -158,7 +168,7 @@ async fn demo(
 
     println!(
         "psych demo: a scripted Run against the {} embedded MCP servers (real processes).",
-        reached.len()
+        config.servers.len()
     );
     println!("The model is a script and the clock is fixed; every byte below is reproducible.");
     println!("Each request is rendered for Anthropic Messages and OpenAI Chat Completions.");

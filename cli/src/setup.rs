@@ -5,13 +5,14 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use psych_catalog::Catalog;
+use psych_catalog::{Catalog, FreshenerConfig};
 use psych_disclosure::{Budget, Inputs, Settings, Surface, resolve};
 use psych_elision::Estimator;
-use psych_mcp::{ConnectError, Listing, McpConfig, McpManager};
+use psych_mcp::{McpConfig, McpManager};
+use psych_runtime::{CatalogSync, FirstSyncError};
 use psych_types::{PermissionGrant, Reachability, ServerCatalog, ServerId};
 
-/// The embedded servers: name (also the [`psych_mcp::SyntheticKind`] whose vocabulary and
+/// The embedded servers: name (also the [`psych_test_server::SyntheticKind`] whose vocabulary and
 /// schema style its generated tools have), tool count, and description. Sizes and shapes
 /// follow `../shared/fixtures/catalogs/`: server-memory (9 tools), server-filesystem (14),
 /// notion (24), github (117), and a suite of several hundred, the size at which a facade's
@@ -121,7 +122,7 @@ pub(crate) fn load(
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let outcomes = runtime.block_on(connect_and_sync(&config, &catalog))?;
+    let outcomes = runtime.block_on(connect_and_sync(&config, catalog.clone()))?;
 
     let connections: Vec<_> = config
         .servers
@@ -170,12 +171,14 @@ pub(crate) fn settings(window: u64) -> Result<Settings, String> {
         .map_err(|e| format!("settings: {e}"))
 }
 
-/// Connects every server concurrently (psych-mcp's [`McpManager::connect_all`]: every
-/// server has an outcome, a connect task that panicked is a [`ConnectError::Task`]), then
-/// lists every reachable one concurrently; one progress line per server on a terminal's
-/// stderr. Every listing is synced into `catalog`, every failure recorded, in the
-/// blocking pool.
-async fn connect_and_sync(config: &McpConfig, catalog: &Catalog) -> Result<Vec<Outcome>, String> {
+/// Connects every server and lists each into `catalog` by the one path the gateway and a
+/// Run take (psych-runtime's [`CatalogSync::connect`]: the manager's servers connected
+/// concurrently, a freshener listing each through the manager, its events followed), then
+/// stops following: a command reports the setup as it was. One progress line per server
+/// on a terminal's stderr. A failed server's reason is recorded in the catalogue's health
+/// in one line (the telling stderr line kept, as the report shows it), once nothing else
+/// writes there.
+async fn connect_and_sync(config: &McpConfig, catalog: Catalog) -> Result<Vec<Outcome>, String> {
     let manager = McpManager::builder(config.clone())
         .build()
         .map_err(|e| e.to_string())?;
@@ -183,84 +186,78 @@ async fn connect_and_sync(config: &McpConfig, catalog: &Catalog) -> Result<Vec<O
     if progress {
         eprintln!("connecting {} MCP servers…", config.servers.len());
     }
-    let attempts = manager.connect_all().await;
-    // Each reachable server listed in a task of its own, all at once; awaited in name
-    // order, so a listing task that panicked is that server's failure.
-    let listings: Vec<_> = attempts
-        .into_iter()
-        .map(|(server, attempt)| {
-            let listing = reached(attempt).map(|()| {
-                let manager = manager.clone();
-                let server = server.clone();
-                tokio::spawn(async move { manager.list(&server).await })
-            });
-            (server, listing)
-        })
-        .collect();
+    let fresh = FreshenerConfig::builder()
+        .build()
+        .map_err(|e| format!("the catalogue's freshener: {e}"))?;
+    let connected = CatalogSync::connect(&manager, catalog.clone(), fresh)
+        .await
+        .map_err(|e| format!("the catalogue's freshener: {e}"))?;
+    connected.sync.stop().await;
+    connected.freshener.shutdown().await;
     let mut listed = Vec::new();
-    for (server, listing) in listings {
-        let listing = match listing {
-            Ok(task) => match task.await {
-                Ok(listing) => listing.map_err(|e| e.to_string()),
-                Err(error) => Err(format!("listing it failed inside psych: {error}")),
-            },
-            Err(reason) => Err(reason),
+    for server in config.servers.keys() {
+        let failed = connected.failures.iter().find(|(s, _)| s == server);
+        let outcome = match failed {
+            Some((_, error)) => Err(failure_reason(&manager, server, error)),
+            None => Ok(manager
+                .malformed_tools(server)
+                .iter()
+                .map(|m| format!("{}: {}", m.name, m.reason))
+                .collect()),
         };
         if progress {
-            match &listing {
-                Ok(listing) => eprintln!("  {server}: {} tools listed", listing.tools.len()),
+            match &outcome {
+                Ok(_) => eprintln!(
+                    "  {server}: {} tools listed",
+                    catalog.live(server).map_or(0, |c| c.tools.len())
+                ),
                 Err(reason) => eprintln!(
                     "  {server}: failed: {}",
                     crate::reason::one_line(server.as_str(), reason)
                 ),
             }
         }
-        listed.push((server, listing));
+        listed.push((server.clone(), outcome));
     }
     manager.shutdown().await;
-    let catalog = catalog.clone();
-    tokio::task::spawn_blocking(move || sync(&catalog, listed))
+    tokio::task::spawn_blocking(move || record(&catalog, listed))
         .await
         .map_err(|e| format!("syncing the catalogue: {e}"))?
 }
 
-/// Whether a server's first connection attempt reached it, or why not.
-fn reached(attempt: Result<Reachability, ConnectError>) -> Result<(), String> {
-    match attempt {
-        Ok(Reachability::Reachable) => Ok(()),
-        Ok(Reachability::Unreachable { reason }) => Err(reason),
-        Ok(_) => Err("no connection was made".to_owned()),
-        Err(error) => Err(error.to_string()),
+/// Why `server` has no first listing, as the report words it: the reason the manager gave
+/// when the server went down or never came up (psych-mcp's, with its last stderr lines),
+/// else what the listing answered.
+fn failure_reason(manager: &McpManager, server: &ServerId, error: &FirstSyncError) -> String {
+    if let Some(Reachability::Unreachable { reason }) = manager.reachability(server) {
+        return reason;
+    }
+    match error {
+        FirstSyncError::Listing(error) => {
+            std::error::Error::source(error).map_or_else(|| error.to_string(), ToString::to_string)
+        }
+        other => other.to_string(),
     }
 }
 
-/// Syncs every server's listing (or failure) into `catalog`: its outcomes, in name order.
-/// Blocks (redb commits): run it in the blocking pool.
-fn sync(
+/// Each server's outcome from its listing's malformed tools (listed) or its failure's
+/// reason, the failure recorded in `catalog`'s health and reachability in one line: the
+/// catalogue's health feeds the deferred line the model reads, so it gets the stderr
+/// tail's telling line; the report keeps the whole reason. In name order. Blocks (redb
+/// commits): run it in the blocking pool.
+fn record(
     catalog: &Catalog,
-    listed: Vec<(ServerId, Result<Listing, String>)>,
+    listed: Vec<(ServerId, Result<Vec<String>, String>)>,
 ) -> Result<Vec<Outcome>, String> {
     let mut outcomes = Vec::new();
     for (server, listing) in listed {
         let outcome = match listing {
-            Ok(listing) => {
-                catalog
-                    .refresh(&server, &listing.tools)
-                    .map_err(|e| format!("syncing {server}: {e}"))?;
-                catalog.set_reachability(&server, Reachability::Reachable);
-                Outcome {
-                    server,
-                    error: None,
-                    malformed: listing
-                        .malformed
-                        .iter()
-                        .map(|m| format!("{}: {}", m.name, m.reason))
-                        .collect(),
-                }
-            }
+            Ok(malformed) => Outcome {
+                server,
+                error: None,
+                malformed,
+            },
             Err(reason) => {
-                // The catalogue's health feeds the deferred line the model reads: one
-                // line, the stderr tail's telling line kept. The report keeps it all.
                 let line = crate::reason::one_line(server.as_str(), &reason);
                 catalog
                     .record_failure(&server, &line)
@@ -282,6 +279,7 @@ fn sync(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use psych_mcp::ConnectError;
 
     /// Before, a connect task that panicked was skipped: its server was missing from the
     /// report and `psych budget` could exit 0. The panic becoming the server's outcome is
@@ -302,16 +300,20 @@ mod tests {
                 .await
             })
             .unwrap_err();
-        let attempt = Err(ConnectError::Task {
+        let manager =
+            McpManager::builder(McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap())
+                .build()
+                .unwrap();
+        let error = FirstSyncError::Connect(ConnectError::Task {
             server: buggy.clone(),
             source,
         });
         let catalog = Catalog::in_memory().unwrap();
-        let outcomes = sync(
+        let outcomes = record(
             &catalog,
             vec![
-                (ServerId::new("fine").unwrap(), Ok(Listing::default())),
-                (buggy.clone(), reached(attempt).map(|()| Listing::default())),
+                (ServerId::new("fine").unwrap(), Ok(Vec::new())),
+                (buggy.clone(), Err(failure_reason(&manager, &buggy, &error))),
             ],
         )
         .unwrap();
