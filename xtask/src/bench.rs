@@ -369,7 +369,10 @@ mod tests {
                 .map(|p| p.benches.clone())
                 .unwrap_or_default()
         };
-        assert_eq!(benches("psych-mcp"), ["call"]);
+        assert_eq!(
+            benches("psych-tests"),
+            ["lazy_step", "mcp_call", "reader_paging"]
+        );
         assert_eq!(benches("psych-record-log"), ["append", "crc", "read"]);
         assert!(packages.iter().all(|p| !p.benches.is_empty()));
         // `--bench NAME` is passed with every package selected, so a name must be unique.
