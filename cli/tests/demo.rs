@@ -10,8 +10,7 @@
 
 use std::process::Command;
 
-#[path = "../../prompt-assembly/tests/rules/mod.rs"]
-mod rules;
+use psych_test_support::rules;
 
 #[test]
 fn demo_plays_the_script_and_dumps_valid_requests() {

@@ -12,7 +12,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+use psych_test_support::prompts as common;
 
 use std::path::PathBuf;
 

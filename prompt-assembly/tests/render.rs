@@ -9,7 +9,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+use psych_test_support::prompts as common;
 
 use common::{assistant, check_anthropic_body, check_openai_body, result, user};
 use psych_prompt_assembly::{

@@ -7,8 +7,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-#[path = "rules/mod.rs"]
-mod rules;
+use psych_test_support::rules;
 
 use rules::images;
 use serde_json::{Value, json};

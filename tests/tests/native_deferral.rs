@@ -19,8 +19,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-#[path = "../../prompt-assembly/tests/common/mod.rs"]
-mod pa;
+use psych_test_support::prompts as pa;
 
 mod common;
 

@@ -27,8 +27,7 @@ use serde_json::{Value, json};
 mod common;
 use common::{fixture_tools, small_elider};
 
-#[path = "../../prompt-assembly/tests/rules/mod.rs"]
-mod rules;
+use psych_test_support::rules;
 
 /// Three real filesystem tools, the deferred-server meta tools and the real reader tool
 /// (`psych_reader_tool::tool_definition`).

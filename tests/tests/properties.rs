@@ -54,8 +54,7 @@ use tempfile::TempDir;
 mod common;
 use common::{open, preview_handles, read_back};
 
-#[path = "../../prompt-assembly/tests/rules/mod.rs"]
-mod rules;
+use psych_test_support::rules;
 
 /// The Run under test and the other Run sharing its folder.
 const OWN_RUN: &str = "run-own";

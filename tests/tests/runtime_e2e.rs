@@ -32,8 +32,7 @@ use psych_types::{
 };
 use serde_json::{Value, json};
 
-#[path = "../../prompt-assembly/tests/rules/mod.rs"]
-mod rules;
+use psych_test_support::rules;
 
 const CHILD: &str = env!("CARGO_BIN_EXE_psych-e2e-child");
 const NOW: i64 = 1_796_041_497;

@@ -26,8 +26,7 @@ use serde_json::{Value, json};
 mod common;
 use common::fixture_tools;
 
-#[path = "../../prompt-assembly/tests/rules/mod.rs"]
-mod rules;
+use psych_test_support::rules;
 
 /// The embedded servers of the `psych` command: kind and size (psych-cli's `setup.rs`).
 const EMBEDDED: [(SyntheticKind, usize); 5] = [

@@ -180,9 +180,14 @@ fn workspace_names(metadata: &Value) -> Vec<&str> {
 }
 
 /// The dependency rule of DESIGN.md: a core crate depends on no other workspace crate but
-/// `psych-types`, in any dependency kind (normal, dev or build), so each can be picked alone.
+/// `psych-types`, in any dependency kind (normal, dev or build), so each can be picked alone;
+/// the one exception is a dev-dependency on a test fixture crate (`publish = false`, by path
+/// only, so `cargo package` drops it), as rust-analyzer's crates use its `test-utils`.
 pub(crate) fn dependency_rule(metadata: &Value) -> Vec<String> {
     let ours = workspace_names(metadata);
+    // A test fixture crate (not published) used by a core crate's tests only: what it
+    // depends on never reaches a user of the core crate, whose package drops it.
+    let fixtures = unpublished_names(metadata);
     let mut violations = Vec::new();
     for (name, deps) in packages(metadata) {
         if !CORE_CRATES.contains(&name) {
@@ -190,8 +195,11 @@ pub(crate) fn dependency_rule(metadata: &Value) -> Vec<String> {
         }
         for dep in deps {
             let dep_name = dep["name"].as_str().unwrap_or("?");
+            let kind = dep["kind"].as_str().unwrap_or("normal");
+            if kind == "dev" && fixtures.contains(&dep_name) {
+                continue;
+            }
             if dep_name != SHARED_TYPES && ours.contains(&dep_name) {
-                let kind = dep["kind"].as_str().unwrap_or("normal");
                 violations.push(format!(
                     "dependency rule: core crate {name} depends on {dep_name} ({kind}); core \
                      crates may depend on {SHARED_TYPES} only (DESIGN.md, workspace layout): \
@@ -638,6 +646,22 @@ mod tests {
     }
 
     #[test]
+    fn dependency_rule_allows_a_test_fixture_crate_to_a_core_crates_tests_only() {
+        let metadata = |kind: Option<&str>| {
+            serde_json::json!({"packages": [
+                {"name": "psych-prompt-assembly", "publish": null, "dependencies": [
+                    {"name": "psych-test-support", "path": "/w/tsup", "req": "*", "kind": kind},
+                ]},
+                {"name": "psych-test-support", "publish": [], "dependencies": []},
+            ]})
+        };
+        assert!(dependency_rule(&metadata(Some("dev"))).is_empty());
+        let normal = dependency_rule(&metadata(None));
+        assert_eq!(normal.len(), 1, "{normal:?}");
+        assert!(normal[0].contains("psych-prompt-assembly depends on psych-test-support"));
+    }
+
+    #[test]
     fn path_only_internal_dependencies_are_refused() {
         let bad = metadata_with("psych-elision", &[("psych-types", Some("/w/types"), "*")]);
         let violations = internal_deps_have_versions(&bad);
@@ -743,20 +767,23 @@ mod tests {
     }
 
     #[test]
-    fn the_published_crates_are_the_libraries_and_the_cli() {
+    fn the_published_crates_are_the_libraries() {
         let metadata = cargo_metadata(&root()).unwrap();
         let mut names: Vec<String> = published(&metadata).into_iter().map(|c| c.name).collect();
         names.sort();
-        for expected in CORE_CRATES
-            .iter()
-            .chain(&["psych-types", "psych-runtime", "psych-cli"])
-        {
+        for expected in CORE_CRATES.iter().chain(&[
+            "psych-types",
+            "psych-runtime",
+            "psych-mcp",
+            "psych-gateway",
+        ]) {
             assert!(
                 names.iter().any(|n| n == expected),
                 "{expected} not in {names:?}"
             );
         }
-        for unpublished in ["xtask", "psych-tests"] {
+        // The cli's embedded servers are the test server, a fixture.
+        for unpublished in ["xtask", "psych-tests", "psych-test-server", "psych-cli"] {
             assert!(!names.iter().any(|n| n == unpublished), "{names:?}");
         }
     }

@@ -13,8 +13,7 @@
 use std::collections::BTreeSet;
 
 pub mod billing;
-#[path = "../rules/mod.rs"]
-pub mod rules;
+pub use crate::rules;
 #[allow(unused_imports, reason = "not every test crate checks bodies")]
 pub use rules::{check_anthropic_body, check_openai_body, check_responses_body};
 
@@ -65,7 +64,10 @@ pub fn result_of(id: &str, name: &str, output: ToolOutput) -> Record {
 /// A small deterministic stand-in for psych-elision: sizes in bytes, two thresholds, the
 /// batch algorithm of the spec, a head+tail preview with the handle, failures truncated.
 pub struct TestProjector {
+    /// A result larger than this many bytes is elided.
     pub per_result: usize,
+    /// The results of one batch together may take this many bytes; larger ones are elided
+    /// first until they fit.
     pub per_batch: usize,
 }
 
@@ -145,11 +147,17 @@ impl ResultProjector for Whole {
 /// What one tool call returns in a script.
 #[derive(Debug, Clone)]
 pub enum Outcome {
+    /// A short text result.
     Small,
+    /// A text result of about this many bytes.
     Large(usize),
+    /// A failed call whose error text is about this many bytes.
     Fail(usize),
+    /// A result with structured content.
     Json,
+    /// A result with one image.
     Image,
+    /// A result with an embedded PDF resource.
     Pdf,
     /// The process stopped before the result was logged: the call has none.
     Missing,
@@ -160,7 +168,9 @@ pub enum Outcome {
     /// A screenshot tool returning `count` real PNGs whose headers say `side` px square
     /// (past 2000 and 8000 px, and past 20 images, the limits bite).
     Images {
+        /// How many images.
         count: usize,
+        /// Each image's width and height, in pixels.
         side: u32,
     },
     /// An image of more than 5 MB of base64.
@@ -180,6 +190,7 @@ pub const BAD_NAMES: [&str; 4] = [
 /// One step of a turn: the parallel calls the model makes.
 #[derive(Debug, Clone)]
 pub struct Step {
+    /// What each call of the step returns, in call order.
     pub calls: Vec<Outcome>,
 }
 
@@ -187,27 +198,38 @@ pub struct Step {
 /// With `blank_texts`, the user message and the assistant texts are only whitespace.
 #[derive(Debug, Clone)]
 pub struct Turn {
+    /// Whether the memory (the dynamic tail) changes before the turn.
     pub new_memory: bool,
+    /// The tool steps, in order, before the final reply.
     pub steps: Vec<Step>,
+    /// Whether the user message and the assistant texts are only whitespace.
     pub blank_texts: bool,
 }
 
 /// One model call of a session: the history it sees and the inputs that vary.
 #[derive(Debug, Clone)]
 pub struct Call {
+    /// The turn, from 0.
     pub turn: usize,
+    /// The step within the turn, from 0.
     pub step: usize,
+    /// How many records of the session's history the call sees.
     pub history_len: usize,
+    /// The dynamic tail (memories) at the call.
     pub tail: DynamicTail,
+    /// The clock at the call.
     pub time: CurrentTime,
 }
 
 /// A played-out script: the full history and every model call made along it.
 pub struct Session {
+    /// Every record logged, in order.
     pub history: Vec<LoggedRecord>,
+    /// Every model call made, in order.
     pub calls: Vec<Call>,
 }
 
+/// The tools the scripted model calls, by name.
 pub const TOOL_NAMES: [&str; 4] = [
     "read_file",
     "search_code",
@@ -427,6 +449,7 @@ pub fn tools() -> Vec<ToolDefinition> {
         .collect()
 }
 
+/// The static system sections every scripted session uses.
 pub fn zone1() -> StaticSections {
     StaticSections::new("You are a careful coding assistant.")
         .skill("pdf", "Read and fill PDF forms")
@@ -435,27 +458,34 @@ pub fn zone1() -> StaticSections {
         .capability_note("Server `github` is connected but deferred: call deferred_list first.")
 }
 
+/// The Anthropic options every scripted session renders with.
 pub fn anthropic() -> AnthropicOptions {
     AnthropicOptions::new("claude-sonnet-4-5", 1024)
 }
 
+/// The OpenAI options every scripted session renders with.
 pub fn openai() -> OpenAiOptions {
     OpenAiOptions::new("gpt-4.1").prompt_cache_key("run-1")
 }
 
 /// Both renderings of one call.
 pub struct Rendered {
+    /// The Anthropic Messages request.
     pub anthropic: RenderedRequest,
+    /// The OpenAI Chat Completions request.
     pub openai: RenderedRequest,
     /// (history index, elided?) for each result.
     pub views: Vec<(usize, bool)>,
+    /// The elision boundary: the history index before which results were projected.
     pub boundary: Option<usize>,
 }
 
+/// The Anthropic rendering of `r` (a function, to pass where a provider is chosen).
 pub fn pick_anthropic(r: &Rendered) -> &RenderedRequest {
     &r.anthropic
 }
 
+/// The OpenAI rendering of `r` (a function, to pass where a provider is chosen).
 pub fn pick_openai(r: &Rendered) -> &RenderedRequest {
     &r.openai
 }

@@ -52,6 +52,8 @@ pub struct AnthropicModel {
 }
 
 impl AnthropicModel {
+    /// A model caching prefixes of at least `min_tokens`, its lookback counted as `reading`
+    /// says, over Anthropic's documented window.
     pub fn new(min_tokens: u64, reading: Reading) -> Self {
         Self {
             min_tokens,
@@ -106,9 +108,11 @@ impl Bill {
 /// One request laid out for the simulator: where its blocks end, cumulative tokens at each
 /// block end, the total, each block's nested position and a key for each prefix.
 pub struct Layout {
+    /// The byte offset where each block ends.
     pub ends: Vec<usize>,
     /// Tokens of the prefix ending at each block.
     pub tokens: Vec<u64>,
+    /// Tokens of the whole request.
     pub total: u64,
     /// Position of each top-level block under [`Reading::Nested`] (nested blocks of earlier
     /// `tool_result`s counted in).
@@ -123,6 +127,7 @@ pub struct Layout {
 type Key = (usize, u64);
 
 impl Layout {
+    /// `request` laid out, its tokens counted by `estimator`.
     pub fn new(request: &RenderedRequest, estimator: &dyn TokenEstimator) -> Self {
         let history_blocks = request
             .block_ends()
@@ -226,6 +231,7 @@ pub struct AnthropicCache {
 }
 
 impl AnthropicCache {
+    /// An empty cache of `model`.
     pub fn new(model: AnthropicModel) -> Self {
         Self {
             model,
