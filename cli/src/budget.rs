@@ -340,7 +340,7 @@ pub(crate) fn table(report: &BudgetReport) -> String {
         None => {
             let _ = writeln!(
                 out,
-                "~tok are estimates. Auto budget: {} tokens of whole definitions, as psych serve.",
+                "~tok are estimates. Auto budget: {} tokens, as psych serve decides.",
                 thousands(report.auto_budget_tokens),
             );
         }

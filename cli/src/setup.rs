@@ -160,13 +160,16 @@ pub(crate) fn load(
 pub(crate) const WINDOW: u64 = 200_000;
 
 /// Disclosure's settings with an auto budget of 5% of `window` tokens (disclosure's
-/// documented default share): what every command resolves with.
+/// documented default share) and the slot of the Run's own tool (`read_tool_output`,
+/// [`EXECUTOR_TOOLS`](psych_runtime::EXECUTOR_TOOLS)) reserved in the tool cap, as a Run
+/// reserves it: what every command resolves with, so a table shows what a Run decides.
 pub(crate) fn settings(window: u64) -> Result<Settings, String> {
     Settings::builder()
         .auto_budget(Budget::WindowShare {
             window_tokens: window,
             percent: 5,
         })
+        .reserved_tools(psych_runtime::EXECUTOR_TOOLS)
         .build()
         .map_err(|e| format!("settings: {e}"))
 }

@@ -31,7 +31,7 @@ const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
 const SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
 
 /// How a call cut short by the shutdown is logged (`CANCELLED_BY_SHUTDOWN`).
-const CANCELLED_BY_SHUTDOWN: &str = "cancelled: psych serve shut down";
+const CANCELLED_BY_SHUTDOWN: &str = "cancelled: the gateway shut down";
 
 fn embedded(tools: usize, flags: &[&str], extra: Value) -> Value {
     let mut args = vec![
@@ -699,7 +699,7 @@ async fn http_sessions_past_the_cap_are_refused_and_closed_ones_are_released() {
     assert!(third.is_err(), "a third session is refused");
     let refused = post_initialize(&url).await;
     assert!(
-        refused.contains("2 sessions are open, the most --max-sessions allows"),
+        refused.contains("2 sessions are open, the most it allows (psych serve: --max-sessions)"),
         "{refused}"
     );
     // The open sessions are served.

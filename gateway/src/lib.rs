@@ -88,6 +88,9 @@
 //! permitted. The listing and the `instructions` are disclosure's
 //! ([`Surface::client_tools`], [`Surface::client_instructions`]).
 
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -149,7 +152,7 @@ pub const CANCELLED_BY_CLIENT: &str = "cancelled by the client";
 
 /// What a call in flight when the gateway shut down is answered with, and how its logged
 /// result begins.
-pub const CANCELLED_BY_SHUTDOWN: &str = "cancelled: psych serve shut down";
+pub const CANCELLED_BY_SHUTDOWN: &str = "cancelled: the gateway shut down";
 
 /// What the Surface is resolved from: the catalogue, and the connections and grant from
 /// the file with disclosure's settings (only the catalogue changes).
@@ -310,7 +313,7 @@ impl Shared {
         let view = resolved
             .wait_for(|r| r.as_ref().is_some_and(|r| r.at >= at))
             .await
-            .map_err(|_| ErrorData::internal_error("psych serve is shutting down", None))?
+            .map_err(|_| ErrorData::internal_error("the gateway is shutting down", None))?
             .as_ref()
             .map(|r| r.view.clone());
         match view {
@@ -976,6 +979,11 @@ impl Service<RoleServer> for Gateway {
 pub enum Listener {
     /// One client on this process's stdin and stdout (the client started the process).
     /// The gateway ends when the client closes stdin.
+    ///
+    /// tokio reads stdin on a thread of its blocking pool, and that read does not end while
+    /// the client keeps stdin open: a program that stops the gateway with its own signal
+    /// must not wait for that thread when it drops its runtime (use
+    /// `Runtime::shutdown_timeout`, as `psych serve` does), or it waits for the client.
     Stdio,
     /// Streamable HTTP at `/mcp` on a listener the caller bound (on a loopback address:
     /// the gateway has no authentication), one session per client, at most
@@ -1152,9 +1160,10 @@ pub enum ServeError {
     /// The stdio session could not open (the gateway was already closing).
     #[error("the stdio session")]
     Session(#[source] SessionRefused),
-    /// The stdio client's initialization failed.
+    /// The stdio client's initialization failed (rmcp's error, kept as the source without
+    /// making rmcp's type part of this crate's API).
     #[error("serving stdio")]
-    Stdio(#[source] Box<rmcp::service::ServerInitializeError>),
+    Stdio(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The task serving stdio panicked or was cancelled.
     #[error("serving stdio")]
     StdioTask(#[source] tokio::task::JoinError),
@@ -1179,11 +1188,12 @@ pub enum ServeError {
 #[non_exhaustive]
 pub enum SessionRefused {
     /// The gateway is shutting down.
-    #[error("psych serve is shutting down")]
+    #[error("the gateway is shutting down")]
     Closing,
     /// As many sessions are open as [`GatewaySettings::max_sessions`] allows.
     #[error(
-        "psych serve: {max} sessions are open, the most --max-sessions allows; end one (a \
+        "the gateway: {max} sessions are open, the most it allows (psych serve: \
+         --max-sessions); end one (a \
          client deleting its session, or {} s idle) or raise --max-sessions",
         SESSION_IDLE.as_secs()
     )]

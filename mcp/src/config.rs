@@ -121,14 +121,12 @@ impl ServerConfig {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Field`] when the entry is not a list of tool names; `server` names the
-    /// server in it. [`McpConfig::parse`] checks every entry, so a parsed file never fails.
+    /// [`ConfigError::Field`] when the entry is not a list of tool names, naming the server. [`McpConfig::parse`] checks every entry, so a parsed file never fails.
     pub fn allowed_tools(
         &self,
-        server: &ServerId,
     ) -> Result<Option<std::collections::BTreeSet<ToolName>>, ConfigError> {
         let error = |field: String, problem: String| ConfigError::Field {
-            server: server.as_str().to_owned(),
+            server: self.connection.server.as_str().to_owned(),
             field,
             problem,
         };
@@ -166,7 +164,7 @@ impl McpConfig {
     pub fn grant(&self) -> Result<PermissionGrant, ConfigError> {
         let mut grant = PermissionGrant::none();
         for (server, entry) in &self.servers {
-            match entry.allowed_tools(server)? {
+            match entry.allowed_tools()? {
                 None => grant = grant.allow_server(server.clone()),
                 Some(tools) => {
                     for tool in tools {
@@ -293,7 +291,7 @@ impl<E: Fn(&str) -> Option<String>> Entry<'_, E> {
             extra: entry,
         };
         // Checked now, so a bad grant fails loading rather than the first command using it.
-        config.allowed_tools(&config.connection.server)?;
+        config.allowed_tools()?;
         Ok(config)
     }
 

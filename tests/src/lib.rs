@@ -32,7 +32,7 @@
 //! that step's peak resident memory.
 //!
 //! - `runtime_e2e.rs`: a psych-runtime `Run` against real MCP server processes (the
-//!   `psych-e2e-child` binary of this crate serves psych-mcp's test server): a scripted
+//!   `psych-e2e-child` binary of this crate serves psych-test-server's server): a scripted
 //!   three-turn session over a small eager server, a large deferred one, one over HTTP and
 //!   one added mid-Run, every request through the rule checker and the last one pinned for
 //!   both providers; faults (crash mid-call, hang, never starts, garbage, HTTP gone); and a

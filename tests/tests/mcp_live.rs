@@ -1083,12 +1083,12 @@ async fn an_https_server_is_reached_over_tls_and_a_failed_handshake_names_the_se
         "{reason}"
     );
 
-    // Nothing listening at all: the same, with the reason.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Nothing listening at all: the same, with the reason. The port is held by a socket
+    // bound but never listening (a connection to it is refused), so no other test can take
+    // it meanwhile, as one could a port bound and let go.
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let closed = held.local_addr().unwrap().port();
     let url = format!("https://127.0.0.1:{closed}/mcp");
     let nobody = manager
         .add_server(id("nobody"), http_config("nobody", &url))
@@ -1107,6 +1107,7 @@ async fn an_https_server_is_reached_over_tls_and_a_failed_handshake_names_the_se
         ),
         "{reason}"
     );
+    drop(held);
     manager.shutdown().await;
 }
 

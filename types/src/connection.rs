@@ -27,7 +27,12 @@ pub enum Preload {
 ///
 /// How to reach the server (command line, URL) is the MCP crate's business; this is what
 /// disclosure needs.
+///
+/// Plain data, built one way: [`ConnectionSpec::new`] and the `with_*` methods (or set a
+/// field); the fields are public to read and change. Non-exhaustive, so a field added later
+/// breaks no caller.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ConnectionSpec {
     /// The connection's name.
     pub server: ServerId,

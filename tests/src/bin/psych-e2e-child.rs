@@ -1,6 +1,6 @@
 //! The child process of the runtime's end-to-end tests (`tests/runtime_e2e.rs`):
 //!
-//! - `psych-e2e-child server [FLAGS]`: psych-mcp's test server (the flags of
+//! - `psych-e2e-child server [FLAGS]`: psych-test-server's server (the flags of
 //!   `psych-test-server`), so the tests start real MCP server processes without needing
 //!   another package's binary;
 //! - `psych-e2e-child run DIR`: a Run over one stdio test server (this executable) whose turn
