@@ -109,8 +109,8 @@ use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_runtime::{CatalogSync, ExecuteError, Executor, Started};
 use psych_types::{
     ConnectionSpec, ContentBlock, LoggedRecord, PermissionGrant, Projection, READ_TOOL_OUTPUT,
-    Record, RecordHandle, ResultProjector, RunId, ServerCatalog, StoredRef, ToolCall, ToolCallId,
-    ToolDefinition, ToolOutput, ToolResult,
+    Record, RecordHandle, ResultProjector, RunId, ServerCatalog, StoredRef, TokenEstimator,
+    ToolCall, ToolCallId, ToolDefinition, ToolOutput, ToolResult,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
@@ -164,7 +164,7 @@ struct Basis {
     /// The reader's limits: the `read_tool_output` definition listed, and every session's.
     limits: Limits,
     /// The last Surface and each server's prepared part: a change resolves what changed.
-    surfaces: Mutex<SurfaceCache<Estimator>>,
+    surfaces: Mutex<SurfaceCache<SharedEstimator>>,
 }
 
 /// The Surface resolved from the catalogue at one moment, with what is derived from it.
@@ -278,7 +278,7 @@ impl Drop for SessionSlot {
 struct Shared {
     manager: McpManager,
     basis: Arc<Basis>,
-    elider: Elider,
+    elider: Elider<SharedEstimator>,
     logs: PathBuf,
     sessions: AtomicU64,
     /// The catalogue's change count (see [`Catalog::changes`]).
@@ -563,7 +563,7 @@ impl Session {
         let run = self.run.clone();
         let manager = self.shared.manager.clone();
         let limits = self.shared.basis.limits.clone();
-        let estimator = *self.shared.elider.estimator();
+        let estimator = Arc::clone(&self.shared.elider.estimator().0);
         tokio::spawn(async move {
             // No fdatasync per call: measured, it was most of a proxied call's added
             // latency (a call 2.1 ms through the gateway against 0.24 ms direct; one
@@ -577,7 +577,7 @@ impl Session {
                     .map_err(|e| e.to_string())?;
                 // Each result's estimate is stored as it is appended: what the projection
                 // plans with, so no result is estimated twice or read whole to be sized.
-                log.set_estimator(Arc::new(estimator));
+                log.set_estimator(estimator);
                 let executor =
                     Executor::new(Arc::new(manager), Arc::new(SharedRecordLog::new(log)))
                         .reader_limits(limits);
@@ -998,6 +998,26 @@ pub struct GatewaySettings {
     disclosure: Settings,
     max_sessions: usize,
     report: Arc<dyn Fn(&str) + Send + Sync>,
+    estimator: SharedEstimator,
+}
+
+/// The one token estimator of a gateway, shared by disclosure, the session logs and
+/// elision (cheap to clone).
+#[derive(Clone)]
+struct SharedEstimator(Arc<dyn TokenEstimator + Send + Sync>);
+
+impl TokenEstimator for SharedEstimator {
+    fn estimate_text(&self, text: &str) -> u64 {
+        self.0.estimate_text(text)
+    }
+
+    fn estimate_binary(&self, mime_type: &str, len: u64) -> u64 {
+        self.0.estimate_binary(mime_type, len)
+    }
+
+    fn estimate_output(&self, output: &ToolOutput) -> u64 {
+        self.0.estimate_output(output)
+    }
 }
 
 impl std::fmt::Debug for GatewaySettings {
@@ -1029,7 +1049,19 @@ impl GatewaySettings {
             disclosure: disclosure_settings(DEFAULT_AUTO_BUDGET)?,
             max_sessions: MAX_SESSIONS,
             report: Arc::new(|_: &str| {}),
+            estimator: SharedEstimator(Arc::new(Estimator::new())),
         })
+    }
+
+    /// The token estimator, set once for every estimate the gateway makes: disclosure's
+    /// cost of each server's tools (what the auto budget compares), the estimate each
+    /// session log stores with a result, and elision's sizing of results against its
+    /// thresholds (from those stored estimates). Default: psych-elision's [`Estimator`],
+    /// as psych-runtime's `RunBuilder::estimator`.
+    #[must_use]
+    pub fn estimator(mut self, estimator: impl TokenEstimator + Send + Sync + 'static) -> Self {
+        self.estimator = SharedEstimator(Arc::new(estimator));
+        self
     }
 
     /// Resolves with `settings` instead ([`disclosure_settings`] builds the gateway's own
@@ -1275,7 +1307,7 @@ pub async fn serve(
         grant,
         settings: disclosure,
         limits: Limits::default(),
-        surfaces: Mutex::new(SurfaceCache::new(Estimator::new())),
+        surfaces: Mutex::new(SurfaceCache::new(settings.estimator.clone())),
     });
     let (published, resolved) = watch::channel(None);
     let mut tasks = JoinSet::new();
@@ -1291,7 +1323,9 @@ pub async fn serve(
         manager: manager.clone(),
         changes: basis.catalog.changes(),
         basis,
-        elider: Elider::default(),
+        elider: Elider::builder()
+            .estimator(settings.estimator.clone())
+            .build(),
         logs: settings.dir.join("serve"),
         sessions: AtomicU64::new(0),
         resolved,
@@ -1453,14 +1487,18 @@ mod tests {
             grant: PermissionGrant::none(),
             settings: disclosure_settings(DEFAULT_AUTO_BUDGET).unwrap_or_else(|e| panic!("{e}")),
             limits: Limits::default(),
-            surfaces: Mutex::new(SurfaceCache::new(Estimator::new())),
+            surfaces: Mutex::new(SurfaceCache::new(SharedEstimator(Arc::new(
+                Estimator::new(),
+            )))),
         });
         let (_, resolved) = watch::channel(None);
         Arc::new(Shared {
             manager,
             changes: basis.catalog.changes(),
             basis,
-            elider: Elider::default(),
+            elider: Elider::builder()
+                .estimator(SharedEstimator(Arc::new(Estimator::new())))
+                .build(),
             logs,
             sessions: AtomicU64::new(0),
             resolved,
