@@ -27,7 +27,7 @@ pub(crate) fn run(
     auto_budget: u64,
     max_sessions: usize,
 ) -> Result<u8, String> {
-    let settings = GatewaySettings::new(dir)
+    let mut settings = GatewaySettings::new(dir)
         .and_then(|s| Ok(s.disclosure(disclosure_settings(auto_budget)?)))
         .map_err(|e| crate::reason::chain(&e))?
         .max_sessions(max_sessions)
@@ -50,8 +50,12 @@ pub(crate) fn run(
                 let local = listener
                     .local_addr()
                     .map_err(|e| format!("--http {addr}: {e}"))?;
-                eprintln!("psych serve: listening on http://{local}/mcp");
-                println!("listening on http://{local}/mcp");
+                // Said once the gateway has started, not when the address is bound: a
+                // script taking the line as ready finds a gateway that answers.
+                settings = settings.on_ready(move || {
+                    eprintln!("psych serve: listening on http://{local}/mcp");
+                    println!("listening on http://{local}/mcp");
+                });
                 Listener::Http(listener)
             }
         };

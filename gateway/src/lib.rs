@@ -999,6 +999,7 @@ pub struct GatewaySettings {
     max_sessions: usize,
     report: Arc<dyn Fn(&str) + Send + Sync>,
     estimator: SharedEstimator,
+    ready: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// The one token estimator of a gateway, shared by disclosure, the session logs and
@@ -1050,7 +1051,18 @@ impl GatewaySettings {
             max_sessions: MAX_SESSIONS,
             report: Arc::new(|_: &str| {}),
             estimator: SharedEstimator(Arc::new(Estimator::new())),
+            ready: None,
         })
+    }
+
+    /// Called once, when the gateway has started (its folders made, the upstream servers
+    /// connecting, the first Surface resolved) and is about to answer its clients: the
+    /// moment to tell a waiting script or test that it is ready (`psych serve --http`
+    /// prints `listening on http://ADDR/mcp` then). Not called if the start fails.
+    #[must_use]
+    pub fn on_ready(mut self, ready: impl FnOnce() + Send + 'static) -> Self {
+        self.ready = Some(Box::new(ready));
+        self
     }
 
     /// The token estimator, set once for every estimate the gateway makes: disclosure's
@@ -1335,6 +1347,9 @@ pub async fn serve(
     });
     // The first resolution, of whatever the catalogue holds now (most likely nothing).
     let _ = shared.resolved.clone().wait_for(Option::is_some).await;
+    if let Some(ready) = settings.ready {
+        ready();
+    }
 
     let serving = async {
         match listener {
