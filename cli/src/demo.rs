@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use psych_catalog::{Catalog, FreshenerConfig};
+use psych_catalog::Catalog;
 use psych_elision::Estimator;
 use psych_mcp::{McpConfig, McpManager};
 use psych_prompt_assembly::{
@@ -113,18 +113,17 @@ async fn demo(
         .map_err(|e| format!("the catalogue: {e}"))?;
     // The one connect path (the gateway's and a Run's): every server connected and listed
     // into the catalogue, which stays fresh from the servers' events while the script plays.
-    let fresh = FreshenerConfig::builder()
-        .build()
-        .map_err(|e| format!("the catalogue's freshener: {e}"))?;
+    let fresh = crate::setup::listing_freshener()?;
     let connected = CatalogSync::connect(manager, catalog.clone(), fresh)
         .await
         .map_err(|e| format!("the catalogue's freshener: {e}"))?;
-    if let Some((server, error)) = connected.failures.first() {
-        return Err(format!(
+    let played = match connected.failures.first() {
+        Some((server, error)) => Err(format!(
             "the embedded server {server} did not start: {error}"
-        ));
-    }
-    let played = script(config, manager, &catalog, logs, dump).await;
+        )),
+        None => script(config, manager, &catalog, logs, dump).await,
+    };
+    // Stopped and awaited on every path, so no catalogue write outlives the demo.
     connected.sync.stop().await;
     connected.freshener.shutdown().await;
     played
@@ -272,7 +271,7 @@ async fn open_run(
         .servers
         .keys()
         .fold(PermissionGrant::none(), |g, s| g.allow_server(s.clone()));
-    let settings = crate::setup::settings(crate::setup::WINDOW)?;
+    let settings = crate::setup::run_settings(crate::setup::WINDOW)?;
     let run = RunId::new(RUN).map_err(|e| e.to_string())?;
     Run::builder(dir, run, catalog.clone(), Arc::new(manager.clone()), target)
         .connections(connections)

@@ -16,7 +16,8 @@ const STRAGGLERS: Duration = Duration::from_millis(100);
 /// Runs the gateway for `config` until its client leaves (stdio) or a SIGTERM or SIGINT
 /// stops it (either transport), with an auto budget of `auto_budget` tokens and at most
 /// `max_sessions` HTTP sessions at once, logs under `<dir>/serve/`. With `http`, prints
-/// `listening on http://ADDR/mcp` on stdout once the address is bound (port 0 picks one).
+/// `listening on http://ADDR/mcp` on stdout once the gateway has started on the bound
+/// address (port 0 picks one).
 ///
 /// The first signal starts a graceful shutdown (bounded by [`SHUTDOWN_WITHIN`]); a second
 /// one exits at once.

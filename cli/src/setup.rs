@@ -86,6 +86,8 @@ pub(crate) struct Outcome {
     pub(crate) error: Option<String>,
     /// Tools the server declared that were refused, with the reason.
     pub(crate) malformed: Vec<String>,
+    /// Tools in its live catalogue (for the progress line).
+    pub(crate) tools: usize,
 }
 
 /// A synced setup, resolved.
@@ -159,19 +161,44 @@ pub(crate) fn load(
 /// (`psych budget --context-window`'s default).
 pub(crate) const WINDOW: u64 = 200_000;
 
-/// Disclosure's settings with an auto budget of 5% of `window` tokens (disclosure's
-/// documented default share) and the slot of the Run's own tool (`read_tool_output`,
-/// [`EXECUTOR_TOOLS`](psych_runtime::EXECUTOR_TOOLS)) reserved in the tool cap, as a Run
-/// reserves it: what every command resolves with, so a table shows what a Run decides.
-pub(crate) fn settings(window: u64) -> Result<Settings, String> {
+/// Disclosure's settings for a Run: an auto budget of 5% of `window` tokens (disclosure's
+/// documented default share), the other knobs at their defaults. A Run reserves the slot of
+/// its own tool in the cap itself (`psych demo` hands these to its Runs).
+pub(crate) fn run_settings(window: u64) -> Result<Settings, String> {
     Settings::builder()
         .auto_budget(Budget::WindowShare {
             window_tokens: window,
             percent: 5,
         })
-        .reserved_tools(psych_runtime::EXECUTOR_TOOLS)
         .build()
         .map_err(|e| format!("settings: {e}"))
+}
+
+/// What a Run resolves with for [`run_settings`]`(window)`: the same, with the slot of the
+/// Run's own tool (`read_tool_output`, [`EXECUTOR_TOOLS`](psych_runtime::EXECUTOR_TOOLS))
+/// reserved in the tool cap as `Run::open` reserves it. What the reporting commands resolve
+/// with, so a table shows what a Run decides.
+pub(crate) fn settings(window: u64) -> Result<Settings, String> {
+    let settings = run_settings(window)?;
+    settings
+        .to_builder()
+        .reserved_tools(
+            settings
+                .reserved_tools()
+                .saturating_add(psych_runtime::EXECUTOR_TOOLS),
+        )
+        .build()
+        .map_err(|e| format!("settings: {e}"))
+}
+
+/// The freshener's settings for a command's one listing of every server: its listing
+/// deadline is psych-mcp's for a whole listing (every page), as when the command listed
+/// through the manager itself.
+pub(crate) fn listing_freshener() -> Result<FreshenerConfig, String> {
+    FreshenerConfig::builder()
+        .list_timeout(psych_mcp::Timeouts::default().listing)
+        .build()
+        .map_err(|e| format!("the catalogue's freshener: {e}"))
 }
 
 /// Connects every server and lists each into `catalog` by the one path the gateway and a
@@ -189,9 +216,7 @@ async fn connect_and_sync(config: &McpConfig, catalog: Catalog) -> Result<Vec<Ou
     if progress {
         eprintln!("connecting {} MCP servers…", config.servers.len());
     }
-    let fresh = FreshenerConfig::builder()
-        .build()
-        .map_err(|e| format!("the catalogue's freshener: {e}"))?;
+    let fresh = listing_freshener()?;
     let connected = CatalogSync::connect(&manager, catalog.clone(), fresh)
         .await
         .map_err(|e| format!("the catalogue's freshener: {e}"))?;
@@ -208,24 +233,25 @@ async fn connect_and_sync(config: &McpConfig, catalog: Catalog) -> Result<Vec<Ou
                 .map(|m| format!("{}: {}", m.name, m.reason))
                 .collect()),
         };
-        if progress {
-            match &outcome {
-                Ok(_) => eprintln!(
-                    "  {server}: {} tools listed",
-                    catalog.live(server).map_or(0, |c| c.tools.len())
-                ),
-                Err(reason) => eprintln!(
+        listed.push((server.clone(), outcome));
+    }
+    manager.shutdown().await;
+    let outcomes = tokio::task::spawn_blocking(move || record(&catalog, listed))
+        .await
+        .map_err(|e| format!("syncing the catalogue: {e}"))??;
+    if progress {
+        for outcome in &outcomes {
+            let server = &outcome.server;
+            match &outcome.error {
+                None => eprintln!("  {server}: {} tools listed", outcome.tools),
+                Some(reason) => eprintln!(
                     "  {server}: failed: {}",
                     crate::reason::one_line(server.as_str(), reason)
                 ),
             }
         }
-        listed.push((server.clone(), outcome));
     }
-    manager.shutdown().await;
-    tokio::task::spawn_blocking(move || record(&catalog, listed))
-        .await
-        .map_err(|e| format!("syncing the catalogue: {e}"))?
+    Ok(outcomes)
 }
 
 /// Why `server` has no first listing, as the report words it: the reason the manager gave
@@ -255,11 +281,18 @@ fn record(
     let mut outcomes = Vec::new();
     for (server, listing) in listed {
         let outcome = match listing {
-            Ok(malformed) => Outcome {
-                server,
-                error: None,
-                malformed,
-            },
+            Ok(malformed) => {
+                // Listed: reachable, whatever the followed events had applied when the
+                // following stopped.
+                catalog.set_reachability(&server, Reachability::Reachable);
+                let tools = catalog.live(&server).map_or(0, |c| c.tools.len());
+                Outcome {
+                    server,
+                    error: None,
+                    malformed,
+                    tools,
+                }
+            }
             Err(reason) => {
                 let line = crate::reason::one_line(server.as_str(), &reason);
                 catalog
@@ -270,6 +303,7 @@ fn record(
                     server,
                     error: Some(reason),
                     malformed: Vec::new(),
+                    tools: 0,
                 }
             }
         };

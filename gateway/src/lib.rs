@@ -1058,7 +1058,9 @@ impl GatewaySettings {
     /// Called once, when the gateway has started (its folders made, the upstream servers
     /// connecting, the first Surface resolved) and is about to answer its clients: the
     /// moment to tell a waiting script or test that it is ready (`psych serve --http`
-    /// prints `listening on http://ADDR/mcp` then). Not called if the start fails.
+    /// prints `listening on http://ADDR/mcp` then). Not called if the start fails before
+    /// that; over stdio, the client's own initialization comes after it (and may still
+    /// fail). Runs on an async worker: it must not block.
     #[must_use]
     pub fn on_ready(mut self, ready: impl FnOnce() + Send + 'static) -> Self {
         self.ready = Some(Box::new(ready));
@@ -1237,8 +1239,8 @@ pub enum SessionRefused {
     /// As many sessions are open as [`GatewaySettings::max_sessions`] allows.
     #[error(
         "the gateway: {max} sessions are open, the most it allows (psych serve: \
-         --max-sessions); end one (a \
-         client deleting its session, or {} s idle) or raise --max-sessions",
+         --max-sessions); end one (a client deleting its session, or {} s idle) or raise \
+         the cap",
         SESSION_IDLE.as_secs()
     )]
     Full {

@@ -121,7 +121,9 @@ impl ServerConfig {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Field`] when the entry is not a list of tool names, naming the server. [`McpConfig::parse`] checks every entry, so a parsed file never fails.
+    /// [`ConfigError::Field`] when the entry is not a list of tool names, naming the server
+    /// of [`ServerConfig::connection`] (for a parsed file, its name in the file).
+    /// [`McpConfig::parse`] checks every entry, so a parsed file never fails.
     pub fn allowed_tools(
         &self,
     ) -> Result<Option<std::collections::BTreeSet<ToolName>>, ConfigError> {

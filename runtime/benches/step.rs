@@ -21,7 +21,7 @@
 //! - `baseline_serialize_history`: `serde_json::to_string` of the 500 records, the least
 //!   work that reads the history once.
 //!
-//! Catalogues are psych-mcp's `synthetic_tools` (realistic names, descriptions, schemas):
+//! Catalogues are psych-test-server's `synthetic_tools` (realistic names, descriptions, schemas):
 //! five servers of 10 tools (direct) and fifteen of 130 (deferred or a search pair).
 
 #![allow(

@@ -182,12 +182,21 @@ fn workspace_names(metadata: &Value) -> Vec<&str> {
 /// The dependency rule of DESIGN.md: a core crate depends on no other workspace crate but
 /// `psych-types`, in any dependency kind (normal, dev or build), so each can be picked alone;
 /// the one exception is a dev-dependency on a test fixture crate (`publish = false`, by path
-/// only, so `cargo package` drops it), as rust-analyzer's crates use its `test-utils`.
+/// only, so `cargo package` drops it) that uses no workspace crate but `psych-types` and the
+/// core crate itself, as rust-analyzer's crates use its `test-utils`.
 pub(crate) fn dependency_rule(metadata: &Value) -> Vec<String> {
     let ours = workspace_names(metadata);
-    // A test fixture crate (not published) used by a core crate's tests only: what it
-    // depends on never reaches a user of the core crate, whose package drops it.
-    let fixtures = unpublished_names(metadata);
+    let unpublished = unpublished_names(metadata);
+    // What each workspace crate depends on in the workspace (normal dependencies).
+    let uses = |crate_name: &str| -> Vec<&str> {
+        packages(metadata)
+            .filter(|(name, _)| *name == crate_name)
+            .flat_map(|(_, deps)| deps)
+            .filter(|dep| dep["kind"].is_null())
+            .filter_map(|dep| dep["name"].as_str())
+            .filter(|dep| ours.contains(dep))
+            .collect()
+    };
     let mut violations = Vec::new();
     for (name, deps) in packages(metadata) {
         if !CORE_CRATES.contains(&name) {
@@ -196,7 +205,15 @@ pub(crate) fn dependency_rule(metadata: &Value) -> Vec<String> {
         for dep in deps {
             let dep_name = dep["name"].as_str().unwrap_or("?");
             let kind = dep["kind"].as_str().unwrap_or("normal");
-            if kind == "dev" && fixtures.contains(&dep_name) {
+            // A test fixture crate (not published) for this core crate's tests: its package
+            // drops it, and it ties the core crate to nothing else (it uses no workspace
+            // crate but psych-types and this one).
+            let fixture = kind == "dev"
+                && unpublished.contains(&dep_name)
+                && uses(dep_name)
+                    .iter()
+                    .all(|used| *used == SHARED_TYPES || *used == name);
+            if fixture {
                 continue;
             }
             if dep_name != SHARED_TYPES && ours.contains(&dep_name) {
@@ -647,18 +664,27 @@ mod tests {
 
     #[test]
     fn dependency_rule_allows_a_test_fixture_crate_to_a_core_crates_tests_only() {
-        let metadata = |kind: Option<&str>| {
+        let metadata = |kind: Option<&str>, fixture_uses: &str| {
             serde_json::json!({"packages": [
                 {"name": "psych-prompt-assembly", "publish": null, "dependencies": [
                     {"name": "psych-test-support", "path": "/w/tsup", "req": "*", "kind": kind},
                 ]},
-                {"name": "psych-test-support", "publish": [], "dependencies": []},
+                {"name": "psych-test-support", "publish": [], "dependencies": [
+                    {"name": fixture_uses, "path": "/w/x", "req": "^0.1.0", "kind": null},
+                ]},
+                {"name": "psych-elision", "publish": null, "dependencies": []},
             ]})
         };
-        assert!(dependency_rule(&metadata(Some("dev"))).is_empty());
-        let normal = dependency_rule(&metadata(None));
+        // A fixture using the core crate itself: allowed to its tests.
+        let own = "psych-prompt-assembly";
+        assert!(dependency_rule(&metadata(Some("dev"), own)).is_empty());
+        // As a normal dependency: refused.
+        let normal = dependency_rule(&metadata(None, own));
         assert_eq!(normal.len(), 1, "{normal:?}");
         assert!(normal[0].contains("psych-prompt-assembly depends on psych-test-support"));
+        // A fixture that ties in another core crate: refused even for tests.
+        let other = dependency_rule(&metadata(Some("dev"), "psych-elision"));
+        assert_eq!(other.len(), 1, "{other:?}");
     }
 
     #[test]
