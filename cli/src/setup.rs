@@ -179,15 +179,7 @@ pub(crate) fn run_settings(window: u64) -> Result<Settings, String> {
 /// reserved in the tool cap as `Run::open` reserves it. What the reporting commands resolve
 /// with, so a table shows what a Run decides.
 pub(crate) fn settings(window: u64) -> Result<Settings, String> {
-    let settings = run_settings(window)?;
-    settings
-        .to_builder()
-        .reserved_tools(
-            settings
-                .reserved_tools()
-                .saturating_add(psych_runtime::EXECUTOR_TOOLS),
-        )
-        .build()
+    psych_runtime::reserve_executor_tools(&run_settings(window)?)
         .map_err(|e| format!("settings: {e}"))
 }
 

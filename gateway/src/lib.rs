@@ -563,7 +563,7 @@ impl Session {
         let run = self.run.clone();
         let manager = self.shared.manager.clone();
         let limits = self.shared.basis.limits.clone();
-        let estimator = Arc::clone(&self.shared.elider.estimator().0);
+        let estimator = Arc::clone(self.shared.elider.estimator());
         tokio::spawn(async move {
             // No fdatasync per call: measured, it was most of a proxied call's added
             // latency (a call 2.1 ms through the gateway against 0.24 ms direct; one
@@ -1004,22 +1004,7 @@ pub struct GatewaySettings {
 
 /// The one token estimator of a gateway, shared by disclosure, the session logs and
 /// elision (cheap to clone).
-#[derive(Clone)]
-struct SharedEstimator(Arc<dyn TokenEstimator + Send + Sync>);
-
-impl TokenEstimator for SharedEstimator {
-    fn estimate_text(&self, text: &str) -> u64 {
-        self.0.estimate_text(text)
-    }
-
-    fn estimate_binary(&self, mime_type: &str, len: u64) -> u64 {
-        self.0.estimate_binary(mime_type, len)
-    }
-
-    fn estimate_output(&self, output: &ToolOutput) -> u64 {
-        self.0.estimate_output(output)
-    }
-}
+type SharedEstimator = Arc<dyn TokenEstimator + Send + Sync>;
 
 impl std::fmt::Debug for GatewaySettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -1050,7 +1035,7 @@ impl GatewaySettings {
             disclosure: disclosure_settings(DEFAULT_AUTO_BUDGET)?,
             max_sessions: MAX_SESSIONS,
             report: Arc::new(|_: &str| {}),
-            estimator: SharedEstimator(Arc::new(Estimator::new())),
+            estimator: Arc::new(Estimator::new()),
             ready: None,
         })
     }
@@ -1074,7 +1059,7 @@ impl GatewaySettings {
     /// as psych-runtime's `RunBuilder::estimator`.
     #[must_use]
     pub fn estimator(mut self, estimator: impl TokenEstimator + Send + Sync + 'static) -> Self {
-        self.estimator = SharedEstimator(Arc::new(estimator));
+        self.estimator = Arc::new(estimator);
         self
     }
 
@@ -1155,14 +1140,7 @@ pub fn disclosure_settings(tokens: u64) -> Result<Settings, psych_disclosure::Se
 /// Disclosure's [`SettingsError`](psych_disclosure::SettingsError) when the cap has no room
 /// left for the fixed tools.
 pub fn listing_settings(settings: &Settings) -> Result<Settings, psych_disclosure::SettingsError> {
-    settings
-        .to_builder()
-        .reserved_tools(
-            settings
-                .reserved_tools()
-                .saturating_add(psych_runtime::EXECUTOR_TOOLS),
-        )
-        .build()
+    psych_runtime::reserve_executor_tools(settings)
 }
 
 /// Why the gateway could not start, or did not stop cleanly.
@@ -1504,9 +1482,7 @@ mod tests {
             grant: PermissionGrant::none(),
             settings: disclosure_settings(DEFAULT_AUTO_BUDGET).unwrap_or_else(|e| panic!("{e}")),
             limits: Limits::default(),
-            surfaces: Mutex::new(SurfaceCache::new(SharedEstimator(Arc::new(
-                Estimator::new(),
-            )))),
+            surfaces: Mutex::new(SurfaceCache::new(Arc::new(Estimator::new()))),
         });
         let (_, resolved) = watch::channel(None);
         Arc::new(Shared {
@@ -1514,7 +1490,7 @@ mod tests {
             changes: basis.catalog.changes(),
             basis,
             elider: Elider::builder()
-                .estimator(SharedEstimator(Arc::new(Estimator::new())))
+                .estimator(Arc::new(Estimator::new()) as SharedEstimator)
                 .build(),
             logs,
             sessions: AtomicU64::new(0),

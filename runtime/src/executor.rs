@@ -37,6 +37,24 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// it takes the place of the meta tools, which the Surface counts.
 pub const EXECUTOR_TOOLS: usize = 1;
 
+/// `settings` with [`EXECUTOR_TOOLS`] reserved in the tool cap on top of the caller's own
+/// reserve: what a [`Run`](crate::Run) resolves with, and what a caller listing the
+/// executor's tools beside a Surface of its own (psych-gateway, `psych budget`) resolves
+/// with, so the request stays within the cap.
+///
+/// # Errors
+///
+/// Disclosure's [`SettingsError`](psych_disclosure::SettingsError) when the cap has no room
+/// left for the fixed tools.
+pub fn reserve_executor_tools(
+    settings: &psych_disclosure::Settings,
+) -> Result<psych_disclosure::Settings, psych_disclosure::SettingsError> {
+    settings
+        .to_builder()
+        .reserved_tools(settings.reserved_tools().saturating_add(EXECUTOR_TOOLS))
+        .build()
+}
+
 /// Runs one step's tool calls and logs their results.
 ///
 /// For each call, in the order the model made them: `read_tool_output` goes to

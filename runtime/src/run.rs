@@ -106,22 +106,7 @@ type ClockFn = Arc<dyn Fn() -> i64 + Send + Sync>;
 
 /// The Run's one token estimator ([`RunBuilder::estimator`]), shared by disclosure's
 /// costs, the log's stored estimates and elision.
-#[derive(Clone)]
-struct RunEstimator(Arc<dyn TokenEstimator + Send + Sync>);
-
-impl TokenEstimator for RunEstimator {
-    fn estimate_text(&self, text: &str) -> u64 {
-        self.0.estimate_text(text)
-    }
-
-    fn estimate_binary(&self, mime_type: &str, len: u64) -> u64 {
-        self.0.estimate_binary(mime_type, len)
-    }
-
-    fn estimate_output(&self, output: &ToolOutput) -> u64 {
-        self.0.estimate_output(output)
-    }
-}
+type RunEstimator = Arc<dyn TokenEstimator + Send + Sync>;
 
 /// An agent Run over real MCP servers (or any [`ToolHost`]): the model call stays with the
 /// caller.
@@ -720,25 +705,17 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     /// back, [`RunError::Append`] when the repair cannot be logged.
     pub async fn open(self) -> Result<Run<H>, RunError> {
         // The tools every turn sends beside the Surface's are reserved in its tool cap.
-        let settings = self
-            .settings
-            .to_builder()
-            .reserved_tools(
-                self.settings
-                    .reserved_tools()
-                    .saturating_add(crate::EXECUTOR_TOOLS),
-            )
-            .build()?;
+        let settings = crate::reserve_executor_tools(&self.settings)?;
         let (dir, run, sync) = (self.dir, self.run, self.sync);
         // One estimator for disclosure, the log and elision. Results are logged with its
         // estimate, so projecting them later needs no pass over their content.
-        let estimator = RunEstimator(self.estimator);
+        let estimator: RunEstimator = self.estimator;
         let elider = Elider::builder()
             .estimator(estimator.clone())
             .thresholds(*self.elider.thresholds())
             .preview(*self.elider.preview_config())
             .build();
-        let logged = Arc::clone(&estimator.0);
+        let logged = Arc::clone(&estimator);
         let (log, history, recovery) = tokio::task::spawn_blocking(move || {
             let (mut log, recovery) = RecordLog::open(&dir, &run, sync)?;
             log.set_estimator(logged);

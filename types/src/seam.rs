@@ -50,6 +50,22 @@ pub trait TokenEstimator {
     }
 }
 
+/// A shared estimator estimates as the one it holds: one estimator set once can be handed to
+/// disclosure, the record log and elision alike (`Arc<dyn TokenEstimator + Send + Sync>`).
+impl<T: TokenEstimator + ?Sized> TokenEstimator for std::sync::Arc<T> {
+    fn estimate_text(&self, text: &str) -> u64 {
+        (**self).estimate_text(text)
+    }
+
+    fn estimate_binary(&self, mime_type: &str, len: u64) -> u64 {
+        (**self).estimate_binary(mime_type, len)
+    }
+
+    fn estimate_output(&self, output: &ToolOutput) -> u64 {
+        (**self).estimate_output(output)
+    }
+}
+
 /// One tool result handed to a [`ResultProjector`].
 #[derive(Debug, Clone, Copy)]
 pub struct ResultRef<'a> {
@@ -440,6 +456,32 @@ mod tests {
     use super::*;
     use crate::{ToolResult, UserMessage};
     use std::sync::Arc;
+
+    /// Counts bytes, and prices binary content apart, overriding the output's sum.
+    struct Counted;
+
+    impl TokenEstimator for Counted {
+        fn estimate_text(&self, text: &str) -> u64 {
+            text.len() as u64
+        }
+
+        fn estimate_binary(&self, _mime_type: &str, len: u64) -> u64 {
+            len * 2
+        }
+
+        fn estimate_output(&self, _output: &ToolOutput) -> u64 {
+            7
+        }
+    }
+
+    #[test]
+    fn a_shared_estimator_estimates_as_the_one_it_holds() {
+        let shared: Arc<dyn TokenEstimator + Send + Sync> = Arc::new(Counted);
+        assert_eq!(shared.estimate_text("abcd"), 4);
+        assert_eq!(shared.estimate_binary("image/png", 5), 10);
+        // Its own override, not the trait's default sum.
+        assert_eq!(shared.estimate_output(&ToolOutput::text("abcd")), 7);
+    }
 
     /// A host whose calls answer at once with the tool's name.
     struct Plain;
