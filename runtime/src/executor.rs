@@ -12,10 +12,10 @@ use std::time::Duration;
 use psych_disclosure::{Live, OrientationContext, Surface, Validators, Verdict, orientation};
 use psych_prompt_assembly::NativeDeferral;
 use psych_reader_tool::{CallError, Limits, Reader};
-use psych_record_log::SharedRecordLog;
+use psych_record_log::{OpenError, RecordLog, SharedRecordLog};
 use psych_types::{
-    LoggedRecord, ProgressSink, READ_TOOL_OUTPUT, Record, ToolCall, ToolHost, ToolOutput, ToolRef,
-    ToolResult,
+    LoggedRecord, ProgressSink, READ_TOOL_OUTPUT, Record, RecordHandle, ToolCall, ToolHost,
+    ToolOutput, ToolRef, ToolResult,
 };
 use serde_json::Value;
 use tokio::task::{Id, JoinError, JoinSet};
@@ -78,6 +78,7 @@ pub fn reserve_executor_tools(
 pub struct Executor<H> {
     host: Arc<H>,
     log: Arc<SharedRecordLog>,
+    archive: Option<Arc<dyn Archive>>,
     validators: Mutex<Validators>,
     call_timeout: Duration,
     orientation: OrientationContext,
@@ -113,6 +114,7 @@ impl<H: ToolHost + 'static> Executor<H> {
         Self {
             host,
             log,
+            archive: None,
             validators: Mutex::new(Validators::new()),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             orientation: OrientationContext::default(),
@@ -137,6 +139,14 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// Sets the reader's limits (checked when they were built: `Limits::builder`).
     pub fn reader_limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Reads handles of other Runs from `archive` (the logs of a gateway's earlier
+    /// connections, or of a process before a restart). Without one, a handle of another Run
+    /// is `invalid_deferred_handle`, as it stays for one the archive does not know.
+    pub fn archive(mut self, archive: Arc<dyn Archive>) -> Self {
+        self.archive = Some(archive);
         self
     }
 
@@ -385,11 +395,15 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// Answers `read_tool_output` through psych-reader-tool over the log (blocking reads).
     fn spawn_read(&self, tasks: &mut JoinSet<Done>, index: usize, call: &ToolCall) -> Id {
         let log = Arc::clone(&self.log);
+        let archive = self.archive.clone();
         let limits = self.limits.clone();
         let arguments = call.arguments.clone();
         let (call, name) = (call.id.clone(), call.name.clone());
         let task = tasks.spawn(async move {
-            let read = tokio::task::spawn_blocking(move || read(&log, limits, &arguments)).await;
+            let read = tokio::task::spawn_blocking(move || {
+                read(&log, archive.as_deref(), limits, &arguments)
+            })
+            .await;
             let result =
                 read.unwrap_or_else(|source| Err(ExecuteError::Panicked { call, name, source }));
             (index, result)
@@ -398,13 +412,72 @@ impl<H: ToolHost + 'static> Executor<H> {
     }
 }
 
+/// Where `read_tool_output` looks up a handle of a Run other than the executor's own: the
+/// logs of earlier Runs that the same caller may still read (a gateway's earlier
+/// connections of one identity, a process before its restart).
+///
+/// [`Archive::find`] is called on the blocking pool, never on an async worker: it may open
+/// files. The archive decides whose logs a caller may read; one it does not know is
+/// refused as `invalid_deferred_handle`, as a handle of an unknown Run always is.
+pub trait Archive: Send + Sync {
+    /// What this archive has of `handle`'s Run.
+    fn find(&self, handle: &RecordHandle) -> Archived;
+}
+
+/// What an [`Archive`] has of a handle's Run.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Archived {
+    /// The Run's log, open for reading: the handle is read there.
+    Log(Arc<RecordLog>),
+    /// The Run's log was kept here once and is gone (a retention limit removed it): the
+    /// model is answered `why` as a failed result, so it can call the tool again.
+    Gone {
+        /// What the model is told, in full.
+        why: String,
+    },
+    /// The Run's log is here but could not be opened: the model is told the read failed.
+    Failed(OpenError),
+    /// The archive never had the Run: the handle is `invalid_deferred_handle`.
+    Unknown,
+}
+
 /// One read by handle: an answer for the model, or the typed handle error for the caller.
+/// A handle of another Run goes to `archive` first, when there is one.
 fn read(
     log: &SharedRecordLog,
+    archive: Option<&dyn Archive>,
     limits: Limits,
     arguments: &Value,
 ) -> Result<ToolOutput, ExecuteError> {
-    match Reader::with_limits(log, limits).call(arguments) {
+    let foreign = arguments
+        .get("handle")
+        .and_then(Value::as_str)
+        .and_then(|text| text.parse::<RecordHandle>().ok())
+        .filter(|handle| &handle.run != log.run());
+    if let (Some(archive), Some(handle)) = (archive, foreign) {
+        match archive.find(&handle) {
+            Archived::Log(other) => {
+                return answer(Reader::with_limits(&*other, limits).call(arguments));
+            }
+            Archived::Gone { why } => return Ok(ToolOutput::error(why)),
+            Archived::Failed(error) => {
+                return Ok(ToolOutput::error(format!(
+                    "read_tool_output failed: the log of {}: {error}",
+                    handle.run
+                )));
+            }
+            Archived::Unknown => {}
+        }
+    }
+    answer(Reader::with_limits(log, limits).call(arguments))
+}
+
+/// The reader's answer for the model, or its typed handle error for the caller.
+fn answer<E: std::error::Error>(
+    called: Result<psych_reader_tool::Answer, CallError<E>>,
+) -> Result<ToolOutput, ExecuteError> {
+    match called {
         Ok(answer) => Ok(answer.to_tool_output()),
         Err(CallError::InvalidDeferredHandle(error)) => {
             Err(ExecuteError::InvalidDeferredHandle(error))

@@ -128,7 +128,9 @@ mod usage;
 pub use error::{ExecuteError, RunError, TurnState};
 #[cfg(feature = "mcp")]
 pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};
-pub use executor::{DEFAULT_CALL_TIMEOUT, EXECUTOR_TOOLS, Executor, reserve_executor_tools};
+pub use executor::{
+    Archive, Archived, DEFAULT_CALL_TIMEOUT, EXECUTOR_TOOLS, Executor, reserve_executor_tools,
+};
 pub use run::{INTERRUPTED, ModelReply, Next, Run, RunBuilder, Target};
 pub use scripted::{ScriptedModel, Step, Transcript};
 pub use usage::{Spent, spent};

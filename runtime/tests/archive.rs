@@ -1,0 +1,149 @@
+//! `read_tool_output` through an [`Archive`]: a handle of an earlier Run the archive holds is
+//! read from that Run's log, one it says is gone is a failed result saying why, and one it
+//! does not know stays `invalid_deferred_handle`, as it is without an archive.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use psych_disclosure::{Inputs, Live, Settings, resolve};
+use psych_elision::Estimator;
+use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
+use psych_runtime::{Archive, Archived, ExecuteError, Executor};
+use psych_types::{
+    JsonObject, PermissionGrant, Record, RecordHandle, RunId, ServerId, ToolCall, ToolCallId,
+    ToolDefinition, ToolHost, ToolLister, ToolOutput, ToolRef, ToolResult,
+};
+use serde_json::json;
+
+/// A host with no tools: every call here is a read.
+struct Nothing;
+
+impl ToolLister for Nothing {
+    type Error = std::io::Error;
+
+    async fn list_tools(&self, _: &ServerId) -> Result<Vec<ToolDefinition>, Self::Error> {
+        Ok(Vec::new())
+    }
+}
+
+impl ToolHost for Nothing {
+    async fn call_tool(&self, _: &ToolRef, _: JsonObject) -> Result<ToolOutput, Self::Error> {
+        Ok(ToolOutput::text("unused"))
+    }
+}
+
+/// Keeps the logs of `dir` for the Run `kept`, and says `gone` is gone.
+struct Dir {
+    dir: PathBuf,
+    kept: RunId,
+    gone: RunId,
+}
+
+impl Archive for Dir {
+    fn find(&self, handle: &RecordHandle) -> Archived {
+        if handle.run == self.kept {
+            match RecordLog::open_read_only(&self.dir, &handle.run) {
+                Ok((log, _)) => Archived::Log(Arc::new(log)),
+                Err(error) => Archived::Failed(error),
+            }
+        } else if handle.run == self.gone {
+            Archived::Gone {
+                why: format!("handle {handle} expired"),
+            }
+        } else {
+            Archived::Unknown
+        }
+    }
+}
+
+fn read(handle: &str) -> ToolCall {
+    ToolCall {
+        id: ToolCallId::new("call_1").unwrap(),
+        name: "read_tool_output".to_owned(),
+        arguments: json!({"handle": handle, "grep": "needle"}),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_of_an_earlier_run_is_read_from_the_archive_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let earlier = RunId::new("earlier").unwrap();
+    let handle = {
+        let (mut log, _) = RecordLog::open(dir.path(), &earlier, SyncPolicy::OsBuffered).unwrap();
+        log.append(&Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new("call_0").unwrap(),
+            name: "fetch".into(),
+            output: ToolOutput::text("hay\nhay\nthe needle\nhay\n"),
+        }))
+        .unwrap()
+    };
+
+    let grant = PermissionGrant::none();
+    let inputs = Inputs {
+        connections: &[],
+        catalogs: &[],
+        grant: &grant,
+    };
+    let surface = resolve(&inputs, &Settings::default(), &Estimator::new()).unwrap();
+    let live = Live {
+        grant: &grant,
+        catalogs: &[],
+    };
+    let now = RunId::new("now").unwrap();
+    let open_now = || {
+        let (log, _) = RecordLog::open(dir.path(), &now, SyncPolicy::OsBuffered).unwrap();
+        Arc::new(SharedRecordLog::new(log))
+    };
+
+    // Without an archive, another Run's handle is refused.
+    let plain = Executor::new(Arc::new(Nothing), open_now());
+    let refused = plain
+        .execute(&surface, &live, &[read(&handle.to_string())])
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, ExecuteError::InvalidDeferredHandle(_)));
+    drop(plain);
+
+    let archive = Dir {
+        dir: dir.path().to_path_buf(),
+        kept: earlier.clone(),
+        gone: RunId::new("swept").unwrap(),
+    };
+    let executor = Executor::new(Arc::new(Nothing), open_now()).archive(Arc::new(archive));
+
+    let logged = executor
+        .execute(&surface, &live, &[read(&handle.to_string())])
+        .await
+        .unwrap();
+    let Record::ToolResult(result) = &logged[0].record else {
+        panic!("a result")
+    };
+    assert!(!result.output.is_error(), "{result:?}");
+    assert!(
+        result.output.readable_text().contains("3\tthe needle"),
+        "{}",
+        result.output.readable_text()
+    );
+
+    let logged = executor
+        .execute(&surface, &live, &[read("swept:0")])
+        .await
+        .unwrap();
+    let Record::ToolResult(result) = &logged[0].record else {
+        panic!("a result")
+    };
+    assert!(result.output.is_error());
+    assert_eq!(result.output.readable_text(), "handle swept:0 expired");
+
+    let unknown = executor
+        .execute(&surface, &live, &[read("never:0")])
+        .await
+        .unwrap_err();
+    assert!(matches!(unknown, ExecuteError::InvalidDeferredHandle(_)));
+}
