@@ -132,7 +132,8 @@ enum Command {
     /// Serve every MCP server of the file to one MCP client, as one MCP server with Psych's
     /// disclosure: direct tools, facades or search pairs, the meta tools for deferred
     /// servers, `read_tool_output` and the orientation tool; large results elided and
-    /// logged whole under `<dir>/serve/`.
+    /// logged whole under `<dir>/serve/<identity>/`, their handles readable by the same
+    /// identity on any later connection and after a restart.
     ///
     /// Example, in a client's config: `"psych": {"command": "psych", "args": ["serve",
     /// "--config", "/home/me/.psych/mcp.json"]}`
@@ -142,12 +143,27 @@ enum Command {
         /// may narrow its grant with `"allowTools": ["tool", ...]`.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// Serve streamable HTTP on this loopback address instead of stdio.
+        /// Serve streamable HTTP on this address instead of stdio: a loopback address, or
+        /// any with `--tokens`.
         #[arg(long, value_name = "ADDR")]
         http: Option<std::net::SocketAddr>,
-        /// Where the session logs go (`<dir>/serve/<session>.plog`).
+        /// With `--http`: every request must present `Authorization: Bearer TOKEN` with a
+        /// token of this file, which names its identity: {"identities": {"alice":
+        /// {"tokens": ["sha256:HEX"]}}} (`psych serve-token NAME` makes one). Without it,
+        /// every HTTP client is the one identity `loopback`; over stdio the client is
+        /// `stdio`.
+        #[arg(long, value_name = "FILE", requires = "http")]
+        tokens: Option<PathBuf>,
+        /// Where the record logs go (`<dir>/serve/<identity>/<run>.plog`).
         #[arg(long, value_name = "DIR", default_value = ".psych")]
         dir: PathBuf,
+        /// Days an identity's results are kept (whole log segments; a handle of a deleted
+        /// one answers that it expired).
+        #[arg(long, value_name = "DAYS", default_value_t = 7)]
+        retain_days: u64,
+        /// MiB of results kept per identity, the oldest segments deleted first.
+        #[arg(long, value_name = "MIB", default_value_t = 1024)]
+        retain_mib: u64,
         /// Estimated tokens the tool definitions of the servers with preload `auto` (the
         /// default) share in the listing; the servers that do not fit are deferred.
         ///
@@ -165,6 +181,12 @@ enum Command {
         /// after 5 minutes without a message.
         #[arg(long, value_name = "N", default_value_t = psych_gateway::MAX_SESSIONS)]
         max_sessions: usize,
+    },
+    /// Make a bearer token for `psych serve --tokens`: prints the token on stdout (give it to
+    /// the client) and, on stderr, the digest to put in the tokens file under NAME.
+    ServeToken {
+        /// The identity the token names.
+        name: String,
     },
     /// Serve one embedded catalogue over stdio (started by the other commands).
     #[command(hide = true)]
@@ -327,13 +349,33 @@ fn run(command: Command) -> Result<u8, String> {
             dir,
             auto_budget,
             max_sessions,
+            tokens,
+            retain_days,
+            retain_mib,
         } => {
             let config = match config {
                 Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
                 None => setup::embedded_config()?,
             };
-            serve::run(config, &dir, http, auto_budget, max_sessions)
+            let tokens = tokens
+                .map(|path| psych_gateway::Tokens::load(&path))
+                .transpose()
+                .map_err(|e| reason::chain(&e))?;
+            let retention = psych_gateway::Retention {
+                max_age: std::time::Duration::from_secs(retain_days.saturating_mul(86_400)),
+                max_bytes: retain_mib.saturating_mul(1 << 20),
+            };
+            serve::run(serve::Options {
+                config,
+                dir,
+                http,
+                auto_budget,
+                max_sessions,
+                tokens,
+                retention,
+            })
         }
+        Command::ServeToken { name } => serve::token(&name),
     }
 }
 

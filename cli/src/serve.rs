@@ -2,10 +2,12 @@
 //! a loopback HTTP address, stopped by SIGTERM or SIGINT.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use psych_gateway::{GatewaySettings, Listener, SHUTDOWN_WITHIN, disclosure_settings, serve};
+use psych_gateway::{
+    GatewaySettings, Listener, Retention, SHUTDOWN_WITHIN, Tokens, disclosure_settings, serve,
+};
 use psych_mcp::McpConfig;
 
 /// How long the exit waits for what is left in tokio's blocking pool once every task was
@@ -13,26 +15,51 @@ use psych_mcp::McpConfig;
 /// open (or, after a second signal, whatever was abandoned).
 const STRAGGLERS: Duration = Duration::from_millis(100);
 
-/// Runs the gateway for `config` until its client leaves (stdio) or a SIGTERM or SIGINT
-/// stops it (either transport), with an auto budget of `auto_budget` tokens and at most
-/// `max_sessions` HTTP sessions at once, logs under `<dir>/serve/`. With `http`, prints
-/// `listening on http://ADDR/mcp` on stdout once the gateway has started on the bound
-/// address (port 0 picks one).
+/// What `psych serve` was asked for.
+pub(crate) struct Options {
+    /// The upstream servers.
+    pub(crate) config: McpConfig,
+    /// Logs under `<dir>/serve/<identity>/`.
+    pub(crate) dir: PathBuf,
+    /// Streamable HTTP on this address instead of stdio.
+    pub(crate) http: Option<SocketAddr>,
+    /// The auto budget, in tokens.
+    pub(crate) auto_budget: u64,
+    /// The most HTTP sessions open at once.
+    pub(crate) max_sessions: usize,
+    /// Over HTTP, the tokens a request must present.
+    pub(crate) tokens: Option<Tokens>,
+    /// What is kept of each identity's results.
+    pub(crate) retention: Retention,
+}
+
+/// Runs the gateway until its client leaves (stdio) or a SIGTERM or SIGINT stops it
+/// (either transport). With `http`, prints `listening on http://ADDR/mcp` on stdout once
+/// the gateway has started on the bound address (port 0 picks one); an address beyond
+/// loopback is refused without tokens.
 ///
 /// The first signal starts a graceful shutdown (bounded by [`SHUTDOWN_WITHIN`]); a second
 /// one exits at once.
-pub(crate) fn run(
-    config: McpConfig,
-    dir: &Path,
-    http: Option<SocketAddr>,
-    auto_budget: u64,
-    max_sessions: usize,
-) -> Result<u8, String> {
+pub(crate) fn run(options: Options) -> Result<u8, String> {
+    let Options {
+        config,
+        dir,
+        http,
+        auto_budget,
+        max_sessions,
+        tokens,
+        retention,
+    } = options;
+    let authorized = tokens.is_some();
     let mut settings = GatewaySettings::new(dir)
         .and_then(|s| Ok(s.disclosure(disclosure_settings(auto_budget)?)))
         .map_err(|e| crate::reason::chain(&e))?
         .max_sessions(max_sessions)
+        .retention(retention)
         .report(|line| eprintln!("psych serve: {line}"));
+    if let Some(tokens) = tokens {
+        settings = settings.tokens(tokens);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -42,8 +69,11 @@ pub(crate) fn run(
         let listener = match http {
             None => Listener::Stdio,
             Some(addr) => {
-                if !addr.ip().is_loopback() {
-                    return Err(format!("--http: {addr} is not a loopback address"));
+                if !addr.ip().is_loopback() && !authorized {
+                    return Err(format!(
+                        "--http: {addr} is not a loopback address; beyond loopback, give \
+                         --tokens so that every request is authorized"
+                    ));
                 }
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
@@ -91,6 +121,19 @@ pub(crate) fn run(
     // of stdin, which must not hold the exit.
     runtime.shutdown_timeout(STRAGGLERS);
     outcome
+}
+
+/// `psych serve-token NAME`: a fresh token on stdout, and on stderr the tokens file entry
+/// that makes it name `name`.
+pub(crate) fn token(name: &str) -> Result<u8, String> {
+    let (token, digest) = psych_gateway::new_token().map_err(|e| crate::reason::chain(&e))?;
+    // Checked as the file will check it, so the entry printed loads.
+    let entry = format!(r#"{{"identities": {{"{name}": {{"tokens": ["{digest}"]}}}}}}"#);
+    Tokens::parse(&entry).map_err(|e| crate::reason::chain(&e))?;
+    eprintln!("psych serve-token: give the client the token below; put in the tokens file:");
+    eprintln!("  {entry}");
+    println!("{token}");
+    Ok(0)
 }
 
 /// SIGTERM and SIGINT, as one stream of signals.

@@ -2,7 +2,7 @@
 //! in front of the workspace's test servers (`psych serve-embedded`, real processes): the
 //! listing under each tier (direct, facade, search pair, deferred with the meta tools), a
 //! deferred tool reached through list → describe → call, a large result elided and read
-//! back by handle with grep, a handle of another session refused with the typed error, a
+//! back by handle with grep (one minted by another connection too), a handle never minted refused with the typed error, a
 //! tool outside the grant refused through every tier, an upstream `list_changed` reaching
 //! the client (unchanged tools keep their bytes and order), an upstream crash answered
 //! as a tool error while the other servers keep working, Psych's own answers carrying
@@ -392,24 +392,38 @@ async fn psych_serve_end_to_end() {
     let small = call(&session, "small__echo", json!({"text": "as is"})).await;
     assert_eq!(text(&small), "as is");
 
-    // A handle from another session is the typed error, never a tool result.
+    // A handle minted by another connection of the same identity (another `psych serve`
+    // process on the same --dir: both are `stdio`) reads back here, from that process's
+    // live segment; a handle never minted is the typed error, never a tool result.
     let (other, _) = connect(&config, dir.path()).await;
     let large = call(&other, "small__large", json!({"bytes": 200_000})).await;
-    let foreign = text(&large)
+    let theirs = text(&large)
         .split("handle \"")
         .nth(1)
         .and_then(|rest| rest.split('"').next())
         .unwrap()
         .to_owned();
-    assert_ne!(foreign, handle);
+    assert_ne!(theirs, handle);
+    let read = call(
+        &session,
+        "read_tool_output",
+        json!({"handle": theirs, "grep": "line 002345:"}),
+    )
+    .await;
+    assert!(
+        text(&read).contains("line 002345: the quick brown fox"),
+        "{}",
+        text(&read)
+    );
     other.cancel().await.unwrap();
+    let never = format!("{}:0", "h".repeat(27));
     let refused = session
         .call_tool(
             CallToolRequestParams::new("read_tool_output")
-                .with_arguments(json!({"handle": foreign}).as_object().unwrap().clone()),
+                .with_arguments(json!({"handle": never}).as_object().unwrap().clone()),
         )
         .await
-        .expect_err("a foreign handle is refused");
+        .expect_err("a handle never minted is refused");
     assert!(
         refused.to_string().contains("invalid_deferred_handle"),
         "{refused}"
@@ -472,16 +486,17 @@ async fn psych_serve_end_to_end() {
     assert!(listed.iter().any(|n| n == "crashy__echo"), "{listed:?}");
 
     session.cancel().await.unwrap();
-    // One record log per session, under `<dir>/serve/`.
-    let logs: Vec<_> = std::fs::read_dir(dir.path().join("serve"))
+    // One record log segment per process, in the stdio identity's folder.
+    let folder = dir.path().join("serve/stdio");
+    let logs: Vec<_> = std::fs::read_dir(&folder)
         .unwrap()
         .map(|entry| entry.unwrap().file_name())
         .collect();
     assert_eq!(logs.len(), 2, "{logs:?}");
-    // The log holds a result for every call, the cancelled one too.
+    // The logs hold a result for every call, the cancelled one too.
     let results: Vec<(String, String)> = logs
         .iter()
-        .flat_map(|name| session_results(&dir.path().join("serve"), name))
+        .flat_map(|name| session_results(&folder, name))
         .collect();
     let hung: Vec<&String> = results
         .iter()

@@ -173,8 +173,8 @@ async fn results_of_200_mib_and_1_gib_are_previewed_logged_whole_and_read_back()
         peaks.push((mib, peak));
     }
 
-    // The session's log holds both whole: its file is larger than the two texts together.
-    let logged: u64 = std::fs::read_dir(dir.path().join("serve"))
+    // The identity's log holds both whole: its file is larger than the two texts together.
+    let logged: u64 = std::fs::read_dir(dir.path().join("serve/stdio"))
         .unwrap()
         .flatten()
         .filter(|e| e.path().extension().is_some_and(|x| x == "plog"))

@@ -390,8 +390,8 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     );
     session.cancel().await.unwrap();
 
-    // Every result is in the session log, whole.
-    let serve = dir.path().join("serve");
+    // Every result is in the stdio identity's log, whole.
+    let serve = dir.path().join("serve/stdio");
     let logs: Vec<_> = std::fs::read_dir(&serve)
         .unwrap()
         .map(|e| e.unwrap().path())

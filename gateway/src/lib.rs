@@ -12,8 +12,8 @@
 //! let dir = tempfile::tempdir()?;
 //! let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
 //! runtime.block_on(async {
-//!     // Bound by the caller (port 0: any free one), on loopback: the gateway has no
-//!     // authentication.
+//!     // Bound by the caller (port 0: any free one), on loopback: without tokens
+//!     // (`GatewaySettings::tokens`) the gateway refuses any other address.
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //!     println!("MCP clients connect to http://{}/mcp", listener.local_addr()?);
 //!     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -45,8 +45,8 @@
 //!   them to its model.
 //! - `tools/call` goes through the runtime's [`Executor`] (the guard re-checked at call time
 //!   against the grant and the live catalogues, meta tools, orientation, the reader, the
-//!   forwarded call under a deadline); the result is logged whole in this session's record
-//!   log (`<dir>/serve/<session>.plog`) and the client gets psych-elision's projection of it
+//!   forwarded call under a deadline); the result is logged whole in its identity's record
+//!   log (`<dir>/serve/<identity>/<run>.plog`) and the client gets psych-elision's projection of it
 //!   (the per-result threshold, failures truncated). A result that is not elided passes
 //!   through as the upstream sent it (images stay images, unknown block types and fields
 //!   are kept), over stdio and over HTTP (the `raw` module); Psych's own answers (meta tools,
@@ -56,8 +56,14 @@
 //!   The upstream's progress reaches the client under the client's progress token: the
 //!   call carries its own progress sink through the executor to the upstream call
 //!   (the `progress` module).
-//! - A handle from another session is the JSON-RPC error `invalid_deferred_handle`, never a
-//!   tool result.
+//! - A handle belongs to an identity (the `tenant` module): it reads back on any later
+//!   request, connection or session of the same identity and after a restart on the same
+//!   `dir`; another identity's handle, or one never minted, is the JSON-RPC error
+//!   `invalid_deferred_handle`, never a tool result. Over stdio the identity is `stdio`;
+//!   over HTTP it is the one a bearer token of [`GatewaySettings::tokens`] names (401
+//!   without one), or `loopback` when there are no tokens. Retention
+//!   ([`GatewaySettings::retention`]) deletes whole log segments by age and size; a handle
+//!   of a deleted one answers that it expired.
 //! - When what `tools/list` would answer changes (an upstream `list_changed`, a server
 //!   connecting late or going down), the client gets `notifications/tools/list_changed`.
 //!   Resolution is deterministic, so unchanged tools keep their bytes and their order.
@@ -91,12 +97,12 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use psych_catalog::{Catalog, FreshenerConfig};
 use psych_disclosure::{
@@ -106,11 +112,11 @@ use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
 use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
-use psych_runtime::{CatalogSync, ExecuteError, Executor, Started};
+use psych_runtime::{Archive, CatalogSync, ExecuteError, Executor, Started};
 use psych_types::{
     ConnectionSpec, ContentBlock, LoggedRecord, PermissionGrant, Projection, READ_TOOL_OUTPUT,
-    Record, RecordHandle, ResultProjector, RunId, ServerCatalog, StoredRef, TokenEstimator,
-    ToolCall, ToolCallId, ToolDefinition, ToolOutput, ToolResult,
+    Record, RecordHandle, ResultProjector, ServerCatalog, StoredRef, TokenEstimator, ToolCall,
+    ToolCallId, ToolDefinition, ToolOutput, ToolResult,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
@@ -126,6 +132,11 @@ use tokio::task::{JoinHandle, JoinSet};
 
 mod progress;
 mod raw;
+mod tenant;
+mod tokens;
+
+pub use tenant::{DEFAULT_RETAIN, DEFAULT_RETAIN_BYTES, Retention};
+pub use tokens::{RESERVED_IDENTITIES, Tokens, TokensError, new_token, token_digest};
 
 /// How long a graceful shutdown may take, from the first SIGTERM or SIGINT to the exit:
 /// the calls in flight cancelled and logged, the sessions closed, the catalogue's tasks
@@ -138,6 +149,9 @@ pub const SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
 /// record log, a watcher task and rmcp's session worker; a client opening sessions in a
 /// loop is refused past it instead of exhausting memory and file descriptors.
 pub const MAX_SESSIONS: usize = 64;
+
+/// How often retention runs while the gateway serves (besides at start and rotation).
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
 /// How long an HTTP session may go without a message before it is closed and its slot
 /// freed (rmcp's session keep-alive): a client that vanished without deleting its session
@@ -279,8 +293,16 @@ struct Shared {
     manager: McpManager,
     basis: Arc<Basis>,
     elider: Elider<SharedEstimator>,
+    /// `<dir>/serve/`: a folder per identity ([`tenant`]).
     logs: PathBuf,
-    sessions: AtomicU64,
+    retention: Retention,
+    /// Every identity that has made a request, each with its log and archive. Bounded by
+    /// the identities there can be: `stdio`, `loopback`, or the tokens file's names.
+    tenants: Mutex<BTreeMap<String, Arc<Tenant>>>,
+    /// The identity of a request that presents none: `stdio`, or `loopback` over HTTP.
+    default_identity: &'static str,
+    /// Over HTTP, the tokens a request must present (`None`: no authorization, loopback).
+    tokens: Option<Arc<Tokens>>,
     /// The catalogue's change count (see [`Catalog::changes`]).
     changes: watch::Receiver<u64>,
     /// The resolver's latest [`Resolved`].
@@ -332,6 +354,22 @@ impl Shared {
             .borrow()
             .as_ref()
             .and_then(|r| r.view.as_ref().ok().cloned())
+    }
+
+    /// The part of the gateway of the identity `name`, made on its first request. No I/O:
+    /// its folder and log are made on its first call.
+    fn tenant(&self, name: &str) -> Arc<Tenant> {
+        let mut tenants = self.tenants.lock().unwrap_or_else(PoisonError::into_inner);
+        let tenant = tenants.entry(name.to_owned()).or_insert_with(|| {
+            let dir = self.logs.join(name);
+            Arc::new(Tenant {
+                archive: Arc::new(tenant::Kept::new(dir.clone(), self.retention)),
+                dir,
+                log: Mutex::new(None),
+                calls: tenant::Calls::default(),
+            })
+        });
+        Arc::clone(tenant)
     }
 
     /// Counts a call in flight until the guard is dropped.
@@ -429,20 +467,29 @@ impl Drop for SessionLog {
     }
 }
 
-/// The outcome of opening a session's record log, published by the task opening it:
+/// The outcome of opening an identity's record log segment, published by the task opening it:
 /// `None` while it opens.
 type LogOpening = watch::Receiver<Option<Result<Arc<SessionLog>, String>>>;
 
-/// One client session: its own record log (one Run per connection) and executor.
+/// One identity's part of the gateway (see [`tenant`]): this process's segment of its log,
+/// opened on its first call, the archive its handles of other segments are read from, and
+/// its calls counted (each call's id in the log).
+struct Tenant {
+    /// `<dir>/serve/<identity>/`.
+    dir: PathBuf,
+    /// The opening of the live segment, once the first call started it
+    /// ([`Tenant::executor`]); replaced by the opening of a fresh one at rotation.
+    log: Mutex<Option<LogOpening>>,
+    calls: tenant::Calls,
+    archive: Arc<tenant::Kept>,
+}
+
+/// One client session: the identity it belongs to, its `list_changed` watcher.
 struct Session {
     shared: Arc<Shared>,
-    /// The session's Run, named when the session opens; its log is opened on the first
-    /// call, off the async workers.
-    run: RunId,
-    /// The opening of the session's log, once the first call started it
-    /// ([`Session::executor`]).
-    log: Mutex<Option<LogOpening>>,
-    calls: AtomicU64,
+    /// The identity of the session's first request; a request presenting another is
+    /// refused.
+    tenant: Mutex<Option<(String, Arc<Tenant>)>>,
     /// What the client was shown at `initialize`: the watcher's first baseline.
     shown: Mutex<Option<Arc<View>>>,
     watcher: Mutex<Option<JoinHandle<()>>>,
@@ -491,6 +538,102 @@ enum Ended {
     Cancelled { logged: bool, why: Cut },
 }
 
+impl Tenant {
+    /// The identity's executor, its live segment opened on first use, once. Cancel-safe:
+    /// the log is opened by a task of its own (the file created, locked and its header
+    /// written in the blocking pool), started by the first caller and awaited by every
+    /// caller through a watch, so a caller dropped while it opens (a client cancelling its
+    /// first call) leaves the opening running for the next, never a second opening of the
+    /// same file (which would find it locked).
+    async fn executor(&self, shared: &Shared) -> Result<Arc<SessionLog>, ErrorData> {
+        let mut opening = self
+            .log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(|| self.open_log(shared))
+            .clone();
+        let opened = opening
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| {
+                ErrorData::internal_error(
+                    "the identity's record log: its opening was cut short",
+                    None,
+                )
+            })?
+            .clone();
+        match opened {
+            Some(Ok(log)) => {
+                if log.executor.log().size_bytes() >= shared.retention.rotate_at() {
+                    self.rotate(shared, &opening);
+                }
+                Ok(log)
+            }
+            Some(Err(error)) => Err(ErrorData::internal_error(
+                format!("the identity's record log: {error}"),
+                None,
+            )),
+            None => Err(ErrorData::internal_error(
+                "the identity's record log is not open",
+                None,
+            )),
+        }
+    }
+
+    /// Starts the task that opens the identity's log: what [`Session::executor`] awaits.
+    /// The task runs to its end whoever waits for it; if the session is gone by then, the
+    /// log it opened is dropped with it (and its empty file removed).
+    fn open_log(&self, shared: &Shared) -> LogOpening {
+        let (published, opening) = watch::channel(None);
+        let logs = self.dir.clone();
+        let manager = shared.manager.clone();
+        let limits = shared.basis.limits.clone();
+        let estimator = Arc::clone(shared.elider.estimator());
+        let archive: Arc<dyn Archive> = self.archive.clone();
+        tokio::spawn(async move {
+            // No fdatasync per call: measured, it was most of a proxied call's added
+            // latency (a call 2.1 ms through the gateway against 0.24 ms direct; one
+            // write+fdatasync on that disk about 3 ms). The log is the session's own: its
+            // handles are read back only by this session, which ends with this process,
+            // so a record needs to survive the process being killed (the OS page cache
+            // does that), not a power loss.
+            let opened = tokio::task::spawn_blocking(move || {
+                let run = tenant::fresh_run()?;
+                create_private_dir(&logs).map_err(|e| e.to_string())?;
+                let (mut log, _) = RecordLog::open(&logs, &run, SyncPolicy::OsBuffered)
+                    .map_err(|e| e.to_string())?;
+                // Each result's estimate is stored as it is appended: what the projection
+                // plans with, so no result is estimated twice or read whole to be sized.
+                log.set_estimator(estimator);
+                let executor =
+                    Executor::new(Arc::new(manager), Arc::new(SharedRecordLog::new(log)))
+                        .reader_limits(limits)
+                        .archive(archive);
+                Ok(Arc::new(SessionLog { executor }))
+            })
+            .await
+            .unwrap_or_else(|error| Err(error.to_string()));
+            published.send_replace(Some(opened));
+        });
+        opening
+    }
+
+    /// Starts a fresh segment in place of the one `full` opened (unless another call did
+    /// already), and sweeps the identity folders: the full segment's calls in flight end
+    /// in it, and its handles stay readable through the archive until retention removes it.
+    fn rotate(&self, shared: &Shared, full: &LogOpening) {
+        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        if log
+            .as_ref()
+            .is_some_and(|current| current.same_channel(full))
+        {
+            *log = Some(self.open_log(shared));
+            let (logs, retention) = (shared.logs.clone(), shared.retention);
+            tokio::task::spawn_blocking(move || tenant::sweep(&logs, retention));
+        }
+    }
+}
+
 impl Session {
     /// A session of `shared`, in one of its session slots. No I/O: its record log is
     /// opened on the first call.
@@ -500,94 +643,36 @@ impl Session {
     /// Why no slot is free ([`Shared::take_session_slot`]), or a run id that cannot be.
     fn open(shared: Arc<Shared>) -> Result<Self, SessionRefused> {
         let slot = shared.take_session_slot()?;
-        let n = shared.sessions.fetch_add(1, Ordering::Relaxed);
-        let secs = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default();
-        let run = RunId::new(format!("serve-{secs}-{}-{n}", std::process::id()))
-            .map_err(SessionRefused::RunId)?;
         Ok(Self {
             shared,
-            run,
-            log: Mutex::new(None),
-            calls: AtomicU64::new(0),
+            tenant: Mutex::new(None),
             shown: Mutex::new(None),
             watcher: Mutex::new(None),
             _slot: slot,
         })
     }
 
-    /// The session's executor, its record log opened on first use, once. Cancel-safe:
-    /// the log is opened by a task of its own (the file created, locked and its header
-    /// written in the blocking pool), started by the first caller and awaited by every
-    /// caller through a watch, so a caller dropped while it opens (a client cancelling its
-    /// first call) leaves the opening running for the next, never a second opening of the
-    /// same file (which would find it locked).
-    async fn executor(&self) -> Result<Arc<SessionLog>, ErrorData> {
-        let mut opening = self
-            .log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get_or_insert_with(|| self.open_log())
-            .clone();
-        let opened = opening
-            .wait_for(Option::is_some)
-            .await
-            .map_err(|_| {
-                ErrorData::internal_error(
-                    "the session's record log: its opening was cut short",
-                    None,
-                )
-            })?
-            .clone();
-        match opened {
-            Some(Ok(log)) => Ok(log),
-            Some(Err(error)) => Err(ErrorData::internal_error(
-                format!("the session's record log: {error}"),
+    /// The identity of the request in `context` (the one its authorization names, or the
+    /// gateway's default), bound to the session by its first request.
+    ///
+    /// # Errors
+    ///
+    /// A request presenting another identity than the session's first.
+    fn tenant(&self, context: &RequestContext<RoleServer>) -> Result<Arc<Tenant>, ErrorData> {
+        let name = identity_of(context).unwrap_or(self.shared.default_identity);
+        let mut bound = self.tenant.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*bound {
+            Some((held, tenant)) if held == name => Ok(Arc::clone(tenant)),
+            Some(_) => Err(ErrorData::invalid_request(
+                "this session belongs to another identity: start a session of your own",
                 None,
             )),
-            None => Err(ErrorData::internal_error(
-                "the session's record log is not open",
-                None,
-            )),
+            None => {
+                let tenant = self.shared.tenant(name);
+                *bound = Some((name.to_owned(), Arc::clone(&tenant)));
+                Ok(tenant)
+            }
         }
-    }
-
-    /// Starts the task that opens the session's log: what [`Session::executor`] awaits.
-    /// The task runs to its end whoever waits for it; if the session is gone by then, the
-    /// log it opened is dropped with it (and its empty file removed).
-    fn open_log(&self) -> LogOpening {
-        let (published, opening) = watch::channel(None);
-        let logs = self.shared.logs.clone();
-        let run = self.run.clone();
-        let manager = self.shared.manager.clone();
-        let limits = self.shared.basis.limits.clone();
-        let estimator = Arc::clone(self.shared.elider.estimator());
-        tokio::spawn(async move {
-            // No fdatasync per call: measured, it was most of a proxied call's added
-            // latency (a call 2.1 ms through the gateway against 0.24 ms direct; one
-            // write+fdatasync on that disk about 3 ms). The log is the session's own: its
-            // handles are read back only by this session, which ends with this process,
-            // so a record needs to survive the process being killed (the OS page cache
-            // does that), not a power loss.
-            let opened = tokio::task::spawn_blocking(move || {
-                std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
-                let (mut log, _) = RecordLog::open(&logs, &run, SyncPolicy::OsBuffered)
-                    .map_err(|e| e.to_string())?;
-                // Each result's estimate is stored as it is appended: what the projection
-                // plans with, so no result is estimated twice or read whole to be sized.
-                log.set_estimator(estimator);
-                let executor =
-                    Executor::new(Arc::new(manager), Arc::new(SharedRecordLog::new(log)))
-                        .reader_limits(limits);
-                Ok(Arc::new(SessionLog { executor }))
-            })
-            .await
-            .unwrap_or_else(|error| Err(error.to_string()));
-            published.send_replace(Some(opened));
-        });
-        opening
     }
 
     /// The `tools/list` result, as JSON.
@@ -622,13 +707,14 @@ impl Session {
             token,
         });
         let view = self.shared.current().await?;
-        let log = self.executor().await?;
+        let tenant = self.tenant(context)?;
+        let log = tenant.executor(&self.shared).await?;
         let executor = &log.executor;
         let live = Live {
             grant: &self.shared.basis.grant,
             catalogs: &view.catalogs,
         };
-        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let n = tenant.calls.next();
         let id = ToolCallId::new(format!("call-{n}"))
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         let call = ToolCall {
@@ -843,6 +929,33 @@ impl Session {
     }
 }
 
+/// The identity a request presents: set by the HTTP layer that checked its authorization,
+/// `None` over stdio and for tokenless HTTP (the gateway's default identity).
+fn identity_of(context: &RequestContext<RoleServer>) -> Option<&str> {
+    context
+        .extensions
+        .get::<hyper::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Identity>())
+        .map(|identity| identity.0.as_str())
+}
+
+/// The identity an HTTP request's authorization named, put in its extensions by the
+/// gateway's authorization layer.
+#[derive(Debug, Clone)]
+struct Identity(String);
+
+/// Makes `dir` and its parents; on Unix, `dir` itself is readable by its owner only (an
+/// identity's results are its own).
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 /// Refuses a request of MCP 2026-07-28's per-request lifecycle (its `_meta` names a protocol
 /// version) as an unsupported version, naming the revisions with `initialize`.
 ///
@@ -1000,9 +1113,11 @@ pub struct GatewaySettings {
     report: Arc<dyn Fn(&str) + Send + Sync>,
     estimator: SharedEstimator,
     ready: Option<Box<dyn FnOnce() + Send>>,
+    retention: Retention,
+    tokens: Option<Arc<Tokens>>,
 }
 
-/// The one token estimator of a gateway, shared by disclosure, the session logs and
+/// The one token estimator of a gateway, shared by disclosure, the record logs and
 /// elision (cheap to clone).
 type SharedEstimator = Arc<dyn TokenEstimator + Send + Sync>;
 
@@ -1017,7 +1132,7 @@ impl std::fmt::Debug for GatewaySettings {
 }
 
 impl GatewaySettings {
-    /// Settings keeping logs under `dir`: one record log per session in `<dir>/serve/`
+    /// Settings keeping logs under `dir`: a folder per identity in `<dir>/serve/`
     /// (nothing else goes there), and the unnamed files holding an answer too large for
     /// memory until it is logged in `<dir>/spill/` (on the disk that will hold the result
     /// anyway, not a `/tmp` that may be a small tmpfs). Disclosure resolves with
@@ -1037,6 +1152,8 @@ impl GatewaySettings {
             report: Arc::new(|_: &str| {}),
             estimator: Arc::new(Estimator::new()),
             ready: None,
+            retention: Retention::default(),
+            tokens: None,
         })
     }
 
@@ -1054,7 +1171,7 @@ impl GatewaySettings {
 
     /// The token estimator, set once for every estimate the gateway makes: disclosure's
     /// cost of each server's tools (what the auto budget compares), the estimate each
-    /// session log stores with a result, and elision's sizing of results against its
+    /// record log stores with a result, and elision's sizing of results against its
     /// thresholds (from those stored estimates). Default: psych-elision's [`Estimator`],
     /// as psych-runtime's `RunBuilder::estimator`.
     #[must_use]
@@ -1088,7 +1205,29 @@ impl GatewaySettings {
         self
     }
 
-    /// Where the session logs go: `<dir>/serve/`.
+    /// Keeps each identity's results for `retention` (default [`DEFAULT_RETAIN`] and
+    /// [`DEFAULT_RETAIN_BYTES`]): whole log segments past either limit are deleted at
+    /// start, hourly and when a segment rotates, and their handles answer that they
+    /// expired.
+    #[must_use]
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Over HTTP, every request must present one of `tokens` (`Authorization: Bearer
+    /// TOKEN`; without one it is answered 401), and its results and handles are its
+    /// identity's. With tokens the listener may be beyond loopback; without, the gateway
+    /// refuses any but a loopback one, and every HTTP request is the identity `loopback`.
+    /// Stdio has the one identity `stdio`.
+    #[must_use]
+    pub fn tokens(mut self, tokens: Tokens) -> Self {
+        self.tokens = Some(Arc::new(tokens));
+        self
+    }
+
+    /// Where the record logs go: `<dir>/serve/`, a folder per identity
+    /// (`<dir>/serve/<identity>/<run>.plog`).
     pub fn logs(&self) -> PathBuf {
         self.dir.join("serve")
     }
@@ -1225,10 +1364,6 @@ pub enum SessionRefused {
         /// The cap.
         max: usize,
     },
-    /// The session's run id could not be made (it is made of the time, the process id and a
-    /// counter, so this is a bug).
-    #[error("the session's run id")]
-    RunId(#[source] psych_types::IdError),
 }
 
 /// Serves Psych's disclosure of the servers of `config` on `listener` until its client
@@ -1253,7 +1388,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     if let Listener::Http(listener) = &listener {
         let addr = listener.local_addr().map_err(ServeError::Listen)?;
-        if !addr.ip().is_loopback() {
+        if !addr.ip().is_loopback() && settings.tokens.is_none() {
             return Err(ServeError::NotLoopback(addr));
         }
     }
@@ -1304,6 +1439,16 @@ pub async fn serve(
     let (published, resolved) = watch::channel(None);
     let mut tasks = JoinSet::new();
     tasks.spawn(resolver(Arc::clone(&basis), published));
+    // Retention: at start, then hourly (and at each rotation), off the async workers.
+    let (logs, retention) = (settings.logs(), settings.retention);
+    tasks.spawn(async move {
+        let mut hourly = tokio::time::interval(SWEEP_EVERY);
+        loop {
+            hourly.tick().await;
+            let logs = logs.clone();
+            let _ = tokio::task::spawn_blocking(move || tenant::sweep(&logs, retention)).await;
+        }
+    });
     let report = Arc::clone(&settings.report);
     tasks.spawn(async move {
         for (server, error) in connecting.finish().await {
@@ -1318,8 +1463,11 @@ pub async fn serve(
         elider: Elider::builder()
             .estimator(settings.estimator.clone())
             .build(),
-        logs: settings.dir.join("serve"),
-        sessions: AtomicU64::new(0),
+        logs: settings.logs(),
+        retention: settings.retention,
+        tenants: Mutex::default(),
+        default_identity: if http { "loopback" } else { "stdio" },
+        tokens: settings.tokens.clone(),
         resolved,
         state: watch::Sender::new(Gauge::default()),
         max_sessions: http.then_some(settings.max_sessions),
@@ -1400,6 +1548,31 @@ async fn serve_stdio(shared: Arc<Shared>) -> Result<(), ServeError> {
     waiting.await.map(|_| ()).map_err(ServeError::StdioTask)
 }
 
+/// The answer to an HTTP request without a known bearer token.
+fn unauthorized() -> hyper::Response<
+    http_body_util::combinators::BoxBody<hyper::body::Bytes, std::convert::Infallible>,
+> {
+    use http_body_util::BodyExt;
+    let body = json!({
+        "error": "unauthorized",
+        "error_description": "psych serve needs Authorization: Bearer TOKEN, a token of its --tokens file",
+    });
+    let mut response = hyper::Response::new(
+        http_body_util::Full::new(hyper::body::Bytes::from(body.to_string())).boxed(),
+    );
+    *response.status_mut() = hyper::StatusCode::UNAUTHORIZED;
+    let headers = response.headers_mut();
+    headers.insert(
+        hyper::header::WWW_AUTHENTICATE,
+        hyper::header::HeaderValue::from_static("Bearer realm=\"psych\""),
+    );
+    headers.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
 /// Serves streamable HTTP on `listener` until the gateway closes; then stops accepting, waits
 /// for every call in flight to cancel itself and log its result, ends every session, and
 /// lets each connection finish what it is sending.
@@ -1407,8 +1580,8 @@ async fn serve_http(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
 ) -> Result<(), ServeError> {
+    use hyper::body::Incoming;
     use hyper_util::rt::TokioIo;
-    use hyper_util::service::TowerToHyperService;
     use rmcp::transport::StreamableHttpService;
     use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 
@@ -1417,11 +1590,34 @@ async fn serve_http(
     // Cancelling it ends every session rmcp serves (their workers and event streams).
     let sessions = config.cancellation_token.clone();
     let factory = Arc::clone(&shared);
-    let service = TowerToHyperService::new(StreamableHttpService::new(
+    let rmcp = StreamableHttpService::new(
         move || Session::open(Arc::clone(&factory)).map_err(std::io::Error::other),
         raw::RawSessions::new(raw, SESSION_IDLE).into(),
         config,
-    ));
+    );
+    let tokens = shared.tokens.clone();
+    // Authorization first: a request without a known token never reaches rmcp; one with
+    // carries its identity in its extensions, which rmcp hands the handler.
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        let rmcp = rmcp.clone();
+        let tokens = tokens.clone();
+        async move {
+            if let Some(tokens) = &tokens {
+                let header = request
+                    .headers()
+                    .get(hyper::header::AUTHORIZATION)
+                    .map(|value| value.as_bytes());
+                match tokens.identify_header(header) {
+                    Some(name) => {
+                        let identity = Identity(name.to_owned());
+                        request.extensions_mut().insert(identity);
+                    }
+                    None => return Ok::<_, std::convert::Infallible>(unauthorized()),
+                }
+            }
+            Ok(rmcp.handle(request).await)
+        }
+    });
     let mut state = shared.state.subscribe();
     let mut connections = JoinSet::new();
     let accepted = loop {
@@ -1493,7 +1689,10 @@ mod tests {
                 .estimator(Arc::new(Estimator::new()) as SharedEstimator)
                 .build(),
             logs,
-            sessions: AtomicU64::new(0),
+            retention: Retention::default(),
+            tenants: Mutex::default(),
+            default_identity: "stdio",
+            tokens: None,
             resolved,
             state: watch::Sender::new(Gauge::default()),
             max_sessions: None,
@@ -1501,7 +1700,7 @@ mod tests {
         })
     }
 
-    /// A first caller dropped while the session's log opens (a client cancelling its first
+    /// A first caller dropped while an identity's log opens (a client cancelling its first
     /// call at once) leaves the opening to the next caller, which gets the log. (Before,
     /// the next caller started a second opening of the same file while the first still
     /// held its lock, and failed with "the session's record log: … locked" in most rounds.)
@@ -1516,11 +1715,12 @@ mod tests {
         let shared = shared_without_servers(dir.path().join("serve"));
         runtime.block_on(async {
             for round in 0..100 {
-                let session = Session::open(Arc::clone(&shared)).unwrap_or_else(|e| panic!("{e}"));
+                // A new identity each round: its log is opened by the first call.
+                let tenant = shared.tenant(&format!("round-{round}"));
                 // Polled once (the opening starts), then dropped (unless the log opened
                 // within that one poll, which the opening task on another worker may do).
-                let _ = tokio::time::timeout(Duration::ZERO, session.executor()).await;
-                let second = session.executor().await;
+                let _ = tokio::time::timeout(Duration::ZERO, tenant.executor(&shared)).await;
+                let second = tenant.executor(&shared).await;
                 assert!(second.is_ok(), "round {round}: {:?}", second.err());
             }
         });

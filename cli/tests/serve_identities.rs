@@ -1,0 +1,299 @@
+//! Identities and handles that outlive a connection, through `psych serve --http --tokens`
+//! as a process in front of a test server: a request without a known token is 401; a
+//! handle minted on one session reads back on a later session of the same identity and
+//! after the gateway restarts on the same `--dir`; another identity's handle is
+//! `invalid_deferred_handle`; a handle whose segment retention deleted answers that it
+//! expired; `psych serve-token` makes a token the file accepts.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
+
+/// Stops the gateway as Ctrl-C would (it then stops its upstream servers), and reaps it.
+struct Gateway(tokio::process::Child);
+
+impl Gateway {
+    /// Stops it with SIGTERM and waits for its exit.
+    async fn stop(mut self) {
+        let pid = self.0.id().unwrap();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), self.0.wait())
+            .await
+            .expect("the gateway exits")
+            .unwrap();
+        assert!(status.success(), "{status}");
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-INT", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+/// A token and its digest, made by `psych serve-token`.
+fn token(name: &str) -> (String, String) {
+    let output = std::process::Command::new(PSYCH)
+        .args(["serve-token", name])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let token = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let digest = stderr
+        .split('"')
+        .find(|part| part.starts_with("sha256:"))
+        .unwrap_or_else(|| panic!("a digest in {stderr}"))
+        .to_owned();
+    (token, digest)
+}
+
+/// Starts `psych serve --http --tokens` in front of one test server, logging under `dir`,
+/// with `extra` flags: the gateway and its URL.
+async fn start(dir: &Path, extra: &[&str]) -> (Gateway, String) {
+    let config = dir.join("mcp.json");
+    let upstream = json!({
+        "command": PSYCH,
+        "args": ["serve-embedded", "--tools", "3"],
+        "preload": true,
+    });
+    std::fs::write(&config, json!({"mcpServers": {"up": upstream}}).to_string()).unwrap();
+    let mut child = tokio::process::Command::new(PSYCH)
+        .args(["serve", "--http", "127.0.0.1:0", "--tokens"])
+        .arg(dir.join("tokens.json"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let gateway = Gateway(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the gateway says where it listens")
+        .unwrap()
+        .unwrap();
+    let url = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+    (gateway, url)
+}
+
+type Session = RunningService<RoleClient, ()>;
+
+/// A session presenting `token`.
+async fn connect(url: &str, token: &str) -> Session {
+    let config = StreamableHttpClientTransportConfig::with_uri(url.to_owned()).auth_header(token);
+    ().serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .unwrap()
+}
+
+async fn call(session: &Session, name: &str, arguments: Value) -> Result<CallToolResult, String> {
+    let Value::Object(arguments) = arguments else {
+        panic!("arguments are an object");
+    };
+    session
+        .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn text(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect()
+}
+
+/// Calls `up__large` until the upstream is listed (the gateway answers before its
+/// upstreams connect) and returns the elided result's handle.
+async fn large_handle(session: &Session) -> String {
+    let shown = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match call(session, "up__large", json!({"bytes": 200_000})).await {
+                Ok(result) if result.is_error != Some(true) => return text(&result),
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .expect("the upstream is listed");
+    shown
+        .split("handle \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("a handle in {shown}"))
+        .to_owned()
+}
+
+async fn read(session: &Session, handle: &str) -> Result<CallToolResult, String> {
+    call(
+        session,
+        "read_tool_output",
+        json!({"handle": handle, "grep": "line 002345:"}),
+    )
+    .await
+}
+
+/// One `initialize` POST to `url` over a bare TCP stream, with `authorization` when given:
+/// the whole HTTP answer as text.
+async fn initialize(url: &str, authorization: Option<&str>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"}}})
+    .to_string();
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let authorization = authorization
+        .map(|value| format!("Authorization: {value}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Type: application/json\r\n{authorization}\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        // Up to the end of the headers: a 200 starts an event stream that stays open.
+        let mut byte = [0u8; 1];
+        while !answer.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap() == 1 {
+            answer.push(byte[0]);
+        }
+    })
+    .await
+    .expect("the gateway answers");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+const LINE: &str = "line 002345: the quick brown fox jumps over the lazy dog";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_is_its_identitys_on_any_connection_and_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, alice_digest) = token("alice");
+    let (bob, bob_digest) = token("bob");
+    std::fs::write(
+        dir.path().join("tokens.json"),
+        json!({"identities": {
+            "alice": {"tokens": [alice_digest]},
+            "bob": {"tokens": [bob_digest]},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let (gateway, url) = start(dir.path(), &[]).await;
+
+    // No token, an unknown one, or a token without its scheme: 401, nothing served.
+    for authorization in [None, Some("Bearer psy_not_a_token"), Some(alice.as_str())] {
+        let answer = initialize(&url, authorization).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 401"),
+            "{authorization:?}: {answer}"
+        );
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains("www-authenticate: bearer realm=\"psych\""),
+            "{answer}"
+        );
+    }
+    let bearer = format!("Bearer {alice}");
+    let answer = initialize(&url, Some(&bearer)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // Minted on one session, read on a later one of the same identity.
+    let first = connect(&url, &alice).await;
+    let handle = large_handle(&first).await;
+    let listed = serde_json::to_string(&first.list_all_tools().await.unwrap()).unwrap();
+    first.cancel().await.unwrap();
+    let later = connect(&url, &alice).await;
+    assert_eq!(
+        serde_json::to_string(&later.list_all_tools().await.unwrap()).unwrap(),
+        listed,
+        "one identity's listing is the same on every connection"
+    );
+    let again = read(&later, &handle).await.unwrap();
+    assert!(text(&again).contains(LINE), "{}", text(&again));
+
+    // Another identity's handle is refused, as one never minted is.
+    let other = connect(&url, &bob).await;
+    let refused = read(&other, &handle).await.unwrap_err();
+    assert!(refused.contains("invalid_deferred_handle"), "{refused}");
+    let guessed = read(&later, "hzzzzzzzzzzzzzzzzzzzzzzzzzz:0")
+        .await
+        .unwrap_err();
+    assert!(guessed.contains("invalid_deferred_handle"), "{guessed}");
+    // Bob's own results are his: in his own folder.
+    let bobs = large_handle(&other).await;
+    assert!(read(&other, &bobs).await.unwrap().is_error != Some(true));
+    assert!(dir.path().join("serve/bob").is_dir());
+    later.cancel().await.unwrap();
+    other.cancel().await.unwrap();
+
+    // After a restart on the same --dir, the handle still reads.
+    gateway.stop().await;
+    let (gateway, url) = start(dir.path(), &[]).await;
+    let restarted = connect(&url, &alice).await;
+    let after = read(&restarted, &handle).await.unwrap();
+    assert!(text(&after).contains(LINE), "{}", text(&after));
+    restarted.cancel().await.unwrap();
+    gateway.stop().await;
+
+    // A gateway keeping nothing (0 MiB) deletes the segments at start: the handle answers
+    // that it expired, as a failed result the model can act on.
+    let (_gateway, url) = start(dir.path(), &["--retain-mib", "0"]).await;
+    let swept = connect(&url, &alice).await;
+    let expired = read(&swept, &handle).await.unwrap();
+    assert_eq!(expired.is_error, Some(true));
+    assert!(text(&expired).contains("has expired"), "{}", text(&expired));
+    swept.cancel().await.unwrap();
+}
+
+#[test]
+fn beyond_loopback_without_tokens_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(PSYCH)
+        .args(["serve", "--http", "0.0.0.0:0", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("--tokens"), "{stderr}");
+}

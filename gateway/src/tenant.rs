@@ -1,0 +1,410 @@
+//! Whose results a call's log holds and whose handles it may read: one identity's part of
+//! the gateway.
+//!
+//! A result is logged in its identity's folder, `<dir>/serve/<identity>/`, and its handle
+//! works for that identity on any later request, connection or session, and after a
+//! restart: the logs are on disk. Each process appends to a segment of its own per
+//! identity, `<run>.plog`, opened on the identity's first call (two processes serving one
+//! identity, two stdio clients on one `--dir`, never contend for a file lock). A handle of
+//! another segment of the folder is read through the [`Kept`] archive; a handle of another
+//! identity's folder is never looked up, so it is `invalid_deferred_handle`.
+//!
+//! A segment's run id is `h` and 26 base-32 characters of 128 random bits, so a handle
+//! naming a run that was never minted resolves to no file: guessing one is a 1 in 2^128
+//! chance per guess, and the guess would still have to fall in the caller's own folder.
+//!
+//! Retention ([`Retention`]): whole segments older than the age limit are deleted, then
+//! the oldest until the identity's folder fits its size limit; a segment being written
+//! (locked by its process) is never deleted. Each deleted run is recorded in the folder's
+//! `expired` file, so a handle of it is answered as expired (a failed result saying to
+//! call the tool again), not as a handle never minted. The live segment rotates when it
+//! reaches an eighth of the size limit (at most 256 MiB), so a long-running gateway's
+//! results age out too.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use psych_record_log::RecordLog;
+use psych_runtime::{Archive, Archived};
+use psych_types::{RecordHandle, RunId};
+
+/// How long and how much of one identity's results are kept, by default.
+pub const DEFAULT_RETAIN: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How many bytes of one identity's results are kept, by default: 1 GiB.
+pub const DEFAULT_RETAIN_BYTES: u64 = 1 << 30;
+
+/// The largest a live segment grows before the next call opens another.
+const MAX_SEGMENT: u64 = 256 << 20;
+
+/// How many read-only segments an archive keeps open (each an open file and its index).
+const OPEN_SEGMENTS: usize = 16;
+
+/// The `expired` file is cut to its newer half past this size (some 37,000 runs).
+const MAX_EXPIRED_BYTES: u64 = 1 << 20;
+
+/// What [`Retention`] keeps of each identity's results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Segments last written longer ago than this are deleted.
+    pub max_age: Duration,
+    /// The oldest segments are deleted until the identity's folder holds at most this.
+    pub max_bytes: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            max_age: DEFAULT_RETAIN,
+            max_bytes: DEFAULT_RETAIN_BYTES,
+        }
+    }
+}
+
+impl Retention {
+    /// The size at which a live segment rotates: an eighth of the limit, at most 256 MiB,
+    /// at least 1 byte.
+    pub(crate) fn rotate_at(&self) -> u64 {
+        (self.max_bytes / 8).clamp(1, MAX_SEGMENT)
+    }
+
+    /// What an expired handle's reader is told.
+    fn expired(&self, handle: &RecordHandle) -> String {
+        format!(
+            "handle {handle} has expired: psych serve keeps an identity's results for {} and \
+             at most {} MiB (psych serve --retain-days, --retain-mib), and this one is gone. \
+             Call the tool again for a fresh result.",
+            days(self.max_age),
+            self.max_bytes >> 20
+        )
+    }
+}
+
+/// `age` in words, in days when it is whole days.
+fn days(age: Duration) -> String {
+    let secs = age.as_secs();
+    if secs.is_multiple_of(86_400) {
+        let n = secs / 86_400;
+        format!("{n} day{}", if n == 1 { "" } else { "s" })
+    } else {
+        format!("{secs} s")
+    }
+}
+
+/// Whether `name` may name an identity: `[A-Za-z0-9_-]{1,64}`, so it is a folder name
+/// that cannot climb out of `<dir>/serve/`.
+pub(crate) fn valid_identity(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// A fresh segment's run id: `h` and 128 random bits in lowercase base 32 (26 characters).
+///
+/// # Errors
+///
+/// The system's random source failing.
+pub(crate) fn fresh_run() -> Result<RunId, String> {
+    let mut bits = [0u8; 16];
+    getrandom::fill(&mut bits).map_err(|e| format!("the system's random source: {e}"))?;
+    let mut value = u128::from_be_bytes(bits);
+    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut text = String::with_capacity(27);
+    text.push('h');
+    for _ in 0..26 {
+        text.push(char::from(ALPHABET[(value & 31) as usize]));
+        value >>= 5;
+    }
+    RunId::new(text).map_err(|e| e.to_string())
+}
+
+/// One identity's archive: the segments of its folder, read-only, and the runs retention
+/// removed from it. See the [module docs](self).
+#[derive(Debug)]
+pub(crate) struct Kept {
+    dir: PathBuf,
+    retention: Retention,
+    /// The segments opened last, newest at the back.
+    open: Mutex<VecDeque<Arc<RecordLog>>>,
+}
+
+impl Kept {
+    /// The archive of the identity folder `dir`.
+    pub(crate) fn new(dir: PathBuf, retention: Retention) -> Self {
+        Self {
+            dir,
+            retention,
+            open: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    fn cached(&self, handle: &RecordHandle) -> Option<Arc<RecordLog>> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = open.iter().position(|log| log.run() == &handle.run)?;
+        let log = open.remove(at)?;
+        // A segment another process is still writing: reopened to see what it has
+        // appended since, when the handle is past what this copy saw.
+        if handle.seq >= log.len() {
+            return None;
+        }
+        open.push_back(Arc::clone(&log));
+        Some(log)
+    }
+}
+
+impl Archive for Kept {
+    fn find(&self, handle: &RecordHandle) -> Archived {
+        if let Some(log) = self.cached(handle) {
+            return Archived::Log(log);
+        }
+        if !RecordLog::path_for(&self.dir, &handle.run).is_file() {
+            return if was_expired(&self.dir, &handle.run) {
+                Archived::Gone {
+                    why: self.retention.expired(handle),
+                }
+            } else {
+                Archived::Unknown
+            };
+        }
+        match RecordLog::open_read_only(&self.dir, &handle.run) {
+            Ok((log, _)) => {
+                let log = Arc::new(log);
+                let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+                while open.len() >= OPEN_SEGMENTS {
+                    open.pop_front();
+                }
+                open.push_back(Arc::clone(&log));
+                Archived::Log(log)
+            }
+            Err(error) => Archived::Failed(error),
+        }
+    }
+}
+
+/// Whether `run` is in `dir`'s `expired` file.
+fn was_expired(dir: &Path, run: &RunId) -> bool {
+    std::fs::read_to_string(dir.join("expired"))
+        .is_ok_and(|text| text.lines().any(|line| line == run.as_str()))
+}
+
+/// A segment file of an identity folder, as the sweep sees it.
+struct Segment {
+    path: PathBuf,
+    run: String,
+    len: u64,
+    modified: SystemTime,
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Swept {
+    /// The runs deleted.
+    pub(crate) deleted: Vec<String>,
+}
+
+/// Applies `retention` to every identity folder under `logs` (`<dir>/serve/`). Blocks
+/// (directory reads, deletions): call it off the async workers. Errors on one file are
+/// skipped: a sweep never fails the gateway.
+pub(crate) fn sweep(logs: &Path, retention: Retention) -> Swept {
+    let mut swept = Swept::default();
+    let Ok(entries) = std::fs::read_dir(logs) else {
+        return swept;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            sweep_identity(&entry.path(), retention, SystemTime::now(), &mut swept);
+        }
+    }
+    swept
+}
+
+/// Applies `retention` to one identity folder as of `now`.
+fn sweep_identity(dir: &Path, retention: Retention, now: SystemTime, swept: &mut Swept) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut segments: Vec<Segment> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let path = entry.path();
+            let run = path
+                .file_name()?
+                .to_str()?
+                .strip_suffix(".plog")?
+                .to_owned();
+            let meta = entry.metadata().ok()?;
+            Some(Segment {
+                path,
+                run,
+                len: meta.len(),
+                modified: meta.modified().ok()?,
+            })
+        })
+        .collect();
+    segments.sort_by_key(|s| s.modified);
+    let mut total: u64 = segments.iter().map(|s| s.len).sum();
+    let mut deleted = Vec::new();
+    for segment in segments {
+        let old = now
+            .duration_since(segment.modified)
+            .is_ok_and(|age| age > retention.max_age);
+        if !old && total <= retention.max_bytes {
+            continue;
+        }
+        if delete_unless_written(&segment.path) {
+            total = total.saturating_sub(segment.len);
+            deleted.push(segment.run);
+        }
+    }
+    if !deleted.is_empty() {
+        record_expired(dir, &deleted);
+        swept.deleted.extend(deleted);
+    }
+}
+
+/// Deletes the segment at `path` unless a process holds its lock (it is being written).
+fn delete_unless_written(path: &Path) -> bool {
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    // The record log locks its file for as long as it is open for writing; holding the
+    // lock while the file is removed keeps a writer from opening it in between.
+    if file.try_lock().is_err() {
+        return false;
+    }
+    std::fs::remove_file(path).is_ok()
+}
+
+/// Appends `runs` to `dir`'s `expired` file, cut to its newer half when it grew past
+/// [`MAX_EXPIRED_BYTES`].
+fn record_expired(dir: &Path, runs: &[String]) {
+    let path = dir.join("expired");
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() > MAX_EXPIRED_BYTES)
+        && let Ok(text) = std::fs::read_to_string(&path)
+    {
+        let lines: Vec<&str> = text.lines().collect();
+        let kept = lines[lines.len() / 2..].join("\n");
+        let _ = std::fs::write(&path, format!("{kept}\n"));
+    }
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+    {
+        let _ = file.write_all(format!("{}\n", runs.join("\n")).as_bytes());
+    }
+}
+
+/// Counts the calls of one identity in this process: each call's id in its log.
+#[derive(Debug, Default)]
+pub(crate) struct Calls(AtomicU64);
+
+impl Calls {
+    /// The next call's number.
+    pub(crate) fn next(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use psych_record_log::SyncPolicy;
+    use psych_types::{Record, ToolCallId, ToolOutput, ToolResult};
+
+    fn result(text: &str) -> Record {
+        Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new("c").unwrap_or_else(|_| unreachable!()),
+            name: "t".into(),
+            output: ToolOutput::text(text),
+        })
+    }
+
+    #[test]
+    fn run_ids_are_fresh_and_valid() {
+        let a = fresh_run().unwrap_or_else(|e| panic!("{e}"));
+        let b = fresh_run().unwrap_or_else(|e| panic!("{e}"));
+        assert_ne!(a, b);
+        assert_eq!(a.as_str().len(), 27);
+        assert!(a.as_str().starts_with('h'));
+    }
+
+    #[test]
+    fn identity_names_stay_in_their_folder() {
+        for good in ["stdio", "alice", "ci-bot_2"] {
+            assert!(valid_identity(good), "{good}");
+        }
+        for bad in ["", "..", "a/b", "a b", &"x".repeat(65)] {
+            assert!(!valid_identity(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_sweep_deletes_by_size_oldest_first_never_a_written_segment_and_says_expired() {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = root.path().join("alice");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let mut handles = Vec::new();
+        for n in 0..3 {
+            let run = RunId::new(format!("r{n}")).unwrap_or_else(|e| panic!("{e}"));
+            let (mut log, _) = RecordLog::open(&dir, &run, SyncPolicy::OsBuffered)
+                .unwrap_or_else(|e| panic!("{e}"));
+            handles.push(
+                log.append(&result(&"x".repeat(10_000)))
+                    .unwrap_or_else(|e| panic!("{e}")),
+            );
+            // Distinct modification times, oldest first.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The newest is being written.
+        let (_writer, _) = RecordLog::open(
+            &dir,
+            &RunId::new("r2").unwrap_or_else(|e| panic!("{e}")),
+            SyncPolicy::OsBuffered,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let retention = Retention {
+            max_age: DEFAULT_RETAIN,
+            max_bytes: 1,
+        };
+        let swept = sweep(root.path(), retention);
+        assert_eq!(
+            swept.deleted,
+            ["r0", "r1"],
+            "oldest first, the written one kept"
+        );
+        assert!(RecordLog::path_for(&dir, &handles[2].run).is_file());
+
+        let kept = Kept::new(dir.clone(), retention);
+        match kept.find(&handles[0]) {
+            Archived::Gone { why } => assert!(why.contains("has expired"), "{why}"),
+            other => panic!("expired: {other:?}"),
+        }
+        assert!(matches!(kept.find(&handles[2]), Archived::Log(_)));
+        let never = RecordHandle::new(fresh_run().unwrap_or_else(|e| panic!("{e}")), 0);
+        assert!(matches!(kept.find(&never), Archived::Unknown));
+    }
+
+    #[test]
+    fn the_sweep_deletes_by_age() {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = root.path().join("bob");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let run = RunId::new("old").unwrap_or_else(|e| panic!("{e}"));
+        drop(RecordLog::open(&dir, &run, SyncPolicy::OsBuffered).unwrap_or_else(|e| panic!("{e}")));
+        let mut swept = Swept::default();
+        let later = SystemTime::now() + Duration::from_secs(3600);
+        let retention = Retention {
+            max_age: Duration::from_secs(60),
+            max_bytes: DEFAULT_RETAIN_BYTES,
+        };
+        sweep_identity(&dir, retention, later, &mut swept);
+        assert_eq!(swept.deleted, ["old"]);
+        assert!(was_expired(&dir, &run));
+    }
+}

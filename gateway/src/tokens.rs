@@ -1,0 +1,250 @@
+//! Who is asking over HTTP: bearer tokens, each naming an identity.
+//!
+//! The tokens file is JSON, each identity with the SHA-256 digests of its tokens (the
+//! tokens themselves are never stored):
+//!
+//! ```json
+//! {"identities": {"alice": {"tokens": ["sha256:9f86d081884c7d65..."]}}}
+//! ```
+//!
+//! [`new_token`] makes a token and its digest (`psych serve-token NAME`). A token is 256
+//! random bits, so its digest needs no salt and a lookup by digest leaks nothing useful
+//! through timing: what a timing difference could reveal is a prefix of a digest, not of a
+//! token.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// The prefix of a stored digest.
+const SHA256: &str = "sha256:";
+
+/// Identities that name the gateway's own callers and may not be given tokens: `stdio`
+/// (the stdio client) and `loopback` (HTTP without tokens).
+pub const RESERVED_IDENTITIES: [&str; 2] = ["stdio", "loopback"];
+
+/// The identities a bearer token may present, loaded from a tokens file.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    by_digest: HashMap<[u8; 32], String>,
+}
+
+/// Why a tokens file was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokensError {
+    /// The file could not be read.
+    #[error("reading the tokens file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not the tokens JSON.
+    #[error(
+        "the tokens file is not {{\"identities\": {{NAME: {{\"tokens\": [\"sha256:HEX\", ...]}}}}}}"
+    )]
+    Shape(#[source] serde_json::Error),
+    /// An identity's name is not `[A-Za-z0-9_-]{1,64}`, or is reserved.
+    #[error(
+        "the tokens file: identity {0:?} is not a name of 1 to 64 letters, digits, '_' or '-', \
+         or is one of psych's own (stdio, loopback)"
+    )]
+    Name(String),
+    /// A token digest is not `sha256:` and 64 hexadecimal digits.
+    #[error(
+        "the tokens file: identity {identity:?} has a token that is not sha256:<64 hex digits>"
+    )]
+    Digest {
+        /// Whose.
+        identity: String,
+    },
+    /// Two identities share a token.
+    #[error("the tokens file: identities {0:?} and {1:?} share a token")]
+    Shared(String, String),
+    /// No identity has a token: nobody could connect.
+    #[error("the tokens file names no token")]
+    Empty,
+    /// The system's random source failed.
+    #[error("the system's random source")]
+    Random(#[source] getrandom::Error),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    identities: std::collections::BTreeMap<String, Entry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    tokens: Vec<String>,
+}
+
+impl Tokens {
+    /// Loads the tokens file at `path` (blocks: a file read).
+    ///
+    /// # Errors
+    ///
+    /// [`TokensError`]: the file unreadable, or refused by [`Tokens::parse`].
+    pub fn load(path: &Path) -> Result<Self, TokensError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TokensError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Parses a tokens file's text.
+    ///
+    /// # Errors
+    ///
+    /// [`TokensError`]: not the JSON above (unknown keys included), a bad or reserved
+    /// identity name, a digest that is not `sha256:` and 64 hex digits, a token shared by
+    /// two identities, or no token at all.
+    pub fn parse(text: &str) -> Result<Self, TokensError> {
+        let file: File = serde_json::from_str(text).map_err(TokensError::Shape)?;
+        let mut by_digest = HashMap::new();
+        for (name, entry) in file.identities {
+            if !crate::tenant::valid_identity(&name) || RESERVED_IDENTITIES.contains(&name.as_str())
+            {
+                return Err(TokensError::Name(name));
+            }
+            for token in &entry.tokens {
+                let digest = parse_digest(token).ok_or_else(|| TokensError::Digest {
+                    identity: name.clone(),
+                })?;
+                if let Some(other) = by_digest.insert(digest, name.clone())
+                    && other != name
+                {
+                    return Err(TokensError::Shared(other, name));
+                }
+            }
+        }
+        if by_digest.is_empty() {
+            return Err(TokensError::Empty);
+        }
+        Ok(Self { by_digest })
+    }
+
+    /// The identity `token` presents, if it is one of the file's.
+    pub fn identify(&self, token: &str) -> Option<&str> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        self.by_digest.get(&digest).map(String::as_str)
+    }
+
+    /// The identity of a request's `Authorization: Bearer TOKEN` header, if it names one.
+    pub(crate) fn identify_header(&self, header: Option<&[u8]>) -> Option<&str> {
+        let value = std::str::from_utf8(header?).ok()?;
+        let (scheme, token) = value.trim().split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        self.identify(token.trim())
+    }
+}
+
+/// `sha256:` and 64 hex digits, as the 32 bytes.
+fn parse_digest(text: &str) -> Option<[u8; 32]> {
+    let hex = text.strip_prefix(SHA256)?;
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut digest = [0u8; 32];
+    for (byte, pair) in digest.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        let pair = std::str::from_utf8(pair).ok()?;
+        *byte = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(digest)
+}
+
+/// The digest of `token` as the tokens file stores it: `sha256:` and 64 hex digits.
+pub fn token_digest(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    let mut text = String::from(SHA256);
+    for byte in digest {
+        text.push_str(&format!("{byte:02x}"));
+    }
+    text
+}
+
+/// A fresh token (`psy_` and 256 random bits in hex) and its digest for the tokens file.
+///
+/// # Errors
+///
+/// [`TokensError::Random`]: the system's random source failed.
+pub fn new_token() -> Result<(String, String), TokensError> {
+    let mut bits = [0u8; 32];
+    getrandom::fill(&mut bits).map_err(TokensError::Random)?;
+    let mut token = String::from("psy_");
+    for byte in bits {
+        token.push_str(&format!("{byte:02x}"));
+    }
+    let digest = token_digest(&token);
+    Ok((token, digest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_names_its_identity_and_nothing_else_does() {
+        let (token, digest) = new_token().unwrap_or_else(|e| panic!("{e}"));
+        let (other, _) = new_token().unwrap_or_else(|e| panic!("{e}"));
+        let tokens = Tokens::parse(&format!(
+            r#"{{"identities": {{"alice": {{"tokens": ["{digest}"]}}}}}}"#
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(tokens.identify(&token), Some("alice"));
+        assert_eq!(tokens.identify(&other), None);
+        let header = format!("Bearer {token}");
+        assert_eq!(
+            tokens.identify_header(Some(header.as_bytes())),
+            Some("alice")
+        );
+        assert_eq!(tokens.identify_header(Some(token.as_bytes())), None);
+        assert_eq!(tokens.identify_header(None), None);
+    }
+
+    #[test]
+    fn bad_files_are_refused_saying_why() {
+        let digest = token_digest("x");
+        for (text, why) in [
+            ("{}", "not {"),
+            (r#"{"identities": {}}"#, "names no token"),
+            (
+                &format!(r#"{{"identities": {{"stdio": {{"tokens": ["{digest}"]}}}}}}"#),
+                "psych's own",
+            ),
+            (
+                &format!(r#"{{"identities": {{"a/b": {{"tokens": ["{digest}"]}}}}}}"#),
+                "is not a name",
+            ),
+            (
+                r#"{"identities": {"a": {"tokens": ["md5:00"]}}}"#,
+                "sha256:<64 hex digits>",
+            ),
+            (
+                &format!(
+                    r#"{{"identities": {{"a": {{"tokens": ["{digest}"]}}, "b": {{"tokens": ["{digest}"]}}}}}}"#
+                ),
+                "share a token",
+            ),
+            (
+                &format!(
+                    r#"{{"identities": {{"a": {{"tokens": ["{digest}"], "allowTools": {{}}}}}}}}"#
+                ),
+                "not {",
+            ),
+        ] {
+            let refused = Tokens::parse(text).expect_err(text);
+            assert!(refused.to_string().contains(why), "{text}: {refused}");
+        }
+    }
+}
