@@ -251,7 +251,10 @@ class Scenario:
         fresh = f"fresh_py_{self.args.mode}_{self.args.transport}_{os.getpid()}"
         if self.args.mode == "modern":
             async with client.listen(tools_list_changed=True) as subscription:
-                self.summary["listen_honored"] = repr(getattr(subscription, "honored", None))
+                honored = subscription.honored
+                self.summary["listen_honored"] = honored.model_dump(
+                    mode="json", by_alias=True, exclude_none=True
+                )
                 heard = anyio.Event()
 
                 async def drain() -> None:
