@@ -19,6 +19,12 @@
 //!   Python `anthropic` and `openai` packages' typed dictionaries, through pydantic's
 //!   `TypeAdapter`), in a virtual environment it makes once in `target/sdk-venv`. The script is
 //!   `xtask/sdk-check/check.py`.
+//! - `cargo xtask clients` (needs `python3`, `npm`, PyPI and the npm registry): installs the
+//!   real MCP clients that `cli/tests/serve_clients.rs` drives `psych serve` with: the Python
+//!   SDK (`mcp==2.3.0`) in a virtual environment in `target/mcp-venv`, and the TypeScript SDK
+//!   by `npm ci` in `tests/clients/ts` (from its committed `package-lock.json`). Each is
+//!   skipped when what it would install is already there, so a second run is quick. `.ci/run`
+//!   runs it before `ci`.
 //! - `cargo xtask bench [PACKAGE…]` (not part of `ci`): every crate's criterion benches with
 //!   short settings, then one markdown report, `target/bench-report.md`, with each figure as
 //!   a ratio to its group's baseline.
@@ -44,10 +50,11 @@ fn main() -> ExitCode {
         Some("sync-readmes") => sync_readmes(&root),
         Some("preserve-order") => preserve_order(&root),
         Some("sdk-check") => sdk_check(&root),
+        Some("clients") => clients(&root),
         Some("bench") => bench::bench(&root, &args[1..]),
         _ => Err(
-            "usage: cargo xtask <ci|tidy|package|sync-readmes|preserve-order|sdk-check|bench \
-             [PACKAGE…]>"
+            "usage: cargo xtask <ci|tidy|package|sync-readmes|preserve-order|sdk-check|clients|\
+             bench [PACKAGE…]>"
                 .to_owned(),
         ),
     };
@@ -167,6 +174,66 @@ fn sdk_check(root: &Path) -> Result<(), String> {
             "prompt-assembly/tests/snapshots",
         ],
     )
+}
+
+/// The Python SDK the client tests pin, as pip takes it.
+const PYTHON_MCP: &str = "mcp==2.3.0";
+
+/// Installs the real MCP clients of `cli/tests/serve_clients.rs`: `PYTHON_MCP` in
+/// `target/mcp-venv`, and `tests/clients/ts`'s locked packages. Each install leaves a stamp
+/// (the requirement; a copy of the lock file) and is skipped while the stamp matches.
+fn clients(root: &Path) -> Result<(), String> {
+    let venv = root.join("target/mcp-venv");
+    let python = venv.join("bin/python");
+    let stamp = venv.join("xtask-installed");
+    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(PYTHON_MCP) {
+        eprintln!("xtask: {PYTHON_MCP} is installed in {}", venv.display());
+    } else {
+        run(
+            root,
+            Path::new("python3"),
+            &["-m", "venv", "--clear", &venv.to_string_lossy()],
+        )?;
+        run(
+            root,
+            &python,
+            &[
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                PYTHON_MCP,
+            ],
+        )?;
+        write_stamp(&stamp, PYTHON_MCP.as_bytes())?;
+    }
+
+    let ts = root.join("tests/clients/ts");
+    let lock = std::fs::read(ts.join("package-lock.json"))
+        .map_err(|err| format!("cannot read tests/clients/ts/package-lock.json: {err}"))?;
+    let stamp = ts.join("node_modules/.xtask-installed-lock.json");
+    if std::fs::read(&stamp).ok().as_deref() == Some(lock.as_slice()) {
+        eprintln!("xtask: tests/clients/ts/node_modules matches its package-lock.json");
+    } else {
+        run(
+            root,
+            Path::new("npm"),
+            &[
+                "ci",
+                "--prefix",
+                "tests/clients/ts",
+                "--no-audit",
+                "--no-fund",
+            ],
+        )?;
+        write_stamp(&stamp, &lock)?;
+    }
+    Ok(())
+}
+
+fn write_stamp(path: &Path, contents: &[u8]) -> Result<(), String> {
+    std::fs::write(path, contents).map_err(|err| format!("cannot write {}: {err}", path.display()))
 }
 
 /// Rewrites each published crate's README example from its `lib.rs` example.
