@@ -234,7 +234,8 @@ async fn psych_serve_end_to_end() {
     assert!(bytes < 40_000, "the listing stays small: {bytes} bytes");
 
     // The orientation tool answers, its structured content also as a text block (a client
-    // that shows only `content` sees it); so do the meta tools' own answers.
+    // that shows only `content` sees it); so do the meta tools' own answers, and a facade's
+    // and a search pair's descriptions (once `content: []`).
     let oriented = call(&session, "psych_orientation", json!({})).await;
     assert_ne!(oriented.is_error, Some(true));
     let payload = serde_json::to_string(&oriented).unwrap();
@@ -242,6 +243,8 @@ async fn psych_serve_end_to_end() {
     for answer in [
         oriented,
         call(&session, "psych_list_tools", json!({"server": "big"})).await,
+        call(&session, "mid", json!({"tool": "echo"})).await,
+        call(&session, "huge__call_tool", json!({"tool": "echo"})).await,
     ] {
         let [block] = answer.content.as_slice() else {
             panic!("one text block: {answer:?}");

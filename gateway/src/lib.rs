@@ -106,7 +106,7 @@ use std::time::Duration;
 
 use psych_catalog::{Catalog, FreshenerConfig};
 use psych_disclosure::{
-    Budget, CostBasis, Exposed, Inputs, Live, MetaTool, Settings, Surface, SurfaceCache,
+    Budget, CostBasis, Inputs, Live, Settings, Surface, SurfaceCache, Validators, Verdict,
 };
 use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
@@ -418,21 +418,21 @@ impl Shared {
     }
 }
 
-/// Whether a call named `name` is answered by Psych itself (a meta tool's listing or
-/// description, a search, the orientation payload, the reader) rather than forwarded to an
-/// upstream server, whose result passes through as it was sent.
-fn answered_here(surface: &Surface, name: &str) -> bool {
-    match surface.exposed(name) {
-        Some(
-            Exposed::Direct { .. }
-            | Exposed::Deferred { .. }
-            | Exposed::Facade { .. }
-            | Exposed::SearchCall { .. },
-        ) => false,
-        Some(Exposed::Meta { tool }) => *tool != MetaTool::CallTool,
-        Some(_) => true,
-        None => name == READ_TOOL_OUTPUT,
+/// Whether `call` is answered by Psych itself (a meta tool's listing or description, a
+/// facade's or search pair's description, a search, the orientation payload, the reader, a
+/// refusal) rather than forwarded to an upstream server, whose result passes through as it
+/// was sent: what the guard decides of it, as the executor decided.
+///
+/// Checked only for a result without content blocks (see [`with_text_block`]), so the
+/// schema compiled for a forwarded call's arguments is compiled again only then.
+fn answered_here(surface: &Surface, call: &ToolCall, live: &Live<'_>) -> bool {
+    if call.name == READ_TOOL_OUTPUT {
+        return true;
     }
+    !matches!(
+        surface.guard(&call.name, &call.arguments, live, &mut Validators::new()),
+        Verdict::Forward(_)
+    )
 }
 
 /// `output` with its structured content also as one text block when it has no content
@@ -809,7 +809,10 @@ impl Session {
                 shown.is_error = result.output.is_error;
                 shown
             }
-            Projection::Full if answered_here(&view.surface, &call.name) => {
+            Projection::Full
+                if result.output.content.is_empty()
+                    && answered_here(&view.surface, &call, &live) =>
+            {
                 with_text_block(result.output)
             }
             Projection::Full => result.output,
