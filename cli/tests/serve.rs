@@ -11,7 +11,9 @@
 //! upstream and logged as cancelled, the upstream's progress reaching the client under the
 //! client's token, identical calls in flight each getting only their own progress
 //! (read by a raw JSON-RPC client, which sees the gateway's messages in order), and
-//! `--auto-budget` deciding which `auto` servers stay direct.
+//! `--auto-budget` deciding which `auto` servers stay direct, and lines that are not a
+//! message (a batch, invalid JSON, nesting 100,000 deep, a line over 4 MiB) answered each
+//! with its JSON-RPC error while the session goes on.
 
 #![allow(
     clippy::unwrap_used,
@@ -709,6 +711,23 @@ impl RawClient {
         self.stdin.write_all(line.as_bytes()).await.unwrap();
     }
 
+    /// Sends `line` as it is, and its `\n`.
+    async fn send_line(&mut self, line: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.stdin.write_all(line).await.unwrap();
+        self.stdin.write_all(b"\n").await.unwrap();
+    }
+
+    /// The next answer (a message without a `method`), past any notification.
+    async fn next_answer(&mut self) -> Value {
+        loop {
+            let message = self.next().await;
+            if message.get("method").is_none() {
+                return message;
+            }
+        }
+    }
+
     async fn next(&mut self) -> Value {
         let line = tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
             .await
@@ -776,5 +795,56 @@ async fn identical_calls_in_flight_each_get_only_their_own_progress() {
                 answered.insert(id);
             }
         }
+    }
+}
+
+/// Lines `psych serve` cannot take as a message are answered, each with its JSON-RPC error
+/// and no `id`, and the session goes on (`tools/list` still answers after each): a batch
+/// (-32600), invalid JSON and 100,000 nested arrays (-32700, serde_json's recursion limit,
+/// no stack overflow), a line of 5 MiB, over the 4 MiB a line may take (-32600). Through
+/// rmcp's stdio transport only the batch was answered; the client waited forever for an
+/// answer to each of the others (issue 29).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lines_that_are_not_messages_are_answered_and_the_session_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mcp.json");
+    let servers = json!({"mcpServers": {"small": embedded(3, json!({"preload": true}))}});
+    std::fs::write(&config, servers.to_string()).unwrap();
+    let mut client = RawClient::start(&config, dir.path()).await;
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": 1, "method": "ping"},
+        {"jsonrpc": "2.0", "id": 2, "method": "ping"},
+    ]);
+    let large = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "small__echo",
+        "arguments": {"text": "a".repeat(5 * 1024 * 1024)},
+    }});
+    let lines = [
+        (
+            batch.to_string(),
+            -32600,
+            "invalid request: batches are not supported",
+        ),
+        ("{not json".to_owned(), -32700, "parse error: not JSON"),
+        ("[".repeat(100_000), -32700, "parse error: not JSON"),
+        (large.to_string(), -32600, "request too large"),
+    ];
+    for (n, (line, code, text)) in lines.into_iter().enumerate() {
+        client.send_line(line.as_bytes()).await;
+        let answer = client.next_answer().await;
+        assert_eq!(
+            answer,
+            json!({"jsonrpc": "2.0", "error": {"code": code, "message": text}}),
+            "line {n} ({} B)",
+            line.len()
+        );
+        let id = 100 + n;
+        client
+            .send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}))
+            .await;
+        let listing = client.next_answer().await;
+        assert_eq!(listing["id"], json!(id), "after line {n}: {listing}");
+        let tools = listing["result"]["tools"].as_array().unwrap();
+        assert!(!tools.is_empty(), "after line {n}: {listing}");
     }
 }

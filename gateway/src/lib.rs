@@ -132,6 +132,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 mod progress;
 mod raw;
+mod stdio;
 mod tenant;
 mod tokens;
 
@@ -1532,7 +1533,11 @@ async fn serve_stdio(shared: Arc<Shared>) -> Result<(), ServeError> {
     let session = Session::open(Arc::clone(&shared)).map_err(ServeError::Session)?;
     let mut state = shared.state.subscribe();
     let running = tokio::select! {
-        running = Gateway(session).serve(rmcp::transport::stdio()) => {
+        // Psych's own transport: rmcp's leaves a line it cannot parse unanswered.
+        running = Gateway(session).serve(stdio::StdioTransport::new(
+            tokio::io::stdin(),
+            tokio::io::stdout(),
+        )) => {
             running.map_err(|e| ServeError::Stdio(Box::new(e)))?
         }
         () = closing(&mut state) => return Ok(()),

@@ -1,0 +1,841 @@
+//! The stdio client's transport: newline-delimited JSON-RPC over stdin and stdout, where
+//! every line the client sends gets an answer or reaches the session (issue 29).
+//!
+//! rmcp's own stdio transport (3.11) drops a line that is not JSON without a word (invalid
+//! JSON, nesting past serde_json's recursion limit) and drops a line over its length cap
+//! the same way, so a client that sent one waits for an answer forever. (Valid JSON of the
+//! wrong shape, such as a batch array, it does answer, with -32600 and never an `id`.)
+//! [`StdioTransport`] answers each such line itself, and the session never sees it:
+//!
+//! - a line that is not JSON (a syntax error, cut short, or nested deeper than serde_json's
+//!   recursion limit of 128: a line of 100,000 `[` is refused there, without a deep
+//!   recursion) is answered with a parse error (-32700) without an `id`;
+//! - JSON that is not one JSON-RPC message (a batch array, an object without `method`) is
+//!   answered with an invalid request (-32600), with the object's `id` when it has one a
+//!   request id can be read from. An object with a `method` and no `id` is a notification,
+//!   never answered (JSON-RPC 2.0), and is dropped, as rmcp drops notifications it does
+//!   not know;
+//! - a line longer than [`MAX_LINE`] is read past as it streams, never held whole (memory:
+//!   the line up to [`MAX_LINE`], plus the read buffer), and answered with an invalid
+//!   request (-32600, "request too large") without an `id`;
+//! - an empty or blank line is skipped.
+//!
+//! Without an `id` rmcp's error message leaves the member out (MCP 2026-07-28, "Error
+//! Responses"), rather than writing `"id": null`.
+//!
+//! Answering bad input has a risk rmcp names as the reason it stays silent (rust-sdk issue
+//! #938): a peer that echoes what it is sent as more bad input makes an error storm. The
+//! answers are capped at [`REPLIES_PER_SECOND`]; past the cap a bad line is dropped and
+//! counted, and the next answer sent carries the count as `data.unanswered` (lines answered
+//! by nobody since the last answer).
+//!
+//! # Cancel safety
+//!
+//! rmcp's service loop awaits [`Transport::receive`] inside a `select!` and drops it
+//! whenever another branch is ready first, and runs each `send` as a task of its own,
+//! aborted when the service ends. Neither loses or tears a message when dropped at any
+//! await:
+//!
+//! - `receive` keeps every byte it has taken from its reader in the transport (the line so
+//!   far, whether the line is over the limit), as psych-mcp's reader of a server's stdout
+//!   does (issue 27): the only await of the read is `fill_buf`, which takes nothing when
+//!   dropped, and the copy into the line and `consume` follow it with no await between. A
+//!   dropped `receive` is resumed by the next call where it stopped.
+//! - Written bytes go through one queue behind a lock. A message is serialized whole
+//!   first, then appended to the queue under the lock in one step, so two messages never
+//!   interleave; the queue is written out with `write` calls whose progress is recorded as
+//!   each returns, so a writer dropped mid-way leaves the rest queued, and whoever writes
+//!   next (a `send`, or `receive` answering a bad line) writes it first. An answer
+//!   `receive` has decided on is kept in the transport until it is queued.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::RoleServer;
+use rmcp::model::{ClientJsonRpcMessage, ErrorData, RequestId, ServerJsonRpcMessage};
+use rmcp::transport::Transport;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::Mutex;
+
+/// The longest line read from the client, in bytes (without its `\n`): 4 MiB. A longer
+/// line is answered with an error and not kept. A request holds tool arguments, not
+/// results, so a legitimate one is far smaller; the bound keeps a client's line from
+/// taking the gateway's memory.
+pub(crate) const MAX_LINE: usize = 4 * 1024 * 1024;
+
+/// The most bad lines answered in one second; past it, bad lines are dropped and counted
+/// (see the module docs, on error storms).
+pub(crate) const REPLIES_PER_SECOND: u32 = 16;
+
+/// The read buffer: a pipe's default capacity, so one read takes what a writer can queue.
+const READ_BUFFER: usize = 64 * 1024;
+
+/// A write queue's buffer is given back when it grew past this once written.
+const KEEP_QUEUE: usize = 1024 * 1024;
+
+/// The gateway's transport to its one stdio client: JSON-RPC messages, one per line, read
+/// from `R` (stdin) and written to `W` (stdout). See the module docs for what it answers
+/// itself and why it is cancel-safe.
+pub(crate) struct StdioTransport<R, W> {
+    reader: BufReader<R>,
+    /// The longest line kept ([`MAX_LINE`]).
+    limit: usize,
+    /// The line read so far (empty while it is over the limit).
+    line: Vec<u8>,
+    /// Whether the current line is over the limit (its bytes are read past).
+    too_long: bool,
+    /// Whether the reader has ended.
+    ended: bool,
+    /// An answer to a bad line, decided and not yet queued for writing.
+    reply: Option<ServerJsonRpcMessage>,
+    /// Whether an answer was queued and may not be written out yet (its write dropped).
+    draining: bool,
+    cap: ReplyCap,
+    out: Arc<Mutex<Out<W>>>,
+}
+
+impl<R, W> StdioTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    /// A transport reading messages from `reader` and writing them to `writer`.
+    pub(crate) fn new(reader: R, writer: W) -> Self {
+        Self {
+            reader: BufReader::with_capacity(READ_BUFFER, reader),
+            limit: MAX_LINE,
+            line: Vec::new(),
+            too_long: false,
+            ended: false,
+            reply: None,
+            draining: false,
+            cap: ReplyCap::new(REPLIES_PER_SECOND),
+            out: Arc::new(Mutex::new(Out {
+                writer: Some(writer),
+                queue: Vec::new(),
+                written: 0,
+            })),
+        }
+    }
+
+    /// The next line, without its `\n`; `None` at the end of the input (a last line
+    /// without `\n` is still returned). Cancel-safe (see the module docs).
+    async fn next_line(&mut self) -> io::Result<Option<Line>> {
+        loop {
+            let available = self.reader.fill_buf().await?;
+            // From here to the end of the iteration there is no await.
+            if available.is_empty() {
+                if std::mem::take(&mut self.too_long) {
+                    return Ok(Some(Line::TooLong));
+                }
+                if self.line.is_empty() {
+                    return Ok(None);
+                }
+                return Ok(Some(Line::Whole(std::mem::take(&mut self.line))));
+            }
+            let (len, used, end) = match available.iter().position(|&b| b == b'\n') {
+                Some(i) => (i, i + 1, true),
+                None => (available.len(), available.len(), false),
+            };
+            if !self.too_long {
+                let wanted = self.line.len() + len;
+                if wanted > self.limit {
+                    // Given back now: a line over the limit holds no memory past this point.
+                    self.line = Vec::new();
+                    self.too_long = true;
+                } else {
+                    if wanted > self.line.capacity() {
+                        // Grown by doubling, but never past the limit.
+                        let capacity = wanted.max(2 * self.line.capacity()).min(self.limit);
+                        self.line.reserve_exact(capacity - self.line.len());
+                    }
+                    self.line.extend_from_slice(&available[..len]);
+                }
+            }
+            self.reader.consume(used);
+            if end {
+                if std::mem::take(&mut self.too_long) {
+                    return Ok(Some(Line::TooLong));
+                }
+                return Ok(Some(Line::Whole(std::mem::take(&mut self.line))));
+            }
+        }
+    }
+
+    /// Queues the answer decided on (if any) and writes out the queue. Cancel-safe: until
+    /// the lock is taken nothing changes, and a dropped write leaves the rest queued, with
+    /// `draining` set so the next call writes it.
+    async fn write_reply(&mut self) -> io::Result<()> {
+        if self.reply.is_none() && !self.draining {
+            return Ok(());
+        }
+        let mut out = self.out.lock().await;
+        if let Some(reply) = self.reply.take() {
+            out.push(serialize(&reply)?);
+            self.draining = true;
+        }
+        out.drain().await?;
+        self.draining = false;
+        Ok(())
+    }
+
+    /// What to do with `line`: the message, or nothing (the answer, if any, in
+    /// `self.reply`).
+    fn take_line(&mut self, line: &[u8], now: Instant) -> Option<ClientJsonRpcMessage> {
+        match classify(line) {
+            Classified::Message(message) => return Some(*message),
+            Classified::Skip => {}
+            Classified::Answer((code, message), id) => self.answer(code, message, id, now),
+        }
+        None
+    }
+
+    /// Decides on an error answer, if the cap allows one now.
+    fn answer(&mut self, code: Code, message: &'static str, id: Option<RequestId>, now: Instant) {
+        let Some(unanswered) = self.cap.allow(now) else {
+            return;
+        };
+        let data = (unanswered > 0).then(|| json!({ "unanswered": unanswered }));
+        let error = match code {
+            Code::Parse => ErrorData::parse_error(message, data),
+            Code::InvalidRequest => ErrorData::invalid_request(message, data),
+        };
+        self.reply = Some(ServerJsonRpcMessage::error(error, id));
+    }
+}
+
+impl<R, W> Transport<RoleServer> for StdioTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    type Error = io::Error;
+
+    fn send(
+        &mut self,
+        item: ServerJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let out = Arc::clone(&self.out);
+        // Serialized whole before it is queued, so a message is queued in one piece.
+        let bytes = serialize(&item);
+        async move {
+            let bytes = bytes?;
+            let mut out = out.lock().await;
+            if out.writer.is_none() {
+                return Err(closed());
+            }
+            out.push(bytes);
+            out.drain().await
+        }
+    }
+
+    async fn receive(&mut self) -> Option<ClientJsonRpcMessage> {
+        loop {
+            // An answer to the last bad line goes out before the next line is read.
+            self.write_reply().await.ok()?;
+            if self.ended {
+                return None;
+            }
+            let line = match self.next_line().await {
+                Ok(Some(line)) => line,
+                Ok(None) | Err(_) => {
+                    self.ended = true;
+                    return None;
+                }
+            };
+            match line {
+                Line::Whole(line) => {
+                    if let Some(message) = self.take_line(&line, Instant::now()) {
+                        return Some(message);
+                    }
+                }
+                Line::TooLong => {
+                    self.answer(
+                        Code::InvalidRequest,
+                        "request too large",
+                        None,
+                        Instant::now(),
+                    );
+                }
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        let mut out = self.out.lock().await;
+        let drained = out.drain().await;
+        out.writer = None;
+        drained
+    }
+}
+
+/// One line read.
+#[derive(Debug)]
+enum Line {
+    /// A whole line, without its `\n`.
+    Whole(Vec<u8>),
+    /// A line over the limit, read past and not kept.
+    TooLong,
+}
+
+/// The JSON-RPC errors the transport answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Code {
+    /// -32700: not JSON.
+    Parse,
+    /// -32600: not a JSON-RPC message.
+    InvalidRequest,
+}
+
+/// What a line is.
+#[derive(Debug)]
+enum Classified {
+    /// A message for the session (boxed: it is large beside the others).
+    Message(Box<ClientJsonRpcMessage>),
+    /// Nothing to pass on or answer: a blank line, or a notification of a shape rmcp does
+    /// not model.
+    Skip,
+    /// An error to answer with, and the id it answers.
+    Answer((Code, &'static str), Option<RequestId>),
+}
+
+/// Parses one line as rmcp's client message (see the module docs for the answers).
+fn classify(line: &[u8]) -> Classified {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    // RFC 8259 §8.1 lets a parser ignore a leading byte order mark; rmcp does.
+    let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Classified::Skip;
+    }
+    let error = match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
+        Ok(message) => return Classified::Message(Box::new(message)),
+        Err(error) => error,
+    };
+    use serde_json::error::Category;
+    if matches!(
+        error.classify(),
+        Category::Syntax | Category::Eof | Category::Io
+    ) {
+        return Classified::Answer((Code::Parse, "parse error: not JSON"), None);
+    }
+    // Valid JSON (parsed again only on this path): not a message rmcp reads.
+    let Ok(value) = serde_json::from_slice::<Value>(line) else {
+        return Classified::Answer((Code::Parse, "parse error: not JSON"), None);
+    };
+    let invalid = (
+        Code::InvalidRequest,
+        "invalid request: not a JSON-RPC message",
+    );
+    let Value::Object(object) = value else {
+        let message = if value.is_array() {
+            (
+                Code::InvalidRequest,
+                "invalid request: batches are not supported",
+            )
+        } else {
+            invalid
+        };
+        return Classified::Answer(message, None);
+    };
+    match object.get("id") {
+        None if object.get("method").is_some_and(Value::is_string) => Classified::Skip,
+        None => Classified::Answer(invalid, None),
+        Some(id) => {
+            let id = serde_json::from_value::<RequestId>(id.clone()).ok();
+            Classified::Answer(invalid, id)
+        }
+    }
+}
+
+/// A message as it is written: its JSON and `\n`.
+fn serialize(message: &ServerJsonRpcMessage) -> io::Result<Vec<u8>> {
+    let mut bytes = serde_json::to_vec(message).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+fn closed() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "the stdio transport is closed")
+}
+
+/// The writing side: the writer and the bytes queued for it.
+struct Out<W> {
+    /// `None` once closed.
+    writer: Option<W>,
+    /// Whole messages, the first `written` bytes of which are written.
+    queue: Vec<u8>,
+    written: usize,
+}
+
+impl<W: AsyncWrite + Unpin> Out<W> {
+    /// Queues one message whole (no await: it cannot be torn).
+    fn push(&mut self, bytes: Vec<u8>) {
+        if self.queue.is_empty() {
+            self.queue = bytes;
+        } else {
+            self.queue.extend_from_slice(&bytes);
+        }
+    }
+
+    /// Writes out the queue and flushes. Cancel-safe: a `write` dropped before it returns
+    /// wrote nothing (tokio's `poll_write` contract), and each one's progress is recorded
+    /// as it returns.
+    async fn drain(&mut self) -> io::Result<()> {
+        let Some(writer) = self.writer.as_mut() else {
+            return Err(closed());
+        };
+        while self.written < self.queue.len() {
+            let n = writer.write(&self.queue[self.written..]).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            self.written += n;
+        }
+        if self.queue.capacity() > KEEP_QUEUE {
+            self.queue = Vec::new();
+        } else {
+            self.queue.clear();
+        }
+        self.written = 0;
+        writer.flush().await
+    }
+}
+
+/// At most `per_second` answers in any one-second window (fixed windows), counting the
+/// ones refused.
+#[derive(Debug)]
+struct ReplyCap {
+    per_second: u32,
+    window: Option<Instant>,
+    sent: u32,
+    /// Refused since the last answer allowed.
+    refused: u64,
+}
+
+impl ReplyCap {
+    fn new(per_second: u32) -> Self {
+        Self {
+            per_second,
+            window: None,
+            sent: 0,
+            refused: 0,
+        }
+    }
+
+    /// Whether one more answer may go out at `now`: `Some(refused before it)` if so.
+    fn allow(&mut self, now: Instant) -> Option<u64> {
+        let fresh = self
+            .window
+            .is_none_or(|start| now.saturating_duration_since(start) >= Duration::from_secs(1));
+        if fresh {
+            self.window = Some(now);
+            self.sent = 0;
+        }
+        if self.sent >= self.per_second {
+            self.refused += 1;
+            return None;
+        }
+        self.sent += 1;
+        Some(std::mem::take(&mut self.refused))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        reason = "a test fails loudly on bad data"
+    )]
+
+    use std::pin::pin;
+    use std::task::Poll;
+
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    /// xorshift64*: a seeded generator, so a failure names the seed that reproduces it
+    /// (psych-mcp's stdio tests use the same).
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+
+        /// Log-uniform in `1..max`: as many tiny sizes as huge ones, per order of size.
+        fn size(&mut self, max: u64) -> u64 {
+            let bits = self.below(u64::from(max.ilog2()));
+            (1u64 << bits) + self.below(1u64 << bits)
+        }
+    }
+
+    /// Polls `future` up to `polls + 1` times, yielding between polls: its output if it
+    /// was ready by then, else `None` (the caller then drops it, as a `select!` would).
+    async fn poll_up_to<F: Future + Unpin>(future: &mut F, polls: u64) -> Option<F::Output> {
+        for _ in 0..=polls {
+            let polled =
+                std::future::poll_fn(|cx| Poll::Ready(std::pin::Pin::new(&mut *future).poll(cx)))
+                    .await;
+            if let Poll::Ready(output) = polled {
+                return Some(output);
+            }
+            tokio::task::yield_now().await;
+        }
+        None
+    }
+
+    type Pipe = tokio::io::DuplexStream;
+
+    /// A transport over two pipes: the client's end of its input, and of its output.
+    fn transport() -> (StdioTransport<Pipe, Pipe>, Pipe, Pipe) {
+        let (input, reader) = tokio::io::duplex(64 * 1024);
+        let (writer, output) = tokio::io::duplex(64 * 1024);
+        (StdioTransport::new(reader, writer), input, output)
+    }
+
+    /// Every line of `output` until it ends, parsed.
+    async fn answers(mut output: Pipe) -> Vec<Value> {
+        let mut bytes = Vec::new();
+        output.read_to_end(&mut bytes).await.unwrap();
+        bytes
+            .split(|&b| b == b'\n')
+            .filter(|line| !line.is_empty())
+            .map(|line| serde_json::from_slice(line).unwrap())
+            .collect()
+    }
+
+    /// What the transport makes of `input`: each message the session receives and each
+    /// answer the client gets, one per line, in order of the input.
+    async fn check(input: &[u8]) -> String {
+        let (mut transport, mut client, output) = transport();
+        let answers = tokio::spawn(answers(output));
+        let input = input.to_vec();
+        let writing = tokio::spawn(async move {
+            client.write_all(&input).await.unwrap();
+        });
+        let mut out = String::new();
+        while let Some(message) = transport.receive().await {
+            out.push_str(&format!(
+                "session: {}\n",
+                serde_json::to_string(&message).unwrap()
+            ));
+        }
+        writing.await.unwrap();
+        transport.close().await.unwrap();
+        drop(transport);
+        for answer in answers.await.unwrap() {
+            out.push_str(&format!("client: {answer}\n"));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn bad_lines_are_answered_and_good_ones_pass() {
+        let deep_open = "[".repeat(100_000);
+        let deep_closed = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let input = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            r#"[{"jsonrpc":"2.0","id":2,"method":"ping"},{"jsonrpc":"2.0","id":3,"method":"ping"}]"#,
+            "{not json",
+            &deep_open,
+            &deep_closed,
+            "",
+            "   \t",
+            r#"{"jsonrpc":"2.0","id":4}"#,
+            r#"{"jsonrpc":"2.0","id":"five","params":{}}"#,
+            r#"{"jsonrpc":"2.0"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":7}"#,
+            "42",
+            "\u{feff}{\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"ping\"}\r",
+            r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#,
+        ]
+        .join("\n");
+        let out = check(input.as_bytes()).await;
+        assert_eq!(
+            out,
+            r#"session: {"jsonrpc":"2.0","id":1,"method":"ping"}
+session: {"jsonrpc":"2.0","id":6,"method":"ping"}
+session: {"jsonrpc":"2.0","id":7,"method":"ping"}
+client: {"error":{"code":-32600,"message":"invalid request: batches are not supported"},"jsonrpc":"2.0"}
+client: {"error":{"code":-32700,"message":"parse error: not JSON"},"jsonrpc":"2.0"}
+client: {"error":{"code":-32700,"message":"parse error: not JSON"},"jsonrpc":"2.0"}
+client: {"error":{"code":-32700,"message":"parse error: not JSON"},"jsonrpc":"2.0"}
+client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC message"},"id":4,"jsonrpc":"2.0"}
+client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC message"},"id":"five","jsonrpc":"2.0"}
+client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC message"},"jsonrpc":"2.0"}
+client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC message"},"jsonrpc":"2.0"}
+"#
+        );
+    }
+
+    /// A line of 16 MiB (four times the limit) is answered and never held: the line's
+    /// buffer stays within the limit; the next line is read as usual.
+    #[tokio::test]
+    async fn a_line_over_the_limit_is_answered_without_being_held() {
+        let (mut transport, mut client, output) = transport();
+        let answers = tokio::spawn(answers(output));
+        let writing = tokio::spawn(async move {
+            let chunk = vec![b'a'; 1024 * 1024];
+            client
+                .write_all(br#"{"jsonrpc":"2.0","id":1,"method":"ping","x":""#)
+                .await
+                .unwrap();
+            for _ in 0..16 {
+                client.write_all(&chunk).await.unwrap();
+            }
+            client.write_all(b"\"}\n").await.unwrap();
+            client
+                .write_all(br#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#)
+                .await
+                .unwrap();
+            client.write_all(b"\n").await.unwrap();
+        });
+        let mut largest = 0;
+        let message = loop {
+            let polled = {
+                let mut receive = pin!(transport.receive());
+                poll_up_to(&mut receive, 0).await
+            };
+            if let Some(message) = polled {
+                break message.unwrap();
+            }
+            largest = largest.max(transport.line.capacity());
+        };
+        assert!(largest <= MAX_LINE, "the line held {largest} B");
+        assert_eq!(
+            serde_json::to_string(&message).unwrap(),
+            r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#
+        );
+        writing.await.unwrap();
+        transport.close().await.unwrap();
+        drop(transport);
+        let answers = answers.await.unwrap();
+        assert_eq!(
+            answers,
+            [json!({"jsonrpc": "2.0", "error": {"code": -32600, "message": "request too large"}})]
+        );
+    }
+
+    /// Bad lines past the cap in one second go unanswered; the next answer counts them.
+    #[test]
+    fn answers_are_capped_per_second_and_the_refused_counted() {
+        let mut cap = ReplyCap::new(3);
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let allowed: Vec<Option<u64>> = [0, 1, 2, 3, 4, 999, 1000, 1001, 1002, 1003]
+            .into_iter()
+            .map(|ms| cap.allow(at(ms)))
+            .collect();
+        assert_eq!(
+            allowed,
+            [
+                Some(0),
+                Some(0),
+                Some(0),
+                None,
+                None,
+                None,
+                Some(3),
+                Some(0),
+                Some(0),
+                None
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_the_cap_says_how_many_went_unanswered() {
+        let mut input = "x\n".repeat(REPLIES_PER_SECOND as usize + 5);
+        input.push_str("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n");
+        let (mut transport, mut client, output) = transport();
+        let answers = tokio::spawn(answers(output));
+        client.write_all(input.as_bytes()).await.unwrap();
+        let first = transport.receive().await;
+        assert!(first.is_some());
+        // A second later, the next bad line is answered, with the count.
+        transport.cap.window = transport
+            .cap
+            .window
+            .map(|start| start - Duration::from_secs(1));
+        client.write_all(b"x\n").await.unwrap();
+        drop(client);
+        assert!(transport.receive().await.is_none());
+        transport.close().await.unwrap();
+        drop(transport);
+        let answers = answers.await.unwrap();
+        assert_eq!(answers.len(), REPLIES_PER_SECOND as usize + 1);
+        assert_eq!(
+            answers.last().unwrap()["error"]["data"],
+            json!({"unanswered": 5})
+        );
+    }
+
+    /// Line `i` of `len` bytes: a `tools/call` whose argument pads it to `len` when that
+    /// is long enough, else `len` bytes that are not JSON.
+    fn line(i: u64, len: usize) -> Vec<u8> {
+        let head = format!(
+            r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"t","arguments":{{"pad":""#
+        );
+        let tail = r#""}}}"#;
+        if len < head.len() + tail.len() {
+            return vec![b'x'; len];
+        }
+        let mut out = head.into_bytes();
+        out.resize(len - tail.len(), b'a' + (i % 26) as u8);
+        out.extend_from_slice(tail.as_bytes());
+        out
+    }
+
+    /// A writer sends lines of 1 B to 8 MiB in chunks of random sizes while `receive`
+    /// futures are dropped after a random number of polls: every line within the limit
+    /// reaches the session whole and in order, and every other one is answered, in order.
+    async fn lines_survive_dropped_receives(seed: u64) {
+        const MAX: u64 = 8 * 1024 * 1024;
+        let mut rng = Rng(seed);
+        let count = 24 + rng.below(16);
+        let mut sizes: Vec<usize> = (0..count).map(|_| rng.size(MAX) as usize).collect();
+        // The extremes, whatever the seed drew.
+        sizes[0] = 1;
+        sizes[1] = MAX as usize;
+        sizes[2] = MAX_LINE + 1;
+        sizes[3] = MAX_LINE;
+        let (mut transport, mut client, output) = transport();
+        transport.cap = ReplyCap::new(u32::MAX);
+        let answers = tokio::spawn(answers(output));
+        let written = sizes.clone();
+        let writer_seed = rng.next() | 1;
+        let writing = tokio::spawn(async move {
+            let mut rng = Rng(writer_seed);
+            for (i, &len) in written.iter().enumerate() {
+                let mut bytes = line(i as u64, len);
+                bytes.push(b'\n');
+                let mut rest = bytes.as_slice();
+                while !rest.is_empty() {
+                    let take = (rng.size(256 * 1024) as usize).min(rest.len());
+                    client.write_all(&rest[..take]).await.unwrap();
+                    rest = &rest[take..];
+                    if rng.below(4) == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            }
+        });
+        let mut dropped = 0u64;
+        let mut want_answers = Vec::new();
+        for (i, &len) in sizes.iter().enumerate() {
+            let want = line(i as u64, len);
+            if len > MAX_LINE {
+                want_answers.push(-32600);
+                continue;
+            }
+            if want[0] == b'x' {
+                want_answers.push(-32700);
+                continue;
+            }
+            let message = loop {
+                let polls = rng.below(6);
+                let mut receive = pin!(transport.receive());
+                match poll_up_to(&mut receive, polls).await {
+                    Some(message) => break message.expect("a message"),
+                    None => dropped += 1,
+                }
+            };
+            let message = serde_json::to_value(&message).unwrap();
+            assert_eq!(message["id"], json!(i), "seed {seed}: line {i} of {len} B");
+            let pad = message["params"]["arguments"]["pad"].as_str().unwrap();
+            let want_pad = &want[want.len() - pad.len() - 4..want.len() - 4];
+            assert!(
+                pad.as_bytes() == want_pad,
+                "seed {seed}: line {i} of {len} B came with a pad of {} B",
+                pad.len()
+            );
+        }
+        assert!(transport.receive().await.is_none(), "seed {seed}");
+        writing.await.unwrap();
+        transport.close().await.unwrap();
+        drop(transport);
+        let codes: Vec<i64> = answers
+            .await
+            .unwrap()
+            .iter()
+            .map(|answer| answer["error"]["code"].as_i64().unwrap())
+            .collect();
+        assert_eq!(codes, want_answers, "seed {seed}");
+        assert!(
+            dropped > 50,
+            "seed {seed}: only {dropped} receives were dropped"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lines_arrive_whole_and_in_order_when_receives_are_dropped() {
+        for seed in [0x9E37_79B9_7F4A_7C15, 7, 0xDEAD_BEEF] {
+            lines_survive_dropped_receives(seed).await;
+        }
+    }
+
+    /// Sends of 1 B to 1 MiB at once, some dropped after a few polls (as rmcp aborts its
+    /// send tasks when it ends), through a pipe far smaller than a message: every line
+    /// written is one whole message, and every send that finished is among them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sends_never_interleave_even_when_dropped() {
+        let (mut transport, _client, output) = transport();
+        let answers = tokio::spawn(answers(output));
+        let mut rng = Rng(0x5EED);
+        let mut finished = Vec::new();
+        let mut sending = tokio::task::JoinSet::new();
+        for i in 0..200u64 {
+            let pad = "p".repeat(rng.size(1024 * 1024) as usize);
+            let message = ServerJsonRpcMessage::error(
+                ErrorData::internal_error(pad, None),
+                Some(RequestId::Number(i as i64)),
+            );
+            let send = transport.send(message);
+            let polls = if rng.below(3) == 0 {
+                Some(rng.below(4))
+            } else {
+                None
+            };
+            sending.spawn(async move {
+                let mut send = pin!(send);
+                match polls {
+                    Some(polls) => poll_up_to(&mut send, polls).await.map(|sent| (i, sent)),
+                    None => Some((i, send.await)),
+                }
+            });
+        }
+        while let Some(sent) = sending.join_next().await {
+            if let Some((i, sent)) = sent.unwrap() {
+                sent.unwrap();
+                finished.push(i);
+            }
+        }
+        transport.close().await.unwrap();
+        drop(transport);
+        let ids: Vec<u64> = answers
+            .await
+            .unwrap()
+            .iter()
+            .map(|answer| {
+                let message = answer["error"]["message"].as_str().unwrap();
+                assert!(message.bytes().all(|b| b == b'p'));
+                answer["id"].as_u64().unwrap()
+            })
+            .collect();
+        for i in finished {
+            assert!(ids.contains(&i), "send {i} finished and was not written");
+        }
+    }
+}
