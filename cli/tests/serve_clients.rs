@@ -390,3 +390,23 @@ fn typescript_sdk_legacy_over_stdio() {
 fn typescript_sdk_legacy_over_http() {
     real_client_scenario(Sdk::TypeScript, Mode::Legacy, Transport::Http);
 }
+
+#[test]
+fn python_sdk_modern_over_stdio() {
+    real_client_scenario(Sdk::Python, Mode::Modern, Transport::Stdio);
+}
+
+#[test]
+fn python_sdk_modern_over_http() {
+    real_client_scenario(Sdk::Python, Mode::Modern, Transport::Http);
+}
+
+#[test]
+fn typescript_sdk_modern_over_stdio() {
+    real_client_scenario(Sdk::TypeScript, Mode::Modern, Transport::Stdio);
+}
+
+#[test]
+fn typescript_sdk_modern_over_http() {
+    real_client_scenario(Sdk::TypeScript, Mode::Modern, Transport::Http);
+}

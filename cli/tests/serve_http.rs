@@ -2,7 +2,7 @@
 //! test server (`psych serve-embedded`, a real process): the listing, a call, a large result
 //! elided and read back by handle, an upstream result with unmodelled fields and block types
 //! passed through whole (the same raw JSON as over stdio), an upstream `list_changed`
-//! reaching the client, and a client of the 2026-07-28 revision falling back to a session.
+//! reaching the client, and a client of the 2026-07-28 revision served per request.
 
 #![allow(
     clippy::unwrap_used,
@@ -210,36 +210,50 @@ async fn psych_serve_over_streamable_http() {
     session.cancel().await.unwrap();
 }
 
-/// A client of 2026-07-28 (rmcp's `Auto` lifecycle: `server/discover` first) gets a
-/// session: the gateway answers `server/discover` as a server from before that revision
-/// would, so the client falls back to `initialize`. Served per request instead, it would
-/// get rmcp's typed results (unknown fields dropped) and a session of its own on every
-/// request (every handle foreign to the next). A client that insists on the per-request
-/// lifecycle is refused; a call made per request all the same is refused naming the
-/// versions with a session.
+/// A client of 2026-07-28 (rmcp's `Auto` lifecycle: `server/discover` first) is served
+/// per request, without a session: an upstream result passes through whole with the
+/// revision's `resultType`, and its handles read back on its next request (a handle is
+/// its identity's, not a session's). A bare per-request POST gets the same; one naming a
+/// version the gateway does not speak is -32022 with the versions it does, and one whose
+/// `Mcp-Name` header disagrees with its body is -32020, both HTTP 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_per_request_client_falls_back_to_a_session_and_gets_results_whole() {
+async fn a_client_of_2026_07_28_is_served_per_request_with_results_whole() {
     use rmcp::model::ProtocolVersion;
     use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
 
     let dir = tempfile::tempdir().unwrap();
     let (_gateway, url) = start(dir.path()).await;
     let modern = vec![ProtocolVersion::V_2026_07_28];
-    let (changed, mut receiver) = mpsc::unbounded_channel();
+    let (changed, _receiver) = mpsc::unbounded_channel();
     let session = Client { changed }
         .serve_with_lifecycle(
             StreamableHttpClientTransport::from_uri(url.clone()),
-            ClientLifecycleMode::Auto {
-                preferred_versions: modern.clone(),
-                legacy_version: None,
+            ClientLifecycleMode::Discover {
+                preferred_versions: modern,
             },
         )
         .await
         .unwrap();
-    ready(&session, &mut receiver).await;
     let version = session.peer_info().unwrap().protocol_version.clone();
-    assert!(version.has_initialize(), "a session: {version}");
-    assert_eq!(exotic(&session).await, psych_test_server::exotic_result());
+    assert_eq!(version, ProtocolVersion::V_2026_07_28);
+    // The upstream connects in the background: its tools appear once it is listed.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !session
+            .list_all_tools()
+            .await
+            .unwrap()
+            .iter()
+            .any(|t| t.name == "up__exotic")
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the upstream is listed");
+    let mut expected = psych_test_server::exotic_result();
+    expected["resultType"] = json!("complete");
+    let got = exotic(&session).await;
+    assert_eq!(got, expected);
     // Its handles read back on its next request.
     let large = session
         .call_tool(
@@ -272,47 +286,47 @@ async fn a_per_request_client_falls_back_to_a_session_and_gets_results_whole() {
     );
     session.cancel().await.unwrap();
 
-    let (changed, _receiver) = mpsc::unbounded_channel();
-    let refused = Client { changed }
-        .serve_with_lifecycle(
-            StreamableHttpClientTransport::from_uri(url.clone()),
-            ClientLifecycleMode::Discover {
-                preferred_versions: modern,
+    let call = |version: &str| {
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "up__echo",
+            "arguments": {"text": "per request"},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": version,
+                "io.modelcontextprotocol/clientCapabilities": {},
             },
-        )
-        .await;
-    assert!(refused.is_err(), "the per-request lifecycle is not served");
-
-    // A call made per request all the same is refused, naming the versions with a session.
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "up__echo",
-        "arguments": {"text": "per request"},
-        "_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {},
-        },
-    }});
-    let answer = post(&url, &body.to_string()).await;
-    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        }})
+        .to_string()
+    };
+    let answer = post(&url, &call("2026-07-28"), "2026-07-28", "up__echo").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(
-        answer.contains("Unsupported protocol version") && answer.contains("2025-11-25"),
+        answer.contains(r#""text":"per request""#) && answer.contains(r#""resultType":"complete""#),
         "{answer}"
     );
+    let answer = post(&url, &call("1900-01-01"), "1900-01-01", "up__echo").await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("-32022") && answer.contains("2026-07-28"),
+        "{answer}"
+    );
+    let answer = post(&url, &call("2026-07-28"), "2026-07-28", "up__other").await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("-32020"), "{answer}");
     assert!(!answer.contains("per request\""), "not served: {answer}");
 }
 
-/// One JSON-RPC POST of `body` (a `tools/call` of `up__echo`) to `url`
-/// (`http://host:port/path`) over a bare TCP stream, with the headers a client of
-/// 2026-07-28 sends: the whole HTTP answer as text.
-async fn post(url: &str, body: &str) -> String {
+/// One JSON-RPC POST of `body` (a `tools/call`) to `url` (`http://host:port/path`) over a
+/// bare TCP stream, with the headers a client of 2026-07-28 sends (`version` and the tool
+/// `name`): the whole HTTP answer as text.
+async fn post(url: &str, body: &str, version: &str, name: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest.split_at(rest.find('/').unwrap());
     let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
     let request = format!(
         "POST {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
-         Content-Type: application/json\r\nMCP-Protocol-Version: 2026-07-28\r\n\
-         Mcp-Method: tools/call\r\nMcp-Name: up__echo\r\n\
+         Content-Type: application/json\r\nMCP-Protocol-Version: {version}\r\n\
+         Mcp-Method: tools/call\r\nMcp-Name: {name}\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );

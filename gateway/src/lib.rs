@@ -119,13 +119,12 @@ use psych_types::{
     ToolCallId, ToolDefinition, ToolOutput, ToolResult,
 };
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
-    CustomResult, DiscoverResult, ErrorCode, ErrorData, Implementation, InitializeResult,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, RequestMetaObject,
-    ServerCapabilities, ServerResult,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, DiscoverResult, ErrorCode,
+    ErrorData, Implementation, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    RequestMetaObject, ResultType, ServerCapabilities, SubscriptionFilter,
 };
-use rmcp::service::{NotificationContext, Peer, RequestContext};
-use rmcp::{RoleServer, ServerHandler, Service, ServiceExt};
+use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
+use rmcp::{RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -960,39 +959,24 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Refuses a request of MCP 2026-07-28's per-request lifecycle (its `_meta` names a protocol
-/// version) as an unsupported version, naming the revisions with `initialize`.
-///
-/// The gateway is a session per client: its record log (whose handles `read_tool_output`
-/// reads back), its `list_changed` watcher, and over HTTP the session transport that sends
-/// results raw ([`raw`]). rmcp serves a per-request request with a handler of its own and a
-/// one-shot transport: such a client would get typed results (unknown fields dropped) and a
-/// new session, so a foreign handle, on every request. Only the handler path needs this
-/// (HTTP); over stdio the [`Gateway`] answers raw and the process is the session.
-fn per_request(context: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
-    match context.meta.protocol_version() {
-        Some(requested) => Err(ErrorData::unsupported_protocol_version(
-            requested,
-            ProtocolVersion::known_up_to(&ProtocolVersion::LATEST_WITH_INITIALIZE),
-        )),
-        None => Ok(()),
-    }
-}
-
-/// Over stdio, [`Gateway`] answers `tools/list` and `tools/call` as raw JSON and the rest
-/// is this handler's. Over streamable HTTP (whose server takes only a handler) the two
-/// answer with typed placeholders that [`raw::RawTransport`] replaces with the raw JSON on
-/// the way out.
+/// `tools/list` and `tools/call` answer with typed placeholders, and the raw JSON (the
+/// tool definitions and the upstream's result exactly as stored: unknown fields and block
+/// types kept, which rmcp's typed `CallToolResult` would drop or refuse) takes their place
+/// on the way out, with the protocol fields rmcp gave them for the client's revision: by
+/// [`raw::RawTransport`] over stdio and in an HTTP session, by [`raw::raw_http`] for MCP
+/// 2026-07-28's requests over HTTP, which have no session.
 impl ServerHandler for Session {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
+        _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        per_request(&context)?;
         let raw = self.listing().await?;
         let mut typed: ListToolsResult = serde_json::from_value(raw.clone())
             .map_err(|e| ErrorData::internal_error(format!("encoding the listing: {e}"), None))?;
+        // Complete, as every answer of the gateway's: rmcp strips it for a client of an
+        // earlier revision, and the swap copies it onto the raw answer.
+        typed.result_type = Some(ResultType::COMPLETE);
         self.shared.raw.stash(raw, &mut typed.meta);
         Ok(typed)
     }
@@ -1002,7 +986,6 @@ impl ServerHandler for Session {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        per_request(&context)?;
         let raw = self.call_or_cancel(request, &context).await?;
         // What rmcp can type of the result: sent only if the raw answer cannot be.
         let mut typed = serde_json::from_value::<CallToolResult>(raw.clone()).unwrap_or_else(|e| {
@@ -1010,6 +993,7 @@ impl ServerHandler for Session {
                 "the result cannot be sent typed: {e}"
             ))])
         });
+        typed.result_type = Some(ResultType::COMPLETE);
         self.shared.raw.stash(raw, &mut typed.meta);
         Ok(CallToolResponse::from(typed))
     }
@@ -1018,75 +1002,91 @@ impl ServerHandler for Session {
         self.watch(context.peer);
     }
 
-    /// `server/discover` is not found, as on every server from before 2026-07-28: a client
-    /// of that revision then connects with `initialize`, as its backward-compatibility rule
-    /// says (rmcp's client does so in its `Auto` lifecycle). See [`per_request`].
+    /// `server/discover` (MCP 2026-07-28): the revisions served, the capabilities, and the
+    /// instructions as they are now. It may be cached by the client only privately (the
+    /// listing differs by identity) and not at all in time (`ttlMs` 0: the deferred lines
+    /// change as servers connect).
     async fn discover(
         &self,
         _context: RequestContext<RoleServer>,
     ) -> Result<DiscoverResult, ErrorData> {
-        Err(ErrorData::new(
-            ErrorCode::METHOD_NOT_FOUND,
-            "server/discover: psych serve keeps a session per client (its record log and \
-             handles); connect with initialize",
-            None,
-        ))
+        let view = self.shared.latest();
+        Ok(DiscoverResult::from_server_info(
+            ServerHandler::supported_protocol_versions(self).into_owned(),
+            info(view.as_deref()),
+        )
+        .with_ttl_ms(0)
+        .with_cache_scope(CacheScope::Private))
+    }
+
+    /// `subscriptions/listen` (MCP 2026-07-28) for `tools/list_changed`, the one
+    /// notification the gateway sends.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::default();
+        accepted.tools_list_changed = requested.tools_list_changed;
+        Some(accepted)
+    }
+
+    /// One `subscriptions/listen` stream: `tools/list_changed` each time what `tools/list`
+    /// answers changes from what it answered when the stream opened, woken by the resolver
+    /// (so by the catalogue), never by a timer. Ends when the client closes it, and
+    /// gracefully (the final result) when the gateway shuts down.
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        let mut resolved = self.shared.resolved.clone();
+        let mut last = self.shared.latest().map(|view| view.bytes.clone());
+        let mut state = self.shared.state.subscribe();
+        loop {
+            tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                () = closing(&mut state) => return Ok(()),
+                changed = resolved.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+            let now = resolved
+                .borrow_and_update()
+                .as_ref()
+                .and_then(|r| r.view.as_ref().ok().map(|view| view.bytes.clone()));
+            let Some(now) = now else { continue };
+            if last.as_ref() == Some(&now) {
+                continue;
+            }
+            last = Some(now);
+            if context.sink().notify_tool_list_changed().await.is_err() {
+                return Ok(());
+            }
+        }
     }
 
     fn get_info(&self) -> InitializeResult {
-        let info = InitializeResult::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tool_list_changed()
-                .build(),
-        )
-        .with_server_info(Implementation::new("psych", env!("CARGO_PKG_VERSION")));
-        // What is known now, without waiting for any upstream server.
+        // What is known now, without waiting for any upstream server: also the baseline
+        // of the session's `list_changed` watcher.
         let view = self.shared.latest();
-        let text = view
-            .as_deref()
-            .map(|view| view.surface.client_instructions());
+        let info = info(view.as_deref());
         *self.shown.lock().unwrap_or_else(PoisonError::into_inner) = view;
-        match text {
-            Some(text) => info.with_instructions(text),
-            None => info,
-        }
+        info
     }
 }
 
-/// `tools/list` and `tools/call` are answered as raw JSON, over stdio and streamable HTTP
-/// alike: the tool definitions and the upstream's result exactly as stored (unknown fields
-/// and block types kept, which rmcp's typed `CallToolResult` would drop or refuse); the rest
-/// is rmcp's [`ServerHandler`].
-struct Gateway(Session);
-
-impl Service<RoleServer> for Gateway {
-    async fn handle_request(
-        &self,
-        request: ClientRequest,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ServerResult, ErrorData> {
-        match request {
-            ClientRequest::ListToolsRequest(_) => Ok(ServerResult::CustomResult(CustomResult(
-                self.0.listing().await?,
-            ))),
-            ClientRequest::CallToolRequest(request) => Ok(ServerResult::CustomResult(
-                CustomResult(self.0.call_or_cancel(request.params, &context).await?),
-            )),
-            other => Service::handle_request(&self.0, other, context).await,
-        }
-    }
-
-    async fn handle_notification(
-        &self,
-        notification: ClientNotification,
-        context: NotificationContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
-        Service::handle_notification(&self.0, notification, context).await
-    }
-
-    fn get_info(&self) -> InitializeResult {
-        ServerHandler::get_info(&self.0)
+/// The gateway's `initialize` and `server/discover` answer for the Surface of `view`:
+/// tools with `list_changed`, Psych's name and version, and the deferred servers' lines as
+/// the instructions (none before the first resolution).
+fn info(view: Option<&View>) -> InitializeResult {
+    let info = InitializeResult::new(
+        ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .build(),
+    )
+    .with_server_info(Implementation::new("psych", env!("CARGO_PKG_VERSION")));
+    match view {
+        Some(view) => info.with_instructions(view.surface.client_instructions()),
+        None => info,
     }
 }
 
@@ -1533,10 +1533,11 @@ async fn serve_stdio(shared: Arc<Shared>) -> Result<(), ServeError> {
     let session = Session::open(Arc::clone(&shared)).map_err(ServeError::Session)?;
     let mut state = shared.state.subscribe();
     let running = tokio::select! {
-        // Psych's own transport: rmcp's leaves a line it cannot parse unanswered.
-        running = Gateway(session).serve(stdio::StdioTransport::new(
-            tokio::io::stdin(),
-            tokio::io::stdout(),
+        // Psych's own transport (rmcp's leaves a line it cannot parse unanswered), with
+        // the raw answers put in place of their placeholders.
+        running = session.serve(raw::RawTransport::new(
+            stdio::StdioTransport::new(tokio::io::stdin(), tokio::io::stdout()),
+            Arc::clone(&shared.raw),
         )) => {
             running.map_err(|e| ServeError::Stdio(Box::new(e)))?
         }
@@ -1594,7 +1595,14 @@ async fn serve_http(
     use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 
     let raw = Arc::clone(&shared.raw);
-    let config = StreamableHttpServerConfig::default();
+    let answers = Arc::clone(&shared.raw);
+    // MCP 2026-07-28's per-request answers as one JSON body when nothing (progress) comes
+    // before the result. With tokens every request is authorized, so the Host check
+    // against DNS rebinding (loopback names only) gives way to the operator's own names.
+    let mut config = StreamableHttpServerConfig::default().with_json_response(true);
+    if shared.tokens.is_some() {
+        config = config.disable_allowed_hosts();
+    }
     // Cancelling it ends every session rmcp serves (their workers and event streams).
     let sessions = config.cancellation_token.clone();
     let factory = Arc::clone(&shared);
@@ -1609,6 +1617,7 @@ async fn serve_http(
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         let rmcp = rmcp.clone();
         let tokens = tokens.clone();
+        let answers = Arc::clone(&answers);
         async move {
             if let Some(tokens) = &tokens {
                 let header = request
@@ -1623,7 +1632,14 @@ async fn serve_http(
                     None => return Ok::<_, std::convert::Infallible>(unauthorized()),
                 }
             }
-            Ok(rmcp.handle(request).await)
+            // A request of MCP 2026-07-28 (its `Mcp-Method` header) is served without a
+            // session, so its answer is patched here rather than by a session transport.
+            let per_request = request.headers().contains_key("mcp-method");
+            let response = rmcp.handle(request).await;
+            if per_request {
+                return Ok(raw::raw_http(answers, response).await);
+            }
+            Ok(response)
         }
     });
     let mut state = shared.state.subscribe();

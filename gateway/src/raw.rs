@@ -1,24 +1,23 @@
-//! Raw JSON answers over streamable HTTP.
+//! Raw JSON answers, over stdio and streamable HTTP, in every revision.
 //!
-//! rmcp's HTTP server serves only a [`ServerHandler`](rmcp::ServerHandler), whose
-//! `tools/list` and `tools/call` answers are rmcp's typed results: a block type rmcp does
-//! not model would be refused and an unknown field dropped, where stdio passes the
-//! upstream's JSON through as it was sent. So over HTTP the handler answers with a typed
-//! placeholder whose `_meta` carries a key into [`RawAnswers`], and the session's transport
-//! ([`RawSessions`] wraps rmcp's session manager, [`RawTransport`] its transport) puts the
-//! raw JSON in its place on the way out.
+//! rmcp serves only a [`ServerHandler`](rmcp::ServerHandler), whose `tools/list` and
+//! `tools/call` answers are rmcp's typed results: a block type rmcp does not model would be
+//! refused and an unknown field dropped. So the handler answers with a typed placeholder
+//! whose `_meta` carries a key into [`RawAnswers`], rmcp does its protocol work on the
+//! placeholder (MCP 2026-07-28's `resultType`, `ttlMs` and `cacheScope`, or none of them
+//! for an earlier revision), and on the way out the raw JSON takes the placeholder's place
+//! with those protocol fields copied onto it ([`merged`]):
 //!
-//! This covers every client of an HTTP session (the initialize lifecycle: protocol
-//! versions up to 2025-11-25). rmcp 3.11 answers a request that negotiates per request
-//! (2026-07-28's discover lifecycle) through a one-shot transport of its own, with no
-//! session manager and no hook between the handler's typed result and the bytes sent
-//! (its event store sees each message only by reference): such a client would get the
-//! typed placeholder itself. So the gateway does not serve that lifecycle: the session
-//! handler supports the revisions with `initialize` only and answers `server/discover` as
-//! not found, and a 2026-07-28 client falls back to `initialize`, getting a session whose
-//! transport is wrapped here.
+//! - over stdio and in an HTTP session (the `initialize` lifecycle), by the transport:
+//!   [`RawTransport`] around psych's stdio transport, and around each session's transport
+//!   ([`RawSessions`] wraps rmcp's session manager);
+//! - for a request of MCP 2026-07-28 over HTTP, which rmcp answers without a session
+//!   through a one-shot transport of its own (no hook between the handler's typed result
+//!   and the bytes sent), by [`raw_http`] on the HTTP response rmcp made: the one missing
+//!   piece of rmcp 3.11 for a gateway that must pass results through untouched.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -74,8 +73,9 @@ impl RawAnswers {
             .insert(RAW_KEY.to_owned(), Value::from(key));
     }
 
-    /// Puts the raw answer in place of `message`'s result when it is a marked placeholder.
-    fn swap(&self, message: &mut ServerJsonRpcMessage) {
+    /// Puts the raw answer in place of `message`'s result when it is a marked placeholder,
+    /// with the protocol fields rmcp gave the placeholder ([`merged`]).
+    pub(super) fn swap(&self, message: &mut ServerJsonRpcMessage) {
         let JsonRpcMessage::Response(response) = message else {
             return;
         };
@@ -87,15 +87,73 @@ impl RawAnswers {
         let Some(key) = meta.and_then(|m| m.0.get(RAW_KEY)).and_then(Value::as_u64) else {
             return;
         };
-        let raw = self
-            .waiting
+        let Some(raw) = self.take(key) else {
+            return;
+        };
+        let placeholder = serde_json::to_value(&response.result).unwrap_or(Value::Null);
+        response.result = ServerResult::CustomResult(CustomResult(merged(&placeholder, raw)));
+    }
+
+    /// Puts the raw answer in place of the `result` of `message` (a JSON-RPC response as
+    /// JSON, as rmcp encoded it) when it is a marked placeholder; says whether it did.
+    pub(super) fn swap_json(&self, message: &mut Value) -> bool {
+        let Some(result) = message.get_mut("result") else {
+            return false;
+        };
+        let Some(key) = result
+            .get("_meta")
+            .and_then(|meta| meta.get(RAW_KEY))
+            .and_then(Value::as_u64)
+        else {
+            return false;
+        };
+        let Some(raw) = self.take(key) else {
+            return false;
+        };
+        *result = merged(result, raw);
+        true
+    }
+
+    fn take(&self, key: u64) -> Option<Value> {
+        self.waiting
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key);
-        if let Some(raw) = raw {
-            response.result = ServerResult::CustomResult(CustomResult(raw));
+            .remove(&key)
+    }
+}
+
+/// The protocol fields a placeholder result carries and the raw answer must too: what rmcp
+/// adds for the revision the client speaks (2026-07-28's `resultType`, and `ttlMs` and
+/// `cacheScope` on a listing; none for earlier revisions, whose results rmcp strips of
+/// them).
+const PROTOCOL_FIELDS: [&str; 3] = ["resultType", "ttlMs", "cacheScope"];
+
+/// `raw` with `placeholder`'s protocol fields ([`PROTOCOL_FIELDS`]) and its `_meta` keys
+/// (the server's identity rmcp adds, say) but the raw key; the raw answer's own fields and
+/// `_meta` keys are kept otherwise.
+fn merged(placeholder: &Value, mut raw: Value) -> Value {
+    let Some(object) = raw.as_object_mut() else {
+        return raw;
+    };
+    for field in PROTOCOL_FIELDS {
+        if let Some(value) = placeholder.get(field) {
+            object.insert(field.to_owned(), value.clone());
         }
     }
+    if let Some(Value::Object(meta)) = placeholder.get("_meta") {
+        let extra: Vec<(&String, &Value)> = meta.iter().filter(|(k, _)| *k != RAW_KEY).collect();
+        if !extra.is_empty() {
+            let target = object
+                .entry("_meta")
+                .or_insert_with(|| Value::Object(serde_json::Map::new()));
+            if let Value::Object(target) = target {
+                for (key, value) in extra {
+                    target.insert(key.clone(), value.clone());
+                }
+            }
+        }
+    }
+    raw
 }
 
 /// rmcp's [`LocalSessionManager`] with each session's transport wrapped in a
@@ -120,6 +178,13 @@ impl RawSessions {
 pub(super) struct RawTransport<T> {
     inner: T,
     raw: Arc<RawAnswers>,
+}
+
+impl<T> RawTransport<T> {
+    /// `inner` with its placeholders answered from `raw`.
+    pub(super) fn new(inner: T, raw: Arc<RawAnswers>) -> Self {
+        Self { inner, raw }
+    }
 }
 
 impl<T: Transport<RoleServer>> Transport<RoleServer> for RawTransport<T> {
@@ -282,4 +347,65 @@ mod tests {
         assert_eq!(waiting.len(), MAX_WAITING);
         assert!(!waiting.contains_key(&0), "the oldest was forgotten");
     }
+}
+
+/// An HTTP body as rmcp's streamable HTTP service answers.
+pub(super) type HttpBody = http_body_util::combinators::BoxBody<hyper::body::Bytes, Infallible>;
+
+/// Puts raw answers in place of their placeholders in an HTTP response of rmcp's
+/// per-request path (MCP 2026-07-28: no session, so no session transport to wrap), whose
+/// answer rmcp encodes itself: a JSON body is read whole, patched and encoded again; an
+/// event stream is patched event by event as it flows (a call's progress first, then its
+/// result), its other events passed on as they were.
+///
+/// Memory: the JSON body is the gateway's own answer to one request (a listing, or a
+/// result elision let through, under its threshold; see [`MAX_WAITING`]), never a peer's.
+pub(super) async fn raw_http(
+    raw: Arc<RawAnswers>,
+    response: hyper::Response<HttpBody>,
+) -> hyper::Response<HttpBody> {
+    use futures_util::StreamExt;
+    use http_body_util::BodyExt;
+
+    let kind = response
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let (mut parts, body) = response.into_parts();
+    if kind.starts_with("application/json") {
+        let Ok(collected) = body.collect().await;
+        let bytes = collected.to_bytes();
+        let mut message = serde_json::from_slice::<Value>(&bytes).ok();
+        let swapped = message.as_mut().is_some_and(|m| raw.swap_json(m));
+        let body = match message {
+            Some(message) if swapped => {
+                parts.headers.remove(hyper::header::CONTENT_LENGTH);
+                hyper::body::Bytes::from(message.to_string())
+            }
+            _ => bytes,
+        };
+        return hyper::Response::from_parts(parts, http_body_util::Full::new(body).boxed());
+    }
+    if kind.starts_with("text/event-stream") {
+        let events = sse_stream::SseStream::new(body).filter_map(move |event| {
+            // What cannot be read as an event is left out (rmcp wrote the stream, so this
+            // does not happen).
+            std::future::ready(event.ok().map(|event| Ok(patched(&raw, event))))
+        });
+        return hyper::Response::from_parts(parts, sse_stream::SseBody::new(events).boxed());
+    }
+    hyper::Response::from_parts(parts, body)
+}
+
+/// `event` with the raw answer in place of its placeholder, when it carries one.
+fn patched(raw: &RawAnswers, mut event: sse_stream::Sse) -> sse_stream::Sse {
+    if let Some(data) = &event.data
+        && let Ok(mut message) = serde_json::from_str::<Value>(data)
+        && raw.swap_json(&mut message)
+    {
+        event.data = Some(message.to_string());
+    }
+    event
 }
