@@ -288,67 +288,6 @@ impl SessionManager for RawSessions {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rmcp::model::{CallToolResult, ContentBlock, JsonRpcResponse, NumberOrString};
-    use serde_json::json;
-
-    fn response(result: ServerResult) -> ServerJsonRpcMessage {
-        JsonRpcMessage::Response(JsonRpcResponse {
-            jsonrpc: Default::default(),
-            id: NumberOrString::Number(7),
-            result,
-        })
-    }
-
-    #[test]
-    fn a_marked_placeholder_is_sent_as_its_raw_answer_once() {
-        let raw = RawAnswers::default();
-        let answer = json!({"content": [{"type": "widget", "x": 1}], "extra": true});
-        let mut placeholder = CallToolResult::success(vec![ContentBlock::text("typed")]);
-        raw.stash(answer.clone(), &mut placeholder.meta);
-        let mut message = response(ServerResult::CallToolResult(placeholder.clone()));
-        raw.swap(&mut message);
-        assert_eq!(
-            serde_json::to_value(&message).unwrap()["result"],
-            answer,
-            "the raw answer, byte for byte"
-        );
-        // Taken once: the same placeholder again goes out typed.
-        let mut again = response(ServerResult::CallToolResult(placeholder));
-        raw.swap(&mut again);
-        assert!(matches!(
-            again,
-            JsonRpcMessage::Response(JsonRpcResponse {
-                result: ServerResult::CallToolResult(_),
-                ..
-            })
-        ));
-        // An unmarked result is left alone.
-        let plain = CallToolResult::success(vec![ContentBlock::text("plain")]);
-        let mut message = response(ServerResult::CallToolResult(plain.clone()));
-        raw.swap(&mut message);
-        assert_eq!(
-            serde_json::to_value(&message).unwrap(),
-            serde_json::to_value(response(ServerResult::CallToolResult(plain))).unwrap()
-        );
-    }
-
-    #[test]
-    fn waiting_answers_are_bounded_oldest_first() {
-        let raw = RawAnswers::default();
-        let mut first = None;
-        raw.stash(json!(0), &mut first);
-        for n in 1..=MAX_WAITING {
-            raw.stash(json!(n), &mut None);
-        }
-        let waiting = raw.waiting.lock().unwrap();
-        assert_eq!(waiting.len(), MAX_WAITING);
-        assert!(!waiting.contains_key(&0), "the oldest was forgotten");
-    }
-}
-
 /// An HTTP body as rmcp's streamable HTTP service answers.
 pub(super) type HttpBody = http_body_util::combinators::BoxBody<hyper::body::Bytes, Infallible>;
 
@@ -408,4 +347,65 @@ fn patched(raw: &RawAnswers, mut event: sse_stream::Sse) -> sse_stream::Sse {
         event.data = Some(message.to_string());
     }
     event
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::{CallToolResult, ContentBlock, JsonRpcResponse, NumberOrString};
+    use serde_json::json;
+
+    fn response(result: ServerResult) -> ServerJsonRpcMessage {
+        JsonRpcMessage::Response(JsonRpcResponse {
+            jsonrpc: Default::default(),
+            id: NumberOrString::Number(7),
+            result,
+        })
+    }
+
+    #[test]
+    fn a_marked_placeholder_is_sent_as_its_raw_answer_once() {
+        let raw = RawAnswers::default();
+        let answer = json!({"content": [{"type": "widget", "x": 1}], "extra": true});
+        let mut placeholder = CallToolResult::success(vec![ContentBlock::text("typed")]);
+        raw.stash(answer.clone(), &mut placeholder.meta);
+        let mut message = response(ServerResult::CallToolResult(placeholder.clone()));
+        raw.swap(&mut message);
+        assert_eq!(
+            serde_json::to_value(&message).unwrap()["result"],
+            answer,
+            "the raw answer, byte for byte"
+        );
+        // Taken once: the same placeholder again goes out typed.
+        let mut again = response(ServerResult::CallToolResult(placeholder));
+        raw.swap(&mut again);
+        assert!(matches!(
+            again,
+            JsonRpcMessage::Response(JsonRpcResponse {
+                result: ServerResult::CallToolResult(_),
+                ..
+            })
+        ));
+        // An unmarked result is left alone.
+        let plain = CallToolResult::success(vec![ContentBlock::text("plain")]);
+        let mut message = response(ServerResult::CallToolResult(plain.clone()));
+        raw.swap(&mut message);
+        assert_eq!(
+            serde_json::to_value(&message).unwrap(),
+            serde_json::to_value(response(ServerResult::CallToolResult(plain))).unwrap()
+        );
+    }
+
+    #[test]
+    fn waiting_answers_are_bounded_oldest_first() {
+        let raw = RawAnswers::default();
+        let mut first = None;
+        raw.stash(json!(0), &mut first);
+        for n in 1..=MAX_WAITING {
+            raw.stash(json!(n), &mut None);
+        }
+        let waiting = raw.waiting.lock().unwrap();
+        assert_eq!(waiting.len(), MAX_WAITING);
+        assert!(!waiting.contains_key(&0), "the oldest was forgotten");
+    }
 }
