@@ -149,7 +149,9 @@ enum Command {
         http: Option<std::net::SocketAddr>,
         /// With `--http`: every request must present `Authorization: Bearer TOKEN` with a
         /// token of this file, which names its identity: {"identities": {"alice":
-        /// {"tokens": ["sha256:HEX"]}}} (`psych serve-token NAME` makes one). Without it,
+        /// {"tokens": ["sha256:HEX"], "allowTools": {"server": ["tool"], "other": "*"}}}}
+        /// (`psych serve-token NAME` makes a token; `allowTools`, optional, narrows the
+        /// identity's grant to the servers and tools it names). Without it,
         /// every HTTP client is the one identity `loopback`; over stdio the client is
         /// `stdio`.
         #[arg(long, value_name = "FILE", requires = "http")]
@@ -159,10 +161,10 @@ enum Command {
         dir: PathBuf,
         /// Days an identity's results are kept (whole log segments; a handle of a deleted
         /// one answers that it expired).
-        #[arg(long, value_name = "DAYS", default_value_t = 7)]
+        #[arg(long, value_name = "DAYS", default_value_t = 7, value_parser = clap::value_parser!(u64).range(1..))]
         retain_days: u64,
         /// MiB of results kept per identity, the oldest segments deleted first.
-        #[arg(long, value_name = "MIB", default_value_t = 1024)]
+        #[arg(long, value_name = "MIB", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
         retain_mib: u64,
         /// Estimated tokens the tool definitions of the servers with preload `auto` (the
         /// default) share in the listing; the servers that do not fit are deferred.

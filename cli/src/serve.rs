@@ -128,7 +128,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
 pub(crate) fn token(name: &str) -> Result<u8, String> {
     let (token, digest) = psych_gateway::new_token().map_err(|e| crate::reason::chain(&e))?;
     // Checked as the file will check it, so the entry printed loads.
-    let entry = format!(r#"{{"identities": {{"{name}": {{"tokens": ["{digest}"]}}}}}}"#);
+    let entry = serde_json::json!({"identities": {name: {"tokens": [digest]}}}).to_string();
     Tokens::parse(&entry).map_err(|e| crate::reason::chain(&e))?;
     eprintln!("psych serve-token: give the client the token below; put in the tokens file:");
     eprintln!("  {entry}");

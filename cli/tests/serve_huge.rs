@@ -138,11 +138,14 @@ async fn results_of_200_mib_and_1_gib_are_previewed_logged_whole_and_read_back()
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());
     let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
+        // Room for both results: past the default 1 GiB per identity, retention would
+        // delete the older one's segment once the live one rotates.
         c.arg("serve")
             .arg("--config")
             .arg(&config)
             .arg("--dir")
             .arg(dir.path())
+            .args(["--retain-mib", "4096"])
             .stderr(std::process::Stdio::null());
     }))
     .unwrap();

@@ -3,7 +3,8 @@
 //! handle minted on one session reads back on a later session of the same identity and
 //! after the gateway restarts on the same `--dir`; another identity's handle is
 //! `invalid_deferred_handle`; a handle whose segment retention deleted answers that it
-//! expired; `psych serve-token` makes a token the file accepts.
+//! expired; an identity whose entry narrows its grant lists and calls only what it allows;
+//! `psych serve-token` makes a token the file accepts.
 
 #![allow(
     clippy::unwrap_used,
@@ -208,11 +209,13 @@ async fn a_handle_is_its_identitys_on_any_connection_and_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (alice, alice_digest) = token("alice");
     let (bob, bob_digest) = token("bob");
+    let (carol, carol_digest) = token("carol");
     std::fs::write(
         dir.path().join("tokens.json"),
         json!({"identities": {
             "alice": {"tokens": [alice_digest]},
             "bob": {"tokens": [bob_digest]},
+            "carol": {"tokens": [carol_digest], "allowTools": {"up": ["echo"]}},
         }})
         .to_string(),
     )
@@ -251,6 +254,39 @@ async fn a_handle_is_its_identitys_on_any_connection_and_after_a_restart() {
     let again = read(&later, &handle).await.unwrap();
     assert!(text(&again).contains(LINE), "{}", text(&again));
 
+    // An identity whose entry narrows its grant lists only what it may call, and is
+    // refused the rest at call time.
+    let narrow = connect(&url, &carol).await;
+    let names = |tools: &[rmcp::model::Tool]| -> Vec<String> {
+        tools.iter().map(|t| t.name.to_string()).collect()
+    };
+    let carols = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let listed = names(&narrow.list_all_tools().await.unwrap());
+            if listed.iter().any(|n| n == "up__echo") {
+                return listed;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("carol's upstream is listed");
+    assert!(!carols.iter().any(|n| n == "up__large"), "{carols:?}");
+    let refused = call(&narrow, "up__large", json!({"bytes": 10}))
+        .await
+        .unwrap();
+    assert_eq!(refused.is_error, Some(true), "{}", text(&refused));
+    let echoed = call(&narrow, "up__echo", json!({"text": "narrow"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&echoed), "narrow");
+    assert!(
+        names(&later.list_all_tools().await.unwrap())
+            .iter()
+            .any(|n| n == "up__large")
+    );
+    narrow.cancel().await.unwrap();
+
     // Another identity's handle is refused, as one never minted is.
     let other = connect(&url, &bob).await;
     let refused = read(&other, &handle).await.unwrap_err();
@@ -275,9 +311,18 @@ async fn a_handle_is_its_identitys_on_any_connection_and_after_a_restart() {
     restarted.cancel().await.unwrap();
     gateway.stop().await;
 
-    // A gateway keeping nothing (0 MiB) deletes the segments at start: the handle answers
+    // A gateway keeping 1 MiB per identity deletes the oldest segments at start until
+    // alice's fit (her segments hold more: a 2 MB result besides): the handle answers
     // that it expired, as a failed result the model can act on.
-    let (_gateway, url) = start(dir.path(), &["--retain-mib", "0"]).await;
+    let (gateway, url) = start(dir.path(), &[]).await;
+    let more = connect(&url, &alice).await;
+    let big = call(&more, "up__large", json!({"bytes": 2_000_000}))
+        .await
+        .unwrap();
+    assert_ne!(big.is_error, Some(true));
+    more.cancel().await.unwrap();
+    gateway.stop().await;
+    let (_gateway, url) = start(dir.path(), &["--retain-mib", "1"]).await;
     let swept = connect(&url, &alice).await;
     let expired = read(&swept, &handle).await.unwrap();
     assert_eq!(expired.is_error, Some(true));

@@ -120,8 +120,8 @@ use psych_types::{
 };
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, DiscoverResult, ErrorCode,
-    ErrorData, Implementation, InitializeResult, ListToolsResult, PaginatedRequestParams,
-    RequestMetaObject, ResultType, ServerCapabilities, SubscriptionFilter,
+    ErrorData, Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, RequestMetaObject, ResultType, ServerCapabilities, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
 use rmcp::{RoleServer, ServerHandler, ServiceExt};
@@ -158,7 +158,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 /// holds it no longer than this.
 pub const SESSION_IDLE: Duration = Duration::from_secs(300);
 
-/// The code of the JSON-RPC error answering a handle this session never emitted.
+/// The code of the JSON-RPC error answering a handle the caller's identity never had (one
+/// never minted, or another identity's).
 pub const INVALID_DEFERRED_HANDLE: &str = "invalid_deferred_handle";
 
 /// What a call the client cancelled is answered with, and how its logged result begins.
@@ -197,6 +198,51 @@ struct View {
 struct Resolved {
     at: u64,
     view: Result<Arc<View>, String>,
+}
+
+/// The Surface as one grant sees it: what it is resolved from, and its resolver's
+/// publications. The file's grant has one lane; each identity whose tokens entry narrows
+/// it (`allowTools`) has its own, so its listing is its own and stable.
+struct Lane {
+    basis: Arc<Basis>,
+    /// The catalogue's change count (see [`Catalog::changes`]).
+    changes: watch::Receiver<u64>,
+    /// The resolver's latest [`Resolved`].
+    resolved: watch::Receiver<Option<Arc<Resolved>>>,
+}
+
+impl Lane {
+    /// The Surface as the catalogue is *now*: waits (without blocking a worker) until the
+    /// resolver has resolved every catalogue change made before this call, which is at
+    /// most one resolution, shared with every session waiting for it. So permission is
+    /// checked against the catalogues as they were when the call came, not as they were at
+    /// the last listing.
+    async fn current(&self) -> Result<Arc<View>, ErrorData> {
+        let at = *self.changes.borrow();
+        let mut resolved = self.resolved.clone();
+        let view = resolved
+            .wait_for(|r| r.as_ref().is_some_and(|r| r.at >= at))
+            .await
+            .map_err(|_| ErrorData::internal_error("the gateway is shutting down", None))?
+            .as_ref()
+            .map(|r| r.view.clone());
+        match view {
+            Some(Ok(view)) => Ok(view),
+            Some(Err(error)) => Err(ErrorData::internal_error(error, None)),
+            None => Err(ErrorData::internal_error(
+                "the tool surface is not resolved yet",
+                None,
+            )),
+        }
+    }
+
+    /// The last Surface resolved, without waiting: what `initialize` answers from.
+    fn latest(&self) -> Option<Arc<View>> {
+        self.resolved
+            .borrow()
+            .as_ref()
+            .and_then(|r| r.view.as_ref().ok().cloned())
+    }
 }
 
 impl Basis {
@@ -291,7 +337,12 @@ impl Drop for SessionSlot {
 /// catalogue kept fresh from them, elision's settings, and the gateway's state.
 struct Shared {
     manager: McpManager,
-    basis: Arc<Basis>,
+    /// The file's grant's lane: every identity's but those the tokens file narrows.
+    lane: Arc<Lane>,
+    /// The lanes of the identities whose tokens entry narrows the grant.
+    narrowed: BTreeMap<String, Arc<Lane>>,
+    /// The reader's limits: the `read_tool_output` definition listed, and every log's.
+    limits: Limits,
     elider: Elider<SharedEstimator>,
     /// `<dir>/serve/`: a folder per identity ([`tenant`]).
     logs: PathBuf,
@@ -303,10 +354,6 @@ struct Shared {
     default_identity: &'static str,
     /// Over HTTP, the tokens a request must present (`None`: no authorization, loopback).
     tokens: Option<Arc<Tokens>>,
-    /// The catalogue's change count (see [`Catalog::changes`]).
-    changes: watch::Receiver<u64>,
-    /// The resolver's latest [`Resolved`].
-    resolved: watch::Receiver<Option<Arc<Resolved>>>,
     state: watch::Sender<Gauge>,
     /// The most sessions open at once (`None`: no cap, stdio's one session).
     max_sessions: Option<usize>,
@@ -324,45 +371,15 @@ fn client_tools(surface: &Surface, limits: &psych_reader_tool::Limits) -> Vec<To
 }
 
 impl Shared {
-    /// The Surface as the catalogue is *now*: waits (without blocking a worker) until the
-    /// resolver has resolved every catalogue change made before this call, which is at
-    /// most one resolution, shared with every session waiting for it. So permission is
-    /// checked against the catalogues as they were when the call came, not as they were at
-    /// the last listing.
-    async fn current(&self) -> Result<Arc<View>, ErrorData> {
-        let at = *self.changes.borrow();
-        let mut resolved = self.resolved.clone();
-        let view = resolved
-            .wait_for(|r| r.as_ref().is_some_and(|r| r.at >= at))
-            .await
-            .map_err(|_| ErrorData::internal_error("the gateway is shutting down", None))?
-            .as_ref()
-            .map(|r| r.view.clone());
-        match view {
-            Some(Ok(view)) => Ok(view),
-            Some(Err(error)) => Err(ErrorData::internal_error(error, None)),
-            None => Err(ErrorData::internal_error(
-                "the tool surface is not resolved yet",
-                None,
-            )),
-        }
-    }
-
-    /// The last Surface resolved, without waiting: what `initialize` answers from.
-    fn latest(&self) -> Option<Arc<View>> {
-        self.resolved
-            .borrow()
-            .as_ref()
-            .and_then(|r| r.view.as_ref().ok().cloned())
-    }
-
     /// The part of the gateway of the identity `name`, made on its first request. No I/O:
     /// its folder and log are made on its first call.
     fn tenant(&self, name: &str) -> Arc<Tenant> {
         let mut tenants = self.tenants.lock().unwrap_or_else(PoisonError::into_inner);
         let tenant = tenants.entry(name.to_owned()).or_insert_with(|| {
             let dir = self.logs.join(name);
+            let lane = Arc::clone(self.narrowed.get(name).unwrap_or(&self.lane));
             Arc::new(Tenant {
+                lane,
                 archive: Arc::new(tenant::Kept::new(dir.clone(), self.retention)),
                 dir,
                 log: Mutex::new(None),
@@ -475,6 +492,8 @@ type LogOpening = watch::Receiver<Option<Result<Arc<SessionLog>, String>>>;
 /// opened on its first call, the archive its handles of other segments are read from, and
 /// its calls counted (each call's id in the log).
 struct Tenant {
+    /// The Surface as the identity's grant sees it.
+    lane: Arc<Lane>,
     /// `<dir>/serve/<identity>/`.
     dir: PathBuf,
     /// The opening of the live segment, once the first call started it
@@ -569,10 +588,13 @@ impl Tenant {
                 }
                 Ok(log)
             }
-            Some(Err(error)) => Err(ErrorData::internal_error(
-                format!("the identity's record log: {error}"),
-                None,
-            )),
+            Some(Err(error)) => {
+                self.forget(&opening);
+                Err(ErrorData::internal_error(
+                    format!("the identity's record log: {error}"),
+                    None,
+                ))
+            }
             None => Err(ErrorData::internal_error(
                 "the identity's record log is not open",
                 None,
@@ -580,23 +602,22 @@ impl Tenant {
         }
     }
 
-    /// Starts the task that opens the identity's log: what [`Session::executor`] awaits.
+    /// Starts the task that opens the identity's log: what [`Tenant::executor`] awaits.
     /// The task runs to its end whoever waits for it; if the session is gone by then, the
     /// log it opened is dropped with it (and its empty file removed).
     fn open_log(&self, shared: &Shared) -> LogOpening {
         let (published, opening) = watch::channel(None);
         let logs = self.dir.clone();
         let manager = shared.manager.clone();
-        let limits = shared.basis.limits.clone();
+        let limits = shared.limits.clone();
         let estimator = Arc::clone(shared.elider.estimator());
         let archive: Arc<dyn Archive> = self.archive.clone();
         tokio::spawn(async move {
             // No fdatasync per call: measured, it was most of a proxied call's added
             // latency (a call 2.1 ms through the gateway against 0.24 ms direct; one
-            // write+fdatasync on that disk about 3 ms). The log is the session's own: its
-            // handles are read back only by this session, which ends with this process,
-            // so a record needs to survive the process being killed (the OS page cache
-            // does that), not a power loss.
+            // write+fdatasync on that disk about 3 ms). A record survives the process
+            // being killed and a restart (the OS page cache holds it), not a power loss:
+            // the README says so.
             let opened = tokio::task::spawn_blocking(move || {
                 let run = tenant::fresh_run()?;
                 create_private_dir(&logs).map_err(|e| e.to_string())?;
@@ -619,8 +640,8 @@ impl Tenant {
     }
 
     /// Starts a fresh segment in place of the one `full` opened (unless another call did
-    /// already), and sweeps the identity folders: the full segment's calls in flight end
-    /// in it, and its handles stay readable through the archive until retention removes it.
+    /// already): the full segment's calls in flight end in it, and its handles stay
+    /// readable through the archive until retention (the next sweep) removes it.
     fn rotate(&self, shared: &Shared, full: &LogOpening) {
         let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
         if log
@@ -628,8 +649,18 @@ impl Tenant {
             .is_some_and(|current| current.same_channel(full))
         {
             *log = Some(self.open_log(shared));
-            let (logs, retention) = (shared.logs.clone(), shared.retention);
-            tokio::task::spawn_blocking(move || tenant::sweep(&logs, retention));
+        }
+    }
+
+    /// Forgets the opening `failed` (unless another call replaced it already), so the
+    /// next call opens the log again rather than failing for good.
+    fn forget(&self, failed: &LogOpening) {
+        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        if log
+            .as_ref()
+            .is_some_and(|current| current.same_channel(failed))
+        {
+            *log = None;
         }
     }
 }
@@ -675,9 +706,20 @@ impl Session {
         }
     }
 
-    /// The `tools/list` result, as JSON.
-    async fn listing(&self) -> Result<Value, ErrorData> {
-        Ok(self.shared.current().await?.listing.clone())
+    /// The lane of the session's identity when it is bound, else of the gateway's default
+    /// identity: what `initialize` answers from (its request binds the identity first).
+    fn lane(&self) -> Arc<Lane> {
+        let bound = self.tenant.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*bound {
+            Some((_, tenant)) => Arc::clone(&tenant.lane),
+            None => Arc::clone(&self.shared.lane),
+        }
+    }
+
+    /// The `tools/list` result for the identity of `context`, as JSON.
+    async fn listing(&self, context: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
+        let tenant = self.tenant(context)?;
+        Ok(tenant.lane.current().await?.listing.clone())
     }
 
     /// One `tools/call`: through the executor, which carries the call's progress sink to
@@ -706,12 +748,12 @@ impl Session {
             peer: context.peer.clone(),
             token,
         });
-        let view = self.shared.current().await?;
         let tenant = self.tenant(context)?;
+        let view = tenant.lane.current().await?;
         let log = tenant.executor(&self.shared).await?;
         let executor = &log.executor;
         let live = Live {
-            grant: &self.shared.basis.grant,
+            grant: &tenant.lane.basis.grant,
             catalogs: &view.catalogs,
         };
         let n = tenant.calls.next();
@@ -897,13 +939,14 @@ impl Session {
     /// catalogue), never by a timer; compares the listing's bytes with what the client
     /// last saw, starting from what it was shown at `initialize`.
     fn watch(&self, peer: Peer<RoleServer>) {
-        let mut resolved = self.shared.resolved.clone();
+        let lane = self.lane();
+        let mut resolved = lane.resolved.clone();
         let shown = self
             .shown
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
-            .or_else(|| self.shared.latest());
+            .or_else(|| lane.latest());
         let task = tokio::spawn(async move {
             let mut last = shown;
             while resolved.changed().await.is_ok() {
@@ -969,9 +1012,9 @@ impl ServerHandler for Session {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let raw = self.listing().await?;
+        let raw = self.listing(&context).await?;
         let mut typed: ListToolsResult = serde_json::from_value(raw.clone())
             .map_err(|e| ErrorData::internal_error(format!("encoding the listing: {e}"), None))?;
         // Complete, as every answer of the gateway's: rmcp strips it for a client of an
@@ -998,6 +1041,18 @@ impl ServerHandler for Session {
         Ok(CallToolResponse::from(typed))
     }
 
+    /// Binds the session to the identity of its `initialize` request first, so the
+    /// `instructions` are that identity's.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        self.tenant(&context)?;
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         self.watch(context.peer);
     }
@@ -1008,9 +1063,9 @@ impl ServerHandler for Session {
     /// change as servers connect).
     async fn discover(
         &self,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<DiscoverResult, ErrorData> {
-        let view = self.shared.latest();
+        let view = self.tenant(&context)?.lane.latest();
         Ok(DiscoverResult::from_server_info(
             ServerHandler::supported_protocol_versions(self).into_owned(),
             info(view.as_deref()),
@@ -1035,8 +1090,9 @@ impl ServerHandler for Session {
     /// (so by the catalogue), never by a timer. Ends when the client closes it, and
     /// gracefully (the final result) when the gateway shuts down.
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
-        let mut resolved = self.shared.resolved.clone();
-        let mut last = self.shared.latest().map(|view| view.bytes.clone());
+        let lane = Arc::clone(&self.tenant(context.request_context())?.lane);
+        let mut resolved = lane.resolved.clone();
+        let mut last = lane.latest().map(|view| view.bytes.clone());
         let mut state = self.shared.state.subscribe();
         loop {
             tokio::select! {
@@ -1066,7 +1122,7 @@ impl ServerHandler for Session {
     fn get_info(&self) -> InitializeResult {
         // What is known now, without waiting for any upstream server: also the baseline
         // of the session's `list_changed` watcher.
-        let view = self.shared.latest();
+        let view = self.lane().latest();
         let info = info(view.as_deref());
         *self.shown.lock().unwrap_or_else(PoisonError::into_inner) = view;
         info
@@ -1102,9 +1158,10 @@ pub enum Listener {
     /// must not wait for that thread when it drops its runtime (use
     /// `Runtime::shutdown_timeout`, as `psych serve` does), or it waits for the client.
     Stdio,
-    /// Streamable HTTP at `/mcp` on a listener the caller bound (on a loopback address:
-    /// the gateway has no authentication), one session per client, at most
-    /// [`GatewaySettings::max_sessions`] at once.
+    /// Streamable HTTP at `/mcp` on a listener the caller bound (on a loopback address,
+    /// unless [`GatewaySettings::tokens`] authorizes every request): a session per client
+    /// that initializes, each request of MCP 2026-07-28 served alone, at most
+    /// [`GatewaySettings::max_sessions`] of either at once.
     Http(tokio::net::TcpListener),
 }
 
@@ -1211,8 +1268,8 @@ impl GatewaySettings {
 
     /// Keeps each identity's results for `retention` (default [`DEFAULT_RETAIN`] and
     /// [`DEFAULT_RETAIN_BYTES`]): whole log segments past either limit are deleted at
-    /// start, hourly and when a segment rotates, and their handles answer that they
-    /// expired.
+    /// start and hourly, and their handles answer that they expired. A live segment
+    /// rotates at an eighth of the size limit (at most 256 MiB).
     #[must_use]
     pub fn retention(mut self, retention: Retention) -> Self {
         self.retention = retention;
@@ -1297,6 +1354,18 @@ pub enum ServeError {
     /// The file's grant is malformed (an `allowTools` that is not a list of tool names).
     #[error("the grant of the MCP config")]
     Grant(#[source] psych_mcp::ConfigError),
+    /// An identity's `allowTools` in the tokens file names a server the MCP config does
+    /// not grant.
+    #[error(
+        "the tokens file: identity {identity:?} allows tools of server {server:?}, which the \
+         MCP config does not grant"
+    )]
+    IdentityGrant {
+        /// The identity.
+        identity: String,
+        /// The server.
+        server: String,
+    },
     /// A folder under the gateway's `dir` could not be created.
     #[error("cannot create {}", path.display())]
     CreateDir {
@@ -1318,7 +1387,8 @@ pub enum ServeError {
     /// A blocking task of the start (creating the catalogue) panicked or was cancelled.
     #[error("a task starting the gateway did not finish")]
     Task(#[source] tokio::task::JoinError),
-    /// The HTTP listener is not on a loopback address: the gateway has no authentication.
+    /// The HTTP listener is not on a loopback address and there are no tokens
+    /// ([`GatewaySettings::tokens`]) to authorize its requests.
     #[error("{0} is not a loopback address")]
     NotLoopback(SocketAddr),
     /// Accepting a connection, or reading the listener's address, failed.
@@ -1432,21 +1502,47 @@ pub async fn serve(
         connecting,
         ..
     } = CatalogSync::start_connecting(&manager, catalog, fresh).map_err(ServeError::Freshener)?;
-    let basis = Arc::new(Basis {
-        catalog: freshener.catalog().clone(),
-        connections,
-        grant,
-        settings: disclosure,
-        limits: Limits::default(),
-        surfaces: Mutex::new(SurfaceCache::new(settings.estimator.clone())),
-    });
-    let (published, resolved) = watch::channel(None);
+    let limits = Limits::default();
     let mut tasks = JoinSet::new();
-    tasks.spawn(resolver(Arc::clone(&basis), published));
-    // Retention: at start, then hourly (and at each rotation), off the async workers.
+    // One lane (a resolver and its cache) per grant: the file's, and each narrowed one.
+    let mut lane = |grant: PermissionGrant| {
+        let basis = Arc::new(Basis {
+            catalog: freshener.catalog().clone(),
+            connections: connections.clone(),
+            grant,
+            settings: disclosure.clone(),
+            limits: limits.clone(),
+            surfaces: Mutex::new(SurfaceCache::new(settings.estimator.clone())),
+        });
+        let (published, resolved) = watch::channel(None);
+        tasks.spawn(resolver(Arc::clone(&basis), published));
+        Arc::new(Lane {
+            changes: basis.catalog.changes(),
+            basis,
+            resolved,
+        })
+    };
+    let mut narrowed = BTreeMap::new();
+    if let Some(tokens) = &settings.tokens {
+        for (identity, narrowing) in tokens.narrowings() {
+            let grant = narrow(&grant, narrowing).map_err(|server| ServeError::IdentityGrant {
+                identity: identity.to_owned(),
+                server,
+            })?;
+            narrowed.insert(identity.to_owned(), lane(grant));
+        }
+    }
+    let lane = lane(grant);
+    // Retention: at start, before any request (so no handle of a segment due for
+    // deletion is read first), then hourly; off the async workers.
     let (logs, retention) = (settings.logs(), settings.retention);
+    let first = logs.clone();
+    tokio::task::spawn_blocking(move || tenant::sweep(&first, retention))
+        .await
+        .map_err(ServeError::Task)?;
     tasks.spawn(async move {
-        let mut hourly = tokio::time::interval(SWEEP_EVERY);
+        let start = tokio::time::Instant::now() + SWEEP_EVERY;
+        let mut hourly = tokio::time::interval_at(start, SWEEP_EVERY);
         loop {
             hourly.tick().await;
             let logs = logs.clone();
@@ -1462,8 +1558,9 @@ pub async fn serve(
     let http = matches!(listener, Listener::Http(_));
     let shared = Arc::new(Shared {
         manager: manager.clone(),
-        changes: basis.catalog.changes(),
-        basis,
+        lane,
+        narrowed,
+        limits,
         elider: Elider::builder()
             .estimator(settings.estimator.clone())
             .build(),
@@ -1472,13 +1569,15 @@ pub async fn serve(
         tenants: Mutex::default(),
         default_identity: if http { "loopback" } else { "stdio" },
         tokens: settings.tokens.clone(),
-        resolved,
         state: watch::Sender::new(Gauge::default()),
         max_sessions: http.then_some(settings.max_sessions),
         raw: Arc::default(),
     });
-    // The first resolution, of whatever the catalogue holds now (most likely nothing).
-    let _ = shared.resolved.clone().wait_for(Option::is_some).await;
+    // The first resolution of every lane, of whatever the catalogue holds now (most
+    // likely nothing).
+    for lane in std::iter::once(&shared.lane).chain(shared.narrowed.values()) {
+        let _ = lane.resolved.clone().wait_for(Option::is_some).await;
+    }
     if let Some(ready) = settings.ready {
         ready();
     }
@@ -1557,6 +1656,45 @@ async fn serve_stdio(shared: Arc<Shared>) -> Result<(), ServeError> {
     waiting.await.map(|_| ()).map_err(ServeError::StdioTask)
 }
 
+/// `grant` narrowed to what an identity's tokens entry allows (`allowTools`): only the
+/// servers it names, each to the tools both grant (`"*"`: all the file grants).
+///
+/// # Errors
+///
+/// The name of a server the entry names that the file does not grant, or that is no
+/// server name.
+fn narrow(
+    grant: &PermissionGrant,
+    narrowing: &tokens::Narrowing,
+) -> Result<PermissionGrant, String> {
+    use psych_types::{ServerId, ToolName, ToolScope};
+    let mut narrowed = PermissionGrant::none();
+    for (server, tools) in narrowing {
+        let id = ServerId::new(server.clone()).map_err(|_| server.clone())?;
+        let Some(scope) = grant.scope(&id) else {
+            return Err(server.clone());
+        };
+        let scope = match (scope, tools) {
+            (scope, None) => scope.clone(),
+            (ToolScope::All, Some(tools)) => ToolScope::Only(
+                tools
+                    .iter()
+                    .filter_map(|t| ToolName::new(t.clone()).ok())
+                    .collect(),
+            ),
+            (ToolScope::Only(set), Some(tools)) => ToolScope::Only(
+                set.iter()
+                    .filter(|t| tools.iter().any(|n| n == t.as_str()))
+                    .cloned()
+                    .collect(),
+            ),
+            (other, Some(_)) => other.clone(),
+        };
+        narrowed = narrowed.allow_scope(id, scope);
+    }
+    Ok(narrowed)
+}
+
 /// The answer to an HTTP request without a known bearer token.
 fn unauthorized() -> hyper::Response<
     http_body_util::combinators::BoxBody<hyper::body::Bytes, std::convert::Infallible>,
@@ -1632,9 +1770,11 @@ async fn serve_http(
                     None => return Ok::<_, std::convert::Infallible>(unauthorized()),
                 }
             }
-            // A request of MCP 2026-07-28 (its `Mcp-Method` header) is served without a
-            // session, so its answer is patched here rather than by a session transport.
-            let per_request = request.headers().contains_key("mcp-method");
+            // A POST outside a session (MCP 2026-07-28's requests, whether or not they
+            // carry its headers; and `initialize`, which has nothing to patch) is answered
+            // without a session transport, so its answer is patched here.
+            let per_request = request.method() == hyper::Method::POST
+                && !request.headers().contains_key("mcp-session-id");
             let response = rmcp.handle(request).await;
             if per_request {
                 return Ok(raw::raw_http(answers, response).await);

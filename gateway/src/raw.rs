@@ -128,15 +128,18 @@ impl RawAnswers {
 /// them).
 const PROTOCOL_FIELDS: [&str; 3] = ["resultType", "ttlMs", "cacheScope"];
 
-/// `raw` with `placeholder`'s protocol fields ([`PROTOCOL_FIELDS`]) and its `_meta` keys
-/// (the server's identity rmcp adds, say) but the raw key; the raw answer's own fields and
-/// `_meta` keys are kept otherwise.
+/// `raw` with `placeholder`'s protocol fields ([`PROTOCOL_FIELDS`]) it does not have itself,
+/// and the placeholder's `_meta` keys (the server's identity rmcp adds, say) but the raw
+/// key; the raw answer's own fields and `_meta` keys are kept otherwise.
 fn merged(placeholder: &Value, mut raw: Value) -> Value {
     let Some(object) = raw.as_object_mut() else {
         return raw;
     };
     for field in PROTOCOL_FIELDS {
-        if let Some(value) = placeholder.get(field) {
+        // The raw answer's own value wins (an upstream's `input_required`, say).
+        if let Some(value) = placeholder.get(field)
+            && !object.contains_key(field)
+        {
             object.insert(field.to_owned(), value.clone());
         }
     }
@@ -328,25 +331,84 @@ pub(super) async fn raw_http(
         return hyper::Response::from_parts(parts, http_body_util::Full::new(body).boxed());
     }
     if kind.starts_with("text/event-stream") {
-        let events = sse_stream::SseStream::new(body).filter_map(move |event| {
-            // What cannot be read as an event is left out (rmcp wrote the stream, so this
-            // does not happen).
-            std::future::ready(event.ok().map(|event| Ok(patched(&raw, event))))
-        });
-        return hyper::Response::from_parts(parts, sse_stream::SseBody::new(events).boxed());
+        // Patched event by event at the byte level: every other line of the stream (ids,
+        // retry hints, rmcp's keep-alive comments) passes as it was written, when written.
+        let chunks = futures_util::stream::unfold(
+            (body.into_data_stream(), Vec::new(), false),
+            move |(mut data, mut pending, mut ended)| {
+                let raw = Arc::clone(&raw);
+                async move {
+                    loop {
+                        if let Some(end) = memchr::memmem::find(&pending, b"\n\n") {
+                            let rest = pending.split_off(end + 2);
+                            let event = std::mem::replace(&mut pending, rest);
+                            let out = patched_event(&raw, event);
+                            return Some((
+                                Ok(hyper::body::Frame::data(out)),
+                                (data, pending, ended),
+                            ));
+                        }
+                        if ended {
+                            if pending.is_empty() {
+                                return None;
+                            }
+                            let out = hyper::body::Bytes::from(std::mem::take(&mut pending));
+                            return Some((
+                                Ok(hyper::body::Frame::data(out)),
+                                (data, pending, ended),
+                            ));
+                        }
+                        match data.next().await {
+                            Some(Ok(chunk)) => pending.extend_from_slice(&chunk),
+                            Some(Err(never)) => match never {},
+                            None => ended = true,
+                        }
+                    }
+                }
+            },
+        );
+        return hyper::Response::from_parts(parts, http_body_util::StreamBody::new(chunks).boxed());
     }
     hyper::Response::from_parts(parts, body)
 }
 
-/// `event` with the raw answer in place of its placeholder, when it carries one.
-fn patched(raw: &RawAnswers, mut event: sse_stream::Sse) -> sse_stream::Sse {
-    if let Some(data) = &event.data
-        && let Ok(mut message) = serde_json::from_str::<Value>(data)
-        && raw.swap_json(&mut message)
-    {
-        event.data = Some(message.to_string());
+/// One server-sent event (its lines and the blank line ending it), with the raw answer in
+/// place of its placeholder when its data is one.
+fn patched_event(raw: &RawAnswers, event: Vec<u8>) -> hyper::body::Bytes {
+    let Ok(text) = std::str::from_utf8(&event) else {
+        return event.into();
+    };
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|value| value.strip_prefix(' ').unwrap_or(value))
+        .collect();
+    if data.is_empty() {
+        return event.into();
     }
-    event
+    let Ok(mut message) = serde_json::from_str::<Value>(&data.join("\n")) else {
+        return event.into();
+    };
+    if !raw.swap_json(&mut message) {
+        return event.into();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut written = false;
+    for line in text.lines() {
+        if line.starts_with("data:") {
+            if !written {
+                out.push_str("data: ");
+                out.push_str(&message.to_string());
+                out.push('\n');
+                written = true;
+            }
+        } else if !line.is_empty() {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push('\n');
+    out.into()
 }
 
 #[cfg(test)]
@@ -368,6 +430,8 @@ mod tests {
         let raw = RawAnswers::default();
         let answer = json!({"content": [{"type": "widget", "x": 1}], "extra": true});
         let mut placeholder = CallToolResult::success(vec![ContentBlock::text("typed")]);
+        // As rmcp sends it to a client of a revision before 2026-07-28: no resultType.
+        placeholder.result_type = None;
         raw.stash(answer.clone(), &mut placeholder.meta);
         let mut message = response(ServerResult::CallToolResult(placeholder.clone()));
         raw.swap(&mut message);
@@ -394,6 +458,55 @@ mod tests {
             serde_json::to_value(&message).unwrap(),
             serde_json::to_value(response(ServerResult::CallToolResult(plain))).unwrap()
         );
+    }
+
+    #[test]
+    fn the_raw_answer_takes_the_protocol_fields_it_lacks() {
+        let raw = RawAnswers::default();
+        let placeholder = |raw: &RawAnswers, answer: Value| {
+            let mut typed = CallToolResult::success(vec![ContentBlock::text("typed")]);
+            raw.stash(answer, &mut typed.meta);
+            let mut message = response(ServerResult::CallToolResult(typed));
+            raw.swap(&mut message);
+            serde_json::to_value(&message).unwrap()["result"].clone()
+        };
+        let got = placeholder(&raw, json!({"content": [], "extra": 1}));
+        assert_eq!(
+            got,
+            json!({"content": [], "extra": 1, "resultType": "complete"})
+        );
+        let got = placeholder(&raw, json!({"resultType": "input_required"}));
+        assert_eq!(
+            got,
+            json!({"resultType": "input_required"}),
+            "the raw answer's own wins"
+        );
+    }
+
+    #[test]
+    fn an_event_stream_is_patched_event_by_event_and_the_rest_kept() {
+        let raw = RawAnswers::default();
+        let mut meta = None;
+        raw.stash(json!({"content": [{"type": "widget"}]}), &mut meta);
+        let key = meta.unwrap().0[RAW_KEY].clone();
+        let placeholder =
+            json!({"jsonrpc": "2.0", "id": 1, "result": {"content": [], "_meta": {RAW_KEY: key}}});
+        let event = format!("id: 0\nevent: message\ndata: {placeholder}\n\n");
+        let out = patched_event(&raw, event.into_bytes());
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            "id: 0\nevent: message\ndata: {\"id\":1,\"jsonrpc\":\"2.0\",\"result\":{\"content\":[{\"type\":\"widget\"}]}}\n\n"
+        );
+        for other in [
+            ":\n\n",
+            "data: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n\n",
+            "retry: 5\n\n",
+        ] {
+            assert_eq!(
+                &patched_event(&raw, other.as_bytes().to_vec())[..],
+                other.as_bytes()
+            );
+        }
     }
 
     #[test]

@@ -18,8 +18,10 @@
 //! (locked by its process) is never deleted. Each deleted run is recorded in the folder's
 //! `expired` file, so a handle of it is answered as expired (a failed result saying to
 //! call the tool again), not as a handle never minted. The live segment rotates when it
-//! reaches an eighth of the size limit (at most 256 MiB), so a long-running gateway's
-//! results age out too.
+//! reaches an eighth of the size limit (at most 256 MiB), so a busy long-running gateway's
+//! results age out too; a quiet identity's live segment (below that size) stays until the
+//! process ends, past the age limit if the process runs that long. Sweeps run at start and
+//! hourly.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -238,6 +240,11 @@ fn sweep_identity(dir: &Path, retention: Retention, now: SystemTime, swept: &mut
                 .strip_suffix(".plog")?
                 .to_owned();
             let meta = entry.metadata().ok()?;
+            // Created and not yet locked by its writer (the record log locks a new file
+            // before it writes its header): never a candidate.
+            if meta.len() == 0 {
+                return None;
+            }
             Some(Segment {
                 path,
                 run,
@@ -281,7 +288,9 @@ fn delete_unless_written(path: &Path) -> bool {
 }
 
 /// Appends `runs` to `dir`'s `expired` file, cut to its newer half when it grew past
-/// [`MAX_EXPIRED_BYTES`].
+/// [`MAX_EXPIRED_BYTES`] (written to a new file renamed over it, so a reader never sees
+/// it half written; a run another process appends between the read and the rename is
+/// lost, and its handle reads as never minted).
 fn record_expired(dir: &Path, runs: &[String]) {
     let path = dir.join("expired");
     if std::fs::metadata(&path).is_ok_and(|m| m.len() > MAX_EXPIRED_BYTES)
@@ -289,7 +298,10 @@ fn record_expired(dir: &Path, runs: &[String]) {
     {
         let lines: Vec<&str> = text.lines().collect();
         let kept = lines[lines.len() / 2..].join("\n");
-        let _ = std::fs::write(&path, format!("{kept}\n"));
+        let fresh = dir.join(format!("expired.{}", std::process::id()));
+        if std::fs::write(&fresh, format!("{kept}\n")).is_ok() {
+            let _ = std::fs::rename(&fresh, &path);
+        }
     }
     if let Ok(mut file) = std::fs::OpenOptions::new()
         .create(true)
@@ -358,8 +370,16 @@ mod tests {
                 log.append(&result(&"x".repeat(10_000)))
                     .unwrap_or_else(|e| panic!("{e}")),
             );
-            // Distinct modification times, oldest first.
-            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Distinct modification times, oldest first, whatever the file system's clock.
+        for n in 0..3u64 {
+            let path = RecordLog::path_for(&dir, &handles[n as usize].run);
+            let file = std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap_or_else(|e| panic!("{e}"));
+            file.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + n))
+                .unwrap_or_else(|e| panic!("{e}"));
         }
         // The newest is being written.
         let (_writer, _) = RecordLog::open(

@@ -4,15 +4,22 @@
 //! tokens themselves are never stored):
 //!
 //! ```json
-//! {"identities": {"alice": {"tokens": ["sha256:9f86d081884c7d65..."]}}}
+//! {"identities": {
+//!   "alice": {"tokens": ["sha256:9f86d081884c7d65..."]},
+//!   "ci": {"tokens": ["sha256:..."], "allowTools": {"github": ["get_issue"], "fs": "*"}}
+//! }}
 //! ```
+//!
+//! An identity with `allowTools` is granted only the servers it names, each to the tools
+//! it lists that the MCP config grants too (`"*"`: all of them); its listing is its own.
+//! One without is granted what the config grants.
 //!
 //! [`new_token`] makes a token and its digest (`psych serve-token NAME`). A token is 256
 //! random bits, so its digest needs no salt and a lookup by digest leaks nothing useful
 //! through timing: what a timing difference could reveal is a prefix of a digest, not of a
 //! token.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -29,7 +36,12 @@ pub const RESERVED_IDENTITIES: [&str; 2] = ["stdio", "loopback"];
 #[derive(Debug, Clone, Default)]
 pub struct Tokens {
     by_digest: HashMap<[u8; 32], String>,
+    narrowings: BTreeMap<String, Narrowing>,
 }
+
+/// What an identity's `allowTools` allows: per server, its tools (`None`: all the MCP
+/// config grants).
+pub(crate) type Narrowing = BTreeMap<String, Option<Vec<String>>>;
 
 /// Why a tokens file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +75,16 @@ pub enum TokensError {
         /// Whose.
         identity: String,
     },
+    /// An `allowTools` names a server or a tool by a name no server or tool can have.
+    #[error(
+        "the tokens file: identity {identity:?} allows {name:?}, which is no server or tool name"
+    )]
+    AllowTools {
+        /// Whose.
+        identity: String,
+        /// The name.
+        name: String,
+    },
     /// Two identities share a token.
     #[error("the tokens file: identities {0:?} and {1:?} share a token")]
     Shared(String, String),
@@ -84,6 +106,23 @@ struct File {
 #[serde(deny_unknown_fields)]
 struct Entry {
     tokens: Vec<String>,
+    #[serde(rename = "allowTools")]
+    allow_tools: Option<BTreeMap<String, Allowed>>,
+}
+
+/// One server's tools in an `allowTools`: a list, or `"*"`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Allowed {
+    Tools(Vec<String>),
+    All(Star),
+}
+
+/// The string `"*"`.
+#[derive(Deserialize)]
+enum Star {
+    #[serde(rename = "*")]
+    Star,
 }
 
 impl Tokens {
@@ -110,6 +149,7 @@ impl Tokens {
     pub fn parse(text: &str) -> Result<Self, TokensError> {
         let file: File = serde_json::from_str(text).map_err(TokensError::Shape)?;
         let mut by_digest = HashMap::new();
+        let mut narrowings = BTreeMap::new();
         for (name, entry) in file.identities {
             if !crate::tenant::valid_identity(&name) || RESERVED_IDENTITIES.contains(&name.as_str())
             {
@@ -125,11 +165,22 @@ impl Tokens {
                     return Err(TokensError::Shared(other, name));
                 }
             }
+            if let Some(allowed) = entry.allow_tools {
+                narrowings.insert(name.clone(), narrowing(&name, allowed)?);
+            }
         }
         if by_digest.is_empty() {
             return Err(TokensError::Empty);
         }
-        Ok(Self { by_digest })
+        Ok(Self {
+            by_digest,
+            narrowings,
+        })
+    }
+
+    /// Each identity whose entry narrows its grant, with what it allows.
+    pub(crate) fn narrowings(&self) -> impl Iterator<Item = (&str, &Narrowing)> {
+        self.narrowings.iter().map(|(name, n)| (name.as_str(), n))
     }
 
     /// The identity `token` presents, if it is one of the file's.
@@ -147,6 +198,29 @@ impl Tokens {
         }
         self.identify(token.trim())
     }
+}
+
+/// `allowed` as a [`Narrowing`], every name checked.
+fn narrowing(identity: &str, allowed: BTreeMap<String, Allowed>) -> Result<Narrowing, TokensError> {
+    let bad = |name: &str| TokensError::AllowTools {
+        identity: identity.to_owned(),
+        name: name.to_owned(),
+    };
+    let mut narrowing = Narrowing::new();
+    for (server, tools) in allowed {
+        psych_types::ServerId::new(server.clone()).map_err(|_| bad(&server))?;
+        let tools = match tools {
+            Allowed::All(Star::Star) => None,
+            Allowed::Tools(tools) => {
+                for tool in &tools {
+                    psych_types::ToolName::new(tool.clone()).map_err(|_| bad(tool))?;
+                }
+                Some(tools)
+            }
+        };
+        narrowing.insert(server, tools);
+    }
+    Ok(narrowing)
 }
 
 /// `sha256:` and 64 hex digits, as the 32 bytes.
@@ -213,6 +287,21 @@ mod tests {
     }
 
     #[test]
+    fn an_identity_may_narrow_its_grant() {
+        let digest = token_digest("x");
+        let tokens = Tokens::parse(&format!(
+            r#"{{"identities": {{"a": {{"tokens": ["{digest}"], "allowTools": {{"gh": ["get_issue"], "fs": "*"}}}}}}}}"#
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let narrowings: Vec<_> = tokens.narrowings().collect();
+        assert_eq!(narrowings.len(), 1);
+        let (name, narrowing) = narrowings[0];
+        assert_eq!(name, "a");
+        assert_eq!(narrowing["gh"], Some(vec!["get_issue".to_owned()]));
+        assert_eq!(narrowing["fs"], None);
+    }
+
+    #[test]
     fn bad_files_are_refused_saying_why() {
         let digest = token_digest("x");
         for (text, why) in [
@@ -238,8 +327,18 @@ mod tests {
             ),
             (
                 &format!(
-                    r#"{{"identities": {{"a": {{"tokens": ["{digest}"], "allowTools": {{}}}}}}}}"#
+                    r#"{{"identities": {{"a": {{"tokens": ["{digest}"], "allowTools": {{"s": "all"}}}}}}}}"#
                 ),
+                "not {",
+            ),
+            (
+                &format!(
+                    r#"{{"identities": {{"a": {{"tokens": ["{digest}"], "allowTools": {{"s": ["a b"]}}}}}}}}"#
+                ),
+                "no server or tool name",
+            ),
+            (
+                &format!(r#"{{"identities": {{"a": {{"tokens": ["{digest}"], "grant": {{}}}}}}}}"#),
                 "not {",
             ),
         ] {
