@@ -73,6 +73,10 @@ pub(crate) const REPLIES_PER_SECOND: u32 = 16;
 /// The read buffer: a pipe's default capacity, so one read takes what a writer can queue.
 const READ_BUFFER: usize = 64 * 1024;
 
+/// How long closing waits to write out what is still queued (the rest of a message whose
+/// send was dropped) before it gives up on a client that does not read.
+const CLOSE_WITHIN: Duration = Duration::from_secs(2);
+
 /// A write queue's buffer is given back when it grew past this once written.
 const KEEP_QUEUE: usize = 1024 * 1024;
 
@@ -264,11 +268,23 @@ where
         }
     }
 
+    /// Writes out what is queued, within [`CLOSE_WITHIN`], and closes the writer (at once
+    /// if it was written out; else when the transport and its sends are dropped).
     async fn close(&mut self) -> Result<(), Self::Error> {
-        let mut out = self.out.lock().await;
-        let drained = out.drain().await;
-        out.writer = None;
-        drained
+        let closing = async {
+            let mut out = self.out.lock().await;
+            let drained = out.drain().await;
+            out.writer = None;
+            drained
+        };
+        tokio::time::timeout(CLOSE_WITHIN, closing)
+            .await
+            .unwrap_or_else(|_| {
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the stdio client did not read what was left to write",
+                ))
+            })
     }
 }
 
@@ -680,6 +696,31 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
             answers.last().unwrap()["error"]["data"],
             json!({"unanswered": 5})
         );
+    }
+
+    /// Closing gives up within its bound on a client that reads nothing, with the rest of
+    /// a dropped send still queued (rmcp closes the transport as the service ends).
+    #[tokio::test]
+    async fn closing_gives_up_on_a_client_that_does_not_read() {
+        let (reader, _input) = tokio::io::duplex(64);
+        let (writer, _output) = tokio::io::duplex(64);
+        let mut transport = StdioTransport::new(reader, writer);
+        let message = ServerJsonRpcMessage::error(
+            ErrorData::internal_error("x".repeat(1024), None),
+            Some(RequestId::Number(1)),
+        );
+        {
+            let mut send = pin!(transport.send(message));
+            assert!(poll_up_to(&mut send, 2).await.is_none(), "the pipe is full");
+        }
+        assert!(
+            transport.out.lock().await.queue.len() > 64,
+            "the rest is queued"
+        );
+        let started = Instant::now();
+        let closed = transport.close().await;
+        assert_eq!(closed.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < CLOSE_WITHIN + Duration::from_secs(1));
     }
 
     /// Line `i` of `len` bytes: a `tools/call` whose argument pads it to `len` when that
