@@ -1688,7 +1688,6 @@ fn narrow(
                     .cloned()
                     .collect(),
             ),
-            (other, Some(_)) => other.clone(),
         };
         narrowed = narrowed.allow_scope(id, scope);
     }
@@ -1845,10 +1844,16 @@ mod tests {
             surfaces: Mutex::new(SurfaceCache::new(Arc::new(Estimator::new()))),
         });
         let (_, resolved) = watch::channel(None);
-        Arc::new(Shared {
-            manager,
+        let lane = Arc::new(Lane {
             changes: basis.catalog.changes(),
             basis,
+            resolved,
+        });
+        Arc::new(Shared {
+            manager,
+            lane,
+            narrowed: BTreeMap::new(),
+            limits: Limits::default(),
             elider: Elider::builder()
                 .estimator(Arc::new(Estimator::new()) as SharedEstimator)
                 .build(),
@@ -1857,7 +1862,6 @@ mod tests {
             tenants: Mutex::default(),
             default_identity: "stdio",
             tokens: None,
-            resolved,
             state: watch::Sender::new(Gauge::default()),
             max_sessions: None,
             raw: Arc::default(),

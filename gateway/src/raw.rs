@@ -367,7 +367,10 @@ pub(super) async fn raw_http(
                 }
             },
         );
-        return hyper::Response::from_parts(parts, http_body_util::StreamBody::new(chunks).boxed());
+        return hyper::Response::from_parts(
+            parts,
+            BodyExt::boxed(http_body_util::StreamBody::new(chunks)),
+        );
     }
     hyper::Response::from_parts(parts, body)
 }
