@@ -390,22 +390,26 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     );
     session.cancel().await.unwrap();
 
-    // Every result is in the stdio identity's log, whole.
+    // Every result is in the stdio identity's log, whole: in one segment or more (a
+    // segment rotates at an eighth of the retention limit, 128 MiB by default).
     let serve = dir.path().join("serve/stdio");
-    let logs: Vec<_> = std::fs::read_dir(&serve)
+    let segments: Vec<psych_record_log::RecordLog> = std::fs::read_dir(&serve)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|x| x == "plog"))
+        .map(|path| {
+            let run = psych_types::RunId::new(path.file_stem().unwrap().to_str().unwrap()).unwrap();
+            psych_record_log::RecordLog::open_read_only(&serve, &run)
+                .unwrap()
+                .0
+        })
         .collect();
-    let [log] = logs.as_slice() else {
-        panic!("one session log: {logs:?}");
-    };
-    let run = psych_types::RunId::new(log.file_stem().unwrap().to_str().unwrap()).unwrap();
-    let (log, _) = psych_record_log::RecordLog::open_read_only(&serve, &run).unwrap();
+    assert!(!segments.is_empty(), "the identity's log is there");
     let mut logged: BTreeMap<usize, usize> = BTreeMap::new();
     let mut mixed = 0usize;
     let mut bad_utf8: BTreeMap<usize, usize> = BTreeMap::new();
     let mut refused = 0usize;
-    for record in log.iter() {
+    for record in segments.iter().flat_map(|log| log.iter()) {
         let psych_types::Record::ToolResult(result) = record.unwrap().record else {
             continue;
         };
