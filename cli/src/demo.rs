@@ -281,7 +281,7 @@ async fn open_run(
         .clock(|| NOW)
         .open()
         .await
-        .map_err(|e| format!("opening the Run: {e}"))
+        .map_err(|e| format!("opening the Run: {}", crate::reason::chain(&e)))
 }
 
 /// Plays one turn on every side in step, printing the first side's steps and every side's
@@ -303,7 +303,7 @@ async fn play(
             .run
             .user(user)
             .await
-            .map_err(|e| format!("turn {turn}: {e}"))?;
+            .map_err(|e| format!("turn {turn}: {}", crate::reason::chain(&e)))?;
         requests.push(request);
     }
     if let Some(surface) = sides.first().and_then(|s| s.run.surface()) {
@@ -359,16 +359,14 @@ async fn play(
         let mut done = 0;
         for (side, reply) in sides.iter_mut().zip(replies) {
             let before = side.run.history().len() as u64;
-            let next = side
-                .run
-                .reply(reply)
-                .await
-                .map_err(|e| format!("turn {turn}, step {step}: {e}"))?;
+            let next =
+                side.run.reply(reply).await.map_err(|e| {
+                    format!("turn {turn}, step {step}: {}", crate::reason::chain(&e))
+                })?;
             if side.name == "anthropic" {
-                let logged = side
-                    .run
-                    .records(before)
-                    .map_err(|e| format!("turn {turn}, step {step}: {e}"))?;
+                let logged = side.run.records(before).map_err(|e| {
+                    format!("turn {turn}, step {step}: {}", crate::reason::chain(&e))
+                })?;
                 print_results(&logged);
             }
             match next {

@@ -48,14 +48,7 @@ fn collapse(text: &str) -> String {
 
 /// `error` and each of its sources, `: ` between them: a typed error as one line.
 pub(crate) fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    psych_types::error_chain(error)
 }
 
 #[cfg(test)]

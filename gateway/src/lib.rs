@@ -821,7 +821,12 @@ impl Session {
                     Some(json!({ "code": INVALID_DEFERRED_HANDLE })),
                 ));
             }
-            Err(error) => return Err(ErrorData::internal_error(error.to_string(), None)),
+            Err(error) => {
+                return Err(ErrorData::internal_error(
+                    psych_types::error_chain(&error),
+                    None,
+                ));
+            }
         };
         // The logged record is ours: its output is moved to the client, not copied.
         let Some(LoggedRecord {

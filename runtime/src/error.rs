@@ -14,12 +14,12 @@ pub enum ExecuteError {
     InvalidDeferredHandle(#[from] InvalidHandle),
     /// The log refused the step's results (I/O, a poisoned group); none of them is
     /// acknowledged.
-    #[error("logging the step's results: {0}")]
+    #[error("logging the step's results")]
     Append(#[from] psych_record_log::AppendError),
     /// The task running one call (a forwarded call, a read) panicked or was cancelled: a
     /// bug in the host or in psych. The call is logged as a failed result saying so, with
     /// the step's other results.
-    #[error("the call {call} ({name}) did not finish: {source}")]
+    #[error("the call {call} ({name}) did not finish")]
     Panicked {
         /// The call.
         call: ToolCallId,
@@ -39,11 +39,11 @@ pub enum ExecuteError {
     Task(#[from] tokio::task::JoinError),
 }
 
-/// `errors` on one line, `; ` between them.
+/// `errors` on one line, each with its sources, `; ` between them.
 fn joined(errors: &[ExecuteError]) -> String {
     errors
         .iter()
-        .map(ToString::to_string)
+        .map(|error| psych_types::error_chain(error))
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -53,16 +53,16 @@ fn joined(errors: &[ExecuteError]) -> String {
 #[non_exhaustive]
 pub enum RunError {
     /// The Run's log could not be opened (see the record log's `OpenError`).
-    #[error("opening the run's log: {0}")]
+    #[error("opening the run's log")]
     Open(#[from] psych_record_log::OpenError),
     /// A record of the reopened log could not be read back.
-    #[error("reading the run's log: {0}")]
+    #[error("reading the run's log")]
     Read(#[from] psych_record_log::ReadError),
     /// A user message, an assistant message, usage or a repair result could not be logged.
-    #[error("appending to the run's log: {0}")]
+    #[error("appending to the run's log")]
     Append(#[from] psych_record_log::AppendError),
     /// The catalogue could not be read when the turn was resolved or a call re-checked.
-    #[error("reading the catalogue: {0}")]
+    #[error("reading the catalogue")]
     Catalog(#[from] psych_catalog::CatalogError),
     /// The settings leave no room in the tool cap for the tools the Run adds to every
     /// Surface ([`EXECUTOR_TOOLS`](crate::EXECUTOR_TOOLS), reserved on top of the caller's
@@ -71,11 +71,11 @@ pub enum RunError {
     Settings(#[from] psych_disclosure::SettingsError),
     /// Disclosure refused the turn's inputs (two connections for one server, a catalogue
     /// listing a tool twice).
-    #[error("resolving the tool surface: {0}")]
+    #[error("resolving the tool surface")]
     Resolve(#[from] psych_disclosure::ResolveError),
     /// The history could not be assembled, or the prompt rendered for the provider chosen
     /// (a log no real Run writes, a surface the provider refuses).
-    #[error("assembling the request: {0}")]
+    #[error("assembling the request")]
     Assemble(#[from] psych_prompt_assembly::Error),
     /// A step's calls could not be executed and logged (see [`ExecuteError`]).
     #[error(transparent)]

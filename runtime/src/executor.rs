@@ -305,7 +305,7 @@ impl<H: ToolHost + 'static> Executor<H> {
                     // A refused read stays without a result (the next assembly answers it
                     // as interrupted); any other failure is logged as the call's result.
                     if !matches!(error, ExecuteError::InvalidDeferredHandle(_)) {
-                        outputs[index] = Some(ToolOutput::error(error.to_string()));
+                        outputs[index] = Some(ToolOutput::error(psych_types::error_chain(&error)));
                     }
                     failures.push((index, error));
                 }

@@ -64,6 +64,7 @@
 
 mod base64;
 mod catalog;
+mod chain;
 mod connection;
 mod history;
 mod id;
@@ -85,6 +86,7 @@ pub use base64::encode as encode_base64;
 pub use catalog::{
     CatalogVersion, Reachability, ServerCatalog, ServerHealth, SyncFailure, SyncStamp, UnixMillis,
 };
+pub use chain::error_chain;
 pub use connection::{ConnectionSpec, PermissionGrant, Preload, ToolScope};
 pub use history::{
     History, HistoryEntry, HistoryItem, OutputAccess, SourceError, StoredRef, StoredResult,
