@@ -150,6 +150,11 @@ pub const SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
 /// loop is refused past it instead of exhausting memory and file descriptors.
 pub const MAX_SESSIONS: usize = 64;
 
+/// The most `subscriptions/listen` streams one identity may hold open at once (each also
+/// holds a session slot while open): one more is refused, so one identity's idle streams
+/// cannot take every slot.
+pub const MAX_LISTENS: usize = 8;
+
 /// How often retention runs while the gateway serves (besides at start and rotation).
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
@@ -384,6 +389,7 @@ impl Shared {
                 dir,
                 log: Mutex::new(None),
                 calls: tenant::Calls::default(),
+                listens: Arc::default(),
             })
         });
         Arc::clone(tenant)
@@ -501,6 +507,30 @@ struct Tenant {
     log: Mutex<Option<LogOpening>>,
     calls: tenant::Calls,
     archive: Arc<tenant::Kept>,
+    /// The identity's `subscriptions/listen` streams open now (at most [`MAX_LISTENS`]).
+    listens: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// An open listen stream, counted until it is dropped.
+struct Listening(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Tenant {
+    /// Counts one more listen stream of the identity, unless [`MAX_LISTENS`] are open.
+    fn listening(&self) -> Option<Listening> {
+        use std::sync::atomic::Ordering;
+        self.listens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < MAX_LISTENS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Listening(Arc::clone(&self.listens)))
+    }
 }
 
 /// One client session: the identity it belongs to, its `list_changed` watcher.
@@ -1095,7 +1125,17 @@ impl ServerHandler for Session {
     /// (so by the catalogue), never by a timer. Ends when the client closes it, and
     /// gracefully (the final result) when the gateway shuts down.
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
-        let lane = Arc::clone(&self.tenant(context.request_context())?.lane);
+        let tenant = self.tenant(context.request_context())?;
+        let Some(_listening) = tenant.listening() else {
+            return Err(ErrorData::invalid_request(
+                format!(
+                    "this identity has {MAX_LISTENS} listen streams open, the most the gateway \
+                     allows: close one first"
+                ),
+                None,
+            ));
+        };
+        let lane = Arc::clone(&tenant.lane);
         let mut resolved = lane.resolved.clone();
         let mut last = lane.latest().map(|view| view.bytes.clone());
         let mut state = self.shared.state.subscribe();
@@ -1897,6 +1937,22 @@ mod tests {
                 assert!(second.is_ok(), "round {round}: {:?}", second.err());
             }
         });
+    }
+
+    /// An identity holds at most [`MAX_LISTENS`] listen streams; a closed one frees its
+    /// place.
+    #[test]
+    fn an_identity_holds_at_most_max_listens_streams() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let shared = shared_without_servers(dir.path().join("serve"));
+        let tenant = shared.tenant("alice");
+        let held: Vec<Listening> = (0..MAX_LISTENS)
+            .map(|_| tenant.listening().unwrap_or_else(|| panic!("a free place")))
+            .collect();
+        assert!(tenant.listening().is_none(), "one more is refused");
+        assert!(shared.tenant("bob").listening().is_some(), "per identity");
+        drop(held);
+        assert!(tenant.listening().is_some());
     }
 
     /// The real catalogues (one github capture), each as the `tools/list` result a client
