@@ -169,22 +169,37 @@ async fn read(session: &Session, handle: &str) -> Result<CallToolResult, String>
 }
 
 /// One `initialize` POST to `url` over a bare TCP stream, with `authorization` when given:
-/// the whole HTTP answer as text.
+/// the HTTP answer's head as text.
 async fn initialize(url: &str, authorization: Option<&str>) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {},
         "clientInfo": {"name": "t", "version": "0"}}})
     .to_string();
+    raw_request(url, "POST", authorization, None, &body).await
+}
+
+/// One `method` request to `url` over a bare TCP stream, with `authorization` and the
+/// session id `session` when given: the HTTP answer's head as text.
+async fn raw_request(
+    url: &str,
+    method: &str,
+    authorization: Option<&str>,
+    session: Option<&str>,
+    body: &str,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest.split_at(rest.find('/').unwrap());
     let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
     let authorization = authorization
         .map(|value| format!("Authorization: {value}\r\n"))
         .unwrap_or_default();
+    let session = session
+        .map(|value| format!("Mcp-Session-Id: {value}\r\n"))
+        .unwrap_or_default();
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
-         Content-Type: application/json\r\n{authorization}\
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Type: application/json\r\n{authorization}{session}\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
@@ -239,6 +254,21 @@ async fn a_handle_is_its_identitys_on_any_connection_and_after_a_restart() {
     let bearer = format!("Bearer {alice}");
     let answer = initialize(&url, Some(&bearer)).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // Alice's session is hers: another identity naming it (to delete it, say) is answered
+    // as if it did not exist, and it is still alice's to delete.
+    let session = answer
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("a session id in {answer}"));
+    let bobs = format!("Bearer {bob}");
+    let answer = raw_request(&url, "DELETE", Some(&bobs), Some(&session), "").await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    let answer = raw_request(&url, "DELETE", Some(&bearer), Some(&session), "").await;
+    assert!(answer.starts_with("HTTP/1.1 20"), "{answer}");
 
     // Minted on one session, read on a later one of the same identity.
     let first = connect(&url, &alice).await;

@@ -1739,6 +1739,55 @@ fn narrow(
     Ok(narrowed)
 }
 
+/// Which identity made each HTTP session (with tokens only): a request naming a session of
+/// another identity is answered as if the session did not exist. Bounded: past
+/// [`MAX_OWNERS`] the oldest entries go (a session closed by idleness leaves its entry
+/// behind until then; one forgotten too early answers 404, and its client starts another).
+#[derive(Debug, Default)]
+struct Owners(Mutex<std::collections::VecDeque<(String, String)>>);
+
+/// How many session owners [`Owners`] remembers.
+const MAX_OWNERS: usize = 4 * MAX_SESSIONS;
+
+impl Owners {
+    fn record(&self, session: &str, identity: String) {
+        let mut owners = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        while owners.len() >= MAX_OWNERS {
+            owners.pop_front();
+        }
+        owners.push_back((session.to_owned(), identity));
+    }
+
+    /// Whether `session` was made by `identity` (a session unknown here is left to rmcp,
+    /// which answers it as unknown).
+    fn owned_by(&self, session: &str, identity: &str) -> bool {
+        let owners = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        owners
+            .iter()
+            .find(|(s, _)| s == session)
+            .is_none_or(|(_, owner)| owner == identity)
+    }
+
+    fn forget(&self, session: &str) {
+        let mut owners = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        owners.retain(|(s, _)| s != session);
+    }
+}
+
+/// The answer to a request naming a session of another identity: as to a session that
+/// does not exist.
+fn not_found_session() -> hyper::Response<raw::HttpBody> {
+    use http_body_util::BodyExt;
+    let mut response = hyper::Response::new(
+        http_body_util::Full::new(hyper::body::Bytes::from_static(
+            b"Not Found: Session not found",
+        ))
+        .boxed(),
+    );
+    *response.status_mut() = hyper::StatusCode::NOT_FOUND;
+    response
+}
+
 /// The answer to an HTTP request without a known bearer token.
 fn unauthorized() -> hyper::Response<
     http_body_util::combinators::BoxBody<hyper::body::Bytes, std::convert::Infallible>,
@@ -1794,13 +1843,17 @@ async fn serve_http(
         config,
     );
     let tokens = shared.tokens.clone();
+    let owners = Arc::new(Owners::default());
     // Authorization first: a request without a known token never reaches rmcp; one with
-    // carries its identity in its extensions, which rmcp hands the handler.
+    // carries its identity in its extensions, which rmcp hands the handler. A request in
+    // a session (its stream, its deletion included) must be the session's identity's.
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         let rmcp = rmcp.clone();
         let tokens = tokens.clone();
         let answers = Arc::clone(&answers);
+        let owners = Arc::clone(&owners);
         async move {
+            let mut identity = None;
             if let Some(tokens) = &tokens {
                 let header = request
                     .headers()
@@ -1808,18 +1861,41 @@ async fn serve_http(
                     .map(|value| value.as_bytes());
                 match tokens.identify_header(header) {
                     Some(name) => {
-                        let identity = Identity(name.to_owned());
-                        request.extensions_mut().insert(identity);
+                        identity = Some(name.to_owned());
+                        request.extensions_mut().insert(Identity(name.to_owned()));
                     }
                     None => return Ok::<_, std::convert::Infallible>(unauthorized()),
                 }
+            }
+            let session = request
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if let (Some(identity), Some(session)) = (&identity, &session)
+                && !owners.owned_by(session, identity)
+            {
+                return Ok(not_found_session());
             }
             // A POST outside a session (MCP 2026-07-28's requests, whether or not they
             // carry its headers; and `initialize`, which has nothing to patch) is answered
             // without a session transport, so its answer is patched here.
             let per_request = request.method() == hyper::Method::POST
                 && !request.headers().contains_key("mcp-session-id");
+            let deleting = request.method() == hyper::Method::DELETE;
             let response = rmcp.handle(request).await;
+            if let Some(identity) = identity {
+                match (&session, response.headers().get("mcp-session-id")) {
+                    // A session just made (its initialize): its identity is the creator's.
+                    (None, Some(made)) => {
+                        if let Ok(made) = made.to_str() {
+                            owners.record(made, identity);
+                        }
+                    }
+                    (Some(session), _) if deleting => owners.forget(session),
+                    _ => {}
+                }
+            }
             if per_request {
                 return Ok(raw::raw_http(answers, response).await);
             }
