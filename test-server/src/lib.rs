@@ -21,7 +21,7 @@
 //! | `garbage {lines}` | writes lines that are not JSON-RPC to stdout, then answers |
 //! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
 //! | `end_subscriptions` | not listed: ends every open `subscriptions/listen` stream (its final result) |
-//! | `subscriptions` | not listed: how many `subscriptions/listen` streams are open |
+//! | `subscriptions` | not listed: how many `subscriptions/listen` streams are open and watching for changes |
 //! | (HTTP) `cut_stream {bytes}`, `end_stream` | not listed: an event stream cut mid-event, or ended before any answer; and paths under `/moved` redirect (see `raw_http`) |
 //! | `exotic {known_only}` | [`exotic_result`] as raw JSON: fields and a block type rmcp does not model ([`exotic_known_result`], without the unknown block type, if `known_only` is true) |
 //!
@@ -851,10 +851,14 @@ impl ServerHandler for TestServer {
 
     /// One `subscriptions/listen` stream: `tools/list_changed` at each change of the tools,
     /// until the client cancels it or `end_subscriptions` ends it (the final result).
+    ///
+    /// rmcp acknowledges the stream before this runs, so a change made just after the
+    /// acknowledgment may come before the stream watches: a test that needs the stream
+    /// ready waits until `subscriptions` counts it (counted once it watches).
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
-        let _open = Listening::new(&self.state);
         let mut changes = self.state.changes.subscribe();
         let mut ends = self.state.ends.subscribe();
+        let _open = Listening::new(&self.state);
         loop {
             tokio::select! {
                 () = context.cancelled() => return Ok(()),
