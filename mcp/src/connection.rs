@@ -13,10 +13,11 @@
 //! nothing logged; a server that never answers `server/discover` costs rmcp's 10 s probe
 //! deadline before `initialize` (within [`Timeouts::connect`]).
 //!
-//! A server of 2026-07-28 sends `list_changed` only on a `subscriptions/listen` stream:
-//! after the first listing the session keeps one open ([`listen`]), reopened with a bounded
-//! backoff when it ends, each reopening announced as [`ChangeCause::Resubscribed`] so the
-//! catalogue lists again what changed while it was down.
+//! A server of 2026-07-28 sends `list_changed` only on a `subscriptions/listen` stream: the
+//! session opens one before its first listing (so no change falls between the two) and
+//! keeps it open ([`listen`]), reopened with a bounded backoff when it ends, each reopening
+//! announced as [`ChangeCause::Resubscribed`] so the catalogue lists again what changed
+//! while it was down.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -32,7 +33,7 @@ use rmcp::model::{
 };
 use rmcp::service::{
     ClientInitializeError, ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer,
-    PeerRequestOptions, RunningService, ServiceError,
+    PeerRequestOptions, RunningService, ServiceError, Subscription,
 };
 use rmcp::{ClientHandler, RoleClient};
 use serde_json::Value;
@@ -132,8 +133,8 @@ impl Session {
     /// Starts or reaches the server, completes `server/discover` or `initialize` (see
     /// [`lifecycle`]) and lists its tools once (always: a `list_changed` sent before the
     /// initialize response is dropped by rmcp, so the notification alone can never be
-    /// trusted to announce the first tools); then, with a server of 2026-07-28, opens its
-    /// `subscriptions/listen` stream.
+    /// trusted to announce the first tools); with a server of 2026-07-28, its
+    /// `subscriptions/listen` stream is opened just before that listing.
     pub(crate) async fn connect(
         server: &ServerId,
         transport: &Transport,
@@ -218,10 +219,25 @@ impl Session {
             lost_signal: Notify::new(),
             listener: Mutex::new(None),
         });
+        // With a server of 2026-07-28, the listen stream is opened before the first
+        // listing, so that no change falls between the two: one made before the stream is
+        // acknowledged is in the listing, one made after it is notified. A stream that
+        // cannot be opened does not fail the connection: the task keeps trying.
+        let first = if session.is_modern() {
+            Some(open_listen(&session.peer, timeouts.page).await)
+        } else {
+            None
+        };
         match session.list().await {
             Ok(listing) => {
-                if session.is_modern() {
-                    let task = tokio::spawn(listen(session.peer.clone(), server.clone(), events));
+                if let Some(first) = first {
+                    let task = tokio::spawn(listen(
+                        session.peer.clone(),
+                        server.clone(),
+                        events,
+                        first,
+                        timeouts.page,
+                    ));
                     *session
                         .listener
                         .lock()
@@ -582,25 +598,48 @@ impl Session {
     }
 }
 
+/// Opens a `subscriptions/listen` stream for `tools/list_changed`, waiting at most
+/// `deadline` for its acknowledgment (a stream not acknowledged by then is cancelled).
+async fn open_listen(peer: &Peer<RoleClient>, deadline: Duration) -> Option<Subscription> {
+    let filter = SubscriptionFilter::builder().tools_list_changed().build();
+    match tokio::time::timeout(deadline, peer.listen(filter)).await {
+        Ok(Ok(subscription)) => Some(subscription),
+        Ok(Err(_)) | Err(_) => None,
+    }
+}
+
 /// Keeps a `subscriptions/listen` stream for `tools/list_changed` open to a server of
 /// 2026-07-28 for as long as the session lives (its owner aborts it), turning each
-/// notification into the [`McpEvent`] a legacy `list_changed` gives. When the stream ends
-/// (the server closed it, an HTTP stream was cut) or cannot be opened, it is opened again
-/// after a wait that doubles from [`LISTEN_RETRY_FIRST`] to [`LISTEN_RETRY_MAX`]; each
-/// reopening is announced as [`ChangeCause::Resubscribed`] once the new stream is
+/// notification into the [`McpEvent`] a legacy `list_changed` gives. It starts with
+/// `first`, the stream opened before the first listing (or none, if that failed). When the
+/// stream ends (the server closed it, an HTTP stream was cut) or cannot be opened (each
+/// attempt waits at most `deadline` for the acknowledgment), it is opened again after a
+/// wait that doubles from [`LISTEN_RETRY_FIRST`] to [`LISTEN_RETRY_MAX`]; each stream
+/// opened after the first listing is announced as [`ChangeCause::Resubscribed`] once
 /// acknowledged, so a listing made after it sees every change made while none was open.
 /// Ends when the transport is closed (the session is then lost, and a new one listens).
 ///
 /// Cancel-safe at every await: rmcp cancels a subscription dropped while it is being
 /// established and one dropped while open (`notifications/cancelled` to the server).
-async fn listen(peer: Peer<RoleClient>, server: ServerId, events: Arc<EventQueue>) {
-    let filter = SubscriptionFilter::builder().tools_list_changed().build();
+async fn listen(
+    peer: Peer<RoleClient>,
+    server: ServerId,
+    events: Arc<EventQueue>,
+    first: Option<Subscription>,
+    deadline: Duration,
+) {
     let mut wait = LISTEN_RETRY_FIRST;
-    let mut reopening = false;
+    // The first stream, opened before the first listing, needs no announcement.
+    let mut announce = first.is_none();
+    let mut next = first;
     loop {
-        if let Ok(mut subscription) = peer.listen(filter.clone()).await {
+        let subscription = match next.take() {
+            Some(subscription) => Some(subscription),
+            None => open_listen(&peer, deadline).await,
+        };
+        if let Some(mut subscription) = subscription {
             let opened = tokio::time::Instant::now();
-            if reopening {
+            if announce {
                 events.push(McpEvent::ToolsChanged {
                     server: server.clone(),
                     cause: ChangeCause::Resubscribed,
@@ -621,7 +660,7 @@ async fn listen(peer: Peer<RoleClient>, server: ServerId, events: Arc<EventQueue
                 wait = LISTEN_RETRY_FIRST;
             }
         }
-        reopening = true;
+        announce = true;
         if peer.is_transport_closed() {
             return;
         }

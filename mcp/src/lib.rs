@@ -33,8 +33,8 @@
 //! and falls back to `initialize` at 2025-11-25 on the same connection when the server
 //! answers it with an error, as every earlier server does (one more round trip; a server
 //! that never answers `server/discover` costs rmcp's 10-second probe first). With a server
-//! of 2026-07-28, `list_changed` comes on a `subscriptions/listen` stream kept open from
-//! the first listing on and reopened with a bounded backoff when it ends, each reopening an
+//! of 2026-07-28, `list_changed` comes on a `subscriptions/listen` stream opened just
+//! before the first listing (so no change falls between the two), kept open, and reopened with a bounded backoff when it ends, each reopening an
 //! [`McpEvent::ToolsChanged`] with [`ChangeCause::Resubscribed`]. Results are kept raw,
 //! `resultType` included. 2026-07-28's multi-round-trip results (`InputRequiredResult`)
 //! are not handled yet.
