@@ -116,6 +116,22 @@ async fn has_tool(manager: &McpManager, server: &str, name: &str) -> bool {
         .any(|tool| tool.name.as_str() == name)
 }
 
+/// Waits until the server has `want` listen streams watching for changes (rmcp's server
+/// acknowledges a stream before its handler watches: see the test server's `listen`).
+async fn listening(manager: &McpManager, server: &str, want: u64) {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let open = call(manager, server, "subscriptions", json!({})).await;
+            if texts(&open)[0].parse::<u64>().unwrap() == want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{server}: {want} listen streams never open"));
+}
+
 /// Connects to `server` and checks it end to end, as a server of `version`: the revision
 /// agreed, a listing, a call, a large result, a tool added announced as a legacy
 /// `list_changed` is, and (2026-07-28) a listen stream ended by the server reopened with a
@@ -152,6 +168,9 @@ async fn check(name: &str, server: ServerConfig, version: &str) {
     assert_eq!(text.len(), LARGE);
     assert_eq!(*text, psych_test_server::large_text(LARGE));
 
+    if version == "2026-07-28" {
+        listening(&manager, name, 1).await;
+    }
     call(&manager, name, "add_tool", json!({"name": "fresh_tool"})).await;
     assert_eq!(tools_changed(&events, name).await, ChangeCause::Notified);
     assert!(has_tool(&manager, name, "fresh_tool").await);
@@ -167,6 +186,7 @@ async fn check(name: &str, server: ServerConfig, version: &str) {
             ChangeCause::Resubscribed
         );
         // …and the new stream carries the next change.
+        listening(&manager, name, 1).await;
         call(&manager, name, "remove_tool", json!({"name": "fresh_tool"})).await;
         assert_eq!(tools_changed(&events, name).await, ChangeCause::Notified);
         assert!(!has_tool(&manager, name, "fresh_tool").await);
@@ -278,32 +298,11 @@ async fn a_listen_stream_ends_with_its_session() {
             (manager, events)
         }
     };
-    let open = |manager: &McpManager, name: &str| {
-        let tool = ToolRef::parse(name, "subscriptions").unwrap();
-        let manager = manager.clone();
-        async move {
-            let result = manager
-                .call_tool_raw(&tool, JsonObject::new())
-                .await
-                .unwrap();
-            texts(&result)[0].parse::<u64>().unwrap()
-        }
-    };
-    // Opened after the first listing, so maybe not yet when `add_server` returns.
-    let until = |manager: McpManager, name: &'static str, want: u64| async move {
-        tokio::time::timeout(Duration::from_secs(30), async {
-            while open(&manager, name).await != want {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("{want} listen streams never open"));
-    };
     let (first, _first_events) = manager("first").await;
-    until(first.clone(), "first", 1).await;
+    listening(&first, "first", 1).await;
     let (second, _second_events) = manager("second").await;
-    until(second.clone(), "second", 2).await;
+    listening(&second, "second", 2).await;
     first.shutdown().await;
-    until(second.clone(), "second", 1).await;
+    listening(&second, "second", 1).await;
     second.shutdown().await;
 }
