@@ -1053,7 +1053,9 @@ async fn serve_http(state: Arc<State>, listener: tokio::net::TcpListener) -> std
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 
     let mut config = StreamableHttpServerConfig::default();
-    config.legacy_session_mode = !state.scenario.json_response;
+    // A server of 2026-07-28 only keeps no sessions (rmcp serves that revision's requests
+    // without one anyway).
+    config.legacy_session_mode = !state.scenario.json_response && !state.scenario.modern_only;
     config.json_response = state.scenario.json_response;
     let service = StreamableHttpService::new(
         move || {
