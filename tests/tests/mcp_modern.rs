@@ -205,6 +205,19 @@ async fn over_http_a_server_of_2026_07_28_only_is_listed_called_and_followed() {
     .await;
 }
 
+/// The same with answers as single `application/json` bodies (which psych-mcp reads
+/// itself, not rmcp); the listen stream stays an event stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_with_json_bodies_a_server_of_2026_07_28_only_is_followed_too() {
+    let server = HttpServer::start(&["--modern-only", "--json-response"]);
+    check(
+        "modern_json",
+        http("modern_json", &server.url),
+        "2026-07-28",
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_stdio_a_server_of_2026_07_28_only_is_listed_called_and_followed() {
     check(
