@@ -3,6 +3,21 @@
 //!
 //! Every request carries a deadline from [`Timeouts`]; every failure becomes an
 //! [`McpError`] naming the server, the call and the reason.
+//!
+//! # Revisions
+//!
+//! A session starts with rmcp's `Auto` lifecycle ([`lifecycle`]): `server/discover` asking
+//! for MCP 2026-07-28 first, and when the server answers it with an error (a JSON-RPC error,
+//! or over HTTP a 4xx: every server from before 2026-07-28), `initialize` at 2025-11-25 on
+//! the same connection. Against such a server that is one more round trip at connect, and
+//! nothing logged; a server that never answers `server/discover` costs rmcp's 10 s probe
+//! deadline before `initialize` (within [`Timeouts::connect`]).
+//!
+//! A server of 2026-07-28 sends `list_changed` only on a `subscriptions/listen` stream: the
+//! session opens one before its first listing (so no change falls between the two) and
+//! keeps it open ([`listen`]), reopened with a bounded backoff when it ends, each reopening
+//! announced as [`ChangeCause::Resubscribed`] so the catalogue lists again what changed
+//! while it was down.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -13,15 +28,17 @@ use psych_types::{ProgressSink, ServerId};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotification, CancelledNotificationParam,
     ClientCapabilities, ClientConfig, ClientNotification, ClientRequest, CustomRequest,
-    Implementation, ProtocolVersion, RequestId, ServerResult,
+    Implementation, ProtocolVersion, RequestId, ServerNotification, ServerResult,
+    SubscriptionFilter,
 };
 use rmcp::service::{
-    ClientInitializeError, NotificationContext, Peer, PeerRequestOptions, RunningService,
-    ServiceError,
+    ClientInitializeError, ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer,
+    PeerRequestOptions, RunningService, ServiceError, Subscription,
 };
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, RoleClient};
 use serde_json::Value;
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, read_page};
@@ -30,10 +47,29 @@ use crate::stdio::{self, Child};
 use crate::tap::{AnswerFailure, Kept, Tap};
 use crate::{McpError, Timeouts, Transport};
 
-/// The protocol version psych-mcp asks for. rmcp 3.11 asks for 2026-07-28 by default and
-/// then adds `io.modelcontextprotocol/*` keys to every request's `_meta`; the servers in
-/// use agree on 2025-11-25.
+/// The protocol version psych-mcp asks for in `initialize`, with a server that does not
+/// speak 2026-07-28 (rmcp 3.11's default would be 2026-07-28 itself).
 pub(crate) const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+
+/// The revision without `initialize` that psych-mcp asks for first, with `server/discover`.
+pub(crate) const MODERN_VERSION: ProtocolVersion = ProtocolVersion::V_2026_07_28;
+
+/// How a session starts: `server/discover` for [`MODERN_VERSION`], falling back to
+/// `initialize` at [`PROTOCOL_VERSION`] when the server does not know it.
+pub(crate) fn lifecycle() -> ClientLifecycleMode {
+    ClientLifecycleMode::Auto {
+        preferred_versions: vec![MODERN_VERSION],
+        legacy_version: Some(PROTOCOL_VERSION),
+    }
+}
+
+/// The first wait before a `subscriptions/listen` stream that ended or failed is opened
+/// again; it doubles up to [`LISTEN_RETRY_MAX`], and starts over after a stream that
+/// stayed open that long.
+const LISTEN_RETRY_FIRST: Duration = Duration::from_millis(100);
+
+/// The longest wait between two attempts to open a `subscriptions/listen` stream.
+const LISTEN_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// How long to wait for a process that lost its connection to report its exit status.
 const EXIT_REPORT_WAIT: Duration = Duration::from_millis(500);
@@ -79,12 +115,26 @@ pub(crate) struct Session {
     tap: Arc<Tap>,
     lost: Mutex<Option<String>>,
     lost_signal: Notify,
+    /// The `subscriptions/listen` task of a server of 2026-07-28 (none for an earlier one):
+    /// aborted on close and when the session is dropped.
+    listener: Mutex<Option<AbortOnDrop>>,
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Session {
-    /// Starts or reaches the server, completes `initialize` and lists its tools once
-    /// (always: a `list_changed` sent before the initialize response is dropped by rmcp, so
-    /// the notification alone can never be trusted to announce the first tools).
+    /// Starts or reaches the server, completes `server/discover` or `initialize` (see
+    /// [`lifecycle`]) and lists its tools once (always: a `list_changed` sent before the
+    /// initialize response is dropped by rmcp, so the notification alone can never be
+    /// trusted to announce the first tools); with a server of 2026-07-28, its
+    /// `subscriptions/listen` stream is opened just before that listing.
     pub(crate) async fn connect(
         server: &ServerId,
         transport: &Transport,
@@ -94,7 +144,7 @@ impl Session {
     ) -> Result<(Arc<Self>, Listing), McpError> {
         let handler = Handler {
             server: server.clone(),
-            events,
+            events: Arc::clone(&events),
         };
         let (service, child, tap) = match transport {
             Transport::Stdio {
@@ -112,7 +162,12 @@ impl Session {
                 };
                 let (child, transport) = Child::spawn(server, &spec)?;
                 let tap = transport.tap();
-                match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
+                match tokio::time::timeout(
+                    timeouts.connect,
+                    handler.serve_with_lifecycle(transport, lifecycle()),
+                )
+                .await
+                {
                     Ok(Ok(service)) => (service, Some(child), tap),
                     Ok(Err(error)) => {
                         let error = init_error(server, error, Some(&child)).await;
@@ -134,7 +189,12 @@ impl Session {
             Transport::Http { url, headers } => {
                 let tap = Arc::new(Tap::new(spill_dir.to_path_buf()));
                 let transport = remote::transport(server, url, headers, Arc::clone(&tap))?;
-                match tokio::time::timeout(timeouts.connect, handler.serve(transport)).await {
+                match tokio::time::timeout(
+                    timeouts.connect,
+                    handler.serve_with_lifecycle(transport, lifecycle()),
+                )
+                .await
+                {
                     Ok(Ok(service)) => (service, None, tap),
                     Ok(Err(error)) => return Err(init_error(server, error, None).await),
                     Err(_) => {
@@ -157,14 +217,54 @@ impl Session {
             tap,
             lost: Mutex::new(None),
             lost_signal: Notify::new(),
+            listener: Mutex::new(None),
         });
+        // With a server of 2026-07-28, the listen stream is opened before the first
+        // listing, so that no change falls between the two: one made before the stream is
+        // acknowledged is in the listing, one made after it is notified. A stream that
+        // cannot be opened does not fail the connection: the task keeps trying.
+        let first = if session.is_modern() {
+            Some(open_listen(&session.peer, timeouts.page).await)
+        } else {
+            None
+        };
         match session.list().await {
-            Ok(listing) => Ok((session, listing)),
+            Ok(listing) => {
+                if let Some(first) = first {
+                    let task = tokio::spawn(listen(
+                        session.peer.clone(),
+                        server.clone(),
+                        events,
+                        first,
+                        timeouts.page,
+                    ));
+                    *session
+                        .listener
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = Some(AbortOnDrop(task));
+                }
+                Ok((session, listing))
+            }
             Err(error) => {
                 session.close().await;
                 Err(error)
             }
         }
+    }
+
+    /// The revision agreed with the server: 2026-07-28 through `server/discover`, or the
+    /// one its `initialize` answer named.
+    pub(crate) fn protocol_version(&self) -> Option<ProtocolVersion> {
+        self.peer
+            .peer_info()
+            .map(|info| info.protocol_version.clone())
+    }
+
+    /// Whether the server speaks a revision without `initialize` (2026-07-28), whose
+    /// `list_changed` comes only on a `subscriptions/listen` stream.
+    fn is_modern(&self) -> bool {
+        self.protocol_version()
+            .is_some_and(|version| !version.has_initialize())
     }
 
     /// The process group of a stdio server.
@@ -480,6 +580,12 @@ impl Session {
     /// Closes the session: the MCP shutdown (stdin closed, or the HTTP session ended),
     /// then the stdio server's whole process group is stopped.
     pub(crate) async fn close(&self) {
+        let listener = self
+            .listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(listener);
         let service = self.service.lock().await.take();
         if let Some(mut service) = service {
             let _ = service
@@ -489,6 +595,77 @@ impl Session {
         if let Some(child) = &self.child {
             child.terminate(self.timeouts.shutdown_grace).await;
         }
+    }
+}
+
+/// Opens a `subscriptions/listen` stream for `tools/list_changed`, waiting at most
+/// `deadline` for its acknowledgment (a stream not acknowledged by then is cancelled).
+async fn open_listen(peer: &Peer<RoleClient>, deadline: Duration) -> Option<Subscription> {
+    let filter = SubscriptionFilter::builder().tools_list_changed().build();
+    match tokio::time::timeout(deadline, peer.listen(filter)).await {
+        Ok(Ok(subscription)) => Some(subscription),
+        Ok(Err(_)) | Err(_) => None,
+    }
+}
+
+/// Keeps a `subscriptions/listen` stream for `tools/list_changed` open to a server of
+/// 2026-07-28 for as long as the session lives (its owner aborts it), turning each
+/// notification into the [`McpEvent`] a legacy `list_changed` gives. It starts with
+/// `first`, the stream opened before the first listing (or none, if that failed). When the
+/// stream ends (the server closed it, an HTTP stream was cut) or cannot be opened (each
+/// attempt waits at most `deadline` for the acknowledgment), it is opened again after a
+/// wait that doubles from [`LISTEN_RETRY_FIRST`] to [`LISTEN_RETRY_MAX`]; each stream
+/// opened after the first listing is announced as [`ChangeCause::Resubscribed`] once
+/// acknowledged, so a listing made after it sees every change made while none was open.
+/// Ends when the transport is closed (the session is then lost, and a new one listens).
+///
+/// Cancel-safe at every await: rmcp cancels a subscription dropped while it is being
+/// established and one dropped while open (`notifications/cancelled` to the server).
+async fn listen(
+    peer: Peer<RoleClient>,
+    server: ServerId,
+    events: Arc<EventQueue>,
+    first: Option<Subscription>,
+    deadline: Duration,
+) {
+    let mut wait = LISTEN_RETRY_FIRST;
+    // The first stream, opened before the first listing, needs no announcement.
+    let mut announce = first.is_none();
+    let mut next = first;
+    loop {
+        let subscription = match next.take() {
+            Some(subscription) => Some(subscription),
+            None => open_listen(&peer, deadline).await,
+        };
+        if let Some(mut subscription) = subscription {
+            let opened = tokio::time::Instant::now();
+            if announce {
+                events.push(McpEvent::ToolsChanged {
+                    server: server.clone(),
+                    cause: ChangeCause::Resubscribed,
+                });
+            }
+            while let Ok(Some(notification)) = subscription.next().await {
+                if matches!(
+                    notification,
+                    ServerNotification::ToolListChangedNotification(_)
+                ) {
+                    events.push(McpEvent::ToolsChanged {
+                        server: server.clone(),
+                        cause: ChangeCause::Notified,
+                    });
+                }
+            }
+            if opened.elapsed() >= LISTEN_RETRY_MAX {
+                wait = LISTEN_RETRY_FIRST;
+            }
+        }
+        announce = true;
+        if peer.is_transport_closed() {
+            return;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(LISTEN_RETRY_MAX);
     }
 }
 
@@ -632,10 +809,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn over_stdio_calls_given_up_leave_no_slot_in_the_tap() {
-        // A stdio server that answers initialize and the first listing, then reads and
-        // never answers: every call hangs.
+        // A stdio server from before 2026-07-28 (server/discover is not found) that answers
+        // initialize and the first listing, then reads and never answers: every call hangs.
         let script = r#"
             answer() { read -r line; id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/'); }
+            answer
+            printf '{"jsonrpc":"2.0","id":%s,"error":{"code":-32601,"message":"Method not found"}}\n' "$id"
             answer
             printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"mute","version":"1"}}}\n' "$id"
             read -r initialized

@@ -26,8 +26,12 @@ pub enum ChangeCause {
     /// The server (re)connected and was listed: any earlier listing may be stale, and a
     /// `list_changed` it sent before its initialize response was dropped by rmcp.
     Connected,
-    /// The server sent `notifications/tools/list_changed`.
+    /// The server sent `notifications/tools/list_changed` (for a server of MCP 2026-07-28,
+    /// on its `subscriptions/listen` stream).
     Notified,
+    /// The `subscriptions/listen` stream of a server of MCP 2026-07-28 ended and was opened
+    /// again: a `list_changed` sent while it was down was lost, so list again.
+    Resubscribed,
 }
 
 /// One thing the owner of an [`McpManager`](crate::McpManager) may want to act on.

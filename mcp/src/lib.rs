@@ -26,6 +26,19 @@
 //! memory stays at a few MiB; caps remain for what stays in memory and for the whole
 //! ([`MAX_SPILLED_ANSWER`]).
 //!
+//! # MCP revisions
+//!
+//! Upstream, psych-mcp speaks MCP 2026-07-28 and, with servers from before it, 2025-11-25:
+//! each connection starts with `server/discover` for 2026-07-28 (rmcp's `Auto` lifecycle)
+//! and falls back to `initialize` at 2025-11-25 on the same connection when the server
+//! answers it with an error, as every earlier server does (one more round trip; a server
+//! that never answers `server/discover` costs rmcp's 10-second probe first). With a server
+//! of 2026-07-28, `list_changed` comes on a `subscriptions/listen` stream opened just
+//! before the first listing (so no change falls between the two), kept open, and reopened with a bounded backoff when it ends, each reopening an
+//! [`McpEvent::ToolsChanged`] with [`ChangeCause::Resubscribed`]. Results are kept raw,
+//! `resultType` included. 2026-07-28's multi-round-trip results (`InputRequiredResult`)
+//! are not handled yet.
+//!
 //! The MCP server its tests run against is the workspace's `psych-test-server` crate (not
 //! published): nothing of it ships with this one.
 //!

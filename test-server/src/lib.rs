@@ -20,6 +20,8 @@
 //! | `progress {steps}` | sends `steps` progress notifications with the call's progress token, then answers |
 //! | `garbage {lines}` | writes lines that are not JSON-RPC to stdout, then answers |
 //! | `client_info` | the protocol version the client asked for and, over HTTP, its `Authorization` header |
+//! | `end_subscriptions` | not listed: ends every open `subscriptions/listen` stream (its final result) |
+//! | `subscriptions` | not listed: how many `subscriptions/listen` streams are open and watching for changes |
 //! | (HTTP) `cut_stream {bytes}`, `end_stream` | not listed: an event stream cut mid-event, or ended before any answer; and paths under `/moved` redirect (see `raw_http`) |
 //! | `exotic {known_only}` | [`exotic_result`] as raw JSON: fields and a block type rmcp does not model ([`exotic_known_result`], without the unknown block type, if `known_only` is true) |
 //!
@@ -27,6 +29,13 @@
 //! a lone surrogate escape, a line over the client's cap, a line cut short, and
 //! `raw_huge {mib, second_mib, lone_surrogate, bad_utf8}`: a text result of any size
 //! written as it is made, never held; see [`huge_lines`]): see `stdio_faults.rs`.
+//!
+//! By default it is a server of the revisions with `initialize` (up to 2025-11-25), as every
+//! server from before MCP 2026-07-28: it answers `server/discover` "method not found", and
+//! a client of that revision falls back to `initialize`. With [`Scenario::modern_only`]
+//! (`--modern-only`) it speaks 2026-07-28 alone, over stdio and HTTP: `server/discover`
+//! and per-request `_meta`, `initialize` refused, and `list_changed` only on a
+//! `subscriptions/listen` stream.
 //!
 //! plus [`Scenario::tools`] generated tools of the kind [`Scenario::kind`]
 //! ([`synthetic_catalog`]), each answering with its name and
@@ -41,13 +50,15 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientNotification, ClientRequest,
-    ContentBlock, CustomResult, ErrorData, Implementation, InitializeRequestParams,
+    ContentBlock, CustomResult, DiscoverResult, ErrorData, Implementation, InitializeRequestParams,
     InitializeResult, JsonRpcMessage, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, RequestMetaObject, ResourceContents, ServerCapabilities,
-    ServerNotification, ServerResult, ToolListChangedNotification,
+    ProgressNotificationParam, ProtocolVersion, RequestMetaObject, ResourceContents,
+    ServerCapabilities, ServerNotification, ServerResult, SubscriptionFilter,
+    ToolListChangedNotification,
 };
 use rmcp::service::{
-    NotificationContext, Peer, RequestContext, RxJsonRpcMessage, TxJsonRpcMessage,
+    NotificationContext, Peer, RequestContext, RxJsonRpcMessage, SubscriptionContext,
+    TxJsonRpcMessage,
 };
 use rmcp::{RoleServer, ServerHandler, Service, ServiceExt};
 use serde::Deserialize;
@@ -117,6 +128,10 @@ pub struct Scenario {
     /// List the raw stdio tools (`raw_bad_utf8`, …) with the others, so that a client
     /// behind a gateway, which reaches only listed tools, can call them.
     pub list_raw_tools: bool,
+    /// Speak MCP 2026-07-28 only: `server/discover`, per-request `_meta`, `list_changed` on
+    /// `subscriptions/listen` streams; `initialize` (and a request naming another
+    /// revision) is refused as an unsupported protocol version.
+    pub modern_only: bool,
 }
 
 /// How to serve.
@@ -136,7 +151,7 @@ pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
 [--repeat-cursor] [--hang-initialize] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
 [--no-control-tools] [--catalog FILE] [--json-response] [--stderr-flood BYTES] \
-[--setsid-grandchild PIDFILE] [--list-raw-tools] [--scenario JSON]";
+[--setsid-grandchild PIDFILE] [--list-raw-tools] [--modern-only] [--scenario JSON]";
 
 impl Scenario {
     /// Parses the binary's arguments (without the program name).
@@ -198,6 +213,7 @@ impl Scenario {
                 "--json-response" => scenario.json_response = true,
                 "--stderr-flood" => scenario.stderr_flood = Some(number(value("a count")?)? as u64),
                 "--list-raw-tools" => scenario.list_raw_tools = true,
+                "--modern-only" => scenario.modern_only = true,
                 "--setsid-grandchild" => {
                     scenario.setsid_grandchild = Some(PathBuf::from(value("a file")?));
                 }
@@ -308,6 +324,12 @@ struct State {
     tools: Mutex<Vec<Value>>,
     peers: Mutex<Vec<Peer<RoleServer>>>,
     cancellations: AtomicU64,
+    /// Bumped at each change of the tools: every `subscriptions/listen` stream watches it.
+    changes: tokio::sync::watch::Sender<u64>,
+    /// Bumped by `end_subscriptions`: every `subscriptions/listen` stream then ends.
+    ends: tokio::sync::watch::Sender<u64>,
+    /// How many `subscriptions/listen` streams are open.
+    listening: AtomicU64,
     /// The stdout writer (stdio only), for the garbage tool.
     stdout: Mutex<Option<mpsc::UnboundedSender<stdio_faults::Out>>>,
 }
@@ -337,6 +359,9 @@ impl State {
             tools: Mutex::new(tools),
             peers: Mutex::new(Vec::new()),
             cancellations: AtomicU64::new(0),
+            changes: tokio::sync::watch::Sender::new(0),
+            ends: tokio::sync::watch::Sender::new(0),
+            listening: AtomicU64::new(0),
             stdout: Mutex::new(None),
         }
     }
@@ -360,6 +385,7 @@ impl State {
     }
 
     async fn notify_changed(&self) {
+        self.changes.send_modify(|n| *n += 1);
         let peers = self
             .peers
             .lock()
@@ -504,6 +530,22 @@ struct TestServer {
     state: Arc<State>,
 }
 
+/// Counts an open `subscriptions/listen` stream while it lives.
+struct Listening<'a>(&'a State);
+
+impl<'a> Listening<'a> {
+    fn new(state: &'a State) -> Self {
+        state.listening.fetch_add(1, Ordering::SeqCst);
+        Self(state)
+    }
+}
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        self.0.listening.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Counts a call as cancelled if it is dropped (or finishes) after cancellation.
 struct CountCancelled<'a> {
     state: &'a State,
@@ -627,11 +669,21 @@ impl TestServer {
                 tokio::time::sleep(Duration::from_millis(number_arg("ms"))).await;
                 CallToolResult::success(vec![ContentBlock::text(text_arg("tag"))])
             }
+            "end_subscriptions" => {
+                state.ends.send_modify(|n| *n += 1);
+                CallToolResult::success(vec![ContentBlock::text("subscriptions ended")])
+            }
+            "subscriptions" => CallToolResult::success(vec![ContentBlock::text(
+                state.listening.load(Ordering::SeqCst).to_string(),
+            )]),
             "client_info" => {
+                // The session's revision, or (2026-07-28) the request's own.
                 let version = context
                     .peer
                     .peer_info()
-                    .map(|info| info.protocol_version.to_string());
+                    .map(|info| info.protocol_version.clone())
+                    .or_else(|| context.meta.protocol_version())
+                    .map(|version| version.to_string());
                 let authorization = context
                     .extensions
                     .get::<http::request::Parts>()
@@ -762,6 +814,66 @@ impl ServerHandler for TestServer {
     fn get_info(&self) -> InitializeResult {
         self.info()
     }
+
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        if self.state.scenario.modern_only {
+            std::borrow::Cow::Owned(vec![ProtocolVersion::V_2026_07_28])
+        } else {
+            std::borrow::Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+        }
+    }
+
+    /// `server/discover` with [`Scenario::modern_only`]; otherwise "method not found", as a
+    /// server from before 2026-07-28 answers it.
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        if !self.state.scenario.modern_only {
+            return Err(ErrorData::method_not_found::<
+                rmcp::model::DiscoverRequestMethod,
+            >());
+        }
+        Ok(DiscoverResult::from_server_info(
+            ServerHandler::supported_protocol_versions(self).into_owned(),
+            self.info(),
+        ))
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::default();
+        accepted.tools_list_changed = requested.tools_list_changed;
+        Some(accepted)
+    }
+
+    /// One `subscriptions/listen` stream: `tools/list_changed` at each change of the tools,
+    /// until the client cancels it or `end_subscriptions` ends it (the final result).
+    ///
+    /// rmcp acknowledges the stream before this runs, so a change made just after the
+    /// acknowledgment may come before the stream watches: a test that needs the stream
+    /// ready waits until `subscriptions` counts it (counted once it watches).
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        let mut changes = self.state.changes.subscribe();
+        let mut ends = self.state.ends.subscribe();
+        let _open = Listening::new(&self.state);
+        loop {
+            tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                _ = ends.changed() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+            if context.sink().notify_tool_list_changed().await.is_err() {
+                return Ok(());
+            }
+        }
+    }
 }
 
 /// Over stdio, `tools/list` and the `exotic` tool are answered as raw JSON, so that a
@@ -802,6 +914,10 @@ impl Service<RoleServer> for RawListing {
 
     fn get_info(&self) -> InitializeResult {
         self.0.info()
+    }
+
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        ServerHandler::supported_protocol_versions(&self.0)
     }
 }
 
@@ -937,7 +1053,9 @@ async fn serve_http(state: Arc<State>, listener: tokio::net::TcpListener) -> std
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 
     let mut config = StreamableHttpServerConfig::default();
-    config.legacy_session_mode = !state.scenario.json_response;
+    // A server of 2026-07-28 only keeps no sessions (rmcp serves that revision's requests
+    // without one anyway).
+    config.legacy_session_mode = !state.scenario.json_response && !state.scenario.modern_only;
     config.json_response = state.scenario.json_response;
     let service = StreamableHttpService::new(
         move || {
