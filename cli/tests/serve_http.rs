@@ -62,11 +62,18 @@ impl Drop for Gateway {
 /// Starts `psych serve --http` in front of one test server, logging under `dir`: the
 /// gateway and its URL.
 async fn start(dir: &std::path::Path) -> (Gateway, String) {
+    start_with(dir, &[]).await
+}
+
+/// [`start`] with `flags` for the test server.
+async fn start_with(dir: &std::path::Path, flags: &[&str]) -> (Gateway, String) {
     let config = dir.join("mcp.json");
+    let mut args = vec!["serve-embedded", "--tools", "3"];
+    args.extend_from_slice(flags);
     // Pinned direct: with the control tools it is over `psych serve`'s default auto budget.
     let upstream = json!({
         "command": PSYCH,
-        "args": ["serve-embedded", "--tools", "3"],
+        "args": args,
         "preload": true,
     });
     std::fs::write(&config, json!({"mcpServers": {"up": upstream}}).to_string()).unwrap();
@@ -207,6 +214,57 @@ async fn psych_serve_over_streamable_http() {
     let after = session.list_all_tools().await.unwrap();
     assert!(after.iter().any(|t| t.name == "up__fresh_tool"));
 
+    session.cancel().await.unwrap();
+}
+
+/// An upstream that speaks only 2026-07-28 (no `initialize`) is served like any other:
+/// listed, called, its results passed through, and its tool changes (which it announces
+/// only on a `subscriptions/listen` stream) reaching the gateway's client as `list_changed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_of_2026_07_28_only_is_served_like_any() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_gateway, url) = start_with(dir.path(), &["--modern-only"]).await;
+    let (changed, mut receiver) = mpsc::unbounded_channel();
+    let session = Client { changed }
+        .serve(StreamableHttpClientTransport::from_uri(url))
+        .await
+        .unwrap();
+    ready(&session, &mut receiver).await;
+    let echoed = session
+        .call_tool(
+            CallToolRequestParams::new("up__echo")
+                .with_arguments(json!({"text": "modern"}).as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(text(&echoed), "modern");
+    // A tool added upstream reaches the client through `list_changed`. (rmcp's server
+    // acknowledges a listen stream before it watches, so a change in that instant can be
+    // missed: one more is added each second until one arrives.)
+    tokio::time::timeout(Duration::from_secs(30), async {
+        for n in 0.. {
+            let name = format!("fresh_{n}");
+            let added = session
+                .call_tool(
+                    CallToolRequestParams::new("up__add_tool")
+                        .with_arguments(json!({"name": name}).as_object().unwrap().clone()),
+                )
+                .await
+                .unwrap();
+            assert_ne!(added.is_error, Some(true), "{}", text(&added));
+            if tokio::time::timeout(Duration::from_secs(1), receiver.recv())
+                .await
+                .is_ok()
+            {
+                let tools = session.list_all_tools().await.unwrap();
+                if tools.iter().any(|t| t.name.starts_with("up__fresh_")) {
+                    return;
+                }
+            }
+        }
+    })
+    .await
+    .expect("the upstream's change reaches the client");
     session.cancel().await.unwrap();
 }
 
