@@ -642,6 +642,7 @@ impl Tenant {
         let limits = shared.limits.clone();
         let estimator = Arc::clone(shared.elider.estimator());
         let archive: Arc<dyn Archive> = self.archive.clone();
+        let retention = shared.retention;
         tokio::spawn(async move {
             // No fdatasync per call: measured, it was most of a proxied call's added
             // latency (a call 2.1 ms through the gateway against 0.24 ms direct; one
@@ -651,6 +652,10 @@ impl Tenant {
             let opened = tokio::task::spawn_blocking(move || {
                 let run = tenant::fresh_run()?;
                 create_private_dir(&logs).map_err(|e| e.to_string())?;
+                // A segment opens at the identity's first call and at each rotation: the
+                // identity's folder is brought within its limits then too, so a busy
+                // identity does not write past them until the hourly sweep.
+                tenant::sweep_folder(&logs, retention);
                 let (mut log, _) = RecordLog::open(&logs, &run, SyncPolicy::OsBuffered)
                     .map_err(|e| e.to_string())?;
                 // Each result's estimate is stored as it is appended: what the projection
@@ -1523,6 +1528,25 @@ pub async fn serve(
         })?;
     let disclosure = listing_settings(&settings.disclosure).map_err(ServeError::Settings)?;
     let grant = config.grant().map_err(ServeError::Grant)?;
+    // Every identity's narrowed grant, checked before anything starts.
+    let mut narrowings = Vec::new();
+    if let Some(tokens) = &settings.tokens {
+        for (identity, narrowing) in tokens.narrowings() {
+            let narrowed =
+                narrow(&grant, narrowing).map_err(|server| ServeError::IdentityGrant {
+                    identity: identity.to_owned(),
+                    server,
+                })?;
+            narrowings.push((identity.to_owned(), narrowed));
+        }
+    }
+    // Retention, before any upstream starts and any request is answered (so no handle of a
+    // segment due for deletion is read first), then hourly; off the async workers.
+    let (logs, retention) = (settings.logs(), settings.retention);
+    let first = logs.clone();
+    tokio::task::spawn_blocking(move || tenant::sweep(&first, retention))
+        .await
+        .map_err(ServeError::Task)?;
     let connections: Vec<ConnectionSpec> = config
         .servers
         .values()
@@ -1567,24 +1591,11 @@ pub async fn serve(
             resolved,
         })
     };
-    let mut narrowed = BTreeMap::new();
-    if let Some(tokens) = &settings.tokens {
-        for (identity, narrowing) in tokens.narrowings() {
-            let grant = narrow(&grant, narrowing).map_err(|server| ServeError::IdentityGrant {
-                identity: identity.to_owned(),
-                server,
-            })?;
-            narrowed.insert(identity.to_owned(), lane(grant));
-        }
-    }
+    let narrowed: BTreeMap<String, Arc<Lane>> = narrowings
+        .into_iter()
+        .map(|(identity, grant)| (identity, lane(grant)))
+        .collect();
     let lane = lane(grant);
-    // Retention: at start, before any request (so no handle of a segment due for
-    // deletion is read first), then hourly; off the async workers.
-    let (logs, retention) = (settings.logs(), settings.retention);
-    let first = logs.clone();
-    tokio::task::spawn_blocking(move || tenant::sweep(&first, retention))
-        .await
-        .map_err(ServeError::Task)?;
     tasks.spawn(async move {
         let start = tokio::time::Instant::now() + SWEEP_EVERY;
         let mut hourly = tokio::time::interval_at(start, SWEEP_EVERY);
@@ -1740,9 +1751,10 @@ fn narrow(
 }
 
 /// Which identity made each HTTP session (with tokens only): a request naming a session of
-/// another identity is answered as if the session did not exist. Bounded: past
-/// [`MAX_OWNERS`] the oldest entries go (a session closed by idleness leaves its entry
-/// behind until then; one forgotten too early answers 404, and its client starts another).
+/// another identity, or one not known here, is answered as if the session did not exist.
+/// Bounded: past [`MAX_OWNERS`] the oldest entries go (a session closed by idleness leaves
+/// its entry behind until then; one still open but forgotten answers 404, and its client
+/// starts another).
 #[derive(Debug, Default)]
 struct Owners(Mutex<std::collections::VecDeque<(String, String)>>);
 
@@ -1758,14 +1770,13 @@ impl Owners {
         owners.push_back((session.to_owned(), identity));
     }
 
-    /// Whether `session` was made by `identity` (a session unknown here is left to rmcp,
-    /// which answers it as unknown).
+    /// Whether `session` was made by `identity`. A session not known here (never made,
+    /// or forgotten past [`MAX_OWNERS`]) is nobody's: its client starts another.
     fn owned_by(&self, session: &str, identity: &str) -> bool {
         let owners = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         owners
             .iter()
-            .find(|(s, _)| s == session)
-            .is_none_or(|(_, owner)| owner == identity)
+            .any(|(s, owner)| s == session && owner == identity)
     }
 
     fn forget(&self, session: &str) {
@@ -1877,11 +1888,11 @@ async fn serve_http(
             {
                 return Ok(not_found_session());
             }
-            // A POST outside a session (MCP 2026-07-28's requests, whether or not they
-            // carry its headers; and `initialize`, which has nothing to patch) is answered
-            // without a session transport, so its answer is patched here.
-            let per_request = request.method() == hyper::Method::POST
-                && !request.headers().contains_key("mcp-session-id");
+            // A POST answered without a session transport (MCP 2026-07-28's requests,
+            // whatever headers they carry: rmcp routes by the message) has its answer
+            // patched here; in a session the transport has done it, and nothing is left
+            // to patch.
+            let per_request = request.method() == hyper::Method::POST;
             let deleting = request.method() == hyper::Method::DELETE;
             let response = rmcp.handle(request).await;
             if let Some(identity) = identity {

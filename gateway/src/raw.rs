@@ -333,6 +333,8 @@ pub(super) async fn raw_http(
     if kind.starts_with("text/event-stream") {
         // Patched event by event at the byte level: every other line of the stream (ids,
         // retry hints, rmcp's keep-alive comments) passes as it was written, when written.
+        // The stream is rmcp's own, so its events end with `\n\n` (sse-stream's framing),
+        // never `\r\n`.
         let chunks = futures_util::stream::unfold(
             (body.into_data_stream(), Vec::new(), false),
             move |(mut data, mut pending, mut ended)| {
@@ -352,7 +354,8 @@ pub(super) async fn raw_http(
                             if pending.is_empty() {
                                 return None;
                             }
-                            let out = hyper::body::Bytes::from(std::mem::take(&mut pending));
+                            // A last event without its blank line, patched all the same.
+                            let out = patched_event(&raw, std::mem::take(&mut pending));
                             return Some((
                                 Ok(hyper::body::Frame::data(out)),
                                 (data, pending, ended),
@@ -378,6 +381,10 @@ pub(super) async fn raw_http(
 /// One server-sent event (its lines and the blank line ending it), with the raw answer in
 /// place of its placeholder when its data is one.
 fn patched_event(raw: &RawAnswers, event: Vec<u8>) -> hyper::body::Bytes {
+    // Most events (progress, notifications, keep-alives) carry no placeholder: not parsed.
+    if memchr::memmem::find(&event, RAW_KEY.as_bytes()).is_none() {
+        return event.into();
+    }
     let Ok(text) = std::str::from_utf8(&event) else {
         return event.into();
     };

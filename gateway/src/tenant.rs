@@ -20,8 +20,8 @@
 //! call the tool again), not as a handle never minted. The live segment rotates when it
 //! reaches an eighth of the size limit (at most 256 MiB), so a busy long-running gateway's
 //! results age out too; a quiet identity's live segment (below that size) stays until the
-//! process ends, past the age limit if the process runs that long. Sweeps run at start and
-//! hourly.
+//! process ends, past the age limit if the process runs that long. Sweeps run at start,
+//! hourly, and on an identity's folder each time one of its segments opens.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -223,6 +223,11 @@ pub(crate) fn sweep(logs: &Path, retention: Retention) -> Swept {
         }
     }
     swept
+}
+
+/// Applies `retention` to the one identity folder `dir` now. Blocks, as [`sweep`].
+pub(crate) fn sweep_folder(dir: &Path, retention: Retention) {
+    sweep_identity(dir, retention, SystemTime::now(), &mut Swept::default());
 }
 
 /// Applies `retention` to one identity folder as of `now`.

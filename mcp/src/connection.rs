@@ -223,8 +223,14 @@ impl Session {
         // listing, so that no change falls between the two: one made before the stream is
         // acknowledged is in the listing, one made after it is notified. A stream that
         // cannot be opened does not fail the connection: the task keeps trying.
-        let first = if session.is_modern() {
-            Some(open_listen(&session.peer, timeouts.page).await)
+        // Only a server that says it sends `tools/list_changed` is listened to: one that
+        // does not would refuse every stream, or accept and never send.
+        let first = if session.is_modern() && session.announces_tool_changes() {
+            match open_listen(&session.peer, timeouts.page).await {
+                Listen::Open(subscription) => Some(Some(subscription)),
+                Listen::Retry => Some(None),
+                Listen::Refused => None,
+            }
         } else {
             None
         };
@@ -265,6 +271,15 @@ impl Session {
     fn is_modern(&self) -> bool {
         self.protocol_version()
             .is_some_and(|version| !version.has_initialize())
+    }
+
+    /// Whether the server's capabilities say it sends `tools/list_changed`.
+    fn announces_tool_changes(&self) -> bool {
+        self.peer
+            .peer_info()
+            .and_then(|info| info.capabilities.tools.as_ref())
+            .and_then(|tools| tools.list_changed)
+            == Some(true)
     }
 
     /// The process group of a stdio server.
@@ -598,13 +613,30 @@ impl Session {
     }
 }
 
+/// What an attempt to open a listen stream came to.
+enum Listen {
+    /// The stream is open.
+    Open(Subscription),
+    /// Not now (no acknowledgment in time, a transport error): try again later.
+    Retry,
+    /// The server refuses the method or its parameters: asking again would be refused
+    /// again.
+    Refused,
+}
+
 /// Opens a `subscriptions/listen` stream for `tools/list_changed`, waiting at most
 /// `deadline` for its acknowledgment (a stream not acknowledged by then is cancelled).
-async fn open_listen(peer: &Peer<RoleClient>, deadline: Duration) -> Option<Subscription> {
+async fn open_listen(peer: &Peer<RoleClient>, deadline: Duration) -> Listen {
     let filter = SubscriptionFilter::builder().tools_list_changed().build();
     match tokio::time::timeout(deadline, peer.listen(filter)).await {
-        Ok(Ok(subscription)) => Some(subscription),
-        Ok(Err(_)) | Err(_) => None,
+        Ok(Ok(subscription)) => Listen::Open(subscription),
+        Ok(Err(rmcp::ServiceError::McpError(error)))
+            if error.code == rmcp::model::ErrorCode::METHOD_NOT_FOUND
+                || error.code == rmcp::model::ErrorCode::INVALID_PARAMS =>
+        {
+            Listen::Refused
+        }
+        Ok(Err(_)) | Err(_) => Listen::Retry,
     }
 }
 
@@ -635,7 +667,12 @@ async fn listen(
     loop {
         let subscription = match next.take() {
             Some(subscription) => Some(subscription),
-            None => open_listen(&peer, deadline).await,
+            None => match open_listen(&peer, deadline).await {
+                Listen::Open(subscription) => Some(subscription),
+                Listen::Retry => None,
+                // Changes are then caught by the catalogue's freshness sweeps alone.
+                Listen::Refused => return,
+            },
         };
         if let Some(mut subscription) = subscription {
             let opened = tokio::time::Instant::now();
