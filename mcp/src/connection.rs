@@ -227,7 +227,7 @@ impl Session {
         // does not would refuse every stream, or accept and never send.
         let first = if session.is_modern() && session.announces_tool_changes() {
             match open_listen(&session.peer, timeouts.page).await {
-                Listen::Open(subscription) => Some(Some(subscription)),
+                Listen::Open(subscription) => Some(Some(*subscription)),
                 Listen::Retry => Some(None),
                 Listen::Refused => None,
             }
@@ -275,11 +275,12 @@ impl Session {
 
     /// Whether the server's capabilities say it sends `tools/list_changed`.
     fn announces_tool_changes(&self) -> bool {
-        self.peer
-            .peer_info()
-            .and_then(|info| info.capabilities.tools.as_ref())
-            .and_then(|tools| tools.list_changed)
-            == Some(true)
+        self.peer.peer_info().and_then(|info| {
+            info.capabilities
+                .tools
+                .as_ref()
+                .and_then(|t| t.list_changed)
+        }) == Some(true)
     }
 
     /// The process group of a stdio server.
@@ -615,8 +616,8 @@ impl Session {
 
 /// What an attempt to open a listen stream came to.
 enum Listen {
-    /// The stream is open.
-    Open(Subscription),
+    /// The stream is open (boxed: it is large, the other answers are nothing).
+    Open(Box<Subscription>),
     /// Not now (no acknowledgment in time, a transport error): try again later.
     Retry,
     /// The server refuses the method or its parameters: asking again would be refused
@@ -629,7 +630,7 @@ enum Listen {
 async fn open_listen(peer: &Peer<RoleClient>, deadline: Duration) -> Listen {
     let filter = SubscriptionFilter::builder().tools_list_changed().build();
     match tokio::time::timeout(deadline, peer.listen(filter)).await {
-        Ok(Ok(subscription)) => Listen::Open(subscription),
+        Ok(Ok(subscription)) => Listen::Open(Box::new(subscription)),
         Ok(Err(rmcp::ServiceError::McpError(error)))
             if error.code == rmcp::model::ErrorCode::METHOD_NOT_FOUND
                 || error.code == rmcp::model::ErrorCode::INVALID_PARAMS =>
@@ -668,7 +669,7 @@ async fn listen(
         let subscription = match next.take() {
             Some(subscription) => Some(subscription),
             None => match open_listen(&peer, deadline).await {
-                Listen::Open(subscription) => Some(subscription),
+                Listen::Open(subscription) => Some(*subscription),
                 Listen::Retry => None,
                 // Changes are then caught by the catalogue's freshness sweeps alone.
                 Listen::Refused => return,
