@@ -236,11 +236,14 @@ async fn two_thousand_calls_32_in_flight_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());
     let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
+        // Room for every result (some 1.2 GB): past the default 1 GiB per identity,
+        // retention deletes the oldest segment when a new one opens.
         c.arg("serve")
             .arg("--config")
             .arg(&config)
             .arg("--dir")
             .arg(dir.path())
+            .args(["--retain-mib", "4096"])
             .stderr(std::process::Stdio::null());
     }))
     .unwrap();
