@@ -1591,10 +1591,19 @@ pub async fn serve(
             resolved,
         })
     };
-    let narrowed: BTreeMap<String, Arc<Lane>> = narrowings
-        .into_iter()
-        .map(|(identity, grant)| (identity, lane(grant)))
-        .collect();
+    // Identities narrowed alike share one lane: one resolution per distinct grant.
+    let mut narrowed: BTreeMap<String, Arc<Lane>> = BTreeMap::new();
+    for (identity, narrowed_grant) in narrowings {
+        let shared_lane = narrowed
+            .values()
+            .find(|lane| lane.basis.grant == narrowed_grant)
+            .cloned();
+        let lane = match shared_lane {
+            Some(lane) => lane,
+            None => lane(narrowed_grant),
+        };
+        narrowed.insert(identity, lane);
+    }
     let lane = lane(grant);
     tasks.spawn(async move {
         let start = tokio::time::Instant::now() + SWEEP_EVERY;
