@@ -1794,41 +1794,47 @@ impl Owners {
     }
 }
 
-/// The answer to a request naming a session of another identity: as to a session that
-/// does not exist.
-fn not_found_session() -> hyper::Response<raw::HttpBody> {
+/// A small HTTP answer of the gateway's own (not rmcp's): `status` with `body` of `kind`.
+fn http_answer(
+    status: hyper::StatusCode,
+    kind: &'static str,
+    body: String,
+) -> hyper::Response<raw::HttpBody> {
     use http_body_util::BodyExt;
-    let mut response = hyper::Response::new(
-        http_body_util::Full::new(hyper::body::Bytes::from_static(
-            b"Not Found: Session not found",
-        ))
-        .boxed(),
+    let mut response =
+        hyper::Response::new(http_body_util::Full::new(hyper::body::Bytes::from(body)).boxed());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(kind),
     );
-    *response.status_mut() = hyper::StatusCode::NOT_FOUND;
     response
 }
 
+/// The answer to a request naming a session of another identity: as to a session that
+/// does not exist.
+fn not_found_session() -> hyper::Response<raw::HttpBody> {
+    http_answer(
+        hyper::StatusCode::NOT_FOUND,
+        "text/plain",
+        "Not Found: Session not found".to_owned(),
+    )
+}
+
 /// The answer to an HTTP request without a known bearer token.
-fn unauthorized() -> hyper::Response<
-    http_body_util::combinators::BoxBody<hyper::body::Bytes, std::convert::Infallible>,
-> {
-    use http_body_util::BodyExt;
+fn unauthorized() -> hyper::Response<raw::HttpBody> {
     let body = json!({
         "error": "unauthorized",
         "error_description": "psych serve needs Authorization: Bearer TOKEN, a token of its --tokens file",
     });
-    let mut response = hyper::Response::new(
-        http_body_util::Full::new(hyper::body::Bytes::from(body.to_string())).boxed(),
+    let mut response = http_answer(
+        hyper::StatusCode::UNAUTHORIZED,
+        "application/json",
+        body.to_string(),
     );
-    *response.status_mut() = hyper::StatusCode::UNAUTHORIZED;
-    let headers = response.headers_mut();
-    headers.insert(
+    response.headers_mut().insert(
         hyper::header::WWW_AUTHENTICATE,
         hyper::header::HeaderValue::from_static("Bearer realm=\"psych\""),
-    );
-    headers.insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
     );
     response
 }
@@ -2033,6 +2039,35 @@ mod tests {
                 assert!(second.is_ok(), "round {round}: {:?}", second.err());
             }
         });
+    }
+
+    /// More sessions than [`MAX_OWNERS`] are made: the oldest owners are forgotten (their
+    /// sessions are then nobody's), the map never holds more, and a deleted session is
+    /// nobody's at once.
+    #[test]
+    fn session_owners_are_bounded_and_an_unknown_session_is_nobodys() {
+        let owners = Owners::default();
+        for n in 0..MAX_OWNERS + 10 {
+            owners.record(&format!("s{n}"), format!("id{}", n % 2));
+        }
+        assert_eq!(
+            owners
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len(),
+            MAX_OWNERS
+        );
+        assert!(!owners.owned_by("s0", "id0"), "forgotten: nobody's");
+        let last = MAX_OWNERS + 9;
+        assert!(owners.owned_by(&format!("s{last}"), "id1"));
+        assert!(
+            !owners.owned_by(&format!("s{last}"), "id0"),
+            "another identity's"
+        );
+        owners.forget(&format!("s{last}"));
+        assert!(!owners.owned_by(&format!("s{last}"), "id1"));
+        assert!(!owners.owned_by("never", "id0"));
     }
 
     /// An identity holds at most [`MAX_LISTENS`] listen streams; a closed one frees its

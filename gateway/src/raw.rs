@@ -319,6 +319,10 @@ pub(super) async fn raw_http(
     if kind.starts_with("application/json") {
         let Ok(collected) = body.collect().await;
         let bytes = collected.to_bytes();
+        // Most answers (initialize, discover, errors) carry no placeholder: not parsed.
+        if memchr::memmem::find(&bytes, RAW_KEY.as_bytes()).is_none() {
+            return hyper::Response::from_parts(parts, http_body_util::Full::new(bytes).boxed());
+        }
         let mut message = serde_json::from_slice::<Value>(&bytes).ok();
         let swapped = message.as_mut().is_some_and(|m| raw.swap_json(m));
         let body = match message {

@@ -239,12 +239,12 @@ fn parse_digest(text: &str) -> Option<[u8; 32]> {
 
 /// The digest of `token` as the tokens file stores it: `sha256:` and 64 hex digits.
 pub fn token_digest(token: &str) -> String {
-    let digest = Sha256::digest(token.as_bytes());
-    let mut text = String::from(SHA256);
-    for byte in digest {
-        text.push_str(&format!("{byte:02x}"));
-    }
-    text
+    format!("{SHA256}{}", hex(&Sha256::digest(token.as_bytes())))
+}
+
+/// `bytes` as lowercase hex digits.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// A fresh token (`psy_` and 256 random bits in hex) and its digest for the tokens file.
@@ -255,10 +255,7 @@ pub fn token_digest(token: &str) -> String {
 pub fn new_token() -> Result<(String, String), TokensError> {
     let mut bits = [0u8; 32];
     getrandom::fill(&mut bits).map_err(TokensError::Random)?;
-    let mut token = String::from("psy_");
-    for byte in bits {
-        token.push_str(&format!("{byte:02x}"));
-    }
+    let token = format!("psy_{}", hex(&bits));
     let digest = token_digest(&token);
     Ok((token, digest))
 }
