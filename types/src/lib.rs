@@ -9,7 +9,8 @@
 //! content, `isError`, `_meta`, with its one [readable text](ToolOutput::readable_text)),
 //! [`Record`] with its [`RecordHandle`], and the seam traits [`TokenEstimator`],
 //! [`ResultProjector`], [`RecordSource`], [`ToolLister`] and [`ToolHost`] (whose calls can
-//! report progress to a [`ProgressSink`]).
+//! report progress to a [`ProgressSink`], and go in rounds when the server needs the
+//! client's input first: [`InputRound`], [`HostAnswer`]).
 //!
 //! Ids are validated newtypes: a bad name is an [`IdError`] where it enters, never a panic
 //! later. JSON the workspace shows or stores as text is written by [`json`], the canonical
@@ -104,8 +105,8 @@ pub use record::{
 };
 pub use schema::{InputSchemaError, check_input_schema, json_kind};
 pub use seam::{
-    LineMark, MemoryRecords, OutputInfo, OutputKind, Projection, RecordSource, ResultProjector,
-    ResultRef, TokenEstimator, ToolHost, ToolLister, readable_bytes,
+    HostAnswer, InputRound, LineMark, MemoryRecords, OutputInfo, OutputKind, Projection,
+    RecordSource, ResultProjector, ResultRef, TokenEstimator, ToolHost, ToolLister, readable_bytes,
 };
 pub use spill::{SpilledBlock, SpilledText};
 pub use tool::{

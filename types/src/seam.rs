@@ -10,11 +10,15 @@
 //!   reader tool.
 //! - [`ToolLister`] / [`ToolHost`]: implemented by live MCP connections, used by the catalogue
 //!   and the runtime's executor; a call can carry a [`ProgressSink`] for its progress
-//!   ([`ToolHost::call_tool_with_progress`]).
+//!   ([`ToolHost::call_tool_with_progress`]), and one round of an MCP 2026-07-28
+//!   multi-round-trip call ([`InputRound`] in, [`HostAnswer`] out:
+//!   [`ToolHost::call_tool_round`]).
 
 use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
+
+use serde_json::Value;
 
 use crate::{
     ContentBlock, JsonObject, LoggedRecord, ProgressSink, Record, RecordHandle, RunId, ServerId,
@@ -449,6 +453,81 @@ pub trait ToolHost: ToolLister {
         drop(progress);
         self.call_tool(tool, arguments)
     }
+
+    /// One round of a call that may need the client's input first (MCP 2026-07-28's
+    /// multi-round-trip requests): [`call_tool_with_progress`](Self::call_tool_with_progress)
+    /// carrying `round` (the retry's responses and state, the capabilities declared), whose
+    /// answer may be [`HostAnswer::InputRequired`] instead of an output. Progress,
+    /// deadlines, cancellation and errors are as `call_tool_with_progress`'s.
+    ///
+    /// The default knows no rounds: it makes the call with progress, without `round`, and
+    /// answers [`HostAnswer::Complete`]. Such a host never asks for input, so a caller has
+    /// no state of it to retry with. A host that speaks MCP 2026-07-28 overrides it.
+    fn call_tool_round(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+        round: InputRound,
+        progress: ProgressSink,
+    ) -> impl Future<Output = Result<HostAnswer, Self::Error>> + Send {
+        let _ = round;
+        async move {
+            self.call_tool_with_progress(tool, arguments, progress)
+                .await
+                .map(HostAnswer::Complete)
+        }
+    }
+}
+
+/// One round of an MCP 2026-07-28 multi-round-trip call (MRTR): what a retry carries after
+/// the server answered `input_required`, and the client capabilities the call declares.
+///
+/// [`InputRound::default`] is a first call declaring no capability. The fields are raw JSON
+/// passed through as they came: the host checks none of them, the server does.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InputRound {
+    /// `inputResponses`: the client's answer to each input request of the previous round
+    /// (an `ElicitResult`, a `CreateMessageResult`, a `ListRootsResult`), by its key.
+    pub input_responses: Option<JsonObject>,
+    /// `requestState`: the server's state from the previous round, byte for byte. `None`
+    /// when the server sent none (the client then must send none).
+    pub request_state: Option<String>,
+    /// The client capabilities the call declares to the server (the value of `_meta`'s
+    /// `io.modelcontextprotocol/clientCapabilities`); `None` declares none. Only a server
+    /// of 2026-07-28 reads capabilities per request; an earlier one has those of its
+    /// `initialize`.
+    pub client_capabilities: Option<JsonObject>,
+}
+
+impl InputRound {
+    /// Whether this round retries an earlier one (it carries responses or state).
+    pub fn is_retry(&self) -> bool {
+        self.input_responses.is_some() || self.request_state.is_some()
+    }
+}
+
+/// What a host answers for one round of a call ([`ToolHost::call_tool_round`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum HostAnswer {
+    /// The call is complete: its output (a tool that ran and failed too).
+    Complete(ToolOutput),
+    /// The server needs the client's input before the tool can run (MCP 2026-07-28's
+    /// `InputRequiredResult`): the result object exactly as the server sent it
+    /// (`resultType`, `inputRequests`, `requestState`, `_meta`). It is not a tool result:
+    /// nothing should log it or show it to a model as one. The caller answers the input
+    /// requests and calls again with an [`InputRound`] carrying the responses and the
+    /// state.
+    InputRequired(JsonObject),
+    /// The server refused the call for a client capability the round did not declare
+    /// (JSON-RPC error -32021, `MissingRequiredClientCapabilityError`): the server's
+    /// message and `data` (its `requiredCapabilities`), for the client to see.
+    MissingCapability {
+        /// The server's error message.
+        message: String,
+        /// The error's `data`, as sent.
+        data: Option<Value>,
+    },
 }
 
 #[cfg(test)]
@@ -515,6 +594,31 @@ mod tests {
         let mut context = std::task::Context::from_waker(std::task::Waker::noop());
         let std::task::Poll::Ready(Ok(output)) = call.as_mut().poll(&mut context) else {
             panic!("the plain call answers at once");
+        };
+        assert_eq!(output.readable_text(), "read_file");
+    }
+
+    #[test]
+    fn a_host_without_rounds_answers_a_round_complete() {
+        let tool = ToolRef::parse("fs", "read_file").unwrap();
+        let round = InputRound {
+            request_state: Some("s".into()),
+            ..InputRound::default()
+        };
+        assert!(round.is_retry() && !InputRound::default().is_retry());
+        let held = Arc::new(());
+        let call = Plain.call_tool_round(
+            &tool,
+            JsonObject::new(),
+            round,
+            crate::progress::tests::holding(&held),
+        );
+        let mut call = std::pin::pin!(call);
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        let std::task::Poll::Ready(Ok(HostAnswer::Complete(output))) =
+            call.as_mut().poll(&mut context)
+        else {
+            panic!("the plain call answers at once, complete");
         };
         assert_eq!(output.readable_text(), "read_file");
     }
