@@ -24,12 +24,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use psych_types::{ProgressSink, ServerId};
+use psych_types::{InputRound, ProgressSink, ServerId};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotification, CancelledNotificationParam,
-    ClientCapabilities, ClientConfig, ClientNotification, ClientRequest, CustomRequest,
-    Implementation, ProtocolVersion, RequestId, ServerNotification, ServerResult,
-    SubscriptionFilter,
+    ClientCapabilities, ClientConfig, ClientNotification, ClientRequest, CustomRequest, ErrorCode,
+    Implementation, ProtocolVersion, RequestId, RequestMetaObject, ServerNotification,
+    ServerResult, SubscriptionFilter,
 };
 use rmcp::service::{
     ClientInitializeError, ClientLifecycleMode, ClientServiceExt, NotificationContext, Peer,
@@ -53,6 +53,9 @@ pub(crate) const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion::V_2025_11_
 
 /// The revision without `initialize` that psych-mcp asks for first, with `server/discover`.
 pub(crate) const MODERN_VERSION: ProtocolVersion = ProtocolVersion::V_2026_07_28;
+
+/// The request `_meta` key of the client capabilities a request of MCP 2026-07-28 declares.
+const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
 
 /// How a session starts: `server/discover` for [`MODERN_VERSION`], falling back to
 /// `initialize` at [`PROTOCOL_VERSION`] when the server does not know it.
@@ -372,21 +375,41 @@ impl Session {
     /// first, `notifications/cancelled` goes to the server. With `progress`, the call
     /// carries a progress token and the server's progress for it goes to that sink. The
     /// result's text blocks too large to hold in memory come in files, with it.
+    ///
+    /// `round` is MCP 2026-07-28's retry (`inputResponses` and `requestState` in the
+    /// params, the state byte for byte) and the client capabilities the call declares in
+    /// its `_meta` (a server of 2026-07-28 only: an earlier one read psych's at
+    /// `initialize`, which declare none). The answer is whatever result the server sent,
+    /// an `input_required` one too: the caller reads its `resultType`.
     pub(crate) async fn call(
         &self,
         tool: &str,
         arguments: psych_types::JsonObject,
+        round: &InputRound,
         deadline: Duration,
         progress: Option<ProgressSink>,
     ) -> Result<Kept, McpError> {
         let call = format!("tools/call {tool}");
-        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        let handle = match self
-            .peer
-            .send_request_with_option(request, PeerRequestOptions::with_timeout(deadline))
-            .await
+        let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        params.input_responses = round
+            .input_responses
+            .as_ref()
+            .map(|responses| responses.clone().into_iter().collect());
+        params.request_state.clone_from(&round.request_state);
+        let mut options = PeerRequestOptions::with_timeout(deadline);
+        if self.is_modern()
+            && let Some(capabilities) = &round.client_capabilities
         {
+            // Put after rmcp's own stamp (psych's capabilities: none), so it wins.
+            let mut meta = RequestMetaObject::new();
+            meta.insert(
+                CLIENT_CAPABILITIES.to_owned(),
+                Value::Object(capabilities.clone()),
+            );
+            options = options.with_meta(meta);
+        }
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let handle = match self.peer.send_request_with_option(request, options).await {
             Ok(handle) => handle,
             Err(error) => return Err(self.fault(&call, error).await),
         };
@@ -429,6 +452,13 @@ impl Session {
                     server: self.server.clone(),
                     call,
                     message: format!("the tools/call result does not serialize: {e}"),
+                })?
+            }
+            ServerResult::InputRequiredResult(result) => {
+                serde_json::to_value(result).map_err(|e| McpError::Protocol {
+                    server: self.server.clone(),
+                    call,
+                    message: format!("the input_required result does not serialize: {e}"),
                 })?
             }
             ServerResult::CustomResult(custom) => custom.0,
@@ -479,6 +509,18 @@ impl Session {
                     server,
                     call,
                     message: reason,
+                }
+            }
+            // MCP 2026-07-28: the server needs a client capability the call did not
+            // declare; typed, so that a gateway can pass it to its own client.
+            ServiceError::McpError(data)
+                if data.code == ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY =>
+            {
+                McpError::MissingCapability {
+                    server,
+                    call,
+                    message: data.message.into_owned(),
+                    data: data.data,
                 }
             }
             ServiceError::McpError(data) => McpError::Protocol {
@@ -827,14 +869,27 @@ mod tests {
     /// the tap's count, which must be back to zero; the connection still answers.
     async fn given_up_calls_leave_the_tap_empty(session: &Session, hang: &str) {
         let tap = &session.tap;
+        let first = InputRound::default();
         for _ in 0..GIVEN_UP {
-            let call = session.call(hang, JsonObject::new(), Duration::from_secs(30), None);
+            let call = session.call(
+                hang,
+                JsonObject::new(),
+                &first,
+                Duration::from_secs(30),
+                None,
+            );
             let given_up = tokio::time::timeout(Duration::from_millis(20), call).await;
             assert!(given_up.is_err(), "the call was answered: {given_up:?}");
         }
         for _ in 0..3 {
             let error = session
-                .call(hang, JsonObject::new(), Duration::from_millis(20), None)
+                .call(
+                    hang,
+                    JsonObject::new(),
+                    &InputRound::default(),
+                    Duration::from_millis(20),
+                    None,
+                )
                 .await
                 .unwrap_err();
             assert!(matches!(error, McpError::Timeout { .. }), "{error}");
@@ -908,7 +963,13 @@ mod tests {
         let mut arguments = JsonObject::new();
         arguments.insert("text".into(), "still here".into());
         let echo = session
-            .call("echo", arguments, Duration::from_secs(5), None)
+            .call(
+                "echo",
+                arguments,
+                &InputRound::default(),
+                Duration::from_secs(5),
+                None,
+            )
             .await
             .unwrap();
         assert_eq!(echo.value["content"][0]["text"], "still here");

@@ -125,6 +125,40 @@ pub enum McpError {
         /// The repeated cursor.
         cursor: String,
     },
+    /// The server answered MCP 2026-07-28's `input_required` (it needs the client's input,
+    /// an elicitation say, before the tool runs) to a call that cannot give it:
+    /// [`ToolHost::call_tool`](psych_types::ToolHost::call_tool) and
+    /// [`McpManager::call_tool_raw`](crate::McpManager::call_tool_raw).
+    /// [`ToolHost::call_tool_round`](psych_types::ToolHost::call_tool_round) answers it
+    /// as [`HostAnswer::InputRequired`](psych_types::HostAnswer::InputRequired) instead.
+    #[error(
+        "MCP server \"{server}\": {call} needs input from the client first (an MCP \
+         2026-07-28 input_required answer), which this caller cannot give"
+    )]
+    InputRequired {
+        /// The server.
+        server: ServerId,
+        /// The call.
+        call: String,
+    },
+    /// The server refused the call with JSON-RPC error -32021: it needs a client capability
+    /// (elicitation, sampling, roots) the call did not declare.
+    /// [`ToolHost::call_tool_round`](psych_types::ToolHost::call_tool_round) answers it
+    /// as [`HostAnswer::MissingCapability`](psych_types::HostAnswer::MissingCapability).
+    #[error(
+        "MCP server \"{server}\": {call} failed: the server needs a client capability the \
+         call did not declare: {message}"
+    )]
+    MissingCapability {
+        /// The server.
+        server: ServerId,
+        /// The call.
+        call: String,
+        /// The server's error message.
+        message: String,
+        /// The error's `data` (its `requiredCapabilities`), as sent.
+        data: Option<serde_json::Value>,
+    },
     /// The server is down; the manager is reconnecting it with backoff.
     #[error("MCP server \"{server}\" is unreachable: {reason}")]
     Unreachable {
@@ -151,6 +185,8 @@ impl McpError {
             | Self::AnswerTooLarge { server, .. }
             | Self::MalformedAnswer { server, .. }
             | Self::RepeatedCursor { server, .. }
+            | Self::InputRequired { server, .. }
+            | Self::MissingCapability { server, .. }
             | Self::Unreachable { server, .. } => Some(server),
             Self::ShutDown => None,
         }

@@ -36,8 +36,14 @@
 //! of 2026-07-28, `list_changed` comes on a `subscriptions/listen` stream opened just
 //! before the first listing (so no change falls between the two), kept open, and reopened with a bounded backoff when it ends, each reopening an
 //! [`McpEvent::ToolsChanged`] with [`ChangeCause::Resubscribed`]. Results are kept raw,
-//! `resultType` included. 2026-07-28's multi-round-trip results (`InputRequiredResult`)
-//! are not handled yet.
+//! `resultType` included. 2026-07-28's multi-round-trip results (`InputRequiredResult`) go
+//! through [`ToolHost::call_tool_round`](psych_types::ToolHost::call_tool_round): the
+//! retry's `inputResponses` and `requestState` (echoed byte for byte) in the params and
+//! the client's capabilities in the request's `_meta`; the answer comes back raw as
+//! [`HostAnswer::InputRequired`](psych_types::HostAnswer::InputRequired), and a -32021
+//! refusal as [`HostAnswer::MissingCapability`](psych_types::HostAnswer::MissingCapability).
+//! The plain calls declare no capability and fail with [`McpError::InputRequired`] if a
+//! server asks them for input anyway; an unknown `resultType` is a protocol error.
 //!
 //! The MCP server its tests run against is the workspace's `psych-test-server` crate (not
 //! published): nothing of it ships with this one.

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use psych_types::{
-    JsonObject, ProgressSink, Reachability, ServerId, SpilledBlock, ToolDefinition, ToolHost,
-    ToolLister, ToolOutput, ToolRef,
+    HostAnswer, InputRound, JsonObject, ProgressSink, Reachability, ServerId, SpilledBlock,
+    ToolDefinition, ToolHost, ToolLister, ToolOutput, ToolRef,
 };
 use rmcp::model::CallToolResult;
 use serde::de::DeserializeOwned;
@@ -430,52 +430,119 @@ impl McpManager {
     ///
     /// An [`McpError`]: unknown or unreachable server, timeout, the server's exit (with
     /// its status and last stderr lines), a closed connection, a protocol error (including
-    /// a result rmcp cannot read).
+    /// a result rmcp cannot read, or a `resultType` psych does not know), a server asking
+    /// for input ([`McpError::InputRequired`]) or a capability
+    /// ([`McpError::MissingCapability`]) this call cannot give.
     pub async fn call_tool_raw(
         &self,
         tool: &ToolRef,
         arguments: JsonObject,
     ) -> Result<CallToolResult, McpError> {
         // A text kept in a file is its placeholder here: rmcp's type cannot name files.
-        Ok(self.call_as(tool, arguments, None).await?.0)
+        match self
+            .call_as::<CallToolResult>(tool, arguments, &InputRound::default(), None)
+            .await?
+        {
+            Read::Complete(result, _) => Ok(result),
+            Read::InputRequired(_) => Err(input_required(tool)),
+        }
     }
 
-    /// A `tools/call` whose `result` JSON (exactly as the server wrote it) is read as `T`;
-    /// an answer that does not read is a protocol error. Texts kept in files come with it.
+    /// A `tools/call` carrying `round`, whose `result` JSON (exactly as the server wrote it)
+    /// is read by its `resultType`: complete (or none, as before MCP 2026-07-28) as `T`,
+    /// with the texts kept in files; `input_required` as the raw result. Any other
+    /// `resultType`, or a complete answer that does not read as `T`, is a protocol error:
+    /// never an empty result.
     async fn call_as<T: DeserializeOwned>(
         &self,
         tool: &ToolRef,
         arguments: JsonObject,
+        round: &InputRound,
         progress: Option<ProgressSink>,
-    ) -> Result<(T, Vec<SpilledBlock>), McpError> {
+    ) -> Result<Read<T>, McpError> {
         let session = self.session(&tool.server)?;
         let kept = session
             .call(
                 tool.tool.as_str(),
                 arguments,
+                round,
                 self.inner.timeouts.call,
                 progress,
             )
             .await?;
-        let read = serde_json::from_value(kept.value).map_err(|e| McpError::Protocol {
+        let protocol = |message: String| McpError::Protocol {
             server: tool.server.clone(),
             call: format!("tools/call {}", tool.tool),
-            message: format!("the answer is not a tools/call result: {e}"),
-        })?;
-        Ok((read, kept.spilled))
+            message,
+        };
+        let result_type = kept.value.get("resultType").map(|value| value.as_str());
+        match result_type {
+            None | Some(Some("complete")) => {}
+            Some(Some("input_required")) => {
+                return match kept.value {
+                    serde_json::Value::Object(raw) => Ok(Read::InputRequired(raw)),
+                    _ => Err(protocol("the answer is not a JSON object".to_owned())),
+                };
+            }
+            Some(other) => {
+                return Err(protocol(format!(
+                    "the answer's resultType {} is not one psych knows (complete, \
+                     input_required)",
+                    other.map_or_else(|| "(not a string)".to_owned(), |t| format!("{t:?}"))
+                )));
+            }
+        }
+        let read = serde_json::from_value(kept.value)
+            .map_err(|e| protocol(format!("the answer is not a tools/call result: {e}")))?;
+        Ok(Read::Complete(read, kept.spilled))
     }
 
-    /// [`McpManager::call_as`] into a [`ToolOutput`], its spilled texts named in it.
+    /// [`McpManager::call_as`] into a [`HostAnswer`], its spilled texts named in the
+    /// output; a -32021 refusal is an answer too.
+    async fn call_round(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+        round: &InputRound,
+        progress: Option<ProgressSink>,
+    ) -> Result<HostAnswer, McpError> {
+        match self
+            .call_as::<ToolOutput>(tool, arguments, round, progress)
+            .await
+        {
+            Ok(Read::Complete(mut output, spilled)) => {
+                output.spilled = spilled;
+                Ok(HostAnswer::Complete(output))
+            }
+            Ok(Read::InputRequired(raw)) => Ok(HostAnswer::InputRequired(raw)),
+            Err(McpError::MissingCapability { message, data, .. }) => {
+                Ok(HostAnswer::MissingCapability { message, data })
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// A call that cannot answer input requests ([`ToolHost::call_tool`]): an
+    /// `input_required` answer is [`McpError::InputRequired`].
     async fn call_output(
         &self,
         tool: &ToolRef,
         arguments: JsonObject,
         progress: Option<ProgressSink>,
     ) -> Result<ToolOutput, McpError> {
-        let (mut output, spilled): (ToolOutput, _) =
-            self.call_as(tool, arguments, progress).await?;
-        output.spilled = spilled;
-        Ok(output)
+        match self
+            .call_round(tool, arguments, &InputRound::default(), progress)
+            .await?
+        {
+            HostAnswer::Complete(output) => Ok(output),
+            HostAnswer::MissingCapability { message, data } => Err(McpError::MissingCapability {
+                server: tool.server.clone(),
+                call: format!("tools/call {}", tool.tool),
+                message,
+                data,
+            }),
+            _ => Err(input_required(tool)),
+        }
     }
 
     /// Stops every supervisor, closes every session and stops every stdio server's process
@@ -501,6 +568,22 @@ impl McpManager {
         for slot in slots {
             slot.finish().await;
         }
+    }
+}
+
+/// A `tools/call` answer read by its `resultType`.
+enum Read<T> {
+    /// Complete: the result, and its texts kept in files.
+    Complete(T, Vec<SpilledBlock>),
+    /// `input_required`: the result object as sent.
+    InputRequired(JsonObject),
+}
+
+/// What a call that cannot answer input requests fails with when the server asks for some.
+fn input_required(tool: &ToolRef) -> McpError {
+    McpError::InputRequired {
+        server: tool.server.clone(),
+        call: format!("tools/call {}", tool.tool),
     }
 }
 
@@ -657,6 +740,15 @@ impl ToolLister for McpManager {
 /// With [`ToolHost::call_tool_with_progress`] the call carries a progress token of its own,
 /// and each `notifications/progress` the server sends for it is reported to the sink, in
 /// the order read and before the call returns; the sink is dropped when the call ends.
+///
+/// MCP 2026-07-28's rounds: [`ToolHost::call_tool_round`] sends the round's
+/// `inputResponses` and `requestState` (byte for byte) and, to a server of 2026-07-28, its
+/// client capabilities, and answers an `input_required` result raw
+/// ([`HostAnswer::InputRequired`]) and a -32021 refusal as
+/// [`HostAnswer::MissingCapability`]. The plain calls declare no capability, so a
+/// conforming server never asks them for input; one that does anyway is
+/// [`McpError::InputRequired`], never an empty result. A `resultType` psych does not know
+/// is a protocol error.
 impl ToolHost for McpManager {
     async fn call_tool(
         &self,
@@ -673,5 +765,16 @@ impl ToolHost for McpManager {
         progress: ProgressSink,
     ) -> Result<ToolOutput, McpError> {
         self.call_output(tool, arguments, Some(progress)).await
+    }
+
+    async fn call_tool_round(
+        &self,
+        tool: &ToolRef,
+        arguments: JsonObject,
+        round: InputRound,
+        progress: ProgressSink,
+    ) -> Result<HostAnswer, McpError> {
+        self.call_round(tool, arguments, &round, Some(progress))
+            .await
     }
 }
