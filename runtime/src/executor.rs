@@ -14,8 +14,8 @@ use psych_prompt_assembly::NativeDeferral;
 use psych_reader_tool::{CallError, Limits, Reader};
 use psych_record_log::{OpenError, RecordLog, SharedRecordLog};
 use psych_types::{
-    LoggedRecord, ProgressSink, READ_TOOL_OUTPUT, Record, RecordHandle, ToolCall, ToolHost,
-    ToolOutput, ToolRef, ToolResult,
+    HostAnswer, InputRound, LoggedRecord, ProgressSink, READ_TOOL_OUTPUT, Record, RecordHandle,
+    ToolCall, ToolHost, ToolOutput, ToolRef, ToolResult,
 };
 use serde_json::Value;
 use tokio::task::{Id, JoinError, JoinSet};
@@ -376,20 +376,130 @@ impl<H: ToolHost + 'static> Executor<H> {
             };
             let output = match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(output)) => output,
-                Ok(Err(error)) => ToolOutput::error(format!(
-                    "the call to {}/{} failed: {error}",
-                    target.server, target.tool
-                )),
-                Err(_) => ToolOutput::error(format!(
-                    "the call to {}/{} timed out after {} ms; it was cancelled",
-                    target.server,
-                    target.tool,
-                    timeout.as_millis()
-                )),
+                Ok(Err(error)) => failed(&target, &error),
+                Err(_) => timed_out(&target, timeout),
             };
             (index, Ok(output))
         });
         task.id()
+    }
+
+    /// Executes one call as one round of an MCP 2026-07-28 multi-round-trip call: as
+    /// [`execute_with_progress`](Self::execute_with_progress) for that one call (the guard
+    /// re-checks it against `live`, whatever round it is), except that a forwarded call
+    /// carries `round` to the host ([`ToolHost::call_tool_round`]), and an answer that is
+    /// not complete ([`Executed::InputRequired`], [`Executed::MissingCapability`]) is
+    /// returned without logging anything: only a call's final result is logged.
+    ///
+    /// `expected` is the target an earlier round of this call went to (a retry's): when
+    /// the guard now forwards the call elsewhere (the catalogue changed between rounds), the
+    /// call is answered with a logged failed result saying so, and nothing is forwarded.
+    ///
+    /// Cancel-safe as `execute_with_progress`: dropped before the host answers, the call is
+    /// cancelled upstream and nothing is logged; `progress` is dropped when the host's call
+    /// ends (at once for a call that is not forwarded).
+    ///
+    /// # Errors
+    ///
+    /// As [`execute`](Self::execute), for the one call.
+    pub async fn execute_round(
+        &self,
+        surface: &Surface,
+        live: &Live<'_>,
+        call: &ToolCall,
+        round: InputRound,
+        expected: Option<&ToolRef>,
+        progress: Option<ProgressSink>,
+    ) -> Result<Executed, ExecuteError> {
+        if call.name == READ_TOOL_OUTPUT {
+            let logged = self
+                .execute_with(
+                    surface,
+                    live,
+                    std::slice::from_ref(call),
+                    None,
+                    vec![progress],
+                )
+                .await?;
+            return one(logged);
+        }
+        let forward = match self.guard(surface, live, call) {
+            Verdict::Forward(forward) => forward,
+            verdict => {
+                drop(progress);
+                let output = self.answer(surface, live, &verdict);
+                return self.log_one(call, output).await;
+            }
+        };
+        if let Some(expected) = expected
+            && *expected != forward.target
+        {
+            drop(progress);
+            let output = ToolOutput::error(format!(
+                "this retry's requestState was issued for {}/{}, but {} now calls {}/{}: \
+                 call it again without inputResponses and requestState",
+                expected.server,
+                expected.tool,
+                call.name,
+                forward.target.server,
+                forward.target.tool
+            ));
+            return self.log_one(call, output).await;
+        }
+        let host = Arc::clone(&self.host);
+        let timeout = self.call_timeout;
+        let target = forward.target;
+        let arguments = forward.arguments;
+        // A task of its own, as a step's calls, so that a host that panics fails this call
+        // alone; the set is dropped with this future, which aborts the task and with it the
+        // upstream request.
+        let mut task = JoinSet::new();
+        let sent = target.clone();
+        task.spawn(async move {
+            let sink = progress.unwrap_or_else(|| ProgressSink::new(|_| {}));
+            let call = host.call_tool_round(&sent, arguments, round, sink);
+            match tokio::time::timeout(timeout, call).await {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(error)) => HostAnswer::Complete(failed(&sent, &error)),
+                Err(_) => HostAnswer::Complete(timed_out(&sent, timeout)),
+            }
+        });
+        let answer = match task.join_next().await {
+            Some(Ok(answer)) => answer,
+            Some(Err(source)) => {
+                let error = panicked(call, source);
+                let output = ToolOutput::error(psych_types::error_chain(&error));
+                self.log_one(call, output).await?;
+                return Err(error);
+            }
+            None => HostAnswer::Complete(ToolOutput::error("the call's task was lost")),
+        };
+        match answer {
+            HostAnswer::Complete(output) => self.log_one(call, output).await,
+            HostAnswer::InputRequired(answer) => Ok(Executed::InputRequired { target, answer }),
+            HostAnswer::MissingCapability { message, data } => Ok(Executed::MissingCapability {
+                target,
+                message,
+                data,
+            }),
+            _ => {
+                let output = ToolOutput::error(format!(
+                    "the call to {}/{} answered in a way this runtime does not know",
+                    target.server, target.tool
+                ));
+                self.log_one(call, output).await
+            }
+        }
+    }
+
+    /// Logs `output` as `call`'s result.
+    async fn log_one(&self, call: &ToolCall, output: ToolOutput) -> Result<Executed, ExecuteError> {
+        let record = Record::ToolResult(ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            output,
+        });
+        one(append(&self.log, vec![record]).await?)
     }
 
     /// Answers `read_tool_output` through psych-reader-tool over the log (blocking reads).
@@ -549,6 +659,60 @@ pub(crate) async fn append(
             .collect())
     })
     .await?
+}
+
+/// What [`Executor::execute_round`] made of one call.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Executed {
+    /// The call's final result, as logged.
+    Logged(LoggedRecord),
+    /// The server needs the client's input first (MCP 2026-07-28's `InputRequiredResult`):
+    /// its result object as sent, and where the call went. Nothing was logged.
+    InputRequired {
+        /// The tool the call was forwarded to: what a retry must reach again.
+        target: ToolRef,
+        /// The server's `input_required` result, as sent.
+        answer: psych_types::JsonObject,
+    },
+    /// The server refused the call for a client capability the round did not declare
+    /// (JSON-RPC -32021). Nothing was logged.
+    MissingCapability {
+        /// The tool the call was forwarded to.
+        target: ToolRef,
+        /// The server's error message.
+        message: String,
+        /// The error's `data` (its `requiredCapabilities`), as sent.
+        data: Option<Value>,
+    },
+}
+
+/// The one record of a one-call batch, as [`Executed::Logged`].
+fn one(logged: Vec<LoggedRecord>) -> Result<Executed, ExecuteError> {
+    match logged.into_iter().next() {
+        Some(record) => Ok(Executed::Logged(record)),
+        // A one-call batch logs its one result; only a refused read logs none, and that is
+        // an error already.
+        None => Err(ExecuteError::Calls(Vec::new())),
+    }
+}
+
+/// The failed result of a forwarded call whose host failed.
+fn failed(target: &ToolRef, error: &dyn std::fmt::Display) -> ToolOutput {
+    ToolOutput::error(format!(
+        "the call to {}/{} failed: {error}",
+        target.server, target.tool
+    ))
+}
+
+/// The failed result of a forwarded call past its deadline.
+fn timed_out(target: &ToolRef, timeout: Duration) -> ToolOutput {
+    ToolOutput::error(format!(
+        "the call to {}/{} timed out after {} ms; it was cancelled",
+        target.server,
+        target.tool,
+        timeout.as_millis()
+    ))
 }
 
 /// What a call whose task did not finish (it panicked) is answered with, and reported as.

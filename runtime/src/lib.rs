@@ -22,6 +22,9 @@
 //!   [`ProgressSink`](psych_types::ProgressSink) when the caller gave one
 //!   ([`Executor::execute_with_progress`]). Parallel calls run concurrently; their
 //!   results are logged in call order, whole, in one batch, before anything is elided.
+//!   One call can also go as one round of an MCP 2026-07-28 multi-round-trip call
+//!   ([`Executor::execute_round`]): a server's `input_required` answer comes back
+//!   ([`Executed::InputRequired`]) without being logged, and only the final result is.
 //! - **Resume.** Opening a Run whose log exists resumes it; every call without a result gets
 //!   a logged failed result ([`INTERRUPTED`]) before anything is assembled.
 //! - **Spent tokens come from the provider.** [`Run::spent`] sums the logged usage records
@@ -129,7 +132,8 @@ pub use error::{ExecuteError, RunError, TurnState};
 #[cfg(feature = "mcp")]
 pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};
 pub use executor::{
-    Archive, Archived, DEFAULT_CALL_TIMEOUT, EXECUTOR_TOOLS, Executor, reserve_executor_tools,
+    Archive, Archived, DEFAULT_CALL_TIMEOUT, EXECUTOR_TOOLS, Executed, Executor,
+    reserve_executor_tools,
 };
 pub use run::{INTERRUPTED, ModelReply, Next, Run, RunBuilder, Target};
 pub use scripted::{ScriptedModel, Step, Transcript};
