@@ -24,6 +24,7 @@
 //! | `subscriptions` | not listed: how many `subscriptions/listen` streams are open and watching for changes |
 //! | (HTTP) `cut_stream {bytes}`, `end_stream` | not listed: an event stream cut mid-event, or ended before any answer; and paths under `/moved` redirect (see `raw_http`) |
 //! | `exotic {known_only}` | [`exotic_result`] as raw JSON: fields and a block type rmcp does not model ([`exotic_known_result`], without the unknown block type, if `known_only` is true) |
+//! | `confirm {text}` | listed with `--modern-only` only: MCP 2026-07-28's `input_required`, an elicitation under the key `confirm` and the state [`confirm_state`]; retried with an `accept` (`{name}`) and that state byte for byte, "confirmed TEXT by NAME"; -32021 when the call declares no elicitation capability |
 //!
 //! Over stdio, unlisted `raw_*` tools answer with lines rmcp cannot write (invalid UTF-8,
 //! a lone surrogate escape, a line over the client's cap, a line cut short, and
@@ -348,6 +349,13 @@ impl State {
         );
         if scenario.list_raw_tools {
             tools.extend(stdio_faults::raw_tools());
+        }
+        if scenario.modern_only && !scenario.no_control_tools {
+            tools.push(json!({
+                "name": "confirm",
+                "description": "Asks the client to confirm the text (MCP 2026-07-28 input_required), then answers who confirmed it.",
+                "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+            }));
         }
         if scenario.malformed {
             tools
@@ -757,6 +765,77 @@ impl TestServer {
     }
 }
 
+/// The `requestState` the `confirm` tool answers for `text`: with `+`, `/` and `=`, so that
+/// a client (a gateway) that does not echo it byte for byte is caught.
+pub fn confirm_state(text: &str) -> String {
+    format!("confirm:{text}:+/=")
+}
+
+/// The `confirm` tool (MCP 2026-07-28 only: rmcp refuses `input_required` to earlier
+/// peers). Without input: an elicitation asking for a name, and [`confirm_state`]; retried
+/// with the state byte for byte and an `accept`, the final answer; -32021 when the call
+/// declares no elicitation capability.
+fn confirm(
+    request: CallToolRequestParams,
+    context: &RequestContext<RoleServer>,
+) -> Result<CallToolResponse, ErrorData> {
+    let text = request
+        .arguments
+        .as_ref()
+        .and_then(|args| args.get("text"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let can_elicit = context
+        .client_capabilities()
+        .is_some_and(|capabilities| capabilities.elicitation.is_some());
+    if !can_elicit {
+        return Err(ErrorData::new(
+            rmcp::model::ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY,
+            "confirm needs the elicitation capability",
+            Some(json!({"requiredCapabilities": {"elicitation": {}}})),
+        ));
+    }
+    let Some(responses) = request.input_responses else {
+        let ask = json!({"method": "elicitation/create", "params": {
+            "mode": "form",
+            "message": format!("Confirm {text:?}?"),
+            "requestedSchema": {"type": "object",
+                "properties": {"name": {"type": "string"}}, "required": ["name"]},
+        }});
+        let ask: rmcp::model::InputRequest = serde_json::from_value(ask)
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let requests = std::iter::once(("confirm".to_owned(), ask)).collect();
+        return Ok(CallToolResponse::from(
+            rmcp::model::InputRequiredResult::new(Some(requests), Some(confirm_state(&text))),
+        ));
+    };
+    if request.request_state.as_deref() != Some(confirm_state(&text).as_str()) {
+        return Err(ErrorData::invalid_params(
+            format!(
+                "confirm: requestState {:?} is not the one sent ({:?})",
+                request.request_state,
+                confirm_state(&text)
+            ),
+            None,
+        ));
+    }
+    let answer = responses.get("confirm").cloned().unwrap_or(Value::Null);
+    let result = match answer.get("action").and_then(Value::as_str) {
+        Some("accept") => {
+            let name = answer
+                .pointer("/content/name")
+                .and_then(Value::as_str)
+                .unwrap_or("nobody");
+            CallToolResult::success(vec![ContentBlock::text(format!(
+                "confirmed {text} by {name}"
+            ))])
+        }
+        _ => CallToolResult::error(vec![ContentBlock::text(format!("not confirmed: {answer}"))]),
+    };
+    Ok(CallToolResponse::from(result))
+}
+
 /// The `hang` tool's one progress report under `--announce-hang` (progress 0, "hanging")
 /// when the call carries a progress token: a client then knows the call reached the server
 /// and hangs there.
@@ -806,6 +885,9 @@ impl ServerHandler for TestServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if request.name == "confirm" && self.state.scenario.modern_only {
+            return confirm(request, &context);
+        }
         self.call(request, context)
             .await
             .map(CallToolResponse::from)
