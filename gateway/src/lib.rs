@@ -112,16 +112,17 @@ use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager};
 use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
-use psych_runtime::{Archive, CatalogSync, ExecuteError, Executor, Started};
+use psych_runtime::{Archive, CatalogSync, ExecuteError, Executed, Executor, Started};
 use psych_types::{
-    ConnectionSpec, ContentBlock, LoggedRecord, PermissionGrant, Projection, READ_TOOL_OUTPUT,
-    Record, RecordHandle, ResultProjector, ServerCatalog, StoredRef, TokenEstimator, ToolCall,
-    ToolCallId, ToolDefinition, ToolOutput, ToolResult,
+    ConnectionSpec, ContentBlock, InputRound, JsonObject, LoggedRecord, PermissionGrant,
+    Projection, READ_TOOL_OUTPUT, Record, RecordHandle, ResultProjector, ServerCatalog, StoredRef,
+    TokenEstimator, ToolCall, ToolCallId, ToolDefinition, ToolOutput, ToolRef, ToolResult,
 };
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, DiscoverResult, ErrorCode,
-    ErrorData, Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
-    PaginatedRequestParams, RequestMetaObject, ResultType, ServerCapabilities, SubscriptionFilter,
+    ErrorData, Implementation, InitializeRequestParams, InitializeResult, InputRequiredResult,
+    ListToolsResult, PaginatedRequestParams, RequestMetaObject, ResultType, ServerCapabilities,
+    SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
 use rmcp::{RoleServer, ServerHandler, ServiceExt};
@@ -129,6 +130,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+mod mrtr;
 mod progress;
 mod raw;
 mod stdio;
@@ -364,6 +366,8 @@ struct Shared {
     max_sessions: Option<usize>,
     /// Raw answers waiting for the HTTP transport (see [`raw`]).
     raw: Arc<raw::RawAnswers>,
+    /// Seals the `requestState` of MCP 2026-07-28's rounds (see [`mrtr`]).
+    sealer: mrtr::Sealer,
 }
 
 /// What a client's `tools/list` gets for `surface`: disclosure's client listing
@@ -580,8 +584,8 @@ impl Cut {
 
 /// How a call's execution ended.
 enum Ended {
-    /// It ran to its logged result.
-    Done(Result<Vec<LoggedRecord>, ExecuteError>),
+    /// It ran to its logged result, or to an upstream answer that is not complete.
+    Done(Result<Executed, ExecuteError>),
     /// It was cut short; `logged` when its own result was logged all the same (it had
     /// left the host when the cancellation came).
     Cancelled { logged: bool, why: Cut },
@@ -767,11 +771,18 @@ impl Session {
     /// in flight when the gateway shuts down is cut short the same way, logged as
     /// [`CANCELLED_BY_SHUTDOWN`]. Either way the log holds one result for every call, and
     /// the client is answered with the cancellation.
+    ///
+    /// `round` is carried to the upstream call (MCP 2026-07-28's retry, and the client's
+    /// capabilities); `expected` is where the sealed state of a retry says the call went.
+    /// An upstream answer that is not complete comes back as it is ([`Answer`]), neither
+    /// logged nor projected; a call cancelled after such an answer is logged as cancelled.
     async fn call_or_cancel(
         &self,
         params: CallToolRequestParams,
+        round: InputRound,
+        expected: Option<ToolRef>,
         context: &RequestContext<RoleServer>,
-    ) -> Result<Value, ErrorData> {
+    ) -> Result<Answer, ErrorData> {
         // Counted until it returns: the shutdown waits for every call to be logged.
         let _in_flight = self.shared.enter_call();
         let token = params
@@ -803,9 +814,14 @@ impl Session {
         let mut state = self.shared.state.subscribe();
         let ended = {
             let execution = async {
-                let calls = std::slice::from_ref(&call);
-                let execution =
-                    executor.execute_with_progress(&view.surface, &live, calls, vec![Some(sink)]);
+                let execution = executor.execute_round(
+                    &view.surface,
+                    &live,
+                    &call,
+                    round,
+                    expected.as_ref(),
+                    Some(sink),
+                );
                 // The relay ends when the sink is dropped: every report is sent before the
                 // result is.
                 let (logged, ()) = tokio::join!(execution, relay.run());
@@ -823,10 +839,14 @@ impl Session {
             match why {
                 Err(logged) => Ended::Done(logged),
                 Ok(why) => {
-                    let logged = watch.left_host();
+                    let mut logged = watch.left_host();
                     if logged {
-                        // Answered (or never forwarded): what remains is logging it.
-                        let _ = execution.await;
+                        // Answered (or never forwarded): what remains is logging it, unless
+                        // the upstream asked for input, which logs nothing.
+                        logged = !matches!(
+                            execution.await,
+                            Ok(Executed::InputRequired { .. } | Executed::MissingCapability { .. })
+                        );
                     }
                     // Otherwise the execution is dropped here, before it logged anything,
                     // and the upstream request with it.
@@ -864,12 +884,26 @@ impl Session {
             }
         };
         // The logged record is ours: its output is moved to the client, not copied.
-        let Some(LoggedRecord {
-            handle,
-            record: Record::ToolResult(result),
-        }) = logged.into_iter().next()
-        else {
-            return Err(ErrorData::internal_error("the call logged no result", None));
+        let (handle, result) = match logged {
+            Executed::Logged(LoggedRecord {
+                handle,
+                record: Record::ToolResult(result),
+            }) => (handle, result),
+            Executed::InputRequired { target, answer } => {
+                return Ok(Answer::InputRequired { target, answer });
+            }
+            Executed::MissingCapability {
+                target,
+                message,
+                data,
+            } => {
+                return Ok(Answer::MissingCapability {
+                    target,
+                    message,
+                    data,
+                });
+            }
+            _ => return Err(ErrorData::internal_error("the call logged no result", None)),
         };
         let (view_of, stored_len) = self.project(executor, &handle).await?;
         // Whether the output in memory is not the whole result: its text was spilled to
@@ -900,6 +934,7 @@ impl Session {
             Projection::Full => result.output,
         };
         serde_json::to_value(&output)
+            .map(Answer::Result)
             .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
     }
 
@@ -975,6 +1010,42 @@ impl Session {
         }
     }
 
+    /// The `input_required` answer for a client of 2026-07-28: the upstream's result as it
+    /// sent it (its `inputRequests` untouched), its `requestState` replaced by the
+    /// gateway's seal of it (one even when the upstream sent none), passed raw as any
+    /// result.
+    fn input_required(
+        &self,
+        binding: &mrtr::Binding<'_>,
+        target: &ToolRef,
+        mut answer: JsonObject,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let upstream = match answer.remove("requestState") {
+            None => None,
+            Some(Value::String(state)) => Some(state),
+            Some(_) => {
+                return Err(ErrorData::internal_error(
+                    format!(
+                        "{}/{} answered input_required with a requestState that is not a \
+                         string",
+                        target.server, target.tool
+                    ),
+                    None,
+                ));
+            }
+        };
+        let sealed = self
+            .shared
+            .sealer
+            .seal(binding, target, upstream.as_deref(), unix_millis());
+        answer.insert("requestState".to_owned(), Value::String(sealed.clone()));
+        let mut typed = InputRequiredResult::from_request_state(sealed);
+        self.shared
+            .raw
+            .stash(Value::Object(answer), &mut typed.meta);
+        Ok(CallToolResponse::from(typed))
+    }
+
     /// Starts telling `peer` when its listing changes: woken by the resolver (so by the
     /// catalogue), never by a timer; compares the listing's bytes with what the client
     /// last saw, starting from what it was shown at `initialize`.
@@ -1025,6 +1096,120 @@ fn identity_of(context: &RequestContext<RoleServer>) -> Option<&str> {
         .map(|identity| identity.0.as_str())
 }
 
+/// What a call's execution answers the handler: a result for the client, or an upstream
+/// answer that is not complete (MCP 2026-07-28), neither logged nor projected.
+enum Answer {
+    /// The result for the client, as JSON (logged, projected).
+    Result(Value),
+    /// The upstream needs the client's input first: its `input_required` result as sent.
+    InputRequired {
+        /// The upstream tool the call reached.
+        target: ToolRef,
+        /// The upstream's result object.
+        answer: JsonObject,
+    },
+    /// The upstream refused for a client capability the call did not declare (-32021).
+    MissingCapability {
+        /// The upstream tool the call reached.
+        target: ToolRef,
+        /// The upstream's message.
+        message: String,
+        /// The error's `data`.
+        data: Option<Value>,
+    },
+}
+
+/// Whether the request in `context` is of MCP 2026-07-28 or later (no `initialize`): its
+/// client can answer `input_required` itself.
+fn is_modern(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|version| !version.has_initialize())
+}
+
+/// The request `_meta` key of the client capabilities (MCP 2026-07-28).
+const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+
+/// The capabilities psych passes on: what lets an upstream ask the client for input.
+const INPUT_CAPABILITIES: [&str; 3] = ["elicitation", "sampling", "roots"];
+
+/// The client capabilities of a request of 2026-07-28 that an upstream may ask for input
+/// through (elicitation, sampling, roots), as the client sent them; the others (tasks,
+/// extensions) are psych's to answer, not the upstream's.
+fn client_capabilities(
+    request: &CallToolRequestParams,
+    context: &RequestContext<RoleServer>,
+) -> Option<JsonObject> {
+    let declared = request
+        .meta
+        .as_ref()
+        .and_then(|meta| meta.get(CLIENT_CAPABILITIES))
+        .or_else(|| context.meta.get(CLIENT_CAPABILITIES))?
+        .as_object()?;
+    Some(
+        declared
+            .iter()
+            .filter(|(key, _)| INPUT_CAPABILITIES.contains(&key.as_str()))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect(),
+    )
+}
+
+/// The tool error a client of a revision with sessions gets when the upstream needs input
+/// (its `answer`, when it said which) or a capability: it names the tool and what to do.
+/// Not logged: it is not the tool's result, and the tool did not run.
+fn needs_modern(
+    target: &ToolRef,
+    context: &RequestContext<RoleServer>,
+    answer: Option<&JsonObject>,
+) -> Value {
+    let asks: Vec<String> = answer
+        .and_then(|answer| answer.get("inputRequests"))
+        .and_then(Value::as_object)
+        .map(|requests| {
+            requests
+                .values()
+                .map(|request| {
+                    let method = request
+                        .get("method")
+                        .and_then(Value::as_str)
+                        .unwrap_or("a request");
+                    match request
+                        .get("params")
+                        .and_then(|p| p.get("message"))
+                        .and_then(Value::as_str)
+                    {
+                        Some(message) => format!("{method}: {message:?}"),
+                        None => method.to_owned(),
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let asks = if asks.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", asks.join("; "))
+    };
+    let version = context
+        .protocol_version()
+        .map_or_else(|| "an earlier revision".to_owned(), |v| v.to_string());
+    let text = format!(
+        "{}/{} needs input from the client before it runs{asks}, which psych passes only to \
+         an MCP 2026-07-28 client; this client speaks {version}. Connect with MCP 2026-07-28 \
+         to answer it.",
+        target.server, target.tool
+    );
+    serde_json::to_value(ToolOutput::error(text)).unwrap_or(Value::Null)
+}
+
+/// Now, in Unix milliseconds (0 before 1970).
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The identity an HTTP request's authorization named, put in its extensions by the
 /// gateway's authorization layer.
 #[derive(Debug, Clone)]
@@ -1064,12 +1249,73 @@ impl ServerHandler for Session {
         Ok(typed)
     }
 
+    /// A call, or one round of it (MCP 2026-07-28's multi-round-trip calls, the `mrtr`
+    /// module): a retry's `requestState` is opened first (-32602 when it is not this
+    /// process's, another identity's, another call's or expired), and an upstream's
+    /// `input_required` reaches a client of 2026-07-28 with the gateway's sealed state in
+    /// place of the upstream's, and any other client as a tool error ([`needs_modern`]).
     async fn call_tool(
         &self,
-        request: CallToolRequestParams,
+        mut request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let raw = self.call_or_cancel(request, &context).await?;
+        let identity = identity_of(&context).unwrap_or(self.shared.default_identity);
+        let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
+        let name = request.name.to_string();
+        let binding = mrtr::Binding {
+            identity,
+            name: &name,
+            arguments: &arguments,
+        };
+        let opened = match request.request_state.take() {
+            Some(state) => Some(
+                self.shared
+                    .sealer
+                    .open(&state, &binding, unix_millis())
+                    .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?,
+            ),
+            None => None,
+        };
+        let modern = is_modern(&context);
+        let (expected, request_state) = match opened {
+            Some(opened) => (Some(opened.target), opened.upstream),
+            None => (None, None),
+        };
+        let round = InputRound {
+            input_responses: request
+                .input_responses
+                .take()
+                .map(|responses| responses.into_iter().collect()),
+            request_state,
+            client_capabilities: if modern {
+                client_capabilities(&request, &context)
+            } else {
+                // A client of a revision with sessions cannot answer input through psych
+                // (psych does not bridge its session's requests): psych declares nothing
+                // for it, and a conforming upstream does not ask.
+                None
+            },
+        };
+        let answer = self
+            .call_or_cancel(request, round, expected, &context)
+            .await?;
+        let raw = match answer {
+            Answer::Result(raw) => raw,
+            Answer::InputRequired { target, answer } if modern => {
+                return self.input_required(&binding, &target, answer);
+            }
+            Answer::MissingCapability { message, data, .. } if modern => {
+                return Err(ErrorData::new(
+                    ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY,
+                    message,
+                    data,
+                ));
+            }
+            Answer::InputRequired { target, answer } => {
+                needs_modern(&target, &context, Some(&answer))
+            }
+            Answer::MissingCapability { target, .. } => needs_modern(&target, &context, None),
+        };
         // What rmcp can type of the result: sent only if the raw answer cannot be.
         let mut typed = serde_json::from_value::<CallToolResult>(raw.clone()).unwrap_or_else(|e| {
             CallToolResult::error(vec![rmcp::model::ContentBlock::text(format!(
@@ -1437,6 +1683,10 @@ pub enum ServeError {
     /// A blocking task of the start (creating the catalogue) panicked or was cancelled.
     #[error("a task starting the gateway did not finish")]
     Task(#[source] tokio::task::JoinError),
+    /// The system's random source failed to give the key that seals the `requestState`
+    /// of MCP 2026-07-28's rounds.
+    #[error("the system's random source (the key sealing requestState)")]
+    Random(#[source] getrandom::Error),
     /// The HTTP listener is not on a loopback address and there are no tokens
     /// ([`GatewaySettings::tokens`]) to authorize its requests.
     #[error("{0} is not a loopback address")]
@@ -1510,6 +1760,8 @@ pub async fn serve(
     settings: GatewaySettings,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    // Before anything starts: without its key the gateway could not seal a round.
+    let sealer = mrtr::Sealer::new().map_err(ServeError::Random)?;
     if let Listener::Http(listener) = &listener {
         let addr = listener.local_addr().map_err(ServeError::Listen)?;
         if !addr.ip().is_loopback() && settings.tokens.is_none() {
@@ -1637,6 +1889,7 @@ pub async fn serve(
         state: watch::Sender::new(Gauge::default()),
         max_sessions: http.then_some(settings.max_sessions),
         raw: Arc::default(),
+        sealer,
     });
     // The first resolution of every lane, of whatever the catalogue holds now (most
     // likely nothing).
@@ -2012,6 +2265,7 @@ mod tests {
             state: watch::Sender::new(Gauge::default()),
             max_sessions: None,
             raw: Arc::default(),
+            sealer: mrtr::Sealer::new().unwrap_or_else(|e| panic!("{e}")),
         })
     }
 

@@ -82,6 +82,8 @@ impl RawAnswers {
         let meta = match &response.result {
             ServerResult::CallToolResult(result) => result.meta.as_ref(),
             ServerResult::ListToolsResult(result) => result.meta.as_ref(),
+            // MCP 2026-07-28's round: the upstream's `inputRequests` as it sent them.
+            ServerResult::InputRequiredResult(result) => result.meta.as_ref(),
             _ => None,
         };
         let Some(key) = meta.and_then(|m| m.0.get(RAW_KEY)).and_then(Value::as_u64) else {
@@ -495,6 +497,25 @@ mod tests {
             json!({"resultType": "input_required"}),
             "the raw answer's own wins"
         );
+    }
+
+    #[test]
+    fn an_input_required_placeholder_is_sent_as_the_upstreams_answer() {
+        let raw = RawAnswers::default();
+        // The upstream's inputRequests as it sent them (a field rmcp does not model too),
+        // with the gateway's state.
+        let answer = json!({
+            "resultType": "input_required",
+            "inputRequests": {"confirm": {"method": "elicitation/create", "params": {
+                "mode": "form", "message": "Sure?", "requestedSchema": {"type": "object"},
+                "x-vendor": 1}}},
+            "requestState": "psy1.00.11",
+        });
+        let mut typed = rmcp::model::InputRequiredResult::from_request_state("psy1.00.11");
+        raw.stash(answer.clone(), &mut typed.meta);
+        let mut message = response(ServerResult::InputRequiredResult(typed));
+        raw.swap(&mut message);
+        assert_eq!(serde_json::to_value(&message).unwrap()["result"], answer);
     }
 
     #[test]

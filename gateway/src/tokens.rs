@@ -243,7 +243,7 @@ pub fn token_digest(token: &str) -> String {
 }
 
 /// `bytes` as lowercase hex digits.
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
