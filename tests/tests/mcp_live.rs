@@ -20,8 +20,7 @@ use psych_types::{
 };
 use serde_json::{Value, json};
 
-mod mcp_common;
-use mcp_common::{HttpServer, SERVER};
+use crate::mcp_common::{HttpServer, SERVER};
 
 /// How many control tools the test server lists before its generated ones.
 const CONTROL_TOOLS: usize = 16;
@@ -1900,6 +1899,15 @@ async fn the_line_before_a_progress_bar_is_still_in_the_stderr_tail_at_the_exit(
 
 /// Set in the test process that [`a_server_dropped_as_the_process_exits_takes_its_setsid_grandchild`]
 /// starts: the pid file of its server's grandchild.
+/// `name`'s path in this test binary, as `--exact` matches it: the module path without the
+/// crate's name (the file is a module of the crate's one integration-test binary).
+fn test_path(name: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_owned(),
+    }
+}
+
 const EXITING_CHILD: &str = "PSYCH_MCP_TEST_EXITING_CHILD";
 
 /// Review item 2: a manager whose servers are dropped while the runtime shuts down (what
@@ -1915,7 +1923,7 @@ async fn a_server_dropped_as_the_process_exits_takes_its_setsid_grandchild() {
     let pidfile = dir.join("grandchild");
     let output = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
-            "exiting_process_with_a_server",
+            test_path("exiting_process_with_a_server").as_str(),
             "--exact",
             "--nocapture",
             "--test-threads=1",
