@@ -1,5 +1,5 @@
 //! The integration tests of this crate, one module per subject, linked as one test binary
-//! (linking one binary per file cost the 2-core CI more than running the tests did).
+//! (one per file was 78 binaries to link on a 2-core CI; see ARCHITECTURE.md, `xtask/`).
 //! A test that needs a process of its own is a `[[test]]` target of its own in `Cargo.toml`.
 
 #![allow(

@@ -592,8 +592,8 @@ fn integration_tests_in_workspace(metadata: &Value) -> Result<Vec<String>, Strin
     Ok(violations)
 }
 
-/// One integration-test binary per crate (`tests/it.rs`, with `autotests = false`): linking
-/// a binary per file cost the 2-core CI more than running the tests did. Cargo then compiles
+/// One integration-test binary per crate (`tests/it.rs`, with `autotests = false`; why: see
+/// ARCHITECTURE.md, `xtask/`). Cargo then compiles
 /// only the `[[test]]` targets, so a `tests/*.rs` file (by stem, in `files`) that is neither a
 /// test target's root nor declared `mod <stem>;` by one (`roots`: stem and text of each test
 /// target directly in `tests/`) would never run; it is refused instead.
