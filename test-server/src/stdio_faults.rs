@@ -8,8 +8,9 @@
 //!   `raw_unparseable` (a line cut in the middle of the result), `raw_forged_error` (a
 //!   JSON-RPC error of the server's own in the shape of the one psych-mcp's transport
 //!   makes up for an answer over its cap: [`FORGED_ERROR_MESSAGE`]), `raw_huge {mib,
-//!   second_mib, lone_surrogate, bad_utf8, image}` (a text result of `mib` MiB written as it
-//!   is made, never held: [`Huge`]). The handler answers them with a marker and
+//!   second_mib, lone_surrogate, bad_utf8, image, pause_ms}` (a text result of `mib` MiB written
+//!   as it is made, never held: [`Huge`]; with `pause_ms`, a pause after each MiB, as over a
+//!   slow link). The handler answers them with a marker and
 //!   [`raw_line`] writes the line in its place (the writer task writes a huge one);
 //! - at start: `--stderr-flood BYTES` writes that many bytes to stderr without a line
 //!   break (then one), and `--setsid-grandchild PIDFILE` starts a `sleep` in a session of
@@ -54,6 +55,7 @@ pub(super) fn marker(request: &ClientRequest) -> Option<ServerResult> {
         "lone_surrogate": flag("lone_surrogate"),
         "bad_utf8": flag("bad_utf8"),
         "image": flag("image"),
+        "pause_ms": number("pause_ms"),
     }))))
 }
 
@@ -233,6 +235,8 @@ pub(crate) struct Huge {
     second_mib: u64,
     lone_surrogate: bool,
     bad_utf8: bool,
+    /// A pause after each MiB written (a slow link), in milliseconds.
+    pause_ms: u64,
 }
 
 /// The huge answer `item` stands for, if it is a `raw_huge` marker.
@@ -252,6 +256,7 @@ pub(super) fn huge(item: &TxJsonRpcMessage<RoleServer>) -> Option<Huge> {
         second_mib: marker["second_mib"].as_u64().unwrap_or(0),
         lone_surrogate: marker["lone_surrogate"] == true,
         bad_utf8: marker["bad_utf8"] == true,
+        pause_ms: marker["pause_ms"].as_u64().unwrap_or(0),
     })
 }
 
@@ -301,6 +306,10 @@ impl Huge {
             if chunk.len() >= 1024 * 1024 {
                 out.write_all(&chunk).await?;
                 chunk.clear();
+                if self.pause_ms > 0 {
+                    out.flush().await?;
+                    tokio::time::sleep(std::time::Duration::from_millis(self.pause_ms)).await;
+                }
             }
         }
         chunk.extend_from_slice(huge_end(lines).as_bytes());
