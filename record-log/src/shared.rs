@@ -29,8 +29,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockRead
 use std::time::{Duration, Instant};
 
 use psych_types::{
-    ContentBlock, LineMark, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
-    TokenEstimator,
+    BlockLines, ContentBlock, LineMark, LoggedRecord, OutputInfo, Record, RecordHandle,
+    RecordSource, RunId, TokenEstimator,
 };
 
 use crate::error::{AppendError, OpenError, ReadError};
@@ -622,6 +622,10 @@ impl RecordSource for SharedRecordLog {
 
     fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, ReadError> {
         self.read_log().line_mark(handle, line)
+    }
+
+    fn block_lines(&self, handle: &RecordHandle) -> Result<Option<BlockLines>, ReadError> {
+        self.read_log().block_lines(handle)
     }
 }
 

@@ -18,6 +18,7 @@ mod mcp_http_faults;
 mod mcp_live;
 mod mcp_modern;
 mod mcp_results;
+mod mixed_preview;
 mod native_deferral;
 mod preview_offset;
 mod prompt_snapshots;
