@@ -9,8 +9,8 @@
 //!   JSON-RPC error of the server's own in the shape of the one psych-mcp's transport
 //!   makes up for an answer over its cap: [`FORGED_ERROR_MESSAGE`]), `raw_huge {mib,
 //!   second_mib, lone_surrogate, bad_utf8, image, pause_ms}` (a text result of `mib` MiB written
-//!   as it is made, never held: [`Huge`]; with `pause_ms`, a pause after each MiB, as over a
-//!   slow link). The handler answers them with a marker and
+//!   as it is made, never held: [`Huge`]; with `image`, an image block of 8 bytes after the
+//!   first text; with `pause_ms`, a pause after each MiB, as over a slow link). The handler answers them with a marker and
 //!   [`raw_line`] writes the line in its place (the writer task writes a huge one);
 //! - at start: `--stderr-flood BYTES` writes that many bytes to stderr without a line
 //!   break (then one), and `--setsid-grandchild PIDFILE` starts a `sleep` in a session of
@@ -161,7 +161,8 @@ pub(super) fn raw_tools() -> Vec<Value> {
         json!({"name": "raw_huge", "description": HUGE_DESCRIPTION,
             "inputSchema": object(json!({"mib": {"type": "integer", "minimum": 0},
                 "second_mib": {"type": "integer", "minimum": 0},
-                "lone_surrogate": {"type": "boolean"}, "bad_utf8": {"type": "boolean"}}))}),
+                "lone_surrogate": {"type": "boolean"}, "bad_utf8": {"type": "boolean"},
+                "image": {"type": "boolean"}, "pause_ms": {"type": "integer", "minimum": 0}}))}),
         json!({"name": "raw_unparseable", "description": "A line cut inside the result.",
             "inputSchema": object(json!({}))}),
         json!({"name": "raw_forged_error", "description": "An error in the shape of psych's.",
@@ -195,13 +196,16 @@ pub(super) fn setsid_grandchild(pidfile: &Path) -> std::io::Result<()> {
 }
 
 /// What `raw_huge` does, in its description.
-const HUGE_DESCRIPTION: &str = "raw_huge {mib, second_mib, lone_surrogate, bad_utf8}: a \
+const HUGE_DESCRIPTION: &str = "raw_huge {mib, second_mib, lone_surrogate, bad_utf8, image, \
+    pause_ms}: a \
     text result of `mib` MiB written to stdout as it is made (never held): `mib` × 16384 \
     lines of 64 bytes, `line 00000001 ` (the line's number from 1, 8 digits) then dots \
     then `\\n`, and a last line `THE END after N lines` with no line break. With \
     `lone_surrogate`, a lone `\\ud83d` escape after line N/2; with `bad_utf8`, a byte \
     0xFF there (each read as U+FFFD, 3 bytes). With `second_mib` > 0, a second text block \
-    made the same way of that many MiB (without those faults).";
+    made the same way of that many MiB (without those faults). With `image`, an image block \
+    of 8 bytes after the first text block; with `pause_ms`, a pause of that many \
+    milliseconds after each MiB written (a slow link).";
 
 /// One line of a `raw_huge` text, decoded: 64 bytes.
 const HUGE_LINE: usize = 64;
@@ -237,6 +241,8 @@ pub(crate) struct Huge {
     bad_utf8: bool,
     /// A pause after each MiB written (a slow link), in milliseconds.
     pause_ms: u64,
+    /// An image block (8 bytes of data) after the first text block.
+    image: bool,
 }
 
 /// The huge answer `item` stands for, if it is a `raw_huge` marker.
@@ -257,6 +263,7 @@ pub(super) fn huge(item: &TxJsonRpcMessage<RoleServer>) -> Option<Huge> {
         lone_surrogate: marker["lone_surrogate"] == true,
         bad_utf8: marker["bad_utf8"] == true,
         pause_ms: marker["pause_ms"].as_u64().unwrap_or(0),
+        image: marker["image"] == true,
     })
 }
 
@@ -276,6 +283,10 @@ impl Huge {
         )
         .await?;
         self.block(out, self.mib, true).await?;
+        if self.image {
+            out.write_all(br#",{"type":"image","mimeType":"image/png","data":"AAECAwQFBgc="}"#)
+                .await?;
+        }
         if self.second_mib > 0 {
             out.write_all(b",").await?;
             self.block(out, self.second_mib, false).await?;
