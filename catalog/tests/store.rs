@@ -7,7 +7,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+use crate::common;
 
 use std::fmt::Write as _;
 use std::sync::Arc;

@@ -9,7 +9,7 @@
 //! them, serialized the same way on both sides; tokens are psych-elision's estimate of
 //! those bytes. The default must be at least 30x smaller than connecting every server
 //! directly, in bytes and in tokens. The figures are printed with
-//! `cargo test -p psych-cli --test serve_fixtures -- --nocapture`.
+//! `cargo test -p psych-cli --test it serve_fixtures -- --nocapture`.
 
 #![allow(
     clippy::unwrap_used,

@@ -11,9 +11,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
-
-use common::Setup;
+use crate::common::Setup;
 use psych_disclosure::{Budget, Cost, CostBasis, Settings, Shape, Surface, Why};
 use psych_types::{ConnectionSpec, Preload, ServerId, ToolDefinition, ToolName};
 

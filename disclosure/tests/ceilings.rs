@@ -10,9 +10,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
-
-use common::{
+use crate::common::{
     Bytes4, FIXTURES, fixture_setup, large_setup, named_setup, surface_bytes, tool_bytes,
 };
 use psych_disclosure::{

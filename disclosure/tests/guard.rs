@@ -8,9 +8,9 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+use crate::common;
 
-use common::{FIXTURES, Setup, catalog, fixture_setup, fixture_tools, named_setup};
+use crate::common::{FIXTURES, Setup, catalog, fixture_setup, fixture_tools, named_setup};
 use psych_disclosure::{
     Answer, CALL_TOOL, DESCRIBE_TOOL, LIST_TOOLS, ORIENTATION, Refusal, Settings, Validation,
     Validators, Verdict,

@@ -8,11 +8,9 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
-
 use std::collections::HashSet;
 
-use common::{Setup, catalog};
+use crate::common::{Setup, catalog};
 use psych_disclosure::{CALL_TOOL, Exposed, Refusal, Settings, Validators, Verdict};
 use psych_types::{
     ConnectionSpec, PermissionGrant, Preload, ServerId, ToolDefinition, ToolName, ToolRef,

@@ -8,9 +8,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
-
-use common::Setup;
+use crate::common::Setup;
 use psych_disclosure::{Exposed, Live, Refusal, Settings, Surface, Validators, Verdict};
 use psych_types::{
     CatalogVersion, ConnectionSpec, PermissionGrant, Preload, ServerCatalog, ServerHealth,

@@ -10,11 +10,9 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::{Bytes4, catalog};
+use crate::common::{Bytes4, catalog};
 use proptest::prelude::*;
 use psych_disclosure::{
     Answer, Budget, Cost, CostBasis, DESCRIBE_TOOL, Exposed, Inputs, LIST_TOOLS, Refusal,

@@ -10,11 +10,9 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::{FIXTURES, fixture_tools};
+use crate::common::{FIXTURES, fixture_tools};
 use psych_disclosure::SearchIndex;
 use psych_types::{ServerId, ToolDefinition, ToolRef};
 use serde::Deserialize;

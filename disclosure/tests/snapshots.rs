@@ -12,11 +12,9 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
-
 use std::fmt::Write;
 
-use common::{Setup, fixture_setup, tool_bytes};
+use crate::common::{Setup, fixture_setup, tool_bytes};
 use psych_disclosure::{Exposed, OrientationContext, Settings, Surface, orientation};
 use psych_types::Preload;
 use serde_json::json;

@@ -8,7 +8,7 @@
 //! It fits on the fitting half of `tests/corpus/text` (see the README there) and on the
 //! original corpus of `tests/accuracy.rs` (JSON tool results, prose, Rust, CJK, base64),
 //! never on the held-out half, which it only reports. Paste the printed `WEIGHTS` into
-//! `src/estimate.rs` and run `cargo test -p psych-elision --test accuracy -- --nocapture`.
+//! `src/estimate.rs` and run `cargo test -p psych-elision --test it accuracy -- --nocapture`.
 //!
 //! The estimate is linear in the weights: `W = Σ_k WEIGHTS[k] × n_k`, where `n_k` is how
 //! often term `k` holds in a document (counted by the estimator's own loop, run with a

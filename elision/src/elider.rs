@@ -4,8 +4,8 @@
 use std::borrow::Cow;
 
 use psych_types::{
-    OutputAccess, Projection, RecordHandle, ResultProjector, ResultRef, SourceError, StoredRef,
-    TokenEstimator, ToolOutput, load_whole, read_exact_output,
+    BlockLines, OutputAccess, Projection, RecordHandle, ResultProjector, ResultRef, SourceError,
+    StoredRef, TokenEstimator, ToolOutput, load_whole, read_exact_output,
 };
 
 use crate::preview::Windows;
@@ -140,11 +140,19 @@ pub const MAX_LISTED_PLACEHOLDERS: usize = 20;
 /// as a paragraph to append to it (empty when there are none): a heading line, then one
 /// placeholder a line, at most [`MAX_LISTED_PLACEHOLDERS`], then a count of the rest.
 pub fn placeholders_not_shown(output: &ToolOutput, preview: &str) -> String {
-    let missing: Vec<String> = output
+    let lines: Vec<String> = output
         .content
         .iter()
         .enumerate()
         .filter_map(|(i, block)| block.placeholder(i))
+        .collect();
+    lines_not_shown(&lines, preview)
+}
+
+/// What [`placeholders_not_shown`] appends, given the result's placeholder `lines`.
+fn lines_not_shown(lines: &[String], preview: &str) -> String {
+    let missing: Vec<&String> = lines
+        .iter()
         .filter(|line| !preview.contains(line.as_str()))
         .collect();
     if missing.is_empty() {
@@ -199,8 +207,9 @@ impl<E: TokenEstimator> ResultProjector for Elider<E> {
     /// elided result whose readable text is all it holds reads
     /// [`PreviewConfig::head_window`] bytes from its start and
     /// [`PreviewConfig::tail_window`] from its end (its line breaks are counted, reading
-    /// it through once, only when the store has no count). An elided result with other
-    /// blocks is read whole; a result kept whole is read only by the caller, to send it.
+    /// it through once, only when the store has no count), and, when it has blocks other
+    /// than text, their lines from the store ([`OutputAccess::block_lines`]), not the
+    /// blocks; a result kept whole is read only by the caller, to send it.
     fn project_stored(
         &self,
         batch: &[StoredRef<'_>],
@@ -244,14 +253,25 @@ impl<E: TokenEstimator> ResultProjector for Elider<E> {
                 continue;
             }
             let item = &batch[i];
-            // A result with other blocks is read whole (its preview lists them); only an
-            // elided one, so a result sent whole is read once, by the caller.
-            if loaded[i].is_none() && !item.stored.text_only {
-                loaded[i] = Some(load_whole(source, item.handle)?);
-            }
             let view = match &loaded[i] {
                 Some(output) => self.elided_view(&output.readable_text(), output, item.handle),
-                None => self.stored_preview(item, source)?,
+                None => {
+                    // A result with other blocks: its preview lists them, from what the
+                    // store keeps of their shapes (its text is read by windows all the same).
+                    let blocks = if item.stored.text_only {
+                        None
+                    } else {
+                        Some(
+                            source
+                                .block_lines(item.handle)?
+                                .ok_or_else(|| SourceError {
+                                    handle: item.handle.clone(),
+                                    source: "the handle does not resolve to a tool result".into(),
+                                })?,
+                        )
+                    };
+                    self.stored_preview(item, blocks.as_ref(), source)?
+                }
             };
             if let Some(slot) = out.get_mut(i) {
                 *slot = view;
@@ -286,10 +306,13 @@ impl<E> Elider<E> {
         }
     }
 
-    /// The view of an elided success whose readable text is all it holds, from its windows.
+    /// The view of an elided success from its windows, with `blocks`, its blocks other than
+    /// text, when it has any: the same bytes [`Elider::elided_view`] makes from the whole
+    /// result.
     fn stored_preview(
         &self,
         item: &StoredRef<'_>,
+        blocks: Option<&BlockLines>,
         source: &dyn OutputAccess,
     ) -> Result<Projection, SourceError> {
         let len = item.stored.info.len;
@@ -322,10 +345,27 @@ impl<E> Elider<E> {
                 breaks,
             }
         };
-        Ok(match self.preview.preview_windows(&windows, item.handle) {
-            Some(preview) => Projection::Replaced(preview),
-            None => Projection::Full,
-        })
+        let whole_read = len <= head_window.saturating_add(tail_window) as u64;
+        Ok(
+            match (self.preview.preview_windows(&windows, item.handle), blocks) {
+                (Some(mut preview), Some(blocks)) => {
+                    preview.push_str(&lines_not_shown(&blocks.placeholders, &preview));
+                    Projection::Replaced(preview)
+                }
+                (Some(preview), None) => Projection::Replaced(preview),
+                // Binary data is not sent whole even when a preview would not be shorter: the
+                // readable text instead. Past both windows a preview is not shorter only when
+                // the text is no longer than the preview itself (the windows cannot meet), so
+                // reading it whole stays within that.
+                (None, Some(blocks)) if blocks.has_binary => Projection::Replaced(if whole_read {
+                    whole.clone()
+                } else {
+                    let n = usize::try_from(len).unwrap_or(usize::MAX);
+                    read_text(source, item.handle, 0, n, len)?
+                }),
+                (None, _) => Projection::Full,
+            },
+        )
     }
 }
 

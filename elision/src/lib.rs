@@ -34,8 +34,9 @@
 //! the bytes estimated (the crate's bench measures the estimator's speed).
 //! [`project_stored`](psych_types::ResultProjector::project_stored) reads through the
 //! [`OutputAccess`](psych_types::OutputAccess) it is given, so it blocks as that store does
-//! (the record log reads its file: a preview's head and tail for an elided text result, the
-//! whole result when it has other blocks or no stored estimate): from async code, call it
+//! (the record log reads its file: a preview's head and tail for an elided result, and the
+//! stored shapes of its blocks other than text when it has some; the whole result only when
+//! it has no stored estimate): from async code, call it
 //! (or prompt-assembly's `StepHistory::load`, which calls it) off the async threads.
 //!
 //! # Errors

@@ -8,7 +8,7 @@
 //!   code, CJK, base64), beside `bytes / 4` and cl100k_base: mean error at most 10%, no
 //!   type worse than 35%.
 //!
-//! Run `cargo test -p psych-elision --test accuracy -- --nocapture` to see the tables;
+//! Run `cargo test -p psych-elision --test it accuracy -- --nocapture` to see the tables;
 //! `cargo run --release -p psych-elision --example fit_estimator` prints the fitting
 //! half's too, and re-fits.
 
@@ -18,7 +18,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod corpus;
+use crate::corpus;
 
 use psych_elision::Estimator;
 use psych_types::TokenEstimator;

@@ -398,8 +398,49 @@ proptest! {
     }
 }
 
-/// One random output: text (often past both preview windows), a failure, JSON, or text
-/// with an image.
+/// A block from MCP JSON.
+fn block(value: serde_json::Value) -> ContentBlock {
+    let serde_json::Value::Object(map) = value else {
+        unreachable!("a block is an object")
+    };
+    ContentBlock::from_object(map)
+}
+
+/// A block other than text, of every kind a preview lists.
+fn other_block() -> impl Strategy<Value = ContentBlock> {
+    prop_oneof![
+        (1usize..3000).prop_map(|n| ContentBlock::image("image/png", vec![7; n])),
+        (1usize..500).prop_map(|n| ContentBlock::audio("audio/wav", vec![3; n])),
+        preview_text().prop_map(|text| block(serde_json::json!({
+            "type": "resource",
+            "resource": {"uri": "file:///notes.txt", "mimeType": "text/plain", "text": text},
+        }))),
+        Just(block(serde_json::json!({
+            "type": "resource",
+            "resource": {"uri": "file:///b.bin", "mimeType": "application/octet-stream", "blob": "AAECAwQF"},
+        }))),
+        Just(block(serde_json::json!({"type": "resource_link", "uri": "file:///c.txt", "name": "c"}))),
+        (0u64..1_000_000).prop_map(|size| block(serde_json::json!({
+            "type": "resource_link", "uri": "file:///d.txt", "name": "d", "mimeType": "text/plain", "size": size,
+        }))),
+        Just(block(serde_json::json!({"type": "chart", "points": [1, 2, 3]}))),
+    ]
+}
+
+/// Text blocks (often long) and blocks of other kinds, mixed in any order.
+fn mixed_output() -> impl Strategy<Value = ToolOutput> {
+    prop::collection::vec(
+        prop_oneof![
+            3 => (preview_text(), 1usize..20).prop_map(|(t, n)| ContentBlock::text(t.repeat(n))),
+            2 => other_block(),
+        ],
+        1..6,
+    )
+    .prop_map(ToolOutput::from_blocks)
+}
+
+/// One random output: text (often past both preview windows), a failure, JSON, text with
+/// an image, or text mixed with blocks of every other kind.
 fn stored_output() -> impl Strategy<Value = ToolOutput> {
     prop_oneof![
         4 => preview_text().prop_map(ToolOutput::text),
@@ -411,6 +452,7 @@ fn stored_output() -> impl Strategy<Value = ToolOutput> {
             ContentBlock::text(t),
             ContentBlock::image("image/png", vec![7; n]),
         ])),
+        2 => mixed_output(),
     ]
 }
 

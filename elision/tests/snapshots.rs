@@ -10,7 +10,7 @@
 )]
 
 #[allow(dead_code, reason = "these tests use the generators, not every corpus")]
-mod corpus;
+use crate::corpus;
 
 use std::fmt::Write as _;
 

@@ -160,6 +160,19 @@ pub const MAX_LISTENS: usize = 8;
 /// How often retention runs while the gateway serves (besides at start and rotation).
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 
+/// How long an upstream call may go without an answer: 60 s with no answer, or with no
+/// byte of one still arriving; an answer that keeps arriving may take up to 30 min
+/// ([`psych_mcp::Timeouts::call`] and [`psych_mcp::Timeouts::transfer`]).
+fn call_timeouts() -> psych_mcp::Timeouts {
+    psych_mcp::Timeouts::default()
+        .with_call(Duration::from_secs(60))
+        .with_transfer(Duration::from_secs(30 * 60))
+}
+
+/// What the executor's own deadline adds to the longest call psych-mcp allows: it is only a
+/// backstop (psych-mcp's deadline, which cancels the call upstream, comes first).
+const BACKSTOP: Duration = Duration::from_secs(5);
+
 /// How long an HTTP session may go without a message before it is closed and its slot
 /// freed (rmcp's session keep-alive): a client that vanished without deleting its session
 /// holds it no longer than this.
@@ -665,8 +678,11 @@ impl Tenant {
                 // Each result's estimate is stored as it is appended: what the projection
                 // plans with, so no result is estimated twice or read whole to be sized.
                 log.set_estimator(estimator);
+                // psych-mcp's deadlines decide (one for silence once an answer arrives);
+                // the executor's is a backstop past the longest call they allow.
                 let executor =
                     Executor::new(Arc::new(manager), Arc::new(SharedRecordLog::new(log)))
+                        .call_timeout(call_timeouts().longest_call().saturating_add(BACKSTOP))
                         .reader_limits(limits)
                         .archive(archive);
                 Ok(Arc::new(SessionLog { executor }))
@@ -1806,6 +1822,7 @@ pub async fn serve(
         .collect();
     let manager = McpManager::builder(config)
         .spill_dir(spill)
+        .timeouts(call_timeouts())
         .build()
         .map_err(ServeError::Manager)?;
     // Creating it commits a redb transaction: off the async workers.

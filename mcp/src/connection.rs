@@ -39,6 +39,7 @@ use rmcp::{ClientHandler, RoleClient};
 use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, read_page};
@@ -396,7 +397,8 @@ impl Session {
             .as_ref()
             .map(|responses| responses.clone().into_iter().collect());
         params.request_state.clone_from(&round.request_state);
-        let mut options = PeerRequestOptions::with_timeout(deadline);
+        // No deadline of rmcp's: ours below is one for silence once the answer arrives.
+        let mut options = PeerRequestOptions::no_options();
         if self.is_modern()
             && let Some(capabilities) = &round.client_capabilities
         {
@@ -409,6 +411,7 @@ impl Session {
             options = options.with_meta(meta);
         }
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let started = Instant::now();
         let handle = match self.peer.send_request_with_option(request, options).await {
             Ok(handle) => handle,
             Err(error) => return Err(self.fault(&call, error).await),
@@ -425,9 +428,34 @@ impl Session {
         let mut guard = CancelOnDrop {
             peer: Some(self.peer.clone()),
             id: handle.id.clone(),
+            reason: "request abandoned by the caller",
         };
-        let result = handle.await_response().await;
-        guard.peer = None;
+        let response = handle.await_response();
+        tokio::pin!(response);
+        let mut until = self.call_deadline(started, deadline);
+        let result = loop {
+            match tokio::time::timeout_at(until, &mut response).await {
+                Ok(result) => {
+                    guard.peer = None;
+                    break result;
+                }
+                Err(_) => {
+                    until = self.call_deadline(started, deadline);
+                    if until > Instant::now() {
+                        // Bytes of an answer arrived since: the deadline moved on.
+                        continue;
+                    }
+                    // The guard, dropped on return, cancels the call on the server.
+                    guard.reason = REQUEST_TIMEOUT_REASON;
+                    // Whole milliseconds: a deadline moved by a transfer is not a round one.
+                    let waited = until.saturating_duration_since(started);
+                    let timeout = Duration::from_millis(
+                        u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                    );
+                    break Err(ServiceError::Timeout { timeout });
+                }
+            }
+        };
         // Taken whatever the outcome, so that a failed call leaves nothing in the tap.
         let raw = match claim.take() {
             // An answer came that the transport could not deliver (see `list`).
@@ -474,6 +502,20 @@ impl Session {
             value,
             spilled: Vec::new(),
         })
+    }
+
+    /// When a call started at `started` with `deadline` ends unanswered: `deadline` after
+    /// its start, or after the last bytes of an unfinished message this connection read
+    /// (an answer still arriving; see [`Timeouts::call`]), but no later than
+    /// [`Timeouts::transfer`] after its start.
+    fn call_deadline(&self, started: Instant, deadline: Duration) -> Instant {
+        let mut until = later(started, deadline);
+        if let Some(last) = self.tap.transfer().last()
+            && last > started
+        {
+            until = until.max(later(last, deadline));
+        }
+        until.min(later(started, self.timeouts.transfer.max(deadline)))
     }
 
     fn diagnostics(&self) -> String {
@@ -760,9 +802,22 @@ fn transport_reason(message: &str) -> String {
 }
 
 /// Sends `notifications/cancelled` for a call whose future is dropped before its answer.
+/// What a call cancelled at its deadline tells the server (rmcp's words for it).
+const REQUEST_TIMEOUT_REASON: &str =
+    rmcp::service::RequestHandle::<RoleClient>::REQUEST_TIMEOUT_REASON;
+
+/// `at + by`, or a year after `at` where that is past what an [`Instant`] holds (a deadline
+/// of `Duration::MAX` meaning none).
+fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by)
+        .unwrap_or_else(|| at + Duration::from_secs(365 * 24 * 3600))
+}
+
 struct CancelOnDrop {
     peer: Option<Peer<RoleClient>>,
     id: RequestId,
+    /// What the notification tells the server.
+    reason: &'static str,
 }
 
 impl Drop for CancelOnDrop {
@@ -771,11 +826,12 @@ impl Drop for CancelOnDrop {
             return;
         };
         let id = self.id.clone();
+        let reason = self.reason;
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let notification = CancelledNotification::new(CancelledNotificationParam::new(
                     Some(id),
-                    Some("request abandoned by the caller".into()),
+                    Some(reason.into()),
                 ));
                 let _ = peer
                     .send_notification(ClientNotification::CancelledNotification(notification))

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage, RequestId, ServerJsonRpcMessage};
 use rmcp::transport::common::http_header::{
     EVENT_STREAM_MIME_TYPE, HEADER_LAST_EVENT_ID, HEADER_SESSION_ID, JSON_MIME_TYPE,
 };
@@ -130,9 +130,8 @@ pub(crate) async fn post_request(
             ))
         }
         Some(_) if is_json => {
-            let spill = awaited.is_some();
             let max = limits.max_json_response_size;
-            let body = match read_bounded_or_spill(response, max, spill.then(|| tap.spill_dir()))
+            let body = match read_bounded_or_spill(response, max, awaited.map(|id| (&**tap, id)))
                 .await
             {
                 Ok(Body::Memory(body)) => body,
@@ -326,18 +325,20 @@ enum Body {
 
 /// The body within `max` bytes in memory; past `max`, with `spill`, written to an unnamed
 /// file (in chunks of [`WRITE_BUFFER`](crate::spill::WRITE_BUFFER), each on a blocking
-/// thread) up to [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER). Dropped midway, the
-/// file goes with it (the POST's answer is lost with its future either way).
+/// thread) up to [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER), with `spill`: the
+/// connection's tap (its folder) and the request it answers, each chunk noted on the tap's
+/// transfer clock while the request still awaits it (its answer is arriving). Dropped
+/// midway, the file goes with it (the POST's answer is lost with its future either way).
 async fn read_bounded_or_spill(
     mut response: reqwest::Response,
     max: usize,
-    spill_dir: Option<&std::path::Path>,
+    spill: Option<(&Tap, &RequestId)>,
 ) -> Result<Body, Error> {
     use crate::spill::WRITE_BUFFER;
-    let Some(spill_dir) = spill_dir else {
+    let Some((tap, id)) = spill else {
         return read_bounded(response, max).await.map(Body::Memory);
     };
-    let spill_dir = spill_dir.to_path_buf();
+    let spill_dir = tap.spill_dir().to_path_buf();
     let cap = crate::MAX_SPILLED_ANSWER;
     if response.content_length().is_some_and(|length| length > cap) {
         return Err(StreamableHttpError::ResponseBodyTooLarge {
@@ -359,6 +360,10 @@ async fn read_bounded_or_spill(
         )
     };
     while let Some(chunk) = response.chunk().await? {
+        // Not for a request given up on: its answer keeps no other call waiting.
+        if tap.awaits(id) {
+            tap.transfer().note();
+        }
         total += chunk.len() as u64;
         if total > cap {
             return Err(StreamableHttpError::ResponseBodyTooLarge {

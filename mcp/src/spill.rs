@@ -161,6 +161,19 @@ pub(crate) fn append(file: Option<File>, dir: &Path, bytes: &[u8]) -> io::Result
 /// The most of a spilled answer parsed in memory: the stdio transport's line cap.
 pub(crate) const MAX_IN_MEMORY: usize = crate::stdio::MAX_LINE;
 
+/// A reader noting each read on a transfer clock.
+struct Noting<'a, R> {
+    inner: R,
+    clock: &'a crate::tap::TransferClock,
+}
+
+impl<R: Read> Read for Noting<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.clock.note();
+        self.inner.read(buf)
+    }
+}
+
 /// Reads back the spilled answer in `file` (rewound to its start first) to a request whose
 /// slot in `tap` is open: its long texts split into files in the tap's
 /// [spill folder](crate::tap::Tap::spill_dir) ([`split`]), the rest parsed
@@ -180,6 +193,11 @@ pub(crate) fn read_answer(
     use std::io::Seek as _;
     file.rewind().map_err(Refused::Io)?;
     let dir = tap.spill_dir();
+    // Reading it back (up to MAX_SPILLED_ANSWER) is part of its arrival for the deadline.
+    let file = Noting {
+        inner: file,
+        clock: tap.transfer(),
+    };
     let input = io::BufReader::with_capacity(WRITE_BUFFER, file);
     let split = match split(input, dir, SPILL_TEXT_AT, MAX_IN_MEMORY) {
         Ok(split) => split,

@@ -137,7 +137,18 @@ pub(crate) fn events(
             }
             let response = state.response.as_mut()?;
             match response.chunk().await {
-                Ok(Some(chunk)) => state.parser.feed(&chunk),
+                Ok(Some(chunk)) => {
+                    let under_way = state.parser.in_event();
+                    state.parser.feed(&chunk);
+                    // Part of an event on the stream of a call still awaiting its answer
+                    // has arrived, or ended one (a keep-alive comment is no answer arriving).
+                    if let Some(spill) = &state.spill
+                        && (under_way || state.parser.in_event())
+                        && spill.tap.awaits(&spill.id)
+                    {
+                        spill.tap.transfer().note();
+                    }
+                }
                 Ok(None) => {
                     state.response = None;
                     state.parser.finish();
@@ -296,6 +307,14 @@ struct Parser {
 }
 
 impl Parser {
+    /// Whether an event has begun and not ended (a field read, or a line other than a
+    /// comment under way).
+    fn in_event(&self) -> bool {
+        self.pending.started
+            || self.spilled.is_some()
+            || (self.line_len > 0 && !matches!(self.kind, Line::Comment))
+    }
+
     fn new(max: usize, may_spill: bool) -> Self {
         Self {
             max,

@@ -462,10 +462,12 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
         diagnostics: Arc<Diagnostics>,
     ) -> Self {
         Self {
-            lines: LineReader::new(reader, SPILL_AT).spilling(SpillTo {
-                dir: tap.spill_dir().to_path_buf(),
-                max: MAX_SPILLED_ANSWER,
-            }),
+            lines: LineReader::new(reader, SPILL_AT)
+                .spilling(SpillTo {
+                    dir: tap.spill_dir().to_path_buf(),
+                    max: MAX_SPILLED_ANSWER,
+                })
+                .noting(Arc::clone(tap.transfer())),
             exit,
             exited: false,
             parser: Parser { tap, diagnostics },

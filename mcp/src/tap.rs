@@ -24,6 +24,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use psych_types::{ServerId, SpilledBlock};
@@ -33,6 +34,7 @@ use rmcp::model::{
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use crate::McpError;
 use crate::progress::ProgressRoutes;
@@ -50,6 +52,43 @@ pub(crate) struct Tap {
     /// handler as its own task, which a call's response can overtake, so progress sent just
     /// before the result would be lost there).
     progress: Arc<ProgressRoutes>,
+    /// When the connection's transports last read bytes of an unfinished message.
+    transfer: Arc<TransferClock>,
+}
+
+/// When a connection last read bytes of a message that had not ended yet (a long answer
+/// arriving): what moves a call's deadline on while its answer arrives
+/// ([`Timeouts::call`](crate::Timeouts::call)). One atomic; noting costs a clock read.
+#[derive(Debug)]
+pub(crate) struct TransferClock {
+    origin: Instant,
+    /// Nanoseconds from `origin` to the last note, plus one; 0 before the first.
+    last: AtomicU64,
+}
+
+impl Default for TransferClock {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+}
+
+impl TransferClock {
+    /// Notes that bytes of an unfinished message were read now.
+    pub(crate) fn note(&self) {
+        let nanos = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        self.last.fetch_max(nanos + 1, Ordering::Relaxed);
+    }
+
+    /// When bytes of an unfinished message were last read, if ever.
+    pub(crate) fn last(&self) -> Option<Instant> {
+        match self.last.load(Ordering::Relaxed) {
+            0 => None,
+            nanos => Some(self.origin + std::time::Duration::from_nanos(nanos - 1)),
+        }
+    }
 }
 
 /// Why an answer that arrived could not be delivered.
@@ -191,7 +230,13 @@ impl Tap {
             slots: Mutex::default(),
             spill_dir,
             progress: Arc::default(),
+            transfer: Arc::default(),
         }
+    }
+
+    /// The clock the connection's transports note a long message's bytes on.
+    pub(crate) fn transfer(&self) -> &Arc<TransferClock> {
+        &self.transfer
     }
 
     /// Where the connection keeps answers too large for memory.

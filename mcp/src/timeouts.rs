@@ -18,7 +18,15 @@ pub struct Timeouts {
     /// A whole listing, every page together.
     pub listing: Duration,
     /// One `tools/call`; when it passes, `notifications/cancelled` is sent to the server.
+    /// Once an answer is arriving, this is a deadline for silence: a call past it whose
+    /// connection read bytes of an unfinished message within the last `call` goes on (a
+    /// multi-GiB answer over a slow link is not cut while it arrives), up to
+    /// [`transfer`](Self::transfer) from the call's start.
     pub call: Duration,
+    /// The most one `tools/call` may take while its answer keeps arriving (see
+    /// [`call`](Self::call)), so that a peer dripping bytes cannot hold a call forever. At
+    /// most `call` makes `call` the whole deadline again.
+    pub transfer: Duration,
     /// How long a stdio server's process group gets after SIGTERM before SIGKILL, on
     /// shutdown or after its connection is lost.
     pub shutdown_grace: Duration,
@@ -31,19 +39,22 @@ impl Default for Timeouts {
             page: Duration::from_secs(15),
             listing: Duration::from_secs(60),
             call: Duration::from_secs(120),
+            transfer: Duration::from_secs(30 * 60),
             shutdown_grace: Duration::from_secs(2),
         }
     }
 }
 
 impl Timeouts {
-    /// The same deadline for everything but the shutdown grace (tests mostly).
+    /// The same deadline for everything but the shutdown grace (tests mostly); a call ends
+    /// at it even while its answer arrives.
     pub fn uniform(deadline: Duration) -> Self {
         Self {
             connect: deadline,
             page: deadline,
             listing: deadline,
             call: deadline,
+            transfer: deadline,
             shutdown_grace: Duration::from_secs(2),
         }
     }
@@ -51,6 +62,19 @@ impl Timeouts {
     /// Sets the call deadline.
     pub fn with_call(mut self, call: Duration) -> Self {
         self.call = call;
+        self
+    }
+
+    /// The longest one `tools/call` can take, its answer's transfer included: what a
+    /// caller's own deadline around a call should be at least, so as not to cut an answer
+    /// still arriving.
+    pub fn longest_call(&self) -> Duration {
+        self.call.max(self.transfer)
+    }
+
+    /// Sets the longest a call may take while its answer keeps arriving.
+    pub fn with_transfer(mut self, transfer: Duration) -> Self {
+        self.transfer = transfer;
         self
     }
 

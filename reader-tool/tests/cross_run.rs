@@ -8,15 +8,13 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod sources;
-
 use std::convert::Infallible;
 
+use crate::sources::{Counting, text_log};
 use proptest::prelude::*;
 use psych_reader_tool::{Answer, CallError, HandleProblem, ReadArgs, Reader};
 use psych_types::MemoryRecords;
 use serde_json::json;
-use sources::{Counting, text_log};
 
 /// Two Runs with the same layout: record 0 a user message, record 1 a tool result.
 fn two_runs() -> (MemoryRecords, MemoryRecords) {

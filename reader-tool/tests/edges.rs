@@ -7,16 +7,14 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod sources;
-
 use std::path::PathBuf;
 
+use crate::sources::{
+    Counting, Failing, LongLine, RawBytes, SYNTHETIC_LINE, Synthetic, result, run, text_log,
+};
 use psych_reader_tool::{Answer, ArgsError, CallError, Limits, ReadArgs, Reader};
 use psych_types::{ContentBlock, MemoryRecords, RecordSource, ToolOutput};
 use serde_json::{Value, json};
-use sources::{
-    Counting, Failing, LongLine, RawBytes, SYNTHETIC_LINE, Synthetic, result, run, text_log,
-};
 
 /// Reads with the default limits and returns the text the model would see.
 fn check<S: RecordSource>(source: &S, arguments: Value) -> String

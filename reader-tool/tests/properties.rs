@@ -10,12 +10,10 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod sources;
-
+use crate::sources::{Indexed, RawBytes, text_log};
 use proptest::prelude::*;
 use psych_reader_tool::{Answer, Limits, Page, ReadArgs, Reader};
 use psych_types::RecordSource;
-use sources::{Indexed, RawBytes, text_log};
 
 fn limits(chunk: usize, page: usize) -> Limits {
     Limits::builder()

@@ -4,9 +4,9 @@
 //! Everything here is pure: bytes in, values out. Integers are little-endian.
 
 use psych_types::{
-    BlobResource, ContentBlock, EmbeddedResource, JsonObject, LineMark, MediaContent, OutputKind,
-    Record, ResourceContents, RunId, TextContent, TextResource, TokenEstimator, ToolCallId,
-    ToolOutput, ToolResult,
+    BlobResource, BlockLines, ContentBlock, EmbeddedResource, JsonObject, LineMark, MediaContent,
+    OutputKind, Record, ResourceContents, RunId, TextContent, TextResource, TokenEstimator,
+    ToolCallId, ToolOutput, ToolResult,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -954,6 +954,26 @@ impl ResultSummary {
                 .iter()
                 .all(|stored| stored.block.get("type").and_then(Value::as_str) == Some("text"))
         })
+    }
+}
+
+impl ResultSummary {
+    /// The blocks other than text, as a preview lists them, from the stored skeletons and
+    /// bulk lengths alone (the placeholder of a block depends on nothing else).
+    pub(crate) fn block_lines(&self) -> BlockLines {
+        let Some(blocks) = &self.meta.blocks else {
+            // One plain text block.
+            return BlockLines::default();
+        };
+        let mut lines = BlockLines::default();
+        for (i, stored) in blocks.iter().enumerate() {
+            let block = ContentBlock::from_object(stored.block.clone());
+            lines.has_binary |= block.binary().is_some();
+            if let Some(line) = block.placeholder_sized(i, stored.len) {
+                lines.placeholders.push(line);
+            }
+        }
+        lines
     }
 }
 

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use psych_types::{
-    ContentBlock, LineMark, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
-    TokenEstimator,
+    BlockLines, ContentBlock, LineMark, LoggedRecord, OutputInfo, Record, RecordHandle,
+    RecordSource, RunId, TokenEstimator,
 };
 
 use crate::cause::RecordCorruption;
@@ -442,6 +442,13 @@ impl RecordSource for RecordLog {
     }
 
     /// Reads the metadata and the one block's bytes, not the rest of the result.
+    /// From the result's metadata alone (one positional read): its content is not read.
+    fn block_lines(&self, handle: &RecordHandle) -> Result<Option<BlockLines>, ReadError> {
+        Ok(self
+            .result_summary(handle)?
+            .map(|(_, summary, _)| summary.block_lines()))
+    }
+
     fn content_block(
         &self,
         handle: &RecordHandle,

@@ -29,8 +29,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockRead
 use std::time::{Duration, Instant};
 
 use psych_types::{
-    ContentBlock, LineMark, LoggedRecord, OutputInfo, Record, RecordHandle, RecordSource, RunId,
-    TokenEstimator,
+    BlockLines, ContentBlock, LineMark, LoggedRecord, OutputInfo, Record, RecordHandle,
+    RecordSource, RunId, TokenEstimator,
 };
 
 use crate::error::{AppendError, OpenError, ReadError};
@@ -38,7 +38,6 @@ use crate::format;
 use crate::log::RecordLog;
 use crate::policy::SyncPolicy;
 use crate::recovery::Recovery;
-use crate::spill::StreamFailure;
 use crate::write::{PendingFrame, SCRATCH_KEEP};
 
 /// Counters of a [`SharedRecordLog`]'s groups since it was made.
@@ -190,6 +189,31 @@ enum Outcome {
     /// Durable; its first record is at this position.
     Committed(u64),
     Failed(Failure),
+    /// Left out of its group for its own input (a spilled text that could not be read
+    /// back), the rest of the group written without it.
+    Refused(AppendError),
+}
+
+/// A group written: where its first record went, how many records it holds, and the
+/// calls left out for their own spilled text (by their index in the group).
+struct GroupDone {
+    first: u64,
+    records: usize,
+    refused: Vec<(usize, AppendError)>,
+}
+
+/// Why filling a group's write stopped.
+enum GroupFill {
+    /// Call `call`'s spilled text could not be read back: its own append's error.
+    Spill { call: usize, error: AppendError },
+    /// Writing failed.
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for GroupFill {
+    fn from(error: std::io::Error) -> Self {
+        GroupFill::Io(error)
+    }
 }
 
 /// Why a group failed, given to each of its calls.
@@ -358,8 +382,10 @@ impl SharedRecordLog {
     ///
     /// # Errors
     ///
-    /// [`AppendError`]: encoding errors of this record alone; I/O errors and
-    /// [`AppendError::Poisoned`] of the whole group. No handle is issued.
+    /// [`AppendError`]: encoding errors of this record alone, and
+    /// [`AppendError::Spill`] when its spilled text cannot be read back as the group is
+    /// written (this call is left out; the rest of the group is written without it); I/O
+    /// errors and [`AppendError::Poisoned`] of the whole group. No handle is issued.
     pub fn append(&self, record: &Record) -> Result<RecordHandle, AppendError> {
         let seq = self.commit(std::slice::from_ref(record))?;
         Ok(RecordHandle::new(self.run.clone(), seq))
@@ -432,6 +458,7 @@ impl SharedRecordLog {
             match slot.wait() {
                 Some(Outcome::Committed(first)) => return Ok(first),
                 Some(Outcome::Failed(failure)) => return Err(failure.to_error(&self.path)),
+                Some(Outcome::Refused(error)) => return Err(error),
                 None => lead = true,
             }
         }
@@ -504,7 +531,7 @@ impl SharedRecordLog {
         group.stats.groups += 1;
         group.stats.largest_group = group.stats.largest_group.max(records);
         match &result {
-            Ok(_) => group.stats.records += records as u64,
+            Ok(done) => group.stats.records += done.records as u64,
             Err(_) => group.stats.failed_groups += 1,
         }
         match group.queue.front() {
@@ -513,10 +540,22 @@ impl SharedRecordLog {
         }
         drop(group);
         match result {
-            Ok(mut seq) => {
-                for call in &calls {
-                    call.slot.set(SlotState::Done(Outcome::Committed(seq)));
-                    seq += call.frames.len() as u64;
+            Ok(GroupDone {
+                first: mut seq,
+                mut refused,
+                ..
+            }) => {
+                for (i, call) in calls.iter().enumerate() {
+                    match refused.iter().position(|(call, _)| *call == i) {
+                        Some(at) => {
+                            let (_, error) = refused.swap_remove(at);
+                            call.slot.set(SlotState::Done(Outcome::Refused(error)));
+                        }
+                        None => {
+                            call.slot.set(SlotState::Done(Outcome::Committed(seq)));
+                            seq += call.frames.len() as u64;
+                        }
+                    }
                 }
             }
             Err(failure) => {
@@ -530,50 +569,88 @@ impl SharedRecordLog {
 
     /// Positions the group's frames after the last whole one and writes them through the
     /// log's one write path (write, preallocation, high-water mark, sync per policy), then
-    /// indexes them; on failure cuts them off again. Returns the first record's position.
-    fn write_group(&self, calls: &mut [Pending], scratch: &mut Vec<u8>) -> Result<u64, Failure> {
-        let log = self.read_log();
-        log.check_writable().map_err(|err| match err {
-            AppendError::ReadOnly { .. } => Failure::ReadOnly,
-            _ => Failure::Poisoned,
-        })?;
-        let first = log.len();
-        let mut entries = Vec::new();
-        let mut offset = log.end;
-        for frame in calls.iter_mut().flat_map(|call| call.frames.iter_mut()) {
-            let entry = frame.place(
-                first + entries.len() as u64,
-                format::write_index(entries.len()),
-                offset,
-            );
-            offset += entry.header.frame_len();
-            entries.push(entry);
-        }
-        let new_end = offset;
+    /// indexes them; on failure cuts them off again. A call whose spilled text cannot be
+    /// read back (the second pass, as the group is written) is left out: the write is cut
+    /// back and made again without it (a group of more than one call is at most
+    /// `max_bytes`, so that is what a retry re-reads), and the call gets its own
+    /// [`AppendError::Spill`], as a lone append would; a failure to write fails the group.
+    fn write_group(
+        &self,
+        calls: &mut [Pending],
+        scratch: &mut Vec<u8>,
+    ) -> Result<GroupDone, Failure> {
+        let mut live: Vec<usize> = (0..calls.len()).collect();
+        let mut refused = Vec::new();
         // Where a spilled text's chunks are read into (allocated only for one).
         let mut chunk = Vec::new();
-        let written = log.write_frames(entries.len() as u64, scratch, |gather| {
-            for frame in calls.iter().flat_map(|call| &call.frames) {
-                frame
-                    .push_to(gather, &mut chunk)
-                    .map_err(StreamFailure::into_io)?;
+        loop {
+            let log = self.read_log();
+            log.check_writable().map_err(|err| match err {
+                AppendError::ReadOnly { .. } => Failure::ReadOnly,
+                _ => Failure::Poisoned,
+            })?;
+            let first = log.len();
+            if live.is_empty() {
+                return Ok(GroupDone {
+                    first,
+                    records: 0,
+                    refused,
+                });
             }
-            Ok(new_end)
-        });
-        drop(log);
-        let mut log = self.log.write().unwrap_or_else(PoisonError::into_inner);
-        match written {
-            Ok(written) => {
-                log.commit_write(entries, written);
-                Ok(first)
+            let mut entries = Vec::new();
+            let mut offset = log.end;
+            for &i in &live {
+                for frame in &mut calls[i].frames {
+                    let entry = frame.place(
+                        first + entries.len() as u64,
+                        format::write_index(entries.len()),
+                        offset,
+                    );
+                    offset += entry.header.frame_len();
+                    entries.push(entry);
+                }
             }
-            Err(failure) => {
-                let offset = log.end;
-                log.undo();
-                Err(Failure::Io {
-                    offset,
-                    source: Arc::new(failure),
-                })
+            let new_end = offset;
+            let calls = &*calls;
+            let written = log.write_frames(entries.len() as u64, scratch, |gather| {
+                for &i in &live {
+                    for frame in &calls[i].frames {
+                        frame.push_to(gather, &mut chunk).map_err(|failure| {
+                            match failure.into_append_error() {
+                                Ok(error) => GroupFill::Spill { call: i, error },
+                                Err(error) => GroupFill::Io(error),
+                            }
+                        })?;
+                    }
+                }
+                Ok(new_end)
+            });
+            drop(log);
+            let mut log = self.log.write().unwrap_or_else(PoisonError::into_inner);
+            match written {
+                Ok(written) => {
+                    let records = entries.len();
+                    log.commit_write(entries, written);
+                    return Ok(GroupDone {
+                        first,
+                        records,
+                        refused,
+                    });
+                }
+                Err(GroupFill::Spill { call, error }) => {
+                    // A cut that fails poisons the log: the next round says so to all.
+                    log.undo();
+                    live.retain(|&i| i != call);
+                    refused.push((call, error));
+                }
+                Err(GroupFill::Io(failure)) => {
+                    let offset = log.end;
+                    log.undo();
+                    return Err(Failure::Io {
+                        offset,
+                        source: Arc::new(failure),
+                    });
+                }
             }
         }
     }
@@ -622,6 +699,10 @@ impl RecordSource for SharedRecordLog {
 
     fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, ReadError> {
         self.read_log().line_mark(handle, line)
+    }
+
+    fn block_lines(&self, handle: &RecordHandle) -> Result<Option<BlockLines>, ReadError> {
+        self.read_log().block_lines(handle)
     }
 }
 
@@ -827,6 +908,116 @@ mod tests {
             .and_then(|inner| inner.downcast_ref::<Arc<std::io::Error>>())
             .expect("the original is carried");
         assert!(Arc::ptr_eq(shared, &other));
+    }
+
+    /// A tool result whose one text block is spilled to `file` (`len` bytes).
+    fn spilled_result(file: File, len: u64) -> Record {
+        let text = Arc::new(psych_types::SpilledText::new(file, len));
+        Record::ToolResult(psych_types::ToolResult {
+            call_id: psych_types::ToolCallId::new("c").unwrap(),
+            name: "t".into(),
+            output: psych_types::ToolOutput {
+                spilled: vec![psych_types::SpilledBlock {
+                    block: 0,
+                    text: Arc::clone(&text),
+                }],
+                ..psych_types::ToolOutput::from_blocks(vec![psych_types::ContentBlock::text(
+                    text.placeholder(),
+                )])
+            },
+        })
+    }
+
+    /// Issue 27's limit on group commit: a spilled text that can no longer be read back
+    /// when the leader writes the group (its file cut after the append queued) failed
+    /// every call of the group. Now its call alone gets its own `AppendError::Spill`; the
+    /// others are written, one after another, and the log reopens with them.
+    #[test]
+    fn a_spilled_text_unreadable_in_a_group_fails_its_call_alone() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("refuse").unwrap();
+        let policy = SyncPolicy::GroupCommit(
+            GroupCommit::builder()
+                .max_wait(Duration::from_millis(10))
+                .max_records(3)
+                .max_bytes(u64::MAX)
+                .build()
+                .unwrap(),
+        );
+        let (log, _) = SharedRecordLog::open(dir.path(), &run, policy).unwrap();
+        let log = Arc::new(log);
+        let append = |record: Record| {
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || log.append(&record))
+        };
+        let queued = |n: usize| {
+            while log.lock_group().queue.len() != n {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        // A first group is held at its write (the log's lock taken here), so that the
+        // three calls after it queue whatever the time and make the next group together.
+        let held = log.log.write().unwrap();
+        let first = append(user("first"));
+        // Taken off the queue by its leader, who now waits for the lock.
+        while {
+            let group = log.lock_group();
+            !(group.leading && group.queue.is_empty())
+        } {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut file = tempfile::tempfile().unwrap();
+        let text = "a line of the spilled text\n".repeat(4096);
+        file.write_all(text.as_bytes()).unwrap();
+        let cut = file.try_clone().unwrap();
+        let spilled = append(spilled_result(file, text.len() as u64));
+        queued(1);
+        let one = append(user("one"));
+        queued(2);
+        let others = [one, append(user("two"))];
+        queued(3);
+        // Encoded (its text read once) and queued: now its file loses its end.
+        cut.set_len(100).unwrap();
+        drop(held);
+
+        assert_eq!(first.join().unwrap().unwrap().seq, 0);
+        let refused = spilled.join().unwrap();
+        assert!(
+            matches!(
+                refused,
+                Err(AppendError::Spill {
+                    block: 0,
+                    cause: crate::SpillError::Short { .. },
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        let seqs: Vec<u64> = others
+            .into_iter()
+            .map(|other| other.join().unwrap().unwrap().seq)
+            .collect();
+        assert_eq!(seqs, [1, 2]);
+        let stats = log.stats();
+        assert_eq!(
+            (
+                stats.groups,
+                stats.largest_group,
+                stats.records,
+                stats.failed_groups
+            ),
+            (2, 3, 3, 0)
+        );
+        drop(log);
+        let (reopened, _) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
+        assert_eq!(reopened.len(), 3);
+        for (seq, want) in ["first", "one", "two"].into_iter().enumerate() {
+            let record = reopened
+                .record(&RecordHandle::new(run.clone(), seq as u64))
+                .unwrap();
+            assert_eq!(record, Some(user(want)));
+        }
     }
 
     #[test]

@@ -43,28 +43,6 @@ impl StreamFailure {
             StreamFailure::Write(err) => Err(err),
         }
     }
-
-    /// As one I/O error, for a group whose calls share its failure: a spill's error keeps
-    /// its kind and carries the [`AppendError::Spill`] as its inner error.
-    pub(crate) fn into_io(self) -> std::io::Error {
-        match self.into_append_error() {
-            Ok(spill) => {
-                let kind = match &spill {
-                    AppendError::Spill {
-                        cause: SpillError::Read { source, .. },
-                        ..
-                    } => source.kind(),
-                    AppendError::Spill {
-                        cause: SpillError::Short { .. },
-                        ..
-                    } => std::io::ErrorKind::UnexpectedEof,
-                    _ => std::io::ErrorKind::InvalidData,
-                };
-                std::io::Error::new(kind, spill)
-            }
-            Err(err) => err,
-        }
-    }
 }
 
 /// One spilled text within a readable text.

@@ -10,7 +10,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

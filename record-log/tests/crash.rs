@@ -14,7 +14,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -30,6 +30,14 @@ const POLICY_ENV: &str = "PSYCH_RECORD_LOG_CHILD_POLICY";
 const ROUND_ENV: &str = "PSYCH_RECORD_LOG_CHILD_ROUND";
 const TEST_NAME: &str = "a_killed_writer_loses_no_acknowledged_record";
 const GROUP_TEST_NAME: &str = "killed_group_committers_lose_no_acknowledged_record";
+/// `name`'s path in this test binary, as `--exact` matches it: the module path without the
+/// crate's name (the file is a module of the crate's one integration-test binary).
+fn test_path(name: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_owned(),
+    }
+}
 /// Appender threads of the group-commit child.
 const GROUP_THREADS: u64 = 4;
 
@@ -118,7 +126,12 @@ fn a_killed_writer_loses_no_acknowledged_record() {
     for (round, delay) in delays(seed).enumerate().take(30) {
         let policy = if round % 2 == 0 { "fsync" } else { "buffered" };
         let child = Command::new(std::env::current_exe().unwrap())
-            .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .args([
+                test_path(TEST_NAME).as_str(),
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, dir.path())
             .env(POLICY_ENV, policy)
             .stdout(Stdio::piped())
@@ -229,7 +242,7 @@ fn killed_group_committers_lose_no_acknowledged_record() {
     for (round, delay) in delays(seed).enumerate().take(12) {
         let child = Command::new(std::env::current_exe().unwrap())
             .args([
-                GROUP_TEST_NAME,
+                test_path(GROUP_TEST_NAME).as_str(),
                 "--exact",
                 "--nocapture",
                 "--test-threads=1",

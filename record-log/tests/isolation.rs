@@ -7,7 +7,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+use crate::common;
 
 use psych_record_log::{RecordLog, SyncPolicy};
 use psych_types::{RecordHandle, RecordSource};

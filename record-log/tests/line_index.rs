@@ -8,11 +8,11 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
-use common::{run, text_result};
+use crate::common::{run, text_result};
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_types::{LineMark, RecordHandle, RecordSource, count_line_breaks};
 

@@ -8,7 +8,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+use crate::common;
 
 use proptest::prelude::*;
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};

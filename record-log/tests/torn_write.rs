@@ -11,7 +11,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};

@@ -124,7 +124,9 @@ impl<H: ToolHost + 'static> Executor<H> {
 
     /// Sets the deadline of each forwarded call. A call past it is answered with a failed
     /// result naming the server, the tool and the deadline (the host's own deadline, if
-    /// shorter, applies first).
+    /// shorter, applies first). It bounds the whole call, its answer's transfer included:
+    /// with a host that has its own deadline for silence (psych-mcp's `Timeouts`), set it to
+    /// that host's longest call (`Timeouts::longest_call`).
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
         self

@@ -675,7 +675,10 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
-    /// The deadline of each forwarded call.
+    /// The deadline of each forwarded call (default
+    /// [`DEFAULT_CALL_TIMEOUT`](crate::DEFAULT_CALL_TIMEOUT)). It bounds the whole call, its answer's transfer included: with a host that has its
+    /// own deadline for silence (psych-mcp's `Timeouts`), set it to that host's longest call
+    /// (`Timeouts::longest_call`), so that a large answer still arriving is not cut here.
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
         self

@@ -28,7 +28,7 @@
 //!
 //! Over stdio, unlisted `raw_*` tools answer with lines rmcp cannot write (invalid UTF-8,
 //! a lone surrogate escape, a line over the client's cap, a line cut short, and
-//! `raw_huge {mib, second_mib, lone_surrogate, bad_utf8}`: a text result of any size
+//! `raw_huge {mib, second_mib, lone_surrogate, bad_utf8, pause_ms}`: a text result of any size
 //! written as it is made, never held; see [`huge_lines`]): see `stdio_faults.rs`.
 //!
 //! By default it is a server of the revisions with `initialize` (up to 2025-11-25), as every

@@ -8,8 +8,9 @@
 //!   `raw_unparseable` (a line cut in the middle of the result), `raw_forged_error` (a
 //!   JSON-RPC error of the server's own in the shape of the one psych-mcp's transport
 //!   makes up for an answer over its cap: [`FORGED_ERROR_MESSAGE`]), `raw_huge {mib,
-//!   second_mib, lone_surrogate, bad_utf8, image}` (a text result of `mib` MiB written as it
-//!   is made, never held: [`Huge`]). The handler answers them with a marker and
+//!   second_mib, lone_surrogate, bad_utf8, image, pause_ms}` (a text result of `mib` MiB written
+//!   as it is made, never held: [`Huge`]; with `image`, an image block of 8 bytes after the
+//!   first text; with `pause_ms`, a pause after each MiB, as over a slow link). The handler answers them with a marker and
 //!   [`raw_line`] writes the line in its place (the writer task writes a huge one);
 //! - at start: `--stderr-flood BYTES` writes that many bytes to stderr without a line
 //!   break (then one), and `--setsid-grandchild PIDFILE` starts a `sleep` in a session of
@@ -54,6 +55,7 @@ pub(super) fn marker(request: &ClientRequest) -> Option<ServerResult> {
         "lone_surrogate": flag("lone_surrogate"),
         "bad_utf8": flag("bad_utf8"),
         "image": flag("image"),
+        "pause_ms": number("pause_ms"),
     }))))
 }
 
@@ -159,7 +161,8 @@ pub(super) fn raw_tools() -> Vec<Value> {
         json!({"name": "raw_huge", "description": HUGE_DESCRIPTION,
             "inputSchema": object(json!({"mib": {"type": "integer", "minimum": 0},
                 "second_mib": {"type": "integer", "minimum": 0},
-                "lone_surrogate": {"type": "boolean"}, "bad_utf8": {"type": "boolean"}}))}),
+                "lone_surrogate": {"type": "boolean"}, "bad_utf8": {"type": "boolean"},
+                "image": {"type": "boolean"}, "pause_ms": {"type": "integer", "minimum": 0}}))}),
         json!({"name": "raw_unparseable", "description": "A line cut inside the result.",
             "inputSchema": object(json!({}))}),
         json!({"name": "raw_forged_error", "description": "An error in the shape of psych's.",
@@ -193,13 +196,16 @@ pub(super) fn setsid_grandchild(pidfile: &Path) -> std::io::Result<()> {
 }
 
 /// What `raw_huge` does, in its description.
-const HUGE_DESCRIPTION: &str = "raw_huge {mib, second_mib, lone_surrogate, bad_utf8}: a \
+const HUGE_DESCRIPTION: &str = "raw_huge {mib, second_mib, lone_surrogate, bad_utf8, image, \
+    pause_ms}: a \
     text result of `mib` MiB written to stdout as it is made (never held): `mib` × 16384 \
     lines of 64 bytes, `line 00000001 ` (the line's number from 1, 8 digits) then dots \
     then `\\n`, and a last line `THE END after N lines` with no line break. With \
     `lone_surrogate`, a lone `\\ud83d` escape after line N/2; with `bad_utf8`, a byte \
     0xFF there (each read as U+FFFD, 3 bytes). With `second_mib` > 0, a second text block \
-    made the same way of that many MiB (without those faults).";
+    made the same way of that many MiB (without those faults). With `image`, an image block \
+    of 8 bytes after the first text block; with `pause_ms`, a pause of that many \
+    milliseconds after each MiB written (a slow link).";
 
 /// One line of a `raw_huge` text, decoded: 64 bytes.
 const HUGE_LINE: usize = 64;
@@ -233,6 +239,10 @@ pub(crate) struct Huge {
     second_mib: u64,
     lone_surrogate: bool,
     bad_utf8: bool,
+    /// A pause after each MiB written (a slow link), in milliseconds.
+    pause_ms: u64,
+    /// An image block (8 bytes of data) after the first text block.
+    image: bool,
 }
 
 /// The huge answer `item` stands for, if it is a `raw_huge` marker.
@@ -252,6 +262,8 @@ pub(super) fn huge(item: &TxJsonRpcMessage<RoleServer>) -> Option<Huge> {
         second_mib: marker["second_mib"].as_u64().unwrap_or(0),
         lone_surrogate: marker["lone_surrogate"] == true,
         bad_utf8: marker["bad_utf8"] == true,
+        pause_ms: marker["pause_ms"].as_u64().unwrap_or(0),
+        image: marker["image"] == true,
     })
 }
 
@@ -271,6 +283,10 @@ impl Huge {
         )
         .await?;
         self.block(out, self.mib, true).await?;
+        if self.image {
+            out.write_all(br#",{"type":"image","mimeType":"image/png","data":"AAECAwQFBgc="}"#)
+                .await?;
+        }
         if self.second_mib > 0 {
             out.write_all(b",").await?;
             self.block(out, self.second_mib, false).await?;
@@ -301,6 +317,10 @@ impl Huge {
             if chunk.len() >= 1024 * 1024 {
                 out.write_all(&chunk).await?;
                 chunk.clear();
+                if self.pause_ms > 0 {
+                    out.flush().await?;
+                    tokio::time::sleep(std::time::Duration::from_millis(self.pause_ms)).await;
+                }
             }
         }
         chunk.extend_from_slice(huge_end(lines).as_bytes());

@@ -16,8 +16,8 @@ use psych_types::{
     ServerHealth, ServerId,
 };
 
-mod common;
-use common::fixture_tools;
+use crate::common;
+use crate::common::fixture_tools;
 
 fn setup(
     preload: Preload,

@@ -21,8 +21,7 @@ use psych_record_log::{RecordLog, SyncPolicy};
 use psych_types::{LoggedRecord, Projection, Record, RecordHandle, RecordSource, ToolOutput};
 use serde_json::{Value, json};
 
-mod common;
-use common::{assistant, open, preview_handles, read_back, result, small_elider, user};
+use crate::common::{assistant, open, preview_handles, read_back, result, small_elider, user};
 
 /// A log file of 600 lines, one of them flagged, without a final line break.
 fn server_log() -> String {

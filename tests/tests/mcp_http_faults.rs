@@ -20,8 +20,7 @@ use psych_mcp::{
 use psych_types::{ConnectionSpec, JsonObject, Reachability, ServerId, ToolHost, ToolRef};
 use serde_json::{Value, json};
 
-mod mcp_common;
-use mcp_common::HttpServer;
+use crate::mcp_common::HttpServer;
 
 fn id(name: &str) -> ServerId {
     ServerId::new(name).unwrap()

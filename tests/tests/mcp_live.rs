@@ -20,8 +20,7 @@ use psych_types::{
 };
 use serde_json::{Value, json};
 
-mod mcp_common;
-use mcp_common::{HttpServer, SERVER};
+use crate::mcp_common::{HttpServer, SERVER};
 
 /// How many control tools the test server lists before its generated ones.
 const CONTROL_TOOLS: usize = 16;
@@ -296,6 +295,67 @@ async fn concurrent_calls_are_all_answered_each_with_its_own_result() {
         started.elapsed() < Duration::from_millis(1_500),
         "the calls ran one after another: {:?}",
         started.elapsed()
+    );
+    manager.shutdown().await;
+}
+
+/// Issue 27's limit on deadlines: the call deadline covered the whole transfer, so a large
+/// answer over a slow link timed out while it arrived. Once an answer is arriving the call
+/// deadline is one for silence, up to `Timeouts::transfer` from the call's start: 10 MiB
+/// written a MiB every 300 ms (about 3 s) arrives whole under a 2 s call deadline; an answer
+/// with pauses longer than the deadline times out (silence), and so does a steady one that
+/// would outlast the transfer ceiling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_still_arriving_is_waited_for_but_silence_and_the_ceiling_are_not() {
+    use psych_test_server::{huge_end, huge_lines};
+    let call = Duration::from_secs(2);
+    let timeouts = fast()
+        .with_call(call)
+        .with_transfer(Duration::from_secs(60));
+    let (manager, reachability) = one("slow", test_server("slow", &[]), timeouts).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let huge = tool("slow", "raw_huge");
+    let started = std::time::Instant::now();
+    let result = manager
+        .call_tool_raw(&huge, args(json!({"mib": 10, "pause_ms": 300})))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took > call,
+        "not slower than the deadline, so it tests nothing: {took:?}"
+    );
+    let text = texts(&result).concat();
+    let end = huge_end(huge_lines(10));
+    assert_eq!(text.len() as u64, huge_lines(10) * 64 + end.len() as u64);
+    assert!(text.ends_with(&end));
+
+    // Silence longer than the deadline after the first MiB: the call ends at the deadline
+    // counted from the last bytes read.
+    let error = manager
+        .call_tool_raw(&huge, args(json!({"mib": 3, "pause_ms": 6_000})))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, McpError::Timeout { call: name, after, .. }
+            if name == "tools/call raw_huge" && *after >= call
+                && *after < Duration::from_secs(6)),
+        "{error}"
+    );
+    manager.shutdown().await;
+
+    // A steady answer that would take longer than the transfer ceiling ends at it.
+    let timeouts = fast()
+        .with_call(call)
+        .with_transfer(Duration::from_millis(3_500));
+    let (manager, _) = one("slow", test_server("slow", &[]), timeouts).await;
+    let error = manager
+        .call_tool_raw(&huge, args(json!({"mib": 30, "pause_ms": 300})))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, McpError::Timeout { after, .. } if *after == Duration::from_millis(3_500)),
+        "{error}"
     );
     manager.shutdown().await;
 }
@@ -1900,6 +1960,15 @@ async fn the_line_before_a_progress_bar_is_still_in_the_stderr_tail_at_the_exit(
 
 /// Set in the test process that [`a_server_dropped_as_the_process_exits_takes_its_setsid_grandchild`]
 /// starts: the pid file of its server's grandchild.
+/// `name`'s path in this test binary, as `--exact` matches it: the module path without the
+/// crate's name (the file is a module of the crate's one integration-test binary).
+fn test_path(name: &str) -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_owned(),
+    }
+}
+
 const EXITING_CHILD: &str = "PSYCH_MCP_TEST_EXITING_CHILD";
 
 /// Review item 2: a manager whose servers are dropped while the runtime shuts down (what
@@ -1915,7 +1984,7 @@ async fn a_server_dropped_as_the_process_exits_takes_its_setsid_grandchild() {
     let pidfile = dir.join("grandchild");
     let output = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
-            "exiting_process_with_a_server",
+            test_path("exiting_process_with_a_server").as_str(),
             "--exact",
             "--nocapture",
             "--test-threads=1",

@@ -21,8 +21,7 @@ use psych_mcp::{
 use psych_types::{ConnectionSpec, JsonObject, Reachability, ServerId, ToolLister, ToolRef};
 use serde_json::{Value, json};
 
-mod mcp_common;
-use mcp_common::{HttpServer, SERVER};
+use crate::mcp_common::{HttpServer, SERVER};
 
 /// The size of the large result: past what one read of a stdio line or an HTTP body
 /// usually holds, well within what stays in memory.

@@ -10,9 +10,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-mod common;
-
-use common::{open, read_back};
+use crate::common::{open, read_back};
 use proptest::prelude::*;
 use psych_reader_tool::Reader;
 use psych_record_log::SyncPolicy;

@@ -21,11 +21,9 @@
 
 use psych_test_support::prompts as pa;
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
-use common::fixture_tools;
+use crate::common::fixture_tools;
 use pa::*;
 use psych_catalog::Catalog;
 use psych_disclosure::{Inputs, Settings, Surface, resolve};

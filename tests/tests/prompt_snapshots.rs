@@ -24,8 +24,8 @@ use psych_types::{
 };
 use serde_json::{Value, json};
 
-mod common;
-use common::{fixture_tools, small_elider};
+use crate::common;
+use crate::common::{fixture_tools, small_elider};
 
 use psych_test_support::rules;
 

@@ -51,8 +51,7 @@ use psych_types::{
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-mod common;
-use common::{open, preview_handles, read_back};
+use crate::common::{open, preview_handles, read_back};
 
 use psych_test_support::rules;
 

@@ -23,8 +23,8 @@ use psych_types::{
 };
 use serde_json::{Value, json};
 
-mod common;
-use common::fixture_tools;
+use crate::common;
+use crate::common::fixture_tools;
 
 use psych_test_support::rules;
 

@@ -172,6 +172,44 @@ pub trait OutputAccess {
     ///
     /// The store's failure, as a [`SourceError`].
     fn load_output(&self, handle: &RecordHandle) -> Result<Option<ToolOutput>, SourceError>;
+
+    /// The non-text blocks of the tool result at `handle`, as a preview lists them; `None`
+    /// when the handle does not resolve to a tool result. As
+    /// [`RecordSource::block_lines`] does: a store that keeps its blocks' shapes apart
+    /// from their bulk answers without reading the content.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure, as a [`SourceError`].
+    fn block_lines(&self, handle: &RecordHandle) -> Result<Option<BlockLines>, SourceError> {
+        Ok(self
+            .load_output(handle)?
+            .map(|output| BlockLines::of(&output)))
+    }
+}
+
+/// The blocks of a stored tool result other than text, as its preview names them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockLines {
+    /// Each such block's [placeholder line](crate::ContentBlock::placeholder), in block order.
+    pub placeholders: Vec<String>,
+    /// Whether a block holds binary data (an image, audio, a blob resource).
+    pub has_binary: bool,
+}
+
+impl BlockLines {
+    /// The lines of `output`'s blocks.
+    pub fn of(output: &ToolOutput) -> Self {
+        Self {
+            placeholders: output
+                .content
+                .iter()
+                .enumerate()
+                .filter_map(|(i, block)| block.placeholder(i))
+                .collect(),
+            has_binary: output.binary_blocks().next().is_some(),
+        }
+    }
 }
 
 impl<S: RecordSource + ?Sized> OutputAccess for S {
@@ -196,6 +234,13 @@ impl<S: RecordSource + ?Sized> OutputAccess for S {
                 source: Box::new(source),
             }),
         }
+    }
+
+    fn block_lines(&self, handle: &RecordHandle) -> Result<Option<BlockLines>, SourceError> {
+        RecordSource::block_lines(self, handle).map_err(|source| SourceError {
+            handle: handle.clone(),
+            source: Box::new(source),
+        })
     }
 }
 

@@ -90,8 +90,8 @@ pub use catalog::{
 pub use chain::error_chain;
 pub use connection::{ConnectionSpec, PermissionGrant, Preload, ToolScope};
 pub use history::{
-    History, HistoryEntry, HistoryItem, OutputAccess, SourceError, StoredRef, StoredResult,
-    count_line_breaks, load_whole, read_exact_output,
+    BlockLines, History, HistoryEntry, HistoryItem, OutputAccess, SourceError, StoredRef,
+    StoredResult, count_line_breaks, load_whole, read_exact_output,
 };
 pub use id::{IdError, RunId, ServerId, ToolCallId, ToolName, ToolRef};
 pub use output::{

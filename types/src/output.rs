@@ -447,6 +447,14 @@ impl ContentBlock {
     ///   (MIME type and size when the link gives them)
     /// - `[content block #2: unknown block type "video", 512 bytes of JSON]`
     pub fn placeholder(&self, position: usize) -> Option<String> {
+        self.placeholder_sized(position, None)
+    }
+
+    /// [`ContentBlock::placeholder`] with the bulk's length given (the data's, the blob's
+    /// or the text resource's text's, in bytes) in place of the block's own, for a block
+    /// kept without its bulk (a store's skeleton); `None` measures the block's own.
+    pub fn placeholder_sized(&self, position: usize, bulk_len: Option<u64>) -> Option<String> {
+        let bulk = |own: usize| bulk_len.unwrap_or(own as u64);
         let mut out = format!("[content block #{position}: ");
         match self {
             ContentBlock::Text(_) => return None,
@@ -456,7 +464,7 @@ impl ContentBlock {
                     "{}, {}, {} bytes",
                     self.kind(),
                     one_line(&media.mime_type),
-                    media.data.len()
+                    bulk(media.data.len())
                 );
             }
             ContentBlock::Resource(embedded) => match &embedded.resource {
@@ -465,14 +473,14 @@ impl ContentBlock {
                     if let Some(mime) = &text.mime_type {
                         let _ = write!(out, ", {}", one_line(mime));
                     }
-                    let _ = write!(out, ", {} bytes of text follow", text.text.len());
+                    let _ = write!(out, ", {} bytes of text follow", bulk(text.text.len()));
                 }
                 ResourceContents::Blob(blob) => {
                     let _ = write!(out, "resource {}", one_line(&blob.uri));
                     if let Some(mime) = &blob.mime_type {
                         let _ = write!(out, ", {}", one_line(mime));
                     }
-                    let _ = write!(out, ", {} bytes", blob.blob.len());
+                    let _ = write!(out, ", {} bytes", bulk(blob.blob.len()));
                 }
             },
             ContentBlock::ResourceLink(link) => {

@@ -21,8 +21,8 @@ use std::future::Future;
 use serde_json::Value;
 
 use crate::{
-    ContentBlock, JsonObject, LoggedRecord, ProgressSink, Record, RecordHandle, RunId, ServerId,
-    ToolCallId, ToolDefinition, ToolOutput, ToolRef,
+    BlockLines, ContentBlock, JsonObject, LoggedRecord, ProgressSink, Record, RecordHandle, RunId,
+    ServerId, ToolCallId, ToolDefinition, ToolOutput, ToolRef,
 };
 
 /// A cheap estimate of how many tokens content costs in a prompt.
@@ -262,6 +262,23 @@ pub trait RecordSource {
         let _ = (handle, line);
         Ok(LineMark::START)
     }
+
+    /// The blocks other than text of the tool result at `handle`, as its preview lists them
+    /// ([`BlockLines`]); `None` when the handle does not resolve to a tool result.
+    ///
+    /// The default reads the record whole. A store that keeps each block's shape apart from
+    /// its bulk (the record log) overrides it, so that previewing a result that mixes an
+    /// image with a text of gigabytes does not read the text.
+    ///
+    /// # Errors
+    ///
+    /// Storage failures only.
+    fn block_lines(&self, handle: &RecordHandle) -> Result<Option<BlockLines>, Self::Error> {
+        Ok(match self.record(handle)? {
+            Some(Record::ToolResult(result)) => Some(BlockLines::of(&result.output)),
+            _ => None,
+        })
+    }
 }
 
 /// A shared reference to a source is a source, so readers can borrow or own one.
@@ -299,6 +316,10 @@ impl<S: RecordSource + ?Sized> RecordSource for &S {
 
     fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, Self::Error> {
         (**self).line_mark(handle, line)
+    }
+
+    fn block_lines(&self, handle: &RecordHandle) -> Result<Option<BlockLines>, Self::Error> {
+        (**self).block_lines(handle)
     }
 }
 

@@ -116,6 +116,7 @@ pub(crate) fn run_all(root: &Path) -> Result<Vec<String>, String> {
     }
     violations.extend(no_order_preserving_json(&resolved_metadata(root)?));
     violations.extend(runtime_without_mcp_client(&runtime_tree(root)?));
+    violations.extend(integration_tests_in_workspace(&metadata)?);
     let files = rust_files(root)?;
     for path in &files {
         let text = std::fs::read_to_string(path)
@@ -536,6 +537,89 @@ pub(crate) fn runtime_without_mcp_client(tree: &str) -> Vec<String> {
         .collect()
 }
 
+/// Runs [`integration_tests_compiled`] on every workspace package with a `tests/` folder.
+fn integration_tests_in_workspace(metadata: &Value) -> Result<Vec<String>, String> {
+    let mut violations = Vec::new();
+    for package in metadata["packages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let name = package["name"].as_str().unwrap_or("?");
+        let Some(dir) = package["manifest_path"]
+            .as_str()
+            .and_then(|m| Path::new(m).parent())
+        else {
+            continue;
+        };
+        let tests = dir.join("tests");
+        if !tests.is_dir() {
+            continue;
+        }
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&tests)
+            .map_err(|err| format!("cannot list {}: {err}", tests.display()))?
+        {
+            let entry = entry.map_err(|err| format!("cannot list {}: {err}", tests.display()))?;
+            let file = entry.file_name().to_string_lossy().into_owned();
+            if let Some(stem) = file.strip_suffix(".rs") {
+                files.push(stem.to_owned());
+            }
+        }
+        files.sort();
+        let mut roots = Vec::new();
+        let targets = package["targets"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for target in targets {
+            let is_test = target["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|kind| kind == "test"));
+            let Some(path) = target["src_path"].as_str().map(Path::new) else {
+                continue;
+            };
+            if !is_test || path.parent() != Some(tests.as_path()) {
+                continue;
+            }
+            let text = std::fs::read_to_string(path)
+                .map_err(|err| format!("cannot read {}: {err}", path.display()))?;
+            let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+            roots.push((stem.unwrap_or_default(), text));
+        }
+        violations.extend(integration_tests_compiled(name, &files, &roots));
+    }
+    Ok(violations)
+}
+
+/// One integration-test binary per crate (`tests/it.rs`, with `autotests = false`; why: see
+/// ARCHITECTURE.md, `xtask/`). Cargo then compiles
+/// only the `[[test]]` targets, so a `tests/*.rs` file (by stem, in `files`) that is neither a
+/// test target's root nor declared `mod <stem>;` by one (`roots`: stem and text of each test
+/// target directly in `tests/`) would never run; it is refused instead.
+pub(crate) fn integration_tests_compiled(
+    package: &str,
+    files: &[String],
+    roots: &[(String, String)],
+) -> Vec<String> {
+    files
+        .iter()
+        .filter(|file| {
+            let declared = format!("mod {file};");
+            !roots.iter().any(|(stem, text)| {
+                stem == *file || text.lines().any(|line| line.trim() == declared)
+            })
+        })
+        .map(|file| {
+            format!(
+                "integration test never compiled: {package}'s tests/{file}.rs is no test \
+                 target and no module of one; add `mod {file};` to tests/it.rs (or a \
+                 `[[test]]` target, if it needs a process of its own)"
+            )
+        })
+        .collect()
+}
+
 /// Every Rust module opens with a `//!` doc comment saying what it is for.
 pub(crate) fn module_doc(path: &Path, text: &str) -> Option<String> {
     let first = text.lines().map(str::trim).find(|line| !line.is_empty());
@@ -887,5 +971,22 @@ mod tests {
         assert_eq!(violations.len(), 1);
         assert!(violations[0].contains("x/tests/t.rs:3"), "{violations:?}");
         assert!(no_ignore(path, "//! t\n#[test]\nfn fast() {}\n").is_empty());
+    }
+
+    #[test]
+    fn a_test_file_no_binary_compiles_is_refused() {
+        let files = [
+            "alone".to_owned(),
+            "cli".to_owned(),
+            "it".to_owned(),
+            "lost".to_owned(),
+        ];
+        let roots = [
+            ("it".to_owned(), "//! doc\n\nmod cli;\n".to_owned()),
+            ("alone".to_owned(), "//! doc\n".to_owned()),
+        ];
+        let violations = integration_tests_compiled("psych-x", &files, &roots);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(violations[0].contains("tests/lost.rs"), "{violations:?}");
     }
 }

@@ -19,12 +19,14 @@
 
 use std::fs::File;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::task::JoinHandle;
 
 use super::scan::IdScanner;
 use crate::spill::WRITE_BUFFER;
+use crate::tap::TransferClock;
 
 /// The read buffer: a pipe's default capacity, so one read takes what a writer can queue.
 const READ_BUFFER: usize = 64 * 1024;
@@ -165,6 +167,8 @@ pub(crate) struct LineReader<R> {
     spill: Option<Box<Spill>>,
     /// Why the current line could not be written to its file.
     spill_error: Option<String>,
+    /// Noted whenever bytes of a line that has not ended yet are read.
+    clock: Option<Arc<TransferClock>>,
 }
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
@@ -179,7 +183,15 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             spill_to: None,
             spill: None,
             spill_error: None,
+            clock: None,
         }
+    }
+
+    /// The same reader, noting on `clock` each read of bytes of a line not ended yet (what
+    /// keeps a call whose answer is arriving from timing out).
+    pub(crate) fn noting(mut self, clock: Arc<TransferClock>) -> Self {
+        self.clock = Some(clock);
+        self
     }
 
     /// The same reader, writing a line over its limit (up to `to.max` bytes) to an unnamed
@@ -228,6 +240,8 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 }
                 return Ok(Some(Line::Whole(std::mem::take(&mut self.line))));
             }
+            // Whether this read goes on with a line begun by an earlier one.
+            let spanned = !self.line.is_empty() || self.spill.is_some() || self.overflow.is_some();
             let (chunk, used, end) = match memchr::memchr(b'\n', available) {
                 Some(i) => (&available[..i], i + 1, true),
                 None => (available, available.len(), false),
@@ -283,6 +297,12 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             }
             self.reader.consume(used);
             self.consumed += used as u64;
+            // Bytes of a line not ended, or the end of one that took several reads.
+            if (!end || spanned)
+                && let Some(clock) = &self.clock
+            {
+                clock.note();
+            }
             if end {
                 if self.spill.is_some() || self.overflow.is_some() {
                     return Ok(Some(self.end_long()));
