@@ -5,8 +5,8 @@
 //! - a client of 2026-07-28 gets the upstream's `inputRequests` unchanged with the
 //!   gateway's sealed `requestState`, retries with its answer and gets the final result;
 //!   rmcp's own client drives the rounds alone, directly and through `psych_call_tool`;
-//! - a forged state, a state retried with other arguments, and another identity's state
-//!   are JSON-RPC -32602, and nothing runs;
+//! - a forged state, a state retried with other arguments, another identity's state, and
+//!   answers sent without a state are JSON-RPC -32602, and nothing runs;
 //! - a client that declares no elicitation gets the upstream's -32021;
 //! - only the final results are logged;
 //! - a client of 2025-11-25 (a session) gets a tool error saying it needs 2026-07-28;
@@ -287,9 +287,10 @@ async fn input_required_rounds_pass_through_the_gateway_sealed_to_their_call() {
     );
     let state = round.request_state.clone().expect("a sealed state");
     assert!(state.starts_with("psy1."), "{state}");
+    // The gateway's own state (the upstream's inside it), not the upstream's as it is.
     assert!(
         !state.contains("confirm:"),
-        "the upstream's state is sealed: {state}"
+        "the upstream's state is wrapped: {state}"
     );
 
     let retry = |arguments: Value, state: &str| {
@@ -341,6 +342,15 @@ async fn input_required_rounds_pass_through_the_gateway_sealed_to_their_call() {
     );
     assert_eq!(refused.code, ErrorCode::INVALID_PARAMS, "{refused:?}");
     assert!(refused.message.contains("another identity"), "{refused:?}");
+    // Answers without the state of the round they answer: nothing to check them by.
+    let mut unbound = retry(json!({"text": "ship it"}), &state);
+    unbound.request_state = None;
+    let refused = rpc_error(session.call_tool_once(unbound).await.unwrap_err());
+    assert_eq!(refused.code, ErrorCode::INVALID_PARAMS, "{refused:?}");
+    assert!(
+        refused.message.contains("without requestState"),
+        "{refused:?}"
+    );
 
     // Retried with the answer and the state: the final result.
     let CallToolResponse::Complete(done) = session

@@ -1290,6 +1290,14 @@ impl ServerHandler for Session {
                     .open(&state, &binding, unix_millis())
                     .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?,
             ),
+            // Answers to a round the gateway cannot check (no sealed state with them) are
+            // not passed on: the binding would mean nothing.
+            None if request.input_responses.is_some() => {
+                return Err(ErrorData::invalid_params(
+                    mrtr::StateError::Missing.to_string(),
+                    None,
+                ));
+            }
             None => None,
         };
         let modern = is_modern(&context);

@@ -18,8 +18,9 @@
 //! The seal is `psy1.<payload in hex>.<HMAC-SHA256 in hex>`: the payload is the JSON of
 //! those fields, the MAC is keyed with 32 random bytes drawn when the process starts (so a
 //! restart invalidates every state handed out before it, as a clear error). The payload is
-//! readable by the client, and may be: it holds nothing the client did not send or receive
-//! already. [`Sealer::open`] checks the MAC in constant time before reading anything, then
+//! readable by the client (hex, not encrypted): the upstream's own state in it is what a
+//! client talking to the upstream directly would hold anyway, and nothing else in it is
+//! secret. A state over [`MAX_STATE`] is refused before it is decoded. [`Sealer::open`] checks the MAC in constant time before reading anything, then
 //! the expiry, the identity and the call; every failure is a [`StateError`], which the
 //! gateway answers as JSON-RPC -32602 before the call runs.
 //!
@@ -90,7 +91,26 @@ pub(crate) enum StateError {
          arguments of the call that got it"
     )]
     OtherCall,
+    /// Longer than any state this gateway seals ([`MAX_STATE`]): refused before it is read.
+    #[error("requestState is {len} bytes, over the {max} a state of this gateway can be")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// [`MAX_STATE`].
+        max: usize,
+    },
+    /// `inputResponses` came without the `requestState` of the round they answer.
+    #[error(
+        "inputResponses came without requestState: a retry sends back the requestState of \
+         the input_required result it answers"
+    )]
+    Missing,
 }
+
+/// The longest `requestState` [`Sealer::open`] reads (1 MiB: hex doubles the upstream's
+/// own state, so an upstream state up to about 500 KiB travels): a longer one is refused
+/// before it is decoded.
+pub(crate) const MAX_STATE: usize = 1 << 20;
 
 /// The sealed payload, as JSON. Field names are short: the state travels on every retry.
 #[derive(Debug, Serialize, Deserialize)]
@@ -169,6 +189,12 @@ impl Sealer {
         binding: &Binding<'_>,
         now: u64,
     ) -> Result<Opened, StateError> {
+        if state.len() > MAX_STATE {
+            return Err(StateError::TooLarge {
+                len: state.len(),
+                max: MAX_STATE,
+            });
+        }
         let sealed = state.strip_prefix(PREFIX).ok_or(StateError::Unsealed)?;
         let (payload, mac) = sealed.split_once('.').ok_or(StateError::Unsealed)?;
         let payload = unhex(payload).ok_or(StateError::Unsealed)?;
@@ -374,5 +400,14 @@ mod tests {
                 "{bad}"
             );
         }
+        // Past the bound: refused by its length, before anything is decoded.
+        let huge = format!("{PREFIX}{}", "0".repeat(MAX_STATE));
+        assert_eq!(
+            sealer.open(&huge, &bound, 2000),
+            Err(StateError::TooLarge {
+                len: huge.len(),
+                max: MAX_STATE
+            })
+        );
     }
 }
