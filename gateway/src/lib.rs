@@ -1171,6 +1171,37 @@ fn client_capabilities(
     )
 }
 
+/// The capability a request of an `input_required` result asks the client for, by its
+/// method: the three MCP 2026-07-28 lets a server send.
+fn capability_of(method: &str) -> Option<&'static str> {
+    match method {
+        "elicitation/create" => Some("elicitation"),
+        "sampling/createMessage" => Some("sampling"),
+        "roots/list" => Some("roots"),
+        _ => None,
+    }
+}
+
+/// The first request of an upstream's `input_required` `answer` that its client cannot
+/// be sent (a method outside the three, or a capability the client did not declare in
+/// `declared`), described; `None` when every one may go (as when there are none).
+fn undeclared_request(answer: &JsonObject, declared: Option<&JsonObject>) -> Option<String> {
+    let requests = answer.get("inputRequests")?;
+    let Some(requests) = requests.as_object() else {
+        return Some("inputRequests that is not an object".to_owned());
+    };
+    requests.iter().find_map(|(key, request)| {
+        let method = request.get("method").and_then(Value::as_str).unwrap_or("");
+        match capability_of(method) {
+            Some(capability) if declared.is_some_and(|d| d.contains_key(capability)) => None,
+            Some(capability) => Some(format!("{key:?}: {method}, which needs {capability}")),
+            None => Some(format!(
+                "{key:?}: {method:?}, not a request a server may send"
+            )),
+        }
+    })
+}
+
 /// The tool error a client of a revision with sessions gets when the upstream needs input
 /// (its `answer`, when it said which) or a capability: it names the tool and what to do.
 /// Not logged: it is not the tool's result, and the tool did not run.
@@ -1305,20 +1336,21 @@ impl ServerHandler for Session {
             Some(opened) => (Some(opened.target), opened.upstream),
             None => (None, None),
         };
+        let declared = if modern {
+            client_capabilities(&request, &context)
+        } else {
+            // A client of a revision with sessions cannot answer input through psych
+            // (psych does not bridge its session's requests): psych declares nothing for
+            // it, and a conforming upstream does not ask.
+            None
+        };
         let round = InputRound {
             input_responses: request
                 .input_responses
                 .take()
                 .map(|responses| responses.into_iter().collect()),
             request_state,
-            client_capabilities: if modern {
-                client_capabilities(&request, &context)
-            } else {
-                // A client of a revision with sessions cannot answer input through psych
-                // (psych does not bridge its session's requests): psych declares nothing
-                // for it, and a conforming upstream does not ask.
-                None
-            },
+            client_capabilities: declared.clone(),
         };
         let answer = self
             .call_or_cancel(request, round, expected, &context)
@@ -1326,7 +1358,19 @@ impl ServerHandler for Session {
         let raw = match answer {
             Answer::Result(raw) => raw,
             Answer::InputRequired { target, answer } if modern => {
-                return self.input_required(&binding, &target, answer);
+                match undeclared_request(&answer, declared.as_ref()) {
+                    None => return self.input_required(&binding, &target, answer),
+                    // The gateway is the server to its client: it does not relay what the
+                    // spec forbids a server to send.
+                    Some(asked) => json!({
+                        "content": [{"type": "text", "text": format!(
+                            "{}/{} asked the client for input it did not declare it can \
+                             give ({asked}); nothing was passed on",
+                            target.server, target.tool
+                        )}],
+                        "isError": true,
+                    }),
+                }
             }
             Answer::MissingCapability { message, data, .. } if modern => {
                 return Err(ErrorData::new(
@@ -2247,6 +2291,39 @@ async fn serve_http(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_requests_the_client_declared_go_to_it() {
+        let object = |value: Value| value.as_object().cloned().unwrap();
+        let declared = object(json!({"elicitation": {"form": {}}}));
+        let asks = |requests: Value| object(json!({"inputRequests": requests}));
+        let elicit = json!({"method": "elicitation/create", "params": {"message": "ok?"}});
+        let sample = json!({"method": "sampling/createMessage", "params": {}});
+        assert_eq!(
+            undeclared_request(&asks(json!({"a": elicit})), Some(&declared)),
+            None
+        );
+        assert_eq!(
+            undeclared_request(&object(json!({"requestState": "s"})), None),
+            None
+        );
+        assert_eq!(
+            undeclared_request(&asks(json!({"a": elicit, "b": sample})), Some(&declared)),
+            Some("\"b\": sampling/createMessage, which needs sampling".to_owned())
+        );
+        assert_eq!(
+            undeclared_request(&asks(json!({"a": elicit})), None),
+            Some("\"a\": elicitation/create, which needs elicitation".to_owned())
+        );
+        assert!(
+            undeclared_request(
+                &asks(json!({"a": {"method": "tools/call"}})),
+                Some(&declared)
+            )
+            .is_some_and(|why| why.contains("not a request a server may send"))
+        );
+        assert!(undeclared_request(&asks(json!([elicit])), Some(&declared)).is_some());
+    }
     use psych_disclosure::resolve;
     use std::path::Path;
 
