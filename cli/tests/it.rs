@@ -20,3 +20,4 @@ mod serve_huge;
 mod serve_identities;
 mod serve_mrtr;
 mod serve_stress;
+mod support;

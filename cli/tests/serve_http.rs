@@ -10,7 +10,6 @@
     reason = "a test fails loudly on bad data"
 )]
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use rmcp::model::{
@@ -21,10 +20,9 @@ use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
-const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
+use crate::support::{Gateway, PSYCH, listening};
 
 /// A client that forwards each `tools/list_changed` to a channel.
 struct Client {
@@ -46,19 +44,6 @@ fn text(result: &CallToolResult) -> String {
         .collect()
 }
 
-/// Stops the gateway as Ctrl-C would (it then stops its upstream servers), and reaps it.
-struct Gateway(tokio::process::Child);
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0.id() {
-            let _ = std::process::Command::new("kill")
-                .args(["-INT", &pid.to_string()])
-                .status();
-        }
-    }
-}
-
 /// Starts `psych serve --http` in front of one test server, logging under `dir`: the
 /// gateway and its URL.
 async fn start(dir: &std::path::Path) -> (Gateway, String) {
@@ -77,32 +62,16 @@ async fn start_with(dir: &std::path::Path, flags: &[&str]) -> (Gateway, String) 
         "preload": true,
     });
     std::fs::write(&config, json!({"mcpServers": {"up": upstream}}).to_string()).unwrap();
-    let mut child = tokio::process::Command::new(PSYCH)
+    let mut command = tokio::process::Command::new(PSYCH);
+    command
         .arg("serve")
         .arg("--http")
         .arg("127.0.0.1:0")
         .arg("--config")
         .arg(&config)
         .arg("--dir")
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let gateway = Gateway(child);
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("the gateway says where it listens")
-        .unwrap()
-        .unwrap();
-    let url = line
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_owned();
-    (gateway, url)
+        .arg(dir);
+    listening(command).await
 }
 
 /// Waits until the upstream has been listed: `psych serve` answers `initialize` at once,

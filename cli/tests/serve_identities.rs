@@ -13,7 +13,6 @@
 )]
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, CallToolResult};
@@ -22,55 +21,8 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
-const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
-
-/// Stops the gateway as Ctrl-C would (it then stops its upstream servers), and reaps it.
-struct Gateway(tokio::process::Child);
-
-impl Gateway {
-    /// Stops it with SIGTERM and waits for its exit.
-    async fn stop(mut self) {
-        let pid = self.0.id().unwrap();
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap();
-        let status = tokio::time::timeout(Duration::from_secs(30), self.0.wait())
-            .await
-            .expect("the gateway exits")
-            .unwrap();
-        assert!(status.success(), "{status}");
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0.id() {
-            let _ = std::process::Command::new("kill")
-                .args(["-INT", &pid.to_string()])
-                .status();
-        }
-    }
-}
-
-/// A token and its digest, made by `psych serve-token`.
-fn token(name: &str) -> (String, String) {
-    let output = std::process::Command::new(PSYCH)
-        .args(["serve-token", name])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let token = String::from_utf8(output.stdout).unwrap().trim().to_owned();
-    let stderr = String::from_utf8(output.stderr).unwrap();
-    let digest = stderr
-        .split('"')
-        .find(|part| part.starts_with("sha256:"))
-        .unwrap_or_else(|| panic!("a digest in {stderr}"))
-        .to_owned();
-    (token, digest)
-}
+use crate::support::{Gateway, PSYCH, listening, token};
 
 /// Starts `psych serve --http --tokens` in front of one test server, logging under `dir`,
 /// with `extra` flags: the gateway and its URL.
@@ -82,32 +34,16 @@ async fn start(dir: &Path, extra: &[&str]) -> (Gateway, String) {
         "preload": true,
     });
     std::fs::write(&config, json!({"mcpServers": {"up": upstream}}).to_string()).unwrap();
-    let mut child = tokio::process::Command::new(PSYCH)
+    let mut command = tokio::process::Command::new(PSYCH);
+    command
         .args(["serve", "--http", "127.0.0.1:0", "--tokens"])
         .arg(dir.join("tokens.json"))
         .arg("--config")
         .arg(&config)
         .arg("--dir")
         .arg(dir)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let gateway = Gateway(child);
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("the gateway says where it listens")
-        .unwrap()
-        .unwrap();
-    let url = line
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_owned();
-    (gateway, url)
+        .args(extra);
+    listening(command).await
 }
 
 type Session = RunningService<RoleClient, ()>;
@@ -138,19 +74,24 @@ fn text(result: &CallToolResult) -> String {
         .collect()
 }
 
-/// Calls `up__large` until the upstream is listed (the gateway answers before its
-/// upstreams connect) and returns the elided result's handle.
-async fn large_handle(session: &Session) -> String {
-    let shown = tokio::time::timeout(Duration::from_secs(60), async {
+/// Calls `name` until it answers without failing: the gateway answers before its
+/// upstreams connect, so right after a start the upstream's tools are not there yet.
+async fn call_when_listed(session: &Session, name: &str, arguments: Value) -> CallToolResult {
+    tokio::time::timeout(Duration::from_secs(60), async {
         loop {
-            match call(session, "up__large", json!({"bytes": 200_000})).await {
-                Ok(result) if result.is_error != Some(true) => return text(&result),
+            match call(session, name, arguments.clone()).await {
+                Ok(result) if result.is_error != Some(true) => return result,
                 _ => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
     })
     .await
-    .expect("the upstream is listed");
+    .expect("the upstream is listed")
+}
+
+/// Calls `up__large` once the upstream is listed and returns the elided result's handle.
+async fn large_handle(session: &Session) -> String {
+    let shown = text(&call_when_listed(session, "up__large", json!({"bytes": 200_000})).await);
     shown
         .split("handle \"")
         .nth(1)
@@ -346,10 +287,9 @@ async fn a_handle_is_its_identitys_on_any_connection_and_after_a_restart() {
     // that it expired, as a failed result the model can act on.
     let (gateway, url) = start(dir.path(), &[]).await;
     let more = connect(&url, &alice).await;
-    let big = call(&more, "up__large", json!({"bytes": 2_000_000}))
-        .await
-        .unwrap();
-    assert_ne!(big.is_error, Some(true));
+    // Right after the start: waits for the upstream to be listed (it failed under load
+    // when called at once).
+    call_when_listed(&more, "up__large", json!({"bytes": 2_000_000})).await;
     more.cancel().await.unwrap();
     gateway.stop().await;
     let (_gateway, url) = start(dir.path(), &["--retain-mib", "1"]).await;

@@ -36,39 +36,8 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, RoleClient, ServiceError};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
-const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
-
-/// Stops the gateway as Ctrl-C would (it then stops its upstream servers).
-struct Gateway(tokio::process::Child);
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0.id() {
-            let _ = std::process::Command::new("kill")
-                .args(["-INT", &pid.to_string()])
-                .status();
-        }
-    }
-}
-
-/// A token and its digest, made by `psych serve-token`.
-fn token(name: &str) -> (String, String) {
-    let output = std::process::Command::new(PSYCH)
-        .args(["serve-token", name])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    let token = String::from_utf8(output.stdout).unwrap().trim().to_owned();
-    let stderr = String::from_utf8(output.stderr).unwrap();
-    let digest = stderr
-        .split('"')
-        .find(|part| part.starts_with("sha256:"))
-        .unwrap_or_else(|| panic!("a digest in {stderr}"))
-        .to_owned();
-    (token, digest)
-}
+use crate::support::{Gateway, PSYCH, listening, token};
 
 /// Writes the MCP config of two test servers of 2026-07-28 only under `dir`: `up`, whose
 /// tools are listed, and `later`, deferred (reached through the meta tools).
@@ -90,31 +59,15 @@ fn config(dir: &Path) -> std::path::PathBuf {
 /// logging under `dir`: the gateway and its URL.
 async fn start(dir: &Path) -> (Gateway, String) {
     let config = config(dir);
-    let mut child = tokio::process::Command::new(PSYCH)
+    let mut command = tokio::process::Command::new(PSYCH);
+    command
         .args(["serve", "--http", "127.0.0.1:0", "--tokens"])
         .arg(dir.join("tokens.json"))
         .arg("--config")
         .arg(&config)
         .arg("--dir")
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let gateway = Gateway(child);
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("the gateway says where it listens")
-        .unwrap()
-        .unwrap();
-    let url = line
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_owned();
-    (gateway, url)
+        .arg(dir);
+    listening(command).await
 }
 
 /// A client that answers every elicitation with `accept` and its name, declaring

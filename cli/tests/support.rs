@@ -1,0 +1,81 @@
+//! What the `psych serve` tests share: the binary, a gateway process that stops when it is
+//! dropped, its HTTP start-up (the address it prints), and bearer tokens.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// The `psych` binary under test.
+pub(crate) const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
+
+/// A running gateway: stopped as Ctrl-C would stop it (it then stops its upstream
+/// servers) when dropped.
+pub(crate) struct Gateway(pub(crate) tokio::process::Child);
+
+impl Gateway {
+    /// Stops it with SIGTERM and waits for its exit, which must be a success.
+    pub(crate) async fn stop(mut self) {
+        let pid = self.0.id().unwrap();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), self.0.wait())
+            .await
+            .expect("the gateway exits")
+            .unwrap();
+        assert!(status.success(), "{status}");
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-INT", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+/// Starts `command` (a `psych serve --http` with its flags), waits for the line that says
+/// where it listens, and returns the gateway and its URL.
+pub(crate) async fn listening(mut command: tokio::process::Command) -> (Gateway, String) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let gateway = Gateway(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the gateway says where it listens")
+        .unwrap()
+        .unwrap();
+    let url = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+    (gateway, url)
+}
+
+/// A token and its digest, made by `psych serve-token`.
+pub(crate) fn token(name: &str) -> (String, String) {
+    let output = std::process::Command::new(PSYCH)
+        .args(["serve-token", name])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let token = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    let digest = stderr
+        .split('"')
+        .find(|part| part.starts_with("sha256:"))
+        .unwrap_or_else(|| panic!("a digest in {stderr}"))
+        .to_owned();
+    (token, digest)
+}
