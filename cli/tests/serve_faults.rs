@@ -485,7 +485,8 @@ impl ClientHandler for Client {
 
 /// Starts `psych serve --http` with `flags`: the gateway and its URL.
 async fn start_http(config: &Path, dir: &Path, flags: &[&str]) -> (tokio::process::Child, String) {
-    let mut child = tokio::process::Command::new(PSYCH)
+    let mut command = tokio::process::Command::new(PSYCH);
+    command
         .arg("serve")
         .arg("--http")
         .arg("127.0.0.1:0")
@@ -493,24 +494,8 @@ async fn start_http(config: &Path, dir: &Path, flags: &[&str]) -> (tokio::proces
         .arg(config)
         .arg("--dir")
         .arg(dir)
-        .args(flags)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("the gateway says where it listens")
-        .unwrap()
-        .unwrap();
-    let url = line
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_owned();
-    (child, url)
+        .args(flags);
+    crate::support::spawn_listening(command).await
 }
 
 type HttpSession = RunningService<RoleClient, Client>;

@@ -41,7 +41,16 @@ impl Drop for Gateway {
 
 /// Starts `command` (a `psych serve --http` with its flags), waits for the line that says
 /// where it listens, and returns the gateway and its URL.
-pub(crate) async fn listening(mut command: tokio::process::Command) -> (Gateway, String) {
+pub(crate) async fn listening(command: tokio::process::Command) -> (Gateway, String) {
+    let (child, url) = spawn_listening(command).await;
+    (Gateway(child), url)
+}
+
+/// [`listening`] with the bare process (killed when dropped), for a test that signals it
+/// itself.
+pub(crate) async fn spawn_listening(
+    mut command: tokio::process::Command,
+) -> (tokio::process::Child, String) {
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -49,7 +58,6 @@ pub(crate) async fn listening(mut command: tokio::process::Command) -> (Gateway,
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let gateway = Gateway(child);
     let mut lines = BufReader::new(stdout).lines();
     let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
         .await
@@ -60,7 +68,7 @@ pub(crate) async fn listening(mut command: tokio::process::Command) -> (Gateway,
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("{line}"))
         .to_owned();
-    (gateway, url)
+    (child, url)
 }
 
 /// A token and its digest, made by `psych serve-token`.

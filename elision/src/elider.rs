@@ -140,13 +140,7 @@ pub const MAX_LISTED_PLACEHOLDERS: usize = 20;
 /// as a paragraph to append to it (empty when there are none): a heading line, then one
 /// placeholder a line, at most [`MAX_LISTED_PLACEHOLDERS`], then a count of the rest.
 pub fn placeholders_not_shown(output: &ToolOutput, preview: &str) -> String {
-    let lines: Vec<String> = output
-        .content
-        .iter()
-        .enumerate()
-        .filter_map(|(i, block)| block.placeholder(i))
-        .collect();
-    lines_not_shown(&lines, preview)
+    lines_not_shown(&BlockLines::of(output).placeholders, preview)
 }
 
 /// What [`placeholders_not_shown`] appends, given the result's placeholder `lines`.

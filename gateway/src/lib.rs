@@ -1384,12 +1384,14 @@ impl ServerHandler for Session {
             }
             Answer::MissingCapability { target, .. } => needs_modern(&target, &context, None),
         };
-        // What rmcp can type of the result: sent only if the raw answer cannot be.
-        let mut typed = serde_json::from_value::<CallToolResult>(raw.clone()).unwrap_or_else(|e| {
-            CallToolResult::error(vec![rmcp::model::ContentBlock::text(format!(
-                "the result cannot be sent typed: {e}"
-            ))])
-        });
+        // What rmcp can type of the result: sent only if the raw answer cannot be. Read
+        // from a reference: the raw answer itself goes to the stash, uncopied.
+        let mut typed =
+            <CallToolResult as serde::Deserialize>::deserialize(&raw).unwrap_or_else(|e| {
+                CallToolResult::error(vec![rmcp::model::ContentBlock::text(format!(
+                    "the result cannot be sent typed: {e}"
+                ))])
+            });
         typed.result_type = Some(ResultType::COMPLETE);
         self.shared.raw.stash(raw, &mut typed.meta);
         Ok(CallToolResponse::from(typed))

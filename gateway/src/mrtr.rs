@@ -34,6 +34,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::tokens::{hex, unhex};
+
 /// How long a sealed `requestState` is good for after its round: a person answering an
 /// elicitation has this long to answer.
 pub(crate) const STATE_TTL: Duration = Duration::from_secs(600);
@@ -257,25 +259,6 @@ fn digest(arguments: &Value) -> String {
     hex(&Sha256::digest(
         psych_types::json::to_compact(arguments).as_bytes(),
     ))
-}
-
-/// `bytes` as lowercase hex digits.
-fn hex(bytes: &[u8]) -> String {
-    crate::tokens::hex(bytes)
-}
-
-/// Hex digits (either case) as bytes; `None` for an odd length or a non-digit.
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    let text = text.as_bytes();
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    text.chunks(2)
-        .map(|pair| {
-            let digit = |c: u8| char::from(c).to_digit(16);
-            u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()
-        })
-        .collect()
 }
 
 #[cfg(test)]

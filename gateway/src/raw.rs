@@ -220,8 +220,7 @@ impl SessionManager for RawSessions {
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let (id, inner) = self.inner.create_session().await?;
-        let raw = Arc::clone(&self.raw);
-        Ok((id, RawTransport { inner, raw }))
+        Ok((id, RawTransport::new(inner, Arc::clone(&self.raw))))
     }
 
     fn initialize_session(
@@ -341,21 +340,25 @@ pub(super) async fn raw_http(
         // retry hints, rmcp's keep-alive comments) passes as it was written, when written.
         // The stream is rmcp's own, so its events end with `\n\n` (sse-stream's framing),
         // never `\r\n`.
+        // `scanned`: how much of `pending` is known to hold no event end, so that an event
+        // arriving in many chunks is searched once, not once per chunk.
         let chunks = futures_util::stream::unfold(
-            (body.into_data_stream(), Vec::new(), false),
-            move |(mut data, mut pending, mut ended)| {
+            (body.into_data_stream(), Vec::new(), false, 0usize),
+            move |(mut data, mut pending, mut ended, mut scanned)| {
                 let raw = Arc::clone(&raw);
                 async move {
                     loop {
-                        if let Some(end) = memchr::memmem::find(&pending, b"\n\n") {
-                            let rest = pending.split_off(end + 2);
+                        let from = scanned.saturating_sub(1);
+                        if let Some(at) = memchr::memmem::find(&pending[from..], b"\n\n") {
+                            let rest = pending.split_off(from + at + 2);
                             let event = std::mem::replace(&mut pending, rest);
                             let out = patched_event(&raw, event);
                             return Some((
                                 Ok(hyper::body::Frame::data(out)),
-                                (data, pending, ended),
+                                (data, pending, ended, 0),
                             ));
                         }
+                        scanned = pending.len();
                         if ended {
                             if pending.is_empty() {
                                 return None;
@@ -364,7 +367,7 @@ pub(super) async fn raw_http(
                             let out = patched_event(&raw, std::mem::take(&mut pending));
                             return Some((
                                 Ok(hyper::body::Frame::data(out)),
-                                (data, pending, ended),
+                                (data, pending, ended, 0),
                             ));
                         }
                         match data.next().await {

@@ -225,16 +225,7 @@ fn narrowing(identity: &str, allowed: BTreeMap<String, Allowed>) -> Result<Narro
 
 /// `sha256:` and 64 hex digits, as the 32 bytes.
 fn parse_digest(text: &str) -> Option<[u8; 32]> {
-    let hex = text.strip_prefix(SHA256)?;
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut digest = [0u8; 32];
-    for (byte, pair) in digest.iter_mut().zip(hex.as_bytes().chunks(2)) {
-        let pair = std::str::from_utf8(pair).ok()?;
-        *byte = u8::from_str_radix(pair, 16).ok()?;
-    }
-    Some(digest)
+    unhex(text.strip_prefix(SHA256)?)?.try_into().ok()
 }
 
 /// The digest of `token` as the tokens file stores it: `sha256:` and 64 hex digits.
@@ -244,7 +235,27 @@ pub fn token_digest(token: &str) -> String {
 
 /// `bytes` as lowercase hex digits.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    out
+}
+
+/// Hex digits (either case) as bytes; `None` for an odd length or a non-digit.
+pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
+    let text = text.as_bytes();
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    text.chunks(2)
+        .map(|pair| {
+            let digit = |c: u8| char::from(c).to_digit(16);
+            u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()
+        })
+        .collect()
 }
 
 /// A fresh token (`psy_` and 256 random bits in hex) and its digest for the tokens file.

@@ -441,7 +441,6 @@ impl RecordSource for RecordLog {
         format::line_mark(&raw[FRAME_HEADER_LEN..meta_end], len, line).map_err(corrupt)
     }
 
-    /// Reads the metadata and the one block's bytes, not the rest of the result.
     /// From the result's metadata alone (one positional read): its content is not read.
     fn block_lines(&self, handle: &RecordHandle) -> Result<Option<BlockLines>, ReadError> {
         Ok(self
@@ -449,6 +448,7 @@ impl RecordSource for RecordLog {
             .map(|(_, summary, _)| summary.block_lines()))
     }
 
+    /// Reads the metadata and the one block's bytes, not the rest of the result.
     fn content_block(
         &self,
         handle: &RecordHandle,
