@@ -166,6 +166,11 @@ enum Command {
         /// MiB of results kept per identity, the oldest segments deleted first.
         #[arg(long, value_name = "MIB", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
         retain_mib: u64,
+        /// MiB that results too large for memory may hold at once in `<dir>/spill/` while
+        /// they arrive and until they are logged, across every upstream and call; a result
+        /// that would pass it is not kept, and its call answers a tool error saying so.
+        #[arg(long, value_name = "MIB", default_value_t = psych_mcp::DEFAULT_SPILL_BUDGET >> 20)]
+        spill_budget_mib: u64,
         /// Estimated tokens the tool definitions of the servers with preload `auto` (the
         /// default) share in the listing; the servers that do not fit are deferred.
         ///
@@ -354,6 +359,7 @@ fn run(command: Command) -> Result<u8, String> {
             tokens,
             retain_days,
             retain_mib,
+            spill_budget_mib,
         } => {
             let config = match config {
                 Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
@@ -375,6 +381,7 @@ fn run(command: Command) -> Result<u8, String> {
                 max_sessions,
                 tokens,
                 retention,
+                spill_budget: psych_mcp::SpillBudget::new(spill_budget_mib.saturating_mul(1 << 20)),
             })
         }
         Command::ServeToken { name } => serve::token(&name),

@@ -31,6 +31,8 @@ pub(crate) struct Options {
     pub(crate) tokens: Option<Tokens>,
     /// What is kept of each identity's results.
     pub(crate) retention: Retention,
+    /// What results too large for memory may hold on disk at once.
+    pub(crate) spill_budget: psych_mcp::SpillBudget,
 }
 
 /// Runs the gateway until its client leaves (stdio) or a SIGTERM or SIGINT stops it
@@ -49,6 +51,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         max_sessions,
         tokens,
         retention,
+        spill_budget,
     } = options;
     let authorized = tokens.is_some();
     let mut settings = GatewaySettings::new(dir)
@@ -56,6 +59,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         .map_err(|e| crate::reason::chain(&e))?
         .max_sessions(max_sessions)
         .retention(retention)
+        .spill_budget(spill_budget)
         .report(|line| eprintln!("psych serve: {line}"));
     if let Some(tokens) = tokens {
         settings = settings.tokens(tokens);

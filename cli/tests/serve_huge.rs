@@ -232,3 +232,60 @@ async fn results_of_200_mib_and_1_gib_are_previewed_logged_whole_and_read_back()
         );
     }
 }
+
+/// Issue 27: `--spill-budget-mib` bounds what results too large for memory hold on disk at
+/// once. A 50 MiB result past a 40 MiB budget is a tool error naming the budget, at once;
+/// the upstream and the session go on, and a 17 MiB result (over the 16 MiB held in
+/// memory, so kept in files: its answer and its text, 34 MiB together) arrives as a
+/// preview with a handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_past_the_spill_budget_is_a_tool_error_and_the_next_one_arrives() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
+        c.arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--spill-budget-mib", "40"])
+            .stderr(std::process::Stdio::null());
+    }))
+    .unwrap();
+    let session: RunningService<RoleClient, ()> = ().serve(transport).await.unwrap();
+    let started = Instant::now();
+    while !session
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .any(|t| t.name == "up__raw_huge")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the upstream never appeared"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let started = Instant::now();
+    let refused = tokio::time::timeout(
+        CALL_GUARD,
+        session.call_tool(params("up__raw_huge", json!({"mib": 50}))),
+    )
+    .await
+    .expect("the call came back")
+    .unwrap();
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    let said = texts(&refused);
+    assert!(
+        said.contains("spill budget of 41943040 bytes"),
+        "the error names the budget: {said}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60), "at once");
+
+    let preview = call(&session, "up__raw_huge", json!({"mib": 17})).await;
+    assert!(preview.starts_with("line 00000001 "), "{preview}");
+    assert!(!handle_in(&preview).is_empty());
+    session.cancel().await.unwrap();
+}

@@ -109,7 +109,7 @@ use psych_disclosure::{
     Budget, CostBasis, Inputs, Live, Settings, Surface, SurfaceCache, Validators, Verdict,
 };
 use psych_elision::{Elider, Estimator};
-use psych_mcp::{McpConfig, McpManager};
+use psych_mcp::{McpConfig, McpManager, SpillBudget};
 use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_runtime::{Archive, CatalogSync, ExecuteError, Executed, Executor, Started};
@@ -1542,6 +1542,7 @@ pub struct GatewaySettings {
     ready: Option<Box<dyn FnOnce() + Send>>,
     retention: Retention,
     tokens: Option<Arc<Tokens>>,
+    spill_budget: SpillBudget,
 }
 
 /// The one token estimator of a gateway, shared by disclosure, the record logs and
@@ -1581,6 +1582,7 @@ impl GatewaySettings {
             ready: None,
             retention: Retention::default(),
             tokens: None,
+            spill_budget: SpillBudget::default(),
         })
     }
 
@@ -1629,6 +1631,18 @@ impl GatewaySettings {
     #[must_use]
     pub fn report(mut self, report: impl Fn(&str) + Send + Sync + 'static) -> Self {
         self.report = Arc::new(report);
+        self
+    }
+
+    /// Bounds what answers too large for memory hold at once in [`spill`](Self::spill),
+    /// across every upstream and call (default
+    /// [`DEFAULT_SPILL_BUDGET`](psych_mcp::DEFAULT_SPILL_BUDGET), 10 GiB): a result whose
+    /// file would pass it is read past without being kept, and its call answers a tool
+    /// error naming the budget (the upstream and every other call go on). Each answer is
+    /// also bounded by [`MAX_SPILLED_ANSWER`](psych_mcp::MAX_SPILLED_ANSWER).
+    #[must_use]
+    pub fn spill_budget(mut self, budget: SpillBudget) -> Self {
+        self.spill_budget = budget;
         self
     }
 
@@ -1876,6 +1890,7 @@ pub async fn serve(
         .collect();
     let manager = McpManager::builder(config)
         .spill_dir(spill)
+        .spill_budget(settings.spill_budget.clone())
         .timeouts(call_timeouts())
         .build()
         .map_err(ServeError::Manager)?;

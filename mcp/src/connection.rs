@@ -41,6 +41,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::budget::SpillBudget;
 use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, read_page};
 use crate::remote;
@@ -144,7 +145,7 @@ impl Session {
         transport: &Transport,
         timeouts: Timeouts,
         events: Arc<EventQueue>,
-        spill_dir: &Path,
+        (spill_dir, budget): (&Path, &SpillBudget),
     ) -> Result<(Arc<Self>, Listing), McpError> {
         let handler = Handler {
             server: server.clone(),
@@ -163,6 +164,7 @@ impl Session {
                     env,
                     cwd: cwd.as_ref(),
                     spill_dir,
+                    budget,
                 };
                 let (child, transport) = Child::spawn(server, &spec)?;
                 let tap = transport.tap();
@@ -191,7 +193,7 @@ impl Session {
                 }
             }
             Transport::Http { url, headers } => {
-                let tap = Arc::new(Tap::new(spill_dir.to_path_buf()));
+                let tap = Arc::new(Tap::new(spill_dir.to_path_buf(), budget.clone()));
                 let transport = remote::transport(server, url, headers, Arc::clone(&tap))?;
                 match tokio::time::timeout(
                     timeouts.connect,
@@ -984,7 +986,7 @@ mod tests {
             &transport,
             timeouts(),
             events,
-            &std::env::temp_dir(),
+            (&std::env::temp_dir(), &SpillBudget::default()),
         )
         .await
         .unwrap();
@@ -1011,7 +1013,7 @@ mod tests {
             &transport,
             timeouts(),
             events,
-            &std::env::temp_dir(),
+            (&std::env::temp_dir(), &SpillBudget::default()),
         )
         .await
         .unwrap();

@@ -100,6 +100,28 @@ pub enum McpError {
         /// The limit it is over.
         limit: u64,
     },
+    /// The server's answer was too large for memory, and keeping it in files would have
+    /// passed the manager's [`SpillBudget`](crate::SpillBudget) (other answers in flight,
+    /// or spilled results not yet logged, held the rest): it was read past without being
+    /// kept, and the request fails as soon as it has gone by. The connection stays usable;
+    /// the call may be retried once the other answers are done.
+    #[error(
+        "MCP server \"{server}\": {call} failed: its answer (at least {bytes} bytes) was not \
+         kept: keeping it in files would pass the spill budget of {limit} bytes, {in_use} of \
+         which other answers held"
+    )]
+    SpillBudget {
+        /// The server.
+        server: ServerId,
+        /// The call the answer was for.
+        call: String,
+        /// The answer's bytes read when the budget refused more (at least its length).
+        bytes: u64,
+        /// The bytes other answers held then.
+        in_use: u64,
+        /// The budget.
+        limit: u64,
+    },
     /// The server answered a request with something psych-mcp cannot read (not JSON, or
     /// not a JSON-RPC response): the request fails as soon as the answer arrives, and the
     /// connection stays usable. (Invalid UTF-8 and lone surrogate escapes are not this:
@@ -184,6 +206,7 @@ impl McpError {
             | Self::Protocol { server, .. }
             | Self::AnswerTooLarge { server, .. }
             | Self::MalformedAnswer { server, .. }
+            | Self::SpillBudget { server, .. }
             | Self::RepeatedCursor { server, .. }
             | Self::InputRequired { server, .. }
             | Self::MissingCapability { server, .. }

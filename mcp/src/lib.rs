@@ -24,7 +24,9 @@
 //! rather than refused: its long texts reach the caller as
 //! [`psych_types::ToolOutput::spilled`] blocks, each an unnamed file, while psych-mcp's
 //! memory stays at a few MiB; caps remain for what stays in memory and for the whole
-//! ([`MAX_SPILLED_ANSWER`]).
+//! ([`MAX_SPILLED_ANSWER`]), and what the files of every answer hold at once is bounded by
+//! a [`SpillBudget`] (10 GiB by default; [`McpManagerBuilder::spill_budget`]): an answer
+//! past it fails its call with [`McpError::SpillBudget`] and the connection goes on.
 //!
 //! # MCP revisions
 //!
@@ -75,6 +77,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod budget;
 mod config;
 mod connection;
 mod error;
@@ -90,6 +93,7 @@ mod stdio;
 mod tap;
 mod timeouts;
 
+pub use budget::{DEFAULT_SPILL_BUDGET, SpillBudget};
 pub use config::{ALLOW_TOOLS, ConfigError, McpConfig, ServerConfig, Transport};
 pub use error::McpError;
 pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};

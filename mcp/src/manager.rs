@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 
+use crate::budget::SpillBudget;
 use crate::connection::Session;
 use crate::events::{ChangeCause, EventQueue, McpEvent, McpEvents};
 use crate::listing::{Listing, MalformedTool};
@@ -72,18 +73,30 @@ pub struct McpManagerBuilder {
     timeouts: Timeouts,
     backoff: Backoff,
     spill_dir: PathBuf,
+    spill_budget: SpillBudget,
 }
 
 impl McpManagerBuilder {
     /// Sets the folder of the unnamed files that hold an answer too large for memory while
     /// it is read and until its result is logged (default: [`std::env::temp_dir`]). Each
     /// file has no name (`O_TMPFILE`, or unlinked at once) and goes with its last handle;
-    /// what they hold at once is bounded by the calls in flight, each at most
-    /// [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER). The folder must exist; if a file
+    /// what they hold at once is bounded by the [spill budget](Self::spill_budget), and
+    /// each answer by [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER). The folder must
+    /// exist; if a file
     /// cannot be made there, the call whose answer needed it fails saying so. `psych serve`
     /// puts it beside its record logs, on the disk that will hold the result anyway.
     pub fn spill_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.spill_dir = dir.into();
+        self
+    }
+
+    /// Sets what the files of [`spill_dir`](Self::spill_dir) may hold at once, across every
+    /// connection and call (default: [`DEFAULT_SPILL_BUDGET`](crate::DEFAULT_SPILL_BUDGET),
+    /// 10 GiB): an answer whose next bytes would pass it is read past without being kept
+    /// and its call fails with [`McpError::SpillBudget`](crate::McpError::SpillBudget).
+    /// Pass a clone of one [`SpillBudget`] to several managers to share it between them.
+    pub fn spill_budget(mut self, budget: SpillBudget) -> Self {
+        self.spill_budget = budget;
         self
     }
 
@@ -133,6 +146,7 @@ impl McpManagerBuilder {
                 timeouts: self.timeouts,
                 backoff: self.backoff,
                 spill_dir: Arc::from(self.spill_dir),
+                spill_budget: self.spill_budget,
                 servers: RwLock::new(BTreeMap::new()),
                 events: Arc::new(EventQueue::default()),
                 shut_down: Mutex::new(false),
@@ -157,6 +171,7 @@ struct Inner {
     timeouts: Timeouts,
     backoff: Backoff,
     spill_dir: Arc<Path>,
+    spill_budget: SpillBudget,
     servers: RwLock<BTreeMap<ServerId, Arc<Slot>>>,
     events: Arc<EventQueue>,
     shut_down: Mutex<bool>,
@@ -192,6 +207,7 @@ impl McpManager {
             config,
             timeouts: Timeouts::default(),
             spill_dir: std::env::temp_dir(),
+            spill_budget: SpillBudget::default(),
             backoff: Backoff::default(),
         }
     }
@@ -280,6 +296,7 @@ impl McpManager {
                 timeouts: self.inner.timeouts,
                 backoff: self.inner.backoff,
                 spill_dir: Arc::clone(&self.inner.spill_dir),
+                spill_budget: self.inner.spill_budget.clone(),
             },
             stop_rx,
         ));
@@ -645,6 +662,7 @@ struct Connecting {
     timeouts: Timeouts,
     backoff: Backoff,
     spill_dir: Arc<Path>,
+    spill_budget: SpillBudget,
 }
 
 /// Connects, watches and reconnects one server until told to stop.
@@ -660,6 +678,7 @@ async fn supervise(
         timeouts,
         backoff,
         spill_dir,
+        spill_budget,
     } = how;
     let mut failures = 0u32;
     let report = |reachability: Reachability| {
@@ -670,7 +689,7 @@ async fn supervise(
     };
     loop {
         let attempt = tokio::select! {
-            attempt = Session::connect(&server, &config.transport, timeouts, Arc::clone(&events), &spill_dir) => attempt,
+            attempt = Session::connect(&server, &config.transport, timeouts, Arc::clone(&events), (&spill_dir, &spill_budget)) => attempt,
             _ = stop.wait_for(|stop| *stop) => break,
         };
         match attempt {

@@ -36,6 +36,7 @@ use rmcp::transport::streamable_http_client::{
     StreamableHttpPostResponse, StreamableHttpResponseLimits,
 };
 
+use crate::budget::{OverBudget, Reservation};
 use crate::remote::Fault;
 use crate::tap::Tap;
 
@@ -135,8 +136,14 @@ pub(crate) async fn post_request(
                 .await
             {
                 Ok(Body::Memory(body)) => body,
-                Ok(Body::Spilled(file)) => {
-                    return spilled(tap, message, file, max, session_id).await;
+                Ok(Body::Spilled(file, held)) => {
+                    return spilled(tap, message, (file, held), max, session_id).await;
+                }
+                Ok(Body::OverBudget { bytes, refused }) => {
+                    let fault = Fault::OverBudget { bytes, refused };
+                    let error =
+                        StreamableHttpError::UnexpectedServerResponse(Cow::Owned(fault.reason()));
+                    return answered_with(message, &fault, session_id, error);
                 }
                 Ok(Body::Unwritable(reason)) => {
                     let fault = Fault::SpilledUnreadable(reason.clone());
@@ -313,19 +320,26 @@ fn media_type_is(value: &[u8], expected: &str) -> bool {
         })
 }
 
-/// The whole body, or `ResponseBodyTooLarge` as soon as it is known to be over `max`.
 /// A JSON body read whole: in memory, or in a file when it was over the memory limit.
 enum Body {
     Memory(Vec<u8>),
-    Spilled(std::fs::File),
+    /// In a file, with its bytes of the spill budget.
+    Spilled(std::fs::File, Reservation),
     /// Over the memory limit, and its file could not be written: why (the rest of the body
     /// is not read; its request fails, the session stays).
     Unwritable(String),
+    /// Over the memory limit, and its file would pass the spill budget: the bytes read by
+    /// then (the rest of the body is not read; its request fails, the session stays).
+    OverBudget {
+        bytes: u64,
+        refused: OverBudget,
+    },
 }
 
 /// The body within `max` bytes in memory; past `max`, with `spill`, written to an unnamed
 /// file (in chunks of [`WRITE_BUFFER`](crate::spill::WRITE_BUFFER), each on a blocking
-/// thread) up to [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER), with `spill`: the
+/// thread, each reserved of the tap's budget first) up to
+/// [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER), with `spill`: the
 /// connection's tap (its folder) and the request it answers, each chunk noted on the tap's
 /// transfer clock while the request still awaits it (its answer is arriving). Dropped
 /// midway, the file goes with it (the POST's answer is lost with its future either way).
@@ -347,6 +361,7 @@ async fn read_bounded_or_spill(
     }
     let mut body = Vec::new();
     let mut file: Option<std::fs::File> = None;
+    let mut held = tap.budget().reserve();
     let mut total = 0u64;
     let write = |file: Option<std::fs::File>, chunk: Vec<u8>| {
         let dir = spill_dir.clone();
@@ -376,6 +391,12 @@ async fn read_bounded_or_spill(
         }
         body.extend_from_slice(&chunk);
         if (file.is_some() || body.len() > max) && body.len() >= WRITE_BUFFER {
+            if let Err(refused) = held.grow(body.len() as u64) {
+                return Ok(Body::OverBudget {
+                    bytes: total,
+                    refused,
+                });
+            }
             let chunk = std::mem::replace(&mut body, Vec::with_capacity(WRITE_BUFFER + 64 * 1024));
             let written = write(file.take(), chunk)
                 .await
@@ -389,9 +410,15 @@ async fn read_bounded_or_spill(
     let Some(file) = file else {
         return Ok(Body::Memory(body));
     };
+    if let Err(refused) = held.grow(body.len() as u64) {
+        return Ok(Body::OverBudget {
+            bytes: total,
+            refused,
+        });
+    }
     let written = write(Some(file), body).await.map_err(std::io::Error::other);
     Ok(match written.and_then(|written| written) {
-        Ok(file) => Body::Spilled(file),
+        Ok(file) => Body::Spilled(file, held),
         Err(error) => Body::Unwritable(failed(error)),
     })
 }
@@ -403,23 +430,29 @@ async fn read_bounded_or_spill(
 async fn spilled(
     tap: &Arc<Tap>,
     message: &ClientJsonRpcMessage,
-    file: std::fs::File,
+    (file, held): (std::fs::File, Reservation),
     max: usize,
     session_id: Option<String>,
 ) -> Result<StreamableHttpPostResponse, Error> {
+    let bytes = held.bytes();
     let unreadable = |reason: String| {
         StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
             "could not parse JSON response as ServerJsonRpcMessage: {reason}"
         )))
     };
     let tap = Arc::clone(tap);
-    let read = tokio::task::spawn_blocking(move || crate::spill::read_answer(file, &tap))
+    let read = tokio::task::spawn_blocking(move || crate::spill::read_answer(file, held, &tap))
         .await
         .map_err(|error| unreadable(error.to_string()))?;
     match read {
         Ok(raw) => {
             let parsed = serde_json::from_value(raw).map_err(|e| unreadable(e.to_string()))?;
             Ok(StreamableHttpPostResponse::Json(parsed, session_id))
+        }
+        Err(crate::spill::Refused::OverBudget(refused)) => {
+            let fault = Fault::OverBudget { bytes, refused };
+            let error = unreadable(fault.reason());
+            answered_with(message, &fault, session_id, error)
         }
         Err(refused) => match refused.reason() {
             None => too_large(message, crate::spill::MAX_IN_MEMORY.max(max), session_id),

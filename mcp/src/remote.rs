@@ -64,7 +64,8 @@ use rmcp::transport::streamable_http_client::{
 use serde_json::Value;
 
 use crate::McpError;
-use crate::tap::Tap;
+use crate::budget::OverBudget;
+use crate::tap::{AnswerFailure, Tap};
 
 /// How many same-origin redirects a request follows.
 pub(crate) const MAX_REDIRECTS: usize = 5;
@@ -117,10 +118,19 @@ pub(crate) enum Fault {
     /// A JSON body over the memory limit, kept in a file, could not be read back (not a
     /// valid answer, or the file failed): why.
     SpilledUnreadable(String),
+    /// An answer over the memory limit was not kept: its files would have passed the spill
+    /// budget. Answered as the typed [`AnswerFailure::OverBudget`] (the call fails with
+    /// [`McpError::SpillBudget`]).
+    OverBudget {
+        /// The answer's bytes read when the budget refused more.
+        bytes: u64,
+        /// The refusal.
+        refused: OverBudget,
+    },
 }
 
 impl Fault {
-    fn reason(&self) -> String {
+    pub(crate) fn reason(&self) -> String {
         match self {
             Self::EndedBeforeAnswer => "the server's event stream ended before the answer".into(),
             Self::EndedMidEvent { bytes } => format!(
@@ -140,11 +150,18 @@ impl Fault {
             Self::SpilledUnreadable(why) => {
                 format!("the answer, kept in a file for its size, is unreadable: {why}")
             }
+            Self::OverBudget { bytes, refused } => {
+                format!("the answer (at least {bytes} bytes) was not kept: {refused}")
+            }
         }
     }
 
     /// This fault as the JSON-RPC error answering request `id`.
     pub(crate) fn answer(&self, id: &RequestId) -> Value {
+        if let Self::OverBudget { bytes, refused } = self {
+            let id = serde_json::to_value(id).unwrap_or(Value::Null);
+            return AnswerFailure::over_budget(*bytes, *refused).to_message(id);
+        }
         serde_json::json!({
             "jsonrpc": "2.0",
             "id": id,
@@ -286,10 +303,11 @@ fn answered(events: Events, id: RequestId) -> Events {
                         return Some((Ok(event), Some((events, resumable))));
                     }
                     Some(Err(error)) => match crate::sse::fault_of_stream(&error) {
-                        // Sent again on resumption, it would fail again.
-                        fault @ (Fault::EventTooLarge { .. } | Fault::SpilledUnreadable(_)) => {
-                            fault
-                        }
+                        // Sent again on resumption, it would fail again (or, past the
+                        // spill budget, take its bytes from the calls that hold them).
+                        fault @ (Fault::EventTooLarge { .. }
+                        | Fault::SpilledUnreadable(_)
+                        | Fault::OverBudget { .. }) => fault,
                         _ if resumable => return Some((Err(error), None)),
                         fault => fault,
                     },

@@ -8,7 +8,10 @@
 //! The decoding is what serde_json and the in-memory repair (`stdio/repair.rs`) give: JSON
 //! escapes decoded, surrogate pairs joined, lone surrogate escapes and invalid UTF-8
 //! replaced by U+FFFD and counted ([`Lossy`]), a raw control character or a bad escape an
-//! error. Memory: the rest of the answer (at most the in-memory cap the caller gives, else
+//! error. Disk: the answer's file holds its bytes of the [`SpillBudget`] until its texts are
+//! split off, and each text what it decodes until it is dropped (the reservation travels
+//! with its [`SpilledText`]); a text the budget refuses fails the answer
+//! ([`Refused::OverBudget`]). Memory: the rest of the answer (at most the in-memory cap the caller gives, else
 //! [`SplitError::TooLarge`]), the reader's buffer and one write buffer of [`WRITE_BUFFER`]
 //! per text being decoded: a few MiB whatever the texts' sizes. Every call here blocks
 //! (file I/O): call it from a blocking thread.
@@ -18,6 +21,8 @@ use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
 
 use psych_types::SpilledText;
+
+use crate::budget::{OverBudget, Reservation, SpillBudget};
 
 /// A line of a server's output longer than this (16 MiB) is written to a file as it is
 /// read, not kept in memory; once it has ended, its long texts stay in files and the rest
@@ -108,6 +113,14 @@ pub(crate) enum SplitError {
     Malformed(String),
     /// Reading the answer or writing a text failed.
     Io(io::Error),
+    /// A text's next bytes would pass the spill budget.
+    OverBudget(OverBudget),
+}
+
+impl From<OverBudget> for SplitError {
+    fn from(refused: OverBudget) -> Self {
+        Self::OverBudget(refused)
+    }
 }
 
 impl From<io::Error> for SplitError {
@@ -128,15 +141,17 @@ pub(crate) enum Refused {
     Unreadable { rest: Vec<u8>, error: String },
     /// Reading the answer or writing a text failed.
     Io(io::Error),
+    /// Keeping a text in a file would pass the spill budget.
+    OverBudget(OverBudget),
 }
 
 impl Refused {
     /// Why the answer cannot be delivered, for its call (an unreadable rest quoted from
-    /// its start); `None` for [`Refused::TooLarge`], which each transport says with its
-    /// own limit.
+    /// its start); `None` for [`Refused::TooLarge`] and [`Refused::OverBudget`], which
+    /// each transport says with its own limit and the answer's size.
     pub(crate) fn reason(self) -> Option<String> {
         match self {
-            Self::TooLarge => None,
+            Self::TooLarge | Self::OverBudget(_) => None,
             Self::Malformed(reason) => Some(reason),
             Self::Unreadable { rest, error } => {
                 Some(format!("{error}: {}", crate::post::preview(&rest)))
@@ -174,7 +189,8 @@ impl<R: Read> Read for Noting<'_, R> {
     }
 }
 
-/// Reads back the spilled answer in `file` (rewound to its start first) to a request whose
+/// Reads back the spilled answer in `file` (rewound to its start first; `held`, its share
+/// of the budget, given back once it is read) to a request whose
 /// slot in `tap` is open: its long texts split into files in the tap's
 /// [spill folder](crate::tap::Tap::spill_dir) ([`split`]), the rest parsed
 /// (repaired if need be, the lossy note in its `_meta`), its result kept in the tap with
@@ -187,6 +203,7 @@ impl<R: Read> Read for Noting<'_, R> {
 /// [`Refused`] says why the answer cannot be delivered.
 pub(crate) fn read_answer(
     mut file: File,
+    held: Reservation,
     tap: &crate::tap::Tap,
 ) -> Result<serde_json::Value, Refused> {
     use serde_json::Value;
@@ -199,11 +216,15 @@ pub(crate) fn read_answer(
         clock: tap.transfer(),
     };
     let input = io::BufReader::with_capacity(WRITE_BUFFER, file);
-    let split = match split(input, dir, SPILL_TEXT_AT, MAX_IN_MEMORY) {
+    let split = split(input, dir, tap.budget(), SPILL_TEXT_AT, MAX_IN_MEMORY);
+    // The answer's file is gone: its bytes of the budget go back.
+    drop(held);
+    let split = match split {
         Ok(split) => split,
         Err(SplitError::TooLarge) => return Err(Refused::TooLarge),
         Err(SplitError::Malformed(reason)) => return Err(Refused::Malformed(reason)),
         Err(SplitError::Io(error)) => return Err(Refused::Io(error)),
+        Err(SplitError::OverBudget(refused)) => return Err(Refused::OverBudget(refused)),
     };
     let (mut value, lossy) = match serde_json::from_slice::<Value>(&split.rest) {
         Ok(value) => (value, Lossy::default()),
@@ -304,15 +325,18 @@ enum State {
 
 /// Reads the spilled answer `input` (a JSON-RPC response) and decodes each string of
 /// `result.content[i].text` longer than `text_at` bytes (as written, escapes included)
-/// into an unnamed file in `dir`, at most [`MAX_SPILLED_TEXTS`] of them. Blocks.
+/// into an unnamed file in `dir`, at most [`MAX_SPILLED_TEXTS`] of them, each holding of
+/// `budget` what it decodes. Blocks.
 ///
 /// # Errors
 ///
 /// [`SplitError::TooLarge`] when what stays in memory passes `max_rest` bytes,
-/// [`SplitError::Malformed`] for a spilled string that is not valid JSON, and I/O errors.
+/// [`SplitError::Malformed`] for a spilled string that is not valid JSON,
+/// [`SplitError::OverBudget`] when a text would pass `budget`, and I/O errors.
 pub(crate) fn split(
     mut input: impl Read,
     dir: &Path,
+    budget: &SpillBudget,
     text_at: usize,
     max_rest: usize,
 ) -> Result<Split, SplitError> {
@@ -324,6 +348,7 @@ pub(crate) fn split(
         texts: Vec::new(),
         lossy: Lossy::default(),
         dir,
+        budget,
         text_at,
         started: false,
         results: 0,
@@ -370,6 +395,7 @@ struct Lexer<'a> {
     texts: Vec<(usize, SpilledText)>,
     lossy: Lossy,
     dir: &'a Path,
+    budget: &'a SpillBudget,
     text_at: usize,
     /// Past a leading byte order mark.
     started: bool,
@@ -558,7 +584,7 @@ impl Lexer<'_> {
         };
         let body = self.rest.split_off(start + 1);
         self.rest.truncate(start);
-        let mut decoder = Box::new(Decoder::new(unnamed_file(self.dir)?));
+        let mut decoder = Box::new(Decoder::new(unnamed_file(self.dir)?, self.budget.reserve()));
         // The body holds no closing quote (the string goes on).
         decoder.feed(&body)?;
         self.state = State::Spilling { block, decoder };
@@ -572,8 +598,8 @@ impl Lexer<'_> {
         else {
             return Ok(());
         };
-        let (file, len, lossy) = decoder.finish()?;
-        let text = SpilledText::new(file, len);
+        let (file, len, lossy, held) = decoder.finish()?;
+        let text = SpilledText::new(file, len).holding(held);
         let placeholder = serde_json::to_vec(&text.placeholder()).map_err(io::Error::other)?;
         self.rest.extend_from_slice(&placeholder);
         self.lossy = self.lossy.add(lossy);
@@ -596,6 +622,8 @@ enum Escape {
 pub(crate) struct Decoder {
     out: BufWriter<File>,
     len: u64,
+    /// The budget's bytes held for the file: `len` or up to a step more.
+    held: Reservation,
     escape: Escape,
     /// A lead surrogate escape waiting for its trail.
     lead: Option<u16>,
@@ -611,11 +639,12 @@ const TRAIL: std::ops::Range<u16> = 0xDC00..0xE000;
 const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
 
 impl Decoder {
-    /// A decoder writing to `file`.
-    pub(crate) fn new(file: File) -> Self {
+    /// A decoder writing to `file`, holding of the budget what it writes in `held`.
+    pub(crate) fn new(file: File, held: Reservation) -> Self {
         Self {
             out: BufWriter::with_capacity(WRITE_BUFFER, file),
             len: 0,
+            held,
             escape: Escape::None,
             lead: None,
             tail: Vec::new(),
@@ -694,12 +723,14 @@ impl Decoder {
         Ok(None)
     }
 
-    /// The file, the text's length and what was replaced. Blocks (flushes the file).
-    pub(crate) fn finish(mut self) -> Result<(File, u64, Lossy), SplitError> {
+    /// The file, the text's length, what was replaced, and the budget's bytes it holds
+    /// (exactly its length). Blocks (flushes the file).
+    pub(crate) fn finish(mut self) -> Result<(File, u64, Lossy, Reservation), SplitError> {
         self.end_tail()?;
         self.end_lead()?;
         let file = self.out.into_inner().map_err(|e| e.into_error())?;
-        Ok((file, self.len, self.lossy))
+        self.held.shrink_to(self.len);
+        Ok((file, self.len, self.lossy, self.held))
     }
 
     /// One `\uXXXX` code unit.
@@ -793,6 +824,7 @@ impl Decoder {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<(), SplitError> {
+        self.held.cover(self.len + bytes.len() as u64)?;
         self.out.write_all(bytes)?;
         self.len += bytes.len() as u64;
         Ok(())
@@ -851,7 +883,8 @@ mod tests {
             bytes: line,
             size: chunk,
         };
-        let split = split(input, &std::env::temp_dir(), text_at, usize::MAX).ok()?;
+        let budget = SpillBudget::default();
+        let split = split(input, &std::env::temp_dir(), &budget, text_at, usize::MAX).ok()?;
         let (mut value, lossy) = match serde_json::from_slice(&split.rest) {
             Ok(value) => (value, Lossy::default()),
             Err(_) => repair::repair_counted(&split.rest)?,
@@ -966,14 +999,21 @@ mod tests {
             assert_eq!(spilled, 1, "only content[1].text");
             assert_eq!(value, serde_json::from_str::<Value>(&line).unwrap());
         }
-        let small = split(line.as_bytes(), &std::env::temp_dir(), 64, 300);
+        let budget = SpillBudget::default();
+        let small = split(line.as_bytes(), &std::env::temp_dir(), &budget, 64, 300);
         assert!(matches!(small, Err(SplitError::TooLarge)), "{small:?}");
         for bad in [&b"\\x"[..], b"\x01", b"\\u12G4"] {
             let mut line = br#"{"id":1,"result":{"content":[{"type":"text","text":""#.to_vec();
             line.extend_from_slice(&[b'a'; 80]);
             line.extend_from_slice(bad);
             line.extend_from_slice(br#""}]}}"#);
-            let refused = split(line.as_slice(), &std::env::temp_dir(), 64, usize::MAX);
+            let refused = split(
+                line.as_slice(),
+                &std::env::temp_dir(),
+                &budget,
+                64,
+                usize::MAX,
+            );
             assert!(
                 matches!(refused, Err(SplitError::Malformed(_))),
                 "{refused:?}"
@@ -985,10 +1025,18 @@ mod tests {
     /// `line`, an answer to call 1, read back through [`read_answer`] with the call's slot
     /// open: what the call takes from the tap.
     fn answer_of(line: &str) -> Result<Option<crate::tap::Kept>, Refused> {
+        answer_within(line, &SpillBudget::default())
+    }
+
+    /// [`answer_of`] with the tap's spill budget `budget`.
+    fn answer_within(
+        line: &str,
+        budget: &SpillBudget,
+    ) -> Result<Option<crate::tap::Kept>, Refused> {
         use rmcp::model::{
             CallToolRequest, CallToolRequestParams, ClientRequest, JsonRpcMessage, RequestId,
         };
-        let tap = std::sync::Arc::new(crate::tap::Tap::default());
+        let tap = std::sync::Arc::new(crate::tap::Tap::new(std::env::temp_dir(), budget.clone()));
         let request =
             ClientRequest::CallToolRequest(CallToolRequest::new(CallToolRequestParams::new("t")));
         tap.want_request(&JsonRpcMessage::request(request, RequestId::Number(1)));
@@ -997,7 +1045,10 @@ mod tests {
         file.write_all(line.as_bytes()).unwrap();
         use std::io::Seek as _;
         file.rewind().unwrap();
-        read_answer(file, &tap)?;
+        let mut held = budget.reserve();
+        held.grow(line.len() as u64)
+            .expect("the answer's file fits the budget");
+        read_answer(file, held, &tap)?;
         Ok(claim.take().and_then(Result::ok))
     }
 
@@ -1031,6 +1082,46 @@ mod tests {
             r#"{{"jsonrpc":"2.0","id":1,"result":{{"content":[{{"type":"text","text":"{a}","_meta":1}}]}}}}"#
         );
         assert!(matches!(answer_of(&line), Err(Refused::Malformed(_))));
+    }
+
+    #[test]
+    fn spilled_texts_hold_their_bytes_of_the_budget_until_dropped() {
+        let (a, b) = (
+            "a".repeat(SPILL_TEXT_AT + 10),
+            "b".repeat(3 * SPILL_TEXT_AT),
+        );
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{"content":[{{"type":"text","text":"{a}"}},{{"type":"text","text":"{b}"}}]}}}}"#
+        );
+        let texts = (a.len() + b.len()) as u64;
+        // Room for the answer's file, then for its texts once the file is gone.
+        let budget = SpillBudget::new(line.len() as u64 + 1024 * 1024);
+        let kept = answer_within(&line, &budget).unwrap().unwrap();
+        assert_eq!(kept.spilled.len(), 2);
+        assert_eq!(budget.in_use(), texts, "exactly the texts' bytes");
+        drop(kept);
+        assert_eq!(budget.in_use(), 0);
+
+        // Texts that would pass the budget alongside what others hold: refused, nothing kept.
+        let other = {
+            let mut other = budget.reserve();
+            other
+                .grow(budget.limit() - line.len() as u64 - 1000)
+                .unwrap();
+            other
+        };
+        let refused = answer_within(&line, &budget).map(|kept| kept.is_some());
+        assert!(
+            matches!(refused, Err(Refused::OverBudget(_))),
+            "{refused:?}"
+        );
+        assert_eq!(
+            budget.in_use(),
+            other.bytes(),
+            "the refused answer holds nothing"
+        );
+        drop(other);
+        assert_eq!(budget.in_use(), 0);
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //!   the POST carries a request whose result the [`Tap`] awaits, an event whose size passes
 //!   `max_event_size` has its data written to an unnamed file as it arrives (in chunks of
 //!   [`WRITE_BUFFER`], each on a blocking thread), up to
-//!   [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER); when the event ends, the answer is
+//!   [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER) and within the
+//!   [`SpillBudget`] (each byte reserved as it is counted; past the budget the stream fails
+//!   with [`EventsError::OverBudget`], and its request with the typed refusal); when the
+//!   event ends, the answer is
 //!   read back as a spilled stdio line or JSON body is ([`read_answer`]): its long texts
 //!   stay in files, its result is kept in the tap, and rmcp gets the tap's stand-in. An
 //!   answer that cannot be read back answers its request with what happened
@@ -40,6 +43,7 @@ use futures_util::stream::BoxStream;
 use rmcp::model::RequestId;
 use sse_stream::{Error as SseError, Sse};
 
+use crate::budget::{OverBudget, Reservation, SpillBudget};
 use crate::remote::Fault;
 use crate::spill::{Refused, WRITE_BUFFER, append, read_answer};
 use crate::tap::Tap;
@@ -62,6 +66,17 @@ pub(crate) enum EventsError {
     /// The body ended inside an event (the SSE parser drops such an event silently).
     #[error("the stream ended in the middle of an event ({bytes} bytes of it read)")]
     EndedMidEvent { bytes: usize },
+    /// An event answering a call, over the memory limit, would have passed the spill
+    /// budget in its file: the event's bytes read by then.
+    #[error("an event over {} MiB was not kept after {bytes} bytes: {refused}", max >> 20)]
+    OverBudget {
+        /// The memory limit.
+        max: usize,
+        /// The event's bytes read when the budget refused more.
+        bytes: u64,
+        /// The refusal.
+        refused: OverBudget,
+    },
     /// An event answering a call, over the memory limit, could not be written to a file.
     #[error("an event over {} MiB could not be written to a file in {dir}: {source}", max >> 20)]
     Spill {
@@ -86,6 +101,10 @@ pub(crate) fn fault_of_stream(error: &SseError) -> Fault {
                 Fault::Broke(crate::remote::with_causes_of(source.to_string(), source))
             }
             spill @ EventsError::Spill { .. } => Fault::SpilledUnreadable(spill.to_string()),
+            EventsError::OverBudget { bytes, refused, .. } => Fault::OverBudget {
+                bytes: *bytes,
+                refused: *refused,
+            },
         };
     }
     Fault::Broke(error.to_string())
@@ -112,7 +131,10 @@ pub(crate) fn events(
 ) -> Events {
     let state = State {
         response: Some(response),
-        parser: Parser::new(max_event_size, spill.is_some()),
+        parser: Parser::new(
+            max_event_size,
+            spill.as_ref().map(|spill| spill.tap.budget().clone()),
+        ),
         file: None,
         spill,
     };
@@ -128,8 +150,8 @@ pub(crate) fn events(
                             return Some((Err(error), None));
                         }
                     }
-                    Out::Spilled(event) => {
-                        let event = state.read_back(event).await;
+                    Out::Spilled(event, held) => {
+                        let event = state.read_back(event, held).await;
                         return Some((Ok(event), Some(state)));
                     }
                 }
@@ -203,14 +225,15 @@ impl State {
     /// The spilled event whose fields are `event` (its data in the file), its answer read
     /// back: the message for rmcp (the tap's stand-in when the tap kept its result), or
     /// the error answering the request with why it could not be read.
-    async fn read_back(&mut self, mut event: Sse) -> Sse {
+    async fn read_back(&mut self, mut event: Sse, held: Reservation) -> Sse {
         let Some(spill) = &self.spill else {
             return event;
         };
         let file = self.file.take();
         let tap = Arc::clone(&spill.tap);
+        let bytes = held.bytes();
         let read = tokio::task::spawn_blocking(move || match file {
-            Some(file) => read_answer(file, &tap),
+            Some(file) => read_answer(file, held, &tap),
             None => Err(Refused::Io(std::io::Error::other("no file was written"))),
         })
         .await
@@ -224,6 +247,7 @@ impl State {
                 }
                 Err(error) => Fault::SpilledUnreadable(error.to_string()),
             },
+            Err(Refused::OverBudget(refused)) => Fault::OverBudget { bytes, refused },
             Err(refused) => match refused.reason() {
                 Some(reason) => Fault::SpilledUnreadable(reason),
                 None => Fault::EventTooLarge {
@@ -242,8 +266,9 @@ enum Out {
     Event(Sse),
     /// The next bytes of the spilled event's data.
     Write(Vec<u8>),
-    /// The spilled event ended: its fields but its data, which is in the file.
-    Spilled(Sse),
+    /// The spilled event ended: its fields but its data, which is in the file, and the
+    /// file's bytes of the budget.
+    Spilled(Sse, Reservation),
     /// The stream cannot be read further.
     Error(SseError),
 }
@@ -287,6 +312,10 @@ impl Pending {
 struct Parser {
     max: usize,
     may_spill: bool,
+    /// What a spilled event's file may hold, when events may be spilled.
+    budget: Option<SpillBudget>,
+    /// The spilled event's bytes of the budget, reserved as they are counted.
+    held: Option<Reservation>,
     out: VecDeque<Out>,
     line: Vec<u8>,
     kind: Line,
@@ -315,10 +344,14 @@ impl Parser {
             || (self.line_len > 0 && !matches!(self.kind, Line::Comment))
     }
 
-    fn new(max: usize, may_spill: bool) -> Self {
+    /// A parser of events of at most `max` bytes, or, with `spill`, past that with their
+    /// data handed out for a file within that budget.
+    fn new(max: usize, spill: Option<SpillBudget>) -> Self {
         Self {
             max,
-            may_spill,
+            may_spill: spill.is_some(),
+            budget: spill,
+            held: None,
             out: VecDeque::new(),
             line: Vec::new(),
             kind: Line::Held,
@@ -406,15 +439,37 @@ impl Parser {
     /// Counts `len` more spilled bytes; says whether they are within the cap on a kept
     /// answer (past it, the stream fails).
     fn count_spilled(&mut self, len: usize) -> bool {
+        if self.failed {
+            return false;
+        }
         let Some((_, total)) = &mut self.spilled else {
             return false;
         };
         *total += len as u64;
-        if *total > crate::MAX_SPILLED_ANSWER {
+        let total = *total;
+        if total > crate::MAX_SPILLED_ANSWER {
             self.too_large(usize::try_from(crate::MAX_SPILLED_ANSWER).unwrap_or(usize::MAX));
             return false;
         }
-        true
+        self.reserve(total)
+    }
+
+    /// Holds `total` bytes of the budget for the spilled event; past it, the stream fails
+    /// (its request answered with the refusal), and what was held goes back.
+    fn reserve(&mut self, total: u64) -> bool {
+        let Some(held) = self.held.as_mut() else {
+            return true;
+        };
+        let Err(refused) = held.grow(total.saturating_sub(held.bytes())) else {
+            return true;
+        };
+        self.held = None;
+        self.fail(SseError::Body(Box::new(EventsError::OverBudget {
+            max: self.max,
+            bytes: total,
+            refused,
+        })));
+        false
     }
 
     /// Adds `bytes` to the spilled data, within the cap on a kept answer.
@@ -503,6 +558,9 @@ impl Parser {
         let len = data.len() as u64;
         self.spilled = Some((data, len));
         self.pending.started = true;
+        self.held = self.budget.as_ref().map(SpillBudget::reserve);
+        // Refused, the stream has failed: nothing more is read, and it was "spilling".
+        self.reserve(len);
         true
     }
 
@@ -612,7 +670,12 @@ impl Parser {
             self.hand_out(1);
             self.spilled = None;
             self.spilled_data = false;
-            self.out.push_back(Out::Spilled(pending.into_sse(None)));
+            let held = match self.held.take() {
+                Some(held) => held,
+                None => SpillBudget::new(0).reserve(),
+            };
+            self.out
+                .push_back(Out::Spilled(pending.into_sse(None), held));
             return;
         }
         if !pending.started {
@@ -709,7 +772,7 @@ pub(crate) mod tests {
     /// What the parser makes of `wire` fed in `chunks`: each event (`Spilled` ones with
     /// their written data as their data), then the first error.
     fn parse(wire: &[u8], chunks: &[usize], max: usize, may_spill: bool) -> Vec<String> {
-        let mut parser = Parser::new(max, may_spill);
+        let mut parser = Parser::new(max, may_spill.then(SpillBudget::default));
         let mut at = 0;
         for &len in chunks.iter().chain(std::iter::once(&usize::MAX)) {
             let end = at + len.min(wire.len() - at);
@@ -726,7 +789,7 @@ pub(crate) mod tests {
             match out {
                 Out::Event(event) => read.push(format!("{event:?}")),
                 Out::Write(bytes) => written.extend(bytes),
-                Out::Spilled(mut event) => {
+                Out::Spilled(mut event, _) => {
                     event.data = Some(String::from_utf8(std::mem::take(&mut written)).unwrap());
                     read.push(format!("spilled {event:?}"));
                 }
@@ -788,7 +851,7 @@ pub(crate) mod tests {
         let mut wire = b":".to_vec();
         wire.extend(std::iter::repeat_n(b'x', 1 << 20));
         wire.extend_from_slice(b"\ndata: 1\n\n");
-        let mut parser = Parser::new(10, false);
+        let mut parser = Parser::new(10, None);
         for chunk in wire.chunks(1000) {
             parser.feed(chunk);
             assert!(parser.line.capacity() <= 1000);
@@ -809,7 +872,7 @@ pub(crate) mod tests {
     #[test]
     fn invalid_utf8_in_a_message_is_repaired_and_said() {
         let wire = b"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"a\xffb\"}]}}\n\n";
-        let mut parser = Parser::new(1 << 20, false);
+        let mut parser = Parser::new(1 << 20, None);
         parser.feed(wire);
         let Some(Out::Event(event)) = parser.out.pop_front() else {
             panic!("no event");

@@ -68,6 +68,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::McpError;
+use crate::budget::Reservation;
 use crate::spill::{self, MAX_SPILLED_ANSWER, SPILL_AT};
 use crate::tap::{AnswerFailure, Tap};
 use lines::{Line, LineReader, Overflow, SpillTo, SpilledLine};
@@ -103,6 +104,8 @@ pub(crate) struct Command<'a> {
     pub(crate) cwd: Option<&'a PathBuf>,
     /// Where an answer too large for memory is kept ([`McpManagerBuilder::spill_dir`](crate::McpManagerBuilder::spill_dir)).
     pub(crate) spill_dir: &'a Path,
+    /// What such answers may hold on disk ([`McpManagerBuilder::spill_budget`](crate::McpManagerBuilder::spill_budget)).
+    pub(crate) budget: &'a crate::SpillBudget,
 }
 
 /// A running (or ended) stdio server process and what it said on stderr.
@@ -283,7 +286,7 @@ impl Child {
             .await;
             let _ = stderr_tx.send(true);
         });
-        let tap = Arc::new(Tap::new(spec.spill_dir.to_path_buf()));
+        let tap = Arc::new(Tap::new(spec.spill_dir.to_path_buf(), spec.budget.clone()));
         let transport =
             ChildTransport::new(stdout, stdin, exit.clone(), tap, Arc::clone(&diagnostics));
         Ok((
@@ -466,6 +469,7 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
                 .spilling(SpillTo {
                     dir: tap.spill_dir().to_path_buf(),
                     max: MAX_SPILLED_ANSWER,
+                    budget: tap.budget().clone(),
                 })
                 .noting(Arc::clone(tap.transfer())),
             exit,
@@ -582,7 +586,7 @@ impl Parser {
     /// usual, or read past as too long. Blocks (file reads and writes).
     fn read_spilled(
         &self,
-        file: std::io::Result<std::fs::File>,
+        file: std::io::Result<(std::fs::File, Reservation)>,
         bytes: u64,
         id: Option<String>,
         has_method: bool,
@@ -594,11 +598,11 @@ impl Parser {
                 self.tap.spill_dir().display()
             )
         };
-        let mut file = match file.and_then(|mut file| {
+        let (mut file, held) = match file.and_then(|(mut file, held)| {
             file.rewind()?;
-            Ok(file)
+            Ok((file, held))
         }) {
-            Ok(file) => file,
+            Ok(kept) => kept,
             Err(error) => {
                 return self.too_long(Overflow {
                     bytes,
@@ -606,6 +610,7 @@ impl Parser {
                     has_method,
                     limit: MAX_LINE as u64,
                     unwritable: Some(unwritable(&error)),
+                    over_budget: None,
                 });
             }
         };
@@ -618,6 +623,7 @@ impl Parser {
                     has_method,
                     limit: MAX_LINE as u64,
                     unwritable: None,
+                    over_budget: None,
                 });
             }
             let mut line = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
@@ -628,8 +634,11 @@ impl Parser {
                     has_method,
                     limit: MAX_LINE as u64,
                     unwritable: Some(unwritable(&error)),
+                    over_budget: None,
                 });
             }
+            // In memory now: the file's share of the budget goes back before the parse.
+            drop((file, held));
             return self.read(&line);
         };
         let too_large = Overflow {
@@ -638,8 +647,9 @@ impl Parser {
             has_method,
             limit: MAX_LINE as u64,
             unwritable: None,
+            over_budget: None,
         };
-        match spill::read_answer(file, &self.tap) {
+        match spill::read_answer(file, held, &self.tap) {
             Ok(message) => match serde_json::from_value(message) {
                 Ok(message) => Some(message),
                 Err(error) => self.fail(
@@ -661,6 +671,10 @@ impl Parser {
             }
             Err(spill::Refused::Io(error)) => self.too_long(Overflow {
                 unwritable: Some(unwritable(&error)),
+                ..too_large
+            }),
+            Err(spill::Refused::OverBudget(refused)) => self.too_long(Overflow {
+                over_budget: Some(refused),
                 ..too_large
             }),
         }
@@ -728,16 +742,25 @@ impl Parser {
             has_method,
             limit,
             unwritable,
+            over_budget,
         } = overflow;
-        let failure = match unwritable {
-            Some(why) => {
+        let failure = match (unwritable, over_budget) {
+            (_, Some(refused)) => {
+                self.diagnostics.push_garbage(format!(
+                    "a line of {bytes} bytes dropped: keeping it in files would pass the \
+                     spill budget of {} bytes",
+                    refused.limit
+                ));
+                AnswerFailure::over_budget(bytes, refused)
+            }
+            (Some(why), None) => {
                 self.diagnostics
                     .push_garbage(format!("a line of {bytes} bytes dropped: {why}"));
                 AnswerFailure::Malformed {
                     reason: format!("the answer is {bytes} bytes and {why}"),
                 }
             }
-            None => {
+            (None, None) => {
                 self.diagnostics.push_garbage(format!(
                     "a line of {bytes} bytes, over the {} MiB limit, dropped",
                     limit / (1024 * 1024)

@@ -37,6 +37,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::McpError;
+use crate::budget::{OverBudget, SpillBudget};
 use crate::progress::ProgressRoutes;
 
 /// The method of a progress notification.
@@ -47,6 +48,8 @@ pub(crate) struct Tap {
     slots: Mutex<Slots>,
     /// Where an answer too large for memory is kept while it is read.
     spill_dir: PathBuf,
+    /// What such answers may hold on disk, shared by the manager's connections.
+    budget: SpillBudget,
     /// Where progress notifications go, delivered by our transports (stdio, and HTTP
     /// through [`Tap::offer`]) in the order they were read (rmcp runs each notification's
     /// handler as its own task, which a call's response can overtake, so progress sent just
@@ -106,6 +109,27 @@ pub(crate) enum AnswerFailure {
         /// What is wrong, with a bounded quote of the answer.
         reason: String,
     },
+    /// Keeping the answer in files would pass the [`SpillBudget`]: it was read past.
+    OverBudget {
+        /// The answer's bytes read when the budget refused more (a JSON body or event
+        /// refused before its end: at least this long).
+        bytes: u64,
+        /// The bytes other answers held then.
+        in_use: u64,
+        /// The budget.
+        limit: u64,
+    },
+}
+
+impl AnswerFailure {
+    /// The failure of an answer of `bytes` bytes (so far) refused by the budget.
+    pub(crate) fn over_budget(bytes: u64, refused: OverBudget) -> Self {
+        Self::OverBudget {
+            bytes,
+            in_use: refused.in_use,
+            limit: refused.limit,
+        }
+    }
 }
 
 /// The key of the `data` of the JSON-RPC error a transport gives rmcp in place of an answer
@@ -152,6 +176,17 @@ impl AnswerFailure {
                 call: call.to_owned(),
                 reason,
             },
+            Self::OverBudget {
+                bytes,
+                in_use,
+                limit,
+            } => McpError::SpillBudget {
+                server: server.clone(),
+                call: call.to_owned(),
+                bytes,
+                in_use,
+                limit,
+            },
         }
     }
 
@@ -169,6 +204,18 @@ impl AnswerFailure {
                 format!("the answer could not be read: {reason}"),
                 json!({"reason": reason, NONCE_KEY: nonce()}),
             ),
+            Self::OverBudget {
+                bytes,
+                in_use,
+                limit,
+            } => (
+                format!(
+                    "the answer (at least {bytes} bytes) was not kept: keeping it in files \
+                     would pass the spill budget of {limit} bytes, {in_use} of which other \
+                     answers held"
+                ),
+                json!({"bytes": bytes, "in_use": in_use, "budget": limit, NONCE_KEY: nonce()}),
+            ),
         };
         json!({"jsonrpc": "2.0", "id": id, "error": {
             "code": -32700, "message": message, "data": {FAILURE_DATA_KEY: data}}})
@@ -185,6 +232,13 @@ impl AnswerFailure {
         if let Some(reason) = data.get("reason").and_then(Value::as_str) {
             return Some(Self::Malformed {
                 reason: reason.to_owned(),
+            });
+        }
+        if let Some(limit) = data.get("budget").and_then(Value::as_u64) {
+            return Some(Self::OverBudget {
+                bytes: data.get("bytes")?.as_u64()?,
+                in_use: data.get("in_use")?.as_u64()?,
+                limit,
             });
         }
         Some(Self::TooLarge {
@@ -217,18 +271,21 @@ fn id_key(id: &RequestId) -> String {
 }
 
 impl Default for Tap {
-    /// A tap spilling into [`std::env::temp_dir`].
+    /// A tap spilling into [`std::env::temp_dir`], within a budget of its own of
+    /// [`DEFAULT_SPILL_BUDGET`](crate::DEFAULT_SPILL_BUDGET).
     fn default() -> Self {
-        Self::new(std::env::temp_dir())
+        Self::new(std::env::temp_dir(), SpillBudget::default())
     }
 }
 
 impl Tap {
-    /// A tap whose connection keeps answers too large for memory in `spill_dir`.
-    pub(crate) fn new(spill_dir: PathBuf) -> Self {
+    /// A tap whose connection keeps answers too large for memory in `spill_dir`, within
+    /// `budget`.
+    pub(crate) fn new(spill_dir: PathBuf, budget: SpillBudget) -> Self {
         Self {
             slots: Mutex::default(),
             spill_dir,
+            budget,
             progress: Arc::default(),
             transfer: Arc::default(),
         }
@@ -242,6 +299,11 @@ impl Tap {
     /// Where the connection keeps answers too large for memory.
     pub(crate) fn spill_dir(&self) -> &Path {
         &self.spill_dir
+    }
+
+    /// What the connection's answers kept in files may hold on disk.
+    pub(crate) fn budget(&self) -> &SpillBudget {
+        &self.budget
     }
 
     fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {

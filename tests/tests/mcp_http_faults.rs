@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use psych_mcp::{
     Backoff, ChangeCause, McpConfig, McpError, McpEvent, McpEvents, McpManager, ServerConfig,
-    Timeouts, Transport,
+    SpillBudget, Timeouts, Transport,
 };
 use psych_types::{ConnectionSpec, JsonObject, Reachability, ServerId, ToolHost, ToolRef};
 use serde_json::{Value, json};
@@ -45,18 +45,20 @@ fn patient() -> Timeouts {
 
 /// A manager with one server at `url`, after its first connection attempt.
 async fn connect(name: &str, url: &str) -> (McpManager, Reachability) {
-    connect_spilling(name, url, &std::env::temp_dir()).await
+    connect_spilling(name, url, &std::env::temp_dir(), SpillBudget::default()).await
 }
 
-/// [`connect`], keeping answers too large for memory in `spill_dir`.
+/// [`connect`], keeping answers too large for memory in `spill_dir`, within `budget`.
 async fn connect_spilling(
     name: &str,
     url: &str,
     spill_dir: &std::path::Path,
+    budget: SpillBudget,
 ) -> (McpManager, Reachability) {
     let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
     let manager = McpManager::builder(config)
         .spill_dir(spill_dir)
+        .spill_budget(budget)
         .timeouts(patient())
         .backoff(Backoff::new(
             Duration::from_secs(30),
@@ -268,7 +270,8 @@ async fn answers_too_large_for_memory_go_to_the_spill_dir_given() {
         .join(format!("http-faults-no-such-dir-{}", std::process::id()));
     for flags in [&["--json-response"][..], &[]] {
         let server = HttpServer::start(flags);
-        let (manager, reachability) = connect_spilling("web", &server.url, &missing).await;
+        let (manager, reachability) =
+            connect_spilling("web", &server.url, &missing, SpillBudget::default()).await;
         assert_eq!(reachability, Reachability::Reachable);
         let error = fails_at_once(&manager, "large", json!({"bytes": 20_000_000})).await;
         assert!(
@@ -276,6 +279,48 @@ async fn answers_too_large_for_memory_go_to_the_spill_dir_given() {
             "{flags:?}: {error}"
         );
         assert_eq!(echo(&manager, "web", "still here").await, "still here");
+        manager.shutdown().await;
+    }
+}
+
+/// Issue 27: over HTTP too, the spill budget bounds what answers in files hold across
+/// calls. With 45 MiB and a 20 MB result held, a 30 MB answer (a JSON body, an event) is
+/// refused while it arrives: its call fails at once with the typed error, the session goes
+/// on, and once the held result is dropped the next large answer arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_past_the_spill_budget_fail_their_calls_and_the_session_goes_on() {
+    const MIB: u64 = 1024 * 1024;
+    for flags in [&["--json-response"][..], &[]] {
+        let server = HttpServer::start(flags);
+        let budget = SpillBudget::new(45 * MIB);
+        let (manager, reachability) =
+            connect_spilling("web", &server.url, &std::env::temp_dir(), budget.clone()).await;
+        assert_eq!(reachability, Reachability::Reachable);
+        let held = call_large(&manager, 20_000_000).await;
+        assert_eq!(held.spilled.len(), 1, "{flags:?}");
+        assert_eq!(
+            budget.in_use(),
+            20_000_000,
+            "{flags:?}: the held text, exactly"
+        );
+        let error = fails_at_once(&manager, "large", json!({"bytes": 30_000_000})).await;
+        assert!(
+            matches!(&error, McpError::SpillBudget { call, in_use, limit, .. }
+                if call == "tools/call large" && *in_use >= 20_000_000 && *limit == 45 * MIB),
+            "{flags:?}: {error:?}"
+        );
+        assert_eq!(
+            budget.in_use(),
+            20_000_000,
+            "{flags:?}: the refused answer holds nothing"
+        );
+        assert_eq!(echo(&manager, "web", "still here").await, "still here");
+        drop(held);
+        assert_eq!(budget.in_use(), 0, "{flags:?}");
+        let again = call_large(&manager, 20_000_000).await;
+        assert_eq!(again.spilled[0].text.len(), 20_000_000, "{flags:?}");
+        drop(again);
+        assert_eq!(budget.in_use(), 0, "{flags:?}");
         manager.shutdown().await;
     }
 }

@@ -360,6 +360,76 @@ async fn an_answer_still_arriving_is_waited_for_but_silence_and_the_ceiling_are_
     manager.shutdown().await;
 }
 
+/// Issue 27: what answers too large for memory hold on disk is bounded across calls. With a
+/// budget of 70 MiB and a 30 MiB result held (not yet logged), a 45 MiB answer is refused
+/// while it arrives (its line), and another 30 MiB one when its text is split off (file and
+/// text together): each fails at once with the typed error, and the connection goes on.
+/// Once the held result is dropped, its bytes are back and the next one arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_past_the_spill_budget_fail_their_calls_and_the_connection_goes_on() {
+    const MIB: u64 = 1024 * 1024;
+    let budget = psych_mcp::SpillBudget::new(70 * MIB);
+    let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+    let manager = McpManager::builder(config)
+        .timeouts(fast().with_transfer(Duration::from_secs(60)))
+        .spill_budget(budget.clone())
+        .build()
+        .unwrap();
+    let reachability = manager
+        .add_server(id("big"), test_server("big", &[]))
+        .await
+        .unwrap();
+    assert_eq!(reachability, Reachability::Reachable);
+    let huge = tool("big", "raw_huge");
+    let held = manager
+        .call_tool(&huge, args(json!({"mib": 30})))
+        .await
+        .unwrap();
+    assert_eq!(held.spilled.len(), 1);
+    let text = held.spilled[0].text.len();
+    assert_eq!(budget.in_use(), text, "the held result's text, exactly");
+
+    for (mib, when) in [(45, "while it arrives"), (30, "when its text is split off")] {
+        let started = std::time::Instant::now();
+        let error = manager
+            .call_tool(&huge, args(json!({"mib": mib})))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, McpError::SpillBudget { call, bytes, in_use, limit, .. }
+                if call == "tools/call raw_huge" && *bytes >= mib * MIB
+                    && *in_use >= text && *limit == 70 * MIB),
+            "{mib} MiB, refused {when}: {error:?}"
+        );
+        assert!(
+            error.to_string().contains("spill budget of 73400320 bytes"),
+            "{error}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(30), "at once");
+        assert_eq!(
+            budget.in_use(),
+            text,
+            "{mib} MiB: the refused answer holds nothing"
+        );
+        let echoed = manager
+            .call_tool_raw(&tool("big", "echo"), args(json!({"text": "still here"})))
+            .await
+            .unwrap();
+        assert_eq!(texts(&echoed), ["still here"]);
+    }
+
+    drop(held);
+    assert_eq!(budget.in_use(), 0);
+    let again = manager
+        .call_tool(&huge, args(json!({"mib": 30})))
+        .await
+        .unwrap();
+    assert_eq!(again.spilled[0].text.len(), text);
+    drop(again);
+    assert_eq!(budget.in_use(), 0);
+    manager.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_past_its_deadline_is_cancelled_and_the_connection_stays_usable() {
     let timeouts = fast().with_call(Duration::from_millis(300));

@@ -26,12 +26,27 @@ use std::sync::Arc;
 pub struct SpilledText {
     file: File,
     len: u64,
+    /// Kept with the text, dropped with it (see [`SpilledText::holding`]).
+    _hold: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl SpilledText {
     /// The text in `file`: its first `len` bytes, valid UTF-8.
     pub fn new(file: File, len: u64) -> Self {
-        Self { file, len }
+        Self {
+            file,
+            len,
+            _hold: None,
+        }
+    }
+
+    /// The same text, keeping `hold` until the text is dropped: what must live exactly as
+    /// long as the file does (psych-mcp's share of its disk budget, given back when the
+    /// last holder of the text lets it go). Replaces what it held before.
+    #[must_use]
+    pub fn holding(mut self, hold: impl std::any::Any + Send + Sync) -> Self {
+        self._hold = Some(Box::new(hold));
+        self
     }
 
     /// The text's length in bytes.
@@ -152,5 +167,24 @@ mod tests {
         assert_eq!(text.read_at(12, &mut buf).unwrap(), 0);
         assert_eq!(text.read_to_string().unwrap(), "hello, world");
         assert!(text.placeholder().starts_with("[12 bytes of text"));
+    }
+
+    #[test]
+    fn what_a_text_holds_goes_when_its_last_holder_drops_it() {
+        let held = Arc::new(());
+        let text = Arc::new(spilled("kept").holding(Arc::clone(&held)));
+        let block = SpilledBlock {
+            block: 0,
+            text: Arc::clone(&text),
+        };
+        drop(text);
+        assert_eq!(
+            Arc::strong_count(&held),
+            2,
+            "the block still holds the text"
+        );
+        assert_eq!(block.text.read_to_string().unwrap(), "kept");
+        drop(block);
+        assert_eq!(Arc::strong_count(&held), 1);
     }
 }

@@ -15,7 +15,10 @@
 //! (one filling, one being written) and the read buffer, about 2 MiB. Past the spill's
 //! own cap, or without spilling, a line is not kept: its bytes are counted and passed
 //! through an [`IdScanner`] as they go by (the part read before the limit was reached
-//! first), and the line is reported as [`Line::TooLong`] with the `id` it carried.
+//! first), and the line is reported as [`Line::TooLong`] with the `id` it carried. So is a
+//! spilling line whose next bytes the [`SpillBudget`](crate::SpillBudget) refuses: each
+//! chunk is reserved before it is handed to a write, and the file, with what it held of
+//! the budget, goes as soon as the line is read past.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -25,6 +28,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::task::JoinHandle;
 
 use super::scan::IdScanner;
+use crate::budget::{OverBudget, Reservation, SpillBudget};
 use crate::spill::WRITE_BUFFER;
 use crate::tap::TransferClock;
 
@@ -65,25 +69,29 @@ impl SpilledLine {
     }
 
     /// The file holding the whole line from offset 0, once its last chunk is written
-    /// (awaits the write in flight, then writes the last chunk on a blocking thread).
-    pub(crate) async fn finish(mut self) -> std::io::Result<File> {
+    /// (awaits the write in flight, then writes the last chunk on a blocking thread), and
+    /// the share of the budget it holds (the line's bytes), to drop with it.
+    pub(crate) async fn finish(mut self) -> std::io::Result<(File, Reservation)> {
         self.spill.flush().await?;
-        if let Some(writing) = self.spill.writing.take() {
-            let (file, _) = writing.await.map_err(std::io::Error::other)??;
-            return Ok(file);
-        }
-        match self.spill.file.take() {
-            Some(file) => Ok(file),
-            None => Err(std::io::Error::other("the spilled line has no file")),
-        }
+        let file = if let Some(writing) = self.spill.writing.take() {
+            writing.await.map_err(std::io::Error::other)??.0
+        } else {
+            match self.spill.file.take() {
+                Some(file) => file,
+                None => return Err(std::io::Error::other("the spilled line has no file")),
+            }
+        };
+        Ok((file, self.spill.held))
     }
 }
 
-/// Spilling on: where the files go and the longest line kept in one.
+/// Spilling on: where the files go, the longest line kept in one, and what all the files
+/// may hold.
 #[derive(Debug, Clone)]
 pub(crate) struct SpillTo {
     pub(crate) dir: PathBuf,
     pub(crate) max: u64,
+    pub(crate) budget: SpillBudget,
 }
 
 /// A chunk written, with its file and its buffer (cleared) given back.
@@ -95,6 +103,8 @@ struct Spill {
     dir: PathBuf,
     scanner: IdScanner,
     bytes: u64,
+    /// The budget's bytes held for the line: `bytes`, reserved before they are written.
+    held: Reservation,
     /// The file, while no write holds it (`None` before the first write creates it).
     file: Option<File>,
     /// Bytes read and not yet handed to a write.
@@ -149,6 +159,8 @@ pub(crate) struct Overflow {
     pub(crate) limit: u64,
     /// Why it was not kept in a file, when spilling is on and writing it failed.
     pub(crate) unwritable: Option<String>,
+    /// Why it was not kept in a file, when the spill budget refused it.
+    pub(crate) over_budget: Option<OverBudget>,
 }
 
 /// Reads lines of at most `limit` bytes from `R`, cancel-safely (see the module docs).
@@ -167,6 +179,8 @@ pub(crate) struct LineReader<R> {
     spill: Option<Box<Spill>>,
     /// Why the current line could not be written to its file.
     spill_error: Option<String>,
+    /// The budget's refusal of the current line's next bytes.
+    over_budget: Option<OverBudget>,
     /// Noted whenever bytes of a line that has not ended yet are read.
     clock: Option<Arc<TransferClock>>,
 }
@@ -183,6 +197,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             spill_to: None,
             spill: None,
             spill_error: None,
+            over_budget: None,
             clock: None,
         }
     }
@@ -247,23 +262,36 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 None => (available, available.len(), false),
             };
             let max = self.spill_to.as_ref().map_or(0, |to| to.max);
+            let len = chunk.len() as u64;
+            // Whether the spilling line takes the chunk: within its cap and its budget.
+            let kept = match &mut self.spill {
+                Some(spill) if spill.bytes + len <= max => match spill.held.grow(len) {
+                    Ok(()) => true,
+                    Err(refused) => {
+                        self.over_budget = Some(refused);
+                        false
+                    }
+                },
+                _ => false,
+            };
             match (&mut self.spill, &mut self.overflow) {
-                (Some(spill), _) if spill.bytes + chunk.len() as u64 <= max => {
+                (Some(spill), _) if kept => {
                     spill.scanner.feed(chunk);
-                    spill.bytes += chunk.len() as u64;
+                    spill.bytes += len;
                     spill.pending.extend_from_slice(chunk);
                 }
                 (Some(_), _) => {
-                    // Past the spill's cap: read past the rest (the file goes with it).
+                    // Past the spill's cap or its budget: read past the rest (the file, and
+                    // what it held of the budget, go with it).
                     if let Some(spill) = self.spill.take() {
                         let mut scanner = spill.scanner;
                         scanner.feed(chunk);
-                        self.overflow = Some((scanner, spill.bytes + chunk.len() as u64));
+                        self.overflow = Some((scanner, spill.bytes + len));
                     }
                 }
                 (None, Some((scanner, bytes))) => {
                     scanner.feed(chunk);
-                    *bytes += chunk.len() as u64;
+                    *bytes += len;
                 }
                 (None, None) if self.line.len() + chunk.len() <= self.limit => {
                     self.line.extend_from_slice(chunk);
@@ -273,25 +301,37 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                     scanner.feed(&self.line);
                     scanner.feed(chunk);
                     let bytes = (self.line.len() + chunk.len()) as u64;
-                    if let Some(to) = self.spill_to.as_ref().filter(|to| bytes <= to.max) {
-                        // The line so far is the first chunk to write.
-                        let mut pending = std::mem::take(&mut self.line);
-                        // Exact: doubling the line's capacity here would be the peak.
-                        pending.reserve_exact(chunk.len());
-                        pending.extend_from_slice(chunk);
-                        self.spill = Some(Box::new(Spill {
-                            dir: to.dir.clone(),
-                            scanner,
-                            bytes,
-                            file: None,
-                            pending,
-                            spare: Vec::new(),
-                            writing: None,
-                        }));
-                    } else {
-                        // Given back now: an oversized line holds no memory past this point.
-                        self.line = Vec::new();
-                        self.overflow = Some((scanner, bytes));
+                    let spill_to = self.spill_to.as_ref().filter(|to| bytes <= to.max);
+                    let held = spill_to.map(|to| {
+                        let mut held = to.budget.reserve();
+                        held.grow(bytes).map(|()| (to.dir.clone(), held))
+                    });
+                    match held {
+                        Some(Ok((dir, held))) => {
+                            // The line so far is the first chunk to write.
+                            let mut pending = std::mem::take(&mut self.line);
+                            // Exact: doubling the line's capacity here would be the peak.
+                            pending.reserve_exact(chunk.len());
+                            pending.extend_from_slice(chunk);
+                            self.spill = Some(Box::new(Spill {
+                                dir,
+                                scanner,
+                                bytes,
+                                held,
+                                file: None,
+                                pending,
+                                spare: Vec::new(),
+                                writing: None,
+                            }));
+                        }
+                        refused => {
+                            if let Some(Err(refused)) = refused {
+                                self.over_budget = Some(refused);
+                            }
+                            // Given back now: an oversized line holds no memory past here.
+                            self.line = Vec::new();
+                            self.overflow = Some((scanner, bytes));
+                        }
                     }
                 }
             }
@@ -342,6 +382,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 .as_ref()
                 .map_or(self.limit as u64, |to| to.max),
             unwritable: self.spill_error.take(),
+            over_budget: self.over_budget.take(),
         })
     }
 }
@@ -430,10 +471,12 @@ mod tests {
             }
         });
         let mut lines = LineReader::new(reader, limit);
+        let budget = SpillBudget::default();
         if spill {
             lines = lines.spilling(SpillTo {
                 dir: std::env::temp_dir(),
                 max: spill_max as u64,
+                budget: budget.clone(),
             });
         }
         let mut dropped = 0u64;
@@ -457,7 +500,8 @@ mod tests {
                     if len > 64 {
                         assert_eq!(spilled.id(), Some(i.to_string()), "seed {seed}: line {i}");
                     }
-                    let file = spilled.finish().await.unwrap();
+                    let (file, held) = spilled.finish().await.unwrap();
+                    assert_eq!(held.bytes(), len as u64, "seed {seed}: line {i}");
                     let bytes = tokio::task::spawn_blocking(move || {
                         use std::io::{Read as _, Seek as _};
                         let mut file = file;
@@ -489,6 +533,11 @@ mod tests {
             }
         }
         assert!(lines.next().await.unwrap().is_none(), "seed {seed}");
+        assert_eq!(
+            budget.in_use(),
+            0,
+            "seed {seed}: every file gave its bytes back"
+        );
         writing.await.unwrap();
         assert!(
             dropped > 100,
@@ -531,5 +580,50 @@ mod tests {
         assert_eq!(last.id.as_deref(), Some("\"x\""));
         assert!(lines.next().await.unwrap().is_none());
         assert_eq!(lines.consumed(), input.len() as u64);
+    }
+
+    /// A spilling line the budget refuses is read past and reported with its id and why;
+    /// what it had reserved goes back at once, and the next line is kept again.
+    #[tokio::test]
+    async fn a_line_over_the_spill_budget_is_read_past_and_holds_nothing() {
+        const MIB: usize = 1024 * 1024;
+        let budget = SpillBudget::new(3 * MIB as u64);
+        let mut input = Vec::new();
+        for (i, len) in [(1, 2 * MIB), (2, 2 * MIB), (3, 40), (4, 2 * MIB)] {
+            input.extend_from_slice(&line(i, len, i % 2 == 0));
+            input.push(b'\n');
+        }
+        let mut lines = LineReader::new(input.as_slice(), MIB).spilling(SpillTo {
+            dir: std::env::temp_dir(),
+            max: 8 * MIB as u64,
+            budget: budget.clone(),
+        });
+        let Some(Line::Spilled(first)) = lines.next().await.unwrap() else {
+            panic!("the first line is kept");
+        };
+        let first = first.finish().await.unwrap();
+        assert_eq!(budget.in_use(), 2 * MIB as u64);
+        let Some(Line::TooLong(refused)) = lines.next().await.unwrap() else {
+            panic!("the second line passes the budget");
+        };
+        assert_eq!(refused.bytes, 2 * MIB as u64);
+        assert_eq!(refused.id.as_deref(), Some("2"));
+        let over = refused.over_budget.expect("refused by the budget");
+        assert_eq!((over.in_use, over.limit), (2 * MIB as u64, 3 * MIB as u64));
+        assert_eq!(
+            budget.in_use(),
+            2 * MIB as u64,
+            "the refused line holds nothing"
+        );
+        assert!(matches!(lines.next().await.unwrap(), Some(Line::Whole(_))));
+        drop(first);
+        assert_eq!(budget.in_use(), 0);
+        let Some(Line::Spilled(last)) = lines.next().await.unwrap() else {
+            panic!("kept again once the first is gone");
+        };
+        assert_eq!(last.id().as_deref(), Some("4"));
+        drop(last);
+        assert_eq!(budget.in_use(), 0);
+        assert!(lines.next().await.unwrap().is_none());
     }
 }
