@@ -166,9 +166,11 @@ enum Command {
         /// MiB of results kept per identity, the oldest segments deleted first.
         #[arg(long, value_name = "MIB", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
         retain_mib: u64,
-        /// MiB that results too large for memory may hold at once in `<dir>/spill/` while
-        /// they arrive and until they are logged, across every upstream and call; a result
-        /// that would pass it is not kept, and its call answers a tool error saying so.
+        /// MiB that results too large for memory (over 16 MiB) may hold at once in
+        /// `<dir>/spill/` while they arrive and until they are logged, across every upstream,
+        /// call and identity of this process; a result that would pass it is not kept, and
+        /// its call answers a tool error saying so. A result needs about twice its size
+        /// while it is split up, so the largest kept is about half the budget; 0 keeps none.
         #[arg(long, value_name = "MIB", default_value_t = psych_mcp::DEFAULT_SPILL_BUDGET >> 20)]
         spill_budget_mib: u64,
         /// Estimated tokens the tool definitions of the servers with preload `auto` (the

@@ -1636,10 +1636,11 @@ impl GatewaySettings {
 
     /// Bounds what answers too large for memory hold at once in [`spill`](Self::spill),
     /// across every upstream and call (default
-    /// [`DEFAULT_SPILL_BUDGET`](psych_mcp::DEFAULT_SPILL_BUDGET), 10 GiB): a result whose
-    /// file would pass it is read past without being kept, and its call answers a tool
-    /// error naming the budget (the upstream and every other call go on). Each answer is
-    /// also bounded by [`MAX_SPILLED_ANSWER`](psych_mcp::MAX_SPILLED_ANSWER).
+    /// [`DEFAULT_SPILL_BUDGET`](psych_mcp::DEFAULT_SPILL_BUDGET), 10 GiB, shared by every
+    /// identity): a result whose files would pass it is not kept, and its call answers a
+    /// tool error naming the budget (the upstream and every other call go on). A result
+    /// needs about twice its size while its texts are split off; each is also bounded by
+    /// [`MAX_SPILLED_ANSWER`](psych_mcp::MAX_SPILLED_ANSWER).
     #[must_use]
     pub fn spill_budget(mut self, budget: SpillBudget) -> Self {
         self.spill_budget = budget;

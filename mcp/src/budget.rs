@@ -8,9 +8,18 @@
 //! it reserves what it decodes, in steps of [`STEP`]. A reservation is given back when what
 //! it covers is gone: the answer's file once its texts are split off, each text's file when
 //! the last holder of its [`SpilledText`](psych_types::SpilledText) drops it (after the
-//! record log has stored it). An answer whose next bytes would pass the budget is read past
-//! without being kept, and its call fails with [`McpError::SpillBudget`](crate::McpError)
-//! as soon as it has gone by; the connection, and every other call, goes on.
+//! record log has stored it). So an answer needs about **twice its size** of the budget while
+//! its texts are split off (its file and its texts at once), then its texts' size until they
+//! are logged: the largest answer kept is about half the budget. An answer whose next bytes
+//! would pass the budget is not kept (a stdio line is read past, an HTTP body or event is
+//! not read further; one refused while its texts are split off is dropped), and its call
+//! fails with [`McpError::SpillBudget`](crate::McpError) saying what the answer held and what
+//! other answers held; the connection, and every other call, goes on.
+//!
+//! Over stdio, any line over [`SPILL_AT`](crate::SPILL_AT) is spilled as it arrives, before
+//! it is known to answer a call: a `tools/list` page, a notification or a server request
+//! of that size is refused like an answer when the budget has no room for it (it would
+//! otherwise be read back into memory, up to 64 MiB).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,7 +56,8 @@ struct Shared {
 
 impl SpillBudget {
     /// A budget of `limit` bytes. 0 keeps nothing in files: every answer over the in-memory
-    /// limits fails its call.
+    /// limits (a stdio line over [`SPILL_AT`](crate::SPILL_AT), an HTTP body or event over
+    /// 16 MiB) fails its call.
     pub fn new(limit: u64) -> Self {
         Self {
             inner: Arc::new(Shared {
@@ -72,10 +82,13 @@ impl SpillBudget {
         Reservation {
             budget: self.clone(),
             bytes: 0,
+            exact: false,
         }
     }
 
-    fn take(&self, bytes: u64) -> Result<(), OverBudget> {
+    /// Takes `bytes` if the budget has them; the refusal says what `own` bytes the asker
+    /// held already.
+    fn take(&self, bytes: u64, own: u64) -> Result<(), OverBudget> {
         let limit = self.inner.limit;
         self.inner
             .in_use
@@ -86,6 +99,7 @@ impl SpillBudget {
             .map_err(|in_use| OverBudget {
                 wanted: bytes,
                 in_use,
+                own,
                 limit,
             })
     }
@@ -107,16 +121,33 @@ impl Default for SpillBudget {
 /// More bytes than the budget has left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{wanted} more bytes would pass the spill budget of {limit} bytes, {in_use} of which \
-     other answers hold"
+    "{wanted} more bytes would pass the spill budget of {limit} bytes ({own} held for this \
+     answer already, {} by other answers)",
+    self.others()
 )]
 pub(crate) struct OverBudget {
     /// The bytes asked for.
     pub(crate) wanted: u64,
-    /// The bytes held when they were asked for.
+    /// The bytes held in all when they were asked for.
     pub(crate) in_use: u64,
+    /// Of those, the bytes the refused answer held itself (its file, its texts so far).
+    pub(crate) own: u64,
     /// The budget.
     pub(crate) limit: u64,
+}
+
+impl OverBudget {
+    /// The bytes other answers held.
+    pub(crate) fn others(&self) -> u64 {
+        self.in_use.saturating_sub(self.own)
+    }
+
+    /// The same refusal, counting `more` bytes the answer held elsewhere (its file, while
+    /// a text of it was refused) as its own.
+    pub(crate) fn holding(mut self, more: u64) -> Self {
+        self.own = self.own.saturating_add(more);
+        self
+    }
 }
 
 /// Bytes of a [`SpillBudget`] held by one file, given back when it is dropped.
@@ -124,25 +155,44 @@ pub(crate) struct OverBudget {
 pub(crate) struct Reservation {
     budget: SpillBudget,
     bytes: u64,
+    /// A step was refused: [`Reservation::cover`] takes exactly what it needs from now on.
+    exact: bool,
 }
 
 impl Reservation {
     /// Holds `more` bytes more, if the budget has them; else holds what it held.
     pub(crate) fn grow(&mut self, more: u64) -> Result<(), OverBudget> {
-        self.budget.take(more)?;
+        self.budget.take(more, self.bytes)?;
         self.bytes += more;
         Ok(())
     }
 
-    /// Holds at least `bytes` in all, taking [`STEP`] or more at a time (one atomic per
-    /// step rather than per write).
+    /// Holds at least `bytes` in all: a [`STEP`] or more at a time (one atomic per step
+    /// rather than per write) while the budget has room for a step, then exactly what is
+    /// needed, each time.
     pub(crate) fn cover(&mut self, bytes: u64) -> Result<(), OverBudget> {
         if bytes <= self.bytes {
             return Ok(());
         }
         let short = bytes - self.bytes;
-        // A step past what is needed where the budget has it, else exactly what is.
-        self.grow(short.max(STEP)).or_else(|_| self.grow(short))
+        if !self.exact && short < STEP {
+            if self.grow(STEP).is_ok() {
+                return Ok(());
+            }
+            self.exact = true;
+        }
+        self.grow(short)
+    }
+
+    /// Moves everything held into a new reservation, leaving this one empty: to give the
+    /// bytes back only when a file still being written is closed.
+    pub(crate) fn take_all(&mut self) -> Self {
+        let bytes = std::mem::take(&mut self.bytes);
+        Self {
+            budget: self.budget.clone(),
+            bytes,
+            exact: self.exact,
+        }
     }
 
     /// Gives back what is held past `bytes`.
@@ -190,9 +240,11 @@ mod tests {
             OverBudget {
                 wanted: 6 * STEP,
                 in_use: 5 * STEP,
+                own: STEP,
                 limit: 10 * STEP
             }
         );
+        assert_eq!(refused.others(), 4 * STEP);
         assert_eq!(budget.in_use(), 5 * STEP, "a refusal holds nothing");
         // Near the limit, cover takes exactly what it needs.
         b.cover(6 * STEP - 10).unwrap();
@@ -207,28 +259,51 @@ mod tests {
 
     #[test]
     fn concurrent_reservations_never_hold_more_than_the_limit() {
-        let budget = SpillBudget::new(1000);
+        let budget = SpillBudget::new(40);
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 let budget = budget.clone();
                 std::thread::spawn(move || {
-                    let mut held = Vec::new();
-                    for i in 0..2000u64 {
+                    let (mut held, mut refused) = (Vec::new(), 0u32);
+                    for i in 0..5000u64 {
                         let mut reservation = budget.reserve();
-                        if reservation.grow(1 + i % 7).is_ok() {
-                            held.push(reservation);
+                        match reservation.grow(1 + i % 7) {
+                            Ok(()) => held.push(reservation),
+                            Err(_) => refused += 1,
                         }
-                        assert!(budget.in_use() <= 1000);
-                        if i % 3 == 0 {
+                        assert!(budget.in_use() <= 40);
+                        if i % 20 == 0 {
                             held.clear();
                         }
                     }
+                    refused
                 })
             })
             .collect();
-        for thread in threads {
-            thread.join().unwrap();
-        }
+        let refused: u32 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(refused > 0, "the limit was reached");
         assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn near_the_limit_cover_takes_exactly_what_it_needs() {
+        let budget = SpillBudget::new(STEP + 10);
+        let mut a = budget.reserve();
+        a.cover(5).unwrap();
+        assert_eq!(a.bytes(), STEP, "a step while there is room");
+        let mut b = budget.reserve();
+        b.cover(4).unwrap();
+        assert_eq!(b.bytes(), 4, "exactly, once a step does not fit");
+        b.cover(10).unwrap();
+        assert_eq!(b.bytes(), 10);
+        let refused = b.cover(11).unwrap_err();
+        assert_eq!((refused.own, refused.others()), (10, STEP));
+        let moved = b.take_all();
+        assert_eq!(
+            (b.bytes(), moved.bytes(), budget.in_use()),
+            (0, 10, STEP + 10)
+        );
+        drop(moved);
+        assert_eq!(budget.in_use(), STEP);
     }
 }

@@ -101,14 +101,23 @@ pub enum McpError {
         limit: u64,
     },
     /// The server's answer was too large for memory, and keeping it in files would have
-    /// passed the manager's [`SpillBudget`](crate::SpillBudget) (other answers in flight,
-    /// or spilled results not yet logged, held the rest): it was read past without being
-    /// kept, and the request fails as soon as it has gone by. The connection stays usable;
-    /// the call may be retried once the other answers are done.
+    /// passed the manager's [`SpillBudget`](crate::SpillBudget): it was not kept (a stdio
+    /// line is read past, an HTTP body or event not read further, an answer refused while
+    /// its texts were split off dropped), and the request fails at once. The connection
+    /// stays usable. When other answers held part of the budget (`others`: calls in flight,
+    /// spilled results not yet logged), the call may succeed once they are done; when none
+    /// did, the answer alone is too large for the budget (an answer needs about twice its
+    /// size while its texts are split off).
     #[error(
         "MCP server \"{server}\": {call} failed: its answer (at least {bytes} bytes) was not \
-         kept: keeping it in files would pass the spill budget of {limit} bytes, {in_use} of \
-         which other answers held"
+         kept: keeping it in files would pass the spill budget of {limit} bytes ({held} held \
+         for it, {others} by other answers){}",
+        if *others == 0 {
+            "; the answer alone is too large for the budget (an answer needs about twice \
+             its size while its texts are split off)"
+        } else {
+            ""
+        }
     )]
     SpillBudget {
         /// The server.
@@ -117,8 +126,10 @@ pub enum McpError {
         call: String,
         /// The answer's bytes read when the budget refused more (at least its length).
         bytes: u64,
+        /// The bytes the answer held itself then (its file, its texts so far).
+        held: u64,
         /// The bytes other answers held then.
-        in_use: u64,
+        others: u64,
         /// The budget.
         limit: u64,
     },

@@ -92,8 +92,10 @@ impl McpManagerBuilder {
 
     /// Sets what the files of [`spill_dir`](Self::spill_dir) may hold at once, across every
     /// connection and call (default: [`DEFAULT_SPILL_BUDGET`](crate::DEFAULT_SPILL_BUDGET),
-    /// 10 GiB): an answer whose next bytes would pass it is read past without being kept
-    /// and its call fails with [`McpError::SpillBudget`](crate::McpError::SpillBudget).
+    /// 10 GiB): an answer whose next bytes would pass it is not kept and its call fails
+    /// with [`McpError::SpillBudget`](crate::McpError::SpillBudget). An answer needs about
+    /// twice its size while its texts are split off (its file and its texts at once), so
+    /// the largest kept is about half the budget.
     /// Pass a clone of one [`SpillBudget`] to several managers to share it between them.
     pub fn spill_budget(mut self, budget: SpillBudget) -> Self {
         self.spill_budget = budget;

@@ -361,11 +361,21 @@ async fn read_bounded_or_spill(
     }
     let mut body = Vec::new();
     let mut file: Option<std::fs::File> = None;
-    let mut held = tap.budget().reserve();
+    // The file's bytes of the budget, while no write holds them.
+    let mut held: Option<Reservation> = None;
     let mut total = 0u64;
-    let write = |file: Option<std::fs::File>, chunk: Vec<u8>| {
+    // A write owns the file and its bytes of the budget until it ends: this future dropped
+    // midway, the bytes go back only once the write has closed the file.
+    let write = |file: Option<std::fs::File>, held: Reservation, chunk: Vec<u8>| {
         let dir = spill_dir.clone();
-        tokio::task::spawn_blocking(move || crate::spill::append(file, &dir, &chunk))
+        tokio::task::spawn_blocking(move || {
+            crate::spill::append(file, &dir, &chunk).map(|file| (file, held))
+        })
+    };
+    // Each chunk's bytes, reserved before it is written.
+    let reserve = |held: &mut Option<Reservation>, len: usize| {
+        let mut reservation = held.take().unwrap_or_else(|| tap.budget().reserve());
+        reservation.grow(len as u64).map(|()| reservation)
     };
     let failed = |error: std::io::Error| {
         format!(
@@ -391,18 +401,23 @@ async fn read_bounded_or_spill(
         }
         body.extend_from_slice(&chunk);
         if (file.is_some() || body.len() > max) && body.len() >= WRITE_BUFFER {
-            if let Err(refused) = held.grow(body.len() as u64) {
-                return Ok(Body::OverBudget {
-                    bytes: total,
-                    refused,
-                });
-            }
+            let reservation = match reserve(&mut held, body.len()) {
+                Ok(reservation) => reservation,
+                Err(refused) => {
+                    // The file closed before what it held goes back.
+                    drop(file.take());
+                    return Ok(Body::OverBudget {
+                        bytes: total,
+                        refused,
+                    });
+                }
+            };
             let chunk = std::mem::replace(&mut body, Vec::with_capacity(WRITE_BUFFER + 64 * 1024));
-            let written = write(file.take(), chunk)
+            let written = write(file.take(), reservation, chunk)
                 .await
                 .map_err(std::io::Error::other);
             match written.and_then(|written| written) {
-                Ok(written) => file = Some(written),
+                Ok((written, reservation)) => (file, held) = (Some(written), Some(reservation)),
                 Err(error) => return Ok(Body::Unwritable(failed(error))),
             }
         }
@@ -410,15 +425,21 @@ async fn read_bounded_or_spill(
     let Some(file) = file else {
         return Ok(Body::Memory(body));
     };
-    if let Err(refused) = held.grow(body.len() as u64) {
-        return Ok(Body::OverBudget {
-            bytes: total,
-            refused,
-        });
-    }
-    let written = write(Some(file), body).await.map_err(std::io::Error::other);
+    let reservation = match reserve(&mut held, body.len()) {
+        Ok(reservation) => reservation,
+        Err(refused) => {
+            drop(file);
+            return Ok(Body::OverBudget {
+                bytes: total,
+                refused,
+            });
+        }
+    };
+    let written = write(Some(file), reservation, body)
+        .await
+        .map_err(std::io::Error::other);
     Ok(match written.and_then(|written| written) {
-        Ok(file) => Body::Spilled(file, held),
+        Ok((file, held)) => Body::Spilled(file, held),
         Err(error) => Body::Unwritable(failed(error)),
     })
 }

@@ -218,13 +218,16 @@ pub(crate) fn read_answer(
     let input = io::BufReader::with_capacity(WRITE_BUFFER, file);
     let split = split(input, dir, tap.budget(), SPILL_TEXT_AT, MAX_IN_MEMORY);
     // The answer's file is gone: its bytes of the budget go back.
+    let file_bytes = held.bytes();
     drop(held);
     let split = match split {
         Ok(split) => split,
         Err(SplitError::TooLarge) => return Err(Refused::TooLarge),
         Err(SplitError::Malformed(reason)) => return Err(Refused::Malformed(reason)),
         Err(SplitError::Io(error)) => return Err(Refused::Io(error)),
-        Err(SplitError::OverBudget(refused)) => return Err(Refused::OverBudget(refused)),
+        Err(SplitError::OverBudget(refused)) => {
+            return Err(Refused::OverBudget(refused.holding(file_bytes)));
+        }
     };
     let (mut value, lossy) = match serde_json::from_slice::<Value>(&split.rest) {
         Ok(value) => (value, Lossy::default()),
@@ -362,7 +365,15 @@ pub(crate) fn split(
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
             Err(error) => return Err(error.into()),
         };
-        lexer.feed(&buffer[..n])?;
+        match lexer.feed(&buffer[..n]) {
+            Ok(()) => {}
+            // What the answer's texts already held is its own too.
+            Err(SplitError::OverBudget(refused)) => {
+                let texts = lexer.texts.iter().map(|(_, text)| text.len()).sum();
+                return Err(SplitError::OverBudget(refused.holding(texts)));
+            }
+            Err(error) => return Err(error),
+        }
         if lexer.rest.len() > max_rest {
             return Err(SplitError::TooLarge);
         }
@@ -1094,7 +1105,8 @@ mod tests {
             r#"{{"jsonrpc":"2.0","id":1,"result":{{"content":[{{"type":"text","text":"{a}"}},{{"type":"text","text":"{b}"}}]}}}}"#
         );
         let texts = (a.len() + b.len()) as u64;
-        // Room for the answer's file, then for its texts once the file is gone.
+        // Room for the answer's file and its texts together (the texts fit in the step of
+        // slack past the file).
         let budget = SpillBudget::new(line.len() as u64 + 1024 * 1024);
         let kept = answer_within(&line, &budget).unwrap().unwrap();
         assert_eq!(kept.spilled.len(), 2);

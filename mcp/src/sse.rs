@@ -463,7 +463,8 @@ impl Parser {
         let Err(refused) = held.grow(total.saturating_sub(held.bytes())) else {
             return true;
         };
-        self.held = None;
+        // What it holds goes back with the stream's state, after the writes queued before
+        // the failure, and with its file.
         self.fail(SseError::Body(Box::new(EventsError::OverBudget {
             max: self.max,
             bytes: total,

@@ -109,13 +109,15 @@ pub(crate) enum AnswerFailure {
         /// What is wrong, with a bounded quote of the answer.
         reason: String,
     },
-    /// Keeping the answer in files would pass the [`SpillBudget`]: it was read past.
+    /// Keeping the answer in files would pass the [`SpillBudget`]: it was not kept.
     OverBudget {
         /// The answer's bytes read when the budget refused more (a JSON body or event
         /// refused before its end: at least this long).
         bytes: u64,
+        /// The bytes the answer held itself then (its file, its texts so far).
+        held: u64,
         /// The bytes other answers held then.
-        in_use: u64,
+        others: u64,
         /// The budget.
         limit: u64,
     },
@@ -126,7 +128,8 @@ impl AnswerFailure {
     pub(crate) fn over_budget(bytes: u64, refused: OverBudget) -> Self {
         Self::OverBudget {
             bytes,
-            in_use: refused.in_use,
+            held: refused.own,
+            others: refused.others(),
             limit: refused.limit,
         }
     }
@@ -178,13 +181,15 @@ impl AnswerFailure {
             },
             Self::OverBudget {
                 bytes,
-                in_use,
+                held,
+                others,
                 limit,
             } => McpError::SpillBudget {
                 server: server.clone(),
                 call: call.to_owned(),
                 bytes,
-                in_use,
+                held,
+                others,
                 limit,
             },
         }
@@ -206,15 +211,17 @@ impl AnswerFailure {
             ),
             Self::OverBudget {
                 bytes,
-                in_use,
+                held,
+                others,
                 limit,
             } => (
                 format!(
                     "the answer (at least {bytes} bytes) was not kept: keeping it in files \
-                     would pass the spill budget of {limit} bytes, {in_use} of which other \
-                     answers held"
+                     would pass the spill budget of {limit} bytes ({held} held for it, \
+                     {others} by other answers)"
                 ),
-                json!({"bytes": bytes, "in_use": in_use, "budget": limit, NONCE_KEY: nonce()}),
+                json!({"bytes": bytes, "held": held, "others": others, "budget": limit,
+                       NONCE_KEY: nonce()}),
             ),
         };
         json!({"jsonrpc": "2.0", "id": id, "error": {
@@ -237,7 +244,8 @@ impl AnswerFailure {
         if let Some(limit) = data.get("budget").and_then(Value::as_u64) {
             return Some(Self::OverBudget {
                 bytes: data.get("bytes")?.as_u64()?,
-                in_use: data.get("in_use")?.as_u64()?,
+                held: data.get("held")?.as_u64()?,
+                others: data.get("others")?.as_u64()?,
                 limit,
             });
         }
@@ -550,6 +558,15 @@ mod tests {
         let message = malformed.to_message(json!("a"));
         let error: ErrorData = serde_json::from_value(message["error"].clone()).unwrap();
         assert_eq!(AnswerFailure::from_error_data(&error), Some(malformed));
+        let over = AnswerFailure::OverBudget {
+            bytes: 30 << 20,
+            held: 16 << 20,
+            others: 50 << 20,
+            limit: 64 << 20,
+        };
+        let message = over.to_message(json!(7));
+        let error: ErrorData = serde_json::from_value(message["error"].clone()).unwrap();
+        assert_eq!(AnswerFailure::from_error_data(&error), Some(over));
         let plain = ErrorData::internal_error("no", None);
         assert_eq!(AnswerFailure::from_error_data(&plain), None);
     }

@@ -305,8 +305,9 @@ async fn answers_past_the_spill_budget_fail_their_calls_and_the_session_goes_on(
         );
         let error = fails_at_once(&manager, "large", json!({"bytes": 30_000_000})).await;
         assert!(
-            matches!(&error, McpError::SpillBudget { call, in_use, limit, .. }
-                if call == "tools/call large" && *in_use >= 20_000_000 && *limit == 45 * MIB),
+            matches!(&error, McpError::SpillBudget { call, held, others, limit, .. }
+                if call == "tools/call large" && *held > 0 && *others == 20_000_000
+                    && *limit == 45 * MIB),
             "{flags:?}: {error:?}"
         );
         assert_eq!(

@@ -396,9 +396,9 @@ async fn answers_past_the_spill_budget_fail_their_calls_and_the_connection_goes_
             .await
             .unwrap_err();
         assert!(
-            matches!(&error, McpError::SpillBudget { call, bytes, in_use, limit, .. }
-                if call == "tools/call raw_huge" && *bytes >= mib * MIB
-                    && *in_use >= text && *limit == 70 * MIB),
+            matches!(&error, McpError::SpillBudget { call, bytes, held, others, limit, .. }
+                if call == "tools/call raw_huge" && *bytes >= mib * MIB && *held > 0
+                    && *others == text && *limit == 70 * MIB),
             "{mib} MiB, refused {when}: {error:?}"
         );
         assert!(
