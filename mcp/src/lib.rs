@@ -28,6 +28,12 @@
 //! a [`SpillBudget`] (10 GiB by default; [`McpManagerBuilder::spill_budget`]): an answer
 //! past it fails its call with [`McpError::SpillBudget`] and the connection goes on.
 //!
+//! A server can also be added **lazily** ([`McpManager::add_lazy_server`]): nothing is
+//! started until a call or a listing needs it (one start for concurrent first calls), and
+//! it is stopped again, its whole process group, after an idle time without a request
+//! (never while one is in flight). A failed start fails the calls that waited for it with
+//! the reason; the next call tries again.
+//!
 //! # MCP revisions
 //!
 //! Upstream, psych-mcp speaks MCP 2026-07-28 and, with servers from before it, 2025-11-25:
@@ -82,6 +88,7 @@ mod config;
 mod connection;
 mod error;
 mod events;
+mod lazy;
 mod listing;
 mod manager;
 mod post;

@@ -22,6 +22,7 @@ use tokio::task::{JoinError, JoinHandle, JoinSet};
 use crate::budget::SpillBudget;
 use crate::connection::Session;
 use crate::events::{ChangeCause, EventQueue, McpEvent, McpEvents};
+use crate::lazy::{InFlight, Lazy};
 use crate::listing::{Listing, MalformedTool};
 use crate::{Backoff, McpConfig, McpError, ServerConfig, Timeouts};
 
@@ -180,18 +181,20 @@ struct Inner {
 }
 
 /// One server: its state and its supervisor.
-struct Slot {
-    state: RwLock<State>,
+pub(crate) struct Slot {
+    pub(crate) state: RwLock<State>,
     stop: watch::Sender<bool>,
-    first_attempt: watch::Sender<bool>,
+    pub(crate) first_attempt: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
+    /// A lazy server's start requests and use ([`McpManager::add_lazy_server`]).
+    lazy: Option<Arc<Lazy>>,
 }
 
 #[derive(Default)]
-struct State {
-    session: Option<Arc<Session>>,
-    reachability: Reachability,
-    malformed: Vec<MalformedTool>,
+pub(crate) struct State {
+    pub(crate) session: Option<Arc<Session>>,
+    pub(crate) reachability: Reachability,
+    pub(crate) malformed: Vec<MalformedTool>,
 }
 
 impl std::fmt::Debug for McpManager {
@@ -281,6 +284,51 @@ impl McpManager {
             return Err(McpError::ShutDown);
         }
         self.remove_server(&server).await;
+        self.add_slot(server.clone(), config, None).await?;
+        Ok(self.reachability(&server).unwrap_or_default())
+    }
+
+    /// Adds a server that is started only when it is needed: by the first
+    /// [`call_tool`](ToolHost::call_tool) or [`list`](Self::list) that names it, once for
+    /// concurrent ones; it is stopped (its whole process group) after `idle` without a
+    /// request and with none in flight, and started again by the next one. Returns at once,
+    /// nothing started; replaces a server of the same name. A failed start fails the
+    /// requests that waited for it with [`McpError::Unreachable`] and the reason (and is
+    /// reported as [`McpEvent::Reachability`]); the next request tries again. A start is
+    /// reported as a first connection is (reachable, then
+    /// [`McpEvent::ToolsChanged`] with [`ChangeCause::Connected`]); an idle stop is not
+    /// reported. [`is_running`](Self::is_running) says whether it runs now.
+    ///
+    /// # Errors
+    ///
+    /// [`McpError::ShutDown`] after shutdown.
+    pub async fn add_lazy_server(
+        &self,
+        server: ServerId,
+        config: ServerConfig,
+        idle: std::time::Duration,
+    ) -> Result<(), McpError> {
+        self.remove_server(&server).await;
+        self.add_slot(server, config, Some(Arc::new(Lazy::new(idle))))
+            .await
+    }
+
+    /// Whether `server` has a live session now (a lazy server between its start and its
+    /// stop; any other once connected), or `None` for a server the manager does not have.
+    pub fn is_running(&self, server: &ServerId) -> Option<bool> {
+        let slot = self.slot(server).ok()?;
+        let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
+        Some(state.session.is_some())
+    }
+
+    /// Makes the slot of `server` and its supervisor (lazy with `lazy`), and waits for its
+    /// first attempt (none for a lazy one).
+    async fn add_slot(
+        &self,
+        server: ServerId,
+        config: ServerConfig,
+        lazy: Option<Arc<Lazy>>,
+    ) -> Result<(), McpError> {
         let (stop, stop_rx) = watch::channel(false);
         let (first_attempt, mut first_rx) = watch::channel(false);
         let slot = Arc::new(Slot {
@@ -288,20 +336,34 @@ impl McpManager {
             stop,
             first_attempt,
             task: Mutex::new(None),
+            lazy: lazy.clone(),
         });
-        let task = tokio::spawn(supervise(
-            server.clone(),
-            config,
-            Arc::clone(&slot),
-            Arc::clone(&self.inner.events),
-            Connecting {
-                timeouts: self.inner.timeouts,
-                backoff: self.inner.backoff,
-                spill_dir: Arc::clone(&self.inner.spill_dir),
-                spill_budget: self.inner.spill_budget.clone(),
-            },
-            stop_rx,
-        ));
+        let how = Connecting {
+            timeouts: self.inner.timeouts,
+            backoff: self.inner.backoff,
+            spill_dir: Arc::clone(&self.inner.spill_dir),
+            spill_budget: self.inner.spill_budget.clone(),
+        };
+        let events = Arc::clone(&self.inner.events);
+        let task = match lazy {
+            Some(lazy) => tokio::spawn(crate::lazy::supervise(
+                server.clone(),
+                config,
+                Arc::clone(&slot),
+                lazy,
+                events,
+                how,
+                stop_rx,
+            )),
+            None => tokio::spawn(supervise(
+                server.clone(),
+                config,
+                Arc::clone(&slot),
+                events,
+                how,
+                stop_rx,
+            )),
+        };
         {
             // The shutdown flag is checked again under the map's lock: `shutdown` sets the
             // flag before it takes the map, so a slot is either in the map it takes (and
@@ -331,7 +393,7 @@ impl McpManager {
         // the manager shut down during the first attempt, the sender is dropped and this
         // wait ends.
         let _ = first_rx.wait_for(|done| *done).await;
-        Ok(self.reachability(&server).unwrap_or_default())
+        Ok(())
     }
 
     /// Disconnects a server and forgets it; its process group is stopped. Does nothing for
@@ -421,14 +483,40 @@ impl McpManager {
         }
     }
 
-    /// Lists every tool of `server` now, page by page to the end (no cache). Malformed
-    /// tools are set aside in [`Listing::malformed`] and the rest kept.
+    /// The session of `server` for a request: a lazy server's started first if need be,
+    /// and held in flight (not stopped for idleness) while the guard lives.
+    async fn acquire(
+        &self,
+        server: &ServerId,
+    ) -> Result<(Arc<Session>, Option<InFlight>), McpError> {
+        let slot = self.slot(server)?;
+        match &slot.lazy {
+            Some(lazy) if !self.is_shut_down() => {
+                let (session, held) = crate::lazy::acquire(server, &slot, lazy).await?;
+                Ok((session, Some(held)))
+            }
+            _ => Ok((self.session(server)?, None)),
+        }
+    }
+
+    fn is_shut_down(&self) -> bool {
+        *self
+            .inner
+            .shut_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Lists every tool of `server` now, page by page to the end (no cache), starting a
+    /// lazy server first. Malformed tools are set aside in [`Listing::malformed`] and the
+    /// rest kept.
     ///
     /// # Errors
     ///
     /// An [`McpError`] naming the server, the page and the reason.
     pub async fn list(&self, server: &ServerId) -> Result<Listing, McpError> {
-        let listing = self.session(server)?.list().await?;
+        let (session, _held) = self.acquire(server).await?;
+        let listing = session.list().await?;
         if let Ok(slot) = self.slot(server) {
             slot.state
                 .write()
@@ -479,7 +567,7 @@ impl McpManager {
         round: &InputRound,
         progress: Option<ProgressSink>,
     ) -> Result<Read<T>, McpError> {
-        let session = self.session(&tool.server)?;
+        let (session, _held) = self.acquire(&tool.server).await?;
         let kept = session
             .call(
                 tool.tool.as_str(),
@@ -629,7 +717,7 @@ impl Slot {
         }
     }
 
-    fn set(&self, session: Option<Arc<Session>>, reachability: Reachability) {
+    pub(crate) fn set(&self, session: Option<Arc<Session>>, reachability: Reachability) {
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         state.session = session;
         state.reachability = reachability;
@@ -660,11 +748,30 @@ impl Drop for Inner {
 }
 
 /// How a server is connected: the manager's settings a supervisor needs.
-struct Connecting {
+pub(crate) struct Connecting {
     timeouts: Timeouts,
     backoff: Backoff,
     spill_dir: Arc<Path>,
     spill_budget: SpillBudget,
+}
+
+impl Connecting {
+    /// One connection attempt to `server`, with its first listing.
+    pub(crate) async fn connect(
+        &self,
+        server: &ServerId,
+        config: &ServerConfig,
+        events: &Arc<EventQueue>,
+    ) -> Result<(Arc<Session>, Listing), McpError> {
+        Session::connect(
+            server,
+            &config.transport,
+            self.timeouts,
+            Arc::clone(events),
+            (&self.spill_dir, &self.spill_budget),
+        )
+        .await
+    }
 }
 
 /// Connects, watches and reconnects one server until told to stop.
@@ -676,12 +783,6 @@ async fn supervise(
     how: Connecting,
     mut stop: watch::Receiver<bool>,
 ) {
-    let Connecting {
-        timeouts,
-        backoff,
-        spill_dir,
-        spill_budget,
-    } = how;
     let mut failures = 0u32;
     let report = |reachability: Reachability| {
         events.push(McpEvent::Reachability {
@@ -691,7 +792,7 @@ async fn supervise(
     };
     loop {
         let attempt = tokio::select! {
-            attempt = Session::connect(&server, &config.transport, timeouts, Arc::clone(&events), (&spill_dir, &spill_budget)) => attempt,
+            attempt = how.connect(&server, &config, &events) => attempt,
             _ = stop.wait_for(|stop| *stop) => break,
         };
         match attempt {
@@ -732,7 +833,7 @@ async fn supervise(
                 let _ = slot.first_attempt.send(true);
             }
         }
-        let delay = backoff.delay(failures);
+        let delay = how.backoff.delay(failures);
         failures = failures.saturating_add(1);
         tokio::select! {
             () = tokio::time::sleep(delay) => {}

@@ -15,6 +15,7 @@ mod cache_bill;
 mod disclosure_surface;
 mod end_to_end;
 mod mcp_http_faults;
+mod mcp_lazy;
 mod mcp_live;
 mod mcp_modern;
 mod mcp_results;

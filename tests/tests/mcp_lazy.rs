@@ -1,0 +1,232 @@
+//! Issue 30, psych-mcp's part: servers started when they are needed
+//! ([`McpManager::add_lazy_server`]), against real processes. A wrapper shell appends a
+//! line to a file each time the server's process starts, so starts are counted exactly;
+//! the process table says whether a stopped server's process group is gone.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use psych_mcp::{Backoff, McpConfig, McpError, McpManager, ServerConfig, Timeouts, Transport};
+use psych_types::{ConnectionSpec, JsonObject, ServerId, ToolHost, ToolRef};
+use serde_json::json;
+
+use crate::mcp_common::SERVER;
+
+fn id(name: &str) -> ServerId {
+    ServerId::new(name).unwrap()
+}
+
+/// The test server behind `sh`, which first appends a line to `starts`.
+fn counted_server(name: &str, starts: &Path) -> ServerConfig {
+    shell(
+        name,
+        &format!("echo started >> '{}'; exec '{SERVER}'", starts.display()),
+    )
+}
+
+fn shell(name: &str, script: &str) -> ServerConfig {
+    ServerConfig {
+        transport: Transport::Stdio {
+            command: "sh".to_owned(),
+            args: vec!["-c".to_owned(), script.to_owned()],
+            env: BTreeMap::new(),
+            cwd: None,
+        },
+        connection: ConnectionSpec::new(id(name)),
+        extra: JsonObject::new(),
+    }
+}
+
+fn manager() -> McpManager {
+    let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+    McpManager::builder(config)
+        .timeouts(
+            Timeouts::uniform(Duration::from_secs(20))
+                .with_shutdown_grace(Duration::from_millis(500)),
+        )
+        .backoff(Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_millis(200),
+        ))
+        .build()
+        .unwrap()
+}
+
+fn starts(file: &Path) -> usize {
+    std::fs::read_to_string(file).map_or(0, |text| text.lines().count())
+}
+
+async fn echo(manager: &McpManager, server: &str, text: &str) -> Result<String, McpError> {
+    let mut arguments = JsonObject::new();
+    arguments.insert("text".into(), json!(text));
+    let output = manager
+        .call_tool(&ToolRef::parse(server, "echo").unwrap(), arguments)
+        .await?;
+    Ok(serde_json::to_value(&output).unwrap()["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned())
+}
+
+/// Whether any process of process group `pgid` is alive (the process table's own word).
+fn group_alive(pgid: i32) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            return false;
+        };
+        // pid (comm) state ppid pgrp ...: the fields after the last ')'.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        fields.get(2).and_then(|pgrp| pgrp.parse::<i32>().ok()) == Some(pgid)
+            && fields.first() != Some(&"Z")
+    })
+}
+
+/// Waits (generously) until `done` holds.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < Duration::from_secs(30), "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_server_starts_once_for_concurrent_first_calls_and_stops_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("starts");
+    let manager = manager();
+    manager
+        .add_lazy_server(
+            id("lazy"),
+            counted_server("lazy", &file),
+            Duration::from_millis(600),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(starts(&file), 0, "nothing started before a call");
+    assert_eq!(manager.is_running(&id("lazy")), Some(false));
+
+    // Eight first calls at once: one start.
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let manager = manager.clone();
+            tokio::spawn(async move { echo(&manager, "lazy", &format!("call {i}")).await })
+        })
+        .collect();
+    for (i, call) in calls.into_iter().enumerate() {
+        assert_eq!(call.await.unwrap().unwrap(), format!("call {i}"));
+    }
+    assert_eq!(starts(&file), 1, "one start for concurrent first calls");
+    assert_eq!(manager.is_running(&id("lazy")), Some(true));
+    let pgid = manager.process_group(&id("lazy")).expect("a stdio server");
+    assert!(group_alive(pgid));
+
+    // Used again within its idle time: still the same process.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(echo(&manager, "lazy", "again").await.unwrap(), "again");
+    assert_eq!(starts(&file), 1);
+
+    // Idle: stopped, its whole process group gone.
+    eventually("the idle server stopped", || {
+        manager.is_running(&id("lazy")) == Some(false)
+    })
+    .await;
+    eventually("its process group gone", || !group_alive(pgid)).await;
+
+    // The next call starts it again.
+    assert_eq!(echo(&manager, "lazy", "back").await.unwrap(), "back");
+    assert_eq!(starts(&file), 2);
+    let pgid = manager.process_group(&id("lazy")).expect("running again");
+    manager.shutdown().await;
+    assert!(!group_alive(pgid), "shutdown stops a running lazy server");
+}
+
+/// A call held in flight longer than the idle time keeps the server running; it is
+/// stopped only once the call has ended and the idle time has passed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_server_is_never_stopped_under_a_call_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("starts");
+    let manager = manager();
+    manager
+        .add_lazy_server(
+            id("lazy"),
+            counted_server("lazy", &file),
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap();
+    let mut arguments = JsonObject::new();
+    arguments.insert("ms".into(), json!(1500));
+    let output = manager
+        .call_tool(&ToolRef::parse("lazy", "sleep").unwrap(), arguments)
+        .await
+        .unwrap();
+    assert!(!output.is_error, "{output:?}");
+    assert_eq!(starts(&file), 1);
+    eventually("stopped after the call", || {
+        manager.is_running(&id("lazy")) == Some(false)
+    })
+    .await;
+    manager.shutdown().await;
+}
+
+/// A lazy server that cannot start fails the call that needed it with why, at once; the
+/// other servers are untouched, and the next call tries again. `list` starts a lazy server
+/// as a call does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_server_that_fails_to_start_fails_the_call_with_why_and_others_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken_starts = dir.path().join("broken");
+    let good_starts = dir.path().join("good");
+    let manager = manager();
+    let script = format!(
+        "echo started >> '{}'; echo 'no credentials for the API' >&2; exit 3",
+        broken_starts.display()
+    );
+    manager
+        .add_lazy_server(
+            id("broken"),
+            shell("broken", &script),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    manager
+        .add_lazy_server(
+            id("good"),
+            counted_server("good", &good_starts),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let error = echo(&manager, "broken", "x").await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10), "at once");
+    let said = error.to_string();
+    assert!(
+        matches!(&error, McpError::Unreachable { .. })
+            && said.contains("no credentials for the API"),
+        "{said}"
+    );
+    assert_eq!(starts(&good_starts), 0, "the other server was not started");
+    let listing = manager.list(&id("good")).await.unwrap();
+    assert!(
+        listing
+            .tools
+            .iter()
+            .any(|tool| tool.name.as_str() == "echo")
+    );
+    assert_eq!(starts(&good_starts), 1, "a listing starts it");
+    assert_eq!(echo(&manager, "good", "fine").await.unwrap(), "fine");
+    assert_eq!(starts(&good_starts), 1);
+    // The next call to the broken one tries again.
+    assert!(echo(&manager, "broken", "y").await.is_err());
+    assert_eq!(starts(&broken_starts), 2);
+    manager.shutdown().await;
+}
