@@ -11,6 +11,11 @@
 //! - **Never stopped under a request.** A request takes its session and counts itself in
 //!   flight under the slot's read lock; the supervisor stops an idle server only under the
 //!   write lock, with nothing in flight and the idle time past since the last request ended.
+//!   A request that finds no session asks for a start under the read lock, and the
+//!   supervisor publishes each attempt's outcome (and takes the requests it served) under
+//!   the write lock, so no request waits for an attempt that will not come.
+//! - **Removal and shutdown** end every waiting request with
+//!   [`McpError::ShutDown`](crate::McpError::ShutDown) at once.
 //! - **Events.** A start reports the server reachable and its tools changed
 //!   ([`ChangeCause::Connected`]), as a first connection does, so a listener re-lists it; a
 //!   failed start reports it unreachable with the reason; an idle stop reports nothing (the
@@ -46,6 +51,9 @@ pub(crate) struct Lazy {
     idle: Duration,
     /// Start requests made so far; the supervisor waits for it to move.
     wanted: watch::Sender<u64>,
+    /// The supervisor's receiver of `wanted`, made with it (so that no request made before
+    /// the supervisor first runs is missed), taken when it starts.
+    wanted_rx: Mutex<Option<watch::Receiver<u64>>>,
     /// Start attempts finished so far, and the last one's failure (`None` if it started).
     attempts: watch::Sender<(u64, Option<String>)>,
     /// Requests holding the session now.
@@ -56,9 +64,11 @@ pub(crate) struct Lazy {
 
 impl Lazy {
     pub(crate) fn new(idle: Duration) -> Self {
+        let (wanted, wanted_rx) = watch::channel(0);
         Self {
             idle,
-            wanted: watch::Sender::new(0),
+            wanted,
+            wanted_rx: Mutex::new(Some(wanted_rx)),
             attempts: watch::Sender::new((0, None)),
             in_flight: AtomicUsize::new(0),
             last_used: Mutex::new(Instant::now()),
@@ -89,20 +99,25 @@ impl Drop for InFlight {
 
 /// The session of the lazy server in `slot`, started first if need be, held in flight.
 ///
+/// Cancel-safe: dropped while it waits, it leaves only its start request, which the
+/// supervisor serves anyway (the server then starts, and stops once idle).
+///
 /// # Errors
 ///
-/// [`McpError::Unreachable`] with the start's failure; [`McpError::ShutDown`] if the
-/// server is stopped for good meanwhile.
+/// [`McpError::Unreachable`] with the start's failure; [`McpError::ShutDown`] once the
+/// server is removed or the manager shut down.
 pub(crate) async fn acquire(
     server: &ServerId,
     slot: &Slot,
     lazy: &Arc<Lazy>,
 ) -> Result<(Arc<Session>, InFlight), McpError> {
     let mut attempts = lazy.attempts.subscribe();
-    let before = attempts.borrow_and_update().0;
-    let mut asked = false;
+    let mut stop = slot.stopping();
     loop {
-        {
+        if *stop.borrow_and_update() {
+            return Err(McpError::ShutDown);
+        }
+        let before = {
             let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
             if let Some(session) = &state.session {
                 // Under the read lock: the supervisor stops an idle server only under the
@@ -113,22 +128,31 @@ pub(crate) async fn acquire(
                 };
                 return Ok((Arc::clone(session), held));
             }
-        }
-        if !asked {
+            // Asked under the read lock too: the supervisor publishes an attempt's outcome,
+            // and takes the requests it served, under the write lock, so this request is
+            // either served by the attempt whose outcome it then waits for, or sees its
+            // session.
             lazy.wanted.send_modify(|wanted| *wanted += 1);
-            asked = true;
-        }
-        if attempts.changed().await.is_err() {
-            return Err(McpError::ShutDown);
-        }
-        let (done, failure) = attempts.borrow_and_update().clone();
-        if done > before
-            && let Some(reason) = failure
-        {
-            return Err(McpError::Unreachable {
-                server: server.clone(),
-                reason,
-            });
+            attempts.borrow_and_update().0
+        };
+        loop {
+            tokio::select! {
+                changed = attempts.changed() => if changed.is_err() {
+                    return Err(McpError::ShutDown);
+                },
+                _ = stop.wait_for(|stop| *stop) => return Err(McpError::ShutDown),
+            }
+            let (done, failure) = attempts.borrow_and_update().clone();
+            if done > before {
+                if let Some(reason) = failure {
+                    return Err(McpError::Unreachable {
+                        server: server.clone(),
+                        reason,
+                    });
+                }
+                // Started: take the session (or, gone again already, ask again).
+                break;
+            }
         }
     }
 }
@@ -144,7 +168,14 @@ pub(crate) async fn supervise(
     how: Connecting,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut wanted = lazy.wanted.subscribe();
+    let taken = lazy
+        .wanted_rx
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    let Some(mut wanted) = taken else {
+        return;
+    };
     let report = |reachability: Reachability| {
         events.push(McpEvent::Reachability {
             server: server.clone(),
@@ -162,46 +193,51 @@ pub(crate) async fn supervise(
             attempt = how.connect(&server, &config, &events) => attempt,
             _ = stop.wait_for(|stop| *stop) => break,
         };
-        // Every request made until now is served by this attempt.
-        wanted.borrow_and_update();
         let session = match attempt {
             Ok((session, listing)) => {
                 {
                     let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
+                    // Every request made until now is served by this attempt.
+                    wanted.borrow_and_update();
                     state.malformed = listing.malformed;
                     state.session = Some(Arc::clone(&session));
                     state.reachability = Reachability::Reachable;
+                    lazy.touch();
+                    lazy.attempts
+                        .send_modify(|(done, failure)| (*done, *failure) = (*done + 1, None));
                 }
-                lazy.touch();
                 report(Reachability::Reachable);
                 events.push(McpEvent::ToolsChanged {
                     server: server.clone(),
                     cause: ChangeCause::Connected,
                 });
-                lazy.attempts
-                    .send_modify(|(done, failure)| (*done, *failure) = (*done + 1, None));
                 session
             }
             Err(error) => {
                 let reason = error.to_string();
-                slot.set(
-                    None,
-                    Reachability::Unreachable {
-                        reason: reason.clone(),
-                    },
-                );
-                report(Reachability::Unreachable {
+                let down = Reachability::Unreachable {
                     reason: reason.clone(),
-                });
-                lazy.attempts
-                    .send_modify(|(done, failure)| (*done, *failure) = (*done + 1, Some(reason)));
+                };
+                {
+                    let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
+                    wanted.borrow_and_update();
+                    state.session = None;
+                    state.reachability = down.clone();
+                    lazy.attempts.send_modify(|(done, failure)| {
+                        (*done, *failure) = (*done + 1, Some(reason));
+                    });
+                }
+                report(down);
                 continue;
             }
         };
         let mut check = tokio::time::interval(idle_check(lazy.idle));
+        // Made once: `lost` may wait a while for a process's exit status to say why.
+        let lost = session.lost();
+        tokio::pin!(lost);
         let stopped = loop {
             tokio::select! {
-                reason = session.lost() => {
+                reason = &mut lost => {
                     let down = Reachability::Unreachable { reason };
                     slot.set(None, down.clone());
                     report(down);
@@ -228,10 +264,4 @@ pub(crate) async fn supervise(
         }
         session.close().await;
     }
-    // Told to stop: whoever waits for an attempt hears it ended (the sender goes with the
-    // slot; this wakes them now).
-    lazy.attempts.send_modify(|(done, failure)| {
-        *done += 1;
-        *failure = Some("the server was removed or the manager shut down".to_owned());
-    });
 }

@@ -291,8 +291,10 @@ impl McpManager {
     /// Adds a server that is started only when it is needed: by the first
     /// [`call_tool`](ToolHost::call_tool) or [`list`](Self::list) that names it, once for
     /// concurrent ones; it is stopped (its whole process group) after `idle` without a
-    /// request and with none in flight, and started again by the next one. Returns at once,
-    /// nothing started; replaces a server of the same name. A failed start fails the
+    /// request and with none in flight (an `idle` of zero: as soon as none is), and started
+    /// again by the next one. Starts nothing; replaces a server of the same name (stopping
+    /// it first). A request dropped while it waits for the start leaves the start under
+    /// way (the server then stops once idle). A failed start fails the
     /// requests that waited for it with [`McpError::Unreachable`] and the reason (and is
     /// reported as [`McpEvent::Reachability`]); the next request tries again. A start is
     /// reported as a first connection is (reachable, then
@@ -308,13 +310,16 @@ impl McpManager {
         config: ServerConfig,
         idle: std::time::Duration,
     ) -> Result<(), McpError> {
+        if self.is_shut_down() {
+            return Err(McpError::ShutDown);
+        }
         self.remove_server(&server).await;
         self.add_slot(server, config, Some(Arc::new(Lazy::new(idle))))
             .await
     }
 
     /// Whether `server` has a live session now (a lazy server between its start and its
-    /// stop; any other once connected), or `None` for a server the manager does not have.
+    /// stop; any other while connected), or `None` for a server the manager does not have.
     pub fn is_running(&self, server: &ServerId) -> Option<bool> {
         let slot = self.slot(server).ok()?;
         let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
@@ -489,9 +494,12 @@ impl McpManager {
         &self,
         server: &ServerId,
     ) -> Result<(Arc<Session>, Option<InFlight>), McpError> {
+        if self.is_shut_down() {
+            return Err(McpError::ShutDown);
+        }
         let slot = self.slot(server)?;
         match &slot.lazy {
-            Some(lazy) if !self.is_shut_down() => {
+            Some(lazy) => {
                 let (session, held) = crate::lazy::acquire(server, &slot, lazy).await?;
                 Ok((session, Some(held)))
             }
@@ -695,6 +703,12 @@ fn input_required(tool: &ToolRef) -> McpError {
 }
 
 impl Slot {
+    /// A watch of the slot's stop: `true` once the server is removed or the manager shut
+    /// down.
+    pub(crate) fn stopping(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
     /// Stops the supervisor and waits for it (it closes its session on the way out).
     async fn finish(&self) {
         let _ = self.stop.send(true);

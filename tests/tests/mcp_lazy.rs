@@ -7,8 +7,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use psych_mcp::{Backoff, McpConfig, McpError, McpManager, ServerConfig, Timeouts, Transport};
-use psych_types::{ConnectionSpec, JsonObject, ServerId, ToolHost, ToolRef};
+use psych_mcp::{
+    Backoff, ChangeCause, McpConfig, McpError, McpEvent, McpManager, ServerConfig, Timeouts,
+    Transport,
+};
+use psych_types::{ConnectionSpec, JsonObject, Reachability, ServerId, ToolHost, ToolRef};
 use serde_json::json;
 
 use crate::mcp_common::SERVER;
@@ -57,12 +60,15 @@ fn starts(file: &Path) -> usize {
     std::fs::read_to_string(file).map_or(0, |text| text.lines().count())
 }
 
+/// Calls `server`'s `echo` (a hang guard only: 30 s).
 async fn echo(manager: &McpManager, server: &str, text: &str) -> Result<String, McpError> {
     let mut arguments = JsonObject::new();
     arguments.insert("text".into(), json!(text));
-    let output = manager
-        .call_tool(&ToolRef::parse(server, "echo").unwrap(), arguments)
-        .await?;
+    let tool = ToolRef::parse(server, "echo").unwrap();
+    let call = manager.call_tool(&tool, arguments);
+    let output = tokio::time::timeout(Duration::from_secs(30), call)
+        .await
+        .expect("the call came back")?;
     Ok(serde_json::to_value(&output).unwrap()["content"][0]["text"]
         .as_str()
         .unwrap()
@@ -99,16 +105,18 @@ async fn a_lazy_server_starts_once_for_concurrent_first_calls_and_stops_when_idl
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("starts");
     let manager = manager();
+    let events = manager.events();
     manager
         .add_lazy_server(
             id("lazy"),
             counted_server("lazy", &file),
-            Duration::from_millis(600),
+            Duration::from_secs(2),
         )
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(starts(&file), 0, "nothing started before a call");
+    assert!(events.try_next().is_none(), "adding it reports nothing");
     assert_eq!(manager.is_running(&id("lazy")), Some(false));
 
     // Eight first calls at once: one start.
@@ -123,6 +131,21 @@ async fn a_lazy_server_starts_once_for_concurrent_first_calls_and_stops_when_idl
     }
     assert_eq!(starts(&file), 1, "one start for concurrent first calls");
     assert_eq!(manager.is_running(&id("lazy")), Some(true));
+    // A start is reported as a first connection is.
+    assert!(matches!(
+        events.try_next(),
+        Some(McpEvent::Reachability {
+            reachability: Reachability::Reachable,
+            ..
+        })
+    ));
+    assert!(matches!(
+        events.try_next(),
+        Some(McpEvent::ToolsChanged {
+            cause: ChangeCause::Connected,
+            ..
+        })
+    ));
     let pgid = manager.process_group(&id("lazy")).expect("a stdio server");
     assert!(group_alive(pgid));
 
@@ -137,6 +160,7 @@ async fn a_lazy_server_starts_once_for_concurrent_first_calls_and_stops_when_idl
     })
     .await;
     eventually("its process group gone", || !group_alive(pgid)).await;
+    assert!(events.try_next().is_none(), "an idle stop reports nothing");
 
     // The next call starts it again.
     assert_eq!(echo(&manager, "lazy", "back").await.unwrap(), "back");
@@ -225,8 +249,77 @@ async fn a_lazy_server_that_fails_to_start_fails_the_call_with_why_and_others_go
     assert_eq!(starts(&good_starts), 1, "a listing starts it");
     assert_eq!(echo(&manager, "good", "fine").await.unwrap(), "fine");
     assert_eq!(starts(&good_starts), 1);
-    // The next call to the broken one tries again.
-    assert!(echo(&manager, "broken", "y").await.is_err());
+    // The next call to the broken one tries again, and says why again.
+    let again = echo(&manager, "broken", "y").await.unwrap_err();
+    assert!(
+        matches!(&again, McpError::Unreachable { reason, .. }
+            if reason.contains("no credentials for the API")),
+        "{again}"
+    );
     assert_eq!(starts(&broken_starts), 2);
+    manager.shutdown().await;
+}
+
+/// A lazy server whose process dies under a call: that call fails, and the next request
+/// starts it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_server_lost_while_running_is_started_again_by_the_next_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("starts");
+    let manager = manager();
+    manager
+        .add_lazy_server(
+            id("lazy"),
+            counted_server("lazy", &file),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    let crashed = manager
+        .call_tool(&ToolRef::parse("lazy", "crash").unwrap(), JsonObject::new())
+        .await
+        .unwrap_err();
+    assert!(crashed.is_connection_lost(), "{crashed}");
+    assert_eq!(echo(&manager, "lazy", "back").await.unwrap(), "back");
+    assert_eq!(starts(&file), 2);
+    manager.shutdown().await;
+}
+
+/// Requests waiting for a start that never ends (the server never answers `initialize`)
+/// end at once with `ShutDown` when the server is removed, and a later request to it is
+/// refused as unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_waiting_for_a_start_end_when_the_server_is_removed() {
+    let manager = manager();
+    let config = ServerConfig {
+        transport: Transport::Stdio {
+            command: SERVER.to_owned(),
+            args: vec!["--hang-initialize".to_owned()],
+            env: BTreeMap::new(),
+            cwd: None,
+        },
+        connection: ConnectionSpec::new(id("stuck")),
+        extra: JsonObject::new(),
+    };
+    manager
+        .add_lazy_server(id("stuck"), config, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let waiting: Vec<_> = (0..3)
+        .map(|_| {
+            let manager = manager.clone();
+            tokio::spawn(async move { echo(&manager, "stuck", "x").await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    manager.remove_server(&id("stuck")).await;
+    for request in waiting {
+        let error = request.await.unwrap().unwrap_err();
+        assert!(matches!(error, McpError::ShutDown), "{error}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(10), "at once");
+    let error = echo(&manager, "stuck", "y").await.unwrap_err();
+    assert!(matches!(error, McpError::UnknownServer { .. }), "{error}");
     manager.shutdown().await;
 }
