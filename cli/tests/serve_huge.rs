@@ -161,37 +161,45 @@ async fn mixed_huge_result(session: &RunningService<RoleClient, ()>) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn results_of_200_mib_and_1_gib_are_previewed_logged_whole_and_read_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path());
+/// `psych serve` over stdio on the upstream of [`write_config`] in `dir`, with `flags`, once
+/// the upstream's tools are listed: the session and the gateway's pid.
+async fn serve(dir: &Path, flags: &[&str]) -> (RunningService<RoleClient, ()>, u32) {
+    let config = write_config(dir);
     let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
-        // Room for both results: past the default 1 GiB per identity, retention would
-        // delete the older one's segment once the live one rotates.
         c.arg("serve")
             .arg("--config")
             .arg(&config)
             .arg("--dir")
-            .arg(dir.path())
-            .args(["--retain-mib", "4096"])
+            .arg(dir)
+            .args(flags)
             .stderr(std::process::Stdio::null());
     }))
     .unwrap();
     let pid = transport.id().unwrap();
     let session: RunningService<RoleClient, ()> = ().serve(transport).await.unwrap();
-
     let started = Instant::now();
-    loop {
-        let tools = session.list_all_tools().await.unwrap();
-        if tools.iter().any(|t| t.name == "up__raw_huge") {
-            break;
-        }
+    while !session
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .any(|t| t.name == "up__raw_huge")
+    {
         assert!(
             started.elapsed() < Duration::from_secs(120),
             "the upstream never appeared"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    (session, pid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_of_200_mib_and_1_gib_are_previewed_logged_whole_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    // Room for both results: past the default 1 GiB per identity, retention would delete
+    // the older one's segment once the live one rotates.
+    let (session, pid) = serve(dir.path(), &["--retain-mib", "4096"]).await;
     let base = status_kib(pid, "VmHWM") / 1024;
 
     let mut peaks = Vec::new();
@@ -241,33 +249,7 @@ async fn results_of_200_mib_and_1_gib_are_previewed_logged_whole_and_read_back()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_past_the_spill_budget_is_a_tool_error_and_the_next_one_arrives() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path());
-    let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
-        c.arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--spill-budget-mib", "40"])
-            .stderr(std::process::Stdio::null());
-    }))
-    .unwrap();
-    let session: RunningService<RoleClient, ()> = ().serve(transport).await.unwrap();
-    let started = Instant::now();
-    while !session
-        .list_all_tools()
-        .await
-        .unwrap()
-        .iter()
-        .any(|t| t.name == "up__raw_huge")
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the upstream never appeared"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-
+    let (session, _) = serve(dir.path(), &["--spill-budget-mib", "40"]).await;
     let started = Instant::now();
     let refused = tokio::time::timeout(
         CALL_GUARD,

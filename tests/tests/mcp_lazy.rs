@@ -29,10 +29,14 @@ fn counted_server(name: &str, starts: &Path) -> ServerConfig {
 }
 
 fn shell(name: &str, script: &str) -> ServerConfig {
+    stdio(name, "sh", &["-c", script])
+}
+
+fn stdio(name: &str, command: &str, args: &[&str]) -> ServerConfig {
     ServerConfig {
         transport: Transport::Stdio {
-            command: "sh".to_owned(),
-            args: vec!["-c".to_owned(), script.to_owned()],
+            command: command.to_owned(),
+            args: args.iter().map(|arg| (*arg).to_owned()).collect(),
             env: BTreeMap::new(),
             cwd: None,
         },
@@ -75,6 +79,27 @@ async fn echo(manager: &McpManager, server: &str, text: &str) -> Result<String, 
         .to_owned())
 }
 
+/// A manager with one lazy server `lazy` of idle time `idle`, its starts counted in a file
+/// of a new folder, and a subscriber to its events from before it was added.
+async fn one_lazy(
+    idle: Duration,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    McpManager,
+    psych_mcp::McpEvents,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("starts");
+    let manager = manager();
+    let events = manager.events();
+    manager
+        .add_lazy_server(id("lazy"), counted_server("lazy", &file), idle)
+        .await
+        .unwrap();
+    (dir, file, manager, events)
+}
+
 /// Whether any process of process group `pgid` is alive (the process table's own word).
 fn group_alive(pgid: i32) -> bool {
     std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
@@ -102,18 +127,7 @@ async fn eventually(what: &str, done: impl Fn() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lazy_server_starts_once_for_concurrent_first_calls_and_stops_when_idle() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("starts");
-    let manager = manager();
-    let events = manager.events();
-    manager
-        .add_lazy_server(
-            id("lazy"),
-            counted_server("lazy", &file),
-            Duration::from_secs(2),
-        )
-        .await
-        .unwrap();
+    let (_dir, file, manager, events) = one_lazy(Duration::from_secs(2)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(starts(&file), 0, "nothing started before a call");
     assert!(events.try_next().is_none(), "adding it reports nothing");
@@ -174,17 +188,7 @@ async fn a_lazy_server_starts_once_for_concurrent_first_calls_and_stops_when_idl
 /// stopped only once the call has ended and the idle time has passed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lazy_server_is_never_stopped_under_a_call_in_flight() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("starts");
-    let manager = manager();
-    manager
-        .add_lazy_server(
-            id("lazy"),
-            counted_server("lazy", &file),
-            Duration::from_millis(200),
-        )
-        .await
-        .unwrap();
+    let (_dir, file, manager, _) = one_lazy(Duration::from_millis(200)).await;
     let mut arguments = JsonObject::new();
     arguments.insert("ms".into(), json!(1500));
     let output = manager
@@ -264,17 +268,7 @@ async fn a_lazy_server_that_fails_to_start_fails_the_call_with_why_and_others_go
 /// starts it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lazy_server_lost_while_running_is_started_again_by_the_next_call() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("starts");
-    let manager = manager();
-    manager
-        .add_lazy_server(
-            id("lazy"),
-            counted_server("lazy", &file),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap();
+    let (_dir, file, manager, _) = one_lazy(Duration::from_secs(30)).await;
     let crashed = manager
         .call_tool(&ToolRef::parse("lazy", "crash").unwrap(), JsonObject::new())
         .await
@@ -291,16 +285,7 @@ async fn a_lazy_server_lost_while_running_is_started_again_by_the_next_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_waiting_for_a_start_end_when_the_server_is_removed() {
     let manager = manager();
-    let config = ServerConfig {
-        transport: Transport::Stdio {
-            command: SERVER.to_owned(),
-            args: vec!["--hang-initialize".to_owned()],
-            env: BTreeMap::new(),
-            cwd: None,
-        },
-        connection: ConnectionSpec::new(id("stuck")),
-        extra: JsonObject::new(),
-    };
+    let config = stdio("stuck", SERVER, &["--hang-initialize"]);
     manager
         .add_lazy_server(id("stuck"), config, Duration::from_secs(30))
         .await
