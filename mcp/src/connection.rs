@@ -622,6 +622,16 @@ impl Session {
         self.lost_signal.notify_one();
     }
 
+    /// Whether the connection is known lost now (a request found it gone, or the
+    /// transport closed), before [`Session::lost`] has said why.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+            || self.peer.is_transport_closed()
+    }
+
     /// Resolves when the connection is lost, with the reason: the process exited, the
     /// transport closed, or a request found it gone.
     pub(crate) async fn lost(&self) -> String {

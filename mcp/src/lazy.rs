@@ -119,7 +119,9 @@ pub(crate) async fn acquire(
         }
         let before = {
             let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(session) = &state.session {
+            // A session known lost is passed over: its supervisor is about to say why and
+            // take it away, and then serves this request's start.
+            if let Some(session) = state.session.as_ref().filter(|session| !session.is_lost()) {
                 // Under the read lock: the supervisor stops an idle server only under the
                 // write lock, after seeing nothing in flight.
                 lazy.in_flight.fetch_add(1, Ordering::AcqRel);
