@@ -12,6 +12,9 @@
 //!   term frequency is normalised by the field's length against its average (b = 0.75),
 //!   summed with the weights, and saturated once (k1 = 1.2), so a long description cannot
 //!   outweigh a match in the name.
+//! - A query that is a tool's exact name, `server/tool` or `server__tool` (ignoring ASCII
+//!   case and surrounding spaces) ranks that tool first, whatever the words score. A bare
+//!   name several servers share ranks them all first, by server name.
 //! - Ties are broken by `(server, tool)`, so the ranking is deterministic.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -131,6 +134,8 @@ pub(crate) struct Part {
     docs: Vec<Doc>,
     postings: HashMap<String, Vec<(u32, [u32; FIELDS])>>,
     totals: [u64; FIELDS],
+    /// Each tool's name, ASCII-lowercased, to the docs of that name (one a server).
+    names: HashMap<String, Vec<u32>>,
 }
 
 impl Part {
@@ -141,6 +146,7 @@ impl Part {
         let mut docs = Vec::new();
         let mut postings: HashMap<String, Vec<(u32, [u32; FIELDS])>> = HashMap::new();
         let mut totals = [0u64; FIELDS];
+        let mut names: HashMap<String, Vec<u32>> = HashMap::new();
         for (server, tool) in tools {
             let title = tool
                 .title
@@ -167,6 +173,10 @@ impl Part {
             for (token, counts) in counts {
                 postings.entry(token).or_default().push((id, counts));
             }
+            names
+                .entry(tool.name.as_str().to_ascii_lowercase())
+                .or_default()
+                .push(id);
             docs.push(Doc {
                 target: ToolRef::new(server.clone(), tool.name.clone()),
                 lengths,
@@ -176,6 +186,32 @@ impl Part {
             docs,
             postings,
             totals,
+            names,
+        }
+    }
+
+    /// The docs `query` names exactly (ignoring ASCII case and surrounding spaces): a tool
+    /// name, `server/tool` or `server__tool`.
+    fn named(&self, query: &str, out: &mut Vec<u32>) {
+        let query = query.trim().to_ascii_lowercase();
+        if query.is_empty() {
+            return;
+        }
+        let mut push = |tool: &str, server: Option<&str>| {
+            for &doc in self.names.get(tool).into_iter().flatten() {
+                let target = &self.docs[doc as usize].target;
+                if server.is_none_or(|s| target.server.as_str().eq_ignore_ascii_case(s))
+                    && !out.contains(&doc)
+                {
+                    out.push(doc);
+                }
+            }
+        };
+        push(&query, None);
+        for separator in ["/", "__"] {
+            for (at, _) in query.match_indices(separator) {
+                push(&query[at + separator.len()..], Some(&query[..at]));
+            }
         }
     }
 }
@@ -274,7 +310,13 @@ impl SearchIndex {
                 (df > 0.0).then(|| (term.as_str(), (1.0 + (n - df + 0.5) / (df + 0.5)).ln()))
             })
             .collect();
-        if idf.is_empty() {
+        let mut named = Vec::new();
+        for (p, part) in self.parts.iter().enumerate() {
+            let mut docs = Vec::new();
+            part.named(query, &mut docs);
+            named.extend(docs.into_iter().map(|doc| (p, doc)));
+        }
+        if idf.is_empty() && named.is_empty() {
             return Vec::new();
         }
         // Each tool's score adds its terms' shares in term order, as a scan of every tool
@@ -299,6 +341,14 @@ impl SearchIndex {
                         *scores.entry((p, *doc)).or_insert(0.0) += idf * tf / (K1 + tf);
                     }
                 }
+            }
+        }
+        // The tools the query names exactly rank first, scored one above the best score, so
+        // equal among themselves and ordered by `(server, tool)`.
+        if !named.is_empty() {
+            let best = scores.values().copied().fold(0.0, f64::max);
+            for key in named {
+                scores.insert(key, best + 1.0);
             }
         }
         let mut scored: Vec<(f64, &ToolRef)> = scores
@@ -365,6 +415,27 @@ mod tests {
         assert_eq!(order, hits);
         assert!(scored[0].1 > scored[1].1, "{scored:?}");
         assert_eq!(scored[1].1, scored[2].1, "equal scores tie on the name");
+    }
+
+    #[test]
+    fn exact_names_rank_first_in_every_form() {
+        let object = |s: &str| serde_json::from_str(s).unwrap();
+        let (a, b) = (ServerId::new("a").unwrap(), ServerId::new("b").unwrap());
+        let tool = |name: &str, description: &str| {
+            ToolDefinition::new(ToolName::new(name).unwrap(), description, object("{}"))
+        };
+        let tools = [
+            (&b, tool("get", "get get get the thing")),
+            (&a, tool("get", "get")),
+            (&a, tool("get_thing", "get the thing, get it, get it now")),
+        ];
+        let index = SearchIndex::new(tools.iter().map(|(s, t)| (*s, t)));
+        let first = |query: &str| index.search(query, 3)[0].to_string();
+        assert_eq!(first("get"), "a/get", "shared names rank by server");
+        assert_eq!(index.search("get", 3)[1].to_string(), "b/get");
+        assert_eq!(first("b/get"), "b/get");
+        assert_eq!(first(" B__GET "), "b/get");
+        assert_eq!(first("get_thing"), "a/get_thing");
     }
 
     #[test]
