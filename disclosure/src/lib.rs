@@ -232,7 +232,7 @@ pub use orientation::{
 pub use resolve::{
     Cost, DEFERRED_LINE_CHARS, Inputs, PermittedSet, ServerView, Shape, Surface, Why, resolve,
 };
-pub use search::SearchIndex;
+pub use search::{Ranking, SearchIndex};
 pub use settings::{Budget, CostBasis, MAX_PAGE_SIZE, Settings, SettingsBuilder};
 pub use shapes::SEARCH_HITS;
 pub use state::{STATE_REASON_CHARS, ServerState, is_telling};

@@ -35,6 +35,188 @@ const STOP_WORDS: &[&str] = &[
     "we", "what", "when", "where", "which", "with", "would", "you", "your",
 ];
 
+/// How much a word the query does not say counts beside one it does, when the table below
+/// offers it for the query's word: less than the literal word, so precision holds.
+const SYNONYM_WEIGHT: f64 = 0.6;
+/// How much an indexed word of the same root (`deployment` for `deploy`, `assignee` for
+/// `assigned`) counts beside the query's word.
+const FORM_WEIGHT: f64 = 0.7;
+/// How much more a tool scores when the query names its server (`in mongo`, `on github`,
+/// `jira` for a server whose tool names say `jira`): its score times `1 + SERVER_BOOST`.
+const SERVER_BOOST: f64 = 0.3;
+/// How much more a tool scores when the query's words (or their alternatives) cover its
+/// name: its score times `1 + COVER_BOOST × the share of its name's words covered`.
+const COVER_BOOST: f64 = 0.5;
+/// Below this share of what a query could score at best, its best hit is a weak answer.
+pub(crate) const WEAK_STRENGTH: f64 = 0.3;
+/// How many servers a weak answer names.
+const SUGGESTED_SERVERS: usize = 3;
+
+/// Verb and noun families of the software and operations domain: a query's word of a
+/// family also looks for the others (at [`SYNONYM_WEIGHT`]). Reviewed by hand; general
+/// vocabulary only, nothing named after a particular catalogue's tools.
+const FAMILIES: &[&[&str]] = &[
+    &[
+        "create", "open", "new", "add", "make", "start", "register", "insert", "send", "post",
+    ],
+    &[
+        "delete",
+        "remove",
+        "drop",
+        "destroy",
+        "erase",
+        "purge",
+        "unregister",
+    ],
+    &[
+        "run", "execute", "evaluate", "invoke", "trigger", "exec", "rerun", "dispatch",
+    ],
+    &[
+        "get", "show", "read", "fetch", "retrieve", "view", "describe", "display", "see", "detail",
+        "inspect", "info", "lookup",
+    ],
+    &["list", "enumerate", "all", "every", "browse"],
+    &[
+        "update", "edit", "modify", "change", "set", "patch", "rename", "alter", "replace",
+    ],
+    &["search", "find", "query", "filter", "lookup"],
+    &["folder", "directory"],
+    &["issue", "ticket", "bug"],
+    &["message", "sms", "text"],
+    &["label", "tag"],
+    &["log", "history"],
+    &["stop", "cancel", "halt", "abort", "terminate", "kill"],
+    &["resize", "scale"],
+    &["approve", "review"],
+    &["close", "state", "resolve"],
+    &["assign", "assignee"],
+    &["user", "account", "me"],
+    &["comment", "reply", "note"],
+    &["upload", "attach", "attachment"],
+    &["navigate", "go", "visit", "goto", "url"],
+    &["write", "save", "put"],
+    &["download", "export"],
+    &["secret", "credential", "token"],
+    &["member", "collaborator", "contributor"],
+    &["remember", "memory", "knowledge", "recall"],
+    &["unstage", "reset"],
+    &["changed", "status", "diff", "modified"],
+    &["vm", "instance", "droplet"],
+    &["cluster", "kubernetes"],
+    &["function", "lambda", "serverless"],
+    &["table", "collection"],
+    &["row", "record", "document", "entry"],
+];
+
+/// Abbreviations and the words they stand for, one way: the query's abbreviation also looks
+/// for its expansion (at [`SYNONYM_WEIGHT`], a phrase's words together).
+const ABBREVIATIONS: &[(&str, &str)] = &[
+    ("pr", "pull request"),
+    ("prs", "pull requests"),
+    ("mr", "merge request"),
+    ("repo", "repository"),
+    ("k8s", "kubernetes"),
+    ("kube", "kubernetes"),
+    ("db", "database"),
+    ("env", "environment"),
+    ("config", "configuration"),
+    ("cfg", "configuration"),
+    ("conf", "configuration"),
+    ("msg", "message"),
+    ("doc", "document"),
+    ("docs", "documentation"),
+    ("auth", "authentication"),
+    ("authn", "authentication"),
+    ("authz", "authorization"),
+    ("perm", "permission"),
+    ("org", "organization"),
+    ("dir", "directory"),
+    ("info", "information"),
+    ("js", "javascript"),
+    ("ts", "typescript"),
+    ("ns", "namespace"),
+    ("cert", "certificate"),
+    ("ip", "address"),
+    ("dns", "domain"),
+    ("otp", "verification code"),
+    ("2fa", "verification"),
+    ("sms", "message"),
+    ("ci", "continuous integration"),
+    ("vm", "virtual machine"),
+    ("whoami", "current user"),
+    ("creds", "credentials"),
+    ("stats", "statistics"),
+    ("app", "application"),
+    ("img", "image"),
+    ("pic", "image"),
+    ("ssh", "key"),
+    ("mongo", "mongodb"),
+    ("postgres", "postgresql"),
+    ("pg", "postgresql"),
+    ("sql", "query"),
+    ("wiki", "page"),
+];
+
+/// Derivational endings stripped (from a stemmed word) to find a word's root, tried in order,
+/// keeping at least four letters: `deployment` → `deploy`, `assigne` → `assign`.
+const ROOT_ENDINGS: &[&str] = &[
+    "ation", "ition", "ment", "ness", "ion", "ity", "ive", "ee", "er", "or", "al", "e",
+];
+
+/// The root of a stemmed word, for matching word forms.
+fn root(word: &str) -> &str {
+    for ending in ROOT_ENDINGS {
+        if let Some(base) = word.strip_suffix(ending)
+            && base.len() >= 4
+        {
+            return base;
+        }
+    }
+    word
+}
+
+/// An alternative to a query word: the stemmed words that stand for it together, and how
+/// much they count.
+type Alternative = (Vec<String>, f64);
+
+/// The table's alternatives for each stemmed query word, built once.
+fn vocabulary() -> &'static HashMap<String, Vec<Alternative>> {
+    static VOCABULARY: std::sync::LazyLock<HashMap<String, Vec<Alternative>>> =
+        std::sync::LazyLock::new(|| {
+            let mut table: HashMap<String, Vec<Alternative>> = HashMap::new();
+            let mut add = |from: &str, to: &str| {
+                let (Some(from), to) = (stemmed_word(from), tokens(to)) else {
+                    return;
+                };
+                if to.is_empty() || to == [from.clone()] {
+                    return;
+                }
+                let alternatives = table.entry(from).or_default();
+                if !alternatives.iter().any(|(words, _)| *words == to) {
+                    alternatives.push((to, SYNONYM_WEIGHT));
+                }
+            };
+            for family in FAMILIES {
+                for from in *family {
+                    for to in *family {
+                        add(from, to);
+                    }
+                }
+            }
+            for (from, to) in ABBREVIATIONS {
+                add(from, to);
+            }
+            table
+        });
+    &VOCABULARY
+}
+
+/// One word as a query token, or `None` for a stop word.
+fn stemmed_word(word: &str) -> Option<String> {
+    let mut tokens = tokens(word);
+    (tokens.len() == 1).then(|| tokens.remove(0))
+}
+
 /// Splits text into lowercase word tokens at non-alphanumeric characters and lowerCamel
 /// boundaries, dropping stop words and stemming lightly.
 pub(crate) fn tokens(text: &str) -> Vec<String> {
@@ -136,6 +318,12 @@ pub(crate) struct Part {
     totals: [u64; FIELDS],
     /// Each tool's name, ASCII-lowercased, to the docs of that name (one a server).
     names: HashMap<String, Vec<u32>>,
+    /// Each indexed word's root ([`root`]) to the indexed words of that root.
+    roots: HashMap<String, Vec<String>>,
+    /// How many tools each server has here.
+    servers: BTreeMap<ServerId, u32>,
+    /// For each word of a tool name, how many tools of each server have it in their name.
+    name_words: HashMap<String, Vec<(ServerId, u32)>>,
 }
 
 impl Part {
@@ -147,7 +335,10 @@ impl Part {
         let mut postings: HashMap<String, Vec<(u32, [u32; FIELDS])>> = HashMap::new();
         let mut totals = [0u64; FIELDS];
         let mut names: HashMap<String, Vec<u32>> = HashMap::new();
+        let mut servers: BTreeMap<ServerId, u32> = BTreeMap::new();
+        let mut name_words: BTreeMap<(String, ServerId), u32> = BTreeMap::new();
         for (server, tool) in tools {
+            *servers.entry(server.clone()).or_default() += 1;
             let title = tool
                 .title
                 .as_deref()
@@ -171,6 +362,11 @@ impl Part {
             // At most u32::MAX tools: a catalogue is bounded far below that by its bytes.
             let id = u32::try_from(docs.len()).unwrap_or(u32::MAX);
             for (token, counts) in counts {
+                if counts[0] > 0 {
+                    *name_words
+                        .entry((token.clone(), server.clone()))
+                        .or_default() += 1;
+                }
                 postings.entry(token).or_default().push((id, counts));
             }
             names
@@ -182,11 +378,27 @@ impl Part {
                 lengths,
             });
         }
+        let mut roots: HashMap<String, Vec<String>> = HashMap::new();
+        let mut words: Vec<&String> = postings.keys().collect();
+        words.sort();
+        for word in words {
+            roots
+                .entry(root(word).to_owned())
+                .or_default()
+                .push(word.clone());
+        }
+        let mut by_word: HashMap<String, Vec<(ServerId, u32)>> = HashMap::new();
+        for ((word, server), count) in name_words {
+            by_word.entry(word).or_default().push((server, count));
+        }
         Self {
             docs,
             postings,
             totals,
             names,
+            roots,
+            servers,
+            name_words: by_word,
         }
     }
 
@@ -292,63 +504,131 @@ impl SearchIndex {
             .collect()
     }
 
-    /// [`SearchIndex::search`] with each hit's BM25F score (higher is better; comparable
-    /// only within one query), for callers that show the ranking, such as `psych search`.
+    /// [`SearchIndex::search`] with each hit's score (higher is better; comparable only
+    /// within one query), for callers that show the ranking, such as `psych search`.
     pub fn search_scored(&self, query: &str, limit: usize) -> Vec<(ToolRef, f64)> {
-        let terms: BTreeSet<String> = tokens(query).into_iter().collect();
+        self.rank(query, limit).hits
+    }
+
+    /// The ranking of [`SearchIndex::search_scored`] with what a reader needs to judge it:
+    /// how strong the best hit is against what the query could score, and the servers whose
+    /// tools match it best ([`Ranking::note`] says so when the answer is weak).
+    pub fn rank(&self, query: &str, limit: usize) -> Ranking {
+        let literal: BTreeSet<String> = tokens(query).into_iter().collect();
         let n = self.docs as f64;
-        let idf: Vec<(&str, f64)> = terms
-            .iter()
-            .filter_map(|term| {
-                let df: usize = self
-                    .parts
-                    .iter()
-                    .filter_map(|part| part.postings.get(term))
-                    .map(Vec::len)
-                    .sum();
-                let df = df as f64;
-                (df > 0.0).then(|| (term.as_str(), (1.0 + (n - df + 0.5) / (df + 0.5)).ln()))
+        // A word's inverse document frequency over every part; 0 when no tool has it.
+        let idf = |term: &str| -> f64 {
+            let df: usize = self
+                .parts
+                .iter()
+                .filter_map(|part| part.postings.get(term))
+                .map(Vec::len)
+                .sum();
+            if df == 0 {
+                return 0.0;
+            }
+            let df = df as f64;
+            (1.0 + (n - df + 0.5) / (df + 0.5)).ln()
+        };
+        // The most an unknown word could have scored: a word of one tool.
+        let unknown = (1.0 + (n - 0.5) / 1.5).ln();
+
+        // Each query word with its alternatives: the table's, and the index's words of the
+        // same root.
+        let vocabulary = vocabulary();
+        let mut groups: Vec<Vec<Alternative>> = Vec::with_capacity(literal.len());
+        for word in &literal {
+            let mut alternatives: Vec<Alternative> = vec![(vec![word.clone()], 1.0)];
+            if let Some(more) = vocabulary.get(word) {
+                alternatives.extend(more.iter().cloned());
+            }
+            for part in &self.parts {
+                for form in part.roots.get(root(word)).into_iter().flatten() {
+                    if !alternatives
+                        .iter()
+                        .any(|(words, _)| words.len() == 1 && words[0] == *form)
+                    {
+                        alternatives.push((vec![form.clone()], FORM_WEIGHT));
+                    }
+                }
+            }
+            groups.push(alternatives);
+        }
+
+        let mut best_possible = 0.0;
+        // Per tool: its score, and how many of its name's words the query covers.
+        let mut scores: HashMap<(usize, u32), (f64, u32)> = HashMap::new();
+        let mut group_scores: HashMap<(usize, u32), (f64, u32)> = HashMap::new();
+        let mut alternative_scores: HashMap<(usize, u32), (f64, u32)> = HashMap::new();
+        for alternatives in &groups {
+            group_scores.clear();
+            let mut group_best = 0.0f64;
+            for (words, weight) in alternatives {
+                alternative_scores.clear();
+                let mut most = 0.0;
+                for word in words {
+                    let idf = idf(word);
+                    if idf > 0.0 {
+                        most += idf;
+                        self.add_term(word, idf, &mut alternative_scores);
+                    }
+                }
+                group_best = group_best.max(weight * most);
+                for (key, (score, names)) in &alternative_scores {
+                    let entry = group_scores.entry(*key).or_insert((0.0, 0));
+                    entry.0 = entry.0.max(weight * score);
+                    entry.1 = entry.1.max(*names);
+                }
+            }
+            best_possible += if group_best > 0.0 {
+                group_best
+            } else {
+                unknown
+            };
+            // Added in group order for every tool, so the same sums in every process.
+            for (key, (score, names)) in &group_scores {
+                let entry = scores.entry(*key).or_insert((0.0, 0));
+                entry.0 += score;
+                entry.1 += names;
+            }
+        }
+        let mut scores: HashMap<(usize, u32), f64> = scores
+            .into_iter()
+            .map(|((p, doc), (score, names))| {
+                let length = self.parts[p].docs[doc as usize].lengths[0].max(1);
+                let covered = f64::from(names.min(length)) / f64::from(length);
+                ((p, doc), score * (1.0 + COVER_BOOST * covered))
             })
             .collect();
+
+        // A server the query names weighs its tools more.
+        let named_servers = self.named_servers(&literal, vocabulary);
+        if !named_servers.is_empty() {
+            for ((p, doc), score) in &mut scores {
+                let server = &self.parts[*p].docs[*doc as usize].target.server;
+                if let Some(strength) = named_servers.get(server) {
+                    *score *= 1.0 + SERVER_BOOST * strength.min(1.0);
+                }
+            }
+        }
+
         let mut named = Vec::new();
         for (p, part) in self.parts.iter().enumerate() {
             let mut docs = Vec::new();
             part.named(query, &mut docs);
             named.extend(docs.into_iter().map(|doc| (p, doc)));
         }
-        if idf.is_empty() && named.is_empty() {
-            return Vec::new();
-        }
-        // Each tool's score adds its terms' shares in term order, as a scan of every tool
-        // would: the same floating-point sums, so the same ranking.
-        let mut scores: HashMap<(usize, u32), f64> = HashMap::new();
-        for (term, idf) in &idf {
-            for (p, part) in self.parts.iter().enumerate() {
-                let Some(postings) = part.postings.get(*term) else {
-                    continue;
-                };
-                for (doc, counts) in postings {
-                    let lengths = &part.docs[*doc as usize].lengths;
-                    let mut tf = 0.0;
-                    for (field, weight) in WEIGHTS.iter().enumerate() {
-                        if counts[field] > 0 {
-                            let norm = 1.0 - B
-                                + B * f64::from(lengths[field]) / self.average_lengths[field];
-                            tf += weight * f64::from(counts[field]) / norm;
-                        }
-                    }
-                    if tf > 0.0 {
-                        *scores.entry((p, *doc)).or_insert(0.0) += idf * tf / (K1 + tf);
-                    }
-                }
-            }
+        let mut strength = 0.0;
+        let top = scores.values().copied().fold(0.0, f64::max);
+        if best_possible > 0.0 {
+            strength = (top / best_possible).min(1.0);
         }
         // The tools the query names exactly rank first, scored one above the best score, so
         // equal among themselves and ordered by `(server, tool)`.
         if !named.is_empty() {
-            let best = scores.values().copied().fold(0.0, f64::max);
+            strength = 1.0;
             for key in named {
-                scores.insert(key, best + 1.0);
+                scores.insert(key, top + 1.0);
             }
         }
         let mut scored: Vec<(f64, &ToolRef)> = scores
@@ -357,11 +637,147 @@ impl SearchIndex {
             .map(|((p, doc), score)| (score, &self.parts[p].docs[doc as usize].target))
             .collect();
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
-        scored
-            .into_iter()
-            .take(limit)
-            .map(|(score, target)| (target.clone(), score))
-            .collect()
+        let mut servers: Vec<&ServerId> = Vec::new();
+        for (_, target) in &scored {
+            if servers.len() == SUGGESTED_SERVERS {
+                break;
+            }
+            if !servers.contains(&&target.server) {
+                servers.push(&target.server);
+            }
+        }
+        let servers = servers.into_iter().cloned().collect();
+        Ranking {
+            hits: scored
+                .into_iter()
+                .take(limit)
+                .map(|(score, target)| (target.clone(), score))
+                .collect(),
+            strength,
+            servers,
+        }
+    }
+
+    /// Adds `term`'s BM25F share to each tool holding it, and one to the name words matched
+    /// of each tool holding it in its name.
+    fn add_term(&self, term: &str, idf: f64, scores: &mut HashMap<(usize, u32), (f64, u32)>) {
+        for (p, part) in self.parts.iter().enumerate() {
+            let Some(postings) = part.postings.get(term) else {
+                continue;
+            };
+            for (doc, counts) in postings {
+                let lengths = &part.docs[*doc as usize].lengths;
+                let mut tf = 0.0;
+                for (field, weight) in WEIGHTS.iter().enumerate() {
+                    if counts[field] > 0 {
+                        let norm =
+                            1.0 - B + B * f64::from(lengths[field]) / self.average_lengths[field];
+                        tf += weight * f64::from(counts[field]) / norm;
+                    }
+                }
+                if tf > 0.0 {
+                    let entry = scores.entry((p, *doc)).or_insert((0.0, 0));
+                    entry.0 += idf * tf / (K1 + tf);
+                    entry.1 += u32::from(counts[0] > 0);
+                }
+            }
+        }
+    }
+
+    /// The servers the query names, with how surely: a word of the server's name (`github`
+    /// for `github-rest` counts half, a word's prefix of four letters or more counts:
+    /// `mongo` for `mongodb`), an abbreviation of one (`k8s`), or a word in at least
+    /// two-fifths of the server's tool names that is rare in other servers' names (`jira`).
+    fn named_servers(
+        &self,
+        literal: &BTreeSet<String>,
+        vocabulary: &HashMap<String, Vec<Alternative>>,
+    ) -> BTreeMap<ServerId, f64> {
+        let mut said: BTreeSet<&str> = literal.iter().map(String::as_str).collect();
+        for word in literal {
+            for (words, _) in vocabulary.get(word).into_iter().flatten() {
+                if words.len() == 1 {
+                    said.insert(words[0].as_str());
+                }
+            }
+        }
+        let mut named: BTreeMap<ServerId, f64> = BTreeMap::new();
+        for part in &self.parts {
+            for server in part.servers.keys() {
+                let id = tokens(server.as_str());
+                let share = 1.0 / id.len().max(1) as f64;
+                for word in &id {
+                    if said
+                        .iter()
+                        .any(|s| *s == word || (s.len() >= 4 && word.starts_with(s)))
+                    {
+                        *named.entry(server.clone()).or_default() += share;
+                    }
+                }
+            }
+        }
+        for word in &said {
+            let mut total = 0;
+            for part in &self.parts {
+                for (_, count) in part.name_words.get(*word).into_iter().flatten() {
+                    total += count;
+                }
+            }
+            for part in &self.parts {
+                for (server, count) in part.name_words.get(*word).into_iter().flatten() {
+                    let tools = part.servers.get(server).copied().unwrap_or(0);
+                    if *count >= 2 && 5 * count >= 2 * tools && 2 * count >= total {
+                        *named.entry(server.clone()).or_default() += 1.0;
+                    }
+                }
+            }
+        }
+        named
+    }
+}
+
+/// A search's answer with what a reader needs to judge it ([`SearchIndex::rank`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ranking {
+    /// The best tools with their scores, best first.
+    pub hits: Vec<(ToolRef, f64)>,
+    /// The best hit's score as a share of the most the query could score (each query
+    /// word's best alternative matched in full; a word no tool has counts as missed), from 0
+    /// to 1; 1 for a query that names a tool exactly.
+    pub strength: f64,
+    /// The servers of the best-scored tools, best first, at most three: where to look when
+    /// the answer is weak.
+    pub servers: Vec<ServerId>,
+}
+
+impl Ranking {
+    /// Whether nothing matched, or only weakly: the best hit scores less than 0.3 of what
+    /// the query could (a query whose words all match one tool's name scores about 0.7).
+    pub fn is_weak(&self) -> bool {
+        self.hits.is_empty() || self.strength < WEAK_STRENGTH
+    }
+
+    /// What to tell a model about a weak answer, naming the servers to list; `None` when
+    /// the answer is not weak.
+    pub fn note(&self, query: &str) -> Option<String> {
+        if !self.is_weak() {
+            return None;
+        }
+        let mut note = if self.hits.is_empty() {
+            format!("No tool matches {query:?}.")
+        } else {
+            format!("No tool matches {query:?} well; these are weak matches.")
+        };
+        if self.servers.is_empty() {
+            note.push_str(" Try other words, or list a server's tools.");
+        } else {
+            let servers: Vec<&str> = self.servers.iter().map(ServerId::as_str).collect();
+            note.push_str(&format!(
+                " The servers closest to it: {}. List their tools to look further.",
+                servers.join(", ")
+            ));
+        }
+        Some(note)
     }
 }
 
