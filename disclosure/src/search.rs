@@ -43,10 +43,11 @@ const SYNONYM_WEIGHT: f64 = 0.6;
 const FORM_WEIGHT: f64 = 0.7;
 /// How much more a tool scores when the query names its server (`in mongo`, `on github`,
 /// `jira` for a server whose tool names say `jira`): its score times `1 + SERVER_BOOST`.
-const SERVER_BOOST: f64 = 0.3;
+const SERVER_BOOST: f64 = 0.5;
 /// How much more a tool scores when the query's words (or their alternatives) cover its
-/// name: its score times `1 + COVER_BOOST × the share of its name's words covered`.
-const COVER_BOOST: f64 = 0.5;
+/// name: its score times `1 + COVER_BOOST × the share of its name's words covered` (by the
+/// query's words or their alternatives alike: weighting the alternatives did worse on dev).
+const COVER_BOOST: f64 = 0.8;
 /// Below this share of what a query could score at best, its best hit is a weak answer.
 pub(crate) const WEAK_STRENGTH: f64 = 0.3;
 /// How many servers a weak answer names.
@@ -79,7 +80,7 @@ const FAMILIES: &[&[&str]] = &[
     &[
         "update", "edit", "modify", "change", "set", "patch", "rename", "alter", "replace",
     ],
-    &["search", "find", "query", "filter", "lookup"],
+    &["search", "find", "query", "filter", "lookup", "look"],
     &["folder", "directory"],
     &["issue", "ticket", "bug"],
     &["message", "sms", "text"],
@@ -557,9 +558,9 @@ impl SearchIndex {
 
         let mut best_possible = 0.0;
         // Per tool: its score, and how many of its name's words the query covers.
-        let mut scores: HashMap<(usize, u32), (f64, u32)> = HashMap::new();
-        let mut group_scores: HashMap<(usize, u32), (f64, u32)> = HashMap::new();
-        let mut alternative_scores: HashMap<(usize, u32), (f64, u32)> = HashMap::new();
+        let mut scores: HashMap<(usize, u32), (f64, f64)> = HashMap::new();
+        let mut group_scores: HashMap<(usize, u32), (f64, f64)> = HashMap::new();
+        let mut alternative_scores: HashMap<(usize, u32), (f64, f64)> = HashMap::new();
         for alternatives in &groups {
             group_scores.clear();
             let mut group_best = 0.0f64;
@@ -575,7 +576,7 @@ impl SearchIndex {
                 }
                 group_best = group_best.max(weight * most);
                 for (key, (score, names)) in &alternative_scores {
-                    let entry = group_scores.entry(*key).or_insert((0.0, 0));
+                    let entry = group_scores.entry(*key).or_insert((0.0, 0.0));
                     entry.0 = entry.0.max(weight * score);
                     entry.1 = entry.1.max(*names);
                 }
@@ -587,7 +588,7 @@ impl SearchIndex {
             };
             // Added in group order for every tool, so the same sums in every process.
             for (key, (score, names)) in &group_scores {
-                let entry = scores.entry(*key).or_insert((0.0, 0));
+                let entry = scores.entry(*key).or_insert((0.0, 0.0));
                 entry.0 += score;
                 entry.1 += names;
             }
@@ -595,8 +596,8 @@ impl SearchIndex {
         let mut scores: HashMap<(usize, u32), f64> = scores
             .into_iter()
             .map(|((p, doc), (score, names))| {
-                let length = self.parts[p].docs[doc as usize].lengths[0].max(1);
-                let covered = f64::from(names.min(length)) / f64::from(length);
+                let length = f64::from(self.parts[p].docs[doc as usize].lengths[0].max(1));
+                let covered = names.min(length) / length;
                 ((p, doc), score * (1.0 + COVER_BOOST * covered))
             })
             .collect();
@@ -660,7 +661,7 @@ impl SearchIndex {
 
     /// Adds `term`'s BM25F share to each tool holding it, and one to the name words matched
     /// of each tool holding it in its name.
-    fn add_term(&self, term: &str, idf: f64, scores: &mut HashMap<(usize, u32), (f64, u32)>) {
+    fn add_term(&self, term: &str, idf: f64, scores: &mut HashMap<(usize, u32), (f64, f64)>) {
         for (p, part) in self.parts.iter().enumerate() {
             let Some(postings) = part.postings.get(term) else {
                 continue;
@@ -676,17 +677,19 @@ impl SearchIndex {
                     }
                 }
                 if tf > 0.0 {
-                    let entry = scores.entry((p, *doc)).or_insert((0.0, 0));
+                    let entry = scores.entry((p, *doc)).or_insert((0.0, 0.0));
                     entry.0 += idf * tf / (K1 + tf);
-                    entry.1 += u32::from(counts[0] > 0);
+                    if counts[0] > 0 {
+                        entry.1 += 1.0;
+                    }
                 }
             }
         }
     }
 
-    /// The servers the query names, with how surely: a word of the server's name (`github`
-    /// for `github-rest` counts half, a word's prefix of four letters or more counts:
-    /// `mongo` for `mongodb`), an abbreviation of one (`k8s`), or a word in at least
+    /// The servers the query names, with how surely: a word of the server's name (its
+    /// prefix of four letters or more counts: `mongo` for `mongodb`; a word several servers'
+    /// names share counts by its share of each name: `github` for `github-rest` half), an abbreviation of one (`k8s`), or a word in at least
     /// two-fifths of the server's tool names that is rare in other servers' names (`jira`).
     fn named_servers(
         &self,
@@ -702,18 +705,23 @@ impl SearchIndex {
             }
         }
         let mut named: BTreeMap<ServerId, f64> = BTreeMap::new();
-        for part in &self.parts {
-            for server in part.servers.keys() {
-                let id = tokens(server.as_str());
-                let share = 1.0 / id.len().max(1) as f64;
-                for word in &id {
-                    if said
-                        .iter()
-                        .any(|s| *s == word || (s.len() >= 4 && word.starts_with(s)))
-                    {
-                        *named.entry(server.clone()).or_default() += share;
+        for word in &said {
+            let mut matched: Vec<(&ServerId, f64)> = Vec::new();
+            for part in &self.parts {
+                for server in part.servers.keys() {
+                    let id = tokens(server.as_str());
+                    let says = |name: &String| {
+                        name == word || (word.len() >= 4 && name.starts_with(*word))
+                    };
+                    if id.iter().any(says) {
+                        matched.push((server, 1.0 / id.len().max(1) as f64));
                     }
                 }
+            }
+            // A word only one server's name has names it outright.
+            let alone = matched.len() == 1;
+            for (server, share) in matched {
+                *named.entry(server.clone()).or_default() += if alone { 1.0 } else { share };
             }
         }
         for word in &said {
