@@ -1,8 +1,11 @@
 //! Keyword search over tools: names, titles, descriptions and parameter names, ranked by
-//! BM25F (field-weighted BM25) over stemmed word tokens.
+//! BM25F (field-weighted BM25) over stemmed word tokens, with the query's words widened by
+//! a reviewed vocabulary of the software and operations domain. Deterministic, offline,
+//! no model: the same query over the same tools gives the same ranking in every process.
 //!
-//! The ranking, decided here and measured in `tests/search_quality.rs` against a plain BM25
-//! over the same text:
+//! The ranking, decided here and measured in `tests/search_eval.rs` (281 paraphrased
+//! queries over 3,101 tools of 17 real catalogues, tuned on its dev split only) and
+//! `tests/search_quality.rs`, each against a plain BM25:
 //!
 //! - Tokens: identifiers are split at `_`, `-`, `.`, spaces and lowerCamel boundaries,
 //!   lowercased, and lightly stemmed (plural and `-ing`/`-ed` endings, a final `e`), so
@@ -12,10 +15,25 @@
 //!   term frequency is normalised by the field's length against its average (b = 0.75),
 //!   summed with the weights, and saturated once (k1 = 1.2), so a long description cannot
 //!   outweigh a match in the name.
+//! - Vocabulary: each query word also looks for its alternatives, and a tool scores the
+//!   best of them: the words of its family in `FAMILIES` (create/open/new/add, delete/
+//!   remove/drop, run/execute/evaluate, get/show/read/fetch, list/all, update/edit/set,
+//!   close → state, approve → review, assign → assignee, ...) and the expansion of an
+//!   abbreviation in `ABBREVIATIONS` (PR → pull request, k8s → kubernetes, db, env, ...),
+//!   each at 0.6 of the literal word; and the index's words of the same root
+//!   (`deployment` for `deploy`) at 0.7. Alternatives are looked up in tables built once.
+//! - Name cover: a tool's score is multiplied by `1 + 0.8 × the share of its name's words
+//!   the query covers` (literally or by an alternative).
+//! - A server the query names (a word of its name or a prefix of one: "in mongo", "on
+//!   github"; or a word in two-fifths of its tool names and rare elsewhere: "jira") has its
+//!   tools' scores multiplied by up to 1.5.
 //! - A query that is a tool's exact name, `server/tool` or `server__tool` (ignoring ASCII
 //!   case and surrounding spaces) ranks that tool first, whatever the words score. A bare
 //!   name several servers share ranks them all first, by server name.
 //! - Ties are broken by `(server, tool)`, so the ranking is deterministic.
+//! - A weak answer ([`Ranking::is_weak`]): no hit, or a best hit scoring under 0.3 of what
+//!   the query could score at best (each word's best alternative matched in full, a word no
+//!   tool has counted as missed). Its note names the servers of the best hits.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -765,28 +783,32 @@ impl Ranking {
         self.hits.is_empty() || self.strength < WEAK_STRENGTH
     }
 
-    /// What to tell a model about a weak answer, naming the servers to list; `None` when
-    /// the answer is not weak.
+    /// What to tell a model about a weak answer, naming the servers to list
+    /// ([`weak_note`]); `None` when the answer is not weak.
     pub fn note(&self, query: &str) -> Option<String> {
-        if !self.is_weak() {
-            return None;
-        }
-        let mut note = if self.hits.is_empty() {
-            format!("No tool matches {query:?}.")
-        } else {
-            format!("No tool matches {query:?} well; these are weak matches.")
-        };
-        if self.servers.is_empty() {
-            note.push_str(" Try other words, or list a server's tools.");
-        } else {
-            let servers: Vec<&str> = self.servers.iter().map(ServerId::as_str).collect();
-            note.push_str(&format!(
-                " The servers closest to it: {}. List their tools to look further.",
-                servers.join(", ")
-            ));
-        }
-        Some(note)
+        self.is_weak()
+            .then(|| weak_note(query, self.hits.is_empty(), &self.servers))
     }
+}
+
+/// The note of a weak answer: that nothing matched (`no_hits`) or only weakly, and the
+/// servers closest to the query, to list. The same words on every surface.
+pub(crate) fn weak_note(query: &str, no_hits: bool, servers: &[ServerId]) -> String {
+    let mut note = if no_hits {
+        format!("No tool matches {query:?}.")
+    } else {
+        format!("No tool matches {query:?} well; these are weak matches.")
+    };
+    if servers.is_empty() {
+        note.push_str(" Try other words, or list a server's tools.");
+    } else {
+        let servers: Vec<&str> = servers.iter().map(ServerId::as_str).collect();
+        note.push_str(&format!(
+            " The servers closest to it: {}. List their tools to look further.",
+            servers.join(", ")
+        ));
+    }
+    note
 }
 
 #[cfg(test)]
@@ -860,6 +882,41 @@ mod tests {
         assert_eq!(first("b/get"), "b/get");
         assert_eq!(first(" B__GET "), "b/get");
         assert_eq!(first("get_thing"), "a/get_thing");
+    }
+
+    #[test]
+    fn weak_answers_say_so_and_name_the_closest_servers() {
+        let object = |s: &str| serde_json::from_str(s).unwrap();
+        let (a, b) = (
+            ServerId::new("git").unwrap(),
+            ServerId::new("mail").unwrap(),
+        );
+        let tool = |name: &str, description: &str| {
+            ToolDefinition::new(ToolName::new(name).unwrap(), description, object("{}"))
+        };
+        let tools = [
+            (&a, tool("git_commit", "Record changes to the repository")),
+            (&a, tool("git_log", "Show the commit history")),
+            (&b, tool("send_mail", "Send an email to a recipient")),
+        ];
+        let index = SearchIndex::new(tools.iter().map(|(s, t)| (*s, t)));
+        let strong = index.rank("commit my changes to the repository", 5);
+        assert!(!strong.is_weak(), "{strong:?}");
+        assert_eq!(strong.note("commit my changes to the repository"), None);
+        let none = index.rank("bake a chocolate cake", 5);
+        assert_eq!(
+            none.note("bake a chocolate cake").unwrap(),
+            "No tool matches \"bake a chocolate cake\". Try other words, or list a server's tools."
+        );
+        let query = "bake a cake and send it to grandma";
+        let weak = index.rank(query, 5);
+        assert!(weak.is_weak(), "{weak:?}");
+        assert_eq!(weak.hits[0].0.to_string(), "mail/send_mail");
+        assert_eq!(
+            weak.note(query).unwrap(),
+            "No tool matches \"bake a cake and send it to grandma\" well; these are weak \
+             matches. The servers closest to it: mail. List their tools to look further."
+        );
     }
 
     #[test]

@@ -235,7 +235,33 @@ fn scores_psych_and_bm25_on_both_splits() {
                 )
             );
         }
+        // How often a paraphrase of a real tool's purpose is called weak, and how right the
+        // weak answers were: the threshold should flag the misses, not the hits.
+        let (mut weak, mut weak_right) = (0, 0);
+        let mut strengths: Vec<(f64, bool)> = Vec::new();
+        for q in &chosen {
+            let ranking = index.rank(&q.query, 5);
+            let right = ranking
+                .hits
+                .iter()
+                .any(|(t, _)| t.server.as_str() == q.server && t.tool.as_str() == q.tool);
+            strengths.push((ranking.strength, right));
+            if ranking.is_weak() {
+                weak += 1;
+                weak_right += u32::from(right);
+            }
+        }
+        println!(
+            "weak answers: {weak} of {} queries, the right tool in the top 5 of {weak_right}",
+            chosen.len()
+        );
         if split == "dev" {
+            strengths.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let shown: Vec<String> = strengths
+                .iter()
+                .map(|(s, right)| format!("{s:.2}{}", if *right { "" } else { "x" }))
+                .collect();
+            println!("strengths (dev; x: the right tool not in the top 5): {shown:?}");
             println!("Psych misses at 5 (dev): {:#?}", psych.misses);
             println!("BM25 misses at 5 (dev): {:#?}", plain.misses);
         }
