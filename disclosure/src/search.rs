@@ -21,7 +21,9 @@
 //!   close → state, approve → review, assign → assignee, ...) and the expansion of an
 //!   abbreviation in `ABBREVIATIONS` (PR → pull request, k8s → kubernetes, db, env, ...),
 //!   each at 0.6 of the literal word; and the index's words of the same root
-//!   (`deployment` for `deploy`) at 0.7. Alternatives are looked up in tables built once.
+//!   (`deployment` for `deploy`) or name words compounding it (`worklog` for `log`) at 0.7.
+//!   Two query words of one family make one group, credited once. Alternatives are looked
+//!   up in tables built once (the vocabulary per process, roots and compounds per index).
 //! - Name cover: a tool's score is multiplied by `1 + 0.8 × the share of its name's words
 //!   the query covers` (literally or by an alternative).
 //! - A server the query names (a word of its name or a prefix of one: "in mongo", "on
@@ -339,6 +341,8 @@ pub(crate) struct Part {
     names: HashMap<String, Vec<u32>>,
     /// Each indexed word's root ([`root`]) to the indexed words of that root.
     roots: HashMap<String, Vec<String>>,
+    /// A root to the name words made of a word of that root and another index word.
+    compounds: HashMap<String, Vec<String>>,
     /// How many tools each server has here.
     servers: BTreeMap<ServerId, u32>,
     /// For each word of a tool name, how many tools of each server have it in their name.
@@ -406,6 +410,27 @@ impl Part {
                 .or_default()
                 .push(word.clone());
         }
+        // A name word made of two index words (`worklog`, `taskrouter`): each half's root
+        // finds it, as a word form does.
+        let mut compounds: HashMap<String, Vec<String>> = HashMap::new();
+        let mut named_words: Vec<&String> = name_words.keys().map(|(word, _)| word).collect();
+        named_words.dedup();
+        for word in named_words {
+            if word.len() < 7 || !word.bytes().all(|b| b.is_ascii_lowercase()) {
+                continue;
+            }
+            let known = |half: &str| roots.contains_key(root(half));
+            if let Some(at) =
+                (3..=word.len() - 3).find(|&at| known(&word[..at]) && known(&word[at..]))
+            {
+                for half in [&word[..at], &word[at..]] {
+                    let list = compounds.entry(root(half).to_owned()).or_default();
+                    if !list.contains(word) {
+                        list.push(word.clone());
+                    }
+                }
+            }
+        }
         let mut by_word: HashMap<String, Vec<(ServerId, u32)>> = HashMap::new();
         for ((word, server), count) in name_words {
             by_word.entry(word).or_default().push((server, count));
@@ -416,6 +441,7 @@ impl Part {
             totals,
             names,
             roots,
+            compounds,
             servers,
             name_words: by_word,
         }
@@ -557,12 +583,24 @@ impl SearchIndex {
         let vocabulary = vocabulary();
         let mut groups: Vec<Vec<Alternative>> = Vec::with_capacity(literal.len());
         for word in &literal {
+            // A word of a family already asked for joins that word's group as a literal,
+            // so that "start a new" credits `create` once, not twice.
+            if let Some(known) = groups.iter_mut().find_map(|group| {
+                group
+                    .iter_mut()
+                    .find(|(words, _)| words.len() == 1 && words[0] == *word)
+            }) {
+                known.1 = 1.0;
+                continue;
+            }
             let mut alternatives: Vec<Alternative> = vec![(vec![word.clone()], 1.0)];
             if let Some(more) = vocabulary.get(word) {
                 alternatives.extend(more.iter().cloned());
             }
             for part in &self.parts {
-                for form in part.roots.get(root(word)).into_iter().flatten() {
+                let forms = part.roots.get(root(word)).into_iter().flatten();
+                let compounds = part.compounds.get(root(word)).into_iter().flatten();
+                for form in forms.chain(compounds) {
                     if !alternatives
                         .iter()
                         .any(|(words, _)| words.len() == 1 && words[0] == *form)
