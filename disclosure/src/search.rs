@@ -822,7 +822,8 @@ impl Ranking {
     }
 
     /// What to tell a model about a weak answer, naming the servers to list
-    /// ([`weak_note`]); `None` when the answer is not weak.
+    /// (the same words on every surface: "No tool matches …", then the closest servers);
+    /// `None` when the answer is not weak.
     pub fn note(&self, query: &str) -> Option<String> {
         self.is_weak()
             .then(|| weak_note(query, self.hits.is_empty(), &self.servers))
