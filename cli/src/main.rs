@@ -284,8 +284,10 @@ fn run(command: Command) -> Result<u8, String> {
                     .iter()
                     .flat_map(|c| c.tools.iter().map(move |t| (&c.server, t))),
             );
-            let hits: Vec<Hit> = index
-                .search_scored(&query, limit)
+            let ranking = index.rank(&query, limit);
+            let note = ranking.note(&query);
+            let hits: Vec<Hit> = ranking
+                .hits
                 .into_iter()
                 .map(|(target, score)| {
                     let description = loaded
@@ -309,6 +311,7 @@ fn run(command: Command) -> Result<u8, String> {
                     query,
                     indexed: index.len(),
                     hits,
+                    note,
                 })?;
             } else {
                 println!(
@@ -319,6 +322,9 @@ fn run(command: Command) -> Result<u8, String> {
                 for hit in &hits {
                     let line = format!("{:>7.3}  {}  {}", hit.score, hit.tool, hit.description);
                     println!("{}", truncate(&line, 80));
+                }
+                if let Some(note) = &note {
+                    println!("{note}");
                 }
             }
             Ok(status(&loaded))
@@ -395,7 +401,7 @@ fn run(command: Command) -> Result<u8, String> {
 struct Hit {
     /// `server/tool`.
     tool: String,
-    /// The BM25F score, rounded to 3 decimals; comparable within one query only.
+    /// The ranking's score, rounded to 3 decimals; comparable within one query only.
     score: f64,
     /// The first line of the tool's description.
     description: String,
@@ -410,6 +416,9 @@ struct SearchReport {
     indexed: usize,
     /// Best first.
     hits: Vec<Hit>,
+    /// When nothing matched or only weakly: says so and names the closest servers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
 }
 
 fn truncate(line: &str, width: usize) -> String {

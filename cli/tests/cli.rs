@@ -114,6 +114,15 @@ fn search_ranks_every_catalogue() {
         &[&args[..], &["--json"]].concat(),
         0,
     );
+    // A weak answer says so and names the servers closest to the query.
+    let weak = [
+        "search",
+        "bake a birthday cake for the team party",
+        "--limit",
+        "3",
+    ];
+    let text = check("search_weak", dir.path(), &weak, 0);
+    assert!(text.contains("weak matches"), "{text}");
 }
 
 #[test]

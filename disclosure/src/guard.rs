@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::Surface;
 use crate::names::{Exposed, MetaTool};
-use crate::search::{Part, SearchIndex};
+use crate::search::{Part, SearchIndex, weak_note};
 use crate::shapes::SEARCH_HITS;
 use crate::state::{self, ServerState};
 use crate::text::{TRUNCATION_MARKER, cap_chars, tool_summary};
@@ -195,6 +195,10 @@ pub struct SearchAnswer {
     pub query: String,
     /// At most [`SEARCH_HITS`](crate::SEARCH_HITS) tools, best first.
     pub hits: Vec<ToolEntry>,
+    /// When nothing matched or only weakly ([`Ranking::is_weak`](crate::Ranking::is_weak)):
+    /// says so and names the servers of the Surface whose tools come closest to the query.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// A call the guard answers itself.
@@ -459,15 +463,21 @@ impl Surface {
                     Some(part) => SearchIndex::combine(vec![part]),
                     None => SearchIndex::new(server.permitted().map(|t| (server.server, t))),
                 };
-                let hits = index
-                    .search(query, SEARCH_HITS)
+                let ranking = index.rank(query, SEARCH_HITS);
+                let note = ranking.is_weak().then(|| {
+                    let servers = self.closest_servers(query, live);
+                    weak_note(query, ranking.hits.is_empty(), &servers)
+                });
+                let hits = ranking
+                    .hits
                     .into_iter()
-                    .filter_map(|hit| server.tool(hit.tool.as_str()).ok().map(summary))
+                    .filter_map(|(hit, _)| server.tool(hit.tool.as_str()).ok().map(summary))
                     .collect();
                 Ok(Verdict::Answer(Answer::Search(SearchAnswer {
                     server: server.server.clone(),
                     query: query.to_owned(),
                     hits,
+                    note,
                 })))
             }
             Exposed::Meta { tool } => self.meta(*tool, name, arguments, live, validators),
@@ -563,6 +573,20 @@ impl Surface {
     /// yet), when what it permits now is what it was prepared from: the same catalogue
     /// tools (the same allocation) and the same scope in the grant. `None` otherwise; the
     /// caller then indexes what is permitted now.
+    /// The servers whose tools come closest to `query`, for a weak answer's note: searched
+    /// together over every live server's search index the Surface keeps (each built once
+    /// per catalogue version).
+    fn closest_servers(&self, query: &str, live: &Live<'_>) -> Vec<ServerId> {
+        let parts = self
+            .servers()
+            .iter()
+            .filter(|view| view.permitted > 0)
+            .filter_map(|view| self.live_server(view.server.as_str(), live).ok())
+            .filter_map(|server| self.cached_part(&server))
+            .collect();
+        SearchIndex::combine(parts).rank(query, 0).servers
+    }
+
     pub(crate) fn cached_part(&self, server: &LiveServer<'_>) -> Option<Arc<Part>> {
         let part = &self.parts.get(server.server)?.0;
         let same = Arc::ptr_eq(part.tools()?, &server.catalog?.tools)

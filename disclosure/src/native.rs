@@ -85,6 +85,20 @@ impl Surface {
         live: &Live<'a>,
         limit: usize,
     ) -> Vec<&'a str> {
+        self.search_deferred_noted(query, live, limit).0
+    }
+
+    /// [`Surface::search_deferred`] with the note of a weak answer ([`Ranking::note`]:
+    /// nothing matched, or only weakly, and the deferred servers closest to the query), or
+    /// `None` when the answer is not weak.
+    ///
+    /// [`Ranking::note`]: crate::Ranking::note
+    pub fn search_deferred_noted<'a>(
+        &'a self,
+        query: &str,
+        live: &Live<'a>,
+        limit: usize,
+    ) -> (Vec<&'a str>, Option<String>) {
         let mut by_pair: HashMap<ToolRef, &'a str> = HashMap::new();
         let mut parts = Vec::new();
         let mut indexed = Vec::new();
@@ -112,16 +126,19 @@ impl Surface {
         if !indexed.is_empty() {
             parts.push(Arc::new(Part::new(indexed)));
         }
-        SearchIndex::combine(parts)
-            .search(query, limit)
+        let ranking = SearchIndex::combine(parts).rank(query, limit);
+        let note = ranking.note(query);
+        let names = ranking
+            .hits
             .into_iter()
-            .filter_map(|hit| {
+            .filter_map(|(hit, _)| {
                 by_pair
                     .get(&hit)
                     .copied()
                     .or_else(|| self.deferred_name(&hit))
             })
-            .collect()
+            .collect();
+        (names, note)
     }
 
     /// The deferred names of one server's tools.

@@ -552,6 +552,44 @@ fn facades_and_search_pairs_describe_without_input_and_call_with_it() {
 }
 
 #[test]
+fn a_weak_search_answer_says_so_and_names_the_closest_servers() {
+    let setup = fixture_setup(Preload::Eager);
+    let search = Settings::builder()
+        .direct_max_tools(0)
+        .facade_max_index_tokens(0)
+        .build()
+        .unwrap();
+    let answer = |query: &str| {
+        let verdict = guard(
+            &setup,
+            &search,
+            "github__search_tools",
+            json!({ "query": query }),
+        );
+        let Verdict::Answer(Answer::Search(answer)) = verdict else {
+            panic!("{verdict:?}")
+        };
+        answer
+    };
+    assert_eq!(answer("merge a pull request").note, None);
+    let none = answer("bake a chocolate cake");
+    assert!(none.hits.is_empty());
+    assert_eq!(
+        none.note.as_deref(),
+        Some(
+            "No tool matches \"bake a chocolate cake\". Try other words, or list a server's tools."
+        )
+    );
+    let weak = answer("bake a chocolate cake and navigate to grandma's page");
+    let note = weak.note.unwrap();
+    assert!(
+        note.starts_with("No tool matches") && note.contains("weak matches"),
+        "{note}"
+    );
+    assert!(note.contains("The servers closest to it: "), "{note}");
+}
+
+#[test]
 fn search_never_shows_a_tool_outside_the_grant() {
     let mut setup = fixture_setup(Preload::Eager);
     setup.grant = PermissionGrant::none()

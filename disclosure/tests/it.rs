@@ -16,5 +16,6 @@ mod guard;
 mod names;
 mod native;
 mod properties;
+mod search_eval;
 mod search_quality;
 mod snapshots;

@@ -236,4 +236,19 @@ fn a_loaded_tool_is_guarded_like_a_direct_one() {
         surface.search_deferred("contact", &now, 5),
         ["crm__create_contact"]
     );
+    // A query nothing matches says so.
+    let (names, note) = surface.search_deferred_noted("bake a chocolate cake", &live, 5);
+    assert!(names.is_empty());
+    assert_eq!(
+        note.as_deref(),
+        Some(
+            "No tool matches \"bake a chocolate cake\". Try other words, or list a server's tools."
+        )
+    );
+    assert_eq!(
+        surface
+            .search_deferred_noted("export invoice pdf", &live, 5)
+            .1,
+        None
+    );
 }

@@ -7,7 +7,8 @@
 //! the deferred tools permitted now ([`Surface::search_deferred`]); prompt-assembly's
 //! [`search_answer`] turns the ranking into the logged answer (`tool_reference` blocks,
 //! rendered as such for Anthropic and as a `tool_search_output` for Responses), naming only
-//! tools of the request's deferred set. The tools it loads are then called by their
+//! tools of the request's deferred set; when nothing matches, the answer is disclosure's
+//! note instead, naming the deferred servers closest to the query. The tools it loads are then called by their
 //! qualified names, through the guard like any direct call.
 
 use psych_disclosure::{Live, Surface};
@@ -34,8 +35,15 @@ pub(crate) fn answer(
         Ok(search) => {
             // Ranked past the limit, so tools the request does not defer (added to a
             // catalogue since the turn began) do not crowd out the ones it does.
-            let ranked = surface.search_deferred(search.query, live, 2 * MAX_SEARCH_LIMIT);
-            search_answer(ranked, deferral, search.limit)
+            let (ranked, note) =
+                surface.search_deferred_noted(search.query, live, 2 * MAX_SEARCH_LIMIT);
+            match note {
+                // Nothing matched: the text says so and names the closest servers. (A weak
+                // answer with hits stays references only: the providers render a search
+                // answer's references and nothing beside them.)
+                Some(note) if ranked.is_empty() => ToolOutput::text(note),
+                _ => search_answer(ranked, deferral, search.limit),
+            }
         }
         Err(problem) => {
             ToolOutput::error(format!("invalid arguments for {}: {problem}", call.name))

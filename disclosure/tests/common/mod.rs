@@ -6,6 +6,8 @@
     reason = "each test file uses a different part of the helpers"
 )]
 
+pub(crate) mod bm25;
+
 use std::path::PathBuf;
 
 use psych_disclosure::{Inputs, Settings, Surface, resolve};
