@@ -569,10 +569,6 @@ impl Surface {
         })
     }
 
-    /// The server's keyword index as resolution prepared it (built now if no search did
-    /// yet), when what it permits now is what it was prepared from: the same catalogue
-    /// tools (the same allocation) and the same scope in the grant. `None` otherwise; the
-    /// caller then indexes what is permitted now.
     /// The servers whose tools come closest to `query`, for a weak answer's note: searched
     /// together over every live server's search index the Surface keeps (each built once
     /// per catalogue version).
@@ -587,6 +583,10 @@ impl Surface {
         SearchIndex::combine(parts).rank(query, 0).servers
     }
 
+    /// The server's keyword index as resolution prepared it (built now if no search did
+    /// yet), when what it permits now is what it was prepared from: the same catalogue
+    /// tools (the same allocation) and the same scope in the grant. `None` otherwise; the
+    /// caller then indexes what is permitted now.
     pub(crate) fn cached_part(&self, server: &LiveServer<'_>) -> Option<Arc<Part>> {
         let part = &self.parts.get(server.server)?.0;
         let same = Arc::ptr_eq(part.tools()?, &server.catalog?.tools)
