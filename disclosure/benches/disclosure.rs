@@ -17,6 +17,12 @@
 //!   - `guard`: [`Surface::guard`] (name lookup, narrowing now, reachability, validation);
 //!   - `baseline_jsonschema_is_valid`: the compiled `jsonschema` validator alone on the
 //!     same arguments.
+//! - `search_1000_tools`, `search_10000_tools`: the fixtures' tools renamed, 250 a server.
+//!   - `query_built_index`: one query through the index a Surface keeps;
+//!   - `build_index_once`: that index's build;
+//!   - `baseline_build_per_query`: the old way, an index built for every query;
+//!   - `plain_bm25_query`: the plain BM25 the ranking's quality is measured against
+//!     (`tests/search_eval.rs`), over name and description, as written there.
 
 #![allow(
     clippy::unwrap_used,
@@ -194,8 +200,8 @@ fn bench_one_server_changed(c: &mut Criterion) {
 }
 
 /// Search over `n` tools (the fixtures' tools renamed, one server of 250 per 250): a query
-/// through the index a Surface keeps, its one-off build, and the old way, an index built
-/// for every query.
+/// through the index a Surface keeps, its one-off build, the old way (an index built for
+/// every query), and the plain BM25 the ranking's quality is measured against.
 fn bench_search(c: &mut Criterion) {
     let pool: Vec<_> = FIXTURES
         .iter()
@@ -225,6 +231,16 @@ fn bench_search(c: &mut Criterion) {
             b.iter(|| {
                 SearchIndex::new(tools.iter().map(|(s, t)| (*s, t))).search(black_box(query), 10)
             })
+        });
+        // The quality baseline of `tests/search_eval.rs`: plain BM25 over name and
+        // description, as written there (a scan of every tool, all hits sorted).
+        let owned: Vec<_> = tools
+            .iter()
+            .map(|(s, t)| ((*s).clone(), t.clone()))
+            .collect();
+        let plain = common::bm25::Bm25::over(&owned, common::bm25::name_and_description);
+        group.bench_function("plain_bm25_query", |b| {
+            b.iter(|| plain.search(black_box(query)))
         });
         group.finish();
     }

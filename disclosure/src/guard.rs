@@ -188,6 +188,7 @@ pub struct Description {
 
 /// A search answer: the best matches, best first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct SearchAnswer {
     /// The server searched.
     pub server: ServerId,

@@ -26,12 +26,18 @@
 //!   up in tables built once (the vocabulary per process, roots and compounds per index).
 //! - Name cover: a tool's score is multiplied by `1 + 0.8 × the share of its name's words
 //!   the query covers` (literally or by an alternative).
-//! - A server the query names (a word of its name or a prefix of one: "in mongo", "on
-//!   github"; or a word in two-fifths of its tool names and rare elsewhere: "jira") has its
-//!   tools' scores multiplied by up to 1.5.
+//! - A server the query names (a word of its name or a prefix of five letters or more that
+//!   is most of it: "in mongo", "on github"; an abbreviation's expansion: "k8s"; or a word
+//!   in two-fifths of its tool names and rare elsewhere: "jira") has its tools' scores
+//!   multiplied by up to 1.5. Only the query's own words name a server, not the other words
+//!   of their families.
 //! - A query that is a tool's exact name, `server/tool` or `server__tool` (ignoring ASCII
-//!   case and surrounding spaces) ranks that tool first, whatever the words score. A bare
-//!   name several servers share ranks them all first, by server name.
+//!   case and surrounding spaces) ranks that tool first, whatever the words score: in its
+//!   own case above a name that differs only in case. A bare name several servers share
+//!   ranks them all first, by server name (`server/tool` picks one); so does a query that
+//!   splits two ways (`a__b__c`).
+//! - Bounds: a query's first 64 distinct words are searched; one over 256 bytes is not
+//!   looked up as a name; a note quotes at most 200 characters of it.
 //! - Ties are broken by `(server, tool)`, so the ranking is deterministic.
 //! - A weak answer ([`Ranking::is_weak`]): no hit, or a best hit scoring under 0.3 of what
 //!   the query could score at best (each word's best alternative matched in full, a word no
@@ -72,6 +78,14 @@ const COVER_BOOST: f64 = 0.8;
 pub(crate) const WEAK_STRENGTH: f64 = 0.3;
 /// How many servers a weak answer names.
 const SUGGESTED_SERVERS: usize = 3;
+/// The most distinct words of a query that are searched (the first ones): a query comes
+/// from a model and may be anything, and each word's alternatives are scanned.
+const MAX_QUERY_WORDS: usize = 64;
+/// The longest query looked up as a tool's exact name (`server/tool` included): longer than
+/// any server id and tool name together.
+const MAX_NAMED_QUERY: usize = 256;
+/// The most characters of a query a weak answer's note quotes.
+const MAX_QUOTED_QUERY: usize = 200;
 
 /// Verb and noun families of the software and operations domain: a query's word of a
 /// family also looks for the others (at [`SYNONYM_WEIGHT`]). Reviewed by hand; general
@@ -119,10 +133,8 @@ const FAMILIES: &[&[&str]] = &[
     &["download", "export"],
     &["secret", "credential", "token"],
     &["member", "collaborator", "contributor"],
-    &["remember", "memory", "knowledge", "recall"],
-    &["unstage", "reset"],
     &["changed", "status", "diff", "modified"],
-    &["vm", "instance", "droplet"],
+    &["vm", "instance", "server"],
     &["cluster", "kubernetes"],
     &["function", "lambda", "serverless"],
     &["table", "collection"],
@@ -157,20 +169,15 @@ const ABBREVIATIONS: &[(&str, &str)] = &[
     ("ts", "typescript"),
     ("ns", "namespace"),
     ("cert", "certificate"),
-    ("ip", "address"),
-    ("dns", "domain"),
-    ("otp", "verification code"),
     ("2fa", "verification"),
     ("sms", "message"),
     ("ci", "continuous integration"),
     ("vm", "virtual machine"),
-    ("whoami", "current user"),
     ("creds", "credentials"),
     ("stats", "statistics"),
     ("app", "application"),
     ("img", "image"),
     ("pic", "image"),
-    ("ssh", "key"),
     ("mongo", "mongodb"),
     ("postgres", "postgresql"),
     ("pg", "postgresql"),
@@ -181,7 +188,7 @@ const ABBREVIATIONS: &[(&str, &str)] = &[
 /// Derivational endings stripped (from a stemmed word) to find a word's root, tried in order,
 /// keeping at least four letters: `deployment` → `deploy`, `assigne` → `assign`.
 const ROOT_ENDINGS: &[&str] = &[
-    "ation", "ition", "ment", "ness", "ion", "ity", "ive", "ee", "er", "or", "al", "e",
+    "ation", "ition", "ment", "ness", "ion", "ity", "ee", "er", "or", "al", "e",
 ];
 
 /// The root of a stemmed word, for matching word forms.
@@ -448,26 +455,39 @@ impl Part {
     }
 
     /// The docs `query` names exactly (ignoring ASCII case and surrounding spaces): a tool
-    /// name, `server/tool` or `server__tool`.
-    fn named(&self, query: &str, out: &mut Vec<u32>) {
-        let query = query.trim().to_ascii_lowercase();
-        if query.is_empty() {
+    /// name, `server/tool` or `server__tool`; each with whether the case matched too (a
+    /// query that names one tool in its own case ranks it above one whose name differs
+    /// only in case).
+    fn named(&self, query: &str, out: &mut Vec<(u32, bool)>) {
+        let query = query.trim();
+        if query.is_empty() || query.len() > MAX_NAMED_QUERY {
             return;
         }
-        let mut push = |tool: &str, server: Option<&str>| {
-            for &doc in self.names.get(tool).into_iter().flatten() {
+        let lower = query.to_ascii_lowercase();
+        let mut push = |at: usize, skip: usize| {
+            let (tool, server) = match at {
+                0 => (query, None),
+                _ => (&query[at + skip..], Some(&query[..at])),
+            };
+            let key = tool.to_ascii_lowercase();
+            for &doc in self.names.get(&key).into_iter().flatten() {
                 let target = &self.docs[doc as usize].target;
-                if server.is_none_or(|s| target.server.as_str().eq_ignore_ascii_case(s))
-                    && !out.contains(&doc)
-                {
-                    out.push(doc);
+                if server.is_none_or(|s| target.server.as_str().eq_ignore_ascii_case(s)) {
+                    // The tool's name in its own case (a server's name is matched without).
+                    let exact = target.tool.as_str() == tool;
+                    match out.iter_mut().find(|(known, _)| *known == doc) {
+                        Some((_, known)) => *known |= exact,
+                        None => out.push((doc, exact)),
+                    }
                 }
             }
         };
-        push(&query, None);
+        push(0, 0);
         for separator in ["/", "__"] {
-            for (at, _) in query.match_indices(separator) {
-                push(&query[at + separator.len()..], Some(&query[..at]));
+            for (at, _) in lower.match_indices(separator) {
+                if at > 0 {
+                    push(at, separator.len());
+                }
             }
         }
     }
@@ -559,7 +579,13 @@ impl SearchIndex {
     /// how strong the best hit is against what the query could score, and the servers whose
     /// tools match it best ([`Ranking::note`] says so when the answer is weak).
     pub fn rank(&self, query: &str, limit: usize) -> Ranking {
-        let literal: BTreeSet<String> = tokens(query).into_iter().collect();
+        let mut literal: BTreeSet<String> = BTreeSet::new();
+        for word in tokens(query) {
+            if literal.len() == MAX_QUERY_WORDS {
+                break;
+            }
+            literal.insert(word);
+        }
         let n = self.docs as f64;
         // A word's inverse document frequency over every part; 0 when no tool has it.
         let idf = |term: &str| -> f64 {
@@ -673,19 +699,20 @@ impl SearchIndex {
         for (p, part) in self.parts.iter().enumerate() {
             let mut docs = Vec::new();
             part.named(query, &mut docs);
-            named.extend(docs.into_iter().map(|doc| (p, doc)));
+            named.extend(docs.into_iter().map(|(doc, exact)| ((p, doc), exact)));
         }
         let mut strength = 0.0;
         let top = scores.values().copied().fold(0.0, f64::max);
         if best_possible > 0.0 {
             strength = (top / best_possible).min(1.0);
         }
-        // The tools the query names exactly rank first, scored one above the best score, so
-        // equal among themselves and ordered by `(server, tool)`.
+        // The tools the query names exactly rank first, scored above the best score: those
+        // named in their own case first, then those whose name differs only in case; equal
+        // among themselves, ordered by `(server, tool)`.
         if !named.is_empty() {
             strength = 1.0;
-            for key in named {
-                scores.insert(key, top + 1.0);
+            for (key, exact) in named {
+                scores.insert(key, top + if exact { 2.0 } else { 1.0 });
             }
         }
         let mut scored: Vec<(f64, &ToolRef)> = scores
@@ -752,11 +779,18 @@ impl SearchIndex {
         literal: &BTreeSet<String>,
         vocabulary: &HashMap<String, Vec<Alternative>>,
     ) -> BTreeMap<ServerId, f64> {
+        // The query's own words and the expansions of its abbreviations (`k8s`): not the
+        // other words of a family, or "delete" would name a server called `dropbox`.
         let mut said: BTreeSet<&str> = literal.iter().map(String::as_str).collect();
         for word in literal {
-            for (words, _) in vocabulary.get(word).into_iter().flatten() {
-                if words.len() == 1 {
-                    said.insert(words[0].as_str());
+            if ABBREVIATIONS
+                .iter()
+                .any(|(short, _)| *short == word.as_str())
+            {
+                for (words, _) in vocabulary.get(word).into_iter().flatten() {
+                    if words.len() == 1 {
+                        said.insert(words[0].as_str());
+                    }
                 }
             }
         }
@@ -766,8 +800,13 @@ impl SearchIndex {
             for part in &self.parts {
                 for server in part.servers.keys() {
                     let id = tokens(server.as_str());
+                    // A prefix names it when it is most of the word: `mongo` for `mongodb`,
+                    // not `open` for `openai` nor `post` for `postgres`.
                     let says = |name: &String| {
-                        name == word || (word.len() >= 4 && name.starts_with(*word))
+                        name == word
+                            || (word.len() >= 5
+                                && name.starts_with(*word)
+                                && 3 * word.len() >= 2 * name.len())
                     };
                     if id.iter().any(says) {
                         matched.push((server, 1.0 / id.len().max(1) as f64));
@@ -802,6 +841,7 @@ impl SearchIndex {
 
 /// A search's answer with what a reader needs to judge it ([`SearchIndex::rank`]).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Ranking {
     /// The best tools with their scores, best first.
     pub hits: Vec<(ToolRef, f64)>,
@@ -833,17 +873,21 @@ impl Ranking {
 /// The note of a weak answer: that nothing matched (`no_hits`) or only weakly, and the
 /// servers closest to the query, to list. The same words on every surface.
 pub(crate) fn weak_note(query: &str, no_hits: bool, servers: &[ServerId]) -> String {
+    let query = match query.char_indices().nth(MAX_QUOTED_QUERY) {
+        Some((at, _)) => format!("{}…", &query[..at]),
+        None => query.to_owned(),
+    };
     let mut note = if no_hits {
         format!("No tool matches {query:?}.")
     } else {
         format!("No tool matches {query:?} well; these are weak matches.")
     };
     if servers.is_empty() {
-        note.push_str(" Try other words, or list a server's tools.");
+        note.push_str(" Try other words.");
     } else {
         let servers: Vec<&str> = servers.iter().map(ServerId::as_str).collect();
         note.push_str(&format!(
-            " The servers closest to it: {}. List their tools to look further.",
+            " The servers closest to it: {}. Try other words, or look among their tools.",
             servers.join(", ")
         ));
     }
@@ -945,7 +989,7 @@ mod tests {
         let none = index.rank("bake a chocolate cake", 5);
         assert_eq!(
             none.note("bake a chocolate cake").unwrap(),
-            "No tool matches \"bake a chocolate cake\". Try other words, or list a server's tools."
+            "No tool matches \"bake a chocolate cake\". Try other words."
         );
         let query = "bake a cake and send it to grandma";
         let weak = index.rank(query, 5);
@@ -954,7 +998,7 @@ mod tests {
         assert_eq!(
             weak.note(query).unwrap(),
             "No tool matches \"bake a cake and send it to grandma\" well; these are weak \
-             matches. The servers closest to it: mail. List their tools to look further."
+             matches. The servers closest to it: mail. Try other words, or look among their tools."
         );
     }
 
@@ -1005,5 +1049,90 @@ mod tests {
                 "{query}"
             );
         }
+    }
+
+    fn tools_of(specs: &[(&str, &str, &str)]) -> Vec<(ServerId, ToolDefinition)> {
+        specs
+            .iter()
+            .map(|(server, name, description)| {
+                (
+                    ServerId::new(*server).unwrap(),
+                    ToolDefinition::new(
+                        ToolName::new(*name).unwrap(),
+                        *description,
+                        serde_json::from_str("{}").unwrap(),
+                    ),
+                )
+            })
+            .collect()
+    }
+
+    /// Review of issue 32: names that differ only in case, and a query that splits two
+    /// ways, rank deterministically, the query's own case first.
+    #[test]
+    fn a_name_in_its_own_case_outranks_one_that_differs_only_in_case() {
+        let tools = tools_of(&[
+            ("api", "getUser", "Gets a user."),
+            ("api", "getuser", "Gets a user, lower case."),
+            ("a", "b__c", "One split."),
+            ("a__b", "c", "The other split."),
+        ]);
+        let index = SearchIndex::new(tools.iter().map(|(s, t)| (s, t)));
+        for query in ["getuser", "api/getuser", "API__getuser"] {
+            assert_eq!(
+                index.search(query, 1)[0].tool.as_str(),
+                "getuser",
+                "{query}"
+            );
+        }
+        for query in ["getUser", "api/getUser", "api__getUser"] {
+            assert_eq!(
+                index.search(query, 1)[0].tool.as_str(),
+                "getUser",
+                "{query}"
+            );
+        }
+        // Both splits are named: first by (server, tool), the same in every process.
+        let split = index.search("a__b__c", 2);
+        assert_eq!(split.len(), 2);
+        assert_eq!(
+            (split[0].server.as_str(), split[0].tool.as_str()),
+            ("a", "b__c")
+        );
+    }
+
+    /// Review of issue 32: a model's query of any size costs about its size; the first 64
+    /// distinct words are searched, and a note quotes at most 200 characters of it.
+    #[test]
+    fn a_huge_query_is_bounded() {
+        let tools = tools_of(&[("s", "list_branches", "List the branches.")]);
+        let index = SearchIndex::new(tools.iter().map(|(s, t)| (s, t)));
+        let slashes = "/".repeat(4 * 1024 * 1024);
+        let started = std::time::Instant::now();
+        assert!(index.search(&slashes, 5).is_empty());
+        let words: String = (0..100_000).map(|i| format!("word{i} ")).collect();
+        let ranking = index.rank(&format!("{words} branches"), 5);
+        assert!(ranking.hits.is_empty(), "the 64 first words only");
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+        let note = ranking.note(&words).unwrap();
+        assert!(note.len() < 400, "{} bytes", note.len());
+    }
+
+    /// Review of issue 32: a server is named by the query's own words, not by the other
+    /// words of their families ("delete" does not name `dropbox` through "drop"), and a
+    /// short prefix does not name a longer server name (`open` is not `openai`).
+    #[test]
+    fn only_the_querys_own_words_name_a_server() {
+        let tools = tools_of(&[
+            ("dropbox", "remove_file", "Removes a file."),
+            ("openai", "create_thing", "Creates a thing."),
+            ("mongodb", "find", "Finds documents."),
+        ]);
+        let index = SearchIndex::new(tools.iter().map(|(s, t)| (s, t)));
+        let literal = |query: &str| tokens(query).into_iter().collect::<BTreeSet<_>>();
+        let named = |query: &str| index.named_servers(&literal(query), vocabulary());
+        assert!(named("delete a file").is_empty());
+        assert!(named("open a new thing").is_empty());
+        assert!(named("find in mongo").contains_key(&ServerId::new("mongodb").unwrap()));
     }
 }

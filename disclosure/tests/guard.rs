@@ -576,9 +576,7 @@ fn a_weak_search_answer_says_so_and_names_the_closest_servers() {
     assert!(none.hits.is_empty());
     assert_eq!(
         none.note.as_deref(),
-        Some(
-            "No tool matches \"bake a chocolate cake\". Try other words, or list a server's tools."
-        )
+        Some("No tool matches \"bake a chocolate cake\". Try other words.")
     );
     let weak = answer("bake a chocolate cake and navigate to grandma's page");
     let note = weak.note.unwrap();

@@ -241,9 +241,7 @@ fn a_loaded_tool_is_guarded_like_a_direct_one() {
     assert!(names.is_empty());
     assert_eq!(
         note.as_deref(),
-        Some(
-            "No tool matches \"bake a chocolate cake\". Try other words, or list a server's tools."
-        )
+        Some("No tool matches \"bake a chocolate cake\". Try other words.")
     );
     assert_eq!(
         surface

@@ -6,10 +6,10 @@
 //! (`cargo test -p psych-disclosure --test it search_eval -- --nocapture`).
 //!
 //! It asserts what holds of the data (the set's size, that every answer exists, the split
-//! rule) and the exact-name guarantee over every tool. The targets (recall@5 ≥ 0.95,
-//! recall@1 ≥ 0.85, never below BM25 on a server of 20+ tools) are measured here, not
-//! asserted. Misses are printed for the dev split only: the test split is for the final
-//! figures.
+//! rule), the exact-name guarantee over every tool, and on the test split floors just under
+//! the landed figures and never below plain BM25 on a server of 20+ tools. The issue's
+//! targets (recall@5 ≥ 0.95, recall@1 ≥ 0.85) are measured here, not met yet. Misses are
+//! printed for the dev split only: the test split is for the final figures.
 
 #![allow(
     clippy::unwrap_used,
@@ -234,6 +234,26 @@ fn scores_psych_and_bm25_on_both_splits() {
                     &plain.servers[server]
                 )
             );
+        }
+        if split == "test" {
+            // Floors just under the figures of the ranking as it landed (r@1 0.558, r@5
+            // 0.855, MRR 0.689), so a regression is seen; the goal (r@1 0.85, r@5
+            // 0.95) is not met yet. And never below plain BM25 on a server of 20+ tools.
+            let rates = |s: &Scores| (s.recall1(), s.recall5(), s.mrr());
+            let (at1, at5, mrr) = rates(&psych.overall);
+            assert!(
+                at1 >= 0.54 && at5 >= 0.83 && mrr >= 0.67,
+                "{at1} {at5} {mrr}"
+            );
+            for (server, scores) in &psych.servers {
+                if per_server[server.as_str()] >= 20 {
+                    let (ours, theirs) = (rates(scores), rates(&plain.servers[server]));
+                    assert!(
+                        ours.0 >= theirs.0 && ours.1 >= theirs.1 && ours.2 >= theirs.2,
+                        "{server}: {ours:?} below plain BM25's {theirs:?}"
+                    );
+                }
+            }
         }
         // How often a paraphrase of a real tool's purpose is called weak, and how right the
         // weak answers were: the threshold should flag the misses, not the hits.

@@ -8,8 +8,8 @@
 //! [`search_answer`] turns the ranking into the logged answer (`tool_reference` blocks,
 //! rendered as such for Anthropic and as a `tool_search_output` for Responses), naming only
 //! tools of the request's deferred set; when nothing matches, the answer is disclosure's
-//! note instead, naming the deferred servers closest to the query. The tools it loads are then called by their
-//! qualified names, through the guard like any direct call.
+//! note instead (nothing matched; try other words). The tools it loads are then called by
+//! their qualified names, through the guard like any direct call.
 
 use psych_disclosure::{Live, Surface};
 use psych_prompt_assembly::{
@@ -38,9 +38,9 @@ pub(crate) fn answer(
             let (ranked, note) =
                 surface.search_deferred_noted(search.query, live, 2 * MAX_SEARCH_LIMIT);
             match note {
-                // Nothing matched: the text says so and names the closest servers. (A weak
-                // answer with hits stays references only: the providers render a search
-                // answer's references and nothing beside them.)
+                // Nothing matched: the text says so. (A weak answer with hits stays
+                // references only: the providers render a search answer's references and
+                // nothing beside them.)
                 Some(note) if ranked.is_empty() => ToolOutput::text(note),
                 _ => search_answer(ranked, deferral, search.limit),
             }
