@@ -29,7 +29,6 @@ use rmcp::model::{
     ProgressNotificationParam, ServerResult, Tool,
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
-use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -115,16 +114,7 @@ async fn connect(config: &Path, dir: &Path) -> (Session, Received) {
 
 /// [`connect`] with more flags for `psych serve`.
 async fn connect_with(config: &Path, dir: &Path, flags: &[&str]) -> (Session, Received) {
-    let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
-        c.arg("serve")
-            .arg("--config")
-            .arg(config)
-            .arg("--dir")
-            .arg(dir)
-            .args(flags)
-            .stderr(std::process::Stdio::null());
-    }))
-    .unwrap();
+    let transport = crate::support::stdio_gateway(config, dir, flags);
     let (changed, changed_rx) = mpsc::unbounded_channel();
     let (progress, progress_rx) = mpsc::unbounded_channel();
     let session = Client { changed, progress }.serve(transport).await.unwrap();

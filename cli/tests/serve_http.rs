@@ -22,7 +22,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::support::{Gateway, PSYCH, listening};
+use crate::support::{Gateway, PSYCH, listening, text};
 
 /// A client that forwards each `tools/list_changed` to a channel.
 struct Client {
@@ -33,15 +33,6 @@ impl ClientHandler for Client {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         let _ = self.changed.send(());
     }
-}
-
-/// The result's text blocks.
-fn text(result: &CallToolResult) -> String {
-    result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect()
 }
 
 /// Starts `psych serve --http` in front of one test server, logging under `dir`: the

@@ -16,13 +16,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use psych_test_server::{huge_end, huge_lines};
-use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
-use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
+use crate::support::{PSYCH, stdio_gateway, text};
 
 /// How much the gateway's peak resident memory may grow over its peak at start while it
 /// takes a huge result: a third of the smaller result, a sixteenth of the larger.
@@ -54,14 +53,6 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap()
 }
 
-fn texts(result: &CallToolResult) -> String {
-    result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
-        .collect()
-}
-
 fn params(name: &str, arguments: Value) -> CallToolRequestParams {
     let Value::Object(arguments) = arguments else {
         panic!("arguments are an object")
@@ -83,7 +74,7 @@ async fn call(session: &RunningService<RoleClient, ()>, name: &str, arguments: V
         .expect("the call came back")
         .unwrap();
     assert_ne!(result.is_error, Some(true), "{name}: {result:?}");
-    texts(&result)
+    text(&result)
 }
 
 /// One huge result of `mib` MiB through the gateway, read back at its end.
@@ -165,16 +156,7 @@ async fn mixed_huge_result(session: &RunningService<RoleClient, ()>) {
 /// the upstream's tools are listed: the session and the gateway's pid.
 async fn serve(dir: &Path, flags: &[&str]) -> (RunningService<RoleClient, ()>, u32) {
     let config = write_config(dir);
-    let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
-        c.arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .arg("--dir")
-            .arg(dir)
-            .args(flags)
-            .stderr(std::process::Stdio::null());
-    }))
-    .unwrap();
+    let transport = stdio_gateway(&config, dir, flags);
     let pid = transport.id().unwrap();
     let session: RunningService<RoleClient, ()> = ().serve(transport).await.unwrap();
     let started = Instant::now();
@@ -259,7 +241,7 @@ async fn a_result_past_the_spill_budget_is_a_tool_error_and_the_next_one_arrives
     .expect("the call came back")
     .unwrap();
     assert_eq!(refused.is_error, Some(true), "{refused:?}");
-    let said = texts(&refused);
+    let said = text(&refused);
     assert!(
         said.contains("spill budget of 41943040 bytes"),
         "the error names the budget: {said}"

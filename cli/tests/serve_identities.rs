@@ -22,7 +22,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-use crate::support::{Gateway, PSYCH, listening, token};
+use crate::support::{Gateway, PSYCH, listening, text, token};
 
 /// Starts `psych serve --http --tokens` in front of one test server, logging under `dir`,
 /// with `extra` flags: the gateway and its URL.
@@ -64,14 +64,6 @@ async fn call(session: &Session, name: &str, arguments: Value) -> Result<CallToo
         .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments))
         .await
         .map_err(|e| e.to_string())
-}
-
-fn text(result: &CallToolResult) -> String {
-    result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect()
 }
 
 /// Calls `name` until it answers without failing: the gateway answers before its

@@ -23,13 +23,12 @@
 )]
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
-    ElicitRequestParams, ElicitResult, ElicitationAction, ErrorCode, ErrorData, Implementation,
-    InputRequest, ProtocolVersion,
+    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, ElicitRequestParams,
+    ElicitResult, ElicitationAction, ErrorCode, ErrorData, Implementation, InputRequest,
+    ProtocolVersion,
 };
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RequestContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -37,7 +36,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::{ClientHandler, RoleClient, ServiceError};
 use serde_json::{Value, json};
 
-use crate::support::{Gateway, PSYCH, listening, token};
+use crate::support::{Gateway, PSYCH, listening, text, token};
 
 /// Writes the MCP config of two test servers of 2026-07-28 only under `dir`: `up`, whose
 /// tools are listed, and `later`, deferred (reached through the meta tools).
@@ -164,14 +163,6 @@ fn params(name: &str, arguments: Value) -> CallToolRequestParams {
         panic!("arguments are an object");
     };
     CallToolRequestParams::new(name.to_owned()).with_arguments(arguments)
-}
-
-fn text(result: &CallToolResult) -> String {
-    result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect()
 }
 
 /// The JSON-RPC error of a failed call.
@@ -391,19 +382,9 @@ fn logged_or_none(dir: &Path, identity: &str) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_stdio_a_client_of_2026_07_28_answers_the_upstreams_elicitation() {
-    use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
-
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path());
-    let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
-        c.arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .arg("--dir")
-            .arg(dir.path())
-            .stderr(Stdio::null());
-    }))
-    .unwrap();
+    let transport = crate::support::stdio_gateway(&config, dir.path(), &[]);
     let session = Person {
         name: "stdio",
         capabilities: capabilities(true),

@@ -21,11 +21,10 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{NotificationContext, RunningService};
-use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
+use crate::support::{PSYCH, stdio_gateway, text};
 
 /// Calls made in all.
 const CALLS: usize = 2_000;
@@ -184,18 +183,10 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap()
 }
 
-fn texts(result: &CallToolResult) -> String {
-    result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
-        .collect()
-}
-
 /// Checks what the client got for one call: the whole result, or a preview with a handle.
 fn check_answer(planned: &Planned, result: &CallToolResult) {
     assert_ne!(result.is_error, Some(true), "{planned:?}: {result:?}");
-    let text = texts(result);
+    let text = text(result);
     match planned {
         Planned::Large { bytes, .. } => {
             let whole = text.len() == *bytes;
@@ -235,18 +226,9 @@ fn lossy(bytes: usize) -> String {
 async fn two_thousand_calls_32_in_flight_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());
-    let transport = TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
-        // Room for every result (some 1.2 GB): past the default 1 GiB per identity,
-        // retention deletes the oldest segment when a new one opens.
-        c.arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--retain-mib", "4096"])
-            .stderr(std::process::Stdio::null());
-    }))
-    .unwrap();
+    // Room for every result (some 1.2 GB): past the default 1 GiB per identity, retention
+    // deletes the oldest segment when a new one opens.
+    let transport = stdio_gateway(&config, dir.path(), &["--retain-mib", "4096"]);
     let pid = transport.id().unwrap();
     let client = Client::default();
     let changed = Arc::clone(&client.changed);

@@ -87,3 +87,32 @@ pub(crate) fn token(name: &str) -> (String, String) {
         .to_owned();
     (token, digest)
 }
+
+/// `psych serve` over stdio on the `mcpServers` file `config`, logging under `dir`, with
+/// `flags`: the transport for an rmcp client (stderr discarded).
+pub(crate) fn stdio_gateway(
+    config: &std::path::Path,
+    dir: &std::path::Path,
+    flags: &[&str],
+) -> rmcp::transport::TokioChildProcess {
+    use rmcp::transport::ConfigureCommandExt as _;
+    rmcp::transport::TokioChildProcess::new(tokio::process::Command::new(PSYCH).configure(|c| {
+        c.arg("serve")
+            .arg("--config")
+            .arg(config)
+            .arg("--dir")
+            .arg(dir)
+            .args(flags)
+            .stderr(Stdio::null());
+    }))
+    .expect("psych serve starts")
+}
+
+/// A result's text blocks, joined.
+pub(crate) fn text(result: &rmcp::model::CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+        .collect()
+}

@@ -207,6 +207,14 @@ fn root(word: &str) -> &str {
 /// much they count.
 type Alternative = (Vec<String>, f64);
 
+/// The abbreviations of [`ABBREVIATIONS`], as written there: a query word that is one has
+/// its expansion name a server too.
+fn abbreviations() -> &'static std::collections::HashSet<&'static str> {
+    static SHORT: std::sync::LazyLock<std::collections::HashSet<&'static str>> =
+        std::sync::LazyLock::new(|| ABBREVIATIONS.iter().map(|(short, _)| *short).collect());
+    &SHORT
+}
+
 /// The table's alternatives for each stemmed query word, built once.
 fn vocabulary() -> &'static HashMap<String, Vec<Alternative>> {
     static VOCABULARY: std::sync::LazyLock<HashMap<String, Vec<Alternative>>> =
@@ -352,6 +360,8 @@ pub(crate) struct Part {
     compounds: HashMap<String, Vec<String>>,
     /// How many tools each server has here.
     servers: BTreeMap<ServerId, u32>,
+    /// Each server's name as words (`github-rest`: `github`, `rest`), for a query naming it.
+    server_words: BTreeMap<ServerId, Vec<String>>,
     /// For each word of a tool name, how many tools of each server have it in their name.
     name_words: HashMap<String, Vec<(ServerId, u32)>>,
 }
@@ -449,6 +459,10 @@ impl Part {
             names,
             roots,
             compounds,
+            server_words: servers
+                .keys()
+                .map(|server| (server.clone(), tokens(server.as_str())))
+                .collect(),
             servers,
             name_words: by_word,
         }
@@ -579,12 +593,16 @@ impl SearchIndex {
     /// how strong the best hit is against what the query could score, and the servers whose
     /// tools match it best ([`Ranking::note`] says so when the answer is weak).
     pub fn rank(&self, query: &str, limit: usize) -> Ranking {
+        // Tokenized a whitespace-separated piece at a time (the same words: whitespace
+        // separates words anyway), so a query of any length costs only up to its 64th word.
         let mut literal: BTreeSet<String> = BTreeSet::new();
-        for word in tokens(query) {
-            if literal.len() == MAX_QUERY_WORDS {
-                break;
+        'pieces: for piece in query.split_whitespace() {
+            for word in tokens(piece) {
+                if literal.len() == MAX_QUERY_WORDS {
+                    break 'pieces;
+                }
+                literal.insert(word);
             }
-            literal.insert(word);
         }
         let n = self.docs as f64;
         // A word's inverse document frequency over every part; 0 when no tool has it.
@@ -783,10 +801,7 @@ impl SearchIndex {
         // other words of a family, or "delete" would name a server called `dropbox`.
         let mut said: BTreeSet<&str> = literal.iter().map(String::as_str).collect();
         for word in literal {
-            if ABBREVIATIONS
-                .iter()
-                .any(|(short, _)| *short == word.as_str())
-            {
+            if abbreviations().contains(word.as_str()) {
                 for (words, _) in vocabulary.get(word).into_iter().flatten() {
                     if words.len() == 1 {
                         said.insert(words[0].as_str());
@@ -798,8 +813,7 @@ impl SearchIndex {
         for word in &said {
             let mut matched: Vec<(&ServerId, f64)> = Vec::new();
             for part in &self.parts {
-                for server in part.servers.keys() {
-                    let id = tokens(server.as_str());
+                for (server, id) in &part.server_words {
                     // A prefix names it when it is most of the word: `mongo` for `mongodb`,
                     // not `open` for `openai` nor `post` for `postgres`.
                     let says = |name: &String| {

@@ -1050,10 +1050,12 @@ impl Session {
                 ));
             }
         };
-        let sealed = self
-            .shared
-            .sealer
-            .seal(binding, target, upstream.as_deref(), unix_millis());
+        let sealed = self.shared.sealer.seal(
+            binding,
+            target,
+            upstream.as_deref(),
+            psych_catalog::Clock::now(&psych_catalog::SystemClock),
+        );
         answer.insert("requestState".to_owned(), Value::String(sealed.clone()));
         let mut typed = InputRequiredResult::from_request_state(sealed);
         self.shared
@@ -1250,13 +1252,6 @@ fn needs_modern(
     serde_json::to_value(ToolOutput::error(text)).unwrap_or(Value::Null)
 }
 
-/// Now, in Unix milliseconds (0 before 1970).
-fn unix_millis() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// The identity an HTTP request's authorization named, put in its extensions by the
 /// gateway's authorization layer.
 #[derive(Debug, Clone)]
@@ -1318,7 +1313,11 @@ impl ServerHandler for Session {
             Some(state) => Some(
                 self.shared
                     .sealer
-                    .open(&state, &binding, unix_millis())
+                    .open(
+                        &state,
+                        &binding,
+                        psych_catalog::Clock::now(&psych_catalog::SystemClock),
+                    )
                     .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?,
             ),
             // Answers to a round the gateway cannot check (no sealed state with them) are

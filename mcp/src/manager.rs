@@ -275,12 +275,7 @@ impl McpManager {
         server: ServerId,
         config: ServerConfig,
     ) -> Result<Reachability, McpError> {
-        if *self
-            .inner
-            .shut_down
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-        {
+        if self.is_shut_down() {
             return Err(McpError::ShutDown);
         }
         self.remove_server(&server).await;
@@ -378,12 +373,7 @@ impl McpManager {
                 .servers
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
-            if *self
-                .inner
-                .shut_down
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-            {
+            if self.is_shut_down() {
                 drop(servers);
                 let _ = slot.stop.send(true);
                 // Aborted, the supervisor drops its session, and a stdio child kills its
@@ -466,15 +456,14 @@ impl McpManager {
     }
 
     fn session(&self, server: &ServerId) -> Result<Arc<Session>, McpError> {
-        if *self
-            .inner
-            .shut_down
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-        {
+        if self.is_shut_down() {
             return Err(McpError::ShutDown);
         }
-        let slot = self.slot(server)?;
+        Self::session_of(server, &*self.slot(server)?)
+    }
+
+    /// The live session in `slot` (of `server`), or why there is none.
+    fn session_of(server: &ServerId, slot: &Slot) -> Result<Arc<Session>, McpError> {
         let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
         match &state.session {
             Some(session) => Ok(Arc::clone(session)),
@@ -503,10 +492,11 @@ impl McpManager {
                 let (session, held) = crate::lazy::acquire(server, &slot, lazy).await?;
                 Ok((session, Some(held)))
             }
-            _ => Ok((self.session(server)?, None)),
+            None => Ok((Self::session_of(server, &slot)?, None)),
         }
     }
 
+    /// Whether [`McpManager::shutdown`] has begun.
     fn is_shut_down(&self) -> bool {
         *self
             .inner
@@ -646,17 +636,14 @@ impl McpManager {
         progress: Option<ProgressSink>,
     ) -> Result<ToolOutput, McpError> {
         match self
-            .call_round(tool, arguments, &InputRound::default(), progress)
+            .call_as::<ToolOutput>(tool, arguments, &InputRound::default(), progress)
             .await?
         {
-            HostAnswer::Complete(output) => Ok(output),
-            HostAnswer::MissingCapability { message, data } => Err(McpError::MissingCapability {
-                server: tool.server.clone(),
-                call: format!("tools/call {}", tool.tool),
-                message,
-                data,
-            }),
-            _ => Err(input_required(tool)),
+            Read::Complete(mut output, spilled) => {
+                output.spilled = spilled;
+                Ok(output)
+            }
+            Read::InputRequired(_) => Err(input_required(tool)),
         }
     }
 

@@ -225,16 +225,16 @@ impl State {
     /// The spilled event whose fields are `event` (its data in the file), its answer read
     /// back: the message for rmcp (the tap's stand-in when the tap kept its result), or
     /// the error answering the request with why it could not be read.
-    async fn read_back(&mut self, mut event: Sse, held: Reservation) -> Sse {
+    async fn read_back(&mut self, mut event: Sse, held: Option<Reservation>) -> Sse {
         let Some(spill) = &self.spill else {
             return event;
         };
         let file = self.file.take();
         let tap = Arc::clone(&spill.tap);
-        let bytes = held.bytes();
-        let read = tokio::task::spawn_blocking(move || match file {
-            Some(file) => read_answer(file, held, &tap),
-            None => Err(Refused::Io(std::io::Error::other("no file was written"))),
+        let bytes = held.as_ref().map_or(0, Reservation::bytes);
+        let read = tokio::task::spawn_blocking(move || match (file, held) {
+            (Some(file), Some(held)) => read_answer(file, held, &tap),
+            _ => Err(Refused::Io(std::io::Error::other("no file was written"))),
         })
         .await
         .map_err(|error| Refused::Io(std::io::Error::other(error)))
@@ -267,8 +267,8 @@ enum Out {
     /// The next bytes of the spilled event's data.
     Write(Vec<u8>),
     /// The spilled event ended: its fields but its data, which is in the file, and the
-    /// file's bytes of the budget.
-    Spilled(Sse, Reservation),
+    /// file's bytes of the budget (held from the event's first spilled byte).
+    Spilled(Sse, Option<Reservation>),
     /// The stream cannot be read further.
     Error(SseError),
 }
@@ -311,7 +311,6 @@ impl Pending {
 /// The event-stream parser: bytes in, [`Out`]s queued.
 struct Parser {
     max: usize,
-    may_spill: bool,
     /// What a spilled event's file may hold, when events may be spilled.
     budget: Option<SpillBudget>,
     /// The spilled event's bytes of the budget, reserved as they are counted.
@@ -349,7 +348,6 @@ impl Parser {
     fn new(max: usize, spill: Option<SpillBudget>) -> Self {
         Self {
             max,
-            may_spill: spill.is_some(),
             budget: spill,
             held: None,
             out: VecDeque::new(),
@@ -520,7 +518,7 @@ impl Parser {
             if !over {
                 return;
             }
-            if !self.may_spill || !self.start_spilling() {
+            if self.budget.is_none() || !self.start_spilling() {
                 self.too_large(self.max);
                 return;
             }
@@ -601,7 +599,7 @@ impl Parser {
         self.line = line;
         if self.spilled.is_none()
             && self.retained > self.max
-            && !(self.may_spill && self.start_spilling())
+            && !(self.budget.is_some() && self.start_spilling())
         {
             self.too_large(self.max);
         }
@@ -671,10 +669,7 @@ impl Parser {
             self.hand_out(1);
             self.spilled = None;
             self.spilled_data = false;
-            let held = match self.held.take() {
-                Some(held) => held,
-                None => SpillBudget::new(0).reserve(),
-            };
+            let held = self.held.take();
             self.out
                 .push_back(Out::Spilled(pending.into_sse(None), held));
             return;

@@ -55,7 +55,7 @@ pub(crate) struct SpilledLine {
 impl SpilledLine {
     /// The line's length in bytes, without its `\n`.
     pub(crate) fn bytes(&self) -> u64 {
-        self.spill.bytes
+        self.spill.held.bytes()
     }
 
     /// The line's top-level `id` (JSON text), if it had one.
@@ -70,11 +70,15 @@ impl SpilledLine {
 
     /// The file holding the whole line from offset 0, once its last chunk is written
     /// (awaits the write in flight, then writes the last chunk on a blocking thread), and
-    /// the share of the budget it holds (the line's bytes), to drop with it.
+    /// the share of the budget it holds (the line's bytes), to drop with it. Dropped midway,
+    /// the write in flight stays in the line, whose drop keeps the budget's bytes until the
+    /// write has closed the file.
     pub(crate) async fn finish(mut self) -> std::io::Result<(File, Reservation)> {
         self.spill.flush().await?;
-        let file = if let Some(writing) = self.spill.writing.take() {
-            writing.await.map_err(std::io::Error::other)??.0
+        let file = if let Some(writing) = self.spill.writing.as_mut() {
+            let written = writing.await;
+            self.spill.writing = None;
+            written.map_err(std::io::Error::other)??.0
         } else {
             match self.spill.file.take() {
                 Some(file) => file,
@@ -102,8 +106,8 @@ type Written = std::io::Result<(File, Vec<u8>)>;
 struct Spill {
     dir: PathBuf,
     scanner: IdScanner,
-    bytes: u64,
-    /// The budget's bytes held for the line: `bytes`, reserved before they are written.
+    /// The budget's bytes held for the line: its length so far, each chunk reserved before
+    /// it is written.
     held: Reservation,
     /// The file, while no write holds it (`None` before the first write creates it).
     file: Option<File>,
@@ -282,7 +286,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             let len = chunk.len() as u64;
             // Whether the spilling line takes the chunk: within its cap and its budget.
             let kept = match &mut self.spill {
-                Some(spill) if spill.bytes + len <= max => match spill.held.grow(len) {
+                Some(spill) if spill.held.bytes() + len <= max => match spill.held.grow(len) {
                     Ok(()) => true,
                     Err(refused) => {
                         self.over_budget = Some(refused);
@@ -294,7 +298,6 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             match (&mut self.spill, &mut self.overflow) {
                 (Some(spill), _) if kept => {
                     spill.scanner.feed(chunk);
-                    spill.bytes += len;
                     spill.pending.extend_from_slice(chunk);
                 }
                 (Some(_), _) => {
@@ -303,7 +306,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                     if let Some(mut spill) = self.spill.take() {
                         let mut scanner = std::mem::take(&mut spill.scanner);
                         scanner.feed(chunk);
-                        self.overflow = Some((scanner, spill.bytes + len));
+                        self.overflow = Some((scanner, spill.held.bytes() + len));
                     }
                 }
                 (None, Some((scanner, bytes))) => {
@@ -333,7 +336,6 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                             self.spill = Some(Box::new(Spill {
                                 dir,
                                 scanner,
-                                bytes,
                                 held,
                                 file: None,
                                 pending,
@@ -377,7 +379,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 "it could not be written to a file in {}: {error}",
                 spill.dir.display()
             ));
-            self.overflow = Some((std::mem::take(&mut spill.scanner), spill.bytes));
+            self.overflow = Some((std::mem::take(&mut spill.scanner), spill.held.bytes()));
         }
     }
 
@@ -680,6 +682,40 @@ mod tests {
         while budget.in_use() > 0 {
             assert!(started.elapsed() < std::time::Duration::from_secs(30));
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// `SpilledLine::finish` dropped at any poll (a runtime shutting down, a task aborted):
+    /// the write in flight stays with the line, and its bytes of the budget go back once
+    /// it has ended, never lost and never held for good.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_finish_dropped_midway_gives_the_bytes_back_once_the_write_ends() {
+        const MIB: usize = 1024 * 1024;
+        for polls in 0..6 {
+            let budget = SpillBudget::default();
+            let mut input = line(1, 5 * MIB, false);
+            input.push(b'\n');
+            let mut lines = LineReader::new(input.as_slice(), MIB).spilling(SpillTo {
+                dir: std::env::temp_dir(),
+                max: 8 * MIB as u64,
+                budget: budget.clone(),
+            });
+            let Some(Line::Spilled(spilled)) = lines.next().await.unwrap() else {
+                panic!("spilled");
+            };
+            let mut finish = Box::pin(spilled.finish());
+            if let Some(done) = poll_up_to(&mut finish, polls).await {
+                drop(done.unwrap());
+            }
+            drop(finish);
+            let started = std::time::Instant::now();
+            while budget.in_use() > 0 {
+                assert!(
+                    started.elapsed() < std::time::Duration::from_secs(30),
+                    "{polls}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
         }
     }
 }
