@@ -12,9 +12,11 @@
 //! Psych's keys, all optional: `preload` (`true` always injects the server's schemas,
 //! `false` always defers them, absent decides from the catalogue size), `eagerTools` (tool
 //! names injected even when the server is deferred) and `description` (the short line shown
-//! for a deferred server). Keys nobody here knows are kept in [`ServerConfig::extra`], and
-//! keys beside `mcpServers` in [`McpConfig::extra`], never rejected: the file is shared with
-//! other clients.
+//! for a deferred server); `allowTools` (the tools the grant permits), and `lazy`,
+//! `listingTtlSecs` and `idleSecs` ([`StartPolicy`]: whether and how a server is started only
+//! when it is needed), kept in [`ServerConfig::extra`] and read by their accessors. Keys
+//! nobody here knows are kept there too, and keys beside `mcpServers` in
+//! [`McpConfig::extra`], never rejected: the file is shared with other clients.
 //!
 //! `${VAR}` and `${VAR:-default}` in `command`, `args`, `env`, `cwd`, `url` and `headers`
 //! expand from the environment when the file is parsed, as the common clients do, so no
@@ -151,6 +153,111 @@ impl ServerConfig {
             tools.insert(tool);
         }
         Ok(Some(tools))
+    }
+}
+
+/// The key of a server entry that says whether the server is started only when it is
+/// needed (`true`, the default, or `false`): Psych's own, kept in [`ServerConfig::extra`] and
+/// read by [`ServerConfig::start_policy`].
+pub const LAZY: &str = "lazy";
+/// The key of a server entry giving, in seconds, how old its kept listing may be for the
+/// server to be known without being started ([`StartPolicy::listing_ttl`]).
+pub const LISTING_TTL_SECS: &str = "listingTtlSecs";
+/// The key of a server entry giving, in seconds, how long a server started on demand runs
+/// without a request before it is stopped ([`StartPolicy::idle`]).
+pub const IDLE_SECS: &str = "idleSecs";
+
+/// How a server is started: on demand while its kept listing is fresh enough, or at once.
+/// Read from an entry's [`LAZY`], [`LISTING_TTL_SECS`] and [`IDLE_SECS`] keys by
+/// [`ServerConfig::start_policy`]; what a program does with it is its own (`psych serve`
+/// starts a lazy server whose kept listing is younger than `listing_ttl` only at its first
+/// call, and every other server at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartPolicy {
+    /// Whether the server may be started on demand (the entry's `lazy`, default `true`).
+    pub lazy: bool,
+    /// How old a kept listing may be for the server to be known without starting it
+    /// (default [`StartPolicy::DEFAULT_LISTING_TTL`]); past it, the server is started to be
+    /// listed again.
+    pub listing_ttl: std::time::Duration,
+    /// How long the server runs without a request once started on demand (default
+    /// [`StartPolicy::DEFAULT_IDLE`]).
+    pub idle: std::time::Duration,
+}
+
+impl StartPolicy {
+    /// A kept listing serves for 7 days without a start.
+    pub const DEFAULT_LISTING_TTL: std::time::Duration =
+        std::time::Duration::from_secs(7 * 24 * 3600);
+    /// A server started on demand stops after 5 minutes without a request.
+    pub const DEFAULT_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
+    /// The most seconds `listingTtlSecs` and `idleSecs` take: a year.
+    pub const MAX_SECS: u64 = 365 * 24 * 3600;
+}
+
+impl Default for StartPolicy {
+    fn default() -> Self {
+        Self {
+            lazy: true,
+            listing_ttl: Self::DEFAULT_LISTING_TTL,
+            idle: Self::DEFAULT_IDLE,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// How this server is to be started, from its [`LAZY`], [`LISTING_TTL_SECS`] and
+    /// [`IDLE_SECS`] keys (each optional: [`StartPolicy::default`] for the ones absent).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Field`] for a `lazy` that is not a boolean, or a number of seconds
+    /// that is not a whole number from 1 to [`StartPolicy::MAX_SECS`]. [`McpConfig::parse`]
+    /// checks every entry, so a parsed file never fails.
+    pub fn start_policy(&self) -> Result<StartPolicy, ConfigError> {
+        let error = |field: &str, problem: &str| ConfigError::Field {
+            server: self.connection.server.as_str().to_owned(),
+            field: field.to_owned(),
+            problem: problem.to_owned(),
+        };
+        let mut policy = StartPolicy::default();
+        match self.extra.get(LAZY) {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(lazy)) => policy.lazy = *lazy,
+            Some(_) => {
+                return Err(error(
+                    LAZY,
+                    "expected true (start the server at its first call while its kept listing \
+                     is fresh) or false (start it at once)",
+                ));
+            }
+        }
+        let seconds = |key: &str| -> Result<Option<std::time::Duration>, ConfigError> {
+            let secs = match self.extra.get(key) {
+                None | Some(Value::Null) => return Ok(None),
+                Some(Value::Number(n)) => n.as_u64(),
+                Some(_) => None,
+            };
+            match secs {
+                Some(secs @ 1..=StartPolicy::MAX_SECS) => {
+                    Ok(Some(std::time::Duration::from_secs(secs)))
+                }
+                _ => Err(error(
+                    key,
+                    &format!(
+                        "expected a whole number of seconds from 1 to {} (a year)",
+                        StartPolicy::MAX_SECS
+                    ),
+                )),
+            }
+        };
+        if let Some(ttl) = seconds(LISTING_TTL_SECS)? {
+            policy.listing_ttl = ttl;
+        }
+        if let Some(idle) = seconds(IDLE_SECS)? {
+            policy.idle = idle;
+        }
+        Ok(policy)
     }
 }
 
@@ -294,6 +401,7 @@ impl<E: Fn(&str) -> Option<String>> Entry<'_, E> {
         };
         // Checked now, so a bad grant fails loading rather than the first command using it.
         config.allowed_tools()?;
+        config.start_policy()?;
         Ok(config)
     }
 
@@ -494,6 +602,62 @@ mod tests {
         assert!(permits("a", "large"));
         assert!(!permits("a", "crash"));
         assert!(permits("b", "anything"));
+    }
+
+    #[test]
+    fn the_start_policy_defaults_to_lazy_and_reads_its_keys() {
+        use std::time::Duration;
+        let config = McpConfig::parse(
+            r#"{"mcpServers": {
+                "a": {"command": "x"},
+                "b": {"command": "y", "lazy": false, "listingTtlSecs": 60, "idleSecs": 1}
+            }}"#,
+            |_| None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let policy = |name: &str| {
+            let server = ServerId::new(name).unwrap_or_else(|e| panic!("{e}"));
+            config.servers[&server]
+                .start_policy()
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        assert_eq!(policy("a"), StartPolicy::default());
+        assert!(policy("a").lazy);
+        assert_eq!(policy("a").listing_ttl, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(
+            policy("b"),
+            StartPolicy {
+                lazy: false,
+                listing_ttl: Duration::from_secs(60),
+                idle: Duration::from_secs(1),
+            }
+        );
+        // Psych's keys stay in the entry (other clients ignore them).
+        let b = ServerId::new("b").unwrap_or_else(|e| panic!("{e}"));
+        assert!(config.servers[&b].extra.contains_key(LAZY));
+    }
+
+    #[test]
+    fn a_malformed_start_policy_fails_loading_with_the_server_and_field_named() {
+        for (bad, field) in [
+            (r#""lazy": "yes""#, LAZY),
+            (r#""listingTtlSecs": 0"#, LISTING_TTL_SECS),
+            (r#""listingTtlSecs": -5"#, LISTING_TTL_SECS),
+            (r#""idleSecs": 1.5"#, IDLE_SECS),
+            (r#""idleSecs": 0"#, IDLE_SECS),
+            (r#""listingTtlSecs": 31536001"#, LISTING_TTL_SECS),
+            (r#""idleSecs": "300""#, IDLE_SECS),
+        ] {
+            let text = format!(r#"{{"mcpServers": {{"s": {{"command": "x", {bad}}}}}}}"#);
+            match McpConfig::parse(&text, |_| None) {
+                Err(ConfigError::Field {
+                    server, field: f, ..
+                }) => {
+                    assert_eq!((server.as_str(), f.as_str()), ("s", field), "{bad}");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -233,7 +233,11 @@ pub(crate) async fn supervise(
                 continue;
             }
         };
-        let mut check = tokio::time::interval(idle_check(lazy.idle));
+        // The first look one period after the start, not at once: the requests the start
+        // served take the session first (with an idle time of zero, as soon as none is in
+        // flight after that).
+        let period = idle_check(lazy.idle);
+        let mut check = tokio::time::interval_at(Instant::now() + period, period);
         // Made once: `lost` may wait a while for a process's exit status to say why.
         let lost = session.lost();
         tokio::pin!(lost);

@@ -101,7 +101,10 @@ mod tap;
 mod timeouts;
 
 pub use budget::{DEFAULT_SPILL_BUDGET, SpillBudget};
-pub use config::{ALLOW_TOOLS, ConfigError, McpConfig, ServerConfig, Transport};
+pub use config::{
+    ALLOW_TOOLS, ConfigError, IDLE_SECS, LAZY, LISTING_TTL_SECS, McpConfig, ServerConfig,
+    StartPolicy, Transport,
+};
 pub use error::McpError;
 pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};
 pub use listing::{Listing, MalformedTool};

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use psych_types::{
     HostAnswer, InputRound, JsonObject, ProgressSink, Reachability, ServerId, SpilledBlock,
@@ -75,9 +76,20 @@ pub struct McpManagerBuilder {
     backoff: Backoff,
     spill_dir: PathBuf,
     spill_budget: SpillBudget,
+    lazy: BTreeMap<ServerId, Duration>,
 }
 
 impl McpManagerBuilder {
+    /// Makes `server` (one of the configuration's) lazy: [`McpManager::connect_all`] adds it
+    /// with [`McpManager::add_lazy_server`] and this `idle` time, starting nothing, instead
+    /// of connecting it. The caller decides which servers may wait (`psych serve`: those
+    /// whose kept listing is fresh, by their [`StartPolicy`](crate::StartPolicy)); a name
+    /// the configuration lacks is ignored.
+    pub fn lazy(mut self, server: ServerId, idle: Duration) -> Self {
+        self.lazy.insert(server, idle);
+        self
+    }
+
     /// Sets the folder of the unnamed files that hold an answer too large for memory while
     /// it is read and until its result is logged (default: [`std::env::temp_dir`]). Each
     /// file has no name (`O_TMPFILE`, or unlinked at once) and goes with its last handle;
@@ -146,6 +158,7 @@ impl McpManagerBuilder {
         Ok(McpManager {
             inner: Arc::new(Inner {
                 config: self.config,
+                lazy: self.lazy,
                 timeouts: self.timeouts,
                 backoff: self.backoff,
                 spill_dir: Arc::from(self.spill_dir),
@@ -171,6 +184,8 @@ pub struct McpManager {
 
 struct Inner {
     config: McpConfig,
+    /// The servers of `config` that `connect_all` adds lazily, with their idle time.
+    lazy: BTreeMap<ServerId, Duration>,
     timeouts: Timeouts,
     backoff: Backoff,
     spill_dir: Arc<Path>,
@@ -214,6 +229,7 @@ impl McpManager {
             spill_dir: std::env::temp_dir(),
             spill_budget: SpillBudget::default(),
             backoff: Backoff::default(),
+            lazy: BTreeMap::new(),
         }
     }
 
@@ -229,7 +245,9 @@ impl McpManager {
     /// attempt. Servers that failed stay configured, reported unreachable, and are retried
     /// with backoff. Returns, for every server of the configuration, its reachability after
     /// its first attempt, or why there is none: the manager refused it (after shutdown), or
-    /// the task making the attempt panicked.
+    /// the task making the attempt panicked. A server made lazy by
+    /// [`McpManagerBuilder::lazy`] is added lazily instead, started by nothing: its entry
+    /// is [`Reachability::Unknown`] (see [`is_lazy`](Self::is_lazy)).
     ///
     /// Dropping the future stops the attempts not yet made; servers already added stay.
     pub async fn connect_all(&self) -> BTreeMap<ServerId, Result<Reachability, ConnectError>> {
@@ -238,7 +256,16 @@ impl McpManager {
         for (server, config) in &self.inner.config.servers {
             let manager = self.clone();
             let (id, config) = (server.clone(), config.clone());
-            let handle = attempts.spawn(async move { manager.add_server(id, config).await });
+            let idle = self.inner.lazy.get(server).copied();
+            let handle = attempts.spawn(async move {
+                match idle {
+                    Some(idle) => manager
+                        .add_lazy_server(id, config, idle)
+                        .await
+                        .map(|()| Reachability::Unknown),
+                    None => manager.add_server(id, config).await,
+                }
+            });
             servers.insert(handle.id(), server.clone());
         }
         let mut out = BTreeMap::new();
@@ -311,6 +338,20 @@ impl McpManager {
         self.remove_server(&server).await;
         self.add_slot(server, config, Some(Arc::new(Lazy::new(idle))))
             .await
+    }
+
+    /// The configuration the manager was built with (servers added later by
+    /// [`add_server`](Self::add_server) are not in it).
+    pub fn config(&self) -> &McpConfig {
+        &self.inner.config
+    }
+
+    /// Whether `server` is started only when it is needed (added by
+    /// [`add_lazy_server`](Self::add_lazy_server), or made lazy by
+    /// [`McpManagerBuilder::lazy`] and added by [`connect_all`](Self::connect_all)), or
+    /// `None` for a server the manager does not have.
+    pub fn is_lazy(&self, server: &ServerId) -> Option<bool> {
+        Some(self.slot(server).ok()?.lazy.is_some())
     }
 
     /// Whether `server` has a live session now (a lazy server between its start and its
