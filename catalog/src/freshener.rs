@@ -209,7 +209,17 @@ struct Pending {
     stop: bool,
     connect: bool,
     changed: bool,
+    /// Sweep from the stored sync with the slot's TTL ([`Freshener::follow`]).
+    follow: bool,
     demands: Vec<Waiter>,
+}
+
+/// How a followed server is swept ([`Freshener::follow`]).
+struct Follow {
+    /// How old its kept listing may be while it does not run.
+    ttl: Duration,
+    /// Whether it runs now.
+    running: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
 /// Where the handle leaves requests for one server's task.
@@ -217,6 +227,25 @@ struct Pending {
 struct Slot {
     pending: Mutex<Pending>,
     notify: Notify,
+    /// Set for a followed server ([`Freshener::follow`]).
+    follow: Mutex<Option<Follow>>,
+}
+
+impl Slot {
+    /// The followed server's own TTL, and whether it runs now; `None` when not followed.
+    fn followed(&self) -> Option<(Duration, bool)> {
+        let follow = self.follow.lock().unwrap_or_else(PoisonError::into_inner);
+        follow.as_ref().map(|f| (f.ttl, (f.running)()))
+    }
+
+    /// The TTL of this server's next sweep: its own while it is followed and does not run,
+    /// else the configuration's.
+    fn ttl(&self, config: &FreshenerConfig) -> Duration {
+        match self.followed() {
+            Some((ttl, false)) => ttl,
+            _ => config.ttl,
+        }
+    }
 }
 
 impl Slot {
@@ -236,7 +265,7 @@ struct Context<L> {
 /// Keeps a [`Catalog`] fresh from a [`ToolLister`]: sync on connect, a TTL sweep with jitter,
 /// refresh on demand, and coalesced `list_changed` notifications.
 ///
-/// A server is registered by the first [`connect`](Self::connect),
+/// A server is registered by the first [`connect`](Self::connect), [`follow`](Self::follow),
 /// [`refresh`](Self::refresh) or [`list_changed`](Self::list_changed) that names it, and is
 /// swept from then on. Every task it starts is owned: [`shutdown`](Self::shutdown) signals
 /// them all and waits for them; dropping the freshener aborts them.
@@ -332,6 +361,32 @@ impl<L: ToolLister + 'static> Freshener<L> {
         }
     }
 
+    /// Keeps `server` fresh without starting it needlessly, for a server whose listing is
+    /// kept and that listing would start (one started only when a call needs it), listing
+    /// nothing now. While `running` says it does not run, its sweep lists it only once its
+    /// last stored sync is `ttl` old (with the jitter), and a failed listing (a start that
+    /// failed) is tried again only `ttl` later, not with the backoff: nothing starts it
+    /// meanwhile but a call. While it runs, it is swept with the configuration's TTL like
+    /// any server. A server never synced is not swept until something lists it. A
+    /// [`connect`](Self::connect), [`refresh`](Self::refresh) or
+    /// [`list_changed`](Self::list_changed) still lists it at once. `running` is called on
+    /// the freshener's task at each sweep: it must be cheap and must not block. Does nothing
+    /// after shutdown.
+    pub fn follow(
+        &self,
+        server: &ServerId,
+        ttl: Duration,
+        running: impl Fn() -> bool + Send + Sync + 'static,
+    ) {
+        if let Some(slot) = self.slot(server) {
+            *slot.follow.lock().unwrap_or_else(PoisonError::into_inner) = Some(Follow {
+                ttl,
+                running: Arc::new(running),
+            });
+            slot.request(|p| p.follow = true);
+        }
+    }
+
     /// `server` sent `notifications/tools/list_changed`. Cheap and non-blocking, for the MCP
     /// adapter's notification handler; a storm of calls coalesces into one or two refreshes.
     /// Does nothing after shutdown.
@@ -421,6 +476,14 @@ impl<L: ToolLister + 'static> Freshener<L> {
     }
 }
 
+/// The instant `after` from now, or about a century from now where that is past what an
+/// `Instant` holds (a TTL of years): never a panic.
+fn later(after: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(after)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
 /// The coalescing window of `list_changed` notifications.
 #[derive(Clone, Copy)]
 struct Debounce {
@@ -444,15 +507,19 @@ async fn run_server<L: ToolLister + 'static>(
     let mut failures = 0u32;
     let mut debounce: Option<Debounce> = None;
     // The sweep: resume from the stored sync, so a reopened catalogue is not listed at once.
-    let mut due = match context.catalog.health(&server) {
+    let resume = |jitter: &mut Jitter, stored_version: &mut CatalogVersion| match context
+        .catalog
+        .health(&server)
+    {
         Ok(health) => health.last_sync.map(|sync| {
-            stored_version = sync.version;
+            *stored_version = sync.version;
             let age = context.catalog.now().saturating_sub(sync.at);
-            let left = config.ttl.saturating_sub(Duration::from_millis(age));
-            Instant::now() + left + jitter.below(config.jitter)
+            let left = slot.ttl(config).saturating_sub(Duration::from_millis(age));
+            later(left + jitter.below(config.jitter))
         }),
         Err(_) => None,
     };
+    let mut due = resume(&mut jitter, &mut stored_version);
 
     let start = |inflight: &mut Inflight| {
         inflight.start(list(
@@ -488,11 +555,14 @@ async fn run_server<L: ToolLister + 'static>(
                     let _ = waiter.send(outcome);
                 }
                 if inflight.is_empty() {
-                    due = Some(Instant::now() + if failures == 0 {
-                        config.ttl + jitter.below(config.jitter)
-                    } else {
-                        config.backoff(failures)
-                    });
+                    due = Some(later(match (failures, slot.followed()) {
+                        (0, _) => slot.ttl(config) + jitter.below(config.jitter),
+                        // A followed server's listing that failed was a start that failed:
+                        // not retried with the backoff (each try would start it), only by a
+                        // call or its own TTL.
+                        (_, Some((ttl, _))) => ttl,
+                        _ => config.backoff(failures),
+                    }));
                 }
             }
             () = slot.notify.notified() => {
@@ -501,6 +571,9 @@ async fn run_server<L: ToolLister + 'static>(
                 );
                 if pending.stop {
                     break;
+                }
+                if pending.follow && inflight.is_empty() {
+                    due = resume(&mut jitter, &mut stored_version);
                 }
                 if pending.connect {
                     start(&mut inflight);
@@ -525,7 +598,28 @@ async fn run_server<L: ToolLister + 'static>(
             }
             () = sleep_until(due) => {
                 due = None;
-                start(&mut inflight);
+                // A followed server that does not run is listed (and so started) only once
+                // its kept listing is past its own TTL.
+                let kept = match slot.followed() {
+                    Some((ttl, false)) => context
+                        .catalog
+                        .health(&server)
+                        .ok()
+                        .and_then(|health| health.last_sync)
+                        .map(|sync| {
+                            let age = context.catalog.now().saturating_sub(sync.at);
+                            ttl.saturating_sub(Duration::from_millis(age))
+                        })
+                        .filter(|left| !left.is_zero())
+                        .map(|left| later(left + jitter.below(config.jitter))),
+                    _ => None,
+                };
+                match kept {
+                    Some(at) => due = Some(at),
+                    None => {
+                        start(&mut inflight);
+                    }
+                }
             }
         }
     }
@@ -760,6 +854,79 @@ mod tests {
             .unwrap();
         assert!(second.version > first.version);
         assert_eq!(catalog.cached_set_version(&s), Some(second.version.0));
+    }
+
+    /// A lister of one tool that counts its listings.
+    #[derive(Default)]
+    struct Counting(std::sync::atomic::AtomicUsize);
+
+    impl ToolLister for Counting {
+        type Error = std::io::Error;
+
+        async fn list_tools(&self, _: &ServerId) -> Result<Vec<ToolDefinition>, Self::Error> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let name = psych_types::ToolName::new("a").map_err(std::io::Error::other)?;
+            Ok(vec![ToolDefinition::new(name, "", Default::default())])
+        }
+    }
+
+    /// Issue 30: a server started only when needed is followed with its own TTL, from its
+    /// kept listing: not listed when followed, nor at the configuration's TTL.
+    #[tokio::test(start_paused = true)]
+    async fn a_followed_server_is_listed_only_when_its_own_ttl_runs_out() {
+        // The catalogue's clock moves with tokio's paused time.
+        let start = Instant::now();
+        let catalog = Catalog::builder()
+            .clock(move || 1_000_000 + start.elapsed().as_millis() as u64)
+            .in_memory()
+            .unwrap();
+        let s = ServerId::new("s").unwrap();
+        let kept = [ToolDefinition::new(
+            psych_types::ToolName::new("a").unwrap(),
+            "",
+            Default::default(),
+        )];
+        catalog.refresh(&s, &kept).unwrap();
+        let lister = Arc::new(Counting::default());
+        let config = FreshenerConfig::builder()
+            .ttl(Duration::from_secs(1))
+            .jitter(Duration::from_millis(1))
+            .build()
+            .unwrap();
+        let freshener = Freshener::start(catalog, Arc::clone(&lister), config).unwrap();
+        freshener.follow(&s, Duration::from_secs(3600), || false);
+        let listed = || lister.0.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(1800)).await;
+        assert_eq!(listed(), 0);
+        tokio::time::sleep(Duration::from_secs(1801)).await;
+        assert_eq!(listed(), 1);
+        // Listed, it is due again one of its own TTLs later.
+        tokio::time::sleep(Duration::from_secs(1800)).await;
+        assert_eq!(listed(), 1);
+        // While it runs, it is swept with the configuration's TTL (1 s here).
+        let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = Arc::clone(&running);
+        freshener.follow(&s, Duration::from_secs(3600), move || {
+            flag.load(std::sync::atomic::Ordering::SeqCst)
+        });
+        running.store(true, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(1900)).await;
+        let swept = listed();
+        assert!(swept > 100, "{swept}");
+        // Stopped again: no more sweeps until its own TTL passes.
+        running.store(false, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let stopped = listed();
+        tokio::time::sleep(Duration::from_secs(1800)).await;
+        assert_eq!(listed(), stopped);
+        // A never-listed server that is followed waits for something to list it.
+        let new = ServerId::new("new").unwrap();
+        freshener.follow(&new, Duration::from_secs(1), || false);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(listed(), stopped);
+        freshener.refresh(&new).await.unwrap();
+        assert_eq!(listed(), stopped + 1);
+        freshener.shutdown().await;
     }
 
     /// redb's in-memory backend, whose writes and syncs fail once `failing` is set.
