@@ -420,6 +420,38 @@ impl Surface {
         }
     }
 
+    /// The server a call would be forwarded to, when it is a call of a tool (a direct or
+    /// natively loaded tool, a facade or search pair's call with `input`, the meta tools'
+    /// call) of a server on this Surface, a tool that `live`'s grant permits: `None` for
+    /// what the guard answers itself (listings, descriptions, searches, orientation) and
+    /// for names it refuses. Whether the tool exists or the arguments are valid is not
+    /// looked at:
+    /// for a caller that must bring the server up to date before [`guard`](Self::guard)
+    /// checks the call against it (a server started only when a call needs it, whose kept
+    /// listing may be stale).
+    pub fn call_server(&self, name: &str, arguments: &Value, live: &Live<'_>) -> Option<ServerId> {
+        let (server, tool) = match self.exposed(name)? {
+            Exposed::Direct { target } | Exposed::Deferred { target } => {
+                (&target.server, target.tool.clone())
+            }
+            Exposed::Facade { server } | Exposed::SearchCall { server } => {
+                arguments.get("input")?;
+                (
+                    server,
+                    ToolName::new(arguments.get("tool")?.as_str()?).ok()?,
+                )
+            }
+            Exposed::Meta {
+                tool: MetaTool::CallTool,
+            } => (
+                &self.server(arguments.get("server")?.as_str()?)?.server,
+                ToolName::new(arguments.get("tool")?.as_str()?).ok()?,
+            ),
+            Exposed::Meta { .. } | Exposed::Search { .. } | Exposed::Orientation => return None,
+        };
+        live.grant.permits(server, &tool).then(|| server.clone())
+    }
+
     fn route(
         &self,
         name: &str,

@@ -733,3 +733,66 @@ fn orientation_says_why_a_failed_server_has_no_tools() {
         py.state
     );
 }
+
+/// Issue 30: the server a call would be forwarded to, named before the guard checks the
+/// tool or the arguments (a lazy server's kept listing may be stale), and only for a call of
+/// a tool of a permitted server of the Surface.
+#[test]
+fn call_server_names_where_a_call_goes_whatever_its_tool_and_arguments() {
+    let setup = fixture_setup(Preload::Auto);
+    let surface = setup.resolve(&Settings::default());
+    let live = setup.live();
+    let server = |name: &str, args: Value| {
+        surface
+            .call_server(name, &args, &live)
+            .map(|s| s.as_str().to_owned())
+    };
+    let direct = surface
+        .tools()
+        .iter()
+        .find(|t| t.name.as_str().starts_with("filesystem__"))
+        .map(|t| t.name.as_str().to_owned())
+        .expect("filesystem's tools are direct");
+    assert_eq!(
+        server(&direct, json!({"anything": 1})).as_deref(),
+        Some("filesystem")
+    );
+    let call = json!({"server": "github", "tool": "no_such_tool", "arguments": {"x": 1}});
+    assert_eq!(server(CALL_TOOL, call).as_deref(), Some("github"));
+    // What the guard answers itself, names it refuses, servers not on the Surface.
+    assert_eq!(server(LIST_TOOLS, json!({"server": "github"})), None);
+    assert_eq!(
+        server(DESCRIBE_TOOL, json!({"server": "github", "tool": "x"})),
+        None
+    );
+    assert_eq!(server(ORIENTATION, json!({})), None);
+    assert_eq!(server("no_such_name", json!({})), None);
+    assert_eq!(
+        server(CALL_TOOL, json!({"server": "nowhere", "tool": "x"})),
+        None
+    );
+    assert_eq!(server(CALL_TOOL, json!({"tool": "x"})), None);
+    // A server the grant no longer permits.
+    let narrowed = PermissionGrant::none().allow_server(ServerId::new("notion").unwrap());
+    let live = psych_disclosure::Live {
+        grant: &narrowed,
+        catalogs: &setup.catalogs,
+    };
+    let call = json!({"server": "github", "tool": "get_issue", "arguments": {}});
+    assert_eq!(surface.call_server(CALL_TOOL, &call, &live), None);
+    // A tool outside a narrowed grant starts nothing; one inside it does.
+    let one_tool =
+        PermissionGrant::none().allow_tool(ToolRef::parse("github", "get_issue").unwrap());
+    let live = psych_disclosure::Live {
+        grant: &one_tool,
+        catalogs: &setup.catalogs,
+    };
+    assert_eq!(
+        surface
+            .call_server(CALL_TOOL, &call, &live)
+            .map(|s| s.as_str().to_owned()),
+        Some("github".to_owned())
+    );
+    let other = json!({"server": "github", "tool": "create_issue", "arguments": {}});
+    assert_eq!(surface.call_server(CALL_TOOL, &other, &live), None);
+}
