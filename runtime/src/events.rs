@@ -44,6 +44,12 @@ impl CatalogSync {
     /// [`Freshener`] listing through the manager, fed the manager's events by a
     /// `CatalogSync` started before connecting (so no connection is missed), and each server
     /// listed once before this returns, so the catalogue holds every server that answered.
+    /// A server the manager starts only when it is needed
+    /// ([`McpManagerBuilder::lazy`](psych_mcp::McpManagerBuilder::lazy)) is neither started
+    /// nor listed: the catalogue's kept listing serves until a call starts it (see
+    /// [`LazyStarts`](crate::LazyStarts)), and the freshener [follows](Freshener::follow) it
+    /// with its configuration's listing TTL ([`StartPolicy`](psych_mcp::StartPolicy)),
+    /// listing it (and so starting it) when that runs out while it does not run.
     /// Call it inside the tokio runtime the freshener is to run on.
     ///
     /// # Errors
@@ -108,6 +114,21 @@ impl CatalogSync {
                     }
                 }
                 for server in added {
+                    // A lazy server is listed when it starts, or when its kept listing's
+                    // TTL runs out (which starts it); nothing starts it now.
+                    if manager.is_lazy(&server) == Some(true) {
+                        let ttl = manager
+                            .config()
+                            .servers
+                            .get(&server)
+                            .and_then(|config| config.start_policy().ok())
+                            .unwrap_or_default()
+                            .listing_ttl;
+                        let (manager, id) = (manager.clone(), server.clone());
+                        freshener
+                            .follow(&server, ttl, move || manager.is_running(&id) == Some(true));
+                        continue;
+                    }
                     if let Err(error) = freshener.refresh(&server).await {
                         failures.push((server, FirstSyncError::Listing(error)));
                     }

@@ -5,7 +5,9 @@
 //! answers `read_tool_output`; orientation builds its payload; the [`ToolHost`] runs what is
 //! forwarded. The executor only orders, bounds and logs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -14,8 +16,9 @@ use psych_prompt_assembly::NativeDeferral;
 use psych_reader_tool::{CallError, Limits, Reader};
 use psych_record_log::{OpenError, RecordLog, SharedRecordLog};
 use psych_types::{
-    HostAnswer, InputRound, LoggedRecord, ProgressSink, READ_TOOL_OUTPUT, Record, RecordHandle,
-    ToolCall, ToolHost, ToolOutput, ToolRef, ToolResult,
+    HostAnswer, InputRound, LoggedRecord, ProgressSink, READ_TOOL_OUTPUT, Reachability, Record,
+    RecordHandle, ServerCatalog, ServerHealth, ServerId, ToolCall, ToolHost, ToolOutput, ToolRef,
+    ToolResult,
 };
 use serde_json::Value;
 use tokio::task::{Id, JoinError, JoinSet};
@@ -55,6 +58,79 @@ pub fn reserve_executor_tools(
         .build()
 }
 
+/// What [`OnDemand::start`] answers: the server's live catalogue once it is started and
+/// listed, or why it could not be.
+pub type StartFuture<'a> = Pin<
+    Box<
+        dyn Future<Output = Result<ServerCatalog, Box<dyn std::error::Error + Send + Sync>>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// Servers started only when a call needs them, as the [`Executor`] sees them
+/// ([`Executor::on_demand`]). psych-runtime's `LazyStarts` (feature `mcp`) is psych-mcp's
+/// lazy servers with the catalogue's freshener.
+///
+/// Before a step's calls are guarded, every server a permitted call would be forwarded to
+/// ([`Surface::call_server`]) that [`needs_start`](Self::needs_start) is started once (and
+/// listed, the listing stored in the catalogue), and the step's calls are guarded against
+/// that fresh listing: a tool it no longer has is refused as removed, a changed schema
+/// validated as changed. A server that cannot be started answers each of its calls with a
+/// failed result naming why; the step's other calls are untouched.
+pub trait OnDemand: Send + Sync {
+    /// Whether a call to `server` must start it first: it is started on demand and is not
+    /// running now. Cheap: asked for every forwarded call.
+    fn needs_start(&self, server: &ServerId) -> bool;
+
+    /// Starts `server`, lists it and stores the listing in the catalogue; answers the
+    /// server's live catalogue as stored then. Dropped part way, the start and its listing
+    /// go on without the caller (nothing is lost: the catalogue stores the listing when it
+    /// comes).
+    fn start<'a>(&'a self, server: &'a ServerId) -> StartFuture<'a>;
+
+    /// The server's state for the orientation payload (say, `known (listed 3 h ago), not
+    /// started`), given its health in the catalogue read for the call, or `None` for a
+    /// server that is not started on demand (its catalogue's state stands). Asked only for
+    /// a server with a kept listing that the catalogue does not report unreachable (the
+    /// state that says why stands).
+    fn state(&self, server: &ServerId, health: Option<&ServerHealth>) -> Option<String>;
+}
+
+/// What starting a step's stopped servers left: the catalogues to guard the step against
+/// (`None` when nothing was started), and why each server that could not start did not.
+#[derive(Default)]
+struct Starts {
+    catalogs: Option<Vec<ServerCatalog>>,
+    failed: BTreeMap<ServerId, String>,
+}
+
+impl Starts {
+    /// `live` with the catalogues read after the starts.
+    fn live<'a>(&'a self, live: &Live<'a>) -> Live<'a> {
+        Live {
+            grant: live.grant,
+            catalogs: self.catalogs.as_deref().unwrap_or(live.catalogs),
+        }
+    }
+
+    /// The failed result of `call` when its server could not start: answered before the
+    /// guard, so the reason is this start's (not an earlier failure's the catalogue holds).
+    fn failure(&self, surface: &Surface, live: &Live<'_>, call: &ToolCall) -> Option<ToolOutput> {
+        if self.failed.is_empty() {
+            return None;
+        }
+        let server = surface.call_server(&call.name, &call.arguments, live)?;
+        self.failed.get(&server).map(|why| {
+            ToolOutput::error(format!(
+                "{} was not called: MCP server {server} is started when a call needs it, and \
+                 it could not be started: {why}",
+                call.name
+            ))
+        })
+    }
+}
+
 /// Runs one step's tool calls and logs their results.
 ///
 /// For each call, in the order the model made them: `read_tool_output` goes to
@@ -83,6 +159,7 @@ pub struct Executor<H> {
     call_timeout: Duration,
     orientation: OrientationContext,
     limits: Limits,
+    on_demand: Option<Arc<dyn OnDemand>>,
 }
 
 impl<H> std::fmt::Debug for Executor<H> {
@@ -119,7 +196,16 @@ impl<H: ToolHost + 'static> Executor<H> {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             orientation: OrientationContext::default(),
             limits: Limits::default(),
+            on_demand: None,
         }
+    }
+
+    /// Starts the servers that are started only when a call needs them before guarding
+    /// their calls, and guards those calls against the listing the start stored (see
+    /// [`OnDemand`]); the orientation payload shows their states.
+    pub fn on_demand(mut self, on_demand: Arc<dyn OnDemand>) -> Self {
+        self.on_demand = Some(on_demand);
+        self
     }
 
     /// Sets the deadline of each forwarded call. A call past it is answered with a failed
@@ -248,6 +334,9 @@ impl<H: ToolHost + 'static> Executor<H> {
         native: Option<&NativeDeferral>,
         progress: Vec<Option<ProgressSink>>,
     ) -> Result<Vec<LoggedRecord>, ExecuteError> {
+        // A native search tool's call names no server of the Surface: nothing starts for it.
+        let starts = self.start_needed(surface, live, calls.iter()).await;
+        let live = &starts.live(live);
         let mut pending = Vec::with_capacity(calls.len());
         let mut tasks: JoinSet<Done> = JoinSet::new();
         // Which call each task runs, so a task that panics still answers its call.
@@ -265,6 +354,10 @@ impl<H: ToolHost + 'static> Executor<H> {
                 let task = self.spawn_read(&mut tasks, index, call);
                 running.insert(task, index);
                 pending.push(Pending::Running);
+                continue;
+            }
+            if let Some(output) = starts.failure(surface, live, call) {
+                pending.push(Pending::Ready(output));
                 continue;
             }
             match self.guard(surface, live, call) {
@@ -334,6 +427,45 @@ impl<H: ToolHost + 'static> Executor<H> {
         }
     }
 
+    /// Starts, once each, the stopped on-demand servers that `calls` would be forwarded to
+    /// (one after the other: a step rarely names more than one), and reads their live
+    /// catalogues after. Nothing when there is no [`OnDemand`] or no call needs a start.
+    async fn start_needed<'c>(
+        &self,
+        surface: &Surface,
+        live: &Live<'_>,
+        calls: impl Iterator<Item = &'c ToolCall>,
+    ) -> Starts {
+        let Some(on_demand) = &self.on_demand else {
+            return Starts::default();
+        };
+        let servers: BTreeSet<ServerId> = calls
+            .filter(|call| call.name != READ_TOOL_OUTPUT)
+            .filter_map(|call| surface.call_server(&call.name, &call.arguments, live))
+            .filter(|server| on_demand.needs_start(server))
+            .collect();
+        if servers.is_empty() {
+            return Starts::default();
+        }
+        let mut catalogs = live.catalogs.to_vec();
+        let mut failed = BTreeMap::new();
+        for server in servers {
+            match on_demand.start(&server).await {
+                Ok(fresh) => match catalogs.iter_mut().find(|c| c.server == server) {
+                    Some(catalog) => *catalog = fresh,
+                    None => catalogs.push(fresh),
+                },
+                Err(error) => {
+                    failed.insert(server, psych_types::error_chain(&*error));
+                }
+            }
+        }
+        Starts {
+            catalogs: Some(catalogs),
+            failed,
+        }
+    }
+
     /// The guard's verdict on one call (disclosure owns the policy).
     fn guard(&self, surface: &Surface, live: &Live<'_>, call: &ToolCall) -> Verdict {
         let mut validators = self
@@ -349,7 +481,25 @@ impl<H: ToolHost + 'static> Executor<H> {
             Verdict::Answer(answer) => answer.to_output(),
             Verdict::Refused(refusal) => refusal.to_output(),
             Verdict::Orientation { verbose } => {
-                orientation(surface, live, &self.orientation, *verbose).to_output()
+                let mut payload = orientation(surface, live, &self.orientation, *verbose);
+                if let Some(on_demand) = &self.on_demand {
+                    for summary in &mut payload.servers {
+                        let health = live
+                            .catalogs
+                            .iter()
+                            .find(|c| c.server == summary.server)
+                            .map(|c| &c.health);
+                        // A server down, or never listed, keeps the state that says why.
+                        let known = health.is_some_and(|h| {
+                            h.last_sync.is_some()
+                                && !matches!(h.reachability, Reachability::Unreachable { .. })
+                        });
+                        if known && let Some(state) = on_demand.state(&summary.server, health) {
+                            summary.state = state;
+                        }
+                    }
+                }
+                payload.to_output()
             }
             // Forward is routed by the caller; a verdict this runtime does not know yet is
             // refused rather than guessed at.
@@ -424,6 +574,14 @@ impl<H: ToolHost + 'static> Executor<H> {
                 )
                 .await?;
             return one(logged);
+        }
+        let starts = self
+            .start_needed(surface, live, std::iter::once(call))
+            .await;
+        let live = &starts.live(live);
+        if let Some(output) = starts.failure(surface, live, call) {
+            drop(progress);
+            return self.log_one(call, output).await;
         }
         let forward = match self.guard(surface, live, call) {
             Verdict::Forward(forward) => forward,

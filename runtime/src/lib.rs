@@ -42,7 +42,9 @@
 //! # Features
 //!
 //! - `mcp` (off by default): `CatalogSync`, which keeps a catalogue fresh from psych-mcp's
-//!   live connections (a sync on connect, `list_changed`, reachability). Without it the
+//!   live connections (a sync on connect, `list_changed`, reachability), and servers
+//!   started when they are needed: `start_at` decides which servers a kept listing serves
+//!   until their first call, `LazyStarts` starts them for the executor. Without it the
 //!   runtime depends on no MCP client at all (no rmcp, hyper or reqwest): it forwards calls
 //!   to any [`ToolHost`](psych_types::ToolHost), and a caller with its own MCP client
 //!   refreshes the catalogue through psych-catalog's `Freshener` itself.
@@ -123,6 +125,8 @@ mod error;
 #[cfg(feature = "mcp")]
 mod events;
 mod executor;
+#[cfg(feature = "mcp")]
+mod lazy;
 mod native;
 mod run;
 mod scripted;
@@ -132,8 +136,12 @@ pub use error::{ExecuteError, RunError, TurnState};
 #[cfg(feature = "mcp")]
 pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};
 pub use executor::{
-    Archive, Archived, DEFAULT_CALL_TIMEOUT, EXECUTOR_TOOLS, Executed, Executor,
-    reserve_executor_tools,
+    Archive, Archived, DEFAULT_CALL_TIMEOUT, EXECUTOR_TOOLS, Executed, Executor, OnDemand,
+    StartFuture, reserve_executor_tools,
+};
+#[cfg(feature = "mcp")]
+pub use lazy::{
+    AtOnce, LazyStarts, ListingSources, STARTED_ON_DEMAND, StartAt, lazy_state, start_at,
 };
 pub use run::{INTERRUPTED, ModelReply, Next, Run, RunBuilder, Target};
 pub use scripted::{ScriptedModel, Step, Transcript};

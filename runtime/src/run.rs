@@ -191,6 +191,7 @@ pub struct RunBuilder<H> {
     call_timeout: Duration,
     orientation: OrientationContext,
     limits: Limits,
+    on_demand: Option<Arc<dyn crate::OnDemand>>,
 }
 
 impl<H> std::fmt::Debug for RunBuilder<H> {
@@ -236,6 +237,7 @@ impl<H: ToolHost + 'static> Run<H> {
             call_timeout: crate::DEFAULT_CALL_TIMEOUT,
             orientation: OrientationContext::default(),
             limits: Limits::default(),
+            on_demand: None,
         }
     }
 
@@ -696,6 +698,17 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
+    /// Servers started only when a call needs them: a call to one that is not running
+    /// starts it and is guarded against the listing its start stored
+    /// ([`Executor::on_demand`]); with psych-mcp, `LazyStarts` (feature `mcp`) over the
+    /// manager whose lazy servers the Run calls. Without it, every server is called as it
+    /// is (a stopped lazy server is still started by its call, but against the kept
+    /// listing).
+    pub fn on_demand(mut self, on_demand: Arc<dyn crate::OnDemand>) -> Self {
+        self.on_demand = Some(on_demand);
+        self
+    }
+
     /// Opens the Run's log (creating it, or resuming it: a torn tail is cut back and
     /// reported in [`Run::recovery`], every call left without a result gets a logged
     /// [`INTERRUPTED`] result).
@@ -727,10 +740,13 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         })
         .await
         .map_err(RunError::Task)??;
-        let executor = Executor::new(self.host, Arc::new(log))
+        let mut executor = Executor::new(self.host, Arc::new(log))
             .call_timeout(self.call_timeout)
             .orientation_context(self.orientation)
             .reader_limits(self.limits);
+        if let Some(on_demand) = self.on_demand {
+            executor = executor.on_demand(on_demand);
+        }
         let mut spent = Spent::default();
         spent.tally(&history.entries);
         let mut run = Run {

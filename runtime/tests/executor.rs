@@ -658,3 +658,189 @@ async fn one_estimator_reaches_disclosure_the_log_and_elision() {
     assert_eq!(stored, 20_000, "the log's stored estimate");
     assert!(!whole, "elision sized the result with it and elided it");
 }
+
+/// A server started only when a call needs it, as the executor sees one: not running until
+/// its first start; a start lists [`Host`] into the catalogue (so a tool the kept listing
+/// had and the host no longer has is gone), or fails with `why` when set. Counts starts.
+struct Stopped {
+    catalog: Catalog,
+    running: std::sync::atomic::AtomicBool,
+    starts: std::sync::atomic::AtomicUsize,
+    why: Option<&'static str>,
+    delay: Duration,
+}
+
+impl psych_runtime::OnDemand for Stopped {
+    fn needs_start(&self, _: &ServerId) -> bool {
+        !self.running.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn start<'a>(&'a self, server: &'a ServerId) -> psych_runtime::StartFuture<'a> {
+        Box::pin(async move {
+            self.starts
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            if let Some(why) = self.why {
+                return Err(std::io::Error::other(why).into());
+            }
+            self.catalog
+                .refresh(server, &Host.list_tools(server).await?)?;
+            self.running
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(self.catalog.live(server)?)
+        })
+    }
+
+    fn state(&self, _: &ServerId, _: Option<&psych_types::ServerHealth>) -> Option<String> {
+        Some(
+            if self.needs_start(&server()) {
+                "stopped"
+            } else {
+                "started"
+            }
+            .to_owned(),
+        )
+    }
+}
+
+/// A Run whose catalogue kept a listing of `svc` with a tool (`gone`) the server no longer
+/// has, its server started on demand by `stopped`'s rules.
+async fn open_stopped(
+    dir: &std::path::Path,
+    why: Option<&'static str>,
+    delay: Duration,
+) -> (Run<Host>, Arc<Stopped>) {
+    let catalog = Catalog::in_memory().unwrap();
+    let mut kept = Host.list_tools(&server()).await.unwrap();
+    kept.push(ToolDefinition::new(
+        ToolName::new("gone").unwrap(),
+        "A tool the server had",
+        serde_json::from_value(json!({"type": "object"})).unwrap(),
+    ));
+    catalog.refresh(&server(), &kept).unwrap();
+    let stopped = Arc::new(Stopped {
+        catalog: catalog.clone(),
+        running: false.into(),
+        starts: 0.into(),
+        why,
+        delay,
+    });
+    let run = Run::builder(
+        dir,
+        RunId::new("run-1").unwrap(),
+        catalog,
+        Arc::new(Host),
+        target(),
+    )
+    .connections([ConnectionSpec::new(server())])
+    .grant(PermissionGrant::none().allow_server(server()))
+    .clock(|| 1_796_041_497)
+    .on_demand(Arc::clone(&stopped) as Arc<dyn psych_runtime::OnDemand>)
+    .open()
+    .await
+    .unwrap();
+    (run, stopped)
+}
+
+/// Issue 30 in the runtime: a step's calls to a stopped server start it once, and are
+/// guarded against the listing the start stored: the removed tool refused as removed, the
+/// others forwarded; the next step starts nothing; the orientation says its state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_to_a_stopped_server_start_it_once_and_meet_its_fresh_listing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut run, stopped) = open_stopped(dir.path(), None, Duration::ZERO).await;
+    let mut model = ScriptedModel::new([
+        Step::call("psych_orientation", json!({})),
+        Step::call("svc__gone", json!({}))
+            .and_call("svc__sleep", json!({"ms": 1, "tag": "one"}))
+            .and_call("svc__sleep", json!({"ms": 1, "tag": "two"})),
+        Step::call("svc__sleep", json!({"ms": 1, "tag": "three"}))
+            .and_call("psych_orientation", json!({})),
+        Step::say("done"),
+    ]);
+    model.turn(&mut run, "go").await.unwrap();
+    let texts: Vec<String> = results(&run)
+        .into_iter()
+        .map(|(_, out)| out.readable_text().into_owned())
+        .collect();
+    assert!(texts[0].contains(r#""state": "stopped""#), "{}", texts[0]);
+    assert_eq!(stopped.starts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(texts[1], "tool \"gone\" is not available on server svc");
+    assert_eq!(&texts[2..4], ["one", "two"]);
+    assert_eq!(texts[4], "three");
+    assert!(texts[5].contains(r#""state": "started""#), "{}", texts[5]);
+}
+
+/// A server that cannot start answers each of its calls with why, and is tried again at
+/// the next step; a step dropped while its server starts logs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_cannot_start_answers_why_each_time_it_is_called() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut run, stopped) = open_stopped(
+        dir.path(),
+        Some("licence server unreachable"),
+        Duration::ZERO,
+    )
+    .await;
+    let mut model = ScriptedModel::new([
+        Step::call("svc__sleep", json!({"ms": 1, "tag": "one"})),
+        Step::call("svc__sleep", json!({"ms": 1, "tag": "two"})),
+        Step::say("done"),
+    ]);
+    model.turn(&mut run, "go").await.unwrap();
+    let results = results(&run);
+    assert_eq!(results.len(), 2);
+    for (_, output) in &results {
+        assert!(output.is_error());
+        assert_eq!(
+            output.readable_text(),
+            "svc__sleep was not called: MCP server svc is started when a call needs it, and \
+             it could not be started: licence server unreachable"
+        );
+    }
+    assert_eq!(stopped.starts.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+/// Cancel safety: an execution dropped while its server starts has logged nothing, and the
+/// next execution of the same calls starts it and answers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_dropped_while_its_server_starts_logs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (run, stopped) = open_stopped(dir.path(), None, Duration::from_millis(200)).await;
+    let executor = psych_runtime::Executor::new(Arc::new(Host), Arc::clone(run.log()))
+        .on_demand(Arc::clone(&stopped) as Arc<dyn psych_runtime::OnDemand>);
+    let catalogs = vec![stopped.catalog.live(&server()).unwrap()];
+    let grant = PermissionGrant::none().allow_server(server());
+    let inputs = psych_disclosure::Inputs {
+        connections: &[ConnectionSpec::new(server())],
+        catalogs: &catalogs,
+        grant: &grant,
+    };
+    let surface = psych_disclosure::resolve(
+        &inputs,
+        &psych_disclosure::Settings::default(),
+        &psych_elision::Estimator::new(),
+    )
+    .unwrap();
+    let live = psych_disclosure::Live {
+        grant: &grant,
+        catalogs: &catalogs,
+    };
+    let calls = [ToolCall {
+        id: ToolCallId::new("c1").unwrap(),
+        name: "svc__sleep".into(),
+        arguments: json!({"ms": 1, "tag": "late"}),
+    }];
+    let before = run.records(0).unwrap().len();
+    let cut = tokio::time::timeout(
+        Duration::from_millis(50),
+        executor.execute(&surface, &live, &calls),
+    )
+    .await;
+    assert!(cut.is_err(), "dropped while the server started");
+    assert_eq!(run.records(0).unwrap().len(), before);
+    let logged = executor.execute(&surface, &live, &calls).await.unwrap();
+    assert_eq!(logged.len(), 1);
+    assert_eq!(run.records(0).unwrap().len(), before + 1);
+    assert_eq!(stopped.starts.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use psych_mcp::{
@@ -306,5 +307,117 @@ async fn requests_waiting_for_a_start_end_when_the_server_is_removed() {
     assert!(started.elapsed() < Duration::from_secs(10), "at once");
     let error = echo(&manager, "stuck", "y").await.unwrap_err();
     assert!(matches!(error, McpError::UnknownServer { .. }), "{error}");
+    manager.shutdown().await;
+}
+
+/// Issue 30 in the runtime, with a real process: a manager whose configuration makes a
+/// server lazy ([`psych_mcp::McpManagerBuilder::lazy`]) connects without starting it, the
+/// catalogue's kept listing serves a Run's first turn, and the Run's call (through
+/// [`psych_runtime::LazyStarts`]) starts it once and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_starts_a_lazy_server_at_its_first_call() {
+    use psych_catalog::{Catalog, FreshenerConfig};
+    use psych_runtime::{CatalogSync, LazyStarts, Run, ScriptedModel, Step};
+    use psych_types::{PermissionGrant, RunId};
+
+    let dir = tempfile::tempdir().unwrap();
+    let starts_file = dir.path().join("starts");
+    let script = format!(
+        "echo started >> '{}'; exec '{SERVER}'",
+        starts_file.display()
+    );
+    let config = McpConfig::parse(
+        &json!({"mcpServers": {"lazy": {"command": "sh", "args": ["-c", script]}}}).to_string(),
+        |_| None,
+    )
+    .unwrap();
+    // The listing a first (eager) connection kept.
+    let catalog = Catalog::open(dir.path().join("catalog.redb")).unwrap();
+    {
+        let manager = McpManager::builder(config.clone()).build().unwrap();
+        let connected = CatalogSync::connect(
+            &manager,
+            catalog.clone(),
+            FreshenerConfig::builder().build().unwrap(),
+        )
+        .await
+        .unwrap();
+        assert!(connected.failures.is_empty());
+        connected.sync.stop().await;
+        connected.freshener.shutdown().await;
+        manager.shutdown().await;
+    }
+    assert_eq!(starts(&starts_file), 1);
+
+    let manager = McpManager::builder(config)
+        .lazy(id("lazy"), Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let connected = CatalogSync::connect(
+        &manager,
+        catalog.clone(),
+        FreshenerConfig::builder().build().unwrap(),
+    )
+    .await
+    .unwrap();
+    assert!(connected.failures.is_empty());
+    assert_eq!(manager.is_lazy(&id("lazy")), Some(true));
+    assert_eq!(manager.is_running(&id("lazy")), Some(false));
+    assert_eq!(
+        starts(&starts_file),
+        1,
+        "connecting a lazy server starts nothing"
+    );
+    let on_demand = Arc::new(LazyStarts::new(
+        manager.clone(),
+        Arc::clone(&connected.freshener),
+    ));
+    let target = psych_runtime::Target::Anthropic(psych_prompt_assembly::AnthropicOptions::new(
+        "claude-sonnet-4-5",
+        4096,
+    ));
+    let mut run = Run::builder(
+        dir.path(),
+        RunId::new("run-1").unwrap(),
+        catalog,
+        Arc::new(manager.clone()),
+        target,
+    )
+    .connections([{
+        let mut spec = ConnectionSpec::new(id("lazy"));
+        spec.preload = psych_types::Preload::Eager;
+        spec
+    }])
+    .grant(PermissionGrant::none().allow_server(id("lazy")))
+    .on_demand(on_demand)
+    .open()
+    .await
+    .unwrap();
+    let mut model = ScriptedModel::new([
+        Step::call("lazy__echo", json!({"text": "woken"})),
+        Step::say("done"),
+    ]);
+    let request = run.user("go").await.unwrap();
+    assert!(
+        request.body().contains("lazy"),
+        "the kept listing serves the turn"
+    );
+    assert_eq!(starts(&starts_file), 1);
+    let psych_runtime::Next::Request(second) = run.reply(model.reply(&request)).await.unwrap()
+    else {
+        panic!("the model called a tool");
+    };
+    assert!(second.body().contains("woken"), "{}", second.body());
+    assert_eq!(starts(&starts_file), 2);
+    // The start changed nothing of the prefix: the tools and the system prompt are the
+    // same bytes.
+    let prefix = |body: &str| {
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        (body["tools"].to_string(), body["system"].to_string())
+    };
+    assert_eq!(prefix(second.body()), prefix(request.body()));
+    assert_eq!(manager.is_running(&id("lazy")), Some(true));
+    connected.sync.stop().await;
+    connected.freshener.shutdown().await;
     manager.shutdown().await;
 }
