@@ -39,6 +39,9 @@ pub(crate) struct BudgetReport {
     pub(crate) surface_tools: Vec<String>,
     /// The whole prompt prefix.
     pub(crate) totals: Totals,
+    /// With `--lazy`: what starting servers on demand saves for this file, measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) lazy: Option<crate::setup::LazyFigures>,
 }
 
 /// One server of the report.
@@ -74,6 +77,10 @@ pub(crate) struct ServerReport {
     /// Whether `cost_tokens_est` counted every permitted tool; `false` when counting
     /// stopped above every limit it was compared with (it is then a lower bound).
     pub(crate) cost_exact: bool,
+    /// How `psych serve` on this catalogue would start it: `on demand (listed 3 h ago)`
+    /// (known from the kept listing, started by its first call), or `at once (…)` with why
+    /// (no kept listing, one past its `listingTtlSecs`, or `"lazy": false`).
+    pub(crate) start: String,
     /// The configured preload flag: `auto`, `eager` or `deferred`.
     pub(crate) preload: String,
     /// How Psych shows it: `direct`, `facade`, `search_pair` or `deferred`.
@@ -137,8 +144,8 @@ pub(crate) enum Basis {
     Serve,
 }
 
-/// Builds the report of a loaded setup.
-pub(crate) fn report(setup: &Setup, config: String, basis: Basis) -> BudgetReport {
+/// Builds the report of a loaded setup (with the lazy start's figures when `lazy`).
+pub(crate) fn report(setup: &Setup, config: String, basis: Basis, lazy: bool) -> BudgetReport {
     let estimator = Estimator::new();
     let mut servers = Vec::new();
     let mut totals = Totals {
@@ -215,6 +222,10 @@ pub(crate) fn report(setup: &Setup, config: String, basis: Basis) -> BudgetRepor
             schema_tokens_est: tokens,
             cost_tokens_est: cost.tokens(),
             cost_exact: matches!(cost, Cost::Exact(_)),
+            start: setup.starts.get(server).map_or_else(
+                || "unknown (another process holds the catalogue)".to_owned(),
+                ToString::to_string,
+            ),
             preload,
             shown_as: view.map_or_else(|| "absent".to_owned(), |v| label(&v.shape)),
             why: view.map_or_else(String::new, |v| label(&v.why)),
@@ -238,7 +249,9 @@ pub(crate) fn report(setup: &Setup, config: String, basis: Basis) -> BudgetRepor
         totals.meta_tools_bytes = meta.len();
         totals.meta_tools_tokens_est = estimator.estimate_text(&meta);
     }
-    let payload = orientation_text(setup, false);
+    // With every server started (as this command started them): the same bytes however
+    // long ago a listing was kept.
+    let payload = orientation_text(setup, false, false);
     totals.orientation_bytes = payload.len();
     totals.orientation_tokens_est = estimator.estimate_text(&payload);
     BudgetReport {
@@ -263,24 +276,40 @@ pub(crate) fn report(setup: &Setup, config: String, basis: Basis) -> BudgetRepor
             .map(|t| t.name.as_str().to_owned())
             .collect(),
         totals,
+        lazy: setup.lazy.clone().filter(|_| lazy),
     }
 }
 
-/// The orientation payload's text exactly as the model gets it as a tool result.
-pub(crate) fn orientation_text(setup: &Setup, verbose: bool) -> String {
+/// The orientation payload's text exactly as the model gets it as a tool result: with
+/// `at_serve_start`, as `psych serve` on this catalogue answers it before any call (a
+/// server known from its kept listing shows as not started), else with every server
+/// started.
+pub(crate) fn orientation_text(setup: &Setup, verbose: bool, at_serve_start: bool) -> String {
     let live = Live {
         grant: &setup.grant,
         catalogs: &setup.catalogs,
     };
-    orientation(
+    let mut payload = orientation(
         &setup.surface,
         &live,
         &OrientationContext::default(),
         verbose,
-    )
-    .to_output()
-    .readable_text()
-    .into_owned()
+    );
+    // A server `psych serve` would know from its kept listing shows as its orientation
+    // would show it there, before its first call.
+    if at_serve_start {
+        for summary in &mut payload.servers {
+            let listed_ago = setup
+                .starts
+                .get(&summary.server)
+                .and_then(|s| s.listed_ago());
+            if let Some(listed_ago) = listed_ago {
+                let millis = listed_ago.as_millis().try_into().unwrap_or(u64::MAX);
+                summary.state = psych_runtime::lazy_state(Some(millis));
+            }
+        }
+    }
+    payload.to_output().readable_text().into_owned()
 }
 
 /// `12345` as `12,345`.
@@ -378,6 +407,34 @@ pub(crate) fn table(report: &BudgetReport) -> String {
             s.shown_as,
             s.why
         );
+    }
+    let on_demand: Vec<&str> = report
+        .servers
+        .iter()
+        .filter(|s| s.start.starts_with("on demand"))
+        .map(|s| s.server.as_str())
+        .collect();
+    if !on_demand.is_empty() {
+        let text = format!(
+            "psych serve starts these on demand, known from their kept listings: {}.",
+            on_demand.join(", ")
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(out, "{}", wrap(&text, 78, "    "));
+    }
+    if let Some(lazy) = &report.lazy {
+        let text = format!(
+            "Lazy start (measured in this run): {} of {} servers not started ({} MiB \
+             resident while they ran here); a complete first listing after {} ms instead of \
+             {} ms with every server started.",
+            lazy.not_started,
+            lazy.servers,
+            thousands(lazy.not_started_rss_kib / 1024),
+            thousands(lazy.lazy_first_answer_ms),
+            thousands(lazy.eager_first_answer_ms)
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(out, "{}", wrap(&text, 78, "    "));
     }
     let failed: Vec<&ServerReport> = report
         .servers

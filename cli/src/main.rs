@@ -65,6 +65,12 @@ enum Command {
         /// Print the report as JSON (stable field names) instead of a table.
         #[arg(long)]
         json: bool,
+        /// Also report what starting servers on demand saves for this file, measured in
+        /// this run: the servers `psych serve` would know from their kept listings (in
+        /// `--store`) and not start, their processes' resident memory, and the time to a
+        /// complete first listing started lazily vs with every server started.
+        #[arg(long)]
+        lazy: bool,
     },
     /// Rank every server's tools for a query with the search tier's BM25F index.
     ///
@@ -190,6 +196,14 @@ enum Command {
         /// after 5 minutes without a message.
         #[arg(long, value_name = "N", default_value_t = psych_gateway::MAX_SESSIONS)]
         max_sessions: usize,
+        /// Start every server at once. By default a server whose listing is kept in
+        /// `<dir>/catalog.redb` and younger than its `listingTtlSecs` (default 7 days) is
+        /// known from it and started only when a call needs it, then stopped after
+        /// `idleSecs` (default 300) without a call; `"lazy": false` in a server's entry
+        /// starts that one at once. A server never listed starts at once (its listing, kept,
+        /// makes it lazy from the next start).
+        #[arg(long)]
+        eager: bool,
     },
     /// Make a bearer token for `psych serve --tokens`: prints the token on stdout (give it to
     /// the client) and, on stderr, the digest to put in the tokens file under NAME.
@@ -245,6 +259,7 @@ fn run(command: Command) -> Result<u8, String> {
             serve,
             auto_budget,
             json,
+            lazy,
         } => {
             let (settings, basis) = if serve {
                 let settings = psych_gateway::disclosure_settings(auto_budget)
@@ -257,9 +272,13 @@ fn run(command: Command) -> Result<u8, String> {
                     budget::Basis::Window(context_window),
                 )
             };
-            let loaded = setup::load(setup.config.as_deref(), &setup.store, settings)?;
-            let report =
-                budget::report(&loaded, setup::config_label(setup.config.as_deref()), basis);
+            let loaded = setup::load(setup.config.as_deref(), &setup.store, settings, lazy)?;
+            let report = budget::report(
+                &loaded,
+                setup::config_label(setup.config.as_deref()),
+                basis,
+                lazy,
+            );
             if json {
                 print_json(&report)?;
             } else {
@@ -277,6 +296,7 @@ fn run(command: Command) -> Result<u8, String> {
                 setup.config.as_deref(),
                 &setup.store,
                 setup::settings(setup::WINDOW)?,
+                false,
             )?;
             let index = SearchIndex::new(
                 loaded
@@ -338,8 +358,9 @@ fn run(command: Command) -> Result<u8, String> {
                 setup.config.as_deref(),
                 &setup.store,
                 setup::settings(setup::WINDOW)?,
+                false,
             )?;
-            let text = budget::orientation_text(&loaded, verbose);
+            let text = budget::orientation_text(&loaded, verbose, true);
             if json {
                 let value: serde_json::Value =
                     serde_json::from_str(&text).map_err(|e| e.to_string())?;
@@ -368,6 +389,7 @@ fn run(command: Command) -> Result<u8, String> {
             retain_days,
             retain_mib,
             spill_budget_mib,
+            eager,
         } => {
             let config = match config {
                 Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
@@ -390,6 +412,7 @@ fn run(command: Command) -> Result<u8, String> {
                 tokens,
                 retention,
                 spill_budget: psych_mcp::SpillBudget::new(spill_budget_mib.saturating_mul(1 << 20)),
+                eager,
             })
         }
         Command::ServeToken { name } => serve::token(&name),

@@ -33,6 +33,8 @@ pub(crate) struct Options {
     pub(crate) retention: Retention,
     /// What results too large for memory may hold on disk at once.
     pub(crate) spill_budget: psych_mcp::SpillBudget,
+    /// Start every server at once, none on demand.
+    pub(crate) eager: bool,
 }
 
 /// Runs the gateway until its client leaves (stdio) or a SIGTERM or SIGINT stops it
@@ -52,6 +54,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         tokens,
         retention,
         spill_budget,
+        eager,
     } = options;
     let authorized = tokens.is_some();
     let mut settings = GatewaySettings::new(dir)
@@ -60,6 +63,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         .max_sessions(max_sessions)
         .retention(retention)
         .spill_budget(spill_budget)
+        .eager(eager)
         .report(|line| eprintln!("psych serve: {line}"));
     if let Some(tokens) = tokens {
         settings = settings.tokens(tokens);

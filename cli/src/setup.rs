@@ -2,6 +2,7 @@
 //! connected, listed and synced into the redb catalogue, then resolved into a Surface the
 //! way a turn would be.
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -9,7 +10,7 @@ use psych_catalog::{Catalog, FreshenerConfig};
 use psych_disclosure::{Budget, Inputs, Settings, Surface, resolve};
 use psych_elision::Estimator;
 use psych_mcp::{McpConfig, McpManager};
-use psych_runtime::{CatalogSync, FirstSyncError};
+use psych_runtime::{CatalogSync, FirstSyncError, ListingSources, StartAt, start_at};
 use psych_types::{PermissionGrant, Reachability, ServerCatalog, ServerId};
 
 /// The embedded servers: name (also the [`psych_test_server::SyntheticKind`] whose vocabulary and
@@ -78,10 +79,134 @@ pub(crate) fn config_label(path: Option<&Path>) -> String {
     }
 }
 
+/// What starting servers on demand saves for a file, measured while a command lists every
+/// server (`psych budget --lazy`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct LazyFigures {
+    /// The servers of the file.
+    pub(crate) servers: usize,
+    /// Of them, those `psych serve` would know from their kept listings and start only at
+    /// their first call: processes a lazy start does not start.
+    pub(crate) not_started: usize,
+    /// The resident memory of those servers' processes (their whole process groups) while
+    /// they ran here after their listing, in KiB: what a lazy start does not hold.
+    pub(crate) not_started_rss_kib: u64,
+    /// Starting every server at once: the time from the start until the last server was
+    /// listed (when a complete listing could first be answered), in milliseconds.
+    pub(crate) eager_first_answer_ms: u64,
+    /// Starting on demand: the kept listings read and resolved, and the servers that start
+    /// at once listed (their times from the same run), in milliseconds.
+    pub(crate) lazy_first_answer_ms: u64,
+}
+
+/// Resolves the Surface of the kept listings (what a lazy start answers a first listing
+/// from). Blocks (redb reads).
+fn kept_surface(config: &McpConfig, catalog: &Catalog, settings: &Settings) -> Result<(), String> {
+    let connections: Vec<_> = config
+        .servers
+        .values()
+        .map(|entry| entry.connection.clone())
+        .collect();
+    let catalogs = config
+        .servers
+        .keys()
+        .map(|server| catalog.live(server))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("reading the catalogue: {e}"))?;
+    let grant = config.grant().map_err(|e| e.to_string())?;
+    let inputs = Inputs {
+        connections: &connections,
+        catalogs: &catalogs,
+        grant: &grant,
+    };
+    resolve(&inputs, settings, &Estimator::new())
+        .map_err(|e| format!("resolving the tool surface: {e}"))?;
+    Ok(())
+}
+
+/// The lazy start's figures from this run: every server's listing time (its sync stamp,
+/// from `started`), the kept Surface's resolution time, and the resident memory of the
+/// servers `psych serve` would not start.
+fn lazy_figures(
+    catalog: &Catalog,
+    starts: &BTreeMap<ServerId, StartAt>,
+    outcomes: &[Outcome],
+    started: u64,
+    kept_resolved: std::time::Duration,
+) -> LazyFigures {
+    let listed_after = |server: &ServerId| {
+        catalog
+            .health(server)
+            .ok()
+            .and_then(|h| h.last_sync)
+            .map_or(0, |sync| sync.at.saturating_sub(started))
+    };
+    let on_demand =
+        |server: &ServerId| matches!(starts.get(server), Some(StartAt::OnDemand { .. }));
+    let eager = outcomes
+        .iter()
+        .map(|o| listed_after(&o.server))
+        .max()
+        .unwrap_or(0);
+    let at_once = outcomes
+        .iter()
+        .filter(|o| !on_demand(&o.server))
+        .map(|o| listed_after(&o.server))
+        .max()
+        .unwrap_or(0);
+    let resolved = u64::try_from(kept_resolved.as_millis()).unwrap_or(u64::MAX);
+    LazyFigures {
+        servers: outcomes.len(),
+        not_started: outcomes.iter().filter(|o| on_demand(&o.server)).count(),
+        not_started_rss_kib: outcomes
+            .iter()
+            .filter(|o| on_demand(&o.server))
+            .filter_map(|o| o.rss_kib)
+            .sum(),
+        eager_first_answer_ms: eager,
+        lazy_first_answer_ms: resolved.max(at_once),
+    }
+}
+
+/// The resident memory of each server's process group, in KiB, from one pass over `/proc`
+/// (empty where there is none). Blocks: run it on the blocking pool.
+fn groups_rss_kib(groups: &[(ServerId, i32)]) -> BTreeMap<ServerId, u64> {
+    let mut rss = BTreeMap::new();
+    if groups.is_empty() {
+        return rss;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return rss;
+    };
+    for entry in entries.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp …: the fields after the command's closing parenthesis.
+        let group = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(2))
+            .and_then(|g| g.parse::<i32>().ok());
+        let Some((server, _)) = groups.iter().find(|(_, pgid)| Some(*pgid) == group) else {
+            continue;
+        };
+        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        let kib = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+        *rss.entry(server.clone()).or_insert(0) += kib.unwrap_or(0);
+    }
+    rss
+}
+
 /// One server after connecting and listing.
 #[derive(Debug)]
 pub(crate) struct Outcome {
     pub(crate) server: ServerId,
+    /// The resident memory of its process group after its listing, in KiB (stdio servers
+    /// that ran; `None` otherwise).
+    pub(crate) rss_kib: Option<u64>,
     /// `None` when it connected and listed; the reason otherwise.
     pub(crate) error: Option<String>,
     /// Tools the server declared that were refused, with the reason.
@@ -95,6 +220,12 @@ pub(crate) struct Setup {
     pub(crate) config: McpConfig,
     pub(crate) outcomes: Vec<Outcome>,
     pub(crate) catalogs: Vec<ServerCatalog>,
+    /// How `psych serve` on the same catalogue would start each server, as decided from
+    /// what the catalogue held before this command listed them.
+    /// Empty when another process held the catalogue (unknown).
+    pub(crate) starts: BTreeMap<ServerId, StartAt>,
+    /// What a lazy start saves for this file, measured in this run (`psych budget --lazy`).
+    pub(crate) lazy: Option<LazyFigures>,
     pub(crate) grant: PermissionGrant,
     pub(crate) surface: Surface,
     pub(crate) settings: Settings,
@@ -104,11 +235,15 @@ pub(crate) struct Setup {
 /// Loads the configuration (or the embedded default), connects every server, lists and
 /// syncs each into the catalogue at `store`, and resolves the Surface with `settings` and
 /// the file's grant ([`McpConfig::grant`], the one `psych serve` uses: a server's
-/// `allowTools` narrows it), so the same file gives the same Surface here and there.
+/// `allowTools` narrows it), so the same file gives the same Surface here and there. Records
+/// over which connection each listing was made beside the catalogue
+/// (`<store>.sources.json`, psych-runtime's [`ListingSources`]), as `psych serve` does. With
+/// `measure_lazy`, measures what a lazy start saves ([`LazyFigures`]).
 pub(crate) fn load(
     config: Option<&Path>,
     store: &Path,
     settings: Settings,
+    measure_lazy: bool,
 ) -> Result<Setup, String> {
     let config = match config {
         Some(path) => McpConfig::load(path).map_err(|e| e.to_string())?,
@@ -118,13 +253,56 @@ pub(crate) fn load(
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
-    let catalog =
-        Catalog::open(store).map_err(|e| format!("the catalogue {}: {e}", store.display()))?;
+    let (catalog, mut sources) = match Catalog::open(store) {
+        // `psych serve` on the same folder holds it while it runs.
+        Err(psych_catalog::OpenError::Locked { path }) => {
+            eprintln!(
+                "psych: the catalogue {} is held by another process (a psych serve on the same \
+                 folder?); listing into memory instead",
+                path.display()
+            );
+            Catalog::in_memory().map(|catalog| (catalog, None))
+        }
+        opened => opened.map(|catalog| {
+            let sources = ListingSources::load(store.with_extension("sources.json"));
+            (catalog, Some(sources))
+        }),
+    }
+    .map_err(|e| format!("the catalogue {}: {e}", store.display()))?;
+    // How `psych serve` would start each server, from what the catalogue kept before this
+    // command lists them again (unknown when another process holds the catalogue).
+    let starts = sources
+        .as_ref()
+        .map(|sources| start_at(&config, &catalog, sources))
+        .unwrap_or_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let outcomes = runtime.block_on(connect_and_sync(&config, catalog.clone()))?;
+    // What a lazy start answers a first listing from: the kept listings, read and resolved.
+    let kept_started = std::time::Instant::now();
+    if measure_lazy {
+        kept_surface(&config, &catalog, &settings)?;
+    }
+    let kept_resolved = kept_started.elapsed();
+    let started = catalog.now();
+    let outcomes = runtime.block_on(connect_and_sync(&config, catalog.clone(), measure_lazy))?;
+    let lazy =
+        measure_lazy.then(|| lazy_figures(&catalog, &starts, &outcomes, started, kept_resolved));
+    // Every listing kept now was made over the connection the file gives.
+    if let Some(sources) = &mut sources {
+        for outcome in outcomes.iter().filter(|o| o.error.is_none()) {
+            if let Some(entry) = config.servers.get(&outcome.server) {
+                sources.record(&outcome.server, entry);
+            }
+        }
+        if let Err(error) = sources.save() {
+            eprintln!(
+                "psych: cannot write {}: {error}; psych serve will start every server at once",
+                sources.path().display()
+            );
+        }
+    }
 
     let connections: Vec<_> = config
         .servers
@@ -149,7 +327,8 @@ pub(crate) fn load(
         config,
         outcomes,
         catalogs,
-
+        starts,
+        lazy,
         grant,
         surface,
         settings,
@@ -200,7 +379,14 @@ pub(crate) fn listing_freshener() -> Result<FreshenerConfig, String> {
 /// on a terminal's stderr. A failed server's reason is recorded in the catalogue's health
 /// in one line (the telling stderr line kept, as the report shows it), once nothing else
 /// writes there.
-async fn connect_and_sync(config: &McpConfig, catalog: Catalog) -> Result<Vec<Outcome>, String> {
+///
+/// With `measure`, each server's process group's resident memory is read (one pass over
+/// `/proc`, on the blocking pool) after the listings and before the servers stop.
+async fn connect_and_sync(
+    config: &McpConfig,
+    catalog: Catalog,
+    measure: bool,
+) -> Result<Vec<Outcome>, String> {
     let manager = McpManager::builder(config.clone())
         .build()
         .map_err(|e| e.to_string())?;
@@ -227,10 +413,22 @@ async fn connect_and_sync(config: &McpConfig, catalog: Catalog) -> Result<Vec<Ou
         };
         listed.push((server.clone(), outcome));
     }
+    let groups: Vec<(ServerId, i32)> = config
+        .servers
+        .keys()
+        .filter(|_| measure)
+        .filter_map(|server| Some((server.clone(), manager.process_group(server)?)))
+        .collect();
+    let rss = tokio::task::spawn_blocking(move || groups_rss_kib(&groups))
+        .await
+        .unwrap_or_default();
     manager.shutdown().await;
-    let outcomes = tokio::task::spawn_blocking(move || record(&catalog, listed))
+    let mut outcomes = tokio::task::spawn_blocking(move || record(&catalog, listed))
         .await
         .map_err(|e| format!("syncing the catalogue: {e}"))??;
+    for outcome in &mut outcomes {
+        outcome.rss_kib = rss.get(&outcome.server).copied();
+    }
     if progress {
         for outcome in &outcomes {
             let server = &outcome.server;
@@ -280,6 +478,7 @@ fn record(
                 let tools = catalog.live(&server).map_or(0, |c| c.tools.len());
                 Outcome {
                     server,
+                    rss_kib: None,
                     error: None,
                     malformed,
                     tools,
@@ -293,6 +492,7 @@ fn record(
                 catalog.set_reachability(&server, Reachability::Unreachable { reason: line });
                 Outcome {
                     server,
+                    rss_kib: None,
                     error: Some(reason),
                     malformed: Vec::new(),
                     tools: 0,

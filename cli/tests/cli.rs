@@ -24,11 +24,32 @@ fn psych(dir: &Path, args: &[&str]) -> (String, String, i32) {
     )
 }
 
-/// Replaces volatile text (temporary paths, the executable's path) with fixed markers.
+/// Replaces volatile text (temporary paths, the executable's path, a kept listing's age)
+/// with fixed markers.
 fn redact(text: &str, dir: &Path) -> String {
     let exe = env!("CARGO_BIN_EXE_psych");
-    text.replace(exe, "[psych]")
-        .replace(&dir.display().to_string(), "[dir]")
+    let text = text
+        .replace(exe, "[psych]")
+        .replace(&dir.display().to_string(), "[dir]");
+    // `listed 12 s ago`, `listed 3 min ago`: the age of a listing kept by an earlier command.
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("listed ") {
+        out.push_str(&rest[..at + "listed ".len()]);
+        rest = &rest[at + "listed ".len()..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let unit = rest[digits..].strip_prefix(' ').and_then(|r| {
+            ["s ago", "min ago", "h ago", "d ago"]
+                .into_iter()
+                .find(|u| r.starts_with(u))
+        });
+        if let (true, Some(unit)) = (digits > 0, unit) {
+            out.push_str("[age] ago");
+            rest = &rest[digits + 1 + unit.len()..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// One command: its output (redacted) and exit status, snapshotted under `name`.
@@ -100,6 +121,117 @@ fn budget_reports_bad_servers_and_the_rest() {
     let report: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(report["servers"][0]["tools"], 30);
     assert_eq!(report["totals"]["servers_failed"], 2);
+}
+
+/// Issue 30: `psych budget` says how `psych serve` would start each server (on demand
+/// once its listing is kept; at once with `"lazy": false`), `--lazy` measures what that
+/// saves, and `psych orient` shows a known server as the model would see it before its
+/// first call.
+#[test]
+fn budget_and_orient_show_how_serve_would_start_each_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = env!("CARGO_BIN_EXE_psych");
+    let text = serde_json::json!({"mcpServers": {
+        "one": {"command": server, "args": ["serve-embedded", "--tools", "30"]},
+        "two": {"command": server, "args": ["serve-embedded", "--tools", "5"]},
+        "pinned": {"command": server, "args": ["serve-embedded", "--tools", "3"], "lazy": false},
+    }});
+    let config = dir.path().join("mcp.json");
+    std::fs::write(&config, text.to_string()).unwrap();
+    let config = config.to_str().unwrap();
+    // Nothing kept yet: every server starts at once.
+    let (first, _, code) = psych(dir.path(), &["budget", "--config", config, "--json"]);
+    assert_eq!(code, 0, "{first}");
+    let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let starts: Vec<&str> = first["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["start"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        starts,
+        [
+            "at once (no kept listing)",
+            "at once (\"lazy\": false)",
+            "at once (no kept listing)"
+        ]
+    );
+    assert!(first.get("lazy").is_none(), "only with --lazy");
+
+    let (second, _, code) = psych(
+        dir.path(),
+        &["budget", "--config", config, "--lazy", "--json"],
+    );
+    assert_eq!(code, 0, "{second}");
+    let second: serde_json::Value = serde_json::from_str(&redact(&second, dir.path())).unwrap();
+    let starts: Vec<&str> = second["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["start"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        starts,
+        [
+            "on demand (listed [age] ago)",
+            "at once (\"lazy\": false)",
+            "on demand (listed [age] ago)"
+        ]
+    );
+    let lazy = &second["lazy"];
+    assert_eq!(
+        (lazy["servers"].as_u64(), lazy["not_started"].as_u64()),
+        (Some(3), Some(2))
+    );
+    assert!(
+        lazy["not_started_rss_kib"].as_u64().unwrap() > 1024,
+        "{lazy}"
+    );
+    assert!(
+        lazy["eager_first_answer_ms"].as_u64().unwrap() > 0,
+        "{lazy}"
+    );
+    let table = redact(
+        &psych(dir.path(), &["budget", "--config", config, "--lazy"]).0,
+        dir.path(),
+    );
+    assert!(
+        table.contains(
+            "psych serve starts these on demand, known from their kept listings: one, two."
+        ),
+        "{table}"
+    );
+    assert!(
+        table.contains("Lazy start (measured in this run): 2 of 3 servers not started"),
+        "{table}"
+    );
+    for line in table.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "wider than 80 columns: {line:?}"
+        );
+    }
+
+    let (oriented, _, code) = psych(dir.path(), &["orient", "--config", config, "--json"]);
+    assert_eq!(code, 0, "{oriented}");
+    let oriented: serde_json::Value = serde_json::from_str(&redact(&oriented, dir.path())).unwrap();
+    let state = |name: &str| {
+        oriented["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["server"] == name)
+            .unwrap()["state"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        state("one"),
+        "known (listed [age] ago), not started: starts at its first call"
+    );
+    assert_eq!(state("pinned"), "reachable");
 }
 
 #[test]

@@ -18,6 +18,7 @@ mod serve_fixtures;
 mod serve_http;
 mod serve_huge;
 mod serve_identities;
+mod serve_lazy;
 mod serve_mrtr;
 mod serve_stress;
 mod support;

@@ -30,10 +30,26 @@
 //! ```
 //!
 //! The gateway connects the upstream servers of an `mcpServers` file (psych-mcp's
-//! [`McpManager`]), keeps their catalogues fresh in an in-memory catalogue (the runtime's
-//! [`CatalogSync`]: sync on connect, `list_changed`, reachability) and answers its one MCP
-//! client (stdio) or each of its clients (`--http`) with what disclosure decides:
+//! [`McpManager`]), keeps their catalogues fresh in a catalogue kept in
+//! `<dir>/catalog.redb` ([`GatewaySettings::catalog`]; the runtime's [`CatalogSync`]: sync
+//! on connect, `list_changed`, reachability) and answers its one MCP client (stdio) or each
+//! of its clients (`--http`) with what disclosure decides:
 //!
+//! - **Servers start when they are needed.** A server whose listing the catalogue kept and
+//!   is younger than its listing TTL, and that is configured as it was when listed, is
+//!   known from it without being started (psych-runtime's `start_at`):
+//!   its deferred line, `psych_list_tools`, `psych_describe_tool`, search and orientation
+//!   answer from the kept listing. Its first call starts it (once for concurrent calls),
+//!   lists it, and is guarded against that fresh listing (a tool it no longer has refused
+//!   as removed, a changed schema validated as changed; the change reaches every client as
+//!   `list_changed`); it stops after its idle time with no call in flight, and the next
+//!   call starts it again. Starting and stopping never change the listing's bytes; a start
+//!   that fails answers the call with a tool error naming why (and the orientation then
+//!   says the server is unreachable until a start succeeds). The file's `"lazy": false`, or
+//!   [`GatewaySettings::eager`], starts a server at once; a server never listed, or listed
+//!   longer ago than its TTL, starts at once (psych-mcp's
+//!   [`StartPolicy`](psych_mcp::StartPolicy)). A second gateway on the same `dir` finds the
+//!   catalogue held, keeps one in memory and starts every server at once.
 //! - `tools/list` resolves the Surface from the catalogue as it is *now* (direct tools,
 //!   facades, search pairs, the meta tools, the orientation tool) plus `read_tool_output`,
 //!   with the gateway's own auto budget ([`disclosure_settings`], by default
@@ -112,7 +128,10 @@ use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager, SpillBudget};
 use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
-use psych_runtime::{Archive, CatalogSync, ExecuteError, Executed, Executor, Started};
+use psych_runtime::{
+    Archive, CatalogSync, ExecuteError, Executed, Executor, LazyStarts, ListingSources, OnDemand,
+    StartAt, Started, start_at,
+};
 use psych_types::{
     ConnectionSpec, ContentBlock, InputRound, JsonObject, LoggedRecord, PermissionGrant,
     Projection, READ_TOOL_OUTPUT, Record, RecordHandle, ResultProjector, ServerCatalog, StoredRef,
@@ -381,6 +400,8 @@ struct Shared {
     raw: Arc<raw::RawAnswers>,
     /// Seals the `requestState` of MCP 2026-07-28's rounds (see [`mrtr`]).
     sealer: mrtr::Sealer,
+    /// The servers started only when a call needs them, for every identity's executor.
+    on_demand: Option<Arc<dyn OnDemand>>,
 }
 
 /// What a client's `tools/list` gets for `surface`: disclosure's client listing
@@ -656,6 +677,7 @@ impl Tenant {
         let (published, opening) = watch::channel(None);
         let logs = self.dir.clone();
         let manager = shared.manager.clone();
+        let on_demand = shared.on_demand.clone();
         let limits = shared.limits.clone();
         let estimator = Arc::clone(shared.elider.estimator());
         let archive: Arc<dyn Archive> = self.archive.clone();
@@ -680,11 +702,14 @@ impl Tenant {
                 log.set_estimator(estimator);
                 // psych-mcp's deadlines decide (one for silence once an answer arrives);
                 // the executor's is a backstop past the longest call they allow.
-                let executor =
+                let mut executor =
                     Executor::new(Arc::new(manager), Arc::new(SharedRecordLog::new(log)))
                         .call_timeout(call_timeouts().longest_call().saturating_add(BACKSTOP))
                         .reader_limits(limits)
                         .archive(archive);
+                if let Some(on_demand) = on_demand {
+                    executor = executor.on_demand(on_demand);
+                }
                 Ok(Arc::new(SessionLog { executor }))
             })
             .await
@@ -1542,6 +1567,7 @@ pub struct GatewaySettings {
     retention: Retention,
     tokens: Option<Arc<Tokens>>,
     spill_budget: SpillBudget,
+    eager: bool,
 }
 
 /// The one token estimator of a gateway, shared by disclosure, the record logs and
@@ -1582,7 +1608,18 @@ impl GatewaySettings {
             retention: Retention::default(),
             tokens: None,
             spill_budget: SpillBudget::default(),
+            eager: false,
         })
+    }
+
+    /// Starts every upstream server at once (`true`), whatever its entry says, instead of
+    /// starting a server whose kept listing is fresh only when a call needs it (the
+    /// default; see [`serve`] and psych-mcp's
+    /// [`StartPolicy`](psych_mcp::StartPolicy)). `psych serve --eager`.
+    #[must_use]
+    pub fn eager(mut self, eager: bool) -> Self {
+        self.eager = eager;
+        self
     }
 
     /// Called once, when the gateway has started (its folders made, the upstream servers
@@ -1677,6 +1714,19 @@ impl GatewaySettings {
     pub fn spill(&self) -> PathBuf {
         self.dir.join("spill")
     }
+
+    /// The kept catalogue: `<dir>/catalog.redb`, every upstream server's listings,
+    /// versioned and never hard-deleted, with when each was last listed (what lets a server
+    /// be known without being started).
+    pub fn catalog(&self) -> PathBuf {
+        self.dir.join("catalog.redb")
+    }
+
+    /// Over which connection each kept listing was made ([`ListingSources`]):
+    /// `<dir>/catalog.sources.json`, beside [`catalog`](Self::catalog).
+    pub fn sources(&self) -> PathBuf {
+        self.dir.join("catalog.sources.json")
+    }
 }
 
 /// The gateway's auto budget unless the caller gives another: 1,000 tokens for the direct,
@@ -1758,7 +1808,8 @@ pub enum ServeError {
     /// The MCP manager refused the file.
     #[error("the MCP servers")]
     Manager(#[source] psych_mcp::BuildError),
-    /// The in-memory catalogue could not be created.
+    /// The kept catalogue could not be opened (nor, when another gateway holds it, an
+    /// in-memory one created).
     #[error("the catalogue")]
     Catalog(#[source] psych_catalog::OpenError),
     /// The catalogue's freshener could not start.
@@ -1888,17 +1939,43 @@ pub async fn serve(
         .values()
         .map(|entry| entry.connection.clone())
         .collect();
-    let manager = McpManager::builder(config)
+    // The kept catalogue (opening it reads and may commit: off the async workers). Held by
+    // another gateway on the same folder, an in-memory one serves and every server starts.
+    let (kept, sources) = (settings.catalog(), settings.sources());
+    let report = Arc::clone(&settings.report);
+    let opened = tokio::task::spawn_blocking(move || match Catalog::open(&kept) {
+        Err(psych_catalog::OpenError::Locked { path }) => {
+            report(&format!(
+                "the catalogue {} is held by another psych serve on the same --dir; this one \
+                 keeps its catalogue in memory and starts every server at once",
+                path.display()
+            ));
+            Catalog::in_memory().map(|catalog| (catalog, None))
+        }
+        opened => opened.map(|catalog| (catalog, Some(ListingSources::load(sources)))),
+    })
+    .await
+    .map_err(ServeError::Task)?
+    .map_err(ServeError::Catalog)?;
+    let (catalog, sources) = opened;
+    let mut builder = McpManager::builder(config.clone())
         .spill_dir(spill)
         .spill_budget(settings.spill_budget.clone())
-        .timeouts(call_timeouts())
-        .build()
-        .map_err(ServeError::Manager)?;
-    // Creating it commits a redb transaction: off the async workers.
-    let catalog = tokio::task::spawn_blocking(Catalog::in_memory)
-        .await
-        .map_err(ServeError::Task)?
-        .map_err(ServeError::Catalog)?;
+        .timeouts(call_timeouts());
+    if let Some(sources) = &sources
+        && !settings.eager
+    {
+        let (known, sources, config) = (catalog.clone(), sources.clone(), config.clone());
+        let starts = tokio::task::spawn_blocking(move || start_at(&config, &known, &sources))
+            .await
+            .map_err(ServeError::Task)?;
+        for (server, start) in starts {
+            if let StartAt::OnDemand { idle, .. } = start {
+                builder = builder.lazy(server, idle);
+            }
+        }
+    }
+    let manager = builder.build().map_err(ServeError::Manager)?;
     let fresh = FreshenerConfig::builder()
         .build()
         .map_err(ServeError::Freshener)?;
@@ -1911,6 +1988,15 @@ pub async fn serve(
     } = CatalogSync::start_connecting(&manager, catalog, fresh).map_err(ServeError::Freshener)?;
     let limits = Limits::default();
     let mut tasks = JoinSet::new();
+    if let Some(sources) = sources {
+        let report = Arc::clone(&settings.report);
+        tasks.spawn(record_sources(
+            config,
+            freshener.catalog().clone(),
+            sources,
+            report,
+        ));
+    }
     // One lane (a resolver and its cache) per grant: the file's, and each narrowed one.
     let mut lane = |grant: PermissionGrant| {
         let basis = Arc::new(Basis {
@@ -1958,6 +2044,8 @@ pub async fn serve(
             report(&format!("{server}: {error}"));
         }
     });
+    let on_demand: Arc<dyn OnDemand> =
+        Arc::new(LazyStarts::new(manager.clone(), Arc::clone(&freshener)));
     let http = matches!(listener, Listener::Http(_));
     let shared = Arc::new(Shared {
         manager: manager.clone(),
@@ -1976,6 +2064,7 @@ pub async fn serve(
         max_sessions: http.then_some(settings.max_sessions),
         raw: Arc::default(),
         sealer,
+        on_demand: Some(on_demand),
     });
     // The first resolution of every lane, of whatever the catalogue holds now (most
     // likely nothing).
@@ -2024,6 +2113,68 @@ pub async fn serve(
         (Ok(()), Err(_), _) => Err(ServeError::CallsUnlogged),
         (Ok(()), Ok(()), Err(_)) => Err(ServeError::UpstreamsRunning),
         (Ok(()), Ok(()), Ok(())) => Ok(()),
+    }
+}
+
+/// Records, as each server's listing is stored by this gateway, over which connection it was
+/// made ([`ListingSources`]), so that the next start serves a kept listing only for a
+/// server configured the same. Ends once every server's source is recorded (or the
+/// catalogue is gone). Cancel-safe: a write in flight finishes on the blocking pool (a
+/// temporary file renamed over the last one).
+async fn record_sources(
+    config: McpConfig,
+    catalog: Catalog,
+    mut sources: ListingSources,
+    report: Arc<dyn Fn(&str) + Send + Sync>,
+) {
+    let since = catalog.now();
+    let mut changes = catalog.changes();
+    let mut pending: Vec<psych_types::ServerId> = config
+        .servers
+        .iter()
+        .filter(|(server, entry)| !sources.matches(server, entry))
+        .map(|(server, _)| server.clone())
+        .collect();
+    while !pending.is_empty() {
+        let (config_now, catalog_now) = (config.clone(), catalog.clone());
+        // redb reads and a file write: off the async workers.
+        let checked = tokio::task::spawn_blocking(move || {
+            let mut wrote = Ok(());
+            let before = pending.len();
+            pending.retain(|server| {
+                let listed = catalog_now
+                    .health(server)
+                    .ok()
+                    .and_then(|h| h.last_sync)
+                    .is_some_and(|sync| sync.at >= since);
+                match config_now.servers.get(server) {
+                    Some(entry) if listed => {
+                        sources.record(server, entry);
+                        false
+                    }
+                    _ => true,
+                }
+            });
+            if pending.len() < before {
+                wrote = sources.save();
+            }
+            (sources, pending, wrote)
+        })
+        .await;
+        let Ok((kept, left, wrote)) = checked else {
+            return;
+        };
+        if let Err(error) = wrote {
+            report(&format!(
+                "cannot record which connection each kept listing came from in {}: {error}; \
+                 the servers listed will start at once next time",
+                kept.path().display()
+            ));
+        }
+        (sources, pending) = (kept, left);
+        if pending.is_empty() || changes.changed().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -2385,6 +2536,7 @@ mod tests {
             max_sessions: None,
             raw: Arc::default(),
             sealer: mrtr::Sealer::new().unwrap_or_else(|e| panic!("{e}")),
+            on_demand: None,
         })
     }
 
