@@ -10,13 +10,14 @@ use std::process::Command;
 use serde_json::Value;
 
 /// The core crates, which may depend on no workspace crate but `psych-types`.
-pub(crate) const CORE_CRATES: [&str; 6] = [
+pub(crate) const CORE_CRATES: [&str; 7] = [
     "psych-catalog",
     "psych-disclosure",
     "psych-elision",
     "psych-record-log",
     "psych-reader-tool",
     "psych-prompt-assembly",
+    "psych-store-postgres",
 ];
 
 /// The one workspace crate the core crates may depend on.

@@ -1,0 +1,40 @@
+//! The store's errors, each with its source kept.
+
+/// Why the store could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The URL was refused.
+    #[error(transparent)]
+    Url(#[from] crate::UrlError),
+    /// The connection pool could not be made.
+    #[error("cannot make the PostgreSQL connection pool")]
+    Pool(#[source] deadpool_postgres::BuildError),
+    /// No connection could be had (the server is down, refuses the user, or did not answer
+    /// within the connect timeout).
+    #[error("cannot connect to PostgreSQL")]
+    Connect(#[source] deadpool_postgres::PoolError),
+    /// Creating or migrating the schema failed (nothing of it was committed).
+    #[error("cannot create or migrate the schema {schema}")]
+    Migrate {
+        /// The schema.
+        schema: String,
+        /// What PostgreSQL said.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The schema was made by a later build of this crate; it is refused rather than
+    /// misread or written.
+    #[error(
+        "the schema {schema} has version {found}, newer than the version {supported} this build \
+         knows; upgrade psych-store-postgres"
+    )]
+    NewerSchema {
+        /// The schema.
+        schema: String,
+        /// The version it holds.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+}

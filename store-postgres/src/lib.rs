@@ -1,0 +1,141 @@
+//! Psych's records and MCP tool catalogues on PostgreSQL, for the fleets the local stores
+//! cannot serve: workers that come and go while their Runs go on, and `psych serve` replicas
+//! behind one address sharing handles and catalogues (issue 31; the design is
+//! `docs/design/31-postgres-store.md`).
+//!
+//! What this version holds: the store's address ([`StoreUrl`]: a `postgres://` URL with
+//! `schema` and `pool_size`), its connection pool, and its schema, created and migrated by
+//! the store when it opens ([`PgStore::open`]): numbered migrations in one transaction under
+//! an advisory lock (replicas starting together migrate once), a database whose schema is
+//! newer than this build refused, and the catalogue's tables, whose tool rows the database
+//! itself refuses to delete. The catalogue and record stores behind the local stores' seams
+//! come next, with one conformance suite for both.
+//!
+//! Every connection commits durably (`synchronous_commit=on`, whatever the server's
+//! default) and finds the store's tables first (`search_path`). TLS is not supported yet: a
+//! URL asking for it is refused, saying so.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use psych_store_postgres::{PgStore, SCHEMA_VERSION};
+//!
+//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! runtime.block_on(async {
+//!     // Trust authentication, database `test`, the store's tables in schema `fleet`.
+//!     let store = PgStore::open("postgres://postgres@127.0.0.1:5432/test?schema=fleet").await?;
+//!     assert_eq!(store.schema(), "fleet");
+//!     assert_eq!(store.schema_version().await?, SCHEMA_VERSION);
+//!     Ok::<(), Box<dyn std::error::Error>>(())
+//! })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod error;
+mod schema;
+mod url;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+pub use error::OpenError;
+pub use schema::SCHEMA_VERSION;
+pub use url::{DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, StoreUrl, UrlError};
+
+/// How long a caller waits for a connection of the pool before the request fails.
+pub const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// An open store: a pool of connections to one database, the store's tables in one schema.
+/// Cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+    schema: String,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.schema)
+            .field("pool", &self.pool.status())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A failed request to the database.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DbError {
+    /// No connection could be had within [`POOL_WAIT`].
+    #[error("no PostgreSQL connection")]
+    Connect(#[source] deadpool_postgres::PoolError),
+    /// PostgreSQL refused or failed the request.
+    #[error("PostgreSQL")]
+    Query(#[source] tokio_postgres::Error),
+}
+
+impl PgStore {
+    /// Opens the store at `url` ([`StoreUrl::parse`]): makes the pool, connects once, and
+    /// creates or migrates the schema to [`SCHEMA_VERSION`] in one transaction. Call it
+    /// inside a tokio runtime (with its time driver): the pool's connections run there.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError`]: the URL refused, no connection, the migration failed (nothing of it
+    /// committed), or the schema is newer than this build knows.
+    pub async fn open(url: &str) -> Result<Self, OpenError> {
+        let url = StoreUrl::parse(url)?;
+        let manager = Manager::from_config(
+            url.config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(url.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(POOL_WAIT))
+            .build()
+            .map_err(OpenError::Pool)?;
+        let mut client = pool.get().await.map_err(OpenError::Connect)?;
+        let migrate = |source| OpenError::Migrate {
+            schema: url.schema.clone(),
+            source,
+        };
+        let transaction = client.transaction().await.map_err(migrate)?;
+        schema::migrate(&transaction, &url.schema).await?;
+        transaction.commit().await.map_err(migrate)?;
+        drop(client);
+        Ok(Self {
+            pool,
+            schema: url.schema,
+        })
+    }
+
+    /// The schema the store's tables live in.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The schema's version as the database holds it now.
+    ///
+    /// # Errors
+    ///
+    /// [`DbError`] when no connection can be had or the query fails.
+    pub async fn schema_version(&self) -> Result<i64, DbError> {
+        let client = self.pool.get().await.map_err(DbError::Connect)?;
+        let row = client
+            .query_one(
+                "select value from psych_meta where key = 'schema_version'",
+                &[],
+            )
+            .await
+            .map_err(DbError::Query)?;
+        Ok(row.get(0))
+    }
+}

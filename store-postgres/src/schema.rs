@@ -1,0 +1,136 @@
+//! The store's tables, created and migrated by the store itself: numbered migrations
+//! applied in order in one transaction, under an advisory lock keyed by the schema (so
+//! replicas starting together migrate once), the version kept in `psych_meta`; a database
+//! whose schema is newer than this build knows is refused, and nothing is written to it.
+
+use tokio_postgres::Transaction;
+
+use crate::OpenError;
+
+/// The newest schema version this build reads and writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Migration `n` (from 1) brings a schema from version `n - 1` to `n`. Never edited once
+/// released: a change is a new migration.
+const MIGRATIONS: [&str; 1] = [
+    // 1: the catalogue. Tool rows are never hard-deleted (the spec's catalogue history):
+    // triggers refuse a DELETE or TRUNCATE of `tools`, and an UPDATE other than setting a
+    // live row's `removed_at` once. Names compare by bytes (`collate "C"`), the order
+    // redb's keys give. (The record tables come with the record store.)
+    r#"
+    insert into psych_meta (key, value) values ('catalog_version', 0);
+    create table servers (
+        server          text collate "C" primary key,
+        set_version     bigint not null default 0,
+        sync_version    bigint,
+        sync_at         bigint,
+        sync_started_at bigint,
+        error_at        bigint,
+        error_message   text
+    );
+    create table tools (
+        server     text collate "C" not null references servers,
+        name       text collate "C" not null,
+        since      bigint not null,
+        removed_at bigint not null default 0,
+        def        bytea not null,
+        primary key (server, name, since)
+    );
+    create index tools_live on tools (server, name) where removed_at = 0;
+    create function psych_never_delete() returns trigger language plpgsql as $$
+    begin
+        raise exception 'psych: catalogue rows are never deleted (% on %)', tg_op, tg_table_name;
+    end $$;
+    create trigger tools_no_delete before delete on tools
+        for each row execute function psych_never_delete();
+    create trigger tools_no_truncate before truncate on tools
+        for each statement execute function psych_never_delete();
+    create function psych_soft_delete_only() returns trigger language plpgsql as $$
+    begin
+        if (new.server, new.name, new.since, new.def)
+               is distinct from (old.server, old.name, old.since, old.def)
+           or old.removed_at <> 0 or new.removed_at = 0 then
+            raise exception 'psych: a catalogue row changes only by its removed_at, set once';
+        end if;
+        return new;
+    end $$;
+    create trigger tools_soft_delete_only before update on tools
+        for each row execute function psych_soft_delete_only();
+    "#,
+];
+
+/// The advisory lock of `schema`'s migrations: FNV-1a (64 bits) of a name that says what
+/// it locks, as PostgreSQL's signed key.
+fn migration_lock(schema: &str) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in "psych-store-postgres migrate "
+        .bytes()
+        .chain(schema.bytes())
+    {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    i64::from_le_bytes(hash.to_le_bytes())
+}
+
+/// Brings `schema` to [`SCHEMA_VERSION`] in `transaction` (creating the schema and its
+/// `psych_meta` first): the version found before, or [`OpenError::NewerSchema`].
+pub(crate) async fn migrate(transaction: &Transaction<'_>, schema: &str) -> Result<i64, OpenError> {
+    let migrate = |source| OpenError::Migrate {
+        schema: schema.to_owned(),
+        source,
+    };
+    // `schema` is a checked identifier (`url::valid_schema`): no quoting is needed.
+    transaction
+        .execute(
+            "select pg_advisory_xact_lock($1)",
+            &[&migration_lock(schema)],
+        )
+        .await
+        .map_err(migrate)?;
+    transaction
+        .batch_execute(&format!(
+            "create schema if not exists {schema};
+             create table if not exists {schema}.psych_meta (
+                 key text collate \"C\" primary key, value bigint not null)"
+        ))
+        .await
+        .map_err(migrate)?;
+    let found: i64 = transaction
+        .query_opt(
+            &format!("select value from {schema}.psych_meta where key = 'schema_version'"),
+            &[],
+        )
+        .await
+        .map_err(migrate)?
+        .map_or(0, |row| row.get(0));
+    if found > SCHEMA_VERSION {
+        return Err(OpenError::NewerSchema {
+            schema: schema.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (done, sql) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(found).unwrap_or(0))
+    {
+        transaction
+            .batch_execute(&format!("set local search_path = {schema}; {sql}"))
+            .await
+            .map_err(migrate)?;
+        let version = i64::try_from(done + 1).unwrap_or(i64::MAX);
+        transaction
+            .execute(
+                &format!(
+                    "insert into {schema}.psych_meta (key, value) values ('schema_version', $1)
+                     on conflict (key) do update set value = excluded.value"
+                ),
+                &[&version],
+            )
+            .await
+            .map_err(migrate)?;
+    }
+    Ok(found)
+}
