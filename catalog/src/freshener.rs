@@ -37,7 +37,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::error::{ConfigError, RefreshError};
-use crate::store::{Catalog, Refresh};
+use psych_types::Refresh;
+
+use crate::store::Catalog;
 
 /// The freshener's timings, built and checked by [`FreshenerBuilder`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -100,4 +100,5 @@ mod store;
 pub use clock::{Clock, SystemClock};
 pub use error::{CatalogError, ConfigError, OpenError, RefreshError};
 pub use freshener::{Freshener, FreshenerBuilder, FreshenerConfig, RefreshOutcome};
-pub use store::{Catalog, CatalogBuilder, Diff, LAYOUT, Refresh, Stats};
+pub use psych_types::{Diff, Refresh};
+pub use store::{Catalog, CatalogBuilder, LAYOUT, Stats};

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use psych_types::{
-    CatalogVersion, Reachability, ServerCatalog, ServerHealth, ServerId, SyncFailure, SyncStamp,
-    ToolDefinition, ToolName, UnixMillis,
+    CatalogFailure, CatalogStore, CatalogVersion, Diff, Reachability, Refresh, ServerCatalog,
+    ServerHealth, ServerId, SyncFailure, SyncStamp, ToolDefinition, ToolName, UnixMillis,
 };
 use redb::backends::InMemoryBackend;
 use redb::{
@@ -49,34 +49,68 @@ struct ServerRow {
     last_error: Option<SyncFailure>,
 }
 
-/// What changed between two states of one server's tools, each list ordered by name.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Diff {
-    /// Tools present after and not before.
-    pub added: Vec<ToolName>,
-    /// Tools present in both whose definitions differ.
-    pub changed: Vec<ToolName>,
-    /// Tools present before and not after.
-    pub removed: Vec<ToolName>,
-    /// Tools present in both with identical definitions.
-    pub unchanged: Vec<ToolName>,
-}
+/// The redb catalogue behind the store seam, so that one conformance suite (and, later,
+/// any caller) takes it or the PostgreSQL store alike. Each method is the inherent one of
+/// the same name.
+impl CatalogStore for Catalog {
+    type Error = CatalogError;
 
-impl Diff {
-    /// Whether anything was added, changed or removed.
-    pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
+    fn failure(&self, error: &CatalogError) -> CatalogFailure {
+        match error {
+            CatalogError::DuplicateTool { .. } => CatalogFailure::DuplicateTool,
+            CatalogError::VersionAhead { .. } => CatalogFailure::VersionAhead,
+            _ => CatalogFailure::Store,
+        }
     }
-}
 
-/// The result of one refresh of one server.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Refresh {
-    /// The server's set version after the refresh: a new catalogue version when anything
-    /// changed, the version of its last change otherwise.
-    pub version: CatalogVersion,
-    /// What the refresh changed.
-    pub diff: Diff,
+    fn now(&self) -> UnixMillis {
+        Catalog::now(self)
+    }
+
+    fn refresh(
+        &self,
+        server: &ServerId,
+        tools: &[ToolDefinition],
+    ) -> Result<Refresh, CatalogError> {
+        Catalog::refresh(self, server, tools)
+    }
+
+    fn record_failure(&self, server: &ServerId, message: &str) -> Result<(), CatalogError> {
+        Catalog::record_failure(self, server, message)
+    }
+
+    fn version(&self) -> Result<CatalogVersion, CatalogError> {
+        Catalog::version(self)
+    }
+
+    fn live(&self, server: &ServerId) -> Result<ServerCatalog, CatalogError> {
+        Catalog::live(self, server)
+    }
+
+    fn servers(&self) -> Result<Vec<ServerId>, CatalogError> {
+        Catalog::servers(self)
+    }
+
+    fn health(&self, server: &ServerId) -> Result<ServerHealth, CatalogError> {
+        Catalog::health(self, server)
+    }
+
+    fn tools_at(
+        &self,
+        server: &ServerId,
+        version: CatalogVersion,
+    ) -> Result<Vec<ToolDefinition>, CatalogError> {
+        Catalog::tools_at(self, server, version)
+    }
+
+    fn diff(
+        &self,
+        server: &ServerId,
+        from: CatalogVersion,
+        to: CatalogVersion,
+    ) -> Result<Diff, CatalogError> {
+        Catalog::diff(self, server, from, to)
+    }
 }
 
 /// Row counts, for tests and monitoring.

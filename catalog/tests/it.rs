@@ -11,6 +11,7 @@
 mod common;
 
 mod cache;
+mod conformance;
 mod freshener;
 mod model;
 mod store;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ServerId, ToolDefinition};
+use crate::{ServerId, ToolDefinition, ToolName};
 
 /// A catalogue version. Versions only grow, across the whole life of a catalogue (reopening
 /// included), so a larger version is always a later state.
@@ -94,6 +94,36 @@ pub struct ServerCatalog {
     pub tools: Arc<[ToolDefinition]>,
     /// The server's health.
     pub health: ServerHealth,
+}
+
+/// What changed between two states of one server's tools, each list ordered by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Diff {
+    /// Tools present after and not before.
+    pub added: Vec<ToolName>,
+    /// Tools present in both whose definitions differ.
+    pub changed: Vec<ToolName>,
+    /// Tools present before and not after.
+    pub removed: Vec<ToolName>,
+    /// Tools present in both with identical definitions.
+    pub unchanged: Vec<ToolName>,
+}
+
+impl Diff {
+    /// Whether anything was added, changed or removed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// The result of one refresh of one server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refresh {
+    /// The server's set version after the refresh: a new catalogue version when anything
+    /// changed, the version of its last change otherwise.
+    pub version: CatalogVersion,
+    /// What the refresh changed.
+    pub diff: Diff,
 }
 
 #[cfg(test)]

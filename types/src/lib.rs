@@ -85,7 +85,8 @@ pub const READ_TOOL_OUTPUT: &str = "read_tool_output";
 
 pub use base64::encode as encode_base64;
 pub use catalog::{
-    CatalogVersion, Reachability, ServerCatalog, ServerHealth, SyncFailure, SyncStamp, UnixMillis,
+    CatalogVersion, Diff, Reachability, Refresh, ServerCatalog, ServerHealth, SyncFailure,
+    SyncStamp, UnixMillis,
 };
 pub use chain::error_chain;
 pub use connection::{ConnectionSpec, PermissionGrant, Preload, ToolScope};
@@ -105,8 +106,9 @@ pub use record::{
 };
 pub use schema::{InputSchemaError, check_input_schema, json_kind};
 pub use seam::{
-    HostAnswer, InputRound, LineMark, MemoryRecords, OutputInfo, OutputKind, Projection,
-    RecordSource, ResultProjector, ResultRef, TokenEstimator, ToolHost, ToolLister, readable_bytes,
+    CatalogFailure, CatalogStore, HostAnswer, InputRound, LineMark, MemoryRecords, OutputInfo,
+    OutputKind, Projection, RecordSource, ResultProjector, ResultRef, TokenEstimator, ToolHost,
+    ToolLister, readable_bytes,
 };
 pub use spill::{SpilledBlock, SpilledText};
 pub use tool::{

@@ -21,8 +21,9 @@ use std::future::Future;
 use serde_json::Value;
 
 use crate::{
-    BlockLines, ContentBlock, JsonObject, LoggedRecord, ProgressSink, Record, RecordHandle, RunId,
-    ServerId, ToolCallId, ToolDefinition, ToolOutput, ToolRef,
+    BlockLines, CatalogVersion, ContentBlock, Diff, JsonObject, LoggedRecord, ProgressSink, Record,
+    RecordHandle, Refresh, RunId, ServerCatalog, ServerHealth, ServerId, ToolCallId,
+    ToolDefinition, ToolOutput, ToolRef, UnixMillis,
 };
 
 /// A cheap estimate of how many tokens content costs in a prompt.
@@ -549,6 +550,119 @@ pub enum HostAnswer {
         /// The error's `data`, as sent.
         data: Option<Value>,
     },
+}
+
+/// What kind of failure a [`CatalogStore`]'s error is: the ones every store must tell apart
+/// (a refused request) from the store failing, so that callers, and one conformance suite for
+/// every store, can act on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CatalogFailure {
+    /// A listing named a tool twice; nothing was stored.
+    DuplicateTool,
+    /// A read asked for a catalogue version not reached yet.
+    VersionAhead,
+    /// The store cannot be reached now (a lost connection, a database restarting, no pooled
+    /// connection in time): nothing was stored; trying again later may succeed.
+    Unavailable,
+    /// The store failed otherwise (storage, damaged data).
+    Store,
+}
+
+/// A versioned catalogue of MCP tools that never hard-deletes: the seam the redb catalogue
+/// (psych-catalog's `Catalog`) and the PostgreSQL store implement alike, proved by one
+/// conformance suite (psych-store-conformance).
+///
+/// - [`refresh`](Self::refresh) makes exactly the listing the server's live set, in one
+///   transaction: a new or changed tool gets a row at a new catalogue version, a tool no
+///   longer listed is marked removed at it, an unchanged listing takes no version (only
+///   the sync stamp moves), and the server's last error is cleared; a listing naming a tool
+///   twice is refused whole ([`CatalogFailure::DuplicateTool`]).
+/// - Every version the catalogue went through reads as it was ([`tools_at`](Self::tools_at),
+///   [`diff`](Self::diff)); one version counter for the whole catalogue.
+///
+/// A server's health holds its reachability as this process knows it
+/// ([`Reachability::Unknown`](crate::Reachability::Unknown) where a store does not track it:
+/// it describes this process's connection, not the catalogue).
+///
+/// Every method blocks the calling thread (a redb transaction, a database round trip): call
+/// them off the async workers.
+pub trait CatalogStore: Send + Sync + std::fmt::Debug {
+    /// The store's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// What kind of failure `error` (one of this store's) is.
+    fn failure(&self, error: &Self::Error) -> CatalogFailure;
+
+    /// The store's clock, in milliseconds since the Unix epoch (what sync stamps hold).
+    fn now(&self) -> UnixMillis;
+
+    /// Makes `tools` exactly the live set of `server`.
+    ///
+    /// # Errors
+    ///
+    /// The store's; nothing is stored on error.
+    fn refresh(&self, server: &ServerId, tools: &[ToolDefinition]) -> Result<Refresh, Self::Error>;
+
+    /// Records that listing `server` failed with `message`: its tools stay, its health shows
+    /// the failure until the next successful refresh.
+    ///
+    /// # Errors
+    ///
+    /// The store's.
+    fn record_failure(&self, server: &ServerId, message: &str) -> Result<(), Self::Error>;
+
+    /// The catalogue's current version (0 before any change).
+    ///
+    /// # Errors
+    ///
+    /// The store's.
+    fn version(&self) -> Result<CatalogVersion, Self::Error>;
+
+    /// The live tools of `server`, ordered by name, with its set version and health (version
+    /// 0 and no tools for a server never listed).
+    ///
+    /// # Errors
+    ///
+    /// The store's.
+    fn live(&self, server: &ServerId) -> Result<ServerCatalog, Self::Error>;
+
+    /// Every server the store knows (listed or failed), ordered by name.
+    ///
+    /// # Errors
+    ///
+    /// The store's.
+    fn servers(&self) -> Result<Vec<ServerId>, Self::Error>;
+
+    /// The health of `server`: last successful sync, last error.
+    ///
+    /// # Errors
+    ///
+    /// The store's.
+    fn health(&self, server: &ServerId) -> Result<ServerHealth, Self::Error>;
+
+    /// The tools of `server` live at catalogue version `version`, ordered by name.
+    ///
+    /// # Errors
+    ///
+    /// [`CatalogFailure::VersionAhead`] for a version not reached; the store's otherwise.
+    fn tools_at(
+        &self,
+        server: &ServerId,
+        version: CatalogVersion,
+    ) -> Result<Vec<ToolDefinition>, Self::Error>;
+
+    /// What changed in `server`'s tools from version `from` to version `to` (either order).
+    ///
+    /// # Errors
+    ///
+    /// As [`tools_at`](Self::tools_at), for either version.
+    fn diff(
+        &self,
+        server: &ServerId,
+        from: CatalogVersion,
+        to: CatalogVersion,
+    ) -> Result<Diff, Self::Error>;
 }
 
 #[cfg(test)]
