@@ -3,13 +3,22 @@
 //! behind one address sharing handles and catalogues (issue 31; the design is
 //! `docs/design/31-postgres-store.md`).
 //!
-//! What this version holds: the store's address ([`StoreUrl`]: a `postgres://` URL with
-//! `schema` and `pool_size`), its connection pool, and its schema, created and migrated by
-//! the store when it opens ([`PgStore::open`]): numbered migrations in one transaction under
-//! an advisory lock (replicas starting together migrate once), a database whose schema is
-//! newer than this build refused, and the catalogue's tables, whose tool rows the database
-//! itself refuses to delete. The catalogue and record stores behind the local stores' seams
-//! come next, with one conformance suite for both.
+//! What this version holds:
+//!
+//! - The store's address ([`StoreUrl`]: a `postgres://` URL with `schema` and `pool_size`),
+//!   its connection pool, and its schema, created and migrated by the store when it opens
+//!   ([`PgStore::open`]): numbered migrations in one transaction under an advisory lock
+//!   (replicas starting together migrate once), a database whose schema is newer than this
+//!   build refused and left as it is.
+//! - The catalogue ([`PgCatalog`]): psych-types' `CatalogStore`, the seam the redb
+//!   catalogue implements, passing the same conformance suite (14 properties)
+//!   (psych-store-conformance): a refresh is one transaction, an unchanged listing takes
+//!   no version, every past version reads as it was, and the database itself refuses to
+//!   delete a tool row. Replicas refreshing together take distinct versions and store whole
+//!   listings. The seam is blocking: `PgCatalog` runs on a small runtime of its own.
+//!
+//! The record store, advisory-locked refreshes with LISTEN/NOTIFY for replicas, and the
+//! wiring into `psych serve` and the runtime come next.
 //!
 //! Every connection commits durably (`synchronous_commit=on`, whatever the server's
 //! default) and finds the store's tables first (`search_path`). TLS is not supported yet: a
@@ -34,6 +43,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod catalog;
 mod error;
 mod schema;
 mod url;
@@ -41,6 +51,7 @@ mod url;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
+pub use catalog::{CatalogError, PgCatalog};
 pub use error::OpenError;
 pub use schema::SCHEMA_VERSION;
 pub use url::{DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, StoreUrl, UrlError};

@@ -106,8 +106,13 @@ impl StoreUrl {
             format!("{base}?{}", rest.join("&"))
         };
         let mut config = tokio_postgres::Config::from_str(&url).map_err(UrlError::Config)?;
-        // Durable commits whatever the server's default, and the store's schema first.
-        config.options(format!("-c search_path={schema} -c synchronous_commit=on"));
+        // Durable commits whatever the server's default, and the store's schema first. A
+        // stalled peer (a replica paused mid-transaction) holds a row lock for at most a
+        // minute, and no request waits on a lock longer than 30 s.
+        config.options(format!(
+            "-c search_path={schema} -c synchronous_commit=on -c lock_timeout=30s \
+             -c idle_in_transaction_session_timeout=60s"
+        ));
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(std::time::Duration::from_secs(10));
         }
@@ -143,7 +148,10 @@ mod tests {
         assert_eq!(url.config.get_dbname(), Some("test"));
         assert_eq!(
             url.config.get_options(),
-            Some("-c search_path=fleet_a -c synchronous_commit=on")
+            Some(
+                "-c search_path=fleet_a -c synchronous_commit=on -c lock_timeout=30s \
+                 -c idle_in_transaction_session_timeout=60s"
+            )
         );
         let plain = StoreUrl::parse("postgresql://u@h/db").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(

@@ -199,3 +199,162 @@ async fn an_unreachable_database_is_a_typed_connect_error() {
     assert_eq!(refused.to_string(), "cannot connect to PostgreSQL");
     assert!(std::error::Error::source(&refused).is_some());
 }
+
+/// Runs `sql` on a plain connection, from a thread with a runtime of its own (so it works
+/// from a plain test thread or a guard's drop).
+fn raw_blocking(sql: String) {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(raw(&sql));
+    })
+    .join()
+    .unwrap();
+}
+
+/// A test schema dropped when the store holding it goes.
+#[derive(Debug)]
+struct DropSchema(String);
+
+impl Drop for DropSchema {
+    fn drop(&mut self) {
+        raw_blocking(format!("drop schema if exists {} cascade", self.0));
+    }
+}
+
+/// The stores' conformance suite (psych-store-conformance), the one the redb catalogue
+/// passes, each property over a fresh schema of its own.
+mod conformance {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use psych_store_conformance::Kept;
+    use psych_store_postgres::PgCatalog;
+
+    use super::{DropSchema, database, raw_blocking};
+
+    fn fresh() -> Kept<PgCatalog, DropSchema> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "t_conformance_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        raw_blocking(format!("drop schema if exists {name} cascade"));
+        let catalog = PgCatalog::open(&format!("{}?schema={name}", database())).unwrap();
+        Kept(catalog, DropSchema(name))
+    }
+
+    psych_store_conformance::catalog_conformance!(fresh);
+}
+
+/// Two replicas' catalogues on one schema refreshing at once, each server from both: every
+/// change takes a version of its own, each server's live set is a listing one of them made
+/// whole, and every version reads back as one whole listing.
+#[test]
+fn replicas_refreshing_together_take_distinct_versions_and_store_whole_listings() {
+    use psych_store_postgres::PgCatalog;
+    use psych_types::{CatalogStore, ServerId, ToolDefinition, ToolName};
+
+    let name = format!("t_replicas_{}", std::process::id());
+    raw_blocking(format!("drop schema if exists {name} cascade"));
+    let _drop = DropSchema(name.clone());
+    let url = format!("{}?schema={name}", database());
+    let replicas = [
+        PgCatalog::open(&url).unwrap(),
+        PgCatalog::open(&url).unwrap(),
+    ];
+    // Listing `n` of a server: tools t0..t(n % 5 + 1), each described with `n`.
+    let listing = |n: usize| -> Vec<ToolDefinition> {
+        (0..=n % 5)
+            .map(|t| {
+                let tool = ToolName::new(format!("t{t}")).unwrap();
+                ToolDefinition::new(tool, format!("listing {n}"), Default::default())
+            })
+            .collect()
+    };
+    let servers = [ServerId::new("a").unwrap(), ServerId::new("b").unwrap()];
+    let changes: usize = std::thread::scope(|scope| {
+        let mut workers = Vec::new();
+        for (i, replica) in replicas.iter().enumerate() {
+            for server in &servers {
+                let listing = &listing;
+                workers.push(scope.spawn(move || {
+                    (0..15)
+                        .map(|round| {
+                            let refreshed =
+                                replica.refresh(server, &listing(round * 2 + i)).unwrap();
+                            usize::from(!refreshed.diff.is_empty())
+                        })
+                        .sum::<usize>()
+                }));
+            }
+        }
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    let catalog = &replicas[0];
+    let version = catalog.version().unwrap();
+    assert_eq!(version.0, changes as u64, "one version per change");
+    for v in 1..=version.0 {
+        for server in &servers {
+            let tools = catalog
+                .tools_at(server, psych_types::CatalogVersion(v))
+                .unwrap();
+            // Whole: every tool of one listing (one description), t0..tk with no gap.
+            let descriptions: std::collections::BTreeSet<_> =
+                tools.iter().map(|t| t.description.clone()).collect();
+            assert!(
+                descriptions.len() <= 1,
+                "version {v} of {server}: {descriptions:?}"
+            );
+            for (k, tool) in tools.iter().enumerate() {
+                assert_eq!(tool.name.as_str(), format!("t{k}"));
+            }
+        }
+    }
+    assert_eq!(
+        replicas[1].live(&servers[0]).unwrap(),
+        replicas[0].live(&servers[0]).unwrap()
+    );
+}
+
+/// Called from async code by mistake, the blocking catalogue does not panic: on a
+/// multi-threaded runtime's worker it blocks in place; on a single-threaded runtime's thread
+/// it answers that it must be called from `spawn_blocking`.
+#[test]
+fn called_on_an_async_thread_the_catalogue_blocks_in_place_or_says_why() {
+    use psych_store_postgres::{CatalogError, PgCatalog};
+    use psych_types::{CatalogFailure, CatalogStore, ServerId};
+
+    let name = format!("t_async_{}", std::process::id());
+    raw_blocking(format!("drop schema if exists {name} cascade"));
+    let _drop = DropSchema(name.clone());
+    let catalog = PgCatalog::open(&format!("{}?schema={name}", database())).unwrap();
+    let fs = ServerId::new("fs").unwrap();
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let in_place = multi.block_on(async {
+        let catalog = catalog.clone();
+        let fs = fs.clone();
+        tokio::spawn(async move { catalog.refresh(&fs, &[]) })
+            .await
+            .unwrap()
+    });
+    assert!(in_place.is_ok(), "{in_place:?}");
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let refused = single.block_on(async { catalog.live(&fs) }).unwrap_err();
+    assert!(
+        matches!(refused, CatalogError::OnAsyncThread),
+        "{refused:?}"
+    );
+    assert_eq!(catalog.failure(&refused), CatalogFailure::Unavailable);
+    // Off any runtime, it answers.
+    assert!(catalog.live(&fs).unwrap().tools.is_empty());
+}

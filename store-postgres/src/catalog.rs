@@ -1,0 +1,567 @@
+//! The catalogue on PostgreSQL: psych-types' [`CatalogStore`] over the tables of migration 1,
+//! the same guarantees as the redb catalogue, proved by the same conformance suite
+//! (psych-store-conformance).
+//!
+//! A refresh is one transaction: the server's row locked (`for update`), its live rows read
+//! and compared in Rust with the listing (tools as canonical JSON, the bytes the redb
+//! catalogue stores), and, only when something changed, the catalogue's version counter
+//! moved on (its row lock orders concurrent writers, as redb's single writer does), the
+//! changed and removed rows marked removed at it and the new rows inserted. Rows are never
+//! deleted (the database refuses it).
+//!
+//! The seam is blocking: [`PgCatalog`] runs its queries on a small runtime of its own and
+//! blocks the calling thread on each, so call it off the async workers (as the redb
+//! catalogue).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use deadpool_postgres::GenericClient;
+use psych_types::{
+    CatalogFailure, CatalogStore, CatalogVersion, Diff, Refresh, ServerCatalog, ServerHealth,
+    ServerId, SyncFailure, SyncStamp, ToolDefinition, ToolName, UnixMillis,
+};
+
+use crate::{DbError, OpenError, PgStore};
+
+/// Why a catalogue request failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CatalogError {
+    /// A listing named a tool twice; nothing was stored.
+    #[error("server {server} listed the tool {name} twice; nothing was stored")]
+    DuplicateTool {
+        /// The server.
+        server: ServerId,
+        /// The tool named twice.
+        name: ToolName,
+    },
+    /// A read asked for a catalogue version not reached yet.
+    #[error("catalogue version {} is not reached yet (the catalogue is at {})", asked.0, current.0)]
+    VersionAhead {
+        /// The version asked for.
+        asked: CatalogVersion,
+        /// The catalogue's version now.
+        current: CatalogVersion,
+    },
+    /// A tool could not be encoded as JSON.
+    #[error("cannot encode the tool {name} of {server}")]
+    Encode {
+        /// The server.
+        server: ServerId,
+        /// The tool.
+        name: ToolName,
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A stored row did not decode (written by another program, or damaged).
+    #[error("damaged catalogue row: {what}")]
+    Corrupt {
+        /// Which row, and why.
+        what: String,
+    },
+    /// The database failed the request (nothing of it was committed).
+    #[error("the catalogue's database failed the request")]
+    Db(#[source] DbError),
+    /// Called on a worker of a single-threaded tokio runtime, where blocking would stall
+    /// it: call the catalogue from `spawn_blocking` (on a multi-threaded runtime's worker it
+    /// blocks in place).
+    #[error(
+        "the PostgreSQL catalogue blocks: it was called on a single-threaded async runtime's \
+         thread; call it from spawn_blocking"
+    )]
+    OnAsyncThread,
+}
+
+/// Whether PostgreSQL's `error` says it cannot be reached now: a closed connection, a
+/// connection failure (SQLSTATE class 08), the server shutting down or starting (57P01 to
+/// 57P03), or a lock or idle timeout (55P03, 25P03).
+fn unavailable(error: &tokio_postgres::Error) -> bool {
+    error.is_closed()
+        || error.code().is_some_and(|code| {
+            let code = code.code();
+            code.starts_with("08")
+                || matches!(code, "57P01" | "57P02" | "57P03" | "55P03" | "25P03")
+        })
+}
+
+fn db(source: tokio_postgres::Error) -> CatalogError {
+    CatalogError::Db(DbError::Query(source))
+}
+
+/// A catalogue in a PostgreSQL schema, behind psych-types' `CatalogStore` seam. Cheap to
+/// clone.
+///
+/// Every call blocks the calling thread until the database answers: its queries run on a
+/// two-worker runtime of the catalogue's own. Call it off the async workers. Called on a
+/// multi-threaded tokio runtime's worker anyway, it blocks in place
+/// (`tokio::task::block_in_place`) rather than panicking; on a single-threaded runtime's
+/// thread it answers [`CatalogError::OnAsyncThread`]. The store it gives ([`store`](Self::store))
+/// lives on that runtime: use it while the catalogue (or a clone) lives.
+#[derive(Debug, Clone)]
+pub struct PgCatalog {
+    store: PgStore,
+    runtime: Arc<Runtime>,
+}
+
+/// The runtime the blocking calls run on, shut down in the background when the last clone
+/// goes (so dropping it from an async context is safe).
+#[derive(Debug)]
+struct Runtime(Option<tokio::runtime::Runtime>);
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl PgCatalog {
+    /// Opens the store at `url` ([`PgStore::open`]) on a runtime of the catalogue's own (two
+    /// workers) and blocks until it is open. Call it off the async workers.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError`], and [`OpenError::Runtime`] when the runtime cannot start.
+    pub fn open(url: &str) -> Result<Self, OpenError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("psych-pg")
+            .enable_all()
+            .build()
+            .map_err(OpenError::Runtime)?;
+        let store = block_on(&runtime, PgStore::open(url)).ok_or(OpenError::OnAsyncThread)??;
+        Ok(Self {
+            store,
+            runtime: Arc::new(Runtime(Some(runtime))),
+        })
+    }
+
+    /// The store it works in.
+    pub fn store(&self) -> &PgStore {
+        &self.store
+    }
+
+    fn block<T>(
+        &self,
+        work: impl Future<Output = Result<T, CatalogError>>,
+    ) -> Result<T, CatalogError> {
+        // Taken only when the last clone drops: a live catalogue always has its runtime.
+        let Some(runtime) = &self.runtime.0 else {
+            return Err(CatalogError::OnAsyncThread);
+        };
+        block_on(runtime, work).unwrap_or(Err(CatalogError::OnAsyncThread))
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, CatalogError> {
+        self.store
+            .pool
+            .get()
+            .await
+            .map_err(|e| CatalogError::Db(DbError::Connect(e)))
+    }
+}
+
+/// Runs `work` on `runtime`, blocking this thread: at once off any runtime, in place on a
+/// multi-threaded runtime's worker; `None` on a single-threaded runtime's thread (where it
+/// would stall the runtime, and tokio would panic).
+fn block_on<T>(runtime: &tokio::runtime::Runtime, work: impl Future<Output = T>) -> Option<T> {
+    match tokio::runtime::Handle::try_current() {
+        Err(_) => Some(runtime.block_on(work)),
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            Some(tokio::task::block_in_place(|| runtime.block_on(work)))
+        }
+        Ok(_) => None,
+    }
+}
+
+/// The system clock in milliseconds since the Unix epoch.
+fn system_now() -> UnixMillis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn millis(at: UnixMillis) -> i64 {
+    i64::try_from(at).unwrap_or(i64::MAX)
+}
+
+fn version(value: i64) -> CatalogVersion {
+    CatalogVersion(u64::try_from(value).unwrap_or(0))
+}
+
+fn stored(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn decode(server: &ServerId, json: &[u8]) -> Result<ToolDefinition, CatalogError> {
+    serde_json::from_slice(json).map_err(|e| CatalogError::Corrupt {
+        what: format!("a tool row of {server}: {e}"),
+    })
+}
+
+fn tool_name(server: &ServerId, name: &str) -> Result<ToolName, CatalogError> {
+    ToolName::new(name).map_err(|e| CatalogError::Corrupt {
+        what: format!("tools[{server}/{name:?}]: {e}"),
+    })
+}
+
+/// The catalogue's version now.
+async fn current(client: &impl GenericClient) -> Result<CatalogVersion, CatalogError> {
+    let row = client
+        .query_one(
+            "select value from psych_meta where key = 'catalog_version'",
+            &[],
+        )
+        .await
+        .map_err(db)?;
+    Ok(version(row.get(0)))
+}
+
+/// The server's row: set version and health (defaults for a server never seen).
+async fn server_row(
+    client: &impl GenericClient,
+    server: &ServerId,
+) -> Result<(CatalogVersion, ServerHealth), CatalogError> {
+    let row = client
+        .query_opt(
+            "select set_version, sync_version, sync_at, error_at, error_message
+             from servers where server = $1",
+            &[&server.as_str()],
+        )
+        .await
+        .map_err(db)?;
+    let Some(row) = row else {
+        return Ok((CatalogVersion(0), ServerHealth::default()));
+    };
+    let sync_version: Option<i64> = row.get(1);
+    let sync_at: Option<i64> = row.get(2);
+    let error_at: Option<i64> = row.get(3);
+    let error_message: Option<String> = row.get(4);
+    let health = ServerHealth {
+        last_sync: sync_version.zip(sync_at).map(|(v, at)| SyncStamp {
+            version: version(v),
+            at: u64::try_from(at).unwrap_or(0),
+        }),
+        last_error: error_at
+            .zip(error_message)
+            .map(|(at, message)| SyncFailure {
+                at: u64::try_from(at).unwrap_or(0),
+                message,
+            }),
+        reachability: psych_types::Reachability::default(),
+    };
+    Ok((version(row.get(0)), health))
+}
+
+/// The server's rows live at `at` (`None`: live now), by name: (since, canonical JSON).
+async fn rows_at(
+    client: &impl GenericClient,
+    server: &ServerId,
+    at: Option<CatalogVersion>,
+) -> Result<BTreeMap<String, (i64, Vec<u8>)>, CatalogError> {
+    let rows = match at {
+        None => {
+            client
+                .query(
+                    "select name, since, def from tools
+                     where server = $1 and removed_at = 0 order by name",
+                    &[&server.as_str()],
+                )
+                .await
+        }
+        Some(at) => {
+            client
+                .query(
+                    "select name, since, def from tools
+                     where server = $1 and since <= $2 and (removed_at = 0 or removed_at > $2)
+                     order by name",
+                    &[&server.as_str(), &stored(at.0)],
+                )
+                .await
+        }
+    }
+    .map_err(db)?;
+    Ok(rows
+        .iter()
+        .map(|row| (row.get(0), (row.get(1), row.get(2))))
+        .collect())
+}
+
+/// Refuses a version the catalogue has not reached.
+async fn reached(client: &impl GenericClient, asked: CatalogVersion) -> Result<(), CatalogError> {
+    let current = current(client).await?;
+    if asked > current {
+        return Err(CatalogError::VersionAhead { asked, current });
+    }
+    Ok(())
+}
+
+impl CatalogStore for PgCatalog {
+    type Error = CatalogError;
+
+    fn failure(&self, error: &CatalogError) -> CatalogFailure {
+        match error {
+            CatalogError::DuplicateTool { .. } => CatalogFailure::DuplicateTool,
+            CatalogError::VersionAhead { .. } => CatalogFailure::VersionAhead,
+            CatalogError::Db(DbError::Connect(_)) | CatalogError::OnAsyncThread => {
+                CatalogFailure::Unavailable
+            }
+            CatalogError::Db(DbError::Query(error)) if unavailable(error) => {
+                CatalogFailure::Unavailable
+            }
+            _ => CatalogFailure::Store,
+        }
+    }
+
+    fn now(&self) -> UnixMillis {
+        system_now()
+    }
+
+    fn refresh(
+        &self,
+        server: &ServerId,
+        tools: &[ToolDefinition],
+    ) -> Result<Refresh, CatalogError> {
+        let mut incoming = tools
+            .iter()
+            .map(|tool| {
+                let json = serde_json::to_vec(tool).map_err(|source| CatalogError::Encode {
+                    server: server.clone(),
+                    name: tool.name.clone(),
+                    source,
+                })?;
+                Ok((tool.name.as_str().to_owned(), json))
+            })
+            .collect::<Result<Vec<_>, CatalogError>>()?;
+        incoming.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        if let Some(pair) = incoming.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(CatalogError::DuplicateTool {
+                server: server.clone(),
+                name: tool_name(server, &pair[0].0)?,
+            });
+        }
+        self.block(async {
+            let mut client = self.client().await?;
+            let txn = client.transaction().await.map_err(db)?;
+            txn.execute(
+                "insert into servers (server) values ($1) on conflict do nothing",
+                &[&server.as_str()],
+            )
+            .await
+            .map_err(db)?;
+            let row = txn
+                .query_one(
+                    "select set_version from servers where server = $1 for update",
+                    &[&server.as_str()],
+                )
+                .await
+                .map_err(db)?;
+            let mut set_version = version(row.get(0));
+            // Stamped once the server's row is ours: replicas' stamps follow commit order.
+            let at = millis(system_now());
+            let live = rows_at(&txn, server, None).await?;
+            let mut diff = Diff::default();
+            let mut gone: Vec<&str> = Vec::new();
+            let (mut names, mut defs): (Vec<&str>, Vec<&[u8]>) = (Vec::new(), Vec::new());
+            for (name, json) in &incoming {
+                match live.get(name) {
+                    None => diff.added.push(tool_name(server, name)?),
+                    Some((_, old)) if old == json => diff.unchanged.push(tool_name(server, name)?),
+                    Some(_) => {
+                        diff.changed.push(tool_name(server, name)?);
+                        gone.push(name);
+                    }
+                }
+                if live.get(name).is_none_or(|(_, old)| old != json) {
+                    names.push(name);
+                    defs.push(json);
+                }
+            }
+            for name in live.keys() {
+                if incoming
+                    .binary_search_by(|(n, _)| n.as_str().cmp(name))
+                    .is_err()
+                {
+                    diff.removed.push(tool_name(server, name)?);
+                    gone.push(name);
+                }
+            }
+            if !diff.is_empty() {
+                let row = txn
+                    .query_one(
+                        "update psych_meta set value = value + 1 where key = 'catalog_version'
+                         returning value",
+                        &[],
+                    )
+                    .await
+                    .map_err(db)?;
+                let new: i64 = row.get(0);
+                txn.execute(
+                    "update tools set removed_at = $2
+                     where server = $1 and removed_at = 0 and name = any($3)",
+                    &[&server.as_str(), &new, &gone],
+                )
+                .await
+                .map_err(db)?;
+                txn.execute(
+                    "insert into tools (server, name, since, def)
+                     select $1, n, $2, d from unnest($3::text[], $4::bytea[]) as t(n, d)",
+                    &[&server.as_str(), &new, &names, &defs],
+                )
+                .await
+                .map_err(db)?;
+                set_version = version(new);
+            }
+            txn.execute(
+                "update servers set set_version = $2, sync_version = $2, sync_at = $3,
+                     error_at = null, error_message = null
+                 where server = $1",
+                &[&server.as_str(), &stored(set_version.0), &at],
+            )
+            .await
+            .map_err(db)?;
+            txn.commit().await.map_err(db)?;
+            Ok(Refresh {
+                version: set_version,
+                diff,
+            })
+        })
+    }
+
+    fn record_failure(&self, server: &ServerId, message: &str) -> Result<(), CatalogError> {
+        let at = millis(self.now());
+        self.block(async {
+            let client = self.client().await?;
+            client
+                .execute(
+                    "insert into servers (server, error_at, error_message) values ($1, $2, $3)
+                     on conflict (server) do update
+                     set error_at = excluded.error_at, error_message = excluded.error_message",
+                    &[&server.as_str(), &at, &message],
+                )
+                .await
+                .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    fn version(&self) -> Result<CatalogVersion, CatalogError> {
+        self.block(async { current(&self.client().await?).await })
+    }
+
+    fn live(&self, server: &ServerId) -> Result<ServerCatalog, CatalogError> {
+        self.block(async {
+            let mut client = self.client().await?;
+            // One snapshot for the row and the tools.
+            let txn = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(db)?;
+            let (set_version, health) = server_row(&txn, server).await?;
+            let tools = rows_at(&txn, server, None)
+                .await?
+                .values()
+                .map(|(_, json)| decode(server, json))
+                .collect::<Result<Vec<_>, _>>()?;
+            txn.commit().await.map_err(db)?;
+            Ok(ServerCatalog {
+                server: server.clone(),
+                version: set_version,
+                tools: tools.into(),
+                health,
+            })
+        })
+    }
+
+    fn servers(&self) -> Result<Vec<ServerId>, CatalogError> {
+        self.block(async {
+            let client = self.client().await?;
+            let rows = client
+                .query("select server from servers order by server", &[])
+                .await
+                .map_err(db)?;
+            rows.iter()
+                .map(|row| {
+                    let name: &str = row.get(0);
+                    ServerId::new(name).map_err(|e| CatalogError::Corrupt {
+                        what: format!("servers[{name:?}]: {e}"),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn health(&self, server: &ServerId) -> Result<ServerHealth, CatalogError> {
+        self.block(async { Ok(server_row(&self.client().await?, server).await?.1) })
+    }
+
+    fn tools_at(
+        &self,
+        server: &ServerId,
+        version: CatalogVersion,
+    ) -> Result<Vec<ToolDefinition>, CatalogError> {
+        self.block(async {
+            let mut client = self.client().await?;
+            let txn = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(db)?;
+            reached(&txn, version).await?;
+            let tools = rows_at(&txn, server, Some(version))
+                .await?
+                .values()
+                .map(|(_, json)| decode(server, json))
+                .collect::<Result<Vec<_>, _>>()?;
+            txn.commit().await.map_err(db)?;
+            Ok(tools)
+        })
+    }
+
+    fn diff(
+        &self,
+        server: &ServerId,
+        from: CatalogVersion,
+        to: CatalogVersion,
+    ) -> Result<Diff, CatalogError> {
+        self.block(async {
+            let mut client = self.client().await?;
+            let txn = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(db)?;
+            reached(&txn, from.max(to)).await?;
+            let before = rows_at(&txn, server, Some(from)).await?;
+            let after = rows_at(&txn, server, Some(to)).await?;
+            txn.commit().await.map_err(db)?;
+            let mut diff = Diff::default();
+            for (name, (since, json)) in &after {
+                let tool = tool_name(server, name)?;
+                match before.get(name) {
+                    None => diff.added.push(tool),
+                    Some((old_since, _)) if old_since == since => diff.unchanged.push(tool),
+                    // A tool removed and listed again identically has a new row but no change.
+                    Some((_, old)) if old == json => diff.unchanged.push(tool),
+                    Some(_) => diff.changed.push(tool),
+                }
+            }
+            for name in before.keys() {
+                if !after.contains_key(name) {
+                    diff.removed.push(tool_name(server, name)?);
+                }
+            }
+            Ok(diff)
+        })
+    }
+}
