@@ -371,7 +371,7 @@ mod tests {
         };
         assert_eq!(
             benches("psych-tests"),
-            ["lazy_step", "mcp_call", "reader_paging"]
+            ["catalog_stores", "lazy_step", "mcp_call", "reader_paging"]
         );
         assert_eq!(benches("psych-record-log"), ["append", "crc", "read"]);
         assert!(packages.iter().all(|p| !p.benches.is_empty()));
