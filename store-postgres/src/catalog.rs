@@ -103,7 +103,14 @@ fn db(source: tokio_postgres::Error) -> CatalogError {
 pub struct PgCatalog {
     store: PgStore,
     runtime: Arc<Runtime>,
+    /// Each server's decoded live set at its set version (shared by clones): a read at the
+    /// same version hands out the same allocation and decodes nothing, as the redb
+    /// catalogue's does. A set version names one set for good, so a hit is never stale.
+    live_sets: Arc<std::sync::Mutex<BTreeMap<ServerId, LiveSet>>>,
 }
+
+/// A server's live set as last decoded, and the set version it was read at.
+type LiveSet = (CatalogVersion, Arc<[ToolDefinition]>);
 
 /// The runtime the blocking calls run on, shut down in the background when the last clone
 /// goes (so dropping it from an async context is safe).
@@ -136,6 +143,7 @@ impl PgCatalog {
         Ok(Self {
             store,
             runtime: Arc::new(Runtime(Some(runtime))),
+            live_sets: Arc::default(),
         })
     }
 
@@ -464,16 +472,34 @@ impl CatalogStore for PgCatalog {
                 .await
                 .map_err(db)?;
             let (set_version, health) = server_row(&txn, server).await?;
-            let tools = rows_at(&txn, server, None)
-                .await?
-                .values()
-                .map(|(_, json)| decode(server, json))
-                .collect::<Result<Vec<_>, _>>()?;
+            let cached = self
+                .live_sets
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(server)
+                .filter(|(at, _)| *at == set_version)
+                .map(|(_, tools)| Arc::clone(tools));
+            let tools = match cached {
+                Some(tools) => tools,
+                None => {
+                    let tools: Arc<[ToolDefinition]> = rows_at(&txn, server, None)
+                        .await?
+                        .values()
+                        .map(|(_, json)| decode(server, json))
+                        .collect::<Result<Vec<_>, _>>()?
+                        .into();
+                    self.live_sets
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(server.clone(), (set_version, Arc::clone(&tools)));
+                    tools
+                }
+            };
             txn.commit().await.map_err(db)?;
             Ok(ServerCatalog {
                 server: server.clone(),
                 version: set_version,
-                tools: tools.into(),
+                tools,
                 health,
             })
         })

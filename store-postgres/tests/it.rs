@@ -358,3 +358,29 @@ fn called_on_an_async_thread_the_catalogue_blocks_in_place_or_says_why() {
     // Off any runtime, it answers.
     assert!(catalog.live(&fs).unwrap().tools.is_empty());
 }
+
+/// A live read at a set version already read hands out the same allocation (nothing is
+/// fetched or decoded again); a change gives a new one, read through any clone.
+#[test]
+fn a_live_set_is_decoded_once_per_set_version() {
+    use psych_store_postgres::PgCatalog;
+    use psych_types::{CatalogStore, ServerId, ToolDefinition, ToolName};
+
+    let name = format!("t_live_cache_{}", std::process::id());
+    raw_blocking(format!("drop schema if exists {name} cascade"));
+    let _drop = DropSchema(name.clone());
+    let catalog = PgCatalog::open(&format!("{}?schema={name}", database())).unwrap();
+    let other = PgCatalog::open(&format!("{}?schema={name}", database())).unwrap();
+    let fs = ServerId::new("fs").unwrap();
+    let tool = |d: &str| ToolDefinition::new(ToolName::new("read").unwrap(), d, Default::default());
+    catalog.refresh(&fs, &[tool("Read")]).unwrap();
+    let first = catalog.live(&fs).unwrap();
+    let again = catalog.clone().live(&fs).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&first.tools, &again.tools));
+    // Another replica changes it: the next read sees the change.
+    other.refresh(&fs, &[tool("Read a file")]).unwrap();
+    let changed = catalog.live(&fs).unwrap();
+    assert!(!std::sync::Arc::ptr_eq(&first.tools, &changed.tools));
+    assert_eq!(changed.tools[0].description.as_deref(), Some("Read a file"));
+    assert!(changed.version > first.version);
+}
