@@ -768,13 +768,7 @@ struct Jitter(u64);
 impl Jitter {
     fn new(seed: u64, server: &ServerId) -> Self {
         // FNV-1a of the name, mixed with the seed.
-        let name = server
-            .as_str()
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-            });
-        Self(seed ^ name)
+        Self(seed ^ psych_types::fnv1a(server.as_str().as_bytes(), 0))
     }
 
     fn next(&mut self) -> u64 {

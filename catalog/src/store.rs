@@ -550,23 +550,7 @@ impl Catalog {
             }
             Ok(())
         })?;
-        let mut diff = Diff::default();
-        for (name, (since, json)) in &after {
-            let name = tool_name(server, name)?;
-            match before.get(name.as_str()) {
-                None => diff.added.push(name),
-                Some((old_since, _)) if old_since == since => diff.unchanged.push(name),
-                // A tool removed and listed again identically has a new row but no change.
-                Some((_, old)) if old == json => diff.unchanged.push(name),
-                Some(_) => diff.changed.push(name),
-            }
-        }
-        for name in before.keys() {
-            if !after.contains_key(name) {
-                diff.removed.push(tool_name(server, name)?);
-            }
-        }
-        Ok(diff)
+        Diff::between(&before, &after, |name| tool_name(server, name))
     }
 
     /// Row counts and the current version.

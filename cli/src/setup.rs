@@ -99,29 +99,33 @@ pub(crate) struct LazyFigures {
     pub(crate) lazy_first_answer_ms: u64,
 }
 
-/// Resolves the Surface of the kept listings (what a lazy start answers a first listing
-/// from). Blocks (redb reads).
-fn kept_surface(config: &McpConfig, catalog: &Catalog, settings: &Settings) -> Result<(), String> {
+/// The file's grant, the catalogue's live sets of the file's servers, and the Surface they
+/// resolve to with `settings`, as a turn would resolve it. Blocks (redb reads).
+fn resolved(
+    config: &McpConfig,
+    catalog: &Catalog,
+    settings: &Settings,
+) -> Result<(PermissionGrant, Vec<ServerCatalog>, Surface), String> {
     let connections: Vec<_> = config
         .servers
         .values()
         .map(|entry| entry.connection.clone())
         .collect();
-    let catalogs = config
-        .servers
-        .keys()
-        .map(|server| catalog.live(server))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("reading the catalogue: {e}"))?;
     let grant = config.grant().map_err(|e| e.to_string())?;
+    let catalogs: Vec<ServerCatalog> = catalog
+        .live_all()
+        .map_err(|e| format!("reading the catalogue: {e}"))?
+        .into_iter()
+        .filter(|c| config.servers.contains_key(&c.server))
+        .collect();
     let inputs = Inputs {
         connections: &connections,
         catalogs: &catalogs,
         grant: &grant,
     };
-    resolve(&inputs, settings, &Estimator::new())
+    let surface = resolve(&inputs, settings, &Estimator::new())
         .map_err(|e| format!("resolving the tool surface: {e}"))?;
-    Ok(())
+    Ok((grant, catalogs, surface))
 }
 
 /// The lazy start's figures from this run: every server's listing time (its sync stamp,
@@ -282,7 +286,7 @@ pub(crate) fn load(
     // What a lazy start answers a first listing from: the kept listings, read and resolved.
     let kept_started = std::time::Instant::now();
     if measure_lazy {
-        kept_surface(&config, &catalog, &settings)?;
+        resolved(&config, &catalog, &settings)?;
     }
     let kept_resolved = kept_started.elapsed();
     let started = catalog.now();
@@ -304,25 +308,7 @@ pub(crate) fn load(
         }
     }
 
-    let connections: Vec<_> = config
-        .servers
-        .values()
-        .map(|entry| entry.connection.clone())
-        .collect();
-    let grant = config.grant().map_err(|e| e.to_string())?;
-    let catalogs: Vec<ServerCatalog> = catalog
-        .live_all()
-        .map_err(|e| format!("reading the catalogue: {e}"))?
-        .into_iter()
-        .filter(|c| config.servers.contains_key(&c.server))
-        .collect();
-    let inputs = Inputs {
-        connections: &connections,
-        catalogs: &catalogs,
-        grant: &grant,
-    };
-    let surface = resolve(&inputs, &settings, &Estimator::new())
-        .map_err(|e| format!("resolving the tool surface: {e}"))?;
+    let (grant, catalogs, surface) = resolved(&config, &catalog, &settings)?;
     Ok(Setup {
         config,
         outcomes,

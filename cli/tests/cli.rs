@@ -123,6 +123,16 @@ fn budget_reports_bad_servers_and_the_rest() {
     assert_eq!(report["totals"]["servers_failed"], 2);
 }
 
+/// Each server's `start` in a `psych budget --json` report, in the report's order.
+fn starts(report: &serde_json::Value) -> Vec<&str> {
+    report["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["start"].as_str().unwrap())
+        .collect()
+}
+
 /// Issue 30: `psych budget` says how `psych serve` would start each server (on demand
 /// once its listing is kept; at once with `"lazy": false`), `--lazy` measures what that
 /// saves, and `psych orient` shows a known server as the model would see it before its
@@ -143,14 +153,8 @@ fn budget_and_orient_show_how_serve_would_start_each_server() {
     let (first, _, code) = psych(dir.path(), &["budget", "--config", config, "--json"]);
     assert_eq!(code, 0, "{first}");
     let first: serde_json::Value = serde_json::from_str(&first).unwrap();
-    let starts: Vec<&str> = first["servers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["start"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        starts,
+        starts(&first),
         [
             "at once (no kept listing)",
             "at once (\"lazy\": false)",
@@ -165,14 +169,8 @@ fn budget_and_orient_show_how_serve_would_start_each_server() {
     );
     assert_eq!(code, 0, "{second}");
     let second: serde_json::Value = serde_json::from_str(&redact(&second, dir.path())).unwrap();
-    let starts: Vec<&str> = second["servers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["start"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        starts,
+        starts(&second),
         [
             "on demand (listed [age] ago)",
             "at once (\"lazy\": false)",

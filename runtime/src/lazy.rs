@@ -280,16 +280,10 @@ impl ListingSources {
 /// The transport's fingerprint: FNV-1a (64 bits) over its fields, each length-prefixed so
 /// that no two different transports share an input.
 fn fingerprint(transport: &Transport) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut hash = 0;
     let mut feed = |field: &str| {
-        for byte in (field.len() as u64)
-            .to_le_bytes()
-            .iter()
-            .chain(field.as_bytes())
-        {
-            hash ^= u64::from(*byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
+        hash = psych_types::fnv1a(&(field.len() as u64).to_le_bytes(), hash);
+        hash = psych_types::fnv1a(field.as_bytes(), hash);
     };
     match transport {
         Transport::Stdio {

@@ -298,6 +298,20 @@ async fn rows_at(
         .collect())
 }
 
+/// A read-only transaction seeing one snapshot of the catalogue (repeatable read): what a
+/// read of several rows runs in, so they agree.
+async fn snapshot(
+    client: &mut deadpool_postgres::Object,
+) -> Result<deadpool_postgres::Transaction<'_>, CatalogError> {
+    client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(db)
+}
+
 /// Refuses a version the catalogue has not reached.
 async fn reached(client: &impl GenericClient, asked: CatalogVersion) -> Result<(), CatalogError> {
     let current = current(client).await?;
@@ -464,13 +478,7 @@ impl CatalogStore for PgCatalog {
         self.block(async {
             let mut client = self.client().await?;
             // One snapshot for the row and the tools.
-            let txn = client
-                .build_transaction()
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await
-                .map_err(db)?;
+            let txn = snapshot(&mut client).await?;
             let (set_version, health) = server_row(&txn, server).await?;
             let cached = self
                 .live_sets
@@ -534,13 +542,7 @@ impl CatalogStore for PgCatalog {
     ) -> Result<Vec<ToolDefinition>, CatalogError> {
         self.block(async {
             let mut client = self.client().await?;
-            let txn = client
-                .build_transaction()
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await
-                .map_err(db)?;
+            let txn = snapshot(&mut client).await?;
             reached(&txn, version).await?;
             let tools = rows_at(&txn, server, Some(version))
                 .await?
@@ -560,34 +562,12 @@ impl CatalogStore for PgCatalog {
     ) -> Result<Diff, CatalogError> {
         self.block(async {
             let mut client = self.client().await?;
-            let txn = client
-                .build_transaction()
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await
-                .map_err(db)?;
+            let txn = snapshot(&mut client).await?;
             reached(&txn, from.max(to)).await?;
             let before = rows_at(&txn, server, Some(from)).await?;
             let after = rows_at(&txn, server, Some(to)).await?;
             txn.commit().await.map_err(db)?;
-            let mut diff = Diff::default();
-            for (name, (since, json)) in &after {
-                let tool = tool_name(server, name)?;
-                match before.get(name) {
-                    None => diff.added.push(tool),
-                    Some((old_since, _)) if old_since == since => diff.unchanged.push(tool),
-                    // A tool removed and listed again identically has a new row but no change.
-                    Some((_, old)) if old == json => diff.unchanged.push(tool),
-                    Some(_) => diff.changed.push(tool),
-                }
-            }
-            for name in before.keys() {
-                if !after.contains_key(name) {
-                    diff.removed.push(tool_name(server, name)?);
-                }
-            }
-            Ok(diff)
+            Diff::between(&before, &after, |name| tool_name(server, name))
         })
     }
 }

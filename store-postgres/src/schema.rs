@@ -62,15 +62,8 @@ const MIGRATIONS: [&str; 1] = [
 /// The advisory lock of `schema`'s migrations: FNV-1a (64 bits) of a name that says what
 /// it locks, as PostgreSQL's signed key.
 fn migration_lock(schema: &str) -> i64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in "psych-store-postgres migrate "
-        .bytes()
-        .chain(schema.bytes())
-    {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    i64::from_le_bytes(hash.to_le_bytes())
+    let name = format!("psych-store-postgres migrate {schema}");
+    i64::from_le_bytes(psych_types::fnv1a(name.as_bytes(), 0).to_le_bytes())
 }
 
 /// Brings `schema` to [`SCHEMA_VERSION`] in `transaction` (creating the schema and its

@@ -114,6 +114,38 @@ impl Diff {
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
     }
+
+    /// What changed between one server's rows live at two versions, for a catalogue store:
+    /// `before` and `after` map each tool name to the version its row was written at and
+    /// its stored definition. A row of the same version, or an identical definition
+    /// written again (a tool removed and listed again the same), is unchanged. `name` makes
+    /// a [`ToolName`] of a stored one (a store's error when it does not).
+    ///
+    /// # Errors
+    ///
+    /// `name`'s.
+    pub fn between<V: PartialEq, E>(
+        before: &std::collections::BTreeMap<String, (V, Vec<u8>)>,
+        after: &std::collections::BTreeMap<String, (V, Vec<u8>)>,
+        name: impl Fn(&str) -> Result<ToolName, E>,
+    ) -> Result<Self, E> {
+        let mut diff = Self::default();
+        for (stored, (since, json)) in after {
+            let tool = name(stored)?;
+            match before.get(stored) {
+                None => diff.added.push(tool),
+                Some((old_since, _)) if old_since == since => diff.unchanged.push(tool),
+                Some((_, old)) if old == json => diff.unchanged.push(tool),
+                Some(_) => diff.changed.push(tool),
+            }
+        }
+        for stored in before.keys() {
+            if !after.contains_key(stored) {
+                diff.removed.push(name(stored)?);
+            }
+        }
+        Ok(diff)
+    }
 }
 
 /// The result of one refresh of one server.

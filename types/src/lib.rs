@@ -67,6 +67,7 @@ mod base64;
 mod catalog;
 mod chain;
 mod connection;
+mod hash;
 mod history;
 mod id;
 pub mod json;
@@ -90,6 +91,7 @@ pub use catalog::{
 };
 pub use chain::error_chain;
 pub use connection::{ConnectionSpec, PermissionGrant, Preload, ToolScope};
+pub use hash::fnv1a;
 pub use history::{
     BlockLines, History, HistoryEntry, HistoryItem, OutputAccess, SourceError, StoredRef,
     StoredResult, count_line_breaks, load_whole, read_exact_output,

@@ -130,16 +130,7 @@ pub(crate) fn trim_end(text: &str) -> &str {
 /// The longest tool call id OpenAI accepts, in characters.
 pub const OPENAI_MAX_CALL_ID: usize = 40;
 
-/// FNV-1a, 64 bits: a hash whose value is fixed by its definition, the same on every
-/// machine and in every Rust version.
-pub(crate) fn fnv1a(bytes: &[u8], salt: u64) -> u64 {
-    let mut hash = 0xcbf2_9ce4_8422_2325_u64 ^ salt;
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
-}
+pub(crate) use psych_types::fnv1a;
 
 /// Call ids as sent to OpenAI: each logged id as it is when it has at most
 /// [`OPENAI_MAX_CALL_ID`] characters, else its first 23 characters, `_` and 16 hex digits of
