@@ -706,6 +706,42 @@ impl RecordSource for SharedRecordLog {
     }
 }
 
+/// The record log behind psych-types' record-store seam: the same group commit, the same
+/// reads. An I/O failure is [`RecordFailure::Store`] (a local disk is not "unavailable").
+impl psych_types::RecordStore for SharedRecordLog {
+    type AppendError = AppendError;
+
+    fn failure(&self, error: &AppendError) -> psych_types::RecordFailure {
+        match error {
+            AppendError::Spill { .. } => psych_types::RecordFailure::Spill,
+            _ => psych_types::RecordFailure::Store,
+        }
+    }
+
+    fn append_batch(&self, records: &[Record]) -> Result<Vec<RecordHandle>, AppendError> {
+        SharedRecordLog::append_batch(self, records)
+    }
+
+    fn append(&self, record: &Record) -> Result<RecordHandle, AppendError> {
+        SharedRecordLog::append(self, record)
+    }
+
+    fn len(&self) -> u64 {
+        SharedRecordLog::len(self)
+    }
+
+    fn extend_history(&self, history: &mut psych_types::History) -> Result<(), ReadError> {
+        SharedRecordLog::extend_history(self, history)
+    }
+
+    fn stored_result(
+        &self,
+        handle: &RecordHandle,
+    ) -> Result<Option<psych_types::StoredResult>, ReadError> {
+        SharedRecordLog::stored_result(self, handle)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Barrier;

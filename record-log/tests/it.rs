@@ -13,6 +13,7 @@ mod common;
 mod blocks;
 mod checkpoint;
 mod checkpoint_torn;
+mod conformance;
 mod corruption;
 mod crash;
 mod faults;

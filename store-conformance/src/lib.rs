@@ -6,7 +6,10 @@
 //! reads as it was), a refused listing changes nothing, a failure keeps the tools.
 //!
 //! Each property is a function over a fresh, empty store; [`catalog_conformance!`] makes one
-//! `#[test]` of each, so a failure names the property.
+//! `#[test]` of each, so a failure names the property. The record stores (the file log and
+//! PostgreSQL) pass [`records_conformance!`]'s properties ([`records`]): dense handles, every
+//! kind of record read back as it was, reads from any offset, Runs kept apart, records kept
+//! across a reopen, a failed batch acknowledging nothing, spilled and large results.
 //!
 //! # Example
 //!
@@ -20,6 +23,8 @@
     clippy::expect_used,
     reason = "a conformance suite fails loudly, naming what the store got wrong"
 )]
+
+pub mod records;
 
 use psych_types::{
     CatalogFailure, CatalogStore, CatalogVersion, ServerId, ToolDefinition, ToolName,

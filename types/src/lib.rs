@@ -109,8 +109,8 @@ pub use record::{
 pub use schema::{InputSchemaError, check_input_schema, json_kind};
 pub use seam::{
     CatalogFailure, CatalogStore, HostAnswer, InputRound, LineMark, MemoryRecords, OutputInfo,
-    OutputKind, Projection, RecordSource, ResultProjector, ResultRef, TokenEstimator, ToolHost,
-    ToolLister, readable_bytes,
+    OutputKind, Projection, RecordFailure, RecordSource, RecordStore, ResultProjector, ResultRef,
+    TokenEstimator, ToolHost, ToolLister, readable_bytes,
 };
 pub use spill::{SpilledBlock, SpilledText};
 pub use tool::{

@@ -552,6 +552,95 @@ pub enum HostAnswer {
     },
 }
 
+/// What kind of failure a [`RecordStore`]'s append error is: what a caller does next
+/// depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordFailure {
+    /// A spilled text could not be read whole as UTF-8: this record cannot be stored as it
+    /// is (nothing of its batch was acknowledged); others can.
+    Spill,
+    /// The store cannot be reached now (a lost connection, a database restarting, no pooled
+    /// connection in time): nothing of the batch was acknowledged; trying again later may
+    /// succeed.
+    Unavailable,
+    /// The store failed otherwise (storage, damaged data, a store that must be reopened).
+    Store,
+}
+
+/// One Run's records on a store that keeps them durably: appended in batches, read back by
+/// handle. The seam the record log (psych-record-log's `SharedRecordLog`) and the
+/// PostgreSQL store implement alike, proved by one conformance suite
+/// (psych-store-conformance's `records_conformance!`).
+///
+/// - A batch is one write: every record of it is acknowledged (its handle returned) only
+///   once all of it is durable, and a failed batch acknowledges none (file: one
+///   `fdatasync`; PostgreSQL: one transaction). Handles are `RUN:0`, `RUN:1`, … in the order
+///   of acknowledgement.
+/// - A tool result is stored whole, whatever its size: spilled texts
+///   ([`ToolOutput::spilled`]) are stored in their blocks' places, and the result reads
+///   back as the same result held in memory would. Reads by handle
+///   ([`RecordSource`]) cost about what they return, not the result's size.
+/// - The store serves its own Run only: a handle of another Run does not resolve.
+///
+/// Every method blocks the calling thread (file I/O and `fdatasync`, a database round
+/// trip): call them off the async workers.
+pub trait RecordStore: RecordSource + Send + Sync + std::fmt::Debug {
+    /// The error of a failed append.
+    type AppendError: std::error::Error + Send + Sync + 'static;
+
+    /// What kind of failure `error` (one of this store's) is.
+    fn failure(&self, error: &Self::AppendError) -> RecordFailure;
+
+    /// Appends `records` as one write and returns their handles, in order, once all of
+    /// them are durable.
+    ///
+    /// # Errors
+    ///
+    /// The store's error; nothing of the batch is acknowledged, and the next append takes
+    /// the handle the batch's first record would have had.
+    fn append_batch(&self, records: &[Record]) -> Result<Vec<RecordHandle>, Self::AppendError>;
+
+    /// Appends one record (a batch of one).
+    ///
+    /// # Errors
+    ///
+    /// As [`append_batch`](Self::append_batch).
+    fn append(&self, record: &Record) -> Result<RecordHandle, Self::AppendError> {
+        let mut handles = self.append_batch(std::slice::from_ref(record))?;
+        // A batch of one acknowledged gives one handle.
+        Ok(handles.swap_remove(0))
+    }
+
+    /// The number of records acknowledged so far.
+    fn len(&self) -> u64;
+
+    /// Whether no record is stored.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends to `history` the records stored past its last entry, tool results as
+    /// [`StoredResult`](crate::StoredResult)s read without their content. `history` must
+    /// have been read from this store (its entries are its first records).
+    ///
+    /// # Errors
+    ///
+    /// Storage failures; `history` keeps the entries read before the error.
+    fn extend_history(&self, history: &mut crate::History) -> Result<(), Self::Error>;
+
+    /// What the history holds of the tool result at `handle` (without its content); `None`
+    /// when `handle` names no tool result of this Run.
+    ///
+    /// # Errors
+    ///
+    /// Storage failures only.
+    fn stored_result(
+        &self,
+        handle: &RecordHandle,
+    ) -> Result<Option<crate::StoredResult>, Self::Error>;
+}
+
 /// What kind of failure a [`CatalogStore`]'s error is: the ones every store must tell apart
 /// (a refused request) from the store failing, so that callers, and one conformance suite for
 /// every store, can act on it.
