@@ -22,7 +22,7 @@ use psych_types::{
     ServerId, SyncFailure, SyncStamp, ToolDefinition, ToolName, UnixMillis,
 };
 
-use crate::{DbError, OpenError, PgStore};
+use crate::{DbError, OpenError, PgBlocking, PgStore};
 
 /// Why a catalogue request failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +77,7 @@ pub enum CatalogError {
 /// Whether PostgreSQL's `error` says it cannot be reached now: a closed connection, a
 /// connection failure (SQLSTATE class 08), the server shutting down or starting (57P01 to
 /// 57P03), or a lock or idle timeout (55P03, 25P03).
-fn unavailable(error: &tokio_postgres::Error) -> bool {
+pub(crate) fn unavailable(error: &tokio_postgres::Error) -> bool {
     error.is_closed()
         || error.code().is_some_and(|code| {
             let code = code.code();
@@ -86,23 +86,21 @@ fn unavailable(error: &tokio_postgres::Error) -> bool {
         })
 }
 
-fn db(source: tokio_postgres::Error) -> CatalogError {
+pub(crate) fn db(source: tokio_postgres::Error) -> CatalogError {
     CatalogError::Db(DbError::Query(source))
 }
 
 /// A catalogue in a PostgreSQL schema, behind psych-types' `CatalogStore` seam. Cheap to
 /// clone.
 ///
-/// Every call blocks the calling thread until the database answers: its queries run on a
-/// two-worker runtime of the catalogue's own. Call it off the async workers. Called on a
+/// Every call blocks the calling thread until the database answers: its queries run on the
+/// runtime of its [`PgBlocking`] store. Call it off the async workers. Called on a
 /// multi-threaded tokio runtime's worker anyway, it blocks in place
 /// (`tokio::task::block_in_place`) rather than panicking; on a single-threaded runtime's
-/// thread it answers [`CatalogError::OnAsyncThread`]. The store it gives ([`store`](Self::store))
-/// lives on that runtime: use it while the catalogue (or a clone) lives.
+/// thread it answers [`CatalogError::OnAsyncThread`].
 #[derive(Debug, Clone)]
 pub struct PgCatalog {
-    store: PgStore,
-    runtime: Arc<Runtime>,
+    blocking: PgBlocking,
     /// Each server's decoded live set at its set version (shared by clones): a read at the
     /// same version hands out the same allocation and decodes nothing, as the redb
     /// catalogue's does. A set version names one set for good, so a hit is never stale.
@@ -112,76 +110,44 @@ pub struct PgCatalog {
 /// A server's live set as last decoded, and the set version it was read at.
 type LiveSet = (CatalogVersion, Arc<[ToolDefinition]>);
 
-/// The runtime the blocking calls run on, shut down in the background when the last clone
-/// goes (so dropping it from an async context is safe).
-#[derive(Debug)]
-struct Runtime(Option<tokio::runtime::Runtime>);
-
-impl Drop for Runtime {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.0.take() {
-            runtime.shutdown_background();
-        }
-    }
-}
-
 impl PgCatalog {
-    /// Opens the store at `url` ([`PgStore::open`]) on a runtime of the catalogue's own (two
-    /// workers) and blocks until it is open. Call it off the async workers.
+    /// Opens the store at `url` ([`PgBlocking::open`]: a runtime of its own, two workers)
+    /// and blocks until it is open. Call it off the async workers.
     ///
     /// # Errors
     ///
     /// [`OpenError`], and [`OpenError::Runtime`] when the runtime cannot start.
     pub fn open(url: &str) -> Result<Self, OpenError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("psych-pg")
-            .enable_all()
-            .build()
-            .map_err(OpenError::Runtime)?;
-        let store = block_on(&runtime, PgStore::open(url)).ok_or(OpenError::OnAsyncThread)??;
-        Ok(Self {
-            store,
-            runtime: Arc::new(Runtime(Some(runtime))),
+        Ok(Self::on(PgBlocking::open(url)?))
+    }
+
+    /// The catalogue of an open store (sharing its pool and runtime).
+    pub fn on(blocking: PgBlocking) -> Self {
+        Self {
+            blocking,
             live_sets: Arc::default(),
-        })
+        }
     }
 
     /// The store it works in.
     pub fn store(&self) -> &PgStore {
-        &self.store
+        self.blocking.store()
     }
 
     fn block<T>(
         &self,
         work: impl Future<Output = Result<T, CatalogError>>,
     ) -> Result<T, CatalogError> {
-        // Taken only when the last clone drops: a live catalogue always has its runtime.
-        let Some(runtime) = &self.runtime.0 else {
-            return Err(CatalogError::OnAsyncThread);
-        };
-        block_on(runtime, work).unwrap_or(Err(CatalogError::OnAsyncThread))
+        self.blocking
+            .block(work)
+            .unwrap_or(Err(CatalogError::OnAsyncThread))
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, CatalogError> {
-        self.store
-            .pool
-            .get()
+        self.blocking
+            .client()
             .await
             .map_err(|e| CatalogError::Db(DbError::Connect(e)))
-    }
-}
-
-/// Runs `work` on `runtime`, blocking this thread: at once off any runtime, in place on a
-/// multi-threaded runtime's worker; `None` on a single-threaded runtime's thread (where it
-/// would stall the runtime, and tokio would panic).
-fn block_on<T>(runtime: &tokio::runtime::Runtime, work: impl Future<Output = T>) -> Option<T> {
-    match tokio::runtime::Handle::try_current() {
-        Err(_) => Some(runtime.block_on(work)),
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            Some(tokio::task::block_in_place(|| runtime.block_on(work)))
-        }
-        Ok(_) => None,
     }
 }
 

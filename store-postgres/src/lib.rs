@@ -15,10 +15,19 @@
 //!   (psych-store-conformance): a refresh is one transaction, an unchanged listing takes
 //!   no version, every past version reads as it was, and the database itself refuses to
 //!   delete a tool row. Replicas refreshing together take distinct versions and store whole
-//!   listings. The seam is blocking: `PgCatalog` runs on a small runtime of its own.
+//!   listings.
+//! - Records ([`PgRecords`], one per Run of an identity): psych-types' `RecordStore`, the
+//!   seam the record log implements, passing the same conformance suite (10 properties): a
+//!   batch is one transaction and its handles are returned only after its commit; a tool
+//!   result of any size is stored once, in chunks of [`CHUNK`] bytes with the line breaks
+//!   before each, so a page or a line of it reads about the page (a spilled text is
+//!   streamed from its file, checked as UTF-8); every row carries its identity and every
+//!   read names it, so a Run of another identity is not read even under the same handle.
 //!
-//! The record store, advisory-locked refreshes with LISTEN/NOTIFY for replicas, and the
-//! wiring into `psych serve` and the runtime come next.
+//! The seams are blocking: [`PgBlocking`] runs the queries on a small runtime of its own,
+//! shared by the catalogue and every Run's records. Advisory-locked refreshes with
+//! LISTEN/NOTIFY for replicas, retention, and the wiring into `psych serve` and the runtime
+//! come next.
 //!
 //! Every connection commits durably (`synchronous_commit=on`, whatever the server's
 //! default) and finds the store's tables first (`search_path`). TLS is not supported yet: a
@@ -27,32 +36,41 @@
 //! # Example
 //!
 //! ```no_run
-//! use psych_store_postgres::{PgStore, SCHEMA_VERSION};
+//! use psych_store_postgres::PgBlocking;
+//! use psych_types::{CatalogStore, Record, RecordSource, RecordStore, RunId, UserMessage};
 //!
-//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-//! runtime.block_on(async {
-//!     // Trust authentication, database `test`, the store's tables in schema `fleet`.
-//!     let store = PgStore::open("postgres://postgres@127.0.0.1:5432/test?schema=fleet").await?;
-//!     assert_eq!(store.schema(), "fleet");
-//!     assert_eq!(store.schema_version().await?, SCHEMA_VERSION);
-//!     Ok::<(), Box<dyn std::error::Error>>(())
-//! })?;
+//! // Off the async workers (or in `spawn_blocking`): the store's calls block.
+//! // Trust authentication, database `test`, the store's tables in schema `fleet`.
+//! let store = PgBlocking::open("postgres://postgres@127.0.0.1:5432/test?schema=fleet")?;
+//! let records = store.records("team-a", &RunId::new("run-1")?)?;
+//! let hello = Record::User(UserMessage { text: "hello".into() });
+//! let handle = records.append(&hello)?; // returned once committed
+//! assert_eq!(records.record(&handle)?, Some(hello));
+//! // Another identity's Run of the same name is another Run.
+//! let other = store.records("team-b", &RunId::new("run-1")?)?;
+//! assert_eq!(other.record(&handle)?, None);
+//! let catalog = store.catalog();
+//! println!("catalogue version {}", catalog.version()?.0);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod blocking;
 mod catalog;
 mod error;
+mod records;
 mod schema;
 mod url;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
+pub use blocking::PgBlocking;
 pub use catalog::{CatalogError, PgCatalog};
 pub use error::OpenError;
+pub use records::{CHUNK, PgRecords, RecordError, SpillError};
 pub use schema::SCHEMA_VERSION;
 pub use url::{DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, StoreUrl, UrlError};
 

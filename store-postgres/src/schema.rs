@@ -12,11 +12,11 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Migration `n` (from 1) brings a schema from version `n - 1` to `n`. Never edited once
 /// released: a change is a new migration.
-const MIGRATIONS: [&str; 1] = [
+const MIGRATIONS: [&str; 2] = [
     // 1: the catalogue. Tool rows are never hard-deleted (the spec's catalogue history):
     // triggers refuse a DELETE or TRUNCATE of `tools`, and an UPDATE other than setting a
     // live row's `removed_at` once. Names compare by bytes (`collate "C"`), the order
-    // redb's keys give. (The record tables come with the record store.)
+    // redb's keys give.
     r#"
     insert into psych_meta (key, value) values ('catalog_version', 0);
     create table servers (
@@ -56,6 +56,43 @@ const MIGRATIONS: [&str; 1] = [
     end $$;
     create trigger tools_soft_delete_only before update on tools
         for each row execute function psych_soft_delete_only();
+    "#,
+    // 2: records. Every row names its Run's identity, and every read names it too. A
+    // tool result's readable text is in `chunks` (128 KiB each, uncompressed and out of
+    // line, so a slice reads only its pages), each with the line breaks before it; its
+    // record row holds the result with its texts left empty and each text's span.
+    r#"
+    create table runs (
+        identity   text collate "C" not null,
+        run        text collate "C" not null,
+        records    bigint not null default 0,
+        created_at bigint not null,
+        primary key (identity, run)
+    );
+    create table records (
+        identity     text collate "C" not null,
+        run          text collate "C" not null,
+        seq          bigint not null,
+        body         bytea not null,
+        result       boolean not null,
+        readable_len bigint,
+        line_breaks  bigint,
+        estimate     bigint,
+        text_only    boolean,
+        spans        bytea,
+        primary key (identity, run, seq),
+        foreign key (identity, run) references runs
+    );
+    create table chunks (
+        identity      text collate "C" not null,
+        run           text collate "C" not null,
+        seq           bigint not null,
+        idx           integer not null,
+        breaks_before bigint not null,
+        data          bytea not null,
+        primary key (identity, run, seq, idx)
+    );
+    alter table chunks alter column data set storage external;
     "#,
 ];
 

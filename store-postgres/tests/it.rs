@@ -384,3 +384,310 @@ fn a_live_set_is_decoded_once_per_set_version() {
     assert_eq!(changed.tools[0].description.as_deref(), Some("Read a file"));
     assert!(changed.version > first.version);
 }
+
+/// The record stores' conformance suite, the one the record log passes, each property over
+/// a fresh schema of its own (Runs of identity `tenant`).
+mod records_conformance {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use psych_store_postgres::{PgBlocking, PgRecords};
+    use psych_types::RunId;
+
+    use super::{DropSchema, database, raw_blocking};
+
+    fn fresh() -> impl Fn(&RunId) -> PgRecords {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "t_records_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        raw_blocking(format!("drop schema if exists {name} cascade"));
+        let store = PgBlocking::open(&format!("{}?schema={name}", database())).unwrap();
+        let guard = DropSchema(name);
+        move |run: &RunId| {
+            let _ = &guard;
+            store.records("tenant", run).unwrap()
+        }
+    }
+
+    psych_store_conformance::records_conformance!(fresh);
+}
+
+/// A schema of a test's own for the record store, and the store on it.
+fn record_schema(test: &str) -> (psych_store_postgres::PgBlocking, DropSchema, String) {
+    let name = format!("t_{test}_{}", std::process::id());
+    raw_blocking(format!("drop schema if exists {name} cascade"));
+    let url = format!("{}?schema={name}&application_name={name}", database());
+    let store = psych_store_postgres::PgBlocking::open(&url).unwrap();
+    (store, DropSchema(name.clone()), url)
+}
+
+fn text_result(call: &str, text: impl Into<String>) -> psych_types::Record {
+    psych_types::Record::ToolResult(psych_types::ToolResult {
+        call_id: psych_types::ToolCallId::new(call).unwrap(),
+        name: "read".into(),
+        output: psych_types::ToolOutput::text(text),
+    })
+}
+
+/// Two identities with a Run of the same name in one schema: each store reads its own
+/// identity's records only, since every query names the identity (the handle `r:0` of one
+/// is not the other's), and an identity the store does not accept is refused.
+#[test]
+fn another_identitys_run_of_the_same_name_is_not_read() {
+    use psych_store_postgres::RecordError;
+    use psych_types::{RecordHandle, RecordSource, RecordStore, RunId};
+
+    let (store, _drop, _) = record_schema("tenancy");
+    let run = RunId::new("r").unwrap();
+    let alice = store.records("alice", &run).unwrap();
+    let bob = store.records("bob", &run).unwrap();
+    let handle = alice.append(&text_result("c1", "alice's secret")).unwrap();
+    assert_eq!(handle, RecordHandle::new(run.clone(), 0));
+    assert_eq!(bob.len(), 0);
+    assert_eq!(bob.record(&handle).unwrap(), None);
+    assert_eq!(bob.output_info(&handle).unwrap(), None);
+    assert_eq!(bob.read_output(&handle, 0, &mut [0; 64]).unwrap(), 0);
+    assert_eq!(bob.content_block(&handle, 0).unwrap(), None);
+    assert_eq!(bob.stored_result(&handle).unwrap(), None);
+    let mut history = psych_types::History::default();
+    bob.extend_history(&mut history).unwrap();
+    assert!(history.is_empty());
+    // Bob's first record takes the same handle, and each reads their own under it.
+    assert_eq!(bob.append(&text_result("c1", "bob's")).unwrap(), handle);
+    assert_eq!(
+        alice.record(&handle).unwrap(),
+        Some(text_result("c1", "alice's secret"))
+    );
+    assert_eq!(bob.record(&handle).unwrap(), Some(text_result("c1", "bob's")));
+    for bad in ["", "a b", "../x", "é", &"x".repeat(65)] {
+        assert!(
+            matches!(store.records(bad, &run), Err(RecordError::Identity { .. })),
+            "{bad:?}"
+        );
+    }
+}
+
+/// A page at the end of a result of 32 MiB reads about the page: PostgreSQL's own count of
+/// the buffers the read touched (`EXPLAIN (ANALYZE, BUFFERS)` of the store's query) is a
+/// few dozen 8 KiB pages, not the result's 4,096.
+#[test]
+fn a_page_at_the_end_of_a_large_result_reads_about_the_page() {
+    use psych_types::{RecordSource, RecordStore, RunId};
+
+    let (store, _drop, url) = record_schema("page");
+    let run = RunId::new("big").unwrap();
+    let records = store.records("tenant", &run).unwrap();
+    let line = "0123456789abcdef".repeat(4) + "\n";
+    let text = line.repeat(32 * 1024 * 1024 / line.len());
+    let handle = records.append(&text_result("c1", text.clone())).unwrap();
+    let len = text.len() as u64;
+    let mut page = vec![0; 16 * 1024];
+    let n = records
+        .read_output(&handle, len - page.len() as u64, &mut page)
+        .unwrap();
+    assert_eq!(&page[..n], &text.as_bytes()[text.len() - page.len()..][..n]);
+    let schema = url
+        .split("schema=")
+        .nth(1)
+        .and_then(|rest| rest.split('&').next())
+        .unwrap()
+        .to_owned();
+    let last = (len - 1) / psych_store_postgres::CHUNK as u64;
+    let plan = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let client = client().await;
+                client
+                    .query(
+                        &format!(
+                            "explain (analyze, buffers)
+                             select substring(data from 100000 for 16384) from {schema}.chunks
+                             where identity = 'tenant' and run = 'big' and seq = 0
+                               and idx = {last}"
+                        ),
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|row| row.get::<_, String>(0))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+    })
+    .join()
+    .unwrap();
+    // The top node's `Buffers: shared hit=H read=R` line counts the whole read.
+    let line = plan
+        .lines()
+        .find(|line| line.trim_start().starts_with("Buffers: shared"))
+        .unwrap_or_else(|| panic!("no buffer count in {plan}"));
+    let count = |key: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|word| word.strip_prefix(key))
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    let buffers = count("hit=") + count("read=");
+    assert!(
+        (1..=64).contains(&buffers),
+        "a 16 KiB page of a 32 MiB result touched {buffers} buffers: {plan}"
+    );
+}
+
+/// Connections the database drops (an administrator's `pg_terminate_backend`, a restart)
+/// are typed `Unavailable` failures (at most one per pooled connection, each discarded),
+/// then the store goes on with nothing acknowledged lost.
+#[test]
+fn a_lost_connection_is_unavailable_then_the_store_goes_on() {
+    use psych_types::{RecordFailure, RecordStore, RunId};
+
+    let (store, drop_schema, _) = record_schema("lost");
+    let run = RunId::new("r").unwrap();
+    let records = store.records("tenant", &run).unwrap();
+    let mut acknowledged = Vec::new();
+    for round in 0..3 {
+        acknowledged.push(
+            records
+                .append(&text_result("c", format!("before {round}")))
+                .unwrap(),
+        );
+        raw_blocking(format!(
+            "select pg_terminate_backend(pid) from pg_stat_activity
+             where application_name = '{}'",
+            drop_schema.0
+        ));
+        let mut failures = 0;
+        loop {
+            match records.append(&text_result("c", format!("after {round}"))) {
+                Ok(handle) => {
+                    acknowledged.push(handle);
+                    break;
+                }
+                Err(error) => {
+                    assert_eq!(records.failure(&error), RecordFailure::Unavailable, "{error}");
+                    failures += 1;
+                    // Each failure finds one dropped connection of the pool and discards it.
+                    assert!(
+                        failures <= psych_store_postgres::DEFAULT_POOL_SIZE,
+                        "still failing: {error}"
+                    );
+                }
+            }
+        }
+    }
+    let reopened = store.records("tenant", &run).unwrap();
+    assert_eq!(reopened.len(), acknowledged.len() as u64);
+    for (i, handle) in acknowledged.iter().enumerate() {
+        let text = if i % 2 == 0 {
+            format!("before {}", i / 2)
+        } else {
+            format!("after {}", i / 2)
+        };
+        assert_eq!(
+            psych_types::RecordSource::record(&reopened, handle).unwrap(),
+            Some(text_result("c", text))
+        );
+    }
+}
+
+/// What the crash test's child does when this binary is started as it
+/// (`PSYCH_PG_CHILD_URL` set): appends records to Run `crash` from four threads, printing
+/// `ack SEQ TEXT` for each record once its append returned, until it is killed. Run as an
+/// ordinary test, without the variable, it does nothing.
+#[test]
+fn child_appending_until_killed() {
+    use std::io::Write as _;
+
+    use psych_types::{RecordStore, RunId};
+
+    let Ok(url) = std::env::var("PSYCH_PG_CHILD_URL") else {
+        return;
+    };
+    let store = psych_store_postgres::PgBlocking::open(&url).unwrap();
+    let records = store.records("tenant", &RunId::new("crash").unwrap()).unwrap();
+    let out = std::sync::Mutex::new(std::io::stdout());
+    std::thread::scope(|scope| {
+        for thread in 0..4 {
+            let (records, out) = (&records, &out);
+            scope.spawn(move || {
+                for i in 0.. {
+                    let texts: Vec<String> = (0..1 + i % 3)
+                        .map(|j| format!("t{thread}-{i}-{j}-{}", "x".repeat(i % 5000)))
+                        .collect();
+                    let batch: Vec<_> = texts.iter().map(|t| text_result("c", t)).collect();
+                    let handles = records.append_batch(&batch).unwrap();
+                    let mut out = out.lock().unwrap();
+                    for (handle, text) in handles.iter().zip(&texts) {
+                        writeln!(out, "ack {} {text}", handle.seq).unwrap();
+                    }
+                    out.flush().unwrap();
+                }
+            });
+        }
+    });
+}
+
+/// A process appending to the store, killed with SIGKILL in the middle of its appends,
+/// three times over: every record it was told is acknowledged reads back under its handle,
+/// and the Run's handles stay dense (the next writer goes on after the last record stored).
+#[test]
+fn a_writer_killed_mid_append_loses_no_acknowledged_record() {
+    use std::io::BufRead as _;
+
+    use psych_types::{RecordSource, RecordStore, RunId};
+
+    let (store, _drop, url) = record_schema("crash");
+    let run = RunId::new("crash").unwrap();
+    let mut acknowledged = std::collections::BTreeMap::new();
+    for round in 0..3 {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_appending_until_killed", "--nocapture", "--test-threads=1"])
+            .env("PSYCH_PG_CHILD_URL", &url)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut seen = 0;
+        while seen < 150 + round * 50 {
+            let line = lines.next().expect("the child acknowledges records").unwrap();
+            let Some(ack) = line.strip_prefix("ack ") else {
+                continue;
+            };
+            let (seq, text) = ack.split_once(' ').unwrap();
+            acknowledged.insert(seq.parse::<u64>().unwrap(), text.to_owned());
+            seen += 1;
+        }
+        child.kill().unwrap(); // SIGKILL
+        // Acknowledgements already written before the kill count too.
+        for line in lines.map_while(Result::ok) {
+            if let Some((seq, text)) = line.strip_prefix("ack ").and_then(|a| a.split_once(' '))
+            {
+                acknowledged.insert(seq.parse().unwrap(), text.to_owned());
+            }
+        }
+        child.wait().unwrap();
+    }
+    let records = store.records("tenant", &run).unwrap();
+    let stored = records.len();
+    assert!(stored >= acknowledged.len() as u64);
+    for (seq, text) in &acknowledged {
+        let handle = psych_types::RecordHandle::new(run.clone(), *seq);
+        assert_eq!(
+            records.record(&handle).unwrap(),
+            Some(text_result("c", text)),
+            "acknowledged record {seq}"
+        );
+    }
+    for seq in 0..stored {
+        let handle = psych_types::RecordHandle::new(run.clone(), seq);
+        assert!(records.record(&handle).unwrap().is_some(), "record {seq} of {stored}");
+    }
+    let next = records.append(&text_result("c", "after the crashes")).unwrap();
+    assert_eq!(next.seq, stored);
+}

@@ -1,0 +1,109 @@
+//! The store for blocking callers: the seams (`CatalogStore`, `RecordStore`) are blocking,
+//! so the PostgreSQL store runs its queries on a small runtime of its own and blocks the
+//! calling thread on each.
+
+use std::sync::Arc;
+
+use psych_types::RunId;
+
+use crate::{OpenError, PgCatalog, PgRecords, PgStore, RecordError};
+
+/// An open store for blocking callers: the pool, and a runtime of two workers its
+/// connections live on. Cheap to clone; the catalogue ([`catalog`](Self::catalog)) and every
+/// Run's records ([`records`](Self::records)) share its pool. The runtime shuts down in the
+/// background when the last clone (or a catalogue or record store made from it) goes, so
+/// dropping one from async code is safe.
+///
+/// Every call blocks: from async code call it from `spawn_blocking`. On a multi-threaded
+/// tokio runtime's worker a call blocks in place (`tokio::task::block_in_place`); on a
+/// single-threaded runtime's thread it is refused (`OnAsyncThread`), since blocking would
+/// stall that runtime.
+#[derive(Debug, Clone)]
+pub struct PgBlocking {
+    store: PgStore,
+    runtime: Arc<Runtime>,
+}
+
+/// The runtime the blocking calls run on, shut down in the background when the last clone
+/// goes.
+#[derive(Debug)]
+struct Runtime(Option<tokio::runtime::Runtime>);
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl PgBlocking {
+    /// Opens the store at `url` ([`PgStore::open`]) on a runtime of its own (two workers)
+    /// and blocks until it is open.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError`], and [`OpenError::Runtime`] when the runtime cannot start.
+    pub fn open(url: &str) -> Result<Self, OpenError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("psych-pg")
+            .enable_all()
+            .build()
+            .map_err(OpenError::Runtime)?;
+        let store = block_on(&runtime, PgStore::open(url)).ok_or(OpenError::OnAsyncThread)??;
+        Ok(Self {
+            store,
+            runtime: Arc::new(Runtime(Some(runtime))),
+        })
+    }
+
+    /// The store it works in.
+    pub fn store(&self) -> &PgStore {
+        &self.store
+    }
+
+    /// The catalogue (see [`PgCatalog`]).
+    pub fn catalog(&self) -> PgCatalog {
+        PgCatalog::on(self.clone())
+    }
+
+    /// Opens (creating it on first use) the record store of Run `run` of `identity` (see
+    /// [`PgRecords`]). Blocks for one round trip.
+    ///
+    /// # Errors
+    ///
+    /// [`RecordError`]: `identity` is not a valid identity, or the database failed.
+    pub fn records(&self, identity: &str, run: &RunId) -> Result<PgRecords, RecordError> {
+        PgRecords::open(self.clone(), identity, run)
+    }
+
+    /// Runs `work` on the store's runtime, blocking this thread; `None` on a
+    /// single-threaded runtime's thread. The future itself runs on the calling thread
+    /// (the runtime's workers drive the connections), so blocking work inside it (reading
+    /// a spill file) blocks the caller, never a worker.
+    pub(crate) fn block<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+        // Taken only when the last clone drops: a live store always has its runtime.
+        let runtime = self.runtime.0.as_ref()?;
+        block_on(runtime, work)
+    }
+
+    pub(crate) async fn client(
+        &self,
+    ) -> Result<deadpool_postgres::Object, deadpool_postgres::PoolError> {
+        self.store.pool.get().await
+    }
+}
+
+/// Runs `work` on `runtime`, blocking this thread: at once off any runtime, in place on a
+/// multi-threaded runtime's worker; `None` on a single-threaded runtime's thread (where it
+/// would stall the runtime, and tokio would panic).
+fn block_on<T>(runtime: &tokio::runtime::Runtime, work: impl Future<Output = T>) -> Option<T> {
+    match tokio::runtime::Handle::try_current() {
+        Err(_) => Some(runtime.block_on(work)),
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            Some(tokio::task::block_in_place(|| runtime.block_on(work)))
+        }
+        Ok(_) => None,
+    }
+}

@@ -1,0 +1,1063 @@
+//! A Run's records on PostgreSQL: psych-types' [`RecordStore`] over the tables of migration
+//! 2, the same guarantees as the record log, proved by the same conformance suite
+//! (psych-store-conformance's `records_conformance!`).
+//!
+//! - A batch is one transaction: the Run's row locked (`for update`, which orders the Run's
+//!   writers), each record's row and its result's chunks inserted, the Run's count moved on,
+//!   then `COMMIT`; handles are returned only after the commit (every connection commits
+//!   with `synchronous_commit=on`). A failed batch leaves nothing.
+//! - A tool result's readable text (the bytes a reader pages and greps) is stored once, in
+//!   chunks of [`CHUNK`] bytes (`bytea`, stored uncompressed out of line, so a slice of a
+//!   chunk reads only the pages it needs), each with the line breaks before it; the record
+//!   row holds the result with its texts left empty and each text's span in the readable
+//!   text. Reading a page or a line of a result of gigabytes reads about the page.
+//! - A spilled text ([`ToolOutput::spilled`](psych_types::ToolOutput::spilled)) is read from
+//!   its file in 1 MiB reads, checked as UTF-8, and streamed into chunks: no more than a
+//!   read of it is in memory.
+//! - Every row carries the Run's identity, and every read names it in its `WHERE`: a store
+//!   opened for one identity cannot read another identity's Run of the same name.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use deadpool_postgres::GenericClient;
+use psych_types::{
+    BlockLines, ContentBlock, History, HistoryEntry, HistoryItem, LineMark, OutputInfo, OutputKind,
+    Record, RecordFailure, RecordHandle, RecordSource, RecordStore, ResourceContents, RunId,
+    SpilledText, StoredResult, TextContent, TokenEstimator, ToolOutput,
+};
+
+use crate::catalog::unavailable;
+use crate::{DbError, PgBlocking};
+
+/// Bytes of readable text per chunk row.
+pub const CHUNK: usize = 128 * 1024;
+
+/// Bytes of a spilled text read from its file at a time.
+const SPILL_READ: usize = 1 << 20;
+
+/// Why a record request failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// The identity is not one the store accepts (`[A-Za-z0-9_-]`, 1 to 64 characters).
+    #[error("{identity:?} is not a valid identity (letters, digits, '-' and '_', 1 to 64)")]
+    Identity {
+        /// What was given.
+        identity: String,
+    },
+    /// A spilled text could not be read whole as UTF-8; nothing of its batch was stored.
+    #[error("the spilled text of block {block} ({len} bytes) cannot be stored")]
+    Spill {
+        /// The block.
+        block: usize,
+        /// The text's length.
+        len: u64,
+        /// What went wrong.
+        #[source]
+        cause: SpillError,
+    },
+    /// A record could not be encoded as JSON; nothing of its batch was stored.
+    #[error("cannot encode a record")]
+    Encode(#[source] serde_json::Error),
+    /// A stored row did not decode (written by another program, or damaged).
+    #[error("damaged record row: {what}")]
+    Corrupt {
+        /// Which row, and why.
+        what: String,
+    },
+    /// The database failed the request (nothing of a failed append was committed, unless
+    /// the connection was lost during its `COMMIT`: see the crate's notes).
+    #[error("the record store's database failed the request")]
+    Db(#[source] DbError),
+    /// Called on a single-threaded tokio runtime's thread (see [`PgBlocking`]).
+    #[error(
+        "the PostgreSQL record store blocks: it was called on a single-threaded async \
+         runtime's thread; call it from spawn_blocking"
+    )]
+    OnAsyncThread,
+}
+
+/// Why a spilled text was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpillError {
+    /// `ToolOutput::spilled` names a block that is not a text block, or names blocks out of
+    /// order or twice.
+    #[error("it names a block that is not a text block, or blocks out of order")]
+    NotATextBlock,
+    /// The text is not UTF-8 from byte `at`.
+    #[error("not UTF-8 at byte {at}")]
+    NotUtf8 {
+        /// The offset of the first byte that is not.
+        at: u64,
+    },
+    /// The file ended before the text's length.
+    #[error("the spill file ends at byte {at}, before the text's end")]
+    Short {
+        /// Where it ended.
+        at: u64,
+    },
+    /// The file could not be read.
+    #[error("cannot read the spill file at byte {offset}")]
+    Read {
+        /// Where.
+        offset: u64,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn db(source: tokio_postgres::Error) -> RecordError {
+    RecordError::Db(DbError::Query(source))
+}
+
+fn corrupt(what: impl Into<String>) -> RecordError {
+    RecordError::Corrupt { what: what.into() }
+}
+
+/// The identities a store accepts: what the gateway's tenancy accepts.
+fn valid_identity(identity: &str) -> bool {
+    (1..=64).contains(&identity.len())
+        && identity
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// One Run's records in a PostgreSQL schema, behind psych-types' [`RecordStore`] seam.
+/// Cheap to clone (clones share the acknowledged count).
+///
+/// Every call blocks the calling thread until the database answers (see [`PgBlocking`]).
+/// Writers of one Run on several processes are ordered by the Run's row lock, so handles
+/// stay dense; [`len`](RecordStore::len) counts what this process knows was acknowledged.
+#[derive(Clone)]
+pub struct PgRecords {
+    blocking: PgBlocking,
+    identity: Arc<str>,
+    run: RunId,
+    len: Arc<AtomicU64>,
+    estimator: Option<Arc<dyn TokenEstimator + Send + Sync>>,
+}
+
+impl std::fmt::Debug for PgRecords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgRecords")
+            .field("identity", &self.identity)
+            .field("run", &self.run)
+            .field("len", &self.len)
+            .field("estimator", &self.estimator.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A stored tool result's row, without its chunks.
+struct ResultRow {
+    output: ToolOutput,
+    info: OutputInfo,
+    spans: Vec<Option<Range<u64>>>,
+}
+
+impl PgRecords {
+    pub(crate) fn open(
+        blocking: PgBlocking,
+        identity: &str,
+        run: &RunId,
+    ) -> Result<Self, RecordError> {
+        if !valid_identity(identity) {
+            return Err(RecordError::Identity {
+                identity: identity.to_owned(),
+            });
+        }
+        let len = blocking
+            .block(async {
+                let client = blocking
+                    .client()
+                    .await
+                    .map_err(|e| RecordError::Db(DbError::Connect(e)))?;
+                client
+                    .execute(
+                        "insert into runs (identity, run, records, created_at)
+                         values ($1, $2, 0, $3) on conflict do nothing",
+                        &[&identity, &run.as_str(), &now_millis()],
+                    )
+                    .await
+                    .map_err(db)?;
+                let row = client
+                    .query_one(
+                        "select records from runs where identity = $1 and run = $2",
+                        &[&identity, &run.as_str()],
+                    )
+                    .await
+                    .map_err(db)?;
+                Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+            })
+            .unwrap_or(Err(RecordError::OnAsyncThread))?;
+        Ok(Self {
+            blocking,
+            identity: identity.into(),
+            run: run.clone(),
+            len: Arc::new(AtomicU64::new(len)),
+            estimator: None,
+        })
+    }
+
+    /// The same store, storing each tool result's token estimate by `estimator` when it is
+    /// appended (what the record log's `set_estimator` does), so a history reads it.
+    #[must_use]
+    pub fn with_estimator(mut self, estimator: Arc<dyn TokenEstimator + Send + Sync>) -> Self {
+        self.estimator = Some(estimator);
+        self
+    }
+
+    /// The identity the Run belongs to.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn block<T>(
+        &self,
+        work: impl Future<Output = Result<T, RecordError>>,
+    ) -> Result<T, RecordError> {
+        self.blocking
+            .block(work)
+            .unwrap_or(Err(RecordError::OnAsyncThread))
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, RecordError> {
+        self.blocking
+            .client()
+            .await
+            .map_err(|e| RecordError::Db(DbError::Connect(e)))
+    }
+
+    /// The sequence number of `handle` if it names this Run.
+    fn seq(&self, handle: &RecordHandle) -> Option<i64> {
+        (handle.run == self.run)
+            .then(|| i64::try_from(handle.seq).ok())
+            .flatten()
+    }
+
+    async fn append_in(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        records: &[Record],
+    ) -> Result<u64, RecordError> {
+        let transaction = client.transaction().await.map_err(db)?;
+        let row = transaction
+            .query_one(
+                "select records from runs where identity = $1 and run = $2 for update",
+                &[&&*self.identity, &self.run.as_str()],
+            )
+            .await
+            .map_err(db)?;
+        let first: i64 = row.get(0);
+        let insert_record = transaction
+            .prepare(
+                "insert into records (identity, run, seq, body, result, readable_len,
+                     line_breaks, estimate, text_only, spans)
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            )
+            .await
+            .map_err(db)?;
+        let insert_chunk = transaction
+            .prepare(
+                "insert into chunks (identity, run, seq, idx, breaks_before, data)
+                 values ($1, $2, $3, $4, $5, $6)",
+            )
+            .await
+            .map_err(db)?;
+        for (i, record) in records.iter().enumerate() {
+            let seq = first + i64::try_from(i).unwrap_or(i64::MAX);
+            let key = Key {
+                identity: &self.identity,
+                run: self.run.as_str(),
+                seq,
+            };
+            match record {
+                Record::ToolResult(result) => {
+                    let estimator = self.estimator.as_deref().map(|e| e as &dyn TokenEstimator);
+                    let stored =
+                        store_output(&transaction, &insert_chunk, key, &result.output, estimator)
+                            .await?;
+                    let skeleton = result.clone_without_texts();
+                    let body = serde_json::to_vec(&Record::ToolResult(skeleton))
+                        .map_err(RecordError::Encode)?;
+                    let spans = serde_json::to_vec(&stored.spans).map_err(RecordError::Encode)?;
+                    transaction
+                        .execute(
+                            &insert_record,
+                            &[
+                                &key.identity,
+                                &key.run,
+                                &seq,
+                                &body,
+                                &true,
+                                &signed(stored.len),
+                                &signed(stored.breaks),
+                                &stored.estimate.map(signed),
+                                &stored.text_only,
+                                &spans,
+                            ],
+                        )
+                        .await
+                        .map_err(db)?;
+                }
+                other => {
+                    let body = serde_json::to_vec(other).map_err(RecordError::Encode)?;
+                    transaction
+                        .execute(
+                            &insert_record,
+                            &[
+                                &key.identity,
+                                &key.run,
+                                &seq,
+                                &body,
+                                &false,
+                                &None::<i64>,
+                                &None::<i64>,
+                                &None::<i64>,
+                                &None::<bool>,
+                                &None::<Vec<u8>>,
+                            ],
+                        )
+                        .await
+                        .map_err(db)?;
+                }
+            }
+        }
+        let count = i64::try_from(records.len()).unwrap_or(i64::MAX);
+        transaction
+            .execute(
+                "update runs set records = records + $3 where identity = $1 and run = $2",
+                &[&&*self.identity, &self.run.as_str(), &count],
+            )
+            .await
+            .map_err(db)?;
+        transaction.commit().await.map_err(db)?;
+        Ok(u64::try_from(first).unwrap_or(0))
+    }
+
+    /// The stored result at `seq`: its skeleton (texts filled in by the caller) and info.
+    async fn result_row(
+        &self,
+        client: &impl GenericClient,
+        seq: i64,
+    ) -> Result<Option<ResultRow>, RecordError> {
+        let row = client
+            .query_opt(
+                "select body, readable_len, spans from records
+                 where identity = $1 and run = $2 and seq = $3 and result",
+                &[&&*self.identity, &self.run.as_str(), &seq],
+            )
+            .await
+            .map_err(db)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let body: Vec<u8> = row.get(0);
+        let len: i64 = row.get(1);
+        let spans: Vec<u8> = row.get(2);
+        let Record::ToolResult(result) = serde_json::from_slice(&body)
+            .map_err(|e| corrupt(format!("record {}:{seq}: {e}", self.run)))?
+        else {
+            return Err(corrupt(format!(
+                "record {}:{seq} is not a tool result",
+                self.run
+            )));
+        };
+        let spans: Vec<Option<Range<u64>>> = serde_json::from_slice(&spans)
+            .map_err(|e| corrupt(format!("spans of {}:{seq}: {e}", self.run)))?;
+        let info = OutputInfo {
+            kind: OutputKind::of(&result.output),
+            len: u64::try_from(len).unwrap_or(0),
+            is_error: result.output.is_error,
+            call_id: result.call_id,
+            name: result.name,
+        };
+        Ok(Some(ResultRow {
+            output: result.output,
+            info,
+            spans,
+        }))
+    }
+
+    /// Bytes `range` of the readable text of the result at `seq`, read chunk by chunk.
+    async fn read_range(
+        &self,
+        client: &impl GenericClient,
+        seq: i64,
+        range: Range<u64>,
+    ) -> Result<Vec<u8>, RecordError> {
+        let first = chunk_index(range.start);
+        let last = chunk_index(range.end.saturating_sub(1).max(range.start));
+        let (Some(first), Some(last)) = (first, last) else {
+            return Ok(Vec::new());
+        };
+        let rows = client
+            .query(
+                "select idx, data from chunks
+                 where identity = $1 and run = $2 and seq = $3 and idx between $4 and $5
+                 order by idx",
+                &[&&*self.identity, &self.run.as_str(), &seq, &first, &last],
+            )
+            .await
+            .map_err(db)?;
+        let mut out = Vec::with_capacity(usize::try_from(range.end - range.start).unwrap_or(0));
+        for row in rows {
+            let idx: i32 = row.get(0);
+            let data: &[u8] = row.get(1);
+            let base = u64::from(idx.unsigned_abs()) * CHUNK as u64;
+            let from = range.start.saturating_sub(base).min(data.len() as u64);
+            let to = range.end.saturating_sub(base).min(data.len() as u64);
+            out.extend_from_slice(&data[from as usize..to as usize]);
+        }
+        if out.len() as u64 != range.end - range.start {
+            return Err(corrupt(format!(
+                "record {}:{seq}: bytes {range:?} of its text are missing",
+                self.run
+            )));
+        }
+        Ok(out)
+    }
+
+    /// The result at `seq` whole: its skeleton with every text read back into place.
+    async fn load_result(
+        &self,
+        client: &impl GenericClient,
+        seq: i64,
+    ) -> Result<Option<ToolOutput>, RecordError> {
+        let Some(ResultRow {
+            mut output, spans, ..
+        }) = self.result_row(client, seq).await?
+        else {
+            return Ok(None);
+        };
+        for (position, span) in spans.iter().enumerate() {
+            let Some(span) = span else { continue };
+            let bytes = self.read_range(client, seq, span.clone()).await?;
+            let text = String::from_utf8(bytes)
+                .map_err(|e| corrupt(format!("record {}:{seq}: {e}", self.run)))?;
+            if let Some(block) = output.content.get_mut(position) {
+                set_text(block, text);
+            }
+        }
+        Ok(Some(output))
+    }
+}
+
+/// Where a record goes.
+#[derive(Debug, Clone, Copy)]
+struct Key<'a> {
+    identity: &'a str,
+    run: &'a str,
+    seq: i64,
+}
+
+/// What storing a result's readable text found.
+struct Stored {
+    len: u64,
+    breaks: u64,
+    estimate: Option<u64>,
+    text_only: bool,
+    /// Each block's own text's span in the stored readable text.
+    spans: Vec<Option<Range<u64>>>,
+}
+
+fn signed(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The chunk holding byte `offset`, if its index fits the column.
+fn chunk_index(offset: u64) -> Option<i32> {
+    i32::try_from(offset / CHUNK as u64).ok()
+}
+
+/// Puts `text` in place of `block`'s own text (a text block's, an embedded text resource's).
+fn set_text(block: &mut ContentBlock, text: String) {
+    match block {
+        ContentBlock::Text(content) => content.text = text,
+        ContentBlock::Resource(embedded) => {
+            if let ResourceContents::Text(resource) = &mut embedded.resource {
+                resource.text = text;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A tool result without its texts (kept in chunks): what the record row's body holds.
+trait WithoutTexts {
+    fn clone_without_texts(&self) -> Self;
+}
+
+impl WithoutTexts for psych_types::ToolResult {
+    fn clone_without_texts(&self) -> Self {
+        let content = self
+            .output
+            .content
+            .iter()
+            .map(|block| match block {
+                // Not cloned whole: a text may be gigabytes.
+                ContentBlock::Text(content) => ContentBlock::Text(TextContent {
+                    text: String::new(),
+                    annotations: content.annotations.clone(),
+                    meta: content.meta.clone(),
+                    extra: content.extra.clone(),
+                }),
+                other => {
+                    let mut other = other.clone();
+                    set_text(&mut other, String::new());
+                    other
+                }
+            })
+            .collect();
+        Self {
+            call_id: self.call_id.clone(),
+            name: self.name.clone(),
+            output: ToolOutput {
+                content,
+                structured_content: self.output.structured_content.clone(),
+                is_error: self.output.is_error,
+                meta: self.output.meta.clone(),
+                spilled: Vec::new(),
+            },
+        }
+    }
+}
+
+/// Streams readable bytes into chunk rows of [`CHUNK`] bytes.
+struct Chunks<'t, 'c> {
+    transaction: &'t deadpool_postgres::Transaction<'c>,
+    insert: &'t tokio_postgres::Statement,
+    key: Key<'t>,
+    buf: Vec<u8>,
+    idx: i32,
+    /// Line breaks before the chunk being filled.
+    breaks_before: u64,
+    /// Line breaks in `buf`.
+    breaks_in: u64,
+    len: u64,
+}
+
+impl Chunks<'_, '_> {
+    async fn feed(&mut self, mut bytes: &[u8]) -> Result<(), RecordError> {
+        while !bytes.is_empty() {
+            let room = CHUNK - self.buf.len();
+            let (now, rest) = bytes.split_at(room.min(bytes.len()));
+            self.buf.extend_from_slice(now);
+            self.breaks_in += psych_types::count_line_breaks(now);
+            self.len += now.len() as u64;
+            bytes = rest;
+            if self.buf.len() == CHUNK {
+                self.flush().await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), RecordError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.transaction
+            .execute(
+                self.insert,
+                &[
+                    &self.key.identity,
+                    &self.key.run,
+                    &self.key.seq,
+                    &self.idx,
+                    &signed(self.breaks_before),
+                    &self.buf,
+                ],
+            )
+            .await
+            .map_err(db)?;
+        self.idx += 1;
+        self.breaks_before += self.breaks_in;
+        self.breaks_in = 0;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// Stores `output`'s readable text in chunk rows, spilled texts streamed from their files
+/// in their blocks' places.
+async fn store_output(
+    transaction: &deadpool_postgres::Transaction<'_>,
+    insert: &tokio_postgres::Statement,
+    key: Key<'_>,
+    output: &ToolOutput,
+    estimator: Option<&dyn TokenEstimator>,
+) -> Result<Stored, RecordError> {
+    let (readable, spans) = output.readable_text_spans();
+    let spills = spill_places(output, &spans)?;
+    let mut chunks = Chunks {
+        transaction,
+        insert,
+        key,
+        buf: Vec::with_capacity(CHUNK.min(readable.len().max(1))),
+        idx: 0,
+        breaks_before: 0,
+        breaks_in: 0,
+        len: 0,
+    };
+    let bytes = readable.as_bytes();
+    let mut estimate = 0u64;
+    // Each block's span in the stored text: shifted by what the spills before it added.
+    let mut shift: i128 = 0;
+    let mut stored_spans: Vec<Option<Range<u64>>> = Vec::with_capacity(spans.len());
+    let mut spill_at = BTreeMap::new();
+    for (block, span, text) in &spills {
+        spill_at.insert(*block, (span.clone(), Arc::clone(text)));
+    }
+    for (block, span) in spans.iter().enumerate() {
+        let moved = |at: usize, shift: i128| u64::try_from(at as i128 + shift).unwrap_or(0);
+        match (span, spill_at.get(&block)) {
+            (Some(span), Some((_, text))) => {
+                let start = moved(span.start, shift);
+                stored_spans.push(Some(start..start + text.len()));
+                shift += i128::from(text.len()) - span.len() as i128;
+            }
+            (Some(span), None) => {
+                stored_spans.push(Some(moved(span.start, shift)..moved(span.end, shift)));
+            }
+            (None, _) => stored_spans.push(None),
+        }
+    }
+    let mut from = 0;
+    let mut buf = vec![0; if spills.is_empty() { 0 } else { SPILL_READ }];
+    for (block, span, text) in &spills {
+        let memory = &bytes[from..span.start];
+        chunks.feed(memory).await?;
+        if let Some(estimator) = estimator.filter(|_| !memory.is_empty()) {
+            estimate =
+                estimate.saturating_add(estimator.estimate_text(&String::from_utf8_lossy(memory)));
+        }
+        stream_spill(
+            &mut chunks,
+            *block,
+            text,
+            &mut buf,
+            estimator,
+            &mut estimate,
+        )
+        .await?;
+        from = span.end;
+    }
+    let rest = &bytes[from..];
+    chunks.feed(rest).await?;
+    if spills.is_empty() {
+        estimate = estimator.map_or(0, |e| e.estimate_output(output));
+    } else if let Some(estimator) = estimator.filter(|_| !rest.is_empty()) {
+        estimate = estimate.saturating_add(estimator.estimate_text(&String::from_utf8_lossy(rest)));
+    }
+    chunks.flush().await?;
+    Ok(Stored {
+        len: chunks.len,
+        breaks: chunks.breaks_before,
+        estimate: estimator.map(|_| estimate),
+        text_only: output
+            .content
+            .iter()
+            .all(|block| matches!(block, ContentBlock::Text(_))),
+        spans: stored_spans,
+    })
+}
+
+/// A spilled text's block, its placeholder's span in the in-memory readable text, the text.
+type SpillPlace = (usize, Range<usize>, Arc<SpilledText>);
+
+/// The spilled texts of `output` with their placeholders' spans, checked to name text
+/// blocks in order, each once.
+fn spill_places(
+    output: &ToolOutput,
+    spans: &[Option<Range<usize>>],
+) -> Result<Vec<SpillPlace>, RecordError> {
+    let mut places = Vec::with_capacity(output.spilled.len());
+    let mut previous = None;
+    for spilled in &output.spilled {
+        let block = spilled.block;
+        let refused = || RecordError::Spill {
+            block,
+            len: spilled.text.len(),
+            cause: SpillError::NotATextBlock,
+        };
+        let is_text = matches!(output.content.get(block), Some(ContentBlock::Text(_)));
+        if !is_text || previous.is_some_and(|previous| previous >= block) {
+            return Err(refused());
+        }
+        previous = Some(block);
+        let span = spans.get(block).cloned().flatten().ok_or_else(refused)?;
+        places.push((block, span, Arc::clone(&spilled.text)));
+    }
+    Ok(places)
+}
+
+/// Streams a spilled text into `chunks`, checking it is UTF-8 across reads (a character cut
+/// by a read's end is carried to the next).
+async fn stream_spill(
+    chunks: &mut Chunks<'_, '_>,
+    block: usize,
+    text: &SpilledText,
+    buf: &mut [u8],
+    estimator: Option<&dyn TokenEstimator>,
+    estimate: &mut u64,
+) -> Result<(), RecordError> {
+    let fail = |cause| RecordError::Spill {
+        block,
+        len: text.len(),
+        cause,
+    };
+    let mut offset = 0u64; // bytes of the text fed so far
+    let mut carry = 0usize; // bytes at the start of `buf` carried over
+    loop {
+        let read_at = offset + carry as u64;
+        let n = if read_at < text.len() {
+            text.read_at(read_at, &mut buf[carry..]).map_err(|source| {
+                fail(SpillError::Read {
+                    offset: read_at,
+                    source,
+                })
+            })?
+        } else {
+            0
+        };
+        if n == 0 && read_at < text.len() {
+            return Err(fail(SpillError::Short { at: read_at }));
+        }
+        let filled = carry + n;
+        let at_end = read_at + n as u64 >= text.len();
+        let valid = match std::str::from_utf8(&buf[..filled]) {
+            Ok(valid) => valid,
+            Err(e) if e.error_len().is_none() && !at_end => {
+                // A character cut by the read's end: feed up to it, carry it.
+                std::str::from_utf8(&buf[..e.valid_up_to()]).unwrap_or_default()
+            }
+            Err(e) => {
+                return Err(fail(SpillError::NotUtf8 {
+                    at: offset + e.valid_up_to() as u64,
+                }));
+            }
+        };
+        let used = valid.len();
+        chunks.feed(valid.as_bytes()).await?;
+        if let Some(estimator) = estimator.filter(|_| used > 0) {
+            *estimate = estimate.saturating_add(estimator.estimate_text(valid));
+        }
+        offset += used as u64;
+        if at_end && used == filled {
+            return Ok(());
+        }
+        if used == 0 && filled >= 4 {
+            // Not even one character in four bytes or more: not UTF-8.
+            return Err(fail(SpillError::NotUtf8 { at: offset }));
+        }
+        buf.copy_within(used..filled, 0);
+        carry = filled - used;
+    }
+}
+
+impl RecordSource for PgRecords {
+    type Error = RecordError;
+
+    fn run(&self) -> &RunId {
+        &self.run
+    }
+
+    fn record(&self, handle: &RecordHandle) -> Result<Option<Record>, RecordError> {
+        let Some(seq) = self.seq(handle) else {
+            return Ok(None);
+        };
+        self.block(async {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    "select body, result from records
+                     where identity = $1 and run = $2 and seq = $3",
+                    &[&&*self.identity, &self.run.as_str(), &seq],
+                )
+                .await
+                .map_err(db)?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let body: Vec<u8> = row.get(0);
+            let record: Record = serde_json::from_slice(&body)
+                .map_err(|e| corrupt(format!("record {handle}: {e}")))?;
+            match record {
+                Record::ToolResult(mut result) if row.get::<_, bool>(1) => {
+                    let output = self
+                        .load_result(&client, seq)
+                        .await?
+                        .ok_or_else(|| corrupt(format!("record {handle} vanished")))?;
+                    result.output = output;
+                    Ok(Some(Record::ToolResult(result)))
+                }
+                other => Ok(Some(other)),
+            }
+        })
+    }
+
+    fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, RecordError> {
+        let Some(seq) = self.seq(handle) else {
+            return Ok(None);
+        };
+        self.block(async {
+            let client = self.client().await?;
+            Ok(self.result_row(&client, seq).await?.map(|row| row.info))
+        })
+    }
+
+    fn read_output(
+        &self,
+        handle: &RecordHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, RecordError> {
+        let (Some(seq), Some(idx)) = (self.seq(handle), chunk_index(offset)) else {
+            return Ok(0);
+        };
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        // One chunk's part per read (a reader loops for more): about the bytes asked for.
+        let within = (offset % CHUNK as u64) as usize;
+        let want = buf.len().min(CHUNK - within);
+        let (from, count) = (
+            i32::try_from(within + 1).unwrap_or(i32::MAX),
+            i32::try_from(want).unwrap_or(i32::MAX),
+        );
+        let bytes: Option<Vec<u8>> = self.block(async {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    "select substring(data from $5 for $6) from chunks
+                     where identity = $1 and run = $2 and seq = $3 and idx = $4",
+                    &[
+                        &&*self.identity,
+                        &self.run.as_str(),
+                        &seq,
+                        &idx,
+                        &from,
+                        &count,
+                    ],
+                )
+                .await
+                .map_err(db)?;
+            Ok(row.map(|row| row.get(0)))
+        })?;
+        let Some(bytes) = bytes else {
+            return Ok(0);
+        };
+        let n = bytes.len().min(buf.len());
+        buf[..n].copy_from_slice(&bytes[..n]);
+        Ok(n)
+    }
+
+    fn content_block(
+        &self,
+        handle: &RecordHandle,
+        position: usize,
+    ) -> Result<Option<ContentBlock>, RecordError> {
+        let Some(seq) = self.seq(handle) else {
+            return Ok(None);
+        };
+        self.block(async {
+            let client = self.client().await?;
+            let Some(row) = self.result_row(&client, seq).await? else {
+                return Ok(None);
+            };
+            let Some(mut block) = row.output.content.into_iter().nth(position) else {
+                return Ok(None);
+            };
+            if let Some(Some(span)) = row.spans.get(position) {
+                let bytes = self.read_range(&client, seq, span.clone()).await?;
+                let text = String::from_utf8(bytes)
+                    .map_err(|e| corrupt(format!("record {handle}: {e}")))?;
+                set_text(&mut block, text);
+            }
+            Ok(Some(block))
+        })
+    }
+
+    fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, RecordError> {
+        let Some(seq) = self.seq(handle) else {
+            return Ok(LineMark::START);
+        };
+        if line == 0 {
+            return Ok(LineMark::START);
+        }
+        self.block(async {
+            let client = self.client().await?;
+            let row = client
+                .query_opt(
+                    "select idx, breaks_before from chunks
+                     where identity = $1 and run = $2 and seq = $3 and breaks_before < $4
+                     order by idx desc limit 1",
+                    &[&&*self.identity, &self.run.as_str(), &seq, &signed(line)],
+                )
+                .await
+                .map_err(db)?;
+            Ok(row.map_or(LineMark::START, |row| LineMark {
+                at: u64::from(row.get::<_, i32>(0).unsigned_abs()) * CHUNK as u64,
+                breaks_before: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
+            }))
+        })
+    }
+
+    fn block_lines(&self, handle: &RecordHandle) -> Result<Option<BlockLines>, RecordError> {
+        let Some(seq) = self.seq(handle) else {
+            return Ok(None);
+        };
+        self.block(async {
+            let client = self.client().await?;
+            let Some(row) = self.result_row(&client, seq).await? else {
+                return Ok(None);
+            };
+            // The skeleton's resource texts are empty: their sizes come from their spans.
+            let placeholders = row
+                .output
+                .content
+                .iter()
+                .enumerate()
+                .filter_map(|(i, block)| {
+                    let bulk = match block {
+                        ContentBlock::Resource(_) => row
+                            .spans
+                            .get(i)
+                            .cloned()
+                            .flatten()
+                            .map(|span| span.end - span.start),
+                        _ => None,
+                    };
+                    block.placeholder_sized(i, bulk)
+                })
+                .collect();
+            Ok(Some(BlockLines {
+                placeholders,
+                has_binary: row.output.binary_blocks().next().is_some(),
+            }))
+        })
+    }
+}
+
+impl RecordStore for PgRecords {
+    type AppendError = RecordError;
+
+    fn failure(&self, error: &RecordError) -> RecordFailure {
+        match error {
+            RecordError::Spill { .. } => RecordFailure::Spill,
+            RecordError::Db(DbError::Connect(_)) => RecordFailure::Unavailable,
+            RecordError::Db(DbError::Query(e)) if unavailable(e) => RecordFailure::Unavailable,
+            _ => RecordFailure::Store,
+        }
+    }
+
+    fn append_batch(&self, records: &[Record]) -> Result<Vec<RecordHandle>, RecordError> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let first = self.block(async {
+            let mut client = self.client().await?;
+            self.append_in(&mut client, records).await
+        })?;
+        let end = first + records.len() as u64;
+        self.len.fetch_max(end, Ordering::AcqRel);
+        Ok((first..end)
+            .map(|seq| RecordHandle::new(self.run.clone(), seq))
+            .collect())
+    }
+
+    fn len(&self) -> u64 {
+        self.len.load(Ordering::Acquire)
+    }
+
+    fn extend_history(&self, history: &mut History) -> Result<(), RecordError> {
+        let from = signed(history.entries.len() as u64);
+        let rows = self.block(async {
+            let client = self.client().await?;
+            client
+                .query(
+                    "select seq, body, result, readable_len, line_breaks, estimate, text_only
+                     from records where identity = $1 and run = $2 and seq >= $3 order by seq",
+                    &[&&*self.identity, &self.run.as_str(), &from],
+                )
+                .await
+                .map_err(db)
+        })?;
+        for row in rows {
+            let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+            let handle = RecordHandle::new(self.run.clone(), seq);
+            let item = history_item(&handle, &row)?;
+            history.entries.push(HistoryEntry { handle, item });
+        }
+        Ok(())
+    }
+
+    fn stored_result(&self, handle: &RecordHandle) -> Result<Option<StoredResult>, RecordError> {
+        let Some(seq) = self.seq(handle) else {
+            return Ok(None);
+        };
+        let row = self.block(async {
+            let client = self.client().await?;
+            client
+                .query_opt(
+                    "select seq, body, result, readable_len, line_breaks, estimate, text_only
+                     from records where identity = $1 and run = $2 and seq = $3 and result",
+                    &[&&*self.identity, &self.run.as_str(), &seq],
+                )
+                .await
+                .map_err(db)
+        })?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        match history_item(handle, &row)? {
+            HistoryItem::Result(stored) => Ok(Some(stored)),
+            HistoryItem::Record(_) => Ok(None),
+        }
+    }
+}
+
+/// A history entry's item from a records row (`seq, body, result, readable_len,
+/// line_breaks, estimate, text_only`).
+fn history_item(
+    handle: &RecordHandle,
+    row: &tokio_postgres::Row,
+) -> Result<HistoryItem, RecordError> {
+    let body: &[u8] = row.get(1);
+    let record: Record =
+        serde_json::from_slice(body).map_err(|e| corrupt(format!("record {handle}: {e}")))?;
+    let is_result: bool = row.get(2);
+    match record {
+        Record::ToolResult(result) if is_result => {
+            let number = |i: usize| {
+                row.get::<_, Option<i64>>(i)
+                    .map(|n| u64::try_from(n).unwrap_or(0))
+            };
+            Ok(HistoryItem::Result(StoredResult {
+                info: OutputInfo {
+                    kind: OutputKind::of(&result.output),
+                    len: number(3).unwrap_or(0),
+                    is_error: result.output.is_error,
+                    call_id: result.call_id,
+                    name: result.name,
+                },
+                estimate: number(5),
+                line_breaks: number(4),
+                text_only: row.get::<_, Option<bool>>(6).unwrap_or(false),
+            }))
+        }
+        other => Ok(HistoryItem::Record(other)),
+    }
+}
