@@ -707,7 +707,7 @@ impl RecordSource for SharedRecordLog {
 }
 
 /// The record log behind psych-types' record-store seam: the same group commit, the same
-/// reads. An I/O failure is [`RecordFailure::Store`] (a local disk is not "unavailable").
+/// reads. An I/O failure is [`RecordFailure::Store`](psych_types::RecordFailure::Store) (a local disk is not "unavailable").
 impl psych_types::RecordStore for SharedRecordLog {
     type AppendError = AppendError;
 
@@ -728,6 +728,10 @@ impl psych_types::RecordStore for SharedRecordLog {
 
     fn len(&self) -> u64 {
         SharedRecordLog::len(self)
+    }
+
+    fn size_bytes(&self) -> u64 {
+        SharedRecordLog::size_bytes(self)
     }
 
     fn extend_history(&self, history: &mut psych_types::History) -> Result<(), ReadError> {

@@ -319,9 +319,12 @@ pub fn records_survive_a_reopen_and_appends_go_on<S: RecordStore>(open: &impl Fn
     let records = every_kind();
     {
         let store = open(&id);
+        let empty = store.size_bytes();
         store.append_batch(&records).unwrap();
+        assert!(store.size_bytes() > empty, "the records take room");
     }
     let store = open(&id);
+    assert!(store.size_bytes() > 0);
     assert_eq!(store.len(), records.len() as u64);
     assert_eq!(all(&store), records);
     let next = store.append(&user("after the reopen")).unwrap();

@@ -78,6 +78,21 @@ impl PgBlocking {
         PgRecords::open(self.clone(), identity, run)
     }
 
+    /// The record store of Run `run` of `identity` if the database has that Run (written
+    /// by any process: a handle another replica minted), without creating it; `None`
+    /// otherwise (and for an identity the store would refuse). Blocks for one round trip.
+    ///
+    /// # Errors
+    ///
+    /// [`RecordError`] when the database failed.
+    pub fn existing_records(
+        &self,
+        identity: &str,
+        run: &RunId,
+    ) -> Result<Option<PgRecords>, RecordError> {
+        PgRecords::existing(self.clone(), identity, run)
+    }
+
     /// Runs `work` on the store's runtime, blocking this thread; `None` on a
     /// single-threaded runtime's thread. The future itself runs on the calling thread
     /// (the runtime's workers drive the connections), so blocking work inside it (reading
@@ -92,6 +107,37 @@ impl PgBlocking {
         &self,
     ) -> Result<deadpool_postgres::Object, deadpool_postgres::PoolError> {
         self.store.pool.get().await
+    }
+}
+
+/// Runs' records for processes that share them (gateway replicas): each Run's store erased
+/// behind psych-types' seam.
+impl psych_types::RecordStores for PgBlocking {
+    fn open(
+        &self,
+        identity: &str,
+        run: &RunId,
+        estimator: Arc<dyn psych_types::TokenEstimator + Send + Sync>,
+    ) -> Result<Arc<psych_types::DynRecordStore>, psych_types::StoreError> {
+        let records = self
+            .records(identity, run)
+            .map_err(RecordError::into_store_error)?;
+        Ok(Arc::new(psych_types::Erased(
+            records.with_estimator(estimator),
+        )))
+    }
+
+    fn find(
+        &self,
+        identity: &str,
+        run: &RunId,
+    ) -> Result<Option<Arc<psych_types::DynRecordStore>>, psych_types::StoreError> {
+        let found = self
+            .existing_records(identity, run)
+            .map_err(RecordError::into_store_error)?;
+        Ok(found.map(|records| {
+            Arc::new(psych_types::Erased(records)) as Arc<psych_types::DynRecordStore>
+        }))
     }
 }
 

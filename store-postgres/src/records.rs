@@ -111,6 +111,25 @@ pub enum SpillError {
     },
 }
 
+impl RecordError {
+    /// What kind of failure it is: a spilled text refused, the database unreachable (a
+    /// lost connection, a restart, no pooled connection in time), or another failure.
+    pub fn kind(&self) -> RecordFailure {
+        match self {
+            RecordError::Spill { .. } => RecordFailure::Spill,
+            RecordError::Db(DbError::Connect(_)) => RecordFailure::Unavailable,
+            RecordError::Db(DbError::Query(e)) if unavailable(e) => RecordFailure::Unavailable,
+            _ => RecordFailure::Store,
+        }
+    }
+
+    /// The error erased for callers holding any store, its kind kept.
+    pub fn into_store_error(self) -> psych_types::StoreError {
+        let kind = self.kind();
+        psych_types::StoreError::new(kind, self)
+    }
+}
+
 fn db(source: tokio_postgres::Error) -> RecordError {
     RecordError::Db(DbError::Query(source))
 }
@@ -139,6 +158,8 @@ pub struct PgRecords {
     identity: Arc<str>,
     run: RunId,
     len: Arc<AtomicU64>,
+    /// Bytes the Run's rows hold, as this process last knew them.
+    bytes: Arc<AtomicU64>,
     estimator: Option<Arc<dyn TokenEstimator + Send + Sync>>,
 }
 
@@ -171,7 +192,7 @@ impl PgRecords {
                 identity: identity.to_owned(),
             });
         }
-        let len = blocking
+        let (len, bytes) = blocking
             .block(async {
                 let client = blocking
                     .client()
@@ -187,12 +208,13 @@ impl PgRecords {
                     .map_err(db)?;
                 let row = client
                     .query_one(
-                        "select records from runs where identity = $1 and run = $2",
+                        "select records, bytes from runs where identity = $1 and run = $2",
                         &[&identity, &run.as_str()],
                     )
                     .await
                     .map_err(db)?;
-                Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+                let count = |i| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+                Ok((count(0), count(1)))
             })
             .unwrap_or(Err(RecordError::OnAsyncThread))?;
         Ok(Self {
@@ -200,8 +222,47 @@ impl PgRecords {
             identity: identity.into(),
             run: run.clone(),
             len: Arc::new(AtomicU64::new(len)),
+            bytes: Arc::new(AtomicU64::new(bytes)),
             estimator: None,
         })
+    }
+
+    /// The store of Run `run` of `identity` if the database has that Run (written by any
+    /// process), without creating it: what reads a handle another process minted.
+    pub(crate) fn existing(
+        blocking: PgBlocking,
+        identity: &str,
+        run: &RunId,
+    ) -> Result<Option<Self>, RecordError> {
+        if !valid_identity(identity) {
+            return Ok(None);
+        }
+        let row = blocking
+            .block(async {
+                let client = blocking
+                    .client()
+                    .await
+                    .map_err(|e| RecordError::Db(DbError::Connect(e)))?;
+                client
+                    .query_opt(
+                        "select records, bytes from runs where identity = $1 and run = $2",
+                        &[&identity, &run.as_str()],
+                    )
+                    .await
+                    .map_err(db)
+            })
+            .unwrap_or(Err(RecordError::OnAsyncThread))?;
+        Ok(row.map(|row| {
+            let count = |i| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+            Self {
+                blocking,
+                identity: identity.into(),
+                run: run.clone(),
+                len: Arc::new(AtomicU64::new(count(0))),
+                bytes: Arc::new(AtomicU64::new(count(1))),
+                estimator: None,
+            }
+        }))
     }
 
     /// The same store, storing each tool result's token estimate by `estimator` when it is
@@ -244,8 +305,9 @@ impl PgRecords {
         &self,
         client: &mut deadpool_postgres::Object,
         records: &[Record],
-    ) -> Result<u64, RecordError> {
+    ) -> Result<(u64, u64), RecordError> {
         let transaction = client.transaction().await.map_err(db)?;
+        let mut bytes = 0u64;
         let row = transaction
             .query_one(
                 "select records from runs where identity = $1 and run = $2 for update",
@@ -286,6 +348,7 @@ impl PgRecords {
                     let body = serde_json::to_vec(&Record::ToolResult(skeleton))
                         .map_err(RecordError::Encode)?;
                     let spans = serde_json::to_vec(&stored.spans).map_err(RecordError::Encode)?;
+                    bytes += (body.len() + spans.len()) as u64 + stored.len;
                     transaction
                         .execute(
                             &insert_record,
@@ -307,6 +370,7 @@ impl PgRecords {
                 }
                 other => {
                     let body = serde_json::to_vec(other).map_err(RecordError::Encode)?;
+                    bytes += body.len() as u64;
                     transaction
                         .execute(
                             &insert_record,
@@ -329,15 +393,17 @@ impl PgRecords {
             }
         }
         let count = i64::try_from(records.len()).unwrap_or(i64::MAX);
-        transaction
-            .execute(
-                "update runs set records = records + $3 where identity = $1 and run = $2",
-                &[&&*self.identity, &self.run.as_str(), &count],
+        let row = transaction
+            .query_one(
+                "update runs set records = records + $3, bytes = bytes + $4
+                 where identity = $1 and run = $2 returning bytes",
+                &[&&*self.identity, &self.run.as_str(), &count, &signed(bytes)],
             )
             .await
             .map_err(db)?;
         transaction.commit().await.map_err(db)?;
-        Ok(u64::try_from(first).unwrap_or(0))
+        let total = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+        Ok((u64::try_from(first).unwrap_or(0), total))
     }
 
     /// The stored result at `seq`: its skeleton (texts filled in by the caller) and info.
@@ -955,24 +1021,20 @@ impl RecordStore for PgRecords {
     type AppendError = RecordError;
 
     fn failure(&self, error: &RecordError) -> RecordFailure {
-        match error {
-            RecordError::Spill { .. } => RecordFailure::Spill,
-            RecordError::Db(DbError::Connect(_)) => RecordFailure::Unavailable,
-            RecordError::Db(DbError::Query(e)) if unavailable(e) => RecordFailure::Unavailable,
-            _ => RecordFailure::Store,
-        }
+        error.kind()
     }
 
     fn append_batch(&self, records: &[Record]) -> Result<Vec<RecordHandle>, RecordError> {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let first = self.block(async {
+        let (first, bytes) = self.block(async {
             let mut client = self.client().await?;
             self.append_in(&mut client, records).await
         })?;
         let end = first + records.len() as u64;
         self.len.fetch_max(end, Ordering::AcqRel);
+        self.bytes.fetch_max(bytes, Ordering::AcqRel);
         Ok((first..end)
             .map(|seq| RecordHandle::new(self.run.clone(), seq))
             .collect())
@@ -980,6 +1042,10 @@ impl RecordStore for PgRecords {
 
     fn len(&self) -> u64 {
         self.len.load(Ordering::Acquire)
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Acquire)
     }
 
     fn extend_history(&self, history: &mut History) -> Result<(), RecordError> {

@@ -66,6 +66,7 @@ const MIGRATIONS: [&str; 2] = [
         identity   text collate "C" not null,
         run        text collate "C" not null,
         records    bigint not null default 0,
+        bytes      bigint not null default 0,
         created_at bigint not null,
         primary key (identity, run)
     );

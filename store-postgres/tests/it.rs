@@ -460,7 +460,10 @@ fn another_identitys_run_of_the_same_name_is_not_read() {
         alice.record(&handle).unwrap(),
         Some(text_result("c1", "alice's secret"))
     );
-    assert_eq!(bob.record(&handle).unwrap(), Some(text_result("c1", "bob's")));
+    assert_eq!(
+        bob.record(&handle).unwrap(),
+        Some(text_result("c1", "bob's"))
+    );
     for bad in ["", "a b", "../x", "é", &"x".repeat(65)] {
         assert!(
             matches!(store.records(bad, &run), Err(RecordError::Identity { .. })),
@@ -569,7 +572,11 @@ fn a_lost_connection_is_unavailable_then_the_store_goes_on() {
                     break;
                 }
                 Err(error) => {
-                    assert_eq!(records.failure(&error), RecordFailure::Unavailable, "{error}");
+                    assert_eq!(
+                        records.failure(&error),
+                        RecordFailure::Unavailable,
+                        "{error}"
+                    );
                     failures += 1;
                     // Each failure finds one dropped connection of the pool and discards it.
                     assert!(
@@ -609,7 +616,9 @@ fn child_appending_until_killed() {
         return;
     };
     let store = psych_store_postgres::PgBlocking::open(&url).unwrap();
-    let records = store.records("tenant", &RunId::new("crash").unwrap()).unwrap();
+    let records = store
+        .records("tenant", &RunId::new("crash").unwrap())
+        .unwrap();
     let out = std::sync::Mutex::new(std::io::stdout());
     std::thread::scope(|scope| {
         for thread in 0..4 {
@@ -646,7 +655,12 @@ fn a_writer_killed_mid_append_loses_no_acknowledged_record() {
     let mut acknowledged = std::collections::BTreeMap::new();
     for round in 0..3 {
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_appending_until_killed", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "child_appending_until_killed",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("PSYCH_PG_CHILD_URL", &url)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
@@ -655,7 +669,10 @@ fn a_writer_killed_mid_append_loses_no_acknowledged_record() {
         let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
         let mut seen = 0;
         while seen < 150 + round * 50 {
-            let line = lines.next().expect("the child acknowledges records").unwrap();
+            let line = lines
+                .next()
+                .expect("the child acknowledges records")
+                .unwrap();
             let Some(ack) = line.strip_prefix("ack ") else {
                 continue;
             };
@@ -666,8 +683,7 @@ fn a_writer_killed_mid_append_loses_no_acknowledged_record() {
         child.kill().unwrap(); // SIGKILL
         // Acknowledgements already written before the kill count too.
         for line in lines.map_while(Result::ok) {
-            if let Some((seq, text)) = line.strip_prefix("ack ").and_then(|a| a.split_once(' '))
-            {
+            if let Some((seq, text)) = line.strip_prefix("ack ").and_then(|a| a.split_once(' ')) {
                 acknowledged.insert(seq.parse().unwrap(), text.to_owned());
             }
         }
@@ -686,8 +702,13 @@ fn a_writer_killed_mid_append_loses_no_acknowledged_record() {
     }
     for seq in 0..stored {
         let handle = psych_types::RecordHandle::new(run.clone(), seq);
-        assert!(records.record(&handle).unwrap().is_some(), "record {seq} of {stored}");
+        assert!(
+            records.record(&handle).unwrap().is_some(),
+            "record {seq} of {stored}"
+        );
     }
-    let next = records.append(&text_result("c", "after the crashes")).unwrap();
+    let next = records
+        .append(&text_result("c", "after the crashes"))
+        .unwrap();
     assert_eq!(next.seq, stored);
 }

@@ -620,6 +620,9 @@ pub trait RecordStore: RecordSource + Send + Sync + std::fmt::Debug {
         self.len() == 0
     }
 
+    /// Bytes this Run's records take in the store (what rotation and retention count).
+    fn size_bytes(&self) -> u64;
+
     /// Appends to `history` the records stored past its last entry, tool results as
     /// [`StoredResult`](crate::StoredResult)s read without their content. `history` must
     /// have been read from this store (its entries are its first records).
@@ -639,6 +642,261 @@ pub trait RecordStore: RecordSource + Send + Sync + std::fmt::Debug {
         &self,
         handle: &RecordHandle,
     ) -> Result<Option<crate::StoredResult>, Self::Error>;
+}
+
+/// A record store's failure with its kind, the store's own typed error kept inside: what
+/// callers holding any store ([`DynRecordStore`]) get. Its message and sources are the
+/// store's error's (it is transparent); [`get_ref`](Self::get_ref) downcasts to it.
+#[derive(Debug)]
+pub struct StoreError {
+    kind: RecordFailure,
+    inner: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl StoreError {
+    /// `inner`, of kind `kind`.
+    pub fn new(kind: RecordFailure, inner: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self {
+            kind,
+            inner: Box::new(inner),
+        }
+    }
+
+    /// What kind of failure it is.
+    pub fn kind(&self) -> RecordFailure {
+        self.kind
+    }
+
+    /// The store's own error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.inner
+    }
+
+    /// The store's own error, owned.
+    pub fn into_inner(self) -> Box<dyn std::error::Error + Send + Sync> {
+        self.inner
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner.source()
+    }
+}
+
+/// Any Run's record store, its errors erased to [`StoreError`]: what a caller that works
+/// with the record log or the PostgreSQL store alike holds (`Arc<DynRecordStore>`; wrap a
+/// store with [`Erased`]).
+pub type DynRecordStore = dyn RecordStore<Error = StoreError, AppendError = StoreError>;
+
+/// A record store with its errors erased to [`StoreError`] (reads' failures are
+/// [`RecordFailure::Store`]); it stores and reads exactly as `S` does.
+#[derive(Debug, Clone)]
+pub struct Erased<S>(pub S);
+
+impl<S: RecordStore> Erased<S> {
+    fn read_error(error: S::Error) -> StoreError {
+        StoreError::new(RecordFailure::Store, error)
+    }
+}
+
+impl<S: RecordStore> RecordSource for Erased<S> {
+    type Error = StoreError;
+
+    fn run(&self) -> &RunId {
+        self.0.run()
+    }
+
+    fn record(&self, handle: &RecordHandle) -> Result<Option<Record>, StoreError> {
+        self.0.record(handle).map_err(Self::read_error)
+    }
+
+    fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, StoreError> {
+        self.0.output_info(handle).map_err(Self::read_error)
+    }
+
+    fn read_output(
+        &self,
+        handle: &RecordHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, StoreError> {
+        self.0
+            .read_output(handle, offset, buf)
+            .map_err(Self::read_error)
+    }
+
+    fn content_block(
+        &self,
+        handle: &RecordHandle,
+        position: usize,
+    ) -> Result<Option<ContentBlock>, StoreError> {
+        self.0
+            .content_block(handle, position)
+            .map_err(Self::read_error)
+    }
+
+    fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, StoreError> {
+        self.0.line_mark(handle, line).map_err(Self::read_error)
+    }
+
+    fn block_lines(&self, handle: &RecordHandle) -> Result<Option<BlockLines>, StoreError> {
+        self.0.block_lines(handle).map_err(Self::read_error)
+    }
+}
+
+impl<S: RecordStore> RecordStore for Erased<S> {
+    type AppendError = StoreError;
+
+    fn failure(&self, error: &StoreError) -> RecordFailure {
+        error.kind()
+    }
+
+    fn append_batch(&self, records: &[Record]) -> Result<Vec<RecordHandle>, StoreError> {
+        self.0.append_batch(records).map_err(|error| {
+            let kind = self.0.failure(&error);
+            StoreError::new(kind, error)
+        })
+    }
+
+    fn append(&self, record: &Record) -> Result<RecordHandle, StoreError> {
+        self.0.append(record).map_err(|error| {
+            let kind = self.0.failure(&error);
+            StoreError::new(kind, error)
+        })
+    }
+
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+
+    fn extend_history(&self, history: &mut crate::History) -> Result<(), StoreError> {
+        self.0.extend_history(history).map_err(Self::read_error)
+    }
+
+    fn stored_result(
+        &self,
+        handle: &RecordHandle,
+    ) -> Result<Option<crate::StoredResult>, StoreError> {
+        self.0.stored_result(handle).map_err(Self::read_error)
+    }
+}
+
+/// A shared source or store is one (clones of the `Arc` read, and append to, the same Run).
+impl<S: RecordSource + ?Sized> RecordSource for std::sync::Arc<S> {
+    type Error = S::Error;
+
+    fn run(&self) -> &RunId {
+        (**self).run()
+    }
+
+    fn record(&self, handle: &RecordHandle) -> Result<Option<Record>, Self::Error> {
+        (**self).record(handle)
+    }
+
+    fn output_info(&self, handle: &RecordHandle) -> Result<Option<OutputInfo>, Self::Error> {
+        (**self).output_info(handle)
+    }
+
+    fn read_output(
+        &self,
+        handle: &RecordHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, Self::Error> {
+        (**self).read_output(handle, offset, buf)
+    }
+
+    fn content_block(
+        &self,
+        handle: &RecordHandle,
+        position: usize,
+    ) -> Result<Option<ContentBlock>, Self::Error> {
+        (**self).content_block(handle, position)
+    }
+
+    fn line_mark(&self, handle: &RecordHandle, line: u64) -> Result<LineMark, Self::Error> {
+        (**self).line_mark(handle, line)
+    }
+
+    fn block_lines(&self, handle: &RecordHandle) -> Result<Option<BlockLines>, Self::Error> {
+        (**self).block_lines(handle)
+    }
+}
+
+impl<S: RecordStore + ?Sized> RecordStore for std::sync::Arc<S> {
+    type AppendError = S::AppendError;
+
+    fn failure(&self, error: &S::AppendError) -> RecordFailure {
+        (**self).failure(error)
+    }
+
+    fn append_batch(&self, records: &[Record]) -> Result<Vec<RecordHandle>, S::AppendError> {
+        (**self).append_batch(records)
+    }
+
+    fn append(&self, record: &Record) -> Result<RecordHandle, S::AppendError> {
+        (**self).append(record)
+    }
+
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        (**self).size_bytes()
+    }
+
+    fn extend_history(&self, history: &mut crate::History) -> Result<(), S::Error> {
+        (**self).extend_history(history)
+    }
+
+    fn stored_result(
+        &self,
+        handle: &RecordHandle,
+    ) -> Result<Option<crate::StoredResult>, S::Error> {
+        (**self).stored_result(handle)
+    }
+}
+
+/// Where Runs' record stores come from when they are not files of this machine's disk (the
+/// PostgreSQL store): what lets several processes (gateway replicas, workers) write Runs
+/// and read each other's handles. Every method blocks.
+pub trait RecordStores: Send + Sync + std::fmt::Debug {
+    /// Opens Run `run` of `identity` for appending (created on first use), storing each
+    /// tool result's estimate by `estimator`.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure (an identity it refuses, the store unreachable).
+    fn open(
+        &self,
+        identity: &str,
+        run: &RunId,
+        estimator: std::sync::Arc<dyn TokenEstimator + Send + Sync>,
+    ) -> Result<std::sync::Arc<DynRecordStore>, StoreError>;
+
+    /// The store of `identity`'s Run `run` if the store has one (records written by any
+    /// process), for reading its handles; `None` when `identity` has no such Run.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure.
+    fn find(
+        &self,
+        identity: &str,
+        run: &RunId,
+    ) -> Result<Option<std::sync::Arc<DynRecordStore>>, StoreError>;
 }
 
 /// What kind of failure a [`CatalogStore`]'s error is: the ones every store must tell apart
