@@ -204,6 +204,14 @@ enum Command {
         /// makes it lazy from the next start).
         #[arg(long)]
         eager: bool,
+        /// Keep the records in PostgreSQL instead of files under `<dir>/serve/`:
+        /// `postgres://USER@HOST:PORT/DATABASE?schema=NAME` (`schema` default `psych`,
+        /// `pool_size` default 16; tables created and migrated by the gateway). Every
+        /// `psych serve` on the same database and schema (replicas behind one address)
+        /// reads the handles the others minted for the same identity. Retention is not
+        /// applied to it yet; the catalogue stays in `<dir>/catalog.redb`.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
     },
     /// Make a bearer token for `psych serve --tokens`: prints the token on stdout (give it to
     /// the client) and, on stderr, the digest to put in the tokens file under NAME.
@@ -390,6 +398,7 @@ fn run(command: Command) -> Result<u8, String> {
             retain_mib,
             spill_budget_mib,
             eager,
+            store,
         } => {
             let config = match config {
                 Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
@@ -413,6 +422,7 @@ fn run(command: Command) -> Result<u8, String> {
                 retention,
                 spill_budget: psych_mcp::SpillBudget::new(spill_budget_mib.saturating_mul(1 << 20)),
                 eager,
+                store,
             })
         }
         Command::ServeToken { name } => serve::token(&name),

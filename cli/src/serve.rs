@@ -35,6 +35,21 @@ pub(crate) struct Options {
     pub(crate) spill_budget: psych_mcp::SpillBudget,
     /// Start every server at once, none on demand.
     pub(crate) eager: bool,
+    /// A `postgres://` URL: records there instead of in files.
+    pub(crate) store: Option<String>,
+}
+
+/// Opens the record store at `url` (blocking: before the runtime starts).
+fn open_store(url: &str) -> Result<std::sync::Arc<dyn psych_types::RecordStores>, String> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(format!(
+            "--store {url:?}: only a postgres:// URL is supported (records in files are \
+             the default, under --dir)"
+        ));
+    }
+    let store = psych_store_postgres::PgBlocking::open(url)
+        .map_err(|e| format!("--store: {}", crate::reason::chain(&e)))?;
+    Ok(std::sync::Arc::new(store))
 }
 
 /// Runs the gateway until its client leaves (stdio) or a SIGTERM or SIGINT stops it
@@ -55,6 +70,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         retention,
         spill_budget,
         eager,
+        store,
     } = options;
     let authorized = tokens.is_some();
     let mut settings = GatewaySettings::new(dir)
@@ -67,6 +83,9 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         .report(|line| eprintln!("psych serve: {line}"));
     if let Some(tokens) = tokens {
         settings = settings.tokens(tokens);
+    }
+    if let Some(url) = store {
+        settings = settings.records_in(open_store(&url)?);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

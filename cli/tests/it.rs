@@ -20,5 +20,6 @@ mod serve_huge;
 mod serve_identities;
 mod serve_lazy;
 mod serve_mrtr;
+mod serve_replicas;
 mod serve_stress;
 mod support;

@@ -26,7 +26,7 @@ use crate::support::{Gateway, PSYCH, listening, text, token};
 
 /// Starts `psych serve --http --tokens` in front of one test server, logging under `dir`,
 /// with `extra` flags: the gateway and its URL.
-async fn start(dir: &Path, extra: &[&str]) -> (Gateway, String) {
+pub(crate) async fn start(dir: &Path, extra: &[&str]) -> (Gateway, String) {
     let config = dir.join("mcp.json");
     let upstream = json!({
         "command": PSYCH,
@@ -46,17 +46,21 @@ async fn start(dir: &Path, extra: &[&str]) -> (Gateway, String) {
     listening(command).await
 }
 
-type Session = RunningService<RoleClient, ()>;
+pub(crate) type Session = RunningService<RoleClient, ()>;
 
 /// A session presenting `token`.
-async fn connect(url: &str, token: &str) -> Session {
+pub(crate) async fn connect(url: &str, token: &str) -> Session {
     let config = StreamableHttpClientTransportConfig::with_uri(url.to_owned()).auth_header(token);
     ().serve(StreamableHttpClientTransport::from_config(config))
         .await
         .unwrap()
 }
 
-async fn call(session: &Session, name: &str, arguments: Value) -> Result<CallToolResult, String> {
+pub(crate) async fn call(
+    session: &Session,
+    name: &str,
+    arguments: Value,
+) -> Result<CallToolResult, String> {
     let Value::Object(arguments) = arguments else {
         panic!("arguments are an object");
     };
@@ -68,7 +72,11 @@ async fn call(session: &Session, name: &str, arguments: Value) -> Result<CallToo
 
 /// Calls `name` until it answers without failing: the gateway answers before its
 /// upstreams connect, so right after a start the upstream's tools are not there yet.
-async fn call_when_listed(session: &Session, name: &str, arguments: Value) -> CallToolResult {
+pub(crate) async fn call_when_listed(
+    session: &Session,
+    name: &str,
+    arguments: Value,
+) -> CallToolResult {
     tokio::time::timeout(Duration::from_secs(60), async {
         loop {
             match call(session, name, arguments.clone()).await {
@@ -82,7 +90,7 @@ async fn call_when_listed(session: &Session, name: &str, arguments: Value) -> Ca
 }
 
 /// Calls `up__large` once the upstream is listed and returns the elided result's handle.
-async fn large_handle(session: &Session) -> String {
+pub(crate) async fn large_handle(session: &Session) -> String {
     let shown = text(&call_when_listed(session, "up__large", json!({"bytes": 200_000})).await);
     shown
         .split("handle \"")
@@ -92,7 +100,7 @@ async fn large_handle(session: &Session) -> String {
         .to_owned()
 }
 
-async fn read(session: &Session, handle: &str) -> Result<CallToolResult, String> {
+pub(crate) async fn read(session: &Session, handle: &str) -> Result<CallToolResult, String> {
     call(
         session,
         "read_tool_output",
@@ -150,7 +158,7 @@ async fn raw_request(
     String::from_utf8_lossy(&answer).into_owned()
 }
 
-const LINE: &str = "line 002345: the quick brown fox jumps over the lazy dog";
+pub(crate) const LINE: &str = "line 002345: the quick brown fox jumps over the lazy dog";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_is_its_identitys_on_any_connection_and_after_a_restart() {

@@ -133,9 +133,10 @@ use psych_runtime::{
     StartAt, Started, start_at,
 };
 use psych_types::{
-    ConnectionSpec, ContentBlock, InputRound, JsonObject, LoggedRecord, PermissionGrant,
-    Projection, READ_TOOL_OUTPUT, Record, RecordHandle, ResultProjector, ServerCatalog, StoredRef,
-    TokenEstimator, ToolCall, ToolCallId, ToolDefinition, ToolOutput, ToolRef, ToolResult,
+    ConnectionSpec, ContentBlock, DynRecordStore, Erased, InputRound, JsonObject, LoggedRecord,
+    PermissionGrant, Projection, READ_TOOL_OUTPUT, Record, RecordHandle, RecordStore as _,
+    RecordStores, ResultProjector, ServerCatalog, StoredRef, TokenEstimator, ToolCall, ToolCallId,
+    ToolDefinition, ToolOutput, ToolRef, ToolResult,
 };
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, DiscoverResult, ErrorCode,
@@ -385,6 +386,9 @@ struct Shared {
     elider: Elider<SharedEstimator>,
     /// `<dir>/serve/`: a folder per identity ([`tenant`]).
     logs: PathBuf,
+    /// Where records go instead of files under `logs`, when set
+    /// ([`GatewaySettings::records_in`]).
+    stores: Option<Arc<dyn RecordStores>>,
     retention: Retention,
     /// Every identity that has made a request, each with its log and archive. Bounded by
     /// the identities there can be: `stdio`, `loopback`, or the tokens file's names.
@@ -421,9 +425,14 @@ impl Shared {
         let tenant = tenants.entry(name.to_owned()).or_insert_with(|| {
             let dir = self.logs.join(name);
             let lane = Arc::clone(self.narrowed.get(name).unwrap_or(&self.lane));
+            let archive: Arc<dyn Archive> = match &self.stores {
+                Some(stores) => Arc::new(tenant::InStore::new(Arc::clone(stores), name)),
+                None => Arc::new(tenant::Kept::new(dir.clone(), self.retention)),
+            };
             Arc::new(Tenant {
+                name: name.to_owned(),
                 lane,
-                archive: Arc::new(tenant::Kept::new(dir.clone(), self.retention)),
+                archive,
                 dir,
                 log: Mutex::new(None),
                 calls: tenant::Calls::default(),
@@ -517,13 +526,16 @@ fn with_text_block(mut output: ToolOutput) -> ToolOutput {
 /// and left logged nothing.
 struct SessionLog {
     executor: Executor<McpManager>,
+    /// The segment's file, when the records are in files (not in a shared store).
+    file: Option<PathBuf>,
 }
 
 impl Drop for SessionLog {
     fn drop(&mut self) {
-        let log = self.executor.log();
-        if log.is_empty() {
-            let _ = std::fs::remove_file(log.path());
+        if let Some(file) = &self.file
+            && self.executor.store().is_empty()
+        {
+            let _ = std::fs::remove_file(file);
         }
     }
 }
@@ -536,6 +548,8 @@ type LogOpening = watch::Receiver<Option<Result<Arc<SessionLog>, String>>>;
 /// opened on its first call, the archive its handles of other segments are read from, and
 /// its calls counted (each call's id in the log).
 struct Tenant {
+    /// The identity's name.
+    name: String,
     /// The Surface as the identity's grant sees it.
     lane: Arc<Lane>,
     /// `<dir>/serve/<identity>/`.
@@ -544,7 +558,9 @@ struct Tenant {
     /// ([`Tenant::executor`]); replaced by the opening of a fresh one at rotation.
     log: Mutex<Option<LogOpening>>,
     calls: tenant::Calls,
-    archive: Arc<tenant::Kept>,
+    /// Where the identity's handles of other segments (or, on a shared store, of other
+    /// replicas' Runs) are read.
+    archive: Arc<dyn Archive>,
     /// The identity's `subscriptions/listen` streams open now (at most [`MAX_LISTENS`]).
     listens: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -651,7 +667,7 @@ impl Tenant {
             .clone();
         match opened {
             Some(Ok(log)) => {
-                if log.executor.log().size_bytes() >= shared.retention.rotate_at() {
+                if log.executor.store().size_bytes() >= shared.retention.rotate_at() {
                     self.rotate(shared, &opening);
                 }
                 Ok(log)
@@ -682,6 +698,8 @@ impl Tenant {
         let estimator = Arc::clone(shared.elider.estimator());
         let archive: Arc<dyn Archive> = self.archive.clone();
         let retention = shared.retention;
+        let stores = shared.stores.clone();
+        let identity = self.name.clone();
         tokio::spawn(async move {
             // No fdatasync per call: measured, it was most of a proxied call's added
             // latency (a call 2.1 ms through the gateway against 0.24 ms direct; one
@@ -690,27 +708,44 @@ impl Tenant {
             // the README says so.
             let opened = tokio::task::spawn_blocking(move || {
                 let run = tenant::fresh_run()?;
-                create_private_dir(&logs).map_err(|e| e.to_string())?;
-                // A segment opens at the identity's first call and at each rotation: the
-                // identity's folder is brought within its limits then too, so a busy
-                // identity does not write past them until the hourly sweep.
-                tenant::sweep_folder(&logs, retention);
-                let (mut log, _) = RecordLog::open(&logs, &run, SyncPolicy::OsBuffered)
-                    .map_err(|e| e.to_string())?;
                 // Each result's estimate is stored as it is appended: what the projection
                 // plans with, so no result is estimated twice or read whole to be sized.
-                log.set_estimator(estimator);
+                let (store, file): (Arc<DynRecordStore>, _) = match stores {
+                    // A shared store (PostgreSQL): a Run of the identity's there, which
+                    // every replica on the store reads handles of.
+                    Some(stores) => (
+                        stores
+                            .open(&identity, &run, estimator)
+                            .map_err(|e| psych_types::error_chain(&e))?,
+                        None,
+                    ),
+                    None => {
+                        create_private_dir(&logs).map_err(|e| e.to_string())?;
+                        // A segment opens at the identity's first call and at each
+                        // rotation: the identity's folder is brought within its limits then
+                        // too, so a busy identity does not write past them until the
+                        // hourly sweep.
+                        tenant::sweep_folder(&logs, retention);
+                        let (mut log, _) = RecordLog::open(&logs, &run, SyncPolicy::OsBuffered)
+                            .map_err(|e| e.to_string())?;
+                        log.set_estimator(estimator);
+                        let file = log.path().to_path_buf();
+                        (
+                            Arc::new(Erased(SharedRecordLog::new(log))) as Arc<DynRecordStore>,
+                            Some(file),
+                        )
+                    }
+                };
                 // psych-mcp's deadlines decide (one for silence once an answer arrives);
                 // the executor's is a backstop past the longest call they allow.
-                let mut executor =
-                    Executor::new(Arc::new(manager), Arc::new(SharedRecordLog::new(log)))
-                        .call_timeout(call_timeouts().longest_call().saturating_add(BACKSTOP))
-                        .reader_limits(limits)
-                        .archive(archive);
+                let mut executor = Executor::on_store(Arc::new(manager), store)
+                    .call_timeout(call_timeouts().longest_call().saturating_add(BACKSTOP))
+                    .reader_limits(limits)
+                    .archive(archive);
                 if let Some(on_demand) = on_demand {
                     executor = executor.on_demand(on_demand);
                 }
-                Ok(Arc::new(SessionLog { executor }))
+                Ok(Arc::new(SessionLog { executor, file }))
             })
             .await
             .unwrap_or_else(|error| Err(error.to_string()));
@@ -991,7 +1026,7 @@ impl Session {
         executor: &Executor<McpManager>,
         handle: &RecordHandle,
     ) -> Result<(Projection, u64), ErrorData> {
-        let log = Arc::clone(executor.log());
+        let log = Arc::clone(executor.store());
         let shared = Arc::clone(&self.shared);
         let handle = handle.clone();
         let projected = tokio::task::spawn_blocking(move || {
@@ -1006,7 +1041,7 @@ impl Session {
                         handle: &handle,
                         stored: &stored,
                     }],
-                    &*log,
+                    &log,
                 )
                 .map_err(|e| e.to_string())?;
             let view = views.into_iter().next().unwrap_or(Projection::Full);
@@ -1039,7 +1074,7 @@ impl Session {
                  was cancelled"
             )),
         });
-        let log = Arc::clone(executor.log());
+        let log = Arc::clone(executor.store());
         let appended = tokio::task::spawn_blocking(move || log.append(&record)).await;
         match appended {
             Ok(Ok(_)) => Ok(()),
@@ -1568,6 +1603,7 @@ pub struct GatewaySettings {
     tokens: Option<Arc<Tokens>>,
     spill_budget: SpillBudget,
     eager: bool,
+    stores: Option<Arc<dyn RecordStores>>,
 }
 
 /// The one token estimator of a gateway, shared by disclosure, the record logs and
@@ -1609,6 +1645,7 @@ impl GatewaySettings {
             tokens: None,
             spill_budget: SpillBudget::default(),
             eager: false,
+            stores: None,
         })
     }
 
@@ -1680,6 +1717,18 @@ impl GatewaySettings {
     #[must_use]
     pub fn spill_budget(mut self, budget: SpillBudget) -> Self {
         self.spill_budget = budget;
+        self
+    }
+
+    /// Keeps the records in `stores` (the PostgreSQL store,
+    /// `psych_store_postgres::PgBlocking`) instead of files under `<dir>/serve/`: every
+    /// gateway on the same store (replicas behind one address) reads the handles the others
+    /// minted for the same identity, each replica writing Runs of its own. The catalogue
+    /// stays this gateway's (`<dir>/catalog.redb`). Retention is not applied to such a store
+    /// yet (its records are kept); segments rotate at the same size.
+    #[must_use]
+    pub fn records_in(mut self, stores: Arc<dyn RecordStores>) -> Self {
+        self.stores = Some(stores);
         self
     }
 
@@ -2056,6 +2105,7 @@ pub async fn serve(
             .estimator(settings.estimator.clone())
             .build(),
         logs: settings.logs(),
+        stores: settings.stores.clone(),
         retention: settings.retention,
         tenants: Mutex::default(),
         default_identity: if http { "loopback" } else { "stdio" },
@@ -2528,6 +2578,7 @@ mod tests {
                 .estimator(Arc::new(Estimator::new()) as SharedEstimator)
                 .build(),
             logs,
+            stores: None,
             retention: Retention::default(),
             tenants: Mutex::default(),
             default_identity: "stdio",

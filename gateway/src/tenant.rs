@@ -188,6 +188,38 @@ impl Archive for Kept {
     }
 }
 
+/// One identity's archive on a shared store (the PostgreSQL store): any Run of the identity
+/// there, whichever process wrote it, read through the store, whose queries name the
+/// identity (another identity's Run of the same name is not found).
+#[derive(Debug)]
+pub(crate) struct InStore {
+    stores: std::sync::Arc<dyn psych_types::RecordStores>,
+    identity: String,
+}
+
+impl InStore {
+    /// The archive of `identity` in `stores`.
+    pub(crate) fn new(
+        stores: std::sync::Arc<dyn psych_types::RecordStores>,
+        identity: &str,
+    ) -> Self {
+        Self {
+            stores,
+            identity: identity.to_owned(),
+        }
+    }
+}
+
+impl Archive for InStore {
+    fn find(&self, handle: &RecordHandle) -> Archived {
+        match self.stores.find(&self.identity, &handle.run) {
+            Ok(Some(store)) => Archived::Store(store),
+            Ok(None) => Archived::Unknown,
+            Err(error) => Archived::StoreFailed(error),
+        }
+    }
+}
+
 /// Whether `run` is in `dir`'s `expired` file.
 fn was_expired(dir: &Path, run: &RunId) -> bool {
     std::fs::read_to_string(dir.join("expired"))

@@ -16,6 +16,10 @@ pub enum ExecuteError {
     /// acknowledged.
     #[error("logging the step's results")]
     Append(#[from] psych_record_log::AppendError),
+    /// A record store other than the record log (the PostgreSQL store) refused the step's
+    /// results (unreachable, failed); none of them is acknowledged.
+    #[error("logging the step's results")]
+    Store(#[source] psych_types::StoreError),
     /// The task running one call (a forwarded call, a read) panicked or was cancelled: a
     /// bug in the host or in psych. The call is logged as a failed result saying so, with
     /// the step's other results.
@@ -37,6 +41,37 @@ pub enum ExecuteError {
     /// is acknowledged. The source is what tokio said.
     #[error("the task logging the step's results did not finish")]
     Task(#[from] tokio::task::JoinError),
+}
+
+impl From<psych_types::StoreError> for ExecuteError {
+    /// The record log's own error comes back as [`ExecuteError::Append`] (as before stores
+    /// were erased); any other store's as [`ExecuteError::Store`].
+    fn from(error: psych_types::StoreError) -> Self {
+        let kind = error.kind();
+        match error
+            .into_inner()
+            .downcast::<psych_record_log::AppendError>()
+        {
+            Ok(append) => ExecuteError::Append(*append),
+            Err(other) => ExecuteError::Store(psych_types::StoreError::new(kind, Boxed(other))),
+        }
+    }
+}
+
+/// A boxed error as an error of its own (what [`psych_types::StoreError::new`] takes).
+#[derive(Debug)]
+struct Boxed(Box<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for Boxed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for Boxed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
 }
 
 /// `errors` on one line, each with its sources, `; ` between them.

@@ -16,6 +16,9 @@ use psych_prompt_assembly::NativeDeferral;
 use psych_reader_tool::{CallError, Limits, Reader};
 use psych_record_log::{OpenError, RecordLog, SharedRecordLog};
 use psych_types::{
+    DynRecordStore, Erased, RecordFailure, RecordSource as _, RecordStore as _, StoreError,
+};
+use psych_types::{
     HostAnswer, InputRound, LoggedRecord, ProgressSink, READ_TOOL_OUTPUT, Reachability, Record,
     RecordHandle, ServerCatalog, ServerHealth, ServerId, ToolCall, ToolHost, ToolOutput, ToolRef,
     ToolResult,
@@ -153,7 +156,7 @@ impl Starts {
 /// a crash in between loses it and the resumed Run logs it as interrupted.
 pub struct Executor<H> {
     host: Arc<H>,
-    log: Arc<SharedRecordLog>,
+    log: Arc<DynRecordStore>,
     archive: Option<Arc<dyn Archive>>,
     validators: Mutex<Validators>,
     call_timeout: Duration,
@@ -165,7 +168,7 @@ pub struct Executor<H> {
 impl<H> std::fmt::Debug for Executor<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Executor")
-            .field("log", &self.log.path())
+            .field("run", self.log.run())
             .field("call_timeout", &self.call_timeout)
             .finish_non_exhaustive()
     }
@@ -188,6 +191,12 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// [`DEFAULT_CALL_TIMEOUT`], an empty orientation context and the reader's default
     /// limits.
     pub fn new(host: Arc<H>, log: Arc<SharedRecordLog>) -> Self {
+        Self::on_store(host, Arc::new(Erased(log)))
+    }
+
+    /// An executor forwarding to `host` and logging to `store`: any record store (the
+    /// record log, the PostgreSQL store), as [`new`](Self::new) otherwise.
+    pub fn on_store(host: Arc<H>, log: Arc<DynRecordStore>) -> Self {
         Self {
             host,
             log,
@@ -243,8 +252,8 @@ impl<H: ToolHost + 'static> Executor<H> {
         &self.limits
     }
 
-    /// The log results are appended to.
-    pub fn log(&self) -> &Arc<SharedRecordLog> {
+    /// The store results are appended to.
+    pub fn store(&self) -> &Arc<DynRecordStore> {
         &self.log
     }
 
@@ -700,6 +709,9 @@ pub trait Archive: Send + Sync {
 pub enum Archived {
     /// The Run's log, open for reading: the handle is read there.
     Log(Arc<RecordLog>),
+    /// The Run's records in another store (the PostgreSQL store: a Run another process
+    /// wrote), open for reading: the handle is read there.
+    Store(Arc<DynRecordStore>),
     /// The Run's log was kept here once and is gone (a retention limit removed it): the
     /// model is answered `why` as a failed result, so it can call the tool again.
     Gone {
@@ -708,6 +720,9 @@ pub enum Archived {
     },
     /// The Run's log is here but could not be opened: the model is told the read failed.
     Failed(OpenError),
+    /// The store could not be asked for the Run (unreachable, failed): the model is told
+    /// the read failed.
+    StoreFailed(StoreError),
     /// The archive never had the Run: the handle is `invalid_deferred_handle`.
     Unknown,
 }
@@ -715,7 +730,7 @@ pub enum Archived {
 /// One read by handle: an answer for the model, or the typed handle error for the caller.
 /// A handle of another Run goes to `archive` first, when there is one.
 fn read(
-    log: &SharedRecordLog,
+    log: &DynRecordStore,
     archive: Option<&dyn Archive>,
     limits: Limits,
     arguments: &Value,
@@ -729,6 +744,16 @@ fn read(
         match archive.find(&handle) {
             Archived::Log(other) => {
                 return answer(Reader::with_limits(&*other, limits).call(arguments));
+            }
+            Archived::Store(other) => {
+                return answer(Reader::with_limits(&*other, limits).call(arguments));
+            }
+            Archived::StoreFailed(error) => {
+                return Ok(ToolOutput::error(format!(
+                    "read_tool_output failed: the records of {}: {}",
+                    handle.run,
+                    psych_types::error_chain(&error)
+                )));
             }
             Archived::Gone { why } => return Ok(ToolOutput::error(why)),
             Archived::Failed(error) => {
@@ -770,7 +795,7 @@ fn answer<E: std::error::Error>(
 /// let go here, on the blocking thread (closing a multi-GiB unlinked file frees its
 /// blocks): the records returned hold the placeholders, and the log the text.
 pub(crate) async fn append(
-    log: &Arc<SharedRecordLog>,
+    log: &Arc<DynRecordStore>,
     records: Vec<Record>,
 ) -> Result<Vec<LoggedRecord>, ExecuteError> {
     if records.is_empty() {
@@ -784,12 +809,12 @@ pub(crate) async fn append(
             // Which result the log refused is not said: each is appended alone, and a
             // refused one replaced by an error result saying why (a rare path: one sync
             // per record, in call order).
-            Err(psych_record_log::AppendError::Spill { .. }) => {
+            Err(error) if error.kind() == RecordFailure::Spill => {
                 let mut handles = Vec::with_capacity(records.len());
                 for record in &mut records {
                     match log.append(record) {
                         Ok(handle) => handles.push(handle),
-                        Err(error @ psych_record_log::AppendError::Spill { .. }) => {
+                        Err(error) if error.kind() == RecordFailure::Spill => {
                             if let Record::ToolResult(result) = record {
                                 let bytes: u64 =
                                     result.output.spilled.iter().map(|s| s.text.len()).sum();

@@ -141,6 +141,8 @@ pub struct Run<H> {
     projections: ProjectionCache,
     /// The logged usage records, summed as they are appended.
     spent: Spent,
+    /// The Run's record log (the executor appends to it through the record-store seam).
+    log: Arc<SharedRecordLog>,
     executor: Executor<H>,
     catalog: Catalog,
     connections: Vec<ConnectionSpec>,
@@ -386,8 +388,7 @@ impl<H: ToolHost + 'static> Run<H> {
     ///
     /// [`RunError::Read`] when a record does not read back.
     pub fn records(&self, from: u64) -> Result<Vec<LoggedRecord>, RunError> {
-        self.executor
-            .log()
+        self.log
             .iter_from(from)
             .map(|record| record.map_err(RunError::from))
             .collect()
@@ -395,7 +396,7 @@ impl<H: ToolHost + 'static> Run<H> {
 
     /// The Run's log (for a reader, a transcript, `psych read`).
     pub fn log(&self) -> &Arc<SharedRecordLog> {
-        self.executor.log()
+        &self.log
     }
 
     /// What opening the log found and repaired.
@@ -419,7 +420,7 @@ impl<H: ToolHost + 'static> Run<H> {
         let transient = Transient::at(now);
         // Reading the results sent whole, and the head and tail of a turn's results when
         // the boundary has just passed them, is I/O: off the async threads.
-        let log = Arc::clone(self.executor.log());
+        let log = Arc::clone(&self.log);
         let elider = self.elider.clone();
         let history = std::mem::take(&mut self.history);
         let mut projections = std::mem::take(&mut self.projections);
@@ -456,7 +457,7 @@ impl<H: ToolHost + 'static> Run<H> {
     /// metadata, not a result's content) and adds the usage records among them to
     /// [`spent`](Self::spent).
     async fn sync_history(&mut self) -> Result<(), RunError> {
-        let log = Arc::clone(self.executor.log());
+        let log = Arc::clone(&self.log);
         let mut history = std::mem::take(&mut self.history);
         let from = history.len();
         let read = tokio::task::spawn_blocking(move || {
@@ -570,7 +571,7 @@ impl<H: ToolHost + 'static> Run<H> {
         if records.is_empty() {
             return Ok(());
         }
-        append(self.executor.log(), records)
+        append(self.executor.store(), records)
             .await
             .map_err(|e| match e {
                 ExecuteError::Append(e) => RunError::Append(e),
@@ -740,7 +741,8 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         })
         .await
         .map_err(RunError::Task)??;
-        let mut executor = Executor::new(self.host, Arc::new(log))
+        let log = Arc::new(log);
+        let mut executor = Executor::new(self.host, Arc::clone(&log))
             .call_timeout(self.call_timeout)
             .orientation_context(self.orientation)
             .reader_limits(self.limits);
@@ -753,6 +755,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             history,
             projections: ProjectionCache::new(),
             spent,
+            log,
             executor,
             catalog: self.catalog,
             connections: self.connections,

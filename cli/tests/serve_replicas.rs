@@ -1,0 +1,98 @@
+//! Gateway replicas on one PostgreSQL store (`psych serve --http --store postgres://…`, the
+//! machine's PostgreSQL, a schema of the test's own): a handle one replica minted is read
+//! through the other for the same identity and refused to another identity; killed with
+//! SIGKILL, a replica loses nothing the other reads.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly on bad data"
+)]
+
+use serde_json::json;
+
+use crate::serve_identities::{LINE, call_when_listed, connect, large_handle, read, start};
+use crate::support::{text, token};
+
+/// The database the tests use (`.ci/run` checks it answers).
+fn database() -> String {
+    std::env::var("PSYCH_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// Runs `sql` through `psql` (PostgreSQL's client, which `.ci/run` checks for).
+fn psql(sql: &str) {
+    let status = std::process::Command::new("psql")
+        .args([database().as_str(), "-qAtc", sql])
+        .status()
+        .expect("psql runs");
+    assert!(status.success(), "psql {sql}");
+}
+
+/// A schema dropped when the test ends.
+struct Schema(String);
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        psql(&format!("drop schema if exists {} cascade", self.0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_one_store_read_each_others_handles() {
+    let schema = Schema(format!("t_replicas_{}", std::process::id()));
+    psql(&format!("drop schema if exists {} cascade", schema.0));
+    let store = format!("{}?schema={}", database(), schema.0);
+    let (alice, alice_digest) = token("alice");
+    let (bob, bob_digest) = token("bob");
+    let tokens = json!({"identities": {
+        "alice": {"tokens": [alice_digest]},
+        "bob": {"tokens": [bob_digest]},
+    }})
+    .to_string();
+    // Two replicas as on two machines: a folder each (catalogue, spill files), one store.
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for dir in [&dir_a, &dir_b] {
+        std::fs::write(dir.path().join("tokens.json"), &tokens).unwrap();
+    }
+    let (replica_a, url_a) = start(dir_a.path(), &["--store", &store]).await;
+    let (replica_b, url_b) = start(dir_b.path(), &["--store", &store]).await;
+
+    // Minted on replica A, read through replica B by the same identity.
+    let on_a = connect(&url_a, &alice).await;
+    let handle = large_handle(&on_a).await;
+    let on_b = connect(&url_b, &alice).await;
+    call_when_listed(&on_b, "up__echo", json!({"text": "b is up"})).await;
+    let read_b = read(&on_b, &handle).await.unwrap();
+    assert!(text(&read_b).contains(LINE), "{}", text(&read_b));
+    // And the other way round.
+    let minted_b = large_handle(&on_b).await;
+    assert_ne!(
+        minted_b.split(':').next(),
+        handle.split(':').next(),
+        "a Run per replica"
+    );
+    let read_a = read(&on_a, &minted_b).await.unwrap();
+    assert!(text(&read_a).contains(LINE), "{}", text(&read_a));
+
+    // Another identity is refused the handle on either replica, as one never minted is.
+    for url in [&url_a, &url_b] {
+        let other = connect(url, &bob).await;
+        let refused = read(&other, &handle).await.unwrap_err();
+        assert!(refused.contains("invalid_deferred_handle"), "{refused}");
+        other.cancel().await.unwrap();
+    }
+    // Nothing of it is in either replica's folder: the records are in the store.
+    assert!(!dir_a.path().join("serve/alice").exists());
+    assert!(!dir_b.path().join("serve/alice").exists());
+
+    // Replica A killed outright: what it logged still reads through B.
+    on_a.cancel().await.unwrap();
+    let mut replica_a = replica_a;
+    replica_a.0.start_kill().unwrap(); // SIGKILL
+    replica_a.0.wait().await.unwrap();
+    let after = read(&on_b, &handle).await.unwrap();
+    assert!(text(&after).contains(LINE), "{}", text(&after));
+    on_b.cancel().await.unwrap();
+    replica_b.stop().await;
+}
