@@ -130,6 +130,27 @@ impl RecordError {
     }
 }
 
+/// The rows `sql` answers, its statement prepared once per connection (deadpool's cache):
+/// one round trip.
+async fn rows(
+    client: &impl GenericClient,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, RecordError> {
+    let statement = client.prepare_cached(sql).await.map_err(db)?;
+    client.query(&statement, params).await.map_err(db)
+}
+
+/// The row `sql` answers, if any, as [`rows`].
+async fn row(
+    client: &impl GenericClient,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<tokio_postgres::Row>, RecordError> {
+    let statement = client.prepare_cached(sql).await.map_err(db)?;
+    client.query_opt(&statement, params).await.map_err(db)
+}
+
 fn db(source: tokio_postgres::Error) -> RecordError {
     RecordError::Db(DbError::Query(source))
 }
@@ -243,13 +264,12 @@ impl PgRecords {
                     .client()
                     .await
                     .map_err(|e| RecordError::Db(DbError::Connect(e)))?;
-                client
-                    .query_opt(
-                        "select records, bytes from runs where identity = $1 and run = $2",
-                        &[&identity, &run.as_str()],
-                    )
-                    .await
-                    .map_err(db)
+                row(
+                    &client,
+                    "select records, bytes from runs where identity = $1 and run = $2",
+                    &[&identity, &run.as_str()],
+                )
+                .await
             })
             .unwrap_or(Err(RecordError::OnAsyncThread))?;
         Ok(row.map(|row| {
@@ -307,103 +327,84 @@ impl PgRecords {
         records: &[Record],
     ) -> Result<(u64, u64), RecordError> {
         let transaction = client.transaction().await.map_err(db)?;
-        let mut bytes = 0u64;
-        let row = transaction
-            .query_one(
-                "select records from runs where identity = $1 and run = $2 for update",
-                &[&&*self.identity, &self.run.as_str()],
+        let (identity, run) = (&*self.identity, self.run.as_str());
+        let count = i64::try_from(records.len()).unwrap_or(i64::MAX);
+        // Takes the Run's row lock until COMMIT: the Run's writers, in any process, take
+        // their handles in turn.
+        let take = transaction
+            .prepare_cached(
+                "update runs set records = records + $3
+                 where identity = $1 and run = $2 returning records - $3",
             )
             .await
             .map_err(db)?;
-        let first: i64 = row.get(0);
-        let insert_record = transaction
-            .prepare(
-                "insert into records (identity, run, seq, body, result, readable_len,
-                     line_breaks, estimate, text_only, spans)
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            )
+        let first: i64 = transaction
+            .query_one(&take, &[&identity, &run, &count])
             .await
-            .map_err(db)?;
-        let insert_chunk = transaction
-            .prepare(
-                "insert into chunks (identity, run, seq, idx, breaks_before, data)
-                 values ($1, $2, $3, $4, $5, $6)",
-            )
-            .await
-            .map_err(db)?;
+            .map_err(db)?
+            .get(0);
+        let mut chunks = Chunks::new(&transaction, identity, run).await?;
+        let mut rows = RecordRows::default();
         for (i, record) in records.iter().enumerate() {
             let seq = first + i64::try_from(i).unwrap_or(i64::MAX);
-            let key = Key {
-                identity: &self.identity,
-                run: self.run.as_str(),
-                seq,
-            };
             match record {
                 Record::ToolResult(result) => {
                     let estimator = self.estimator.as_deref().map(|e| e as &dyn TokenEstimator);
-                    let stored =
-                        store_output(&transaction, &insert_chunk, key, &result.output, estimator)
-                            .await?;
-                    let skeleton = result.clone_without_texts();
-                    let body = serde_json::to_vec(&Record::ToolResult(skeleton))
-                        .map_err(RecordError::Encode)?;
+                    let stored = store_output(&mut chunks, seq, &result.output, estimator).await?;
+                    let body =
+                        serde_json::to_vec(&Record::ToolResult(result.clone_without_texts()))
+                            .map_err(RecordError::Encode)?;
                     let spans = serde_json::to_vec(&stored.spans).map_err(RecordError::Encode)?;
-                    bytes += (body.len() + spans.len()) as u64 + stored.len;
-                    transaction
-                        .execute(
-                            &insert_record,
-                            &[
-                                &key.identity,
-                                &key.run,
-                                &seq,
-                                &body,
-                                &true,
-                                &signed(stored.len),
-                                &signed(stored.breaks),
-                                &stored.estimate.map(signed),
-                                &stored.text_only,
-                                &spans,
-                            ],
-                        )
-                        .await
-                        .map_err(db)?;
+                    rows.bytes += (body.len() + spans.len()) as u64 + stored.len;
+                    rows.push(seq, body, Some((stored, spans)));
                 }
                 other => {
                     let body = serde_json::to_vec(other).map_err(RecordError::Encode)?;
-                    bytes += body.len() as u64;
-                    transaction
-                        .execute(
-                            &insert_record,
-                            &[
-                                &key.identity,
-                                &key.run,
-                                &seq,
-                                &body,
-                                &false,
-                                &None::<i64>,
-                                &None::<i64>,
-                                &None::<i64>,
-                                &None::<bool>,
-                                &None::<Vec<u8>>,
-                            ],
-                        )
-                        .await
-                        .map_err(db)?;
+                    rows.bytes += body.len() as u64;
+                    rows.push(seq, body, None);
                 }
             }
         }
-        let count = i64::try_from(records.len()).unwrap_or(i64::MAX);
-        let row = transaction
-            .query_one(
-                "update runs set records = records + $3, bytes = bytes + $4
+        chunks.flush().await?;
+        // The records' rows and the Run's byte count in one statement.
+        let insert = transaction
+            .prepare_cached(
+                "with inserted as (
+                     insert into records (identity, run, seq, body, result, readable_len,
+                         line_breaks, estimate, text_only, spans)
+                     select $1, $2, * from unnest($3::bigint[], $4::bytea[], $5::boolean[],
+                         $6::bigint[], $7::bigint[], $8::bigint[], $9::boolean[], $10::bytea[])
+                 )
+                 update runs set bytes = bytes + $11
                  where identity = $1 and run = $2 returning bytes",
-                &[&&*self.identity, &self.run.as_str(), &count, &signed(bytes)],
             )
             .await
             .map_err(db)?;
+        let total: i64 = transaction
+            .query_one(
+                &insert,
+                &[
+                    &identity,
+                    &run,
+                    &rows.seq,
+                    &rows.body,
+                    &rows.result,
+                    &rows.readable_len,
+                    &rows.line_breaks,
+                    &rows.estimate,
+                    &rows.text_only,
+                    &rows.spans,
+                    &signed(rows.bytes),
+                ],
+            )
+            .await
+            .map_err(db)?
+            .get(0);
         transaction.commit().await.map_err(db)?;
-        let total = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
-        Ok((u64::try_from(first).unwrap_or(0), total))
+        Ok((
+            u64::try_from(first).unwrap_or(0),
+            u64::try_from(total).unwrap_or(0),
+        ))
     }
 
     /// The stored result at `seq`: its skeleton (texts filled in by the caller) and info.
@@ -412,14 +413,13 @@ impl PgRecords {
         client: &impl GenericClient,
         seq: i64,
     ) -> Result<Option<ResultRow>, RecordError> {
-        let row = client
-            .query_opt(
-                "select body, readable_len, spans from records
+        let row = row(
+            client,
+            "select body, readable_len, spans from records
                  where identity = $1 and run = $2 and seq = $3 and result",
-                &[&&*self.identity, &self.run.as_str(), &seq],
-            )
-            .await
-            .map_err(db)?;
+            &[&&*self.identity, &self.run.as_str(), &seq],
+        )
+        .await?;
         let Some(row) = row else {
             return Ok(None);
         };
@@ -462,15 +462,14 @@ impl PgRecords {
         let (Some(first), Some(last)) = (first, last) else {
             return Ok(Vec::new());
         };
-        let rows = client
-            .query(
-                "select idx, data from chunks
+        let rows = rows(
+            client,
+            "select idx, data from chunks
                  where identity = $1 and run = $2 and seq = $3 and idx between $4 and $5
                  order by idx",
-                &[&&*self.identity, &self.run.as_str(), &seq, &first, &last],
-            )
-            .await
-            .map_err(db)?;
+            &[&&*self.identity, &self.run.as_str(), &seq, &first, &last],
+        )
+        .await?;
         let mut out = Vec::with_capacity(usize::try_from(range.end - range.start).unwrap_or(0));
         for row in rows {
             let idx: i32 = row.get(0);
@@ -490,36 +489,81 @@ impl PgRecords {
     }
 
     /// The result at `seq` whole: its skeleton with every text read back into place.
-    async fn load_result(
+    /// Fills in the texts of `output` (a stored skeleton) from the result's readable text,
+    /// read whole in one query.
+    async fn fill_texts(
         &self,
         client: &impl GenericClient,
         seq: i64,
-    ) -> Result<Option<ToolOutput>, RecordError> {
-        let Some(ResultRow {
-            mut output, spans, ..
-        }) = self.result_row(client, seq).await?
-        else {
-            return Ok(None);
-        };
+        output: &mut ToolOutput,
+        spans: &[Option<Range<u64>>],
+    ) -> Result<(), RecordError> {
+        if spans.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let rows = rows(
+            client,
+            "select data from chunks
+             where identity = $1 and run = $2 and seq = $3 order by idx",
+            &[&&*self.identity, &self.run.as_str(), &seq],
+        )
+        .await?;
+        let mut text = Vec::new();
+        for row in &rows {
+            text.extend_from_slice(row.get::<_, &[u8]>(0));
+        }
         for (position, span) in spans.iter().enumerate() {
             let Some(span) = span else { continue };
-            let bytes = self.read_range(client, seq, span.clone()).await?;
-            let text = String::from_utf8(bytes)
+            let bytes = usize::try_from(span.start)
+                .ok()
+                .zip(usize::try_from(span.end).ok())
+                .and_then(|(start, end)| text.get(start..end))
+                .ok_or_else(|| {
+                    corrupt(format!(
+                        "record {}:{seq}: bytes {span:?} of its text are missing",
+                        self.run
+                    ))
+                })?;
+            let own = String::from_utf8(bytes.to_vec())
                 .map_err(|e| corrupt(format!("record {}:{seq}: {e}", self.run)))?;
             if let Some(block) = output.content.get_mut(position) {
-                set_text(block, text);
+                set_text(block, own);
             }
         }
-        Ok(Some(output))
+        Ok(())
     }
 }
 
-/// Where a record goes.
-#[derive(Debug, Clone, Copy)]
-struct Key<'a> {
-    identity: &'a str,
-    run: &'a str,
-    seq: i64,
+/// A batch's record rows, column by column (one `unnest` insert).
+#[derive(Default)]
+struct RecordRows {
+    seq: Vec<i64>,
+    body: Vec<Vec<u8>>,
+    result: Vec<bool>,
+    readable_len: Vec<Option<i64>>,
+    line_breaks: Vec<Option<i64>>,
+    estimate: Vec<Option<i64>>,
+    text_only: Vec<Option<bool>>,
+    spans: Vec<Option<Vec<u8>>>,
+    /// What the rows and their chunks hold, in bytes.
+    bytes: u64,
+}
+
+impl RecordRows {
+    fn push(&mut self, seq: i64, body: Vec<u8>, result: Option<(Stored, Vec<u8>)>) {
+        self.seq.push(seq);
+        self.body.push(body);
+        self.result.push(result.is_some());
+        let (stored, spans) = result.unzip();
+        self.readable_len
+            .push(stored.as_ref().map(|s| signed(s.len)));
+        self.line_breaks
+            .push(stored.as_ref().map(|s| signed(s.breaks)));
+        self.estimate
+            .push(stored.as_ref().and_then(|s| s.estimate.map(signed)));
+        self.text_only.push(stored.as_ref().map(|s| s.text_only));
+        self.spans.push(spans);
+    }
 }
 
 /// What storing a result's readable text found.
@@ -600,21 +644,75 @@ impl WithoutTexts for psych_types::ToolResult {
     }
 }
 
-/// Streams readable bytes into chunk rows of [`CHUNK`] bytes.
+/// Chunk rows written at a time (one `unnest` insert): about 8 MiB of text.
+const CHUNK_ROWS: usize = 64;
+
+/// Streams a batch's readable texts into chunk rows of [`CHUNK`] bytes, inserted
+/// [`CHUNK_ROWS`] at a time, so that a batch of small results is one insert and a text of
+/// gigabytes holds about 8 MiB in memory at once.
 struct Chunks<'t, 'c> {
     transaction: &'t deadpool_postgres::Transaction<'c>,
-    insert: &'t tokio_postgres::Statement,
-    key: Key<'t>,
+    insert: tokio_postgres::Statement,
+    identity: &'t str,
+    run: &'t str,
+    /// The record whose text is being fed.
+    seq: i64,
     buf: Vec<u8>,
     idx: i32,
     /// Line breaks before the chunk being filled.
     breaks_before: u64,
     /// Line breaks in `buf`.
     breaks_in: u64,
+    /// Bytes fed for the record.
     len: u64,
+    /// Rows waiting for the next insert, column by column.
+    seqs: Vec<i64>,
+    idxs: Vec<i32>,
+    breaks: Vec<i64>,
+    datas: Vec<Vec<u8>>,
 }
 
-impl Chunks<'_, '_> {
+impl<'t, 'c> Chunks<'t, 'c> {
+    async fn new(
+        transaction: &'t deadpool_postgres::Transaction<'c>,
+        identity: &'t str,
+        run: &'t str,
+    ) -> Result<Self, RecordError> {
+        let insert = transaction
+            .prepare_cached(
+                "insert into chunks (identity, run, seq, idx, breaks_before, data)
+                 select $1, $2, * from unnest($3::bigint[], $4::integer[], $5::bigint[],
+                     $6::bytea[])",
+            )
+            .await
+            .map_err(db)?;
+        Ok(Self {
+            transaction,
+            insert,
+            identity,
+            run,
+            seq: 0,
+            buf: Vec::new(),
+            idx: 0,
+            breaks_before: 0,
+            breaks_in: 0,
+            len: 0,
+            seqs: Vec::new(),
+            idxs: Vec::new(),
+            breaks: Vec::new(),
+            datas: Vec::new(),
+        })
+    }
+
+    /// Starts the text of record `seq`.
+    fn start(&mut self, seq: i64) {
+        self.seq = seq;
+        self.idx = 0;
+        self.breaks_before = 0;
+        self.breaks_in = 0;
+        self.len = 0;
+    }
+
     async fn feed(&mut self, mut bytes: &[u8]) -> Result<(), RecordError> {
         while !bytes.is_empty() {
             let room = CHUNK - self.buf.len();
@@ -624,34 +722,60 @@ impl Chunks<'_, '_> {
             self.len += now.len() as u64;
             bytes = rest;
             if self.buf.len() == CHUNK {
-                self.flush().await?;
+                self.cut().await?;
             }
         }
         Ok(())
     }
 
-    async fn flush(&mut self) -> Result<(), RecordError> {
+    /// Ends the record's text: its last chunk cut; its length and line breaks.
+    async fn end(&mut self) -> Result<(u64, u64), RecordError> {
+        self.cut().await?;
+        Ok((self.len, self.breaks_before))
+    }
+
+    /// Makes a row of what `buf` holds.
+    async fn cut(&mut self) -> Result<(), RecordError> {
         if self.buf.is_empty() {
+            return Ok(());
+        }
+        let data = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK));
+        self.seqs.push(self.seq);
+        self.idxs.push(self.idx);
+        self.breaks.push(signed(self.breaks_before));
+        self.datas.push(data);
+        self.idx += 1;
+        self.breaks_before += self.breaks_in;
+        self.breaks_in = 0;
+        if self.datas.len() >= CHUNK_ROWS {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Inserts the rows waiting.
+    async fn flush(&mut self) -> Result<(), RecordError> {
+        if self.datas.is_empty() {
             return Ok(());
         }
         self.transaction
             .execute(
-                self.insert,
+                &self.insert,
                 &[
-                    &self.key.identity,
-                    &self.key.run,
-                    &self.key.seq,
-                    &self.idx,
-                    &signed(self.breaks_before),
-                    &self.buf,
+                    &self.identity,
+                    &self.run,
+                    &self.seqs,
+                    &self.idxs,
+                    &self.breaks,
+                    &self.datas,
                 ],
             )
             .await
             .map_err(db)?;
-        self.idx += 1;
-        self.breaks_before += self.breaks_in;
-        self.breaks_in = 0;
-        self.buf.clear();
+        self.seqs.clear();
+        self.idxs.clear();
+        self.breaks.clear();
+        self.datas.clear();
         Ok(())
     }
 }
@@ -659,24 +783,14 @@ impl Chunks<'_, '_> {
 /// Stores `output`'s readable text in chunk rows, spilled texts streamed from their files
 /// in their blocks' places.
 async fn store_output(
-    transaction: &deadpool_postgres::Transaction<'_>,
-    insert: &tokio_postgres::Statement,
-    key: Key<'_>,
+    chunks: &mut Chunks<'_, '_>,
+    seq: i64,
     output: &ToolOutput,
     estimator: Option<&dyn TokenEstimator>,
 ) -> Result<Stored, RecordError> {
     let (readable, spans) = output.readable_text_spans();
     let spills = spill_places(output, &spans)?;
-    let mut chunks = Chunks {
-        transaction,
-        insert,
-        key,
-        buf: Vec::with_capacity(CHUNK.min(readable.len().max(1))),
-        idx: 0,
-        breaks_before: 0,
-        breaks_in: 0,
-        len: 0,
-    };
+    chunks.start(seq);
     let bytes = readable.as_bytes();
     let mut estimate = 0u64;
     // Each block's span in the stored text: shifted by what the spills before it added.
@@ -709,15 +823,7 @@ async fn store_output(
             estimate =
                 estimate.saturating_add(estimator.estimate_text(&String::from_utf8_lossy(memory)));
         }
-        stream_spill(
-            &mut chunks,
-            *block,
-            text,
-            &mut buf,
-            estimator,
-            &mut estimate,
-        )
-        .await?;
+        stream_spill(chunks, *block, text, &mut buf, estimator, &mut estimate).await?;
         from = span.end;
     }
     let rest = &bytes[from..];
@@ -727,10 +833,10 @@ async fn store_output(
     } else if let Some(estimator) = estimator.filter(|_| !rest.is_empty()) {
         estimate = estimate.saturating_add(estimator.estimate_text(&String::from_utf8_lossy(rest)));
     }
-    chunks.flush().await?;
+    let (len, breaks) = chunks.end().await?;
     Ok(Stored {
-        len: chunks.len,
-        breaks: chunks.breaks_before,
+        len,
+        breaks,
         estimate: estimator.map(|_| estimate),
         text_only: output
             .content
@@ -846,27 +952,25 @@ impl RecordSource for PgRecords {
         };
         self.block(async {
             let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    "select body, result from records
+            let row = row(
+                &client,
+                "select body, result, spans from records
                      where identity = $1 and run = $2 and seq = $3",
-                    &[&&*self.identity, &self.run.as_str(), &seq],
-                )
-                .await
-                .map_err(db)?;
+                &[&&*self.identity, &self.run.as_str(), &seq],
+            )
+            .await?;
             let Some(row) = row else {
                 return Ok(None);
             };
-            let body: Vec<u8> = row.get(0);
-            let record: Record = serde_json::from_slice(&body)
+            let record: Record = serde_json::from_slice(row.get::<_, &[u8]>(0))
                 .map_err(|e| corrupt(format!("record {handle}: {e}")))?;
             match record {
                 Record::ToolResult(mut result) if row.get::<_, bool>(1) => {
-                    let output = self
-                        .load_result(&client, seq)
-                        .await?
-                        .ok_or_else(|| corrupt(format!("record {handle} vanished")))?;
-                    result.output = output;
+                    let spans: Vec<Option<Range<u64>>> =
+                        serde_json::from_slice(row.get::<_, Option<&[u8]>>(2).unwrap_or(b"[]"))
+                            .map_err(|e| corrupt(format!("spans of {handle}: {e}")))?;
+                    self.fill_texts(&client, seq, &mut result.output, &spans)
+                        .await?;
                     Ok(Some(Record::ToolResult(result)))
                 }
                 other => Ok(Some(other)),
@@ -905,21 +1009,20 @@ impl RecordSource for PgRecords {
         );
         let bytes: Option<Vec<u8>> = self.block(async {
             let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    "select substring(data from $5 for $6) from chunks
+            let row = row(
+                &client,
+                "select substring(data from $5 for $6) from chunks
                      where identity = $1 and run = $2 and seq = $3 and idx = $4",
-                    &[
-                        &&*self.identity,
-                        &self.run.as_str(),
-                        &seq,
-                        &idx,
-                        &from,
-                        &count,
-                    ],
-                )
-                .await
-                .map_err(db)?;
+                &[
+                    &&*self.identity,
+                    &self.run.as_str(),
+                    &seq,
+                    &idx,
+                    &from,
+                    &count,
+                ],
+            )
+            .await?;
             Ok(row.map(|row| row.get(0)))
         })?;
         let Some(bytes) = bytes else {
@@ -965,15 +1068,14 @@ impl RecordSource for PgRecords {
         }
         self.block(async {
             let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    "select idx, breaks_before from chunks
+            let row = row(
+                &client,
+                "select idx, breaks_before from chunks
                      where identity = $1 and run = $2 and seq = $3 and breaks_before < $4
                      order by idx desc limit 1",
-                    &[&&*self.identity, &self.run.as_str(), &seq, &signed(line)],
-                )
-                .await
-                .map_err(db)?;
+                &[&&*self.identity, &self.run.as_str(), &seq, &signed(line)],
+            )
+            .await?;
             Ok(row.map_or(LineMark::START, |row| LineMark {
                 at: u64::from(row.get::<_, i32>(0).unsigned_abs()) * CHUNK as u64,
                 breaks_before: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
@@ -1052,14 +1154,13 @@ impl RecordStore for PgRecords {
         let from = signed(history.entries.len() as u64);
         let rows = self.block(async {
             let client = self.client().await?;
-            client
-                .query(
-                    "select seq, body, result, readable_len, line_breaks, estimate, text_only
+            rows(
+                &client,
+                "select seq, body, result, readable_len, line_breaks, estimate, text_only
                      from records where identity = $1 and run = $2 and seq >= $3 order by seq",
-                    &[&&*self.identity, &self.run.as_str(), &from],
-                )
-                .await
-                .map_err(db)
+                &[&&*self.identity, &self.run.as_str(), &from],
+            )
+            .await
         })?;
         for row in rows {
             let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
@@ -1076,14 +1177,13 @@ impl RecordStore for PgRecords {
         };
         let row = self.block(async {
             let client = self.client().await?;
-            client
-                .query_opt(
-                    "select seq, body, result, readable_len, line_breaks, estimate, text_only
+            row(
+                &client,
+                "select seq, body, result, readable_len, line_breaks, estimate, text_only
                      from records where identity = $1 and run = $2 and seq = $3 and result",
-                    &[&&*self.identity, &self.run.as_str(), &seq],
-                )
-                .await
-                .map_err(db)
+                &[&&*self.identity, &self.run.as_str(), &seq],
+            )
+            .await
         })?;
         let Some(row) = row else {
             return Ok(None);
