@@ -1,7 +1,8 @@
 //! Gateway replicas on one PostgreSQL store (`psych serve --http --store postgres://…`, the
 //! machine's PostgreSQL, a schema of the test's own): a handle one replica minted is read
 //! through the other for the same identity and refused to another identity; killed with
-//! SIGKILL, a replica loses nothing the other reads.
+//! SIGKILL, a replica loses nothing the other reads. And the figure of calls per second
+//! through one replica and through two.
 
 #![allow(
     clippy::unwrap_used,
@@ -95,4 +96,78 @@ async fn replicas_on_one_store_read_each_others_handles() {
     assert!(text(&after).contains(LINE), "{}", text(&after));
     on_b.cancel().await.unwrap();
     replica_b.stop().await;
+}
+
+/// Issue 31's replica figure, printed (`cargo test -p psych-cli --test it
+/// serve_replicas::figures -- --nocapture`): calls per second from one client keeping 32
+/// calls of `up__echo` in flight, through one replica and through two (the calls spread
+/// over both), each replica's records on one PostgreSQL schema, and, for comparison,
+/// through one gateway logging to files. It asserts only that every call answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn figures() {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    const IN_FLIGHT: usize = 32;
+    const CALLS: usize = 1_200;
+
+    /// Calls per second over `sessions`, `IN_FLIGHT` calls in flight, spread round-robin.
+    async fn rate(sessions: &[Arc<crate::serve_identities::Session>], calls: usize) -> f64 {
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for worker in 0..IN_FLIGHT {
+            let session = Arc::clone(&sessions[worker % sessions.len()]);
+            let next = Arc::clone(&next);
+            tasks.spawn(async move {
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < calls {
+                    let echoed = crate::serve_identities::call(
+                        &session,
+                        "up__echo",
+                        json!({"text": "a short result, logged"}),
+                    )
+                    .await
+                    .unwrap();
+                    assert_ne!(echoed.is_error, Some(true), "{}", text(&echoed));
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+        calls as f64 / started.elapsed().as_secs_f64()
+    }
+
+    let schema = Schema(format!("t_replica_figures_{}", std::process::id()));
+    psql(&format!("drop schema if exists {} cascade", schema.0));
+    let store = format!("{}?schema={}", database(), schema.0);
+    let (alice, alice_digest) = token("alice");
+    let tokens = json!({"identities": {"alice": {"tokens": [alice_digest]}}}).to_string();
+    let dirs = [(); 3].map(|()| tempfile::tempdir().unwrap());
+    for dir in &dirs {
+        std::fs::write(dir.path().join("tokens.json"), &tokens).unwrap();
+    }
+    let (_a, url_a) = start(dirs[0].path(), &["--store", &store]).await;
+    let (_b, url_b) = start(dirs[1].path(), &["--store", &store]).await;
+    let (_files, url_files) = start(dirs[2].path(), &[]).await;
+    let mut sessions = Vec::new();
+    for url in [&url_a, &url_b, &url_files] {
+        let session = connect(url, &alice).await;
+        call_when_listed(&session, "up__echo", json!({"text": "up"})).await;
+        sessions.push(Arc::new(session));
+    }
+    // Warm: every session's first calls (segments opened, statements prepared).
+    for session in &sessions {
+        rate(std::slice::from_ref(session), 4 * IN_FLIGHT).await;
+    }
+    for round in 1..=2 {
+        let one = rate(&sessions[..1], CALLS).await;
+        let two = rate(&sessions[..2], CALLS).await;
+        let files = rate(&sessions[2..], CALLS).await;
+        eprintln!(
+            "round {round}: {IN_FLIGHT} in flight, {CALLS} calls: one replica {one:.0} calls/s, \
+             two replicas {two:.0} calls/s ({:.2}x), one gateway on files {files:.0} calls/s",
+            two / one
+        );
+    }
 }
