@@ -25,9 +25,11 @@
 //!   read names it, so a Run of another identity is not read even under the same handle.
 //!
 //! The seams are blocking: [`PgBlocking`] runs the queries on a small runtime of its own,
-//! shared by the catalogue and every Run's records. Advisory-locked refreshes with
-//! LISTEN/NOTIFY for replicas, retention, and the wiring into `psych serve` and the runtime
-//! come next.
+//! shared by the catalogue and every Run's records. It is also psych-types' `RecordStores`,
+//! which `psych serve --store` (psych-gateway's `GatewaySettings::records_in`) writes each
+//! identity's Runs to, so replicas on one schema read each other's handles.
+//! Advisory-locked refreshes with LISTEN/NOTIFY for replicas, retention, and the runtime's
+//! store option come next.
 //!
 //! Every connection commits durably (`synchronous_commit=on`, whatever the server's
 //! default) and finds the store's tables first (`search_path`). TLS is not supported yet: a
