@@ -45,32 +45,13 @@ pub enum ExecuteError {
 
 impl From<psych_types::StoreError> for ExecuteError {
     /// The record log's own error comes back as [`ExecuteError::Append`] (as before stores
-    /// were erased); any other store's as [`ExecuteError::Store`].
+    /// were erased); any other store's as [`ExecuteError::Store`], still downcastable
+    /// through [`StoreError::get_ref`](psych_types::StoreError::get_ref).
     fn from(error: psych_types::StoreError) -> Self {
-        let kind = error.kind();
-        match error
-            .into_inner()
-            .downcast::<psych_record_log::AppendError>()
-        {
-            Ok(append) => ExecuteError::Append(*append),
-            Err(other) => ExecuteError::Store(psych_types::StoreError::new(kind, Boxed(other))),
+        match error.downcast::<psych_record_log::AppendError>() {
+            Ok(append) => ExecuteError::Append(append),
+            Err(other) => ExecuteError::Store(other),
         }
-    }
-}
-
-/// A boxed error as an error of its own (what [`psych_types::StoreError::new`] takes).
-#[derive(Debug)]
-struct Boxed(Box<dyn std::error::Error + Send + Sync>);
-
-impl std::fmt::Display for Boxed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl std::error::Error for Boxed {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
     }
 }
 
@@ -182,5 +163,33 @@ mod tests {
             run.source().and_then(|s| s.downcast_ref::<tokio::task::JoinError>()),
             Some(join) if join.is_panic()
         ));
+    }
+
+    #[test]
+    fn a_store_error_is_the_record_logs_append_error_or_a_store_failure_kept_whole() {
+        use psych_types::{RecordFailure, StoreError};
+
+        let encode = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let logs = StoreError::new(
+            RecordFailure::Store,
+            psych_record_log::AppendError::Encode(encode),
+        );
+        assert!(matches!(
+            ExecuteError::from(logs),
+            ExecuteError::Append(psych_record_log::AppendError::Encode(_))
+        ));
+        let other = StoreError::new(
+            RecordFailure::Unavailable,
+            std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "the database went away",
+            ),
+        );
+        let ExecuteError::Store(kept) = ExecuteError::from(other) else {
+            panic!("another store's failure is ExecuteError::Store");
+        };
+        assert_eq!(kept.kind(), RecordFailure::Unavailable);
+        assert_eq!(kept.to_string(), "the database went away");
+        assert!(kept.get_ref().downcast_ref::<std::io::Error>().is_some());
     }
 }

@@ -15,9 +15,9 @@ use crate::{OpenError, PgCatalog, PgRecords, PgStore, RecordError};
 /// dropping one from async code is safe.
 ///
 /// Every call blocks: from async code call it from `spawn_blocking`. On a multi-threaded
-/// tokio runtime's worker a call blocks in place (`tokio::task::block_in_place`); on a
-/// single-threaded runtime's thread it is refused (`OnAsyncThread`), since blocking would
-/// stall that runtime.
+/// tokio runtime's worker a call blocks in place (`tokio::task::block_in_place`); within a
+/// single-threaded runtime (its `spawn_blocking` threads, or, wrongly, its own thread,
+/// which the call then stalls) it runs from a scoped thread of its own.
 #[derive(Debug, Clone)]
 pub struct PgBlocking {
     store: PgStore,
@@ -51,7 +51,7 @@ impl PgBlocking {
             .enable_all()
             .build()
             .map_err(OpenError::Runtime)?;
-        let store = block_on(&runtime, PgStore::open(url)).ok_or(OpenError::OnAsyncThread)??;
+        let store = block_on(&runtime, PgStore::open(url))?;
         Ok(Self {
             store,
             runtime: Arc::new(Runtime(Some(runtime))),
@@ -93,14 +93,14 @@ impl PgBlocking {
         PgRecords::existing(self.clone(), identity, run)
     }
 
-    /// Runs `work` on the store's runtime, blocking this thread; `None` on a
-    /// single-threaded runtime's thread. The future itself runs on the calling thread
-    /// (the runtime's workers drive the connections), so blocking work inside it (reading
-    /// a spill file) blocks the caller, never a worker.
-    pub(crate) fn block<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+    /// Runs `work` on the store's runtime, blocking this thread ([`block_on`]). The future
+    /// itself runs on the calling thread (or a scoped one), never on a worker of the
+    /// store's runtime (its workers drive the connections), so blocking work inside it
+    /// (reading a spill file) blocks the caller only.
+    pub(crate) fn block<T: Send>(&self, work: impl Future<Output = T> + Send) -> Option<T> {
         // Taken only when the last clone drops: a live store always has its runtime.
         let runtime = self.runtime.0.as_ref()?;
-        block_on(runtime, work)
+        Some(block_on(runtime, work))
     }
 
     pub(crate) async fn client(
@@ -142,14 +142,22 @@ impl psych_types::RecordStores for PgBlocking {
 }
 
 /// Runs `work` on `runtime`, blocking this thread: at once off any runtime, in place on a
-/// multi-threaded runtime's worker; `None` on a single-threaded runtime's thread (where it
-/// would stall the runtime, and tokio would panic).
-fn block_on<T>(runtime: &tokio::runtime::Runtime, work: impl Future<Output = T>) -> Option<T> {
+/// multi-threaded runtime's worker (`block_in_place`), and within another runtime's context
+/// otherwise (a single-threaded runtime's thread or its `spawn_blocking` threads, which
+/// tokio cannot tell apart and where `block_on` of another runtime would panic) from a
+/// scoped thread of its own, this thread waiting for it.
+fn block_on<T: Send>(runtime: &tokio::runtime::Runtime, work: impl Future<Output = T> + Send) -> T {
     match tokio::runtime::Handle::try_current() {
-        Err(_) => Some(runtime.block_on(work)),
+        Err(_) => runtime.block_on(work),
         Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            Some(tokio::task::block_in_place(|| runtime.block_on(work)))
+            tokio::task::block_in_place(|| runtime.block_on(work))
         }
-        Ok(_) => None,
+        Ok(_) => std::thread::scope(|scope| {
+            match scope.spawn(|| runtime.block_on(work)).join() {
+                Ok(done) => done,
+                // The work panicked: the same panic, on this thread.
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }),
     }
 }

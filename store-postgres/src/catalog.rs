@@ -64,14 +64,10 @@ pub enum CatalogError {
     /// The database failed the request (nothing of it was committed).
     #[error("the catalogue's database failed the request")]
     Db(#[source] DbError),
-    /// Called on a worker of a single-threaded tokio runtime, where blocking would stall
-    /// it: call the catalogue from `spawn_blocking` (on a multi-threaded runtime's worker it
-    /// blocks in place).
-    #[error(
-        "the PostgreSQL catalogue blocks: it was called on a single-threaded async runtime's \
-         thread; call it from spawn_blocking"
-    )]
-    OnAsyncThread,
+    /// The store's runtime has shut down (its last handle was dropped while this call
+    /// was made).
+    #[error("the PostgreSQL store's runtime has shut down")]
+    ShutDown,
 }
 
 /// Whether PostgreSQL's `error` says it cannot be reached now: a closed connection, a
@@ -96,8 +92,7 @@ pub(crate) fn db(source: tokio_postgres::Error) -> CatalogError {
 /// Every call blocks the calling thread until the database answers: its queries run on the
 /// runtime of its [`PgBlocking`] store. Call it off the async workers. Called on a
 /// multi-threaded tokio runtime's worker anyway, it blocks in place
-/// (`tokio::task::block_in_place`) rather than panicking; on a single-threaded runtime's
-/// thread it answers [`CatalogError::OnAsyncThread`].
+/// (`tokio::task::block_in_place`) rather than panicking (see [`PgBlocking`]).
 #[derive(Debug, Clone)]
 pub struct PgCatalog {
     blocking: PgBlocking,
@@ -134,13 +129,13 @@ impl PgCatalog {
         self.blocking.store()
     }
 
-    fn block<T>(
+    fn block<T: Send>(
         &self,
-        work: impl Future<Output = Result<T, CatalogError>>,
+        work: impl Future<Output = Result<T, CatalogError>> + Send,
     ) -> Result<T, CatalogError> {
         self.blocking
             .block(work)
-            .unwrap_or(Err(CatalogError::OnAsyncThread))
+            .unwrap_or(Err(CatalogError::ShutDown))
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, CatalogError> {
@@ -294,7 +289,7 @@ impl CatalogStore for PgCatalog {
         match error {
             CatalogError::DuplicateTool { .. } => CatalogFailure::DuplicateTool,
             CatalogError::VersionAhead { .. } => CatalogFailure::VersionAhead,
-            CatalogError::Db(DbError::Connect(_)) | CatalogError::OnAsyncThread => {
+            CatalogError::Db(DbError::Connect(_)) | CatalogError::ShutDown => {
                 CatalogFailure::Unavailable
             }
             CatalogError::Db(DbError::Query(error)) if unavailable(error) => {

@@ -7,14 +7,8 @@ pub enum OpenError {
     /// The URL was refused.
     #[error(transparent)]
     Url(#[from] crate::UrlError),
-    /// A blocking store ([`PgCatalog`](crate::PgCatalog)) was opened on a single-threaded
-    /// async runtime's thread, where blocking would stall it: open it from
-    /// `spawn_blocking`.
-    #[error(
-        "the PostgreSQL catalogue blocks: open it from spawn_blocking, not on a single-threaded async runtime's thread"
-    )]
-    OnAsyncThread,
-    /// The runtime of a blocking store ([`PgCatalog`](crate::PgCatalog)) could not start.
+    /// The runtime of the blocking store ([`PgBlocking`](crate::PgBlocking)) could not
+    /// start.
     #[error("cannot start the store's runtime")]
     Runtime(#[source] std::io::Error),
     /// The connection pool could not be made.

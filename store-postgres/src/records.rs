@@ -12,8 +12,10 @@
 //!   row holds the result with its texts left empty and each text's span in the readable
 //!   text. Reading a page or a line of a result of gigabytes reads about the page.
 //! - A spilled text ([`ToolOutput::spilled`](psych_types::ToolOutput::spilled)) is read from
-//!   its file in 1 MiB reads, checked as UTF-8, and streamed into chunks: no more than a
-//!   read of it is in memory.
+//!   its file in 1 MiB reads, checked as UTF-8, and streamed into chunk rows inserted 64 at
+//!   a time: about 9 MiB of it in memory at once (the rows waiting and one read), whatever
+//!   its size. The Run's row lock is held meanwhile, so a writer of the same Run (another
+//!   process resuming it) waits for the whole file.
 //! - Every row carries the Run's identity, and every read names it in its `WHERE`: a store
 //!   opened for one identity cannot read another identity's Run of the same name.
 
@@ -65,19 +67,24 @@ pub enum RecordError {
     /// A stored row did not decode (written by another program, or damaged).
     #[error("damaged record row: {what}")]
     Corrupt {
-        /// Which row, and why.
+        /// Which row, and what is wrong with it.
         what: String,
+        /// The decoder's error, when one said why.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// The connection was lost while the batch's `COMMIT` was under way: the batch may or
+    /// may not be stored (a later read tells), and its handles were not acknowledged.
+    #[error("the connection was lost during COMMIT: the batch may or may not be stored")]
+    InDoubt(#[source] tokio_postgres::Error),
     /// The database failed the request (nothing of a failed append was committed, unless
     /// the connection was lost during its `COMMIT`: see the crate's notes).
     #[error("the record store's database failed the request")]
     Db(#[source] DbError),
-    /// Called on a single-threaded tokio runtime's thread (see [`PgBlocking`]).
-    #[error(
-        "the PostgreSQL record store blocks: it was called on a single-threaded async \
-         runtime's thread; call it from spawn_blocking"
-    )]
-    OnAsyncThread,
+    /// The store's runtime has shut down (its last handle was dropped while this call
+    /// was made).
+    #[error("the PostgreSQL store's runtime has shut down")]
+    ShutDown,
 }
 
 /// Why a spilled text was refused.
@@ -156,7 +163,20 @@ fn db(source: tokio_postgres::Error) -> RecordError {
 }
 
 fn corrupt(what: impl Into<String>) -> RecordError {
-    RecordError::Corrupt { what: what.into() }
+    RecordError::Corrupt {
+        what: what.into(),
+        source: None,
+    }
+}
+
+fn damaged(
+    what: impl Into<String>,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> RecordError {
+    RecordError::Corrupt {
+        what: what.into(),
+        source: Some(Box::new(source)),
+    }
 }
 
 /// The identities a store accepts: what the gateway's tenancy accepts.
@@ -237,7 +257,7 @@ impl PgRecords {
                 let count = |i| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
                 Ok((count(0), count(1)))
             })
-            .unwrap_or(Err(RecordError::OnAsyncThread))?;
+            .unwrap_or(Err(RecordError::ShutDown))?;
         Ok(Self {
             blocking,
             identity: identity.into(),
@@ -271,7 +291,7 @@ impl PgRecords {
                 )
                 .await
             })
-            .unwrap_or(Err(RecordError::OnAsyncThread))?;
+            .unwrap_or(Err(RecordError::ShutDown))?;
         Ok(row.map(|row| {
             let count = |i| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
             Self {
@@ -298,13 +318,13 @@ impl PgRecords {
         &self.identity
     }
 
-    fn block<T>(
+    fn block<T: Send>(
         &self,
-        work: impl Future<Output = Result<T, RecordError>>,
+        work: impl Future<Output = Result<T, RecordError>> + Send,
     ) -> Result<T, RecordError> {
         self.blocking
             .block(work)
-            .unwrap_or(Err(RecordError::OnAsyncThread))
+            .unwrap_or(Err(RecordError::ShutDown))
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, RecordError> {
@@ -349,7 +369,7 @@ impl PgRecords {
             let seq = first + i64::try_from(i).unwrap_or(i64::MAX);
             match record {
                 Record::ToolResult(result) => {
-                    let estimator = self.estimator.as_deref().map(|e| e as &dyn TokenEstimator);
+                    let estimator = self.estimator.as_deref();
                     let stored = store_output(&mut chunks, seq, &result.output, estimator).await?;
                     let body =
                         serde_json::to_vec(&Record::ToolResult(result.clone_without_texts()))
@@ -400,7 +420,14 @@ impl PgRecords {
             .await
             .map_err(db)?
             .get(0);
-        transaction.commit().await.map_err(db)?;
+        transaction.commit().await.map_err(|e| {
+            // Sent and not answered: in doubt. Refused before it was sent: rolled back.
+            if unavailable(&e) {
+                RecordError::InDoubt(e)
+            } else {
+                db(e)
+            }
+        })?;
         Ok((
             u64::try_from(first).unwrap_or(0),
             u64::try_from(total).unwrap_or(0),
@@ -427,7 +454,7 @@ impl PgRecords {
         let len: i64 = row.get(1);
         let spans: Vec<u8> = row.get(2);
         let Record::ToolResult(result) = serde_json::from_slice(&body)
-            .map_err(|e| corrupt(format!("record {}:{seq}: {e}", self.run)))?
+            .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?
         else {
             return Err(corrupt(format!(
                 "record {}:{seq} is not a tool result",
@@ -435,7 +462,7 @@ impl PgRecords {
             )));
         };
         let spans: Vec<Option<Range<u64>>> = serde_json::from_slice(&spans)
-            .map_err(|e| corrupt(format!("spans of {}:{seq}: {e}", self.run)))?;
+            .map_err(|e| damaged(format!("spans of {}:{seq}", self.run), e))?;
         let info = OutputInfo {
             kind: OutputKind::of(&result.output),
             len: u64::try_from(len).unwrap_or(0),
@@ -488,9 +515,8 @@ impl PgRecords {
         Ok(out)
     }
 
-    /// The result at `seq` whole: its skeleton with every text read back into place.
     /// Fills in the texts of `output` (a stored skeleton) from the result's readable text,
-    /// read whole in one query.
+    /// read whole in one query (what a read of the whole record costs anyway).
     async fn fill_texts(
         &self,
         client: &impl GenericClient,
@@ -525,7 +551,7 @@ impl PgRecords {
                     ))
                 })?;
             let own = String::from_utf8(bytes.to_vec())
-                .map_err(|e| corrupt(format!("record {}:{seq}: {e}", self.run)))?;
+                .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?;
             if let Some(block) = output.content.get_mut(position) {
                 set_text(block, own);
             }
@@ -739,7 +765,8 @@ impl<'t, 'c> Chunks<'t, 'c> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let data = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK));
+        // Taken, not replaced by a full-size buffer: a small text's row holds its bytes only.
+        let data = std::mem::take(&mut self.buf);
         self.seqs.push(self.seq);
         self.idxs.push(self.idx);
         self.breaks.push(signed(self.breaks_before));
@@ -786,7 +813,7 @@ async fn store_output(
     chunks: &mut Chunks<'_, '_>,
     seq: i64,
     output: &ToolOutput,
-    estimator: Option<&dyn TokenEstimator>,
+    estimator: Option<&(dyn TokenEstimator + Send + Sync)>,
 ) -> Result<Stored, RecordError> {
     let (readable, spans) = output.readable_text_spans();
     let spills = spill_places(output, &spans)?;
@@ -882,7 +909,7 @@ async fn stream_spill(
     block: usize,
     text: &SpilledText,
     buf: &mut [u8],
-    estimator: Option<&dyn TokenEstimator>,
+    estimator: Option<&(dyn TokenEstimator + Send + Sync)>,
     estimate: &mut u64,
 ) -> Result<(), RecordError> {
     let fail = |cause| RecordError::Spill {
@@ -963,12 +990,12 @@ impl RecordSource for PgRecords {
                 return Ok(None);
             };
             let record: Record = serde_json::from_slice(row.get::<_, &[u8]>(0))
-                .map_err(|e| corrupt(format!("record {handle}: {e}")))?;
+                .map_err(|e| damaged(format!("record {handle}"), e))?;
             match record {
                 Record::ToolResult(mut result) if row.get::<_, bool>(1) => {
                     let spans: Vec<Option<Range<u64>>> =
                         serde_json::from_slice(row.get::<_, Option<&[u8]>>(2).unwrap_or(b"[]"))
-                            .map_err(|e| corrupt(format!("spans of {handle}: {e}")))?;
+                            .map_err(|e| damaged(format!("spans of {handle}"), e))?;
                     self.fill_texts(&client, seq, &mut result.output, &spans)
                         .await?;
                     Ok(Some(Record::ToolResult(result)))
@@ -1051,8 +1078,8 @@ impl RecordSource for PgRecords {
             };
             if let Some(Some(span)) = row.spans.get(position) {
                 let bytes = self.read_range(&client, seq, span.clone()).await?;
-                let text = String::from_utf8(bytes)
-                    .map_err(|e| corrupt(format!("record {handle}: {e}")))?;
+                let text =
+                    String::from_utf8(bytes).map_err(|e| damaged(format!("record {handle}"), e))?;
                 set_text(&mut block, text);
             }
             Ok(Some(block))
@@ -1072,7 +1099,7 @@ impl RecordSource for PgRecords {
                 &client,
                 "select idx, breaks_before from chunks
                      where identity = $1 and run = $2 and seq = $3 and breaks_before < $4
-                     order by idx desc limit 1",
+                     order by breaks_before desc, idx desc limit 1",
                 &[&&*self.identity, &self.run.as_str(), &seq, &signed(line)],
             )
             .await?;
@@ -1203,7 +1230,7 @@ fn history_item(
 ) -> Result<HistoryItem, RecordError> {
     let body: &[u8] = row.get(1);
     let record: Record =
-        serde_json::from_slice(body).map_err(|e| corrupt(format!("record {handle}: {e}")))?;
+        serde_json::from_slice(body).map_err(|e| damaged(format!("record {handle}"), e))?;
     let is_result: bool = row.get(2);
     match record {
         Record::ToolResult(result) if is_result => {

@@ -94,6 +94,8 @@ const MIGRATIONS: [&str; 2] = [
         primary key (identity, run, seq, idx)
     );
     alter table chunks alter column data set storage external;
+    -- A line mark: the last chunk with fewer line breaks before it than the line.
+    create index chunks_lines on chunks (identity, run, seq, breaks_before, idx);
     "#,
 ];
 

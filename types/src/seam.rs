@@ -564,7 +564,9 @@ pub enum RecordFailure {
     /// connection in time): nothing of the batch was acknowledged; trying again later may
     /// succeed.
     Unavailable,
-    /// The store failed otherwise (storage, damaged data, a store that must be reopened).
+    /// The store failed otherwise (storage, damaged data, a store that must be reopened),
+    /// or cannot say whether the batch was stored (a database connection lost while its
+    /// commit was under way: a read tells).
     Store,
 }
 
@@ -675,6 +677,19 @@ impl StoreError {
     /// The store's own error, owned.
     pub fn into_inner(self) -> Box<dyn std::error::Error + Send + Sync> {
         self.inner
+    }
+
+    /// The store's own error if it is an `E`; else this error, unchanged.
+    ///
+    /// # Errors
+    ///
+    /// `self` when the store's error is not an `E`.
+    pub fn downcast<E: std::error::Error + Send + Sync + 'static>(self) -> Result<E, Self> {
+        let kind = self.kind;
+        match self.inner.downcast::<E>() {
+            Ok(error) => Ok(*error),
+            Err(inner) => Err(Self { kind, inner }),
+        }
     }
 }
 
