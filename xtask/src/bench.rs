@@ -371,7 +371,13 @@ mod tests {
         };
         assert_eq!(
             benches("psych-tests"),
-            ["catalog_stores", "lazy_step", "mcp_call", "reader_paging"]
+            [
+                "catalog_stores",
+                "lazy_step",
+                "mcp_call",
+                "reader_paging",
+                "record_stores"
+            ]
         );
         assert_eq!(benches("psych-record-log"), ["append", "crc", "read"]);
         assert!(packages.iter().all(|p| !p.benches.is_empty()));
