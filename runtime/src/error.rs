@@ -55,6 +55,22 @@ impl From<psych_types::StoreError> for ExecuteError {
     }
 }
 
+impl From<psych_types::StoreError> for RunError {
+    /// The record log's own errors come back as [`RunError::Read`] and
+    /// [`RunError::Append`] (as before stores were erased); any other store's as
+    /// [`RunError::Store`].
+    fn from(error: psych_types::StoreError) -> Self {
+        let error = match error.downcast::<psych_record_log::ReadError>() {
+            Ok(read) => return RunError::Read(read),
+            Err(other) => other,
+        };
+        match error.downcast::<psych_record_log::AppendError>() {
+            Ok(append) => RunError::Append(append),
+            Err(other) => RunError::Store(other),
+        }
+    }
+}
+
 /// `errors` on one line, each with its sources, `; ` between them.
 fn joined(errors: &[ExecuteError]) -> String {
     errors
@@ -77,6 +93,10 @@ pub enum RunError {
     /// A user message, an assistant message, usage or a repair result could not be logged.
     #[error("appending to the run's log")]
     Append(#[from] psych_record_log::AppendError),
+    /// A record store other than the record log ([`RunBuilder::records_in`](crate::RunBuilder::records_in))
+    /// failed to open the Run, read it back or log to it.
+    #[error("the run's record store")]
+    Store(#[source] psych_types::StoreError),
     /// The catalogue could not be read when the turn was resolved or a call re-checked.
     #[error("reading the catalogue")]
     Catalog(#[from] psych_catalog::CatalogError),

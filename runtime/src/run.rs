@@ -24,7 +24,10 @@ use psych_types::{
 use crate::error::{ExecuteError, RunError, TurnState};
 use crate::executor::{Executor, append};
 use crate::usage::Spent;
-use psych_types::ConnectionSpec;
+use psych_types::{
+    ConnectionSpec, DynRecordStore, Erased, RecordHandle, RecordSource as _, RecordStore as _,
+    RecordStores,
+};
 
 /// The text of the failed result logged for a call that has none when a Run is reopened
 /// (or continued after a step that did not finish): the call may or may not have run.
@@ -141,8 +144,9 @@ pub struct Run<H> {
     projections: ProjectionCache,
     /// The logged usage records, summed as they are appended.
     spent: Spent,
-    /// The Run's record log (the executor appends to it through the record-store seam).
-    log: Arc<SharedRecordLog>,
+    /// The Run's record log, when its records are in a file (the executor appends to it
+    /// through the record-store seam, [`Executor::store`]).
+    log: Option<Arc<SharedRecordLog>>,
     executor: Executor<H>,
     catalog: Catalog,
     connections: Vec<ConnectionSpec>,
@@ -194,6 +198,8 @@ pub struct RunBuilder<H> {
     orientation: OrientationContext,
     limits: Limits,
     on_demand: Option<Arc<dyn crate::OnDemand>>,
+    /// Where the records go instead of `<dir>/<run>.plog`, and the Run's identity there.
+    stores: Option<(Arc<dyn RecordStores>, String)>,
 }
 
 impl<H> std::fmt::Debug for RunBuilder<H> {
@@ -240,6 +246,7 @@ impl<H: ToolHost + 'static> Run<H> {
             orientation: OrientationContext::default(),
             limits: Limits::default(),
             on_demand: None,
+            stores: None,
         }
     }
 
@@ -388,15 +395,35 @@ impl<H: ToolHost + 'static> Run<H> {
     ///
     /// [`RunError::Read`] when a record does not read back.
     pub fn records(&self, from: u64) -> Result<Vec<LoggedRecord>, RunError> {
-        self.log
-            .iter_from(from)
-            .map(|record| record.map_err(RunError::from))
+        if let Some(log) = &self.log {
+            return log
+                .iter_from(from)
+                .map(|record| record.map_err(RunError::from))
+                .collect();
+        }
+        let store = self.executor.store();
+        (from..store.len())
+            .filter_map(|seq| {
+                let handle = RecordHandle::new(store.run().clone(), seq);
+                match store.record(&handle) {
+                    Ok(Some(record)) => Some(Ok(LoggedRecord { handle, record })),
+                    Ok(None) => None,
+                    Err(error) => Some(Err(RunError::from(error))),
+                }
+            })
             .collect()
     }
 
-    /// The Run's log (for a reader, a transcript, `psych read`).
-    pub fn log(&self) -> &Arc<SharedRecordLog> {
-        &self.log
+    /// The Run's record log (for a reader, a transcript, `psych read`); `None` when its
+    /// records are in another store ([`RunBuilder::records_in`]: read them through
+    /// [`store`](Self::store)).
+    pub fn log(&self) -> Option<&Arc<SharedRecordLog>> {
+        self.log.as_ref()
+    }
+
+    /// The store the Run's records are in, whichever it is.
+    pub fn store(&self) -> &Arc<DynRecordStore> {
+        self.executor.store()
     }
 
     /// What opening the log found and repaired.
@@ -420,12 +447,12 @@ impl<H: ToolHost + 'static> Run<H> {
         let transient = Transient::at(now);
         // Reading the results sent whole, and the head and tail of a turn's results when
         // the boundary has just passed them, is I/O: off the async threads.
-        let log = Arc::clone(&self.log);
+        let log = Arc::clone(self.executor.store());
         let elider = self.elider.clone();
         let history = std::mem::take(&mut self.history);
         let mut projections = std::mem::take(&mut self.projections);
         let loaded = tokio::task::spawn_blocking(move || {
-            let step = StepHistory::load(&history, &*log, &elider, &mut projections);
+            let step = StepHistory::load(&history, &log, &elider, &mut projections);
             (history, projections, step)
         })
         .await;
@@ -457,7 +484,7 @@ impl<H: ToolHost + 'static> Run<H> {
     /// metadata, not a result's content) and adds the usage records among them to
     /// [`spent`](Self::spent).
     async fn sync_history(&mut self) -> Result<(), RunError> {
-        let log = Arc::clone(&self.log);
+        let log = Arc::clone(self.executor.store());
         let mut history = std::mem::take(&mut self.history);
         let from = history.len();
         let read = tokio::task::spawn_blocking(move || {
@@ -710,6 +737,21 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
+    /// Keeps the Run's records in `stores` (the PostgreSQL store,
+    /// `psych_store_postgres::PgBlocking`) as Run `run` of `identity`, instead of
+    /// `<dir>/<run>.plog`: a worker on another machine opening the same Run of the same
+    /// identity resumes it, its handles included. The sync policy does not apply (the
+    /// store commits each append durably).
+    #[must_use]
+    pub fn records_in(
+        mut self,
+        stores: Arc<dyn RecordStores>,
+        identity: impl Into<String>,
+    ) -> Self {
+        self.stores = Some((stores, identity.into()));
+        self
+    }
+
     /// Opens the Run's log (creating it, or resuming it: a torn tail is cut back and
     /// reported in [`Run::recovery`], every call left without a result gets a logged
     /// [`INTERRUPTED`] result).
@@ -723,7 +765,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     pub async fn open(self) -> Result<Run<H>, RunError> {
         // The tools every turn sends beside the Surface's are reserved in its tool cap.
         let settings = crate::reserve_executor_tools(&self.settings)?;
-        let (dir, run, sync) = (self.dir, self.run, self.sync);
+        let (dir, run, sync, stores) = (self.dir, self.run, self.sync, self.stores);
         // One estimator for disclosure, the log and elision. Results are logged with its
         // estimate, so projecting them later needs no pass over their content.
         let estimator: RunEstimator = self.estimator;
@@ -733,16 +775,29 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             .preview(*self.elider.preview_config())
             .build();
         let logged = Arc::clone(&estimator);
-        let (log, history, recovery) = tokio::task::spawn_blocking(move || {
+        let (log, store, history, recovery) = tokio::task::spawn_blocking(move || {
+            if let Some((stores, identity)) = stores {
+                // Resumed wherever it was written: the store holds only acknowledged
+                // records, whole (nothing to cut back).
+                let store = stores.open(&identity, &run, logged)?;
+                let mut history = History::default();
+                store.extend_history(&mut history)?;
+                let recovery = Recovery {
+                    records: store.len(),
+                    tail: None,
+                };
+                return Ok::<_, RunError>((None, store, history, recovery));
+            }
             let (mut log, recovery) = RecordLog::open(&dir, &run, sync)?;
             log.set_estimator(logged);
             let history = log.history()?;
-            Ok::<_, RunError>((SharedRecordLog::new(log), history, recovery))
+            let log = Arc::new(SharedRecordLog::new(log));
+            let store: Arc<DynRecordStore> = Arc::new(Erased(Arc::clone(&log)));
+            Ok((Some(log), store, history, recovery))
         })
         .await
         .map_err(RunError::Task)??;
-        let log = Arc::new(log);
-        let mut executor = Executor::new(self.host, Arc::clone(&log))
+        let mut executor = Executor::on_store(self.host, store)
             .call_timeout(self.call_timeout)
             .orientation_context(self.orientation)
             .reader_limits(self.limits);

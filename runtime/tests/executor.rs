@@ -807,7 +807,7 @@ async fn a_server_that_cannot_start_answers_why_each_time_it_is_called() {
 async fn a_step_dropped_while_its_server_starts_logs_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (run, stopped) = open_stopped(dir.path(), None, Duration::from_millis(200)).await;
-    let executor = psych_runtime::Executor::new(Arc::new(Host), Arc::clone(run.log()))
+    let executor = psych_runtime::Executor::new(Arc::new(Host), Arc::clone(run.log().unwrap()))
         .on_demand(Arc::clone(&stopped) as Arc<dyn psych_runtime::OnDemand>);
     let catalogs = vec![stopped.catalog.live(&server()).unwrap()];
     let grant = PermissionGrant::none().allow_server(server());

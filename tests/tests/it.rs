@@ -25,4 +25,5 @@ mod preview_offset;
 mod prompt_snapshots;
 mod properties;
 mod runtime_e2e;
+mod runtime_store;
 mod synthetic_catalogs;
