@@ -72,7 +72,7 @@ use tokio_postgres::NoTls;
 pub use blocking::PgBlocking;
 pub use catalog::{CatalogError, PgCatalog};
 pub use error::OpenError;
-pub use records::{CHUNK, PgRecords, RecordError, SpillError};
+pub use records::{CHUNK, CommitFault, PgRecords, RecordError, SpillError};
 pub use schema::SCHEMA_VERSION;
 pub use url::{DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, StoreUrl, UrlError};
 

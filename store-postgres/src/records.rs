@@ -73,10 +73,16 @@ pub enum RecordError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
-    /// The connection was lost while the batch's `COMMIT` was under way: the batch may or
-    /// may not be stored (a later read tells), and its handles were not acknowledged.
+    /// The connection was lost while the batch's `COMMIT` was under way, and the database
+    /// could not be asked afterwards whether it was stored: it may or may not be (a later
+    /// read tells); its handles were not acknowledged.
     #[error("the connection was lost during COMMIT: the batch may or may not be stored")]
-    InDoubt(#[source] tokio_postgres::Error),
+    InDoubt(#[source] Option<tokio_postgres::Error>),
+    /// The connection was lost while the batch's `COMMIT` was under way, and the database,
+    /// asked afterwards, has none of it: nothing of the batch is stored; it can be appended
+    /// again.
+    #[error("the connection was lost during COMMIT; the batch was not stored")]
+    NotStored(#[source] Option<tokio_postgres::Error>),
     /// The database failed the request (nothing of a failed append was committed, unless
     /// the connection was lost during its `COMMIT`: see the crate's notes).
     #[error("the record store's database failed the request")]
@@ -126,6 +132,7 @@ impl RecordError {
             RecordError::Spill { .. } => RecordFailure::Spill,
             RecordError::Db(DbError::Connect(_)) => RecordFailure::Unavailable,
             RecordError::Db(DbError::Query(e)) if unavailable(e) => RecordFailure::Unavailable,
+            RecordError::NotStored(_) => RecordFailure::Unavailable,
             _ => RecordFailure::Store,
         }
     }
@@ -201,6 +208,8 @@ pub struct PgRecords {
     len: Arc<AtomicU64>,
     /// Bytes the Run's rows hold, as this process last knew them.
     bytes: Arc<AtomicU64>,
+    /// A commit failure to simulate on the next batch (tests: [`CommitFault`]).
+    fault: Arc<std::sync::atomic::AtomicU8>,
     estimator: Option<Arc<dyn TokenEstimator + Send + Sync>>,
 }
 
@@ -264,6 +273,7 @@ impl PgRecords {
             run: run.clone(),
             len: Arc::new(AtomicU64::new(len)),
             bytes: Arc::new(AtomicU64::new(bytes)),
+            fault: Arc::default(),
             estimator: None,
         })
     }
@@ -300,6 +310,7 @@ impl PgRecords {
                 run: run.clone(),
                 len: Arc::new(AtomicU64::new(count(0))),
                 bytes: Arc::new(AtomicU64::new(count(1))),
+                fault: Arc::default(),
                 estimator: None,
             }
         }))
@@ -345,7 +356,8 @@ impl PgRecords {
         &self,
         client: &mut deadpool_postgres::Object,
         records: &[Record],
-    ) -> Result<(u64, u64), RecordError> {
+        write_id: i64,
+    ) -> Result<(u64, u64), Attempt> {
         let transaction = client.transaction().await.map_err(db)?;
         let (identity, run) = (&*self.identity, self.run.as_str());
         let count = i64::try_from(records.len()).unwrap_or(i64::MAX);
@@ -391,9 +403,10 @@ impl PgRecords {
             .prepare_cached(
                 "with inserted as (
                      insert into records (identity, run, seq, body, result, readable_len,
-                         line_breaks, estimate, text_only, spans)
-                     select $1, $2, * from unnest($3::bigint[], $4::bytea[], $5::boolean[],
-                         $6::bigint[], $7::bigint[], $8::bigint[], $9::boolean[], $10::bytea[])
+                         line_breaks, estimate, text_only, spans, write_id)
+                     select $1, $2, *, $12 from unnest($3::bigint[], $4::bytea[],
+                         $5::boolean[], $6::bigint[], $7::bigint[], $8::bigint[],
+                         $9::boolean[], $10::bytea[])
                  )
                  update runs set bytes = bytes + $11
                  where identity = $1 and run = $2 returning bytes",
@@ -415,23 +428,58 @@ impl PgRecords {
                     &rows.text_only,
                     &rows.spans,
                     &signed(rows.bytes),
+                    &write_id,
                 ],
             )
             .await
             .map_err(db)?
             .get(0);
+        let first = u64::try_from(first).unwrap_or(0);
+        let in_doubt = |error| Attempt::InDoubt { first, error };
+        match CommitFault::take(&self.fault) {
+            Some(CommitFault::Before) => {
+                drop(transaction); // rolled back
+                return Err(in_doubt(None));
+            }
+            Some(CommitFault::After) => {
+                transaction.commit().await.map_err(|e| in_doubt(Some(e)))?;
+                return Err(in_doubt(None));
+            }
+            None => {}
+        }
         transaction.commit().await.map_err(|e| {
-            // Sent and not answered: in doubt. Refused before it was sent: rolled back.
+            // Sent and maybe not answered: in doubt until the database is asked.
             if unavailable(&e) {
-                RecordError::InDoubt(e)
+                in_doubt(Some(e))
             } else {
-                db(e)
+                Attempt::Failed(db(e))
             }
         })?;
-        Ok((
-            u64::try_from(first).unwrap_or(0),
-            u64::try_from(total).unwrap_or(0),
-        ))
+        Ok((first, u64::try_from(total).unwrap_or(0)))
+    }
+
+    /// After a batch whose COMMIT was in doubt: whether its first record is stored under
+    /// `write_id` (on a fresh connection), and then the Run's bytes.
+    async fn resolve(&self, first: u64, write_id: i64) -> Result<Option<u64>, RecordError> {
+        let client = self.client().await?;
+        let found = row(
+            &client,
+            "select r.write_id, runs.bytes from records r join runs using (identity, run)
+             where r.identity = $1 and r.run = $2 and r.seq = $3",
+            &[&&*self.identity, &self.run.as_str(), &signed(first)],
+        )
+        .await?;
+        Ok(found
+            .filter(|row| row.get::<_, Option<i64>>(0) == Some(write_id))
+            .map(|row| u64::try_from(row.get::<_, i64>(1)).unwrap_or(0)))
+    }
+
+    /// Makes the next batch's COMMIT fail as a lost connection would: before the commit
+    /// (nothing stored) or after it (stored, the answer lost). For tests of what a caller
+    /// is told; not part of the API.
+    #[doc(hidden)]
+    pub fn fail_next_commit(&self, fault: CommitFault) {
+        self.fault.store(fault as u8, Ordering::Release);
     }
 
     /// The stored result at `seq`: its skeleton (texts filled in by the caller) and info.
@@ -558,6 +606,57 @@ impl PgRecords {
         }
         Ok(())
     }
+}
+
+/// How a batch's transaction ended, short of success.
+enum Attempt {
+    /// It failed before its COMMIT: nothing of it is stored.
+    Failed(RecordError),
+    /// Its COMMIT was sent and its answer lost (or a test said so): `first` is the seq its
+    /// first record took.
+    InDoubt {
+        first: u64,
+        error: Option<tokio_postgres::Error>,
+    },
+}
+
+impl From<RecordError> for Attempt {
+    fn from(error: RecordError) -> Self {
+        Attempt::Failed(error)
+    }
+}
+
+/// A commit failure [`PgRecords::fail_next_commit`] simulates.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CommitFault {
+    /// The connection is lost before COMMIT is sent: the batch rolls back.
+    Before = 1,
+    /// The connection is lost after COMMIT was done: the batch is stored, its answer lost.
+    After = 2,
+}
+
+impl CommitFault {
+    /// Takes the fault armed in `armed`, if any.
+    fn take(armed: &std::sync::atomic::AtomicU8) -> Option<Self> {
+        match armed.swap(0, Ordering::AcqRel) {
+            1 => Some(Self::Before),
+            2 => Some(Self::After),
+            _ => None,
+        }
+    }
+}
+
+/// A batch's id, told apart from the Run's other batches when its COMMIT's answer is lost:
+/// 64 bits from the process's hasher seed, the clock and a counter.
+fn write_id() -> i64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    hasher.write_i64(now_millis());
+    i64::from_le_bytes(hasher.finish().to_le_bytes())
 }
 
 /// A batch's record rows, column by column (one `unnest` insert).
@@ -1157,9 +1256,23 @@ impl RecordStore for PgRecords {
         if records.is_empty() {
             return Ok(Vec::new());
         }
+        let write_id = write_id();
         let (first, bytes) = self.block(async {
             let mut client = self.client().await?;
-            self.append_in(&mut client, records).await
+            match self.append_in(&mut client, records, write_id).await {
+                Ok(done) => Ok(done),
+                Err(Attempt::Failed(error)) => Err(error),
+                // The connection is gone or its answer lost: the database says whether
+                // the batch is stored, on another connection.
+                Err(Attempt::InDoubt { first, error }) => {
+                    drop(client);
+                    match self.resolve(first, write_id).await {
+                        Ok(Some(bytes)) => Ok((first, bytes)),
+                        Ok(None) => Err(RecordError::NotStored(error)),
+                        Err(_) => Err(RecordError::InDoubt(error)),
+                    }
+                }
+            }
         })?;
         let end = first + records.len() as u64;
         self.len.fetch_max(end, Ordering::AcqRel);

@@ -720,3 +720,46 @@ fn a_writer_killed_mid_append_loses_no_acknowledged_record() {
         .unwrap();
     assert_eq!(next.seq, stored);
 }
+
+/// A batch whose COMMIT's answer is lost is not left in doubt when the database can be
+/// asked: stored (the answer lost after the commit), it is acknowledged with its handles;
+/// not stored (lost before), it is `NotStored`, an `Unavailable` failure that can be
+/// appended again, and the handles stay dense.
+#[test]
+fn a_commit_whose_answer_is_lost_is_resolved_by_asking_the_database() {
+    use psych_store_postgres::{CommitFault, RecordError};
+    use psych_types::{RecordFailure, RecordSource, RecordStore, RunId};
+
+    let (store, _drop, _) = record_schema("in_doubt");
+    let run = RunId::new("r").unwrap();
+    let records = store.records("tenant", &run).unwrap();
+    records.fail_next_commit(CommitFault::After);
+    let stored = records
+        .append(&text_result("c1", "committed, answer lost"))
+        .unwrap();
+    assert_eq!(stored.seq, 0);
+    records.fail_next_commit(CommitFault::Before);
+    let lost = records
+        .append_batch(&[
+            text_result("c2", "never stored"),
+            text_result("c3", "nor this"),
+        ])
+        .unwrap_err();
+    assert!(matches!(lost, RecordError::NotStored(_)), "{lost:?}");
+    assert_eq!(records.failure(&lost), RecordFailure::Unavailable);
+    assert_eq!(records.len(), 1);
+    let again = records
+        .append(&text_result("c2", "appended again"))
+        .unwrap();
+    assert_eq!(again.seq, 1);
+    let reopened = store.records("tenant", &run).unwrap();
+    assert_eq!(reopened.len(), 2);
+    assert_eq!(
+        reopened.record(&stored).unwrap(),
+        Some(text_result("c1", "committed, answer lost"))
+    );
+    assert_eq!(
+        reopened.record(&again).unwrap(),
+        Some(text_result("c2", "appended again"))
+    );
+}
