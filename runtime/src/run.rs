@@ -393,7 +393,8 @@ impl<H: ToolHost + 'static> Run<H> {
     ///
     /// # Errors
     ///
-    /// [`RunError::Read`] when a record does not read back.
+    /// [`RunError::Read`] when a record does not read back ([`RunError::Store`] for a Run in
+    /// another store).
     pub fn records(&self, from: u64) -> Result<Vec<LoggedRecord>, RunError> {
         if let Some(log) = &self.log {
             return log
@@ -401,17 +402,18 @@ impl<H: ToolHost + 'static> Run<H> {
                 .map(|record| record.map_err(RunError::from))
                 .collect();
         }
+        // Up to the first sequence number without a record: handles are dense, and records
+        // another process appended since this one counted are read too.
         let store = self.executor.store();
-        (from..store.len())
-            .filter_map(|seq| {
-                let handle = RecordHandle::new(store.run().clone(), seq);
-                match store.record(&handle) {
-                    Ok(Some(record)) => Some(Ok(LoggedRecord { handle, record })),
-                    Ok(None) => None,
-                    Err(error) => Some(Err(RunError::from(error))),
-                }
-            })
-            .collect()
+        let mut records = Vec::new();
+        for seq in from.. {
+            let handle = RecordHandle::new(store.run().clone(), seq);
+            match store.record(&handle)? {
+                Some(record) => records.push(LoggedRecord { handle, record }),
+                None => break,
+            }
+        }
+        Ok(records)
     }
 
     /// The Run's record log (for a reader, a transcript, `psych read`); `None` when its
@@ -602,6 +604,7 @@ impl<H: ToolHost + 'static> Run<H> {
             .await
             .map_err(|e| match e {
                 ExecuteError::Append(e) => RunError::Append(e),
+                ExecuteError::Store(e) => RunError::Store(e),
                 other => RunError::Execute(other),
             })?;
         self.sync_history().await
@@ -742,6 +745,11 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     /// `<dir>/<run>.plog`: a worker on another machine opening the same Run of the same
     /// identity resumes it, its handles included. The sync policy does not apply (the
     /// store commits each append durably).
+    ///
+    /// One worker at a time: unlike the record log's file, nothing locks the Run against a
+    /// second worker opening it while the first still runs it (that worker would close the
+    /// first one's calls in flight as interrupted). Fencing an earlier writer is not built
+    /// yet; the caller that hands Runs to workers must keep them apart.
     #[must_use]
     pub fn records_in(
         mut self,
@@ -761,7 +769,8 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     /// [`RunError::Settings`] when the tool cap has no room for the Run's own tools,
     /// [`RunError::Open`] for a log that does not open (corrupt in the middle, locked,
     /// a sync policy out of bounds), [`RunError::Read`] for a record that does not read
-    /// back, [`RunError::Append`] when the repair cannot be logged.
+    /// back, [`RunError::Append`] when the repair cannot be logged; [`RunError::Store`] for
+    /// any of these in a store given by [`records_in`](RunBuilder::records_in).
     pub async fn open(self) -> Result<Run<H>, RunError> {
         // The tools every turn sends beside the Surface's are reserved in its tool cap.
         let settings = crate::reserve_executor_tools(&self.settings)?;

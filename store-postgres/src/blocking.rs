@@ -142,10 +142,11 @@ impl psych_types::RecordStores for PgBlocking {
 }
 
 /// Runs `work` on `runtime`, blocking this thread: at once off any runtime, in place on a
-/// multi-threaded runtime's worker (`block_in_place`), and within another runtime's context
-/// otherwise (a single-threaded runtime's thread or its `spawn_blocking` threads, which
-/// tokio cannot tell apart and where `block_on` of another runtime would panic) from a
-/// scoped thread of its own, this thread waiting for it.
+/// multi-threaded runtime's worker (`block_in_place`), and from a scoped thread of its own
+/// within a single-threaded runtime's context, this thread waiting for it. (There, tokio
+/// tells no public way apart the runtime's own thread, where `block_on` of another runtime
+/// panics, from its `spawn_blocking` threads, where it would not: the scoped thread, one OS
+/// thread per call, is the price of never panicking.)
 fn block_on<T: Send>(runtime: &tokio::runtime::Runtime, work: impl Future<Output = T> + Send) -> T {
     match tokio::runtime::Handle::try_current() {
         Err(_) => runtime.block_on(work),

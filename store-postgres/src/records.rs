@@ -2,10 +2,13 @@
 //! 2, the same guarantees as the record log, proved by the same conformance suite
 //! (psych-store-conformance's `records_conformance!`).
 //!
-//! - A batch is one transaction: the Run's row locked (`for update`, which orders the Run's
-//!   writers), each record's row and its result's chunks inserted, the Run's count moved on,
-//!   then `COMMIT`; handles are returned only after the commit (every connection commits
-//!   with `synchronous_commit=on`). A failed batch leaves nothing.
+//! - A batch is one transaction: the Run's row locked (`update … returning`, which orders
+//!   the Run's writers), each record's row and its result's chunks inserted, the Run's
+//!   count moved on, then `COMMIT`; handles are returned only after the commit (every
+//!   connection commits with `synchronous_commit=on`). A batch that failed before its
+//!   COMMIT leaves nothing; one whose COMMIT's answer was lost is resolved by asking the
+//!   database for its transaction's status (`txid_status`): stored and acknowledged, or
+//!   `NotStored`, or, when even that cannot be asked, `InDoubt`.
 //! - A tool result's readable text (the bytes a reader pages and greps) is stored once, in
 //!   chunks of [`CHUNK`] bytes (`bytea`, stored uncompressed out of line, so a slice of a
 //!   chunk reads only the pages it needs), each with the line breaks before it; the record
@@ -77,14 +80,14 @@ pub enum RecordError {
     /// could not be asked afterwards whether it was stored: it may or may not be (a later
     /// read tells); its handles were not acknowledged.
     #[error("the connection was lost during COMMIT: the batch may or may not be stored")]
-    InDoubt(#[source] Option<tokio_postgres::Error>),
+    InDoubt(#[source] Option<Box<dyn std::error::Error + Send + Sync>>),
     /// The connection was lost while the batch's `COMMIT` was under way, and the database,
     /// asked afterwards, has none of it: nothing of the batch is stored; it can be appended
     /// again.
     #[error("the connection was lost during COMMIT; the batch was not stored")]
     NotStored(#[source] Option<tokio_postgres::Error>),
-    /// The database failed the request (nothing of a failed append was committed, unless
-    /// the connection was lost during its `COMMIT`: see the crate's notes).
+    /// The database failed the request (nothing of a failed append was committed: a lost
+    /// `COMMIT` is [`NotStored`](Self::NotStored) or [`InDoubt`](Self::InDoubt)).
     #[error("the record store's database failed the request")]
     Db(#[source] DbError),
     /// The store's runtime has shut down (its last handle was dropped while this call
@@ -356,8 +359,9 @@ impl PgRecords {
         &self,
         client: &mut deadpool_postgres::Object,
         records: &[Record],
-        write_id: i64,
     ) -> Result<(u64, u64), Attempt> {
+        // Taken first, so a batch that fails before its COMMIT leaves nothing armed.
+        let fault = CommitFault::take(&self.fault);
         let transaction = client.transaction().await.map_err(db)?;
         let (identity, run) = (&*self.identity, self.run.as_str());
         let count = i64::try_from(records.len()).unwrap_or(i64::MAX);
@@ -366,15 +370,15 @@ impl PgRecords {
         let take = transaction
             .prepare_cached(
                 "update runs set records = records + $3
-                 where identity = $1 and run = $2 returning records - $3",
+                 where identity = $1 and run = $2 returning records - $3, txid_current()",
             )
             .await
             .map_err(db)?;
-        let first: i64 = transaction
+        let taken = transaction
             .query_one(&take, &[&identity, &run, &count])
             .await
-            .map_err(db)?
-            .get(0);
+            .map_err(db)?;
+        let (first, txid): (i64, i64) = (taken.get(0), taken.get(1));
         let mut chunks = Chunks::new(&transaction, identity, run).await?;
         let mut rows = RecordRows::default();
         for (i, record) in records.iter().enumerate() {
@@ -403,8 +407,8 @@ impl PgRecords {
             .prepare_cached(
                 "with inserted as (
                      insert into records (identity, run, seq, body, result, readable_len,
-                         line_breaks, estimate, text_only, spans, write_id)
-                     select $1, $2, *, $12 from unnest($3::bigint[], $4::bytea[],
+                         line_breaks, estimate, text_only, spans)
+                     select $1, $2, * from unnest($3::bigint[], $4::bytea[],
                          $5::boolean[], $6::bigint[], $7::bigint[], $8::bigint[],
                          $9::boolean[], $10::bytea[])
                  )
@@ -428,17 +432,16 @@ impl PgRecords {
                     &rows.text_only,
                     &rows.spans,
                     &signed(rows.bytes),
-                    &write_id,
                 ],
             )
             .await
             .map_err(db)?
             .get(0);
         let first = u64::try_from(first).unwrap_or(0);
-        let in_doubt = |error| Attempt::InDoubt { first, error };
-        match CommitFault::take(&self.fault) {
+        let in_doubt = |error| Attempt::InDoubt { first, txid, error };
+        match fault {
             Some(CommitFault::Before) => {
-                drop(transaction); // rolled back
+                transaction.rollback().await.map_err(db)?;
                 return Err(in_doubt(None));
             }
             Some(CommitFault::After) => {
@@ -458,20 +461,33 @@ impl PgRecords {
         Ok((first, u64::try_from(total).unwrap_or(0)))
     }
 
-    /// After a batch whose COMMIT was in doubt: whether its first record is stored under
-    /// `write_id` (on a fresh connection), and then the Run's bytes.
-    async fn resolve(&self, first: u64, write_id: i64) -> Result<Option<u64>, RecordError> {
+    /// After a batch whose COMMIT's answer was lost: what the database says of its
+    /// transaction `txid` (asked on a connection from the pool: a lost one is not reused).
+    /// `Ok(Some(bytes))` when it committed (the Run's bytes now), `Ok(None)` when it was
+    /// rolled back; an error when it is still in progress or cannot be asked.
+    async fn resolve(&self, txid: i64) -> Result<Option<u64>, RecordError> {
         let client = self.client().await?;
-        let found = row(
-            &client,
-            "select r.write_id, runs.bytes from records r join runs using (identity, run)
-             where r.identity = $1 and r.run = $2 and r.seq = $3",
-            &[&&*self.identity, &self.run.as_str(), &signed(first)],
-        )
-        .await?;
-        Ok(found
-            .filter(|row| row.get::<_, Option<i64>>(0) == Some(write_id))
-            .map(|row| u64::try_from(row.get::<_, i64>(1)).unwrap_or(0)))
+        let status = row(&client, "select txid_status($1)", &[&txid]).await?;
+        match status
+            .and_then(|row| row.get::<_, Option<String>>(0))
+            .as_deref()
+        {
+            Some("committed") => {
+                let bytes = row(
+                    &client,
+                    "select bytes from runs where identity = $1 and run = $2",
+                    &[&&*self.identity, &self.run.as_str()],
+                )
+                .await?
+                .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
+                Ok(Some(bytes))
+            }
+            Some("aborted") => Ok(None),
+            other => Err(corrupt(format!(
+                "the transaction of a batch whose COMMIT's answer was lost is {}",
+                other.unwrap_or("unknown to the database")
+            ))),
+        }
     }
 
     /// Makes the next batch's COMMIT fail as a lost connection would: before the commit
@@ -613,9 +629,10 @@ enum Attempt {
     /// It failed before its COMMIT: nothing of it is stored.
     Failed(RecordError),
     /// Its COMMIT was sent and its answer lost (or a test said so): `first` is the seq its
-    /// first record took.
+    /// first record took, `txid` its transaction.
     InDoubt {
         first: u64,
+        txid: i64,
         error: Option<tokio_postgres::Error>,
     },
 }
@@ -646,17 +663,6 @@ impl CommitFault {
             _ => None,
         }
     }
-}
-
-/// A batch's id, told apart from the Run's other batches when its COMMIT's answer is lost:
-/// 64 bits from the process's hasher seed, the clock and a counter.
-fn write_id() -> i64 {
-    use std::hash::{BuildHasher as _, Hasher as _};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
-    hasher.write_i64(now_millis());
-    i64::from_le_bytes(hasher.finish().to_le_bytes())
 }
 
 /// A batch's record rows, column by column (one `unnest` insert).
@@ -1256,20 +1262,22 @@ impl RecordStore for PgRecords {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let write_id = write_id();
         let (first, bytes) = self.block(async {
             let mut client = self.client().await?;
-            match self.append_in(&mut client, records, write_id).await {
+            match self.append_in(&mut client, records).await {
                 Ok(done) => Ok(done),
                 Err(Attempt::Failed(error)) => Err(error),
                 // The connection is gone or its answer lost: the database says whether
-                // the batch is stored, on another connection.
-                Err(Attempt::InDoubt { first, error }) => {
+                // the batch's transaction committed.
+                Err(Attempt::InDoubt { first, txid, error }) => {
                     drop(client);
-                    match self.resolve(first, write_id).await {
+                    match self.resolve(txid).await {
                         Ok(Some(bytes)) => Ok((first, bytes)),
                         Ok(None) => Err(RecordError::NotStored(error)),
-                        Err(_) => Err(RecordError::InDoubt(error)),
+                        Err(asking) => Err(RecordError::InDoubt(Some(match error {
+                            Some(lost) => Box::new(lost),
+                            None => Box::new(asking),
+                        }))),
                     }
                 }
             }

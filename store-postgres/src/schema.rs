@@ -81,7 +81,6 @@ const MIGRATIONS: [&str; 2] = [
         estimate     bigint,
         text_only    boolean,
         spans        bytea,
-        write_id     bigint,
         primary key (identity, run, seq),
         foreign key (identity, run) references runs
     );
