@@ -14,36 +14,12 @@ use serde_json::json;
 
 use crate::serve_identities::{LINE, call_when_listed, connect, large_handle, read, start};
 use crate::support::{text, token};
-
-/// The database the tests use (`.ci/run` checks it answers).
-fn database() -> String {
-    std::env::var("PSYCH_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// Runs `sql` through `psql` (PostgreSQL's client, which `.ci/run` checks for).
-fn psql(sql: &str) {
-    let status = std::process::Command::new("psql")
-        .args([database().as_str(), "-qAtc", sql])
-        .status()
-        .expect("psql runs");
-    assert!(status.success(), "psql {sql}");
-}
-
-/// A schema dropped when the test ends.
-struct Schema(String);
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        psql(&format!("drop schema if exists {} cascade", self.0));
-    }
-}
+use psych_test_support::pg::Schema;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_on_one_store_read_each_others_handles() {
-    let schema = Schema(format!("t_replicas_{}", std::process::id()));
-    psql(&format!("drop schema if exists {} cascade", schema.0));
-    let store = format!("{}?schema={}", database(), schema.0);
+    let schema = Schema::fresh("replicas");
+    let store = schema.url();
     let (alice, alice_digest) = token("alice");
     let (bob, bob_digest) = token("bob");
     let tokens = json!({"identities": {
@@ -138,9 +114,8 @@ async fn figures() {
         calls as f64 / started.elapsed().as_secs_f64()
     }
 
-    let schema = Schema(format!("t_replica_figures_{}", std::process::id()));
-    psql(&format!("drop schema if exists {} cascade", schema.0));
-    let store = format!("{}?schema={}", database(), schema.0);
+    let schema = Schema::fresh("replica_figures");
+    let store = schema.url();
     let (alice, alice_digest) = token("alice");
     let tokens = json!({"identities": {"alice": {"tokens": [alice_digest]}}}).to_string();
     let dirs = [(); 3].map(|()| tempfile::tempdir().unwrap());

@@ -1,7 +1,8 @@
 //! Test helpers shared by the workspace's test crates, instead of `#[path]` includes of one
 //! crate's test files into another's: the rule checker of every rule a provider enforces on
 //! a request body ([`rules`]), and prompt-assembly's scripted sessions, baseline and cache
-//! simulator ([`prompts`]). Not published: a test fixture, as rust-analyzer's `test-utils`.
+//! simulator ([`prompts`]), and the machine's PostgreSQL for the stores' tests and figures
+//! ([`pg`]). Not published: a test fixture, as rust-analyzer's `test-utils`.
 
 #![forbid(unsafe_code)]
 #![allow(
@@ -10,5 +11,6 @@
     reason = "test helpers fail loudly on bad data, as the tests using them do"
 )]
 
+pub mod pg;
 pub mod prompts;
 pub mod rules;

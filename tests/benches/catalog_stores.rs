@@ -17,6 +17,7 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use psych_catalog::Catalog;
 use psych_store_postgres::PgCatalog;
+use psych_test_support::pg::{database, psql};
 use psych_types::{CatalogStore, ServerId, ToolDefinition};
 use serde_json::json;
 
@@ -49,29 +50,10 @@ fn listing(mark: usize) -> Vec<ToolDefinition> {
         .collect()
 }
 
-fn database() -> String {
-    std::env::var("PSYCH_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
 /// A PostgreSQL catalogue in schema `name`, emptied first.
 fn postgres(name: &str) -> PgCatalog {
-    let url = format!("{}?schema={name}", database());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&database(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        client
-            .batch_execute(&format!("drop schema if exists {name} cascade"))
-            .await
-            .unwrap();
-    });
-    PgCatalog::open(&url).unwrap()
+    psql(&format!("drop schema if exists {name} cascade"));
+    PgCatalog::open(&format!("{}?schema={name}", database())).unwrap()
 }
 
 fn redb(dir: &tempfile::TempDir, name: &str) -> Catalog {

@@ -18,14 +18,10 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use psych_record_log::{SharedRecordLog, SyncPolicy};
 use psych_store_postgres::{PgBlocking, PgRecords};
+use psych_test_support::pg::{database, psql};
 use psych_types::{
     Record, RecordHandle, RecordSource, RecordStore, RunId, ToolCallId, ToolOutput, ToolResult,
 };
-
-fn database() -> String {
-    std::env::var("PSYCH_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 /// A tool result whose text is `len` bytes of lines.
 fn result(len: usize) -> Record {
@@ -41,22 +37,8 @@ fn result(len: usize) -> Record {
 
 /// A PostgreSQL store in schema `bench_records`, emptied first.
 fn postgres() -> PgBlocking {
-    let name = "bench_records";
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&database(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        client
-            .batch_execute(&format!("drop schema if exists {name} cascade"))
-            .await
-            .unwrap();
-    });
-    PgBlocking::open(&format!("{}?schema={name}", database())).unwrap()
+    psql("drop schema if exists bench_records cascade");
+    PgBlocking::open(&format!("{}?schema=bench_records", database())).unwrap()
 }
 
 /// The two stores of Run `run`: the record log in `dir` (every append synced), and

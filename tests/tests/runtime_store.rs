@@ -10,6 +10,7 @@ use std::sync::Arc;
 use psych_catalog::Catalog;
 use psych_runtime::{INTERRUPTED, Run, ScriptedModel, Step};
 use psych_store_postgres::PgBlocking;
+use psych_test_support::pg::Schema;
 use psych_types::{
     AssistantMessage, ConnectionSpec, JsonObject, PermissionGrant, Record, RecordStore,
     RecordStores, RunId, ServerId, ToolCall, ToolCallId, ToolDefinition, ToolHost, ToolLister,
@@ -47,27 +48,6 @@ fn lines() -> String {
 
 fn server() -> ServerId {
     ServerId::new("svc").unwrap()
-}
-
-fn database() -> String {
-    std::env::var("PSYCH_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-fn psql(sql: &str) {
-    let status = std::process::Command::new("psql")
-        .args([database().as_str(), "-qAtc", sql])
-        .status()
-        .expect("psql runs");
-    assert!(status.success(), "psql {sql}");
-}
-
-struct Schema(String);
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        psql(&format!("drop schema if exists {} cascade", self.0));
-    }
 }
 
 /// A worker's Run `run` of `identity` on its own connection to the store.
@@ -116,9 +96,8 @@ fn results(run: &Run<Host>) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_in_postgres_resumes_on_another_worker_with_its_handles() {
-    let schema = Schema(format!("t_runtime_store_{}", std::process::id()));
-    psql(&format!("drop schema if exists {} cascade", schema.0));
-    let url = format!("{}?schema={}", database(), schema.0);
+    let schema = Schema::fresh("runtime_store");
+    let url = schema.url();
 
     // Worker one: a turn whose result is too large to show whole.
     let mut first = open(&url, "team-a", "run-pg").await;
