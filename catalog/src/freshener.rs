@@ -559,10 +559,11 @@ async fn run_server<L: ToolLister + 'static>(
                 if inflight.is_empty() {
                     due = Some(later(match (failures, slot.followed()) {
                         (0, _) => slot.ttl(config) + jitter.below(config.jitter),
-                        // A followed server's listing that failed was a start that failed:
-                        // not retried with the backoff (each try would start it), only by a
-                        // call or its own TTL.
-                        (_, Some((ttl, _))) => ttl,
+                        // A followed server that does not run: its listing that failed was a
+                        // start that failed, not retried with the backoff (each try would
+                        // start it), only by a call or its own TTL. One that runs is retried
+                        // like any server.
+                        (_, Some((ttl, false))) => ttl,
                         _ => config.backoff(failures),
                     }));
                 }

@@ -257,21 +257,14 @@ pub(crate) fn load(
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
-    let (catalog, mut sources) = match Catalog::open(store) {
-        // `psych serve` on the same folder holds it while it runs.
-        Err(psych_catalog::OpenError::Locked { path }) => {
-            eprintln!(
-                "psych: the catalogue {} is held by another process (a psych serve on the same \
-                 folder?); listing into memory instead",
-                path.display()
-            );
-            Catalog::in_memory().map(|catalog| (catalog, None))
-        }
-        opened => opened.map(|catalog| {
-            let sources = ListingSources::load(store.with_extension("sources.json"));
-            (catalog, Some(sources))
-        }),
-    }
+    // `psych serve` on the same folder holds it while it runs.
+    let (catalog, mut sources) = ListingSources::open_kept(store, |path| {
+        eprintln!(
+            "psych: the catalogue {} is held by another process (a psych serve on the same \
+             folder?); listing into memory instead",
+            path.display()
+        );
+    })
     .map_err(|e| format!("the catalogue {}: {e}", store.display()))?;
     // How `psych serve` would start each server, from what the catalogue kept before this
     // command lists them again (unknown when another process holds the catalogue).

@@ -1774,7 +1774,7 @@ impl GatewaySettings {
     /// Over which connection each kept listing was made ([`ListingSources`]):
     /// `<dir>/catalog.sources.json`, beside [`catalog`](Self::catalog).
     pub fn sources(&self) -> PathBuf {
-        self.dir.join("catalog.sources.json")
+        ListingSources::beside(&self.catalog())
     }
 }
 
@@ -1990,18 +1990,16 @@ pub async fn serve(
         .collect();
     // The kept catalogue (opening it reads and may commit: off the async workers). Held by
     // another gateway on the same folder, an in-memory one serves and every server starts.
-    let (kept, sources) = (settings.catalog(), settings.sources());
+    let kept = settings.catalog();
     let report = Arc::clone(&settings.report);
-    let opened = tokio::task::spawn_blocking(move || match Catalog::open(&kept) {
-        Err(psych_catalog::OpenError::Locked { path }) => {
+    let opened = tokio::task::spawn_blocking(move || {
+        ListingSources::open_kept(&kept, |path| {
             report(&format!(
                 "the catalogue {} is held by another psych serve on the same --dir; this one \
                  keeps its catalogue in memory and starts every server at once",
                 path.display()
             ));
-            Catalog::in_memory().map(|catalog| (catalog, None))
-        }
-        opened => opened.map(|catalog| (catalog, Some(ListingSources::load(sources)))),
+        })
     })
     .await
     .map_err(ServeError::Task)?
@@ -2040,7 +2038,7 @@ pub async fn serve(
     if let Some(sources) = sources {
         let report = Arc::clone(&settings.report);
         tasks.spawn(record_sources(
-            config,
+            Arc::new(config),
             freshener.catalog().clone(),
             sources,
             report,
@@ -2172,7 +2170,7 @@ pub async fn serve(
 /// catalogue is gone). Cancel-safe: a write in flight finishes on the blocking pool (a
 /// temporary file renamed over the last one).
 async fn record_sources(
-    config: McpConfig,
+    config: Arc<McpConfig>,
     catalog: Catalog,
     mut sources: ListingSources,
     report: Arc<dyn Fn(&str) + Send + Sync>,
@@ -2186,7 +2184,8 @@ async fn record_sources(
         .map(|(server, _)| server.clone())
         .collect();
     while !pending.is_empty() {
-        let (config_now, catalog_now) = (config.clone(), catalog.clone());
+        // Shared, not copied, at each wake-up.
+        let (config_now, catalog_now) = (Arc::clone(&config), catalog.clone());
         // redb reads and a file write: off the async workers.
         let checked = tokio::task::spawn_blocking(move || {
             let mut wrote = Ok(());

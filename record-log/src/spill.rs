@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use psych_types::{ContentBlock, SpilledText, TokenEstimator, ToolOutput};
+use psych_types::{SpilledText, TokenEstimator, ToolOutput};
 
 use crate::error::{AppendError, SpillError};
 use crate::format::LineIndexer;
@@ -84,23 +84,16 @@ impl<'a> Readable<'a> {
         readable: Cow<'a, str>,
         spans: &mut [Option<std::ops::Range<usize>>],
     ) -> Result<Self, AppendError> {
-        let mut spills = Vec::with_capacity(output.spilled.len());
-        let mut previous = None;
-        for spilled in &output.spilled {
-            let block = spilled.block;
-            let refused = || AppendError::Spill {
-                block,
-                len: spilled.text.len(),
+        let spills: Vec<_> = output
+            .spill_places(spans)
+            .map_err(|refused| AppendError::Spill {
+                block: refused.block,
+                len: refused.text.len(),
                 cause: SpillError::NotATextBlock,
-            };
-            let is_text = matches!(output.content.get(block), Some(ContentBlock::Text(_)));
-            if !is_text || previous.is_some_and(|previous| previous >= block) {
-                return Err(refused());
-            }
-            previous = Some(block);
-            let span = spans.get(block).cloned().flatten().ok_or_else(refused)?;
-            spills.push((block, span, Arc::clone(&spilled.text)));
-        }
+            })?
+            .into_iter()
+            .map(|(spilled, span)| (spilled.block, span, Arc::clone(&spilled.text)))
+            .collect();
         if spills.is_empty() {
             return Ok(Self {
                 memory: bytes_of(readable),

@@ -232,6 +232,33 @@ pub struct ListingSources {
 }
 
 impl ListingSources {
+    /// Where the sources of the kept catalogue at `catalog` are: beside it, its extension
+    /// replaced by `sources.json` (`catalog.redb` → `catalog.sources.json`).
+    pub fn beside(catalog: &Path) -> PathBuf {
+        catalog.with_extension("sources.json")
+    }
+
+    /// Opens the kept catalogue at `catalog` and [loads](Self::load) its sources
+    /// ([`beside`](Self::beside) it). Held by another process (`psych serve` on the same
+    /// folder), an in-memory catalogue serves instead, with no sources (every server then
+    /// starts at once), and `held` is told the path. Blocks: redb opens the file.
+    ///
+    /// # Errors
+    ///
+    /// The catalogue's `OpenError` other than its being held.
+    pub fn open_kept(
+        catalog: &Path,
+        held: impl FnOnce(&Path),
+    ) -> Result<(Catalog, Option<Self>), psych_catalog::OpenError> {
+        match Catalog::open(catalog) {
+            Err(psych_catalog::OpenError::Locked { path }) => {
+                held(&path);
+                Catalog::in_memory().map(|catalog| (catalog, None))
+            }
+            opened => opened.map(|kept| (kept, Some(Self::load(Self::beside(catalog))))),
+        }
+    }
+
     /// The sources kept at `path`; none when the file is missing or unreadable (every
     /// server with a kept listing then starts at once, and its listing is recorded anew).
     pub fn load(path: impl Into<PathBuf>) -> Self {

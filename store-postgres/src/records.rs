@@ -981,30 +981,22 @@ async fn store_output(
 /// A spilled text's block, its placeholder's span in the in-memory readable text, the text.
 type SpillPlace = (usize, Range<usize>, Arc<SpilledText>);
 
-/// The spilled texts of `output` with their placeholders' spans, checked to name text
-/// blocks in order, each once.
+/// The spilled texts of `output` with their placeholders' spans
+/// ([`ToolOutput::spill_places`]: text blocks, in order, each once).
 fn spill_places(
     output: &ToolOutput,
     spans: &[Option<Range<usize>>],
 ) -> Result<Vec<SpillPlace>, RecordError> {
-    let mut places = Vec::with_capacity(output.spilled.len());
-    let mut previous = None;
-    for spilled in &output.spilled {
-        let block = spilled.block;
-        let refused = || RecordError::Spill {
-            block,
-            len: spilled.text.len(),
+    Ok(output
+        .spill_places(spans)
+        .map_err(|refused| RecordError::Spill {
+            block: refused.block,
+            len: refused.text.len(),
             cause: SpillError::NotATextBlock,
-        };
-        let is_text = matches!(output.content.get(block), Some(ContentBlock::Text(_)));
-        if !is_text || previous.is_some_and(|previous| previous >= block) {
-            return Err(refused());
-        }
-        previous = Some(block);
-        let span = spans.get(block).cloned().flatten().ok_or_else(refused)?;
-        places.push((block, span, Arc::clone(&spilled.text)));
-    }
-    Ok(places)
+        })?
+        .into_iter()
+        .map(|(spilled, span)| (spilled.block, span, Arc::clone(&spilled.text)))
+        .collect())
 }
 
 /// Streams a spilled text into `chunks`, checking it is UTF-8 across reads (a character cut

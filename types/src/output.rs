@@ -148,6 +148,33 @@ impl ToolOutput {
         }
     }
 
+    /// Each spilled block ([`spilled`](Self::spilled)) with its placeholder's span in the
+    /// in-memory readable text (`spans`, as [`readable_text_spans`](Self::readable_text_spans)
+    /// gives them), in block order: what a store writes the spilled texts in place of.
+    ///
+    /// # Errors
+    ///
+    /// The first spilled block that names no text block, or names blocks out of order or
+    /// twice: a result no store can take.
+    pub fn spill_places<'s>(
+        &'s self,
+        spans: &[Option<Range<usize>>],
+    ) -> Result<Vec<(&'s SpilledBlock, Range<usize>)>, &'s SpilledBlock> {
+        let mut places = Vec::with_capacity(self.spilled.len());
+        let mut previous = None;
+        for spilled in &self.spilled {
+            let block = spilled.block;
+            let is_text = matches!(self.content.get(block), Some(ContentBlock::Text(_)));
+            if !is_text || previous.is_some_and(|previous| previous >= block) {
+                return Err(spilled);
+            }
+            previous = Some(block);
+            let span = spans.get(block).cloned().flatten().ok_or(spilled)?;
+            places.push((spilled, span));
+        }
+        Ok(places)
+    }
+
     /// The blocks whose data is binary (images, audio, blob resources), with their
     /// positions.
     pub fn binary_blocks(&self) -> impl Iterator<Item = (usize, BinaryRef<'_>)> + '_ {
