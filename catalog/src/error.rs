@@ -95,6 +95,15 @@ pub enum CatalogError {
         #[source]
         source: serde_json::Error,
     },
+    /// The store a shared catalogue ([`Catalog::shared`](crate::Catalog::shared)) keeps its
+    /// tools in failed or refused the request (its kind tells which:
+    /// [`CatalogStoreError::kind`](psych_types::CatalogStoreError::kind)).
+    #[error(transparent)]
+    Shared(psych_types::CatalogStoreError),
+    /// What only the redb catalogue answers ([`Catalog::stats`](crate::Catalog::stats)) was
+    /// asked of a shared one.
+    #[error("{0} is read from a redb catalogue only, and this one is shared")]
+    NotLocal(&'static str),
 }
 
 /// Turns any redb error into [`CatalogError::Storage`].
@@ -161,6 +170,16 @@ pub enum RefreshError {
         /// Why.
         #[source]
         source: CatalogError,
+    },
+    /// The catalogue is shared and another process held the server's refresh lease (was
+    /// listing it) for longer than the freshener waits. Not recorded as the server's
+    /// failure: the server was not asked.
+    #[error("another process held the refresh lease of {server} for over {after:?}")]
+    LeaseBusy {
+        /// The server.
+        server: ServerId,
+        /// How long the lease was waited for.
+        after: Duration,
     },
     /// The freshener shut down before the refresh finished.
     #[error("the freshener shut down before refreshing {server}")]

@@ -30,7 +30,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use psych_types::{CatalogVersion, ServerId, ToolDefinition, ToolLister};
+use psych_types::{
+    CatalogVersion, Lease, LeaseGuard, ServerHealth, ServerId, ToolDefinition, ToolLister,
+};
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::task::JoinSet;
@@ -190,6 +192,13 @@ pub enum RefreshOutcome {
         /// The server's set version now.
         version: CatalogVersion,
     },
+    /// The catalogue is shared ([`Catalog::shared`]) and another process sharing it stored
+    /// a listing of the server that started after this refresh was asked for, so the server
+    /// was not listed again.
+    Shared {
+        /// The server's set version that listing stored.
+        version: CatalogVersion,
+    },
 }
 
 impl RefreshOutcome {
@@ -197,7 +206,7 @@ impl RefreshOutcome {
     pub fn version(&self) -> CatalogVersion {
         match self {
             Self::Stored(refresh) => refresh.version,
-            Self::Superseded { version } => *version,
+            Self::Superseded { version } | Self::Shared { version } => *version,
         }
     }
 }
@@ -509,23 +518,27 @@ async fn run_server<L: ToolLister + 'static>(
     let mut failures = 0u32;
     let mut debounce: Option<Debounce> = None;
     // The sweep: resume from the stored sync, so a reopened catalogue is not listed at once.
-    let resume = |jitter: &mut Jitter, stored_version: &mut CatalogVersion| match context
-        .catalog
-        .health(&server)
-    {
-        Ok(health) => health.last_sync.map(|sync| {
+    let resume = |jitter: &mut Jitter,
+                  stored_version: &mut CatalogVersion,
+                  health: Option<ServerHealth>| match health {
+        Some(health) => health.last_sync.map(|sync| {
             *stored_version = sync.version;
             let age = context.catalog.now().saturating_sub(sync.at);
             let left = slot.ttl(config).saturating_sub(Duration::from_millis(age));
             later(left + jitter.below(config.jitter))
         }),
-        Err(_) => None,
+        None => None,
     };
-    let mut due = resume(&mut jitter, &mut stored_version);
+    let mut due = resume(
+        &mut jitter,
+        &mut stored_version,
+        health(&context.catalog, &server).await,
+    );
 
     let start = |inflight: &mut Inflight| {
         inflight.start(list(
             Arc::clone(&context.lister),
+            context.catalog.clone(),
             server.clone(),
             config.list_timeout,
         ))
@@ -539,6 +552,16 @@ async fn run_server<L: ToolLister + 'static>(
             Some((generation, listing)) = inflight.join_next(&server) => {
                 let outcome = if generation < stored_generation {
                     Ok(RefreshOutcome::Superseded { version: stored_version })
+                } else if let Ok(Listed::Shared(version)) = listing {
+                    // Another process's listing: should its notification have been missed,
+                    // readers still hear of the change.
+                    if version != stored_version {
+                        context.catalog.changed();
+                    }
+                    stored_generation = generation;
+                    stored_version = version;
+                    failures = 0;
+                    Ok(RefreshOutcome::Shared { version })
                 } else {
                     match store(&context.catalog, &server, listing).await {
                         Ok(refresh) => {
@@ -576,7 +599,11 @@ async fn run_server<L: ToolLister + 'static>(
                     break;
                 }
                 if pending.follow && inflight.is_empty() {
-                    due = resume(&mut jitter, &mut stored_version);
+                    due = resume(
+                        &mut jitter,
+                        &mut stored_version,
+                        health(&context.catalog, &server).await,
+                    );
                 }
                 if pending.connect {
                     start(&mut inflight);
@@ -604,10 +631,8 @@ async fn run_server<L: ToolLister + 'static>(
                 // A followed server that does not run is listed (and so started) only once
                 // its kept listing is past its own TTL.
                 let kept = match slot.followed() {
-                    Some((ttl, false)) => context
-                        .catalog
-                        .health(&server)
-                        .ok()
+                    Some((ttl, false)) => health(&context.catalog, &server)
+                        .await
                         .and_then(|health| health.last_sync)
                         .map(|sync| {
                             let age = context.catalog.now().saturating_sub(sync.at);
@@ -686,12 +711,67 @@ impl Inflight {
     }
 }
 
-type Listing = Result<Vec<ToolDefinition>, RefreshError>;
+type Listing = Result<Listed, RefreshError>;
 
-/// One `tools/list` under the per-server timeout.
-async fn list<L: ToolLister>(lister: Arc<L>, server: ServerId, timeout: Duration) -> Listing {
+/// What a listing task brings back.
+enum Listed {
+    /// The server's tools, listed under the catalogue's lease, held until they are stored.
+    Tools(Vec<ToolDefinition>, LeaseGuard),
+    /// Another process sharing the catalogue stored a listing that started after this one
+    /// was asked for: the server's set version it stored.
+    Shared(CatalogVersion),
+}
+
+/// How often a listing waiting for another process's lease on the server asks again.
+const LEASE_POLL: Duration = Duration::from_millis(100);
+
+/// One `tools/list` under the per-server timeout. On a shared catalogue, first the server's
+/// refresh lease ([`Catalog::lease`]): one process lists a server at a time, and none lists
+/// it when another's listing that started after the request is stored. A lease held by
+/// another process is waited for (asked again every [`LEASE_POLL`]) for at most twice the
+/// timeout (the holder's listing is bounded by it, its storing usually far less), then
+/// [`RefreshError::LeaseBusy`], which is not recorded as the server's failure.
+async fn list<L: ToolLister>(
+    lister: Arc<L>,
+    catalog: Catalog,
+    server: ServerId,
+    timeout: Duration,
+) -> Listing {
+    let lease = if catalog.is_shared() {
+        let since = catalog.now();
+        let waited = timeout.saturating_mul(2);
+        let give_up = later(waited);
+        loop {
+            let (asked, owned) = (catalog.clone(), server.clone());
+            // Blocks on the store; a guard taken after this future is dropped is dropped
+            // with the task's output, which releases it.
+            let lease = tokio::task::spawn_blocking(move || asked.lease(&owned, since))
+                .await
+                .map_err(|error| RefreshError::Task {
+                    server: server.clone(),
+                    reason: error.to_string(),
+                })?
+                .map_err(|source| RefreshError::Store {
+                    server: server.clone(),
+                    source,
+                })?;
+            match lease {
+                Lease::Proceed(guard) => break guard,
+                Lease::Satisfied(version) => return Ok(Listed::Shared(version)),
+                _ if Instant::now() >= give_up => {
+                    return Err(RefreshError::LeaseBusy {
+                        server,
+                        after: waited,
+                    });
+                }
+                _ => tokio::time::sleep(LEASE_POLL).await,
+            }
+        }
+    } else {
+        LeaseGuard::none()
+    };
     match tokio::time::timeout(timeout, lister.list_tools(&server)).await {
-        Ok(Ok(tools)) => Ok(tools),
+        Ok(Ok(tools)) => Ok(Listed::Tools(tools, lease)),
         Ok(Err(source)) => Err(RefreshError::Lister {
             server,
             source: Box::new(source),
@@ -713,7 +793,13 @@ async fn store(
     let catalog = catalog.clone();
     let owned = server.clone();
     let task = tokio::task::spawn_blocking(move || match listing {
-        Ok(tools) => match catalog.refresh(&owned, &tools) {
+        // Handled by the caller; stores nothing.
+        Ok(Listed::Shared(version)) => Ok(Refresh {
+            version,
+            diff: psych_types::Diff::default(),
+        }),
+        // The lease is released once the listing is stored (or failed), when `_lease` drops.
+        Ok(Listed::Tools(tools, _lease)) => match catalog.refresh(&owned, &tools) {
             Ok(refresh) => {
                 if !refresh.diff.is_empty() {
                     // Only warms the cache: a reader that hits the same error reports it.
@@ -732,6 +818,8 @@ async fn store(
                 Err(error)
             }
         },
+        // Another process is listing the server: not the server's failure.
+        Err(error @ RefreshError::LeaseBusy { .. }) => Err(error),
         Err(error) => match catalog.record_failure(&owned, &error.to_string()) {
             Ok(()) => Err(error),
             Err(recording) => Err(RefreshError::Unrecorded {
@@ -752,6 +840,20 @@ async fn store(
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     // An error means the sender is gone: the freshener was dropped, which is a stop too.
     let _ = shutdown.wait_for(|stop| *stop).await.map(|_| ());
+}
+
+/// The server's health as the catalogue stores it (none when it cannot be read): read on
+/// the blocking pool for a shared catalogue (a database round trip), in place for a local
+/// one (a redb read transaction).
+async fn health(catalog: &Catalog, server: &ServerId) -> Option<ServerHealth> {
+    if !catalog.is_shared() {
+        return catalog.health(server).ok();
+    }
+    let (catalog, owned) = (catalog.clone(), server.clone());
+    tokio::task::spawn_blocking(move || catalog.health(&owned).ok())
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Sleeps until `at`, or forever when there is no deadline.
@@ -836,9 +938,21 @@ mod tests {
                 Default::default(),
             )
         };
-        let first = store(&catalog, &s, Ok(vec![tool("a")])).await.unwrap();
+        let first = store(
+            &catalog,
+            &s,
+            Ok(Listed::Tools(vec![tool("a")], LeaseGuard::none())),
+        )
+        .await
+        .unwrap();
         assert_eq!(catalog.cached_set_version(&s), Some(first.version.0));
-        let same = store(&catalog, &s, Ok(vec![tool("a")])).await.unwrap();
+        let same = store(
+            &catalog,
+            &s,
+            Ok(Listed::Tools(vec![tool("a")], LeaseGuard::none())),
+        )
+        .await
+        .unwrap();
         assert_eq!(same.version, first.version);
         let timed_out = RefreshError::TimedOut {
             server: s.clone(),
@@ -846,9 +960,16 @@ mod tests {
         };
         assert!(store(&catalog, &s, Err(timed_out)).await.is_err());
         assert_eq!(catalog.cached_set_version(&s), Some(first.version.0));
-        let second = store(&catalog, &s, Ok(vec![tool("a"), tool("b")]))
-            .await
-            .unwrap();
+        let second = store(
+            &catalog,
+            &s,
+            Ok(Listed::Tools(
+                vec![tool("a"), tool("b")],
+                LeaseGuard::none(),
+            )),
+        )
+        .await
+        .unwrap();
         assert!(second.version > first.version);
         assert_eq!(catalog.cached_set_version(&s), Some(second.version.0));
     }

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use psych_types::{
-    CatalogFailure, CatalogStore, CatalogVersion, Diff, Reachability, Refresh, ServerCatalog,
-    ServerHealth, ServerId, SyncFailure, SyncStamp, ToolDefinition, ToolName, UnixMillis,
+    CatalogFailure, CatalogStore, CatalogVersion, Diff, DynCatalogStore, Lease, LeaseGuard,
+    Reachability, Refresh, ServerCatalog, ServerHealth, ServerId, SyncFailure, SyncStamp,
+    ToolDefinition, ToolName, UnixMillis,
 };
 use redb::backends::InMemoryBackend;
 use redb::{
@@ -59,6 +60,7 @@ impl CatalogStore for Catalog {
         match error {
             CatalogError::DuplicateTool { .. } => CatalogFailure::DuplicateTool,
             CatalogError::VersionAhead { .. } => CatalogFailure::VersionAhead,
+            CatalogError::Shared(error) => error.kind(),
             _ => CatalogFailure::Store,
         }
     }
@@ -110,6 +112,14 @@ impl CatalogStore for Catalog {
         to: CatalogVersion,
     ) -> Result<Diff, CatalogError> {
         Catalog::diff(self, server, from, to)
+    }
+
+    fn is_shared(&self) -> bool {
+        Catalog::is_shared(self)
+    }
+
+    fn lease(&self, server: &ServerId, since: UnixMillis) -> Result<Lease, CatalogError> {
+        Catalog::lease(self, server, since)
     }
 }
 
@@ -199,8 +209,16 @@ impl CatalogBuilder {
     }
 }
 
+/// Where a catalogue's tools are kept.
+enum Backend {
+    /// A redb file (or memory) of this process's.
+    Redb(Database),
+    /// A store several processes share ([`Catalog::shared`]).
+    Shared(Arc<DynCatalogStore>),
+}
+
 struct Inner {
-    db: Database,
+    backend: Backend,
     path: PathBuf,
     clock: Arc<dyn Clock>,
     /// Each server's decoded live set, keyed by the set version it was decoded at (see
@@ -218,6 +236,10 @@ struct Inner {
 /// Cheap to clone (the clones share one database and one cache of decoded live sets). Reads
 /// run in redb read transactions, so they never wait for a refresh and never see half of
 /// one; refreshes take one write transaction each and wait for each other.
+///
+/// Or, made with [`Catalog::shared`], the same catalogue over a store that several
+/// processes share (the PostgreSQL store, for gateway replicas): its tools, versions and
+/// sync health are the store's, reachability and the change counter this process's.
 #[derive(Clone)]
 pub struct Catalog {
     inner: Arc<Inner>,
@@ -253,6 +275,66 @@ impl Catalog {
     /// As [`CatalogBuilder::in_memory`].
     pub fn in_memory() -> Result<Self, OpenError> {
         Self::builder().in_memory()
+    }
+
+    /// The catalogue kept in `store`, which other processes may share (the PostgreSQL
+    /// store: `Arc::new(Erased(PgCatalog))`, psych-types' `Erased`). Tools, versions and
+    /// sync health are read from and written to the store (every method then blocks on it:
+    /// call them off the async workers, as for redb); reachability is this process's, held
+    /// in memory; the clock is the store's. When another process changes the store, the
+    /// change counter ([`changes`](Self::changes)) moves on as for a change made here (the
+    /// store's [`watch`](CatalogStore::watch)), so sessions resolved from it are woken.
+    pub fn shared(store: Arc<DynCatalogStore>) -> Self {
+        struct StoreClock(Arc<DynCatalogStore>);
+        impl Clock for StoreClock {
+            fn now(&self) -> UnixMillis {
+                self.0.now()
+            }
+        }
+        let inner = Arc::new(Inner {
+            backend: Backend::Shared(Arc::clone(&store)),
+            path: PathBuf::from("<shared>"),
+            clock: Arc::new(StoreClock(Arc::clone(&store))),
+            live_sets: LiveSets::default(),
+            reachability: Mutex::new(BTreeMap::new()),
+            changes: watch::Sender::new(0),
+        });
+        let weak = Arc::downgrade(&inner);
+        store.watch(Arc::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                inner.changes.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }));
+        Self { inner }
+    }
+
+    /// Whether the catalogue is kept in a store other processes share ([`Catalog::shared`]).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.inner.backend, Backend::Shared(_))
+    }
+
+    /// The store of a shared catalogue.
+    fn store(&self) -> Option<&Arc<DynCatalogStore>> {
+        match &self.inner.backend {
+            Backend::Shared(store) => Some(store),
+            Backend::Redb(_) => None,
+        }
+    }
+
+    /// Asked before listing `server` for a trigger raised at `since` (by
+    /// [`now`](Self::now)); see psych-types' [`CatalogStore::lease`]. A catalogue of this
+    /// process's always answers `Proceed`; a shared one lets one process list a server at
+    /// a time, and tells when another's listing that started after `since` is stored.
+    /// Blocks on a shared store.
+    ///
+    /// # Errors
+    ///
+    /// [`CatalogError::Shared`] when the shared store fails.
+    pub fn lease(&self, server: &ServerId, since: UnixMillis) -> Result<Lease, CatalogError> {
+        match self.store() {
+            Some(store) => store.lease(server, since).map_err(CatalogError::Shared),
+            None => Ok(Lease::Proceed(LeaseGuard::none())),
+        }
     }
 
     fn init(db: Database, path: PathBuf, clock: Arc<dyn Clock>) -> Result<Self, OpenError> {
@@ -305,7 +387,7 @@ impl Catalog {
         txn.commit().map_err(|e| fail(e.into()))?;
         Ok(Self {
             inner: Arc::new(Inner {
-                db,
+                backend: Backend::Redb(db),
                 path,
                 clock,
                 live_sets: LiveSets::default(),
@@ -352,8 +434,13 @@ impl Catalog {
                 name: pair[0].0.clone(),
             });
         }
+        if let Some(store) = self.store() {
+            let refresh = store.refresh(server, tools).map_err(CatalogError::Shared)?;
+            self.changed();
+            return Ok(refresh);
+        }
         let at = self.now();
-        let txn = self.inner.db.begin_write().map_err(storage)?;
+        let txn = self.write()?;
         let refresh = write_refresh(&txn, server, &incoming, at)?;
         txn.commit().map_err(storage)?;
         // The stored set version moved on, so a cached set older than it can never be
@@ -370,8 +457,15 @@ impl Catalog {
     ///
     /// [`CatalogError::Storage`] when redb fails.
     pub fn record_failure(&self, server: &ServerId, message: &str) -> Result<(), CatalogError> {
+        if let Some(store) = self.store() {
+            store
+                .record_failure(server, message)
+                .map_err(CatalogError::Shared)?;
+            self.changed();
+            return Ok(());
+        }
         let at = self.now();
-        let txn = self.inner.db.begin_write().map_err(storage)?;
+        let txn = self.write()?;
         {
             let mut servers = txn.open_table(SERVERS).map_err(storage)?;
             let mut row = read_server_row(&servers, server)?.unwrap_or_default();
@@ -417,7 +511,7 @@ impl Catalog {
     }
 
     /// Moves the change counter on.
-    fn changed(&self) {
+    pub(crate) fn changed(&self) {
         self.inner.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -432,7 +526,23 @@ impl Catalog {
     }
 
     fn read(&self) -> Result<ReadTransaction, CatalogError> {
-        self.inner.db.begin_read().map_err(storage)
+        match &self.inner.backend {
+            Backend::Redb(db) => db.begin_read().map_err(storage),
+            Backend::Shared(_) => Err(CatalogError::NotLocal("a redb transaction")),
+        }
+    }
+
+    fn write(&self) -> Result<WriteTransaction, CatalogError> {
+        match &self.inner.backend {
+            Backend::Redb(db) => db.begin_write().map_err(storage),
+            Backend::Shared(_) => Err(CatalogError::NotLocal("a redb transaction")),
+        }
+    }
+
+    /// `catalog` as read from the shared store, with this process's reachability.
+    fn with_reachability(&self, mut catalog: ServerCatalog) -> ServerCatalog {
+        catalog.health.reachability = self.reachability(&catalog.server);
+        catalog
     }
 
     /// The catalogue's current version (0 before the first change).
@@ -441,6 +551,9 @@ impl Catalog {
     ///
     /// [`CatalogError::Storage`] when redb fails.
     pub fn version(&self) -> Result<CatalogVersion, CatalogError> {
+        if let Some(store) = self.store() {
+            return store.version().map_err(CatalogError::Shared);
+        }
         current_version(&self.read()?)
     }
 
@@ -459,6 +572,10 @@ impl Catalog {
     /// [`CatalogError::Storage`] when redb fails, [`CatalogError::Corrupt`] for a row that
     /// does not decode.
     pub fn live(&self, server: &ServerId) -> Result<ServerCatalog, CatalogError> {
+        if let Some(store) = self.store() {
+            let catalog = store.live(server).map_err(CatalogError::Shared)?;
+            return Ok(self.with_reachability(catalog));
+        }
         let txn = self.read()?;
         self.live_in(&txn, server)
     }
@@ -470,6 +587,14 @@ impl Catalog {
     ///
     /// As [`Catalog::live`].
     pub fn live_all(&self) -> Result<Vec<ServerCatalog>, CatalogError> {
+        if self.store().is_some() {
+            // Server by server: a shared store has no snapshot across calls.
+            return self
+                .servers()?
+                .iter()
+                .map(|server| self.live(server))
+                .collect();
+        }
         let txn = self.read()?;
         let servers = self.servers_in(&txn)?;
         servers
@@ -484,6 +609,22 @@ impl Catalog {
     ///
     /// As [`Catalog::live`].
     pub fn servers(&self) -> Result<Vec<ServerId>, CatalogError> {
+        if let Some(store) = self.store() {
+            let mut servers: std::collections::BTreeSet<ServerId> = store
+                .servers()
+                .map_err(CatalogError::Shared)?
+                .into_iter()
+                .collect();
+            servers.extend(
+                self.inner
+                    .reachability
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .keys()
+                    .cloned(),
+            );
+            return Ok(servers.into_iter().collect());
+        }
         self.servers_in(&self.read()?)
     }
 
@@ -493,6 +634,11 @@ impl Catalog {
     ///
     /// As [`Catalog::live`].
     pub fn health(&self, server: &ServerId) -> Result<ServerHealth, CatalogError> {
+        if let Some(store) = self.store() {
+            let mut health = store.health(server).map_err(CatalogError::Shared)?;
+            health.reachability = self.reachability(server);
+            return Ok(health);
+        }
         let txn = self.read()?;
         let servers = txn.open_table(SERVERS).map_err(storage)?;
         let row = read_server_row(&servers, server)?.unwrap_or_default();
@@ -510,6 +656,11 @@ impl Catalog {
         server: &ServerId,
         version: CatalogVersion,
     ) -> Result<Vec<ToolDefinition>, CatalogError> {
+        if let Some(store) = self.store() {
+            return store
+                .tools_at(server, version)
+                .map_err(CatalogError::Shared);
+        }
         let txn = self.read()?;
         check_reached(&txn, version)?;
         let tools = txn.open_table(TOOLS).map_err(storage)?;
@@ -535,6 +686,9 @@ impl Catalog {
         from: CatalogVersion,
         to: CatalogVersion,
     ) -> Result<Diff, CatalogError> {
+        if let Some(store) = self.store() {
+            return store.diff(server, from, to).map_err(CatalogError::Shared);
+        }
         let txn = self.read()?;
         check_reached(&txn, from.max(to))?;
         let tools = txn.open_table(TOOLS).map_err(storage)?;
@@ -557,7 +711,7 @@ impl Catalog {
     ///
     /// # Errors
     ///
-    /// As [`Catalog::live`].
+    /// As [`Catalog::live`]; [`CatalogError::NotLocal`] for a shared catalogue.
     pub fn stats(&self) -> Result<Stats, CatalogError> {
         let txn = self.read()?;
         let tools = txn.open_table(TOOLS).map_err(storage)?;

@@ -20,3 +20,12 @@ mod in_a_file {
 
     psych_store_conformance::catalog_conformance!(open);
 }
+
+/// The catalogue over a store of the seam ([`Catalog::shared`](psych_catalog::Catalog::shared)),
+/// here the in-memory one erased: every call goes through the store and keeps its guarantees.
+mod shared_over_a_store {
+    psych_store_conformance::catalog_conformance!(|| {
+        let store = psych_catalog::Catalog::in_memory().unwrap_or_else(|e| panic!("{e}"));
+        psych_catalog::Catalog::shared(std::sync::Arc::new(psych_types::Erased(store)))
+    });
+}

@@ -504,3 +504,133 @@ async fn a_disconnected_server_is_no_longer_swept() {
     assert_eq!(lister.calls("gone"), [0.0, 60.0, 361.0]);
     freshener.shutdown().await;
 }
+
+/// A catalogue shared with other processes, as the freshener sees it: the in-memory
+/// catalogue behind the store seam, whose refresh lease answers as scripted (another
+/// process listing the server, or having stored a listing after the request).
+#[derive(Debug)]
+struct Leased {
+    inner: Catalog,
+    answers: Mutex<VecDeque<&'static str>>,
+    asked: AtomicUsize,
+}
+
+impl psych_types::CatalogStore for Leased {
+    type Error = psych_catalog::CatalogError;
+
+    fn failure(&self, error: &Self::Error) -> psych_types::CatalogFailure {
+        psych_types::CatalogStore::failure(&self.inner, error)
+    }
+    fn now(&self) -> u64 {
+        self.inner.now()
+    }
+    fn refresh(
+        &self,
+        server: &ServerId,
+        tools: &[ToolDefinition],
+    ) -> Result<psych_types::Refresh, Self::Error> {
+        self.inner.refresh(server, tools)
+    }
+    fn record_failure(&self, server: &ServerId, message: &str) -> Result<(), Self::Error> {
+        self.inner.record_failure(server, message)
+    }
+    fn version(&self) -> Result<CatalogVersion, Self::Error> {
+        self.inner.version()
+    }
+    fn live(&self, server: &ServerId) -> Result<psych_types::ServerCatalog, Self::Error> {
+        self.inner.live(server)
+    }
+    fn servers(&self) -> Result<Vec<ServerId>, Self::Error> {
+        self.inner.servers()
+    }
+    fn health(&self, server: &ServerId) -> Result<psych_types::ServerHealth, Self::Error> {
+        self.inner.health(server)
+    }
+    fn tools_at(
+        &self,
+        server: &ServerId,
+        version: CatalogVersion,
+    ) -> Result<Vec<ToolDefinition>, Self::Error> {
+        self.inner.tools_at(server, version)
+    }
+    fn diff(
+        &self,
+        server: &ServerId,
+        from: CatalogVersion,
+        to: CatalogVersion,
+    ) -> Result<psych_types::Diff, Self::Error> {
+        self.inner.diff(server, from, to)
+    }
+    fn is_shared(&self) -> bool {
+        true
+    }
+    fn lease(&self, _: &ServerId, _: u64) -> Result<psych_types::Lease, Self::Error> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        Ok(match self.answers.lock().unwrap().pop_front() {
+            Some("busy") => psych_types::Lease::Busy,
+            Some("satisfied") => psych_types::Lease::Satisfied(CatalogVersion(7)),
+            _ => psych_types::Lease::Proceed(psych_types::LeaseGuard::none()),
+        })
+    }
+}
+
+fn leased(answers: &[&'static str]) -> (Catalog, Arc<Leased>) {
+    let store = Arc::new(Leased {
+        inner: catalog(),
+        answers: Mutex::new(answers.iter().copied().collect()),
+        asked: AtomicUsize::new(0),
+    });
+    let erased: Arc<psych_types::DynCatalogStore> =
+        Arc::new(psych_types::Erased(Arc::clone(&store)));
+    (Catalog::shared(erased), store)
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_a_shared_catalogue_a_server_is_listed_once_its_lease_is_free() {
+    let lister = Scripted::new([(
+        "s",
+        vec![Step::Reply(
+            Duration::ZERO,
+            tools("server-memory.tools.json"),
+        )],
+    )]);
+    let (shared, store) = leased(&["busy", "busy"]);
+    let freshener =
+        Freshener::start(shared, Arc::clone(&lister), config().build().unwrap()).unwrap();
+    let s = server("s");
+    let outcome = freshener.refresh(&s).await.unwrap();
+    assert!(matches!(outcome, RefreshOutcome::Stored(_)), "{outcome:?}");
+    assert_eq!(store.asked.load(Ordering::SeqCst), 3, "asked until free");
+    let calls = lister.calls("s");
+    assert_eq!(
+        calls.len(),
+        1,
+        "listed once, after the other process: {calls:?}"
+    );
+    assert!(calls[0] >= 0.2, "not before the lease was free: {calls:?}");
+    assert_eq!(freshener.catalog().live(&s).unwrap().tools.len(), 9);
+    freshener.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_a_shared_catalogue_another_process_listing_stands() {
+    let lister = Scripted::new([(
+        "s",
+        vec![Step::Reply(
+            Duration::ZERO,
+            tools("server-memory.tools.json"),
+        )],
+    )]);
+    let (shared, _store) = leased(&["satisfied"]);
+    let freshener =
+        Freshener::start(shared, Arc::clone(&lister), config().build().unwrap()).unwrap();
+    let outcome = freshener.refresh(&server("s")).await.unwrap();
+    assert_eq!(
+        outcome,
+        RefreshOutcome::Shared {
+            version: CatalogVersion(7)
+        }
+    );
+    assert!(lister.calls("s").is_empty(), "not listed again");
+    freshener.shutdown().await;
+}

@@ -223,7 +223,13 @@ pub(crate) fn report(setup: &Setup, config: String, basis: Basis, lazy: bool) ->
             cost_tokens_est: cost.tokens(),
             cost_exact: matches!(cost, Cost::Exact(_)),
             start: setup.starts.get(server).map_or_else(
-                || "unknown (another process holds the catalogue)".to_owned(),
+                || {
+                    if setup.shared {
+                        "unknown (each replica decides from its own folder)".to_owned()
+                    } else {
+                        "unknown (another process holds the catalogue)".to_owned()
+                    }
+                },
                 ToString::to_string,
             ),
             preload,

@@ -204,12 +204,15 @@ enum Command {
         /// makes it lazy from the next start).
         #[arg(long)]
         eager: bool,
-        /// Keep the records in PostgreSQL instead of files under `<dir>/serve/`:
+        /// Keep the records and the catalogue in PostgreSQL instead of files under
+        /// `<dir>/serve/` and `<dir>/catalog.redb`:
         /// `postgres://USER@HOST:PORT/DATABASE?schema=NAME` (`schema` default `psych`,
         /// `pool_size` default 16; tables created and migrated by the gateway). Every
         /// `psych serve` on the same database and schema (replicas behind one address)
-        /// reads the handles the others minted for the same identity. Retention is not
-        /// applied to it yet; the catalogue stays in `<dir>/catalog.redb`.
+        /// reads the handles the others minted for the same identity and lists the same
+        /// tools: one replica lists an upstream server at a time, and a change one stores
+        /// reaches every replica's clients as `list_changed`. Give replicas the same
+        /// servers. Retention is not applied to it yet.
         #[arg(long, value_name = "URL")]
         store: Option<String>,
     },
@@ -234,8 +237,9 @@ struct SetupArgs {
     /// servers when absent.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// The redb catalogue the listings are synced into.
-    #[arg(long, value_name = "FILE", default_value = ".psych/catalog.redb")]
+    /// The redb catalogue the listings are synced into, or a `postgres://` URL: the
+    /// catalogue `psych serve --store` replicas share.
+    #[arg(long, value_name = "FILE|URL", default_value = ".psych/catalog.redb")]
     store: PathBuf,
 }
 

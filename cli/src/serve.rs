@@ -35,21 +35,20 @@ pub(crate) struct Options {
     pub(crate) spill_budget: psych_mcp::SpillBudget,
     /// Start every server at once, none on demand.
     pub(crate) eager: bool,
-    /// A `postgres://` URL: records there instead of in files.
+    /// A `postgres://` URL: records and the catalogue there instead of in files.
     pub(crate) store: Option<String>,
 }
 
-/// Opens the record store at `url` (blocking: before the runtime starts).
-fn open_store(url: &str) -> Result<std::sync::Arc<dyn psych_types::RecordStores>, String> {
+/// Opens the store at `url` (blocking: before the runtime starts).
+pub(crate) fn open_store(url: &str) -> Result<psych_store_postgres::PgBlocking, String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(format!(
             "--store {url:?}: only a postgres:// URL is supported (records in files are \
              the default, under --dir)"
         ));
     }
-    let store = psych_store_postgres::PgBlocking::open(url)
-        .map_err(|e| format!("--store: {}", crate::reason::chain(&e)))?;
-    Ok(std::sync::Arc::new(store))
+    psych_store_postgres::PgBlocking::open(url)
+        .map_err(|e| format!("--store: {}", crate::reason::chain(&e)))
 }
 
 /// Runs the gateway until its client leaves (stdio) or a SIGTERM or SIGINT stops it
@@ -85,7 +84,10 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         settings = settings.tokens(tokens);
     }
     if let Some(url) = store {
-        settings = settings.records_in(open_store(&url)?);
+        let store = open_store(&url)?;
+        settings = settings
+            .catalog_in(std::sync::Arc::new(psych_types::Erased(store.catalog())))
+            .records_in(std::sync::Arc::new(store));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

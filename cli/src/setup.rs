@@ -234,6 +234,9 @@ pub(crate) struct Setup {
     pub(crate) surface: Surface,
     pub(crate) settings: Settings,
     pub(crate) store: PathBuf,
+    /// Whether the catalogue is the one `psych serve --store` replicas share (how they
+    /// would start each server is then each replica's, from its own folder).
+    pub(crate) shared: bool,
 }
 
 /// Loads the configuration (or the embedded default), connects every server, lists and
@@ -253,19 +256,30 @@ pub(crate) fn load(
         Some(path) => McpConfig::load(path).map_err(|e| e.to_string())?,
         None => embedded_config()?,
     };
-    if let Some(dir) = store.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    // `psych serve` on the same folder holds it while it runs.
-    let (catalog, mut sources) = ListingSources::open_kept(store, |path| {
-        eprintln!(
-            "psych: the catalogue {} is held by another process (a psych serve on the same \
-             folder?); listing into memory instead",
-            path.display()
-        );
-    })
-    .map_err(|e| format!("the catalogue {}: {e}", store.display()))?;
+    let (catalog, mut sources) = match store.to_str().filter(|s| is_store_url(s)) {
+        // The catalogue `psych serve --store` replicas share; the sources of their kept
+        // listings are in their folders, so how they would start each server is unknown.
+        Some(url) => {
+            let store = crate::serve::open_store(url)?;
+            let erased = std::sync::Arc::new(psych_types::Erased(store.catalog()));
+            (Catalog::shared(erased), None)
+        }
+        None => {
+            if let Some(dir) = store.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            }
+            // `psych serve` on the same folder holds it while it runs.
+            ListingSources::open_kept(store, |path| {
+                eprintln!(
+                    "psych: the catalogue {} is held by another process (a psych serve on \
+                     the same folder?); listing into memory instead",
+                    path.display()
+                );
+            })
+            .map_err(|e| format!("the catalogue {}: {e}", store.display()))?
+        }
+    };
     // How `psych serve` would start each server, from what the catalogue kept before this
     // command lists them again (unknown when another process holds the catalogue).
     let starts = sources
@@ -311,8 +325,31 @@ pub(crate) fn load(
         grant,
         surface,
         settings,
-        store: store.to_owned(),
+        shared: catalog.is_shared(),
+        store: match store.to_str().filter(|s| is_store_url(s)) {
+            Some(url) => PathBuf::from(store_label(url)),
+            None => store.to_owned(),
+        },
     })
+}
+
+/// Whether `store` names the PostgreSQL store rather than a redb file.
+pub(crate) fn is_store_url(store: &str) -> bool {
+    store.starts_with("postgres://") || store.starts_with("postgresql://")
+}
+
+/// How a store URL is shown: its schema and where, never its user or password.
+fn store_label(url: &str) -> String {
+    let parsed = psych_store_postgres::StoreUrl::parse(url).ok();
+    let schema = parsed
+        .as_ref()
+        .map_or(psych_store_postgres::DEFAULT_SCHEMA, |u| u.schema.as_str());
+    let host = url
+        .split_once("://")
+        .map(|(_, rest)| rest.rsplit_once('@').map_or(rest, |(_, host)| host))
+        .and_then(|rest| rest.split(['/', '?']).next())
+        .unwrap_or("");
+    format!("the PostgreSQL schema {schema} at {host}")
 }
 
 /// The context window, in tokens, the auto budget is a share of unless one is given

@@ -56,8 +56,8 @@ pub(crate) async fn connect(url: &str, token: &str) -> Session {
         .unwrap()
 }
 
-pub(crate) async fn call(
-    session: &Session,
+pub(crate) async fn call<S: rmcp::service::Service<RoleClient>>(
+    session: &RunningService<RoleClient, S>,
     name: &str,
     arguments: Value,
 ) -> Result<CallToolResult, String> {
@@ -72,8 +72,8 @@ pub(crate) async fn call(
 
 /// Calls `name` until it answers without failing: the gateway answers before its
 /// upstreams connect, so right after a start the upstream's tools are not there yet.
-pub(crate) async fn call_when_listed(
-    session: &Session,
+pub(crate) async fn call_when_listed<S: rmcp::service::Service<RoleClient>>(
+    session: &RunningService<RoleClient, S>,
     name: &str,
     arguments: Value,
 ) -> CallToolResult {

@@ -12,7 +12,7 @@
 
 use serde_json::json;
 
-use crate::serve_identities::{LINE, call_when_listed, connect, large_handle, read, start};
+use crate::serve_identities::{LINE, call, call_when_listed, connect, large_handle, read, start};
 use crate::support::{text, token};
 use psych_test_support::pg::Schema;
 
@@ -71,6 +71,94 @@ async fn replicas_on_one_store_read_each_others_handles() {
     let after = read(&on_b, &handle).await.unwrap();
     assert!(text(&after).contains(LINE), "{}", text(&after));
     on_b.cancel().await.unwrap();
+    replica_b.stop().await;
+}
+
+/// A client that forwards each `tools/list_changed` to a channel.
+struct Watching(tokio::sync::mpsc::UnboundedSender<()>);
+
+impl rmcp::ClientHandler for Watching {
+    async fn on_tool_list_changed(
+        &self,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        let _ = self.0.send(());
+    }
+}
+
+/// The names `session` lists, sorted.
+async fn names<S: rmcp::service::Service<rmcp::RoleClient>>(
+    session: &rmcp::service::RunningService<rmcp::RoleClient, S>,
+) -> Vec<String> {
+    let mut names: Vec<String> = session
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|tool| tool.name.into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Replicas on one store share its catalogue: both list the same tools, none keeps a
+/// catalogue file, and a tool the upstream adds, listed by replica A when its upstream says
+/// so, reaches replica B's client as `list_changed` and is in B's listing (B's own
+/// upstream never changed: the listing A stored is every replica's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_one_store_share_the_catalogue_and_its_changes() {
+    use rmcp::ServiceExt as _;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let schema = Schema::fresh("replica_catalog");
+    let store = schema.url();
+    let (alice, alice_digest) = token("alice");
+    let tokens = json!({"identities": {"alice": {"tokens": [alice_digest]}}}).to_string();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for dir in [&dir_a, &dir_b] {
+        std::fs::write(dir.path().join("tokens.json"), &tokens).unwrap();
+    }
+    let (replica_a, url_a) = start(dir_a.path(), &["--store", &store]).await;
+    let (replica_b, url_b) = start(dir_b.path(), &["--store", &store]).await;
+    let on_a = connect(&url_a, &alice).await;
+    let (changed, mut changes) = tokio::sync::mpsc::unbounded_channel();
+    let config =
+        StreamableHttpClientTransportConfig::with_uri(url_b.clone()).auth_header(alice.clone());
+    let on_b = Watching(changed)
+        .serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .unwrap();
+    call_when_listed(&on_a, "up__echo", json!({"text": "a is up"})).await;
+    call_when_listed(&on_b, "up__echo", json!({"text": "b is up"})).await;
+    let listed = names(&on_a).await;
+    assert!(listed.contains(&"up__echo".to_owned()), "{listed:?}");
+    assert_eq!(names(&on_b).await, listed, "one catalogue, one listing");
+    for dir in [&dir_a, &dir_b] {
+        assert!(
+            !dir.path().join("catalog.redb").exists(),
+            "the catalogue is the store's"
+        );
+    }
+
+    while changes.try_recv().is_ok() {}
+    let added = call(&on_a, "up__add_tool", json!({"name": "fresh"}))
+        .await
+        .unwrap();
+    assert_ne!(added.is_error, Some(true), "{}", text(&added));
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            changes.recv().await.expect("b's session is open");
+            if names(&on_b).await.contains(&"up__fresh".to_owned()) {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("A's listing reaches B's client as list_changed");
+    on_a.cancel().await.unwrap();
+    on_b.cancel().await.unwrap();
+    replica_a.stop().await;
     replica_b.stop().await;
 }
 
@@ -145,4 +233,61 @@ async fn figures() {
             two / one
         );
     }
+}
+
+/// `psych budget --store postgres://…` lists into the catalogue replicas share: the same
+/// tools as into a file, stored in the schema (read back through the store), and the
+/// report names the schema and host, never the URL's user.
+#[test]
+fn budget_lists_into_the_replicas_catalogue() {
+    use psych_types::{CatalogStore as _, ServerId};
+
+    let schema = Schema::fresh("budget_store");
+    let dir = tempfile::tempdir().unwrap();
+    let server = env!("CARGO_BIN_EXE_psych");
+    let config = dir.path().join("mcp.json");
+    let servers = json!({"mcpServers": {
+        "one": {"command": server, "args": ["serve-embedded", "--tools", "30"]},
+        "two": {"command": server, "args": ["serve-embedded", "--tools", "5"]},
+    }});
+    std::fs::write(&config, servers.to_string()).unwrap();
+    let budget = |store: &str| {
+        let out = std::process::Command::new(server)
+            .args(["budget", "--json", "--config"])
+            .arg(&config)
+            .args(["--store", store])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let into_store: serde_json::Value = serde_json::from_str(&budget(&schema.url())).unwrap();
+    let into_file: serde_json::Value = serde_json::from_str(&budget("catalog.redb")).unwrap();
+    let without_start = |report: &serde_json::Value| {
+        let mut servers = report["servers"].clone();
+        for server in servers.as_array_mut().unwrap() {
+            server.as_object_mut().unwrap().remove("start");
+        }
+        servers
+    };
+    assert_eq!(without_start(&into_store), without_start(&into_file));
+    assert_eq!(
+        into_store["servers"][0]["start"],
+        "unknown (each replica decides from its own folder)"
+    );
+    assert_eq!(into_store["totals"], into_file["totals"]);
+    let shown = into_store.to_string();
+    assert!(
+        shown.contains(&format!("the PostgreSQL schema {}", schema.name())),
+        "{shown}"
+    );
+    assert!(!shown.contains("postgres@"), "no user shown: {shown}");
+    let catalog = psych_store_postgres::PgCatalog::open(&schema.url()).unwrap();
+    assert_eq!(
+        catalog.servers().unwrap(),
+        [ServerId::new("one").unwrap(), ServerId::new("two").unwrap()]
+    );
+    let one = catalog.live(&ServerId::new("one").unwrap()).unwrap();
+    assert!(one.tools.len() >= 30, "{}", one.tools.len());
 }

@@ -30,9 +30,10 @@
 //! ```
 //!
 //! The gateway connects the upstream servers of an `mcpServers` file (psych-mcp's
-//! [`McpManager`]), keeps their catalogues fresh in a catalogue kept in
-//! `<dir>/catalog.redb` ([`GatewaySettings::catalog`]; the runtime's [`CatalogSync`]: sync
-//! on connect, `list_changed`, reachability) and answers its one MCP client (stdio) or each
+//! [`McpManager`]), keeps their catalogues fresh (the runtime's [`CatalogSync`]: sync on
+//! connect, `list_changed`, reachability) in a catalogue kept in `<dir>/catalog.redb`
+//! ([`GatewaySettings::catalog`]) or in a store replicas share
+//! ([`GatewaySettings::catalog_in`]), and answers its one MCP client (stdio) or each
 //! of its clients (`--http`) with what disclosure decides:
 //!
 //! - **Servers start when they are needed.** A server whose listing the catalogue kept and
@@ -1604,6 +1605,7 @@ pub struct GatewaySettings {
     spill_budget: SpillBudget,
     eager: bool,
     stores: Option<Arc<dyn RecordStores>>,
+    catalog: Option<Arc<psych_types::DynCatalogStore>>,
 }
 
 /// The one token estimator of a gateway, shared by disclosure, the record logs and
@@ -1646,6 +1648,7 @@ impl GatewaySettings {
             spill_budget: SpillBudget::default(),
             eager: false,
             stores: None,
+            catalog: None,
         })
     }
 
@@ -1724,11 +1727,27 @@ impl GatewaySettings {
     /// `psych_store_postgres::PgBlocking`) instead of files under `<dir>/serve/`: every
     /// gateway on the same store (replicas behind one address) reads the handles the others
     /// minted for the same identity, each replica writing Runs of its own. The catalogue
-    /// stays this gateway's (`<dir>/catalog.redb`). Retention is not applied to such a store
-    /// yet (its records are kept); segments rotate at the same size.
+    /// stays this gateway's (`<dir>/catalog.redb`) unless [`catalog_in`](Self::catalog_in)
+    /// says otherwise. Retention is not applied to such a store yet (its records are kept);
+    /// segments rotate at the same size.
     #[must_use]
     pub fn records_in(mut self, stores: Arc<dyn RecordStores>) -> Self {
         self.stores = Some(stores);
+        self
+    }
+
+    /// Keeps the catalogue in `store` (the PostgreSQL store's catalogue, erased:
+    /// `Arc::new(Erased(PgCatalog))`) instead of `<dir>/catalog.redb`: every gateway on the
+    /// same store (replicas behind one address) lists the same tools. One of them lists an
+    /// upstream server at a time and the others use the listing it stored (the store's
+    /// refresh lease); a change one stores reaches every replica's sessions, which tell
+    /// their clients (`notifications/tools/list_changed`). The sources of the kept listings
+    /// ([`sources`](Self::sources)) stay in this gateway's folder. Replicas should have the
+    /// same upstream servers: each lists its own connections, and the last listing stored
+    /// is every replica's.
+    #[must_use]
+    pub fn catalog_in(mut self, store: Arc<psych_types::DynCatalogStore>) -> Self {
+        self.catalog = Some(store);
         self
     }
 
@@ -1992,14 +2011,17 @@ pub async fn serve(
     // another gateway on the same folder, an in-memory one serves and every server starts.
     let kept = settings.catalog();
     let report = Arc::clone(&settings.report);
-    let opened = tokio::task::spawn_blocking(move || {
-        ListingSources::open_kept(&kept, |path| {
+    let shared = settings.catalog.clone();
+    let sources = settings.sources();
+    let opened = tokio::task::spawn_blocking(move || match shared {
+        Some(store) => Ok((Catalog::shared(store), Some(ListingSources::load(sources)))),
+        None => ListingSources::open_kept(&kept, |path| {
             report(&format!(
                 "the catalogue {} is held by another psych serve on the same --dir; this one \
                  keeps its catalogue in memory and starts every server at once",
                 path.display()
             ));
-        })
+        }),
     })
     .await
     .map_err(ServeError::Task)?

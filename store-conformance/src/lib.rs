@@ -123,6 +123,22 @@ impl<S: CatalogStore, G: Send + Sync + std::fmt::Debug> CatalogStore for Kept<S,
     ) -> Result<psych_types::Diff, S::Error> {
         self.0.diff(server, from, to)
     }
+
+    fn is_shared(&self) -> bool {
+        self.0.is_shared()
+    }
+
+    fn lease(
+        &self,
+        server: &ServerId,
+        since: psych_types::UnixMillis,
+    ) -> Result<psych_types::Lease, S::Error> {
+        self.0.lease(server, since)
+    }
+
+    fn watch(&self, wake: std::sync::Arc<dyn Fn() + Send + Sync>) {
+        self.0.watch(wake);
+    }
 }
 
 fn server(name: &str) -> ServerId {

@@ -103,6 +103,14 @@ impl PgBlocking {
         Some(block_on(runtime, work))
     }
 
+    /// Runs `work` on the store's runtime in the background (nothing when the store has
+    /// shut down).
+    pub(crate) fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
+        if let Some(runtime) = self.runtime.0.as_ref() {
+            drop(runtime.spawn(work));
+        }
+    }
+
     pub(crate) async fn client(
         &self,
     ) -> Result<deadpool_postgres::Object, deadpool_postgres::PoolError> {

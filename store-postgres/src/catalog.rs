@@ -18,10 +18,11 @@ use std::sync::Arc;
 
 use deadpool_postgres::GenericClient;
 use psych_types::{
-    CatalogFailure, CatalogStore, CatalogVersion, Diff, Refresh, ServerCatalog, ServerHealth,
-    ServerId, SyncFailure, SyncStamp, ToolDefinition, ToolName, UnixMillis,
+    CatalogFailure, CatalogStore, CatalogVersion, Diff, Lease, LeaseGuard, Refresh, ServerCatalog,
+    ServerHealth, ServerId, SyncFailure, SyncStamp, ToolDefinition, ToolName, UnixMillis,
 };
 
+use crate::shared::{CHANNEL, Held, Shared, refresh_lock};
 use crate::{DbError, OpenError, PgBlocking, PgStore};
 
 /// Why a catalogue request failed.
@@ -100,6 +101,9 @@ pub struct PgCatalog {
     /// same version hands out the same allocation and decodes nothing, as the redb
     /// catalogue's does. A set version names one set for good, so a hit is never stale.
     live_sets: Arc<std::sync::Mutex<BTreeMap<ServerId, LiveSet>>>,
+    /// Refresh leases and the change feed (see [`CatalogStore::lease`] and
+    /// [`CatalogStore::watch`]), shared by clones.
+    shared: Arc<Shared>,
 }
 
 /// A server's live set as last decoded, and the set version it was read at.
@@ -121,6 +125,7 @@ impl PgCatalog {
         Self {
             blocking,
             live_sets: Arc::default(),
+            shared: Arc::default(),
         }
     }
 
@@ -289,7 +294,7 @@ impl CatalogStore for PgCatalog {
         match error {
             CatalogError::DuplicateTool { .. } => CatalogFailure::DuplicateTool,
             CatalogError::VersionAhead { .. } => CatalogFailure::VersionAhead,
-            CatalogError::Db(DbError::Connect(_)) | CatalogError::ShutDown => {
+            CatalogError::Db(DbError::Connect(_) | DbError::Open(_)) | CatalogError::ShutDown => {
                 CatalogFailure::Unavailable
             }
             CatalogError::Db(DbError::Query(error)) if unavailable(error) => {
@@ -337,12 +342,14 @@ impl CatalogStore for PgCatalog {
             .map_err(db)?;
             let row = txn
                 .query_one(
-                    "select set_version from servers where server = $1 for update",
+                    "select set_version, error_at is not null from servers
+                     where server = $1 for update",
                     &[&server.as_str()],
                 )
                 .await
                 .map_err(db)?;
             let mut set_version = version(row.get(0));
+            let had_error: bool = row.get(1);
             // Stamped once the server's row is ours: replicas' stamps follow commit order.
             let at = millis(system_now());
             let live = rows_at(&txn, server, None).await?;
@@ -398,11 +405,24 @@ impl CatalogStore for PgCatalog {
                 .map_err(db)?;
                 set_version = version(new);
             }
-            txn.execute(
-                "update servers set set_version = $2, sync_version = $2, sync_at = $3,
-                     error_at = null, error_message = null
-                 where server = $1",
-                &[&server.as_str(), &stored(set_version.0), &at],
+            // Other processes sharing the catalogue hear of a change (new tools, or an error
+            // cleared) once committed; a sync stamp alone wakes no one.
+            let payload = self.shared.payload(self.store().schema(), server);
+            let notify = !diff.is_empty() || had_error;
+            txn.query(
+                "with synced as (
+                     update servers set set_version = $2, sync_version = $2, sync_at = $3,
+                         error_at = null, error_message = null
+                     where server = $1 returning server)
+                 select pg_notify($4, $5) from synced where $6",
+                &[
+                    &server.as_str(),
+                    &stored(set_version.0),
+                    &at,
+                    &CHANNEL,
+                    &payload,
+                    &notify,
+                ],
             )
             .await
             .map_err(db)?;
@@ -418,12 +438,17 @@ impl CatalogStore for PgCatalog {
         let at = millis(self.now());
         self.block(async {
             let client = self.client().await?;
+            let payload = self.shared.payload(self.store().schema(), server);
             client
-                .execute(
-                    "insert into servers (server, error_at, error_message) values ($1, $2, $3)
-                     on conflict (server) do update
-                     set error_at = excluded.error_at, error_message = excluded.error_message",
-                    &[&server.as_str(), &at, &message],
+                .query_one(
+                    "with failed as (
+                         insert into servers (server, error_at, error_message)
+                         values ($1, $2, $3)
+                         on conflict (server) do update
+                         set error_at = excluded.error_at, error_message = excluded.error_message
+                         returning server)
+                     select pg_notify($4, $5) from failed",
+                    &[&server.as_str(), &at, &message, &CHANNEL, &payload],
                 )
                 .await
                 .map_err(db)?;
@@ -478,7 +503,14 @@ impl CatalogStore for PgCatalog {
         self.block(async {
             let client = self.client().await?;
             let rows = client
-                .query("select server from servers order by server", &[])
+                // A row only a lease made (a first listing under way) is not a server
+                // the catalogue knows yet.
+                .query(
+                    "select server from servers
+                     where set_version > 0 or sync_at is not null or error_at is not null
+                     order by server",
+                    &[],
+                )
                 .await
                 .map_err(db)?;
             rows.iter()
@@ -530,5 +562,72 @@ impl CatalogStore for PgCatalog {
             txn.commit().await.map_err(db)?;
             Diff::between(&before, &after, |name| tool_name(server, name))
         })
+    }
+
+    /// True: every process on the same schema shares the catalogue.
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    /// One process lists a server at a time: a session advisory lock per (schema, server)
+    /// on a connection of this catalogue's own (see the crate's `shared` module). Taken,
+    /// the lock is kept (`Proceed`, the start stamped on the server's row) unless a listing
+    /// that started after `since` was stored since (`Satisfied`); not taken, `Busy`.
+    ///
+    /// The stamps are each process's clock, in milliseconds: processes on machines whose
+    /// clocks differ by more than a listing takes may list once too often (behind) or take
+    /// a listing that started just before the trigger for one after it (ahead; the next
+    /// change or TTL sweep lists the server again).
+    fn lease(&self, server: &ServerId, since: UnixMillis) -> Result<Lease, CatalogError> {
+        let key = refresh_lock(self.store().schema(), server);
+        self.block(async {
+            let client = self.shared.lease_client(self.store()).await?;
+            let taken: bool = client
+                .query_one("select pg_try_advisory_lock($1)", &[&key])
+                .await
+                .map_err(db)?
+                .get(0);
+            if !taken {
+                return Ok(Lease::Busy);
+            }
+            // Unlocks when dropped, on every way out below but `Proceed`.
+            let held = Held {
+                client: Arc::clone(&client),
+                key,
+                blocking: self.blocking.clone(),
+                shared: Arc::clone(&self.shared),
+            };
+            let row = client
+                .query_opt(
+                    "select set_version, sync_started_at, sync_at from servers where server = $1",
+                    &[&server.as_str()],
+                )
+                .await
+                .map_err(db)?;
+            if let Some(row) = row {
+                let (started, synced): (Option<i64>, Option<i64>) = (row.get(1), row.get(2));
+                if let (Some(started), Some(synced)) = (started, synced)
+                    && started > millis(since)
+                    && synced >= started
+                {
+                    return Ok(Lease::Satisfied(version(row.get(0))));
+                }
+            }
+            client
+                .execute(
+                    "insert into servers (server, sync_started_at) values ($1, $2)
+                     on conflict (server) do update set sync_started_at = excluded.sync_started_at",
+                    &[&server.as_str(), &millis(system_now())],
+                )
+                .await
+                .map_err(db)?;
+            Ok(Lease::Proceed(LeaseGuard::holding(held)))
+        })
+    }
+
+    /// Wakes `wake` at each change another process (another opening of the schema) commits,
+    /// through `LISTEN` on a connection of this catalogue's own, started at the first watcher.
+    fn watch(&self, wake: Arc<dyn Fn() + Send + Sync>) {
+        self.shared.watch(&self.blocking, wake);
     }
 }

@@ -15,7 +15,11 @@
 //!   (psych-store-conformance): a refresh is one transaction, an unchanged listing takes
 //!   no version, every past version reads as it was, and the database itself refuses to
 //!   delete a tool row. Replicas refreshing together take distinct versions and store whole
-//!   listings.
+//!   listings. For processes sharing it: one lists a server at a time (`lease`, a session
+//!   advisory lock on a connection of the catalogue's own, freed with the session of a
+//!   process that dies), and each hears of the changes the others commit (`watch`:
+//!   `pg_notify` on [`CHANNEL`] in the change's transaction, `LISTEN` on a connection of
+//!   its own, reconnected with a backoff).
 //! - Records ([`PgRecords`], one per Run of an identity): psych-types' `RecordStore`, the
 //!   seam the record log implements, passing the same conformance suite (10 properties): a
 //!   batch is one transaction and its handles are returned only after its commit; a tool
@@ -27,9 +31,11 @@
 //! The seams are blocking: [`PgBlocking`] runs the queries on a small runtime of its own,
 //! shared by the catalogue and every Run's records. It is also psych-types' `RecordStores`,
 //! which `psych serve --store` (psych-gateway's `GatewaySettings::records_in`) writes each
-//! identity's Runs to, so replicas on one schema read each other's handles.
-//! Advisory-locked refreshes with LISTEN/NOTIFY for replicas, retention, and the runtime's
-//! store option come next.
+//! identity's Runs to, so replicas on one schema read each other's handles, and the
+//! runtime's `RunBuilder::records_in` opens a Run in, so any worker resumes it. The
+//! catalogue, erased (`Erased(PgCatalog)`), is what psych-catalog's `Catalog::shared` and
+//! `psych serve --store` (`GatewaySettings::catalog_in`) keep the replicas' catalogue in.
+//! Retention of the store's Runs comes next.
 //!
 //! Every connection commits durably (`synchronous_commit=on`, whatever the server's
 //! default) and finds the store's tables first (`search_path`). TLS is not supported yet: a
@@ -64,6 +70,7 @@ mod catalog;
 mod error;
 mod records;
 mod schema;
+mod shared;
 mod url;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -74,6 +81,7 @@ pub use catalog::{CatalogError, PgCatalog};
 pub use error::OpenError;
 pub use records::{CHUNK, CommitFault, PgRecords, RecordError, SpillError};
 pub use schema::SCHEMA_VERSION;
+pub use shared::CHANNEL;
 pub use url::{DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, StoreUrl, UrlError};
 
 /// How long a caller waits for a connection of the pool before the request fails.
@@ -85,6 +93,9 @@ pub const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 pub struct PgStore {
     pool: Pool,
     schema: String,
+    /// The connection settings, for the connections of its own the catalogue opens (the
+    /// refresh leases' and the change feed's).
+    config: tokio_postgres::Config,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -106,6 +117,10 @@ pub enum DbError {
     /// PostgreSQL refused or failed the request.
     #[error("PostgreSQL")]
     Query(#[source] tokio_postgres::Error),
+    /// A connection of the store's own, outside the pool (the catalogue's refresh leases),
+    /// could not be opened.
+    #[error("cannot open a PostgreSQL connection")]
+    Open(#[source] tokio_postgres::Error),
 }
 
 impl PgStore {
@@ -120,7 +135,7 @@ impl PgStore {
     pub async fn open(url: &str) -> Result<Self, OpenError> {
         let url = StoreUrl::parse(url)?;
         let manager = Manager::from_config(
-            url.config,
+            url.config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -145,6 +160,7 @@ impl PgStore {
         Ok(Self {
             pool,
             schema: url.schema,
+            config: url.config,
         })
     }
 

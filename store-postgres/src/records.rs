@@ -133,7 +133,7 @@ impl RecordError {
     pub fn kind(&self) -> RecordFailure {
         match self {
             RecordError::Spill { .. } => RecordFailure::Spill,
-            RecordError::Db(DbError::Connect(_)) => RecordFailure::Unavailable,
+            RecordError::Db(DbError::Connect(_) | DbError::Open(_)) => RecordFailure::Unavailable,
             RecordError::Db(DbError::Query(e)) if unavailable(e) => RecordFailure::Unavailable,
             RecordError::NotStored(_) => RecordFailure::Unavailable,
             _ => RecordFailure::Store,

@@ -763,3 +763,174 @@ fn a_commit_whose_answer_is_lost_is_resolved_by_asking_the_database() {
         Some(text_result("c2", "appended again"))
     );
 }
+
+/// Two openings of one schema (two replicas' catalogues): each watcher is woken once its
+/// feed listens; one holds a server's refresh lease at a time, and a lease alone makes no
+/// server known; a listing one stores reaches the other's watchers (not its own) and satisfies the other's lease for a trigger raised
+/// before that listing started, not for one raised after.
+#[test]
+fn replicas_take_a_servers_refresh_lease_in_turn_and_hear_each_others_changes() {
+    use std::sync::Arc;
+    use std::sync::mpsc::channel;
+    use std::time::Duration;
+
+    use psych_store_postgres::PgCatalog;
+    use psych_types::{CatalogStore, Lease, ServerId, ToolDefinition, ToolName};
+
+    let name = format!("t_leases_{}", std::process::id());
+    raw_blocking(format!("drop schema if exists {name} cascade"));
+    let _drop = DropSchema(name.clone());
+    let url = format!("{}?schema={name}", database());
+    let (a, b) = (
+        PgCatalog::open(&url).unwrap(),
+        PgCatalog::open(&url).unwrap(),
+    );
+    let (s, other) = (ServerId::new("s").unwrap(), ServerId::new("other").unwrap());
+    let tools = |description: &str| {
+        vec![ToolDefinition::new(
+            ToolName::new("t").unwrap(),
+            description,
+            Default::default(),
+        )]
+    };
+
+    // Watchers on both, each woken once its feed listens.
+    let (heard_by_b, b_hears) = channel();
+    b.watch(Arc::new(move || {
+        let _ = heard_by_b.send(());
+    }));
+    let (heard_by_a, a_hears) = channel();
+    a.watch(Arc::new(move || {
+        let _ = heard_by_a.send(());
+    }));
+    b_hears
+        .recv_timeout(Duration::from_secs(10))
+        .expect("b's feed listens");
+    a_hears
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a's feed listens");
+
+    let since = a.now();
+    // Stamps are in milliseconds: a listing started in the trigger's millisecond is not
+    // known to have started after it.
+    std::thread::sleep(Duration::from_millis(5));
+    let Lease::Proceed(held) = a.lease(&s, since).unwrap() else {
+        panic!("the first lease is taken");
+    };
+    assert!(matches!(b.lease(&s, since).unwrap(), Lease::Busy));
+    assert!(
+        matches!(b.lease(&other, since).unwrap(), Lease::Proceed(_)),
+        "another server's lease is free"
+    );
+    assert!(
+        a.servers().unwrap().is_empty(),
+        "a lease alone makes no server known"
+    );
+    std::thread::sleep(Duration::from_millis(5));
+    let stored = a.refresh(&s, &tools("listed by a")).unwrap();
+    drop(held);
+    b_hears
+        .recv_timeout(Duration::from_secs(10))
+        .expect("b hears a's change");
+    // The lease is free once a's unlock ran (in the background, on a's runtime).
+    let mut answer = b.lease(&s, since).unwrap();
+    for _ in 0..100 {
+        if !matches!(answer, Lease::Busy) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        answer = b.lease(&s, since).unwrap();
+    }
+    assert!(
+        matches!(answer, Lease::Satisfied(version) if version == stored.version),
+        "a listing that started after the trigger stands: {answer:?}"
+    );
+    std::thread::sleep(Duration::from_millis(5));
+    let after = b.now();
+    assert!(
+        matches!(b.lease(&s, after).unwrap(), Lease::Proceed(_)),
+        "a trigger raised after a's listing started is b's to list"
+    );
+    assert!(
+        a_hears.recv_timeout(Duration::from_millis(300)).is_err(),
+        "a does not hear its own changes"
+    );
+    b.record_failure(&s, "b's upstream failed").unwrap();
+    a_hears
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a hears b's recorded failure");
+}
+
+/// What the lease test's child does when this binary is started as it
+/// (`PSYCH_PG_LEASE_URL` set): takes server `s`'s refresh lease, prints `held`, and waits
+/// to be killed. Run as an ordinary test, without the variable, it does nothing.
+#[test]
+fn child_holding_a_lease_until_killed() {
+    use psych_store_postgres::PgCatalog;
+    use psych_types::{CatalogStore, Lease, ServerId};
+
+    let Ok(url) = std::env::var("PSYCH_PG_LEASE_URL") else {
+        return;
+    };
+    let catalog = PgCatalog::open(&url).unwrap();
+    let s = ServerId::new("s").unwrap();
+    let Lease::Proceed(_held) = catalog.lease(&s, catalog.now()).unwrap() else {
+        panic!("the child's lease is taken");
+    };
+    println!("held");
+    loop {
+        std::thread::park();
+    }
+}
+
+/// A replica killed with SIGKILL while it holds a server's refresh lease (in the middle of
+/// listing it) does not wedge the server: its session ends, and the lease is another's.
+#[test]
+fn a_lease_held_by_a_killed_process_is_freed() {
+    use std::io::BufRead as _;
+    use std::time::{Duration, Instant};
+
+    use psych_store_postgres::PgCatalog;
+    use psych_types::{CatalogStore, Lease, ServerId};
+
+    let name = format!("t_lease_kill_{}", std::process::id());
+    raw_blocking(format!("drop schema if exists {name} cascade"));
+    let _drop = DropSchema(name.clone());
+    let url = format!("{}?schema={name}", database());
+    let catalog = PgCatalog::open(&url).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_holding_a_lease_until_killed",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("PSYCH_PG_LEASE_URL", &url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|line| line.is_ok_and(|l| l.ends_with("held"))),
+        "the child takes the lease"
+    );
+    let s = ServerId::new("s").unwrap();
+    assert!(matches!(
+        catalog.lease(&s, catalog.now()).unwrap(),
+        Lease::Busy
+    ));
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        match catalog.lease(&s, catalog.now()).unwrap() {
+            Lease::Proceed(_) => break,
+            answer => assert!(
+                Instant::now() < give_up,
+                "still {answer:?} 20 s after the holder was killed"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -108,10 +108,10 @@ pub use record::{
 };
 pub use schema::{InputSchemaError, check_input_schema, json_kind};
 pub use seam::{
-    CatalogFailure, CatalogStore, DynRecordStore, Erased, HostAnswer, InputRound, LineMark,
-    MemoryRecords, OutputInfo, OutputKind, Projection, RecordFailure, RecordSource, RecordStore,
-    RecordStores, ResultProjector, ResultRef, StoreError, TokenEstimator, ToolHost, ToolLister,
-    readable_bytes,
+    CatalogFailure, CatalogStore, CatalogStoreError, DynCatalogStore, DynRecordStore, Erased,
+    HostAnswer, InputRound, Lease, LeaseGuard, LineMark, MemoryRecords, OutputInfo, OutputKind,
+    Projection, RecordFailure, RecordSource, RecordStore, RecordStores, ResultProjector, ResultRef,
+    StoreError, TokenEstimator, ToolHost, ToolLister, readable_bytes,
 };
 pub use spill::{SpilledBlock, SpilledText};
 pub use tool::{

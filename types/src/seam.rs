@@ -713,8 +713,9 @@ impl std::error::Error for StoreError {
 /// store with [`Erased`]).
 pub type DynRecordStore = dyn RecordStore<Error = StoreError, AppendError = StoreError>;
 
-/// A record store with its errors erased to [`StoreError`] (reads' failures are
-/// [`RecordFailure::Store`]); it stores and reads exactly as `S` does.
+/// A store with its errors erased: a record store's to [`StoreError`] (reads' failures are
+/// [`RecordFailure::Store`]), a catalogue store's to [`CatalogStoreError`]; it stores and
+/// reads exactly as `S` does.
 #[derive(Debug, Clone)]
 pub struct Erased<S>(pub S);
 
@@ -1028,6 +1029,275 @@ pub trait CatalogStore: Send + Sync + std::fmt::Debug {
         from: CatalogVersion,
         to: CatalogVersion,
     ) -> Result<Diff, Self::Error>;
+
+    /// Whether several processes share this store (so a listing one of them stores is every
+    /// one's, and [`lease`](Self::lease) and [`watch`](Self::watch) matter). False for a
+    /// local store, the default.
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    /// Asked before listing `server` for a trigger raised at `since` (by [`now`](Self::now)):
+    /// [`Lease::Proceed`] to list it now, holding the server's refresh lease until the
+    /// guard drops (drop it after the listing is stored); [`Lease::Satisfied`] when a
+    /// listing that started after `since` is already stored by another process sharing the
+    /// store, so this one need not list; [`Lease::Busy`] when another process is listing it
+    /// now (ask again later). One process lists a server at a time. A local store always
+    /// answers `Proceed` with an empty guard, the default.
+    ///
+    /// # Errors
+    ///
+    /// The store's.
+    fn lease(&self, server: &ServerId, since: UnixMillis) -> Result<Lease, Self::Error> {
+        let _ = (server, since);
+        Ok(Lease::Proceed(LeaseGuard::none()))
+    }
+
+    /// Calls `wake` each time another process sharing the store changes it (a listing or a
+    /// failure stored), and once after a lost feed of such changes is restored (one may
+    /// have been missed). Changes this process makes are not reported. Local stores never
+    /// call it, the default. Wake-ups are only hints: reads are right without them.
+    fn watch(&self, wake: std::sync::Arc<dyn Fn() + Send + Sync>) {
+        let _ = wake;
+    }
+}
+
+/// A shared catalogue store is one (`Arc<DynCatalogStore>` included).
+impl<S: CatalogStore + ?Sized> CatalogStore for std::sync::Arc<S> {
+    type Error = S::Error;
+
+    fn failure(&self, error: &S::Error) -> CatalogFailure {
+        (**self).failure(error)
+    }
+
+    fn now(&self) -> UnixMillis {
+        (**self).now()
+    }
+
+    fn refresh(&self, server: &ServerId, tools: &[ToolDefinition]) -> Result<Refresh, S::Error> {
+        (**self).refresh(server, tools)
+    }
+
+    fn record_failure(&self, server: &ServerId, message: &str) -> Result<(), S::Error> {
+        (**self).record_failure(server, message)
+    }
+
+    fn version(&self) -> Result<CatalogVersion, S::Error> {
+        (**self).version()
+    }
+
+    fn live(&self, server: &ServerId) -> Result<ServerCatalog, S::Error> {
+        (**self).live(server)
+    }
+
+    fn servers(&self) -> Result<Vec<ServerId>, S::Error> {
+        (**self).servers()
+    }
+
+    fn health(&self, server: &ServerId) -> Result<ServerHealth, S::Error> {
+        (**self).health(server)
+    }
+
+    fn tools_at(
+        &self,
+        server: &ServerId,
+        version: CatalogVersion,
+    ) -> Result<Vec<ToolDefinition>, S::Error> {
+        (**self).tools_at(server, version)
+    }
+
+    fn diff(
+        &self,
+        server: &ServerId,
+        from: CatalogVersion,
+        to: CatalogVersion,
+    ) -> Result<Diff, S::Error> {
+        (**self).diff(server, from, to)
+    }
+
+    fn is_shared(&self) -> bool {
+        (**self).is_shared()
+    }
+
+    fn lease(&self, server: &ServerId, since: UnixMillis) -> Result<Lease, S::Error> {
+        (**self).lease(server, since)
+    }
+
+    fn watch(&self, wake: std::sync::Arc<dyn Fn() + Send + Sync>) {
+        (**self).watch(wake);
+    }
+}
+
+/// The answer to [`CatalogStore::lease`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Lease {
+    /// List the server now; the lease is held until the guard drops.
+    Proceed(LeaseGuard),
+    /// Another process sharing the store stored a listing of the server that started after
+    /// the trigger: the server's set version it stored.
+    Satisfied(CatalogVersion),
+    /// Another process is listing the server now.
+    Busy,
+}
+
+/// Holds a server's refresh lease ([`CatalogStore::lease`]) until dropped.
+pub struct LeaseGuard(Option<Box<dyn Send + Sync>>);
+
+impl LeaseGuard {
+    /// A guard that holds nothing (a local store's).
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// A guard that releases the lease when `held` drops.
+    pub fn holding(held: impl Send + Sync + 'static) -> Self {
+        Self(Some(Box::new(held)))
+    }
+}
+
+impl std::fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("LeaseGuard")
+            .field(&if self.0.is_some() { "held" } else { "none" })
+            .finish()
+    }
+}
+
+/// A catalogue store's failure with its kind, the store's own typed error kept inside: what
+/// callers holding any catalogue store ([`DynCatalogStore`]) get. Its message and sources are
+/// the store's error's (it is transparent); [`get_ref`](Self::get_ref) downcasts to it.
+#[derive(Debug)]
+pub struct CatalogStoreError {
+    kind: CatalogFailure,
+    inner: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl CatalogStoreError {
+    /// `inner`, of kind `kind`.
+    pub fn new(
+        kind: CatalogFailure,
+        inner: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            kind,
+            inner: Box::new(inner),
+        }
+    }
+
+    /// What kind of failure it is.
+    pub fn kind(&self) -> CatalogFailure {
+        self.kind
+    }
+
+    /// The store's own error.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.inner
+    }
+}
+
+impl std::fmt::Display for CatalogStoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+impl std::error::Error for CatalogStoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner.source()
+    }
+}
+
+/// Any catalogue store, its errors erased to [`CatalogStoreError`]: what a caller that works
+/// with the redb catalogue or the PostgreSQL store alike holds (`Arc<DynCatalogStore>`;
+/// wrap a store with [`Erased`]).
+pub type DynCatalogStore = dyn CatalogStore<Error = CatalogStoreError>;
+
+impl<S: CatalogStore> Erased<S> {
+    fn catalog_error(&self, error: S::Error) -> CatalogStoreError {
+        CatalogStoreError::new(self.0.failure(&error), error)
+    }
+}
+
+/// A catalogue store with its errors erased to [`CatalogStoreError`] (the kind the store
+/// gives); it stores and reads exactly as `S` does.
+impl<S: CatalogStore> CatalogStore for Erased<S> {
+    type Error = CatalogStoreError;
+
+    fn failure(&self, error: &CatalogStoreError) -> CatalogFailure {
+        error.kind()
+    }
+
+    fn now(&self) -> UnixMillis {
+        self.0.now()
+    }
+
+    fn refresh(
+        &self,
+        server: &ServerId,
+        tools: &[ToolDefinition],
+    ) -> Result<Refresh, CatalogStoreError> {
+        self.0
+            .refresh(server, tools)
+            .map_err(|e| self.catalog_error(e))
+    }
+
+    fn record_failure(&self, server: &ServerId, message: &str) -> Result<(), CatalogStoreError> {
+        self.0
+            .record_failure(server, message)
+            .map_err(|e| self.catalog_error(e))
+    }
+
+    fn version(&self) -> Result<CatalogVersion, CatalogStoreError> {
+        self.0.version().map_err(|e| self.catalog_error(e))
+    }
+
+    fn live(&self, server: &ServerId) -> Result<ServerCatalog, CatalogStoreError> {
+        self.0.live(server).map_err(|e| self.catalog_error(e))
+    }
+
+    fn servers(&self) -> Result<Vec<ServerId>, CatalogStoreError> {
+        self.0.servers().map_err(|e| self.catalog_error(e))
+    }
+
+    fn health(&self, server: &ServerId) -> Result<ServerHealth, CatalogStoreError> {
+        self.0.health(server).map_err(|e| self.catalog_error(e))
+    }
+
+    fn tools_at(
+        &self,
+        server: &ServerId,
+        version: CatalogVersion,
+    ) -> Result<Vec<ToolDefinition>, CatalogStoreError> {
+        self.0
+            .tools_at(server, version)
+            .map_err(|e| self.catalog_error(e))
+    }
+
+    fn diff(
+        &self,
+        server: &ServerId,
+        from: CatalogVersion,
+        to: CatalogVersion,
+    ) -> Result<Diff, CatalogStoreError> {
+        self.0
+            .diff(server, from, to)
+            .map_err(|e| self.catalog_error(e))
+    }
+
+    fn is_shared(&self) -> bool {
+        self.0.is_shared()
+    }
+
+    fn lease(&self, server: &ServerId, since: UnixMillis) -> Result<Lease, CatalogStoreError> {
+        self.0
+            .lease(server, since)
+            .map_err(|e| self.catalog_error(e))
+    }
+
+    fn watch(&self, wake: std::sync::Arc<dyn Fn() + Send + Sync>) {
+        self.0.watch(wake);
+    }
 }
 
 #[cfg(test)]
