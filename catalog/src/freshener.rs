@@ -808,13 +808,22 @@ async fn store(
                 Ok(refresh)
             }
             Err(source) => {
+                // A shared store out of reach cannot record it either, and a lease lost
+                // to another process is not the server's failure.
+                let unreachable = matches!(
+                    &source,
+                    crate::CatalogError::Shared(e)
+                        if e.kind() == psych_types::CatalogFailure::Unavailable
+                );
                 let error = RefreshError::Store {
                     server: owned.clone(),
                     source,
                 };
                 // The store failed; recording that may fail too, and then the first error
                 // is the one to report.
-                let _ = catalog.record_failure(&owned, &error.to_string());
+                if !unreachable {
+                    let _ = catalog.record_failure(&owned, &error.to_string());
+                }
                 Err(error)
             }
         },

@@ -212,7 +212,8 @@ enum Command {
         /// reads the handles the others minted for the same identity and lists the same
         /// tools: one replica lists an upstream server at a time, and a change one stores
         /// reaches every replica's clients as `list_changed`. Give replicas the same
-        /// servers. Retention is not applied to it yet.
+        /// servers. `--retain-days` and `--retain-mib` apply to the store's Runs as to
+        /// files (in one replica at a time; never a Run a live replica holds open).
         #[arg(long, value_name = "URL")]
         store: Option<String>,
     },

@@ -74,6 +74,52 @@ async fn replicas_on_one_store_read_each_others_handles() {
     replica_b.stop().await;
 }
 
+/// Retention on the store: a Run past `--retain-days` since its last write, held by no
+/// replica (its writer's lease lapsed), is deleted by the next replica to start, and its
+/// handle then answers that it expired, as a deleted segment's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_past_retention_is_deleted_and_its_handle_expired() {
+    let schema = Schema::fresh("replica_retention");
+    let store = schema.url();
+    let (alice, alice_digest) = token("alice");
+    let tokens = json!({"identities": {"alice": {"tokens": [alice_digest]}}}).to_string();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for dir in [&dir_a, &dir_b] {
+        std::fs::write(dir.path().join("tokens.json"), &tokens).unwrap();
+    }
+    let (replica_a, url_a) = start(dir_a.path(), &["--store", &store]).await;
+    let on_a = connect(&url_a, &alice).await;
+    let handle = large_handle(&on_a).await;
+    on_a.cancel().await.unwrap();
+    replica_a.stop().await;
+    // Ten days since the Run was written, and its writer gone (its lease lapsed).
+    psych_test_support::pg::psql(&format!(
+        "update {}.runs set last_write_at = last_write_at - 864000000, lease_until = 0",
+        schema.name()
+    ));
+    let (replica_b, url_b) = start(dir_b.path(), &["--store", &store, "--retain-days", "7"]).await;
+    let on_b = connect(&url_b, &alice).await;
+    call_when_listed(&on_b, "up__echo", json!({"text": "b is up"})).await;
+    // B sweeps the store in the background from its start: the handle reads until then.
+    let expired = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            let answer = read(&on_b, &handle).await.unwrap();
+            if answer.is_error == Some(true) {
+                return answer;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("B's first sweep deletes the Run");
+    assert!(text(&expired).contains("has expired"), "{}", text(&expired));
+    // A fresh result of B's reads as ever.
+    let fresh = large_handle(&on_b).await;
+    assert!(text(&read(&on_b, &fresh).await.unwrap()).contains(LINE));
+    on_b.cancel().await.unwrap();
+    replica_b.stop().await;
+}
+
 /// A client that forwards each `tools/list_changed` to a channel.
 struct Watching(tokio::sync::mpsc::UnboundedSender<()>);
 
@@ -290,4 +336,83 @@ fn budget_lists_into_the_replicas_catalogue() {
     );
     let one = catalog.live(&ServerId::new("one").unwrap()).unwrap();
     assert!(one.tools.len() >= 30, "{}", one.tools.len());
+}
+
+/// Issue 31's crash: replica A killed with SIGKILL while a client keeps 16 calls in flight
+/// through it, each a 200 kB result elided behind a handle: every call A answered before it
+/// died reads through replica B whole, B lists the same tools A listed, and the client's
+/// next request, to B, goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_calls_loses_no_answered_result() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    const IN_FLIGHT: usize = 16;
+
+    let schema = Schema::fresh("replica_kill");
+    let store = schema.url();
+    let (alice, alice_digest) = token("alice");
+    let tokens = json!({"identities": {"alice": {"tokens": [alice_digest]}}}).to_string();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for dir in [&dir_a, &dir_b] {
+        std::fs::write(dir.path().join("tokens.json"), &tokens).unwrap();
+    }
+    let (replica_a, url_a) = start(dir_a.path(), &["--store", &store]).await;
+    let (replica_b, url_b) = start(dir_b.path(), &["--store", &store]).await;
+    let on_a = Arc::new(connect(&url_a, &alice).await);
+    call_when_listed(on_a.as_ref(), "up__echo", json!({"text": "a is up"})).await;
+    let listed = names(on_a.as_ref()).await;
+
+    // Calls in flight through A until it dies; each answered call's handle kept.
+    let answered = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..IN_FLIGHT {
+        let (session, answered) = (Arc::clone(&on_a), Arc::clone(&answered));
+        tasks.spawn(async move {
+            loop {
+                let called = call(session.as_ref(), "up__large", json!({"bytes": 200_000}));
+                let Ok(Ok(result)) = tokio::time::timeout(Duration::from_secs(30), called).await
+                else {
+                    return;
+                };
+                let shown = text(&result);
+                let Some(handle) = shown
+                    .split("handle \"")
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                else {
+                    return;
+                };
+                answered.lock().unwrap().push(handle.to_owned());
+            }
+        });
+    }
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while answered.lock().unwrap().len() < 48 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("A answers calls");
+    let mut replica_a = replica_a;
+    replica_a.0.start_kill().unwrap(); // SIGKILL, calls in flight
+    replica_a.0.wait().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await
+    .expect("the calls in flight end once A is gone");
+    let answered = answered.lock().unwrap().clone();
+    assert!(answered.len() >= 48, "{}", answered.len());
+
+    // The client's next requests go to B: the same tools, every answered result whole.
+    let on_b = connect(&url_b, &alice).await;
+    call_when_listed(&on_b, "up__echo", json!({"text": "b is up"})).await;
+    assert_eq!(names(&on_b).await, listed, "B lists what A listed");
+    for handle in &answered {
+        let read_b = read(&on_b, handle).await.unwrap();
+        assert!(text(&read_b).contains(LINE), "{handle}: {}", text(&read_b));
+    }
+    on_b.cancel().await.unwrap();
+    replica_b.stop().await;
 }

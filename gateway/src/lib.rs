@@ -427,7 +427,11 @@ impl Shared {
             let dir = self.logs.join(name);
             let lane = Arc::clone(self.narrowed.get(name).unwrap_or(&self.lane));
             let archive: Arc<dyn Archive> = match &self.stores {
-                Some(stores) => Arc::new(tenant::InStore::new(Arc::clone(stores), name)),
+                Some(stores) => Arc::new(tenant::InStore::new(
+                    Arc::clone(stores),
+                    name,
+                    self.retention,
+                )),
                 None => Arc::new(tenant::Kept::new(dir.clone(), self.retention)),
             };
             Arc::new(Tenant {
@@ -1728,8 +1732,9 @@ impl GatewaySettings {
     /// gateway on the same store (replicas behind one address) reads the handles the others
     /// minted for the same identity, each replica writing Runs of its own. The catalogue
     /// stays this gateway's (`<dir>/catalog.redb`) unless [`catalog_in`](Self::catalog_in)
-    /// says otherwise. Retention is not applied to such a store yet (its records are kept);
-    /// segments rotate at the same size.
+    /// says otherwise. [`retention`](Self::retention) applies to the store's Runs too (every
+    /// identity's, in one replica at a time; never a Run a live replica holds open); segments
+    /// rotate at the same size.
     #[must_use]
     pub fn records_in(mut self, stores: Arc<dyn RecordStores>) -> Self {
         self.stores = Some(stores);
@@ -1998,7 +2003,20 @@ pub async fn serve(
     // Retention, before any upstream starts and any request is answered (so no handle of a
     // segment due for deletion is read first), then hourly; off the async workers.
     let (logs, retention) = (settings.logs(), settings.retention);
-    let first = logs.clone();
+    let (first, stores, report) = (
+        logs.clone(),
+        settings.stores.clone(),
+        Arc::clone(&settings.report),
+    );
+    let sweep_all = move |logs: &std::path::Path| {
+        tenant::sweep(logs, retention);
+        if let Some(stores) = &stores {
+            tenant::sweep_store(stores.as_ref(), retention, report.as_ref());
+        }
+    };
+    // A shared store's Runs are swept in the background from the start (below): another
+    // replica may be sweeping them, and reading a handle due for deletion meanwhile is
+    // harmless. The folder's segments are swept before any request.
     tokio::task::spawn_blocking(move || tenant::sweep(&first, retention))
         .await
         .map_err(ServeError::Task)?;
@@ -2098,13 +2116,22 @@ pub async fn serve(
         narrowed.insert(identity, lane);
     }
     let lane = lane(grant);
+    if let Some(stores) = settings.stores.clone() {
+        let report = Arc::clone(&settings.report);
+        tasks.spawn(async move {
+            let _ = tokio::task::spawn_blocking(move || {
+                tenant::sweep_store(stores.as_ref(), retention, report.as_ref());
+            })
+            .await;
+        });
+    }
     tasks.spawn(async move {
         let start = tokio::time::Instant::now() + SWEEP_EVERY;
         let mut hourly = tokio::time::interval_at(start, SWEEP_EVERY);
         loop {
             hourly.tick().await;
-            let logs = logs.clone();
-            let _ = tokio::task::spawn_blocking(move || tenant::sweep(&logs, retention)).await;
+            let (logs, sweep) = (logs.clone(), sweep_all.clone());
+            let _ = tokio::task::spawn_blocking(move || sweep(&logs)).await;
         }
     });
     let report = Arc::clone(&settings.report);

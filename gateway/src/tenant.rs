@@ -190,22 +190,26 @@ impl Archive for Kept {
 
 /// One identity's archive on a shared store (the PostgreSQL store): any Run of the identity
 /// there, whichever process wrote it, read through the store, whose queries name the
-/// identity (another identity's Run of the same name is not found).
+/// identity (another identity's Run of the same name is not found); a Run retention
+/// deleted answers that it expired, as a deleted segment does.
 #[derive(Debug)]
 pub(crate) struct InStore {
     stores: std::sync::Arc<dyn psych_types::RecordStores>,
     identity: String,
+    retention: Retention,
 }
 
 impl InStore {
-    /// The archive of `identity` in `stores`.
+    /// The archive of `identity` in `stores`, kept for `retention`.
     pub(crate) fn new(
         stores: std::sync::Arc<dyn psych_types::RecordStores>,
         identity: &str,
+        retention: Retention,
     ) -> Self {
         Self {
             stores,
             identity: identity.to_owned(),
+            retention,
         }
     }
 }
@@ -214,9 +218,30 @@ impl Archive for InStore {
     fn find(&self, handle: &RecordHandle) -> Archived {
         match self.stores.find(&self.identity, &handle.run) {
             Ok(Some(store)) => Archived::Store(store),
-            Ok(None) => Archived::Unknown,
+            Ok(None) => match self.stores.expired(&self.identity, &handle.run) {
+                Ok(Some(_)) => Archived::Gone {
+                    why: self.retention.expired(handle),
+                },
+                Ok(None) => Archived::Unknown,
+                Err(error) => Archived::StoreFailed(error),
+            },
             Err(error) => Archived::StoreFailed(error),
         }
+    }
+}
+
+/// Applies `retention` to a shared store's Runs (every identity's; one replica at a time),
+/// saying on `report` when the store fails. Blocks.
+pub(crate) fn sweep_store(
+    stores: &dyn psych_types::RecordStores,
+    retention: Retention,
+    report: &(dyn Fn(&str) + Send + Sync),
+) {
+    if let Err(error) = stores.sweep(retention.max_age, retention.max_bytes) {
+        report(&format!(
+            "retention of the store's Runs failed (tried again in an hour): {}",
+            psych_types::error_chain(&error)
+        ));
     }
 }
 

@@ -22,6 +22,8 @@ use crate::{OpenError, PgCatalog, PgRecords, PgStore, RecordError};
 pub struct PgBlocking {
     store: PgStore,
     runtime: Arc<Runtime>,
+    /// The Runs this process holds open for writing (their writer leases renewed).
+    writers: Arc<crate::retention::Writers>,
 }
 
 /// The runtime the blocking calls run on, shut down in the background when the last clone
@@ -55,6 +57,7 @@ impl PgBlocking {
         Ok(Self {
             store,
             runtime: Arc::new(Runtime(Some(runtime))),
+            writers: Arc::default(),
         })
     }
 
@@ -103,6 +106,28 @@ impl PgBlocking {
         Some(block_on(runtime, work))
     }
 
+    /// Deletes whole Runs past `max_age` since their last write, or the oldest of an
+    /// identity's past `max_bytes`, never a Run whose writer's lease is current (see the crate's
+    /// retention): what `psych serve --store` runs at start and hourly. One process sweeps
+    /// a schema at a time; another finding it taken deletes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`RecordError`] when the database fails (what was deleted before stays deleted).
+    pub fn sweep(
+        &self,
+        max_age: std::time::Duration,
+        max_bytes: u64,
+    ) -> Result<psych_types::SweptRuns, RecordError> {
+        self.block(crate::retention::sweep(&self.store, max_age, max_bytes))
+            .unwrap_or(Err(RecordError::ShutDown))
+    }
+
+    /// Holds `run` of `identity` open for writing: its lease renewed until the hold drops.
+    pub(crate) fn hold(&self, identity: Arc<str>, run: RunId) -> crate::retention::Hold {
+        self.writers.hold(self, identity, run)
+    }
+
     /// Runs `work` on the store's runtime in the background (nothing when the store has
     /// shut down).
     pub(crate) fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
@@ -146,6 +171,33 @@ impl psych_types::RecordStores for PgBlocking {
         Ok(found.map(|records| {
             Arc::new(psych_types::Erased(records)) as Arc<psych_types::DynRecordStore>
         }))
+    }
+
+    fn sweep(
+        &self,
+        max_age: std::time::Duration,
+        max_bytes: u64,
+    ) -> Result<psych_types::SweptRuns, psych_types::StoreError> {
+        PgBlocking::sweep(self, max_age, max_bytes).map_err(RecordError::into_store_error)
+    }
+
+    fn expired(
+        &self,
+        identity: &str,
+        run: &RunId,
+    ) -> Result<Option<String>, psych_types::StoreError> {
+        if !crate::records::valid_identity(identity) {
+            return Ok(None);
+        }
+        self.block(async {
+            let client = self
+                .client()
+                .await
+                .map_err(|e| RecordError::Db(crate::DbError::Connect(e)))?;
+            crate::retention::expired(&client, identity, run).await
+        })
+        .unwrap_or(Err(RecordError::ShutDown))
+        .map_err(RecordError::into_store_error)
     }
 }
 

@@ -69,6 +69,14 @@ pub enum CatalogError {
     /// was made).
     #[error("the PostgreSQL store's runtime has shut down")]
     ShutDown,
+    /// This catalogue held the server's refresh lease, but another process took it over
+    /// (this one's lease connection was lost while it listed): the listing was not stored,
+    /// lest it replace a newer one.
+    #[error("the refresh lease of {server} was lost to another process; nothing was stored")]
+    LeaseLost {
+        /// The server.
+        server: ServerId,
+    },
 }
 
 /// Whether PostgreSQL's `error` says it cannot be reached now: a closed connection, a
@@ -294,9 +302,9 @@ impl CatalogStore for PgCatalog {
         match error {
             CatalogError::DuplicateTool { .. } => CatalogFailure::DuplicateTool,
             CatalogError::VersionAhead { .. } => CatalogFailure::VersionAhead,
-            CatalogError::Db(DbError::Connect(_) | DbError::Open(_)) | CatalogError::ShutDown => {
-                CatalogFailure::Unavailable
-            }
+            CatalogError::Db(DbError::Connect(_) | DbError::Open(_))
+            | CatalogError::ShutDown
+            | CatalogError::LeaseLost { .. } => CatalogFailure::Unavailable,
             CatalogError::Db(DbError::Query(error)) if unavailable(error) => {
                 CatalogFailure::Unavailable
             }
@@ -342,7 +350,7 @@ impl CatalogStore for PgCatalog {
             .map_err(db)?;
             let row = txn
                 .query_one(
-                    "select set_version, error_at is not null from servers
+                    "select set_version, error_at is not null, sync_started_at from servers
                      where server = $1 for update",
                     &[&server.as_str()],
                 )
@@ -350,8 +358,22 @@ impl CatalogStore for PgCatalog {
                 .map_err(db)?;
             let mut set_version = version(row.get(0));
             let had_error: bool = row.get(1);
+            // Holding the server's lease: stored only if no other process took it over
+            // (this one's lease connection lost), lest an older listing replace a newer.
+            let token = self.shared.token(server);
+            if let Some(token) = token
+                && row.get::<_, Option<i64>>(2) != Some(token)
+            {
+                return Err(CatalogError::LeaseLost {
+                    server: server.clone(),
+                });
+            }
+            // Stamped no earlier than the lease's start (which may run ahead of this
+            // clock: another process's, or bumped past the one before), so the listing
+            // reads as done once stored (`lease`'s `Satisfied`).
             // Stamped once the server's row is ours: replicas' stamps follow commit order.
-            let at = millis(system_now());
+            let now = millis(system_now());
+            let at = token.map_or(now, |token| now.max(token));
             let live = rows_at(&txn, server, None).await?;
             let mut diff = Diff::default();
             let mut gone: Vec<&str> = Vec::new();
@@ -580,6 +602,12 @@ impl CatalogStore for PgCatalog {
     /// change or TTL sweep lists the server again).
     fn lease(&self, server: &ServerId, since: UnixMillis) -> Result<Lease, CatalogError> {
         let key = refresh_lock(self.store().schema(), server);
+        // This catalogue lists the server already (a session's advisory locks are taken
+        // again by the same session: checked here, so one process's listings of a server
+        // take the lease in turn too, and each refresh is fenced by its own token).
+        if self.shared.token(server).is_some() {
+            return Ok(Lease::Busy);
+        }
         self.block(async {
             let client = self.shared.lease_client(self.store()).await?;
             let taken: bool = client
@@ -591,11 +619,12 @@ impl CatalogStore for PgCatalog {
                 return Ok(Lease::Busy);
             }
             // Unlocks when dropped, on every way out below but `Proceed`.
-            let held = Held {
+            let mut held = Held {
                 client: Arc::clone(&client),
                 key,
                 blocking: self.blocking.clone(),
                 shared: Arc::clone(&self.shared),
+                token: None,
             };
             let row = client
                 .query_opt(
@@ -613,14 +642,22 @@ impl CatalogStore for PgCatalog {
                     return Ok(Lease::Satisfied(version(row.get(0))));
                 }
             }
-            client
-                .execute(
+            // The stamp is the lease's token: the refresh storing this listing checks that
+            // the row still holds it (no other process took the lease over meanwhile).
+            // Never the stamp already there, so a token names one lease.
+            let token: i64 = client
+                .query_one(
                     "insert into servers (server, sync_started_at) values ($1, $2)
-                     on conflict (server) do update set sync_started_at = excluded.sync_started_at",
+                     on conflict (server) do update set sync_started_at =
+                         greatest(excluded.sync_started_at, servers.sync_started_at + 1)
+                     returning sync_started_at",
                     &[&server.as_str(), &millis(system_now())],
                 )
                 .await
-                .map_err(db)?;
+                .map_err(db)?
+                .get(0);
+            self.shared.hold_token(server, token);
+            held.token = Some((server.clone(), token));
             Ok(Lease::Proceed(LeaseGuard::holding(held)))
         })
     }

@@ -35,7 +35,10 @@
 //! runtime's `RunBuilder::records_in` opens a Run in, so any worker resumes it. The
 //! catalogue, erased (`Erased(PgCatalog)`), is what psych-catalog's `Catalog::shared` and
 //! `psych serve --store` (`GatewaySettings::catalog_in`) keep the replicas' catalogue in.
-//! Retention of the store's Runs comes next.
+//! Retention ([`PgBlocking::sweep`], psych-types' `RecordStores::sweep`): whole Runs past
+//! an age since their last write or, oldest first, past a size per identity, never a Run a
+//! process holds open (a writer lease it renews), their handles then answering that they
+//! expired.
 //!
 //! Every connection commits durably (`synchronous_commit=on`, whatever the server's
 //! default) and finds the store's tables first (`search_path`). TLS is not supported yet: a
@@ -69,6 +72,7 @@ mod blocking;
 mod catalog;
 mod error;
 mod records;
+mod retention;
 mod schema;
 mod shared;
 mod url;
@@ -80,6 +84,7 @@ pub use blocking::PgBlocking;
 pub use catalog::{CatalogError, PgCatalog};
 pub use error::OpenError;
 pub use records::{CHUNK, CommitFault, PgRecords, RecordError, SpillError};
+pub use retention::{EXPIRED_KEPT, RENEW_EVERY, RUN_LEASE};
 pub use schema::SCHEMA_VERSION;
 pub use shared::CHANNEL;
 pub use url::{DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, StoreUrl, UrlError};

@@ -94,6 +94,16 @@ pub enum RecordError {
     /// was made).
     #[error("the PostgreSQL store's runtime has shut down")]
     ShutDown,
+    /// The Run was deleted by retention ([`PgBlocking::sweep`]): it is not opened again
+    /// under its name (its handles would name other records), and a writer that held it
+    /// while its lease lapsed is told so rather than write under the deleted handles.
+    #[error("the Run {run} expired (deleted by retention, for its {why})")]
+    Expired {
+        /// The Run.
+        run: RunId,
+        /// Why it went: `age` or `size`.
+        why: String,
+    },
 }
 
 /// Why a spilled text was refused.
@@ -168,7 +178,7 @@ async fn row(
     client.query_opt(&statement, params).await.map_err(db)
 }
 
-fn db(source: tokio_postgres::Error) -> RecordError {
+pub(crate) fn db(source: tokio_postgres::Error) -> RecordError {
     RecordError::Db(DbError::Query(source))
 }
 
@@ -190,7 +200,7 @@ fn damaged(
 }
 
 /// The identities a store accepts: what the gateway's tenancy accepts.
-fn valid_identity(identity: &str) -> bool {
+pub(crate) fn valid_identity(identity: &str) -> bool {
     (1..=64).contains(&identity.len())
         && identity
             .bytes()
@@ -214,6 +224,9 @@ pub struct PgRecords {
     /// A commit failure to simulate on the next batch (tests: [`CommitFault`]).
     fault: Arc<std::sync::atomic::AtomicU8>,
     estimator: Option<Arc<dyn TokenEstimator + Send + Sync>>,
+    /// For a store opened for writing: its hold on the Run's writer lease, renewed while
+    /// any clone lives (see the `retention` module).
+    hold: Option<Arc<crate::retention::Hold>>,
 }
 
 impl std::fmt::Debug for PgRecords {
@@ -223,6 +236,7 @@ impl std::fmt::Debug for PgRecords {
             .field("run", &self.run)
             .field("len", &self.len)
             .field("estimator", &self.estimator.is_some())
+            .field("writer", &self.hold.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -245,31 +259,52 @@ impl PgRecords {
                 identity: identity.to_owned(),
             });
         }
+        let lock = crate::retention::run_lock(blocking.store().schema(), identity, run);
         let (len, bytes) = blocking
             .block(async {
-                let client = blocking
+                let mut client = blocking
                     .client()
                     .await
                     .map_err(|e| RecordError::Db(DbError::Connect(e)))?;
-                client
-                    .execute(
-                        "insert into runs (identity, run, records, created_at)
-                         values ($1, $2, 0, $3) on conflict do nothing",
-                        &[&identity, &run.as_str(), &now_millis()],
-                    )
+                // Under the Run's lock, which a sweep deleting it takes too: a Run deleted
+                // is refused, never made again empty under its name.
+                let transaction = client.transaction().await.map_err(db)?;
+                transaction
+                    .execute("select pg_advisory_xact_lock($1)", &[&lock])
                     .await
                     .map_err(db)?;
-                let row = client
+                if let Some(why) = crate::retention::expired(&transaction, identity, run).await? {
+                    return Err(RecordError::Expired {
+                        run: run.clone(),
+                        why,
+                    });
+                }
+                let now = crate::retention::DB_NOW;
+                let row = transaction
                     .query_one(
-                        "select records, bytes from runs where identity = $1 and run = $2",
-                        &[&identity, &run.as_str()],
+                        &format!(
+                            "insert into runs
+                                 (identity, run, records, created_at, last_write_at, lease_until)
+                             values ($1, $2, 0, $3, {now}, {now} + $4)
+                             on conflict (identity, run) do update
+                                 set lease_until = greatest(runs.lease_until, excluded.lease_until)
+                             returning records, bytes"
+                        ),
+                        &[
+                            &identity,
+                            &run.as_str(),
+                            &now_millis(),
+                            &crate::retention::lease_millis(),
+                        ],
                     )
                     .await
                     .map_err(db)?;
+                transaction.commit().await.map_err(db)?;
                 let count = |i| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
                 Ok((count(0), count(1)))
             })
             .unwrap_or(Err(RecordError::ShutDown))?;
+        let hold = blocking.hold(identity.into(), run.clone());
         Ok(Self {
             blocking,
             identity: identity.into(),
@@ -278,6 +313,7 @@ impl PgRecords {
             bytes: Arc::new(AtomicU64::new(bytes)),
             fault: Arc::default(),
             estimator: None,
+            hold: Some(Arc::new(hold)),
         })
     }
 
@@ -315,6 +351,7 @@ impl PgRecords {
                 bytes: Arc::new(AtomicU64::new(count(1))),
                 fault: Arc::default(),
                 estimator: None,
+                hold: None,
             }
         }))
     }
@@ -367,17 +404,33 @@ impl PgRecords {
         let count = i64::try_from(records.len()).unwrap_or(i64::MAX);
         // Takes the Run's row lock until COMMIT: the Run's writers, in any process, take
         // their handles in turn.
+        // Each append also moves the Run's last write and its writer's lease on.
         let take = transaction
-            .prepare_cached(
-                "update runs set records = records + $3
+            .prepare_cached(&format!(
+                "update runs set records = records + $3, last_write_at = {now},
+                     lease_until = greatest(lease_until, {now} + $4)
                  where identity = $1 and run = $2 returning records - $3, txid_current()",
-            )
+                now = crate::retention::DB_NOW
+            ))
             .await
             .map_err(db)?;
         let taken = transaction
-            .query_one(&take, &[&identity, &run, &count])
+            .query_opt(
+                &take,
+                &[&identity, &run, &count, &crate::retention::lease_millis()],
+            )
             .await
             .map_err(db)?;
+        // No row: retention deleted the Run while this process's lease on it had lapsed.
+        let Some(taken) = taken else {
+            let why = crate::retention::expired(&transaction, identity, &self.run)
+                .await?
+                .unwrap_or_else(|| "age".to_owned());
+            return Err(Attempt::Failed(RecordError::Expired {
+                run: self.run.clone(),
+                why,
+            }));
+        };
         let (first, txid): (i64, i64) = (taken.get(0), taken.get(1));
         let mut chunks = Chunks::new(&transaction, identity, run).await?;
         let mut rows = RecordRows::default();

@@ -12,7 +12,7 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Migration `n` (from 1) brings a schema from version `n - 1` to `n`. Never edited once
 /// released: a change is a new migration.
-const MIGRATIONS: [&str; 2] = [
+const MIGRATIONS: [&str; 3] = [
     // 1: the catalogue. Tool rows are never hard-deleted (the spec's catalogue history):
     // triggers refuse a DELETE or TRUNCATE of `tools`, and an UPDATE other than setting a
     // live row's `removed_at` once. Names compare by bytes (`collate "C"`), the order
@@ -96,6 +96,26 @@ const MIGRATIONS: [&str; 2] = [
     alter table chunks alter column data set storage external;
     -- A line mark: the last chunk with fewer line breaks before it than the line.
     create index chunks_lines on chunks (identity, run, seq, breaks_before, idx);
+    "#,
+    // 3: retention. A Run's last write and its writer's lease (the database's clock, in
+    // milliseconds), and the Runs retention deleted, so their handles answer that they
+    // expired and their names are never used again.
+    r#"
+    -- A Run made by a build without retention gets a last write and a lease at its
+    -- creation (the defaults), so it is kept for the age at least; Runs made before this
+    -- migration count from it.
+    alter table runs add column last_write_at bigint not null
+        default (extract(epoch from clock_timestamp()) * 1000)::bigint;
+    alter table runs add column lease_until bigint not null
+        default (extract(epoch from clock_timestamp()) * 1000)::bigint + 300000;
+    create index runs_by_age on runs (identity, last_write_at);
+    create table expired_runs (
+        identity   text collate "C" not null,
+        run        text collate "C" not null,
+        expired_at bigint not null,
+        why        text not null,
+        primary key (identity, run)
+    );
     "#,
 ];
 

@@ -18,6 +18,7 @@
 //!   instance, and once each time its `LISTEN` takes effect (a change may have been
 //!   committed before it did). It stops when the catalogue's last clone is dropped.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -46,6 +47,10 @@ pub(crate) struct Shared {
     leases: tokio::sync::Mutex<Option<Arc<Client>>>,
     wakes: Mutex<Vec<Wake>>,
     listening: AtomicBool,
+    /// The leases this catalogue holds, by server: the listing start each stamped, which
+    /// the server's row must still hold when the listing is stored (else another process
+    /// took the lease over after this one's connection was lost).
+    tokens: Mutex<BTreeMap<ServerId, i64>>,
     /// Stops the feed's listener when the catalogue goes.
     stop: Arc<tokio::sync::Notify>,
 }
@@ -80,6 +85,7 @@ impl Default for Shared {
             leases: tokio::sync::Mutex::new(None),
             wakes: Mutex::new(Vec::new()),
             listening: AtomicBool::new(false),
+            tokens: Mutex::new(BTreeMap::new()),
             stop: Arc::new(tokio::sync::Notify::new()),
         }
     }
@@ -136,6 +142,23 @@ impl Shared {
         }
     }
 
+    /// Records that this catalogue holds `server`'s lease, stamped `token`.
+    pub(crate) fn hold_token(&self, server: &ServerId, token: i64) {
+        self.tokens
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(server.clone(), token);
+    }
+
+    /// The stamp of `server`'s lease if this catalogue holds it.
+    pub(crate) fn token(&self, server: &ServerId) -> Option<i64> {
+        self.tokens
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(server)
+            .copied()
+    }
+
     fn wake_all(&self) {
         let wakes = self
             .wakes
@@ -154,10 +177,22 @@ pub(crate) struct Held {
     pub(crate) key: i64,
     pub(crate) blocking: PgBlocking,
     pub(crate) shared: Arc<Shared>,
+    /// The server and stamp of the lease, once taken (`Proceed`).
+    pub(crate) token: Option<(ServerId, i64)>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
+        if let Some((server, token)) = self.token.take() {
+            let mut tokens = self
+                .shared
+                .tokens
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if tokens.get(&server) == Some(&token) {
+                tokens.remove(&server);
+            }
+        }
         let (client, key, shared) = (Arc::clone(&self.client), self.key, Arc::clone(&self.shared));
         // On the store's runtime. Should the unlock fail or find the lock not held, the
         // session is not what it should be: it is given up (closed once no lease uses it),

@@ -934,3 +934,178 @@ fn a_lease_held_by_a_killed_process_is_freed() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Retention in the store: a Run past the age since its last write goes, and so do the
+/// oldest Runs past the identity's size, the newest kept; a Run a process holds open is
+/// kept however old (its writer lease); another identity's Runs are counted apart; a Run
+/// gone answers why and is never opened again under its name; a second sweeper finding
+/// the sweep taken does nothing.
+#[test]
+fn retention_deletes_old_and_oversized_runs_never_a_held_one() {
+    use std::time::Duration;
+
+    use psych_types::{RecordSource, RecordStore, RecordStores, RunId};
+
+    let (store, _drop, _url) = record_schema("retention");
+    let schema = _drop.0.clone();
+    let run = |name: &str| RunId::new(name).unwrap();
+    let result = |kib: usize| text_result("c", "x".repeat(kib << 10));
+    let held = store.records("alice", &run("held")).unwrap();
+    held.append(&result(1)).unwrap();
+    let mut sizes = std::collections::BTreeMap::new();
+    for (name, kib) in [("old", 1), ("big1", 64), ("big2", 64), ("big3", 64)] {
+        let records = store.records("alice", &run(name)).unwrap();
+        records.append(&result(kib)).unwrap();
+        sizes.insert(name, records.size_bytes());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let bobs = store.records("bob", &run("big1")).unwrap();
+    bobs.append(&result(64)).unwrap();
+    drop(bobs);
+    // Ten days since "old" and "held" were written; every lease but the held Run's lapsed
+    // (the writers were dropped; their leases would lapse in five minutes).
+    raw_blocking(format!(
+        "update {schema}.runs set last_write_at = last_write_at - 864000000
+         where identity = 'alice' and run in ('old', 'held');
+         update {schema}.runs set lease_until = 0 where run <> 'held'"
+    ));
+    let most = sizes["big3"] + sizes["big2"] / 2;
+    let swept = RecordStores::sweep(&store, Duration::from_secs(86_400), most).unwrap();
+    assert_eq!(
+        swept.runs, 3,
+        "old by age, big1 and big2 by size: {swept:?}"
+    );
+    assert_eq!(swept.bytes, sizes["old"] + sizes["big1"] + sizes["big2"]);
+    assert_eq!(swept.bytes, sizes.values().sum::<u64>() - sizes["big3"]);
+    for (name, why) in [("old", "age"), ("big1", "size"), ("big2", "size")] {
+        assert!(
+            store
+                .existing_records("alice", &run(name))
+                .unwrap()
+                .is_none(),
+            "{name}"
+        );
+        assert_eq!(
+            RecordStores::expired(&store, "alice", &run(name))
+                .unwrap()
+                .as_deref(),
+            Some(why)
+        );
+        let refused = store.records("alice", &run(name)).unwrap_err();
+        assert!(
+            matches!(refused, psych_store_postgres::RecordError::Expired { .. }),
+            "{refused:?}"
+        );
+    }
+    // Kept: the newest, the held one (old as it is), bob's (his own size), unknown Runs.
+    assert!(
+        store
+            .existing_records("alice", &run("big3"))
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        store
+            .existing_records("bob", &run("big1"))
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        RecordStores::expired(&store, "bob", &run("big1")).unwrap(),
+        None
+    );
+    assert_eq!(held.len(), 1);
+    held.append(&result(1)).unwrap();
+    let handle = psych_types::RecordHandle::new(run("held"), 1);
+    assert!(held.record(&handle).unwrap().is_some());
+    // Nothing more to do: a second sweep deletes nothing.
+    let again = RecordStores::sweep(&store, Duration::from_secs(86_400), most).unwrap();
+    assert_eq!(again.runs, 0);
+}
+
+/// A writer whose lease lapsed (a process stalled past it) and whose Run was swept is told
+/// its Run expired; it never writes records under the deleted Run's handles.
+#[test]
+fn a_writer_whose_run_was_swept_is_told_it_expired() {
+    use std::time::Duration;
+
+    use psych_types::{RecordStore, RecordStores, RunId};
+
+    let (store, drop_schema, _url) = record_schema("retention_lapsed");
+    let run = RunId::new("stalled").unwrap();
+    let writer = store.records("alice", &run).unwrap();
+    writer.append(&text_result("c", "first")).unwrap();
+    raw_blocking(format!(
+        "update {}.runs set last_write_at = 0, lease_until = 0",
+        drop_schema.0
+    ));
+    let swept = RecordStores::sweep(&store, Duration::from_secs(60), u64::MAX).unwrap();
+    assert_eq!(swept.runs, 1);
+    let refused = writer.append(&text_result("c", "second")).unwrap_err();
+    assert!(
+        matches!(refused, psych_store_postgres::RecordError::Expired { .. }),
+        "{refused:?}"
+    );
+}
+
+/// A lease lost while listing (its connection cut; another process then took the lease
+/// and stored a newer listing) does not let the older listing be stored over the newer:
+/// its refresh is refused, `LeaseLost`, an `Unavailable` failure, and nothing changes.
+#[test]
+fn a_listing_whose_lease_was_lost_is_not_stored() {
+    use std::time::Duration;
+
+    use psych_store_postgres::{CatalogError, PgCatalog};
+    use psych_types::{CatalogFailure, CatalogStore, Lease, ServerId, ToolDefinition, ToolName};
+
+    let name = format!("t_lease_lost_{}", std::process::id());
+    raw_blocking(format!("drop schema if exists {name} cascade"));
+    let _drop = DropSchema(name.clone());
+    let url = |who: &str| format!("{}?schema={name}&application_name={name}_{who}", database());
+    let (a, b) = (
+        PgCatalog::open(&url("a")).unwrap(),
+        PgCatalog::open(&url("b")).unwrap(),
+    );
+    let s = ServerId::new("s").unwrap();
+    let tools = |d: &str| {
+        vec![ToolDefinition::new(
+            ToolName::new("t").unwrap(),
+            d,
+            Default::default(),
+        )]
+    };
+    let Lease::Proceed(held_by_a) = a.lease(&s, a.now()).unwrap() else {
+        panic!("a takes the lease");
+    };
+    // a's lease connection is cut (its lock goes with its session) while a lists.
+    raw_blocking(format!(
+        "select pg_terminate_backend(pid) from pg_stat_activity
+         where application_name = '{name}_a' and query like '%sync_started_at%'"
+    ));
+    std::thread::sleep(Duration::from_millis(100));
+    let mut taken = None;
+    for _ in 0..100 {
+        if let Lease::Proceed(guard) = b.lease(&s, b.now()).unwrap() {
+            taken = Some(guard);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held_by_b = taken.expect("b takes the lease once a's session is gone");
+    b.refresh(&s, &tools("newer, listed by b")).unwrap();
+    drop(held_by_b);
+    let refused = a.refresh(&s, &tools("older, listed by a")).unwrap_err();
+    assert!(
+        matches!(refused, CatalogError::LeaseLost { .. }),
+        "{refused:?}"
+    );
+    assert_eq!(a.failure(&refused), CatalogFailure::Unavailable);
+    drop(held_by_a);
+    let live = b.live(&s).unwrap();
+    assert_eq!(
+        live.tools[0].description.as_deref(),
+        Some("newer, listed by b")
+    );
+    // Without a lease (psych budget), a refresh is stored as ever.
+    a.refresh(&s, &tools("listed without a lease")).unwrap();
+}

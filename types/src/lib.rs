@@ -111,7 +111,7 @@ pub use seam::{
     CatalogFailure, CatalogStore, CatalogStoreError, DynCatalogStore, DynRecordStore, Erased,
     HostAnswer, InputRound, Lease, LeaseGuard, LineMark, MemoryRecords, OutputInfo, OutputKind,
     Projection, RecordFailure, RecordSource, RecordStore, RecordStores, ResultProjector, ResultRef,
-    StoreError, TokenEstimator, ToolHost, ToolLister, readable_bytes,
+    StoreError, SweptRuns, TokenEstimator, ToolHost, ToolLister, readable_bytes,
 };
 pub use spill::{SpilledBlock, SpilledText};
 pub use tool::{

@@ -916,6 +916,41 @@ pub trait RecordStores: Send + Sync + std::fmt::Debug {
         identity: &str,
         run: &RunId,
     ) -> Result<Option<std::sync::Arc<DynRecordStore>>, StoreError>;
+
+    /// Deletes whole Runs, of every identity, last written longer ago than `max_age`, and
+    /// the oldest of each identity's Runs past `max_bytes` of its records (the newest kept
+    /// first), never a Run a process holds open for writing (a store may say so by a lease
+    /// the process renews: one stalled past it may lose the Run); their handles then answer that
+    /// they expired ([`expired`](Self::expired)). Returns what went. A store without
+    /// retention keeps everything, the default.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure (what was deleted before it stays deleted).
+    fn sweep(&self, max_age: std::time::Duration, max_bytes: u64) -> Result<SweptRuns, StoreError> {
+        let _ = (max_age, max_bytes);
+        Ok(SweptRuns::default())
+    }
+
+    /// Why `identity`'s Run `run` was deleted by [`sweep`](Self::sweep) (`age` or `size`),
+    /// if it was (and the store still remembers it); `None` otherwise, the default.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure.
+    fn expired(&self, identity: &str, run: &RunId) -> Result<Option<String>, StoreError> {
+        let _ = (identity, run);
+        Ok(None)
+    }
+}
+
+/// What a [`RecordStores::sweep`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweptRuns {
+    /// Runs deleted.
+    pub runs: u64,
+    /// Bytes their records held.
+    pub bytes: u64,
 }
 
 /// What kind of failure a [`CatalogStore`]'s error is: the ones every store must tell apart

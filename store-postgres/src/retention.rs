@@ -1,0 +1,380 @@
+//! Retention of Runs in the store: whole Runs deleted past an age since their last write, or
+//! past a size per identity (the oldest first), never a Run a live process holds open for
+//! writing. Catalogue rows are never deleted (the spec's catalogue history).
+//!
+//! - **Writer leases.** Opening a Run for writing ([`PgBlocking::records`]) sets its
+//!   `lease_until` [`RUN_LEASE`] ahead of the database's clock, and every append moves it
+//!   on; while any handle of the process holds the Run open, the process renews it every
+//!   [`RENEW_EVERY`] (one statement for all its Runs). A process killed leaves its Runs
+//!   deletable once their leases lapse.
+//!   A process that stalls past its lease (or was killed) may lose a Run it still holds:
+//!   its next append is refused as [`RecordError::Expired`], never written under the
+//!   deleted Run's handles.
+//! - **The sweep** ([`PgBlocking::sweep`]) runs in one process at a time per schema (an
+//!   advisory lock; another finding it taken does nothing). Per identity, as for files: a
+//!   Run whose lease lapsed goes once its last write is older than the age, and, oldest
+//!   first, while the identity's Runs (held ones included) hold more than the size. The
+//!   doomed Runs are computed by the database (a running total per identity) and read
+//!   through a cursor 256 at a time, so the sweep's memory does not grow with the Runs;
+//!   each is deleted in a transaction of its own (a 1 GiB Run makes no huge transaction),
+//!   its lease re-checked under the Run's lock. The sweep reads every identity's Runs'
+//!   sizes and times (never their records): the one statement on these tables that does
+//!   not name an identity, a whole-schema administration that answers no peer.
+//! - **Expired Runs are remembered** in `expired_runs` (the newest [`EXPIRED_KEPT`] per
+//!   identity): their handles answer that they expired
+//!   ([`RecordStores::expired`](psych_types::RecordStores::expired)), and such a Run is
+//!   not opened again under its name, whose handles would then name other records. A name
+//!   forgotten past that may be opened again: choose Run names that are not reused (the
+//!   gateway's are 130 random bits).
+//!
+//! Every time here is the database's clock (`clock_timestamp()`), so processes whose clocks
+//! differ agree on ages and leases. Every process writing to a schema must run a build
+//! that knows this retention before any of them sweeps: an older build's Runs carry no
+//! lease (migration 3 gives each Run a lease and a last write at its creation, so it is
+//! kept for the age at least).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use psych_types::{RunId, SweptRuns};
+
+use crate::records::{RecordError, db};
+use crate::{DbError, PgBlocking, PgStore};
+
+/// How long a writer's lease on a Run lasts without renewal.
+pub const RUN_LEASE: Duration = Duration::from_secs(300);
+
+/// How often a process renews the leases of the Runs it holds open for writing.
+pub const RENEW_EVERY: Duration = Duration::from_secs(60);
+
+/// The most expired Runs remembered per identity: handles of older ones answer as unknown.
+pub const EXPIRED_KEPT: i64 = 37_000;
+
+/// The database's clock in milliseconds since the Unix epoch, as SQL.
+pub(crate) const DB_NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// [`RUN_LEASE`] in milliseconds.
+pub(crate) fn lease_millis() -> i64 {
+    i64::try_from(RUN_LEASE.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The advisory lock of one Run, taken by opening it for writing and by deleting it, so
+/// neither sees the other half done: FNV-1a (64 bits) of a name that says what it locks.
+pub(crate) fn run_lock(schema: &str, identity: &str, run: &RunId) -> i64 {
+    let name = format!("psych-store-postgres run {schema} {identity} {run}");
+    i64::from_le_bytes(psych_types::fnv1a(name.as_bytes(), 0).to_le_bytes())
+}
+
+/// The advisory lock of the schema's sweep.
+fn sweep_lock(schema: &str) -> i64 {
+    let name = format!("psych-store-postgres retention {schema}");
+    i64::from_le_bytes(psych_types::fnv1a(name.as_bytes(), 0).to_le_bytes())
+}
+
+/// The Runs this process holds open for writing, with how many handles hold each.
+#[derive(Debug, Default)]
+pub(crate) struct Writers {
+    open: Mutex<BTreeMap<(Arc<str>, RunId), usize>>,
+    renewing: AtomicBool,
+}
+
+/// One handle's hold on a Run's lease (shared by a store's clones); the last one dropped
+/// stops its renewal.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    writers: Arc<Writers>,
+    key: (Arc<str>, RunId),
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut open = self
+            .writers
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl Writers {
+    /// Holds `run` of `identity` open (its lease renewed) until the hold drops; starts the
+    /// renewal on the store's runtime at the first hold.
+    pub(crate) fn hold(
+        self: &Arc<Self>,
+        blocking: &PgBlocking,
+        identity: Arc<str>,
+        run: RunId,
+    ) -> Hold {
+        let key = (identity, run);
+        *self
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(key.clone())
+            .or_insert(0) += 1;
+        if !self.renewing.swap(true, Ordering::AcqRel) {
+            blocking.spawn(renew(Arc::downgrade(self), blocking.store().clone()));
+        }
+        Hold {
+            writers: Arc::clone(self),
+            key,
+        }
+    }
+}
+
+/// Renews the leases of the Runs held open, every [`RENEW_EVERY`], until the store goes. A
+/// failed renewal is tried again at the next tick (a lease outlasts four of them).
+async fn renew(writers: Weak<Writers>, store: PgStore) {
+    let mut every = tokio::time::interval(RENEW_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: opening the Runs set their leases.
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let Some(held) = writers.upgrade() else {
+            return;
+        };
+        let (identities, runs): (Vec<String>, Vec<String>) = held
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .map(|(identity, run)| (identity.to_string(), run.as_str().to_owned()))
+            .unzip();
+        drop(held);
+        if identities.is_empty() {
+            continue;
+        }
+        let Ok(client) = store.pool.get().await else {
+            continue;
+        };
+        // A Run whose row is locked is being appended to, which moves its lease anyway:
+        // skipped rather than waited for, so one busy Run never delays the others' renewal
+        // (nor two processes renewing the same Runs deadlock).
+        let _ = client
+            .execute(
+                &format!(
+                    "with held as (
+                         select runs.identity, runs.run from runs
+                         join unnest($1::text[], $2::text[]) as mine(identity, run)
+                             on runs.identity = mine.identity and runs.run = mine.run
+                         order by runs.identity, runs.run
+                         for update of runs skip locked)
+                     update runs set lease_until = {DB_NOW} + $3
+                     from held where runs.identity = held.identity and runs.run = held.run"
+                ),
+                &[&identities, &runs, &lease_millis()],
+            )
+            .await;
+    }
+}
+
+/// One Run the sweep deletes.
+struct Doomed {
+    identity: String,
+    run: String,
+    bytes: i64,
+    why: String,
+}
+
+/// How many doomed Runs the sweep reads at a time.
+const PAGE: i64 = 256;
+
+/// Deletes the Runs past `max_age` since their last write, or past `max_bytes` of their
+/// identity's (the oldest first), whose leases have lapsed; see the module's doc.
+pub(crate) async fn sweep(
+    store: &PgStore,
+    max_age: Duration,
+    max_bytes: u64,
+) -> Result<SweptRuns, RecordError> {
+    // The lock and the cursor on a connection of the sweep's own, not the pool's: the sweep
+    // may take a while, and the pool is the requests'. Dropping it (on every way out)
+    // ends its session, which frees the lock.
+    let (mut reader, connection) = store
+        .config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| RecordError::Db(DbError::Open(e)))?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let lock = sweep_lock(&store.schema);
+    let taken: bool = reader
+        .query_one("select pg_try_advisory_lock($1)", &[&lock])
+        .await
+        .map_err(db)?
+        .try_get(0)
+        .map_err(db)?;
+    if !taken {
+        // Another process sweeps the schema now.
+        return Ok(SweptRuns::default());
+    }
+    sweep_locked(store, &mut reader, max_age, max_bytes).await
+}
+
+/// The sweep under its lock: the doomed Runs read through a cursor on `reader` (one
+/// snapshot), each deleted through a pooled connection taken for it.
+async fn sweep_locked(
+    store: &PgStore,
+    reader: &mut tokio_postgres::Client,
+    max_age: Duration,
+    max_bytes: u64,
+) -> Result<SweptRuns, RecordError> {
+    let age = i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX);
+    let most = i64::try_from(max_bytes).unwrap_or(i64::MAX);
+    let cursor = reader.transaction().await.map_err(db)?;
+    // The cursor's transaction waits while Runs are deleted: not cut off as idle.
+    cursor
+        .batch_execute("set local idle_in_transaction_session_timeout = 0")
+        .await
+        .map_err(db)?;
+    // Per identity: its total (held Runs included), and each lapsed Run's running total
+    // oldest first; a lapsed Run goes when older than the age, or while what is left
+    // (the total less the older lapsed Runs) is over the size.
+    cursor
+        .execute(
+            &format!(
+                "declare doomed no scroll cursor for
+                 with now as (select {DB_NOW} as at),
+                 totals as (select identity, sum(bytes) as total from runs group by identity),
+                 lapsed as (
+                     select identity, run, bytes, last_write_at,
+                            sum(bytes) over (partition by identity
+                                             order by last_write_at, run) as upto
+                     from runs, now where lease_until < now.at)
+                 select lapsed.identity, lapsed.run, lapsed.bytes,
+                        case when lapsed.last_write_at < now.at - $1::bigint then 'age'
+                             else 'size' end
+                 from lapsed join totals using (identity), now
+                 where lapsed.last_write_at < now.at - $1::bigint
+                    or totals.total - (lapsed.upto - lapsed.bytes) > $2::bigint
+                 order by lapsed.identity, lapsed.last_write_at, lapsed.run"
+            ),
+            &[&age, &most],
+        )
+        .await
+        .map_err(db)?;
+    let mut swept = SweptRuns::default();
+    loop {
+        let rows = cursor
+            .query(&format!("fetch {PAGE} from doomed"), &[])
+            .await
+            .map_err(db)?;
+        if rows.is_empty() {
+            break;
+        }
+        for row in &rows {
+            let doomed = Doomed {
+                identity: row.try_get(0).map_err(db)?,
+                run: row.try_get(1).map_err(db)?,
+                bytes: row.try_get(2).map_err(db)?,
+                why: row.try_get(3).map_err(db)?,
+            };
+            let mut deleter = store
+                .pool
+                .get()
+                .await
+                .map_err(|e| RecordError::Db(DbError::Connect(e)))?;
+            if delete_run(&mut deleter, &store.schema, &doomed).await? {
+                swept.runs += 1;
+                swept.bytes += u64::try_from(doomed.bytes).unwrap_or(0);
+            }
+        }
+    }
+    cursor.commit().await.map_err(db)?;
+    // Only the newest are remembered; failing to forget the rest loses nothing.
+    let _ = reader
+        .execute(
+            "delete from expired_runs where (identity, run) in (
+                 select identity, run from (
+                     select identity, run, row_number() over (
+                         partition by identity order by expired_at desc, run desc) as n
+                     from expired_runs) as ranked
+                 where n > $1)",
+            &[&EXPIRED_KEPT],
+        )
+        .await;
+    Ok(swept)
+}
+
+/// Deletes one doomed Run and remembers it, in one transaction under the Run's lock,
+/// unless its lease was renewed meanwhile or its row is locked (an append under way):
+/// whether it was deleted.
+async fn delete_run(
+    client: &mut deadpool_postgres::Object,
+    schema: &str,
+    doomed: &Doomed,
+) -> Result<bool, RecordError> {
+    let run = RunId::new(&doomed.run).map_err(|e| RecordError::Corrupt {
+        what: format!("runs[{:?}]: {e}", doomed.run),
+        source: None,
+    })?;
+    let (identity, name) = (doomed.identity.as_str(), doomed.run.as_str());
+    let transaction = client.transaction().await.map_err(db)?;
+    transaction
+        .execute(
+            "select pg_advisory_xact_lock($1)",
+            &[&run_lock(schema, identity, &run)],
+        )
+        .await
+        .map_err(db)?;
+    let lapsed = transaction
+        .query_opt(
+            &format!(
+                "select 1 from runs where identity = $1 and run = $2 and lease_until < {DB_NOW}
+                 for update skip locked"
+            ),
+            &[&identity, &name],
+        )
+        .await
+        .map_err(db)?;
+    if lapsed.is_none() {
+        return Ok(false);
+    }
+    for table in ["chunks", "records", "runs"] {
+        transaction
+            .execute(
+                &format!("delete from {table} where identity = $1 and run = $2"),
+                &[&identity, &name],
+            )
+            .await
+            .map_err(db)?;
+    }
+    transaction
+        .execute(
+            &format!(
+                "insert into expired_runs (identity, run, expired_at, why)
+                 values ($1, $2, {DB_NOW}, $3) on conflict do nothing"
+            ),
+            &[&identity, &name, &doomed.why.as_str()],
+        )
+        .await
+        .map_err(db)?;
+    transaction.commit().await.map_err(db)?;
+    Ok(true)
+}
+
+/// Why `identity`'s Run `run` was deleted by a sweep (`age` or `size`), if it was and is
+/// still remembered.
+pub(crate) async fn expired(
+    client: &impl deadpool_postgres::GenericClient,
+    identity: &str,
+    run: &RunId,
+) -> Result<Option<String>, RecordError> {
+    let row = client
+        .query_opt(
+            "select why from expired_runs where identity = $1 and run = $2",
+            &[&identity, &run.as_str()],
+        )
+        .await
+        .map_err(db)?;
+    Ok(row.map(|row| row.get(0)))
+}
