@@ -423,6 +423,20 @@ impl Catalog {
         server: &ServerId,
         tools: &[ToolDefinition],
     ) -> Result<Refresh, CatalogError> {
+        if let Some(store) = self.store() {
+            // The same refusal as redb's, by names alone: the store encodes the tools.
+            let mut names: Vec<&ToolName> = tools.iter().map(|tool| &tool.name).collect();
+            names.sort_unstable();
+            if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
+                return Err(CatalogError::DuplicateTool {
+                    server: server.clone(),
+                    name: pair[0].clone(),
+                });
+            }
+            let refresh = store.refresh(server, tools).map_err(CatalogError::Shared)?;
+            self.changed();
+            return Ok(refresh);
+        }
         let mut incoming = tools
             .iter()
             .map(|tool| Ok((&tool.name, encode_tool(tool)?)))
@@ -433,11 +447,6 @@ impl Catalog {
                 server: server.clone(),
                 name: pair[0].0.clone(),
             });
-        }
-        if let Some(store) = self.store() {
-            let refresh = store.refresh(server, tools).map_err(CatalogError::Shared)?;
-            self.changed();
-            return Ok(refresh);
         }
         let at = self.now();
         let txn = self.write()?;
@@ -609,23 +618,11 @@ impl Catalog {
     ///
     /// As [`Catalog::live`].
     pub fn servers(&self) -> Result<Vec<ServerId>, CatalogError> {
-        if let Some(store) = self.store() {
-            let mut servers: std::collections::BTreeSet<ServerId> = store
-                .servers()
-                .map_err(CatalogError::Shared)?
-                .into_iter()
-                .collect();
-            servers.extend(
-                self.inner
-                    .reachability
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .keys()
-                    .cloned(),
-            );
-            return Ok(servers.into_iter().collect());
-        }
-        self.servers_in(&self.read()?)
+        let stored = match self.store() {
+            Some(store) => store.servers().map_err(CatalogError::Shared)?,
+            None => return self.servers_in(&self.read()?),
+        };
+        Ok(self.with_reachable(stored.into_iter().collect()))
     }
 
     /// The health of `server`: last successful sync, last error, reachability.
@@ -742,7 +739,12 @@ impl Catalog {
                     .map_err(|e| corrupt(format!("servers[{:?}]", key.value()), e))?,
             );
         }
-        out.extend(
+        Ok(self.with_reachable(out))
+    }
+
+    /// `stored` with every server this process reported reachable or not, ordered.
+    fn with_reachable(&self, mut stored: std::collections::BTreeSet<ServerId>) -> Vec<ServerId> {
+        stored.extend(
             self.inner
                 .reachability
                 .lock()
@@ -750,7 +752,7 @@ impl Catalog {
                 .keys()
                 .cloned(),
         );
-        Ok(out.into_iter().collect())
+        stored.into_iter().collect()
     }
 
     fn live_in(

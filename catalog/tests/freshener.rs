@@ -513,6 +513,8 @@ struct Leased {
     inner: Catalog,
     answers: Mutex<VecDeque<&'static str>>,
     asked: AtomicUsize,
+    /// Held by every guard a `Proceed` hands out: its count says how many are alive.
+    held: Arc<()>,
 }
 
 impl psych_types::CatalogStore for Leased {
@@ -569,7 +571,9 @@ impl psych_types::CatalogStore for Leased {
         Ok(match self.answers.lock().unwrap().pop_front() {
             Some("busy") => psych_types::Lease::Busy,
             Some("satisfied") => psych_types::Lease::Satisfied(CatalogVersion(7)),
-            _ => psych_types::Lease::Proceed(psych_types::LeaseGuard::none()),
+            _ => psych_types::Lease::Proceed(psych_types::LeaseGuard::holding(Arc::clone(
+                &self.held,
+            ))),
         })
     }
 }
@@ -579,6 +583,7 @@ fn leased(answers: &[&'static str]) -> (Catalog, Arc<Leased>) {
         inner: catalog(),
         answers: Mutex::new(answers.iter().copied().collect()),
         asked: AtomicUsize::new(0),
+        held: Arc::new(()),
     });
     let erased: Arc<psych_types::DynCatalogStore> =
         Arc::new(psych_types::Erased(Arc::clone(&store)));
@@ -633,4 +638,24 @@ async fn on_a_shared_catalogue_another_process_listing_stands() {
     );
     assert!(lister.calls("s").is_empty(), "not listed again");
     freshener.shutdown().await;
+}
+
+/// A listing dropped mid-way (shut down while the server hangs, its lease held) releases
+/// the lease with it: no guard outlives the freshener's tasks.
+#[tokio::test(start_paused = true)]
+async fn a_listing_dropped_mid_way_releases_its_lease() {
+    let lister = Scripted::new([("s", vec![Step::Hang])]);
+    let (shared, store) = leased(&[]);
+    let freshener =
+        Freshener::start(shared, Arc::clone(&lister), config().build().unwrap()).unwrap();
+    freshener.connect(&server("s"));
+    sleep(secs(1.0)).await;
+    assert_eq!(lister.calls("s").len(), 1, "listing, the lease held");
+    assert_eq!(Arc::strong_count(&store.held), 2, "one guard alive");
+    freshener.shutdown().await;
+    assert_eq!(
+        Arc::strong_count(&store.held),
+        1,
+        "the guard went with the listing"
+    );
 }

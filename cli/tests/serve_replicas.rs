@@ -14,24 +14,33 @@ use serde_json::json;
 
 use crate::serve_identities::{LINE, call, call_when_listed, connect, large_handle, read, start};
 use crate::support::{text, token};
-use psych_test_support::pg::Schema;
+use psych_store_conformance::pg::Schema;
+
+/// `N` gateways' folders, each with the same tokens file naming `identities`, and the
+/// identities' bearer tokens, in order.
+fn folders<const N: usize, const I: usize>(
+    identities: [&str; I],
+) -> ([tempfile::TempDir; N], [String; I]) {
+    let minted = identities.map(token);
+    let named: serde_json::Map<String, serde_json::Value> = identities
+        .iter()
+        .zip(&minted)
+        .map(|(name, (_, digest))| ((*name).to_owned(), json!({"tokens": [digest]})))
+        .collect();
+    let tokens = json!({ "identities": named }).to_string();
+    let dirs = [(); N].map(|()| tempfile::tempdir().unwrap());
+    for dir in &dirs {
+        std::fs::write(dir.path().join("tokens.json"), &tokens).unwrap();
+    }
+    (dirs, minted.map(|(token, _)| token))
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_on_one_store_read_each_others_handles() {
     let schema = Schema::fresh("replicas");
     let store = schema.url();
-    let (alice, alice_digest) = token("alice");
-    let (bob, bob_digest) = token("bob");
-    let tokens = json!({"identities": {
-        "alice": {"tokens": [alice_digest]},
-        "bob": {"tokens": [bob_digest]},
-    }})
-    .to_string();
     // Two replicas as on two machines: a folder each (catalogue, spill files), one store.
-    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    for dir in [&dir_a, &dir_b] {
-        std::fs::write(dir.path().join("tokens.json"), &tokens).unwrap();
-    }
+    let ([dir_a, dir_b], [alice, bob]) = folders(["alice", "bob"]);
     let (replica_a, url_a) = start(dir_a.path(), &["--store", &store]).await;
     let (replica_b, url_b) = start(dir_b.path(), &["--store", &store]).await;
 
@@ -81,19 +90,14 @@ async fn replicas_on_one_store_read_each_others_handles() {
 async fn a_run_past_retention_is_deleted_and_its_handle_expired() {
     let schema = Schema::fresh("replica_retention");
     let store = schema.url();
-    let (alice, alice_digest) = token("alice");
-    let tokens = json!({"identities": {"alice": {"tokens": [alice_digest]}}}).to_string();
-    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    for dir in [&dir_a, &dir_b] {
-        std::fs::write(dir.path().join("tokens.json"), &tokens).unwrap();
-    }
+    let ([dir_a, dir_b], [alice]) = folders(["alice"]);
     let (replica_a, url_a) = start(dir_a.path(), &["--store", &store]).await;
     let on_a = connect(&url_a, &alice).await;
     let handle = large_handle(&on_a).await;
     on_a.cancel().await.unwrap();
     replica_a.stop().await;
     // Ten days since the Run was written, and its writer gone (its lease lapsed).
-    psych_test_support::pg::psql(&format!(
+    psych_store_conformance::pg::psql(&format!(
         "update {}.runs set last_write_at = last_write_at - 864000000, lease_until = 0",
         schema.name()
     ));
@@ -159,12 +163,7 @@ async fn replicas_on_one_store_share_the_catalogue_and_its_changes() {
 
     let schema = Schema::fresh("replica_catalog");
     let store = schema.url();
-    let (alice, alice_digest) = token("alice");
-    let tokens = json!({"identities": {"alice": {"tokens": [alice_digest]}}}).to_string();
-    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    for dir in [&dir_a, &dir_b] {
-        std::fs::write(dir.path().join("tokens.json"), &tokens).unwrap();
-    }
+    let ([dir_a, dir_b], [alice]) = folders(["alice"]);
     let (replica_a, url_a) = start(dir_a.path(), &["--store", &store]).await;
     let (replica_b, url_b) = start(dir_b.path(), &["--store", &store]).await;
     let on_a = connect(&url_a, &alice).await;
@@ -250,12 +249,7 @@ async fn figures() {
 
     let schema = Schema::fresh("replica_figures");
     let store = schema.url();
-    let (alice, alice_digest) = token("alice");
-    let tokens = json!({"identities": {"alice": {"tokens": [alice_digest]}}}).to_string();
-    let dirs = [(); 3].map(|()| tempfile::tempdir().unwrap());
-    for dir in &dirs {
-        std::fs::write(dir.path().join("tokens.json"), &tokens).unwrap();
-    }
+    let (dirs, [alice]) = folders::<3, 1>(["alice"]);
     let (_a, url_a) = start(dirs[0].path(), &["--store", &store]).await;
     let (_b, url_b) = start(dirs[1].path(), &["--store", &store]).await;
     let (_files, url_files) = start(dirs[2].path(), &[]).await;
@@ -351,12 +345,7 @@ async fn a_replica_killed_mid_calls_loses_no_answered_result() {
 
     let schema = Schema::fresh("replica_kill");
     let store = schema.url();
-    let (alice, alice_digest) = token("alice");
-    let tokens = json!({"identities": {"alice": {"tokens": [alice_digest]}}}).to_string();
-    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    for dir in [&dir_a, &dir_b] {
-        std::fs::write(dir.path().join("tokens.json"), &tokens).unwrap();
-    }
+    let ([dir_a, dir_b], [alice]) = folders(["alice"]);
     let (replica_a, url_a) = start(dir_a.path(), &["--store", &store]).await;
     let (replica_b, url_b) = start(dir_b.path(), &["--store", &store]).await;
     let on_a = Arc::new(connect(&url_a, &alice).await);

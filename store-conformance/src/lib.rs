@@ -24,6 +24,8 @@
     reason = "a conformance suite fails loudly, naming what the store got wrong"
 )]
 
+pub mod large;
+pub mod pg;
 pub mod records;
 
 use psych_types::{

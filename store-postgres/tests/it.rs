@@ -10,13 +10,8 @@
     reason = "a test fails loudly on bad data"
 )]
 
+use psych_store_conformance::pg::database;
 use psych_store_postgres::{OpenError, PgStore, SCHEMA_VERSION};
-
-/// The database the tests use.
-fn database() -> String {
-    std::env::var("PSYCH_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 /// A schema of the test's own, emptied now and dropped when the guard goes.
 struct Schema {
@@ -257,9 +252,7 @@ fn replicas_refreshing_together_take_distinct_versions_and_store_whole_listings(
     use psych_store_postgres::PgCatalog;
     use psych_types::{CatalogStore, ServerId, ToolDefinition, ToolName};
 
-    let name = format!("t_replicas_{}", std::process::id());
-    raw_blocking(format!("drop schema if exists {name} cascade"));
-    let _drop = DropSchema(name.clone());
+    let (name, _drop) = fresh_schema("replicas");
     let url = format!("{}?schema={name}", database());
     let replicas = [
         PgCatalog::open(&url).unwrap(),
@@ -328,9 +321,7 @@ fn called_within_any_runtime_the_store_answers() {
     use psych_store_postgres::PgCatalog;
     use psych_types::{CatalogStore, RecordStore, RunId, ServerId};
 
-    let name = format!("t_async_{}", std::process::id());
-    raw_blocking(format!("drop schema if exists {name} cascade"));
-    let _drop = DropSchema(name.clone());
+    let (name, _drop) = fresh_schema("async");
     let catalog = PgCatalog::open(&format!("{}?schema={name}", database())).unwrap();
     let fs = ServerId::new("fs").unwrap();
     let multi = tokio::runtime::Builder::new_multi_thread()
@@ -374,9 +365,7 @@ fn a_live_set_is_decoded_once_per_set_version() {
     use psych_store_postgres::PgCatalog;
     use psych_types::{CatalogStore, ServerId, ToolDefinition, ToolName};
 
-    let name = format!("t_live_cache_{}", std::process::id());
-    raw_blocking(format!("drop schema if exists {name} cascade"));
-    let _drop = DropSchema(name.clone());
+    let (name, _drop) = fresh_schema("live_cache");
     let catalog = PgCatalog::open(&format!("{}?schema={name}", database())).unwrap();
     let other = PgCatalog::open(&format!("{}?schema={name}", database())).unwrap();
     let fs = ServerId::new("fs").unwrap();
@@ -424,11 +413,18 @@ mod records_conformance {
 
 /// A schema of a test's own for the record store, and the store on it.
 fn record_schema(test: &str) -> (psych_store_postgres::PgBlocking, DropSchema, String) {
-    let name = format!("t_{test}_{}", std::process::id());
-    raw_blocking(format!("drop schema if exists {name} cascade"));
+    let (name, drop) = fresh_schema(test);
     let url = format!("{}?schema={name}&application_name={name}", database());
     let store = psych_store_postgres::PgBlocking::open(&url).unwrap();
-    (store, DropSchema(name.clone()), url)
+    (store, drop, url)
+}
+
+/// The name of a schema of the test's own (`t_<test>_<pid>`), emptied now, and the guard
+/// that drops it.
+fn fresh_schema(test: &str) -> (String, DropSchema) {
+    let name = format!("t_{test}_{}", std::process::id());
+    raw_blocking(format!("drop schema if exists {name} cascade"));
+    (name.clone(), DropSchema(name))
 }
 
 fn text_result(call: &str, text: impl Into<String>) -> psych_types::Record {
@@ -777,9 +773,7 @@ fn replicas_take_a_servers_refresh_lease_in_turn_and_hear_each_others_changes() 
     use psych_store_postgres::PgCatalog;
     use psych_types::{CatalogStore, Lease, ServerId, ToolDefinition, ToolName};
 
-    let name = format!("t_leases_{}", std::process::id());
-    raw_blocking(format!("drop schema if exists {name} cascade"));
-    let _drop = DropSchema(name.clone());
+    let (name, _drop) = fresh_schema("leases");
     let url = format!("{}?schema={name}", database());
     let (a, b) = (
         PgCatalog::open(&url).unwrap(),
@@ -893,9 +887,7 @@ fn a_lease_held_by_a_killed_process_is_freed() {
     use psych_store_postgres::PgCatalog;
     use psych_types::{CatalogStore, Lease, ServerId};
 
-    let name = format!("t_lease_kill_{}", std::process::id());
-    raw_blocking(format!("drop schema if exists {name} cascade"));
-    let _drop = DropSchema(name.clone());
+    let (name, _drop) = fresh_schema("lease_kill");
     let url = format!("{}?schema={name}", database());
     let catalog = PgCatalog::open(&url).unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -1058,9 +1050,7 @@ fn a_listing_whose_lease_was_lost_is_not_stored() {
     use psych_store_postgres::{CatalogError, PgCatalog};
     use psych_types::{CatalogFailure, CatalogStore, Lease, ServerId, ToolDefinition, ToolName};
 
-    let name = format!("t_lease_lost_{}", std::process::id());
-    raw_blocking(format!("drop schema if exists {name} cascade"));
-    let _drop = DropSchema(name.clone());
+    let (name, _drop) = fresh_schema("lease_lost");
     let url = |who: &str| format!("{}?schema={name}&application_name={name}_{who}", database());
     let (a, b) = (
         PgCatalog::open(&url("a")).unwrap(),

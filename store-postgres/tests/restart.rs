@@ -21,26 +21,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use psych_store_conformance::pg::{database, psql};
 use psych_store_postgres::{PgBlocking, RecordError};
 use psych_types::{
     CatalogStore, Record, RecordFailure, RecordHandle, RecordSource, RecordStore, RunId, ServerId,
     ToolCallId, ToolDefinition, ToolName, ToolOutput, ToolResult,
 };
-
-fn database() -> String {
-    std::env::var("PSYCH_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// Runs `sql` with psql on the test database.
-fn psql(sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([&database(), "-Atqc", sql])
-        .output()
-        .expect("psql runs");
-    assert!(out.status.success(), "{sql}: {out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn text_result(text: &str) -> Record {
     Record::ToolResult(ToolResult {

@@ -1,8 +1,9 @@
 //! Test helpers shared by the workspace's test crates, instead of `#[path]` includes of one
 //! crate's test files into another's: the rule checker of every rule a provider enforces on
 //! a request body ([`rules`]), and prompt-assembly's scripted sessions, baseline and cache
-//! simulator ([`prompts`]), and the machine's PostgreSQL for the stores' tests and figures
-//! ([`pg`]). Not published: a test fixture, as rust-analyzer's `test-utils`.
+//! simulator ([`prompts`]). (The machine's PostgreSQL for the stores' tests and figures is
+//! psych-store-conformance's `pg`.) Not published: a test fixture, as rust-analyzer's
+//! `test-utils`.
 
 #![forbid(unsafe_code)]
 #![allow(
@@ -11,6 +12,5 @@
     reason = "test helpers fail loudly on bad data, as the tests using them do"
 )]
 
-pub mod pg;
 pub mod prompts;
 pub mod rules;

@@ -16,8 +16,8 @@ use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use psych_catalog::Catalog;
+use psych_store_conformance::pg::{database, psql};
 use psych_store_postgres::PgCatalog;
-use psych_test_support::pg::{database, psql};
 use psych_types::{CatalogStore, ServerId, ToolDefinition};
 use serde_json::json;
 

@@ -17,8 +17,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use psych_record_log::{SharedRecordLog, SyncPolicy};
+use psych_store_conformance::pg::{database, psql};
 use psych_store_postgres::{PgBlocking, PgRecords};
-use psych_test_support::pg::{database, psql};
 use psych_types::{
     Record, RecordHandle, RecordSource, RecordStore, RunId, ToolCallId, ToolOutput, ToolResult,
 };

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use psych_catalog::Catalog;
 use psych_runtime::{INTERRUPTED, Run, ScriptedModel, Step};
+use psych_store_conformance::pg::Schema;
 use psych_store_postgres::PgBlocking;
-use psych_test_support::pg::Schema;
 use psych_types::{
     AssistantMessage, ConnectionSpec, JsonObject, PermissionGrant, Record, RecordStore,
     RecordStores, RunId, ServerId, ToolCall, ToolCallId, ToolDefinition, ToolHost, ToolLister,

@@ -1,0 +1,102 @@
+//! A text larger than memory should hold, for the stores' size tests: numbered lines of
+//! [`LINE_LEN`] bytes and one last line found nowhere else, written to a temporary file,
+//! and the process's peak resident memory to bound what storing it cost.
+
+use std::io::{BufWriter, Write as _};
+
+/// The last line of a [`text_file`], found nowhere else in it.
+pub const LAST: &str = "the one last line: 7f3a-unique\n";
+
+/// The length of every line but the last.
+pub const LINE_LEN: u64 = 64;
+
+/// Line `n` before the last: 64 bytes, its number in bytes 5..17.
+const LINE: &[u8; 64] = b"line 000000000000 the quick brown fox jumps over the lazy dogs.\n";
+
+/// A text of about `target` bytes (whole lines) in an unnamed temporary file: the file,
+/// its length, and how many numbered lines come before [`LAST`] (the last line's number,
+/// counting from 0).
+///
+/// # Panics
+///
+/// When the temporary file cannot be written (a test fixture).
+pub fn text_file(target: u64) -> (std::fs::File, u64, u64) {
+    let lines = (target - LAST.len() as u64) / LINE_LEN;
+    let file = tempfile::tempfile().unwrap_or_else(|e| panic!("a temporary file: {e}"));
+    let mut out = BufWriter::with_capacity(1 << 20, &file);
+    let mut line = *LINE;
+    for n in 0..lines {
+        let mut rest = n;
+        for digit in line[5..17].iter_mut().rev() {
+            *digit = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        out.write_all(&line)
+            .unwrap_or_else(|e| panic!("writing the text: {e}"));
+    }
+    out.write_all(LAST.as_bytes())
+        .and_then(|()| out.flush())
+        .unwrap_or_else(|e| panic!("writing the text: {e}"));
+    drop(out);
+    (file, lines * LINE_LEN + LAST.len() as u64, lines)
+}
+
+/// The peak resident set of this process so far, in bytes (`VmHWM` of
+/// `/proc/self/status`).
+///
+/// # Panics
+///
+/// Where `/proc/self/status` has no `VmHWM` (not Linux).
+pub fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_else(|e| panic!("/proc/self/status: {e}"));
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in /proc/self/status"));
+    kib * 1024
+}
+
+/// Asserts that `source` reads the end of [`text_file`]`(…)`'s text, stored under `handle`
+/// (`len` bytes, `lines` numbered lines before [`LAST`]): its length, its last bytes by
+/// offset, and its last line by line mark, the mark within a stride (512 KiB for 1 GiB)
+/// before it.
+///
+/// # Panics
+///
+/// When a read fails or reads otherwise (a test's assertion).
+pub fn assert_end_reads<S>(source: &S, handle: &psych_types::RecordHandle, len: u64, lines: u64)
+where
+    S: psych_types::RecordSource,
+    S::Error: std::fmt::Debug,
+{
+    let info = source
+        .output_info(handle)
+        .unwrap_or_else(|e| panic!("{e:?}"))
+        .unwrap_or_else(|| panic!("a result under {handle}"));
+    assert_eq!(info.len, len);
+    let mut tail = vec![0u8; LAST.len()];
+    let n = source
+        .read_output(handle, len - LAST.len() as u64, &mut tail)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(&tail[..n], LAST.as_bytes());
+    let mark = source
+        .line_mark(handle, lines)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let last_start = lines * LINE_LEN;
+    assert!(
+        mark.at <= last_start && last_start - mark.at <= 512 << 10,
+        "{mark:?}"
+    );
+    assert_eq!(mark.breaks_before, mark.at / LINE_LEN);
+    let mut page = vec![0u8; usize::try_from(last_start - mark.at).unwrap_or(0) + LAST.len()];
+    let n = source
+        .read_output(handle, mark.at, &mut page)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let page = std::str::from_utf8(&page[..n]).unwrap_or_else(|e| panic!("{e}"));
+    let found = page
+        .split_inclusive('\n')
+        .nth(usize::try_from(lines - mark.breaks_before).unwrap_or(usize::MAX));
+    assert_eq!(found, Some(LAST));
+}
