@@ -312,3 +312,163 @@ fn beyond_loopback_without_tokens_is_refused() {
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("--tokens"), "{stderr}");
 }
+
+/// Issue 34 through `psych serve`: a 2 MB result passed to another tool by reference
+/// (`{"$psych_result": handle}`) reaches the upstream as the same call carrying it does, on
+/// a later connection of the same identity too; another identity's reference is
+/// `invalid_deferred_handle` and nothing is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_passes_by_reference_within_its_identity_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, alice_digest) = token("alice");
+    let (bob, bob_digest) = token("bob");
+    std::fs::write(
+        dir.path().join("tokens.json"),
+        json!({"identities": {
+            "alice": {"tokens": [alice_digest]},
+            "bob": {"tokens": [bob_digest]},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let (_gateway, url) = start(dir.path(), &[]).await;
+    let first = connect(&url, &alice).await;
+    let shown = text(&call_when_listed(&first, "up__large", json!({"bytes": 2_000_000})).await);
+    let handle = shown
+        .split("handle \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("a handle in {shown}"))
+        .to_owned();
+    first.cancel().await.unwrap();
+
+    let later = connect(&url, &alice).await;
+    let reference = json!({"$psych_result": handle});
+    let by_reference = call(&later, "up__fingerprint", json!({"text": reference}))
+        .await
+        .unwrap();
+    assert_ne!(by_reference.is_error, Some(true), "{}", text(&by_reference));
+    let big = psych_test_server::large_text(2_000_000);
+    let direct = call(&later, "up__fingerprint", json!({"text": big}))
+        .await
+        .unwrap();
+    assert_eq!(
+        text(&by_reference),
+        text(&direct),
+        "the upstream got the bytes a call carrying them sends"
+    );
+    assert!(
+        text(&direct).contains("text 2000000 bytes"),
+        "{}",
+        text(&direct)
+    );
+    // A slice of it: two lines.
+    let sliced = call(
+        &later,
+        "up__fingerprint",
+        json!({"text": {"$psych_result": handle, "offset": 10, "limit": 2}}),
+    )
+    .await
+    .unwrap();
+    let two: String = big.split_inclusive('\n').skip(10).take(2).collect();
+    assert!(
+        text(&sliced).contains(&format!("text {} bytes", two.len())),
+        "{}",
+        text(&sliced)
+    );
+    // Past the bound of one call: a failed result saying so, nothing forwarded.
+    let more = vec![reference.clone(); 8];
+    let twice = call(
+        &later,
+        "up__fingerprint",
+        json!({"text": reference, "more": more}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(twice.is_error, Some(true));
+    assert!(text(&twice).contains("at most"), "{}", text(&twice));
+    later.cancel().await.unwrap();
+
+    let other = connect(&url, &bob).await;
+    call_when_listed(&other, "up__echo", json!({"text": "ready"})).await;
+    let refused = call(&other, "up__fingerprint", json!({"text": reference}))
+        .await
+        .unwrap_err();
+    assert!(refused.contains("invalid_deferred_handle"), "{refused}");
+    other.cancel().await.unwrap();
+}
+
+/// Issue 34 through `psych serve`: an elided result's preview carries a `resource_link` to
+/// the whole result, and `resources/read` of it answers the whole text (or the page its
+/// query asks for) on any connection of the identity, and `invalid_deferred_handle` to
+/// another identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elided_result_is_a_resource_of_its_identity() {
+    use rmcp::model::{ContentBlock, ReadResourceRequestParams, ResourceContents};
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, alice_digest) = token("alice");
+    let (bob, bob_digest) = token("bob");
+    std::fs::write(
+        dir.path().join("tokens.json"),
+        json!({"identities": {
+            "alice": {"tokens": [alice_digest]},
+            "bob": {"tokens": [bob_digest]},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let (_gateway, url) = start(dir.path(), &[]).await;
+    let first = connect(&url, &alice).await;
+    let templates = first.list_all_resource_templates().await.unwrap();
+    assert_eq!(templates.len(), 1, "{templates:?}");
+    assert_eq!(templates[0].uri_template, "psych://result/{handle}");
+    let shown = call_when_listed(&first, "up__large", json!({"bytes": 300_000})).await;
+    let link = shown
+        .content
+        .iter()
+        .find_map(|block| match block {
+            ContentBlock::ResourceLink(link) => Some(link.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("a resource link in {shown:?}"));
+    assert!(link.uri.starts_with("psych://result/"), "{}", link.uri);
+    assert_eq!(link.size, Some(300_000));
+    assert!(text(&shown).contains(&link.uri["psych://result/".len()..]));
+    // A small result is shown whole, with no link.
+    let small = call(&first, "up__echo", json!({"text": "hi"}))
+        .await
+        .unwrap();
+    assert_eq!(small.content.len(), 1);
+    first.cancel().await.unwrap();
+
+    let body = |read: rmcp::model::ReadResourceResult| match read.contents.as_slice() {
+        [ResourceContents::TextResourceContents { text, .. }] => text.clone(),
+        other => panic!("one text in {other:?}"),
+    };
+    let later = connect(&url, &alice).await;
+    let whole = later
+        .read_resource(ReadResourceRequestParams::new(link.uri.clone()))
+        .await
+        .unwrap();
+    let big = psych_test_server::large_text(300_000);
+    assert_eq!(body(whole), big);
+    let page = later
+        .read_resource(ReadResourceRequestParams::new(format!(
+            "{}?offset=3&limit=2",
+            link.uri
+        )))
+        .await
+        .unwrap();
+    let two: String = big.split_inclusive('\n').skip(3).take(2).collect();
+    assert_eq!(body(page), two);
+    later.cancel().await.unwrap();
+
+    let other = connect(&url, &bob).await;
+    let refused = other
+        .read_resource(ReadResourceRequestParams::new(link.uri.clone()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("invalid_deferred_handle"), "{refused}");
+    other.cancel().await.unwrap();
+}

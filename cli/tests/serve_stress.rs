@@ -47,7 +47,7 @@ const WARM_CALLS: usize = 500;
 const CALL_GUARD: Duration = Duration::from_secs(300);
 
 /// The test server's control tools (the rest of its tools are generated).
-const CONTROL_TOOLS: [&str; 16] = [
+const CONTROL_TOOLS: [&str; 17] = [
     "add_tool",
     "binary",
     "cancellations",
@@ -56,6 +56,7 @@ const CONTROL_TOOLS: [&str; 16] = [
     "echo",
     "exotic",
     "fail",
+    "fingerprint",
     "garbage",
     "hang",
     "large",

@@ -142,8 +142,9 @@ use psych_types::{
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, DiscoverResult, ErrorCode,
     ErrorData, Implementation, InitializeRequestParams, InitializeResult, InputRequiredResult,
-    ListToolsResult, PaginatedRequestParams, RequestMetaObject, ResultType, ServerCapabilities,
-    SubscriptionFilter,
+    ListResourceTemplatesResult, ListToolsResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, RequestMetaObject, ResultType,
+    ServerCapabilities, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, SubscriptionContext};
 use rmcp::{RoleServer, ServerHandler, ServiceExt};
@@ -154,10 +155,12 @@ use tokio::task::{JoinHandle, JoinSet};
 mod mrtr;
 mod progress;
 mod raw;
+mod resources;
 mod stdio;
 mod tenant;
 mod tokens;
 
+pub use resources::{RESULT_URI_PREFIX, result_uri};
 pub use tenant::{DEFAULT_RETAIN, DEFAULT_RETAIN_BYTES, Retention};
 pub use tokens::{RESERVED_IDENTITIES, Tokens, TokensError, new_token, token_digest};
 
@@ -991,6 +994,13 @@ impl Session {
         // files, stored streamed, and what remains here is the placeholder.
         let partial = result.output.readable_text().len() as u64 != stored_len;
         let output = match view_of {
+            // An elided success also links the whole result, for a client that opens
+            // resources itself (`resources/read`); a failure's cut text is not a preview.
+            Projection::Replaced(text) if !result.output.is_error => {
+                let mut shown = ToolOutput::text(text);
+                shown.content.push(resources::link(&handle, stored_len));
+                shown
+            }
             Projection::Replaced(text) => {
                 let mut shown = ToolOutput::text(text);
                 shown.is_error = result.output.is_error;
@@ -1003,6 +1013,7 @@ impl Session {
                     "{} Read it with {READ_TOOL_OUTPUT}, handle {handle}.",
                     result.output.readable_text()
                 ));
+                shown.content.push(resources::link(&handle, stored_len));
                 shown.is_error = result.output.is_error;
                 shown
             }
@@ -1549,6 +1560,27 @@ impl ServerHandler for Session {
         }
     }
 
+    /// The one template: a logged result by its handle (`psych://result/{handle}`).
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            resources::template(),
+        ]))
+    }
+
+    /// A logged result's text (or a page of it) by the URI its preview's `resource_link`
+    /// gave: this identity's results only, as `read_tool_output` reads them.
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        self.read_result(request, &context).await.map(Into::into)
+    }
+
     fn get_info(&self) -> InitializeResult {
         // What is known now, without waiting for any upstream server: also the baseline
         // of the session's `list_changed` watcher.
@@ -1567,6 +1599,7 @@ fn info(view: Option<&View>) -> InitializeResult {
         ServerCapabilities::builder()
             .enable_tools()
             .enable_tool_list_changed()
+            .enable_resources()
             .build(),
     )
     .with_server_info(Implementation::new("psych", env!("CARGO_PKG_VERSION")));

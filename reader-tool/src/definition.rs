@@ -19,7 +19,10 @@ pub fn tool_definition(limits: &Limits) -> ToolDefinition {
          returned and, when more follows, the offset to pass next. An offset past the end or \
          a grep without a match returns no lines; that is not an error. Lines over {} bytes \
          are cut, marked […N bytes]; with grep the part around the match is shown. Binary \
-         results (images, audio) are described, not shown.",
+         results (images, audio) are described, not shown. To pass a kept result, or part of it, as another \
+         tool's argument without copying it, write {{\"$psych_result\": \"<handle>\"}} there, \
+         with offset and limit (lines) or pointer (a JSON pointer) for a part; it is replaced \
+         before the call.",
         limits.max_line_bytes
     );
     let schema = json!({

@@ -96,6 +96,7 @@ mod args;
 mod definition;
 mod error;
 mod limits;
+pub mod passing;
 mod reader;
 mod scan;
 
@@ -103,5 +104,6 @@ pub use answer::{Answer, Line, Page, ResultInfo};
 pub use args::{ArgsError, ReadArgs};
 pub use definition::tool_definition;
 pub use error::{CallError, HandleProblem, InvalidHandle};
-pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_GREP_BYTES};
+pub use limits::{DEFAULT_MAX_PASSED_BYTES, Limits, LimitsBuilder, LimitsError, MAX_GREP_BYTES};
+pub use passing::{RESULT_KEY, ResultReference};
 pub use reader::{Reader, read_tool_output};

@@ -29,6 +29,7 @@ pub struct Limits {
     pub(crate) max_page_bytes: usize,
     pub(crate) chunk_bytes: usize,
     pub(crate) count_all_bytes: u64,
+    pub(crate) max_passed_bytes: u64,
 }
 
 impl Default for Limits {
@@ -40,6 +41,7 @@ impl Default for Limits {
             max_page_bytes: 64 * 1024,
             chunk_bytes: 256 << 10,
             count_all_bytes: 1 << 20,
+            max_passed_bytes: DEFAULT_MAX_PASSED_BYTES,
         }
     }
 }
@@ -83,6 +85,14 @@ impl Limits {
     /// end, so a small read of a huge result never scans the whole result.
     pub fn count_all_bytes(&self) -> u64 {
         self.count_all_bytes
+    }
+
+    /// The stored text one tool call's result references (`{"$psych_result": ...}` in its
+    /// arguments, [`crate::passing`]) may read together, in bytes: the substituted
+    /// arguments are held in memory and sent upstream, so this bounds both. Default
+    /// [`DEFAULT_MAX_PASSED_BYTES`].
+    pub fn max_passed_bytes(&self) -> u64 {
+        self.max_passed_bytes
     }
 }
 
@@ -128,6 +138,12 @@ impl LimitsBuilder {
     /// See [`Limits::count_all_bytes`].
     pub fn count_all_bytes(mut self, bytes: u64) -> Self {
         self.limits.count_all_bytes = bytes;
+        self
+    }
+
+    /// See [`Limits::max_passed_bytes`] (0 refuses every reference).
+    pub fn max_passed_bytes(mut self, bytes: u64) -> Self {
+        self.limits.max_passed_bytes = bytes;
         self
     }
 
@@ -177,6 +193,9 @@ pub enum LimitsError {
     #[error("{0} must be at least 1")]
     Zero(&'static str),
 }
+
+/// The default of [`Limits::max_passed_bytes`]: 16 MiB.
+pub const DEFAULT_MAX_PASSED_BYTES: u64 = 16 << 20;
 
 /// The smallest `max_line_bytes`: twice the longest `grep` string.
 pub(crate) const MIN_LINE_BYTES: usize = 2 * MAX_GREP_BYTES;
@@ -230,6 +249,7 @@ mod tests {
             .max_page_bytes(11)
             .chunk_bytes(13)
             .count_all_bytes(17)
+            .max_passed_bytes(19)
             .build()
             .unwrap();
         assert_eq!(
@@ -239,9 +259,10 @@ mod tests {
                 limits.max_line_bytes(),
                 limits.max_page_bytes(),
                 limits.chunk_bytes(),
-                limits.count_all_bytes()
+                limits.count_all_bytes(),
+                limits.max_passed_bytes()
             ),
-            (3, 7, MIN_LINE_BYTES, 11, 13, 17)
+            (3, 7, MIN_LINE_BYTES, 11, 13, 17, 19)
         );
     }
 }

@@ -13,4 +13,5 @@ mod sources;
 mod cross_run;
 mod definition;
 mod edges;
+mod passing;
 mod properties;

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use psych_disclosure::{Live, OrientationContext, Surface, Validators, Verdict, orientation};
 use psych_prompt_assembly::NativeDeferral;
-use psych_reader_tool::{CallError, Limits, Reader};
+use psych_reader_tool::passing::PassError;
+use psych_reader_tool::{CallError, Limits, Reader, ResultReference};
 use psych_record_log::{OpenError, RecordLog, SharedRecordLog};
 use psych_types::{
     DynRecordStore, Erased, RecordFailure, RecordSource as _, RecordStore as _, StoreError,
@@ -180,6 +181,20 @@ enum Pending {
     Ready(ToolOutput),
     /// Running in the step's task set.
     Running,
+    /// Refused without a result: a result reference naming a result the caller may not
+    /// read (`invalid_deferred_handle`, as a read's).
+    Failed(ExecuteError),
+}
+
+/// What became of a call's result references ([`psych_reader_tool::passing`]).
+enum Passing {
+    /// Every reference replaced: the call to guard and forward.
+    Passed(ToolCall),
+    /// A reference the model must fix (malformed, too large, past the end, not JSON, its
+    /// Run's log gone or failing): the call's result says why; nothing is forwarded.
+    Refused(ToolOutput),
+    /// A reference to a result the caller may not read.
+    Invalid(ExecuteError),
 }
 
 /// What a task of the step answers: the call's position and its output, or the typed
@@ -351,7 +366,11 @@ impl<H: ToolHost + 'static> Executor<H> {
         // Which call each task runs, so a task that panics still answers its call.
         let mut running = BTreeMap::new();
         let mut progress = progress.into_iter();
-        for (index, call) in calls.iter().enumerate() {
+        let mut passing = Vec::with_capacity(calls.len());
+        for call in calls {
+            passing.push(self.pass_results(call).await);
+        }
+        for ((index, call), passing) in calls.iter().enumerate().zip(passing) {
             let sink = progress.next().flatten();
             if let Some(output) =
                 native.and_then(|deferral| crate::native::answer(surface, live, deferral, call))
@@ -369,6 +388,22 @@ impl<H: ToolHost + 'static> Executor<H> {
                 pending.push(Pending::Ready(output));
                 continue;
             }
+            let passed;
+            let call = match passing {
+                None => call,
+                Some(Passing::Passed(call)) => {
+                    passed = call;
+                    &passed
+                }
+                Some(Passing::Refused(output)) => {
+                    pending.push(Pending::Ready(output));
+                    continue;
+                }
+                Some(Passing::Invalid(error)) => {
+                    pending.push(Pending::Failed(error));
+                    continue;
+                }
+            };
             match self.guard(surface, live, call) {
                 Verdict::Forward(forward) => {
                     let task = self.spawn_forward(
@@ -385,14 +420,19 @@ impl<H: ToolHost + 'static> Executor<H> {
             }
         }
         drop(progress);
+        let mut failures = Vec::new();
         let mut outputs: Vec<Option<ToolOutput>> = pending
             .into_iter()
-            .map(|p| match p {
+            .enumerate()
+            .map(|(index, p)| match p {
                 Pending::Ready(output) => Some(output),
                 Pending::Running => None,
+                Pending::Failed(error) => {
+                    failures.push((index, error));
+                    None
+                }
             })
             .collect();
-        let mut failures = Vec::new();
         while let Some(joined) = tasks.join_next_with_id().await {
             let (index, result) = match joined {
                 Ok((_, done)) => done,
@@ -592,7 +632,20 @@ impl<H: ToolHost + 'static> Executor<H> {
             drop(progress);
             return self.log_one(call, output).await;
         }
-        let forward = match self.guard(surface, live, call) {
+        let passed;
+        let guarded = match self.pass_results(call).await {
+            None => call,
+            Some(Passing::Passed(call)) => {
+                passed = call;
+                &passed
+            }
+            Some(Passing::Refused(output)) => {
+                drop(progress);
+                return self.log_one(call, output).await;
+            }
+            Some(Passing::Invalid(error)) => return Err(error),
+        };
+        let forward = match self.guard(surface, live, guarded) {
             Verdict::Forward(forward) => forward,
             verdict => {
                 drop(progress);
@@ -658,6 +711,88 @@ impl<H: ToolHost + 'static> Executor<H> {
                 ));
                 self.log_one(call, output).await
             }
+        }
+    }
+
+    /// `call` with its result references replaced ([`psych_reader_tool::passing`]), read
+    /// on the blocking pool by the rules of `read_tool_output` (this Run's log, or the
+    /// [`Archive`] for another Run's handle), together at most
+    /// [`Limits::max_passed_bytes`]; `None` when the call has none (or is a read, whose
+    /// arguments are its own). The guard then checks the replaced arguments, and the host
+    /// gets exactly what a call carrying the content would have sent; the log keeps the
+    /// call as the model made it, so nothing is stored twice.
+    ///
+    /// Cancel-safe: dropped while it reads, nothing was forwarded or logged.
+    async fn pass_results(&self, call: &ToolCall) -> Option<Passing> {
+        if call.name == READ_TOOL_OUTPUT
+            || !psych_reader_tool::passing::has_reference(&call.arguments)
+        {
+            return None;
+        }
+        let log = Arc::clone(&self.log);
+        let archive = self.archive.clone();
+        let limits = self.limits.clone();
+        let mut passed = call.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let max = limits.max_passed_bytes();
+            let result =
+                psych_reader_tool::passing::substitute(&mut passed.arguments, max, |r, room| {
+                    referenced(&log, archive.as_deref(), &limits, r, room)
+                });
+            (passed, result)
+        })
+        .await;
+        let (passed, result) = match read {
+            Ok(read) => read,
+            Err(source) => {
+                return Some(Passing::Refused(ToolOutput::error(
+                    psych_types::error_chain(&panicked(call, source)),
+                )));
+            }
+        };
+        Some(match result {
+            Ok(_) => Passing::Passed(passed),
+            Err(misplaced) => match *misplaced {
+                psych_reader_tool::passing::Misplaced {
+                    error: PassError::Call(CallError::InvalidDeferredHandle(error)),
+                    ..
+                } => Passing::Invalid(ExecuteError::InvalidDeferredHandle(error)),
+                misplaced => Passing::Refused(ToolOutput::error(format!(
+                    "{}: nothing was sent: {}",
+                    call.name,
+                    psych_types::error_chain(&misplaced)
+                ))),
+            },
+        })
+    }
+
+    /// What `reference` names, read by the rules of a call's result references (this Run's
+    /// log, or the [`Archive`] for another Run's handle), at most `max_bytes` of stored
+    /// text, on the blocking pool: what `psych serve` answers `resources/read` of a
+    /// result's `resource_link` with.
+    ///
+    /// # Errors
+    ///
+    /// [`PassError::Call`] with [`CallError::InvalidDeferredHandle`] for a result the
+    /// caller may not read (as a read's), [`PassError::Reference`] for a slice past the end
+    /// or over `max_bytes`, [`PassError::Call`] with [`CallError::Source`] when the Run's
+    /// records cannot be read ([`Unreadable`] says why); a panicked read task is
+    /// [`Unreadable::Task`].
+    pub async fn read_reference(
+        &self,
+        reference: ResultReference,
+        max_bytes: u64,
+    ) -> Result<Value, PassError<Unreadable>> {
+        let log = Arc::clone(&self.log);
+        let archive = self.archive.clone();
+        let limits = self.limits.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            referenced(&log, archive.as_deref(), &limits, &reference, max_bytes)
+        })
+        .await;
+        match read {
+            Ok(read) => read.map(|(value, _)| value),
+            Err(source) => Err(PassError::Call(CallError::Source(Unreadable::Task(source)))),
         }
     }
 
@@ -766,6 +901,108 @@ fn read(
         }
     }
     answer(Reader::with_limits(log, limits).call(arguments))
+}
+
+/// Why a result reference's Run could not be read, beside its store's own errors: what the
+/// archive answered (the model is told).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unreadable {
+    /// The Run's log was removed; the archive's words.
+    #[error("{0}")]
+    Gone(String),
+    /// The Run's log could not be opened.
+    #[error("the log of {run} could not be opened")]
+    Open {
+        /// The Run.
+        run: psych_types::RunId,
+        /// Why.
+        #[source]
+        source: OpenError,
+    },
+    /// The Run's store failed.
+    #[error("the records of {run} could not be asked")]
+    Store {
+        /// The Run.
+        run: psych_types::RunId,
+        /// Why.
+        #[source]
+        source: StoreError,
+    },
+    /// The source failed while reading.
+    #[error(transparent)]
+    Source(Box<dyn std::error::Error + Send + Sync>),
+    /// The blocking task reading panicked or was cancelled.
+    #[error("the read did not finish")]
+    Task(#[source] JoinError),
+}
+
+/// One result reference read by the rules of a read: this Run's log, or for another Run's
+/// handle the archive's (unknown there: `invalid_deferred_handle`).
+fn referenced(
+    log: &DynRecordStore,
+    archive: Option<&dyn Archive>,
+    limits: &Limits,
+    reference: &ResultReference,
+    room: u64,
+) -> Result<(Value, u64), PassError<Unreadable>> {
+    fn boxed<E: std::error::Error + Send + Sync + 'static>(
+        error: PassError<E>,
+    ) -> PassError<Unreadable> {
+        match error {
+            PassError::Reference(error) => PassError::Reference(error),
+            PassError::Call(CallError::InvalidDeferredHandle(error)) => {
+                PassError::Call(CallError::InvalidDeferredHandle(error))
+            }
+            PassError::Call(CallError::Source(error)) => {
+                PassError::Call(CallError::Source(Unreadable::Source(Box::new(error))))
+            }
+            PassError::Call(CallError::ShortRead { handle, at, len }) => {
+                PassError::Call(CallError::ShortRead { handle, at, len })
+            }
+            PassError::Call(other) => {
+                PassError::Call(CallError::Source(Unreadable::Source(Box::new(other))))
+            }
+            other => PassError::Call(CallError::Source(Unreadable::Source(Box::new(other)))),
+        }
+    }
+    let foreign = reference
+        .handle
+        .parse::<RecordHandle>()
+        .ok()
+        .filter(|handle| &handle.run != log.run());
+    if let (Some(archive), Some(handle)) = (archive, foreign) {
+        let failed = |error| Err(PassError::Call(CallError::Source(error)));
+        match archive.find(&handle) {
+            Archived::Log(other) => {
+                return Reader::with_limits(&*other, limits.clone())
+                    .referenced(reference, room)
+                    .map_err(boxed);
+            }
+            Archived::Store(other) => {
+                return Reader::with_limits(&*other, limits.clone())
+                    .referenced(reference, room)
+                    .map_err(boxed);
+            }
+            Archived::Gone { why } => return failed(Unreadable::Gone(why)),
+            Archived::Failed(source) => {
+                return failed(Unreadable::Open {
+                    run: handle.run,
+                    source,
+                });
+            }
+            Archived::StoreFailed(source) => {
+                return failed(Unreadable::Store {
+                    run: handle.run,
+                    source,
+                });
+            }
+            Archived::Unknown => {}
+        }
+    }
+    Reader::with_limits(log, limits.clone())
+        .referenced(reference, room)
+        .map_err(boxed)
 }
 
 /// The reader's answer for the model, or its typed handle error for the caller.

@@ -137,7 +137,7 @@ pub use error::{ExecuteError, RunError, TurnState};
 pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};
 pub use executor::{
     Archive, Archived, DEFAULT_CALL_TIMEOUT, EXECUTOR_TOOLS, Executed, Executor, OnDemand,
-    StartFuture, reserve_executor_tools,
+    StartFuture, Unreadable, reserve_executor_tools,
 };
 #[cfg(feature = "mcp")]
 pub use lazy::{

@@ -483,7 +483,32 @@ fn control_tools() -> Vec<Value> {
             "A result with fields and a block type rmcp does not model.",
             none.clone(),
         ),
+        tool(
+            "fingerprint",
+            "The length and FNV-1a hash of the arguments as received (their JSON) and of `text`.",
+            object(json!({"text": {"type": "string"}}), json!(["text"])),
+        ),
     ]
+}
+
+/// What the `fingerprint` tool answers for `arguments`: the byte length and 64-bit FNV-1a
+/// hash of their JSON text as received and of their `text` string, so that two calls can be
+/// checked to have carried the same bytes without echoing them back.
+pub fn fingerprint(arguments: &serde_json::Map<String, Value>) -> String {
+    fn fnv(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+    let json = Value::Object(arguments.clone()).to_string();
+    let text = arguments.get("text").and_then(Value::as_str).unwrap_or("");
+    format!(
+        "arguments {} bytes fnv {:016x}; text {} bytes fnv {:016x}",
+        json.len(),
+        fnv(json.as_bytes()),
+        text.len(),
+        fnv(text.as_bytes())
+    )
 }
 
 /// What the `exotic` tool answers, byte for byte as JSON: a result with a block
@@ -598,6 +623,7 @@ impl TestServer {
         let state = &self.state;
         let result = match params.name.as_ref() {
             "echo" => CallToolResult::success(vec![ContentBlock::text(text_arg("text"))]),
+            "fingerprint" => CallToolResult::success(vec![ContentBlock::text(fingerprint(&args))]),
             // Replaced by the raw result on its way out: over stdio by `RawListing`, over
             // HTTP by the session's transport or in the JSON body.
             "exotic" => CallToolResult::success(vec![ContentBlock::text(raw_http::marker(

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use crate::mcp_common::{HttpServer, SERVER};
 
 /// How many control tools the test server lists before its generated ones.
-const CONTROL_TOOLS: usize = 16;
+const CONTROL_TOOLS: usize = 17;
 
 fn id(name: &str) -> ServerId {
     ServerId::new(name).unwrap()

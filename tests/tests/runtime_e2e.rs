@@ -635,3 +635,111 @@ async fn a_run_killed_mid_step_resumes_with_its_log_intact() {
     drop(run);
     world.stop().await;
 }
+
+/// Issue 34: a 2 MB result handed to another tool by reference reaches the upstream as a
+/// call carrying it would, the log keeping the reference only; a reference the guard finds
+/// of the wrong type, a malformed one, and another Run's handle are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_passes_to_another_tool_by_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let world = World::start(
+        config(json!({"small": stdio(&[], json!({"preload": true}))})),
+        Duration::from_secs(20),
+    )
+    .await;
+    let target = Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096));
+    let mut run = world.run(dir.path(), target.clone()).await;
+    let mut model = ScriptedModel::new([
+        Step::call("small__large", json!({"bytes": 2_000_000})),
+        Step::say("Fetched."),
+    ]);
+    turn(&mut run, &mut model, "Fetch the big file.", &target).await;
+    let (handle, fetched) = result_of(&run, "call_1");
+    let big = fetched.readable_text().into_owned();
+    assert_eq!(big, large_text(2_000_000));
+
+    let reference = json!({"$psych_result": handle.to_string()});
+    let mut model = ScriptedModel::new([
+        Step::call("small__fingerprint", json!({"text": reference}))
+            .and_call("small__fingerprint", json!({"text": big}))
+            .and_call(
+                "small__fingerprint",
+                json!({"text": {"$psych_result": handle.to_string(), "offset": 2, "limit": 3}}),
+            )
+            .and_call("small__large", json!({"bytes": reference}))
+            .and_call("small__fingerprint", json!({"text": {"$psych_result": 7}})),
+        Step::say("Compared."),
+    ])
+    .first_call(2);
+    let requests = turn(&mut run, &mut model, "Hand it on.", &target).await;
+    let by_reference = text(&run, "call_2");
+    assert!(!result_of(&run, "call_2").1.is_error(), "{by_reference}");
+    assert_eq!(
+        by_reference,
+        text(&run, "call_3"),
+        "the upstream got the bytes a call carrying them sends"
+    );
+    let lines: String = big.split_inclusive('\n').skip(2).take(3).collect();
+    let sliced = text(&run, "call_4");
+    assert!(
+        sliced.contains(&format!("text {} bytes", lines.len())),
+        "{sliced}"
+    );
+    // The guard checks the replaced arguments: a text is not the integer `bytes` must be.
+    assert!(result_of(&run, "call_5").1.is_error());
+    assert!(
+        text(&run, "call_5").contains("bytes"),
+        "{}",
+        text(&run, "call_5")
+    );
+    let malformed = text(&run, "call_6");
+    assert!(result_of(&run, "call_6").1.is_error());
+    assert!(
+        malformed.contains("nothing was sent") && malformed.contains("/text"),
+        "{malformed}"
+    );
+
+    // Logged once: the step's call holds the reference, not the 2 MB.
+    let calls: Vec<psych_types::ToolCall> = run
+        .records(0)
+        .unwrap()
+        .into_iter()
+        .filter_map(|l| match l.record {
+            Record::Assistant(message) => Some(message.tool_calls),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let passed = calls.iter().find(|c| c.id.as_str() == "call_2").unwrap();
+    assert_eq!(passed.arguments, json!({"text": reference}));
+    // The model's next request shows the reference as it wrote it, and the saving.
+    use psych_types::TokenEstimator as _;
+    let estimator = psych_elision::Estimator::new();
+    let carried = estimator.estimate_text(&serde_json::to_string(&json!({"text": big})).unwrap());
+    let referred =
+        estimator.estimate_text(&serde_json::to_string(&json!({"text": reference})).unwrap());
+    assert!(requests[1].body().contains("$psych_result"));
+    eprintln!(
+        "result passing: the model wrote {referred} estimated tokens instead of {carried} \
+         ({} bytes passed by reference)",
+        big.len()
+    );
+
+    // Another Run's handle is refused as a read of it would be: the step ends with the
+    // error and nothing is forwarded.
+    let mut model = ScriptedModel::new([Step::call(
+        "small__fingerprint",
+        json!({"text": {"$psych_result": "run-other:1"}}),
+    )])
+    .first_call(7);
+    let refused = model
+        .turn(&mut run, "Use another run's result.")
+        .await
+        .unwrap_err();
+    assert!(
+        psych_types::error_chain(&refused).contains("invalid_deferred_handle"),
+        "{refused}"
+    );
+    drop(run);
+    world.stop().await;
+}

@@ -1,0 +1,171 @@
+//! A logged result as an MCP resource: the `resource_link` an elided result's preview
+//! carries, and `resources/read` of it, under the same identity rules as
+//! `read_tool_output`.
+//!
+//! A result's URI is `psych://result/<handle>`; `?offset=N&limit=M` (lines, as
+//! `read_tool_output`'s) asks for a page of it. One answer holds at most
+//! [`Limits::max_passed_bytes`](psych_reader_tool::Limits::max_passed_bytes) of text (16 MiB
+//! by default): a larger result is read in pages.
+
+use psych_reader_tool::passing::{PassError, ReferenceError};
+use psych_reader_tool::{CallError, ResultReference};
+use psych_types::{ContentBlock, RecordHandle, ResourceLink};
+use rmcp::RoleServer;
+use rmcp::model::{
+    ErrorData, ReadResourceRequestParams, ReadResourceResult, ResourceContents, ResourceTemplate,
+};
+use rmcp::service::RequestContext;
+use serde_json::{Value, json};
+
+use crate::{INVALID_DEFERRED_HANDLE, Session};
+
+/// The scheme and path before a handle in a result's URI.
+pub const RESULT_URI_PREFIX: &str = "psych://result/";
+
+/// The URI of the result at `handle`.
+pub fn result_uri(handle: &RecordHandle) -> String {
+    format!("{RESULT_URI_PREFIX}{handle}")
+}
+
+/// The `resource_link` to the whole result at `handle`, `len` bytes of text.
+pub(crate) fn link(handle: &RecordHandle, len: u64) -> ContentBlock {
+    ContentBlock::ResourceLink(ResourceLink {
+        uri: result_uri(handle),
+        name: format!("tool result {handle}"),
+        description: Some(
+            "The whole tool result this preview shortens, as Psych logged it.".to_owned(),
+        ),
+        mime_type: Some("text/plain".to_owned()),
+        size: Some(len),
+        ..ResourceLink::default()
+    })
+}
+
+/// The one resource template the gateway lists: every logged result.
+pub(crate) fn template() -> ResourceTemplate {
+    let mut template =
+        ResourceTemplate::new(format!("{RESULT_URI_PREFIX}{{handle}}"), "tool result");
+    template.description = Some(
+        "A tool result Psych logged whole, by the handle its shortened preview gave; add \
+         ?offset=N&limit=M for lines N+1 to N+M."
+            .to_owned(),
+    );
+    template.mime_type = Some("text/plain".to_owned());
+    template
+}
+
+/// `uri` as a reference to a result (or a page of it).
+fn parse(uri: &str) -> Result<ResultReference, ErrorData> {
+    let not_ours = || {
+        ErrorData::resource_not_found(
+            format!("{uri:?} is not a resource of psych serve (psych://result/<handle>)"),
+            Some(json!({"uri": uri})),
+        )
+    };
+    let rest = uri.strip_prefix(RESULT_URI_PREFIX).ok_or_else(not_ours)?;
+    let (handle, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut reference = ResultReference {
+        handle: handle.to_owned(),
+        offset: 0,
+        limit: None,
+        pointer: None,
+    };
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let number = value.parse::<u64>().ok();
+        match (key, number) {
+            ("offset", Some(offset)) => reference.offset = offset,
+            ("limit", Some(limit)) if limit > 0 => reference.limit = Some(limit),
+            _ => {
+                return Err(ErrorData::invalid_params(
+                    format!(
+                        "{pair:?} in {uri:?}: the query takes offset (0 or more) and limit \
+                         (1 or more), lines as read_tool_output's"
+                    ),
+                    None,
+                ));
+            }
+        }
+    }
+    Ok(reference)
+}
+
+impl Session {
+    /// `resources/read` of a result's URI: its text, or the page the query asks for, read
+    /// as `read_tool_output` would for this identity (its Run, or its earlier ones).
+    pub(crate) async fn read_result(
+        &self,
+        request: ReadResourceRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResult, ErrorData> {
+        let reference = parse(&request.uri)?;
+        let tenant = self.tenant(context)?;
+        let log = tenant.executor(&self.shared).await?;
+        let max = log.executor.limits().max_passed_bytes();
+        match log.executor.read_reference(reference, max).await {
+            Ok(Value::String(text)) => Ok(ReadResourceResult::new(vec![
+                ResourceContents::TextResourceContents {
+                    uri: request.uri,
+                    mime_type: Some("text/plain".to_owned()),
+                    text,
+                    meta: None,
+                },
+            ])),
+            Ok(other) => Ok(ReadResourceResult::new(vec![ResourceContents::text(
+                other.to_string(),
+                request.uri,
+            )])),
+            Err(PassError::Call(CallError::InvalidDeferredHandle(error))) => {
+                Err(ErrorData::resource_not_found(
+                    format!("{INVALID_DEFERRED_HANDLE}: {error}"),
+                    Some(json!({ "code": INVALID_DEFERRED_HANDLE, "uri": request.uri })),
+                ))
+            }
+            Err(PassError::Reference(ReferenceError::TooLarge { needed, .. })) => {
+                Err(ErrorData::invalid_params(
+                    format!(
+                        "{}: {needed} bytes asked, over the {max} bytes one answer holds: read \
+                         it in pages, adding ?offset=N&limit=M (lines)",
+                        request.uri
+                    ),
+                    None,
+                ))
+            }
+            Err(PassError::Reference(error @ ReferenceError::OffsetPastEnd { .. })) => Err(
+                ErrorData::invalid_params(format!("{}: {error}", request.uri), None),
+            ),
+            Err(error) => Err(ErrorData::internal_error(
+                format!(
+                    "reading {}: {}",
+                    request.uri,
+                    psych_types::error_chain(&error)
+                ),
+                None,
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_results_uri_and_its_pages_parse_back() {
+        let handle: RecordHandle = "hrun7:42".parse().unwrap();
+        let uri = result_uri(&handle);
+        assert_eq!(uri, "psych://result/hrun7:42");
+        assert_eq!(parse(&uri).unwrap().handle, "hrun7:42");
+        let page = parse(&format!("{uri}?offset=10&limit=5")).unwrap();
+        assert_eq!((page.offset, page.limit), (10, Some(5)));
+        for bad in ["file:///x", "psych://other/h:1"] {
+            assert_eq!(
+                parse(bad).unwrap_err().code,
+                rmcp::model::ErrorCode::RESOURCE_NOT_FOUND
+            );
+        }
+        for bad in ["?limit=0", "?offset=-1", "?grep=x", "?offset"] {
+            assert!(parse(&format!("{uri}{bad}")).is_err(), "{bad}");
+        }
+    }
+}
