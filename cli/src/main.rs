@@ -172,6 +172,11 @@ enum Command {
         /// MiB of results kept per identity, the oldest segments deleted first.
         #[arg(long, value_name = "MIB", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
         retain_mib: u64,
+        /// MiB of logged results one call may pass by reference (`{"$psych_result":
+        /// HANDLE}` in its arguments) and one `resources/read` answer may hold; 0 refuses
+        /// every reference.
+        #[arg(long, value_name = "MIB", default_value_t = psych_reader_tool::DEFAULT_MAX_PASSED_BYTES >> 20)]
+        max_passed_mib: u64,
         /// MiB that results too large for memory (over 16 MiB) may hold at once in
         /// `<dir>/spill/` while they arrive and until they are logged, across every upstream,
         /// call and identity of this process; a result that would pass it is not kept, and
@@ -401,6 +406,7 @@ fn run(command: Command) -> Result<u8, String> {
             tokens,
             retain_days,
             retain_mib,
+            max_passed_mib,
             spill_budget_mib,
             eager,
             store,
@@ -425,6 +431,7 @@ fn run(command: Command) -> Result<u8, String> {
                 max_sessions,
                 tokens,
                 retention,
+                max_passed_bytes: max_passed_mib.saturating_mul(1 << 20),
                 spill_budget: psych_mcp::SpillBudget::new(spill_budget_mib.saturating_mul(1 << 20)),
                 eager,
                 store,

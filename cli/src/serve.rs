@@ -31,6 +31,8 @@ pub(crate) struct Options {
     pub(crate) tokens: Option<Tokens>,
     /// What is kept of each identity's results.
     pub(crate) retention: Retention,
+    /// The most stored text one call passes by reference, in bytes.
+    pub(crate) max_passed_bytes: u64,
     /// What results too large for memory may hold on disk at once.
     pub(crate) spill_budget: psych_mcp::SpillBudget,
     /// Start every server at once, none on demand.
@@ -67,6 +69,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         max_sessions,
         tokens,
         retention,
+        max_passed_bytes,
         spill_budget,
         eager,
         store,
@@ -77,6 +80,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         .map_err(|e| crate::reason::chain(&e))?
         .max_sessions(max_sessions)
         .retention(retention)
+        .max_passed_bytes(max_passed_bytes)
         .spill_budget(spill_budget)
         .eager(eager)
         .report(|line| eprintln!("psych serve: {line}"));

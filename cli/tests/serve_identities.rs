@@ -331,7 +331,7 @@ async fn a_result_passes_by_reference_within_its_identity_only() {
         .to_string(),
     )
     .unwrap();
-    let (_gateway, url) = start(dir.path(), &[]).await;
+    let (gateway, url) = start(dir.path(), &[]).await;
     let first = connect(&url, &alice).await;
     let shown = text(&call_when_listed(&first, "up__large", json!({"bytes": 2_000_000})).await);
     let handle = shown
@@ -341,6 +341,9 @@ async fn a_result_passes_by_reference_within_its_identity_only() {
         .unwrap_or_else(|| panic!("a handle in {shown}"))
         .to_owned();
     first.cancel().await.unwrap();
+    // After a restart: the handle is of an earlier Run, read through the identity's archive.
+    gateway.stop().await;
+    let (gateway, url) = start(dir.path(), &[]).await;
 
     let later = connect(&url, &alice).await;
     let reference = json!({"$psych_result": handle});
@@ -386,7 +389,11 @@ async fn a_result_passes_by_reference_within_its_identity_only() {
     .await
     .unwrap();
     assert_eq!(twice.is_error, Some(true));
-    assert!(text(&twice).contains("at most"), "{}", text(&twice));
+    assert!(
+        text(&twice).contains("16777216 bytes in all"),
+        "{}",
+        text(&twice)
+    );
     later.cancel().await.unwrap();
 
     let other = connect(&url, &bob).await;
@@ -396,6 +403,22 @@ async fn a_result_passes_by_reference_within_its_identity_only() {
         .unwrap_err();
     assert!(refused.contains("invalid_deferred_handle"), "{refused}");
     other.cancel().await.unwrap();
+
+    // The bound is the user's: with --max-passed-mib 1 the 2 MB result is not passed.
+    gateway.stop().await;
+    let (_gateway, url) = start(dir.path(), &["--max-passed-mib", "1"]).await;
+    let bounded = connect(&url, &alice).await;
+    call_when_listed(&bounded, "up__echo", json!({"text": "ready"})).await;
+    let over = call(&bounded, "up__fingerprint", json!({"text": reference}))
+        .await
+        .unwrap();
+    assert_eq!(over.is_error, Some(true));
+    assert!(
+        text(&over).contains("1048576 bytes in all"),
+        "{}",
+        text(&over)
+    );
+    bounded.cancel().await.unwrap();
 }
 
 /// Issue 34 through `psych serve`: an elided result's preview carries a `resource_link` to
@@ -417,7 +440,7 @@ async fn an_elided_result_is_a_resource_of_its_identity() {
         .to_string(),
     )
     .unwrap();
-    let (_gateway, url) = start(dir.path(), &[]).await;
+    let (gateway, url) = start(dir.path(), &[]).await;
     let first = connect(&url, &alice).await;
     let templates = first.list_all_resource_templates().await.unwrap();
     assert_eq!(templates.len(), 1, "{templates:?}");
@@ -440,9 +463,16 @@ async fn an_elided_result_is_a_resource_of_its_identity() {
         .unwrap();
     assert_eq!(small.content.len(), 1);
     first.cancel().await.unwrap();
+    // After a restart: the result is of an earlier Run, read through the identity's archive.
+    gateway.stop().await;
+    let (_gateway, url) = start(dir.path(), &[]).await;
 
     let body = |read: rmcp::model::ReadResourceResult| match read.contents.as_slice() {
-        [ResourceContents::TextResourceContents { text, .. }] => text.clone(),
+        [ResourceContents::TextResourceContents { text, meta, .. }] => (
+            text.clone(),
+            meta.as_ref()
+                .and_then(|m| m.0.get("psych/nextOffset").cloned()),
+        ),
         other => panic!("one text in {other:?}"),
     };
     let later = connect(&url, &alice).await;
@@ -451,16 +481,39 @@ async fn an_elided_result_is_a_resource_of_its_identity() {
         .await
         .unwrap();
     let big = psych_test_server::large_text(300_000);
-    assert_eq!(body(whole), big);
+    assert_eq!(body(whole), (big.clone(), None));
+    // A page, with its handle's colon escaped as a client filling in the template sends it.
+    let escaped = link
+        .uri
+        .replace(':', "%3A")
+        .replacen("psych%3A", "psych:", 1);
     let page = later
         .read_resource(ReadResourceRequestParams::new(format!(
-            "{}?offset=3&limit=2",
-            link.uri
+            "{escaped}?offset=3&limit=2"
         )))
         .await
         .unwrap();
     let two: String = big.split_inclusive('\n').skip(3).take(2).collect();
-    assert_eq!(body(page), two);
+    assert_eq!(body(page), (two, Some(json!(5))));
+    // The last page says nothing follows; the end itself is an empty page.
+    let lines = big.split_inclusive('\n').count();
+    let last = later
+        .read_resource(ReadResourceRequestParams::new(format!(
+            "{}?offset={}&limit=5",
+            link.uri,
+            lines - 1
+        )))
+        .await
+        .unwrap();
+    assert_eq!(body(last).1, None);
+    let end = later
+        .read_resource(ReadResourceRequestParams::new(format!(
+            "{}?offset={lines}",
+            link.uri
+        )))
+        .await
+        .unwrap();
+    assert_eq!(body(end), (String::new(), None));
     later.cancel().await.unwrap();
 
     let other = connect(&url, &bob).await;

@@ -142,7 +142,7 @@ use psych_types::{
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, DiscoverResult, ErrorCode,
     ErrorData, Implementation, InitializeRequestParams, InitializeResult, InputRequiredResult,
-    ListResourceTemplatesResult, ListToolsResult, PaginatedRequestParams,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
     ReadResourceRequestParams, ReadResourceResponse, RequestMetaObject, ResultType,
     ServerCapabilities, SubscriptionFilter,
 };
@@ -990,15 +990,20 @@ impl Session {
             _ => return Err(ErrorData::internal_error("the call logged no result", None)),
         };
         let (view_of, stored_len) = self.project(executor, &handle).await?;
+        // An elided success links the whole result, for clients that know the block.
+        let links = resources::links_known(context);
+        let max_read = executor.limits().max_passed_bytes();
         // Whether the output in memory is not the whole result: its text was spilled to
         // files, stored streamed, and what remains here is the placeholder.
         let partial = result.output.readable_text().len() as u64 != stored_len;
         let output = match view_of {
             // An elided success also links the whole result, for a client that opens
             // resources itself (`resources/read`); a failure's cut text is not a preview.
-            Projection::Replaced(text) if !result.output.is_error => {
+            Projection::Replaced(text) if !result.output.is_error && links => {
                 let mut shown = ToolOutput::text(text);
-                shown.content.push(resources::link(&handle, stored_len));
+                shown
+                    .content
+                    .push(resources::link(&handle, stored_len, max_read));
                 shown
             }
             Projection::Replaced(text) => {
@@ -1013,7 +1018,11 @@ impl Session {
                     "{} Read it with {READ_TOOL_OUTPUT}, handle {handle}.",
                     result.output.readable_text()
                 ));
-                shown.content.push(resources::link(&handle, stored_len));
+                if links && !result.output.is_error {
+                    shown
+                        .content
+                        .push(resources::link(&handle, stored_len, max_read));
+                }
                 shown.is_error = result.output.is_error;
                 shown
             }
@@ -1560,6 +1569,16 @@ impl ServerHandler for Session {
         }
     }
 
+    /// No resource is listed: results are not enumerated, only linked from their previews
+    /// (and named by the one template).
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(ListResourcesResult::with_all_items(Vec::new()))
+    }
+
     /// The one template: a logged result by its handle (`psych://result/{handle}`).
     async fn list_resource_templates(
         &self,
@@ -1643,6 +1662,7 @@ pub struct GatewaySettings {
     eager: bool,
     stores: Option<Arc<dyn RecordStores>>,
     catalog: Option<Arc<psych_types::DynCatalogStore>>,
+    max_passed_bytes: u64,
 }
 
 /// The one token estimator of a gateway, shared by disclosure, the record logs and
@@ -1686,6 +1706,7 @@ impl GatewaySettings {
             eager: false,
             stores: None,
             catalog: None,
+            max_passed_bytes: psych_reader_tool::DEFAULT_MAX_PASSED_BYTES,
         })
     }
 
@@ -1796,6 +1817,17 @@ impl GatewaySettings {
     #[must_use]
     pub fn retention(mut self, retention: Retention) -> Self {
         self.retention = retention;
+        self
+    }
+
+    /// The most stored text one call's result references (`{"$psych_result": ...}`) may
+    /// pass together, and one `resources/read` answer may hold, in bytes (default
+    /// [`psych_reader_tool::DEFAULT_MAX_PASSED_BYTES`], 16 MiB; 0 refuses every reference).
+    /// The replaced arguments of every call in flight are held in memory until the call
+    /// ends.
+    #[must_use]
+    pub fn max_passed_bytes(mut self, bytes: u64) -> Self {
+        self.max_passed_bytes = bytes;
         self
     }
 
@@ -2106,7 +2138,10 @@ pub async fn serve(
         connecting,
         ..
     } = CatalogSync::start_connecting(&manager, catalog, fresh).map_err(ServeError::Freshener)?;
-    let limits = Limits::default();
+    let limits = Limits::builder()
+        .max_passed_bytes(settings.max_passed_bytes)
+        .build()
+        .unwrap_or_default();
     let mut tasks = JoinSet::new();
     if let Some(sources) = sources {
         let report = Arc::clone(&settings.report);

@@ -301,8 +301,10 @@ pub(super) type HttpBody = http_body_util::combinators::BoxBody<hyper::body::Byt
 /// event stream is patched event by event as it flows (a call's progress first, then its
 /// result), its other events passed on as they were.
 ///
-/// Memory: the JSON body is the gateway's own answer to one request (a listing, or a
-/// result elision let through, under its threshold; see [`MAX_WAITING`]), never a peer's.
+/// Memory: the JSON body is the gateway's own answer to one request (a listing, a result
+/// elision let through, under its threshold, see [`MAX_WAITING`]; or a `resources/read`
+/// page, at most `Limits::max_passed_bytes` of text, up to 6x that once JSON-escaped),
+/// never a peer's.
 pub(super) async fn raw_http(
     raw: Arc<RawAnswers>,
     response: hyper::Response<HttpBody>,

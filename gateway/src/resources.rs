@@ -2,17 +2,22 @@
 //! carries, and `resources/read` of it, under the same identity rules as
 //! `read_tool_output`.
 //!
-//! A result's URI is `psych://result/<handle>`; `?offset=N&limit=M` (lines, as
+//! A result's URI is `psych://result/<handle>` (a client filling in the template may send
+//! the handle's `:` as `%3A`: percent-escapes are decoded); `?offset=N&limit=M` (lines, as
 //! `read_tool_output`'s) asks for a page of it. One answer holds at most
 //! [`Limits::max_passed_bytes`](psych_reader_tool::Limits::max_passed_bytes) of text (16 MiB
-//! by default): a larger result is read in pages.
+//! by default): a larger result is read in pages. A page that stops before the result's
+//! end says where the next starts in its `_meta` (`psych/nextOffset`); an offset at the end
+//! is an empty page. The link is added for clients of MCP 2025-06-18 and later (the
+//! revision that brought `resource_link`).
 
-use psych_reader_tool::passing::{PassError, ReferenceError};
+use psych_reader_tool::passing::{PassError, ReferenceError, Referenced};
 use psych_reader_tool::{CallError, ResultReference};
 use psych_types::{ContentBlock, RecordHandle, ResourceLink};
 use rmcp::RoleServer;
 use rmcp::model::{
-    ErrorData, ReadResourceRequestParams, ReadResourceResult, ResourceContents, ResourceTemplate,
+    ErrorData, MetaObject, ReadResourceRequestParams, ReadResourceResult, ResourceContents,
+    ResourceTemplate,
 };
 use rmcp::service::RequestContext;
 use serde_json::{Value, json};
@@ -27,14 +32,28 @@ pub fn result_uri(handle: &RecordHandle) -> String {
     format!("{RESULT_URI_PREFIX}{handle}")
 }
 
-/// The `resource_link` to the whole result at `handle`, `len` bytes of text.
-pub(crate) fn link(handle: &RecordHandle, len: u64) -> ContentBlock {
+/// Whether the client of `context` knows `resource_link` blocks (MCP 2025-06-18 on).
+pub(crate) fn links_known(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|version| version.as_str() >= "2025-06-18")
+}
+
+/// The `resource_link` to the whole result at `handle`, `len` bytes of text, of which one
+/// `resources/read` answers at most `max` (a larger one is read in pages).
+pub(crate) fn link(handle: &RecordHandle, len: u64, max: u64) -> ContentBlock {
+    let description = if len > max {
+        format!(
+            "The whole tool result this preview shortens, as Psych logged it: {len} bytes, \
+             read in pages of at most {max} bytes (?offset=N&limit=M, lines)."
+        )
+    } else {
+        "The whole tool result this preview shortens, as Psych logged it.".to_owned()
+    };
     ContentBlock::ResourceLink(ResourceLink {
         uri: result_uri(handle),
         name: format!("tool result {handle}"),
-        description: Some(
-            "The whole tool result this preview shortens, as Psych logged it.".to_owned(),
-        ),
+        description: Some(description),
         mime_type: Some("text/plain".to_owned()),
         size: Some(len),
         ..ResourceLink::default()
@@ -65,14 +84,14 @@ fn parse(uri: &str) -> Result<ResultReference, ErrorData> {
     let rest = uri.strip_prefix(RESULT_URI_PREFIX).ok_or_else(not_ours)?;
     let (handle, query) = rest.split_once('?').unwrap_or((rest, ""));
     let mut reference = ResultReference {
-        handle: handle.to_owned(),
+        handle: decoded(handle),
         offset: 0,
         limit: None,
         pointer: None,
     };
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let number = value.parse::<u64>().ok();
+        let number = decoded(value).parse::<u64>().ok();
         match (key, number) {
             ("offset", Some(offset)) => reference.offset = offset,
             ("limit", Some(limit)) if limit > 0 => reference.limit = Some(limit),
@@ -90,6 +109,32 @@ fn parse(uri: &str) -> Result<ResultReference, ErrorData> {
     Ok(reference)
 }
 
+/// `text` with its `%XX` escapes decoded (a malformed one is kept as it is; bytes that do
+/// not form UTF-8 are replaced, and such a handle then names nothing).
+fn decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(high), Some(low)) => {
+                out.push(u8::try_from(high * 16 + low).unwrap_or(b'?'));
+                i += 3;
+            }
+            (byte, _, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 impl Session {
     /// `resources/read` of a result's URI: its text, or the page the query asks for, read
     /// as `read_tool_output` would for this identity (its Run, or its earlier ones).
@@ -102,47 +147,76 @@ impl Session {
         let tenant = self.tenant(context)?;
         let log = tenant.executor(&self.shared).await?;
         let max = log.executor.limits().max_passed_bytes();
-        match log.executor.read_reference(reference, max).await {
-            Ok(Value::String(text)) => Ok(ReadResourceResult::new(vec![
-                ResourceContents::TextResourceContents {
-                    uri: request.uri,
-                    mime_type: Some("text/plain".to_owned()),
-                    text,
-                    meta: None,
-                },
-            ])),
-            Ok(other) => Ok(ReadResourceResult::new(vec![ResourceContents::text(
-                other.to_string(),
-                request.uri,
-            )])),
+        let offset = reference.offset;
+        let read = log.executor.read_reference(reference, max).await;
+        let (text, next) = match read {
+            Ok(Referenced { value, more, .. }) => {
+                let text = match value {
+                    Value::String(text) => text,
+                    other => other.to_string(),
+                };
+                // The lines of the page: the next starts after them.
+                let lines = text.split_inclusive('\n').count() as u64;
+                (text, more.then_some(offset + lines))
+            }
+            // The end of the result: an empty page, as `read_tool_output` answers there.
+            Err(PassError::Reference(ReferenceError::OffsetPastEnd { offset, lines }))
+                if offset == lines =>
+            {
+                (String::new(), None)
+            }
             Err(PassError::Call(CallError::InvalidDeferredHandle(error))) => {
-                Err(ErrorData::resource_not_found(
+                return Err(ErrorData::resource_not_found(
                     format!("{INVALID_DEFERRED_HANDLE}: {error}"),
                     Some(json!({ "code": INVALID_DEFERRED_HANDLE, "uri": request.uri })),
-                ))
+                ));
+            }
+            Err(PassError::Reference(ReferenceError::Gone(why))) => {
+                return Err(ErrorData::resource_not_found(
+                    why,
+                    Some(json!({ "uri": request.uri })),
+                ));
             }
             Err(PassError::Reference(ReferenceError::TooLarge { needed, .. })) => {
-                Err(ErrorData::invalid_params(
+                return Err(ErrorData::invalid_params(
                     format!(
-                        "{}: {needed} bytes asked, over the {max} bytes one answer holds: read \
-                         it in pages, adding ?offset=N&limit=M (lines)",
+                        "{}: at least {needed} bytes asked, over the {max} bytes one answer \
+                         holds: read it in pages, adding ?offset=N&limit=M (lines)",
                         request.uri
                     ),
                     None,
-                ))
+                ));
             }
-            Err(PassError::Reference(error @ ReferenceError::OffsetPastEnd { .. })) => Err(
-                ErrorData::invalid_params(format!("{}: {error}", request.uri), None),
-            ),
-            Err(error) => Err(ErrorData::internal_error(
-                format!(
-                    "reading {}: {}",
-                    request.uri,
-                    psych_types::error_chain(&error)
-                ),
-                None,
-            )),
-        }
+            Err(PassError::Reference(error @ ReferenceError::OffsetPastEnd { .. })) => {
+                return Err(ErrorData::invalid_params(
+                    format!("{}: {error}", request.uri),
+                    None,
+                ));
+            }
+            Err(error) => {
+                return Err(ErrorData::internal_error(
+                    format!(
+                        "reading {}: {}",
+                        request.uri,
+                        psych_types::error_chain(&error)
+                    ),
+                    None,
+                ));
+            }
+        };
+        let meta = next.map(|next| {
+            let mut meta = serde_json::Map::new();
+            meta.insert("psych/nextOffset".to_owned(), json!(next));
+            MetaObject(meta)
+        });
+        Ok(ReadResourceResult::new(vec![
+            ResourceContents::TextResourceContents {
+                uri: request.uri,
+                mime_type: Some("text/plain".to_owned()),
+                text,
+                meta,
+            },
+        ]))
     }
 }
 
@@ -164,6 +238,21 @@ mod tests {
                 rmcp::model::ErrorCode::RESOURCE_NOT_FOUND
             );
         }
+        // A client filling in the template escapes the handle's colon.
+        assert_eq!(
+            parse("psych://result/hrun7%3A42?offset=%31")
+                .unwrap()
+                .handle,
+            "hrun7:42"
+        );
+        assert_eq!(
+            parse("psych://result/hrun7%3a42?offset=%31")
+                .unwrap()
+                .offset,
+            1
+        );
+        assert_eq!(decoded("100%"), "100%");
+        assert_eq!(decoded("%zz%4"), "%zz%4");
         for bad in ["?limit=0", "?offset=-1", "?grep=x", "?offset"] {
             assert!(parse(&format!("{uri}{bad}")).is_err(), "{bad}");
         }

@@ -19,7 +19,15 @@
 //! The key starts with `$` and names Psych, so it does not meet a real tool's argument; an
 //! object holding it is always a reference, and a malformed one is refused, never sent on.
 //! Every reference of one call together may read at most [`Limits::max_passed_bytes`]
-//! bytes of stored text: a call past it is refused before anything is forwarded.
+//! bytes of stored text (a Run's executor shares it across one step's calls): a call past
+//! it is refused before anything is forwarded. A pointer parses its document whole, which
+//! takes several times its text in memory (up to ~20x for an array of small numbers), so a
+//! pointer's document may be at most a quarter of the bound. The replaced arguments are
+//! sent as JSON, where escaping may grow a text with control characters up to 6x.
+//!
+//! There is no escape: an argument that must carry a literal object with the key cannot be
+//! sent through Psych (a tool writing these docs, say); no real tool schema is known to use
+//! the key.
 
 use psych_types::{LineMark, RecordHandle, RecordSource};
 use serde_json::{Map, Value};
@@ -77,18 +85,35 @@ pub enum ReferenceError {
     BadPointer(String),
     /// The references of one call would read more than the bound.
     #[error(
-        "the reference needs {needed} bytes, but one call may pass at most {max} bytes of \
-         stored results ({used} already passed in this call); pass a slice with offset and \
-         limit, or a pointer"
+        "the reference needs at least {needed} bytes, over what may still be passed here \
+         ({max} bytes in all, {used} already passed by this call's earlier references); \
+         pass a part with offset and limit"
     )]
     TooLarge {
-        /// Bytes this reference would read (at least; a slice stops counting past the bound).
+        /// Bytes this reference would read (at least: a slice stops counting past the
+        /// bound).
         needed: u64,
-        /// The bound ([`Limits::max_passed_bytes`]).
+        /// What could be passed in all ([`Limits::max_passed_bytes`], or what a Run's step
+        /// had left of it).
         max: u64,
         /// Bytes earlier references of the call passed.
         used: u64,
     },
+    /// `pointer` was given and the result is larger than a pointer may parse (a quarter of
+    /// the bound: a parsed document takes several times its text in memory).
+    #[error(
+        "the result is {len} bytes; a pointer parses at most {max} bytes of JSON: pass a \
+         part with offset and limit instead"
+    )]
+    DocumentTooLarge {
+        /// The result's length.
+        len: u64,
+        /// The most a pointer parses.
+        max: u64,
+    },
+    /// The result's Run is no longer kept (retention removed it): the store's words.
+    #[error("{0}")]
+    Gone(String),
     /// `offset` is past the result's last line.
     #[error("`offset` {offset} is past the end of the result ({lines} lines)")]
     OffsetPastEnd {
@@ -126,6 +151,17 @@ pub struct Misplaced<E: std::error::Error + 'static> {
     /// What went wrong.
     #[source]
     pub error: PassError<E>,
+}
+
+/// What a reference was replaced by ([`Reader::referenced`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Referenced {
+    /// The text (a JSON string), or the JSON value a pointer named.
+    pub value: Value,
+    /// Bytes of stored text read for it (counted against the bound).
+    pub bytes: u64,
+    /// Whether the result goes on past the lines passed (`limit` stopped the slice).
+    pub more: bool,
 }
 
 /// What [`substitute`] replaced.
@@ -196,9 +232,8 @@ impl ResultReference {
                 other => return Err(ReferenceError::UnknownField(other.to_owned())),
             }
         }
-        if reference.pointer.is_some()
-            && (object.contains_key("offset") || object.contains_key("limit"))
-        {
+        // `"offset": 0` is the default a model may well fill in; anything else is a slice.
+        if reference.pointer.is_some() && (reference.offset > 0 || reference.limit.is_some()) {
             return Err(ReferenceError::PointerWithLines);
         }
         Ok(reference)
@@ -228,7 +263,7 @@ pub fn has_reference(arguments: &Value) -> bool {
 pub fn substitute<E: std::error::Error + 'static>(
     arguments: &mut Value,
     max_bytes: u64,
-    mut resolve: impl FnMut(&ResultReference, u64) -> Result<(Value, u64), PassError<E>>,
+    mut resolve: impl FnMut(&ResultReference, u64) -> Result<Referenced, PassError<E>>,
 ) -> Result<Passed, Box<Misplaced<E>>> {
     let mut passed = Passed::default();
     let mut path = Vec::new();
@@ -239,7 +274,7 @@ pub fn substitute<E: std::error::Error + 'static>(
 fn walk<E: std::error::Error + 'static>(
     value: &mut Value,
     max_bytes: u64,
-    resolve: &mut impl FnMut(&ResultReference, u64) -> Result<(Value, u64), PassError<E>>,
+    resolve: &mut impl FnMut(&ResultReference, u64) -> Result<Referenced, PassError<E>>,
     passed: &mut Passed,
     path: &mut Vec<String>,
 ) -> Result<(), Box<Misplaced<E>>> {
@@ -254,7 +289,7 @@ fn walk<E: std::error::Error + 'static>(
             if let Some(reference) = ResultReference::from_object(object) {
                 let reference = reference.map_err(|e| misplaced(path, PassError::Reference(e)))?;
                 let room = max_bytes.saturating_sub(passed.bytes);
-                let (replacement, read) = resolve(&reference, room).map_err(|e| match e {
+                let referenced = resolve(&reference, room).map_err(|e| match e {
                     PassError::Reference(ReferenceError::TooLarge { needed, .. }) => misplaced(
                         path,
                         PassError::Reference(ReferenceError::TooLarge {
@@ -266,8 +301,8 @@ fn walk<E: std::error::Error + 'static>(
                     other => misplaced(path, other),
                 })?;
                 passed.references += 1;
-                passed.bytes += read;
-                *value = replacement;
+                passed.bytes += referenced.bytes;
+                *value = referenced.value;
                 return Ok(());
             }
             for (key, item) in object.iter_mut() {
@@ -317,7 +352,7 @@ impl<S: RecordSource> Reader<S> {
         &self,
         reference: &ResultReference,
         room: u64,
-    ) -> Result<(Value, u64), PassError<S::Error>> {
+    ) -> Result<Referenced, PassError<S::Error>> {
         let info = self.resolve(&reference.handle)?;
         let too_large = |needed| ReferenceError::TooLarge {
             needed,
@@ -325,6 +360,14 @@ impl<S: RecordSource> Reader<S> {
             used: 0,
         };
         if let Some(pointer) = &reference.pointer {
+            let most = self.limits().max_passed_bytes() / 4;
+            if info.len > most {
+                return Err(ReferenceError::DocumentTooLarge {
+                    len: info.len,
+                    max: most,
+                }
+                .into());
+            }
             if info.len > room {
                 return Err(too_large(info.len).into());
             }
@@ -334,7 +377,11 @@ impl<S: RecordSource> Reader<S> {
                 .pointer(pointer)
                 .cloned()
                 .ok_or_else(|| ReferenceError::NoSuchValue(pointer.clone()))?;
-            return Ok((value, info.len));
+            return Ok(Referenced {
+                value,
+                bytes: info.len,
+                more: false,
+            });
         }
         let start = self.line_start(&info.handle, reference.offset, info.len)?;
         let end = match reference.limit {
@@ -351,7 +398,11 @@ impl<S: RecordSource> Reader<S> {
         // passed with its bad bytes replaced rather than failing the call.
         let text = String::from_utf8(text)
             .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-        Ok((Value::String(text), needed))
+        Ok(Referenced {
+            value: Value::String(text),
+            bytes: needed,
+            more: end < info.len,
+        })
     }
 
     /// Bytes `start..end` of the result's readable text.
@@ -367,10 +418,13 @@ impl<S: RecordSource> Reader<S> {
         let mut got = 0;
         while got < size {
             let at = start + got as u64;
+            let want = size - got;
+            // A source answering more than it was given room for is taken at its room.
             let n = self
                 .source()
                 .read_output(handle, at, &mut bytes[got..])
-                .map_err(CallError::Source)?;
+                .map_err(CallError::Source)?
+                .min(want);
             if n == 0 {
                 return Err(CallError::ShortRead {
                     handle: handle.clone(),
@@ -402,7 +456,8 @@ impl<S: RecordSource> Reader<S> {
             let n = self
                 .source()
                 .read_output(handle, at, &mut buf[..want])
-                .map_err(CallError::Source)?;
+                .map_err(CallError::Source)?
+                .min(want);
             if n == 0 {
                 return Err(CallError::ShortRead {
                     handle: handle.clone(),
@@ -517,6 +572,12 @@ mod tests {
             refused(json!({"$psych_result": "r:1", "pointer": "/a", "offset": 1}))
                 .contains("no `offset`")
         );
+        // The default offset a model fills in is no slice.
+        assert!(
+            parse(json!({"$psych_result": "r:1", "pointer": "/a", "offset": 0}))
+                .unwrap()
+                .is_ok()
+        );
         assert!(refused(json!({"$psych_result": "r:1", "pointer": "a"})).contains("JSON pointer"));
     }
 
@@ -527,7 +588,11 @@ mod tests {
         assert!(has_reference(&args));
         assert!(!has_reference(&json!({"a": [1, {"b": "r:1"}]})));
         let passed = substitute::<std::io::Error>(&mut args, 100, |r, _| {
-            Ok((Value::String(format!("<{}>", r.handle)), 10))
+            Ok(Referenced {
+                value: Value::String(format!("<{}>", r.handle)),
+                bytes: 10,
+                more: false,
+            })
         })
         .unwrap();
         assert_eq!(args, json!({"a": [1, "<r:1>"], "b": {"c/d": "<r:2>"}}));
@@ -549,13 +614,17 @@ mod tests {
                 }
                 .into())
             } else {
-                Ok((Value::Null, 10))
+                Ok(Referenced {
+                    value: Value::Null,
+                    bytes: 10,
+                    more: false,
+                })
             }
         })
         .unwrap_err();
         assert_eq!(failed.at, "/x/y/1");
         assert!(
-            failed.error.to_string().contains("at most 15 bytes")
+            failed.error.to_string().contains("15 bytes in all")
                 && failed.error.to_string().contains("10 already"),
             "{}",
             failed.error

@@ -9,7 +9,7 @@
 
 use crate::sources::{Indexed, text_log};
 use proptest::prelude::*;
-use psych_reader_tool::passing::{PassError, ReferenceError, substitute};
+use psych_reader_tool::passing::{PassError, ReferenceError, Referenced, substitute};
 use psych_reader_tool::{CallError, Limits, Reader, ResultReference};
 use serde_json::{Value, json};
 
@@ -39,18 +39,21 @@ fn whole_text_lines_and_json_values_replace_the_reference() {
     let (log, handle) = text_log("run-1", "alpha\nbeta\ngamma\ndelta");
     let reader = Reader::new(&log);
     let h = handle.to_string();
-    let got = |v: Value| reader.referenced(&reference(v), 1 << 20).unwrap();
+    let got = |v: Value| {
+        let r = reader.referenced(&reference(v), 1 << 20).unwrap();
+        (r.value, r.bytes, r.more)
+    };
     assert_eq!(
         got(json!({"$psych_result": h})),
-        (json!("alpha\nbeta\ngamma\ndelta"), 22)
+        (json!("alpha\nbeta\ngamma\ndelta"), 22, false)
     );
     assert_eq!(
         got(json!({"$psych_result": h, "offset": 1, "limit": 2})),
-        (json!("beta\ngamma\n"), 11)
+        (json!("beta\ngamma\n"), 11, true)
     );
     assert_eq!(
         got(json!({"$psych_result": h, "offset": 3})),
-        (json!("delta"), 5)
+        (json!("delta"), 5, false)
     );
 
     let (json_log, json_handle) = text_log("run-2", text);
@@ -62,7 +65,7 @@ fn whole_text_lines_and_json_values_replace_the_reference() {
                 &reference(json!({"$psych_result": j, "pointer": pointer})),
                 1 << 20,
             )
-            .map(|(v, _)| v)
+            .map(|r| r.value)
     };
     assert_eq!(value("/items/0/id").unwrap(), json!(7));
     assert_eq!(value("/items/0").unwrap(), json!({"id": 7, "name": "a\nb"}));
@@ -113,7 +116,11 @@ fn past_the_end_too_large_and_foreign_handles_are_refused() {
         reader
             .referenced(&reference(json!({"$psych_result": h, "limit": 1})), 4)
             .unwrap(),
-        (json!("one\n"), 4)
+        Referenced {
+            value: json!("one\n"),
+            bytes: 4,
+            more: true
+        }
     );
     for foreign in ["other-run:1", "run-1:0", "run-1:9", "not a handle"] {
         let error = refused(json!({"$psych_result": foreign}), 100);
@@ -138,9 +145,9 @@ fn one_calls_references_share_the_bound() {
     assert_eq!(failed.at, "/b/0");
     assert_eq!(
         failed.error.to_string(),
-        "the reference needs 10 bytes, but one call may pass at most 19 bytes of stored \
-         results (10 already passed in this call); pass a slice with offset and limit, or a \
-         pointer"
+        "the reference needs at least 10 bytes, over what may still be passed here (19 bytes \
+         in all, 10 already passed by this call's earlier references); pass a part with \
+         offset and limit"
     );
 }
 
@@ -155,6 +162,7 @@ proptest! {
         limit in proptest::option::of(1u64..12),
         chunk in 1usize..16,
         stride in 1u64..20,
+        room in proptest::option::of(0u64..300),
     ) {
         let mut text = lines.join("\n");
         if trailing {
@@ -165,13 +173,21 @@ proptest! {
         let limits = Limits::builder().chunk_bytes(chunk).build().unwrap();
         let reader = Reader::with_limits(&indexed, limits);
         let asked = ResultReference { handle: handle.to_string(), offset, limit, pointer: None };
-        match (reader.referenced(&asked, u64::MAX), expected(&text, offset, limit)) {
-            (Ok((Value::String(got), bytes)), Some(want)) => {
+        let room = room.unwrap_or(u64::MAX);
+        match (reader.referenced(&asked, room), expected(&text, offset, limit)) {
+            (Ok(Referenced { value: Value::String(got), bytes, more }), Some(want)) => {
+                prop_assert!(want.len() as u64 <= room);
                 prop_assert_eq!(&got, &want);
                 prop_assert_eq!(bytes, want.len() as u64);
+                let rest = expected(&text, offset + limit.unwrap_or(0), None);
+                prop_assert_eq!(more, limit.is_some() && rest.is_some_and(|r| !r.is_empty()));
+            }
+            (Err(PassError::Reference(ReferenceError::TooLarge { needed, .. })), Some(want)) => {
+                prop_assert!(want.len() as u64 > room);
+                prop_assert!(needed > room);
             }
             (Err(PassError::Reference(ReferenceError::OffsetPastEnd { .. })), None) => {}
-            (got, want) => prop_assert!(false, "got {:?}, want {:?}", got.map(|g| g.0), want),
+            (got, want) => prop_assert!(false, "got {:?}, want {:?}", got.map(|g| g.value), want),
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use psych_disclosure::{Live, OrientationContext, Surface, Validators, Verdict, orientation};
 use psych_prompt_assembly::NativeDeferral;
-use psych_reader_tool::passing::PassError;
+use psych_reader_tool::passing::{PassError, ReferenceError, Referenced};
 use psych_reader_tool::{CallError, Limits, Reader, ResultReference};
 use psych_record_log::{OpenError, RecordLog, SharedRecordLog};
 use psych_types::{
@@ -188,8 +188,8 @@ enum Pending {
 
 /// What became of a call's result references ([`psych_reader_tool::passing`]).
 enum Passing {
-    /// Every reference replaced: the call to guard and forward.
-    Passed(ToolCall),
+    /// Every reference replaced: the call to guard and forward, and the bytes it passed.
+    Passed(ToolCall, u64),
     /// A reference the model must fix (malformed, too large, past the end, not JSON, its
     /// Run's log gone or failing): the call's result says why; nothing is forwarded.
     Refused(ToolOutput),
@@ -358,18 +358,33 @@ impl<H: ToolHost + 'static> Executor<H> {
         native: Option<&NativeDeferral>,
         progress: Vec<Option<ProgressSink>>,
     ) -> Result<Vec<LoggedRecord>, ExecuteError> {
+        // Result references first, one bound for the whole step (the replaced arguments
+        // are held until their calls end), so that a call refused for one starts nothing.
+        let mut room = self.limits.max_passed_bytes();
+        let mut passing = Vec::with_capacity(calls.len());
+        for call in calls {
+            let passed = self.pass_results(call, room).await;
+            if let Some(Passing::Passed(_, bytes)) = &passed {
+                room = room.saturating_sub(*bytes);
+            }
+            passing.push(passed);
+        }
+        let routed = calls
+            .iter()
+            .zip(&passing)
+            .filter_map(|(call, passed)| match passed {
+                None => Some(call),
+                Some(Passing::Passed(call, _)) => Some(call),
+                Some(_) => None,
+            });
         // A native search tool's call names no server of the Surface: nothing starts for it.
-        let starts = self.start_needed(surface, live, calls.iter()).await;
+        let starts = self.start_needed(surface, live, routed).await;
         let live = &starts.live(live);
         let mut pending = Vec::with_capacity(calls.len());
         let mut tasks: JoinSet<Done> = JoinSet::new();
         // Which call each task runs, so a task that panics still answers its call.
         let mut running = BTreeMap::new();
         let mut progress = progress.into_iter();
-        let mut passing = Vec::with_capacity(calls.len());
-        for call in calls {
-            passing.push(self.pass_results(call).await);
-        }
         for ((index, call), passing) in calls.iter().enumerate().zip(passing) {
             let sink = progress.next().flatten();
             if let Some(output) =
@@ -391,7 +406,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             let passed;
             let call = match passing {
                 None => call,
-                Some(Passing::Passed(call)) => {
+                Some(Passing::Passed(call, _)) => {
                     passed = call;
                     &passed
                 }
@@ -624,18 +639,14 @@ impl<H: ToolHost + 'static> Executor<H> {
                 .await?;
             return one(logged);
         }
-        let starts = self
-            .start_needed(surface, live, std::iter::once(call))
-            .await;
-        let live = &starts.live(live);
-        if let Some(output) = starts.failure(surface, live, call) {
-            drop(progress);
-            return self.log_one(call, output).await;
-        }
+        // Result references first: a call refused for one starts nothing.
         let passed;
-        let guarded = match self.pass_results(call).await {
+        let guarded = match self
+            .pass_results(call, self.limits.max_passed_bytes())
+            .await
+        {
             None => call,
-            Some(Passing::Passed(call)) => {
+            Some(Passing::Passed(call, _)) => {
                 passed = call;
                 &passed
             }
@@ -645,6 +656,14 @@ impl<H: ToolHost + 'static> Executor<H> {
             }
             Some(Passing::Invalid(error)) => return Err(error),
         };
+        let starts = self
+            .start_needed(surface, live, std::iter::once(guarded))
+            .await;
+        let live = &starts.live(live);
+        if let Some(output) = starts.failure(surface, live, guarded) {
+            drop(progress);
+            return self.log_one(call, output).await;
+        }
         let forward = match self.guard(surface, live, guarded) {
             Verdict::Forward(forward) => forward,
             verdict => {
@@ -716,14 +735,15 @@ impl<H: ToolHost + 'static> Executor<H> {
 
     /// `call` with its result references replaced ([`psych_reader_tool::passing`]), read
     /// on the blocking pool by the rules of `read_tool_output` (this Run's log, or the
-    /// [`Archive`] for another Run's handle), together at most
-    /// [`Limits::max_passed_bytes`]; `None` when the call has none (or is a read, whose
-    /// arguments are its own). The guard then checks the replaced arguments, and the host
+    /// [`Archive`] for another Run's handle), together at most `room` bytes (what is left
+    /// of [`Limits::max_passed_bytes`] for the step, or for the one call of
+    /// [`execute_round`](Self::execute_round)); `None` when the call has none (or is a
+    /// read, whose arguments are its own). The guard then checks the replaced arguments, and the host
     /// gets exactly what a call carrying the content would have sent; the log keeps the
     /// call as the model made it, so nothing is stored twice.
     ///
     /// Cancel-safe: dropped while it reads, nothing was forwarded or logged.
-    async fn pass_results(&self, call: &ToolCall) -> Option<Passing> {
+    async fn pass_results(&self, call: &ToolCall, room: u64) -> Option<Passing> {
         if call.name == READ_TOOL_OUTPUT
             || !psych_reader_tool::passing::has_reference(&call.arguments)
         {
@@ -734,10 +754,9 @@ impl<H: ToolHost + 'static> Executor<H> {
         let limits = self.limits.clone();
         let mut passed = call.clone();
         let read = tokio::task::spawn_blocking(move || {
-            let max = limits.max_passed_bytes();
             let result =
-                psych_reader_tool::passing::substitute(&mut passed.arguments, max, |r, room| {
-                    referenced(&log, archive.as_deref(), &limits, r, room)
+                psych_reader_tool::passing::substitute(&mut passed.arguments, room, |r, left| {
+                    referenced(&log, archive.as_deref(), &limits, r, left)
                 });
             (passed, result)
         })
@@ -751,7 +770,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             }
         };
         Some(match result {
-            Ok(_) => Passing::Passed(passed),
+            Ok(done) => Passing::Passed(passed, done.bytes),
             Err(misplaced) => match *misplaced {
                 psych_reader_tool::passing::Misplaced {
                     error: PassError::Call(CallError::InvalidDeferredHandle(error)),
@@ -782,7 +801,7 @@ impl<H: ToolHost + 'static> Executor<H> {
         &self,
         reference: ResultReference,
         max_bytes: u64,
-    ) -> Result<Value, PassError<Unreadable>> {
+    ) -> Result<Referenced, PassError<Unreadable>> {
         let log = Arc::clone(&self.log);
         let archive = self.archive.clone();
         let limits = self.limits.clone();
@@ -791,7 +810,7 @@ impl<H: ToolHost + 'static> Executor<H> {
         })
         .await;
         match read {
-            Ok(read) => read.map(|(value, _)| value),
+            Ok(read) => read,
             Err(source) => Err(PassError::Call(CallError::Source(Unreadable::Task(source)))),
         }
     }
@@ -908,9 +927,6 @@ fn read(
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Unreadable {
-    /// The Run's log was removed; the archive's words.
-    #[error("{0}")]
-    Gone(String),
     /// The Run's log could not be opened.
     #[error("the log of {run} could not be opened")]
     Open {
@@ -945,7 +961,7 @@ fn referenced(
     limits: &Limits,
     reference: &ResultReference,
     room: u64,
-) -> Result<(Value, u64), PassError<Unreadable>> {
+) -> Result<Referenced, PassError<Unreadable>> {
     fn boxed<E: std::error::Error + Send + Sync + 'static>(
         error: PassError<E>,
     ) -> PassError<Unreadable> {
@@ -984,7 +1000,9 @@ fn referenced(
                     .referenced(reference, room)
                     .map_err(boxed);
             }
-            Archived::Gone { why } => return failed(Unreadable::Gone(why)),
+            Archived::Gone { why } => {
+                return Err(PassError::Reference(ReferenceError::Gone(why)));
+            }
             Archived::Failed(source) => {
                 return failed(Unreadable::Open {
                     run: handle.run,

@@ -147,3 +147,96 @@ async fn a_handle_of_an_earlier_run_is_read_from_the_archive_and_no_other() {
         .unwrap_err();
     assert!(matches!(unknown, ExecuteError::InvalidDeferredHandle(_)));
 }
+
+/// Result references go through the archive as reads do: an earlier Run's result is read
+/// (the call then goes on to the guard, which refuses this Surface's unknown tool), a gone
+/// Run's is a failed result saying it expired, an unknown Run's is
+/// `invalid_deferred_handle`. Cancel safety: an execution dropped at any point while its
+/// references are read has logged nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn result_references_read_through_the_archive_and_a_dropped_one_logs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let earlier = RunId::new("earlier").unwrap();
+    let handle = {
+        let (mut log, _) = RecordLog::open(dir.path(), &earlier, SyncPolicy::OsBuffered).unwrap();
+        log.append(&Record::ToolResult(ToolResult {
+            call_id: ToolCallId::new("call_0").unwrap(),
+            name: "fetch".into(),
+            output: ToolOutput::text("x".repeat(1 << 20)),
+        }))
+        .unwrap()
+    };
+    let grant = PermissionGrant::none();
+    let inputs = Inputs {
+        connections: &[],
+        catalogs: &[],
+        grant: &grant,
+    };
+    let surface = resolve(&inputs, &Settings::default(), &Estimator::new()).unwrap();
+    let live = Live {
+        grant: &grant,
+        catalogs: &[],
+    };
+    let (log, _) = RecordLog::open(
+        dir.path(),
+        &RunId::new("now").unwrap(),
+        SyncPolicy::OsBuffered,
+    )
+    .unwrap();
+    let log = Arc::new(SharedRecordLog::new(log));
+    let archive = Dir {
+        dir: dir.path().to_path_buf(),
+        kept: earlier.clone(),
+        gone: RunId::new("swept").unwrap(),
+    };
+    let executor = Executor::new(Arc::new(Nothing), Arc::clone(&log)).archive(Arc::new(archive));
+    let passing = |handle: &str| ToolCall {
+        id: ToolCallId::new("call_1").unwrap(),
+        name: "svc__write".to_owned(),
+        arguments: json!({"text": {"$psych_result": handle}}),
+    };
+    let text = |logged: &[psych_types::LoggedRecord]| match &logged[0].record {
+        Record::ToolResult(result) => result.output.readable_text().into_owned(),
+        other => panic!("a result, not {other:?}"),
+    };
+
+    let read = executor
+        .execute(&surface, &live, &[passing(&handle.to_string())])
+        .await
+        .unwrap();
+    assert!(!text(&read).contains("expired"), "{}", text(&read));
+    let gone = executor
+        .execute(&surface, &live, &[passing("swept:0")])
+        .await
+        .unwrap();
+    assert!(
+        text(&gone).contains("nothing was sent") && text(&gone).contains("handle swept:0 expired"),
+        "{}",
+        text(&gone)
+    );
+    let unknown = executor
+        .execute(&surface, &live, &[passing("never:0")])
+        .await
+        .unwrap_err();
+    assert!(matches!(unknown, ExecuteError::InvalidDeferredHandle(_)));
+
+    // Dropped at points spread over the read of the 1 MiB result: nothing logged.
+    let before = log.len();
+    for micros in [0, 10, 50, 100, 200, 400, 800, 1_600] {
+        let cut = tokio::time::timeout(
+            std::time::Duration::from_micros(micros),
+            executor.execute(&surface, &live, &[passing(&handle.to_string())]),
+        )
+        .await;
+        let after = log.len();
+        match cut {
+            Err(_) => assert_eq!(after, before, "dropped at {micros} µs"),
+            // Finished in time: its one result is logged, as any.
+            Ok(done) => {
+                done.unwrap();
+                assert_eq!(after, before + 1);
+                return;
+            }
+        }
+    }
+}

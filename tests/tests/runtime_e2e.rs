@@ -650,13 +650,15 @@ async fn a_result_passes_to_another_tool_by_reference() {
     let target = Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096));
     let mut run = world.run(dir.path(), target.clone()).await;
     let mut model = ScriptedModel::new([
-        Step::call("small__large", json!({"bytes": 2_000_000})),
+        Step::call("small__large", json!({"bytes": 2_000_000}))
+            .and_call("small__echo", json!({"text": "5"})),
         Step::say("Fetched."),
     ]);
     turn(&mut run, &mut model, "Fetch the big file.", &target).await;
     let (handle, fetched) = result_of(&run, "call_1");
     let big = fetched.readable_text().into_owned();
     assert_eq!(big, large_text(2_000_000));
+    let (five, _) = result_of(&run, "call_2");
 
     let reference = json!({"$psych_result": handle.to_string()});
     let mut model = ScriptedModel::new([
@@ -667,33 +669,44 @@ async fn a_result_passes_to_another_tool_by_reference() {
                 json!({"text": {"$psych_result": handle.to_string(), "offset": 2, "limit": 3}}),
             )
             .and_call("small__large", json!({"bytes": reference}))
-            .and_call("small__fingerprint", json!({"text": {"$psych_result": 7}})),
+            .and_call("small__fingerprint", json!({"text": {"$psych_result": 7}}))
+            .and_call(
+                "small__large",
+                json!({"bytes": {"$psych_result": five.to_string(), "pointer": ""}}),
+            ),
         Step::say("Compared."),
     ])
-    .first_call(2);
+    .first_call(3);
     let requests = turn(&mut run, &mut model, "Hand it on.", &target).await;
-    let by_reference = text(&run, "call_2");
-    assert!(!result_of(&run, "call_2").1.is_error(), "{by_reference}");
+    let by_reference = text(&run, "call_3");
+    assert!(!result_of(&run, "call_3").1.is_error(), "{by_reference}");
     assert_eq!(
         by_reference,
-        text(&run, "call_3"),
+        text(&run, "call_4"),
         "the upstream got the bytes a call carrying them sends"
     );
     let lines: String = big.split_inclusive('\n').skip(2).take(3).collect();
-    let sliced = text(&run, "call_4");
+    let sliced = text(&run, "call_5");
     assert!(
         sliced.contains(&format!("text {} bytes", lines.len())),
         "{sliced}"
     );
-    // The guard checks the replaced arguments: a text is not the integer `bytes` must be.
-    assert!(result_of(&run, "call_5").1.is_error());
+    // The guard checks the replaced arguments: a text is not the integer `bytes` must be,
+    // and the JSON value 5 a pointer names is (the reference object itself would not be).
     assert!(
-        text(&run, "call_5").contains("bytes"),
+        !result_of(&run, "call_8").1.is_error(),
         "{}",
-        text(&run, "call_5")
+        text(&run, "call_8")
     );
-    let malformed = text(&run, "call_6");
+    assert_eq!(text(&run, "call_8").len(), 5);
     assert!(result_of(&run, "call_6").1.is_error());
+    assert!(
+        text(&run, "call_6").contains("bytes"),
+        "{}",
+        text(&run, "call_6")
+    );
+    let malformed = text(&run, "call_7");
+    assert!(result_of(&run, "call_7").1.is_error());
     assert!(
         malformed.contains("nothing was sent") && malformed.contains("/text"),
         "{malformed}"
@@ -710,7 +723,7 @@ async fn a_result_passes_to_another_tool_by_reference() {
         })
         .flatten()
         .collect();
-    let passed = calls.iter().find(|c| c.id.as_str() == "call_2").unwrap();
+    let passed = calls.iter().find(|c| c.id.as_str() == "call_3").unwrap();
     assert_eq!(passed.arguments, json!({"text": reference}));
     // The model's next request shows the reference as it wrote it, and the saving.
     use psych_types::TokenEstimator as _;
@@ -731,7 +744,7 @@ async fn a_result_passes_to_another_tool_by_reference() {
         "small__fingerprint",
         json!({"text": {"$psych_result": "run-other:1"}}),
     )])
-    .first_call(7);
+    .first_call(9);
     let refused = model
         .turn(&mut run, "Use another run's result.")
         .await
