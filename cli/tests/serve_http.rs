@@ -302,6 +302,25 @@ async fn a_client_of_2026_07_28_is_served_per_request_with_results_whole() {
         "{}",
         text(&read)
     );
+    // The elided result links the whole one, which resources/read serves per request too.
+    let uri = large
+        .content
+        .iter()
+        .find_map(|block| match block {
+            rmcp::model::ContentBlock::ResourceLink(link) => Some(link.uri.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("a resource link in {large:?}"));
+    let whole = session
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(uri))
+        .await
+        .unwrap();
+    match whole.contents.as_slice() {
+        [rmcp::model::ResourceContents::TextResourceContents { text, .. }] => {
+            assert_eq!(text, &psych_test_server::large_text(200_000));
+        }
+        other => panic!("one text in {other:?}"),
+    }
     session.cancel().await.unwrap();
 
     let call = |version: &str| {
