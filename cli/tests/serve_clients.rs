@@ -5,8 +5,9 @@
 //! of two test servers (`psych serve-embedded`): `up`, pinned direct, and `deferred`,
 //! reached through the meta tools. Each script lists the tools, calls a direct tool, goes
 //! list → describe → call through the deferred server, makes a large call whose result is
-//! elided (printing its handle), and waits for `list_changed` after the test server adds a
-//! tool. Then a second run of the script, a later connection (over stdio a new `psych
+//! elided (printing its handle), reads it whole through its `resource_link` and hands a
+//! line of it to another tool by reference, and waits for `list_changed` after the test
+//! server adds a tool. Then a second run of the script, a later connection (over stdio a new `psych
 //! serve` on the same `--dir`), reads the handle back.
 //!
 //! The clients come from `cargo xtask clients` (`target/mcp-venv`, `tests/clients/ts/
@@ -333,6 +334,20 @@ fn real_client_scenario(sdk: Sdk, mode: Mode, transport: Transport) {
     assert_eq!(
         steps,
         ["list", "direct", "deferred", "elided", "list_changed"],
+        "{what}: {summary}"
+    );
+    // The elided result read whole through its resource link, and a line of it passed to
+    // another tool by reference (`{"$psych_result": ...}`), by both SDKs.
+    let elided = &summary["steps"][3];
+    assert_eq!(
+        elided["resource_chars"],
+        json!(200_000),
+        "{what}: {summary}"
+    );
+    assert!(
+        elided["passed"]
+            .as_str()
+            .is_some_and(|line| line.starts_with("line 002345: the quick brown fox")),
         "{what}: {summary}"
     );
     let version = summary["protocol_version"].as_str().unwrap_or_default();

@@ -10,7 +10,9 @@ default `deferred`), it runs:
   2. call a direct tool (`<direct>__echo`);
   3. list -> describe -> call `echo` of the deferred server through the meta tools;
   4. a large call (`<direct>__large`) whose result is elided: prints `{"handle": ...}` on
-     stdout as soon as it has it, and reads the handle back on the same connection;
+     stdout as soon as it has it, reads the handle back on the same connection, reads the
+     whole result through the preview's `resource_link` (`resources/read`), and hands one
+     line of it to `<direct>__echo` by reference (`{"$psych_result": handle, ...}`);
   5. trigger `<direct>__add_tool` and wait (10 s) for `notifications/tools/list_changed`
      (legacy: the session's notification handler; modern: a `subscriptions/listen`
      stream), then find the new tool listed.
@@ -215,7 +217,8 @@ class Scenario:
             self.step("deferred", server=deferred)
 
             self.current = "elided"
-            shown = text(await self.call(client, f"{direct}__large", {"bytes": 200_000}))
+            large = await self.call(client, f"{direct}__large", {"bytes": 200_000})
+            shown = text(large)
             if len(shown) >= 10_000:
                 raise Failure(f"{direct}__large was not elided: {len(shown)} characters shown")
             if not shown.startswith("line 000001: the quick brown fox"):
@@ -231,7 +234,29 @@ class Scenario:
             )
             if "line 002345: the quick brown fox jumps over the lazy dog" not in read:
                 raise Failure(f"read_tool_output {handle} on the same connection: {read[:2000]}")
-            self.step("elided", handle=handle, shown_chars=len(shown))
+            # The preview links the whole result, which resources/read serves.
+            links = [str(b.uri) for b in large.content if getattr(b, "type", None) == "resource_link"]
+            if len(links) != 1:
+                raise Failure(f"{direct}__large: {len(links)} resource links in {large.content!r:.2000}")
+            whole = await client.read_resource(links[0])
+            body = "".join(getattr(c, "text", "") for c in whole.contents)
+            if len(body) != 200_000 or "line 002345: the quick brown fox" not in body:
+                raise Failure(f"resources/read {links[0]}: {len(body)} characters")
+            # A line of it handed to another tool by reference.
+            passed = text(
+                await self.call(
+                    client,
+                    f"{direct}__echo",
+                    {"text": {"$psych_result": handle, "offset": 2344, "limit": 1}},
+                )
+            )
+            self.step(
+                "elided",
+                handle=handle,
+                shown_chars=len(shown),
+                resource_chars=len(body),
+                passed=passed,
+            )
 
             self.current = "list_changed"
             await self.list_changed(client)

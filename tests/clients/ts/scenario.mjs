@@ -9,7 +9,9 @@
 //   2. call a direct tool (`<direct>__echo`);
 //   3. list -> describe -> call `echo` of the deferred server through the meta tools;
 //   4. a large call (`<direct>__large`) whose result is elided: prints `{"handle": ...}` on
-//      stdout as soon as it has it, and reads the handle back on the same connection;
+//      stdout as soon as it has it, reads the handle back on the same connection, reads the
+//      whole result through the preview's `resource_link` (`resources/read`), and hands one
+//      line of it to `<direct>__echo` by reference (`{"$psych_result": handle, ...}`);
 //   5. trigger `<direct>__add_tool` and wait (10 s) for `notifications/tools/list_changed`
 //      (legacy: the notification handler; modern: delivered through `client.listen`),
 //      then find the new tool listed.
@@ -214,7 +216,8 @@ class Scenario {
         this.step('deferred', { server: deferred });
 
         this.current = 'elided';
-        const shown = text(await this.call(`${direct}__large`, { bytes: 200_000 }));
+        const large = await this.call(`${direct}__large`, { bytes: 200_000 });
+        const shown = text(large);
         if (shown.length >= 10_000) throw new Failure(`${direct}__large was not elided: ${shown.length} characters`);
         if (!shown.startsWith('line 000001: the quick brown fox')) {
             throw new Failure(`${direct}__large: the elided text starts ${JSON.stringify(shown.slice(0, 200))}`);
@@ -228,7 +231,19 @@ class Scenario {
         if (!read.includes('line 002345: the quick brown fox jumps over the lazy dog')) {
             throw new Failure(`read_tool_output ${handle} on the same connection: ${read.slice(0, 2000)}`);
         }
-        this.step('elided', { handle, shown_chars: shown.length });
+        // The preview links the whole result, which resources/read serves.
+        const links = (large.content ?? []).filter(block => block.type === 'resource_link').map(block => block.uri);
+        if (links.length !== 1) throw new Failure(`${direct}__large: ${links.length} resource links`);
+        const whole = await this.client.readResource({ uri: links[0] });
+        const body = whole.contents.map(c => c.text ?? '').join('');
+        if (body.length !== 200_000 || !body.includes('line 002345: the quick brown fox')) {
+            throw new Failure(`resources/read ${links[0]}: ${body.length} characters`);
+        }
+        // A line of it handed to another tool by reference.
+        const passed = text(
+            await this.call(`${direct}__echo`, { text: { $psych_result: handle, offset: 2344, limit: 1 } }),
+        );
+        this.step('elided', { handle, shown_chars: shown.length, resource_chars: body.length, passed });
 
         this.current = 'list_changed';
         await this.listChanged();
