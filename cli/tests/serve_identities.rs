@@ -390,7 +390,7 @@ async fn a_result_passes_by_reference_within_its_identity_only() {
     .unwrap();
     assert_eq!(twice.is_error, Some(true));
     assert!(
-        text(&twice).contains("16777216 bytes in all"),
+        text(&twice).contains("16777216 bytes allowed here"),
         "{}",
         text(&twice)
     );
@@ -414,7 +414,7 @@ async fn a_result_passes_by_reference_within_its_identity_only() {
         .unwrap();
     assert_eq!(over.is_error, Some(true));
     assert!(
-        text(&over).contains("1048576 bytes in all"),
+        text(&over).contains("1048576 bytes allowed here"),
         "{}",
         text(&over)
     );

@@ -82,6 +82,8 @@ fn parse(uri: &str) -> Result<ResultReference, ErrorData> {
         )
     };
     let rest = uri.strip_prefix(RESULT_URI_PREFIX).ok_or_else(not_ours)?;
+    // A fragment is the client's own, never the server's.
+    let rest = rest.split_once('#').map_or(rest, |(before, _)| before);
     let (handle, query) = rest.split_once('?').unwrap_or((rest, ""));
     let mut reference = ResultReference {
         handle: decoded(handle),
@@ -92,7 +94,7 @@ fn parse(uri: &str) -> Result<ResultReference, ErrorData> {
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let number = decoded(value).parse::<u64>().ok();
-        match (key, number) {
+        match (decoded(key).as_str(), number) {
             ("offset", Some(offset)) => reference.offset = offset,
             ("limit", Some(limit)) if limit > 0 => reference.limit = Some(limit),
             _ => {
@@ -252,6 +254,9 @@ mod tests {
             1
         );
         assert_eq!(decoded("100%"), "100%");
+        assert_eq!(decoded("caf%C3%A9"), "café");
+        let fragment = parse(&format!("{uri}?%6Fffset=2#top")).unwrap();
+        assert_eq!((fragment.handle.as_str(), fragment.offset), ("hrun7:42", 2));
         assert_eq!(decoded("%zz%4"), "%zz%4");
         for bad in ["?limit=0", "?offset=-1", "?grep=x", "?offset"] {
             assert!(parse(&format!("{uri}{bad}")).is_err(), "{bad}");

@@ -86,8 +86,8 @@ pub enum ReferenceError {
     /// The references of one call would read more than the bound.
     #[error(
         "the reference needs at least {needed} bytes, over what may still be passed here \
-         ({max} bytes in all, {used} already passed by this call's earlier references); \
-         pass a part with offset and limit"
+         ({max} bytes allowed here, {used} already passed by this call's earlier \
+         references); pass a part with offset and limit"
     )]
     TooLarge {
         /// Bytes this reference would read (at least: a slice stops counting past the
@@ -624,7 +624,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(failed.at, "/x/y/1");
         assert!(
-            failed.error.to_string().contains("15 bytes in all")
+            failed.error.to_string().contains("15 bytes allowed here")
                 && failed.error.to_string().contains("10 already"),
             "{}",
             failed.error

@@ -146,8 +146,8 @@ fn one_calls_references_share_the_bound() {
     assert_eq!(
         failed.error.to_string(),
         "the reference needs at least 10 bytes, over what may still be passed here (19 bytes \
-         in all, 10 already passed by this call's earlier references); pass a part with \
-         offset and limit"
+         allowed here, 10 already passed by this call's earlier references); pass a part \
+         with offset and limit"
     );
 }
 

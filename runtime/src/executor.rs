@@ -363,6 +363,11 @@ impl<H: ToolHost + 'static> Executor<H> {
         let mut room = self.limits.max_passed_bytes();
         let mut passing = Vec::with_capacity(calls.len());
         for call in calls {
+            // A native search tool's call is answered here from its own arguments.
+            if native.is_some_and(|deferral| crate::native::is_search(deferral, call)) {
+                passing.push(None);
+                continue;
+            }
             let passed = self.pass_results(call, room).await;
             if let Some(Passing::Passed(_, bytes)) = &passed {
                 room = room.saturating_sub(*bytes);
@@ -399,10 +404,6 @@ impl<H: ToolHost + 'static> Executor<H> {
                 pending.push(Pending::Running);
                 continue;
             }
-            if let Some(output) = starts.failure(surface, live, call) {
-                pending.push(Pending::Ready(output));
-                continue;
-            }
             let passed;
             let call = match passing {
                 None => call,
@@ -419,6 +420,12 @@ impl<H: ToolHost + 'static> Executor<H> {
                     continue;
                 }
             };
+            // After the references: a call's own refusal comes first, and the server it goes
+            // to is read from its replaced arguments, as `start_needed` read it.
+            if let Some(output) = starts.failure(surface, live, call) {
+                pending.push(Pending::Ready(output));
+                continue;
+            }
             match self.guard(surface, live, call) {
                 Verdict::Forward(forward) => {
                     let task = self.spawn_forward(

@@ -148,6 +148,28 @@ async fn a_handle_of_an_earlier_run_is_read_from_the_archive_and_no_other() {
     assert!(matches!(unknown, ExecuteError::InvalidDeferredHandle(_)));
 }
 
+/// The log's length once it has not changed for 200 ms (at most 10 s).
+async fn settled(log: &SharedRecordLog) -> u64 {
+    let mut seen = log.len();
+    let mut quiet = std::time::Duration::ZERO;
+    let mut waited = std::time::Duration::ZERO;
+    let step = std::time::Duration::from_millis(20);
+    while quiet < std::time::Duration::from_millis(200)
+        && waited < std::time::Duration::from_secs(10)
+    {
+        tokio::time::sleep(step).await;
+        waited += step;
+        let now = log.len();
+        if now == seen {
+            quiet += step;
+        } else {
+            seen = now;
+            quiet = std::time::Duration::ZERO;
+        }
+    }
+    seen
+}
+
 /// Result references go through the archive as reads do: an earlier Run's result is read
 /// (the call then goes on to the guard, which refuses this Surface's unknown tool), a gone
 /// Run's is a failed result saying it expired, an unknown Run's is
@@ -231,9 +253,9 @@ async fn result_references_read_through_the_archive_and_a_dropped_one_logs_nothi
             executor.execute(&surface, &live, &[passing(&handle.to_string())]),
         )
         .await;
-        // Let an append already handed to the blocking pool finish.
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        let after = log.len();
+        // Let an append already handed to the blocking pool finish: the log's length
+        // unchanged for 200 ms (at most 10 s, for a loaded machine).
+        let after = settled(&log).await;
         assert!(
             after == before || after == before + 1,
             "dropped at {micros} µs"
