@@ -91,7 +91,13 @@ pub(crate) async fn call_when_listed<S: rmcp::service::Service<RoleClient>>(
 
 /// Calls `up__large` once the upstream is listed and returns the elided result's handle.
 pub(crate) async fn large_handle(session: &Session) -> String {
-    let shown = text(&call_when_listed(session, "up__large", json!({"bytes": 200_000})).await);
+    elided_handle(session, 200_000).await
+}
+
+/// Calls `up__large` for `bytes` once the upstream is listed and returns the elided
+/// result's handle.
+async fn elided_handle(session: &Session, bytes: u64) -> String {
+    let shown = text(&call_when_listed(session, "up__large", json!({"bytes": bytes})).await);
     shown
         .split("handle \"")
         .nth(1)
@@ -107,6 +113,22 @@ pub(crate) async fn read(session: &Session, handle: &str) -> Result<CallToolResu
         json!({"handle": handle, "grep": "line 002345:"}),
     )
     .await
+}
+
+/// Two identities in `dir`'s tokens file, alice and bob: their tokens.
+fn alice_and_bob(dir: &Path) -> (String, String) {
+    let (alice, alice_digest) = token("alice");
+    let (bob, bob_digest) = token("bob");
+    std::fs::write(
+        dir.join("tokens.json"),
+        json!({"identities": {
+            "alice": {"tokens": [alice_digest]},
+            "bob": {"tokens": [bob_digest]},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    (alice, bob)
 }
 
 /// One `initialize` POST to `url` over a bare TCP stream, with `authorization` when given:
@@ -320,26 +342,10 @@ fn beyond_loopback_without_tokens_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_passes_by_reference_within_its_identity_only() {
     let dir = tempfile::tempdir().unwrap();
-    let (alice, alice_digest) = token("alice");
-    let (bob, bob_digest) = token("bob");
-    std::fs::write(
-        dir.path().join("tokens.json"),
-        json!({"identities": {
-            "alice": {"tokens": [alice_digest]},
-            "bob": {"tokens": [bob_digest]},
-        }})
-        .to_string(),
-    )
-    .unwrap();
+    let (alice, bob) = alice_and_bob(dir.path());
     let (gateway, url) = start(dir.path(), &[]).await;
     let first = connect(&url, &alice).await;
-    let shown = text(&call_when_listed(&first, "up__large", json!({"bytes": 2_000_000})).await);
-    let handle = shown
-        .split("handle \"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .unwrap_or_else(|| panic!("a handle in {shown}"))
-        .to_owned();
+    let handle = elided_handle(&first, 2_000_000).await;
     first.cancel().await.unwrap();
     // After a restart: the handle is of an earlier Run, read through the identity's archive.
     gateway.stop().await;
@@ -429,17 +435,7 @@ async fn a_result_passes_by_reference_within_its_identity_only() {
 async fn an_elided_result_is_a_resource_of_its_identity() {
     use rmcp::model::{ContentBlock, ReadResourceRequestParams, ResourceContents};
     let dir = tempfile::tempdir().unwrap();
-    let (alice, alice_digest) = token("alice");
-    let (bob, bob_digest) = token("bob");
-    std::fs::write(
-        dir.path().join("tokens.json"),
-        json!({"identities": {
-            "alice": {"tokens": [alice_digest]},
-            "bob": {"tokens": [bob_digest]},
-        }})
-        .to_string(),
-    )
-    .unwrap();
+    let (alice, bob) = alice_and_bob(dir.path());
     let (gateway, url) = start(dir.path(), &[]).await;
     let first = connect(&url, &alice).await;
     let templates = first.list_all_resource_templates().await.unwrap();

@@ -187,7 +187,7 @@ impl ResultReference {
     fn parse(handle: &Value, object: &Map<String, Value>) -> Result<Self, ReferenceError> {
         let Value::String(handle) = handle else {
             return Err(ReferenceError::HandleNotString {
-                found: json_type(handle),
+                found: psych_types::json_kind(handle),
             });
         };
         let mut reference = ResultReference {
@@ -327,17 +327,6 @@ fn pointer_of(path: &[String]) -> String {
     path.iter()
         .map(|segment| format!("/{}", segment.replace('~', "~0").replace('/', "~1")))
         .collect()
-}
-
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 impl<S: RecordSource> Reader<S> {

@@ -62,6 +62,27 @@ impl Archive for Dir {
     }
 }
 
+/// A Run `run` in `dir` whose one record is a tool result of `text`: its handle.
+fn logged_earlier(dir: &std::path::Path, run: &RunId, text: &str) -> RecordHandle {
+    let (mut log, _) = RecordLog::open(dir, run, SyncPolicy::OsBuffered).unwrap();
+    log.append(&Record::ToolResult(ToolResult {
+        call_id: ToolCallId::new("call_0").unwrap(),
+        name: "fetch".into(),
+        output: ToolOutput::text(text),
+    }))
+    .unwrap()
+}
+
+/// The Surface of no server: every call here is Psych's own.
+fn no_servers(grant: &PermissionGrant) -> psych_disclosure::Surface {
+    let inputs = Inputs {
+        connections: &[],
+        catalogs: &[],
+        grant,
+    };
+    resolve(&inputs, &Settings::default(), &Estimator::new()).unwrap()
+}
+
 fn read(handle: &str) -> ToolCall {
     ToolCall {
         id: ToolCallId::new("call_1").unwrap(),
@@ -74,23 +95,10 @@ fn read(handle: &str) -> ToolCall {
 async fn a_handle_of_an_earlier_run_is_read_from_the_archive_and_no_other() {
     let dir = tempfile::tempdir().unwrap();
     let earlier = RunId::new("earlier").unwrap();
-    let handle = {
-        let (mut log, _) = RecordLog::open(dir.path(), &earlier, SyncPolicy::OsBuffered).unwrap();
-        log.append(&Record::ToolResult(ToolResult {
-            call_id: ToolCallId::new("call_0").unwrap(),
-            name: "fetch".into(),
-            output: ToolOutput::text("hay\nhay\nthe needle\nhay\n"),
-        }))
-        .unwrap()
-    };
+    let handle = logged_earlier(dir.path(), &earlier, "hay\nhay\nthe needle\nhay\n");
 
     let grant = PermissionGrant::none();
-    let inputs = Inputs {
-        connections: &[],
-        catalogs: &[],
-        grant: &grant,
-    };
-    let surface = resolve(&inputs, &Settings::default(), &Estimator::new()).unwrap();
+    let surface = no_servers(&grant);
     let live = Live {
         grant: &grant,
         catalogs: &[],
@@ -179,22 +187,9 @@ async fn settled(log: &SharedRecordLog) -> u64 {
 async fn result_references_read_through_the_archive_and_a_dropped_one_logs_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let earlier = RunId::new("earlier").unwrap();
-    let handle = {
-        let (mut log, _) = RecordLog::open(dir.path(), &earlier, SyncPolicy::OsBuffered).unwrap();
-        log.append(&Record::ToolResult(ToolResult {
-            call_id: ToolCallId::new("call_0").unwrap(),
-            name: "fetch".into(),
-            output: ToolOutput::text("x".repeat(1 << 20)),
-        }))
-        .unwrap()
-    };
+    let handle = logged_earlier(dir.path(), &earlier, &"x".repeat(1 << 20));
     let grant = PermissionGrant::none();
-    let inputs = Inputs {
-        connections: &[],
-        catalogs: &[],
-        grant: &grant,
-    };
-    let surface = resolve(&inputs, &Settings::default(), &Estimator::new()).unwrap();
+    let surface = no_servers(&grant);
     let live = Live {
         grant: &grant,
         catalogs: &[],
