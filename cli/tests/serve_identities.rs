@@ -461,7 +461,7 @@ async fn an_elided_result_is_a_resource_of_its_identity() {
     first.cancel().await.unwrap();
     // After a restart: the result is of an earlier Run, read through the identity's archive.
     gateway.stop().await;
-    let (_gateway, url) = start(dir.path(), &[]).await;
+    let (gateway, url) = start(dir.path(), &[]).await;
 
     let body = |read: rmcp::model::ReadResourceResult| match read.contents.as_slice() {
         [ResourceContents::TextResourceContents { text, meta, .. }] => (
@@ -520,4 +520,16 @@ async fn an_elided_result_is_a_resource_of_its_identity() {
         .to_string();
     assert!(refused.contains("invalid_deferred_handle"), "{refused}");
     other.cancel().await.unwrap();
+
+    // One answer holds at most the bound: past it the whole is refused, saying to page.
+    gateway.stop().await;
+    let (_gateway, url) = start(dir.path(), &["--max-passed-mib", "0"]).await;
+    let bounded = connect(&url, &alice).await;
+    let over = bounded
+        .read_resource(ReadResourceRequestParams::new(link.uri.clone()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(over.contains("read it in pages"), "{over}");
+    bounded.cancel().await.unwrap();
 }

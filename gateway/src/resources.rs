@@ -149,7 +149,10 @@ impl Session {
         let tenant = self.tenant(context)?;
         let log = tenant.executor(&self.shared).await?;
         let max = log.executor.limits().max_passed_bytes();
-        let offset = reference.offset;
+        // A page that stops before the end stopped at its limit: the next starts after it.
+        let after = reference
+            .offset
+            .saturating_add(reference.limit.unwrap_or(0));
         let read = log.executor.read_reference(reference, max).await;
         let (text, next) = match read {
             Ok(Referenced { value, more, .. }) => {
@@ -157,9 +160,7 @@ impl Session {
                     Value::String(text) => text,
                     other => other.to_string(),
                 };
-                // The lines of the page: the next starts after them.
-                let lines = text.split_inclusive('\n').count() as u64;
-                (text, more.then_some(offset + lines))
+                (text, more.then_some(after))
             }
             // The end of the result: an empty page, as `read_tool_output` answers there.
             Err(PassError::Reference(ReferenceError::OffsetPastEnd { offset, lines }))

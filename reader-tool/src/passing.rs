@@ -34,7 +34,7 @@ use serde_json::{Map, Value};
 
 #[cfg(doc)]
 use crate::Limits;
-use crate::scan::checked_mark;
+use crate::scan::{checked_mark, read_exact};
 use crate::{CallError, Reader};
 
 /// The key that makes an argument object a [`ResultReference`].
@@ -402,27 +402,8 @@ impl<S: RecordSource> Reader<S> {
         end: u64,
         len: u64,
     ) -> Result<Vec<u8>, CallError<S::Error>> {
-        let size = usize::try_from(end - start).unwrap_or(usize::MAX);
-        let mut bytes = vec![0; size];
-        let mut got = 0;
-        while got < size {
-            let at = start + got as u64;
-            let want = size - got;
-            // A source answering more than it was given room for is taken at its room.
-            let n = self
-                .source()
-                .read_output(handle, at, &mut bytes[got..])
-                .map_err(CallError::Source)?
-                .min(want);
-            if n == 0 {
-                return Err(CallError::ShortRead {
-                    handle: handle.clone(),
-                    at,
-                    len,
-                });
-            }
-            got += n;
-        }
+        let mut bytes = vec![0; usize::try_from(end - start).unwrap_or(usize::MAX)];
+        read_exact(self.source(), handle, start, &mut bytes, len)?;
         Ok(bytes)
     }
 
@@ -442,22 +423,11 @@ impl<S: RecordSource> Reader<S> {
             let want = buf
                 .len()
                 .min(usize::try_from(len - at).unwrap_or(usize::MAX));
-            let n = self
-                .source()
-                .read_output(handle, at, &mut buf[..want])
-                .map_err(CallError::Source)?
-                .min(want);
-            if n == 0 {
-                return Err(CallError::ShortRead {
-                    handle: handle.clone(),
-                    at,
-                    len,
-                });
-            }
-            if let Some(found) = each(at, &buf[..n]) {
+            read_exact(self.source(), handle, at, &mut buf[..want], len)?;
+            if let Some(found) = each(at, &buf[..want]) {
                 return Ok(Some(found));
             }
-            at += n as u64;
+            at += want as u64;
         }
         Ok(None)
     }

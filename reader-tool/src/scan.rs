@@ -98,7 +98,7 @@ pub(crate) fn checked_mark(mark: LineMark, line: u64, len: u64) -> LineMark {
 }
 
 /// Reads exactly `dst.len()` bytes at `at`, or fails with a short-read error.
-fn read_exact<S: RecordSource>(
+pub(crate) fn read_exact<S: RecordSource>(
     source: &S,
     handle: &RecordHandle,
     mut at: u64,

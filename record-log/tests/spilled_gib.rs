@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use psych_record_log::{RecordLog, SyncPolicy};
-use psych_store_conformance::large::{assert_end_reads, peak_rss, text_file};
-use psych_types::{ContentBlock, SpilledBlock, SpilledText, TokenEstimator, ToolOutput};
+use psych_store_conformance::large::{assert_end_reads, peak_rss, spilled_output};
+use psych_types::TokenEstimator;
 
 /// The text's size: 1 GiB, rounded down to whole lines.
 const TARGET: u64 = 1 << 30;
@@ -40,25 +40,16 @@ impl TokenEstimator for Quarter {
 #[test]
 fn a_gib_spilled_result_is_stored_and_served_in_bounded_memory() {
     let started = Instant::now();
-    let (file, len, lines) = text_file(TARGET);
-    let text = Arc::new(SpilledText::new(file, len));
+    let (output, len, lines) = spilled_output(TARGET);
     let generated = started.elapsed();
 
     let dir = tempfile::tempdir().unwrap();
     let run = common::run("gib");
     let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
     log.set_estimator(Arc::new(Quarter));
-    let output = ToolOutput {
-        spilled: vec![SpilledBlock {
-            block: 0,
-            text: Arc::clone(&text),
-        }],
-        ..ToolOutput::from_blocks(vec![ContentBlock::text(text.placeholder())])
-    };
     let appending = Instant::now();
     let handle = log.append(&common::result("big", output)).unwrap();
     let appended = appending.elapsed();
-    drop(text);
 
     // The end, by offset and by line.
     let check_reads = |log: &RecordLog| {

@@ -41,6 +41,23 @@ pub fn text_file(target: u64) -> (std::fs::File, u64, u64) {
     (file, lines * LINE_LEN + LAST.len() as u64, lines)
 }
 
+/// A tool result whose one text block is a [`text_file`] of about `target` bytes, spilled
+/// (held by the file, not in memory), as a transport hands a result too large for memory
+/// to a store: the output, the text's length and its numbered lines (as [`text_file`]).
+pub fn spilled_output(target: u64) -> (psych_types::ToolOutput, u64, u64) {
+    use psych_types::{ContentBlock, SpilledBlock, SpilledText, ToolOutput};
+    let (file, len, lines) = text_file(target);
+    let text = std::sync::Arc::new(SpilledText::new(file, len));
+    let output = ToolOutput {
+        spilled: vec![SpilledBlock {
+            block: 0,
+            text: std::sync::Arc::clone(&text),
+        }],
+        ..ToolOutput::from_blocks(vec![ContentBlock::text(text.placeholder())])
+    };
+    (output, len, lines)
+}
+
 /// The peak resident set of this process so far, in bytes (`VmHWM` of
 /// `/proc/self/status`).
 ///

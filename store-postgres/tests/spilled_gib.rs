@@ -9,16 +9,12 @@
     reason = "a test fails loudly on bad data"
 )]
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use psych_store_conformance::large::{assert_end_reads, peak_rss, text_file};
+use psych_store_conformance::large::{assert_end_reads, peak_rss, spilled_output};
 use psych_store_conformance::pg::{database, psql};
 use psych_store_postgres::PgBlocking;
-use psych_types::{
-    ContentBlock, Record, RecordStore, RunId, SpilledBlock, SpilledText, ToolCallId, ToolOutput,
-    ToolResult,
-};
+use psych_types::{Record, RecordStore, RunId, ToolCallId, ToolResult};
 
 /// The text's size: 1 GiB, rounded down to whole lines.
 const TARGET: u64 = 1 << 30;
@@ -27,8 +23,7 @@ const LIMIT: u64 = 200 << 20;
 #[test]
 fn a_gib_spilled_result_is_stored_and_read_in_bounded_memory() {
     let started = Instant::now();
-    let (file, len, lines) = text_file(TARGET);
-    let text = Arc::new(SpilledText::new(file, len));
+    let (output, len, lines) = spilled_output(TARGET);
 
     let schema = format!("t_gib_{}", std::process::id());
     psql(&format!("drop schema if exists {schema} cascade"));
@@ -36,13 +31,6 @@ fn a_gib_spilled_result_is_stored_and_read_in_bounded_memory() {
     let store = PgBlocking::open(&url).unwrap();
     let run = RunId::new("gib").unwrap();
     let records = store.records("tenant", &run).unwrap();
-    let output = ToolOutput {
-        spilled: vec![SpilledBlock {
-            block: 0,
-            text: Arc::clone(&text),
-        }],
-        ..ToolOutput::from_blocks(vec![ContentBlock::text(text.placeholder())])
-    };
     let appending = Instant::now();
     let handle = records
         .append(&Record::ToolResult(ToolResult {
@@ -52,7 +40,6 @@ fn a_gib_spilled_result_is_stored_and_read_in_bounded_memory() {
         }))
         .unwrap();
     let appended = appending.elapsed();
-    drop(text);
 
     assert_end_reads(&records, &handle, len, lines);
     drop(records);
