@@ -42,6 +42,13 @@ pub(crate) struct BudgetReport {
     /// With `--lazy`: what starting servers on demand saves for this file, measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) lazy: Option<crate::setup::LazyFigures>,
+    /// With `--pin-budget`: what learned pinning would keep direct, from the sessions
+    /// logged under `--dir`: `runs` (the sessions read), `budget`, and `choices`, every
+    /// used tool of the servers in rank order with `tool`, `used` (`runs`: sessions that
+    /// called it, `calls`), `tokens` (its definition's estimate) and `why` (`pinned`,
+    /// `rare`, `over_budget`, `not_deferred`, `already_eager`, `not_permitted`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) pins: Option<psych_disclosure::pinning::Pins>,
 }
 
 /// One server of the report.
@@ -283,6 +290,7 @@ pub(crate) fn report(setup: &Setup, config: String, basis: Basis, lazy: bool) ->
             .collect(),
         totals,
         lazy: setup.lazy.clone().filter(|_| lazy),
+        pins: None,
     }
 }
 
@@ -441,6 +449,35 @@ pub(crate) fn table(report: &BudgetReport) -> String {
         );
         let _ = writeln!(out);
         let _ = writeln!(out, "{}", wrap(&text, 78, "    "));
+    }
+    if let Some(pins) = &report.pins {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "Learned pinning ({} of {} ~tok, from {} recent sessions):",
+            thousands(pins.tokens()),
+            thousands(pins.budget),
+            pins.runs
+        );
+        if pins.choices.is_empty() {
+            let _ = writeln!(out, "    no tool of these servers was called in them");
+        }
+        for choice in &pins.choices {
+            let why = serde_json::to_value(choice.why)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "    {:<14} {}/{}: {} sessions, {} calls, {} ~tok",
+                why.replace('_', " "),
+                choice.tool.server,
+                choice.tool.tool,
+                choice.used.runs,
+                choice.used.calls,
+                choice.tokens.map_or_else(|| "?".to_owned(), thousands)
+            );
+        }
     }
     let failed: Vec<&ServerReport> = report
         .servers

@@ -413,6 +413,7 @@ fn print_results(records: &[LoggedRecord]) {
             call_id,
             name,
             output,
+            ..
         }) = &logged.record
         else {
             continue;

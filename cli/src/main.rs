@@ -62,6 +62,19 @@ enum Command {
         /// --auto-budget`.
         #[arg(long, value_name = "TOKENS", requires = "serve", default_value_t = psych_gateway::DEFAULT_AUTO_BUDGET)]
         auto_budget: u64,
+        /// With `--serve`: also show what `psych serve --pin-budget TOKENS` would pin from
+        /// the sessions logged under `--dir` (each used tool of a deferred server: its
+        /// sessions, calls, tokens, and why it is pinned or not).
+        #[arg(long, value_name = "TOKENS", requires = "serve")]
+        pin_budget: Option<u64>,
+        /// With `--pin-budget`: the `--dir` of the `psych serve` whose logs to learn from.
+        #[arg(
+            long,
+            value_name = "DIR",
+            default_value = ".psych",
+            requires = "pin_budget"
+        )]
+        dir: PathBuf,
         /// Print the report as JSON (stable field names) instead of a table.
         #[arg(long)]
         json: bool,
@@ -196,6 +209,13 @@ enum Command {
         /// pins it and takes no share.
         #[arg(long, value_name = "TOKENS", default_value_t = psych_gateway::DEFAULT_AUTO_BUDGET)]
         auto_budget: u64,
+        /// Learned pinning: at start, list as direct tools the tools of deferred servers
+        /// that the 20 most recent sessions logged under `--dir` used most (in at least 2
+        /// of them and a quarter), their definitions within TOKENS; kept until the process
+        /// ends, so the listing does not change under a client. What it would pin: `psych
+        /// budget --serve --pin-budget TOKENS`. Off by default.
+        #[arg(long, value_name = "TOKENS", conflicts_with = "store")]
+        pin_budget: Option<u64>,
         /// With `--http`: the most sessions open at once; a client opening one more is
         /// refused with an error saying so. A session ends when its client deletes it, or
         /// after 5 minutes without a message.
@@ -276,6 +296,8 @@ fn run(command: Command) -> Result<u8, String> {
             context_window,
             serve,
             auto_budget,
+            pin_budget,
+            dir,
             json,
             lazy,
         } => {
@@ -291,12 +313,22 @@ fn run(command: Command) -> Result<u8, String> {
                 )
             };
             let loaded = setup::load(setup.config.as_deref(), &setup.store, settings, lazy)?;
-            let report = budget::report(
+            let mut report = budget::report(
                 &loaded,
                 setup::config_label(setup.config.as_deref()),
                 basis,
                 lazy,
             );
+            if let Some(tokens) = pin_budget {
+                let logs = dir.join("serve");
+                report.pins = Some(psych_gateway::learned_pins(
+                    &logs,
+                    &loaded.surface,
+                    &loaded.catalogs,
+                    &psych_elision::Estimator::new(),
+                    &psych_disclosure::pinning::PinSettings::with_budget(tokens),
+                ));
+            }
             if json {
                 print_json(&report)?;
             } else {
@@ -410,6 +442,7 @@ fn run(command: Command) -> Result<u8, String> {
             spill_budget_mib,
             eager,
             store,
+            pin_budget,
         } => {
             let config = match config {
                 Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
@@ -435,6 +468,7 @@ fn run(command: Command) -> Result<u8, String> {
                 spill_budget: psych_mcp::SpillBudget::new(spill_budget_mib.saturating_mul(1 << 20)),
                 eager,
                 store,
+                pin_budget,
             })
         }
         Command::ServeToken { name } => serve::token(&name),

@@ -39,6 +39,8 @@ pub(crate) struct Options {
     pub(crate) eager: bool,
     /// A `postgres://` URL: records and the catalogue there instead of in files.
     pub(crate) store: Option<String>,
+    /// Learned pinning's budget in tokens, when it is on.
+    pub(crate) pin_budget: Option<u64>,
 }
 
 /// Opens the store at `url` (blocking: before the runtime starts).
@@ -73,6 +75,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         spill_budget,
         eager,
         store,
+        pin_budget,
     } = options;
     let authorized = tokens.is_some();
     let mut settings = GatewaySettings::new(dir)
@@ -86,6 +89,10 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         .report(|line| eprintln!("psych serve: {line}"));
     if let Some(tokens) = tokens {
         settings = settings.tokens(tokens);
+    }
+    if let Some(budget) = pin_budget {
+        settings =
+            settings.learned_pinning(psych_disclosure::pinning::PinSettings::with_budget(budget));
     }
     if let Some(url) = store {
         let store = open_store(&url)?;

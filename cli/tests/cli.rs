@@ -276,6 +276,7 @@ fn read_pages_a_stored_result() {
         .collect();
     let handle = log
         .append(&Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("call_1").unwrap(),
             name: "fetch_logs".into(),
             output: ToolOutput::text(text),

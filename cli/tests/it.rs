@@ -20,6 +20,7 @@ mod serve_huge;
 mod serve_identities;
 mod serve_lazy;
 mod serve_mrtr;
+mod serve_pinning;
 mod serve_replicas;
 mod serve_stress;
 mod support;

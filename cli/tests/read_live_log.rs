@@ -28,6 +28,7 @@ fn read_serves_a_log_held_by_a_writer_and_changes_nothing() {
     let (mut writer, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
     let handle = writer
         .append(&Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("call_1").unwrap(),
             name: "fetch_logs".into(),
             output: ToolOutput::text("first line\nsecond line\n"),

@@ -214,6 +214,7 @@ mod guard;
 mod names;
 mod native;
 mod orientation;
+pub mod pinning;
 mod resolve;
 mod search;
 mod settings;

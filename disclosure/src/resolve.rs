@@ -565,7 +565,7 @@ fn pieces_are_disjoint(pieces: &[Arc<Piece>]) -> bool {
 
 /// Estimated tokens of one tool as a direct tool: its name, description and input schema,
 /// or its whole definition ([`CostBasis`]).
-fn tool_cost(
+pub(crate) fn tool_cost(
     estimator: &dyn TokenEstimator,
     server: &ServerId,
     tool: &ToolDefinition,

@@ -472,6 +472,7 @@ proptest! {
         let mut log = MemoryRecords::new(RunId::new("r").unwrap());
         let handles: Vec<RecordHandle> = outputs.iter().enumerate().map(|(i, output)| {
             log.push(Record::ToolResult(ToolResult {
+                target: None,
                 call_id: ToolCallId::new(format!("c{i}")).unwrap(),
                 name: "t".into(),
                 output: output.clone(),

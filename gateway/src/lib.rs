@@ -122,6 +122,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use psych_catalog::{Catalog, FreshenerConfig};
+use psych_disclosure::pinning::PinSettings;
 use psych_disclosure::{
     Budget, CostBasis, Inputs, Live, Settings, Surface, SurfaceCache, Validators, Verdict,
 };
@@ -153,6 +154,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 mod mrtr;
+mod pinning;
 mod progress;
 mod raw;
 mod resources;
@@ -160,6 +162,7 @@ mod stdio;
 mod tenant;
 mod tokens;
 
+pub use pinning::{learned_pins, serve_usage};
 pub use resources::{RESULT_URI_PREFIX, result_uri};
 pub use tenant::{DEFAULT_RETAIN, DEFAULT_RETAIN_BYTES, Retention};
 pub use tokens::{RESERVED_IDENTITIES, Tokens, TokensError, new_token, token_digest};
@@ -643,7 +646,7 @@ impl Cut {
 /// How a call's execution ended.
 enum Ended {
     /// It ran to its logged result, or to an upstream answer that is not complete.
-    Done(Result<Executed, ExecuteError>),
+    Done(Box<Result<Executed, ExecuteError>>),
     /// It was cut short; `logged` when its own result was logged all the same (it had
     /// left the host when the cancellation came).
     Cancelled { logged: bool, why: Cut },
@@ -921,7 +924,7 @@ impl Session {
                 logged = &mut execution => Err(logged),
             };
             match why {
-                Err(logged) => Ended::Done(logged),
+                Err(logged) => Ended::Done(Box::new(logged)),
                 Ok(why) => {
                     let mut logged = watch.left_host();
                     if logged {
@@ -939,7 +942,7 @@ impl Session {
             }
         };
         let logged = match ended {
-            Ended::Done(logged) => logged,
+            Ended::Done(logged) => *logged,
             Ended::Cancelled { logged, why } => {
                 if !logged {
                     self.log_cancelled(executor, call, why).await?;
@@ -1092,6 +1095,7 @@ impl Session {
     ) -> Result<(), ErrorData> {
         let reason = why.reason();
         let record = Record::ToolResult(ToolResult {
+            target: None,
             call_id: call.id,
             name: call.name,
             output: ToolOutput::error(format!(
@@ -1663,6 +1667,7 @@ pub struct GatewaySettings {
     stores: Option<Arc<dyn RecordStores>>,
     catalog: Option<Arc<psych_types::DynCatalogStore>>,
     max_passed_bytes: u64,
+    pinning: Option<PinSettings>,
 }
 
 /// The one token estimator of a gateway, shared by disclosure, the record logs and
@@ -1707,7 +1712,20 @@ impl GatewaySettings {
             stores: None,
             catalog: None,
             max_passed_bytes: psych_reader_tool::DEFAULT_MAX_PASSED_BYTES,
+            pinning: None,
         })
+    }
+
+    /// Learned pinning: when the gateway starts, the tools of deferred servers that the
+    /// most recent sessions in its logs called most ([`serve_usage`]) are listed as direct
+    /// tools (their servers' eager tools), within `settings`, until the process ends; the
+    /// choice goes to the report ([`report`](Self::report)). Off by default. The usage is
+    /// read from the files under [`logs`](Self::logs): with
+    /// [`records_in`](Self::records_in) there are none, and nothing is pinned.
+    #[must_use]
+    pub fn learned_pinning(mut self, settings: PinSettings) -> Self {
+        self.pinning = Some(settings);
+        self
     }
 
     /// Starts every upstream server at once (`true`), whatever its entry says, instead of
@@ -2110,6 +2128,37 @@ pub async fn serve(
     .map_err(ServeError::Task)?
     .map_err(ServeError::Catalog)?;
     let (catalog, sources) = opened;
+    let mut connections = connections;
+    if let Some(pinning) = settings.pinning {
+        let (logs, known, file_grant, listing, estimator) = (
+            settings.logs(),
+            catalog.clone(),
+            grant.clone(),
+            disclosure.clone(),
+            settings.estimator.clone(),
+        );
+        let unpinned = connections.clone();
+        let chosen = tokio::task::spawn_blocking(move || {
+            pinning::at_start(
+                &logs,
+                &known,
+                &unpinned,
+                &file_grant,
+                &listing,
+                estimator.as_ref(),
+                &pinning,
+            )
+        })
+        .await
+        .map_err(ServeError::Task)?;
+        match chosen {
+            Ok(pins) => {
+                (settings.report)(&pinning::summary(&pins));
+                pins.apply(&mut connections);
+            }
+            Err(why) => (settings.report)(&format!("learned pinning: nothing pinned, {why}")),
+        }
+    }
     let mut builder = McpManager::builder(config.clone())
         .spill_dir(spill)
         .spill_budget(settings.spill_budget.clone())

@@ -393,6 +393,7 @@ mod tests {
 
     fn result(text: &str) -> Record {
         Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("c").unwrap_or_else(|_| unreachable!()),
             name: "t".into(),
             output: ToolOutput::text(text),

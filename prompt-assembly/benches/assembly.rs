@@ -73,6 +73,7 @@ fn history() -> Vec<LoggedRecord> {
                 1_500
             };
             records.push(Record::ToolResult(ToolResult {
+                target: None,
                 call_id: ToolCallId::new(id.clone()).unwrap(),
                 name: "read_file".into(),
                 output: ToolOutput::text(

@@ -496,6 +496,7 @@ mod tests {
 
     fn result(id: &str, text: &str) -> Record {
         Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new(id).unwrap(),
             name: "t".into(),
             output: ToolOutput::text(text),

@@ -85,6 +85,7 @@ impl StepHistory {
                 record: match &entry.item {
                     HistoryItem::Record(record) => record.clone(),
                     HistoryItem::Result(stored) => Record::ToolResult(ToolResult {
+                        target: None,
                         call_id: stored.info.call_id.clone(),
                         name: stored.info.name.clone(),
                         output: ToolOutput {

@@ -66,6 +66,7 @@
 //!
 //! let mut log = MemoryRecords::new(RunId::new("run-7")?);
 //! let handle = log.push(Record::ToolResult(ToolResult {
+//!     target: None,
 //!     call_id: ToolCallId::new("call_1")?,
 //!     name: "fetch_logs".into(),
 //!     output: ToolOutput::text("boot ok\ndisk ok\nERROR fan stopped\nshutdown\n"),

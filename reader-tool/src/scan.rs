@@ -507,6 +507,7 @@ mod tests {
     fn store(text: &str) -> (MemoryRecords, RecordHandle) {
         let mut log = MemoryRecords::new(RunId::new("r").unwrap());
         let handle = log.push(Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("c").unwrap(),
             name: "t".into(),
             output: ToolOutput::text(text),

@@ -63,6 +63,7 @@ fn tool_result(len: usize) -> Record {
         .map(|i| char::from(b'a' + (i % 26) as u8))
         .collect();
     Record::ToolResult(ToolResult {
+        target: None,
         call_id: ToolCallId::new("call_1").unwrap(),
         name: "read_file".into(),
         output: ToolOutput::text(text),

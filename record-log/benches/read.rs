@@ -44,6 +44,7 @@ fn record(seq: u64) -> Record {
             .map(|i| char::from(b'a' + ((seq as usize + i) % 26) as u8))
             .collect();
         Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new(format!("call_{seq}")).unwrap(),
             name: "read_file".into(),
             output: ToolOutput::text(text),

@@ -6,7 +6,7 @@
 use psych_types::{
     BlobResource, BlockLines, ContentBlock, EmbeddedResource, JsonObject, LineMark, MediaContent,
     OutputKind, Record, ResourceContents, RunId, TextContent, TextResource, TokenEstimator,
-    ToolCallId, ToolOutput, ToolResult,
+    ToolCallId, ToolOutput, ToolRef, ToolResult,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -380,6 +380,10 @@ impl FrameHeader {
 struct ResultMeta {
     call_id: ToolCallId,
     name: String,
+    /// The remote tool the call reached; absent for Psych's own answers and in records
+    /// written before it was stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target: Option<ToolRef>,
     /// The content blocks without their bulk; absent when the result is exactly one text
     /// block with nothing but its text (the readable text is that text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -834,6 +838,7 @@ pub(crate) fn encode_record<'a>(
             // parsed back on read: exact because the canonical writer prints the shortest
             // round-tripping float and this crate turns on `float_roundtrip` parsing.
             let meta = serde_json::to_vec(&ResultMeta {
+                target: result.target.clone(),
                 call_id: result.call_id.clone(),
                 name: result.name.clone(),
                 blocks,
@@ -939,6 +944,11 @@ impl ResultSummary {
     /// The stored token estimate, if any.
     pub(crate) fn estimate(&self) -> Option<u64> {
         self.meta.estimate
+    }
+
+    /// The remote tool the call reached, if it was stored.
+    pub(crate) fn target(&self) -> Option<ToolRef> {
+        self.meta.target.clone()
     }
 
     /// The stored count of line breaks in the readable text, if any.
@@ -1142,6 +1152,7 @@ pub(crate) fn decode_record(
                 }
             }
             Ok(Record::ToolResult(ToolResult {
+                target: summary.meta.target.clone(),
                 call_id: summary.call_id,
                 name: summary.name,
                 output,
@@ -1175,6 +1186,7 @@ mod tests {
     /// The metadata a tool result with `index` would have (other members do not matter).
     fn index_meta(index: Option<LineIndex>) -> Vec<u8> {
         serde_json::to_vec(&ResultMeta {
+            target: None,
             call_id: ToolCallId::new("c").unwrap(),
             name: "t".into(),
             blocks: None,
@@ -1276,6 +1288,7 @@ mod tests {
     fn a_result_longer_than_a_stride_stores_its_index_after_the_other_members() {
         let text = "line\n".repeat(30_000);
         let record = Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("c").unwrap(),
             name: "t".into(),
             output: ToolOutput::text(text),
@@ -1345,6 +1358,7 @@ mod tests {
             ContentBlock::image("image/png", vec![7, 8, 9]),
         ]);
         let record = Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("c").unwrap(),
             name: "t".into(),
             output: output.clone(),
@@ -1372,11 +1386,13 @@ mod tests {
                 }],
             }),
             Record::ToolResult(ToolResult {
+                target: None,
                 call_id: call_id.clone(),
                 name: "t".into(),
                 output: ToolOutput::error("boom"),
             }),
             Record::ToolResult(ToolResult {
+                target: None,
                 call_id: call_id.clone(),
                 name: "t".into(),
                 output: ToolOutput::json(
@@ -1384,6 +1400,7 @@ mod tests {
                 ),
             }),
             Record::ToolResult(ToolResult {
+                target: None,
                 call_id: call_id.clone(),
                 name: "t".into(),
                 output: ToolOutput::from_blocks(vec![
@@ -1403,6 +1420,7 @@ mod tests {
                 .with_structured_content(serde_json::json!({"k": 1})),
             }),
             Record::ToolResult(ToolResult {
+                target: None,
                 call_id,
                 name: "t".into(),
                 output: ToolOutput::default(),
@@ -1455,6 +1473,7 @@ mod tests {
     #[test]
     fn content_is_the_readable_bytes() {
         let record = Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("c").unwrap(),
             name: "t".into(),
             output: ToolOutput::json(serde_json::json!({"k": [1, 2]})),

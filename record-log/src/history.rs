@@ -85,6 +85,7 @@ impl RecordLog {
 /// A tool result's [`StoredResult`] from its checked header and metadata.
 fn stored_result((entry, summary, readable): crate::log::StoredResult<'_>) -> StoredResult {
     StoredResult {
+        target: summary.target(),
         estimate: summary.estimate(),
         line_breaks: summary.line_breaks(),
         text_only: summary.text_only(),
@@ -149,6 +150,7 @@ mod tests {
 
     fn result(id: &str, output: ToolOutput) -> Record {
         Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new(id).unwrap(),
             name: "t".into(),
             output,

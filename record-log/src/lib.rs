@@ -109,6 +109,7 @@
 //! assert!(recovery.is_clean());
 //!
 //! let handle = log.append(&Record::ToolResult(ToolResult {
+//!     target: None,
 //!     call_id: ToolCallId::new("call_1")?,
 //!     name: "read_file".into(),
 //!     output: ToolOutput::text("hello, world"),

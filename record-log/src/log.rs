@@ -588,6 +588,7 @@ mod format_doc {
         log.append(&Record::User(UserMessage { text: "hi".into() }))
             .unwrap();
         log.append(&Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("c1").unwrap(),
             name: "ls".into(),
             output: ToolOutput::text("a\nb\n"),

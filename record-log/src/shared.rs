@@ -954,6 +954,7 @@ mod tests {
     fn spilled_result(file: File, len: u64) -> Record {
         let text = Arc::new(psych_types::SpilledText::new(file, len));
         Record::ToolResult(psych_types::ToolResult {
+            target: None,
             call_id: psych_types::ToolCallId::new("c").unwrap(),
             name: "t".into(),
             output: psych_types::ToolOutput {

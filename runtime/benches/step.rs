@@ -130,6 +130,7 @@ fn setup() -> Setup {
         push(
             &mut history,
             Record::ToolResult(ToolResult {
+                target: None,
                 call_id: calls[0].id.clone(),
                 name: calls[0].name.clone(),
                 output: ToolOutput::json(
@@ -140,6 +141,7 @@ fn setup() -> Setup {
         push(
             &mut history,
             Record::ToolResult(ToolResult {
+                target: None,
                 call_id: calls[1].id.clone(),
                 name: calls[1].name.clone(),
                 output: ToolOutput::text(log_text.clone()),

@@ -386,6 +386,8 @@ impl<H: ToolHost + 'static> Executor<H> {
         let starts = self.start_needed(surface, live, routed).await;
         let live = &starts.live(live);
         let mut pending = Vec::with_capacity(calls.len());
+        // The remote tool each forwarded call reached, logged with its result.
+        let mut targets: Vec<Option<ToolRef>> = vec![None; calls.len()];
         let mut tasks: JoinSet<Done> = JoinSet::new();
         // Which call each task runs, so a task that panics still answers its call.
         let mut running = BTreeMap::new();
@@ -428,6 +430,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             }
             match self.guard(surface, live, call) {
                 Verdict::Forward(forward) => {
+                    targets[index] = Some(forward.target.clone());
                     let task = self.spawn_forward(
                         &mut tasks,
                         index,
@@ -480,8 +483,10 @@ impl<H: ToolHost + 'static> Executor<H> {
         let records: Vec<Record> = calls
             .iter()
             .zip(outputs)
-            .filter_map(|(call, output)| {
+            .zip(targets)
+            .filter_map(|((call, output), target)| {
                 Some(Record::ToolResult(ToolResult {
+                    target,
                     call_id: call.id.clone(),
                     name: call.name.clone(),
                     output: output?,
@@ -659,7 +664,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             }
             Some(Passing::Refused(output)) => {
                 drop(progress);
-                return self.log_one(call, output).await;
+                return self.log_one(call, output, None).await;
             }
             Some(Passing::Invalid(error)) => return Err(error),
         };
@@ -669,14 +674,14 @@ impl<H: ToolHost + 'static> Executor<H> {
         let live = &starts.live(live);
         if let Some(output) = starts.failure(surface, live, guarded) {
             drop(progress);
-            return self.log_one(call, output).await;
+            return self.log_one(call, output, None).await;
         }
         let forward = match self.guard(surface, live, guarded) {
             Verdict::Forward(forward) => forward,
             verdict => {
                 drop(progress);
                 let output = self.answer(surface, live, &verdict);
-                return self.log_one(call, output).await;
+                return self.log_one(call, output, None).await;
             }
         };
         if let Some(expected) = expected
@@ -692,7 +697,7 @@ impl<H: ToolHost + 'static> Executor<H> {
                 forward.target.server,
                 forward.target.tool
             ));
-            return self.log_one(call, output).await;
+            return self.log_one(call, output, None).await;
         }
         let host = Arc::clone(&self.host);
         let timeout = self.call_timeout;
@@ -717,13 +722,13 @@ impl<H: ToolHost + 'static> Executor<H> {
             Some(Err(source)) => {
                 let error = panicked(call, source);
                 let output = ToolOutput::error(psych_types::error_chain(&error));
-                self.log_one(call, output).await?;
+                self.log_one(call, output, Some(target)).await?;
                 return Err(error);
             }
             None => HostAnswer::Complete(ToolOutput::error("the call's task was lost")),
         };
         match answer {
-            HostAnswer::Complete(output) => self.log_one(call, output).await,
+            HostAnswer::Complete(output) => self.log_one(call, output, Some(target)).await,
             HostAnswer::InputRequired(answer) => Ok(Executed::InputRequired { target, answer }),
             HostAnswer::MissingCapability { message, data } => Ok(Executed::MissingCapability {
                 target,
@@ -735,7 +740,7 @@ impl<H: ToolHost + 'static> Executor<H> {
                     "the call to {}/{} answered in a way this runtime does not know",
                     target.server, target.tool
                 ));
-                self.log_one(call, output).await
+                self.log_one(call, output, Some(target)).await
             }
         }
     }
@@ -822,9 +827,15 @@ impl<H: ToolHost + 'static> Executor<H> {
         }
     }
 
-    /// Logs `output` as `call`'s result.
-    async fn log_one(&self, call: &ToolCall, output: ToolOutput) -> Result<Executed, ExecuteError> {
+    /// Logs `output` as `call`'s result, which reached `target` if it was forwarded.
+    async fn log_one(
+        &self,
+        call: &ToolCall,
+        output: ToolOutput,
+        target: Option<ToolRef>,
+    ) -> Result<Executed, ExecuteError> {
         let record = Record::ToolResult(ToolResult {
+            target,
             call_id: call.id.clone(),
             name: call.name.clone(),
             output,

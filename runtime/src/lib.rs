@@ -128,6 +128,7 @@ mod executor;
 #[cfg(feature = "mcp")]
 mod lazy;
 mod native;
+mod pinning;
 mod run;
 mod scripted;
 mod usage;
@@ -143,6 +144,7 @@ pub use executor::{
 pub use lazy::{
     AtOnce, LazyStarts, ListingSources, STARTED_ON_DEMAND, StartAt, lazy_state, start_at,
 };
+pub use pinning::usage_in_logs;
 pub use run::{INTERRUPTED, ModelReply, Next, Run, RunBuilder, Target};
 pub use scripted::{ScriptedModel, Step, Transcript};
 pub use usage::{Spent, spent};

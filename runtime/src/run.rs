@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use psych_catalog::Catalog;
+use psych_disclosure::pinning::{PinSettings, Pins, ToolUsage};
 use psych_disclosure::{Inputs, Live, OrientationContext, Settings, Surface, SurfaceCache};
 use psych_elision::{Elider, Estimator};
 use psych_prompt_assembly::{
@@ -164,6 +165,8 @@ pub struct Run<H> {
     /// A request was handed out and its reply is awaited.
     awaiting: bool,
     recovery: Recovery,
+    /// What learned pinning chose when the Run opened (none without it).
+    pins: Pins,
 }
 
 impl<H> std::fmt::Debug for Run<H> {
@@ -200,6 +203,8 @@ pub struct RunBuilder<H> {
     on_demand: Option<Arc<dyn crate::OnDemand>>,
     /// Where the records go instead of `<dir>/<run>.plog`, and the Run's identity there.
     stores: Option<(Arc<dyn RecordStores>, String)>,
+    /// Learned pinning: the usage of earlier Runs and what it may pin.
+    pinning: Option<(ToolUsage, PinSettings)>,
 }
 
 impl<H> std::fmt::Debug for RunBuilder<H> {
@@ -247,6 +252,7 @@ impl<H: ToolHost + 'static> Run<H> {
             limits: Limits::default(),
             on_demand: None,
             stores: None,
+            pinning: None,
         }
     }
 
@@ -439,6 +445,33 @@ impl<H: ToolHost + 'static> Run<H> {
         self.spent
     }
 
+    /// What learned pinning chose when the Run opened ([`RunBuilder::learned_pinning`]);
+    /// empty without it.
+    pub fn pins(&self) -> &Pins {
+        &self.pins
+    }
+
+    /// Chooses the pins from `usage` on the Surface the connections resolve to now, and
+    /// adds them to the connections' eager tools.
+    async fn pin(
+        &mut self,
+        usage: &ToolUsage,
+        settings: &PinSettings,
+        estimator: &RunEstimator,
+    ) -> Result<(), RunError> {
+        let unpinned = self.resolve_surface().await?;
+        let catalogs = self.live_catalogs().await?;
+        self.pins = psych_disclosure::pinning::choose(
+            usage,
+            &unpinned,
+            &catalogs,
+            estimator.as_ref(),
+            settings,
+        );
+        self.pins.apply(&mut self.connections);
+        Ok(())
+    }
+
     /// Renders the request for the history as it stands (a request is then awaited).
     async fn next_request(&mut self) -> Result<RenderedRequest, RunError> {
         // Called with a turn under way; without one there is no request to give.
@@ -617,6 +650,7 @@ impl<H: ToolHost + 'static> Run<H> {
             .into_iter()
             .map(|call| {
                 Record::ToolResult(ToolResult {
+                    target: None,
                     call_id: call.id.clone(),
                     name: call.name.clone(),
                     output: ToolOutput::error(INTERRUPTED),
@@ -740,6 +774,23 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
+    /// Learned pinning: when the Run opens, the tools of its deferred servers that
+    /// `usage` (earlier Runs: [`usage_in_logs`](crate::usage_in_logs) reads a folder's)
+    /// shows most used are chosen within `settings`
+    /// ([`psych_disclosure::pinning::choose`], on the Surface the Run's connections
+    /// resolve to then) and added to their connections' eager tools for the Run's whole
+    /// life: each is a direct tool from the first request, and the tool prefix does not
+    /// change inside the Run. [`Run::pins`] says what was chosen and why.
+    ///
+    /// Chosen again each time the Run opens: a Run resumed with the same usage and
+    /// catalogue gets the same pins (pass the usage of the Runs before it, not one read
+    /// after it).
+    #[must_use]
+    pub fn learned_pinning(mut self, usage: ToolUsage, settings: PinSettings) -> Self {
+        self.pinning = Some((usage, settings));
+        self
+    }
+
     /// Keeps the Run's records in `stores` (the PostgreSQL store,
     /// `psych_store_postgres::PgBlocking`) as Run `run` of `identity`, instead of
     /// `<dir>/<run>.plog`: a worker on another machine opening the same Run of the same
@@ -784,6 +835,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             .preview(*self.elider.preview_config())
             .build();
         let logged = Arc::clone(&estimator);
+        let pin_estimator = Arc::clone(&estimator);
         let (log, store, history, recovery) = tokio::task::spawn_blocking(move || {
             if let Some((stores, identity)) = stores {
                 // Resumed wherever it was written: the store holds only acknowledged
@@ -835,7 +887,11 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             turn: None,
             awaiting: false,
             recovery,
+            pins: Pins::default(),
         };
+        if let Some((usage, pin_settings)) = self.pinning {
+            run.pin(&usage, &pin_settings, &pin_estimator).await?;
+        }
         run.close_unanswered().await?;
         Ok(run)
     }

@@ -66,6 +66,7 @@ impl Archive for Dir {
 fn logged_earlier(dir: &std::path::Path, run: &RunId, text: &str) -> RecordHandle {
     let (mut log, _) = RecordLog::open(dir, run, SyncPolicy::OsBuffered).unwrap();
     log.append(&Record::ToolResult(ToolResult {
+        target: None,
         call_id: ToolCallId::new("call_0").unwrap(),
         name: "fetch".into(),
         output: ToolOutput::text(text),

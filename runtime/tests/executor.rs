@@ -296,6 +296,7 @@ async fn a_resumed_run_answers_unanswered_calls_before_assembling() {
         }))
         .unwrap();
         log.append(&Record::ToolResult(psych_types::ToolResult {
+            target: None,
             call_id: ToolCallId::new("b").unwrap(),
             name: "svc__sleep".into(),
             output: ToolOutput::text("b"),

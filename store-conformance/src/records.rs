@@ -55,6 +55,7 @@ fn user(text: &str) -> Record {
 
 fn result(call: &str, output: ToolOutput) -> Record {
     Record::ToolResult(ToolResult {
+        target: None,
         call_id: ToolCallId::new(call).unwrap(),
         name: "search".into(),
         output,
@@ -78,7 +79,16 @@ fn every_kind() -> Vec<Record> {
                 arguments: json!({"q": "flaky", "limit": 5}),
             }],
         }),
-        result("c1", ToolOutput::text(text.clone())),
+        // A result records the remote tool its call reached.
+        Record::ToolResult(ToolResult {
+            target: Some(psych_types::ToolRef::new(
+                psych_types::ServerId::new("github").unwrap(),
+                psych_types::ToolName::new("search").unwrap(),
+            )),
+            call_id: ToolCallId::new("c1").unwrap(),
+            name: "github__search".into(),
+            output: ToolOutput::text(text.clone()),
+        }),
         result("c2", ToolOutput::error("no such repository")),
         result(
             "c3",

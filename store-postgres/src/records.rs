@@ -815,6 +815,7 @@ impl WithoutTexts for psych_types::ToolResult {
             })
             .collect();
         Self {
+            target: self.target.clone(),
             call_id: self.call_id.clone(),
             name: self.name.clone(),
             output: ToolOutput {
@@ -1405,6 +1406,7 @@ fn history_item(
                     .map(|n| u64::try_from(n).unwrap_or(0))
             };
             Ok(HistoryItem::Result(StoredResult {
+                target: result.target,
                 info: OutputInfo {
                     kind: OutputKind::of(&result.output),
                     len: number(3).unwrap_or(0),

@@ -429,6 +429,7 @@ fn fresh_schema(test: &str) -> (String, DropSchema) {
 
 fn text_result(call: &str, text: impl Into<String>) -> psych_types::Record {
     psych_types::Record::ToolResult(psych_types::ToolResult {
+        target: None,
         call_id: psych_types::ToolCallId::new(call).unwrap(),
         name: "read".into(),
         output: psych_types::ToolOutput::text(text),

@@ -30,6 +30,7 @@ use psych_types::{
 
 fn text_result(text: &str) -> Record {
     Record::ToolResult(ToolResult {
+        target: None,
         call_id: ToolCallId::new("c").unwrap(),
         name: "read".into(),
         output: ToolOutput::text(text),

@@ -34,6 +34,7 @@ fn a_gib_spilled_result_is_stored_and_read_in_bounded_memory() {
     let appending = Instant::now();
     let handle = records
         .append(&Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("big").unwrap(),
             name: "read".into(),
             output,

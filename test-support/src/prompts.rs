@@ -55,6 +55,7 @@ pub fn result(id: &str, output: ToolOutput) -> Record {
 /// The result of call `id` of the tool `name`.
 pub fn result_of(id: &str, name: &str, output: ToolOutput) -> Record {
     Record::ToolResult(ToolResult {
+        target: None,
         call_id: ToolCallId::new(id).unwrap(),
         name: name.into(),
         output,
@@ -401,6 +402,7 @@ pub fn play(turns: &[Turn]) -> Session {
                 push(
                     &mut history,
                     Record::ToolResult(ToolResult {
+                        target: None,
                         call_id: ToolCallId::new(id.clone()).unwrap(),
                         name: call_of(outcome, i, id).0,
                         output: output(outcome, t * 100 + s * 10 + i),

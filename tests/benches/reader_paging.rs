@@ -104,6 +104,7 @@ fn paging(c: &mut Criterion) {
     let lines = count_line_breaks(text.as_bytes());
     let handle = log
         .append(&Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("call_1").unwrap(),
             name: "fetch_logs".into(),
             output: ToolOutput::text(text),

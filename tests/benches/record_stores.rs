@@ -29,6 +29,7 @@ fn result(len: usize) -> Record {
     let mut text = line.repeat(len / line.len() + 1);
     text.truncate(len);
     Record::ToolResult(ToolResult {
+        target: None,
         call_id: ToolCallId::new("call").unwrap(),
         name: "read_logs".into(),
         output: ToolOutput::text(text),

@@ -121,6 +121,7 @@ proptest! {
                 .iter()
                 .enumerate()
                 .map(|(i, output)| Record::ToolResult(ToolResult {
+                    target: None,
                     call_id: ToolCallId::new(format!("call_{i}")).unwrap(),
                     name: "browser_snapshot".into(),
                     output: output.clone(),

@@ -59,6 +59,7 @@ fn mixed_output() -> impl Strategy<Value = ToolOutput> {
 /// A result record of `output`.
 fn result(i: usize, output: ToolOutput) -> Record {
     Record::ToolResult(ToolResult {
+        target: None,
         call_id: ToolCallId::new(format!("c{i}")).unwrap(),
         name: "t".into(),
         output,

@@ -41,6 +41,7 @@ fn marker(preview: &str, text: &str) -> (usize, usize, u64) {
 fn check(text: &str, config: PreviewConfig) -> bool {
     let mut log = MemoryRecords::new(RunId::new("run-3").unwrap());
     let handle = log.push(Record::ToolResult(ToolResult {
+        target: None,
         call_id: ToolCallId::new("c").unwrap(),
         name: "t".into(),
         output: ToolOutput::text(text),

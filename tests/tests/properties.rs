@@ -556,6 +556,7 @@ impl<'p> Conversation<'p> {
             let mut results: Vec<ToolResult> = calls
                 .into_iter()
                 .map(|(call, output)| ToolResult {
+                    target: None,
                     call_id: call.id,
                     name: call.name,
                     output,
@@ -1218,6 +1219,7 @@ fn trim_before_storing(record: &Record) -> Record {
     match record {
         Record::ToolResult(result) => match result.output.content.as_slice() {
             [ContentBlock::Text(text)] if text.text.len() > 500 => Record::ToolResult(ToolResult {
+                target: None,
                 output: ToolOutput {
                     is_error: result.output.is_error,
                     ..ToolOutput::text(text.text.chars().take(200).collect::<String>())

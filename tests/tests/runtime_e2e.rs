@@ -20,11 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use psych_catalog::{Catalog, Freshener, FreshenerConfig};
+use psych_disclosure::pinning::{PinSettings, PinWhy};
 use psych_elision::{Elider, Thresholds};
 use psych_mcp::{Backoff, McpConfig, McpManager, ServerConfig, Timeouts};
 use psych_prompt_assembly::{AnthropicOptions, OpenAiOptions, RenderedRequest};
 use psych_record_log::{RecordLog, SyncPolicy};
-use psych_runtime::{CatalogSync, Connected, INTERRUPTED, Next, Run, ScriptedModel, Step, Target};
+use psych_runtime::{
+    CatalogSync, Connected, INTERRUPTED, Next, Run, RunBuilder, ScriptedModel, Step, Target,
+};
 use psych_test_server::large_text;
 use psych_types::{
     ConnectionSpec, ContentBlock, PermissionGrant, Record, RecordHandle, RunId, ServerId,
@@ -172,6 +175,11 @@ impl World {
     }
 
     async fn run_named(&self, dir: &Path, run: &str, target: Target) -> Run<McpManager> {
+        self.builder(dir, run, target).open().await.unwrap()
+    }
+
+    /// The builder of the tests' Runs, to open as they are or with more.
+    fn builder(&self, dir: &Path, run: &str, target: Target) -> RunBuilder<McpManager> {
         Run::builder(
             dir,
             RunId::new(run).unwrap(),
@@ -195,9 +203,6 @@ impl World {
         )
         .call_timeout(Duration::from_secs(20))
         .clock(|| NOW)
-        .open()
-        .await
-        .unwrap()
     }
 
     async fn stop(mut self) {
@@ -754,5 +759,193 @@ async fn a_result_passes_to_another_tool_by_reference() {
         "{refused}"
     );
     drop(run);
+    world.stop().await;
+}
+
+/// A step calling each of `tools` of the deferred server `large`: directly where the Run
+/// pinned it, else through `psych_call_tool` after reading its description, as a model
+/// that has not seen its schema must. Returns the steps.
+fn use_tools(run: &Run<McpManager>, tools: &[&str]) -> Vec<Step> {
+    let pinned = |tool: &str| {
+        run.pins()
+            .pinned()
+            .any(|t| t.server.as_str() == "large" && t.tool.as_str() == tool)
+    };
+    let arguments = |tool: &str| match tool {
+        "large" => json!({"bytes": 100}),
+        _ => json!({"text": format!("for {tool}")}),
+    };
+    let mut describe = Step::default();
+    let mut call = Step::default();
+    for tool in tools {
+        if pinned(tool) {
+            call = call.and_call(format!("large__{tool}"), arguments(tool));
+        } else {
+            describe = describe.and_call(
+                "psych_describe_tool",
+                json!({"server": "large", "tool": tool}),
+            );
+            call = call.and_call(
+                "psych_call_tool",
+                json!({"server": "large", "tool": tool, "arguments": arguments(tool)}),
+            );
+        }
+    }
+    let mut steps = Vec::new();
+    if describe != Step::default() {
+        steps.push(describe);
+    }
+    steps.push(call);
+    steps.push(Step::say("Done."));
+    steps
+}
+
+/// Learned pinning (issue 34): the tools of the deferred server that a scripted history of
+/// Runs called most are direct tools of the next Run, chosen once when it opens, so its
+/// tool prefix is the same in every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learned_pinning_keeps_the_most_used_deferred_tools_direct() {
+    let dir = tempfile::tempdir().unwrap();
+    let world = World::start(
+        config(json!({
+            "small": stdio(&[], json!({"preload": true})),
+            "large": stdio(&["--tools", "400"], json!({})),
+        })),
+        Duration::from_secs(20),
+    )
+    .await;
+    let target = Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096));
+    let history: [&[&str]; 3] = [
+        &["echo", "fingerprint"],
+        &["echo", "fingerprint", "large"],
+        &["echo"],
+    ];
+    for (i, tools) in history.iter().enumerate() {
+        let mut run = world
+            .run_named(dir.path(), &format!("run-h{i}"), target.clone())
+            .await;
+        assert_eq!(run.pins().choices, [], "no pinning asked");
+        let mut model = ScriptedModel::new(use_tools(&run, tools));
+        turn(&mut run, &mut model, "Do the usual.", &target).await;
+    }
+
+    let usage = psych_runtime::usage_in_logs(&[dir.path().to_path_buf()], 20, &[]);
+    assert_eq!(usage.runs(), 3);
+    let mut run = world
+        .builder(dir.path(), "run-pinned", target.clone())
+        .learned_pinning(usage, PinSettings::default())
+        .open()
+        .await
+        .unwrap();
+    let decided: Vec<(String, PinWhy)> = run
+        .pins()
+        .choices
+        .iter()
+        .map(|c| (format!("{}/{}", c.tool.server, c.tool.tool), c.why))
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            ("large/echo".to_owned(), PinWhy::Pinned),
+            ("large/fingerprint".to_owned(), PinWhy::Pinned),
+            ("large/large".to_owned(), PinWhy::Rare),
+        ]
+    );
+    let mut requests = Vec::new();
+    for (i, user) in ["Do the usual.", "Again."].into_iter().enumerate() {
+        let mut model = ScriptedModel::new(use_tools(&run, &["echo", "fingerprint"]))
+            .first_call(1 + 2 * i as u64);
+        requests.extend(turn(&mut run, &mut model, user, &target).await);
+    }
+    let names = tool_names(&requests[0]);
+    assert!(
+        names.contains(&"large__echo".to_owned())
+            && names.contains(&"large__fingerprint".to_owned()),
+        "{names:?}"
+    );
+    assert!(!names.contains(&"large__large".to_owned()), "{names:?}");
+    // One tool prefix for the whole Run.
+    let tools = |request: &RenderedRequest| {
+        serde_json::from_str::<Value>(request.body()).unwrap()["tools"].clone()
+    };
+    for request in &requests {
+        assert_eq!(tools(request), tools(&requests[0]));
+    }
+    // The direct calls reached the server, and their results record where they went.
+    assert_eq!(text(&run, "call_1"), "for echo");
+    let targets: Vec<String> = run
+        .history()
+        .entries
+        .iter()
+        .filter_map(|e| match &e.item {
+            psych_types::HistoryItem::Result(stored) => stored.target.as_ref(),
+            _ => None,
+        })
+        .map(|t| format!("{}/{}", t.server, t.tool))
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            "large/echo",
+            "large/fingerprint",
+            "large/echo",
+            "large/fingerprint"
+        ]
+    );
+    drop(run);
+    world.stop().await;
+}
+
+/// The saving of learned pinning on a scripted history (issue 34): ten sessions, each using
+/// the same two deferred tools (and a third now and then), run without pinning and with it
+/// (each session pinning from the ones before it). Counted: model round trips and the input
+/// tokens the scripted model was billed (the request's bytes / 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learned_pinning_saves_round_trips_and_tokens_over_a_scripted_history() {
+    let world = World::start(
+        config(json!({
+            "small": stdio(&[], json!({"preload": true})),
+            "large": stdio(&["--tools", "400"], json!({})),
+        })),
+        Duration::from_secs(20),
+    )
+    .await;
+    let target = Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096));
+    let mut arms = Vec::new();
+    for pinning in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut calls, mut input) = (0, 0);
+        for session in 0..10 {
+            let mut builder = world.builder(dir.path(), &format!("run-s{session}"), target.clone());
+            if pinning {
+                let usage = psych_runtime::usage_in_logs(&[dir.path().to_path_buf()], 20, &[]);
+                builder = builder.learned_pinning(usage, PinSettings::default());
+            }
+            let mut run = builder.open().await.unwrap();
+            let tools: &[&str] = if session % 3 == 2 {
+                &["echo", "fingerprint", "large"]
+            } else {
+                &["echo", "fingerprint"]
+            };
+            let mut model = ScriptedModel::new(use_tools(&run, tools));
+            turn(&mut run, &mut model, "Do the usual.", &target).await;
+            calls += run.spent().calls;
+            input += run.spent().usage.input;
+        }
+        arms.push((calls, input));
+    }
+    let [(calls_without, input_without), (calls_with, input_with)] = arms[..] else {
+        unreachable!()
+    };
+    eprintln!(
+        "learned pinning over 10 scripted sessions: {calls_without} model round trips and \
+         {input_without} input tokens without it, {calls_with} and {input_with} with it \
+         ({} round trips and {} tokens saved, {:.1}%)",
+        calls_without - calls_with,
+        input_without - input_with,
+        100.0 * (input_without - input_with) as f64 / input_without as f64
+    );
+    assert!(calls_with < calls_without);
+    assert!(input_with < input_without);
     world.stop().await;
 }

@@ -28,10 +28,13 @@ pub struct StoredResult {
     /// Whether the readable text is all the output holds: its blocks are all text blocks
     /// (or it is only structured content), so no placeholder line and no binary data.
     pub text_only: bool,
+    /// The remote tool the call reached ([`ToolResult::target`](crate::ToolResult::target)).
+    pub target: Option<crate::ToolRef>,
 }
 
 impl StoredResult {
-    /// The summary of a whole output, with its estimate by `estimator` when given.
+    /// The summary of a whole output, with its estimate by `estimator` when given; no
+    /// [`target`](Self::target) (set it from the result's).
     pub fn of(
         output: &ToolOutput,
         info: OutputInfo,
@@ -43,6 +46,7 @@ impl StoredResult {
             estimate: estimator.map(|e| e.estimate_output(output)),
             line_breaks: Some(count_line_breaks(text.as_bytes())),
             text_only: is_text_only(output),
+            target: None,
         }
     }
 }
@@ -119,7 +123,9 @@ impl History {
                             call_id: result.call_id.clone(),
                             name: result.name.clone(),
                         };
-                        HistoryItem::Result(StoredResult::of(&result.output, info, estimator))
+                        let mut stored = StoredResult::of(&result.output, info, estimator);
+                        stored.target.clone_from(&result.target);
+                        HistoryItem::Result(stored)
                     }
                     other => HistoryItem::Record(other.clone()),
                 },
@@ -367,6 +373,7 @@ mod tests {
             .enumerate()
             .map(|(i, output)| {
                 log.push(Record::ToolResult(ToolResult {
+                    target: None,
                     call_id: ToolCallId::new(format!("c{i}")).unwrap(),
                     name: "t".into(),
                     output: output.clone(),
@@ -410,6 +417,7 @@ mod tests {
         log.push(Record::User(UserMessage { text: "hi".into() }));
         let output = ToolOutput::text("a\nb\nc");
         let handle = log.push(Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("c").unwrap(),
             name: "t".into(),
             output: output.clone(),

@@ -147,6 +147,13 @@ pub struct ToolResult {
     pub name: String,
     /// The output, whole.
     pub output: ToolOutput,
+    /// The remote tool the call reached, when it was forwarded to one: what the model's
+    /// name (an exposed name, `psych_call_tool`, a facade) meant at that step. `None` for a
+    /// call Psych answered itself (a read, a meta tool's listing, a refusal) and in records
+    /// written before it was stored. What learned pinning counts and per-tool output
+    /// limits look up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<crate::ToolRef>,
 }
 
 /// The token counts a provider reported for one model call, as it reported them: every

@@ -1430,6 +1430,7 @@ mod tests {
 
     fn result(text: &str) -> Record {
         Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("call_1").unwrap(),
             name: "read_file".into(),
             output: ToolOutput::text(text),
@@ -1482,6 +1483,7 @@ mod tests {
         let mut log = MemoryRecords::new(RunId::new("a").unwrap());
         let value = serde_json::json!({"b": 1, "a": [true]});
         let handle = log.push(Record::ToolResult(ToolResult {
+            target: None,
             call_id: ToolCallId::new("c").unwrap(),
             name: "t".into(),
             output: ToolOutput::json(value),

@@ -119,6 +119,7 @@ fn records() {
         LoggedRecord {
             handle: RecordHandle::new(run(), 2),
             record: Record::ToolResult(ToolResult {
+                target: None,
                 call_id,
                 name: "github__list_issues".into(),
                 output: ToolOutput::text("[]"),

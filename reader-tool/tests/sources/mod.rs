@@ -19,6 +19,7 @@ pub(crate) fn run(name: &str) -> RunId {
 /// A tool result record with the given output.
 pub(crate) fn result(output: ToolOutput) -> Record {
     Record::ToolResult(ToolResult {
+        target: None,
         call_id: ToolCallId::new("call_1").unwrap(),
         name: "fetch_logs".into(),
         output,

@@ -87,6 +87,7 @@ pub(crate) fn user(text: &str) -> Record {
 /// A tool result with `output`.
 pub(crate) fn result(call: &str, output: ToolOutput) -> Record {
     Record::ToolResult(ToolResult {
+        target: None,
         call_id: ToolCallId::new(call).expect("test call id"),
         name: "read_file".into(),
         output,

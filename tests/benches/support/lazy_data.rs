@@ -104,6 +104,7 @@ pub fn log(run: &str, size: usize) -> RecordLog {
                 server_log(1_200 + (turn * 37 + k * 101) % 900, turn * 10 + k)
             };
             log.append(&Record::ToolResult(ToolResult {
+                target: None,
                 call_id: ToolCallId::new(id.clone()).unwrap(),
                 name: "read_log".into(),
                 output: ToolOutput::text(text),

@@ -51,6 +51,7 @@ pub(crate) fn assistant(text: &str, calls: &[(&str, &str, Value)]) -> Record {
 /// The result of call `id` of the tool `name`.
 pub(crate) fn result(id: &str, name: &str, output: ToolOutput) -> Record {
     Record::ToolResult(ToolResult {
+        target: None,
         call_id: ToolCallId::new(id).unwrap(),
         name: name.into(),
         output,

@@ -1,0 +1,216 @@
+//! Learned pinning through `psych serve` (issue 34): three stdio sessions (three gateway
+//! processes, as a stdio client starts one per session) reach tools of a deferred server
+//! through `psych_call_tool`; `psych budget --serve --pin-budget` then shows what would be
+//! pinned and why, and the next `psych serve --pin-budget` lists the two tools every or
+//! most sessions used as direct tools, the same listing all session long, and forwards a
+//! direct call of one.
+
+use std::path::{Path, PathBuf};
+
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+use crate::support::{PSYCH, stdio_gateway, text};
+
+type Session = RunningService<RoleClient, ()>;
+
+fn write_config(dir: &Path) -> PathBuf {
+    let embedded = |tools: usize, extra: Value| {
+        let mut server = json!({
+            "command": PSYCH,
+            "args": ["serve-embedded", "--tools", tools.to_string()],
+        });
+        server
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().cloned().unwrap());
+        server
+    };
+    let config = json!({"mcpServers": {
+        "big": embedded(117, json!({"description": "A forge sized like github."})),
+        "small": embedded(3, json!({"preload": true})),
+    }});
+    let path = dir.join("mcp.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    path
+}
+
+/// A session on a new gateway process, once every upstream is listed (known from the kept
+/// catalogue, or listed after it started).
+async fn connect(config: &Path, dir: &Path, flags: &[&str]) -> Session {
+    let session = ().serve(stdio_gateway(config, dir, flags)).await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let tools = session.list_all_tools().await.unwrap();
+            if !serde_json::to_string(&tools).unwrap().contains("not listed yet") {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("every upstream is listed");
+    session
+}
+
+async fn call(session: &Session, name: &str, arguments: Value) -> String {
+    let Value::Object(arguments) = arguments else {
+        panic!("arguments are an object");
+    };
+    let result = session
+        .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_ne!(result.is_error, Some(true), "{name}: {}", text(&result));
+    text(&result)
+}
+
+async fn tool_names(session: &Session) -> Vec<String> {
+    let mut names: Vec<String> = session
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn arguments(tool: &str) -> Value {
+    match tool {
+        "large" => json!({"bytes": 100}),
+        _ => json!({"text": format!("for {tool}")}),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tools_earlier_sessions_used_most_are_listed_directly() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let history: [&[&str]; 3] = [
+        &["echo", "fingerprint"],
+        &["echo", "fingerprint", "large"],
+        &["echo"],
+    ];
+    for tools in history {
+        let session = connect(&config, dir.path(), &[]).await;
+        assert!(!tool_names(&session).await.contains(&"big__echo".to_owned()));
+        for tool in tools {
+            call(
+                &session,
+                "psych_call_tool",
+                json!({"server": "big", "tool": tool, "arguments": arguments(tool)}),
+            )
+            .await;
+        }
+        session.cancel().await.unwrap();
+    }
+
+    // What it would pin, and why.
+    let store = dir.path().join("catalog.redb");
+    let out = std::process::Command::new(PSYCH)
+        .args([
+            "budget",
+            "--serve",
+            "--pin-budget",
+            "2000",
+            "--json",
+            "--config",
+        ])
+        .arg(&config)
+        .arg("--dir")
+        .arg(dir.path())
+        .arg("--store")
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pins = &report["pins"];
+    assert_eq!(pins["runs"], 3, "{pins}");
+    let decided: Vec<(String, String, u64)> = pins["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                format!(
+                    "{}/{}",
+                    c["tool"]["server"].as_str().unwrap(),
+                    c["tool"]["tool"].as_str().unwrap()
+                ),
+                c["why"].as_str().unwrap().to_owned(),
+                c["used"]["runs"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            ("big/echo".to_owned(), "pinned".to_owned(), 3),
+            ("big/fingerprint".to_owned(), "pinned".to_owned(), 2),
+            ("big/large".to_owned(), "rare".to_owned(), 1),
+        ]
+    );
+    let table = std::process::Command::new(PSYCH)
+        .args(["budget", "--serve", "--pin-budget", "2000", "--config"])
+        .arg(&config)
+        .arg("--dir")
+        .arg(dir.path())
+        .arg("--store")
+        .arg(&store)
+        .output()
+        .unwrap();
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        table.contains("Learned pinning") && table.contains("big/echo: 3 sessions, 3 calls"),
+        "{table}"
+    );
+
+    // The next session lists them directly, all session long, and a direct call goes through.
+    let session = connect(&config, dir.path(), &["--pin-budget", "2000"]).await;
+    let listed = tool_names(&session).await;
+    assert!(
+        listed.contains(&"big__echo".to_owned()) && listed.contains(&"big__fingerprint".to_owned()),
+        "{listed:?}"
+    );
+    assert!(!listed.contains(&"big__large".to_owned()), "{listed:?}");
+    assert!(
+        listed.contains(&"psych_call_tool".to_owned()),
+        "big stays deferred: {listed:?}"
+    );
+    assert_eq!(
+        call(&session, "big__echo", arguments("echo")).await,
+        "for echo"
+    );
+    assert_eq!(tool_names(&session).await, listed);
+    session.cancel().await.unwrap();
+
+    // Without the flag, nothing is pinned.
+    let session = connect(&config, dir.path(), &[]).await;
+    assert!(!tool_names(&session).await.contains(&"big__echo".to_owned()));
+    session.cancel().await.unwrap();
+}
+
+#[test]
+fn pinning_needs_the_logs_in_files() {
+    let out = std::process::Command::new(PSYCH)
+        .args([
+            "serve",
+            "--pin-budget",
+            "2000",
+            "--store",
+            "postgres://psych@127.0.0.1:5432/test",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("--pin-budget") && stderr.contains("--store"),
+        "{stderr}"
+    );
+}
