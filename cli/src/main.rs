@@ -320,7 +320,9 @@ fn run(command: Command) -> Result<u8, String> {
                 lazy,
             );
             if let Some(tokens) = pin_budget {
-                let logs = dir.join("serve");
+                let logs = psych_gateway::GatewaySettings::new(&dir)
+                    .map_err(|e| format!("settings: {e}"))?
+                    .logs();
                 report.pins = Some(psych_gateway::learned_pins(
                     &logs,
                     &loaded.surface,

@@ -44,7 +44,10 @@ async fn connect(config: &Path, dir: &Path, flags: &[&str]) -> Session {
     tokio::time::timeout(std::time::Duration::from_secs(60), async {
         loop {
             let tools = session.list_all_tools().await.unwrap();
-            if !serde_json::to_string(&tools).unwrap().contains("not listed yet") {
+            if !serde_json::to_string(&tools)
+                .unwrap()
+                .contains("not listed yet")
+            {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use psych_types::{
     ConnectionSpec, History, HistoryItem, Record, ServerCatalog, TokenEstimator, ToolRef,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::Surface;
 use crate::resolve::{Shape, tool_cost};
@@ -41,7 +41,7 @@ pub const DEFAULT_MIN_SHARE_PERCENT: u64 = 25;
 pub const DEFAULT_RECENT_RUNS: usize = 20;
 
 /// How often one remote tool was used.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolUse {
     /// The Runs that called it at least once.
     pub runs: u64,
@@ -142,7 +142,7 @@ impl PinSettings {
 }
 
 /// Why a used tool is pinned or not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum PinWhy {
@@ -153,6 +153,10 @@ pub enum PinWhy {
     Rare,
     /// Used often enough, but its definition did not fit what was left of the budget.
     OverBudget,
+    /// Used often enough and within the budget, but the Surface had no tool slot left
+    /// ([`Settings::surface_cap`](crate::Settings::surface_cap)): pinning it would have made
+    /// resolution step another server down.
+    OverCap,
     /// Its server is not deferred: its tools reach the model without a round trip already.
     NotDeferred,
     /// Its connection injects it as an eager tool already.
@@ -163,7 +167,7 @@ pub enum PinWhy {
 }
 
 /// One used tool and what pinning decided for it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PinChoice {
     /// The remote tool.
     pub tool: ToolRef,
@@ -177,7 +181,7 @@ pub struct PinChoice {
 
 /// What learned pinning decided: every used tool, in rank order (Runs, then calls, both
 /// descending, then `(server, tool)`), with why it is pinned or not.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pins {
     /// The Runs the usage was read from.
     pub runs: u64,
@@ -226,7 +230,10 @@ impl Pins {
 /// walking that order, a tool of a deferred server, permitted and not eager already, used
 /// in at least `min_runs` Runs and `min_share_percent` of them, is pinned when its
 /// definition fits what is left of the budget (a larger one is passed over for smaller
-/// ones after it). Deterministic: the same inputs give the same pins.
+/// ones after it) and the Surface has a free slot under its tool cap (so pinning never
+/// makes resolution step a server down or drop eager tools a connection names).
+/// Every call that reached a tool counts, failed ones too (the model needed the tool).
+/// Deterministic: the same inputs give the same pins.
 pub fn choose(
     usage: &ToolUsage,
     surface: &Surface,
@@ -242,6 +249,11 @@ pub fn choose(
     });
     let basis = surface.settings().cost_basis();
     let mut left = settings.budget;
+    // Pins are extra tools on the Surface: only its free slots take them.
+    let mut slots = surface
+        .settings()
+        .surface_cap()
+        .saturating_sub(surface.tools().len());
     let choices = ranked
         .into_iter()
         .map(|(tool, used)| {
@@ -267,8 +279,10 @@ pub fn choose(
                 (Some(view), _) if view.eager.contains(&tool.tool) => PinWhy::AlreadyEager,
                 _ if used.runs < settings.min_runs || !share_ok => PinWhy::Rare,
                 (_, Some(tokens)) if tokens > left => PinWhy::OverBudget,
+                _ if slots == 0 => PinWhy::OverCap,
                 (_, Some(tokens)) => {
                     left -= tokens;
+                    slots -= 1;
                     PinWhy::Pinned
                 }
             };
@@ -462,6 +476,62 @@ mod tests {
         );
         assert_eq!(pins.choices[0].why, PinWhy::NotPermitted);
         assert_eq!(pins.pinned().collect::<Vec<_>>(), [&tool("big", "t02")]);
+    }
+
+    #[test]
+    fn pins_take_only_the_free_slots_under_the_tool_cap() {
+        let (mut connections, catalogs, usage) = setup();
+        let unpinned = surface(&connections, &catalogs);
+        // One slot left: the first pin takes it, the next is over the cap.
+        let cap = unpinned.tools().len() + 1;
+        let settings = Settings::builder().tool_cap(cap).build().unwrap();
+        let grant = connections
+            .iter()
+            .fold(PermissionGrant::none(), |grant, c| {
+                grant.allow_server(c.server.clone())
+            });
+        let resolve_with = |connections: &[ConnectionSpec]| {
+            resolve(
+                &Inputs {
+                    connections,
+                    catalogs: &catalogs,
+                    grant: &grant,
+                },
+                &settings,
+                &Quarter,
+            )
+            .unwrap()
+        };
+        let capped = resolve_with(&connections);
+        assert_eq!(capped.tools().len(), unpinned.tools().len());
+        let pins = choose(
+            &usage,
+            &capped,
+            &catalogs,
+            &Quarter,
+            &PinSettings::default(),
+        );
+        let whys: Vec<PinWhy> = pins.choices.iter().map(|c| c.why).collect();
+        assert_eq!(
+            whys,
+            [
+                PinWhy::Pinned,
+                PinWhy::OverBudget,
+                PinWhy::OverCap,
+                PinWhy::NotDeferred,
+                PinWhy::Rare
+            ]
+        );
+        pins.apply(&mut connections);
+        let pinned = resolve_with(&connections);
+        assert_eq!(pinned.tools().len(), cap);
+        // Nothing stepped down: every server keeps its shape.
+        for view in capped.servers() {
+            assert_eq!(
+                pinned.server(view.server.as_str()).unwrap().shape,
+                view.shape
+            );
+        }
     }
 
     #[test]

@@ -4,13 +4,13 @@
 use std::borrow::Cow;
 
 use psych_types::{
-    BlockLines, OutputAccess, Projection, RecordHandle, ResultProjector, ResultRef, SourceError,
-    StoredRef, TokenEstimator, ToolOutput, load_whole, read_exact_output,
+    BlockLines, OutputAccess, OutputLimits, Projection, RecordHandle, ResultProjector, ResultRef,
+    SourceError, StoredRef, TokenEstimator, ToolOutput, ToolRef, load_whole, read_exact_output,
 };
 
 use crate::preview::Windows;
 
-use crate::{Estimator, PreviewConfig, Thresholds, plan};
+use crate::{Estimator, PreviewConfig, Thresholds, plan_each};
 
 /// Decides what the model sees of one turn's tool results: the elision plan over the
 /// successes, head+tail previews for the elided ones, hard truncation for failures.
@@ -45,6 +45,7 @@ pub struct Elider<E = Estimator> {
     estimator: E,
     thresholds: Thresholds,
     preview: PreviewConfig,
+    limits: OutputLimits,
 }
 
 impl Elider {
@@ -77,6 +78,36 @@ impl<E> Elider<E> {
     pub fn estimator(&self) -> &E {
         &self.estimator
     }
+
+    /// The limits set per server and tool ([`EliderBuilder::limits`]).
+    pub fn limits(&self) -> &OutputLimits {
+        &self.limits
+    }
+
+    /// The per-result threshold of a result of `target`: its limit's (a hint's clamped to
+    /// the per-batch threshold), else the default.
+    fn per_result(&self, target: Option<&ToolRef>) -> u64 {
+        target
+            .and_then(|tool| self.limits.for_tool(tool).per_result_tokens)
+            .map_or(self.thresholds.per_result(), |tokens| {
+                tokens.clamp(1, self.thresholds.per_batch())
+            })
+    }
+
+    /// The preview sizes of a result of `target`: its limit's head and tail where set.
+    fn preview_for(&self, target: Option<&ToolRef>) -> PreviewConfig {
+        let Some(limit) = target.map(|tool| self.limits.for_tool(tool)) else {
+            return self.preview;
+        };
+        if limit.head_chars.is_none() && limit.tail_chars.is_none() {
+            return self.preview;
+        }
+        PreviewConfig::builder()
+            .head_chars(limit.head_chars.unwrap_or(self.preview.head_chars()))
+            .tail_chars(limit.tail_chars.unwrap_or(self.preview.tail_chars()))
+            .failure_chars(self.preview.failure_chars())
+            .build()
+    }
 }
 
 /// Builds an [`Elider`]. Every part is valid by construction ([`Thresholds`] are checked
@@ -86,6 +117,7 @@ pub struct EliderBuilder<E = Estimator> {
     estimator: E,
     thresholds: Thresholds,
     preview: PreviewConfig,
+    limits: OutputLimits,
 }
 
 /// The default thresholds and preview sizes, with the crate's [`Estimator`].
@@ -95,6 +127,7 @@ impl Default for EliderBuilder {
             estimator: Estimator,
             thresholds: Thresholds::default(),
             preview: PreviewConfig::default(),
+            limits: OutputLimits::default(),
         }
     }
 }
@@ -108,6 +141,7 @@ impl<E> EliderBuilder<E> {
             estimator,
             thresholds: self.thresholds,
             preview: self.preview,
+            limits: self.limits,
         }
     }
 
@@ -123,12 +157,24 @@ impl<E> EliderBuilder<E> {
         self
     }
 
+    /// Output limits per server and tool: a result whose target
+    /// ([`ResultRef::target`], [`StoredResult::target`](psych_types::StoredResult::target))
+    /// has a per-result threshold is planned with it instead of the default one (the batch
+    /// threshold stays one; a hint's threshold is clamped to it), and its preview shows the
+    /// head and tail set for it. The caller checks the user's thresholds against the batch
+    /// threshold when it loads them ([`OutputLimits::check`]).
+    pub fn limits(mut self, limits: OutputLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// The elider.
     pub fn build(self) -> Elider<E> {
         Elider {
             estimator: self.estimator,
             thresholds: self.thresholds,
             preview: self.preview,
+            limits: self.limits,
         }
     }
 }
@@ -172,22 +218,25 @@ impl<E: TokenEstimator> ResultProjector for Elider<E> {
         // Planned results: (index in batch, readable text).
         let mut planned: Vec<(usize, Cow<'_, str>)> = Vec::with_capacity(batch.len());
         let mut sizes = Vec::with_capacity(batch.len());
+        let mut per_result = Vec::with_capacity(batch.len());
         for (i, (result, slot)) in batch.iter().zip(out.iter_mut()).enumerate() {
             let text = result.output.readable_text();
             if result.output.is_error {
                 *slot = self.failure_view(&text, text.len() as u64);
             } else {
                 sizes.push(self.estimator.estimate_output(result.output));
+                per_result.push(self.per_result(result.target));
                 planned.push((i, text));
             }
         }
-        let plan = plan(&sizes, &self.thresholds);
+        let plan = plan_each(&sizes, &per_result, self.thresholds.per_batch());
         for (k, (i, text)) in planned.iter().enumerate() {
             if !plan.is_elided(k) {
                 continue;
             }
             let result = &batch[*i];
-            let view = self.elided_view(text, result.output, result.handle);
+            let preview = self.preview_for(result.target);
+            let view = self.elided_view(&preview, text, result.output, result.handle);
             if let Some(slot) = out.get_mut(*i) {
                 *slot = view;
             }
@@ -213,6 +262,7 @@ impl<E: TokenEstimator> ResultProjector for Elider<E> {
         let mut loaded: Vec<Option<ToolOutput>> = vec![None; batch.len()];
         let mut planned = Vec::with_capacity(batch.len());
         let mut sizes = Vec::with_capacity(batch.len());
+        let mut per_result = Vec::with_capacity(batch.len());
         for (i, item) in batch.iter().enumerate() {
             let info = &item.stored.info;
             if info.is_error {
@@ -239,16 +289,20 @@ impl<E: TokenEstimator> ResultProjector for Elider<E> {
                 }
             };
             sizes.push(size);
+            per_result.push(self.per_result(item.stored.target.as_ref()));
             planned.push(i);
         }
-        let plan = plan(&sizes, &self.thresholds);
+        let plan = plan_each(&sizes, &per_result, self.thresholds.per_batch());
         for (k, &i) in planned.iter().enumerate() {
             if !plan.is_elided(k) {
                 continue;
             }
             let item = &batch[i];
+            let preview = self.preview_for(item.stored.target.as_ref());
             let view = match &loaded[i] {
-                Some(output) => self.elided_view(&output.readable_text(), output, item.handle),
+                Some(output) => {
+                    self.elided_view(&preview, &output.readable_text(), output, item.handle)
+                }
                 None => {
                     // A result with other blocks: its preview lists them, from what the
                     // store keeps of their shapes (its text is read by windows all the same).
@@ -264,7 +318,7 @@ impl<E: TokenEstimator> ResultProjector for Elider<E> {
                                 })?,
                         )
                     };
-                    self.stored_preview(item, blocks.as_ref(), source)?
+                    stored_preview(&preview, item, blocks.as_ref(), source)?
                 }
             };
             if let Some(slot) = out.get_mut(i) {
@@ -287,10 +341,16 @@ impl<E> Elider<E> {
         }
     }
 
-    /// The view of an elided success whose readable text is `text`.
-    fn elided_view(&self, text: &str, output: &ToolOutput, handle: &RecordHandle) -> Projection {
+    /// The view of an elided success whose readable text is `text`, with `preview`'s sizes.
+    fn elided_view(
+        &self,
+        preview: &PreviewConfig,
+        text: &str,
+        output: &ToolOutput,
+        handle: &RecordHandle,
+    ) -> Projection {
         let has_binary = output.binary_blocks().next().is_some();
-        match self.preview.preview(text, handle) {
+        match preview.preview(text, handle) {
             Cow::Owned(mut preview) => {
                 preview.push_str(&placeholders_not_shown(output, &preview));
                 Projection::Replaced(preview)
@@ -299,68 +359,68 @@ impl<E> Elider<E> {
             Cow::Borrowed(_) => Projection::Full,
         }
     }
+}
 
-    /// The view of an elided success from its windows, with `blocks`, its blocks other than
-    /// text, when it has any: the same bytes [`Elider::elided_view`] makes from the whole
-    /// result.
-    fn stored_preview(
-        &self,
-        item: &StoredRef<'_>,
-        blocks: Option<&BlockLines>,
-        source: &dyn OutputAccess,
-    ) -> Result<Projection, SourceError> {
-        let len = item.stored.info.len;
-        let (head_window, tail_window) = (self.preview.head_window(), self.preview.tail_window());
-        let whole;
-        let tail_text;
-        let windows = if len <= head_window.saturating_add(tail_window) as u64 {
-            whole = read_text(
-                source,
-                item.handle,
-                0,
-                head_window.saturating_add(tail_window),
-                len,
-            )?;
-            self.preview.windows_of(&whole)
-        } else {
-            let breaks = match item.stored.line_breaks {
-                Some(breaks) => breaks,
-                None => count_stored_breaks(source, item.handle, len)?,
-            };
-            whole = read_text(source, item.handle, 0, head_window, len)?;
-            let from = len - tail_window as u64;
-            let (skipped, text) = read_tail(source, item.handle, from, tail_window)?;
-            tail_text = text;
-            Windows {
-                head: &whole,
-                tail: &tail_text,
-                tail_at: from + skipped as u64,
-                len,
-                breaks,
-            }
+/// The view of an elided success from its windows (with `preview`'s sizes), with `blocks`,
+/// its blocks other than text, when it has any: the same bytes [`Elider::elided_view`]
+/// makes from the whole result.
+fn stored_preview(
+    preview: &PreviewConfig,
+    item: &StoredRef<'_>,
+    blocks: Option<&BlockLines>,
+    source: &dyn OutputAccess,
+) -> Result<Projection, SourceError> {
+    let len = item.stored.info.len;
+    let (head_window, tail_window) = (preview.head_window(), preview.tail_window());
+    let whole;
+    let tail_text;
+    let windows = if len <= head_window.saturating_add(tail_window) as u64 {
+        whole = read_text(
+            source,
+            item.handle,
+            0,
+            head_window.saturating_add(tail_window),
+            len,
+        )?;
+        preview.windows_of(&whole)
+    } else {
+        let breaks = match item.stored.line_breaks {
+            Some(breaks) => breaks,
+            None => count_stored_breaks(source, item.handle, len)?,
         };
-        let whole_read = len <= head_window.saturating_add(tail_window) as u64;
-        Ok(
-            match (self.preview.preview_windows(&windows, item.handle), blocks) {
-                (Some(mut preview), Some(blocks)) => {
-                    preview.push_str(&lines_not_shown(&blocks.placeholders, &preview));
-                    Projection::Replaced(preview)
-                }
-                (Some(preview), None) => Projection::Replaced(preview),
-                // Binary data is not sent whole even when a preview would not be shorter: the
-                // readable text instead. Past both windows a preview is not shorter only when
-                // the text is no longer than the preview itself (the windows cannot meet), so
-                // reading it whole stays within that.
-                (None, Some(blocks)) if blocks.has_binary => Projection::Replaced(if whole_read {
-                    whole.clone()
-                } else {
-                    let n = usize::try_from(len).unwrap_or(usize::MAX);
-                    read_text(source, item.handle, 0, n, len)?
-                }),
-                (None, _) => Projection::Full,
-            },
-        )
-    }
+        whole = read_text(source, item.handle, 0, head_window, len)?;
+        let from = len - tail_window as u64;
+        let (skipped, text) = read_tail(source, item.handle, from, tail_window)?;
+        tail_text = text;
+        Windows {
+            head: &whole,
+            tail: &tail_text,
+            tail_at: from + skipped as u64,
+            len,
+            breaks,
+        }
+    };
+    let whole_read = len <= head_window.saturating_add(tail_window) as u64;
+    Ok(
+        match (preview.preview_windows(&windows, item.handle), blocks) {
+            (Some(mut preview), Some(blocks)) => {
+                preview.push_str(&lines_not_shown(&blocks.placeholders, &preview));
+                Projection::Replaced(preview)
+            }
+            (Some(preview), None) => Projection::Replaced(preview),
+            // Binary data is not sent whole even when a preview would not be shorter: the
+            // readable text instead. Past both windows a preview is not shorter only when
+            // the text is no longer than the preview itself (the windows cannot meet), so
+            // reading it whole stays within that.
+            (None, Some(blocks)) if blocks.has_binary => Projection::Replaced(if whole_read {
+                whole.clone()
+            } else {
+                let n = usize::try_from(len).unwrap_or(usize::MAX);
+                read_text(source, item.handle, 0, n, len)?
+            }),
+            (None, _) => Projection::Full,
+        },
+    )
 }
 
 /// Up to `max` bytes of readable text from `offset` (a result of `len` bytes), cut back to
@@ -457,7 +517,11 @@ mod tests {
         let batch: Vec<ResultRef<'_>> = handles
             .iter()
             .zip(outputs)
-            .map(|(handle, output)| ResultRef { handle, output })
+            .map(|(handle, output)| ResultRef {
+                handle,
+                output,
+                target: None,
+            })
             .collect();
         let out = elider.project(&batch);
         assert_eq!(out.len(), batch.len(), "one view per result");
@@ -481,6 +545,111 @@ mod tests {
                     .build(),
             )
             .build()
+    }
+
+    /// A tool limited below the default elides what another tool shows whole, with its
+    /// own preview sizes; one raised above it keeps whole what the default elides; the
+    /// stored path gives the same bytes as the whole one.
+    #[test]
+    fn output_limits_apply_per_tool_on_both_paths() {
+        use psych_types::{
+            HistoryItem, MemoryRecords, OutputLimit, OutputLimits, Record, ServerId, StoredRef,
+            ToolCallId, ToolName, ToolResult,
+        };
+        let tool =
+            |name: &str| ToolRef::new(ServerId::new("s").unwrap(), ToolName::new(name).unwrap());
+        let limits = OutputLimits::new()
+            .tool(
+                tool("tight"),
+                OutputLimit {
+                    per_result_tokens: Some(200),
+                    head_chars: Some(5),
+                    tail_chars: Some(0),
+                },
+            )
+            .tool(
+                tool("loose"),
+                OutputLimit {
+                    per_result_tokens: Some(2_000),
+                    ..OutputLimit::default()
+                },
+            );
+        let elider = Elider::builder()
+            .thresholds(
+                Thresholds::builder()
+                    .per_result(1_000)
+                    .per_batch(3_000)
+                    .build()
+                    .unwrap(),
+            )
+            .limits(limits)
+            .build();
+        // Under the default threshold, over the tight one.
+        let text = "line of text\n".repeat(100);
+        // Over the default threshold, under the loose one.
+        let large = "word ".repeat(1_400);
+        assert!(Estimator.estimate_text(&text) > 200 && Estimator.estimate_text(&text) < 1_000);
+        assert!(Estimator.estimate_text(&large) > 1_000 && Estimator.estimate_text(&large) < 2_000);
+        let mut log = MemoryRecords::new(RunId::new("run-1").unwrap());
+        let mut push = |name: &str, target: Option<ToolRef>, text: &str| {
+            log.push(Record::ToolResult(ToolResult {
+                call_id: ToolCallId::new(format!("c-{name}")).unwrap(),
+                name: name.into(),
+                output: ToolOutput::text(text),
+                target,
+            }))
+        };
+        let handles = [
+            push("tight", Some(tool("tight")), &text),
+            push("other", Some(tool("other")), &text),
+            push("none", None, &text),
+            push("loose", Some(tool("loose")), &large),
+            push("default", Some(tool("other")), &large),
+        ];
+        let records = log.records();
+        let whole: Vec<ResultRef<'_>> = records
+            .iter()
+            .map(|logged| match &logged.record {
+                Record::ToolResult(result) => ResultRef {
+                    handle: &logged.handle,
+                    output: &result.output,
+                    target: result.target.as_ref(),
+                },
+                _ => unreachable!(),
+            })
+            .collect();
+        let views = elider.project(&whole);
+        let Projection::Replaced(tight) = &views[0] else {
+            panic!("the tight tool's result is elided: {views:?}")
+        };
+        assert!(
+            tight.starts_with("line \n") || tight.starts_with("line"),
+            "{tight}"
+        );
+        assert!(
+            !tight.contains("line of text\nline of text"),
+            "a 5-character head: {tight}"
+        );
+        assert_eq!(views[1], Projection::Full);
+        assert_eq!(views[2], Projection::Full);
+        // A raised threshold keeps whole what the default elides.
+        assert_eq!(views[3], Projection::Full);
+        assert!(matches!(views[4], Projection::Replaced(_)), "{views:?}");
+
+        let history = psych_types::History::from_records(&records, Some(&Estimator));
+        let stored: Vec<StoredRef<'_>> = history
+            .entries
+            .iter()
+            .filter_map(|entry| match &entry.item {
+                HistoryItem::Result(stored) => Some(StoredRef {
+                    handle: &entry.handle,
+                    stored,
+                }),
+                HistoryItem::Record(_) => None,
+            })
+            .collect();
+        assert_eq!(stored.len(), handles.len());
+        assert_eq!(elider.project_stored(&stored, &log).unwrap(), views);
     }
 
     #[test]
@@ -560,7 +729,11 @@ mod tests {
         let batch: Vec<ResultRef<'_>> = handles
             .iter()
             .zip(&outputs)
-            .map(|(handle, output)| ResultRef { handle, output })
+            .map(|(handle, output)| ResultRef {
+                handle,
+                output,
+                target: None,
+            })
             .collect();
         // Our estimator finds the success small and keeps it whole.
         assert_eq!(config.project(&batch)[0], Projection::Full);

@@ -72,8 +72,8 @@
 //! let (small, large) = (RecordHandle::new(run.clone(), 3), RecordHandle::new(run, 5));
 //! let (fine, huge) = (ToolOutput::text("ok"), ToolOutput::text("log line\n".repeat(5_000)));
 //! let batch = [
-//!     ResultRef { handle: &small, output: &fine },
-//!     ResultRef { handle: &large, output: &huge },
+//!     ResultRef { handle: &small, output: &fine, target: None },
+//!     ResultRef { handle: &large, output: &huge, target: None },
 //! ];
 //! let out = elider.project(&batch);
 //!
@@ -98,6 +98,6 @@ mod thresholds;
 
 pub use elider::{Elider, EliderBuilder, MAX_LISTED_PLACEHOLDERS, placeholders_not_shown};
 pub use estimate::Estimator;
-pub use plan::{Plan, plan};
+pub use plan::{Plan, plan, plan_each};
 pub use preview::{LINE_SLACK, PreviewConfig, PreviewConfigBuilder};
 pub use thresholds::{Thresholds, ThresholdsBuilder, ThresholdsError};

@@ -68,9 +68,31 @@ impl Plan {
 /// elided only when the batch was still over budget after step 2 and no larger kept result
 /// remained.
 pub fn plan(sizes: &[u64], thresholds: &Thresholds) -> Plan {
+    plan_with(sizes, |_| thresholds.per_result(), thresholds.per_batch())
+}
+
+/// [`plan`] with a per-result threshold of its own for each result (`per_result[i]` for
+/// `sizes[i]`; a result without one gets the smallest given, or none is elided alone when
+/// none is), one per-batch threshold: what output limits set per tool make of it. Step 1's
+/// short-circuit is on the smallest per-result threshold, so it changes nothing step 2
+/// would do. With every threshold equal it is [`plan`]. Each threshold should be at most
+/// `per_batch` and at least 1 (a caller clamps them: [`Elider`](crate::Elider) does).
+pub fn plan_each(sizes: &[u64], per_result: &[u64], per_batch: u64) -> Plan {
+    let fallback = per_result.iter().copied().min().unwrap_or(u64::MAX);
+    plan_with(
+        sizes,
+        |i| per_result.get(i).copied().unwrap_or(fallback),
+        per_batch,
+    )
+}
+
+/// The one body of [`plan`] and [`plan_each`]: `threshold(i)` is result `i`'s per-result
+/// threshold.
+fn plan_with(sizes: &[u64], threshold: impl Fn(usize) -> u64, per_batch: u64) -> Plan {
     let total: u128 = sizes.iter().map(|&size| u128::from(size)).sum();
     let mut elide = vec![false; sizes.len()];
-    if total < u128::from(thresholds.per_result()) {
+    let smallest = (0..sizes.len()).map(&threshold).min().unwrap_or(u64::MAX);
+    if total < u128::from(smallest) {
         return Plan {
             elide,
             total,
@@ -78,13 +100,13 @@ pub fn plan(sizes: &[u64], thresholds: &Thresholds) -> Plan {
         };
     }
     let mut kept = total;
-    for (flag, &size) in elide.iter_mut().zip(sizes) {
-        if size >= thresholds.per_result() {
+    for (i, (flag, &size)) in elide.iter_mut().zip(sizes).enumerate() {
+        if size >= threshold(i) {
             *flag = true;
             kept -= u128::from(size);
         }
     }
-    let per_batch = u128::from(thresholds.per_batch());
+    let per_batch = u128::from(per_batch);
     if kept >= per_batch {
         let mut rest: Vec<(u64, usize)> = sizes
             .iter()

@@ -382,7 +382,11 @@ proptest! {
             .collect();
         let run = RunId::new("r").unwrap();
         let handles: Vec<RecordHandle> = (0..outputs.len() as u64).map(|i| RecordHandle::new(run.clone(), i)).collect();
-        let batch: Vec<ResultRef<'_>> = handles.iter().zip(&outputs).map(|(handle, output)| ResultRef { handle, output }).collect();
+        let batch: Vec<ResultRef<'_>> = handles.iter().zip(&outputs).map(|(handle, output)| ResultRef {
+                handle,
+                output,
+                target: None,
+            }).collect();
         let first = elider.project(&batch);
         let second = elider.project(&batch);
         prop_assert_eq!(first.len(), batch.len());
@@ -483,7 +487,11 @@ proptest! {
             &log.records(),
             stored_estimates.then_some(&estimator as &dyn TokenEstimator),
         );
-        let batch: Vec<ResultRef<'_>> = handles.iter().zip(&outputs).map(|(handle, output)| ResultRef { handle, output }).collect();
+        let batch: Vec<ResultRef<'_>> = handles.iter().zip(&outputs).map(|(handle, output)| ResultRef {
+                handle,
+                output,
+                target: None,
+            }).collect();
         let whole = elider.project(&batch);
         let stored: Vec<StoredRef<'_>> = history.entries.iter().filter_map(|entry| match &entry.item {
             HistoryItem::Result(stored) => Some(StoredRef { handle: &entry.handle, stored }),

@@ -49,7 +49,11 @@ fn check(outputs: &[ToolOutput]) -> String {
     let batch: Vec<ResultRef<'_>> = handles
         .iter()
         .zip(outputs)
-        .map(|(handle, output)| ResultRef { handle, output })
+        .map(|(handle, output)| ResultRef {
+            handle,
+            output,
+            target: None,
+        })
         .collect();
     let out = elider().project(&batch);
     assert_eq!(out.len(), batch.len(), "one view per result");

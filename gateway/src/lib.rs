@@ -2128,37 +2128,28 @@ pub async fn serve(
     .map_err(ServeError::Task)?
     .map_err(ServeError::Catalog)?;
     let (catalog, sources) = opened;
-    let mut connections = connections;
-    if let Some(pinning) = settings.pinning {
-        let (logs, known, file_grant, listing, estimator) = (
-            settings.logs(),
-            catalog.clone(),
-            grant.clone(),
-            disclosure.clone(),
-            settings.estimator.clone(),
-        );
-        let unpinned = connections.clone();
-        let chosen = tokio::task::spawn_blocking(move || {
-            pinning::at_start(
-                &logs,
-                &known,
-                &unpinned,
-                &file_grant,
-                &listing,
-                estimator.as_ref(),
-                &pinning,
-            )
-        })
-        .await
-        .map_err(ServeError::Task)?;
-        match chosen {
-            Ok(pins) => {
-                (settings.report)(&pinning::summary(&pins));
-                pins.apply(&mut connections);
-            }
-            Err(why) => (settings.report)(&format!("learned pinning: nothing pinned, {why}")),
+    // Identities narrowed alike share one lane: one resolution per distinct grant.
+    let mut groups: Vec<(PermissionGrant, Vec<String>)> = Vec::new();
+    for (identity, narrowed_grant) in narrowings {
+        match groups.iter_mut().find(|(g, _)| *g == narrowed_grant) {
+            Some((_, identities)) => identities.push(identity),
+            None => groups.push((narrowed_grant, vec![identity])),
         }
     }
+    // Learned pins, chosen once now per lane, before any listing is answered.
+    let held = sources.is_none() && settings.catalog.is_none();
+    let mut lane_connections = pinning::lane_connections(
+        pinning::Learning::of(&settings),
+        &catalog,
+        held,
+        &connections,
+        &groups,
+        &grant,
+        &disclosure,
+    )
+    .await
+    .map_err(ServeError::Task)?
+    .into_iter();
     let mut builder = McpManager::builder(config.clone())
         .spill_dir(spill)
         .spill_budget(settings.spill_budget.clone())
@@ -2202,10 +2193,10 @@ pub async fn serve(
         ));
     }
     // One lane (a resolver and its cache) per grant: the file's, and each narrowed one.
-    let mut lane = |grant: PermissionGrant| {
+    let mut lane = |grant: PermissionGrant, connections: Vec<ConnectionSpec>| {
         let basis = Arc::new(Basis {
             catalog: freshener.catalog().clone(),
-            connections: connections.clone(),
+            connections,
             grant,
             settings: disclosure.clone(),
             limits: limits.clone(),
@@ -2219,20 +2210,22 @@ pub async fn serve(
             resolved,
         })
     };
-    // Identities narrowed alike share one lane: one resolution per distinct grant.
     let mut narrowed: BTreeMap<String, Arc<Lane>> = BTreeMap::new();
-    for (identity, narrowed_grant) in narrowings {
-        let shared_lane = narrowed
-            .values()
-            .find(|lane| lane.basis.grant == narrowed_grant)
-            .cloned();
-        let lane = match shared_lane {
-            Some(lane) => lane,
-            None => lane(narrowed_grant),
-        };
-        narrowed.insert(identity, lane);
+    for (narrowed_grant, identities) in groups {
+        let pinned = lane_connections
+            .next()
+            .unwrap_or_else(|| connections.clone());
+        let lane = lane(narrowed_grant, pinned);
+        for identity in identities {
+            narrowed.insert(identity, Arc::clone(&lane));
+        }
     }
-    let lane = lane(grant);
+    let lane = lane(
+        grant,
+        lane_connections
+            .next()
+            .unwrap_or_else(|| connections.clone()),
+    );
     if let Some(stores) = settings.stores.clone() {
         let report = Arc::clone(&settings.report);
         tasks.spawn(async move {

@@ -1,41 +1,45 @@
-//! Learned pinning for `psych serve`: chosen once when the gateway starts, from the sessions
-//! its logs hold, and kept for the process's whole life.
+//! Learned pinning for `psych serve`: chosen once when the gateway starts, per grant, from
+//! the sessions its logs hold of the identities with that grant, and kept for the process's
+//! whole life.
 //!
 //! A stdio client starts its own `psych serve` for each of its sessions, so "between
-//! sessions" is "between processes" there; an HTTP gateway serving many sessions keeps one
-//! choice until it restarts. Either way the listing's tool prefix never changes because of
-//! pinning while a client uses it.
+//! sessions" is "between processes" there; an HTTP gateway keeps one choice until it
+//! restarts. Either way pinning never changes the listing while a client uses it. Each
+//! grant (the file's, and each narrowed one of `--tokens`) learns from its own identities
+//! only, so one identity's habits never shape what another is listed.
 
 use std::path::{Path, PathBuf};
 
-use psych_catalog::Catalog;
-use psych_disclosure::pinning::{DEFAULT_RECENT_RUNS, PinSettings, PinWhy, Pins, ToolUsage};
-use psych_disclosure::{Inputs, Settings, Surface};
-use psych_types::{ConnectionSpec, PermissionGrant, ServerCatalog, TokenEstimator};
+use psych_disclosure::pinning::{DEFAULT_RECENT_RUNS, PinWhy, Pins, ToolUsage};
+use psych_disclosure::{Surface, pinning::PinSettings};
+use psych_types::{ServerCatalog, TokenEstimator};
 
 /// The usage in a gateway's logs (`logs` is [`GatewaySettings::logs`](crate::GatewaySettings::logs),
-/// `<dir>/serve/`): the [`DEFAULT_RECENT_RUNS`] most recently written segments of every
-/// identity's folder together, each segment one session (a process's calls for one
-/// identity, or a part of them when its segment rotated).
+/// `<dir>/serve/`) of the identities `whose` accepts: the [`DEFAULT_RECENT_RUNS`] most
+/// recently written log segments of their folders together. A segment holds one process's
+/// calls for one identity (until it rotates, at an eighth of the retention size): over
+/// stdio one client session; over HTTP every session of that identity while the process
+/// ran.
 ///
 /// Blocking (directory listings and log reads): call it off the async workers.
-pub fn serve_usage(logs: &Path) -> ToolUsage {
+pub fn serve_usage(logs: &Path, whose: impl Fn(&str) -> bool) -> ToolUsage {
     let identities: Vec<PathBuf> = std::fs::read_dir(logs)
         .map(|entries| {
             entries
                 .flatten()
+                .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+                .filter(|entry| entry.file_name().to_str().is_some_and(&whose))
                 .map(|entry| entry.path())
-                .filter(|path| path.is_dir())
                 .collect()
         })
         .unwrap_or_default();
     psych_runtime::usage_in_logs(&identities, DEFAULT_RECENT_RUNS, &[])
 }
 
-/// What learned pinning keeps for a gateway whose logs are under `logs`, on `surface` (the
-/// listing resolved without learned pins, from `catalogs`): what [`serve`](crate::serve)
-/// applies at start with [`GatewaySettings::learned_pinning`](crate::GatewaySettings::learned_pinning),
-/// and `psych budget --serve --pin-budget` shows.
+/// What learned pinning keeps on `surface` (resolved without learned pins, from
+/// `catalogs`) from every identity's sessions under `logs`: what `psych budget --serve
+/// --pin-budget` shows (for the file's grant; `psych serve --tokens` counts each narrowed
+/// grant's identities apart).
 ///
 /// Blocking, as [`serve_usage`].
 pub fn learned_pins(
@@ -45,39 +49,18 @@ pub fn learned_pins(
     estimator: &dyn TokenEstimator,
     settings: &PinSettings,
 ) -> Pins {
-    psych_disclosure::pinning::choose(&serve_usage(logs), surface, catalogs, estimator, settings)
+    psych_disclosure::pinning::choose(
+        &serve_usage(logs, |_| true),
+        surface,
+        catalogs,
+        estimator,
+        settings,
+    )
 }
 
-/// The pins for the gateway's connections at start: the Surface they resolve to with the
-/// kept catalogue and the file's grant, without pins, then [`learned_pins`].
-///
-/// Blocking (redb reads, log reads, resolution): off the async workers.
-pub(crate) fn at_start(
-    logs: &Path,
-    catalog: &Catalog,
-    connections: &[ConnectionSpec],
-    grant: &PermissionGrant,
-    settings: &Settings,
-    estimator: &dyn TokenEstimator,
-    pinning: &PinSettings,
-) -> Result<Pins, String> {
-    let catalogs = connections
-        .iter()
-        .map(|c| catalog.live(&c.server))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("reading the catalogue: {e}"))?;
-    let inputs = Inputs {
-        connections,
-        catalogs: &catalogs,
-        grant,
-    };
-    let surface = psych_disclosure::resolve(&inputs, settings, estimator)
-        .map_err(|e| format!("resolving the tool surface: {e}"))?;
-    Ok(learned_pins(logs, &surface, &catalogs, estimator, pinning))
-}
-
-/// One line saying what was pinned, for the gateway's report.
-pub(crate) fn summary(pins: &Pins) -> String {
+/// One line saying what was pinned for `whom` (the identities of one grant), for the
+/// gateway's report.
+pub(crate) fn summary(whom: &str, pins: &Pins) -> String {
     let pinned: Vec<String> = pins
         .choices
         .iter()
@@ -90,21 +73,132 @@ pub(crate) fn summary(pins: &Pins) -> String {
         })
         .collect();
     if pinned.is_empty() {
+        let unknown = pins
+            .choices
+            .iter()
+            .filter(|choice| choice.why == PinWhy::NotPermitted)
+            .count();
         return format!(
-            "learned pinning: nothing pinned ({} tools used in the {} most recent sessions, \
-             none used often enough within {} tokens)",
+            "learned pinning for {whom}: nothing pinned ({} tools used in the {} most recent \
+             sessions, {unknown} of them not in the catalogue or the grant now; none used \
+             often enough within {} tokens)",
             pins.choices.len(),
             pins.runs,
             pins.budget
         );
     }
     format!(
-        "learned pinning: {} tools of deferred servers listed directly (~{} of {} tokens), \
-         from the {} most recent sessions: {}",
+        "learned pinning for {whom}: {} tools of deferred servers listed directly (~{} of {} \
+         tokens), from the {} most recent sessions: {}",
         pinned.len(),
         pins.tokens(),
         pins.budget,
         pins.runs,
         pinned.join(", ")
     )
+}
+
+/// What learned pinning needs of the gateway's settings, taken before anything awaits
+/// (the settings are not `Sync`).
+pub(crate) struct Learning {
+    pinning: PinSettings,
+    logs: PathBuf,
+    estimator: crate::SharedEstimator,
+    report: std::sync::Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+impl Learning {
+    /// The settings' learned pinning, if it is on.
+    pub(crate) fn of(settings: &crate::GatewaySettings) -> Option<Self> {
+        Some(Self {
+            pinning: settings.pinning?,
+            logs: settings.logs(),
+            estimator: settings.estimator.clone(),
+            report: std::sync::Arc::clone(&settings.report),
+        })
+    }
+}
+
+/// The connections of each lane at start, learned pins applied
+/// ([`GatewaySettings::learned_pinning`](crate::GatewaySettings::learned_pinning)): one
+/// entry per grant of `narrowed` (its identities' usage), then the file's grant's (the
+/// usage of every other identity); `connections` unchanged for each without pinning, or
+/// when the kept catalogue is not this process's (`held`: no definition to cost, said in
+/// the report). `disclosure` is the listing's settings.
+///
+/// Off the async workers (log and catalogue reads, resolution).
+pub(crate) async fn lane_connections(
+    learning: Option<Learning>,
+    catalog: &psych_catalog::Catalog,
+    held: bool,
+    connections: &[psych_types::ConnectionSpec],
+    narrowed: &[(psych_types::PermissionGrant, Vec<String>)],
+    file_grant: &psych_types::PermissionGrant,
+    disclosure: &psych_disclosure::Settings,
+) -> Result<Vec<Vec<psych_types::ConnectionSpec>>, tokio::task::JoinError> {
+    let unchanged = vec![connections.to_vec(); narrowed.len() + 1];
+    let Some(Learning {
+        pinning,
+        logs,
+        estimator,
+        report,
+    }) = learning
+    else {
+        return Ok(unchanged);
+    };
+    if held {
+        report(
+            "learned pinning: nothing pinned: the kept catalogue is held by another psych \
+             serve on the same --dir, so no tool definition is known to cost",
+        );
+        return Ok(unchanged);
+    }
+    let (catalog, connections, disclosure) =
+        (catalog.clone(), connections.to_vec(), disclosure.clone());
+    let mut lanes: Vec<(psych_types::PermissionGrant, Vec<String>)> = narrowed.to_vec();
+    // The file's grant last: every identity no narrowing names.
+    let named: Vec<String> = narrowed.iter().flat_map(|(_, ids)| ids.clone()).collect();
+    lanes.push((file_grant.clone(), Vec::new()));
+    tokio::task::spawn_blocking(move || {
+        let last = lanes.len() - 1;
+        lanes
+            .iter()
+            .enumerate()
+            .map(|(i, (grant, identities))| {
+                let (usage, whom) = if i == last {
+                    let usage = serve_usage(&logs, |id| !named.iter().any(|n| n == id));
+                    let whom = if named.is_empty() {
+                        "every identity".to_owned()
+                    } else {
+                        "the identities of the file's grant".to_owned()
+                    };
+                    (usage, whom)
+                } else {
+                    let usage = serve_usage(&logs, |id| identities.iter().any(|n| n == id));
+                    (usage, identities.join(", "))
+                };
+                let mut pinned = connections.clone();
+                match psych_runtime::choose_pins(
+                    &catalog,
+                    &connections,
+                    grant,
+                    &disclosure,
+                    estimator.as_ref(),
+                    &usage,
+                    &pinning,
+                ) {
+                    Ok(pins) => {
+                        report(&summary(&whom, &pins));
+                        pins.apply(&mut pinned);
+                    }
+                    Err(error) => report(&format!(
+                        "learned pinning for {whom}: nothing pinned: {}",
+                        psych_types::error_chain(&error)
+                    )),
+                }
+                pinned
+            })
+            .collect()
+    })
+    .await
 }

@@ -234,6 +234,7 @@ fn project_prior_turns(
                 Record::ToolResult(result) => Some(ResultRef {
                     handle: &prior[i].handle,
                     output: &result.output,
+                    target: result.target.as_ref(),
                 }),
                 _ => None,
             })

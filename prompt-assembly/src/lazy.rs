@@ -85,7 +85,7 @@ impl StepHistory {
                 record: match &entry.item {
                     HistoryItem::Record(record) => record.clone(),
                     HistoryItem::Result(stored) => Record::ToolResult(ToolResult {
-                        target: None,
+                        target: stored.target.clone(),
                         call_id: stored.info.call_id.clone(),
                         name: stored.info.name.clone(),
                         output: ToolOutput {
@@ -213,6 +213,11 @@ fn project_batch(
         .map(|(&i, output)| ResultRef {
             handle: &entries[i].handle,
             output,
+            target: match &entries[i].item {
+                HistoryItem::Record(Record::ToolResult(result)) => result.target.as_ref(),
+                HistoryItem::Result(stored) => stored.target.as_ref(),
+                HistoryItem::Record(_) => None,
+            },
         })
         .collect();
     Ok(whole_if_missing(projector.project(&batch), indices.len()))

@@ -109,6 +109,19 @@ pub enum RunError {
     /// listing a tool twice).
     #[error("resolving the tool surface")]
     Resolve(#[from] psych_disclosure::ResolveError),
+    /// The Run's learned pins ([`RunBuilder::learned_pinning`](crate::RunBuilder::learned_pinning))
+    /// could not be kept in, or read back from, their file beside the log.
+    #[error("keeping the run's learned pins in {}", path.display())]
+    Pins {
+        /// The file (`<dir>/<run>.pins.json`).
+        path: std::path::PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// An output limit set for a server or tool passes the elider's per-batch threshold
+    /// ([`RunBuilder::output_limits`](crate::RunBuilder::output_limits)).
+    #[error("the run's output limits")]
+    Limits(#[from] psych_types::LimitError),
     /// The history could not be assembled, or the prompt rendered for the provider chosen
     /// (a log no real Run writes, a surface the provider refuses).
     #[error("assembling the request")]

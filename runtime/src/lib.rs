@@ -144,7 +144,7 @@ pub use executor::{
 pub use lazy::{
     AtOnce, LazyStarts, ListingSources, STARTED_ON_DEMAND, StartAt, lazy_state, start_at,
 };
-pub use pinning::usage_in_logs;
+pub use pinning::{choose_pins, usage_in_logs};
 pub use run::{INTERRUPTED, ModelReply, Next, Run, RunBuilder, Target};
 pub use scripted::{ScriptedModel, Step, Transcript};
 pub use usage::{Spent, spent};

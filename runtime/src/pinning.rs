@@ -1,20 +1,26 @@
-//! The usage learned pinning reads: which remote tools the recent Runs of a folder of
-//! record logs reached.
+//! Learned pinning's inputs and its one choosing path: which remote tools the recent Runs
+//! of a folder of record logs reached, and the pins a set of connections gets from them.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use psych_disclosure::pinning::ToolUsage;
+use psych_catalog::Catalog;
+use psych_disclosure::pinning::{PinSettings, Pins, ToolUsage};
+use psych_disclosure::{Inputs, Settings};
 use psych_record_log::RecordLog;
-use psych_types::RunId;
+use psych_types::{ConnectionSpec, PermissionGrant, RunId, TokenEstimator};
+
+use crate::RunError;
 
 /// The usage of the `recent` most recently written Runs whose logs (`<run>.plog`) are in
-/// `dirs`, taken together, `skip` left out (the Run about to open, resumed): each log's
-/// history read without result contents ([`ToolUsage::add_history`]).
+/// `dirs`, taken together, `skip` left out (the Run about to open): each log's history read
+/// without result contents ([`ToolUsage::add_history`]).
 ///
-/// Blocking (directory listings and log reads): call it off the async workers. ToolUsage is
-/// advice, so a log that does not open or read (removed meanwhile, damaged) is left out,
-/// and a folder that does not exist has none; the answer says how many were read.
+/// Blocking (directory listings and log reads): call it off the async workers. Usage is
+/// advice, so a log that does not open or read (removed meanwhile, damaged) is passed over
+/// for the next most recent one, and a folder that does not exist has none;
+/// [`ToolUsage::runs`] says how many were read.
 pub fn usage_in_logs(dirs: &[PathBuf], recent: usize, skip: &[RunId]) -> ToolUsage {
     let mut logs: Vec<(SystemTime, PathBuf, RunId)> = Vec::new();
     for dir in dirs {
@@ -46,31 +52,104 @@ pub fn usage_in_logs(dirs: &[PathBuf], recent: usize, skip: &[RunId]) -> ToolUsa
     // Newest first; ties by path, so the same folder gives the same Runs.
     logs.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     let mut usage = ToolUsage::new();
-    for (_, path, run) in logs.into_iter().take(recent) {
-        let Some(dir) = path.parent() else {
-            continue;
-        };
-        if let Some(history) = history_of(dir, &run) {
+    for (_, path, run) in logs {
+        if usage.runs() >= recent as u64 {
+            break;
+        }
+        let read = path.parent().and_then(|dir| {
+            let (log, _) = RecordLog::open_read_only(dir, &run).ok()?;
+            log.history().ok()
+        });
+        if let Some(history) = read {
             usage.add_history(&history);
         }
     }
     usage
 }
 
-/// The history of `dir`'s log of `run`, if it opens and reads.
-fn history_of(dir: &Path, run: &RunId) -> Option<psych_types::History> {
-    let (log, _) = RecordLog::open_read_only(dir, run).ok()?;
-    log.history().ok()
+/// The pins `connections` get from `usage`: the Surface they resolve to now (the
+/// catalogue's live tools, `grant`, `settings`), without learned pins, then
+/// [`psych_disclosure::pinning::choose`] on it with the same catalogues (read once).
+///
+/// Blocking (catalogue reads, resolution): off the async workers. The one choosing path
+/// of a Run ([`RunBuilder::learned_pinning`](crate::RunBuilder::learned_pinning)) and of
+/// `psych serve`.
+///
+/// # Errors
+///
+/// [`RunError::Catalog`] when the catalogue cannot be read, [`RunError::Resolve`] when
+/// disclosure refuses the inputs.
+pub fn choose_pins(
+    catalog: &Catalog,
+    connections: &[ConnectionSpec],
+    grant: &PermissionGrant,
+    settings: &Settings,
+    estimator: &dyn TokenEstimator,
+    usage: &ToolUsage,
+    pinning: &PinSettings,
+) -> Result<Pins, RunError> {
+    let catalogs = connections
+        .iter()
+        .map(|c| catalog.live(&c.server))
+        .collect::<Result<Vec<_>, _>>()?;
+    let inputs = Inputs {
+        connections,
+        catalogs: &catalogs,
+        grant,
+    };
+    let surface = psych_disclosure::resolve(&inputs, settings, estimator)?;
+    Ok(psych_disclosure::pinning::choose(
+        usage, &surface, &catalogs, estimator, pinning,
+    ))
+}
+
+/// Where a Run's pins are kept: `<dir>/<run>.pins.json`, beside its log.
+pub(crate) fn pins_path(dir: &Path, run: &RunId) -> PathBuf {
+    dir.join(format!("{run}.pins.json"))
+}
+
+/// The pins kept for a Run at `path`, if it has a file (an earlier open of the same Run
+/// chose them). Blocking.
+pub(crate) fn kept_pins(path: &Path) -> Result<Option<Pins>, RunError> {
+    let io = |source| RunError::Pins {
+        path: path.to_owned(),
+        source,
+    };
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io(e)),
+    }
+}
+
+/// Keeps `pins` at `path`, whole or not at all (written aside, synced, renamed). Blocking.
+pub(crate) fn keep_pins(path: &Path, pins: &Pins) -> Result<(), RunError> {
+    let io = |source| RunError::Pins {
+        path: path.to_owned(),
+        source,
+    };
+    let bytes = serde_json::to_vec(pins)
+        .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+    let aside = path.with_extension("json.tmp");
+    let mut file = std::fs::File::create(&aside).map_err(io)?;
+    file.write_all(&bytes).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    std::fs::rename(&aside, path).map_err(io)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use psych_record_log::SyncPolicy;
     use psych_types::{Record, ServerId, ToolCallId, ToolName, ToolOutput, ToolRef, ToolResult};
 
     use super::*;
 
-    fn log(dir: &Path, run: &str, targets: &[&str]) {
+    /// A log of `run` in `dir` whose calls reached `targets`, written `age` seconds ago.
+    fn log(dir: &Path, run: &str, targets: &[&str], age: u64) {
         let run = RunId::new(run).unwrap();
         let (mut log, _) = RecordLog::open(dir, &run, SyncPolicy::EveryAppend).unwrap();
         for (i, tool) in targets.iter().enumerate() {
@@ -78,10 +157,7 @@ mod tests {
                 call_id: ToolCallId::new(format!("c{i}")).unwrap(),
                 name: "psych_call_tool".into(),
                 output: ToolOutput::text("ok"),
-                target: Some(ToolRef::new(
-                    ServerId::new("s").unwrap(),
-                    ToolName::new(*tool).unwrap(),
-                )),
+                target: Some(tool_ref(tool)),
             }))
             .unwrap();
         }
@@ -93,30 +169,67 @@ mod tests {
             target: None,
         }))
         .unwrap();
+        drop(log);
+        let written = SystemTime::now() - Duration::from_secs(age);
+        std::fs::File::options()
+            .write(true)
+            .open(RecordLog::path_for(dir, &run))
+            .unwrap()
+            .set_modified(written)
+            .unwrap();
     }
 
-    fn tool(name: &str) -> ToolRef {
+    fn tool_ref(name: &str) -> ToolRef {
         ToolRef::new(ServerId::new("s").unwrap(), ToolName::new(name).unwrap())
     }
 
     #[test]
-    fn the_recent_runs_of_every_folder_are_counted_and_the_skipped_one_is_not() {
+    fn the_most_recent_readable_runs_of_every_folder_are_counted() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        log(a.path(), "r1", &["x", "x", "y"]);
-        log(a.path(), "r2", &["x"]);
-        log(b.path(), "r3", &["y"]);
+        log(a.path(), "r1", &["x", "x", "y"], 300);
+        log(a.path(), "r2", &["x"], 200);
+        log(b.path(), "r3", &["y"], 100);
         std::fs::write(a.path().join("notes.txt"), "not a log").unwrap();
+        // The newest file of all, and no log: passed over for the next one.
         std::fs::write(a.path().join("bad.plog"), "not a log either").unwrap();
         let dirs = [a.path().to_path_buf(), b.path().to_path_buf()];
-        let missing = a.path().join("none");
 
         let usage = usage_in_logs(&dirs, 10, &[RunId::new("r2").unwrap()]);
-        // r1 and r3 (and the damaged log, counted as nothing: it does not open).
         assert_eq!(usage.runs(), 2);
-        assert_eq!(usage.of(&tool("x")).runs, 1);
-        assert_eq!(usage.of(&tool("x")).calls, 2);
-        assert_eq!(usage.of(&tool("y")).runs, 2);
-        assert_eq!(usage_in_logs(&[missing], 10, &[]).runs(), 0);
-        assert!(usage_in_logs(&dirs, 1, &[]).runs() <= 1);
+        assert_eq!(usage.of(&tool_ref("x")).runs, 1);
+        assert_eq!(usage.of(&tool_ref("x")).calls, 2);
+        assert_eq!(usage.of(&tool_ref("y")).runs, 2);
+        // The two most recent readable: r3 and r2, not r1.
+        let recent = usage_in_logs(&dirs, 2, &[]);
+        assert_eq!(recent.runs(), 2);
+        assert_eq!(
+            recent.of(&tool_ref("x")),
+            psych_disclosure::pinning::ToolUse { runs: 1, calls: 1 }
+        );
+        assert_eq!(usage_in_logs(&[a.path().join("none")], 10, &[]).runs(), 0);
+    }
+
+    #[test]
+    fn kept_pins_read_back_and_a_missing_file_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("r").unwrap();
+        let path = pins_path(dir.path(), &run);
+        assert!(kept_pins(&path).unwrap().is_none());
+        let mut usage = ToolUsage::new();
+        usage.add_run([&tool_ref("x")]);
+        let pins = Pins {
+            runs: 1,
+            budget: 10,
+            choices: vec![psych_disclosure::pinning::PinChoice {
+                tool: tool_ref("x"),
+                used: usage.of(&tool_ref("x")),
+                tokens: Some(5),
+                why: psych_disclosure::pinning::PinWhy::Pinned,
+            }],
+        };
+        keep_pins(&path, &pins).unwrap();
+        assert_eq!(kept_pins(&path).unwrap(), Some(pins));
+        std::fs::write(&path, "{").unwrap();
+        assert!(matches!(kept_pins(&path), Err(RunError::Pins { .. })));
     }
 }

@@ -451,23 +451,39 @@ impl<H: ToolHost + 'static> Run<H> {
         &self.pins
     }
 
-    /// Chooses the pins from `usage` on the Surface the connections resolve to now, and
-    /// adds them to the connections' eager tools.
+    /// The Run's pins: the ones kept at `path` by an earlier open of this Run (so a resumed
+    /// Run keeps the tool prefix it had), else chosen from `usage` on the Surface the
+    /// connections resolve to now and kept there; added to the connections' eager tools.
+    /// Off the async workers (file, catalogue and log reads).
     async fn pin(
         &mut self,
-        usage: &ToolUsage,
-        settings: &PinSettings,
-        estimator: &RunEstimator,
+        usage: ToolUsage,
+        settings: PinSettings,
+        estimator: RunEstimator,
+        path: PathBuf,
     ) -> Result<(), RunError> {
-        let unpinned = self.resolve_surface().await?;
-        let catalogs = self.live_catalogs().await?;
-        self.pins = psych_disclosure::pinning::choose(
-            usage,
-            &unpinned,
-            &catalogs,
-            estimator.as_ref(),
-            settings,
-        );
+        let catalog = self.catalog.clone();
+        let connections = self.connections.clone();
+        let grant = self.grant.clone();
+        let disclosure = self.settings.clone();
+        self.pins = tokio::task::spawn_blocking(move || {
+            if let Some(kept) = crate::pinning::kept_pins(&path)? {
+                return Ok(kept);
+            }
+            let pins = crate::pinning::choose_pins(
+                &catalog,
+                &connections,
+                &grant,
+                &disclosure,
+                estimator.as_ref(),
+                &usage,
+                &settings,
+            )?;
+            crate::pinning::keep_pins(&path, &pins)?;
+            Ok::<_, RunError>(pins)
+        })
+        .await
+        .map_err(RunError::Task)??;
         self.pins.apply(&mut self.connections);
         Ok(())
     }
@@ -774,17 +790,18 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
-    /// Learned pinning: when the Run opens, the tools of its deferred servers that
+    /// Learned pinning: when the Run first opens, the tools of its deferred servers that
     /// `usage` (earlier Runs: [`usage_in_logs`](crate::usage_in_logs) reads a folder's)
-    /// shows most used are chosen within `settings`
-    /// ([`psych_disclosure::pinning::choose`], on the Surface the Run's connections
-    /// resolve to then) and added to their connections' eager tools for the Run's whole
-    /// life: each is a direct tool from the first request, and the tool prefix does not
-    /// change inside the Run. [`Run::pins`] says what was chosen and why.
+    /// shows most used are chosen within `settings` ([`choose_pins`](crate::choose_pins),
+    /// on the Surface the Run's connections resolve to then) and added to their
+    /// connections' eager tools for the Run's whole life: each is a direct tool from the
+    /// first request, and the tool prefix does not change inside the Run. [`Run::pins`]
+    /// says what was chosen and why.
     ///
-    /// Chosen again each time the Run opens: a Run resumed with the same usage and
-    /// catalogue gets the same pins (pass the usage of the Runs before it, not one read
-    /// after it).
+    /// The choice is kept beside the log, in `<dir>/<run>.pins.json`, and a Run opened
+    /// again (resumed) takes it from there whatever `usage` is now. (With
+    /// [`records_in`](Self::records_in) the file is still in `dir`: a worker on another
+    /// machine resuming the Run chooses again.)
     #[must_use]
     pub fn learned_pinning(mut self, usage: ToolUsage, settings: PinSettings) -> Self {
         self.pinning = Some((usage, settings));
@@ -826,6 +843,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         // The tools every turn sends beside the Surface's are reserved in its tool cap.
         let settings = crate::reserve_executor_tools(&self.settings)?;
         let (dir, run, sync, stores) = (self.dir, self.run, self.sync, self.stores);
+        let pins_path = crate::pinning::pins_path(&dir, &run);
         // One estimator for disclosure, the log and elision. Results are logged with its
         // estimate, so projecting them later needs no pass over their content.
         let estimator: RunEstimator = self.estimator;
@@ -890,7 +908,8 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             pins: Pins::default(),
         };
         if let Some((usage, pin_settings)) = self.pinning {
-            run.pin(&usage, &pin_settings, &pin_estimator).await?;
+            run.pin(usage, pin_settings, pin_estimator, pins_path)
+                .await?;
         }
         run.close_unanswered().await?;
         Ok(run)

@@ -651,6 +651,7 @@ fn elide_before_newest_step(
                     Record::ToolResult(r) => Some(ResultRef {
                         handle: &history[i].handle,
                         output: &r.output,
+                        target: r.target.as_ref(),
                     }),
                     _ => None,
                 })

@@ -114,7 +114,11 @@ proptest! {
         let batch: Vec<ResultRef<'_>> = handles
             .iter()
             .zip(&outputs)
-            .map(|(handle, output)| ResultRef { handle, output })
+            .map(|(handle, output)| ResultRef {
+                handle,
+                output,
+                target: None,
+            })
             .collect();
         let elider = elider();
         prop_assert_eq!(elider.project_stored(&stored, &log).unwrap(), elider.project(&batch));

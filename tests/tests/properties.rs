@@ -869,6 +869,7 @@ fn check_views_change_at_most_once(conversation: &Conversation<'_>) -> Result<Vi
             .map(|a| ResultRef {
                 handle: &a.handle,
                 output: &a.result.output,
+                target: a.result.target.as_ref(),
             })
             .collect();
         let projected = conversation.projector.project(&refs);

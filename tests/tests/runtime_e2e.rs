@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use psych_catalog::{Catalog, Freshener, FreshenerConfig};
-use psych_disclosure::pinning::{PinSettings, PinWhy};
+use psych_disclosure::pinning::{PinSettings, PinWhy, ToolUsage};
 use psych_elision::{Elider, Thresholds};
 use psych_mcp::{Backoff, McpConfig, McpManager, ServerConfig, Timeouts};
 use psych_prompt_assembly::{AnthropicOptions, OpenAiOptions, RenderedRequest};
@@ -892,6 +892,19 @@ async fn learned_pinning_keeps_the_most_used_deferred_tools_direct() {
             "large/fingerprint"
         ]
     );
+    // Resumed, the Run keeps its pins whatever the usage is now, and so its tool prefix.
+    let pins = run.pins().clone();
+    drop(run);
+    let mut run = world
+        .builder(dir.path(), "run-pinned", target.clone())
+        .learned_pinning(ToolUsage::new(), PinSettings::default())
+        .open()
+        .await
+        .unwrap();
+    assert_eq!(run.pins(), &pins);
+    let mut model = ScriptedModel::new([Step::say("Still here.")]);
+    let resumed = turn(&mut run, &mut model, "Once more.", &target).await;
+    assert_eq!(tools(&resumed[0]), tools(&requests[0]));
     drop(run);
     world.stop().await;
 }

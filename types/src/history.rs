@@ -303,6 +303,7 @@ pub(crate) fn project_loaded(
         .map(|(item, output)| ResultRef {
             handle: item.handle,
             output,
+            target: item.stored.target.as_ref(),
         })
         .collect();
     Ok(projector.project(&refs))
@@ -395,7 +396,11 @@ mod tests {
         let whole: Vec<ResultRef<'_>> = handles
             .iter()
             .zip(&outputs)
-            .map(|(handle, output)| ResultRef { handle, output })
+            .map(|(handle, output)| ResultRef {
+                handle,
+                output,
+                target: None,
+            })
             .collect();
         let views = FirstByte.project_stored(&stored, &log).unwrap();
         assert_eq!(views, FirstByte.project(&whole));

@@ -71,6 +71,7 @@ mod hash;
 mod history;
 mod id;
 pub mod json;
+mod limits;
 mod output;
 mod progress;
 mod record;
@@ -97,6 +98,7 @@ pub use history::{
     StoredResult, count_line_breaks, load_whole, read_exact_output,
 };
 pub use id::{IdError, RunId, ServerId, ToolCallId, ToolName, ToolRef};
+pub use limits::{LimitError, MAX_RESULT_SIZE_CHARS, OutputLimit, OutputLimits};
 pub use output::{
     Annotations, BinaryRef, BlobResource, ContentBlock, EmbeddedResource, MediaContent,
     ResourceContents, ResourceLink, TextContent, TextResource, ToolOutput, render_json,

@@ -78,6 +78,9 @@ pub struct ResultRef<'a> {
     pub handle: &'a RecordHandle,
     /// The full result.
     pub output: &'a ToolOutput,
+    /// The remote tool the result came from ([`ToolResult::target`](crate::ToolResult::target)),
+    /// whose output limits apply to it; `None` for Psych's own answers.
+    pub target: Option<&'a crate::ToolRef>,
 }
 
 /// What the model is shown of one tool result.

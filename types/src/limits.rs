@@ -1,0 +1,246 @@
+//! Output limits set per server and per tool: when a tool's successful result is elided,
+//! and how much of it its preview shows.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ServerCatalog, ServerId, ToolRef};
+
+/// The key of a tool's `_meta` by which a server declares how many characters of its
+/// results a client should show before it cuts or persists them (Claude Code's).
+pub const MAX_RESULT_SIZE_CHARS: &str = "anthropic/maxResultSizeChars";
+
+/// What is set for one tool's (or one server's) results; each part unset falls back to the
+/// next level (a tool's to its server's, a server's to a declared hint, then the defaults).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OutputLimit {
+    /// A successful result of this many estimated tokens or more is elided (shown as a
+    /// preview with its handle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_result_tokens: Option<u64>,
+    /// Characters an elided result's preview shows from its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_chars: Option<usize>,
+    /// Characters an elided result's preview shows from its end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail_chars: Option<usize>,
+}
+
+impl OutputLimit {
+    /// Each part of `self`, or `fallback`'s where `self` has none.
+    #[must_use]
+    pub fn or(self, fallback: OutputLimit) -> OutputLimit {
+        OutputLimit {
+            per_result_tokens: self.per_result_tokens.or(fallback.per_result_tokens),
+            head_chars: self.head_chars.or(fallback.head_chars),
+            tail_chars: self.tail_chars.or(fallback.tail_chars),
+        }
+    }
+
+    /// Whether nothing is set.
+    pub fn is_empty(&self) -> bool {
+        *self == OutputLimit::default()
+    }
+}
+
+/// Why a set of [`OutputLimits`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimitError {
+    /// A per-result threshold is 0 (every result would be elided) or over the per-batch
+    /// threshold (a result the batch cannot hold would not be elided on its own).
+    #[error(
+        "the output limit of {scope}: perResultTokens {per_result} must be from 1 to the per-batch threshold, {per_batch} tokens"
+    )]
+    PerResult {
+        /// `server` or `server/tool`.
+        scope: String,
+        /// The threshold set.
+        per_result: u64,
+        /// The per-batch threshold it must not pass.
+        per_batch: u64,
+    },
+}
+
+/// Output limits by server and by tool, with the hints servers declare: what an elider
+/// applies per result ([`OutputLimits::for_tool`]).
+///
+/// Precedence, for each part separately: the tool's own setting, then its server's, then
+/// the server's declared hint ([`MAX_RESULT_SIZE_CHARS`] in the tool's `_meta`, as a
+/// per-result threshold: [`with_hints`](Self::with_hints)), then the elider's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputLimits {
+    servers: BTreeMap<ServerId, OutputLimit>,
+    tools: BTreeMap<ToolRef, OutputLimit>,
+    hints: BTreeMap<ToolRef, u64>,
+}
+
+impl OutputLimits {
+    /// No limit set: every result gets the defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets `server`'s limits (for each of its tools without its own).
+    #[must_use]
+    pub fn server(mut self, server: ServerId, limit: OutputLimit) -> Self {
+        self.servers.insert(server, limit);
+        self
+    }
+
+    /// Sets one tool's limits.
+    #[must_use]
+    pub fn tool(mut self, tool: ToolRef, limit: OutputLimit) -> Self {
+        self.tools.insert(tool, limit);
+        self
+    }
+
+    /// Takes the hints `catalogs` declare: each tool whose `_meta` has a positive integer
+    /// [`MAX_RESULT_SIZE_CHARS`] gets a per-result threshold of `tokens(chars)` (the
+    /// caller's estimator's ratio), unless the user set one for it or its server. Replaces
+    /// the hints taken before for the servers of `catalogs`.
+    #[must_use]
+    pub fn with_hints(mut self, catalogs: &[ServerCatalog], tokens: impl Fn(u64) -> u64) -> Self {
+        for catalog in catalogs {
+            self.hints.retain(|tool, _| tool.server != catalog.server);
+            for tool in catalog.tools.iter() {
+                let chars = tool
+                    .meta
+                    .as_ref()
+                    .and_then(|meta| meta.get(MAX_RESULT_SIZE_CHARS))
+                    .and_then(serde_json::Value::as_u64)
+                    .filter(|&chars| chars > 0);
+                if let Some(chars) = chars {
+                    let at = ToolRef::new(catalog.server.clone(), tool.name.clone());
+                    self.hints.insert(at, tokens(chars).max(1));
+                }
+            }
+        }
+        self
+    }
+
+    /// The limits in force for `tool`'s results, each part from the first level that sets
+    /// it.
+    pub fn for_tool(&self, tool: &ToolRef) -> OutputLimit {
+        let own = self.tools.get(tool).copied().unwrap_or_default();
+        let server = self.servers.get(&tool.server).copied().unwrap_or_default();
+        let hint = OutputLimit {
+            per_result_tokens: self.hints.get(tool).copied(),
+            ..OutputLimit::default()
+        };
+        own.or(server).or(hint)
+    }
+
+    /// Whether nothing is set and no hint taken.
+    pub fn is_empty(&self) -> bool {
+        self.servers.values().all(OutputLimit::is_empty)
+            && self.tools.values().all(OutputLimit::is_empty)
+            && self.hints.is_empty()
+    }
+
+    /// Checks every per-result threshold the user set against `per_batch` (checked at
+    /// load, like every threshold). A hint is never refused: it is clamped where it is
+    /// applied.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitError::PerResult`] for the first (in server, then tool order) that is 0 or
+    /// over `per_batch`, naming it.
+    pub fn check(&self, per_batch: u64) -> Result<(), LimitError> {
+        let scoped = self
+            .servers
+            .iter()
+            .map(|(server, limit)| (server.to_string(), limit))
+            .chain(
+                self.tools
+                    .iter()
+                    .map(|(tool, limit)| (format!("{}/{}", tool.server, tool.tool), limit)),
+            );
+        for (scope, limit) in scoped {
+            if let Some(per_result) = limit.per_result_tokens
+                && (per_result == 0 || per_result > per_batch)
+            {
+                return Err(LimitError::PerResult {
+                    scope,
+                    per_result,
+                    per_batch,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CatalogVersion, ServerHealth, ToolDefinition, ToolName};
+
+    fn tool(server: &str, name: &str) -> ToolRef {
+        ToolRef::new(ServerId::new(server).unwrap(), ToolName::new(name).unwrap())
+    }
+
+    fn tokens(n: u64) -> OutputLimit {
+        OutputLimit {
+            per_result_tokens: Some(n),
+            ..OutputLimit::default()
+        }
+    }
+
+    #[test]
+    fn a_tool_beats_its_server_which_beats_a_hint() {
+        let hinted = |name: &str, chars: u64| {
+            let mut definition =
+                ToolDefinition::new(ToolName::new(name).unwrap(), "", serde_json::Map::new());
+            definition.meta = serde_json::json!({ MAX_RESULT_SIZE_CHARS: chars })
+                .as_object()
+                .cloned();
+            definition
+        };
+        let catalog = |server: &str| ServerCatalog {
+            server: ServerId::new(server).unwrap(),
+            version: CatalogVersion(1),
+            tools: vec![hinted("a", 400), hinted("b", 800)].into(),
+            health: ServerHealth::default(),
+        };
+        let limits = OutputLimits::new()
+            .server(
+                ServerId::new("s").unwrap(),
+                OutputLimit {
+                    head_chars: Some(10),
+                    ..OutputLimit::default()
+                },
+            )
+            .tool(tool("s", "a"), tokens(7))
+            .server(ServerId::new("t").unwrap(), tokens(9))
+            .with_hints(&[catalog("s"), catalog("t")], |chars| chars / 4);
+        assert_eq!(
+            limits.for_tool(&tool("s", "a")),
+            OutputLimit {
+                per_result_tokens: Some(7),
+                head_chars: Some(10),
+                tail_chars: None
+            }
+        );
+        // The hint where the user set no threshold; the user's where they did.
+        assert_eq!(
+            limits.for_tool(&tool("s", "b")).per_result_tokens,
+            Some(200)
+        );
+        assert_eq!(limits.for_tool(&tool("t", "b")).per_result_tokens, Some(9));
+        assert_eq!(limits.for_tool(&tool("u", "b")), OutputLimit::default());
+        assert!(!limits.is_empty() && OutputLimits::new().is_empty());
+    }
+
+    #[test]
+    fn a_threshold_of_zero_or_over_the_batch_is_refused_by_name() {
+        let limits = OutputLimits::new().tool(tool("s", "a"), tokens(5_000));
+        assert_eq!(limits.check(5_000), Ok(()));
+        let error = limits.check(4_999).unwrap_err();
+        assert!(error.to_string().contains("s/a"), "{error}");
+        let zero = OutputLimits::new().server(ServerId::new("s").unwrap(), tokens(0));
+        assert!(zero.check(10).unwrap_err().to_string().contains("of s:"));
+    }
+}
