@@ -19,6 +19,7 @@ mod serve_http;
 mod serve_huge;
 mod serve_identities;
 mod serve_lazy;
+mod serve_limits;
 mod serve_mrtr;
 mod serve_pinning;
 mod serve_replicas;

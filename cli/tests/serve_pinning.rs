@@ -7,12 +7,12 @@
 
 use std::path::{Path, PathBuf};
 
+use rmcp::RoleClient;
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-use crate::support::{PSYCH, stdio_gateway, text};
+use crate::support::{PSYCH, listed_session, text};
 
 type Session = RunningService<RoleClient, ()>;
 
@@ -37,25 +37,8 @@ fn write_config(dir: &Path) -> PathBuf {
     path
 }
 
-/// A session on a new gateway process, once every upstream is listed (known from the kept
-/// catalogue, or listed after it started).
 async fn connect(config: &Path, dir: &Path, flags: &[&str]) -> Session {
-    let session = ().serve(stdio_gateway(config, dir, flags)).await.unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(60), async {
-        loop {
-            let tools = session.list_all_tools().await.unwrap();
-            if !serde_json::to_string(&tools)
-                .unwrap()
-                .contains("not listed yet")
-            {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("every upstream is listed");
-    session
+    listed_session(config, dir, flags).await
 }
 
 async fn call(session: &Session, name: &str, arguments: Value) -> String {

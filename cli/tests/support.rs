@@ -116,3 +116,29 @@ pub(crate) fn text(result: &rmcp::model::CallToolResult) -> String {
         .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
         .collect()
 }
+
+/// A client session (rmcp's, no handler) on a new `psych serve` over stdio, once every
+/// upstream is listed (known from the kept catalogue, or listed after it started).
+pub(crate) async fn listed_session(
+    config: &std::path::Path,
+    dir: &std::path::Path,
+    flags: &[&str],
+) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
+    use rmcp::ServiceExt as _;
+    let session = ().serve(stdio_gateway(config, dir, flags)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let tools = session.list_all_tools().await.unwrap();
+            if !serde_json::to_string(&tools)
+                .unwrap()
+                .contains("not listed yet")
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("every upstream is listed");
+    session
+}

@@ -84,14 +84,31 @@ impl<E> Elider<E> {
         &self.limits
     }
 
-    /// The per-result threshold of a result of `target`: its limit's (a hint's clamped to
-    /// the per-batch threshold), else the default.
+    /// This elider with `limits` instead of its own (the same estimator, thresholds and
+    /// preview sizes).
+    #[must_use]
+    pub fn with_limits(&self, limits: OutputLimits) -> Elider<E>
+    where
+        E: Clone,
+    {
+        Elider {
+            estimator: self.estimator.clone(),
+            thresholds: self.thresholds,
+            preview: self.preview,
+            limits,
+        }
+    }
+
+    /// The per-result threshold of a result of `target` ([`OutputLimits::per_result`]),
+    /// the default one for a result without a target.
     fn per_result(&self, target: Option<&ToolRef>) -> u64 {
-        target
-            .and_then(|tool| self.limits.for_tool(tool).per_result_tokens)
-            .map_or(self.thresholds.per_result(), |tokens| {
-                tokens.clamp(1, self.thresholds.per_batch())
-            })
+        target.map_or(self.thresholds.per_result(), |tool| {
+            self.limits.per_result(
+                tool,
+                self.thresholds.per_result(),
+                self.thresholds.per_batch(),
+            )
+        })
     }
 
     /// The preview sizes of a result of `target`: its limit's head and tail where set.

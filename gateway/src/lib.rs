@@ -992,7 +992,9 @@ impl Session {
             }
             _ => return Err(ErrorData::internal_error("the call logged no result", None)),
         };
-        let (view_of, stored_len) = self.project(executor, &handle).await?;
+        let (view_of, stored_len) = self
+            .project(executor, &handle, result.target.as_ref())
+            .await?;
         // An elided success links the whole result, for clients that know the block.
         let links = resources::links_known(context);
         let max_read = executor.limits().max_passed_bytes();
@@ -1053,17 +1055,34 @@ impl Session {
         &self,
         executor: &Executor<McpManager>,
         handle: &RecordHandle,
+        target: Option<&ToolRef>,
     ) -> Result<(Projection, u64), ErrorData> {
         let log = Arc::clone(executor.store());
         let shared = Arc::clone(&self.shared);
         let handle = handle.clone();
+        // The hint the target's server declares now (`anthropic/maxResultSizeChars`), from
+        // the catalogue the listing was resolved from.
+        let hinted = target.and_then(|target| {
+            let view = self.lane().latest()?;
+            let catalog = view.catalogs.iter().find(|c| c.server == target.server)?;
+            let limits = shared
+                .elider
+                .limits()
+                .clone()
+                .with_hints(std::slice::from_ref(catalog), |chars| chars.div_ceil(4));
+            limits
+                .hint(target)
+                .is_some()
+                .then(|| shared.elider.with_limits(limits))
+        });
         let projected = tokio::task::spawn_blocking(move || {
             let stored = log
                 .stored_result(&handle)
                 .map_err(|e| e.to_string())?
                 .ok_or_else(|| format!("{handle} is not a tool result of the session's log"))?;
-            let views = shared
-                .elider
+            let views = hinted
+                .as_ref()
+                .unwrap_or(&shared.elider)
                 .project_stored(
                     &[StoredRef {
                         handle: &handle,
@@ -1940,6 +1959,12 @@ pub enum ServeError {
     /// The file's grant is malformed (an `allowTools` that is not a list of tool names).
     #[error("the grant of the MCP config")]
     Grant(#[source] psych_mcp::ConfigError),
+    /// An `output` entry of the file is malformed.
+    #[error("the output limits of the MCP config")]
+    Output(#[source] psych_mcp::ConfigError),
+    /// An `output` entry sets a per-result threshold over the gateway's per-batch one.
+    #[error("the output limits of the MCP config")]
+    Limits(#[source] psych_types::LimitError),
     /// An identity's `allowTools` in the tokens file names a server the MCP config does
     /// not grant.
     #[error(
@@ -2071,6 +2096,12 @@ pub async fn serve(
         })?;
     let disclosure = listing_settings(&settings.disclosure).map_err(ServeError::Settings)?;
     let grant = config.grant().map_err(ServeError::Grant)?;
+    // Every result is projected alone (a batch of one): the default thresholds' per-batch
+    // bound is what a tool's per-result threshold may reach.
+    let output_limits = config.output_limits().map_err(ServeError::Output)?;
+    output_limits
+        .check(psych_elision::Thresholds::default().per_batch())
+        .map_err(ServeError::Limits)?;
     // Every identity's narrowed grant, checked before anything starts.
     let mut narrowings = Vec::new();
     if let Some(tokens) = &settings.tokens {
@@ -2260,6 +2291,7 @@ pub async fn serve(
         limits,
         elider: Elider::builder()
             .estimator(settings.estimator.clone())
+            .limits(output_limits)
             .build(),
         logs: settings.logs(),
         stores: settings.stores.clone(),

@@ -12,7 +12,8 @@
 //! Psych's keys, all optional: `preload` (`true` always injects the server's schemas,
 //! `false` always defers them, absent decides from the catalogue size), `eagerTools` (tool
 //! names injected even when the server is deferred) and `description` (the short line shown
-//! for a deferred server); `allowTools` (the tools the grant permits), and `lazy`,
+//! for a deferred server); `allowTools` (the tools the grant permits), `output` (per
+//! server and tool output limits, [`OUTPUT`]), and `lazy`,
 //! `listingTtlSecs` and `idleSecs` ([`StartPolicy`]: whether and how a server is started only
 //! when it is needed), kept in [`ServerConfig::extra`] and read by their accessors. Keys
 //! nobody here knows are kept there too, and keys beside `mcpServers` in
@@ -26,7 +27,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use psych_types::{
-    ConnectionSpec, JsonObject, PermissionGrant, Preload, ServerId, ToolName, ToolRef,
+    ConnectionSpec, JsonObject, OutputLimit, OutputLimits, PermissionGrant, Preload, ServerId,
+    ToolName, ToolRef,
 };
 use serde_json::Value;
 
@@ -156,6 +158,85 @@ impl ServerConfig {
     }
 }
 
+/// The key of a server entry that sets its results' output limits: Psych's own, kept in
+/// [`ServerConfig::extra`] and read by [`ServerConfig::output_limit`] and
+/// [`McpConfig::output_limits`]. An object with any of `perResultTokens` (a successful
+/// result of this many estimated tokens or more is elided, at least 1), `headChars` and
+/// `tailChars` (the preview's sizes), and `tools`, an object from tool names to objects of
+/// the same three keys: `{"perResultTokens": 2000, "tools": {"search": {"headChars":
+/// 4000}}}`. A tool's setting beats its server's, which beats a hint the server declares in
+/// the tool's `_meta` (`anthropic/maxResultSizeChars`), which beats the defaults.
+pub const OUTPUT: &str = "output";
+
+impl ServerConfig {
+    /// What this server's [`OUTPUT`] entry sets: for the server, and per tool (empty when it
+    /// has none).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Field`] naming the key at fault (`output.tools.search.headChars`) for
+    /// an entry of the wrong shape, an unknown key, or a `perResultTokens` of 0.
+    /// [`McpConfig::parse`] checks every entry, so a parsed file never fails.
+    pub fn output_limit(
+        &self,
+    ) -> Result<(OutputLimit, BTreeMap<ToolName, OutputLimit>), ConfigError> {
+        let error = |field: String, problem: String| ConfigError::Field {
+            server: self.connection.server.as_str().to_owned(),
+            field,
+            problem,
+        };
+        let Some(value) = self.extra.get(OUTPUT) else {
+            return Ok((OutputLimit::default(), BTreeMap::new()));
+        };
+        let Value::Object(entry) = value else {
+            return Err(error(
+                OUTPUT.to_owned(),
+                "expected an object with perResultTokens, headChars, tailChars or tools".to_owned(),
+            ));
+        };
+        let mut entry = entry.clone();
+        let tools = entry.remove("tools");
+        let limit = |at: String, object: JsonObject| -> Result<OutputLimit, ConfigError> {
+            let limit: OutputLimit = serde_json::from_value(Value::Object(object))
+                .map_err(|e| error(at.clone(), e.to_string()))?;
+            if limit.per_result_tokens == Some(0) {
+                return Err(error(
+                    format!("{at}.perResultTokens"),
+                    "expected at least 1 (0 would elide every result)".to_owned(),
+                ));
+            }
+            Ok(limit)
+        };
+        let server = limit(OUTPUT.to_owned(), entry)?;
+        let mut per_tool = BTreeMap::new();
+        match tools {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(tools)) => {
+                for (name, value) in tools {
+                    let at = format!("{OUTPUT}.tools.{name}");
+                    let tool = ToolName::new(name.as_str())
+                        .map_err(|e| error(at.clone(), e.to_string()))?;
+                    let Value::Object(object) = value else {
+                        return Err(error(
+                            at,
+                            "expected an object with perResultTokens, headChars or tailChars"
+                                .to_owned(),
+                        ));
+                    };
+                    per_tool.insert(tool, limit(at, object)?);
+                }
+            }
+            Some(_) => {
+                return Err(error(
+                    format!("{OUTPUT}.tools"),
+                    "expected an object from tool names to limits".to_owned(),
+                ));
+            }
+        }
+        Ok((server, per_tool))
+    }
+}
+
 /// The key of a server entry that says whether the server is started only when it is
 /// needed (`true`, the default, or `false`): Psych's own, kept in [`ServerConfig::extra`] and
 /// read by [`ServerConfig::start_policy`].
@@ -262,6 +343,26 @@ impl ServerConfig {
 }
 
 impl McpConfig {
+    /// The output limits the file sets ([`OUTPUT`] of each entry), without hints (an elider's
+    /// owner takes them from the catalogues: [`OutputLimits::with_hints`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`ServerConfig::output_limit`] (never for a file [`McpConfig::parse`] accepted).
+    pub fn output_limits(&self) -> Result<OutputLimits, ConfigError> {
+        let mut limits = OutputLimits::new();
+        for (server, entry) in &self.servers {
+            let (own, tools) = entry.output_limit()?;
+            if !own.is_empty() {
+                limits = limits.server(server.clone(), own);
+            }
+            for (tool, limit) in tools {
+                limits = limits.tool(ToolRef::new(server.clone(), tool), limit);
+            }
+        }
+        Ok(limits)
+    }
+
     /// The permission grant the file gives: every tool of a server without
     /// [`ALLOW_TOOLS`], the tools it names for a server with it. The one grant builder:
     /// `psych serve` and `psych budget` both decide with it, so one file gives one Surface.
@@ -402,6 +503,7 @@ impl<E: Fn(&str) -> Option<String>> Entry<'_, E> {
         // Checked now, so a bad grant fails loading rather than the first command using it.
         config.allowed_tools()?;
         config.start_policy()?;
+        config.output_limit()?;
         Ok(config)
     }
 
@@ -582,6 +684,69 @@ impl<E: Fn(&str) -> Option<String>> Entry<'_, E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_limits_are_read_per_server_and_tool_and_refused_by_field() {
+        let config = McpConfig::parse(
+            r#"{"mcpServers": {
+                "a": {"command": "x", "output": {"perResultTokens": 500, "headChars": 100,
+                      "tools": {"search": {"perResultTokens": 4000, "tailChars": 0}}}},
+                "b": {"command": "x"}
+            }}"#,
+            |_| None,
+        )
+        .unwrap();
+        let limits = config.output_limits().unwrap();
+        let tool = |server: &str, tool: &str| {
+            ToolRef::new(ServerId::new(server).unwrap(), ToolName::new(tool).unwrap())
+        };
+        assert_eq!(
+            limits.for_tool(&tool("a", "search")),
+            OutputLimit {
+                per_result_tokens: Some(4000),
+                head_chars: Some(100),
+                tail_chars: Some(0),
+            }
+        );
+        assert_eq!(
+            limits.for_tool(&tool("a", "other")).per_result_tokens,
+            Some(500)
+        );
+        assert_eq!(
+            limits.for_tool(&tool("b", "search")),
+            OutputLimit::default()
+        );
+        // The entry stays in `extra` for clients that share the file.
+        assert!(
+            config.servers[&ServerId::new("a").unwrap()]
+                .extra
+                .contains_key(OUTPUT)
+        );
+
+        for (bad, field) in [
+            (r#""big""#, "output"),
+            (r#"{"perResultTokens": 0}"#, "output.perResultTokens"),
+            (r#"{"perResultToken": 5}"#, "output"),
+            (r#"{"headChars": -1}"#, "output"),
+            (r#"{"tools": []}"#, "output.tools"),
+            (r#"{"tools": {"s": 5}}"#, "output.tools.s"),
+            (
+                r#"{"tools": {"s": {"perResultTokens": 0}}}"#,
+                "output.tools.s.perResultTokens",
+            ),
+            (r#"{"tools": {"no spaces": {}}}"#, "output.tools.no spaces"),
+        ] {
+            let text = format!(r#"{{"mcpServers": {{"a": {{"command": "x", "output": {bad}}}}}}}"#);
+            match McpConfig::parse(&text, |_| None) {
+                Err(ConfigError::Field {
+                    server, field: got, ..
+                }) => {
+                    assert_eq!((server.as_str(), got.as_str()), ("a", field), "{bad}");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn allow_tools_narrows_the_grant_and_its_absence_grants_the_server() {

@@ -102,7 +102,7 @@ mod timeouts;
 
 pub use budget::{DEFAULT_SPILL_BUDGET, SpillBudget};
 pub use config::{
-    ALLOW_TOOLS, ConfigError, IDLE_SECS, LAZY, LISTING_TTL_SECS, McpConfig, ServerConfig,
+    ALLOW_TOOLS, ConfigError, IDLE_SECS, LAZY, LISTING_TTL_SECS, McpConfig, OUTPUT, ServerConfig,
     StartPolicy, Transport,
 };
 pub use error::McpError;

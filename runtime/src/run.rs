@@ -16,6 +16,7 @@ use psych_prompt_assembly::{
 };
 use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, Recovery, SharedRecordLog, SyncPolicy};
+use psych_types::OutputLimits;
 use psych_types::{
     AssistantMessage, History, HistoryItem, LoggedRecord, PermissionGrant, Record, RunId,
     ServerCatalog, TokenEstimator, ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult,
@@ -205,6 +206,8 @@ pub struct RunBuilder<H> {
     stores: Option<(Arc<dyn RecordStores>, String)>,
     /// Learned pinning: the usage of earlier Runs and what it may pin.
     pinning: Option<(ToolUsage, PinSettings)>,
+    /// Output limits per server and tool.
+    output_limits: OutputLimits,
 }
 
 impl<H> std::fmt::Debug for RunBuilder<H> {
@@ -253,6 +256,7 @@ impl<H: ToolHost + 'static> Run<H> {
             on_demand: None,
             stores: None,
             pinning: None,
+            output_limits: OutputLimits::new(),
         }
     }
 
@@ -808,6 +812,20 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
+    /// Output limits per server and tool (what an `mcpServers` file's `output` entries set:
+    /// `McpConfig::output_limits` in psych-mcp): a tool's successful results are elided at
+    /// its own per-result threshold and previewed with its own head and tail. The hints the
+    /// connected servers declare (`anthropic/maxResultSizeChars` in a tool's `_meta`, at 4
+    /// characters a token) are taken from their catalogues when the Run opens, and only
+    /// raise a threshold the user did not set. Fixed for the Run's life, like every
+    /// threshold, so earlier turns' views never change. Checked when the Run opens: a
+    /// per-result threshold over the elider's per-batch one is [`RunError::Limits`].
+    #[must_use]
+    pub fn output_limits(mut self, limits: OutputLimits) -> Self {
+        self.output_limits = limits;
+        self
+    }
+
     /// Keeps the Run's records in `stores` (the PostgreSQL store,
     /// `psych_store_postgres::PgBlocking`) as Run `run` of `identity`, instead of
     /// `<dir>/<run>.plog`: a worker on another machine opening the same Run of the same
@@ -842,6 +860,8 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     pub async fn open(self) -> Result<Run<H>, RunError> {
         // The tools every turn sends beside the Surface's are reserved in its tool cap.
         let settings = crate::reserve_executor_tools(&self.settings)?;
+        self.output_limits
+            .check(self.elider.thresholds().per_batch())?;
         let (dir, run, sync, stores) = (self.dir, self.run, self.sync, self.stores);
         let pins_path = crate::pinning::pins_path(&dir, &run);
         // One estimator for disclosure, the log and elision. Results are logged with its
@@ -907,6 +927,12 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             recovery,
             pins: Pins::default(),
         };
+        // The servers' hints, as their catalogues declare them now.
+        let catalogs = run.live_catalogs().await?;
+        let limits = self
+            .output_limits
+            .with_hints(&catalogs, |chars| chars.div_ceil(4));
+        run.elider = run.elider.with_limits(limits);
         if let Some((usage, pin_settings)) = self.pinning {
             run.pin(usage, pin_settings, pin_estimator, pins_path)
                 .await?;

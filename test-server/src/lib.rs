@@ -133,6 +133,9 @@ pub struct Scenario {
     /// `subscriptions/listen` streams; `initialize` (and a request naming another
     /// revision) is refused as an unsupported protocol version.
     pub modern_only: bool,
+    /// Declare on the `large` control tool, in its `_meta`, that its results may be this
+    /// many characters (`anthropic/maxResultSizeChars`, the hint Claude Code honours).
+    pub hint_max_chars: Option<u64>,
 }
 
 /// How to serve.
@@ -152,7 +155,8 @@ pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
 [--repeat-cursor] [--hang-initialize] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
 [--no-control-tools] [--catalog FILE] [--json-response] [--stderr-flood BYTES] \
-[--setsid-grandchild PIDFILE] [--list-raw-tools] [--modern-only] [--scenario JSON]";
+[--setsid-grandchild PIDFILE] [--list-raw-tools] [--modern-only] [--hint-max-chars N] \
+[--scenario JSON]";
 
 impl Scenario {
     /// Parses the binary's arguments (without the program name).
@@ -213,6 +217,9 @@ impl Scenario {
                 "--catalog" => scenario.catalog = Some(PathBuf::from(value("a file")?)),
                 "--json-response" => scenario.json_response = true,
                 "--stderr-flood" => scenario.stderr_flood = Some(number(value("a count")?)? as u64),
+                "--hint-max-chars" => {
+                    scenario.hint_max_chars = Some(number(value("a count")?)? as u64);
+                }
                 "--list-raw-tools" => scenario.list_raw_tools = true,
                 "--modern-only" => scenario.modern_only = true,
                 "--setsid-grandchild" => {
@@ -342,6 +349,11 @@ impl State {
         } else {
             control_tools()
         };
+        if let Some(chars) = scenario.hint_max_chars {
+            for tool in tools.iter_mut().filter(|t| t["name"] == "large") {
+                tool["_meta"] = json!({ psych_types::MAX_RESULT_SIZE_CHARS: chars });
+            }
+        }
         tools.extend(
             crate::synthetic_catalog(scenario.kind, scenario.tools)
                 .into_iter()

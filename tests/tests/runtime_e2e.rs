@@ -189,6 +189,7 @@ impl World {
         )
         .connections(self.connections())
         .grant(self.grant())
+        .output_limits(self.config.output_limits().unwrap())
         .instructions("You are the end-to-end test's assistant.")
         .elider(
             Elider::builder()
@@ -960,5 +961,110 @@ async fn learned_pinning_saves_round_trips_and_tokens_over_a_scripted_history() 
     );
     assert!(calls_with < calls_without);
     assert!(input_with < input_without);
+    world.stop().await;
+}
+
+/// Output limits users set (issue 34): per tool from the `mcpServers` file, and the hint a
+/// server declares (`anthropic/maxResultSizeChars`), the user's setting winning. The Run's
+/// elider is 2,000 tokens per result, 8,000 per batch; results are projected the turn after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_limits_elide_each_tool_at_its_own_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let world = World::start(
+        config(json!({
+            "limited": stdio(&[], json!({"preload": true, "output": {
+                "tools": {"echo": {"perResultTokens": 500, "headChars": 40, "tailChars": 20}}
+            }})),
+            "hinted": stdio(&["--hint-max-chars", "40000"], json!({"preload": true})),
+            "overruled": stdio(&["--hint-max-chars", "40000"], json!({"preload": true, "output": {
+                "perResultTokens": 1000
+            }})),
+            "plain": stdio(&[], json!({"preload": true})),
+        })),
+        Duration::from_secs(20),
+    )
+    .await;
+    let target = Target::Anthropic(AnthropicOptions::new("claude-sonnet-4-5", 4096));
+    let mut run = world.run(dir.path(), target.clone()).await;
+    let mut model = ScriptedModel::new([
+        Step::call("limited__echo", json!({"text": "sword ".repeat(700)}))
+            .and_call("plain__echo", json!({"text": "oword ".repeat(700)}))
+            .and_call("hinted__large", json!({"bytes": 20_000}))
+            .and_call("plain__large", json!({"bytes": 20_000}))
+            .and_call("overruled__large", json!({"bytes": 6_000})),
+        Step::say("Fetched."),
+    ]);
+    turn(&mut run, &mut model, "Fetch them.", &target).await;
+    let mut model = ScriptedModel::new([Step::say("Seen.")]).first_call(6);
+    let requests = turn(&mut run, &mut model, "And now?", &target).await;
+    let body: Value = serde_json::from_str(requests[0].body()).unwrap();
+    // What the model is shown of call `call`'s result.
+    let shown = |call: &str| -> String {
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+            .find(|block| block["type"] == "tool_result" && block["tool_use_id"] == call)
+            .map(|block| match &block["content"] {
+                Value::String(text) => text.clone(),
+                Value::Array(blocks) => blocks.iter().filter_map(|b| b["text"].as_str()).collect(),
+                _ => String::new(),
+            })
+            .unwrap_or_else(|| panic!("no result for {call}"))
+    };
+    let elided = |call: &str| shown(call).contains("[Elided tool result");
+    use psych_types::TokenEstimator as _;
+    let estimate = |text: &str| psych_elision::Estimator::new().estimate_text(text);
+    // Over its tool's 500, under the default 2,000.
+    assert!((500..2_000).contains(&estimate(&"sword ".repeat(700))));
+    assert!(elided("call_1"), "the limited tool's result is elided");
+    let head = shown("call_1");
+    assert!(
+        head.starts_with("sword sword") && !head.contains(&"sword ".repeat(12)),
+        "{head}"
+    );
+    assert!(
+        !elided("call_2"),
+        "the same size from another tool is whole"
+    );
+    // Over the default 2,000, under the hint's 10,000 (clamped to 8,000).
+    assert!((2_000..8_000).contains(&estimate(&large_text(20_000))));
+    assert!(!elided("call_3"), "the hint raises the threshold");
+    assert!(elided("call_4"), "no hint, the default");
+    // Under the default and the hint, over the user's 1,000.
+    assert!((1_000..2_000).contains(&estimate(&large_text(6_000))));
+    assert!(elided("call_5"), "the user's setting beats the hint");
+    drop(run);
+
+    // A per-result threshold over the batch's is refused when the Run opens, by name.
+    let over = config(json!({"s": stdio(&[], json!({"output": {"perResultTokens": 9000}}))}));
+    let refused = Run::builder(
+        dir.path(),
+        RunId::new("run-over").unwrap(),
+        world.catalog(),
+        Arc::new(world.manager.clone()),
+        target.clone(),
+    )
+    .output_limits(over.output_limits().unwrap())
+    .elider(
+        Elider::builder()
+            .thresholds(
+                Thresholds::builder()
+                    .per_result(2_000)
+                    .per_batch(8_000)
+                    .build()
+                    .unwrap(),
+            )
+            .build(),
+    )
+    .open()
+    .await
+    .unwrap_err();
+    let message = psych_types::error_chain(&refused);
+    assert!(
+        message.contains("perResultTokens 9000") && message.contains("of s:"),
+        "{message}"
+    );
     world.stop().await;
 }

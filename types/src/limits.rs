@@ -65,11 +65,14 @@ pub enum LimitError {
 }
 
 /// Output limits by server and by tool, with the hints servers declare: what an elider
-/// applies per result ([`OutputLimits::for_tool`]).
+/// applies per result ([`OutputLimits::for_tool`], [`OutputLimits::hint`]).
 ///
 /// Precedence, for each part separately: the tool's own setting, then its server's, then
-/// the server's declared hint ([`MAX_RESULT_SIZE_CHARS`] in the tool's `_meta`, as a
-/// per-result threshold: [`with_hints`](Self::with_hints)), then the elider's defaults.
+/// (for the per-result threshold only) the server's declared hint
+/// ([`MAX_RESULT_SIZE_CHARS`] in the tool's `_meta`: [`with_hints`](Self::with_hints)),
+/// which can only raise the default threshold (a server declaring how large its results
+/// may be asks that they be shown whole up to there, never that smaller ones be cut), then
+/// the elider's defaults.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OutputLimits {
     servers: BTreeMap<ServerId, OutputLimit>,
@@ -121,16 +124,29 @@ impl OutputLimits {
         self
     }
 
-    /// The limits in force for `tool`'s results, each part from the first level that sets
-    /// it.
+    /// The limits the user set for `tool`'s results, each part from the tool's setting or
+    /// else its server's (hints aside: [`hint`](Self::hint)).
     pub fn for_tool(&self, tool: &ToolRef) -> OutputLimit {
         let own = self.tools.get(tool).copied().unwrap_or_default();
         let server = self.servers.get(&tool.server).copied().unwrap_or_default();
-        let hint = OutputLimit {
-            per_result_tokens: self.hints.get(tool).copied(),
-            ..OutputLimit::default()
+        own.or(server)
+    }
+
+    /// The per-result threshold, in tokens, `tool`'s server declared for it
+    /// ([`with_hints`](Self::with_hints)), if any.
+    pub fn hint(&self, tool: &ToolRef) -> Option<u64> {
+        self.hints.get(tool).copied()
+    }
+
+    /// The per-result threshold of `tool`'s results, given the default one and the
+    /// per-batch threshold: the user's (tool's, else server's) if set; else the larger of
+    /// the default and the server's hint; each at least 1 and at most `per_batch`.
+    pub fn per_result(&self, tool: &ToolRef, default: u64, per_batch: u64) -> u64 {
+        let chosen = match self.for_tool(tool).per_result_tokens {
+            Some(tokens) => tokens,
+            None => self.hint(tool).map_or(default, |hint| hint.max(default)),
         };
-        own.or(server).or(hint)
+        chosen.clamp(1, per_batch.max(1))
     }
 
     /// Whether nothing is set and no hint taken.
@@ -224,13 +240,16 @@ mod tests {
                 tail_chars: None
             }
         );
-        // The hint where the user set no threshold; the user's where they did.
-        assert_eq!(
-            limits.for_tool(&tool("s", "b")).per_result_tokens,
-            Some(200)
-        );
-        assert_eq!(limits.for_tool(&tool("t", "b")).per_result_tokens, Some(9));
+        assert_eq!(limits.per_result(&tool("s", "a"), 100, 1_000), 7);
+        // The hint where the user set no threshold, when it raises the default; the
+        // user's where they set one; clamped to the batch's.
+        assert_eq!(limits.hint(&tool("s", "b")), Some(200));
+        assert_eq!(limits.per_result(&tool("s", "b"), 100, 1_000), 200);
+        assert_eq!(limits.per_result(&tool("s", "b"), 300, 1_000), 300);
+        assert_eq!(limits.per_result(&tool("s", "b"), 100, 150), 150);
+        assert_eq!(limits.per_result(&tool("t", "b"), 100, 1_000), 9);
         assert_eq!(limits.for_tool(&tool("u", "b")), OutputLimit::default());
+        assert_eq!(limits.per_result(&tool("u", "b"), 100, 1_000), 100);
         assert!(!limits.is_empty() && OutputLimits::new().is_empty());
     }
 

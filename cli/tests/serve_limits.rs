@@ -1,0 +1,100 @@
+//! Output limits users set, through `psych serve` (issue 34): a tool's `output` entry in the
+//! `mcpServers` file elides its results at its own size with its own preview, a server's
+//! `anthropic/maxResultSizeChars` hint raises its tool's threshold, and a threshold over the
+//! per-batch one is refused at start, by name. A real client (rmcp's) over stdio.
+
+use std::path::Path;
+
+use rmcp::model::CallToolRequestParams;
+use serde_json::{Value, json};
+
+use crate::support::{PSYCH, listed_session, text};
+
+fn embedded(args: &[&str], extra: Value) -> Value {
+    let mut all = vec!["serve-embedded", "--tools", "0"];
+    all.extend_from_slice(args);
+    let mut server = json!({"command": PSYCH, "args": all, "preload": true});
+    server
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().cloned().unwrap());
+    server
+}
+
+fn write(dir: &Path, servers: Value) -> std::path::PathBuf {
+    let path = dir.join("mcp.json");
+    std::fs::write(&path, json!({ "mcpServers": servers }).to_string()).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tool_is_elided_at_its_own_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        json!({
+            "limited": embedded(&[], json!({"output": {"tools": {"echo": {
+                "perResultTokens": 500, "headChars": 40, "tailChars": 20
+            }}}})),
+            "hinted": embedded(&["--hint-max-chars", "200000"], json!({})),
+            "plain": embedded(&[], json!({})),
+        }),
+    );
+    let session = listed_session(&config, dir.path(), &[]).await;
+    let call = async |name: &str, arguments: Value| {
+        let Value::Object(arguments) = arguments else {
+            unreachable!()
+        };
+        let result = session
+            .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_ne!(result.is_error, Some(true), "{name}: {}", text(&result));
+        text(&result)
+    };
+    let elided = |shown: &str| shown.contains("[Elided tool result");
+    // ~800 estimated tokens: over the echo's 500, under the default 10,000.
+    let limited = call("limited__echo", json!({"text": "sword ".repeat(700)})).await;
+    assert!(elided(&limited), "{limited}");
+    assert!(
+        limited.starts_with("sword sword") && !limited.contains(&"sword ".repeat(12)),
+        "a 40-character head: {limited}"
+    );
+    let plain = call("plain__echo", json!({"text": "sword ".repeat(700)})).await;
+    assert!(
+        !elided(&plain),
+        "another tool's result of the same size is whole"
+    );
+    // ~14,600 tokens: over the default 10,000, under the hint's 50,000 (clamped to the
+    // per-batch 30,000).
+    let hinted = call("hinted__large", json!({"bytes": 60_000})).await;
+    assert!(!elided(&hinted), "the hint raises the threshold");
+    assert_eq!(hinted.len(), 60_000);
+    let plain = call("plain__large", json!({"bytes": 60_000})).await;
+    assert!(elided(&plain), "without a hint, the default elides it");
+    session.cancel().await.unwrap();
+}
+
+#[test]
+fn a_threshold_over_the_batch_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        json!({"s": embedded(&[], json!({"output": {"tools": {"echo": {"perResultTokens": 40000}}}}))}),
+    );
+    let out = std::process::Command::new(PSYCH)
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--dir")
+        .arg(dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("s/echo") && stderr.contains("perResultTokens 40000"),
+        "{stderr}"
+    );
+}
