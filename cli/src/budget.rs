@@ -467,14 +467,17 @@ pub(crate) fn table(report: &BudgetReport) -> String {
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))
                 .unwrap_or_default();
+            let plural = |n: u64| if n == 1 { "" } else { "s" };
             let _ = writeln!(
                 out,
-                "    {:<14} {}/{}: {} sessions, {} calls, {} ~tok",
+                "    {:<14} {}/{}: {} session{}, {} call{}, {} ~tok",
                 why.replace('_', " "),
                 choice.tool.server,
                 choice.tool.tool,
                 choice.used.runs,
+                plural(choice.used.runs),
                 choice.used.calls,
+                plural(choice.used.calls),
                 choice.tokens.map_or_else(|| "?".to_owned(), thousands)
             );
         }

@@ -37,6 +37,9 @@ async fn each_tool_is_elided_at_its_own_size() {
                 "perResultTokens": 500, "headChars": 40, "tailChars": 20
             }}}})),
             "hinted": embedded(&["--hint-max-chars", "200000"], json!({})),
+            "overruled": embedded(&["--hint-max-chars", "200000"], json!({"output": {
+                "perResultTokens": 5000
+            }})),
             "plain": embedded(&[], json!({})),
         }),
     );
@@ -72,6 +75,9 @@ async fn each_tool_is_elided_at_its_own_size() {
     assert_eq!(hinted.len(), 60_000);
     let plain = call("plain__large", json!({"bytes": 60_000})).await;
     assert!(elided(&plain), "without a hint, the default elides it");
+    // ~7,300 tokens: under the default and the hint, over the user's 5,000.
+    let overruled = call("overruled__large", json!({"bytes": 30_000})).await;
+    assert!(elided(&overruled), "the user's setting beats the hint");
     session.cancel().await.unwrap();
 }
 

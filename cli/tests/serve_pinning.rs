@@ -152,7 +152,9 @@ async fn the_tools_earlier_sessions_used_most_are_listed_directly() {
         .unwrap();
     let table = String::from_utf8(table.stdout).unwrap();
     assert!(
-        table.contains("Learned pinning") && table.contains("big/echo: 3 sessions, 3 calls"),
+        table.contains("Learned pinning")
+            && table.contains("big/echo: 3 sessions, 3 calls")
+            && table.contains("big/large: 1 session, 1 call,"),
         "{table}"
     );
 

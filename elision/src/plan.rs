@@ -74,14 +74,22 @@ pub fn plan(sizes: &[u64], thresholds: &Thresholds) -> Plan {
 /// [`plan`] with a per-result threshold of its own for each result (`per_result[i]` for
 /// `sizes[i]`; a result without one gets the smallest given, or none is elided alone when
 /// none is), one per-batch threshold: what output limits set per tool make of it. Step 1's
-/// short-circuit is on the smallest per-result threshold, so it changes nothing step 2
-/// would do. With every threshold equal it is [`plan`]. Each threshold should be at most
-/// `per_batch` and at least 1 (a caller clamps them: [`Elider`](crate::Elider) does).
+/// short-circuit is on the smallest per-result threshold, so it changes nothing steps 2
+/// and 3 would do. With every threshold equal it is [`plan`]. Each threshold is clamped to
+/// `1..=per_batch` (`per_batch` at least 1), so the kept total always ends under the
+/// per-batch threshold, as [`plan`]'s does.
 pub fn plan_each(sizes: &[u64], per_result: &[u64], per_batch: u64) -> Plan {
-    let fallback = per_result.iter().copied().min().unwrap_or(u64::MAX);
+    let per_batch = per_batch.max(1);
+    let fallback = per_result.iter().copied().min().unwrap_or(per_batch);
     plan_with(
         sizes,
-        |i| per_result.get(i).copied().unwrap_or(fallback),
+        |i| {
+            per_result
+                .get(i)
+                .copied()
+                .unwrap_or(fallback)
+                .clamp(1, per_batch)
+        },
         per_batch,
     )
 }

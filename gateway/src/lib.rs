@@ -1069,7 +1069,7 @@ impl Session {
                 .elider
                 .limits()
                 .clone()
-                .with_hints(std::slice::from_ref(catalog), |chars| chars.div_ceil(4));
+                .with_declared_hints(std::slice::from_ref(catalog));
             limits
                 .hint(target)
                 .is_some()

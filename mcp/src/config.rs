@@ -185,7 +185,7 @@ impl ServerConfig {
             field,
             problem,
         };
-        let Some(value) = self.extra.get(OUTPUT) else {
+        let Some(value) = self.extra.get(OUTPUT).filter(|v| !v.is_null()) else {
             return Ok((OutputLimit::default(), BTreeMap::new()));
         };
         let Value::Object(entry) = value else {
@@ -196,14 +196,47 @@ impl ServerConfig {
         };
         let mut entry = entry.clone();
         let tools = entry.remove("tools");
+        // Each key read by hand, so an error names it (`output.tools.search.headChars`).
         let limit = |at: String, object: JsonObject| -> Result<OutputLimit, ConfigError> {
-            let limit: OutputLimit = serde_json::from_value(Value::Object(object))
-                .map_err(|e| error(at.clone(), e.to_string()))?;
-            if limit.per_result_tokens == Some(0) {
-                return Err(error(
-                    format!("{at}.perResultTokens"),
-                    "expected at least 1 (0 would elide every result)".to_owned(),
-                ));
+            let mut limit = OutputLimit::default();
+            for (key, value) in object {
+                let field = format!("{at}.{key}");
+                let number = match &value {
+                    Value::Null => None,
+                    Value::Number(n) => Some(n.as_u64().ok_or_else(|| {
+                        error(
+                            field.clone(),
+                            "expected a whole number, 0 or more".to_owned(),
+                        )
+                    })?),
+                    _ => {
+                        return Err(error(field, "expected a whole number".to_owned()));
+                    }
+                };
+                match key.as_str() {
+                    "perResultTokens" => {
+                        if number == Some(0) {
+                            return Err(error(
+                                field,
+                                "expected at least 1 (0 would elide every result)".to_owned(),
+                            ));
+                        }
+                        limit.per_result_tokens = number;
+                    }
+                    "headChars" => {
+                        limit.head_chars = number.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+                    }
+                    "tailChars" => {
+                        limit.tail_chars = number.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+                    }
+                    _ => {
+                        return Err(error(
+                            field,
+                            "unknown key: expected perResultTokens, headChars or tailChars"
+                                .to_owned(),
+                        ));
+                    }
+                }
             }
             Ok(limit)
         };
@@ -716,6 +749,13 @@ mod tests {
             limits.for_tool(&tool("b", "search")),
             OutputLimit::default()
         );
+        // `null` is no entry, as for Psych's other keys.
+        let none = McpConfig::parse(
+            r#"{"mcpServers": {"a": {"command": "x", "output": null}}}"#,
+            |_| None,
+        )
+        .unwrap();
+        assert!(none.output_limits().unwrap().is_empty());
         // The entry stays in `extra` for clients that share the file.
         assert!(
             config.servers[&ServerId::new("a").unwrap()]
@@ -726,8 +766,9 @@ mod tests {
         for (bad, field) in [
             (r#""big""#, "output"),
             (r#"{"perResultTokens": 0}"#, "output.perResultTokens"),
-            (r#"{"perResultToken": 5}"#, "output"),
-            (r#"{"headChars": -1}"#, "output"),
+            (r#"{"perResultToken": 5}"#, "output.perResultToken"),
+            (r#"{"headChars": -1}"#, "output.headChars"),
+            (r#"{"tailChars": "10"}"#, "output.tailChars"),
             (r#"{"tools": []}"#, "output.tools"),
             (r#"{"tools": {"s": 5}}"#, "output.tools.s"),
             (
@@ -735,6 +776,10 @@ mod tests {
                 "output.tools.s.perResultTokens",
             ),
             (r#"{"tools": {"no spaces": {}}}"#, "output.tools.no spaces"),
+            (
+                r#"{"tools": {"s": {"headChars": 1.5}}}"#,
+                "output.tools.s.headChars",
+            ),
         ] {
             let text = format!(r#"{{"mcpServers": {{"a": {{"command": "x", "output": {bad}}}}}}}"#);
             match McpConfig::parse(&text, |_| None) {

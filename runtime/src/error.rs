@@ -109,11 +109,12 @@ pub enum RunError {
     /// listing a tool twice).
     #[error("resolving the tool surface")]
     Resolve(#[from] psych_disclosure::ResolveError),
-    /// The Run's learned pins ([`RunBuilder::learned_pinning`](crate::RunBuilder::learned_pinning))
-    /// could not be kept in, or read back from, their file beside the log.
-    #[error("keeping the run's learned pins in {}", path.display())]
+    /// What the Run fixes when it first opens (its learned pins,
+    /// [`RunBuilder::learned_pinning`](crate::RunBuilder::learned_pinning), and its servers'
+    /// output-limit hints) could not be kept in, or read back from, its file beside the log.
+    #[error("keeping what the run fixed when it opened in {}", path.display())]
     Pins {
-        /// The file (`<dir>/<run>.pins.json`).
+        /// The file (`<dir>/<run>.opened.json`).
         path: std::path::PathBuf,
         /// What failed.
         source: std::io::Error,

@@ -103,14 +103,32 @@ pub fn choose_pins(
     ))
 }
 
-/// Where a Run's pins are kept: `<dir>/<run>.pins.json`, beside its log.
-pub(crate) fn pins_path(dir: &Path, run: &RunId) -> PathBuf {
-    dir.join(format!("{run}.pins.json"))
+/// What a Run fixes when it first opens ([`Run`](crate::Run)'s `settle`), kept beside its
+/// log so that a resume keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Opened {
+    /// The learned pins, when the Run was opened with learned pinning.
+    #[serde(default)]
+    pub(crate) pins: Option<Pins>,
+    /// The output-limit hints its servers' catalogues declared, in tokens.
+    #[serde(default)]
+    pub(crate) hints: Vec<(psych_types::ToolRef, u64)>,
 }
 
-/// The pins kept for a Run at `path`, if it has a file (an earlier open of the same Run
-/// chose them). Blocking.
-pub(crate) fn kept_pins(path: &Path) -> Result<Option<Pins>, RunError> {
+impl Opened {
+    /// Whether there is nothing to keep.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pins.is_none() && self.hints.is_empty()
+    }
+}
+
+/// Where it is kept: `<dir>/<run>.opened.json`, beside the Run's log.
+pub(crate) fn opened_path(dir: &Path, run: &RunId) -> PathBuf {
+    dir.join(format!("{run}.opened.json"))
+}
+
+/// What was kept for a Run at `path`, if it has a file. Blocking.
+pub(crate) fn kept_opened(path: &Path) -> Result<Option<Opened>, RunError> {
     let io = |source| RunError::Pins {
         path: path.to_owned(),
         source,
@@ -124,19 +142,26 @@ pub(crate) fn kept_pins(path: &Path) -> Result<Option<Pins>, RunError> {
     }
 }
 
-/// Keeps `pins` at `path`, whole or not at all (written aside, synced, renamed). Blocking.
-pub(crate) fn keep_pins(path: &Path, pins: &Pins) -> Result<(), RunError> {
+/// Keeps `opened` at `path`, whole or not at all (written aside, synced, renamed, the
+/// folder synced; the folder is made if need be: a Run whose records are in a store has
+/// no log there). Blocking.
+pub(crate) fn keep_opened(path: &Path, opened: &Opened) -> Result<(), RunError> {
     let io = |source| RunError::Pins {
         path: path.to_owned(),
         source,
     };
-    let bytes = serde_json::to_vec(pins)
+    let bytes = serde_json::to_vec(opened)
         .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io)?;
     let aside = path.with_extension("json.tmp");
     let mut file = std::fs::File::create(&aside).map_err(io)?;
     file.write_all(&bytes).map_err(io)?;
     file.sync_all().map_err(io)?;
-    std::fs::rename(&aside, path).map_err(io)
+    std::fs::rename(&aside, path).map_err(io)?;
+    std::fs::File::open(dir)
+        .and_then(|folder| folder.sync_all())
+        .map_err(io)
 }
 
 #[cfg(test)]
@@ -210,11 +235,12 @@ mod tests {
     }
 
     #[test]
-    fn kept_pins_read_back_and_a_missing_file_is_none() {
+    fn what_a_run_fixed_reads_back_and_a_missing_file_is_none() {
         let dir = tempfile::tempdir().unwrap();
         let run = RunId::new("r").unwrap();
-        let path = pins_path(dir.path(), &run);
-        assert!(kept_pins(&path).unwrap().is_none());
+        // In a folder not made yet (a Run whose records are in a store).
+        let path = opened_path(&dir.path().join("logs"), &run);
+        assert!(kept_opened(&path).unwrap().is_none());
         let mut usage = ToolUsage::new();
         usage.add_run([&tool_ref("x")]);
         let pins = Pins {
@@ -227,9 +253,13 @@ mod tests {
                 why: psych_disclosure::pinning::PinWhy::Pinned,
             }],
         };
-        keep_pins(&path, &pins).unwrap();
-        assert_eq!(kept_pins(&path).unwrap(), Some(pins));
+        let opened = Opened {
+            pins: Some(pins),
+            hints: vec![(tool_ref("y"), 7)],
+        };
+        keep_opened(&path, &opened).unwrap();
+        assert_eq!(kept_opened(&path).unwrap(), Some(opened));
         std::fs::write(&path, "{").unwrap();
-        assert!(matches!(kept_pins(&path), Err(RunError::Pins { .. })));
+        assert!(matches!(kept_opened(&path), Err(RunError::Pins { .. })));
     }
 }

@@ -455,40 +455,70 @@ impl<H: ToolHost + 'static> Run<H> {
         &self.pins
     }
 
-    /// The Run's pins: the ones kept at `path` by an earlier open of this Run (so a resumed
-    /// Run keeps the tool prefix it had), else chosen from `usage` on the Surface the
-    /// connections resolve to now and kept there; added to the connections' eager tools.
-    /// Off the async workers (file, catalogue and log reads).
-    async fn pin(
+    /// What the Run fixes when it first opens, and keeps at `path` (beside its log) so that
+    /// a resume keeps it: the output-limit hints its servers' catalogues declare then, and
+    /// (with `pinning`) the learned pins. A Run opened again takes them from the file
+    /// whatever `pinning` or the catalogues are now; a Run resumed without a file (nothing
+    /// was kept when it first opened, or a Run of an older build) takes neither, so its
+    /// earlier turns and its tool prefix do not change. Off the async workers (file,
+    /// catalogue and log reads).
+    async fn settle(
         &mut self,
-        usage: ToolUsage,
-        settings: PinSettings,
+        limits: OutputLimits,
+        pinning: Option<(ToolUsage, PinSettings)>,
         estimator: RunEstimator,
         path: PathBuf,
     ) -> Result<(), RunError> {
+        let first_open = self.history.entries.is_empty();
         let catalog = self.catalog.clone();
         let connections = self.connections.clone();
         let grant = self.grant.clone();
         let disclosure = self.settings.clone();
-        self.pins = tokio::task::spawn_blocking(move || {
-            if let Some(kept) = crate::pinning::kept_pins(&path)? {
+        let opened = tokio::task::spawn_blocking(move || {
+            if let Some(kept) = crate::pinning::kept_opened(&path)? {
                 return Ok(kept);
             }
-            let pins = crate::pinning::choose_pins(
-                &catalog,
-                &connections,
-                &grant,
-                &disclosure,
-                estimator.as_ref(),
-                &usage,
-                &settings,
-            )?;
-            crate::pinning::keep_pins(&path, &pins)?;
-            Ok::<_, RunError>(pins)
+            if !first_open {
+                return Ok(crate::pinning::Opened::default());
+            }
+            let catalogs = connections
+                .iter()
+                .map(|c| catalog.live(&c.server))
+                .collect::<Result<Vec<_>, _>>()?;
+            let hints = OutputLimits::new()
+                .with_declared_hints(&catalogs)
+                .hints()
+                .map(|(tool, tokens)| (tool.clone(), tokens))
+                .collect();
+            let pins = match pinning {
+                Some((usage, settings)) => Some(crate::pinning::choose_pins(
+                    &catalog,
+                    &connections,
+                    &grant,
+                    &disclosure,
+                    estimator.as_ref(),
+                    &usage,
+                    &settings,
+                )?),
+                None => None,
+            };
+            let opened = crate::pinning::Opened { pins, hints };
+            if !opened.is_empty() {
+                crate::pinning::keep_opened(&path, &opened)?;
+            }
+            Ok::<_, RunError>(opened)
         })
         .await
         .map_err(RunError::Task)??;
-        self.pins.apply(&mut self.connections);
+        let limits = opened
+            .hints
+            .into_iter()
+            .fold(limits, |limits, (tool, tokens)| limits.hinted(tool, tokens));
+        self.elider = self.elider.with_limits(limits);
+        if let Some(pins) = opened.pins {
+            pins.apply(&mut self.connections);
+            self.pins = pins;
+        }
         Ok(())
     }
 
@@ -802,10 +832,11 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     /// first request, and the tool prefix does not change inside the Run. [`Run::pins`]
     /// says what was chosen and why.
     ///
-    /// The choice is kept beside the log, in `<dir>/<run>.pins.json`, and a Run opened
-    /// again (resumed) takes it from there whatever `usage` is now. (With
-    /// [`records_in`](Self::records_in) the file is still in `dir`: a worker on another
-    /// machine resuming the Run chooses again.)
+    /// The choice is kept beside the log, in `<dir>/<run>.opened.json`, and a Run opened
+    /// again (resumed) takes it from there whatever `usage` is now; a Run resumed that had
+    /// no pins when it first opened gets none. (With [`records_in`](Self::records_in) the
+    /// file is still in `dir`: a worker on another machine resuming the Run has no file,
+    /// and so no pins.)
     #[must_use]
     pub fn learned_pinning(mut self, usage: ToolUsage, settings: PinSettings) -> Self {
         self.pinning = Some((usage, settings));
@@ -816,10 +847,13 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
     /// `McpConfig::output_limits` in psych-mcp): a tool's successful results are elided at
     /// its own per-result threshold and previewed with its own head and tail. The hints the
     /// connected servers declare (`anthropic/maxResultSizeChars` in a tool's `_meta`, at 4
-    /// characters a token) are taken from their catalogues when the Run opens, and only
-    /// raise a threshold the user did not set. Fixed for the Run's life, like every
-    /// threshold, so earlier turns' views never change. Checked when the Run opens: a
-    /// per-result threshold over the elider's per-batch one is [`RunError::Limits`].
+    /// characters a token) are taken from their catalogues when the Run first opens, kept
+    /// in `<dir>/<run>.opened.json` for its resumes, and only raise a threshold the user
+    /// did not set. Fixed for the Run's life, like every threshold, so earlier turns'
+    /// views never change (a Run resumed without that file takes no hint). These limits
+    /// replace any an [`Elider`] given to [`elider`](Self::elider) holds. Checked when the
+    /// Run opens: a per-result threshold over the elider's per-batch one is
+    /// [`RunError::Limits`].
     #[must_use]
     pub fn output_limits(mut self, limits: OutputLimits) -> Self {
         self.output_limits = limits;
@@ -863,7 +897,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self.output_limits
             .check(self.elider.thresholds().per_batch())?;
         let (dir, run, sync, stores) = (self.dir, self.run, self.sync, self.stores);
-        let pins_path = crate::pinning::pins_path(&dir, &run);
+        let opened_path = crate::pinning::opened_path(&dir, &run);
         // One estimator for disclosure, the log and elision. Results are logged with its
         // estimate, so projecting them later needs no pass over their content.
         let estimator: RunEstimator = self.estimator;
@@ -927,16 +961,8 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             recovery,
             pins: Pins::default(),
         };
-        // The servers' hints, as their catalogues declare them now.
-        let catalogs = run.live_catalogs().await?;
-        let limits = self
-            .output_limits
-            .with_hints(&catalogs, |chars| chars.div_ceil(4));
-        run.elider = run.elider.with_limits(limits);
-        if let Some((usage, pin_settings)) = self.pinning {
-            run.pin(usage, pin_settings, pin_estimator, pins_path)
-                .await?;
-        }
+        run.settle(self.output_limits, self.pinning, pin_estimator, opened_path)
+            .await?;
         run.close_unanswered().await?;
         Ok(run)
     }

@@ -907,6 +907,15 @@ async fn learned_pinning_keeps_the_most_used_deferred_tools_direct() {
     let resumed = turn(&mut run, &mut model, "Once more.", &target).await;
     assert_eq!(tools(&resumed[0]), tools(&requests[0]));
     drop(run);
+    // Even without learned pinning asked: the tools the Run had are its tools.
+    let mut run = world
+        .run_named(dir.path(), "run-pinned", target.clone())
+        .await;
+    assert_eq!(run.pins(), &pins);
+    let mut model = ScriptedModel::new([Step::say("And again.")]);
+    let resumed = turn(&mut run, &mut model, "Once more.", &target).await;
+    assert_eq!(tools(&resumed[0]), tools(&requests[0]));
+    drop(run);
     world.stop().await;
 }
 
@@ -1028,6 +1037,8 @@ async fn output_limits_elide_each_tool_at_its_own_size() {
         !elided("call_2"),
         "the same size from another tool is whole"
     );
+    // The two kept whole fit the batch's 8,000 together (else the batch rule elides one).
+    assert!(estimate(&"oword ".repeat(700)) + estimate(&large_text(20_000)) < 8_000);
     // Over the default 2,000, under the hint's 10,000 (clamped to 8,000).
     assert!((2_000..8_000).contains(&estimate(&large_text(20_000))));
     assert!(!elided("call_3"), "the hint raises the threshold");

@@ -98,7 +98,9 @@ pub use history::{
     StoredResult, count_line_breaks, load_whole, read_exact_output,
 };
 pub use id::{IdError, RunId, ServerId, ToolCallId, ToolName, ToolRef};
-pub use limits::{LimitError, MAX_RESULT_SIZE_CHARS, OutputLimit, OutputLimits};
+pub use limits::{
+    HINT_CHARS_PER_TOKEN, LimitError, MAX_RESULT_SIZE_CHARS, OutputLimit, OutputLimits,
+};
 pub use output::{
     Annotations, BinaryRef, BlobResource, ContentBlock, EmbeddedResource, MediaContent,
     ResourceContents, ResourceLink, TextContent, TextResource, ToolOutput, render_json,

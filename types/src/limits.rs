@@ -7,12 +7,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::{ServerCatalog, ServerId, ToolRef};
 
+/// The characters a declared hint ([`MAX_RESULT_SIZE_CHARS`]) counts as one token.
+pub const HINT_CHARS_PER_TOKEN: u64 = 4;
+
 /// The key of a tool's `_meta` by which a server declares how many characters of its
 /// results a client should show before it cuts or persists them (Claude Code's).
 pub const MAX_RESULT_SIZE_CHARS: &str = "anthropic/maxResultSizeChars";
 
 /// What is set for one tool's (or one server's) results; each part unset falls back to the
-/// next level (a tool's to its server's, a server's to a declared hint, then the defaults).
+/// next level: a tool's to its server's, a server's to the elider's defaults (for the
+/// per-result threshold, raised by the server's declared hint: [`OutputLimits::per_result`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OutputLimit {
@@ -101,9 +105,10 @@ impl OutputLimits {
     }
 
     /// Takes the hints `catalogs` declare: each tool whose `_meta` has a positive integer
-    /// [`MAX_RESULT_SIZE_CHARS`] gets a per-result threshold of `tokens(chars)` (the
-    /// caller's estimator's ratio), unless the user set one for it or its server. Replaces
-    /// the hints taken before for the servers of `catalogs`.
+    /// [`MAX_RESULT_SIZE_CHARS`] gets a hinted per-result threshold of `tokens(chars)`
+    /// ([`hint`](Self::hint); [`per_result`](Self::per_result) decides what it counts for:
+    /// never over the user's setting). Replaces the hints taken before for the servers of
+    /// `catalogs`.
     #[must_use]
     pub fn with_hints(mut self, catalogs: &[ServerCatalog], tokens: impl Fn(u64) -> u64) -> Self {
         for catalog in catalogs {
@@ -121,6 +126,26 @@ impl OutputLimits {
                 }
             }
         }
+        self
+    }
+
+    /// [`with_hints`](Self::with_hints) at [`HINT_CHARS_PER_TOKEN`] characters a token: what
+    /// the runtime and `psych serve` take.
+    #[must_use]
+    pub fn with_declared_hints(self, catalogs: &[ServerCatalog]) -> Self {
+        self.with_hints(catalogs, |chars| chars.div_ceil(HINT_CHARS_PER_TOKEN))
+    }
+
+    /// Every hint taken, by tool.
+    pub fn hints(&self) -> impl Iterator<Item = (&ToolRef, u64)> {
+        self.hints.iter().map(|(tool, tokens)| (tool, *tokens))
+    }
+
+    /// Sets `tool`'s hinted per-result threshold (a hint kept from an earlier read of the
+    /// catalogues).
+    #[must_use]
+    pub fn hinted(mut self, tool: ToolRef, tokens: u64) -> Self {
+        self.hints.insert(tool, tokens.max(1));
         self
     }
 
