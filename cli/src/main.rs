@@ -190,6 +190,12 @@ enum Command {
         /// every reference.
         #[arg(long, value_name = "MIB", default_value_t = psych_reader_tool::DEFAULT_MAX_PASSED_BYTES >> 20)]
         max_passed_mib: u64,
+        /// MiB of passed result text every call and `resources/read` answer of this process
+        /// hold at once, every identity together: a call passing results reserves its
+        /// `--max-passed-mib` first, waiting while the budget cannot give it, and gives back
+        /// what it did not read. At least `--max-passed-mib`.
+        #[arg(long, value_name = "MIB", default_value_t = psych_gateway::DEFAULT_PASSING_BUDGET >> 20)]
+        passing_budget_mib: u64,
         /// MiB that results too large for memory (over 16 MiB) may hold at once in
         /// `<dir>/spill/` while they arrive and until they are logged, across every upstream,
         /// call and identity of this process; a result that would pass it is not kept, and
@@ -441,6 +447,7 @@ fn run(command: Command) -> Result<u8, String> {
             retain_days,
             retain_mib,
             max_passed_mib,
+            passing_budget_mib,
             spill_budget_mib,
             eager,
             store,
@@ -467,6 +474,7 @@ fn run(command: Command) -> Result<u8, String> {
                 tokens,
                 retention,
                 max_passed_bytes: max_passed_mib.saturating_mul(1 << 20),
+                passing_budget: passing_budget_mib.saturating_mul(1 << 20),
                 spill_budget: psych_mcp::SpillBudget::new(spill_budget_mib.saturating_mul(1 << 20)),
                 eager,
                 store,

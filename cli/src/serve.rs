@@ -33,6 +33,8 @@ pub(crate) struct Options {
     pub(crate) retention: Retention,
     /// The most stored text one call passes by reference, in bytes.
     pub(crate) max_passed_bytes: u64,
+    /// The most passed text the process holds at once, in bytes.
+    pub(crate) passing_budget: u64,
     /// What results too large for memory may hold on disk at once.
     pub(crate) spill_budget: psych_mcp::SpillBudget,
     /// Start every server at once, none on demand.
@@ -72,6 +74,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         tokens,
         retention,
         max_passed_bytes,
+        passing_budget,
         spill_budget,
         eager,
         store,
@@ -84,6 +87,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         .max_sessions(max_sessions)
         .retention(retention)
         .max_passed_bytes(max_passed_bytes)
+        .passing_budget(passing_budget)
         .spill_budget(spill_budget)
         .eager(eager)
         .report(|line| eprintln!("psych serve: {line}"));

@@ -104,3 +104,64 @@ fn a_threshold_over_the_batch_is_refused_at_start() {
         "{stderr}"
     );
 }
+
+/// Passed results share one budget per process (`--passing-budget-mib`): with a budget of
+/// one call's bound, concurrent calls passing results take turns, and all of them go
+/// through; a budget below one call's bound is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passed_results_share_one_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(dir.path(), json!({"up": embedded(&[], json!({}))}));
+    let flags = ["--max-passed-mib", "1", "--passing-budget-mib", "1"];
+    let session = listed_session(&config, dir.path(), &flags).await;
+    let call = async |name: &str, arguments: Value| {
+        let Value::Object(arguments) = arguments else {
+            unreachable!()
+        };
+        let result = session
+            .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_ne!(result.is_error, Some(true), "{name}: {}", text(&result));
+        text(&result)
+    };
+    let shown = call("up__large", json!({"bytes": 600_000})).await;
+    let handle = shown
+        .split("handle \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("a handle in {shown}"))
+        .to_owned();
+    let reference = json!({"text": {"$psych_result": handle}});
+    let direct = call(
+        "up__fingerprint",
+        json!({"text": psych_test_server::large_text(600_000)}),
+    )
+    .await;
+    // Four at once, each holding 600 KB of a 1 MiB budget: one at a time, none refused.
+    let passed = tokio::join!(
+        call("up__fingerprint", reference.clone()),
+        call("up__fingerprint", reference.clone()),
+        call("up__fingerprint", reference.clone()),
+        call("up__fingerprint", reference.clone()),
+    );
+    assert_eq!(
+        [passed.0, passed.1, passed.2, passed.3],
+        [direct.clone(), direct.clone(), direct.clone(), direct]
+    );
+    session.cancel().await.unwrap();
+
+    let out = std::process::Command::new(PSYCH)
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--dir")
+        .arg(dir.path())
+        .args(["--max-passed-mib", "16", "--passing-budget-mib", "8"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("passing budget"), "{stderr}");
+}

@@ -132,7 +132,7 @@ use psych_reader_tool::{Limits, tool_definition};
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_runtime::{
     Archive, CatalogSync, ExecuteError, Executed, Executor, LazyStarts, ListingSources, OnDemand,
-    StartAt, Started, start_at,
+    PassingBudget, StartAt, Started, start_at,
 };
 use psych_types::{
     ConnectionSpec, ContentBlock, DynRecordStore, Erased, InputRound, JsonObject, LoggedRecord,
@@ -390,6 +390,9 @@ struct Shared {
     narrowed: BTreeMap<String, Arc<Lane>>,
     /// The reader's limits: the `read_tool_output` definition listed, and every log's.
     limits: Limits,
+    /// What every identity's calls and `resources/read` answers hold of passed result text
+    /// at once ([`GatewaySettings::passing_budget`]).
+    passing: PassingBudget,
     elider: Elider<SharedEstimator>,
     /// `<dir>/serve/`: a folder per identity ([`tenant`]).
     logs: PathBuf,
@@ -706,6 +709,7 @@ impl Tenant {
         let manager = shared.manager.clone();
         let on_demand = shared.on_demand.clone();
         let limits = shared.limits.clone();
+        let passing = shared.passing.clone();
         let estimator = Arc::clone(shared.elider.estimator());
         let archive: Arc<dyn Archive> = self.archive.clone();
         let retention = shared.retention;
@@ -752,6 +756,7 @@ impl Tenant {
                 let mut executor = Executor::on_store(Arc::new(manager), store)
                     .call_timeout(call_timeouts().longest_call().saturating_add(BACKSTOP))
                     .reader_limits(limits)
+                    .passing_budget(passing)
                     .archive(archive);
                 if let Some(on_demand) = on_demand {
                     executor = executor.on_demand(on_demand);
@@ -1686,6 +1691,7 @@ pub struct GatewaySettings {
     stores: Option<Arc<dyn RecordStores>>,
     catalog: Option<Arc<psych_types::DynCatalogStore>>,
     max_passed_bytes: u64,
+    passing_budget: u64,
     pinning: Option<PinSettings>,
 }
 
@@ -1731,6 +1737,7 @@ impl GatewaySettings {
             stores: None,
             catalog: None,
             max_passed_bytes: psych_reader_tool::DEFAULT_MAX_PASSED_BYTES,
+            passing_budget: DEFAULT_PASSING_BUDGET,
             pinning: None,
         })
     }
@@ -1861,10 +1868,24 @@ impl GatewaySettings {
     /// pass together, and one `resources/read` answer may hold, in bytes (default
     /// [`psych_reader_tool::DEFAULT_MAX_PASSED_BYTES`], 16 MiB; 0 refuses every reference).
     /// The replaced arguments of every call in flight are held in memory until the call
-    /// ends.
+    /// ends, all calls together within [`passing_budget`](Self::passing_budget).
     #[must_use]
     pub fn max_passed_bytes(mut self, bytes: u64) -> Self {
         self.max_passed_bytes = bytes;
+        self
+    }
+
+    /// The most bytes of passed result text all calls and `resources/read` answers of the
+    /// process hold at once, every identity together (default [`DEFAULT_PASSING_BUDGET`],
+    /// 64 MiB: four calls at the default bound). A call passing results reserves its
+    /// whole bound ([`max_passed_bytes`](Self::max_passed_bytes)) before it reads any,
+    /// waiting while the budget cannot give it, and gives back what it did not read when
+    /// it has read them; the rest is held until it ends. A `resources/read` holds what it
+    /// read until its answer is built (not while rmcp writes it out). It must be at least
+    /// the per-call bound: [`serve`] refuses less ([`ServeError::PassingBudget`]).
+    #[must_use]
+    pub fn passing_budget(mut self, bytes: u64) -> Self {
+        self.passing_budget = bytes;
         self
     }
 
@@ -1903,6 +1924,10 @@ impl GatewaySettings {
         ListingSources::beside(&self.catalog())
     }
 }
+
+/// The bytes of passed result text a gateway's calls hold at once unless the caller gives
+/// another budget ([`GatewaySettings::passing_budget`]): four calls at the default bound.
+pub const DEFAULT_PASSING_BUDGET: u64 = 4 * psych_reader_tool::DEFAULT_MAX_PASSED_BYTES;
 
 /// The gateway's auto budget unless the caller gives another: 1,000 tokens for the direct,
 /// facade and search tools of every `Auto` server together.
@@ -1965,6 +1990,16 @@ pub enum ServeError {
     /// An `output` entry sets a per-result threshold over the gateway's per-batch one.
     #[error("the output limits of the MCP config")]
     Limits(#[source] psych_types::LimitError),
+    /// The passing budget is below one call's bound: a call could never reserve it.
+    #[error(
+        "the passing budget ({budget} bytes) is below one call's bound on passed results ({per_call} bytes)"
+    )]
+    PassingBudget {
+        /// [`GatewaySettings::passing_budget`].
+        budget: u64,
+        /// [`GatewaySettings::max_passed_bytes`].
+        per_call: u64,
+    },
     /// An identity's `allowTools` in the tokens file names a server the MCP config does
     /// not grant.
     #[error(
@@ -2095,6 +2130,12 @@ pub async fn serve(
             source,
         })?;
     let disclosure = listing_settings(&settings.disclosure).map_err(ServeError::Settings)?;
+    if settings.passing_budget < settings.max_passed_bytes {
+        return Err(ServeError::PassingBudget {
+            budget: settings.passing_budget,
+            per_call: settings.max_passed_bytes,
+        });
+    }
     let grant = config.grant().map_err(ServeError::Grant)?;
     // Every result is projected alone (a batch of one): the default thresholds' per-batch
     // bound is what a tool's per-result threshold may reach.
@@ -2289,6 +2330,7 @@ pub async fn serve(
         lane,
         narrowed,
         limits,
+        passing: PassingBudget::new(settings.passing_budget),
         elider: Elider::builder()
             .estimator(settings.estimator.clone())
             .limits(output_limits)
@@ -2764,6 +2806,7 @@ mod tests {
             lane,
             narrowed: BTreeMap::new(),
             limits: Limits::default(),
+            passing: PassingBudget::new(DEFAULT_PASSING_BUDGET),
             elider: Elider::builder()
                 .estimator(Arc::new(Estimator::new()) as SharedEstimator)
                 .build(),

@@ -148,14 +148,17 @@ impl Session {
         let reference = parse(&request.uri)?;
         let tenant = self.tenant(context)?;
         let log = tenant.executor(&self.shared).await?;
-        let max = log.executor.limits().max_passed_bytes();
+        let max = log.executor.passing_bound();
+        // Counted in the process's budget while the text is read and the answer built.
+        let mut held = log.executor.reserve_passed(max).await;
         // A page that stops before the end stopped at its limit: the next starts after it.
         let after = reference
             .offset
             .saturating_add(reference.limit.unwrap_or(0));
         let read = log.executor.read_reference(reference, max).await;
         let (text, next) = match read {
-            Ok(Referenced { value, more, .. }) => {
+            Ok(Referenced { value, more, bytes }) => {
+                held.keep(bytes);
                 let text = match value {
                     Value::String(text) => text,
                     other => other.to_string(),

@@ -27,6 +27,7 @@ use psych_types::{
 use serde_json::Value;
 use tokio::task::{Id, JoinError, JoinSet};
 
+use crate::budget::{PassingBudget, Reserved};
 use crate::error::ExecuteError;
 
 /// The default deadline of one forwarded call.
@@ -164,6 +165,7 @@ pub struct Executor<H> {
     orientation: OrientationContext,
     limits: Limits,
     on_demand: Option<Arc<dyn OnDemand>>,
+    passing: Option<PassingBudget>,
 }
 
 impl<H> std::fmt::Debug for Executor<H> {
@@ -221,6 +223,54 @@ impl<H: ToolHost + 'static> Executor<H> {
             orientation: OrientationContext::default(),
             limits: Limits::default(),
             on_demand: None,
+            passing: None,
+        }
+    }
+
+    /// Shares `budget` with the other executors given it: the replaced arguments of this
+    /// executor's calls (and its [`read_reference`](Self::read_reference) answers) count
+    /// against it while they are held, an execution waiting until its bound is free
+    /// ([`PassingBudget`]). Without one, each execution is bounded alone
+    /// ([`Limits::max_passed_bytes`]). A budget smaller than that bound lowers it.
+    pub fn passing_budget(mut self, budget: PassingBudget) -> Self {
+        self.passing = Some(budget);
+        self
+    }
+
+    /// The bound of one execution's passed bytes (and of one
+    /// [`read_reference`](Self::read_reference)): the reader's
+    /// ([`Limits::max_passed_bytes`]), at most the budget's.
+    pub fn passing_bound(&self) -> u64 {
+        let bound = self.limits.max_passed_bytes();
+        self.passing
+            .as_ref()
+            .map_or(bound, |budget| bound.min(budget.bytes()))
+    }
+
+    /// Reserves `bytes` (at most the budget) in the executor's budget, waiting until they
+    /// are free; nothing without a budget. What a caller of
+    /// [`read_reference`](Self::read_reference) holds while it holds the text read.
+    /// Cancel-safe.
+    pub async fn reserve_passed(&self, bytes: u64) -> Reserved {
+        match &self.passing {
+            Some(budget) => budget.reserve(bytes).await,
+            None => Reserved::none(),
+        }
+    }
+
+    /// Reserves the execution's whole bound in the budget, if there is one and a call of
+    /// `calls` passes results.
+    async fn reserve_passing<'c>(&self, mut calls: impl Iterator<Item = &'c ToolCall>) -> Reserved {
+        match &self.passing {
+            Some(budget)
+                if calls.any(|call| {
+                    call.name != READ_TOOL_OUTPUT
+                        && psych_reader_tool::passing::has_reference(&call.arguments)
+                }) =>
+            {
+                budget.reserve(self.passing_bound()).await
+            }
+            _ => Reserved::none(),
         }
     }
 
@@ -360,7 +410,14 @@ impl<H: ToolHost + 'static> Executor<H> {
     ) -> Result<Vec<LoggedRecord>, ExecuteError> {
         // Result references first, one bound for the whole step (the replaced arguments
         // are held until their calls end), so that a call refused for one starts nothing.
-        let mut room = self.limits.max_passed_bytes();
+        // The bound is reserved in the process's budget at once (held until the step ends).
+        let mut held = self
+            .reserve_passing(calls.iter().filter(|call| {
+                !native.is_some_and(|deferral| crate::native::is_search(deferral, call))
+            }))
+            .await;
+        let bound = self.passing_bound();
+        let mut room = bound;
         let mut passing = Vec::with_capacity(calls.len());
         for call in calls {
             // A native search tool's call is answered here from its own arguments.
@@ -374,6 +431,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             }
             passing.push(passed);
         }
+        held.keep(bound - room);
         let routed = calls
             .iter()
             .zip(&passing)
@@ -651,14 +709,14 @@ impl<H: ToolHost + 'static> Executor<H> {
                 .await?;
             return one(logged);
         }
-        // Result references first: a call refused for one starts nothing.
+        // Result references first: a call refused for one starts nothing. The bound is
+        // reserved in the process's budget at once, and what was read held until the end.
+        let mut held = self.reserve_passing(std::iter::once(call)).await;
         let passed;
-        let guarded = match self
-            .pass_results(call, self.limits.max_passed_bytes())
-            .await
-        {
+        let guarded = match self.pass_results(call, self.passing_bound()).await {
             None => call,
-            Some(Passing::Passed(call, _)) => {
+            Some(Passing::Passed(call, bytes)) => {
+                held.keep(bytes);
                 passed = call;
                 &passed
             }

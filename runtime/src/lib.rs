@@ -121,6 +121,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod budget;
 mod error;
 #[cfg(feature = "mcp")]
 mod events;
@@ -133,6 +134,7 @@ mod run;
 mod scripted;
 mod usage;
 
+pub use budget::{PassingBudget, Reserved};
 pub use error::{ExecuteError, RunError, TurnState};
 #[cfg(feature = "mcp")]
 pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};

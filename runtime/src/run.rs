@@ -208,6 +208,8 @@ pub struct RunBuilder<H> {
     pinning: Option<(ToolUsage, PinSettings)>,
     /// Output limits per server and tool.
     output_limits: OutputLimits,
+    /// The passed-text budget shared with other Runs, if any.
+    passing: Option<crate::PassingBudget>,
 }
 
 impl<H> std::fmt::Debug for RunBuilder<H> {
@@ -257,6 +259,7 @@ impl<H: ToolHost + 'static> Run<H> {
             stores: None,
             pinning: None,
             output_limits: OutputLimits::new(),
+            passing: None,
         }
     }
 
@@ -860,6 +863,17 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
+    /// Shares `budget` with the other Runs (and executors) given it: the result text this
+    /// Run's steps pass by reference counts against it while their calls hold it
+    /// ([`PassingBudget`](crate::PassingBudget)), so many Runs of one process hold at most
+    /// the budget together. Without one, each step is bounded alone
+    /// ([`reader_limits`](Self::reader_limits)' `max_passed_bytes`).
+    #[must_use]
+    pub fn passing_budget(mut self, budget: crate::PassingBudget) -> Self {
+        self.passing = Some(budget);
+        self
+    }
+
     /// Keeps the Run's records in `stores` (the PostgreSQL store,
     /// `psych_store_postgres::PgBlocking`) as Run `run` of `identity`, instead of
     /// `<dir>/<run>.plog`: a worker on another machine opening the same Run of the same
@@ -936,6 +950,9 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             .reader_limits(self.limits);
         if let Some(on_demand) = self.on_demand {
             executor = executor.on_demand(on_demand);
+        }
+        if let Some(budget) = self.passing {
+            executor = executor.passing_budget(budget);
         }
         let mut spent = Spent::default();
         spent.tally(&history.entries);

@@ -1,0 +1,123 @@
+//! [`PassingBudget`]: how much passed result text the executors of one process hold at once.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The most bytes of passed result text ([`psych_reader_tool::passing`]: result references
+/// replaced in calls' arguments, and `psych serve`'s `resources/read` answers) that the
+/// executors sharing this budget hold at once, counted in KiB.
+///
+/// Each execution that passes results reserves its whole bound
+/// ([`Limits::max_passed_bytes`](psych_reader_tool::Limits::max_passed_bytes), at most the
+/// budget) at once before it reads any reference, waiting while the budget cannot give it,
+/// then gives back what it did not read; the rest is held until its calls end. One
+/// reservation per execution, never a second one while holding the first, so executions
+/// waiting on each other cannot deadlock. Cheap to clone (a shared count).
+#[derive(Debug, Clone)]
+pub struct PassingBudget {
+    permits: Arc<Semaphore>,
+    kib: u32,
+}
+
+impl PassingBudget {
+    /// A budget of `bytes` (rounded up to whole KiB, at most 4 TiB).
+    pub fn new(bytes: u64) -> Self {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        Self {
+            permits: Arc::new(Semaphore::new(kib as usize)),
+            kib,
+        }
+    }
+
+    /// The whole budget, in bytes.
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.kib) * 1024
+    }
+
+    /// The bytes not held now.
+    pub fn available(&self) -> u64 {
+        self.permits.available_permits() as u64 * 1024
+    }
+
+    /// Reserves `bytes` (at most the whole budget), waiting until they are free.
+    /// Cancel-safe: dropped while it waits, it holds nothing.
+    pub async fn reserve(&self, bytes: u64) -> Reserved {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(self.kib);
+        // The semaphore is never closed; were it, nothing would be held.
+        Reserved(Arc::clone(&self.permits).acquire_many_owned(kib).await.ok())
+    }
+}
+
+/// Bytes reserved in a [`PassingBudget`]; dropping it gives them back.
+#[derive(Debug)]
+pub struct Reserved(Option<OwnedSemaphorePermit>);
+
+impl Reserved {
+    /// Nothing reserved (no budget).
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// Keeps `bytes` of the reservation (rounded up to whole KiB) and gives the rest back.
+    pub fn keep(&mut self, bytes: u64) {
+        let Some(permit) = &mut self.0 else {
+            return;
+        };
+        let keep = usize::try_from(bytes.div_ceil(1024)).unwrap_or(usize::MAX);
+        let excess = permit.num_permits().saturating_sub(keep);
+        drop(permit.split(excess));
+    }
+
+    /// The bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.0
+            .as_ref()
+            .map_or(0, |permit| permit.num_permits() as u64 * 1024)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_reservation_waits_for_the_bytes_and_gives_back_what_it_does_not_keep() {
+        let budget = PassingBudget::new(10 << 10);
+        let mut first = budget.reserve(8 << 10).await;
+        assert_eq!(budget.available(), 2 << 10);
+        // The second cannot have 8 KiB until the first gives some back.
+        let second = budget.reserve(8 << 10);
+        tokio::pin!(second);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut second)
+                .await
+                .is_err()
+        );
+        first.keep(1_000);
+        assert_eq!(first.bytes(), 1 << 10);
+        let second = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .expect("the bytes given back let it through");
+        assert_eq!(second.bytes(), 8 << 10);
+        assert_eq!(budget.available(), 1 << 10);
+        drop((first, second));
+        assert_eq!(budget.available(), 10 << 10);
+        // More than the whole budget is the whole budget; dropped while waiting, nothing is
+        // held.
+        let all = budget.reserve(1 << 40).await;
+        assert_eq!(all.bytes(), budget.bytes());
+        let waiting = budget.reserve(1);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), waiting)
+                .await
+                .is_err()
+        );
+        drop(all);
+        assert_eq!(budget.available(), budget.bytes());
+    }
+}
