@@ -35,7 +35,10 @@ fn main() {
         .expect("usage: search_ranks OUT.json");
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let eval = root.join("tests/search_eval");
-    let fixtures = root.join("../../shared/fixtures/catalogs");
+    // The fixtures beside the checkout, or `$PSYCH_FIXTURES`, as the tests find them.
+    let fixtures = std::env::var_os("PSYCH_FIXTURES")
+        .map_or_else(|| root.join("../../shared/fixtures"), PathBuf::from)
+        .join("catalogs");
     let mut files: BTreeMap<String, PathBuf> = FIXTURES
         .iter()
         .map(|(server, file)| ((*server).to_owned(), fixtures.join(file)))
