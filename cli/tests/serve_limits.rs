@@ -138,17 +138,33 @@ async fn passed_results_share_one_budget() {
         json!({"text": psych_test_server::large_text(600_000)}),
     )
     .await;
-    // Four at once, each holding 600 KB of a 1 MiB budget: one at a time, none refused.
+    // Four at once, each reserving the whole 1 MiB budget and holding 600 KB of it while
+    // its upstream call sleeps 300 ms: they take turns (four sleeps one after another, not
+    // side by side), and none is refused.
+    let sleeping = json!({"ms": 300, "tag": {"$psych_result": handle}});
+    let started = std::time::Instant::now();
+    let slept = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        tokio::join!(
+            call("up__sleep", sleeping.clone()),
+            call("up__sleep", sleeping.clone()),
+            call("up__sleep", sleeping.clone()),
+            call("up__sleep", sleeping.clone()),
+        )
+    })
+    .await
+    .expect("no call waits for ever");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1_200),
+        "one at a time: {:?}",
+        started.elapsed()
+    );
+    assert!(slept.0.contains("[Elided tool result"), "{}", slept.0);
+    // And each reaches the upstream with the bytes a direct call sends.
     let passed = tokio::join!(
         call("up__fingerprint", reference.clone()),
         call("up__fingerprint", reference.clone()),
-        call("up__fingerprint", reference.clone()),
-        call("up__fingerprint", reference.clone()),
     );
-    assert_eq!(
-        [passed.0, passed.1, passed.2, passed.3],
-        [direct.clone(), direct.clone(), direct.clone(), direct]
-    );
+    assert_eq!([passed.0, passed.1], [direct.clone(), direct]);
     session.cancel().await.unwrap();
 
     let out = std::process::Command::new(PSYCH)

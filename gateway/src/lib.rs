@@ -1879,9 +1879,12 @@ impl GatewaySettings {
     /// process hold at once, every identity together (default [`DEFAULT_PASSING_BUDGET`],
     /// 64 MiB: four calls at the default bound). A call passing results reserves its
     /// whole bound ([`max_passed_bytes`](Self::max_passed_bytes)) before it reads any,
-    /// waiting while the budget cannot give it, and gives back what it did not read when
-    /// it has read them; the rest is held until it ends. A `resources/read` holds what it
-    /// read until its answer is built (not while rmcp writes it out). It must be at least
+    /// waiting while the budget cannot give it (at most the call deadline: then it fails
+    /// with a result saying so, nothing forwarded), and gives back what it did not read
+    /// when it has read them; the rest is held until it ends, and until its reads end if
+    /// it is cancelled first. A `resources/read` holds what it read until its answer is
+    /// built (not while rmcp writes it out). A budget equal to the bound runs passing calls
+    /// one at a time. It must be at least
     /// the per-call bound: [`serve`] refuses less ([`ServeError::PassingBudget`]).
     #[must_use]
     pub fn passing_budget(mut self, bytes: u64) -> Self {

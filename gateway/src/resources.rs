@@ -150,12 +150,21 @@ impl Session {
         let log = tenant.executor(&self.shared).await?;
         let max = log.executor.passing_bound();
         // Counted in the process's budget while the text is read and the answer built.
-        let mut held = log.executor.reserve_passed(max).await;
+        let Some(held) = log.executor.reserve_passed(max).await else {
+            return Err(ErrorData::internal_error(
+                format!(
+                    "{}: the results other requests are passing filled this process's budget \
+                     of passed results too long; read it again, or a smaller page",
+                    request.uri
+                ),
+                None,
+            ));
+        };
         // A page that stops before the end stopped at its limit: the next starts after it.
         let after = reference
             .offset
             .saturating_add(reference.limit.unwrap_or(0));
-        let read = log.executor.read_reference(reference, max).await;
+        let read = log.executor.read_reference(reference, max, &held).await;
         let (text, next) = match read {
             Ok(Referenced { value, more, bytes }) => {
                 held.keep(bytes);

@@ -1,6 +1,6 @@
 //! [`PassingBudget`]: how much passed result text the executors of one process hold at once.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -11,9 +11,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// Each execution that passes results reserves its whole bound
 /// ([`Limits::max_passed_bytes`](psych_reader_tool::Limits::max_passed_bytes), at most the
 /// budget) at once before it reads any reference, waiting while the budget cannot give it,
-/// then gives back what it did not read; the rest is held until its calls end. One
-/// reservation per execution, never a second one while holding the first, so executions
-/// waiting on each other cannot deadlock. Cheap to clone (a shared count).
+/// then gives back what it did not read; the rest is held until its calls end, and until
+/// every read it started has ended (a read on the blocking pool goes on when the execution
+/// is dropped: it holds the reservation with it). One reservation per execution, never a
+/// second one while holding the first, so executions waiting on each other cannot
+/// deadlock; a wait is bounded by the executor's call deadline. Cheap to clone (a shared
+/// count).
 #[derive(Debug, Clone)]
 pub struct PassingBudget {
     permits: Arc<Semaphore>,
@@ -21,9 +24,13 @@ pub struct PassingBudget {
 }
 
 impl PassingBudget {
-    /// A budget of `bytes` (rounded up to whole KiB, at most 4 TiB).
+    /// A budget of `bytes` (rounded up to whole KiB; at most what the semaphore counts:
+    /// about 512 GiB).
     pub fn new(bytes: u64) -> Self {
-        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        let most = u32::try_from(Semaphore::MAX_PERMITS).unwrap_or(u32::MAX);
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(most);
         Self {
             permits: Arc::new(Semaphore::new(kib as usize)),
             kib,
@@ -47,23 +54,27 @@ impl PassingBudget {
             .unwrap_or(u32::MAX)
             .min(self.kib);
         // The semaphore is never closed; were it, nothing would be held.
-        Reserved(Arc::clone(&self.permits).acquire_many_owned(kib).await.ok())
+        let permit = Arc::clone(&self.permits).acquire_many_owned(kib).await.ok();
+        Reserved(Arc::new(Mutex::new(permit)))
     }
 }
 
-/// Bytes reserved in a [`PassingBudget`]; dropping it gives them back.
-#[derive(Debug)]
-pub struct Reserved(Option<OwnedSemaphorePermit>);
+/// Bytes reserved in a [`PassingBudget`]. Its clones share the one reservation: the bytes
+/// go back when the last clone is dropped (so a read on the blocking pool holding a clone
+/// keeps them while it runs, whoever stopped waiting for it).
+#[derive(Debug, Clone)]
+pub struct Reserved(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
 
 impl Reserved {
     /// Nothing reserved (no budget).
     pub fn none() -> Self {
-        Self(None)
+        Self(Arc::new(Mutex::new(None)))
     }
 
     /// Keeps `bytes` of the reservation (rounded up to whole KiB) and gives the rest back.
-    pub fn keep(&mut self, bytes: u64) {
-        let Some(permit) = &mut self.0 else {
+    pub fn keep(&self, bytes: u64) {
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(permit) = held.as_mut() else {
             return;
         };
         let keep = usize::try_from(bytes.div_ceil(1024)).unwrap_or(usize::MAX);
@@ -74,6 +85,8 @@ impl Reserved {
     /// The bytes held.
     pub fn bytes(&self) -> u64 {
         self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map_or(0, |permit| permit.num_permits() as u64 * 1024)
     }
@@ -88,7 +101,7 @@ mod tests {
     #[tokio::test]
     async fn a_reservation_waits_for_the_bytes_and_gives_back_what_it_does_not_keep() {
         let budget = PassingBudget::new(10 << 10);
-        let mut first = budget.reserve(8 << 10).await;
+        let first = budget.reserve(8 << 10).await;
         assert_eq!(budget.available(), 2 << 10);
         // The second cannot have 8 KiB until the first gives some back.
         let second = budget.reserve(8 << 10);
@@ -105,7 +118,11 @@ mod tests {
             .expect("the bytes given back let it through");
         assert_eq!(second.bytes(), 8 << 10);
         assert_eq!(budget.available(), 1 << 10);
+        // A clone (a read still running) keeps the bytes after the first is dropped.
+        let reading = second.clone();
         drop((first, second));
+        assert_eq!(budget.available(), 2 << 10);
+        drop(reading);
         assert_eq!(budget.available(), 10 << 10);
         // More than the whole budget is the whole budget; dropped while waiting, nothing is
         // held.

@@ -199,6 +199,27 @@ enum Passing {
     Invalid(ExecuteError),
 }
 
+/// The process's budget of passed results stayed busy past the call deadline.
+#[derive(Debug, Clone, Copy)]
+struct BudgetBusy(Duration);
+
+impl BudgetBusy {
+    /// What a call that passes results is answered with.
+    fn output(&self, call: &ToolCall) -> ToolOutput {
+        ToolOutput::error(format!(
+            "{}: nothing was sent: the results passed by other calls filled this process's \
+             budget of passed results for {} s; call it again, or pass a smaller slice",
+            call.name,
+            self.0.as_secs()
+        ))
+    }
+}
+
+/// Whether `call` passes results by reference (a read's arguments are its own).
+fn passes_results(call: &ToolCall) -> bool {
+    call.name != READ_TOOL_OUTPUT && psych_reader_tool::passing::has_reference(&call.arguments)
+}
+
 /// What a task of the step answers: the call's position and its output, or the typed
 /// handle error of a read.
 type Done = (usize, Result<ToolOutput, ExecuteError>);
@@ -228,9 +249,12 @@ impl<H: ToolHost + 'static> Executor<H> {
     }
 
     /// Shares `budget` with the other executors given it: the replaced arguments of this
-    /// executor's calls (and its [`read_reference`](Self::read_reference) answers) count
-    /// against it while they are held, an execution waiting until its bound is free
-    /// ([`PassingBudget`]). Without one, each execution is bounded alone
+    /// executor's calls count against it while they are held (and the
+    /// [`read_reference`](Self::read_reference) answers of a caller that reserves them with
+    /// [`reserve_passed`](Self::reserve_passed)), an execution waiting until its bound is
+    /// free ([`PassingBudget`]), at most the call deadline: past it, its calls that pass
+    /// results fail with a result saying the budget was busy, and nothing of them is
+    /// forwarded. Without one, each execution is bounded alone
     /// ([`Limits::max_passed_bytes`]). A budget smaller than that bound lowers it.
     pub fn passing_budget(mut self, budget: PassingBudget) -> Self {
         self.passing = Some(budget);
@@ -248,30 +272,30 @@ impl<H: ToolHost + 'static> Executor<H> {
     }
 
     /// Reserves `bytes` (at most the budget) in the executor's budget, waiting until they
-    /// are free; nothing without a budget. What a caller of
-    /// [`read_reference`](Self::read_reference) holds while it holds the text read.
-    /// Cancel-safe.
-    pub async fn reserve_passed(&self, bytes: u64) -> Reserved {
+    /// are free, at most the call deadline (`None` past it); nothing without a budget.
+    /// What a caller of [`read_reference`](Self::read_reference) holds, and hands it, while
+    /// it holds the text read. Cancel-safe.
+    pub async fn reserve_passed(&self, bytes: u64) -> Option<Reserved> {
         match &self.passing {
-            Some(budget) => budget.reserve(bytes).await,
-            None => Reserved::none(),
+            Some(budget) => tokio::time::timeout(self.call_timeout, budget.reserve(bytes))
+                .await
+                .ok(),
+            None => Some(Reserved::none()),
         }
     }
 
     /// Reserves the execution's whole bound in the budget, if there is one and a call of
-    /// `calls` passes results.
-    async fn reserve_passing<'c>(&self, mut calls: impl Iterator<Item = &'c ToolCall>) -> Reserved {
-        match &self.passing {
-            Some(budget)
-                if calls.any(|call| {
-                    call.name != READ_TOOL_OUTPUT
-                        && psych_reader_tool::passing::has_reference(&call.arguments)
-                }) =>
-            {
-                budget.reserve(self.passing_bound()).await
-            }
-            _ => Reserved::none(),
+    /// `calls` passes results; `Err` when the budget stayed busy past the call deadline.
+    async fn reserve_passing<'c>(
+        &self,
+        mut calls: impl Iterator<Item = &'c ToolCall>,
+    ) -> Result<Reserved, BudgetBusy> {
+        if self.passing.is_none() || !calls.any(passes_results) {
+            return Ok(Reserved::none());
         }
+        self.reserve_passed(self.passing_bound())
+            .await
+            .ok_or(BudgetBusy(self.call_timeout))
     }
 
     /// Starts the servers that are started only when a call needs them before guarding
@@ -411,11 +435,12 @@ impl<H: ToolHost + 'static> Executor<H> {
         // Result references first, one bound for the whole step (the replaced arguments
         // are held until their calls end), so that a call refused for one starts nothing.
         // The bound is reserved in the process's budget at once (held until the step ends).
-        let mut held = self
+        let reserved = self
             .reserve_passing(calls.iter().filter(|call| {
                 !native.is_some_and(|deferral| crate::native::is_search(deferral, call))
             }))
             .await;
+        let held = reserved.clone().unwrap_or_else(|_| Reserved::none());
         let bound = self.passing_bound();
         let mut room = bound;
         let mut passing = Vec::with_capacity(calls.len());
@@ -425,7 +450,10 @@ impl<H: ToolHost + 'static> Executor<H> {
                 passing.push(None);
                 continue;
             }
-            let passed = self.pass_results(call, room).await;
+            let passed = match &reserved {
+                Err(busy) if passes_results(call) => Some(Passing::Refused(busy.output(call))),
+                _ => self.pass_results(call, room, &held).await,
+            };
             if let Some(Passing::Passed(_, bytes)) = &passed {
                 room = room.saturating_sub(*bytes);
             }
@@ -711,9 +739,15 @@ impl<H: ToolHost + 'static> Executor<H> {
         }
         // Result references first: a call refused for one starts nothing. The bound is
         // reserved in the process's budget at once, and what was read held until the end.
-        let mut held = self.reserve_passing(std::iter::once(call)).await;
+        let (held, passing) = match self.reserve_passing(std::iter::once(call)).await {
+            Ok(held) => {
+                let passing = self.pass_results(call, self.passing_bound(), &held).await;
+                (held, passing)
+            }
+            Err(busy) => (Reserved::none(), Some(Passing::Refused(busy.output(call)))),
+        };
         let passed;
-        let guarded = match self.pass_results(call, self.passing_bound()).await {
+        let guarded = match passing {
             None => call,
             Some(Passing::Passed(call, bytes)) => {
                 held.keep(bytes);
@@ -813,17 +847,18 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// call as the model made it, so nothing is stored twice.
     ///
     /// Cancel-safe: dropped while it reads, nothing was forwarded or logged.
-    async fn pass_results(&self, call: &ToolCall, room: u64) -> Option<Passing> {
-        if call.name == READ_TOOL_OUTPUT
-            || !psych_reader_tool::passing::has_reference(&call.arguments)
-        {
+    async fn pass_results(&self, call: &ToolCall, room: u64, held: &Reserved) -> Option<Passing> {
+        if !passes_results(call) {
             return None;
         }
         let log = Arc::clone(&self.log);
         let archive = self.archive.clone();
         let limits = self.limits.clone();
         let mut passed = call.clone();
+        // The read keeps the reservation while it runs, even if this future is dropped.
+        let held = held.clone();
         let read = tokio::task::spawn_blocking(move || {
+            let _held = held;
             let result =
                 psych_reader_tool::passing::substitute(&mut passed.arguments, room, |r, left| {
                     referenced(&log, archive.as_deref(), &limits, r, left)
@@ -858,7 +893,9 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// What `reference` names, read by the rules of a call's result references (this Run's
     /// log, or the [`Archive`] for another Run's handle), at most `max_bytes` of stored
     /// text, on the blocking pool: what `psych serve` answers `resources/read` of a
-    /// result's `resource_link` with.
+    /// result's `resource_link` with. The read holds `held` (the caller's reservation,
+    /// [`reserve_passed`](Self::reserve_passed)) until it ends, even if this future is
+    /// dropped first.
     ///
     /// # Errors
     ///
@@ -871,11 +908,15 @@ impl<H: ToolHost + 'static> Executor<H> {
         &self,
         reference: ResultReference,
         max_bytes: u64,
+        held: &Reserved,
     ) -> Result<Referenced, PassError<Unreadable>> {
         let log = Arc::clone(&self.log);
         let archive = self.archive.clone();
         let limits = self.limits.clone();
+        // The read keeps the reservation while it runs, even if this future is dropped.
+        let held = held.clone();
         let read = tokio::task::spawn_blocking(move || {
+            let _held = held;
             referenced(&log, archive.as_deref(), &limits, &reference, max_bytes)
         })
         .await;
