@@ -5,10 +5,9 @@
 
 use std::path::Path;
 
-use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 
-use crate::support::{PSYCH, listed_session, text};
+use crate::support::{PSYCH, call_ok, listed_session};
 
 fn embedded(args: &[&str], extra: Value) -> Value {
     let mut all = vec!["serve-embedded", "--tools", "0"];
@@ -44,17 +43,7 @@ async fn each_tool_is_elided_at_its_own_size() {
         }),
     );
     let session = listed_session(&config, dir.path(), &[]).await;
-    let call = async |name: &str, arguments: Value| {
-        let Value::Object(arguments) = arguments else {
-            unreachable!()
-        };
-        let result = session
-            .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments))
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_ne!(result.is_error, Some(true), "{name}: {}", text(&result));
-        text(&result)
-    };
+    let call = async |name: &str, arguments: Value| call_ok(&session, name, arguments).await;
     let elided = |shown: &str| shown.contains("[Elided tool result");
     // ~800 estimated tokens: over the echo's 500, under the default 10,000.
     let limited = call("limited__echo", json!({"text": "sword ".repeat(700)})).await;
@@ -114,17 +103,7 @@ async fn passed_results_share_one_budget() {
     let config = write(dir.path(), json!({"up": embedded(&[], json!({}))}));
     let flags = ["--max-passed-mib", "1", "--passing-budget-mib", "1"];
     let session = listed_session(&config, dir.path(), &flags).await;
-    let call = async |name: &str, arguments: Value| {
-        let Value::Object(arguments) = arguments else {
-            unreachable!()
-        };
-        let result = session
-            .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments))
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_ne!(result.is_error, Some(true), "{name}: {}", text(&result));
-        text(&result)
-    };
+    let call = async |name: &str, arguments: Value| call_ok(&session, name, arguments).await;
     let shown = call("up__large", json!({"bytes": 600_000})).await;
     let handle = shown
         .split("handle \"")

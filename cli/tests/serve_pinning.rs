@@ -8,11 +8,10 @@
 use std::path::{Path, PathBuf};
 
 use rmcp::RoleClient;
-use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
 use serde_json::{Value, json};
 
-use crate::support::{PSYCH, listed_session, text};
+use crate::support::{PSYCH, call_ok, listed_session};
 
 type Session = RunningService<RoleClient, ()>;
 
@@ -42,15 +41,7 @@ async fn connect(config: &Path, dir: &Path, flags: &[&str]) -> Session {
 }
 
 async fn call(session: &Session, name: &str, arguments: Value) -> String {
-    let Value::Object(arguments) = arguments else {
-        panic!("arguments are an object");
-    };
-    let result = session
-        .call_tool(CallToolRequestParams::new(name.to_owned()).with_arguments(arguments))
-        .await
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert_ne!(result.is_error, Some(true), "{name}: {}", text(&result));
-    text(&result)
+    call_ok(session, name, arguments).await
 }
 
 async fn tool_names(session: &Session) -> Vec<String> {
@@ -95,26 +86,23 @@ async fn the_tools_earlier_sessions_used_most_are_listed_directly() {
         session.cancel().await.unwrap();
     }
 
-    // What it would pin, and why.
-    let store = dir.path().join("catalog.redb");
-    let out = std::process::Command::new(PSYCH)
-        .args([
-            "budget",
-            "--serve",
-            "--pin-budget",
-            "2000",
-            "--json",
-            "--config",
-        ])
-        .arg(&config)
-        .arg("--dir")
-        .arg(dir.path())
-        .arg("--store")
-        .arg(&store)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // What it would pin, and why: `psych budget --serve --pin-budget` on the gateway's
+    // folder and catalogue, with `extra` flags; its standard output.
+    let budget = |extra: &[&str]| {
+        let out = std::process::Command::new(PSYCH)
+            .args(["budget", "--serve", "--pin-budget", "2000", "--config"])
+            .arg(&config)
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--store")
+            .arg(dir.path().join("catalog.redb"))
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let report: Value = serde_json::from_str(&budget(&["--json"])).unwrap();
     let pins = &report["pins"];
     assert_eq!(pins["runs"], 3, "{pins}");
     let decided: Vec<(String, String, u64)> = pins["choices"]
@@ -141,16 +129,7 @@ async fn the_tools_earlier_sessions_used_most_are_listed_directly() {
             ("big/large".to_owned(), "rare".to_owned(), 1),
         ]
     );
-    let table = std::process::Command::new(PSYCH)
-        .args(["budget", "--serve", "--pin-budget", "2000", "--config"])
-        .arg(&config)
-        .arg("--dir")
-        .arg(dir.path())
-        .arg("--store")
-        .arg(&store)
-        .output()
-        .unwrap();
-    let table = String::from_utf8(table.stdout).unwrap();
+    let table = budget(&[]);
     assert!(
         table.contains("Learned pinning")
             && table.contains("big/echo: 3 sessions, 3 calls")

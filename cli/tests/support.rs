@@ -142,3 +142,23 @@ pub(crate) async fn listed_session(
     .expect("every upstream is listed");
     session
 }
+
+/// Calls `name` with `arguments` (an object) through `session`; its text, the call having
+/// succeeded (a failed result fails the test, saying which and why).
+pub(crate) async fn call_ok(
+    session: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    name: &str,
+    arguments: serde_json::Value,
+) -> String {
+    let serde_json::Value::Object(arguments) = arguments else {
+        panic!("{name}: arguments are an object");
+    };
+    let result = session
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new(name.to_owned()).with_arguments(arguments),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_ne!(result.is_error, Some(true), "{name}: {}", text(&result));
+    text(&result)
+}

@@ -1050,28 +1050,12 @@ async fn output_limits_elide_each_tool_at_its_own_size() {
 
     // A per-result threshold over the batch's is refused when the Run opens, by name.
     let over = config(json!({"s": stdio(&[], json!({"output": {"perResultTokens": 9000}}))}));
-    let refused = Run::builder(
-        dir.path(),
-        RunId::new("run-over").unwrap(),
-        world.catalog(),
-        Arc::new(world.manager.clone()),
-        target.clone(),
-    )
-    .output_limits(over.output_limits().unwrap())
-    .elider(
-        Elider::builder()
-            .thresholds(
-                Thresholds::builder()
-                    .per_result(2_000)
-                    .per_batch(8_000)
-                    .build()
-                    .unwrap(),
-            )
-            .build(),
-    )
-    .open()
-    .await
-    .unwrap_err();
+    let refused = world
+        .builder(dir.path(), "run-over", target.clone())
+        .output_limits(over.output_limits().unwrap())
+        .open()
+        .await
+        .unwrap_err();
     let message = psych_types::error_chain(&refused);
     assert!(
         message.contains("perResultTokens 9000") && message.contains("of s:"),
