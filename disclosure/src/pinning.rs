@@ -65,13 +65,20 @@ impl ToolUsage {
     /// Counts one Run whose calls reached `targets` (one entry per call, repeats counted as
     /// calls). A Run that called nothing still counts: it lowers every tool's share.
     pub fn add_run<'a>(&mut self, targets: impl IntoIterator<Item = &'a ToolRef>) {
-        self.runs += 1;
         let mut calls: BTreeMap<&ToolRef, u64> = BTreeMap::new();
         for target in targets {
             *calls.entry(target).or_default() += 1;
         }
-        for (target, n) in calls {
-            let used = self.tools.entry(target.clone()).or_default();
+        self.add_counted_run(calls.into_iter().map(|(target, n)| (target.clone(), n)));
+    }
+
+    /// Counts one Run whose calls reached each tool of `calls` that many times (each tool
+    /// once: a caller counting a long log keeps one count per tool, not one entry per
+    /// call). A Run that called nothing still counts.
+    pub fn add_counted_run(&mut self, calls: impl IntoIterator<Item = (ToolRef, u64)>) {
+        self.runs += 1;
+        for (target, n) in calls.into_iter().filter(|&(_, n)| n > 0) {
+            let used = self.tools.entry(target).or_default();
             used.runs += 1;
             used.calls += n;
         }

@@ -1065,20 +1065,23 @@ impl Session {
         let log = Arc::clone(executor.store());
         let shared = Arc::clone(&self.shared);
         let handle = handle.clone();
-        // The hint the target's server declares now (`anthropic/maxResultSizeChars`), from
-        // the catalogue the listing was resolved from.
+        // The hint the target tool declares now (`anthropic/maxResultSizeChars`), from the
+        // catalogue the listing was resolved from: its one definition looked up (tools are
+        // ordered by name), an elider made only for a tool that has one.
         let hinted = target.and_then(|target| {
             let view = self.lane().latest()?;
             let catalog = view.catalogs.iter().find(|c| c.server == target.server)?;
+            let at = catalog
+                .tools
+                .binary_search_by(|tool| tool.name.cmp(&target.tool))
+                .ok()?;
+            let tokens = psych_types::OutputLimits::declared_tokens(&catalog.tools[at])?;
             let limits = shared
                 .elider
                 .limits()
                 .clone()
-                .with_declared_hints(std::slice::from_ref(catalog));
-            limits
-                .hint(target)
-                .is_some()
-                .then(|| shared.elider.with_limits(limits))
+                .hinted(target.clone(), tokens);
+            Some(shared.elider.with_limits(limits))
         });
         let projected = tokio::task::spawn_blocking(move || {
             let stored = log

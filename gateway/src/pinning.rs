@@ -160,6 +160,20 @@ pub(crate) async fn lane_connections(
     let named: Vec<String> = narrowed.iter().flat_map(|(_, ids)| ids.clone()).collect();
     lanes.push((file_grant.clone(), Vec::new()));
     tokio::task::spawn_blocking(move || {
+        let catalogs = match connections
+            .iter()
+            .map(|c| catalog.live(&c.server))
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(catalogs) => catalogs,
+            Err(error) => {
+                report(&format!(
+                    "learned pinning: nothing pinned: reading the catalogue: {}",
+                    psych_types::error_chain(&error)
+                ));
+                return lanes.iter().map(|_| connections.clone()).collect();
+            }
+        };
         let last = lanes.len() - 1;
         lanes
             .iter()
@@ -179,7 +193,7 @@ pub(crate) async fn lane_connections(
                 };
                 let mut pinned = connections.clone();
                 match psych_runtime::choose_pins(
-                    &catalog,
+                    &catalogs,
                     &connections,
                     grant,
                     &disclosure,

@@ -289,18 +289,15 @@ impl ListingSources {
             != Some(print)
     }
 
-    /// Writes the sources to their file (a temporary file renamed over it, so a reader
-    /// never sees half a file).
+    /// Writes the sources to their file (a temporary file synced and renamed over it, so a
+    /// reader never sees half a file).
     ///
     /// # Errors
     ///
     /// The I/O error of writing or renaming.
     pub fn save(&self) -> std::io::Result<()> {
         let text = serde_json::to_vec_pretty(&self.servers).map_err(std::io::Error::other)?;
-        let mut temporary = self.path.clone().into_os_string();
-        temporary.push(".tmp");
-        std::fs::write(&temporary, text)?;
-        std::fs::rename(&temporary, &self.path)
+        crate::pinning::replace_file(&self.path, &text)
     }
 }
 

@@ -1,21 +1,24 @@
 //! Learned pinning's inputs and its one choosing path: which remote tools the recent Runs
 //! of a folder of record logs reached, and the pins a set of connections gets from them.
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use psych_catalog::Catalog;
 use psych_disclosure::pinning::{PinSettings, Pins, ToolUsage};
 use psych_disclosure::{Inputs, Settings};
 use psych_record_log::RecordLog;
-use psych_types::{ConnectionSpec, PermissionGrant, RunId, TokenEstimator};
+use psych_types::{
+    ConnectionSpec, PermissionGrant, RecordHandle, RunId, ServerCatalog, TokenEstimator, ToolRef,
+};
 
 use crate::RunError;
 
 /// The usage of the `recent` most recently written Runs whose logs (`<run>.plog`) are in
-/// `dirs`, taken together, `skip` left out (the Run about to open): each log's history read
-/// without result contents ([`ToolUsage::add_history`]).
+/// `dirs`, taken together, `skip` left out (the Run about to open): each tool result's
+/// metadata read with one positional read, one at a time (no content, no history held:
+/// memory is one count per tool whatever a log's length).
 ///
 /// Blocking (directory listings and log reads): call it off the async workers. Usage is
 /// advice, so a log that does not open or read (removed meanwhile, damaged) is passed over
@@ -56,50 +59,58 @@ pub fn usage_in_logs(dirs: &[PathBuf], recent: usize, skip: &[RunId]) -> ToolUsa
         if usage.runs() >= recent as u64 {
             break;
         }
-        let read = path.parent().and_then(|dir| {
-            let (log, _) = RecordLog::open_read_only(dir, &run).ok()?;
-            log.history().ok()
-        });
-        if let Some(history) = read {
-            usage.add_history(&history);
+        if let Some(calls) = path.parent().and_then(|dir| targets_of(dir, &run)) {
+            usage.add_counted_run(calls);
         }
     }
     usage
 }
 
-/// The pins `connections` get from `usage`: the Surface they resolve to now (the
-/// catalogue's live tools, `grant`, `settings`), without learned pins, then
-/// [`psych_disclosure::pinning::choose`] on it with the same catalogues (read once).
+/// How many results of `dir`'s log of `run` reached each remote tool, if the log opens and
+/// every result's metadata reads.
+fn targets_of(dir: &Path, run: &RunId) -> Option<BTreeMap<ToolRef, u64>> {
+    let (log, _) = RecordLog::open_read_only(dir, run).ok()?;
+    let mut calls: BTreeMap<ToolRef, u64> = BTreeMap::new();
+    for seq in 0..log.len() {
+        let stored = log
+            .stored_result(&RecordHandle::new(run.clone(), seq))
+            .ok()?;
+        if let Some(target) = stored.and_then(|stored| stored.target) {
+            *calls.entry(target).or_default() += 1;
+        }
+    }
+    Some(calls)
+}
+
+/// The pins `connections` get from `usage`: the Surface they resolve to with `catalogs`
+/// (their live catalogues, read once by the caller), `grant` and `settings`, without
+/// learned pins, then [`psych_disclosure::pinning::choose`] on it with the same catalogues.
 ///
-/// Blocking (catalogue reads, resolution): off the async workers. The one choosing path
-/// of a Run ([`RunBuilder::learned_pinning`](crate::RunBuilder::learned_pinning)) and of
-/// `psych serve`.
+/// CPU work (resolution): off the async workers. The one choosing path of a Run
+/// ([`RunBuilder::learned_pinning`](crate::RunBuilder::learned_pinning)) and of `psych
+/// serve`.
 ///
 /// # Errors
 ///
-/// [`RunError::Catalog`] when the catalogue cannot be read, [`RunError::Resolve`] when
-/// disclosure refuses the inputs.
+/// Disclosure's [`ResolveError`](psych_disclosure::ResolveError) when it refuses the
+/// inputs.
 pub fn choose_pins(
-    catalog: &Catalog,
+    catalogs: &[ServerCatalog],
     connections: &[ConnectionSpec],
     grant: &PermissionGrant,
     settings: &Settings,
     estimator: &dyn TokenEstimator,
     usage: &ToolUsage,
     pinning: &PinSettings,
-) -> Result<Pins, RunError> {
-    let catalogs = connections
-        .iter()
-        .map(|c| catalog.live(&c.server))
-        .collect::<Result<Vec<_>, _>>()?;
+) -> Result<Pins, psych_disclosure::ResolveError> {
     let inputs = Inputs {
         connections,
-        catalogs: &catalogs,
+        catalogs,
         grant,
     };
     let surface = psych_disclosure::resolve(&inputs, settings, estimator)?;
     Ok(psych_disclosure::pinning::choose(
-        usage, &surface, &catalogs, estimator, pinning,
+        usage, &surface, catalogs, estimator, pinning,
     ))
 }
 
@@ -154,14 +165,21 @@ pub(crate) fn keep_opened(path: &Path, opened: &Opened) -> Result<(), RunError> 
         .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io)?;
-    let aside = path.with_extension("json.tmp");
-    let mut file = std::fs::File::create(&aside).map_err(io)?;
-    file.write_all(&bytes).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    std::fs::rename(&aside, path).map_err(io)?;
-    std::fs::File::open(dir)
-        .and_then(|folder| folder.sync_all())
-        .map_err(io)
+    replace_file(path, &bytes).map_err(io)
+}
+
+/// Replaces `path` with `bytes`, whole or not at all: written beside it (`<path>.tmp`),
+/// synced, renamed over it, the folder synced. Blocking. The runtime's one way to rewrite
+/// a small file a reader must never see half of.
+pub(crate) fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(".tmp");
+    let mut file = std::fs::File::create(&aside)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&aside, path)?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
 }
 
 #[cfg(test)]

@@ -495,7 +495,7 @@ impl<H: ToolHost + 'static> Run<H> {
                 .collect();
             let pins = match pinning {
                 Some((usage, settings)) => Some(crate::pinning::choose_pins(
-                    &catalog,
+                    &catalogs,
                     &connections,
                     &grant,
                     &disclosure,

@@ -207,7 +207,12 @@ async fn result_references_read_through_the_archive_and_a_dropped_one_logs_nothi
         kept: earlier.clone(),
         gone: RunId::new("swept").unwrap(),
     };
-    let executor = Executor::new(Arc::new(Nothing), Arc::clone(&log)).archive(Arc::new(archive));
+    // A budget of two executions' bounds: every reservation a dropped execution made comes
+    // back, once the reads it started have ended.
+    let budget = psych_runtime::PassingBudget::new(2 * psych_reader_tool::DEFAULT_MAX_PASSED_BYTES);
+    let executor = Executor::new(Arc::new(Nothing), Arc::clone(&log))
+        .archive(Arc::new(archive))
+        .passing_budget(budget.clone());
     let passing = |handle: &str| ToolCall {
         id: ToolCallId::new("call_1").unwrap(),
         name: "svc__write".to_owned(),
@@ -266,6 +271,11 @@ async fn result_references_read_through_the_archive_and_a_dropped_one_logs_nothi
         if let Ok(done) = cut {
             assert_eq!(done.unwrap().len(), 1);
         }
+        let waited = std::time::Instant::now();
+        while budget.available() < budget.bytes() && waited.elapsed().as_secs() < 10 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(budget.available(), budget.bytes(), "dropped at {micros} µs");
         before = after;
     }
     let logged = executor

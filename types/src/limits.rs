@@ -114,19 +114,29 @@ impl OutputLimits {
         for catalog in catalogs {
             self.hints.retain(|tool, _| tool.server != catalog.server);
             for tool in catalog.tools.iter() {
-                let chars = tool
-                    .meta
-                    .as_ref()
-                    .and_then(|meta| meta.get(MAX_RESULT_SIZE_CHARS))
-                    .and_then(serde_json::Value::as_u64)
-                    .filter(|&chars| chars > 0);
-                if let Some(chars) = chars {
+                if let Some(chars) = Self::declared_chars(tool) {
                     let at = ToolRef::new(catalog.server.clone(), tool.name.clone());
                     self.hints.insert(at, tokens(chars).max(1));
                 }
             }
         }
         self
+    }
+
+    /// The characters `tool` declares its results may be ([`MAX_RESULT_SIZE_CHARS`] in its
+    /// `_meta`, a positive integer), if it does.
+    pub fn declared_chars(tool: &crate::ToolDefinition) -> Option<u64> {
+        tool.meta
+            .as_ref()
+            .and_then(|meta| meta.get(MAX_RESULT_SIZE_CHARS))
+            .and_then(serde_json::Value::as_u64)
+            .filter(|&chars| chars > 0)
+    }
+
+    /// [`declared_chars`](Self::declared_chars) at [`HINT_CHARS_PER_TOKEN`] characters a
+    /// token: the hinted threshold the runtime and `psych serve` take.
+    pub fn declared_tokens(tool: &crate::ToolDefinition) -> Option<u64> {
+        Self::declared_chars(tool).map(|chars| chars.div_ceil(HINT_CHARS_PER_TOKEN))
     }
 
     /// [`with_hints`](Self::with_hints) at [`HINT_CHARS_PER_TOKEN`] characters a token: what
