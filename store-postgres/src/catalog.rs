@@ -602,12 +602,13 @@ impl CatalogStore for PgCatalog {
     /// change or TTL sweep lists the server again).
     fn lease(&self, server: &ServerId, since: UnixMillis) -> Result<Lease, CatalogError> {
         let key = refresh_lock(self.store().schema(), server);
-        // This catalogue lists the server already (a session's advisory locks are taken
-        // again by the same session: checked here, so one process's listings of a server
-        // take the lease in turn too, and each refresh is fenced by its own token).
-        if self.shared.token(server).is_some() {
+        // This catalogue lists the server already, or is taking its lease (a session's
+        // advisory locks are taken again by the same session: claimed here, in one step, so
+        // one process's listings of a server take the lease in turn too, and each refresh
+        // is fenced by its own token). Given up on every way out but `Proceed`.
+        let Some(_claim) = self.shared.claim(server) else {
             return Ok(Lease::Busy);
-        }
+        };
         self.block(async {
             let client = self.shared.lease_client(self.store()).await?;
             let taken: bool = client

@@ -47,10 +47,13 @@ pub(crate) struct Shared {
     leases: tokio::sync::Mutex<Option<Arc<Client>>>,
     wakes: Mutex<Vec<Wake>>,
     listening: AtomicBool,
-    /// The leases this catalogue holds, by server: the listing start each stamped, which
-    /// the server's row must still hold when the listing is stored (else another process
-    /// took the lease over after this one's connection was lost).
-    tokens: Mutex<BTreeMap<ServerId, i64>>,
+    /// The leases this catalogue holds or is taking, by server: the listing start each
+    /// stamped (`None` while it is being taken), which the server's row must still hold
+    /// when the listing is stored (else another process took the lease over after this
+    /// one's connection was lost). Claimed here before the advisory lock is asked for, in
+    /// one step, since the lock is the session's and taken again by the same session: one
+    /// listing of a server at a time in this process as across processes.
+    tokens: Mutex<BTreeMap<ServerId, Option<i64>>>,
     /// Stops the feed's listener when the catalogue goes.
     stop: Arc<tokio::sync::Notify>,
 }
@@ -142,12 +145,28 @@ impl Shared {
         }
     }
 
+    /// Claims the taking of `server`'s lease for this catalogue, unless one of its
+    /// listings holds or is taking it already (`None`). Checked and claimed in one step:
+    /// two listings of one server starting together in this process are not both let
+    /// through to the advisory lock, which the session would grant to both.
+    pub(crate) fn claim(self: &Arc<Self>, server: &ServerId) -> Option<Claim> {
+        let mut tokens = self.tokens.lock().unwrap_or_else(PoisonError::into_inner);
+        if tokens.contains_key(server) {
+            return None;
+        }
+        tokens.insert(server.clone(), None);
+        Some(Claim {
+            shared: Arc::clone(self),
+            server: server.clone(),
+        })
+    }
+
     /// Records that this catalogue holds `server`'s lease, stamped `token`.
     pub(crate) fn hold_token(&self, server: &ServerId, token: i64) {
         self.tokens
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(server.clone(), token);
+            .insert(server.clone(), Some(token));
     }
 
     /// The stamp of `server`'s lease if this catalogue holds it.
@@ -157,6 +176,7 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner)
             .get(server)
             .copied()
+            .flatten()
     }
 
     fn wake_all(&self) {
@@ -167,6 +187,26 @@ impl Shared {
             .clone();
         for wake in wakes {
             wake();
+        }
+    }
+}
+
+/// A lease of one server being taken by this catalogue ([`Shared::claim`]): given up when
+/// dropped unless the lease was taken meanwhile (then [`Held`] gives it up).
+pub(crate) struct Claim {
+    shared: Arc<Shared>,
+    server: ServerId,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut tokens = self
+            .shared
+            .tokens
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if tokens.get(&self.server) == Some(&None) {
+            tokens.remove(&self.server);
         }
     }
 }
@@ -189,7 +229,7 @@ impl Drop for Held {
                 .tokens
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if tokens.get(&server) == Some(&token) {
+            if tokens.get(&server) == Some(&Some(token)) {
                 tokens.remove(&server);
             }
         }

@@ -856,6 +856,57 @@ fn replicas_take_a_servers_refresh_lease_in_turn_and_hear_each_others_changes() 
         .expect("a hears b's recorded failure");
 }
 
+/// Listings of one server started together in one process (a freshener's generations,
+/// from the blocking pool's threads) take its refresh lease in turn, as replicas do: the
+/// session grants its advisory lock again to itself, so the catalogue claims the lease
+/// first, in one step. Each listing it lets through stores under its own token (none is
+/// told the lease was lost to another process), and never two hold it at once.
+#[test]
+fn one_processs_listings_of_a_server_take_its_lease_in_turn() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use psych_store_postgres::PgCatalog;
+    use psych_types::{CatalogStore, Lease, ServerId, ToolDefinition, ToolName};
+
+    let (name, _drop) = fresh_schema("lease_race");
+    let url = format!("{}?schema={name}", database());
+    let catalog = Arc::new(PgCatalog::open(&url).unwrap());
+    let s = ServerId::new("s").unwrap();
+    let holding = Arc::new(AtomicUsize::new(0));
+    let stored = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..6)
+        .map(|thread| {
+            let (catalog, s) = (Arc::clone(&catalog), s.clone());
+            let (holding, stored) = (Arc::clone(&holding), Arc::clone(&stored));
+            std::thread::spawn(move || {
+                for round in 0..40 {
+                    let Lease::Proceed(held) = catalog.lease(&s, catalog.now()).unwrap() else {
+                        std::thread::yield_now();
+                        continue;
+                    };
+                    assert_eq!(holding.fetch_add(1, Ordering::SeqCst), 0, "two hold it");
+                    let tools = vec![ToolDefinition::new(
+                        ToolName::new("t").unwrap(),
+                        format!("listed by {thread} in round {round}"),
+                        Default::default(),
+                    )];
+                    catalog
+                        .refresh(&s, &tools)
+                        .expect("a listing stores under its own lease");
+                    stored.fetch_add(1, Ordering::SeqCst);
+                    holding.fetch_sub(1, Ordering::SeqCst);
+                    drop(held);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("no listing failed");
+    }
+    assert!(stored.load(Ordering::SeqCst) > 0, "some listings stored");
+}
+
 /// What the lease test's child does when this binary is started as it
 /// (`PSYCH_PG_LEASE_URL` set): takes server `s`'s refresh lease, prints `held`, and waits
 /// to be killed. Run as an ordinary test, without the variable, it does nothing.
