@@ -234,7 +234,10 @@ impl Drop for Held {
             }
         }
         let (client, key, shared) = (Arc::clone(&self.client), self.key, Arc::clone(&self.shared));
-        // On the store's runtime. Should the unlock fail or find the lock not held, the
+        // The token goes now and the lock a little later: the next lease of the server in
+        // this catalogue may take the lock again on this session before the unlock runs,
+        // which the session counts (locked twice, unlocked twice), so it stays held by that
+        // lease. On the store's runtime. Should the unlock fail or find the lock not held, the
         // session is not what it should be: it is given up (closed once no lease uses it),
         // and its locks go with it. A store already shut down has closed the connection.
         self.blocking.spawn(async move {

@@ -905,6 +905,21 @@ fn one_processs_listings_of_a_server_take_its_lease_in_turn() {
         thread.join().expect("no listing failed");
     }
     assert!(stored.load(Ordering::SeqCst) > 0, "some listings stored");
+    // Every lock the session took again was given back: another process takes the lease
+    // once the last unlock ran (in the background, on the catalogue's runtime).
+    let other = PgCatalog::open(&url).unwrap();
+    let mut answer = other.lease(&s, other.now()).unwrap();
+    for _ in 0..250 {
+        if matches!(answer, Lease::Proceed(_)) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        answer = other.lease(&s, other.now()).unwrap();
+    }
+    assert!(
+        matches!(answer, Lease::Proceed(_)),
+        "the lease is free for another process: {answer:?}"
+    );
 }
 
 /// What the lease test's child does when this binary is started as it
