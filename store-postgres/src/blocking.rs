@@ -181,6 +181,29 @@ impl psych_types::RecordStores for PgBlocking {
         PgBlocking::sweep(self, max_age, max_bytes).map_err(RecordError::into_store_error)
     }
 
+    fn recent_targets(
+        &self,
+        whose: &dyn Fn(&str) -> bool,
+        recent: usize,
+    ) -> Result<Vec<std::collections::BTreeMap<psych_types::ToolRef, u64>>, psych_types::StoreError>
+    {
+        let connect = |e| RecordError::Db(crate::DbError::Connect(e));
+        let mut identities = self
+            .block(async {
+                let client = self.client().await.map_err(connect)?;
+                crate::usage::identities(&client).await
+            })
+            .unwrap_or(Err(RecordError::ShutDown))
+            .map_err(RecordError::into_store_error)?;
+        identities.retain(|identity| whose(identity));
+        self.block(async {
+            let client = self.client().await.map_err(connect)?;
+            crate::usage::recent_targets(&client, &identities, recent).await
+        })
+        .unwrap_or(Err(RecordError::ShutDown))
+        .map_err(RecordError::into_store_error)
+    }
+
     fn expired(
         &self,
         identity: &str,

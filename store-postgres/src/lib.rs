@@ -76,6 +76,7 @@ mod retention;
 mod schema;
 mod shared;
 mod url;
+mod usage;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;

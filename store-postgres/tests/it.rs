@@ -436,6 +436,73 @@ fn text_result(call: &str, text: impl Into<String>) -> psych_types::Record {
     })
 }
 
+/// Learned pinning's usage over the store: the most recently written Runs of the
+/// identities asked for, newest first, each Run's results counted by the remote tool they
+/// reached (page after page: one Run here has more results than a page), a Run with a
+/// damaged record passed over for the next, results with no target not counted.
+#[test]
+fn recent_runs_results_are_counted_by_the_tool_they_reached() {
+    use std::collections::BTreeMap;
+
+    use psych_types::{RecordStore, RecordStores, RunId, ServerId, ToolName, ToolRef};
+
+    let (store, drop_schema, _url) = record_schema("recent_targets");
+    let schema = drop_schema.0.clone();
+    let tool = |server: &str, name: &str| ToolRef {
+        server: ServerId::new(server).unwrap(),
+        tool: ToolName::new(name).unwrap(),
+    };
+    let reached = |target: &ToolRef| {
+        let psych_types::Record::ToolResult(mut result) = text_result("c", "out") else {
+            unreachable!()
+        };
+        result.target = Some(target.clone());
+        psych_types::Record::ToolResult(result)
+    };
+    let (a, b, c) = (tool("s", "a"), tool("s", "b"), tool("t", "c"));
+    let write = |identity: &str, run: &str, records: Vec<psych_types::Record>| {
+        let log = store.records(identity, &RunId::new(run).unwrap()).unwrap();
+        log.append_batch(&records).unwrap();
+    };
+    let mut first = vec![reached(&a); 600];
+    first.push(reached(&b));
+    first.push(text_result("own", "a read Psych answered"));
+    write("alice", "r1", first);
+    write("alice", "r2", vec![reached(&a)]);
+    write("bob", "r1", vec![reached(&c), reached(&c)]);
+    write("alice", "r3", vec![reached(&a), reached(&b)]);
+    raw_blocking(format!(
+        "update {schema}.runs set last_write_at = case
+             when identity = 'alice' and run = 'r1' then 1000
+             when identity = 'alice' and run = 'r2' then 2000
+             when identity = 'bob' then 3000
+             else 4000 end;
+         update {schema}.records set body = 'not json'::bytea
+             where identity = 'alice' and run = 'r3' and seq = 1"
+    ));
+    let counts = |pairs: &[(&ToolRef, u64)]| -> BTreeMap<ToolRef, u64> {
+        pairs.iter().map(|(t, n)| ((*t).clone(), *n)).collect()
+    };
+    assert_eq!(
+        store.recent_targets(&|id| id == "alice", 2).unwrap(),
+        vec![counts(&[(&a, 1)]), counts(&[(&a, 600), (&b, 1)])],
+        "alice's r3 does not read: r2, then r1, counted across pages"
+    );
+    assert_eq!(
+        store.recent_targets(&|_| true, 2).unwrap(),
+        vec![counts(&[(&c, 2)]), counts(&[(&a, 1)])],
+        "bob's Run is newer than alice's readable ones"
+    );
+    assert_eq!(store.recent_targets(&|_| true, 10).unwrap().len(), 3);
+    assert!(
+        store
+            .recent_targets(&|id| id == "carol", 5)
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.recent_targets(&|_| true, 0).unwrap().is_empty());
+}
+
 /// Two identities with a Run of the same name in one schema: each store reads its own
 /// identity's records only, since every query names the identity (the handle `r:0` of one
 /// is not the other's), and an identity the store does not accept is refused.

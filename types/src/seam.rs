@@ -935,6 +935,25 @@ pub trait RecordStores: Send + Sync + std::fmt::Debug {
         Ok(SweptRuns::default())
     }
 
+    /// What the results of recent Runs reached, for learned pinning: for each of the
+    /// `recent` most recently written Runs of the identities `whose` accepts (written by
+    /// any process), newest first, how many of its results reached each remote tool
+    /// ([`ToolResult::target`](crate::ToolResult::target)). A Run whose records do not read
+    /// (damaged) is passed over for the next most recent one: usage is advice. A store that
+    /// cannot say answers none, the default.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure.
+    fn recent_targets(
+        &self,
+        whose: &dyn Fn(&str) -> bool,
+        recent: usize,
+    ) -> Result<Vec<std::collections::BTreeMap<ToolRef, u64>>, StoreError> {
+        let _ = (whose, recent);
+        Ok(Vec::new())
+    }
+
     /// Why `identity`'s Run `run` was deleted by [`sweep`](Self::sweep) (`age` or `size`),
     /// if it was (and the store still remembers it); `None` otherwise, the default.
     ///
