@@ -63,8 +63,9 @@ enum Command {
         #[arg(long, value_name = "TOKENS", requires = "serve", default_value_t = psych_gateway::DEFAULT_AUTO_BUDGET)]
         auto_budget: u64,
         /// With `--serve`: also show what `psych serve --pin-budget TOKENS` would pin from
-        /// the sessions logged under `--dir` (each used tool of a deferred server: its
-        /// sessions, calls, tokens, and why it is pinned or not).
+        /// the sessions logged under `--dir`, or kept in the store when `--store` is a
+        /// `postgres://` URL (each used tool of a deferred server: its sessions, calls,
+        /// tokens, and why it is pinned or not).
         #[arg(long, value_name = "TOKENS", requires = "serve")]
         pin_budget: Option<u64>,
         /// With `--pin-budget`: the `--dir` of the `psych serve` whose logs to learn from.
@@ -216,11 +217,12 @@ enum Command {
         #[arg(long, value_name = "TOKENS", default_value_t = psych_gateway::DEFAULT_AUTO_BUDGET)]
         auto_budget: u64,
         /// Learned pinning: at start, list as direct tools the tools of deferred servers
-        /// that the 20 most recent sessions logged under `--dir` used most (in at least 2
-        /// of them and a quarter), their definitions within TOKENS; kept until the process
-        /// ends, so the listing does not change under a client. What it would pin: `psych
-        /// budget --serve --pin-budget TOKENS`. Off by default.
-        #[arg(long, value_name = "TOKENS", conflicts_with = "store")]
+        /// that the 20 most recent sessions logged under `--dir` (with `--store`: kept in
+        /// the store, by every replica) used most (in at least 2 of them and a quarter),
+        /// their definitions within TOKENS; kept until the process ends, so the listing
+        /// does not change under a client. What it would pin: `psych budget --serve
+        /// --pin-budget TOKENS` (with the same `--store`). Off by default.
+        #[arg(long, value_name = "TOKENS")]
         pin_budget: Option<u64>,
         /// With `--http`: the most sessions open at once; a client opening one more is
         /// refused with an error saying so. A session ends when its client deletes it, or
@@ -326,16 +328,33 @@ fn run(command: Command) -> Result<u8, String> {
                 lazy,
             );
             if let Some(tokens) = pin_budget {
-                let logs = psych_gateway::GatewaySettings::new(&dir)
-                    .map_err(|e| format!("settings: {e}"))?
-                    .logs();
-                report.pins = Some(psych_gateway::learned_pins(
-                    &logs,
-                    &loaded.surface,
-                    &loaded.catalogs,
-                    &psych_elision::Estimator::new(),
-                    &psych_disclosure::pinning::PinSettings::with_budget(tokens),
-                ));
+                let pinning = psych_disclosure::pinning::PinSettings::with_budget(tokens);
+                let estimator = psych_elision::Estimator::new();
+                let store = setup.store.to_string_lossy();
+                report.pins = Some(if setup::is_store_url(&store) {
+                    // The sessions every replica kept in the store.
+                    let stores = serve::open_store(&store)?;
+                    let usage = psych_gateway::store_usage(&stores, &|_| true)
+                        .map_err(|e| format!("--store: {}", reason::chain(&e)))?;
+                    psych_disclosure::pinning::choose(
+                        &usage,
+                        &loaded.surface,
+                        &loaded.catalogs,
+                        &estimator,
+                        &pinning,
+                    )
+                } else {
+                    let logs = psych_gateway::GatewaySettings::new(&dir)
+                        .map_err(|e| format!("settings: {e}"))?
+                        .logs();
+                    psych_gateway::learned_pins(
+                        &logs,
+                        &loaded.surface,
+                        &loaded.catalogs,
+                        &estimator,
+                        &pinning,
+                    )
+                });
             }
             if json {
                 print_json(&report)?;

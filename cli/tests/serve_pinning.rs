@@ -3,7 +3,8 @@
 //! through `psych_call_tool`; `psych budget --serve --pin-budget` then shows what would be
 //! pinned and why, and the next `psych serve --pin-budget` lists the two tools every or
 //! most sessions used as direct tools, the same listing all session long, and forwards a
-//! direct call of one.
+//! direct call of one. The same with the sessions kept in a PostgreSQL store, as replicas
+//! keep them.
 
 use std::path::{Path, PathBuf};
 
@@ -65,15 +66,30 @@ fn arguments(tool: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tools_earlier_sessions_used_most_are_listed_directly() {
+    learns_from_earlier_sessions(None).await;
+}
+
+/// The same with the sessions kept in a PostgreSQL store (`--store`, a schema of the
+/// test's own): what replicas learn from, whichever of them served the sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_learn_from_the_sessions_kept_in_the_store() {
+    let schema = psych_store_conformance::pg::Schema::fresh("serve_pinning");
+    learns_from_earlier_sessions(Some(&schema.url())).await;
+}
+
+/// Three sessions, then what `psych budget` says would be pinned and a session of a
+/// gateway pinning it, with the records in `store` (a `postgres://` URL) or in files.
+async fn learns_from_earlier_sessions(store: Option<&str>) {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());
+    let mut flags: Vec<&str> = store.map_or_else(Vec::new, |url| vec!["--store", url]);
     let history: [&[&str]; 3] = [
         &["echo", "fingerprint"],
         &["echo", "fingerprint", "large"],
         &["echo"],
     ];
     for tools in history {
-        let session = connect(&config, dir.path(), &[]).await;
+        let session = connect(&config, dir.path(), &flags).await;
         assert!(!tool_names(&session).await.contains(&"big__echo".to_owned()));
         for tool in tools {
             call(
@@ -85,9 +101,16 @@ async fn the_tools_earlier_sessions_used_most_are_listed_directly() {
         }
         session.cancel().await.unwrap();
     }
+    if store.is_some() {
+        assert!(
+            !dir.path().join("serve").exists(),
+            "the sessions are in the store"
+        );
+    }
 
     // What it would pin, and why: `psych budget --serve --pin-budget` on the gateway's
-    // folder and catalogue, with `extra` flags; its standard output.
+    // folder and catalogue (or its store), with `extra` flags; its standard output.
+    let catalog = store.map_or_else(|| dir.path().join("catalog.redb"), PathBuf::from);
     let budget = |extra: &[&str]| {
         let out = std::process::Command::new(PSYCH)
             .args(["budget", "--serve", "--pin-budget", "2000", "--config"])
@@ -95,7 +118,7 @@ async fn the_tools_earlier_sessions_used_most_are_listed_directly() {
             .arg("--dir")
             .arg(dir.path())
             .arg("--store")
-            .arg(dir.path().join("catalog.redb"))
+            .arg(&catalog)
             .args(extra)
             .output()
             .unwrap();
@@ -138,7 +161,9 @@ async fn the_tools_earlier_sessions_used_most_are_listed_directly() {
     );
 
     // The next session lists them directly, all session long, and a direct call goes through.
-    let session = connect(&config, dir.path(), &["--pin-budget", "2000"]).await;
+    let unpinned = flags.clone();
+    flags.extend(["--pin-budget", "2000"]);
+    let session = connect(&config, dir.path(), &flags).await;
     let listed = tool_names(&session).await;
     assert!(
         listed.contains(&"big__echo".to_owned()) && listed.contains(&"big__fingerprint".to_owned()),
@@ -157,27 +182,7 @@ async fn the_tools_earlier_sessions_used_most_are_listed_directly() {
     session.cancel().await.unwrap();
 
     // Without the flag, nothing is pinned.
-    let session = connect(&config, dir.path(), &[]).await;
+    let session = connect(&config, dir.path(), &unpinned).await;
     assert!(!tool_names(&session).await.contains(&"big__echo".to_owned()));
     session.cancel().await.unwrap();
-}
-
-#[test]
-fn pinning_needs_the_logs_in_files() {
-    let out = std::process::Command::new(PSYCH)
-        .args([
-            "serve",
-            "--pin-budget",
-            "2000",
-            "--store",
-            "postgres://psych@127.0.0.1:5432/test",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(
-        stderr.contains("--pin-budget") && stderr.contains("--store"),
-        "{stderr}"
-    );
 }

@@ -162,7 +162,7 @@ mod stdio;
 mod tenant;
 mod tokens;
 
-pub use pinning::{learned_pins, serve_usage};
+pub use pinning::{learned_pins, serve_usage, store_usage};
 pub use resources::{RESULT_URI_PREFIX, result_uri};
 pub use tenant::{DEFAULT_RETAIN, DEFAULT_RETAIN_BYTES, Retention};
 pub use tokens::{RESERVED_IDENTITIES, Tokens, TokensError, new_token, token_digest};
@@ -1749,8 +1749,10 @@ impl GatewaySettings {
     /// most recent sessions in its logs called most ([`serve_usage`]) are listed as direct
     /// tools (their servers' eager tools), within `settings`, until the process ends; the
     /// choice goes to the report ([`report`](Self::report)). Off by default. The usage is
-    /// read from the files under [`logs`](Self::logs): with
-    /// [`records_in`](Self::records_in) there are none, and nothing is pinned.
+    /// read from the files under [`logs`](Self::logs), or with
+    /// [`records_in`](Self::records_in) from the store
+    /// ([`RecordStores::recent_targets`]: every replica's sessions, so replicas started
+    /// together pin alike).
     #[must_use]
     pub fn learned_pinning(mut self, settings: PinSettings) -> Self {
         self.pinning = Some(settings);

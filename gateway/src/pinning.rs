@@ -1,6 +1,6 @@
 //! Learned pinning for `psych serve`: chosen once when the gateway starts, per grant, from
-//! the sessions its logs hold of the identities with that grant, and kept for the process's
-//! whole life.
+//! the sessions its logs hold of the identities with that grant (or, on a shared store, the
+//! Runs every replica kept there), and kept for the process's whole life.
 //!
 //! A stdio client starts its own `psych serve` for each of its sessions, so "between
 //! sessions" is "between processes" there; an HTTP gateway keeps one choice until it
@@ -34,6 +34,28 @@ pub fn serve_usage(logs: &Path, whose: impl Fn(&str) -> bool) -> ToolUsage {
         })
         .unwrap_or_default();
     psych_runtime::usage_in_logs(&identities, DEFAULT_RECENT_RUNS, &[])
+}
+
+/// The usage in a shared store's Runs (`psych serve --store`, every replica's) of the
+/// identities `whose` accepts: the [`DEFAULT_RECENT_RUNS`] most recently written Runs
+/// together ([`RecordStores::recent_targets`](psych_types::RecordStores::recent_targets)).
+/// A Run is what a segment is on files: one process's calls for one identity until it
+/// rotates.
+///
+/// Blocking (database round trips): call it off the async workers.
+///
+/// # Errors
+///
+/// The store's failure.
+pub fn store_usage(
+    stores: &dyn psych_types::RecordStores,
+    whose: &dyn Fn(&str) -> bool,
+) -> Result<ToolUsage, psych_types::StoreError> {
+    let mut usage = ToolUsage::new();
+    for calls in stores.recent_targets(whose, DEFAULT_RECENT_RUNS)? {
+        usage.add_counted_run(calls);
+    }
+    Ok(usage)
 }
 
 /// What learned pinning keeps on `surface` (resolved without learned pins, from
@@ -103,6 +125,8 @@ pub(crate) fn summary(whom: &str, pins: &Pins) -> String {
 pub(crate) struct Learning {
     pinning: PinSettings,
     logs: PathBuf,
+    /// The shared store the Runs are kept in, if not the files under `logs`.
+    stores: Option<std::sync::Arc<dyn psych_types::RecordStores>>,
     estimator: crate::SharedEstimator,
     report: std::sync::Arc<dyn Fn(&str) + Send + Sync>,
 }
@@ -113,6 +137,7 @@ impl Learning {
         Some(Self {
             pinning: settings.pinning?,
             logs: settings.logs(),
+            stores: settings.stores.clone(),
             estimator: settings.estimator.clone(),
             report: std::sync::Arc::clone(&settings.report),
         })
@@ -140,6 +165,7 @@ pub(crate) async fn lane_connections(
     let Some(Learning {
         pinning,
         logs,
+        stores,
         estimator,
         report,
     }) = learning
@@ -179,17 +205,31 @@ pub(crate) async fn lane_connections(
             .iter()
             .enumerate()
             .map(|(i, (grant, identities))| {
-                let (usage, whom) = if i == last {
-                    let usage = serve_usage(&logs, |id| !named.iter().any(|n| n == id));
-                    let whom = if named.is_empty() {
-                        "every identity".to_owned()
+                let whose = |id: &str| {
+                    if i == last {
+                        !named.iter().any(|n| n == id)
                     } else {
-                        "the identities of the file's grant".to_owned()
-                    };
-                    (usage, whom)
-                } else {
-                    let usage = serve_usage(&logs, |id| identities.iter().any(|n| n == id));
-                    (usage, identities.join(", "))
+                        identities.iter().any(|n| n == id)
+                    }
+                };
+                let whom = match (i == last, named.is_empty()) {
+                    (false, _) => identities.join(", "),
+                    (true, true) => "every identity".to_owned(),
+                    (true, false) => "the identities of the file's grant".to_owned(),
+                };
+                let usage = match &stores {
+                    None => serve_usage(&logs, whose),
+                    Some(stores) => match store_usage(stores.as_ref(), &whose) {
+                        Ok(usage) => usage,
+                        Err(error) => {
+                            report(&format!(
+                                "learned pinning for {whom}: nothing pinned: reading the \
+                                 store's sessions: {}",
+                                psych_types::error_chain(&error)
+                            ));
+                            return connections.clone();
+                        }
+                    },
                 };
                 let mut pinned = connections.clone();
                 match psych_runtime::choose_pins(
