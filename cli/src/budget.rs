@@ -43,7 +43,7 @@ pub(crate) struct BudgetReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) lazy: Option<crate::setup::LazyFigures>,
     /// With `--pin-budget`: what learned pinning would keep direct, from the sessions
-    /// logged under `--dir`: `runs` (the sessions read), `budget`, and `choices`, every
+    /// logged under `--dir` (or kept in a `postgres://` `--store`): `runs` (the sessions read), `budget`, and `choices`, every
     /// used tool of the servers in rank order with `tool`, `used` (`runs`: sessions that
     /// called it, `calls`), `tokens` (its definition's estimate) and `why` (`pinned`,
     /// `rare`, `over_budget`, `not_deferred`, `already_eager`, `not_permitted`).

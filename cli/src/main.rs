@@ -68,7 +68,8 @@ enum Command {
         /// tokens, and why it is pinned or not).
         #[arg(long, value_name = "TOKENS", requires = "serve")]
         pin_budget: Option<u64>,
-        /// With `--pin-budget`: the `--dir` of the `psych serve` whose logs to learn from.
+        /// With `--pin-budget`: the `--dir` of the `psych serve` whose logs to learn from
+        /// (not read when `--store` is a `postgres://` URL: the sessions are there).
         #[arg(
             long,
             value_name = "DIR",
@@ -334,8 +335,11 @@ fn run(command: Command) -> Result<u8, String> {
                 report.pins = Some(if setup::is_store_url(&store) {
                     // The sessions every replica kept in the store.
                     let stores = serve::open_store(&store)?;
-                    let usage = psych_gateway::store_usage(&stores, &|_| true)
-                        .map_err(|e| format!("--store: {}", reason::chain(&e)))?;
+                    let usage = psych_gateway::store_usage(
+                        &stores,
+                        &psych_types::Identities::AllBut(Vec::new()),
+                    )
+                    .map_err(|e| format!("--store: {}", reason::chain(&e)))?;
                     psych_disclosure::pinning::choose(
                         &usage,
                         &loaded.surface,

@@ -49,7 +49,7 @@ pub fn serve_usage(logs: &Path, whose: impl Fn(&str) -> bool) -> ToolUsage {
 /// The store's failure.
 pub fn store_usage(
     stores: &dyn psych_types::RecordStores,
-    whose: &dyn Fn(&str) -> bool,
+    whose: &psych_types::Identities,
 ) -> Result<ToolUsage, psych_types::StoreError> {
     let mut usage = ToolUsage::new();
     for calls in stores.recent_targets(whose, DEFAULT_RECENT_RUNS)? {
@@ -205,12 +205,10 @@ pub(crate) async fn lane_connections(
             .iter()
             .enumerate()
             .map(|(i, (grant, identities))| {
-                let whose = |id: &str| {
-                    if i == last {
-                        !named.iter().any(|n| n == id)
-                    } else {
-                        identities.iter().any(|n| n == id)
-                    }
+                let whose = if i == last {
+                    psych_types::Identities::AllBut(named.clone())
+                } else {
+                    psych_types::Identities::Only(identities.clone())
                 };
                 let whom = match (i == last, named.is_empty()) {
                     (false, _) => identities.join(", "),
@@ -218,7 +216,7 @@ pub(crate) async fn lane_connections(
                     (true, false) => "the identities of the file's grant".to_owned(),
                 };
                 let usage = match &stores {
-                    None => serve_usage(&logs, whose),
+                    None => serve_usage(&logs, |id| whose.accepts(id)),
                     Some(stores) => match store_usage(stores.as_ref(), &whose) {
                         Ok(usage) => usage,
                         Err(error) => {

@@ -183,22 +183,16 @@ impl psych_types::RecordStores for PgBlocking {
 
     fn recent_targets(
         &self,
-        whose: &dyn Fn(&str) -> bool,
+        whose: &psych_types::Identities,
         recent: usize,
     ) -> Result<Vec<std::collections::BTreeMap<psych_types::ToolRef, u64>>, psych_types::StoreError>
     {
-        let connect = |e| RecordError::Db(crate::DbError::Connect(e));
-        let mut identities = self
-            .block(async {
-                let client = self.client().await.map_err(connect)?;
-                crate::usage::identities(&client).await
-            })
-            .unwrap_or(Err(RecordError::ShutDown))
-            .map_err(RecordError::into_store_error)?;
-        identities.retain(|identity| whose(identity));
         self.block(async {
-            let client = self.client().await.map_err(connect)?;
-            crate::usage::recent_targets(&client, &identities, recent).await
+            let mut client = self
+                .client()
+                .await
+                .map_err(|e| RecordError::Db(crate::DbError::Connect(e)))?;
+            crate::usage::recent_targets(&mut client, whose, recent).await
         })
         .unwrap_or(Err(RecordError::ShutDown))
         .map_err(RecordError::into_store_error)

@@ -18,8 +18,10 @@
 //!   through a cursor 256 at a time, so the sweep's memory does not grow with the Runs;
 //!   each is deleted in a transaction of its own (a 1 GiB Run makes no huge transaction),
 //!   its lease re-checked under the Run's lock. The sweep reads every identity's Runs'
-//!   sizes and times (never their records): the one statement on these tables that does
-//!   not name an identity, a whole-schema administration that answers no peer.
+//!   sizes and times (never their records): with learned pinning's read of the newest
+//!   Runs (`RecordStores::recent_targets`, which may ask for every identity but some), the
+//!   only statements on these tables that do not name an identity, administration that
+//!   answers no peer.
 //! - **Expired Runs are remembered** in `expired_runs` (the newest [`EXPIRED_KEPT`] per
 //!   identity): their handles answer that they expired
 //!   ([`RecordStores::expired`](psych_types::RecordStores::expired)), and such a Run is

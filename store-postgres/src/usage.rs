@@ -1,64 +1,68 @@
 //! Learned pinning's usage over a shared store: how many results of each of the most
 //! recently written Runs reached each remote tool, whichever process wrote them.
+//!
+//! Read in one read-only snapshot (repeatable read), so a Run a sweep deletes meanwhile is
+//! read as it was, whole. At most [`LOOKED_AT`] times `recent` Runs are looked at (one
+//! query, newest first), a Run with a record that does not decode passed over for the next.
+//! A Run's results are read a page at a time: their sizes first, then their bodies in
+//! groups of at most [`GROUP_BYTES`] (a larger body alone), so memory is one group and the
+//! tools counted, never a Run's history.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use deadpool_postgres::GenericClient;
-use psych_types::{Record, ToolRef};
+use psych_types::{Identities, Record, ToolRef};
 
 use crate::records::{RecordError, db};
 
-/// Results read per round trip: a Run's results are counted a page at a time, so memory is
-/// a page and the tools counted, never a Run's history.
+/// Results whose sizes are read per round trip.
 const PAGE: i64 = 512;
+/// The most bytes of result bodies (texts left out: images, structured content) read at
+/// once, but for one body larger than it.
+const GROUP_BYTES: i64 = 8 << 20;
+/// How many Runs are looked at, at most, for each Run asked for.
+const LOOKED_AT: usize = 4;
 
-/// Every identity with a Run in the store, in order.
-pub(crate) async fn identities(client: &impl GenericClient) -> Result<Vec<String>, RecordError> {
-    let rows = client
-        .query("select distinct identity from runs order by identity", &[])
-        .await
-        .map_err(db)?;
-    Ok(rows.iter().map(|row| row.get(0)).collect())
-}
-
-/// For the `recent` most recently written Runs of `identities` (newest first, ties by
-/// identity and Run), how many of each one's results reached each remote tool. A Run with
-/// a record that does not decode is passed over for the next one.
+/// For the `recent` most recently written Runs of the identities `whose` accepts (newest
+/// first, ties by identity and Run), how many of each one's results reached each remote
+/// tool.
 pub(crate) async fn recent_targets(
-    client: &impl GenericClient,
-    identities: &[String],
+    client: &mut deadpool_postgres::Object,
+    whose: &Identities,
     recent: usize,
 ) -> Result<Vec<BTreeMap<ToolRef, u64>>, RecordError> {
     let mut counted = Vec::new();
-    if identities.is_empty() || recent == 0 {
+    let (named, all_but) = match whose {
+        Identities::Only(named) => (named, false),
+        Identities::AllBut(named) => (named, true),
+    };
+    if recent == 0 || (named.is_empty() && !all_but) {
         return Ok(counted);
     }
-    let page = i64::try_from(recent).unwrap_or(i64::MAX).clamp(1, PAGE);
-    // Runs move up as they are written meanwhile: one seen on an earlier page is not
-    // counted twice.
-    let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
-    let mut offset = 0i64;
-    while counted.len() < recent {
-        let runs = client
-            .query(
-                "select identity, run from runs where identity = any($1)
-                 order by last_write_at desc, identity, run limit $2 offset $3",
-                &[&identities, &page, &offset],
-            )
-            .await
-            .map_err(db)?;
-        if runs.is_empty() {
+    let snapshot = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(db)?;
+    let most = i64::try_from(recent.saturating_mul(LOOKED_AT)).unwrap_or(i64::MAX);
+    // `(identity = any(named)) <> all_but`: in the list, or out of it for "all but".
+    let runs = snapshot
+        .query(
+            "select identity, run from runs where (identity = any($1)) <> $2
+             order by last_write_at desc, identity, run limit $3",
+            &[named, &all_but, &most],
+        )
+        .await
+        .map_err(db)?;
+    for row in &runs {
+        if counted.len() >= recent {
             break;
         }
-        offset += i64::try_from(runs.len()).unwrap_or(i64::MAX);
-        for row in &runs {
-            let (identity, run): (String, String) = (row.get(0), row.get(1));
-            if counted.len() >= recent || !seen.insert((identity.clone(), run.clone())) {
-                continue;
-            }
-            if let Some(calls) = targets_of(client, &identity, &run).await? {
-                counted.push(calls);
-            }
+        let (identity, run): (&str, &str) = (row.get(0), row.get(1));
+        if let Some(calls) = targets_of(&snapshot, identity, run).await? {
+            counted.push(calls);
         }
     }
     Ok(counted)
@@ -76,30 +80,73 @@ async fn targets_of(
     loop {
         let statement = client
             .prepare_cached(
-                "select seq, body from records
+                "select seq, octet_length(body)::bigint from records
                  where identity = $1 and run = $2 and result and seq > $3
                  order by seq limit $4",
             )
             .await
             .map_err(db)?;
-        let rows = client
+        let sizes = client
             .query(&statement, &[&identity, &run, &after, &PAGE])
             .await
             .map_err(db)?;
-        for row in &rows {
-            let body: &[u8] = row.get(1);
-            match serde_json::from_slice::<Record>(body) {
-                Ok(Record::ToolResult(result)) => {
-                    if let Some(target) = result.target {
-                        *calls.entry(target).or_default() += 1;
-                    }
+        // Groups of consecutive results, each read in one round trip.
+        let mut from = after;
+        let mut bytes = 0i64;
+        for (i, row) in sizes.iter().enumerate() {
+            let (seq, size): (i64, i64) = (row.get(0), row.get(1));
+            bytes = bytes.saturating_add(size);
+            let last = i + 1 == sizes.len();
+            let next_over = sizes
+                .get(i + 1)
+                .is_some_and(|next| bytes.saturating_add(next.get::<_, i64>(1)) > GROUP_BYTES);
+            if last || next_over {
+                if !count(client, identity, run, (from, seq), &mut calls).await? {
+                    return Ok(None);
                 }
-                _ => return Ok(None),
+                (from, bytes) = (seq, 0);
             }
         }
-        match rows.last() {
-            Some(last) if rows.len() as i64 == PAGE => after = last.get(0),
+        match sizes.last() {
+            Some(last) if sizes.len() == usize::try_from(PAGE).unwrap_or(usize::MAX) => {
+                after = last.get(0);
+            }
             _ => return Ok(Some(calls)),
         }
     }
+}
+
+/// Counts the targets of `run`'s results numbered in `(after, through]` into `calls`;
+/// `false` when one does not decode.
+async fn count(
+    client: &impl GenericClient,
+    identity: &str,
+    run: &str,
+    (after, through): (i64, i64),
+    calls: &mut BTreeMap<ToolRef, u64>,
+) -> Result<bool, RecordError> {
+    let statement = client
+        .prepare_cached(
+            "select body from records
+             where identity = $1 and run = $2 and result and seq > $3 and seq <= $4
+             order by seq",
+        )
+        .await
+        .map_err(db)?;
+    let rows = client
+        .query(&statement, &[&identity, &run, &after, &through])
+        .await
+        .map_err(db)?;
+    for row in &rows {
+        let body: &[u8] = row.get(0);
+        match serde_json::from_slice::<Record>(body) {
+            Ok(Record::ToolResult(result)) => {
+                if let Some(target) = result.target {
+                    *calls.entry(target).or_default() += 1;
+                }
+            }
+            _ => return Ok(false),
+        }
+    }
+    Ok(true)
 }

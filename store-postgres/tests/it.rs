@@ -444,9 +444,12 @@ fn text_result(call: &str, text: impl Into<String>) -> psych_types::Record {
 fn recent_runs_results_are_counted_by_the_tool_they_reached() {
     use std::collections::BTreeMap;
 
-    use psych_types::{RecordStore, RecordStores, RunId, ServerId, ToolName, ToolRef};
+    use psych_types::{Identities, RecordStore, RecordStores, RunId, ServerId, ToolName, ToolRef};
 
     let (store, drop_schema, _url) = record_schema("recent_targets");
+    let only = |names: &[&str]| Identities::Only(names.iter().map(|n| (*n).to_owned()).collect());
+    let all_but =
+        |names: &[&str]| Identities::AllBut(names.iter().map(|n| (*n).to_owned()).collect());
     let schema = drop_schema.0.clone();
     let tool = |server: &str, name: &str| ToolRef {
         server: ServerId::new(server).unwrap(),
@@ -464,7 +467,20 @@ fn recent_runs_results_are_counted_by_the_tool_they_reached() {
         let log = store.records(identity, &RunId::new(run).unwrap()).unwrap();
         log.append_batch(&records).unwrap();
     };
-    let mut first = vec![reached(&a); 600];
+    // Two results of 5 MiB images first: bodies are read in groups of at most 8 MiB.
+    let image = |target: &ToolRef| {
+        let psych_types::Record::ToolResult(mut result) = reached(target) else {
+            unreachable!()
+        };
+        result.output =
+            psych_types::ToolOutput::from_blocks(vec![psych_types::ContentBlock::image(
+                "image/png",
+                vec![7; 5 << 20],
+            )]);
+        psych_types::Record::ToolResult(result)
+    };
+    let mut first = vec![image(&b), image(&b)];
+    first.extend(vec![reached(&a); 600]);
     first.push(reached(&b));
     first.push(text_result("own", "a read Psych answered"));
     write("alice", "r1", first);
@@ -484,23 +500,33 @@ fn recent_runs_results_are_counted_by_the_tool_they_reached() {
         pairs.iter().map(|(t, n)| ((*t).clone(), *n)).collect()
     };
     assert_eq!(
-        store.recent_targets(&|id| id == "alice", 2).unwrap(),
-        vec![counts(&[(&a, 1)]), counts(&[(&a, 600), (&b, 1)])],
+        store.recent_targets(&only(&["alice"]), 2).unwrap(),
+        vec![counts(&[(&a, 1)]), counts(&[(&a, 600), (&b, 3)])],
         "alice's r3 does not read: r2, then r1, counted across pages"
     );
     assert_eq!(
-        store.recent_targets(&|_| true, 2).unwrap(),
+        store.recent_targets(&all_but(&[]), 2).unwrap(),
         vec![counts(&[(&c, 2)]), counts(&[(&a, 1)])],
         "bob's Run is newer than alice's readable ones"
     );
-    assert_eq!(store.recent_targets(&|_| true, 10).unwrap().len(), 3);
+    assert_eq!(
+        store.recent_targets(&all_but(&["bob"]), 2).unwrap(),
+        store.recent_targets(&only(&["alice"]), 2).unwrap()
+    );
+    assert_eq!(store.recent_targets(&all_but(&[]), 10).unwrap().len(), 3);
     assert!(
         store
-            .recent_targets(&|id| id == "carol", 5)
+            .recent_targets(&only(&["carol"]), 5)
             .unwrap()
             .is_empty()
     );
-    assert!(store.recent_targets(&|_| true, 0).unwrap().is_empty());
+    assert!(store.recent_targets(&only(&[]), 5).unwrap().is_empty());
+    assert!(store.recent_targets(&all_but(&[]), 0).unwrap().is_empty());
+    // Looked at: at most four Runs for each asked for (alice's r3 is one, and passed over).
+    assert_eq!(
+        store.recent_targets(&only(&["alice"]), 1).unwrap(),
+        vec![counts(&[(&a, 1)])]
+    );
 }
 
 /// Two identities with a Run of the same name in one schema: each store reads its own

@@ -113,9 +113,10 @@ pub use record::{
 pub use schema::{InputSchemaError, check_input_schema, json_kind};
 pub use seam::{
     CatalogFailure, CatalogStore, CatalogStoreError, DynCatalogStore, DynRecordStore, Erased,
-    HostAnswer, InputRound, Lease, LeaseGuard, LineMark, MemoryRecords, OutputInfo, OutputKind,
-    Projection, RecordFailure, RecordSource, RecordStore, RecordStores, ResultProjector, ResultRef,
-    StoreError, SweptRuns, TokenEstimator, ToolHost, ToolLister, readable_bytes,
+    HostAnswer, Identities, InputRound, Lease, LeaseGuard, LineMark, MemoryRecords, OutputInfo,
+    OutputKind, Projection, RecordFailure, RecordSource, RecordStore, RecordStores,
+    ResultProjector, ResultRef, StoreError, SweptRuns, TokenEstimator, ToolHost, ToolLister,
+    readable_bytes,
 };
 pub use spill::{SpilledBlock, SpilledText};
 pub use tool::{

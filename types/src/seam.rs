@@ -937,7 +937,8 @@ pub trait RecordStores: Send + Sync + std::fmt::Debug {
 
     /// What the results of recent Runs reached, for learned pinning: for each of the
     /// `recent` most recently written Runs of the identities `whose` accepts (written by
-    /// any process), newest first, how many of its results reached each remote tool
+    /// any process), newest first (ties by identity, then Run), how many of its results
+    /// reached each remote tool
     /// ([`ToolResult::target`](crate::ToolResult::target)). A Run whose records do not read
     /// (damaged) is passed over for the next most recent one: usage is advice. A store that
     /// cannot say answers none, the default.
@@ -947,7 +948,7 @@ pub trait RecordStores: Send + Sync + std::fmt::Debug {
     /// The store's failure.
     fn recent_targets(
         &self,
-        whose: &dyn Fn(&str) -> bool,
+        whose: &Identities,
         recent: usize,
     ) -> Result<Vec<std::collections::BTreeMap<ToolRef, u64>>, StoreError> {
         let _ = (whose, recent);
@@ -963,6 +964,27 @@ pub trait RecordStores: Send + Sync + std::fmt::Debug {
     fn expired(&self, identity: &str, run: &RunId) -> Result<Option<String>, StoreError> {
         let _ = (identity, run);
         Ok(None)
+    }
+}
+
+/// Whose Runs a [`RecordStores::recent_targets`] counts: named identities, or every
+/// identity but named ones (a store then needs no list of its identities).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identities {
+    /// These identities only.
+    Only(Vec<String>),
+    /// Every identity but these (every identity when empty).
+    AllBut(Vec<String>),
+}
+
+impl Identities {
+    /// Whether `identity`'s Runs are counted.
+    #[must_use]
+    pub fn accepts(&self, identity: &str) -> bool {
+        match self {
+            Self::Only(named) => named.iter().any(|n| n == identity),
+            Self::AllBut(named) => !named.iter().any(|n| n == identity),
+        }
     }
 }
 
