@@ -8,8 +8,8 @@
 //! as a tool error while the other servers keep working, Psych's own answers carrying
 //! their structured content as a text block too, an upstream result with unmodelled
 //! fields and block types passed through whole, a call the client cancels cancelled
-//! upstream and logged as cancelled, the upstream's progress reaching the client under the
-//! client's token, identical calls in flight each getting only their own progress
+//! upstream (once the upstream announced it) and logged as cancelled, the upstream's
+//! progress reaching the client under the client's token, identical calls in flight each getting only their own progress
 //! (read by a raw JSON-RPC client, which sees the gateway's messages in order), and
 //! `--auto-budget` deciding which `auto` servers stay direct, and lines that are not a
 //! message (a batch, invalid JSON, nesting 100,000 deep, a line over 4 MiB) answered each
@@ -92,7 +92,10 @@ fn embedded(tools: usize, extra: Value) -> Value {
 /// `narrow` (only `echo`) fits it and stays `auto`.
 fn write_config(dir: &Path) -> std::path::PathBuf {
     let config = json!({"mcpServers": {
-        "small": embedded(3, json!({"preload": true})),
+        "small": embedded(3, json!({
+            "preload": true,
+            "args": ["serve-embedded", "--tools", "3", "--announce-hang"],
+        })),
         "narrow": embedded(3, json!({"allowTools": ["echo"]})),
         "mid": embedded(40, json!({"preload": true, "allowTools": generated_and_echo(40)})),
         "huge": embedded(400, json!({"preload": true, "allowTools": generated_and_echo(400)})),
@@ -258,13 +261,30 @@ async fn psych_serve_end_to_end() {
     };
     assert_eq!(raw, psych_test_server::exotic_result());
 
-    // A call the client cancels is cancelled upstream.
-    let hung = tokio::time::timeout(
-        Duration::from_millis(300),
-        call(&session, "small__hang", json!({})),
-    )
-    .await;
-    assert!(hung.is_err(), "hang never answers");
+    // A call the client cancels is cancelled upstream: cancelled once the upstream said
+    // it arrived (`--announce-hang`: progress 0 under the client's token), so it is the
+    // upstream's call that is cancelled, however slowly the call got there.
+    let hang = session
+        .peer()
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(CallToolRequest::new(CallToolRequestParams::new(
+                "small__hang",
+            ))),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    let note = tokio::time::timeout(Duration::from_secs(30), progress.recv())
+        .await
+        .expect("the upstream announces the hanging call")
+        .unwrap();
+    assert_eq!(
+        (&note.progress_token, note.message.as_deref()),
+        (&hang.progress_token, Some("hanging"))
+    );
+    hang.cancel(Some("the test stops waiting".into()))
+        .await
+        .unwrap();
     let mut cancelled = String::new();
     for _ in 0..100 {
         cancelled = text(&call(&session, "small__cancellations", json!({})).await);

@@ -53,6 +53,12 @@ pub struct GroupStats {
     pub failed_groups: u64,
     /// The most records one group held.
     pub largest_group: usize,
+    /// Groups whose window closed because they were full (`max_records` or `max_bytes`
+    /// reached), not because their oldest call had waited `max_wait`.
+    pub full_groups: u64,
+    /// The longest a group's window stayed open: from its oldest call's arrival to the
+    /// window's close, before its write and sync.
+    pub longest_window: Duration,
 }
 
 /// One Run's [`RecordLog`] shared by concurrent appenders (`&self`, `Send + Sync`; put it
@@ -468,26 +474,26 @@ impl SharedRecordLog {
     /// it with the lock released, hands leadership on and wakes the group's appenders.
     fn lead(&self) {
         let mut group = self.lock_group();
-        loop {
+        let (full, window) = loop {
             let Some(oldest) = group.queue.front().map(|pending| pending.arrived) else {
                 // Unreachable while the leader's own call is queued; give up leading.
                 group.leading = false;
                 return;
             };
-            if self.window.is_full(&group) {
-                break;
-            }
             let waited = Instant::now().saturating_duration_since(oldest);
+            if self.window.is_full(&group) {
+                break (true, waited);
+            }
             let left = self.window.max_wait.saturating_sub(waited);
             if left.is_zero() {
-                break;
+                break (false, waited);
             }
             group = self
                 .filled
                 .wait_timeout(group, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
-        }
+        };
         let (mut calls, mut records, mut bytes) = (Vec::new(), 0usize, 0u64);
         while let Some(next) = group.queue.front() {
             let (n, b) = (next.frames.len(), next.bytes);
@@ -530,6 +536,8 @@ impl SharedRecordLog {
         group.scratch = scratch;
         group.stats.groups += 1;
         group.stats.largest_group = group.stats.largest_group.max(records);
+        group.stats.full_groups += u64::from(full);
+        group.stats.longest_window = group.stats.longest_window.max(window);
         match &result {
             Ok(done) => group.stats.records += done.records as u64,
             Err(_) => group.stats.failed_groups += 1,

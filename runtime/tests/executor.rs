@@ -10,7 +10,7 @@
 )]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use psych_catalog::Catalog;
 use psych_record_log::{RecordLog, SyncPolicy};
@@ -25,8 +25,14 @@ use psych_types::{
 use serde_json::json;
 
 /// `sleep {ms, tag}` answers `tag` after `ms` (and panics, a host bug, for the tag
-/// `panic`); `hang` never answers.
+/// `panic`), first meeting the other calls given `"meet": true` when there is one
+/// ([`MEET`]: they answer only if they run together); `hang` never answers.
 struct Host;
+
+/// Where the calls of [`parallel_calls_run_together_and_log_in_call_order`] meet: the three
+/// get past it only together, so calls run one after another would never answer.
+static MEET: std::sync::LazyLock<tokio::sync::Barrier> =
+    std::sync::LazyLock::new(|| tokio::sync::Barrier::new(3));
 
 impl ToolLister for Host {
     type Error = std::io::Error;
@@ -38,7 +44,7 @@ impl ToolLister for Host {
                 ToolName::new("sleep").unwrap(),
                 "Answers tag after ms",
                 schema(
-                    json!({"type": "object", "properties": {"ms": {"type": "integer"}, "tag": {"type": "string"}}, "required": ["ms", "tag"]}),
+                    json!({"type": "object", "properties": {"ms": {"type": "integer"}, "tag": {"type": "string"}, "meet": {"type": "boolean"}}, "required": ["ms", "tag"]}),
                 ),
             ),
             ToolDefinition::new(
@@ -54,6 +60,9 @@ impl ToolHost for Host {
     async fn call_tool(&self, tool: &ToolRef, args: JsonObject) -> Result<ToolOutput, Self::Error> {
         if tool.tool.as_str() == "hang" {
             std::future::pending::<()>().await;
+        }
+        if args.get("meet").is_some_and(|meet| meet == true) {
+            MEET.wait().await;
         }
         tokio::time::sleep(Duration::from_millis(args["ms"].as_u64().unwrap_or(0))).await;
         assert_ne!(args["tag"], "panic", "the host's bug");
@@ -146,19 +155,21 @@ fn results(run: &Run<Host>) -> Vec<(String, ToolOutput)> {
 async fn parallel_calls_run_together_and_log_in_call_order() {
     let dir = tempfile::tempdir().unwrap();
     let mut run = open_with(dir.path(), Duration::from_secs(10)).await;
+    // The three meet before answering (calls run one after another would time out, and
+    // answer errors, not their tags), then finish out of call order.
     let mut model = ScriptedModel::new([
-        Step::call("svc__sleep", json!({"ms": 800, "tag": "slow"}))
-            .and_call("svc__sleep", json!({"ms": 10, "tag": "fast"}))
-            .and_call("svc__sleep", json!({"ms": 700, "tag": "middle"})),
+        Step::call(
+            "svc__sleep",
+            json!({"ms": 800, "tag": "slow", "meet": true}),
+        )
+        .and_call("svc__sleep", json!({"ms": 10, "tag": "fast", "meet": true}))
+        .and_call(
+            "svc__sleep",
+            json!({"ms": 700, "tag": "middle", "meet": true}),
+        ),
         Step::say("done"),
     ]);
-    let started = Instant::now();
     let transcript = model.turn(&mut run, "go").await.unwrap();
-    let took = started.elapsed();
-    assert!(
-        took < Duration::from_millis(1_400),
-        "calls ran one after another: {took:?}"
-    );
     assert_eq!(transcript.text, "done");
     let tags: Vec<_> = results(&run)
         .into_iter()

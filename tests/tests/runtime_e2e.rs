@@ -589,8 +589,18 @@ async fn a_run_killed_mid_step_resumes_with_its_log_intact() {
             "the child ended before its step"
         );
     }
-    // Let the calls start, then kill -9.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Once the step's reply is logged (the user's message, its usage, the reply with its
+    // calls: read from the log as it is written, not guessed from a pause), kill -9.
+    let run_id = RunId::new("run-crash").unwrap();
+    let logged =
+        |dir: &Path| RecordLog::open_read_only(dir, &run_id).map_or(0, |(log, _)| log.len());
+    for _ in 0..600 {
+        if logged(dir.path()) >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(logged(dir.path()) >= 3, "the child logged its step's reply");
     child.kill().unwrap();
     child.wait().unwrap();
 
