@@ -22,6 +22,9 @@
 //! and another start time), so a reused pid is never taken for the server. Only then is an
 //! `environ` read for the tag, and never a process in state `D`: reading `environ` takes
 //! the process's memory lock, which one stuck in uninterruptible sleep may hold for good.
+//! Such a process that may be the tree's (orphaned, or a found one's child: a tagged
+//! grandchild that called `setsid`, perhaps still loading its program) keeps [`stop`]
+//! looking, at most its [`ROUNDS`], rather than taken for none left.
 //!
 //! # Blocking
 //!
@@ -181,15 +184,32 @@ fn stat(pid: i32) -> Option<Proc> {
 /// another user, or one older than the leader. Blocks: reads `/proc` (see the module docs
 /// for what, and for the one read that may block for long).
 pub(crate) fn members(leader: Leader, tag: &Tag) -> Vec<Pid> {
+    look(leader, tag).found
+}
+
+/// What one look through `/proc` found.
+#[derive(Debug, Default)]
+pub(crate) struct Look {
+    /// The tree's live processes ([`members`]).
+    pub(crate) found: Vec<Pid>,
+    /// Processes that may be the tree's but could not be told: in state `D` (their
+    /// `environ` is not read), not found otherwise, and orphaned (parent 1) or children of
+    /// a found one, as a tagged grandchild that called `setsid` is. A look that leaves
+    /// some is not taken for "none left" while [`stop`] may look again.
+    pub(crate) unread: usize,
+}
+
+/// One look: [`members`], and how many processes could not be told.
+fn look(leader: Leader, tag: &Tag) -> Look {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+        return Look::default();
     };
     // Without the leader's start time a pid cannot be told from a reused one.
     let Some(leader_start) = leader.start else {
-        return Vec::new();
+        return Look::default();
     };
     let Ok(uid) = std::fs::metadata("/proc/self").map(|meta| meta.uid()) else {
-        return Vec::new();
+        return Look::default();
     };
     let me = i32::try_from(std::process::id()).unwrap_or(0);
     let mut procs = HashMap::new();
@@ -220,19 +240,35 @@ pub(crate) fn members(leader: Leader, tag: &Tag) -> Vec<Pid> {
         }
         false
     };
+    let mut unknown: Vec<Proc> = Vec::new();
     let mut found: Vec<Pid> = procs
         .iter()
         .filter(|(_, proc)| !proc.zombie() && proc.start >= leader_start)
         .filter(|&(&pid, proc)| {
-            (ours && (proc.pgrp == leader || descends(pid)))
-                || (proc.environ_readable()
-                    && std::fs::read(format!("/proc/{pid}/environ"))
-                        .is_ok_and(|environ| tag.in_environ(&environ)))
+            if ours && (proc.pgrp == leader || descends(pid)) {
+                return true;
+            }
+            if !proc.environ_readable() {
+                unknown.push(*proc);
+                return false;
+            }
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|environ| tag.in_environ(&environ))
         })
         .map(|(&pid, _)| Pid::from_raw(pid))
         .collect();
     found.sort();
-    found
+    let unread = unread(&unknown, &found);
+    Look { found, unread }
+}
+
+/// Of `unknown` (processes in state `D`, not found otherwise), those that may be of the
+/// tree: orphaned (parent 1) or children of one of `found` (sorted).
+fn unread(unknown: &[Proc], found: &[Pid]) -> usize {
+    unknown
+        .iter()
+        .filter(|proc| proc.ppid == 1 || found.binary_search(&Pid::from_raw(proc.ppid)).is_ok())
+        .count()
 }
 
 /// Sends `signal` to `leader`'s group and to every process of its tree. Blocks (reads
@@ -245,8 +281,8 @@ pub(crate) fn signal(leader: Leader, tag: &Tag, signal: Signal) {
 }
 
 /// Kills (SIGKILL) `leader`'s group and every process of its tree, looking again until none
-/// is left (or [`ROUNDS`] looks); says whether none is. Blocks (reads `/proc`, pauses): run
-/// it through [`bounded`].
+/// is left and none could not be told (or [`ROUNDS`] looks); says whether none is left.
+/// Blocks (reads `/proc`, pauses): run it through [`bounded`].
 pub(crate) fn stop(leader: Leader, tag: &Tag) -> bool {
     for _ in 0..ROUNDS {
         if sweep(leader, tag) {
@@ -259,14 +295,15 @@ pub(crate) fn stop(leader: Leader, tag: &Tag) -> bool {
 
 /// Kills (SIGKILL) `leader`'s group and every process of its tree found in one look, with
 /// no pause: what a server dropped without being stopped gets at once. Says whether the
-/// look found none. Blocks (reads `/proc` once): run it through [`bounded_blocking`].
+/// look found none and left none it could not tell ([`Look::unread`]). Blocks (reads
+/// `/proc` once): run it through [`bounded_blocking`].
 pub(crate) fn sweep(leader: Leader, tag: &Tag) -> bool {
     leader.signal_group(Signal::SIGKILL);
-    let left = members(leader, tag);
-    for &pid in &left {
+    let left = look(leader, tag);
+    for &pid in &left.found {
         let _ = kill(pid, Signal::SIGKILL);
     }
-    left.is_empty()
+    left.found.is_empty() && left.unread == 0
 }
 
 /// Runs `work` on a thread of its own, and sends its result on `done`.
@@ -456,10 +493,37 @@ mod tests {
         let leader = sleeper(None);
         let info = Leader::new(pid(&leader));
         let tagged = sleeper(Some(&tag));
+        // `tagged` is this test's child, not orphaned nor the tree's: while still in `D`
+        // loading `sleep` it could not be told, and a stop would rightly not wait for it
+        // (see `unread`). The test is about killing what is found: it stops once `tagged`
+        // is asleep in `sleep` itself.
+        for _ in 0..10_000 {
+            if stat(pid(&tagged).as_raw()).is_some_and(|proc| proc.state == b'S') {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert!(stop(info, &tag));
         for mut child in [leader, tagged] {
             assert!(child.wait().unwrap().code().is_none(), "killed");
         }
+    }
+
+    /// A process in `D` counts as one a look could not tell when it is orphaned or a found
+    /// one's child (a tagged grandchild that called `setsid`), not otherwise (another
+    /// program of the user).
+    #[test]
+    fn a_process_in_d_keeps_a_stop_looking_only_if_it_may_be_the_trees() {
+        let proc = |ppid| Proc {
+            state: b'D',
+            ppid,
+            pgrp: 4000,
+            start: 10,
+        };
+        let found = [Pid::from_raw(300), Pid::from_raw(301)];
+        assert_eq!(unread(&[proc(1), proc(301), proc(77)], &found), 2);
+        assert_eq!(unread(&[proc(77)], &found), 0);
+        assert_eq!(unread(&[], &found), 0);
     }
 
     /// Review item 1: a look that blocks is abandoned at its deadline.
