@@ -9,8 +9,9 @@
 //! their structured content as a text block too, an upstream result with unmodelled
 //! fields and block types passed through whole, a call the client cancels cancelled
 //! upstream (once the upstream announced it) and logged as cancelled, the upstream's
-//! progress reaching the client under the client's token, identical calls in flight each getting only their own progress
-//! (read by a raw JSON-RPC client, which sees the gateway's messages in order), and
+//! progress reaching the client under the client's token, identical calls in flight each
+//! getting only their own progress (read by a raw JSON-RPC client, which sees the
+//! gateway's messages in order), and
 //! `--auto-budget` deciding which `auto` servers stay direct, and lines that are not a
 //! message (a batch, invalid JSON, nesting 100,000 deep, a line over 4 MiB) answered each
 //! with its JSON-RPC error while the session goes on.

@@ -389,8 +389,8 @@ impl Drop for Child {
             // exit right after this drop. So the group and every process of the tree found
             // in one look are killed now, before this returns (blocking this thread for
             // that look, a few milliseconds, at most `tree::SWEEP_DEADLINE`); if it found
-            // any, a thread looks again for one that forked meanwhile, which happens only
-            // if this process lives on.
+            // any, or left any it could not tell, a thread looks again (for one that forked
+            // meanwhile, or came out of `D`), which happens only if this process lives on.
             let tag = self.tag.clone();
             let sweep = {
                 let tag = tag.clone();

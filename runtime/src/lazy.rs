@@ -370,6 +370,8 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let mut sources = ListingSources::load(dir.path().join("sources.json"));
+        // Before the listings are stored: their age is counted from then.
+        let listed_at = std::time::Instant::now();
         for (server, entry) in &listed.servers {
             if server.as_str() != "never" {
                 catalog
@@ -379,7 +381,6 @@ mod tests {
             }
         }
         sources.save().unwrap_or_else(|e| panic!("{e}"));
-        let listed_at = std::time::Instant::now();
         std::thread::sleep(Duration::from_millis(1100));
         // The same file, but `moved` now runs with other arguments.
         let now = config(

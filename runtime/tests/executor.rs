@@ -26,11 +26,13 @@ use serde_json::json;
 
 /// `sleep {ms, tag}` answers `tag` after `ms` (and panics, a host bug, for the tag
 /// `panic`), first meeting the other calls given `"meet": true` when there is one
-/// ([`MEET`]: they answer only if they run together); `hang` never answers.
+/// ([`MEET`]: they answer their tags only if they run together); `hang` never answers.
 struct Host;
 
 /// Where the calls of [`parallel_calls_run_together_and_log_in_call_order`] meet: the three
-/// get past it only together, so calls run one after another would never answer.
+/// get past it only together, so calls run one after another would time out waiting for
+/// the others (a timed-out wait still counts as arrived: the last would pass) and answer
+/// errors, not their tags.
 static MEET: std::sync::LazyLock<tokio::sync::Barrier> =
     std::sync::LazyLock::new(|| tokio::sync::Barrier::new(3));
 

@@ -22,9 +22,11 @@
 //! and another start time), so a reused pid is never taken for the server. Only then is an
 //! `environ` read for the tag, and never a process in state `D`: reading `environ` takes
 //! the process's memory lock, which one stuck in uninterruptible sleep may hold for good.
-//! Such a process that may be the tree's (orphaned, or a found one's child: a tagged
-//! grandchild that called `setsid`, perhaps still loading its program) keeps [`stop`]
-//! looking, at most its [`ROUNDS`], rather than taken for none left.
+//! Such a process that may be the tree's (orphaned to pid 1, or a found one's child: a
+//! tagged grandchild that called `setsid`, perhaps still loading its program) keeps
+//! [`stop`] looking a little longer ([`UNREAD_ROUNDS`]) rather than taken for none left.
+//! An orphan adopted by a subreaper (`systemd --user`, `tini -s`) rather than pid 1 is
+//! not counted so: only found once out of `D`.
 //!
 //! # Blocking
 //!
@@ -49,6 +51,9 @@ use nix::unistd::Pid;
 const ROUNDS: usize = 50;
 /// The pause between two looks.
 const ROUND_PAUSE: Duration = Duration::from_millis(10);
+/// How many more looks [`stop`] takes when nothing was found but a process that may be the
+/// tree's could not be told ([`Look::unread`]): about 100 ms.
+const UNREAD_ROUNDS: usize = 10;
 /// How long a caller waits for [`signal`] or [`stop`] on their thread before going on
 /// without them: [`ROUNDS`] pauses and looks take well under a second; a look stuck on a
 /// process's memory lock is abandoned.
@@ -281,12 +286,19 @@ pub(crate) fn signal(leader: Leader, tag: &Tag, signal: Signal) {
 }
 
 /// Kills (SIGKILL) `leader`'s group and every process of its tree, looking again until none
-/// is left and none could not be told (or [`ROUNDS`] looks); says whether none is left.
-/// Blocks (reads `/proc`, pauses): run it through [`bounded`].
+/// is left (or [`ROUNDS`] looks) and none could not be told (or [`UNREAD_ROUNDS`] more
+/// looks: time for a process to finish loading its program, not for one stuck in `D`,
+/// which is then left); says whether none is left. Blocks (reads `/proc`, pauses): run it
+/// through [`bounded`].
 pub(crate) fn stop(leader: Leader, tag: &Tag) -> bool {
+    let mut unread_rounds = 0;
     for _ in 0..ROUNDS {
-        if sweep(leader, tag) {
-            return true;
+        let left = kill_found(leader, tag);
+        if left.found.is_empty() {
+            if left.unread == 0 || unread_rounds >= UNREAD_ROUNDS {
+                return true;
+            }
+            unread_rounds += 1;
         }
         std::thread::sleep(ROUND_PAUSE);
     }
@@ -298,12 +310,18 @@ pub(crate) fn stop(leader: Leader, tag: &Tag) -> bool {
 /// look found none and left none it could not tell ([`Look::unread`]). Blocks (reads
 /// `/proc` once): run it through [`bounded_blocking`].
 pub(crate) fn sweep(leader: Leader, tag: &Tag) -> bool {
+    let left = kill_found(leader, tag);
+    left.found.is_empty() && left.unread == 0
+}
+
+/// Kills `leader`'s group, then looks once and kills what the look found.
+fn kill_found(leader: Leader, tag: &Tag) -> Look {
     leader.signal_group(Signal::SIGKILL);
     let left = look(leader, tag);
     for &pid in &left.found {
         let _ = kill(pid, Signal::SIGKILL);
     }
-    left.found.is_empty() && left.unread == 0
+    left
 }
 
 /// Runs `work` on a thread of its own, and sends its result on `done`.
