@@ -331,12 +331,10 @@ fn run(command: Command) -> Result<u8, String> {
             if let Some(tokens) = pin_budget {
                 let pinning = psych_disclosure::pinning::PinSettings::with_budget(tokens);
                 let estimator = psych_elision::Estimator::new();
-                let store = setup.store.to_string_lossy();
-                report.pins = Some(if setup::is_store_url(&store) {
+                report.pins = Some(if let Some(stores) = &loaded.records {
                     // The sessions every replica kept in the store.
-                    let stores = serve::open_store(&store)?;
                     let usage = psych_gateway::store_usage(
-                        &stores,
+                        stores,
                         &psych_types::Identities::AllBut(Vec::new()),
                     )
                     .map_err(|e| format!("--store: {}", reason::chain(&e)))?;

@@ -237,6 +237,8 @@ pub(crate) struct Setup {
     /// Whether the catalogue is the one `psych serve --store` replicas share (how they
     /// would start each server is then each replica's, from its own folder).
     pub(crate) shared: bool,
+    /// That store, opened once (its Runs are what `--pin-budget` learns from).
+    pub(crate) records: Option<psych_store_postgres::PgBlocking>,
 }
 
 /// Loads the configuration (or the embedded default), connects every server, lists and
@@ -256,12 +258,14 @@ pub(crate) fn load(
         Some(path) => McpConfig::load(path).map_err(|e| e.to_string())?,
         None => embedded_config()?,
     };
+    let mut records = None;
     let (catalog, mut sources) = match store.to_str().filter(|s| is_store_url(s)) {
         // The catalogue `psych serve --store` replicas share; the sources of their kept
         // listings are in their folders, so how they would start each server is unknown.
         Some(url) => {
             let store = crate::serve::open_store(url)?;
             let erased = std::sync::Arc::new(psych_types::Erased(store.catalog()));
+            records = Some(store);
             (Catalog::shared(erased), None)
         }
         None => {
@@ -326,6 +330,7 @@ pub(crate) fn load(
         surface,
         settings,
         shared: catalog.is_shared(),
+        records,
         store: match store.to_str().filter(|s| is_store_url(s)) {
             Some(url) => PathBuf::from(store_label(url)),
             None => store.to_owned(),
