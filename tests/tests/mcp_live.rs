@@ -433,7 +433,9 @@ async fn answers_past_the_spill_budget_fail_their_calls_and_the_connection_goes_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_past_its_deadline_is_cancelled_and_the_connection_stays_usable() {
     let timeouts = fast().with_call(Duration::from_millis(300));
-    let (manager, _) = one("slow", test_server("slow", &[]), timeouts).await;
+    // `--announce-hang`: a `hang` call given a progress token first reports progress 0, so
+    // the test knows it arrived.
+    let (manager, _) = one("slow", test_server("slow", &["--announce-hang"]), timeouts).await;
     let error = manager
         .call_tool_raw(&tool("slow", "hang"), JsonObject::new())
         .await
@@ -462,13 +464,21 @@ async fn a_call_past_its_deadline_is_cancelled_and_the_connection_stays_usable()
     }
     assert_eq!(seen, "1", "the server never saw notifications/cancelled");
 
-    // A caller that gives up (drops the call) cancels it too.
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(100),
-        manager.call_tool_raw(&tool("slow", "hang"), JsonObject::new()),
-    )
-    .await;
-    assert!(abandoned.is_err());
+    // A caller that gives up (drops the call) cancels it too: dropped once the server said
+    // the call arrived, so it is the server's call that is cancelled, however slowly the
+    // call got there.
+    let (arrived, mut announced) = tokio::sync::mpsc::unbounded_channel();
+    let sink = ProgressSink::new(move |_| {
+        let _ = arrived.send(());
+    });
+    let hang = tool("slow", "hang");
+    let call = ToolHost::call_tool_with_progress(&manager, &hang, JsonObject::new(), sink);
+    tokio::select! {
+        answer = call => panic!("hang never answers, yet: {answer:?}"),
+        heard = tokio::time::timeout(Duration::from_secs(30), announced.recv()) => {
+            heard.expect("the server announces the hanging call");
+        }
+    }
     let mut seen = String::new();
     for _ in 0..20 {
         let result = manager
