@@ -34,6 +34,8 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use crate::support::{announced_hang, handle_in};
+
 const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
 
 /// A client that forwards each `tools/list_changed` and each progress notification to a
@@ -265,20 +267,7 @@ async fn psych_serve_end_to_end() {
     // A call the client cancels is cancelled upstream: cancelled once the upstream said
     // it arrived (`--announce-hang`: progress 0 under the client's token), so it is the
     // upstream's call that is cancelled, however slowly the call got there.
-    let hang = session
-        .peer()
-        .send_cancellable_request(
-            ClientRequest::CallToolRequest(CallToolRequest::new(CallToolRequestParams::new(
-                "small__hang",
-            ))),
-            PeerRequestOptions::no_options(),
-        )
-        .await
-        .unwrap();
-    let note = tokio::time::timeout(Duration::from_secs(30), progress.recv())
-        .await
-        .expect("the upstream announces the hanging call")
-        .unwrap();
+    let (hang, note) = announced_hang(session.peer(), &mut progress, "small__hang").await;
     assert_eq!(
         (&note.progress_token, note.message.as_deref()),
         (&hang.progress_token, Some("hanging"))
@@ -386,10 +375,7 @@ async fn psych_serve_end_to_end() {
         shown.starts_with("line 000001: the quick brown fox"),
         "{shown}"
     );
-    let handle = shown
-        .split("handle \"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
+    let handle = handle_in(&shown)
         .unwrap_or_else(|| panic!("a handle in {shown}"))
         .to_owned();
     let read = call(
@@ -413,12 +399,7 @@ async fn psych_serve_end_to_end() {
     // live segment; a handle never minted is the typed error, never a tool result.
     let (other, _) = connect(&config, dir.path()).await;
     let large = call(&other, "small__large", json!({"bytes": 200_000})).await;
-    let theirs = text(&large)
-        .split("handle \"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .unwrap()
-        .to_owned();
+    let theirs = handle_in(&text(&large)).unwrap().to_owned();
     assert_ne!(theirs, handle);
     let read = call(
         &session,

@@ -15,15 +15,15 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, ClientRequest, ProgressNotificationParam,
-};
-use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
+use rmcp::model::ProgressNotificationParam;
+use rmcp::service::{NotificationContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
+
+use crate::support::announced_hang;
 
 const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
 
@@ -530,20 +530,7 @@ async fn a_signal_stops_the_http_gateway_cleanly_with_a_call_in_flight() {
         }
         let groups = child_groups(gateway.id().unwrap());
         assert_eq!(groups.len(), 2, "{signal}: two upstream groups: {groups:?}");
-        let call = session
-            .peer()
-            .send_cancellable_request(
-                ClientRequest::CallToolRequest(CallToolRequest::new(CallToolRequestParams::new(
-                    "busy__hang",
-                ))),
-                PeerRequestOptions::no_options(),
-            )
-            .await
-            .unwrap();
-        let note = tokio::time::timeout(Duration::from_secs(60), progress.recv())
-            .await
-            .expect("the call reaches the upstream")
-            .unwrap();
+        let (call, note) = announced_hang(session.peer(), &mut progress, "busy__hang").await;
         assert_eq!(note.progress_token, call.progress_token);
         check_stopped(gateway, signal, &groups, dir.path()).await;
         drop(call);

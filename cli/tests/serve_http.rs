@@ -22,7 +22,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::support::{Gateway, PSYCH, listening, text};
+use crate::support::{Gateway, PSYCH, handle_in, listening, text};
 
 /// A client that forwards each `tools/list_changed` to a channel.
 struct Client {
@@ -143,10 +143,7 @@ async fn psych_serve_over_streamable_http() {
     let large = call("up__large", json!({"bytes": 200_000})).await;
     let shown = text(&large);
     assert!(shown.len() < 10_000, "elided: {} bytes shown", shown.len());
-    let handle = shown
-        .split("handle \"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
+    let handle = handle_in(&shown)
         .unwrap_or_else(|| panic!("a handle in {shown}"))
         .to_owned();
     let read = call(
@@ -281,11 +278,7 @@ async fn a_client_of_2026_07_28_is_served_per_request_with_results_whole() {
         .await
         .unwrap();
     let shown = text(&large);
-    let handle = shown
-        .split("handle \"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .unwrap_or_else(|| panic!("a handle in {shown}"));
+    let handle = handle_in(&shown).unwrap_or_else(|| panic!("a handle in {shown}"));
     let read = session
         .call_tool(
             CallToolRequestParams::new("read_tool_output").with_arguments(

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::support::{PSYCH, call_ok, listed_session};
+use crate::support::{PSYCH, call_ok, handle_in, listed_session, serve_output};
 
 fn embedded(args: &[&str], extra: Value) -> Value {
     let mut all = vec!["serve-embedded", "--tools", "0"];
@@ -77,15 +77,7 @@ fn a_threshold_over_the_batch_is_refused_at_start() {
         dir.path(),
         json!({"s": embedded(&[], json!({"output": {"tools": {"echo": {"perResultTokens": 40000}}}}))}),
     );
-    let out = std::process::Command::new(PSYCH)
-        .arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .arg("--dir")
-        .arg(dir.path())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = serve_output(&config, dir.path(), &[]);
     assert!(!out.status.success(), "{out:?}");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(
@@ -105,10 +97,7 @@ async fn passed_results_share_one_budget() {
     let session = listed_session(&config, dir.path(), &flags).await;
     let call = async |name: &str, arguments: Value| call_ok(&session, name, arguments).await;
     let shown = call("up__large", json!({"bytes": 600_000})).await;
-    let handle = shown
-        .split("handle \"")
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
+    let handle = handle_in(&shown)
         .unwrap_or_else(|| panic!("a handle in {shown}"))
         .to_owned();
     let reference = json!({"text": {"$psych_result": handle}});
@@ -146,16 +135,11 @@ async fn passed_results_share_one_budget() {
     assert_eq!([passed.0, passed.1], [direct.clone(), direct]);
     session.cancel().await.unwrap();
 
-    let out = std::process::Command::new(PSYCH)
-        .arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .arg("--dir")
-        .arg(dir.path())
-        .args(["--max-passed-mib", "16", "--passing-budget-mib", "8"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = serve_output(
+        &config,
+        dir.path(),
+        &["--max-passed-mib", "16", "--passing-budget-mib", "8"],
+    );
     assert!(!out.status.success(), "{out:?}");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("passing budget"), "{stderr}");

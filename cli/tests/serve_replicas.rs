@@ -13,7 +13,7 @@
 use serde_json::json;
 
 use crate::serve_identities::{LINE, call, call_when_listed, connect, large_handle, read, start};
-use crate::support::{text, token};
+use crate::support::{handle_in, text, token};
 use psych_store_conformance::pg::Schema;
 
 /// `N` gateways' folders, each with the same tokens file naming `identities`, and the
@@ -365,11 +365,7 @@ async fn a_replica_killed_mid_calls_loses_no_answered_result() {
                     return;
                 };
                 let shown = text(&result);
-                let Some(handle) = shown
-                    .split("handle \"")
-                    .nth(1)
-                    .and_then(|rest| rest.split('"').next())
-                else {
+                let Some(handle) = handle_in(&shown) else {
                     return;
                 };
                 answered.lock().unwrap().push(handle.to_owned());

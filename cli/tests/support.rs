@@ -108,6 +108,61 @@ pub(crate) fn stdio_gateway(
     .expect("psych serve starts")
 }
 
+/// The handle an elided result's preview names (`… handle "run-1:7" …`), if it names one.
+pub(crate) fn handle_in(shown: &str) -> Option<&str> {
+    shown
+        .split("handle \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+}
+
+/// What `psych serve` on `config`, logging under `dir`, with `flags`, printed and how it
+/// ended, its standard input closed: for a gateway refused at start.
+pub(crate) fn serve_output(
+    config: &std::path::Path,
+    dir: &std::path::Path,
+    flags: &[&str],
+) -> std::process::Output {
+    std::process::Command::new(PSYCH)
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .arg("--dir")
+        .arg(dir)
+        .args(flags)
+        .stdin(Stdio::null())
+        .output()
+        .expect("psych serve runs")
+}
+
+/// Calls `tool`, an upstream's `hang` under `--announce-hang`, through `peer` and returns
+/// the request once the upstream said it arrived: the next progress report `progress`
+/// receives (progress 0 under the request's token), which is returned too.
+pub(crate) async fn announced_hang(
+    peer: &rmcp::Peer<rmcp::RoleClient>,
+    progress: &mut tokio::sync::mpsc::UnboundedReceiver<rmcp::model::ProgressNotificationParam>,
+    tool: &str,
+) -> (
+    rmcp::service::RequestHandle<rmcp::RoleClient>,
+    rmcp::model::ProgressNotificationParam,
+) {
+    use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest};
+    let call = peer
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(CallToolRequest::new(CallToolRequestParams::new(
+                tool.to_owned(),
+            ))),
+            rmcp::service::PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("the call is sent");
+    let note = tokio::time::timeout(Duration::from_secs(60), progress.recv())
+        .await
+        .expect("the call reaches the upstream")
+        .expect("the client still hears progress");
+    (call, note)
+}
+
 /// A result's text blocks, joined.
 pub(crate) fn text(result: &rmcp::model::CallToolResult) -> String {
     result

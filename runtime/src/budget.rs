@@ -24,8 +24,8 @@ pub struct PassingBudget {
 }
 
 impl PassingBudget {
-    /// A budget of `bytes` (rounded up to whole KiB; at most what the semaphore counts:
-    /// about 512 GiB).
+    /// A budget of `bytes` (rounded up to whole KiB; at most `u32::MAX` KiB, about 4 TiB,
+    /// or what the semaphore counts, if less).
     pub fn new(bytes: u64) -> Self {
         let most = u32::try_from(Semaphore::MAX_PERMITS).unwrap_or(u32::MAX);
         let kib = u32::try_from(bytes.div_ceil(1024))
@@ -55,7 +55,7 @@ impl PassingBudget {
             .min(self.kib);
         // The semaphore is never closed; were it, nothing would be held.
         let permit = Arc::clone(&self.permits).acquire_many_owned(kib).await.ok();
-        Reserved(Arc::new(Mutex::new(permit)))
+        Reserved(permit.map(|permit| Arc::new(Mutex::new(permit))))
     }
 }
 
@@ -63,20 +63,20 @@ impl PassingBudget {
 /// go back when the last clone is dropped (so a read on the blocking pool holding a clone
 /// keeps them while it runs, whoever stopped waiting for it).
 #[derive(Debug, Clone)]
-pub struct Reserved(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
+pub struct Reserved(Option<Arc<Mutex<OwnedSemaphorePermit>>>);
 
 impl Reserved {
-    /// Nothing reserved (no budget).
+    /// Nothing reserved (no budget): allocates nothing.
     pub fn none() -> Self {
-        Self(Arc::new(Mutex::new(None)))
+        Self(None)
     }
 
     /// Keeps `bytes` of the reservation (rounded up to whole KiB) and gives the rest back.
     pub fn keep(&self, bytes: u64) {
-        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(permit) = held.as_mut() else {
+        let Some(held) = &self.0 else {
             return;
         };
+        let mut permit = held.lock().unwrap_or_else(PoisonError::into_inner);
         let keep = usize::try_from(bytes.div_ceil(1024)).unwrap_or(usize::MAX);
         let excess = permit.num_permits().saturating_sub(keep);
         drop(permit.split(excess));
@@ -84,11 +84,12 @@ impl Reserved {
 
     /// The bytes held.
     pub fn bytes(&self) -> u64 {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map_or(0, |permit| permit.num_permits() as u64 * 1024)
+        self.0.as_ref().map_or(0, |held| {
+            held.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .num_permits() as u64
+                * 1024
+        })
     }
 }
 

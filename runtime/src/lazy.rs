@@ -297,7 +297,7 @@ impl ListingSources {
     /// The I/O error of writing or renaming.
     pub fn save(&self) -> std::io::Result<()> {
         let text = serde_json::to_vec_pretty(&self.servers).map_err(std::io::Error::other)?;
-        crate::pinning::replace_file(&self.path, &text)
+        crate::files::replace_file(&self.path, &text)
     }
 }
 

@@ -126,6 +126,7 @@ mod error;
 #[cfg(feature = "mcp")]
 mod events;
 mod executor;
+mod files;
 #[cfg(feature = "mcp")]
 mod lazy;
 mod native;

@@ -2,7 +2,6 @@
 //! of a folder of record logs reached, and the pins a set of connections gets from them.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -165,21 +164,7 @@ pub(crate) fn keep_opened(path: &Path, opened: &Opened) -> Result<(), RunError> 
         .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io)?;
-    replace_file(path, &bytes).map_err(io)
-}
-
-/// Replaces `path` with `bytes`, whole or not at all: written beside it (`<path>.tmp`),
-/// synced, renamed over it, the folder synced. Blocking. The runtime's one way to rewrite
-/// a small file a reader must never see half of.
-pub(crate) fn replace_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut aside = path.as_os_str().to_owned();
-    aside.push(".tmp");
-    let mut file = std::fs::File::create(&aside)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&aside, path)?;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
+    crate::files::replace_file(path, &bytes).map_err(io)
 }
 
 #[cfg(test)]

@@ -159,7 +159,7 @@ impl RecordError {
 
 /// The rows `sql` answers, its statement prepared once per connection (deadpool's cache):
 /// one round trip.
-async fn rows(
+pub(crate) async fn rows(
     client: &impl GenericClient,
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],

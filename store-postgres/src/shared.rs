@@ -161,6 +161,15 @@ impl Shared {
         })
     }
 
+    /// Forgets `server`'s lease if its entry is still `entry` (a claim's `None`, a held
+    /// lease's token): a later claim or lease of the server is not undone.
+    fn give_up(&self, server: &ServerId, entry: Option<i64>) {
+        let mut tokens = self.tokens.lock().unwrap_or_else(PoisonError::into_inner);
+        if tokens.get(server) == Some(&entry) {
+            tokens.remove(server);
+        }
+    }
+
     /// Records that this catalogue holds `server`'s lease, stamped `token`.
     pub(crate) fn hold_token(&self, server: &ServerId, token: i64) {
         self.tokens
@@ -200,14 +209,7 @@ pub(crate) struct Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        let mut tokens = self
-            .shared
-            .tokens
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if tokens.get(&self.server) == Some(&None) {
-            tokens.remove(&self.server);
-        }
+        self.shared.give_up(&self.server, None);
     }
 }
 
@@ -224,14 +226,7 @@ pub(crate) struct Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some((server, token)) = self.token.take() {
-            let mut tokens = self
-                .shared
-                .tokens
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if tokens.get(&server) == Some(&Some(token)) {
-                tokens.remove(&server);
-            }
+            self.shared.give_up(&server, Some(token));
         }
         let (client, key, shared) = (Arc::clone(&self.client), self.key, Arc::clone(&self.shared));
         // The token goes now and the lock a little later: the next lease of the server in

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use deadpool_postgres::GenericClient;
 use psych_types::{Identities, Record, ToolRef};
 
-use crate::records::{RecordError, db};
+use crate::records::{RecordError, db, rows};
 
 /// Results whose sizes are read per round trip.
 const PAGE: i64 = 512;
@@ -48,14 +48,13 @@ pub(crate) async fn recent_targets(
         .map_err(db)?;
     let most = i64::try_from(recent.saturating_mul(LOOKED_AT)).unwrap_or(i64::MAX);
     // `(identity = any(named)) <> all_but`: in the list, or out of it for "all but".
-    let runs = snapshot
-        .query(
-            "select identity, run from runs where (identity = any($1)) <> $2
-             order by last_write_at desc, identity, run limit $3",
-            &[named, &all_but, &most],
-        )
-        .await
-        .map_err(db)?;
+    let runs = rows(
+        &snapshot,
+        "select identity, run from runs where (identity = any($1)) <> $2
+         order by last_write_at desc, identity, run limit $3",
+        &[named, &all_but, &most],
+    )
+    .await?;
     for row in &runs {
         if counted.len() >= recent {
             break;
@@ -78,18 +77,14 @@ async fn targets_of(
     let mut calls: BTreeMap<ToolRef, u64> = BTreeMap::new();
     let mut after = -1i64;
     loop {
-        let statement = client
-            .prepare_cached(
-                "select seq, octet_length(body)::bigint from records
-                 where identity = $1 and run = $2 and result and seq > $3
-                 order by seq limit $4",
-            )
-            .await
-            .map_err(db)?;
-        let sizes = client
-            .query(&statement, &[&identity, &run, &after, &PAGE])
-            .await
-            .map_err(db)?;
+        let sizes = rows(
+            client,
+            "select seq, octet_length(body)::bigint from records
+             where identity = $1 and run = $2 and result and seq > $3
+             order by seq limit $4",
+            &[&identity, &run, &after, &PAGE],
+        )
+        .await?;
         // Groups of consecutive results, each read in one round trip.
         let mut from = after;
         let mut bytes = 0i64;
@@ -125,19 +120,15 @@ async fn count(
     (after, through): (i64, i64),
     calls: &mut BTreeMap<ToolRef, u64>,
 ) -> Result<bool, RecordError> {
-    let statement = client
-        .prepare_cached(
-            "select body from records
-             where identity = $1 and run = $2 and result and seq > $3 and seq <= $4
-             order by seq",
-        )
-        .await
-        .map_err(db)?;
-    let rows = client
-        .query(&statement, &[&identity, &run, &after, &through])
-        .await
-        .map_err(db)?;
-    for row in &rows {
+    let bodies = rows(
+        client,
+        "select body from records
+         where identity = $1 and run = $2 and result and seq > $3 and seq <= $4
+         order by seq",
+        &[&identity, &run, &after, &through],
+    )
+    .await?;
+    for row in &bodies {
         let body: &[u8] = row.get(0);
         match serde_json::from_slice::<Record>(body) {
             Ok(Record::ToolResult(result)) => {
