@@ -15,7 +15,7 @@
 //! | `fail {message}` | a tool error (`isError: true`) |
 //! | `crash` | writes to stderr and exits with status 70 mid-call |
 //! | `hang` | never answers (until cancelled); with `--announce-hang` and a progress token, first reports progress 0 ("hanging"), so a client knows the call arrived |
-//! | `sleep {ms, tag}` | answers `tag` after `ms` milliseconds |
+//! | `sleep {ms, tag}` | answers `tag` after `ms` milliseconds; with `barrier: N` (an argument its listed schema leaves out, so that listings stay as they are), first waits until N `sleep` calls with a `barrier` have arrived at this server process, itself included, and reports progress 0 ("waiting") as it starts waiting when the call carries a progress token |
 //! | `cancellations` | how many calls were cancelled so far |
 //! | `progress {steps}` | sends `steps` progress notifications with the call's progress token, then answers |
 //! | `garbage {lines}` | writes lines that are not JSON-RPC to stdout, then answers |
@@ -338,6 +338,9 @@ struct State {
     ends: tokio::sync::watch::Sender<u64>,
     /// How many `subscriptions/listen` streams are open.
     listening: AtomicU64,
+    /// How many `sleep` calls with a `barrier` have arrived: each waits until it reaches
+    /// its barrier.
+    barrier: tokio::sync::watch::Sender<u64>,
     /// The stdout writer (stdio only), for the garbage tool.
     stdout: Mutex<Option<mpsc::UnboundedSender<stdio_faults::Out>>>,
 }
@@ -382,6 +385,7 @@ impl State {
             changes: tokio::sync::watch::Sender::new(0),
             ends: tokio::sync::watch::Sender::new(0),
             listening: AtomicU64::new(0),
+            barrier: tokio::sync::watch::Sender::new(0),
             stdout: Mutex::new(None),
         }
     }
@@ -702,7 +706,7 @@ impl TestServer {
                     ct: context.clone(),
                 };
                 if state.scenario.announce_hang {
-                    announce_hanging(params.meta.as_ref(), &context).await;
+                    announce(params.meta.as_ref(), &context, "hanging").await;
                 }
                 context.ct.cancelled().await;
                 return Err(ErrorData::internal_error("cancelled", None));
@@ -712,6 +716,19 @@ impl TestServer {
                     state,
                     ct: context.clone(),
                 };
+                if let Some(barrier) = args.get("barrier").and_then(Value::as_u64) {
+                    // Counted before it says it waits: a call the client sends once it heard
+                    // that finds this one counted.
+                    state.barrier.send_modify(|arrived| *arrived += 1);
+                    let mut arrived = state.barrier.subscribe();
+                    announce(params.meta.as_ref(), &context, "waiting").await;
+                    tokio::select! {
+                        _ = arrived.wait_for(|arrived| *arrived >= barrier) => {}
+                        () = context.ct.cancelled() => {
+                            return Err(ErrorData::internal_error("cancelled", None));
+                        }
+                    }
+                }
                 tokio::time::sleep(Duration::from_millis(number_arg("ms"))).await;
                 CallToolResult::success(vec![ContentBlock::text(text_arg("tag"))])
             }
@@ -874,16 +891,20 @@ fn confirm(
     Ok(CallToolResponse::from(result))
 }
 
-/// The `hang` tool's one progress report under `--announce-hang` (progress 0, "hanging")
-/// when the call carries a progress token: a client then knows the call reached the server
-/// and hangs there.
-async fn announce_hanging(meta: Option<&RequestMetaObject>, context: &RequestContext<RoleServer>) {
+/// One progress report, progress 0 with `message`, when the call carries a progress token:
+/// the `hang` tool's under `--announce-hang` ("hanging"), a `sleep` call's at its barrier
+/// ("waiting"). A client then knows the call reached the server and waits there.
+async fn announce(
+    meta: Option<&RequestMetaObject>,
+    context: &RequestContext<RoleServer>,
+    message: &str,
+) {
     let token = meta
         .and_then(RequestMetaObject::get_progress_token)
         .or_else(|| context.meta.get_progress_token());
     if let Some(token) = token {
         let mut note = ProgressNotificationParam::new(token, 0.0);
-        note.message = Some("hanging".to_owned());
+        note.message = Some(message.to_owned());
         let _ = context.peer.notify_progress(note).await;
     }
 }
