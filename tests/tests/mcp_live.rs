@@ -1043,53 +1043,67 @@ fn binary_data(block: &serde_json::Value) -> Vec<u8> {
     block.binary().expect("a binary block").data.to_vec()
 }
 
-/// Two concurrent `sleep` calls through [`ToolHost`] (the raw path), the first told to
-/// answer long after the second: the server answers them in reverse order, and each caller
-/// gets its own result.
+/// Two concurrent `sleep` calls through [`ToolHost`] (the raw path), answered in the
+/// reverse of the order they were sent, each to its own caller. The first ("slow") waits at
+/// the server's barrier of two (the `sleep` tool's `barrier`) and says so (progress 0);
+/// only then is the second ("fast") sent, and it is answered while the first is still held;
+/// a third call to the barrier then releases the first.
 async fn reverse_order_answers_reach_their_callers(manager: &McpManager, server: &str) {
-    let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
-    let calls: Vec<_> = [("slow", 600), ("fast", 50)]
-        .into_iter()
-        .map(|(tag, ms)| {
-            let manager = manager.clone();
-            let done = done.clone();
-            let sleep = tool(server, "sleep");
-            tokio::spawn(async move {
-                let output = manager
-                    .call_tool(&sleep, args(json!({"ms": ms, "tag": tag})))
-                    .await
-                    .unwrap();
-                done.send(tag).unwrap();
-                serde_json::to_value(&output).unwrap()
-            })
+    let sleep = tool(server, "sleep");
+    let (arrived, mut waiting) = tokio::sync::mpsc::unbounded_channel();
+    let sink = ProgressSink::new(move |_| {
+        let _ = arrived.send(());
+    });
+    let slow = {
+        let manager = manager.clone();
+        let sleep = sleep.clone();
+        tokio::spawn(async move {
+            let arguments = args(json!({"ms": 0, "tag": "slow", "barrier": 2}));
+            let output = ToolHost::call_tool_with_progress(&manager, &sleep, arguments, sink)
+                .await
+                .unwrap();
+            serde_json::to_value(&output).unwrap()
         })
-        .collect();
-    let mut answers = Vec::new();
-    for call in calls {
-        answers.push(call.await.unwrap());
-    }
+    };
+    tokio::time::timeout(Duration::from_secs(30), waiting.recv())
+        .await
+        .expect("the server announces the call waiting at its barrier")
+        .expect("the call reports progress before it ends");
+    let fast = manager
+        .call_tool(&sleep, args(json!({"ms": 0, "tag": "fast"})))
+        .await
+        .unwrap();
     assert_eq!(
-        answers,
-        [
-            json!({"content": [{"type": "text", "text": "slow"}]}),
-            json!({"content": [{"type": "text", "text": "fast"}]}),
-        ]
+        serde_json::to_value(&fast).unwrap(),
+        json!({"content": [{"type": "text", "text": "fast"}]})
     );
-    let order = [
-        finished.recv().await.unwrap(),
-        finished.recv().await.unwrap(),
-    ];
+    assert!(
+        !slow.is_finished(),
+        "the slow call was answered before the barrier let it go"
+    );
+    let release = manager
+        .call_tool(
+            &sleep,
+            args(json!({"ms": 0, "tag": "release", "barrier": 2})),
+        )
+        .await
+        .unwrap();
     assert_eq!(
-        order,
-        ["fast", "slow"],
-        "the answers did not come out of order"
+        serde_json::to_value(&release).unwrap(),
+        json!({"content": [{"type": "text", "text": "release"}]})
+    );
+    assert_eq!(
+        slow.await.unwrap(),
+        json!({"content": [{"type": "text", "text": "slow"}]})
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_out_of_order_reach_their_callers_over_stdio_and_http() {
     let server = HttpServer::start(&[]);
-    let manager = manager(fast());
+    // The slow call is held until the test releases it: its deadline only bounds how long a
+    // failing test takes.
+    let manager = manager(fast().with_call(Duration::from_secs(20)));
     manager
         .add_server(id("local"), test_server("local", &[]))
         .await
