@@ -761,11 +761,14 @@ async fn a_server_that_never_answers_initialize_times_out() {
     let Reachability::Unreachable { reason } = reachability else {
         panic!("{reachability:?}");
     };
-    assert_eq!(
-        reason,
-        "MCP server \"mute\": initialize got no answer within 400ms; its last stderr lines:\n  \
-         waiting for a license server"
-    );
+    // The connect deadline covers the process's start, and the reason quotes the stderr
+    // lines read when it fell (whole lines only): on a loaded machine the server may not
+    // have written its banner by then, or the manager not read it. Either way the reason
+    // names the server, the call and the deadline, and quotes no more than the banner.
+    let timed_out = "MCP server \"mute\": initialize got no answer within 400ms";
+    let with_banner =
+        format!("{timed_out}; its last stderr lines:\n  waiting for a license server");
+    assert!(reason == timed_out || reason == with_banner, "{reason}");
     manager.shutdown().await;
 }
 
