@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use psych_mcp::{
@@ -291,13 +292,27 @@ async fn requests_waiting_for_a_start_end_when_the_server_is_removed() {
         .add_lazy_server(id("stuck"), config, Duration::from_secs(30))
         .await
         .unwrap();
-    let waiting: Vec<_> = (0..3)
-        .map(|_| {
-            let manager = manager.clone();
-            tokio::spawn(async move { echo(&manager, "stuck", "x").await })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Each request is polled once before it is left to run, and says so: the way from a
+    // call to its wait for the start does not await (the request asks for a start under
+    // the slot's lock, then waits), so a request still pending after its first poll is
+    // waiting for the start, and the removal below finds all three waiting.
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        let manager = manager.clone();
+        let (polled, first) = tokio::sync::oneshot::channel();
+        waiting.push(tokio::spawn(async move {
+            let mut request = std::pin::pin!(echo(&manager, "stuck", "x"));
+            let pending =
+                std::future::poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx).is_pending()))
+                    .await;
+            let _ = polled.send(pending);
+            request.await
+        }));
+        assert!(
+            first.await.unwrap(),
+            "a request ended before it waited for the start"
+        );
+    }
     let started = Instant::now();
     manager.remove_server(&id("stuck")).await;
     for request in waiting {
