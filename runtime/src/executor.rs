@@ -166,6 +166,27 @@ pub struct Executor<H> {
     limits: Limits,
     on_demand: Option<Arc<dyn OnDemand>>,
     passing: Option<PassingBudget>,
+    /// How many of this executor's appends are on the blocking pool (or queued for it):
+    /// an execution dropped mid-way leaves its append to run there ([`Executor::settled`]).
+    appending: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+/// One append counted in [`Executor::settled`]'s count until it is dropped: moved into the
+/// blocking task, so it counts until the append has run, or until the task is dropped
+/// unrun (a runtime shutting down).
+struct Appending(Arc<tokio::sync::watch::Sender<u64>>);
+
+impl Appending {
+    fn start(count: &Arc<tokio::sync::watch::Sender<u64>>) -> Self {
+        count.send_modify(|n| *n += 1);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for Appending {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl<H> std::fmt::Debug for Executor<H> {
@@ -245,7 +266,28 @@ impl<H: ToolHost + 'static> Executor<H> {
             limits: Limits::default(),
             on_demand: None,
             passing: None,
+            appending: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
+    }
+
+    /// Waits until every append this executor handed to the blocking pool has run, those of
+    /// executions dropped mid-way included (an execution dropped after its results went to
+    /// the log's blocking append leaves the append to finish there). After it, the log holds
+    /// all it ever will of the executions that ended or were dropped before the call; an
+    /// execution still running may append more. Cancel-safe.
+    pub async fn settled(&self) {
+        let mut count = self.appending.subscribe();
+        // The sender lives as long as `self`: waiting cannot fail while it is borrowed.
+        let _ = count.wait_for(|n| *n == 0).await;
+    }
+
+    /// Appends `records` in one batch (on the blocking pool, counted for
+    /// [`settled`](Self::settled)).
+    pub(crate) async fn append(
+        &self,
+        records: Vec<Record>,
+    ) -> Result<Vec<LoggedRecord>, ExecuteError> {
+        append(&self.log, &self.appending, records).await
     }
 
     /// Shares `budget` with the other executors given it: the replaced arguments of this
@@ -579,7 +621,7 @@ impl<H: ToolHost + 'static> Executor<H> {
                 }))
             })
             .collect();
-        let logged = append(&self.log, records).await?;
+        let logged = self.append(records).await?;
         failures.sort_by_key(|(index, _)| *index);
         let mut failures: Vec<ExecuteError> = failures.into_iter().map(|(_, e)| e).collect();
         match failures.len() {
@@ -939,7 +981,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             name: call.name.clone(),
             output,
         });
-        one(append(&self.log, vec![record]).await?)
+        one(self.append(vec![record]).await?)
     }
 
     /// Answers `read_tool_output` through psych-reader-tool over the log (blocking reads).
@@ -1166,15 +1208,18 @@ fn answer<E: std::error::Error>(
 /// other results of the step are never lost for one bad answer. Once logged, each record's spilled files are
 /// let go here, on the blocking thread (closing a multi-GiB unlinked file frees its
 /// blocks): the records returned hold the placeholders, and the log the text.
-pub(crate) async fn append(
+async fn append(
     log: &Arc<DynRecordStore>,
+    count: &Arc<tokio::sync::watch::Sender<u64>>,
     records: Vec<Record>,
 ) -> Result<Vec<LoggedRecord>, ExecuteError> {
     if records.is_empty() {
         return Ok(Vec::new());
     }
     let log = Arc::clone(log);
+    let appending = Appending::start(count);
     tokio::task::spawn_blocking(move || {
+        let _appending = appending;
         let mut records = records;
         let handles = match log.append_batch(&records) {
             Ok(handles) => handles,

@@ -24,7 +24,7 @@ use psych_types::{
 };
 
 use crate::error::{ExecuteError, RunError, TurnState};
-use crate::executor::{Executor, append};
+use crate::executor::Executor;
 use crate::usage::Spent;
 use psych_types::{
     ConnectionSpec, DynRecordStore, Erased, RecordHandle, RecordSource as _, RecordStore as _,
@@ -139,6 +139,16 @@ type RunEstimator = Arc<dyn TokenEstimator + Send + Sync>;
 /// computed when each was appended), projects each earlier turn's results once (a preview
 /// reads only its head and tail from the log), and reads whole only the results it sends
 /// whole.
+///
+/// Each call ([`user`](Self::user), [`request`](Self::request), [`reply`](Self::reply))
+/// may be dropped at any await, by a caller's timeout or `select!`: what it logged stays
+/// logged, the tool calls it had not finished are cancelled, and the next call first waits
+/// for the appends it left on the blocking pool, then reads the history and the spent tokens
+/// back from the log whole. Go on as after a step that ended in an error:
+/// [`request`](Self::request) closes the calls left without a result ([`INTERRUPTED`]) and
+/// gives the request as the log stands, or [`user`](Self::user) starts the next turn (a
+/// `reply` dropped once under way is not taken again: [`RunError::OutOfTurn`]). Until that
+/// next call, [`history`](Self::history) and [`spent`](Self::spent) may be behind the log.
 pub struct Run<H> {
     /// The records as prompt assembly reads them, extended from the log after each append.
     history: History,
@@ -146,6 +156,11 @@ pub struct Run<H> {
     projections: ProjectionCache,
     /// The logged usage records, summed as they are appended.
     spent: Spent,
+    /// A call ([`user`](Self::user), [`request`](Self::request), [`reply`](Self::reply)) is
+    /// under way, or was dropped before it ended (a caller's timeout or `select!`): then
+    /// the history, the projections and the spent tokens may be lost or behind the log,
+    /// and the next call reads them back from the log whole ([`Run::recover`]).
+    in_call: bool,
     /// The Run's record log, when its records are in a file (the executor appends to it
     /// through the record-store seam, [`Executor::store`]).
     log: Option<Arc<SharedRecordLog>>,
@@ -271,11 +286,20 @@ impl<H: ToolHost + 'static> Run<H> {
     /// [`RunError::OutOfTurn`] while a request's reply is awaited; otherwise the log, the
     /// catalogue, disclosure or assembly failing.
     pub async fn user(&mut self, text: impl Into<String>) -> Result<RenderedRequest, RunError> {
+        self.recover().await?;
+        self.in_call = true;
+        let request = self.start_turn(text.into()).await;
+        self.in_call = false;
+        request
+    }
+
+    /// [`user`](Self::user)'s work.
+    async fn start_turn(&mut self, text: String) -> Result<RenderedRequest, RunError> {
         if self.awaiting {
             return Err(RunError::OutOfTurn(TurnState::AwaitingReply));
         }
         self.close_unanswered().await?;
-        let record = Record::User(UserMessage { text: text.into() });
+        let record = Record::User(UserMessage { text });
         self.log_records(vec![record]).await?;
         self.turn = Some(self.resolve_turn().await?);
         self.next_request().await
@@ -289,6 +313,15 @@ impl<H: ToolHost + 'static> Run<H> {
     ///
     /// As [`user`](Self::user), except out of turn.
     pub async fn request(&mut self) -> Result<RenderedRequest, RunError> {
+        self.recover().await?;
+        self.in_call = true;
+        let request = self.continue_turn().await;
+        self.in_call = false;
+        request
+    }
+
+    /// [`request`](Self::request)'s work.
+    async fn continue_turn(&mut self) -> Result<RenderedRequest, RunError> {
         self.close_unanswered().await?;
         if self.turn.is_none() {
             self.turn = Some(self.resolve_turn().await?);
@@ -308,6 +341,15 @@ impl<H: ToolHost + 'static> Run<H> {
     /// [`request`](Self::request) or [`user`](Self::user)); the log, the catalogue or
     /// assembly failing.
     pub async fn reply(&mut self, reply: ModelReply) -> Result<Next, RunError> {
+        self.recover().await?;
+        self.in_call = true;
+        let next = self.step(reply).await;
+        self.in_call = false;
+        next
+    }
+
+    /// [`reply`](Self::reply)'s work.
+    async fn step(&mut self, reply: ModelReply) -> Result<Next, RunError> {
         // A request is handed out only within a turn, so a reply awaited has its turn.
         let surface = match (&self.turn, self.awaiting) {
             (Some(turn), true) => Arc::clone(&turn.surface),
@@ -602,6 +644,22 @@ impl<H: ToolHost + 'static> Run<H> {
         self.spent = Spent::default();
     }
 
+    /// After a call that was dropped before it ended: waits for the appends it left on the
+    /// blocking pool (the log then holds all it ever will of them), then reads the
+    /// history, the spent tokens and the projections back from the log whole, since the
+    /// dropped call may have held them in a blocking task, or appended what the history
+    /// has not read. Nothing to do after a call that ended. Cancel-safe: dropped itself, it
+    /// is done again by the next call.
+    async fn recover(&mut self) -> Result<(), RunError> {
+        if self.in_call {
+            self.executor.settled().await;
+            self.lost_history();
+            self.sync_history().await?;
+            self.in_call = false;
+        }
+        Ok(())
+    }
+
     /// Resolves this turn's Surface from the catalogue now, and its zone 1 and tools.
     async fn resolve_turn(&self) -> Result<Turn, RunError> {
         let surface = self.resolve_surface().await?;
@@ -686,13 +744,11 @@ impl<H: ToolHost + 'static> Run<H> {
         if records.is_empty() {
             return Ok(());
         }
-        append(self.executor.store(), records)
-            .await
-            .map_err(|e| match e {
-                ExecuteError::Append(e) => RunError::Append(e),
-                ExecuteError::Store(e) => RunError::Store(e),
-                other => RunError::Execute(other),
-            })?;
+        self.executor.append(records).await.map_err(|e| match e {
+            ExecuteError::Append(e) => RunError::Append(e),
+            ExecuteError::Store(e) => RunError::Store(e),
+            other => RunError::Execute(other),
+        })?;
         self.sync_history().await
     }
 
@@ -959,6 +1015,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         let mut run = Run {
             history,
             projections: ProjectionCache::new(),
+            in_call: false,
             spent,
             log,
             executor,

@@ -16,8 +16,8 @@ use psych_elision::Estimator;
 use psych_record_log::{RecordLog, SharedRecordLog, SyncPolicy};
 use psych_runtime::{Archive, Archived, ExecuteError, Executor};
 use psych_types::{
-    DynRecordStore, Erased, JsonObject, PermissionGrant, Record, RecordHandle, RunId, ServerId,
-    ToolCall, ToolCallId, ToolDefinition, ToolHost, ToolLister, ToolOutput, ToolRef, ToolResult,
+    JsonObject, PermissionGrant, Record, RecordHandle, RunId, ServerId, ToolCall, ToolCallId,
+    ToolDefinition, ToolHost, ToolLister, ToolOutput, ToolRef, ToolResult,
 };
 use serde_json::json;
 
@@ -157,26 +157,6 @@ async fn a_handle_of_an_earlier_run_is_read_from_the_archive_and_no_other() {
     assert!(matches!(unknown, ExecuteError::InvalidDeferredHandle(_)));
 }
 
-/// The log's length once no work an execution left behind holds `store` any more, that is
-/// once `store` has `idle` holders again (at most 30 s, then a failure). An execution
-/// dropped after it handed its append (or a read) to the blocking pool leaves that work
-/// to run there, and such work holds a clone of the store (a task on the blocking pool
-/// owns what it uses) until it has run: a count back at `idle` says that nothing is left
-/// to land in the log.
-async fn settled(log: &SharedRecordLog, store: &Arc<DynRecordStore>, idle: usize) -> u64 {
-    let waited = std::time::Instant::now();
-    while Arc::strong_count(store) > idle {
-        assert!(
-            waited.elapsed() < std::time::Duration::from_secs(30),
-            "work of a dropped execution still holds the store"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    // The last clone was let go (a release) after its append: what it wrote is seen.
-    std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-    log.len()
-}
-
 /// Result references go through the archive as reads do: an earlier Run's result is read
 /// (the call then goes on to the guard, which refuses this Surface's unknown tool), a gone
 /// Run's is a failed result saying it expired, an unknown Run's is
@@ -208,13 +188,9 @@ async fn result_references_read_through_the_archive_and_a_dropped_one_logs_nothi
     // A budget of two executions' bounds: every reservation a dropped execution made comes
     // back, once the reads it started have ended.
     let budget = psych_runtime::PassingBudget::new(2 * psych_reader_tool::DEFAULT_MAX_PASSED_BYTES);
-    // The store as the executor holds it, kept here too, so that what holds it can be
-    // counted.
-    let store: Arc<DynRecordStore> = Arc::new(Erased(Arc::clone(&log)));
-    let executor = Executor::on_store(Arc::new(Nothing), Arc::clone(&store))
+    let executor = Executor::new(Arc::new(Nothing), Arc::clone(&log))
         .archive(Arc::new(archive))
         .passing_budget(budget.clone());
-    let idle = Arc::strong_count(&store);
     let passing = |handle: &str| ToolCall {
         id: ToolCallId::new("call_1").unwrap(),
         name: "svc__write".to_owned(),
@@ -256,8 +232,9 @@ async fn result_references_read_through_the_archive_and_a_dropped_one_logs_nothi
             executor.execute(&surface, &live, &[passing(&handle.to_string())]),
         )
         .await;
-        // Let an append already handed to the blocking pool finish.
-        let after = settled(&log, &store, idle).await;
+        // An append the dropped execution handed to the blocking pool has run.
+        executor.settled().await;
+        let after = log.len();
         assert!(
             after == before || after == before + 1,
             "dropped at {micros} µs"

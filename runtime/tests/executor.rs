@@ -858,3 +858,83 @@ async fn a_step_dropped_while_its_server_starts_logs_nothing() {
     assert_eq!(run.records(0).unwrap().len(), before + 1);
     assert_eq!(stopped.starts.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// What a Run must hold after any call: its history is the log's records (each result's
+/// summary as the log stored it), its spent tokens the log's usage records, and every call
+/// the log holds has exactly one result.
+fn assert_the_run_is_its_log(run: &Run<Host>, context: &str) {
+    let logged = run.records(0).unwrap();
+    let estimator = psych_elision::Estimator::new();
+    assert!(
+        run.history() == &psych_types::History::from_records(&logged, Some(&estimator)),
+        "{context}: the history is not the log's"
+    );
+    let mut usage = psych_types::Usage::default();
+    let mut calls = Vec::new();
+    let mut results = Vec::new();
+    for logged in &logged {
+        match &logged.record {
+            Record::Usage(u) => usage = usage.plus(u),
+            Record::Assistant(AssistantMessage { tool_calls, .. }) => {
+                calls.extend(tool_calls.iter().map(|call| call.id.as_str().to_owned()));
+            }
+            Record::ToolResult(result) => results.push(result.call_id.as_str().to_owned()),
+            _ => {}
+        }
+    }
+    assert_eq!(
+        run.spent().usage,
+        usage,
+        "{context}: spent is not the log's"
+    );
+    calls.sort();
+    results.sort();
+    assert_eq!(calls, results, "{context}: not one result per call");
+}
+
+/// `user`, `reply` and `request` dropped at many points (a caller's timeout): what they
+/// logged stays logged, and the next call reads the Run back as its log says (the history,
+/// the spent tokens), closing the calls a dropped reply left without a result, so the next
+/// request carries every call with its one result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_at_any_point_leaves_the_run_as_its_log_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = open_with(dir.path(), Duration::from_secs(20)).await;
+    let mut model = ScriptedModel::new(std::iter::empty());
+    let mut dropped = 0;
+    for point in 0..60u64 {
+        // Drop points from at once to a few milliseconds in, where the appends, the reads
+        // of the history and the calls are.
+        let after = Duration::from_micros(point * point * 2);
+        let request = run.user(format!("turn {point}")).await.unwrap();
+        let step = Step::call(
+            "svc__sleep",
+            json!({"ms": point % 3, "tag": format!("t{point}")}),
+        )
+        .and_call("svc__sleep", json!({"ms": 0, "tag": "second"}));
+        let mut script = ScriptedModel::new([step]).first_call(point * 10);
+        let reply = script.reply(&request);
+        match tokio::time::timeout(after, run.reply(reply)).await {
+            Ok(next) => assert!(matches!(next.unwrap(), Next::Request(_))),
+            Err(_) => dropped += 1,
+        }
+        let continued = run.request().await.unwrap();
+        assert_the_run_is_its_log(&run, &format!("reply dropped after {after:?}"));
+        assert!(continued.body().contains(&format!("turn {point}")));
+        // A turn's first call dropped too; the next request carries its message only if it
+        // was logged.
+        if tokio::time::timeout(after, run.user(format!("again {point}")))
+            .await
+            .is_err()
+        {
+            dropped += 1;
+        }
+        run.request().await.unwrap();
+        assert_the_run_is_its_log(&run, &format!("user dropped after {after:?}"));
+        // The turn ends, so the next `user` is in turn.
+        let reply = model.reply(&run.request().await.unwrap());
+        assert!(matches!(run.reply(reply).await.unwrap(), Next::Done { .. }));
+        assert_the_run_is_its_log(&run, "after a whole step");
+    }
+    assert!(dropped > 0, "no call was dropped");
+}
