@@ -156,23 +156,42 @@ pub(crate) async fn post_request(
                 }
                 Err(error) => return Err(error),
             };
-            let unreadable = |e: serde_json::Error| {
-                StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
-                    "could not parse JSON response as ServerJsonRpcMessage: {e}: {}",
-                    preview(&body)
-                )))
+            // A body over `PARSE_ON_WORKER` (up to the 16 MiB limit: tens of milliseconds,
+            // and a repair parses again) is parsed on a blocking thread, as over stdio. A
+            // post dropped meanwhile loses its answer, as it would mid-body.
+            let parsed = if body.len() > crate::stdio::PARSE_ON_WORKER {
+                let tap = Arc::clone(tap);
+                tokio::task::spawn_blocking(move || parse_answer(&tap, &body))
+                    .await
+                    .map_err(|e| {
+                        StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
+                            "parsing the JSON response did not finish: {e}"
+                        )))
+                    })??
+            } else {
+                parse_answer(tap, &body)?
             };
-            // Invalid UTF-8 and lone surrogate escapes are repaired (U+FFFD, the fact in
-            // the result's `_meta`), as over stdio.
-            let (mut raw, _) = crate::stdio::repair::parse_or_repair(&body).map_err(unreadable)?;
-            tap.offer(&mut raw);
-            let parsed = serde_json::from_value(raw).map_err(unreadable)?;
             Ok(StreamableHttpPostResponse::Json(parsed, session_id))
         }
         _ => Err(StreamableHttpError::UnexpectedContentType(
             content_type.map(|ct| String::from_utf8_lossy(ct.as_bytes()).into_owned()),
         )),
     }
+}
+
+/// A JSON body read whole, offered to the tap (which keeps an answer it waits for raw and
+/// gives rmcp a stand-in): invalid UTF-8 and lone surrogate escapes are repaired (U+FFFD,
+/// the fact in the result's `_meta`), as over stdio.
+fn parse_answer(tap: &Tap, body: &[u8]) -> Result<ServerJsonRpcMessage, Error> {
+    let unreadable = |e: serde_json::Error| {
+        StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
+            "could not parse JSON response as ServerJsonRpcMessage: {e}: {}",
+            preview(body)
+        )))
+    };
+    let (mut raw, _) = crate::stdio::repair::parse_or_repair(body).map_err(unreadable)?;
+    tap.offer(&mut raw);
+    serde_json::from_value(raw).map_err(unreadable)
 }
 
 /// The answer to `message` (a request) that says its JSON body was over `max`.

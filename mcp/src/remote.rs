@@ -329,15 +329,34 @@ fn answered(events: Events, id: RequestId) -> Events {
 impl TappedClient {
     /// The events, each offered to the tap: an answer it waits for is kept raw (and a
     /// stand-in goes to rmcp), progress goes to its call's channel.
+    ///
+    /// An event over [`PARSE_ON_WORKER`](crate::stdio::PARSE_ON_WORKER) (up to the 16 MiB
+    /// event limit) is offered on a blocking thread, as a line over stdio is parsed: the
+    /// stream holds that work between polls, so a `next` that rmcp drops loses nothing.
     fn tapped(&self, events: Events) -> Events {
         let tap = Arc::clone(&self.tap);
-        Box::pin(events.map(move |event| {
-            event.map(|mut event| {
-                if let Some(data) = event.data.as_mut() {
-                    keep(&tap, data);
+        Box::pin(events.then(move |event| {
+            let tap = Arc::clone(&tap);
+            async move {
+                let mut event = event?;
+                let Some(mut data) = event.data.take() else {
+                    return Ok(event);
+                };
+                if data.len() > crate::stdio::PARSE_ON_WORKER {
+                    // Only a panic or the runtime's end fails the task: the event then goes
+                    // on without data, as rmcp passes over one.
+                    event.data = tokio::task::spawn_blocking(move || {
+                        keep(&tap, &mut data);
+                        data
+                    })
+                    .await
+                    .ok();
+                } else {
+                    keep(&tap, &mut data);
+                    event.data = Some(data);
                 }
-                event
-            })
+                Ok(event)
+            }
         }))
     }
 }

@@ -94,7 +94,7 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 /// The longest line parsed on the async worker that reads it (about a millisecond of
 /// work); a longer one, up to [`MAX_LINE`] (tens of milliseconds per parse, and a repair
 /// may parse it twice more), is parsed on a blocking thread.
-const PARSE_ON_WORKER: usize = 1024 * 1024;
+pub(crate) const PARSE_ON_WORKER: usize = 1024 * 1024;
 
 /// What a stdio server's process is configured as.
 pub(crate) struct Command<'a> {
