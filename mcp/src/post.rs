@@ -161,13 +161,18 @@ pub(crate) async fn post_request(
             // post dropped meanwhile loses its answer, as it would mid-body.
             let parsed = if body.len() > crate::stdio::PARSE_ON_WORKER {
                 let tap = Arc::clone(tap);
-                tokio::task::spawn_blocking(move || parse_answer(&tap, &body))
-                    .await
-                    .map_err(|e| {
-                        StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
-                            "parsing the JSON response did not finish: {e}"
-                        )))
-                    })??
+                match tokio::task::spawn_blocking(move || parse_answer(&tap, &body)).await {
+                    Ok(parsed) => parsed?,
+                    // A panic or the runtime's end: the call fails saying so, the session
+                    // stays (a failed post would close it).
+                    Err(e) => {
+                        let fault = Fault::Broke(format!("parsing the answer did not finish: {e}"));
+                        let error = StreamableHttpError::UnexpectedServerResponse(Cow::Owned(
+                            fault.reason(),
+                        ));
+                        return answered_with(message, &fault, session_id, error);
+                    }
+                }
             } else {
                 parse_answer(tap, &body)?
             };

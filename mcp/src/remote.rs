@@ -343,14 +343,16 @@ impl TappedClient {
                     return Ok(event);
                 };
                 if data.len() > crate::stdio::PARSE_ON_WORKER {
-                    // Only a panic or the runtime's end fails the task: the event then goes
-                    // on without data, as rmcp passes over one.
-                    event.data = tokio::task::spawn_blocking(move || {
+                    // Only a panic or the runtime's end fails the task: the stream then fails
+                    // with it (resumed if the server can, else the call is answered why),
+                    // rather than pass the event on without its answer.
+                    let kept = tokio::task::spawn_blocking(move || {
                         keep(&tap, &mut data);
                         data
                     })
                     .await
-                    .ok();
+                    .map_err(|e| SseError::Body(Box::new(e)))?;
+                    event.data = Some(kept);
                 } else {
                     keep(&tap, &mut data);
                     event.data = Some(data);

@@ -270,11 +270,13 @@ impl<H: ToolHost + 'static> Executor<H> {
         }
     }
 
-    /// Waits until every append this executor handed to the blocking pool has run, those of
-    /// executions dropped mid-way included (an execution dropped after its results went to
-    /// the log's blocking append leaves the append to finish there). After it, the log holds
-    /// all it ever will of the executions that ended or were dropped before the call; an
-    /// execution still running may append more. Cancel-safe.
+    /// Waits until every append this executor's executions (and a [`Run`](crate::Run)'s
+    /// own records) handed to the blocking pool has run, those of executions dropped mid-way
+    /// included (an execution dropped after its results went to the log's blocking append
+    /// leaves the append to finish there). After it, the log holds all it ever will of the
+    /// executions that ended or were dropped before the call; an execution still running may
+    /// append more, and what a caller appends to the store itself is not counted.
+    /// Cancel-safe.
     pub async fn settled(&self) {
         let mut count = self.appending.subscribe();
         // The sender lives as long as `self`: waiting cannot fail while it is borrowed.

@@ -147,8 +147,9 @@ type RunEstimator = Arc<dyn TokenEstimator + Send + Sync>;
 /// back from the log whole. Go on as after a step that ended in an error:
 /// [`request`](Self::request) closes the calls left without a result ([`INTERRUPTED`]) and
 /// gives the request as the log stands, or [`user`](Self::user) starts the next turn (a
-/// `reply` dropped once under way is not taken again: [`RunError::OutOfTurn`]). Until that
-/// next call, [`history`](Self::history) and [`spent`](Self::spent) may be behind the log.
+/// `reply` dropped once under way is not taken again: [`RunError::OutOfTurn`]). A call that
+/// fails (other than out of turn) is followed the same way. Until that next call,
+/// [`history`](Self::history) and [`spent`](Self::spent) may be behind the log.
 pub struct Run<H> {
     /// The records as prompt assembly reads them, extended from the log after each append.
     history: History,
@@ -157,10 +158,11 @@ pub struct Run<H> {
     /// The logged usage records, summed as they are appended.
     spent: Spent,
     /// A call ([`user`](Self::user), [`request`](Self::request), [`reply`](Self::reply)) is
-    /// under way, or was dropped before it ended (a caller's timeout or `select!`): then
-    /// the history, the projections and the spent tokens may be lost or behind the log,
-    /// and the next call reads them back from the log whole ([`Run::recover`]).
-    in_call: bool,
+    /// under way, was dropped before it ended (a caller's timeout or `select!`), or ended
+    /// in an error other than being out of turn: then the history, the projections and the
+    /// spent tokens may be lost or behind the log, and the next call reads them back from
+    /// the log whole ([`Run::recover`]).
+    unsettled: bool,
     /// The Run's record log, when its records are in a file (the executor appends to it
     /// through the record-store seam, [`Executor::store`]).
     log: Option<Arc<SharedRecordLog>>,
@@ -287,9 +289,9 @@ impl<H: ToolHost + 'static> Run<H> {
     /// catalogue, disclosure or assembly failing.
     pub async fn user(&mut self, text: impl Into<String>) -> Result<RenderedRequest, RunError> {
         self.recover().await?;
-        self.in_call = true;
+        self.unsettled = true;
         let request = self.start_turn(text.into()).await;
-        self.in_call = false;
+        self.unsettled = !settled(&request);
         request
     }
 
@@ -314,9 +316,9 @@ impl<H: ToolHost + 'static> Run<H> {
     /// As [`user`](Self::user), except out of turn.
     pub async fn request(&mut self) -> Result<RenderedRequest, RunError> {
         self.recover().await?;
-        self.in_call = true;
+        self.unsettled = true;
         let request = self.continue_turn().await;
-        self.in_call = false;
+        self.unsettled = !settled(&request);
         request
     }
 
@@ -342,9 +344,9 @@ impl<H: ToolHost + 'static> Run<H> {
     /// assembly failing.
     pub async fn reply(&mut self, reply: ModelReply) -> Result<Next, RunError> {
         self.recover().await?;
-        self.in_call = true;
+        self.unsettled = true;
         let next = self.step(reply).await;
-        self.in_call = false;
+        self.unsettled = !settled(&next);
         next
     }
 
@@ -644,18 +646,18 @@ impl<H: ToolHost + 'static> Run<H> {
         self.spent = Spent::default();
     }
 
-    /// After a call that was dropped before it ended: waits for the appends it left on the
-    /// blocking pool (the log then holds all it ever will of them), then reads the
-    /// history, the spent tokens and the projections back from the log whole, since the
-    /// dropped call may have held them in a blocking task, or appended what the history
-    /// has not read. Nothing to do after a call that ended. Cancel-safe: dropped itself, it
-    /// is done again by the next call.
+    /// After a call that was dropped before it ended, or failed: waits for the appends it
+    /// left on the blocking pool (the log then holds all it ever will of them), then reads
+    /// the history, the spent tokens and the projections back from the log whole, since
+    /// the call may have held them in a blocking task that never gave them back, or
+    /// appended what the history has not read. Nothing to do after a call that ended well.
+    /// Cancel-safe: dropped itself, it is done again by the next call.
     async fn recover(&mut self) -> Result<(), RunError> {
-        if self.in_call {
+        if self.unsettled {
             self.executor.settled().await;
             self.lost_history();
             self.sync_history().await?;
-            self.in_call = false;
+            self.unsettled = false;
         }
         Ok(())
     }
@@ -1015,7 +1017,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         let mut run = Run {
             history,
             projections: ProjectionCache::new(),
-            in_call: false,
+            unsettled: false,
             spent,
             log,
             executor,
@@ -1081,6 +1083,12 @@ fn assemble_request(
         }
         (Target::Responses(options), None) => prompt.render_responses(options)?,
     })
+}
+
+/// Whether a call that answered `result` left the Run as its log says: it ended well, or was
+/// refused out of turn before it did anything.
+fn settled<T>(result: &Result<T, RunError>) -> bool {
+    matches!(result, Ok(_) | Err(RunError::OutOfTurn(_)))
 }
 
 /// The calls of the last assistant message that no later record answers.

@@ -892,20 +892,39 @@ fn assert_the_run_is_its_log(run: &Run<Host>, context: &str) {
     assert_eq!(calls, results, "{context}: not one result per call");
 }
 
-/// `user`, `reply` and `request` dropped at many points (a caller's timeout): what they
-/// logged stays logged, and the next call reads the Run back as its log says (the history,
-/// the spent tokens), closing the calls a dropped reply left without a result, so the next
-/// request carries every call with its one result.
+/// Runs `call` to its end, or drops it at `point`: an even point after `point / 2 + 1`
+/// polls, each followed by a yield (so the blocking pool moves on between them: the drops
+/// land inside and between the appends and reads a call hands it), an odd one after
+/// `2 × point²` microseconds.
+async fn cut_at<T>(point: u64, call: impl std::future::Future<Output = T>) -> Option<T> {
+    use std::task::Poll;
+    if point % 2 == 1 {
+        let after = Duration::from_micros(2 * point * point);
+        return tokio::time::timeout(after, call).await.ok();
+    }
+    let mut call = std::pin::pin!(call);
+    for _ in 0..=point / 2 {
+        let polled = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        if let Poll::Ready(out) = polled {
+            return Some(out);
+        }
+        tokio::task::yield_now().await;
+    }
+    None
+}
+
+/// `user`, `reply` and `request` dropped at many points (a caller's timeout or `select!`),
+/// the call after a dropped one too: what they logged stays logged, and the next call reads
+/// the Run back as its log says (the history, the spent tokens), closing the calls a
+/// dropped reply left without a result, so the next request carries every call with its
+/// one result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_dropped_at_any_point_leaves_the_run_as_its_log_says() {
     let dir = tempfile::tempdir().unwrap();
     let mut run = open_with(dir.path(), Duration::from_secs(20)).await;
     let mut model = ScriptedModel::new(std::iter::empty());
     let mut dropped = 0;
-    for point in 0..60u64 {
-        // Drop points from at once to a few milliseconds in, where the appends, the reads
-        // of the history and the calls are.
-        let after = Duration::from_micros(point * point * 2);
+    for point in 0..80u64 {
         let request = run.user(format!("turn {point}")).await.unwrap();
         let step = Step::call(
             "svc__sleep",
@@ -914,23 +933,27 @@ async fn a_call_dropped_at_any_point_leaves_the_run_as_its_log_says() {
         .and_call("svc__sleep", json!({"ms": 0, "tag": "second"}));
         let mut script = ScriptedModel::new([step]).first_call(point * 10);
         let reply = script.reply(&request);
-        match tokio::time::timeout(after, run.reply(reply)).await {
-            Ok(next) => assert!(matches!(next.unwrap(), Next::Request(_))),
-            Err(_) => dropped += 1,
+        match cut_at(point, run.reply(reply)).await {
+            Some(next) => assert!(matches!(next.unwrap(), Next::Request(_))),
+            None => dropped += 1,
+        }
+        // The call after it dropped too (its recovery from the first drop included).
+        if cut_at(point / 2, run.request()).await.is_none() {
+            dropped += 1;
         }
         let continued = run.request().await.unwrap();
-        assert_the_run_is_its_log(&run, &format!("reply dropped after {after:?}"));
+        assert_the_run_is_its_log(&run, &format!("reply dropped at {point}"));
         assert!(continued.body().contains(&format!("turn {point}")));
-        // A turn's first call dropped too; the next request carries its message only if it
-        // was logged.
-        if tokio::time::timeout(after, run.user(format!("again {point}")))
+        // A turn's first call dropped; the next request carries its message only if it was
+        // logged.
+        if cut_at(point, run.user(format!("again {point}")))
             .await
-            .is_err()
+            .is_none()
         {
             dropped += 1;
         }
         run.request().await.unwrap();
-        assert_the_run_is_its_log(&run, &format!("user dropped after {after:?}"));
+        assert_the_run_is_its_log(&run, &format!("user dropped at {point}"));
         // The turn ends, so the next `user` is in turn.
         let reply = model.reply(&run.request().await.unwrap());
         assert!(matches!(run.reply(reply).await.unwrap(), Next::Done { .. }));
