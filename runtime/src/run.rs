@@ -179,7 +179,7 @@ pub struct Run<H> {
     target: Target,
     deferral: DeferralMode,
     clock: ClockFn,
-    turn: Option<Turn>,
+    turn: Option<Arc<Turn>>,
     /// A request was handed out and its reply is awaited.
     awaiting: bool,
     recovery: Recovery,
@@ -303,7 +303,7 @@ impl<H: ToolHost + 'static> Run<H> {
         self.close_unanswered().await?;
         let record = Record::User(UserMessage { text });
         self.log_records(vec![record]).await?;
-        self.turn = Some(self.resolve_turn().await?);
+        self.turn = Some(Arc::new(self.resolve_turn().await?));
         self.next_request().await
     }
 
@@ -326,7 +326,7 @@ impl<H: ToolHost + 'static> Run<H> {
     async fn continue_turn(&mut self) -> Result<RenderedRequest, RunError> {
         self.close_unanswered().await?;
         if self.turn.is_none() {
-            self.turn = Some(self.resolve_turn().await?);
+            self.turn = Some(Arc::new(self.resolve_turn().await?));
         }
         self.next_request().await
     }
@@ -572,42 +572,45 @@ impl<H: ToolHost + 'static> Run<H> {
     /// Renders the request for the history as it stands (a request is then awaited).
     async fn next_request(&mut self) -> Result<RenderedRequest, RunError> {
         // Called with a turn under way; without one there is no request to give.
-        let Some(turn) = &self.turn else {
+        let Some(turn) = self.turn.clone() else {
             return Err(RunError::OutOfTurn(TurnState::NoRequestWaiting));
         };
         let now = CurrentTime::utc((self.clock)()).map_err(psych_prompt_assembly::Error::from)?;
         let transient = Transient::at(now);
         // Reading the results sent whole, and the head and tail of a turn's results when
-        // the boundary has just passed them, is I/O: off the async threads.
+        // the boundary has just passed them, is I/O; assembling and rendering the history
+        // (up to the window, hundreds of KB) is milliseconds of CPU: both off the async
+        // threads.
         let log = Arc::clone(self.executor.store());
         let elider = self.elider.clone();
+        let (deferral, target, tail) = (
+            self.deferral,
+            self.target.clone(),
+            self.dynamic_tail.clone(),
+        );
         let history = std::mem::take(&mut self.history);
         let mut projections = std::mem::take(&mut self.projections);
-        let loaded = tokio::task::spawn_blocking(move || {
-            let step = StepHistory::load(&history, &log, &elider, &mut projections);
-            (history, projections, step)
+        let rendered = tokio::task::spawn_blocking(move || {
+            let request = StepHistory::load(&history, &log, &elider, &mut projections)
+                .map_err(psych_prompt_assembly::Error::from)
+                .and_then(|step| {
+                    let native = native_in_force(&turn, deferral, &target);
+                    assemble_request(&turn, native, &tail, &step, &transient, &target)
+                });
+            (history, projections, request)
         })
         .await;
-        let step = match loaded {
-            Ok((history, projections, step)) => {
+        let request = match rendered {
+            Ok((history, projections, request)) => {
                 self.history = history;
                 self.projections = projections;
-                step.map_err(psych_prompt_assembly::Error::from)?
+                request?
             }
             Err(e) => {
                 self.lost_history();
                 return Err(RunError::Task(e));
             }
         };
-        let native = native_in_force(turn, self.deferral, &self.target);
-        let request = assemble_request(
-            turn,
-            native,
-            &self.dynamic_tail,
-            &step,
-            &transient,
-            &self.target,
-        )?;
         self.awaiting = true;
         Ok(request)
     }
