@@ -27,6 +27,11 @@
 //!   ([`Executed::InputRequired`]) without being logged, and only the final result is.
 //! - **Resume.** Opening a Run whose log exists resumes it; every call without a result gets
 //!   a logged failed result ([`INTERRUPTED`]) before anything is assembled.
+//! - **A call may be dropped.** [`Run::user`], [`Run::request`] and [`Run::reply`] may be
+//!   dropped at any await (a caller's timeout or `select!`): what was logged stays logged,
+//!   and the next call waits for the appends the dropped one left on the blocking pool
+//!   ([`Executor::settled`]) and reads the Run back from its log. Log I/O, catalogue reads
+//!   and rendering run on the blocking pool, never on the caller's async worker.
 //! - **Spent tokens come from the provider.** [`Run::spent`] sums the logged usage records
 //!   and nothing else ([`spent`]).
 //! - **Native deferral where the provider has it.** With
