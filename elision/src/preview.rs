@@ -208,7 +208,13 @@ impl PreviewConfig {
         let lines = if first == last {
             format!("line {}", first + 1)
         } else {
-            format!("lines {}-{}", first + 1, last.max(first) + 1)
+            // Saturating: the line count comes from the stored summary, which a damaged
+            // log may overstate.
+            format!(
+                "lines {}-{}",
+                first.saturating_add(1),
+                last.max(first).saturating_add(1)
+            )
         };
         // Writing into a String cannot fail.
         let _ = writeln!(
@@ -426,6 +432,18 @@ mod tests {
             config.truncate_failure(&text),
             format!("{}e\u{301}", "a".repeat(4))
         );
+    }
+
+    /// A stored summary may overstate a text's line breaks (a damaged or crafted log):
+    /// the preview's line label saturates rather than overflow.
+    #[test]
+    fn an_overstated_line_count_does_not_overflow_the_label() {
+        let config = config(10, 10);
+        let text = "x".repeat(10_000);
+        let mut windows = config.windows_of(&text);
+        windows.breaks = u64::MAX;
+        let preview = config.preview_windows(&windows, &handle()).unwrap();
+        assert!(preview.contains(&format!("-{}", u64::MAX)), "{preview}");
     }
 
     #[test]

@@ -568,8 +568,17 @@ impl PgRecords {
             return Ok(None);
         };
         let body: Vec<u8> = row.get(0);
-        let len: i64 = row.get(1);
-        let spans: Vec<u8> = row.get(2);
+        // Nullable in the schema (only a result's row has them): a result's row without
+        // them is damaged, not a reason to panic.
+        let (Some(len), Some(spans)) = (
+            row.get::<_, Option<i64>>(1),
+            row.get::<_, Option<Vec<u8>>>(2),
+        ) else {
+            return Err(corrupt(format!(
+                "record {}:{seq} is a tool result without its length or spans",
+                self.run
+            )));
+        };
         let Record::ToolResult(result) = serde_json::from_slice(&body)
             .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?
         else {
@@ -580,6 +589,12 @@ impl PgRecords {
         };
         let spans: Vec<Option<Range<u64>>> = serde_json::from_slice(&spans)
             .map_err(|e| damaged(format!("spans of {}:{seq}", self.run), e))?;
+        if spans.iter().flatten().any(|span| span.start > span.end) {
+            return Err(corrupt(format!(
+                "record {}:{seq} has a span that ends before it starts",
+                self.run
+            )));
+        }
         let info = OutputInfo {
             kind: OutputKind::of(&result.output),
             len: u64::try_from(len).unwrap_or(0),
@@ -614,7 +629,15 @@ impl PgRecords {
             &[&&*self.identity, &self.run.as_str(), &seq, &first, &last],
         )
         .await?;
-        let mut out = Vec::with_capacity(usize::try_from(range.end - range.start).unwrap_or(0));
+        // A span is checked when its row is read (`result_row`); a range that ends before it
+        // starts is damage all the same, never a panic.
+        let Some(wanted) = range.end.checked_sub(range.start) else {
+            return Err(corrupt(format!(
+                "record {}:{seq}: bytes {range:?} end before they start",
+                self.run
+            )));
+        };
+        let mut out = Vec::with_capacity(usize::try_from(wanted).unwrap_or(0));
         for row in rows {
             let idx: i32 = row.get(0);
             let data: &[u8] = row.get(1);
@@ -623,7 +646,7 @@ impl PgRecords {
             let to = range.end.saturating_sub(base).min(data.len() as u64);
             out.extend_from_slice(&data[from as usize..to as usize]);
         }
-        if out.len() as u64 != range.end - range.start {
+        if out.len() as u64 != wanted {
             return Err(corrupt(format!(
                 "record {}:{seq}: bytes {range:?} of its text are missing",
                 self.run
@@ -1283,7 +1306,7 @@ impl RecordSource for PgRecords {
                             .get(i)
                             .cloned()
                             .flatten()
-                            .map(|span| span.end - span.start),
+                            .map(|span| span.end.saturating_sub(span.start)),
                         _ => None,
                     };
                     block.placeholder_sized(i, bulk)

@@ -570,6 +570,68 @@ fn another_identitys_run_of_the_same_name_is_not_read() {
     }
 }
 
+/// A result row damaged in the database (a hand edit, another writer): a span that ends
+/// before it starts, a missing length or spans. Reading its summary or a block of it is a
+/// typed error naming the record, never a panic (its text, read by its chunks, may still
+/// read), and the records beside it read as they were.
+#[test]
+fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
+    use psych_store_postgres::RecordError;
+    use psych_types::{RecordHandle, RecordSource, RecordStore, RunId};
+
+    let (store, _drop, url) = record_schema("damaged");
+    let schema = url
+        .split("schema=")
+        .nth(1)
+        .and_then(|rest| rest.split('&').next())
+        .unwrap()
+        .to_owned();
+    let run = RunId::new("r").unwrap();
+    let records = store.records("tenant", &run).unwrap();
+    for (i, text) in ["first\n", "second\n", "third\n", "fourth\n"]
+        .iter()
+        .enumerate()
+    {
+        let handle = records
+            .append(&text_result(&format!("c{i}"), *text))
+            .unwrap();
+        assert_eq!(handle, RecordHandle::new(run.clone(), i as u64));
+    }
+    let damage = [
+        (1, "readable_len = null"),
+        (2, "spans = null"),
+        (
+            3,
+            "spans = convert_to('[{\"start\":10,\"end\":5}]', 'UTF8')",
+        ),
+    ];
+    for (seq, set) in damage {
+        raw_blocking(format!(
+            "update {schema}.records set {set} where identity = 'tenant' and run = 'r' and seq = {seq}"
+        ));
+    }
+    for (seq, _) in damage {
+        let handle = RecordHandle::new(run.clone(), seq);
+        let failed = |what: &str, result: Result<(), RecordError>| {
+            let error = result.expect_err(what);
+            assert!(
+                matches!(error, RecordError::Corrupt { .. }),
+                "{what} of record {seq}: {error:?}"
+            );
+        };
+        failed("output_info", records.output_info(&handle).map(drop));
+        failed("content_block", records.content_block(&handle, 0).map(drop));
+        // A read of the text goes by its chunks, which are whole: it may read them.
+        if let Err(error) = records.read_output(&handle, 0, &mut [0; 64]) {
+            assert!(matches!(error, RecordError::Corrupt { .. }), "{error:?}");
+        }
+    }
+    let first = RecordHandle::new(run.clone(), 0);
+    let mut page = [0; 64];
+    let n = records.read_output(&first, 0, &mut page).unwrap();
+    assert_eq!(&page[..n], b"first\n");
+}
+
 /// A page at the end of a result of 32 MiB reads about the page: PostgreSQL's own count of
 /// the buffers the read touched (`EXPLAIN (ANALYZE, BUFFERS)` of the store's query) is a
 /// few dozen 8 KiB pages, not the result's 4,096.
