@@ -579,13 +579,8 @@ fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
     use psych_store_postgres::RecordError;
     use psych_types::{RecordHandle, RecordSource, RecordStore, RunId};
 
-    let (store, _drop, url) = record_schema("damaged");
-    let schema = url
-        .split("schema=")
-        .nth(1)
-        .and_then(|rest| rest.split('&').next())
-        .unwrap()
-        .to_owned();
+    let (store, guard, _) = record_schema("damaged");
+    let schema = guard.0.clone();
     let run = RunId::new("r").unwrap();
     let records = store.records("tenant", &run).unwrap();
     for (i, text) in ["first\n", "second\n", "third\n", "fourth\n"]
@@ -639,7 +634,7 @@ fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
 fn a_page_at_the_end_of_a_large_result_reads_about_the_page() {
     use psych_types::{RecordSource, RecordStore, RunId};
 
-    let (store, _drop, url) = record_schema("page");
+    let (store, guard, _) = record_schema("page");
     let run = RunId::new("big").unwrap();
     let records = store.records("tenant", &run).unwrap();
     let line = "0123456789abcdef".repeat(4) + "\n";
@@ -651,12 +646,7 @@ fn a_page_at_the_end_of_a_large_result_reads_about_the_page() {
         .read_output(&handle, len - page.len() as u64, &mut page)
         .unwrap();
     assert_eq!(&page[..n], &text.as_bytes()[text.len() - page.len()..][..n]);
-    let schema = url
-        .split("schema=")
-        .nth(1)
-        .and_then(|rest| rest.split('&').next())
-        .unwrap()
-        .to_owned();
+    let schema = guard.0.clone();
     let last = (len - 1) / psych_store_postgres::CHUNK as u64;
     let plan = std::thread::spawn(move || {
         tokio::runtime::Builder::new_current_thread()
