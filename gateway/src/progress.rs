@@ -6,21 +6,37 @@
 //! that call with its own progress token ([`ToolHost::call_tool_with_progress`]) and hands
 //! each upstream `notifications/progress` to the sink, whose [`Relay`] sends it to the
 //! client under the client's token. The sink belongs to one call, so two identical calls in
-//! flight never exchange their progress.
+//! flight never exchange their progress. A call's reports wait for the relay in a queue of at
+//! most [`MAX_QUEUED`], the oldest dropped first, each message cut to [`MAX_MESSAGE_BYTES`]:
+//! the relay goes at the client's pace, a server may report at its own.
 //!
 //! The sink is dropped when its call leaves the host (the executor's contract), which
-//! closes the relay's channel: the relay has sent every report before the call's result is
+//! ends the relay's queue: the relay has sent every report before the call's result is
 //! returned, and [`SinkWatch::left_host`] tells the session whether the call is still
 //! upstream.
 //!
 //! [`Executor::execute_with_progress`]: psych_runtime::Executor::execute_with_progress
 //! [`ToolHost::call_tool_with_progress`]: psych_types::ToolHost::call_tool_with_progress
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use psych_types::{ProgressSink, ToolProgress};
 use rmcp::RoleServer;
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::Peer;
-use tokio::sync::mpsc::{self, UnboundedReceiver, WeakUnboundedSender};
+use tokio::sync::Notify;
+
+/// The most reports of one call waiting for its relay. The relay sends at the client's
+/// pace (a client that reads slowly holds each send), while a server may report as fast as
+/// it writes lines: past this, the oldest waiting report is dropped, since a later one says
+/// more (progress only grows), so a call's queue is bounded whatever the server sends.
+pub(super) const MAX_QUEUED: usize = 64;
+
+/// The longest message of a report relayed, in bytes (longer ones are cut at a character
+/// boundary and end with `…`): a server's line may be 64 MiB, and a progress message is a
+/// line of status.
+pub(super) const MAX_MESSAGE_BYTES: usize = 4096;
 
 /// Where one client call's progress goes: its session's peer and the client's token.
 #[derive(Clone)]
@@ -31,39 +47,107 @@ pub(super) struct ClientProgress {
     pub(super) token: ProgressToken,
 }
 
+/// One call's reports waiting for the relay, and whether its sink is gone.
+#[derive(Default)]
+struct Queue {
+    notes: VecDeque<ToolProgress>,
+    closed: bool,
+}
+
+/// What a sink and its relay share.
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Told of each report and of the sink's end (the relay is the only waiter).
+    ready: Notify,
+}
+
+impl Shared {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Held by the sink: its drop ends the relay once the queue is sent.
+struct Open(Arc<Shared>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.queue().closed = true;
+        self.0.ready.notify_one();
+    }
+}
+
 /// The receiving end of one call's [`ProgressSink`]: sends its reports to the client.
 pub(super) struct Relay {
-    notes: UnboundedReceiver<ToolProgress>,
+    shared: Arc<Shared>,
     client: Option<ClientProgress>,
 }
 
 /// Tells whether one call's [`ProgressSink`] still exists.
-pub(super) struct SinkWatch(WeakUnboundedSender<ToolProgress>);
+pub(super) struct SinkWatch(Arc<Shared>);
 
 impl SinkWatch {
     /// Whether the call's sink is gone: the executor dropped it, so the call is not
     /// upstream (any more), and what remains of its execution is logging its result.
     pub(super) fn left_host(&self) -> bool {
-        self.0.upgrade().is_none()
+        self.0.queue().closed
     }
 }
 
 /// A sink for one call, its relay to `client` (with no client the reports are dropped) and
-/// a watch on the sink.
+/// a watch on the sink. At most [`MAX_QUEUED`] reports wait for the relay, each message at
+/// most [`MAX_MESSAGE_BYTES`].
 pub(super) fn sink(client: Option<ClientProgress>) -> (ProgressSink, Relay, SinkWatch) {
-    let (tx, notes) = mpsc::unbounded_channel();
-    let watch = SinkWatch(tx.downgrade());
-    let sink = ProgressSink::new(move |progress| {
-        // The relay is gone only when the call was abandoned: nothing left to tell.
-        let _ = tx.send(progress);
+    let shared = Arc::new(Shared::default());
+    let open = Open(Arc::clone(&shared));
+    let sink = ProgressSink::new(move |mut progress| {
+        let shared = &open.0;
+        if let Some(message) = progress.message.as_mut() {
+            shorten(message);
+        }
+        let mut queue = shared.queue();
+        if queue.notes.len() == MAX_QUEUED {
+            queue.notes.pop_front();
+        }
+        queue.notes.push_back(progress);
+        drop(queue);
+        shared.ready.notify_one();
     });
-    (sink, Relay { notes, client }, watch)
+    let relay = Relay {
+        shared: Arc::clone(&shared),
+        client,
+    };
+    (sink, relay, SinkWatch(shared))
+}
+
+/// Cuts `message` to at most [`MAX_MESSAGE_BYTES`] (at a character boundary, then `…`).
+fn shorten(message: &mut String) {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let end = message.floor_char_boundary(MAX_MESSAGE_BYTES - '…'.len_utf8());
+        message.truncate(end);
+        message.push('…');
+    }
 }
 
 impl Relay {
-    /// Sends each report to the client under its token until the sink is dropped.
+    /// Sends each report to the client under its token until the sink is dropped and its
+    /// queue is empty.
     pub(super) async fn run(mut self) {
-        while let Some(progress) = self.notes.recv().await {
+        loop {
+            let next = {
+                let mut queue = self.shared.queue();
+                match queue.notes.pop_front() {
+                    Some(progress) => Some(progress),
+                    None if queue.closed => return,
+                    None => None,
+                }
+            };
+            let Some(progress) = next else {
+                // A report or the sink's end since the queue was looked at left a permit.
+                self.shared.ready.notified().await;
+                continue;
+            };
             let Some(client) = &self.client else {
                 continue;
             };
@@ -75,5 +159,58 @@ impl Relay {
                 self.client = None;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server reporting far faster than the client reads: the waiting reports stay at
+    /// most [`MAX_QUEUED`], each message at most [`MAX_MESSAGE_BYTES`], the newest kept;
+    /// the relay sends what waits, then ends with the sink.
+    #[tokio::test]
+    async fn a_flood_of_reports_waits_in_bounded_memory_newest_kept() {
+        let (sink, relay, watch) = sink(None);
+        let long = "é".repeat(40_000);
+        for n in 0..1_000u32 {
+            let mut progress = ToolProgress::new(f64::from(n));
+            progress.message = Some(long.clone());
+            sink.report(progress);
+        }
+        {
+            let queue = relay.shared.queue();
+            assert_eq!(queue.notes.len(), MAX_QUEUED);
+            assert!(queue.notes.iter().all(|note| {
+                note.message
+                    .as_ref()
+                    .is_some_and(|m| m.len() <= MAX_MESSAGE_BYTES && m.ends_with('…'))
+            }));
+            assert_eq!(queue.notes.back().map(|note| note.progress), Some(999.0));
+        }
+        assert!(!watch.left_host());
+        drop(sink);
+        assert!(watch.left_host());
+        tokio::time::timeout(std::time::Duration::from_secs(10), relay.run())
+            .await
+            .expect("the relay ends once the sink is gone and its queue is sent");
+    }
+
+    /// A report made while the relay waits wakes it, and one made before it waits is not
+    /// missed.
+    #[tokio::test]
+    async fn the_relay_sends_reports_made_before_and_while_it_waits() {
+        let (sink, relay, _watch) = sink(None);
+        sink.report(ToolProgress::new(1.0));
+        let shared = Arc::clone(&relay.shared);
+        let running = tokio::spawn(relay.run());
+        tokio::task::yield_now().await;
+        sink.report(ToolProgress::new(2.0));
+        drop(sink);
+        tokio::time::timeout(std::time::Duration::from_secs(10), running)
+            .await
+            .expect("the relay ends with the sink")
+            .unwrap();
+        assert!(shared.queue().notes.is_empty());
     }
 }
