@@ -130,9 +130,10 @@ impl Tokens {
     ///
     /// # Errors
     ///
-    /// [`TokensError`]: the file unreadable, or refused by [`Tokens::parse`].
+    /// [`TokensError`]: the file unreadable or over
+    /// [`MAX_CONFIG_BYTES`](psych_mcp::MAX_CONFIG_BYTES), or refused by [`Tokens::parse`].
     pub fn load(path: &Path) -> Result<Self, TokensError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TokensError::Read {
+        let text = psych_mcp::read_config_text(path).map_err(|source| TokensError::Read {
             path: path.to_path_buf(),
             source,
         })?;

@@ -434,14 +434,43 @@ const KNOWN_KEYS: [&str; 10] = [
     "description",
 ];
 
+/// The largest configuration file read ([`McpConfig::load`], and `psych serve`'s tokens
+/// file): far above any real one (a server's entry is a few hundred bytes), so a path to
+/// something else (a log, `/dev/zero`, a FIFO that never ends) fails rather than fill
+/// memory.
+pub const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Reads a configuration file's text, at most [`MAX_CONFIG_BYTES`] (blocks: a file read).
+///
+/// # Errors
+///
+/// The file's open or read failing; [`std::io::ErrorKind::FileTooLarge`] past the bound
+/// (read no further than one byte past it, whatever the file is);
+/// [`std::io::ErrorKind::InvalidData`] when it is not UTF-8.
+pub fn read_config_text(path: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!("larger than {MAX_CONFIG_BYTES} bytes, the most a configuration file may be"),
+        ));
+    }
+    Ok(text)
+}
+
 impl McpConfig {
     /// Reads and parses a file, expanding `${VAR}` from this process's environment.
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Read`] when the file cannot be read, else as [`McpConfig::parse`].
+    /// [`ConfigError::Read`] when the file cannot be read or is over [`MAX_CONFIG_BYTES`],
+    /// else as [`McpConfig::parse`].
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = read_config_text(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
@@ -717,6 +746,28 @@ impl<E: Fn(&str) -> Option<String>> Entry<'_, E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file over [`MAX_CONFIG_BYTES`] is refused having read one byte past the bound,
+    /// even one that never ends (`/dev/zero`); a file at the bound is read.
+    #[test]
+    fn a_config_file_past_its_bound_is_refused_not_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.json");
+        let at_bound = " ".repeat(usize::try_from(MAX_CONFIG_BYTES).unwrap() - 2);
+        std::fs::write(&big, format!("{{}}{at_bound}")).unwrap();
+        assert_eq!(
+            read_config_text(&big).unwrap().len() as u64,
+            MAX_CONFIG_BYTES
+        );
+        std::fs::write(&big, format!("{{}}{at_bound} ")).unwrap();
+        let refused = McpConfig::load(&big).unwrap_err();
+        let ConfigError::Read { source, .. } = &refused else {
+            panic!("{refused:?}");
+        };
+        assert_eq!(source.kind(), std::io::ErrorKind::FileTooLarge, "{refused}");
+        let endless = read_config_text(Path::new("/dev/zero")).unwrap_err();
+        assert_eq!(endless.kind(), std::io::ErrorKind::FileTooLarge);
+    }
 
     #[test]
     fn output_limits_are_read_per_server_and_tool_and_refused_by_field() {
