@@ -7,7 +7,8 @@
 //! each upstream `notifications/progress` to the sink, whose [`Relay`] sends it to the
 //! client under the client's token. The sink belongs to one call, so two identical calls in
 //! flight never exchange their progress. A call's reports wait for the relay in a queue of at
-//! most [`MAX_QUEUED`], the oldest dropped first, each message cut to [`MAX_MESSAGE_BYTES`]:
+//! most [`MAX_QUEUED`], the oldest dropped first, each message cut to
+//! [`MAX_PROGRESS_MESSAGE_BYTES`](psych_types::MAX_PROGRESS_MESSAGE_BYTES):
 //! the relay goes at the client's pace, a server may report at its own.
 //!
 //! The sink is dropped when its call leaves the host (the executor's contract), which
@@ -32,11 +33,6 @@ use tokio::sync::Notify;
 /// it writes lines: past this, the oldest waiting report is dropped, since a later one says
 /// more (progress only grows), so a call's queue is bounded whatever the server sends.
 pub(super) const MAX_QUEUED: usize = 64;
-
-/// The longest message of a report relayed, in bytes (longer ones are cut at a character
-/// boundary and end with `…`): a server's line may be 64 MiB, and a progress message is a
-/// line of status.
-pub(super) const MAX_MESSAGE_BYTES: usize = 4096;
 
 /// Where one client call's progress goes: its session's peer and the client's token.
 #[derive(Clone)]
@@ -97,15 +93,15 @@ impl SinkWatch {
 
 /// A sink for one call, its relay to `client` (with no client the reports are dropped) and
 /// a watch on the sink. At most [`MAX_QUEUED`] reports wait for the relay, each message at
-/// most [`MAX_MESSAGE_BYTES`].
+/// most [`MAX_PROGRESS_MESSAGE_BYTES`](psych_types::MAX_PROGRESS_MESSAGE_BYTES) (a host's
+/// reports are cut already when made with [`ToolProgress::with_message`]; cut again here
+/// for any other).
 pub(super) fn sink(client: Option<ClientProgress>) -> (ProgressSink, Relay, SinkWatch) {
     let shared = Arc::new(Shared::default());
     let open = Open(Arc::clone(&shared));
     let sink = ProgressSink::new(move |mut progress| {
         let shared = &open.0;
-        if let Some(message) = progress.message.as_mut() {
-            shorten(message);
-        }
+        progress.cut_message();
         let mut queue = shared.queue();
         if queue.notes.len() == MAX_QUEUED {
             queue.notes.pop_front();
@@ -119,15 +115,6 @@ pub(super) fn sink(client: Option<ClientProgress>) -> (ProgressSink, Relay, Sink
         client,
     };
     (sink, relay, SinkWatch(shared))
-}
-
-/// Cuts `message` to at most [`MAX_MESSAGE_BYTES`] (at a character boundary, then `…`).
-fn shorten(message: &mut String) {
-    if message.len() > MAX_MESSAGE_BYTES {
-        let end = message.floor_char_boundary(MAX_MESSAGE_BYTES - '…'.len_utf8());
-        message.truncate(end);
-        message.push('…');
-    }
 }
 
 impl Relay {
@@ -167,13 +154,14 @@ mod tests {
     use super::*;
 
     /// A server reporting far faster than the client reads: the waiting reports stay at
-    /// most [`MAX_QUEUED`], each message at most [`MAX_MESSAGE_BYTES`], the newest kept;
+    /// most [`MAX_QUEUED`], each message at most 4 KiB (its allocation too), the newest kept;
     /// the relay sends what waits, then ends with the sink.
     #[tokio::test]
     async fn a_flood_of_reports_waits_in_bounded_memory_newest_kept() {
         let (sink, relay, watch) = sink(None);
         let long = "é".repeat(40_000);
         for n in 0..1_000u32 {
+            // Set directly, not through `with_message`: the relay cuts what a host did not.
             let mut progress = ToolProgress::new(f64::from(n));
             progress.message = Some(long.clone());
             sink.report(progress);
@@ -182,9 +170,9 @@ mod tests {
             let queue = relay.shared.queue();
             assert_eq!(queue.notes.len(), MAX_QUEUED);
             assert!(queue.notes.iter().all(|note| {
-                note.message
-                    .as_ref()
-                    .is_some_and(|m| m.len() <= MAX_MESSAGE_BYTES && m.ends_with('…'))
+                note.message.as_ref().is_some_and(|m| {
+                    m.capacity() <= psych_types::MAX_PROGRESS_MESSAGE_BYTES && m.ends_with('…')
+                })
             }));
             assert_eq!(queue.notes.back().map(|note| note.progress), Some(999.0));
         }

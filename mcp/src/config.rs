@@ -449,17 +449,19 @@ pub const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
 /// [`std::io::ErrorKind::InvalidData`] when it is not UTF-8.
 pub fn read_config_text(path: &Path) -> std::io::Result<String> {
     use std::io::Read as _;
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     std::fs::File::open(path)?
         .take(MAX_CONFIG_BYTES + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_CONFIG_BYTES {
+        .read_to_end(&mut bytes)?;
+    // The size first: a large file that is not text is refused for its size.
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
         return Err(std::io::Error::new(
             std::io::ErrorKind::FileTooLarge,
             format!("larger than {MAX_CONFIG_BYTES} bytes, the most a configuration file may be"),
         ));
     }
-    Ok(text)
+    String::from_utf8(bytes)
+        .map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidData, error))
 }
 
 impl McpConfig {
@@ -767,6 +769,17 @@ mod tests {
         assert_eq!(source.kind(), std::io::ErrorKind::FileTooLarge, "{refused}");
         let endless = read_config_text(Path::new("/dev/zero")).unwrap_err();
         assert_eq!(endless.kind(), std::io::ErrorKind::FileTooLarge);
+        // Not text, past the bound: refused for its size; within it, as not UTF-8.
+        std::fs::write(
+            &big,
+            vec![0xff; usize::try_from(MAX_CONFIG_BYTES).unwrap() + 1],
+        )
+        .unwrap();
+        let binary = read_config_text(&big).unwrap_err();
+        assert_eq!(binary.kind(), std::io::ErrorKind::FileTooLarge);
+        std::fs::write(&big, [0xff, b'{', b'}']).unwrap();
+        let binary = read_config_text(&big).unwrap_err();
+        assert_eq!(binary.kind(), std::io::ErrorKind::InvalidData);
     }
 
     #[test]

@@ -105,7 +105,7 @@ pub use output::{
     Annotations, BinaryRef, BlobResource, ContentBlock, EmbeddedResource, MediaContent,
     ResourceContents, ResourceLink, TextContent, TextResource, ToolOutput, render_json,
 };
-pub use progress::{ProgressSink, ToolProgress};
+pub use progress::{MAX_PROGRESS_MESSAGE_BYTES, ProgressSink, ToolProgress};
 pub use record::{
     AssistantMessage, HandleParseError, LoggedRecord, Record, RecordHandle, ToolCall, ToolResult,
     Usage, UserMessage,

@@ -4,6 +4,11 @@
 
 use std::sync::Arc;
 
+/// The most bytes of a progress report's message kept ([`ToolProgress::with_message`],
+/// [`ToolProgress::cut_message`]): a server's line may be tens of MiB, and a progress
+/// message is a line of status.
+pub const MAX_PROGRESS_MESSAGE_BYTES: usize = 4096;
+
 /// One progress report of a running tool call, as MCP's `notifications/progress` carries it.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -32,10 +37,29 @@ impl ToolProgress {
         self
     }
 
-    /// The report with its message.
+    /// The report with its message, cut to [`MAX_PROGRESS_MESSAGE_BYTES`]
+    /// ([`cut_message`](Self::cut_message)).
     pub fn with_message(mut self, message: Option<String>) -> Self {
         self.message = message;
+        self.cut_message();
         self
+    }
+
+    /// Cuts the message to at most [`MAX_PROGRESS_MESSAGE_BYTES`], at a character boundary,
+    /// ending with `…`, into a string of its own size (so a message cut from a huge line
+    /// does not keep the line's allocation). Nothing changes for a message within the bound.
+    pub fn cut_message(&mut self) {
+        let Some(message) = self.message.as_mut() else {
+            return;
+        };
+        if message.len() <= MAX_PROGRESS_MESSAGE_BYTES {
+            return;
+        }
+        let end = message.floor_char_boundary(MAX_PROGRESS_MESSAGE_BYTES - '…'.len_utf8());
+        let mut cut = String::with_capacity(end + '…'.len_utf8());
+        cut.push_str(&message[..end]);
+        cut.push('…');
+        *message = cut;
     }
 }
 
@@ -87,6 +111,25 @@ pub(crate) mod tests {
         ProgressSink::new(move |_| {
             let _ = &inside;
         })
+    }
+
+    /// A message past the bound is cut at a character boundary into a string of its own
+    /// size; one within it is kept as it is.
+    #[test]
+    fn a_long_message_is_cut_and_lets_its_allocation_go() {
+        let long = "é".repeat(1 << 20);
+        let report = ToolProgress::new(1.0).with_message(Some(long));
+        let message = report.message.unwrap();
+        assert!(
+            message.len() <= MAX_PROGRESS_MESSAGE_BYTES,
+            "{}",
+            message.len()
+        );
+        assert!(message.capacity() <= MAX_PROGRESS_MESSAGE_BYTES);
+        assert!(message.ends_with('…'));
+        assert!(message.trim_end_matches('…').chars().all(|c| c == 'é'));
+        let short = ToolProgress::new(1.0).with_message(Some("step 1 of 3".into()));
+        assert_eq!(short.message.as_deref(), Some("step 1 of 3"));
     }
 
     #[test]
