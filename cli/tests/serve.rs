@@ -34,7 +34,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::support::{announced_hang, handle_in};
+use crate::support::{announced_hang, expect_handle, handle_in};
 
 const PSYCH: &str = env!("CARGO_BIN_EXE_psych");
 
@@ -375,9 +375,7 @@ async fn psych_serve_end_to_end() {
         shown.starts_with("line 000001: the quick brown fox"),
         "{shown}"
     );
-    let handle = handle_in(&shown)
-        .unwrap_or_else(|| panic!("a handle in {shown}"))
-        .to_owned();
+    let handle = expect_handle(&shown);
     let read = call(
         &session,
         "read_tool_output",

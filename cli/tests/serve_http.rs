@@ -22,7 +22,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::support::{Gateway, PSYCH, handle_in, listening, text};
+use crate::support::{Gateway, PSYCH, expect_handle, handle_in, listening, text};
 
 /// A client that forwards each `tools/list_changed` to a channel.
 struct Client {
@@ -143,9 +143,7 @@ async fn psych_serve_over_streamable_http() {
     let large = call("up__large", json!({"bytes": 200_000})).await;
     let shown = text(&large);
     assert!(shown.len() < 10_000, "elided: {} bytes shown", shown.len());
-    let handle = handle_in(&shown)
-        .unwrap_or_else(|| panic!("a handle in {shown}"))
-        .to_owned();
+    let handle = expect_handle(&shown);
     let read = call(
         "read_tool_output",
         json!({"handle": handle, "grep": "line 002345:"}),

@@ -21,7 +21,7 @@ use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-use crate::support::{PSYCH, stdio_gateway, text};
+use crate::support::{PSYCH, expect_handle, stdio_gateway, text};
 
 /// How much the gateway's peak resident memory may grow over its peak at start while it
 /// takes a huge result: a third of the smaller result, a sixteenth of the larger.
@@ -61,13 +61,6 @@ fn params(name: &str, arguments: Value) -> CallToolRequestParams {
 }
 
 /// The handle a preview names (`… read_tool_output with handle "RUN:SEQ" …`).
-fn handle_in(preview: &str) -> String {
-    let (_, rest) = preview
-        .split_once("with handle \"")
-        .unwrap_or_else(|| panic!("no handle in the preview: {preview}"));
-    rest.split('"').next().unwrap().to_owned()
-}
-
 async fn call(session: &RunningService<RoleClient, ()>, name: &str, arguments: Value) -> String {
     let result = tokio::time::timeout(CALL_GUARD, session.call_tool(params(name, arguments)))
         .await
@@ -92,7 +85,7 @@ async fn one_huge_result(session: &RunningService<RoleClient, ()>, mib: u64) {
         "{mib} MiB: the preview's head: {}",
         &preview[..200.min(preview.len())]
     );
-    let handle = handle_in(&preview);
+    let handle = expect_handle(&preview);
     let lines = huge_lines(mib);
     let last = huge_end(lines);
     assert!(
@@ -250,6 +243,6 @@ async fn a_result_past_the_spill_budget_is_a_tool_error_and_the_next_one_arrives
 
     let preview = call(&session, "up__raw_huge", json!({"mib": 17})).await;
     assert!(preview.starts_with("line 00000001 "), "{preview}");
-    assert!(!handle_in(&preview).is_empty());
+    assert!(!expect_handle(&preview).is_empty());
     session.cancel().await.unwrap();
 }

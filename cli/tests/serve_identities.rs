@@ -22,7 +22,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-use crate::support::{Gateway, PSYCH, handle_in, listening, text, token};
+use crate::support::{Gateway, PSYCH, expect_handle, listening, text, token};
 
 /// Starts `psych serve --http --tokens` in front of one test server, logging under `dir`,
 /// with `extra` flags: the gateway and its URL.
@@ -98,9 +98,7 @@ pub(crate) async fn large_handle(session: &Session) -> String {
 /// result's handle.
 async fn elided_handle(session: &Session, bytes: u64) -> String {
     let shown = text(&call_when_listed(session, "up__large", json!({"bytes": bytes})).await);
-    handle_in(&shown)
-        .unwrap_or_else(|| panic!("a handle in {shown}"))
-        .to_owned()
+    expect_handle(&shown)
 }
 
 pub(crate) async fn read(session: &Session, handle: &str) -> Result<CallToolResult, String> {

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::support::{PSYCH, call_ok, handle_in, listed_session, serve_output};
+use crate::support::{PSYCH, call_ok, expect_handle, listed_session, serve_output};
 
 fn embedded(args: &[&str], extra: Value) -> Value {
     let mut all = vec!["serve-embedded", "--tools", "0"];
@@ -97,9 +97,7 @@ async fn passed_results_share_one_budget() {
     let session = listed_session(&config, dir.path(), &flags).await;
     let call = async |name: &str, arguments: Value| call_ok(&session, name, arguments).await;
     let shown = call("up__large", json!({"bytes": 600_000})).await;
-    let handle = handle_in(&shown)
-        .unwrap_or_else(|| panic!("a handle in {shown}"))
-        .to_owned();
+    let handle = expect_handle(&shown);
     let reference = json!({"text": {"$psych_result": handle}});
     let direct = call(
         "up__fingerprint",

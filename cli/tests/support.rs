@@ -116,6 +116,13 @@ pub(crate) fn handle_in(shown: &str) -> Option<&str> {
         .and_then(|rest| rest.split('"').next())
 }
 
+/// The handle `shown` (an elided preview) names, or a panic saying it names none.
+pub(crate) fn expect_handle(shown: &str) -> String {
+    handle_in(shown)
+        .unwrap_or_else(|| panic!("a handle in {shown}"))
+        .to_owned()
+}
+
 /// What `psych serve` on `config`, logging under `dir`, with `flags`, printed and how it
 /// ended, its standard input closed: for a gateway refused at start.
 pub(crate) fn serve_output(

@@ -159,23 +159,22 @@ pub(crate) async fn post_request(
             // A body over `PARSE_ON_WORKER` (up to the 16 MiB limit: tens of milliseconds,
             // and a repair parses again) is parsed on a blocking thread, as over stdio. A
             // post dropped meanwhile loses its answer, as it would mid-body.
-            let parsed = if body.len() > crate::stdio::PARSE_ON_WORKER {
-                let tap = Arc::clone(tap);
-                match tokio::task::spawn_blocking(move || parse_answer(&tap, &body)).await {
+            let tap = Arc::clone(tap);
+            let parsed =
+                match crate::stdio::parse_by_size(body.len(), move || parse_answer(&tap, &body))
+                    .await
+                {
                     Ok(parsed) => parsed?,
-                    // A panic or the runtime's end: the call fails saying so, the session
-                    // stays (a failed post would close it).
+                    // A panic or the runtime's end: the call fails saying so, the session stays
+                    // (a failed post would close it).
                     Err(e) => {
-                        let fault = Fault::Broke(format!("parsing the answer did not finish: {e}"));
+                        let fault = Fault::Unparsed(e.to_string());
                         let error = StreamableHttpError::UnexpectedServerResponse(Cow::Owned(
                             fault.reason(),
                         ));
                         return answered_with(message, &fault, session_id, error);
                     }
-                }
-            } else {
-                parse_answer(tap, &body)?
-            };
+                };
             Ok(StreamableHttpPostResponse::Json(parsed, session_id))
         }
         _ => Err(StreamableHttpError::UnexpectedContentType(

@@ -115,6 +115,9 @@ pub(crate) enum Fault {
         /// The limit.
         max: usize,
     },
+    /// A JSON body's parse on a blocking thread did not finish (a panic, the runtime's
+    /// end): why.
+    Unparsed(String),
     /// A JSON body over the memory limit, kept in a file, could not be read back (not a
     /// valid answer, or the file failed): why.
     SpilledUnreadable(String),
@@ -147,6 +150,7 @@ impl Fault {
                 "the answer is a JSON body over the {} limit ({max} bytes); it was not read",
                 size(*max)
             ),
+            Self::Unparsed(why) => format!("parsing the answer did not finish: {why}"),
             Self::SpilledUnreadable(why) => {
                 format!("the answer, kept in a file for its size, is unreadable: {why}")
             }
@@ -342,21 +346,16 @@ impl TappedClient {
                 let Some(mut data) = event.data.take() else {
                     return Ok(event);
                 };
-                if data.len() > crate::stdio::PARSE_ON_WORKER {
-                    // Only a panic or the runtime's end fails the task: the stream then fails
-                    // with it (resumed if the server can, else the call is answered why),
-                    // rather than pass the event on without its answer.
-                    let kept = tokio::task::spawn_blocking(move || {
-                        keep(&tap, &mut data);
-                        data
-                    })
-                    .await
-                    .map_err(|e| SseError::Body(Box::new(e)))?;
-                    event.data = Some(kept);
-                } else {
+                // Only a panic or the runtime's end fails a blocking parse: the stream then
+                // fails with it (resumed if the server can, else the call is answered why),
+                // rather than pass the event on without its answer.
+                let kept = crate::stdio::parse_by_size(data.len(), move || {
                     keep(&tap, &mut data);
-                    event.data = Some(data);
-                }
+                    data
+                })
+                .await
+                .map_err(|e| SseError::Body(Box::new(e)))?;
+                event.data = Some(kept);
                 Ok(event)
             }
         }))

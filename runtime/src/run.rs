@@ -157,12 +157,10 @@ pub struct Run<H> {
     projections: ProjectionCache,
     /// The logged usage records, summed as they are appended.
     spent: Spent,
-    /// A call ([`user`](Self::user), [`request`](Self::request), [`reply`](Self::reply)) is
-    /// under way, was dropped before it ended (a caller's timeout or `select!`), or ended
-    /// in an error other than being out of turn: then the history, the projections and the
-    /// spent tokens may be lost or behind the log, and the next call reads them back from
-    /// the log whole ([`Run::recover`]).
-    unsettled: bool,
+    /// How the last call ([`user`](Self::user), [`request`](Self::request),
+    /// [`reply`](Self::reply)) left the Run: what the next call must read back from the log
+    /// first ([`Run::recover`]).
+    left: Left,
     /// The Run's record log, when its records are in a file (the executor appends to it
     /// through the record-store seam, [`Executor::store`]).
     log: Option<Arc<SharedRecordLog>>,
@@ -289,9 +287,9 @@ impl<H: ToolHost + 'static> Run<H> {
     /// catalogue, disclosure or assembly failing.
     pub async fn user(&mut self, text: impl Into<String>) -> Result<RenderedRequest, RunError> {
         self.recover().await?;
-        self.unsettled = true;
+        self.left = Left::Dropped;
         let request = self.start_turn(text.into()).await;
-        self.unsettled = !settled(&request);
+        self.left = Left::after(&request);
         request
     }
 
@@ -316,9 +314,9 @@ impl<H: ToolHost + 'static> Run<H> {
     /// As [`user`](Self::user), except out of turn.
     pub async fn request(&mut self) -> Result<RenderedRequest, RunError> {
         self.recover().await?;
-        self.unsettled = true;
+        self.left = Left::Dropped;
         let request = self.continue_turn().await;
-        self.unsettled = !settled(&request);
+        self.left = Left::after(&request);
         request
     }
 
@@ -344,9 +342,9 @@ impl<H: ToolHost + 'static> Run<H> {
     /// assembly failing.
     pub async fn reply(&mut self, reply: ModelReply) -> Result<Next, RunError> {
         self.recover().await?;
-        self.unsettled = true;
+        self.left = Left::Dropped;
         let next = self.step(reply).await;
-        self.unsettled = !settled(&next);
+        self.left = Left::after(&next);
         next
     }
 
@@ -649,19 +647,23 @@ impl<H: ToolHost + 'static> Run<H> {
         self.spent = Spent::default();
     }
 
-    /// After a call that was dropped before it ended, or failed: waits for the appends it
+    /// Before a call, after one that did not end well: waits for the appends the last call
     /// left on the blocking pool (the log then holds all it ever will of them), then reads
-    /// the history, the spent tokens and the projections back from the log whole, since
-    /// the call may have held them in a blocking task that never gave them back, or
-    /// appended what the history has not read. Nothing to do after a call that ended well.
-    /// Cancel-safe: dropped itself, it is done again by the next call.
+    /// what the history has not: after a failure, the records past it (an append may have
+    /// failed part-way; a blocking task's failure already emptied the history); after a
+    /// drop, the history, the spent tokens and the projections whole, since the call may
+    /// have held them in a blocking task that never gave them back. Nothing to do after a
+    /// call that ended well. Cancel-safe: dropped itself, the next call reads all back.
     async fn recover(&mut self) -> Result<(), RunError> {
-        if self.unsettled {
+        let left = std::mem::replace(&mut self.left, Left::Dropped);
+        if left != Left::Settled {
             self.executor.settled().await;
-            self.lost_history();
+            if left == Left::Dropped {
+                self.lost_history();
+            }
             self.sync_history().await?;
-            self.unsettled = false;
         }
+        self.left = Left::Settled;
         Ok(())
     }
 
@@ -1020,7 +1022,7 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         let mut run = Run {
             history,
             projections: ProjectionCache::new(),
-            unsettled: false,
+            left: Left::Settled,
             spent,
             log,
             executor,
@@ -1088,10 +1090,27 @@ fn assemble_request(
     })
 }
 
-/// Whether a call that answered `result` left the Run as its log says: it ended well, or was
-/// refused out of turn before it did anything.
-fn settled<T>(result: &Result<T, RunError>) -> bool {
-    matches!(result, Ok(_) | Err(RunError::OutOfTurn(_)))
+/// How a call left the Run ([`Run::recover`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Left {
+    /// As its log says: the call ended well, or was refused out of turn before it did
+    /// anything.
+    Settled,
+    /// It failed: the history may be behind the log.
+    Failed,
+    /// It is under way, or was dropped before it ended: the history, the projections and
+    /// the spent tokens may be lost.
+    Dropped,
+}
+
+impl Left {
+    /// How a call that answered `result` left the Run.
+    fn after<T>(result: &Result<T, RunError>) -> Self {
+        match result {
+            Ok(_) | Err(RunError::OutOfTurn(_)) => Self::Settled,
+            Err(_) => Self::Failed,
+        }
+    }
 }
 
 /// The calls of the last assistant message that no later record answers.

@@ -869,12 +869,15 @@ fn assert_the_run_is_its_log(run: &Run<Host>, context: &str) {
         run.history() == &psych_types::History::from_records(&logged, Some(&estimator)),
         "{context}: the history is not the log's"
     );
-    let mut usage = psych_types::Usage::default();
+    assert_eq!(
+        run.spent(),
+        psych_runtime::spent(&logged),
+        "{context}: spent is not the log's"
+    );
     let mut calls = Vec::new();
     let mut results = Vec::new();
     for logged in &logged {
         match &logged.record {
-            Record::Usage(u) => usage = usage.plus(u),
             Record::Assistant(AssistantMessage { tool_calls, .. }) => {
                 calls.extend(tool_calls.iter().map(|call| call.id.as_str().to_owned()));
             }
@@ -882,11 +885,6 @@ fn assert_the_run_is_its_log(run: &Run<Host>, context: &str) {
             _ => {}
         }
     }
-    assert_eq!(
-        run.spent().usage,
-        usage,
-        "{context}: spent is not the log's"
-    );
     calls.sort();
     results.sort();
     assert_eq!(calls, results, "{context}: not one result per call");

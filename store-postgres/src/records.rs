@@ -616,6 +616,14 @@ impl PgRecords {
         seq: i64,
         range: Range<u64>,
     ) -> Result<Vec<u8>, RecordError> {
+        // A span is checked when its row is read (`result_row`); a range that ends before it
+        // starts is damage all the same, never a panic, and costs no query.
+        let Some(wanted) = range.end.checked_sub(range.start) else {
+            return Err(corrupt(format!(
+                "record {}:{seq}: bytes {range:?} end before they start",
+                self.run
+            )));
+        };
         let first = chunk_index(range.start);
         let last = chunk_index(range.end.saturating_sub(1).max(range.start));
         let (Some(first), Some(last)) = (first, last) else {
@@ -629,14 +637,6 @@ impl PgRecords {
             &[&&*self.identity, &self.run.as_str(), &seq, &first, &last],
         )
         .await?;
-        // A span is checked when its row is read (`result_row`); a range that ends before it
-        // starts is damage all the same, never a panic.
-        let Some(wanted) = range.end.checked_sub(range.start) else {
-            return Err(corrupt(format!(
-                "record {}:{seq}: bytes {range:?} end before they start",
-                self.run
-            )));
-        };
         let mut out = Vec::with_capacity(usize::try_from(wanted).unwrap_or(0));
         for row in rows {
             let idx: i32 = row.get(0);

@@ -580,7 +580,7 @@ fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
     use psych_types::{RecordHandle, RecordSource, RecordStore, RunId};
 
     let (store, guard, _) = record_schema("damaged");
-    let schema = guard.0.clone();
+    let schema = &guard.0;
     let run = RunId::new("r").unwrap();
     let records = store.records("tenant", &run).unwrap();
     for (i, text) in ["first\n", "second\n", "third\n", "fourth\n"]
