@@ -43,7 +43,7 @@ use tokio::time::Instant;
 
 use crate::budget::SpillBudget;
 use crate::events::{ChangeCause, EventQueue, McpEvent};
-use crate::listing::{Listing, read_page};
+use crate::listing::{Listing, ListingBound, MAX_CURSOR_BYTES, MAX_LISTING_PAGES, read_page};
 use crate::remote;
 use crate::stdio::{self, Child};
 use crate::tap::{AnswerFailure, Kept, Tap};
@@ -113,6 +113,8 @@ impl ClientHandler for Handler {
 pub(crate) struct Session {
     server: ServerId,
     timeouts: Timeouts,
+    /// The most JSON a listing may hold ([`DEFAULT_MAX_LISTING_BYTES`](crate::DEFAULT_MAX_LISTING_BYTES)).
+    max_listing_bytes: u64,
     peer: Peer<RoleClient>,
     service: tokio::sync::Mutex<Option<RunningService<RoleClient, Handler>>>,
     child: Option<Child>,
@@ -143,7 +145,7 @@ impl Session {
     pub(crate) async fn connect(
         server: &ServerId,
         transport: &Transport,
-        timeouts: Timeouts,
+        (timeouts, max_listing_bytes): (Timeouts, u64),
         events: Arc<EventQueue>,
         (spill_dir, budget): (&Path, &SpillBudget),
     ) -> Result<(Arc<Self>, Listing), McpError> {
@@ -217,6 +219,7 @@ impl Session {
         let session = Arc::new(Self {
             server: server.clone(),
             timeouts,
+            max_listing_bytes,
             peer: service.peer().clone(),
             service: tokio::sync::Mutex::new(Some(service)),
             child,
@@ -295,13 +298,16 @@ impl Session {
     }
 
     /// Every tool of the server, page by page to the end, each page and the whole under
-    /// their deadlines; malformed tools are set aside by name.
+    /// their deadlines, the whole within the listing's bounds (its bytes, at most
+    /// [`MAX_LISTING_PAGES`] pages, cursors of at most [`MAX_CURSOR_BYTES`]); malformed
+    /// tools are set aside by name.
     pub(crate) async fn list(&self) -> Result<Listing, McpError> {
         let started = tokio::time::Instant::now();
         let mut listing = Listing::default();
         let mut names = HashSet::new();
         let mut cursors = HashSet::new();
         let mut cursor: Option<String> = None;
+        let mut bytes = 0u64;
         for page in 1usize.. {
             let call = format!("tools/list page {page}");
             let left = self.timeouts.listing.saturating_sub(started.elapsed());
@@ -357,8 +363,31 @@ impl Session {
                     message,
                 }
             })?;
+            bytes = bytes.saturating_add(read.bytes);
+            let over = |bound| McpError::ListingTooLarge {
+                server: self.server.clone(),
+                page,
+                bound,
+            };
+            if bytes > self.max_listing_bytes {
+                return Err(over(ListingBound::Bytes {
+                    bytes,
+                    limit: self.max_listing_bytes,
+                }));
+            }
             match read.next_cursor {
                 None => break,
+                Some(next) if next.len() > MAX_CURSOR_BYTES => {
+                    return Err(over(ListingBound::Cursor {
+                        bytes: next.len(),
+                        limit: MAX_CURSOR_BYTES,
+                    }));
+                }
+                Some(_) if page >= MAX_LISTING_PAGES => {
+                    return Err(over(ListingBound::Pages {
+                        limit: MAX_LISTING_PAGES,
+                    }));
+                }
                 Some(next) => {
                     if !cursors.insert(next.clone()) {
                         return Err(McpError::RepeatedCursor {
@@ -994,7 +1023,7 @@ mod tests {
         let (session, listing) = Session::connect(
             &server,
             &transport,
-            timeouts(),
+            (timeouts(), crate::DEFAULT_MAX_LISTING_BYTES),
             events,
             (&std::env::temp_dir(), &SpillBudget::default()),
         )
@@ -1021,7 +1050,7 @@ mod tests {
         let (session, _) = Session::connect(
             &server,
             &transport,
-            timeouts(),
+            (timeouts(), crate::DEFAULT_MAX_LISTING_BYTES),
             events,
             (&std::env::temp_dir(), &SpillBudget::default()),
         )

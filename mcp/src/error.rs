@@ -158,6 +158,17 @@ pub enum McpError {
         /// The repeated cursor.
         cursor: String,
     },
+    /// A `tools/list` went past a bound on one listing (its bytes, its pages, a cursor's
+    /// length): it is not followed further and the listing fails, as one that loops does.
+    #[error("MCP server \"{server}\": tools/list stopped at page {page}: {bound}")]
+    ListingTooLarge {
+        /// The server.
+        server: ServerId,
+        /// The page (1-based) that went past the bound.
+        page: usize,
+        /// Which bound, and by how much.
+        bound: crate::ListingBound,
+    },
     /// The server answered MCP 2026-07-28's `input_required` (it needs the client's input,
     /// an elicitation say, before the tool runs) to a call that cannot give it:
     /// [`ToolHost::call_tool`](psych_types::ToolHost::call_tool) and
@@ -219,6 +230,7 @@ impl McpError {
             | Self::MalformedAnswer { server, .. }
             | Self::SpillBudget { server, .. }
             | Self::RepeatedCursor { server, .. }
+            | Self::ListingTooLarge { server, .. }
             | Self::InputRequired { server, .. }
             | Self::MissingCapability { server, .. }
             | Self::Unreachable { server, .. } => Some(server),

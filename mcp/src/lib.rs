@@ -28,6 +28,11 @@
 //! a [`SpillBudget`] (10 GiB by default; [`McpManagerBuilder::spill_budget`]): an answer
 //! past it fails its call with [`McpError::SpillBudget`] and the connection goes on.
 //!
+//! What else a server controls is bounded too: a listing holds at most
+//! [`DEFAULT_MAX_LISTING_BYTES`] of JSON ([`McpManagerBuilder::max_listing_bytes`]) over
+//! at most [`MAX_LISTING_PAGES`] pages with cursors of at most [`MAX_CURSOR_BYTES`], else
+//! it fails with [`McpError::ListingTooLarge`].
+//!
 //! A server can also be added **lazily** ([`McpManager::add_lazy_server`]): nothing is
 //! started until a call or a listing needs it (one start for concurrent first calls), and
 //! it is stopped again, its whole process group, after an idle time without a request
@@ -107,7 +112,10 @@ pub use config::{
 };
 pub use error::McpError;
 pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};
-pub use listing::{Listing, MalformedTool};
+pub use listing::{
+    DEFAULT_MAX_LISTING_BYTES, Listing, ListingBound, MAX_CURSOR_BYTES, MAX_LISTING_PAGES,
+    MalformedTool,
+};
 pub use manager::{BuildError, ConnectError, McpManager, McpManagerBuilder};
 pub use remote::{MAX_JSON_BODY_BYTES, MAX_SSE_EVENT_BYTES};
 pub use spill::{MAX_SPILLED_ANSWER, MAX_SPILLED_TEXTS, SPILL_AT, SPILL_TEXT_AT};

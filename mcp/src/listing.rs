@@ -9,9 +9,100 @@
 //! disclosure holds its calls to.
 
 use std::collections::HashSet;
+use std::fmt;
 
 use psych_types::ToolDefinition;
 use serde_json::Value;
+
+/// The most JSON one server's listing may hold, all its pages together, by default: 64 MiB
+/// (the largest real catalogues are a few MB; one page may be as large as a whole line,
+/// `64 MiB`, too). Set per manager by
+/// [`McpManagerBuilder::max_listing_bytes`](crate::McpManagerBuilder::max_listing_bytes).
+/// Counted as the compact JSON of each page's tools and cursor, as it is read, so a
+/// listing past it ends at the page that passed it with
+/// [`McpError::ListingTooLarge`](crate::McpError::ListingTooLarge) instead of growing
+/// until its deadline.
+pub const DEFAULT_MAX_LISTING_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The most `tools/list` pages one listing follows: 10,000 (a 3,000-tool server at five
+/// tools a page takes 600). Past it the listing ends with
+/// [`ListingBound::Pages`].
+pub const MAX_LISTING_PAGES: usize = 10_000;
+
+/// The longest `nextCursor` followed, in bytes: 4 KiB. Cursors are opaque but short (an
+/// offset, a key, a token of some tens of bytes); a longer one ends the listing with
+/// [`ListingBound::Cursor`], so that no error message or request quotes a huge one.
+pub const MAX_CURSOR_BYTES: usize = 4096;
+
+/// Which bound a listing went past ([`McpError::ListingTooLarge`](crate::McpError::ListingTooLarge)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ListingBound {
+    /// Its pages held more JSON than the manager's listing limit.
+    Bytes {
+        /// The JSON read so far (at least this much: the page that passed the limit
+        /// is counted whole).
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// It went on past [`MAX_LISTING_PAGES`].
+    Pages {
+        /// The limit.
+        limit: usize,
+    },
+    /// A page's `nextCursor` was longer than [`MAX_CURSOR_BYTES`].
+    Cursor {
+        /// The cursor's length in bytes.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+impl fmt::Display for ListingBound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Bytes { bytes, limit } => write!(
+                f,
+                "the listing holds at least {bytes} bytes of JSON, over its limit of {limit}"
+            ),
+            Self::Pages { limit } => write!(f, "the listing goes on past {limit} pages"),
+            Self::Cursor { bytes, limit } => write!(
+                f,
+                "its nextCursor is {bytes} bytes long, over the limit of {limit}"
+            ),
+        }
+    }
+}
+
+/// The length of `value` as compact JSON, counting each string's bytes unescaped (so at
+/// most the length serde_json writes). Walks the value once, allocating nothing.
+pub(crate) fn json_len(value: &Value) -> u64 {
+    fn string(text: &str) -> u64 {
+        text.len() as u64 + 2
+    }
+    match value {
+        Value::Null => 4,
+        Value::Bool(true) => 4,
+        Value::Bool(false) => 5,
+        // A number's digits are not counted exactly: at least one.
+        Value::Number(_) => 1,
+        Value::String(text) => string(text),
+        Value::Array(items) => {
+            let commas = items.len().saturating_sub(1) as u64;
+            2 + commas + items.iter().map(json_len).sum::<u64>()
+        }
+        Value::Object(members) => {
+            let commas = members.len().saturating_sub(1) as u64;
+            2 + commas
+                + members
+                    .iter()
+                    .map(|(key, value)| string(key) + 1 + json_len(value))
+                    .sum::<u64>()
+        }
+    }
+}
 
 /// Every tool of one server, read to the last page.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -37,6 +128,9 @@ pub struct MalformedTool {
 #[derive(Debug)]
 pub(crate) struct Page {
     pub(crate) next_cursor: Option<String>,
+    /// The page's tools and cursor as compact JSON ([`json_len`]), what the listing's
+    /// byte limit counts.
+    pub(crate) bytes: u64,
 }
 
 /// Validates one raw `tools/list` result into `listing`; `seen` holds the names of the
@@ -53,9 +147,13 @@ pub(crate) fn read_page(
             psych_types::json_kind(&raw)
         ));
     };
+    let mut bytes = 0;
     let next_cursor = match result.remove("nextCursor") {
         None | Some(Value::Null) => None,
-        Some(Value::String(cursor)) => Some(cursor),
+        Some(Value::String(cursor)) => {
+            bytes += cursor.len() as u64 + 2;
+            Some(cursor)
+        }
         Some(other) => {
             return Err(format!(
                 "page {page}: nextCursor is {}, not a string",
@@ -74,6 +172,7 @@ pub(crate) fn read_page(
         None => return Err(format!("page {page} has no \"tools\" array")),
     };
     for (i, tool) in tools.into_iter().enumerate() {
+        bytes += json_len(&tool) + 1;
         let name = match tool.get("name") {
             Some(Value::String(name)) => name.clone(),
             _ => format!("#{}", i + 1),
@@ -108,7 +207,7 @@ pub(crate) fn read_page(
             Err(error) => listing.malformed.push(refuse(error.to_string())),
         }
     }
-    Ok(Page { next_cursor })
+    Ok(Page { next_cursor, bytes })
 }
 
 #[cfg(test)]
@@ -165,6 +264,28 @@ mod tests {
             refused[7],
             r#"listed_properties: inputSchema's "properties" is an array, not an object of schemas"#
         );
+    }
+
+    #[test]
+    fn a_page_counts_its_tools_and_cursor_as_compact_json() {
+        let tools = json!([
+            {"name": "a", "inputSchema": {"type": "object"}, "n": 7, "b": [true, null]},
+            {"name": "no_schema", "x": false},
+        ]);
+        let exact = serde_json::to_string(&tools).unwrap().len() as u64;
+        assert_eq!(json_len(&tools), exact);
+        let (_, page) = read(json!({"tools": tools.clone(), "nextCursor": "abc"}));
+        // Each tool with a comma after it, and the quoted cursor.
+        let each: u64 = tools
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| json_len(t) + 1)
+            .sum();
+        assert_eq!(page.unwrap().bytes, each + 5);
+        // Escapes are not counted: at most what serde_json writes.
+        let quoted = json!({"q\"": "line\nbreak"});
+        assert!(json_len(&quoted) < serde_json::to_string(&quoted).unwrap().len() as u64);
     }
 
     #[test]

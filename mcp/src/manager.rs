@@ -76,6 +76,7 @@ pub struct McpManagerBuilder {
     backoff: Backoff,
     spill_dir: PathBuf,
     spill_budget: SpillBudget,
+    max_listing_bytes: u64,
     lazy: BTreeMap<ServerId, Duration>,
 }
 
@@ -112,6 +113,17 @@ impl McpManagerBuilder {
     /// Pass a clone of one [`SpillBudget`] to several managers to share it between them.
     pub fn spill_budget(mut self, budget: SpillBudget) -> Self {
         self.spill_budget = budget;
+        self
+    }
+
+    /// Sets the most JSON one server's listing may hold, all its pages together (default:
+    /// [`DEFAULT_MAX_LISTING_BYTES`](crate::DEFAULT_MAX_LISTING_BYTES), 64 MiB). A listing
+    /// past it fails with [`McpError::ListingTooLarge`](crate::McpError::ListingTooLarge)
+    /// at the page that passed it, and the server is reported unreachable with that
+    /// reason, as for any listing that fails. What a listing holds in memory while it is
+    /// read is a small multiple of this.
+    pub fn max_listing_bytes(mut self, bytes: u64) -> Self {
+        self.max_listing_bytes = bytes;
         self
     }
 
@@ -163,6 +175,7 @@ impl McpManagerBuilder {
                 backoff: self.backoff,
                 spill_dir: Arc::from(self.spill_dir),
                 spill_budget: self.spill_budget,
+                max_listing_bytes: self.max_listing_bytes,
                 servers: RwLock::new(BTreeMap::new()),
                 events: Arc::new(EventQueue::default()),
                 shut_down: Mutex::new(false),
@@ -190,6 +203,7 @@ struct Inner {
     backoff: Backoff,
     spill_dir: Arc<Path>,
     spill_budget: SpillBudget,
+    max_listing_bytes: u64,
     servers: RwLock<BTreeMap<ServerId, Arc<Slot>>>,
     events: Arc<EventQueue>,
     shut_down: Mutex<bool>,
@@ -228,6 +242,7 @@ impl McpManager {
             timeouts: Timeouts::default(),
             spill_dir: std::env::temp_dir(),
             spill_budget: SpillBudget::default(),
+            max_listing_bytes: crate::DEFAULT_MAX_LISTING_BYTES,
             backoff: Backoff::default(),
             lazy: BTreeMap::new(),
         }
@@ -384,6 +399,7 @@ impl McpManager {
             backoff: self.inner.backoff,
             spill_dir: Arc::clone(&self.inner.spill_dir),
             spill_budget: self.inner.spill_budget.clone(),
+            max_listing_bytes: self.inner.max_listing_bytes,
         };
         let events = Arc::clone(&self.inner.events);
         let task = match lazy {
@@ -795,6 +811,7 @@ pub(crate) struct Connecting {
     backoff: Backoff,
     spill_dir: Arc<Path>,
     spill_budget: SpillBudget,
+    max_listing_bytes: u64,
 }
 
 impl Connecting {
@@ -808,7 +825,7 @@ impl Connecting {
         Session::connect(
             server,
             &config.transport,
-            self.timeouts,
+            (self.timeouts, self.max_listing_bytes),
             Arc::clone(events),
             (&self.spill_dir, &self.spill_budget),
         )

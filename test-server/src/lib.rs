@@ -97,6 +97,11 @@ pub struct Scenario {
     pub garbage_at_start: usize,
     /// Answer every `tools/list` page with the same `nextCursor`.
     pub repeat_cursor: bool,
+    /// Never end a listing: after the last page the tools are served again from the
+    /// first, each page under a new `nextCursor` (the tools repeated are duplicates).
+    pub endless_listing: bool,
+    /// Pad each `nextCursor` with `~` to this many bytes.
+    pub cursor_bytes: Option<usize>,
     /// Never answer `initialize`.
     pub hang_initialize: bool,
     /// Never answer `tools/list`.
@@ -153,7 +158,7 @@ pub enum Mode {
 pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--kind notes|files|wiki|forge|suite] [--page-size N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
-[--repeat-cursor] [--hang-initialize] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
+[--repeat-cursor] [--endless-listing] [--cursor-bytes N] [--hang-initialize] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
 [--no-control-tools] [--catalog FILE] [--json-response] [--stderr-flood BYTES] \
 [--setsid-grandchild PIDFILE] [--list-raw-tools] [--modern-only] [--hint-max-chars N] \
 [--scenario JSON]";
@@ -208,6 +213,8 @@ impl Scenario {
                 }
                 "--garbage-at-start" => scenario.garbage_at_start = number(value("a count")?)?,
                 "--repeat-cursor" => scenario.repeat_cursor = true,
+                "--endless-listing" => scenario.endless_listing = true,
+                "--cursor-bytes" => scenario.cursor_bytes = Some(number(value("a count")?)?),
                 "--hang-initialize" => scenario.hang_initialize = true,
                 "--hang-listing" => scenario.hang_listing = true,
                 "--announce-hang" => scenario.announce_hang = true,
@@ -392,18 +399,33 @@ impl State {
 
     fn page(&self, params: Option<&PaginatedRequestParams>) -> Value {
         let tools = self.tools.lock().unwrap_or_else(PoisonError::into_inner);
-        let start = params
+        // A cursor is the offset of the page's first tool, padded with `~`.
+        let offset = params
             .and_then(|p| p.cursor.as_deref())
+            .and_then(|c| c.split('~').next())
             .and_then(|c| c.parse::<usize>().ok())
-            .unwrap_or(0)
-            .min(tools.len());
+            .unwrap_or(0);
+        let endless = self.scenario.endless_listing && !tools.is_empty();
+        let start = if endless {
+            offset % tools.len()
+        } else {
+            offset.min(tools.len())
+        };
         let size = self.scenario.page_size.unwrap_or(usize::MAX);
         let end = start.saturating_add(size).min(tools.len());
         let mut page = json!({"tools": tools[start..end]});
-        if self.scenario.repeat_cursor {
-            page["nextCursor"] = json!("1");
-        } else if end < tools.len() {
-            page["nextCursor"] = json!(end.to_string());
+        let next = offset.saturating_add(end - start);
+        let cursor = if self.scenario.repeat_cursor {
+            Some("1".to_owned())
+        } else {
+            (end < tools.len() || endless).then(|| next.to_string())
+        };
+        if let Some(mut cursor) = cursor {
+            if let Some(bytes) = self.scenario.cursor_bytes {
+                let pad = bytes.saturating_sub(cursor.len());
+                cursor.extend(std::iter::repeat_n('~', pad));
+            }
+            page["nextCursor"] = json!(cursor);
         }
         page
     }

@@ -801,6 +801,83 @@ async fn a_listing_that_hangs_or_loops_on_its_cursor_fails_with_the_reason() {
     loops.shutdown().await;
 }
 
+/// A listing that never ends, or whose cursor is huge, fails at the page that passed its
+/// bound, naming it, rather than growing until the listing deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_past_its_bounds_fails_at_the_page_that_passed_them() {
+    // Pages are followed long enough to pass a bound, never up to the deadline.
+    let timeouts = fast().with_listing(Duration::from_secs(5), Duration::from_secs(120));
+    let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+    let small = McpManager::builder(config)
+        .timeouts(timeouts)
+        .max_listing_bytes(200_000)
+        .build()
+        .unwrap();
+    let reachability = small
+        .add_server(
+            id("endless"),
+            test_server("endless", &["--endless-listing"]),
+        )
+        .await
+        .unwrap();
+    let Reachability::Unreachable { reason } = reachability else {
+        panic!("an endless listing was taken: {reachability:?}");
+    };
+    // The page that passed the limit is counted whole: at most one page past it.
+    let bytes: u64 = reason
+        .strip_prefix("MCP server \"endless\": tools/list stopped at page ")
+        .and_then(|rest| rest.split_once(": the listing holds at least "))
+        .and_then(|(_, rest)| rest.strip_suffix(" bytes of JSON, over its limit of 200000"))
+        .and_then(|bytes| bytes.parse().ok())
+        .unwrap_or_else(|| panic!("{reason}"));
+    assert!((200_001..260_000).contains(&bytes), "{reason}");
+    small.shutdown().await;
+
+    let (long, reachability) = one(
+        "long",
+        test_server("long", &["--cursor-bytes", "5000", "--page-size", "3"]),
+        timeouts,
+    )
+    .await;
+    assert_eq!(
+        reachability,
+        Reachability::Unreachable {
+            reason: "MCP server \"long\": tools/list stopped at page 1: its nextCursor is \
+                     5000 bytes long, over the limit of 4096"
+                .into()
+        }
+    );
+    long.shutdown().await;
+    // A cursor at the limit is followed.
+    let (fits, reachability) = one(
+        "fits",
+        test_server("fits", &["--cursor-bytes", "4096", "--page-size", "3"]),
+        timeouts,
+    )
+    .await;
+    assert_eq!(reachability, Reachability::Reachable);
+    assert!(fits.list_tools(&id("fits")).await.unwrap().len() > 3);
+    fits.shutdown().await;
+
+    // Small pages forever: the page bound ends it (10,000 pages of one tool, each well
+    // within the byte limit).
+    let (pages, reachability) = one(
+        "pages",
+        test_server("pages", &["--endless-listing", "--page-size", "1"]),
+        timeouts,
+    )
+    .await;
+    assert_eq!(
+        reachability,
+        Reachability::Unreachable {
+            reason: "MCP server \"pages\": tools/list stopped at page 10000: the listing \
+                     goes on past 10000 pages"
+                .into()
+        }
+    );
+    pages.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_on_stdout_is_skipped_and_quoted_when_nothing_else_comes() {
     let (manager, reachability) = one(
