@@ -69,6 +69,7 @@ use tokio::task::JoinHandle;
 
 use crate::McpError;
 use crate::budget::Reservation;
+use crate::in_flight::{InFlight, MAX_PEER_REQUESTS};
 use crate::spill::{self, MAX_SPILLED_ANSWER, SPILL_AT};
 use crate::tap::{AnswerFailure, Tap};
 use lines::{Line, LineReader, Overflow, SpillTo, SpilledLine};
@@ -424,9 +425,16 @@ impl Drop for Child {
 }
 
 /// JSON-RPC over a child's stdin and stdout, one message per line.
+///
+/// The server's own requests (`ping`, sampling, roots) are counted while their answers are
+/// not written ([`InFlight`], [`MAX_PEER_REQUESTS`]): past the limit, a request is
+/// dropped unanswered, so a server that sends requests and never reads its stdin makes
+/// psych hold at most that many answers, not one per request.
 pub(crate) struct ChildTransport {
     reader: ChildReader<ChildStdout>,
     writer: Arc<tokio::sync::Mutex<Option<ChildStdin>>>,
+    /// The server's requests whose answers are not written yet.
+    requests: Arc<InFlight>,
 }
 
 impl ChildTransport {
@@ -440,6 +448,7 @@ impl ChildTransport {
         Self {
             reader: ChildReader::new(stdout, exit, tap, diagnostics),
             writer: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
+            requests: InFlight::new(MAX_PEER_REQUESTS),
         }
     }
 
@@ -804,12 +813,15 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         self.reader.parser.tap.want_request(&item);
+        // An answer's request is in flight until this is done or dropped.
+        let answering = self.requests.answering(&item);
         let line = serde_json::to_vec(&item).map(|mut line| {
             line.push(b'\n');
             line
         });
         let writer = Arc::clone(&self.writer);
         async move {
+            let _answering = answering;
             let line = line.map_err(std::io::Error::other)?;
             let mut writer = writer.lock().await;
             let Some(stdin) = writer.as_mut() else {
@@ -824,7 +836,25 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
-        self.reader.receive().await
+        loop {
+            let message = self.reader.receive().await?;
+            // No await from here on: a dropped `receive` loses nothing it took.
+            match &message {
+                JsonRpcMessage::Request(request) if !self.requests.enter(&request.id) => {
+                    continue;
+                }
+                JsonRpcMessage::Notification(notification) => {
+                    if let ServerNotification::CancelledNotification(cancelled) =
+                        &notification.notification
+                        && let Some(id) = &cancelled.params.request_id
+                    {
+                        self.requests.leave(id);
+                    }
+                }
+                _ => {}
+            }
+            return Some(message);
+        }
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
@@ -845,7 +875,10 @@ mod tests {
         reason = "a test fails loudly on bad data"
     )]
 
-    use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, RequestId};
+    use rmcp::model::{
+        CallToolRequest, CallToolRequestParams, ClientJsonRpcMessage, ClientRequest, RequestId,
+    };
+    use rmcp::transport::Transport as _;
     use tokio::io::AsyncWriteExt;
 
     use super::testing::{Rng, poll_once, poll_up_to};
@@ -1080,6 +1113,63 @@ mod tests {
         assert_eq!(answer.error.message.len(), text.len());
         drop(error);
         drop(writing.await.unwrap());
+    }
+
+    /// A server that sends requests and never reads its stdin: past
+    /// [`MAX_PEER_REQUESTS`] whose answers are not written, its requests are dropped, so
+    /// psych holds at most that many answers; an answer written lets the next one in.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_that_sends_requests_and_never_reads_is_answered_a_bounded_number() {
+        let script = r#"
+            i=0
+            while [ $i -lt 100 ]; do
+                i=$((i+1))
+                echo "{\"jsonrpc\":\"2.0\",\"id\":$i,\"method\":\"ping\"}"
+            done
+            echo '{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}'
+            echo '{"jsonrpc":"2.0","id":101,"method":"ping"}'
+            echo '{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}'
+            exec sleep 30
+        "#;
+        let args = vec!["-c".to_owned(), script.to_owned()];
+        let env = std::collections::BTreeMap::new();
+        let budget = crate::SpillBudget::default();
+        let dir = std::env::temp_dir();
+        let spec = Command {
+            command: "sh",
+            args: &args,
+            env: &env,
+            cwd: None,
+            spill_dir: &dir,
+            budget: &budget,
+        };
+        let server = ServerId::new("pinger").unwrap();
+        let (child, mut transport) = Child::spawn(&server, &spec).unwrap();
+        let mut ids = Vec::new();
+        let notification = loop {
+            match transport.receive().await.unwrap() {
+                JsonRpcMessage::Request(request) => ids.push(request.id),
+                other => break other,
+            }
+        };
+        assert!(matches!(notification, JsonRpcMessage::Notification(_)));
+        let expected: Vec<_> = (1..=MAX_PEER_REQUESTS as i64)
+            .map(RequestId::Number)
+            .collect();
+        assert_eq!(ids, expected, "the first ones pass, the rest are dropped");
+        assert_eq!(transport.requests.len(), MAX_PEER_REQUESTS);
+        // One answer written (the pipe takes it, unread) lets ping 101 in.
+        let answer = ClientJsonRpcMessage::response(
+            rmcp::model::ClientResult::empty(()),
+            RequestId::Number(1),
+        );
+        transport.send(answer).await.unwrap();
+        assert_eq!(transport.requests.len(), MAX_PEER_REQUESTS - 1);
+        match transport.receive().await.unwrap() {
+            JsonRpcMessage::Request(request) => assert_eq!(request.id, RequestId::Number(101)),
+            other => panic!("ping 101 passes: {other:?}"),
+        }
+        child.terminate(Duration::from_millis(100)).await;
     }
 
     #[tokio::test]
