@@ -29,6 +29,20 @@
 //! counted, and the next answer sent carries the count as `data.unanswered` (lines answered
 //! by nobody since the last answer).
 //!
+//! # Requests in flight
+//!
+//! A request passed to the session is in flight until its answer has been written out (or
+//! the client cancels it: rmcp then sends no answer). At most [`MAX_IN_FLIGHT`] are; a
+//! request past that is answered at once with an error (-32000, "too many requests in
+//! flight") and never reaches the session, while notifications and the client's answers
+//! still pass. Each answer waiting to be written holds its bytes (a `tools/list` of some
+//! tens of KB, a resource page of up to 16 MiB), so a client that writes requests and
+//! never reads its stdout holds at most [`MAX_IN_FLIGHT`] answers in the gateway, not one
+//! per request it wrote; and the error answers go out before the next line is read, so such
+//! a client is read no further until it reads. Refused rather than left unread, so that a
+//! client whose requests wait on a message it sends later (a cancellation, an answer to an
+//! elicitation) is still heard.
+//!
 //! # Cancel safety
 //!
 //! rmcp's service loop awaits [`Transport::receive`] inside a `select!` and drops it
@@ -53,8 +67,12 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use psych_mcp::InFlight;
 use rmcp::RoleServer;
-use rmcp::model::{ClientJsonRpcMessage, ErrorData, RequestId, ServerJsonRpcMessage};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientNotification, ErrorCode, ErrorData, JsonRpcMessage,
+    JsonRpcNotification, RequestId, ServerJsonRpcMessage,
+};
 use rmcp::transport::Transport;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -69,6 +87,14 @@ pub(crate) const MAX_LINE: usize = 4 * 1024 * 1024;
 /// The most bad lines answered in one second; past it, bad lines are dropped and counted
 /// (see the module docs, on error storms).
 pub(crate) const REPLIES_PER_SECOND: u32 = 16;
+
+/// The most requests of the client in flight at once (see the module docs): a client
+/// rarely has more than a few calls running, and past this one is refused, not queued.
+pub(crate) const MAX_IN_FLIGHT: usize = psych_mcp::MAX_PEER_REQUESTS;
+
+/// The error code of a request refused because [`MAX_IN_FLIGHT`] are in flight: JSON-RPC's
+/// range for a server's own errors.
+const BUSY: ErrorCode = ErrorCode(-32000);
 
 /// The read buffer: a pipe's default capacity, so one read takes what a writer can queue.
 const READ_BUFFER: usize = 64 * 1024;
@@ -99,6 +125,8 @@ pub(crate) struct StdioTransport<R, W> {
     draining: bool,
     cap: ReplyCap,
     out: Arc<Mutex<Out<W>>>,
+    /// The requests passed to the session whose answers are not written out yet.
+    in_flight: Arc<InFlight>,
 }
 
 impl<R, W> StdioTransport<R, W>
@@ -122,6 +150,7 @@ where
                 queue: Vec::new(),
                 written: 0,
             })),
+            in_flight: InFlight::new(MAX_IN_FLIGHT),
         }
     }
 
@@ -190,11 +219,42 @@ where
     /// `self.reply`).
     fn take_line(&mut self, line: &[u8], now: Instant) -> Option<ClientJsonRpcMessage> {
         match classify(line) {
-            Classified::Message(message) => return Some(*message),
+            Classified::Message(message) => return self.pass(*message),
             Classified::Skip => {}
             Classified::Answer((code, message), id) => self.answer(code, message, id, now),
         }
         None
+    }
+
+    /// Counts a request in flight, or refuses it past [`MAX_IN_FLIGHT`] (the answer in
+    /// `self.reply`, not capped: it is written before the next line is read); a
+    /// cancellation takes its request out of the count.
+    fn pass(&mut self, message: ClientJsonRpcMessage) -> Option<ClientJsonRpcMessage> {
+        match &message {
+            JsonRpcMessage::Request(request) if !self.in_flight.enter(&request.id) => {
+                let error = ErrorData::new(
+                    BUSY,
+                    format!(
+                        "too many requests in flight: {} are waiting for their answers; \
+                         send this again when one has come",
+                        self.in_flight.limit()
+                    ),
+                    Some(json!({ "inFlight": self.in_flight.limit() })),
+                );
+                self.reply = Some(ServerJsonRpcMessage::error(error, Some(request.id.clone())));
+                return None;
+            }
+            JsonRpcMessage::Notification(JsonRpcNotification {
+                notification: ClientNotification::CancelledNotification(cancelled),
+                ..
+            }) => {
+                if let Some(id) = &cancelled.params.request_id {
+                    self.in_flight.leave(id);
+                }
+            }
+            _ => {}
+        }
+        Some(message)
     }
 
     /// Decides on an error answer, if the cap allows one now.
@@ -223,9 +283,12 @@ where
         item: ServerJsonRpcMessage,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let out = Arc::clone(&self.out);
+        // An answer's request is in flight until this is done or dropped.
+        let answered = self.in_flight.answering(&item);
         // Serialized whole before it is queued, so a message is queued in one piece.
         let bytes = serialize(&item);
         async move {
+            let _answered = answered;
             let bytes = bytes?;
             let mut out = out.lock().await;
             if out.writer.is_none() {
@@ -878,5 +941,80 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         for i in finished {
             assert!(ids.contains(&i), "send {i} finished and was not written");
         }
+    }
+
+    /// Past [`MAX_IN_FLIGHT`] requests waiting for their answers, a request is refused at
+    /// once, with its id, and never reaches the session; a cancellation, or an answer
+    /// written, lets the next one in; notifications pass all along.
+    #[tokio::test]
+    async fn requests_past_the_limit_in_flight_are_refused_until_one_is_answered() {
+        let (mut transport, mut client, output) = transport();
+        let answers = tokio::spawn(answers(output));
+        let ping = |id: usize| format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"ping\"}}\n");
+        let mut input = String::new();
+        for id in 0..MAX_IN_FLIGHT + 2 {
+            input += &ping(id);
+        }
+        input += "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":1}}\n";
+        input += &ping(100);
+        client.write_all(input.as_bytes()).await.unwrap();
+        let id = |message: &ClientJsonRpcMessage| match message {
+            JsonRpcMessage::Request(request) => request.id.clone(),
+            other => panic!("not a request: {other:?}"),
+        };
+        for expected in 0..MAX_IN_FLIGHT {
+            let message = transport.receive().await.unwrap();
+            assert_eq!(id(&message), RequestId::Number(expected as i64));
+        }
+        assert_eq!(transport.in_flight.len(), MAX_IN_FLIGHT);
+        // The two past the limit are answered, and the cancellation passes and frees its
+        // request's place, which ping 100 takes.
+        let cancel = transport.receive().await.unwrap();
+        assert!(
+            matches!(cancel, JsonRpcMessage::Notification(_)),
+            "{cancel:?}"
+        );
+        assert_eq!(
+            id(&transport.receive().await.unwrap()),
+            RequestId::Number(100)
+        );
+        assert_eq!(transport.in_flight.len(), MAX_IN_FLIGHT);
+        // An answer written frees its place.
+        transport
+            .send(ServerJsonRpcMessage::response(
+                rmcp::model::ServerResult::empty(()),
+                RequestId::Number(0),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(transport.in_flight.len(), MAX_IN_FLIGHT - 1);
+        client
+            .write_all(format!("{}{}", ping(101), ping(102)).as_bytes())
+            .await
+            .unwrap();
+        drop(client);
+        assert_eq!(
+            id(&transport.receive().await.unwrap()),
+            RequestId::Number(101)
+        );
+        assert!(transport.receive().await.is_none());
+        transport.close().await.unwrap();
+        drop(transport);
+        let answers = answers.await.unwrap();
+        let refused: Vec<_> = answers
+            .iter()
+            .filter(|answer| answer["error"]["code"] == -32000)
+            .map(|answer| answer["id"].as_u64().unwrap())
+            .collect();
+        let limit = MAX_IN_FLIGHT as u64;
+        assert_eq!(refused, [limit, limit + 1, 102]);
+        assert_eq!(answers.len(), 4, "{answers:?}");
+        assert_eq!(
+            answers[0]["error"]["message"],
+            "too many requests in flight: 64 are waiting for their answers; send this \
+             again when one has come"
+        );
+        assert_eq!(answers[0]["error"]["data"]["inFlight"], 64);
+        assert_eq!(answers[2]["id"], 0, "{answers:?}");
     }
 }
