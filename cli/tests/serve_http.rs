@@ -43,6 +43,15 @@ async fn start(dir: &std::path::Path) -> (Gateway, String) {
 
 /// [`start`] with `flags` for the test server.
 async fn start_with(dir: &std::path::Path, flags: &[&str]) -> (Gateway, String) {
+    start_serving(dir, flags, &[]).await
+}
+
+/// [`start`] with `flags` for the test server and `serving` for `psych serve`.
+async fn start_serving(
+    dir: &std::path::Path,
+    flags: &[&str],
+    serving: &[&str],
+) -> (Gateway, String) {
     let config = dir.join("mcp.json");
     let mut args = vec!["serve-embedded", "--tools", "3"];
     args.extend_from_slice(flags);
@@ -61,7 +70,8 @@ async fn start_with(dir: &std::path::Path, flags: &[&str]) -> (Gateway, String) 
         .arg("--config")
         .arg(&config)
         .arg("--dir")
-        .arg(dir);
+        .arg(dir)
+        .args(serving);
     listening(command).await
 }
 
@@ -347,6 +357,16 @@ async fn a_client_of_2026_07_28_is_served_per_request_with_results_whole() {
 /// bare TCP stream, with the headers a client of 2026-07-28 sends (`version` and the tool
 /// `name`): the whole HTTP answer as text.
 async fn post(url: &str, body: &str, version: &str, name: &str) -> String {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        post_unbounded(url, body, version, name),
+    )
+    .await
+    .expect("the gateway answers")
+}
+
+/// [`post`] waiting as long as the answer takes.
+async fn post_unbounded(url: &str, body: &str, version: &str, name: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest.split_at(rest.find('/').unwrap());
@@ -360,9 +380,87 @@ async fn post(url: &str, body: &str, version: &str, name: &str) -> String {
     );
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut answer = String::new();
-    tokio::time::timeout(Duration::from_secs(30), stream.read_to_string(&mut answer))
-        .await
-        .expect("the gateway answers")
-        .unwrap();
+    stream.read_to_string(&mut answer).await.unwrap();
     answer
+}
+
+/// One per-request `tools/call` of `tool` (MCP 2026-07-28) with `arguments`.
+fn modern_call(tool: &str, arguments: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": tool,
+        "arguments": arguments,
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        },
+    }})
+    .to_string()
+}
+
+/// POSTs in flight are bounded across clients: with `MAX_REQUESTS` calls held upstream,
+/// one more POST is answered at once with 429 and a JSON-RPC error saying why, its body
+/// unread, and the held calls are not disturbed. (Each per-request call holds a session
+/// slot while it runs, so the session cap is raised past the bound.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_past_the_bound_in_flight_is_answered_429() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = (psych_gateway::MAX_REQUESTS + 10).to_string();
+    let (gateway, url) = start_serving(dir.path(), &[], &["--max-sessions", &sessions]).await;
+    let echo = modern_call("up__echo", json!({"text": "through"}));
+    // The upstream connects in the background: ready once a call reaches it.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !post(&url, &echo, "2026-07-28", "up__echo")
+            .await
+            .contains(r#""text":"through""#)
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the upstream is listed");
+    let mut held = tokio::task::JoinSet::new();
+    for _ in 0..psych_gateway::MAX_REQUESTS {
+        let url = url.clone();
+        // A call refused while a probe held a place is sent again: each ends held.
+        held.spawn(async move {
+            let hang = modern_call("up__hang", json!({}));
+            loop {
+                let answer = post_unbounded(&url, &hang, "2026-07-28", "up__hang").await;
+                assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+    }
+    // A probe is answered as usual until every held call has its place, then refused.
+    let refused = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let answer = post(&url, &echo, "2026-07-28", "up__echo").await;
+            if answer.starts_with("HTTP/1.1 429") {
+                return answer;
+            }
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the bound is reached");
+    assert!(
+        refused
+            .to_ascii_lowercase()
+            .contains("\r\nretry-after: 1\r\n"),
+        "{refused}"
+    );
+    let body: Value = serde_json::from_str(refused.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(
+        body,
+        json!({"jsonrpc": "2.0", "error": {"code": -32000, "message":
+            "too many requests in flight: the gateway handles 256 at once",
+            "data": {"inFlight": 256}}})
+    );
+    assert!(
+        held.try_join_next().is_none(),
+        "the held calls are still held"
+    );
+    drop(gateway);
+    held.abort_all();
 }

@@ -105,6 +105,11 @@
 //! - Over HTTP at most [`GatewaySettings::max_sessions`] ([`MAX_SESSIONS`] by default) sessions are open at
 //!   once; one more is refused with an error saying so. A session ends when its client
 //!   deletes it or after [`SESSION_IDLE`] without a message, and its slot is freed.
+//! - What a client holds in the gateway at once is bounded: a stdio client at most 64
+//!   requests in flight (one more is answered at once with an error, -32000); over HTTP at
+//!   most [`MAX_CONNECTIONS`] connections (more wait to be accepted), [`MAX_REQUESTS`]
+//!   POSTs in flight in all and [`MAX_REQUESTS_PER_SESSION`] in one session (one more is
+//!   answered `429 Too Many Requests`).
 //!
 //! Grants come from the file ([`McpConfig::grant`]): each server entry may carry Psych's
 //! `allowTools` key (a list of tool names); without it every tool of the server is
@@ -153,6 +158,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+mod admit;
 mod mrtr;
 mod pinning;
 mod progress;
@@ -162,6 +168,7 @@ mod stdio;
 mod tenant;
 mod tokens;
 
+pub use admit::{MAX_CONNECTIONS, MAX_REQUESTS, MAX_REQUESTS_PER_SESSION};
 pub use pinning::{learned_pins, serve_usage, store_usage};
 pub use resources::{RESULT_URI_PREFIX, result_uri};
 pub use tenant::{DEFAULT_RETAIN, DEFAULT_RETAIN_BYTES, Retention};
@@ -2650,6 +2657,7 @@ async fn serve_http(
     );
     let tokens = shared.tokens.clone();
     let owners = Arc::new(Owners::default());
+    let admission = admit::Admission::new();
     // Authorization first: a request without a known token never reaches rmcp; one with
     // carries its identity in its extensions, which rmcp hands the handler. A request in
     // a session (its stream, its deletion included) must be the session's identity's.
@@ -2658,6 +2666,7 @@ async fn serve_http(
         let tokens = tokens.clone();
         let answers = Arc::clone(&answers);
         let owners = Arc::clone(&owners);
+        let admission = Arc::clone(&admission);
         async move {
             let mut identity = None;
             if let Some(tokens) = &tokens {
@@ -2689,6 +2698,16 @@ async fn serve_http(
             // to patch.
             let per_request = request.method() == hyper::Method::POST;
             let deleting = request.method() == hyper::Method::DELETE;
+            // A POST's place is taken before its body is read, and held until its answer
+            // has been sent.
+            let admitted = if per_request {
+                match admission.admit(session.as_deref()) {
+                    Ok(admitted) => Some(admitted),
+                    Err(refused) => return Ok(admit::too_many(refused)),
+                }
+            } else {
+                None
+            };
             let response = rmcp.handle(request).await;
             if let Some(identity) = identity {
                 match (&session, response.headers().get("mcp-session-id")) {
@@ -2702,15 +2721,30 @@ async fn serve_http(
                     _ => {}
                 }
             }
-            if per_request {
-                return Ok(raw::raw_http(answers, response).await);
-            }
-            Ok(response)
+            let response = if per_request {
+                raw::raw_http(answers, response).await
+            } else {
+                response
+            };
+            Ok(match admitted {
+                Some(admitted) => admit::hold(response, admitted),
+                None => response,
+            })
         }
     });
     let mut state = shared.state.subscribe();
     let mut connections = JoinSet::new();
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let accepted = loop {
+        // A connection's place is taken before it is accepted: past the bound, the next
+        // waits in the listen backlog until one closes.
+        let place = tokio::select! {
+            place = Arc::clone(&open).acquire_owned() => place,
+            () = closing(&mut state) => break Ok(()),
+        };
+        let Ok(place) = place else {
+            break Ok(());
+        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = closing(&mut state) => break Ok(()),
@@ -2723,6 +2757,7 @@ async fn serve_http(
         let service = service.clone();
         let mut state = shared.state.subscribe();
         connections.spawn(async move {
+            let _place = place;
             let connection = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service);
             let mut connection = std::pin::pin!(connection);
