@@ -32,10 +32,12 @@
 //! # Requests in flight
 //!
 //! A request passed to the session is in flight until its answer has been written out (or
-//! the client cancels it: rmcp then sends no answer). At most [`MAX_IN_FLIGHT`] are; a
-//! request past that is answered at once with an error (-32000, "too many requests in
-//! flight") and never reaches the session, while notifications and the client's answers
-//! still pass. Each answer waiting to be written holds its bytes (a `tools/list` of some
+//! the client cancels it before it is answered: rmcp then sends no answer; an answer being
+//! written counts whatever the client says, see [`InFlight`]). At most [`MAX_IN_FLIGHT`]
+//! are; a request past that is answered at once with an error (-32000, "too many requests
+//! in flight"), and one whose id is that of a request waiting for its answer with an
+//! invalid request (-32600), and neither reaches the session, while notifications and the
+//! client's answers still pass. Each answer waiting to be written holds its bytes (a `tools/list` of some
 //! tens of KB, a resource page of up to 16 MiB), so a client that writes requests and
 //! never reads its stdout holds at most [`MAX_IN_FLIGHT`] answers in the gateway, not one
 //! per request it wrote; and the error answers go out before the next line is read, so such
@@ -67,7 +69,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use psych_mcp::InFlight;
+use psych_mcp::{InFlight, Refusal};
 use rmcp::RoleServer;
 use rmcp::model::{
     ClientJsonRpcMessage, ClientNotification, ErrorCode, ErrorData, JsonRpcMessage,
@@ -231,25 +233,34 @@ where
     /// cancellation takes its request out of the count.
     fn pass(&mut self, message: ClientJsonRpcMessage) -> Option<ClientJsonRpcMessage> {
         match &message {
-            JsonRpcMessage::Request(request) if !self.in_flight.enter(&request.id) => {
-                let error = ErrorData::new(
-                    BUSY,
-                    format!(
-                        "too many requests in flight: {} are waiting for their answers; \
-                         send this again when one has come",
-                        self.in_flight.limit()
-                    ),
-                    Some(json!({ "inFlight": self.in_flight.limit() })),
-                );
-                self.reply = Some(ServerJsonRpcMessage::error(error, Some(request.id.clone())));
-                return None;
-            }
+            JsonRpcMessage::Request(request) => match self.in_flight.enter(&request.id) {
+                Ok(()) => {}
+                Err(refusal) => {
+                    let error = match refusal {
+                        Refusal::SameId => ErrorData::invalid_request(
+                            "invalid request: a request with this id is waiting for its answer",
+                            None,
+                        ),
+                        _ => ErrorData::new(
+                            BUSY,
+                            format!(
+                                "too many requests in flight: {} are waiting for their \
+                                 answers; send this again when one has come",
+                                self.in_flight.limit()
+                            ),
+                            Some(json!({ "inFlight": self.in_flight.limit() })),
+                        ),
+                    };
+                    self.reply = Some(ServerJsonRpcMessage::error(error, Some(request.id.clone())));
+                    return None;
+                }
+            },
             JsonRpcMessage::Notification(JsonRpcNotification {
                 notification: ClientNotification::CancelledNotification(cancelled),
                 ..
             }) => {
                 if let Some(id) = &cancelled.params.request_id {
-                    self.in_flight.leave(id);
+                    self.in_flight.forget(id);
                 }
             }
             _ => {}
@@ -944,8 +955,9 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
     }
 
     /// Past [`MAX_IN_FLIGHT`] requests waiting for their answers, a request is refused at
-    /// once, with its id, and never reaches the session; a cancellation, or an answer
-    /// written, lets the next one in; notifications pass all along.
+    /// once, with its id, and never reaches the session (as is one reusing the id of a
+    /// request waiting for its answer); a cancellation, or an answer written, lets the next
+    /// one in; notifications pass all along.
     #[tokio::test]
     async fn requests_past_the_limit_in_flight_are_refused_until_one_is_answered() {
         let (mut transport, mut client, output) = transport();
@@ -989,7 +1001,7 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
             .unwrap();
         assert_eq!(transport.in_flight.len(), MAX_IN_FLIGHT - 1);
         client
-            .write_all(format!("{}{}", ping(101), ping(102)).as_bytes())
+            .write_all(format!("{}{}{}", ping(101), ping(102), ping(101)).as_bytes())
             .await
             .unwrap();
         drop(client);
@@ -1008,7 +1020,10 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
             .collect();
         let limit = MAX_IN_FLIGHT as u64;
         assert_eq!(refused, [limit, limit + 1, 102]);
-        assert_eq!(answers.len(), 4, "{answers:?}");
+        assert_eq!(answers.len(), 5, "{answers:?}");
+        // The same id as a request waiting for its answer is refused as invalid.
+        assert_eq!(answers[4]["id"], 101);
+        assert_eq!(answers[4]["error"]["code"], -32600);
         assert_eq!(
             answers[0]["error"]["message"],
             "too many requests in flight: 64 are waiting for their answers; send this \

@@ -12,17 +12,38 @@ use rmcp::model::{JsonRpcMessage, RequestId};
 /// answered as they come.
 pub const MAX_PEER_REQUESTS: usize = 64;
 
-/// The ids of a peer's requests whose answers are not written yet, at most a limit.
+/// A peer's requests in flight, at most a limit: those passed on and not yet answered
+/// (by id), and the answers being sent (by count).
 ///
 /// A transport [enters](InFlight::enter) each request it passes on, refusing it past the
-/// limit, and holds an [`Answering`] from the moment it is given the answer to send
-/// until the send ends, however it ends; a cancellation from the peer
-/// [leaves](InFlight::leave) at once (rmcp then sends no answer). A request whose id is
-/// in flight already (a peer reusing an id) is counted once: rmcp answers only one.
+/// limit or while a request of the same id is unanswered; it makes an [`Answering`] when
+/// it is given an answer to send (which moves the answer's request from unanswered to
+/// being sent) and keeps it until the send ends, however it ends. A cancellation from the
+/// peer [forgets](InFlight::forget) its request only while it is unanswered (rmcp then
+/// sends no answer); an answer being sent counts until its send ends, whatever the peer
+/// says, so no message of the peer's frees a place that an answer still holds.
 #[derive(Debug)]
 pub struct InFlight {
     limit: usize,
-    ids: Mutex<HashSet<RequestId>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Requests passed on whose answers have not been given to a send.
+    unanswered: HashSet<RequestId>,
+    /// Answers whose sends have not ended.
+    sending: usize,
+}
+
+/// Why [`InFlight::enter`] refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The limit is reached.
+    Full,
+    /// A request of the same id is unanswered.
+    SameId,
 }
 
 impl InFlight {
@@ -30,7 +51,7 @@ impl InFlight {
     pub fn new(limit: usize) -> Arc<Self> {
         Arc::new(Self {
             limit,
-            ids: Mutex::new(HashSet::new()),
+            state: Mutex::new(State::default()),
         })
     }
 
@@ -39,33 +60,38 @@ impl InFlight {
         self.limit
     }
 
-    /// Counts `id` in; `false` (and nothing counted) if `limit` are in already.
-    pub fn enter(&self, id: &RequestId) -> bool {
-        let mut ids = self.ids.lock().unwrap_or_else(PoisonError::into_inner);
-        if ids.contains(id) {
-            return true;
-        }
-        if ids.len() >= self.limit {
-            return false;
-        }
-        ids.insert(id.clone());
-        true
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts `id` out (nothing if it is not in).
-    pub fn leave(&self, id: &RequestId) {
-        self.ids
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(id);
+    /// Counts the request `id` in, or says why not (nothing is counted then).
+    ///
+    /// # Errors
+    ///
+    /// [`Refusal::SameId`] while a request of this id is unanswered; [`Refusal::Full`] when
+    /// `limit` requests are in flight.
+    pub fn enter(&self, id: &RequestId) -> Result<(), Refusal> {
+        let mut state = self.state();
+        if state.unanswered.contains(id) {
+            return Err(Refusal::SameId);
+        }
+        if state.unanswered.len() + state.sending >= self.limit {
+            return Err(Refusal::Full);
+        }
+        state.unanswered.insert(id.clone());
+        Ok(())
     }
 
-    /// How many are in flight.
+    /// Forgets the request `id` if it is unanswered (the peer cancelled it); an answer
+    /// already being sent stays counted.
+    pub fn forget(&self, id: &RequestId) {
+        self.state().unanswered.remove(id);
+    }
+
+    /// How many are in flight: unanswered, and being answered.
     pub fn len(&self) -> usize {
-        self.ids
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        let state = self.state();
+        state.unanswered.len() + state.sending
     }
 
     /// Whether none is.
@@ -73,35 +99,45 @@ impl InFlight {
         self.len() == 0
     }
 
-    /// A hold on the request `message` answers (if it is an answer with an id), which
-    /// counts it out when dropped: made when a send begins, moved into the send.
+    /// A hold on the send of `message` if it is an answer (a response, an error, with an
+    /// id or without), which counts it until dropped: made when a send begins, moved into
+    /// the send. Its request is no longer unanswered.
     pub fn answering<Req, Resp, Not>(
         self: &Arc<Self>,
         message: &JsonRpcMessage<Req, Resp, Not>,
     ) -> Answering {
         let id = match message {
-            JsonRpcMessage::Response(response) => Some(response.id.clone()),
-            JsonRpcMessage::Error(error) => error.id.clone(),
+            JsonRpcMessage::Response(response) => Some(Some(&response.id)),
+            JsonRpcMessage::Error(error) => Some(error.id.as_ref()),
             _ => None,
         };
+        let counted = id.is_some();
+        if let Some(id) = id {
+            let mut state = self.state();
+            if let Some(id) = id {
+                state.unanswered.remove(id);
+            }
+            state.sending += 1;
+        }
         Answering {
             in_flight: Arc::clone(self),
-            id,
+            counted,
         }
     }
 }
 
-/// Counts an answer's request out of its [`InFlight`] when dropped.
+/// Counts an answer being sent in its [`InFlight`] until dropped.
 #[derive(Debug)]
 pub struct Answering {
     in_flight: Arc<InFlight>,
-    id: Option<RequestId>,
+    counted: bool,
 }
 
 impl Drop for Answering {
     fn drop(&mut self) {
-        if let Some(id) = &self.id {
-            self.in_flight.leave(id);
+        if self.counted {
+            let mut state = self.in_flight.state();
+            state.sending = state.sending.saturating_sub(1);
         }
     }
 }
@@ -112,25 +148,61 @@ mod tests {
 
     use super::*;
 
+    fn response(id: i64) -> ServerJsonRpcMessage {
+        ServerJsonRpcMessage::response(ServerResult::empty(()), RequestId::Number(id))
+    }
+
     #[test]
-    fn requests_are_counted_to_the_limit_and_out_by_their_answers() {
+    fn requests_are_counted_to_the_limit_and_out_when_their_answers_are_sent() {
         let in_flight = InFlight::new(2);
         let one = RequestId::Number(1);
-        let two = RequestId::String("two".into());
-        assert!(in_flight.enter(&one));
-        assert!(in_flight.enter(&one), "a reused id is counted once");
-        assert!(in_flight.enter(&two));
-        assert!(!in_flight.enter(&RequestId::Number(3)));
-        assert_eq!(in_flight.len(), 2);
-        let answer = ServerJsonRpcMessage::response(ServerResult::empty(()), one.clone());
-        let answering = in_flight.answering(&answer);
+        assert_eq!(in_flight.enter(&one), Ok(()));
+        assert_eq!(in_flight.enter(&one), Err(Refusal::SameId));
+        assert_eq!(in_flight.enter(&RequestId::Number(2)), Ok(()));
+        assert_eq!(in_flight.enter(&RequestId::Number(3)), Err(Refusal::Full));
+        let answering = in_flight.answering(&response(1));
         assert_eq!(in_flight.len(), 2, "in flight until the send ends");
+        // Its id may be used again once answered; the answer still holds a place.
+        assert_eq!(in_flight.enter(&one), Err(Refusal::Full));
         drop(answering);
         assert_eq!(in_flight.len(), 1);
-        let error = ServerJsonRpcMessage::error(ErrorData::internal_error("x", None), Some(two));
+        let error = ServerJsonRpcMessage::error(
+            ErrorData::internal_error("x", None),
+            Some(RequestId::Number(2)),
+        );
         drop(in_flight.answering(&error));
         assert!(in_flight.is_empty());
-        in_flight.leave(&one);
-        assert!(in_flight.enter(&RequestId::Number(3)));
+    }
+
+    /// A cancellation, a reused id or an answer to nothing never frees a place an answer
+    /// being sent holds: a peer that never reads cannot get past the limit.
+    #[test]
+    fn no_message_of_the_peer_frees_a_place_a_stuck_answer_holds() {
+        let in_flight = InFlight::new(3);
+        let mut stuck = Vec::new();
+        for round in 0..10 {
+            let id = RequestId::Number(round);
+            if in_flight.enter(&id).is_err() {
+                continue;
+            }
+            // Answered (its send never ends), then cancelled, then its id used again.
+            stuck.push(in_flight.answering(&response(round)));
+            in_flight.forget(&id);
+            let _ = in_flight.enter(&id);
+            in_flight.forget(&id);
+        }
+        assert_eq!(stuck.len(), 3, "only three answers were ever held");
+        assert_eq!(in_flight.len(), 3);
+        // An unanswered request a cancellation forgets frees its place.
+        drop(stuck.pop());
+        assert_eq!(in_flight.enter(&RequestId::Number(99)), Ok(()));
+        in_flight.forget(&RequestId::Number(99));
+        assert_eq!(in_flight.len(), 2);
+        // An error without an id (a parse error's) is counted while sent too.
+        let anonymous = ServerJsonRpcMessage::error(ErrorData::parse_error("x", None), None);
+        let held = in_flight.answering(&anonymous);
+        assert_eq!(in_flight.len(), 3);
+        drop(held);
+        assert_eq!(in_flight.len(), 2);
     }
 }

@@ -31,9 +31,10 @@
 //! What else a server controls is bounded too: a listing holds at most
 //! [`DEFAULT_MAX_LISTING_BYTES`] of JSON ([`McpManagerBuilder::max_listing_bytes`]) over
 //! at most [`MAX_LISTING_PAGES`] pages with cursors of at most [`MAX_CURSOR_BYTES`], else
-//! it fails with [`McpError::ListingTooLarge`]; and a stdio server's own requests (`ping`,
-//! sampling, roots) are answered at most [`MAX_PEER_REQUESTS`] at a time ([`InFlight`]),
-//! the rest dropped, so one that never reads its stdin cannot pile up answers.
+//! it fails with [`McpError::ListingTooLarge`]; and at most [`MAX_PEER_REQUESTS`] of a
+//! stdio server's own requests (`ping`, sampling, roots) are in flight at once, unanswered
+//! or their answers being written ([`InFlight`]), the rest dropped, so one that never reads
+//! its stdin cannot pile up answers.
 //!
 //! A server can also be added **lazily** ([`McpManager::add_lazy_server`]): nothing is
 //! started until a call or a listing needs it (one start for concurrent first calls), and
@@ -115,7 +116,7 @@ pub use config::{
 };
 pub use error::McpError;
 pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};
-pub use in_flight::{Answering, InFlight, MAX_PEER_REQUESTS};
+pub use in_flight::{Answering, InFlight, MAX_PEER_REQUESTS, Refusal};
 pub use listing::{
     DEFAULT_MAX_LISTING_BYTES, Listing, ListingBound, MAX_CURSOR_BYTES, MAX_LISTING_PAGES,
     MalformedTool,

@@ -426,15 +426,20 @@ impl Drop for Child {
 
 /// JSON-RPC over a child's stdin and stdout, one message per line.
 ///
-/// The server's own requests (`ping`, sampling, roots) are counted while their answers are
-/// not written ([`InFlight`], [`MAX_PEER_REQUESTS`]): past the limit, a request is
-/// dropped unanswered, so a server that sends requests and never reads its stdin makes
-/// psych hold at most that many answers, not one per request.
+/// The server's own requests (`ping`, sampling, roots) are counted while they are
+/// unanswered or their answers are being written ([`InFlight`], [`MAX_PEER_REQUESTS`]):
+/// past the limit, or while one of the same id is unanswered, a request is dropped
+/// unanswered, so a server that sends requests and never reads its stdin makes psych hold
+/// at most that many answers, not one per request. Requests that come before the server's
+/// first answer (during `server/discover` or `initialize`, which rmcp ignores: they get no
+/// answer) are passed on uncounted, so that none of them holds a place for good.
 pub(crate) struct ChildTransport {
     reader: ChildReader<ChildStdout>,
     writer: Arc<tokio::sync::Mutex<Option<ChildStdin>>>,
-    /// The server's requests whose answers are not written yet.
+    /// The server's requests in flight.
     requests: Arc<InFlight>,
+    /// Whether the server has answered a request of psych's yet.
+    answered: bool,
 }
 
 impl ChildTransport {
@@ -449,6 +454,7 @@ impl ChildTransport {
             reader: ChildReader::new(stdout, exit, tap, diagnostics),
             writer: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
             requests: InFlight::new(MAX_PEER_REQUESTS),
+            answered: false,
         }
     }
 
@@ -840,18 +846,21 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
             let message = self.reader.receive().await?;
             // No await from here on: a dropped `receive` loses nothing it took.
             match &message {
-                JsonRpcMessage::Request(request) if !self.requests.enter(&request.id) => {
+                JsonRpcMessage::Request(request)
+                    if self.answered && self.requests.enter(&request.id).is_err() =>
+                {
                     continue;
                 }
+                JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_) => self.answered = true,
                 JsonRpcMessage::Notification(notification) => {
                     if let ServerNotification::CancelledNotification(cancelled) =
                         &notification.notification
                         && let Some(id) = &cancelled.params.request_id
                     {
-                        self.requests.leave(id);
+                        self.requests.forget(id);
                     }
                 }
-                _ => {}
+                JsonRpcMessage::Request(_) => {}
             }
             return Some(message);
         }
@@ -1116,18 +1125,20 @@ mod tests {
     }
 
     /// A server that sends requests and never reads its stdin: past
-    /// [`MAX_PEER_REQUESTS`] whose answers are not written, its requests are dropped, so
-    /// psych holds at most that many answers; an answer written lets the next one in.
+    /// [`MAX_PEER_REQUESTS`] in flight, its requests are dropped, so psych holds at most
+    /// that many answers; an answer written lets the next one in; a request reusing an
+    /// unanswered id is dropped; requests before the server's first answer (which rmcp
+    /// ignores) are not counted.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_server_that_sends_requests_and_never_reads_is_answered_a_bounded_number() {
         let script = r#"
+            ping() { echo "{\"jsonrpc\":\"2.0\",\"id\":$1,\"method\":\"ping\"}"; }
+            ping 1001; ping 1002; ping 1003
+            echo '{"jsonrpc":"2.0","id":0,"result":{}}'
             i=0
-            while [ $i -lt 100 ]; do
-                i=$((i+1))
-                echo "{\"jsonrpc\":\"2.0\",\"id\":$i,\"method\":\"ping\"}"
-            done
+            while [ $i -lt 100 ]; do i=$((i+1)); ping $i; done
             echo '{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}'
-            echo '{"jsonrpc":"2.0","id":101,"method":"ping"}'
+            ping 101; ping 101
             echo '{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}'
             exec sleep 30
         "#;
@@ -1145,6 +1156,20 @@ mod tests {
         };
         let server = ServerId::new("pinger").unwrap();
         let (child, mut transport) = Child::spawn(&server, &spec).unwrap();
+        let request_id = |message: JsonRpcMessage<_, _, _>| match message {
+            JsonRpcMessage::Request(request) => request.id,
+            other => panic!("not a request: {other:?}"),
+        };
+        for early in 1001..=1003 {
+            let id = request_id(transport.receive().await.unwrap());
+            assert_eq!(id, RequestId::Number(early));
+        }
+        assert!(
+            transport.requests.is_empty(),
+            "not counted before an answer"
+        );
+        let answer = transport.receive().await.unwrap();
+        assert!(matches!(answer, JsonRpcMessage::Response(_)), "{answer:?}");
         let mut ids = Vec::new();
         let notification = loop {
             match transport.receive().await.unwrap() {
@@ -1158,17 +1183,19 @@ mod tests {
             .collect();
         assert_eq!(ids, expected, "the first ones pass, the rest are dropped");
         assert_eq!(transport.requests.len(), MAX_PEER_REQUESTS);
-        // One answer written (the pipe takes it, unread) lets ping 101 in.
+        // One answer written (the pipe takes it, unread) lets ping 101 in; the same id
+        // again, unanswered, is dropped.
         let answer = ClientJsonRpcMessage::response(
             rmcp::model::ClientResult::empty(()),
             RequestId::Number(1),
         );
         transport.send(answer).await.unwrap();
         assert_eq!(transport.requests.len(), MAX_PEER_REQUESTS - 1);
-        match transport.receive().await.unwrap() {
-            JsonRpcMessage::Request(request) => assert_eq!(request.id, RequestId::Number(101)),
-            other => panic!("ping 101 passes: {other:?}"),
-        }
+        let id = request_id(transport.receive().await.unwrap());
+        assert_eq!(id, RequestId::Number(101));
+        let next = transport.receive().await.unwrap();
+        assert!(matches!(next, JsonRpcMessage::Notification(_)), "{next:?}");
+        assert_eq!(transport.requests.len(), MAX_PEER_REQUESTS);
         child.terminate(Duration::from_millis(100)).await;
     }
 
