@@ -56,10 +56,13 @@
 //!   far, whether the line is over the limit), as psych-mcp's reader of a server's stdout
 //!   does (issue 27): the only await of the read is `fill_buf`, which takes nothing when
 //!   dropped, and the copy into the line and `consume` follow it with no await between. A
-//!   dropped `receive` is resumed by the next call where it stopped.
+//!   dropped `receive` is resumed by the next call where it stopped. A line over
+//!   [`PARSE_ON_WORKER`] is parsed on a blocking thread, its handle kept in the transport
+//!   and awaited before anything else is read, so a dropped `receive` finds it again and
+//!   lines keep their order.
 //! - Written bytes go through one queue behind a lock. A message is serialized whole
-//!   first, then appended to the queue under the lock in one step, so two messages never
-//!   interleave; the queue is written out with `write` calls whose progress is recorded as
+//!   first (one over a MiB on a blocking thread), then appended to the queue under the
+//!   lock in one step, so two messages never interleave; the queue is written out with `write` calls whose progress is recorded as
 //!   each returns, so a writer dropped mid-way leaves the rest queued, and whoever writes
 //!   next (a `send`, or `receive` answering a bad line) writes it first. An answer
 //!   `receive` has decided on is kept in the transport until it is queued.
@@ -98,6 +101,11 @@ pub(crate) const MAX_IN_FLIGHT: usize = psych_mcp::MAX_PEER_REQUESTS;
 /// range for a server's own errors.
 const BUSY: ErrorCode = ErrorCode(-32000);
 
+/// A line longer than this is parsed on a blocking thread, not on the worker running
+/// rmcp's loop: 1 MiB, about a millisecond of parsing (a line up to [`MAX_LINE`] takes a
+/// few), as psych-mcp does for a server's lines.
+const PARSE_ON_WORKER: usize = 1024 * 1024;
+
 /// The read buffer: a pipe's default capacity, so one read takes what a writer can queue.
 const READ_BUFFER: usize = 64 * 1024;
 
@@ -121,6 +129,9 @@ pub(crate) struct StdioTransport<R, W> {
     too_long: bool,
     /// Whether the reader has ended.
     ended: bool,
+    /// The parse of a line over [`PARSE_ON_WORKER`], on a blocking thread: kept here so
+    /// that a `receive` dropped while it runs loses nothing.
+    parsing: Option<tokio::task::JoinHandle<Classified>>,
     /// An answer to a bad line, decided and not yet queued for writing.
     reply: Option<ServerJsonRpcMessage>,
     /// Whether an answer was queued and may not be written out yet (its write dropped).
@@ -144,6 +155,7 @@ where
             line: Vec::new(),
             too_long: false,
             ended: false,
+            parsing: None,
             reply: None,
             draining: false,
             cap: ReplyCap::new(REPLIES_PER_SECOND),
@@ -217,10 +229,10 @@ where
         Ok(())
     }
 
-    /// What to do with `line`: the message, or nothing (the answer, if any, in
-    /// `self.reply`).
-    fn take_line(&mut self, line: &[u8], now: Instant) -> Option<ClientJsonRpcMessage> {
-        match classify(line) {
+    /// What to do with a line classified as `classified`: the message, or nothing (the
+    /// answer, if any, in `self.reply`).
+    fn take(&mut self, classified: Classified, now: Instant) -> Option<ClientJsonRpcMessage> {
+        match classified {
             Classified::Message(message) => return self.pass(*message),
             Classified::Skip => {}
             Classified::Answer((code, message), id) => self.answer(code, message, id, now),
@@ -296,11 +308,15 @@ where
         let out = Arc::clone(&self.out);
         // An answer's request is in flight until this is done or dropped.
         let answered = self.in_flight.answering(&item);
-        // Serialized whole before it is queued, so a message is queued in one piece.
-        let bytes = serialize(&item);
+        // Serialized whole before it is queued, so a message is queued in one piece: here
+        // when short, a long one (a resource page of up to 16 MiB) on a blocking thread.
+        let bytes = psych_mcp::wire::line_on_worker(item);
         async move {
             let _answered = answered;
-            let bytes = bytes?;
+            let bytes = match bytes? {
+                Ok(bytes) => bytes,
+                Err(item) => psych_mcp::wire::line_off_worker(item).await?,
+            };
             let mut out = out.lock().await;
             if out.writer.is_none() {
                 return Err(closed());
@@ -314,6 +330,20 @@ where
         loop {
             // An answer to the last bad line goes out before the next line is read.
             self.write_reply().await.ok()?;
+            if let Some(parsing) = self.parsing.as_mut() {
+                let classified = parsing.await;
+                self.parsing = None;
+                // A parse that did not finish (a panic in serde_json, the runtime ending)
+                // is answered as a line that is not JSON.
+                let classified = classified.unwrap_or(Classified::Answer(
+                    (Code::Parse, "parse error: not JSON"),
+                    None,
+                ));
+                if let Some(message) = self.take(classified, Instant::now()) {
+                    return Some(message);
+                }
+                continue;
+            }
             if self.ended {
                 return None;
             }
@@ -325,8 +355,13 @@ where
                 }
             };
             match line {
+                Line::Whole(line) if line.len() > PARSE_ON_WORKER => {
+                    // Awaited at the top of the loop, before anything else is read, so
+                    // lines keep their order.
+                    self.parsing = Some(tokio::task::spawn_blocking(move || classify(&line)));
+                }
                 Line::Whole(line) => {
-                    if let Some(message) = self.take_line(&line, Instant::now()) {
+                    if let Some(message) = self.take(classify(&line), Instant::now()) {
                         return Some(message);
                     }
                 }
@@ -901,7 +936,7 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         }
     }
 
-    /// Sends of 1 B to 1 MiB at once, some dropped after a few polls (as rmcp aborts its
+    /// Sends of 1 B to 2 MiB at once, some dropped after a few polls (as rmcp aborts its
     /// send tasks when it ends), through a pipe far smaller than a message: every line
     /// written is one whole message, and every send that finished is among them.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -912,7 +947,8 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         let mut finished = Vec::new();
         let mut sending = tokio::task::JoinSet::new();
         for i in 0..200u64 {
-            let pad = "p".repeat(rng.size(1024 * 1024) as usize);
+            // Up to 2 MiB: past a MiB a message is serialized off the worker.
+            let pad = "p".repeat(rng.size(2 * 1024 * 1024) as usize);
             let message = ServerJsonRpcMessage::error(
                 ErrorData::internal_error(pad, None),
                 Some(RequestId::Number(i as i64)),

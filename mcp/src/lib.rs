@@ -108,6 +108,7 @@ mod sse;
 mod stdio;
 mod tap;
 mod timeouts;
+pub mod wire;
 
 pub use budget::{DEFAULT_SPILL_BUDGET, SpillBudget};
 pub use config::{

@@ -821,14 +821,16 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         self.reader.parser.tap.want_request(&item);
         // An answer's request is in flight until this is done or dropped.
         let answering = self.requests.answering(&item);
-        let line = serde_json::to_vec(&item).map(|mut line| {
-            line.push(b'\n');
-            line
-        });
+        // Serialized here when short; a long one (a call passing results of up to 16 MiB)
+        // on a blocking thread, before the writer is waited for.
+        let line = crate::wire::line_on_worker(item);
         let writer = Arc::clone(&self.writer);
         async move {
             let _answering = answering;
-            let line = line.map_err(std::io::Error::other)?;
+            let line = match line? {
+                Ok(line) => line,
+                Err(item) => crate::wire::line_off_worker(item).await?,
+            };
             let mut writer = writer.lock().await;
             let Some(stdin) = writer.as_mut() else {
                 return Err(std::io::Error::new(
