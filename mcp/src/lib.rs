@@ -28,8 +28,8 @@
 //! a [`SpillBudget`] (10 GiB by default; [`McpManagerBuilder::spill_budget`]): an answer
 //! past it fails its call with [`McpError::SpillBudget`] and the connection goes on.
 //!
-//! What else a server controls is bounded too: a listing holds at most
-//! [`DEFAULT_MAX_LISTING_BYTES`] of JSON ([`McpManagerBuilder::max_listing_bytes`]) over
+//! What else a server controls is bounded too: a listing holds about
+//! [`DEFAULT_MAX_LISTING_BYTES`] at most ([`McpManagerBuilder::max_listing_bytes`]) over
 //! at most [`MAX_LISTING_PAGES`] pages with cursors of at most [`MAX_CURSOR_BYTES`], else
 //! it fails with [`McpError::ListingTooLarge`]; and at most [`MAX_PEER_REQUESTS`] of a
 //! stdio server's own requests (`ping`, sampling, roots) are in flight at once, unanswered
@@ -119,8 +119,8 @@ pub use error::McpError;
 pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};
 pub use in_flight::{Answering, InFlight, MAX_PEER_REQUESTS, Refusal};
 pub use listing::{
-    DEFAULT_MAX_LISTING_BYTES, Listing, ListingBound, MAX_CURSOR_BYTES, MAX_LISTING_PAGES,
-    MalformedTool,
+    DEFAULT_MAX_LISTING_BYTES, Listing, ListingBound, MALFORMED_COST, MAX_CURSOR_BYTES,
+    MAX_LISTING_PAGES, MalformedTool, NODE_COST,
 };
 pub use manager::{BuildError, ConnectError, McpManager, McpManagerBuilder};
 pub use remote::{MAX_JSON_BODY_BYTES, MAX_SSE_EVENT_BYTES};

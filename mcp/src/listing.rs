@@ -14,15 +14,26 @@ use std::fmt;
 use psych_types::ToolDefinition;
 use serde_json::Value;
 
-/// The most JSON one server's listing may hold, all its pages together, by default: 64 MiB
+/// The most one server's listing may hold, all its pages together, by default: 64 MiB
 /// (the largest real catalogues are a few MB; one page may be as large as a whole line,
 /// `64 MiB`, too). Set per manager by
 /// [`McpManagerBuilder::max_listing_bytes`](crate::McpManagerBuilder::max_listing_bytes).
-/// Counted as the compact JSON of each page's tools and cursor, as it is read, so a
+/// Counted as each page is read, as what its tools cost in memory, roughly: their compact
+/// JSON, [`NODE_COST`] more for each object and array in them, and [`MALFORMED_COST`]
+/// more for each tool set aside (its name and reason counted too), and its cursor; a
 /// listing past it ends at the page that passed it with
 /// [`McpError::ListingTooLarge`](crate::McpError::ListingTooLarge) instead of growing
-/// until its deadline.
+/// until its deadline. What it holds in memory is then within a small multiple of this.
 pub const DEFAULT_MAX_LISTING_BYTES: u64 = 64 * 1024 * 1024;
+
+/// What an object or array of a listed tool costs beyond its JSON (a map or vector and
+/// its allocation), in a listing's count: 64 bytes.
+pub const NODE_COST: u64 = 64;
+
+/// What a tool set aside as malformed costs beyond its name and reason (its record in
+/// [`Listing::malformed`]), in a listing's count: 128 bytes. A page of `[0, 0, …]` is
+/// charged this per tool, not the two bytes it took to send.
+pub const MALFORMED_COST: u64 = 128;
 
 /// The most `tools/list` pages one listing follows: 10,000 (a 3,000-tool server at five
 /// tools a page takes 600). Past it the listing ends with
@@ -38,10 +49,10 @@ pub const MAX_CURSOR_BYTES: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ListingBound {
-    /// Its pages held more JSON than the manager's listing limit.
+    /// Its pages cost more than the manager's listing limit
+    /// ([`DEFAULT_MAX_LISTING_BYTES`] says how they are counted).
     Bytes {
-        /// The JSON read so far (at least this much: the page that passed the limit
-        /// is counted whole).
+        /// The cost counted so far (the page that passed the limit counted whole).
         bytes: u64,
         /// The limit.
         limit: u64,
@@ -65,7 +76,7 @@ impl fmt::Display for ListingBound {
         match self {
             Self::Bytes { bytes, limit } => write!(
                 f,
-                "the listing holds at least {bytes} bytes of JSON, over its limit of {limit}"
+                "the listing holds about {bytes} bytes, over its limit of {limit}"
             ),
             Self::Pages { limit } => write!(f, "the listing goes on past {limit} pages"),
             Self::Cursor { bytes, limit } => write!(
@@ -74,6 +85,19 @@ impl fmt::Display for ListingBound {
             ),
         }
     }
+}
+
+/// What `value` costs in a listing's count: [`json_len`], and [`NODE_COST`] for each
+/// object and array in it. Walks the value once, allocating nothing.
+pub(crate) fn cost(value: &Value) -> u64 {
+    fn nodes(value: &Value) -> u64 {
+        match value {
+            Value::Array(items) => 1 + items.iter().map(nodes).sum::<u64>(),
+            Value::Object(members) => 1 + members.values().map(nodes).sum::<u64>(),
+            _ => 0,
+        }
+    }
+    json_len(value) + NODE_COST * nodes(value)
 }
 
 /// The length of `value` as compact JSON, counting each string's bytes unescaped (so at
@@ -128,8 +152,8 @@ pub struct MalformedTool {
 #[derive(Debug)]
 pub(crate) struct Page {
     pub(crate) next_cursor: Option<String>,
-    /// The page's tools and cursor as compact JSON ([`json_len`]), what the listing's
-    /// byte limit counts.
+    /// What the page's tools and cursor cost ([`cost`], and [`MALFORMED_COST`] with the
+    /// name and reason of each tool set aside), what the listing's limit counts.
     pub(crate) bytes: u64,
 }
 
@@ -171,8 +195,9 @@ pub(crate) fn read_page(
         }
         None => return Err(format!("page {page} has no \"tools\" array")),
     };
+    let set_aside = listing.malformed.len();
     for (i, tool) in tools.into_iter().enumerate() {
-        bytes += json_len(&tool) + 1;
+        bytes += cost(&tool) + 1;
         let name = match tool.get("name") {
             Some(Value::String(name)) => name.clone(),
             _ => format!("#{}", i + 1),
@@ -206,6 +231,9 @@ pub(crate) fn read_page(
             }
             Err(error) => listing.malformed.push(refuse(error.to_string())),
         }
+    }
+    for malformed in &listing.malformed[set_aside..] {
+        bytes += MALFORMED_COST + malformed.name.len() as u64 + malformed.reason.len() as u64;
     }
     Ok(Page { next_cursor, bytes })
 }
@@ -267,22 +295,27 @@ mod tests {
     }
 
     #[test]
-    fn a_page_counts_its_tools_and_cursor_as_compact_json() {
+    fn a_page_counts_its_tools_and_cursor_as_what_they_cost() {
         let tools = json!([
             {"name": "a", "inputSchema": {"type": "object"}, "n": 7, "b": [true, null]},
             {"name": "no_schema", "x": false},
         ]);
         let exact = serde_json::to_string(&tools).unwrap().len() as u64;
         assert_eq!(json_len(&tools), exact);
-        let (_, page) = read(json!({"tools": tools.clone(), "nextCursor": "abc"}));
-        // Each tool with a comma after it, and the quoted cursor.
-        let each: u64 = tools
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| json_len(t) + 1)
-            .sum();
-        assert_eq!(page.unwrap().bytes, each + 5);
+        // Three objects and arrays in the first tool, one in the second.
+        assert_eq!(cost(&tools[0]), json_len(&tools[0]) + 3 * NODE_COST);
+        assert_eq!(cost(&tools[1]), json_len(&tools[1]) + NODE_COST);
+        let (listing, page) = read(json!({"tools": tools.clone(), "nextCursor": "abc"}));
+        // Each tool with a comma after it, the one set aside with its record, and the
+        // quoted cursor.
+        let each: u64 = tools.as_array().unwrap().iter().map(|t| cost(t) + 1).sum();
+        let refused = &listing.malformed[0];
+        let record = MALFORMED_COST + refused.name.len() as u64 + refused.reason.len() as u64;
+        assert_eq!(page.unwrap().bytes, each + record + 5);
+        // A page of tools that are not objects costs their records, not their bytes.
+        let (listing, page) = read(json!({"tools": vec![0; 1000]}));
+        assert_eq!(listing.malformed.len(), 1000);
+        assert!(page.unwrap().bytes > 1000 * MALFORMED_COST);
         // Escapes are not counted: at most what serde_json writes.
         let quoted = json!({"q\"": "line\nbreak"});
         assert!(json_len(&quoted) < serde_json::to_string(&quoted).unwrap().len() as u64);

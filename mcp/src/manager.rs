@@ -116,12 +116,12 @@ impl McpManagerBuilder {
         self
     }
 
-    /// Sets the most JSON one server's listing may hold, all its pages together (default:
-    /// [`DEFAULT_MAX_LISTING_BYTES`](crate::DEFAULT_MAX_LISTING_BYTES), 64 MiB). A listing
-    /// past it fails with [`McpError::ListingTooLarge`](crate::McpError::ListingTooLarge)
-    /// at the page that passed it, and the server is reported unreachable with that
-    /// reason, as for any listing that fails. What a listing holds in memory while it is
-    /// read is a small multiple of this.
+    /// Sets the most one server's listing may hold, all its pages together, counted as
+    /// [`DEFAULT_MAX_LISTING_BYTES`](crate::DEFAULT_MAX_LISTING_BYTES) says (default: that,
+    /// 64 MiB). A listing past it fails with
+    /// [`McpError::ListingTooLarge`](crate::McpError::ListingTooLarge) at the page that
+    /// passed it, and the server is reported unreachable with that reason, as for any
+    /// listing that fails.
     pub fn max_listing_bytes(mut self, bytes: u64) -> Self {
         self.max_listing_bytes = bytes;
         self
