@@ -3,16 +3,29 @@
 //! while it is made and sent).
 //!
 //! - At most [`MAX_CONNECTIONS`] connections are open; past it the gateway accepts no more
-//!   until one closes (the rest wait in the listen backlog, as on any busy server).
+//!   until one closes (the rest wait in the listen backlog, as on any busy server). A
+//!   connection that sends no request head for 30 s, idle between requests included, is
+//!   closed, so idle connections cannot hold every place.
 //! - At most [`MAX_REQUESTS`] POSTs are in flight across every client, and at most
-//!   [`MAX_REQUESTS_PER_SESSION`] within one session (by its `Mcp-Session-Id`); past either
-//!   a POST is answered at once with `429 Too Many Requests` and a JSON-RPC error saying
-//!   which, its body unread. A POST is in flight from its headers until its answer's body
-//!   is sent or dropped (an event stream of progress included).
+//!   [`MAX_REQUESTS_PER_SESSION`] within one session (by its `Mcp-Session-Id`) or, without
+//!   a session, for one identity when the gateway has tokens; past either a POST is
+//!   answered at once with `429 Too Many Requests` and a JSON-RPC error saying which. A POST
+//!   is in flight from its headers until its answer's body is sent or dropped (an event
+//!   stream of progress included). A refused POST's body is read up to [`PEEK`] bytes: if
+//!   it is a notification or an answer (a cancellation, an elicitation's answer) it passes
+//!   uncounted, so a client at its bound can still end what holds its places.
 //!
-//! Requests without a session (MCP 2026-07-28's, an `initialize`) share the global bound
-//! only. Event streams (GET) are bounded per identity by [`MAX_LISTENS`](crate::MAX_LISTENS)
-//! and sessions by [`GatewaySettings::max_sessions`](crate::GatewaySettings::max_sessions).
+//! Requests without a session (MCP 2026-07-28's, an `initialize`) from the loopback
+//! identity share the global bound only (each also holds a session slot while it runs, so
+//! [`GatewaySettings::max_sessions`](crate::GatewaySettings::max_sessions) bounds them
+//! first by default). Event streams (GET) are bounded per identity by
+//! [`MAX_LISTENS`](crate::MAX_LISTENS).
+//!
+//! A POST's place ends with its connection, but in a session its request goes on in the
+//! session's worker when its client goes away. So a session's transport ([`Bounded`])
+//! also counts its requests in flight, as the stdio transport does ([`InFlight`]): past
+//! [`MAX_REQUESTS_PER_SESSION`] unanswered or being answered, a request is answered at
+//! once with an error (-32000) and never reaches the handler.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -20,12 +33,29 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use hyper::body::{Body, Frame, SizeHint};
+use psych_mcp::{InFlight, Refusal};
+use rmcp::RoleServer;
+use rmcp::model::{
+    ClientNotification, ErrorCode, ErrorData, JsonRpcMessage, JsonRpcNotification,
+    ServerJsonRpcMessage,
+};
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
 
 use crate::raw::HttpBody;
 
-/// The most HTTP connections open at once. An idle connection holds a task and hyper's
-/// buffers (some KB); the requests on them are bounded apart.
-pub const MAX_CONNECTIONS: usize = 1024;
+/// The most HTTP connections open at once, under the usual soft limit of 1,024 file
+/// descriptors with room for the gateway's own. An idle connection holds a task and
+/// hyper's buffers (some KB); the requests on them are bounded apart.
+pub const MAX_CONNECTIONS: usize = 512;
+
+/// The most of a refused POST's body read to see whether it is a request: 64 KiB (a
+/// cancellation or an elicitation's answer is far smaller).
+pub const PEEK: usize = 64 * 1024;
+
+/// The longest session id or identity kept as a key; a longer header (no session's) is
+/// cut, so a key costs little whatever the client sends.
+const MAX_KEY: usize = 128;
 
 /// The most POSTs in flight at once across every HTTP client: what their bodies may hold
 /// while read is at most this many times rmcp's 4 MiB.
@@ -34,6 +64,123 @@ pub const MAX_REQUESTS: usize = 256;
 /// The most POSTs in flight at once within one session, so that one client cannot take
 /// every place of [`MAX_REQUESTS`]; as many as a stdio client may have in flight.
 pub const MAX_REQUESTS_PER_SESSION: usize = crate::stdio::MAX_IN_FLIGHT;
+
+/// A session's transport that counts its requests in flight (see the module docs).
+pub(crate) struct Bounded<T> {
+    inner: T,
+    in_flight: Arc<InFlight>,
+}
+
+impl<T> Bounded<T> {
+    /// `inner`, with at most [`MAX_REQUESTS_PER_SESSION`] requests in flight.
+    pub(crate) fn new(inner: T) -> Self {
+        Self {
+            inner,
+            in_flight: InFlight::new(MAX_REQUESTS_PER_SESSION),
+        }
+    }
+}
+
+impl<T: Transport<RoleServer>> Transport<RoleServer> for Bounded<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let answering = self.in_flight.answering(&item);
+        let send = self.inner.send(item);
+        async move {
+            let _answering = answering;
+            send.await
+        }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            let message = self.inner.receive().await?;
+            // No await from here on: a dropped `receive` loses nothing it took.
+            match &message {
+                JsonRpcMessage::Request(request) => {
+                    if let Err(refusal) = self.in_flight.enter(&request.id) {
+                        let error = match refusal {
+                            Refusal::SameId => ErrorData::invalid_request(
+                                "invalid request: a request with this id is waiting for its \
+                                 answer",
+                                None,
+                            ),
+                            _ => ErrorData::new(
+                                ErrorCode(-32000),
+                                format!(
+                                    "too many requests in flight: a session may have {} at \
+                                     once",
+                                    self.in_flight.limit()
+                                ),
+                                Some(serde_json::json!({ "inFlight": self.in_flight.limit() })),
+                            ),
+                        };
+                        // Answered to the request's own stream, by the session's worker.
+                        let answer = ServerJsonRpcMessage::error(error, Some(request.id.clone()));
+                        drop(tokio::spawn(self.inner.send(answer)));
+                        continue;
+                    }
+                }
+                JsonRpcMessage::Notification(JsonRpcNotification {
+                    notification: ClientNotification::CancelledNotification(cancelled),
+                    ..
+                }) => {
+                    if let Some(id) = &cancelled.params.request_id {
+                        self.in_flight.forget(id);
+                    }
+                }
+                _ => {}
+            }
+            return Some(message);
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
+
+/// What a POST is counted under: its session, else its identity when it is one a token
+/// named (not the shared loopback one), else nothing (the global bound only).
+pub(crate) fn key(session: Option<&str>, identity: Option<&str>) -> Option<String> {
+    let key = match (session, identity) {
+        (Some(session), _) => format!("s:{session}"),
+        (None, Some(identity)) => format!("i:{identity}"),
+        (None, None) => return None,
+    };
+    let mut end = key.len().min(MAX_KEY);
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(key[..end].to_owned())
+}
+
+/// `request` with its body read, if that body is at most [`PEEK`] bytes of one JSON-RPC
+/// message that is not a request (a notification, an answer); `None` otherwise.
+pub(crate) async fn not_a_request(
+    request: hyper::Request<hyper::body::Incoming>,
+) -> Option<hyper::Request<http_body_util::Full<hyper::body::Bytes>>> {
+    use http_body_util::BodyExt;
+    let (parts, body) = request.into_parts();
+    let bytes = http_body_util::Limited::new(body, PEEK)
+        .collect()
+        .await
+        .ok()?
+        .to_bytes();
+    let message: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let message = message.as_object()?;
+    if message.contains_key("method") && message.contains_key("id") {
+        return None;
+    }
+    Some(hyper::Request::from_parts(
+        parts,
+        http_body_util::Full::new(bytes),
+    ))
+}
 
 /// The counts of POSTs in flight, in all and per session.
 #[derive(Debug)]
@@ -55,7 +202,7 @@ struct Counts {
 pub(crate) enum Refused {
     /// [`MAX_REQUESTS`] across every client.
     Total(usize),
-    /// [`MAX_REQUESTS_PER_SESSION`] in the POST's session.
+    /// [`MAX_REQUESTS_PER_SESSION`] in the POST's session (or for its identity).
     Session(usize),
 }
 
@@ -137,7 +284,10 @@ pub(crate) fn too_many(refused: Refused) -> hyper::Response<HttpBody> {
             limit,
         ),
         Refused::Session(limit) => (
-            format!("too many requests in flight: a session may have {limit} at once"),
+            format!(
+                "too many requests in flight: a session (or an identity without one) may \
+                 have {limit} at once"
+            ),
             limit,
         ),
     };
@@ -230,6 +380,20 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_post_is_counted_under_its_session_else_a_named_identity() {
+        assert_eq!(key(Some("abc"), Some("alice")).as_deref(), Some("s:abc"));
+        assert_eq!(key(None, Some("alice")).as_deref(), Some("i:alice"));
+        assert_eq!(key(None, None), None);
+        let long = "é".repeat(1000);
+        let cut = key(Some(&long), None).unwrap();
+        assert!(
+            cut.len() <= MAX_KEY && cut.len() >= MAX_KEY - 1,
+            "{}",
+            cut.len()
+        );
+    }
+
     #[tokio::test]
     async fn a_place_is_held_until_the_answer_is_sent() {
         let admission = Admission::with_limits(1, 1);
@@ -242,7 +406,8 @@ mod tests {
         let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             body["error"]["message"],
-            "too many requests in flight: a session may have 1 at once"
+            "too many requests in flight: a session (or an identity without one) may have 1 \
+             at once"
         );
         assert!(admission.admit(None).is_ok(), "the place came back");
     }

@@ -168,7 +168,7 @@ mod stdio;
 mod tenant;
 mod tokens;
 
-pub use admit::{MAX_CONNECTIONS, MAX_REQUESTS, MAX_REQUESTS_PER_SESSION};
+pub use admit::{MAX_CONNECTIONS, MAX_REQUESTS, MAX_REQUESTS_PER_SESSION, PEEK};
 pub use pinning::{learned_pins, serve_usage, store_usage};
 pub use resources::{RESULT_URI_PREFIX, result_uri};
 pub use tenant::{DEFAULT_RETAIN, DEFAULT_RETAIN_BYTES, Retention};
@@ -190,6 +190,13 @@ pub const MAX_SESSIONS: usize = 64;
 /// holds a session slot while open): one more is refused, so one identity's idle streams
 /// cannot take every slot.
 pub const MAX_LISTENS: usize = 8;
+
+/// How long an HTTP connection may go without sending a whole request head (idle between
+/// requests included) before it is closed.
+const HEADER_WITHIN: Duration = Duration::from_secs(30);
+
+/// How long the HTTP listener pauses after a failed accept.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
 /// How often retention runs while the gateway serves (besides at start and rotation).
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);
@@ -2057,7 +2064,8 @@ pub enum ServeError {
     /// ([`GatewaySettings::tokens`]) to authorize its requests.
     #[error("{0} is not a loopback address")]
     NotLoopback(SocketAddr),
-    /// Accepting a connection, or reading the listener's address, failed.
+    /// Reading the listener's address failed. (A failed accept does not end the gateway:
+    /// the listener pauses and goes on.)
     #[error("the HTTP listener")]
     Listen(#[source] std::io::Error),
     /// The stdio session could not open (the gateway was already closing).
@@ -2699,11 +2707,20 @@ async fn serve_http(
             let per_request = request.method() == hyper::Method::POST;
             let deleting = request.method() == hyper::Method::DELETE;
             // A POST's place is taken before its body is read, and held until its answer
-            // has been sent.
+            // has been sent: a session's, else (with tokens) its identity's.
             let admitted = if per_request {
-                match admission.admit(session.as_deref()) {
+                let key = admit::key(session.as_deref(), identity.as_deref());
+                match admission.admit(key.as_deref()) {
                     Ok(admitted) => Some(admitted),
-                    Err(refused) => return Ok(admit::too_many(refused)),
+                    // A refused POST that is a notification or an answer (a cancellation,
+                    // an elicitation's answer) still passes, so that a client at its bound
+                    // can end what holds its places.
+                    Err(refused) => {
+                        return Ok(match admit::not_a_request(request).await {
+                            Some(request) => rmcp.handle(request).await,
+                            None => admit::too_many(refused),
+                        });
+                    }
                 }
             } else {
                 None
@@ -2751,14 +2768,27 @@ async fn serve_http(
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,
-            Err(error) => break Err(ServeError::Listen(error)),
+            // A failed accept is one connection's (aborted before it was taken) or the
+            // process's (out of file descriptors): the listener goes on, after a pause
+            // so that a lasting failure does not spin.
+            Err(_) => {
+                drop(place);
+                tokio::select! {
+                    () = tokio::time::sleep(ACCEPT_PAUSE) => continue,
+                    () = closing(&mut state) => break Ok(()),
+                }
+            }
         };
         while connections.try_join_next().is_some() {}
         let service = service.clone();
         let mut state = shared.state.subscribe();
         connections.spawn(async move {
             let _place = place;
+            // A connection that sends no request head within the deadline, idle between
+            // requests included, is closed, so idle connections do not keep their places.
             let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_WITHIN)
                 .serve_connection(TokioIo::new(stream), service);
             let mut connection = std::pin::pin!(connection);
             tokio::select! {

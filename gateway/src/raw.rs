@@ -216,10 +216,11 @@ type Local = LocalSessionManager;
 
 impl SessionManager for RawSessions {
     type Error = <Local as SessionManager>::Error;
-    type Transport = RawTransport<<Local as SessionManager>::Transport>;
+    type Transport = RawTransport<crate::admit::Bounded<<Local as SessionManager>::Transport>>;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let (id, inner) = self.inner.create_session().await?;
+        let inner = crate::admit::Bounded::new(inner);
         Ok((id, RawTransport::new(inner, Arc::clone(&self.raw))))
     }
 
