@@ -88,6 +88,12 @@ impl InFlight {
         self.state().unanswered.remove(id);
     }
 
+    /// Forgets every unanswered request (a transport whose peer's requests were ignored
+    /// rather than answered: rmcp during a handshake); answers being sent stay counted.
+    pub fn forget_unanswered(&self) {
+        self.state().unanswered.clear();
+    }
+
     /// How many are in flight: unanswered, and being answered.
     pub fn len(&self) -> usize {
         let state = self.state();

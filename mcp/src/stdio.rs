@@ -59,7 +59,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use psych_types::ServerId;
 use rmcp::RoleClient;
-use rmcp::model::{JsonRpcMessage, ServerNotification};
+use rmcp::model::{ClientRequest, JsonRpcMessage, RequestId, ServerNotification};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWriteExt};
@@ -430,16 +430,19 @@ impl Drop for Child {
 /// unanswered or their answers are being written ([`InFlight`], [`MAX_PEER_REQUESTS`]):
 /// past the limit, or while one of the same id is unanswered, a request is dropped
 /// unanswered, so a server that sends requests and never reads its stdin makes psych hold
-/// at most that many answers, not one per request. Requests that come before the server's
-/// first answer (during `server/discover` or `initialize`, which rmcp ignores: they get no
-/// answer) are passed on uncounted, so that none of them holds a place for good.
+/// at most that many answers, not one per request. rmcp ignores a server's requests while
+/// it waits for the answer to `server/discover` or `initialize` (they get no answer): when
+/// such an answer comes, the requests still unanswered are forgotten, so none of them
+/// holds a place for good. A server's cancellation of its own request frees nothing
+/// (rmcp's handlers of a server's requests answer at once, and with a server of
+/// 2026-07-28 rmcp ignores the cancellation and answers anyway).
 pub(crate) struct ChildTransport {
     reader: ChildReader<ChildStdout>,
     writer: Arc<tokio::sync::Mutex<Option<ChildStdin>>>,
     /// The server's requests in flight.
     requests: Arc<InFlight>,
-    /// Whether the server has answered a request of psych's yet.
-    answered: bool,
+    /// The ids of psych's `server/discover` and `initialize` requests not answered yet.
+    handshakes: Vec<RequestId>,
 }
 
 impl ChildTransport {
@@ -454,7 +457,7 @@ impl ChildTransport {
             reader: ChildReader::new(stdout, exit, tap, diagnostics),
             writer: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
             requests: InFlight::new(MAX_PEER_REQUESTS),
-            answered: false,
+            handshakes: Vec::new(),
         }
     }
 
@@ -819,6 +822,14 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         self.reader.parser.tap.want_request(&item);
+        if let JsonRpcMessage::Request(request) = &item
+            && matches!(
+                request.request,
+                ClientRequest::InitializeRequest(_) | ClientRequest::DiscoverRequest(_)
+            )
+        {
+            self.handshakes.push(request.id.clone());
+        }
         // An answer's request is in flight until this is done or dropped.
         let answering = self.requests.answering(&item);
         // Serialized here when short; a long one (a call passing results of up to 16 MiB)
@@ -847,22 +858,23 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         loop {
             let message = self.reader.receive().await?;
             // No await from here on: a dropped `receive` loses nothing it took.
-            match &message {
-                JsonRpcMessage::Request(request)
-                    if self.answered && self.requests.enter(&request.id).is_err() =>
-                {
-                    continue;
-                }
-                JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_) => self.answered = true,
-                JsonRpcMessage::Notification(notification) => {
-                    if let ServerNotification::CancelledNotification(cancelled) =
-                        &notification.notification
-                        && let Some(id) = &cancelled.params.request_id
-                    {
-                        self.requests.forget(id);
+            let answered = match &message {
+                JsonRpcMessage::Request(request) => {
+                    if self.requests.enter(&request.id).is_err() {
+                        continue;
                     }
+                    None
                 }
-                JsonRpcMessage::Request(_) => {}
+                JsonRpcMessage::Response(response) => Some(&response.id),
+                JsonRpcMessage::Error(error) => error.id.as_ref(),
+                JsonRpcMessage::Notification(_) => None,
+            };
+            if let Some(id) = answered
+                && let Some(at) = self.handshakes.iter().position(|h| h == id)
+            {
+                // rmcp ignored what the server asked while it waited for this.
+                self.handshakes.swap_remove(at);
+                self.requests.forget_unanswered();
             }
             return Some(message);
         }
@@ -1129,8 +1141,8 @@ mod tests {
     /// A server that sends requests and never reads its stdin: past
     /// [`MAX_PEER_REQUESTS`] in flight, its requests are dropped, so psych holds at most
     /// that many answers; an answer written lets the next one in; a request reusing an
-    /// unanswered id is dropped; requests before the server's first answer (which rmcp
-    /// ignores) are not counted.
+    /// unanswered id is dropped; requests that come while `initialize` waits for its
+    /// answer (which rmcp ignores) are forgotten when it comes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_server_that_sends_requests_and_never_reads_is_answered_a_bounded_number() {
         let script = r#"
@@ -1158,6 +1170,15 @@ mod tests {
         };
         let server = ServerId::new("pinger").unwrap();
         let (child, mut transport) = Child::spawn(&server, &spec).unwrap();
+        let initialize: ClientJsonRpcMessage = serde_json::from_value(serde_json::json!({
+            "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "0"},
+            },
+        }))
+        .unwrap();
+        transport.send(initialize).await.unwrap();
         let request_id = |message: JsonRpcMessage<_, _, _>| match message {
             JsonRpcMessage::Request(request) => request.id,
             other => panic!("not a request: {other:?}"),
@@ -1166,12 +1187,13 @@ mod tests {
             let id = request_id(transport.receive().await.unwrap());
             assert_eq!(id, RequestId::Number(early));
         }
-        assert!(
-            transport.requests.is_empty(),
-            "not counted before an answer"
-        );
+        assert_eq!(transport.requests.len(), 3);
         let answer = transport.receive().await.unwrap();
         assert!(matches!(answer, JsonRpcMessage::Response(_)), "{answer:?}");
+        assert!(
+            transport.requests.is_empty(),
+            "forgotten at the handshake's answer"
+        );
         let mut ids = Vec::new();
         let notification = loop {
             match transport.receive().await.unwrap() {
