@@ -356,7 +356,8 @@ impl Session {
                     other => serde_json::to_value(other).unwrap_or(Value::Null),
                 },
             };
-            let read = read_page(raw, page, &mut names, &mut listing).map_err(|message| {
+            let left = self.max_listing_bytes.saturating_sub(bytes);
+            let read = read_page(raw, page, &mut names, &mut listing, left).map_err(|message| {
                 McpError::Protocol {
                     server: self.server.clone(),
                     call: call.clone(),

@@ -119,7 +119,7 @@ pub use error::McpError;
 pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};
 pub use in_flight::{Answering, InFlight, MAX_PEER_REQUESTS, Refusal};
 pub use listing::{
-    DEFAULT_MAX_LISTING_BYTES, Listing, ListingBound, MALFORMED_COST, MAX_CURSOR_BYTES,
+    DEFAULT_MAX_LISTING_BYTES, ENTRY_COST, Listing, ListingBound, MALFORMED_COST, MAX_CURSOR_BYTES,
     MAX_LISTING_PAGES, MalformedTool, NODE_COST,
 };
 pub use manager::{BuildError, ConnectError, McpManager, McpManagerBuilder};

@@ -18,17 +18,23 @@ use serde_json::Value;
 /// (the largest real catalogues are a few MB; one page may be as large as a whole line,
 /// `64 MiB`, too). Set per manager by
 /// [`McpManagerBuilder::max_listing_bytes`](crate::McpManagerBuilder::max_listing_bytes).
-/// Counted as each page is read, as what its tools cost in memory, roughly: their compact
-/// JSON, [`NODE_COST`] more for each object and array in them, and [`MALFORMED_COST`]
-/// more for each tool set aside (its name and reason counted too), and its cursor; a
-/// listing past it ends at the page that passed it with
+/// Counted tool by tool as each page is read, as what its tools cost in memory, roughly:
+/// their compact JSON, [`NODE_COST`] more for each object and array in them and
+/// [`ENTRY_COST`] for each element or member, and [`MALFORMED_COST`] more for each tool
+/// set aside (its name and reason counted too), and its cursor; a listing past it ends at
+/// the tool that passed it with
 /// [`McpError::ListingTooLarge`](crate::McpError::ListingTooLarge) instead of growing
-/// until its deadline. What it holds in memory is then within a small multiple of this.
+/// until its deadline. What the listing holds is then within a small multiple of this
+/// (the page being read, parsed whole by the transport, is bounded by the line's limit).
 pub const DEFAULT_MAX_LISTING_BYTES: u64 = 64 * 1024 * 1024;
 
 /// What an object or array of a listed tool costs beyond its JSON (a map or vector and
 /// its allocation), in a listing's count: 64 bytes.
 pub const NODE_COST: u64 = 64;
+
+/// What an element of an array or a member of an object of a listed tool costs beyond its
+/// JSON (its slot, a map entry), in a listing's count: 32 bytes.
+pub const ENTRY_COST: u64 = 32;
 
 /// What a tool set aside as malformed costs beyond its name and reason (its record in
 /// [`Listing::malformed`]), in a listing's count: 128 bytes. A page of `[0, 0, …]` is
@@ -52,7 +58,7 @@ pub enum ListingBound {
     /// Its pages cost more than the manager's listing limit
     /// ([`DEFAULT_MAX_LISTING_BYTES`] says how they are counted).
     Bytes {
-        /// The cost counted so far (the page that passed the limit counted whole).
+        /// The cost counted so far, to the tool that passed the limit.
         bytes: u64,
         /// The limit.
         limit: u64,
@@ -87,17 +93,26 @@ impl fmt::Display for ListingBound {
     }
 }
 
-/// What `value` costs in a listing's count: [`json_len`], and [`NODE_COST`] for each
-/// object and array in it. Walks the value once, allocating nothing.
+/// What `value` costs in a listing's count: [`json_len`], [`NODE_COST`] for each object
+/// and array in it and [`ENTRY_COST`] for each of their elements and members. Walks the
+/// value once, allocating nothing.
 pub(crate) fn cost(value: &Value) -> u64 {
-    fn nodes(value: &Value) -> u64 {
+    fn overhead(value: &Value) -> u64 {
         match value {
-            Value::Array(items) => 1 + items.iter().map(nodes).sum::<u64>(),
-            Value::Object(members) => 1 + members.values().map(nodes).sum::<u64>(),
+            Value::Array(items) => {
+                NODE_COST
+                    + ENTRY_COST * items.len() as u64
+                    + items.iter().map(overhead).sum::<u64>()
+            }
+            Value::Object(members) => {
+                NODE_COST
+                    + ENTRY_COST * members.len() as u64
+                    + members.values().map(overhead).sum::<u64>()
+            }
             _ => 0,
         }
     }
-    json_len(value) + NODE_COST * nodes(value)
+    json_len(value) + overhead(value)
 }
 
 /// The length of `value` as compact JSON, counting each string's bytes unescaped (so at
@@ -158,12 +173,14 @@ pub(crate) struct Page {
 }
 
 /// Validates one raw `tools/list` result into `listing`; `seen` holds the names of the
-/// listing so far, to refuse duplicates. `Err` is for a page that is not a listing at all.
+/// listing so far, to refuse duplicates. Stops at the tool whose cost passes `left` (the
+/// page's cost then says so). `Err` is for a page that is not a listing at all.
 pub(crate) fn read_page(
     raw: Value,
     page: usize,
     seen: &mut HashSet<String>,
     listing: &mut Listing,
+    left: u64,
 ) -> Result<Page, String> {
     let Value::Object(mut result) = raw else {
         return Err(format!(
@@ -195,9 +212,16 @@ pub(crate) fn read_page(
         }
         None => return Err(format!("page {page} has no \"tools\" array")),
     };
-    let set_aside = listing.malformed.len();
+    // The records of tools set aside, counted as they are made.
+    let record = |m: &MalformedTool| MALFORMED_COST + m.name.len() as u64 + m.reason.len() as u64;
+    let mut counted = listing.malformed.len();
     for (i, tool) in tools.into_iter().enumerate() {
+        bytes += listing.malformed[counted..].iter().map(record).sum::<u64>();
+        counted = listing.malformed.len();
         bytes += cost(&tool) + 1;
+        if bytes > left {
+            break;
+        }
         let name = match tool.get("name") {
             Some(Value::String(name)) => name.clone(),
             _ => format!("#{}", i + 1),
@@ -232,9 +256,7 @@ pub(crate) fn read_page(
             Err(error) => listing.malformed.push(refuse(error.to_string())),
         }
     }
-    for malformed in &listing.malformed[set_aside..] {
-        bytes += MALFORMED_COST + malformed.name.len() as u64 + malformed.reason.len() as u64;
-    }
+    bytes += listing.malformed[counted..].iter().map(record).sum::<u64>();
     Ok(Page { next_cursor, bytes })
 }
 
@@ -245,7 +267,7 @@ mod tests {
 
     fn read(raw: Value) -> (Listing, Result<Page, String>) {
         let mut listing = Listing::default();
-        let page = read_page(raw, 1, &mut HashSet::new(), &mut listing);
+        let page = read_page(raw, 1, &mut HashSet::new(), &mut listing, u64::MAX);
         (listing, page)
     }
 
@@ -302,9 +324,16 @@ mod tests {
         ]);
         let exact = serde_json::to_string(&tools).unwrap().len() as u64;
         assert_eq!(json_len(&tools), exact);
-        // Three objects and arrays in the first tool, one in the second.
-        assert_eq!(cost(&tools[0]), json_len(&tools[0]) + 3 * NODE_COST);
-        assert_eq!(cost(&tools[1]), json_len(&tools[1]) + NODE_COST);
+        // Three objects and arrays in the first tool, with seven members and elements;
+        // one object in the second, with two members.
+        assert_eq!(
+            cost(&tools[0]),
+            json_len(&tools[0]) + 3 * NODE_COST + 7 * ENTRY_COST
+        );
+        assert_eq!(
+            cost(&tools[1]),
+            json_len(&tools[1]) + NODE_COST + 2 * ENTRY_COST
+        );
         let (listing, page) = read(json!({"tools": tools.clone(), "nextCursor": "abc"}));
         // Each tool with a comma after it, the one set aside with its record, and the
         // quoted cursor.
@@ -316,6 +345,19 @@ mod tests {
         let (listing, page) = read(json!({"tools": vec![0; 1000]}));
         assert_eq!(listing.malformed.len(), 1000);
         assert!(page.unwrap().bytes > 1000 * MALFORMED_COST);
+        // With little left, the page stops at the tool that passes it: no more records.
+        let mut stopped = Listing::default();
+        let left = 10 * (MALFORMED_COST + 20);
+        let page = read_page(
+            json!({"tools": vec![0; 1000]}),
+            1,
+            &mut HashSet::new(),
+            &mut stopped,
+            left,
+        )
+        .unwrap();
+        assert!(page.bytes > left);
+        assert!(stopped.malformed.len() < 20, "{}", stopped.malformed.len());
         // Escapes are not counted: at most what serde_json writes.
         let quoted = json!({"q\"": "line\nbreak"});
         assert!(json_len(&quoted) < serde_json::to_string(&quoted).unwrap().len() as u64);

@@ -823,7 +823,7 @@ async fn a_listing_past_its_bounds_fails_at_the_page_that_passed_them() {
     let Reachability::Unreachable { reason } = reachability else {
         panic!("an endless listing was taken: {reachability:?}");
     };
-    // The page that passed the limit is counted whole: at most one page past it.
+    // Counted to the tool that passed the limit: at most one page past it.
     let bytes: u64 = reason
         .strip_prefix("MCP server \"endless\": tools/list stopped at page ")
         .and_then(|rest| rest.split_once(": the listing holds about "))
