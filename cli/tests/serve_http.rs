@@ -415,8 +415,8 @@ fn modern_call(tool: &str, arguments: Value) -> String {
 }
 
 /// POSTs in flight are bounded across clients: with `MAX_REQUESTS` calls held upstream,
-/// one more POST is answered at once with 429 and a JSON-RPC error saying why, its body
-/// unread, and the held calls are not disturbed. (Each per-request call holds a session
+/// one more POST is answered at once with 429 and a JSON-RPC error saying why, and the
+/// held calls are not disturbed; a notification still passes the bound. (Each per-request call holds a session
 /// slot while it runs, so the session cap is raised past the bound.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_post_past_the_bound_in_flight_is_answered_429() {
@@ -476,7 +476,8 @@ async fn a_post_past_the_bound_in_flight_is_answered_429() {
             "too many requests in flight: the gateway handles 256 at once",
             "data": {"inFlight": 256}}})
     );
-    // At the bound, a notification still passes: a client can cancel what holds it.
+    // At the bound, a notification still passes (202: taken; per request, as here, rmcp
+    // ignores it, but in a session a cancellation would end what holds the places).
     let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {
         "requestId": 1,
         "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"},
@@ -490,4 +491,120 @@ async fn a_post_past_the_bound_in_flight_is_answered_429() {
     );
     drop(gateway);
     held.abort_all();
+}
+
+/// A POST of `body` in the legacy session `session` (2025-06-18; none if empty), its answer
+/// read until it holds `until` (or ends): the connection, still open, and what was read.
+async fn in_session(
+    url: &str,
+    session: &str,
+    body: &Value,
+    until: &str,
+) -> (tokio::net::TcpStream, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let body = body.to_string();
+    // No session header on the request that opens one.
+    let session = if session.is_empty() {
+        String::new()
+    } else {
+        format!("Mcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\n")
+    };
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Type: application/json\r\n{session}Content-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut read = Vec::new();
+    let mut chunk = vec![0; 64 * 1024];
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !String::from_utf8_lossy(&read).contains(until) {
+            let n = stream.read(&mut chunk).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            read.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await
+    .expect("the gateway answers");
+    (stream, String::from_utf8_lossy(&read).into_owned())
+}
+
+/// In a session, a request goes on in the session's worker when its client goes away, so
+/// the POST's place is not what bounds it: the session's transport counts its requests
+/// in flight, and with 64 calls held upstream whose clients left, the next call in the
+/// session is answered at once with -32000 rather than started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_bounds_the_calls_its_clients_left_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_gateway, url) = start_with(dir.path(), &["--announce-hang"]).await;
+    // The session, opened by hand to keep its id.
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    }});
+    let (_, opened) = in_session(&url, "", &initialize, "serverInfo").await;
+    let session = opened
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("a session id in {opened}"));
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (_, accepted) = in_session(&url, &session, &initialized, "\r\n\r\n").await;
+    assert!(accepted.starts_with("HTTP/1.1 202"), "{accepted}");
+    let echo = |id: u64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "up__echo", "arguments": {"text": "through"}}})
+    };
+    // The upstream connects in the background.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        for id in 1000.. {
+            let (_, answer) = in_session(&url, &session, &echo(id), "\"through\"").await;
+            if answer.contains("\"text\":\"through\"") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the upstream is listed");
+    // Each call says it reached the upstream (progress "hanging"), then its client leaves.
+    for id in 0..psych_gateway::MAX_REQUESTS_PER_SESSION as u64 {
+        let hang = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "up__hang", "arguments": {}, "_meta": {"progressToken": format!("p{id}")},
+        }});
+        let (stream, answer) = in_session(&url, &session, &hang, "hanging").await;
+        assert!(answer.contains("hanging"), "call {id}: {answer}");
+        drop(stream);
+    }
+    // Once the gateway has seen the clients go (their POSTs' places are given back; a 429
+    // until then), the next call is refused by the session.
+    let refused = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut id = 2000;
+        loop {
+            let (_, answer) = in_session(&url, &session, &echo(id), "}}").await;
+            if !answer.starts_with("HTTP/1.1 429") {
+                return answer;
+            }
+            id += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the clients' places are given back");
+    assert!(
+        refused.contains(
+            r#""error":{"code":-32000,"message":"too many requests in flight: a session may have 64 at once","data":{"inFlight":64}}"#
+        ),
+        "{refused}"
+    );
 }

@@ -7,13 +7,17 @@
 //!   connection that sends no request head for 30 s, idle between requests included, is
 //!   closed, so idle connections cannot hold every place.
 //! - At most [`MAX_REQUESTS`] POSTs are in flight across every client, and at most
-//!   [`MAX_REQUESTS_PER_SESSION`] within one session (by its `Mcp-Session-Id`) or, without
-//!   a session, for one identity when the gateway has tokens; past either a POST is
-//!   answered at once with `429 Too Many Requests` and a JSON-RPC error saying which. A POST
-//!   is in flight from its headers until its answer's body is sent or dropped (an event
-//!   stream of progress included). A refused POST's body is read up to [`PEEK`] bytes: if
-//!   it is a notification or an answer (a cancellation, an elicitation's answer) it passes
-//!   uncounted, so a client at its bound can still end what holds its places.
+//!   [`MAX_REQUESTS_PER_SESSION`] within one session (by its `Mcp-Session-Id`) and for one
+//!   identity when the gateway has tokens (all its sessions together); past either a POST
+//!   is answered at once with `429 Too Many Requests` and a JSON-RPC error saying which. A
+//!   POST is in flight from its headers until its answer's body is sent or dropped (an
+//!   event stream of progress included). Every POST's body must arrive within
+//!   [`BODY_WITHIN`] of its head, or it fails.
+//! - A refused POST's body is read up to [`PEEK`] bytes (at most 32 at once, each read and
+//!   handled within 5 s): if it is a notification or an answer it passes uncounted, so a
+//!   client in a session at its bound can still cancel what holds its places or answer an
+//!   elicitation. (Without a session, MCP 2026-07-28 has no notification that cancels: a
+//!   client cancels by closing the request's connection, which frees its place.)
 //!
 //! Requests without a session (MCP 2026-07-28's, an `initialize`) from the loopback
 //! identity share the global bound only (each also holds a session slot while it runs, so
@@ -31,6 +35,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use hyper::body::{Body, Frame, SizeHint};
 use psych_mcp::{InFlight, Refusal};
@@ -144,26 +149,108 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Bounded<T> {
     }
 }
 
-/// What a POST is counted under: its session, else its identity when it is one a token
-/// named (not the shared loopback one), else nothing (the global bound only).
-pub(crate) fn key(session: Option<&str>, identity: Option<&str>) -> Option<String> {
-    let key = match (session, identity) {
-        (Some(session), _) => format!("s:{session}"),
-        (None, Some(identity)) => format!("i:{identity}"),
-        (None, None) => return None,
+/// What a POST is counted under, each to [`MAX_REQUESTS_PER_SESSION`]: its session if it
+/// names one, and its identity when a token named it (not the shared loopback one), so
+/// an identity's sessions together have no more than one session may.
+pub(crate) fn keys(session: Option<&str>, identity: Option<&str>) -> Vec<String> {
+    let cut = |key: String| {
+        let mut end = key.len().min(MAX_KEY);
+        while !key.is_char_boundary(end) {
+            end -= 1;
+        }
+        key[..end].to_owned()
     };
-    let mut end = key.len().min(MAX_KEY);
-    while !key.is_char_boundary(end) {
-        end -= 1;
+    let mut keys = Vec::new();
+    if let Some(session) = session {
+        keys.push(cut(format!("s:{session}")));
     }
-    Some(key[..end].to_owned())
+    if let Some(identity) = identity {
+        keys.push(cut(format!("i:{identity}")));
+    }
+    keys
+}
+
+/// How long a POST's body may take to arrive, from its head: 30 s (a 4 MiB body at
+/// 140 KB/s). A body still coming then fails, so a client sending it a byte at a time
+/// cannot hold its connection and place for good.
+pub const BODY_WITHIN: Duration = Duration::from_secs(30);
+
+/// How long a refused POST that is not a request may take to be read and handled (see
+/// [`not_a_request`]) before it is answered 503: 5 s.
+pub(crate) const PASS_WITHIN: Duration = Duration::from_secs(5);
+
+/// The most refused POSTs whose bodies are read at once to see whether they are requests;
+/// one more is refused without reading.
+pub(crate) const MAX_PEEKS: usize = 32;
+
+/// A body that fails if it has not ended within its deadline.
+pub(crate) struct Deadline<B> {
+    body: B,
+    within: Duration,
+    until: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B> Deadline<B> {
+    /// `body`, to end within `within` from now.
+    pub(crate) fn new(body: B, within: Duration) -> Self {
+        Self {
+            body,
+            within,
+            until: Box::pin(tokio::time::sleep(within)),
+        }
+    }
+}
+
+/// Why a POST body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    /// It did not arrive within its deadline.
+    #[error("the request body did not arrive within {0:?}")]
+    TooSlow(Duration),
+    /// Reading it failed.
+    #[error("reading the request body")]
+    Read(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl<B> Body for Deadline<B>
+where
+    B: Body<Data = hyper::body::Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = hyper::body::Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+            return Poll::Ready(frame.map(|frame| frame.map_err(|e| BodyError::Read(e.into()))));
+        }
+        match self.until.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(BodyError::TooSlow(self.within)))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// `request` with its body read, if that body is at most [`PEEK`] bytes of one JSON-RPC
 /// message that is not a request (a notification, an answer); `None` otherwise.
-pub(crate) async fn not_a_request(
-    request: hyper::Request<hyper::body::Incoming>,
-) -> Option<hyper::Request<http_body_util::Full<hyper::body::Bytes>>> {
+pub(crate) async fn not_a_request<B>(
+    request: hyper::Request<B>,
+) -> Option<hyper::Request<http_body_util::Full<hyper::body::Bytes>>>
+where
+    B: Body<Data = hyper::body::Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     use http_body_util::BodyExt;
     let (parts, body) = request.into_parts();
     let bytes = http_body_util::Limited::new(body, PEEK)
@@ -221,22 +308,23 @@ impl Admission {
     }
 
     /// Counts one POST in (of `session`, if it names one), or says which bound it is past.
-    pub(crate) fn admit(self: &Arc<Self>, session: Option<&str>) -> Result<Admitted, Refused> {
+    pub(crate) fn admit(self: &Arc<Self>, keys: Vec<String>) -> Result<Admitted, Refused> {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         if counts.total >= self.total_limit {
             return Err(Refused::Total(self.total_limit));
         }
-        if let Some(session) = session {
-            let count = counts.sessions.get(session).copied().unwrap_or(0);
-            if count >= self.session_limit {
+        for key in &keys {
+            if counts.sessions.get(key).copied().unwrap_or(0) >= self.session_limit {
                 return Err(Refused::Session(self.session_limit));
             }
-            counts.sessions.insert(session.to_owned(), count + 1);
+        }
+        for key in &keys {
+            *counts.sessions.entry(key.clone()).or_insert(0) += 1;
         }
         counts.total += 1;
         Ok(Admitted {
             admission: Arc::clone(self),
-            session: session.map(str::to_owned),
+            keys,
         })
     }
 
@@ -253,7 +341,7 @@ impl Admission {
 #[derive(Debug)]
 pub(crate) struct Admitted {
     admission: Arc<Admission>,
-    session: Option<String>,
+    keys: Vec<String>,
 }
 
 impl Drop for Admitted {
@@ -264,12 +352,12 @@ impl Drop for Admitted {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         counts.total = counts.total.saturating_sub(1);
-        if let Some(session) = &self.session
-            && let Some(count) = counts.sessions.get_mut(session)
-        {
-            *count -= 1;
-            if *count == 0 {
-                counts.sessions.remove(session);
+        for key in &self.keys {
+            if let Some(count) = counts.sessions.get_mut(key) {
+                *count -= 1;
+                if *count == 0 {
+                    counts.sessions.remove(key);
+                }
             }
         }
     }
@@ -363,16 +451,27 @@ mod tests {
     #[test]
     fn posts_past_either_bound_are_refused_and_places_come_back() {
         let admission = Admission::with_limits(5, 2);
-        let a1 = admission.admit(Some("a")).unwrap();
-        let a2 = admission.admit(Some("a")).unwrap();
-        assert_eq!(admission.admit(Some("a")).unwrap_err(), Refused::Session(2));
-        let b = admission.admit(Some("b")).unwrap();
-        let none: Vec<_> = (0..2).map(|_| admission.admit(None).unwrap()).collect();
-        assert_eq!(admission.admit(None).unwrap_err(), Refused::Total(5));
-        assert_eq!(admission.admit(Some("c")).unwrap_err(), Refused::Total(5));
+        let one = |key: &str| vec![key.to_owned()];
+        let a1 = admission.admit(one("a")).unwrap();
+        let a2 = admission.admit(one("a")).unwrap();
+        assert_eq!(admission.admit(one("a")).unwrap_err(), Refused::Session(2));
+        let b = admission.admit(one("b")).unwrap();
+        let none: Vec<_> = (0..2)
+            .map(|_| admission.admit(Vec::new()).unwrap())
+            .collect();
+        assert_eq!(admission.admit(Vec::new()).unwrap_err(), Refused::Total(5));
+        assert_eq!(admission.admit(one("c")).unwrap_err(), Refused::Total(5));
         drop(a1);
-        let a3 = admission.admit(Some("a")).unwrap();
+        let a3 = admission.admit(one("a")).unwrap();
         drop((a2, a3, b, none));
+        assert_eq!(admission.total(), 0);
+        // Under two keys, each is bounded: a second session of one identity shares its
+        // identity's count.
+        let both = |session: &str| vec![format!("s:{session}"), "i:alice".to_owned()];
+        let first = admission.admit(both("1")).unwrap();
+        let second = admission.admit(both("2")).unwrap();
+        assert_eq!(admission.admit(both("3")).unwrap_err(), Refused::Session(2));
+        drop((first, second));
         assert_eq!(admission.total(), 0);
         assert!(
             admission.counts.lock().unwrap().sessions.is_empty(),
@@ -381,12 +480,12 @@ mod tests {
     }
 
     #[test]
-    fn a_post_is_counted_under_its_session_else_a_named_identity() {
-        assert_eq!(key(Some("abc"), Some("alice")).as_deref(), Some("s:abc"));
-        assert_eq!(key(None, Some("alice")).as_deref(), Some("i:alice"));
-        assert_eq!(key(None, None), None);
+    fn a_post_is_counted_under_its_session_and_a_named_identity() {
+        assert_eq!(keys(Some("abc"), Some("alice")), ["s:abc", "i:alice"]);
+        assert_eq!(keys(None, Some("alice")), ["i:alice"]);
+        assert!(keys(None, None).is_empty());
         let long = "é".repeat(1000);
-        let cut = key(Some(&long), None).unwrap();
+        let cut = &keys(Some(&long), None)[0];
         assert!(
             cut.len() <= MAX_KEY && cut.len() >= MAX_KEY - 1,
             "{}",
@@ -394,14 +493,28 @@ mod tests {
         );
     }
 
+    /// A body that stops coming fails at its deadline rather than waiting for good.
+    #[tokio::test]
+    async fn a_body_that_stops_coming_fails_at_its_deadline() {
+        use futures_util::StreamExt;
+        let first = Ok::<_, std::io::Error>(Frame::data(hyper::body::Bytes::from_static(b"{")));
+        let frames = futures_util::stream::iter([first]).chain(futures_util::stream::pending());
+        let slow = Deadline::new(
+            http_body_util::StreamBody::new(frames),
+            Duration::from_millis(50),
+        );
+        let error = slow.collect().await.err().unwrap();
+        assert!(matches!(error, BodyError::TooSlow(_)), "{error}");
+    }
+
     #[tokio::test]
     async fn a_place_is_held_until_the_answer_is_sent() {
         let admission = Admission::with_limits(1, 1);
-        let admitted = admission.admit(None).unwrap();
+        let admitted = admission.admit(Vec::new()).unwrap();
         let answer = hold(too_many(Refused::Session(1)), admitted);
         assert_eq!(answer.status(), hyper::StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(answer.headers()[hyper::header::RETRY_AFTER], "1");
-        assert!(admission.admit(None).is_err());
+        assert!(admission.admit(Vec::new()).is_err());
         let body = answer.into_body().collect().await.unwrap().to_bytes();
         let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
@@ -409,6 +522,6 @@ mod tests {
             "too many requests in flight: a session (or an identity without one) may have 1 \
              at once"
         );
-        assert!(admission.admit(None).is_ok(), "the place came back");
+        assert!(admission.admit(Vec::new()).is_ok(), "the place came back");
     }
 }

@@ -168,7 +168,7 @@ mod stdio;
 mod tenant;
 mod tokens;
 
-pub use admit::{MAX_CONNECTIONS, MAX_REQUESTS, MAX_REQUESTS_PER_SESSION, PEEK};
+pub use admit::{BODY_WITHIN, MAX_CONNECTIONS, MAX_REQUESTS, MAX_REQUESTS_PER_SESSION, PEEK};
 pub use pinning::{learned_pins, serve_usage, store_usage};
 pub use resources::{RESULT_URI_PREFIX, result_uri};
 pub use tenant::{DEFAULT_RETAIN, DEFAULT_RETAIN_BYTES, Retention};
@@ -2666,6 +2666,7 @@ async fn serve_http(
     let tokens = shared.tokens.clone();
     let owners = Arc::new(Owners::default());
     let admission = admit::Admission::new();
+    let peeks = Arc::new(tokio::sync::Semaphore::new(admit::MAX_PEEKS));
     // Authorization first: a request without a known token never reaches rmcp; one with
     // carries its identity in its extensions, which rmcp hands the handler. A request in
     // a session (its stream, its deletion included) must be the session's identity's.
@@ -2675,6 +2676,7 @@ async fn serve_http(
         let answers = Arc::clone(&answers);
         let owners = Arc::clone(&owners);
         let admission = Arc::clone(&admission);
+        let peeks = Arc::clone(&peeks);
         async move {
             let mut identity = None;
             if let Some(tokens) = &tokens {
@@ -2708,17 +2710,29 @@ async fn serve_http(
             let deleting = request.method() == hyper::Method::DELETE;
             // A POST's place is taken before its body is read, and held until its answer
             // has been sent: a session's, else (with tokens) its identity's.
+            // Its body must arrive within its deadline, whoever reads it.
+            let request = request.map(|body| admit::Deadline::new(body, admit::BODY_WITHIN));
             let admitted = if per_request {
-                let key = admit::key(session.as_deref(), identity.as_deref());
-                match admission.admit(key.as_deref()) {
+                let keys = admit::keys(session.as_deref(), identity.as_deref());
+                match admission.admit(keys) {
                     Ok(admitted) => Some(admitted),
                     // A refused POST that is a notification or an answer (a cancellation,
                     // an elicitation's answer) still passes, so that a client at its bound
-                    // can end what holds its places.
+                    // can end what holds its places: at most `MAX_PEEKS` read at once,
+                    // each read and handled within `PASS_WITHIN`.
                     Err(refused) => {
-                        return Ok(match admit::not_a_request(request).await {
-                            Some(request) => rmcp.handle(request).await,
-                            None => admit::too_many(refused),
+                        let Ok(_peek) = peeks.try_acquire() else {
+                            return Ok(admit::too_many(refused));
+                        };
+                        let passed = tokio::time::timeout(admit::PASS_WITHIN, async {
+                            match admit::not_a_request(request).await {
+                                Some(request) => Some(rmcp.handle(request).await),
+                                None => None,
+                            }
+                        });
+                        return Ok(match passed.await {
+                            Ok(Some(response)) => response,
+                            Ok(None) | Err(_) => admit::too_many(refused),
                         });
                     }
                 }
@@ -2768,11 +2782,14 @@ async fn serve_http(
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,
-            // A failed accept is one connection's (aborted before it was taken) or the
-            // process's (out of file descriptors): the listener goes on, after a pause
-            // so that a lasting failure does not spin.
-            Err(_) => {
+            // A failed accept is one connection's (aborted before it was taken: the
+            // listener goes on at once) or the process's (out of file descriptors or
+            // memory: it goes on after a pause, so that a lasting failure does not spin).
+            Err(error) => {
                 drop(place);
+                if is_connection_error(&error) {
+                    continue;
+                }
                 tokio::select! {
                     () = tokio::time::sleep(ACCEPT_PAUSE) => continue,
                     () = closing(&mut state) => break Ok(()),
@@ -2809,6 +2826,21 @@ async fn serve_http(
     shared.settled(|g| g.sessions == 0).await;
     while connections.join_next().await.is_some() {}
     accepted
+}
+
+/// Whether a failed accept was one connection's rather than the process's.
+fn is_connection_error(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        error.kind(),
+        ErrorKind::ConnectionAborted
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionRefused
+            | ErrorKind::Interrupted
+            | ErrorKind::HostUnreachable
+            | ErrorKind::NetworkUnreachable
+            | ErrorKind::NetworkDown
+    )
 }
 
 #[cfg(test)]
