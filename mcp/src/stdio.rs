@@ -430,19 +430,23 @@ impl Drop for Child {
 /// unanswered or their answers are being written ([`InFlight`], [`MAX_PEER_REQUESTS`]):
 /// past the limit, or while one of the same id is unanswered, a request is dropped
 /// unanswered, so a server that sends requests and never reads its stdin makes psych hold
-/// at most that many answers, not one per request. rmcp ignores a server's requests while
-/// it waits for the answer to `server/discover` or `initialize` (they get no answer): when
-/// such an answer comes, the requests still unanswered are forgotten, so none of them
-/// holds a place for good. A server's cancellation of its own request frees nothing
-/// (rmcp's handlers of a server's requests answer at once, and with a server of
-/// 2026-07-28 rmcp ignores the cancellation and answers anyway).
+/// at most that many answers, not one per request. While rmcp waits for the answer to
+/// `server/discover` or `initialize` it ignores a server's requests (all of them during
+/// discover, all but `ping` during initialize: they get no answer): when such an answer
+/// comes, the requests still unanswered are forgotten, so none of them holds a place for
+/// good. A server's cancellation of its own request frees its place only with a server
+/// that completed `initialize` (an earlier revision): rmcp then drops the answer; with one
+/// of 2026-07-28 rmcp ignores the cancellation and answers anyway.
 pub(crate) struct ChildTransport {
     reader: ChildReader<ChildStdout>,
     writer: Arc<tokio::sync::Mutex<Option<ChildStdin>>>,
     /// The server's requests in flight.
     requests: Arc<InFlight>,
-    /// The ids of psych's `server/discover` and `initialize` requests not answered yet.
-    handshakes: Vec<RequestId>,
+    /// The ids of psych's `server/discover` and `initialize` requests not answered yet,
+    /// each with whether it is `initialize`.
+    handshakes: Vec<(RequestId, bool)>,
+    /// Whether the server completed `initialize` (an earlier revision than 2026-07-28).
+    legacy: bool,
 }
 
 impl ChildTransport {
@@ -458,6 +462,7 @@ impl ChildTransport {
             writer: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
             requests: InFlight::new(MAX_PEER_REQUESTS),
             handshakes: Vec::new(),
+            legacy: false,
         }
     }
 
@@ -814,6 +819,15 @@ impl Parser {
     }
 }
 
+/// Whether an answer's id `answer` is the request id `request`, as rmcp matches them: a
+/// number also matches its decimal string (a server that echoes ids as strings).
+fn same_id(request: &RequestId, answer: &RequestId) -> bool {
+    match (request, answer) {
+        (RequestId::Number(n), RequestId::String(s)) => s.parse::<i64>().ok() == Some(*n),
+        _ => request == answer,
+    }
+}
+
 impl rmcp::transport::Transport<RoleClient> for ChildTransport {
     type Error = std::io::Error;
 
@@ -822,13 +836,16 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         self.reader.parser.tap.want_request(&item);
-        if let JsonRpcMessage::Request(request) = &item
-            && matches!(
-                request.request,
-                ClientRequest::InitializeRequest(_) | ClientRequest::DiscoverRequest(_)
-            )
-        {
-            self.handshakes.push(request.id.clone());
+        if let JsonRpcMessage::Request(request) = &item {
+            match request.request {
+                ClientRequest::InitializeRequest(_) => {
+                    self.handshakes.push((request.id.clone(), true));
+                }
+                ClientRequest::DiscoverRequest(_) => {
+                    self.handshakes.push((request.id.clone(), false));
+                }
+                _ => {}
+            }
         }
         // An answer's request is in flight until this is done or dropped.
         let answering = self.requests.answering(&item);
@@ -865,16 +882,28 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
                     }
                     None
                 }
-                JsonRpcMessage::Response(response) => Some(&response.id),
-                JsonRpcMessage::Error(error) => error.id.as_ref(),
-                JsonRpcMessage::Notification(_) => None,
+                JsonRpcMessage::Response(response) => Some((&response.id, true)),
+                JsonRpcMessage::Error(error) => error.id.as_ref().map(|id| (id, false)),
+                JsonRpcMessage::Notification(notification) => {
+                    if self.legacy
+                        && let ServerNotification::CancelledNotification(cancelled) =
+                            &notification.notification
+                        && let Some(id) = &cancelled.params.request_id
+                    {
+                        // rmcp drops the answer of a request its server cancelled.
+                        self.requests.forget(id);
+                    }
+                    None
+                }
             };
-            if let Some(id) = answered
-                && let Some(at) = self.handshakes.iter().position(|h| h == id)
+            if let Some((id, ok)) = answered
+                && let Some(&(_, initialize)) = self.handshakes.iter().find(|(h, _)| same_id(h, id))
             {
-                // rmcp ignored what the server asked while it waited for this.
-                self.handshakes.swap_remove(at);
+                // rmcp ignored what the server asked while it waited for this; its
+                // handshake goes one step at a time, so any earlier one was given up.
+                self.handshakes.clear();
                 self.requests.forget_unanswered();
+                self.legacy = initialize && ok;
             }
             return Some(message);
         }
@@ -1142,7 +1171,8 @@ mod tests {
     /// [`MAX_PEER_REQUESTS`] in flight, its requests are dropped, so psych holds at most
     /// that many answers; an answer written lets the next one in; a request reusing an
     /// unanswered id is dropped; requests that come while `initialize` waits for its
-    /// answer (which rmcp ignores) are forgotten when it comes.
+    /// answer (which rmcp ignores) are forgotten when it comes; a cancellation from a
+    /// server that answered `initialize` frees its request's place.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_server_that_sends_requests_and_never_reads_is_answered_a_bounded_number() {
         let script = r#"
@@ -1154,6 +1184,8 @@ mod tests {
             echo '{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}'
             ping 101; ping 101
             echo '{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}'
+            echo '{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}'
+            ping 102
             exec sleep 30
         "#;
         let args = vec!["-c".to_owned(), script.to_owned()];
@@ -1220,7 +1252,26 @@ mod tests {
         let next = transport.receive().await.unwrap();
         assert!(matches!(next, JsonRpcMessage::Notification(_)), "{next:?}");
         assert_eq!(transport.requests.len(), MAX_PEER_REQUESTS);
+        // The server (of an earlier revision: it answered initialize) cancels ping 2,
+        // whose answer rmcp then drops: its place goes to ping 102.
+        let cancel = transport.receive().await.unwrap();
+        assert!(
+            matches!(cancel, JsonRpcMessage::Notification(_)),
+            "{cancel:?}"
+        );
+        assert_eq!(transport.requests.len(), MAX_PEER_REQUESTS - 1);
+        let id = request_id(transport.receive().await.unwrap());
+        assert_eq!(id, RequestId::Number(102));
         child.terminate(Duration::from_millis(100)).await;
+    }
+
+    #[test]
+    fn an_answer_id_matches_as_rmcp_matches_it() {
+        let n = RequestId::Number(7);
+        assert!(same_id(&n, &RequestId::Number(7)));
+        assert!(same_id(&n, &RequestId::String("7".into())));
+        assert!(!same_id(&n, &RequestId::String("07x".into())));
+        assert!(!same_id(&RequestId::String("7".into()), &n));
     }
 
     #[tokio::test]
