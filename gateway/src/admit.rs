@@ -280,7 +280,8 @@ pub(crate) struct Admission {
 #[derive(Debug, Default)]
 struct Counts {
     total: usize,
-    /// Only sessions with a POST in flight: at most `total` entries.
+    /// Only keys (sessions, identities) with a POST in flight: at most twice `total`
+    /// entries.
     sessions: HashMap<String, usize>,
 }
 
@@ -289,8 +290,10 @@ struct Counts {
 pub(crate) enum Refused {
     /// [`MAX_REQUESTS`] across every client.
     Total(usize),
-    /// [`MAX_REQUESTS_PER_SESSION`] in the POST's session (or for its identity).
+    /// [`MAX_REQUESTS_PER_SESSION`] in the POST's session.
     Session(usize),
+    /// [`MAX_REQUESTS_PER_SESSION`] for the POST's identity (with tokens).
+    Identity(usize),
 }
 
 impl Admission {
@@ -315,7 +318,11 @@ impl Admission {
         }
         for key in &keys {
             if counts.sessions.get(key).copied().unwrap_or(0) >= self.session_limit {
-                return Err(Refused::Session(self.session_limit));
+                return Err(if key.starts_with("i:") {
+                    Refused::Identity(self.session_limit)
+                } else {
+                    Refused::Session(self.session_limit)
+                });
             }
         }
         for key in &keys {
@@ -372,9 +379,13 @@ pub(crate) fn too_many(refused: Refused) -> hyper::Response<HttpBody> {
             limit,
         ),
         Refused::Session(limit) => (
+            format!("too many requests in flight: a session may have {limit} at once"),
+            limit,
+        ),
+        Refused::Identity(limit) => (
             format!(
-                "too many requests in flight: a session (or an identity without one) may \
-                 have {limit} at once"
+                "too many requests in flight: an identity may have {limit} at once, all its \
+                 sessions together"
             ),
             limit,
         ),
@@ -470,7 +481,10 @@ mod tests {
         let both = |session: &str| vec![format!("s:{session}"), "i:alice".to_owned()];
         let first = admission.admit(both("1")).unwrap();
         let second = admission.admit(both("2")).unwrap();
-        assert_eq!(admission.admit(both("3")).unwrap_err(), Refused::Session(2));
+        assert_eq!(
+            admission.admit(both("3")).unwrap_err(),
+            Refused::Identity(2)
+        );
         drop((first, second));
         assert_eq!(admission.total(), 0);
         assert!(
@@ -519,8 +533,13 @@ mod tests {
         let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             body["error"]["message"],
-            "too many requests in flight: a session (or an identity without one) may have 1 \
-             at once"
+            "too many requests in flight: a session may have 1 at once"
+        );
+        let identity = too_many(Refused::Identity(64)).into_body();
+        let body = identity.collect().await.unwrap().to_bytes();
+        assert!(
+            String::from_utf8_lossy(&body).contains("an identity may have 64 at once"),
+            "{body:?}"
         );
         assert!(admission.admit(Vec::new()).is_ok(), "the place came back");
     }

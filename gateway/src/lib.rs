@@ -2709,7 +2709,7 @@ async fn serve_http(
             let per_request = request.method() == hyper::Method::POST;
             let deleting = request.method() == hyper::Method::DELETE;
             // A POST's place is taken before its body is read, and held until its answer
-            // has been sent: a session's, else (with tokens) its identity's.
+            // has been sent: under its session, and (with tokens) its identity.
             // Its body must arrive within its deadline, whoever reads it.
             let request = request.map(|body| admit::Deadline::new(body, admit::BODY_WITHIN));
             let admitted = if per_request {
