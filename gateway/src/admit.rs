@@ -41,8 +41,8 @@ use hyper::body::{Body, Frame, SizeHint};
 use psych_mcp::{InFlight, Refusal};
 use rmcp::RoleServer;
 use rmcp::model::{
-    ClientNotification, ErrorCode, ErrorData, JsonRpcMessage, JsonRpcNotification,
-    ServerJsonRpcMessage,
+    ClientJsonRpcMessage, ClientNotification, ErrorCode, ErrorData, JsonRpcMessage,
+    JsonRpcNotification, ServerJsonRpcMessage,
 };
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
@@ -105,40 +105,12 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Bounded<T> {
         loop {
             let message = self.inner.receive().await?;
             // No await from here on: a dropped `receive` loses nothing it took.
-            match &message {
-                JsonRpcMessage::Request(request) => {
-                    if let Err(refusal) = self.in_flight.enter(&request.id) {
-                        let error = match refusal {
-                            Refusal::SameId => ErrorData::invalid_request(
-                                "invalid request: a request with this id is waiting for its \
-                                 answer",
-                                None,
-                            ),
-                            _ => ErrorData::new(
-                                ErrorCode(-32000),
-                                format!(
-                                    "too many requests in flight: a session may have {} at \
-                                     once",
-                                    self.in_flight.limit()
-                                ),
-                                Some(serde_json::json!({ "inFlight": self.in_flight.limit() })),
-                            ),
-                        };
-                        // Answered to the request's own stream, by the session's worker.
-                        let answer = ServerJsonRpcMessage::error(error, Some(request.id.clone()));
-                        drop(tokio::spawn(self.inner.send(answer)));
-                        continue;
-                    }
-                }
-                JsonRpcMessage::Notification(JsonRpcNotification {
-                    notification: ClientNotification::CancelledNotification(cancelled),
-                    ..
-                }) => {
-                    if let Some(id) = &cancelled.params.request_id {
-                        self.in_flight.forget(id);
-                    }
-                }
-                _ => {}
+            let limit = self.in_flight.limit();
+            let busy = format!("too many requests in flight: a session may have {limit} at once");
+            if let Err(refusal) = count_in(&self.in_flight, &message, &busy) {
+                // Answered to the request's own stream, by the session's worker.
+                drop(tokio::spawn(self.inner.send(*refusal)));
+                continue;
             }
             return Some(message);
         }
@@ -147,6 +119,53 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Bounded<T> {
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
         self.inner.close()
     }
+}
+
+/// The error code of a request refused because too many are in flight: JSON-RPC's range
+/// for a server's own errors.
+const BUSY: ErrorCode = ErrorCode(-32000);
+
+/// Counts a client's `message` in `in_flight`: a request in, a cancellation's request out
+/// (while it is unanswered). `Err` is the answer refusing a request instead (never passed
+/// on): -32000 with `busy` past the limit, -32600 for the id of a request waiting for its
+/// answer.
+pub(crate) fn count_in(
+    in_flight: &InFlight,
+    message: &ClientJsonRpcMessage,
+    busy: &str,
+) -> Result<(), Box<ServerJsonRpcMessage>> {
+    match message {
+        JsonRpcMessage::Request(request) => match in_flight.enter(&request.id) {
+            Ok(()) => {}
+            Err(refusal) => {
+                let error = match refusal {
+                    Refusal::SameId => ErrorData::invalid_request(
+                        "invalid request: a request with this id is waiting for its answer",
+                        None,
+                    ),
+                    _ => ErrorData::new(
+                        BUSY,
+                        busy.to_owned(),
+                        Some(serde_json::json!({ "inFlight": in_flight.limit() })),
+                    ),
+                };
+                return Err(Box::new(ServerJsonRpcMessage::error(
+                    error,
+                    Some(request.id.clone()),
+                )));
+            }
+        },
+        JsonRpcMessage::Notification(JsonRpcNotification {
+            notification: ClientNotification::CancelledNotification(cancelled),
+            ..
+        }) => {
+            if let Some(id) = &cancelled.params.request_id {
+                in_flight.forget(id);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// What a POST is counted under, each to [`MAX_REQUESTS_PER_SESSION`]: its session if it

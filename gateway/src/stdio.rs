@@ -72,12 +72,9 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use psych_mcp::{InFlight, Refusal};
+use psych_mcp::InFlight;
 use rmcp::RoleServer;
-use rmcp::model::{
-    ClientJsonRpcMessage, ClientNotification, ErrorCode, ErrorData, JsonRpcMessage,
-    JsonRpcNotification, RequestId, ServerJsonRpcMessage,
-};
+use rmcp::model::{ClientJsonRpcMessage, ErrorData, RequestId, ServerJsonRpcMessage};
 use rmcp::transport::Transport;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -96,10 +93,6 @@ pub(crate) const REPLIES_PER_SECOND: u32 = 16;
 /// The most requests of the client in flight at once (see the module docs): a client
 /// rarely has more than a few calls running, and past this one is refused, not queued.
 pub(crate) const MAX_IN_FLIGHT: usize = psych_mcp::MAX_PEER_REQUESTS;
-
-/// The error code of a request refused because [`MAX_IN_FLIGHT`] are in flight: JSON-RPC's
-/// range for a server's own errors.
-const BUSY: ErrorCode = ErrorCode(-32000);
 
 /// A line longer than this is parsed on a blocking thread, not on the worker running
 /// rmcp's loop: 1 MiB, about a millisecond of parsing (a line up to [`MAX_LINE`] takes a
@@ -244,40 +237,18 @@ where
     /// `self.reply`, not capped: it is written before the next line is read); a
     /// cancellation takes its request out of the count.
     fn pass(&mut self, message: ClientJsonRpcMessage) -> Option<ClientJsonRpcMessage> {
-        match &message {
-            JsonRpcMessage::Request(request) => match self.in_flight.enter(&request.id) {
-                Ok(()) => {}
-                Err(refusal) => {
-                    let error = match refusal {
-                        Refusal::SameId => ErrorData::invalid_request(
-                            "invalid request: a request with this id is waiting for its answer",
-                            None,
-                        ),
-                        _ => ErrorData::new(
-                            BUSY,
-                            format!(
-                                "too many requests in flight: {} are waiting for their \
-                                 answers; send this again when one has come",
-                                self.in_flight.limit()
-                            ),
-                            Some(json!({ "inFlight": self.in_flight.limit() })),
-                        ),
-                    };
-                    self.reply = Some(ServerJsonRpcMessage::error(error, Some(request.id.clone())));
-                    return None;
-                }
-            },
-            JsonRpcMessage::Notification(JsonRpcNotification {
-                notification: ClientNotification::CancelledNotification(cancelled),
-                ..
-            }) => {
-                if let Some(id) = &cancelled.params.request_id {
-                    self.in_flight.forget(id);
-                }
+        let busy = format!(
+            "too many requests in flight: {} are waiting for their answers; send this again \
+             when one has come",
+            self.in_flight.limit()
+        );
+        match crate::admit::count_in(&self.in_flight, &message, &busy) {
+            Ok(()) => Some(message),
+            Err(refusal) => {
+                self.reply = Some(*refusal);
+                None
             }
-            _ => {}
         }
-        Some(message)
     }
 
     /// Decides on an error answer, if the cap allows one now.
@@ -579,6 +550,7 @@ mod tests {
     use std::pin::pin;
     use std::task::Poll;
 
+    use rmcp::model::JsonRpcMessage;
     use tokio::io::AsyncReadExt;
 
     use super::*;
