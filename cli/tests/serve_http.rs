@@ -550,14 +550,7 @@ async fn a_session_bounds_the_calls_its_clients_left_behind() {
         "clientInfo": {"name": "raw", "version": "0"},
     }});
     let (_, opened) = in_session(&url, "", &initialize, "serverInfo").await;
-    let session = opened
-        .lines()
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.eq_ignore_ascii_case("mcp-session-id")
-                .then(|| value.trim().to_owned())
-        })
-        .unwrap_or_else(|| panic!("a session id in {opened}"));
+    let session = crate::support::session_id(&opened);
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     let (_, accepted) = in_session(&url, &session, &initialized, "\r\n\r\n").await;
     assert!(accepted.starts_with("HTTP/1.1 202"), "{accepted}");

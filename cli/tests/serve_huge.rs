@@ -60,7 +60,7 @@ fn params(name: &str, arguments: Value) -> CallToolRequestParams {
     CallToolRequestParams::new(name.to_owned()).with_arguments(arguments)
 }
 
-/// The handle a preview names (`… read_tool_output with handle "RUN:SEQ" …`).
+/// The text of a call of `name` that succeeds within [`CALL_GUARD`].
 async fn call(session: &RunningService<RoleClient, ()>, name: &str, arguments: Value) -> String {
     let result = tokio::time::timeout(CALL_GUARD, session.call_tool(params(name, arguments)))
         .await

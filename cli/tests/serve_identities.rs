@@ -214,14 +214,7 @@ async fn a_handle_is_its_identitys_on_any_connection_and_after_a_restart() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     // Alice's session is hers: another identity naming it (to delete it, say) is answered
     // as if it did not exist, and it is still alice's to delete.
-    let session = answer
-        .lines()
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.eq_ignore_ascii_case("mcp-session-id")
-                .then(|| value.trim().to_owned())
-        })
-        .unwrap_or_else(|| panic!("a session id in {answer}"));
+    let session = crate::support::session_id(&answer);
     let bobs = format!("Bearer {bob}");
     let answer = raw_request(&url, "DELETE", Some(&bobs), Some(&session), "").await;
     assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");

@@ -224,3 +224,15 @@ pub(crate) async fn call_ok(
     assert_ne!(result.is_error, Some(true), "{name}: {}", text(&result));
     text(&result)
 }
+
+/// The `Mcp-Session-Id` of a raw HTTP answer (its headers, as text).
+pub(crate) fn session_id(answer: &str) -> String {
+    answer
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("a session id in {answer}"))
+}

@@ -68,7 +68,7 @@ pub const MAX_REQUESTS: usize = 256;
 
 /// The most POSTs in flight at once within one session, so that one client cannot take
 /// every place of [`MAX_REQUESTS`]; as many as a stdio client may have in flight.
-pub const MAX_REQUESTS_PER_SESSION: usize = crate::stdio::MAX_IN_FLIGHT;
+pub const MAX_REQUESTS_PER_SESSION: usize = psych_mcp::MAX_PEER_REQUESTS;
 
 /// A session's transport that counts its requests in flight (see the module docs).
 pub(crate) struct Bounded<T> {
@@ -105,9 +105,7 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Bounded<T> {
         loop {
             let message = self.inner.receive().await?;
             // No await from here on: a dropped `receive` loses nothing it took.
-            let limit = self.in_flight.limit();
-            let busy = format!("too many requests in flight: a session may have {limit} at once");
-            if let Err(refusal) = count_in(&self.in_flight, &message, &busy) {
+            if let Err(refusal) = count_in(&self.in_flight, &message, session_busy) {
                 // Answered to the request's own stream, by the session's worker.
                 drop(tokio::spawn(self.inner.send(*refusal)));
                 continue;
@@ -121,18 +119,23 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Bounded<T> {
     }
 }
 
+/// What a request refused for its session's bound is told.
+fn session_busy(limit: usize) -> String {
+    format!("too many requests in flight: a session may have {limit} at once")
+}
+
 /// The error code of a request refused because too many are in flight: JSON-RPC's range
 /// for a server's own errors.
 const BUSY: ErrorCode = ErrorCode(-32000);
 
 /// Counts a client's `message` in `in_flight`: a request in, a cancellation's request out
 /// (while it is unanswered). `Err` is the answer refusing a request instead (never passed
-/// on): -32000 with `busy` past the limit, -32600 for the id of a request waiting for its
-/// answer.
+/// on): -32000 with `busy(limit)` past the limit (made only then), -32600 for the id of a
+/// request waiting for its answer.
 pub(crate) fn count_in(
     in_flight: &InFlight,
     message: &ClientJsonRpcMessage,
-    busy: &str,
+    busy: fn(usize) -> String,
 ) -> Result<(), Box<ServerJsonRpcMessage>> {
     match message {
         JsonRpcMessage::Request(request) => match in_flight.enter(&request.id) {
@@ -145,7 +148,7 @@ pub(crate) fn count_in(
                     ),
                     _ => ErrorData::new(
                         BUSY,
-                        busy.to_owned(),
+                        busy(in_flight.limit()),
                         Some(serde_json::json!({ "inFlight": in_flight.limit() })),
                     ),
                 };
@@ -172,19 +175,16 @@ pub(crate) fn count_in(
 /// names one, and its identity when a token named it (not the shared loopback one), so
 /// an identity's sessions together have no more than one session may.
 pub(crate) fn keys(session: Option<&str>, identity: Option<&str>) -> Vec<String> {
-    let cut = |key: String| {
-        let mut end = key.len().min(MAX_KEY);
-        while !key.is_char_boundary(end) {
-            end -= 1;
-        }
-        key[..end].to_owned()
-    };
+    // Cut before the two-byte prefix is put on, so a key is made once.
+    fn cut(name: &str) -> &str {
+        &name[..name.floor_char_boundary(MAX_KEY - 2)]
+    }
     let mut keys = Vec::new();
     if let Some(session) = session {
-        keys.push(cut(format!("s:{session}")));
+        keys.push(format!("s:{}", cut(session)));
     }
     if let Some(identity) = identity {
-        keys.push(cut(format!("i:{identity}")));
+        keys.push(format!("i:{}", cut(identity)));
     }
     keys
 }
@@ -345,7 +345,12 @@ impl Admission {
             }
         }
         for key in &keys {
-            *counts.sessions.entry(key.clone()).or_insert(0) += 1;
+            match counts.sessions.get_mut(key) {
+                Some(count) => *count += 1,
+                None => {
+                    counts.sessions.insert(key.clone(), 1);
+                }
+            }
         }
         counts.total += 1;
         Ok(Admitted {
@@ -397,10 +402,7 @@ pub(crate) fn too_many(refused: Refused) -> hyper::Response<HttpBody> {
             format!("too many requests in flight: the gateway handles {limit} at once"),
             limit,
         ),
-        Refused::Session(limit) => (
-            format!("too many requests in flight: a session may have {limit} at once"),
-            limit,
-        ),
+        Refused::Session(limit) => (session_busy(limit), limit),
         Refused::Identity(limit) => (
             format!(
                 "too many requests in flight: an identity may have {limit} at once, all its \

@@ -97,7 +97,7 @@ pub(crate) const MAX_IN_FLIGHT: usize = psych_mcp::MAX_PEER_REQUESTS;
 /// A line longer than this is parsed on a blocking thread, not on the worker running
 /// rmcp's loop: 1 MiB, about a millisecond of parsing (a line up to [`MAX_LINE`] takes a
 /// few), as psych-mcp does for a server's lines.
-const PARSE_ON_WORKER: usize = 1024 * 1024;
+const PARSE_ON_WORKER: usize = psych_mcp::wire::JSON_ON_WORKER;
 
 /// The read buffer: a pipe's default capacity, so one read takes what a writer can queue.
 const READ_BUFFER: usize = 64 * 1024;
@@ -237,12 +237,13 @@ where
     /// `self.reply`, not capped: it is written before the next line is read); a
     /// cancellation takes its request out of the count.
     fn pass(&mut self, message: ClientJsonRpcMessage) -> Option<ClientJsonRpcMessage> {
-        let busy = format!(
-            "too many requests in flight: {} are waiting for their answers; send this again \
-             when one has come",
-            self.in_flight.limit()
-        );
-        match crate::admit::count_in(&self.in_flight, &message, &busy) {
+        let busy = |limit| {
+            format!(
+                "too many requests in flight: {limit} are waiting for their answers; send this \
+                 again when one has come"
+            )
+        };
+        match crate::admit::count_in(&self.in_flight, &message, busy) {
             Ok(()) => Some(message),
             Err(refusal) => {
                 self.reply = Some(*refusal);

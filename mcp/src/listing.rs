@@ -93,31 +93,23 @@ impl fmt::Display for ListingBound {
     }
 }
 
-/// What `value` costs in a listing's count: [`json_len`], [`NODE_COST`] for each object
+/// What `value` costs in a listing's count: its compact JSON length, [`NODE_COST`] for each object
 /// and array in it and [`ENTRY_COST`] for each of their elements and members. Walks the
 /// value once, allocating nothing.
 pub(crate) fn cost(value: &Value) -> u64 {
-    fn overhead(value: &Value) -> u64 {
-        match value {
-            Value::Array(items) => {
-                NODE_COST
-                    + ENTRY_COST * items.len() as u64
-                    + items.iter().map(overhead).sum::<u64>()
-            }
-            Value::Object(members) => {
-                NODE_COST
-                    + ENTRY_COST * members.len() as u64
-                    + members.values().map(overhead).sum::<u64>()
-            }
-            _ => 0,
-        }
-    }
-    json_len(value) + overhead(value)
+    measure(value, NODE_COST, ENTRY_COST)
 }
 
 /// The length of `value` as compact JSON, counting each string's bytes unescaped (so at
 /// most the length serde_json writes). Walks the value once, allocating nothing.
+#[cfg(test)]
 pub(crate) fn json_len(value: &Value) -> u64 {
+    measure(value, 0, 0)
+}
+
+/// `value`'s compact JSON length, plus `node` for each object and array and `entry` for
+/// each of their elements and members.
+fn measure(value: &Value, node: u64, entry: u64) -> u64 {
     fn string(text: &str) -> u64 {
         text.len() as u64 + 2
     }
@@ -129,16 +121,17 @@ pub(crate) fn json_len(value: &Value) -> u64 {
         Value::Number(_) => 1,
         Value::String(text) => string(text),
         Value::Array(items) => {
-            let commas = items.len().saturating_sub(1) as u64;
-            2 + commas + items.iter().map(json_len).sum::<u64>()
+            let n = items.len() as u64;
+            let inner: u64 = items.iter().map(|v| measure(v, node, entry)).sum();
+            2 + n.saturating_sub(1) + node + entry * n + inner
         }
         Value::Object(members) => {
-            let commas = members.len().saturating_sub(1) as u64;
-            2 + commas
-                + members
-                    .iter()
-                    .map(|(key, value)| string(key) + 1 + json_len(value))
-                    .sum::<u64>()
+            let n = members.len() as u64;
+            let inner: u64 = members
+                .iter()
+                .map(|(key, v)| string(key) + 1 + measure(v, node, entry))
+                .sum();
+            2 + n.saturating_sub(1) + node + entry * n + inner
         }
     }
 }

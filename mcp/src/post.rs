@@ -156,12 +156,12 @@ pub(crate) async fn post_request(
                 }
                 Err(error) => return Err(error),
             };
-            // A body over `PARSE_ON_WORKER` (up to the 16 MiB limit: tens of milliseconds,
+            // A body over `JSON_ON_WORKER` (up to the 16 MiB limit: tens of milliseconds,
             // and a repair parses again) is parsed on a blocking thread, as over stdio. A
             // post dropped meanwhile loses its answer, as it would mid-body.
             let tap = Arc::clone(tap);
             let parsed =
-                match crate::stdio::parse_by_size(body.len(), move || parse_answer(&tap, &body))
+                match crate::wire::parse_by_size(body.len(), move || parse_answer(&tap, &body))
                     .await
                 {
                     Ok(parsed) => parsed?,

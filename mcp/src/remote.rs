@@ -334,7 +334,7 @@ impl TappedClient {
     /// The events, each offered to the tap: an answer it waits for is kept raw (and a
     /// stand-in goes to rmcp), progress goes to its call's channel.
     ///
-    /// An event over [`PARSE_ON_WORKER`](crate::stdio::PARSE_ON_WORKER) (up to the 16 MiB
+    /// An event over [`JSON_ON_WORKER`](crate::wire::JSON_ON_WORKER) (up to the 16 MiB
     /// event limit) is offered on a blocking thread, as a line over stdio is parsed: the
     /// stream holds that work between polls, so a `next` that rmcp drops loses nothing.
     fn tapped(&self, events: Events) -> Events {
@@ -349,7 +349,7 @@ impl TappedClient {
                 // Only a panic or the runtime's end fails a blocking parse: the stream then
                 // fails with it (resumed if the server can, else the call is answered why),
                 // rather than pass the event on without its answer.
-                let kept = crate::stdio::parse_by_size(data.len(), move || {
+                let kept = crate::wire::parse_by_size(data.len(), move || {
                     keep(&tap, &mut data);
                     data
                 })

@@ -95,22 +95,7 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 /// The longest line parsed on the async worker that reads it (about a millisecond of
 /// work); a longer one, up to [`MAX_LINE`] (tens of milliseconds per parse, and a repair
 /// may parse it twice more), is parsed on a blocking thread.
-pub(crate) const PARSE_ON_WORKER: usize = 1024 * 1024;
-
-/// Runs `parse` of `bytes` bytes of an answer where its size says: inline up to
-/// [`PARSE_ON_WORKER`], on a blocking thread past it (the remote transports' bodies and
-/// events; a stdio line keeps its parse's handle across dropped receives instead). `Err`
-/// only when that thread's task failed (a panic, the runtime's end).
-pub(crate) async fn parse_by_size<T: Send + 'static>(
-    bytes: usize,
-    parse: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, tokio::task::JoinError> {
-    if bytes > PARSE_ON_WORKER {
-        tokio::task::spawn_blocking(parse).await
-    } else {
-        Ok(parse())
-    }
-}
+pub(crate) const PARSE_ON_WORKER: usize = crate::wire::JSON_ON_WORKER;
 
 /// What a stdio server's process is configured as.
 pub(crate) struct Command<'a> {

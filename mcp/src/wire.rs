@@ -1,5 +1,5 @@
 //! A message written as one line of JSON without long CPU work on an async worker: a
-//! message of up to [`SERIALIZE_ON_WORKER`] bytes is serialized where it is sent (about a
+//! message of up to [`JSON_ON_WORKER`] bytes is serialized where it is sent (about a
 //! millisecond at most), a longer one (a passed result, a resource page: up to tens of MiB)
 //! on a blocking thread. Its size is learnt by serializing it into a buffer that refuses
 //! to grow past the bound, so nothing is measured twice but that first MiB.
@@ -8,11 +8,13 @@ use std::io;
 
 use serde::Serialize;
 
-/// The most bytes of JSON serialized on an async worker: 1 MiB, about a millisecond.
-pub const SERIALIZE_ON_WORKER: usize = 1024 * 1024;
+/// The most bytes of JSON parsed or serialized on an async worker: 1 MiB, about a
+/// millisecond. Past it, psych-mcp's transports and the gateway's stdio transport parse a
+/// line or body, and serialize a message, on a blocking thread.
+pub const JSON_ON_WORKER: usize = 1024 * 1024;
 
 /// A message as a line (its JSON and `\n`), or the message back when its JSON is longer
-/// than [`SERIALIZE_ON_WORKER`] (then [`line_off_worker`] makes it).
+/// than [`JSON_ON_WORKER`] (then [`line_off_worker`] makes it).
 ///
 /// # Errors
 ///
@@ -46,24 +48,27 @@ pub async fn line_off_worker<T: Serialize + Send + 'static>(message: T) -> io::R
     .map_err(io::Error::other)?
 }
 
-/// A message as a line: [`line_on_worker`], else [`line_off_worker`].
-///
-/// # Errors
-///
-/// As theirs.
-pub async fn line<T: Serialize + Send + 'static>(message: T) -> io::Result<Vec<u8>> {
-    match line_on_worker(message)? {
-        Ok(line) => Ok(line),
-        Err(message) => line_off_worker(message).await,
+/// Runs `parse` of `bytes` bytes of an answer where its size says: inline up to
+/// [`JSON_ON_WORKER`], on a blocking thread past it (the remote transports' bodies and
+/// events; a stdio line keeps its parse's handle across dropped receives instead). `Err`
+/// only when that thread's task failed (a panic, the runtime's end).
+pub(crate) async fn parse_by_size<T: Send + 'static>(
+    bytes: usize,
+    parse: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    if bytes > JSON_ON_WORKER {
+        tokio::task::spawn_blocking(parse).await
+    } else {
+        Ok(parse())
     }
 }
 
-/// A buffer that refuses to hold more than [`SERIALIZE_ON_WORKER`] bytes.
+/// A buffer that refuses to hold more than [`JSON_ON_WORKER`] bytes.
 struct Capped(Vec<u8>);
 
 impl io::Write for Capped {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        if self.0.len() + bytes.len() > SERIALIZE_ON_WORKER {
+        if self.0.len() + bytes.len() > JSON_ON_WORKER {
             return Err(io::Error::other(
                 "over the bound of serializing on a worker",
             ));
@@ -93,14 +98,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_long_message_is_given_back_and_made_off_the_worker() {
-        let short = json!({"text": "a".repeat(SERIALIZE_ON_WORKER - 20)});
+        let short = json!({"text": "a".repeat(JSON_ON_WORKER - 20)});
         let made = line_on_worker(&short).unwrap().unwrap();
-        assert_eq!(made.len(), SERIALIZE_ON_WORKER - 20 + 12);
+        assert_eq!(made.len(), JSON_ON_WORKER - 20 + 12);
         assert_eq!(made.last(), Some(&b'\n'));
-        let long = json!({"text": "a".repeat(SERIALIZE_ON_WORKER)});
+        let long = json!({"text": "a".repeat(JSON_ON_WORKER)});
         let given_back = line_on_worker(long.clone()).unwrap().unwrap_err();
         assert_eq!(given_back, long);
-        let made = line(long.clone()).await.unwrap();
+        let made = line_off_worker(long.clone()).await.unwrap();
         let mut want = serde_json::to_vec(&long).unwrap();
         want.push(b'\n');
         assert_eq!(made, want);

@@ -287,7 +287,6 @@ impl<H: ToolHost + 'static> Run<H> {
     /// catalogue, disclosure or assembly failing.
     pub async fn user(&mut self, text: impl Into<String>) -> Result<RenderedRequest, RunError> {
         self.recover().await?;
-        self.left = Left::Dropped;
         let request = self.start_turn(text.into()).await;
         self.left = Left::after(&request);
         request
@@ -314,7 +313,6 @@ impl<H: ToolHost + 'static> Run<H> {
     /// As [`user`](Self::user), except out of turn.
     pub async fn request(&mut self) -> Result<RenderedRequest, RunError> {
         self.recover().await?;
-        self.left = Left::Dropped;
         let request = self.continue_turn().await;
         self.left = Left::after(&request);
         request
@@ -342,7 +340,6 @@ impl<H: ToolHost + 'static> Run<H> {
     /// assembly failing.
     pub async fn reply(&mut self, reply: ModelReply) -> Result<Next, RunError> {
         self.recover().await?;
-        self.left = Left::Dropped;
         let next = self.step(reply).await;
         self.left = Left::after(&next);
         next
@@ -654,6 +651,8 @@ impl<H: ToolHost + 'static> Run<H> {
     /// drop, the history, the spent tokens and the projections whole, since the call may
     /// have held them in a blocking task that never gave them back. Nothing to do after a
     /// call that ended well. Cancel-safe: dropped itself, the next call reads all back.
+    /// Leaves the Run marked [`Left::Dropped`] either way, for the call that follows to
+    /// say how it ended.
     async fn recover(&mut self) -> Result<(), RunError> {
         let left = std::mem::replace(&mut self.left, Left::Dropped);
         if left != Left::Settled {
@@ -663,7 +662,6 @@ impl<H: ToolHost + 'static> Run<H> {
             }
             self.sync_history().await?;
         }
-        self.left = Left::Settled;
         Ok(())
     }
 
