@@ -882,13 +882,19 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
                 }
             };
             if let Some((id, ok)) = answered
-                && let Some(&(_, initialize)) = self.handshakes.iter().find(|(h, _)| same_id(h, id))
+                && let Some(at) = self.handshakes.iter().position(|(h, _)| same_id(h, id))
             {
-                // rmcp ignored what the server asked while it waited for this; its
-                // handshake goes one step at a time, so any earlier one was given up.
-                self.handshakes.clear();
+                // rmcp ignored what the server asked while it waited (it ignores requests
+                // while any step is awaited). Its handshake goes one step at a time, so the
+                // steps before this one were given up; a later one (an `initialize` sent
+                // after a `server/discover` timed out, this being its late answer) is
+                // still to come and says the revision when it does.
+                let initialize = self.handshakes[at].1;
+                self.handshakes.drain(..=at);
                 self.requests.forget_unanswered();
-                self.legacy = initialize && ok;
+                if self.handshakes.is_empty() {
+                    self.legacy = initialize && ok;
+                }
             }
             return Some(message);
         }
@@ -1247,6 +1253,61 @@ mod tests {
         assert_eq!(transport.requests.len(), MAX_PEER_REQUESTS - 1);
         let id = request_id(transport.receive().await.unwrap());
         assert_eq!(id, RequestId::Number(102));
+        child.terminate(Duration::from_millis(100)).await;
+    }
+
+    /// A `server/discover` answered late, after rmcp gave up on it and sent `initialize`,
+    /// does not take the place of `initialize`'s answer: that one still says the server is
+    /// of an earlier revision, whose cancellations free their requests' places.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_discover_answer_leaves_initialize_to_say_the_revision() {
+        let script = r#"
+            echo '{"jsonrpc":"2.0","id":0,"result":{}}'
+            echo '{"jsonrpc":"2.0","id":1,"result":{}}'
+            echo '{"jsonrpc":"2.0","id":5,"method":"ping"}'
+            echo '{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5}}'
+            exec sleep 30
+        "#;
+        let args = vec!["-c".to_owned(), script.to_owned()];
+        let env = std::collections::BTreeMap::new();
+        let budget = crate::SpillBudget::default();
+        let dir = std::env::temp_dir();
+        let spec = Command {
+            command: "sh",
+            args: &args,
+            env: &env,
+            cwd: None,
+            spill_dir: &dir,
+            budget: &budget,
+        };
+        let server = ServerId::new("late").unwrap();
+        let (child, mut transport) = Child::spawn(&server, &spec).unwrap();
+        for request in [
+            serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": {}}),
+            serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "0"},
+            }}),
+        ] {
+            let request: ClientJsonRpcMessage = serde_json::from_value(request).unwrap();
+            transport.send(request).await.unwrap();
+        }
+        assert_eq!(transport.handshakes.len(), 2);
+        for _ in 0..2 {
+            let answer = transport.receive().await.unwrap();
+            assert!(matches!(answer, JsonRpcMessage::Response(_)), "{answer:?}");
+        }
+        assert!(transport.legacy, "initialize's answer says the revision");
+        let ping = transport.receive().await.unwrap();
+        assert!(matches!(ping, JsonRpcMessage::Request(_)), "{ping:?}");
+        assert_eq!(transport.requests.len(), 1);
+        let cancel = transport.receive().await.unwrap();
+        assert!(
+            matches!(cancel, JsonRpcMessage::Notification(_)),
+            "{cancel:?}"
+        );
+        assert!(transport.requests.is_empty());
         child.terminate(Duration::from_millis(100)).await;
     }
 
