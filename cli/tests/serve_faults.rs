@@ -662,9 +662,9 @@ async fn post_initialize(url: &str) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
-/// More HTTP sessions than `--max-sessions`: the one past the cap is refused with an error
-/// naming the cap, the open ones keep working, and a session a client deletes frees its
-/// slot. (Before, there was no cap: the flag did not exist.)
+/// More HTTP sessions than `--max-sessions`: the one past the cap is refused (503, with
+/// `Retry-After`) with an error naming the cap, the open ones keep working, and a session
+/// a client deletes frees its slot. (Before, there was no cap: the flag did not exist.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_sessions_past_the_cap_are_refused_and_closed_ones_are_released() {
     let dir = tempfile::tempdir().unwrap();
@@ -682,6 +682,11 @@ async fn http_sessions_past_the_cap_are_refused_and_closed_ones_are_released() {
         .await;
     assert!(third.is_err(), "a third session is refused");
     let refused = post_initialize(&url).await;
+    assert!(
+        refused.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{refused}"
+    );
+    assert!(refused.contains("\r\nretry-after: 1\r\n"), "{refused}");
     assert!(
         refused.contains("2 sessions are open, the most it allows (psych serve: --max-sessions)"),
         "{refused}"

@@ -444,7 +444,7 @@ async fn a_post_past_the_bound_in_flight_is_answered_429() {
             let hang = modern_call("up__hang", json!({}));
             loop {
                 let answer = post_unbounded(&url, &hang, "2026-07-28", "up__hang").await;
-                let refused = ["HTTP/1.1 429", "HTTP/1.1 500"];
+                let refused = ["HTTP/1.1 429", "HTTP/1.1 503"];
                 assert!(refused.iter().any(|r| answer.starts_with(r)), "{answer}");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -491,6 +491,70 @@ async fn a_post_past_the_bound_in_flight_is_answered_429() {
     );
     drop(gateway);
     held.abort_all();
+}
+
+/// A request of MCP 2026-07-28 runs in a session of its own, in one of the gateway's
+/// session slots: with every slot taken (the one, by a legacy session), it is answered 503
+/// in plain text with `Retry-After`, naming the cap, not rmcp's 500 for a session it could
+/// not make (as plain text, a client waiting for the request's id is not left waiting);
+/// once the legacy session is deleted, calls are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_the_session_cap_is_answered_503() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gateway, url) = start_serving(dir.path(), &[], &["--max-sessions", "1"]).await;
+    let echo = modern_call("up__echo", json!({"text": "through"}));
+    let served = async || {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while !post(&url, &echo, "2026-07-28", "up__echo")
+                .await
+                .contains(r#""text":"through""#)
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("a call is served");
+    };
+    served().await;
+    // The last call's session may still be closing: the legacy one opens once it has.
+    let legacy = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let (changed, _) = mpsc::unbounded_channel();
+            if let Ok(session) = (Client { changed })
+                .serve(StreamableHttpClientTransport::from_uri(url.clone()))
+                .await
+            {
+                break session;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the legacy session opens");
+    let refused = post(&url, &echo, "2026-07-28", "up__echo").await;
+    let (head, body) = refused.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{refused}"
+    );
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("\r\nretry-after: 1\r\n"), "{refused}");
+    assert!(
+        head.contains("\r\ncontent-type: text/plain\r\n"),
+        "{refused}"
+    );
+    assert!(
+        body.starts_with(
+            "Service Unavailable: the gateway: 1 sessions are open, the most it allows (psych \
+             serve: --max-sessions)"
+        ),
+        "{refused}"
+    );
+    // The legacy session is served meanwhile; deleted, it frees the slot.
+    assert!(!legacy.list_all_tools().await.unwrap().is_empty());
+    legacy.cancel().await.unwrap();
+    served().await;
+    drop(gateway);
 }
 
 /// A POST of `body` in the legacy session `session` (2025-06-18; none if empty), its answer

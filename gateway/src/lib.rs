@@ -103,7 +103,8 @@
 //!   are cancelled upstream and logged as [`CANCELLED_BY_CLIENT`], and the gateway waits
 //!   for every one of them to be logged before it stops the upstreams and exits.
 //! - Over HTTP at most [`GatewaySettings::max_sessions`] ([`MAX_SESSIONS`] by default) sessions are open at
-//!   once; one more is refused with an error saying so. A session ends when its client
+//!   once; one more is refused (503 Service Unavailable, `Retry-After: 1`) with an error
+//!   saying so. A session ends when its client
 //!   deletes it or after [`SESSION_IDLE`] without a message, and its slot is freed.
 //! - What a client holds in the gateway at once is bounded: a stdio client at most 64
 //!   requests in flight (one more is answered at once with an error, -32000); over HTTP at
@@ -387,6 +388,13 @@ impl Drop for InFlight {
 
 /// An open session's slot, freed when it is dropped.
 struct SessionSlot(watch::Sender<Gauge>);
+
+tokio::task_local! {
+    /// Why a session rmcp asked for while handling an HTTP request could not open
+    /// ([`Session::open`] notes it): rmcp answers any failed session factory with a 500,
+    /// which [`refusing`] replaces with the gateway's own 503 saying why.
+    static REFUSED: std::cell::RefCell<Option<SessionRefused>>;
+}
 
 impl Drop for SessionSlot {
     fn drop(&mut self) {
@@ -818,7 +826,14 @@ impl Session {
     ///
     /// Why no slot is free ([`Shared::take_session_slot`]), or a run id that cannot be.
     fn open(shared: Arc<Shared>) -> Result<Self, SessionRefused> {
-        let slot = shared.take_session_slot()?;
+        let slot = shared.take_session_slot().inspect_err(|why| {
+            // Outside an HTTP request's handling (stdio) there is nothing to note.
+            let _ = REFUSED.try_with(|refused| {
+                if let Ok(mut refused) = refused.try_borrow_mut() {
+                    *refused = Some(why.clone());
+                }
+            });
+        })?;
         Ok(Self {
             shared,
             tenant: Mutex::new(None),
@@ -2095,7 +2110,7 @@ pub enum ServeError {
 }
 
 /// Why a session could not open.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum SessionRefused {
     /// The gateway is shutting down.
@@ -2616,6 +2631,46 @@ fn not_found_session() -> hyper::Response<raw::HttpBody> {
     )
 }
 
+/// rmcp's answer to an HTTP request (`handled`), except when a session it needed could
+/// not open ([`REFUSED`]): then, in place of rmcp's 500, the gateway's own 503 saying why
+/// ([`no_session`]).
+async fn refusing(
+    handled: impl Future<Output = hyper::Response<raw::HttpBody>>,
+) -> hyper::Response<raw::HttpBody> {
+    let (response, refused) = REFUSED
+        .scope(std::cell::RefCell::new(None), async {
+            let response = handled.await;
+            let refused = REFUSED.with(|refused| refused.borrow_mut().take());
+            (response, refused)
+        })
+        .await;
+    match refused {
+        Some(why) if response.status() == hyper::StatusCode::INTERNAL_SERVER_ERROR => {
+            no_session(&why)
+        }
+        _ => response,
+    }
+}
+
+/// The answer to a request whose session could not open: 503 saying why, in plain text
+/// (as rmcp's own HTTP errors: a JSON-RPC error without the request's `id` would be
+/// dropped by a client waiting for that id), and `Retry-After: 1` when sessions are full
+/// (one ends when its client deletes it or it idles out).
+fn no_session(refused: &SessionRefused) -> hyper::Response<raw::HttpBody> {
+    let mut response = http_answer(
+        hyper::StatusCode::SERVICE_UNAVAILABLE,
+        "text/plain",
+        format!("Service Unavailable: {refused}"),
+    );
+    if matches!(refused, SessionRefused::Full { .. }) {
+        response.headers_mut().insert(
+            hyper::header::RETRY_AFTER,
+            hyper::header::HeaderValue::from_static("1"),
+        );
+    }
+    response
+}
+
 /// The answer to an HTTP request without a known bearer token.
 fn unauthorized() -> hyper::Response<raw::HttpBody> {
     let body = json!({
@@ -2726,7 +2781,7 @@ async fn serve_http(
                         };
                         let passed = tokio::time::timeout(admit::PASS_WITHIN, async {
                             match admit::not_a_request(request).await {
-                                Some(request) => Some(rmcp.handle(request).await),
+                                Some(request) => Some(refusing(rmcp.handle(request)).await),
                                 None => None,
                             }
                         });
@@ -2739,7 +2794,7 @@ async fn serve_http(
             } else {
                 None
             };
-            let response = rmcp.handle(request).await;
+            let response = refusing(rmcp.handle(request)).await;
             if let Some(identity) = identity {
                 match (&session, response.headers().get("mcp-session-id")) {
                     // A session just made (its initialize): its identity is the creator's.
@@ -2846,6 +2901,35 @@ fn is_connection_error(error: &std::io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// rmcp's 500 for a session that could not open becomes the gateway's 503 saying why
+    /// (with `Retry-After` when the sessions are full, not when shutting down); any other
+    /// answer, and a 500 for anything else, passes as rmcp gave it.
+    #[tokio::test]
+    async fn a_session_that_could_not_open_is_answered_503() {
+        use http_body_util::BodyExt;
+        let answer = |status| http_answer(status, "text/plain", "rmcp's".to_owned());
+        let failed = |why: SessionRefused| async move {
+            let _ = REFUSED.try_with(|refused| *refused.borrow_mut() = Some(why));
+            answer(hyper::StatusCode::INTERNAL_SERVER_ERROR)
+        };
+        let full = refusing(failed(SessionRefused::Full { max: 2 })).await;
+        assert_eq!(full.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(full.headers()[hyper::header::RETRY_AFTER], "1");
+        assert_eq!(full.headers()[hyper::header::CONTENT_TYPE], "text/plain");
+        let body = full.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            body.starts_with(b"Service Unavailable: the gateway: 2 sessions are open"),
+            "{body:?}"
+        );
+        let closing = refusing(failed(SessionRefused::Closing)).await;
+        assert_eq!(closing.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!closing.headers().contains_key(hyper::header::RETRY_AFTER));
+        let other = refusing(async { answer(hyper::StatusCode::INTERNAL_SERVER_ERROR) }).await;
+        assert_eq!(other.status(), hyper::StatusCode::INTERNAL_SERVER_ERROR);
+        let served = refusing(async { answer(hyper::StatusCode::OK) }).await;
+        assert_eq!(served.status(), hyper::StatusCode::OK);
+    }
 
     #[test]
     fn only_requests_the_client_declared_go_to_it() {
