@@ -1414,39 +1414,18 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `tools/list` and `tools/call` answer with typed placeholders, and the raw JSON (the
-/// tool definitions and the upstream's result exactly as stored: unknown fields and block
-/// types kept, which rmcp's typed `CallToolResult` would drop or refuse) takes their place
-/// on the way out, with the protocol fields rmcp gave them for the client's revision: by
-/// [`raw::RawTransport`] over stdio and in an HTTP session, by [`raw::raw_http`] for MCP
-/// 2026-07-28's requests over HTTP, which have no session.
-impl ServerHandler for Session {
-    async fn list_tools(
-        &self,
-        _request: Option<PaginatedRequestParams>,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ListToolsResult, ErrorData> {
-        let raw = self.listing(&context).await?;
-        let mut typed: ListToolsResult = serde_json::from_value(raw.clone())
-            .map_err(|e| ErrorData::internal_error(format!("encoding the listing: {e}"), None))?;
-        // Complete, as every answer of the gateway's: rmcp strips it for a client of an
-        // earlier revision, and the swap copies it onto the raw answer.
-        typed.result_type = Some(ResultType::COMPLETE);
-        self.shared.raw.stash(raw, &mut typed.meta);
-        Ok(typed)
-    }
-
+impl Session {
     /// A call, or one round of it (MCP 2026-07-28's multi-round-trip calls, the `mrtr`
     /// module): a retry's `requestState` is opened first (-32602 when it is not this
     /// process's, another identity's, another call's or expired), and an upstream's
     /// `input_required` reaches a client of 2026-07-28 with the gateway's sealed state in
     /// place of the upstream's, and any other client as a tool error ([`needs_modern`]).
-    async fn call_tool(
+    async fn call(
         &self,
         mut request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
+        context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let identity = identity_of(&context).unwrap_or(self.shared.default_identity);
+        let identity = identity_of(context).unwrap_or(self.shared.default_identity);
         let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
         let name = request.name.to_string();
         let binding = mrtr::Binding {
@@ -1475,13 +1454,13 @@ impl ServerHandler for Session {
             }
             None => None,
         };
-        let modern = is_modern(&context);
+        let modern = is_modern(context);
         let (expected, request_state) = match opened {
             Some(opened) => (Some(opened.target), opened.upstream),
             None => (None, None),
         };
         let declared = if modern {
-            client_capabilities(&request, &context)
+            client_capabilities(&request, context)
         } else {
             // A client of a revision with sessions cannot answer input through psych
             // (psych does not bridge its session's requests): psych declares nothing for
@@ -1497,7 +1476,7 @@ impl ServerHandler for Session {
             client_capabilities: declared.clone(),
         };
         let answer = self
-            .call_or_cancel(request, round, expected, &context)
+            .call_or_cancel(request, round, expected, context)
             .await?;
         let raw = match answer {
             Answer::Result(raw) => raw,
@@ -1524,9 +1503,9 @@ impl ServerHandler for Session {
                 ));
             }
             Answer::InputRequired { target, answer } => {
-                needs_modern(&target, &context, Some(&answer))
+                needs_modern(&target, context, Some(&answer))
             }
-            Answer::MissingCapability { target, .. } => needs_modern(&target, &context, None),
+            Answer::MissingCapability { target, .. } => needs_modern(&target, context, None),
         };
         // What rmcp can type of the result: sent only if the raw answer cannot be. Read
         // from a reference: the raw answer itself goes to the stash, uncopied.
@@ -1541,55 +1520,8 @@ impl ServerHandler for Session {
         Ok(CallToolResponse::from(typed))
     }
 
-    /// Binds the session to the identity of its `initialize` request first, so the
-    /// `instructions` are that identity's.
-    async fn initialize(
-        &self,
-        request: InitializeRequestParams,
-        context: RequestContext<RoleServer>,
-    ) -> Result<InitializeResult, ErrorData> {
-        self.tenant(&context)?;
-        context.peer.set_peer_info(request.clone());
-        self.negotiate_initialize(&request)
-    }
-
-    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        self.watch(context.peer);
-    }
-
-    /// `server/discover` (MCP 2026-07-28): the revisions served, the capabilities, and the
-    /// instructions as they are now. It may be cached by the client only privately (the
-    /// listing differs by identity) and not at all in time (`ttlMs` 0: the deferred lines
-    /// change as servers connect).
-    async fn discover(
-        &self,
-        context: RequestContext<RoleServer>,
-    ) -> Result<DiscoverResult, ErrorData> {
-        let view = self.tenant(&context)?.lane.latest();
-        Ok(DiscoverResult::from_server_info(
-            ServerHandler::supported_protocol_versions(self).into_owned(),
-            info(view.as_deref()),
-        )
-        .with_ttl_ms(0)
-        .with_cache_scope(CacheScope::Private))
-    }
-
-    /// `subscriptions/listen` (MCP 2026-07-28) for `tools/list_changed`, the one
-    /// notification the gateway sends.
-    fn accepted_subscription_filter(
-        &self,
-        requested: &SubscriptionFilter,
-    ) -> Option<SubscriptionFilter> {
-        let mut accepted = SubscriptionFilter::default();
-        accepted.tools_list_changed = requested.tools_list_changed;
-        Some(accepted)
-    }
-
-    /// One `subscriptions/listen` stream: `tools/list_changed` each time what `tools/list`
-    /// answers changes from what it answered when the stream opened, woken by the resolver
-    /// (so by the catalogue), never by a timer. Ends when the client closes it, and
-    /// gracefully (the final result) when the gateway shuts down.
-    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+    /// One `subscriptions/listen` stream ([`ServerHandler::listen`]).
+    async fn listen_for_changes(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
         let tenant = self.tenant(context.request_context())?;
         let Some(_listening) = tenant.listening() else {
             return Err(ErrorData::invalid_request(
@@ -1628,6 +1560,100 @@ impl ServerHandler for Session {
             }
         }
     }
+}
+
+/// `tools/list` and `tools/call` answer with typed placeholders, and the raw JSON (the
+/// tool definitions and the upstream's result exactly as stored: unknown fields and block
+/// types kept, which rmcp's typed `CallToolResult` would drop or refuse) takes their place
+/// on the way out, with the protocol fields rmcp gave them for the client's revision: by
+/// [`raw::RawTransport`] over stdio and in an HTTP session, by [`raw::raw_http`] for MCP
+/// 2026-07-28's requests over HTTP, which have no session.
+impl ServerHandler for Session {
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        answered("tools/list", async {
+            let raw = self.listing(&context).await?;
+            let mut typed: ListToolsResult = serde_json::from_value(raw.clone()).map_err(|e| {
+                ErrorData::internal_error(format!("encoding the listing: {e}"), None)
+            })?;
+            // Complete, as every answer of the gateway's: rmcp strips it for a client of
+            // an earlier revision, and the swap copies it onto the raw answer.
+            typed.result_type = Some(ResultType::COMPLETE);
+            self.shared.raw.stash(raw, &mut typed.meta);
+            Ok(typed)
+        })
+        .await
+    }
+
+    /// A call ([`Session::call`]).
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        answered("tools/call", self.call(request, &context)).await
+    }
+
+    /// Binds the session to the identity of its `initialize` request first, so the
+    /// `instructions` are that identity's.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        answered("initialize", async {
+            self.tenant(&context)?;
+            context.peer.set_peer_info(request.clone());
+            self.negotiate_initialize(&request)
+        })
+        .await
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.watch(context.peer);
+    }
+
+    /// `server/discover` (MCP 2026-07-28): the revisions served, the capabilities, and the
+    /// instructions as they are now. It may be cached by the client only privately (the
+    /// listing differs by identity) and not at all in time (`ttlMs` 0: the deferred lines
+    /// change as servers connect).
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, ErrorData> {
+        answered("server/discover", async {
+            let view = self.tenant(&context)?.lane.latest();
+            Ok(DiscoverResult::from_server_info(
+                ServerHandler::supported_protocol_versions(self).into_owned(),
+                info(view.as_deref()),
+            )
+            .with_ttl_ms(0)
+            .with_cache_scope(CacheScope::Private))
+        })
+        .await
+    }
+
+    /// `subscriptions/listen` (MCP 2026-07-28) for `tools/list_changed`, the one
+    /// notification the gateway sends.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::default();
+        accepted.tools_list_changed = requested.tools_list_changed;
+        Some(accepted)
+    }
+
+    /// One `subscriptions/listen` stream: `tools/list_changed` each time what `tools/list`
+    /// answers changes from what it answered when the stream opened, woken by the resolver
+    /// (so by the catalogue), never by a timer. Ends when the client closes it, and
+    /// gracefully (the final result) when the gateway shuts down.
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        answered("subscriptions/listen", self.listen_for_changes(context)).await
+    }
 
     /// No resource is listed: results are not enumerated, only linked from their previews
     /// (and named by the one template).
@@ -1657,7 +1683,9 @@ impl ServerHandler for Session {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        self.read_result(request, &context).await.map(Into::into)
+        answered("resources/read", self.read_result(request, &context))
+            .await
+            .map(Into::into)
     }
 
     fn get_info(&self) -> InitializeResult {
@@ -1668,6 +1696,32 @@ impl ServerHandler for Session {
         *self.shown.lock().unwrap_or_else(PoisonError::into_inner) = view;
         info
     }
+}
+
+/// `handler`'s answer, or an internal error (-32603) if it panics. rmcp runs each request's
+/// handler in a task of its own and answers nothing when that task panics, so the client
+/// would wait for good and its request would hold its place in flight (64 such wedge a
+/// stdio client). The gateway's handlers do not panic on input; this is the net under a
+/// bug, not a path: the panic is still printed to stderr by the panic hook.
+async fn answered<T>(
+    method: &str,
+    handler: impl Future<Output = Result<T, ErrorData>>,
+) -> Result<T, ErrorData> {
+    let mut handler = std::pin::pin!(handler);
+    let unwound = std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Ready(answer)) => std::task::Poll::Ready(Ok(answer)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    })
+    .await;
+    unwound.unwrap_or_else(|_| {
+        Err(ErrorData::internal_error(
+            format!("the gateway failed to answer {method}: a bug (a panic, on its stderr)"),
+            None,
+        ))
+    })
 }
 
 /// The gateway's `initialize` and `server/discover` answer for the Surface of `view`:
@@ -2929,6 +2983,30 @@ mod tests {
         assert_eq!(other.status(), hyper::StatusCode::INTERNAL_SERVER_ERROR);
         let served = refusing(async { answer(hyper::StatusCode::OK) }).await;
         assert_eq!(served.status(), hyper::StatusCode::OK);
+    }
+
+    /// A handler that panics (a bug: none does on input) is answered with an internal
+    /// error rather than never, after it has been pending, and one that does not is
+    /// answered as it answers.
+    #[tokio::test]
+    async fn a_handler_that_panics_is_answered_with_an_internal_error() {
+        let panicked: Result<(), ErrorData> = answered("tools/call", async {
+            tokio::task::yield_now().await;
+            panic!("a bug");
+        })
+        .await;
+        let error = panicked.unwrap_err();
+        assert_eq!(error.code, ErrorCode::INTERNAL_ERROR);
+        assert_eq!(
+            error.message,
+            "the gateway failed to answer tools/call: a bug (a panic, on its stderr)"
+        );
+        let answer = answered("tools/list", async {
+            tokio::task::yield_now().await;
+            Ok::<_, ErrorData>(7)
+        })
+        .await;
+        assert_eq!(answer.unwrap(), 7);
     }
 
     #[test]
