@@ -13,8 +13,8 @@
 //!   POST is in flight from its headers until its answer's body is sent or dropped (an
 //!   event stream of progress included). Every POST's body must arrive within
 //!   [`BODY_WITHIN`] of its head, or it fails.
-//! - A refused POST's body is read up to [`PEEK`] bytes (at most 32 at once, each read and
-//!   handled within 5 s): if it is a notification or an answer it passes uncounted, so a
+//! - A refused POST's body is read up to [`PEEK`] bytes (at most 32 at once, 4 of one
+//!   session or identity, each read and handled within 5 s): if it is a notification or an answer it passes uncounted, so a
 //!   client in a session at its bound can still cancel what holds its places or answer an
 //!   elicitation. (Without a session, MCP 2026-07-28 has no notification that cancels: a
 //!   client cancels by closing the request's connection, which frees its place.)
@@ -202,6 +202,11 @@ pub(crate) const PASS_WITHIN: Duration = Duration::from_secs(5);
 /// one more is refused without reading.
 pub(crate) const MAX_PEEKS: usize = 32;
 
+/// The most of those [`MAX_PEEKS`] one session, or one identity with tokens, may have at
+/// once, so that a client at its bound sending slow bodies cannot take every peek from
+/// another client at its bound that needs one to cancel.
+pub(crate) const PEEKS_PER_KEY: usize = 4;
+
 /// A body that fails if it has not ended within its deadline.
 pub(crate) struct Deadline<B> {
     body: B,
@@ -319,6 +324,12 @@ impl Admission {
     /// Counts with the gateway's bounds.
     pub(crate) fn new() -> Arc<Self> {
         Self::with_limits(MAX_REQUESTS, MAX_REQUESTS_PER_SESSION)
+    }
+
+    /// Counts of refused POSTs being peeked: [`MAX_PEEKS`] in all, [`PEEKS_PER_KEY`] per
+    /// session or identity.
+    pub(crate) fn peeks() -> Arc<Self> {
+        Self::with_limits(MAX_PEEKS, PEEKS_PER_KEY)
     }
 
     fn with_limits(total_limit: usize, session_limit: usize) -> Arc<Self> {
@@ -512,6 +523,24 @@ mod tests {
             admission.counts.lock().unwrap().sessions.is_empty(),
             "a session with nothing in flight holds no entry"
         );
+    }
+
+    /// Peeks are bounded per session (or identity) below their total, so that one client
+    /// at its bound cannot take them all.
+    #[test]
+    fn one_client_takes_at_most_its_share_of_the_peeks() {
+        let peeks = Admission::peeks();
+        let session = |name: &str| keys(Some(name), None);
+        let held: Vec<Admitted> = (0..PEEKS_PER_KEY)
+            .map(|_| peeks.admit(session("greedy")).unwrap())
+            .collect();
+        assert_eq!(
+            peeks.admit(session("greedy")).unwrap_err(),
+            Refused::Session(PEEKS_PER_KEY)
+        );
+        let other = peeks.admit(session("other")).unwrap();
+        drop((held, other));
+        assert_eq!(peeks.total(), 0);
     }
 
     #[test]

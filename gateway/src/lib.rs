@@ -2775,7 +2775,7 @@ async fn serve_http(
     let tokens = shared.tokens.clone();
     let owners = Arc::new(Owners::default());
     let admission = admit::Admission::new();
-    let peeks = Arc::new(tokio::sync::Semaphore::new(admit::MAX_PEEKS));
+    let peeks = admit::Admission::peeks();
     // Authorization first: a request without a known token never reaches rmcp; one with
     // carries its identity in its extensions, which rmcp hands the handler. A request in
     // a session (its stream, its deletion included) must be the session's identity's.
@@ -2823,14 +2823,15 @@ async fn serve_http(
             let request = request.map(|body| admit::Deadline::new(body, admit::BODY_WITHIN));
             let admitted = if per_request {
                 let keys = admit::keys(session.as_deref(), identity.as_deref());
-                match admission.admit(keys) {
+                match admission.admit(keys.clone()) {
                     Ok(admitted) => Some(admitted),
                     // A refused POST that is a notification or an answer (a cancellation,
                     // an elicitation's answer) still passes, so that a client at its bound
                     // can end what holds its places: at most `MAX_PEEKS` read at once,
-                    // each read and handled within `PASS_WITHIN`.
+                    // `PEEKS_PER_KEY` of one session or identity, each read and handled
+                    // within `PASS_WITHIN`.
                     Err(refused) => {
-                        let Ok(_peek) = peeks.try_acquire() else {
+                        let Ok(_peek) = peeks.admit(keys) else {
                             return Ok(admit::too_many(refused));
                         };
                         let passed = tokio::time::timeout(admit::PASS_WITHIN, async {
