@@ -401,6 +401,21 @@ async fn post_with(url: &str, body: &str, headers: &str) -> String {
     answer
 }
 
+/// Waits until `echo`, a 2026-07-28 call of `up__echo` with the text "through", is served:
+/// the upstream connects in the background, and a session slot may be freed later.
+async fn until_served(url: &str, echo: &str) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !post(url, echo, "2026-07-28", "up__echo")
+            .await
+            .contains(r#""text":"through""#)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the call is served");
+}
+
 /// One per-request `tools/call` of `tool` (MCP 2026-07-28) with `arguments`.
 fn modern_call(tool: &str, arguments: Value) -> String {
     json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
@@ -424,17 +439,7 @@ async fn a_post_past_the_bound_in_flight_is_answered_429() {
     let sessions = (2 * psych_gateway::MAX_REQUESTS).to_string();
     let (gateway, url) = start_serving(dir.path(), &[], &["--max-sessions", &sessions]).await;
     let echo = modern_call("up__echo", json!({"text": "through"}));
-    // The upstream connects in the background: ready once a call reaches it.
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while !post(&url, &echo, "2026-07-28", "up__echo")
-            .await
-            .contains(r#""text":"through""#)
-        {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .expect("the upstream is listed");
+    until_served(&url, &echo).await;
     let mut held = tokio::task::JoinSet::new();
     for _ in 0..psych_gateway::MAX_REQUESTS {
         let url = url.clone();
@@ -503,19 +508,7 @@ async fn a_request_past_the_session_cap_is_answered_503() {
     let dir = tempfile::tempdir().unwrap();
     let (gateway, url) = start_serving(dir.path(), &[], &["--max-sessions", "1"]).await;
     let echo = modern_call("up__echo", json!({"text": "through"}));
-    let served = async || {
-        tokio::time::timeout(Duration::from_secs(60), async {
-            while !post(&url, &echo, "2026-07-28", "up__echo")
-                .await
-                .contains(r#""text":"through""#)
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-        .await
-        .expect("a call is served");
-    };
-    served().await;
+    until_served(&url, &echo).await;
     // The last call's session may still be closing: the legacy one opens once it has.
     let legacy = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
@@ -553,7 +546,7 @@ async fn a_request_past_the_session_cap_is_answered_503() {
     // The legacy session is served meanwhile; deleted, it frees the slot.
     assert!(!legacy.list_all_tools().await.unwrap().is_empty());
     legacy.cancel().await.unwrap();
-    served().await;
+    until_served(&url, &echo).await;
     drop(gateway);
 }
 
