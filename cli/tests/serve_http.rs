@@ -401,11 +401,12 @@ async fn post_with(url: &str, body: &str, headers: &str) -> String {
     answer
 }
 
-/// Waits until `echo`, a 2026-07-28 call of `up__echo` with the text "through", is served:
-/// the upstream connects in the background, and a session slot may be freed later.
-async fn until_served(url: &str, echo: &str) {
+/// Waits until a 2026-07-28 call of `up__echo` is served: the upstream connects in the
+/// background, and a session slot may be freed later.
+async fn until_served(url: &str) {
+    let echo = modern_call("up__echo", json!({"text": "through"}));
     tokio::time::timeout(Duration::from_secs(60), async {
-        while !post(url, echo, "2026-07-28", "up__echo")
+        while !post(url, &echo, "2026-07-28", "up__echo")
             .await
             .contains(r#""text":"through""#)
         {
@@ -438,8 +439,8 @@ async fn a_post_past_the_bound_in_flight_is_answered_429() {
     let dir = tempfile::tempdir().unwrap();
     let sessions = (2 * psych_gateway::MAX_REQUESTS).to_string();
     let (gateway, url) = start_serving(dir.path(), &[], &["--max-sessions", &sessions]).await;
+    until_served(&url).await;
     let echo = modern_call("up__echo", json!({"text": "through"}));
-    until_served(&url, &echo).await;
     let mut held = tokio::task::JoinSet::new();
     for _ in 0..psych_gateway::MAX_REQUESTS {
         let url = url.clone();
@@ -501,14 +502,15 @@ async fn a_post_past_the_bound_in_flight_is_answered_429() {
 /// A request of MCP 2026-07-28 runs in a session of its own, in one of the gateway's
 /// session slots: with every slot taken (the one, by a legacy session), it is answered 503
 /// in plain text with `Retry-After`, naming the cap, not rmcp's 500 for a session it could
-/// not make (as plain text, a client waiting for the request's id is not left waiting);
-/// once the legacy session is deleted, calls are served again.
+/// not make (plain text: rmcp's client reads a JSON body of a 5xx as a message, and drops
+/// an error without the id it waits for); once the legacy session is deleted, calls are
+/// served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_past_the_session_cap_is_answered_503() {
     let dir = tempfile::tempdir().unwrap();
     let (gateway, url) = start_serving(dir.path(), &[], &["--max-sessions", "1"]).await;
+    until_served(&url).await;
     let echo = modern_call("up__echo", json!({"text": "through"}));
-    until_served(&url, &echo).await;
     // The last call's session may still be closing: the legacy one opens once it has.
     let legacy = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
@@ -546,7 +548,7 @@ async fn a_request_past_the_session_cap_is_answered_503() {
     // The legacy session is served meanwhile; deleted, it frees the slot.
     assert!(!legacy.list_all_tools().await.unwrap().is_empty());
     legacy.cancel().await.unwrap();
-    until_served(&url, &echo).await;
+    until_served(&url).await;
     drop(gateway);
 }
 

@@ -14,9 +14,9 @@
 //!   event stream of progress included). Every POST's body must arrive within
 //!   [`BODY_WITHIN`] of its head, or it fails.
 //! - A refused POST's body is read up to [`PEEK`] bytes (at most 32 at once, 4 of one
-//!   session or identity, each read and handled within 5 s): if it is a notification or an answer it passes uncounted, so a
-//!   client in a session at its bound can still cancel what holds its places or answer an
-//!   elicitation. (Without a session, MCP 2026-07-28 has no notification that cancels: a
+//!   session or identity, each read and handled within 5 s): if it is a notification or
+//!   an answer it passes uncounted, so a client in a session at its bound can still cancel
+//!   what holds its places or answer an elicitation. (Without a session, MCP 2026-07-28 has no notification that cancels: a
 //!   client cancels by closing the request's connection, which frees its place.)
 //!
 //! Requests without a session (MCP 2026-07-28's, an `initialize`) from the loopback
@@ -195,7 +195,7 @@ pub(crate) fn keys(session: Option<&str>, identity: Option<&str>) -> Vec<String>
 pub const BODY_WITHIN: Duration = Duration::from_secs(30);
 
 /// How long a refused POST that is not a request may take to be read and handled (see
-/// [`not_a_request`]) before it is answered 503: 5 s.
+/// [`not_a_request`]) before it is answered as refused (429): 5 s.
 pub(crate) const PASS_WITHIN: Duration = Duration::from_secs(5);
 
 /// The most refused POSTs whose bodies are read at once to see whether they are requests;
@@ -204,7 +204,9 @@ pub(crate) const MAX_PEEKS: usize = 32;
 
 /// The most of those [`MAX_PEEKS`] one session, or one identity with tokens, may have at
 /// once, so that a client at its bound sending slow bodies cannot take every peek from
-/// another client at its bound that needs one to cancel.
+/// another client at its bound that needs one to cancel. (Without tokens every client is
+/// the one identity `loopback` and names its session itself, so this holds among clients
+/// that keep to their sessions.)
 pub(crate) const PEEKS_PER_KEY: usize = 4;
 
 /// A body that fails if it has not ended within its deadline.

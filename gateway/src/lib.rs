@@ -102,10 +102,11 @@
 //!   by one path: rmcp waits up to 5 s for their answers, then the calls still in flight
 //!   are cancelled upstream and logged as [`CANCELLED_BY_CLIENT`], and the gateway waits
 //!   for every one of them to be logged before it stops the upstreams and exits.
-//! - Over HTTP at most [`GatewaySettings::max_sessions`] ([`MAX_SESSIONS`] by default) sessions are open at
-//!   once; one more is refused (503 Service Unavailable, `Retry-After: 1`) with an error
-//!   saying so. A session ends when its client
-//!   deletes it or after [`SESSION_IDLE`] without a message, and its slot is freed.
+//! - Over HTTP at most [`GatewaySettings::max_sessions`] ([`MAX_SESSIONS`] by default)
+//!   sessions are open at once; one more is refused (503 Service Unavailable, `Retry-After:
+//!   1`) with a text saying so (rmcp's and the Python SDK's clients show the status only).
+//!   A session ends when its client deletes it or after [`SESSION_IDLE`] without a
+//!   message, and its slot is freed.
 //! - What a client holds in the gateway at once is bounded: a stdio client at most 64
 //!   requests in flight (one more is answered at once with an error, -32000); over HTTP at
 //!   most [`MAX_CONNECTIONS`] connections (more wait to be accepted), [`MAX_REQUESTS`]
@@ -389,17 +390,19 @@ impl Drop for InFlight {
 /// An open session's slot, freed when it is dropped.
 struct SessionSlot(watch::Sender<Gauge>);
 
-tokio::task_local! {
-    /// Why a session rmcp asked for while handling an HTTP request could not open
-    /// ([`Session::open`] notes it): rmcp answers any failed session factory with a 500,
-    /// which [`refusing`] replaces with the gateway's own 503 saying why.
-    static REFUSED: std::cell::RefCell<Option<SessionRefused>>;
-}
-
 impl Drop for SessionSlot {
     fn drop(&mut self) {
         self.0.send_modify(|g| g.sessions -= 1);
     }
+}
+
+tokio::task_local! {
+    /// Why the last session rmcp asked for while handling an HTTP request could not open
+    /// ([`Session::open`] notes it, and clears it when one opens): rmcp 3.11 answers a
+    /// failed session factory with a 500 at once (its one lookup that swallows the
+    /// failure, of a tool's schema, is not reached from this gateway's routes), which
+    /// [`refusing`] replaces with the gateway's own 503 saying why.
+    static REFUSED: std::cell::RefCell<Option<SessionRefused>>;
 }
 
 /// What every session shares: the upstream connections, the Surface resolved from the
@@ -824,16 +827,20 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// Why no slot is free ([`Shared::take_session_slot`]), or a run id that cannot be.
+    /// Why no slot is free ([`Shared::take_session_slot`]).
     fn open(shared: Arc<Shared>) -> Result<Self, SessionRefused> {
-        let slot = shared.take_session_slot().inspect_err(|why| {
-            // Outside an HTTP request's handling (stdio) there is nothing to note.
-            let _ = REFUSED.try_with(|refused| {
-                if let Ok(mut refused) = refused.try_borrow_mut() {
-                    *refused = Some(why.clone());
-                }
-            });
-        })?;
+        let taken = shared.take_session_slot();
+        // Noted for the HTTP request being handled, if any (not over stdio).
+        let _ = REFUSED.try_with(|refused| {
+            if let Ok(mut refused) = refused.try_borrow_mut() {
+                *refused = match &taken {
+                    Ok(_) => None,
+                    Err(SessionRefused::Closing) => Some(SessionRefused::Closing),
+                    Err(SessionRefused::Full { max }) => Some(SessionRefused::Full { max: *max }),
+                };
+            }
+        });
+        let slot = taken?;
         Ok(Self {
             shared,
             tenant: Mutex::new(None),
@@ -2164,7 +2171,7 @@ pub enum ServeError {
 }
 
 /// Why a session could not open.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SessionRefused {
     /// The gateway is shutting down.
@@ -2822,8 +2829,7 @@ async fn serve_http(
             // Its body must arrive within its deadline, whoever reads it.
             let request = request.map(|body| admit::Deadline::new(body, admit::BODY_WITHIN));
             let admitted = if per_request {
-                let keys = admit::keys(session.as_deref(), identity.as_deref());
-                match admission.admit(keys.clone()) {
+                match admission.admit(admit::keys(session.as_deref(), identity.as_deref())) {
                     Ok(admitted) => Some(admitted),
                     // A refused POST that is a notification or an answer (a cancellation,
                     // an elicitation's answer) still passes, so that a client at its bound
@@ -2831,6 +2837,7 @@ async fn serve_http(
                     // `PEEKS_PER_KEY` of one session or identity, each read and handled
                     // within `PASS_WITHIN`.
                     Err(refused) => {
+                        let keys = admit::keys(session.as_deref(), identity.as_deref());
                         let Ok(_peek) = peeks.admit(keys) else {
                             return Ok(admit::too_many(refused));
                         };
@@ -2984,6 +2991,13 @@ mod tests {
         assert_eq!(other.status(), hyper::StatusCode::INTERNAL_SERVER_ERROR);
         let served = refusing(async { answer(hyper::StatusCode::OK) }).await;
         assert_eq!(served.status(), hyper::StatusCode::OK);
+        let noted_but_served = refusing(async {
+            let _ =
+                REFUSED.try_with(|refused| *refused.borrow_mut() = Some(SessionRefused::Closing));
+            answer(hyper::StatusCode::NOT_FOUND)
+        })
+        .await;
+        assert_eq!(noted_but_served.status(), hyper::StatusCode::NOT_FOUND);
     }
 
     /// A handler that panics (a bug: none does on input) is answered with an internal
