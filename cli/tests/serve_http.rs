@@ -540,7 +540,7 @@ async fn a_request_past_the_session_cap_is_answered_503() {
     );
     assert!(
         body.starts_with(
-            "Service Unavailable: the gateway: 1 sessions are open, the most it allows (psych \
+            "Service Unavailable: the gateway: 1 session is open, the most it allows (psych \
              serve: --max-sessions)"
         ),
         "{refused}"

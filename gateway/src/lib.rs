@@ -2179,9 +2179,9 @@ pub enum SessionRefused {
     Closing,
     /// As many sessions are open as [`GatewaySettings::max_sessions`] allows.
     #[error(
-        "the gateway: {max} sessions are open, the most it allows (psych serve: \
-         --max-sessions); end one (a client deleting its session, or {} s idle) or raise \
-         the cap",
+        "the gateway: {max} {} open, the most it allows (psych serve: --max-sessions); end \
+         one (a client deleting its session, or {} s idle) or raise the cap",
+        if *max == 1 { "session is" } else { "sessions are" },
         SESSION_IDLE.as_secs()
     )]
     Full {
