@@ -226,7 +226,7 @@ enum Command {
         #[arg(long, value_name = "TOKENS")]
         pin_budget: Option<u64>,
         /// With `--http`: the most sessions open at once; a client opening one more is
-        /// refused (HTTP 503, `Retry-After: 1`) with a text saying so. A session ends when
+        /// refused (HTTP 503, `Retry-After: 1`) with an error saying so. A session ends when
         /// its client deletes it, or after 5 minutes without a message; a request of MCP
         /// 2026-07-28 holds one while it runs.
         #[arg(long, value_name = "N", default_value_t = psych_gateway::MAX_SESSIONS)]

@@ -687,6 +687,12 @@ async fn http_sessions_past_the_cap_are_refused_and_closed_ones_are_released() {
         "{refused}"
     );
     assert!(refused.contains("\r\nretry-after: 1\r\n"), "{refused}");
+    // An error for the initialize's id, which rmcp's client shows as the handshake's.
+    assert!(
+        refused.contains("\r\ncontent-type: application/json\r\n"),
+        "{refused}"
+    );
+    assert!(refused.contains(r#""id":1"#), "{refused}");
     assert!(
         refused.contains("2 sessions are open, the most it allows (psych serve: --max-sessions)"),
         "{refused}"

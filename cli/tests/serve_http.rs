@@ -501,16 +501,41 @@ async fn a_post_past_the_bound_in_flight_is_answered_429() {
 
 /// A request of MCP 2026-07-28 runs in a session of its own, in one of the gateway's
 /// session slots: with every slot taken (the one, by a legacy session), it is answered 503
-/// in plain text with `Retry-After`, naming the cap, not rmcp's 500 for a session it could
-/// not make (plain text: rmcp's client reads a JSON body of a 5xx as a message, and drops
-/// an error without the id it waits for); once the legacy session is deleted, calls are
-/// served again.
+/// with `Retry-After` and a JSON-RPC error for its id naming the cap, not rmcp's 500 for a
+/// session it could not make, and rmcp's client of 2026-07-28 gives its caller that error;
+/// a client probing with `server/discover` gets a bare 503, not an error that would make
+/// it fall back to `initialize`; once the legacy session is deleted, calls are served
+/// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_past_the_session_cap_is_answered_503() {
+    use rmcp::model::ProtocolVersion;
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
+
     let dir = tempfile::tempdir().unwrap();
     let (gateway, url) = start_serving(dir.path(), &[], &["--max-sessions", "1"]).await;
     until_served(&url).await;
     let echo = modern_call("up__echo", json!({"text": "through"}));
+    // A client of 2026-07-28 (its `server/discover` holds the slot a moment, as a call).
+    let modern = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let (changed, _) = mpsc::unbounded_channel();
+            let lifecycle = ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            };
+            if let Ok(session) = (Client { changed })
+                .serve_with_lifecycle(
+                    StreamableHttpClientTransport::from_uri(url.clone()),
+                    lifecycle,
+                )
+                .await
+            {
+                break session;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the client of 2026-07-28 starts");
     // The last call's session may still be closing: the legacy one opens once it has.
     let legacy = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
@@ -535,20 +560,43 @@ async fn a_request_past_the_session_cap_is_answered_503() {
     let head = head.to_ascii_lowercase();
     assert!(head.contains("\r\nretry-after: 1\r\n"), "{refused}");
     assert!(
-        head.contains("\r\ncontent-type: text/plain\r\n"),
+        head.contains("\r\ncontent-type: application/json\r\n"),
         "{refused}"
     );
-    assert!(
-        body.starts_with(
-            "Service Unavailable: the gateway: 1 session is open, the most it allows (psych \
-             serve: --max-sessions)"
-        ),
-        "{refused}"
-    );
+    let body: Value = serde_json::from_str(body).unwrap();
+    let cap = "the gateway: 1 session is open, the most it allows (psych serve: --max-sessions)";
+    assert_eq!(body["id"], 1, "{body}");
+    assert_eq!(body["error"]["code"], -32000, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with(cap), "{message}");
+    // rmcp's client gives its caller the error, at once.
+    let call = CallToolRequestParams::new("up__echo")
+        .with_arguments(json!({"text": "through"}).as_object().unwrap().clone());
+    let error = tokio::time::timeout(Duration::from_secs(30), modern.call_tool(call))
+        .await
+        .expect("answered at once")
+        .unwrap_err();
+    assert!(error.to_string().contains(cap), "{error}");
+    // A client probing with `server/discover` gets the bare 503: an HTTP error, not an
+    // answer saying the gateway is of an earlier revision.
+    let (changed, _) = mpsc::unbounded_channel();
+    let auto = (Client { changed })
+        .serve_with_lifecycle(
+            StreamableHttpClientTransport::from_uri(url.clone()),
+            ClientLifecycleMode::Auto {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                legacy_version: None,
+            },
+        )
+        .await;
+    let error = format!("{:?}", auto.err().expect("refused while full"));
+    assert!(error.contains("503"), "{error}");
+    assert!(!error.contains("both failed"), "{error}");
     // The legacy session is served meanwhile; deleted, it frees the slot.
     assert!(!legacy.list_all_tools().await.unwrap().is_empty());
     legacy.cancel().await.unwrap();
     until_served(&url).await;
+    drop(modern);
     drop(gateway);
 }
 

@@ -209,11 +209,20 @@ pub(crate) const MAX_PEEKS: usize = 32;
 /// that keep to their sessions.)
 pub(crate) const PEEKS_PER_KEY: usize = 4;
 
-/// A body that fails if it has not ended within its deadline.
+/// The most of a POST's body kept as it is read ([`Deadline::recording`]), to answer a
+/// request the gateway refuses after rmcp has read it with the request's `id`: 4 KiB, more
+/// than a request opening a session or a usual call takes.
+pub(crate) const HEAD: usize = 4 * 1024;
+
+/// A body that fails if it has not ended within its deadline, and may keep its first
+/// bytes as they are read ([`Deadline::recording`]).
 pub(crate) struct Deadline<B> {
     body: B,
     within: Duration,
     until: Pin<Box<tokio::time::Sleep>>,
+    /// Where its first bytes are kept as they are read, up to one past [`HEAD`]; `None`
+    /// once that many are.
+    head: Option<Arc<Mutex<Vec<u8>>>>,
 }
 
 impl<B> Deadline<B> {
@@ -223,8 +232,33 @@ impl<B> Deadline<B> {
             body,
             within,
             until: Box::pin(tokio::time::sleep(within)),
+            head: None,
         }
     }
+
+    /// Also keeps the body's first bytes in `head` as they are read: [`HEAD`] of them, and
+    /// one more if there are more (so a body longer than [`HEAD`] is seen as such).
+    pub(crate) fn recording(mut self, head: Arc<Mutex<Vec<u8>>>) -> Self {
+        self.head = Some(head);
+        self
+    }
+}
+
+/// The `id` of the request whose body began with `head` ([`Deadline::recording`]), if the
+/// whole body is there and is one JSON-RPC request other than `server/discover`: an error
+/// answering a client's discover probe would tell it the gateway is of an earlier
+/// revision (rmcp's client, in its `Auto` mode, then falls back to `initialize`), where a
+/// bare 503 tells it to come back.
+pub(crate) fn request_id(head: &[u8]) -> Option<serde_json::Value> {
+    if head.len() > HEAD {
+        return None;
+    }
+    let message: serde_json::Value = serde_json::from_slice(head).ok()?;
+    let message = message.as_object()?;
+    if message.get("method")?.as_str()? == "server/discover" {
+        return None;
+    }
+    message.get("id").filter(|id| !id.is_null()).cloned()
 }
 
 /// Why a POST body could not be read.
@@ -251,6 +285,17 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+            if let (Some(head), Some(Ok(frame))) = (&self.head, &frame)
+                && let Some(data) = frame.data_ref()
+            {
+                let mut kept = head.lock().unwrap_or_else(PoisonError::into_inner);
+                let room = (HEAD + 1).saturating_sub(kept.len());
+                kept.extend_from_slice(&data[..data.len().min(room)]);
+                if kept.len() > HEAD {
+                    drop(kept);
+                    self.head = None;
+                }
+            }
             return Poll::Ready(frame.map(|frame| frame.map_err(|e| BodyError::Read(e.into()))));
         }
         match self.until.as_mut().poll(cx) {
@@ -571,6 +616,58 @@ mod tests {
         );
         let error = slow.collect().await.err().unwrap();
         assert!(matches!(error, BodyError::TooSlow(_)), "{error}");
+    }
+
+    /// A recording body keeps its first bytes across frames (trailers skipped) and one
+    /// past [`HEAD`] when there are more; a request read whole gives its id, one cut short
+    /// or a discover probe none.
+    #[tokio::test]
+    async fn a_recording_body_keeps_its_head_across_frames() {
+        let read = async |frames: Vec<Vec<u8>>| {
+            let mut stream: Vec<Result<Frame<hyper::body::Bytes>, std::io::Error>> = frames
+                .into_iter()
+                .map(|bytes| Ok(Frame::data(hyper::body::Bytes::from(bytes))))
+                .collect();
+            stream.push(Ok(Frame::trailers(hyper::HeaderMap::new())));
+            let head = Arc::new(Mutex::new(Vec::new()));
+            let body = Deadline::new(
+                http_body_util::StreamBody::new(futures_util::stream::iter(stream)),
+                Duration::from_secs(5),
+            )
+            .recording(Arc::clone(&head));
+            let whole = body.collect().await.unwrap().to_bytes();
+            let kept = head.lock().unwrap().clone();
+            (whole, kept)
+        };
+        // Exactly HEAD bytes, in three frames: kept whole, its id found.
+        let mut call = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"a":""#.to_vec();
+        call.resize(HEAD - 3, b'x');
+        call.extend_from_slice(br#""}}"#);
+        assert_eq!(call.len(), HEAD);
+        let frames = vec![
+            call[..2000].to_vec(),
+            call[2000..4000].to_vec(),
+            call[4000..].to_vec(),
+        ];
+        let (whole, kept) = read(frames).await;
+        assert_eq!(&whole[..], &call[..]);
+        assert_eq!(kept, call);
+        assert_eq!(request_id(&kept), Some(serde_json::json!(7)));
+        // One byte more: HEAD + 1 kept, no id.
+        let mut longer = call.clone();
+        longer.insert(longer.len() - 3, b'x');
+        let (whole, kept) = read(vec![longer.clone()]).await;
+        assert_eq!(&whole[..], &longer[..]);
+        assert_eq!(kept, longer[..HEAD + 1]);
+        assert_eq!(request_id(&kept), None);
+        let discover = br#"{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{}}"#;
+        assert_eq!(request_id(discover), None);
+        let answer = br#"{"jsonrpc":"2.0","id":1,"result":{}}"#;
+        assert_eq!(request_id(answer), None);
+        assert_eq!(
+            request_id(br#"{"jsonrpc":"2.0","id":"a","method":"ping"}"#),
+            Some(serde_json::json!("a"))
+        );
     }
 
     #[tokio::test]

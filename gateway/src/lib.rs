@@ -104,7 +104,8 @@
 //!   for every one of them to be logged before it stops the upstreams and exits.
 //! - Over HTTP at most [`GatewaySettings::max_sessions`] ([`MAX_SESSIONS`] by default)
 //!   sessions are open at once; one more is refused (503 Service Unavailable, `Retry-After:
-//!   1`) with a text saying so (rmcp's and the Python SDK's clients show the status only).
+//!   1`) with an error for the request's id saying so (plain text for `server/discover`
+//!   and for a body over 4 KiB).
 //!   A session ends when its client deletes it or after [`SESSION_IDLE`] without a
 //!   message, and its slot is freed.
 //! - What a client holds in the gateway at once is bounded: a stdio client at most 64
@@ -2692,11 +2693,12 @@ fn not_found_session() -> hyper::Response<raw::HttpBody> {
     )
 }
 
-/// rmcp's answer to an HTTP request (`handled`), except when a session it needed could
-/// not open ([`REFUSED`]): then, in place of rmcp's 500, the gateway's own 503 saying why
-/// ([`no_session`]).
+/// rmcp's answer to an HTTP request (`handled`, whose body began with `head`), except when
+/// a session it needed could not open ([`REFUSED`]): then, in place of rmcp's 500, the
+/// gateway's own 503 saying why ([`no_session`]).
 async fn refusing(
     handled: impl Future<Output = hyper::Response<raw::HttpBody>>,
+    head: &Mutex<Vec<u8>>,
 ) -> hyper::Response<raw::HttpBody> {
     let (response, refused) = REFUSED
         .scope(std::cell::RefCell::new(None), async {
@@ -2707,22 +2709,44 @@ async fn refusing(
         .await;
     match refused {
         Some(why) if response.status() == hyper::StatusCode::INTERNAL_SERVER_ERROR => {
-            no_session(&why)
+            let head = head.lock().unwrap_or_else(PoisonError::into_inner);
+            no_session(&why, admit::request_id(&head))
         }
         _ => response,
     }
 }
 
-/// The answer to a request whose session could not open: 503 saying why, in plain text
-/// (as rmcp's own HTTP errors: a JSON-RPC error without the request's `id` would be
-/// dropped by a client waiting for that id), and `Retry-After: 1` when sessions are full
-/// (one ends when its client deletes it or it idles out).
-fn no_session(refused: &SessionRefused) -> hyper::Response<raw::HttpBody> {
-    let mut response = http_answer(
-        hyper::StatusCode::SERVICE_UNAVAILABLE,
-        "text/plain",
-        format!("Service Unavailable: {refused}"),
-    );
+/// The answer to a request whose session could not open: 503 saying why, and
+/// `Retry-After: 1` when sessions are full (one ends when its client deletes it or it
+/// idles out). For a request whose `id` is known ([`admit::request_id`]), a JSON-RPC error
+/// (-32000) with that id and what the status said in its `data`, which rmcp's client
+/// gives its caller as the request's error; else plain text, as rmcp's own HTTP errors (an
+/// error without the `id` a client waits for would be dropped by it).
+fn no_session(refused: &SessionRefused, id: Option<Value>) -> hyper::Response<raw::HttpBody> {
+    let mut response = match id {
+        Some(id) => {
+            // What the status and `Retry-After` said, for clients that show only the error.
+            let data = match refused {
+                SessionRefused::Full { max } => json!({"maxSessions": max, "retryAfter": 1}),
+                SessionRefused::Closing => json!({"closing": true}),
+            };
+            http_answer(
+                hyper::StatusCode::SERVICE_UNAVAILABLE,
+                "application/json",
+                json!({
+                    "jsonrpc": "2.0",
+                    "id": id,
+                    "error": {"code": -32000, "message": refused.to_string(), "data": data},
+                })
+                .to_string(),
+            )
+        }
+        None => http_answer(
+            hyper::StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("Service Unavailable: {refused}"),
+        ),
+    };
     if matches!(refused, SessionRefused::Full { .. }) {
         response.headers_mut().insert(
             hyper::header::RETRY_AFTER,
@@ -2827,7 +2851,17 @@ async fn serve_http(
             // A POST's place is taken before its body is read, and held until its answer
             // has been sent: under its session, and (with tokens) its identity.
             // Its body must arrive within its deadline, whoever reads it.
-            let request = request.map(|body| admit::Deadline::new(body, admit::BODY_WITHIN));
+            // A POST's first bytes are kept as rmcp reads them, to answer it with its `id`
+            // if a session it needs cannot open.
+            let head = Arc::new(Mutex::new(Vec::new()));
+            let request = request.map(|body| {
+                let body = admit::Deadline::new(body, admit::BODY_WITHIN);
+                if per_request {
+                    body.recording(Arc::clone(&head))
+                } else {
+                    body
+                }
+            });
             let admitted = if per_request {
                 match admission.admit(admit::keys(session.as_deref(), identity.as_deref())) {
                     Ok(admitted) => Some(admitted),
@@ -2843,7 +2877,7 @@ async fn serve_http(
                         };
                         let passed = tokio::time::timeout(admit::PASS_WITHIN, async {
                             match admit::not_a_request(request).await {
-                                Some(request) => Some(refusing(rmcp.handle(request)).await),
+                                Some(request) => Some(refusing(rmcp.handle(request), &head).await),
                                 None => None,
                             }
                         });
@@ -2856,7 +2890,7 @@ async fn serve_http(
             } else {
                 None
             };
-            let response = refusing(rmcp.handle(request)).await;
+            let response = refusing(rmcp.handle(request), &head).await;
             if let Some(identity) = identity {
                 match (&session, response.headers().get("mcp-session-id")) {
                     // A session just made (its initialize): its identity is the creator's.
@@ -2965,7 +2999,8 @@ mod tests {
     use super::*;
 
     /// rmcp's 500 for a session that could not open becomes the gateway's 503 saying why
-    /// (with `Retry-After` when the sessions are full, not when shutting down); any other
+    /// (with `Retry-After` when the sessions are full, not when shutting down): a JSON-RPC
+    /// error with the request's id when its body was read whole, else plain text; any other
     /// answer, and a 500 for anything else, passes as rmcp gave it.
     #[tokio::test]
     async fn a_session_that_could_not_open_is_answered_503() {
@@ -2975,27 +3010,79 @@ mod tests {
             let _ = REFUSED.try_with(|refused| *refused.borrow_mut() = Some(why));
             answer(hyper::StatusCode::INTERNAL_SERVER_ERROR)
         };
-        let full = refusing(failed(SessionRefused::Full { max: 2 })).await;
+        let head = |body: &[u8]| Mutex::new(body.to_vec());
+        let nothing = head(b"");
+        let text = async |response: hyper::Response<raw::HttpBody>| {
+            String::from_utf8(
+                response
+                    .into_body()
+                    .collect()
+                    .await
+                    .unwrap()
+                    .to_bytes()
+                    .to_vec(),
+            )
+            .unwrap()
+        };
+        // Without a request's id: plain text.
+        let full = refusing(failed(SessionRefused::Full { max: 2 }), &nothing).await;
         assert_eq!(full.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(full.headers()[hyper::header::RETRY_AFTER], "1");
         assert_eq!(full.headers()[hyper::header::CONTENT_TYPE], "text/plain");
-        let body = full.into_body().collect().await.unwrap().to_bytes();
+        let body = text(full).await;
         assert!(
-            body.starts_with(b"Service Unavailable: the gateway: 2 sessions are open"),
-            "{body:?}"
+            body.starts_with("Service Unavailable: the gateway: 2 sessions are open"),
+            "{body}"
         );
-        let closing = refusing(failed(SessionRefused::Closing)).await;
+        // A request read whole: its id, in a JSON-RPC error.
+        let call = head(br#"{"jsonrpc":"2.0","id":"c-7","method":"tools/call","params":{}}"#);
+        let full = refusing(failed(SessionRefused::Full { max: 1 }), &call).await;
+        assert_eq!(full.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            full.headers()[hyper::header::CONTENT_TYPE],
+            "application/json"
+        );
+        let body: Value = serde_json::from_str(&text(full).await).unwrap();
+        assert_eq!(body["id"], "c-7");
+        assert_eq!(body["error"]["code"], -32000);
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("the gateway: 1 session is open, the most it allows"),
+            "{body}"
+        );
+        // Not whole, not a request, or a null id: plain text.
+        let mut long = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"a":""#.to_vec();
+        long.resize(admit::HEAD + 1, b'x');
+        let notification = br#"{"jsonrpc":"2.0","method":"notifications/cancelled"}"#;
+        let null = br#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#;
+        for other in [&long[..], notification, null] {
+            let answered = refusing(failed(SessionRefused::Closing), &head(other)).await;
+            assert_eq!(
+                answered.headers()[hyper::header::CONTENT_TYPE],
+                "text/plain"
+            );
+        }
+        let closing = refusing(failed(SessionRefused::Closing), &nothing).await;
         assert_eq!(closing.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
         assert!(!closing.headers().contains_key(hyper::header::RETRY_AFTER));
-        let other = refusing(async { answer(hyper::StatusCode::INTERNAL_SERVER_ERROR) }).await;
+        let other = refusing(
+            async { answer(hyper::StatusCode::INTERNAL_SERVER_ERROR) },
+            &call,
+        )
+        .await;
         assert_eq!(other.status(), hyper::StatusCode::INTERNAL_SERVER_ERROR);
-        let served = refusing(async { answer(hyper::StatusCode::OK) }).await;
+        let served = refusing(async { answer(hyper::StatusCode::OK) }, &call).await;
         assert_eq!(served.status(), hyper::StatusCode::OK);
-        let noted_but_served = refusing(async {
-            let _ =
-                REFUSED.try_with(|refused| *refused.borrow_mut() = Some(SessionRefused::Closing));
-            answer(hyper::StatusCode::NOT_FOUND)
-        })
+        let noted_but_served = refusing(
+            async {
+                let _ = REFUSED
+                    .try_with(|refused| *refused.borrow_mut() = Some(SessionRefused::Closing));
+                answer(hyper::StatusCode::NOT_FOUND)
+            },
+            &call,
+        )
         .await;
         assert_eq!(noted_but_served.status(), hyper::StatusCode::NOT_FOUND);
     }
