@@ -469,15 +469,34 @@ pub(crate) fn too_many(refused: Refused) -> hyper::Response<HttpBody> {
             limit,
         ),
     };
-    let body = serde_json::json!({
-        "jsonrpc": "2.0",
-        "error": {"code": -32000, "message": message, "data": {"inFlight": limit}},
-    });
-    let mut response = crate::http_answer(
+    retry_after(busy_error(
         hyper::StatusCode::TOO_MANY_REQUESTS,
-        "application/json",
-        body.to_string(),
-    );
+        None,
+        message,
+        serde_json::json!({"inFlight": limit}),
+    ))
+}
+
+/// An HTTP answer of `status` carrying a JSON-RPC error of the gateway's own (-32000) with
+/// `message` and `data`: for `id`, or without one when the request's body was not read.
+pub(crate) fn busy_error(
+    status: hyper::StatusCode,
+    id: Option<serde_json::Value>,
+    message: String,
+    data: serde_json::Value,
+) -> hyper::Response<HttpBody> {
+    let mut body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "error": {"code": BUSY.0, "message": message, "data": data},
+    });
+    if let Some(id) = id {
+        body["id"] = id;
+    }
+    crate::http_answer(status, "application/json", body.to_string())
+}
+
+/// `response` with `Retry-After: 1`: a place or a slot frees within about a second.
+pub(crate) fn retry_after(mut response: hyper::Response<HttpBody>) -> hyper::Response<HttpBody> {
     response.headers_mut().insert(
         hyper::header::RETRY_AFTER,
         hyper::header::HeaderValue::from_static("1"),

@@ -2723,37 +2723,26 @@ async fn refusing(
 /// gives its caller as the request's error; else plain text, as rmcp's own HTTP errors (an
 /// error without the `id` a client waits for would be dropped by it).
 fn no_session(refused: &SessionRefused, id: Option<Value>) -> hyper::Response<raw::HttpBody> {
-    let mut response = match id {
+    let status = hyper::StatusCode::SERVICE_UNAVAILABLE;
+    let response = match id {
         Some(id) => {
             // What the status and `Retry-After` said, for clients that show only the error.
             let data = match refused {
                 SessionRefused::Full { max } => json!({"maxSessions": max, "retryAfter": 1}),
                 SessionRefused::Closing => json!({"closing": true}),
             };
-            http_answer(
-                hyper::StatusCode::SERVICE_UNAVAILABLE,
-                "application/json",
-                json!({
-                    "jsonrpc": "2.0",
-                    "id": id,
-                    "error": {"code": -32000, "message": refused.to_string(), "data": data},
-                })
-                .to_string(),
-            )
+            admit::busy_error(status, Some(id), refused.to_string(), data)
         }
         None => http_answer(
-            hyper::StatusCode::SERVICE_UNAVAILABLE,
+            status,
             "text/plain",
             format!("Service Unavailable: {refused}"),
         ),
     };
-    if matches!(refused, SessionRefused::Full { .. }) {
-        response.headers_mut().insert(
-            hyper::header::RETRY_AFTER,
-            hyper::header::HeaderValue::from_static("1"),
-        );
+    match refused {
+        SessionRefused::Full { .. } => admit::retry_after(response),
+        SessionRefused::Closing => response,
     }
-    response
 }
 
 /// The answer to an HTTP request without a known bearer token.
@@ -2856,6 +2845,8 @@ async fn serve_http(
             let head = Arc::new(Mutex::new(Vec::new()));
             let request = request.map(|body| {
                 let body = admit::Deadline::new(body, admit::BODY_WITHIN);
+                // Any POST: rmcp routes by the message, so one of 2026-07-28 that names a
+                // session is served by a session of its own too.
                 if per_request {
                     body.recording(Arc::clone(&head))
                 } else {

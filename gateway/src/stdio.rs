@@ -57,7 +57,7 @@
 //!   does (issue 27): the only await of the read is `fill_buf`, which takes nothing when
 //!   dropped, and the copy into the line and `consume` follow it with no await between. A
 //!   dropped `receive` is resumed by the next call where it stopped. A line over
-//!   [`PARSE_ON_WORKER`] is parsed on a blocking thread, its handle kept in the transport
+//!   [`JSON_ON_WORKER`] is parsed on a blocking thread, its handle kept in the transport
 //!   and awaited before anything else is read, so a dropped `receive` finds it again and
 //!   lines keep their order.
 //! - Written bytes go through one queue behind a lock. A message is serialized whole
@@ -73,6 +73,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use psych_mcp::InFlight;
+use psych_mcp::wire::JSON_ON_WORKER;
 use rmcp::RoleServer;
 use rmcp::model::{ClientJsonRpcMessage, ErrorData, RequestId, ServerJsonRpcMessage};
 use rmcp::transport::Transport;
@@ -93,11 +94,6 @@ pub(crate) const REPLIES_PER_SECOND: u32 = 16;
 /// The most requests of the client in flight at once (see the module docs): a client
 /// rarely has more than a few calls running, and past this one is refused, not queued.
 pub(crate) const MAX_IN_FLIGHT: usize = psych_mcp::MAX_PEER_REQUESTS;
-
-/// A line longer than this is parsed on a blocking thread, not on the worker running
-/// rmcp's loop: 1 MiB, about a millisecond of parsing (a line up to [`MAX_LINE`] takes a
-/// few), as psych-mcp does for a server's lines.
-const PARSE_ON_WORKER: usize = psych_mcp::wire::JSON_ON_WORKER;
 
 /// The read buffer: a pipe's default capacity, so one read takes what a writer can queue.
 const READ_BUFFER: usize = 64 * 1024;
@@ -122,7 +118,7 @@ pub(crate) struct StdioTransport<R, W> {
     too_long: bool,
     /// Whether the reader has ended.
     ended: bool,
-    /// The parse of a line over [`PARSE_ON_WORKER`], on a blocking thread: kept here so
+    /// The parse of a line over [`JSON_ON_WORKER`], on a blocking thread: kept here so
     /// that a `receive` dropped while it runs loses nothing.
     parsing: Option<tokio::task::JoinHandle<Classified>>,
     /// An answer to a bad line, decided and not yet queued for writing.
@@ -327,7 +323,7 @@ where
                 }
             };
             match line {
-                Line::Whole(line) if line.len() > PARSE_ON_WORKER => {
+                Line::Whole(line) if line.len() > JSON_ON_WORKER => {
                     // Awaited at the top of the loop, before anything else is read, so
                     // lines keep their order.
                     self.parsing = Some(tokio::task::spawn_blocking(move || classify(&line)));

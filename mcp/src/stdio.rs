@@ -15,7 +15,7 @@
 //!
 //! - its `receive` is cancel-safe ([`lines`]): rmcp's loop drops it whenever another event
 //!   comes first, and a line half read then is resumed, never lost;
-//! - a line over [`PARSE_ON_WORKER`] is parsed on a blocking thread, not in rmcp's loop on
+//! - a line over [`JSON_ON_WORKER`] is parsed on a blocking thread, not in rmcp's loop on
 //!   an async worker, and the parse survives a dropped `receive` (its handle is kept);
 //! - invalid UTF-8 and lone surrogate escapes in an answer are replaced by U+FFFD, said
 //!   in the result's `_meta` under `psych/lossy` ([`repair`]);
@@ -72,6 +72,7 @@ use crate::budget::Reservation;
 use crate::in_flight::{InFlight, MAX_PEER_REQUESTS};
 use crate::spill::{self, MAX_SPILLED_ANSWER, SPILL_AT};
 use crate::tap::{AnswerFailure, Tap};
+use crate::wire::JSON_ON_WORKER;
 use lines::{Line, LineReader, Overflow, SpillTo, SpilledLine};
 use tree::{Leader, Tag};
 
@@ -92,10 +93,6 @@ const LINE_PREVIEW: usize = 400;
 const EXIT_QUIET: Duration = Duration::from_millis(200);
 /// The byte order mark some servers write before their first line.
 const BOM: &[u8] = b"\xEF\xBB\xBF";
-/// The longest line parsed on the async worker that reads it (about a millisecond of
-/// work); a longer one, up to [`MAX_LINE`] (tens of milliseconds per parse, and a repair
-/// may parse it twice more), is parsed on a blocking thread.
-pub(crate) const PARSE_ON_WORKER: usize = crate::wire::JSON_ON_WORKER;
 
 /// What a stdio server's process is configured as.
 pub(crate) struct Command<'a> {
@@ -465,7 +462,7 @@ struct ChildReader<R> {
     /// Set once the process is known to have exited.
     exited: bool,
     parser: Parser,
-    /// The parse of a line over [`PARSE_ON_WORKER`], on a blocking thread: kept here so
+    /// The parse of a line over [`JSON_ON_WORKER`], on a blocking thread: kept here so
     /// that a `receive` dropped while it runs loses nothing.
     parsing: Option<JoinHandle<Option<RxJsonRpcMessage<RoleClient>>>>,
     /// Held by a test to keep a blocking parse from finishing.
@@ -543,7 +540,7 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
                 parsed.ok().flatten()
             } else {
                 match self.next_line().await? {
-                    Line::Whole(line) if line.len() > PARSE_ON_WORKER => {
+                    Line::Whole(line) if line.len() > JSON_ON_WORKER => {
                         self.parse_off_worker(line);
                         continue;
                     }
@@ -927,6 +924,24 @@ mod tests {
     use super::testing::{Rng, poll_once, poll_up_to};
     use super::*;
 
+    /// `sh -c script` spawned as the server `name`, with default settings.
+    fn spawn_script(name: &str, script: &str) -> (Child, ChildTransport) {
+        let args = vec!["-c".to_owned(), script.to_owned()];
+        let env = std::collections::BTreeMap::new();
+        let budget = crate::SpillBudget::default();
+        let dir = std::env::temp_dir();
+        let spec = Command {
+            command: "sh",
+            args: &args,
+            env: &env,
+            cwd: None,
+            spill_dir: &dir,
+            budget: &budget,
+        };
+        let server = ServerId::new(name).unwrap();
+        Child::spawn(&server, &spec).unwrap()
+    }
+
     const CHANGED: &[u8] =
         b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n";
 
@@ -1068,12 +1083,12 @@ mod tests {
         assert_eq!(tail(b"a\n\nb\r\n").await, ["a", "", "b"]);
     }
 
-    /// Review item 5: a line over [`PARSE_ON_WORKER`] is not parsed inside `receive`'s
+    /// Review item 5: a line over [`JSON_ON_WORKER`] is not parsed inside `receive`'s
     /// poll (on an async worker) but on a blocking thread, and a `receive` dropped while
     /// that parse runs loses nothing: the next one delivers the message.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_long_line_is_parsed_off_the_worker_and_survives_a_dropped_receive() {
-        let text = data(1, 2 * PARSE_ON_WORKER);
+        let text = data(1, 2 * JSON_ON_WORKER);
         let line = format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/psych_test","params":{{"data":"{text}"}}}}"#
         ) + "\n";
@@ -1179,20 +1194,7 @@ mod tests {
             ping 102
             exec sleep 30
         "#;
-        let args = vec!["-c".to_owned(), script.to_owned()];
-        let env = std::collections::BTreeMap::new();
-        let budget = crate::SpillBudget::default();
-        let dir = std::env::temp_dir();
-        let spec = Command {
-            command: "sh",
-            args: &args,
-            env: &env,
-            cwd: None,
-            spill_dir: &dir,
-            budget: &budget,
-        };
-        let server = ServerId::new("pinger").unwrap();
-        let (child, mut transport) = Child::spawn(&server, &spec).unwrap();
+        let (child, mut transport) = spawn_script("pinger", script);
         let initialize: ClientJsonRpcMessage = serde_json::from_value(serde_json::json!({
             "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
                 "protocolVersion": "2025-06-18",
@@ -1268,20 +1270,7 @@ mod tests {
             echo '{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5}}'
             exec sleep 30
         "#;
-        let args = vec!["-c".to_owned(), script.to_owned()];
-        let env = std::collections::BTreeMap::new();
-        let budget = crate::SpillBudget::default();
-        let dir = std::env::temp_dir();
-        let spec = Command {
-            command: "sh",
-            args: &args,
-            env: &env,
-            cwd: None,
-            spill_dir: &dir,
-            budget: &budget,
-        };
-        let server = ServerId::new("late").unwrap();
-        let (child, mut transport) = Child::spawn(&server, &spec).unwrap();
+        let (child, mut transport) = spawn_script("late", script);
         for request in [
             serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": {}}),
             serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
