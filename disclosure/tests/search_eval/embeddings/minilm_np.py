@@ -42,6 +42,13 @@ class MiniLM:
         self.path = DIR / "model.safetensors"
 
     def _forward(self, ids, mask):
+        x = self.hidden(ids, mask)
+        m = mask[:, :, None]
+        e = (x * m).sum(1) / np.maximum(m.sum(1), 1e-9)
+        return e / np.linalg.norm(e, axis=1, keepdims=True)
+
+    def hidden(self, ids, mask):
+        """The last layer's output at every position, (batch, length, 384)."""
         w = self.w
         B, T = ids.shape
         x = (w["embeddings.word_embeddings.weight"][ids]
@@ -68,9 +75,7 @@ class MiniLM:
             h = _gelu(lin(x, "intermediate.dense"))
             x = _ln(lin(h, "output.dense") + x,
                     w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"])
-        m = mask[:, :, None]
-        e = (x * m).sum(1) / np.maximum(m.sum(1), 1e-9)
-        return e / np.linalg.norm(e, axis=1, keepdims=True)
+        return x
 
     def embed(self, texts, batch=32):
         encs = self.tok.encode_batch(list(texts))
