@@ -20,6 +20,9 @@ use crate::log::{Entry, RecordLog, open_io};
 /// Read size when scanning and checksumming on open.
 const SCAN_CHUNK: usize = 1 << 20;
 
+/// A bad frame's damage, and where whole frames may start after it, if anywhere.
+type Fault = (FrameDamage, Option<u64>);
+
 /// What opening a log found and repaired. Opening never drops data silently: anything cut
 /// off is described here, and records that the file's high-water mark says a completed sync
 /// made durable but that are missing make `open` fail with [`OpenError::Corrupt`] instead.
@@ -289,90 +292,40 @@ impl RecordLog {
             // Read-only, a file whose creation never began: no header, no frame.
             return Ok(None);
         }
-        let len = self.file_len()?;
+        let mut len = self.file_len()?;
         let mut pos = self.end;
-        let mut reader = BufReader::with_capacity(SCAN_CHUNK, &self.file);
-        reader
-            .seek(SeekFrom::Start(pos))
-            .map_err(open_io(&self.path))?;
-        // (damage, where to look for whole frames after it, if anywhere)
-        let fault: Option<(FrameDamage, Option<u64>)> = loop {
-            if pos == len {
-                break None;
-            }
-            if len - pos < FRAME_HEADER_LEN as u64 {
-                break Some((FrameDamage::IncompleteHeader, Some(pos + 1)));
-            }
-            let mut raw = [0u8; FRAME_HEADER_LEN];
-            reader.read_exact(&mut raw).map_err(open_io(&self.path))?;
-            let header = match FrameHeader::decode(&raw) {
-                Ok(header) => header,
-                Err(damage) => break Some((damage, Some(pos + 1))),
-            };
-            let expected = self.index.len() as u64;
-            if header.seq != expected {
-                break Some((
-                    FrameDamage::OutOfPlace {
-                        found: header.seq,
-                        expected,
-                    },
-                    Some(pos + 1),
-                ));
-            }
-            let frame_len = header.frame_len();
-            if frame_len > len - pos {
-                // The header is whole and says the frame runs past the end: a torn write.
-                break Some((FrameDamage::CutShort, None));
-            }
-            // The body is checksummed where it lies in the reader's buffer, not copied out.
-            let mut crc = Crc32c::new();
-            let mut left = frame_len - (FRAME_HEADER_LEN + FRAME_TRAILER_LEN) as u64;
-            while left > 0 {
-                let buffered = reader.fill_buf().map_err(open_io(&self.path))?;
-                if buffered.is_empty() {
-                    // The length was checked above: the file shrank under us.
-                    return Err(open_io(&self.path)(
-                        std::io::ErrorKind::UnexpectedEof.into(),
-                    ));
+        let mut fault = self.scan_frames(&mut pos, len)?;
+        let (at_end, damage) = loop {
+            let records = self.index.len() as u64;
+            // The log's end as its last write left it: the end mark of these records, then
+            // nothing or preallocated zeros.
+            let at_end = fault.is_some()
+                && self.end_mark_at(pos, len)? == Some(EndMark::new(records, pos))
+                && self.all_zero(pos + END_MARK_LEN as u64, len)?;
+            // What follows the last whole frame, as a reason to cut it: nothing when the
+            // file ends there or only zeros follow (frames zeroed or cut off since, unless
+            // the end mark is there; the high-water mark and the end mark tell, below).
+            let damage = match fault {
+                _ if at_end => None,
+                Some((damage, search_from)) if !self.all_zero(pos, len)? => {
+                    match self.damage_reason(damage, search_from, pos, len) {
+                        Err(err @ OpenError::Corrupt { .. }) if self.read_only => {
+                            if self.scanned_on(&mut pos, &mut len, &mut fault)? {
+                                continue;
+                            }
+                            return Err(err);
+                        }
+                        reason => Some(reason?),
+                    }
                 }
-                let take = left.min(buffered.len() as u64) as usize;
-                crc.update(&buffered[..take]);
-                reader.consume(take);
-                left -= take as u64;
-            }
-            let mut stored = [0u8; FRAME_TRAILER_LEN];
-            reader
-                .read_exact(&mut stored)
-                .map_err(open_io(&self.path))?;
-            if crc.finish() != u32::from_le_bytes(stored) {
-                break Some((FrameDamage::BodyChecksum, Some(pos + frame_len)));
-            }
-            self.index.push(Entry {
-                offset: pos,
-                header,
-            });
-            pos += frame_len;
+                _ => None,
+            };
+            break (at_end, damage);
         };
-        drop(reader);
         self.end = pos;
         self.allocated = len;
         let records = self.index.len() as u64;
-        // The log's end as its last write left it: the end mark of these records, then
-        // nothing or preallocated zeros.
         let mark_end = pos + END_MARK_LEN as u64;
-        let at_end = fault.is_some()
-            && self.end_mark_at(pos, len)? == Some(EndMark::new(records, pos))
-            && self.all_zero(mark_end, len)?;
-        // What follows the last whole frame, as a reason to cut it: nothing when the file
-        // ends there or only zeros follow (frames zeroed or cut off since, unless the end
-        // mark is there; the high-water mark and the end mark tell, below).
-        let damage = match fault {
-            _ if at_end => None,
-            Some((damage, search_from)) if !self.all_zero(pos, len)? => {
-                Some(self.damage_reason(damage, search_from, pos, len)?)
-            }
-            _ => None,
-        };
         self.check_mark(records, pos, len, damage.as_ref())?;
         let written = self.mark.written_records;
         let lost_synced = (records < written).then(|| written - 1);
@@ -438,6 +391,96 @@ impl RecordLog {
             reason,
             left_in_place: false,
         }))
+    }
+
+    /// Reads whole frames from `at` (moved past the last one read) in a file of `len`
+    /// bytes, checking both checksums and adding each to the index; returns the first bad
+    /// frame's damage and where whole frames may start after it, if anywhere (`None`: the
+    /// file ends at a frame's end).
+    fn scan_frames(&mut self, at: &mut u64, len: u64) -> Result<Option<Fault>, OpenError> {
+        let mut pos = *at;
+        let mut reader = BufReader::with_capacity(SCAN_CHUNK, &self.file);
+        reader
+            .seek(SeekFrom::Start(pos))
+            .map_err(open_io(&self.path))?;
+        // (damage, where to look for whole frames after it, if anywhere)
+        let fault = loop {
+            if pos == len {
+                break None;
+            }
+            if len - pos < FRAME_HEADER_LEN as u64 {
+                break Some((FrameDamage::IncompleteHeader, Some(pos + 1)));
+            }
+            let mut raw = [0u8; FRAME_HEADER_LEN];
+            reader.read_exact(&mut raw).map_err(open_io(&self.path))?;
+            let header = match FrameHeader::decode(&raw) {
+                Ok(header) => header,
+                Err(damage) => break Some((damage, Some(pos + 1))),
+            };
+            let expected = self.index.len() as u64;
+            if header.seq != expected {
+                break Some((
+                    FrameDamage::OutOfPlace {
+                        found: header.seq,
+                        expected,
+                    },
+                    Some(pos + 1),
+                ));
+            }
+            let frame_len = header.frame_len();
+            if frame_len > len - pos {
+                // The header is whole and says the frame runs past the end: a torn write.
+                break Some((FrameDamage::CutShort, None));
+            }
+            // The body is checksummed where it lies in the reader's buffer, not copied out.
+            let mut crc = Crc32c::new();
+            let mut left = frame_len - (FRAME_HEADER_LEN + FRAME_TRAILER_LEN) as u64;
+            while left > 0 {
+                let buffered = reader.fill_buf().map_err(open_io(&self.path))?;
+                if buffered.is_empty() {
+                    // The length was checked above: the file shrank under us.
+                    return Err(open_io(&self.path)(
+                        std::io::ErrorKind::UnexpectedEof.into(),
+                    ));
+                }
+                let take = left.min(buffered.len() as u64) as usize;
+                crc.update(&buffered[..take]);
+                reader.consume(take);
+                left -= take as u64;
+            }
+            let mut stored = [0u8; FRAME_TRAILER_LEN];
+            reader
+                .read_exact(&mut stored)
+                .map_err(open_io(&self.path))?;
+            if crc.finish() != u32::from_le_bytes(stored) {
+                break Some((FrameDamage::BodyChecksum, Some(pos + frame_len)));
+            }
+            self.index.push(Entry {
+                offset: pos,
+                header,
+            });
+            pos += frame_len;
+        };
+        drop(reader);
+        *at = pos;
+        Ok(fault)
+    }
+
+    /// Read-only, a writer may be appending meanwhile: what the scan's buffer held at
+    /// `pos` may be older than what was read after it (zeros or a frame half written
+    /// where a whole frame now lies, and whole frames after it), which looks like damage
+    /// before whole frames. Scans on from `pos` in the file as it is now; says whether
+    /// that went past it (the damage was such a stale view).
+    fn scanned_on(
+        &mut self,
+        pos: &mut u64,
+        len: &mut u64,
+        fault: &mut Option<Fault>,
+    ) -> Result<bool, OpenError> {
+        let from = *pos;
+        *len = self.file_len()?;
+        *fault = self.scan_frames(pos, *len)?;
+        Ok(*pos > from)
     }
 
     /// Damage at `pos` (record `self.len()`), not zeros only: decides whether it is a torn

@@ -206,3 +206,43 @@ fn a_file_whose_creation_was_torn_reads_as_empty_and_is_not_rewritten() {
     assert!(log.is_empty() && recovery.is_clean(), "{recovery}");
     assert_eq!(std::fs::read(&file).unwrap(), b"");
 }
+
+/// Review: a reader opening a log while its writer appends steadily must never find it
+/// corrupt: a frame still being written reads as a torn tail, frames written during the
+/// scan are either seen whole or not at all.
+#[test]
+fn a_reader_opening_a_log_under_steady_appends_never_finds_it_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut writer, _) =
+        RecordLog::open(dir.path(), &common::run("ro"), SyncPolicy::OsBuffered).unwrap();
+    writer.append(&common::text_result("first\n")).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let appending = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            // Sizes that vary, one in 64 past the scan's 1 MiB buffer: about 60 MB in all.
+            for n in 0..3_000u64 {
+                let size = if n % 64 == 63 {
+                    1_100_000
+                } else {
+                    [10, 300, 5_000, 40_000][(n % 4) as usize]
+                };
+                writer
+                    .append(&common::text_result(&"x".repeat(size)))
+                    .unwrap();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            3_000u64
+        })
+    };
+    let mut opens = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        match RecordLog::open_read_only(dir.path(), &common::run("ro")) {
+            Ok((log, _)) => assert!(!log.is_empty()),
+            Err(err) => panic!("open {opens}: {err}"),
+        }
+        opens += 1;
+    }
+    let appended = appending.join().unwrap();
+    eprintln!("{opens} read-only opens while {appended} records were appended");
+}
