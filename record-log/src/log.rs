@@ -99,6 +99,17 @@ pub(crate) fn open_io(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError +
     }
 }
 
+/// Whether `path` names `file` (the same device and inode, and the file is not unlinked).
+fn names(path: &Path, file: &File) -> std::io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let held = file.metadata()?;
+    match std::fs::metadata(path) {
+        Ok(named) => Ok(held.nlink() > 0 && named.dev() == held.dev() && named.ino() == held.ino()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
 impl RecordLog {
     /// The file that holds `run`'s log under `dir`.
     pub fn path_for(dir: impl AsRef<Path>, run: &RunId) -> PathBuf {
@@ -141,12 +152,7 @@ impl RecordLog {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(open_io(dir))?;
         let path = Self::path_for(dir, run);
-        let (file, created) = Self::open_file(&path)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => return Err(OpenError::Locked { path }),
-            Err(TryLockError::Error(err)) => return Err(open_io(&path)(err)),
-        }
+        let (file, created) = Self::locked_file(&path)?;
         let mut log = Self::unopened(run, path, file, storage, sync, false);
         let (header_loss, header_written) = log.check_header()?;
         if created || header_written {
@@ -226,6 +232,37 @@ impl RecordLog {
                 tail: None,
             },
         }
+    }
+
+    /// Opens (or creates) the file at `path` for writing and takes its lock, and makes sure
+    /// that the file locked is the one `path` names once the lock is held: a deleter that
+    /// takes the lock before it removes a log (the gateway's retention) may remove it
+    /// between this open and this lock, and a log locked on a file no path names would
+    /// acknowledge appends that are gone at close. Such an open is made again on what the
+    /// path names then (a new log, when nothing).
+    fn locked_file(path: &Path) -> Result<(File, bool), OpenError> {
+        const TRIES: usize = 8;
+        for _ in 0..TRIES {
+            let (file, created) = Self::open_file(path)?;
+            #[cfg(test)]
+            tests::before_lock(path);
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(TryLockError::WouldBlock) => {
+                    return Err(OpenError::Locked {
+                        path: path.to_path_buf(),
+                    });
+                }
+                Err(TryLockError::Error(err)) => return Err(open_io(path)(err)),
+            }
+            if names(path, &file).map_err(open_io(path))? {
+                return Ok((file, created));
+            }
+        }
+        Err(open_io(path)(std::io::Error::other(format!(
+            "the log file was removed or replaced between its open and its lock {TRIES} times \
+             in a row"
+        ))))
     }
 
     /// Opens `path` for reading and writing, creating it if needed; says whether it was
@@ -685,6 +722,52 @@ mod tests {
     use super::*;
     use crate::format::{CONTENT_TEXT, KIND_TOOL_RESULT};
     use psych_types::UserMessage;
+    use std::cell::RefCell;
+
+    type Hook = Box<dyn FnOnce(&Path)>;
+
+    thread_local! {
+        /// Run once between a writer's open of its file and its lock (this thread's next
+        /// open): a test's deleter.
+        static BEFORE_LOCK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn before_lock(path: &Path) {
+        if let Some(hook) = BEFORE_LOCK.with(|hook| hook.borrow_mut().take()) {
+            hook(path);
+        }
+    }
+
+    /// Review: retention (open, lock, remove, unlock) between a writer's open and its lock
+    /// left the writer locked on a file no path named, its acknowledged appends lost at
+    /// close. The open now sees the path gone and opens what the path names.
+    #[test]
+    fn a_log_removed_between_open_and_lock_is_not_written_unlinked() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("removed").unwrap();
+        let user = |text: &str| Record::User(UserMessage { text: text.into() });
+        let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
+        log.append(&user("expired")).unwrap();
+        drop(log);
+        BEFORE_LOCK.with(|hook| {
+            *hook.borrow_mut() = Some(Box::new(|path: &Path| {
+                let deleter = File::open(path).unwrap();
+                deleter.try_lock().unwrap();
+                std::fs::remove_file(path).unwrap();
+            }));
+        });
+        let (mut log, recovery) =
+            RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
+        assert_eq!(
+            recovery.records, 0,
+            "the removed log's records went with it"
+        );
+        let handle = log.append(&user("kept")).unwrap();
+        drop(log);
+        let (log, recovery) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
+        assert_eq!(recovery.records, 1);
+        assert!(log.record(&handle).unwrap().is_some());
+    }
 
     #[test]
     fn a_forged_length_at_the_tail_is_cut_not_a_panic() {
