@@ -525,7 +525,7 @@ async fn run_server<L: ToolLister + 'static>(
             *stored_version = sync.version;
             let age = context.catalog.now().saturating_sub(sync.at);
             let left = slot.ttl(config).saturating_sub(Duration::from_millis(age));
-            later(left + jitter.below(config.jitter))
+            later(left.saturating_add(jitter.below(config.jitter)))
         }),
         None => None,
     };
@@ -581,7 +581,7 @@ async fn run_server<L: ToolLister + 'static>(
                 }
                 if inflight.is_empty() {
                     due = Some(later(match (failures, slot.followed()) {
-                        (0, _) => slot.ttl(config) + jitter.below(config.jitter),
+                        (0, _) => slot.ttl(config).saturating_add(jitter.below(config.jitter)),
                         // A followed server that does not run: its listing that failed was a
                         // start that failed, not retried with the backoff (each try would
                         // start it), only by a call or its own TTL. One that runs is retried
@@ -614,10 +614,9 @@ async fn run_server<L: ToolLister + 'static>(
                     due = None;
                 }
                 if pending.changed {
-                    let now = Instant::now();
                     debounce = Some(Debounce {
-                        quiet_until: now + config.debounce_quiet,
-                        max_until: debounce.map_or(now + config.debounce_max, |d| d.max_until),
+                        quiet_until: later(config.debounce_quiet),
+                        max_until: debounce.map_or_else(|| later(config.debounce_max), |d| d.max_until),
                     });
                 }
             }
@@ -639,7 +638,7 @@ async fn run_server<L: ToolLister + 'static>(
                             ttl.saturating_sub(Duration::from_millis(age))
                         })
                         .filter(|left| !left.is_zero())
-                        .map(|left| later(left + jitter.below(config.jitter))),
+                        .map(|left| later(left.saturating_add(jitter.below(config.jitter)))),
                     _ => None,
                 };
                 match kept {
@@ -1133,6 +1132,38 @@ mod tests {
             std::error::Error::source(source).unwrap().to_string(),
             "tools/list: connection reset"
         );
+    }
+
+    /// Review: durations past what an `Instant` holds (a TTL of `Duration::MAX` for "never
+    /// sweep") once panicked the server's task, and every later `refresh` waited for good.
+    #[tokio::test]
+    async fn durations_too_long_for_an_instant_never_stop_the_freshener() {
+        let catalog = Catalog::in_memory().unwrap();
+        let s = ServerId::new("s").unwrap();
+        let kept = [ToolDefinition::new(
+            psych_types::ToolName::new("a").unwrap(),
+            "",
+            Default::default(),
+        )];
+        // A stored sync: the task resumes from it at once, adding the jitter to the TTL.
+        catalog.refresh(&s, &kept).unwrap();
+        let lister = Arc::new(Counting::default());
+        let config = FreshenerConfig::builder()
+            .ttl(Duration::MAX)
+            .jitter(Duration::MAX)
+            .debounce(Duration::MAX, Duration::MAX)
+            .build()
+            .unwrap();
+        let freshener = Freshener::start(catalog, Arc::clone(&lister), config).unwrap();
+        freshener.connect(&s);
+        for _ in 0..3 {
+            freshener.list_changed(&s);
+            tokio::time::timeout(Duration::from_secs(10), freshener.refresh(&s))
+                .await
+                .expect("a refresh is answered")
+                .unwrap();
+        }
+        assert!(lister.0.load(std::sync::atomic::Ordering::SeqCst) >= 3);
     }
 
     #[test]
