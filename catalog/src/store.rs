@@ -460,12 +460,14 @@ impl Catalog {
     }
 
     /// Records that listing `server` failed: its tools stay as they are, and its health
-    /// shows `message` until the next successful refresh.
+    /// shows `message` until the next successful refresh (a NUL in it as U+FFFD, as
+    /// [`failure_message`](psych_types::failure_message) keeps it in every store).
     ///
     /// # Errors
     ///
     /// [`CatalogError::Storage`] when redb fails.
     pub fn record_failure(&self, server: &ServerId, message: &str) -> Result<(), CatalogError> {
+        let message = &*psych_types::failure_message(message);
         if let Some(store) = self.store() {
             store
                 .record_failure(server, message)

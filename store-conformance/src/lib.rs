@@ -300,6 +300,11 @@ pub fn a_failure_keeps_the_tools_until_the_next_refresh<S: CatalogStore>(fresh: 
     assert_eq!(names(&store.live(&fs).unwrap().tools), ["read"]);
     store.refresh(&fs, &[tool("read", "Read")]).unwrap();
     assert!(store.health(&fs).unwrap().last_error.is_none());
+    // A server's error may carry a NUL (PostgreSQL's text holds none): kept as U+FFFD.
+    store.record_failure(&fs, "reset\0by peer").unwrap();
+    let failure = store.health(&fs).unwrap().last_error.expect("recorded");
+    assert_eq!(failure.message, "reset\u{FFFD}by peer");
+    store.refresh(&fs, &[tool("read", "Read")]).unwrap();
     // A server that only ever failed is known, with no tools.
     let down = server("down");
     store.record_failure(&down, "exited with status 3").unwrap();

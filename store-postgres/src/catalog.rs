@@ -458,6 +458,9 @@ impl CatalogStore for PgCatalog {
 
     fn record_failure(&self, server: &ServerId, message: &str) -> Result<(), CatalogError> {
         let at = millis(self.now());
+        // PostgreSQL's text holds no NUL, and a server's error may carry one: kept as
+        // U+FFFD, as every catalogue store keeps it.
+        let message = psych_types::failure_message(message);
         self.block(async {
             let client = self.client().await?;
             let payload = self.shared.payload(self.store().schema(), server);
@@ -470,7 +473,7 @@ impl CatalogStore for PgCatalog {
                          set error_at = excluded.error_at, error_message = excluded.error_message
                          returning server)
                      select pg_notify($4, $5) from failed",
-                    &[&server.as_str(), &at, &message, &CHANNEL, &payload],
+                    &[&server.as_str(), &at, &&*message, &CHANNEL, &payload],
                 )
                 .await
                 .map_err(db)?;

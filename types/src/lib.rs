@@ -116,7 +116,7 @@ pub use seam::{
     HostAnswer, Identities, InputRound, Lease, LeaseGuard, LineMark, MemoryRecords, OutputInfo,
     OutputKind, Projection, RecordFailure, RecordSource, RecordStore, RecordStores,
     ResultProjector, ResultRef, StoreError, SweptRuns, TokenEstimator, ToolHost, ToolLister,
-    readable_bytes,
+    failure_message, readable_bytes,
 };
 pub use spill::{SpilledBlock, SpilledText};
 pub use tool::{

@@ -1014,6 +1014,17 @@ pub enum CatalogFailure {
     Store,
 }
 
+/// A server's failure `message` as a catalogue store keeps it: a NUL (which a server's
+/// error may carry and PostgreSQL's text cannot hold) becomes U+FFFD, so every store reads
+/// back the same text. Borrowed when there is none.
+pub fn failure_message(message: &str) -> std::borrow::Cow<'_, str> {
+    if message.contains('\0') {
+        std::borrow::Cow::Owned(message.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(message)
+    }
+}
+
 /// A versioned catalogue of MCP tools that never hard-deletes: the seam the redb catalogue
 /// (psych-catalog's `Catalog`) and the PostgreSQL store implement alike, proved by one
 /// conformance suite (psych-store-conformance).
@@ -1050,7 +1061,8 @@ pub trait CatalogStore: Send + Sync + std::fmt::Debug {
     fn refresh(&self, server: &ServerId, tools: &[ToolDefinition]) -> Result<Refresh, Self::Error>;
 
     /// Records that listing `server` failed with `message`: its tools stay, its health shows
-    /// the failure until the next successful refresh.
+    /// the failure until the next successful refresh. The message is kept as
+    /// [`failure_message`] gives it (a NUL as U+FFFD), in every store alike.
     ///
     /// # Errors
     ///
