@@ -18,7 +18,10 @@
 //!   its file in 1 MiB reads, checked as UTF-8, and streamed into chunk rows inserted 64 at
 //!   a time: about 9 MiB of it in memory at once (the rows waiting and one read), whatever
 //!   its size. The Run's row lock is held meanwhile, so a writer of the same Run (another
-//!   process resuming it) waits for the whole file.
+//!   process resuming it) waits for the whole file, for at most the store's lock timeout
+//!   (30 s by default), after which its append or open fails as unavailable
+//!   ([`RecordFailure::Unavailable`](psych_types::RecordFailure::Unavailable): nothing of
+//!   it stored) and may be tried again.
 //! - Every row carries the Run's identity, and every read names it in its `WHERE`: a store
 //!   opened for one identity cannot read another identity's Run of the same name.
 
@@ -455,9 +458,11 @@ impl PgRecords {
             }
         }
         chunks.flush().await?;
-        // The records' rows and the Run's byte count in one statement.
+        // The records' rows and the Run's byte count in one statement. The lease is moved
+        // on again: a spilled text streamed for longer than the lease would otherwise
+        // commit with it lapsed, and renewal skips the row while this holds it.
         let insert = transaction
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "with inserted as (
                      insert into records (identity, run, seq, body, result, readable_len,
                          line_breaks, estimate, text_only, spans)
@@ -465,9 +470,11 @@ impl PgRecords {
                          $5::boolean[], $6::bigint[], $7::bigint[], $8::bigint[],
                          $9::boolean[], $10::bytea[])
                  )
-                 update runs set bytes = bytes + $11
+                 update runs set bytes = bytes + $11,
+                     lease_until = greatest(lease_until, {now} + $12)
                  where identity = $1 and run = $2 returning bytes",
-            )
+                now = crate::retention::DB_NOW
+            ))
             .await
             .map_err(db)?;
         let total: i64 = transaction
@@ -485,6 +492,7 @@ impl PgRecords {
                     &rows.text_only,
                     &rows.spans,
                     &signed(rows.bytes),
+                    &crate::retention::lease_millis(),
                 ],
             )
             .await

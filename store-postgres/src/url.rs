@@ -60,6 +60,9 @@ pub struct StoreUrl {
 impl StoreUrl {
     /// Parses `url`: `postgres://user@host:port/database?schema=NAME&pool_size=N`, any
     /// other parameter being tokio-postgres's (`connect_timeout`, `application_name`, …).
+    /// Its `options` are kept, after the store's lock timeouts (30 s waiting on a lock, 60 s
+    /// idle in a transaction), which they may change, and before its `search_path` and
+    /// `synchronous_commit=on`, which they may not.
     ///
     /// # Errors
     ///
@@ -106,12 +109,18 @@ impl StoreUrl {
             format!("{base}?{}", rest.join("&"))
         };
         let mut config = tokio_postgres::Config::from_str(&url).map_err(UrlError::Config)?;
-        // Durable commits whatever the server's default, and the store's schema first. A
-        // stalled peer (a replica paused mid-transaction) holds a row lock for at most a
-        // minute, and no request waits on a lock longer than 30 s.
+        // A stalled peer (a replica paused mid-transaction) holds a row lock for at most a
+        // minute, and no request waits on a lock longer than 30 s, unless the URL's own
+        // `options` (kept, after these) say otherwise. Durable commits whatever the
+        // server's default, and the store's schema first, whatever they say (last: the
+        // last setting of a name wins).
+        let own = config
+            .get_options()
+            .map(|own| format!("{own} "))
+            .unwrap_or_default();
         config.options(format!(
-            "-c search_path={schema} -c synchronous_commit=on -c lock_timeout=30s \
-             -c idle_in_transaction_session_timeout=60s"
+            "-c lock_timeout=30s -c idle_in_transaction_session_timeout=60s {own}\
+             -c search_path={schema} -c synchronous_commit=on"
         ));
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(std::time::Duration::from_secs(10));
@@ -149,8 +158,22 @@ mod tests {
         assert_eq!(
             url.config.get_options(),
             Some(
-                "-c search_path=fleet_a -c synchronous_commit=on -c lock_timeout=30s \
-                 -c idle_in_transaction_session_timeout=60s"
+                "-c lock_timeout=30s -c idle_in_transaction_session_timeout=60s \
+                 -c search_path=fleet_a -c synchronous_commit=on"
+            )
+        );
+        // The URL's own options are kept (review: they were replaced), before the two
+        // settings the store needs.
+        let own = StoreUrl::parse(
+            "postgres://u@h/db?options=-c%20statement_timeout%3D5s%20-c%20lock_timeout%3D2min",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            own.config.get_options(),
+            Some(
+                "-c lock_timeout=30s -c idle_in_transaction_session_timeout=60s \
+                 -c statement_timeout=5s -c lock_timeout=2min \
+                 -c search_path=psych -c synchronous_commit=on"
             )
         );
         let plain = StoreUrl::parse("postgresql://u@h/db").unwrap_or_else(|e| panic!("{e}"));
