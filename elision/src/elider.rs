@@ -31,7 +31,9 @@ use crate::{Estimator, PreviewConfig, Thresholds, plan_each};
 ///   placeholder lines kept), and one without stays [`Projection::Full`].
 /// - A **failure** (`is_error`) is not planned: its readable text is cut to its first
 ///   [`PreviewConfig::failure_chars`] characters, with no marker and no guidance, whatever
-///   the thresholds. Its kept part is small and bounded, so it is left out of the batch sum.
+///   the thresholds; a failure with binary blocks becomes that text (images dropped, their
+///   placeholder lines kept) even when nothing is cut. Its kept part is small and bounded,
+///   so it is left out of the batch sum.
 ///
 /// Projection is pure and deterministic: the same batch gives the same bytes, every time,
 /// on every machine.
@@ -241,7 +243,8 @@ impl<E: TokenEstimator> ResultProjector for Elider<E> {
         for (i, (result, slot)) in batch.iter().zip(out.iter_mut()).enumerate() {
             let text = result.output.readable_text();
             if result.output.is_error {
-                *slot = self.failure_view(&text, text.len() as u64);
+                let has_binary = result.output.binary_blocks().next().is_some();
+                *slot = self.failure_view(&text, text.len() as u64, has_binary);
             } else {
                 sizes.push(self.estimator.estimate_output(result.output));
                 per_result.push(self.per_result(result.target));
@@ -292,8 +295,14 @@ impl<E: TokenEstimator> ResultProjector for Elider<E> {
                     self.preview.failure_window(),
                     info.len,
                 )?;
+                // Only a failure with other blocks than text can hold binary data: the
+                // store's lines of its blocks say whether it does.
+                let has_binary = !item.stored.text_only
+                    && source
+                        .block_lines(item.handle)?
+                        .is_some_and(|blocks| blocks.has_binary);
                 if let Some(slot) = out.get_mut(i) {
-                    *slot = self.failure_view(&window, info.len);
+                    *slot = self.failure_view(&window, info.len, has_binary);
                 }
                 continue;
             }
@@ -350,10 +359,11 @@ impl<E: TokenEstimator> ResultProjector for Elider<E> {
 
 impl<E> Elider<E> {
     /// The view of a failure whose readable text (`len` bytes) starts with `text`: whole
-    /// when truncating keeps all of it.
-    fn failure_view(&self, text: &str, len: u64) -> Projection {
+    /// when truncating keeps all of it and it holds no binary data (`has_binary`: an image,
+    /// audio or a blob resource, which a failure never sends: its readable text names it).
+    fn failure_view(&self, text: &str, len: u64, has_binary: bool) -> Projection {
         let kept = self.preview.truncate_failure(text);
-        if kept.len() as u64 == len {
+        if kept.len() as u64 == len && !has_binary {
             Projection::Full
         } else {
             Projection::Replaced(kept.to_owned())
@@ -703,6 +713,31 @@ mod tests {
         );
         assert_eq!(out[5], Projection::Full);
         assert_eq!(out, project(&small_elider(), &outputs), "deterministic");
+    }
+
+    /// A failure never sends binary data, however short its text (a browser tool's
+    /// screenshot with its error): its readable text, which names the block, instead.
+    #[test]
+    fn a_short_failure_with_an_image_is_sent_as_its_text() {
+        let mut failed = ToolOutput::from_blocks(vec![
+            ContentBlock::text("Error: timeout"),
+            ContentBlock::image("image/png", vec![7; 3_000]),
+        ]);
+        failed.is_error = true;
+        let out = project(
+            &Elider::default(),
+            &[failed.clone(), ToolOutput::error("Error: timeout")],
+        );
+        assert_eq!(
+            out[0],
+            Projection::Replaced(failed.readable_text().into_owned())
+        );
+        assert!(
+            failed.readable_text().contains("image/png, 3000 bytes]"),
+            "{}",
+            failed.readable_text()
+        );
+        assert_eq!(out[1], Projection::Full);
     }
 
     /// Sizes every output by a fixed figure, through `estimate_output` alone: its text

@@ -444,7 +444,7 @@ fn mixed_output() -> impl Strategy<Value = ToolOutput> {
 }
 
 /// One random output: text (often past both preview windows), a failure, JSON, text with
-/// an image, or text mixed with blocks of every other kind.
+/// an image, or text mixed with blocks of every other kind, as a success or a failure.
 fn stored_output() -> impl Strategy<Value = ToolOutput> {
     prop_oneof![
         4 => preview_text().prop_map(ToolOutput::text),
@@ -457,6 +457,18 @@ fn stored_output() -> impl Strategy<Value = ToolOutput> {
             ContentBlock::image("image/png", vec![7; n]),
         ])),
         2 => mixed_output(),
+        1 => mixed_output().prop_map(|mut output| {
+            output.is_error = true;
+            output
+        }),
+        1 => (preview_text(), 1usize..3000).prop_map(|(t, n)| {
+            let mut output = ToolOutput::from_blocks(vec![
+                ContentBlock::text(t),
+                ContentBlock::image("image/png", vec![7; n]),
+            ]);
+            output.is_error = true;
+            output
+        }),
     ]
 }
 
