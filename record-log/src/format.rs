@@ -640,6 +640,23 @@ fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<V
     Value::deserialize(deserializer).map(Some)
 }
 
+/// The fields of [`ResultMeta`] a summary reads: `structured` and `_meta` are passed over
+/// without building their values (a peer's structured content may be tens of MiB of small
+/// values, each a JSON value of 32 bytes or more in memory), as is the line index.
+#[derive(Debug, Deserialize)]
+struct SummaryMeta {
+    call_id: ToolCallId,
+    name: String,
+    #[serde(default)]
+    target: Option<ToolRef>,
+    #[serde(default)]
+    blocks: Option<Vec<StoredBlock>>,
+    #[serde(default)]
+    estimate: Option<u64>,
+    #[serde(default)]
+    line_breaks: Option<u64>,
+}
+
 /// One content block without its bulk (its text, or its binary data), and where the bulk is.
 #[derive(Debug, Serialize, Deserialize)]
 struct StoredBlock {
@@ -937,7 +954,7 @@ pub(crate) struct ResultSummary {
     pub(crate) call_id: ToolCallId,
     pub(crate) name: String,
     pub(crate) kind: OutputKind,
-    meta: ResultMeta,
+    meta: SummaryMeta,
 }
 
 impl ResultSummary {
@@ -987,22 +1004,27 @@ impl ResultSummary {
     }
 }
 
-/// Reads a tool result's metadata.
+/// Reads a tool result's metadata, but for its structured content and `_meta` (see
+/// [`SummaryMeta`]).
 pub(crate) fn decode_summary(
     header: &FrameHeader,
     meta: &[u8],
 ) -> Result<ResultSummary, RecordCorruption> {
-    let meta: ResultMeta = serde_json::from_slice(meta).map_err(|_| RecordCorruption::Metadata)?;
+    let meta: SummaryMeta = serde_json::from_slice(meta).map_err(|_| RecordCorruption::Metadata)?;
+    Ok(summary_of(header, meta))
+}
+
+fn summary_of(header: &FrameHeader, meta: SummaryMeta) -> ResultSummary {
     let kind = match header.content_kind {
         CONTENT_JSON => OutputKind::Json,
         _ => OutputKind::Text,
     };
-    Ok(ResultSummary {
+    ResultSummary {
         call_id: meta.call_id.clone(),
         name: meta.name.clone(),
         kind,
         meta,
-    })
+    }
 }
 
 /// Where the bulk of one content block lies in its frame's content, to read it alone.
@@ -1112,13 +1134,26 @@ pub(crate) fn decode_record(
             }
         }
         KIND_TOOL_RESULT => {
-            let summary = decode_summary(header, meta)?;
+            let full: ResultMeta =
+                serde_json::from_slice(meta).map_err(|_| RecordCorruption::Metadata)?;
+            let (structured, result_meta) = (full.structured, full.meta);
+            let summary = summary_of(
+                header,
+                SummaryMeta {
+                    call_id: full.call_id,
+                    name: full.name,
+                    target: full.target,
+                    blocks: full.blocks,
+                    estimate: full.estimate,
+                    line_breaks: full.line_breaks,
+                },
+            );
             let readable = readable_range(header, &content)?;
             let mut output = ToolOutput {
                 spilled: Vec::new(),
                 is_error: header.flags & FLAG_IS_ERROR != 0,
-                meta: summary.meta.meta.clone(),
-                structured_content: summary.meta.structured.clone(),
+                meta: result_meta,
+                structured_content: structured,
                 content: Vec::new(),
             };
             let text_of = |(at, len): (u64, u64)| -> Result<&[u8], RecordCorruption> {
