@@ -40,10 +40,12 @@ pub struct Thresholds {
 impl Thresholds {
     /// Default per-result threshold: a result of 10,000 estimated tokens or more is elided.
     pub const DEFAULT_PER_RESULT: u64 = 10_000;
-    /// Default per-batch threshold: one turn's results the plan keeps whole stay under
-    /// 30,000 tokens. A result it elides that is too short for a preview (head and tail
-    /// would meet) is sent whole all the same, as the spec says a preview never truncates
-    /// something already small, so many such results together can pass it.
+    /// Default per-batch threshold: one turn's successes the plan keeps whole stay under
+    /// 30,000 tokens (failures, a few hundred characters each, are not counted). A
+    /// success it elides that is too short for a preview (head and tail would meet) is
+    /// sent unshortened all the same (one with binary data as its readable text), as the
+    /// spec says a preview never truncates something already small, so many such results
+    /// together can pass it.
     pub const DEFAULT_PER_BATCH: u64 = 30_000;
 
     /// A builder starting from the defaults.

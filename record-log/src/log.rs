@@ -172,10 +172,10 @@ impl RecordLog {
     /// are refused with [`AppendError::ReadOnly`](crate::AppendError::ReadOnly).
     ///
     /// A log being appended to while it is opened read-only may show a frame still being
-    /// written as a torn tail, never as damage (what looks like damage before whole frames
-    /// is read again, on from there, in the file as it is then: a writer's appends can make
-    /// the scan's buffer older than what it reads after it); records appended after the
-    /// open are not seen.
+    /// written as a torn tail (or a torn last write), never as damage: what looks like
+    /// damage before whole frames is read again, on from there, in the file as it is then
+    /// (a writer's appends can make the scan's buffer older than what it reads after it).
+    /// Records appended after the open are not seen.
     ///
     /// # Errors
     ///

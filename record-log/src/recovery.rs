@@ -295,6 +295,8 @@ impl RecordLog {
         let mut len = self.file_len()?;
         let mut pos = self.end;
         let mut fault = self.scan_frames(&mut pos, len)?;
+        #[cfg(test)]
+        tests::after_scan();
         let (at_end, damage) = loop {
             let records = self.index.len() as u64;
             // The log's end as its last write left it: the end mark of these records, then
@@ -405,7 +407,7 @@ impl RecordLog {
             .map_err(open_io(&self.path))?;
         // (damage, where to look for whole frames after it, if anywhere)
         let fault = loop {
-            if pos == len {
+            if pos >= len {
                 break None;
             }
             if len - pos < FRAME_HEADER_LEN as u64 {
@@ -478,7 +480,12 @@ impl RecordLog {
         fault: &mut Option<Fault>,
     ) -> Result<bool, OpenError> {
         let from = *pos;
-        *len = self.file_len()?;
+        let now = self.file_len()?;
+        if now < from {
+            // Cut back meanwhile (a writer undoing a failed append): no frame to read on.
+            return Ok(false);
+        }
+        *len = now;
         *fault = self.scan_frames(pos, *len)?;
         Ok(*pos > from)
     }
@@ -732,5 +739,49 @@ impl RecordLog {
             .read_exact_at(&mut stored, body_end)
             .map_err(|err| (body_end, err))?;
         Ok(crc.finish() == u32::from_le_bytes(stored))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use psych_types::{Record, RunId, UserMessage};
+
+    use crate::{RecordLog, SyncPolicy};
+
+    type Hook = Box<dyn FnOnce()>;
+
+    thread_local! {
+        /// Run once after a scan's first pass over the frames, before its verdict on what
+        /// ends it (this thread's next open): a test's writer.
+        static AFTER_SCAN: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn after_scan() {
+        if let Some(hook) = AFTER_SCAN.with(|hook| hook.borrow_mut().take()) {
+            hook();
+        }
+    }
+
+    /// Review: two frames appended after a read-only scan read the log's end and before it
+    /// judged it made the open `Corrupt` (the end mark it read, then whole frames found
+    /// after it); the open now reads on from there and serves them.
+    #[test]
+    fn frames_appended_between_a_read_only_scan_and_its_verdict_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunId::new("live").unwrap();
+        let user = |text: &str| Record::User(UserMessage { text: text.into() });
+        let (mut writer, _) = RecordLog::open(dir.path(), &run, SyncPolicy::OsBuffered).unwrap();
+        writer.append(&user("before")).unwrap();
+        AFTER_SCAN.with(|hook| {
+            *hook.borrow_mut() = Some(Box::new(move || {
+                writer.append(&user("during 1")).unwrap();
+                writer.append(&user("during 2")).unwrap();
+            }));
+        });
+        let (reader, recovery) = RecordLog::open_read_only(dir.path(), &run).unwrap();
+        assert!(recovery.is_clean(), "{recovery}");
+        assert_eq!(reader.len(), 3);
     }
 }

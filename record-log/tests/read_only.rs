@@ -216,11 +216,9 @@ fn a_reader_opening_a_log_under_steady_appends_never_finds_it_corrupt() {
     let (mut writer, _) =
         RecordLog::open(dir.path(), &common::run("ro"), SyncPolicy::OsBuffered).unwrap();
     writer.append(&common::text_result("first\n")).unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let appending = {
-        let stop = std::sync::Arc::clone(&stop);
         std::thread::spawn(move || {
-            // Sizes that vary, one in 64 past the scan's 1 MiB buffer: about 60 MB in all.
+            // Sizes that vary, one in 64 past the scan's 1 MiB buffer: about 85 MB in all.
             for n in 0..3_000u64 {
                 let size = if n % 64 == 63 {
                     1_100_000
@@ -231,12 +229,12 @@ fn a_reader_opening_a_log_under_steady_appends_never_finds_it_corrupt() {
                     .append(&common::text_result(&"x".repeat(size)))
                     .unwrap();
             }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
             3_000u64
         })
     };
     let mut opens = 0;
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+    // Until the writer is done, or has failed (its panic is the test's, at the join).
+    while !appending.is_finished() {
         match RecordLog::open_read_only(dir.path(), &common::run("ro")) {
             Ok((log, _)) => assert!(!log.is_empty()),
             Err(err) => panic!("open {opens}: {err}"),
