@@ -34,7 +34,7 @@ use deadpool_postgres::GenericClient;
 use psych_types::{
     BlockLines, ContentBlock, History, HistoryEntry, HistoryItem, LineMark, OutputInfo, OutputKind,
     Record, RecordFailure, RecordHandle, RecordSource, RecordStore, ResourceContents, RunId,
-    SpilledText, StoredResult, TextContent, TokenEstimator, ToolOutput,
+    SpilledText, StoredResult, TextContent, TokenEstimator, ToolCallId, ToolOutput, ToolRef,
 };
 
 use crate::catalog::unavailable;
@@ -247,7 +247,6 @@ impl std::fmt::Debug for PgRecords {
 /// A stored tool result's row, without its chunks.
 struct ResultRow {
     output: ToolOutput,
-    info: OutputInfo,
     spans: Vec<Option<Range<u64>>>,
 }
 
@@ -559,12 +558,13 @@ impl PgRecords {
         self.fault.store(fault as u8, Ordering::Release);
     }
 
-    /// The stored result at `seq`: its skeleton (texts filled in by the caller) and info.
-    async fn result_row(
+    /// The row of the stored result at `seq`: its body, its readable text's length and its
+    /// texts' spans in it (checked).
+    async fn result_parts(
         &self,
         client: &impl GenericClient,
         seq: i64,
-    ) -> Result<Option<ResultRow>, RecordError> {
+    ) -> Result<Option<(Vec<u8>, u64, Vec<Option<Range<u64>>>)>, RecordError> {
         let row = row(
             client,
             "select body, readable_len, spans from records
@@ -587,14 +587,6 @@ impl PgRecords {
                 self.run
             )));
         };
-        let Record::ToolResult(result) = serde_json::from_slice(&body)
-            .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?
-        else {
-            return Err(corrupt(format!(
-                "record {}:{seq} is not a tool result",
-                self.run
-            )));
-        };
         let spans: Vec<Option<Range<u64>>> = serde_json::from_slice(&spans)
             .map_err(|e| damaged(format!("spans of {}:{seq}", self.run), e))?;
         if spans.iter().flatten().any(|span| span.start > span.end) {
@@ -603,16 +595,29 @@ impl PgRecords {
                 self.run
             )));
         }
-        let info = OutputInfo {
-            kind: OutputKind::of(&result.output),
-            len: u64::try_from(len).unwrap_or(0),
-            is_error: result.output.is_error,
-            call_id: result.call_id,
-            name: result.name,
+        Ok(Some((body, u64::try_from(len).unwrap_or(0), spans)))
+    }
+
+    /// The stored result at `seq`: its skeleton (texts filled in by the caller) and its
+    /// texts' spans.
+    async fn result_row(
+        &self,
+        client: &impl GenericClient,
+        seq: i64,
+    ) -> Result<Option<ResultRow>, RecordError> {
+        let Some((body, _, spans)) = self.result_parts(client, seq).await? else {
+            return Ok(None);
+        };
+        let Record::ToolResult(result) = serde_json::from_slice(&body)
+            .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?
+        else {
+            return Err(corrupt(format!(
+                "record {}:{seq} is not a tool result",
+                self.run
+            )));
         };
         Ok(Some(ResultRow {
             output: result.output,
-            info,
             spans,
         }))
     }
@@ -1193,7 +1198,17 @@ impl RecordSource for PgRecords {
         };
         self.block(async {
             let client = self.client().await?;
-            Ok(self.result_row(&client, seq).await?.map(|row| row.info))
+            let Some((body, len, _)) = self.result_parts(&client, seq).await? else {
+                return Ok(None);
+            };
+            // The head alone: the body's blocks and structured content are not built.
+            let Some(head) = ResultHead::of(&body, handle)? else {
+                return Err(corrupt(format!(
+                    "record {}:{seq} is not a tool result",
+                    self.run
+                )));
+            };
+            Ok(Some(head.info(len).1))
         })
     }
 
@@ -1427,29 +1442,75 @@ fn history_item(
     row: &tokio_postgres::Row,
 ) -> Result<HistoryItem, RecordError> {
     let body: &[u8] = row.get(1);
+    let is_result: bool = row.get(2);
+    let number = |i: usize| {
+        row.get::<_, Option<i64>>(i)
+            .map(|n| u64::try_from(n).unwrap_or(0))
+    };
+    if is_result && let Some(head) = ResultHead::of(body, handle)? {
+        let (target, info) = head.info(number(3).unwrap_or(0));
+        return Ok(HistoryItem::Result(StoredResult {
+            target,
+            info,
+            estimate: number(5),
+            line_breaks: number(4),
+            text_only: row.get::<_, Option<bool>>(6).unwrap_or(false),
+        }));
+    }
     let record: Record =
         serde_json::from_slice(body).map_err(|e| damaged(format!("record {handle}"), e))?;
-    let is_result: bool = row.get(2);
-    match record {
-        Record::ToolResult(result) if is_result => {
-            let number = |i: usize| {
-                row.get::<_, Option<i64>>(i)
-                    .map(|n| u64::try_from(n).unwrap_or(0))
-            };
-            Ok(HistoryItem::Result(StoredResult {
-                target: result.target,
-                info: OutputInfo {
-                    kind: OutputKind::of(&result.output),
-                    len: number(3).unwrap_or(0),
-                    is_error: result.output.is_error,
-                    call_id: result.call_id,
-                    name: result.name,
-                },
-                estimate: number(5),
-                line_breaks: number(4),
-                text_only: row.get::<_, Option<bool>>(6).unwrap_or(false),
-            }))
-        }
-        other => Ok(HistoryItem::Record(other)),
+    Ok(HistoryItem::Record(record))
+}
+
+/// What a tool result's body says of it for its [`OutputInfo`], read without building the
+/// body's values: its blocks, structured content and `_meta` are passed over (a peer's
+/// images or structured content may be many MiB, each small JSON value 32 bytes or more in
+/// memory), where decoding the [`Record`] builds them all, twice (its tag is read first).
+#[derive(serde::Deserialize)]
+struct ResultHead {
+    #[serde(rename = "type")]
+    kind: String,
+    call_id: ToolCallId,
+    name: String,
+    #[serde(default)]
+    target: Option<ToolRef>,
+    output: OutputHead,
+}
+
+/// The parts of a [`ToolOutput`]'s serde form that say its kind and whether it failed.
+#[derive(serde::Deserialize)]
+struct OutputHead {
+    #[serde(default)]
+    content: Vec<serde::de::IgnoredAny>,
+    #[serde(rename = "structuredContent", default)]
+    structured_content: Option<serde::de::IgnoredAny>,
+    #[serde(rename = "isError", default)]
+    is_error: bool,
+}
+
+impl ResultHead {
+    /// The head of the tool result `body` holds; `None` when it holds another record.
+    fn of(body: &[u8], handle: &RecordHandle) -> Result<Option<Self>, RecordError> {
+        let head: Self =
+            serde_json::from_slice(body).map_err(|e| damaged(format!("record {handle}"), e))?;
+        Ok((head.kind == "tool_result").then_some(head))
+    }
+
+    /// Its target, and its info for a readable text of `len` bytes.
+    fn info(self, len: u64) -> (Option<ToolRef>, OutputInfo) {
+        // As `OutputKind::of`: JSON when the structured content is all there is to read.
+        let kind = if self.output.content.is_empty() && self.output.structured_content.is_some() {
+            OutputKind::Json
+        } else {
+            OutputKind::Text
+        };
+        let info = OutputInfo {
+            kind,
+            len,
+            is_error: self.output.is_error,
+            call_id: self.call_id,
+            name: self.name,
+        };
+        (self.target, info)
     }
 }
