@@ -244,6 +244,9 @@ impl std::fmt::Debug for PgRecords {
     }
 }
 
+/// Rows a history's extension reads at once.
+const HISTORY_BATCH: i64 = 8;
+
 /// A stored tool result's row, without its chunks.
 struct ResultRow {
     output: ToolOutput,
@@ -1391,24 +1394,33 @@ impl RecordStore for PgRecords {
     }
 
     fn extend_history(&self, history: &mut History) -> Result<(), RecordError> {
-        let from = signed(history.entries.len() as u64);
-        let rows = self.block(async {
-            let client = self.client().await?;
-            rows(
-                &client,
-                "select seq, body, result, readable_len, line_breaks, estimate, text_only
-                     from records where identity = $1 and run = $2 and seq >= $3 order by seq",
-                &[&&*self.identity, &self.run.as_str(), &from],
-            )
-            .await
-        })?;
-        for row in rows {
-            let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
-            let handle = RecordHandle::new(self.run.clone(), seq);
-            let item = history_item(&handle, &row)?;
-            history.entries.push(HistoryEntry { handle, item });
+        // A batch of rows at a time: a row's body keeps its images and structured
+        // content, so a resume after hundreds of screenshots would otherwise hold them
+        // all at once.
+        loop {
+            let from = signed(history.entries.len() as u64);
+            let rows = self.block(async {
+                let client = self.client().await?;
+                rows(
+                    &client,
+                    "select seq, body, result, readable_len, line_breaks, estimate, text_only
+                         from records where identity = $1 and run = $2 and seq >= $3
+                         order by seq limit $4",
+                    &[&&*self.identity, &self.run.as_str(), &from, &HISTORY_BATCH],
+                )
+                .await
+            })?;
+            let whole = rows.len() == HISTORY_BATCH as usize;
+            for row in rows {
+                let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+                let handle = RecordHandle::new(self.run.clone(), seq);
+                let item = history_item(&handle, &row)?;
+                history.entries.push(HistoryEntry { handle, item });
+            }
+            if !whole {
+                return Ok(());
+            }
         }
-        Ok(())
     }
 
     fn stored_result(&self, handle: &RecordHandle) -> Result<Option<StoredResult>, RecordError> {

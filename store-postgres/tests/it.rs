@@ -570,6 +570,49 @@ fn another_identitys_run_of_the_same_name_is_not_read() {
     }
 }
 
+/// A history is read in batches of rows (a row's body keeps its images): extended from
+/// nothing and from part of the way, past several batches, it is every record in order.
+#[test]
+fn a_history_past_several_batches_is_every_record_in_order() {
+    use psych_types::{History, HistoryItem, RecordStore, RunId, UserMessage};
+
+    let (store, _guard, _) = record_schema("batches");
+    let run = RunId::new("r").unwrap();
+    let records = store.records("tenant", &run).unwrap();
+    let append = |from: usize, to: usize| {
+        for i in from..to {
+            let record = if i % 3 == 0 {
+                psych_types::Record::User(UserMessage {
+                    text: format!("user {i}"),
+                })
+            } else {
+                text_result(&format!("c{i}"), format!("result {i}\n"))
+            };
+            records.append(&record).unwrap();
+        }
+    };
+    append(0, 40);
+    let mut history = History::default();
+    records.extend_history(&mut history).unwrap();
+    assert_eq!(history.entries.len(), 40);
+    append(40, 101);
+    records.extend_history(&mut history).unwrap();
+    let mut whole = History::default();
+    records.extend_history(&mut whole).unwrap();
+    assert_eq!(history, whole);
+    assert_eq!(whole.entries.len(), 101);
+    for (i, entry) in whole.entries.iter().enumerate() {
+        assert_eq!(entry.handle.seq, i as u64);
+        match &entry.item {
+            HistoryItem::Result(stored) => {
+                assert_ne!(i % 3, 0);
+                assert_eq!(stored.info.call_id.as_str(), format!("c{i}"));
+            }
+            HistoryItem::Record(_) => assert_eq!(i % 3, 0),
+        }
+    }
+}
+
 /// A result row damaged in the database (a hand edit, another writer): a span that ends
 /// before it starts, a missing length or spans. Reading its summary or a block of it is a
 /// typed error naming the record, never a panic (its text, read by its chunks, may still

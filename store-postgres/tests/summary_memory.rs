@@ -1,6 +1,7 @@
 //! A stored result's info and its history entry do not build its body's values: a peer's
 //! 8 MiB `structuredContent` of `[0,0,…]` beside one text block is about 128 MiB of JSON
-//! values, and each `read_tool_output` asks for the info. The reads run in a child process
+//! values, and each `read_tool_output` asks for the info. A history reads its rows in
+//! batches: a resume after 128 screenshots does not hold them all. The reads run in a child process
 //! (this binary again), so that the peak resident memory (`VmHWM`) measured is theirs
 //! alone.
 
@@ -14,8 +15,8 @@ use psych_store_conformance::large::peak_rss;
 use psych_store_conformance::pg::{database, psql};
 use psych_store_postgres::PgBlocking;
 use psych_types::{
-    History, Record, RecordHandle, RecordSource, RecordStore, RunId, ToolCallId, ToolOutput,
-    ToolResult,
+    ContentBlock, History, Record, RecordHandle, RecordSource, RecordStore, RunId, ToolCallId,
+    ToolOutput, ToolResult,
 };
 use serde_json::Value;
 
@@ -23,9 +24,12 @@ use serde_json::Value;
 const CHILD: &str = "PSYCH_PG_SUMMARY_MEMORY_URL";
 /// The structured content's elements: `[0,0,…]`, 8 MiB of JSON.
 const ELEMENTS: usize = 4 << 20;
-/// The most the child may reach: the body fetched whole (8 MiB), the process and its
-/// connection pool, far under the values' 128 MiB.
-const LIMIT: u64 = 64 << 20;
+/// Results of a 1 MiB image each, after it.
+const SCREENSHOTS: usize = 128;
+/// The most the child may reach: the process and its connection pool, one body fetched
+/// whole (8 MiB), a history's batch of rows (8 of the screenshots' 1.4 MB bodies), far
+/// under the values' 128 MiB or the 171 MiB of all the bodies at once.
+const LIMIT: u64 = 80 << 20;
 
 #[test]
 fn infos_and_history_do_not_build_the_body() {
@@ -51,6 +55,21 @@ fn infos_and_history_do_not_build_the_body() {
                 output,
             }))
             .unwrap();
+        // Screenshots: 128 MiB of images, 171 MiB as base64 in their rows' bodies.
+        for i in 0..SCREENSHOTS {
+            let output = ToolOutput::from_blocks(vec![
+                ContentBlock::text(format!("screenshot {i}")),
+                ContentBlock::image("image/png", vec![7; 1 << 20]),
+            ]);
+            records
+                .append(&Record::ToolResult(ToolResult {
+                    target: None,
+                    call_id: ToolCallId::new(format!("shot-{i}")).unwrap(),
+                    name: "screenshot".into(),
+                    output,
+                }))
+                .unwrap();
+        }
     }
     let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
@@ -88,7 +107,7 @@ fn infos_and_history_do_not_build_the_body() {
     );
 }
 
-/// In the child: the info and the history, ten times over.
+/// In the child: the info ten times over, then the whole history.
 fn read_infos(url: &str) {
     let store = PgBlocking::open(url).unwrap();
     let records = store
@@ -99,9 +118,9 @@ fn read_infos(url: &str) {
     for _ in 0..10 {
         let info = records.output_info(&handle).unwrap().unwrap();
         assert_eq!(info.name, "read");
-        let mut history = History::default();
-        records.extend_history(&mut history).unwrap();
-        assert_eq!(history.entries.len(), 1);
     }
+    let mut history = History::default();
+    records.extend_history(&mut history).unwrap();
+    assert_eq!(history.entries.len(), 1 + SCREENSHOTS);
     println!("peak {}", peak_rss());
 }
