@@ -982,6 +982,15 @@ mod tests {
         assert_eq!(catalog.cached_set_version(&s), Some(second.version.0));
     }
 
+    /// The one tool of these tests' servers.
+    fn tool_a() -> ToolDefinition {
+        ToolDefinition::new(
+            psych_types::ToolName::new("a").unwrap(),
+            "",
+            Default::default(),
+        )
+    }
+
     /// A lister of one tool that counts its listings.
     #[derive(Default)]
     struct Counting(std::sync::atomic::AtomicUsize);
@@ -1007,11 +1016,7 @@ mod tests {
             .in_memory()
             .unwrap();
         let s = ServerId::new("s").unwrap();
-        let kept = [ToolDefinition::new(
-            psych_types::ToolName::new("a").unwrap(),
-            "",
-            Default::default(),
-        )];
+        let kept = [tool_a()];
         catalog.refresh(&s, &kept).unwrap();
         let lister = Arc::new(Counting::default());
         let config = FreshenerConfig::builder()
@@ -1140,11 +1145,7 @@ mod tests {
     async fn durations_too_long_for_an_instant_never_stop_the_freshener() {
         let catalog = Catalog::in_memory().unwrap();
         let s = ServerId::new("s").unwrap();
-        let kept = [ToolDefinition::new(
-            psych_types::ToolName::new("a").unwrap(),
-            "",
-            Default::default(),
-        )];
+        let kept = [tool_a()];
         // A stored sync: the task resumes from it at once, adding the jitter to the TTL.
         catalog.refresh(&s, &kept).unwrap();
         let lister = Arc::new(Counting::default());

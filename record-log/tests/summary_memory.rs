@@ -15,7 +15,7 @@ mod common;
 use std::path::Path;
 
 use psych_record_log::{RecordLog, SyncPolicy};
-use psych_store_conformance::large::peak_rss;
+use psych_store_conformance::large::{peak_rss_of_child, print_peak};
 use psych_types::{RecordSource, ToolOutput};
 use serde_json::Value;
 
@@ -41,29 +41,11 @@ fn summaries_do_not_build_structured_content() {
         output.structured_content = Some(Value::Array(vec![Value::from(0); ELEMENTS]));
         log.append(&common::result("big", output)).unwrap();
     }
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "summaries_do_not_build_structured_content",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&child.stdout);
-    assert!(
-        child.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&child.stderr)
+    let peak = peak_rss_of_child(
+        "summaries_do_not_build_structured_content",
+        CHILD,
+        dir.path(),
     );
-    // The harness prints the test's name on the line the child's `peak N` ends.
-    let peak: u64 = stdout
-        .split("peak ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no peak in {stdout}"));
     eprintln!(
         "summaries read in a child whose peak RSS was {} MiB",
         peak >> 20
@@ -86,5 +68,5 @@ fn read_summaries(dir: &Path) {
         assert!(log.block_lines(&handle).unwrap().is_some());
         assert_eq!(log.history().unwrap().len(), 1);
     }
-    println!("peak {}", peak_rss());
+    print_peak();
 }

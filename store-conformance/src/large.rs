@@ -75,6 +75,41 @@ pub fn peak_rss() -> u64 {
     kib * 1024
 }
 
+/// Runs test `test` of this test binary again in a child process with `key=value` in its
+/// environment (the child sees it and does the reads to measure, then calls
+/// [`print_peak`]), and returns the child's peak resident set in bytes: the reads' alone,
+/// without what the parent built to store.
+///
+/// # Panics
+///
+/// When the child cannot start, fails, or prints no peak.
+pub fn peak_rss_of_child(test: &str, key: &str, value: impl AsRef<std::ffi::OsStr>) -> u64 {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("this test binary: {e}"));
+    let child = std::process::Command::new(exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(key, value)
+        .output()
+        .unwrap_or_else(|e| panic!("the child: {e}"));
+    let stdout = String::from_utf8_lossy(&child.stdout);
+    assert!(
+        child.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&child.stderr)
+    );
+    // The harness prints the test's name on the line the child's `peak N` ends.
+    stdout
+        .split("peak ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no peak in {stdout}"))
+}
+
+/// In the child of [`peak_rss_of_child`]: prints this process's peak for the parent.
+pub fn print_peak() {
+    println!("peak {}", peak_rss());
+}
+
 /// Asserts that `source` reads the end of [`text_file`]`(…)`'s text, stored under `handle`
 /// (`len` bytes, `lines` numbered lines before [`LAST`]): its length, its last bytes by
 /// offset, and its last line by line mark, the mark within a stride (512 KiB for 1 GiB)
