@@ -244,13 +244,32 @@ impl std::fmt::Debug for PgRecords {
     }
 }
 
-/// Rows a history's extension reads at once.
-const HISTORY_BATCH: i64 = 8;
+/// About how many bytes of bodies a history's extension reads at once (a larger body is
+/// read alone).
+const HISTORY_BATCH_BYTES: i64 = 8 << 20;
+/// The most rows it reads at once, however small.
+const HISTORY_BATCH_ROWS: i64 = 4_096;
 
 /// A stored tool result's row, without its chunks.
 struct ResultRow {
-    output: ToolOutput,
+    content: Vec<ContentBlock>,
     spans: Vec<Option<Range<u64>>>,
+}
+
+/// A tool result's body as [`ResultRow`] reads it: its content blocks (texts emptied),
+/// the rest passed over.
+#[derive(serde::Deserialize)]
+struct ResultBlocks {
+    #[serde(rename = "type")]
+    kind: String,
+    output: BlocksOnly,
+}
+
+/// A [`ToolOutput`]'s content blocks alone.
+#[derive(serde::Deserialize)]
+struct BlocksOnly {
+    #[serde(default)]
+    content: Vec<ContentBlock>,
 }
 
 impl PgRecords {
@@ -611,16 +630,17 @@ impl PgRecords {
         let Some((body, _, spans)) = self.result_parts(client, seq).await? else {
             return Ok(None);
         };
-        let Record::ToolResult(result) = serde_json::from_slice(&body)
-            .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?
-        else {
+        // Its blocks alone: the structured content and `_meta` are not built.
+        let skeleton: ResultBlocks = serde_json::from_slice(&body)
+            .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?;
+        if skeleton.kind != "tool_result" {
             return Err(corrupt(format!(
                 "record {}:{seq} is not a tool result",
                 self.run
             )));
-        };
+        }
         Ok(Some(ResultRow {
-            output: result.output,
+            content: skeleton.output.content,
             spans,
         }))
     }
@@ -1205,13 +1225,13 @@ impl RecordSource for PgRecords {
                 return Ok(None);
             };
             // The head alone: the body's blocks and structured content are not built.
-            let Some(head) = ResultHead::of(&body, handle)? else {
+            let Some((_, info)) = ResultHead::of(&body, handle, len)? else {
                 return Err(corrupt(format!(
                     "record {}:{seq} is not a tool result",
                     self.run
                 )));
             };
-            Ok(Some(head.info(len).1))
+            Ok(Some(info))
         })
     }
 
@@ -1273,7 +1293,7 @@ impl RecordSource for PgRecords {
             let Some(row) = self.result_row(&client, seq).await? else {
                 return Ok(None);
             };
-            let Some(mut block) = row.output.content.into_iter().nth(position) else {
+            let Some(mut block) = row.content.into_iter().nth(position) else {
                 return Ok(None);
             };
             if let Some(Some(span)) = row.spans.get(position) {
@@ -1321,7 +1341,6 @@ impl RecordSource for PgRecords {
             };
             // The skeleton's resource texts are empty: their sizes come from their spans.
             let placeholders = row
-                .output
                 .content
                 .iter()
                 .enumerate()
@@ -1340,7 +1359,7 @@ impl RecordSource for PgRecords {
                 .collect();
             Ok(Some(BlockLines {
                 placeholders,
-                has_binary: row.output.binary_blocks().next().is_some(),
+                has_binary: row.content.iter().any(|block| block.binary().is_some()),
             }))
         })
     }
@@ -1394,32 +1413,44 @@ impl RecordStore for PgRecords {
     }
 
     fn extend_history(&self, history: &mut History) -> Result<(), RecordError> {
-        // A batch of rows at a time: a row's body keeps its images and structured
-        // content, so a resume after hundreds of screenshots would otherwise hold them
-        // all at once.
+        // Rows up to about HISTORY_BATCH_BYTES of bodies at a time (a larger one alone): a
+        // row's body keeps its images and structured content, so a resume after hundreds
+        // of screenshots would otherwise hold them all at once. Paged by `seq`, each batch
+        // after the last row read.
+        let mut after = signed(history.entries.len() as u64) - 1;
         loop {
-            let from = signed(history.entries.len() as u64);
             let rows = self.block(async {
                 let client = self.client().await?;
                 rows(
                     &client,
                     "select seq, body, result, readable_len, line_breaks, estimate, text_only
-                         from records where identity = $1 and run = $2 and seq >= $3
-                         order by seq limit $4",
-                    &[&&*self.identity, &self.run.as_str(), &from, &HISTORY_BATCH],
+                     from (select seq, body, result, readable_len, line_breaks, estimate,
+                               text_only, sum(octet_length(body)) over (order by seq) as upto,
+                               row_number() over (order by seq) as n
+                           from records where identity = $1 and run = $2 and seq > $3
+                           order by seq limit $5) batch
+                     where upto <= $4 or n = 1
+                     order by seq",
+                    &[
+                        &&*self.identity,
+                        &self.run.as_str(),
+                        &after,
+                        &HISTORY_BATCH_BYTES,
+                        &HISTORY_BATCH_ROWS,
+                    ],
                 )
                 .await
             })?;
-            let whole = rows.len() == HISTORY_BATCH as usize;
+            let Some(last) = rows.last().map(|row| row.get::<_, i64>(0)) else {
+                return Ok(());
+            };
             for row in rows {
                 let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
                 let handle = RecordHandle::new(self.run.clone(), seq);
                 let item = history_item(&handle, &row)?;
                 history.entries.push(HistoryEntry { handle, item });
             }
-            if !whole {
-                return Ok(());
-            }
+            after = last;
         }
     }
 
@@ -1459,8 +1490,8 @@ fn history_item(
         row.get::<_, Option<i64>>(i)
             .map(|n| u64::try_from(n).unwrap_or(0))
     };
-    if is_result && let Some(head) = ResultHead::of(body, handle)? {
-        let (target, info) = head.info(number(3).unwrap_or(0));
+    if is_result && let Some((target, info)) = ResultHead::of(body, handle, number(3).unwrap_or(0))?
+    {
         return Ok(HistoryItem::Result(StoredResult {
             target,
             info,
@@ -1482,11 +1513,13 @@ fn history_item(
 struct ResultHead {
     #[serde(rename = "type")]
     kind: String,
-    call_id: ToolCallId,
-    name: String,
+    // Optional here so that another record's body (without them) reads as one; a tool
+    // result's without them is damage.
+    call_id: Option<ToolCallId>,
+    name: Option<String>,
     #[serde(default)]
     target: Option<ToolRef>,
-    output: OutputHead,
+    output: Option<OutputHead>,
 }
 
 /// The parts of a [`ToolOutput`]'s serde form that say its kind and whether it failed.
@@ -1501,17 +1534,26 @@ struct OutputHead {
 }
 
 impl ResultHead {
-    /// The head of the tool result `body` holds; `None` when it holds another record.
-    fn of(body: &[u8], handle: &RecordHandle) -> Result<Option<Self>, RecordError> {
+    /// The target and info of the tool result `body` holds, for a readable text of `len`
+    /// bytes; `None` when it holds another record.
+    fn of(
+        body: &[u8],
+        handle: &RecordHandle,
+        len: u64,
+    ) -> Result<Option<(Option<ToolRef>, OutputInfo)>, RecordError> {
         let head: Self =
             serde_json::from_slice(body).map_err(|e| damaged(format!("record {handle}"), e))?;
-        Ok((head.kind == "tool_result").then_some(head))
-    }
-
-    /// Its target, and its info for a readable text of `len` bytes.
-    fn info(self, len: u64) -> (Option<ToolRef>, OutputInfo) {
+        if head.kind != "tool_result" {
+            return Ok(None);
+        }
+        let (Some(call_id), Some(name), Some(output)) = (head.call_id, head.name, head.output)
+        else {
+            return Err(corrupt(format!(
+                "record {handle} is a tool result without its call id, name or output"
+            )));
+        };
         // As `OutputKind::of`: JSON when the structured content is all there is to read.
-        let kind = if self.output.content.is_empty() && self.output.structured_content.is_some() {
+        let kind = if output.content.is_empty() && output.structured_content.is_some() {
             OutputKind::Json
         } else {
             OutputKind::Text
@@ -1519,10 +1561,10 @@ impl ResultHead {
         let info = OutputInfo {
             kind,
             len,
-            is_error: self.output.is_error,
-            call_id: self.call_id,
-            name: self.name,
+            is_error: output.is_error,
+            call_id,
+            name,
         };
-        (self.target, info)
+        Ok(Some((head.target, info)))
     }
 }

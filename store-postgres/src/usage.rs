@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use deadpool_postgres::GenericClient;
-use psych_types::{Identities, Record, ToolRef};
+use psych_types::{Identities, ToolRef};
 
 use crate::records::{RecordError, db, rows};
 
@@ -130,9 +130,10 @@ async fn count(
     .await?;
     for row in &bodies {
         let body: &[u8] = row.get(0);
-        match serde_json::from_slice::<Record>(body) {
-            Ok(Record::ToolResult(result)) => {
-                if let Some(target) = result.target {
+        // The tag and target alone: the body's images and structured content are not built.
+        match serde_json::from_slice::<Reached>(body) {
+            Ok(reached) if reached.kind == "tool_result" => {
+                if let Some(target) = reached.target {
                     *calls.entry(target).or_default() += 1;
                 }
             }
@@ -140,4 +141,13 @@ async fn count(
         }
     }
     Ok(true)
+}
+
+/// What a tool result's body says of the remote tool its call reached.
+#[derive(serde::Deserialize)]
+struct Reached {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    target: Option<ToolRef>,
 }

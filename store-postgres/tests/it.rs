@@ -576,7 +576,8 @@ fn another_identitys_run_of_the_same_name_is_not_read() {
 fn a_history_past_several_batches_is_every_record_in_order() {
     use psych_types::{History, HistoryItem, RecordStore, RunId, UserMessage};
 
-    let (store, _guard, _) = record_schema("batches");
+    let (store, guard, _) = record_schema("batches");
+    let schema = &guard.0;
     let run = RunId::new("r").unwrap();
     let records = store.records("tenant", &run).unwrap();
     let append = |from: usize, to: usize| {
@@ -601,6 +602,14 @@ fn a_history_past_several_batches_is_every_record_in_order() {
     records.extend_history(&mut whole).unwrap();
     assert_eq!(history, whole);
     assert_eq!(whole.entries.len(), 101);
+    // A gap (a hand edit) is read past, not read twice.
+    raw_blocking(format!(
+        "delete from {schema}.records where identity = 'tenant' and run = 'r' and seq = 50"
+    ));
+    let mut gapped = History::default();
+    records.extend_history(&mut gapped).unwrap();
+    assert_eq!(gapped.entries.len(), 100);
+    assert!(gapped.entries.iter().all(|entry| entry.handle.seq != 50));
     for (i, entry) in whole.entries.iter().enumerate() {
         assert_eq!(entry.handle.seq, i as u64);
         match &entry.item {

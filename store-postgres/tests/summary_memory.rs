@@ -1,9 +1,9 @@
 //! A stored result's info and its history entry do not build its body's values: a peer's
 //! 8 MiB `structuredContent` of `[0,0,…]` beside one text block is about 128 MiB of JSON
-//! values, and each `read_tool_output` asks for the info. A history reads its rows in
-//! batches: a resume after 128 screenshots does not hold them all. The reads run in a child process
-//! (this binary again), so that the peak resident memory (`VmHWM`) measured is theirs
-//! alone.
+//! values, and each `read_tool_output` asks for the info (an elided result's preview for
+//! its blocks' lines). A history reads its rows in batches: a resume after 128
+//! screenshots does not hold them all. The reads run in a child process (this binary
+//! again), so that the peak resident memory (`VmHWM`) measured is theirs alone.
 
 #![allow(
     clippy::unwrap_used,
@@ -11,12 +11,12 @@
     reason = "a test fails loudly on bad data"
 )]
 
-use psych_store_conformance::large::peak_rss;
+use psych_store_conformance::large::{peak_rss_of_child, print_peak};
 use psych_store_conformance::pg::{database, psql};
 use psych_store_postgres::PgBlocking;
 use psych_types::{
-    ContentBlock, History, Record, RecordHandle, RecordSource, RecordStore, RunId, ToolCallId,
-    ToolOutput, ToolResult,
+    ContentBlock, History, HistoryItem, OutputKind, Record, RecordHandle, RecordSource,
+    RecordStore, RunId, ToolCallId, ToolOutput, ToolResult,
 };
 use serde_json::Value;
 
@@ -27,7 +27,7 @@ const ELEMENTS: usize = 4 << 20;
 /// Results of a 1 MiB image each, after it.
 const SCREENSHOTS: usize = 128;
 /// The most the child may reach: the process and its connection pool, one body fetched
-/// whole (8 MiB), a history's batch of rows (8 of the screenshots' 1.4 MB bodies), far
+/// whole (8 MiB), a history's batch of rows (about 8 MiB of bodies), far
 /// under the values' 128 MiB or the 171 MiB of all the bodies at once.
 const LIMIT: u64 = 80 << 20;
 
@@ -55,6 +55,15 @@ fn infos_and_history_do_not_build_the_body() {
                 output,
             }))
             .unwrap();
+        // A result that is its structured content alone, read as JSON.
+        records
+            .append(&Record::ToolResult(ToolResult {
+                target: None,
+                call_id: ToolCallId::new("json").unwrap(),
+                name: "query".into(),
+                output: ToolOutput::json(serde_json::json!({"rows": [1, 2, 3]})),
+            }))
+            .unwrap();
         // Screenshots: 128 MiB of images, 171 MiB as base64 in their rows' bodies.
         for i in 0..SCREENSHOTS {
             let output = ToolOutput::from_blocks(vec![
@@ -71,30 +80,8 @@ fn infos_and_history_do_not_build_the_body() {
                 .unwrap();
         }
     }
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "infos_and_history_do_not_build_the_body",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, &url)
-        .output()
-        .unwrap();
+    let peak = peak_rss_of_child("infos_and_history_do_not_build_the_body", CHILD, &url);
     psql(&format!("drop schema if exists {schema} cascade"));
-    let stdout = String::from_utf8_lossy(&child.stdout);
-    assert!(
-        child.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&child.stderr)
-    );
-    // The harness prints the test's name on the line the child's `peak N` ends.
-    let peak: u64 = stdout
-        .split("peak ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no peak in {stdout}"));
     eprintln!(
         "infos read in a child whose peak RSS was {} MiB",
         peak >> 20
@@ -117,10 +104,26 @@ fn read_infos(url: &str) {
     let handle = RecordHandle::new(RunId::new("sum").unwrap(), 0);
     for _ in 0..10 {
         let info = records.output_info(&handle).unwrap().unwrap();
-        assert_eq!(info.name, "read");
+        assert_eq!(
+            (info.name.as_str(), info.kind, info.is_error),
+            ("read", OutputKind::Text, false)
+        );
+        assert!(records.block_lines(&handle).unwrap().is_some());
     }
+    let json = records
+        .output_info(&RecordHandle::new(RunId::new("sum").unwrap(), 1))
+        .unwrap()
+        .unwrap();
+    assert_eq!((json.name.as_str(), json.kind), ("query", OutputKind::Json));
     let mut history = History::default();
     records.extend_history(&mut history).unwrap();
-    assert_eq!(history.entries.len(), 1 + SCREENSHOTS);
-    println!("peak {}", peak_rss());
+    assert_eq!(history.entries.len(), 2 + SCREENSHOTS);
+    for (seq, entry) in history.entries.iter().enumerate() {
+        assert_eq!(entry.handle.seq, seq as u64);
+        let HistoryItem::Result(stored) = &entry.item else {
+            panic!("record {seq} is a result")
+        };
+        assert_eq!(stored.info.kind == OutputKind::Json, seq == 1);
+    }
+    print_peak();
 }
