@@ -247,8 +247,9 @@ impl std::fmt::Debug for PgRecords {
 /// About how many bytes of bodies a history's extension reads at once (a larger body is
 /// read alone).
 const HISTORY_BATCH_BYTES: i64 = 8 << 20;
-/// The most rows it reads at once, however small.
-const HISTORY_BATCH_ROWS: i64 = 4_096;
+/// The most rows it reads at once, however small (each batch reads this many rows' sizes,
+/// whatever it returns).
+const HISTORY_BATCH_ROWS: i64 = 256;
 
 /// A stored tool result's row, without its chunks.
 struct ResultRow {
@@ -260,8 +261,6 @@ struct ResultRow {
 /// the rest passed over.
 #[derive(serde::Deserialize)]
 struct ResultBlocks {
-    #[serde(rename = "type")]
-    kind: String,
     output: BlocksOnly,
 }
 
@@ -631,14 +630,14 @@ impl PgRecords {
             return Ok(None);
         };
         // Its blocks alone: the structured content and `_meta` are not built.
-        let skeleton: ResultBlocks = serde_json::from_slice(&body)
-            .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?;
-        if skeleton.kind != "tool_result" {
+        if !Tag::is_result(&body, format_args!("{}:{seq}", self.run))? {
             return Err(corrupt(format!(
                 "record {}:{seq} is not a tool result",
                 self.run
             )));
         }
+        let skeleton: ResultBlocks = serde_json::from_slice(&body)
+            .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?;
         Ok(Some(ResultRow {
             content: skeleton.output.content,
             spans,
@@ -1417,7 +1416,10 @@ impl RecordStore for PgRecords {
         // row's body keeps its images and structured content, so a resume after hundreds
         // of screenshots would otherwise hold them all at once. Paged by `seq`, each batch
         // after the last row read.
-        let mut after = signed(history.entries.len() as u64) - 1;
+        let mut after = history
+            .entries
+            .last()
+            .map_or(-1, |entry| signed(entry.handle.seq));
         loop {
             let rows = self.block(async {
                 let client = self.client().await?;
@@ -1511,15 +1513,28 @@ fn history_item(
 /// memory), where decoding the [`Record`] builds them all, twice (its tag is read first).
 #[derive(serde::Deserialize)]
 struct ResultHead {
-    #[serde(rename = "type")]
-    kind: String,
-    // Optional here so that another record's body (without them) reads as one; a tool
-    // result's without them is damage.
-    call_id: Option<ToolCallId>,
-    name: Option<String>,
+    call_id: ToolCallId,
+    name: String,
     #[serde(default)]
     target: Option<ToolRef>,
-    output: Option<OutputHead>,
+    output: OutputHead,
+}
+
+/// A record body's tag alone (the rest passed over), to tell a tool result's from another
+/// record's before reading it as one.
+#[derive(serde::Deserialize)]
+struct Tag {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+impl Tag {
+    /// Whether `body` holds a tool result.
+    fn is_result(body: &[u8], handle: impl std::fmt::Display) -> Result<bool, RecordError> {
+        let tag: Self =
+            serde_json::from_slice(body).map_err(|e| damaged(format!("record {handle}"), e))?;
+        Ok(tag.kind == "tool_result")
+    }
 }
 
 /// The parts of a [`ToolOutput`]'s serde form that say its kind and whether it failed.
@@ -1541,17 +1556,15 @@ impl ResultHead {
         handle: &RecordHandle,
         len: u64,
     ) -> Result<Option<(Option<ToolRef>, OutputInfo)>, RecordError> {
-        let head: Self =
-            serde_json::from_slice(body).map_err(|e| damaged(format!("record {handle}"), e))?;
-        if head.kind != "tool_result" {
+        if !Tag::is_result(body, handle)? {
             return Ok(None);
         }
-        let (Some(call_id), Some(name), Some(output)) = (head.call_id, head.name, head.output)
-        else {
-            return Err(corrupt(format!(
-                "record {handle} is a tool result without its call id, name or output"
-            )));
-        };
+        let Self {
+            call_id,
+            name,
+            target,
+            output,
+        } = serde_json::from_slice(body).map_err(|e| damaged(format!("record {handle}"), e))?;
         // As `OutputKind::of`: JSON when the structured content is all there is to read.
         let kind = if output.content.is_empty() && output.structured_content.is_some() {
             OutputKind::Json
@@ -1565,6 +1578,6 @@ impl ResultHead {
             call_id,
             name,
         };
-        Ok(Some((head.target, info)))
+        Ok(Some((target, info)))
     }
 }

@@ -143,11 +143,17 @@ async fn count(
     Ok(true)
 }
 
-/// What a tool result's body says of the remote tool its call reached.
+/// What a tool result's body says of the remote tool its call reached; the fields every
+/// result has are required (a body without them does not decode), their values passed
+/// over.
 #[derive(serde::Deserialize)]
+#[allow(dead_code, reason = "required to decode, never read")]
 struct Reached {
     #[serde(rename = "type")]
     kind: String,
     #[serde(default)]
     target: Option<ToolRef>,
+    call_id: serde::de::IgnoredAny,
+    name: serde::de::IgnoredAny,
+    output: serde::de::IgnoredAny,
 }

@@ -610,6 +610,33 @@ fn a_history_past_several_batches_is_every_record_in_order() {
     records.extend_history(&mut gapped).unwrap();
     assert_eq!(gapped.entries.len(), 100);
     assert!(gapped.entries.iter().all(|entry| entry.handle.seq != 50));
+    // A row flagged a result that holds another record (a hand edit) reads as that record.
+    records
+        .append(&psych_types::Record::Usage(psych_types::Usage {
+            input: 1,
+            cache_read: 0,
+            cache_write: 0,
+            output: 2,
+        }))
+        .unwrap();
+    raw_blocking(format!(
+        "update {schema}.records set result = true \
+         where identity = 'tenant' and run = 'r' and seq = 101"
+    ));
+    // Extended again, past the gap, it reads only what came after its last entry.
+    append(102, 104);
+    records.extend_history(&mut gapped).unwrap();
+    let seqs: Vec<u64> = gapped
+        .entries
+        .iter()
+        .map(|entry| entry.handle.seq)
+        .collect();
+    assert_eq!(seqs.len(), 103);
+    assert_eq!(seqs[100..], [101, 102, 103]);
+    assert!(matches!(
+        gapped.entries[100].item,
+        HistoryItem::Record(psych_types::Record::Usage(_))
+    ));
     for (i, entry) in whole.entries.iter().enumerate() {
         assert_eq!(entry.handle.seq, i as u64);
         match &entry.item {
