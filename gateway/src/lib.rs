@@ -66,8 +66,10 @@
 //!   log (`<dir>/serve/<identity>/<run>.plog`) and the client gets psych-elision's projection of it
 //!   (the per-result threshold, failures truncated). A result that is not elided passes
 //!   through as the upstream sent it (images stay images, unknown block types and fields
-//!   are kept), over stdio and over HTTP (the `raw` module); Psych's own answers (meta tools,
-//!   search, orientation, the reader) carry their structured content as a text block too.
+//!   are kept), over stdio and over HTTP (the `raw` module), but for a failure holding
+//!   binary data, which is its readable text (each such block named by a line); Psych's
+//!   own answers (meta tools, search, orientation, the reader) carry their structured
+//!   content as a text block too.
 //! - A call the client cancels is dropped, which cancels the upstream request, and its
 //!   result is logged as cancelled by the client, so the log holds a result for every call.
 //!   The upstream's progress reaches the client under the client's progress token: the
