@@ -77,13 +77,18 @@ pub fn peak_rss() -> u64 {
 
 /// Runs test `test` of this test binary again in a child process with `key=value` in its
 /// environment (the child sees it and does the reads to measure, then calls
-/// [`print_peak`]), and returns the child's peak resident set in bytes: the reads' alone,
-/// without what the parent built to store.
+/// [`print_peak`]), prints the child's peak resident set (the reads' alone, without what
+/// the parent built to store) and asserts that it stays under `limit` bytes.
 ///
 /// # Panics
 ///
-/// When the child cannot start, fails, or prints no peak.
-pub fn peak_rss_of_child(test: &str, key: &str, value: impl AsRef<std::ffi::OsStr>) -> u64 {
+/// When the child cannot start, fails, prints no peak, or peaks at `limit` or more.
+pub fn assert_child_peak_under(
+    test: &str,
+    key: &str,
+    value: impl AsRef<std::ffi::OsStr>,
+    limit: u64,
+) {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("this test binary: {e}"));
     let child = std::process::Command::new(exe)
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
@@ -97,15 +102,25 @@ pub fn peak_rss_of_child(test: &str, key: &str, value: impl AsRef<std::ffi::OsSt
         String::from_utf8_lossy(&child.stderr)
     );
     // The harness prints the test's name on the line the child's `peak N` ends.
-    stdout
+    let peak: u64 = stdout
         .split("peak ")
         .nth(1)
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no peak in {stdout}"))
+        .unwrap_or_else(|| panic!("no peak in {stdout}"));
+    eprintln!(
+        "{test}: the reading child's peak RSS was {} MiB",
+        peak >> 20
+    );
+    assert!(
+        peak < limit,
+        "peak {} MiB, over {} MiB",
+        peak >> 20,
+        limit >> 20
+    );
 }
 
-/// In the child of [`peak_rss_of_child`]: prints this process's peak for the parent.
+/// In the child of [`assert_child_peak_under`]: prints this process's peak for the parent.
 pub fn print_peak() {
     println!("peak {}", peak_rss());
 }

@@ -261,7 +261,15 @@ struct ResultRow {
 /// the rest passed over.
 #[derive(serde::Deserialize)]
 struct ResultBlocks {
+    #[serde(rename = "type")]
+    kind: String,
     output: BlocksOnly,
+}
+
+impl ToolResultPart for ResultBlocks {
+    fn tag(&self) -> &str {
+        &self.kind
+    }
 }
 
 /// A [`ToolOutput`]'s content blocks alone.
@@ -630,14 +638,12 @@ impl PgRecords {
             return Ok(None);
         };
         // Its blocks alone: the structured content and `_meta` are not built.
-        if !Tag::is_result(&body, format_args!("{}:{seq}", self.run))? {
+        let Some(skeleton) = ResultBlocks::read(&body, format_args!("{}:{seq}", self.run))? else {
             return Err(corrupt(format!(
                 "record {}:{seq} is not a tool result",
                 self.run
             )));
-        }
-        let skeleton: ResultBlocks = serde_json::from_slice(&body)
-            .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?;
+        };
         Ok(Some(ResultRow {
             content: skeleton.output.content,
             spans,
@@ -1513,6 +1519,8 @@ fn history_item(
 /// memory), where decoding the [`Record`] builds them all, twice (its tag is read first).
 #[derive(serde::Deserialize)]
 struct ResultHead {
+    #[serde(rename = "type")]
+    kind: String,
     call_id: ToolCallId,
     name: String,
     #[serde(default)]
@@ -1520,20 +1528,42 @@ struct ResultHead {
     output: OutputHead,
 }
 
-/// A record body's tag alone (the rest passed over), to tell a tool result's from another
-/// record's before reading it as one.
+/// A record body's tag alone (the rest passed over), to tell another record's body from a
+/// damaged tool result's.
 #[derive(serde::Deserialize)]
 struct Tag {
     #[serde(rename = "type")]
     kind: String,
 }
 
-impl Tag {
-    /// Whether `body` holds a tool result.
-    fn is_result(body: &[u8], handle: impl std::fmt::Display) -> Result<bool, RecordError> {
-        let tag: Self =
-            serde_json::from_slice(body).map_err(|e| damaged(format!("record {handle}"), e))?;
-        Ok(tag.kind == "tool_result")
+/// The parts of a tool result's body a read needs ([`ResultHead`], [`ResultBlocks`]),
+/// read in one pass.
+trait ToolResultPart: serde::de::DeserializeOwned {
+    /// The body's tag.
+    fn tag(&self) -> &str;
+
+    /// The part of `body` (record `what`); `None` when it holds another record. Only a
+    /// body that does not decode as the part is read again, for its tag alone, to tell
+    /// another record (a usage's `output` is a number) from a damaged result.
+    fn read(body: &[u8], what: impl std::fmt::Display) -> Result<Option<Self>, RecordError> {
+        match serde_json::from_slice::<Self>(body) {
+            Ok(part) => Ok((part.tag() == "tool_result").then_some(part)),
+            Err(error) => {
+                let tag: Tag = serde_json::from_slice(body)
+                    .map_err(|e| damaged(format!("record {what}"), e))?;
+                if tag.kind == "tool_result" {
+                    Err(damaged(format!("record {what}"), error))
+                } else {
+                    Ok(None)
+                }
+            }
+        }
+    }
+}
+
+impl ToolResultPart for ResultHead {
+    fn tag(&self) -> &str {
+        &self.kind
     }
 }
 
@@ -1556,15 +1586,16 @@ impl ResultHead {
         handle: &RecordHandle,
         len: u64,
     ) -> Result<Option<(Option<ToolRef>, OutputInfo)>, RecordError> {
-        if !Tag::is_result(body, handle)? {
-            return Ok(None);
-        }
-        let Self {
+        let Some(Self {
             call_id,
             name,
             target,
             output,
-        } = serde_json::from_slice(body).map_err(|e| damaged(format!("record {handle}"), e))?;
+            ..
+        }) = Self::read(body, handle)?
+        else {
+            return Ok(None);
+        };
         // As `OutputKind::of`: JSON when the structured content is all there is to read.
         let kind = if output.content.is_empty() && output.structured_content.is_some() {
             OutputKind::Json

@@ -11,7 +11,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
-use psych_store_conformance::large::{peak_rss_of_child, print_peak};
+use psych_store_conformance::large::{assert_child_peak_under, print_peak};
 use psych_store_conformance::pg::{database, psql};
 use psych_store_postgres::PgBlocking;
 use psych_types::{
@@ -39,6 +39,7 @@ fn infos_and_history_do_not_build_the_body() {
     }
     let schema = format!("t_summary_{}", std::process::id());
     psql(&format!("drop schema if exists {schema} cascade"));
+    let _drop = DropSchema(schema.clone());
     let url = format!("{}?schema={schema}", database());
     {
         let store = PgBlocking::open(&url).unwrap();
@@ -80,18 +81,21 @@ fn infos_and_history_do_not_build_the_body() {
                 .unwrap();
         }
     }
-    let peak = peak_rss_of_child("infos_and_history_do_not_build_the_body", CHILD, &url);
-    psql(&format!("drop schema if exists {schema} cascade"));
-    eprintln!(
-        "infos read in a child whose peak RSS was {} MiB",
-        peak >> 20
+    assert_child_peak_under(
+        "infos_and_history_do_not_build_the_body",
+        CHILD,
+        &url,
+        LIMIT,
     );
-    assert!(
-        peak < LIMIT,
-        "peak {} MiB, over {} MiB",
-        peak >> 20,
-        LIMIT >> 20
-    );
+}
+
+/// Drops the test's schema when the test ends, whether its bound held or not.
+struct DropSchema(String);
+
+impl Drop for DropSchema {
+    fn drop(&mut self) {
+        psql(&format!("drop schema if exists {} cascade", self.0));
+    }
 }
 
 /// In the child: the info ten times over, then the whole history.
