@@ -130,6 +130,10 @@ enum Command {
         /// Lines to skip (0-based).
         #[arg(long)]
         offset: Option<u64>,
+        /// Bytes of the line at `--offset` to skip: reads on in a cut line (its end names
+        /// the value).
+        #[arg(long)]
+        byte: Option<u64>,
         /// Lines to return at most.
         #[arg(long)]
         limit: Option<u64>,
@@ -454,9 +458,10 @@ fn run(command: Command) -> Result<u8, String> {
             log,
             handle,
             offset,
+            byte,
             limit,
             grep,
-        } => read(&log, handle, offset, limit, grep),
+        } => read(&log, handle, [offset, byte, limit], grep),
         Command::Demo { dump } => demo::run(dump.as_deref()),
         Command::ServeEmbedded { args } => serve_embedded(args),
         Command::Serve {
@@ -549,8 +554,7 @@ fn status(setup: &setup::Setup) -> u8 {
 fn read(
     log: &std::path::Path,
     handle: String,
-    offset: Option<u64>,
-    limit: Option<u64>,
+    [offset, byte, limit]: [Option<u64>; 3],
     grep: Option<String>,
 ) -> Result<u8, String> {
     use psych_reader_tool::Reader;
@@ -573,6 +577,9 @@ fn read(
     let mut arguments = serde_json::json!({ "handle": handle });
     if let Some(offset) = offset {
         arguments["offset"] = offset.into();
+    }
+    if let Some(byte) = byte {
+        arguments["byte"] = byte.into();
     }
     if let Some(limit) = limit {
         arguments["limit"] = limit.into();

@@ -9,7 +9,8 @@
 //! result's handle, and each failure with its first few hundred characters. Prompt
 //! assembly calls it through the trait, without depending on this crate. A preview's head
 //! ends at a line break and its tail starts after one (within [`LINE_SLACK`]), and its
-//! marker names the omitted lines and the `read_tool_output` offset that reads on.
+//! marker names the omitted lines and the `read_tool_output` offset (and byte, when the
+//! head ends within a line) that reads on.
 //!
 //! [`ResultProjector::project_stored`](psych_types::ResultProjector::project_stored) gives
 //! the same bytes from a stored history: the estimate stored at append time, and only the

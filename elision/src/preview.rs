@@ -107,7 +107,8 @@ impl PreviewConfig {
     pub const DEFAULT_FAILURE_CHARS: usize = 400;
 
     /// The preview of an elided success: the head, a marker line naming the omitted lines
-    /// and the `read_tool_output` offset that continues after the head, the tail, and
+    /// and the `read_tool_output` offset (and, when the head ends within a line, the byte
+    /// of that line) that continues after the head, the tail, and
     /// guidance naming `read_tool_output`, `handle` and how to grep.
     ///
     /// The head ends at a line break when one lies within [`LINE_SLACK`] characters of its
@@ -216,11 +217,18 @@ impl PreviewConfig {
                 last.max(first).saturating_add(1)
             )
         };
+        // Where the omitted part starts within line `first`, as the reader's `byte` counts.
+        let byte = head.len() - head.rfind('\n').map_or(0, |at| at + 1);
+        let byte = if byte > 0 {
+            format!(" byte={byte}")
+        } else {
+            String::new()
+        };
         // Writing into a String cannot fail.
         let _ = writeln!(
             out,
             "[… {lines} omitted (bytes {head_end}..{tail_start} of {len}); read on with \
-             read_tool_output offset={first} …]"
+             read_tool_output offset={first}{byte} …]"
         );
         out.push_str(tail);
         if !tail.is_empty() && !tail.ends_with('\n') {
@@ -499,7 +507,8 @@ mod tests {
         let out = config(40, 40).preview(&flat, &handle());
         assert!(
             out.starts_with(&format!(
-                "{}\n[… line 1 omitted (bytes 40..1960",
+                "{}\n[… line 1 omitted (bytes 40..1960 of 2000); read on with read_tool_output \
+                 offset=0 byte=40 …]",
                 "y".repeat(40)
             )),
             "{out}"
@@ -568,6 +577,10 @@ mod tests {
             head_only.starts_with("0123456789\n[… line 1 omitted (bytes 10..600"),
             "{head_only}"
         );
-        assert!(head_only.contains("offset=0 …]\n\n[Elided"), "{head_only}");
+        // The head ends within line 1: the marker names the byte that reads on in it.
+        assert!(
+            head_only.contains("offset=0 byte=10 …]\n\n[Elided"),
+            "{head_only}"
+        );
     }
 }

@@ -80,6 +80,22 @@ pub struct Page {
     pub max_line_bytes: usize,
 }
 
+impl Page {
+    /// When `line` (of this page) is cut after the part shown, the `byte` that reads on
+    /// from the cut with `offset` = `line.number - 1`: the bytes of the line before the
+    /// cut, or with `grep` that less the grep's length less one, so that a search from
+    /// there also finds a match the cut runs through (the one shown lies wholly before it,
+    /// so a search from there never finds it again).
+    pub fn read_on(&self, line: &Line) -> Option<u64> {
+        let back = self
+            .grep
+            .as_ref()
+            .map_or(0, |grep| grep.len().saturating_sub(1) as u64);
+        (line.cut_after() > 0)
+            .then(|| (line.shown_from + line.shown.len() as u64 - line.start).saturating_sub(back))
+    }
+}
+
 /// The answer to one `read_tool_output` call that the model sees as its tool result.
 ///
 /// Corruption (an `invalid_deferred_handle`) and storage failures are not answers: they are
@@ -114,7 +130,10 @@ impl Answer {
     ///
     /// A page is a header line, a status line (range, total, whether more follows and the
     /// offset to pass next), notes when a line was cut or bytes are not UTF-8, then one line
-    /// per line of content: its number right-aligned in six columns, a tab, the content.
+    /// per line of content: its number right-aligned in six columns, a tab, the content. A
+    /// line cut after the part shown ends with the `offset` and `byte` that read on from
+    /// the cut; a page whose last line is the result's and is cut says so where it would
+    /// say "end of result".
     pub fn render(&self) -> String {
         match self {
             Answer::Page(page) => render_page(page),
@@ -200,8 +219,13 @@ fn render_page(page: &Page) -> String {
             let _ = write!(out, "[…{} bytes]", line.cut_before());
         }
         push_content(&mut out, &line.shown, invalid > 0);
-        if line.cut_after() > 0 {
-            let _ = write!(out, "[…{} bytes]", line.cut_after());
+        if let Some(byte) = page.read_on(line) {
+            let _ = write!(
+                out,
+                "[…{} bytes; read on with offset={} byte={byte}]",
+                line.cut_after(),
+                line.number - 1
+            );
         }
     }
     out
@@ -243,10 +267,21 @@ fn status(page: &Page) -> String {
                 }
                 out.push_str(&stopped());
                 more(&mut out);
-                if page.next_offset.is_none() {
-                    out.push_str("; end of result");
-                    if page.ends_without_newline {
-                        out.push_str(" (no line break after its last line)");
+                match (page.next_offset, page.read_on(last)) {
+                    (Some(_), _) => {}
+                    (None, Some(byte)) => {
+                        let _ = write!(
+                            out,
+                            "; more follows in line {}: call again with offset={} byte={byte}",
+                            last.number,
+                            last.number - 1
+                        );
+                    }
+                    (None, None) => {
+                        out.push_str("; end of result");
+                        if page.ends_without_newline {
+                            out.push_str(" (no line break after its last line)");
+                        }
                     }
                 }
             } else {

@@ -17,6 +17,9 @@ pub struct ReadArgs {
     pub handle: String,
     /// Lines to skip before the first line returned (0-based: line `N` is at offset `N - 1`).
     pub offset: u64,
+    /// Bytes of the line at `offset` to skip before showing it (or, with `grep`, searching
+    /// it): how a line cut at [`Limits::max_line_bytes`] is read on. 0 reads lines whole.
+    pub byte: u64,
     /// Lines to return at most (matching lines with `grep`); `None` is the reader's default.
     pub limit: Option<u32>,
     /// A literal, case-sensitive substring; when set, only lines holding it are returned.
@@ -24,7 +27,7 @@ pub struct ReadArgs {
 }
 
 /// The fields the tool takes, in the order the schema lists them.
-const FIELDS: [&str; 4] = ["handle", "offset", "limit", "grep"];
+const FIELDS: [&str; 5] = ["handle", "offset", "byte", "limit", "grep"];
 
 /// Why the model's arguments were refused. The model sees the text as the tool result and
 /// can correct itself; it is not a corruption error.
@@ -53,6 +56,9 @@ pub enum ArgsError {
     /// `offset` is negative.
     #[error("`offset` must be 0 or more, not {0}")]
     NegativeOffset(i64),
+    /// `byte` is negative.
+    #[error("`byte` must be 0 or more, not {0}")]
+    NegativeByte(i64),
     /// `limit` is 0 or over the maximum.
     #[error("`limit` must be from 1 to {max}, not {value}")]
     Limit {
@@ -62,7 +68,7 @@ pub enum ArgsError {
         max: u32,
     },
     /// A field the tool does not take.
-    #[error("unknown field {0:?}; the fields are handle, offset, limit and grep")]
+    #[error("unknown field {0:?}; the fields are handle, offset, byte, limit and grep")]
     UnknownField(String),
     /// `grep` is the empty string.
     #[error("`grep` must not be empty; leave it out to read lines")]
@@ -80,8 +86,8 @@ impl ArgsError {
     pub fn tool_text(&self) -> String {
         format!(
             "read_tool_output: invalid arguments: {self}.\nExpected {{\"handle\": \
-             \"<run>:<seq>\", \"offset\": integer >= 0, \"limit\": integer >= 1, \"grep\": \
-             \"literal text\"}}; only handle is required."
+             \"<run>:<seq>\", \"offset\": integer >= 0, \"byte\": integer >= 0, \"limit\": \
+             integer >= 1, \"grep\": \"literal text\"}}; only handle is required."
         )
     }
 }
@@ -118,6 +124,7 @@ impl ReadArgs {
         Self {
             handle: handle.into(),
             offset: 0,
+            byte: 0,
             limit: None,
             grep: None,
         }
@@ -131,7 +138,7 @@ impl ReadArgs {
     /// # Errors
     ///
     /// [`ArgsError`] for the first problem found, in the order: not an object, unknown
-    /// field, handle, offset, limit, grep.
+    /// field, handle, offset, byte, limit, grep.
     pub fn from_json(arguments: &Value, limits: &Limits) -> Result<Self, ArgsError> {
         let Value::Object(map) = arguments else {
             return Err(ArgsError::NotAnObject {
@@ -159,20 +166,20 @@ impl ReadArgs {
                 });
             }
         };
-        let offset = match present("offset") {
-            None => 0,
+        let whole = |field: &'static str, negative: fn(i64) -> ArgsError| match present(field) {
+            None => Ok(0),
             Some(value) => match (value.as_u64(), value.as_i64()) {
-                (Some(offset), _) => offset,
-                (None, Some(negative)) => return Err(ArgsError::NegativeOffset(negative)),
-                (None, None) => {
-                    return Err(ArgsError::WrongType {
-                        field: "offset",
-                        expected: "an integer",
-                        found: type_name(value),
-                    });
-                }
+                (Some(n), _) => Ok(n),
+                (None, Some(n)) => Err(negative(n)),
+                (None, None) => Err(ArgsError::WrongType {
+                    field,
+                    expected: "an integer",
+                    found: type_name(value),
+                }),
             },
         };
+        let offset = whole("offset", ArgsError::NegativeOffset)?;
+        let byte = whole("byte", ArgsError::NegativeByte)?;
         let limit = match present("limit") {
             None => None,
             Some(value @ Value::Number(n)) if !n.is_f64() => Some(
@@ -206,6 +213,7 @@ impl ReadArgs {
         let args = Self {
             handle,
             offset,
+            byte,
             limit,
             grep,
         };
@@ -257,16 +265,19 @@ mod tests {
     fn full_and_minimal_arguments_parse() {
         assert_eq!(parse(json!({"handle": "r:1"})), Ok(ReadArgs::new("r:1")));
         assert_eq!(
-            parse(json!({"handle": "r:1", "offset": 10, "limit": 5, "grep": "ERR"})),
+            parse(json!({"handle": "r:1", "offset": 10, "byte": 7, "limit": 5, "grep": "ERR"})),
             Ok(ReadArgs {
                 handle: "r:1".into(),
                 offset: 10,
+                byte: 7,
                 limit: Some(5),
                 grep: Some("ERR".into()),
             })
         );
         assert_eq!(
-            parse(json!({"handle": "r:1", "offset": null, "limit": null, "grep": null})),
+            parse(
+                json!({"handle": "r:1", "offset": null, "byte": null, "limit": null, "grep": null})
+            ),
             Ok(ReadArgs::new("r:1")),
             "null is absent"
         );
@@ -306,6 +317,14 @@ mod tests {
                 "`offset` must be an integer, not a string",
             ),
             (
+                json!({"handle": "r:1", "byte": -1}),
+                "`byte` must be 0 or more, not -1",
+            ),
+            (
+                json!({"handle": "r:1", "byte": "2000"}),
+                "`byte` must be an integer, not a string",
+            ),
+            (
                 json!({"handle": "r:1", "limit": 0}),
                 "`limit` must be from 1 to 1000, not 0",
             ),
@@ -339,7 +358,7 @@ mod tests {
             ),
             (
                 json!({"handle": "r:1", "path": "x"}),
-                "unknown field \"path\"; the fields are handle, offset, limit and grep",
+                "unknown field \"path\"; the fields are handle, offset, byte, limit and grep",
             ),
         ];
         for (value, expected) in cases {

@@ -18,8 +18,9 @@ pub fn tool_definition(limits: &Limits) -> ToolDefinition {
          each after its line number. The answer starts with the result's size, the lines \
          returned and, when more follows, the offset to pass next. An offset past the end or \
          a grep without a match returns no lines; that is not an error. Lines over {} bytes \
-         are cut, marked […N bytes]; with grep the part around the match is shown. Binary \
-         results (images, audio) are described, not shown. To pass a kept result, or part of it, as another \
+         are cut, marked […N bytes]; with grep the part around the match is shown; a cut \
+         line's end names the offset and byte to read on from. Binary results (images, \
+         audio) are described, not shown. To pass a kept result, or part of it, as another \
          tool's argument without copying it, write {{\"$psych_result\": \"<handle>\"}} there, \
          with offset and limit (lines) or pointer (a JSON pointer) for a part; it is replaced \
          before the call.",
@@ -37,6 +38,12 @@ pub fn tool_definition(limits: &Limits) -> ToolDefinition {
                 "minimum": 0,
                 "default": 0,
                 "description": "Lines to skip before the first line returned, counting from 0: line N is at offset N-1. With grep, the search starts there."
+            },
+            "byte": {
+                "type": "integer",
+                "minimum": 0,
+                "default": 0,
+                "description": "Bytes of the line at offset to skip first, to read on in a cut line; with grep, the search starts there."
             },
             "limit": {
                 "type": "integer",

@@ -122,8 +122,8 @@ impl<S: RecordSource> Reader<S> {
             mark,
         );
         let found = match &args.grep {
-            None => scan.read_lines(args.offset, bounds)?,
-            Some(needle) => scan.grep(args.offset, needle.as_bytes(), bounds)?,
+            None => scan.read_lines(args.offset, args.byte, bounds)?,
+            Some(needle) => scan.grep(args.offset, args.byte, needle.as_bytes(), bounds)?,
         };
         Ok(Answer::Page(Page {
             result: info,

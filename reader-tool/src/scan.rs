@@ -304,27 +304,34 @@ impl<'a, S: RecordSource> Scan<'a, S> {
         }
     }
 
-    /// Builds the shown form of the line `[start, end)`: whole when it fits `cap`, else a
-    /// window of `cap` bytes around `anchor` (a match of `anchor_len` bytes, or the line's
-    /// start), cut at character boundaries.
+    /// Builds the shown form of the line `[start, end)` from its byte `skip` on (the line's
+    /// end when it is shorter): whole when that fits `cap`, else a window of `cap` bytes
+    /// around `anchor` (a match of `anchor_len` bytes at or after `start + skip`, or that
+    /// position itself), cut at character boundaries.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a private helper of the two scans, each argument a position or a bound"
+    )]
     fn make_line(
         &self,
         number: u64,
         start: u64,
         end: u64,
+        skip: u64,
         anchor: u64,
         anchor_len: usize,
         cap: usize,
     ) -> Result<Line, S> {
         let len = end - start;
+        let lo = start + skip.min(len);
         let cap64 = cap as u64;
-        let (from, to) = if len <= cap64 {
-            (start, end)
+        let (from, to) = if end - lo <= cap64 {
+            (lo, end)
         } else {
             let half = (cap.saturating_sub(anchor_len) / 2) as u64;
-            let from = anchor.saturating_sub(half).max(start);
+            let from = anchor.saturating_sub(half).max(lo);
             let to = (from + cap64).min(end);
-            (to.saturating_sub(cap64).max(start), to)
+            (to.saturating_sub(cap64).max(lo), to)
         };
         // One byte more past a cut end, to see whether the cut splits a character.
         let bytes = self.fetch(from, if to < end { to + 1 } else { to })?;
@@ -351,8 +358,14 @@ impl<'a, S: RecordSource> Scan<'a, S> {
         })
     }
 
-    /// Up to `bounds.limit` lines from line `offset` (0-based).
-    pub(crate) fn read_lines(&mut self, offset: u64, bounds: Bounds) -> Result<Found, S> {
+    /// Up to `bounds.limit` lines from line `offset` (0-based), the first of them from its
+    /// byte `skip` on.
+    pub(crate) fn read_lines(
+        &mut self,
+        offset: u64,
+        skip: u64,
+        bounds: Bounds,
+    ) -> Result<Found, S> {
         let mut pos = self.skip_lines(offset)?;
         let mut line_no = offset;
         let mut lines = Vec::new();
@@ -376,7 +389,9 @@ impl<'a, S: RecordSource> Scan<'a, S> {
                     None => (self.len, self.len),
                 },
             };
-            let line = self.make_line(line_no + 1, pos, end, pos, 0, bounds.line_cap)?;
+            let skip = if line_no == offset { skip } else { 0 };
+            let anchor = pos + skip.min(end - pos);
+            let line = self.make_line(line_no + 1, pos, end, skip, anchor, 0, bounds.line_cap)?;
             ends_without_newline = end == self.len;
             shown += line.shown.len();
             lines.push(line);
@@ -418,13 +433,22 @@ impl<'a, S: RecordSource> Scan<'a, S> {
     }
 
     /// Up to `bounds.limit` lines holding `needle` (no line break in it), from line
-    /// `offset` on. When the page fills, scans on to the next match so that "more follows"
-    /// is certain and the next offset is that match's line.
-    pub(crate) fn grep(&mut self, offset: u64, needle: &[u8], bounds: Bounds) -> Result<Found, S> {
+    /// `offset` on, searching that line from its byte `skip` on. When the page fills, scans
+    /// on to the next match so that "more follows" is certain and the next offset is that
+    /// match's line.
+    pub(crate) fn grep(
+        &mut self,
+        offset: u64,
+        skip: u64,
+        needle: &[u8],
+        bounds: Bounds,
+    ) -> Result<Found, S> {
         let finder = Finder::new(needle);
         let window_overlap = needle.len().saturating_sub(1);
         let overlap = window_overlap as u64;
         let mut pos = self.skip_lines(offset)?;
+        // Matches in line `offset` before this are not searched for.
+        let skip_to = pos.saturating_add(skip);
         let mut lines = Vec::new();
         let mut shown = 0usize;
         let mut full = false;
@@ -452,6 +476,13 @@ impl<'a, S: RecordSource> Scan<'a, S> {
                 continue;
             };
             self.count_to(m);
+            if self.lines_before == offset && m < skip_to {
+                // Before the byte asked for in the first line: go on from there, or from
+                // that line's end or the buffer's when sooner (one jump per buffer).
+                let line_end = memchr(b'\n', self.data_from(m)).map(|at| m + at as u64);
+                pos = skip_to.min(line_end.unwrap_or(self.end())).max(m + 1);
+                continue;
+            }
             if full {
                 next_offset = Some(self.lines_before);
                 stopped_at = self.line_start;
@@ -478,6 +509,7 @@ impl<'a, S: RecordSource> Scan<'a, S> {
                 self.lines_before + 1,
                 start,
                 end,
+                if self.lines_before == offset { skip } else { 0 },
                 m,
                 needle.len(),
                 bounds.line_cap,
@@ -547,7 +579,7 @@ mod tests {
         for (text, total) in [("", 0), ("a", 1), ("a\n", 1), ("a\nb", 2), ("\n\n", 2)] {
             let (log, handle) = store(text);
             let mut scan = Scan::new(&log, &handle, text.len() as u64, 3);
-            let found = scan.read_lines(0, WIDE).unwrap();
+            let found = scan.read_lines(0, 0, WIDE).unwrap();
             assert_eq!(found.total_lines, Some(total), "{text:?}");
             assert_eq!(found.lines.len() as u64, total, "{text:?}");
         }
@@ -559,7 +591,7 @@ mod tests {
         let (log, handle) = store(text);
         for chunk in 1..=40 {
             let mut scan = Scan::new(&log, &handle, text.len() as u64, chunk);
-            let found = scan.grep(0, b"abc", WIDE).unwrap();
+            let found = scan.grep(0, 0, b"abc", WIDE).unwrap();
             assert_eq!(
                 shown(&found),
                 [(1, "xxabcxx".to_owned()), (2, "abc".to_owned())],
@@ -590,7 +622,7 @@ mod tests {
             let text = String::from_utf8(bytes).unwrap();
             let (log, handle) = store(&text);
             let mut scan = Scan::new(&log, &handle, text.len() as u64, 1 << 20);
-            let found = scan.grep(0, b"NEEDLE", WIDE).unwrap();
+            let found = scan.grep(0, 0, b"NEEDLE", WIDE).unwrap();
             let numbers: Vec<u64> = found.lines.iter().map(|line| line.number).collect();
             assert_eq!(numbers, expected, "shift {shift}");
             assert!(!expected.is_empty());
@@ -604,7 +636,7 @@ mod tests {
         let (log, handle) = store(&text);
         for chunk in [7, 100, 1 << 20] {
             let mut scan = Scan::new(&log, &handle, text.len() as u64, chunk);
-            let found = scan.grep(0, b"NEEDLE", WIDE).unwrap();
+            let found = scan.grep(0, 0, b"NEEDLE", WIDE).unwrap();
             let line = &found.lines[0];
             assert_eq!((line.number, line.start, line.len), (2, 5, 10_006));
             assert_eq!(line.shown.len(), 512);
@@ -622,6 +654,7 @@ mod tests {
         let mut scan = Scan::new(&log, &handle, text.len() as u64, 64);
         let found = scan
             .read_lines(
+                0,
                 0,
                 Bounds {
                     line_cap: 513,

@@ -53,7 +53,7 @@ fn every_schema_property_is_a_field_the_parser_takes() {
     let definition = tool_definition(&Limits::default());
     let properties = definition.input_schema["properties"].as_object().unwrap();
     let names: Vec<&str> = properties.keys().map(String::as_str).collect();
-    assert_eq!(names, ["grep", "handle", "limit", "offset"]);
+    assert_eq!(names, ["byte", "grep", "handle", "limit", "offset"]);
     assert_eq!(definition.input_schema["required"], json!(["handle"]));
     assert_eq!(
         definition.input_schema["additionalProperties"],

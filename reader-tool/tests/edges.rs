@@ -228,6 +228,10 @@ fn one_huge_line_cannot_flood_the_answer() {
     assert!(grep.len() < 2400, "{} bytes", grep.len());
     assert!(grep.contains("[…10484763 bytes]"), "{grep}");
     assert!(
+        grep.contains("[…10484763 bytes; read on with offset=1 byte=10486758]"),
+        "{grep}"
+    );
+    assert!(
         grep.contains("xxxneedleyyy"),
         "the window is around the match"
     );
@@ -247,7 +251,10 @@ fn a_100_mb_line_is_cut_and_read_in_bounded_chunks() {
     assert_eq!(numbers, [(1, 5, 5), (2, 100_000_000, 2000), (3, 4, 4)]);
     let text = Answer::Page(read).render();
     assert!(text.len() < 2400, "{} bytes", text.len());
-    assert!(text.contains("[…99998000 bytes]"), "{text}");
+    assert!(
+        text.contains("[…99998000 bytes; read on with offset=1 byte=2000]"),
+        "{text}"
+    );
     let grep = reader
         .call(&json!({"handle": h, "grep": "NEEDLE"}))
         .unwrap()
@@ -260,6 +267,131 @@ fn a_100_mb_line_is_cut_and_read_in_bounded_chunks() {
         source.largest_read.get() <= chunk,
         "{}",
         source.largest_read.get()
+    );
+}
+
+#[test]
+fn a_cut_line_is_read_on_from_the_byte_its_end_names() {
+    // One line of 3,333 bytes, multi-byte characters across the cuts, then a short one.
+    let long: String = (0..1250)
+        .map(|i| if i % 3 == 0 { "é" } else { "abc" })
+        .collect();
+    let text = format!("{long}\nend");
+    let (log, handle) = text_log("run-7", &text);
+    let h = handle.to_string();
+    let first = check(&log, json!({"handle": h, "limit": 1}));
+    let byte = long.floor_char_boundary(2000);
+    assert!(
+        first.ends_with(&format!(
+            "[…{} bytes; read on with offset=0 byte={byte}]",
+            long.len() - byte
+        )),
+        "{first}"
+    );
+    // Following the marker reads the line whole, each part once, in order.
+    let reader = Reader::new(&log);
+    let mut read = Vec::new();
+    let mut at = 0;
+    loop {
+        let page = page(
+            reader
+                .call(&json!({"handle": h, "offset": 0, "byte": at, "limit": 1}))
+                .unwrap(),
+        );
+        let line = &page.lines[0];
+        assert_eq!(line.cut_before(), read.len() as u64);
+        read.extend_from_slice(&line.shown);
+        match page.read_on(line) {
+            Some(next) => at = next,
+            None => break,
+        }
+    }
+    assert_eq!(read, long.as_bytes());
+    // A byte inside a character starts at the next; the page goes on with the next line.
+    let inside = check(&log, json!({"handle": h, "byte": 1}));
+    assert!(inside.contains("     1\t[…2 bytes]abcabc"), "{inside}");
+    assert!(inside.ends_with("     2\tend"), "{inside}");
+    // A byte at or past the line's end shows none of it.
+    let past = check(&log, json!({"handle": h, "byte": 99_999}));
+    assert!(
+        past.contains(&format!("     1\t[…{} bytes]\n     2\tend", long.len())),
+        "{past}"
+    );
+    // Only the line at `offset` is read from `byte`.
+    let second = check(&log, json!({"handle": h, "offset": 1, "byte": 1}));
+    assert!(second.ends_with("     2\t[…1 bytes]nd"), "{second}");
+}
+
+#[test]
+fn a_result_of_one_long_line_says_where_it_goes_on_not_that_it_ended() {
+    let (log, handle) = text_log("run-7", &"x".repeat(4500));
+    let h = handle.to_string();
+    let first = check(&log, json!({"handle": h}));
+    assert!(
+        first.contains("line 1 of 1; more follows in line 1: call again with offset=0 byte=2000\n"),
+        "{first}"
+    );
+    let last = check(&log, json!({"handle": h, "byte": 4000}));
+    assert!(
+        last.contains("line 1 of 1; end of result (no line break after its last line)\n"),
+        "{last}"
+    );
+    assert!(
+        last.ends_with(&format!("[…4000 bytes]{}", "x".repeat(500))),
+        "{last}"
+    );
+}
+
+#[test]
+fn grep_from_a_byte_finds_the_next_match_in_the_same_line() {
+    // Three matches 3,000 bytes apart in one line: a window shows one of them.
+    let line = ["a", "NEEDLE-1", "NEEDLE-2", "NEEDLE-3"].join(&"-".repeat(3000));
+    let (log, handle) = text_log("run-7", &format!("{line}\nNEEDLE-4\n"));
+    let h = handle.to_string();
+    let reader = Reader::new(&log);
+    let mut seen = Vec::new();
+    let (mut offset, mut byte) = (0, 0);
+    loop {
+        let page = page(
+            reader
+                .call(&json!({
+                    "handle": h, "grep": "NEEDLE", "offset": offset, "byte": byte, "limit": 1
+                }))
+                .unwrap(),
+        );
+        let Some(line) = page.lines.first() else {
+            break;
+        };
+        let shown = String::from_utf8(line.shown.clone()).unwrap();
+        let at = shown.find("NEEDLE-").unwrap();
+        seen.push((line.number, shown[at..at + 8].to_owned()));
+        (offset, byte) = match (page.read_on(line), page.next_offset) {
+            (Some(next), _) => (line.number - 1, next),
+            (None, Some(next)) => (next, 0),
+            (None, None) => break,
+        };
+    }
+    assert_eq!(
+        seen,
+        [
+            (1, "NEEDLE-1".to_owned()),
+            (1, "NEEDLE-2".to_owned()),
+            (1, "NEEDLE-3".to_owned()),
+            (2, "NEEDLE-4".to_owned()),
+        ]
+    );
+    // The marker of a grep page names a byte before the cut by the grep's length less
+    // one, so that a match the cut runs through is found again.
+    let text = check(&log, json!({"handle": h, "grep": "NEEDLE", "limit": 1}));
+    let read_on = reader
+        .call(&json!({"handle": h, "grep": "NEEDLE", "limit": 1}))
+        .map(page)
+        .unwrap();
+    let first = &read_on.lines[0];
+    let cut = first.shown_from + first.shown.len() as u64 - first.start;
+    assert!(
+        text.contains(&format!("; read on with offset=0 byte={}]", cut - 5)),
+        "{text}"
     );
 }
 

@@ -218,6 +218,81 @@ proptest! {
     }
 
     #[test]
+    fn reading_on_from_each_cut_reconstructs_every_line(
+        lines in prop::collection::vec("[aé€\t]{0,900}", 1..5),
+        chunk in 1usize..700,
+        indexed in any::<bool>(),
+    ) {
+        let text = lines.join("\n");
+        let (log, handle) = text_log("run-o", &text);
+        let limits = Limits::builder().chunk_bytes(chunk).max_line_bytes(512).build().unwrap();
+        let reader = Reader::with_limits(Indexed::new(&log, 2, if indexed { 1 } else { u64::MAX }), limits);
+        for (offset, original) in lines.iter().enumerate() {
+            let mut args = ReadArgs { offset: offset as u64, limit: Some(1), ..ReadArgs::new(handle.to_string()) };
+            let mut got = Vec::new();
+            loop {
+                let page = read(&reader, &args);
+                let line = &page.lines[0];
+                prop_assert_eq!(line.number, offset as u64 + 1);
+                prop_assert_eq!(line.cut_before(), got.len() as u64, "no gap, no overlap");
+                prop_assert!(line.shown.len() <= 512);
+                got.extend_from_slice(&line.shown);
+                match page.read_on(line) {
+                    Some(byte) => {
+                        prop_assert!(byte > args.byte);
+                        args.byte = byte;
+                    }
+                    None => break,
+                }
+            }
+            prop_assert_eq!(&got, original.as_bytes());
+        }
+    }
+
+    #[test]
+    fn grep_read_on_from_each_cut_shows_every_match(
+        lines in prop::collection::vec("[ab]{0,1500}", 1..4),
+        needle in "[ab]{1,3}",
+        chunk in 1usize..700,
+    ) {
+        let text = lines.join("\n");
+        let (log, handle) = text_log("run-g", &text);
+        let limits = Limits::builder().chunk_bytes(chunk).max_line_bytes(512).build().unwrap();
+        let reader = Reader::with_limits(&log, limits);
+        // Every match, as (line, position in it), is inside some window shown.
+        let mut shown: Vec<(u64, u64, u64)> = Vec::new();
+        let mut args = ReadArgs {
+            limit: Some(1),
+            grep: Some(needle.clone()),
+            ..ReadArgs::new(handle.to_string())
+        };
+        for _ in 0..10_000 {
+            let page = read(&reader, &args);
+            let Some(line) = page.lines.first() else { break };
+            let from = line.cut_before();
+            shown.push((line.number, from, from + line.shown.len() as u64));
+            (args.offset, args.byte) = match (page.read_on(line), page.next_offset) {
+                (Some(byte), _) => {
+                    prop_assert!(line.number - 1 > args.offset || byte > args.byte);
+                    (line.number - 1, byte)
+                }
+                (None, Some(next)) => (next, 0),
+                (None, None) => break,
+            };
+        }
+        for (i, original) in lines.iter().enumerate() {
+            let number = i as u64 + 1;
+            for (at, _) in original.match_indices(needle.as_str()) {
+                let (at, end) = (at as u64, (at + needle.len()) as u64);
+                prop_assert!(
+                    shown.iter().any(|&(n, from, to)| n == number && from <= at && end <= to),
+                    "match at {} of line {} not shown: {:?}", at, number, shown
+                );
+            }
+        }
+    }
+
+    #[test]
     fn pages_from_a_line_index_equal_the_scanning_readers(
         lines in prop::collection::vec(
             prop_oneof![
@@ -232,6 +307,7 @@ proptest! {
         page_bytes in prop_oneof![Just(usize::MAX), 1usize..2000],
         count_all in prop_oneof![Just(u64::MAX), 0u64..400],
         offset in 0u64..70,
+        byte in prop_oneof![Just(0u64), 0u64..1300],
         limit in 1u32..12,
         grep in prop::option::of("[abé]{1,2}"),
     ) {
@@ -251,6 +327,7 @@ proptest! {
         let indexed = Reader::with_limits(Indexed::new(&log, 2, stride), limits);
         let args = ReadArgs {
             offset,
+            byte,
             limit: Some(limit),
             grep,
             ..ReadArgs::new(handle.to_string())
