@@ -593,7 +593,7 @@ impl Session {
                 McpError::MissingCapability {
                     server,
                     call,
-                    message: data.message.into_owned(),
+                    message: server_words(&data.message),
                     data: data.data,
                 }
             }
@@ -602,7 +602,8 @@ impl Session {
                 call,
                 message: format!(
                     "the server answered error {}: {}",
-                    data.code.0, data.message
+                    data.code.0,
+                    server_words(&data.message)
                 ),
             },
             ServiceError::TransportClosed | ServiceError::TransportSend(_) => match &self.child {
@@ -623,10 +624,25 @@ impl Session {
                 }
                 None => {
                     let reason = transport_reason(&error.to_string());
-                    let reason = match &error {
-                        ServiceError::TransportSend(inner) => remote::with_causes(reason, inner),
-                        _ => reason,
+                    let (reason, answered) = match &error {
+                        ServiceError::TransportSend(inner) => (
+                            remote::with_causes(reason, inner),
+                            remote::answered_alone(inner),
+                        ),
+                        _ => (reason, None),
                     };
+                    // The server answered this request's POST with a refusal (a 429, a
+                    // 5xx, a proxy's HTML page): rmcp failed that request alone and its
+                    // session goes on, so this one does too.
+                    if let Some(retry) = answered
+                        && !self.peer.is_transport_closed()
+                    {
+                        return McpError::Protocol {
+                            server,
+                            call,
+                            message: format!("{reason}{retry}"),
+                        };
+                    }
                     self.mark_lost(&format!("{call} failed: {reason}"));
                     McpError::Closed {
                         server,
@@ -836,6 +852,21 @@ async fn listen(
 /// rmcp's transport errors name the transport's Rust type
 /// (`Transport [rmcp::transport::worker::WorkerTransport<…>] error: …`); a person needs
 /// only what follows.
+/// The most of a server's error message an [`McpError`] quotes, in bytes.
+const SERVER_WORDS: usize = 4096;
+
+/// A server's error message as an [`McpError`] quotes it: whole up to [`SERVER_WORDS`]
+/// bytes, else its start and its length. The error is kept in the server's reachability,
+/// cloned into every subscriber's event and every later call's error, so its size is
+/// ours to bound, not the server's.
+fn server_words(message: &str) -> String {
+    if message.len() <= SERVER_WORDS {
+        return message.to_owned();
+    }
+    let end = message.floor_char_boundary(SERVER_WORDS);
+    format!("{}… ({} bytes in all)", &message[..end], message.len())
+}
+
 fn transport_reason(message: &str) -> String {
     match message.split_once("] error: ") {
         Some((_, reason)) => reason.to_owned(),
@@ -912,7 +943,8 @@ async fn init_error(
                     call,
                     message: format!(
                         "the server answered error {}: {}",
-                        data.code.0, data.message
+                        data.code.0,
+                        server_words(&data.message)
                     ),
                 },
             }
@@ -1074,5 +1106,14 @@ mod tests {
         assert_eq!(session.tap.len(), 0);
         session.close().await;
         serving.abort();
+    }
+
+    #[test]
+    fn a_server_message_is_quoted_up_to_its_bound() {
+        assert_eq!(super::server_words("short"), "short");
+        let long = "é".repeat(super::SERVER_WORDS);
+        let quoted = super::server_words(&long);
+        assert!(quoted.len() < super::SERVER_WORDS + 40, "{}", quoted.len());
+        assert!(quoted.ends_with(&format!("… ({} bytes in all)", long.len())));
     }
 }

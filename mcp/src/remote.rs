@@ -26,7 +26,9 @@
 //! left to rmcp when it ends or breaks, since the server can resume it. The connection
 //! reads such an error back with [`fault_of`] as a failed request on a connection that
 //! stays up: one stream cut (by a proxy's idle timeout, say) does not end the session and every call in flight
-//! on it; a server that is gone fails the next request to reach it.
+//! on it; a server that is gone fails the next request to reach it. A POST answered with a
+//! refusal (a 429 with its `Retry-After`, a 5xx, a page that is not an answer) fails that
+//! request alone too, as rmcp's worker does: the session stays.
 //!
 //! # Memory
 //!
@@ -539,6 +541,35 @@ pub(crate) fn with_causes(reason: String, error: &(dyn std::error::Error + 'stat
         node = current.source();
     }
     reason
+}
+
+/// When `error` (a request's transport error) is the server's HTTP answer to that
+/// request's POST refusing it, what to add to its reason (its `Retry-After`, if any): a
+/// status rmcp reports (429 and 5xx), a body that is not an answer, an unexpected content
+/// type, an over-long body. rmcp fails that request alone and its session goes on. A
+/// connection that could not be made or broke, an expired session or an authorization
+/// failure is not this (`None`).
+pub(crate) fn answered_alone(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut node = Some(error);
+    while let Some(current) = node {
+        if let Some(error) = current.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+            return match error {
+                StreamableHttpError::HttpStatus(status) => Some(
+                    status
+                        .retry_after
+                        .as_ref()
+                        .map(|after| format!(" (Retry-After: {after})"))
+                        .unwrap_or_default(),
+                ),
+                StreamableHttpError::UnexpectedServerResponse(_)
+                | StreamableHttpError::UnexpectedContentType(_)
+                | StreamableHttpError::ResponseBodyTooLarge { .. } => Some(String::new()),
+                _ => None,
+            };
+        }
+        node = current.source();
+    }
+    None
 }
 
 /// `reason` followed by the causes of reqwest's `error`, as [`with_causes`].

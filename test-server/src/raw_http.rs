@@ -10,9 +10,11 @@
 //!
 //! [`fault`] answers, before rmcp sees the request, what a misbehaving HTTP server or the
 //! proxy in front of it would: redirects (paths under `/moved`: a same-origin 307 or 308 to
-//! `/mcp`, a loop, a cross-origin 307), and event streams cut short (`tools/call` of
+//! `/mcp`, a loop, a cross-origin 307), event streams cut short (`tools/call` of
 //! `cut_stream {bytes}`: part of an event, then the end; of `end_stream`: the end before
-//! any answer). Those tools are not listed; only a client that calls them by name sees them.
+//! any answer) and refusals of one request (`tools/call` of `rate_limited`: a 429 with
+//! `Retry-After: 7`; of `bad_gateway`: a proxy's 502 page in HTML). Those tools are not
+//! listed; only a client that calls them by name sees them.
 
 use std::convert::Infallible;
 
@@ -120,6 +122,26 @@ where
                 return Fault::Answer(event_stream(event));
             }
             Some("end_stream") => return Fault::Answer(event_stream(b": no answer\n\n".to_vec())),
+            Some("rate_limited") => {
+                let mut response =
+                    http::Response::new(Full::new(Bytes::from_static(b"slow down")).boxed());
+                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                response.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from_static("7"),
+                );
+                return Fault::Answer(response);
+            }
+            Some("bad_gateway") => {
+                let page = b"<html><body><h1>502 Bad Gateway</h1></body></html>";
+                let mut response = http::Response::new(Full::new(Bytes::from_static(page)).boxed());
+                *response.status_mut() = StatusCode::BAD_GATEWAY;
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/html"),
+                );
+                return Fault::Answer(response);
+            }
             _ => {}
         }
     }

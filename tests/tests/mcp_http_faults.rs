@@ -222,6 +222,30 @@ async fn a_cut_event_stream_says_how_it_ended() {
     manager.shutdown().await;
 }
 
+/// A POST the server (or its proxy) refuses with a status, a 429 with `Retry-After` or a
+/// 502 page in HTML, fails that call alone, saying so; rmcp's session goes on, and so does
+/// the connection: no reconnection, no call in flight lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_refused_with_a_status_fails_alone_and_the_session_stays() {
+    let server = HttpServer::start(&[]);
+    let (manager, reachability) = connect("web", &server.url).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let error = fails_at_once(&manager, "rate_limited", json!({})).await;
+    assert!(matches!(error, McpError::Protocol { .. }), "{error:?}");
+    let text = error.to_string();
+    assert!(text.ends_with("HTTP 429 (Retry-After: 7)"), "{text}");
+    let error = fails_at_once(&manager, "bad_gateway", json!({})).await;
+    assert!(matches!(error, McpError::Protocol { .. }), "{error:?}");
+    assert!(error.to_string().contains("502"), "{error}");
+    assert_eq!(
+        manager.reachability(&id("web")),
+        Some(Reachability::Reachable)
+    );
+    // The backoff is 30 s: a session marked lost would fail this call as unreachable.
+    assert_eq!(echo(&manager, "web", "still here").await, "still here");
+    manager.shutdown().await;
+}
+
 /// Issue 27: an event over the 16 MiB held in memory that answers a call has its data
 /// written to a file as it arrives and its text reaches `call_tool` kept in a file; the
 /// connection stays. (An event over the limit that answers nothing awaited is refused, as
