@@ -421,7 +421,7 @@ impl McpManager {
                 stop_rx,
             )),
         };
-        {
+        let replaced = {
             // The shutdown flag is checked again under the map's lock: `shutdown` sets the
             // flag before it takes the map, so a slot is either in the map it takes (and
             // stopped with the others) or refused here, never left running after it.
@@ -439,7 +439,12 @@ impl McpManager {
                 return Err(McpError::ShutDown);
             }
             *slot.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
-            servers.insert(server.clone(), slot);
+            // A slot of the same name added meanwhile (two adds of one name at once both
+            // found none to remove) is replaced: stopped here, not left running unseen.
+            servers.insert(server.clone(), slot)
+        };
+        if let Some(replaced) = replaced {
+            replaced.finish().await;
         }
         // Only the map and the supervisor hold the slot now: if the server is removed or
         // the manager shut down during the first attempt, the sender is dropped and this
@@ -856,7 +861,7 @@ async fn supervise(
         };
         match attempt {
             Ok((session, listing)) => {
-                failures = 0;
+                let connected = tokio::time::Instant::now();
                 {
                     let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);
                     state.malformed = listing.malformed;
@@ -878,6 +883,13 @@ async fn supervise(
                     session.close().await;
                     break;
                 };
+                // Only a session that stayed up the longest delay starts the backoff over:
+                // one lost soon after it connected (a server that crashes on its first
+                // call, say) is a failure like any, so a flapping server is not
+                // restarted at the first delay forever.
+                if connected.elapsed() >= how.backoff.max {
+                    failures = 0;
+                }
                 let down = Reachability::Unreachable { reason };
                 slot.set(None, down.clone());
                 report(down);

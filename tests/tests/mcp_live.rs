@@ -1701,6 +1701,93 @@ async fn a_shutdown_racing_add_server_leaves_no_server_running() {
     assert_eq!(live_with_marker(&marker), Vec::<i32>::new());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_lost_soon_after_each_connection_is_restarted_ever_less_often() {
+    // Connects (answers `initialize` and the listing), then exits: each connection
+    // succeeded, and each used to start the backoff over, so it was restarted every
+    // `initial` (here 50 ms) forever.
+    let script = r#"
+        answer() { read -r line; id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/'); }
+        answer
+        printf '{"jsonrpc":"2.0","id":%s,"error":{"code":-32601,"message":"Method not found"}}\n' "$id"
+        answer
+        printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"flap","version":"1"}}}\n' "$id"
+        read -r initialized
+        answer
+        printf '{"jsonrpc":"2.0","id":%s,"result":{"tools":[]}}\n' "$id"
+        exit 3
+    "#;
+    let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+    let manager = McpManager::builder(config)
+        .timeouts(fast())
+        .backoff(Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_secs(60),
+        ))
+        .build()
+        .unwrap();
+    let events = manager.events();
+    // Reachable, or already lost again by the time it returns: the events say which.
+    manager
+        .add_server(id("flap"), stdio_config("flap", "sh", &["-c", script]))
+        .await
+        .unwrap();
+    // Delays of 50, 100, 200, 400, 800 and 1,600 ms: at most 7 connections in 3 s (at
+    // the first delay, some 30).
+    let window = tokio::time::Instant::now() + Duration::from_secs(3);
+    // The first connection's events are queued already: it counts among them.
+    let mut connections = 0;
+    while let Ok(event) = tokio::time::timeout_at(window, events.next()).await {
+        if let McpEvent::Reachability {
+            reachability: Reachability::Reachable,
+            ..
+        } = event
+        {
+            connections += 1;
+        }
+    }
+    assert!(connections <= 7, "{connections} connections in 3 s");
+    assert!(connections >= 2, "it was reconnected: {connections}");
+    manager.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_adds_of_one_name_at_once_leave_one_server_and_shutdown_stops_it() {
+    // Each `add_server` removed the server of its name (none yet), then inserted its
+    // slot: when both removals came before either insert, the second replaced the first
+    // in the map unseen, and the first's supervisor and process ran on after shutdown.
+    // (The window is narrow: rounds of two adds on two threads may or may not hit it;
+    // whichever way they go, one server is left and shutdown stops every one.)
+    let marker = format!("twin-add-{}", std::process::id());
+    let banner = marker.clone();
+    let config = move || test_server("twin", &["--stderr-banner", &banner]);
+    let manager = manager(fast());
+    for _ in 0..4 {
+        let adds: Vec<_> = (0..2)
+            .map(|_| {
+                let manager = manager.clone();
+                let config = config();
+                tokio::spawn(async move { manager.add_server(id("twin"), config).await })
+            })
+            .collect();
+        for add in adds {
+            add.await.unwrap().unwrap();
+        }
+    }
+    assert_eq!(manager.servers(), [id("twin")]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while live_with_marker(&marker).len() > 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(live_with_marker(&marker).len(), 1, "one server runs");
+    manager.shutdown().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !live_with_marker(&marker).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(live_with_marker(&marker), Vec::<i32>::new());
+}
+
 // Issue 27: the stdio transport under faults (findings 1, 2, 4 and the stdio part of 4's
 // orphans). A helper per test server scenario is kept beside its test.
 
