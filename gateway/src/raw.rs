@@ -53,24 +53,72 @@ pub(super) const RAW_KEY: &str = "psych.gateway/raw";
 const MAX_WAITING: usize = 1024;
 
 /// Raw answers waiting for the transport to put them in place of their placeholders.
-#[derive(Debug, Default)]
+///
+/// A placeholder's key is `<secret>-<n>`: the secret is drawn once per gateway and never
+/// sent (the key is not in what goes out), so an upstream result whose own `_meta` holds
+/// [`RAW_KEY`] can name no answer waiting, another client's least of all; and a raw
+/// answer's own [`RAW_KEY`] is dropped when it is kept.
+#[derive(Debug)]
 pub(super) struct RawAnswers {
+    secret: String,
     next: AtomicU64,
     waiting: Mutex<BTreeMap<u64, Value>>,
 }
 
+impl Default for RawAnswers {
+    fn default() -> Self {
+        Self {
+            secret: secret(),
+            next: AtomicU64::new(0),
+            waiting: Mutex::default(),
+        }
+    }
+}
+
+/// 128 random bits in hex, from the standard library's randomly keyed hasher (OS
+/// randomness), with the process id and the time mixed in.
+fn secret() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    let mut halves = [0u64; 2];
+    for (i, half) in halves.iter_mut().enumerate() {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_usize(i);
+        hasher.write_u32(std::process::id());
+        hasher.write_u128(now);
+        *half = hasher.finish();
+    }
+    format!("{:016x}{:016x}", halves[0], halves[1])
+}
+
 impl RawAnswers {
-    /// Keeps `raw` and marks `meta` (a placeholder's `_meta`) with its key.
-    pub(super) fn stash(&self, raw: Value, meta: &mut Option<MetaObject>) {
+    /// Keeps `raw` (without a [`RAW_KEY`] of its own in its `_meta`) and marks `meta` (a
+    /// placeholder's `_meta`) with its key.
+    pub(super) fn stash(&self, mut raw: Value, meta: &mut Option<MetaObject>) {
+        if let Some(Value::Object(own)) = raw.get_mut("_meta") {
+            own.remove(RAW_KEY);
+        }
         let key = self.next.fetch_add(1, Ordering::Relaxed);
         let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
         while waiting.len() >= MAX_WAITING {
             waiting.pop_first();
         }
         waiting.insert(key, raw);
-        meta.get_or_insert_default()
-            .0
-            .insert(RAW_KEY.to_owned(), Value::from(key));
+        meta.get_or_insert_default().0.insert(
+            RAW_KEY.to_owned(),
+            Value::from(format!("{}-{key}", self.secret)),
+        );
+    }
+
+    /// The number of the answer a placeholder's key names, when it is one of ours.
+    fn key_of(&self, key: &Value) -> Option<u64> {
+        key.as_str()?
+            .strip_prefix(self.secret.as_str())?
+            .strip_prefix('-')?
+            .parse()
+            .ok()
     }
 
     /// Puts the raw answer in place of `message`'s result when it is a marked placeholder,
@@ -79,17 +127,23 @@ impl RawAnswers {
         let JsonRpcMessage::Response(response) = message else {
             return;
         };
-        let meta = match &response.result {
-            ServerResult::CallToolResult(result) => result.meta.as_ref(),
-            ServerResult::ListToolsResult(result) => result.meta.as_ref(),
+        let meta = match &mut response.result {
+            ServerResult::CallToolResult(result) => result.meta.as_mut(),
+            ServerResult::ListToolsResult(result) => result.meta.as_mut(),
             // MCP 2026-07-28's round: the upstream's `inputRequests` as it sent them.
-            ServerResult::InputRequiredResult(result) => result.meta.as_ref(),
+            ServerResult::InputRequiredResult(result) => result.meta.as_mut(),
             _ => None,
         };
-        let Some(key) = meta.and_then(|m| m.0.get(RAW_KEY)).and_then(Value::as_u64) else {
+        let Some(meta) = meta else {
+            return;
+        };
+        let Some(key) = meta.0.get(RAW_KEY).and_then(|key| self.key_of(key)) else {
             return;
         };
         let Some(raw) = self.take(key) else {
+            // Its answer was forgotten (past MAX_WAITING): the placeholder goes, without
+            // the key, which would tell the secret.
+            meta.0.remove(RAW_KEY);
             return;
         };
         let placeholder = serde_json::to_value(&response.result).unwrap_or(Value::Null);
@@ -97,7 +151,8 @@ impl RawAnswers {
     }
 
     /// Puts the raw answer in place of the `result` of `message` (a JSON-RPC response as
-    /// JSON, as rmcp encoded it) when it is a marked placeholder; says whether it did.
+    /// JSON, as rmcp encoded it) when it is a marked placeholder (or, when its answer was
+    /// forgotten, removes the key); says whether it changed the message.
     pub(super) fn swap_json(&self, message: &mut Value) -> bool {
         let Some(result) = message.get_mut("result") else {
             return false;
@@ -105,12 +160,15 @@ impl RawAnswers {
         let Some(key) = result
             .get("_meta")
             .and_then(|meta| meta.get(RAW_KEY))
-            .and_then(Value::as_u64)
+            .and_then(|key| self.key_of(key))
         else {
             return false;
         };
         let Some(raw) = self.take(key) else {
-            return false;
+            if let Some(Value::Object(meta)) = result.get_mut("_meta") {
+                meta.remove(RAW_KEY);
+            }
+            return true;
         };
         *result = merged(result, raw);
         true
@@ -561,5 +619,47 @@ mod tests {
         let waiting = raw.waiting.lock().unwrap();
         assert_eq!(waiting.len(), MAX_WAITING);
         assert!(!waiting.contains_key(&0), "the oldest was forgotten");
+    }
+
+    #[test]
+    fn an_upstream_meta_naming_a_raw_key_takes_no_answer_and_is_not_sent() {
+        // Another client's answer waits under key 0 (and its secret).
+        let raw = RawAnswers::default();
+        let mut theirs = None;
+        raw.stash(
+            json!({"content": [{"type": "text", "text": "secret"}]}),
+            &mut theirs,
+        );
+        let their_key = theirs.unwrap().0[RAW_KEY].clone();
+        // An upstream's result naming keys of its own: every guess of the old numbering,
+        // and the key itself under another gateway's secret.
+        for guess in [json!(0), json!("0"), json!(format!("{}-0", "0".repeat(32)))] {
+            let mut ours = None;
+            raw.stash(
+                json!({"content": [], "_meta": {RAW_KEY: guess, "x": 1}}),
+                &mut ours,
+            );
+            let placeholder = json!({"jsonrpc": "2.0", "id": 2, "result": {
+                "content": [], "_meta": ours.unwrap().0}});
+            let event = format!("data: {placeholder}\n\n");
+            let out = String::from_utf8(patched_event(&raw, event.into_bytes()).to_vec()).unwrap();
+            assert_eq!(
+                out,
+                "data: {\"id\":2,\"jsonrpc\":\"2.0\",\"result\":{\"_meta\":{\"x\":1},\"content\":[]}}\n\n",
+                "{guess}"
+            );
+            // What goes out names no key; sent again, it takes nothing.
+            assert_eq!(
+                &patched_event(&raw, out.clone().into_bytes())[..],
+                out.as_bytes()
+            );
+        }
+        let waiting = raw.waiting.lock().unwrap();
+        assert_eq!(waiting.len(), 1, "the other client's answer still waits");
+        drop(waiting);
+        let mut message = json!({"jsonrpc": "2.0", "id": 1, "result": {
+            "content": [], "_meta": {RAW_KEY: their_key}}});
+        assert!(raw.swap_json(&mut message));
+        assert_eq!(message["result"]["content"][0]["text"], "secret");
     }
 }
