@@ -452,7 +452,26 @@ struct Shared {
 fn client_tools(surface: &Surface, limits: &psych_reader_tool::Limits) -> Vec<ToolDefinition> {
     let mut tools = surface.client_tools();
     tools.push(tool_definition(limits));
+    for tool in &mut tools {
+        sendable_icons(tool);
+    }
     tools
+}
+
+/// Drops an icon's `theme` that is neither `"light"` nor `"dark"`, the two MCP names: a
+/// client typing the listing (rmcp's and the SDKs' types are that enum) would refuse the
+/// whole listing for one upstream tool's `"auto"`. The icon itself is kept, and the
+/// catalogue keeps the upstream's value.
+fn sendable_icons(tool: &mut ToolDefinition) {
+    for icon in tool.icons.iter_mut().flatten() {
+        if icon
+            .theme
+            .as_deref()
+            .is_some_and(|theme| theme != "light" && theme != "dark")
+        {
+            icon.theme = None;
+        }
+    }
 }
 
 impl Shared {
@@ -1586,9 +1605,11 @@ impl ServerHandler for Session {
     ) -> Result<ListToolsResult, ErrorData> {
         answered("tools/list", async {
             let raw = self.listing(&context).await?;
-            let mut typed: ListToolsResult = serde_json::from_value(raw.clone()).map_err(|e| {
-                ErrorData::internal_error(format!("encoding the listing: {e}"), None)
-            })?;
+            // The raw listing takes the placeholder's place on the way out; a listing rmcp
+            // cannot type (a field of a tool its types refuse) is sent all the same, from
+            // an empty placeholder.
+            let mut typed: ListToolsResult =
+                serde_json::from_value(raw.clone()).unwrap_or_default();
             // Complete, as every answer of the gateway's: rmcp strips it for a client of
             // an earlier revision, and the swap copies it onto the raw answer.
             typed.result_type = Some(ResultType::COMPLETE);
@@ -2990,6 +3011,32 @@ fn is_connection_error(error: &std::io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_icon_theme_outside_the_mcp_names_is_not_sent_and_the_listing_types() {
+        let mut tool: ToolDefinition = serde_json::from_value(json!({
+            "name": "draw", "inputSchema": {"type": "object"},
+            "icons": [
+                {"src": "a.png", "theme": "auto"},
+                {"src": "b.png", "theme": "dark"},
+                {"src": "c.png"}
+            ]
+        }))
+        .unwrap();
+        let listing = json!({ "tools": [tool.clone()] });
+        assert!(serde_json::from_value::<ListToolsResult>(listing).is_err());
+        sendable_icons(&mut tool);
+        let themes: Vec<Option<&str>> = tool
+            .icons
+            .iter()
+            .flatten()
+            .map(|icon| icon.theme.as_deref())
+            .collect();
+        assert_eq!(themes, [None, Some("dark"), None]);
+        let listing = json!({ "tools": [tool] });
+        let typed: ListToolsResult = serde_json::from_value(listing).unwrap();
+        assert_eq!(typed.tools[0].icons.as_ref().map(Vec::len), Some(3));
+    }
 
     /// rmcp's 500 for a session that could not open becomes the gateway's 503 saying why
     /// (with `Retry-After` when the sessions are full, not when shutting down): a JSON-RPC
