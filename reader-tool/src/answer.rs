@@ -34,7 +34,8 @@ pub struct Line {
     /// Byte position of the first byte shown (after `start` when the front is cut).
     pub shown_from: u64,
     /// The bytes shown: the whole line, or a window of at most `max_line_bytes` (at the
-    /// start of the line, or around the `grep` match), cut at character boundaries.
+    /// start of the line or the `byte` asked for, or around the `grep` match), cut at
+    /// character boundaries.
     pub shown: Vec<u8>,
 }
 
@@ -62,6 +63,8 @@ pub struct Page {
     pub result: ResultInfo,
     /// The offset asked for, in lines.
     pub offset: u64,
+    /// The byte asked for: bytes of the line at `offset` skipped (0 for none).
+    pub byte: u64,
     /// The `grep` string, when the read searched.
     pub grep: Option<String>,
     /// The lines, in order. Empty when the offset is past the end or nothing matched.
@@ -83,16 +86,21 @@ pub struct Page {
 impl Page {
     /// When `line` (of this page) is cut after the part shown, the `byte` that reads on
     /// from the cut with `offset` = `line.number - 1`: the bytes of the line before the
-    /// cut, or with `grep` that less the grep's length less one, so that a search from
-    /// there also finds a match the cut runs through (the one shown lies wholly before it,
-    /// so a search from there never finds it again).
+    /// cut. A `grep` from there finds a match the cut runs through (it passes over only
+    /// matches wholly before the byte, as the one shown is).
     pub fn read_on(&self, line: &Line) -> Option<u64> {
-        let back = self
-            .grep
-            .as_ref()
-            .map_or(0, |grep| grep.len().saturating_sub(1) as u64);
-        (line.cut_after() > 0)
-            .then(|| (line.shown_from + line.shown.len() as u64 - line.start).saturating_sub(back))
+        (line.cut_after() > 0).then(|| line.shown_from + line.shown.len() as u64 - line.start)
+    }
+
+    /// Whether `line` shows less than it was asked to: cut after, or before the `byte`
+    /// asked for (by a `grep` window, or past the end of a line shorter than it).
+    fn is_cut(&self, line: &Line) -> bool {
+        let asked = if line.number == self.offset.saturating_add(1) {
+            self.byte.min(line.len)
+        } else {
+            0
+        };
+        line.cut_after() > 0 || line.cut_before() > asked
     }
 }
 
@@ -196,7 +204,7 @@ fn render_page(page: &Page) -> String {
                 .sum::<usize>()
         })
         .sum();
-    if page.lines.iter().any(|line| !line.is_whole()) {
+    if page.lines.iter().any(|line| page.is_cut(line)) {
         let _ = write!(
             out,
             "\nnote: lines over {} bytes are cut; \"[…N bytes]\" marks what was left out",
@@ -265,6 +273,9 @@ fn status(page: &Page) -> String {
                 if let Some(total) = page.total_lines {
                     let _ = write!(out, " of {total}");
                 }
+                if page.byte > 0 && first.number == page.offset.saturating_add(1) {
+                    let _ = write!(out, " (line {} from byte {})", first.number, page.byte);
+                }
                 out.push_str(&stopped());
                 more(&mut out);
                 match (page.next_offset, page.read_on(last)) {
@@ -296,7 +307,11 @@ fn status(page: &Page) -> String {
             }
         }
         Some(needle) => {
-            let _ = write!(out, "grep {needle:?} from offset {}: ", page.offset);
+            let _ = write!(out, "grep {needle:?} from offset {}", page.offset);
+            if page.byte > 0 {
+                let _ = write!(out, " byte {}", page.byte);
+            }
+            out.push_str(": ");
             if past_end {
                 let total = page.total_lines.unwrap_or(page.offset);
                 let _ = write!(
@@ -316,8 +331,23 @@ fn status(page: &Page) -> String {
                 ));
                 out.push_str(&stopped());
                 more(&mut out);
-                if page.next_offset.is_none() {
-                    out.push_str("; no more matches");
+                let last = page
+                    .lines
+                    .last()
+                    .and_then(|line| Some((line, page.read_on(line)?)));
+                match (page.next_offset, last) {
+                    (Some(_), _) => {}
+                    // The rest of a cut last line was not searched.
+                    (None, Some((line, byte))) => {
+                        let _ = write!(
+                            out,
+                            "; no more matching lines after line {n}, which is cut: more of it \
+                             may match: call again with offset={} byte={byte}",
+                            line.number - 1,
+                            n = line.number
+                        );
+                    }
+                    (None, None) => out.push_str("; no more matches"),
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! [`psych_types::RecordSource`].
 //!
 //! When a large tool result is shown to the model shortened, the model reads the rest back
-//! with `read_tool_output(handle, offset, limit, grep)`. The principal type is [`Reader`]: it
+//! with `read_tool_output(handle, offset, byte, limit, grep)`. The principal type is [`Reader`]: it
 //! resolves the handle in its Run's source, then scans the stored result in bounded chunks,
 //! so a small read of a huge result never pulls the whole result into memory. It needs no
 //! sandbox and never shells out.
@@ -23,7 +23,9 @@
 //! - `grep` is a literal substring search (`memchr::memmem`) returning matching lines with
 //!   their numbers, bounded by `limit`.
 //! - Lines longer than [`Limits::max_line_bytes`] are cut and the cut is marked with the
-//!   bytes left out (around the match with `grep`); a page closes once it shows
+//!   bytes left out (around the match with `grep`) and, at a line's end, the `offset` and
+//!   `byte` that read on from the cut: `byte` skips that many bytes of the line at
+//!   `offset` (with `grep`, matches wholly before it). A page closes once it shows
 //!   [`Limits::max_page_bytes`].
 //! - What is read is the result's readable text
 //!   ([`ToolOutput::readable_text`](psych_types::ToolOutput::readable_text)): its text blocks,

@@ -128,6 +128,7 @@ impl<S: RecordSource> Reader<S> {
         Ok(Answer::Page(Page {
             result: info,
             offset: args.offset,
+            byte: args.byte,
             grep: args.grep.clone(),
             lines: found.lines,
             total_lines: found.total_lines,

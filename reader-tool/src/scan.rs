@@ -447,7 +447,8 @@ impl<'a, S: RecordSource> Scan<'a, S> {
         let window_overlap = needle.len().saturating_sub(1);
         let overlap = window_overlap as u64;
         let mut pos = self.skip_lines(offset)?;
-        // Matches in line `offset` before this are not searched for.
+        // Matches wholly before this in line `offset` are passed over (one the position
+        // cuts through is found: it was not wholly shown before it).
         let skip_to = pos.saturating_add(skip);
         let mut lines = Vec::new();
         let mut shown = 0usize;
@@ -476,11 +477,15 @@ impl<'a, S: RecordSource> Scan<'a, S> {
                 continue;
             };
             self.count_to(m);
-            if self.lines_before == offset && m < skip_to {
-                // Before the byte asked for in the first line: go on from there, or from
-                // that line's end or the buffer's when sooner (one jump per buffer).
+            if self.lines_before == offset && m + needle.len() as u64 <= skip_to {
+                // Wholly before the byte asked for in the first line: go on from where a
+                // match may still reach it, or from that line's end or the buffer's when
+                // sooner (one jump per buffer).
                 let line_end = memchr(b'\n', self.data_from(m)).map(|at| m + at as u64);
-                pos = skip_to.min(line_end.unwrap_or(self.end())).max(m + 1);
+                pos = skip_to
+                    .saturating_sub(overlap)
+                    .min(line_end.unwrap_or(self.end()))
+                    .max(m + 1);
                 continue;
             }
             if full {
@@ -509,7 +514,12 @@ impl<'a, S: RecordSource> Scan<'a, S> {
                 self.lines_before + 1,
                 start,
                 end,
-                if self.lines_before == offset { skip } else { 0 },
+                // From the byte asked for, or from the match when it starts before it.
+                if self.lines_before == offset {
+                    skip.min(m - start)
+                } else {
+                    0
+                },
                 m,
                 needle.len(),
                 bounds.line_cap,

@@ -225,10 +225,11 @@ fn one_huge_line_cannot_flood_the_answer() {
         &log,
         json!({"handle": handle.to_string(), "grep": "needle"}),
     );
-    assert!(grep.len() < 2400, "{} bytes", grep.len());
+    // The line shown, its markers and the status saying where the rest of it is read.
+    assert!(grep.len() < 2600, "{} bytes", grep.len());
     assert!(grep.contains("[…10484763 bytes]"), "{grep}");
     assert!(
-        grep.contains("[…10484763 bytes; read on with offset=1 byte=10486758]"),
+        grep.contains("[…10484763 bytes; read on with offset=1 byte=10486763]"),
         "{grep}"
     );
     assert!(
@@ -309,6 +310,10 @@ fn a_cut_line_is_read_on_from_the_byte_its_end_names() {
     assert_eq!(read, long.as_bytes());
     // A byte inside a character starts at the next; the page goes on with the next line.
     let inside = check(&log, json!({"handle": h, "byte": 1}));
+    assert!(
+        inside.contains("lines 1-2 of 2 (line 1 from byte 1); end of result"),
+        "{inside}"
+    );
     assert!(inside.contains("     1\t[…2 bytes]abcabc"), "{inside}");
     assert!(inside.ends_with("     2\tend"), "{inside}");
     // A byte at or past the line's end shows none of it.
@@ -317,9 +322,10 @@ fn a_cut_line_is_read_on_from_the_byte_its_end_names() {
         past.contains(&format!("     1\t[…{} bytes]\n     2\tend", long.len())),
         "{past}"
     );
-    // Only the line at `offset` is read from `byte`.
+    // Only the line at `offset` is read from `byte`; a skip asked for is not a cut.
     let second = check(&log, json!({"handle": h, "offset": 1, "byte": 1}));
     assert!(second.ends_with("     2\t[…1 bytes]nd"), "{second}");
+    assert!(!second.contains("note:"), "{second}");
 }
 
 #[test]
@@ -333,7 +339,10 @@ fn a_result_of_one_long_line_says_where_it_goes_on_not_that_it_ended() {
     );
     let last = check(&log, json!({"handle": h, "byte": 4000}));
     assert!(
-        last.contains("line 1 of 1; end of result (no line break after its last line)\n"),
+        last.contains(
+            "line 1 of 1 (line 1 from byte 4000); end of result (no line break after its \
+             last line)\n"
+        ),
         "{last}"
     );
     assert!(
@@ -380,19 +389,54 @@ fn grep_from_a_byte_finds_the_next_match_in_the_same_line() {
             (2, "NEEDLE-4".to_owned()),
         ]
     );
-    // The marker of a grep page names a byte before the cut by the grep's length less
-    // one, so that a match the cut runs through is found again.
-    let text = check(&log, json!({"handle": h, "grep": "NEEDLE", "limit": 1}));
-    let read_on = reader
-        .call(&json!({"handle": h, "grep": "NEEDLE", "limit": 1}))
-        .map(page)
-        .unwrap();
-    let first = &read_on.lines[0];
-    let cut = first.shown_from + first.shown.len() as u64 - first.start;
+    // A byte that cuts through a match (as an elided preview's head may) finds it: only
+    // matches wholly before the byte are passed over, and the window shows the match.
+    let at = line.find("NEEDLE-2").unwrap() as u64;
+    let through = page(
+        reader
+            .call(&json!({"handle": h, "grep": "NEEDLE", "byte": at + 3, "limit": 1}))
+            .unwrap(),
+    );
+    let shown = String::from_utf8(through.lines[0].shown.clone()).unwrap();
+    assert!(shown.starts_with("NEEDLE-2"), "{shown}");
+    assert_eq!(through.lines[0].cut_before(), at);
+    let text = check(
+        &log,
+        json!({"handle": h, "grep": "NEEDLE", "byte": at + 3, "limit": 1}),
+    );
     assert!(
-        text.contains(&format!("; read on with offset=0 byte={}]", cut - 5)),
+        text.contains(&format!(
+            "grep \"NEEDLE\" from offset 0 byte {}: 1 matching line",
+            at + 3
+        )),
         "{text}"
     );
+}
+
+#[test]
+fn a_grep_page_whose_last_line_is_cut_says_the_rest_of_it_may_match() {
+    let text = format!("NEEDLE{}NEEDLE", "-".repeat(3000));
+    let (log, handle) = text_log("run-7", &text);
+    let read = check(
+        &log,
+        json!({"handle": handle.to_string(), "grep": "NEEDLE"}),
+    );
+    assert!(
+        read.contains(
+            "1 matching line; no more matching lines after line 1, which is cut: more of it \
+             may match: call again with offset=0 byte=2000\n"
+        ),
+        "{read}"
+    );
+    let rest = check(
+        &log,
+        json!({"handle": handle.to_string(), "grep": "NEEDLE", "byte": 2000}),
+    );
+    assert!(
+        rest.contains("1 matching line; no more matches\n"),
+        "{rest}"
+    );
+    assert!(rest.ends_with("-NEEDLE"), "{rest}");
 }
 
 #[test]
