@@ -631,9 +631,8 @@ impl Session {
                         ),
                         _ => (reason, None),
                     };
-                    // The server answered this request's POST with a refusal (a 429, a
-                    // 5xx, a proxy's HTML page): rmcp failed that request alone and its
-                    // session goes on, so this one does too.
+                    // The server answered this request's POST with a 429: rmcp failed that
+                    // request alone and its session goes on, so this one does too.
                     if let Some(retry) = answered
                         && !self.peer.is_transport_closed()
                     {
@@ -849,9 +848,6 @@ async fn listen(
     }
 }
 
-/// rmcp's transport errors name the transport's Rust type
-/// (`Transport [rmcp::transport::worker::WorkerTransport<…>] error: …`); a person needs
-/// only what follows.
 /// The most of a server's error message an [`McpError`] quotes, in bytes.
 const SERVER_WORDS: usize = 4096;
 
@@ -867,10 +863,13 @@ fn server_words(message: &str) -> String {
     format!("{}… ({} bytes in all)", &message[..end], message.len())
 }
 
+/// rmcp's transport errors name the transport's Rust type
+/// (`Transport [rmcp::transport::worker::WorkerTransport<…>] error: …`); a person needs
+/// only what follows, bounded as [`server_words`] (it may quote a body the server sent).
 fn transport_reason(message: &str) -> String {
     match message.split_once("] error: ") {
-        Some((_, reason)) => reason.to_owned(),
-        None => message.to_owned(),
+        Some((_, reason)) => server_words(reason),
+        None => server_words(message),
     }
 }
 

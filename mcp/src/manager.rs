@@ -883,11 +883,12 @@ async fn supervise(
                     session.close().await;
                     break;
                 };
-                // Only a session that stayed up the longest delay starts the backoff over:
-                // one lost soon after it connected (a server that crashes on its first
-                // call, say) is a failure like any, so a flapping server is not
-                // restarted at the first delay forever.
-                if connected.elapsed() >= how.backoff.max {
+                // Only a session that stayed up at least as long as the delay it would
+                // wait now starts the backoff over: one lost sooner (a server that
+                // crashes on its first call, say) is a failure like any, so a flapping
+                // server is restarted no more often than its sessions last, rather than
+                // at the first delay forever.
+                if connected.elapsed() >= how.backoff.delay(failures) {
                     failures = 0;
                 }
                 let down = Reachability::Unreachable { reason };

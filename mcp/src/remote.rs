@@ -27,8 +27,9 @@
 //! reads such an error back with [`fault_of`] as a failed request on a connection that
 //! stays up: one stream cut (by a proxy's idle timeout, say) does not end the session and every call in flight
 //! on it; a server that is gone fails the next request to reach it. A POST answered with a
-//! refusal (a 429 with its `Retry-After`, a 5xx, a page that is not an answer) fails that
-//! request alone too, as rmcp's worker does: the session stays.
+//! 429 fails that request alone too (saying its `Retry-After`), as rmcp's worker does: the
+//! session stays. Any other refusal of a POST (a 5xx, a proxy's page, a 400 from a server
+//! restarted without the session) still ends the session, so that a new one is made.
 //!
 //! # Memory
 //!
@@ -543,27 +544,24 @@ pub(crate) fn with_causes(reason: String, error: &(dyn std::error::Error + 'stat
     reason
 }
 
-/// When `error` (a request's transport error) is the server's HTTP answer to that
-/// request's POST refusing it, what to add to its reason (its `Retry-After`, if any): a
-/// status rmcp reports (429 and 5xx), a body that is not an answer, an unexpected content
-/// type, an over-long body. rmcp fails that request alone and its session goes on. A
-/// connection that could not be made or broke, an expired session or an authorization
-/// failure is not this (`None`).
+/// When `error` (a request's transport error) is the server's 429 to that request's POST,
+/// what to add to its reason (its `Retry-After`, if any): rmcp fails that request alone
+/// and its session goes on, and a rate limit says nothing of the session. Any other
+/// refusal is not this (`None`): a 5xx or a proxy's page may be a server gone behind its
+/// proxy, and a 400, 401 or 404 a server restarted without the session, which only a new
+/// session mends, so those still end the session (and the supervisor reconnects).
 pub(crate) fn answered_alone(error: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut node = Some(error);
     while let Some(current) = node {
         if let Some(error) = current.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
             return match error {
-                StreamableHttpError::HttpStatus(status) => Some(
+                StreamableHttpError::HttpStatus(status) if status.status == 429 => Some(
                     status
                         .retry_after
                         .as_ref()
                         .map(|after| format!(" (Retry-After: {after})"))
                         .unwrap_or_default(),
                 ),
-                StreamableHttpError::UnexpectedServerResponse(_)
-                | StreamableHttpError::UnexpectedContentType(_)
-                | StreamableHttpError::ResponseBodyTooLarge { .. } => Some(String::new()),
                 _ => None,
             };
         }
