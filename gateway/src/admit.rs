@@ -146,6 +146,13 @@ pub(crate) fn count_in(
                         "invalid request: a request with this id is waiting for its answer",
                         None,
                     ),
+                    Refusal::LongId => ErrorData::invalid_request(
+                        format!(
+                            "invalid request: a request id may be at most {} bytes",
+                            psych_mcp::MAX_REQUEST_ID_BYTES
+                        ),
+                        None,
+                    ),
                     _ => ErrorData::new(
                         BUSY,
                         busy(in_flight.limit()),

@@ -12,6 +12,12 @@ use rmcp::model::{JsonRpcMessage, RequestId};
 /// answered as they come.
 pub const MAX_PEER_REQUESTS: usize = 64;
 
+/// The longest string request id a peer's request may have, in bytes: 256. An id is held
+/// while the request is in flight and echoed in its answer, so without a bound a peer's
+/// [`MAX_PEER_REQUESTS`] requests could make the answers waiting for it hold gigabytes of
+/// ids. Ids are numbers or short strings (UUIDs) in practice.
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
+
 /// A peer's requests in flight, at most a limit: those passed on and not yet answered
 /// (by id), and the answers being sent (by count).
 ///
@@ -44,6 +50,8 @@ pub enum Refusal {
     Full,
     /// A request of the same id is unanswered.
     SameId,
+    /// The request's id is a string over [`MAX_REQUEST_ID_BYTES`].
+    LongId,
 }
 
 impl InFlight {
@@ -68,9 +76,15 @@ impl InFlight {
     ///
     /// # Errors
     ///
+    /// [`Refusal::LongId`] for a string id over [`MAX_REQUEST_ID_BYTES`];
     /// [`Refusal::SameId`] while a request of this id is unanswered; [`Refusal::Full`] when
     /// `limit` requests are in flight.
     pub fn enter(&self, id: &RequestId) -> Result<(), Refusal> {
+        if let RequestId::String(text) = id
+            && text.len() > MAX_REQUEST_ID_BYTES
+        {
+            return Err(Refusal::LongId);
+        }
         let mut state = self.state();
         if state.unanswered.contains(id) {
             return Err(Refusal::SameId);
@@ -156,6 +170,16 @@ mod tests {
 
     fn response(id: i64) -> ServerJsonRpcMessage {
         ServerJsonRpcMessage::response(ServerResult::empty(()), RequestId::Number(id))
+    }
+
+    #[test]
+    fn a_request_with_a_long_string_id_is_refused_and_not_counted() {
+        let in_flight = InFlight::new(2);
+        let long = RequestId::String("x".repeat(MAX_REQUEST_ID_BYTES + 1).into());
+        assert_eq!(in_flight.enter(&long), Err(Refusal::LongId));
+        assert!(in_flight.is_empty());
+        let longest = RequestId::String("x".repeat(MAX_REQUEST_ID_BYTES).into());
+        assert_eq!(in_flight.enter(&longest), Ok(()));
     }
 
     #[test]

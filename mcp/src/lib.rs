@@ -33,8 +33,9 @@
 //! at most [`MAX_LISTING_PAGES`] pages with cursors of at most [`MAX_CURSOR_BYTES`], else
 //! it fails with [`McpError::ListingTooLarge`]; and at most [`MAX_PEER_REQUESTS`] of a
 //! stdio server's own requests (`ping`, sampling, roots) are in flight at once, unanswered
-//! or their answers being written ([`InFlight`]), the rest dropped, so one that never reads
-//! its stdin cannot pile up answers.
+//! or their answers being written ([`InFlight`]), the rest dropped (as is one whose string
+//! id is over [`MAX_REQUEST_ID_BYTES`], which its answer would echo), so one that never
+//! reads its stdin cannot pile up answers.
 //!
 //! A server can also be added **lazily** ([`McpManager::add_lazy_server`]): nothing is
 //! started until a call or a listing needs it (one start for concurrent first calls), and
@@ -117,7 +118,7 @@ pub use config::{
 };
 pub use error::McpError;
 pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};
-pub use in_flight::{Answering, InFlight, MAX_PEER_REQUESTS, Refusal};
+pub use in_flight::{Answering, InFlight, MAX_PEER_REQUESTS, MAX_REQUEST_ID_BYTES, Refusal};
 pub use listing::{
     DEFAULT_MAX_LISTING_BYTES, ENTRY_COST, Listing, ListingBound, MALFORMED_COST, MAX_CURSOR_BYTES,
     MAX_LISTING_PAGES, MalformedTool, NODE_COST,

@@ -15,12 +15,14 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use psych_types::{ProgressSink, ToolProgress};
-use rmcp::model::{ProgressNotificationParam, ProgressToken};
+use rmcp::model::{NumberOrString, ProgressNotificationParam, ProgressToken};
 
 /// How many tokens without a route have their progress held.
 const EARLY_CALLS: usize = 16;
 /// How many notifications are held for one token without a route.
 const EARLY_NOTES: usize = 64;
+/// The longest string token of a notification held before its call's route, in bytes.
+const MAX_EARLY_TOKEN_BYTES: usize = 256;
 
 /// The sinks of the calls in flight on one connection, by progress token.
 #[derive(Debug, Default)]
@@ -87,6 +89,10 @@ impl ProgressRoutes {
         {
             Some((_, held)) if held.len() < EARLY_NOTES => held.push(progress),
             Some(_) => {}
+            // Not a token of a call of ours (rmcp's are numbers; a string one is kept only
+            // while short), so it is not held: a long one would be held whole.
+            None if matches!(&param.progress_token.0, NumberOrString::String(token)
+                if token.len() > MAX_EARLY_TOKEN_BYTES) => {}
             None => {
                 if inner.early.len() == EARLY_CALLS {
                     inner.early.pop_front();
@@ -136,6 +142,19 @@ mod tests {
             "the channel is closed with its route"
         );
         drop(route_b);
+    }
+
+    #[test]
+    fn progress_of_a_long_string_token_without_a_route_is_not_held() {
+        let routes = Arc::new(ProgressRoutes::default());
+        let long = ProgressToken(NumberOrString::String(
+            "t".repeat(MAX_EARLY_TOKEN_BYTES + 1).into(),
+        ));
+        routes.deliver(ProgressNotificationParam::new(long.clone(), 1.0));
+        assert!(routes.lock().early.is_empty());
+        let short = ProgressToken(NumberOrString::String("t".into()));
+        routes.deliver(ProgressNotificationParam::new(short, 1.0));
+        assert_eq!(routes.lock().early.len(), 1);
     }
 
     #[test]
