@@ -566,6 +566,25 @@ fn answered_here(surface: &Surface, call: &ToolCall, live: &Live<'_>) -> bool {
     )
 }
 
+/// Refuses a list request's cursor: the gateway answers every list on one page and gives
+/// no cursor, so any cursor is one it never gave (MCP: an invalid cursor is -32602),
+/// rather than answering the first page again as if it were the next.
+fn no_cursor(request: Option<&PaginatedRequestParams>) -> Result<(), ErrorData> {
+    match request.and_then(|request| request.cursor.as_deref()) {
+        None => Ok(()),
+        Some(cursor) => {
+            let shown: String = cursor.chars().take(64).collect();
+            Err(ErrorData::invalid_params(
+                format!(
+                    "cursor {shown:?} is not one psych serve gave: its lists are whole, on one \
+                     page, with no nextCursor"
+                ),
+                None,
+            ))
+        }
+    }
+}
+
 /// `output` with its structured content also as one text block when it has no content
 /// block: MCP says a tool returning structured content should also return it serialized in
 /// a text block, and a client that shows only `content` would otherwise show nothing.
@@ -1600,10 +1619,11 @@ impl Session {
 impl ServerHandler for Session {
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         answered("tools/list", async {
+            no_cursor(request.as_ref())?;
             let raw = self.listing(&context).await?;
             // The raw listing takes the placeholder's place on the way out; a listing rmcp
             // cannot type (a field of a tool its types refuse) is sent all the same, from
@@ -1690,18 +1710,20 @@ impl ServerHandler for Session {
     /// (and named by the one template).
     async fn list_resources(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
+        no_cursor(request.as_ref())?;
         Ok(ListResourcesResult::with_all_items(Vec::new()))
     }
 
     /// The one template: a logged result by its handle (`psych://result/{handle}`).
     async fn list_resource_templates(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        no_cursor(request.as_ref())?;
         Ok(ListResourceTemplatesResult::with_all_items(vec![
             resources::template(),
         ]))
@@ -3011,6 +3033,16 @@ fn is_connection_error(error: &std::io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_cursor_is_refused_as_invalid_params() {
+        assert!(no_cursor(None).is_ok());
+        assert!(no_cursor(Some(&PaginatedRequestParams::default())).is_ok());
+        let request = PaginatedRequestParams::default().with_cursor(Some("é".repeat(100)));
+        let error = no_cursor(Some(&request)).unwrap_err();
+        assert_eq!(error.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+        assert!(error.message.len() < 300, "{}", error.message);
+    }
 
     #[test]
     fn an_icon_theme_outside_the_mcp_names_is_not_sent_and_the_listing_types() {

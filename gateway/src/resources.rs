@@ -149,8 +149,20 @@ impl Session {
         let tenant = self.tenant(context)?;
         let log = tenant.executor(&self.shared).await?;
         let max = log.executor.passing_bound();
-        // Counted in the process's budget while the text is read and the answer built.
-        let Some(held) = log.executor.reserve_passed(max).await else {
+        // Counted in the process's budget while the text is read and the answer built. A
+        // request the client cancels stops waiting for its place: rmcp drops its answer
+        // but not the handler, so a wait left running would hold the request (and count
+        // nowhere) for as long as the budget stays full.
+        let reserved = tokio::select! {
+            reserved = log.executor.reserve_passed(max) => reserved,
+            () = context.ct.cancelled() => {
+                return Err(ErrorData::internal_error(
+                    format!("{}: cancelled by the client", request.uri),
+                    None,
+                ));
+            }
+        };
+        let Some(held) = reserved else {
             return Err(ErrorData::internal_error(
                 format!(
                     "{}: the results other requests are passing filled this process's budget \

@@ -154,6 +154,12 @@ impl Kept {
         if handle.seq >= log.len() {
             return None;
         }
+        // A segment retention removed since it was opened (a read-only open holds no
+        // lock to keep it): dropped here, so that its handles answer that they expired
+        // and its disk space is freed, rather than read from the open file.
+        if !RecordLog::path_for(&self.dir, &handle.run).is_file() {
+            return None;
+        }
         open.push_back(Arc::clone(&log));
         Some(log)
     }
@@ -471,6 +477,31 @@ mod tests {
         assert!(matches!(kept.find(&handles[2]), Archived::Log(_)));
         let never = RecordHandle::new(fresh_run().unwrap_or_else(|e| panic!("{e}")), 0);
         assert!(matches!(kept.find(&never), Archived::Unknown));
+    }
+
+    #[test]
+    fn a_segment_swept_after_it_was_read_answers_that_it_expired() {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = root.path().join("carol");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let run = RunId::new("read-then-swept").unwrap_or_else(|e| panic!("{e}"));
+        let handle = {
+            let (mut log, _) = RecordLog::open(&dir, &run, SyncPolicy::OsBuffered)
+                .unwrap_or_else(|e| panic!("{e}"));
+            log.append(&result("kept a while"))
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let retention = Retention {
+            max_age: DEFAULT_RETAIN,
+            max_bytes: 1,
+        };
+        let kept = Kept::new(dir.clone(), retention);
+        assert!(matches!(kept.find(&handle), Archived::Log(_)));
+        assert_eq!(sweep(root.path(), retention).deleted, ["read-then-swept"]);
+        match kept.find(&handle) {
+            Archived::Gone { why } => assert!(why.contains("has expired"), "{why}"),
+            other => panic!("expired: {other:?}"),
+        }
     }
 
     #[test]
