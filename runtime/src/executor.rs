@@ -636,6 +636,9 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// Starts, once each, the stopped on-demand servers that `calls` would be forwarded to
     /// (one after the other: a step rarely names more than one), and reads their live
     /// catalogues after. Nothing when there is no [`OnDemand`] or no call needs a start.
+    /// Only a server of the live catalogues (a connection now) is started: one whose
+    /// connection was removed since the Surface was resolved is not, so its calls are
+    /// refused as any removed server's are.
     async fn start_needed<'c>(
         &self,
         surface: &Surface,
@@ -648,6 +651,7 @@ impl<H: ToolHost + 'static> Executor<H> {
         let servers: BTreeSet<ServerId> = calls
             .filter(|call| call.name != READ_TOOL_OUTPUT)
             .filter_map(|call| surface.call_server(&call.name, &call.arguments, live))
+            .filter(|server| live.catalogs.iter().any(|c| &c.server == server))
             .filter(|server| on_demand.needs_start(server))
             .collect();
         if servers.is_empty() {
@@ -657,10 +661,11 @@ impl<H: ToolHost + 'static> Executor<H> {
         let mut failed = BTreeMap::new();
         for server in servers {
             match on_demand.start(&server).await {
-                Ok(fresh) => match catalogs.iter_mut().find(|c| c.server == server) {
-                    Some(catalog) => *catalog = fresh,
-                    None => catalogs.push(fresh),
-                },
+                Ok(fresh) => {
+                    if let Some(catalog) = catalogs.iter_mut().find(|c| c.server == server) {
+                        *catalog = fresh;
+                    }
+                }
                 Err(error) => {
                     failed.insert(server, psych_types::error_chain(&*error));
                 }
@@ -734,7 +739,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             };
             let output = match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(output)) => output,
-                Ok(Err(error)) => failed(&target, &error),
+                Ok(Err(error)) => failed(&target, &psych_types::error_chain(&error)),
                 Err(_) => timed_out(&target, timeout),
             };
             (index, Ok(output))
@@ -849,7 +854,9 @@ impl<H: ToolHost + 'static> Executor<H> {
             let call = host.call_tool_round(&sent, arguments, round, sink);
             match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(answer)) => answer,
-                Ok(Err(error)) => HostAnswer::Complete(failed(&sent, &error)),
+                Ok(Err(error)) => {
+                    HostAnswer::Complete(failed(&sent, &psych_types::error_chain(&error)))
+                }
                 Err(_) => HostAnswer::Complete(timed_out(&sent, timeout)),
             }
         });
@@ -1301,7 +1308,8 @@ fn one(logged: Vec<LoggedRecord>) -> Result<Executed, ExecuteError> {
     }
 }
 
-/// The failed result of a forwarded call whose host failed.
+/// The failed result of a forwarded call whose host failed (`error`: the host error with
+/// its causes, [`psych_types::error_chain`]).
 fn failed(target: &ToolRef, error: &dyn std::fmt::Display) -> ToolOutput {
     ToolOutput::error(format!(
         "the call to {}/{} failed: {error}",

@@ -785,6 +785,31 @@ async fn calls_to_a_stopped_server_start_it_once_and_meet_its_fresh_listing() {
     assert!(texts[5].contains(r#""state": "started""#), "{}", texts[5]);
 }
 
+/// A connection removed mid-turn is not started for a call the turn's Surface still
+/// offers (as a running server's call is refused, the removed one's is): removing a
+/// connection revokes it at once, even for a stopped on-demand server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_removed_mid_turn_is_not_started_for_a_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut run, stopped) = open_stopped(dir.path(), None, Duration::ZERO).await;
+    let mut model = ScriptedModel::new([
+        Step::call("svc__sleep", json!({"ms": 1, "tag": "one"})),
+        Step::say("done"),
+    ]);
+    let first = run.user("go").await.unwrap();
+    run.remove_connection(&server());
+    let Next::Request(_) = run.reply(model.reply(&first)).await.unwrap() else {
+        panic!("the call is answered");
+    };
+    assert_eq!(stopped.starts.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let texts: Vec<String> = results(&run)
+        .into_iter()
+        .map(|(_, out)| out.readable_text().into_owned())
+        .collect();
+    assert_eq!(texts.len(), 1);
+    assert_ne!(texts[0], "one", "the removed server's call was forwarded");
+}
+
 /// A server that cannot start answers each of its calls with why, and is tried again at
 /// the next step; a step dropped while its server starts logs nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
