@@ -17,14 +17,14 @@ use psych_prompt_assembly::{
 };
 use psych_types::{ToolCall, ToolOutput};
 
-/// The answer to `call` when it is a call of `deferral`'s client search tool, else `None`
-/// (Anthropic's server-side search tools are run by Anthropic, never by the caller).
 /// Whether `call` is a call of `deferral`'s client-side search tool (answered by
 /// [`answer`], never forwarded).
 pub(crate) fn is_search(deferral: &NativeDeferral, call: &ToolCall) -> bool {
     matches!(deferral.search(), SearchTool::Client { name, .. } if call.name == name.as_str())
 }
 
+/// The answer to `call` when it is a call of `deferral`'s client search tool, else `None`
+/// (Anthropic's server-side search tools are run by Anthropic, never by the caller).
 pub(crate) fn answer(
     surface: &Surface,
     live: &Live<'_>,

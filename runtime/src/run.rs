@@ -297,6 +297,9 @@ impl<H: ToolHost + 'static> Run<H> {
         if self.awaiting {
             return Err(RunError::OutOfTurn(TurnState::AwaitingReply));
         }
+        // The last turn's Surface is not this one's, whatever happens below: a turn that
+        // fails to resolve leaves none, and `request` resolves it again.
+        self.turn = None;
         self.close_unanswered().await?;
         let record = Record::User(UserMessage { text });
         self.log_records(vec![record]).await?;
