@@ -267,13 +267,8 @@ pub fn choose(
             let definition = catalogs
                 .iter()
                 .find(|catalog| catalog.server == tool.server)
-                .and_then(|catalog| {
-                    catalog
-                        .tools
-                        .binary_search_by(|t| t.name.cmp(&tool.tool))
-                        .ok()
-                        .map(|at| &catalog.tools[at])
-                });
+                // By name, whatever the catalogue's order (sorted as stored, or not).
+                .and_then(|catalog| crate::guard::tool_named(&catalog.tools, tool.tool.as_str()));
             let tokens =
                 definition.map(|definition| tool_cost(estimator, &tool.server, definition, basis));
             let view = surface.server(tool.server.as_str());

@@ -43,7 +43,7 @@
 //!   the query could score at best (each word's best alternative matched in full, a word no
 //!   tool has counted as missed). Its note names the servers of the best hits.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use psych_types::{ServerId, ToolDefinition, ToolRef};
@@ -442,7 +442,11 @@ impl Part {
             {
                 for half in [&word[..at], &word[at..]] {
                     let list = compounds.entry(root(half).to_owned()).or_default();
-                    if !list.contains(word) {
+                    // Each word comes once (the words are deduplicated), so it can only
+                    // be the last one pushed: its other half had the same root. Checked
+                    // at the end, not through the list, which a catalogue of many
+                    // compounds of one root would make quadratic.
+                    if list.last() != Some(word) {
                         list.push(word.clone());
                     }
                 }
@@ -641,14 +645,18 @@ impl SearchIndex {
             if let Some(more) = vocabulary.get(word) {
                 alternatives.extend(more.iter().cloned());
             }
+            // The one-word alternatives so far, so that a form is added once without a
+            // scan of the list (a root of many forms or compounds would make it quadratic).
+            let mut single: HashSet<String> = alternatives
+                .iter()
+                .filter(|(words, _)| words.len() == 1)
+                .map(|(words, _)| words[0].clone())
+                .collect();
             for part in &self.parts {
                 let forms = part.roots.get(root(word)).into_iter().flatten();
                 let compounds = part.compounds.get(root(word)).into_iter().flatten();
                 for form in forms.chain(compounds) {
-                    if !alternatives
-                        .iter()
-                        .any(|(words, _)| words.len() == 1 && words[0] == *form)
-                    {
+                    if single.insert(form.clone()) {
                         alternatives.push((vec![form.clone()], FORM_WEIGHT));
                     }
                 }
