@@ -231,8 +231,8 @@ pub use guard::{
 };
 pub use names::{CALL_TOOL, DESCRIBE_TOOL, Exposed, LIST_TOOLS, MetaTool, ORIENTATION};
 pub use orientation::{
-    FREE_TEXT_CHARS, MapEntry, Orientation, OrientationContext, ServerSummary, VERBOSE_MARKER,
-    orientation,
+    CATEGORY_CHARS, FREE_TEXT_CHARS, MAX_CATEGORIES, MapEntry, OTHER_CATEGORY, Orientation,
+    OrientationContext, ServerSummary, VERBOSE_MARKER, orientation,
 };
 pub use resolve::{
     Cost, DEFERRED_LINE_CHARS, Inputs, PermittedSet, ServerView, Shape, Surface, Why, resolve,

@@ -5,7 +5,9 @@
 //! title (`title`, else `annotations.title`); else the first noun of its name. "Noun" is the
 //! first word left after dropping common verbs (get, list, create, …), function words and
 //! the words of the server's own name, with a plural folded to its singular; a tool with
-//! none is `general`.
+//! none is `general`. A `_meta.category` is cut at [`CATEGORY_CHARS`], and past
+//! [`MAX_CATEGORIES`] the least used are counted together as [`OTHER_CATEGORY`], so that
+//! no catalogue grows the default payload past its ceiling.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +24,17 @@ pub const FREE_TEXT_CHARS: usize = 500;
 
 /// What a capped free-text field ends with.
 pub const VERBOSE_MARKER: &str = "…[truncated; ask with verbose: true]";
+
+/// The longest category named, in characters: a tool's own `_meta.category` longer than
+/// this is cut (a catalogue must not be able to grow the payload past its ceiling).
+pub const CATEGORY_CHARS: usize = 40;
+
+/// The most categories the payload counts: past this many, the least used (ties by name)
+/// are counted together under [`OTHER_CATEGORY`].
+pub const MAX_CATEGORIES: usize = 100;
+
+/// The category the least used are counted under past [`MAX_CATEGORIES`].
+pub const OTHER_CATEGORY: &str = "other";
 
 /// What the caller knows that the Surface does not: opaque JSON, shown as given (free text
 /// capped in the default payload). `Null` fields are left out.
@@ -262,10 +275,30 @@ fn noun(text: &str, camel: bool, server_words: &[String]) -> Option<String> {
         .map(|w| singular(&w))
 }
 
+/// `counts` with at most `max` categories: the most used kept, the rest counted under
+/// [`OTHER_CATEGORY`] (which then counts as one of them).
+fn at_most(counts: BTreeMap<String, usize>, max: usize) -> BTreeMap<String, usize> {
+    if counts.len() <= max {
+        return counts;
+    }
+    let mut ranked: Vec<(String, usize)> = counts.into_iter().collect();
+    // Most used first; ties by name (the map's order, kept by a stable sort).
+    ranked.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let rest: usize = ranked
+        .iter()
+        .skip(max.saturating_sub(1))
+        .map(|(_, n)| n)
+        .sum();
+    let mut kept: BTreeMap<String, usize> =
+        ranked.into_iter().take(max.saturating_sub(1)).collect();
+    *kept.entry(OTHER_CATEGORY.to_owned()).or_default() += rest;
+    kept
+}
+
 /// A tool's category (see the module documentation).
 pub(crate) fn category(server: &ServerId, tool: &ToolDefinition) -> String {
     if let Some(Value::String(category)) = tool.meta.as_ref().and_then(|m| m.get("category")) {
-        return category.clone();
+        return cap_chars(category, CATEGORY_CHARS, "…");
     }
     let server_words = words(server.as_str(), true);
     let title = tool
@@ -403,6 +436,7 @@ pub fn orientation(
             "{ORIENTATION}(verbose: true) adds the full tool map"
         ));
     }
+    let tool_categories = at_most(tool_categories, MAX_CATEGORIES);
     Orientation {
         tenant: text(&context.tenant),
         user: text(&context.user),
@@ -424,6 +458,28 @@ mod tests {
         let mut t = ToolDefinition::new(ToolName::new(name).unwrap(), "d", JsonObject::new());
         t.title = title.map(str::to_owned);
         t
+    }
+
+    #[test]
+    fn categories_are_bounded_in_length_and_number() {
+        let server = ServerId::new("s").unwrap();
+        let mut long = tool("t", None);
+        let mut meta = JsonObject::new();
+        meta.insert("category".into(), "c".repeat(100_000).into());
+        long.meta = Some(meta);
+        assert_eq!(category(&server, &long).chars().count(), CATEGORY_CHARS);
+        let counts: BTreeMap<String, usize> =
+            (0..300).map(|n| (format!("c{n:03}"), 1 + n % 7)).collect();
+        let kept = at_most(counts, MAX_CATEGORIES);
+        assert_eq!(kept.len(), MAX_CATEGORIES);
+        assert_eq!(
+            kept.values().sum::<usize>(),
+            (0..300usize).map(|n| 1 + n % 7).sum::<usize>()
+        );
+        // The most used are kept whole: every count of 7 (n % 7 == 6) is there.
+        assert_eq!(kept["c006"], 7);
+        let few: BTreeMap<String, usize> = [("a".to_owned(), 1)].into();
+        assert_eq!(at_most(few.clone(), MAX_CATEGORIES), few);
     }
 
     #[test]

@@ -234,6 +234,9 @@ fn short_reason(server: &ServerId, reason: &str, max_chars: usize) -> String {
         return cap_chars(head, max_chars, CUT);
     };
     let joint = if introduces { " " } else { " … " };
+    // Without the clock a log line starts with: the reason is shown in zone 1 (and in
+    // the gateway's tool prefix), whose bytes must not change with each retry's time.
+    let telling = without_clock(telling);
     // The telling line takes up to two thirds of the budget; the head gets the rest.
     let telling = cap_chars(telling, (max_chars * 2).div_ceil(3).max(1), CUT);
     let head_budget = max_chars
@@ -245,10 +248,80 @@ fn short_reason(server: &ServerId, reason: &str, max_chars: usize) -> String {
     format!("{}{joint}{telling}", cap_chars(head, head_budget, CUT))
 }
 
+/// `line` without the time it starts with, if it starts with one: an RFC 3339 or
+/// `YYYY-MM-DD HH:MM:SS` date and time, or a bare `HH:MM:SS`, with a fraction (`.` or `,`),
+/// a zone (`Z`, `+HH:MM`, `+HHMM`) and brackets around it, as loggers write them.
+fn without_clock(line: &str) -> &str {
+    let text = line.strip_prefix('[').unwrap_or(line);
+    let b = text.as_bytes();
+    let digits = |from: usize, n: usize| {
+        b.get(from..from + n)
+            .is_some_and(|run| run.iter().all(u8::is_ascii_digit))
+    };
+    let is = |at: usize, what: &[u8]| b.get(at).is_some_and(|c| what.contains(c));
+    let mut i = 0;
+    if digits(0, 4) && is(4, b"-") && digits(5, 2) && is(7, b"-") && digits(8, 2) {
+        if !is(10, b"T ") {
+            return line;
+        }
+        i = 11;
+    }
+    if !(digits(i, 2) && is(i + 2, b":") && digits(i + 3, 2) && is(i + 5, b":") && digits(i + 6, 2))
+    {
+        return line;
+    }
+    i += 8;
+    if is(i, b".,") {
+        i += 1;
+        while digits(i, 1) {
+            i += 1;
+        }
+    }
+    if is(i, b"Z") {
+        i += 1;
+    } else if is(i, b"+-") && digits(i + 1, 2) {
+        i += 3;
+        if is(i, b":") {
+            i += 1;
+        }
+        if digits(i, 2) {
+            i += 2;
+        }
+    }
+    if is(i, b"]") {
+        i += 1;
+    }
+    // Only ASCII was read, so `i` is a character boundary.
+    let rest = text.get(i..).unwrap_or_default().trim_start();
+    if rest.is_empty() { line } else { rest }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use psych_types::SyncFailure;
+
+    #[test]
+    fn a_log_lines_clock_is_not_kept() {
+        for (line, kept) in [
+            (
+                "2026-12-06T03:00:01.123Z ERROR failed to bind",
+                "ERROR failed to bind",
+            ),
+            (
+                "[2026-12-06 03:00:01,5+01:00] error: no token",
+                "error: no token",
+            ),
+            ("03:00:01 Error: ENOENT", "Error: ENOENT"),
+            ("2026-12-06T03:00:01+0100 fatal", "fatal"),
+            ("Error: port 8080 in use", "Error: port 8080 in use"),
+            ("2026-12-06 is the day", "2026-12-06 is the day"),
+            ("12:30:00", "12:30:00"),
+            ("é", "é"),
+        ] {
+            assert_eq!(without_clock(line), kept, "{line}");
+        }
+    }
 
     fn id(name: &str) -> ServerId {
         ServerId::new(name).unwrap()
