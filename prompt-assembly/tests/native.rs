@@ -306,6 +306,52 @@ fn a_deferred_tool_searched_loaded_and_called_both_modes_both_providers() {
     }
 }
 
+/// Only the client search tool's own result is read as references: another tool whose
+/// output has blocks of that shape (an upstream may send any block type) keeps its output.
+#[test]
+fn blocks_shaped_as_references_in_another_tools_result_are_its_output() {
+    let deferral = small_deferral(SearchTool::client());
+    let reference = ToolOutput {
+        content: vec![psych_types::ContentBlock::from_object(object(json!({
+            "type": "tool_reference", "tool_name": "github__create_issue"
+        })))],
+        ..ToolOutput::text("")
+    };
+    let search = deferral.search().name().to_owned();
+    let log = logged(&[
+        user("Find the issue tool, then read the file."),
+        assistant(
+            "",
+            &[
+                ("c1", search.as_str(), json!({"query": "issue"})),
+                ("c2", "read_file", json!({"path": "a"})),
+            ],
+        ),
+        result_of("c1", &search, reference.clone()),
+        result_of("c2", "read_file", reference),
+    ]);
+    let zone1 = zone1_deferred();
+    let tail = DynamicTail::new();
+    let transient = Transient::new();
+    let tools = [read_file()];
+    let prompt = Assembler::new(&zone1, &tail, &tools)
+        .assemble(&log, &Whole, &transient)
+        .unwrap();
+    let body = prompt
+        .render_anthropic(&AnthropicOptions::new("m", 64).native_deferral(deferral))
+        .unwrap();
+    let body: Value = serde_json::from_str(body.body()).unwrap();
+    let results = &body["messages"][2]["content"];
+    assert_eq!(
+        results[0]["content"][0]["type"], "tool_reference",
+        "{results}"
+    );
+    assert_ne!(
+        results[1]["content"][0]["type"], "tool_reference",
+        "{results}"
+    );
+}
+
 #[test]
 fn anthropic_server_search_and_typed_refusals() {
     let deferral = small_deferral(SearchTool::AnthropicBm25);
