@@ -25,8 +25,9 @@ pub const FREE_TEXT_CHARS: usize = 500;
 /// What a capped free-text field ends with.
 pub const VERBOSE_MARKER: &str = "…[truncated; ask with verbose: true]";
 
-/// The longest category named, in characters: a tool's own `_meta.category` longer than
-/// this is cut (a catalogue must not be able to grow the payload past its ceiling).
+/// The longest category named, in characters: one longer than this (a tool's own
+/// `_meta.category`, or a word of its title or name) is cut, so that a catalogue cannot
+/// grow the payload past its ceiling.
 pub const CATEGORY_CHARS: usize = 40;
 
 /// The most categories the payload counts: past this many, the least used (ties by name)
@@ -295,10 +296,15 @@ fn at_most(counts: BTreeMap<String, usize>, max: usize) -> BTreeMap<String, usiz
     kept
 }
 
-/// A tool's category (see the module documentation).
+/// A tool's category (see the module documentation), at most [`CATEGORY_CHARS`] long
+/// whichever way it was found.
 pub(crate) fn category(server: &ServerId, tool: &ToolDefinition) -> String {
+    cap_chars(&uncapped_category(server, tool), CATEGORY_CHARS, "…")
+}
+
+fn uncapped_category(server: &ServerId, tool: &ToolDefinition) -> String {
     if let Some(Value::String(category)) = tool.meta.as_ref().and_then(|m| m.get("category")) {
-        return cap_chars(category, CATEGORY_CHARS, "…");
+        return category.clone();
     }
     let server_words = words(server.as_str(), true);
     let title = tool
@@ -468,6 +474,8 @@ mod tests {
         meta.insert("category".into(), "c".repeat(100_000).into());
         long.meta = Some(meta);
         assert_eq!(category(&server, &long).chars().count(), CATEGORY_CHARS);
+        let titled = tool("t", Some(&"w".repeat(50_000)));
+        assert_eq!(category(&server, &titled).chars().count(), CATEGORY_CHARS);
         let counts: BTreeMap<String, usize> =
             (0..300).map(|n| (format!("c{n:03}"), 1 + n % 7)).collect();
         let kept = at_most(counts, MAX_CATEGORIES);

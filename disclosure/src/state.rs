@@ -248,11 +248,13 @@ fn short_reason(server: &ServerId, reason: &str, max_chars: usize) -> String {
     format!("{}{joint}{telling}", cap_chars(head, head_budget, CUT))
 }
 
-/// `line` without the time it starts with, if it starts with one: an RFC 3339 or
-/// `YYYY-MM-DD HH:MM:SS` date and time, or a bare `HH:MM:SS`, with a fraction (`.` or `,`),
-/// a zone (`Z`, `+HH:MM`, `+HHMM`) and brackets around it, as loggers write them.
+/// `line` without the time it starts with, if it starts with one: an RFC 3339,
+/// `YYYY-MM-DD HH:MM:SS` or `YYYY/MM/DD HH:MM:SS` (Go's log) date and time, or a bare
+/// `HH:MM:SS`, with a fraction (`.` or `,`), a zone (`Z`, `+HH:MM`, `+HHMM`), and brackets
+/// around it or `time=` before it, as loggers write them.
 fn without_clock(line: &str) -> &str {
     let text = line.strip_prefix('[').unwrap_or(line);
+    let text = text.strip_prefix("time=").unwrap_or(text);
     let b = text.as_bytes();
     let digits = |from: usize, n: usize| {
         b.get(from..from + n)
@@ -260,7 +262,7 @@ fn without_clock(line: &str) -> &str {
     };
     let is = |at: usize, what: &[u8]| b.get(at).is_some_and(|c| what.contains(c));
     let mut i = 0;
-    if digits(0, 4) && is(4, b"-") && digits(5, 2) && is(7, b"-") && digits(8, 2) {
+    if digits(0, 4) && is(4, b"-/") && digits(5, 2) && is(7, b"-/") && digits(8, 2) {
         if !is(10, b"T ") {
             return line;
         }
@@ -314,6 +316,14 @@ mod tests {
             ),
             ("03:00:01 Error: ENOENT", "Error: ENOENT"),
             ("2026-12-06T03:00:01+0100 fatal", "fatal"),
+            (
+                "2026/12/06 03:00:01 listen tcp: address in use",
+                "listen tcp: address in use",
+            ),
+            (
+                "time=2026-12-06T03:00:01.5Z level=ERROR msg=boom",
+                "level=ERROR msg=boom",
+            ),
             ("Error: port 8080 in use", "Error: port 8080 in use"),
             ("2026-12-06 is the day", "2026-12-06 is the day"),
             ("12:30:00", "12:30:00"),
