@@ -883,13 +883,17 @@ async fn supervise(
                     session.close().await;
                     break;
                 };
-                // Only a session that stayed up at least as long as the delay it would
-                // wait now starts the backoff over: one lost sooner (a server that
-                // crashes on its first call, say) is a failure like any, so a flapping
-                // server is restarted no more often than its sessions last, rather than
-                // at the first delay forever.
-                if connected.elapsed() >= how.backoff.delay(failures) {
+                // A session lost sooner than the delay it would wait now (a server that
+                // crashes as it starts, say) is a failure like any: the delay grows. One
+                // that lasted that long steps the backoff back one delay, and one that
+                // lasted the longest delay starts it over; so a server that keeps dying is
+                // restarted about as often as its sessions last, never at the first delay
+                // whatever they last.
+                let lasted = connected.elapsed();
+                if lasted >= how.backoff.max {
                     failures = 0;
+                } else if lasted >= how.backoff.delay(failures) {
+                    failures = failures.saturating_sub(1);
                 }
                 let down = Reachability::Unreachable { reason };
                 slot.set(None, down.clone());

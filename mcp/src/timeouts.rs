@@ -99,10 +99,10 @@ impl Timeouts {
 }
 
 /// Exponential backoff between reconnect attempts of one server: `initial`, then times
-/// `factor` after each failure, capped at `max`; a connection that then stays up at least
-/// as long as the next delay would be starts it over (one lost sooner counts as a
-/// failure, so a server that crashes soon after each start is restarted ever less often,
-/// up to `max` apart).
+/// `factor` after each failure, capped at `max`. A connection lost sooner than the next
+/// delay would be counts as a failure; one that lasted that long steps the backoff back
+/// one delay, and one that lasted `max` starts it over. So a server that keeps dying is
+/// restarted about as often as its sessions last (up to `max` apart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Backoff {
