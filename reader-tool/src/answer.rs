@@ -93,14 +93,15 @@ impl Page {
     }
 
     /// Whether `line` shows less than it was asked to: cut after, or before the `byte`
-    /// asked for (by a `grep` window, or past the end of a line shorter than it).
+    /// asked for by more than the rest of a character the byte fell in (a `grep` window
+    /// starting later). A byte past the end of a line shorter than it is not a cut.
     fn is_cut(&self, line: &Line) -> bool {
         let asked = if line.number == self.offset.saturating_add(1) {
             self.byte.min(line.len)
         } else {
             0
         };
-        line.cut_after() > 0 || line.cut_before() > asked
+        line.cut_after() > 0 || line.cut_before() > asked.saturating_add(3).min(line.len)
     }
 }
 
@@ -336,7 +337,16 @@ fn status(page: &Page) -> String {
                     .last()
                     .and_then(|line| Some((line, page.read_on(line)?)));
                 match (page.next_offset, last) {
-                    (Some(_), _) => {}
+                    (Some(_), Some((line, byte))) => {
+                        let _ = write!(
+                            out,
+                            "; line {n} is cut, and more of it may match: offset={} byte={byte} \
+                             searches on in it",
+                            line.number - 1,
+                            n = line.number
+                        );
+                    }
+                    (Some(_), None) => {}
                     // The rest of a cut last line was not searched.
                     (None, Some((line, byte))) => {
                         let _ = write!(

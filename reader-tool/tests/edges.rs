@@ -428,6 +428,19 @@ fn a_grep_page_whose_last_line_is_cut_says_the_rest_of_it_may_match() {
         ),
         "{read}"
     );
+    // With more matching lines after it, the page says so and names the cut line's rest.
+    let (more, more_handle) = text_log("run-7", &format!("{text}\nNEEDLE again\n"));
+    let page = check(
+        &more,
+        json!({"handle": more_handle.to_string(), "grep": "NEEDLE", "limit": 1}),
+    );
+    assert!(
+        page.contains(
+            "more follows: call again with offset=1; line 1 is cut, and more of it may \
+             match: offset=0 byte=2000 searches on in it\n"
+        ),
+        "{page}"
+    );
     let rest = check(
         &log,
         json!({"handle": handle.to_string(), "grep": "NEEDLE", "byte": 2000}),
