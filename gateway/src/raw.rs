@@ -75,22 +75,15 @@ impl Default for RawAnswers {
     }
 }
 
-/// 128 random bits in hex, from the standard library's randomly keyed hasher (OS
-/// randomness), with the process id and the time mixed in.
+/// 128 random bits in hex, from the system's random source (as a segment's run id is), or
+/// if it fails from the standard library's randomly keyed hasher.
 fn secret() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_nanos());
-    let mut halves = [0u64; 2];
-    for (i, half) in halves.iter_mut().enumerate() {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_usize(i);
-        hasher.write_u32(std::process::id());
-        hasher.write_u128(now);
-        *half = hasher.finish();
-    }
-    format!("{:016x}{:016x}", halves[0], halves[1])
+    let bits = crate::tenant::random_u128().unwrap_or_else(|_| {
+        use std::hash::BuildHasher;
+        let keyed = std::collections::hash_map::RandomState::new();
+        (u128::from(keyed.hash_one(1u8)) << 64) | u128::from(keyed.hash_one(2u8))
+    });
+    format!("{bits:032x}")
 }
 
 impl RawAnswers {

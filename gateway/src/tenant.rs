@@ -106,15 +106,24 @@ pub(crate) fn valid_identity(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// 128 bits from the system's random source.
+///
+/// # Errors
+///
+/// The system's random source failing.
+pub(crate) fn random_u128() -> Result<u128, String> {
+    let mut bits = [0u8; 16];
+    getrandom::fill(&mut bits).map_err(|e| format!("the system's random source: {e}"))?;
+    Ok(u128::from_be_bytes(bits))
+}
+
 /// A fresh segment's run id: `h` and 128 random bits in lowercase base 32 (26 characters).
 ///
 /// # Errors
 ///
 /// The system's random source failing.
 pub(crate) fn fresh_run() -> Result<RunId, String> {
-    let mut bits = [0u8; 16];
-    getrandom::fill(&mut bits).map_err(|e| format!("the system's random source: {e}"))?;
-    let mut value = u128::from_be_bytes(bits);
+    let mut value = random_u128()?;
     const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
     let mut text = String::with_capacity(27);
     text.push('h');
