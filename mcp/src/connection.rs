@@ -642,6 +642,19 @@ impl Session {
                             message: format!("{reason}{retry}"),
                         };
                     }
+                    // Another refusal of the POST (a 5xx, a proxy's page, a 400): the
+                    // request alone if the session still answers, else the session's end.
+                    if let ServiceError::TransportSend(inner) = &error
+                        && remote::refused_post(inner)
+                        && !self.peer.is_transport_closed()
+                        && self.answers_ping().await
+                    {
+                        return McpError::Protocol {
+                            server,
+                            call,
+                            message: reason,
+                        };
+                    }
                     self.mark_lost(&format!("{call} failed: {reason}"));
                     McpError::Closed {
                         server,
@@ -655,6 +668,22 @@ impl Session {
                 call,
                 message: other.to_string(),
             },
+        }
+    }
+
+    /// Whether the server answers a `ping` on this session within the connect deadline (at
+    /// most 10 s): asked after a refused POST, to tell a refusal of that request from a
+    /// session the server no longer has.
+    async fn answers_ping(&self) -> bool {
+        let wait = self.timeouts.connect.min(Duration::from_secs(10));
+        let ping = ClientRequest::PingRequest(rmcp::model::PingRequest::default());
+        match self
+            .peer
+            .send_request_with_option(ping, PeerRequestOptions::with_timeout(wait))
+            .await
+        {
+            Ok(handle) => handle.await_response().await.is_ok(),
+            Err(_) => false,
         }
     }
 

@@ -46,8 +46,9 @@ pub enum McpError {
     },
     /// The connection closed with no process exit to report (an HTTP server gone). An HTTP
     /// event stream that ends or breaks before its answer is not this, nor is a POST the
-    /// server answers with a 429: that request fails alone, as [`McpError::Protocol`]
-    /// saying what happened, and the session stays.
+    /// server refuses (a 429; a 5xx, a proxy's page or a 400 when the server still
+    /// answers a `ping` on the session): that request fails alone, as
+    /// [`McpError::Protocol`] saying what happened, and the session stays.
     #[error("MCP server \"{server}\": {call} failed: the connection closed: {reason}")]
     Closed {
         /// The server.

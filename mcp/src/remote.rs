@@ -28,8 +28,11 @@
 //! stays up: one stream cut (by a proxy's idle timeout, say) does not end the session and every call in flight
 //! on it; a server that is gone fails the next request to reach it. A POST answered with a
 //! 429 fails that request alone too (saying its `Retry-After`), as rmcp's worker does: the
-//! session stays. Any other refusal of a POST (a 5xx, a proxy's page, a 400 from a server
-//! restarted without the session) still ends the session, so that a new one is made.
+//! session stays. Any other refusal of a POST (a 5xx, a proxy's page, a 400) fails that
+//! request alone if the server still answers a `ping` on the session (a proxy's 413 for a
+//! large argument, a 504 on one long call), and ends the session, so that a new one is
+//! made, if it does not (a server restarted without the session, one gone behind its
+//! proxy).
 //!
 //! # Memory
 //!
@@ -548,8 +551,8 @@ pub(crate) fn with_causes(reason: String, error: &(dyn std::error::Error + 'stat
 /// what to add to its reason (its `Retry-After`, if any): rmcp fails that request alone
 /// and its session goes on, and a rate limit says nothing of the session. Any other
 /// refusal is not this (`None`): a 5xx or a proxy's page may be a server gone behind its
-/// proxy, and a 400, 401 or 404 a server restarted without the session, which only a new
-/// session mends, so those still end the session (and the supervisor reconnects).
+/// proxy, and a 400 a server restarted without the session, which only a new session
+/// mends; the connection asks a `ping` of those ([`refused_post`]).
 pub(crate) fn answered_alone(error: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut node = Some(error);
     while let Some(current) = node {
@@ -568,6 +571,28 @@ pub(crate) fn answered_alone(error: &(dyn std::error::Error + 'static)) -> Optio
         node = current.source();
     }
     None
+}
+
+/// Whether `error` (a request's transport error) is the server's (or its proxy's) HTTP
+/// answer refusing that request's POST: a status (a 5xx; a 429 is [`answered_alone`]), a
+/// body that is not an answer (a 400, a proxy's page), an unexpected content type, an
+/// over-long body. rmcp fails that request alone; whether the session is still good is
+/// for the connection to find out (it asks the server a `ping`).
+pub(crate) fn refused_post(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut node = Some(error);
+    while let Some(current) = node {
+        if let Some(error) = current.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+            return matches!(
+                error,
+                StreamableHttpError::HttpStatus(_)
+                    | StreamableHttpError::UnexpectedServerResponse(_)
+                    | StreamableHttpError::UnexpectedContentType(_)
+                    | StreamableHttpError::ResponseBodyTooLarge { .. }
+            );
+        }
+        node = current.source();
+    }
+    false
 }
 
 /// `reason` followed by the causes of reqwest's `error`, as [`with_causes`].

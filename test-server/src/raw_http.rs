@@ -13,8 +13,9 @@
 //! `/mcp`, a loop, a cross-origin 307), event streams cut short (`tools/call` of
 //! `cut_stream {bytes}`: part of an event, then the end; of `end_stream`: the end before
 //! any answer) and refusals of one request (`tools/call` of `rate_limited`: a 429 with
-//! `Retry-After: 7`; of `bad_gateway`: a proxy's 502 page in HTML). Those tools are not
-//! listed; only a client that calls them by name sees them.
+//! `Retry-After: 7`; of `bad_gateway`: a proxy's 502 page in HTML), or of every request
+//! from then on (`forget_sessions`: a 400, as a server restarted without its sessions
+//! answers). Those tools are not listed; only a client that calls them by name sees them.
 
 use std::convert::Infallible;
 
@@ -42,6 +43,10 @@ pub(super) enum Fault {
     /// An ordinary request, for rmcp.
     Pass(http::Request<Full<Bytes>>),
 }
+
+/// Set by `forget_sessions`: every POST after it is refused with a 400, as by a server
+/// restarted without its sessions.
+static FORGOT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// A redirect to `location`.
 fn redirect(status: http::StatusCode, location: &str) -> HttpResponse {
@@ -104,6 +109,17 @@ where
         .await
         .map(Collected::to_bytes)
         .unwrap_or_default();
+    if parts.method == http::Method::POST && FORGOT.load(std::sync::atomic::Ordering::SeqCst) {
+        // As the Python SDK answers a session it does not know (after a restart, say).
+        let mut response = http::Response::new(
+            Full::new(Bytes::from_static(
+                b"Bad Request: No valid session ID provided",
+            ))
+            .boxed(),
+        );
+        *response.status_mut() = StatusCode::BAD_REQUEST;
+        return Fault::Answer(response);
+    }
     if parts.method == http::Method::POST
         && let Ok(message) = serde_json::from_slice::<serde_json::Value>(&body)
         && message["method"] == "tools/call"
@@ -130,6 +146,17 @@ where
                     http::header::RETRY_AFTER,
                     http::HeaderValue::from_static("7"),
                 );
+                return Fault::Answer(response);
+            }
+            Some("forget_sessions") => {
+                FORGOT.store(true, std::sync::atomic::Ordering::SeqCst);
+                let mut response = http::Response::new(
+                    Full::new(Bytes::from_static(
+                        b"Bad Request: No valid session ID provided",
+                    ))
+                    .boxed(),
+                );
+                *response.status_mut() = StatusCode::BAD_REQUEST;
                 return Fault::Answer(response);
             }
             Some("bad_gateway") => {

@@ -222,12 +222,13 @@ async fn a_cut_event_stream_says_how_it_ended() {
     manager.shutdown().await;
 }
 
-/// A POST the server rate-limits (a 429 with `Retry-After`) fails that call alone, saying
-/// so; rmcp's session goes on, and so does the connection: no reconnection, no call in
-/// flight lost. A proxy's 502 page still ends the session (a server gone behind its proxy
-/// is mended only by a new one).
+/// A POST the server rate-limits (a 429 with `Retry-After`), or its proxy refuses with a
+/// 502 page while the server still answers a `ping` on the session, fails that call alone,
+/// saying so; rmcp's session goes on, and so does the connection: no reconnection, no call
+/// in flight lost. A server that refuses the ping too (here: answering every POST with a
+/// 400, as one restarted without its sessions does) has lost the session: it ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_post_refused_with_a_429_fails_alone_and_the_session_stays() {
+async fn a_refused_post_fails_alone_while_the_session_answers_a_ping() {
     let server = HttpServer::start(&[]);
     let (manager, reachability) = connect("web", &server.url).await;
     assert_eq!(reachability, Reachability::Reachable);
@@ -242,8 +243,12 @@ async fn a_post_refused_with_a_429_fails_alone_and_the_session_stays() {
     // The backoff is 30 s: a session marked lost would fail this call as unreachable.
     assert_eq!(echo(&manager, "web", "still here").await, "still here");
     let error = fails_at_once(&manager, "bad_gateway", json!({})).await;
-    assert!(matches!(error, McpError::Closed { .. }), "{error:?}");
+    assert!(matches!(error, McpError::Protocol { .. }), "{error:?}");
     assert!(error.to_string().contains("502"), "{error}");
+    assert_eq!(echo(&manager, "web", "still here").await, "still here");
+    let error = fails_at_once(&manager, "forget_sessions", json!({})).await;
+    assert!(matches!(error, McpError::Closed { .. }), "{error:?}");
+    assert!(error.to_string().contains("400"), "{error}");
     manager.shutdown().await;
 }
 
