@@ -461,7 +461,13 @@ fn run(command: Command) -> Result<u8, String> {
             byte,
             limit,
             grep,
-        } => read(&log, handle, [offset, byte, limit], grep),
+        } => read(
+            &log,
+            // What is not given is null, which `read_tool_output` takes for absent.
+            &serde_json::json!({
+                "handle": handle, "offset": offset, "byte": byte, "limit": limit, "grep": grep
+            }),
+        ),
         Command::Demo { dump } => demo::run(dump.as_deref()),
         Command::ServeEmbedded { args } => serve_embedded(args),
         Command::Serve {
@@ -551,12 +557,7 @@ fn status(setup: &setup::Setup) -> u8 {
     u8::from(setup.outcomes.iter().any(|o| o.error.is_some()))
 }
 
-fn read(
-    log: &std::path::Path,
-    handle: String,
-    [offset, byte, limit]: [Option<u64>; 3],
-    grep: Option<String>,
-) -> Result<u8, String> {
+fn read(log: &std::path::Path, arguments: &serde_json::Value) -> Result<u8, String> {
     use psych_reader_tool::Reader;
     use psych_record_log::RecordLog;
     use psych_types::RunId;
@@ -574,20 +575,7 @@ fn read(
     // cut or synced.
     let (log, _) = RecordLog::open_read_only(dir, &run)
         .map_err(|e| format!("{}: {e}", RecordLog::path_for(dir, &run).display()))?;
-    let mut arguments = serde_json::json!({ "handle": handle });
-    if let Some(offset) = offset {
-        arguments["offset"] = offset.into();
-    }
-    if let Some(byte) = byte {
-        arguments["byte"] = byte.into();
-    }
-    if let Some(limit) = limit {
-        arguments["limit"] = limit.into();
-    }
-    if let Some(grep) = grep {
-        arguments["grep"] = grep.into();
-    }
-    match Reader::new(&log).call(&arguments) {
+    match Reader::new(&log).call(arguments) {
         Ok(answer) => {
             println!("{}", answer.render());
             Ok(u8::from(answer.is_error()))

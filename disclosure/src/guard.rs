@@ -422,10 +422,11 @@ impl Surface {
 
     /// The server a call would be forwarded to, when it is a call of a tool (a direct or
     /// natively loaded tool, a facade or search pair's call with `input`, the meta tools'
-    /// call) of a server on this Surface, a tool that `live`'s grant permits: `None` for
-    /// what the guard answers itself (listings, descriptions, searches, orientation) and
-    /// for names it refuses. Whether the tool exists or the arguments are valid is not
-    /// looked at:
+    /// call) of a server on this Surface that is one of `live`'s (a connection now), a tool
+    /// that `live`'s grant permits: `None` for what the guard answers itself (listings,
+    /// descriptions, searches, orientation), for names it refuses, and for a server whose
+    /// connection was removed since the Surface was resolved. Whether the tool exists or
+    /// the arguments are valid is not looked at:
     /// for a caller that must bring the server up to date before [`guard`](Self::guard)
     /// checks the call against it (a server started only when a call needs it, whose kept
     /// listing may be stale).
@@ -449,7 +450,11 @@ impl Surface {
             ),
             Exposed::Meta { .. } | Exposed::Search { .. } | Exposed::Orientation => return None,
         };
-        live.grant.permits(server, &tool).then(|| server.clone())
+        let connected = live
+            .catalogs
+            .iter()
+            .any(|catalog| &catalog.server == server);
+        (connected && live.grant.permits(server, &tool)).then(|| server.clone())
     }
 
     fn route(

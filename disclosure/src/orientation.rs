@@ -9,6 +9,7 @@
 //! [`MAX_CATEGORIES`] the least used are counted together as [`OTHER_CATEGORY`], so that
 //! no catalogue grows the default payload past its ceiling.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use psych_types::{ServerCatalog, ServerId, ToolDefinition, ToolName, ToolOutput, ToolRef};
@@ -302,9 +303,11 @@ pub(crate) fn category(server: &ServerId, tool: &ToolDefinition) -> String {
     cap_chars(&uncapped_category(server, tool), CATEGORY_CHARS, "…")
 }
 
-fn uncapped_category(server: &ServerId, tool: &ToolDefinition) -> String {
+/// The category before its cut: borrowed from `_meta`, which may be long, so that only
+/// what is kept of it is copied.
+fn uncapped_category<'t>(server: &ServerId, tool: &'t ToolDefinition) -> Cow<'t, str> {
     if let Some(Value::String(category)) = tool.meta.as_ref().and_then(|m| m.get("category")) {
-        return category.clone();
+        return Cow::Borrowed(category);
     }
     let server_words = words(server.as_str(), true);
     let title = tool
@@ -314,7 +317,7 @@ fn uncapped_category(server: &ServerId, tool: &ToolDefinition) -> String {
     title
         .and_then(|t| noun(t, false, &server_words))
         .or_else(|| noun(tool.name.as_str(), true, &server_words))
-        .unwrap_or_else(|| "general".to_owned())
+        .map_or(Cow::Borrowed("general"), Cow::Owned)
 }
 
 /// Caps every string inside `value`.

@@ -630,6 +630,10 @@ impl SearchIndex {
         // same root.
         let vocabulary = vocabulary();
         let mut groups: Vec<Vec<Alternative>> = Vec::with_capacity(literal.len());
+        // A word's one-word alternatives so far, so that a form is added once without a
+        // scan of the list (a root of many forms or compounds would make it quadratic);
+        // borrowed from the query, the vocabulary and the index, which outlive it.
+        let mut single: HashSet<&str> = HashSet::new();
         for word in &literal {
             // A word of a family already asked for joins that word's group as a literal,
             // so that "start a new" credits `create` once, not twice.
@@ -642,21 +646,21 @@ impl SearchIndex {
                 continue;
             }
             let mut alternatives: Vec<Alternative> = vec![(vec![word.clone()], 1.0)];
+            single.clear();
+            single.insert(word.as_str());
             if let Some(more) = vocabulary.get(word) {
                 alternatives.extend(more.iter().cloned());
+                single.extend(
+                    more.iter()
+                        .filter(|(words, _)| words.len() == 1)
+                        .map(|(words, _)| words[0].as_str()),
+                );
             }
-            // The one-word alternatives so far, so that a form is added once without a
-            // scan of the list (a root of many forms or compounds would make it quadratic).
-            let mut single: HashSet<String> = alternatives
-                .iter()
-                .filter(|(words, _)| words.len() == 1)
-                .map(|(words, _)| words[0].clone())
-                .collect();
             for part in &self.parts {
                 let forms = part.roots.get(root(word)).into_iter().flatten();
                 let compounds = part.compounds.get(root(word)).into_iter().flatten();
                 for form in forms.chain(compounds) {
-                    if single.insert(form.clone()) {
+                    if single.insert(form.as_str()) {
                         alternatives.push((vec![form.clone()], FORM_WEIGHT));
                     }
                 }

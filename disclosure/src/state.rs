@@ -221,6 +221,10 @@ pub(crate) fn whole_reason(server: &ServerId, reason: &str) -> String {
 /// with a colon), the first line cut before the telling one is.
 fn short_reason(server: &ServerId, reason: &str, max_chars: usize) -> String {
     let lines = reason_lines(server, reason);
+    // Each line without the clock a log line starts with: the short reason is shown in
+    // zone 1 (and in the gateway's tool prefix), whose bytes must not change with each
+    // retry's time.
+    let lines: Vec<&str> = lines.iter().map(|line| without_clock(line)).collect();
     let Some((head, details)) = lines.split_first() else {
         return String::new();
     };
@@ -234,9 +238,6 @@ fn short_reason(server: &ServerId, reason: &str, max_chars: usize) -> String {
         return cap_chars(head, max_chars, CUT);
     };
     let joint = if introduces { " " } else { " … " };
-    // Without the clock a log line starts with: the reason is shown in zone 1 (and in
-    // the gateway's tool prefix), whose bytes must not change with each retry's time.
-    let telling = without_clock(telling);
     // The telling line takes up to two thirds of the budget; the head gets the rest.
     let telling = cap_chars(telling, (max_chars * 2).div_ceil(3).max(1), CUT);
     let head_budget = max_chars
@@ -331,6 +332,12 @@ mod tests {
         ] {
             assert_eq!(without_clock(line), kept, "{line}");
         }
+        // Every line of a short reason, its first too.
+        let server = ServerId::new("s").unwrap();
+        assert_eq!(
+            short_reason(&server, "2026-12-06T03:00:01Z ERROR boom", 200),
+            "ERROR boom"
+        );
     }
 
     fn id(name: &str) -> ServerId {

@@ -217,19 +217,18 @@ impl PreviewConfig {
                 last.max(first).saturating_add(1)
             )
         };
-        // Where the omitted part starts within line `first`, as the reader's `byte` counts.
-        let byte = head.len() - head.rfind('\n').map_or(0, |at| at + 1);
-        let byte = if byte > 0 {
-            format!(" byte={byte}")
-        } else {
-            String::new()
-        };
         // Writing into a String cannot fail.
-        let _ = writeln!(
+        let _ = write!(
             out,
             "[… {lines} omitted (bytes {head_end}..{tail_start} of {len}); read on with \
-             read_tool_output offset={first}{byte} …]"
+             read_tool_output offset={first}"
         );
+        // Where the omitted part starts within line `first`, as the reader's `byte` counts.
+        let byte = head.len() - head.rfind('\n').map_or(0, |at| at + 1);
+        if byte > 0 {
+            let _ = write!(out, " byte={byte}");
+        }
+        out.push_str(" …]\n");
         out.push_str(tail);
         if !tail.is_empty() && !tail.ends_with('\n') {
             out.push('\n');

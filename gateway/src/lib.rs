@@ -1628,8 +1628,8 @@ impl ServerHandler for Session {
             // The raw listing takes the placeholder's place on the way out; a listing rmcp
             // cannot type (a field of a tool its types refuse) is sent all the same, from
             // an empty placeholder.
-            let mut typed: ListToolsResult =
-                serde_json::from_value(raw.clone()).unwrap_or_default();
+            let mut typed =
+                <ListToolsResult as serde::Deserialize>::deserialize(&raw).unwrap_or_default();
             // Complete, as every answer of the gateway's: rmcp strips it for a client of
             // an earlier revision, and the swap copies it onto the raw answer.
             typed.result_type = Some(ResultType::COMPLETE);

@@ -959,6 +959,36 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         }
     }
 
+    /// A request whose string id is over [`psych_mcp::MAX_REQUEST_ID_BYTES`] (which every
+    /// answer would echo, and the count of requests in flight would hold) is refused as
+    /// invalid, with its id, and never reaches the session.
+    #[tokio::test]
+    async fn a_request_with_an_over_long_id_is_refused_as_invalid() {
+        let (mut transport, mut client, output) = transport();
+        let answers = tokio::spawn(answers(output));
+        let long = "x".repeat(psych_mcp::MAX_REQUEST_ID_BYTES + 1);
+        let input = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":\"{long}\",\"method\":\"ping\"}}\n\
+             {{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"ping\"}}\n"
+        );
+        client.write_all(input.as_bytes()).await.unwrap();
+        match transport.receive().await.unwrap() {
+            JsonRpcMessage::Request(request) => assert_eq!(request.id, RequestId::Number(7)),
+            other => panic!("not the second ping: {other:?}"),
+        }
+        assert_eq!(transport.in_flight.len(), 1);
+        drop(client);
+        assert!(transport.receive().await.is_none());
+        transport.close().await.unwrap();
+        drop(transport);
+        let answers = answers.await.unwrap();
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert_eq!(answers[0]["id"], long.as_str());
+        assert_eq!(answers[0]["error"]["code"], -32600);
+        let message = answers[0]["error"]["message"].as_str().unwrap();
+        assert!(message.contains("at most 256 bytes"), "{message}");
+    }
+
     /// Past [`MAX_IN_FLIGHT`] requests waiting for their answers, a request is refused at
     /// once, with its id, and never reaches the session (as is one reusing the id of a
     /// request waiting for its answer); a cancellation, or an answer written, lets the next

@@ -154,6 +154,8 @@ impl Kept {
         }
     }
 
+    /// The open segment of `handle`'s run, when one is open and holds the handle (else the
+    /// open one, if any, is dropped).
     fn cached(&self, handle: &RecordHandle) -> Option<Arc<RecordLog>> {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         let at = open.iter().position(|log| log.run() == &handle.run)?;
@@ -163,23 +165,26 @@ impl Kept {
         if handle.seq >= log.len() {
             return None;
         }
-        // A segment retention removed since it was opened (a read-only open holds no
-        // lock to keep it): dropped here, so that its handles answer that they expired
-        // and its disk space is freed, rather than read from the open file.
-        if !RecordLog::path_for(&self.dir, &handle.run).is_file() {
-            return None;
-        }
         open.push_back(Arc::clone(&log));
         Some(log)
+    }
+
+    /// Drops the open segment of `run`, if any.
+    fn forget(&self, run: &psych_types::RunId) {
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|log| log.run() != run);
     }
 }
 
 impl Archive for Kept {
     fn find(&self, handle: &RecordHandle) -> Archived {
-        if let Some(log) = self.cached(handle) {
-            return Archived::Log(log);
-        }
+        // The file first, once: a segment retention removed since it was opened (a
+        // read-only open holds no lock to keep it) is dropped from the open ones, so that
+        // its handles answer that they expired and its disk space is freed.
         if !RecordLog::path_for(&self.dir, &handle.run).is_file() {
+            self.forget(&handle.run);
             return if was_expired(&self.dir, &handle.run) {
                 Archived::Gone {
                     why: self.retention.expired(handle),
@@ -187,6 +192,9 @@ impl Archive for Kept {
             } else {
                 Archived::Unknown
             };
+        }
+        if let Some(log) = self.cached(handle) {
+            return Archived::Log(log);
         }
         match RecordLog::open_read_only(&self.dir, &handle.run) {
             Ok((log, _)) => {

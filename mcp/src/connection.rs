@@ -120,11 +120,38 @@ pub(crate) struct Session {
     child: Option<Child>,
     /// Sees every message of the transport: keeps raw results, routes progress.
     tap: Arc<Tap>,
-    lost: Mutex<Option<String>>,
-    lost_signal: Notify,
+    /// Why the session is lost, once a request found it gone (shared with a probe's task).
+    lost: Arc<Lost>,
     /// The `subscriptions/listen` task of a server of 2026-07-28 (none for an earlier one):
     /// aborted on close and when the session is dropped.
     listener: Mutex<Option<AbortOnDrop>>,
+}
+
+/// Why a session is lost, once known, and the signal that it now is.
+#[derive(Debug, Default)]
+struct Lost {
+    reason: Mutex<Option<String>>,
+    signal: Notify,
+}
+
+impl Lost {
+    /// Marks the session lost for `reason` (the first reason given stands).
+    fn mark(&self, reason: &str) {
+        let mut lost = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        if lost.is_none() {
+            *lost = Some(reason.to_owned());
+        }
+        drop(lost);
+        self.signal.notify_one();
+    }
+
+    /// The reason, once the session is lost.
+    fn reason(&self) -> Option<String> {
+        self.reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// A task aborted when this is dropped.
@@ -224,8 +251,7 @@ impl Session {
             service: tokio::sync::Mutex::new(Some(service)),
             child,
             tap,
-            lost: Mutex::new(None),
-            lost_signal: Notify::new(),
+            lost: Arc::default(),
             listener: Mutex::new(None),
         });
         // With a server of 2026-07-28, the listen stream is opened before the first
@@ -600,11 +626,7 @@ impl Session {
             ServiceError::McpError(data) => McpError::Protocol {
                 server,
                 call,
-                message: format!(
-                    "the server answered error {}: {}",
-                    data.code.0,
-                    server_words(&data.message)
-                ),
+                message: server_error(&data),
             },
             ServiceError::TransportClosed | ServiceError::TransportSend(_) => match &self.child {
                 Some(child) => {
@@ -624,38 +646,28 @@ impl Session {
                 }
                 None => {
                     let reason = transport_reason(&error.to_string());
-                    let (reason, answered) = match &error {
-                        ServiceError::TransportSend(inner) => (
-                            remote::with_causes(reason, inner),
-                            remote::answered_alone(inner),
-                        ),
+                    let (reason, refusal) = match &error {
+                        ServiceError::TransportSend(inner) => {
+                            (remote::with_causes(reason, inner), remote::refusal(inner))
+                        }
                         _ => (reason, None),
                     };
-                    // The server answered this request's POST with a 429: rmcp failed that
-                    // request alone and its session goes on, so this one does too.
-                    if let Some(retry) = answered
+                    let lost = format!("{call} failed: {reason}");
+                    // The server refused this request's POST: rmcp failed that request
+                    // alone and its session goes on, so this one does too when the refusal
+                    // was a 429 or the session still answers a ping (the probe marks it
+                    // lost itself when it does not).
+                    if let Some(refusal) = refusal
                         && !self.peer.is_transport_closed()
+                        && (refusal.rate_limited || self.probe(&lost).await)
                     {
                         return McpError::Protocol {
                             server,
                             call,
-                            message: format!("{reason}{retry}"),
+                            message: format!("{reason}{}", refusal.retry_after),
                         };
                     }
-                    // Another refusal of the POST (a 5xx, a proxy's page, a 400): the
-                    // request alone if the session still answers, else the session's end.
-                    if let ServiceError::TransportSend(inner) = &error
-                        && remote::refused_post(inner)
-                        && !self.peer.is_transport_closed()
-                        && self.answers_ping().await
-                    {
-                        return McpError::Protocol {
-                            server,
-                            call,
-                            message: reason,
-                        };
-                    }
-                    self.mark_lost(&format!("{call} failed: {reason}"));
+                    self.mark_lost(&lost);
                     McpError::Closed {
                         server,
                         call,
@@ -673,37 +685,45 @@ impl Session {
 
     /// Whether the server answers a `ping` on this session within the connect deadline (at
     /// most 10 s): asked after a refused POST, to tell a refusal of that request from a
-    /// session the server no longer has.
-    async fn answers_ping(&self) -> bool {
+    /// session the server no longer has. When it does not, the session is marked lost
+    /// with `reason`.
+    ///
+    /// Cancel safety: the ping and its verdict run in a task of their own, so a caller
+    /// that gives up during the ping (its future dropped by a deadline or a `select!`)
+    /// loses nothing: a session that no longer answers is still marked lost, and the
+    /// supervisor reconnects (`tests::a_probe_dropped_mid_ping_still_marks_the_session_lost`).
+    async fn probe(&self, reason: &str) -> bool {
         let wait = self.timeouts.connect.min(Duration::from_secs(10));
-        let ping = ClientRequest::PingRequest(rmcp::model::PingRequest::default());
-        match self
-            .peer
-            .send_request_with_option(ping, PeerRequestOptions::with_timeout(wait))
-            .await
-        {
-            Ok(handle) => handle.await_response().await.is_ok(),
-            Err(_) => false,
-        }
+        let peer = self.peer.clone();
+        let lost = Arc::clone(&self.lost);
+        let reason = reason.to_owned();
+        let verdict = tokio::spawn(async move {
+            #[cfg(test)]
+            tests::probe_gate().await;
+            let ping = ClientRequest::PingRequest(rmcp::model::PingRequest::default());
+            let answered = match peer
+                .send_request_with_option(ping, PeerRequestOptions::with_timeout(wait))
+                .await
+            {
+                Ok(handle) => handle.await_response().await.is_ok(),
+                Err(_) => false,
+            };
+            if !answered {
+                lost.mark(&reason);
+            }
+            answered
+        });
+        verdict.await.unwrap_or(false)
     }
 
     fn mark_lost(&self, reason: &str) {
-        let mut lost = self.lost.lock().unwrap_or_else(PoisonError::into_inner);
-        if lost.is_none() {
-            *lost = Some(reason.to_owned());
-        }
-        drop(lost);
-        self.lost_signal.notify_one();
+        self.lost.mark(reason);
     }
 
     /// Whether the connection is known lost now (a request found it gone, or the
     /// transport closed), before [`Session::lost`] has said why.
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
-            || self.peer.is_transport_closed()
+        self.lost.reason().is_some() || self.peer.is_transport_closed()
     }
 
     /// Resolves when the connection is lost, with the reason: the process exited, the
@@ -712,12 +732,7 @@ impl Session {
         let mut exit = self.child.as_ref().map(Child::exit_watch);
         let mut poll = tokio::time::interval(Duration::from_millis(100));
         loop {
-            if let Some(reason) = self
-                .lost
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone()
-            {
+            if let Some(reason) = self.lost.reason() {
                 return reason;
             }
             let exited = exit.as_ref().and_then(|exit| *exit.borrow());
@@ -751,7 +766,7 @@ impl Session {
                 continue;
             }
             tokio::select! {
-                () = self.lost_signal.notified() => {}
+                () = self.lost.signal.notified() => {}
                 _ = poll.tick() => {}
                 Some(()) = async {
                     match exit.as_mut() {
@@ -892,6 +907,16 @@ fn server_words(message: &str) -> String {
     format!("{}… ({} bytes in all)", &message[..end], message.len())
 }
 
+/// A server's JSON-RPC error as an [`McpError`] says it: its code and its message
+/// ([`server_words`]).
+fn server_error(data: &rmcp::model::ErrorData) -> String {
+    format!(
+        "the server answered error {}: {}",
+        data.code.0,
+        server_words(&data.message)
+    )
+}
+
 /// rmcp's transport errors name the transport's Rust type
 /// (`Transport [rmcp::transport::worker::WorkerTransport<…>] error: …`); a person needs
 /// only what follows, bounded as [`server_words`] (it may quote a body the server sent).
@@ -969,11 +994,7 @@ async fn init_error(
                 None => McpError::Protocol {
                     server: server.clone(),
                     call,
-                    message: format!(
-                        "the server answered error {}: {}",
-                        data.code.0,
-                        server_words(&data.message)
-                    ),
+                    message: server_error(&data),
                 },
             }
         }
@@ -1132,6 +1153,73 @@ mod tests {
             .unwrap();
         assert_eq!(echo.value["content"][0]["text"], "still here");
         assert_eq!(session.tap.len(), 0);
+        session.close().await;
+        serving.abort();
+    }
+
+    /// While set, a probe's task says it has started (the first `Notify`) and waits for
+    /// the second before it pings.
+    static PROBE_GATE: Mutex<Option<Arc<(Notify, Notify)>>> = Mutex::new(None);
+
+    /// Where a probe's task stops while a test holds it ([`PROBE_GATE`]).
+    pub(super) async fn probe_gate() {
+        let gate = PROBE_GATE
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(gate) = gate {
+            gate.0.notify_one();
+            gate.1.notified().await;
+        }
+    }
+
+    /// A call whose POST is refused is dropped (as a deadline or a `select!` drops it)
+    /// while its probe pings: the server that no longer has the session is still found
+    /// out, and the session marked lost, for the supervisor to reconnect.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_probe_dropped_mid_ping_still_marks_the_session_lost() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let serving = tokio::spawn(Scenario::default().serve_on(listener));
+        let transport = Transport::Http {
+            url: format!("http://{addr}/mcp"),
+            headers: BTreeMap::new(),
+        };
+        let server = ServerId::new("forgetful").unwrap();
+        let (session, _) = Session::connect(
+            &server,
+            &transport,
+            (timeouts(), crate::DEFAULT_MAX_LISTING_BYTES),
+            Arc::new(EventQueue::default()),
+            (&std::env::temp_dir(), &SpillBudget::default()),
+        )
+        .await
+        .unwrap();
+        let gate = Arc::new((Notify::new(), Notify::new()));
+        *PROBE_GATE.lock().unwrap() = Some(Arc::clone(&gate));
+        // `forget_sessions` is refused with a 400, and so is everything after it.
+        let round = InputRound::default();
+        let call = session.call(
+            "forget_sessions",
+            JsonObject::new(),
+            &round,
+            Duration::from_secs(30),
+            None,
+        );
+        tokio::select! {
+            answer = call => panic!("the call ended before its probe: {answer:?}"),
+            () = gate.0.notified() => {}
+        }
+        // The call's future is dropped: its probe's task goes on.
+        *PROBE_GATE.lock().unwrap() = None;
+        gate.1.notify_one();
+        let reason = tokio::time::timeout(Duration::from_secs(10), session.lost())
+            .await
+            .expect("the session is marked lost");
+        assert!(
+            reason.contains("tools/call forget_sessions failed"),
+            "{reason}"
+        );
         session.close().await;
         serving.abort();
     }

@@ -402,24 +402,51 @@ impl McpManager {
             max_listing_bytes: self.inner.max_listing_bytes,
         };
         let events = Arc::clone(&self.inner.events);
+        // A slot this one replaces in the map (two adds of one name at once both found none
+        // to remove) is stopped by this one's supervisor before it starts its server: never
+        // two of one server at once, and nothing left to the adder's future, which may be
+        // dropped.
+        let (handover, replaced) = tokio::sync::oneshot::channel::<Arc<Slot>>();
+        // Stopped meanwhile (removed, shut down): the supervisor does not start.
+        let stopped = stop_rx.clone();
+        let retire = async move {
+            if let Ok(replaced) = replaced.await {
+                replaced.finish().await;
+            }
+            *stopped.borrow()
+        };
         let task = match lazy {
-            Some(lazy) => tokio::spawn(crate::lazy::supervise(
-                server.clone(),
-                config,
-                Arc::clone(&slot),
-                lazy,
-                events,
-                how,
-                stop_rx,
-            )),
-            None => tokio::spawn(supervise(
-                server.clone(),
-                config,
-                Arc::clone(&slot),
-                events,
-                how,
-                stop_rx,
-            )),
+            Some(lazy) => {
+                let supervise = crate::lazy::supervise(
+                    server.clone(),
+                    config,
+                    Arc::clone(&slot),
+                    lazy,
+                    events,
+                    how,
+                    stop_rx,
+                );
+                tokio::spawn(async move {
+                    if !retire.await {
+                        supervise.await;
+                    }
+                })
+            }
+            None => {
+                let supervise = supervise(
+                    server.clone(),
+                    config,
+                    Arc::clone(&slot),
+                    events,
+                    how,
+                    stop_rx,
+                );
+                tokio::spawn(async move {
+                    if !retire.await {
+                        supervise.await;
+                    }
+                })
+            }
         };
         let replaced = {
             // The shutdown flag is checked again under the map's lock: `shutdown` sets the
@@ -439,12 +466,19 @@ impl McpManager {
                 return Err(McpError::ShutDown);
             }
             *slot.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
-            // A slot of the same name added meanwhile (two adds of one name at once both
-            // found none to remove) is replaced: stopped here, not left running unseen.
+            // A slot of the same name added meanwhile is handed to the new supervisor,
+            // which stops it first (no handover: nothing to stop).
             servers.insert(server.clone(), slot)
         };
-        if let Some(replaced) = replaced {
-            replaced.finish().await;
+        match replaced {
+            // Told to stop now, in this poll, whatever becomes of this future; the new
+            // supervisor waits for it to have stopped.
+            Some(replaced) => {
+                let _ = replaced.stop.send(true);
+                let _ = handover.send(replaced);
+            }
+            // Nothing to wait for: the new supervisor starts at once.
+            None => drop(handover),
         }
         // Only the map and the supervisor hold the slot now: if the server is removed or
         // the manager shut down during the first attempt, the sender is dropped and this
@@ -889,12 +923,7 @@ async fn supervise(
                 // lasted the longest delay starts it over; so a server that keeps dying is
                 // restarted about as often as its sessions last, never at the first delay
                 // whatever they last.
-                let lasted = connected.elapsed();
-                if lasted >= how.backoff.max {
-                    failures = 0;
-                } else if lasted >= how.backoff.delay(failures) {
-                    failures = failures.saturating_sub(1);
-                }
+                failures = how.backoff.after_session(failures, connected.elapsed());
                 let down = Reachability::Unreachable { reason };
                 slot.set(None, down.clone());
                 report(down);

@@ -567,11 +567,7 @@ pub(crate) fn preview(body: &[u8]) -> Cow<'_, str> {
     if lossy.len() <= BODY_PREVIEW {
         return lossy;
     }
-    let mut end = BODY_PREVIEW;
-    while end > 0 && !lossy.is_char_boundary(end) {
-        end -= 1;
-    }
-    Cow::Owned(lossy[..end].to_owned())
+    Cow::Owned(lossy[..lossy.floor_char_boundary(BODY_PREVIEW)].to_owned())
 }
 
 #[cfg(test)]

@@ -21,8 +21,9 @@ use rmcp::model::{NumberOrString, ProgressNotificationParam, ProgressToken};
 const EARLY_CALLS: usize = 16;
 /// How many notifications are held for one token without a route.
 const EARLY_NOTES: usize = 64;
-/// The longest string token of a notification held before its call's route, in bytes.
-const MAX_EARLY_TOKEN_BYTES: usize = 256;
+/// The longest string token of a notification held before its call's route, in bytes: a
+/// peer's string id, bounded as a request's is.
+const MAX_EARLY_TOKEN_BYTES: usize = crate::MAX_REQUEST_ID_BYTES;
 
 /// The sinks of the calls in flight on one connection, by progress token.
 #[derive(Debug, Default)]

@@ -535,64 +535,64 @@ impl StreamableHttpClient for TappedClient {
 /// (connection refused, a TLS handshake that failed, a certificate not trusted) would be
 /// lost. Causes already in `reason` are not repeated.
 pub(crate) fn with_causes(reason: String, error: &(dyn std::error::Error + 'static)) -> String {
-    let mut node = Some(error);
-    while let Some(current) = node {
-        if let Some(StreamableHttpError::Client(client)) =
-            current.downcast_ref::<StreamableHttpError<reqwest::Error>>()
-        {
-            return with_causes_of(reason, client);
-        }
-        node = current.source();
+    match http_error(error) {
+        Some(StreamableHttpError::Client(client)) => with_causes_of(reason, client),
+        _ => reason,
     }
-    reason
 }
 
-/// When `error` (a request's transport error) is the server's 429 to that request's POST,
-/// what to add to its reason (its `Retry-After`, if any): rmcp fails that request alone
-/// and its session goes on, and a rate limit says nothing of the session. Any other
-/// refusal is not this (`None`): a 5xx or a proxy's page may be a server gone behind its
-/// proxy, and a 400 a server restarted without the session, which only a new session
-/// mends; the connection asks a `ping` of those ([`refused_post`]).
-pub(crate) fn answered_alone(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+/// The streamable HTTP client's error in `error`'s chain (a request's transport error), if
+/// any.
+fn http_error<'e>(
+    error: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e StreamableHttpError<reqwest::Error>> {
     let mut node = Some(error);
     while let Some(current) = node {
         if let Some(error) = current.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
-            return match error {
-                StreamableHttpError::HttpStatus(status) if status.status == 429 => Some(
-                    status
-                        .retry_after
-                        .as_ref()
-                        .map(|after| format!(" (Retry-After: {after})"))
-                        .unwrap_or_default(),
-                ),
-                _ => None,
-            };
+            return Some(error);
         }
         node = current.source();
     }
     None
 }
 
-/// Whether `error` (a request's transport error) is the server's (or its proxy's) HTTP
-/// answer refusing that request's POST: a status (a 5xx; a 429 is [`answered_alone`]), a
-/// body that is not an answer (a 400, a proxy's page), an unexpected content type, an
-/// over-long body. rmcp fails that request alone; whether the session is still good is
-/// for the connection to find out (it asks the server a `ping`).
-pub(crate) fn refused_post(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut node = Some(error);
-    while let Some(current) = node {
-        if let Some(error) = current.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
-            return matches!(
-                error,
-                StreamableHttpError::HttpStatus(_)
-                    | StreamableHttpError::UnexpectedServerResponse(_)
-                    | StreamableHttpError::UnexpectedContentType(_)
-                    | StreamableHttpError::ResponseBodyTooLarge { .. }
-            );
+/// How the server (or its proxy) refused a request's POST: rmcp fails that request alone
+/// and its session goes on ([`refusal`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    /// A 429: a rate limit, which says nothing of the session.
+    pub(crate) rate_limited: bool,
+    /// What to add to the reason: a 429's `Retry-After`, when it has one.
+    pub(crate) retry_after: String,
+}
+
+/// When `error` (a request's transport error) is the HTTP answer refusing that request's
+/// POST, how: a status rmcp reports (429 and 5xx), a body that is not an answer (a 400, a
+/// proxy's page), an unexpected content type, an over-long body. A connection that could
+/// not be made or broke, an expired session or an authorization challenge (a 401 or 403
+/// with `WWW-Authenticate`) is not this. A refusal other than a 429 may also mean a server
+/// that no longer has the session (one restarted, one gone behind its proxy): the
+/// connection asks a `ping` to tell which.
+pub(crate) fn refusal(error: &(dyn std::error::Error + 'static)) -> Option<Refusal> {
+    match http_error(error)? {
+        StreamableHttpError::HttpStatus(status) => {
+            let rate_limited = status.status == 429;
+            Some(Refusal {
+                rate_limited,
+                retry_after: match &status.retry_after {
+                    Some(after) if rate_limited => format!(" (Retry-After: {after})"),
+                    _ => String::new(),
+                },
+            })
         }
-        node = current.source();
+        StreamableHttpError::UnexpectedServerResponse(_)
+        | StreamableHttpError::UnexpectedContentType(_)
+        | StreamableHttpError::ResponseBodyTooLarge { .. } => Some(Refusal {
+            rate_limited: false,
+            retry_after: String::new(),
+        }),
+        _ => None,
     }
-    false
 }
 
 /// `reason` followed by the causes of reqwest's `error`, as [`with_causes`].

@@ -196,11 +196,7 @@ fn preview(text: &str) -> String {
     if text.len() <= LINE_PREVIEW {
         return text.to_owned();
     }
-    let mut end = LINE_PREVIEW;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
+    format!("{}…", &text[..text.floor_char_boundary(LINE_PREVIEW)])
 }
 
 /// [`preview`] of bytes, without decoding more of them than the preview shows.

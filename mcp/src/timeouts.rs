@@ -145,6 +145,22 @@ impl Backoff {
         }
         delay.min(self.max)
     }
+
+    /// The count of failures after a session that connected after `failures` of them and
+    /// was lost after `lasted`: unchanged when it was lost sooner than [`delay`] would wait
+    /// now (the next delay grows), one less when it lasted that long, none when it lasted
+    /// `max` (see the type's docs).
+    ///
+    /// [`delay`]: Backoff::delay
+    pub(crate) fn after_session(&self, failures: u32, lasted: Duration) -> u32 {
+        if lasted >= self.max {
+            0
+        } else if lasted >= self.delay(failures) {
+            failures.saturating_sub(1)
+        } else {
+            failures
+        }
+    }
 }
 
 #[cfg(test)]
@@ -157,5 +173,18 @@ mod tests {
         let delays: Vec<u128> = (0..6).map(|n| backoff.delay(n).as_millis()).collect();
         assert_eq!(delays, [100, 200, 400, 700, 700, 700]);
         assert_eq!(backoff.delay(u32::MAX), Duration::from_millis(700));
+    }
+
+    #[test]
+    fn a_session_steps_the_backoff_back_by_how_long_it_lasted() {
+        let backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(700));
+        let ms = Duration::from_millis;
+        // Lost at once: a failure like any.
+        assert_eq!(backoff.after_session(3, ms(10)), 3);
+        // As long as the delay it would wait (400 ms after 2): one delay back.
+        assert_eq!(backoff.after_session(2, ms(400)), 1);
+        assert_eq!(backoff.after_session(0, ms(100)), 0);
+        // The longest delay: over.
+        assert_eq!(backoff.after_session(9, ms(700)), 0);
     }
 }

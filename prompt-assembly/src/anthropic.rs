@@ -482,13 +482,10 @@ impl Prompt<'_> {
                     out.push("{\"type\":\"tool_result\",\"tool_use_id\":");
                     out.str(item.call_id().as_str());
                     // A search answer in native deferral: its references, each to a tool of
-                    // the request's deferred set (any other name is left out). Only the
-                    // search tool's own result: another tool's blocks of the same shape (an
-                    // upstream may send any block type) are that tool's output.
+                    // the request's deferred set (any other name is left out).
                     if let (Some(native), Answer::Logged(index, result)) = (&options.native, item)
-                        && result.name == native.search().name()
                         && self.views[*index] == psych_types::Projection::Full
-                        && let Some(tools) = references(&result.output, native)
+                        && let Some(tools) = references(result, native)
                     {
                         out.push(",\"content\":[");
                         if tools.is_empty() {

@@ -32,7 +32,7 @@
 
 use std::sync::Arc;
 
-use psych_types::{ContentBlock, JsonObject, ToolDefinition, ToolName, ToolOutput};
+use psych_types::{ContentBlock, JsonObject, ToolDefinition, ToolName, ToolOutput, ToolResult};
 
 use crate::Provider;
 
@@ -287,14 +287,16 @@ pub fn search_answer<'n>(
     }
 }
 
-/// The deferred tools `output` references, in order, when it is a search answer: `None`
-/// when any block is something else than a `tool_reference`. References to tools outside
-/// `deferral` are left out.
+/// The deferred tools `result` references, in order, when it is the answer of
+/// `deferral`'s search tool: `None` for another tool's result (an upstream may send any
+/// block type, `tool_reference` too) and when any block is something else than a
+/// `tool_reference`. References to tools outside `deferral` are left out.
 pub(crate) fn references<'a>(
-    output: &'a ToolOutput,
+    result: &'a ToolResult,
     deferral: &'a NativeDeferral,
 ) -> Option<Vec<&'a ToolDefinition>> {
-    if output.content.is_empty() {
+    let output = &result.output;
+    if result.name != deferral.search().name() || output.content.is_empty() {
         return None;
     }
     let mut tools = Vec::new();
@@ -402,7 +404,16 @@ mod tests {
             &deferral,
             2,
         );
-        let names: Vec<&str> = references(&answer, &deferral)
+        // As logged: the result of a call of the search tool.
+        let logged = |output: &ToolOutput, name: &str| ToolResult {
+            target: None,
+            call_id: psych_types::ToolCallId::new("c").unwrap(),
+            name: name.into(),
+            output: output.clone(),
+        };
+        let search = deferral.search().name().to_owned();
+        let answered = logged(&answer, &search);
+        let names: Vec<&str> = references(&answered, &deferral)
             .unwrap()
             .iter()
             .map(|t| t.name.as_str())
@@ -415,7 +426,9 @@ mod tests {
         );
         // Nothing permitted matched: a text answer, which is no reference.
         let none = search_answer(["secret__x"], &deferral, 5);
-        assert_eq!(references(&none, &deferral), None);
+        assert_eq!(references(&logged(&none, &search), &deferral), None);
+        // The same blocks in another tool's result are that tool's output.
+        assert_eq!(references(&logged(&answer, "read_file"), &deferral), None);
         assert!(!none.is_error);
     }
 }

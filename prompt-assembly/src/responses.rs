@@ -248,7 +248,7 @@ impl Prompt<'_> {
                         out.push(",\"execution\":\"client\",\"tools\":[");
                         if let Answer::Logged(index, result) = answer
                             && self.views[*index] == Projection::Full
-                            && let Some(tools) = references(&result.output, native)
+                            && let Some(tools) = references(result, native)
                         {
                             for (k, tool) in tools.into_iter().enumerate() {
                                 if k > 0 {

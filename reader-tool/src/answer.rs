@@ -228,13 +228,8 @@ fn render_page(page: &Page) -> String {
             let _ = write!(out, "[…{} bytes]", line.cut_before());
         }
         push_content(&mut out, &line.shown, invalid > 0);
-        if let Some(byte) = page.read_on(line) {
-            let _ = write!(
-                out,
-                "[…{} bytes; read on with offset={} byte={byte}]",
-                line.cut_after(),
-                line.number - 1
-            );
+        if let Some(at) = resume(page, line) {
+            let _ = write!(out, "[…{} bytes; read on with {at}]", line.cut_after());
         }
     }
     out
@@ -279,14 +274,13 @@ fn status(page: &Page) -> String {
                 }
                 out.push_str(&stopped());
                 more(&mut out);
-                match (page.next_offset, page.read_on(last)) {
+                match (page.next_offset, resume(page, last)) {
                     (Some(_), _) => {}
-                    (None, Some(byte)) => {
+                    (None, Some(at)) => {
                         let _ = write!(
                             out,
-                            "; more follows in line {}: call again with offset={} byte={byte}",
-                            last.number,
-                            last.number - 1
+                            "; more follows in line {}: call again with {at}",
+                            last.number
                         );
                     }
                     (None, None) => {
@@ -335,26 +329,21 @@ fn status(page: &Page) -> String {
                 let last = page
                     .lines
                     .last()
-                    .and_then(|line| Some((line, page.read_on(line)?)));
+                    .and_then(|line| Some((line.number, resume(page, line)?)));
                 match (page.next_offset, last) {
-                    (Some(_), Some((line, byte))) => {
+                    (Some(_), Some((n, at))) => {
                         let _ = write!(
                             out,
-                            "; line {n} is cut, and more of it may match: offset={} byte={byte} \
-                             searches on in it",
-                            line.number - 1,
-                            n = line.number
+                            "; line {n} is cut, and more of it may match: {at} searches on in it"
                         );
                     }
                     (Some(_), None) => {}
                     // The rest of a cut last line was not searched.
-                    (None, Some((line, byte))) => {
+                    (None, Some((n, at))) => {
                         let _ = write!(
                             out,
                             "; no more matching lines after line {n}, which is cut: more of it \
-                             may match: call again with offset={} byte={byte}",
-                            line.number - 1,
-                            n = line.number
+                             may match: call again with {at}"
                         );
                     }
                     (None, None) => out.push_str("; no more matches"),
@@ -363,6 +352,26 @@ fn status(page: &Page) -> String {
         }
     }
     out
+}
+
+/// Where reading on from a cut line starts, as the model passes it: `offset=N byte=B`.
+struct ReadOn {
+    offset: u64,
+    byte: u64,
+}
+
+impl std::fmt::Display for ReadOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "offset={} byte={}", self.offset, self.byte)
+    }
+}
+
+/// Where to read on from `line` of `page`, when it is cut after the part shown.
+fn resume(page: &Page, line: &Line) -> Option<ReadOn> {
+    page.read_on(line).map(|byte| ReadOn {
+        offset: line.number - 1,
+        byte,
+    })
 }
 
 /// Appends content bytes: as they are when the page is all UTF-8, else with invalid bytes

@@ -306,24 +306,19 @@ impl<'a, S: RecordSource> Scan<'a, S> {
 
     /// Builds the shown form of the line `[start, end)` from its byte `skip` on (the line's
     /// end when it is shorter): whole when that fits `cap`, else a window of `cap` bytes
-    /// around `anchor` (a match of `anchor_len` bytes at or after `start + skip`, or that
-    /// position itself), cut at character boundaries.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "a private helper of the two scans, each argument a position or a bound"
-    )]
+    /// from there, or around `matched` (a match's position, at or after `start + skip`, and
+    /// length), cut at character boundaries.
     fn make_line(
         &self,
         number: u64,
-        start: u64,
-        end: u64,
+        (start, end): (u64, u64),
         skip: u64,
-        anchor: u64,
-        anchor_len: usize,
+        matched: Option<(u64, usize)>,
         cap: usize,
     ) -> Result<Line, S> {
         let len = end - start;
         let lo = start + skip.min(len);
+        let (anchor, anchor_len) = matched.unwrap_or((lo, 0));
         let cap64 = cap as u64;
         let (from, to) = if end - lo <= cap64 {
             (lo, end)
@@ -390,8 +385,7 @@ impl<'a, S: RecordSource> Scan<'a, S> {
                 },
             };
             let skip = if line_no == offset { skip } else { 0 };
-            let anchor = pos + skip.min(end - pos);
-            let line = self.make_line(line_no + 1, pos, end, skip, anchor, 0, bounds.line_cap)?;
+            let line = self.make_line(line_no + 1, (pos, end), skip, None, bounds.line_cap)?;
             ends_without_newline = end == self.len;
             shown += line.shown.len();
             lines.push(line);
@@ -512,16 +506,14 @@ impl<'a, S: RecordSource> Scan<'a, S> {
             };
             let line = self.make_line(
                 self.lines_before + 1,
-                start,
-                end,
+                (start, end),
                 // From the byte asked for, or from the match when it starts before it.
                 if self.lines_before == offset {
                     skip.min(m - start)
                 } else {
                     0
                 },
-                m,
-                needle.len(),
+                Some((m, needle.len())),
                 bounds.line_cap,
             )?;
             shown += line.shown.len();

@@ -636,8 +636,8 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// Starts, once each, the stopped on-demand servers that `calls` would be forwarded to
     /// (one after the other: a step rarely names more than one), and reads their live
     /// catalogues after. Nothing when there is no [`OnDemand`] or no call needs a start.
-    /// Only a server of the live catalogues (a connection now) is started: one whose
-    /// connection was removed since the Surface was resolved is not, so its calls are
+    /// A server whose connection was removed since the Surface was resolved is not
+    /// started ([`Surface::call_server`] names only connections now), so its calls are
     /// refused as any removed server's are.
     async fn start_needed<'c>(
         &self,
@@ -651,7 +651,6 @@ impl<H: ToolHost + 'static> Executor<H> {
         let servers: BTreeSet<ServerId> = calls
             .filter(|call| call.name != READ_TOOL_OUTPUT)
             .filter_map(|call| surface.call_server(&call.name, &call.arguments, live))
-            .filter(|server| live.catalogs.iter().any(|c| &c.server == server))
             .filter(|server| on_demand.needs_start(server))
             .collect();
         if servers.is_empty() {
@@ -739,7 +738,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             };
             let output = match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(output)) => output,
-                Ok(Err(error)) => failed(&target, &psych_types::error_chain(&error)),
+                Ok(Err(error)) => failed(&target, &error),
                 Err(_) => timed_out(&target, timeout),
             };
             (index, Ok(output))
@@ -854,9 +853,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             let call = host.call_tool_round(&sent, arguments, round, sink);
             match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(answer)) => answer,
-                Ok(Err(error)) => {
-                    HostAnswer::Complete(failed(&sent, &psych_types::error_chain(&error)))
-                }
+                Ok(Err(error)) => HostAnswer::Complete(failed(&sent, &error)),
                 Err(_) => HostAnswer::Complete(timed_out(&sent, timeout)),
             }
         });
@@ -1308,12 +1305,14 @@ fn one(logged: Vec<LoggedRecord>) -> Result<Executed, ExecuteError> {
     }
 }
 
-/// The failed result of a forwarded call whose host failed (`error`: the host error with
-/// its causes, [`psych_types::error_chain`]).
-fn failed(target: &ToolRef, error: &dyn std::fmt::Display) -> ToolOutput {
+/// The failed result of a forwarded call whose host failed: the error with its causes
+/// ([`psych_types::error_chain`]).
+fn failed(target: &ToolRef, error: &dyn std::error::Error) -> ToolOutput {
     ToolOutput::error(format!(
-        "the call to {}/{} failed: {error}",
-        target.server, target.tool
+        "the call to {}/{} failed: {}",
+        target.server,
+        target.tool,
+        psych_types::error_chain(error)
     ))
 }
 

@@ -12,7 +12,7 @@
 )]
 
 use psych_store_conformance::large::{assert_child_peak_under, print_peak};
-use psych_store_conformance::pg::{database, psql};
+use psych_store_conformance::pg::Schema;
 use psych_store_postgres::PgBlocking;
 use psych_types::{
     ContentBlock, History, HistoryItem, OutputKind, Record, RecordHandle, RecordSource,
@@ -37,10 +37,9 @@ fn infos_and_history_do_not_build_the_body() {
         read_infos(&url);
         return;
     }
-    let schema = format!("t_summary_{}", std::process::id());
-    psql(&format!("drop schema if exists {schema} cascade"));
-    let _drop = DropSchema(schema.clone());
-    let url = format!("{}?schema={schema}", database());
+    // Dropped when the test ends, whether its bound held or not.
+    let schema = Schema::fresh("summary");
+    let url = schema.url();
     {
         let store = PgBlocking::open(&url).unwrap();
         let records = store
@@ -87,15 +86,6 @@ fn infos_and_history_do_not_build_the_body() {
         &url,
         LIMIT,
     );
-}
-
-/// Drops the test's schema when the test ends, whether its bound held or not.
-struct DropSchema(String);
-
-impl Drop for DropSchema {
-    fn drop(&mut self) {
-        psql(&format!("drop schema if exists {} cascade", self.0));
-    }
 }
 
 /// In the child: the info ten times over, then the whole history.

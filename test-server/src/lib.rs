@@ -1230,10 +1230,13 @@ async fn serve_http(state: Arc<State>, listener: tokio::net::TcpListener) -> std
         config,
     );
     // A JSON body is written by rmcp's service itself, not by a session transport.
+    // Set by `forget_sessions`, for this server only (several may run in one process).
+    let forgot = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let service = hyper::service::service_fn(move |request| {
         let service = service.clone();
+        let forgot = Arc::clone(&forgot);
         async move {
-            let request = match raw_http::fault(request).await {
+            let request = match raw_http::fault(request, &forgot).await {
                 raw_http::Fault::Answer(response) => {
                     return Ok::<_, std::convert::Infallible>(response);
                 }

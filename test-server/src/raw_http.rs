@@ -18,6 +18,7 @@
 //! answers). Those tools are not listed; only a client that calls them by name sees them.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::Stream;
 use http_body_util::combinators::BoxBody;
@@ -44,14 +45,24 @@ pub(super) enum Fault {
     Pass(http::Request<Full<Bytes>>),
 }
 
-/// Set by `forget_sessions`: every POST after it is refused with a 400, as by a server
-/// restarted without its sessions.
-static FORGOT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// An answer of `status` with the text `body`.
+fn plain(status: http::StatusCode, body: &'static str) -> HttpResponse {
+    let mut response = http::Response::new(Full::new(Bytes::from_static(body.as_bytes())).boxed());
+    *response.status_mut() = status;
+    response
+}
+
+/// A 400, as the Python SDK answers a session it does not know (after a restart, say).
+fn no_session() -> HttpResponse {
+    plain(
+        http::StatusCode::BAD_REQUEST,
+        "Bad Request: No valid session ID provided",
+    )
+}
 
 /// A redirect to `location`.
 fn redirect(status: http::StatusCode, location: &str) -> HttpResponse {
-    let mut response = http::Response::new(Full::new(Bytes::new()).boxed());
-    *response.status_mut() = status;
+    let mut response = plain(status, "");
     if let Ok(location) = http::HeaderValue::from_str(location) {
         response
             .headers_mut()
@@ -71,7 +82,9 @@ fn event_stream(body: Vec<u8>) -> HttpResponse {
 }
 
 /// The misbehaviours of the HTTP mode (see the module docs), or the request for rmcp.
-pub(super) async fn fault<B>(request: http::Request<B>) -> Fault
+/// `forgot` is the server's: set by `forget_sessions`, after which every POST is refused
+/// with a 400.
+pub(super) async fn fault<B>(request: http::Request<B>, forgot: &AtomicBool) -> Fault
 where
     B: hyper::body::Body<Data = Bytes>,
 {
@@ -109,16 +122,8 @@ where
         .await
         .map(Collected::to_bytes)
         .unwrap_or_default();
-    if parts.method == http::Method::POST && FORGOT.load(std::sync::atomic::Ordering::SeqCst) {
-        // As the Python SDK answers a session it does not know (after a restart, say).
-        let mut response = http::Response::new(
-            Full::new(Bytes::from_static(
-                b"Bad Request: No valid session ID provided",
-            ))
-            .boxed(),
-        );
-        *response.status_mut() = StatusCode::BAD_REQUEST;
-        return Fault::Answer(response);
+    if parts.method == http::Method::POST && forgot.load(Ordering::SeqCst) {
+        return Fault::Answer(no_session());
     }
     if parts.method == http::Method::POST
         && let Ok(message) = serde_json::from_slice::<serde_json::Value>(&body)
@@ -139,9 +144,7 @@ where
             }
             Some("end_stream") => return Fault::Answer(event_stream(b": no answer\n\n".to_vec())),
             Some("rate_limited") => {
-                let mut response =
-                    http::Response::new(Full::new(Bytes::from_static(b"slow down")).boxed());
-                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                let mut response = plain(StatusCode::TOO_MANY_REQUESTS, "slow down");
                 response.headers_mut().insert(
                     http::header::RETRY_AFTER,
                     http::HeaderValue::from_static("7"),
@@ -149,20 +152,14 @@ where
                 return Fault::Answer(response);
             }
             Some("forget_sessions") => {
-                FORGOT.store(true, std::sync::atomic::Ordering::SeqCst);
-                let mut response = http::Response::new(
-                    Full::new(Bytes::from_static(
-                        b"Bad Request: No valid session ID provided",
-                    ))
-                    .boxed(),
-                );
-                *response.status_mut() = StatusCode::BAD_REQUEST;
-                return Fault::Answer(response);
+                forgot.store(true, Ordering::SeqCst);
+                return Fault::Answer(no_session());
             }
             Some("bad_gateway") => {
-                let page = b"<html><body><h1>502 Bad Gateway</h1></body></html>";
-                let mut response = http::Response::new(Full::new(Bytes::from_static(page)).boxed());
-                *response.status_mut() = StatusCode::BAD_GATEWAY;
+                let mut response = plain(
+                    StatusCode::BAD_GATEWAY,
+                    "<html><body><h1>502 Bad Gateway</h1></body></html>",
+                );
                 response.headers_mut().insert(
                     http::header::CONTENT_TYPE,
                     http::HeaderValue::from_static("text/html"),
