@@ -33,6 +33,12 @@ use crate::error::ExecuteError;
 /// The default deadline of one forwarded call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The default of [`Executor::max_calls_per_step`]: the most calls of one step that run.
+/// Far above what a model makes at once (a few, rarely a dozen), and what bounds a step's
+/// memory: each call's answer is held until the step is logged, and the number of calls
+/// is the model's to choose.
+pub const DEFAULT_MAX_CALLS_PER_STEP: usize = 64;
+
 /// How many tools the [`Executor`] answers that no Surface lists: `read_tool_output`.
 ///
 /// A request that sends them beside a Surface's tools needs their slots in disclosure's
@@ -166,6 +172,8 @@ pub struct Executor<H> {
     limits: Limits,
     on_demand: Option<Arc<dyn OnDemand>>,
     passing: Option<PassingBudget>,
+    /// The most calls of one step that run ([`Executor::max_calls_per_step`]).
+    max_calls: usize,
     /// How many of this executor's appends are on the blocking pool (or queued for it):
     /// an execution dropped mid-way leaves its append to run there ([`Executor::settled`]).
     appending: Arc<tokio::sync::watch::Sender<u64>>,
@@ -266,6 +274,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             limits: Limits::default(),
             on_demand: None,
             passing: None,
+            max_calls: DEFAULT_MAX_CALLS_PER_STEP,
             appending: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
@@ -372,6 +381,18 @@ impl<H: ToolHost + 'static> Executor<H> {
         self
     }
 
+    /// The most calls of one step that run (default [`DEFAULT_MAX_CALLS_PER_STEP`]; at
+    /// least 1): the calls past them, in the model's order, are answered with a failed
+    /// result saying so, logged like any, and nothing of them is read, started or
+    /// forwarded. Each call's answer is held until its step is logged, so this bounds a
+    /// step's memory at this many answers (each bounded by the host and by the reader's
+    /// [`Limits`]), whatever number of calls a reply makes.
+    #[must_use]
+    pub fn max_calls_per_step(mut self, calls: usize) -> Self {
+        self.max_calls = calls.max(1);
+        self
+    }
+
     /// Reads handles of other Runs from `archive` (the logs of a gateway's earlier
     /// connections, or of a process before a restart). Without one, a handle of another Run
     /// is `invalid_deferred_handle`, as it stays for one the archive does not know.
@@ -397,7 +418,9 @@ impl<H: ToolHost + 'static> Executor<H> {
 
     /// Executes `calls` (one step's, in the model's order) against `surface` as resolved at
     /// the start of the turn, re-checking each against `live` (the grant and catalogues
-    /// now), and returns their results as logged, in call order.
+    /// now), and returns their results as logged, in call order. Calls past
+    /// [`max_calls_per_step`](Self::max_calls_per_step) do not run: each is answered with a
+    /// failed result saying so.
     ///
     /// # Errors
     ///
@@ -476,19 +499,22 @@ impl<H: ToolHost + 'static> Executor<H> {
         native: Option<&NativeDeferral>,
         progress: Vec<Option<ProgressSink>>,
     ) -> Result<Vec<LoggedRecord>, ExecuteError> {
+        // The calls past the step's cap are answered below without running: nothing of
+        // them is read, started or forwarded.
+        let running_calls = &calls[..calls.len().min(self.max_calls)];
         // Result references first, one bound for the whole step (the replaced arguments
         // are held until their calls end), so that a call refused for one starts nothing.
         // The bound is reserved in the process's budget at once (held until the step ends).
         let reserved = self
-            .reserve_passing(calls.iter().filter(|call| {
+            .reserve_passing(running_calls.iter().filter(|call| {
                 !native.is_some_and(|deferral| crate::native::is_search(deferral, call))
             }))
             .await;
         let held = reserved.clone().unwrap_or_else(|_| Reserved::none());
         let bound = self.passing_bound();
         let mut room = bound;
-        let mut passing = Vec::with_capacity(calls.len());
-        for call in calls {
+        let mut passing = Vec::with_capacity(running_calls.len());
+        for call in running_calls {
             // A native search tool's call is answered here from its own arguments.
             if native.is_some_and(|deferral| crate::native::is_search(deferral, call)) {
                 passing.push(None);
@@ -504,7 +530,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             passing.push(passed);
         }
         held.keep(bound - room);
-        let routed = calls
+        let routed = running_calls
             .iter()
             .zip(&passing)
             .filter_map(|(call, passed)| match passed {
@@ -522,8 +548,13 @@ impl<H: ToolHost + 'static> Executor<H> {
         // Which call each task runs, so a task that panics still answers its call.
         let mut running = BTreeMap::new();
         let mut progress = progress.into_iter();
-        for ((index, call), passing) in calls.iter().enumerate().zip(passing) {
+        let mut passing = passing.into_iter();
+        for (index, call) in calls.iter().enumerate() {
             let sink = progress.next().flatten();
+            let Some(passing) = passing.next() else {
+                pending.push(Pending::Ready(over_cap(call, calls.len(), self.max_calls)));
+                continue;
+            };
             if let Some(output) =
                 native.and_then(|deferral| crate::native::answer(surface, live, deferral, call))
             {
@@ -1303,6 +1334,15 @@ fn one(logged: Vec<LoggedRecord>) -> Result<Executed, ExecuteError> {
         // an error already.
         None => Err(ExecuteError::Calls(Vec::new())),
     }
+}
+
+/// The failed result of a call past its step's cap ([`Executor::max_calls_per_step`]).
+fn over_cap(call: &ToolCall, calls: usize, cap: usize) -> ToolOutput {
+    ToolOutput::error(format!(
+        "{}: not run: this step made {calls} tool calls and at most {cap} of a step run; \
+         nothing of this call was sent. Make it again in a later step.",
+        call.name
+    ))
 }
 
 /// The failed result of a forwarded call whose host failed: the error with its causes

@@ -22,6 +22,9 @@
 //!   [`ProgressSink`](psych_types::ProgressSink) when the caller gave one
 //!   ([`Executor::execute_with_progress`]). Parallel calls run concurrently; their
 //!   results are logged in call order, whole, in one batch, before anything is elided.
+//!   At most [`DEFAULT_MAX_CALLS_PER_STEP`] (64) of a step run: the step's answers are
+//!   held until it is logged, so the rest are answered with a failed result saying so
+//!   ([`Executor::max_calls_per_step`]).
 //!   One call can also go as one round of an MCP 2026-07-28 multi-round-trip call
 //!   ([`Executor::execute_round`]): a server's `input_required` answer comes back
 //!   ([`Executed::InputRequired`]) without being logged, and only the final result is.
@@ -145,8 +148,8 @@ pub use error::{ExecuteError, RunError, TurnState};
 #[cfg(feature = "mcp")]
 pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};
 pub use executor::{
-    Archive, Archived, DEFAULT_CALL_TIMEOUT, EXECUTOR_TOOLS, Executed, Executor, OnDemand,
-    StartFuture, Unreadable, reserve_executor_tools,
+    Archive, Archived, DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_CALLS_PER_STEP, EXECUTOR_TOOLS, Executed,
+    Executor, OnDemand, StartFuture, Unreadable, reserve_executor_tools,
 };
 #[cfg(feature = "mcp")]
 pub use lazy::{

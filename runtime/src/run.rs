@@ -225,6 +225,8 @@ pub struct RunBuilder<H> {
     output_limits: OutputLimits,
     /// The passed-text budget shared with other Runs, if any.
     passing: Option<crate::PassingBudget>,
+    /// The most calls of one step that run.
+    max_calls: usize,
 }
 
 impl<H> std::fmt::Debug for RunBuilder<H> {
@@ -243,7 +245,7 @@ impl<H: ToolHost + 'static> Run<H> {
     /// instructions ([`RunBuilder::instructions`]), no connection, an empty grant,
     /// disclosure's and elision's default settings, psych-elision's estimator, the meta
     /// tools for deferred servers ([`DeferralMode::MetaTools`]), the system clock,
-    /// [`SyncPolicy::EveryAppend`], a 60 s call deadline.
+    /// [`SyncPolicy::EveryAppend`], a 60 s call deadline, at most 64 calls of a step run.
     pub fn builder(
         dir: impl Into<PathBuf>,
         run: RunId,
@@ -275,6 +277,7 @@ impl<H: ToolHost + 'static> Run<H> {
             pinning: None,
             output_limits: OutputLimits::new(),
             passing: None,
+            max_calls: crate::DEFAULT_MAX_CALLS_PER_STEP,
         }
     }
 
@@ -938,6 +941,16 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
+    /// The most calls of one reply that run (default
+    /// [`DEFAULT_MAX_CALLS_PER_STEP`](crate::DEFAULT_MAX_CALLS_PER_STEP)); the rest are
+    /// answered with a failed result saying so
+    /// ([`Executor::max_calls_per_step`](crate::Executor::max_calls_per_step)).
+    #[must_use]
+    pub fn max_calls_per_step(mut self, calls: usize) -> Self {
+        self.max_calls = calls;
+        self
+    }
+
     /// Keeps the Run's records in `stores` (the PostgreSQL store,
     /// `psych_store_postgres::PgBlocking`) as Run `run` of `identity`, instead of
     /// `<dir>/<run>.plog`: a worker on another machine opening the same Run of the same
@@ -1011,7 +1024,8 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         let mut executor = Executor::on_store(self.host, store)
             .call_timeout(self.call_timeout)
             .orientation_context(self.orientation)
-            .reader_limits(self.limits);
+            .reader_limits(self.limits)
+            .max_calls_per_step(self.max_calls);
         if let Some(on_demand) = self.on_demand {
             executor = executor.on_demand(on_demand);
         }

@@ -219,6 +219,62 @@ async fn parallel_calls_run_together_and_log_in_call_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_past_the_steps_cap_are_answered_without_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = Catalog::in_memory().unwrap();
+    catalog
+        .refresh(&server(), &Host.list_tools(&server()).await.unwrap())
+        .unwrap();
+    let mut run = Run::builder(
+        dir.path(),
+        RunId::new("run-1").unwrap(),
+        catalog,
+        Arc::new(Host),
+        target(),
+    )
+    .connections([ConnectionSpec::new(server())])
+    .grant(PermissionGrant::none().allow_server(server()))
+    .max_calls_per_step(2)
+    .open()
+    .await
+    .unwrap();
+    // Five calls, two of which run: the others would hang the step if they were sent, and
+    // a read past the cap is not read either (its handle was never emitted: read, it would
+    // end the step as `invalid_deferred_handle`).
+    let mut model = ScriptedModel::new([
+        Step::call("svc__sleep", json!({"ms": 1, "tag": "first"}))
+            .and_call("svc__sleep", json!({"ms": 1, "tag": "second"}))
+            .and_call("svc__hang", json!({}))
+            .and_call("read_tool_output", json!({"handle": "run-9:1"}))
+            .and_call("svc__hang", json!({})),
+        Step::say("done"),
+    ]);
+    let transcript = model.turn(&mut run, "go").await.unwrap();
+    assert_eq!(transcript.text, "done");
+    let results = results(&run);
+    let texts: Vec<String> = results
+        .iter()
+        .map(|(_, out)| out.readable_text().into_owned())
+        .collect();
+    assert_eq!(texts[..2], ["first", "second"]);
+    assert_eq!(results.len(), 5, "every call has its result: {texts:?}");
+    for ((id, output), name) in
+        results[2..]
+            .iter()
+            .zip(["svc__hang", "read_tool_output", "svc__hang"])
+    {
+        assert!(output.is_error, "{id}");
+        assert_eq!(
+            output.readable_text(),
+            format!(
+                "{name}: not run: this step made 5 tool calls and at most 2 of a step run; \
+                 nothing of this call was sent. Make it again in a later step."
+            )
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hang_past_the_deadline_is_a_clear_tool_error() {
     let dir = tempfile::tempdir().unwrap();
     let mut run = open(dir.path()).await;
