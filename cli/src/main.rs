@@ -235,6 +235,18 @@ enum Command {
         /// 2026-07-28 holds one while it runs.
         #[arg(long, value_name = "N", default_value_t = psych_gateway::MAX_SESSIONS)]
         max_sessions: usize,
+        /// With `--http --tokens`: the most of those sessions one identity holds at once
+        /// (all its tokens together; a request of 2026-07-28 holds one while it runs); one
+        /// more is refused the same way. Default: half of `--max-sessions`, so that one
+        /// identity's clients leave the others room (all of them for a file of one
+        /// identity).
+        #[arg(
+            long,
+            value_name = "N",
+            requires = "tokens",
+            value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+        )]
+        max_sessions_per_identity: Option<usize>,
         /// Start every server at once. By default a server whose listing is kept in
         /// `<dir>/catalog.redb` and younger than its `listingTtlSecs` (default 7 days) is
         /// known from it and started only when a call needs it, then stopped after
@@ -476,6 +488,7 @@ fn run(command: Command) -> Result<u8, String> {
             dir,
             auto_budget,
             max_sessions,
+            max_sessions_per_identity,
             tokens,
             retain_days,
             retain_mib,
@@ -504,6 +517,7 @@ fn run(command: Command) -> Result<u8, String> {
                 http,
                 auto_budget,
                 max_sessions,
+                max_sessions_per_identity,
                 tokens,
                 retention,
                 max_passed_bytes: max_passed_mib.saturating_mul(1 << 20),

@@ -27,6 +27,8 @@ pub(crate) struct Options {
     pub(crate) auto_budget: u64,
     /// The most HTTP sessions open at once.
     pub(crate) max_sessions: usize,
+    /// The most of them one identity of `tokens` holds (default: half).
+    pub(crate) max_sessions_per_identity: Option<usize>,
     /// Over HTTP, the tokens a request must present.
     pub(crate) tokens: Option<Tokens>,
     /// What is kept of each identity's results.
@@ -71,6 +73,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         http,
         auto_budget,
         max_sessions,
+        max_sessions_per_identity,
         tokens,
         retention,
         max_passed_bytes,
@@ -91,6 +94,9 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         .spill_budget(spill_budget)
         .eager(eager)
         .report(|line| eprintln!("psych serve: {line}"));
+    if let Some(max) = max_sessions_per_identity {
+        settings = settings.max_sessions_per_identity(max);
+    }
     if let Some(tokens) = tokens {
         settings = settings.tokens(tokens);
     }

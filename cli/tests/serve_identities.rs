@@ -127,7 +127,7 @@ fn alice_and_bob(dir: &Path) -> (String, String) {
 }
 
 /// One `initialize` POST to `url` over a bare TCP stream, with `authorization` when given:
-/// the HTTP answer's head as text.
+/// the HTTP answer's head as text (with the body of a refusal).
 async fn initialize(url: &str, authorization: Option<&str>) -> String {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {},
@@ -137,7 +137,8 @@ async fn initialize(url: &str, authorization: Option<&str>) -> String {
 }
 
 /// One `method` request to `url` over a bare TCP stream, with `authorization` and the
-/// session id `session` when given: the HTTP answer's head as text.
+/// session id `session` when given: the HTTP answer's head as text, with its body when it
+/// is not a 2xx (an event stream stays open; a refusal closes).
 async fn raw_request(
     url: &str,
     method: &str,
@@ -168,6 +169,9 @@ async fn raw_request(
         let mut byte = [0u8; 1];
         while !answer.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap() == 1 {
             answer.push(byte[0]);
+        }
+        if !answer.starts_with(b"HTTP/1.1 2") {
+            stream.read_to_end(&mut answer).await.unwrap();
         }
     })
     .await
@@ -321,6 +325,73 @@ fn beyond_loopback_without_tokens_is_refused() {
     assert!(!output.status.success());
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("--tokens"), "{stderr}");
+}
+
+/// One identity holds at most `--max-sessions-per-identity` sessions: one more is refused
+/// (503, `Retry-After`, an error naming the bound), while another identity still opens
+/// its own, and one the identity closes frees its place. (Before, one identity could take
+/// every slot of `--max-sessions`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_holds_at_most_its_share_of_the_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, bob) = alice_and_bob(dir.path());
+    let (gateway, url) = start(
+        dir.path(),
+        &["--max-sessions", "5", "--max-sessions-per-identity", "2"],
+    )
+    .await;
+    // The whole answer to an `initialize` presenting `token` (a refusal's body included).
+    let refused = async |token: &str| initialize(&url, Some(&format!("Bearer {token}"))).await;
+    let first = connect(&url, &alice).await;
+    let second = connect(&url, &alice).await;
+    let answer = refused(&alice).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("\r\nretry-after: 1\r\n"), "{answer}");
+    assert!(
+        answer.contains(
+            "this identity has 2 sessions open, the most it allows one identity (psych serve: \
+             --max-sessions-per-identity)"
+        ),
+        "{answer}"
+    );
+    // Bob's place is his, and his third is refused the same way.
+    let bobs = [connect(&url, &bob).await, connect(&url, &bob).await];
+    let answer = refused(&bob).await;
+    assert!(
+        answer.contains("this identity has 2 sessions open"),
+        "{answer}"
+    );
+    // The open sessions are served; one alice closes frees her place, not bob's.
+    for session in [&first, &second, &bobs[0], &bobs[1]] {
+        session.list_all_tools().await.unwrap();
+    }
+    first.cancel().await.unwrap();
+    let again = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let config = StreamableHttpClientTransportConfig::with_uri(url.clone())
+                .auth_header(alice.clone());
+            if let Ok(session) = ().serve(StreamableHttpClientTransport::from_config(config)).await
+            {
+                break session;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the closed session's place is freed");
+    again.list_all_tools().await.unwrap();
+    let answer = refused(&bob).await;
+    assert!(
+        answer.contains("this identity has 2 sessions open"),
+        "{answer}"
+    );
+    for session in [again, second] {
+        session.cancel().await.unwrap();
+    }
+    for session in bobs {
+        session.cancel().await.unwrap();
+    }
+    gateway.stop().await;
 }
 
 /// Issue 34 through `psych serve`: a 2 MB result passed to another tool by reference

@@ -107,7 +107,9 @@
 //! - Over HTTP at most [`GatewaySettings::max_sessions`] ([`MAX_SESSIONS`] by default)
 //!   sessions are open at once; one more is refused (503 Service Unavailable, `Retry-After:
 //!   1`) with an error for the request's id saying so (plain text for `server/discover`
-//!   and for a body over 4 KiB).
+//!   and for a body over 4 KiB). With tokens, one identity holds at most
+//!   [`GatewaySettings::max_sessions_per_identity`] of them (half by default), refused
+//!   the same way past it.
 //!   A session ends when its client deletes it or after [`SESSION_IDLE`] without a
 //!   message, and its slot is freed.
 //! - What a client holds in the gateway at once is bounded: a stdio client at most 64
@@ -190,6 +192,18 @@ pub const SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
 /// record log, a watcher task and rmcp's session worker; a client opening sessions in a
 /// loop is refused past it instead of exhausting memory and file descriptors.
 pub const MAX_SESSIONS: usize = 64;
+
+/// How many of [`GatewaySettings::max_sessions`] one identity of a tokens file naming
+/// `identities` may hold by default (`--max-sessions-per-identity`): half (at least one)
+/// when it names several, so that one identity's clients opening sessions in a loop leave
+/// the others room; all of them when it names one.
+pub fn default_max_sessions_per_identity(max_sessions: usize, identities: usize) -> usize {
+    if identities <= 1 {
+        max_sessions
+    } else {
+        (max_sessions / 2).max(1)
+    }
+}
 
 /// The most `subscriptions/listen` streams one identity may hold open at once (each also
 /// holds a session slot while open): one more is refused, so one identity's idle streams
@@ -406,6 +420,9 @@ tokio::task_local! {
     /// failure, of a tool's schema, is not reached from this gateway's routes), which
     /// [`refusing`] replaces with the gateway's own 503 saying why.
     static REFUSED: std::cell::RefCell<Option<SessionRefused>>;
+    /// The identity the HTTP request being handled presents (its bearer token's), when the
+    /// gateway has tokens: [`Session::open`] counts the session against it.
+    static PRESENTED: Option<String>;
 }
 
 /// What every session shares: the upstream connections, the Surface resolved from the
@@ -438,6 +455,8 @@ struct Shared {
     state: watch::Sender<Gauge>,
     /// The most sessions open at once (`None`: no cap, stdio's one session).
     max_sessions: Option<usize>,
+    /// The most sessions one identity of the tokens file holds at once.
+    max_identity_sessions: usize,
     /// Raw answers waiting for the HTTP transport (see [`raw`]).
     raw: Arc<raw::RawAnswers>,
     /// Seals the `requestState` of MCP 2026-07-28's rounds (see [`mrtr`]).
@@ -498,6 +517,7 @@ impl Shared {
                 log: Mutex::new(None),
                 calls: tenant::Calls::default(),
                 listens: Arc::default(),
+                sessions: Arc::default(),
             })
         });
         Arc::clone(tenant)
@@ -643,12 +663,28 @@ struct Tenant {
     archive: Arc<dyn Archive>,
     /// The identity's `subscriptions/listen` streams open now (at most [`MAX_LISTENS`]).
     listens: Arc<std::sync::atomic::AtomicUsize>,
+    /// The HTTP sessions the identity opened with its token that are open now (at most
+    /// [`GatewaySettings::max_sessions_per_identity`]).
+    sessions: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// An open listen stream, counted until it is dropped.
-struct Listening(Arc<std::sync::atomic::AtomicUsize>);
+/// One of an identity's listen streams or sessions, counted until it is dropped.
+struct Counted(Arc<std::sync::atomic::AtomicUsize>);
 
-impl Drop for Listening {
+impl Counted {
+    /// Counts one more in `count`, unless `max` are counted already.
+    fn take(count: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Option<Self> {
+        use std::sync::atomic::Ordering;
+        count
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(Arc::clone(count)))
+    }
+}
+
+impl Drop for Counted {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -656,27 +692,23 @@ impl Drop for Listening {
 
 impl Tenant {
     /// Counts one more listen stream of the identity, unless [`MAX_LISTENS`] are open.
-    fn listening(&self) -> Option<Listening> {
-        use std::sync::atomic::Ordering;
-        self.listens
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < MAX_LISTENS).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Listening(Arc::clone(&self.listens)))
+    fn listening(&self) -> Option<Counted> {
+        Counted::take(&self.listens, MAX_LISTENS)
     }
 }
 
 /// One client session: the identity it belongs to, its `list_changed` watcher.
 struct Session {
     shared: Arc<Shared>,
-    /// The identity of the session's first request; a request presenting another is
-    /// refused.
+    /// The identity of the request that opened the session (with tokens), else of its
+    /// first request; a request presenting another is refused.
     tenant: Mutex<Option<(String, Arc<Tenant>)>>,
     /// What the client was shown at `initialize`: the watcher's first baseline.
     shown: Mutex<Option<Arc<View>>>,
     watcher: Mutex<Option<JoinHandle<()>>>,
     _slot: SessionSlot,
+    /// The session counted against the identity that opened it, with tokens.
+    _identity_slot: Option<Counted>,
 }
 
 impl Drop for Session {
@@ -868,35 +900,56 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// Why no slot is free ([`Shared::take_session_slot`]).
+    /// Why no slot is free ([`Shared::take_session_slot`]), or the identity the HTTP
+    /// request presents holds as many sessions as it may
+    /// ([`GatewaySettings::max_sessions_per_identity`]).
     fn open(shared: Arc<Shared>) -> Result<Self, SessionRefused> {
-        let taken = shared.take_session_slot();
+        // With tokens, the session is its opener's (the HTTP layer records it so, and
+        // refuses another identity's requests in it), so it is bound and counted now.
+        // The identity's own bound first, so that one at it takes no global slot even for
+        // a moment (another identity's open could be refused by it).
+        let presented = PRESENTED.try_with(Clone::clone).ok().flatten();
+        let identity = match presented {
+            Some(name) => {
+                let tenant = shared.tenant(&name);
+                let max = shared.max_identity_sessions;
+                match Counted::take(&tenant.sessions, max) {
+                    Some(counted) => Ok(Some((name, tenant, counted))),
+                    None => Err(SessionRefused::IdentityFull { max }),
+                }
+            }
+            None => Ok(None),
+        };
+        let taken =
+            identity.and_then(|identity| shared.take_session_slot().map(|slot| (slot, identity)));
         // Noted for the HTTP request being handled, if any (not over stdio).
         let _ = REFUSED.try_with(|refused| {
             if let Ok(mut refused) = refused.try_borrow_mut() {
-                *refused = match &taken {
-                    Ok(_) => None,
-                    Err(SessionRefused::Closing) => Some(SessionRefused::Closing),
-                    Err(SessionRefused::Full { max }) => Some(SessionRefused::Full { max: *max }),
-                };
+                *refused = taken.as_ref().err().copied();
             }
         });
-        let slot = taken?;
+        let (slot, identity) = taken?;
+        let (tenant, counted) = match identity {
+            Some((name, tenant, counted)) => (Some((name, tenant)), Some(counted)),
+            None => (None, None),
+        };
         Ok(Self {
             shared,
-            tenant: Mutex::new(None),
+            tenant: Mutex::new(tenant),
             shown: Mutex::new(None),
             watcher: Mutex::new(None),
             _slot: slot,
+            _identity_slot: counted,
         })
     }
 
     /// The identity of the request in `context` (the one its authorization names, or the
-    /// gateway's default), bound to the session by its first request.
+    /// gateway's default), bound to the session when it opened (with tokens) or by its
+    /// first request.
     ///
     /// # Errors
     ///
-    /// A request presenting another identity than the session's first.
+    /// A request presenting another identity than the session's.
     fn tenant(&self, context: &RequestContext<RoleServer>) -> Result<Arc<Tenant>, ErrorData> {
         let name = identity_of(context).unwrap_or(self.shared.default_identity);
         let mut bound = self.tenant.lock().unwrap_or_else(PoisonError::into_inner);
@@ -915,7 +968,8 @@ impl Session {
     }
 
     /// The lane of the session's identity when it is bound, else of the gateway's default
-    /// identity: what `initialize` answers from (its request binds the identity first).
+    /// identity: what `initialize` answers from (its request binds the identity first,
+    /// when the session's opening did not).
     fn lane(&self) -> Arc<Lane> {
         let bound = self.tenant.lock().unwrap_or_else(PoisonError::into_inner);
         match &*bound {
@@ -1648,8 +1702,8 @@ impl ServerHandler for Session {
         answered("tools/call", self.call(request, &context)).await
     }
 
-    /// Binds the session to the identity of its `initialize` request first, so the
-    /// `instructions` are that identity's.
+    /// Binds the session to the identity of its `initialize` request first (or checks the
+    /// binding made when it opened), so the `instructions` are that identity's.
     async fn initialize(
         &self,
         request: InitializeRequestParams,
@@ -1820,6 +1874,7 @@ pub struct GatewaySettings {
     dir: PathBuf,
     disclosure: Settings,
     max_sessions: usize,
+    max_sessions_per_identity: Option<usize>,
     report: Arc<dyn Fn(&str) + Send + Sync>,
     estimator: SharedEstimator,
     ready: Option<Box<dyn FnOnce() + Send>>,
@@ -1844,6 +1899,7 @@ impl std::fmt::Debug for GatewaySettings {
             .field("dir", &self.dir)
             .field("disclosure", &self.disclosure)
             .field("max_sessions", &self.max_sessions)
+            .field("max_sessions_per_identity", &self.max_sessions_per_identity)
             .finish_non_exhaustive()
     }
 }
@@ -1866,6 +1922,7 @@ impl GatewaySettings {
             dir: dir.into(),
             disclosure: disclosure_settings(DEFAULT_AUTO_BUDGET)?,
             max_sessions: MAX_SESSIONS,
+            max_sessions_per_identity: None,
             report: Arc::new(|_: &str| {}),
             estimator: Arc::new(Estimator::new()),
             ready: None,
@@ -1942,6 +1999,18 @@ impl GatewaySettings {
     #[must_use]
     pub fn max_sessions(mut self, max: usize) -> Self {
         self.max_sessions = max;
+        self
+    }
+
+    /// Over HTTP with [`tokens`](Self::tokens), at most `max` (at least 1) sessions open
+    /// at once for one identity (all its tokens together; a 2026-07-28 request holds one
+    /// while it runs), within [`max_sessions`](Self::max_sessions); one more is refused
+    /// with an error saying so. By default [`default_max_sessions_per_identity`]: half of
+    /// `max_sessions`, or all of them for a tokens file of one identity. Without tokens
+    /// every client is the one loopback identity, and only `max_sessions` applies.
+    #[must_use]
+    pub fn max_sessions_per_identity(mut self, max: usize) -> Self {
+        self.max_sessions_per_identity = Some(max.max(1));
         self
     }
 
@@ -2217,7 +2286,7 @@ pub enum ServeError {
 }
 
 /// Why a session could not open.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, Copy, thiserror::Error)]
 #[non_exhaustive]
 pub enum SessionRefused {
     /// The gateway is shutting down.
@@ -2231,6 +2300,19 @@ pub enum SessionRefused {
         SESSION_IDLE.as_secs()
     )]
     Full {
+        /// The cap.
+        max: usize,
+    },
+    /// The identity the request presents holds as many sessions as
+    /// [`GatewaySettings::max_sessions_per_identity`] allows.
+    #[error(
+        "the gateway: this identity has {max} {} open, the most it allows one identity (psych \
+         serve: --max-sessions-per-identity); end one (a client deleting its session, or {} s \
+         idle) or raise the cap",
+        if *max == 1 { "session" } else { "sessions" },
+        SESSION_IDLE.as_secs()
+    )]
+    IdentityFull {
         /// The cap.
         max: usize,
     },
@@ -2488,6 +2570,10 @@ pub async fn serve(
         tokens: settings.tokens.clone(),
         state: watch::Sender::new(Gauge::default()),
         max_sessions: http.then_some(settings.max_sessions),
+        max_identity_sessions: settings.max_sessions_per_identity.unwrap_or_else(|| {
+            let identities = settings.tokens.as_ref().map_or(0, |t| t.identities());
+            default_max_sessions_per_identity(settings.max_sessions, identities)
+        }),
         raw: Arc::default(),
         sealer,
         on_demand: Some(on_demand),
@@ -2744,7 +2830,9 @@ fn not_found_session() -> hyper::Response<raw::HttpBody> {
 async fn refusing(
     handled: impl Future<Output = hyper::Response<raw::HttpBody>>,
     head: &Mutex<Vec<u8>>,
+    presented: Option<String>,
 ) -> hyper::Response<raw::HttpBody> {
+    let handled = PRESENTED.scope(presented, handled);
     let (response, refused) = REFUSED
         .scope(std::cell::RefCell::new(None), async {
             let response = handled.await;
@@ -2774,6 +2862,9 @@ fn no_session(refused: &SessionRefused, id: Option<Value>) -> hyper::Response<ra
             // What the status and `Retry-After` said, for clients that show only the error.
             let data = match refused {
                 SessionRefused::Full { max } => json!({"maxSessions": max, "retryAfter": 1}),
+                SessionRefused::IdentityFull { max } => {
+                    json!({"maxSessionsPerIdentity": max, "retryAfter": 1})
+                }
                 SessionRefused::Closing => json!({"closing": true}),
             };
             admit::busy_error(status, Some(id), refused.to_string(), data)
@@ -2785,7 +2876,9 @@ fn no_session(refused: &SessionRefused, id: Option<Value>) -> hyper::Response<ra
         ),
     };
     match refused {
-        SessionRefused::Full { .. } => admit::retry_after(response),
+        SessionRefused::Full { .. } | SessionRefused::IdentityFull { .. } => {
+            admit::retry_after(response)
+        }
         SessionRefused::Closing => response,
     }
 }
@@ -2913,7 +3006,9 @@ async fn serve_http(
                         };
                         let passed = tokio::time::timeout(admit::PASS_WITHIN, async {
                             match admit::not_a_request(request).await {
-                                Some(request) => Some(refusing(rmcp.handle(request), &head).await),
+                                Some(request) => Some(
+                                    refusing(rmcp.handle(request), &head, identity.clone()).await,
+                                ),
                                 None => None,
                             }
                         });
@@ -2926,7 +3021,7 @@ async fn serve_http(
             } else {
                 None
             };
-            let response = refusing(rmcp.handle(request), &head).await;
+            let response = refusing(rmcp.handle(request), &head, identity.clone()).await;
             if let Some(identity) = identity {
                 match (&session, response.headers().get("mcp-session-id")) {
                     // A session just made (its initialize): its identity is the creator's.
@@ -3097,7 +3192,7 @@ mod tests {
             .unwrap()
         };
         // Without a request's id: plain text.
-        let full = refusing(failed(SessionRefused::Full { max: 2 }), &nothing).await;
+        let full = refusing(failed(SessionRefused::Full { max: 2 }), &nothing, None).await;
         assert_eq!(full.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(full.headers()[hyper::header::RETRY_AFTER], "1");
         assert_eq!(full.headers()[hyper::header::CONTENT_TYPE], "text/plain");
@@ -3108,7 +3203,7 @@ mod tests {
         );
         // A request read whole: its id, in a JSON-RPC error.
         let call = head(br#"{"jsonrpc":"2.0","id":"c-7","method":"tools/call","params":{}}"#);
-        let full = refusing(failed(SessionRefused::Full { max: 1 }), &call).await;
+        let full = refusing(failed(SessionRefused::Full { max: 1 }), &call, None).await;
         assert_eq!(full.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(
             full.headers()[hyper::header::CONTENT_TYPE],
@@ -3124,28 +3219,42 @@ mod tests {
                 .starts_with("the gateway: 1 session is open, the most it allows"),
             "{body}"
         );
+        // An identity at its own bound: the same answer, naming that bound.
+        let full = refusing(failed(SessionRefused::IdentityFull { max: 3 }), &call, None).await;
+        assert_eq!(full.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(full.headers()[hyper::header::RETRY_AFTER], "1");
+        let body: Value = serde_json::from_str(&text(full).await).unwrap();
+        assert_eq!(body["error"]["data"]["maxSessionsPerIdentity"], 3, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("the gateway: this identity has 3 sessions open"),
+            "{body}"
+        );
         // Not whole, not a request, or a null id: plain text.
         let mut long = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"a":""#.to_vec();
         long.resize(admit::HEAD + 1, b'x');
         let notification = br#"{"jsonrpc":"2.0","method":"notifications/cancelled"}"#;
         let null = br#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#;
         for other in [&long[..], notification, null] {
-            let answered = refusing(failed(SessionRefused::Closing), &head(other)).await;
+            let answered = refusing(failed(SessionRefused::Closing), &head(other), None).await;
             assert_eq!(
                 answered.headers()[hyper::header::CONTENT_TYPE],
                 "text/plain"
             );
         }
-        let closing = refusing(failed(SessionRefused::Closing), &nothing).await;
+        let closing = refusing(failed(SessionRefused::Closing), &nothing, None).await;
         assert_eq!(closing.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
         assert!(!closing.headers().contains_key(hyper::header::RETRY_AFTER));
         let other = refusing(
             async { answer(hyper::StatusCode::INTERNAL_SERVER_ERROR) },
             &call,
+            None,
         )
         .await;
         assert_eq!(other.status(), hyper::StatusCode::INTERNAL_SERVER_ERROR);
-        let served = refusing(async { answer(hyper::StatusCode::OK) }, &call).await;
+        let served = refusing(async { answer(hyper::StatusCode::OK) }, &call, None).await;
         assert_eq!(served.status(), hyper::StatusCode::OK);
         let noted_but_served = refusing(
             async {
@@ -3154,6 +3263,7 @@ mod tests {
                 answer(hyper::StatusCode::NOT_FOUND)
             },
             &call,
+            None,
         )
         .await;
         assert_eq!(noted_but_served.status(), hyper::StatusCode::NOT_FOUND);
@@ -3259,6 +3369,7 @@ mod tests {
             tokens: None,
             state: watch::Sender::new(Gauge::default()),
             max_sessions: None,
+            max_identity_sessions: 1,
             raw: Arc::default(),
             sealer: mrtr::Sealer::new().unwrap_or_else(|e| panic!("{e}")),
             on_demand: None,
@@ -3327,13 +3438,50 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let shared = shared_without_servers(dir.path().join("serve"));
         let tenant = shared.tenant("alice");
-        let held: Vec<Listening> = (0..MAX_LISTENS)
+        let held: Vec<Counted> = (0..MAX_LISTENS)
             .map(|_| tenant.listening().unwrap_or_else(|| panic!("a free place")))
             .collect();
         assert!(tenant.listening().is_none(), "one more is refused");
         assert!(shared.tenant("bob").listening().is_some(), "per identity");
         drop(held);
         assert!(tenant.listening().is_some());
+    }
+
+    /// A session opened for a request presenting an identity counts against it (at most
+    /// `max_identity_sessions`, 1 here) and is bound to it at once; one without an identity
+    /// (no tokens) counts against no one; a closed one frees its place.
+    #[test]
+    fn an_identity_holds_at_most_its_sessions_and_each_is_bound_at_open() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let shared = shared_without_servers(dir.path().join("serve"));
+        let open = |name: &str| {
+            PRESENTED.sync_scope(Some(name.to_owned()), || Session::open(Arc::clone(&shared)))
+        };
+        let bound = |session: &Session| {
+            let tenant = session
+                .tenant
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            tenant.as_ref().map(|(name, _)| name.clone())
+        };
+        let alice = open("alice").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(bound(&alice).as_deref(), Some("alice"));
+        assert!(matches!(
+            open("alice"),
+            Err(SessionRefused::IdentityFull { max: 1 })
+        ));
+        let bob = open("bob").unwrap_or_else(|e| panic!("{e}"));
+        let anyone = Session::open(Arc::clone(&shared)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            bound(&anyone),
+            None,
+            "bound by its first request, as before"
+        );
+        drop(alice);
+        let again = open("alice").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(shared.state.borrow().sessions, 3);
+        drop((again, bob, anyone));
+        assert_eq!(shared.state.borrow().sessions, 0);
     }
 
     /// The real catalogues (one github capture), each as the `tools/list` result a client

@@ -184,6 +184,14 @@ impl Tokens {
         self.narrowings.iter().map(|(name, n)| (name.as_str(), n))
     }
 
+    /// How many identities the file names (each with at least one token).
+    pub fn identities(&self) -> usize {
+        self.by_digest
+            .values()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    }
+
     /// The identity `token` presents, if it is one of the file's.
     pub fn identify(&self, token: &str) -> Option<&str> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
