@@ -707,13 +707,19 @@ impl<H: ToolHost + 'static> Executor<H> {
         }
     }
 
-    /// The guard's verdict on one call (disclosure owns the policy).
+    /// The guard's verdict on one call (disclosure owns the policy), off the async
+    /// worker ([`off_the_worker`]): a tool's first call compiles its schema (measured up to
+    /// 5 ms for one of the fixtures'), and arguments of 16 MiB (a passed result's) take
+    /// about 10 ms to validate and copy into the verdict; a call waiting for the validator
+    /// lock waits there too.
     fn guard(&self, surface: &Surface, live: &Live<'_>, call: &ToolCall) -> Verdict {
-        let mut validators = self
-            .validators
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        surface.guard(&call.name, &call.arguments, live, &mut validators)
+        off_the_worker(|| {
+            let mut validators = self
+                .validators
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            surface.guard(&call.name, &call.arguments, live, &mut validators)
+        })
     }
 
     /// A verdict answered in place: disclosure's answer, refusal or orientation payload.
@@ -1336,6 +1342,21 @@ fn one(logged: Vec<LoggedRecord>) -> Result<Executed, ExecuteError> {
     }
 }
 
+/// Runs `work` (CPU work or a wait on a lock, too long to keep an async worker from its
+/// other tasks) where it blocks no other task: on a multi-threaded runtime's worker,
+/// through [`tokio::task::block_in_place`] (the worker's other tasks move to another
+/// thread meanwhile); on a current-thread runtime, or off any runtime, where that cannot
+/// be done, in place.
+fn off_the_worker<T>(work: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
+}
+
 /// The failed result of a call past its step's cap ([`Executor::max_calls_per_step`]).
 fn over_cap(call: &ToolCall, calls: usize, cap: usize) -> ToolOutput {
     ToolOutput::error(format!(
@@ -1372,5 +1393,43 @@ fn panicked(call: &ToolCall, source: JoinError) -> ExecuteError {
         call: call.id.clone(),
         name: call.name.clone(),
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::off_the_worker;
+    use std::time::Duration;
+
+    /// On a runtime of one worker, a task's work waiting for another task of that runtime
+    /// finishes: the worker's tasks go on elsewhere while it runs (kept on the worker, it
+    /// would wait for a task that can never run, and time out).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn work_off_the_worker_lets_the_workers_other_tasks_run() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (started, ready) = tokio::sync::oneshot::channel::<()>();
+        // Both tasks run on the one worker (the test's own body runs on another thread).
+        let waiting = tokio::spawn(async move {
+            off_the_worker(move || {
+                let _ = started.send(());
+                rx.recv_timeout(Duration::from_secs(10))
+            })
+        });
+        tokio::spawn(async move {
+            // Polled only once the waiting work has started.
+            let _ = ready.await;
+            let _ = tx.send("from the other task");
+        });
+        let got = waiting.await.ok();
+        assert_eq!(got, Some(Ok("from the other task")));
+    }
+
+    /// On a current-thread runtime, and off any runtime, the work runs in place.
+    #[tokio::test(flavor = "current_thread")]
+    async fn on_one_thread_the_work_runs_in_place() {
+        let here = std::thread::current().id();
+        assert_eq!(off_the_worker(|| std::thread::current().id()), here);
+        let outside = std::thread::spawn(|| off_the_worker(|| 7)).join();
+        assert_eq!(outside.ok(), Some(7));
     }
 }
