@@ -135,9 +135,7 @@ use std::time::Duration;
 
 use psych_catalog::{Catalog, FreshenerConfig};
 use psych_disclosure::pinning::PinSettings;
-use psych_disclosure::{
-    Budget, CostBasis, Inputs, Live, Settings, Surface, SurfaceCache, Validators, Verdict,
-};
+use psych_disclosure::{Budget, CostBasis, Inputs, Live, Settings, Surface, SurfaceCache};
 use psych_elision::{Elider, Estimator};
 use psych_mcp::{McpConfig, McpManager, SpillBudget};
 use psych_reader_tool::{Limits, tool_definition};
@@ -567,23 +565,6 @@ impl Shared {
     async fn settled(&self, done: impl FnMut(&Gauge) -> bool) {
         let _ = self.state.subscribe().wait_for(done).await;
     }
-}
-
-/// Whether `call` is answered by Psych itself (a meta tool's listing or description, a
-/// facade's or search pair's description, a search, the orientation payload, the reader, a
-/// refusal) rather than forwarded to an upstream server, whose result passes through as it
-/// was sent: what the guard decides of it, as the executor decided.
-///
-/// Checked only for a result without content blocks (see [`with_text_block`]), so the
-/// schema compiled for a forwarded call's arguments is compiled again only then.
-fn answered_here(surface: &Surface, call: &ToolCall, live: &Live<'_>) -> bool {
-    if call.name == READ_TOOL_OUTPUT {
-        return true;
-    }
-    !matches!(
-        surface.guard(&call.name, &call.arguments, live, &mut Validators::new()),
-        Verdict::Forward(_)
-    )
 }
 
 /// Refuses a list request's cursor: the gateway answers every list on one page and gives
@@ -1167,10 +1148,10 @@ impl Session {
                 shown.is_error = result.output.is_error;
                 shown
             }
-            Projection::Full
-                if result.output.content.is_empty()
-                    && answered_here(&view.surface, &call, &live) =>
-            {
+            // Answered by Psych itself (a meta tool, a search, the orientation payload, the
+            // reader, a refusal: logged without an upstream target), not an upstream's
+            // result, which passes through as it was sent.
+            Projection::Full if result.output.content.is_empty() && result.target.is_none() => {
                 with_text_block(result.output)
             }
             Projection::Full => result.output,
