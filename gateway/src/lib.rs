@@ -836,7 +836,11 @@ impl Tenant {
                     .call_timeout(call_timeouts().longest_call().saturating_add(BACKSTOP))
                     .reader_limits(limits)
                     .passing_budget(passing)
-                    .archive(archive);
+                    .archive(archive)
+                    // Polled by rmcp's handler tasks on the multi-threaded runtime `serve`
+                    // runs on (never in a LocalSet): one identity's calls, from any of its
+                    // sessions, share this executor and its validator lock.
+                    .off_worker_guard(true);
                 if let Some(on_demand) = on_demand {
                     executor = executor.on_demand(on_demand);
                 }

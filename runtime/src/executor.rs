@@ -174,6 +174,8 @@ pub struct Executor<H> {
     passing: Option<PassingBudget>,
     /// The most calls of one step that run ([`Executor::max_calls_per_step`]).
     max_calls: usize,
+    /// Whether the guard runs off the async worker ([`Executor::off_worker_guard`]).
+    off_worker: bool,
     /// How many of this executor's appends are on the blocking pool (or queued for it):
     /// an execution dropped mid-way leaves its append to run there ([`Executor::settled`]).
     appending: Arc<tokio::sync::watch::Sender<u64>>,
@@ -275,6 +277,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             on_demand: None,
             passing: None,
             max_calls: DEFAULT_MAX_CALLS_PER_STEP,
+            off_worker: false,
             appending: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
@@ -390,6 +393,22 @@ impl<H: ToolHost + 'static> Executor<H> {
     #[must_use]
     pub fn max_calls_per_step(mut self, calls: usize) -> Self {
         self.max_calls = calls.max(1);
+        self
+    }
+
+    /// Whether each call's guard runs off the async worker: through
+    /// [`tokio::task::block_in_place`] when the executor is polled on a multi-threaded
+    /// runtime, so that the worker's other tasks go on meanwhile (in place on a
+    /// current-thread runtime). Off by default: the guard is CPU work on the thread that
+    /// polls the execution, about 10 µs for a call of a few arguments with its schema
+    /// compiled, and up to milliseconds for a tool's first call (its schema compiled), an
+    /// orientation payload of a large catalogue, or megabytes of arguments (about 10 ms for
+    /// 16 MiB). Set it when the executor is polled by tasks of a multi-threaded runtime;
+    /// never when it may be polled inside a `LocalSet` on one, where tokio forbids blocking
+    /// and this panics. `psych serve` sets it.
+    #[must_use]
+    pub fn off_worker_guard(mut self, off: bool) -> Self {
+        self.off_worker = off;
         self
     }
 
@@ -589,8 +608,8 @@ impl<H: ToolHost + 'static> Executor<H> {
                 pending.push(Pending::Ready(output));
                 continue;
             }
-            match self.guard(surface, live, call) {
-                Verdict::Forward(forward) => {
+            match self.judge(surface, live, call) {
+                Ok(forward) => {
                     targets[index] = Some(forward.target.clone());
                     let task = self.spawn_forward(
                         &mut tasks,
@@ -602,7 +621,7 @@ impl<H: ToolHost + 'static> Executor<H> {
                     running.insert(task, index);
                     pending.push(Pending::Running);
                 }
-                verdict => pending.push(Pending::Ready(self.answer(surface, live, &verdict))),
+                Err(output) => pending.push(Pending::Ready(output)),
             }
         }
         drop(progress);
@@ -707,19 +726,37 @@ impl<H: ToolHost + 'static> Executor<H> {
         }
     }
 
-    /// The guard's verdict on one call (disclosure owns the policy), off the async
-    /// worker ([`off_the_worker`]): a tool's first call compiles its schema (measured up to
-    /// 5 ms for one of the fixtures'), and arguments of 16 MiB (a passed result's) take
-    /// about 10 ms to validate and copy into the verdict; a call waiting for the validator
-    /// lock waits there too.
-    fn guard(&self, surface: &Surface, live: &Live<'_>, call: &ToolCall) -> Verdict {
-        off_the_worker(|| {
-            let mut validators = self
-                .validators
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            surface.guard(&call.name, &call.arguments, live, &mut validators)
-        })
+    /// The guard's verdict on one call (disclosure owns the policy): the call to forward,
+    /// or what it is answered with in place ([`answer`](Self::answer)). CPU work on the
+    /// polling thread, moved off the async worker when [`off_worker_guard`](Self::off_worker_guard)
+    /// is set: a tool's first call compiles its schema (measured up to 5 ms for one of the
+    /// fixtures'), arguments of 16 MiB (a passed result's) take about 10 ms to validate and
+    /// copy into the verdict, an orientation payload is built from every permitted tool,
+    /// and a call waiting for the validator lock waits here too.
+    fn judge(
+        &self,
+        surface: &Surface,
+        live: &Live<'_>,
+        call: &ToolCall,
+    ) -> Result<psych_disclosure::Forward, ToolOutput> {
+        let judge = || {
+            let verdict = {
+                let mut validators = self
+                    .validators
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                surface.guard(&call.name, &call.arguments, live, &mut validators)
+            };
+            match verdict {
+                Verdict::Forward(forward) => Ok(forward),
+                verdict => Err(self.answer(surface, live, &verdict)),
+            }
+        };
+        if self.off_worker {
+            off_the_worker(judge)
+        } else {
+            judge()
+        }
     }
 
     /// A verdict answered in place: disclosure's answer, refusal or orientation payload.
@@ -853,11 +890,10 @@ impl<H: ToolHost + 'static> Executor<H> {
             drop(progress);
             return self.log_one(call, output, None).await;
         }
-        let forward = match self.guard(surface, live, guarded) {
-            Verdict::Forward(forward) => forward,
-            verdict => {
+        let forward = match self.judge(surface, live, guarded) {
+            Ok(forward) => forward,
+            Err(output) => {
                 drop(progress);
-                let output = self.answer(surface, live, &verdict);
                 return self.log_one(call, output, None).await;
             }
         };
@@ -1343,10 +1379,13 @@ fn one(logged: Vec<LoggedRecord>) -> Result<Executed, ExecuteError> {
 }
 
 /// Runs `work` (CPU work or a wait on a lock, too long to keep an async worker from its
-/// other tasks) where it blocks no other task: on a multi-threaded runtime's worker,
-/// through [`tokio::task::block_in_place`] (the worker's other tasks move to another
-/// thread meanwhile); on a current-thread runtime, or off any runtime, where that cannot
-/// be done, in place.
+/// other tasks) so that the worker's other tasks go on meanwhile: on a multi-threaded
+/// runtime, through [`tokio::task::block_in_place`] (they move to another thread; the
+/// future polling this, and what is polled with it, still waits); on a current-thread
+/// runtime, or off any runtime, where that cannot be done, in place.
+///
+/// Panics inside a `LocalSet` on a multi-threaded runtime (tokio forbids blocking there),
+/// which is why an executor does this only when told ([`Executor::off_worker_guard`]).
 fn off_the_worker<T>(work: impl FnOnce() -> T) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current() {
@@ -1424,12 +1463,20 @@ mod tests {
         assert_eq!(got, Some(Ok("from the other task")));
     }
 
-    /// On a current-thread runtime, and off any runtime, the work runs in place.
-    #[tokio::test(flavor = "current_thread")]
-    async fn on_one_thread_the_work_runs_in_place() {
-        let here = std::thread::current().id();
-        assert_eq!(off_the_worker(|| std::thread::current().id()), here);
-        let outside = std::thread::spawn(|| off_the_worker(|| 7)).join();
-        assert_eq!(outside.ok(), Some(7));
+    /// On a current-thread runtime, in a multi-threaded runtime's `block_on`, and off any
+    /// runtime, the work runs (in place), where `block_in_place` alone would panic on the
+    /// first.
+    #[test]
+    fn where_blocking_cannot_move_the_work_runs_in_place() {
+        let one = tokio::runtime::Builder::new_current_thread().build();
+        let one = one.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(one.block_on(async { off_the_worker(|| 7) }), 7);
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(multi.block_on(async { off_the_worker(|| 8) }), 8);
+        let outside = std::thread::spawn(|| off_the_worker(|| 9)).join();
+        assert_eq!(outside.ok(), Some(9));
     }
 }

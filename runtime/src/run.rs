@@ -227,6 +227,8 @@ pub struct RunBuilder<H> {
     passing: Option<crate::PassingBudget>,
     /// The most calls of one step that run.
     max_calls: usize,
+    /// Whether the guard runs off the async worker.
+    off_worker: bool,
 }
 
 impl<H> std::fmt::Debug for RunBuilder<H> {
@@ -278,6 +280,7 @@ impl<H: ToolHost + 'static> Run<H> {
             output_limits: OutputLimits::new(),
             passing: None,
             max_calls: crate::DEFAULT_MAX_CALLS_PER_STEP,
+            off_worker: false,
         }
     }
 
@@ -951,6 +954,16 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
         self
     }
 
+    /// Whether each call's guard runs off the async worker
+    /// ([`Executor::off_worker_guard`](crate::Executor::off_worker_guard); off by default).
+    /// Set it when the Run is polled by tasks of a multi-threaded runtime, never inside a
+    /// `LocalSet` on one.
+    #[must_use]
+    pub fn off_worker_guard(mut self, off: bool) -> Self {
+        self.off_worker = off;
+        self
+    }
+
     /// Keeps the Run's records in `stores` (the PostgreSQL store,
     /// `psych_store_postgres::PgBlocking`) as Run `run` of `identity`, instead of
     /// `<dir>/<run>.plog`: a worker on another machine opening the same Run of the same
@@ -1025,7 +1038,8 @@ impl<H: ToolHost + 'static> RunBuilder<H> {
             .call_timeout(self.call_timeout)
             .orientation_context(self.orientation)
             .reader_limits(self.limits)
-            .max_calls_per_step(self.max_calls);
+            .max_calls_per_step(self.max_calls)
+            .off_worker_guard(self.off_worker);
         if let Some(on_demand) = self.on_demand {
             executor = executor.on_demand(on_demand);
         }
