@@ -61,8 +61,8 @@
 //! - **Names** are provider-safe (`^[a-zA-Z0-9_-]{1,64}$`), unique ignoring ASCII case, and
 //!   reversed through the Surface's own table, never by parsing: `server__tool`; a facade is
 //!   `server`; a search pair is `server__search_tools` + `server__call_tool`; dotted, long
-//!   or colliding names are sanitised, cut to 55 bytes and suffixed `_` + 8 hex digits of
-//!   an FNV-1a hash of the pair.
+//!   or colliding names (the meta tools' and `read_tool_output` included) are sanitised,
+//!   cut to 55 bytes and suffixed `_` + 8 hex digits of an FNV-1a hash of the pair.
 //!
 //! # What blocks
 //!

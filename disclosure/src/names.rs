@@ -4,7 +4,8 @@
 //!
 //! - A direct tool is `server__tool`; a facade is `server`; a search pair is
 //!   `server__search_tools` and `server__call_tool`; the meta tools and the orientation
-//!   tool have fixed `psych_…` names that are reserved whether or not they are present.
+//!   tool have fixed `psych_…` names that are reserved whether or not they are present, and
+//!   so is the reader's `read_tool_output`.
 //! - A name that is not provider-safe as is (a dotted MCP name, or longer than 64 bytes)
 //!   is sanitised (every character outside `[A-Za-z0-9_-]` becomes `_`), cut to 55 bytes
 //!   and given the suffix `_` + 8 hex digits of an FNV-1a hash of what it means. Such a
@@ -19,7 +20,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use psych_types::{ServerId, ToolRef};
+use psych_types::{READ_TOOL_OUTPUT, ServerId, ToolRef};
 use serde::Serialize;
 
 /// The longest provider tool name (`^[a-zA-Z0-9_-]{1,64}$`).
@@ -34,7 +35,17 @@ pub const CALL_TOOL: &str = "psych_call_tool";
 /// The orientation tool ("call this first").
 pub const ORIENTATION: &str = "psych_orientation";
 
-const RESERVED: [&str; 4] = [LIST_TOOLS, DESCRIBE_TOOL, CALL_TOOL, ORIENTATION];
+/// Names no exposed entry may take: the fixed ones, and the reader's
+/// [`READ_TOOL_OUTPUT`], which the runtime and the gateway list and answer beside a
+/// Surface's tools (a server of that id shown as a facade gets another name rather than a
+/// second tool of that name, which a provider refuses).
+const RESERVED: [&str; 5] = [
+    LIST_TOOLS,
+    DESCRIBE_TOOL,
+    CALL_TOOL,
+    ORIENTATION,
+    READ_TOOL_OUTPUT,
+];
 
 /// One of the three meta tools present whenever a server is deferred.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -361,12 +372,22 @@ mod tests {
         let meta = Exposed::Meta {
             tool: MetaTool::ListTools,
         };
-        let table = assign([upper.clone(), lower.clone(), facade.clone(), meta.clone()]);
+        let reader = Exposed::Facade {
+            server: ServerId::new("Read_Tool_Output").unwrap(),
+        };
+        let table = assign([
+            upper.clone(),
+            lower.clone(),
+            facade.clone(),
+            meta.clone(),
+            reader.clone(),
+        ]);
         assert_eq!(name_of(&table, &meta), LIST_TOOLS);
         assert_ne!(name_of(&table, &facade), LIST_TOOLS);
+        assert!(!name_of(&table, &reader).eq_ignore_ascii_case(READ_TOOL_OUTPUT));
         assert_ne!(name_of(&table, &upper), "s__Get");
         assert_ne!(name_of(&table, &lower), "s__get");
-        assert_eq!(table.len(), 4);
+        assert_eq!(table.len(), 5);
     }
 
     #[test]
