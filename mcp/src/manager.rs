@@ -416,8 +416,9 @@ impl McpManager {
             *stopped.borrow()
         };
         let task = match lazy {
-            Some(lazy) => {
-                let supervise = crate::lazy::supervise(
+            Some(lazy) => spawn_after(
+                retire,
+                crate::lazy::supervise(
                     server.clone(),
                     config,
                     Arc::clone(&slot),
@@ -425,28 +426,19 @@ impl McpManager {
                     events,
                     how,
                     stop_rx,
-                );
-                tokio::spawn(async move {
-                    if !retire.await {
-                        supervise.await;
-                    }
-                })
-            }
-            None => {
-                let supervise = supervise(
+                ),
+            ),
+            None => spawn_after(
+                retire,
+                supervise(
                     server.clone(),
                     config,
                     Arc::clone(&slot),
                     events,
                     how,
                     stop_rx,
-                );
-                tokio::spawn(async move {
-                    if !retire.await {
-                        supervise.await;
-                    }
-                })
-            }
+                ),
+            ),
         };
         let replaced = {
             // The shutdown flag is checked again under the map's lock: `shutdown` sets the
@@ -870,6 +862,19 @@ impl Connecting {
         )
         .await
     }
+}
+
+/// Spawns `supervise` to run once `retire` has finished the slot it replaces, unless
+/// `retire` says the new slot was stopped meanwhile.
+fn spawn_after(
+    retire: impl Future<Output = bool> + Send + 'static,
+    supervise: impl Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if !retire.await {
+            supervise.await;
+        }
+    })
 }
 
 /// Connects, watches and reconnects one server until told to stop.
