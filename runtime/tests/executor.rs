@@ -15,7 +15,7 @@ use std::time::Duration;
 use psych_catalog::Catalog;
 use psych_record_log::{RecordLog, SyncPolicy};
 use psych_runtime::{
-    ExecuteError, INTERRUPTED, Next, Run, RunError, ScriptedModel, Step, TurnState,
+    ExecuteError, INTERRUPTED, Next, Run, RunBuilder, RunError, ScriptedModel, Step, TurnState,
 };
 use psych_types::{
     AssistantMessage, ConnectionSpec, JsonObject, PermissionGrant, Record, RunId, ServerId,
@@ -121,10 +121,25 @@ async fn open(dir: &std::path::Path) -> Run<Host> {
 }
 
 async fn open_with(dir: &std::path::Path, timeout: Duration) -> Run<Host> {
+    builder(dir)
+        .await
+        .call_timeout(timeout)
+        .open()
+        .await
+        .unwrap()
+}
+
+/// The Run `run-1` under `dir` over the host's one server, granted whole, at a fixed clock.
+async fn builder(dir: &std::path::Path) -> RunBuilder<Host> {
     let catalog = Catalog::in_memory().unwrap();
     catalog
         .refresh(&server(), &Host.list_tools(&server()).await.unwrap())
         .unwrap();
+    over(dir, catalog)
+}
+
+/// [`builder`] reading the server's tools from `catalog`.
+fn over(dir: &std::path::Path, catalog: Catalog) -> RunBuilder<Host> {
     Run::builder(
         dir,
         RunId::new("run-1").unwrap(),
@@ -134,11 +149,7 @@ async fn open_with(dir: &std::path::Path, timeout: Duration) -> Run<Host> {
     )
     .connections([ConnectionSpec::new(server())])
     .grant(PermissionGrant::none().allow_server(server()))
-    .call_timeout(timeout)
     .clock(|| 1_796_041_497)
-    .open()
-    .await
-    .unwrap()
 }
 
 /// The Run's results, read whole from its log.
@@ -221,23 +232,12 @@ async fn parallel_calls_run_together_and_log_in_call_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_past_the_steps_cap_are_answered_without_running() {
     let dir = tempfile::tempdir().unwrap();
-    let catalog = Catalog::in_memory().unwrap();
-    catalog
-        .refresh(&server(), &Host.list_tools(&server()).await.unwrap())
+    let mut run = builder(dir.path())
+        .await
+        .max_calls_per_step(2)
+        .open()
+        .await
         .unwrap();
-    let mut run = Run::builder(
-        dir.path(),
-        RunId::new("run-1").unwrap(),
-        catalog,
-        Arc::new(Host),
-        target(),
-    )
-    .connections([ConnectionSpec::new(server())])
-    .grant(PermissionGrant::none().allow_server(server()))
-    .max_calls_per_step(2)
-    .open()
-    .await
-    .unwrap();
     // Five calls, two of which run: the others would hang the step if they were sent, and
     // a read past the cap is not read either (its handle was never emitted: read, it would
     // end the step as `invalid_deferred_handle`).
@@ -795,20 +795,11 @@ async fn open_stopped(
         why,
         delay,
     });
-    let run = Run::builder(
-        dir,
-        RunId::new("run-1").unwrap(),
-        catalog,
-        Arc::new(Host),
-        target(),
-    )
-    .connections([ConnectionSpec::new(server())])
-    .grant(PermissionGrant::none().allow_server(server()))
-    .clock(|| 1_796_041_497)
-    .on_demand(Arc::clone(&stopped) as Arc<dyn psych_runtime::OnDemand>)
-    .open()
-    .await
-    .unwrap();
+    let run = over(dir, catalog)
+        .on_demand(Arc::clone(&stopped) as Arc<dyn psych_runtime::OnDemand>)
+        .open()
+        .await
+        .unwrap();
     (run, stopped)
 }
 
