@@ -899,7 +899,7 @@ impl Session {
                 let tenant = shared.tenant(&name);
                 let max = shared.max_identity_sessions;
                 match Counted::take(&tenant.sessions, max) {
-                    Some(counted) => Ok(Some((name, tenant, counted))),
+                    Some(counted) => Ok(Some(((name, tenant), counted))),
                     None => Err(SessionRefused::IdentityFull { max }),
                 }
             }
@@ -914,10 +914,7 @@ impl Session {
             }
         });
         let (slot, identity) = taken?;
-        let (tenant, counted) = match identity {
-            Some((name, tenant, counted)) => (Some((name, tenant)), Some(counted)),
-            None => (None, None),
-        };
+        let (tenant, counted) = identity.unzip();
         Ok(Self {
             shared,
             tenant: Mutex::new(tenant),

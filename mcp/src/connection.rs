@@ -1116,8 +1116,9 @@ mod tests {
         session.close().await;
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn over_http_calls_given_up_leave_no_slot_in_the_tap() {
+    /// A session, as `server`, with the test server over HTTP on a port of its own: the
+    /// session and the serving task (abort it at the end).
+    async fn over_http(server: &str) -> (Arc<Session>, JoinHandle<std::io::Result<()>>) {
         // Bound here, before the server is spawned: the first connection attempt finds it
         // listening, however loaded the machine.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1127,17 +1128,21 @@ mod tests {
             url: format!("http://{addr}/mcp"),
             headers: BTreeMap::new(),
         };
-        let server = ServerId::new("web").unwrap();
-        let events = Arc::new(EventQueue::default());
         let (session, _) = Session::connect(
-            &server,
+            &ServerId::new(server).unwrap(),
             &transport,
             (timeouts(), crate::DEFAULT_MAX_LISTING_BYTES),
-            events,
+            Arc::new(EventQueue::default()),
             (&std::env::temp_dir(), &SpillBudget::default()),
         )
         .await
         .unwrap();
+        (session, serving)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_http_calls_given_up_leave_no_slot_in_the_tap() {
+        let (session, serving) = over_http("web").await;
         given_up_calls_leave_the_tap_empty(&session, "hang").await;
         let mut arguments = JsonObject::new();
         arguments.insert("text".into(), "still here".into());
@@ -1178,23 +1183,7 @@ mod tests {
     /// out, and the session marked lost, for the supervisor to reconnect.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_probe_dropped_mid_ping_still_marks_the_session_lost() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let serving = tokio::spawn(Scenario::default().serve_on(listener));
-        let transport = Transport::Http {
-            url: format!("http://{addr}/mcp"),
-            headers: BTreeMap::new(),
-        };
-        let server = ServerId::new("forgetful").unwrap();
-        let (session, _) = Session::connect(
-            &server,
-            &transport,
-            (timeouts(), crate::DEFAULT_MAX_LISTING_BYTES),
-            Arc::new(EventQueue::default()),
-            (&std::env::temp_dir(), &SpillBudget::default()),
-        )
-        .await
-        .unwrap();
+        let (session, serving) = over_http("forgetful").await;
         let gate = Arc::new((Notify::new(), Notify::new()));
         *PROBE_GATE.lock().unwrap() = Some(Arc::clone(&gate));
         // `forget_sessions` is refused with a 400, and so is everything after it.
