@@ -79,6 +79,12 @@ const LISTEN_RETRY_MAX: Duration = Duration::from_secs(5);
 /// How long to wait for a process that lost its connection to report its exit status.
 const EXIT_REPORT_WAIT: Duration = Duration::from_millis(500);
 
+/// The most times one listing is walked again because the server announced a change of
+/// its tools while it was walked ([`Session::list`]): 2. A server that changes its tools
+/// faster than it can be listed is listed as its last walk found it; the notifications
+/// are its caller's to act on, as any.
+const MAX_REWALKS: usize = 2;
+
 /// rmcp's client handler: forwards `notifications/tools/list_changed`. (Progress is
 /// delivered by our transports through the [`Tap`], in the order read: rmcp runs this
 /// handler's notifications as tasks that a call's response can overtake.)
@@ -118,7 +124,8 @@ pub(crate) struct Session {
     peer: Peer<RoleClient>,
     service: tokio::sync::Mutex<Option<RunningService<RoleClient, Handler>>>,
     child: Option<Child>,
-    /// Sees every message of the transport: keeps raw results, routes progress.
+    /// Sees every message of the transport: keeps raw results, routes progress, counts
+    /// tools changes.
     tap: Arc<Tap>,
     /// Why the session is lost, once a request found it gone (shared with a probe's task).
     lost: Arc<Lost>,
@@ -327,14 +334,60 @@ impl Session {
     /// their deadlines, the whole within the listing's bounds (its bytes, at most
     /// [`MAX_LISTING_PAGES`] pages, cursors of at most [`MAX_CURSOR_BYTES`]); malformed
     /// tools are set aside by name.
+    ///
+    /// A listing of several pages during which the server announced a change of its tools
+    /// (a `notifications/tools/list_changed` read between its first request and its last
+    /// answer) is walked again, at most [`MAX_REWALKS`] times: its pages may come from two
+    /// catalogues, and a server whose cursor is an offset skips or repeats a tool there
+    /// (one it did not change). A listing of one page is one answer, never walked again.
+    ///
+    /// Over stdio every change announced before a page is answered is seen: the transport
+    /// reads the notification, and counts it, before the page. Over HTTP the notification
+    /// comes on another stream than the page (the session's GET stream, or a 2026-07-28
+    /// `subscriptions/listen` stream), read at its own pace, so one may be seen only
+    /// after the walk it concerns: the walk is then kept, and the notification is the
+    /// caller's to list again for, as without this.
+    ///
+    /// A walk again starts only when it can end, at the pace of the walk before it, within
+    /// half the listing deadline, so that it does not outlast a caller's own wait on a
+    /// slow server. A walk again that fails (an error, a bound passed) returns the walk
+    /// before it, as the listing without it would have; while it runs that walk is held
+    /// too, so a listing holds at most twice the listing bound.
     pub(crate) async fn list(&self) -> Result<Listing, McpError> {
         let started = tokio::time::Instant::now();
+        let mut changes = self.tap.tool_changes();
+        let (mut listing, pages) = self.walk(started).await?;
+        if pages == 1 {
+            return Ok(listing);
+        }
+        let mut walked = started.elapsed();
+        for _ in 0..MAX_REWALKS {
+            let unchanged = self.tap.tool_changes() == changes;
+            let spent = started.elapsed();
+            if unchanged || spent.saturating_add(walked) > self.timeouts.listing / 2 {
+                break;
+            }
+            changes = self.tap.tool_changes();
+            match self.walk(started).await {
+                Ok((again, _)) => listing = again,
+                Err(_) => break,
+            }
+            walked = started.elapsed().saturating_sub(spent);
+        }
+        Ok(listing)
+    }
+
+    /// One walk of [`Session::list`], within the listing's deadline counted from
+    /// `started`: the listing and how many pages it took.
+    async fn walk(&self, started: tokio::time::Instant) -> Result<(Listing, usize), McpError> {
         let mut listing = Listing::default();
         let mut names = HashSet::new();
         let mut cursors = HashSet::new();
         let mut cursor: Option<String> = None;
         let mut bytes = 0u64;
-        for page in 1usize.. {
+        let mut page = 0usize;
+        loop {
+            page += 1;
             let call = format!("tools/list page {page}");
             let left = self.timeouts.listing.saturating_sub(started.elapsed());
             if left.is_zero() {
@@ -403,7 +456,7 @@ impl Session {
                 }));
             }
             match read.next_cursor {
-                None => break,
+                None => return Ok((listing, page)),
                 Some(next) if next.len() > MAX_CURSOR_BYTES => {
                     return Err(over(ListingBound::Cursor {
                         bytes: next.len(),
@@ -427,7 +480,6 @@ impl Session {
                 }
             }
         }
-        Ok(listing)
     }
 
     /// Calls a tool with a deadline; when it passes, or when the returned future is dropped
@@ -1211,6 +1263,157 @@ mod tests {
         );
         session.close().await;
         serving.abort();
+    }
+
+    /// One `tools/list` answer of [`paged_server`]: the tools on the page (`a`, `b`, …),
+    /// with the cursor `next`, or a JSON-RPC error, after a `list_changed` when `announce`
+    /// (and after `slow` seconds).
+    struct Page {
+        announce: bool,
+        slow: Option<&'static str>,
+        answer: Result<(&'static [&'static str], Option<&'static str>), ()>,
+    }
+
+    /// A page of `tools` with the cursor `next`, not announced.
+    fn page(tools: &'static [&'static str], next: Option<&'static str>) -> Page {
+        Page {
+            announce: false,
+            slow: None,
+            answer: Ok((tools, next)),
+        }
+    }
+
+    /// A stdio server from before 2026-07-28 that says it sends `list_changed` and answers
+    /// the `tools/list` requests with `pages` in turn (the first of them the connection's
+    /// listing), then reads and never answers.
+    fn paged_server(pages: &[Page]) -> Transport {
+        let mut script = String::from(
+            r#"
+            answer() { read -r line; id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/'); }
+            answer
+            printf '{"jsonrpc":"2.0","id":%s,"error":{"code":-32601,"message":"Method not found"}}\n' "$id"
+            answer
+            printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{"listChanged":true}},"serverInfo":{"name":"paged","version":"1"}}}\n' "$id"
+            read -r initialized
+            "#,
+        );
+        for page in pages {
+            script.push_str("answer\n");
+            if let Some(seconds) = page.slow {
+                script.push_str(&format!("sleep {seconds}\n"));
+            }
+            if page.announce {
+                script.push_str(
+                    r#"printf '{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n'"#,
+                );
+                script.push('\n');
+            }
+            let result = match page.answer {
+                Ok((tools, next)) => {
+                    let tools: Vec<Value> = tools
+                        .iter()
+                        .map(|name| serde_json::json!({"name": name, "inputSchema": {"type": "object"}}))
+                        .collect();
+                    let mut result = serde_json::json!({ "tools": tools });
+                    if let Some(next) = next {
+                        result["nextCursor"] = next.into();
+                    }
+                    format!(r#""result":{result}"#)
+                }
+                Err(()) => r#""error":{"code":-32603,"message":"listing failed"}"#.to_owned(),
+            };
+            script.push_str(&format!(
+                "printf '{{\"jsonrpc\":\"2.0\",\"id\":%s,{result}}}\\n' \"$id\"\n"
+            ));
+        }
+        script.push_str("while read -r line; do :; done\n");
+        Transport::Stdio {
+            command: "sh".into(),
+            args: vec!["-c".into(), script],
+            env: BTreeMap::new(),
+            cwd: None,
+        }
+    }
+
+    /// The names of the connection's first listing of `transport`.
+    async fn first_listing(transport: &Transport) -> Vec<String> {
+        let (session, listing) = Session::connect(
+            &ServerId::new("paged").unwrap(),
+            transport,
+            (timeouts(), crate::DEFAULT_MAX_LISTING_BYTES),
+            Arc::new(EventQueue::default()),
+            (&std::env::temp_dir(), &SpillBudget::default()),
+        )
+        .await
+        .unwrap();
+        session.close().await;
+        listing
+            .tools
+            .iter()
+            .map(|tool| tool.name.as_str().to_owned())
+            .collect()
+    }
+
+    /// `a` is removed after page 1 of `a b` and before page 2, announced before page 2,
+    /// which starts at offset 2 of `b c d`: `c` is skipped. The listing is walked again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_the_server_changed_mid_walk_is_walked_again() {
+        let mid_walk = Page {
+            announce: true,
+            slow: None,
+            answer: Ok((&["d"], None)),
+        };
+        let transport = paged_server(&[
+            page(&["a", "b"], Some("2")),
+            mid_walk,
+            page(&["b", "c"], Some("2")),
+            page(&["d"], None),
+        ]);
+        assert_eq!(first_listing(&transport).await, ["b", "c", "d"]);
+    }
+
+    /// A server that changes during every walk is walked three times in all, and listed as
+    /// its last walk found it; one whose walk again fails is listed as its first walk
+    /// found it; a listing of one page is one answer, never walked again; a walk that took
+    /// too long for another is not walked again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn walks_again_are_bounded_and_never_fail_a_listing() {
+        let changed = |tools| Page {
+            announce: true,
+            slow: None,
+            answer: Ok((tools, None)),
+        };
+        let always = paged_server(&[
+            page(&["a", "b"], Some("2")),
+            changed(&["c"]),
+            page(&["a", "b"], Some("2")),
+            changed(&["d"]),
+            page(&["a", "b"], Some("2")),
+            changed(&["e"]),
+            // Never asked for: a fourth walk would find this.
+            page(&["z"], None),
+        ]);
+        assert_eq!(first_listing(&always).await, ["a", "b", "e"]);
+
+        let failing = Page {
+            announce: false,
+            slow: None,
+            answer: Err(()),
+        };
+        let fails_again = paged_server(&[page(&["a", "b"], Some("2")), changed(&["c"]), failing]);
+        assert_eq!(first_listing(&fails_again).await, ["a", "b", "c"]);
+
+        let one_page = paged_server(&[changed(&["a", "b"]), page(&["z"], None)]);
+        assert_eq!(first_listing(&one_page).await, ["a", "b"]);
+
+        // A walk of 1.5 s, then another, would end past half the 5 s listing deadline.
+        let slow = Page {
+            announce: true,
+            slow: Some("1.5"),
+            answer: Ok((&["c"], None)),
+        };
+        let too_slow = paged_server(&[page(&["a", "b"], Some("2")), slow, page(&["z"], None)]);
+        assert_eq!(first_listing(&too_slow).await, ["a", "b", "c"]);
     }
 
     #[test]

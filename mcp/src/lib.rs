@@ -31,7 +31,9 @@
 //! What else a server controls is bounded too: a listing holds about
 //! [`DEFAULT_MAX_LISTING_BYTES`] at most ([`McpManagerBuilder::max_listing_bytes`]) over
 //! at most [`MAX_LISTING_PAGES`] pages with cursors of at most [`MAX_CURSOR_BYTES`], else
-//! it fails with [`McpError::ListingTooLarge`]; and at most [`MAX_PEER_REQUESTS`] of a
+//! it fails with [`McpError::ListingTooLarge`] (twice that while a listing of several
+//! pages is walked again, because the server announced a change of its tools during
+//! the walk: [`McpManager::list`]); and at most [`MAX_PEER_REQUESTS`] of a
 //! stdio server's own requests (`ping`, sampling, roots) are in flight at once, unanswered
 //! or their answers being written ([`InFlight`]), the rest dropped (as is one whose string
 //! id is over [`MAX_REQUEST_ID_BYTES`], which its answer would echo), so one that never

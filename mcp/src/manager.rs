@@ -121,7 +121,9 @@ impl McpManagerBuilder {
     /// 64 MiB). A listing past it fails with
     /// [`McpError::ListingTooLarge`](crate::McpError::ListingTooLarge) at the page that
     /// passed it, and the server is reported unreachable with that reason, as for any
-    /// listing that fails.
+    /// listing that fails. (A listing walked again because the server changed its tools
+    /// during the walk holds the walk before too, so twice this at most, and a walk again
+    /// past it returns the walk before: [`McpManager::list`].)
     pub fn max_listing_bytes(mut self, bytes: u64) -> Self {
         self.max_listing_bytes = bytes;
         self
@@ -596,6 +598,14 @@ impl McpManager {
     /// Lists every tool of `server` now, page by page to the end (no cache), starting a
     /// lazy server first. Malformed tools are set aside in [`Listing::malformed`] and the
     /// rest kept.
+    ///
+    /// A listing of several pages during which the server announced a change of its tools
+    /// is walked again (at most twice, and only while half the listing deadline allows
+    /// another walk at the pace of the last): its pages may come from two catalogues, and
+    /// one whose cursor is an offset skips a tool the server did not change. Over stdio
+    /// every change announced before a page's answer is seen; over HTTP the announcement
+    /// comes on another stream and may be read after the walk. A walk again that fails
+    /// returns the walk before it. The same holds of the listing each connection makes.
     ///
     /// # Errors
     ///

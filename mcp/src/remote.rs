@@ -9,7 +9,9 @@
 //! blocks); so the requests whose answers the tap keeps (`tools/list`, `tools/call`) are
 //! posted by [`post`](crate::post), rmcp's POST with the JSON body offered to the tap
 //! first, and every other message by rmcp's client. Progress notifications go to their
-//! call's channel as the tap reads them, before rmcp sees the call's response.
+//! call's channel as the tap reads them, before rmcp sees the call's response, and a
+//! `notifications/tools/list_changed` is counted as it is read (a listing walks its pages
+//! again for one read during the walk).
 //!
 //! # What a request whose answer never comes reads
 //!

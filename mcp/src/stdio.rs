@@ -549,11 +549,17 @@ impl<R: AsyncRead + Unpin> ChildReader<R> {
                 }
             };
             if let Some(message) = message {
-                if let JsonRpcMessage::Notification(notification) = &message
-                    && let ServerNotification::ProgressNotification(progress) =
-                        &notification.notification
-                {
-                    self.parser.tap.progress().deliver(progress.params.clone());
+                // In the order read: before rmcp has the next message (a result, a page).
+                if let JsonRpcMessage::Notification(notification) = &message {
+                    match &notification.notification {
+                        ServerNotification::ProgressNotification(progress) => {
+                            self.parser.tap.progress().deliver(progress.params.clone());
+                        }
+                        ServerNotification::ToolListChangedNotification(_) => {
+                            self.parser.tap.tools_changed();
+                        }
+                        _ => {}
+                    }
                 }
                 return Some(message);
             }

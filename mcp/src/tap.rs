@@ -43,6 +43,9 @@ use crate::progress::ProgressRoutes;
 /// The method of a progress notification.
 const PROGRESS: &str = "notifications/progress";
 
+/// The method of the notification that a server's tools changed.
+const TOOLS_CHANGED: &str = "notifications/tools/list_changed";
+
 /// Raw results by request id (the id's JSON text, as it appears on the wire).
 pub(crate) struct Tap {
     slots: Mutex<Slots>,
@@ -57,6 +60,11 @@ pub(crate) struct Tap {
     progress: Arc<ProgressRoutes>,
     /// When the connection's transports last read bytes of an unfinished message.
     transfer: Arc<TransferClock>,
+    /// How many `notifications/tools/list_changed` the transports have read, counted as
+    /// each is read (stdio, and HTTP through [`Tap::offer`]): before any later message of
+    /// the same stream reaches rmcp, which rmcp's handler task does not promise. A listing
+    /// of several pages compares it before and after its walk ([`Tap::tool_changes`]).
+    tool_changes: AtomicU64,
 }
 
 /// When a connection last read bytes of a message that had not ended yet (a long answer
@@ -296,7 +304,18 @@ impl Tap {
             budget,
             progress: Arc::default(),
             transfer: Arc::default(),
+            tool_changes: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a `notifications/tools/list_changed` a transport has just read.
+    pub(crate) fn tools_changed(&self) {
+        self.tool_changes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many `notifications/tools/list_changed` the transports have read so far.
+    pub(crate) fn tool_changes(&self) -> u64 {
+        self.tool_changes.load(Ordering::SeqCst)
     }
 
     /// The clock the connection's transports note a long message's bytes on.
@@ -344,23 +363,33 @@ impl Tap {
     }
 
     /// Offers a message the server wrote (HTTP: a JSON body or an event's data): a progress
-    /// notification goes to its call's channel now, in the order read, and a result with an
-    /// open slot is kept as [`Tap::keep`] does. Says whether `message` was rewritten.
+    /// notification goes to its call's channel now, in the order read, a tools change is
+    /// counted ([`Tap::tools_changed`]) and left for rmcp, and a result with an open slot is
+    /// kept as [`Tap::keep`] does. Says whether `message` was rewritten.
     pub(crate) fn offer(&self, message: &mut Value) -> bool {
-        if message.get("method").and_then(Value::as_str) == Some(PROGRESS)
-            && let Some(params) = message.get("params")
-            && let Ok(params) = ProgressNotificationParam::deserialize(params)
-        {
-            self.progress.deliver(params);
-            return false;
+        match message.get("method").and_then(Value::as_str) {
+            Some(PROGRESS) => {
+                if let Some(params) = message.get("params")
+                    && let Ok(params) = ProgressNotificationParam::deserialize(params)
+                {
+                    self.progress.deliver(params);
+                }
+                false
+            }
+            Some(TOOLS_CHANGED) => {
+                self.tools_changed();
+                false
+            }
+            _ => self.keep(message),
         }
-        self.keep(message)
     }
 
     /// Whether [`Tap::offer`] would look at a message whose text is `text`: a result is
-    /// awaited, or `text` may be a progress notification.
+    /// awaited, or `text` may be a progress or tools-change notification.
     pub(crate) fn wants(&self, text: &[u8]) -> bool {
-        self.is_waiting() || memchr::memmem::find(text, PROGRESS.as_bytes()).is_some()
+        self.is_waiting()
+            || memchr::memmem::find(text, PROGRESS.as_bytes()).is_some()
+            || memchr::memmem::find(text, TOOLS_CHANGED.as_bytes()).is_some()
     }
 
     /// Where the progress notifications our transports read go: the connection's calls.
@@ -607,6 +636,30 @@ mod tests {
         );
         tap.want_request(&initialize);
         assert_eq!(tap.len(), 1, "only tools/list and tools/call are tapped");
+    }
+
+    /// HTTP's messages reach the tap as they are read: a tools change is counted there and
+    /// left for rmcp (which turns it into the event), whether or not an answer is awaited.
+    #[test]
+    fn a_tools_change_is_counted_as_it_is_offered_and_passes_on() {
+        let tap = Tap::default();
+        let changed = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
+        assert!(
+            tap.wants(changed.to_string().as_bytes()),
+            "looked at unawaited"
+        );
+        assert!(!tap.wants(br#"{"jsonrpc":"2.0","method":"notifications/message"}"#));
+        let mut message = changed.clone();
+        assert!(!tap.offer(&mut message));
+        assert_eq!(message, changed, "rmcp still gets it");
+        for mut progress in [
+            json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": 1, "progress": 1}}),
+            json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": "bad"}),
+        ] {
+            assert!(!tap.offer(&mut progress));
+        }
+        assert_eq!(tap.tool_changes(), 1);
     }
 
     #[test]

@@ -350,6 +350,10 @@ struct State {
     barrier: tokio::sync::watch::Sender<u64>,
     /// The stdout writer (stdio only), for the garbage tool.
     stdout: Mutex<Option<mpsc::UnboundedSender<stdio_faults::Out>>>,
+    /// Over stdio, held by a change of the tools until its `list_changed` is queued for
+    /// stdout, and by a page while it is read: a page that shows a change is written after
+    /// its announcement, as a careful server does ([`State::announcing`]).
+    announcing: tokio::sync::Mutex<()>,
 }
 
 impl State {
@@ -394,6 +398,31 @@ impl State {
             listening: AtomicU64::new(0),
             barrier: tokio::sync::watch::Sender::new(0),
             stdout: Mutex::new(None),
+            announcing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// A `tools/list` page, once the change being announced (if one is) has been.
+    async fn serve_page(&self, params: Option<&PaginatedRequestParams>) -> Value {
+        let _announced = self.announcing().await;
+        self.page(params)
+    }
+
+    /// Over stdio, the gate of a change and its announcement ([`State::announcing`]);
+    /// `None` over HTTP, where the announcement goes on another stream than the page (the
+    /// session's GET stream, or a `subscriptions/listen` stream), so no order holds for
+    /// the client to read them in, and one session's stalled stream would stall every
+    /// session's listing.
+    async fn announcing(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        let stdio = self
+            .stdout
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        if stdio {
+            Some(self.announcing.lock().await)
+        } else {
+            None
         }
     }
 
@@ -669,6 +698,8 @@ impl TestServer {
             ))]),
             "add_tool" | "remove_tool" => {
                 let name = text_arg("name");
+                // Over stdio, no page is read until the change is announced.
+                let announcing = state.announcing().await;
                 {
                     let mut tools = state.tools.lock().unwrap_or_else(PoisonError::into_inner);
                     tools.retain(|tool| tool["name"] != name.as_str());
@@ -677,6 +708,7 @@ impl TestServer {
                     }
                 }
                 state.notify_changed().await;
+                drop(announcing);
                 CallToolResult::success(vec![ContentBlock::text(format!("{} {name}", params.name))])
             }
             "large" => {
@@ -957,7 +989,7 @@ impl ServerHandler for TestServer {
         if self.state.scenario.hang_listing {
             std::future::pending::<()>().await;
         }
-        serde_json::from_value(self.state.page(request.as_ref()))
+        serde_json::from_value(self.state.serve_page(request.as_ref()).await)
             .map_err(|e| ErrorData::internal_error(format!("malformed listing: {e}"), None))
     }
 
@@ -1056,7 +1088,7 @@ impl Service<RoleServer> for RawListing {
                 std::future::pending::<()>().await;
             }
             return Ok(ServerResult::CustomResult(CustomResult(
-                self.0.state.page(request.params.as_ref()),
+                self.0.state.serve_page(request.params.as_ref()).await,
             )));
         }
         if let Some(marker) = stdio_faults::marker(&request) {
