@@ -105,10 +105,10 @@ fn bench_guard(c: &mut Criterion) {
         "children": [{"type": "paragraph"}]
     });
     let live = setup.live();
-    let mut validators = Validators::new();
+    let validators = Validators::new();
     let name = "notion__API-post-page";
     assert!(matches!(
-        surface.guard(name, &args, &live, &mut validators),
+        surface.guard(name, &args, &live, &validators),
         Verdict::Forward(_)
     ));
     let schema = setup.catalogs[1]
@@ -122,7 +122,7 @@ fn bench_guard(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("guard_one_call");
     group.bench_function("guard", |b| {
-        b.iter(|| surface.guard(black_box(name), black_box(&args), &live, &mut validators))
+        b.iter(|| surface.guard(black_box(name), black_box(&args), &live, &validators))
     });
     group.bench_function("baseline_jsonschema_is_valid", |b| {
         b.iter(|| validator.is_valid(black_box(&args)))

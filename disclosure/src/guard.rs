@@ -406,13 +406,14 @@ impl Surface {
     /// validates the arguments. Every route (direct, facade, search pair, meta tool) goes
     /// through the same narrowing.
     ///
-    /// `validators` is the caller's cache of compiled schemas, kept across turns.
+    /// `validators` is the caller's cache of compiled schemas, kept across turns and
+    /// shared by reference between callers guarding at once.
     pub fn guard(
         &self,
         name: &str,
         arguments: &Value,
         live: &Live<'_>,
-        validators: &mut Validators,
+        validators: &Validators,
     ) -> Verdict {
         match self.route(name, arguments, live, validators) {
             Ok(verdict) => verdict,
@@ -462,7 +463,7 @@ impl Surface {
         name: &str,
         arguments: &Value,
         live: &Live<'_>,
-        validators: &mut Validators,
+        validators: &Validators,
     ) -> Result<Verdict, Refusal> {
         let Some(exposed) = self.exposed(name) else {
             return Err(Refusal::UnknownName {
@@ -541,7 +542,7 @@ impl Surface {
         name: &str,
         arguments: &Value,
         live: &Live<'_>,
-        validators: &mut Validators,
+        validators: &Validators,
     ) -> Result<Verdict, Refusal> {
         match meta {
             MetaTool::ListTools => {
@@ -654,7 +655,7 @@ fn forward(
     server: &LiveServer<'_>,
     tool: &ToolDefinition,
     arguments: &Value,
-    validators: &mut Validators,
+    validators: &Validators,
 ) -> Result<Verdict, Refusal> {
     if let Some(Reachability::Unreachable { reason }) =
         server.catalog.map(|c| &c.health.reachability)

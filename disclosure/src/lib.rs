@@ -66,7 +66,9 @@
 //!
 //! # What blocks
 //!
-//! Nothing: the crate does no I/O and never waits, so its calls are safe on an async worker.
+//! Nothing: the crate does no I/O, so its calls are safe on an async worker. A guard waits
+//! only briefly for [`Validators`]' lock (held to look a compiled schema up or store one),
+//! and a first search of a server for its index if another caller is building it.
 //! What costs CPU: [`resolve`] prices every permitted tool of every server through the
 //! estimator each time it runs (about 12 ms for 20 servers and 2,000 tools, the runtime's
 //! step bench), and [`Validators`] compiles a tool's input schema at its first call (then
@@ -191,14 +193,14 @@
 //! assert_eq!(names, ["fs__read_file", "psych_orientation"]);
 //!
 //! let live = Live { grant: &grant, catalogs: &catalogs };
-//! let mut validators = Validators::new();
+//! let validators = Validators::new();
 //! let args = serde_json::json!({"path": "notes.txt"});
-//! let verdict = surface.guard("fs__read_file", &args, &live, &mut validators);
+//! let verdict = surface.guard("fs__read_file", &args, &live, &validators);
 //! assert!(matches!(verdict, Verdict::Forward(ref call) if call.target.tool.as_str() == "read_file"));
 //!
 //! // Wrong arguments come back as a failed tool result naming the path.
 //! let bad = serde_json::json!({"path": 7});
-//! let Verdict::Refused(refusal) = surface.guard("fs__read_file", &bad, &live, &mut validators)
+//! let Verdict::Refused(refusal) = surface.guard("fs__read_file", &bad, &live, &validators)
 //! else { panic!("refused") };
 //! assert!(refusal.to_output().is_error);
 //! assert!(refusal.to_string().contains("/path"));

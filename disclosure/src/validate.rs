@@ -2,6 +2,7 @@
 //! `(server, catalogue version)` and kept by the caller across turns.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use psych_types::{CatalogVersion, ServerId, ToolDefinition, ToolName};
 use serde::Serialize;
@@ -14,6 +15,13 @@ const MAX_REPORTED_ERRORS: usize = 5;
 
 /// The most characters of one validation message.
 const MESSAGE_CHARS: usize = 200;
+
+// One cache is shared by callers on several threads (a gateway's sessions): a schema
+// compiler that stopped being `Sync` fails here, not in a crate that shares it.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Validators>();
+};
 
 /// One way the arguments fail the schema.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -47,19 +55,29 @@ enum Compiled {
 
 struct ServerValidators {
     version: CatalogVersion,
-    tools: HashMap<ToolName, Compiled>,
+    tools: HashMap<ToolName, Arc<Compiled>>,
 }
 
 /// Compiled input schemas, per server at one catalogue version.
 ///
 /// Keep one across turns (the runtime owns it): a tool's schema is compiled the first time
 /// one of its calls is guarded and reused until its server's catalogue version changes, at
-/// which point that server's entries are dropped. No network or file is ever read: the
-/// `jsonschema` crate is built without its resolvers, so a schema whose `$ref` points
-/// outside itself fails to compile and its calls go through [`Validation::Unchecked`].
+/// which point that server's entries are dropped. A call guarded against an older version
+/// than the one kept (a Surface resolved before the change) is checked against its own
+/// version's schema, compiled for it and not kept.
+///
+/// Shared by reference between callers guarding at once: its lock is held only to look a
+/// compiled schema up or store one, never while a schema compiles, arguments are checked
+/// or schemas are freed, so one caller's slow guard (a large search, a large argument)
+/// does not hold another's. Two first calls of one tool at once may both compile its
+/// schema; the first stored is kept.
+///
+/// No network or file is ever read: the `jsonschema` crate is built without its resolvers,
+/// so a schema whose `$ref` points outside itself fails to compile and its calls go
+/// through [`Validation::Unchecked`].
 #[derive(Default)]
 pub struct Validators {
-    servers: HashMap<ServerId, ServerValidators>,
+    servers: Mutex<HashMap<ServerId, ServerValidators>>,
 }
 
 impl std::fmt::Debug for Validators {
@@ -78,7 +96,7 @@ impl Validators {
 
     /// How many schemas are compiled (or known not to compile).
     pub fn len(&self) -> usize {
-        self.servers.values().map(|s| s.tools.len()).sum()
+        self.servers().values().map(|s| s.tools.len()).sum()
     }
 
     /// Whether nothing is compiled yet.
@@ -86,10 +104,83 @@ impl Validators {
         self.len() == 0
     }
 
+    /// The cache, locked (a panic under the lock left it whole: nothing there panics).
+    fn servers(&self) -> std::sync::MutexGuard<'_, HashMap<ServerId, ServerValidators>> {
+        self.servers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `tool`'s compiled schema at `(server, version)`: the one stored, or compiled now
+    /// (without the lock) and stored, unless another caller stored one meanwhile.
+    fn compiled(
+        &self,
+        server: &ServerId,
+        version: CatalogVersion,
+        tool: &ToolDefinition,
+    ) -> Arc<Compiled> {
+        let stored = self
+            .servers()
+            .get(server)
+            .filter(|entry| entry.version == version)
+            .and_then(|entry| entry.tools.get(&tool.name).cloned());
+        if let Some(compiled) = stored {
+            return compiled;
+        }
+        let compiled = Arc::new(compile(tool));
+        // Returned by the store, freed here, after the lock: the older version's schemas
+        // it replaced, and `compiled` if another caller's was stored first.
+        let (stored, _replaced) = self.store(server, version, &tool.name, &compiled);
+        stored.unwrap_or(compiled)
+    }
+
+    /// Stores `compiled` as `tool`'s schema at `(server, version)` unless one is stored
+    /// there already: the one stored before (`None` when `compiled` is stored, or not kept
+    /// because a newer version's schemas are), and the older version's schemas it
+    /// replaced, for the caller to free after the lock.
+    fn store(
+        &self,
+        server: &ServerId,
+        version: CatalogVersion,
+        tool: &ToolName,
+        compiled: &Arc<Compiled>,
+    ) -> (Option<Arc<Compiled>>, HashMap<ToolName, Arc<Compiled>>) {
+        let mut servers = self.servers();
+        // The entry API clones the key; look up first, so that a known server costs no
+        // allocation.
+        let entry = match servers.get_mut(server) {
+            Some(entry) => entry,
+            None => servers
+                .entry(server.clone())
+                .or_insert_with(|| ServerValidators {
+                    version,
+                    tools: HashMap::new(),
+                }),
+        };
+        // A call guarded against an older catalogue than the one cached (a session's
+        // Surface resolved before the change) is checked, not cached: it would drop the
+        // newer schemas the other sessions use.
+        if entry.version > version {
+            return (None, HashMap::new());
+        }
+        let replaced = if entry.version < version {
+            entry.version = version;
+            std::mem::take(&mut entry.tools)
+        } else {
+            HashMap::new()
+        };
+        let stored = match entry.tools.get(tool) {
+            Some(stored) => Some(Arc::clone(stored)),
+            None => {
+                entry.tools.insert(tool.clone(), Arc::clone(compiled));
+                None
+            }
+        };
+        (stored, replaced)
+    }
+
     /// Checks `arguments` against `tool`'s input schema, compiling it if this
     /// `(server, version, tool)` has not been seen.
     pub(crate) fn check(
-        &mut self,
+        &self,
         server: &ServerId,
         version: CatalogVersion,
         tool: &ToolDefinition,
@@ -104,30 +195,8 @@ impl Validators {
                 ),
             }]);
         }
-        // The entry API clones the key on every call; look up first, so a warm call
-        // allocates nothing.
-        let entry = match self.servers.get_mut(server) {
-            Some(entry) => entry,
-            None => self
-                .servers
-                .entry(server.clone())
-                .or_insert_with(|| ServerValidators {
-                    version,
-                    tools: HashMap::new(),
-                }),
-        };
-        if entry.version != version {
-            entry.version = version;
-            entry.tools.clear();
-        }
-        let compiled = match entry.tools.get(&tool.name) {
-            Some(compiled) => compiled,
-            None => entry
-                .tools
-                .entry(tool.name.clone())
-                .or_insert_with(|| compile(tool)),
-        };
-        match compiled {
+        let compiled = self.compiled(server, version, tool);
+        match &*compiled {
             Compiled::Failed(reason) => Ok(Validation::Unchecked {
                 reason: reason.clone(),
             }),
@@ -196,24 +265,22 @@ mod tests {
     fn compiles_once_per_version() {
         let server = ServerId::new("s").unwrap();
         let t = tool(json!({"type": "object", "properties": {"n": {"type": "integer"}}}));
-        let mut validators = Validators::new();
+        let validators = Validators::new();
         assert_eq!(
             validators.check(&server, CatalogVersion(1), &t, &json!({"n": 1})),
             Ok(Validation::Checked)
         );
-        let first = match &validators.servers[&server].tools[&t.name] {
-            Compiled::Ready(v) => &**v as *const jsonschema::Validator,
-            Compiled::Failed(_) => panic!("compiles"),
-        };
+        let stored = || Arc::clone(&validators.servers()[&server].tools[&t.name]);
+        let first = stored();
+        assert!(matches!(*first, Compiled::Ready(_)), "compiles");
         let errors = validators
             .check(&server, CatalogVersion(1), &t, &json!({"n": "x"}))
             .unwrap_err();
         assert_eq!(errors[0].path, "/n");
-        let again = match &validators.servers[&server].tools[&t.name] {
-            Compiled::Ready(v) => &**v as *const jsonschema::Validator,
-            Compiled::Failed(_) => panic!("compiles"),
-        };
-        assert_eq!(first, again, "same version: the compiled schema is reused");
+        assert!(
+            Arc::ptr_eq(&first, &stored()),
+            "same version: the compiled schema is reused"
+        );
         assert_eq!(validators.len(), 1);
         // A new version drops the old entries and compiles again.
         let t2 = tool(json!({"type": "object", "properties": {"n": {"type": "string"}}}));
@@ -222,12 +289,20 @@ mod tests {
             Ok(Validation::Checked)
         );
         assert_eq!(validators.len(), 1);
+        let newer = stored();
+        // A call against the older version still gets its own schema's verdict, and the
+        // newer schema stays cached.
+        let errors = validators
+            .check(&server, CatalogVersion(1), &t, &json!({"n": "x"}))
+            .unwrap_err();
+        assert_eq!(errors[0].path, "/n");
+        assert!(Arc::ptr_eq(&newer, &stored()), "the newer schema is kept");
     }
 
     #[test]
     fn non_objects_are_refused_and_bad_schemas_leave_the_tool_usable() {
         let server = ServerId::new("s").unwrap();
-        let mut validators = Validators::new();
+        let validators = Validators::new();
         let t = tool(json!({"type": "object"}));
         let errors = validators
             .check(&server, CatalogVersion(1), &t, &json!([1]))
@@ -246,5 +321,40 @@ mod tests {
             matches!(outcome, Ok(Validation::Unchecked { .. })),
             "{outcome:?}"
         );
+    }
+
+    /// Callers on several threads share one cache by reference: a schema is stored once
+    /// and every caller's check reads it.
+    #[test]
+    fn callers_on_several_threads_share_one_cache() {
+        let server = ServerId::new("s").unwrap();
+        let t = tool(json!({"type": "object", "properties": {"n": {"type": "integer"}}}));
+        let validators = Validators::new();
+        std::thread::scope(|scope| {
+            for n in 0..4 {
+                let (validators, server, t) = (&validators, &server, &t);
+                scope.spawn(move || {
+                    for _ in 0..50 {
+                        // Half the threads send valid arguments, half a string for `n`.
+                        let verdict = if n % 2 == 0 {
+                            validators.check(server, CatalogVersion(1), t, &json!({"n": n}))
+                        } else {
+                            validators.check(server, CatalogVersion(1), t, &json!({"n": "x"}))
+                        };
+                        match verdict {
+                            Ok(checked) => {
+                                assert!(n % 2 == 0);
+                                assert_eq!(checked, Validation::Checked);
+                            }
+                            Err(errors) => {
+                                assert!(n % 2 == 1);
+                                assert_eq!(errors[0].path, "/n");
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(validators.len(), 1, "compiled and stored once");
     }
 }

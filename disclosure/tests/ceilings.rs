@@ -136,7 +136,7 @@ fn a_1000_tool_server_lists_in_bounded_pages() {
     setup.catalogs[0].tools = tools.into();
     let surface = setup.resolve(&Settings::default());
     assert_eq!(surface.permitted().len(), 1_224);
-    let mut validators = Validators::new();
+    let validators = Validators::new();
     let mut largest = 0;
     let mut seen = 0;
     let mut page = 1;
@@ -145,7 +145,7 @@ fn a_1000_tool_server_lists_in_bounded_pages() {
             LIST_TOOLS,
             &json!({"server": "big", "page": page}),
             &setup.live(),
-            &mut validators,
+            &validators,
         );
         let Verdict::Answer(answer @ Answer::Listing(_)) = verdict else {
             panic!("{verdict:?}")

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 fn guard(setup: &Setup, settings: &Settings, name: &str, args: Value) -> Verdict {
     let surface = setup.resolve(settings);
-    surface.guard(name, &args, &setup.live(), &mut Validators::new())
+    surface.guard(name, &args, &setup.live(), &Validators::new())
 }
 
 fn refusal(verdict: Verdict) -> Refusal {
@@ -43,11 +43,11 @@ fn forwarded(verdict: Verdict) -> (ToolRef, Validation) {
 fn every_fixture_schema_compiles_offline() {
     let setup = fixture_setup(Preload::Deferred);
     let surface = setup.resolve(&Settings::default());
-    let mut validators = Validators::new();
+    let validators = Validators::new();
     for (server, file) in FIXTURES {
         for tool in fixture_tools(file) {
             let args = json!({"server": server, "tool": tool.name.as_str(), "arguments": {}});
-            match surface.guard(CALL_TOOL, &args, &setup.live(), &mut validators) {
+            match surface.guard(CALL_TOOL, &args, &setup.live(), &validators) {
                 Verdict::Forward(call) => assert_eq!(call.validation, Validation::Checked),
                 Verdict::Refused(Refusal::InvalidArguments { .. }) => {}
                 other => panic!("{server}/{}: {other:?}", tool.name),
@@ -224,24 +224,24 @@ fn a_permission_revoked_after_resolution_holds_at_the_next_call() {
         grant: &revoked,
         catalogs: &setup.catalogs,
     };
-    let mut validators = Validators::new();
+    let validators = Validators::new();
     let verdict = surface.guard(
         "memory__delete_entities",
         &json!({"entityNames": ["Bob"]}),
         &live,
-        &mut validators,
+        &validators,
     );
     assert!(
         matches!(verdict, Verdict::Refused(Refusal::NotAvailable { .. })),
         "{verdict:?}"
     );
-    let verdict = surface.guard("memory__read_graph", &json!({}), &live, &mut validators);
+    let verdict = surface.guard("memory__read_graph", &json!({}), &live, &validators);
     assert!(matches!(verdict, Verdict::Forward(_)), "{verdict:?}");
     let verdict = surface.guard(
         CALL_TOOL,
         &json!({"server": "github", "tool": "get_me"}),
         &live,
-        &mut validators,
+        &validators,
     );
     assert!(
         matches!(verdict, Verdict::Refused(Refusal::UnknownServer { .. })),
@@ -267,7 +267,7 @@ fn a_disconnect_keeps_the_bytes_and_calls_answer_unreachable() {
         "memory__read_graph",
         &json!({}),
         &down.live(),
-        &mut Validators::new(),
+        &Validators::new(),
     ));
     assert_eq!(text, "unreachable: exited with status 1");
     // Discovery still answers from the catalogue.
@@ -275,7 +275,7 @@ fn a_disconnect_keeps_the_bytes_and_calls_answer_unreachable() {
         LIST_TOOLS,
         &json!({"server": "github"}),
         &down.live(),
-        &mut Validators::new(),
+        &Validators::new(),
     );
     assert!(matches!(verdict, Verdict::Answer(Answer::Listing(_))));
 }

@@ -120,8 +120,8 @@ fn variants_look_alikes_and_smuggled_names_are_refused_or_exact() {
     let setup = tricky();
     let surface = setup.resolve(&settings());
     let live = setup.live();
-    let mut validators = Validators::new();
-    let mut call = |name: &str| surface.guard(name, &json!({}), &live, &mut validators);
+    let validators = Validators::new();
+    let call = |name: &str| surface.guard(name, &json!({}), &live, &validators);
     // Case variants and look-alikes of an exposed name are not exposed names.
     for name in [
         "s__get_me",
@@ -168,13 +168,13 @@ fn meta_calls_take_the_pair_literally() {
     }
     let surface = setup.resolve(&settings());
     let live = setup.live();
-    let mut validators = Validators::new();
-    let mut call = |server: &str, tool: &str| {
+    let validators = Validators::new();
+    let call = |server: &str, tool: &str| {
         surface.guard(
             CALL_TOOL,
             &json!({"server": server, "tool": tool}),
             &live,
-            &mut validators,
+            &validators,
         )
     };
     let target = |v: Verdict| match v {

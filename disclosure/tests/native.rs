@@ -181,21 +181,16 @@ fn a_loaded_tool_is_guarded_like_a_direct_one() {
     let world = world();
     let surface = world.resolve(&Settings::default());
     let live = world.live();
-    let mut validators = Validators::new();
+    let validators = Validators::new();
     let name = "crm__export_invoice";
-    let verdict = surface.guard(
-        name,
-        &json!({"invoice_id": "inv-7"}),
-        &live,
-        &mut validators,
-    );
+    let verdict = surface.guard(name, &json!({"invoice_id": "inv-7"}), &live, &validators);
     let Verdict::Forward(forward) = verdict else {
         panic!("forwarded: {verdict:?}")
     };
     assert_eq!(forward.target.to_string(), "crm/export_invoice");
     // Arguments are validated against the tool's own schema.
     let Verdict::Refused(Refusal::InvalidArguments { errors, .. }) =
-        surface.guard(name, &json!({"invoice_id": 7}), &live, &mut validators)
+        surface.guard(name, &json!({"invoice_id": 7}), &live, &validators)
     else {
         panic!("invalid arguments")
     };
@@ -206,7 +201,7 @@ fn a_loaded_tool_is_guarded_like_a_direct_one() {
             "crm__delete_everything",
             &json!({"confirm": "y"}),
             &live,
-            &mut validators
+            &validators
         ),
         Verdict::Refused(Refusal::UnknownName { .. })
     ));
@@ -220,7 +215,7 @@ fn a_loaded_tool_is_guarded_like_a_direct_one() {
         catalogs: &world.catalogs,
     };
     assert!(matches!(
-        surface.guard(name, &json!({"invoice_id": "inv-7"}), &now, &mut validators),
+        surface.guard(name, &json!({"invoice_id": "inv-7"}), &now, &validators),
         Verdict::Refused(Refusal::NotAvailable { .. })
     ));
     assert_eq!(

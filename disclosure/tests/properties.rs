@@ -222,7 +222,7 @@ fn listed(surface: &Surface, case: &Case, server: &ServerId) -> BTreeSet<ToolNam
             LIST_TOOLS,
             &json!({"server": server.as_str(), "page": page}),
             &live,
-            &mut Validators::new(),
+            &Validators::new(),
         );
         let Verdict::Answer(Answer::Listing(listing)) = verdict else {
             panic!("{verdict:?}")
@@ -246,7 +246,7 @@ proptest! {
         let surface = case.surface();
         let permitted = case.permitted(&case.grant);
         let live = psych_disclosure::Live { grant: &case.grant, catalogs: &case.catalogs };
-        let mut validators = Validators::new();
+        let validators = Validators::new();
 
         // The cap, and names that are safe, unique ignoring case, and resolve.
         prop_assert!(surface.tools().len() <= case.settings.tool_cap());
@@ -310,7 +310,7 @@ proptest! {
                 let Some((route, args)) = describe_route(&surface, &view.server, tool.name.as_str()) else {
                     continue;
                 };
-                let verdict = surface.guard(&route, &args, &live, &mut validators);
+                let verdict = surface.guard(&route, &args, &live, &validators);
                 if expected.contains(&tool.name) {
                     let described = matches!(verdict, Verdict::Answer(Answer::Description(ref d)) if d.tool == tool.name);
                     prop_assert!(described, "{:?}", verdict);
@@ -331,7 +331,7 @@ proptest! {
             if view.shape == Shape::SearchPair {
                 let search = surface.names().find(|(_, e)| matches!(e, Exposed::Search { server } if *server == view.server)).unwrap().0.to_owned();
                 for tool in catalogue.iter() {
-                    let verdict = surface.guard(&search, &json!({"query": tool.name.as_str()}), &live, &mut validators);
+                    let verdict = surface.guard(&search, &json!({"query": tool.name.as_str()}), &live, &validators);
                     let Verdict::Answer(Answer::Search(answer)) = verdict else { panic!("{verdict:?}") };
                     prop_assert!(answer.hits.iter().all(|h| expected.contains(&h.name)));
                 }
@@ -350,7 +350,7 @@ proptest! {
         let rest: BTreeSet<ToolName> = permitted[&server].iter().filter(|t| **t != tool).cloned().collect();
         revoked = std::mem::take(&mut revoked).allow_scope(server.clone(), ToolScope::Only(rest));
         let live = psych_disclosure::Live { grant: &revoked, catalogs: &case.catalogs };
-        let mut validators = Validators::new();
+        let validators = Validators::new();
         let pair = ToolRef::new(server.clone(), tool.clone());
         let mut routes = Vec::new();
         if let Some(name) = surface.direct_name(&pair) {
@@ -363,7 +363,7 @@ proptest! {
             routes.push((psych_disclosure::CALL_TOOL.to_owned(), json!({"server": server.as_str(), "tool": tool.as_str()})));
         }
         for (name, args) in routes {
-            let verdict = surface.guard(&name, &args, &live, &mut validators);
+            let verdict = surface.guard(&name, &args, &live, &validators);
             let refused = matches!(
                 verdict,
                 Verdict::Refused(Refusal::NotAvailable { .. } | Refusal::UnknownServer { .. })
@@ -682,9 +682,9 @@ proptest! {
             for (name, exposed) in plain.names() {
                 if matches!(exposed, Exposed::Search { .. }) {
                     let args = json!({"query": "list get create"});
-                    let mut validators = Validators::new();
-                    let a = cached.guard(name, &args, &live, &mut validators);
-                    let b = plain.guard(name, &args, &live, &mut validators);
+                    let validators = Validators::new();
+                    let a = cached.guard(name, &args, &live, &validators);
+                    let b = plain.guard(name, &args, &live, &validators);
                     prop_assert_eq!(a, b);
                 }
             }

@@ -839,7 +839,7 @@ impl Tenant {
                     .archive(archive)
                     // Polled by rmcp's handler tasks on the multi-threaded runtime `serve`
                     // runs on (never in a LocalSet): one identity's calls, from any of its
-                    // sessions, share this executor and its validator lock.
+                    // sessions, share this executor and its compiled schemas.
                     .off_worker_guard(true);
                 if let Some(on_demand) = on_demand {
                     executor = executor.on_demand(on_demand);

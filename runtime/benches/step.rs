@@ -165,7 +165,7 @@ fn setup() -> Setup {
     // given `{}`, or a catalogue tool through its facade, search pair or the meta tools.
     let catalogs = live(&catalog, &connections);
     let surface = resolve_now(&catalogs, &connections, &grant);
-    let mut validators = Validators::new();
+    let validators = Validators::new();
     let mut candidates: Vec<(String, serde_json::Value)> = surface
         .tools()
         .iter()
@@ -194,7 +194,7 @@ fn setup() -> Setup {
                         grant: &grant,
                         catalogs: &catalogs
                     },
-                    &mut validators
+                    &validators
                 ),
                 Verdict::Forward(_)
             )

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use psych_disclosure::{Live, OrientationContext, Surface, Validators, Verdict, orientation};
@@ -166,7 +166,7 @@ pub struct Executor<H> {
     host: Arc<H>,
     log: Arc<DynRecordStore>,
     archive: Option<Arc<dyn Archive>>,
-    validators: Mutex<Validators>,
+    validators: Validators,
     call_timeout: Duration,
     orientation: OrientationContext,
     limits: Limits,
@@ -270,7 +270,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             host,
             log,
             archive: None,
-            validators: Mutex::new(Validators::new()),
+            validators: Validators::new(),
             call_timeout: DEFAULT_CALL_TIMEOUT,
             orientation: OrientationContext::default(),
             limits: Limits::default(),
@@ -731,26 +731,19 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// polling thread, moved off the async worker when [`off_worker_guard`](Self::off_worker_guard)
     /// is set: a tool's first call compiles its schema (measured up to 5 ms for one of the
     /// fixtures'), arguments of 16 MiB (a passed result's) take about 10 ms to validate and
-    /// copy into the verdict, an orientation payload is built from every permitted tool,
-    /// and a call waiting for the validator lock waits here too.
+    /// copy into the verdict, and an orientation payload is built from every permitted
+    /// tool. Calls guarded at once (by sessions sharing the executor) do not wait for each
+    /// other's guards, only briefly for the schema cache's lock (held to look a schema up
+    /// or store one).
     fn judge(
         &self,
         surface: &Surface,
         live: &Live<'_>,
         call: &ToolCall,
     ) -> Result<psych_disclosure::Forward, ToolOutput> {
-        let judge = || {
-            let verdict = {
-                let mut validators = self
-                    .validators
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                surface.guard(&call.name, &call.arguments, live, &mut validators)
-            };
-            match verdict {
-                Verdict::Forward(forward) => Ok(forward),
-                verdict => Err(self.answer(surface, live, &verdict)),
-            }
+        let judge = || match surface.guard(&call.name, &call.arguments, live, &self.validators) {
+            Verdict::Forward(forward) => Ok(forward),
+            verdict => Err(self.answer(surface, live, &verdict)),
         };
         if self.off_worker {
             off_the_worker(judge)
@@ -1378,8 +1371,7 @@ fn one(logged: Vec<LoggedRecord>) -> Result<Executed, ExecuteError> {
     }
 }
 
-/// Runs `work` (CPU work or a wait on a lock, too long to keep an async worker from its
-/// other tasks) so that the worker's other tasks go on meanwhile: on a multi-threaded
+/// Runs `work` (CPU work too long to keep an async worker from its other tasks) so that the worker's other tasks go on meanwhile: on a multi-threaded
 /// runtime, through [`tokio::task::block_in_place`] (they move to another thread; the
 /// future polling this, and what is polled with it, still waits); on a current-thread
 /// runtime, or off any runtime, where that cannot be done, in place.

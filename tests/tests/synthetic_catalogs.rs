@@ -315,18 +315,13 @@ fn every_generated_schema_compiles_and_checks_arguments() {
         grant: &grant,
         catalogs: &catalogs,
     };
-    let mut validators = Validators::new();
+    let validators = Validators::new();
     let mut refused = 0;
     for catalog in &catalogs {
         for tool in catalog.tools.iter() {
             let call = |arguments: Value| json!({"server": catalog.server.as_str(), "tool": tool.name.as_str(), "arguments": arguments});
             let good = arguments(&tool.input_schema);
-            match surface.guard(
-                "psych_call_tool",
-                &call(good.clone()),
-                &live,
-                &mut validators,
-            ) {
+            match surface.guard("psych_call_tool", &call(good.clone()), &live, &validators) {
                 Verdict::Forward(forward) => assert_eq!(
                     forward.validation,
                     Validation::Checked,
@@ -340,7 +335,7 @@ fn every_generated_schema_compiles_and_checks_arguments() {
             if let Some((name, _)) = good.as_object().unwrap().iter().next() {
                 let mut bad = good.clone();
                 bad[name] = json!({"not": "this"});
-                let verdict = surface.guard("psych_call_tool", &call(bad), &live, &mut validators);
+                let verdict = surface.guard("psych_call_tool", &call(bad), &live, &validators);
                 assert!(
                     matches!(verdict, Verdict::Refused(_)),
                     "{}/{}: {verdict:?}",
