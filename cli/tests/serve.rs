@@ -263,6 +263,14 @@ async fn psych_serve_end_to_end() {
         panic!("the exotic result arrives raw: {raw:?}");
     };
     assert_eq!(raw, psych_test_server::exotic_result());
+    // One with no content block passes through without one: structured content is shown
+    // as a text block in Psych's own answers only, never added to an upstream's.
+    let answer = call(&session, "small__exotic", json!({"structured_only": true})).await;
+    assert!(answer.content.is_empty(), "no block added: {answer:?}");
+    assert_eq!(
+        answer.structured_content,
+        Some(psych_test_server::exotic_structured_result()["structuredContent"].clone())
+    );
 
     // A call the client cancels is cancelled upstream: cancelled once the upstream said
     // it arrived (`--announce-hang`: progress 0 under the client's token), so it is the

@@ -23,7 +23,7 @@
 //! | `end_subscriptions` | not listed: ends every open `subscriptions/listen` stream (its final result) |
 //! | `subscriptions` | not listed: how many `subscriptions/listen` streams are open and watching for changes |
 //! | (HTTP) `cut_stream {bytes}`, `end_stream` | not listed: an event stream cut mid-event, or ended before any answer; and paths under `/moved` redirect (see `raw_http`) |
-//! | `exotic {known_only}` | [`exotic_result`] as raw JSON: fields and a block type rmcp does not model ([`exotic_known_result`], without the unknown block type, if `known_only` is true) |
+//! | `exotic {known_only, structured_only}` | [`exotic_result`] as raw JSON: fields and a block type rmcp does not model ([`exotic_known_result`], without the unknown block type, if `known_only` is true; [`exotic_structured_result`], no content block and structured content, if `structured_only` is) |
 //! | `confirm {text}` | listed with `--modern-only` only: MCP 2026-07-28's `input_required`, an elicitation under the key `confirm` and the state [`confirm_state`]; retried with an `accept` (`{name}`) and that state byte for byte, "confirmed TEXT by NAME"; -32021 when the call declares no elicitation capability |
 //!
 //! Over stdio, unlisted `raw_*` tools answer with lines rmcp cannot write (invalid UTF-8,
@@ -610,6 +610,15 @@ pub fn exotic_known_result() -> Value {
     result
 }
 
+/// What the `exotic` tool answers with `structured_only`: no content block, and structured
+/// content (which MCP allows, though it asks for a text rendering too).
+pub fn exotic_structured_result() -> Value {
+    json!({
+        "content": [],
+        "structuredContent": {"ok": true, "n": 3},
+    })
+}
+
 /// The text of `large`: numbered lines, exactly `bytes` long.
 pub fn large_text(bytes: usize) -> String {
     let mut text = String::with_capacity(bytes + 64);
@@ -693,9 +702,7 @@ impl TestServer {
             "fingerprint" => CallToolResult::success(vec![ContentBlock::text(fingerprint(&args))]),
             // Replaced by the raw result on its way out: over stdio by `RawListing`, over
             // HTTP by the session's transport or in the JSON body.
-            "exotic" => CallToolResult::success(vec![ContentBlock::text(raw_http::marker(
-                args.get("known_only") == Some(&Value::Bool(true)),
-            ))]),
+            "exotic" => CallToolResult::success(vec![ContentBlock::text(raw_http::marker(&args))]),
             "add_tool" | "remove_tool" => {
                 let name = text_arg("name");
                 // Over stdio, no page is read until the change is announced.

@@ -2,7 +2,7 @@
 //! typed `ServerHandler`, whose `tools/call` answer is rmcp's `CallToolResult` (which cannot
 //! carry a block type or a field rmcp does not model). So the `exotic` tool answers with a
 //! marker, and the session's transport replaces that answer with [`exotic_result`] (or
-//! [`exotic_known_result`]) as raw JSON on its way out; every other message passes
+//! [`exotic_known_result`], or [`exotic_structured_result`]) as raw JSON on its way out; every other message passes
 //! untouched. Served statelessly with JSON bodies (`--json-response`), there is no session
 //! transport: [`replace_marker_in_body`] does the same in the response body. Over stdio
 //! the server's `RawListing` service replaces the handler's answer with
@@ -32,7 +32,7 @@ use rmcp::transport::Transport;
 use rmcp::transport::streamable_http_server::session::ServerSseMessage;
 use rmcp::transport::streamable_http_server::{RestoreOutcome, SessionId, SessionManager};
 
-use super::{exotic_known_result, exotic_result};
+use super::{exotic_known_result, exotic_result, exotic_structured_result};
 
 /// A response of the test server's HTTP service.
 pub(super) type HttpResponse = http::Response<BoxBody<Bytes, Infallible>>;
@@ -176,10 +176,17 @@ where
 const EXOTIC_MARKER: &str = "psych-test-server: exotic, replaced on the wire";
 /// The same for `exotic` with `known_only`; replaced by [`exotic_known_result`].
 const EXOTIC_KNOWN_MARKER: &str = "psych-test-server: exotic (known only), replaced on the wire";
+/// The same for `exotic` with `structured_only`; replaced by [`exotic_structured_result`].
+const EXOTIC_STRUCTURED_MARKER: &str =
+    "psych-test-server: exotic (structured only), replaced on the wire";
 
-/// The marker the handler answers `exotic` with.
-pub(super) fn marker(known_only: bool) -> &'static str {
-    if known_only {
+/// The marker the handler answers `exotic` with, by its arguments (`structured_only` first,
+/// then `known_only`).
+pub(super) fn marker(arguments: &serde_json::Map<String, serde_json::Value>) -> &'static str {
+    let flag = |name: &str| arguments.get(name) == Some(&serde_json::Value::Bool(true));
+    if flag("structured_only") {
+        EXOTIC_STRUCTURED_MARKER
+    } else if flag("known_only") {
         EXOTIC_KNOWN_MARKER
     } else {
         EXOTIC_MARKER
@@ -202,6 +209,7 @@ pub(super) fn replace_marker_result(result: &mut ServerResult) {
         let raw = match text.text.as_str() {
             EXOTIC_MARKER => exotic_result(),
             EXOTIC_KNOWN_MARKER => exotic_known_result(),
+            EXOTIC_STRUCTURED_MARKER => exotic_structured_result(),
             _ => return,
         };
         *result = ServerResult::CustomResult(CustomResult(raw));
@@ -229,7 +237,7 @@ pub(super) async fn replace_marker_in_body(
     }
     let (mut parts, body) = response.into_parts();
     let Ok(body) = body.collect().await.map(Collected::to_bytes);
-    let marked = [EXOTIC_MARKER, EXOTIC_KNOWN_MARKER]
+    let marked = [EXOTIC_MARKER, EXOTIC_KNOWN_MARKER, EXOTIC_STRUCTURED_MARKER]
         .iter()
         .any(|marker| memchr::memmem::find(&body, marker.as_bytes()).is_some());
     let body = match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
