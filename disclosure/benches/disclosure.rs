@@ -17,6 +17,14 @@
 //!   - `guard`: [`Surface::guard`] (name lookup, narrowing now, reachability, validation);
 //!   - `baseline_jsonschema_is_valid`: the compiled `jsonschema` validator alone on the
 //!     same arguments.
+//! - `guard_beside_a_16_mib_guard`: the same warm call guarded while another thread guards
+//!   calls of the same tool with 16 MiB arguments (a passed result's size) back to back,
+//!   sharing the call's Surface and cache, as two sessions of one identity share them in
+//!   `psych serve`.
+//!   - `shared_cache`: as [`Validators`] is shared now, locked only to look a schema up;
+//!   - `baseline_lock_across_the_guard`: the old way, one lock held across each guard, as
+//!     the runtime's executor held its `Mutex<Validators>` (the lock is not fair, so an
+//!     iteration may wait for several large guards).
 //! - `search_1000_tools`, `search_10000_tools`: the fixtures' tools renamed, 250 a server.
 //!   - `query_built_index`: one query through the index a Surface keeps;
 //!   - `build_index_once`: that index's build;
@@ -34,6 +42,18 @@
 mod common;
 
 use std::hint::black_box;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Sets its flag when dropped: a background thread looping until the flag is set stops
+/// even when the benchmark beside it panics (else its scope would wait forever).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
 
 use common::{Bytes4, FIXTURES, Setup, fixture_setup, fixture_tools, named_setup};
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -127,6 +147,36 @@ fn bench_guard(c: &mut Criterion) {
     group.bench_function("baseline_jsonschema_is_valid", |b| {
         b.iter(|| validator.is_valid(black_box(&args)))
     });
+    group.finish();
+
+    let mut large = args.clone();
+    large["properties"]["title"] = Value::String("x".repeat(16 << 20));
+    assert!(matches!(
+        surface.guard(name, &large, &live, &validators),
+        Verdict::Forward(_)
+    ));
+    let held = Mutex::new(());
+    let mut group = c.benchmark_group("guard_beside_a_16_mib_guard");
+    group.sample_size(20);
+    for (label, across) in [
+        ("shared_cache", false),
+        ("baseline_lock_across_the_guard", true),
+    ] {
+        let stop = AtomicBool::new(false);
+        let guard = |arguments: &Value| {
+            let _held = across.then(|| held.lock().unwrap());
+            surface.guard(name, arguments, &live, &validators)
+        };
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    black_box(guard(&large));
+                }
+            });
+            let _stop = StopOnDrop(&stop);
+            group.bench_function(label, |b| b.iter(|| guard(black_box(&args))));
+        });
+    }
     group.finish();
 }
 
