@@ -66,13 +66,14 @@
 //!
 //! # What blocks
 //!
-//! Nothing: the crate does no I/O, so its calls are safe on an async worker. A guard waits
-//! only briefly for [`Validators`]' lock (held to look a compiled schema up or store one),
-//! and a first search of a server for its index if another caller is building it.
+//! No I/O: the crate's calls are safe on an async worker. A guard may wait, briefly, for
+//! [`Validators`]' lock (held to look a compiled schema up or store one), and a first
+//! search of a server for its index while another caller builds it.
 //! What costs CPU: [`resolve`] prices every permitted tool of every server through the
 //! estimator each time it runs (about 12 ms for 20 servers and 2,000 tools, the runtime's
 //! step bench), and [`Validators`] compiles a tool's input schema at its first call (then
-//! once per catalogue version). [`SurfaceCache::resolve`] costs microseconds when nothing
+//! at the first call after each change of its server's catalogue; a call guarded against an
+//! older catalogue than the cached one compiles its own, not kept). [`SurfaceCache::resolve`] costs microseconds when nothing
 //! changed, and after a change about what the changed servers would cost resolved alone. A search indexes its server's tools
 //! at the first search of a catalogue version unless [`Surface::prepare_search`] did it
 //! ahead (call it where resolution is called, off an async worker).

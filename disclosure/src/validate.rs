@@ -126,47 +126,40 @@ impl Validators {
             return compiled;
         }
         let compiled = Arc::new(compile(tool));
-        // Returned by the store, freed here, after the lock: the older version's schemas
-        // it replaced, and `compiled` if another caller's was stored first.
-        let (stored, _replaced) = self.store(server, version, &tool.name, &compiled);
-        stored.unwrap_or(compiled)
+        // `compiled` is freed here, after the lock, if another caller's was stored first.
+        self.store(server, version, &tool.name, &compiled)
+            .unwrap_or(compiled)
     }
 
     /// Stores `compiled` as `tool`'s schema at `(server, version)` unless one is stored
-    /// there already: the one stored before (`None` when `compiled` is stored, or not kept
-    /// because a newer version's schemas are), and the older version's schemas it
-    /// replaced, for the caller to free after the lock.
+    /// there already: the one stored before, or `None` when `compiled` is stored (or not
+    /// kept, a newer version's schemas being cached). The older version's schemas it
+    /// replaces are freed after the lock.
     fn store(
         &self,
         server: &ServerId,
         version: CatalogVersion,
         tool: &ToolName,
         compiled: &Arc<Compiled>,
-    ) -> (Option<Arc<Compiled>>, HashMap<ToolName, Arc<Compiled>>) {
+    ) -> Option<Arc<Compiled>> {
         let mut servers = self.servers();
-        // The entry API clones the key; look up first, so that a known server costs no
-        // allocation.
-        let entry = match servers.get_mut(server) {
-            Some(entry) => entry,
-            None => servers
-                .entry(server.clone())
-                .or_insert_with(|| ServerValidators {
-                    version,
-                    tools: HashMap::new(),
-                }),
-        };
+        let entry = servers
+            .entry(server.clone())
+            .or_insert_with(|| ServerValidators {
+                version,
+                tools: HashMap::new(),
+            });
         // A call guarded against an older catalogue than the one cached (a session's
         // Surface resolved before the change) is checked, not cached: it would drop the
         // newer schemas the other sessions use.
         if entry.version > version {
-            return (None, HashMap::new());
+            return None;
         }
-        let replaced = if entry.version < version {
+        let mut replaced = HashMap::new();
+        if entry.version < version {
             entry.version = version;
-            std::mem::take(&mut entry.tools)
-        } else {
-            HashMap::new()
-        };
+            replaced = std::mem::take(&mut entry.tools);
+        }
         let stored = match entry.tools.get(tool) {
             Some(stored) => Some(Arc::clone(stored)),
             None => {
@@ -174,7 +167,9 @@ impl Validators {
                 None
             }
         };
-        (stored, replaced)
+        drop(servers);
+        drop(replaced);
+        stored
     }
 
     /// Checks `arguments` against `tool`'s input schema, compiling it if this
@@ -355,6 +350,6 @@ mod tests {
                 });
             }
         });
-        assert_eq!(validators.len(), 1, "compiled and stored once");
+        assert_eq!(validators.len(), 1, "stored once");
     }
 }

@@ -348,27 +348,29 @@ impl Session {
     /// after the walk it concerns: the walk is then kept, and the notification is the
     /// caller's to list again for, as without this.
     ///
-    /// A walk again starts only when it can end, at the pace of the walk before it, within
-    /// half the listing deadline, so that it does not outlast a caller's own wait on a
-    /// slow server. A walk again that fails (an error, a bound passed) returns the walk
-    /// before it, as the listing without it would have; while it runs that walk is held
-    /// too, so a listing holds at most twice the listing bound.
+    /// The walks again all end within half the listing deadline, counted from the first
+    /// walk's start (one is cut there), so that a walk again never makes a listing outlast
+    /// a caller's own wait on a slow server; one starts only when it can end in time at
+    /// the pace of the walk before it. A walk again that fails (cut, an error, a bound
+    /// passed) returns the walk before it, as the listing without it would have; while it
+    /// runs that walk is held too, so a listing holds at most twice the listing bound.
     pub(crate) async fn list(&self) -> Result<Listing, McpError> {
         let started = tokio::time::Instant::now();
         let mut changes = self.tap.tool_changes();
-        let (mut listing, pages) = self.walk(started).await?;
+        let (mut listing, pages) = self.walk(started, self.timeouts.listing).await?;
         if pages == 1 {
             return Ok(listing);
         }
+        let again_within = self.timeouts.listing / 2;
         let mut walked = started.elapsed();
         for _ in 0..MAX_REWALKS {
             let unchanged = self.tap.tool_changes() == changes;
             let spent = started.elapsed();
-            if unchanged || spent.saturating_add(walked) > self.timeouts.listing / 2 {
+            if unchanged || spent.saturating_add(walked) > again_within {
                 break;
             }
             changes = self.tap.tool_changes();
-            match self.walk(started).await {
+            match self.walk(started, again_within).await {
                 Ok((again, _)) => listing = again,
                 Err(_) => break,
             }
@@ -377,9 +379,13 @@ impl Session {
         Ok(listing)
     }
 
-    /// One walk of [`Session::list`], within the listing's deadline counted from
-    /// `started`: the listing and how many pages it took.
-    async fn walk(&self, started: tokio::time::Instant) -> Result<(Listing, usize), McpError> {
+    /// One walk of [`Session::list`], ending by `within` from `started` (else
+    /// [`McpError::Timeout`] naming that time): the listing and how many pages it took.
+    async fn walk(
+        &self,
+        started: tokio::time::Instant,
+        within: Duration,
+    ) -> Result<(Listing, usize), McpError> {
         let mut listing = Listing::default();
         let mut names = HashSet::new();
         let mut cursors = HashSet::new();
@@ -389,12 +395,12 @@ impl Session {
         loop {
             page += 1;
             let call = format!("tools/list page {page}");
-            let left = self.timeouts.listing.saturating_sub(started.elapsed());
+            let left = within.saturating_sub(started.elapsed());
             if left.is_zero() {
                 return Err(McpError::Timeout {
                     server: self.server.clone(),
                     call: "tools/list".into(),
-                    after: self.timeouts.listing,
+                    after: within,
                     stderr: self.diagnostics(),
                 });
             }
@@ -1131,38 +1137,29 @@ mod tests {
 
     type JsonObject = psych_types::JsonObject;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn over_stdio_calls_given_up_leave_no_slot_in_the_tap() {
-        // A stdio server from before 2026-07-28 (server/discover is not found) that answers
-        // initialize and the first listing, then reads and never answers: every call hangs.
-        let script = r#"
-            answer() { read -r line; id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/'); }
-            answer
-            printf '{"jsonrpc":"2.0","id":%s,"error":{"code":-32601,"message":"Method not found"}}\n' "$id"
-            answer
-            printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"mute","version":"1"}}}\n' "$id"
-            read -r initialized
-            answer
-            printf '{"jsonrpc":"2.0","id":%s,"result":{"tools":[{"name":"hang","inputSchema":{"type":"object"}}]}}\n' "$id"
-            while read -r line; do :; done
-        "#;
-        let transport = Transport::Stdio {
-            command: "sh".into(),
-            args: vec!["-c".into(), script.into()],
-            env: BTreeMap::new(),
-            cwd: None,
-        };
-        let server = ServerId::new("mute").unwrap();
-        let events = Arc::new(EventQueue::default());
-        let (session, listing) = Session::connect(
-            &server,
-            &transport,
-            (timeouts(), crate::DEFAULT_MAX_LISTING_BYTES),
-            events,
+    /// A session to `server` over `transport`, with its first listing.
+    async fn connect(
+        server: &str,
+        transport: &Transport,
+        timeouts: Timeouts,
+    ) -> (Arc<Session>, Listing) {
+        Session::connect(
+            &ServerId::new(server).unwrap(),
+            transport,
+            (timeouts, crate::DEFAULT_MAX_LISTING_BYTES),
+            Arc::new(EventQueue::default()),
             (&std::env::temp_dir(), &SpillBudget::default()),
         )
         .await
-        .unwrap();
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_stdio_calls_given_up_leave_no_slot_in_the_tap() {
+        // A stdio server from before 2026-07-28 that answers the first listing, then reads
+        // and never answers: every call hangs.
+        let transport = paged_server(&[page(&["hang"], None)]);
+        let (session, listing) = connect("mute", &transport, timeouts()).await;
         assert_eq!(listing.tools.len(), 1);
         given_up_calls_leave_the_tap_empty(&session, "hang").await;
         session.close().await;
@@ -1180,15 +1177,7 @@ mod tests {
             url: format!("http://{addr}/mcp"),
             headers: BTreeMap::new(),
         };
-        let (session, _) = Session::connect(
-            &ServerId::new(server).unwrap(),
-            &transport,
-            (timeouts(), crate::DEFAULT_MAX_LISTING_BYTES),
-            Arc::new(EventQueue::default()),
-            (&std::env::temp_dir(), &SpillBudget::default()),
-        )
-        .await
-        .unwrap();
+        let (session, _) = connect(server, &transport, timeouts()).await;
         (session, serving)
     }
 
@@ -1335,17 +1324,14 @@ mod tests {
         }
     }
 
-    /// The names of the connection's first listing of `transport`.
-    async fn first_listing(transport: &Transport) -> Vec<String> {
-        let (session, listing) = Session::connect(
-            &ServerId::new("paged").unwrap(),
-            transport,
-            (timeouts(), crate::DEFAULT_MAX_LISTING_BYTES),
-            Arc::new(EventQueue::default()),
-            (&std::env::temp_dir(), &SpillBudget::default()),
-        )
-        .await
-        .unwrap();
+    /// A listing deadline no walk of these tests comes near, however loaded the machine.
+    const ROOMY: Duration = Duration::from_secs(60);
+
+    /// The names of the connection's first listing of `transport`, with a listing deadline
+    /// of `listing` (the walks again end within half of it).
+    async fn first_listing(transport: &Transport, listing: Duration) -> Vec<String> {
+        let timeouts = timeouts().with_listing(listing, listing);
+        let (session, listing) = connect("paged", transport, timeouts).await;
         session.close().await;
         listing
             .tools
@@ -1369,13 +1355,14 @@ mod tests {
             page(&["b", "c"], Some("2")),
             page(&["d"], None),
         ]);
-        assert_eq!(first_listing(&transport).await, ["b", "c", "d"]);
+        assert_eq!(first_listing(&transport, ROOMY).await, ["b", "c", "d"]);
     }
 
     /// A server that changes during every walk is walked three times in all, and listed as
     /// its last walk found it; one whose walk again fails is listed as its first walk
     /// found it; a listing of one page is one answer, never walked again; a walk that took
-    /// too long for another is not walked again.
+    /// too long for another is not walked again, and a walk again is cut at half the
+    /// listing deadline.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn walks_again_are_bounded_and_never_fail_a_listing() {
         let changed = |tools| Page {
@@ -1393,7 +1380,7 @@ mod tests {
             // Never asked for: a fourth walk would find this.
             page(&["z"], None),
         ]);
-        assert_eq!(first_listing(&always).await, ["a", "b", "e"]);
+        assert_eq!(first_listing(&always, ROOMY).await, ["a", "b", "e"]);
 
         let failing = Page {
             announce: false,
@@ -1401,10 +1388,10 @@ mod tests {
             answer: Err(()),
         };
         let fails_again = paged_server(&[page(&["a", "b"], Some("2")), changed(&["c"]), failing]);
-        assert_eq!(first_listing(&fails_again).await, ["a", "b", "c"]);
+        assert_eq!(first_listing(&fails_again, ROOMY).await, ["a", "b", "c"]);
 
         let one_page = paged_server(&[changed(&["a", "b"]), page(&["z"], None)]);
-        assert_eq!(first_listing(&one_page).await, ["a", "b"]);
+        assert_eq!(first_listing(&one_page, ROOMY).await, ["a", "b"]);
 
         // A walk of 1.5 s, then another, would end past half the 5 s listing deadline.
         let slow = Page {
@@ -1413,7 +1400,23 @@ mod tests {
             answer: Ok((&["c"], None)),
         };
         let too_slow = paged_server(&[page(&["a", "b"], Some("2")), slow, page(&["z"], None)]);
-        assert_eq!(first_listing(&too_slow).await, ["a", "b", "c"]);
+        let five = Duration::from_secs(5);
+        assert_eq!(first_listing(&too_slow, five).await, ["a", "b", "c"]);
+
+        // A walk again whose first page stalls is cut at half the listing deadline, and the
+        // first walk is the listing.
+        let stalls = Page {
+            announce: false,
+            slow: Some("10"),
+            answer: Ok((&["z"], None)),
+        };
+        let stalled = paged_server(&[page(&["a", "b"], Some("2")), changed(&["c"]), stalls]);
+        let started = tokio::time::Instant::now();
+        let eight = Duration::from_secs(8);
+        assert_eq!(first_listing(&stalled, eight).await, ["a", "b", "c"]);
+        // Cut at 4 s; left to the listing deadline, it would end at 8.
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(6500), "{took:?}");
     }
 
     #[test]

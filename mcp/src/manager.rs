@@ -600,8 +600,8 @@ impl McpManager {
     /// rest kept.
     ///
     /// A listing of several pages during which the server announced a change of its tools
-    /// is walked again (at most twice, and only while half the listing deadline allows
-    /// another walk at the pace of the last): its pages may come from two catalogues, and
+    /// is walked again (at most twice, every walk again ending within half the listing
+    /// deadline, and one started only when it can at the pace of the last): its pages may come from two catalogues, and
     /// one whose cursor is an offset skips a tool the server did not change. Over stdio
     /// every change announced before a page's answer is seen; over HTTP the announcement
     /// comes on another stream and may be read after the walk. A walk again that fails

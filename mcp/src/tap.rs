@@ -387,9 +387,12 @@ impl Tap {
     /// Whether [`Tap::offer`] would look at a message whose text is `text`: a result is
     /// awaited, or `text` may be a progress or tools-change notification.
     pub(crate) fn wants(&self, text: &[u8]) -> bool {
+        // One scan for the methods' common start.
         self.is_waiting()
-            || memchr::memmem::find(text, PROGRESS.as_bytes()).is_some()
-            || memchr::memmem::find(text, TOOLS_CHANGED.as_bytes()).is_some()
+            || memchr::memmem::find_iter(text, "notifications/").any(|at| {
+                let from = &text[at..];
+                from.starts_with(PROGRESS.as_bytes()) || from.starts_with(TOOLS_CHANGED.as_bytes())
+            })
     }
 
     /// Where the progress notifications our transports read go: the connection's calls.

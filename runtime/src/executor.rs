@@ -1371,10 +1371,11 @@ fn one(logged: Vec<LoggedRecord>) -> Result<Executed, ExecuteError> {
     }
 }
 
-/// Runs `work` (CPU work too long to keep an async worker from its other tasks) so that the worker's other tasks go on meanwhile: on a multi-threaded
-/// runtime, through [`tokio::task::block_in_place`] (they move to another thread; the
-/// future polling this, and what is polled with it, still waits); on a current-thread
-/// runtime, or off any runtime, where that cannot be done, in place.
+/// Runs `work` (CPU work too long to keep an async worker from its other tasks) so that
+/// the worker's other tasks go on meanwhile: on a multi-threaded runtime, through
+/// [`tokio::task::block_in_place`] (they move to another thread; the future polling this,
+/// and what is polled with it, still waits); on a current-thread runtime, or off any
+/// runtime, where that cannot be done, in place.
 ///
 /// Panics inside a `LocalSet` on a multi-threaded runtime (tokio forbids blocking there),
 /// which is why an executor does this only when told ([`Executor::off_worker_guard`]).

@@ -705,7 +705,8 @@ impl TestServer {
             "exotic" => CallToolResult::success(vec![ContentBlock::text(raw_http::marker(&args))]),
             "add_tool" | "remove_tool" => {
                 let name = text_arg("name");
-                // Over stdio, no page is read until the change is announced.
+                // Over stdio, no page is read until the change is announced. (A call cancelled
+                // between the change and its announcement leaves it unannounced.)
                 let announcing = state.announcing().await;
                 {
                     let mut tools = state.tools.lock().unwrap_or_else(PoisonError::into_inner);

@@ -2,8 +2,8 @@
 //! typed `ServerHandler`, whose `tools/call` answer is rmcp's `CallToolResult` (which cannot
 //! carry a block type or a field rmcp does not model). So the `exotic` tool answers with a
 //! marker, and the session's transport replaces that answer with [`exotic_result`] (or
-//! [`exotic_known_result`], or [`exotic_structured_result`]) as raw JSON on its way out; every other message passes
-//! untouched. Served statelessly with JSON bodies (`--json-response`), there is no session
+//! [`exotic_known_result`], or [`exotic_structured_result`]) as raw JSON on its way out;
+//! every other message passes untouched. Served statelessly with JSON bodies (`--json-response`), there is no session
 //! transport: [`replace_marker_in_body`] does the same in the response body. Over stdio
 //! the server's `RawListing` service replaces the handler's answer with
 //! [`replace_marker_result`], the same replacement.
@@ -31,6 +31,7 @@ use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use rmcp::transport::streamable_http_server::session::ServerSseMessage;
 use rmcp::transport::streamable_http_server::{RestoreOutcome, SessionId, SessionManager};
+use serde_json::Value;
 
 use super::{exotic_known_result, exotic_result, exotic_structured_result};
 
@@ -126,7 +127,7 @@ where
         return Fault::Answer(no_session());
     }
     if parts.method == http::Method::POST
-        && let Ok(message) = serde_json::from_slice::<serde_json::Value>(&body)
+        && let Ok(message) = serde_json::from_slice::<Value>(&body)
         && message["method"] == "tools/call"
     {
         let id = message["id"].to_string();
@@ -172,25 +173,40 @@ where
     Fault::Pass(http::Request::from_parts(parts, Full::new(body)))
 }
 
-/// What the handler answers `exotic` with; replaced by [`exotic_result`] on the wire.
-const EXOTIC_MARKER: &str = "psych-test-server: exotic, replaced on the wire";
-/// The same for `exotic` with `known_only`; replaced by [`exotic_known_result`].
-const EXOTIC_KNOWN_MARKER: &str = "psych-test-server: exotic (known only), replaced on the wire";
-/// The same for `exotic` with `structured_only`; replaced by [`exotic_structured_result`].
-const EXOTIC_STRUCTURED_MARKER: &str =
-    "psych-test-server: exotic (structured only), replaced on the wire";
+/// One answer of `exotic`: the flag that asks for it, its marker, its raw result.
+type Marker = (Option<&'static str>, &'static str, fn() -> Value);
 
-/// The marker the handler answers `exotic` with, by its arguments (`structured_only` first,
-/// then `known_only`).
-pub(super) fn marker(arguments: &serde_json::Map<String, serde_json::Value>) -> &'static str {
-    let flag = |name: &str| arguments.get(name) == Some(&serde_json::Value::Bool(true));
-    if flag("structured_only") {
-        EXOTIC_STRUCTURED_MARKER
-    } else if flag("known_only") {
-        EXOTIC_KNOWN_MARKER
-    } else {
-        EXOTIC_MARKER
-    }
+/// What the handler answers `exotic` with, by the flag it was called with (none, the
+/// first), each the text of its one block and replaced on the wire by the raw result:
+/// [`exotic_result`], [`exotic_known_result`] (`known_only`), [`exotic_structured_result`]
+/// (`structured_only`, which goes before `known_only`).
+const MARKERS: [Marker; 3] = [
+    (
+        None,
+        "psych-test-server: exotic, replaced on the wire",
+        exotic_result,
+    ),
+    (
+        Some("structured_only"),
+        "psych-test-server: exotic (structured only), replaced on the wire",
+        exotic_structured_result,
+    ),
+    (
+        Some("known_only"),
+        "psych-test-server: exotic (known only), replaced on the wire",
+        exotic_known_result,
+    ),
+];
+
+/// The marker the handler answers `exotic` with, by its arguments.
+pub(super) fn marker(arguments: &serde_json::Map<String, Value>) -> &'static str {
+    let flagged = |flag: Option<&str>| {
+        flag.is_some_and(|name| arguments.get(name) == Some(&Value::Bool(true)))
+    };
+    MARKERS
+        .iter()
+        .find(|(flag, ..)| flagged(*flag))
+        .map_or(MARKERS[0].1, |(_, marker, _)| marker)
 }
 
 /// A session manager whose sessions' transports are [`RawResults`].
@@ -206,13 +222,10 @@ pub(super) fn replace_marker_result(result: &mut ServerResult) {
         && let [block] = call.content.as_slice()
         && let Some(text) = block.as_text()
     {
-        let raw = match text.text.as_str() {
-            EXOTIC_MARKER => exotic_result(),
-            EXOTIC_KNOWN_MARKER => exotic_known_result(),
-            EXOTIC_STRUCTURED_MARKER => exotic_structured_result(),
-            _ => return,
+        let Some((.., raw)) = MARKERS.iter().find(|(_, marker, _)| text.text == *marker) else {
+            return;
         };
-        *result = ServerResult::CustomResult(CustomResult(raw));
+        *result = ServerResult::CustomResult(CustomResult(raw()));
     }
 }
 
@@ -237,9 +250,9 @@ pub(super) async fn replace_marker_in_body(
     }
     let (mut parts, body) = response.into_parts();
     let Ok(body) = body.collect().await.map(Collected::to_bytes);
-    let marked = [EXOTIC_MARKER, EXOTIC_KNOWN_MARKER, EXOTIC_STRUCTURED_MARKER]
+    let marked = MARKERS
         .iter()
-        .any(|marker| memchr::memmem::find(&body, marker.as_bytes()).is_some());
+        .any(|(_, marker, _)| memchr::memmem::find(&body, marker.as_bytes()).is_some());
     let body = match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
         Ok(message) if marked => match serde_json::to_vec(&replace_marker(message)) {
             Ok(rewritten) => {
