@@ -2449,7 +2449,11 @@ pub async fn serve(
         }
     }
     let manager = builder.build().map_err(ServeError::Manager)?;
+    // A listing gets psych-mcp's deadline for a whole listing (every page, and a walk
+    // again when the server changed its tools during one), as `psych run`'s does: the
+    // freshener's own default (30 s) would give up on a listing the manager still allows.
     let fresh = FreshenerConfig::builder()
+        .list_timeout(call_timeouts().listing)
         .build()
         .map_err(ServeError::Freshener)?;
     // The servers connect in the background: `initialize` is answered from what is known.
