@@ -892,9 +892,12 @@ impl Session {
         // With tokens, the session is its opener's (the HTTP layer records it so, and
         // refuses another identity's requests in it), so it is bound and counted now.
         // The identity's own bound first, so that one at it takes no global slot even for
-        // a moment (another identity's open could be refused by it).
+        // a moment (another identity's open could be refused by it); a closing gateway
+        // before both, so that it says it is closing rather than to retry.
         let presented = PRESENTED.try_with(Clone::clone).ok().flatten();
+        let closing = shared.state.borrow().closing.is_some();
         let identity = match presented {
+            _ if closing => Err(SessionRefused::Closing),
             Some(name) => {
                 let tenant = shared.tenant(&name);
                 let max = shared.max_identity_sessions;
@@ -3435,7 +3438,8 @@ mod tests {
 
     /// A session opened for a request presenting an identity counts against it (at most
     /// `max_identity_sessions`, 1 here) and is bound to it at once; one without an identity
-    /// (no tokens) counts against no one; a closed one frees its place.
+    /// (no tokens) counts against no one; a closed one frees its place; a closing gateway
+    /// refuses every identity as closing.
     #[test]
     fn an_identity_holds_at_most_its_sessions_and_each_is_bound_at_open() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -3466,6 +3470,10 @@ mod tests {
         drop(alice);
         let again = open("alice").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(shared.state.borrow().sessions, 3);
+        // Closing, the gateway says so, to an identity at its bound too (not "retry").
+        shared.close(Cut::Shutdown);
+        assert!(matches!(open("alice"), Err(SessionRefused::Closing)));
+        assert!(matches!(open("carol"), Err(SessionRefused::Closing)));
         drop((again, bob, anyone));
         assert_eq!(shared.state.borrow().sessions, 0);
     }
