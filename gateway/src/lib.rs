@@ -2453,8 +2453,11 @@ pub async fn serve(
     }
     let manager = builder.build().map_err(ServeError::Manager)?;
     // A listing gets psych-mcp's deadline for a whole listing (every page, and a walk
-    // again when the server changed its tools during one), as `psych run`'s does: the
+    // again when the server changed its tools during one), as the other commands' do
+    // (`budget`, `search`, `orient`: the CLI's `setup::listing_freshener`): the
     // freshener's own default (30 s) would give up on a listing the manager still allows.
+    // A lazy server's start is listed under it too, so a stalled one fails its first
+    // call after 60 s (on a shared catalogue, after up to 120 s of lease wait besides).
     let fresh = FreshenerConfig::builder()
         .list_timeout(call_timeouts().listing)
         .build()
