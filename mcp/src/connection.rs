@@ -364,12 +364,12 @@ impl Session {
         let again_within = self.timeouts.listing / 2;
         let mut walked = started.elapsed();
         for _ in 0..MAX_REWALKS {
-            let unchanged = self.tap.tool_changes() == changes;
+            let now = self.tap.tool_changes();
             let spent = started.elapsed();
-            if unchanged || spent.saturating_add(walked) > again_within {
+            if now == changes || spent.saturating_add(walked) > again_within {
                 break;
             }
-            changes = self.tap.tool_changes();
+            changes = now;
             match self.walk(started, again_within).await {
                 Ok((again, _)) => listing = again,
                 Err(_) => break,
@@ -1137,16 +1137,18 @@ mod tests {
 
     type JsonObject = psych_types::JsonObject;
 
-    /// A session to `server` over `transport`, with its first listing.
+    /// A session to `server` over `transport`, with its first listing (of at most
+    /// `max_listing_bytes`).
     async fn connect(
         server: &str,
         transport: &Transport,
         timeouts: Timeouts,
+        max_listing_bytes: u64,
     ) -> (Arc<Session>, Listing) {
         Session::connect(
             &ServerId::new(server).unwrap(),
             transport,
-            (timeouts, crate::DEFAULT_MAX_LISTING_BYTES),
+            (timeouts, max_listing_bytes),
             Arc::new(EventQueue::default()),
             (&std::env::temp_dir(), &SpillBudget::default()),
         )
@@ -1159,7 +1161,13 @@ mod tests {
         // A stdio server from before 2026-07-28 that answers the first listing, then reads
         // and never answers: every call hangs.
         let transport = paged_server(&[page(&["hang"], None)]);
-        let (session, listing) = connect("mute", &transport, timeouts()).await;
+        let (session, listing) = connect(
+            "mute",
+            &transport,
+            timeouts(),
+            crate::DEFAULT_MAX_LISTING_BYTES,
+        )
+        .await;
         assert_eq!(listing.tools.len(), 1);
         given_up_calls_leave_the_tap_empty(&session, "hang").await;
         session.close().await;
@@ -1177,7 +1185,13 @@ mod tests {
             url: format!("http://{addr}/mcp"),
             headers: BTreeMap::new(),
         };
-        let (session, _) = connect(server, &transport, timeouts()).await;
+        let (session, _) = connect(
+            server,
+            &transport,
+            timeouts(),
+            crate::DEFAULT_MAX_LISTING_BYTES,
+        )
+        .await;
         (session, serving)
     }
 
@@ -1272,6 +1286,33 @@ mod tests {
         }
     }
 
+    impl Page {
+        /// A JSON-RPC error, not announced.
+        fn failing() -> Self {
+            Self {
+                announce: false,
+                slow: None,
+                answer: Err(()),
+            }
+        }
+
+        /// This page after a `list_changed`.
+        fn announced(self) -> Self {
+            Self {
+                announce: true,
+                ..self
+            }
+        }
+
+        /// This page after `seconds` (a `sleep` argument).
+        fn after(self, seconds: &'static str) -> Self {
+            Self {
+                slow: Some(seconds),
+                ..self
+            }
+        }
+    }
+
     /// A stdio server from before 2026-07-28 that says it sends `list_changed` and answers
     /// the `tools/list` requests with `pages` in turn (the first of them the connection's
     /// listing), then reads and never answers.
@@ -1330,8 +1371,17 @@ mod tests {
     /// The names of the connection's first listing of `transport`, with a listing deadline
     /// of `listing` (the walks again end within half of it).
     async fn first_listing(transport: &Transport, listing: Duration) -> Vec<String> {
+        first_listing_within(transport, listing, crate::DEFAULT_MAX_LISTING_BYTES).await
+    }
+
+    /// [`first_listing`] with a listing bound of `bytes`.
+    async fn first_listing_within(
+        transport: &Transport,
+        listing: Duration,
+        bytes: u64,
+    ) -> Vec<String> {
         let timeouts = timeouts().with_listing(listing, listing);
-        let (session, listing) = connect("paged", transport, timeouts).await;
+        let (session, listing) = connect("paged", transport, timeouts, bytes).await;
         session.close().await;
         listing
             .tools
@@ -1344,11 +1394,7 @@ mod tests {
     /// which starts at offset 2 of `b c d`: `c` is skipped. The listing is walked again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_listing_the_server_changed_mid_walk_is_walked_again() {
-        let mid_walk = Page {
-            announce: true,
-            slow: None,
-            answer: Ok((&["d"], None)),
-        };
+        let mid_walk = page(&["d"], None).announced();
         let transport = paged_server(&[
             page(&["a", "b"], Some("2")),
             mid_walk,
@@ -1365,11 +1411,7 @@ mod tests {
     /// listing deadline.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn walks_again_are_bounded_and_never_fail_a_listing() {
-        let changed = |tools| Page {
-            announce: true,
-            slow: None,
-            answer: Ok((tools, None)),
-        };
+        let changed = |tools| page(tools, None).announced();
         let always = paged_server(&[
             page(&["a", "b"], Some("2")),
             changed(&["c"]),
@@ -1382,34 +1424,40 @@ mod tests {
         ]);
         assert_eq!(first_listing(&always, ROOMY).await, ["a", "b", "e"]);
 
-        let failing = Page {
-            announce: false,
-            slow: None,
-            answer: Err(()),
-        };
-        let fails_again = paged_server(&[page(&["a", "b"], Some("2")), changed(&["c"]), failing]);
+        let fails_again = paged_server(&[
+            page(&["a", "b"], Some("2")),
+            changed(&["c"]),
+            Page::failing(),
+        ]);
         assert_eq!(first_listing(&fails_again, ROOMY).await, ["a", "b", "c"]);
 
         let one_page = paged_server(&[changed(&["a", "b"]), page(&["z"], None)]);
         assert_eq!(first_listing(&one_page, ROOMY).await, ["a", "b"]);
 
         // A walk of 1.5 s, then another, would end past half the 5 s listing deadline.
-        let slow = Page {
-            announce: true,
-            slow: Some("1.5"),
-            answer: Ok((&["c"], None)),
-        };
+        let slow = changed(&["c"]).after("1.5");
         let too_slow = paged_server(&[page(&["a", "b"], Some("2")), slow, page(&["z"], None)]);
         let five = Duration::from_secs(5);
         assert_eq!(first_listing(&too_slow, five).await, ["a", "b", "c"]);
 
         // A walk again whose first page stalls is cut at half the listing deadline, and the
         // first walk is the listing.
-        let stalls = Page {
-            announce: false,
-            slow: Some("10"),
-            answer: Ok((&["z"], None)),
-        };
+        // A walk again past the listing bound (five tools where four fit) leaves the first.
+        let one = crate::listing::cost(
+            &serde_json::json!({"name": "a", "inputSchema": {"type": "object"}}),
+        );
+        let over = paged_server(&[
+            page(&["a", "b"], Some("2")),
+            changed(&["c"]),
+            page(&["a", "b", "c", "d"], Some("4")),
+            page(&["e"], None),
+        ]);
+        assert_eq!(
+            first_listing_within(&over, ROOMY, 4 * one + 64).await,
+            ["a", "b", "c"]
+        );
+
+        let stalls = page(&["z"], None).after("10");
         let stalled = paged_server(&[page(&["a", "b"], Some("2")), changed(&["c"]), stalls]);
         let started = tokio::time::Instant::now();
         let eight = Duration::from_secs(8);

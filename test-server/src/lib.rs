@@ -402,6 +402,14 @@ impl State {
         }
     }
 
+    /// The stdout writer: `Some` over stdio only.
+    fn writer(&self) -> Option<mpsc::UnboundedSender<stdio_faults::Out>> {
+        self.stdout
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// A `tools/list` page, once the change being announced (if one is) has been.
     async fn serve_page(&self, params: Option<&PaginatedRequestParams>) -> Value {
         let _announced = self.announcing().await;
@@ -414,12 +422,7 @@ impl State {
     /// the client to read them in, and one session's stalled stream would stall every
     /// session's listing.
     async fn announcing(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        let stdio = self
-            .stdout
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some();
-        if stdio {
+        if self.writer().is_some() {
             Some(self.announcing.lock().await)
         } else {
             None
@@ -843,12 +846,7 @@ impl TestServer {
             )]),
             "garbage" => {
                 let lines = number_arg("lines").max(1);
-                let writer = state
-                    .stdout
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone();
-                match writer {
+                match state.writer() {
                     Some(writer) => {
                         for i in 0..lines {
                             let _ = writer.send(stdio_faults::Out::Bytes(
