@@ -34,8 +34,10 @@ pub struct Line {
     /// Byte position of the first byte shown (after `start` when the front is cut).
     pub shown_from: u64,
     /// The bytes shown: the whole line, or a window of at most `max_line_bytes` (at the
-    /// start of the line or the `byte` asked for, or around the `grep` match), cut at
-    /// character boundaries.
+    /// start of the line or the `byte` asked for, or around the `grep` match), never
+    /// splitting a valid UTF-8 character. Bytes of no valid character (a source other than
+    /// psych's may hold them) are places like any other: reading on from a cut shows the
+    /// line's next byte, whatever it is.
     pub shown: Vec<u8>,
 }
 

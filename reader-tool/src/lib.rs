@@ -33,7 +33,8 @@
 //!   kind, MIME type, size and position, so binary data is described, never shown or
 //!   searched as text. Bytes that are not UTF-8 (from a source other than psych's) are
 //!   written `\xNN`, with backslashes doubled on that page and a note saying so: the page
-//!   decodes back to the exact bytes.
+//!   decodes back to the exact bytes, and reading on from each cut of a line shows every
+//!   byte of it once, in order.
 //!
 //! The crate also gives the tool's [`tool_definition`] for the prompt, and
 //! [`Answer::render`] turns an answer into the exact text the model sees.

@@ -60,6 +60,33 @@ fn is_continuation(byte: u8) -> bool {
     byte & 0xC0 == 0x80
 }
 
+/// The span of the valid UTF-8 character of `bytes` that `at` falls strictly inside, if any.
+///
+/// A cut there would split the character, so a window moves its edge to the span's start
+/// (its end) or end (its start). Bytes that are not part of a valid character are never
+/// such a span: a stray continuation byte is a place like any other, so a cut beside it
+/// and the read on from that cut agree and lose nothing.
+fn char_around(bytes: &[u8], at: usize) -> Option<(usize, usize)> {
+    if !bytes.get(at).is_some_and(|&b| is_continuation(b)) {
+        return None;
+    }
+    let lead = (1..=3.min(at))
+        .map(|back| at - back)
+        .find(|&i| !is_continuation(bytes[i]))?;
+    let width = match bytes[lead] {
+        0xC2..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF4 => 4,
+        _ => return None,
+    };
+    let end = lead + width;
+    let whole = end > at
+        && bytes
+            .get(lead..end)
+            .is_some_and(|c| std::str::from_utf8(c).is_ok());
+    whole.then_some((lead, end))
+}
+
 /// Bytes [`nth_line_break`] counts at a time before it looks for the break itself.
 const SKIP_BLOCK: usize = 4096;
 
@@ -328,27 +355,24 @@ impl<'a, S: RecordSource> Scan<'a, S> {
             let to = (from + cap64).min(end);
             (to.saturating_sub(cap64).max(lo), to)
         };
-        // One byte more past a cut end, to see whether the cut splits a character.
-        let bytes = self.fetch(from, if to < end { to + 1 } else { to })?;
-        let mut a = 0;
-        if from > start {
-            while a < 3 && a < bytes.len() && is_continuation(bytes[a]) {
-                a += 1;
-            }
+        // Up to three bytes more on each side of a cut, to see whether it splits a
+        // character (one is at most four bytes).
+        let (lead, tail) = ((from - start).min(3), (end - to).min(3));
+        let bytes = self.fetch(from - lead, to + tail)?;
+        let lead = lead as usize; // at most 3
+        let mut a = lead;
+        if let Some((_, char_end)) = char_around(&bytes, a) {
+            a = char_end;
         }
-        let mut b = usize::try_from(to - from).unwrap_or(0).min(bytes.len());
-        if to < end {
-            let mut steps = 0;
-            while steps < 3 && b > a && b < bytes.len() && is_continuation(bytes[b]) {
-                b -= 1;
-                steps += 1;
-            }
+        let mut b = (lead + usize::try_from(to - from).unwrap_or(0)).min(bytes.len());
+        if let Some((char_start, _)) = char_around(&bytes, b) {
+            b = char_start;
         }
         Ok(Line {
             number,
             start,
             len,
-            shown_from: from + a as u64,
+            shown_from: from - lead as u64 + a as u64,
             shown: bytes[a..b.max(a)].to_vec(),
         })
     }

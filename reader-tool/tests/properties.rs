@@ -254,6 +254,45 @@ proptest! {
     }
 
     #[test]
+    fn reading_on_from_each_cut_reconstructs_lines_that_are_not_utf8(
+        lines in prop::collection::vec(
+            prop::collection::vec(prop::sample::select(vec![b'a', 0x80, 0xA9, 0xAC, 0x82, 0xC3, 0xE2, 0xF0, 0x9F, 0xFF]), 0..2000),
+            1..4,
+        ),
+        cap in 512usize..530,
+        chunk in 1usize..64,
+    ) {
+        // Stray continuation bytes, lead bytes without their tail and whole characters, with
+        // cuts landing among them: no byte is skipped or shown twice.
+        let bytes = lines.join(&b'\n');
+        let source = RawBytes::text(&bytes);
+        let limits = Limits::builder().chunk_bytes(chunk).max_line_bytes(cap).build().unwrap();
+        let reader = Reader::with_limits(&source, limits);
+        for (offset, original) in lines.iter().enumerate() {
+            let mut args = ReadArgs { offset: offset as u64, limit: Some(1), ..ReadArgs::new(source.handle().to_string()) };
+            let mut got = Vec::new();
+            loop {
+                let page = read(&reader, &args);
+                let Some(line) = page.lines.first() else {
+                    prop_assert!(original.is_empty() && offset + 1 == lines.len());
+                    break;
+                };
+                prop_assert_eq!(line.cut_before(), got.len() as u64, "no gap, no overlap");
+                prop_assert!(line.shown.len() <= cap);
+                got.extend_from_slice(&line.shown);
+                match page.read_on(line) {
+                    Some(byte) => {
+                        prop_assert!(byte > args.byte);
+                        args.byte = byte;
+                    }
+                    None => break,
+                }
+            }
+            prop_assert_eq!(&got, original);
+        }
+    }
+
+    #[test]
     fn grep_read_on_from_each_cut_shows_every_match(
         lines in prop::collection::vec("[ab]{0,1500}", 1..4),
         needle in "[ab]{1,3}",
