@@ -102,6 +102,24 @@ pub enum McpError {
         /// The limit it is over.
         limit: u64,
     },
+    /// The server's answer holds more structural bytes (`[`, `{`, `,`, `:` outside strings)
+    /// than psych-mcp parses ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)), so its parsed
+    /// form could take far more memory than its bytes: it was not parsed, the request fails
+    /// as soon as the answer has gone by, and the connection stays usable.
+    #[error(
+        "MCP server \"{server}\": {call} failed: its answer holds over {limit} JSON values \
+         and keys (at least {tokens} brackets, commas and colons), more than psych-mcp parses"
+    )]
+    AnswerTooComplex {
+        /// The server.
+        server: ServerId,
+        /// The call the answer was for.
+        call: String,
+        /// The structural bytes counted before counting stopped (past `limit`).
+        tokens: u64,
+        /// The limit ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)).
+        limit: u64,
+    },
     /// The server's answer was too large for memory, and keeping it in files would have
     /// passed the manager's [`SpillBudget`](crate::SpillBudget): it was not kept (a stdio
     /// line is read past, an HTTP body or event not read further, an answer refused while
@@ -229,6 +247,7 @@ impl McpError {
             | Self::Timeout { server, .. }
             | Self::Protocol { server, .. }
             | Self::AnswerTooLarge { server, .. }
+            | Self::AnswerTooComplex { server, .. }
             | Self::MalformedAnswer { server, .. }
             | Self::SpillBudget { server, .. }
             | Self::RepeatedCursor { server, .. }

@@ -164,9 +164,17 @@ pub(crate) async fn post_request(
                 match crate::wire::parse_by_size(body.len(), move || parse_answer(&tap, &body))
                     .await
                 {
-                    Ok(parsed) => parsed?,
+                    Ok(Ok(parsed)) => parsed?,
                     // A panic or the runtime's end: the call fails saying so, the session stays
-                    // (a failed post would close it).
+                    // (a failed post would close it). A body too complex to parse fails its
+                    // call the same way.
+                    Ok(Err(tokens)) => {
+                        let fault = Fault::TooComplex { tokens };
+                        let error = StreamableHttpError::UnexpectedServerResponse(Cow::Owned(
+                            fault.reason(),
+                        ));
+                        return answered_with(message, &fault, session_id, error);
+                    }
                     Err(e) => {
                         let fault = Fault::Unparsed(e.to_string());
                         let error = StreamableHttpError::UnexpectedServerResponse(Cow::Owned(
@@ -185,8 +193,17 @@ pub(crate) async fn post_request(
 
 /// A JSON body read whole, offered to the tap (which keeps an answer it waits for raw and
 /// gives rmcp a stand-in): invalid UTF-8 and lone surrogate escapes are repaired (U+FFFD,
-/// the fact in the result's `_meta`), as over stdio.
-fn parse_answer(tap: &Tap, body: &[u8]) -> Result<ServerJsonRpcMessage, Error> {
+/// the fact in the result's `_meta`), as over stdio. `Err` with the structural bytes
+/// counted, unparsed, when there are more than [`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS).
+fn parse_answer(tap: &Tap, body: &[u8]) -> Result<Result<ServerJsonRpcMessage, Error>, u64> {
+    if let Some(tokens) = crate::wire::too_complex(body) {
+        return Err(tokens);
+    }
+    Ok(parse_json(tap, body))
+}
+
+/// [`parse_answer`] of a body within the bound.
+fn parse_json(tap: &Tap, body: &[u8]) -> Result<ServerJsonRpcMessage, Error> {
     let unreadable = |e: serde_json::Error| {
         StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
             "could not parse JSON response as ServerJsonRpcMessage: {e}: {}",
@@ -245,8 +262,9 @@ async fn failure(
             Ok(raw) => {
                 let prefix = (raw.len() > max_error).then(|| raw[..max_error].to_vec());
                 let full = decode(raw, content_type.clone(), max_error).await;
-                if let Ok(error @ JsonRpcMessage::Error(_)) =
-                    serde_json::from_str::<ServerJsonRpcMessage>(&full)
+                if crate::wire::too_complex(full.as_bytes()).is_none()
+                    && let Ok(error @ JsonRpcMessage::Error(_)) =
+                        serde_json::from_str::<ServerJsonRpcMessage>(&full)
                 {
                     return Ok(StreamableHttpPostResponse::Json(error, session_id));
                 }
@@ -495,6 +513,11 @@ async fn spilled(
         }
         Err(crate::spill::Refused::OverBudget(refused)) => {
             let fault = Fault::OverBudget { bytes, refused };
+            let error = unreadable(fault.reason());
+            answered_with(message, &fault, session_id, error)
+        }
+        Err(crate::spill::Refused::TooComplex(tokens)) => {
+            let fault = Fault::TooComplex { tokens };
             let error = unreadable(fault.reason());
             answered_with(message, &fault, session_id, error)
         }

@@ -129,6 +129,14 @@ pub(crate) enum Fault {
     /// A JSON body over the memory limit, kept in a file, could not be read back (not a
     /// valid answer, or the file failed): why.
     SpilledUnreadable(String),
+    /// The answer holds more structural bytes than psych-mcp parses (`tokens` counted, past
+    /// [`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)): it was not parsed. Answered as the
+    /// typed [`AnswerFailure::TooComplex`] (the call fails with
+    /// [`McpError::AnswerTooComplex`]).
+    TooComplex {
+        /// The structural bytes counted.
+        tokens: u64,
+    },
     /// An answer over the memory limit was not kept: its files would have passed the spill
     /// budget. Answered as the typed [`AnswerFailure::OverBudget`] (the call fails with
     /// [`McpError::SpillBudget`]).
@@ -165,14 +173,29 @@ impl Fault {
             Self::OverBudget { bytes, refused } => {
                 format!("the answer (at least {bytes} bytes) was not kept: {refused}")
             }
+            Self::TooComplex { tokens } => format!(
+                "the answer holds over {} JSON values and keys (at least {tokens} brackets, \
+                 commas and colons); it was not parsed",
+                crate::MAX_JSON_TOKENS
+            ),
         }
     }
 
     /// This fault as the JSON-RPC error answering request `id`.
     pub(crate) fn answer(&self, id: &RequestId) -> Value {
-        if let Self::OverBudget { bytes, refused } = self {
+        let typed = match self {
+            Self::OverBudget { bytes, refused } => {
+                Some(AnswerFailure::over_budget(*bytes, *refused))
+            }
+            &Self::TooComplex { tokens } => Some(AnswerFailure::TooComplex {
+                tokens,
+                limit: crate::MAX_JSON_TOKENS,
+            }),
+            _ => None,
+        };
+        if let Some(typed) = typed {
             let id = serde_json::to_value(id).unwrap_or(Value::Null);
-            return AnswerFailure::over_budget(*bytes, *refused).to_message(id);
+            return typed.to_message(id);
         }
         serde_json::json!({
             "jsonrpc": "2.0",
@@ -358,16 +381,30 @@ impl TappedClient {
                 // fails with it (resumed if the server can, else the call is answered why),
                 // rather than pass the event on without its answer.
                 let kept = crate::wire::parse_by_size(data.len(), move || {
+                    if let Some(tokens) = crate::wire::too_complex(data.as_bytes()) {
+                        return unparsed(data.as_bytes(), tokens);
+                    }
                     keep(&tap, &mut data);
-                    data
+                    Some(data)
                 })
                 .await
                 .map_err(|e| SseError::Body(Box::new(e)))?;
-                event.data = Some(kept);
+                event.data = kept;
                 Ok(event)
             }
         }))
     }
+}
+
+/// What goes to rmcp in place of an event's data holding more structural bytes than
+/// psych-mcp parses: the error answering the request it answers ([`Fault::TooComplex`]),
+/// or nothing (rmcp skips an event without data) when it answers none.
+fn unparsed(data: &[u8], tokens: u64) -> Option<String> {
+    let mut scanner = crate::stdio::scan::IdScanner::default();
+    scanner.feed(data);
+    let id = scanner.id().filter(|_| !scanner.has_method())?;
+    let id: RequestId = serde_json::from_str(&id).ok()?;
+    Some(Fault::TooComplex { tokens }.answer(&id).to_string())
 }
 
 /// Offers one event's data to the tap, rewriting it with the stand-in if it was kept.

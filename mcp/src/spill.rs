@@ -135,6 +135,9 @@ pub(crate) enum Refused {
     /// What stays in memory is over [`MAX_IN_MEMORY`], or a long `text` is in a block that
     /// is not a text block.
     TooLarge,
+    /// What stays in memory holds more structural bytes than psych-mcp parses
+    /// ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)): how many were counted.
+    TooComplex(u64),
     /// A spilled text's string is not valid JSON.
     Malformed(String),
     /// What stays in memory does not parse, even repaired: it, and serde's error.
@@ -147,11 +150,12 @@ pub(crate) enum Refused {
 
 impl Refused {
     /// Why the answer cannot be delivered, for its call (an unreadable rest quoted from
-    /// its start); `None` for [`Refused::TooLarge`] and [`Refused::OverBudget`], which
-    /// each transport says with its own limit and the answer's size.
+    /// its start); `None` for [`Refused::TooLarge`], [`Refused::TooComplex`] and
+    /// [`Refused::OverBudget`], which each transport says with its own limit and the
+    /// answer's size.
     pub(crate) fn reason(self) -> Option<String> {
         match self {
-            Self::TooLarge | Self::OverBudget(_) => None,
+            Self::TooLarge | Self::TooComplex(_) | Self::OverBudget(_) => None,
             Self::Malformed(reason) => Some(reason),
             Self::Unreadable { rest, error } => {
                 Some(format!("{error}: {}", crate::post::preview(&rest)))
@@ -229,6 +233,9 @@ pub(crate) fn read_answer(
             return Err(Refused::OverBudget(refused.holding(file_bytes)));
         }
     };
+    if let Some(tokens) = crate::wire::too_complex(&split.rest) {
+        return Err(Refused::TooComplex(tokens));
+    }
     let (mut value, lossy) = match serde_json::from_slice::<Value>(&split.rest) {
         Ok(value) => (value, Lossy::default()),
         Err(error) => match crate::stdio::repair::repair_counted(&split.rest) {

@@ -248,6 +248,7 @@ impl State {
                 Err(error) => Fault::SpilledUnreadable(error.to_string()),
             },
             Err(Refused::OverBudget(refused)) => Fault::OverBudget { bytes, refused },
+            Err(Refused::TooComplex(tokens)) => Fault::TooComplex { tokens },
             Err(refused) => match refused.reason() {
                 Some(reason) => Fault::SpilledUnreadable(reason),
                 None => Fault::EventTooLarge {
@@ -680,6 +681,11 @@ impl Parser {
         let data = match pending.data.take().map(String::from_utf8) {
             None => None,
             Some(Ok(data)) => Some(data),
+            // Too many values to parse for a repair: passed on as it is (lossily decoded),
+            // for the tap's transport to answer its request without parsing it.
+            Some(Err(error)) if crate::wire::too_complex(error.as_bytes()).is_some() => {
+                Some(String::from_utf8_lossy(error.as_bytes()).into_owned())
+            }
             Some(Err(error)) => match crate::stdio::repair::repair(error.as_bytes()) {
                 Some((mut message, note)) => {
                     crate::stdio::repair::record(&mut message, &note);

@@ -41,7 +41,7 @@
 
 mod lines;
 pub(crate) mod repair;
-mod scan;
+pub(crate) mod scan;
 mod stderr;
 #[cfg(test)]
 mod testing;
@@ -682,6 +682,14 @@ impl Parser {
                 ),
             },
             Err(spill::Refused::TooLarge) => self.too_long(too_large),
+            Err(spill::Refused::TooComplex(tokens)) => {
+                self.diagnostics.push_garbage(format!(
+                    "an answer of {bytes} bytes and over {} JSON values and keys, not parsed",
+                    crate::MAX_JSON_TOKENS
+                ));
+                let limit = crate::MAX_JSON_TOKENS;
+                self.fail(key, AnswerFailure::TooComplex { tokens, limit })
+            }
             Err(spill::Refused::Malformed(reason)) => {
                 let reason = format!("{reason} (in an answer of {bytes} bytes)");
                 self.diagnostics
@@ -711,6 +719,9 @@ impl Parser {
         let line = line.strip_prefix(BOM).unwrap_or(line).trim_ascii();
         if line.is_empty() {
             return None;
+        }
+        if let Some(tokens) = crate::wire::too_complex(line) {
+            return self.too_complex(line, tokens);
         }
         if !self.tap.is_waiting()
             && let Ok(message) = serde_json::from_slice(line)
@@ -751,6 +762,21 @@ impl Parser {
         let reason = format!("{error}; it reads: {quote:?}");
         self.diagnostics.push_garbage(quote);
         self.fail(id?, AnswerFailure::Malformed { reason })
+    }
+
+    /// A line with more structural bytes than psych-mcp parses: noted as stdout garbage, and
+    /// the request it answers (if it answers one) fails with
+    /// [`McpError::AnswerTooComplex`]; anything else is dropped unparsed.
+    fn too_complex(&self, line: &[u8], tokens: u64) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let mut scanner = scan::IdScanner::default();
+        scanner.feed(line);
+        let limit = crate::MAX_JSON_TOKENS;
+        self.diagnostics.push_garbage(format!(
+            "a line of {} bytes and over {limit} JSON values and keys, not parsed",
+            line.len()
+        ));
+        let id = scanner.id().filter(|_| !scanner.has_method())?;
+        self.fail(id, AnswerFailure::TooComplex { tokens, limit })
     }
 
     /// A line over a limit (what stays in memory over [`MAX_LINE`], the whole over

@@ -112,6 +112,13 @@ pub(crate) enum AnswerFailure {
         /// The transport's cap.
         limit: u64,
     },
+    /// The answer holds more structural bytes than psych-mcp parses.
+    TooComplex {
+        /// The structural bytes counted (past `limit`).
+        tokens: u64,
+        /// [`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS).
+        limit: u64,
+    },
     /// The answer does not parse, or is not a JSON-RPC response.
     Malformed {
         /// What is wrong, with a bounded quote of the answer.
@@ -182,6 +189,12 @@ impl AnswerFailure {
                 bytes,
                 limit,
             },
+            Self::TooComplex { tokens, limit } => McpError::AnswerTooComplex {
+                server: server.clone(),
+                call: call.to_owned(),
+                tokens,
+                limit,
+            },
             Self::Malformed { reason } => McpError::MalformedAnswer {
                 server: server.clone(),
                 call: call.to_owned(),
@@ -212,6 +225,13 @@ impl AnswerFailure {
             Self::TooLarge { bytes, limit } => (
                 format!("the answer is {bytes} bytes, over the {limit} bytes read into memory"),
                 json!({"bytes": bytes, "limit": limit, NONCE_KEY: nonce()}),
+            ),
+            Self::TooComplex { tokens, limit } => (
+                format!(
+                    "the answer holds over {limit} JSON values and keys (at least {tokens} \
+                     brackets, commas and colons); it was not parsed"
+                ),
+                json!({"tokens": tokens, "limit": limit, NONCE_KEY: nonce()}),
             ),
             Self::Malformed { reason } => (
                 format!("the answer could not be read: {reason}"),
@@ -247,6 +267,12 @@ impl AnswerFailure {
         if let Some(reason) = data.get("reason").and_then(Value::as_str) {
             return Some(Self::Malformed {
                 reason: reason.to_owned(),
+            });
+        }
+        if let Some(tokens) = data.get("tokens").and_then(Value::as_u64) {
+            return Some(Self::TooComplex {
+                tokens,
+                limit: data.get("limit")?.as_u64()?,
             });
         }
         if let Some(limit) = data.get("budget").and_then(Value::as_u64) {

@@ -13,6 +13,62 @@ use serde::Serialize;
 /// line or body, and serialize a message, on a blocking thread.
 pub const JSON_ON_WORKER: usize = 1024 * 1024;
 
+/// The most structural bytes (`[`, `{`, `,` and `:` outside strings) a server's message may
+/// hold for psych-mcp to parse it: 4,194,304.
+///
+/// A message's parsed form costs up to about 64 bytes for each, whatever its size in bytes
+/// (measured with serde_json: a 64 MiB array of `0`s parses to 1 GiB, 32 bytes a value; an
+/// object of short distinct keys to 63 bytes a structural byte), so this keeps one
+/// message's parsed form within about 270 MiB (measured at the bound: 267 MiB for an
+/// object of 2.1 million distinct keys, 129 MiB for an array of 4.2 million zeros) where
+/// 64 MiB of tiny values would take 1 GiB and more. A message past it is not parsed: an answer fails its request with
+/// [`McpError::AnswerTooComplex`](crate::McpError::AnswerTooComplex), anything else is
+/// dropped. A message of at most this many bytes is never counted (it cannot pass it); a
+/// longer one is counted first (about 1 ms a MiB, on the thread that parses it).
+pub const MAX_JSON_TOKENS: u64 = 4 * 1024 * 1024;
+
+/// The structural bytes counted in `json` when they pass [`MAX_JSON_TOKENS`] (counting
+/// stops there), `None` when the message is within it. Strings are followed, escapes
+/// included, so brackets and commas in text are not counted.
+pub(crate) fn too_complex(json: &[u8]) -> Option<u64> {
+    if json.len() as u64 <= MAX_JSON_TOKENS {
+        return None;
+    }
+    let mut count = 0u64;
+    let mut at = 0;
+    while at < json.len() {
+        match json[at] {
+            b'"' => {
+                // To the closing quote: the next quote not escaped.
+                at += 1;
+                loop {
+                    match memchr::memchr2(b'"', b'\\', &json[at..]) {
+                        Some(found) if json[at + found] == b'\\' => at += found + 2,
+                        Some(found) => {
+                            at += found + 1;
+                            break;
+                        }
+                        None => return None,
+                    }
+                    if at >= json.len() {
+                        return None;
+                    }
+                }
+                continue;
+            }
+            b'[' | b'{' | b',' | b':' => {
+                count += 1;
+                if count > MAX_JSON_TOKENS {
+                    return Some(count);
+                }
+            }
+            _ => {}
+        }
+        at += 1;
+    }
+    None
+}
+
 /// A message as a line (its JSON and `\n`), or the message back when its JSON is longer
 /// than [`JSON_ON_WORKER`] (then [`line_off_worker`] makes it).
 ///
@@ -95,6 +151,41 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn structural_bytes_are_counted_outside_strings_only() {
+        let max = usize::try_from(MAX_JSON_TOKENS).unwrap();
+        // At the bound, and one past it.
+        let zeros = |n: usize| {
+            let mut json = b"[".to_vec();
+            json.extend(std::iter::repeat_n(&b"0,"[..], n).flatten());
+            json.extend_from_slice(b"0]");
+            json
+        };
+        assert_eq!(too_complex(&zeros(max - 1)), None);
+        assert_eq!(too_complex(&zeros(max)), Some(MAX_JSON_TOKENS + 1));
+        let keys = |n: usize| {
+            let mut json = b"{".to_vec();
+            for i in 0..n {
+                json.extend_from_slice(format!("\"{i}\":0,").as_bytes());
+            }
+            json.extend_from_slice(b"\"z\":0}");
+            json
+        };
+        assert_eq!(too_complex(&keys(max / 2 - 1)), None);
+        assert!(too_complex(&keys(max / 2)).is_some());
+        // Text full of brackets, commas and escaped quotes is one string.
+        let text = format!(
+            "{{\"text\":\"{}\",\"a\":[1,2]}}",
+            "[{,:\\\"\\\\".repeat(max / 4)
+        );
+        assert!(text.len() > max);
+        assert_eq!(too_complex(text.as_bytes()), None);
+        // A short message is not counted at all; an unterminated string ends the count.
+        assert_eq!(too_complex(b"[,,,,]"), None);
+        let open = format!("[\"{}", ",".repeat(max + 10));
+        assert_eq!(too_complex(open.as_bytes()), None);
+    }
 
     #[tokio::test]
     async fn a_long_message_is_given_back_and_made_off_the_worker() {

@@ -72,7 +72,9 @@ mod raw_http;
 mod stdio_faults;
 mod synthetic;
 
-pub use stdio_faults::{FORGED_ERROR_MESSAGE, bad_utf8_text, huge_end, huge_line, huge_lines};
+pub use stdio_faults::{
+    FORGED_ERROR_MESSAGE, bad_utf8_text, huge_end, huge_line, huge_lines, many_values_answer,
+};
 pub use synthetic::{SyntheticKind, synthetic_catalog, synthetic_tools};
 
 /// What the test server does, beyond answering its control tools.

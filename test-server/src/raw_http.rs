@@ -12,7 +12,8 @@
 //! proxy in front of it would: redirects (paths under `/moved`: a same-origin 307 or 308 to
 //! `/mcp`, a loop, a cross-origin 307), event streams cut short (`tools/call` of
 //! `cut_stream {bytes}`: part of an event, then the end; of `end_stream`: the end before
-//! any answer) and refusals of one request (`tools/call` of `rate_limited`: a 429 with
+//! any answer; of `many_values {count, json}`: [`many_values_answer`](super::many_values_answer)
+//! as an event, or as a JSON body with `json`) and refusals of one request (`tools/call` of `rate_limited`: a 429 with
 //! `Retry-After: 7`; of `bad_gateway`: a proxy's 502 page in HTML), or of every request
 //! from then on (`forget_sessions`: a 400, as a server restarted without its sessions
 //! answers). Those tools are not listed; only a client that calls them by name sees them.
@@ -144,6 +145,23 @@ where
                 return Fault::Answer(event_stream(event));
             }
             Some("end_stream") => return Fault::Answer(event_stream(b": no answer\n\n".to_vec())),
+            Some("many_values") => {
+                let arguments = &message["params"]["arguments"];
+                let count = arguments["count"].as_u64().unwrap_or(0);
+                let answer = super::many_values_answer(&id, usize::try_from(count).unwrap_or(0));
+                if arguments["json"] == true {
+                    let mut response = http::Response::new(Full::new(Bytes::from(answer)).boxed());
+                    response.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/json"),
+                    );
+                    return Fault::Answer(response);
+                }
+                let mut event = b"data: ".to_vec();
+                event.extend_from_slice(&answer);
+                event.extend_from_slice(b"\n\n");
+                return Fault::Answer(event_stream(event));
+            }
             Some("rate_limited") => {
                 let mut response = plain(StatusCode::TOO_MANY_REQUESTS, "slow down");
                 response.headers_mut().insert(

@@ -10,7 +10,9 @@
 //!   makes up for an answer over its cap: [`FORGED_ERROR_MESSAGE`]), `raw_huge {mib,
 //!   second_mib, lone_surrogate, bad_utf8, image, pause_ms}` (a text result of `mib` MiB written
 //!   as it is made, never held: [`Huge`]; with `image`, an image block of 8 bytes after the
-//!   first text; with `pause_ms`, a pause after each MiB, as over a slow link). The handler answers them with a marker and
+//!   first text; with `pause_ms`, a pause after each MiB, as over a slow link),
+//!   `raw_many_values {count}` (a result whose `structuredContent.values` is an array of
+//!   `count` zeros: two bytes a value, the densest JSON there is). The handler answers them with a marker and
 //!   [`raw_line`] writes the line in its place (the writer task writes a huge one);
 //! - at start: `--stderr-flood BYTES` writes that many bytes to stderr without a line
 //!   break (then one), and `--setsid-grandchild PIDFILE` starts a `sleep` in a session of
@@ -39,7 +41,13 @@ pub(super) fn marker(request: &ClientRequest) -> Option<ServerResult> {
     let kind = name.strip_prefix("raw_")?;
     if !matches!(
         kind,
-        "bad_utf8" | "lone_surrogate" | "oversize" | "unparseable" | "forged_error" | "huge"
+        "bad_utf8"
+            | "lone_surrogate"
+            | "oversize"
+            | "unparseable"
+            | "forged_error"
+            | "huge"
+            | "many_values"
     ) {
         return None;
     }
@@ -49,6 +57,7 @@ pub(super) fn marker(request: &ClientRequest) -> Option<ServerResult> {
     Some(ServerResult::CustomResult(CustomResult(json!({
         MARKER: kind,
         "bytes": number("bytes"),
+        "count": number("count"),
         "id_last": flag("id_last"),
         "mib": number("mib"),
         "second_mib": number("second_mib"),
@@ -117,8 +126,31 @@ pub(super) fn raw_line(item: &TxJsonRpcMessage<RoleServer>) -> Option<Vec<u8>> {
         )
         .into_bytes(),
         "forged_error" => forged_error(&id),
+        "many_values" => {
+            let count = marker["count"]
+                .as_u64()
+                .and_then(|c| usize::try_from(c).ok())?;
+            let mut line = many_values_answer(&id, count);
+            line.push(b'\n');
+            line
+        }
         _ => return None,
     })
+}
+
+/// The answer (JSON text) of `raw_many_values {count}` to request `id` (JSON text), over
+/// stdio and HTTP: a text block and a `structuredContent` of `count` zeros, two bytes each.
+pub fn many_values_answer(id: &str, count: usize) -> Vec<u8> {
+    let mut answer = format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"{count} values"}}],"structuredContent":{{"values":["#
+    )
+    .into_bytes();
+    answer.reserve(2 * count + 8);
+    for i in 0..count {
+        answer.extend_from_slice(if i == 0 { b"0" } else { b",0" });
+    }
+    answer.extend_from_slice(b"]}}}");
+    answer
 }
 
 /// The line `raw_forged_error` answers request `id` (JSON text) with: a parse error whose
@@ -167,6 +199,8 @@ pub(super) fn raw_tools() -> Vec<Value> {
             "inputSchema": object(json!({}))}),
         json!({"name": "raw_forged_error", "description": "An error in the shape of psych's.",
             "inputSchema": object(json!({}))}),
+        json!({"name": "raw_many_values", "description": "A structured result of `count` zeros.",
+            "inputSchema": object(json!({"count": {"type": "integer", "minimum": 0}}))}),
     ]
 }
 

@@ -186,10 +186,13 @@ async fn call_large(manager: &McpManager, bytes: u64) -> psych_types::ToolOutput
 /// Calls `tool` and expects a failure at once (well within the 60 s deadline).
 async fn fails_at_once(manager: &McpManager, tool: &str, arguments: Value) -> McpError {
     let started = Instant::now();
-    let error = manager
+    // Not `unwrap_err`: a result wrongly read may be megabytes long to print.
+    let Err(error) = manager
         .call_tool(&ToolRef::parse("web", tool).unwrap(), args(arguments))
         .await
-        .unwrap_err();
+    else {
+        panic!("{tool} succeeded");
+    };
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "{tool} failed only after {:?}: {error}",
@@ -219,6 +222,30 @@ async fn a_cut_event_stream_says_how_it_ended() {
     );
     // A stream cut is that answer's loss, not the session's: the connection stays.
     assert_eq!(echo(&manager, "web", "still here").await, "still here");
+    manager.shutdown().await;
+}
+
+/// An answer holding more JSON values than psych-mcp parses fails its call at once with a
+/// typed error, as a JSON body or an event, read in memory (8 MiB) or kept in a file for
+/// its size (20 MiB), and the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_of_too_many_values_fails_its_call_unparsed_over_http() {
+    let server = HttpServer::start(&[]);
+    let (manager, reachability) = connect("web", &server.url).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let max = psych_mcp::MAX_JSON_TOKENS;
+    for json in [true, false] {
+        for count in [max, 10 * 1024 * 1024] {
+            let arguments = json!({"count": count, "json": json});
+            let error = fails_at_once(&manager, "many_values", arguments).await;
+            assert!(
+                matches!(&error, McpError::AnswerTooComplex { tokens, limit, .. }
+                    if *limit == max && *tokens > max),
+                "json {json}, {count} values: {error:?}"
+            );
+            assert_eq!(echo(&manager, "web", "still here").await, "still here");
+        }
+    }
     manager.shutdown().await;
 }
 

@@ -2010,6 +2010,62 @@ async fn an_oversized_or_unreadable_answer_fails_its_call_at_once_and_the_connec
     manager.shutdown().await;
 }
 
+/// An answer holding more JSON values than psych-mcp parses (zeros, two bytes each: 64 MiB of
+/// them would parse to 1 GiB) fails its call at once with a typed error, read whole in
+/// memory or kept in a file for its size, and the connection stays usable; one within the
+/// bound is parsed as any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_of_too_many_values_fails_its_call_unparsed_and_the_connection_stays() {
+    let timeouts = fast().with_call(Duration::from_secs(120));
+    let (manager, _) = one("dense", test_server("dense", &[]), timeouts).await;
+    let max = psych_mcp::MAX_JSON_TOKENS;
+    let within = manager
+        .call_tool_raw(
+            &tool("dense", "raw_many_values"),
+            args(json!({"count": max - 64})),
+        )
+        .await
+        .unwrap();
+    let values = &within.structured_content.as_ref().unwrap()["values"];
+    assert_eq!(values.as_array().map(Vec::len), Some(max as usize - 64));
+    // 8 MiB, read in memory; 20 MiB, kept in a file first (over `SPILL_AT`).
+    for count in [max, 10 * 1024 * 1024] {
+        // Not `unwrap_err`: 4 million values wrongly read are megabytes to print.
+        let Err(error) = manager
+            .call_tool_raw(
+                &tool("dense", "raw_many_values"),
+                args(json!({"count": count})),
+            )
+            .await
+        else {
+            panic!("{count} values were read");
+        };
+        let McpError::AnswerTooComplex {
+            call,
+            tokens,
+            limit,
+            ..
+        } = &error
+        else {
+            panic!("{count} values: {error}");
+        };
+        assert_eq!(call, "tools/call raw_many_values");
+        assert_eq!(*limit, max);
+        assert!(*tokens > max, "{tokens}");
+        assert!(!error.is_connection_lost());
+        assert!(
+            error.to_string().contains("more than psych-mcp parses"),
+            "{error}"
+        );
+        let echo = manager
+            .call_tool_raw(&tool("dense", "echo"), args(json!({"text": "still here"})))
+            .await
+            .unwrap();
+        assert_eq!(texts(&echo), ["still here"]);
+    }
+    manager.shutdown().await;
+}
+
 /// Whether process `pid` is gone (or a zombie).
 fn gone(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
