@@ -106,17 +106,15 @@ pub enum McpError {
     /// than psych-mcp parses ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)), so its parsed
     /// form could take far more memory than its bytes: it was not parsed, the request fails
     /// as soon as the answer has gone by, and the connection stays usable.
-    #[error(
-        "MCP server \"{server}\": {call} failed: its answer holds over {limit} JSON values \
-         and keys (at least {tokens} brackets, commas and colons), more than psych-mcp parses"
-    )]
+    #[error("MCP server \"{server}\": {call} failed: {}", too_complex(*bytes, *limit))]
     AnswerTooComplex {
         /// The server.
         server: ServerId,
         /// The call the answer was for.
         call: String,
-        /// The structural bytes counted before counting stopped (past `limit`).
-        tokens: u64,
+        /// The answer's size (the part kept in memory, for one whose long texts went to
+        /// files).
+        bytes: u64,
         /// The limit ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)).
         limit: u64,
     },
@@ -264,6 +262,14 @@ impl McpError {
     pub fn is_connection_lost(&self) -> bool {
         matches!(self, Self::Exited { .. } | Self::Closed { .. })
     }
+}
+
+/// Why an answer of `bytes` bytes with more than `limit` structural bytes was not parsed.
+pub(crate) fn too_complex(bytes: u64, limit: u64) -> String {
+    format!(
+        "its answer of {bytes} bytes holds over {limit} JSON values and keys (brackets, \
+         commas and colons), more than psych-mcp parses; it was not read"
+    )
 }
 
 /// Formats the stderr tail after an error message, or nothing.

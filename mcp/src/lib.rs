@@ -29,8 +29,8 @@
 //! past it fails its call with [`McpError::SpillBudget`] and the connection goes on.
 //!
 //! What else a server controls is bounded too: a message with more than
-//! [`MAX_JSON_TOKENS`] brackets, commas and colons is not parsed (its parsed form could
-//! take 30 times its bytes), and an answer of that kind fails its request with
+//! [`MAX_JSON_TOKENS`] brackets, commas and colons is not parsed (parsed, 64 MiB of tiny
+//! values would take gigabytes), and an answer of that kind fails its request with
 //! [`McpError::AnswerTooComplex`]; a listing holds about
 //! [`DEFAULT_MAX_LISTING_BYTES`] at most ([`McpManagerBuilder::max_listing_bytes`]) over
 //! at most [`MAX_LISTING_PAGES`] pages with cursors of at most [`MAX_CURSOR_BYTES`], else

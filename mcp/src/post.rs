@@ -161,15 +161,16 @@ pub(crate) async fn post_request(
             // post dropped meanwhile loses its answer, as it would mid-body.
             let tap = Arc::clone(tap);
             let parsed =
+                let bytes = body.len() as u64;
                 match crate::wire::parse_by_size(body.len(), move || parse_answer(&tap, &body))
                     .await
                 {
-                    Ok(Ok(parsed)) => parsed?,
+                    Ok(Some(parsed)) => parsed?,
                     // A panic or the runtime's end: the call fails saying so, the session stays
                     // (a failed post would close it). A body too complex to parse fails its
                     // call the same way.
-                    Ok(Err(tokens)) => {
-                        let fault = Fault::TooComplex { tokens };
+                    Ok(None) => {
+                        let fault = Fault::TooComplex { bytes };
                         let error = StreamableHttpError::UnexpectedServerResponse(Cow::Owned(
                             fault.reason(),
                         ));
@@ -193,13 +194,10 @@ pub(crate) async fn post_request(
 
 /// A JSON body read whole, offered to the tap (which keeps an answer it waits for raw and
 /// gives rmcp a stand-in): invalid UTF-8 and lone surrogate escapes are repaired (U+FFFD,
-/// the fact in the result's `_meta`), as over stdio. `Err` with the structural bytes
-/// counted, unparsed, when there are more than [`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS).
-fn parse_answer(tap: &Tap, body: &[u8]) -> Result<Result<ServerJsonRpcMessage, Error>, u64> {
-    if let Some(tokens) = crate::wire::too_complex(body) {
-        return Err(tokens);
-    }
-    Ok(parse_json(tap, body))
+/// the fact in the result's `_meta`), as over stdio. `None`, unparsed, when it holds more
+/// structural bytes than [`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS).
+fn parse_answer(tap: &Tap, body: &[u8]) -> Option<Result<ServerJsonRpcMessage, Error>> {
+    (!crate::wire::too_complex(body)).then(|| parse_json(tap, body))
 }
 
 /// [`parse_answer`] of a body within the bound.
@@ -243,8 +241,9 @@ fn answered_with(
     }
 }
 
-/// A non-success answer: a JSON-RPC error in a JSON body is the answer (read whole within
-/// the JSON limit); anything else is an error quoting a bounded prefix of the body.
+/// A non-success answer: a JSON-RPC error in a JSON body of at most
+/// [`JSON_ON_WORKER`](crate::wire::JSON_ON_WORKER) is the answer; anything else is an error
+/// quoting a bounded prefix of the body.
 async fn failure(
     response: reqwest::Response,
     status: StatusCode,
@@ -262,7 +261,9 @@ async fn failure(
             Ok(raw) => {
                 let prefix = (raw.len() > max_error).then(|| raw[..max_error].to_vec());
                 let full = decode(raw, content_type.clone(), max_error).await;
-                if crate::wire::too_complex(full.as_bytes()).is_none()
+                // A JSON-RPC error is a few KiB: a body over `JSON_ON_WORKER` is not parsed
+                // here on the worker (nor can it hold too many values to parse), only quoted.
+                if full.len() <= crate::wire::JSON_ON_WORKER
                     && let Ok(error @ JsonRpcMessage::Error(_)) =
                         serde_json::from_str::<ServerJsonRpcMessage>(&full)
                 {
@@ -516,8 +517,8 @@ async fn spilled(
             let error = unreadable(fault.reason());
             answered_with(message, &fault, session_id, error)
         }
-        Err(crate::spill::Refused::TooComplex(tokens)) => {
-            let fault = Fault::TooComplex { tokens };
+        Err(crate::spill::Refused::TooComplex) => {
+            let fault = Fault::TooComplex { bytes };
             let error = unreadable(fault.reason());
             answered_with(message, &fault, session_id, error)
         }

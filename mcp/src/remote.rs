@@ -129,13 +129,13 @@ pub(crate) enum Fault {
     /// A JSON body over the memory limit, kept in a file, could not be read back (not a
     /// valid answer, or the file failed): why.
     SpilledUnreadable(String),
-    /// The answer holds more structural bytes than psych-mcp parses (`tokens` counted, past
-    /// [`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)): it was not parsed. Answered as the
+    /// The answer holds more structural bytes than psych-mcp parses
+    /// ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)): it was not parsed. Answered as the
     /// typed [`AnswerFailure::TooComplex`] (the call fails with
     /// [`McpError::AnswerTooComplex`]).
     TooComplex {
-        /// The structural bytes counted.
-        tokens: u64,
+        /// The answer's size (what of it was to be parsed).
+        bytes: u64,
     },
     /// An answer over the memory limit was not kept: its files would have passed the spill
     /// budget. Answered as the typed [`AnswerFailure::OverBudget`] (the call fails with
@@ -173,11 +173,9 @@ impl Fault {
             Self::OverBudget { bytes, refused } => {
                 format!("the answer (at least {bytes} bytes) was not kept: {refused}")
             }
-            Self::TooComplex { tokens } => format!(
-                "the answer holds over {} JSON values and keys (at least {tokens} brackets, \
-                 commas and colons); it was not parsed",
-                crate::MAX_JSON_TOKENS
-            ),
+            &Self::TooComplex { bytes } => {
+                crate::error::too_complex(bytes, crate::MAX_JSON_TOKENS)
+            }
         }
     }
 
@@ -187,10 +185,7 @@ impl Fault {
             Self::OverBudget { bytes, refused } => {
                 Some(AnswerFailure::over_budget(*bytes, *refused))
             }
-            &Self::TooComplex { tokens } => Some(AnswerFailure::TooComplex {
-                tokens,
-                limit: crate::MAX_JSON_TOKENS,
-            }),
+            &Self::TooComplex { bytes } => Some(AnswerFailure::too_complex(bytes)),
             _ => None,
         };
         if let Some(typed) = typed {
@@ -381,8 +376,8 @@ impl TappedClient {
                 // fails with it (resumed if the server can, else the call is answered why),
                 // rather than pass the event on without its answer.
                 let kept = crate::wire::parse_by_size(data.len(), move || {
-                    if let Some(tokens) = crate::wire::too_complex(data.as_bytes()) {
-                        return unparsed(data.as_bytes(), tokens);
+                    if crate::wire::too_complex(data.as_bytes()) {
+                        return unparsed(data.as_bytes());
                     }
                     keep(&tap, &mut data);
                     Some(data)
@@ -399,12 +394,10 @@ impl TappedClient {
 /// What goes to rmcp in place of an event's data holding more structural bytes than
 /// psych-mcp parses: the error answering the request it answers ([`Fault::TooComplex`]),
 /// or nothing (rmcp skips an event without data) when it answers none.
-fn unparsed(data: &[u8], tokens: u64) -> Option<String> {
-    let mut scanner = crate::stdio::scan::IdScanner::default();
-    scanner.feed(data);
-    let id = scanner.id().filter(|_| !scanner.has_method())?;
-    let id: RequestId = serde_json::from_str(&id).ok()?;
-    Some(Fault::TooComplex { tokens }.answer(&id).to_string())
+fn unparsed(data: &[u8]) -> Option<String> {
+    let id: RequestId = serde_json::from_str(&crate::stdio::scan::answer_id(data)?).ok()?;
+    let bytes = data.len() as u64;
+    Some(Fault::TooComplex { bytes }.answer(&id).to_string())
 }
 
 /// Offers one event's data to the tap, rewriting it with the stand-in if it was kept.
@@ -494,6 +487,12 @@ impl StreamableHttpClient for TappedClient {
             )
             .await?
         } else {
+            // rmcp parses this JSON body itself, whole, unchecked: a body of at most
+            // `MAX_JSON_TOKENS` bytes cannot hold more structural bytes than that (answers
+            // to `initialize` or `ping` are a few KiB). A longer one is refused as too large.
+            let mut limits = limits;
+            let cap = usize::try_from(crate::MAX_JSON_TOKENS).unwrap_or(usize::MAX);
+            limits.max_json_response_size = limits.max_json_response_size.min(cap);
             self.inner
                 .post_message_with_response_limits(
                     uri,

@@ -136,8 +136,8 @@ pub(crate) enum Refused {
     /// is not a text block.
     TooLarge,
     /// What stays in memory holds more structural bytes than psych-mcp parses
-    /// ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)): how many were counted.
-    TooComplex(u64),
+    /// ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)).
+    TooComplex,
     /// A spilled text's string is not valid JSON.
     Malformed(String),
     /// What stays in memory does not parse, even repaired: it, and serde's error.
@@ -155,7 +155,7 @@ impl Refused {
     /// answer's size.
     pub(crate) fn reason(self) -> Option<String> {
         match self {
-            Self::TooLarge | Self::TooComplex(_) | Self::OverBudget(_) => None,
+            Self::TooLarge | Self::TooComplex | Self::OverBudget(_) => None,
             Self::Malformed(reason) => Some(reason),
             Self::Unreadable { rest, error } => {
                 Some(format!("{error}: {}", crate::post::preview(&rest)))
@@ -233,8 +233,8 @@ pub(crate) fn read_answer(
             return Err(Refused::OverBudget(refused.holding(file_bytes)));
         }
     };
-    if let Some(tokens) = crate::wire::too_complex(&split.rest) {
-        return Err(Refused::TooComplex(tokens));
+    if crate::wire::too_complex(&split.rest) {
+        return Err(Refused::TooComplex);
     }
     let (mut value, lossy) = match serde_json::from_slice::<Value>(&split.rest) {
         Ok(value) => (value, Lossy::default()),

@@ -248,7 +248,7 @@ impl State {
                 Err(error) => Fault::SpilledUnreadable(error.to_string()),
             },
             Err(Refused::OverBudget(refused)) => Fault::OverBudget { bytes, refused },
-            Err(Refused::TooComplex(tokens)) => Fault::TooComplex { tokens },
+            Err(Refused::TooComplex) => Fault::TooComplex { bytes },
             Err(refused) => match refused.reason() {
                 Some(reason) => Fault::SpilledUnreadable(reason),
                 None => Fault::EventTooLarge {
@@ -683,7 +683,7 @@ impl Parser {
             Some(Ok(data)) => Some(data),
             // Too many values to parse for a repair: passed on as it is (lossily decoded),
             // for the tap's transport to answer its request without parsing it.
-            Some(Err(error)) if crate::wire::too_complex(error.as_bytes()).is_some() => {
+            Some(Err(error)) if crate::wire::too_complex(error.as_bytes()) => {
                 Some(String::from_utf8_lossy(error.as_bytes()).into_owned())
             }
             Some(Err(error)) => match crate::stdio::repair::repair(error.as_bytes()) {

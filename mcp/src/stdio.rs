@@ -682,13 +682,12 @@ impl Parser {
                 ),
             },
             Err(spill::Refused::TooLarge) => self.too_long(too_large),
-            Err(spill::Refused::TooComplex(tokens)) => {
+            Err(spill::Refused::TooComplex) => {
                 self.diagnostics.push_garbage(format!(
-                    "an answer of {bytes} bytes and over {} JSON values and keys, not parsed",
+                    "an answer of {bytes} bytes with over {} JSON values and keys, not parsed",
                     crate::MAX_JSON_TOKENS
                 ));
-                let limit = crate::MAX_JSON_TOKENS;
-                self.fail(key, AnswerFailure::TooComplex { tokens, limit })
+                self.fail(key, AnswerFailure::too_complex(bytes))
             }
             Err(spill::Refused::Malformed(reason)) => {
                 let reason = format!("{reason} (in an answer of {bytes} bytes)");
@@ -720,8 +719,8 @@ impl Parser {
         if line.is_empty() {
             return None;
         }
-        if let Some(tokens) = crate::wire::too_complex(line) {
-            return self.too_complex(line, tokens);
+        if crate::wire::too_complex(line) {
+            return self.too_complex(line);
         }
         if !self.tap.is_waiting()
             && let Ok(message) = serde_json::from_slice(line)
@@ -754,11 +753,7 @@ impl Parser {
         id: Option<Option<String>>,
     ) -> Option<RxJsonRpcMessage<RoleClient>> {
         let quote = preview_bytes(line);
-        let id = id.unwrap_or_else(|| {
-            let mut scanner = scan::IdScanner::default();
-            scanner.feed(line);
-            scanner.id().filter(|_| !scanner.has_method())
-        });
+        let id = id.unwrap_or_else(|| scan::answer_id(line));
         let reason = format!("{error}; it reads: {quote:?}");
         self.diagnostics.push_garbage(quote);
         self.fail(id?, AnswerFailure::Malformed { reason })
@@ -767,16 +762,13 @@ impl Parser {
     /// A line with more structural bytes than psych-mcp parses: noted as stdout garbage, and
     /// the request it answers (if it answers one) fails with
     /// [`McpError::AnswerTooComplex`]; anything else is dropped unparsed.
-    fn too_complex(&self, line: &[u8], tokens: u64) -> Option<RxJsonRpcMessage<RoleClient>> {
-        let mut scanner = scan::IdScanner::default();
-        scanner.feed(line);
-        let limit = crate::MAX_JSON_TOKENS;
+    fn too_complex(&self, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let bytes = line.len() as u64;
         self.diagnostics.push_garbage(format!(
-            "a line of {} bytes and over {limit} JSON values and keys, not parsed",
-            line.len()
+            "a line of {bytes} bytes with over {} JSON values and keys, not parsed",
+            crate::MAX_JSON_TOKENS
         ));
-        let id = scanner.id().filter(|_| !scanner.has_method())?;
-        self.fail(id, AnswerFailure::TooComplex { tokens, limit })
+        self.fail(scan::answer_id(line)?, AnswerFailure::too_complex(bytes))
     }
 
     /// A line over a limit (what stays in memory over [`MAX_LINE`], the whole over

@@ -114,8 +114,8 @@ pub(crate) enum AnswerFailure {
     },
     /// The answer holds more structural bytes than psych-mcp parses.
     TooComplex {
-        /// The structural bytes counted (past `limit`).
-        tokens: u64,
+        /// The answer's size (what of it was to be parsed).
+        bytes: u64,
         /// [`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS).
         limit: u64,
     },
@@ -139,6 +139,14 @@ pub(crate) enum AnswerFailure {
 }
 
 impl AnswerFailure {
+    /// The failure of an answer of `bytes` bytes too complex to parse.
+    pub(crate) fn too_complex(bytes: u64) -> Self {
+        Self::TooComplex {
+            bytes,
+            limit: crate::MAX_JSON_TOKENS,
+        }
+    }
+
     /// The failure of an answer of `bytes` bytes (so far) refused by the budget.
     pub(crate) fn over_budget(bytes: u64, refused: OverBudget) -> Self {
         Self::OverBudget {
@@ -189,10 +197,10 @@ impl AnswerFailure {
                 bytes,
                 limit,
             },
-            Self::TooComplex { tokens, limit } => McpError::AnswerTooComplex {
+            Self::TooComplex { bytes, limit } => McpError::AnswerTooComplex {
                 server: server.clone(),
                 call: call.to_owned(),
-                tokens,
+                bytes,
                 limit,
             },
             Self::Malformed { reason } => McpError::MalformedAnswer {
@@ -226,12 +234,9 @@ impl AnswerFailure {
                 format!("the answer is {bytes} bytes, over the {limit} bytes read into memory"),
                 json!({"bytes": bytes, "limit": limit, NONCE_KEY: nonce()}),
             ),
-            Self::TooComplex { tokens, limit } => (
-                format!(
-                    "the answer holds over {limit} JSON values and keys (at least {tokens} \
-                     brackets, commas and colons); it was not parsed"
-                ),
-                json!({"tokens": tokens, "limit": limit, NONCE_KEY: nonce()}),
+            Self::TooComplex { bytes, limit } => (
+                crate::error::too_complex(*bytes, *limit),
+                json!({"bytes": bytes, "values_limit": limit, NONCE_KEY: nonce()}),
             ),
             Self::Malformed { reason } => (
                 format!("the answer could not be read: {reason}"),
@@ -269,10 +274,10 @@ impl AnswerFailure {
                 reason: reason.to_owned(),
             });
         }
-        if let Some(tokens) = data.get("tokens").and_then(Value::as_u64) {
+        if let Some(limit) = data.get("values_limit").and_then(Value::as_u64) {
             return Some(Self::TooComplex {
-                tokens,
-                limit: data.get("limit")?.as_u64()?,
+                bytes: data.get("bytes")?.as_u64()?,
+                limit,
             });
         }
         if let Some(limit) = data.get("budget").and_then(Value::as_u64) {
@@ -625,6 +630,10 @@ mod tests {
         let message = over.to_message(json!(7));
         let error: ErrorData = serde_json::from_value(message["error"].clone()).unwrap();
         assert_eq!(AnswerFailure::from_error_data(&error), Some(over));
+        let dense = AnswerFailure::too_complex(8 << 20);
+        let message = dense.to_message(json!(8));
+        let error: ErrorData = serde_json::from_value(message["error"].clone()).unwrap();
+        assert_eq!(AnswerFailure::from_error_data(&error), Some(dense));
         let plain = ErrorData::internal_error("no", None);
         assert_eq!(AnswerFailure::from_error_data(&plain), None);
     }

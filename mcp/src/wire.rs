@@ -14,25 +14,27 @@ use serde::Serialize;
 pub const JSON_ON_WORKER: usize = 1024 * 1024;
 
 /// The most structural bytes (`[`, `{`, `,` and `:` outside strings) a server's message may
-/// hold for psych-mcp to parse it: 4,194,304.
+/// hold for psych-mcp to parse it: 2,097,152.
 ///
-/// A message's parsed form costs up to about 64 bytes for each, whatever its size in bytes
-/// (measured with serde_json: a 64 MiB array of `0`s parses to 1 GiB, 32 bytes a value; an
-/// object of short distinct keys to 63 bytes a structural byte), so this keeps one
-/// message's parsed form within about 270 MiB (measured at the bound: 267 MiB for an
-/// object of 2.1 million distinct keys, 129 MiB for an array of 4.2 million zeros) where
-/// 64 MiB of tiny values would take 1 GiB and more. A message past it is not parsed: an answer fails its request with
+/// What a message takes once parsed grows with its values, not its bytes: a 64 MiB array of
+/// `0`s parses to 1 GiB as a `serde_json::Value` (32 bytes a value), and rmcp's typed
+/// messages, whose untagged enums buffer the whole input first, take about four times that.
+/// Measured at this bound (release build, peak resident memory less the input): an array
+/// of 2.1 million zeros takes 65 MiB as a `Value` and 256 MiB as rmcp's typed message; an
+/// object of 1 million short distinct keys 133 MiB and 261 MiB. So one message's parse
+/// stays within about 270 MiB plus the bytes of its strings. A message past the bound is
+/// not parsed: an answer fails its request with
 /// [`McpError::AnswerTooComplex`](crate::McpError::AnswerTooComplex), anything else is
 /// dropped. A message of at most this many bytes is never counted (it cannot pass it); a
 /// longer one is counted first (about 1 ms a MiB, on the thread that parses it).
-pub const MAX_JSON_TOKENS: u64 = 4 * 1024 * 1024;
+pub const MAX_JSON_TOKENS: u64 = 2 * 1024 * 1024;
 
-/// The structural bytes counted in `json` when they pass [`MAX_JSON_TOKENS`] (counting
-/// stops there), `None` when the message is within it. Strings are followed, escapes
-/// included, so brackets and commas in text are not counted.
-pub(crate) fn too_complex(json: &[u8]) -> Option<u64> {
+/// Whether `json` holds more structural bytes than [`MAX_JSON_TOKENS`] (counting stops at
+/// the first past it). Strings are followed, escapes included, so brackets and commas in
+/// text are not counted; an unterminated string ends the count (the parse then fails).
+pub(crate) fn too_complex(json: &[u8]) -> bool {
     if json.len() as u64 <= MAX_JSON_TOKENS {
-        return None;
+        return false;
     }
     let mut count = 0u64;
     let mut at = 0;
@@ -48,10 +50,10 @@ pub(crate) fn too_complex(json: &[u8]) -> Option<u64> {
                             at += found + 1;
                             break;
                         }
-                        None => return None,
+                        None => return false,
                     }
                     if at >= json.len() {
-                        return None;
+                        return false;
                     }
                 }
                 continue;
@@ -59,14 +61,14 @@ pub(crate) fn too_complex(json: &[u8]) -> Option<u64> {
             b'[' | b'{' | b',' | b':' => {
                 count += 1;
                 if count > MAX_JSON_TOKENS {
-                    return Some(count);
+                    return true;
                 }
             }
             _ => {}
         }
         at += 1;
     }
-    None
+    false
 }
 
 /// A message as a line (its JSON and `\n`), or the message back when its JSON is longer
@@ -162,8 +164,8 @@ mod tests {
             json.extend_from_slice(b"0]");
             json
         };
-        assert_eq!(too_complex(&zeros(max - 1)), None);
-        assert_eq!(too_complex(&zeros(max)), Some(MAX_JSON_TOKENS + 1));
+        assert!(!too_complex(&zeros(max - 1)));
+        assert!(too_complex(&zeros(max)));
         let keys = |n: usize| {
             let mut json = b"{".to_vec();
             for i in 0..n {
@@ -172,19 +174,28 @@ mod tests {
             json.extend_from_slice(b"\"z\":0}");
             json
         };
-        assert_eq!(too_complex(&keys(max / 2 - 1)), None);
-        assert!(too_complex(&keys(max / 2)).is_some());
+        assert!(!too_complex(&keys(max / 2 - 1)));
+        assert!(too_complex(&keys(max / 2)));
         // Text full of brackets, commas and escaped quotes is one string.
         let text = format!(
             "{{\"text\":\"{}\",\"a\":[1,2]}}",
             "[{,:\\\"\\\\".repeat(max / 4)
         );
         assert!(text.len() > max);
-        assert_eq!(too_complex(text.as_bytes()), None);
-        // A short message is not counted at all; an unterminated string ends the count.
-        assert_eq!(too_complex(b"[,,,,]"), None);
+        assert!(!too_complex(text.as_bytes()));
+        // Bytes that are not UTF-8 are counted past like any other (only ASCII is read).
+        let mut raw = b"[\"\xff\xfe\",".to_vec();
+        raw.extend_from_slice(&zeros(max)[1..]);
+        assert!(too_complex(&raw));
+        // A short message is not counted at all; an unterminated string, or one ending in
+        // a backslash, ends the count.
+        assert!(!too_complex(b"[,,,,]"));
         let open = format!("[\"{}", ",".repeat(max + 10));
-        assert_eq!(too_complex(open.as_bytes()), None);
+        assert!(!too_complex(open.as_bytes()));
+        let escaped_end = format!("{}[\"\\", ",".repeat(max + 10));
+        assert!(too_complex(escaped_end.as_bytes()));
+        let escaped_end = format!("[\"{}\\", "x".repeat(max + 10));
+        assert!(!too_complex(escaped_end.as_bytes()));
     }
 
     #[tokio::test]

@@ -143,6 +143,10 @@ pub struct Scenario {
     /// Declare on the `large` control tool, in its `_meta`, that its results may be this
     /// many characters (`anthropic/maxResultSizeChars`, the hint Claude Code honours).
     pub hint_max_chars: Option<u64>,
+    /// Over HTTP, answer `initialize` with a result whose `_meta` holds an array of this
+    /// many zeros (and `server/discover` with an error, so a client falls back to
+    /// `initialize`): a handshake answer too dense to parse.
+    pub dense_initialize: Option<u64>,
 }
 
 /// How to serve.
@@ -163,6 +167,7 @@ pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--repeat-cursor] [--endless-listing] [--cursor-bytes N] [--hang-initialize] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
 [--no-control-tools] [--catalog FILE] [--json-response] [--stderr-flood BYTES] \
 [--setsid-grandchild PIDFILE] [--list-raw-tools] [--modern-only] [--hint-max-chars N] \
+[--dense-initialize N] \
 [--scenario JSON]";
 
 impl Scenario {
@@ -230,6 +235,9 @@ impl Scenario {
                     scenario.hint_max_chars = Some(number(value("a count")?)? as u64);
                 }
                 "--list-raw-tools" => scenario.list_raw_tools = true,
+                "--dense-initialize" => {
+                    scenario.dense_initialize = Some(number(value("a count")?)? as u64);
+                }
                 "--modern-only" => scenario.modern_only = true,
                 "--setsid-grandchild" => {
                     scenario.setsid_grandchild = Some(PathBuf::from(value("a file")?));
@@ -1272,11 +1280,12 @@ async fn serve_http(state: Arc<State>, listener: tokio::net::TcpListener) -> std
     // A JSON body is written by rmcp's service itself, not by a session transport.
     // Set by `forget_sessions`, for this server only (several may run in one process).
     let forgot = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dense = state.scenario.dense_initialize;
     let service = hyper::service::service_fn(move |request| {
         let service = service.clone();
         let forgot = Arc::clone(&forgot);
         async move {
-            let request = match raw_http::fault(request, &forgot).await {
+            let request = match raw_http::fault(request, &forgot, dense).await {
                 raw_http::Fault::Answer(response) => {
                     return Ok::<_, std::convert::Infallible>(response);
                 }

@@ -16,7 +16,8 @@
 //! as an event, or as a JSON body with `json`) and refusals of one request (`tools/call` of `rate_limited`: a 429 with
 //! `Retry-After: 7`; of `bad_gateway`: a proxy's 502 page in HTML), or of every request
 //! from then on (`forget_sessions`: a 400, as a server restarted without its sessions
-//! answers). Those tools are not listed; only a client that calls them by name sees them.
+//! answers). With `--dense-initialize N` it answers `initialize` with `N` zeros in the
+//! result's `_meta` (and `server/discover` with an error, so a client falls back to it). Those tools are not listed; only a client that calls them by name sees them.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -73,6 +74,16 @@ fn redirect(status: http::StatusCode, location: &str) -> HttpResponse {
     response
 }
 
+/// A JSON body of `body`.
+fn json_body(body: Vec<u8>) -> HttpResponse {
+    let mut response = http::Response::new(Full::new(Bytes::from(body)).boxed());
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
 /// An event stream of `body`, which ends when it does.
 fn event_stream(body: Vec<u8>) -> HttpResponse {
     let mut response = http::Response::new(Full::new(Bytes::from(body)).boxed());
@@ -86,7 +97,11 @@ fn event_stream(body: Vec<u8>) -> HttpResponse {
 /// The misbehaviours of the HTTP mode (see the module docs), or the request for rmcp.
 /// `forgot` is the server's: set by `forget_sessions`, after which every POST is refused
 /// with a 400.
-pub(super) async fn fault<B>(request: http::Request<B>, forgot: &AtomicBool) -> Fault
+pub(super) async fn fault<B>(
+    request: http::Request<B>,
+    forgot: &AtomicBool,
+    dense_initialize: Option<u64>,
+) -> Fault
 where
     B: hyper::body::Body<Data = Bytes>,
 {
@@ -128,6 +143,31 @@ where
         return Fault::Answer(no_session());
     }
     if parts.method == http::Method::POST
+        && let Some(count) = dense_initialize
+        && let Ok(message) = serde_json::from_slice::<Value>(&body)
+    {
+        let id = message["id"].to_string();
+        let answer = match message["method"].as_str() {
+            Some("server/discover") => Some(format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32601,"message":"Method not found"}}}}"#
+            ).into_bytes()),
+            Some("initialize") => {
+                let mut answer = format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"result":{{"protocolVersion":"2025-11-25","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"dense","version":"1"}},"_meta":{{"values":["#
+                )
+                .into_bytes();
+                let count = usize::try_from(count).unwrap_or(0);
+                super::stdio_faults::push_zeros(&mut answer, count);
+                answer.extend_from_slice(b"]}}}");
+                Some(answer)
+            }
+            _ => None,
+        };
+        if let Some(answer) = answer {
+            return Fault::Answer(json_body(answer));
+        }
+    }
+    if parts.method == http::Method::POST
         && let Ok(message) = serde_json::from_slice::<Value>(&body)
         && message["method"] == "tools/call"
     {
@@ -150,12 +190,7 @@ where
                 let count = arguments["count"].as_u64().unwrap_or(0);
                 let answer = super::many_values_answer(&id, usize::try_from(count).unwrap_or(0));
                 if arguments["json"] == true {
-                    let mut response = http::Response::new(Full::new(Bytes::from(answer)).boxed());
-                    response.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    return Fault::Answer(response);
+                    return Fault::Answer(json_body(answer));
                 }
                 let mut event = b"data: ".to_vec();
                 event.extend_from_slice(&answer);

@@ -145,12 +145,17 @@ pub fn many_values_answer(id: &str, count: usize) -> Vec<u8> {
         r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"{count} values"}}],"structuredContent":{{"values":["#
     )
     .into_bytes();
-    answer.reserve(2 * count + 8);
-    for i in 0..count {
-        answer.extend_from_slice(if i == 0 { b"0" } else { b",0" });
-    }
+    push_zeros(&mut answer, count);
     answer.extend_from_slice(b"]}}}");
     answer
+}
+
+/// Appends `count` zeros separated by commas to `out`: two bytes a value, the densest JSON.
+pub(super) fn push_zeros(out: &mut Vec<u8>, count: usize) {
+    out.reserve(2 * count);
+    for i in 0..count {
+        out.extend_from_slice(if i == 0 { b"0" } else { b",0" });
+    }
 }
 
 /// The line `raw_forged_error` answers request `id` (JSON text) with: a parse error whose

@@ -226,7 +226,7 @@ async fn a_cut_event_stream_says_how_it_ended() {
 }
 
 /// An answer holding more JSON values than psych-mcp parses fails its call at once with a
-/// typed error, as a JSON body or an event, read in memory (8 MiB) or kept in a file for
+/// typed error, as a JSON body or an event, read in memory (4 MiB) or kept in a file for
 /// its size (20 MiB), and the session goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_of_too_many_values_fails_its_call_unparsed_over_http() {
@@ -246,6 +246,27 @@ async fn an_answer_of_too_many_values_fails_its_call_unparsed_over_http() {
             assert_eq!(echo(&manager, "web", "still here").await, "still here");
         }
     }
+    manager.shutdown().await;
+}
+
+/// rmcp reads the answer to `initialize` itself, unchecked: one too dense to parse (4 MiB
+/// of zeros) is refused for its size before it is parsed, and the connection fails saying
+/// so (it used to be parsed whole: 2 million values).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_answer_too_dense_to_parse_is_refused_unparsed() {
+    let count = psych_mcp::MAX_JSON_TOKENS.to_string();
+    let server = HttpServer::start(&["--json-response", "--dense-initialize", &count]);
+    let (manager, reachability) = connect("web", &server.url).await;
+    let Reachability::Unreachable { reason } = &reachability else {
+        panic!("connected: {reachability:?}");
+    };
+    assert!(reason.contains("exceeded the maximum size of 2097152 bytes"), "{reason}");
+    manager.shutdown().await;
+    // A small one connects (the same server, a handshake of ten values).
+    let server = HttpServer::start(&["--json-response", "--dense-initialize", "10"]);
+    let (manager, reachability) = connect("web", &server.url).await;
+    assert_eq!(reachability, Reachability::Reachable);
+    assert_eq!(echo(&manager, "web", "still here").await, "still here");
     manager.shutdown().await;
 }
 

@@ -2028,9 +2028,9 @@ async fn an_answer_of_too_many_values_fails_its_call_unparsed_and_the_connection
         .unwrap();
     let values = &within.structured_content.as_ref().unwrap()["values"];
     assert_eq!(values.as_array().map(Vec::len), Some(max as usize - 64));
-    // 8 MiB, read in memory; 20 MiB, kept in a file first (over `SPILL_AT`).
+    // 4 MiB, read in memory; 20 MiB, kept in a file first (over `SPILL_AT`).
     for count in [max, 10 * 1024 * 1024] {
-        // Not `unwrap_err`: 4 million values wrongly read are megabytes to print.
+        // Not `unwrap_err`: millions of values wrongly read are megabytes to print.
         let Err(error) = manager
             .call_tool_raw(
                 &tool("dense", "raw_many_values"),

@@ -59,6 +59,14 @@ pub(crate) struct IdScanner {
     method: bool,
 }
 
+/// The `id` (JSON text) of the request a whole message `line` answers: its top-level `id`
+/// when it has no `method`.
+pub(crate) fn answer_id(line: &[u8]) -> Option<String> {
+    let mut scanner = IdScanner::default();
+    scanner.feed(line);
+    scanner.id().filter(|_| !scanner.has_method())
+}
+
 impl IdScanner {
     /// Reads the next bytes of the line.
     pub(crate) fn feed(&mut self, mut bytes: &[u8]) {
