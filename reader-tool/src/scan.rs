@@ -62,10 +62,10 @@ fn is_continuation(byte: u8) -> bool {
 
 /// The span of the valid UTF-8 character of `bytes` that `at` falls strictly inside, if any.
 ///
-/// A cut there would split the character, so a window moves its edge to the span's start
-/// (its end) or end (its start). Bytes that are not part of a valid character are never
-/// such a span: a stray continuation byte is a place like any other, so a cut beside it
-/// and the read on from that cut agree and lose nothing.
+/// A cut there would split the character, so a window's start moves to the span's end and
+/// a window's end to the span's start. Bytes that are not part of a valid character are
+/// never such a span: a stray continuation byte is a place like any other, so a cut beside
+/// it and the read on from that cut agree and lose nothing.
 fn char_around(bytes: &[u8], at: usize) -> Option<(usize, usize)> {
     if !bytes.get(at).is_some_and(|&b| is_continuation(b)) {
         return None;
@@ -334,7 +334,7 @@ impl<'a, S: RecordSource> Scan<'a, S> {
     /// Builds the shown form of the line `[start, end)` from its byte `skip` on (the line's
     /// end when it is shorter): whole when that fits `cap`, else a window of `cap` bytes
     /// from there, or around `matched` (a match's position, at or after `start + skip`, and
-    /// length), cut at character boundaries.
+    /// length), never splitting a valid UTF-8 character ([`char_around`]).
     fn make_line(
         &self,
         number: u64,
