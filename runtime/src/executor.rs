@@ -214,8 +214,9 @@ enum Pending {
     Ready(ToolOutput),
     /// Running in the step's task set.
     Running,
-    /// Refused without a result: a result reference naming a result the caller may not
-    /// read (`invalid_deferred_handle`, as a read's).
+    /// Refused: a result reference naming a result the caller may not read
+    /// (`invalid_deferred_handle`, as a read's). Logged as a failed result saying so, and
+    /// the error returned.
     Failed(ExecuteError),
 }
 
@@ -444,9 +445,9 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// # Errors
     ///
     /// Every call of the step that ran is logged before any error is returned, in call
-    /// order, in one batch. [`ExecuteError::InvalidDeferredHandle`] when a read names a
-    /// result this Run never emitted: the offending call is left without a result (the next
-    /// assembly answers it as interrupted). [`ExecuteError::Panicked`] when a call's task
+    /// order, in one batch. [`ExecuteError::InvalidDeferredHandle`] when a read or a
+    /// result reference names a result this Run never emitted: the offending call is
+    /// logged as a failed result saying so and that nothing was run. [`ExecuteError::Panicked`] when a call's task
     /// panicked: the call is logged as a failed result saying so. [`ExecuteError::Calls`]
     /// with each of them, in call order, when there is more than one.
     /// [`ExecuteError::Append`] when the log refuses the batch (none of it is acknowledged),
@@ -633,8 +634,9 @@ impl<H: ToolHost + 'static> Executor<H> {
                 Pending::Ready(output) => Some(output),
                 Pending::Running => None,
                 Pending::Failed(error) => {
+                    let output = refused_handle(&calls[index], &error);
                     failures.push((index, error));
-                    None
+                    Some(output)
                 }
             })
             .collect();
@@ -651,11 +653,15 @@ impl<H: ToolHost + 'static> Executor<H> {
             match result {
                 Ok(output) => outputs[index] = Some(output),
                 Err(error) => {
-                    // A refused read stays without a result (the next assembly answers it
-                    // as interrupted); any other failure is logged as the call's result.
-                    if !matches!(error, ExecuteError::InvalidDeferredHandle(_)) {
-                        outputs[index] = Some(ToolOutput::error(psych_types::error_chain(&error)));
-                    }
+                    // Every failure is logged as the call's result, a refused read saying
+                    // that nothing was run (not left for the next request to answer as
+                    // interrupted, which would say it may have taken effect).
+                    outputs[index] = Some(match &error {
+                        ExecuteError::InvalidDeferredHandle(_) => {
+                            refused_handle(&calls[index], &error)
+                        }
+                        _ => ToolOutput::error(psych_types::error_chain(&error)),
+                    });
                     failures.push((index, error));
                 }
             }
@@ -1255,6 +1261,16 @@ fn referenced(
 }
 
 /// The reader's answer for the model, or its typed handle error for the caller.
+/// The failed result logged for a call of a step refused for naming a handle this Run never
+/// emitted (a read, or a result reference): the error, and that nothing was run.
+fn refused_handle(call: &ToolCall, error: &ExecuteError) -> ToolOutput {
+    ToolOutput::error(format!(
+        "{}: refused, nothing was run: {}",
+        call.name,
+        psych_types::error_chain(error)
+    ))
+}
+
 fn answer<E: std::error::Error>(
     called: Result<psych_reader_tool::Answer, CallError<E>>,
 ) -> Result<ToolOutput, ExecuteError> {

@@ -343,8 +343,9 @@ impl<H: ToolHost + 'static> Run<H> {
     /// # Errors
     ///
     /// [`RunError::OutOfTurn`] when no request is waiting for a reply;
-    /// [`RunError::Execute`] with [`ExecuteError::InvalidDeferredHandle`] when a read named
-    /// a handle this Run never emitted (the other results are logged; continue with
+    /// [`RunError::Execute`] with [`ExecuteError::InvalidDeferredHandle`] when a read (or a
+    /// result reference) named a handle this Run never emitted (every result is logged, the
+    /// refused call's saying that nothing was run; continue with
     /// [`request`](Self::request) or [`user`](Self::user)); the log, the catalogue or
     /// assembly failing.
     pub async fn reply(&mut self, reply: ModelReply) -> Result<Next, RunError> {

@@ -335,14 +335,23 @@ async fn a_read_by_a_foreign_handle_is_the_typed_error_and_the_run_goes_on() {
         panic!("not the handle error: {error}")
     };
     assert_eq!(invalid.handle, "run-2:0");
-    // The other call's result is logged; the read has none until the Run goes on.
-    assert_eq!(results(&run).len(), 1);
+    // Both are logged in call order, the read as refused: nothing ran, not "interrupted"
+    // (which would say it may have taken effect).
+    let logged = results(&run);
+    assert_eq!(logged[0].0, "call_1");
+    assert_eq!(logged[1].0, "call_2");
+    let refused = logged[0].1.readable_text();
+    assert!(
+        refused.starts_with(
+            "read_tool_output: refused, nothing was run: invalid_deferred_handle: \"run-2:0\""
+        ),
+        "{refused}"
+    );
+    assert!(logged[0].1.is_error);
     let request = run.request().await.unwrap();
-    let results = results(&run);
-    assert_eq!(results[0].0, "call_2");
-    assert_eq!(results[1].0, "call_1");
-    assert_eq!(results[1].1.readable_text(), INTERRUPTED);
-    assert!(request.body().contains("interrupted: the run stopped"));
+    assert_eq!(results(&run).len(), 2, "nothing left to close");
+    assert!(request.body().contains("refused, nothing was run"));
+    assert!(!request.body().contains(INTERRUPTED));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -511,10 +520,16 @@ async fn every_failed_call_of_a_step_is_reported_in_call_order() {
             .starts_with("3 calls of the step failed: "),
         "{error}"
     );
-    // The panicked call and the good one are logged; the refused reads have no result
-    // until the Run goes on (then they read as interrupted).
-    let logged: Vec<_> = results(&run).into_iter().map(|(id, _)| id).collect();
-    assert_eq!(logged, ["call_2", "call_3"]);
+    // Every call is logged in call order: the refused reads saying so, the panicked call
+    // and the good one.
+    let logged: Vec<_> = results(&run)
+        .into_iter()
+        .map(|(id, output)| (id, output.readable_text().contains("refused, nothing was run")))
+        .collect();
+    assert_eq!(
+        logged,
+        [("call_1".into(), true), ("call_2".into(), false), ("call_3".into(), false), ("call_4".into(), true)]
+    );
     run.request().await.unwrap();
     assert_eq!(results(&run).len(), 4);
 }
