@@ -223,12 +223,35 @@ enum Pending {
 /// What became of a call's result references ([`psych_reader_tool::passing`]).
 enum Passing {
     /// Every reference replaced: the call to guard and forward, and the bytes it passed.
-    Passed(ToolCall, u64),
+    Passed(Passed),
     /// A reference the model must fix (malformed, too large, past the end, not JSON, its
     /// Run's log gone or failing): the call's result says why; nothing is forwarded.
     Refused(ToolOutput),
     /// A reference to a result the caller may not read.
     Invalid(ExecuteError),
+}
+
+/// A call whose references were replaced by `bytes` of results. Freed on a blocking thread
+/// when they are over [`FREE_ON_WORKER`]: freeing 16 MiB of small JSON values takes 20 to
+/// 50 ms, too long for an async worker.
+struct Passed {
+    call: ToolCall,
+    bytes: u64,
+}
+
+/// The most bytes of passed results a call frees on the thread that drops it: 1 MiB.
+const FREE_ON_WORKER: u64 = 1024 * 1024;
+
+impl Drop for Passed {
+    fn drop(&mut self) {
+        if self.bytes > FREE_ON_WORKER
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let arguments = std::mem::take(&mut self.call.arguments);
+            // Not awaited: nothing waits for memory to be freed.
+            drop(runtime.spawn_blocking(move || drop(arguments)));
+        }
+    }
 }
 
 /// The process's budget of passed results stayed busy past the call deadline.
@@ -544,8 +567,8 @@ impl<H: ToolHost + 'static> Executor<H> {
                 Err(busy) if passes_results(call) => Some(Passing::Refused(busy.output(call))),
                 _ => self.pass_results(call, room, &held).await,
             };
-            if let Some(Passing::Passed(_, bytes)) = &passed {
-                room = room.saturating_sub(*bytes);
+            if let Some(Passing::Passed(passed)) = &passed {
+                room = room.saturating_sub(passed.bytes);
             }
             passing.push(passed);
         }
@@ -555,7 +578,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             .zip(&passing)
             .filter_map(|(call, passed)| match passed {
                 None => Some(call),
-                Some(Passing::Passed(call, _)) => Some(call),
+                Some(Passing::Passed(passed)) => Some(&passed.call),
                 Some(_) => None,
             });
         // A native search tool's call names no server of the Surface: nothing starts for it.
@@ -590,9 +613,9 @@ impl<H: ToolHost + 'static> Executor<H> {
             let passed;
             let call = match passing {
                 None => call,
-                Some(Passing::Passed(call, _)) => {
+                Some(Passing::Passed(call)) => {
                     passed = call;
-                    &passed
+                    &passed.call
                 }
                 Some(Passing::Refused(output)) => {
                     pending.push(Pending::Ready(output));
@@ -870,10 +893,10 @@ impl<H: ToolHost + 'static> Executor<H> {
         let passed;
         let guarded = match passing {
             None => call,
-            Some(Passing::Passed(call, bytes)) => {
-                held.keep(bytes);
+            Some(Passing::Passed(call)) => {
+                held.keep(call.bytes);
                 passed = call;
-                &passed
+                &passed.call
             }
             Some(Passing::Refused(output)) => {
                 drop(progress);
@@ -995,7 +1018,10 @@ impl<H: ToolHost + 'static> Executor<H> {
             }
         };
         Some(match result {
-            Ok(done) => Passing::Passed(passed, done.bytes),
+            Ok(done) => Passing::Passed(Passed {
+                call: passed,
+                bytes: done.bytes,
+            }),
             Err(misplaced) => match *misplaced {
                 psych_reader_tool::passing::Misplaced {
                     error: PassError::Call(CallError::InvalidDeferredHandle(error)),
