@@ -1026,7 +1026,8 @@ impl Drop for CancelOnDrop {
 }
 
 /// An rmcp initialize failure as ours; for a child that closed its output, with its exit
-/// status and stderr.
+/// status and stderr. When `server/discover` failed and `initialize` after it, the second
+/// failure says why (rmcp's error for the two names neither cause).
 async fn init_error(
     server: &ServerId,
     error: ClientInitializeError,
@@ -1034,6 +1035,9 @@ async fn init_error(
 ) -> McpError {
     let call = "initialize".to_owned();
     match (error, child) {
+        (ClientInitializeError::LegacyFallbackFailed { fallback, .. }, child) => {
+            Box::pin(init_error(server, *fallback, child)).await
+        }
         (ClientInitializeError::ConnectionClosed(_), Some(child))
         | (ClientInitializeError::TransportError { .. }, Some(child)) => {
             let (status, stderr) = child.describe_end(EXIT_REPORT_WAIT).await;

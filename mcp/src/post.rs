@@ -160,8 +160,8 @@ pub(crate) async fn post_request(
             // and a repair parses again) is parsed on a blocking thread, as over stdio. A
             // post dropped meanwhile loses its answer, as it would mid-body.
             let tap = Arc::clone(tap);
+            let bytes = body.len() as u64;
             let parsed =
-                let bytes = body.len() as u64;
                 match crate::wire::parse_by_size(body.len(), move || parse_answer(&tap, &body))
                     .await
                 {

@@ -173,9 +173,7 @@ impl Fault {
             Self::OverBudget { bytes, refused } => {
                 format!("the answer (at least {bytes} bytes) was not kept: {refused}")
             }
-            &Self::TooComplex { bytes } => {
-                crate::error::too_complex(bytes, crate::MAX_JSON_TOKENS)
-            }
+            &Self::TooComplex { bytes } => crate::error::too_complex(bytes, crate::MAX_JSON_TOKENS),
         }
     }
 

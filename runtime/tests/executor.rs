@@ -524,11 +524,21 @@ async fn every_failed_call_of_a_step_is_reported_in_call_order() {
     // and the good one.
     let logged: Vec<_> = results(&run)
         .into_iter()
-        .map(|(id, output)| (id, output.readable_text().contains("refused, nothing was run")))
+        .map(|(id, output)| {
+            (
+                id,
+                output.readable_text().contains("refused, nothing was run"),
+            )
+        })
         .collect();
     assert_eq!(
         logged,
-        [("call_1".into(), true), ("call_2".into(), false), ("call_3".into(), false), ("call_4".into(), true)]
+        [
+            ("call_1".into(), true),
+            ("call_2".into(), false),
+            ("call_3".into(), false),
+            ("call_4".into(), true)
+        ]
     );
     run.request().await.unwrap();
     assert_eq!(results(&run).len(), 4);

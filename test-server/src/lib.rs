@@ -1263,6 +1263,7 @@ async fn serve_http(state: Arc<State>, listener: tokio::net::TcpListener) -> std
     use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 
+    let dense = state.scenario.dense_initialize;
     let mut config = StreamableHttpServerConfig::default();
     // A server of 2026-07-28 only keeps no sessions (rmcp serves that revision's requests
     // without one anyway).
@@ -1280,7 +1281,6 @@ async fn serve_http(state: Arc<State>, listener: tokio::net::TcpListener) -> std
     // A JSON body is written by rmcp's service itself, not by a session transport.
     // Set by `forget_sessions`, for this server only (several may run in one process).
     let forgot = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let dense = state.scenario.dense_initialize;
     let service = hyper::service::service_fn(move |request| {
         let service = service.clone();
         let forgot = Arc::clone(&forgot);
