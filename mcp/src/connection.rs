@@ -1026,8 +1026,11 @@ impl Drop for CancelOnDrop {
 }
 
 /// An rmcp initialize failure as ours; for a child that closed its output, with its exit
-/// status and stderr. When `server/discover` failed and `initialize` after it, the second
-/// failure says why (rmcp's error for the two names neither cause).
+/// status and stderr. When `server/discover` failed and `initialize` after it (rmcp's error
+/// for the two names neither cause), the second failure says why, and a protocol error
+/// also says the first unless it was the "method not found" of a server from before
+/// 2026-07-28 (a server of 2026-07-28 only may refuse `initialize` for its revision while
+/// its real trouble was `server/discover`'s).
 async fn init_error(
     server: &ServerId,
     error: ClientInitializeError,
@@ -1035,8 +1038,28 @@ async fn init_error(
 ) -> McpError {
     let call = "initialize".to_owned();
     match (error, child) {
-        (ClientInitializeError::LegacyFallbackFailed { fallback, .. }, child) => {
-            Box::pin(init_error(server, *fallback, child)).await
+        (ClientInitializeError::LegacyFallbackFailed { discover, fallback }, child) => {
+            match (
+                Box::pin(init_error(server, *fallback, child)).await,
+                *discover,
+            ) {
+                (
+                    McpError::Protocol {
+                        server,
+                        call,
+                        message,
+                    },
+                    ClientInitializeError::JsonRpcError(data),
+                ) if data.code != ErrorCode::METHOD_NOT_FOUND => McpError::Protocol {
+                    server,
+                    call,
+                    message: format!(
+                        "{message}; server/discover before it: {}",
+                        server_error(&data)
+                    ),
+                },
+                (error, _) => error,
+            }
         }
         (ClientInitializeError::ConnectionClosed(_), Some(child))
         | (ClientInitializeError::TransportError { .. }, Some(child)) => {
@@ -1100,6 +1123,37 @@ mod tests {
     use psych_test_server::Scenario;
 
     const GIVEN_UP: usize = 20;
+
+    /// When `server/discover` and then `initialize` fail, the error is `initialize`'s, and
+    /// says `server/discover`'s too unless that was an older server's "method not found".
+    #[tokio::test]
+    async fn a_failed_fallback_says_why_initialize_failed_and_discover_when_it_matters() {
+        use rmcp::model::ErrorData;
+        let server = ServerId::new("s").unwrap();
+        let failed = |discover: ErrorData| ClientInitializeError::LegacyFallbackFailed {
+            discover: Box::new(ClientInitializeError::JsonRpcError(discover)),
+            fallback: Box::new(ClientInitializeError::JsonRpcError(ErrorData::new(
+                ErrorCode::INVALID_PARAMS,
+                "unsupported protocol version",
+                None,
+            ))),
+        };
+        let older = ErrorData::new(ErrorCode::METHOD_NOT_FOUND, "no such method", None);
+        let error = init_error(&server, failed(older), None).await;
+        assert_eq!(
+            error.to_string(),
+            "MCP server \"s\": initialize failed: the server answered error -32602: \
+             unsupported protocol version"
+        );
+        let real = ErrorData::internal_error("the database is down", None);
+        let error = init_error(&server, failed(real), None).await;
+        assert_eq!(
+            error.to_string(),
+            "MCP server \"s\": initialize failed: the server answered error -32602: \
+             unsupported protocol version; server/discover before it: the server answered \
+             error -32603: the database is down"
+        );
+    }
 
     fn timeouts() -> Timeouts {
         Timeouts::uniform(Duration::from_secs(5)).with_shutdown_grace(Duration::from_millis(300))
