@@ -33,6 +33,44 @@ where
     }
 }
 
+/// Line `offset` (0-based) of `handle`'s result read from each cut to the next (`limit` 1,
+/// `byte` from each line's read-on marker), each part checked to follow the last without a
+/// gap or overlap and to be at most `cap` bytes: the bytes shown, or `None` when the page
+/// has no line.
+fn read_line_on<S: RecordSource>(
+    reader: &Reader<S>,
+    handle: &str,
+    offset: usize,
+    cap: usize,
+) -> Result<Option<Vec<u8>>, TestCaseError>
+where
+    S::Error: std::fmt::Debug,
+{
+    let mut args = ReadArgs {
+        offset: offset as u64,
+        limit: Some(1),
+        ..ReadArgs::new(handle.to_owned())
+    };
+    let mut got = Vec::new();
+    loop {
+        let page = read(reader, &args);
+        let Some(line) = page.lines.first() else {
+            return Ok(None);
+        };
+        prop_assert_eq!(line.number, offset as u64 + 1);
+        prop_assert_eq!(line.cut_before(), got.len() as u64, "no gap, no overlap");
+        prop_assert!(line.shown.len() <= cap);
+        got.extend_from_slice(&line.shown);
+        match page.read_on(line) {
+            Some(byte) => {
+                prop_assert!(byte > args.byte);
+                args.byte = byte;
+            }
+            None => return Ok(Some(got)),
+        }
+    }
+}
+
 /// The lines of `text` as `readlines` would split them, without their line breaks.
 fn naive_lines(text: &str) -> Vec<&str> {
     let mut lines: Vec<&str> = text.split('\n').collect();
@@ -228,28 +266,10 @@ proptest! {
         let limits = Limits::builder().chunk_bytes(chunk).max_line_bytes(512).build().unwrap();
         let reader = Reader::with_limits(Indexed::new(&log, 2, if indexed { 1 } else { u64::MAX }), limits);
         for (offset, original) in lines.iter().enumerate() {
-            let mut args = ReadArgs { offset: offset as u64, limit: Some(1), ..ReadArgs::new(handle.to_string()) };
-            let mut got = Vec::new();
-            loop {
-                let page = read(&reader, &args);
-                // An empty last line after a final line break is no line (as `readlines`).
-                let Some(line) = page.lines.first() else {
-                    prop_assert!(original.is_empty() && offset + 1 == lines.len());
-                    break;
-                };
-                prop_assert_eq!(line.number, offset as u64 + 1);
-                prop_assert_eq!(line.cut_before(), got.len() as u64, "no gap, no overlap");
-                prop_assert!(line.shown.len() <= 512);
-                got.extend_from_slice(&line.shown);
-                match page.read_on(line) {
-                    Some(byte) => {
-                        prop_assert!(byte > args.byte);
-                        args.byte = byte;
-                    }
-                    None => break,
-                }
-            }
-            prop_assert_eq!(&got, original.as_bytes());
+            let got = read_line_on(&reader, &handle.to_string(), offset, 512)?;
+            // An empty last line after a final line break is no line (as `readlines`).
+            prop_assert!(got.is_some() || (original.is_empty() && offset + 1 == lines.len()));
+            prop_assert_eq!(got.unwrap_or_default(), original.as_bytes());
         }
     }
 
@@ -269,26 +289,9 @@ proptest! {
         let limits = Limits::builder().chunk_bytes(chunk).max_line_bytes(cap).build().unwrap();
         let reader = Reader::with_limits(&source, limits);
         for (offset, original) in lines.iter().enumerate() {
-            let mut args = ReadArgs { offset: offset as u64, limit: Some(1), ..ReadArgs::new(source.handle().to_string()) };
-            let mut got = Vec::new();
-            loop {
-                let page = read(&reader, &args);
-                let Some(line) = page.lines.first() else {
-                    prop_assert!(original.is_empty() && offset + 1 == lines.len());
-                    break;
-                };
-                prop_assert_eq!(line.cut_before(), got.len() as u64, "no gap, no overlap");
-                prop_assert!(line.shown.len() <= cap);
-                got.extend_from_slice(&line.shown);
-                match page.read_on(line) {
-                    Some(byte) => {
-                        prop_assert!(byte > args.byte);
-                        args.byte = byte;
-                    }
-                    None => break,
-                }
-            }
-            prop_assert_eq!(&got, original);
+            let got = read_line_on(&reader, &source.handle().to_string(), offset, cap)?;
+            prop_assert!(got.is_some() || (original.is_empty() && offset + 1 == lines.len()));
+            prop_assert_eq!(&got.unwrap_or_default(), original);
         }
     }
 
