@@ -78,7 +78,8 @@
 //! - A handle belongs to an identity (the `tenant` module): it reads back on any later
 //!   request, connection or session of the same identity and after a restart on the same
 //!   `dir`; another identity's handle, or one never minted, is the JSON-RPC error
-//!   `invalid_deferred_handle`, never a tool result. Over stdio the identity is `stdio`;
+//!   `invalid_deferred_handle`, never a tool result (the gateway's log holds the call as
+//!   refused, nothing run). Over stdio the identity is `stdio`;
 //!   over HTTP it is the one a bearer token of [`GatewaySettings::tokens`] names (401
 //!   without one), or `loopback` when there are no tokens. Retention
 //!   ([`GatewaySettings::retention`]) deletes whole log segments by age and size; a handle

@@ -7,9 +7,10 @@ use psych_types::ToolCallId;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExecuteError {
-    /// A `read_tool_output` call named a result this Run never emitted (forged, another
-    /// Run's, not a tool result): a protocol violation, reported to the caller and never
-    /// shown to the model as a tool result. The step's other results are logged.
+    /// A `read_tool_output` call or a result reference named a result this Run never
+    /// emitted (forged, another Run's, not a tool result): a protocol violation, reported
+    /// to the caller. The call is logged with the step's other results as a failed result
+    /// saying it was refused and nothing was run, which a Run that goes on shows the model.
     #[error(transparent)]
     InvalidDeferredHandle(#[from] InvalidHandle),
     /// The log refused the step's results (I/O, a poisoned group); none of them is

@@ -216,8 +216,8 @@ enum Pending {
     Running,
     /// Refused: a result reference naming a result the caller may not read
     /// (`invalid_deferred_handle`, as a read's). Logged as a failed result saying so, and
-    /// the error returned.
-    Failed(ExecuteError),
+    /// the error returned. With the reference's JSON pointer in the call's arguments.
+    Failed(ExecuteError, String),
 }
 
 /// What became of a call's result references ([`psych_reader_tool::passing`]).
@@ -227,8 +227,9 @@ enum Passing {
     /// A reference the model must fix (malformed, too large, past the end, not JSON, its
     /// Run's log gone or failing): the call's result says why; nothing is forwarded.
     Refused(ToolOutput),
-    /// A reference to a result the caller may not read.
-    Invalid(ExecuteError),
+    /// A reference to a result the caller may not read, at this JSON pointer of the call's
+    /// arguments.
+    Invalid(ExecuteError, String),
 }
 
 /// A call whose references were replaced by `bytes` of results. Freed on a blocking thread
@@ -244,14 +245,25 @@ const FREE_ON_WORKER: u64 = 1024 * 1024;
 
 impl Drop for Passed {
     fn drop(&mut self) {
-        if self.bytes > FREE_ON_WORKER
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let arguments = std::mem::take(&mut self.call.arguments);
-            // Not awaited: nothing waits for memory to be freed.
-            drop(runtime.spawn_blocking(move || drop(arguments)));
-        }
+        // Not awaited: nothing waits for memory to be freed.
+        drop(free_off_worker(
+            std::mem::take(&mut self.call.arguments),
+            self.bytes,
+        ));
     }
+}
+
+/// Frees `arguments`, which hold `bytes` of passed results: on a blocking thread when they
+/// are over [`FREE_ON_WORKER`] and a runtime is there (that task returned), else here.
+fn free_off_worker(
+    arguments: serde_json::Value,
+    bytes: u64,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if bytes <= FREE_ON_WORKER {
+        return None;
+    }
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    Some(runtime.spawn_blocking(move || drop(arguments)))
 }
 
 /// The process's budget of passed results stayed busy past the call deadline.
@@ -470,7 +482,8 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// Every call of the step that ran is logged before any error is returned, in call
     /// order, in one batch. [`ExecuteError::InvalidDeferredHandle`] when a read or a
     /// result reference names a result this Run never emitted: the offending call is
-    /// logged as a failed result saying so and that nothing was run. [`ExecuteError::Panicked`] when a call's task
+    /// logged as a failed result saying so and that nothing was run.
+    /// [`ExecuteError::Panicked`] when a call's task
     /// panicked: the call is logged as a failed result saying so. [`ExecuteError::Calls`]
     /// with each of them, in call order, when there is more than one.
     /// [`ExecuteError::Append`] when the log refuses the batch (none of it is acknowledged),
@@ -621,8 +634,8 @@ impl<H: ToolHost + 'static> Executor<H> {
                     pending.push(Pending::Ready(output));
                     continue;
                 }
-                Some(Passing::Invalid(error)) => {
-                    pending.push(Pending::Failed(error));
+                Some(Passing::Invalid(error, at)) => {
+                    pending.push(Pending::Failed(error, at));
                     continue;
                 }
             };
@@ -656,8 +669,8 @@ impl<H: ToolHost + 'static> Executor<H> {
             .map(|(index, p)| match p {
                 Pending::Ready(output) => Some(output),
                 Pending::Running => None,
-                Pending::Failed(error) => {
-                    let output = refused_handle(&calls[index], &error);
+                Pending::Failed(error, at) => {
+                    let output = refused_handle(&calls[index], &error, Some(&at));
                     failures.push((index, error));
                     Some(output)
                 }
@@ -681,7 +694,7 @@ impl<H: ToolHost + 'static> Executor<H> {
                     // interrupted, which would say it may have taken effect).
                     outputs[index] = Some(match &error {
                         ExecuteError::InvalidDeferredHandle(_) => {
-                            refused_handle(&calls[index], &error)
+                            refused_handle(&calls[index], &error, None)
                         }
                         _ => ToolOutput::error(psych_types::error_chain(&error)),
                     });
@@ -902,7 +915,12 @@ impl<H: ToolHost + 'static> Executor<H> {
                 drop(progress);
                 return self.log_one(call, output, None).await;
             }
-            Some(Passing::Invalid(error)) => return Err(error),
+            Some(Passing::Invalid(error, at)) => {
+                drop(progress);
+                let refused = refused_handle(call, &error, Some(&at));
+                self.log_one(call, refused, None).await?;
+                return Err(error);
+            }
         };
         let starts = self
             .start_needed(surface, live, std::iter::once(guarded))
@@ -1006,10 +1024,11 @@ impl<H: ToolHost + 'static> Executor<H> {
                 psych_reader_tool::passing::substitute(&mut passed.arguments, room, |r, left| {
                     referenced(&log, archive.as_deref(), &limits, r, left)
                 });
-            (passed, result)
+            // A call refused part-way may hold megabytes already passed: freed here.
+            result.map(|done| (passed, done))
         })
         .await;
-        let (passed, result) = match read {
+        let result = match read {
             Ok(read) => read,
             Err(source) => {
                 return Some(Passing::Refused(ToolOutput::error(
@@ -1018,15 +1037,15 @@ impl<H: ToolHost + 'static> Executor<H> {
             }
         };
         Some(match result {
-            Ok(done) => Passing::Passed(Passed {
+            Ok((passed, done)) => Passing::Passed(Passed {
                 call: passed,
                 bytes: done.bytes,
             }),
             Err(misplaced) => match *misplaced {
                 psych_reader_tool::passing::Misplaced {
                     error: PassError::Call(CallError::InvalidDeferredHandle(error)),
-                    ..
-                } => Passing::Invalid(ExecuteError::InvalidDeferredHandle(error)),
+                    at,
+                } => Passing::Invalid(ExecuteError::InvalidDeferredHandle(error), at),
                 misplaced => Passing::Refused(ToolOutput::error(format!(
                     "{}: nothing was sent: {}",
                     call.name,
@@ -1286,17 +1305,19 @@ fn referenced(
         .map_err(boxed)
 }
 
-/// The reader's answer for the model, or its typed handle error for the caller.
-/// The failed result logged for a call of a step refused for naming a handle this Run never
-/// emitted (a read, or a result reference): the error, and that nothing was run.
-fn refused_handle(call: &ToolCall, error: &ExecuteError) -> ToolOutput {
+/// The failed result logged for a call refused for naming a handle this Run never emitted
+/// (a read, or a result reference `at` a JSON pointer of its arguments): the error, and
+/// that nothing was run.
+fn refused_handle(call: &ToolCall, error: &ExecuteError, at: Option<&str>) -> ToolOutput {
+    let at = at.map_or_else(String::new, |at| format!("the argument at {at:?}: "));
     ToolOutput::error(format!(
-        "{}: refused, nothing was run: {}",
+        "{}: refused, nothing was run: {at}{}",
         call.name,
         psych_types::error_chain(error)
     ))
 }
 
+/// The reader's answer for the model, or its typed handle error for the caller.
 fn answer<E: std::error::Error>(
     called: Result<psych_reader_tool::Answer, CallError<E>>,
 ) -> Result<ToolOutput, ExecuteError> {
@@ -1472,8 +1493,24 @@ fn panicked(call: &ToolCall, source: JoinError) -> ExecuteError {
 
 #[cfg(test)]
 mod tests {
-    use super::off_the_worker;
+    use super::{FREE_ON_WORKER, free_off_worker, off_the_worker};
     use std::time::Duration;
+
+    /// Passed results over 1 MiB are freed by a blocking task where there is a runtime, and
+    /// in place where there is none (nothing to keep free) or when they are small.
+    #[test]
+    fn passed_results_over_a_mib_are_freed_on_a_blocking_thread() {
+        let big = || serde_json::Value::String("x".repeat(2 << 20));
+        assert!(free_off_worker(big(), 2 << 20).is_none(), "no runtime");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            assert!(free_off_worker(big(), FREE_ON_WORKER).is_none(), "small");
+            let freed = free_off_worker(big(), FREE_ON_WORKER + 1).expect("a blocking task");
+            assert!(freed.await.is_ok());
+        });
+    }
 
     /// On a runtime of one worker, a task's work waiting for another task of that runtime
     /// finishes: the worker's tasks go on elsewhere while it runs (kept on the worker, it

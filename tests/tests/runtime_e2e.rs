@@ -769,6 +769,21 @@ async fn a_result_passes_to_another_tool_by_reference() {
         psych_types::error_chain(&refused).contains("invalid_deferred_handle"),
         "{refused}"
     );
+    // The call is logged as refused, saying where and that nothing ran (not left for the
+    // next request to call interrupted).
+    let last = run.records(0).unwrap().into_iter().last().map(|l| l.record);
+    let Some(Record::ToolResult(result)) = last else {
+        panic!("no result last: {last:?}");
+    };
+    assert!(result.output.is_error);
+    let text = result.output.readable_text();
+    assert!(
+        text.starts_with(
+            "small__fingerprint: refused, nothing was run: the argument at \"/text\": \
+             invalid_deferred_handle: "
+        ),
+        "{text}"
+    );
     drop(run);
     world.stop().await;
 }
