@@ -1050,14 +1050,19 @@ async fn init_error(
                         message,
                     },
                     ClientInitializeError::JsonRpcError(data),
-                ) if data.code != ErrorCode::METHOD_NOT_FOUND => McpError::Protocol {
-                    server,
-                    call,
-                    message: format!(
-                        "{message}; server/discover before it: {}",
-                        server_error(&data)
-                    ),
-                },
+                ) if data.code != ErrorCode::METHOD_NOT_FOUND
+                    // An answer our transport could not deliver is not the server's error.
+                    && AnswerFailure::from_error_data(&data).is_none() =>
+                {
+                    McpError::Protocol {
+                        server,
+                        call,
+                        message: format!(
+                            "{message}; server/discover before it: {}",
+                            server_error(&data)
+                        ),
+                    }
+                }
                 (error, _) => error,
             }
         }

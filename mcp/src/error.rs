@@ -103,7 +103,7 @@ pub enum McpError {
         limit: u64,
     },
     /// The server's answer holds more structural bytes (`[`, `{`, `,`, `:` outside strings)
-    /// than psych-mcp parses ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)), so its parsed
+    /// than psych-mcp parses ([`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES)), so its parsed
     /// form could take far more memory than its bytes: it was not parsed, the request fails
     /// as soon as the answer has gone by, and the connection stays usable.
     #[error("MCP server \"{server}\": {call} failed: {}", too_complex(*bytes, *limit))]
@@ -112,10 +112,9 @@ pub enum McpError {
         server: ServerId,
         /// The call the answer was for.
         call: String,
-        /// The answer's size (the part kept in memory, for one whose long texts went to
-        /// files).
+        /// The whole answer's size.
         bytes: u64,
-        /// The limit ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)).
+        /// The limit ([`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES)).
         limit: u64,
     },
     /// The server's answer was too large for memory, and keeping it in files would have
@@ -267,8 +266,8 @@ impl McpError {
 /// Why an answer of `bytes` bytes with more than `limit` structural bytes was not parsed.
 pub(crate) fn too_complex(bytes: u64, limit: u64) -> String {
     format!(
-        "its answer of {bytes} bytes holds over {limit} JSON values and keys (brackets, \
-         commas and colons), more than psych-mcp parses; it was not read"
+        "its answer of {bytes} bytes holds over {limit} brackets, braces, commas and colons \
+         (JSON values and keys), more than psych-mcp parses; it was not read"
     )
 }
 

@@ -29,9 +29,11 @@
 //! past it fails its call with [`McpError::SpillBudget`] and the connection goes on.
 //!
 //! What else a server controls is bounded too: a message with more than
-//! [`MAX_JSON_TOKENS`] brackets, commas and colons is not parsed (parsed, 64 MiB of tiny
-//! values would take gigabytes), and an answer of that kind fails its request with
-//! [`McpError::AnswerTooComplex`]; a listing holds about
+//! [`MAX_JSON_STRUCTURAL_BYTES`] brackets, braces, commas and colons is not parsed (parsed,
+//! 64 MiB of tiny values would take gigabytes), and an answer of that kind fails its request
+//! with [`McpError::AnswerTooComplex`] (an HTTP answer that rmcp reads itself, such as
+//! `initialize`'s, is refused over 2 MiB instead: [`MAX_JSON_BODY_BYTES`]); a listing holds
+//! about
 //! [`DEFAULT_MAX_LISTING_BYTES`] at most ([`McpManagerBuilder::max_listing_bytes`]) over
 //! at most [`MAX_LISTING_PAGES`] pages with cursors of at most [`MAX_CURSOR_BYTES`], else
 //! it fails with [`McpError::ListingTooLarge`] (twice that while a listing of several
@@ -132,7 +134,7 @@ pub use manager::{BuildError, ConnectError, McpManager, McpManagerBuilder};
 pub use remote::{MAX_JSON_BODY_BYTES, MAX_SSE_EVENT_BYTES};
 pub use spill::{MAX_SPILLED_ANSWER, MAX_SPILLED_TEXTS, SPILL_AT, SPILL_TEXT_AT};
 pub use timeouts::{Backoff, Timeouts};
-pub use wire::MAX_JSON_TOKENS;
+pub use wire::MAX_JSON_STRUCTURAL_BYTES;
 
 /// The rmcp crate psych-mcp is built on, whose
 /// [`CallToolResult`](rmcp::model::CallToolResult) [`McpManager::call_tool_raw`] returns:

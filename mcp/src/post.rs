@@ -140,10 +140,7 @@ pub(crate) async fn post_request(
                     return spilled(tap, message, (file, held), max, session_id).await;
                 }
                 Ok(Body::OverBudget { bytes, refused }) => {
-                    let fault = Fault::OverBudget { bytes, refused };
-                    let error =
-                        StreamableHttpError::UnexpectedServerResponse(Cow::Owned(fault.reason()));
-                    return answered_with(message, &fault, session_id, error);
+                    return failed_with(message, &Fault::OverBudget { bytes, refused }, session_id);
                 }
                 Ok(Body::Unwritable(reason)) => {
                     let fault = Fault::SpilledUnreadable(reason.clone());
@@ -166,22 +163,15 @@ pub(crate) async fn post_request(
                     .await
                 {
                     Ok(Some(parsed)) => parsed?,
-                    // A panic or the runtime's end: the call fails saying so, the session stays
-                    // (a failed post would close it). A body too complex to parse fails its
-                    // call the same way.
+                    // A body too complex to parse, or its parse's panic or the runtime's end:
+                    // the call fails saying so, the session stays (a failed post would close
+                    // it).
                     Ok(None) => {
-                        let fault = Fault::TooComplex { bytes };
-                        let error = StreamableHttpError::UnexpectedServerResponse(Cow::Owned(
-                            fault.reason(),
-                        ));
-                        return answered_with(message, &fault, session_id, error);
+                        return failed_with(message, &Fault::TooComplex { bytes }, session_id);
                     }
                     Err(e) => {
                         let fault = Fault::Unparsed(e.to_string());
-                        let error = StreamableHttpError::UnexpectedServerResponse(Cow::Owned(
-                            fault.reason(),
-                        ));
-                        return answered_with(message, &fault, session_id, error);
+                        return failed_with(message, &fault, session_id);
                     }
                 };
             Ok(StreamableHttpPostResponse::Json(parsed, session_id))
@@ -195,7 +185,7 @@ pub(crate) async fn post_request(
 /// A JSON body read whole, offered to the tap (which keeps an answer it waits for raw and
 /// gives rmcp a stand-in): invalid UTF-8 and lone surrogate escapes are repaired (U+FFFD,
 /// the fact in the result's `_meta`), as over stdio. `None`, unparsed, when it holds more
-/// structural bytes than [`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS).
+/// structural bytes than [`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES).
 fn parse_answer(tap: &Tap, body: &[u8]) -> Option<Result<ServerJsonRpcMessage, Error>> {
     (!crate::wire::too_complex(body)).then(|| parse_json(tap, body))
 }
@@ -221,6 +211,16 @@ fn too_large(
 ) -> Result<StreamableHttpPostResponse, Error> {
     let refused = StreamableHttpError::ResponseBodyTooLarge { max_size: max };
     answered_with(message, &Fault::BodyTooLarge { max }, session_id, refused)
+}
+
+/// [`answered_with`] `fault`, refused with its reason when `message` is not a request.
+fn failed_with(
+    message: &ClientJsonRpcMessage,
+    fault: &Fault,
+    session_id: Option<String>,
+) -> Result<StreamableHttpPostResponse, Error> {
+    let refused = StreamableHttpError::UnexpectedServerResponse(Cow::Owned(fault.reason()));
+    answered_with(message, fault, session_id, refused)
 }
 
 /// `message`'s request answered with `fault` (that request fails, the session stays);

@@ -93,7 +93,10 @@ pub const MAX_SSE_EVENT_BYTES: usize = 16 * 1024 * 1024;
 /// in files and the rest (a listing whole) parsed in memory up to 64 MiB; any other body is
 /// refused at its first byte over, or before reading when its `Content-Length` says so,
 /// and its request fails at once saying so. A spilled body that cannot be read back fails
-/// its request alone; the session stays.
+/// its request alone; the session stays. The answers rmcp reads itself (`initialize`,
+/// `server/discover`, `ping`: a few KiB) are held to
+/// [`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES) bytes instead (2 MiB),
+/// since rmcp parses them unchecked: no body that short can pass that bound.
 pub const MAX_JSON_BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// The key of the `data` of a JSON-RPC error that psych-mcp wrote itself (see the module
@@ -130,11 +133,11 @@ pub(crate) enum Fault {
     /// valid answer, or the file failed): why.
     SpilledUnreadable(String),
     /// The answer holds more structural bytes than psych-mcp parses
-    /// ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)): it was not parsed. Answered as the
+    /// ([`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES)): it was not parsed. Answered as the
     /// typed [`AnswerFailure::TooComplex`] (the call fails with
     /// [`McpError::AnswerTooComplex`]).
     TooComplex {
-        /// The answer's size (what of it was to be parsed).
+        /// The whole answer's size.
         bytes: u64,
     },
     /// An answer over the memory limit was not kept: its files would have passed the spill
@@ -173,7 +176,9 @@ impl Fault {
             Self::OverBudget { bytes, refused } => {
                 format!("the answer (at least {bytes} bytes) was not kept: {refused}")
             }
-            &Self::TooComplex { bytes } => crate::error::too_complex(bytes, crate::MAX_JSON_TOKENS),
+            &Self::TooComplex { bytes } => {
+                crate::error::too_complex(bytes, crate::MAX_JSON_STRUCTURAL_BYTES)
+            }
         }
     }
 
@@ -486,10 +491,10 @@ impl StreamableHttpClient for TappedClient {
             .await?
         } else {
             // rmcp parses this JSON body itself, whole, unchecked: a body of at most
-            // `MAX_JSON_TOKENS` bytes cannot hold more structural bytes than that (answers
+            // `MAX_JSON_STRUCTURAL_BYTES` bytes cannot hold more structural bytes than that (answers
             // to `initialize` or `ping` are a few KiB). A longer one is refused as too large.
             let mut limits = limits;
-            let cap = usize::try_from(crate::MAX_JSON_TOKENS).unwrap_or(usize::MAX);
+            let cap = usize::try_from(crate::MAX_JSON_STRUCTURAL_BYTES).unwrap_or(usize::MAX);
             limits.max_json_response_size = limits.max_json_response_size.min(cap);
             self.inner
                 .post_message_with_response_limits(

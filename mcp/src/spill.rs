@@ -136,7 +136,7 @@ pub(crate) enum Refused {
     /// is not a text block.
     TooLarge,
     /// What stays in memory holds more structural bytes than psych-mcp parses
-    /// ([`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS)).
+    /// ([`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES)).
     TooComplex,
     /// A spilled text's string is not valid JSON.
     Malformed(String),

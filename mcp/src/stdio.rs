@@ -28,8 +28,10 @@
 //!   up to [`MAX_LINE`];
 //! - an answer whose in-memory part is over [`MAX_LINE`], or a line over
 //!   [`MAX_SPILLED_ANSWER`] (read past without being kept), fails the request whose `id` it
-//!   carries (first or last in the line: [`scan`]) with [`McpError::AnswerTooLarge`]; any
-//!   other unreadable line that names a request's `id` fails it with
+//!   carries (first or last in the line: [`scan`]) with [`McpError::AnswerTooLarge`]; one
+//!   whose in-memory part holds more than [`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES)
+//!   brackets, braces, commas and colons is not parsed and fails it with
+//!   [`McpError::AnswerTooComplex`]; any other unreadable line that names a request's `id` fails it with
 //!   [`McpError::MalformedAnswer`] (both through the [`Tap`]);
 //! - once the server process has exited, what it wrote is read to the end and the output
 //!   then ends, even if a descendant still holds the pipe open, so a waiting request fails
@@ -682,13 +684,7 @@ impl Parser {
                 ),
             },
             Err(spill::Refused::TooLarge) => self.too_long(too_large),
-            Err(spill::Refused::TooComplex) => {
-                self.diagnostics.push_garbage(format!(
-                    "an answer of {bytes} bytes with over {} JSON values and keys, not parsed",
-                    crate::MAX_JSON_TOKENS
-                ));
-                self.fail(key, AnswerFailure::too_complex(bytes))
-            }
+            Err(spill::Refused::TooComplex) => self.too_complex(bytes, Some(key)),
             Err(spill::Refused::Malformed(reason)) => {
                 let reason = format!("{reason} (in an answer of {bytes} bytes)");
                 self.diagnostics
@@ -720,7 +716,7 @@ impl Parser {
             return None;
         }
         if crate::wire::too_complex(line) {
-            return self.too_complex(line);
+            return self.too_complex(line.len() as u64, scan::answer_id(line));
         }
         if !self.tap.is_waiting()
             && let Ok(message) = serde_json::from_slice(line)
@@ -759,16 +755,16 @@ impl Parser {
         self.fail(id?, AnswerFailure::Malformed { reason })
     }
 
-    /// A line with more structural bytes than psych-mcp parses: noted as stdout garbage, and
-    /// the request it answers (if it answers one) fails with
+    /// A line of `bytes` bytes with more structural bytes than psych-mcp parses: noted as
+    /// stdout garbage, and the request it answers (`id`, if it answers one) fails with
     /// [`McpError::AnswerTooComplex`]; anything else is dropped unparsed.
-    fn too_complex(&self, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
-        let bytes = line.len() as u64;
+    fn too_complex(&self, bytes: u64, id: Option<String>) -> Option<RxJsonRpcMessage<RoleClient>> {
         self.diagnostics.push_garbage(format!(
-            "a line of {bytes} bytes with over {} JSON values and keys, not parsed",
-            crate::MAX_JSON_TOKENS
+            "a line of {bytes} bytes with over {} brackets, braces, commas and colons, not \
+             parsed",
+            crate::MAX_JSON_STRUCTURAL_BYTES
         ));
-        self.fail(scan::answer_id(line)?, AnswerFailure::too_complex(bytes))
+        self.fail(id?, AnswerFailure::too_complex(bytes))
     }
 
     /// A line over a limit (what stays in memory over [`MAX_LINE`], the whole over

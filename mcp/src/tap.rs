@@ -114,9 +114,9 @@ pub(crate) enum AnswerFailure {
     },
     /// The answer holds more structural bytes than psych-mcp parses.
     TooComplex {
-        /// The answer's size (what of it was to be parsed).
+        /// The whole answer's size.
         bytes: u64,
-        /// [`MAX_JSON_TOKENS`](crate::MAX_JSON_TOKENS).
+        /// [`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES).
         limit: u64,
     },
     /// The answer does not parse, or is not a JSON-RPC response.
@@ -143,7 +143,7 @@ impl AnswerFailure {
     pub(crate) fn too_complex(bytes: u64) -> Self {
         Self::TooComplex {
             bytes,
-            limit: crate::MAX_JSON_TOKENS,
+            limit: crate::MAX_JSON_STRUCTURAL_BYTES,
         }
     }
 
@@ -236,7 +236,7 @@ impl AnswerFailure {
             ),
             Self::TooComplex { bytes, limit } => (
                 crate::error::too_complex(*bytes, *limit),
-                json!({"bytes": bytes, "values_limit": limit, NONCE_KEY: nonce()}),
+                json!({"bytes": bytes, "structure_limit": limit, NONCE_KEY: nonce()}),
             ),
             Self::Malformed { reason } => (
                 format!("the answer could not be read: {reason}"),
@@ -274,7 +274,7 @@ impl AnswerFailure {
                 reason: reason.to_owned(),
             });
         }
-        if let Some(limit) = data.get("values_limit").and_then(Value::as_u64) {
+        if let Some(limit) = data.get("structure_limit").and_then(Value::as_u64) {
             return Some(Self::TooComplex {
                 bytes: data.get("bytes")?.as_u64()?,
                 limit,

@@ -25,15 +25,18 @@ pub const JSON_ON_WORKER: usize = 1024 * 1024;
 /// stays within about 270 MiB plus the bytes of its strings. A message past the bound is
 /// not parsed: an answer fails its request with
 /// [`McpError::AnswerTooComplex`](crate::McpError::AnswerTooComplex), anything else is
-/// dropped. A message of at most this many bytes is never counted (it cannot pass it); a
+/// dropped (an HTTP body rmcp parses itself is held to this many bytes instead:
+/// [`MAX_JSON_BODY_BYTES`](crate::MAX_JSON_BODY_BYTES)). Real listings hold far fewer: 23
+/// bytes a structural byte in a captured 1,223-tool catalogue of 2 MB, so a page would
+/// pass it at about 46 MiB. A message of at most this many bytes is never counted (it cannot pass it); a
 /// longer one is counted first (about 1 ms a MiB, on the thread that parses it).
-pub const MAX_JSON_TOKENS: u64 = 2 * 1024 * 1024;
+pub const MAX_JSON_STRUCTURAL_BYTES: u64 = 2 * 1024 * 1024;
 
-/// Whether `json` holds more structural bytes than [`MAX_JSON_TOKENS`] (counting stops at
-/// the first past it). Strings are followed, escapes included, so brackets and commas in
+/// Whether `json` holds more structural bytes than [`MAX_JSON_STRUCTURAL_BYTES`] (counting
+/// stops at the first past it). Strings are followed, escapes included, so brackets and commas in
 /// text are not counted; an unterminated string ends the count (the parse then fails).
 pub(crate) fn too_complex(json: &[u8]) -> bool {
-    if json.len() as u64 <= MAX_JSON_TOKENS {
+    if json.len() as u64 <= MAX_JSON_STRUCTURAL_BYTES {
         return false;
     }
     let mut count = 0u64;
@@ -60,7 +63,7 @@ pub(crate) fn too_complex(json: &[u8]) -> bool {
             }
             b'[' | b'{' | b',' | b':' => {
                 count += 1;
-                if count > MAX_JSON_TOKENS {
+                if count > MAX_JSON_STRUCTURAL_BYTES {
                     return true;
                 }
             }
@@ -156,7 +159,7 @@ mod tests {
 
     #[test]
     fn structural_bytes_are_counted_outside_strings_only() {
-        let max = usize::try_from(MAX_JSON_TOKENS).unwrap();
+        let max = usize::try_from(MAX_JSON_STRUCTURAL_BYTES).unwrap();
         // At the bound, and one past it.
         let zeros = |n: usize| {
             let mut json = b"[".to_vec();

@@ -33,16 +33,19 @@ where
     }
 }
 
+/// A line's bytes read on from cut to cut, and where each cut fell.
+type ReadOn = (Vec<u8>, Vec<usize>);
+
 /// Line `offset` (0-based) of `handle`'s result read from each cut to the next (`limit` 1,
 /// `byte` from each line's read-on marker), each part checked to follow the last without a
-/// gap or overlap and to be at most `cap` bytes: the bytes shown, or `None` when the page
-/// has no line.
+/// gap or overlap and to be at most `cap` bytes: the bytes shown and where each cut fell,
+/// or `None` when the page has no line.
 fn read_line_on<S: RecordSource>(
     reader: &Reader<S>,
     handle: &str,
     offset: usize,
     cap: usize,
-) -> Result<Option<Vec<u8>>, TestCaseError>
+) -> Result<Option<ReadOn>, TestCaseError>
 where
     S::Error: std::fmt::Debug,
 {
@@ -52,11 +55,15 @@ where
         ..ReadArgs::new(handle.to_owned())
     };
     let mut got = Vec::new();
+    let mut cuts = Vec::new();
     loop {
         let page = read(reader, &args);
         let Some(line) = page.lines.first() else {
             return Ok(None);
         };
+        if !got.is_empty() {
+            cuts.push(got.len());
+        }
         prop_assert_eq!(line.number, offset as u64 + 1);
         prop_assert_eq!(line.cut_before(), got.len() as u64, "no gap, no overlap");
         prop_assert!(line.shown.len() <= cap);
@@ -66,7 +73,7 @@ where
                 prop_assert!(byte > args.byte);
                 args.byte = byte;
             }
-            None => return Ok(Some(got)),
+            None => return Ok(Some((got, cuts))),
         }
     }
 }
@@ -269,7 +276,7 @@ proptest! {
             let got = read_line_on(&reader, &handle.to_string(), offset, 512)?;
             // An empty last line after a final line break is no line (as `readlines`).
             prop_assert!(got.is_some() || (original.is_empty() && offset + 1 == lines.len()));
-            prop_assert_eq!(got.unwrap_or_default(), original.as_bytes());
+            prop_assert_eq!(got.unwrap_or_default().0, original.as_bytes());
         }
     }
 
@@ -291,7 +298,24 @@ proptest! {
         for (offset, original) in lines.iter().enumerate() {
             let got = read_line_on(&reader, &source.handle().to_string(), offset, cap)?;
             prop_assert!(got.is_some() || (original.is_empty() && offset + 1 == lines.len()));
-            prop_assert_eq!(&got.unwrap_or_default(), original);
+            let (got, cuts) = got.unwrap_or_default();
+            prop_assert_eq!(&got, original);
+            // No cut falls inside a valid character among the stray bytes.
+            for cut in cuts {
+                let inside = (1..=3.min(cut)).any(|back| {
+                    let width = match original[cut - back] {
+                        0xC2..=0xDF => 2,
+                        0xE0..=0xEF => 3,
+                        0xF0..=0xF4 => 4,
+                        _ => 0,
+                    };
+                    width > back
+                        && original
+                            .get(cut - back..cut - back + width)
+                            .is_some_and(|c| std::str::from_utf8(c).is_ok())
+                });
+                prop_assert!(!inside, "a cut at {} splits a character", cut);
+            }
         }
     }
 

@@ -238,6 +238,8 @@ enum Passing {
 struct Passed {
     call: ToolCall,
     bytes: u64,
+    /// The passing budget's reservation for them, given back once they are freed.
+    held: Reserved,
 }
 
 /// The most bytes of passed results a call frees on the thread that drops it: 1 MiB.
@@ -246,24 +248,24 @@ const FREE_ON_WORKER: u64 = 1024 * 1024;
 impl Drop for Passed {
     fn drop(&mut self) {
         // Not awaited: nothing waits for memory to be freed.
-        drop(free_off_worker(
-            std::mem::take(&mut self.call.arguments),
-            self.bytes,
-        ));
+        let arguments = std::mem::take(&mut self.call.arguments);
+        let held = std::mem::replace(&mut self.held, Reserved::none());
+        drop(free_off_worker((arguments, held), self.bytes));
     }
 }
 
-/// Frees `arguments`, which hold `bytes` of passed results: on a blocking thread when they
-/// are over [`FREE_ON_WORKER`] and a runtime is there (that task returned), else here.
-fn free_off_worker(
-    arguments: serde_json::Value,
+/// Frees `passed` (arguments holding `bytes` of passed results, and what else goes with
+/// them): on a blocking thread when the bytes are over [`FREE_ON_WORKER`] and a runtime is
+/// there, returning that thread's task; else here, returning `None`.
+fn free_off_worker<T: Send + 'static>(
+    passed: T,
     bytes: u64,
 ) -> Option<tokio::task::JoinHandle<()>> {
     if bytes <= FREE_ON_WORKER {
         return None;
     }
     let runtime = tokio::runtime::Handle::try_current().ok()?;
-    Some(runtime.spawn_blocking(move || drop(arguments)))
+    Some(runtime.spawn_blocking(move || drop(passed)))
 }
 
 /// The process's budget of passed results stayed busy past the call deadline.
@@ -917,8 +919,10 @@ impl<H: ToolHost + 'static> Executor<H> {
             }
             Some(Passing::Invalid(error, at)) => {
                 drop(progress);
+                // Logged if the log takes it; the caller gets the handle error either way
+                // (psych serve answers it as `invalid_deferred_handle`).
                 let refused = refused_handle(call, &error, Some(&at));
-                self.log_one(call, refused, None).await?;
+                let _logged = self.log_one(call, refused, None).await;
                 return Err(error);
             }
         };
@@ -1016,6 +1020,8 @@ impl<H: ToolHost + 'static> Executor<H> {
         let archive = self.archive.clone();
         let limits = self.limits.clone();
         let mut passed = call.clone();
+        // Kept with the passed call until it is freed.
+        let kept = held.clone();
         // The read keeps the reservation while it runs, even if this future is dropped.
         let held = held.clone();
         let read = tokio::task::spawn_blocking(move || {
@@ -1040,6 +1046,7 @@ impl<H: ToolHost + 'static> Executor<H> {
             Ok((passed, done)) => Passing::Passed(Passed {
                 call: passed,
                 bytes: done.bytes,
+                held: kept,
             }),
             Err(misplaced) => match *misplaced {
                 psych_reader_tool::passing::Misplaced {

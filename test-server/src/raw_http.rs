@@ -12,12 +12,14 @@
 //! proxy in front of it would: redirects (paths under `/moved`: a same-origin 307 or 308 to
 //! `/mcp`, a loop, a cross-origin 307), event streams cut short (`tools/call` of
 //! `cut_stream {bytes}`: part of an event, then the end; of `end_stream`: the end before
-//! any answer; of `many_values {count, json}`: [`many_values_answer`](super::many_values_answer)
-//! as an event, or as a JSON body with `json`) and refusals of one request (`tools/call` of `rate_limited`: a 429 with
+//! any answer), an answer too dense to parse (`tools/call` of `many_values {count, json}`:
+//! [`many_values_answer`](super::many_values_answer) as an event, or as a JSON body with
+//! `json`) and refusals of one request (`tools/call` of `rate_limited`: a 429 with
 //! `Retry-After: 7`; of `bad_gateway`: a proxy's 502 page in HTML), or of every request
 //! from then on (`forget_sessions`: a 400, as a server restarted without its sessions
-//! answers). With `--dense-initialize N` it answers `initialize` with `N` zeros in the
-//! result's `_meta` (and `server/discover` with an error, so a client falls back to it). Those tools are not listed; only a client that calls them by name sees them.
+//! answers). Those tools are not listed; only a client that calls them by name sees them.
+//! With `--dense-initialize N`, [`fault`] answers `initialize` with `N` zeros in the
+//! result's `_meta` (and `server/discover` with an error, so a client falls back to it).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -233,7 +233,7 @@ async fn an_answer_of_too_many_values_fails_its_call_unparsed_over_http() {
     let server = HttpServer::start(&[]);
     let (manager, reachability) = connect("web", &server.url).await;
     assert_eq!(reachability, Reachability::Reachable);
-    let max = psych_mcp::MAX_JSON_TOKENS;
+    let max = psych_mcp::MAX_JSON_STRUCTURAL_BYTES;
     for json in [true, false] {
         for count in [max, 10 * 1024 * 1024] {
             let arguments = json!({"count": count, "json": json});
@@ -249,12 +249,13 @@ async fn an_answer_of_too_many_values_fails_its_call_unparsed_over_http() {
     manager.shutdown().await;
 }
 
-/// rmcp reads the answer to `initialize` itself, unchecked: one too dense to parse (4 MiB
-/// of zeros) is refused for its size before it is parsed, and the connection fails saying
-/// so (it used to be parsed whole: 2 million values).
+/// rmcp reads the answer to `initialize` itself, unchecked: one of 4 MiB (zeros, too dense
+/// to parse) is refused for its size, over the 2 MiB such answers are held to, before it is
+/// parsed, and the connection fails saying so (it used to be parsed whole: 2 million
+/// values).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handshake_answer_too_dense_to_parse_is_refused_unparsed() {
-    let count = psych_mcp::MAX_JSON_TOKENS.to_string();
+async fn an_answer_rmcp_reads_itself_is_held_to_two_mib() {
+    let count = psych_mcp::MAX_JSON_STRUCTURAL_BYTES.to_string();
     let server = HttpServer::start(&["--json-response", "--dense-initialize", &count]);
     let (manager, reachability) = connect("web", &server.url).await;
     let Reachability::Unreachable { reason } = &reachability else {

@@ -2018,7 +2018,7 @@ async fn an_oversized_or_unreadable_answer_fails_its_call_at_once_and_the_connec
 async fn an_answer_of_too_many_values_fails_its_call_unparsed_and_the_connection_stays() {
     let timeouts = fast().with_call(Duration::from_secs(120));
     let (manager, _) = one("dense", test_server("dense", &[]), timeouts).await;
-    let max = psych_mcp::MAX_JSON_TOKENS;
+    let max = psych_mcp::MAX_JSON_STRUCTURAL_BYTES;
     let within = manager
         .call_tool_raw(
             &tool("dense", "raw_many_values"),
