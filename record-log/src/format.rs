@@ -1098,12 +1098,13 @@ impl BlockPlace {
         if self.bulk.is_none() {
             return Ok(block);
         }
-        let text = || String::from_utf8(bulk.clone()).map_err(|_| RecordCorruption::BlockText);
+        // Each arm takes the bytes as they are: a text is checked, never copied.
+        let text = |bulk| String::from_utf8(bulk).map_err(|_| RecordCorruption::BlockText);
         match &mut block {
-            ContentBlock::Text(content) => content.text = text()?,
+            ContentBlock::Text(content) => content.text = text(bulk)?,
             ContentBlock::Image(media) | ContentBlock::Audio(media) => media.data = bulk,
             ContentBlock::Resource(embedded) => match &mut embedded.resource {
-                ResourceContents::Text(resource) => resource.text = text()?,
+                ResourceContents::Text(resource) => resource.text = text(bulk)?,
                 ResourceContents::Blob(resource) => resource.blob = bulk,
             },
             _ => return Err(RecordCorruption::BlockKind),
@@ -1156,15 +1157,18 @@ pub(crate) fn decode_record(
                 structured_content: structured,
                 content: Vec::new(),
             };
-            let text_of = |(at, len): (u64, u64)| -> Result<&[u8], RecordCorruption> {
-                let end = at.checked_add(len).ok_or(RecordCorruption::BlockRange)?;
-                content
-                    .get(
-                        usize::try_from(at).map_err(|_| RecordCorruption::BlockRange)?
-                            ..usize::try_from(end).map_err(|_| RecordCorruption::BlockRange)?,
-                    )
-                    .ok_or(RecordCorruption::BlockRange)
-            };
+            let mut content = content;
+            let text_of =
+                |content: &[u8], (at, len): (u64, u64)| -> Result<Vec<u8>, RecordCorruption> {
+                    let end = at.checked_add(len).ok_or(RecordCorruption::BlockRange)?;
+                    content
+                        .get(
+                            usize::try_from(at).map_err(|_| RecordCorruption::BlockRange)?
+                                ..usize::try_from(end).map_err(|_| RecordCorruption::BlockRange)?,
+                        )
+                        .map(<[u8]>::to_vec)
+                        .ok_or(RecordCorruption::BlockRange)
+                };
             if header.content_kind == CONTENT_JSON {
                 if summary.meta.blocks.is_some() {
                     return Err(RecordCorruption::JsonContent);
@@ -1180,7 +1184,12 @@ pub(crate) fn decode_record(
                         .place(position, readable)?
                         .ok_or(RecordCorruption::BlockRange)?;
                     let bulk = match place.bulk {
-                        Some(range) => text_of(range)?.to_vec(),
+                        // One block that is the whole content (a text result, most often)
+                        // takes the content itself: it is not held twice.
+                        Some((0, len)) if count == 1 && len == content.len() as u64 => {
+                            std::mem::take(&mut content)
+                        }
+                        Some(range) => text_of(&content, range)?,
                         None => Vec::new(),
                     };
                     output.content.push(place.rebuild(bulk)?);

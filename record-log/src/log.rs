@@ -392,16 +392,27 @@ impl RecordLog {
         self.file
             .read_exact_at(&mut body, at)
             .map_err(self.read_io(at))?;
-        let trailer = body.split_off(body_len - FRAME_TRAILER_LEN);
+        // The header was checked on open: its body holds its metadata and the trailer. A
+        // header changed on disk since reads as a checksum mismatch or a bad metadata length.
+        let Some(data_len) = body_len.checked_sub(FRAME_TRAILER_LEN) else {
+            return Err(self.corrupt(entry.offset, RecordCorruption::HeaderChanged));
+        };
+        let (data, trailer) = body.split_at(data_len);
         let stored = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
         let mut crc = Crc32c::new();
-        crc.update(&body);
+        crc.update(data);
         if crc.finish() != stored {
             return Err(self.corrupt(entry.offset, RecordCorruption::BodyChecksum));
         }
         self.first_touch.verified(header.seq);
-        let content = body.split_off(meta_len);
-        format::decode_record(header, &body, content)
+        let Some(meta) = data.get(..meta_len).map(<[u8]>::to_vec) else {
+            return Err(self.corrupt(entry.offset, RecordCorruption::HeaderChanged));
+        };
+        // The content moves to the front of the body's own allocation: no second copy of
+        // it (a record's content was held twice while it decoded).
+        body.truncate(data_len);
+        body.drain(..meta_len);
+        format::decode_record(header, &meta, body)
             .map(Some)
             .map_err(|reason| self.corrupt(entry.offset, reason))
     }
