@@ -392,10 +392,11 @@ impl RecordLog {
         self.file
             .read_exact_at(&mut body, at)
             .map_err(self.read_io(at))?;
-        // The header was checked on open: its body holds its metadata and the trailer. A
-        // header changed on disk since reads as a checksum mismatch or a bad metadata length.
+        // The header was checked on open, so its body holds its metadata and the trailer;
+        // checked again rather than trusted (a file changed on disk since reads as a
+        // checksum mismatch).
         let Some(data_len) = body_len.checked_sub(FRAME_TRAILER_LEN) else {
-            return Err(self.corrupt(entry.offset, RecordCorruption::HeaderChanged));
+            return Err(self.corrupt(entry.offset, RecordCorruption::Vanished));
         };
         let (data, trailer) = body.split_at(data_len);
         let stored = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
@@ -405,14 +406,23 @@ impl RecordLog {
             return Err(self.corrupt(entry.offset, RecordCorruption::BodyChecksum));
         }
         self.first_touch.verified(header.seq);
-        let Some(meta) = data.get(..meta_len).map(<[u8]>::to_vec) else {
-            return Err(self.corrupt(entry.offset, RecordCorruption::HeaderChanged));
+        let Some(content_len) = data_len.checked_sub(meta_len) else {
+            return Err(self.corrupt(entry.offset, RecordCorruption::Vanished));
         };
-        // The content moves to the front of the body's own allocation: no second copy of
-        // it (a record's content was held twice while it decoded).
         body.truncate(data_len);
-        body.drain(..meta_len);
-        format::decode_record(header, &meta, body)
+        // The smaller side is copied. Content far larger than the metadata (a text result)
+        // moves to the front of the body's own allocation, not held twice while it decodes;
+        // else the content is copied out, so a text kept from it never holds the metadata's
+        // room too (a short text beside megabytes of structured content).
+        let (meta, content) = if meta_len.saturating_mul(8) <= content_len {
+            let meta = body[..meta_len].to_vec();
+            body.drain(..meta_len);
+            (meta, body)
+        } else {
+            let content = body.split_off(meta_len);
+            (body, content)
+        };
+        format::decode_record(header, &meta, content)
             .map(Some)
             .map_err(|reason| self.corrupt(entry.offset, reason))
     }

@@ -1,8 +1,8 @@
 //! A stored result's summary (what `output_info`, `block_lines` and a lazy history read)
 //! does not build its `structuredContent`: a peer's 8 MiB `[0,0,…]` beside one text block
-//! is about 128 MiB of JSON values, and each `read_tool_output` asks for a summary. The
-//! reads run in a child process (this binary again), so that the peak resident memory
-//! (`VmHWM`) measured is theirs alone.
+//! is about 128 MiB of JSON values, and each `read_tool_output` asks for a summary; and a
+//! record read back whole holds its content once. The reads run in a child process (this
+//! binary again), so that the peak resident memory (`VmHWM`) measured is theirs alone.
 
 #![allow(
     clippy::unwrap_used,
@@ -47,6 +47,59 @@ fn summaries_do_not_build_structured_content() {
         dir.path(),
         LIMIT,
     );
+}
+
+/// Where the child of the next test finds its log; set only in that child.
+const RECORD_CHILD: &str = "PSYCH_RECORD_MEMORY_DIR";
+/// A text result of 32 MiB, read back whole by handle.
+const TEXT: usize = 32 << 20;
+
+/// A record read back by handle holds its content once: a 32 MiB text result peaks at the
+/// text and the process (it was four times the text: 128 MiB), and a short text beside
+/// 8 MiB of structured content is a string of its own size, not of the record's.
+#[test]
+fn a_record_read_back_holds_its_content_once() {
+    if let Some(dir) = std::env::var_os(RECORD_CHILD) {
+        read_records(Path::new(&dir));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (mut log, _) =
+            RecordLog::open(dir.path(), &common::run("rec"), SyncPolicy::OsBuffered).unwrap();
+        let text = "a line of text\n".repeat(TEXT / 15);
+        log.append(&common::result("text", ToolOutput::text(text)))
+            .unwrap();
+        let mut output = ToolOutput::text("a short text");
+        output.structured_content = Some(serde_json::json!({"blob": "x".repeat(8 << 20)}));
+        log.append(&common::result("beside", output)).unwrap();
+    }
+    assert_child_peak_under(
+        "a_record_read_back_holds_its_content_once",
+        RECORD_CHILD,
+        dir.path(),
+        64 << 20,
+    );
+}
+
+/// In the child: both records read back whole.
+fn read_records(dir: &Path) {
+    use psych_types::{ContentBlock, Record};
+    let (log, _) = RecordLog::open_read_only(dir, &common::run("rec")).unwrap();
+    let text_of = |record: Option<Record>| match record {
+        Some(Record::ToolResult(result)) => match result.output.content.into_iter().next() {
+            Some(ContentBlock::Text(text)) => text.text,
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    let text = text_of(log.record(&log.handle(0).unwrap()).unwrap());
+    assert_eq!(text.len(), TEXT / 15 * 15);
+    drop(text);
+    let short = text_of(log.record(&log.handle(1).unwrap()).unwrap());
+    assert_eq!(short, "a short text");
+    assert!(short.capacity() < 1024, "{}", short.capacity());
+    print_peak();
 }
 
 /// In the child: every summary read, ten times over.
