@@ -7,7 +7,7 @@
 //! listing that changed while the server was stopped (a tool removed, a schema changed) is
 //! caught at the first call and reaches the client as `list_changed`; a server that cannot
 //! start answers its call with a tool error naming why while the others answer; `--eager`
-//! starts every server at once.
+//! starts every server at once, and a call that reaches one still starting waits for it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,13 +33,16 @@ type Session = RunningService<RoleClient, Client>;
 
 /// An upstream entry: `psych serve-embedded` serving the tools of `catalog` (and the
 /// control tools), behind `sh`, which first appends a line to `starts` (every attempt is
-/// counted) and, when `refuse` exists, says why on stderr and exits instead.
+/// counted) and, when `refuse` exists, says why on stderr and exits instead; when `refuse`
+/// with the extension `slow` exists, it starts 2 s late.
 fn counted(starts: &Path, catalog: &Path, refuse: &Path, extra: Value) -> Value {
     let script = format!(
         "echo started >> '{starts}'; \
          if [ -e '{refuse}' ]; then echo 'licence server unreachable' >&2; exit 3; fi; \
+         if [ -e '{slow}' ]; then sleep 2; fi; \
          exec '{PSYCH}' serve-embedded --catalog '{catalog}'",
         refuse = refuse.display(),
+        slow = refuse.with_extension("slow").display(),
         starts = starts.display(),
         catalog = catalog.display(),
     );
@@ -386,6 +389,28 @@ async fn a_server_that_cannot_start_answers_why_and_the_others_go_on() {
     })
     .await;
     assert!(waited.is_ok(), "--eager started both servers");
+    close(session, &setup.logs).await;
+}
+
+/// A call that reaches a server still starting waits for the start and is answered, never
+/// "not connected yet": psych serve answers from the kept listing while its servers
+/// connect (with `--eager`, or for a server that must start at once). The TypeScript SDK's
+/// modern stdio client meets this every time: it first spawns a disposable gateway to ask
+/// `server/discover`, and the gateway it then talks to finds that one's listing kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_while_its_server_still_starts_waits_for_the_start() {
+    let setup = setup();
+    first_run(&setup).await;
+    let (starts_file, _, refuse) = &setup.files[1];
+    std::fs::write(refuse.with_extension("slow"), "").unwrap();
+    let before = starts(starts_file);
+    let (session, _) = connect(&setup.config, &setup.logs, &["--eager"]).await;
+    // The kept listing is answered at once, the server still starting.
+    listing(&session).await;
+    let result = call(&session, "steady", "alpha", json!({"x": "waited"})).await;
+    assert_ne!(result.is_error, Some(true), "{}", text(&result));
+    assert!(text(&result).contains("waited"), "{}", text(&result));
+    assert_eq!(starts(starts_file), before + 1);
     close(session, &setup.logs).await;
 }
 

@@ -2312,7 +2312,8 @@ pub enum SessionRefused {
 /// SIGTERM or SIGINT; a program embedding the gateway on whatever ends its own work.
 ///
 /// The upstream servers connect in the background: a client's `initialize` is answered at
-/// once from what is known.
+/// once from what is known, and a call that reaches a server still making its first
+/// connection attempt waits for that attempt.
 ///
 /// # Errors
 ///

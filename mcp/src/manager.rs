@@ -568,7 +568,8 @@ impl McpManager {
     }
 
     /// The session of `server` for a request: a lazy server's started first if need be,
-    /// and held in flight (not stopped for idleness) while the guard lives.
+    /// and held in flight (not stopped for idleness) while the guard lives; another's first
+    /// connection attempt waited for if it is under way.
     async fn acquire(
         &self,
         server: &ServerId,
@@ -582,8 +583,33 @@ impl McpManager {
                 let (session, held) = crate::lazy::acquire(server, &slot, lazy).await?;
                 Ok((session, Some(held)))
             }
-            None => Ok((Self::session_of(server, &slot)?, None)),
+            None => {
+                let session = Self::first_session(server, &slot).await;
+                // Shut down during the wait: say so, not "not connected yet".
+                if session.is_err() && self.is_shut_down() {
+                    return Err(McpError::ShutDown);
+                }
+                Ok((session?, None))
+            }
         }
+    }
+
+    /// The live session in `slot` (of `server`, not lazy), waiting first for the server's
+    /// first connection attempt if it is still under way: a request made while the servers
+    /// connect in the background (a gateway answering from a kept listing meanwhile) reaches
+    /// the server once it is up, or fails with the attempt's reason, not with "not connected
+    /// yet". The wait is bounded by the attempt's own deadlines (connect and listing), and
+    /// ends when the server is removed or the manager shut down. Later, between
+    /// reconnection attempts, it fails at once with the last reason. Cancel-safe: it only
+    /// waits on watches.
+    async fn first_session(server: &ServerId, slot: &Slot) -> Result<Arc<Session>, McpError> {
+        let mut first = slot.first_attempt.subscribe();
+        let mut stop = slot.stop.subscribe();
+        tokio::select! {
+            _ = first.wait_for(|done| *done) => {}
+            _ = stop.wait_for(|stop| *stop) => {}
+        }
+        Self::session_of(server, slot)
     }
 
     /// Whether [`McpManager::shutdown`] has begun.
@@ -596,13 +622,13 @@ impl McpManager {
     }
 
     /// Lists every tool of `server` now, page by page to the end (no cache), starting a
-    /// lazy server first. Malformed tools are set aside in [`Listing::malformed`] and the
-    /// rest kept.
+    /// lazy server first (or waiting for another's first connection attempt, if under way).
+    /// Malformed tools are set aside in [`Listing::malformed`] and the rest kept.
     ///
     /// A listing of several pages during which the server announced a change of its tools
     /// is walked again (at most twice, every walk again ending within half the listing
-    /// deadline, and one started only when it can at the pace of the last): its pages may come from two catalogues, and
-    /// one whose cursor is an offset skips a tool the server did not change. Over stdio
+    /// deadline, and one started only when it can at the pace of the last): its pages may
+    /// come from two catalogues, and one whose cursor is an offset skips a tool the server did not change. Over stdio
     /// every change announced before a page's answer is seen; over HTTP the announcement
     /// comes on another stream and may be read after the walk. A walk again that fails
     /// returns the walk before it. The same holds of the listing each connection makes.
@@ -982,6 +1008,12 @@ impl ToolLister for McpManager {
 /// With [`ToolHost::call_tool_with_progress`] the call carries a progress token of its own,
 /// and each `notifications/progress` the server sends for it is reported to the sink, in
 /// the order read and before the call returns; the sink is dropped when the call ends.
+///
+/// A call to a server whose first connection attempt is still under way (one being added,
+/// or connecting in the background after [`McpManager::connect_all`] was spawned) waits for
+/// that attempt and then reaches the server, or fails with the attempt's reason; a call
+/// while a lost server waits to be reconnected fails at once with
+/// [`McpError::Unreachable`].
 ///
 /// MCP 2026-07-28's rounds: [`ToolHost::call_tool_round`] sends the round's
 /// `inputResponses` and `requestState` (byte for byte) and, to a server of 2026-07-28, its

@@ -106,6 +106,9 @@ pub struct Scenario {
     pub cursor_bytes: Option<usize>,
     /// Never answer `initialize`.
     pub hang_initialize: bool,
+    /// Answer `initialize` (and, with [`modern_only`](Self::modern_only),
+    /// `server/discover`) only after this many milliseconds: a server slow to start.
+    pub initialize_delay_ms: Option<u64>,
     /// Never answer `tools/list`.
     pub hang_listing: bool,
     /// The `hang` tool first reports progress 0 ("hanging") when the call carries a
@@ -164,7 +167,8 @@ pub enum Mode {
 pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--kind notes|files|wiki|forge|suite] [--page-size N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
-[--repeat-cursor] [--endless-listing] [--cursor-bytes N] [--hang-initialize] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
+[--repeat-cursor] [--endless-listing] [--cursor-bytes N] [--hang-initialize] \
+[--initialize-delay-ms MS] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
 [--no-control-tools] [--catalog FILE] [--json-response] [--stderr-flood BYTES] \
 [--setsid-grandchild PIDFILE] [--list-raw-tools] [--modern-only] [--hint-max-chars N] \
 [--dense-initialize N] \
@@ -223,6 +227,9 @@ impl Scenario {
                 "--endless-listing" => scenario.endless_listing = true,
                 "--cursor-bytes" => scenario.cursor_bytes = Some(number(value("a count")?)?),
                 "--hang-initialize" => scenario.hang_initialize = true,
+                "--initialize-delay-ms" => {
+                    scenario.initialize_delay_ms = Some(number(value("milliseconds")?)? as u64);
+                }
                 "--hang-listing" => scenario.hang_listing = true,
                 "--announce-hang" => scenario.announce_hang = true,
                 "--grandchild" => scenario.grandchild = true,
@@ -988,6 +995,9 @@ impl ServerHandler for TestServer {
         if self.state.scenario.hang_initialize {
             std::future::pending::<()>().await;
         }
+        if let Some(delay) = self.state.scenario.initialize_delay_ms {
+            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+        }
         self.state
             .peers
             .lock()
@@ -1040,6 +1050,11 @@ impl ServerHandler for TestServer {
         &self,
         _context: RequestContext<RoleServer>,
     ) -> Result<DiscoverResult, ErrorData> {
+        if let Some(delay) = self.state.scenario.initialize_delay_ms
+            && self.state.scenario.modern_only
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+        }
         if !self.state.scenario.modern_only {
             return Err(ErrorData::method_not_found::<
                 rmcp::model::DiscoverRequestMethod,

@@ -774,6 +774,102 @@ async fn a_server_that_never_answers_initialize_times_out() {
     manager.shutdown().await;
 }
 
+/// Waits until the manager has a slot for `server` (its first attempt may be under way).
+async fn until_added(manager: &McpManager, server: &str) {
+    while !manager.servers().contains(&id(server)) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A call or listing made while a server's first connection attempt is under way (psych
+/// serve connects in the background and answers from a kept listing meanwhile) waits for
+/// that attempt: it reaches a server slow to start, and gets the reason of one that never
+/// answers, never "not connected yet".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_during_the_first_connection_attempt_waits_for_it() {
+    let manager = manager(fast().with_connect(Duration::from_millis(1500)));
+    let adding = |name: &'static str, args: &'static [&'static str]| {
+        let manager = manager.clone();
+        tokio::spawn(async move { manager.add_server(id(name), test_server(name, args)).await })
+    };
+    let slow = adding("slow", &["--initialize-delay-ms", "700"]);
+    let mute = adding("mute", &["--hang-initialize"]);
+    until_added(&manager, "slow").await;
+    until_added(&manager, "mute").await;
+    // The attempts are under way (the slow one answers after 700 ms, the mute one never).
+    assert_eq!(manager.is_running(&id("slow")), Some(false));
+    let (echo, never, slow_id) = (tool("slow", "echo"), tool("mute", "echo"), id("slow"));
+    let (called, listed, refused) = tokio::join!(
+        manager.call_tool_raw(&echo, args(json!({"text": "waited"}))),
+        manager.list(&slow_id),
+        manager.call_tool_raw(&never, args(json!({"text": "never"}))),
+    );
+    assert_eq!(texts(&called.unwrap()), ["waited"]);
+    assert!(
+        listed
+            .unwrap()
+            .tools
+            .iter()
+            .any(|t| t.name.as_str() == "echo")
+    );
+    let McpError::Unreachable { server, reason } = refused.unwrap_err() else {
+        panic!("not unreachable");
+    };
+    assert_eq!(server, id("mute"));
+    assert!(
+        reason.starts_with("MCP server \"mute\": initialize got no answer within 1.5s"),
+        "{reason}"
+    );
+    assert_eq!(slow.await.unwrap().unwrap(), Reachability::Reachable);
+    assert!(matches!(
+        mute.await.unwrap().unwrap(),
+        Reachability::Unreachable { .. }
+    ));
+    // Later, between reconnection attempts, a call to the unreachable one fails at once.
+    let started = std::time::Instant::now();
+    let again = manager
+        .call_tool_raw(&tool("mute", "echo"), JsonObject::new())
+        .await;
+    assert!(
+        matches!(again, Err(McpError::Unreachable { .. })),
+        "{again:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(500));
+    manager.shutdown().await;
+}
+
+/// A request waiting for a first connection attempt is released by shutdown, with
+/// [`McpError::ShutDown`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_a_request_waiting_for_a_first_attempt() {
+    let manager = manager(Timeouts::uniform(Duration::from_secs(30)));
+    let adding = {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            let config = test_server("stuck", &["--hang-initialize"]);
+            manager.add_server(id("stuck"), config).await
+        })
+    };
+    until_added(&manager, "stuck").await;
+    let calling = {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            manager
+                .call_tool_raw(&tool("stuck", "echo"), JsonObject::new())
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!calling.is_finished(), "the call did not wait");
+    manager.shutdown().await;
+    let called = tokio::time::timeout(Duration::from_secs(3), calling)
+        .await
+        .expect("the call still waits after shutdown")
+        .unwrap();
+    assert!(matches!(called, Err(McpError::ShutDown)), "{called:?}");
+    let _ = adding.await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_that_hangs_or_loops_on_its_cursor_fails_with_the_reason() {
     let timeouts = fast().with_listing(Duration::from_millis(300), Duration::from_secs(1));
