@@ -118,33 +118,7 @@ async fn stop(mut gateway: tokio::process::Child) {
 fn logged_results(dir: &Path) -> Vec<(String, String)> {
     let mut results = Vec::new();
     for identity in std::fs::read_dir(dir.join("serve")).unwrap() {
-        results.extend(identity_results(&identity.unwrap().path()));
-    }
-    results
-}
-
-/// The tool results of every log of the identity folder `serve`.
-fn identity_results(serve: &Path) -> Vec<(String, String)> {
-    let mut results = Vec::new();
-    for entry in std::fs::read_dir(serve).unwrap() {
-        let name = entry.unwrap().file_name();
-        if Path::new(&name).extension().is_none_or(|x| x != "plog") {
-            continue;
-        }
-        let run = Path::new(&name)
-            .file_stem()
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_owned();
-        let run = psych_types::RunId::new(run).unwrap();
-        let (log, _) = psych_record_log::RecordLog::open_read_only(serve, &run)
-            .unwrap_or_else(|e| panic!("{name:?} opens intact: {e}"));
-        for logged in log.iter() {
-            if let psych_types::Record::ToolResult(result) = logged.unwrap().record {
-                results.push((result.name, result.output.readable_text().into_owned()));
-            }
-        }
+        results.extend(crate::support::logged_in(&identity.unwrap().path()));
     }
     results
 }

@@ -467,6 +467,16 @@ async fn a_result_passes_by_reference_within_its_identity_only() {
         .await
         .unwrap_err();
     assert!(refused.contains("invalid_deferred_handle"), "{refused}");
+    // The refusal is in bob's log as the call's result, saying nothing was run (not left
+    // for a later request to answer as interrupted).
+    let bobs = crate::support::logged_in(&dir.path().join("serve").join("bob"));
+    let refusal = "up__fingerprint: refused, nothing was run: the argument at \"/text\": ";
+    assert!(
+        bobs.iter().any(|(name, text)| name == "up__fingerprint"
+            && text.starts_with(refusal)
+            && text.contains("invalid_deferred_handle")),
+        "{bobs:?}"
+    );
     other.cancel().await.unwrap();
 
     // The bound is the user's: with --max-passed-mib 1 the 2 MB result is not passed.

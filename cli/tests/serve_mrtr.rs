@@ -175,23 +175,7 @@ fn rpc_error(error: ServiceError) -> ErrorData {
 
 /// The tool results of every log of `identity` under `dir`: (tool name, readable text).
 fn logged(dir: &Path, identity: &str) -> Vec<(String, String)> {
-    let folder = dir.join("serve").join(identity);
-    let mut results = Vec::new();
-    for entry in std::fs::read_dir(&folder).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("plog") {
-            continue;
-        }
-        let run = path.file_stem().unwrap().to_str().unwrap();
-        let run = psych_types::RunId::new(run).unwrap();
-        let (log, _) = psych_record_log::RecordLog::open_read_only(&folder, &run).unwrap();
-        for record in log.iter() {
-            if let psych_types::Record::ToolResult(result) = record.unwrap().record {
-                results.push((result.name, result.output.readable_text().into_owned()));
-            }
-        }
-    }
-    results
+    crate::support::logged_in(&dir.join("serve").join(identity))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -236,3 +236,25 @@ pub(crate) fn session_id(answer: &str) -> String {
         })
         .unwrap_or_else(|| panic!("a session id in {answer}"))
 }
+
+/// The tool results of every log in `folder` (an identity's folder under `<dir>/serve/`),
+/// each log opened (and so checked whole) by psych-record-log: (tool name, readable text).
+pub(crate) fn logged_in(folder: &std::path::Path) -> Vec<(String, String)> {
+    let mut results = Vec::new();
+    for entry in std::fs::read_dir(folder).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|x| x != "plog") {
+            continue;
+        }
+        let run = path.file_stem().unwrap().to_str().unwrap();
+        let run = psych_types::RunId::new(run).unwrap();
+        let (log, _) = psych_record_log::RecordLog::open_read_only(folder, &run)
+            .unwrap_or_else(|e| panic!("{} opens intact: {e}", path.display()));
+        for logged in log.iter() {
+            if let psych_types::Record::ToolResult(result) = logged.unwrap().record {
+                results.push((result.name, result.output.readable_text().into_owned()));
+            }
+        }
+    }
+    results
+}
