@@ -185,7 +185,7 @@ pub(crate) async fn supervise(
         });
     };
     // Added, not started: nothing to wait for.
-    let _ = slot.first_attempt.send(true);
+    let _ = slot.first_attempt.send_replace(true);
     loop {
         tokio::select! {
             changed = wanted.changed() => if changed.is_err() { break },

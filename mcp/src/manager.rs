@@ -322,7 +322,6 @@ impl McpManager {
         if self.is_shut_down() {
             return Err(McpError::ShutDown);
         }
-        self.remove_server(&server).await;
         self.add_slot(server.clone(), config, None).await?;
         Ok(self.reachability(&server).unwrap_or_default())
     }
@@ -352,7 +351,6 @@ impl McpManager {
         if self.is_shut_down() {
             return Err(McpError::ShutDown);
         }
-        self.remove_server(&server).await;
         self.add_slot(server, config, Some(Arc::new(Lazy::new(idle))))
             .await
     }
@@ -404,10 +402,10 @@ impl McpManager {
             max_listing_bytes: self.inner.max_listing_bytes,
         };
         let events = Arc::clone(&self.inner.events);
-        // A slot this one replaces in the map (two adds of one name at once both found none
-        // to remove) is stopped by this one's supervisor before it starts its server: never
-        // two of one server at once, and nothing left to the adder's future, which may be
-        // dropped.
+        // A slot this one replaces in the map is stopped by this one's supervisor before it
+        // starts its server: never two of one server at once, nothing left to the adder's
+        // future, which may be dropped, and the name never missing from the map meanwhile,
+        // so a request waiting on the old slot follows to this one.
         let (handover, replaced) = tokio::sync::oneshot::channel::<Arc<Slot>>();
         // Stopped meanwhile (removed, shut down): the supervisor does not start.
         let stopped = stop_rx.clone();
@@ -419,6 +417,7 @@ impl McpManager {
         };
         let task = match lazy {
             Some(lazy) => spawn_after(
+                &slot,
                 retire,
                 crate::lazy::supervise(
                     server.clone(),
@@ -431,6 +430,7 @@ impl McpManager {
                 ),
             ),
             None => spawn_after(
+                &slot,
                 retire,
                 supervise(
                     server.clone(),
@@ -453,7 +453,7 @@ impl McpManager {
                 .unwrap_or_else(PoisonError::into_inner);
             if self.is_shut_down() {
                 drop(servers);
-                let _ = slot.stop.send(true);
+                let _ = slot.stop.send_replace(true);
                 // Aborted, the supervisor drops its session, and a stdio child kills its
                 // process group when dropped.
                 task.abort();
@@ -468,14 +468,14 @@ impl McpManager {
             // Told to stop now, in this poll, whatever becomes of this future; the new
             // supervisor waits for it to have stopped.
             Some(replaced) => {
-                let _ = replaced.stop.send(true);
+                let _ = replaced.stop.send_replace(true);
                 let _ = handover.send(replaced);
             }
             // Nothing to wait for: the new supervisor starts at once.
             None => drop(handover),
         }
-        // Only the map and the supervisor hold the slot now: if the server is removed or
-        // the manager shut down during the first attempt, the sender is dropped and this
+        // If the server is removed or the manager shut down during the first attempt, its
+        // supervisor's task ends and marks the attempt made (`FirstAttemptReleased`): this
         // wait ends.
         let _ = first_rx.wait_for(|done| *done).await;
         Ok(())
@@ -577,20 +577,26 @@ impl McpManager {
         if self.is_shut_down() {
             return Err(McpError::ShutDown);
         }
-        let slot = self.slot(server)?;
-        match &slot.lazy {
-            Some(lazy) => {
+        let mut slot = self.slot(server)?;
+        loop {
+            if let Some(lazy) = &slot.lazy {
                 let (session, held) = crate::lazy::acquire(server, &slot, lazy).await?;
-                Ok((session, Some(held)))
+                return Ok((session, Some(held)));
             }
-            None => {
-                let session = Self::first_session(server, &slot).await;
-                // Shut down during the wait: say so, not "not connected yet".
-                if session.is_err() && self.is_shut_down() {
-                    return Err(McpError::ShutDown);
-                }
-                Ok((session?, None))
+            let session = Self::first_session(server, &slot).await;
+            if session.is_ok() {
+                return Ok((session?, None));
             }
+            // Released by a stop during the wait: say what became of the server, not "not
+            // connected yet". Shut down, or removed (unknown now), or replaced: the new one.
+            if self.is_shut_down() {
+                return Err(McpError::ShutDown);
+            }
+            let now = self.slot(server)?;
+            if Arc::ptr_eq(&now, &slot) {
+                return Err(session.err().unwrap_or(McpError::ShutDown));
+            }
+            slot = now;
         }
     }
 
@@ -598,8 +604,10 @@ impl McpManager {
     /// first connection attempt if it is still under way: a request made while the servers
     /// connect in the background (a gateway answering from a kept listing meanwhile) reaches
     /// the server once it is up, or fails with the attempt's reason, not with "not connected
-    /// yet". The wait is bounded by the attempt's own deadlines (connect and listing), and
-    /// ends when the server is removed or the manager shut down. Later, between
+    /// yet". The wait is bounded by the attempt's own deadlines (the connect deadline, then
+    /// the first listing's; after the slot it replaces has stopped, if it replaces one), and
+    /// ends when the server is removed or the manager shut down; an attempt is marked made
+    /// however the supervisor's task ends ([`FirstAttemptReleased`]). Later, between
     /// reconnection attempts, it fails at once with the last reason. Cancel-safe: it only
     /// waits on watches.
     async fn first_session(server: &ServerId, slot: &Slot) -> Result<Arc<Session>, McpError> {
@@ -789,7 +797,7 @@ impl McpManager {
         .into_values()
         .collect();
         for slot in &slots {
-            let _ = slot.stop.send(true);
+            let _ = slot.stop.send_replace(true);
         }
         for slot in slots {
             slot.finish().await;
@@ -822,7 +830,7 @@ impl Slot {
 
     /// Stops the supervisor and waits for it (it closes its session on the way out).
     async fn finish(&self) {
-        let _ = self.stop.send(true);
+        let _ = self.stop.send_replace(true);
         let task = self
             .task
             .lock()
@@ -859,7 +867,7 @@ impl Drop for Inner {
             .unwrap_or_else(PoisonError::into_inner)
             .values()
         {
-            let _ = slot.stop.send(true);
+            let _ = slot.stop.send_replace(true);
             if let Some(task) = slot
                 .task
                 .lock()
@@ -903,14 +911,28 @@ impl Connecting {
 /// Spawns `supervise` to run once `retire` has finished the slot it replaces, unless
 /// `retire` says the new slot was stopped meanwhile.
 fn spawn_after(
+    slot: &Arc<Slot>,
     retire: impl Future<Output = bool> + Send + 'static,
     supervise: impl Future<Output = ()> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
+    let released = FirstAttemptReleased(Arc::clone(slot));
     tokio::spawn(async move {
+        let _released = released;
         if !retire.await {
             supervise.await;
         }
     })
+}
+
+/// Marks its slot's first connection attempt made when the supervisor's task ends, however
+/// it ends (stopped before it started, finished, panicked, aborted), so no request waits
+/// for an attempt that will never come ([`McpManager::acquire`]).
+struct FirstAttemptReleased(Arc<Slot>);
+
+impl Drop for FirstAttemptReleased {
+    fn drop(&mut self) {
+        self.0.first_attempt.send_replace(true);
+    }
 }
 
 /// Connects, watches and reconnects one server until told to stop.
@@ -948,7 +970,7 @@ async fn supervise(
                     cause: ChangeCause::Connected,
                 });
                 // After the events: whoever waited for the first attempt finds them queued.
-                let _ = slot.first_attempt.send(true);
+                let _ = slot.first_attempt.send_replace(true);
                 let lost = tokio::select! {
                     reason = session.lost() => Some(reason),
                     _ = stop.wait_for(|stop| *stop) => None,
@@ -976,7 +998,7 @@ async fn supervise(
                 };
                 slot.set(None, down.clone());
                 report(down);
-                let _ = slot.first_attempt.send(true);
+                let _ = slot.first_attempt.send_replace(true);
             }
         }
         let delay = how.backoff.delay(failures);
@@ -987,7 +1009,7 @@ async fn supervise(
         }
     }
     // Stopped before a first attempt finished: release whoever waits for it.
-    let _ = slot.first_attempt.send(true);
+    let _ = slot.first_attempt.send_replace(true);
 }
 
 impl ToolLister for McpManager {
@@ -1011,9 +1033,11 @@ impl ToolLister for McpManager {
 ///
 /// A call to a server whose first connection attempt is still under way (one being added,
 /// or connecting in the background after [`McpManager::connect_all`] was spawned) waits for
-/// that attempt and then reaches the server, or fails with the attempt's reason; a call
-/// while a lost server waits to be reconnected fails at once with
-/// [`McpError::Unreachable`].
+/// that attempt (its connect and first listing deadlines) and then reaches the server, or
+/// fails with the attempt's reason; the call's own deadline ([`Timeouts::call`]) starts
+/// once it has the session. A call while a lost server waits to be reconnected fails at
+/// once with [`McpError::Unreachable`]; one whose server is removed while it waits fails
+/// with [`McpError::UnknownServer`], and one whose server is replaced waits for the new one.
 ///
 /// MCP 2026-07-28's rounds: [`ToolHost::call_tool_round`] sends the round's
 /// `inputResponses` and `requestState` (byte for byte) and, to a server of 2026-07-28, its

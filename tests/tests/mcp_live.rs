@@ -787,7 +787,7 @@ async fn until_added(manager: &McpManager, server: &str) {
 /// answers, never "not connected yet".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_during_the_first_connection_attempt_waits_for_it() {
-    let manager = manager(fast().with_connect(Duration::from_millis(1500)));
+    let manager = manager(fast().with_connect(Duration::from_secs(3)));
     let adding = |name: &'static str, args: &'static [&'static str]| {
         let manager = manager.clone();
         tokio::spawn(async move { manager.add_server(id(name), test_server(name, args)).await })
@@ -817,7 +817,7 @@ async fn a_request_during_the_first_connection_attempt_waits_for_it() {
     };
     assert_eq!(server, id("mute"));
     assert!(
-        reason.starts_with("MCP server \"mute\": initialize got no answer within 1.5s"),
+        reason.starts_with("MCP server \"mute\": initialize got no answer within 3s"),
         "{reason}"
     );
     assert_eq!(slow.await.unwrap().unwrap(), Reachability::Reachable);
@@ -835,6 +835,77 @@ async fn a_request_during_the_first_connection_attempt_waits_for_it() {
         "{again:?}"
     );
     assert!(started.elapsed() < Duration::from_millis(500));
+    manager.shutdown().await;
+}
+
+/// A first attempt whose adder was dropped (an `add_server` under a timeout) still releases
+/// the requests that come after it: the attempt is marked made with no one waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_attempt_nobody_waited_for_still_releases_later_requests() {
+    let manager = manager(fast());
+    let events = manager.events();
+    let config = test_server("slow", &["--initialize-delay-ms", "300"]);
+    let added = tokio::time::timeout(
+        Duration::from_millis(50),
+        manager.add_server(id("slow"), config),
+    )
+    .await;
+    assert!(added.is_err(), "the adder was not dropped mid-attempt");
+    expect_event(&events, |event| {
+        matches!(
+            event,
+            McpEvent::Reachability {
+                reachability: Reachability::Reachable,
+                ..
+            }
+        )
+    })
+    .await;
+    let called = tokio::time::timeout(
+        Duration::from_secs(5),
+        manager.call_tool_raw(&tool("slow", "echo"), args(json!({"text": "released"}))),
+    )
+    .await
+    .expect("the call waits for an attempt already made");
+    assert_eq!(texts(&called.unwrap()), ["released"]);
+    manager.shutdown().await;
+}
+
+/// A request waiting for a first connection attempt is released when its server is
+/// removed (unknown now) or replaced (the new one answers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_a_first_attempt_follows_a_removal_or_replacement() {
+    let manager = manager(Timeouts::uniform(Duration::from_secs(30)));
+    let add = |name: &'static str, args: &'static [&'static str]| {
+        let manager = manager.clone();
+        tokio::spawn(async move { manager.add_server(id(name), test_server(name, args)).await })
+    };
+    let call = |name: &'static str| {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            manager
+                .call_tool_raw(&tool(name, "echo"), args(json!({"text": name})))
+                .await
+        })
+    };
+    let _gone = add("gone", &["--hang-initialize"]);
+    let _stuck = add("swapped", &["--hang-initialize"]);
+    until_added(&manager, "gone").await;
+    until_added(&manager, "swapped").await;
+    let (to_gone, to_swapped) = (call("gone"), call("swapped"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!to_gone.is_finished() && !to_swapped.is_finished());
+    manager.remove_server(&id("gone")).await;
+    let replaced = add("swapped", &[]).await.unwrap().unwrap();
+    assert_eq!(replaced, Reachability::Reachable);
+    let within = |task| tokio::time::timeout(Duration::from_secs(10), task);
+    let gone = within(to_gone).await.expect("released").unwrap();
+    assert!(
+        matches!(&gone, Err(McpError::UnknownServer { server }) if *server == id("gone")),
+        "{gone:?}"
+    );
+    let swapped = within(to_swapped).await.expect("released").unwrap();
+    assert_eq!(texts(&swapped.unwrap()), ["swapped"]);
     manager.shutdown().await;
 }
 
