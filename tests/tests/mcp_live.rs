@@ -1826,6 +1826,8 @@ async fn a_shutdown_racing_add_server_leaves_no_server_running() {
     // `add_server` checked the shutdown flag, then awaited the removal of the server of the
     // same name it replaces, then inserted its slot: a shutdown during that removal took
     // the map without it, and the new supervisor and server process ran on after shutdown.
+    // (It now inserts its slot at once, and the new supervisor stops the old slot first; a
+    // shutdown while it does must still leave nothing running.)
     let marker = format!("shutdown-race-{}", std::process::id());
     let config = || test_server("racer", &["--stderr-banner", &marker]);
     let manager = manager(fast());
@@ -1836,11 +1838,11 @@ async fn a_shutdown_racing_add_server_leaves_no_server_running() {
         let config = config();
         async move { manager.add_server(id("racer"), config).await }
     });
-    // The replacement has taken the old slot out of the map and is stopping its server.
-    // (Bounded: on a machine loaded enough to miss that window, the replacement is added
-    // first and shutdown must stop it like the others.)
+    // The replacement's slot is in the map and the old server is being stopped (the slot
+    // in the map has no session yet). (Bounded: on a machine loaded enough to miss that
+    // window, the replacement is added first and shutdown must stop it like the others.)
     let waited = std::time::Instant::now();
-    while !manager.servers().is_empty()
+    while manager.process_group(&id("racer")).is_some()
         && !replacing.is_finished()
         && waited.elapsed() < Duration::from_secs(30)
     {
@@ -1923,6 +1925,7 @@ async fn two_adds_of_one_name_at_once_leave_one_server_and_shutdown_stops_it() {
     // Each `add_server` removed the server of its name (none yet), then inserted its
     // slot: when both removals came before either insert, the second replaced the first
     // in the map unseen, and the first's supervisor and process ran on after shutdown.
+    // (Now each inserts at once and the second's supervisor stops the first's slot.)
     // (The window is narrow: rounds of two adds on two threads may or may not hit it;
     // whichever way they go, one server is left and shutdown stops every one.)
     let marker = format!("twin-add-{}", std::process::id());
