@@ -14,8 +14,10 @@
 //!   A request that finds no session asks for a start under the read lock, and the
 //!   supervisor publishes each attempt's outcome (and takes the requests it served) under
 //!   the write lock, so no request waits for an attempt that will not come.
-//! - **Removal and shutdown** end every waiting request with
-//!   [`McpError::ShutDown`](crate::McpError::ShutDown) at once.
+//! - **Removal and shutdown** end every waiting request at once: with
+//!   [`McpError::UnknownServer`](crate::McpError::UnknownServer) for a removal,
+//!   [`McpError::ShutDown`](crate::McpError::ShutDown) for a shutdown; a request whose server
+//!   is replaced goes on to the new one.
 //! - **Events.** A start reports the server reachable and its tools changed
 //!   ([`ChangeCause::Connected`]), as a first connection does, so a listener re-lists it; a
 //!   failed start reports it unreachable with the reason; an idle stop reports nothing (the
@@ -105,7 +107,8 @@ impl Drop for InFlight {
 /// # Errors
 ///
 /// [`McpError::Unreachable`] with the start's failure; [`McpError::ShutDown`] once the
-/// server is removed or the manager shut down.
+/// slot is stopped (the server removed or replaced, or the manager shut down; the manager's
+/// `acquire` says which).
 pub(crate) async fn acquire(
     server: &ServerId,
     slot: &Slot,

@@ -569,7 +569,9 @@ impl McpManager {
 
     /// The session of `server` for a request: a lazy server's started first if need be,
     /// and held in flight (not stopped for idleness) while the guard lives; another's first
-    /// connection attempt waited for if it is under way.
+    /// connection attempt waited for if it is under way. A request whose server is removed
+    /// while it waits fails with [`McpError::UnknownServer`]; one whose server is replaced
+    /// waits for the new one.
     async fn acquire(
         &self,
         server: &ServerId,
@@ -579,22 +581,26 @@ impl McpManager {
         }
         let mut slot = self.slot(server)?;
         loop {
-            if let Some(lazy) = &slot.lazy {
-                let (session, held) = crate::lazy::acquire(server, &slot, lazy).await?;
-                return Ok((session, Some(held)));
-            }
-            let session = Self::first_session(server, &slot).await;
-            if session.is_ok() {
-                return Ok((session?, None));
-            }
-            // Released by a stop during the wait: say what became of the server, not "not
-            // connected yet". Shut down, or removed (unknown now), or replaced: the new one.
+            let acquired = match &slot.lazy {
+                Some(lazy) => crate::lazy::acquire(server, &slot, lazy)
+                    .await
+                    .map(|(session, held)| (session, Some(held))),
+                None => Self::first_session(server, &slot)
+                    .await
+                    .map(|session| (session, None)),
+            };
+            let error = match acquired {
+                Ok(acquired) => return Ok(acquired),
+                Err(error) => error,
+            };
+            // Released by a stop during the wait, say what became of the server: shut down,
+            // removed (unknown now), or replaced (the new one is waited for).
             if self.is_shut_down() {
                 return Err(McpError::ShutDown);
             }
             let now = self.slot(server)?;
             if Arc::ptr_eq(&now, &slot) {
-                return Err(session.err().unwrap_or(McpError::ShutDown));
+                return Err(error);
             }
             slot = now;
         }
@@ -606,7 +612,8 @@ impl McpManager {
     /// the server once it is up, or fails with the attempt's reason, not with "not connected
     /// yet". The wait is bounded by the attempt's own deadlines (the connect deadline, then
     /// the first listing's; after the slot it replaces has stopped, if it replaces one), and
-    /// ends when the server is removed or the manager shut down; an attempt is marked made
+    /// ends when the slot is stopped (the server removed or replaced, the manager shut
+    /// down; [`acquire`](Self::acquire) then says which); an attempt is marked made
     /// however the supervisor's task ends ([`FirstAttemptReleased`]). Later, between
     /// reconnection attempts, it fails at once with the last reason. Cancel-safe: it only
     /// waits on watches.

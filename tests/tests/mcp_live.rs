@@ -880,21 +880,34 @@ async fn a_request_waiting_for_a_first_attempt_follows_a_removal_or_replacement(
         let manager = manager.clone();
         tokio::spawn(async move { manager.add_server(id(name), test_server(name, args)).await })
     };
+    // Each call is polled once before it is left to run: the way from a call to its wait
+    // for the first attempt does not await, so a call still pending after its first poll
+    // is waiting, and the removal and replacement below find both waiting.
     let call = |name: &'static str| {
         let manager = manager.clone();
-        tokio::spawn(async move {
-            manager
-                .call_tool_raw(&tool(name, "echo"), args(json!({"text": name})))
-                .await
-        })
+        let (polled, first) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let echo = tool(name, "echo");
+            let mut call =
+                std::pin::pin!(manager.call_tool_raw(&echo, args(json!({"text": name}))));
+            let pending = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(call.as_mut().poll(cx).is_pending())
+            })
+            .await;
+            let _ = polled.send(pending);
+            call.await
+        });
+        (task, first)
     };
     let _gone = add("gone", &["--hang-initialize"]);
     let _stuck = add("swapped", &["--hang-initialize"]);
     until_added(&manager, "gone").await;
     until_added(&manager, "swapped").await;
-    let (to_gone, to_swapped) = (call("gone"), call("swapped"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!to_gone.is_finished() && !to_swapped.is_finished());
+    let ((to_gone, gone_waits), (to_swapped, swapped_waits)) = (call("gone"), call("swapped"));
+    assert!(
+        gone_waits.await.unwrap() && swapped_waits.await.unwrap(),
+        "a call did not wait"
+    );
     manager.remove_server(&id("gone")).await;
     let replaced = add("swapped", &[]).await.unwrap().unwrap();
     assert_eq!(replaced, Reachability::Reachable);
@@ -1850,8 +1863,8 @@ async fn a_shutdown_racing_add_server_leaves_no_server_running() {
     }
     manager.shutdown().await;
     let replaced = replacing.await.unwrap();
-    // Refused (the usual outcome: the flag is set long before the old server has
-    // stopped), or added just before shutdown took the map and stopped with the others.
+    // Added (the usual outcome now: its slot is in the map before the old server has
+    // stopped, and shutdown stops it with the others), or refused when shutdown came first.
     assert!(
         matches!(replaced, Err(McpError::ShutDown) | Ok(_)),
         "{replaced:?}"
