@@ -643,10 +643,11 @@ impl McpManager {
     /// A listing of several pages during which the server announced a change of its tools
     /// is walked again (at most twice, every walk again ending within half the listing
     /// deadline, and one started only when it can at the pace of the last): its pages may
-    /// come from two catalogues, and one whose cursor is an offset skips a tool the server did not change. Over stdio
-    /// every change announced before a page's answer is seen; over HTTP the announcement
-    /// comes on another stream and may be read after the walk. A walk again that fails
-    /// returns the walk before it. The same holds of the listing each connection makes.
+    /// come from two catalogues, and one whose cursor is an offset skips a tool the server
+    /// did not change. Over stdio every change announced before a page's answer is seen;
+    /// over HTTP the announcement comes on another stream and may be read after the walk. A
+    /// walk again that fails returns the walk before it. The same holds of the listing each
+    /// connection makes.
     ///
     /// # Errors
     ///
