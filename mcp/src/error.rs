@@ -103,9 +103,10 @@ pub enum McpError {
         limit: u64,
     },
     /// The server's answer holds more structural bytes (`[`, `{`, `,`, `:` outside strings)
-    /// than psych-mcp parses ([`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES)), so its parsed
-    /// form could take far more memory than its bytes: it was not parsed, the request fails
-    /// as soon as the answer has gone by, and the connection stays usable.
+    /// than psych-mcp parses
+    /// ([`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES)), so its parsed form
+    /// could take far more memory than its bytes: it was not parsed, the request fails as
+    /// soon as the answer has gone by, and the connection stays usable.
     #[error("MCP server \"{server}\": {call} failed: {}", too_complex(*bytes, *limit))]
     AnswerTooComplex {
         /// The server.

@@ -1016,8 +1016,8 @@ async fn supervise(
             _ = stop.wait_for(|stop| *stop) => break,
         }
     }
-    // Stopped before a first attempt finished: release whoever waits for it.
-    let _ = slot.first_attempt.send_replace(true);
+    // Stopped before a first attempt finished: its task's `FirstAttemptReleased` releases
+    // whoever waits for it.
 }
 
 impl ToolLister for McpManager {

@@ -512,13 +512,13 @@ async fn spilled(
             let parsed = serde_json::from_value(raw).map_err(|e| unreadable(e.to_string()))?;
             Ok(StreamableHttpPostResponse::Json(parsed, session_id))
         }
-        Err(crate::spill::Refused::OverBudget(refused)) => {
-            let fault = Fault::OverBudget { bytes, refused };
-            let error = unreadable(fault.reason());
-            answered_with(message, &fault, session_id, error)
-        }
-        Err(crate::spill::Refused::TooComplex) => {
-            let fault = Fault::TooComplex { bytes };
+        Err(
+            refused @ (crate::spill::Refused::OverBudget(_) | crate::spill::Refused::TooComplex),
+        ) => {
+            let fault = match refused {
+                crate::spill::Refused::OverBudget(refused) => Fault::OverBudget { bytes, refused },
+                _ => Fault::TooComplex { bytes },
+            };
             let error = unreadable(fault.reason());
             answered_with(message, &fault, session_id, error)
         }

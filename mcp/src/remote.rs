@@ -133,8 +133,8 @@ pub(crate) enum Fault {
     /// valid answer, or the file failed): why.
     SpilledUnreadable(String),
     /// The answer holds more structural bytes than psych-mcp parses
-    /// ([`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES)): it was not parsed. Answered as the
-    /// typed [`AnswerFailure::TooComplex`] (the call fails with
+    /// ([`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES)): it was not parsed.
+    /// Answered as the typed [`AnswerFailure::TooComplex`] (the call fails with
     /// [`McpError::AnswerTooComplex`]).
     TooComplex {
         /// The whole answer's size.
@@ -491,8 +491,9 @@ impl StreamableHttpClient for TappedClient {
             .await?
         } else {
             // rmcp parses this JSON body itself, whole, unchecked: a body of at most
-            // `MAX_JSON_STRUCTURAL_BYTES` bytes cannot hold more structural bytes than that (answers
-            // to `initialize` or `ping` are a few KiB). A longer one is refused as too large.
+            // `MAX_JSON_STRUCTURAL_BYTES` bytes cannot hold more structural bytes than that
+            // (answers to `initialize` or `ping` are a few KiB). A longer one is refused as
+            // too large.
             let mut limits = limits;
             let cap = usize::try_from(crate::MAX_JSON_STRUCTURAL_BYTES).unwrap_or(usize::MAX);
             limits.max_json_response_size = limits.max_json_response_size.min(cap);

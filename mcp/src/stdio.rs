@@ -29,9 +29,10 @@
 //! - an answer whose in-memory part is over [`MAX_LINE`], or a line over
 //!   [`MAX_SPILLED_ANSWER`] (read past without being kept), fails the request whose `id` it
 //!   carries (first or last in the line: [`scan`]) with [`McpError::AnswerTooLarge`]; one
-//!   whose in-memory part holds more than [`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES)
-//!   brackets, braces, commas and colons is not parsed and fails it with
-//!   [`McpError::AnswerTooComplex`]; any other unreadable line that names a request's `id` fails it with
+//!   whose in-memory part holds more than
+//!   [`MAX_JSON_STRUCTURAL_BYTES`](crate::MAX_JSON_STRUCTURAL_BYTES) brackets, braces,
+//!   commas and colons is not parsed and fails it with [`McpError::AnswerTooComplex`]; any
+//!   other unreadable line that names a request's `id` fails it with
 //!   [`McpError::MalformedAnswer`] (both through the [`Tap`]);
 //! - once the server process has exited, what it wrote is read to the end and the output
 //!   then ends, even if a descendant still holds the pipe open, so a waiting request fails

@@ -28,13 +28,15 @@ pub const JSON_ON_WORKER: usize = 1024 * 1024;
 /// dropped (an HTTP body rmcp parses itself is held to this many bytes instead:
 /// [`MAX_JSON_BODY_BYTES`](crate::MAX_JSON_BODY_BYTES)). Real listings hold far fewer: 23
 /// bytes a structural byte in a captured 1,223-tool catalogue of 2 MB, so a page would
-/// pass it at about 46 MiB. A message of at most this many bytes is never counted (it cannot pass it); a
-/// longer one is counted first (about 1 ms a MiB, on the thread that parses it).
+/// pass it at about 46 MiB. A message of at most this many bytes is never counted (it
+/// cannot pass it); a longer one is counted first (about 1 ms a MiB, on the thread that
+/// parses it).
 pub const MAX_JSON_STRUCTURAL_BYTES: u64 = 2 * 1024 * 1024;
 
 /// Whether `json` holds more structural bytes than [`MAX_JSON_STRUCTURAL_BYTES`] (counting
-/// stops at the first past it). Strings are followed, escapes included, so brackets and commas in
-/// text are not counted; an unterminated string ends the count (the parse then fails).
+/// stops at the first past it). Strings are followed, escapes included, so brackets and
+/// commas in text are not counted; an unterminated string ends the count (the parse then
+/// fails).
 pub(crate) fn too_complex(json: &[u8]) -> bool {
     if json.len() as u64 <= MAX_JSON_STRUCTURAL_BYTES {
         return false;

@@ -1117,7 +1117,7 @@ impl BlockPlace {
 pub(crate) fn decode_record(
     header: &FrameHeader,
     meta: &[u8],
-    content: Vec<u8>,
+    mut content: Vec<u8>,
 ) -> Result<Record, RecordCorruption> {
     match header.kind {
         KIND_USER | KIND_ASSISTANT | KIND_USAGE => {
@@ -1157,7 +1157,6 @@ pub(crate) fn decode_record(
                 structured_content: structured,
                 content: Vec::new(),
             };
-            let mut content = content;
             let text_of =
                 |content: &[u8], (at, len): (u64, u64)| -> Result<Vec<u8>, RecordCorruption> {
                     let end = at.checked_add(len).ok_or(RecordCorruption::BlockRange)?;

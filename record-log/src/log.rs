@@ -415,8 +415,7 @@ impl RecordLog {
         // else the content is copied out, so a text kept from it never holds the metadata's
         // room too (a short text beside megabytes of structured content).
         let (meta, content) = if meta_len.saturating_mul(8) <= content_len {
-            let meta = body[..meta_len].to_vec();
-            body.drain(..meta_len);
+            let meta: Vec<u8> = body.drain(..meta_len).collect();
             (meta, body)
         } else {
             let content = body.split_off(meta_len);

@@ -78,20 +78,20 @@ fn redirect(status: http::StatusCode, location: &str) -> HttpResponse {
 
 /// A JSON body of `body`.
 fn json_body(body: Vec<u8>) -> HttpResponse {
-    let mut response = http::Response::new(Full::new(Bytes::from(body)).boxed());
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    response
+    typed(body, "application/json")
 }
 
 /// An event stream of `body`, which ends when it does.
 fn event_stream(body: Vec<u8>) -> HttpResponse {
+    typed(body, "text/event-stream")
+}
+
+/// A 200 answer of `body` with the content type `content_type`.
+fn typed(body: Vec<u8>, content_type: &'static str) -> HttpResponse {
     let mut response = http::Response::new(Full::new(Bytes::from(body)).boxed());
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/event-stream"),
+        http::HeaderValue::from_static(content_type),
     );
     response
 }
