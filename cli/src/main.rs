@@ -87,7 +87,8 @@ enum Command {
         #[arg(long)]
         lazy: bool,
     },
-    /// Rank every server's tools for a query with the search tier's BM25F index.
+    /// Rank every server's tools for a query with the search tier's BM25F index (the tools
+    /// the file permits: a server's `allowTools` narrows them, as in `psych serve`).
     ///
     /// Example: `psych search "open a pull request" --limit 5`
     #[command(after_help = EXIT_CODES)]
@@ -394,12 +395,15 @@ fn run(command: Command) -> Result<u8, String> {
                 setup::settings(setup::WINDOW)?,
                 false,
             )?;
-            let index = SearchIndex::new(
-                loaded
-                    .catalogs
+            // The tools the file permits, as `psych serve`'s search tier indexes them: a
+            // server's `allowTools` narrows what is searched (and so the words' weights).
+            let grant = &loaded.grant;
+            let index = SearchIndex::new(loaded.catalogs.iter().flat_map(|c| {
+                c.tools
                     .iter()
-                    .flat_map(|c| c.tools.iter().map(move |t| (&c.server, t))),
-            );
+                    .filter(|t| grant.permits(&c.server, &t.name))
+                    .map(move |t| (&c.server, t))
+            }));
             let ranking = index.rank(&query, limit);
             let note = ranking.note(&query);
             let hits: Vec<Hit> = ranking

@@ -255,6 +255,48 @@ fn search_ranks_every_catalogue() {
     assert!(text.contains("weak matches"), "{text}");
 }
 
+/// A server's `allowTools` narrows what `psych search` ranks, as it narrows what `psych
+/// serve` lists and searches. (Before, every tool of the catalogue was searched: a tool the
+/// file withholds came first.)
+#[test]
+fn search_ranks_only_the_tools_the_file_permits() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mcp.json");
+    let server = env!("CARGO_BIN_EXE_psych");
+    std::fs::write(
+        &config,
+        serde_json::json!({"mcpServers": {"forge": {
+            "command": server,
+            "args": ["serve-embedded", "--kind", "forge", "--tools", "117", "--no-control-tools"],
+            "allowTools": ["list_pull_request", "list_issues"],
+        }}})
+        .to_string(),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let (stdout, stderr, code) = psych(
+        dir.path(),
+        &[
+            "search",
+            "create a pull request",
+            "--config",
+            config,
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["indexed"], 2, "the two tools permitted: {stdout}");
+    let hits: Vec<&str> = report["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|hit| hit["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(hits.first(), Some(&"forge/list_pull_request"), "{stdout}");
+    assert!(!hits.contains(&"forge/create_pull_request"), "{stdout}");
+}
+
 #[test]
 fn orient_prints_the_payload() {
     let dir = tempfile::tempdir().unwrap();
