@@ -602,3 +602,50 @@ async fn an_elided_result_is_a_resource_of_its_identity() {
     assert!(over.contains("read it in pages"), "{over}");
     bounded.cancel().await.unwrap();
 }
+
+/// An open session stays its identity's however many sessions are made after it: here 257
+/// more, each left open. (Before, the gateway remembered the owners of the last 256
+/// sessions made, open or not, and forgot older ones: the first session then answered 404,
+/// although it was open and held its slot. rmcp's client hides a 404 by opening a new
+/// session, so the session is used here over bare HTTP.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_session_is_served_however_many_sessions_were_made_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, _) = alice_and_bob(dir.path());
+    let (gateway, url) = start(
+        dir.path(),
+        &[
+            "--max-sessions",
+            "300",
+            "--max-sessions-per-identity",
+            "300",
+        ],
+    )
+    .await;
+    let bearer = format!("Bearer {alice}");
+    let session_of = |answer: &str| {
+        answer
+            .lines()
+            .find_map(|line| line.strip_prefix("mcp-session-id: "))
+            .unwrap_or_else(|| panic!("a session: {answer}"))
+            .trim()
+            .to_owned()
+    };
+    let first = session_of(&initialize(&url, Some(&bearer)).await);
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string();
+    let answer = raw_request(&url, "POST", Some(&bearer), Some(&first), &initialized).await;
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}).to_string();
+    let answer = raw_request(&url, "POST", Some(&bearer), Some(&first), &list).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    for n in 0..257 {
+        let answer = initialize(&url, Some(&bearer)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "session {n}: {answer}");
+    }
+    let answer = raw_request(&url, "POST", Some(&bearer), Some(&first), &list).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "the first session is served: {answer}"
+    );
+    gateway.stop().await;
+}

@@ -127,7 +127,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -2756,38 +2756,60 @@ fn narrow(
     Ok(narrowed)
 }
 
-/// Which identity made each HTTP session (with tokens only): a request naming a session of
-/// another identity, or one not known here, is answered as if the session did not exist.
-/// Bounded: past [`MAX_OWNERS`] the oldest entries go (a session closed by idleness leaves
-/// its entry behind until then; one still open but forgotten answers 404, and its client
-/// starts another).
+/// Which identity made each open HTTP session (with tokens only): a request naming a
+/// session of another identity, or one not open, is answered as if the session did not
+/// exist.
+///
+/// Kept by the session manager ([`raw::RawSessions`]): a session is open from its creation
+/// until rmcp closes it (its client deletes it, it idles out, the gateway shuts down), and
+/// its owner is known from its `initialize` answer until then, never forgotten sooner.
+/// Bounded by the sessions open: each holds one of `--max-sessions` slots while its worker
+/// runs, and rmcp closes it as its worker ends. (Before, a fixed table of 256 owners
+/// dropped its oldest, open sessions included, and only a deletion removed one: past 256
+/// sessions made, an open session answered 404.)
 #[derive(Debug, Default)]
-struct Owners(Mutex<std::collections::VecDeque<(String, String)>>);
+pub(crate) struct Owners(Mutex<OpenSessions>);
 
-/// How many session owners [`Owners`] remembers.
-const MAX_OWNERS: usize = 4 * MAX_SESSIONS;
+/// The open sessions, and the owners of those whose `initialize` was answered.
+#[derive(Debug, Default)]
+struct OpenSessions {
+    open: HashSet<String>,
+    owners: HashMap<String, String>,
+}
 
 impl Owners {
+    fn lock(&self) -> std::sync::MutexGuard<'_, OpenSessions> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `session` was created (rmcp's session manager made it).
+    pub(crate) fn opened(&self, session: &str) {
+        self.lock().open.insert(session.to_owned());
+    }
+
+    /// `session` was closed: nobody's from now on.
+    pub(crate) fn closed(&self, session: &str) {
+        let mut sessions = self.lock();
+        sessions.open.remove(session);
+        sessions.owners.remove(session);
+    }
+
+    /// `identity` made `session` (its `initialize` was answered); nothing when the session
+    /// is closed already.
     fn record(&self, session: &str, identity: String) {
-        let mut owners = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        while owners.len() >= MAX_OWNERS {
-            owners.pop_front();
+        let mut sessions = self.lock();
+        if sessions.open.contains(session) {
+            sessions.owners.insert(session.to_owned(), identity);
         }
-        owners.push_back((session.to_owned(), identity));
     }
 
-    /// Whether `session` was made by `identity`. A session not known here (never made,
-    /// or forgotten past [`MAX_OWNERS`]) is nobody's: its client starts another.
+    /// Whether `session` is open and was made by `identity`. A session not known here
+    /// (never made, or closed) is nobody's: its client starts another.
     fn owned_by(&self, session: &str, identity: &str) -> bool {
-        let owners = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        owners
-            .iter()
-            .any(|(s, owner)| s == session && owner == identity)
-    }
-
-    fn forget(&self, session: &str) {
-        let mut owners = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        owners.retain(|(s, _)| s != session);
+        self.lock()
+            .owners
+            .get(session)
+            .is_some_and(|owner| owner == identity)
     }
 }
 
@@ -2919,13 +2941,13 @@ async fn serve_http(
     // Cancelling it ends every session rmcp serves (their workers and event streams).
     let sessions = config.cancellation_token.clone();
     let factory = Arc::clone(&shared);
+    let owners = Arc::new(Owners::default());
     let rmcp = StreamableHttpService::new(
         move || Session::open(Arc::clone(&factory)).map_err(std::io::Error::other),
-        raw::RawSessions::new(raw, SESSION_IDLE).into(),
+        raw::RawSessions::new(raw, SESSION_IDLE, Arc::clone(&owners)).into(),
         config,
     );
     let tokens = shared.tokens.clone();
-    let owners = Arc::new(Owners::default());
     let admission = admit::Admission::new();
     let peeks = admit::Admission::peeks();
     // Authorization first: a request without a known token never reaches rmcp; one with
@@ -2968,7 +2990,6 @@ async fn serve_http(
             // patched here; in a session the transport has done it, and nothing is left
             // to patch.
             let per_request = request.method() == hyper::Method::POST;
-            let deleting = request.method() == hyper::Method::DELETE;
             // A POST's place is taken before its body is read, and held until its answer
             // has been sent: under its session, and (with tokens) its identity.
             // Its body must arrive within its deadline, whoever reads it.
@@ -3016,17 +3037,13 @@ async fn serve_http(
                 None
             };
             let response = refusing(rmcp.handle(request), &head, identity.clone()).await;
-            if let Some(identity) = identity {
-                match (&session, response.headers().get("mcp-session-id")) {
-                    // A session just made (its initialize): its identity is the creator's.
-                    (None, Some(made)) => {
-                        if let Ok(made) = made.to_str() {
-                            owners.record(made, identity);
-                        }
-                    }
-                    (Some(session), _) if deleting => owners.forget(session),
-                    _ => {}
-                }
+            // A session just made (its initialize): its identity is the creator's. (A
+            // deleted one is forgotten as rmcp closes it.)
+            if let (Some(identity), None, Some(made)) =
+                (identity, &session, response.headers().get("mcp-session-id"))
+                && let Ok(made) = made.to_str()
+            {
+                owners.record(made, identity);
             }
             let response = if per_request {
                 raw::raw_http(answers, response).await
@@ -3396,33 +3413,38 @@ mod tests {
         });
     }
 
-    /// More sessions than [`MAX_OWNERS`] are made: the oldest owners are forgotten (their
-    /// sessions are then nobody's), the map never holds more, and a deleted session is
-    /// nobody's at once.
+    /// An open session stays its identity's however many others are made and closed; a
+    /// closed one is nobody's at once, and leaves nothing behind; an owner recorded after
+    /// its session closed is not kept. (Before, past 256 sessions made the oldest open
+    /// ones were forgotten and answered 404.)
     #[test]
-    fn session_owners_are_bounded_and_an_unknown_session_is_nobodys() {
+    fn an_open_session_stays_its_owners_and_a_closed_one_is_nobodys() {
         let owners = Owners::default();
-        for n in 0..MAX_OWNERS + 10 {
-            owners.record(&format!("s{n}"), format!("id{}", n % 2));
+        owners.opened("kept");
+        owners.record("kept", "alice".into());
+        for n in 0..4 * MAX_SESSIONS + 10 {
+            let session = format!("s{n}");
+            owners.opened(&session);
+            owners.record(&session, format!("id{}", n % 2));
+            owners.closed(&session);
         }
-        assert_eq!(
-            owners
-                .0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .len(),
-            MAX_OWNERS
-        );
-        assert!(!owners.owned_by("s0", "id0"), "forgotten: nobody's");
-        let last = MAX_OWNERS + 9;
-        assert!(owners.owned_by(&format!("s{last}"), "id1"));
-        assert!(
-            !owners.owned_by(&format!("s{last}"), "id0"),
-            "another identity's"
-        );
-        owners.forget(&format!("s{last}"));
-        assert!(!owners.owned_by(&format!("s{last}"), "id1"));
+        assert!(owners.owned_by("kept", "alice"));
+        assert!(!owners.owned_by("kept", "bob"), "another identity's");
+        assert!(!owners.owned_by("s0", "id0"), "closed: nobody's");
         assert!(!owners.owned_by("never", "id0"));
+        {
+            let sessions = owners.lock();
+            assert_eq!(sessions.open.len(), 1);
+            assert_eq!(sessions.owners.len(), 1);
+        }
+        owners.closed("kept");
+        assert!(!owners.owned_by("kept", "alice"));
+        // Closed between its creation and its `initialize` answer: not recorded.
+        owners.opened("short");
+        owners.closed("short");
+        owners.record("short", "alice".into());
+        assert!(!owners.owned_by("short", "alice"));
+        assert!(owners.lock().owners.is_empty());
     }
 
     /// An identity holds at most [`MAX_LISTENS`] listen streams; a closed one frees its

@@ -213,20 +213,25 @@ fn merged(placeholder: &Value, mut raw: Value) -> Value {
 }
 
 /// rmcp's [`LocalSessionManager`] with each session's transport wrapped in a
-/// [`RawTransport`].
+/// [`RawTransport`], telling [`Owners`](crate::Owners) which sessions are open.
 #[derive(Debug, Default)]
 pub(super) struct RawSessions {
     inner: LocalSessionManager,
     raw: Arc<RawAnswers>,
+    owners: Arc<crate::Owners>,
 }
 
 impl RawSessions {
     /// Sessions whose placeholders are answered from `raw`, each closed after `idle`
-    /// without a message (rmcp's keep-alive).
-    pub(super) fn new(raw: Arc<RawAnswers>, idle: std::time::Duration) -> Self {
+    /// without a message (rmcp's keep-alive), their opening and closing told to `owners`.
+    pub(super) fn new(
+        raw: Arc<RawAnswers>,
+        idle: std::time::Duration,
+        owners: Arc<crate::Owners>,
+    ) -> Self {
         let mut inner = LocalSessionManager::default();
         inner.session_config.keep_alive = Some(idle);
-        Self { inner, raw }
+        Self { inner, raw, owners }
     }
 }
 
@@ -271,6 +276,7 @@ impl SessionManager for RawSessions {
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let (id, inner) = self.inner.create_session().await?;
+        self.owners.opened(&id);
         let inner = crate::admit::Bounded::new(inner);
         Ok((id, RawTransport::new(inner, Arc::clone(&self.raw))))
     }
@@ -290,10 +296,13 @@ impl SessionManager for RawSessions {
         self.inner.has_session(id)
     }
 
+    /// Called by rmcp when the client deletes the session and when its worker ends
+    /// (idled out, cancelled): the session is nobody's from then on.
     fn close_session(
         &self,
         id: &SessionId,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.owners.closed(id);
         self.inner.close_session(id)
     }
 
