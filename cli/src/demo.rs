@@ -43,25 +43,23 @@ read an elided result back with read_tool_output rather than guessing.";
 const SHOWN_LINES: usize = 12;
 
 /// Runs the demo; writes every request body under `dump` when given.
-pub(crate) fn run(dump: Option<&Path>) -> Result<u8, String> {
+pub(crate) fn run(dump: Option<&Path>) -> Result<u8, crate::Failure> {
     if let Some(dir) = dump {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
     let config = crate::setup::embedded_config()?;
     let logs = tempfile::tempdir().map_err(|e| format!("cannot create a temporary folder: {e}"))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async {
+    // A signal stops the Run, and every server with it.
+    crate::signals::until_signal(async || {
         let manager = McpManager::builder(config.clone())
             .build()
             .map_err(|e| e.to_string())?;
         let outcome = demo(&config, &manager, logs.path(), dump).await;
         manager.shutdown().await;
         outcome
-    })?;
+    })
+    .map_err(crate::Failure::Stopped)??;
     Ok(0)
 }
 
@@ -165,14 +163,14 @@ async fn script(
         });
     }
 
-    println!(
+    outln!(
         "psych demo: a scripted Run against the {} embedded MCP servers (real processes).",
         config.servers.len()
     );
-    println!("The model is a script and the clock is fixed; every byte below is reproducible.");
-    println!("Each request is rendered for Anthropic Messages and OpenAI Chat Completions.");
-    println!("\"tok\" and \"cache read\": estimated input tokens, and those the provider's");
-    println!("documented prompt cache would read after the request before (an estimate).");
+    outln!("The model is a script and the clock is fixed; every byte below is reproducible.");
+    outln!("Each request is rendered for Anthropic Messages and OpenAI Chat Completions.");
+    outln!("\"tok\" and \"cache read\": estimated input tokens, and those the provider's");
+    outln!("documented prompt cache would read after the request before (an estimate).");
 
     // Turn 1: a direct call and the orientation in parallel, then a deferred server reached
     // through list → describe → call.
@@ -230,25 +228,25 @@ async fn script(
     )
     .await?;
 
-    println!();
+    outln!();
     for side in sides.iter().filter(|side| side.shown) {
-        println!(
+        outln!(
             "Cache report, {} (its documented cache rules over estimated tokens):",
             side.name
         );
         let report = CacheReport::new(&side.requests, &Estimator::new(), side.rules);
-        println!("{}", indent(&report.to_string(), "  "));
+        outln!("{}", indent(&report.to_string(), "  "));
     }
-    println!();
-    println!("Spent, summed from the usage the script reported (request bytes / 4, reply");
-    println!("bytes / 4): the script's figures, not a provider's.");
+    outln!();
+    outln!("Spent, summed from the usage the script reported (request bytes / 4, reply");
+    outln!("bytes / 4): the script's figures, not a provider's.");
     for side in sides.iter().filter(|side| side.shown) {
-        println!("  {:<10} {}", side.name, spent_line(&side.run.spent()));
+        outln!("  {:<10} {}", side.name, spent_line(&side.run.spent()));
     }
     if let Some(dir) = dump {
         let files: usize = sides.iter().map(|s| s.requests.len()).sum();
-        println!();
-        println!("{files} request bodies written to {}", dir.display());
+        outln!();
+        outln!("{files} request bodies written to {}", dir.display());
     }
     Ok(())
 }
@@ -294,8 +292,8 @@ async fn play(
     calls: &mut u64,
     dump: Option<&Path>,
 ) -> Result<(), String> {
-    println!();
-    println!("Turn {turn}. User: {user}");
+    outln!();
+    outln!("Turn {turn}. User: {user}");
     let mut requests = Vec::with_capacity(sides.len());
     for side in sides.iter_mut() {
         side.model = ScriptedModel::new(steps.to_vec()).first_call(*calls);
@@ -307,14 +305,14 @@ async fn play(
         requests.push(request);
     }
     if let Some(surface) = sides.first().and_then(|s| s.run.surface()) {
-        println!(
+        outln!(
             "  Surface: {} tools; deferred: {}",
             surface.tools().len() + 1,
             deferred_servers(surface.deferred_lines())
         );
     }
     for step in 1.. {
-        println!("  step {step}");
+        outln!("  step {step}");
         let mut replies = Vec::with_capacity(sides.len());
         for (side, request) in sides.iter_mut().zip(requests.drain(..)) {
             side.requests.push(request);
@@ -325,7 +323,7 @@ async fn play(
                 let (tokens, read, read_share) = side
                     .last_row()
                     .map_or((0, 0, 0.0), |row| (row.tokens, row.read, row.read_share()));
-                println!(
+                outln!(
                     "    {:<9} {:>9} B  ~{:>7} tok, cache read ~{:>7} ({:>5.1}%)",
                     side.name,
                     thousands(request.body().len() as u64),
@@ -350,7 +348,7 @@ async fn play(
         };
         let elided = elided(first.run.history(), first.requests.last());
         if !elided.is_empty() {
-            println!("    elided    {}", elided.join(", "));
+            outln!("    elided    {}", elided.join(", "));
         }
         if let Some(reply) = replies.first() {
             print_reply(reply);
@@ -389,18 +387,18 @@ async fn play(
 /// The model's side of one step.
 fn print_reply(reply: &ModelReply) {
     if !reply.text.is_empty() {
-        println!(
+        outln!(
             "    model     {}",
             crate::truncate(&format!("{:?}", reply.text), 66)
         );
     }
     if reply.tool_calls.len() > 1 {
-        println!("    calls     {} in parallel", reply.tool_calls.len());
+        outln!("    calls     {} in parallel", reply.tool_calls.len());
     }
     for call in &reply.tool_calls {
-        println!("    call      {} {}", call.id, call.name);
+        outln!("    call      {} {}", call.id, call.name);
         for chunk in chunks(&call.arguments.to_string(), 62) {
-            println!("                {chunk}");
+            outln!("                {chunk}");
         }
     }
 }
@@ -420,18 +418,18 @@ fn print_results(records: &[LoggedRecord]) {
         };
         let text = output.readable_text();
         let state = if output.is_error() { " (error)" } else { "" };
-        println!(
+        outln!(
             "    result    {call_id} {name}: {} B logged whole as {}{state}",
             thousands(text.len() as u64),
             logged.handle
         );
         if name == psych_types::READ_TOOL_OUTPUT {
             for line in text.lines().take(SHOWN_LINES) {
-                println!("      | {}", crate::truncate(line, 70));
+                outln!("      | {}", crate::truncate(line, 70));
             }
             let more = text.lines().count().saturating_sub(SHOWN_LINES);
             if more > 0 {
-                println!("      | … {more} more lines");
+                outln!("      | … {more} more lines");
             }
         }
     }

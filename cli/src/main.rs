@@ -11,18 +11,52 @@
 //! search, orient), or `read` answered a validation error; 2 bad arguments; 3 nothing could
 //! be reported (an unreadable configuration, a catalogue that cannot be opened, a log that
 //! cannot be read, or a foreign or unknown handle; for `demo`, an embedded server that did
-//! not start or a step of the Run that failed).
+//! not start or a step of the Run that failed); 128 + N stopped by signal N (SIGHUP,
+//! SIGINT or SIGTERM: the servers it started are stopped too; `serve` shuts down cleanly on
+//! one instead, and exits 0).
+//!
+//! Output never panics: a closed standard output (`psych search … | head -1`) ends what is
+//! printed quietly, and any other failure to write it is said on stderr, exit status 3.
 
 #![forbid(unsafe_code)]
+
+/// `println!` that never panics: a closed stdout (`psych … | head`) ends the output
+/// quietly, and another failure is reported at exit ([`out_line`]).
+macro_rules! outln {
+    () => {
+        $crate::out_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::out_line(format_args!($($arg)*))
+    };
+}
+
+/// `print!` that never panics ([`out_text`]).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::out_text(format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!` that never panics: a closed stderr loses the line, nothing else.
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::err_line(format_args!($($arg)*))
+    };
+}
 
 mod budget;
 mod demo;
 mod reason;
 mod serve;
 mod setup;
+mod signals;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Args, Parser, Subcommand};
 use psych_disclosure::SearchIndex;
@@ -30,7 +64,9 @@ use serde::Serialize;
 
 const EXIT_CODES: &str = "Exit codes: 0 success; 1 printed, but a server failed (or `read` \
 answered a validation error); 2 bad arguments; 3 nothing to report (configuration, \
-catalogue or log unreadable; a foreign or unknown handle; a demo server or step failed).";
+catalogue or log unreadable; a foreign or unknown handle; a demo server or step failed); \
+128 + N stopped by signal N (SIGHUP, SIGINT, SIGTERM; the servers it started stopped too; \
+`serve` shuts down cleanly instead and exits 0).";
 
 /// The prompt budget of any MCP setup, and Psych's view of it.
 #[derive(Debug, Parser)]
@@ -121,7 +157,7 @@ enum Command {
     /// Read a stored tool result back from a record log, as `read_tool_output` does for
     /// the model.
     ///
-    /// Example: `psych read .psych/logs/run-7.plog run-7:3 --grep ERROR`
+    /// Example: `psych read .psych/serve/stdio/run-7.plog run-7:3 --grep ERROR`
     #[command(after_help = EXIT_CODES)]
     Read {
         /// The record log file (`<dir>/<run>.plog`).
@@ -162,7 +198,8 @@ enum Command {
     /// identity on any later connection and after a restart.
     ///
     /// Example, in a client's config: `"psych": {"command": "psych", "args": ["serve",
-    /// "--config", "/home/me/.psych/mcp.json"]}`
+    /// "--config", "/home/me/.psych/mcp.json", "--dir", "/home/me/.psych"]}` (an absolute
+    /// `--dir`: a client may start `psych` in any directory, `/` included).
     #[command(after_help = EXIT_CODES)]
     Serve {
         /// An `mcpServers` file; the embedded default servers when absent. A server entry
@@ -234,7 +271,12 @@ enum Command {
         /// refused (HTTP 503, `Retry-After: 1`) with an error saying so. A session ends when
         /// its client deletes it, or after 5 minutes without a message; a request of MCP
         /// 2026-07-28 holds one while it runs.
-        #[arg(long, value_name = "N", default_value_t = psych_gateway::MAX_SESSIONS)]
+        #[arg(
+            long,
+            value_name = "N",
+            default_value_t = psych_gateway::MAX_SESSIONS,
+            value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+        )]
         max_sessions: usize,
         /// With `--http --tokens`: the most of those sessions one identity holds at once
         /// (all its tokens together; a request of 2026-07-28 holds one while it runs); one
@@ -298,25 +340,98 @@ struct SetupArgs {
 
 /// A failure that leaves nothing to report: exit status 3.
 const FATAL: u8 = 3;
+/// Bad arguments: exit status 2 (as clap's own refusals).
+const BAD_ARGUMENTS: u8 = 2;
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(cli.command) {
-        Ok(code) => ExitCode::from(code),
-        Err(message) => {
-            eprintln!("psych: {message}");
-            ExitCode::from(FATAL)
+/// Why a command ended without its report.
+#[derive(Debug)]
+enum Failure {
+    /// Nothing could be reported: exit status 3.
+    Fatal(String),
+    /// An argument clap let through is not usable (a malformed handle, a bad name): 2.
+    BadArgument(String),
+    /// A signal stopped the command: 128 + its number.
+    Stopped(signals::Stopped),
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Self::Fatal(message)
+    }
+}
+
+/// Set once writing stdout failed: nothing more is written to it.
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+/// The first failure writing stdout that was not a closed pipe, said at exit.
+static STDOUT_FAILED: Mutex<Option<String>> = Mutex::new(None);
+
+/// Writes `text` to stdout unless it failed before. A closed pipe (the reader gone:
+/// `psych demo | head`) stops the output quietly; another failure (a full disk) is kept
+/// for [`main`] to report. Never panics, unlike `print!`.
+fn out_text(text: std::fmt::Arguments<'_>) {
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = stdout.write_fmt(text).and_then(|()| stdout.flush()) {
+        STDOUT_CLOSED.store(true, Ordering::Relaxed);
+        if error.kind() != std::io::ErrorKind::BrokenPipe {
+            let mut failed = STDOUT_FAILED
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            failed.get_or_insert_with(|| error.to_string());
         }
     }
 }
 
+/// [`out_text`] with a newline.
+fn out_line(text: std::fmt::Arguments<'_>) {
+    out_text(format_args!("{text}\n"));
+}
+
+/// Writes a line to stderr; a failure loses the line (there is nowhere left to say it).
+fn err_line(text: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match run(cli.command) {
+        Ok(code) => code,
+        Err(Failure::Fatal(message)) => {
+            errln!("psych: {message}");
+            FATAL
+        }
+        Err(Failure::BadArgument(message)) => {
+            errln!("psych: {message}");
+            BAD_ARGUMENTS
+        }
+        Err(Failure::Stopped(stopped)) => {
+            errln!(
+                "psych: {}: stopped; the servers it started were stopped",
+                stopped.name
+            );
+            stopped.status()
+        }
+    };
+    let failed = STDOUT_FAILED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    if let Some(error) = failed {
+        errln!("psych: cannot write the output: {error}");
+        return ExitCode::from(code.max(FATAL));
+    }
+    ExitCode::from(code)
+}
+
 fn print_json<T: Serialize>(value: &T) -> Result<(), String> {
     let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    println!("{text}");
+    outln!("{text}");
     Ok(())
 }
 
-fn run(command: Command) -> Result<u8, String> {
+fn run(command: Command) -> Result<u8, Failure> {
     match command {
         Command::Budget {
             setup,
@@ -379,7 +494,7 @@ fn run(command: Command) -> Result<u8, String> {
             if json {
                 print_json(&report)?;
             } else {
-                print!("{}", budget::table(&report));
+                out!("{}", budget::table(&report));
             }
             Ok(status(&loaded))
         }
@@ -434,17 +549,17 @@ fn run(command: Command) -> Result<u8, String> {
                     note,
                 })?;
             } else {
-                println!(
+                outln!(
                     "{} hits for {query:?} among {} tools",
                     hits.len(),
                     index.len()
                 );
                 for hit in &hits {
                     let line = format!("{:>7.3}  {}  {}", hit.score, hit.tool, hit.description);
-                    println!("{}", truncate(&line, 80));
+                    outln!("{}", truncate(&line, 80));
                 }
                 if let Some(note) = &note {
-                    println!("{note}");
+                    outln!("{note}");
                 }
             }
             Ok(status(&loaded))
@@ -466,7 +581,7 @@ fn run(command: Command) -> Result<u8, String> {
                     serde_json::from_str(&text).map_err(|e| e.to_string())?;
                 print_json(&value)?;
             } else {
-                println!("{text}");
+                outln!("{text}");
             }
             Ok(status(&loaded))
         }
@@ -485,7 +600,7 @@ fn run(command: Command) -> Result<u8, String> {
             }),
         ),
         Command::Demo { dump } => demo::run(dump.as_deref()),
-        Command::ServeEmbedded { args } => serve_embedded(args),
+        Command::ServeEmbedded { args } => Ok(serve_embedded(args)?),
         Command::Serve {
             config,
             http,
@@ -515,7 +630,7 @@ fn run(command: Command) -> Result<u8, String> {
                 max_age: std::time::Duration::from_secs(retain_days.saturating_mul(86_400)),
                 max_bytes: retain_mib.saturating_mul(1 << 20),
             };
-            serve::run(serve::Options {
+            Ok(serve::run(serve::Options {
                 config,
                 dir,
                 http,
@@ -530,7 +645,7 @@ fn run(command: Command) -> Result<u8, String> {
                 eager,
                 store,
                 pin_budget,
-            })
+            })?)
         }
         Command::ServeToken { name } => serve::token(&name),
     }
@@ -575,19 +690,31 @@ fn status(setup: &setup::Setup) -> u8 {
     u8::from(setup.outcomes.iter().any(|o| o.error.is_some()))
 }
 
-fn read(log: &std::path::Path, arguments: &serde_json::Value) -> Result<u8, String> {
-    use psych_reader_tool::Reader;
+fn read(log: &std::path::Path, arguments: &serde_json::Value) -> Result<u8, Failure> {
+    use psych_reader_tool::{CallError, HandleProblem, InvalidHandle, Reader};
     use psych_record_log::RecordLog;
     use psych_types::RunId;
 
-    if !log.is_file() {
-        return Err(format!("{}: no such record log", log.display()));
-    }
+    // The log is opened by its Run's name in its folder: a file of another extension would
+    // have `<run>.plog` beside it read instead.
     let run = log
         .file_stem()
         .and_then(|s| s.to_str())
-        .ok_or_else(|| format!("{}: not a `<run>.plog` file name", log.display()))?;
-    let run = RunId::new(run).map_err(|e| format!("{}: {e}", log.display()))?;
+        .filter(|_| log.extension().is_some_and(|e| e == "plog"))
+        .ok_or_else(|| {
+            Failure::BadArgument(format!(
+                "{}: not a record log's file name (`<run>.plog`)",
+                log.display()
+            ))
+        })?;
+    if !log.is_file() {
+        return Err(Failure::Fatal(format!(
+            "{}: no such record log",
+            log.display()
+        )));
+    }
+    let run =
+        RunId::new(run).map_err(|e| Failure::BadArgument(format!("{}: {e}", log.display())))?;
     let dir = log.parent().unwrap_or_else(|| std::path::Path::new("."));
     // Read-only: a log another process is appending to is read as it is, not locked,
     // cut or synced.
@@ -595,11 +722,26 @@ fn read(log: &std::path::Path, arguments: &serde_json::Value) -> Result<u8, Stri
         .map_err(|e| format!("{}: {e}", RecordLog::path_for(dir, &run).display()))?;
     match Reader::new(&log).call(arguments) {
         Ok(answer) => {
-            println!("{}", answer.render());
+            outln!("{}", answer.render());
             Ok(u8::from(answer.is_error()))
         }
-        // The error's text starts with its code (`invalid_deferred_handle: …`).
-        Err(error) => Err(error.to_string()),
+        // The error's text starts with its code (`invalid_deferred_handle: …`); a handle
+        // that does not parse is a bad argument.
+        Err(error) => {
+            let malformed = matches!(
+                &error,
+                CallError::InvalidDeferredHandle(InvalidHandle {
+                    problem: HandleProblem::Malformed(_),
+                    ..
+                })
+            );
+            let message = error.to_string();
+            Err(if malformed {
+                Failure::BadArgument(message)
+            } else {
+                Failure::Fatal(message)
+            })
+        }
     }
 }
 

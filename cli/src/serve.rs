@@ -1,5 +1,6 @@
 //! `psych serve`: the gateway library ([`psych_gateway`]) under a tokio runtime, on stdio or
-//! a loopback HTTP address, stopped by SIGTERM or SIGINT.
+//! a loopback HTTP address, shut down cleanly by SIGTERM, SIGINT or SIGHUP
+//! ([`crate::signals`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -93,7 +94,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         .passing_budget(passing_budget)
         .spill_budget(spill_budget)
         .eager(eager)
-        .report(|line| eprintln!("psych serve: {line}"));
+        .report(|line| errln!("psych serve: {line}"));
     if let Some(max) = max_sessions_per_identity {
         settings = settings.max_sessions_per_identity(max);
     }
@@ -115,7 +116,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let outcome = runtime.block_on(async {
-        let mut signals = Signals::new()?;
+        let mut signals = crate::signals::Signals::new()?;
         let listener = match http {
             None => Listener::Stdio,
             Some(addr) => {
@@ -134,8 +135,8 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
                 // Said once the gateway has started, not when the address is bound: a
                 // script taking the line as ready finds a gateway that answers.
                 settings = settings.on_ready(move || {
-                    eprintln!("psych serve: listening on http://{local}/mcp");
-                    println!("listening on http://{local}/mcp");
+                    errln!("psych serve: listening on http://{local}/mcp");
+                    outln!("listening on http://{local}/mcp");
                 });
                 Listener::Http(listener)
             }
@@ -152,16 +153,17 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
                 served = &mut serving => {
                     return served.map(|()| 0).map_err(|e| crate::reason::chain(&e));
                 }
-                name = signals.next() => match stop.take() {
+                stopped = signals.next() => match stop.take() {
                     Some(stop) => {
-                        eprintln!(
-                            "psych serve: {name}: shutting down (within {} s; a second \
+                        errln!(
+                            "psych serve: {}: shutting down (within {} s; a second \
                              signal exits at once)",
+                            stopped.name,
                             SHUTDOWN_WITHIN.as_secs()
                         );
                         let _ = stop.send(());
                     }
-                    None => return Err(format!("{name} again: exiting at once")),
+                    None => return Err(format!("{} again: exiting at once", stopped.name)),
                 },
             }
         }
@@ -175,41 +177,14 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
 
 /// `psych serve-token NAME`: a fresh token on stdout, and on stderr the tokens file entry
 /// that makes it name `name`.
-pub(crate) fn token(name: &str) -> Result<u8, String> {
+pub(crate) fn token(name: &str) -> Result<u8, crate::Failure> {
     let (token, digest) = psych_gateway::new_token().map_err(|e| crate::reason::chain(&e))?;
-    // Checked as the file will check it, so the entry printed loads.
+    // Checked as the file will check it, so the entry printed loads: a name it refuses is
+    // a bad argument.
     let entry = serde_json::json!({"identities": {name: {"tokens": [digest]}}}).to_string();
-    Tokens::parse(&entry).map_err(|e| crate::reason::chain(&e))?;
-    eprintln!("psych serve-token: give the client the token below; put in the tokens file:");
-    eprintln!("  {entry}");
-    println!("{token}");
+    Tokens::parse(&entry).map_err(|e| crate::Failure::BadArgument(crate::reason::chain(&e)))?;
+    errln!("psych serve-token: give the client the token below; put in the tokens file:");
+    errln!("  {entry}");
+    outln!("{token}");
     Ok(0)
-}
-
-/// SIGTERM and SIGINT, as one stream of signals.
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    /// Installs the handlers (from then on neither signal ends the process by itself).
-    fn new() -> Result<Self, String> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let install = |kind: SignalKind, name: &str| {
-            signal(kind).map_err(|e| format!("cannot handle {name}: {e}"))
-        };
-        Ok(Self {
-            term: install(SignalKind::terminate(), "SIGTERM")?,
-            int: install(SignalKind::interrupt(), "SIGINT")?,
-        })
-    }
-
-    /// The next signal's name. Cancel-safe (each `recv` is).
-    async fn next(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.term.recv() => "SIGTERM",
-            _ = self.int.recv() => "SIGINT",
-        }
-    }
 }

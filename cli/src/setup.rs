@@ -253,12 +253,14 @@ pub(crate) fn load(
     store: &Path,
     settings: Settings,
     measure_lazy: bool,
-) -> Result<Setup, String> {
+) -> Result<Setup, crate::Failure> {
     let config = match config {
         Some(path) => McpConfig::load(path).map_err(|e| e.to_string())?,
         None => embedded_config()?,
     };
     let mut records = None;
+    // Set when another process holds the catalogue's file: the listings go to memory.
+    let held = std::cell::Cell::new(false);
     let (catalog, mut sources) = match store.to_str().filter(|s| is_store_url(s)) {
         // The catalogue `psych serve --store` replicas share; the sources of their kept
         // listings are in their folders, so how they would start each server is unknown.
@@ -275,7 +277,8 @@ pub(crate) fn load(
             }
             // `psych serve` on the same folder holds it while it runs.
             ListingSources::open_kept(store, |path| {
-                eprintln!(
+                held.set(true);
+                errln!(
                     "psych: the catalogue {} is held by another process (a psych serve on \
                      the same folder?); listing into memory instead",
                     path.display()
@@ -290,10 +293,6 @@ pub(crate) fn load(
         .as_ref()
         .map(|sources| start_at(&config, &catalog, sources))
         .unwrap_or_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     // What a lazy start answers a first listing from: the kept listings, read and resolved.
     let kept_started = std::time::Instant::now();
     if measure_lazy {
@@ -301,7 +300,11 @@ pub(crate) fn load(
     }
     let kept_resolved = kept_started.elapsed();
     let started = catalog.now();
-    let outcomes = runtime.block_on(connect_and_sync(&config, catalog.clone(), measure_lazy))?;
+    // A signal stops the listing, and every server with it.
+    let outcomes = crate::signals::until_signal(async || {
+        connect_and_sync(&config, catalog.clone(), measure_lazy).await
+    })
+    .map_err(crate::Failure::Stopped)??;
     let lazy =
         measure_lazy.then(|| lazy_figures(&catalog, &starts, &outcomes, started, kept_resolved));
     // Every listing kept now was made over the connection the file gives.
@@ -312,7 +315,7 @@ pub(crate) fn load(
             }
         }
         if let Err(error) = sources.save() {
-            eprintln!(
+            errln!(
                 "psych: cannot write {}: {error}; psych serve will start every server at once",
                 sources.path().display()
             );
@@ -333,6 +336,11 @@ pub(crate) fn load(
         records,
         store: match store.to_str().filter(|s| is_store_url(s)) {
             Some(url) => PathBuf::from(store_label(url)),
+            // Not the file: the report would say it was synced.
+            None if held.get() => PathBuf::from(format!(
+                "memory only ({} is held by another process)",
+                store.display()
+            )),
             None => store.to_owned(),
         },
     })
@@ -413,7 +421,7 @@ async fn connect_and_sync(
         .map_err(|e| e.to_string())?;
     let progress = std::io::stderr().is_terminal();
     if progress {
-        eprintln!("connecting {} MCP servers…", config.servers.len());
+        errln!("connecting {} MCP servers…", config.servers.len());
     }
     let fresh = listing_freshener()?;
     let connected = CatalogSync::connect(&manager, catalog.clone(), fresh)
@@ -454,8 +462,8 @@ async fn connect_and_sync(
         for outcome in &outcomes {
             let server = &outcome.server;
             match &outcome.error {
-                None => eprintln!("  {server}: {} tools listed", outcome.tools),
-                Some(reason) => eprintln!(
+                None => errln!("  {server}: {} tools listed", outcome.tools),
+                Some(reason) => errln!(
                     "  {server}: failed: {}",
                     crate::reason::one_line(server.as_str(), reason)
                 ),

@@ -350,6 +350,68 @@ fn read_pages_a_stored_result() {
     insta::assert_snapshot!("read_foreign_handle", stderr);
 }
 
+/// Arguments clap lets through but the command cannot use exit 2, as clap's refusals do:
+/// a handle that does not parse, a log not named `<run>.plog` (before, `run-7.log` read
+/// `run-7.plog` beside it), a name `serve-token` cannot give, `--max-sessions 0` (before,
+/// accepted: every HTTP session was then refused). (Before, the first three exited 3.)
+#[test]
+fn unusable_arguments_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = RunId::new("run-7").unwrap();
+    let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
+    let handle = log
+        .append(&Record::ToolResult(ToolResult {
+            target: None,
+            call_id: ToolCallId::new("call_1").unwrap(),
+            name: "fetch_logs".into(),
+            output: ToolOutput::text("one line\n"),
+        }))
+        .unwrap()
+        .to_string();
+    drop(log);
+    std::fs::write(dir.path().join("run-7.log"), "not a record log").unwrap();
+    let (_, stderr, code) = psych(dir.path(), &["read", "run-7.plog", "not-a-handle"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("invalid_deferred_handle"), "{stderr}");
+    let (stdout, stderr, code) = psych(dir.path(), &["read", "run-7.log", &handle]);
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(stdout.is_empty(), "nothing of run-7.plog is read: {stdout}");
+    assert!(stderr.contains("not a record log's file name"), "{stderr}");
+    let (stdout, stderr, code) = psych(dir.path(), &["serve-token", "not a name"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stdout.is_empty(),
+        "no token for a name the file refuses: {stdout}"
+    );
+    let (_, stderr, code) = psych(
+        dir.path(),
+        &["serve", "--http", "127.0.0.1:0", "--max-sessions", "0"],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--max-sessions"), "{stderr}");
+}
+
+/// Output to a pipe whose reader is gone (`psych search … | head -1`) ends quietly:
+/// the command's own exit status, no panic. (Before, `println!` panicked on the closed
+/// pipe: "failed printing to stdout", exit 101.)
+#[test]
+fn a_closed_stdout_ends_the_output_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_psych"))
+        .args(["search", "create a pull request", "--limit", "50"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes before anything is written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
 #[test]
 fn serve_help_documents_the_auto_budget_and_its_default() {
     let dir = tempfile::tempdir().unwrap();

@@ -326,7 +326,8 @@ async fn check_stopped(
 /// left running and the call had no result in the log.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_stops_the_stdio_gateway_cleanly_with_a_call_in_flight() {
-    for signal in ["-TERM", "-INT"] {
+    // SIGHUP too: a gateway started from a terminal or SSH session that closes.
+    for signal in ["-TERM", "-INT", "-HUP"] {
         let dir = tempfile::tempdir().unwrap();
         let config = shutdown_config(dir.path());
         let mut client = RawClient::spawn(&config, dir.path());
@@ -696,4 +697,115 @@ async fn http_sessions_past_the_cap_are_refused_and_closed_ones_are_released() {
     reopened.cancel().await.unwrap();
     second.cancel().await.unwrap();
     stop(gateway).await;
+}
+
+/// A terminal's Ctrl-C (SIGINT, sent to `psych` alone: each upstream runs in its own process
+/// group) or SIGTERM or SIGHUP, while `psych budget` waits on a server whose listing hangs:
+/// `psych` stops at once, with 128 + the signal's number, and leaves nothing of the
+/// server's group running (its grandchild included). (Before, the signal killed `psych`
+/// outright: no destructor ran, and the server and its grandchild were left running.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_stops_psych_budget_and_every_server_it_started() {
+    for (signal, status) in [("-INT", 130), ("-TERM", 143), ("-HUP", 129)] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(
+            dir.path(),
+            json!({"stuck": embedded(3, &["--grandchild", "--hang-listing"], json!({}))}),
+        );
+        let mut budget = tokio::process::Command::new(PSYCH)
+            .arg("budget")
+            .arg("--config")
+            .arg(&config)
+            .arg("--store")
+            .arg(dir.path().join("catalog.redb"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let pid = budget.id().unwrap();
+        // The server runs, its grandchild with it, and its listing hangs.
+        let group = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                if let Some(&group) = child_groups(pid)
+                    .iter()
+                    .find(|&&g| live_members(g).len() >= 2)
+                {
+                    break group;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("the server and its grandchild start");
+        let sent = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let mut stderr = budget.stderr.take().unwrap();
+        let exited = tokio::time::timeout(Duration::from_secs(20), budget.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{signal}: psych budget exits"))
+            .unwrap();
+        let mut said = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut said)
+            .await
+            .unwrap();
+        assert_eq!(exited.code(), Some(status), "{signal}: {exited}; {said}");
+        assert!(
+            said.contains(": stopped; the servers it started were stopped"),
+            "{said}"
+        );
+        // Killed as the runtime dropped its tasks: gone within a moment.
+        let gone = tokio::time::timeout(Duration::from_secs(10), async {
+            while !live_members(group).is_empty() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        assert!(
+            gone.is_ok(),
+            "{signal}: nothing of the server's group is left: {:?}",
+            live_members(group)
+        );
+    }
+}
+
+/// `psych budget` beside a `psych serve` on the same folder: the gateway holds the
+/// catalogue's file, so the command lists into memory, says so on stderr, and its report
+/// names memory, not the file. (Before, the report said the listings were synced into the
+/// file the gateway held.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_beside_a_gateway_reports_its_listings_kept_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        json!({"up": embedded(3, &[], json!({"preload": true}))}),
+    );
+    let mut client = RawClient::spawn(&config, dir.path());
+    client.initialize().await;
+    let mut id = 0;
+    wait_listed(&mut client, "up__echo", &mut id).await;
+    let out = tokio::process::Command::new(PSYCH)
+        .args(["budget", "--json", "--config"])
+        .arg(&config)
+        .arg("--store")
+        .arg(dir.path().join("catalog.redb"))
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("is held by another process"), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let store = report["store"].as_str().unwrap();
+    assert!(
+        store.starts_with("memory only (")
+            && store.ends_with("catalog.redb is held by another process)"),
+        "{store}"
+    );
+    let RawClient { child, stdin, .. } = client;
+    stop(child).await;
+    drop(stdin);
 }
