@@ -18,7 +18,9 @@
 //!
 //! # What blocks
 //!
-//! Nothing in this crate does I/O, sleeps or takes a lock: its functions are pure. The seam
+//! Nothing in this crate sleeps or takes a lock, and nothing does I/O but a spilled text's
+//! reads ([`SpilledText::read_at`] and [`SpilledText::read_to_string`], positional reads of
+//! its file: blocking); every other function is pure. The seam
 //! traits are as blocking as their implementations: [`RecordSource`] and [`OutputAccess`]
 //! are synchronous reads (the record log's read files, so from async code call them, and
 //! [`load_whole`] / [`read_exact_output`] which go through them, on `spawn_blocking` or a
