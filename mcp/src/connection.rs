@@ -1106,12 +1106,46 @@ async fn init_error(
                 reason,
             }
         }
+        // rmcp's words for these may quote the server's whole answer (an `initialize`
+        // answered by another result, formatted with `{:?}`): cut as a server's words are.
         (other, _) => McpError::Protocol {
             server: server.clone(),
             call,
-            message: other.to_string(),
+            message: display_words(&other),
         },
     }
+}
+
+/// `value` as displayed, cut as [`server_words`] cuts a server's words, without building
+/// the whole text: what it keeps is bounded however long the text would be.
+fn display_words(value: &impl std::fmt::Display) -> String {
+    /// Keeps the first [`SERVER_WORDS`] bytes (and a few more, to cut at a character)
+    /// and counts the rest.
+    struct Capped {
+        kept: String,
+        total: usize,
+    }
+    impl std::fmt::Write for Capped {
+        fn write_str(&mut self, text: &str) -> std::fmt::Result {
+            self.total = self.total.saturating_add(text.len());
+            let room = (SERVER_WORDS + 4).saturating_sub(self.kept.len());
+            if room > 0 {
+                let end = text.floor_char_boundary(room.min(text.len()));
+                self.kept.push_str(&text[..end]);
+            }
+            Ok(())
+        }
+    }
+    let mut capped = Capped {
+        kept: String::new(),
+        total: 0,
+    };
+    let _ = std::fmt::Write::write_fmt(&mut capped, format_args!("{value}"));
+    if capped.total <= SERVER_WORDS {
+        return capped.kept;
+    }
+    let end = capped.kept.floor_char_boundary(SERVER_WORDS);
+    format!("{}… ({} bytes in all)", &capped.kept[..end], capped.total)
 }
 
 #[cfg(test)]
@@ -1537,5 +1571,35 @@ mod tests {
         let quoted = super::server_words(&long);
         assert!(quoted.len() < super::SERVER_WORDS + 40, "{}", quoted.len());
         assert!(quoted.ends_with(&format!("… ({} bytes in all)", long.len())));
+    }
+
+    /// rmcp's words for a failed `initialize` that quote the server's answer (4 MiB here,
+    /// written in many pieces as `{:?}` writes) are cut the same way, and never held
+    /// whole. (Before, the whole text was the reason, kept and cloned into every event and
+    /// error while the server stayed unreachable.)
+    #[test]
+    fn rmcps_words_for_a_failed_initialize_are_cut_as_a_servers() {
+        struct Quoting(usize);
+        impl std::fmt::Display for Quoting {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("expect initialized result, but received: Some(")?;
+                for _ in 0..self.0 {
+                    f.write_str("é")?;
+                }
+                f.write_str(")")
+            }
+        }
+        assert_eq!(super::display_words(&"short"), "short");
+        let exact = "x".repeat(super::SERVER_WORDS);
+        assert_eq!(super::display_words(&exact), exact);
+        let quoting = Quoting(2 << 20);
+        let total = quoting.to_string().len();
+        let words = super::display_words(&quoting);
+        assert!(words.len() < super::SERVER_WORDS + 40, "{}", words.len());
+        assert!(words.starts_with("expect initialized result, but received: Some(é"));
+        assert!(
+            words.ends_with(&format!("… ({total} bytes in all)")),
+            "{words:.80}"
+        );
     }
 }

@@ -624,6 +624,17 @@ impl McpManager {
             _ = first.wait_for(|done| *done) => {}
             _ = stop.wait_for(|stop| *stop) => {}
         }
+        // A stopped slot's session may still be set for a moment (its supervisor has not
+        // yet cleared it): taking it would fail the request as the session closes, where
+        // `acquire` follows the replacement or says the server was removed.
+        if *slot.stop.borrow() {
+            return Err(McpError::Unreachable {
+                server: server.clone(),
+                reason: "its connection is being stopped (the server was removed, replaced \
+                         or shut down)"
+                    .to_owned(),
+            });
+        }
         Self::session_of(server, slot)
     }
 
