@@ -61,7 +61,7 @@ pub enum TokensError {
         "the tokens file is not {{\"identities\": {{NAME: {{\"tokens\": [\"sha256:HEX\", ...]}}}}}}"
     )]
     Shape(#[source] serde_json::Error),
-    /// An identity's name is not `[A-Za-z0-9_-]{1,64}`, or is reserved.
+    /// An identity's name is not `[A-Za-z0-9_-]{1,64}`, or is reserved (in any case).
     #[error(
         "the tokens file: identity {0:?} is not a name of 1 to 64 letters, digits, '_' or '-', \
          or is one of psych's own (stdio, loopback)"
@@ -88,6 +88,14 @@ pub enum TokensError {
     /// Two identities share a token.
     #[error("the tokens file: identities {0:?} and {1:?} share a token")]
     Shared(String, String),
+    /// Two identities' names differ only in case: their logs' folders (`<dir>/serve/NAME`)
+    /// would be one on a case-insensitive file system (macOS's, Windows'), each reading
+    /// the other's results.
+    #[error(
+        "the tokens file: identities {0:?} and {1:?} differ only in case; their logs would \
+         share a folder where file names ignore case"
+    )]
+    SameFolder(String, String),
     /// No identity has a token: nobody could connect.
     #[error("the tokens file names no token")]
     Empty,
@@ -151,10 +159,17 @@ impl Tokens {
         let file: File = serde_json::from_str(text).map_err(TokensError::Shape)?;
         let mut by_digest = HashMap::new();
         let mut narrowings = BTreeMap::new();
+        // Each name's folder as a case-insensitive file system sees it.
+        let mut folders: HashMap<String, String> = HashMap::new();
         for (name, entry) in file.identities {
-            if !crate::tenant::valid_identity(&name) || RESERVED_IDENTITIES.contains(&name.as_str())
+            let folded = name.to_ascii_lowercase();
+            if !crate::tenant::valid_identity(&name)
+                || RESERVED_IDENTITIES.contains(&folded.as_str())
             {
                 return Err(TokensError::Name(name));
+            }
+            if let Some(other) = folders.insert(folded, name.clone()) {
+                return Err(TokensError::SameFolder(other, name));
             }
             for token in &entry.tokens {
                 let digest = parse_digest(token).ok_or_else(|| TokensError::Digest {
@@ -331,6 +346,18 @@ mod tests {
             (
                 &format!(r#"{{"identities": {{"a/b": {{"tokens": ["{digest}"]}}}}}}"#),
                 "is not a name",
+            ),
+            // One folder where file names ignore case (before, both were accepted).
+            (
+                &format!(
+                    r#"{{"identities": {{"Alice": {{"tokens": ["{digest}"]}}, "alice": {{"tokens": ["{}"]}}}}}}"#,
+                    token_digest("y")
+                ),
+                "differ only in case",
+            ),
+            (
+                &format!(r#"{{"identities": {{"Stdio": {{"tokens": ["{digest}"]}}}}}}"#),
+                "psych's own",
             ),
             (
                 r#"{"identities": {"a": {"tokens": ["md5:00"]}}}"#,
