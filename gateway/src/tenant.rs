@@ -140,8 +140,44 @@ pub(crate) fn fresh_run() -> Result<RunId, String> {
 pub(crate) struct Kept {
     dir: PathBuf,
     retention: Retention,
-    /// The segments opened last, newest at the back.
-    open: Mutex<VecDeque<Arc<RecordLog>>>,
+    /// The segments opened last, newest at the back, each with its file as it was just
+    /// before it was opened.
+    open: Mutex<VecDeque<(Arc<RecordLog>, Seen)>>,
+}
+
+/// A segment's file as it was just before a copy of it was opened: while it is the same
+/// (length and modification time) and was last modified long enough before (coarser file
+/// system clocks tick every 2 s), nothing was appended since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    len: u64,
+    modified: Option<SystemTime>,
+    at: SystemTime,
+}
+
+/// Within this of its last modification, a file may have been written again without its
+/// modification time changing (FAT's clock ticks every 2 s).
+const MTIME_TICK: Duration = Duration::from_secs(2);
+
+impl Seen {
+    fn of(file: &std::fs::Metadata) -> Self {
+        Self {
+            len: file.len(),
+            modified: file.modified().ok(),
+            at: SystemTime::now(),
+        }
+    }
+
+    /// Whether a copy opened when the file was `self` still holds all of it, the file being
+    /// `now`.
+    fn unchanged(&self, now: &Self) -> bool {
+        self.len == now.len
+            && self.modified == now.modified
+            && self
+                .modified
+                .and_then(|modified| self.at.duration_since(modified).ok())
+                .is_some_and(|quiet| quiet >= MTIME_TICK)
+    }
 }
 
 impl Kept {
@@ -154,18 +190,22 @@ impl Kept {
         }
     }
 
-    /// The open segment of `handle`'s run, when one is open and holds the handle (else the
-    /// open one, if any, is dropped).
-    fn cached(&self, handle: &RecordHandle) -> Option<Arc<RecordLog>> {
+    /// The open segment of `handle`'s run, when one is open and holds the handle or its
+    /// file (`now`) is unchanged since it was opened (else the open one, if any, is
+    /// dropped).
+    fn cached(&self, handle: &RecordHandle, now: &Seen) -> Option<Arc<RecordLog>> {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let at = open.iter().position(|log| log.run() == &handle.run)?;
-        let log = open.remove(at)?;
+        let at = open.iter().position(|(log, _)| log.run() == &handle.run)?;
+        let (log, seen) = open.remove(at)?;
         // A segment another process is still writing: reopened to see what it has
-        // appended since, when the handle is past what this copy saw.
-        if handle.seq >= log.len() {
+        // appended since, when the handle is past what this copy saw and the file may
+        // have changed. (Reopening checks every frame of the segment: a handle past the
+        // end of a segment nobody writes, asked again and again, must not read the whole
+        // file each time.)
+        if handle.seq >= log.len() && !seen.unchanged(now) {
             return None;
         }
-        open.push_back(Arc::clone(&log));
+        open.push_back((Arc::clone(&log), seen));
         Some(log)
     }
 
@@ -174,7 +214,7 @@ impl Kept {
         self.open
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .retain(|log| log.run() != run);
+            .retain(|(log, _)| log.run() != run);
     }
 }
 
@@ -183,7 +223,11 @@ impl Archive for Kept {
         // The file first, once: a segment retention removed since it was opened (a
         // read-only open holds no lock to keep it) is dropped from the open ones, so that
         // its handles answer that they expired and its disk space is freed.
-        if !RecordLog::path_for(&self.dir, &handle.run).is_file() {
+        let now = std::fs::metadata(RecordLog::path_for(&self.dir, &handle.run))
+            .ok()
+            .filter(std::fs::Metadata::is_file)
+            .map(|file| Seen::of(&file));
+        let Some(now) = now else {
             self.forget(&handle.run);
             return if was_expired(&self.dir, &handle.run) {
                 Archived::Gone {
@@ -192,8 +236,8 @@ impl Archive for Kept {
             } else {
                 Archived::Unknown
             };
-        }
-        if let Some(log) = self.cached(handle) {
+        };
+        if let Some(log) = self.cached(handle, &now) {
             return Archived::Log(log);
         }
         match RecordLog::open_read_only(&self.dir, &handle.run) {
@@ -203,7 +247,7 @@ impl Archive for Kept {
                 while open.len() >= OPEN_SEGMENTS {
                     open.pop_front();
                 }
-                open.push_back(Arc::clone(&log));
+                open.push_back((Arc::clone(&log), now));
                 Archived::Log(log)
             }
             Err(error) => Archived::Failed(error),
@@ -519,6 +563,47 @@ mod tests {
             Archived::Gone { why } => assert!(why.contains("has expired"), "{why}"),
             other => panic!("expired: {other:?}"),
         }
+    }
+
+    /// A handle past the end of a segment asked again and again reopens it (checking every
+    /// frame) only when its file has grown since: the copy already open answers otherwise.
+    /// (Before, each such request reopened the whole segment.)
+    #[test]
+    fn a_handle_past_the_end_reopens_a_segment_only_when_it_grew() {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = root.path().join("dave");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let run = RunId::new("growing").unwrap_or_else(|e| panic!("{e}"));
+        let (mut writer, _) =
+            RecordLog::open(&dir, &run, SyncPolicy::OsBuffered).unwrap_or_else(|e| panic!("{e}"));
+        let first = writer
+            .append(&result("one"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Last written long ago: a copy opened now holds all of it.
+        std::fs::File::options()
+            .write(true)
+            .open(RecordLog::path_for(&dir, &run))
+            .and_then(|file| file.set_modified(SystemTime::now() - Duration::from_secs(60)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let kept = Kept::new(dir.clone(), Retention::default());
+        let log_of = |handle: &RecordHandle| match kept.find(handle) {
+            Archived::Log(log) => log,
+            other => panic!("a log: {other:?}"),
+        };
+        let opened = log_of(&first);
+        let past = RecordHandle::new(run.clone(), 1_000_000);
+        for _ in 0..3 {
+            assert!(Arc::ptr_eq(&log_of(&past), &opened), "not reopened");
+        }
+        let second = writer
+            .append(&result("two"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let reopened = log_of(&second);
+        assert!(!Arc::ptr_eq(&reopened, &opened), "reopened: it changed");
+        assert!(second.seq < reopened.len());
+        // Written just now: a handle past its end reopens it again, since a write within
+        // the file system's clock tick would not show.
+        assert!(!Arc::ptr_eq(&log_of(&past), &reopened));
     }
 
     #[test]
