@@ -379,7 +379,8 @@ impl Session {
         Ok(listing)
     }
 
-    /// One walk of [`Session::list`], ending by `within` from `started` (else
+    /// One walk of [`Session::list`] (a page of more than [`TOOLS_ON_WORKER`] tools read on
+    /// a blocking thread), ending by `within` from `started` (else
     /// [`McpError::Timeout`] naming that time): the listing and how many pages it took.
     async fn walk(
         &self,
@@ -442,12 +443,35 @@ impl Session {
                 },
             };
             let left = self.max_listing_bytes.saturating_sub(bytes);
-            let read = read_page(raw, page, &mut names, &mut listing, left).map_err(|message| {
-                McpError::Protocol {
+            // Typing and checking each tool of a large page (a REST API's 1,223 tools, 2 MB)
+            // takes milliseconds: on a blocking thread, the walk's state with it. (Dropped
+            // while it runs, the walk loses only its own listing.)
+            let large = raw
+                .get("tools")
+                .and_then(Value::as_array)
+                .is_some_and(|tools| tools.len() > TOOLS_ON_WORKER);
+            let read = if large {
+                let (mut moved_names, mut moved) =
+                    (std::mem::take(&mut names), std::mem::take(&mut listing));
+                let (read, moved_names, moved) = tokio::task::spawn_blocking(move || {
+                    let read = read_page(raw, page, &mut moved_names, &mut moved, left);
+                    (read, moved_names, moved)
+                })
+                .await
+                .map_err(|e| McpError::Protocol {
                     server: self.server.clone(),
                     call: call.clone(),
-                    message,
-                }
+                    message: format!("reading the page did not finish: {e}"),
+                })?;
+                (names, listing) = (moved_names, moved);
+                read
+            } else {
+                read_page(raw, page, &mut names, &mut listing, left)
+            };
+            let read = read.map_err(|message| McpError::Protocol {
+                server: self.server.clone(),
+                call: call.clone(),
+                message,
             })?;
             bytes = bytes.saturating_add(read.bytes);
             let over = |bound| McpError::ListingTooLarge {
@@ -957,6 +981,10 @@ const SERVER_WORDS: usize = 4096;
 /// bytes, else its start and its length. The error is kept in the server's reachability,
 /// cloned into every subscriber's event and every later call's error, so its size is
 /// ours to bound, not the server's.
+/// The most tools of a listing's page typed and checked on an async worker (well under a
+/// millisecond); a larger page is read on a blocking thread.
+const TOOLS_ON_WORKER: usize = 64;
+
 fn server_words(message: &str) -> String {
     if message.len() <= SERVER_WORDS {
         return message.to_owned();
