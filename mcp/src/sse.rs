@@ -17,7 +17,8 @@
 //!   over the limit ends the stream with [`EventsError::EventTooLarge`], as rmcp would.
 //! - **Invalid UTF-8 in an event's data is repaired**, as a stdio line's is: replaced by
 //!   U+FFFD and recorded in the result's `_meta` (`psych/lossy`), where `sse_stream` fails
-//!   the stream. Data that does not parse even repaired is still an error.
+//!   the stream. Data that does not parse even repaired is still an error. An event over
+//!   [`JSON_ON_WORKER`](crate::wire::JSON_ON_WORKER) is repaired on a blocking thread.
 //! - **Comment lines are not held**: `sse_stream` buffers a line whole before it looks at
 //!   it, so one comment line without an end would grow without bound.
 //!
@@ -154,6 +155,20 @@ pub(crate) fn events(
                         let event = state.read_back(event, held).await;
                         return Some((Ok(event), Some(state)));
                     }
+                    Out::Undecoded(mut event, data, why) => {
+                        let decoded = tokio::task::spawn_blocking(move || decode(&data, why))
+                            .await
+                            .unwrap_or_else(|error| {
+                                Err(SseError::Body(Box::new(std::io::Error::other(error))))
+                            });
+                        return Some(match decoded {
+                            Ok(data) => {
+                                event.data = Some(data);
+                                (Ok(event), Some(state))
+                            }
+                            Err(error) => (Err(error), None),
+                        });
+                    }
                 }
                 continue;
             }
@@ -270,6 +285,10 @@ enum Out {
     /// The spilled event ended: its fields but its data, which is in the file, and the
     /// file's bytes of the budget (held from the event's first spilled byte).
     Spilled(Sse, Option<Reservation>),
+    /// An event read whole whose data, over [`JSON_ON_WORKER`](crate::wire::JSON_ON_WORKER)
+    /// bytes, is not valid UTF-8: its fields but its data, and the data, to decode (and
+    /// repair) on a blocking thread ([`decode`]).
+    Undecoded(Sse, Vec<u8>, std::str::Utf8Error),
     /// The stream cannot be read further.
     Error(SseError),
 }
@@ -681,18 +700,19 @@ impl Parser {
         let data = match pending.data.take().map(String::from_utf8) {
             None => None,
             Some(Ok(data)) => Some(data),
-            // Too many values to parse for a repair: passed on as it is (lossily decoded),
-            // for the tap's transport to answer its request without parsing it.
-            Some(Err(error)) if crate::wire::too_complex(error.as_bytes()) => {
-                Some(String::from_utf8_lossy(error.as_bytes()).into_owned())
+            // A repair parses the whole event and writes it again: a large one's on a
+            // blocking thread, as the stream hands it out.
+            Some(Err(error)) if error.as_bytes().len() > crate::wire::JSON_ON_WORKER => {
+                let why = error.utf8_error();
+                let data = error.into_bytes();
+                self.out
+                    .push_back(Out::Undecoded(pending.into_sse(None), data, why));
+                return;
             }
-            Some(Err(error)) => match crate::stdio::repair::repair(error.as_bytes()) {
-                Some((mut message, note)) => {
-                    crate::stdio::repair::record(&mut message, &note);
-                    Some(message.to_string())
-                }
-                None => {
-                    self.fail(SseError::Utf8Parse(error.utf8_error()));
+            Some(Err(error)) => match decode(error.as_bytes(), error.utf8_error()) {
+                Ok(data) => Some(data),
+                Err(error) => {
+                    self.fail(error);
                     return;
                 }
             },
@@ -709,6 +729,24 @@ impl Parser {
                 bytes,
             })));
         }
+    }
+}
+
+/// An event's data that is not valid UTF-8, as rmcp gets it: a JSON-RPC message repaired
+/// (its invalid bytes replaced, and said in the message), or, with too many values to
+/// parse for a repair, the data lossily decoded as it is (for the tap's transport to
+/// answer its request without parsing it); else the stream's error, `why` the data is not
+/// UTF-8. Parses the whole data: blocks for a large one.
+fn decode(data: &[u8], why: std::str::Utf8Error) -> Result<String, SseError> {
+    if crate::wire::too_complex(data) {
+        return Ok(String::from_utf8_lossy(data).into_owned());
+    }
+    match crate::stdio::repair::repair(data) {
+        Some((mut message, note)) => {
+            crate::stdio::repair::record(&mut message, &note);
+            Ok(message.to_string())
+        }
+        None => Err(SseError::Utf8Parse(why)),
     }
 }
 
@@ -796,6 +834,14 @@ pub(crate) mod tests {
                     read.push(format!("spilled {event:?}"));
                 }
                 Out::Error(error) => read.push(format!("error: {error}")),
+                // As the stream does on a blocking thread.
+                Out::Undecoded(mut event, data, why) => match decode(&data, why) {
+                    Ok(data) => {
+                        event.data = Some(data);
+                        read.push(format!("{event:?}"));
+                    }
+                    Err(error) => read.push(format!("error: {error}")),
+                },
             }
         }
         read
@@ -888,6 +934,41 @@ pub(crate) mod tests {
         // Not a message: still an error.
         let read = parse(b"data: \xff\n\n", &[], 1 << 20, false);
         assert!(read[0].starts_with("error: utf8 parse error"), "{read:?}");
+    }
+
+    /// An event over 1 MiB whose data is not UTF-8 is handed out undecoded, for the stream
+    /// to repair on a blocking thread (a repair parses and writes the whole event: tens of
+    /// milliseconds at 16 MiB); it is repaired there as a small one is, or is the same
+    /// error. (Before, the parser repaired it inside the stream's poll, on the worker.)
+    #[test]
+    fn a_large_event_not_in_utf8_is_decoded_off_the_worker() {
+        let text = format!("a_{}", "b".repeat(2 << 20));
+        let mut wire =
+            br#"data: {"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":""#
+                .to_vec();
+        wire.extend_from_slice(text.as_bytes());
+        // One byte that is not UTF-8 in place of the `_`.
+        let bad = wire.len() - text.len() + 1;
+        wire[bad] = 0xff;
+        wire.extend_from_slice(b"\"}]}}\n\n");
+        let mut parser = Parser::new(4 << 20, None);
+        parser.feed(&wire);
+        let Some(Out::Undecoded(_, data, why)) = parser.out.pop_front() else {
+            panic!("not decoded in the parser");
+        };
+        let message: Value = serde_json::from_str(&decode(&data, why).unwrap()).unwrap();
+        let repaired = message["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(repaired.starts_with("a\u{fffd}bbb"), "{:.20}", repaired);
+        assert!(message["result"]["_meta"]["psych/lossy"].is_string());
+        let mut wire = b"data: \xff".to_vec();
+        wire.extend(std::iter::repeat_n(b'x', 2 << 20));
+        wire.extend_from_slice(b"\n\n");
+        let read = parse(&wire, &[], 4 << 20, false);
+        assert!(
+            read[0].starts_with("error: utf8 parse error"),
+            "{:.80}",
+            read[0]
+        );
     }
 
     /// SSE-like text from pieces that exercise every field, line end and error.
