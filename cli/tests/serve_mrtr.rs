@@ -495,3 +495,47 @@ async fn psych_mcp_reads_an_input_required_answer_raw_and_retries_it() {
     );
     manager.shutdown().await;
 }
+
+/// An upstream `requestState` too long for the gateway's sealed state (over about 512 KiB:
+/// hex doubles it, and a state over 1 MiB is refused when it comes back) fails the call at
+/// once, naming the upstream and the bound. (Before, the gateway handed out a state it
+/// would refuse on the retry, as "over the 1048576 a state of this gateway can be".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_state_too_long_to_seal_fails_the_call_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, alice_digest) = token("alice");
+    std::fs::write(
+        dir.path().join("tokens.json"),
+        json!({"identities": {"alice": {"tokens": [alice_digest]}}}).to_string(),
+    )
+    .unwrap();
+    let (_gateway, url) = start(dir.path()).await;
+    let session = modern(&url, &alice, "alice", true).await;
+    listed(&session).await;
+    // The confirm tool's state holds its text.
+    let text = "x".repeat(600 << 10);
+    // (Not `unwrap_err`: a state handed out would be printed whole, 1 MiB.)
+    let Err(refused) = session
+        .call_tool_once(params("up__confirm", json!({"text": text})))
+        .await
+    else {
+        panic!("refused at once, not handed a state it cannot read back");
+    };
+    let refused = rpc_error(refused);
+    assert_eq!(refused.code, ErrorCode::INTERNAL_ERROR, "{refused:?}");
+    assert!(
+        refused
+            .message
+            .starts_with("up/confirm answered input_required with a requestState of 614412 bytes"),
+        "{}",
+        refused.message
+    );
+    // A state it can seal still goes through.
+    let CallToolResponse::InputRequired(_) = session
+        .call_tool_once(params("up__confirm", json!({"text": "ship it"})))
+        .await
+        .unwrap()
+    else {
+        panic!("input required");
+    };
+}

@@ -1289,6 +1289,24 @@ impl Session {
             upstream.as_deref(),
             psych_catalog::Clock::now(&psych_catalog::SystemClock),
         );
+        // A state the gateway would refuse on the retry is not handed out: the call fails
+        // now, naming the upstream, rather than at its retry for the gateway's own state.
+        if sealed.len() > mrtr::MAX_STATE {
+            return Err(ErrorData::internal_error(
+                format!(
+                    "{}/{} answered input_required with a requestState of {} bytes; the \
+                     gateway seals at most about {} KiB of an upstream's state (its sealed \
+                     state, {} bytes, would be over the {} it reads back)",
+                    target.server,
+                    target.tool,
+                    upstream.as_deref().map_or(0, str::len),
+                    mrtr::MAX_UPSTREAM_STATE >> 10,
+                    sealed.len(),
+                    mrtr::MAX_STATE
+                ),
+                None,
+            ));
+        }
         answer.insert("requestState".to_owned(), Value::String(sealed.clone()));
         let mut typed = InputRequiredResult::from_request_state(sealed);
         self.shared

@@ -114,6 +114,10 @@ pub(crate) enum StateError {
 /// before it is decoded.
 pub(crate) const MAX_STATE: usize = 1 << 20;
 
+/// About the longest upstream state a sealed state under [`MAX_STATE`] carries (its hex is
+/// twice as long, beside the call's names and digest): said when one is longer.
+pub(crate) const MAX_UPSTREAM_STATE: usize = MAX_STATE / 2 - 4096;
+
 /// The sealed payload, as JSON. Field names are short: the state travels on every retry.
 #[derive(Debug, Serialize, Deserialize)]
 struct Payload {
