@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use tokio::signal::unix::{SignalKind, signal};
 
-/// How long a command stopped by a signal waits for its runtime's blocking tasks (a
-/// catalogue write under way) once every async task is dropped.
-const STRAGGLERS: Duration = Duration::from_millis(500);
+/// How long a command's runtime gets to shut down: to drop every task (a dropped server's
+/// process is killed and its group swept, up to a second each, on the runtime's threads)
+/// and finish its blocking tasks (a catalogue write under way). Work that ended by itself
+/// leaves nothing to wait for.
+const STRAGGLERS: Duration = Duration::from_secs(10);
 
 /// A signal that stopped a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,12 +39,14 @@ impl Stopped {
 pub(crate) struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
+    /// None when the process was started with SIGHUP ignored (`nohup`): it stays ignored.
+    hup: Option<tokio::signal::unix::Signal>,
 }
 
 impl Signals {
-    /// Installs the handlers (from then on none of the three ends the process by itself).
-    /// Must be called within a tokio runtime.
+    /// Installs the handlers (from then on none of the three ends the process by itself;
+    /// SIGHUP is left ignored when it was, as under `nohup`). Must be called within a
+    /// tokio runtime.
     pub(crate) fn new() -> Result<Self, String> {
         let install = |kind: SignalKind, name: &str| {
             signal(kind).map_err(|e| format!("cannot handle {name}: {e}"))
@@ -50,25 +54,53 @@ impl Signals {
         Ok(Self {
             term: install(SignalKind::terminate(), "SIGTERM")?,
             int: install(SignalKind::interrupt(), "SIGINT")?,
-            hup: install(SignalKind::hangup(), "SIGHUP")?,
+            hup: if hangup_ignored() {
+                None
+            } else {
+                Some(install(SignalKind::hangup(), "SIGHUP")?)
+            },
         })
     }
 
     /// The next signal. Cancel-safe (each `recv` is).
     pub(crate) async fn next(&mut self) -> Stopped {
+        let hup = async {
+            match &mut self.hup {
+                Some(hup) => hup.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         let (name, number) = tokio::select! {
             _ = self.term.recv() => ("SIGTERM", 15),
             _ = self.int.recv() => ("SIGINT", 2),
-            _ = self.hup.recv() => ("SIGHUP", 1),
+            _ = hup => ("SIGHUP", 1),
         };
         Stopped { name, number }
     }
 }
 
+/// Whether this process was started with SIGHUP ignored (`nohup`, a service manager's
+/// choice): bit 0 of the `SigIgn` mask in `/proc/self/status`. False where that cannot be
+/// read.
+fn hangup_ignored() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let mask = status
+                .lines()
+                .find_map(|line| line.strip_prefix("SigIgn:"))?
+                .trim();
+            u64::from_str_radix(mask, 16).ok()
+        })
+        .is_some_and(|mask| mask & 1 == 1)
+}
+
 /// Runs `work` on a new multi-threaded runtime until it ends, or until SIGTERM, SIGINT or
 /// SIGHUP: then `work` is dropped (with the servers' manager it holds) and the runtime shut
 /// down, which drops every task it spawned and so kills each server's process group, and
-/// the signal is returned.
+/// the signal is returned. Once `work` has ended by itself (its servers stopped), the
+/// three signals end the process as they would have without handlers (a handler, once
+/// installed, stays): a thread waits for one, says so and exits with 128 + its number.
 pub(crate) fn until_signal<T>(
     work: impl AsyncFnOnce() -> Result<T, String>,
 ) -> Result<Result<T, String>, Stopped> {
@@ -85,10 +117,46 @@ pub(crate) fn until_signal<T>(
             Err(e) => return Ok(Err(e)),
         };
         tokio::select! {
+            // Work that ended is reported as ended, whatever signal is ready with it.
+            biased;
             done = work() => Ok(done),
             stopped = signals.next() => Err(stopped),
         }
     });
     runtime.shutdown_timeout(STRAGGLERS);
+    if outcome.is_ok() {
+        exit_on_signal();
+    }
     outcome
+}
+
+/// From now on, SIGTERM, SIGINT or SIGHUP (unless ignored) ends the process with 128 + its
+/// number: what the rest of a command does (writing its report, a store's queries) stops
+/// as it would have with no handler installed. Nothing of the command's servers is left
+/// to stop.
+fn exit_on_signal() {
+    let waiter = std::thread::Builder::new()
+        .name("psych-signals".into())
+        .spawn(|| {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                let Ok(mut signals) = Signals::new() else {
+                    return;
+                };
+                let stopped = signals.next().await;
+                crate::err_line(format_args!("psych: {}: stopped", stopped.name));
+                std::process::exit(i32::from(stopped.status()));
+            });
+        });
+    // Without the thread the signals stay handled and do nothing: said, not fatal.
+    if let Err(error) = waiter {
+        crate::err_line(format_args!(
+            "psych: cannot wait for signals ({error}): SIGINT no longer stops this command"
+        ));
+    }
 }

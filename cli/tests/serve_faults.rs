@@ -809,3 +809,52 @@ async fn budget_beside_a_gateway_reports_its_listings_kept_in_memory() {
     stop(child).await;
     drop(stdin);
 }
+
+/// Started with SIGHUP ignored (`nohup`), `psych budget` keeps it ignored: a hangup leaves
+/// it waiting on its stuck server, and SIGINT still stops it. (Before the fix, handling
+/// SIGHUP would have overridden `nohup`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_nohup_a_hangup_stays_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        json!({"stuck": embedded(3, &["--hang-listing"], json!({}))}),
+    );
+    let mut budget = tokio::process::Command::new("nohup")
+        .arg(PSYCH)
+        .arg("budget")
+        .arg("--config")
+        .arg(&config)
+        .arg("--store")
+        .arg(dir.path().join("catalog.redb"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = budget.id().unwrap();
+    // `nohup` becomes psych (exec): its child is the server.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while child_groups(pid).is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the server starts");
+    let kill = |signal: &str| {
+        let sent = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    kill("-HUP");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(budget.try_wait().unwrap().is_none(), "a hangup is ignored");
+    kill("-INT");
+    let exited = tokio::time::timeout(Duration::from_secs(20), budget.wait())
+        .await
+        .expect("psych budget exits")
+        .unwrap();
+    assert_eq!(exited.code(), Some(130), "{exited}");
+}

@@ -147,7 +147,9 @@ pub(crate) struct Kept {
 
 /// A segment's file as it was just before a copy of it was opened: while it is the same
 /// (length and modification time) and was last modified long enough before (coarser file
-/// system clocks tick every 2 s), nothing was appended since.
+/// system clocks tick every 2 s), nothing was appended since. (On NFS, attributes cached
+/// by the client may hide another host's appends until they are revalidated, up to its
+/// `acregmax`: a handle minted there that recently reads as unknown until then.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Seen {
     len: u64,
@@ -598,12 +600,19 @@ mod tests {
         let second = writer
             .append(&result("two"))
             .unwrap_or_else(|e| panic!("{e}"));
+        // Modified at a time not long enough before it is opened (here ahead of the clock,
+        // so that no stall of the machine makes it look long past): a write within the
+        // file system's clock tick would not show, so a handle past its end reopens it
+        // again though nothing changed.
+        std::fs::File::options()
+            .write(true)
+            .open(RecordLog::path_for(&dir, &run))
+            .and_then(|file| file.set_modified(SystemTime::now() + Duration::from_secs(3600)))
+            .unwrap_or_else(|e| panic!("{e}"));
         let reopened = log_of(&second);
         assert!(!Arc::ptr_eq(&reopened, &opened), "reopened: it changed");
         assert!(second.seq < reopened.len());
-        // Written just now: a handle past its end reopens it again, since a write within
-        // the file system's clock tick would not show.
-        assert!(!Arc::ptr_eq(&log_of(&past), &reopened));
+        assert!(!Arc::ptr_eq(&log_of(&past), &reopened), "reopened: recent");
     }
 
     #[test]

@@ -977,14 +977,14 @@ async fn listen(
 /// The most of a server's error message an [`McpError`] quotes, in bytes.
 const SERVER_WORDS: usize = 4096;
 
-/// A server's error message as an [`McpError`] quotes it: whole up to [`SERVER_WORDS`]
-/// bytes, else its start and its length. The error is kept in the server's reachability,
-/// cloned into every subscriber's event and every later call's error, so its size is
-/// ours to bound, not the server's.
 /// The most tools of a listing's page typed and checked on an async worker (well under a
 /// millisecond); a larger page is read on a blocking thread.
 const TOOLS_ON_WORKER: usize = 64;
 
+/// A server's error message as an [`McpError`] quotes it: whole up to [`SERVER_WORDS`]
+/// bytes, else its start and its length. The error is kept in the server's reachability,
+/// cloned into every subscriber's event and every later call's error, so its size is
+/// ours to bound, not the server's.
 fn server_words(message: &str) -> String {
     if message.len() <= SERVER_WORDS {
         return message.to_owned();
