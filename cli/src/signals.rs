@@ -98,9 +98,11 @@ fn hangup_ignored() -> bool {
 /// Runs `work` on a new multi-threaded runtime until it ends, or until SIGTERM, SIGINT or
 /// SIGHUP: then `work` is dropped (with the servers' manager it holds) and the runtime shut
 /// down, which drops every task it spawned and so kills each server's process group, and
-/// the signal is returned. Once `work` has ended by itself (its servers stopped), the
-/// three signals end the process as they would have without handlers (a handler, once
-/// installed, stays): a thread waits for one, says so and exits with 128 + its number.
+/// the signal is returned. Once the runtime is shut down (its servers stopped, whether
+/// `work` ended by itself or not), the three signals end the process as they would have
+/// without handlers (a handler, once installed, stays): a thread waits for one, says so
+/// and exits with 128 + its number. A signal that comes during the shutdown is kept, not
+/// lost, and acted on then: the same handlers go on to the thread.
 pub(crate) fn until_signal<T>(
     work: impl AsyncFnOnce() -> Result<T, String>,
 ) -> Result<Result<T, String>, Stopped> {
@@ -111,33 +113,37 @@ pub(crate) fn until_signal<T>(
         Ok(runtime) => runtime,
         Err(e) => return Ok(Err(format!("cannot start the async runtime: {e}"))),
     };
-    let outcome = runtime.block_on(async {
+    let (outcome, signals) = runtime.block_on(async {
         let mut signals = match Signals::new() {
             Ok(signals) => signals,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => return (Ok(Err(e)), None),
         };
-        tokio::select! {
+        let outcome = tokio::select! {
             // Work that ended is reported as ended, whatever signal is ready with it.
             biased;
             done = work() => Ok(done),
             stopped = signals.next() => Err(stopped),
-        }
+        };
+        (outcome, Some(signals))
     });
+    // The servers are killed first, whatever signal comes meanwhile (a second Ctrl-C
+    // included, which would otherwise leave some running): the handlers stay installed and
+    // keep it, and act once the runtime is down.
     runtime.shutdown_timeout(STRAGGLERS);
-    if outcome.is_ok() {
-        exit_on_signal();
+    if let Some(signals) = signals {
+        exit_on_signal(signals);
     }
     outcome
 }
 
-/// From now on, SIGTERM, SIGINT or SIGHUP (unless ignored) ends the process with 128 + its
-/// number: what the rest of a command does (writing its report, a store's queries) stops
-/// as it would have with no handler installed. Nothing of the command's servers is left
-/// to stop.
-fn exit_on_signal() {
+/// From now on, a signal of `signals` ends the process with 128 + its number, saying so:
+/// what the rest of a command does (writing its report, a store's queries, or killing its
+/// servers after a first signal) stops as it would have with no handler installed. Waits
+/// on a thread of its own, with a runtime of its own to read the signals.
+fn exit_on_signal(mut signals: Signals) {
     let waiter = std::thread::Builder::new()
         .name("psych-signals".into())
-        .spawn(|| {
+        .spawn(move || {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -145,9 +151,6 @@ fn exit_on_signal() {
                 return;
             };
             runtime.block_on(async {
-                let Ok(mut signals) = Signals::new() else {
-                    return;
-                };
                 let stopped = signals.next().await;
                 crate::err_line(format_args!("psych: {}: stopped", stopped.name));
                 std::process::exit(i32::from(stopped.status()));
@@ -156,7 +159,8 @@ fn exit_on_signal() {
     // Without the thread the signals stay handled and do nothing: said, not fatal.
     if let Err(error) = waiter {
         crate::err_line(format_args!(
-            "psych: cannot wait for signals ({error}): SIGINT no longer stops this command"
+            "psych: cannot wait for signals ({error}): SIGINT, SIGTERM and SIGHUP no longer \
+             stop this command"
         ));
     }
 }

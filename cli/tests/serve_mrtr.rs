@@ -496,7 +496,7 @@ async fn psych_mcp_reads_an_input_required_answer_raw_and_retries_it() {
     manager.shutdown().await;
 }
 
-/// An upstream `requestState` too long for the gateway's sealed state (over about 512 KiB:
+/// An upstream `requestState` too long for the gateway's sealed state (over about 500 KiB:
 /// hex doubles it, and a state over 1 MiB is refused when it comes back) fails the call at
 /// once, naming the upstream and the bound. (Before, the gateway handed out a state it
 /// would refuse on the retry, as "over the 1048576 a state of this gateway can be".)
@@ -524,9 +524,9 @@ async fn an_upstream_state_too_long_to_seal_fails_the_call_at_once() {
     let refused = rpc_error(refused);
     assert_eq!(refused.code, ErrorCode::INTERNAL_ERROR, "{refused:?}");
     assert!(
-        refused
-            .message
-            .starts_with("up/confirm answered input_required with a requestState of 614412 bytes"),
+        refused.message.starts_with(
+            "up/confirm answered input_required with a requestState of 614412 bytes: sealed"
+        ),
         "{}",
         refused.message
     );

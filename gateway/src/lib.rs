@@ -1294,13 +1294,13 @@ impl Session {
         if sealed.len() > mrtr::MAX_STATE {
             return Err(ErrorData::internal_error(
                 format!(
-                    "{}/{} answered input_required with a requestState of {} bytes; the \
-                     gateway seals at most about {} KiB of an upstream's state (its sealed \
-                     state, {} bytes, would be over the {} it reads back)",
+                    "{}/{} answered input_required with a requestState of {} bytes: sealed \
+                     by the gateway it would be {} bytes, over the {} the gateway reads back \
+                     (an upstream state of up to about 500 KiB fits, less when it holds \
+                     characters JSON escapes)",
                     target.server,
                     target.tool,
                     upstream.as_deref().map_or(0, str::len),
-                    mrtr::MAX_UPSTREAM_STATE >> 10,
                     sealed.len(),
                     mrtr::MAX_STATE
                 ),

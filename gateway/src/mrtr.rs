@@ -110,13 +110,10 @@ pub(crate) enum StateError {
 }
 
 /// The longest `requestState` [`Sealer::open`] reads (1 MiB: hex doubles the upstream's
-/// own state, so an upstream state up to about 500 KiB travels): a longer one is refused
-/// before it is decoded.
+/// own state, JSON-escaped, so an upstream state up to about 500 KiB travels): a longer one
+/// is refused before it is decoded, and one the gateway would seal longer is not handed
+/// out (the call fails naming the upstream).
 pub(crate) const MAX_STATE: usize = 1 << 20;
-
-/// About the longest upstream state a sealed state under [`MAX_STATE`] carries (its hex is
-/// twice as long, beside the call's names and digest): said when one is longer.
-pub(crate) const MAX_UPSTREAM_STATE: usize = MAX_STATE / 2 - 4096;
 
 /// The sealed payload, as JSON. Field names are short: the state travels on every retry.
 #[derive(Debug, Serialize, Deserialize)]
