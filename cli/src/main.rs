@@ -510,13 +510,14 @@ fn run(command: Command) -> Result<u8, Failure> {
                 setup::settings(setup::WINDOW)?,
                 false,
             )?;
-            // The tools the file permits, as `psych serve`'s search tier indexes them: a
+            // The Surface's permitted set, as `psych serve`'s search tier indexes it: a
             // server's `allowTools` narrows what is searched (and so the words' weights).
-            let grant = &loaded.grant;
+            let permitted = loaded.surface.permitted();
             let index = SearchIndex::new(loaded.catalogs.iter().flat_map(|c| {
+                let tools = permitted.tools(&c.server);
                 c.tools
                     .iter()
-                    .filter(|t| grant.permits(&c.server, &t.name))
+                    .filter(move |t| tools.is_some_and(|tools| tools.contains(&t.name)))
                     .map(move |t| (&c.server, t))
             }));
             let ranking = index.rank(&query, limit);

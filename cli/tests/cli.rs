@@ -308,24 +308,27 @@ fn orient_prints_the_payload() {
     assert!(verbose.contains("tool_map"));
 }
 
+/// A record log `<dir>/run-7.plog` holding one tool result of `text`: its handle.
+fn logged_result(dir: &Path, text: String) -> String {
+    let run = RunId::new("run-7").unwrap();
+    let (mut log, _) = RecordLog::open(dir, &run, SyncPolicy::EveryAppend).unwrap();
+    log.append(&Record::ToolResult(ToolResult {
+        target: None,
+        call_id: ToolCallId::new("call_1").unwrap(),
+        name: "fetch_logs".into(),
+        output: ToolOutput::text(text),
+    }))
+    .unwrap()
+    .to_string()
+}
+
 #[test]
 fn read_pages_a_stored_result() {
     let dir = tempfile::tempdir().unwrap();
-    let run = RunId::new("run-7").unwrap();
-    let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
     let text: String = (1..=40)
         .map(|i| format!("line {i}{}\n", if i % 10 == 0 { " ERROR" } else { "" }))
         .collect();
-    let handle = log
-        .append(&Record::ToolResult(ToolResult {
-            target: None,
-            call_id: ToolCallId::new("call_1").unwrap(),
-            name: "fetch_logs".into(),
-            output: ToolOutput::text(text),
-        }))
-        .unwrap()
-        .to_string();
-    drop(log);
+    let handle = logged_result(dir.path(), text);
     let file = "run-7.plog";
     check(
         "read_grep",
@@ -357,18 +360,7 @@ fn read_pages_a_stored_result() {
 #[test]
 fn unusable_arguments_exit_2() {
     let dir = tempfile::tempdir().unwrap();
-    let run = RunId::new("run-7").unwrap();
-    let (mut log, _) = RecordLog::open(dir.path(), &run, SyncPolicy::EveryAppend).unwrap();
-    let handle = log
-        .append(&Record::ToolResult(ToolResult {
-            target: None,
-            call_id: ToolCallId::new("call_1").unwrap(),
-            name: "fetch_logs".into(),
-            output: ToolOutput::text("one line\n"),
-        }))
-        .unwrap()
-        .to_string();
-    drop(log);
+    let handle = logged_result(dir.path(), "one line\n".to_owned());
     std::fs::write(dir.path().join("run-7.log"), "not a record log").unwrap();
     let (_, stderr, code) = psych(dir.path(), &["read", "run-7.plog", "not-a-handle"]);
     assert_eq!(code, 2, "{stderr}");

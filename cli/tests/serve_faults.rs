@@ -729,6 +729,24 @@ async fn http_sessions_past_the_cap_are_refused_and_closed_ones_are_released() {
     stop(gateway).await;
 }
 
+/// `psych budget` on `config`, its catalogue in `dir`, started by `program` (`psych`
+/// itself, or `nohup` in front of it), its output dropped.
+fn budget_command(program: &str, config: &Path, dir: &Path) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(program);
+    if program != PSYCH {
+        command.arg(PSYCH);
+    }
+    command
+        .arg("budget")
+        .arg("--config")
+        .arg(config)
+        .arg("--store")
+        .arg(dir.join("catalog.redb"))
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
 /// A terminal's Ctrl-C (SIGINT, sent to `psych` alone: each upstream runs in its own process
 /// group) or SIGTERM or SIGHUP, while `psych budget` waits on a server whose listing hangs:
 /// `psych` stops at once, with 128 + the signal's number, and leaves nothing of the
@@ -742,15 +760,8 @@ async fn a_signal_stops_psych_budget_and_every_server_it_started() {
             dir.path(),
             json!({"stuck": embedded(3, &["--grandchild", "--hang-listing"], json!({}))}),
         );
-        let mut budget = tokio::process::Command::new(PSYCH)
-            .arg("budget")
-            .arg("--config")
-            .arg(&config)
-            .arg("--store")
-            .arg(dir.path().join("catalog.redb"))
-            .stdout(Stdio::null())
+        let mut budget = budget_command(PSYCH, &config, dir.path())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .unwrap();
         let pid = budget.id().unwrap();
@@ -850,18 +861,8 @@ async fn under_nohup_a_hangup_stays_ignored() {
         dir.path(),
         json!({"stuck": embedded(3, &["--hang-listing"], json!({}))}),
     );
-    let mut budget = tokio::process::Command::new("nohup")
-        .arg(PSYCH)
-        .arg("budget")
-        .arg("--config")
-        .arg(&config)
-        .arg("--store")
-        .arg(dir.path().join("catalog.redb"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut command = budget_command("nohup", &config, dir.path());
+    let mut budget = command.stderr(Stdio::null()).spawn().unwrap();
     let pid = budget.id().unwrap();
     // `nohup` becomes psych (exec): its child is the server.
     tokio::time::timeout(Duration::from_secs(60), async {

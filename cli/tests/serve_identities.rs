@@ -22,7 +22,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-use crate::support::{Gateway, PSYCH, expect_handle, listening, text, token};
+use crate::support::{Gateway, PSYCH, expect_handle, listening, session_id, text, token};
 
 /// Starts `psych serve --http --tokens` in front of one test server, logging under `dir`,
 /// with `extra` flags: the gateway and its URL.
@@ -623,15 +623,7 @@ async fn an_open_session_is_served_however_many_sessions_were_made_after_it() {
     )
     .await;
     let bearer = format!("Bearer {alice}");
-    let session_of = |answer: &str| {
-        answer
-            .lines()
-            .find_map(|line| line.strip_prefix("mcp-session-id: "))
-            .unwrap_or_else(|| panic!("a session: {answer}"))
-            .trim()
-            .to_owned()
-    };
-    let first = session_of(&initialize(&url, Some(&bearer)).await);
+    let first = session_id(&initialize(&url, Some(&bearer)).await);
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string();
     let answer = raw_request(&url, "POST", Some(&bearer), Some(&first), &initialized).await;
     assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");

@@ -127,7 +127,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -2786,38 +2786,29 @@ fn narrow(
 /// dropped its oldest, open sessions included, and only a deletion removed one: past 256
 /// sessions made, an open session answered 404.)
 #[derive(Debug, Default)]
-pub(crate) struct Owners(Mutex<OpenSessions>);
-
-/// The open sessions, and the owners of those whose `initialize` was answered.
-#[derive(Debug, Default)]
-struct OpenSessions {
-    open: HashSet<String>,
-    owners: HashMap<String, String>,
-}
+pub(crate) struct Owners(Mutex<HashMap<String, Option<String>>>);
 
 impl Owners {
-    fn lock(&self) -> std::sync::MutexGuard<'_, OpenSessions> {
+    /// Each open session, with its owner once its `initialize` was answered.
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<String>>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// `session` was created (rmcp's session manager made it).
     pub(crate) fn opened(&self, session: &str) {
-        self.lock().open.insert(session.to_owned());
+        self.lock().insert(session.to_owned(), None);
     }
 
     /// `session` was closed: nobody's from now on.
     pub(crate) fn closed(&self, session: &str) {
-        let mut sessions = self.lock();
-        sessions.open.remove(session);
-        sessions.owners.remove(session);
+        self.lock().remove(session);
     }
 
     /// `identity` made `session` (its `initialize` was answered); nothing when the session
     /// is closed already.
     fn record(&self, session: &str, identity: String) {
-        let mut sessions = self.lock();
-        if sessions.open.contains(session) {
-            sessions.owners.insert(session.to_owned(), identity);
+        if let Some(owner) = self.lock().get_mut(session) {
+            *owner = Some(identity);
         }
     }
 
@@ -2825,9 +2816,8 @@ impl Owners {
     /// (never made, or closed) is nobody's: its client starts another.
     fn owned_by(&self, session: &str, identity: &str) -> bool {
         self.lock()
-            .owners
             .get(session)
-            .is_some_and(|owner| owner == identity)
+            .is_some_and(|owner| owner.as_deref() == Some(identity))
     }
 }
 
@@ -3450,11 +3440,7 @@ mod tests {
         assert!(!owners.owned_by("kept", "bob"), "another identity's");
         assert!(!owners.owned_by("s0", "id0"), "closed: nobody's");
         assert!(!owners.owned_by("never", "id0"));
-        {
-            let sessions = owners.lock();
-            assert_eq!(sessions.open.len(), 1);
-            assert_eq!(sessions.owners.len(), 1);
-        }
+        assert_eq!(owners.lock().len(), 1, "the closed ones leave nothing");
         owners.closed("kept");
         assert!(!owners.owned_by("kept", "alice"));
         // Closed between its creation and its `initialize` answer: not recorded.
@@ -3462,7 +3448,7 @@ mod tests {
         owners.closed("short");
         owners.record("short", "alice".into());
         assert!(!owners.owned_by("short", "alice"));
-        assert!(owners.lock().owners.is_empty());
+        assert!(owners.lock().is_empty());
     }
 
     /// An identity holds at most [`MAX_LISTENS`] listen streams; a closed one frees its

@@ -986,11 +986,7 @@ const TOOLS_ON_WORKER: usize = 64;
 /// cloned into every subscriber's event and every later call's error, so its size is
 /// ours to bound, not the server's.
 fn server_words(message: &str) -> String {
-    if message.len() <= SERVER_WORDS {
-        return message.to_owned();
-    }
-    let end = message.floor_char_boundary(SERVER_WORDS);
-    format!("{}… ({} bytes in all)", &message[..end], message.len())
+    display_words(&message)
 }
 
 /// A server's JSON-RPC error as an [`McpError`] says it: its code and its message
@@ -1144,8 +1140,9 @@ async fn init_error(
     }
 }
 
-/// `value` as displayed, cut as [`server_words`] cuts a server's words, without building
-/// the whole text: what it keeps is bounded however long the text would be.
+/// `value` as displayed, whole up to [`SERVER_WORDS`] bytes, else its start and its length
+/// ([`server_words`] for a server's own words), without building the whole text: what it
+/// keeps is bounded however long the text would be.
 fn display_words(value: &impl std::fmt::Display) -> String {
     /// Keeps the first [`SERVER_WORDS`] bytes (and a few more, to cut at a character)
     /// and counts the rest.

@@ -504,24 +504,27 @@ async fn spilled(
         )))
     };
     let tap = Arc::clone(tap);
-    let read = tokio::task::spawn_blocking(move || crate::spill::read_answer(file, held, &tap))
-        .await
-        .map_err(|error| unreadable(error.to_string()))?;
+    // Read back and typed there: the message left in memory may be large (the tap keeps a
+    // call's result, not an error's nor one its caller gave up on).
+    let read = tokio::task::spawn_blocking(move || {
+        crate::spill::read_answer(file, held, &tap)
+            .map(serde_json::from_value::<ServerJsonRpcMessage>)
+    })
+    .await
+    .map_err(|error| unreadable(error.to_string()))?;
+    let faulty = |fault: Fault| {
+        let error = unreadable(fault.reason());
+        answered_with(message, &fault, session_id.clone(), error)
+    };
     match read {
-        Ok(raw) => {
-            let parsed = serde_json::from_value(raw).map_err(|e| unreadable(e.to_string()))?;
+        Ok(parsed) => {
+            let parsed = parsed.map_err(|e| unreadable(e.to_string()))?;
             Ok(StreamableHttpPostResponse::Json(parsed, session_id))
         }
-        Err(
-            refused @ (crate::spill::Refused::OverBudget(_) | crate::spill::Refused::TooComplex),
-        ) => {
-            let fault = match refused {
-                crate::spill::Refused::OverBudget(refused) => Fault::OverBudget { bytes, refused },
-                _ => Fault::TooComplex { bytes },
-            };
-            let error = unreadable(fault.reason());
-            answered_with(message, &fault, session_id, error)
+        Err(crate::spill::Refused::OverBudget(refused)) => {
+            faulty(Fault::OverBudget { bytes, refused })
         }
+        Err(crate::spill::Refused::TooComplex) => faulty(Fault::TooComplex { bytes }),
         Err(refused) => match refused.reason() {
             None => too_large(message, crate::spill::MAX_IN_MEMORY.max(max), session_id),
             // The request fails with what happened; the session stays usable.

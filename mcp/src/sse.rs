@@ -247,21 +247,23 @@ impl State {
         let file = self.file.take();
         let tap = Arc::clone(&spill.tap);
         let bytes = held.as_ref().map_or(0, Reservation::bytes);
+        // Read back and written as the event's data there: the message left in memory may
+        // be large (the tap keeps a call's result, not an error's nor another message).
         let read = tokio::task::spawn_blocking(move || match (file, held) {
-            (Some(file), Some(held)) => read_answer(file, held, &tap),
+            (Some(file), Some(held)) => {
+                read_answer(file, held, &tap).map(|message| serde_json::to_string(&message))
+            }
             _ => Err(Refused::Io(std::io::Error::other("no file was written"))),
         })
         .await
         .map_err(|error| Refused::Io(std::io::Error::other(error)))
         .and_then(|read| read);
         let fault = match read {
-            Ok(message) => match serde_json::to_string(&message) {
-                Ok(data) => {
-                    event.data = Some(data);
-                    return event;
-                }
-                Err(error) => Fault::SpilledUnreadable(error.to_string()),
-            },
+            Ok(Ok(data)) => {
+                event.data = Some(data);
+                return event;
+            }
+            Ok(Err(error)) => Fault::SpilledUnreadable(error.to_string()),
             Err(Refused::OverBudget(refused)) => Fault::OverBudget { bytes, refused },
             Err(Refused::TooComplex) => Fault::TooComplex { bytes },
             Err(refused) => match refused.reason() {
@@ -971,6 +973,34 @@ pub(crate) mod tests {
         );
     }
 
+    /// An event repaired on a blocking thread ([`Out::Undecoded`]) between two others, the
+    /// stream's `next()` polled once and dropped whenever it is pending (the repair under
+    /// way included): every event comes, in order, the repaired one whole.
+    #[tokio::test]
+    async fn an_event_repaired_off_the_worker_survives_next_dropped_at_random_points() {
+        let text = format!("a_{}", "b".repeat(2 << 20));
+        let mut wire =
+            b"data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\"}\n\n".to_vec();
+        wire.extend_from_slice(
+            br#"data: {"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":""#,
+        );
+        let bad = wire.len() + 1;
+        wire.extend_from_slice(text.as_bytes());
+        wire[bad] = 0xff;
+        wire.extend_from_slice(b"\"}]}}\n\ndata: {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{}}\n\n");
+        let events = events(response_of(wire, 21), 4 << 20, None);
+        let read = read_dropping_next(events, 22).await;
+        assert_eq!(read.len(), 3);
+        let repaired: Value = serde_json::from_str(read[1].data.as_deref().unwrap()).unwrap();
+        let repaired_text = repaired["result"]["content"][0]["text"].as_str().unwrap();
+        assert_eq!(repaired_text.len(), text.len() + 2, "the U+FFFD is 3 bytes");
+        assert!(repaired_text.starts_with("a\u{fffd}bbb"));
+        assert_eq!(
+            read[2].data.as_deref(),
+            Some(r#"{"jsonrpc":"2.0","id":2,"result":{}}"#)
+        );
+    }
+
     /// SSE-like text from pieces that exercise every field, line end and error.
     fn wire() -> impl Strategy<Value = Vec<u8>> {
         let line = prop_oneof![
@@ -1072,6 +1102,32 @@ pub(crate) mod tests {
         JsonRpcMessage::request(request, RequestId::Number(id))
     }
 
+    /// Every event of `events`, each `next()` polled once and dropped if pending, 0 to 2
+    /// yields between (`seed` picks them); more than 20 dropped. Panics on an error.
+    async fn read_dropping_next(mut events: Events, seed: u64) -> Vec<Sse> {
+        let mut rng = Rng(seed);
+        let (mut read, mut dropped) = (Vec::new(), 0);
+        loop {
+            let item = match futures_util::poll!(events.next()) {
+                Poll::Ready(item) => item,
+                Poll::Pending => {
+                    dropped += 1;
+                    for _ in 0..rng.below(3) {
+                        tokio::task::yield_now().await;
+                    }
+                    continue;
+                }
+            };
+            match item {
+                Some(Ok(event)) => read.push(event),
+                Some(Err(error)) => panic!("{error}"),
+                None => break,
+            }
+        }
+        assert!(dropped > 20, "only {dropped} futures dropped");
+        read
+    }
+
     // One thread: the reader and the writer take turns, so reads are often pending.
     #[tokio::test]
     async fn a_spilled_event_survives_next_dropped_at_random_points() {
@@ -1096,28 +1152,8 @@ pub(crate) mod tests {
             tap: Arc::clone(&tap),
             id: RequestId::Number(7),
         };
-        let mut events = events(response_of(wire, 11), 64 * 1024, Some(spill));
-        let mut rng = Rng(12);
-        let (mut read, mut dropped) = (Vec::new(), 0);
-        loop {
-            // Every `next()` polled once and dropped if pending, a yield between.
-            let item = match futures_util::poll!(events.next()) {
-                Poll::Ready(item) => item,
-                Poll::Pending => {
-                    dropped += 1;
-                    for _ in 0..rng.below(3) {
-                        tokio::task::yield_now().await;
-                    }
-                    continue;
-                }
-            };
-            match item {
-                Some(Ok(event)) => read.push(event),
-                Some(Err(error)) => panic!("{error}"),
-                None => break,
-            }
-        }
-        assert!(dropped > 20, "only {dropped} futures dropped");
+        let events = events(response_of(wire, 11), 64 * 1024, Some(spill));
+        let read = read_dropping_next(events, 12).await;
         assert_eq!(read.len(), 4);
         // rmcp gets the stand-in; the tap holds the result, its text in a file.
         let stand_in: Value = serde_json::from_str(read[3].data.as_deref().unwrap()).unwrap();
