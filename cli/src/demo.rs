@@ -338,8 +338,15 @@ async fn play(
                     side.requests.len(),
                     side.name
                 ));
-                std::fs::write(&file, request.body())
-                    .map_err(|e| format!("writing {}: {e}", file.display()))?;
+                // A file write blocks: off the async workers, with its own copy of the body.
+                let body = request.body().to_owned();
+                let written = tokio::task::spawn_blocking(move || {
+                    std::fs::write(&file, body)
+                        .map_err(|e| format!("writing {}: {e}", file.display()))
+                });
+                written
+                    .await
+                    .map_err(|e| format!("writing a request body: {e}"))??;
             }
             replies.push(side.model.reply(request));
         }
