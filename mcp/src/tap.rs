@@ -487,13 +487,13 @@ impl Tap {
     /// arrived and could not be delivered; says whether the request has a slot. Replaces a
     /// result kept for it (its message turned out unreadable as a whole).
     pub(crate) fn fail(&self, key: &str, failure: AnswerFailure) -> bool {
-        match self.slots().wanted.get_mut(key) {
-            Some(slot) => {
-                *slot = Answer::Failed(failure);
-                true
-            }
-            None => false,
-        }
+        let replaced = match self.slots().wanted.get_mut(key) {
+            Some(slot) => std::mem::replace(slot, Answer::Failed(failure)),
+            None => return false,
+        };
+        // A result kept for it is freed after the lock, off the worker (not awaited).
+        drop(free_answer(replaced));
+        true
     }
 
     /// A claim on request `id`'s slot, taken by the request's sender once the request is
@@ -515,9 +515,18 @@ impl Tap {
 
     fn forget(&self, id: &RequestId) {
         let key = id_key(id);
-        let mut slots = self.slots();
-        if slots.wanted.remove(&key).is_none() {
-            slots.abandoned.insert(key);
+        let removed = {
+            let mut slots = self.slots();
+            let removed = slots.wanted.remove(&key);
+            if removed.is_none() {
+                slots.abandoned.insert(key);
+            }
+            removed
+        };
+        // A result that came and was not taken (its call dropped meanwhile) is freed after
+        // the lock, which the transport's readers take for every answer, and off the worker.
+        if let Some(answer) = removed {
+            drop(free_answer(answer));
         }
     }
 
@@ -527,6 +536,18 @@ impl Tap {
         let slots = self.slots();
         slots.wanted.len() + slots.abandoned.len()
     }
+}
+
+/// Frees an answer no one will take. A kept result may be up to the transport's 16 MiB of
+/// JSON values and spilled files of any size (closing an unlinked file frees its blocks):
+/// freed on a blocking thread when a runtime is there (returning that thread's task), else
+/// here.
+fn free_answer(answer: Answer) -> Option<tokio::task::JoinHandle<()>> {
+    if !matches!(answer, Answer::Result(..)) {
+        return None;
+    }
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    Some(runtime.spawn_blocking(move || drop(answer)))
 }
 
 /// A raw result taken from the tap.
@@ -713,6 +734,22 @@ mod tests {
         assert!(tap.keep(&mut answer));
         drop(claim);
         assert_eq!(tap.len(), 0, "given up after the answer arrived");
+    }
+
+    /// A result no one takes is freed on a blocking thread where there is a runtime, and
+    /// in place where there is none; a slot without a result frees nothing.
+    #[test]
+    fn an_untaken_result_is_freed_on_a_blocking_thread() {
+        let kept = || Answer::Result(json!({"content": [{"type": "text", "text": "x"}]}), vec![]);
+        assert!(free_answer(kept()).is_none(), "no runtime");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            assert!(free_answer(Answer::Pending).is_none());
+            let freed = free_answer(kept()).expect("a blocking task");
+            assert!(freed.await.is_ok());
+        });
     }
 
     #[test]
