@@ -11,6 +11,7 @@
     reason = "a test fails loudly on bad data"
 )]
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -888,4 +889,57 @@ async fn under_nohup_a_hangup_stays_ignored() {
         .expect("psych budget exits")
         .unwrap();
     assert_eq!(exited.code(), Some(130), "{exited}");
+}
+
+/// A call whose progress token is longer than a request id may be (every progress
+/// notification would echo it) is refused as invalid, and nothing is called; one at the
+/// bound is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_with_an_over_long_progress_token_is_refused_as_invalid() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        json!({"idle": embedded(2, &[], json!({"preload": true}))}),
+    );
+    let mut client = RawClient::spawn(&config, dir.path());
+    client.initialize().await;
+    let mut id = 0;
+    wait_listed(&mut client, "idle__echo", &mut id).await;
+    for (call, bytes) in [
+        (1000, psych_mcp::MAX_REQUEST_ID_BYTES + 1),
+        (1001, psych_mcp::MAX_REQUEST_ID_BYTES),
+    ] {
+        client
+            .send(
+                json!({"jsonrpc": "2.0", "id": call, "method": "tools/call", "params": {
+                    "name": "idle__echo",
+                    "arguments": {"text": "through"},
+                    "_meta": {"progressToken": "p".repeat(bytes)},
+                }}),
+            )
+            .await;
+    }
+    let mut answers = BTreeMap::new();
+    while answers.len() < 2 {
+        let message = client.next().await;
+        if let Some(call @ (1000 | 1001)) = message.get("id").and_then(Value::as_u64) {
+            answers.insert(call, message);
+        }
+    }
+    let refused = &answers[&1000]["error"];
+    assert_eq!(refused["code"], json!(-32602), "{refused}");
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("progress token may be at most 256 bytes"),
+        "{message}"
+    );
+    let served = &answers[&1001]["result"];
+    assert_eq!(served["content"][0]["text"], json!("through"), "{served}");
+    drop(client);
+    let results = logged_results(dir.path());
+    assert_eq!(
+        results.len(),
+        1,
+        "only the call served is logged: {results:?}"
+    );
 }

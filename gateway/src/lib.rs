@@ -999,6 +999,19 @@ impl Session {
             .as_ref()
             .and_then(RequestMetaObject::get_progress_token)
             .or_else(|| context.meta.get_progress_token());
+        // Every progress notification echoes the token, and rmcp keeps the last ones of
+        // each request: a token is bounded as a request id is.
+        if let Some(rmcp::model::ProgressToken(rmcp::model::NumberOrString::String(text))) = &token
+            && text.len() > psych_mcp::MAX_REQUEST_ID_BYTES
+        {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "invalid params: a progress token may be at most {} bytes, as a request id",
+                    psych_mcp::MAX_REQUEST_ID_BYTES
+                ),
+                None,
+            ));
+        }
         let client = token.map(|token| progress::ClientProgress {
             peer: context.peer.clone(),
             token,
