@@ -21,7 +21,7 @@
 //! which forgets the slot; if the request had not reached the transport yet, the claim
 //! leaves a tombstone that the transport's `want` consumes instead of opening a slot.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -295,6 +295,9 @@ impl AnswerFailure {
     }
 }
 
+/// The most requests given up unsent a tap remembers (about 50 bytes each).
+const MAX_ABANDONED: usize = 1024;
+
 /// A slot's content.
 enum Answer {
     /// Sent, no answer yet.
@@ -309,8 +312,10 @@ enum Answer {
 struct Slots {
     /// Requests sent and not yet taken.
     wanted: HashMap<String, Answer>,
-    /// Requests whose sender gave up before the transport sent them.
-    abandoned: HashSet<String>,
+    /// Requests whose sender gave up before the transport sent them, oldest first, at most
+    /// [`MAX_ABANDONED`]: a request rmcp drops unsent (its HTTP worker skips one cancelled
+    /// while queued) never consumes its entry.
+    abandoned: VecDeque<String>,
 }
 
 fn id_key(id: &RequestId) -> String {
@@ -388,8 +393,9 @@ impl Tap {
     fn want(&self, id: &RequestId) {
         let key = id_key(id);
         let mut slots = self.slots();
-        if !slots.abandoned.remove(&key) {
-            slots.wanted.insert(key, Answer::Pending);
+        match slots.abandoned.iter().position(|gone| *gone == key) {
+            Some(at) => drop(slots.abandoned.remove(at)),
+            None => drop(slots.wanted.insert(key, Answer::Pending)),
         }
     }
 
@@ -519,7 +525,12 @@ impl Tap {
             let mut slots = self.slots();
             let removed = slots.wanted.remove(&key);
             if removed.is_none() {
-                slots.abandoned.insert(key);
+                if slots.abandoned.len() == MAX_ABANDONED {
+                    // Requests are sent in order: one given up before 1,024 later ones were
+                    // was sent, or dropped unsent, long ago.
+                    slots.abandoned.pop_front();
+                }
+                slots.abandoned.push_back(key);
             }
             removed
         };
@@ -734,6 +745,22 @@ mod tests {
         assert!(tap.keep(&mut answer));
         drop(claim);
         assert_eq!(tap.len(), 0, "given up after the answer arrived");
+    }
+
+    /// Requests given up and never sent (rmcp's HTTP worker skips one cancelled while
+    /// queued) leave at most `MAX_ABANDONED` entries, the newest: one of those sent late
+    /// still opens no slot.
+    #[test]
+    fn requests_given_up_and_never_sent_are_remembered_within_a_bound() {
+        let tap = Arc::new(Tap::default());
+        let more = MAX_ABANDONED as i64 + 100;
+        for id in 0..more {
+            drop(tap.claim(RequestId::Number(id)));
+        }
+        assert_eq!(tap.len(), MAX_ABANDONED);
+        tap.want_request(&call(more - 1));
+        assert_eq!(tap.len(), MAX_ABANDONED - 1, "the newest is still known");
+        assert!(!tap.is_waiting());
     }
 
     /// A result no one takes is freed on a blocking thread where there is a runtime, and
