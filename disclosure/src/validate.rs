@@ -74,7 +74,9 @@ struct ServerValidators {
 ///
 /// No network or file is ever read: the `jsonschema` crate is built without its resolvers,
 /// so a schema whose `$ref` points outside itself fails to compile and its calls go
-/// through [`Validation::Unchecked`].
+/// through [`Validation::Unchecked`]. So does a schema with more than 64 regular
+/// expressions, or one whose compiled pattern would take over 256 KiB: a server's short
+/// pattern cannot make the cache hold megabytes.
 #[derive(Default)]
 pub struct Validators {
     servers: Mutex<HashMap<ServerId, ServerValidators>>,
@@ -228,9 +230,51 @@ impl Validators {
     }
 }
 
+/// The most regular expressions (`pattern`, `patternProperties`) a schema is compiled with;
+/// one with more is not compiled ([`Validation::Unchecked`]).
+const MAX_PATTERNS: usize = 64;
+
+/// The most memory one compiled pattern may take, and its lazy DFA's cache (per thread
+/// matching it): a short pattern such as `\p{L}{50}` (10 bytes) takes some 3.6 MiB
+/// compiled under the regex engine's own limits (10 MiB and 2 MiB; measured here). With
+/// [`MAX_PATTERNS`], a schema's patterns hold at most 16 MiB compiled, whatever its server
+/// sends. A pattern over it fails the schema's compilation ([`Validation::Unchecked`]).
+const PATTERN_BYTES: usize = 256 << 10;
+
+/// How many regular expressions `schema` holds: `pattern` strings and `patternProperties`
+/// keys, wherever they are.
+fn patterns(schema: &Value) -> usize {
+    match schema {
+        Value::Object(object) => object
+            .iter()
+            .map(|(key, value)| match (key.as_str(), value) {
+                ("pattern", Value::String(_)) => 1,
+                ("patternProperties", Value::Object(keys)) => {
+                    keys.len() + keys.values().map(patterns).sum::<usize>()
+                }
+                _ => patterns(value),
+            })
+            .sum(),
+        Value::Array(items) => items.iter().map(patterns).sum(),
+        _ => 0,
+    }
+}
+
 fn compile(tool: &ToolDefinition) -> Compiled {
     let schema = Value::Object(tool.input_schema.clone());
-    match jsonschema::options().build(&schema) {
+    let count = patterns(&schema);
+    if count > MAX_PATTERNS {
+        return Compiled::Failed(format!(
+            "the schema holds {count} regular expressions, over the {MAX_PATTERNS} psych compiles"
+        ));
+    }
+    let limits = jsonschema::PatternOptions::fancy_regex()
+        .size_limit(PATTERN_BYTES)
+        .dfa_size_limit(PATTERN_BYTES);
+    match jsonschema::options()
+        .with_pattern_options(limits)
+        .build(&schema)
+    {
         Ok(validator) => Compiled::Ready(Box::new(validator)),
         Err(error) => Compiled::Failed(cap_chars(
             &error.to_string(),
@@ -315,6 +359,57 @@ mod tests {
         assert!(
             matches!(outcome, Ok(Validation::Unchecked { .. })),
             "{outcome:?}"
+        );
+    }
+
+    /// A schema's regular expressions are bounded: a short pattern compiling to megabytes,
+    /// or more patterns than psych compiles, leaves the tool usable and unchecked; a usual
+    /// pattern is checked.
+    #[test]
+    fn patterns_are_compiled_within_bounds() {
+        let server = ServerId::new("s").unwrap();
+        let validators = Validators::new();
+        let usual = named(
+            "usual",
+            json!({"type": "object", "properties": {"id": {"type": "string", "pattern": "^[A-Z]{2,10}-[0-9]+$"}}}),
+        );
+        assert_eq!(
+            validators.check(
+                &server,
+                CatalogVersion(1),
+                &usual,
+                &json!({"id": "PROJ-12"})
+            ),
+            Ok(Validation::Checked)
+        );
+        assert!(
+            validators
+                .check(&server, CatalogVersion(1), &usual, &json!({"id": "x"}))
+                .is_err()
+        );
+        // 10 bytes of pattern that take some 3.6 MiB compiled without the bound.
+        let huge = named(
+            "huge",
+            json!({"type": "object", "properties": {"w": {"type": "string", "pattern": "\\p{L}{50}"}}}),
+        );
+        let outcome = validators.check(&server, CatalogVersion(1), &huge, &json!({"w": "x"}));
+        assert!(
+            matches!(outcome, Ok(Validation::Unchecked { .. })),
+            "{outcome:?}"
+        );
+        let properties: serde_json::Map<String, Value> = (0..=MAX_PATTERNS)
+            .map(|n| (format!("p{n}"), json!({"type": "string", "pattern": "^a$"})))
+            .collect();
+        let many = named("many", json!({"type": "object", "properties": properties}));
+        match validators.check(&server, CatalogVersion(1), &many, &json!({})) {
+            Ok(Validation::Unchecked { reason }) => {
+                assert!(reason.contains("65 regular expressions"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            patterns(&json!({"patternProperties": {"^a": {"pattern": "b"}, "^c": {}}})),
+            3
         );
     }
 
