@@ -1135,7 +1135,10 @@ impl Session {
         let max_read = executor.limits().max_passed_bytes();
         // Whether the output in memory is not the whole result: its text was spilled to
         // files, stored streamed, and what remains here is the placeholder.
-        let partial = result.output.readable_text().len() as u64 != stored_len;
+        let partial = result.output.is_spilled();
+        // A result of over a MiB (as stored) is freed or encoded on a blocking thread.
+        let large = stored_len > psych_mcp::wire::JSON_ON_WORKER as u64;
+        let mut whole = None;
         let output = match view_of {
             // An elided success also links the whole result, for a client that opens
             // resources itself (`resources/read`); a failure's cut text is not a preview.
@@ -1144,11 +1147,13 @@ impl Session {
                 shown
                     .content
                     .push(resources::link(&handle, stored_len, max_read));
+                whole = Some(result.output);
                 shown
             }
             Projection::Replaced(text) => {
                 let mut shown = ToolOutput::text(text);
                 shown.is_error = result.output.is_error;
+                whole = Some(result.output);
                 shown
             }
             // Shown whole, yet too large to hold in memory: only thresholds set past any
@@ -1164,6 +1169,7 @@ impl Session {
                         .push(resources::link(&handle, stored_len, max_read));
                 }
                 shown.is_error = result.output.is_error;
+                whole = Some(result.output);
                 shown
             }
             // Answered by Psych itself (a meta tool, a search, the orientation payload, the
@@ -1174,9 +1180,18 @@ impl Session {
             }
             Projection::Full => result.output,
         };
-        serde_json::to_value(&output)
-            .map(Answer::Result)
-            .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
+        let encode = move || {
+            drop(whole);
+            serde_json::to_value(&output)
+                .map(Answer::Result)
+                .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
+        };
+        if !large {
+            return encode();
+        }
+        tokio::task::spawn_blocking(encode)
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))?
     }
 
     /// The client's view of the result just logged at `handle`, and the length of its
