@@ -709,7 +709,7 @@ impl McpManager {
     /// with the texts kept in files; `input_required` as the raw result. Any other
     /// `resultType`, or a complete answer that does not read as `T`, is a protocol error:
     /// never an empty result.
-    async fn call_as<T: DeserializeOwned>(
+    async fn call_as<T: DeserializeOwned + Send + 'static>(
         &self,
         tool: &ToolRef,
         arguments: JsonObject,
@@ -748,8 +748,19 @@ impl McpManager {
                 )));
             }
         }
-        let read = serde_json::from_value(kept.value)
-            .map_err(|e| protocol(format!("the answer is not a tools/call result: {e}")))?;
+        // Typing copies every text and decodes every image of the answer: a large one is
+        // typed on a blocking thread.
+        let value = kept.value;
+        let large = crate::wire::value_past_worker_bound(&value);
+        let typed = if large {
+            tokio::task::spawn_blocking(move || serde_json::from_value::<T>(value))
+                .await
+                .map_err(|e| protocol(format!("typing the answer failed: {e}")))?
+        } else {
+            serde_json::from_value::<T>(value)
+        };
+        let read =
+            typed.map_err(|e| protocol(format!("the answer is not a tools/call result: {e}")))?;
         Ok(Read::Complete(read, kept.spilled))
     }
 

@@ -126,6 +126,34 @@ pub(crate) async fn parse_by_size<T: Send + 'static>(
     }
 }
 
+/// Whether `value` (parsed already) would take more than [`JSON_ON_WORKER`] bytes as JSON,
+/// roughly: its strings' and keys' bytes and a few bytes a value. The walk stops as soon
+/// as it knows, so it costs at most the bound's worth of values (well under a
+/// millisecond); a value past it is typed, or freed, on a blocking thread.
+pub(crate) fn value_past_worker_bound(value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    let mut bytes = 0usize;
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        bytes += 4;
+        match value {
+            Value::String(text) => bytes += text.len(),
+            Value::Array(items) => stack.extend(items),
+            Value::Object(object) => {
+                for (key, item) in object {
+                    bytes += key.len();
+                    stack.push(item);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+        if bytes > JSON_ON_WORKER {
+            return true;
+        }
+    }
+    false
+}
+
 /// A buffer that refuses to hold more than [`JSON_ON_WORKER`] bytes.
 struct Capped(Vec<u8>);
 
@@ -158,6 +186,24 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// A parsed answer of over a MiB of text, or of many small values, is known to be
+    /// past the bound; a usual one is not.
+    #[test]
+    fn a_parsed_value_is_measured_against_the_worker_bound() {
+        let text = |n: usize| json!({"content": [{"type": "text", "text": "x".repeat(n)}]});
+        assert!(!value_past_worker_bound(&text(1000)));
+        assert!(!value_past_worker_bound(&text(JSON_ON_WORKER - 100)));
+        assert!(value_past_worker_bound(&text(JSON_ON_WORKER)));
+        let zeros = serde_json::Value::Array(vec![json!(0); JSON_ON_WORKER / 4 + 1]);
+        assert!(value_past_worker_bound(
+            &json!({"structuredContent": zeros})
+        ));
+        let keys: serde_json::Map<String, serde_json::Value> = (0..100_000)
+            .map(|n| (format!("key-{n}"), json!(null)))
+            .collect();
+        assert!(value_past_worker_bound(&serde_json::Value::Object(keys)));
+    }
 
     #[test]
     fn structural_bytes_are_counted_outside_strings_only() {
