@@ -230,7 +230,8 @@ impl Session {
             }
             Transport::Http { url, headers } => {
                 let tap = Arc::new(Tap::new(spill_dir.to_path_buf(), budget.clone()));
-                let transport = remote::transport(server, url, headers, Arc::clone(&tap))?;
+                let client = remote::shared_client(server).await?;
+                let transport = remote::transport(server, url, headers, client, Arc::clone(&tap))?;
                 match tokio::time::timeout(
                     timeouts.connect,
                     handler.serve_with_lifecycle(transport, lifecycle()),

@@ -232,11 +232,12 @@ pub(crate) struct TappedClient {
 }
 
 /// rmcp's streamable HTTP client transport to `url` with the configured headers, over a
-/// [`TappedClient`] feeding `tap`.
+/// [`TappedClient`] feeding `tap`, sending with `inner` ([`shared_client`]).
 pub(crate) fn transport(
     server: &ServerId,
     url: &str,
     headers: &std::collections::BTreeMap<String, String>,
+    inner: reqwest::Client,
     tap: Arc<Tap>,
 ) -> Result<StreamableHttpClientTransport<TappedClient>, McpError> {
     let mut map = HashMap::new();
@@ -250,18 +251,6 @@ pub(crate) fn transport(
         let header_value = HeaderValue::try_from(value.as_str()).map_err(|e| bad(e.to_string()))?;
         map.insert(header_name, header_value);
     }
-    // As rmcp's default client: no idle connections kept (a reused connection whose last
-    // answer was not read to the end stalls ~40 ms on delayed ACKs), same-origin 307/308
-    // redirects only.
-    let inner = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .redirect(same_origin_redirects())
-        .build()
-        .map_err(|e| McpError::Protocol {
-            server: server.clone(),
-            call: "connect".into(),
-            message: format!("the HTTP client cannot be set up: {e}"),
-        })?;
     let config = StreamableHttpClientTransportConfig::with_uri(url)
         .custom_headers(map)
         .max_sse_event_size(MAX_SSE_EVENT_BYTES)
@@ -270,6 +259,36 @@ pub(crate) fn transport(
         TappedClient { inner, tap },
         config,
     ))
+}
+
+/// The HTTP client every remote server's transport sends with, made once per process.
+/// Making one reads and parses the system's certificate store (reqwest's platform
+/// verifier: file I/O, milliseconds), so it is made on a blocking thread, not at every
+/// connect and reconnect. Its clones share its settings and pool, which keeps no idle
+/// connection: as rmcp's default client, no idle connections are kept (a reused connection
+/// whose last answer was not read to the end stalls ~40 ms on delayed ACKs), and only
+/// same-origin 307/308 redirects are followed. Headers are each transport's own.
+pub(crate) async fn shared_client(server: &ServerId) -> Result<reqwest::Client, McpError> {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    if let Some(client) = CLIENT.get() {
+        return Ok(client.clone());
+    }
+    let failed = |message: String| McpError::Protocol {
+        server: server.clone(),
+        call: "connect".into(),
+        message: format!("the HTTP client cannot be set up: {message}"),
+    };
+    let made = tokio::task::spawn_blocking(|| {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .redirect(same_origin_redirects())
+            .build()
+    })
+    .await
+    .map_err(|e| failed(e.to_string()))?
+    .map_err(|e| failed(e.to_string()))?;
+    // Two first connects at once may both make one; the first stored is kept.
+    Ok(CLIENT.get_or_init(|| made).clone())
 }
 
 /// rmcp's redirect policy for its default client, with its refusals said: a 301, 302 or
