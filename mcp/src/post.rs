@@ -47,6 +47,19 @@ const BODY_READ_FAILURE: &str = "<failed to read response body>";
 /// How much of a body that is not a JSON-RPC message an error quotes (rmcp's length).
 const BODY_PREVIEW: usize = 256;
 
+/// `message`'s JSON, the body [`post_request`] sends: serialized here when short, on a
+/// blocking thread when longer than [`JSON_ON_WORKER`](crate::wire::JSON_ON_WORKER) (a call
+/// passing results, up to tens of MiB).
+pub(crate) async fn body(message: &Arc<ClientJsonRpcMessage>) -> Result<Vec<u8>, Error> {
+    match crate::wire::line_on_worker(&**message)? {
+        Ok(line) => Ok(line),
+        Err(_) => {
+            let whole = Arc::clone(message);
+            Ok(tokio::task::spawn_blocking(move || serde_json::to_vec(&*whole)).await??)
+        }
+    }
+}
+
 /// POSTs `message` (a request: it always awaits an answer) as rmcp's reqwest client does,
 /// and reads the answer as it does, except that a JSON body is offered to `tap` first.
 #[allow(
@@ -58,6 +71,7 @@ pub(crate) async fn post_request(
     tap: &Arc<Tap>,
     uri: &str,
     message: &ClientJsonRpcMessage,
+    body: Vec<u8>,
     session_id: Option<Arc<str>>,
     auth_token: Option<String>,
     custom_headers: HashMap<HeaderName, HeaderValue>,
@@ -81,7 +95,11 @@ pub(crate) async fn post_request(
     if let Some(session_id) = session_id {
         request = request.header(HEADER_SESSION_ID, session_id.as_ref());
     }
-    let response = request.json(message).send().await?;
+    let response = request
+        .header(CONTENT_TYPE, JSON_MIME_TYPE)
+        .body(body)
+        .send()
+        .await?;
     let status = response.status();
     if let Some(error) = challenge(status, response.headers()) {
         return Err(error);
@@ -600,6 +618,29 @@ pub(crate) fn preview(body: &[u8]) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request's body is its JSON, short or long; a long one is serialized on a blocking
+    /// thread (a current-thread runtime without one to spare would still finish it).
+    #[tokio::test]
+    async fn a_body_is_the_message_json_short_or_long() {
+        use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest};
+        for bytes in [10, 2 * crate::wire::JSON_ON_WORKER] {
+            let mut arguments = serde_json::Map::new();
+            arguments.insert("text".into(), serde_json::json!("x".repeat(bytes)));
+            let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+                CallToolRequestParams::new("echo").with_arguments(arguments),
+            ));
+            let message = Arc::new(JsonRpcMessage::request(request, RequestId::Number(1)));
+            let sent = body(&message).await.map_err(|e| e.to_string());
+            let sent: serde_json::Value =
+                serde_json::from_slice(&sent.unwrap_or_default()).unwrap_or_default();
+            assert_eq!(sent, serde_json::to_value(&*message).unwrap_or_default());
+            assert_eq!(
+                sent["params"]["arguments"]["text"].as_str().map(str::len),
+                Some(bytes)
+            );
+        }
+    }
 
     #[test]
     fn media_types_and_scopes_read_as_rmcp_reads_them() {

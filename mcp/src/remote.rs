@@ -497,11 +497,14 @@ impl StreamableHttpClient for TappedClient {
             _ => None,
         };
         let response = if self.tap.want_request(&message) {
+            let message = Arc::new(message);
+            let body = crate::post::body(&message).await?;
             crate::post::post_request(
                 &self.inner,
                 &self.tap,
                 &uri,
                 &message,
+                body,
                 session_id,
                 auth_header,
                 custom_headers,
