@@ -25,6 +25,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
@@ -87,6 +88,10 @@ pub struct SharedRecordLog {
     policy: SyncPolicy,
     window: Window,
     log: RwLock<RecordLog>,
+    /// The log's acknowledged records and file bytes, stored as each group commits, so
+    /// that [`SharedRecordLog::len`] and [`SharedRecordLog::size_bytes`] never wait for
+    /// the lock (a writer waits there for readers reading records from disk).
+    acknowledged: (AtomicU64, AtomicU64),
     group: Mutex<Group>,
     /// Wakes the leader when an arrival fills the window.
     filled: Condvar,
@@ -305,6 +310,7 @@ impl SharedRecordLog {
             path: log.path().to_path_buf(),
             policy,
             window: Window::of(policy),
+            acknowledged: (AtomicU64::new(log.len()), AtomicU64::new(log.size_bytes())),
             log: RwLock::new(log),
             group: Mutex::new(Group::default()),
             filled: Condvar::new(),
@@ -335,8 +341,9 @@ impl SharedRecordLog {
     }
 
     /// Number of acknowledged records in the log.
+    /// Never waits for the log's lock.
     pub fn len(&self) -> u64 {
-        self.read_log().len()
+        self.acknowledged.0.load(Ordering::Acquire)
     }
 
     /// Whether the log holds no acknowledged record.
@@ -345,8 +352,9 @@ impl SharedRecordLog {
     }
 
     /// Bytes of the file holding acknowledged frames (see [`RecordLog::size_bytes`]).
+    /// Never waits for the log's lock.
     pub fn size_bytes(&self) -> u64 {
-        self.read_log().size_bytes()
+        self.acknowledged.1.load(Ordering::Acquire)
     }
 
     /// What opening found (the [`Recovery`] `open` returned).
@@ -639,6 +647,10 @@ impl SharedRecordLog {
                 Ok(written) => {
                     let records = entries.len();
                     log.commit_write(entries, written);
+                    self.acknowledged
+                        .1
+                        .store(log.size_bytes(), Ordering::Release);
+                    self.acknowledged.0.store(log.len(), Ordering::Release);
                     return Ok(GroupDone {
                         first,
                         records,
@@ -1008,6 +1020,11 @@ mod tests {
         // A first group is held at its write (the log's lock taken here), so that the
         // three calls after it queue whatever the time and make the next group together.
         let held = log.log.write().unwrap();
+        // What is acknowledged is known without the lock (an async caller asks it).
+        assert_eq!(
+            (log.len(), log.size_bytes()),
+            (held.len(), held.size_bytes())
+        );
         let first = append(user("first"));
         // Taken off the queue by its leader, who now waits for the lock.
         while {
