@@ -441,7 +441,7 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// polls the execution, about 10 µs for a call of a few arguments with its schema
     /// compiled, and up to milliseconds for a tool's first call (its schema compiled), an
     /// orientation payload of a large catalogue, or megabytes of arguments (about 10 ms for
-    /// 16 MiB). Set it when the executor is polled by tasks of a multi-threaded runtime;
+    /// 16 MiB). A native deferral's search tool is answered the same way. Set it when the executor is polled by tasks of a multi-threaded runtime;
     /// never when it may be polled inside a `LocalSet` on one, where tokio forbids blocking
     /// and this panics. `psych serve` sets it.
     #[must_use]
@@ -614,7 +614,7 @@ impl<H: ToolHost + 'static> Executor<H> {
                 continue;
             };
             if let Some(output) =
-                native.and_then(|deferral| crate::native::answer(surface, live, deferral, call))
+                native.and_then(|deferral| self.native_answer(surface, live, deferral, call))
             {
                 pending.push(Pending::Ready(output));
                 continue;
@@ -793,6 +793,23 @@ impl<H: ToolHost + 'static> Executor<H> {
             off_the_worker(judge)
         } else {
             judge()
+        }
+    }
+
+    /// [`crate::native::answer`] (a search over the deferred tools), where the guard runs
+    /// ([`Executor::off_worker_guard`]).
+    fn native_answer(
+        &self,
+        surface: &Surface,
+        live: &Live<'_>,
+        deferral: &NativeDeferral,
+        call: &ToolCall,
+    ) -> Option<ToolOutput> {
+        let answer = || crate::native::answer(surface, live, deferral, call);
+        if self.off_worker {
+            off_the_worker(answer)
+        } else {
+            answer()
         }
     }
 

@@ -675,17 +675,38 @@ impl<H: ToolHost + 'static> Run<H> {
         Ok(())
     }
 
-    /// Resolves this turn's Surface from the catalogue now, and its zone 1 and tools.
+    /// Resolves this turn's Surface from the catalogue now, and its zone 1 and tools: on a
+    /// blocking thread, as the Surface is (a catalogue of thousands of tools is copied into
+    /// the turn's tools, and with native deferral into its deferred ones).
     async fn resolve_turn(&self) -> Result<Turn, RunError> {
-        let surface = self.resolve_surface().await?;
-        let zone1 = surface.deferred_lines().iter().fold(
-            StaticSections::new(self.instructions.clone()),
-            |zone, line| zone.capability_note(line.clone()),
-        );
+        let resolve = self.surface_resolver();
+        let instructions = self.instructions.clone();
         let reader = tool_definition(self.executor.limits());
+        let deferral = self.deferral;
+        tokio::task::spawn_blocking(move || {
+            let surface = resolve()?;
+            Ok(Self::turn_of(surface, instructions, reader, deferral))
+        })
+        .await
+        .map_err(RunError::Task)?
+    }
+
+    /// A turn's zone 1 and tools from its Surface.
+    fn turn_of(
+        surface: Arc<Surface>,
+        instructions: String,
+        reader: ToolDefinition,
+        deferral: DeferralMode,
+    ) -> Turn {
+        let zone1 = surface
+            .deferred_lines()
+            .iter()
+            .fold(StaticSections::new(instructions), |zone, line| {
+                zone.capability_note(line.clone())
+            });
         let mut tools = surface.tools().to_vec();
         tools.push(reader.clone());
-        let native = match self.deferral {
+        let native = match deferral {
             DeferralMode::Native => {
                 let deferred = surface.deferred_tools();
                 (!deferred.is_empty()).then(|| {
@@ -699,26 +720,26 @@ impl<H: ToolHost + 'static> Run<H> {
             }
             _ => None,
         };
-        Ok(Turn {
+        Turn {
             surface,
             zone1,
             tools,
             native,
-        })
+        }
     }
 
-    /// Reads every connected server's live catalogue now and resolves their Surface through
+    /// What reads every connected server's live catalogue and resolves their Surface through
     /// the Run's [`SurfaceCache`] (an unchanged setup answers the last turn's Surface; a
     /// changed one prepares only the servers that changed), with its search indexes built:
-    /// redb reads and CPU work, off the async threads. Dropped mid-way, the blocking task
-    /// still finishes and leaves the cache consistent.
-    async fn resolve_surface(&self) -> Result<Arc<Surface>, RunError> {
+    /// redb reads and CPU work, run on a blocking thread ([`Run::resolve_turn`]). Dropped
+    /// mid-way, the blocking task still finishes and leaves the cache consistent.
+    fn surface_resolver(&self) -> impl FnOnce() -> Result<Arc<Surface>, RunError> + Send + 'static {
         let catalog = self.catalog.clone();
         let cache = Arc::clone(&self.surfaces);
         let connections = self.connections.clone();
         let grant = self.grant.clone();
         let settings = self.settings.clone();
-        tokio::task::spawn_blocking(move || {
+        move || {
             let catalogs = connections
                 .iter()
                 .map(|c| catalog.live(&c.server))
@@ -734,9 +755,7 @@ impl<H: ToolHost + 'static> Run<H> {
                 .resolve(&inputs, &settings)?;
             surface.prepare_search();
             Ok::<_, RunError>(surface)
-        })
-        .await
-        .map_err(RunError::Task)?
+        }
     }
 
     /// The live catalogue of every connected server, read now (off the async threads).
