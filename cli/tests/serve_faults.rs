@@ -930,7 +930,7 @@ async fn a_call_with_an_over_long_progress_token_is_refused_as_invalid() {
     assert_eq!(refused["code"], json!(-32602), "{refused}");
     let message = refused["message"].as_str().unwrap();
     assert!(
-        message.contains("progress token may be at most 256 bytes"),
+        message.contains("a progress token may be at most 256 bytes"),
         "{message}"
     );
     let served = &answers[&1001]["result"];

@@ -587,6 +587,22 @@ fn no_cursor(request: Option<&PaginatedRequestParams>) -> Result<(), ErrorData> 
     }
 }
 
+/// Whether `output`, whose readable text is `stored_len` bytes as stored, holds over
+/// [`JSON_ON_WORKER`](psych_mcp::wire::JSON_ON_WORKER) bytes: its text, its binary blocks'
+/// bytes and its structured content (walked only as far as needed).
+fn past_worker_bound(output: &ToolOutput, stored_len: u64) -> bool {
+    let bound = psych_mcp::wire::JSON_ON_WORKER as u64;
+    let binary: u64 = output
+        .binary_blocks()
+        .map(|(_, block)| block.data.len() as u64)
+        .sum();
+    stored_len.saturating_add(binary) > bound
+        || output
+            .structured_content
+            .as_ref()
+            .is_some_and(psych_mcp::wire::value_past_worker_bound)
+}
+
 /// `output` with its structured content also as one text block when it has no content
 /// block: MCP says a tool returning structured content should also return it serialized in
 /// a text block, and a client that shows only `content` would otherwise show nothing.
@@ -1006,7 +1022,7 @@ impl Session {
         {
             return Err(ErrorData::invalid_params(
                 format!(
-                    "invalid params: a progress token may be at most {} bytes, as a request id",
+                    "a progress token may be at most {} bytes, as a request id",
                     psych_mcp::MAX_REQUEST_ID_BYTES
                 ),
                 None,
@@ -1133,11 +1149,39 @@ impl Session {
         // An elided success links the whole result, for clients that know the block.
         let links = resources::links_known(context);
         let max_read = executor.limits().max_passed_bytes();
-        // Whether the output in memory is not the whole result: its text was spilled to
-        // files, stored streamed, and what remains here is the placeholder.
-        let partial = result.output.is_spilled();
-        // A result of over a MiB (as stored) is freed or encoded on a blocking thread.
-        let large = stored_len > psych_mcp::wire::JSON_ON_WORKER as u64;
+        // A result of over a MiB (its text as stored, its binary blocks, its structured
+        // content) is shaped, freed and encoded on a blocking thread.
+        let large = past_worker_bound(&result.output, stored_len);
+        let shape = move || {
+            // Whether the output in memory is not the whole result: its text was spilled to
+            // files, stored streamed, and what remains here is the placeholder (the log
+            // holds the text; only text blocks are spilled, so a result of structured
+            // content alone is never rendered to learn this).
+            let partial = !result.output.content.is_empty()
+                && result.output.readable_text().len() as u64 != stored_len;
+            Self::shown(
+                result, view_of, &handle, stored_len, links, max_read, partial,
+            )
+        };
+        if !large {
+            return shape();
+        }
+        tokio::task::spawn_blocking(shape)
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))?
+    }
+
+    /// What the client is answered for the logged `result` its projection made `view_of`,
+    /// encoded; the whole output it replaces is freed here.
+    fn shown(
+        result: ToolResult,
+        view_of: Projection,
+        handle: &RecordHandle,
+        stored_len: u64,
+        links: bool,
+        max_read: u64,
+        partial: bool,
+    ) -> Result<Answer, ErrorData> {
         let mut whole = None;
         let output = match view_of {
             // An elided success also links the whole result, for a client that opens
@@ -1146,7 +1190,7 @@ impl Session {
                 let mut shown = ToolOutput::text(text);
                 shown
                     .content
-                    .push(resources::link(&handle, stored_len, max_read));
+                    .push(resources::link(handle, stored_len, max_read));
                 whole = Some(result.output);
                 shown
             }
@@ -1166,7 +1210,7 @@ impl Session {
                 if links && !result.output.is_error {
                     shown
                         .content
-                        .push(resources::link(&handle, stored_len, max_read));
+                        .push(resources::link(handle, stored_len, max_read));
                 }
                 shown.is_error = result.output.is_error;
                 whole = Some(result.output);
@@ -1180,18 +1224,10 @@ impl Session {
             }
             Projection::Full => result.output,
         };
-        let encode = move || {
-            drop(whole);
-            serde_json::to_value(&output)
-                .map(Answer::Result)
-                .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
-        };
-        if !large {
-            return encode();
-        }
-        tokio::task::spawn_blocking(encode)
-            .await
-            .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))?
+        drop(whole);
+        serde_json::to_value(&output)
+            .map(Answer::Result)
+            .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))
     }
 
     /// The client's view of the result just logged at `handle`, and the length of its
@@ -1642,13 +1678,26 @@ impl Session {
             Answer::MissingCapability { target, .. } => needs_modern(&target, context, None),
         };
         // What rmcp can type of the result: sent only if the raw answer cannot be. Read
-        // from a reference: the raw answer itself goes to the stash, uncopied.
-        let mut typed =
-            <CallToolResult as serde::Deserialize>::deserialize(&raw).unwrap_or_else(|e| {
+        // from a reference: the raw answer itself goes to the stash, uncopied. Typing copies
+        // every text: a large answer is typed on a blocking thread.
+        let type_it = |raw: &Value| {
+            <CallToolResult as serde::Deserialize>::deserialize(raw).unwrap_or_else(|e| {
                 CallToolResult::error(vec![rmcp::model::ContentBlock::text(format!(
                     "the result cannot be sent typed: {e}"
                 ))])
-            });
+            })
+        };
+        let (raw, mut typed) = if psych_mcp::wire::value_past_worker_bound(&raw) {
+            tokio::task::spawn_blocking(move || {
+                let typed = type_it(&raw);
+                (raw, typed)
+            })
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("typing the result: {e}"), None))?
+        } else {
+            let typed = type_it(&raw);
+            (raw, typed)
+        };
         typed.result_type = Some(ResultType::COMPLETE);
         self.shared.raw.stash(raw, &mut typed.meta);
         Ok(CallToolResponse::from(typed))
@@ -3175,6 +3224,26 @@ fn is_connection_error(error: &std::io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A result is large by its stored text, its binary blocks or its structured content.
+    #[test]
+    fn a_result_past_a_mib_is_known_by_its_text_binaries_or_structure() {
+        let mib = psych_mcp::wire::JSON_ON_WORKER;
+        let small = ToolOutput::text("x".repeat(1000));
+        assert!(!past_worker_bound(&small, 1000));
+        assert!(
+            past_worker_bound(&small, mib as u64 + 1),
+            "its text as stored"
+        );
+        let image = ToolOutput::from_blocks(vec![
+            ContentBlock::text("a screenshot"),
+            ContentBlock::image("image/png", vec![0; mib + 1]),
+        ]);
+        assert!(past_worker_bound(&image, 12));
+        let mut structured = ToolOutput::text("rows");
+        structured.structured_content = Some(json!({"rows": vec![0; mib]}));
+        assert!(past_worker_bound(&structured, 4));
+    }
 
     #[test]
     fn a_list_cursor_is_refused_as_invalid_params() {
