@@ -232,6 +232,18 @@ pub enum McpError {
     /// The manager has been shut down.
     #[error("the MCP connection manager has shut down")]
     ShutDown,
+    /// psych-mcp's own work on a server's answer, on a blocking thread, did not finish: a
+    /// bug of psych's (a panic), or the runtime shutting down. Not the server's doing.
+    #[error("MCP server \"{server}\": {call}: psych-mcp failed reading its answer")]
+    Task {
+        /// The server.
+        server: ServerId,
+        /// The call.
+        call: String,
+        /// The blocking task's failure.
+        #[source]
+        source: tokio::task::JoinError,
+    },
 }
 
 impl McpError {
@@ -252,7 +264,8 @@ impl McpError {
             | Self::ListingTooLarge { server, .. }
             | Self::InputRequired { server, .. }
             | Self::MissingCapability { server, .. }
-            | Self::Unreachable { server, .. } => Some(server),
+            | Self::Unreachable { server, .. }
+            | Self::Task { server, .. } => Some(server),
             Self::ShutDown => None,
         }
     }

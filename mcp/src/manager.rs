@@ -755,7 +755,11 @@ impl McpManager {
         let typed = if large {
             tokio::task::spawn_blocking(move || serde_json::from_value::<T>(value))
                 .await
-                .map_err(|e| protocol(format!("typing the answer failed: {e}")))?
+                .map_err(|source| McpError::Task {
+                    server: tool.server.clone(),
+                    call: format!("tools/call {}", tool.tool),
+                    source,
+                })?
         } else {
             serde_json::from_value::<T>(value)
         };

@@ -267,7 +267,9 @@ pub(crate) fn transport(
 /// connect and reconnect. Its clones share its settings and pool, which keeps no idle
 /// connection: as rmcp's default client, no idle connections are kept (a reused connection
 /// whose last answer was not read to the end stalls ~40 ms on delayed ACKs), and only
-/// same-origin 307/308 redirects are followed. Headers are each transport's own.
+/// same-origin 307/308 redirects are followed. Headers are each transport's own. The
+/// system's certificates and proxy settings are read once, when it is made: a change to
+/// them reaches remote servers after a restart.
 pub(crate) async fn shared_client(server: &ServerId) -> Result<reqwest::Client, McpError> {
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     if let Some(client) = CLIENT.get() {

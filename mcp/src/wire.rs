@@ -128,20 +128,32 @@ pub(crate) async fn parse_by_size<T: Send + 'static>(
 
 /// Whether `value` (parsed already) would take more than [`JSON_ON_WORKER`] bytes as JSON,
 /// roughly: its strings' and keys' bytes and a few bytes a value. The walk stops as soon
-/// as it knows, so it costs at most the bound's worth of values (well under a
-/// millisecond); a value past it is typed, or freed, on a blocking thread.
-pub(crate) fn value_past_worker_bound(value: &serde_json::Value) -> bool {
+/// as it knows (an array or object is counted before its items are visited), so it
+/// visits at most the bound's worth of values (well under a millisecond); a value past
+/// it is typed, or freed, on a blocking thread.
+pub fn value_past_worker_bound(value: &serde_json::Value) -> bool {
     use serde_json::Value;
-    let mut bytes = 0usize;
+    /// What a value counts at least, beside its text.
+    const PER_VALUE: usize = 4;
+    let mut bytes = PER_VALUE;
     let mut stack = vec![value];
     while let Some(value) = stack.pop() {
-        bytes += 4;
         match value {
-            Value::String(text) => bytes += text.len(),
-            Value::Array(items) => stack.extend(items),
+            Value::String(text) => bytes = bytes.saturating_add(text.len()),
+            Value::Array(items) => {
+                bytes = bytes.saturating_add(PER_VALUE.saturating_mul(items.len()));
+                if bytes > JSON_ON_WORKER {
+                    return true;
+                }
+                stack.extend(items);
+            }
             Value::Object(object) => {
+                bytes = bytes.saturating_add(PER_VALUE.saturating_mul(object.len()));
+                if bytes > JSON_ON_WORKER {
+                    return true;
+                }
                 for (key, item) in object {
-                    bytes += key.len();
+                    bytes = bytes.saturating_add(key.len());
                     stack.push(item);
                 }
             }
