@@ -75,8 +75,9 @@ struct ServerValidators {
 /// No network or file is ever read: the `jsonschema` crate is built without its resolvers,
 /// so a schema whose `$ref` points outside itself fails to compile and its calls go
 /// through [`Validation::Unchecked`]. So does a schema with more than 64 regular
-/// expressions, or one whose compiled pattern would take over 256 KiB: a server's short
-/// pattern cannot make the cache hold megabytes.
+/// expressions, or one whose compiled pattern would take over 256 KiB: a tool's compiled
+/// patterns hold at most 16 MiB (each pattern's lazy DFA cache at most 256 KiB more per
+/// thread matching it), whatever its server sends.
 #[derive(Default)]
 pub struct Validators {
     servers: Mutex<HashMap<ServerId, ServerValidators>>,

@@ -1020,11 +1020,13 @@ mod tests {
         // A first group is held at its write (the log's lock taken here), so that the
         // three calls after it queue whatever the time and make the next group together.
         let held = log.log.write().unwrap();
-        // What is acknowledged is known without the lock (an async caller asks it).
-        assert_eq!(
-            (log.len(), log.size_bytes()),
-            (held.len(), held.size_bytes())
-        );
+        // What is acknowledged is known without the lock (an async caller asks it): asked
+        // from another thread, answered while the lock is held here.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let asker = Arc::clone(&log);
+        std::thread::spawn(move || tx.send((asker.len(), asker.size_bytes())));
+        let known = rx.recv_timeout(Duration::from_secs(10));
+        assert_eq!(known, Ok((held.len(), held.size_bytes())));
         let first = append(user("first"));
         // Taken off the queue by its leader, who now waits for the lock.
         while {

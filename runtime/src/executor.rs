@@ -441,9 +441,10 @@ impl<H: ToolHost + 'static> Executor<H> {
     /// polls the execution, about 10 µs for a call of a few arguments with its schema
     /// compiled, and up to milliseconds for a tool's first call (its schema compiled), an
     /// orientation payload of a large catalogue, or megabytes of arguments (about 10 ms for
-    /// 16 MiB). A native deferral's search tool is answered the same way. Set it when the executor is polled by tasks of a multi-threaded runtime;
-    /// never when it may be polled inside a `LocalSet` on one, where tokio forbids blocking
-    /// and this panics. `psych serve` sets it.
+    /// 16 MiB). A native deferral's search tool is answered the same way. Set it when the
+    /// executor is polled by tasks of a multi-threaded runtime; never when it may be polled
+    /// inside a `LocalSet` on one, where tokio forbids blocking and this panics. `psych
+    /// serve` sets it.
     #[must_use]
     pub fn off_worker_guard(mut self, off: bool) -> Self {
         self.off_worker = off;
@@ -806,7 +807,8 @@ impl<H: ToolHost + 'static> Executor<H> {
         call: &ToolCall,
     ) -> Option<ToolOutput> {
         let answer = || crate::native::answer(surface, live, deferral, call);
-        if self.off_worker {
+        // Only a search is work: any other call is passed over at once.
+        if self.off_worker && crate::native::is_search(deferral, call) {
             off_the_worker(answer)
         } else {
             answer()

@@ -677,7 +677,8 @@ impl<H: ToolHost + 'static> Run<H> {
 
     /// Resolves this turn's Surface from the catalogue now, and its zone 1 and tools: on a
     /// blocking thread, as the Surface is (a catalogue of thousands of tools is copied into
-    /// the turn's tools, and with native deferral into its deferred ones).
+    /// the turn's tools, and with native deferral into its deferred ones). Dropped mid-way,
+    /// the blocking task still finishes and leaves the Surface cache consistent.
     async fn resolve_turn(&self) -> Result<Turn, RunError> {
         let resolve = self.surface_resolver();
         let instructions = self.instructions.clone();
@@ -731,8 +732,7 @@ impl<H: ToolHost + 'static> Run<H> {
     /// What reads every connected server's live catalogue and resolves their Surface through
     /// the Run's [`SurfaceCache`] (an unchanged setup answers the last turn's Surface; a
     /// changed one prepares only the servers that changed), with its search indexes built:
-    /// redb reads and CPU work, run on a blocking thread ([`Run::resolve_turn`]). Dropped
-    /// mid-way, the blocking task still finishes and leaves the cache consistent.
+    /// redb reads and CPU work, run on a blocking thread ([`Run::resolve_turn`]).
     fn surface_resolver(&self) -> impl FnOnce() -> Result<Arc<Surface>, RunError> + Send + 'static {
         let catalog = self.catalog.clone();
         let cache = Arc::clone(&self.surfaces);
