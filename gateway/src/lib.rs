@@ -1152,17 +1152,7 @@ impl Session {
         // A result of over a MiB (its text as stored, its binary blocks, its structured
         // content) is shaped, freed and encoded on a blocking thread.
         let large = past_worker_bound(&result.output, stored_len);
-        let shape = move || {
-            // Whether the output in memory is not the whole result: its text was spilled to
-            // files, stored streamed, and what remains here is the placeholder (the log
-            // holds the text; only text blocks are spilled, so a result of structured
-            // content alone is never rendered to learn this).
-            let partial = !result.output.content.is_empty()
-                && result.output.readable_text().len() as u64 != stored_len;
-            Self::shown(
-                result, view_of, &handle, stored_len, links, max_read, partial,
-            )
-        };
+        let shape = move || Self::shown(result, view_of, &handle, stored_len, links, max_read);
         if !large {
             return shape();
         }
@@ -1180,8 +1170,16 @@ impl Session {
         stored_len: u64,
         links: bool,
         max_read: u64,
-        partial: bool,
     ) -> Result<Answer, ErrorData> {
+        // Whether the output in memory is not the whole result: its text was spilled to
+        // files, stored streamed, and what remains here is the placeholder (the log holds
+        // the text). Only text blocks are spilled, so a result of structured content alone
+        // is never rendered to learn it. Asked only of a result shown whole: with the
+        // gateway's per-batch threshold (30,000 tokens) one too large to hold in memory is
+        // always elided, so this is a defence, not a path a test can reach.
+        let partial = |output: &ToolOutput| {
+            !output.content.is_empty() && output.readable_text().len() as u64 != stored_len
+        };
         let mut whole = None;
         let output = match view_of {
             // An elided success also links the whole result, for a client that opens
@@ -1202,7 +1200,7 @@ impl Session {
             }
             // Shown whole, yet too large to hold in memory: only thresholds set past any
             // sensible size get here. The placeholder says how large; the handle, where.
-            Projection::Full if partial => {
+            Projection::Full if partial(&result.output) => {
                 let mut shown = ToolOutput::text(format!(
                     "{} Read it with {READ_TOOL_OUTPUT}, handle {handle}.",
                     result.output.readable_text()

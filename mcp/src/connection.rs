@@ -459,10 +459,10 @@ impl Session {
                     (read, moved_names, moved)
                 })
                 .await
-                .map_err(|e| McpError::Protocol {
+                .map_err(|source| McpError::Task {
                     server: self.server.clone(),
                     call: call.clone(),
-                    message: format!("reading the page did not finish: {e}"),
+                    source,
                 })?;
                 (names, listing) = (moved_names, moved);
                 read

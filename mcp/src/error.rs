@@ -232,9 +232,10 @@ pub enum McpError {
     /// The manager has been shut down.
     #[error("the MCP connection manager has shut down")]
     ShutDown,
-    /// psych-mcp's own work on a server's answer, on a blocking thread, did not finish: a
-    /// bug of psych's (a panic), or the runtime shutting down. Not the server's doing.
-    #[error("MCP server \"{server}\": {call}: psych-mcp failed reading its answer")]
+    /// psych-mcp's own work for a call, on a blocking thread (reading a server's answer,
+    /// making the HTTP client), did not finish: a bug of psych's (a panic), or the runtime
+    /// shutting down. Not the server's doing.
+    #[error("MCP server \"{server}\": {call} failed: psych-mcp's own work on it did not finish")]
     Task {
         /// The server.
         server: ServerId,

@@ -287,7 +287,11 @@ pub(crate) async fn shared_client(server: &ServerId) -> Result<reqwest::Client, 
             .build()
     })
     .await
-    .map_err(|e| failed(e.to_string()))?
+    .map_err(|source| McpError::Task {
+        server: server.clone(),
+        call: "connect".into(),
+        source,
+    })?
     .map_err(|e| failed(e.to_string()))?;
     // Two first connects at once may both make one; the first stored is kept.
     Ok(CLIENT.get_or_init(|| made).clone())

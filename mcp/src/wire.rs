@@ -207,10 +207,12 @@ mod tests {
         assert!(!value_past_worker_bound(&text(1000)));
         assert!(!value_past_worker_bound(&text(JSON_ON_WORKER - 100)));
         assert!(value_past_worker_bound(&text(JSON_ON_WORKER)));
-        let zeros = serde_json::Value::Array(vec![json!(0); JSON_ON_WORKER / 4 + 1]);
-        assert!(value_past_worker_bound(
-            &json!({"structuredContent": zeros})
-        ));
+        // An array counts 4 bytes for itself and 4 for each item: at the bound, then past it.
+        let zeros = |n: usize| serde_json::Value::Array(vec![json!(0); n]);
+        assert!(!value_past_worker_bound(&zeros(JSON_ON_WORKER / 4 - 1)));
+        assert!(value_past_worker_bound(&zeros(JSON_ON_WORKER / 4)));
+        let wide = json!({"structuredContent": zeros(JSON_ON_WORKER / 4 + 1)});
+        assert!(value_past_worker_bound(&wide));
         let keys: serde_json::Map<String, serde_json::Value> = (0..100_000)
             .map(|n| (format!("key-{n}"), json!(null)))
             .collect();
