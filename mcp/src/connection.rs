@@ -380,8 +380,8 @@ impl Session {
         Ok(listing)
     }
 
-    /// One walk of [`Session::list`] (a page of more than [`TOOLS_ON_WORKER`] tools read on
-    /// a blocking thread), ending by `within` from `started` (else
+    /// One walk of [`Session::list`] (a page of more than [`TOOLS_ON_WORKER`] tools, or of
+    /// over a MiB of JSON, read on a blocking thread), ending by `within` from `started` (else
     /// [`McpError::Timeout`] naming that time): the listing and how many pages it took.
     async fn walk(
         &self,
@@ -450,7 +450,8 @@ impl Session {
             let large = raw
                 .get("tools")
                 .and_then(Value::as_array)
-                .is_some_and(|tools| tools.len() > TOOLS_ON_WORKER);
+                .is_some_and(|tools| tools.len() > TOOLS_ON_WORKER)
+                || crate::wire::value_past_worker_bound(&raw);
             let read = if large {
                 let (mut moved_names, mut moved) =
                     (std::mem::take(&mut names), std::mem::take(&mut listing));
@@ -979,7 +980,8 @@ async fn listen(
 const SERVER_WORDS: usize = 4096;
 
 /// The most tools of a listing's page typed and checked on an async worker (well under a
-/// millisecond); a larger page is read on a blocking thread.
+/// millisecond for tools of usual size); a larger page, or one of over a MiB of JSON (a
+/// generated server's few tools of large schemas), is read on a blocking thread.
 const TOOLS_ON_WORKER: usize = 64;
 
 /// A server's error message as an [`McpError`] quotes it: whole up to [`SERVER_WORDS`]
