@@ -1153,10 +1153,7 @@ impl Session {
         // content) is shaped, freed and encoded on a blocking thread.
         let large = past_worker_bound(&result.output, stored_len);
         let shape = move || Self::shown(result, view_of, &handle, stored_len, links, max_read);
-        if !large {
-            return shape();
-        }
-        tokio::task::spawn_blocking(shape)
+        psych_mcp::wire::off_worker_if(large, shape)
             .await
             .map_err(|e| ErrorData::internal_error(format!("encoding the result: {e}"), None))?
     }
@@ -1685,17 +1682,13 @@ impl Session {
                 ))])
             })
         };
-        let (raw, mut typed) = if psych_mcp::wire::value_past_worker_bound(&raw) {
-            tokio::task::spawn_blocking(move || {
-                let typed = type_it(&raw);
-                (raw, typed)
-            })
-            .await
-            .map_err(|e| ErrorData::internal_error(format!("typing the result: {e}"), None))?
-        } else {
+        let large = psych_mcp::wire::value_past_worker_bound(&raw);
+        let (raw, mut typed) = psych_mcp::wire::off_worker_if(large, move || {
             let typed = type_it(&raw);
             (raw, typed)
-        };
+        })
+        .await
+        .map_err(|e| ErrorData::internal_error(format!("typing the result: {e}"), None))?;
         typed.result_type = Some(ResultType::COMPLETE);
         self.shared.raw.stash(raw, &mut typed.meta);
         Ok(CallToolResponse::from(typed))

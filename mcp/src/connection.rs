@@ -452,24 +452,19 @@ impl Session {
                 .and_then(Value::as_array)
                 .is_some_and(|tools| tools.len() > TOOLS_ON_WORKER)
                 || crate::wire::value_past_worker_bound(&raw);
-            let read = if large {
-                let (mut moved_names, mut moved) =
-                    (std::mem::take(&mut names), std::mem::take(&mut listing));
-                let (read, moved_names, moved) = tokio::task::spawn_blocking(move || {
-                    let read = read_page(raw, page, &mut moved_names, &mut moved, left);
-                    (read, moved_names, moved)
-                })
-                .await
-                .map_err(|source| McpError::Task {
-                    server: self.server.clone(),
-                    call: call.clone(),
-                    source,
-                })?;
-                (names, listing) = (moved_names, moved);
-                read
-            } else {
-                read_page(raw, page, &mut names, &mut listing, left)
-            };
+            let (mut moved_names, mut moved) =
+                (std::mem::take(&mut names), std::mem::take(&mut listing));
+            let (read, moved_names, moved) = crate::wire::off_worker_if(large, move || {
+                let read = read_page(raw, page, &mut moved_names, &mut moved, left);
+                (read, moved_names, moved)
+            })
+            .await
+            .map_err(|source| McpError::Task {
+                server: self.server.clone(),
+                call: call.clone(),
+                source,
+            })?;
+            (names, listing) = (moved_names, moved);
             let read = read.map_err(|message| McpError::Protocol {
                 server: self.server.clone(),
                 call: call.clone(),

@@ -752,17 +752,13 @@ impl McpManager {
         // typed on a blocking thread.
         let value = kept.value;
         let large = crate::wire::value_past_worker_bound(&value);
-        let typed = if large {
-            tokio::task::spawn_blocking(move || serde_json::from_value::<T>(value))
-                .await
-                .map_err(|source| McpError::Task {
-                    server: tool.server.clone(),
-                    call: format!("tools/call {}", tool.tool),
-                    source,
-                })?
-        } else {
-            serde_json::from_value::<T>(value)
-        };
+        let typed = crate::wire::off_worker_if(large, move || serde_json::from_value::<T>(value))
+            .await
+            .map_err(|source| McpError::Task {
+                server: tool.server.clone(),
+                call: format!("tools/call {}", tool.tool),
+                source,
+            })?;
         let read =
             typed.map_err(|e| protocol(format!("the answer is not a tools/call result: {e}")))?;
         Ok(Read::Complete(read, kept.spilled))

@@ -275,11 +275,6 @@ pub(crate) async fn shared_client(server: &ServerId) -> Result<reqwest::Client, 
     if let Some(client) = CLIENT.get() {
         return Ok(client.clone());
     }
-    let failed = |message: String| McpError::Protocol {
-        server: server.clone(),
-        call: "connect".into(),
-        message: format!("the HTTP client cannot be set up: {message}"),
-    };
     let made = tokio::task::spawn_blocking(|| {
         reqwest::Client::builder()
             .pool_max_idle_per_host(0)
@@ -292,7 +287,11 @@ pub(crate) async fn shared_client(server: &ServerId) -> Result<reqwest::Client, 
         call: "connect".into(),
         source,
     })?
-    .map_err(|e| failed(e.to_string()))?;
+    .map_err(|e| McpError::Protocol {
+        server: server.clone(),
+        call: "connect".into(),
+        message: format!("the HTTP client cannot be set up: {e}"),
+    })?;
     // Two first connects at once may both make one; the first stored is kept.
     Ok(CLIENT.get_or_init(|| made).clone())
 }

@@ -119,10 +119,20 @@ pub(crate) async fn parse_by_size<T: Send + 'static>(
     bytes: usize,
     parse: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, tokio::task::JoinError> {
-    if bytes > JSON_ON_WORKER {
-        tokio::task::spawn_blocking(parse).await
+    off_worker_if(bytes > JSON_ON_WORKER, parse).await
+}
+
+/// Runs `work` on a blocking thread when it is `large` (past [`JSON_ON_WORKER`]'s worth of
+/// JSON: [`value_past_worker_bound`] says so of a parsed value), else here. `Err` only
+/// when that thread's task failed (a panic, the runtime's end).
+pub async fn off_worker_if<T: Send + 'static>(
+    large: bool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    if large {
+        tokio::task::spawn_blocking(work).await
     } else {
-        Ok(parse())
+        Ok(work())
     }
 }
 
