@@ -34,46 +34,85 @@ pub const JSON_ON_WORKER: usize = 1024 * 1024;
 pub const MAX_JSON_STRUCTURAL_BYTES: u64 = 2 * 1024 * 1024;
 
 /// Whether `json` holds more structural bytes than [`MAX_JSON_STRUCTURAL_BYTES`] (counting
-/// stops at the first past it). Strings are followed, escapes included, so brackets and
-/// commas in text are not counted; an unterminated string ends the count (the parse then
-/// fails).
+/// stops at the first past it).
 pub(crate) fn too_complex(json: &[u8]) -> bool {
-    if json.len() as u64 <= MAX_JSON_STRUCTURAL_BYTES {
-        return false;
-    }
-    let mut count = 0u64;
-    let mut at = 0;
-    while at < json.len() {
-        match json[at] {
-            b'"' => {
-                // To the closing quote: the next quote not escaped.
+    structure_past(json, MAX_JSON_STRUCTURAL_BYTES)
+}
+
+/// Whether `json` holds more than `bound` structural bytes (`[`, `{`, `,` and `:` outside
+/// strings; counting stops at the first past it). JSON of at most `bound` bytes is not
+/// read. See [`Structure`].
+pub fn structure_past(json: &[u8], bound: u64) -> bool {
+    json.len() as u64 > bound && Structure::default().feed(json, bound)
+}
+
+/// A count of the structural bytes (`[`, `{`, `,` and `:` outside strings) of JSON read in
+/// pieces, as it streams: what bounds the memory its parse takes (about 32 bytes a
+/// structural byte as a `serde_json::Value`, see [`MAX_JSON_STRUCTURAL_BYTES`]) before it
+/// is parsed. Strings are followed, escapes included, across pieces, so brackets and
+/// commas in text are not counted; an unterminated string ends the count (the parse then
+/// fails). It keeps three words whatever it reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Structure {
+    count: u64,
+    in_string: bool,
+    escaped: bool,
+}
+
+impl Structure {
+    /// Reads the next piece of the JSON; whether the count is now past `bound` (then it
+    /// stops reading, at the first byte past it).
+    pub fn feed(&mut self, bytes: &[u8], bound: u64) -> bool {
+        let mut at = 0;
+        while at < bytes.len() {
+            if self.escaped {
+                self.escaped = false;
                 at += 1;
-                loop {
-                    match memchr::memchr2(b'"', b'\\', &json[at..]) {
-                        Some(found) if json[at + found] == b'\\' => at += found + 2,
-                        Some(found) => {
-                            at += found + 1;
-                            break;
-                        }
-                        None => return false,
+                continue;
+            }
+            if self.in_string {
+                // To the closing quote: the next quote not escaped. Long strings (where
+                // texts live) are skipped with memchr.
+                match memchr::memchr2(b'"', b'\\', &bytes[at..]) {
+                    Some(found) => {
+                        self.escaped = bytes[at + found] == b'\\';
+                        self.in_string = self.escaped;
+                        at += found + 1;
                     }
-                    if at >= json.len() {
-                        return false;
-                    }
+                    None => return false,
                 }
                 continue;
             }
-            b'[' | b'{' | b',' | b':' => {
-                count += 1;
-                if count > MAX_JSON_STRUCTURAL_BYTES {
-                    return true;
+            match bytes[at] {
+                b'"' => self.in_string = true,
+                b'[' | b'{' | b',' | b':' => {
+                    self.count += 1;
+                    if self.count > bound {
+                        return true;
+                    }
                 }
+                _ => {}
             }
-            _ => {}
+            at += 1;
         }
-        at += 1;
+        false
     }
-    false
+
+    /// The structural bytes counted so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+}
+
+/// The top-level `id` of the JSON-RPC message `json` (a number or a string, as JSON text:
+/// `5`, `"req-1"`), found without parsing the message: the scanner follows nesting,
+/// strings and escapes and keeps a few dozen bytes, so a message refused unparsed (too
+/// large, too complex) can still be answered by its id. `None` when it has none of a
+/// request id's shape, or one over 64 bytes.
+pub fn message_id(json: &[u8]) -> Option<String> {
+    let mut scanner = crate::stdio::scan::IdScanner::default();
+    scanner.feed(json);
+    scanner.id()
 }
 
 /// A message as a line (its JSON and `\n`), or the message back when its JSON is longer
@@ -271,6 +310,38 @@ mod tests {
         assert!(too_complex(escaped_end.as_bytes()));
         let escaped_end = format!("[\"{}\\", "x".repeat(max + 10));
         assert!(!too_complex(escaped_end.as_bytes()));
+        // Read in pieces of every size, split anywhere (inside an escape too), the count
+        // is the same as at once.
+        let json = br#"{"a":[1,{"b":"x\\\",[{:"}],"c":"\u005b,"}"#;
+        let whole = {
+            let mut structure = Structure::default();
+            assert!(!structure.feed(json, u64::MAX));
+            structure.count()
+        };
+        assert_eq!(whole, 8);
+        for size in 1..json.len() {
+            let mut structure = Structure::default();
+            for piece in json.chunks(size) {
+                assert!(!structure.feed(piece, u64::MAX));
+            }
+            assert_eq!(structure.count(), whole, "pieces of {size}");
+        }
+        assert!(structure_past(json, 7));
+        assert!(!structure_past(json, 8));
+    }
+
+    #[test]
+    fn a_message_id_is_found_without_parsing() {
+        assert_eq!(
+            message_id(br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"id":9}}"#),
+            Some("5".to_owned())
+        );
+        assert_eq!(
+            message_id(br#"{"params":{"id":9,"x":"\"id\":3"},"id":"req-1","method":"m"}"#),
+            Some("\"req-1\"".to_owned())
+        );
+        assert_eq!(message_id(br#"{"method":"notifications/x"}"#), None);
+        assert_eq!(message_id(br#"[{"id":1}]"#), None);
     }
 
     #[tokio::test]
