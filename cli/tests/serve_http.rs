@@ -430,6 +430,53 @@ fn modern_call(tool: &str, arguments: Value) -> String {
     .to_string()
 }
 
+/// A POST whose body holds more brackets, braces, commas and colons than
+/// `MAX_REQUEST_STRUCTURAL_BYTES` is answered 413 with error -32600 for its id, unparsed and
+/// nothing called; one at the bound is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_past_the_structural_bound_is_answered_413() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gateway, url) = start(dir.path()).await;
+    until_served(&url).await;
+    let max = psych_gateway::MAX_REQUEST_STRUCTURAL_BYTES;
+    // A call of `up__echo` with `zeros` zeros in its `_meta`, where no schema looks, last:
+    // the body is refused at its last bytes, read whole (the gateway closes the connection
+    // after its answer, and unread bytes would reset it under the answer).
+    let call = |zeros: u64| {
+        let zeros = vec!["0"; usize::try_from(zeros).unwrap()].join(",");
+        format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"up__echo","arguments":{{"text":"through"}},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}},"pad":[{zeros}]}}}}}}"#
+        )
+    };
+    let structure = |json: &str| {
+        let mut structure = psych_mcp::wire::Structure::default();
+        structure.feed(json.as_bytes(), u64::MAX);
+        structure.count()
+    };
+    // Each zero past the first adds a comma.
+    let at = call(max - structure(&call(1)) + 1);
+    assert_eq!(structure(&at), max);
+    let answer = post(&url, &at, "2026-07-28", "up__echo").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "{}",
+        &answer[..answer.len().min(500)]
+    );
+    assert!(answer.contains(r#""text":"through""#));
+    let over = call(max - structure(&call(1)) + 2);
+    let answer = post(&url, &over, "2026-07-28", "up__echo").await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["id"], json!(7), "{body}");
+    assert_eq!(body["error"]["code"], json!(-32600), "{body}");
+    assert_eq!(
+        body["error"]["data"]["maxStructuralBytes"],
+        json!(max),
+        "{body}"
+    );
+    drop(gateway);
+}
+
 /// POSTs in flight are bounded across clients: with `MAX_REQUESTS` calls held upstream,
 /// one more POST is answered at once with 429 and a JSON-RPC error saying why, and the
 /// held calls are not disturbed; a notification still passes the bound. (Each per-request call holds a session

@@ -221,15 +221,28 @@ pub(crate) const PEEKS_PER_KEY: usize = 4;
 /// than a request opening a session or a usual call takes.
 pub(crate) const HEAD: usize = 4 * 1024;
 
+/// What a POST's body showed as it was read ([`Deadline::recording`]).
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    /// Its first bytes: [`HEAD`] of them, and one more if there are more.
+    pub(crate) head: Vec<u8>,
+    /// Whether it was refused past
+    /// [`MAX_REQUEST_STRUCTURAL_BYTES`](crate::MAX_REQUEST_STRUCTURAL_BYTES).
+    pub(crate) too_complex: bool,
+}
+
 /// A body that fails if it has not ended within its deadline, and may keep its first
-/// bytes as they are read ([`Deadline::recording`]).
+/// bytes as they are read and fail past the structural bound ([`Deadline::recording`]).
 pub(crate) struct Deadline<B> {
     body: B,
     within: Duration,
     until: Pin<Box<tokio::time::Sleep>>,
-    /// Where its first bytes are kept as they are read, up to one past [`HEAD`]; `None`
-    /// once that many are.
-    head: Option<Arc<Mutex<Vec<u8>>>>,
+    /// What it shows as it is read, for a recording body.
+    seen: Option<Arc<Mutex<Seen>>>,
+    /// Whether [`HEAD`] and one more bytes are kept already.
+    head_kept: bool,
+    /// Its structural bytes so far, for a recording body.
+    structure: psych_mcp::wire::Structure,
 }
 
 impl<B> Deadline<B> {
@@ -239,19 +252,25 @@ impl<B> Deadline<B> {
             body,
             within,
             until: Box::pin(tokio::time::sleep(within)),
-            head: None,
+            seen: None,
+            head_kept: false,
+            structure: psych_mcp::wire::Structure::default(),
         }
     }
 
-    /// Also keeps the body's first bytes in `head` as they are read: [`HEAD`] of them, and
-    /// one more if there are more (so a body longer than [`HEAD`] is seen as such).
-    pub(crate) fn recording(mut self, head: Arc<Mutex<Vec<u8>>>) -> Self {
-        self.head = Some(head);
+    /// Also keeps the body's first bytes in `seen` as they are read: [`HEAD`] of them, and
+    /// one more if there are more (so a body longer than [`HEAD`] is seen as such); and
+    /// counts its structural bytes as they pass, failing the body (and saying so in
+    /// `seen`) at the first past
+    /// [`MAX_REQUEST_STRUCTURAL_BYTES`](crate::MAX_REQUEST_STRUCTURAL_BYTES), before rmcp
+    /// parses it.
+    pub(crate) fn recording(mut self, seen: Arc<Mutex<Seen>>) -> Self {
+        self.seen = Some(seen);
         self
     }
 }
 
-/// The `id` of the request whose body began with `head` ([`Deadline::recording`]), if the
+/// The `id` of the request whose body began with `head` ([`Seen::head`]), if the
 /// whole body is there and is one JSON-RPC request other than `server/discover`: an error
 /// answering a client's discover probe would tell it the gateway is of an earlier
 /// revision (rmcp's client, in its `Auto` mode, then falls back to `initialize`), where a
@@ -277,6 +296,9 @@ pub(crate) enum BodyError {
     /// Reading it failed.
     #[error("reading the request body")]
     Read(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// It holds more structural bytes than the gateway parses.
+    #[error("the request body holds over {0} brackets, braces, commas and colons")]
+    TooComplex(u64),
 }
 
 impl<B> Body for Deadline<B>
@@ -292,15 +314,23 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
-            if let (Some(head), Some(Ok(frame))) = (&self.head, &frame)
+            let this = &mut *self;
+            if let (Some(seen), Some(Ok(frame))) = (&this.seen, &frame)
                 && let Some(data) = frame.data_ref()
             {
-                let mut kept = head.lock().unwrap_or_else(PoisonError::into_inner);
-                let room = (HEAD + 1).saturating_sub(kept.len());
-                kept.extend_from_slice(&data[..data.len().min(room)]);
-                if kept.len() > HEAD {
-                    drop(kept);
-                    self.head = None;
+                if !this.head_kept {
+                    let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+                    let room = (HEAD + 1).saturating_sub(seen.head.len());
+                    seen.head.extend_from_slice(&data[..data.len().min(room)]);
+                    this.head_kept = seen.head.len() > HEAD;
+                }
+                let bound = crate::MAX_REQUEST_STRUCTURAL_BYTES;
+                if this.structure.feed(data, bound) {
+                    seen.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .too_complex = true;
+                    this.seen = None;
+                    return Poll::Ready(Some(Err(BodyError::TooComplex(bound))));
                 }
             }
             return Poll::Ready(frame.map(|frame| frame.map_err(|e| BodyError::Read(e.into()))));
@@ -644,6 +674,51 @@ mod tests {
         assert!(matches!(error, BodyError::TooSlow(_)), "{error}");
     }
 
+    /// A recording body fails at the first frame that takes it past
+    /// [`MAX_REQUEST_STRUCTURAL_BYTES`](crate::MAX_REQUEST_STRUCTURAL_BYTES), counted across
+    /// frames (a string split between two included), and says so; one at the bound is read
+    /// whole.
+    #[tokio::test]
+    async fn a_recording_body_fails_past_the_structural_bound() {
+        let max = usize::try_from(crate::MAX_REQUEST_STRUCTURAL_BYTES).unwrap();
+        let read = async |json: Vec<u8>| {
+            // Frames of 1,000 bytes, the first cutting a string with brackets in it.
+            let frames: Vec<Result<Frame<hyper::body::Bytes>, std::io::Error>> = json
+                .chunks(1000)
+                .map(|bytes| Ok(Frame::data(hyper::body::Bytes::copy_from_slice(bytes))))
+                .collect();
+            let seen = Arc::new(Mutex::new(Seen::default()));
+            let body = Deadline::new(
+                http_body_util::StreamBody::new(futures_util::stream::iter(frames)),
+                Duration::from_secs(5),
+            )
+            .recording(Arc::clone(&seen));
+            let read = body.collect().await.map(|whole| whole.to_bytes().len());
+            let seen = seen.lock().unwrap();
+            (read, seen.too_complex, seen.head.len())
+        };
+        // `{"id":1,"s":"[[…]]","a":[0,…,0]}`: 7 structural bytes to the array's `[`,
+        // then `commas` commas.
+        let json = |commas: usize| {
+            let mut json =
+                format!("{{\"id\":1,\"s\":\"{}\",\"a\":[0", "[".repeat(990)).into_bytes();
+            json.extend(std::iter::repeat_n(&b",0"[..], commas).flatten());
+            json.extend_from_slice(b"]}");
+            json
+        };
+        let at = json(max - 7);
+        let (read_at, too_complex, _) = read(at.clone()).await;
+        assert_eq!(read_at.unwrap(), at.len());
+        assert!(!too_complex);
+        let (read_over, too_complex, head) = read(json(max - 6)).await;
+        assert!(
+            matches!(read_over, Err(BodyError::TooComplex(bound)) if bound == max as u64),
+            "{read_over:?}"
+        );
+        assert!(too_complex);
+        assert_eq!(head, HEAD + 1);
+    }
+
     /// A recording body keeps its first bytes across frames (trailers skipped) and one
     /// past [`HEAD`] when there are more; a request read whole gives its id, one cut short
     /// or a discover probe none.
@@ -655,14 +730,14 @@ mod tests {
                 .map(|bytes| Ok(Frame::data(hyper::body::Bytes::from(bytes))))
                 .collect();
             stream.push(Ok(Frame::trailers(hyper::HeaderMap::new())));
-            let head = Arc::new(Mutex::new(Vec::new()));
+            let seen = Arc::new(Mutex::new(Seen::default()));
             let body = Deadline::new(
                 http_body_util::StreamBody::new(futures_util::stream::iter(stream)),
                 Duration::from_secs(5),
             )
-            .recording(Arc::clone(&head));
+            .recording(Arc::clone(&seen));
             let whole = body.collect().await.unwrap().to_bytes();
-            let kept = head.lock().unwrap().clone();
+            let kept = seen.lock().unwrap().head.clone();
             (whole, kept)
         };
         // Exactly HEAD bytes, in three frames: kept whole, its id found.

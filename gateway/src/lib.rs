@@ -209,6 +209,21 @@ pub fn default_max_sessions_per_identity(max_sessions: usize, identities: usize)
 /// cannot take every slot.
 pub const MAX_LISTENS: usize = 8;
 
+/// The most structural bytes (`[`, `{`, `,` and `:` outside strings) one message of a
+/// client may hold, over stdio or HTTP: 262,144. A message past it is refused unparsed:
+/// over stdio with error -32600 (`request too complex: …`, with the request's `id` when it
+/// can be read), over HTTP with `413 Payload Too Large` (the same error as JSON when the
+/// `id` is in the body's first 4 KiB) as soon as its body passes it.
+///
+/// A message's bytes are bounded (4 MiB), but what it takes parsed grows with its values:
+/// a 4 MiB line of `[0,0,…]` holds 2 Mi values, about 65 MiB as a `serde_json::Value` and
+/// four times that while rmcp types it (psych-mcp's measure,
+/// [`MAX_JSON_STRUCTURAL_BYTES`](psych_mcp::MAX_JSON_STRUCTURAL_BYTES)), held for the
+/// call, 64 calls in flight per session. At this bound a message parses to about 8 MiB
+/// plus its strings' bytes (32 MiB while typed): within a few times its own size. A tool's
+/// arguments of 10,000 rows of 10 values hold about 110,000.
+pub const MAX_REQUEST_STRUCTURAL_BYTES: u64 = 256 * 1024;
+
 /// How long an HTTP connection may go without sending a whole request head (idle between
 /// requests included) before it is closed.
 const HEADER_WITHIN: Duration = Duration::from_secs(30);
@@ -2916,12 +2931,13 @@ fn not_found_session() -> hyper::Response<raw::HttpBody> {
     )
 }
 
-/// rmcp's answer to an HTTP request (`handled`, whose body began with `head`), except when
-/// a session it needed could not open ([`REFUSED`]): then, in place of rmcp's 500, the
-/// gateway's own 503 saying why ([`no_session`]).
+/// rmcp's answer to an HTTP request (`handled`, whose body showed `seen`), except when a
+/// session it needed could not open ([`REFUSED`]): then, in place of rmcp's 500, the
+/// gateway's own 503 saying why ([`no_session`]); and when its body was refused past
+/// [`MAX_REQUEST_STRUCTURAL_BYTES`]: then 413 ([`too_complex`]).
 async fn refusing(
     handled: impl Future<Output = hyper::Response<raw::HttpBody>>,
-    head: &Mutex<Vec<u8>>,
+    seen: &Mutex<admit::Seen>,
     presented: Option<String>,
 ) -> hyper::Response<raw::HttpBody> {
     let handled = PRESENTED.scope(presented, handled);
@@ -2932,12 +2948,43 @@ async fn refusing(
             (response, refused)
         })
         .await;
+    if response.status() != hyper::StatusCode::INTERNAL_SERVER_ERROR {
+        return response;
+    }
+    let seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
     match refused {
-        Some(why) if response.status() == hyper::StatusCode::INTERNAL_SERVER_ERROR => {
-            let head = head.lock().unwrap_or_else(PoisonError::into_inner);
-            no_session(&why, admit::request_id(&head))
-        }
-        _ => response,
+        Some(why) => no_session(&why, admit::request_id(&seen.head)),
+        None if seen.too_complex => too_complex(&seen.head),
+        None => response,
+    }
+}
+
+/// The answer to a POST whose body (beginning with `head`) held more than
+/// [`MAX_REQUEST_STRUCTURAL_BYTES`]: 413, with a JSON-RPC error (-32600, as over stdio) for
+/// the request's `id` when `head` shows it, else plain text (as rmcp's own 413 for a body
+/// over its size).
+fn too_complex(head: &[u8]) -> hyper::Response<raw::HttpBody> {
+    let status = hyper::StatusCode::PAYLOAD_TOO_LARGE;
+    match psych_mcp::wire::message_id(head).and_then(|id| serde_json::from_str::<Value>(&id).ok()) {
+        Some(id) => http_answer(
+            status,
+            "application/json",
+            json!({
+                "jsonrpc": "2.0",
+                "id": id,
+                "error": {
+                    "code": ErrorCode::INVALID_REQUEST.0,
+                    "message": stdio::TOO_COMPLEX,
+                    "data": {"maxStructuralBytes": MAX_REQUEST_STRUCTURAL_BYTES},
+                },
+            })
+            .to_string(),
+        ),
+        None => http_answer(
+            status,
+            "text/plain",
+            format!("Payload Too Large: {}", stdio::TOO_COMPLEX),
+        ),
     }
 }
 
@@ -3070,14 +3117,15 @@ async fn serve_http(
             // has been sent: under its session, and (with tokens) its identity.
             // Its body must arrive within its deadline, whoever reads it.
             // A POST's first bytes are kept as rmcp reads them, to answer it with its `id`
-            // if a session it needs cannot open.
-            let head = Arc::new(Mutex::new(Vec::new()));
+            // if a session it needs cannot open, and its structure counted, to refuse it
+            // before rmcp parses it past the bound.
+            let seen = Arc::new(Mutex::new(admit::Seen::default()));
             let request = request.map(|body| {
                 let body = admit::Deadline::new(body, admit::BODY_WITHIN);
                 // Any POST: rmcp routes by the message, so one of 2026-07-28 that names a
                 // session is served by a session of its own too.
                 if per_request {
-                    body.recording(Arc::clone(&head))
+                    body.recording(Arc::clone(&seen))
                 } else {
                     body
                 }
@@ -3098,7 +3146,7 @@ async fn serve_http(
                         let passed = tokio::time::timeout(admit::PASS_WITHIN, async {
                             match admit::not_a_request(request).await {
                                 Some(request) => Some(
-                                    refusing(rmcp.handle(request), &head, identity.clone()).await,
+                                    refusing(rmcp.handle(request), &seen, identity.clone()).await,
                                 ),
                                 None => None,
                             }
@@ -3112,7 +3160,7 @@ async fn serve_http(
             } else {
                 None
             };
-            let response = refusing(rmcp.handle(request), &head, identity.clone()).await;
+            let response = refusing(rmcp.handle(request), &seen, identity.clone()).await;
             // A session just made (its initialize): its identity is the creator's. (A
             // deleted one is forgotten as rmcp closes it.)
             if let (Some(identity), None, Some(made)) =
@@ -3284,7 +3332,12 @@ mod tests {
             let _ = REFUSED.try_with(|refused| *refused.borrow_mut() = Some(why));
             answer(hyper::StatusCode::INTERNAL_SERVER_ERROR)
         };
-        let head = |body: &[u8]| Mutex::new(body.to_vec());
+        let head = |body: &[u8]| {
+            Mutex::new(admit::Seen {
+                head: body.to_vec(),
+                too_complex: false,
+            })
+        };
         let nothing = head(b"");
         let text = async |response: hyper::Response<raw::HttpBody>| {
             String::from_utf8(
@@ -3361,6 +3414,24 @@ mod tests {
         )
         .await;
         assert_eq!(other.status(), hyper::StatusCode::INTERNAL_SERVER_ERROR);
+        // A body refused past the structural bound: 413, with the error for its id when
+        // its head shows one (cut short included), else as plain text.
+        let complex = |body: &[u8]| {
+            Mutex::new(admit::Seen {
+                head: body.to_vec(),
+                too_complex: true,
+            })
+        };
+        let failed_read = async || answer(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+        let refused = refusing(failed_read(), &complex(&long), None).await;
+        assert_eq!(refused.status(), hyper::StatusCode::PAYLOAD_TOO_LARGE);
+        let body: Value = serde_json::from_str(&text(refused).await).unwrap();
+        assert_eq!(body["id"], 1, "{body}");
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+        assert_eq!(body["error"]["message"], stdio::TOO_COMPLEX, "{body}");
+        let refused = refusing(failed_read(), &complex(notification), None).await;
+        assert_eq!(refused.status(), hyper::StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(refused.headers()[hyper::header::CONTENT_TYPE], "text/plain");
         let served = refusing(async { answer(hyper::StatusCode::OK) }, &call, None).await;
         assert_eq!(served.status(), hyper::StatusCode::OK);
         let noted_but_served = refusing(

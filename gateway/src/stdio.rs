@@ -18,6 +18,10 @@
 //! - a line longer than [`MAX_LINE`] is read past as it streams, never held whole (memory:
 //!   the line up to [`MAX_LINE`], plus the read buffer), and answered with an invalid
 //!   request (-32600, "request too large") without an `id`;
+//! - a line of more than [`MAX_REQUEST_STRUCTURAL_BYTES`] structural bytes is not parsed
+//!   (what it would take parsed grows with its values, not its bytes) and is answered
+//!   with an invalid request (-32600, [`TOO_COMPLEX`]), with its top-level `id` when one
+//!   can be read without parsing it;
 //! - an empty or blank line is skipped.
 //!
 //! Without an `id` rmcp's error message leaves the member out (MCP 2026-07-28, "Error
@@ -81,11 +85,17 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::Mutex;
 
+use crate::MAX_REQUEST_STRUCTURAL_BYTES;
+
 /// The longest line read from the client, in bytes (without its `\n`): 4 MiB. A longer
 /// line is answered with an error and not kept. A request holds tool arguments, not
 /// results, so a legitimate one is far smaller; the bound keeps a client's line from
 /// taking the gateway's memory.
 pub(crate) const MAX_LINE: usize = 4 * 1024 * 1024;
+
+/// The error message answering a line past [`MAX_REQUEST_STRUCTURAL_BYTES`].
+pub(crate) const TOO_COMPLEX: &str = "request too complex: over 262144 brackets, braces, commas \
+                                      and colons (outside strings), more than the gateway parses";
 
 /// The most bad lines answered in one second; past it, bad lines are dropped and counted
 /// (see the module docs, on error storms).
@@ -402,6 +412,11 @@ fn classify(line: &[u8]) -> Classified {
     let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
     if line.iter().all(u8::is_ascii_whitespace) {
         return Classified::Skip;
+    }
+    if psych_mcp::wire::structure_past(line, MAX_REQUEST_STRUCTURAL_BYTES) {
+        let id = psych_mcp::wire::message_id(line)
+            .and_then(|id| serde_json::from_str::<RequestId>(&id).ok());
+        return Classified::Answer((Code::InvalidRequest, TOO_COMPLEX), id);
     }
     let error = match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
         Ok(message) => return Classified::Message(Box::new(message)),
@@ -987,6 +1002,47 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         assert_eq!(answers[0]["error"]["code"], -32600);
         let message = answers[0]["error"]["message"].as_str().unwrap();
         assert!(message.contains("at most 256 bytes"), "{message}");
+    }
+
+    /// A request of more than [`MAX_REQUEST_STRUCTURAL_BYTES`] structural bytes is refused
+    /// unparsed, with its id; one at the bound reaches the session.
+    #[tokio::test]
+    async fn a_request_past_the_structural_bound_is_refused_with_its_id() {
+        let (mut transport, mut client, output) = transport();
+        let answers = tokio::spawn(answers(output));
+        // `{"jsonrpc":…,"method":…,"params":{"name":"t","arguments":{"a":[0,…,0]}},"id":N}`:
+        // 14 structural bytes besides the array's `values - 1` commas.
+        let call = |id: u64, values: u64| {
+            let zeros = vec!["0"; usize::try_from(values).unwrap()].join(",");
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"method\":\"tools/call\",\"params\":{{\"name\":\"t\",\
+                 \"arguments\":{{\"a\":[{zeros}]}}}},\"id\":{id}}}\n"
+            )
+        };
+        let max = MAX_REQUEST_STRUCTURAL_BYTES;
+        let over = call(1, max - 14 + 1);
+        assert!(psych_mcp::wire::structure_past(over.as_bytes(), max));
+        let at = call(2, max - 14);
+        assert!(!psych_mcp::wire::structure_past(at.as_bytes(), max));
+        // Written as the transport reads (the pipe holds 64 KiB).
+        let writing = tokio::spawn(async move {
+            client.write_all(over.as_bytes()).await.unwrap();
+            client.write_all(at.as_bytes()).await.unwrap();
+        });
+        match transport.receive().await.unwrap() {
+            JsonRpcMessage::Request(request) => assert_eq!(request.id, RequestId::Number(2)),
+            other => panic!("not the second call: {other:?}"),
+        }
+        writing.await.unwrap();
+        assert!(transport.receive().await.is_none());
+        transport.close().await.unwrap();
+        drop(transport);
+        let answers = answers.await.unwrap();
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert_eq!(answers[0]["id"], 1);
+        assert_eq!(answers[0]["error"]["code"], -32600);
+        assert_eq!(answers[0]["error"]["message"], TOO_COMPLEX);
+        assert!(TOO_COMPLEX.contains(&format!(" {max} ")));
     }
 
     /// Past [`MAX_IN_FLIGHT`] requests waiting for their answers, a request is refused at
