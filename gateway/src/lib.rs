@@ -1606,12 +1606,35 @@ impl Session {
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let identity = identity_of(context).unwrap_or(self.shared.default_identity);
-        let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
+        let modern = is_modern(context);
+        // A round (a `requestState` to open, an `input_required` to seal) is bound to the
+        // call's arguments by their digest, made before they go upstream so that the call
+        // alone holds them. Only a client of 2026-07-28 is sealed rounds (a `requestState`
+        // sent by another is opened all the same). Large arguments are digested on a
+        // blocking thread.
+        let arguments = if modern || request.request_state.is_some() {
+            let given = request.arguments.take();
+            let was_given = given.is_some();
+            let arguments = Value::Object(given.unwrap_or_default());
+            let large = psych_mcp::wire::value_past_worker_bound(&arguments);
+            let (arguments, digest) = psych_mcp::wire::off_worker_if(large, move || {
+                let digest = mrtr::digest(&arguments);
+                (arguments, digest)
+            })
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("binding the call: {e}"), None))?;
+            if let (true, Value::Object(arguments)) = (was_given, arguments) {
+                request.arguments = Some(arguments);
+            }
+            digest
+        } else {
+            String::new()
+        };
         let name = request.name.to_string();
         let binding = mrtr::Binding {
             identity,
             name: &name,
-            arguments: &arguments,
+            arguments,
         };
         let opened = match request.request_state.take() {
             Some(state) => Some(
@@ -1634,7 +1657,6 @@ impl Session {
             }
             None => None,
         };
-        let modern = is_modern(context);
         let (expected, request_state) = match opened {
             Some(opened) => (Some(opened.target), opened.upstream),
             None => (None, None),
