@@ -232,6 +232,8 @@ impl Session {
                 let tap = Arc::new(Tap::new(spill_dir.to_path_buf(), budget.clone()));
                 let client = remote::shared_client(server).await?;
                 let transport = remote::transport(server, url, headers, client, Arc::clone(&tap))?;
+                // The server's own requests are bounded as a stdio server's are.
+                let transport = crate::server_requests::Counted::new(transport);
                 match tokio::time::timeout(
                     timeouts.connect,
                     handler.serve_with_lifecycle(transport, lifecycle()),

@@ -111,6 +111,7 @@ mod manager;
 mod post;
 mod progress;
 mod remote;
+mod server_requests;
 mod spill;
 mod sse;
 mod stdio;

@@ -43,7 +43,9 @@
 //! a call's answer goes to a file in 1 MiB chunks, at most 4 GiB, and what of it stays in
 //! memory is at most 64 MiB ([`sse`](crate::sse), [`post`](crate::post)); an error body is
 //! quoted from its first 64 KiB. Each is counted as it arrives, so a larger one that answers
-//! nothing awaited is refused at the first byte over, never buffered.
+//! nothing awaited is refused at the first byte over, never buffered. The server's own
+//! requests (`ping`, sampling) are counted until their answering POSTs end, as a stdio
+//! server's are (`server_requests`): past 64, one is dropped unanswered.
 //!
 //! # Cancel safety
 //!

@@ -62,7 +62,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use psych_types::ServerId;
 use rmcp::RoleClient;
-use rmcp::model::{ClientRequest, JsonRpcMessage, RequestId, ServerNotification};
+use rmcp::model::{JsonRpcMessage, ServerNotification};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWriteExt};
@@ -72,7 +72,7 @@ use tokio::task::JoinHandle;
 
 use crate::McpError;
 use crate::budget::Reservation;
-use crate::in_flight::{InFlight, MAX_PEER_REQUESTS};
+use crate::server_requests::ServerRequests;
 use crate::spill::{self, MAX_SPILLED_ANSWER, SPILL_AT};
 use crate::tap::{AnswerFailure, Tap};
 use crate::wire::JSON_ON_WORKER;
@@ -408,26 +408,14 @@ impl Drop for Child {
 /// JSON-RPC over a child's stdin and stdout, one message per line.
 ///
 /// The server's own requests (`ping`, sampling, roots) are counted while they are
-/// unanswered or their answers are being written ([`InFlight`], [`MAX_PEER_REQUESTS`]):
-/// past the limit, or while one of the same id is unanswered, a request is dropped
-/// unanswered, so a server that sends requests and never reads its stdin makes psych hold
-/// at most that many answers, not one per request. While rmcp waits for the answer to
-/// `server/discover` or `initialize` it ignores a server's requests (all of them during
-/// discover, all but `ping` during initialize: they get no answer): when such an answer
-/// comes, the requests still unanswered are forgotten, so none of them holds a place for
-/// good. A server's cancellation of its own request frees its place only with a server
-/// that completed `initialize` (an earlier revision): rmcp then drops the answer; with one
-/// of 2026-07-28 rmcp ignores the cancellation and answers anyway.
+/// unanswered or their answers are being written ([`ServerRequests`]): past the limit a
+/// request is dropped unanswered, so a server that sends requests and never reads its
+/// stdin makes psych hold at most that many answers, not one per request.
 pub(crate) struct ChildTransport {
     reader: ChildReader<ChildStdout>,
     writer: Arc<tokio::sync::Mutex<Option<ChildStdin>>>,
     /// The server's requests in flight.
-    requests: Arc<InFlight>,
-    /// The ids of psych's `server/discover` and `initialize` requests not answered yet,
-    /// each with whether it is `initialize`.
-    handshakes: Vec<(RequestId, bool)>,
-    /// Whether the server completed `initialize` (an earlier revision than 2026-07-28).
-    legacy: bool,
+    requests: ServerRequests,
 }
 
 impl ChildTransport {
@@ -441,9 +429,7 @@ impl ChildTransport {
         Self {
             reader: ChildReader::new(stdout, exit, tap, diagnostics),
             writer: Arc::new(tokio::sync::Mutex::new(Some(stdin))),
-            requests: InFlight::new(MAX_PEER_REQUESTS),
-            handshakes: Vec::new(),
-            legacy: false,
+            requests: ServerRequests::default(),
         }
     }
 
@@ -818,15 +804,6 @@ impl Parser {
     }
 }
 
-/// Whether an answer's id `answer` is the request id `request`, as rmcp matches them: a
-/// number also matches its decimal string (a server that echoes ids as strings).
-fn same_id(request: &RequestId, answer: &RequestId) -> bool {
-    match (request, answer) {
-        (RequestId::Number(n), RequestId::String(s)) => s.parse::<i64>().ok() == Some(*n),
-        _ => request == answer,
-    }
-}
-
 impl rmcp::transport::Transport<RoleClient> for ChildTransport {
     type Error = std::io::Error;
 
@@ -835,19 +812,8 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         self.reader.parser.tap.want_request(&item);
-        if let JsonRpcMessage::Request(request) = &item {
-            match request.request {
-                ClientRequest::InitializeRequest(_) => {
-                    self.handshakes.push((request.id.clone(), true));
-                }
-                ClientRequest::DiscoverRequest(_) => {
-                    self.handshakes.push((request.id.clone(), false));
-                }
-                _ => {}
-            }
-        }
         // An answer's request is in flight until this is done or dropped.
-        let answering = self.requests.answering(&item);
+        let answering = self.requests.sending(&item);
         // Serialized here when short; a long one (a call passing results of up to 16 MiB)
         // on a blocking thread, before the writer is waited for.
         let line = crate::wire::line_on_worker(item);
@@ -874,41 +840,8 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
         loop {
             let message = self.reader.receive().await?;
             // No await from here on: a dropped `receive` loses nothing it took.
-            let answered = match &message {
-                JsonRpcMessage::Request(request) => {
-                    if self.requests.enter(&request.id).is_err() {
-                        continue;
-                    }
-                    None
-                }
-                JsonRpcMessage::Response(response) => Some((&response.id, true)),
-                JsonRpcMessage::Error(error) => error.id.as_ref().map(|id| (id, false)),
-                JsonRpcMessage::Notification(notification) => {
-                    if self.legacy
-                        && let ServerNotification::CancelledNotification(cancelled) =
-                            &notification.notification
-                        && let Some(id) = &cancelled.params.request_id
-                    {
-                        // rmcp drops the answer of a request its server cancelled.
-                        self.requests.forget(id);
-                    }
-                    None
-                }
-            };
-            if let Some((id, ok)) = answered
-                && let Some(at) = self.handshakes.iter().position(|(h, _)| same_id(h, id))
-            {
-                // rmcp ignored what the server asked while it waited (it ignores requests
-                // while any step is awaited). Its handshake goes one step at a time, so the
-                // steps before this one were given up; a later one (an `initialize` sent
-                // after a `server/discover` timed out, this being its late answer) is
-                // still to come and says the revision when it does.
-                let initialize = self.handshakes[at].1;
-                self.handshakes.drain(..=at);
-                self.requests.forget_unanswered();
-                if self.handshakes.is_empty() {
-                    self.legacy = initialize && ok;
-                }
+            if !self.requests.received(&message) {
+                continue;
             }
             return Some(message);
         }
@@ -940,6 +873,7 @@ mod tests {
 
     use super::testing::{Rng, poll_once, poll_up_to};
     use super::*;
+    use crate::in_flight::MAX_PEER_REQUESTS;
 
     /// `sh -c script` spawned as the server `name`, with default settings.
     fn spawn_script(name: &str, script: &str) -> (Child, ChildTransport) {
@@ -1233,7 +1167,7 @@ mod tests {
         let answer = transport.receive().await.unwrap();
         assert!(matches!(answer, JsonRpcMessage::Response(_)), "{answer:?}");
         assert!(
-            transport.requests.is_empty(),
+            transport.requests.len() == 0,
             "forgotten at the handshake's answer"
         );
         let mut ids = Vec::new();
@@ -1299,12 +1233,15 @@ mod tests {
             let request: ClientJsonRpcMessage = serde_json::from_value(request).unwrap();
             transport.send(request).await.unwrap();
         }
-        assert_eq!(transport.handshakes.len(), 2);
+        assert_eq!(transport.requests.handshakes(), 2);
         for _ in 0..2 {
             let answer = transport.receive().await.unwrap();
             assert!(matches!(answer, JsonRpcMessage::Response(_)), "{answer:?}");
         }
-        assert!(transport.legacy, "initialize's answer says the revision");
+        assert!(
+            transport.requests.is_legacy(),
+            "initialize's answer says the revision"
+        );
         let ping = transport.receive().await.unwrap();
         assert!(matches!(ping, JsonRpcMessage::Request(_)), "{ping:?}");
         assert_eq!(transport.requests.len(), 1);
@@ -1313,17 +1250,8 @@ mod tests {
             matches!(cancel, JsonRpcMessage::Notification(_)),
             "{cancel:?}"
         );
-        assert!(transport.requests.is_empty());
+        assert_eq!(transport.requests.len(), 0);
         child.terminate(Duration::from_millis(100)).await;
-    }
-
-    #[test]
-    fn an_answer_id_matches_as_rmcp_matches_it() {
-        let n = RequestId::Number(7);
-        assert!(same_id(&n, &RequestId::Number(7)));
-        assert!(same_id(&n, &RequestId::String("7".into())));
-        assert!(!same_id(&n, &RequestId::String("07x".into())));
-        assert!(!same_id(&RequestId::String("7".into()), &n));
     }
 
     #[tokio::test]
