@@ -312,10 +312,15 @@ enum Answer {
 struct Slots {
     /// Requests sent and not yet taken.
     wanted: HashMap<String, Answer>,
-    /// Requests whose sender gave up before the transport sent them, oldest first, at most
-    /// [`MAX_ABANDONED`]: a request rmcp drops unsent (its HTTP worker skips one cancelled
+    /// Requests whose sender gave up before the transport sent them, each with the number
+    /// it was given up as: a request rmcp drops unsent (its HTTP worker skips one cancelled
     /// while queued) never consumes its entry.
-    abandoned: VecDeque<String>,
+    abandoned: HashMap<String, u64>,
+    /// The same, oldest first, with entries consumed since (sent late) left in place until
+    /// they reach the front: at most [`MAX_ABANDONED`], so at most that many are remembered.
+    given_up: VecDeque<(u64, String)>,
+    /// How many requests were given up unsent: the next one's number.
+    given_up_count: u64,
 }
 
 fn id_key(id: &RequestId) -> String {
@@ -393,9 +398,8 @@ impl Tap {
     fn want(&self, id: &RequestId) {
         let key = id_key(id);
         let mut slots = self.slots();
-        match slots.abandoned.iter().position(|gone| *gone == key) {
-            Some(at) => drop(slots.abandoned.remove(at)),
-            None => drop(slots.wanted.insert(key, Answer::Pending)),
+        if slots.abandoned.remove(&key).is_none() {
+            slots.wanted.insert(key, Answer::Pending);
         }
     }
 
@@ -525,12 +529,18 @@ impl Tap {
             let mut slots = self.slots();
             let removed = slots.wanted.remove(&key);
             if removed.is_none() {
-                if slots.abandoned.len() == MAX_ABANDONED {
+                if slots.given_up.len() == MAX_ABANDONED
+                    && let Some((number, oldest)) = slots.given_up.pop_front()
+                    && slots.abandoned.get(&oldest) == Some(&number)
+                {
                     // Requests are sent in order: one given up before 1,024 later ones were
                     // was sent, or dropped unsent, long ago.
-                    slots.abandoned.pop_front();
+                    slots.abandoned.remove(&oldest);
                 }
-                slots.abandoned.push_back(key);
+                let number = slots.given_up_count;
+                slots.given_up_count += 1;
+                slots.given_up.push_back((number, key.clone()));
+                slots.abandoned.insert(key, number);
             }
             removed
         };
@@ -761,6 +771,10 @@ mod tests {
         tap.want_request(&call(more - 1));
         assert_eq!(tap.len(), MAX_ABANDONED - 1, "the newest is still known");
         assert!(!tap.is_waiting());
+        // The oldest were forgotten: one sent after all opens a slot.
+        tap.want_request(&call(0));
+        assert!(tap.is_waiting());
+        assert_eq!(tap.len(), MAX_ABANDONED);
     }
 
     /// A result no one takes is freed on a blocking thread where there is a runtime, and
