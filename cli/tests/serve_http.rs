@@ -439,9 +439,7 @@ async fn a_post_past_the_structural_bound_is_answered_413() {
     let (gateway, url) = start(dir.path()).await;
     until_served(&url).await;
     let max = psych_gateway::MAX_REQUEST_STRUCTURAL_BYTES;
-    // A call of `up__echo` with `zeros` zeros in its `_meta`, where no schema looks, last:
-    // the body is refused at its last bytes, read whole (the gateway closes the connection
-    // after its answer, and unread bytes would reset it under the answer).
+    // A call of `up__echo` with `zeros` zeros in its `_meta`, where no schema looks.
     let call = |zeros: u64| {
         let zeros = vec!["0"; usize::try_from(zeros).unwrap()].join(",");
         format!(
@@ -463,7 +461,9 @@ async fn a_post_past_the_structural_bound_is_answered_413() {
         &answer[..answer.len().min(500)]
     );
     assert!(answer.contains(r#""text":"through""#));
-    let over = call(max - structure(&call(1)) + 2);
+    // With 1 MiB of blanks after it, which the gateway reads and drops (admit's unit test
+    // checks it reads to the end; on loopback the answer arrives either way).
+    let over = call(max - structure(&call(1)) + 2) + &" ".repeat(1 << 20);
     let answer = post(&url, &over, "2026-07-28", "up__echo").await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();

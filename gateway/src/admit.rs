@@ -243,7 +243,18 @@ pub(crate) struct Deadline<B> {
     head_kept: bool,
     /// Its structural bytes so far, for a recording body.
     structure: psych_mcp::wire::Structure,
+    /// Once it is refused past the structural bound, how many of its bytes were read
+    /// since: the rest is read and dropped to its end (at most [`BODY_BYTES`] more, within
+    /// its deadline) before the refusal, so that the answer is not lost to a connection
+    /// reset by bytes left unread.
+    draining: Option<usize>,
+    /// Whether it has failed: nothing more is read.
+    failed: bool,
 }
+
+/// The most bytes of a POST's body rmcp reads (its default, which the gateway keeps):
+/// 4 MiB.
+const BODY_BYTES: usize = 4 * 1024 * 1024;
 
 impl<B> Deadline<B> {
     /// `body`, to end within `within` from now.
@@ -255,15 +266,17 @@ impl<B> Deadline<B> {
             seen: None,
             head_kept: false,
             structure: psych_mcp::wire::Structure::default(),
+            draining: None,
+            failed: false,
         }
     }
 
     /// Also keeps the body's first bytes in `seen` as they are read: [`HEAD`] of them, and
     /// one more if there are more (so a body longer than [`HEAD`] is seen as such); and
-    /// counts its structural bytes as they pass, failing the body (and saying so in
-    /// `seen`) at the first past
-    /// [`MAX_REQUEST_STRUCTURAL_BYTES`](crate::MAX_REQUEST_STRUCTURAL_BYTES), before rmcp
-    /// parses it.
+    /// counts its structural bytes as they pass: past
+    /// [`MAX_REQUEST_STRUCTURAL_BYTES`](crate::MAX_REQUEST_STRUCTURAL_BYTES) nothing more is
+    /// passed on, the rest is read and dropped, and the body fails (saying so in `seen`)
+    /// before rmcp parses it.
     pub(crate) fn recording(mut self, seen: Arc<Mutex<Seen>>) -> Self {
         self.seen = Some(seen);
         self
@@ -313,6 +326,36 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let bound = crate::MAX_REQUEST_STRUCTURAL_BYTES;
+        if self.failed {
+            return Poll::Ready(None);
+        }
+        if let Some(mut read) = self.draining {
+            loop {
+                match Pin::new(&mut self.body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        read = read.saturating_add(frame.data_ref().map_or(0, |data| data.len()));
+                        self.draining = Some(read);
+                        if read > BODY_BYTES {
+                            break;
+                        }
+                    }
+                    // Its end, or a failed read: the refusal now.
+                    Poll::Ready(None | Some(Err(_))) => break,
+                    Poll::Pending => {
+                        return match self.until.as_mut().poll(cx) {
+                            Poll::Ready(()) => {
+                                self.failed = true;
+                                Poll::Ready(Some(Err(BodyError::TooComplex(bound))))
+                            }
+                            Poll::Pending => Poll::Pending,
+                        };
+                    }
+                }
+            }
+            self.failed = true;
+            return Poll::Ready(Some(Err(BodyError::TooComplex(bound))));
+        }
         if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
             let this = &mut *self;
             if let (Some(seen), Some(Ok(frame))) = (&this.seen, &frame)
@@ -324,13 +367,15 @@ where
                     seen.head.extend_from_slice(&data[..data.len().min(room)]);
                     this.head_kept = seen.head.len() > HEAD;
                 }
-                let bound = crate::MAX_REQUEST_STRUCTURAL_BYTES;
                 if this.structure.feed(data, bound) {
                     seen.lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .too_complex = true;
                     this.seen = None;
-                    return Poll::Ready(Some(Err(BodyError::TooComplex(bound))));
+                    this.draining = Some(0);
+                    // Woken again at once, to read the rest.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
                 }
             }
             return Poll::Ready(frame.map(|frame| frame.map_err(|e| BodyError::Read(e.into()))));
@@ -687,13 +732,20 @@ mod tests {
                 .chunks(1000)
                 .map(|bytes| Ok(Frame::data(hyper::body::Bytes::copy_from_slice(bytes))))
                 .collect();
+            let (all, taken) = (frames.len(), Arc::new(Mutex::new(0)));
+            let counting = Arc::clone(&taken);
+            let frames =
+                futures_util::StreamExt::inspect(futures_util::stream::iter(frames), move |_| {
+                    *counting.lock().unwrap() += 1
+                });
             let seen = Arc::new(Mutex::new(Seen::default()));
             let body = Deadline::new(
-                http_body_util::StreamBody::new(futures_util::stream::iter(frames)),
+                http_body_util::StreamBody::new(frames),
                 Duration::from_secs(5),
             )
             .recording(Arc::clone(&seen));
             let read = body.collect().await.map(|whole| whole.to_bytes().len());
+            assert_eq!(*taken.lock().unwrap(), all, "read to its end");
             let seen = seen.lock().unwrap();
             (read, seen.too_complex, seen.head.len())
         };
@@ -704,6 +756,8 @@ mod tests {
                 format!("{{\"id\":1,\"s\":\"{}\",\"a\":[0", "[".repeat(990)).into_bytes();
             json.extend(std::iter::repeat_n(&b",0"[..], commas).flatten());
             json.extend_from_slice(b"]}");
+            // Blanks after it: the rest of a body refused is read and dropped.
+            json.extend(std::iter::repeat_n(b' ', 10_000));
             json
         };
         let at = json(max - 7);

@@ -1610,13 +1610,13 @@ impl Session {
         // A round (a `requestState` to open, an `input_required` to seal) is bound to the
         // call's arguments by their digest, made before they go upstream so that the call
         // alone holds them. Only a client of 2026-07-28 is sealed rounds (a `requestState`
-        // sent by another is opened all the same). Large arguments are digested on a
-        // blocking thread.
+        // sent by another is opened all the same). Digesting costs about 10 ms a MiB:
+        // arguments past `mrtr::DIGEST_ON_WORKER` are digested on a blocking thread.
         let arguments = if modern || request.request_state.is_some() {
             let given = request.arguments.take();
             let was_given = given.is_some();
             let arguments = Value::Object(given.unwrap_or_default());
-            let large = psych_mcp::wire::value_past_worker_bound(&arguments);
+            let large = psych_mcp::wire::value_past(&arguments, mrtr::DIGEST_ON_WORKER);
             let (arguments, digest) = psych_mcp::wire::off_worker_if(large, move || {
                 let digest = mrtr::digest(&arguments);
                 (arguments, digest)
@@ -2983,11 +2983,16 @@ async fn refusing(
 
 /// The answer to a POST whose body (beginning with `head`) held more than
 /// [`MAX_REQUEST_STRUCTURAL_BYTES`]: 413, with a JSON-RPC error (-32600, as over stdio) for
-/// the request's `id` when `head` shows it, else plain text (as rmcp's own 413 for a body
-/// over its size).
+/// the request's `id` when `head` shows a request (its `method` and `id` both in it), else
+/// plain text (as rmcp's own 413 for a body over its size): an answer's id is not the
+/// client's to wait on.
 fn too_complex(head: &[u8]) -> hyper::Response<raw::HttpBody> {
     let status = hyper::StatusCode::PAYLOAD_TOO_LARGE;
-    match psych_mcp::wire::message_id(head).and_then(|id| serde_json::from_str::<Value>(&id).ok()) {
+    let shape = psych_mcp::wire::message_shape(head);
+    match shape
+        .request_id()
+        .and_then(|id| serde_json::from_str::<Value>(id).ok())
+    {
         Some(id) => http_answer(
             status,
             "application/json",
@@ -3451,9 +3456,13 @@ mod tests {
         assert_eq!(body["id"], 1, "{body}");
         assert_eq!(body["error"]["code"], -32600, "{body}");
         assert_eq!(body["error"]["message"], stdio::TOO_COMPLEX, "{body}");
-        let refused = refusing(failed_read(), &complex(notification), None).await;
-        assert_eq!(refused.status(), hyper::StatusCode::PAYLOAD_TOO_LARGE);
-        assert_eq!(refused.headers()[hyper::header::CONTENT_TYPE], "text/plain");
+        // A notification, or an answer (its id is the gateway's own request's): plain.
+        let answer_head = br#"{"jsonrpc":"2.0","id":3,"result":{"a":[0,0"#;
+        for head in [&notification[..], &answer_head[..]] {
+            let refused = refusing(failed_read(), &complex(head), None).await;
+            assert_eq!(refused.status(), hyper::StatusCode::PAYLOAD_TOO_LARGE);
+            assert_eq!(refused.headers()[hyper::header::CONTENT_TYPE], "text/plain");
+        }
         let served = refusing(async { answer(hyper::StatusCode::OK) }, &call, None).await;
         assert_eq!(served.status(), hyper::StatusCode::OK);
         let noted_but_served = refusing(

@@ -257,6 +257,10 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
+/// The most bytes of JSON arguments digested on an async worker: 64 KiB, well under a
+/// millisecond; larger ones are digested on a blocking thread.
+pub(crate) const DIGEST_ON_WORKER: usize = 64 * 1024;
+
 /// SHA-256 of `arguments`' canonical JSON (sorted keys, compact), in hex: what a
 /// [`Binding`] holds of them. CPU work of about 10 ms a MiB of JSON.
 pub(crate) fn digest(arguments: &Value) -> String {

@@ -20,8 +20,8 @@
 //!   request (-32600, "request too large") without an `id`;
 //! - a line of more than [`MAX_REQUEST_STRUCTURAL_BYTES`] structural bytes is not parsed
 //!   (what it would take parsed grows with its values, not its bytes) and is answered
-//!   with an invalid request (-32600, [`TOO_COMPLEX`]), with its top-level `id` when one
-//!   can be read without parsing it;
+//!   with an invalid request (-32600, [`TOO_COMPLEX`]), with its top-level `id` when it
+//!   is a request whose id can be read without parsing it (a notification is dropped);
 //! - an empty or blank line is skipped.
 //!
 //! Without an `id` rmcp's error message leaves the member out (MCP 2026-07-28, "Error
@@ -414,8 +414,15 @@ fn classify(line: &[u8]) -> Classified {
         return Classified::Skip;
     }
     if psych_mcp::wire::structure_past(line, MAX_REQUEST_STRUCTURAL_BYTES) {
-        let id = psych_mcp::wire::message_id(line)
-            .and_then(|id| serde_json::from_str::<RequestId>(&id).ok());
+        // A notification is never answered; an answer (to the gateway's own request) is
+        // answered without its id, which is not the client's to wait on.
+        let shape = psych_mcp::wire::message_shape(line);
+        if shape.is_notification() {
+            return Classified::Skip;
+        }
+        let id = shape
+            .request_id()
+            .and_then(|id| serde_json::from_str::<RequestId>(id).ok());
         return Classified::Answer((Code::InvalidRequest, TOO_COMPLEX), id);
     }
     let error = match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
@@ -1024,10 +1031,19 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         assert!(psych_mcp::wire::structure_past(over.as_bytes(), max));
         let at = call(2, max - 14);
         assert!(!psych_mcp::wire::structure_past(at.as_bytes(), max));
+        // The same as a notification (no answer) and as an answer (answered without its
+        // id, which is the gateway's own request's).
+        let notification = call(1, max).replace(",\"id\":1}", "}");
+        let zeros = vec!["0"; usize::try_from(max).unwrap()].join(",");
+        let answer = format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{{\"a\":[{zeros}]}}}}\n");
+        for line in [&notification, &answer] {
+            assert!(psych_mcp::wire::structure_past(line.as_bytes(), max));
+        }
         // Written as the transport reads (the pipe holds 64 KiB).
         let writing = tokio::spawn(async move {
-            client.write_all(over.as_bytes()).await.unwrap();
-            client.write_all(at.as_bytes()).await.unwrap();
+            for line in [over, notification, answer, at] {
+                client.write_all(line.as_bytes()).await.unwrap();
+            }
         });
         match transport.receive().await.unwrap() {
             JsonRpcMessage::Request(request) => assert_eq!(request.id, RequestId::Number(2)),
@@ -1038,10 +1054,13 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         transport.close().await.unwrap();
         drop(transport);
         let answers = answers.await.unwrap();
-        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert_eq!(answers.len(), 2, "{answers:?}");
         assert_eq!(answers[0]["id"], 1);
-        assert_eq!(answers[0]["error"]["code"], -32600);
-        assert_eq!(answers[0]["error"]["message"], TOO_COMPLEX);
+        assert!(answers[1].get("id").is_none(), "{}", answers[1]);
+        for answer in &answers {
+            assert_eq!(answer["error"]["code"], -32600);
+            assert_eq!(answer["error"]["message"], TOO_COMPLEX);
+        }
         assert!(TOO_COMPLEX.contains(&format!(" {max} ")));
     }
 

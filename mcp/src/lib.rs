@@ -39,10 +39,11 @@
 //! it fails with [`McpError::ListingTooLarge`] (twice that while a listing of several
 //! pages is walked again, because the server announced a change of its tools during
 //! the walk: [`McpManager::list`]); and at most [`MAX_PEER_REQUESTS`] of a
-//! stdio server's own requests (`ping`, sampling, roots) are in flight at once, unanswered
-//! or their answers being written ([`InFlight`]), the rest dropped (as is one whose string
-//! id is over [`MAX_REQUEST_ID_BYTES`], which its answer would echo), so one that never
-//! reads its stdin cannot pile up answers.
+//! server's own requests (`ping`, sampling, roots), over stdio or HTTP, are in flight at
+//! once, unanswered or their answers being sent ([`InFlight`]), the rest dropped (as is
+//! one whose string id is over [`MAX_REQUEST_ID_BYTES`], which its answer would echo), so
+//! one that never reads its stdin, or never responds to the answering POSTs, cannot pile
+//! up answers.
 //!
 //! A server can also be added **lazily** ([`McpManager::add_lazy_server`]): nothing is
 //! started until a call or a listing needs it (one start for concurrent first calls), and

@@ -104,15 +104,39 @@ impl Structure {
     }
 }
 
-/// The top-level `id` of the JSON-RPC message `json` (a number or a string, as JSON text:
-/// `5`, `"req-1"`), found without parsing the message: the scanner follows nesting,
-/// strings and escapes and keeps a few dozen bytes, so a message refused unparsed (too
-/// large, too complex) can still be answered by its id. `None` when it has none of a
-/// request id's shape, or one over 64 bytes.
-pub fn message_id(json: &[u8]) -> Option<String> {
+/// What a JSON-RPC message is, read without parsing it ([`message_shape`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageShape {
+    /// Its top-level `id` as JSON text (`5`, `"req-1"`), when it has one of a request id's
+    /// shape (a number or a string) of at most 1 KiB of JSON.
+    pub id: Option<String>,
+    /// Whether it has a top-level `method` (a request or a notification, not an answer).
+    pub has_method: bool,
+}
+
+impl MessageShape {
+    /// The id to answer it by: its `id` if it is a request (an answer or a notification
+    /// is never answered).
+    pub fn request_id(&self) -> Option<&str> {
+        self.id.as_deref().filter(|_| self.has_method)
+    }
+
+    /// Whether it is a notification: a `method` and no `id`.
+    pub fn is_notification(&self) -> bool {
+        self.has_method && self.id.is_none()
+    }
+}
+
+/// The shape of the JSON-RPC message `json`, whole or its first bytes, found without
+/// parsing it: the scanner follows nesting, strings and escapes and keeps about a KiB, so
+/// a message refused unparsed (too large, too complex) can still be answered by its id.
+pub fn message_shape(json: &[u8]) -> MessageShape {
     let mut scanner = crate::stdio::scan::IdScanner::default();
     scanner.feed(json);
-    scanner.id()
+    MessageShape {
+        id: scanner.id(),
+        has_method: scanner.has_method(),
+    }
 }
 
 /// A message as a line (its JSON and `\n`), or the message back when its JSON is longer
@@ -181,6 +205,12 @@ pub async fn off_worker_if<T: Send + 'static>(
 /// visits at most the bound's worth of values (well under a millisecond); a value past
 /// it is typed, or freed, on a blocking thread.
 pub fn value_past_worker_bound(value: &serde_json::Value) -> bool {
+    value_past(value, JSON_ON_WORKER)
+}
+
+/// Whether `value` would take more than `bound` bytes as JSON, roughly, as
+/// [`value_past_worker_bound`] measures it (visiting at most the bound's worth of values).
+pub fn value_past(value: &serde_json::Value, bound: usize) -> bool {
     use serde_json::Value;
     /// What a value counts at least, beside its text.
     const PER_VALUE: usize = 4;
@@ -191,14 +221,14 @@ pub fn value_past_worker_bound(value: &serde_json::Value) -> bool {
             Value::String(text) => bytes = bytes.saturating_add(text.len()),
             Value::Array(items) => {
                 bytes = bytes.saturating_add(PER_VALUE.saturating_mul(items.len()));
-                if bytes > JSON_ON_WORKER {
+                if bytes > bound {
                     return true;
                 }
                 stack.extend(items);
             }
             Value::Object(object) => {
                 bytes = bytes.saturating_add(PER_VALUE.saturating_mul(object.len()));
-                if bytes > JSON_ON_WORKER {
+                if bytes > bound {
                     return true;
                 }
                 for (key, item) in object {
@@ -208,7 +238,7 @@ pub fn value_past_worker_bound(value: &serde_json::Value) -> bool {
             }
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
-        if bytes > JSON_ON_WORKER {
+        if bytes > bound {
             return true;
         }
     }
@@ -331,17 +361,27 @@ mod tests {
     }
 
     #[test]
-    fn a_message_id_is_found_without_parsing() {
+    fn a_message_shape_is_found_without_parsing() {
+        let request =
+            message_shape(br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"id":9}}"#);
+        assert_eq!(request.request_id(), Some("5"));
+        let late =
+            message_shape(br#"{"params":{"id":9,"x":"\"id\":3"},"method":"m","id":"req-1"}"#);
+        assert_eq!(late.request_id(), Some("\"req-1\""));
+        let answer = message_shape(br#"{"jsonrpc":"2.0","id":5,"result":{}}"#);
+        assert_eq!(answer.id.as_deref(), Some("5"));
+        assert_eq!(answer.request_id(), None, "an answer is not answered");
+        assert!(!answer.is_notification());
+        let notification = message_shape(br#"{"method":"notifications/x"}"#);
+        assert!(notification.is_notification());
+        assert_eq!(notification.request_id(), None);
         assert_eq!(
-            message_id(br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"id":9}}"#),
-            Some("5".to_owned())
+            message_shape(br#"[{"id":1,"method":"m"}]"#).request_id(),
+            None
         );
-        assert_eq!(
-            message_id(br#"{"params":{"id":9,"x":"\"id\":3"},"id":"req-1","method":"m"}"#),
-            Some("\"req-1\"".to_owned())
-        );
-        assert_eq!(message_id(br#"{"method":"notifications/x"}"#), None);
-        assert_eq!(message_id(br#"[{"id":1}]"#), None);
+        // A string id of 256 bytes, the longest a request's may be, is found.
+        let long = format!(r#"{{"id":"{}","method":"m"}}"#, "i".repeat(256));
+        assert!(message_shape(long.as_bytes()).request_id().is_some());
     }
 
     #[tokio::test]

@@ -7,11 +7,12 @@
 //! SDK write) or last (`{"result":…,"jsonrpc":"2.0","id":5}`, as the TypeScript SDK does):
 //! the scanner follows nesting depth, strings and escapes, and captures the value of the
 //! key `id` at depth 1 only (an `"id"` inside the result, or inside a string, is not it). It
-//! keeps a few dozen bytes whatever the line's size, so a later spill of an oversized answer
+//! keeps about a KiB whatever the line's size, so a later spill of an oversized answer
 //! to a file can feed it the same chunks it writes.
 
-/// The longest `id` value captured (raw JSON text); a longer one is not an id we sent.
-const MAX_ID: usize = 64;
+/// The longest `id` value captured (raw JSON text): a peer's string id may be 256 bytes
+/// ([`MAX_REQUEST_ID_BYTES`](crate::MAX_REQUEST_ID_BYTES)), with room for its escapes.
+const MAX_ID: usize = 4 * crate::MAX_REQUEST_ID_BYTES;
 /// The longest top-level key remembered (`"jsonrpc"`, `"method"` are the longest we need).
 const MAX_KEY: usize = 8;
 
