@@ -603,19 +603,12 @@ fn no_cursor(request: Option<&PaginatedRequestParams>) -> Result<(), ErrorData> 
 }
 
 /// Whether `output`, whose readable text is `stored_len` bytes as stored, holds over
-/// [`JSON_ON_WORKER`](psych_mcp::wire::JSON_ON_WORKER) bytes: its text, its binary blocks'
-/// bytes and its structured content (walked only as far as needed).
+/// [`JSON_ON_WORKER`](psych_mcp::wire::JSON_ON_WORKER) bytes: its text as stored (a
+/// spilled text is a placeholder in memory), or all it holds as JSON, `_meta` and unknown
+/// fields included (serialized only as far as the bound).
 fn past_worker_bound(output: &ToolOutput, stored_len: u64) -> bool {
-    let bound = psych_mcp::wire::JSON_ON_WORKER as u64;
-    let binary: u64 = output
-        .binary_blocks()
-        .map(|(_, block)| block.data.len() as u64)
-        .sum();
-    stored_len.saturating_add(binary) > bound
-        || output
-            .structured_content
-            .as_ref()
-            .is_some_and(psych_mcp::wire::value_past_worker_bound)
+    stored_len > psych_mcp::wire::JSON_ON_WORKER as u64
+        || psych_mcp::wire::serialized_past_worker_bound(output)
 }
 
 /// `output` with its structured content also as one text block when it has no content
@@ -1164,8 +1157,9 @@ impl Session {
         // An elided success links the whole result, for clients that know the block.
         let links = resources::links_known(context);
         let max_read = executor.limits().max_passed_bytes();
-        // A result of over a MiB (its text as stored, its binary blocks, its structured
-        // content) is shaped, freed and encoded on a blocking thread.
+        // A result of over a MiB (its text as stored, or all it holds as JSON: binary
+        // blocks, structured content, `_meta`) is shaped, freed and encoded on a blocking
+        // thread.
         let large = past_worker_bound(&result.output, stored_len);
         let shape = move || Self::shown(result, view_of, &handle, stored_len, links, max_read);
         psych_mcp::wire::off_worker_if(large, shape)
@@ -3291,7 +3285,8 @@ fn is_connection_error(error: &std::io::Error) -> bool {
 mod tests {
     use super::*;
 
-    /// A result is large by its stored text, its binary blocks or its structured content.
+    /// A result is large by its stored text, its binary blocks, its structured content or
+    /// its `_meta`.
     #[test]
     fn a_result_past_a_mib_is_known_by_its_text_binaries_or_structure() {
         let mib = psych_mcp::wire::JSON_ON_WORKER;
@@ -3309,6 +3304,12 @@ mod tests {
         let mut structured = ToolOutput::text("rows");
         structured.structured_content = Some(json!({"rows": vec![0; mib]}));
         assert!(past_worker_bound(&structured, 4));
+        let mut meta = ToolOutput::text("one line");
+        meta.meta = Some(serde_json::Map::from_iter([(
+            "trace".to_owned(),
+            json!("t".repeat(mib)),
+        )]));
+        assert!(past_worker_bound(&meta, 8));
     }
 
     #[test]

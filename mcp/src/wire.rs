@@ -245,6 +245,32 @@ pub fn value_past(value: &serde_json::Value, bound: usize) -> bool {
     false
 }
 
+/// Whether `value` takes more than [`JSON_ON_WORKER`] bytes as JSON: it is serialized into
+/// a count that stops at the bound, so this costs at most that first MiB's serializing
+/// (about a millisecond), whatever its size. Everything serde writes counts (`_meta`,
+/// unknown fields, binary data as base64). A value that cannot be serialized is not past
+/// it (its encoding fails anyway).
+pub fn serialized_past_worker_bound<T: Serialize + ?Sized>(value: &T) -> bool {
+    /// A byte count that refuses to pass [`JSON_ON_WORKER`].
+    struct Count(usize);
+    impl io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0 = self.0.saturating_add(bytes.len());
+            if self.0 > JSON_ON_WORKER {
+                return Err(io::Error::other(
+                    "over the bound of serializing on a worker",
+                ));
+            }
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    serde_json::to_writer(&mut Count(0), value).is_err_and(|error| error.is_io())
+}
+
 /// A buffer that refuses to hold more than [`JSON_ON_WORKER`] bytes.
 struct Capped(Vec<u8>);
 
@@ -358,6 +384,14 @@ mod tests {
         }
         assert!(structure_past(json, 7));
         assert!(!structure_past(json, 8));
+    }
+
+    #[test]
+    fn a_serialized_value_is_measured_against_the_worker_bound() {
+        let text = |n: usize| json!({"text": "x".repeat(n)});
+        // `{"text":""}` is 11 bytes.
+        assert!(!serialized_past_worker_bound(&text(JSON_ON_WORKER - 11)));
+        assert!(serialized_past_worker_bound(&text(JSON_ON_WORKER - 10)));
     }
 
     #[test]
