@@ -248,7 +248,7 @@ pub(crate) struct Deadline<B> {
     /// its deadline) before the refusal, so that the answer is not lost to a connection
     /// reset by bytes left unread.
     draining: Option<usize>,
-    /// Whether it has failed: nothing more is read.
+    /// Whether it has failed (too slow, a failed read, refused): nothing more is read.
     failed: bool,
 }
 
@@ -378,16 +378,22 @@ where
                     return Poll::Pending;
                 }
             }
-            return Poll::Ready(frame.map(|frame| frame.map_err(|e| BodyError::Read(e.into()))));
+            let frame = frame.map(|frame| frame.map_err(|e| BodyError::Read(e.into())));
+            this.failed = matches!(frame, Some(Err(_)));
+            return Poll::Ready(frame);
         }
         match self.until.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Some(Err(BodyError::TooSlow(self.within)))),
+            Poll::Ready(()) => {
+                self.failed = true;
+                Poll::Ready(Some(Err(BodyError::TooSlow(self.within))))
+            }
             Poll::Pending => Poll::Pending,
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        // While draining, its refusal is still owed.
+        self.failed || (self.draining.is_none() && self.body.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -719,10 +725,10 @@ mod tests {
         assert!(matches!(error, BodyError::TooSlow(_)), "{error}");
     }
 
-    /// A recording body fails at the first frame that takes it past
+    /// A recording body passes nothing on after the frame that takes it past
     /// [`MAX_REQUEST_STRUCTURAL_BYTES`](crate::MAX_REQUEST_STRUCTURAL_BYTES), counted across
-    /// frames (a string split between two included), and says so; one at the bound is read
-    /// whole.
+    /// frames (a string split between two included), reads the rest to its end and fails
+    /// saying so; one at the bound is read whole.
     #[tokio::test]
     async fn a_recording_body_fails_past_the_structural_bound() {
         let max = usize::try_from(crate::MAX_REQUEST_STRUCTURAL_BYTES).unwrap();
@@ -771,6 +777,67 @@ mod tests {
         );
         assert!(too_complex);
         assert_eq!(head, HEAD + 1);
+    }
+
+    /// A body refused past the structural bound is drained from a source that makes it
+    /// wait (as a connection does), within its deadline, and no more than 4 MiB of it;
+    /// nothing after the refusal reaches the reader.
+    #[tokio::test]
+    async fn a_refused_body_is_drained_within_its_deadline_and_cap() {
+        let max = usize::try_from(crate::MAX_REQUEST_STRUCTURAL_BYTES).unwrap();
+        let over = {
+            let mut json = b"[0".to_vec();
+            json.extend(std::iter::repeat_n(&b",0"[..], max).flatten());
+            json
+        };
+        // A body fed by a channel: each frame waits for the test to send it.
+        let body = |within: Duration| {
+            let (sender, receiver) = tokio::sync::mpsc::unbounded_channel::<hyper::body::Bytes>();
+            let frames = futures_util::stream::unfold(receiver, |mut receiver| async move {
+                let bytes = receiver.recv().await?;
+                Some((Ok::<_, std::io::Error>(Frame::data(bytes)), receiver))
+            });
+            let seen = Arc::new(Mutex::new(Seen::default()));
+            let body = Deadline::new(http_body_util::StreamBody::new(Box::pin(frames)), within)
+                .recording(Arc::clone(&seen));
+            (sender, body)
+        };
+        let reading = |body: Deadline<_>| {
+            tokio::spawn(async move { body.collect().await.map(|whole| whole.to_bytes().len()) })
+        };
+        // Drained to its end, frames arriving after the refusal.
+        let (sender, drained) = body(Duration::from_secs(5));
+        let read = reading(drained);
+        sender.send(over.clone().into()).unwrap();
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            sender.send(vec![b' '; 1000].into()).unwrap();
+        }
+        assert!(!read.is_finished(), "still draining");
+        drop(sender);
+        let error = read.await.unwrap().unwrap_err();
+        assert!(matches!(error, BodyError::TooComplex(_)), "{error}");
+        // A body that never ends fails at its deadline.
+        let (sender, slow) = body(Duration::from_millis(200));
+        let read = reading(slow);
+        sender.send(over.clone().into()).unwrap();
+        let error = read.await.unwrap().unwrap_err();
+        assert!(matches!(error, BodyError::TooComplex(_)), "{error}");
+        // Past 4 MiB more, it fails with the rest unread, long before its deadline.
+        let (sender, endless) = body(Duration::from_secs(600));
+        let read = reading(endless);
+        sender.send(over.into()).unwrap();
+        let mib = hyper::body::Bytes::from(vec![b' '; 1 << 20]);
+        for _ in 0..=BODY_BYTES >> 20 {
+            sender.send(mib.clone()).unwrap();
+        }
+        let error = tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("refused at the cap, not the deadline")
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(error, BodyError::TooComplex(_)), "{error}");
+        drop(sender);
     }
 
     /// A recording body keeps its first bytes across frames (trailers skipped) and one

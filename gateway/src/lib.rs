@@ -604,10 +604,16 @@ fn no_cursor(request: Option<&PaginatedRequestParams>) -> Result<(), ErrorData> 
 
 /// Whether `output`, whose readable text is `stored_len` bytes as stored, holds over
 /// [`JSON_ON_WORKER`](psych_mcp::wire::JSON_ON_WORKER) bytes: its text as stored (a
-/// spilled text is a placeholder in memory), or all it holds as JSON, `_meta` and unknown
-/// fields included (serialized only as far as the bound).
+/// spilled text is a placeholder in memory) with its binary blocks' bytes, or else all it
+/// holds as JSON, `_meta` and unknown fields included (serialized only as far as the
+/// bound: a binary block is encoded whole before it is counted, so the binary blocks are
+/// summed first).
 fn past_worker_bound(output: &ToolOutput, stored_len: u64) -> bool {
-    stored_len > psych_mcp::wire::JSON_ON_WORKER as u64
+    let binary: u64 = output
+        .binary_blocks()
+        .map(|(_, block)| block.data.len() as u64)
+        .sum();
+    stored_len.saturating_add(binary) > psych_mcp::wire::JSON_ON_WORKER as u64
         || psych_mcp::wire::serialized_past_worker_bound(output)
 }
 

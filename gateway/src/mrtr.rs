@@ -257,8 +257,10 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
-/// The most bytes of JSON arguments digested on an async worker: 64 KiB, well under a
-/// millisecond; larger ones are digested on a blocking thread.
+/// The most bytes of JSON arguments digested on an async worker, roughly (as
+/// [`psych_mcp::wire::value_past`] counts them, which may be a few times under their
+/// canonical JSON for arrays of numbers): 64 KiB, under a millisecond to a few; larger
+/// ones are digested on a blocking thread.
 pub(crate) const DIGEST_ON_WORKER: usize = 64 * 1024;
 
 /// SHA-256 of `arguments`' canonical JSON (sorted keys, compact), in hex: what a

@@ -1012,11 +1012,33 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
     }
 
     /// A request of more than [`MAX_REQUEST_STRUCTURAL_BYTES`] structural bytes is refused
-    /// unparsed, with its id; one at the bound reaches the session.
+    /// unparsed, with its id, and one at the bound reaches the session; the same as a
+    /// notification is dropped, and as an answer refused without its id (the gateway's own
+    /// request's).
     #[tokio::test]
     async fn a_request_past_the_structural_bound_is_refused_with_its_id() {
-        let (mut transport, mut client, output) = transport();
-        let answers = tokio::spawn(answers(output));
+        // What the client reads after writing `lines` (written as the transport reads:
+        // the pipe holds 64 KiB), and the ids of the requests that reached the session.
+        let run = async |lines: Vec<String>| {
+            let (mut transport, mut client, output) = transport();
+            let answers = tokio::spawn(answers(output));
+            let writing = tokio::spawn(async move {
+                for line in lines {
+                    client.write_all(line.as_bytes()).await.unwrap();
+                }
+            });
+            let mut passed = Vec::new();
+            while let Some(message) = transport.receive().await {
+                match message {
+                    JsonRpcMessage::Request(request) => passed.push(request.id),
+                    other => panic!("{other:?}"),
+                }
+            }
+            writing.await.unwrap();
+            transport.close().await.unwrap();
+            drop(transport);
+            (answers.await.unwrap(), passed)
+        };
         // `{"jsonrpc":…,"method":…,"params":{"name":"t","arguments":{"a":[0,…,0]}},"id":N}`:
         // 14 structural bytes besides the array's `values - 1` commas.
         let call = |id: u64, values: u64| {
@@ -1031,37 +1053,28 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         assert!(psych_mcp::wire::structure_past(over.as_bytes(), max));
         let at = call(2, max - 14);
         assert!(!psych_mcp::wire::structure_past(at.as_bytes(), max));
-        // The same as a notification (no answer) and as an answer (answered without its
-        // id, which is the gateway's own request's).
+        let (answers, passed) = run(vec![over, at]).await;
+        assert_eq!(passed, [RequestId::Number(2)]);
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert_eq!(answers[0]["id"], 1);
+        assert_eq!(answers[0]["error"]["code"], -32600);
+        assert_eq!(answers[0]["error"]["message"], TOO_COMPLEX);
+        assert!(TOO_COMPLEX.contains(&format!(" {max} ")));
+        // As a notification: dropped.
         let notification = call(1, max).replace(",\"id\":1}", "}");
+        assert!(psych_mcp::wire::structure_past(
+            notification.as_bytes(),
+            max
+        ));
+        let (answers, passed) = run(vec![notification]).await;
+        assert!(answers.is_empty() && passed.is_empty(), "{answers:?}");
+        // As an answer: refused without its id.
         let zeros = vec!["0"; usize::try_from(max).unwrap()].join(",");
         let answer = format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{{\"a\":[{zeros}]}}}}\n");
-        for line in [&notification, &answer] {
-            assert!(psych_mcp::wire::structure_past(line.as_bytes(), max));
-        }
-        // Written as the transport reads (the pipe holds 64 KiB).
-        let writing = tokio::spawn(async move {
-            for line in [over, notification, answer, at] {
-                client.write_all(line.as_bytes()).await.unwrap();
-            }
-        });
-        match transport.receive().await.unwrap() {
-            JsonRpcMessage::Request(request) => assert_eq!(request.id, RequestId::Number(2)),
-            other => panic!("not the second call: {other:?}"),
-        }
-        writing.await.unwrap();
-        assert!(transport.receive().await.is_none());
-        transport.close().await.unwrap();
-        drop(transport);
-        let answers = answers.await.unwrap();
-        assert_eq!(answers.len(), 2, "{answers:?}");
-        assert_eq!(answers[0]["id"], 1);
-        assert!(answers[1].get("id").is_none(), "{}", answers[1]);
-        for answer in &answers {
-            assert_eq!(answer["error"]["code"], -32600);
-            assert_eq!(answer["error"]["message"], TOO_COMPLEX);
-        }
-        assert!(TOO_COMPLEX.contains(&format!(" {max} ")));
+        let (answers, _) = run(vec![answer]).await;
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert!(answers[0].get("id").is_none(), "{}", answers[0]);
+        assert_eq!(answers[0]["error"]["message"], TOO_COMPLEX);
     }
 
     /// Past [`MAX_IN_FLIGHT`] requests waiting for their answers, a request is refused at

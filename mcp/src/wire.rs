@@ -112,6 +112,9 @@ pub struct MessageShape {
     pub id: Option<String>,
     /// Whether it has a top-level `method` (a request or a notification, not an answer).
     pub has_method: bool,
+    /// Whether it has a top-level `id` key, whatever its value (`id` may still be `None`:
+    /// `null`, an object, one too long).
+    pub has_id_key: bool,
 }
 
 impl MessageShape {
@@ -121,9 +124,9 @@ impl MessageShape {
         self.id.as_deref().filter(|_| self.has_method)
     }
 
-    /// Whether it is a notification: a `method` and no `id`.
+    /// Whether it is a notification: a `method` and no `id` key.
     pub fn is_notification(&self) -> bool {
-        self.has_method && self.id.is_none()
+        self.has_method && !self.has_id_key
     }
 }
 
@@ -136,6 +139,7 @@ pub fn message_shape(json: &[u8]) -> MessageShape {
     MessageShape {
         id: scanner.id(),
         has_method: scanner.has_method(),
+        has_id_key: scanner.has_id_key(),
     }
 }
 
@@ -246,10 +250,11 @@ pub fn value_past(value: &serde_json::Value, bound: usize) -> bool {
 }
 
 /// Whether `value` takes more than [`JSON_ON_WORKER`] bytes as JSON: it is serialized into
-/// a count that stops at the bound, so this costs at most that first MiB's serializing
-/// (about a millisecond), whatever its size. Everything serde writes counts (`_meta`,
-/// unknown fields, binary data as base64). A value that cannot be serialized is not past
-/// it (its encoding fails anyway).
+/// a count that stops at the bound, so this costs that first MiB's serializing (about a
+/// millisecond), plus whatever one value's `Serialize` builds whole before writing it (a
+/// binary block's base64 string: measure those apart first). Everything serde writes
+/// counts (`_meta`, unknown fields). A value that cannot be serialized is not past it
+/// (its encoding fails anyway).
 pub fn serialized_past_worker_bound<T: Serialize + ?Sized>(value: &T) -> bool {
     /// A byte count that refuses to pass [`JSON_ON_WORKER`].
     struct Count(usize);
@@ -413,9 +418,18 @@ mod tests {
             message_shape(br#"[{"id":1,"method":"m"}]"#).request_id(),
             None
         );
-        // A string id of 256 bytes, the longest a request's may be, is found.
-        let long = format!(r#"{{"id":"{}","method":"m"}}"#, "i".repeat(256));
+        // A string id of 256 bytes, the longest a request's may be, is found, escaped too.
+        let long = format!(r#"{{"id":"{}","method":"m"}}"#, "\\u0069".repeat(256));
         assert!(message_shape(long.as_bytes()).request_id().is_some());
+        // A request whose id cannot be given back is still not a notification.
+        for odd in [
+            r#"{"id":null,"method":"m"}"#,
+            r#"{"method":"m","id":{"a":1}}"#,
+        ] {
+            let shape = message_shape(odd.as_bytes());
+            assert_eq!(shape.request_id(), None, "{odd}");
+            assert!(!shape.is_notification(), "{odd}");
+        }
     }
 
     #[tokio::test]

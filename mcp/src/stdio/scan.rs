@@ -11,8 +11,9 @@
 //! to a file can feed it the same chunks it writes.
 
 /// The longest `id` value captured (raw JSON text): a peer's string id may be 256 bytes
-/// ([`MAX_REQUEST_ID_BYTES`](crate::MAX_REQUEST_ID_BYTES)), with room for its escapes.
-const MAX_ID: usize = 4 * crate::MAX_REQUEST_ID_BYTES;
+/// ([`MAX_REQUEST_ID_BYTES`](crate::MAX_REQUEST_ID_BYTES)), each written as a `\u00XX`
+/// escape at worst, with its quotes.
+const MAX_ID: usize = 6 * crate::MAX_REQUEST_ID_BYTES + 2;
 /// The longest top-level key remembered (`"jsonrpc"`, `"method"` are the longest we need).
 const MAX_KEY: usize = 8;
 
@@ -57,6 +58,8 @@ pub(crate) struct IdScanner {
     id: Vec<u8>,
     id_long: bool,
     id_done: bool,
+    /// Whether a top-level `id` key was seen, whatever its value.
+    id_key: bool,
     method: bool,
 }
 
@@ -112,6 +115,12 @@ impl IdScanner {
         self.method
     }
 
+    /// Whether the line has a top-level `id` key, whatever its value (one [`id`](Self::id)
+    /// cannot give: `null`, an object, one too long).
+    pub(crate) fn has_id_key(&self) -> bool {
+        self.id_key
+    }
+
     fn step(&mut self, byte: u8) {
         match self.at {
             At::Start => match byte {
@@ -145,6 +154,7 @@ impl IdScanner {
                 if byte == b':' {
                     let key = (!self.key_long).then_some(self.key.as_slice());
                     self.capturing = key == Some(b"id");
+                    self.id_key |= self.capturing;
                     if key == Some(b"method") {
                         self.method = true;
                     }
