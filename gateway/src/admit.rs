@@ -94,11 +94,7 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Bounded<T> {
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let answering = self.in_flight.answering(&item);
-        let send = self.inner.send(item);
-        async move {
-            let _answering = answering;
-            send.await
-        }
+        answering.during(self.inner.send(item))
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
@@ -271,6 +267,15 @@ impl<B> Deadline<B> {
         }
     }
 
+    /// Fails with `error`: nothing more is read.
+    fn fail(
+        &mut self,
+        error: BodyError,
+    ) -> Poll<Option<Result<Frame<hyper::body::Bytes>, BodyError>>> {
+        self.failed = true;
+        Poll::Ready(Some(Err(error)))
+    }
+
     /// Also keeps the body's first bytes in `seen` as they are read: [`HEAD`] of them, and
     /// one more if there are more (so a body longer than [`HEAD`] is seen as such); and
     /// counts its structural bytes as they pass: past
@@ -327,37 +332,21 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let bound = crate::MAX_REQUEST_STRUCTURAL_BYTES;
-        if self.failed {
+        let this = &mut *self;
+        if this.failed {
             return Poll::Ready(None);
         }
-        if let Some(mut read) = self.draining {
-            loop {
-                match Pin::new(&mut self.body).poll_frame(cx) {
-                    Poll::Ready(Some(Ok(frame))) => {
-                        read = read.saturating_add(frame.data_ref().map_or(0, |data| data.len()));
-                        self.draining = Some(read);
-                        if read > BODY_BYTES {
-                            break;
-                        }
-                    }
-                    // Its end, or a failed read: the refusal now.
-                    Poll::Ready(None | Some(Err(_))) => break,
-                    Poll::Pending => {
-                        return match self.until.as_mut().poll(cx) {
-                            Poll::Ready(()) => {
-                                self.failed = true;
-                                Poll::Ready(Some(Err(BodyError::TooComplex(bound))))
-                            }
-                            Poll::Pending => Poll::Pending,
-                        };
+        while let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
+            if let Some(read) = this.draining.as_mut() {
+                // Refused: read and dropped to its end, a failed read, or the cap.
+                if let Some(Ok(frame)) = &frame {
+                    *read = read.saturating_add(frame.data_ref().map_or(0, |data| data.len()));
+                    if *read <= BODY_BYTES {
+                        continue;
                     }
                 }
+                return this.fail(BodyError::TooComplex(bound));
             }
-            self.failed = true;
-            return Poll::Ready(Some(Err(BodyError::TooComplex(bound))));
-        }
-        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
-            let this = &mut *self;
             if let (Some(seen), Some(Ok(frame))) = (&this.seen, &frame)
                 && let Some(data) = frame.data_ref()
             {
@@ -373,20 +362,16 @@ where
                         .too_complex = true;
                     this.seen = None;
                     this.draining = Some(0);
-                    // Woken again at once, to read the rest.
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
+                    continue;
                 }
             }
             let frame = frame.map(|frame| frame.map_err(|e| BodyError::Read(e.into())));
             this.failed = matches!(frame, Some(Err(_)));
             return Poll::Ready(frame);
         }
-        match self.until.as_mut().poll(cx) {
-            Poll::Ready(()) => {
-                self.failed = true;
-                Poll::Ready(Some(Err(BodyError::TooSlow(self.within))))
-            }
+        match this.until.as_mut().poll(cx) {
+            Poll::Ready(()) if this.draining.is_some() => this.fail(BodyError::TooComplex(bound)),
+            Poll::Ready(()) => this.fail(BodyError::TooSlow(this.within)),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -573,9 +558,21 @@ pub(crate) fn busy_error(
     message: String,
     data: serde_json::Value,
 ) -> hyper::Response<HttpBody> {
+    error_answer(status, BUSY, id, message, data)
+}
+
+/// An HTTP answer of `status` carrying the JSON-RPC error `code` with `message` and
+/// `data`: for `id`, or without one.
+pub(crate) fn error_answer(
+    status: hyper::StatusCode,
+    code: ErrorCode,
+    id: Option<serde_json::Value>,
+    message: String,
+    data: serde_json::Value,
+) -> hyper::Response<HttpBody> {
     let mut body = serde_json::json!({
         "jsonrpc": "2.0",
-        "error": {"code": BUSY.0, "message": message, "data": data},
+        "error": {"code": code.0, "message": message, "data": data},
     });
     if let Some(id) = id {
         body["id"] = id;

@@ -2993,19 +2993,12 @@ fn too_complex(head: &[u8]) -> hyper::Response<raw::HttpBody> {
         .request_id()
         .and_then(|id| serde_json::from_str::<Value>(id).ok())
     {
-        Some(id) => http_answer(
+        Some(id) => admit::error_answer(
             status,
-            "application/json",
-            json!({
-                "jsonrpc": "2.0",
-                "id": id,
-                "error": {
-                    "code": ErrorCode::INVALID_REQUEST.0,
-                    "message": stdio::TOO_COMPLEX,
-                    "data": {"maxStructuralBytes": MAX_REQUEST_STRUCTURAL_BYTES},
-                },
-            })
-            .to_string(),
+            ErrorCode::INVALID_REQUEST,
+            Some(id),
+            stdio::TOO_COMPLEX.to_owned(),
+            json!({"maxStructuralBytes": MAX_REQUEST_STRUCTURAL_BYTES}),
         ),
         None => http_answer(
             status,

@@ -153,6 +153,15 @@ pub struct Answering {
     counted: bool,
 }
 
+impl Answering {
+    /// `send` with this hold kept until it ends or is dropped: a transport's send of the
+    /// answer.
+    pub async fn during<F: Future>(self, send: F) -> F::Output {
+        let _held = self;
+        send.await
+    }
+}
+
 impl Drop for Answering {
     fn drop(&mut self) {
         if self.counted {

@@ -164,11 +164,7 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Counted<T> {
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let answering = self.requests.sending(&item);
-        let send = self.inner.send(item);
-        async move {
-            let _answering = answering;
-            send.await
-        }
+        answering.during(self.inner.send(item))
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {

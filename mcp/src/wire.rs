@@ -150,10 +150,10 @@ pub fn message_shape(json: &[u8]) -> MessageShape {
 ///
 /// The message cannot be serialized (a map with keys that are not strings, say).
 pub fn line_on_worker<T: Serialize>(message: T) -> Result<Result<Vec<u8>, T>, io::Error> {
-    let mut capped = Capped(Vec::new());
+    let mut capped = Capped::new(Vec::new());
     match serde_json::to_writer(&mut capped, &message) {
         Ok(()) => {
-            let mut line = capped.0;
+            let mut line = capped.inner;
             line.push(b'\n');
             Ok(Ok(line))
         }
@@ -256,42 +256,37 @@ pub fn value_past(value: &serde_json::Value, bound: usize) -> bool {
 /// counts (`_meta`, unknown fields). A value that cannot be serialized is not past it
 /// (its encoding fails anyway).
 pub fn serialized_past_worker_bound<T: Serialize + ?Sized>(value: &T) -> bool {
-    /// A byte count that refuses to pass [`JSON_ON_WORKER`].
-    struct Count(usize);
-    impl io::Write for Count {
-        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-            self.0 = self.0.saturating_add(bytes.len());
-            if self.0 > JSON_ON_WORKER {
-                return Err(io::Error::other(
-                    "over the bound of serializing on a worker",
-                ));
-            }
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-    serde_json::to_writer(&mut Count(0), value).is_err_and(|error| error.is_io())
+    let mut counted = Capped::new(io::sink());
+    serde_json::to_writer(&mut counted, value).is_err_and(|error| error.is_io())
 }
 
-/// A buffer that refuses to hold more than [`JSON_ON_WORKER`] bytes.
-struct Capped(Vec<u8>);
+/// A writer (a buffer, or a sink to count) that refuses to take more than
+/// [`JSON_ON_WORKER`] bytes.
+struct Capped<W> {
+    inner: W,
+    written: usize,
+}
 
-impl io::Write for Capped {
+impl<W> Capped<W> {
+    fn new(inner: W) -> Self {
+        Self { inner, written: 0 }
+    }
+}
+
+impl<W: io::Write> io::Write for Capped<W> {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        if self.0.len() + bytes.len() > JSON_ON_WORKER {
+        if self.written.saturating_add(bytes.len()) > JSON_ON_WORKER {
             return Err(io::Error::other(
                 "over the bound of serializing on a worker",
             ));
         }
-        self.0.extend_from_slice(bytes);
+        self.inner.write_all(bytes)?;
+        self.written += bytes.len();
         Ok(bytes.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        self.inner.flush()
     }
 }
 
@@ -421,6 +416,11 @@ mod tests {
         // A string id of 256 bytes, the longest a request's may be, is found, escaped too.
         let long = format!(r#"{{"id":"{}","method":"m"}}"#, "\\u0069".repeat(256));
         assert!(message_shape(long.as_bytes()).request_id().is_some());
+        // One longer is not kept (the scanner holds at most that much), yet is a request.
+        let longer = format!(r#"{{"id":"{}","method":"m"}}"#, "\\u0069".repeat(257));
+        let shape = message_shape(longer.as_bytes());
+        assert_eq!(shape.request_id(), None);
+        assert!(!shape.is_notification());
         // A request whose id cannot be given back is still not a notification.
         for odd in [
             r#"{"id":null,"method":"m"}"#,
