@@ -24,6 +24,10 @@
 //!   (`deployment` for `deploy`) or name words compounding it (`worklog` for `log`) at 0.7.
 //!   Two query words of one family make one group, credited once. Alternatives are looked
 //!   up in tables built once (the vocabulary per process, roots and compounds per index).
+//! - Shapes: a query's piece that is a file name or path (`src/main.rs`, `a.txt`) also
+//!   looks for `file`, an address (`https://…`) for `url`, a key like `PROJ-123` for
+//!   `issue`, each at 0.6, unless the query says it. On dev it lifts the two queries naming
+//!   files from past the 200th to about the 50th and moves no other.
 //! - Name cover: a tool's score is multiplied by `1 + 0.8 × the share of its name's words
 //!   the query covers` (literally or by an alternative).
 //! - A server the query names (a word of its name or a prefix of five letters or more that
@@ -245,6 +249,62 @@ fn vocabulary() -> &'static HashMap<String, Vec<Alternative>> {
             table
         });
     &VOCABULARY
+}
+
+/// How much a word a query's piece says by its shape ([`shape_word`]) counts: as a
+/// synonym does.
+const SHAPE_WEIGHT: f64 = SYNONYM_WEIGHT;
+
+/// The word a query's piece says by its shape, not its letters: an address (`https://…`,
+/// `www.…`, `example.com`) says `url`; a file name or path (`src/main.rs`, `a.txt`,
+/// `/etc/hosts`) says `file`; a key of capitals, a dash and digits (`PROJ-123`) says
+/// `issue`.
+fn shape_word(piece: &str) -> Option<&'static str> {
+    let piece = piece.trim_matches(|c: char| {
+        matches!(
+            c,
+            ',' | ';' | ':' | '(' | ')' | '"' | '\'' | '`' | '?' | '!'
+        )
+    });
+    let piece = piece.strip_suffix('.').unwrap_or(piece);
+    let host = piece.split('/').next().unwrap_or(piece);
+    let hosted = [".com", ".org", ".net", ".io"]
+        .iter()
+        .any(|end| host.len() > end.len() + 1 && host.ends_with(end));
+    if piece.contains("://") || piece.starts_with("www.") || hosted {
+        return Some("url");
+    }
+    if let Some((key, number)) = piece.split_once('-')
+        && key.len() >= 2
+        && key.bytes().all(|b| b.is_ascii_uppercase())
+        && !number.is_empty()
+        && number.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Some("issue");
+    }
+    let last = piece.rsplit('/').next().unwrap_or(piece);
+    let extension = last.rsplit_once('.').and_then(|(stem, extension)| {
+        let letters = |text: &str| text.bytes().filter(u8::is_ascii_alphanumeric).count();
+        // `e.g` and `v1.2` are not file names.
+        ((1..=5).contains(&extension.len())
+            && extension.bytes().all(|b| b.is_ascii_alphanumeric())
+            && extension.bytes().any(|b| b.is_ascii_alphabetic())
+            && letters(stem) + extension.len() >= 3
+            && letters(stem) >= 1)
+            .then_some(extension)
+    });
+    match extension {
+        Some(_) => Some("file"),
+        // A path from the root, home or here: `/etc/hosts`, `~/notes`, `./build`.
+        None if ["/", "~/", "./", "../"]
+            .iter()
+            .any(|start| piece.starts_with(start))
+            && last.bytes().any(|b| b.is_ascii_alphanumeric()) =>
+        {
+            Some("file")
+        }
+        None => None,
+    }
 }
 
 /// One word as a query token, or `None` for a stop word.
@@ -608,6 +668,16 @@ impl SearchIndex {
                 literal.insert(word);
             }
         }
+        // Words a piece's shape says without saying them: a file name or path says
+        // `file`, an address says `url`, a key like `PROJ-123` says `issue`.
+        let mut shaped: BTreeSet<String> = BTreeSet::new();
+        for piece in query.split_whitespace().take(MAX_QUERY_WORDS) {
+            if let Some(word) = shape_word(piece).and_then(stemmed_word)
+                && !literal.contains(&word)
+            {
+                shaped.insert(word);
+            }
+        }
         let n = self.docs as f64;
         // A word's inverse document frequency over every part; 0 when no tool has it.
         let idf = |term: &str| -> f64 {
@@ -666,6 +736,17 @@ impl SearchIndex {
                 }
             }
             groups.push(alternatives);
+        }
+        // A word a piece's shape says is a group of its own, at a synonym's weight (it is
+        // not the query's word), unless a group already looks for it.
+        for word in shaped {
+            let asked = groups
+                .iter()
+                .flatten()
+                .any(|(words, _)| words.len() == 1 && words[0] == word);
+            if !asked {
+                groups.push(vec![(vec![word], SHAPE_WEIGHT)]);
+            }
         }
 
         let mut best_possible = 0.0;
@@ -1142,6 +1223,50 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(20));
         let note = ranking.note(&words).unwrap();
         assert!(note.len() < 400, "{} bytes", note.len());
+    }
+
+    /// A file name or path says `file`, an address `url`, an issue key `issue`; other
+    /// pieces with dots, dashes or slashes say nothing.
+    #[test]
+    fn a_piece_says_a_word_by_its_shape() {
+        for (piece, word) in [
+            ("src/main.rs", Some("file")),
+            ("a.txt,", Some("file")),
+            ("/etc/hosts", Some("file")),
+            ("`.circleci/config.yml`", Some("file")),
+            ("https://example.com", Some("url")),
+            ("www.example.com.", Some("url")),
+            ("PROJ-123", Some("issue")),
+            ("proj-123", None),
+            ("v1.2", None),
+            ("3.14", None),
+            ("and/or", None),
+            ("/", None),
+            ("~/notes", Some("file")),
+            ("end.", None),
+            ("e.g.", None),
+            ("example.com", Some("url")),
+            ("github.com/owner/repo", Some("url")),
+            ("notes.md", Some("file")),
+        ] {
+            assert_eq!(shape_word(piece), word, "{piece}");
+        }
+        let tools = tools_of(&[
+            ("fs", "read_text_file", "Returns the contents."),
+            ("fs", "list_directory", "Lists the entries."),
+            ("web", "navigate", "Goes to a URL."),
+        ]);
+        let index = SearchIndex::new(tools.iter().map(|(s, t)| (s, t)));
+        assert_eq!(
+            index.search("read src/main.rs", 1)[0].tool.as_str(),
+            "read_text_file"
+        );
+        assert_eq!(
+            index.search("go to https://example.com", 1)[0]
+                .tool
+                .as_str(),
+            "navigate"
+        );
     }
 
     /// Review of issue 32: a server is named by the query's own words, not by the other
