@@ -38,10 +38,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::body::{Body, Frame, SizeHint};
-use psych_mcp::{InFlight, Refusal};
+use psych_mcp::{AnswerHold, InFlight, Refusal};
 use rmcp::RoleServer;
 use rmcp::model::{
-    ClientJsonRpcMessage, ClientNotification, ErrorCode, ErrorData, JsonRpcMessage,
+    ClientJsonRpcMessage, ClientNotification, ErrorCode, ErrorData, GetExtensions, JsonRpcMessage,
     JsonRpcNotification, ServerJsonRpcMessage,
 };
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
@@ -99,9 +99,9 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Bounded<T> {
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
-            let message = self.inner.receive().await?;
+            let mut message = self.inner.receive().await?;
             // No await from here on: a dropped `receive` loses nothing it took.
-            if let Err(refusal) = count_in(&self.in_flight, &message, session_busy) {
+            if let Err(refusal) = count_in(&self.in_flight, &mut message, session_busy) {
                 // Answered to the request's own stream, by the session's worker.
                 drop(tokio::spawn(self.inner.send(*refusal)));
                 continue;
@@ -127,15 +127,19 @@ const BUSY: ErrorCode = ErrorCode(-32000);
 /// Counts a client's `message` in `in_flight`: a request in, a cancellation's request out
 /// (while it is unanswered). `Err` is the answer refusing a request instead (never passed
 /// on): -32000 with `busy(limit)` past the limit (made only then), -32600 for the id of a
-/// request waiting for its answer.
+/// request waiting for its answer. A request counted in carries its [`AnswerHold`] in its
+/// extensions, for its handler.
 pub(crate) fn count_in(
-    in_flight: &InFlight,
-    message: &ClientJsonRpcMessage,
+    in_flight: &Arc<InFlight>,
+    message: &mut ClientJsonRpcMessage,
     busy: fn(usize) -> String,
 ) -> Result<(), Box<ServerJsonRpcMessage>> {
     match message {
         JsonRpcMessage::Request(request) => match in_flight.enter(&request.id) {
-            Ok(()) => {}
+            Ok(()) => {
+                let hold = AnswerHold::new(in_flight, request.id.clone());
+                request.request.extensions_mut().insert(hold);
+            }
             Err(refusal) => {
                 let error = match refusal {
                     Refusal::SameId => ErrorData::invalid_request(

@@ -10,7 +10,15 @@
 //! end says where the next starts in its `_meta` (`psych/nextOffset`); an offset at the end
 //! is an empty page. The link is added for clients of MCP 2025-06-18 and later (the
 //! revision that brought `resource_link`).
+//!
+//! A page's text counts in the process's budget of passed results from before it is read
+//! until the transport's send of its answer ends (the transport keeps the reservation
+//! with the request: [`AnswerHold`]), not only until the handler returns: rmcp serializes
+//! and writes the answer after that. Over stdio the send ends when the line is written;
+//! in an HTTP session, when rmcp's session has taken the answer for the request's stream;
+//! a stateless request (no transport of ours) gives it back when the handler returns.
 
+use psych_mcp::AnswerHold;
 use psych_reader_tool::passing::{PassError, ReferenceError, Referenced};
 use psych_reader_tool::{CallError, ResultReference};
 use psych_types::{ContentBlock, RecordHandle, ResourceLink};
@@ -231,6 +239,13 @@ impl Session {
                 ));
             }
         };
+        // The text stays counted in the budget until rmcp has written the answer: kept with
+        // the request by its transport until then. Without one (a request no transport of
+        // ours counted), or once the request is forgotten (cancelled), it is given back
+        // here.
+        if let Some(hold) = context.extensions.get::<AnswerHold>() {
+            drop(hold.keep(Box::new(held)));
+        }
         let meta = next.map(|next| {
             let mut meta = serde_json::Map::new();
             meta.insert("psych/nextOffset".to_owned(), json!(next));

@@ -242,14 +242,14 @@ where
     /// Counts a request in flight, or refuses it past [`MAX_IN_FLIGHT`] (the answer in
     /// `self.reply`, not capped: it is written before the next line is read); a
     /// cancellation takes its request out of the count.
-    fn pass(&mut self, message: ClientJsonRpcMessage) -> Option<ClientJsonRpcMessage> {
+    fn pass(&mut self, mut message: ClientJsonRpcMessage) -> Option<ClientJsonRpcMessage> {
         let busy = |limit| {
             format!(
                 "too many requests in flight: {limit} are waiting for their answers; send this \
                  again when one has come"
             )
         };
-        match crate::admit::count_in(&self.in_flight, &message, busy) {
+        match crate::admit::count_in(&self.in_flight, &mut message, busy) {
             Ok(()) => Some(message),
             Err(refusal) => {
                 self.reply = Some(*refusal);
@@ -1081,6 +1081,100 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
     /// once, with its id, and never reaches the session (as is one reusing the id of a
     /// request waiting for its answer); a cancellation, or an answer written, lets the next
     /// one in; notifications pass all along.
+    /// What a handler keeps for its request (a budget's reservation, in `resources/read`)
+    /// is held until its answer has been written out, not until the handler returns:
+    /// through rmcp's service, whose request contexts carry the extensions the transport
+    /// put on the request.
+    #[tokio::test]
+    async fn what_a_handler_keeps_is_held_until_its_answer_is_written() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+
+        use rmcp::ServiceExt;
+        use rmcp::model::{
+            ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, ResourceContents,
+        };
+        use rmcp::service::RequestContext;
+
+        struct Flag(Arc<AtomicBool>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        struct Handler {
+            dropped: Arc<AtomicBool>,
+            returned: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+        }
+        impl rmcp::ServerHandler for Handler {
+            async fn read_resource(
+                &self,
+                request: ReadResourceRequestParams,
+                context: RequestContext<RoleServer>,
+            ) -> Result<ReadResourceResponse, ErrorData> {
+                let hold = context.extensions.get::<psych_mcp::AnswerHold>().unwrap();
+                assert!(hold.keep(Box::new(Flag(Arc::clone(&self.dropped)))).is_ok());
+                if let Some(returned) = self.returned.lock().unwrap().take() {
+                    let _ = returned.send(());
+                }
+                // Sixteen times the pipe's buffer: written only as the client reads.
+                let text = "x".repeat(1024 * 1024);
+                Ok(ReadResourceResult::new(vec![ResourceContents::text(text, request.uri)]).into())
+            }
+        }
+
+        let (transport, mut client, mut output) = transport();
+        let dropped = Arc::new(AtomicBool::new(false));
+        let (returned, handler_returned) = tokio::sync::oneshot::channel();
+        let handler = Handler {
+            dropped: Arc::clone(&dropped),
+            returned: std::sync::Mutex::new(Some(returned)),
+        };
+        let service = tokio::spawn(async move {
+            let running = handler.serve(transport).await.unwrap();
+            running.waiting().await.unwrap();
+        });
+        client
+            .write_all(
+                concat!(
+                    r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+                    "\n",
+                    r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+                    "\n",
+                    r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"psych://result/h:1"}}"#,
+                    "\n",
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        handler_returned.await.unwrap();
+        // The answer cannot be written while the client reads nothing: what was kept holds.
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "dropped before the answer was written"
+        );
+        // Read until the answer's line has come whole: then it is dropped.
+        let mut bytes = Vec::new();
+        let mut buffer = vec![0; 64 * 1024];
+        while bytes.iter().filter(|&&b| b == b'\n').count() < 2 {
+            let n = output.read(&mut buffer).await.unwrap();
+            assert!(n > 0, "the output ended before the answer");
+            bytes.extend_from_slice(&buffer[..n]);
+        }
+        let answer: Value =
+            serde_json::from_slice(bytes.split(|&b| b == b'\n').nth(1).unwrap()).unwrap();
+        assert_eq!(answer["id"], 1);
+        while !dropped.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+        drop(client);
+        service.await.unwrap();
+    }
+
     #[tokio::test]
     async fn requests_past_the_limit_in_flight_are_refused_until_one_is_answered() {
         let (mut transport, mut client, output) = transport();

@@ -2,7 +2,7 @@
 //! an answer per request it sends without reading any (each answer waits, with its bytes,
 //! for a writer the peer does not empty).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rmcp::model::{JsonRpcMessage, RequestId};
@@ -28,19 +28,37 @@ pub const MAX_REQUEST_ID_BYTES: usize = 256;
 /// peer [forgets](InFlight::forget) its request only while it is unanswered (rmcp then
 /// sends no answer); an answer being sent counts until its send ends, whatever the peer
 /// says, so no message of the peer's frees a place that an answer still holds.
+///
+/// What an answer's bytes were counted in elsewhere (a budget's reservation) can be
+/// [kept](InFlight::keep_until_sent) with its request, and is dropped when the answer's
+/// send ends (or when the request is forgotten unanswered), not when the handler returns:
+/// rmcp serializes and writes the answer after that.
 #[derive(Debug)]
 pub struct InFlight {
     limit: usize,
     state: Mutex<State>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct State {
-    /// Requests passed on whose answers have not been given to a send.
-    unanswered: HashSet<RequestId>,
+    /// Requests passed on whose answers have not been given to a send, with what is kept
+    /// until their answers are sent.
+    unanswered: HashMap<RequestId, Vec<Kept>>,
     /// Answers whose sends have not ended.
     sending: usize,
 }
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("unanswered", &self.unanswered.len())
+            .field("sending", &self.sending)
+            .finish()
+    }
+}
+
+/// Something kept until an answer's send ends ([`InFlight::keep_until_sent`]).
+pub type Kept = Box<dyn Send>;
 
 /// Why [`InFlight::enter`] refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,26 +104,46 @@ impl InFlight {
             return Err(Refusal::LongId);
         }
         let mut state = self.state();
-        if state.unanswered.contains(id) {
+        if state.unanswered.contains_key(id) {
             return Err(Refusal::SameId);
         }
         if state.unanswered.len() + state.sending >= self.limit {
             return Err(Refusal::Full);
         }
-        state.unanswered.insert(id.clone());
+        state.unanswered.insert(id.clone(), Vec::new());
         Ok(())
     }
 
+    /// Keeps `kept` until the answer to the unanswered request `id` has been sent (or the
+    /// request is forgotten), then drops it. A handler gives here what counts its answer's
+    /// bytes (a budget's reservation), so that they stay counted while rmcp writes them.
+    ///
+    /// # Errors
+    ///
+    /// `kept` back when `id` is not unanswered (never entered, forgotten, or answered
+    /// already): the caller drops it.
+    pub fn keep_until_sent(&self, id: &RequestId, kept: Kept) -> Result<(), Kept> {
+        match self.state().unanswered.get_mut(id) {
+            Some(list) => {
+                list.push(kept);
+                Ok(())
+            }
+            None => Err(kept),
+        }
+    }
+
     /// Forgets the request `id` if it is unanswered (the peer cancelled it); an answer
-    /// already being sent stays counted.
+    /// already being sent stays counted. What was kept for it is dropped, after the lock.
     pub fn forget(&self, id: &RequestId) {
-        self.state().unanswered.remove(id);
+        let kept = self.state().unanswered.remove(id);
+        drop(kept);
     }
 
     /// Forgets every unanswered request (a transport whose peer's requests were ignored
     /// rather than answered: rmcp during a handshake); answers being sent stay counted.
     pub fn forget_unanswered(&self) {
-        self.state().unanswered.clear();
+        let kept = std::mem::take(&mut self.state().unanswered);
+        drop(kept);
     }
 
     /// How many are in flight: unanswered, and being answered.
@@ -132,25 +170,67 @@ impl InFlight {
             _ => None,
         };
         let counted = id.is_some();
+        let mut kept = Vec::new();
         if let Some(id) = id {
             let mut state = self.state();
             if let Some(id) = id {
-                state.unanswered.remove(id);
+                kept = state.unanswered.remove(id).unwrap_or_default();
             }
             state.sending += 1;
         }
         Answering {
             in_flight: Arc::clone(self),
             counted,
+            kept,
         }
     }
 }
 
-/// Counts an answer being sent in its [`InFlight`] until dropped.
-#[derive(Debug)]
+/// A request's place in its transport's [`InFlight`], which the transport puts in the
+/// request's extensions (rmcp hands them to the handler as its context's) so that the
+/// handler can [keep](AnswerHold::keep) what counts its answer's bytes until the answer
+/// has been sent.
+#[derive(Debug, Clone)]
+pub struct AnswerHold {
+    in_flight: Arc<InFlight>,
+    id: RequestId,
+}
+
+impl AnswerHold {
+    /// The place of the request `id`, entered in `in_flight`.
+    pub fn new(in_flight: &Arc<InFlight>, id: RequestId) -> Self {
+        Self {
+            in_flight: Arc::clone(in_flight),
+            id,
+        }
+    }
+
+    /// Keeps `kept` until the request's answer has been sent
+    /// ([`InFlight::keep_until_sent`]).
+    ///
+    /// # Errors
+    ///
+    /// `kept` back when the request is no longer waiting for its answer.
+    pub fn keep(&self, kept: Kept) -> Result<(), Kept> {
+        self.in_flight.keep_until_sent(&self.id, kept)
+    }
+}
+
+/// Counts an answer being sent in its [`InFlight`] until dropped, and holds what was kept
+/// for its request ([`InFlight::keep_until_sent`]) as long.
 pub struct Answering {
     in_flight: Arc<InFlight>,
     counted: bool,
+    kept: Vec<Kept>,
+}
+
+impl std::fmt::Debug for Answering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Answering")
+            .field("counted", &self.counted)
+            .field("kept", &self.kept.len())
+            .finish()
+    }
 }
 
 impl Answering {
@@ -168,6 +248,8 @@ impl Drop for Answering {
             let mut state = self.in_flight.state();
             state.sending = state.sending.saturating_sub(1);
         }
+        // After the lock: what was kept is dropped by this thread, outside it.
+        self.kept.clear();
     }
 }
 
@@ -211,6 +293,66 @@ mod tests {
         );
         drop(in_flight.answering(&error));
         assert!(in_flight.is_empty());
+    }
+
+    /// What a handler keeps with its request is dropped when the answer's send ends, not
+    /// before; when the request is forgotten unanswered; and not kept for a request that
+    /// is not waiting for its answer.
+    #[test]
+    fn what_is_kept_for_a_request_is_dropped_when_its_answer_is_sent() {
+        struct Flag(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let flag = || {
+            let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            (Box::new(Flag(Arc::clone(&dropped))) as Kept, dropped)
+        };
+        let dropped =
+            |d: &Arc<std::sync::atomic::AtomicBool>| d.load(std::sync::atomic::Ordering::SeqCst);
+        let in_flight = InFlight::new(4);
+        let one = RequestId::Number(1);
+        in_flight.enter(&one).unwrap();
+        let (kept, one_dropped) = flag();
+        assert!(in_flight.keep_until_sent(&one, kept).is_ok());
+        let answering = in_flight.answering(&response(1));
+        assert!(!dropped(&one_dropped), "kept while the answer is sent");
+        drop(answering);
+        assert!(dropped(&one_dropped), "dropped once the send ended");
+
+        let two = RequestId::Number(2);
+        in_flight.enter(&two).unwrap();
+        let (kept, two_dropped) = flag();
+        assert!(in_flight.keep_until_sent(&two, kept).is_ok());
+        in_flight.forget(&two);
+        assert!(
+            dropped(&two_dropped),
+            "dropped when the request is forgotten"
+        );
+
+        let (kept, three_dropped) = flag();
+        let refused = in_flight.keep_until_sent(&RequestId::Number(3), kept);
+        assert!(
+            refused.is_err(),
+            "nothing is kept for a request never entered"
+        );
+        drop(refused);
+        assert!(dropped(&three_dropped));
+
+        in_flight.enter(&RequestId::Number(4)).unwrap();
+        let (kept, four_dropped) = flag();
+        assert!(
+            in_flight
+                .keep_until_sent(&RequestId::Number(4), kept)
+                .is_ok()
+        );
+        in_flight.forget_unanswered();
+        assert!(
+            dropped(&four_dropped),
+            "dropped when every unanswered one is forgotten"
+        );
     }
 
     /// A cancellation, a reused id or an answer to nothing never frees a place an answer

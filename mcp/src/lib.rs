@@ -127,7 +127,9 @@ pub use config::{
 };
 pub use error::McpError;
 pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};
-pub use in_flight::{Answering, InFlight, MAX_PEER_REQUESTS, MAX_REQUEST_ID_BYTES, Refusal};
+pub use in_flight::{
+    AnswerHold, Answering, InFlight, Kept, MAX_PEER_REQUESTS, MAX_REQUEST_ID_BYTES, Refusal,
+};
 pub use listing::{
     DEFAULT_MAX_LISTING_BYTES, ENTRY_COST, Listing, ListingBound, MALFORMED_COST, MAX_CURSOR_BYTES,
     MAX_LISTING_PAGES, MalformedTool, NODE_COST,
