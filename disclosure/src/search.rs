@@ -26,8 +26,9 @@
 //!   up in tables built once (the vocabulary per process, roots and compounds per index).
 //! - Shapes: a query's piece that is a file name or path (`src/main.rs`, `a.txt`) also
 //!   looks for `file`, an address (`https://…`) for `url`, a key like `PROJ-123` for
-//!   `issue`, each at 0.6, unless the query says it. On dev it lifts the two queries naming
-//!   files from past the 200th to about the 50th and moves no other.
+//!   `issue`, each at 0.6, unless a query word or its alternatives look for it already or
+//!   no tool has it. On dev it lifts the two queries naming files from past the 200th to
+//!   about the 50th and moves no other.
 //! - Name cover: a tool's score is multiplied by `1 + 0.8 × the share of its name's words
 //!   the query covers` (literally or by an alternative).
 //! - A server the query names (a word of its name or a prefix of five letters or more that
@@ -255,56 +256,92 @@ fn vocabulary() -> &'static HashMap<String, Vec<Alternative>> {
 /// synonym does.
 const SHAPE_WEIGHT: f64 = SYNONYM_WEIGHT;
 
+/// File name extensions common enough that a piece ending in one names a file.
+const FILE_EXTENSIONS: &[&str] = &[
+    "c", "cc", "cfg", "conf", "cpp", "cs", "css", "csv", "doc", "docx", "gif", "go", "gz", "h",
+    "hpp", "html", "ini", "ipynb", "java", "jpeg", "jpg", "js", "json", "jsx", "kt", "log", "md",
+    "mjs", "pdf", "php", "png", "py", "rb", "rs", "sh", "sql", "svg", "swift", "tar", "toml", "ts",
+    "tsx", "txt", "xls", "xlsx", "xml", "yaml", "yml", "zip",
+];
+
+/// Top-level domains that make a word with a dot an address (`example.com`).
+const HOST_ENDINGS: &[&str] = &[".com", ".org", ".net", ".io", ".dev"];
+
+/// Standards and identifiers written as capitals, a dash and digits that are not an
+/// issue's key (`UTF-8`, `SHA-256`, `RFC-9110`).
+const NOT_ISSUE_KEYS: &[&str] = &[
+    "AES", "COVID", "CRC", "CVE", "ECMA", "GPT", "HTTP", "IEEE", "IPV", "ISO", "PEP", "RFC", "RSA",
+    "SHA", "TLS", "UTF",
+];
+
 /// The word a query's piece says by its shape, not its letters: an address (`https://…`,
-/// `www.…`, `example.com`) says `url`; a file name or path (`src/main.rs`, `a.txt`,
-/// `/etc/hosts`) says `file`; a key of capitals, a dash and digits (`PROJ-123`) says
-/// `issue`.
+/// `www.…`, `example.com/x`) says `url`; a file name or path (`src/main.rs:42`, `a.txt`,
+/// `.env`, `/etc/hosts`: a known extension, a dot file, or a path of two parts or more
+/// from the root, home or here) says `file`; a key of capitals, a dash and digits
+/// (`PROJ-123`, not a standard's `UTF-8`) says `issue`. An e-mail address says nothing.
 fn shape_word(piece: &str) -> Option<&'static str> {
     let piece = piece.trim_matches(|c: char| {
         matches!(
             c,
-            ',' | ';' | ':' | '(' | ')' | '"' | '\'' | '`' | '?' | '!'
+            ',' | ';'
+                | ':'
+                | '('
+                | ')'
+                | '['
+                | ']'
+                | '{'
+                | '}'
+                | '<'
+                | '>'
+                | '"'
+                | '\''
+                | '`'
+                | '*'
+                | '?'
+                | '!'
         )
     });
     let piece = piece.strip_suffix('.').unwrap_or(piece);
+    // `src/main.rs:42`: a file and a line in it.
+    let piece = match piece.rsplit_once(':') {
+        Some((file, line)) if !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) => file,
+        _ => piece,
+    };
+    if piece.is_empty() || piece.contains('@') {
+        return None;
+    }
     let host = piece.split('/').next().unwrap_or(piece);
-    let hosted = [".com", ".org", ".net", ".io"]
+    let hosted = HOST_ENDINGS
         .iter()
         .any(|end| host.len() > end.len() + 1 && host.ends_with(end));
     if piece.contains("://") || piece.starts_with("www.") || hosted {
         return Some("url");
     }
     if let Some((key, number)) = piece.split_once('-')
-        && key.len() >= 2
+        && (2..=10).contains(&key.len())
         && key.bytes().all(|b| b.is_ascii_uppercase())
+        && !NOT_ISSUE_KEYS.contains(&key)
         && !number.is_empty()
         && number.bytes().all(|b| b.is_ascii_digit())
     {
         return Some("issue");
     }
     let last = piece.rsplit('/').next().unwrap_or(piece);
-    let extension = last.rsplit_once('.').and_then(|(stem, extension)| {
-        let letters = |text: &str| text.bytes().filter(u8::is_ascii_alphanumeric).count();
-        // `e.g` and `v1.2` are not file names.
-        ((1..=5).contains(&extension.len())
-            && extension.bytes().all(|b| b.is_ascii_alphanumeric())
-            && extension.bytes().any(|b| b.is_ascii_alphabetic())
-            && letters(stem) + extension.len() >= 3
-            && letters(stem) >= 1)
-            .then_some(extension)
-    });
-    match extension {
-        Some(_) => Some("file"),
-        // A path from the root, home or here: `/etc/hosts`, `~/notes`, `./build`.
-        None if ["/", "~/", "./", "../"]
-            .iter()
-            .any(|start| piece.starts_with(start))
-            && last.bytes().any(|b| b.is_ascii_alphanumeric()) =>
-        {
-            Some("file")
+    let named = match last.rsplit_once('.') {
+        // A dot file: `.env`, `.gitignore`.
+        Some(("", name)) => name.len() >= 2 && name.bytes().all(|b| b.is_ascii_lowercase()),
+        Some((stem, extension)) => {
+            stem.bytes().any(|b| b.is_ascii_alphabetic() || b == b'_')
+                && FILE_EXTENSIONS.contains(&extension.to_ascii_lowercase().as_str())
         }
-        None => None,
-    }
+        None => false,
+    };
+    // A path from the root, home or here, of two parts or more (`/help` is a command).
+    let path = ["/", "~/", "./", "../"]
+        .iter()
+        .any(|start| piece.starts_with(start))
+        && piece.split('/').filter(|part| !part.is_empty()).count() >= 2;
+    (named || path).then_some("file")
 }
 
 /// One word as a query token, or `None` for a stop word.
@@ -660,22 +697,19 @@ impl SearchIndex {
         // Tokenized a whitespace-separated piece at a time (the same words: whitespace
         // separates words anyway), so a query of any length costs only up to its 64th word.
         let mut literal: BTreeSet<String> = BTreeSet::new();
+        // Words the pieces' shapes say without saying them ([`shape_word`]), of the same
+        // pieces as the words searched.
+        let mut shaped: BTreeSet<&'static str> = BTreeSet::new();
         'pieces: for piece in query.split_whitespace() {
+            if literal.len() == MAX_QUERY_WORDS {
+                break;
+            }
+            shaped.extend(shape_word(piece));
             for word in tokens(piece) {
                 if literal.len() == MAX_QUERY_WORDS {
                     break 'pieces;
                 }
                 literal.insert(word);
-            }
-        }
-        // Words a piece's shape says without saying them: a file name or path says
-        // `file`, an address says `url`, a key like `PROJ-123` says `issue`.
-        let mut shaped: BTreeSet<String> = BTreeSet::new();
-        for piece in query.split_whitespace().take(MAX_QUERY_WORDS) {
-            if let Some(word) = shape_word(piece).and_then(stemmed_word)
-                && !literal.contains(&word)
-            {
-                shaped.insert(word);
             }
         }
         let n = self.docs as f64;
@@ -738,13 +772,14 @@ impl SearchIndex {
             groups.push(alternatives);
         }
         // A word a piece's shape says is a group of its own, at a synonym's weight (it is
-        // not the query's word), unless a group already looks for it.
-        for word in shaped {
+        // not the query's word), unless a group already looks for it, or no tool has it
+        // (so that a word the query did not say cannot make its answer weak).
+        for word in shaped.into_iter().filter_map(stemmed_word) {
             let asked = groups
                 .iter()
                 .flatten()
                 .any(|(words, _)| words.len() == 1 && words[0] == word);
-            if !asked {
+            if !asked && idf(&word) > 0.0 {
                 groups.push(vec![(vec![word], SHAPE_WEIGHT)]);
             }
         }
@@ -1231,42 +1266,65 @@ mod tests {
     fn a_piece_says_a_word_by_its_shape() {
         for (piece, word) in [
             ("src/main.rs", Some("file")),
+            ("src/main.rs:42", Some("file")),
             ("a.txt,", Some("file")),
+            ("[a.txt]", Some("file")),
+            ("**README.MD**", Some("file")),
+            (".env", Some("file")),
+            (".gitignore", Some("file")),
             ("/etc/hosts", Some("file")),
+            ("~/notes", Some("file")),
             ("`.circleci/config.yml`", Some("file")),
             ("https://example.com", Some("url")),
             ("www.example.com.", Some("url")),
-            ("PROJ-123", Some("issue")),
-            ("proj-123", None),
-            ("v1.2", None),
-            ("3.14", None),
-            ("and/or", None),
-            ("/", None),
-            ("~/notes", Some("file")),
-            ("end.", None),
-            ("e.g.", None),
             ("example.com", Some("url")),
             ("github.com/owner/repo", Some("url")),
-            ("notes.md", Some("file")),
+            ("example.dev", Some("url")),
+            ("PROJ-123", Some("issue")),
+            ("proj-123", None),
+            ("UTF-8", None),
+            ("SHA-256", None),
+            ("v1.2", None),
+            ("v1.2.x", None),
+            ("3.14", None),
+            ("1.5GB", None),
+            ("2.5s", None),
+            ("1.txt", None),
+            ("and/or", None),
+            ("TCP/IP", None),
+            ("/", None),
+            ("/help", None),
+            ("end.", None),
+            ("e.g.", None),
+            ("Ph.D.", None),
+            ("JSON.parse", None),
+            ("os.path", None),
+            ("ASP.NET", None),
+            (".NET", None),
+            ("bob@example.com", None),
+            ("", None),
         ] {
             assert_eq!(shape_word(piece), word, "{piece}");
         }
-        let tools = tools_of(&[
-            ("fs", "read_text_file", "Returns the contents."),
-            ("fs", "list_directory", "Lists the entries."),
-            ("web", "navigate", "Goes to a URL."),
-        ]);
-        let index = SearchIndex::new(tools.iter().map(|(s, t)| (s, t)));
-        assert_eq!(
-            index.search("read src/main.rs", 1)[0].tool.as_str(),
-            "read_text_file"
-        );
-        assert_eq!(
-            index.search("go to https://example.com", 1)[0]
-                .tool
-                .as_str(),
-            "navigate"
-        );
+        // Two tools of one name whose descriptions differ only in what they take: without
+        // the shape's word they tie, and the tie goes to server `a`.
+        let tools = |url: &str, file: &str| {
+            tools_of(&[
+                (url, "fetch", "Fetches a URL."),
+                (file, "fetch", "Fetches a file."),
+            ])
+        };
+        let ranked = |tools: &[(ServerId, ToolDefinition)], query: &str| {
+            let index = SearchIndex::new(tools.iter().map(|(s, t)| (s, t)));
+            index.search(query, 1)[0].server.as_str().to_owned()
+        };
+        assert_eq!(ranked(&tools("a", "b"), "fetch src/main.rs"), "b");
+        assert_eq!(ranked(&tools("b", "a"), "fetch https://example.com/x"), "b");
+        // A shape's word no tool has is not looked for: it cannot make an answer weak.
+        let index = SearchIndex::new(tools("a", "b").iter().map(|(s, t)| (s, t)));
+        let unshaped = index.rank("fetch proj-123", 5).strength;
+        assert!(unshaped > 0.0);
+        assert_eq!(index.rank("fetch PROJ-123", 5).strength, unshaped);
     }
 
     /// Review of issue 32: a server is named by the query's own words, not by the other

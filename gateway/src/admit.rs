@@ -38,7 +38,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::body::{Body, Frame, SizeHint};
-use psych_mcp::{AnswerHold, InFlight, Refusal};
+use psych_mcp::{InFlight, Refusal};
 use rmcp::RoleServer;
 use rmcp::model::{
     ClientJsonRpcMessage, ClientNotification, ErrorCode, ErrorData, GetExtensions, JsonRpcMessage,
@@ -127,8 +127,8 @@ const BUSY: ErrorCode = ErrorCode(-32000);
 /// Counts a client's `message` in `in_flight`: a request in, a cancellation's request out
 /// (while it is unanswered). `Err` is the answer refusing a request instead (never passed
 /// on): -32000 with `busy(limit)` past the limit (made only then), -32600 for the id of a
-/// request waiting for its answer. A request counted in carries its [`AnswerHold`] in its
-/// extensions, for its handler.
+/// request waiting for its answer. A request counted in carries its
+/// [`AnswerHold`](psych_mcp::AnswerHold) in its extensions, for its handler.
 pub(crate) fn count_in(
     in_flight: &Arc<InFlight>,
     message: &mut ClientJsonRpcMessage,
@@ -137,8 +137,9 @@ pub(crate) fn count_in(
     match message {
         JsonRpcMessage::Request(request) => match in_flight.enter(&request.id) {
             Ok(()) => {
-                let hold = AnswerHold::new(in_flight, request.id.clone());
-                request.request.extensions_mut().insert(hold);
+                if let Some(hold) = in_flight.hold(&request.id) {
+                    request.request.extensions_mut().insert(hold);
+                }
             }
             Err(refusal) => {
                 let error = match refusal {

@@ -2202,12 +2202,11 @@ impl GatewaySettings {
     /// with a result saying so, nothing forwarded), and gives back what it did not read
     /// when it has read them; the rest is held until it ends, and until its reads end if
     /// it is cancelled first. A `resources/read` holds what it read until its answer has
-    /// been written out over stdio, or taken by rmcp's session for the request's stream
-    /// over HTTP (a stateless request of MCP 2026-07-28, which rmcp answers through a
-    /// transport of its own: until its answer is built). A budget equal to the bound runs
-    /// passing calls
-    /// one at a time. It must be at least
-    /// the per-call bound: [`serve`] refuses less ([`ServeError::PassingBudget`]).
+    /// been written out over stdio; over HTTP until rmcp has queued it for the request's
+    /// stream, or built it for a stateless request of MCP 2026-07-28 (rmcp writes it out
+    /// after: see the `resources` module). A budget equal to the bound runs passing calls
+    /// one at a time. It must be at least the per-call bound: [`serve`] refuses less
+    /// ([`ServeError::PassingBudget`]).
     #[must_use]
     pub fn passing_budget(mut self, bytes: u64) -> Self {
         self.passing_budget = bytes;

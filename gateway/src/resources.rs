@@ -14,9 +14,12 @@
 //! A page's text counts in the process's budget of passed results from before it is read
 //! until the transport's send of its answer ends (the transport keeps the reservation
 //! with the request: [`AnswerHold`]), not only until the handler returns: rmcp serializes
-//! and writes the answer after that. Over stdio the send ends when the line is written;
-//! in an HTTP session, when rmcp's session has taken the answer for the request's stream;
-//! a stateless request (no transport of ours) gives it back when the handler returns.
+//! and writes the answer after that. Over stdio the send ends when the line is written.
+//! In an HTTP session it ends when rmcp's session has queued the answer for the request's
+//! stream, which rmcp serializes as the response is read: there the page leaves the
+//! budget before it is written, and what the gateway holds of pages is bounded by the
+//! requests in flight ([`MAX_REQUESTS`](crate::admit::MAX_REQUESTS) times the page bound).
+//! A stateless request (no transport of ours) gives it back when the handler returns.
 
 use psych_mcp::AnswerHold;
 use psych_reader_tool::passing::{PassError, ReferenceError, Referenced};
@@ -239,6 +242,11 @@ impl Session {
                 ));
             }
         };
+        let meta = next.map(|next| {
+            let mut meta = serde_json::Map::new();
+            meta.insert("psych/nextOffset".to_owned(), json!(next));
+            MetaObject(meta)
+        });
         // The text stays counted in the budget until rmcp has written the answer: kept with
         // the request by its transport until then. Without one (a request no transport of
         // ours counted), or once the request is forgotten (cancelled), it is given back
@@ -246,11 +254,6 @@ impl Session {
         if let Some(hold) = context.extensions.get::<AnswerHold>() {
             drop(hold.keep(Box::new(held)));
         }
-        let meta = next.map(|next| {
-            let mut meta = serde_json::Map::new();
-            meta.insert("psych/nextOffset".to_owned(), json!(next));
-            MetaObject(meta)
-        });
         Ok(ReadResourceResult::new(vec![
             ResourceContents::TextResourceContents {
                 uri: request.uri,

@@ -1077,10 +1077,6 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         assert_eq!(answers[0]["error"]["message"], TOO_COMPLEX);
     }
 
-    /// Past [`MAX_IN_FLIGHT`] requests waiting for their answers, a request is refused at
-    /// once, with its id, and never reaches the session (as is one reusing the id of a
-    /// request waiting for its answer); a cancellation, or an answer written, lets the next
-    /// one in; notifications pass all along.
     /// What a handler keeps for its request (a budget's reservation, in `resources/read`)
     /// is held until its answer has been written out, not until the handler returns:
     /// through rmcp's service, whose request contexts carry the extensions the transport
@@ -1147,7 +1143,11 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
             )
             .await
             .unwrap();
-        handler_returned.await.unwrap();
+        // Bounded waits: a handler that failed (its hold missing) fails the test, not hangs.
+        tokio::time::timeout(Duration::from_secs(60), handler_returned)
+            .await
+            .expect("the handler did not return within 60 s")
+            .unwrap();
         // The answer cannot be written while the client reads nothing: what was kept holds.
         for _ in 0..100 {
             tokio::task::yield_now().await;
@@ -1158,23 +1158,38 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
             "dropped before the answer was written"
         );
         // Read until the answer's line has come whole: then it is dropped.
-        let mut bytes = Vec::new();
-        let mut buffer = vec![0; 64 * 1024];
-        while bytes.iter().filter(|&&b| b == b'\n').count() < 2 {
-            let n = output.read(&mut buffer).await.unwrap();
-            assert!(n > 0, "the output ended before the answer");
-            bytes.extend_from_slice(&buffer[..n]);
-        }
+        let read = async {
+            let mut bytes = Vec::new();
+            let mut buffer = vec![0; 64 * 1024];
+            while bytes.iter().filter(|&&b| b == b'\n').count() < 2 {
+                let n = output.read(&mut buffer).await.unwrap();
+                assert!(n > 0, "the output ended before the answer");
+                bytes.extend_from_slice(&buffer[..n]);
+            }
+            bytes
+        };
+        let bytes = tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("the answer did not come within 60 s");
         let answer: Value =
             serde_json::from_slice(bytes.split(|&b| b == b'\n').nth(1).unwrap()).unwrap();
         assert_eq!(answer["id"], 1);
-        while !dropped.load(Ordering::SeqCst) {
-            tokio::task::yield_now().await;
-        }
+        let released = async {
+            while !dropped.load(Ordering::SeqCst) {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), released)
+            .await
+            .expect("what was kept was not dropped within 60 s");
         drop(client);
         service.await.unwrap();
     }
 
+    /// Past [`MAX_IN_FLIGHT`] requests waiting for their answers, a request is refused at
+    /// once, with its id, and never reaches the session (as is one reusing the id of a
+    /// request waiting for its answer); a cancellation, or an answer written, lets the next
+    /// one in; notifications pass all along.
     #[tokio::test]
     async fn requests_past_the_limit_in_flight_are_refused_until_one_is_answered() {
         let (mut transport, mut client, output) = transport();

@@ -29,10 +29,10 @@ pub const MAX_REQUEST_ID_BYTES: usize = 256;
 /// sends no answer); an answer being sent counts until its send ends, whatever the peer
 /// says, so no message of the peer's frees a place that an answer still holds.
 ///
-/// What an answer's bytes were counted in elsewhere (a budget's reservation) can be
-/// [kept](InFlight::keep_until_sent) with its request, and is dropped when the answer's
-/// send ends (or when the request is forgotten unanswered), not when the handler returns:
-/// rmcp serializes and writes the answer after that.
+/// What an answer's bytes were counted in elsewhere (a budget's reservation) can be kept
+/// with its request ([`InFlight::hold`]), and is dropped when the answer's send ends (or
+/// when the request is forgotten unanswered), not when the handler returns: rmcp
+/// serializes and writes the answer after that.
 #[derive(Debug)]
 pub struct InFlight {
     limit: usize,
@@ -41,11 +41,21 @@ pub struct InFlight {
 
 #[derive(Default)]
 struct State {
-    /// Requests passed on whose answers have not been given to a send, with what is kept
-    /// until their answers are sent.
-    unanswered: HashMap<RequestId, Vec<Kept>>,
+    /// Requests passed on whose answers have not been given to a send.
+    unanswered: HashMap<RequestId, Waiting>,
     /// Answers whose sends have not ended.
     sending: usize,
+    /// The number the next request entered is given.
+    next: u64,
+}
+
+/// A request waiting for its answer.
+struct Waiting {
+    /// Which of the requests ever entered with its id it is: a hold made for an earlier
+    /// one (cancelled, its id used again) keeps nothing with it.
+    entered: u64,
+    /// What is kept until its answer is sent.
+    kept: Vec<Kept>,
 }
 
 impl std::fmt::Debug for State {
@@ -57,7 +67,7 @@ impl std::fmt::Debug for State {
     }
 }
 
-/// Something kept until an answer's send ends ([`InFlight::keep_until_sent`]).
+/// Something kept until an answer's send ends ([`AnswerHold::keep`]).
 pub type Kept = Box<dyn Send>;
 
 /// Why [`InFlight::enter`] refused a request.
@@ -110,33 +120,34 @@ impl InFlight {
         if state.unanswered.len() + state.sending >= self.limit {
             return Err(Refusal::Full);
         }
-        state.unanswered.insert(id.clone(), Vec::new());
+        let entered = state.next;
+        state.next += 1;
+        state.unanswered.insert(
+            id.clone(),
+            Waiting {
+                entered,
+                kept: Vec::new(),
+            },
+        );
         Ok(())
     }
 
-    /// Keeps `kept` until the answer to the unanswered request `id` has been sent (or the
-    /// request is forgotten), then drops it. A handler gives here what counts its answer's
-    /// bytes (a budget's reservation), so that they stay counted while rmcp writes them.
-    ///
-    /// # Errors
-    ///
-    /// `kept` back when `id` is not unanswered (never entered, forgotten, or answered
-    /// already): the caller drops it.
-    pub fn keep_until_sent(&self, id: &RequestId, kept: Kept) -> Result<(), Kept> {
-        match self.state().unanswered.get_mut(id) {
-            Some(list) => {
-                list.push(kept);
-                Ok(())
-            }
-            None => Err(kept),
-        }
+    /// The place of the unanswered request `id`, for its handler to keep things with
+    /// ([`AnswerHold::keep`]); `None` when it is not unanswered.
+    pub fn hold(self: &Arc<Self>, id: &RequestId) -> Option<AnswerHold> {
+        let entered = self.state().unanswered.get(id)?.entered;
+        Some(AnswerHold {
+            in_flight: Arc::clone(self),
+            id: id.clone(),
+            entered,
+        })
     }
 
     /// Forgets the request `id` if it is unanswered (the peer cancelled it); an answer
     /// already being sent stays counted. What was kept for it is dropped, after the lock.
     pub fn forget(&self, id: &RequestId) {
-        let kept = self.state().unanswered.remove(id);
-        drop(kept);
+        let waiting = self.state().unanswered.remove(id);
+        drop(waiting);
     }
 
     /// Forgets every unanswered request (a transport whose peer's requests were ignored
@@ -174,7 +185,11 @@ impl InFlight {
         if let Some(id) = id {
             let mut state = self.state();
             if let Some(id) = id {
-                kept = state.unanswered.remove(id).unwrap_or_default();
+                kept = state
+                    .unanswered
+                    .remove(id)
+                    .map(|waiting| waiting.kept)
+                    .unwrap_or_default();
             }
             state.sending += 1;
         }
@@ -186,38 +201,42 @@ impl InFlight {
     }
 }
 
-/// A request's place in its transport's [`InFlight`], which the transport puts in the
-/// request's extensions (rmcp hands them to the handler as its context's) so that the
-/// handler can [keep](AnswerHold::keep) what counts its answer's bytes until the answer
-/// has been sent.
+/// A request's place in its transport's [`InFlight`] ([`InFlight::hold`]), which the
+/// transport puts in the request's extensions (rmcp hands them to the handler as its
+/// context's) so that the handler can [keep](AnswerHold::keep) what counts its answer's
+/// bytes until the answer has been sent.
 #[derive(Debug, Clone)]
 pub struct AnswerHold {
     in_flight: Arc<InFlight>,
     id: RequestId,
+    /// Which request of this id it is the place of (`Waiting::entered`).
+    entered: u64,
 }
 
 impl AnswerHold {
-    /// The place of the request `id`, entered in `in_flight`.
-    pub fn new(in_flight: &Arc<InFlight>, id: RequestId) -> Self {
-        Self {
-            in_flight: Arc::clone(in_flight),
-            id,
-        }
-    }
-
-    /// Keeps `kept` until the request's answer has been sent
-    /// ([`InFlight::keep_until_sent`]).
+    /// Keeps `kept` until the answer to this request has been sent (or the request is
+    /// forgotten: cancelled by the peer), then drops it. A handler gives here what counts
+    /// its answer's bytes (a budget's reservation), so that they stay counted while rmcp
+    /// writes them. Keep it last, just before returning the answer: a handler that
+    /// panicked after keeping would leave it kept until the transport is dropped.
     ///
     /// # Errors
     ///
-    /// `kept` back when the request is no longer waiting for its answer.
+    /// `kept` back when this request is no longer waiting for its answer (answered,
+    /// forgotten, or its id used again since by another request): the caller drops it.
     pub fn keep(&self, kept: Kept) -> Result<(), Kept> {
-        self.in_flight.keep_until_sent(&self.id, kept)
+        match self.in_flight.state().unanswered.get_mut(&self.id) {
+            Some(waiting) if waiting.entered == self.entered => {
+                waiting.kept.push(kept);
+                Ok(())
+            }
+            _ => Err(kept),
+        }
     }
 }
 
 /// Counts an answer being sent in its [`InFlight`] until dropped, and holds what was kept
-/// for its request ([`InFlight::keep_until_sent`]) as long.
+/// for its request ([`AnswerHold::keep`]) as long.
 pub struct Answering {
     in_flight: Arc<InFlight>,
     counted: bool,
@@ -316,7 +335,7 @@ mod tests {
         let one = RequestId::Number(1);
         in_flight.enter(&one).unwrap();
         let (kept, one_dropped) = flag();
-        assert!(in_flight.keep_until_sent(&one, kept).is_ok());
+        assert!(in_flight.hold(&one).unwrap().keep(kept).is_ok());
         let answering = in_flight.answering(&response(1));
         assert!(!dropped(&one_dropped), "kept while the answer is sent");
         drop(answering);
@@ -324,30 +343,32 @@ mod tests {
 
         let two = RequestId::Number(2);
         in_flight.enter(&two).unwrap();
+        let hold = in_flight.hold(&two).unwrap();
         let (kept, two_dropped) = flag();
-        assert!(in_flight.keep_until_sent(&two, kept).is_ok());
+        assert!(hold.keep(kept).is_ok());
         in_flight.forget(&two);
         assert!(
             dropped(&two_dropped),
             "dropped when the request is forgotten"
         );
-
-        let (kept, three_dropped) = flag();
-        let refused = in_flight.keep_until_sent(&RequestId::Number(3), kept);
-        assert!(
-            refused.is_err(),
-            "nothing is kept for a request never entered"
-        );
+        // A later request of the same id is another: the first's hold keeps nothing.
+        in_flight.enter(&two).unwrap();
+        let (kept, late_dropped) = flag();
+        let refused = hold.keep(kept);
+        assert!(refused.is_err(), "a cancelled request's hold keeps nothing");
         drop(refused);
-        assert!(dropped(&three_dropped));
+        assert!(dropped(&late_dropped));
+        in_flight.forget(&two);
+
+        assert!(
+            in_flight.hold(&RequestId::Number(3)).is_none(),
+            "never entered"
+        );
 
         in_flight.enter(&RequestId::Number(4)).unwrap();
         let (kept, four_dropped) = flag();
-        assert!(
-            in_flight
-                .keep_until_sent(&RequestId::Number(4), kept)
-                .is_ok()
-        );
+        let hold = in_flight.hold(&RequestId::Number(4)).unwrap();
+        assert!(hold.keep(kept).is_ok());
         in_flight.forget_unanswered();
         assert!(
             dropped(&four_dropped),
