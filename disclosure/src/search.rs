@@ -280,11 +280,13 @@ const NOT_ISSUE_KEYS: &[&str] = &[
 /// from the root, home or here) says `file`; a key of capitals, a dash and digits
 /// (`PROJ-123`, not a standard's `UTF-8`) says `issue`. An e-mail address says nothing.
 fn shape_word(piece: &str) -> Option<&'static str> {
-    let piece = piece.trim_matches(|c: char| {
+    /// Punctuation around a piece: `(a.txt).`, `**a.txt**`, `[a.txt]`.
+    fn around(c: char) -> bool {
         matches!(
             c,
             ',' | ';'
                 | ':'
+                | '.'
                 | '('
                 | ')'
                 | '['
@@ -300,21 +302,35 @@ fn shape_word(piece: &str) -> Option<&'static str> {
                 | '?'
                 | '!'
         )
-    });
-    let piece = piece.strip_suffix('.').unwrap_or(piece);
-    // `src/main.rs:42`: a file and a line in it.
-    let piece = match piece.rsplit_once(':') {
-        Some((file, line)) if !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit()) => file,
-        _ => piece,
-    };
-    if piece.is_empty() || piece.contains('@') {
+    }
+    // A leading dot is kept: `.env` is a file.
+    let mut piece = piece
+        .trim_end_matches(around)
+        .trim_start_matches(|c: char| c != '.' && around(c));
+    // `src/main.rs:42`, `src/main.rs:10:5`: a file and a place in it.
+    for _ in 0..2 {
+        if let Some((file, line)) = piece.rsplit_once(':')
+            && !line.is_empty()
+            && line.bytes().all(|b| b.is_ascii_digit())
+        {
+            piece = file;
+        }
+    }
+    if piece.is_empty() {
+        return None;
+    }
+    if piece.contains("://") || piece.starts_with("www.") {
+        return Some("url");
+    }
+    // An e-mail address; `@` in a path (`medium.com/@user`, `@types/node`) is not one.
+    if piece.contains('@') && !piece.contains('/') {
         return None;
     }
     let host = piece.split('/').next().unwrap_or(piece);
     let hosted = HOST_ENDINGS
         .iter()
         .any(|end| host.len() > end.len() + 1 && host.ends_with(end));
-    if piece.contains("://") || piece.starts_with("www.") || hosted {
+    if hosted {
         return Some("url");
     }
     if let Some((key, number)) = piece.split_once('-')
@@ -330,8 +346,11 @@ fn shape_word(piece: &str) -> Option<&'static str> {
     let named = match last.rsplit_once('.') {
         // A dot file: `.env`, `.gitignore`.
         Some(("", name)) => name.len() >= 2 && name.bytes().all(|b| b.is_ascii_lowercase()),
+        // `Node.js`, `Vue.js` are libraries: a capital before `.js` names one.
+        Some((stem, "js")) if stem.starts_with(|c: char| c.is_ascii_uppercase()) => false,
         Some((stem, extension)) => {
-            stem.bytes().any(|b| b.is_ascii_alphabetic() || b == b'_')
+            extension.len() <= 5
+                && stem.chars().any(|c| c.is_alphabetic() || c == '_')
                 && FILE_EXTENSIONS.contains(&extension.to_ascii_lowercase().as_str())
         }
         None => false,
@@ -1302,6 +1321,15 @@ mod tests {
             ("ASP.NET", None),
             (".NET", None),
             ("bob@example.com", None),
+            ("https://medium.com/@user/post", Some("url")),
+            ("node_modules/@types/node/index.d.ts", Some("file")),
+            ("src/main.rs:10:5", Some("file")),
+            ("(a.txt).", Some("file")),
+            ("файл.pdf", Some("file")),
+            ("Node.js", None),
+            ("Vue.js", None),
+            ("app.js", Some("file")),
+            ("localhost:8080", None),
             ("", None),
         ] {
             assert_eq!(shape_word(piece), word, "{piece}");

@@ -20,6 +20,9 @@
 //! budget before it is written, and what the gateway holds of pages is bounded by the
 //! requests in flight ([`MAX_REQUESTS`](crate::admit::MAX_REQUESTS) times the page bound).
 //! A stateless request (no transport of ours) gives it back when the handler returns.
+//! Holding it over HTTP until the response is written was built and taken out: with no
+//! deadline on a client's reading, one client that never reads could hold the budget
+//! every identity shares (over stdio the one client only holds its own).
 
 use psych_mcp::AnswerHold;
 use psych_reader_tool::passing::{PassError, ReferenceError, Referenced};
