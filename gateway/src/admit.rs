@@ -594,7 +594,18 @@ pub(crate) fn retry_after(mut response: hyper::Response<HttpBody>) -> hyper::Res
     response
 }
 
+/// The largest piece of a response body given to hyper at once: hyper queues a frame
+/// whole, and polls the body again only once what it has queued has mostly been written.
+pub(crate) const BODY_PIECE: usize = 64 * 1024;
+
 /// `response` with `admitted` held until its body has been sent or dropped.
+///
+/// Sent means taken by hyper and, but for the last ~400 KiB (hyper's write buffer, which
+/// it fills before polling the body again), written: the body is given to hyper in pieces
+/// of at most [`BODY_PIECE`], and it says it has ended only once hyper has polled it after
+/// its last piece. A body of one frame (an answer's JSON) said so with that frame, and
+/// hyper dropped it, and the place, as soon as it had queued the frame whole, however
+/// slowly the client read it.
 pub(crate) fn hold(
     response: hyper::Response<HttpBody>,
     admitted: Admitted,
@@ -603,16 +614,34 @@ pub(crate) fn hold(
     response.map(|body| {
         Held {
             body,
+            rest: None,
+            owed: false,
             _admitted: admitted,
         }
         .boxed()
     })
 }
 
-/// A body that holds a POST's place while it is sent.
+/// A body that holds a POST's place while it is sent ([`hold`]).
 struct Held {
     body: HttpBody,
+    /// What is left of a data frame over [`BODY_PIECE`].
+    rest: Option<hyper::body::Bytes>,
+    /// Whether a piece was given and the body not polled since: until it is, the body
+    /// has not ended (hyper polls again only once it has written most of what it holds).
+    owed: bool,
     _admitted: Admitted,
+}
+
+impl Held {
+    /// The next piece of `bytes`, keeping the rest for the next poll.
+    fn piece(&mut self, mut bytes: hyper::body::Bytes) -> Frame<hyper::body::Bytes> {
+        if bytes.len() > BODY_PIECE {
+            self.rest = Some(bytes.split_off(BODY_PIECE));
+        }
+        self.owed = true;
+        Frame::data(bytes)
+    }
 }
 
 impl Body for Held {
@@ -623,15 +652,32 @@ impl Body for Held {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        self.owed = false;
+        if let Some(rest) = self.rest.take() {
+            return Poll::Ready(Some(Ok(self.piece(rest))));
+        }
+        match Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(bytes) => Poll::Ready(Some(Ok(self.piece(bytes)))),
+                Err(frame) => Poll::Ready(Some(Ok(frame))),
+            },
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        !self.owed && self.rest.is_none() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let rest = self.rest.as_ref().map_or(0, |rest| rest.len() as u64);
+        let inner = self.body.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + rest);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
     }
 }
 
@@ -892,6 +938,34 @@ mod tests {
             request_id(br#"{"jsonrpc":"2.0","id":"a","method":"ping"}"#),
             Some(serde_json::json!("a"))
         );
+    }
+
+    /// A one-frame answer is given to hyper in pieces, and the body says it has ended only
+    /// once it has been polled after its last piece: until then its place is held.
+    #[tokio::test]
+    async fn a_large_answer_is_given_in_pieces_and_holds_its_place_to_the_end() {
+        let admission = Admission::with_limits(2, 2);
+        let admitted = admission.admit(Vec::new()).unwrap();
+        let size = 3 * BODY_PIECE + 10;
+        let answer =
+            crate::http_answer(hyper::StatusCode::OK, "application/json", "x".repeat(size));
+        let mut body = hold(answer, admitted).into_body();
+        assert!(!body.is_end_stream());
+        assert_eq!(body.size_hint().exact(), Some(size as u64));
+        let mut pieces = Vec::new();
+        loop {
+            let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+            let Some(frame) = frame else { break };
+            let bytes = frame.unwrap().into_data().unwrap();
+            pieces.push(bytes.len());
+            // As hyper asks after each piece: never ended with a piece just given.
+            assert!(!body.is_end_stream(), "ended after a piece");
+            assert_eq!(admission.total(), 1, "the place is held");
+        }
+        assert_eq!(pieces, [BODY_PIECE, BODY_PIECE, BODY_PIECE, 10]);
+        assert!(body.is_end_stream());
+        drop(body);
+        assert_eq!(admission.total(), 0);
     }
 
     #[tokio::test]
