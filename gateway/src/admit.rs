@@ -595,17 +595,23 @@ pub(crate) fn retry_after(mut response: hyper::Response<HttpBody>) -> hyper::Res
 }
 
 /// The largest piece of a response body given to hyper at once: hyper queues a frame
-/// whole, and polls the body again only once what it has queued has mostly been written.
+/// whole, and takes more only while its write buffer holds under ~408 KiB.
 pub(crate) const BODY_PIECE: usize = 64 * 1024;
 
 /// `response` with `admitted` held until its body has been sent or dropped.
 ///
-/// Sent means taken by hyper and, but for the last ~400 KiB (hyper's write buffer, which
-/// it fills before polling the body again), written: the body is given to hyper in pieces
-/// of at most [`BODY_PIECE`], and it says it has ended only once hyper has polled it after
-/// its last piece. A body of one frame (an answer's JSON) said so with that frame, and
-/// hyper dropped it, and the place, as soon as it had queued the frame whole, however
-/// slowly the client read it.
+/// Sent means written but for at most ~470 KiB: the body is given to hyper in pieces of
+/// at most [`BODY_PIECE`], each a copy (a slice would keep the whole answer's buffer alive
+/// after the body is dropped), and does not say it has ended with its last piece. hyper
+/// takes pieces while its write buffer holds under ~408 KiB and then writes it all before
+/// taking more, so when it drops the body (its length reached, or polled to its end) at
+/// most that buffer and one piece are unwritten. A body of one frame (an answer's JSON)
+/// said it had ended with that frame, and hyper dropped it, and the place, as soon as it
+/// had queued the frame whole, however slowly the client read it.
+///
+/// So a client that stops reading a large answer holds its place until its connection
+/// ends (hyper has no write deadline), as one that stops reading its session's stream
+/// does: bounded by the places, per session, per identity and in all.
 pub(crate) fn hold(
     response: hyper::Response<HttpBody>,
     admitted: Admitted,
@@ -628,19 +634,23 @@ struct Held {
     /// What is left of a data frame over [`BODY_PIECE`].
     rest: Option<hyper::body::Bytes>,
     /// Whether a piece was given and the body not polled since: until it is, the body
-    /// has not ended (hyper polls again only once it has written most of what it holds).
+    /// does not say it has ended (which would make hyper drop it with the piece queued).
     owed: bool,
     _admitted: Admitted,
 }
 
 impl Held {
-    /// The next piece of `bytes`, keeping the rest for the next poll.
-    fn piece(&mut self, mut bytes: hyper::body::Bytes) -> Frame<hyper::body::Bytes> {
-        if bytes.len() > BODY_PIECE {
-            self.rest = Some(bytes.split_off(BODY_PIECE));
-        }
+    /// The next piece of `bytes`, keeping the rest for the next poll. A piece of a larger
+    /// frame is a copy, so that what hyper still holds when the body is dropped does not
+    /// keep the frame's whole buffer.
+    fn piece(&mut self, bytes: hyper::body::Bytes) -> Frame<hyper::body::Bytes> {
         self.owed = true;
-        Frame::data(bytes)
+        if bytes.len() <= BODY_PIECE {
+            return Frame::data(bytes);
+        }
+        let piece = hyper::body::Bytes::copy_from_slice(&bytes[..BODY_PIECE]);
+        self.rest = Some(bytes.slice(BODY_PIECE..));
+        Frame::data(piece)
     }
 }
 
@@ -673,9 +683,9 @@ impl Body for Held {
         let rest = self.rest.as_ref().map_or(0, |rest| rest.len() as u64);
         let inner = self.body.size_hint();
         let mut hint = SizeHint::new();
-        hint.set_lower(inner.lower() + rest);
-        if let Some(upper) = inner.upper() {
-            hint.set_upper(upper + rest);
+        hint.set_lower(inner.lower().saturating_add(rest));
+        if let Some(upper) = inner.upper().and_then(|upper| upper.checked_add(rest)) {
+            hint.set_upper(upper);
         }
         hint
     }
@@ -947,22 +957,33 @@ mod tests {
         let admission = Admission::with_limits(2, 2);
         let admitted = admission.admit(Vec::new()).unwrap();
         let size = 3 * BODY_PIECE + 10;
-        let answer =
-            crate::http_answer(hyper::StatusCode::OK, "application/json", "x".repeat(size));
+        let text: String = (0..size)
+            .map(|i| char::from(b'a' + u8::try_from(i % 26).unwrap()))
+            .collect();
+        let answer = crate::http_answer(hyper::StatusCode::OK, "application/json", text.clone());
         let mut body = hold(answer, admitted).into_body();
         assert!(!body.is_end_stream());
         assert_eq!(body.size_hint().exact(), Some(size as u64));
         let mut pieces = Vec::new();
+        let mut sent = Vec::new();
         loop {
             let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
             let Some(frame) = frame else { break };
             let bytes = frame.unwrap().into_data().unwrap();
             pieces.push(bytes.len());
-            // As hyper asks after each piece: never ended with a piece just given.
+            sent.extend_from_slice(&bytes);
+            // As hyper asks after each piece: never ended with a piece just given, and
+            // what is left is known exactly.
             assert!(!body.is_end_stream(), "ended after a piece");
-            assert_eq!(admission.total(), 1, "the place is held");
+            assert_eq!(body.size_hint().exact(), Some((size - sent.len()) as u64));
         }
         assert_eq!(pieces, [BODY_PIECE, BODY_PIECE, BODY_PIECE, 10]);
+        assert_eq!(sent, text.as_bytes(), "in order, nothing lost or repeated");
+        assert_eq!(
+            admission.total(),
+            1,
+            "the place is held while the body lives"
+        );
         assert!(body.is_end_stream());
         drop(body);
         assert_eq!(admission.total(), 0);
