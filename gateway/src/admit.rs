@@ -136,10 +136,8 @@ pub(crate) fn count_in(
 ) -> Result<(), Box<ServerJsonRpcMessage>> {
     match message {
         JsonRpcMessage::Request(request) => match in_flight.enter(&request.id) {
-            Ok(()) => {
-                if let Some(hold) = in_flight.hold(&request.id) {
-                    request.request.extensions_mut().insert(hold);
-                }
+            Ok(hold) => {
+                request.request.extensions_mut().insert(hold);
             }
             Err(refusal) => {
                 let error = match refusal {

@@ -250,10 +250,10 @@ impl Session {
             meta.insert("psych/nextOffset".to_owned(), json!(next));
             MetaObject(meta)
         });
-        // The text stays counted in the budget until rmcp has written the answer: kept with
-        // the request by its transport until then. Without one (a request no transport of
-        // ours counted), or once the request is forgotten (cancelled), it is given back
-        // here.
+        // The text stays counted in the budget until the answer's send ends, kept with the
+        // request by its transport: over stdio when the line is written, in an HTTP session
+        // when rmcp has queued it (the module docs say why). Without a transport of ours
+        // counting the request, or once it is forgotten (cancelled), it is given back here.
         if let Some(hold) = context.extensions.get::<AnswerHold>() {
             drop(hold.keep(Box::new(held)));
         }

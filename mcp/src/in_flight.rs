@@ -30,7 +30,7 @@ pub const MAX_REQUEST_ID_BYTES: usize = 256;
 /// says, so no message of the peer's frees a place that an answer still holds.
 ///
 /// What an answer's bytes were counted in elsewhere (a budget's reservation) can be kept
-/// with its request ([`InFlight::hold`]), and is dropped when the answer's send ends (or
+/// with its request (the [`AnswerHold`] [`InFlight::enter`] gives), and is dropped when the answer's send ends (or
 /// when the request is forgotten unanswered), not when the handler returns: rmcp
 /// serializes and writes the answer after that.
 #[derive(Debug)]
@@ -100,14 +100,15 @@ impl InFlight {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts the request `id` in, or says why not (nothing is counted then).
+    /// Counts the request `id` in, and gives its place, for its handler to keep things with
+    /// ([`AnswerHold::keep`]); or says why not (nothing is counted then).
     ///
     /// # Errors
     ///
     /// [`Refusal::LongId`] for a string id over [`MAX_REQUEST_ID_BYTES`];
     /// [`Refusal::SameId`] while a request of this id is unanswered; [`Refusal::Full`] when
     /// `limit` requests are in flight.
-    pub fn enter(&self, id: &RequestId) -> Result<(), Refusal> {
+    pub fn enter(self: &Arc<Self>, id: &RequestId) -> Result<AnswerHold, Refusal> {
         if let RequestId::String(text) = id
             && text.len() > MAX_REQUEST_ID_BYTES
         {
@@ -129,14 +130,8 @@ impl InFlight {
                 kept: Vec::new(),
             },
         );
-        Ok(())
-    }
-
-    /// The place of the unanswered request `id`, for its handler to keep things with
-    /// ([`AnswerHold::keep`]); `None` when it is not unanswered.
-    pub fn hold(self: &Arc<Self>, id: &RequestId) -> Option<AnswerHold> {
-        let entered = self.state().unanswered.get(id)?.entered;
-        Some(AnswerHold {
+        drop(state);
+        Ok(AnswerHold {
             in_flight: Arc::clone(self),
             id: id.clone(),
             entered,
@@ -201,7 +196,7 @@ impl InFlight {
     }
 }
 
-/// A request's place in its transport's [`InFlight`] ([`InFlight::hold`]), which the
+/// A request's place in its transport's [`InFlight`] ([`InFlight::enter`]), which the
 /// transport puts in the request's extensions (rmcp hands them to the handler as its
 /// context's) so that the handler can [keep](AnswerHold::keep) what counts its answer's
 /// bytes until the answer has been sent.
@@ -286,24 +281,27 @@ mod tests {
     fn a_request_with_a_long_string_id_is_refused_and_not_counted() {
         let in_flight = InFlight::new(2);
         let long = RequestId::String("x".repeat(MAX_REQUEST_ID_BYTES + 1).into());
-        assert_eq!(in_flight.enter(&long), Err(Refusal::LongId));
+        assert_eq!(in_flight.enter(&long).err(), Some(Refusal::LongId));
         assert!(in_flight.is_empty());
         let longest = RequestId::String("x".repeat(MAX_REQUEST_ID_BYTES).into());
-        assert_eq!(in_flight.enter(&longest), Ok(()));
+        assert!(in_flight.enter(&longest).is_ok());
     }
 
     #[test]
     fn requests_are_counted_to_the_limit_and_out_when_their_answers_are_sent() {
         let in_flight = InFlight::new(2);
         let one = RequestId::Number(1);
-        assert_eq!(in_flight.enter(&one), Ok(()));
-        assert_eq!(in_flight.enter(&one), Err(Refusal::SameId));
-        assert_eq!(in_flight.enter(&RequestId::Number(2)), Ok(()));
-        assert_eq!(in_flight.enter(&RequestId::Number(3)), Err(Refusal::Full));
+        assert!(in_flight.enter(&one).is_ok());
+        assert_eq!(in_flight.enter(&one).err(), Some(Refusal::SameId));
+        assert!(in_flight.enter(&RequestId::Number(2)).is_ok());
+        assert_eq!(
+            in_flight.enter(&RequestId::Number(3)).err(),
+            Some(Refusal::Full)
+        );
         let answering = in_flight.answering(&response(1));
         assert_eq!(in_flight.len(), 2, "in flight until the send ends");
         // Its id may be used again once answered; the answer still holds a place.
-        assert_eq!(in_flight.enter(&one), Err(Refusal::Full));
+        assert_eq!(in_flight.enter(&one).err(), Some(Refusal::Full));
         drop(answering);
         assert_eq!(in_flight.len(), 1);
         let error = ServerJsonRpcMessage::error(
@@ -333,17 +331,16 @@ mod tests {
             |d: &Arc<std::sync::atomic::AtomicBool>| d.load(std::sync::atomic::Ordering::SeqCst);
         let in_flight = InFlight::new(4);
         let one = RequestId::Number(1);
-        in_flight.enter(&one).unwrap();
+        let hold = in_flight.enter(&one).unwrap();
         let (kept, one_dropped) = flag();
-        assert!(in_flight.hold(&one).unwrap().keep(kept).is_ok());
+        assert!(hold.keep(kept).is_ok());
         let answering = in_flight.answering(&response(1));
         assert!(!dropped(&one_dropped), "kept while the answer is sent");
         drop(answering);
         assert!(dropped(&one_dropped), "dropped once the send ended");
 
         let two = RequestId::Number(2);
-        in_flight.enter(&two).unwrap();
-        let hold = in_flight.hold(&two).unwrap();
+        let hold = in_flight.enter(&two).unwrap();
         let (kept, two_dropped) = flag();
         assert!(hold.keep(kept).is_ok());
         in_flight.forget(&two);
@@ -360,14 +357,8 @@ mod tests {
         assert!(dropped(&late_dropped));
         in_flight.forget(&two);
 
-        assert!(
-            in_flight.hold(&RequestId::Number(3)).is_none(),
-            "never entered"
-        );
-
-        in_flight.enter(&RequestId::Number(4)).unwrap();
+        let hold = in_flight.enter(&RequestId::Number(4)).unwrap();
         let (kept, four_dropped) = flag();
-        let hold = in_flight.hold(&RequestId::Number(4)).unwrap();
         assert!(hold.keep(kept).is_ok());
         in_flight.forget_unanswered();
         assert!(
@@ -397,7 +388,7 @@ mod tests {
         assert_eq!(in_flight.len(), 3);
         // An unanswered request a cancellation forgets frees its place.
         drop(stuck.pop());
-        assert_eq!(in_flight.enter(&RequestId::Number(99)), Ok(()));
+        assert!(in_flight.enter(&RequestId::Number(99)).is_ok());
         in_flight.forget(&RequestId::Number(99));
         assert_eq!(in_flight.len(), 2);
         // An error without an id (a parse error's) is counted while sent too.
