@@ -5,7 +5,9 @@
 //! - At most [`MAX_CONNECTIONS`] connections are open; past it the gateway accepts no more
 //!   until one closes (the rest wait in the listen backlog, as on any busy server). A
 //!   connection that sends no request head for 30 s, idle between requests included, is
-//!   closed, so idle connections cannot hold every place.
+//!   closed, so idle connections cannot hold every place; so is one whose client reads
+//!   nothing it is sent for [`WRITE_WITHIN`] (an answer, an event stream), so that a
+//!   client that stops reading gives back its connection's place and its POST's.
 //! - At most [`MAX_REQUESTS`] POSTs are in flight across every client, and at most
 //!   [`MAX_REQUESTS_PER_SESSION`] within one session (by its `Mcp-Session-Id`) and for one
 //!   identity when the gateway has tokens (all its sessions together); past either a POST
@@ -608,8 +610,9 @@ pub(crate) const BODY_PIECE: usize = 64 * 1024;
 /// had queued the frame whole, however slowly the client read it.
 ///
 /// So a client that stops reading a large answer holds its place until its connection
-/// ends (hyper has no write deadline), as one that stops reading its session's stream
-/// does: bounded by the places, per session, per identity and in all.
+/// ends, at the latest [`WRITE_WITHIN`] after it stopped ([`WriteDeadline`]), as one that
+/// stops reading its session's stream does: bounded by the places, per session, per
+/// identity and in all.
 pub(crate) fn hold(
     response: hyper::Response<HttpBody>,
     admitted: Admitted,
@@ -686,6 +689,103 @@ impl Body for Held {
             hint.set_upper(upper);
         }
         hint
+    }
+}
+
+/// How long a connection's writes may make no progress (its client reading nothing of what
+/// it is sent: an answer, an event stream) before the connection is closed: 30 s.
+pub const WRITE_WITHIN: Duration = Duration::from_secs(30);
+
+/// A connection whose writes fail once one has waited [`WRITE_WITHIN`] with nothing
+/// written (hyper has no write deadline of its own). A client that stops reading then
+/// gives back what its connection holds (its place among the connections, a POST's place
+/// held until its answer is sent, the answer's bytes in hyper's buffer) when the deadline
+/// passes, not when it closes the connection. The deadline is per write: a client reading
+/// slowly, but reading, is never cut.
+pub(crate) struct WriteDeadline<T> {
+    io: T,
+    within: Duration,
+    /// The deadline of the write waiting now: set when a write (or flush, or shutdown)
+    /// could not proceed, cleared when one did.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> WriteDeadline<T> {
+    /// `io`, its writes failing once one has waited `within`.
+    pub(crate) fn new(io: T, within: Duration) -> Self {
+        Self {
+            io,
+            within,
+            stalled: None,
+        }
+    }
+
+    /// `polled` (a write's, a flush's or a shutdown's), or past the deadline of a write
+    /// that could not proceed, a failure. Waiting, it is woken by the deadline too.
+    fn within<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let within = self.within;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(within)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the client read nothing it was sent for {within:?}"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteDeadline<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.within(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.within(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.within(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.within(cx, polled)
     }
 }
 
@@ -984,6 +1084,142 @@ mod tests {
         );
         assert!(body.is_end_stream());
         drop(body);
+        assert_eq!(admission.total(), 0);
+    }
+
+    /// A write that waits past its deadline fails; a client reading slowly, each write
+    /// proceeding within it, is never cut, however long the whole takes.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_waiting_past_its_deadline_fails_and_a_slow_reader_is_not_cut() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let within = Duration::from_secs(30);
+        let (near, _far) = tokio::io::duplex(1024);
+        let mut near = WriteDeadline::new(near, within);
+        let began = tokio::time::Instant::now();
+        let error = tokio::time::timeout(10 * within, near.write_all(&[7; 4096]))
+            .await
+            .expect("the write failed by its deadline")
+            .unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(
+            began.elapsed(),
+            within,
+            "failed at its deadline, not before"
+        );
+
+        let (near, mut far) = tokio::io::duplex(1024);
+        let mut near = WriteDeadline::new(near, within);
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut buf = [0; 1024];
+            loop {
+                tokio::time::sleep(within - Duration::from_secs(1)).await;
+                let n = far.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break got;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+        });
+        let began = tokio::time::Instant::now();
+        near.write_all(&[7; 8192]).await.unwrap();
+        near.shutdown().await.unwrap();
+        assert!(
+            began.elapsed() > 5 * within,
+            "far longer than the deadline in all"
+        );
+        drop(near);
+        assert_eq!(reader.await.unwrap(), vec![7; 8192]);
+    }
+
+    /// Serves one HTTP/1 connection on `io`, answering each request with 4 MiB that hold a
+    /// place of `admission` until sent ([`hold`]).
+    fn serve_large_answers<T>(
+        io: T,
+        admission: &Arc<Admission>,
+    ) -> tokio::task::JoinHandle<Result<(), hyper::Error>>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let admission = Arc::clone(admission);
+        let service =
+            hyper::service::service_fn(move |_request: hyper::Request<hyper::body::Incoming>| {
+                let admitted = admission.admit(Vec::new());
+                async move {
+                    let answer = crate::http_answer(
+                        hyper::StatusCode::OK,
+                        "application/json",
+                        "x".repeat(ANSWER),
+                    );
+                    Ok::<_, std::convert::Infallible>(hold(answer, admitted.unwrap()))
+                }
+            });
+        tokio::spawn(
+            hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(io), service),
+        )
+    }
+
+    /// The answer [`serve_large_answers`] gives.
+    const ANSWER: usize = 4 << 20;
+
+    /// A POST as a client sends it.
+    const POST: &[u8] = b"POST /mcp HTTP/1.1\r\nhost: localhost\r\ncontent-length: 0\r\n\r\n";
+
+    /// Through hyper: a client that asks for a large answer and reads none of it holds
+    /// its connection and its POST's place until the write deadline (without it, for as
+    /// long as it keeps the connection open); one that reads slowly gets it whole.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_gives_back_its_place_at_the_write_deadline() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let admission = Admission::with_limits(4, 4);
+        let within = WRITE_WITHIN;
+
+        let (server, mut client) = tokio::io::duplex(16 * 1024);
+        client.write_all(POST).await.unwrap();
+        let connection = serve_large_answers(server, &admission);
+        tokio::time::sleep(100 * within).await;
+        assert!(!connection.is_finished(), "without a deadline it waits");
+        assert_eq!(admission.total(), 1, "and holds its place");
+        connection.abort();
+        let _ = connection.await;
+        assert_eq!(admission.total(), 0);
+
+        let (server, mut client) = tokio::io::duplex(16 * 1024);
+        client.write_all(POST).await.unwrap();
+        let connection = serve_large_answers(WriteDeadline::new(server, within), &admission);
+        tokio::time::sleep(within - Duration::from_secs(1)).await;
+        assert_eq!(admission.total(), 1, "held until the deadline");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(connection.is_finished(), "closed at the deadline");
+        assert!(connection.await.unwrap().is_err());
+        assert_eq!(admission.total(), 0, "its place given back");
+        drop(client);
+
+        let (server, mut client) = tokio::io::duplex(16 * 1024);
+        client.write_all(POST).await.unwrap();
+        let connection = serve_large_answers(WriteDeadline::new(server, within), &admission);
+        let mut got = Vec::new();
+        let mut buf = vec![0; 64 * 1024];
+        let whole = loop {
+            tokio::time::sleep(within - Duration::from_secs(1)).await;
+            let n = client.read(&mut buf).await.unwrap();
+            assert_ne!(n, 0, "the connection ended early");
+            got.extend_from_slice(&buf[..n]);
+            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n")
+                && got.len() - end - 4 >= ANSWER
+            {
+                break got.len() - end - 4;
+            }
+        };
+        assert_eq!(whole, ANSWER, "the answer whole, read a piece every 29 s");
+        assert!(
+            !connection.is_finished(),
+            "the connection stays for the next request"
+        );
+        drop(client);
+        assert!(connection.await.unwrap().is_ok());
         assert_eq!(admission.total(), 0);
     }
 

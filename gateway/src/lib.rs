@@ -174,7 +174,9 @@ mod stdio;
 mod tenant;
 mod tokens;
 
-pub use admit::{BODY_WITHIN, MAX_CONNECTIONS, MAX_REQUESTS, MAX_REQUESTS_PER_SESSION, PEEK};
+pub use admit::{
+    BODY_WITHIN, MAX_CONNECTIONS, MAX_REQUESTS, MAX_REQUESTS_PER_SESSION, PEEK, WRITE_WITHIN,
+};
 pub use pinning::{learned_pins, serve_usage, store_usage};
 pub use resources::{RESULT_URI_PREFIX, result_uri};
 pub use tenant::{DEFAULT_RETAIN, DEFAULT_RETAIN_BYTES, Retention};
@@ -3241,7 +3243,9 @@ async fn serve_http(
         connections.spawn(async move {
             let _place = place;
             // A connection that sends no request head within the deadline, idle between
-            // requests included, is closed, so idle connections do not keep their places.
+            // requests included, is closed, so idle connections do not keep their places;
+            // so is one whose client stops reading what it is sent.
+            let stream = admit::WriteDeadline::new(stream, admit::WRITE_WITHIN);
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(HEADER_WITHIN)
