@@ -5,9 +5,12 @@
 //! - At most [`MAX_CONNECTIONS`] connections are open; past it the gateway accepts no more
 //!   until one closes (the rest wait in the listen backlog, as on any busy server). A
 //!   connection that sends no request head for 30 s, idle between requests included, is
-//!   closed, so idle connections cannot hold every place; so is one whose client reads
-//!   nothing it is sent for [`WRITE_WITHIN`] (an answer, an event stream), so that a
-//!   client that stops reading gives back its connection's place and its POST's.
+//!   closed, so idle connections cannot hold every place; so is one whose write (of an
+//!   answer, of an event stream) has waited [`WRITE_WITHIN`] with nothing written, so
+//!   that a client that stops reading gives back its connection's place and its POST's
+//!   once the socket's buffers are full and the deadline has passed. The deadline is per
+//!   write: a client that reads a little within each 30 s is not cut, and holds what it
+//!   holds as long as it keeps reading so.
 //! - At most [`MAX_REQUESTS`] POSTs are in flight across every client, and at most
 //!   [`MAX_REQUESTS_PER_SESSION`] within one session (by its `Mcp-Session-Id`) and for one
 //!   identity when the gateway has tokens (all its sessions together); past either a POST
@@ -610,9 +613,9 @@ pub(crate) const BODY_PIECE: usize = 64 * 1024;
 /// had queued the frame whole, however slowly the client read it.
 ///
 /// So a client that stops reading a large answer holds its place until its connection
-/// ends, at the latest [`WRITE_WITHIN`] after it stopped ([`WriteDeadline`]), as one that
-/// stops reading its session's stream does: bounded by the places, per session, per
-/// identity and in all.
+/// ends: at the latest [`WRITE_WITHIN`] after the socket's buffers have filled
+/// ([`WriteDeadline`]), as one that stops reading its session's stream does; bounded by
+/// the places, per session, per identity and in all.
 pub(crate) fn hold(
     response: hyper::Response<HttpBody>,
     admitted: Admitted,
@@ -692,22 +695,28 @@ impl Body for Held {
     }
 }
 
-/// How long a connection's writes may make no progress (its client reading nothing of what
-/// it is sent: an answer, an event stream) before the connection is closed: 30 s.
+/// How long a write of a connection (an answer, an event stream) may wait with nothing
+/// written, its client reading nothing and the socket's buffers full, before the
+/// connection is closed: 30 s.
 pub const WRITE_WITHIN: Duration = Duration::from_secs(30);
 
 /// A connection whose writes fail once one has waited [`WRITE_WITHIN`] with nothing
 /// written (hyper has no write deadline of its own). A client that stops reading then
 /// gives back what its connection holds (its place among the connections, a POST's place
-/// held until its answer is sent, the answer's bytes in hyper's buffer) when the deadline
-/// passes, not when it closes the connection. The deadline is per write: a client reading
-/// slowly, but reading, is never cut.
+/// held until its answer is sent, the answer's bytes in hyper's buffer) once the socket's
+/// buffers (the client's receive buffer and ours to send, some MB) have filled and the
+/// deadline has passed, not when it closes the connection. The deadline is per write: a
+/// client whose reading lets each write proceed within it is not cut, however long the
+/// whole takes (one that reads a little every 29 s holds its places as long as it goes on).
 pub(crate) struct WriteDeadline<T> {
     io: T,
     within: Duration,
-    /// The deadline of the write waiting now: set when a write (or flush, or shutdown)
-    /// could not proceed, cleared when one did.
-    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The deadline of the write waiting now, when `waiting`: made at the first write (or
+    /// flush, or shutdown) that could not proceed and reset at each next one, so that a
+    /// slow reader does not cost an allocation per wait.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether a write is waiting since the last one that proceeded.
+    waiting: bool,
 }
 
 impl<T> WriteDeadline<T> {
@@ -716,7 +725,8 @@ impl<T> WriteDeadline<T> {
         Self {
             io,
             within,
-            stalled: None,
+            deadline: None,
+            waiting: false,
         }
     }
 
@@ -728,17 +738,25 @@ impl<T> WriteDeadline<T> {
         polled: Poll<std::io::Result<R>>,
     ) -> Poll<std::io::Result<R>> {
         if polled.is_ready() {
-            self.stalled = None;
+            self.waiting = false;
             return polled;
         }
         let within = self.within;
-        let stalled = self
-            .stalled
+        if !self.waiting {
+            self.waiting = true;
+            let until = tokio::time::Instant::now() + within;
+            match &mut self.deadline {
+                Some(deadline) => deadline.as_mut().reset(until),
+                None => self.deadline = Some(Box::pin(tokio::time::sleep_until(until))),
+            }
+        }
+        let deadline = self
+            .deadline
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(within)));
-        match stalled.as_mut().poll(cx) {
+        match deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                format!("the client read nothing it was sent for {within:?}"),
+                format!("a write waited {within:?} with nothing written: the client reads nothing"),
             ))),
             Poll::Pending => Poll::Pending,
         }
@@ -1107,6 +1125,48 @@ mod tests {
             "failed at its deadline, not before"
         );
 
+        // Vectored writes (a TCP stream's, as hyper makes them) wait and fail the same way.
+        let (near, _far) = tokio::io::duplex(1024);
+        let mut near = WriteDeadline::new(near, within);
+        let began = tokio::time::Instant::now();
+        let slices = [
+            std::io::IoSlice::new(&[1; 512]),
+            std::io::IoSlice::new(&[2; 512]),
+        ];
+        let error = tokio::time::timeout(10 * within, async {
+            loop {
+                if let Err(error) = near.write_vectored(&slices).await {
+                    break error;
+                }
+            }
+        })
+        .await
+        .expect("the write failed by its deadline");
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(began.elapsed(), within);
+
+        // A write that proceeds sets the deadline again: the next wait has all of it.
+        let (near, mut far) = tokio::io::duplex(1024);
+        let mut near = WriteDeadline::new(near, within);
+        let reader = tokio::spawn(async move {
+            tokio::time::sleep(within - Duration::from_secs(10)).await;
+            let mut buf = [0; 1024];
+            far.read_exact(&mut buf).await.unwrap();
+            far
+        });
+        let began = tokio::time::Instant::now();
+        let error = tokio::time::timeout(10 * within, near.write_all(&[7; 4096]))
+            .await
+            .expect("the write failed by its deadline")
+            .unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(
+            began.elapsed(),
+            within - Duration::from_secs(10) + within,
+            "a whole deadline after the write that proceeded"
+        );
+        drop(reader.await.unwrap());
+
         let (near, mut far) = tokio::io::duplex(1024);
         let mut near = WriteDeadline::new(near, within);
         let reader = tokio::spawn(async move {
@@ -1221,6 +1281,53 @@ mod tests {
         drop(client);
         assert!(connection.await.unwrap().is_ok());
         assert_eq!(admission.total(), 0);
+    }
+
+    /// An event stream silent for longer than the deadline is not cut: while it is silent
+    /// no write waits.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_event_stream_is_not_cut() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let service =
+            hyper::service::service_fn(|_request: hyper::Request<hyper::body::Incoming>| async {
+                let events = futures_util::stream::unfold(0, |n| async move {
+                    if n == 3 {
+                        return None;
+                    }
+                    tokio::time::sleep(4 * WRITE_WITHIN).await;
+                    let event = hyper::body::Bytes::from(format!("data: {n}\n\n"));
+                    Some((Ok::<_, std::convert::Infallible>(Frame::data(event)), n + 1))
+                });
+                Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                    http_body_util::StreamBody::new(events),
+                ))
+            });
+        let (server, mut client) = tokio::io::duplex(16 * 1024);
+        client
+            .write_all(b"GET /mcp HTTP/1.1\r\nhost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        let connection = tokio::spawn(
+            hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(
+                    hyper_util::rt::TokioIo::new(WriteDeadline::new(server, WRITE_WITHIN)),
+                    service,
+                ),
+        );
+        let began = tokio::time::Instant::now();
+        let mut got = Vec::new();
+        let mut buf = [0; 1024];
+        while !got.ends_with(b"\r\n0\r\n\r\n") {
+            let n = client.read(&mut buf).await.unwrap();
+            assert_ne!(n, 0, "the stream was cut");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(String::from_utf8_lossy(&got).contains("data: 2"));
+        assert_eq!(began.elapsed(), 12 * WRITE_WITHIN);
+        assert!(!connection.is_finished());
+        drop(client);
+        assert!(connection.await.unwrap().is_ok());
     }
 
     #[tokio::test]

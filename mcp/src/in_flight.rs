@@ -30,9 +30,9 @@ pub const MAX_REQUEST_ID_BYTES: usize = 256;
 /// says, so no message of the peer's frees a place that an answer still holds.
 ///
 /// What an answer's bytes were counted in elsewhere (a budget's reservation) can be kept
-/// with its request (the [`AnswerHold`] [`InFlight::enter`] gives), and is dropped when the answer's send ends (or
-/// when the request is forgotten unanswered), not when the handler returns: rmcp
-/// serializes and writes the answer after that.
+/// with its request (by the [`AnswerHold`] [`InFlight::enter`] gives), and is dropped when
+/// the answer's send ends (or when the request is forgotten unanswered), not when the
+/// handler returns: rmcp serializes and writes the answer after that.
 #[derive(Debug)]
 pub struct InFlight {
     limit: usize,
