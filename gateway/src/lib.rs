@@ -1190,7 +1190,8 @@ impl Session {
         // the text). Only text blocks are spilled, so a result of structured content alone
         // is never rendered to learn it. Asked only of a result shown whole: with the
         // gateway's per-batch threshold (30,000 tokens) one too large to hold in memory is
-        // always elided, so this is a defence, not a path a test can reach.
+        // always elided, so this is a defence, not a path a served call reaches (its unit
+        // test calls this directly).
         let partial = |output: &ToolOutput| {
             !output.content.is_empty() && output.readable_text().len() as u64 != stored_len
         };
@@ -3315,6 +3316,92 @@ mod tests {
             json!("t".repeat(mib)),
         )]));
         assert!(past_worker_bound(&meta, 8));
+    }
+
+    /// A result shown whole whose text was spilled to a file (too large for memory, stored
+    /// whole in the log) is answered with the placeholder that says how large it is and the
+    /// handle to read it by, and a link to it for a client that opens them (not for a
+    /// failure); never with the placeholder alone, as if it were the result.
+    #[test]
+    fn a_spilled_result_shown_whole_says_where_to_read_it() {
+        use std::io::Write as _;
+        let text = "a line of the result\n".repeat(100);
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(text.as_bytes()).unwrap();
+        let spilled = Arc::new(psych_types::SpilledText::new(file, text.len() as u64));
+        let placeholder = spilled.placeholder();
+        let mut output = ToolOutput::text(placeholder.clone());
+        output.spilled.push(psych_types::SpilledBlock {
+            block: 0,
+            text: spilled,
+        });
+        let result = |output: ToolOutput| ToolResult {
+            call_id: ToolCallId::new("c").unwrap(),
+            name: "fetch".to_owned(),
+            output,
+            target: Some(ToolRef::new(
+                psych_types::ServerId::new("web").unwrap(),
+                psych_types::ToolName::new("fetch").unwrap(),
+            )),
+        };
+        let handle = RecordHandle::new(psych_types::RunId::new("r").unwrap(), 3);
+        let stored = text.len() as u64;
+        let answered = |output: ToolOutput, links: bool| {
+            let Ok(Answer::Result(json)) = Session::shown(
+                result(output),
+                Projection::Full,
+                &handle,
+                stored,
+                links,
+                1 << 20,
+            ) else {
+                panic!("not answered with a result");
+            };
+            json
+        };
+
+        let shown = answered(output.clone(), true);
+        let read_it = format!("{placeholder} Read it with {READ_TOOL_OUTPUT}, handle {handle}.");
+        assert_eq!(shown["content"][0]["text"], read_it);
+        assert_eq!(shown["content"][1]["type"], "resource_link");
+        assert_eq!(shown["content"][1]["uri"], resources::result_uri(&handle));
+        assert_eq!(shown["content"][1]["size"], stored);
+        assert_eq!(shown["content"].as_array().map(Vec::len), Some(2));
+        assert_ne!(shown["isError"], true, "not a failure");
+
+        let shown = answered(output.clone(), false);
+        assert_eq!(shown["content"][0]["text"], read_it);
+        assert_eq!(
+            shown["content"].as_array().map(Vec::len),
+            Some(1),
+            "no link"
+        );
+
+        let mut failed = output;
+        failed.is_error = true;
+        let shown = answered(failed, true);
+        assert_eq!(shown["content"][0]["text"], read_it);
+        assert_eq!(
+            shown["content"].as_array().map(Vec::len),
+            Some(1),
+            "no link"
+        );
+        assert_eq!(shown["isError"], true);
+
+        // A result held whole in memory passes as it came.
+        let shown = Session::shown(
+            result(ToolOutput::text(text.clone())),
+            Projection::Full,
+            &handle,
+            stored,
+            true,
+            1 << 20,
+        );
+        let Ok(Answer::Result(shown)) = shown else {
+            panic!("not answered with a result");
+        };
+        assert_eq!(shown["content"][0]["text"], text);
+        assert_eq!(shown["content"].as_array().map(Vec::len), Some(1));
     }
 
     #[test]
