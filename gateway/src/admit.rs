@@ -9,8 +9,8 @@
 //!   answer, of an event stream) has waited [`WRITE_WITHIN`] with nothing written, so
 //!   that a client that stops reading gives back its connection's place and its POST's
 //!   once the socket's buffers are full and the deadline has passed. The deadline is per
-//!   write: a client that reads a little within each 30 s is not cut, and holds what it
-//!   holds as long as it keeps reading so.
+//!   write: a client whose reading lets each write proceed within 30 s is not cut, and
+//!   holds what it holds as long as it keeps reading so.
 //! - At most [`MAX_REQUESTS`] POSTs are in flight across every client, and at most
 //!   [`MAX_REQUESTS_PER_SESSION`] within one session (by its `Mcp-Session-Id`) and for one
 //!   identity when the gateway has tokens (all its sessions together); past either a POST
@@ -21,8 +21,9 @@
 //! - A refused POST's body is read up to [`PEEK`] bytes (at most 32 at once, 4 of one
 //!   session or identity, each read and handled within 5 s): if it is a notification or
 //!   an answer it passes uncounted, so a client in a session at its bound can still cancel
-//!   what holds its places or answer an elicitation. (Without a session, MCP 2026-07-28 has no notification that cancels: a
-//!   client cancels by closing the request's connection, which frees its place.)
+//!   what holds its places or answer an elicitation. (Without a session, MCP 2026-07-28
+//!   has no notification that cancels: a client cancels by closing the request's
+//!   connection, which frees its place.)
 //!
 //! Requests without a session (MCP 2026-07-28's, an `initialize`) from the loopback
 //! identity share the global bound only (each also holds a session slot while it runs, so
@@ -704,16 +705,19 @@ pub const WRITE_WITHIN: Duration = Duration::from_secs(30);
 /// written (hyper has no write deadline of its own). A client that stops reading then
 /// gives back what its connection holds (its place among the connections, a POST's place
 /// held until its answer is sent, the answer's bytes in hyper's buffer) once the socket's
-/// buffers (the client's receive buffer and ours to send, some MB) have filled and the
-/// deadline has passed, not when it closes the connection. The deadline is per write: a
-/// client whose reading lets each write proceed within it is not cut, however long the
-/// whole takes (one that reads a little every 29 s holds its places as long as it goes on).
+/// buffers (the client's receive buffer and ours to send, up to some MB) have filled and
+/// the deadline has passed, not when it closes the connection. The deadline is per write:
+/// a client whose reading lets each write proceed within it is not cut, however long the
+/// whole takes, and holds its places as long as it goes on so.
+///
+/// A flush or shutdown that proceeds ends a wait as a write does: hyper flushes the socket
+/// only once its own buffer is written, so none proceeds while a write is blocked.
 pub(crate) struct WriteDeadline<T> {
     io: T,
     within: Duration,
-    /// The deadline of the write waiting now, when `waiting`: made at the first write (or
-    /// flush, or shutdown) that could not proceed and reset at each next one, so that a
-    /// slow reader does not cost an allocation per wait.
+    /// The deadline of the write waiting now, when `waiting`: made when a write (or flush,
+    /// or shutdown) first could not proceed, and reset when a later one starts waiting,
+    /// so that a slow reader does not cost an allocation per wait.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Whether a write is waiting since the last one that proceeded.
     waiting: bool,
@@ -742,21 +746,23 @@ impl<T> WriteDeadline<T> {
             return polled;
         }
         let within = self.within;
-        if !self.waiting {
-            self.waiting = true;
-            let until = tokio::time::Instant::now() + within;
-            match &mut self.deadline {
-                Some(deadline) => deadline.as_mut().reset(until),
-                None => self.deadline = Some(Box::pin(tokio::time::sleep_until(until))),
+        let until = tokio::time::Instant::now() + within;
+        let deadline = match &mut self.deadline {
+            Some(deadline) => {
+                if !self.waiting {
+                    deadline.as_mut().reset(until);
+                }
+                deadline
             }
-        }
-        let deadline = self
-            .deadline
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(within)));
+            None => self
+                .deadline
+                .insert(Box::pin(tokio::time::sleep_until(until))),
+        };
+        self.waiting = true;
         match deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                format!("a write waited {within:?} with nothing written: the client reads nothing"),
+                format!("a write waited {within:?} with nothing written"),
             ))),
             Poll::Pending => Poll::Pending,
         }
@@ -1284,7 +1290,9 @@ mod tests {
     }
 
     /// An event stream silent for longer than the deadline is not cut: while it is silent
-    /// no write waits.
+    /// no write waits, and a write that waited and then proceeded leaves no deadline
+    /// behind for the next (each event here is larger than the pipe, so its write waits
+    /// for the client to read).
     #[tokio::test(start_paused = true)]
     async fn a_silent_event_stream_is_not_cut() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1295,14 +1303,15 @@ mod tests {
                         return None;
                     }
                     tokio::time::sleep(4 * WRITE_WITHIN).await;
-                    let event = hyper::body::Bytes::from(format!("data: {n}\n\n"));
+                    let event = format!("data: {n} {}\n\n", "e".repeat(500));
+                    let event = hyper::body::Bytes::from(event);
                     Some((Ok::<_, std::convert::Infallible>(Frame::data(event)), n + 1))
                 });
                 Ok::<_, std::convert::Infallible>(hyper::Response::new(
                     http_body_util::StreamBody::new(events),
                 ))
             });
-        let (server, mut client) = tokio::io::duplex(16 * 1024);
+        let (server, mut client) = tokio::io::duplex(64);
         client
             .write_all(b"GET /mcp HTTP/1.1\r\nhost: localhost\r\n\r\n")
             .await
@@ -1316,14 +1325,23 @@ mod tests {
                 ),
         );
         let began = tokio::time::Instant::now();
-        let mut got = Vec::new();
-        let mut buf = [0; 1024];
-        while !got.ends_with(b"\r\n0\r\n\r\n") {
-            let n = client.read(&mut buf).await.unwrap();
-            assert_ne!(n, 0, "the stream was cut");
-            got.extend_from_slice(&buf[..n]);
-        }
-        assert!(String::from_utf8_lossy(&got).contains("data: 2"));
+        let got = tokio::time::timeout(100 * WRITE_WITHIN, async {
+            let mut got = Vec::new();
+            let mut buf = [0; 1024];
+            while !got.ends_with(b"\r\n0\r\n\r\n") {
+                let n = client.read(&mut buf).await.unwrap();
+                assert_ne!(n, 0, "the stream was cut");
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        })
+        .await
+        .expect("the stream ended");
+        let got = String::from_utf8_lossy(&got);
+        assert!(
+            got.contains("data: 0 ") && got.contains("data: 2 "),
+            "{got}"
+        );
         assert_eq!(began.elapsed(), 12 * WRITE_WITHIN);
         assert!(!connection.is_finished());
         drop(client);

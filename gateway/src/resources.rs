@@ -21,9 +21,9 @@
 //! requests in flight ([`MAX_REQUESTS`](crate::admit::MAX_REQUESTS) times the page bound).
 //! A stateless request (no transport of ours) gives it back when the handler returns.
 //! Holding it over HTTP until the response is written was built and taken out: a client
-//! that reads its answers slowly enough (a little every 29 s keeps its connection within
-//! [`WRITE_WITHIN`](crate::WRITE_WITHIN)) could hold, for as long as it liked, the
-//! budget every identity shares (over stdio the one client only holds its own).
+//! reading its answers just fast enough that each write proceeds within
+//! [`WRITE_WITHIN`](crate::WRITE_WITHIN) could hold, for as long as it liked, the budget
+//! every identity shares (over stdio the one client only holds its own).
 
 use psych_mcp::AnswerHold;
 use psych_reader_tool::passing::{PassError, ReferenceError, Referenced};
