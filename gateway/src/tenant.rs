@@ -23,7 +23,7 @@
 //! process ends, past the age limit if the process runs that long. Sweeps run at start,
 //! hourly, and on an identity's folder each time one of its segments opens.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -143,6 +143,11 @@ pub(crate) struct Kept {
     /// The segments opened last, newest at the back, each with its file as it was just
     /// before it was opened.
     open: Mutex<VecDeque<(Arc<RecordLog>, Seen)>>,
+    /// The runs being opened now, each with its turn: opening a segment reads every frame
+    /// of it, so readers of one run take turns (the first opens it, the rest find it
+    /// open) rather than each reading it whole at once. An entry lives while a reader
+    /// holds or waits for its turn.
+    opening: Mutex<HashMap<RunId, Arc<Mutex<()>>>>,
 }
 
 /// A segment's file as it was just before a copy of it was opened: while it is the same
@@ -189,7 +194,45 @@ impl Kept {
             dir,
             retention,
             open: Mutex::new(VecDeque::new()),
+            opening: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The turn to open `run`: shared by every reader opening it now.
+    fn turn(&self, run: &RunId) -> Arc<Mutex<()>> {
+        let mut opening = self.opening.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(opening.entry(run.clone()).or_default())
+    }
+
+    /// Gives back `turn` of `run`, forgetting it when no other reader holds it.
+    fn done(&self, run: &RunId, turn: Arc<Mutex<()>>) {
+        let mut opening = self.opening.lock().unwrap_or_else(PoisonError::into_inner);
+        // The map's and this one: no other reader holds or waits for it (each takes its
+        // copy under this lock).
+        if Arc::strong_count(&turn) == 2
+            && opening
+                .get(run)
+                .is_some_and(|kept| Arc::ptr_eq(kept, &turn))
+        {
+            opening.remove(run);
+        }
+    }
+
+    /// `run`'s segment opened read-only and kept open, `now` being its file as it was
+    /// before, or why it could not be opened.
+    fn open_kept(
+        &self,
+        run: &RunId,
+        now: Seen,
+    ) -> Result<Arc<RecordLog>, psych_record_log::OpenError> {
+        let (log, _) = RecordLog::open_read_only(&self.dir, run)?;
+        let log = Arc::new(log);
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        while open.len() >= OPEN_SEGMENTS {
+            open.pop_front();
+        }
+        open.push_back((Arc::clone(&log), now));
+        Ok(log)
     }
 
     /// The open segment of `handle`'s run, when one is open and holds the handle or its
@@ -242,18 +285,22 @@ impl Archive for Kept {
         if let Some(log) = self.cached(handle, &now) {
             return Archived::Log(log);
         }
-        match RecordLog::open_read_only(&self.dir, &handle.run) {
-            Ok((log, _)) => {
-                let log = Arc::new(log);
-                let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-                while open.len() >= OPEN_SEGMENTS {
-                    open.pop_front();
-                }
-                open.push_back((Arc::clone(&log), now));
-                Archived::Log(log)
+        // One reader of a run opens it; one that came meanwhile waits its turn and then
+        // finds it open (unless the handle is past what that copy saw of a segment still
+        // changing: then it opens it again).
+        let turn = self.turn(&handle.run);
+        let found = {
+            let _turn = turn.lock().unwrap_or_else(PoisonError::into_inner);
+            match self.cached(handle, &now) {
+                Some(log) => Archived::Log(log),
+                None => match self.open_kept(&handle.run, now) {
+                    Ok(log) => Archived::Log(log),
+                    Err(error) => Archived::Failed(error),
+                },
             }
-            Err(error) => Archived::Failed(error),
-        }
+        };
+        self.done(&handle.run, turn);
+        found
     }
 }
 
@@ -540,6 +587,63 @@ mod tests {
         assert!(matches!(kept.find(&handles[2]), Archived::Log(_)));
         let never = RecordHandle::new(fresh_run().unwrap_or_else(|e| panic!("{e}")), 0);
         assert!(matches!(kept.find(&never), Archived::Unknown));
+    }
+
+    /// Readers of one segment at once open it once: the first reads its frames, the rest
+    /// wait their turn and find it open; nothing of the turns is left after.
+    #[test]
+    fn readers_of_one_segment_at_once_open_it_once() {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = root.path().join("dave");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let run = RunId::new("large").unwrap_or_else(|e| panic!("{e}"));
+        let handles: Vec<RecordHandle> = {
+            let (mut log, _) = RecordLog::open(&dir, &run, SyncPolicy::OsBuffered)
+                .unwrap_or_else(|e| panic!("{e}"));
+            (0..2_000)
+                .map(|n| {
+                    log.append(&result(&format!("{n}{}", "x".repeat(8_000))))
+                        .unwrap_or_else(|e| panic!("{e}"))
+                })
+                .collect()
+        };
+        let kept = Kept::new(dir, Retention::default());
+        let readers = 8;
+        let start = std::sync::Barrier::new(readers);
+        let found: Vec<Arc<RecordLog>> = std::thread::scope(|scope| {
+            let reading: Vec<_> = (0..readers)
+                .map(|n| {
+                    let (kept, start, handle) = (&kept, &start, &handles[n * 100]);
+                    scope.spawn(move || {
+                        start.wait();
+                        match kept.find(handle) {
+                            Archived::Log(log) => log,
+                            other => panic!("not found: {other:?}"),
+                        }
+                    })
+                })
+                .collect();
+            reading
+                .into_iter()
+                .map(|reader| {
+                    reader
+                        .join()
+                        .unwrap_or_else(|_| panic!("a reader panicked"))
+                })
+                .collect()
+        });
+        assert!(
+            found.iter().all(|log| Arc::ptr_eq(log, &found[0])),
+            "each reader opened a copy of its own"
+        );
+        assert_eq!(found[0].len(), 2_000);
+        assert!(
+            kept.opening
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty(),
+            "the turns are forgotten"
+        );
     }
 
     #[test]
