@@ -146,7 +146,7 @@ pub(crate) struct Kept {
     /// The runs being opened now, each with its turn: opening a segment reads every frame
     /// of it, so readers of one run take turns (the first opens it, the rest find it
     /// open) rather than each reading it whole at once. An entry lives while a reader
-    /// holds or waits for its turn.
+    /// holds or waits for its turn ([`Kept::end_turn`]).
     opening: Mutex<HashMap<RunId, Arc<Mutex<()>>>>,
 }
 
@@ -204,15 +204,15 @@ impl Kept {
         Arc::clone(opening.entry(run.clone()).or_default())
     }
 
-    /// Gives back `turn` of `run`, forgetting it when no other reader holds it.
-    fn done(&self, run: &RunId, turn: Arc<Mutex<()>>) {
+    /// Gives back `turn` of `run`, forgetting it when no other reader holds it. This
+    /// reader's copy is dropped under the lock, as every copy is taken under it, so the
+    /// last of readers ending together sees the map's copy alone and forgets it.
+    fn end_turn(&self, run: &RunId, turn: Arc<Mutex<()>>) {
         let mut opening = self.opening.lock().unwrap_or_else(PoisonError::into_inner);
-        // The map's and this one: no other reader holds or waits for it (each takes its
-        // copy under this lock).
-        if Arc::strong_count(&turn) == 2
-            && opening
-                .get(run)
-                .is_some_and(|kept| Arc::ptr_eq(kept, &turn))
+        drop(turn);
+        if opening
+            .get(run)
+            .is_some_and(|shared| Arc::strong_count(shared) == 1)
         {
             opening.remove(run);
         }
@@ -254,6 +254,19 @@ impl Kept {
         Some(log)
     }
 
+    /// What `handle`, whose run's file is not there, finds: expired if retention removed
+    /// it, else nothing (never minted here). The run's open copy, if any, is dropped.
+    fn gone(&self, handle: &RecordHandle) -> Archived {
+        self.forget(&handle.run);
+        if was_expired(&self.dir, &handle.run) {
+            Archived::Gone {
+                why: self.retention.expired(handle),
+            }
+        } else {
+            Archived::Unknown
+        }
+    }
+
     /// Drops the open segment of `run`, if any.
     fn forget(&self, run: &psych_types::RunId) {
         self.open
@@ -273,14 +286,7 @@ impl Archive for Kept {
             .filter(std::fs::Metadata::is_file)
             .map(|file| Seen::of(&file));
         let Some(now) = now else {
-            self.forget(&handle.run);
-            return if was_expired(&self.dir, &handle.run) {
-                Archived::Gone {
-                    why: self.retention.expired(handle),
-                }
-            } else {
-                Archived::Unknown
-            };
+            return self.gone(handle);
         };
         if let Some(log) = self.cached(handle, &now) {
             return Archived::Log(log);
@@ -295,11 +301,17 @@ impl Archive for Kept {
                 Some(log) => Archived::Log(log),
                 None => match self.open_kept(&handle.run, now) {
                     Ok(log) => Archived::Log(log),
+                    // Removed by retention while this reader waited its turn.
+                    Err(psych_record_log::OpenError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        self.gone(handle)
+                    }
                     Err(error) => Archived::Failed(error),
                 },
             }
         };
-        self.done(&handle.run, turn);
+        self.end_turn(&handle.run, turn);
         found
     }
 }
