@@ -477,6 +477,47 @@ async fn a_post_past_the_structural_bound_is_answered_413() {
     drop(gateway);
 }
 
+/// A POST whose body is over 4 MiB (a call's long argument) is answered 413 with error
+/// -32600 for its id, nothing called; its rest is read (up to 4 MiB more), so the answer
+/// is not lost to a connection reset by bytes left unread. One of 4 MiB is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_over_4_mib_is_answered_413_for_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gateway, url) = start(dir.path()).await;
+    until_served(&url).await;
+    // A call of `up__echo` with `len` bytes of padding in its `_meta`, where no schema
+    // looks.
+    let call = |len: usize| {
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "up__echo",
+            "arguments": {"text": "through"},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "pad": "p".repeat(len),
+            },
+        }})
+        .to_string()
+    };
+    let max = 4 << 20;
+    let at = call(max - call(0).len());
+    assert_eq!(at.len(), max);
+    let answer = post(&url, &at, "2026-07-28", "up__echo").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "{}",
+        &answer[..answer.len().min(500)]
+    );
+    let over = call(max - call(0).len() + 1);
+    let answer = post(&url, &over, "2026-07-28", "up__echo").await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["id"], json!(1), "{body}");
+    assert_eq!(body["error"]["code"], json!(-32600), "{body}");
+    assert_eq!(body["error"]["data"]["maxBodyBytes"], json!(max), "{body}");
+    drop(gateway);
+}
+
 /// POSTs in flight are bounded across clients: with `MAX_REQUESTS` calls held upstream,
 /// one more POST is answered at once with 429 and a JSON-RPC error saying why, and the
 /// held calls are not disturbed; a notification still passes the bound. (Each per-request call holds a session

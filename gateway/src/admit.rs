@@ -234,6 +234,8 @@ pub(crate) struct Seen {
     /// Whether it was refused past
     /// [`MAX_REQUEST_STRUCTURAL_BYTES`](crate::MAX_REQUEST_STRUCTURAL_BYTES).
     pub(crate) too_complex: bool,
+    /// Whether it was refused past [`BODY_BYTES`].
+    pub(crate) too_large: bool,
 }
 
 /// A body that fails if it has not ended within its deadline, and may keep its first
@@ -248,6 +250,11 @@ pub(crate) struct Deadline<B> {
     head_kept: bool,
     /// Its structural bytes so far, for a recording body.
     structure: psych_mcp::wire::Structure,
+    /// Its bytes passed on so far, for a recording body.
+    passed: usize,
+    /// Whether it is refused past [`BODY_BYTES`] (else, when `draining`, past the
+    /// structural bound).
+    too_large: bool,
     /// Once it is refused past the structural bound, how many of its bytes were read
     /// since: the rest is read and dropped to its end (at most [`BODY_BYTES`] more, within
     /// its deadline) before the refusal, so that the answer is not lost to a connection
@@ -257,9 +264,11 @@ pub(crate) struct Deadline<B> {
     failed: bool,
 }
 
-/// The most bytes of a POST's body rmcp reads (its default, which the gateway keeps):
-/// 4 MiB.
-const BODY_BYTES: usize = 4 * 1024 * 1024;
+/// The most bytes of a POST's body rmcp reads (its default, which the gateway sets
+/// explicitly): 4 MiB. A recording body refuses a larger one itself, draining it
+/// ([`Deadline::recording`]): rmcp would answer it at once with the rest unread, and a
+/// connection closed with bytes unread is reset, which may lose the answer on its way.
+pub(crate) const BODY_BYTES: usize = 4 * 1024 * 1024;
 
 impl<B> Deadline<B> {
     /// `body`, to end within `within` from now.
@@ -271,8 +280,19 @@ impl<B> Deadline<B> {
             seen: None,
             head_kept: false,
             structure: psych_mcp::wire::Structure::default(),
+            passed: 0,
+            too_large: false,
             draining: None,
             failed: false,
+        }
+    }
+
+    /// Why a body being drained is refused.
+    fn refusal(&self) -> BodyError {
+        if self.too_large {
+            BodyError::TooLarge(BODY_BYTES)
+        } else {
+            BodyError::TooComplex(crate::MAX_REQUEST_STRUCTURAL_BYTES)
         }
     }
 
@@ -287,10 +307,11 @@ impl<B> Deadline<B> {
 
     /// Also keeps the body's first bytes in `seen` as they are read: [`HEAD`] of them, and
     /// one more if there are more (so a body longer than [`HEAD`] is seen as such); and
-    /// counts its structural bytes as they pass: past
-    /// [`MAX_REQUEST_STRUCTURAL_BYTES`](crate::MAX_REQUEST_STRUCTURAL_BYTES) nothing more is
-    /// passed on, the rest is read and dropped, and the body fails (saying so in `seen`)
-    /// before rmcp parses it.
+    /// counts its structural bytes and its bytes as they pass: past
+    /// [`MAX_REQUEST_STRUCTURAL_BYTES`](crate::MAX_REQUEST_STRUCTURAL_BYTES) structural
+    /// bytes, or [`BODY_BYTES`] bytes, nothing more is passed on, the rest is read and
+    /// dropped (at most [`BODY_BYTES`] more, within the deadline), and the body fails
+    /// (saying why in `seen`) before rmcp parses it.
     pub(crate) fn recording(mut self, seen: Arc<Mutex<Seen>>) -> Self {
         self.seen = Some(seen);
         self
@@ -326,6 +347,9 @@ pub(crate) enum BodyError {
     /// It holds more structural bytes than the gateway parses.
     #[error("the request body holds over {0} brackets, braces, commas and colons")]
     TooComplex(u64),
+    /// It holds more bytes than the gateway reads.
+    #[error("the request body is over {0} bytes")]
+    TooLarge(usize),
 }
 
 impl<B> Body for Deadline<B>
@@ -354,7 +378,8 @@ where
                         continue;
                     }
                 }
-                return this.fail(BodyError::TooComplex(bound));
+                let refusal = this.refusal();
+                return this.fail(refusal);
             }
             if let (Some(seen), Some(Ok(frame))) = (&this.seen, &frame)
                 && let Some(data) = frame.data_ref()
@@ -364,6 +389,16 @@ where
                     let room = (HEAD + 1).saturating_sub(seen.head.len());
                     seen.head.extend_from_slice(&data[..data.len().min(room)]);
                     this.head_kept = seen.head.len() > HEAD;
+                }
+                this.passed = this.passed.saturating_add(data.len());
+                if this.passed > BODY_BYTES {
+                    seen.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .too_large = true;
+                    this.seen = None;
+                    this.too_large = true;
+                    this.draining = Some(0);
+                    continue;
                 }
                 if this.structure.feed(data, bound) {
                     seen.lock()
@@ -379,7 +414,10 @@ where
             return Poll::Ready(frame);
         }
         match this.until.as_mut().poll(cx) {
-            Poll::Ready(()) if this.draining.is_some() => this.fail(BodyError::TooComplex(bound)),
+            Poll::Ready(()) if this.draining.is_some() => {
+                let refusal = this.refusal();
+                this.fail(refusal)
+            }
             Poll::Ready(()) => this.fail(BodyError::TooSlow(this.within)),
             Poll::Pending => Poll::Pending,
         }
@@ -957,6 +995,50 @@ mod tests {
         );
         assert!(too_complex);
         assert_eq!(head, HEAD + 1);
+    }
+
+    /// A recording body over 4 MiB is refused before rmcp reads past it: what passes is at
+    /// most 4 MiB, the rest is read and dropped (at most 4 MiB more), and the refusal says
+    /// why; a body of 4 MiB passes whole.
+    #[tokio::test]
+    async fn a_recording_body_over_4_mib_is_refused_and_drained() {
+        let read = async |len: usize| {
+            let bytes = vec![b' '; len];
+            let frames: Vec<Result<Frame<hyper::body::Bytes>, std::io::Error>> = bytes
+                .chunks(64 * 1024 + 1)
+                .map(|bytes| Ok(Frame::data(hyper::body::Bytes::copy_from_slice(bytes))))
+                .collect();
+            let (all, taken) = (frames.len(), Arc::new(Mutex::new(0)));
+            let counting = Arc::clone(&taken);
+            let frames =
+                futures_util::StreamExt::inspect(futures_util::stream::iter(frames), move |_| {
+                    *counting.lock().unwrap() += 1
+                });
+            let seen = Arc::new(Mutex::new(Seen::default()));
+            let body = Deadline::new(
+                http_body_util::StreamBody::new(frames),
+                Duration::from_secs(5),
+            )
+            .recording(Arc::clone(&seen));
+            let read = body.collect().await.map(|whole| whole.to_bytes().len());
+            let taken = *taken.lock().unwrap();
+            let too_large = seen.lock().unwrap().too_large;
+            (read, too_large, taken == all)
+        };
+        let (at, too_large, whole) = read(BODY_BYTES).await;
+        assert_eq!(at.unwrap(), BODY_BYTES);
+        assert!(!too_large && whole);
+        let (over, too_large, whole) = read(BODY_BYTES + 1).await;
+        assert!(
+            matches!(over, Err(BodyError::TooLarge(BODY_BYTES))),
+            "{over:?}"
+        );
+        assert!(too_large);
+        assert!(whole, "read to its end");
+        let (far, too_large, whole) = read(3 * BODY_BYTES).await;
+        assert!(matches!(far, Err(BodyError::TooLarge(_))), "{far:?}");
+        assert!(too_large);
+        assert!(!whole, "not read past what is drained");
     }
 
     /// A body refused past the structural bound is drained from a source that makes it

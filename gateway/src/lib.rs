@@ -2961,7 +2961,7 @@ fn not_found_session() -> hyper::Response<raw::HttpBody> {
 /// rmcp's answer to an HTTP request (`handled`, whose body showed `seen`), except when a
 /// session it needed could not open ([`REFUSED`]): then, in place of rmcp's 500, the
 /// gateway's own 503 saying why ([`no_session`]); and when its body was refused past
-/// [`MAX_REQUEST_STRUCTURAL_BYTES`]: then 413 ([`too_complex`]).
+/// [`MAX_REQUEST_STRUCTURAL_BYTES`] or its bytes past 4 MiB: then 413 ([`refused_body`]).
 async fn refusing(
     handled: impl Future<Output = hyper::Response<raw::HttpBody>>,
     seen: &Mutex<admit::Seen>,
@@ -2981,17 +2981,30 @@ async fn refusing(
     let seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
     match refused {
         Some(why) => no_session(&why, admit::request_id(&seen.head)),
-        None if seen.too_complex => too_complex(&seen.head),
+        None if seen.too_complex => refused_body(
+            &seen.head,
+            stdio::TOO_COMPLEX,
+            json!({"maxStructuralBytes": MAX_REQUEST_STRUCTURAL_BYTES}),
+        ),
+        None if seen.too_large => refused_body(
+            &seen.head,
+            TOO_LARGE,
+            json!({"maxBodyBytes": admit::BODY_BYTES}),
+        ),
         None => response,
     }
 }
 
-/// The answer to a POST whose body (beginning with `head`) held more than
-/// [`MAX_REQUEST_STRUCTURAL_BYTES`]: 413, with a JSON-RPC error (-32600, as over stdio) for
-/// the request's `id` when `head` shows a request (its `method` and `id` both in it), else
-/// plain text (as rmcp's own 413 for a body over its size): an answer's id is not the
-/// client's to wait on.
-fn too_complex(head: &[u8]) -> hyper::Response<raw::HttpBody> {
+/// What a POST whose body is over 4 MiB is told (over stdio, a line that long is told
+/// "request too large", without the line's id).
+const TOO_LARGE: &str = "request too large: over 4194304 bytes, more than the gateway reads";
+
+/// The answer to a POST whose body (beginning with `head`) was refused unparsed, past
+/// [`MAX_REQUEST_STRUCTURAL_BYTES`] or 4 MiB: 413, with a JSON-RPC error (-32600, as over
+/// stdio) saying `message` with `data` for the request's `id` when `head` shows a request
+/// (its `method` and `id` both in it), else plain text (as rmcp's own 413): an answer's
+/// id is not the client's to wait on.
+fn refused_body(head: &[u8], message: &str, data: Value) -> hyper::Response<raw::HttpBody> {
     let status = hyper::StatusCode::PAYLOAD_TOO_LARGE;
     let shape = psych_mcp::wire::message_shape(head);
     match shape
@@ -3002,13 +3015,13 @@ fn too_complex(head: &[u8]) -> hyper::Response<raw::HttpBody> {
             status,
             ErrorCode::INVALID_REQUEST,
             Some(id),
-            stdio::TOO_COMPLEX.to_owned(),
-            json!({"maxStructuralBytes": MAX_REQUEST_STRUCTURAL_BYTES}),
+            message.to_owned(),
+            data,
         ),
         None => http_answer(
             status,
             "text/plain",
-            format!("Payload Too Large: {}", stdio::TOO_COMPLEX),
+            format!("Payload Too Large: {message}"),
         ),
     }
 }
@@ -3082,7 +3095,9 @@ async fn serve_http(
     // MCP 2026-07-28's per-request answers as one JSON body when nothing (progress) comes
     // before the result. With tokens every request is authorized, so the Host check
     // against DNS rebinding (loopback names only) gives way to the operator's own names.
-    let mut config = StreamableHttpServerConfig::default().with_json_response(true);
+    let mut config = StreamableHttpServerConfig::default()
+        .with_json_response(true)
+        .with_max_request_body_bytes(admit::BODY_BYTES);
     if shared.tokens.is_some() {
         config = config.disable_allowed_hosts();
     }
@@ -3452,7 +3467,7 @@ mod tests {
         let head = |body: &[u8]| {
             Mutex::new(admit::Seen {
                 head: body.to_vec(),
-                too_complex: false,
+                ..admit::Seen::default()
             })
         };
         let nothing = head(b"");
@@ -3537,6 +3552,7 @@ mod tests {
             Mutex::new(admit::Seen {
                 head: body.to_vec(),
                 too_complex: true,
+                ..admit::Seen::default()
             })
         };
         let failed_read = async || answer(hyper::StatusCode::INTERNAL_SERVER_ERROR);
@@ -3566,6 +3582,19 @@ mod tests {
         )
         .await;
         assert_eq!(noted_but_served.status(), hyper::StatusCode::NOT_FOUND);
+        // A body refused past 4 MiB: 413 the same way, saying so.
+        let large = Mutex::new(admit::Seen {
+            head: long.clone(),
+            too_large: true,
+            ..admit::Seen::default()
+        });
+        let refused = refusing(failed_read(), &large, None).await;
+        assert_eq!(refused.status(), hyper::StatusCode::PAYLOAD_TOO_LARGE);
+        let body: Value = serde_json::from_str(&text(refused).await).unwrap();
+        assert_eq!(body["id"], 1, "{body}");
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+        assert_eq!(body["error"]["message"], TOO_LARGE, "{body}");
+        assert_eq!(body["error"]["data"]["maxBodyBytes"], 4 << 20, "{body}");
     }
 
     /// A handler that panics (a bug: none does on input) is answered with an internal
