@@ -504,7 +504,7 @@ async fn a_post_over_4_mib_is_answered_413_for_its_id() {
     assert_eq!(at.len(), max);
     let answer = post(&url, &at, "2026-07-28", "up__echo").await;
     assert!(
-        answer.starts_with("HTTP/1.1 200"),
+        answer.starts_with("HTTP/1.1 200") && answer.contains(r#""text":"through""#),
         "{}",
         &answer[..answer.len().min(500)]
     );

@@ -239,7 +239,8 @@ pub(crate) struct Seen {
 }
 
 /// A body that fails if it has not ended within its deadline, and may keep its first
-/// bytes as they are read and fail past the structural bound ([`Deadline::recording`]).
+/// bytes as they are read and fail past the structural bound or [`BODY_BYTES`]
+/// ([`Deadline::recording`]).
 pub(crate) struct Deadline<B> {
     body: B,
     within: Duration,
@@ -255,8 +256,8 @@ pub(crate) struct Deadline<B> {
     /// Whether it is refused past [`BODY_BYTES`] (else, when `draining`, past the
     /// structural bound).
     too_large: bool,
-    /// Once it is refused past the structural bound, how many of its bytes were read
-    /// since: the rest is read and dropped to its end (at most [`BODY_BYTES`] more, within
+    /// Once it is refused (past the structural bound or [`BODY_BYTES`]), how many of its
+    /// bytes were read since: the rest is read and dropped to its end (at most [`BODY_BYTES`] more, within
     /// its deadline) before the refusal, so that the answer is not lost to a connection
     /// reset by bytes left unread.
     draining: Option<usize>,
@@ -1015,28 +1016,38 @@ mod tests {
                     *counting.lock().unwrap() += 1
                 });
             let seen = Arc::new(Mutex::new(Seen::default()));
-            let body = Deadline::new(
+            let mut body = Deadline::new(
                 http_body_util::StreamBody::new(frames),
                 Duration::from_secs(5),
             )
             .recording(Arc::clone(&seen));
-            let read = body.collect().await.map(|whole| whole.to_bytes().len());
+            // What rmcp is given, frame by frame, and how the body ends.
+            let mut passed = 0;
+            let ended = loop {
+                match body.frame().await {
+                    Some(Ok(frame)) => passed += frame.data_ref().map_or(0, |data| data.len()),
+                    Some(Err(error)) => break Err(error),
+                    None => break Ok(()),
+                }
+            };
             let taken = *taken.lock().unwrap();
             let too_large = seen.lock().unwrap().too_large;
-            (read, too_large, taken == all)
+            (passed, ended, too_large, taken == all)
         };
-        let (at, too_large, whole) = read(BODY_BYTES).await;
-        assert_eq!(at.unwrap(), BODY_BYTES);
-        assert!(!too_large && whole);
-        let (over, too_large, whole) = read(BODY_BYTES + 1).await;
+        let (passed, ended, too_large, whole) = read(BODY_BYTES).await;
+        assert_eq!(passed, BODY_BYTES);
+        assert!(ended.is_ok() && !too_large && whole);
+        let (passed, ended, too_large, whole) = read(BODY_BYTES + 1).await;
+        assert!(passed <= BODY_BYTES, "rmcp was given {passed} bytes");
         assert!(
-            matches!(over, Err(BodyError::TooLarge(BODY_BYTES))),
-            "{over:?}"
+            matches!(ended, Err(BodyError::TooLarge(BODY_BYTES))),
+            "{ended:?}"
         );
         assert!(too_large);
         assert!(whole, "read to its end");
-        let (far, too_large, whole) = read(3 * BODY_BYTES).await;
-        assert!(matches!(far, Err(BodyError::TooLarge(_))), "{far:?}");
+        let (passed, ended, too_large, whole) = read(3 * BODY_BYTES).await;
+        assert!(passed <= BODY_BYTES, "rmcp was given {passed} bytes");
+        assert!(matches!(ended, Err(BodyError::TooLarge(_))), "{ended:?}");
         assert!(too_large);
         assert!(!whole, "not read past what is drained");
     }

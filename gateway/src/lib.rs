@@ -3594,7 +3594,12 @@ mod tests {
         assert_eq!(body["id"], 1, "{body}");
         assert_eq!(body["error"]["code"], -32600, "{body}");
         assert_eq!(body["error"]["message"], TOO_LARGE, "{body}");
-        assert_eq!(body["error"]["data"]["maxBodyBytes"], 4 << 20, "{body}");
+        assert_eq!(
+            body["error"]["data"]["maxBodyBytes"],
+            admit::BODY_BYTES,
+            "{body}"
+        );
+        assert!(TOO_LARGE.contains(&format!("over {} bytes", admit::BODY_BYTES)));
     }
 
     /// A handler that panics (a bug: none does on input) is answered with an internal
