@@ -477,9 +477,10 @@ async fn a_post_past_the_structural_bound_is_answered_413() {
     drop(gateway);
 }
 
-/// A POST whose body is over 4 MiB (a call's long argument) is answered 413 with error
-/// -32600 for its id, nothing called; its rest is read (up to 4 MiB more), so the answer
-/// is not lost to a connection reset by bytes left unread. One of 4 MiB is served.
+/// A POST whose body is over 4 MiB (a call's long padding, and 1 MiB of blanks after it)
+/// is answered 413 with error -32600 for its id, nothing called; its rest is read (up to
+/// 4 MiB more), so the answer is not lost to a connection reset by bytes left unread. One
+/// of 4 MiB is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_post_over_4_mib_is_answered_413_for_its_id() {
     let dir = tempfile::tempdir().unwrap();
@@ -508,7 +509,7 @@ async fn a_post_over_4_mib_is_answered_413_for_its_id() {
         "{}",
         &answer[..answer.len().min(500)]
     );
-    let over = call(max - call(0).len() + 1);
+    let over = call(max - call(0).len() + 1) + &" ".repeat(1 << 20);
     let answer = post(&url, &over, "2026-07-28", "up__echo").await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();

@@ -231,11 +231,29 @@ pub(crate) const HEAD: usize = 4 * 1024;
 pub(crate) struct Seen {
     /// Its first bytes: [`HEAD`] of them, and one more if there are more.
     pub(crate) head: Vec<u8>,
-    /// Whether it was refused past
-    /// [`MAX_REQUEST_STRUCTURAL_BYTES`](crate::MAX_REQUEST_STRUCTURAL_BYTES).
-    pub(crate) too_complex: bool,
-    /// Whether it was refused past [`BODY_BYTES`].
-    pub(crate) too_large: bool,
+    /// Why it was refused unparsed, if it was.
+    pub(crate) refused: Option<Unread>,
+}
+
+/// Why a recording body was refused before rmcp parsed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unread {
+    /// It held more than
+    /// [`MAX_REQUEST_STRUCTURAL_BYTES`](crate::MAX_REQUEST_STRUCTURAL_BYTES) structural
+    /// bytes.
+    TooComplex,
+    /// It held more than [`BODY_BYTES`] bytes.
+    TooLarge,
+}
+
+impl Unread {
+    /// The body's error for it.
+    fn error(self) -> BodyError {
+        match self {
+            Unread::TooComplex => BodyError::TooComplex(crate::MAX_REQUEST_STRUCTURAL_BYTES),
+            Unread::TooLarge => BodyError::TooLarge(BODY_BYTES),
+        }
+    }
 }
 
 /// A body that fails if it has not ended within its deadline, and may keep its first
@@ -253,14 +271,11 @@ pub(crate) struct Deadline<B> {
     structure: psych_mcp::wire::Structure,
     /// Its bytes passed on so far, for a recording body.
     passed: usize,
-    /// Whether it is refused past [`BODY_BYTES`] (else, when `draining`, past the
-    /// structural bound).
-    too_large: bool,
-    /// Once it is refused (past the structural bound or [`BODY_BYTES`]), how many of its
-    /// bytes were read since: the rest is read and dropped to its end (at most [`BODY_BYTES`] more, within
-    /// its deadline) before the refusal, so that the answer is not lost to a connection
-    /// reset by bytes left unread.
-    draining: Option<usize>,
+    /// Once it is refused, why, and how many of its bytes were read since: the rest is
+    /// read and dropped to its end (at most [`BODY_BYTES`] more, within its deadline)
+    /// before the refusal, so that the answer is not lost to a connection reset by bytes
+    /// left unread.
+    draining: Option<(Unread, usize)>,
     /// Whether it has failed (too slow, a failed read, refused): nothing more is read.
     failed: bool,
 }
@@ -282,18 +297,8 @@ impl<B> Deadline<B> {
             head_kept: false,
             structure: psych_mcp::wire::Structure::default(),
             passed: 0,
-            too_large: false,
             draining: None,
             failed: false,
-        }
-    }
-
-    /// Why a body being drained is refused.
-    fn refusal(&self) -> BodyError {
-        if self.too_large {
-            BodyError::TooLarge(BODY_BYTES)
-        } else {
-            BodyError::TooComplex(crate::MAX_REQUEST_STRUCTURAL_BYTES)
         }
     }
 
@@ -371,7 +376,7 @@ where
             return Poll::Ready(None);
         }
         while let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
-            if let Some(read) = this.draining.as_mut() {
+            if let Some((why, read)) = this.draining.as_mut() {
                 // Refused: read and dropped to its end, a failed read, or the cap.
                 if let Some(Ok(frame)) = &frame {
                     *read = read.saturating_add(frame.data_ref().map_or(0, |data| data.len()));
@@ -379,8 +384,8 @@ where
                         continue;
                     }
                 }
-                let refusal = this.refusal();
-                return this.fail(refusal);
+                let error = why.error();
+                return this.fail(error);
             }
             if let (Some(seen), Some(Ok(frame))) = (&this.seen, &frame)
                 && let Some(data) = frame.data_ref()
@@ -392,21 +397,17 @@ where
                     this.head_kept = seen.head.len() > HEAD;
                 }
                 this.passed = this.passed.saturating_add(data.len());
-                if this.passed > BODY_BYTES {
-                    seen.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .too_large = true;
+                let refused = if this.passed > BODY_BYTES {
+                    Some(Unread::TooLarge)
+                } else if this.structure.feed(data, bound) {
+                    Some(Unread::TooComplex)
+                } else {
+                    None
+                };
+                if let Some(why) = refused {
+                    seen.lock().unwrap_or_else(PoisonError::into_inner).refused = Some(why);
                     this.seen = None;
-                    this.too_large = true;
-                    this.draining = Some(0);
-                    continue;
-                }
-                if this.structure.feed(data, bound) {
-                    seen.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .too_complex = true;
-                    this.seen = None;
-                    this.draining = Some(0);
+                    this.draining = Some((why, 0));
                     continue;
                 }
             }
@@ -415,11 +416,10 @@ where
             return Poll::Ready(frame);
         }
         match this.until.as_mut().poll(cx) {
-            Poll::Ready(()) if this.draining.is_some() => {
-                let refusal = this.refusal();
-                this.fail(refusal)
-            }
-            Poll::Ready(()) => this.fail(BodyError::TooSlow(this.within)),
+            Poll::Ready(()) => match this.draining {
+                Some((why, _)) => this.fail(why.error()),
+                None => this.fail(BodyError::TooSlow(this.within)),
+            },
             Poll::Pending => Poll::Pending,
         }
     }
@@ -951,29 +951,6 @@ mod tests {
     #[tokio::test]
     async fn a_recording_body_fails_past_the_structural_bound() {
         let max = usize::try_from(crate::MAX_REQUEST_STRUCTURAL_BYTES).unwrap();
-        let read = async |json: Vec<u8>| {
-            // Frames of 1,000 bytes, the first cutting a string with brackets in it.
-            let frames: Vec<Result<Frame<hyper::body::Bytes>, std::io::Error>> = json
-                .chunks(1000)
-                .map(|bytes| Ok(Frame::data(hyper::body::Bytes::copy_from_slice(bytes))))
-                .collect();
-            let (all, taken) = (frames.len(), Arc::new(Mutex::new(0)));
-            let counting = Arc::clone(&taken);
-            let frames =
-                futures_util::StreamExt::inspect(futures_util::stream::iter(frames), move |_| {
-                    *counting.lock().unwrap() += 1
-                });
-            let seen = Arc::new(Mutex::new(Seen::default()));
-            let body = Deadline::new(
-                http_body_util::StreamBody::new(frames),
-                Duration::from_secs(5),
-            )
-            .recording(Arc::clone(&seen));
-            let read = body.collect().await.map(|whole| whole.to_bytes().len());
-            assert_eq!(*taken.lock().unwrap(), all, "read to its end");
-            let seen = seen.lock().unwrap();
-            (read, seen.too_complex, seen.head.len())
-        };
         // `{"id":1,"s":"[[…]]","a":[0,…,0]}`: 7 structural bytes to the array's `[`,
         // then `commas` commas.
         let json = |commas: usize| {
@@ -985,17 +962,25 @@ mod tests {
             json.extend(std::iter::repeat_n(b' ', 10_000));
             json
         };
+        // Frames of 1,000 bytes, the first cutting a string with brackets in it.
         let at = json(max - 7);
-        let (read_at, too_complex, _) = read(at.clone()).await;
-        assert_eq!(read_at.unwrap(), at.len());
-        assert!(!too_complex);
-        let (read_over, too_complex, head) = read(json(max - 6)).await;
+        let read = read_recording(&at, 1000).await;
+        assert_eq!(read.passed, at, "passed whole");
+        assert!(read.ended.is_ok() && read.refused.is_none() && read.whole);
+        let over = json(max - 6);
+        let read = read_recording(&over, 1000).await;
         assert!(
-            matches!(read_over, Err(BodyError::TooComplex(bound)) if bound == max as u64),
-            "{read_over:?}"
+            matches!(read.ended, Err(BodyError::TooComplex(bound)) if bound == max as u64),
+            "{:?}",
+            read.ended
         );
-        assert!(too_complex);
-        assert_eq!(head, HEAD + 1);
+        assert_eq!(read.refused, Some(Unread::TooComplex));
+        assert!(read.whole, "read to its end");
+        assert!(
+            read.passed.len() < over.len() - 10_000,
+            "nothing passed past the bound"
+        );
+        assert_eq!(read.head, HEAD + 1);
     }
 
     /// A recording body over 4 MiB is refused before rmcp reads past it: what passes is at
@@ -1003,62 +988,90 @@ mod tests {
     /// why; a body of 4 MiB passes whole.
     #[tokio::test]
     async fn a_recording_body_over_4_mib_is_refused_and_drained() {
-        let read = async |len: usize| {
-            let bytes = vec![b' '; len];
-            let frames: Vec<Result<Frame<hyper::body::Bytes>, std::io::Error>> = bytes
-                .chunks(64 * 1024 + 1)
-                .map(|bytes| Ok(Frame::data(hyper::body::Bytes::copy_from_slice(bytes))))
-                .collect();
-            let (all, taken) = (frames.len(), Arc::new(Mutex::new(0)));
-            let counting = Arc::clone(&taken);
-            let frames =
-                futures_util::StreamExt::inspect(futures_util::stream::iter(frames), move |_| {
-                    *counting.lock().unwrap() += 1
-                });
-            let seen = Arc::new(Mutex::new(Seen::default()));
-            let mut body = Deadline::new(
-                http_body_util::StreamBody::new(frames),
-                Duration::from_secs(5),
-            )
-            .recording(Arc::clone(&seen));
-            // What rmcp is given, frame by frame, and how the body ends.
-            let mut passed = 0;
-            let ended = loop {
-                match body.frame().await {
-                    Some(Ok(frame)) => passed += frame.data_ref().map_or(0, |data| data.len()),
-                    Some(Err(error)) => break Err(error),
-                    None => break Ok(()),
-                }
-            };
-            let taken = *taken.lock().unwrap();
-            let too_large = seen.lock().unwrap().too_large;
-            (passed, ended, too_large, taken == all)
+        let read = async |len: usize| read_recording(&vec![b' '; len], 64 * 1024 + 1).await;
+        let at = read(BODY_BYTES).await;
+        assert_eq!(at.passed.len(), BODY_BYTES);
+        assert!(at.ended.is_ok() && at.refused.is_none() && at.whole);
+        let refused = |read: &Recorded| {
+            assert!(
+                read.passed.len() <= BODY_BYTES,
+                "rmcp was given {}",
+                read.passed.len()
+            );
+            assert!(
+                matches!(read.ended, Err(BodyError::TooLarge(BODY_BYTES))),
+                "{:?}",
+                read.ended
+            );
+            assert_eq!(read.refused, Some(Unread::TooLarge));
         };
-        let (passed, ended, too_large, whole) = read(BODY_BYTES).await;
-        assert_eq!(passed, BODY_BYTES);
-        assert!(ended.is_ok() && !too_large && whole);
-        let (passed, ended, too_large, whole) = read(BODY_BYTES + 1).await;
-        assert!(passed <= BODY_BYTES, "rmcp was given {passed} bytes");
-        assert!(
-            matches!(ended, Err(BodyError::TooLarge(BODY_BYTES))),
-            "{ended:?}"
-        );
-        assert!(too_large);
-        assert!(whole, "read to its end");
-        let (passed, ended, too_large, whole) = read(3 * BODY_BYTES).await;
-        assert!(passed <= BODY_BYTES, "rmcp was given {passed} bytes");
-        assert!(matches!(ended, Err(BodyError::TooLarge(_))), "{ended:?}");
-        assert!(too_large);
-        assert!(!whole, "not read past what is drained");
+        let over = read(BODY_BYTES + 1).await;
+        refused(&over);
+        assert!(over.whole, "read to its end");
+        let far = read(3 * BODY_BYTES).await;
+        refused(&far);
+        assert!(!far.whole, "not read past what is drained");
     }
 
-    /// A body refused past the structural bound is drained from a source that makes it
-    /// wait (as a connection does), within its deadline, and no more than 4 MiB of it;
-    /// nothing after the refusal reaches the reader.
+    /// What reading a recording body showed ([`read_recording`]).
+    struct Recorded {
+        /// The bytes it passed on.
+        passed: Vec<u8>,
+        /// How it ended.
+        ended: Result<(), BodyError>,
+        /// Why it was refused, as it said in its [`Seen`].
+        refused: Option<Unread>,
+        /// How many of its first bytes it kept.
+        head: usize,
+        /// Whether its source was read to its end.
+        whole: bool,
+    }
+
+    /// `bytes` in frames of at most `frame` bytes read through a recording body, frame by
+    /// frame as rmcp reads it.
+    async fn read_recording(bytes: &[u8], frame: usize) -> Recorded {
+        let frames: Vec<Result<Frame<hyper::body::Bytes>, std::io::Error>> = bytes
+            .chunks(frame)
+            .map(|bytes| Ok(Frame::data(hyper::body::Bytes::copy_from_slice(bytes))))
+            .collect();
+        let (all, taken) = (frames.len(), Arc::new(Mutex::new(0)));
+        let counting = Arc::clone(&taken);
+        let frames =
+            futures_util::StreamExt::inspect(futures_util::stream::iter(frames), move |_| {
+                *counting.lock().unwrap() += 1
+            });
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let mut body = Deadline::new(
+            http_body_util::StreamBody::new(frames),
+            Duration::from_secs(5),
+        )
+        .recording(Arc::clone(&seen));
+        let mut passed = Vec::new();
+        let ended = loop {
+            match body.frame().await {
+                Some(Ok(frame)) => passed.extend_from_slice(frame.data_ref().unwrap()),
+                Some(Err(error)) => break Err(error),
+                None => break Ok(()),
+            }
+        };
+        let whole = *taken.lock().unwrap() == all;
+        let seen = seen.lock().unwrap();
+        Recorded {
+            passed,
+            ended,
+            refused: seen.refused,
+            head: seen.head.len(),
+            whole,
+        }
+    }
+
+    /// A body refused (past the structural bound, or past 4 MiB) is drained from a source
+    /// that makes it wait (as a connection does), within its deadline, and no more than
+    /// 4 MiB of it; nothing after the refusal reaches the reader.
     #[tokio::test]
     async fn a_refused_body_is_drained_within_its_deadline_and_cap() {
         let max = usize::try_from(crate::MAX_REQUEST_STRUCTURAL_BYTES).unwrap();
-        let over = {
+        let complex = {
             let mut json = b"[0".to_vec();
             json.extend(std::iter::repeat_n(&b",0"[..], max).flatten());
             json
@@ -1078,39 +1091,48 @@ mod tests {
         let reading = |body: Deadline<_>| {
             tokio::spawn(async move { body.collect().await.map(|whole| whole.to_bytes().len()) })
         };
-        // Drained to its end, frames arriving after the refusal.
-        let (sender, drained) = body(Duration::from_secs(5));
-        let read = reading(drained);
-        sender.send(over.clone().into()).unwrap();
-        for _ in 0..3 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            sender.send(vec![b' '; 1000].into()).unwrap();
+        for (over, why) in [
+            (complex, Unread::TooComplex),
+            (vec![b' '; BODY_BYTES + 1], Unread::TooLarge),
+        ] {
+            let refused = |error: &BodyError| match why {
+                Unread::TooComplex => matches!(error, BodyError::TooComplex(_)),
+                Unread::TooLarge => matches!(error, BodyError::TooLarge(_)),
+            };
+            // Drained to its end, frames arriving after the refusal.
+            let (sender, drained) = body(Duration::from_secs(5));
+            let read = reading(drained);
+            sender.send(over.clone().into()).unwrap();
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                sender.send(vec![b' '; 1000].into()).unwrap();
+            }
+            assert!(!read.is_finished(), "still draining");
+            drop(sender);
+            let error = read.await.unwrap().unwrap_err();
+            assert!(refused(&error), "{error}");
+            // A body that never ends fails at its deadline, saying why it was refused.
+            let (sender, slow) = body(Duration::from_millis(200));
+            let read = reading(slow);
+            sender.send(over.clone().into()).unwrap();
+            let error = read.await.unwrap().unwrap_err();
+            assert!(refused(&error), "{error}");
+            // Past 4 MiB more, it fails with the rest unread, long before its deadline.
+            let (sender, endless) = body(Duration::from_secs(600));
+            let read = reading(endless);
+            sender.send(over.into()).unwrap();
+            let mib = hyper::body::Bytes::from(vec![b' '; 1 << 20]);
+            for _ in 0..=BODY_BYTES >> 20 {
+                sender.send(mib.clone()).unwrap();
+            }
+            let error = tokio::time::timeout(Duration::from_secs(60), read)
+                .await
+                .expect("refused at the cap, not the deadline")
+                .unwrap()
+                .unwrap_err();
+            assert!(refused(&error), "{error}");
+            drop(sender);
         }
-        assert!(!read.is_finished(), "still draining");
-        drop(sender);
-        let error = read.await.unwrap().unwrap_err();
-        assert!(matches!(error, BodyError::TooComplex(_)), "{error}");
-        // A body that never ends fails at its deadline.
-        let (sender, slow) = body(Duration::from_millis(200));
-        let read = reading(slow);
-        sender.send(over.clone().into()).unwrap();
-        let error = read.await.unwrap().unwrap_err();
-        assert!(matches!(error, BodyError::TooComplex(_)), "{error}");
-        // Past 4 MiB more, it fails with the rest unread, long before its deadline.
-        let (sender, endless) = body(Duration::from_secs(600));
-        let read = reading(endless);
-        sender.send(over.into()).unwrap();
-        let mib = hyper::body::Bytes::from(vec![b' '; 1 << 20]);
-        for _ in 0..=BODY_BYTES >> 20 {
-            sender.send(mib.clone()).unwrap();
-        }
-        let error = tokio::time::timeout(Duration::from_secs(60), read)
-            .await
-            .expect("refused at the cap, not the deadline")
-            .unwrap()
-            .unwrap_err();
-        assert!(matches!(error, BodyError::TooComplex(_)), "{error}");
-        drop(sender);
     }
 
     /// A recording body keeps its first bytes across frames (trailers skipped) and one

@@ -115,9 +115,11 @@
 //!   message, and its slot is freed.
 //! - What a client holds in the gateway at once is bounded: a stdio client at most 64
 //!   requests in flight (one more is answered at once with an error, -32000); over HTTP at
-//!   most [`MAX_CONNECTIONS`] connections (more wait to be accepted), [`MAX_REQUESTS`]
-//!   POSTs in flight in all and [`MAX_REQUESTS_PER_SESSION`] in one session (one more is
-//!   answered `429 Too Many Requests`).
+//!   most [`MAX_CONNECTIONS`] connections (more wait to be accepted; one whose client
+//!   reads nothing it is sent for [`WRITE_WITHIN`], its socket's buffers full, is closed),
+//!   [`MAX_REQUESTS`] POSTs in flight in all and [`MAX_REQUESTS_PER_SESSION`] in one
+//!   session (one more is answered `429 Too Many Requests`), each POST's body at most
+//!   4 MiB (a larger one is answered `413 Payload Too Large`, for its request's id).
 //!
 //! Grants come from the file ([`McpConfig::grant`]): each server entry may carry Psych's
 //! `allowTools` key (a list of tool names); without it every tool of the server is
@@ -2979,19 +2981,19 @@ async fn refusing(
         return response;
     }
     let seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
-    match refused {
-        Some(why) => no_session(&why, admit::request_id(&seen.head)),
-        None if seen.too_complex => refused_body(
+    match (refused, seen.refused) {
+        (Some(why), _) => no_session(&why, admit::request_id(&seen.head)),
+        (None, Some(admit::Unread::TooComplex)) => refused_body(
             &seen.head,
             stdio::TOO_COMPLEX,
             json!({"maxStructuralBytes": MAX_REQUEST_STRUCTURAL_BYTES}),
         ),
-        None if seen.too_large => refused_body(
+        (None, Some(admit::Unread::TooLarge)) => refused_body(
             &seen.head,
             TOO_LARGE,
             json!({"maxBodyBytes": admit::BODY_BYTES}),
         ),
-        None => response,
+        (None, None) => response,
     }
 }
 
@@ -3342,10 +3344,9 @@ mod tests {
         let text = "a line of the result\n".repeat(100);
         // As the executor hands it on once logged: the placeholder in the text block, the
         // files dropped (the log holds the text), known by its length as stored.
-        let placeholder = format!(
-            "[{} bytes of text, too large to hold in memory: the record log stores it whole]",
-            text.len()
-        );
+        let placeholder =
+            psych_types::SpilledText::new(tempfile::tempfile().unwrap(), text.len() as u64)
+                .placeholder();
         let output = ToolOutput::text(placeholder.clone());
         let result = |output: ToolOutput| ToolResult {
             call_id: ToolCallId::new("c").unwrap(),
@@ -3551,8 +3552,7 @@ mod tests {
         let complex = |body: &[u8]| {
             Mutex::new(admit::Seen {
                 head: body.to_vec(),
-                too_complex: true,
-                ..admit::Seen::default()
+                refused: Some(admit::Unread::TooComplex),
             })
         };
         let failed_read = async || answer(hyper::StatusCode::INTERNAL_SERVER_ERROR);
@@ -3585,8 +3585,7 @@ mod tests {
         // A body refused past 4 MiB: 413 the same way, saying so.
         let large = Mutex::new(admit::Seen {
             head: long.clone(),
-            too_large: true,
-            ..admit::Seen::default()
+            refused: Some(admit::Unread::TooLarge),
         });
         let refused = refusing(failed_read(), &large, None).await;
         assert_eq!(refused.status(), hyper::StatusCode::PAYLOAD_TOO_LARGE);

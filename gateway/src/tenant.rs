@@ -658,18 +658,62 @@ mod tests {
         );
     }
 
+    /// A segment retention removes while a reader waits its turn to open it answers that
+    /// it expired, as one removed before the reader came does.
+    #[test]
+    fn a_segment_removed_while_a_reader_waits_its_turn_expired() {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (dir, handle) = one_result(root.path(), "erin", "removed-meanwhile");
+        let run = handle.run.clone();
+        let kept = Kept::new(dir.clone(), Retention::default());
+        // Another reader's turn, held while the file goes.
+        let turn = kept.turn(&run);
+        let held = turn.lock().unwrap_or_else(PoisonError::into_inner);
+        let found = std::thread::scope(|scope| {
+            let reader = scope.spawn(|| kept.find(&handle));
+            // The reader has taken its copy of the turn and waits for it.
+            while Arc::strong_count(&turn) < 3 {
+                std::thread::yield_now();
+            }
+            std::fs::remove_file(RecordLog::path_for(&dir, &run)).unwrap_or_else(|e| panic!("{e}"));
+            record_expired(&dir, &[run.as_str().to_owned()]);
+            drop(held);
+            reader
+                .join()
+                .unwrap_or_else(|_| panic!("the reader panicked"))
+        });
+        match found {
+            Archived::Gone { why } => assert!(why.contains("has expired"), "{why}"),
+            other => panic!("expired: {other:?}"),
+        }
+        kept.end_turn(&run, turn);
+        assert!(
+            kept.opening
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty(),
+            "the turns are forgotten"
+        );
+    }
+
+    /// A segment `run` of one result in `identity`'s folder under `root`: the folder and
+    /// the result's handle.
+    fn one_result(root: &Path, identity: &str, run: &str) -> (PathBuf, RecordHandle) {
+        let dir = root.join(identity);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let run = RunId::new(run).unwrap_or_else(|e| panic!("{e}"));
+        let (mut log, _) =
+            RecordLog::open(&dir, &run, SyncPolicy::OsBuffered).unwrap_or_else(|e| panic!("{e}"));
+        let handle = log
+            .append(&result("kept a while"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        (dir, handle)
+    }
+
     #[test]
     fn a_segment_swept_after_it_was_read_answers_that_it_expired() {
         let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let dir = root.path().join("carol");
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-        let run = RunId::new("read-then-swept").unwrap_or_else(|e| panic!("{e}"));
-        let handle = {
-            let (mut log, _) = RecordLog::open(&dir, &run, SyncPolicy::OsBuffered)
-                .unwrap_or_else(|e| panic!("{e}"));
-            log.append(&result("kept a while"))
-                .unwrap_or_else(|e| panic!("{e}"))
-        };
+        let (dir, handle) = one_result(root.path(), "carol", "read-then-swept");
         let retention = Retention {
             max_age: DEFAULT_RETAIN,
             max_bytes: 1,
