@@ -119,7 +119,8 @@
 //!   reads nothing it is sent for [`WRITE_WITHIN`], its socket's buffers full, is closed),
 //!   [`MAX_REQUESTS`] POSTs in flight in all and [`MAX_REQUESTS_PER_SESSION`] in one
 //!   session (one more is answered `429 Too Many Requests`), each POST's body at most
-//!   4 MiB (a larger one is answered `413 Payload Too Large`, for its request's id).
+//!   4 MiB and [`MAX_REQUEST_STRUCTURAL_BYTES`] structural bytes (past either, `413
+//!   Payload Too Large`, with an error for the request's id when its first 4 KiB show one).
 //!
 //! Grants come from the file ([`McpConfig::grant`]): each server entry may carry Psych's
 //! `allowTools` key (a list of tool names); without it every tool of the server is

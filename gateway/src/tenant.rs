@@ -671,8 +671,12 @@ mod tests {
         let held = turn.lock().unwrap_or_else(PoisonError::into_inner);
         let found = std::thread::scope(|scope| {
             let reader = scope.spawn(|| kept.find(&handle));
-            // The reader has taken its copy of the turn and waits for it.
+            // The reader has taken its copy of the turn and waits for it (one that does not
+            // wait fails the test rather than hang it).
+            let waited = std::time::Instant::now();
             while Arc::strong_count(&turn) < 3 {
+                assert!(!reader.is_finished(), "the reader did not wait its turn");
+                assert!(waited.elapsed() < Duration::from_secs(30), "no turn taken");
                 std::thread::yield_now();
             }
             std::fs::remove_file(RecordLog::path_for(&dir, &run)).unwrap_or_else(|e| panic!("{e}"));
