@@ -546,7 +546,7 @@ async fn a_signal_stops_the_http_gateway_cleanly_with_a_call_in_flight() {
 
 /// The bound on `initialize`'s answer with upstreams that never answer (see
 /// [`initialize_is_answered_at_once_and_late_servers_arrive_through_list_changed`]).
-const INITIALIZE_WITHIN: Duration = Duration::from_secs(5);
+const INITIALIZE_WITHIN: Duration = Duration::from_secs(15);
 
 /// A TCP listener that accepts connections and never answers (an HTTP upstream that
 /// hangs): its URL, and the task holding it.
@@ -570,8 +570,9 @@ async fn deaf_listener() -> (String, tokio::task::JoinHandle<()>) {
 ///
 /// `initialize` is timed from the request to its answer, sent once the gateway is up (its
 /// upstream processes started), and bounded at [`INITIALIZE_WITHIN`]: a debug binary on a
-/// loaded 2-core machine cannot promise the issue's 1 s, but 5 s still tells "answered at
-/// once" from the old 30 s. The figure is printed.
+/// loaded 2-core machine cannot promise the issue's 1 s, but 15 s still tells "answered at
+/// once" from the old 30 s, with room for a machine stalled by the tests beside it. The
+/// figure is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn initialize_is_answered_at_once_and_late_servers_arrive_through_list_changed() {
     let dir = tempfile::tempdir().unwrap();

@@ -820,7 +820,9 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         let started = Instant::now();
         let closed = transport.close().await;
         assert_eq!(closed.unwrap_err().kind(), io::ErrorKind::TimedOut);
-        assert!(started.elapsed() < CLOSE_WITHIN + Duration::from_secs(1));
+        // Without its bound it would wait for good; the slack is for a loaded machine.
+        let took = started.elapsed();
+        assert!(took < CLOSE_WITHIN + Duration::from_secs(10), "{took:?}");
     }
 
     /// Line `i` of `len` bytes: a `tools/call` whose argument pads it to `len` when that

@@ -825,7 +825,9 @@ async fn a_request_during_the_first_connection_attempt_waits_for_it() {
         mute.await.unwrap().unwrap(),
         Reachability::Unreachable { .. }
     ));
-    // Later, between reconnection attempts, a call to the unreachable one fails at once.
+    // Later, between reconnection attempts, a call to the unreachable one fails at once:
+    // within 2 s, where waiting for an attempt would take its 3 s connect deadline (the
+    // slack is for a loaded machine, not for the code).
     let started = std::time::Instant::now();
     let again = manager
         .call_tool_raw(&tool("mute", "echo"), JsonObject::new())
@@ -834,7 +836,8 @@ async fn a_request_during_the_first_connection_attempt_waits_for_it() {
         matches!(again, Err(McpError::Unreachable { .. })),
         "{again:?}"
     );
-    assert!(started.elapsed() < Duration::from_millis(500));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "{took:?}");
     manager.shutdown().await;
 }
 
