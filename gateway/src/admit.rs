@@ -785,17 +785,16 @@ impl<T> WriteDeadline<T> {
             return polled;
         }
         let within = self.within;
-        let until = tokio::time::Instant::now() + within;
         let deadline = match &mut self.deadline {
             Some(deadline) => {
                 if !self.waiting {
-                    deadline.as_mut().reset(until);
+                    deadline
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + within);
                 }
                 deadline
             }
-            None => self
-                .deadline
-                .insert(Box::pin(tokio::time::sleep_until(until))),
+            None => self.deadline.insert(Box::pin(tokio::time::sleep(within))),
         };
         self.waiting = true;
         match deadline.as_mut().poll(cx) {
@@ -1238,16 +1237,20 @@ mod tests {
     async fn a_write_waiting_past_its_deadline_fails_and_a_slow_reader_is_not_cut() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let within = Duration::from_secs(30);
+        // How long a write of 4 KiB waits before it fails (it must fail by 10 deadlines).
+        let fails_after = async |near: &mut WriteDeadline<tokio::io::DuplexStream>| {
+            let began = tokio::time::Instant::now();
+            let error = tokio::time::timeout(10 * within, near.write_all(&[7; 4096]))
+                .await
+                .expect("the write failed by its deadline")
+                .unwrap_err();
+            assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+            began.elapsed()
+        };
         let (near, _far) = tokio::io::duplex(1024);
         let mut near = WriteDeadline::new(near, within);
-        let began = tokio::time::Instant::now();
-        let error = tokio::time::timeout(10 * within, near.write_all(&[7; 4096]))
-            .await
-            .expect("the write failed by its deadline")
-            .unwrap_err();
-        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
         assert_eq!(
-            began.elapsed(),
+            fails_after(&mut near).await,
             within,
             "failed at its deadline, not before"
         );
@@ -1281,14 +1284,8 @@ mod tests {
             far.read_exact(&mut buf).await.unwrap();
             far
         });
-        let began = tokio::time::Instant::now();
-        let error = tokio::time::timeout(10 * within, near.write_all(&[7; 4096]))
-            .await
-            .expect("the write failed by its deadline")
-            .unwrap_err();
-        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
         assert_eq!(
-            began.elapsed(),
+            fails_after(&mut near).await,
             within - Duration::from_secs(10) + within,
             "a whole deadline after the write that proceeded"
         );

@@ -649,13 +649,7 @@ mod tests {
             "each reader opened a copy of its own"
         );
         assert_eq!(found[0].len(), 2_000);
-        assert!(
-            kept.opening
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_empty(),
-            "the turns are forgotten"
-        );
+        assert!(no_turns(&kept), "the turns are forgotten");
     }
 
     /// A segment retention removes while a reader waits its turn to open it answers that
@@ -691,13 +685,15 @@ mod tests {
             other => panic!("expired: {other:?}"),
         }
         kept.end_turn(&run, turn);
-        assert!(
-            kept.opening
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_empty(),
-            "the turns are forgotten"
-        );
+        assert!(no_turns(&kept), "the turns are forgotten");
+    }
+
+    /// Whether `kept` holds no turn: every reader's is forgotten.
+    fn no_turns(kept: &Kept) -> bool {
+        kept.opening
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
     }
 
     /// A segment `run` of one result in `identity`'s folder under `root`: the folder and
