@@ -107,6 +107,15 @@ impl Validators {
         self.len() == 0
     }
 
+    /// Drops what is compiled for `server` (a server removed from the Run): without it, a
+    /// removed server's schemas stay until a newer catalogue version of the same name
+    /// replaces them. A call to it guarded later compiles its schema again. The schemas are
+    /// freed after the lock.
+    pub fn forget(&self, server: &ServerId) {
+        let forgotten = self.servers().remove(server);
+        drop(forgotten);
+    }
+
     /// The cache, locked (a panic under the lock left it whole: nothing there panics).
     fn servers(&self) -> std::sync::MutexGuard<'_, HashMap<ServerId, ServerValidators>> {
         self.servers.lock().unwrap_or_else(PoisonError::into_inner)
@@ -337,6 +346,31 @@ mod tests {
             .unwrap_err();
         assert_eq!(errors[0].path, "/n");
         assert!(Arc::ptr_eq(&newer, &stored()), "the newer schema is kept");
+    }
+
+    #[test]
+    fn a_forgotten_server_leaves_nothing_and_others_keep_theirs() {
+        let (a, b) = (ServerId::new("a").unwrap(), ServerId::new("b").unwrap());
+        let t = tool(json!({"type": "object", "properties": {"n": {"type": "integer"}}}));
+        let validators = Validators::new();
+        for server in [&a, &b] {
+            assert_eq!(
+                validators.check(server, CatalogVersion(2), &t, &json!({"n": 1})),
+                Ok(Validation::Checked)
+            );
+        }
+        assert_eq!(validators.len(), 2);
+        validators.forget(&a);
+        assert_eq!(validators.len(), 1, "only b's schema is left");
+        assert!(!validators.servers().contains_key(&a));
+        validators.forget(&a);
+        assert_eq!(validators.len(), 1, "forgetting twice is harmless");
+        // A later call to the forgotten server is guarded as a first one, at any version.
+        let errors = validators
+            .check(&a, CatalogVersion(1), &t, &json!({"n": "x"}))
+            .unwrap_err();
+        assert_eq!(errors[0].path, "/n");
+        assert_eq!(validators.len(), 2, "compiled and kept again");
     }
 
     #[test]

@@ -459,6 +459,13 @@ impl<H: ToolHost + 'static> Executor<H> {
         self
     }
 
+    /// Forgets `server`'s compiled input schemas ([`Validators::forget`]), for a server
+    /// removed from the Run ([`Run::remove_connection`](crate::Run::remove_connection)):
+    /// nothing compiled for it stays behind. A call to it guarded later compiles again.
+    pub fn forget_server(&self, server: &psych_types::ServerId) {
+        self.validators.forget(server);
+    }
+
     /// The reader's limits: the `read_tool_output` definition a prompt shows must use them.
     pub fn limits(&self) -> &Limits {
         &self.limits

@@ -410,9 +410,11 @@ impl<H: ToolHost + 'static> Run<H> {
     }
 
     /// Removes a server's connection; it is gone from the next turn's Surface, and its calls
-    /// are refused from now on by the guard if its tools leave the grant or catalogue.
+    /// are refused from now on by the guard if its tools leave the grant or catalogue. The
+    /// input schemas compiled for its calls are dropped.
     pub fn remove_connection(&mut self, server: &psych_types::ServerId) {
         self.connections.retain(|c| &c.server != server);
+        self.executor.forget_server(server);
     }
 
     /// The connections the next turn resolves.
