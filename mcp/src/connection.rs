@@ -161,6 +161,14 @@ impl Lost {
     }
 }
 
+/// Resolves once `stop` says true; never if its sender is gone first (nothing can stop the
+/// attempt then: a supervisor holds its slot, and so the sender, while it connects).
+async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    if stop.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// A task aborted when this is dropped.
 struct AbortOnDrop(JoinHandle<()>);
 
@@ -176,12 +184,18 @@ impl Session {
     /// initialize response is dropped by rmcp, so the notification alone can never be
     /// trusted to announce the first tools); with a server of 2026-07-28, its
     /// `subscriptions/listen` stream is opened just before that listing.
+    ///
+    /// Once `stop` says true (the server removed or replaced, the manager shut down) the
+    /// attempt ends with [`McpError::ShutDown`], a stdio server started for it stopped as
+    /// [`Session::close`] stops one (SIGTERM, its grace, then SIGKILL) rather than killed
+    /// where this future is dropped (which blocks the thread for a look through `/proc`).
     pub(crate) async fn connect(
         server: &ServerId,
         transport: &Transport,
         (timeouts, max_listing_bytes): (Timeouts, u64),
         events: Arc<EventQueue>,
         (spill_dir, budget): (&Path, &SpillBudget),
+        mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<(Arc<Self>, Listing), McpError> {
         let handler = Handler {
             server: server.clone(),
@@ -204,12 +218,17 @@ impl Session {
                 };
                 let (child, transport) = Child::spawn(server, &spec)?;
                 let tap = transport.tap();
-                match tokio::time::timeout(
-                    timeouts.connect,
-                    handler.serve_with_lifecycle(transport, lifecycle()),
-                )
-                .await
-                {
+                let served = tokio::select! {
+                    served = tokio::time::timeout(
+                        timeouts.connect,
+                        handler.serve_with_lifecycle(transport, lifecycle()),
+                    ) => served,
+                    () = stopped(&mut stop) => {
+                        child.terminate(timeouts.shutdown_grace).await;
+                        return Err(McpError::ShutDown);
+                    }
+                };
+                match served {
                     Ok(Ok(service)) => (service, Some(child), tap),
                     Ok(Err(error)) => {
                         let error = init_error(server, error, Some(&child)).await;
@@ -234,12 +253,14 @@ impl Session {
                 let transport = remote::transport(server, url, headers, client, Arc::clone(&tap))?;
                 // The server's own requests are bounded as a stdio server's are.
                 let transport = crate::server_requests::Counted::new(transport);
-                match tokio::time::timeout(
-                    timeouts.connect,
-                    handler.serve_with_lifecycle(transport, lifecycle()),
-                )
-                .await
-                {
+                let served = tokio::select! {
+                    served = tokio::time::timeout(
+                        timeouts.connect,
+                        handler.serve_with_lifecycle(transport, lifecycle()),
+                    ) => served,
+                    () = stopped(&mut stop) => return Err(McpError::ShutDown),
+                };
+                match served {
                     Ok(Ok(service)) => (service, None, tap),
                     Ok(Err(error)) => return Err(init_error(server, error, None).await),
                     Err(_) => {
@@ -270,16 +291,26 @@ impl Session {
         // cannot be opened does not fail the connection: the task keeps trying.
         // Only a server that says it sends `tools/list_changed` is listened to: one that
         // does not would refuse every stream, or accept and never send.
-        let first = if session.is_modern() && session.announces_tool_changes() {
-            match open_listen(&session.peer, timeouts.page).await {
-                Listen::Open(subscription) => Some(Some(*subscription)),
-                Listen::Retry => Some(None),
-                Listen::Refused => None,
-            }
-        } else {
-            None
+        let first_listing = async {
+            let first = if session.is_modern() && session.announces_tool_changes() {
+                match open_listen(&session.peer, timeouts.page).await {
+                    Listen::Open(subscription) => Some(Some(*subscription)),
+                    Listen::Retry => Some(None),
+                    Listen::Refused => None,
+                }
+            } else {
+                None
+            };
+            (first, session.list().await)
         };
-        match session.list().await {
+        let (first, listed) = tokio::select! {
+            done = first_listing => done,
+            () = stopped(&mut stop) => {
+                session.close().await;
+                return Err(McpError::ShutDown);
+            }
+        };
+        match listed {
             Ok(listing) => {
                 if let Some(first) = first {
                     let task = tokio::spawn(listen(
@@ -1273,6 +1304,7 @@ mod tests {
             (timeouts, max_listing_bytes),
             Arc::new(EventQueue::default()),
             (&std::env::temp_dir(), &SpillBudget::default()),
+            tokio::sync::watch::channel(false).1,
         )
         .await
         .unwrap()

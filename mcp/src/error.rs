@@ -229,6 +229,19 @@ pub enum McpError {
         /// Why it went down, as reported when it did.
         reason: String,
     },
+    /// A lazy server's start, which this request waited for, failed
+    /// ([`McpManager::add_lazy_server`](crate::McpManager::add_lazy_server)): the start's own
+    /// error (a [`Spawn`](Self::Spawn) of a command not found, an
+    /// [`Exited`](Self::Exited) with the server's stderr, a [`Timeout`](Self::Timeout)),
+    /// shared by every request that waited for the same start. The next request tries
+    /// again.
+    #[error("{source}")]
+    StartFailed {
+        /// The server.
+        server: ServerId,
+        /// Why the start failed.
+        source: std::sync::Arc<McpError>,
+    },
     /// The manager has been shut down.
     #[error("the MCP connection manager has shut down")]
     ShutDown,
@@ -266,6 +279,7 @@ impl McpError {
             | Self::InputRequired { server, .. }
             | Self::MissingCapability { server, .. }
             | Self::Unreachable { server, .. }
+            | Self::StartFailed { server, .. }
             | Self::Task { server, .. } => Some(server),
             Self::ShutDown => None,
         }

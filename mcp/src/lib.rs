@@ -48,8 +48,10 @@
 //! A server can also be added **lazily** ([`McpManager::add_lazy_server`]): nothing is
 //! started until a call or a listing needs it (one start for concurrent first calls), and
 //! it is stopped again, its whole process group, after an idle time without a request
-//! (never while one is in flight). A failed start fails the calls that waited for it with
-//! the reason; the next call tries again.
+//! (never while one is in flight, nor under a request waiting to take the session a start
+//! gave it). A failed start fails the calls that waited for it with the start's own error
+//! ([`McpError::StartFailed`]); the next call tries again. A start is made for a request
+//! once: a server that exits right after it starts fails the request that needed it.
 //!
 //! # MCP revisions
 //!

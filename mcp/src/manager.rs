@@ -333,8 +333,12 @@ impl McpManager {
     /// again by the next one. Starts nothing; replaces a server of the same name (stopping
     /// it first). A request dropped while it waits for the start leaves the start under
     /// way (the server then stops once idle). A failed start fails the
-    /// requests that waited for it with [`McpError::Unreachable`] and the reason (and is
-    /// reported as [`McpEvent::Reachability`]); the next request tries again. A start is
+    /// requests that waited for it with [`McpError::StartFailed`], the start's own error
+    /// (and is reported as [`McpEvent::Reachability`]); the next request tries again. A
+    /// request whose start succeeded but whose server was gone before it could take the
+    /// session (one that exits right after it starts) fails with [`McpError::Unreachable`]
+    /// saying so, rather than starting it again. Removed, replaced or shut down during a
+    /// start, the server is stopped with its grace ([`Timeouts::shutdown_grace`]). A start is
     /// reported as a first connection is (reachable, then
     /// [`McpEvent::ToolsChanged`] with [`ChangeCause::Connected`]); an idle stop is not
     /// reported. [`is_running`](Self::is_running) says whether it runs now.
@@ -481,8 +485,9 @@ impl McpManager {
         Ok(())
     }
 
-    /// Disconnects a server and forgets it; its process group is stopped. Does nothing for
-    /// an unknown server.
+    /// Disconnects a server and forgets it; its process group is stopped with its grace
+    /// (SIGTERM, then SIGKILL after [`Timeouts::shutdown_grace`]), also while it is still
+    /// starting. Does nothing for an unknown server.
     pub async fn remove_server(&self, server: &ServerId) {
         let slot = self
             .inner
@@ -852,6 +857,24 @@ fn input_required(tool: &ToolRef) -> McpError {
 }
 
 impl Slot {
+    /// A slot with no supervisor, for tests that play the supervisor's part by hand.
+    #[cfg(test)]
+    pub(crate) fn unsupervised(lazy: Option<Arc<Lazy>>) -> Self {
+        Self {
+            state: RwLock::new(State::default()),
+            stop: watch::Sender::new(false),
+            first_attempt: watch::Sender::new(false),
+            task: Mutex::new(None),
+            lazy,
+        }
+    }
+
+    /// Says the slot is stopped, as [`finish`](Self::finish) does first.
+    #[cfg(test)]
+    pub(crate) fn stop(&self) {
+        let _ = self.stop.send_replace(true);
+    }
+
     /// A watch of the slot's stop: `true` once the server is removed or the manager shut
     /// down.
     pub(crate) fn stopping(&self) -> watch::Receiver<bool> {
@@ -920,12 +943,15 @@ pub(crate) struct Connecting {
 }
 
 impl Connecting {
-    /// One connection attempt to `server`, with its first listing.
+    /// One connection attempt to `server`, with its first listing; ended by `stop` with
+    /// [`McpError::ShutDown`], a process started for it stopped with its grace
+    /// ([`Session::connect`]).
     pub(crate) async fn connect(
         &self,
         server: &ServerId,
         config: &ServerConfig,
         events: &Arc<EventQueue>,
+        stop: &watch::Receiver<bool>,
     ) -> Result<(Arc<Session>, Listing), McpError> {
         Session::connect(
             server,
@@ -933,6 +959,7 @@ impl Connecting {
             (self.timeouts, self.max_listing_bytes),
             Arc::clone(events),
             (&self.spill_dir, &self.spill_budget),
+            stop.clone(),
         )
         .await
     }
@@ -956,12 +983,16 @@ fn spawn_after(
 
 /// Marks its slot's first connection attempt made when the supervisor's task ends, however
 /// it ends (stopped before it started, finished, panicked, aborted), so no request waits
-/// for an attempt that will never come ([`McpManager::acquire`]).
+/// for an attempt that will never come ([`McpManager::acquire`]); a lazy server's
+/// supervisor is marked ended ([`Lazy::end`]) for the same reason.
 struct FirstAttemptReleased(Arc<Slot>);
 
 impl Drop for FirstAttemptReleased {
     fn drop(&mut self) {
         self.0.first_attempt.send_replace(true);
+        if let Some(lazy) = &self.0.lazy {
+            lazy.end();
+        }
     }
 }
 
@@ -982,10 +1013,16 @@ async fn supervise(
         });
     };
     loop {
-        let attempt = tokio::select! {
-            attempt = how.connect(&server, &config, &events) => attempt,
-            _ = stop.wait_for(|stop| *stop) => break,
-        };
+        // Not raced with `stop` here: the attempt ends itself when stopped, stopping a
+        // process it started with its grace (dropped, it would be killed at once, blocking
+        // this worker while its tree is looked through).
+        let attempt = how.connect(&server, &config, &events, &stop).await;
+        if *stop.borrow() {
+            if let Ok((session, _)) = attempt {
+                session.close().await;
+            }
+            break;
+        }
         match attempt {
             Ok((session, listing)) => {
                 let connected = tokio::time::Instant::now();

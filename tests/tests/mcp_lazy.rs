@@ -239,10 +239,19 @@ async fn a_lazy_server_that_fails_to_start_fails_the_call_with_why_and_others_go
     let error = echo(&manager, "broken", "x").await.unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(10), "at once");
     let said = error.to_string();
+    // The start's own error, kept whole: the process's exit and its stderr.
+    let McpError::StartFailed { source, .. } = &error else {
+        panic!("not the start's failure: {error:?}");
+    };
     assert!(
-        matches!(&error, McpError::Unreachable { .. })
-            && said.contains("no credentials for the API"),
-        "{said}"
+        matches!(&**source, McpError::Exited { stderr, .. }
+            if stderr.contains("no credentials for the API")),
+        "{source:?}"
+    );
+    assert_eq!(said, source.to_string(), "said as the start said it");
+    assert!(
+        std::error::Error::source(&error).is_some(),
+        "the start's error is the source"
     );
     assert_eq!(starts(&good_starts), 0, "the other server was not started");
     let listing = manager.list(&id("good")).await.unwrap();
@@ -258,11 +267,154 @@ async fn a_lazy_server_that_fails_to_start_fails_the_call_with_why_and_others_go
     // The next call to the broken one tries again, and says why again.
     let again = echo(&manager, "broken", "y").await.unwrap_err();
     assert!(
-        matches!(&again, McpError::Unreachable { reason, .. }
-            if reason.contains("no credentials for the API")),
+        matches!(&again, McpError::StartFailed { source, .. }
+            if source.to_string().contains("no credentials for the API")),
         "{again}"
     );
     assert_eq!(starts(&broken_starts), 2);
+    // A command that is not there: the spawn's own error, which a caller can tell from a
+    // server that failed.
+    manager
+        .add_lazy_server(
+            id("missing"),
+            stdio("missing", "/nonexistent/psych-no-such-server", &[]),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let missing = echo(&manager, "missing", "z").await.unwrap_err();
+    assert!(
+        matches!(&missing, McpError::StartFailed { source, .. }
+            if matches!(&**source, McpError::Spawn { source, .. }
+                if source.kind() == std::io::ErrorKind::NotFound)),
+        "{missing:?}"
+    );
+    manager.shutdown().await;
+}
+
+/// A server that exits right after its first listing (each start answers `initialize` and
+/// `tools/list`, then ends): the calls that needed it fail, having started it once, rather
+/// than starting it again and again without an answer; the next calls try once more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_server_that_exits_right_after_starting_fails_the_call_after_one_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("starts");
+    // `server/discover` refused, `initialize` answered, the listing answered, then the end.
+    let script = format!(
+        r#"echo started >> '{}'
+        answer() {{ read -r line; id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/'); }}
+        answer
+        printf '{{"jsonrpc":"2.0","id":%s,"error":{{"code":-32601,"message":"Method not found"}}}}
+' "$id"
+        answer
+        printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":"2025-11-25","capabilities":{{"tools":{{}}}},"serverInfo":{{"name":"brief","version":"1"}}}}}}
+' "$id"
+        read -r initialized
+        answer
+        printf '{{"jsonrpc":"2.0","id":%s,"result":{{"tools":[{{"name":"echo","inputSchema":{{"type":"object"}}}}]}}}}
+' "$id"
+        "#,
+        file.display()
+    );
+    let manager = manager();
+    manager
+        .add_lazy_server(
+            id("brief"),
+            shell("brief", &script),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    for round in 1..=2 {
+        // Eight calls at once, so that some find the session already lost.
+        let calls: Vec<_> = (0..8)
+            .map(|_| {
+                let manager = manager.clone();
+                tokio::spawn(async move { echo(&manager, "brief", "x").await })
+            })
+            .collect();
+        for call in calls {
+            let error = call.await.unwrap().unwrap_err();
+            // Either it took the session before the exit was seen (the call then finds the
+            // process gone), or it found the session lost at once.
+            assert!(
+                error.is_connection_lost() || matches!(&error, McpError::Unreachable { .. }),
+                "{error:?}"
+            );
+        }
+        assert_eq!(
+            starts(&file),
+            round,
+            "one start for the calls of each round"
+        );
+    }
+    manager.shutdown().await;
+}
+
+/// With an idle time of zero, a request that asked for a start but has not yet run when
+/// the start ends still gets that start's session: the server is not stopped for idleness
+/// under a request waiting to take it (else it would ask for a second start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_idle_time_a_request_not_yet_run_keeps_the_start_it_asked_for() {
+    let (_dir, file, manager, events) = one_lazy(Duration::ZERO).await;
+    let mut request = std::pin::pin!(echo(&manager, "lazy", "late"));
+    // Polled once: it asks for the start and waits (see the removal test below).
+    let pending =
+        std::future::poll_fn(|cx| Poll::Ready(request.as_mut().poll(cx).is_pending())).await;
+    assert!(pending, "the request ended before it waited for the start");
+    // The start is reported before the request could run (it is not polled).
+    let started = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let McpEvent::ToolsChanged { .. } = events.next().await {
+                break;
+            }
+        }
+    });
+    started.await.expect("the server started");
+    // Many idle checks (every 10 ms) while the request is not run.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        manager.is_running(&id("lazy")),
+        Some(true),
+        "stopped under a request waiting for it"
+    );
+    assert_eq!(request.await.unwrap(), "late");
+    assert_eq!(starts(&file), 1, "one start");
+    eventually("stopped once nothing is in flight", || {
+        manager.is_running(&id("lazy")) == Some(false)
+    })
+    .await;
+    manager.shutdown().await;
+}
+
+/// A server removed while it starts is stopped as a running one is: SIGTERM first, with
+/// the grace to end its own way (a server behind `docker run` stops its container), not
+/// killed outright.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_removed_while_it_starts_is_given_its_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let bye = dir.path().join("bye");
+    // Never answers `initialize`; says when it is up, and on SIGTERM leaves a note.
+    let script = format!(
+        r#"trap "echo bye > '{}'; exit 0" TERM; echo up > '{}'; while :; do sleep 0.05; done"#,
+        bye.display(),
+        ready.display()
+    );
+    let manager = manager();
+    manager
+        .add_lazy_server(id("slow"), shell("slow", &script), Duration::from_secs(30))
+        .await
+        .unwrap();
+    let request = tokio::spawn({
+        let manager = manager.clone();
+        async move { echo(&manager, "slow", "x").await }
+    });
+    eventually("the server started", || ready.exists()).await;
+    manager.remove_server(&id("slow")).await;
+    assert!(bye.exists(), "the server was killed without its SIGTERM");
+    let error = request.await.unwrap().unwrap_err();
+    assert!(matches!(error, McpError::UnknownServer { .. }), "{error}");
     manager.shutdown().await;
 }
 
