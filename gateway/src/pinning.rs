@@ -6,7 +6,11 @@
 //! sessions" is "between processes" there; an HTTP gateway keeps one choice until it
 //! restarts. Either way pinning never changes the listing while a client uses it. Each
 //! grant (the file's, and each narrowed one of `--tokens`) learns from its own identities
-//! only, so one identity's habits never shape what another is listed.
+//! only: the identities of one grant learn together (the file's grant from every identity
+//! without `allowTools` of its own, and from the stdio and loopback folders; identities
+//! narrowed to the same tools share one grant), so one identity's habits shape what the
+//! others of its grant are listed (and so show which deferred tools it calls often), never
+//! what an identity of another grant is listed.
 
 use std::path::{Path, PathBuf};
 
