@@ -24,6 +24,13 @@
 //!   it stored) and may be tried again.
 //! - Every row carries the Run's identity, and every read names it in its `WHERE`: a store
 //!   opened for one identity cannot read another identity's Run of the same name.
+//! - A read that finds a row missing (a record, a chunk of its text, the next batch of a
+//!   history) asks whether the Run is still there: retention deletes a Run's rows in one
+//!   transaction, so a Run gone was deleted with them, and the read fails as
+//!   [`RecordError::Expired`] rather than answer a short text, a partial history or
+//!   nothing as whole (a replica paging another's result while a sweep deletes it is told
+//!   the Run expired). Rows never change once committed, so reads of several statements
+//!   need no shared snapshot beyond that.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -98,8 +105,10 @@ pub enum RecordError {
     #[error("the PostgreSQL store's runtime has shut down")]
     ShutDown,
     /// The Run was deleted by retention ([`PgBlocking::sweep`]): it is not opened again
-    /// under its name (its handles would name other records), and a writer that held it
-    /// while its lease lapsed is told so rather than write under the deleted handles.
+    /// under its name (its handles would name other records), a writer that held it
+    /// while its lease lapsed is told so rather than write under the deleted handles, and
+    /// a read of it (one under way when it went included) is told so rather than answer
+    /// a short text or that nothing is there.
     #[error("the Run {run} expired (deleted by retention, for its {why})")]
     Expired {
         /// The Run.
@@ -183,6 +192,15 @@ async fn row(
 
 pub(crate) fn db(source: tokio_postgres::Error) -> RecordError {
     RecordError::Db(DbError::Query(source))
+}
+
+/// The expiry of `run`, deleted by retention for `why` (`age` when no longer remembered,
+/// as a Run forgotten past [`EXPIRED_KEPT`](crate::EXPIRED_KEPT) was old).
+fn expired(run: &RunId, why: Option<String>) -> RecordError {
+    RecordError::Expired {
+        run: run.clone(),
+        why: why.unwrap_or_else(|| "age".to_owned()),
+    }
 }
 
 fn corrupt(what: impl Into<String>) -> RecordError {
@@ -423,6 +441,26 @@ impl PgRecords {
             .flatten()
     }
 
+    /// [`RecordError::Expired`] if retention deleted the Run, else `Ok`: what a read asks
+    /// when it finds a row of the Run missing. A sweep deletes a Run's rows together, in
+    /// one transaction, and nothing else deletes them, so a row missing from a Run that
+    /// is gone now was deleted with it: the read says the Run expired rather than that the
+    /// record or the rest of its text is not there (a read of several statements, cut by
+    /// a sweep between them, never answers a short text or a partial history as whole).
+    async fn live(&self, client: &impl GenericClient) -> Result<(), RecordError> {
+        let gone = row(
+            client,
+            "select (select why from expired_runs where identity = $1 and run = $2)
+             where not exists (select 1 from runs where identity = $1 and run = $2)",
+            &[&&*self.identity, &self.run.as_str()],
+        )
+        .await?;
+        match gone {
+            Some(gone) => Err(expired(&self.run, gone.get(0))),
+            None => Ok(()),
+        }
+    }
+
     async fn append_in(
         &self,
         client: &mut deadpool_postgres::Object,
@@ -454,13 +492,8 @@ impl PgRecords {
             .map_err(db)?;
         // No row: retention deleted the Run while this process's lease on it had lapsed.
         let Some(taken) = taken else {
-            let why = crate::retention::expired(&transaction, identity, &self.run)
-                .await?
-                .unwrap_or_else(|| "age".to_owned());
-            return Err(Attempt::Failed(RecordError::Expired {
-                run: self.run.clone(),
-                why,
-            }));
+            let why = crate::retention::expired(&transaction, identity, &self.run).await?;
+            return Err(Attempt::Failed(expired(&self.run, why)));
         };
         let (first, txid): (i64, i64) = (taken.get(0), taken.get(1));
         let mut chunks = Chunks::new(&transaction, identity, run).await?;
@@ -688,6 +721,7 @@ impl PgRecords {
             out.extend_from_slice(&data[from as usize..to as usize]);
         }
         if out.len() as u64 != wanted {
+            self.live(client).await?;
             return Err(corrupt(format!(
                 "record {}:{seq}: bytes {range:?} of its text are missing",
                 self.run
@@ -724,13 +758,14 @@ impl PgRecords {
             let bytes = usize::try_from(span.start)
                 .ok()
                 .zip(usize::try_from(span.end).ok())
-                .and_then(|(start, end)| text.get(start..end))
-                .ok_or_else(|| {
-                    corrupt(format!(
-                        "record {}:{seq}: bytes {span:?} of its text are missing",
-                        self.run
-                    ))
-                })?;
+                .and_then(|(start, end)| text.get(start..end));
+            let Some(bytes) = bytes else {
+                self.live(client).await?;
+                return Err(corrupt(format!(
+                    "record {}:{seq}: bytes {span:?} of its text are missing",
+                    self.run
+                )));
+            };
             let own = String::from_utf8(bytes.to_vec())
                 .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?;
             if let Some(block) = output.content.get_mut(position) {
@@ -1202,6 +1237,7 @@ impl RecordSource for PgRecords {
             )
             .await?;
             let Some(row) = row else {
+                self.live(&client).await?;
                 return Ok(None);
             };
             let record: Record = serde_json::from_slice(row.get::<_, &[u8]>(0))
@@ -1227,6 +1263,7 @@ impl RecordSource for PgRecords {
         self.block(async {
             let client = self.client().await?;
             let Some((body, len, _)) = self.result_parts(&client, seq).await? else {
+                self.live(&client).await?;
                 return Ok(None);
             };
             // The head alone: the body's blocks and structured content are not built.
@@ -1259,12 +1296,20 @@ impl RecordSource for PgRecords {
             i32::try_from(within + 1).unwrap_or(i32::MAX),
             i32::try_from(want).unwrap_or(i32::MAX),
         );
-        let bytes: Option<Vec<u8>> = self.block(async {
+        let bytes: Vec<u8> = self.block(async {
             let client = self.client().await?;
+            // The Run, the result's length and the chunk's part in one statement (one
+            // snapshot): a chunk missing is the text's end only past its length, and a
+            // Run gone (no row) was deleted by retention, maybe between two pages.
             let row = row(
                 &client,
-                "select substring(data from $5 for $6) from chunks
-                     where identity = $1 and run = $2 and seq = $3 and idx = $4",
+                "select records.seq is not null, records.readable_len,
+                        (select substring(data from $5 for $6) from chunks
+                             where identity = $1 and run = $2 and seq = $3 and idx = $4)
+                 from runs left join records
+                     on records.identity = runs.identity and records.run = runs.run
+                        and records.seq = $3 and records.result
+                 where runs.identity = $1 and runs.run = $2",
                 &[
                     &&*self.identity,
                     &self.run.as_str(),
@@ -1275,11 +1320,28 @@ impl RecordSource for PgRecords {
                 ],
             )
             .await?;
-            Ok(row.map(|row| row.get(0)))
+            let Some(row) = row else {
+                self.live(&client).await?;
+                return Ok(Vec::new());
+            };
+            if !row.get::<_, bool>(0) {
+                // Not a tool result of this Run.
+                return Ok(Vec::new());
+            }
+            let Some(len) = row.get::<_, Option<i64>>(1) else {
+                return Err(corrupt(format!(
+                    "record {handle} is a tool result without its length"
+                )));
+            };
+            if offset >= u64::try_from(len).unwrap_or(0) {
+                return Ok(Vec::new());
+            }
+            row.get::<_, Option<Vec<u8>>>(2).ok_or_else(|| {
+                corrupt(format!(
+                    "record {handle}: the chunk holding byte {offset} of its text is missing"
+                ))
+            })
         })?;
-        let Some(bytes) = bytes else {
-            return Ok(0);
-        };
         let n = bytes.len().min(buf.len());
         buf[..n].copy_from_slice(&bytes[..n]);
         Ok(n)
@@ -1296,6 +1358,7 @@ impl RecordSource for PgRecords {
         self.block(async {
             let client = self.client().await?;
             let Some(row) = self.result_row(&client, seq).await? else {
+                self.live(&client).await?;
                 return Ok(None);
             };
             let Some(mut block) = row.content.into_iter().nth(position) else {
@@ -1328,6 +1391,9 @@ impl RecordSource for PgRecords {
                 &[&&*self.identity, &self.run.as_str(), &seq, &signed(line)],
             )
             .await?;
+            if row.is_none() {
+                self.live(&client).await?;
+            }
             Ok(row.map_or(LineMark::START, |row| LineMark {
                 at: u64::from(row.get::<_, i32>(0).unsigned_abs()) * CHUNK as u64,
                 breaks_before: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
@@ -1342,6 +1408,7 @@ impl RecordSource for PgRecords {
         self.block(async {
             let client = self.client().await?;
             let Some(row) = self.result_row(&client, seq).await? else {
+                self.live(&client).await?;
                 return Ok(None);
             };
             // The skeleton's resource texts are empty: their sizes come from their spans.
@@ -1429,7 +1496,7 @@ impl RecordStore for PgRecords {
         loop {
             let rows = self.block(async {
                 let client = self.client().await?;
-                rows(
+                let batch = rows(
                     &client,
                     "select seq, body, result, readable_len, line_breaks, estimate, text_only
                      from (select seq, body, result, readable_len, line_breaks, estimate,
@@ -1447,7 +1514,13 @@ impl RecordStore for PgRecords {
                         &HISTORY_BATCH_ROWS,
                     ],
                 )
-                .await
+                .await?;
+                // The end of the Run's records, unless a sweep deleted them since the last
+                // batch (or before the first): never a partial history read as whole.
+                if batch.is_empty() {
+                    self.live(&client).await?;
+                }
+                Ok(batch)
             })?;
             let Some(last) = rows.last().map(|row| row.get::<_, i64>(0)) else {
                 return Ok(());
@@ -1468,13 +1541,17 @@ impl RecordStore for PgRecords {
         };
         let row = self.block(async {
             let client = self.client().await?;
-            row(
+            let found = row(
                 &client,
                 "select seq, body, result, readable_len, line_breaks, estimate, text_only
                      from records where identity = $1 and run = $2 and seq = $3 and result",
                 &[&&*self.identity, &self.run.as_str(), &seq],
             )
-            .await
+            .await?;
+            if found.is_none() {
+                self.live(&client).await?;
+            }
+            Ok(found)
         })?;
         let Some(row) = row else {
             return Ok(None);

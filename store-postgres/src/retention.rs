@@ -24,10 +24,12 @@
 //!   answers no peer.
 //! - **Expired Runs are remembered** in `expired_runs` (the newest [`EXPIRED_KEPT`] per
 //!   identity): their handles answer that they expired
-//!   ([`RecordStores::expired`](psych_types::RecordStores::expired)), and such a Run is
-//!   not opened again under its name, whose handles would then name other records. A name
-//!   forgotten past that may be opened again: choose Run names that are not reused (the
-//!   gateway's are 130 random bits).
+//!   ([`RecordStores::expired`](psych_types::RecordStores::expired)), a read of such a
+//!   Run (one under way when it went, another replica's, included) fails as
+//!   [`RecordError::Expired`] rather than end short, and such a Run is not opened again
+//!   under its name, whose handles would then name other records. A name forgotten past
+//!   that may be opened again: choose Run names that are not reused (the gateway's are 130
+//!   random bits).
 //!
 //! Every time here is the database's clock (`clock_timestamp()`), so processes whose clocks
 //! differ agree on ages and leases. Every process writing to a schema must run a build

@@ -1331,6 +1331,84 @@ fn a_writer_whose_run_was_swept_is_told_it_expired() {
     );
 }
 
+/// A Run another replica reads (`find`: no writer lease) page by page while retention
+/// deletes it: the next page is the Run's expiry (`Expired`, why it went), never a short
+/// text read as whole; and every other read of the Run (its records, a block, its summary,
+/// its history, a line) answers the same, not that nothing is there.
+#[test]
+fn a_run_swept_while_a_replica_reads_it_answers_that_it_expired() {
+    use std::time::Duration;
+
+    use psych_store_postgres::{CHUNK, PgBlocking, RecordError};
+    use psych_types::{
+        History, RecordHandle, RecordSource, RecordStore, RecordStores, RunId, StoreError,
+    };
+
+    let (store, drop_schema, url) = record_schema("retention_reader");
+    let run = RunId::new("paged").unwrap();
+    let writer = store.records("alice", &run).unwrap();
+    let line = "0123456789abcdef".repeat(4) + "\n";
+    let text = line.repeat(5 * CHUNK / line.len());
+    let handle = writer.append(&text_result("c0", text.clone())).unwrap();
+    writer.append(&text_result("c1", "after")).unwrap();
+    drop(writer);
+    let replica = PgBlocking::open(&url).unwrap();
+    let found = RecordStores::find(&replica, "alice", &run)
+        .unwrap()
+        .unwrap();
+    let mut page = vec![0; 64 * 1024];
+    let mut read = Vec::new();
+    // Three pages: into the second chunk.
+    for _ in 0..3 {
+        let n = found
+            .read_output(&handle, read.len() as u64, &mut page)
+            .unwrap();
+        assert!(n > 0);
+        read.extend_from_slice(&page[..n]);
+    }
+    assert_eq!(&read[..], &text.as_bytes()[..read.len()]);
+    let mut history = History::default();
+    found.extend_history(&mut history).unwrap();
+    assert_eq!(history.entries.len(), 2);
+    history.entries.truncate(1);
+    raw_blocking(format!(
+        "update {}.runs set last_write_at = 0, lease_until = 0",
+        drop_schema.0
+    ));
+    let swept = RecordStores::sweep(&store, Duration::from_secs(60), u64::MAX).unwrap();
+    assert_eq!(swept.runs, 1);
+    let expired = |what: &str, error: StoreError| match error.downcast::<RecordError>() {
+        Ok(RecordError::Expired { run: gone, why }) => {
+            assert_eq!((gone, why.as_str()), (run.clone(), "age"), "{what}");
+        }
+        other => panic!("{what}: the Run's expiry, not {other:?}"),
+    };
+    let next = found.read_output(&handle, read.len() as u64, &mut page);
+    expired(
+        "the next page",
+        next.map(|n| panic!("{n} bytes")).unwrap_err(),
+    );
+    let second = RecordHandle::new(run.clone(), 1);
+    let reads: [(&str, Result<(), StoreError>); 7] = [
+        ("record", found.record(&handle).map(drop)),
+        ("record 1", found.record(&second).map(drop)),
+        ("content_block", found.content_block(&handle, 0).map(drop)),
+        ("output_info", found.output_info(&handle).map(drop)),
+        ("block_lines", found.block_lines(&handle).map(drop)),
+        ("stored_result", found.stored_result(&handle).map(drop)),
+        ("line_mark", found.line_mark(&handle, 3).map(drop)),
+    ];
+    for (what, result) in reads {
+        expired(what, result.unwrap_err());
+    }
+    // A history read so far is not extended as if the Run had ended there.
+    expired(
+        "extend_history",
+        found.extend_history(&mut history).unwrap_err(),
+    );
+    assert_eq!(history.entries.len(), 1);
+}
+
 /// A lease lost while listing (its connection cut; another process then took the lease
 /// and stored a newer listing) does not let the older listing be stored over the newer:
 /// its refresh is refused, `LeaseLost`, an `Unavailable` failure, and nothing changes.
