@@ -13,7 +13,11 @@
 //!   chunks of [`CHUNK`] bytes (`bytea`, stored uncompressed out of line, so a slice of a
 //!   chunk reads only the pages it needs), each with the line breaks before it; the record
 //!   row holds the result with its texts left empty and each text's span in the readable
-//!   text. Reading a page or a line of a result of gigabytes reads about the page.
+//!   text. Reading a page or a line of a result of gigabytes reads about the page. A row
+//!   read is checked against itself (each span within the text's length, the length within
+//!   what chunks can index) and against its chunks (none missing before the length): a
+//!   damaged row is [`RecordError::Corrupt`], never a panic, an allocation of what it
+//!   claims or a text read short.
 //! - A spilled text ([`ToolOutput::spilled`](psych_types::ToolOutput::spilled)) is read from
 //!   its file in 1 MiB reads, checked as UTF-8, and streamed into chunk rows inserted 64 at
 //!   a time: about 9 MiB of it in memory at once (the rows waiting and one read), whatever
@@ -77,7 +81,9 @@ pub enum RecordError {
     /// A record could not be encoded as JSON; nothing of its batch was stored.
     #[error("cannot encode a record")]
     Encode(#[source] serde_json::Error),
-    /// A stored row did not decode (written by another program, or damaged).
+    /// A stored row did not decode or does not agree with itself or its chunks (a span
+    /// past its text's length, a chunk missing before it; written by another program, or
+    /// damaged).
     #[error("damaged record row: {what}")]
     Corrupt {
         /// Which row, and what is wrong with it.
@@ -626,7 +632,7 @@ impl PgRecords {
         &self,
         client: &impl GenericClient,
         seq: i64,
-    ) -> Result<Option<(Vec<u8>, u64, Vec<Option<Range<u64>>>)>, RecordError> {
+    ) -> Result<Option<(Vec<u8>, u64, Spans)>, RecordError> {
         let row = row(
             client,
             "select body, readable_len, spans from records
@@ -638,26 +644,9 @@ impl PgRecords {
             return Ok(None);
         };
         let body: Vec<u8> = row.get(0);
-        // Nullable in the schema (only a result's row has them): a result's row without
-        // them is damaged, not a reason to panic.
-        let (Some(len), Some(spans)) = (
-            row.get::<_, Option<i64>>(1),
-            row.get::<_, Option<Vec<u8>>>(2),
-        ) else {
-            return Err(corrupt(format!(
-                "record {}:{seq} is a tool result without its length or spans",
-                self.run
-            )));
-        };
-        let spans: Vec<Option<Range<u64>>> = serde_json::from_slice(&spans)
-            .map_err(|e| damaged(format!("spans of {}:{seq}", self.run), e))?;
-        if spans.iter().flatten().any(|span| span.start > span.end) {
-            return Err(corrupt(format!(
-                "record {}:{seq} has a span that ends before it starts",
-                self.run
-            )));
-        }
-        Ok(Some((body, u64::try_from(len).unwrap_or(0), spans)))
+        let (len, spans) =
+            checked_spans(format_args!("{}:{seq}", self.run), row.get(1), row.get(2))?;
+        Ok(Some((body, len, spans)))
     }
 
     /// The stored result at `seq`: its skeleton (texts filled in by the caller) and its
@@ -690,8 +679,9 @@ impl PgRecords {
         seq: i64,
         range: Range<u64>,
     ) -> Result<Vec<u8>, RecordError> {
-        // A span is checked when its row is read (`result_row`); a range that ends before it
-        // starts is damage all the same, never a panic, and costs no query.
+        // A span is checked when its row is read (`checked_spans`); a range that ends
+        // before it starts, or past the chunks' column, is damage all the same, never a
+        // panic or a short read, and costs no query.
         let Some(wanted) = range.end.checked_sub(range.start) else {
             return Err(corrupt(format!(
                 "record {}:{seq}: bytes {range:?} end before they start",
@@ -701,7 +691,10 @@ impl PgRecords {
         let first = chunk_index(range.start);
         let last = chunk_index(range.end.saturating_sub(1).max(range.start));
         let (Some(first), Some(last)) = (first, last) else {
-            return Ok(Vec::new());
+            return Err(corrupt(format!(
+                "record {}:{seq}: bytes {range:?} are past the text's chunks",
+                self.run
+            )));
         };
         let rows = rows(
             client,
@@ -711,7 +704,10 @@ impl PgRecords {
             &[&&*self.identity, &self.run.as_str(), &seq, &first, &last],
         )
         .await?;
-        let mut out = Vec::with_capacity(usize::try_from(wanted).unwrap_or(0));
+        // Room for what the chunks read hold, not for what the span says: a damaged row's
+        // length and span may agree on terabytes its chunks do not have.
+        let held: usize = rows.iter().map(|row| row.get::<_, &[u8]>(1).len()).sum();
+        let mut out = Vec::with_capacity(usize::try_from(wanted).unwrap_or(0).min(held));
         for row in rows {
             let idx: i32 = row.get(0);
             let data: &[u8] = row.get(1);
@@ -867,6 +863,49 @@ fn now_millis() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Each content block's own text's span in a result's readable text (`None`: no text).
+type Spans = Vec<Option<Range<u64>>>;
+
+/// A result row's readable length and its texts' spans (record `what`), checked: both
+/// there (nullable in the schema: only a result's row has them), the length not negative
+/// and its chunks' indexes within the column's, and each span starting before it ends and
+/// ending within the length. A row failing any is damaged: a typed error, never a panic,
+/// an allocation of what a span claims, or a text read short as whole.
+fn checked_spans(
+    what: impl std::fmt::Display,
+    len: Option<i64>,
+    spans: Option<&[u8]>,
+) -> Result<(u64, Spans), RecordError> {
+    let (Some(len), Some(spans)) = (len, spans) else {
+        return Err(corrupt(format!(
+            "record {what} is a tool result without its length or spans"
+        )));
+    };
+    let len = u64::try_from(len)
+        .ok()
+        .filter(|&len| chunk_index(len.saturating_sub(1)).is_some())
+        .ok_or_else(|| {
+            corrupt(format!(
+                "record {what} has a text of {len} bytes, past what its chunks can hold"
+            ))
+        })?;
+    let spans: Spans =
+        serde_json::from_slice(spans).map_err(|e| damaged(format!("spans of {what}"), e))?;
+    for span in spans.iter().flatten() {
+        if span.start > span.end {
+            return Err(corrupt(format!(
+                "record {what} has a span that ends before it starts"
+            )));
+        }
+        if span.end > len {
+            return Err(corrupt(format!(
+                "record {what} has a span ({span:?}) past its text's {len} bytes"
+            )));
+        }
+    }
+    Ok((len, spans))
 }
 
 /// The chunk holding byte `offset`, if its index fits the column.
@@ -1231,7 +1270,7 @@ impl RecordSource for PgRecords {
             let client = self.client().await?;
             let row = row(
                 &client,
-                "select body, result, spans from records
+                "select body, result, readable_len, spans from records
                      where identity = $1 and run = $2 and seq = $3",
                 &[&&*self.identity, &self.run.as_str(), &seq],
             )
@@ -1244,9 +1283,9 @@ impl RecordSource for PgRecords {
                 .map_err(|e| damaged(format!("record {handle}"), e))?;
             match record {
                 Record::ToolResult(mut result) if row.get::<_, bool>(1) => {
-                    let spans: Vec<Option<Range<u64>>> =
-                        serde_json::from_slice(row.get::<_, Option<&[u8]>>(2).unwrap_or(b"[]"))
-                            .map_err(|e| damaged(format!("spans of {handle}"), e))?;
+                    // Checked as every read of a result checks them: a result's row without
+                    // its spans is damaged, not a result without texts.
+                    let (_, spans) = checked_spans(handle, row.get(2), row.get(3))?;
                     self.fill_texts(&client, seq, &mut result.output, &spans)
                         .await?;
                     Ok(Some(Record::ToolResult(result)))
@@ -1328,19 +1367,25 @@ impl RecordSource for PgRecords {
                 // Not a tool result of this Run.
                 return Ok(Vec::new());
             }
-            let Some(len) = row.get::<_, Option<i64>>(1) else {
+            let len = row.get::<_, Option<i64>>(1);
+            let Some(len) = len.and_then(|len| u64::try_from(len).ok()) else {
                 return Err(corrupt(format!(
-                    "record {handle} is a tool result without its length"
+                    "record {handle} is a tool result without its length ({len:?})"
                 )));
             };
-            if offset >= u64::try_from(len).unwrap_or(0) {
+            if offset >= len {
                 return Ok(Vec::new());
             }
-            row.get::<_, Option<Vec<u8>>>(2).ok_or_else(|| {
-                corrupt(format!(
+            match row.get::<_, Option<Vec<u8>>>(2) {
+                // Before the text's length: a chunk that ends there is damage, not the end.
+                Some(bytes) if !bytes.is_empty() => Ok(bytes),
+                Some(_) => Err(corrupt(format!(
+                    "record {handle}: its text ends at byte {offset}, before its length {len}"
+                ))),
+                None => Err(corrupt(format!(
                     "record {handle}: the chunk holding byte {offset} of its text is missing"
-                ))
-            })
+                ))),
+            }
         })?;
         let n = bytes.len().min(buf.len());
         buf[..n].copy_from_slice(&bytes[..n]);

@@ -650,9 +650,13 @@ fn a_history_past_several_batches_is_every_record_in_order() {
 }
 
 /// A result row damaged in the database (a hand edit, another writer): a span that ends
-/// before it starts, a missing length or spans. Reading its summary or a block of it is a
-/// typed error naming the record, never a panic (its text, read by its chunks, may still
-/// read), and the records beside it read as they were.
+/// before it starts, a missing length or spans, a span of 32 TiB past its text's length, the
+/// same span with a length to match (its text is 6 bytes), a span past the chunks' column.
+/// Reading it whole, its summary, its blocks' lines or a block of it is a typed error
+/// naming the record, never a panic, an allocation that aborts or a text read short (its
+/// text, read by its chunks, may still read), and the records beside it read as they were.
+/// Only the row whose length agrees with its span has a summary that reads, its length as
+/// the row claims it (a row alone cannot tell): reading its text past its chunks fails.
 #[test]
 fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
     use psych_store_postgres::RecordError;
@@ -662,10 +666,16 @@ fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
     let schema = &guard.0;
     let run = RunId::new("r").unwrap();
     let records = store.records("tenant", &run).unwrap();
-    for (i, text) in ["first\n", "second\n", "third\n", "fourth\n"]
-        .iter()
-        .enumerate()
-    {
+    let texts = [
+        "first\n",
+        "second\n",
+        "third\n",
+        "fourth\n",
+        "fifth\n",
+        "sixth\n",
+        "seventh\n",
+    ];
+    for (i, text) in texts.iter().enumerate() {
         let handle = records
             .append(&text_result(&format!("c{i}"), *text))
             .unwrap();
@@ -677,6 +687,21 @@ fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
         (
             3,
             "spans = convert_to('[{\"start\":10,\"end\":5}]', 'UTF8')",
+        ),
+        (
+            4,
+            "spans = convert_to('[{\"start\":0,\"end\":35184372088832}]', 'UTF8')",
+        ),
+        (
+            5,
+            "readable_len = 35184372088832,
+             spans = convert_to('[{\"start\":0,\"end\":35184372088832}]', 'UTF8')",
+        ),
+        (
+            6,
+            "readable_len = 1125899906842625,
+             spans = convert_to('[{\"start\":1125899906842624,\"end\":1125899906842625}]',
+                                'UTF8')",
         ),
     ];
     for (seq, set) in damage {
@@ -693,8 +718,19 @@ fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
                 "{what} of record {seq}: {error:?}"
             );
         };
-        failed("output_info", records.output_info(&handle).map(drop));
+        failed("record", records.record(&handle).map(drop));
         failed("content_block", records.content_block(&handle, 0).map(drop));
+        if seq == 5 {
+            let info = records.output_info(&handle).unwrap().unwrap();
+            assert_eq!(info.len, 1 << 45);
+            failed(
+                "read_output",
+                records.read_output(&handle, 6, &mut [0; 64]).map(drop),
+            );
+        } else {
+            failed("output_info", records.output_info(&handle).map(drop));
+            failed("block_lines", records.block_lines(&handle).map(drop));
+        }
         // A read of the text goes by its chunks, which are whole: it may read them.
         if let Err(error) = records.read_output(&handle, 0, &mut [0; 64]) {
             assert!(matches!(error, RecordError::Corrupt { .. }), "{error:?}");
