@@ -122,6 +122,43 @@ pub enum RecordError {
         /// Why it went: `age` or `size`.
         why: String,
     },
+    /// A sweep ([`PgBlocking::sweep`]) could not delete some of the Runs past retention
+    /// (each deletion is a transaction of its own, rolled back) and went on past them:
+    /// the others are deleted (`swept`), and the ones skipped are tried again at the next
+    /// sweep. A sweep the database itself failed (the connection lost, the server down)
+    /// ends with that error instead.
+    #[error(
+        "the sweep could not delete {skipped} of the Runs past retention (it deleted {} \
+         others, {} bytes)",
+        swept.runs,
+        swept.bytes
+    )]
+    Skipped {
+        /// What the sweep deleted.
+        swept: psych_types::SweptRuns,
+        /// How many Runs it could not delete.
+        skipped: u64,
+        /// The first Run it could not delete, and why: this error's source.
+        #[source]
+        first: Box<SkippedRun>,
+        /// The next ones, up to [`SKIPPED_KEPT`](crate::SKIPPED_KEPT) in all with the
+        /// first (their count is `skipped`).
+        more: Vec<SkippedRun>,
+    },
+}
+
+/// A Run a sweep could not delete, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot delete the Run {run:?} of {identity}")]
+#[non_exhaustive]
+pub struct SkippedRun {
+    /// Its identity.
+    pub identity: String,
+    /// Its name as the database holds it (not always a valid Run name: that may be why).
+    pub run: String,
+    /// Why it could not be deleted.
+    #[source]
+    pub error: RecordError,
 }
 
 /// Why a spilled text was refused.
@@ -216,7 +253,7 @@ fn corrupt(what: impl Into<String>) -> RecordError {
     }
 }
 
-fn damaged(
+pub(crate) fn damaged(
     what: impl Into<String>,
     source: impl std::error::Error + Send + Sync + 'static,
 ) -> RecordError {

@@ -1445,6 +1445,124 @@ fn a_run_swept_while_a_replica_reads_it_answers_that_it_expired() {
     assert_eq!(history.entries.len(), 1);
 }
 
+/// A sweep over Runs some of which cannot be deleted goes on past them: a Run whose name
+/// the store refuses (written by another program) and a Run whose chunks another
+/// transaction holds locked past the lock timeout are skipped, each reported with its
+/// error as the source, and the Run after them, oldest last, is deleted. The next sweep,
+/// the lock released, deletes the locked one; the misnamed one is skipped again.
+#[test]
+fn a_run_that_cannot_be_deleted_does_not_stop_the_sweep() {
+    use std::time::Duration;
+
+    use psych_store_postgres::RecordError;
+    use psych_types::{RecordStore, RecordStores, RunId};
+
+    let (store, drop_schema, url) = record_schema("retention_skip");
+    let schema = drop_schema.0.clone();
+    // Lock waits of 200 ms, not the store's 30 s.
+    let store = {
+        drop(store);
+        psych_store_postgres::PgBlocking::open(&format!("{url}&options=-c%20lock_timeout%3D200ms"))
+            .unwrap()
+    };
+    for name in ["locked", "last"] {
+        let records = store.records("alice", &RunId::new(name).unwrap()).unwrap();
+        records.append(&text_result("c", name)).unwrap();
+    }
+    // Every lease lapsed, the oldest first: the misnamed Run, then the locked one.
+    raw_blocking(format!(
+        "insert into {schema}.runs (identity, run, records, created_at, last_write_at,
+                                     lease_until)
+             values ('alice', 'bad name', 0, 0, 1, 0);
+         update {schema}.runs set last_write_at = 2, lease_until = 0 where run = 'locked';
+         update {schema}.runs set last_write_at = 3, lease_until = 0 where run = 'last'"
+    ));
+    let (hold, holding) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let locker = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let mut client = client().await;
+                let transaction = client.transaction().await.unwrap();
+                transaction
+                    .execute(
+                        &format!("select 1 from {schema}.chunks where run = 'locked' for update"),
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                hold.send(()).unwrap();
+                let _ = released.recv();
+                transaction.rollback().await.unwrap();
+            });
+    });
+    holding.recv().unwrap();
+    let skipped = RecordStores::sweep(&store, Duration::from_secs(60), u64::MAX)
+        .map(|swept| panic!("two Runs skipped, not {swept:?}"))
+        .unwrap_err()
+        .downcast::<RecordError>()
+        .unwrap();
+    let RecordError::Skipped {
+        swept,
+        skipped: count,
+        first,
+        more,
+    } = skipped
+    else {
+        panic!("{skipped:?}");
+    };
+    assert_eq!((swept.runs, count), (1, 2), "{first:?} {more:?}");
+    assert_eq!(
+        (first.identity.as_str(), first.run.as_str()),
+        ("alice", "bad name")
+    );
+    assert!(
+        matches!(
+            &first.error,
+            RecordError::Corrupt {
+                source: Some(_),
+                ..
+            }
+        ),
+        "the name's error kept as the source: {:?}",
+        first.error
+    );
+    assert_eq!(more.len(), 1);
+    assert_eq!(more[0].run, "locked");
+    assert!(
+        matches!(more[0].error, RecordError::Db(_)),
+        "{:?}",
+        more[0].error
+    );
+    let gone = |name: &str| {
+        RecordStores::expired(&store, "alice", &RunId::new(name).unwrap())
+            .unwrap()
+            .is_some()
+    };
+    assert!(gone("last"));
+    assert!(!gone("locked"));
+    release.send(()).unwrap();
+    locker.join().unwrap();
+    let again = RecordStores::sweep(&store, Duration::from_secs(60), u64::MAX)
+        .unwrap_err()
+        .downcast::<RecordError>()
+        .unwrap();
+    let RecordError::Skipped {
+        swept,
+        skipped: 1,
+        first,
+        ..
+    } = again
+    else {
+        panic!("{again:?}");
+    };
+    assert_eq!((swept.runs, first.run.as_str()), (1, "bad name"));
+    assert!(gone("locked"));
+}
+
 /// A lease lost while listing (its connection cut; another process then took the lease
 /// and stored a newer listing) does not let the older listing be stored over the newer:
 /// its refresh is refused, `LeaseLost`, an `Unavailable` failure, and nothing changes.
