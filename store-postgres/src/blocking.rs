@@ -111,9 +111,13 @@ impl PgBlocking {
     /// retention): what `psych serve --store` runs at start and hourly. One process sweeps
     /// a schema at a time; another finding it taken deletes nothing.
     ///
+    /// A Run that cannot be deleted is skipped, and the sweep goes on.
+    ///
     /// # Errors
     ///
-    /// [`RecordError`] when the database fails (what was deleted before stays deleted).
+    /// [`RecordError::Skipped`] when it could not delete some Runs (the others deleted,
+    /// what it deleted and each Run skipped with its error said); [`RecordError`] when the
+    /// database fails (what was deleted before stays deleted).
     pub fn sweep(
         &self,
         max_age: std::time::Duration,

@@ -38,7 +38,7 @@
 //! Retention ([`PgBlocking::sweep`], psych-types' `RecordStores::sweep`): whole Runs past
 //! an age since their last write or, oldest first, past a size per identity, never a Run a
 //! process holds open (a writer lease it renews), their handles then answering that they
-//! expired.
+//! expired (a read under way when its Run goes included: never a short text or history).
 //!
 //! Every connection commits durably (`synchronous_commit=on`, whatever the server's
 //! default) and finds the store's tables first (`search_path`). TLS is not supported yet: a
@@ -84,8 +84,8 @@ use tokio_postgres::NoTls;
 pub use blocking::PgBlocking;
 pub use catalog::{CatalogError, PgCatalog};
 pub use error::OpenError;
-pub use records::{CHUNK, CommitFault, PgRecords, RecordError, SpillError};
-pub use retention::{EXPIRED_KEPT, RENEW_EVERY, RUN_LEASE};
+pub use records::{CHUNK, CommitFault, PgRecords, RecordError, SkippedRun, SpillError};
+pub use retention::{EXPIRED_KEPT, RENEW_EVERY, RUN_LEASE, SKIPPED_KEPT};
 pub use schema::SCHEMA_VERSION;
 pub use shared::CHANNEL;
 pub use url::{DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, StoreUrl, UrlError};

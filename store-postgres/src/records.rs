@@ -13,7 +13,11 @@
 //!   chunks of [`CHUNK`] bytes (`bytea`, stored uncompressed out of line, so a slice of a
 //!   chunk reads only the pages it needs), each with the line breaks before it; the record
 //!   row holds the result with its texts left empty and each text's span in the readable
-//!   text. Reading a page or a line of a result of gigabytes reads about the page.
+//!   text. Reading a page or a line of a result of gigabytes reads about the page. A row
+//!   read is checked against itself (each span within the text's length, the length within
+//!   what chunks can index) and against its chunks (none missing before the length): a
+//!   damaged row is [`RecordError::Corrupt`], never a panic, an allocation of what it
+//!   claims or a text read short.
 //! - A spilled text ([`ToolOutput::spilled`](psych_types::ToolOutput::spilled)) is read from
 //!   its file in 1 MiB reads, checked as UTF-8, and streamed into chunk rows inserted 64 at
 //!   a time: about 9 MiB of it in memory at once (the rows waiting and one read), whatever
@@ -24,6 +28,13 @@
 //!   it stored) and may be tried again.
 //! - Every row carries the Run's identity, and every read names it in its `WHERE`: a store
 //!   opened for one identity cannot read another identity's Run of the same name.
+//! - A read that finds a row missing (a record, a chunk of its text, the next batch of a
+//!   history) asks whether the Run is still there: retention deletes a Run's rows in one
+//!   transaction, so a Run gone was deleted with them, and the read fails as
+//!   [`RecordError::Expired`] rather than answer a short text, a partial history or
+//!   nothing as whole (a replica paging another's result while a sweep deletes it is told
+//!   the Run expired). Rows never change once committed, so reads of several statements
+//!   need no shared snapshot beyond that.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -70,7 +81,9 @@ pub enum RecordError {
     /// A record could not be encoded as JSON; nothing of its batch was stored.
     #[error("cannot encode a record")]
     Encode(#[source] serde_json::Error),
-    /// A stored row did not decode (written by another program, or damaged).
+    /// A stored row did not decode or does not agree with itself or its chunks (a span
+    /// past its text's length, a chunk missing before it; written by another program, or
+    /// damaged).
     #[error("damaged record row: {what}")]
     Corrupt {
         /// Which row, and what is wrong with it.
@@ -98,8 +111,10 @@ pub enum RecordError {
     #[error("the PostgreSQL store's runtime has shut down")]
     ShutDown,
     /// The Run was deleted by retention ([`PgBlocking::sweep`]): it is not opened again
-    /// under its name (its handles would name other records), and a writer that held it
-    /// while its lease lapsed is told so rather than write under the deleted handles.
+    /// under its name (its handles would name other records), a writer that held it
+    /// while its lease lapsed is told so rather than write under the deleted handles, and
+    /// a read of it (one under way when it went included) is told so rather than answer
+    /// a short text or that nothing is there.
     #[error("the Run {run} expired (deleted by retention, for its {why})")]
     Expired {
         /// The Run.
@@ -107,6 +122,43 @@ pub enum RecordError {
         /// Why it went: `age` or `size`.
         why: String,
     },
+    /// A sweep ([`PgBlocking::sweep`]) could not delete some of the Runs past retention
+    /// (each deletion is a transaction of its own, rolled back) and went on past them:
+    /// the others are deleted (`swept`), and the ones skipped are tried again at the next
+    /// sweep. A sweep the database itself failed (the connection lost, the server down)
+    /// ends with that error instead.
+    #[error(
+        "the sweep could not delete {skipped} of the Runs past retention (it deleted {} \
+         others, {} bytes)",
+        swept.runs,
+        swept.bytes
+    )]
+    Skipped {
+        /// What the sweep deleted.
+        swept: psych_types::SweptRuns,
+        /// How many Runs it could not delete.
+        skipped: u64,
+        /// The first Run it could not delete, and why: this error's source.
+        #[source]
+        first: Box<SkippedRun>,
+        /// The next ones, up to [`SKIPPED_KEPT`](crate::SKIPPED_KEPT) in all with the
+        /// first (their count is `skipped`).
+        more: Vec<SkippedRun>,
+    },
+}
+
+/// A Run a sweep could not delete, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot delete the Run {run:?} of {identity}")]
+#[non_exhaustive]
+pub struct SkippedRun {
+    /// Its identity.
+    pub identity: String,
+    /// Its name as the database holds it (not always a valid Run name: that may be why).
+    pub run: String,
+    /// Why it could not be deleted.
+    #[source]
+    pub error: RecordError,
 }
 
 /// Why a spilled text was refused.
@@ -185,6 +237,15 @@ pub(crate) fn db(source: tokio_postgres::Error) -> RecordError {
     RecordError::Db(DbError::Query(source))
 }
 
+/// The expiry of `run`, deleted by retention for `why` (`age` when no longer remembered,
+/// as a Run forgotten past [`EXPIRED_KEPT`](crate::EXPIRED_KEPT) was old).
+fn expired(run: &RunId, why: Option<String>) -> RecordError {
+    RecordError::Expired {
+        run: run.clone(),
+        why: why.unwrap_or_else(|| "age".to_owned()),
+    }
+}
+
 fn corrupt(what: impl Into<String>) -> RecordError {
     RecordError::Corrupt {
         what: what.into(),
@@ -192,7 +253,7 @@ fn corrupt(what: impl Into<String>) -> RecordError {
     }
 }
 
-fn damaged(
+pub(crate) fn damaged(
     what: impl Into<String>,
     source: impl std::error::Error + Send + Sync + 'static,
 ) -> RecordError {
@@ -423,6 +484,26 @@ impl PgRecords {
             .flatten()
     }
 
+    /// [`RecordError::Expired`] if retention deleted the Run, else `Ok`: what a read asks
+    /// when it finds a row of the Run missing. A sweep deletes a Run's rows together, in
+    /// one transaction, and nothing else deletes them, so a row missing from a Run that
+    /// is gone now was deleted with it: the read says the Run expired rather than that the
+    /// record or the rest of its text is not there (a read of several statements, cut by
+    /// a sweep between them, never answers a short text or a partial history as whole).
+    async fn live(&self, client: &impl GenericClient) -> Result<(), RecordError> {
+        let gone = row(
+            client,
+            "select (select why from expired_runs where identity = $1 and run = $2)
+             where not exists (select 1 from runs where identity = $1 and run = $2)",
+            &[&&*self.identity, &self.run.as_str()],
+        )
+        .await?;
+        match gone {
+            Some(gone) => Err(expired(&self.run, gone.get(0))),
+            None => Ok(()),
+        }
+    }
+
     async fn append_in(
         &self,
         client: &mut deadpool_postgres::Object,
@@ -454,13 +535,8 @@ impl PgRecords {
             .map_err(db)?;
         // No row: retention deleted the Run while this process's lease on it had lapsed.
         let Some(taken) = taken else {
-            let why = crate::retention::expired(&transaction, identity, &self.run)
-                .await?
-                .unwrap_or_else(|| "age".to_owned());
-            return Err(Attempt::Failed(RecordError::Expired {
-                run: self.run.clone(),
-                why,
-            }));
+            let why = crate::retention::expired(&transaction, identity, &self.run).await?;
+            return Err(Attempt::Failed(expired(&self.run, why)));
         };
         let (first, txid): (i64, i64) = (taken.get(0), taken.get(1));
         let mut chunks = Chunks::new(&transaction, identity, run).await?;
@@ -593,7 +669,7 @@ impl PgRecords {
         &self,
         client: &impl GenericClient,
         seq: i64,
-    ) -> Result<Option<(Vec<u8>, u64, Vec<Option<Range<u64>>>)>, RecordError> {
+    ) -> Result<Option<(Vec<u8>, u64, Spans)>, RecordError> {
         let row = row(
             client,
             "select body, readable_len, spans from records
@@ -605,26 +681,9 @@ impl PgRecords {
             return Ok(None);
         };
         let body: Vec<u8> = row.get(0);
-        // Nullable in the schema (only a result's row has them): a result's row without
-        // them is damaged, not a reason to panic.
-        let (Some(len), Some(spans)) = (
-            row.get::<_, Option<i64>>(1),
-            row.get::<_, Option<Vec<u8>>>(2),
-        ) else {
-            return Err(corrupt(format!(
-                "record {}:{seq} is a tool result without its length or spans",
-                self.run
-            )));
-        };
-        let spans: Vec<Option<Range<u64>>> = serde_json::from_slice(&spans)
-            .map_err(|e| damaged(format!("spans of {}:{seq}", self.run), e))?;
-        if spans.iter().flatten().any(|span| span.start > span.end) {
-            return Err(corrupt(format!(
-                "record {}:{seq} has a span that ends before it starts",
-                self.run
-            )));
-        }
-        Ok(Some((body, u64::try_from(len).unwrap_or(0), spans)))
+        let (len, spans) =
+            checked_spans(format_args!("{}:{seq}", self.run), row.get(1), row.get(2))?;
+        Ok(Some((body, len, spans)))
     }
 
     /// The stored result at `seq`: its skeleton (texts filled in by the caller) and its
@@ -657,8 +716,9 @@ impl PgRecords {
         seq: i64,
         range: Range<u64>,
     ) -> Result<Vec<u8>, RecordError> {
-        // A span is checked when its row is read (`result_row`); a range that ends before it
-        // starts is damage all the same, never a panic, and costs no query.
+        // A span is checked when its row is read (`checked_spans`); a range that ends
+        // before it starts, or past the chunks' column, is damage all the same, never a
+        // panic or a short read, and costs no query.
         let Some(wanted) = range.end.checked_sub(range.start) else {
             return Err(corrupt(format!(
                 "record {}:{seq}: bytes {range:?} end before they start",
@@ -668,7 +728,10 @@ impl PgRecords {
         let first = chunk_index(range.start);
         let last = chunk_index(range.end.saturating_sub(1).max(range.start));
         let (Some(first), Some(last)) = (first, last) else {
-            return Ok(Vec::new());
+            return Err(corrupt(format!(
+                "record {}:{seq}: bytes {range:?} are past the text's chunks",
+                self.run
+            )));
         };
         let rows = rows(
             client,
@@ -678,7 +741,10 @@ impl PgRecords {
             &[&&*self.identity, &self.run.as_str(), &seq, &first, &last],
         )
         .await?;
-        let mut out = Vec::with_capacity(usize::try_from(wanted).unwrap_or(0));
+        // Room for what the chunks read hold, not for what the span says: a damaged row's
+        // length and span may agree on terabytes its chunks do not have.
+        let held: usize = rows.iter().map(|row| row.get::<_, &[u8]>(1).len()).sum();
+        let mut out = Vec::with_capacity(usize::try_from(wanted).unwrap_or(0).min(held));
         for row in rows {
             let idx: i32 = row.get(0);
             let data: &[u8] = row.get(1);
@@ -688,6 +754,7 @@ impl PgRecords {
             out.extend_from_slice(&data[from as usize..to as usize]);
         }
         if out.len() as u64 != wanted {
+            self.live(client).await?;
             return Err(corrupt(format!(
                 "record {}:{seq}: bytes {range:?} of its text are missing",
                 self.run
@@ -724,13 +791,14 @@ impl PgRecords {
             let bytes = usize::try_from(span.start)
                 .ok()
                 .zip(usize::try_from(span.end).ok())
-                .and_then(|(start, end)| text.get(start..end))
-                .ok_or_else(|| {
-                    corrupt(format!(
-                        "record {}:{seq}: bytes {span:?} of its text are missing",
-                        self.run
-                    ))
-                })?;
+                .and_then(|(start, end)| text.get(start..end));
+            let Some(bytes) = bytes else {
+                self.live(client).await?;
+                return Err(corrupt(format!(
+                    "record {}:{seq}: bytes {span:?} of its text are missing",
+                    self.run
+                )));
+            };
             let own = String::from_utf8(bytes.to_vec())
                 .map_err(|e| damaged(format!("record {}:{seq}", self.run), e))?;
             if let Some(block) = output.content.get_mut(position) {
@@ -832,6 +900,49 @@ fn now_millis() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Each content block's own text's span in a result's readable text (`None`: no text).
+type Spans = Vec<Option<Range<u64>>>;
+
+/// A result row's readable length and its texts' spans (record `what`), checked: both
+/// there (nullable in the schema: only a result's row has them), the length not negative
+/// and its chunks' indexes within the column's, and each span starting before it ends and
+/// ending within the length. A row failing any is damaged: a typed error, never a panic,
+/// an allocation of what a span claims, or a text read short as whole.
+fn checked_spans(
+    what: impl std::fmt::Display,
+    len: Option<i64>,
+    spans: Option<&[u8]>,
+) -> Result<(u64, Spans), RecordError> {
+    let (Some(len), Some(spans)) = (len, spans) else {
+        return Err(corrupt(format!(
+            "record {what} is a tool result without its length or spans"
+        )));
+    };
+    let len = u64::try_from(len)
+        .ok()
+        .filter(|&len| chunk_index(len.saturating_sub(1)).is_some())
+        .ok_or_else(|| {
+            corrupt(format!(
+                "record {what} has a text of {len} bytes, past what its chunks can hold"
+            ))
+        })?;
+    let spans: Spans =
+        serde_json::from_slice(spans).map_err(|e| damaged(format!("spans of {what}"), e))?;
+    for span in spans.iter().flatten() {
+        if span.start > span.end {
+            return Err(corrupt(format!(
+                "record {what} has a span that ends before it starts"
+            )));
+        }
+        if span.end > len {
+            return Err(corrupt(format!(
+                "record {what} has a span ({span:?}) past its text's {len} bytes"
+            )));
+        }
+    }
+    Ok((len, spans))
 }
 
 /// The chunk holding byte `offset`, if its index fits the column.
@@ -1196,21 +1307,22 @@ impl RecordSource for PgRecords {
             let client = self.client().await?;
             let row = row(
                 &client,
-                "select body, result, spans from records
+                "select body, result, readable_len, spans from records
                      where identity = $1 and run = $2 and seq = $3",
                 &[&&*self.identity, &self.run.as_str(), &seq],
             )
             .await?;
             let Some(row) = row else {
+                self.live(&client).await?;
                 return Ok(None);
             };
             let record: Record = serde_json::from_slice(row.get::<_, &[u8]>(0))
                 .map_err(|e| damaged(format!("record {handle}"), e))?;
             match record {
                 Record::ToolResult(mut result) if row.get::<_, bool>(1) => {
-                    let spans: Vec<Option<Range<u64>>> =
-                        serde_json::from_slice(row.get::<_, Option<&[u8]>>(2).unwrap_or(b"[]"))
-                            .map_err(|e| damaged(format!("spans of {handle}"), e))?;
+                    // Checked as every read of a result checks them: a result's row without
+                    // its spans is damaged, not a result without texts.
+                    let (_, spans) = checked_spans(handle, row.get(2), row.get(3))?;
                     self.fill_texts(&client, seq, &mut result.output, &spans)
                         .await?;
                     Ok(Some(Record::ToolResult(result)))
@@ -1227,6 +1339,7 @@ impl RecordSource for PgRecords {
         self.block(async {
             let client = self.client().await?;
             let Some((body, len, _)) = self.result_parts(&client, seq).await? else {
+                self.live(&client).await?;
                 return Ok(None);
             };
             // The head alone: the body's blocks and structured content are not built.
@@ -1259,12 +1372,20 @@ impl RecordSource for PgRecords {
             i32::try_from(within + 1).unwrap_or(i32::MAX),
             i32::try_from(want).unwrap_or(i32::MAX),
         );
-        let bytes: Option<Vec<u8>> = self.block(async {
+        let bytes: Vec<u8> = self.block(async {
             let client = self.client().await?;
+            // The Run, the result's length and the chunk's part in one statement (one
+            // snapshot): a chunk missing is the text's end only past its length, and a
+            // Run gone (no row) was deleted by retention, maybe between two pages.
             let row = row(
                 &client,
-                "select substring(data from $5 for $6) from chunks
-                     where identity = $1 and run = $2 and seq = $3 and idx = $4",
+                "select records.seq is not null, records.readable_len,
+                        (select substring(data from $5 for $6) from chunks
+                             where identity = $1 and run = $2 and seq = $3 and idx = $4)
+                 from runs left join records
+                     on records.identity = runs.identity and records.run = runs.run
+                        and records.seq = $3 and records.result
+                 where runs.identity = $1 and runs.run = $2",
                 &[
                     &&*self.identity,
                     &self.run.as_str(),
@@ -1275,11 +1396,34 @@ impl RecordSource for PgRecords {
                 ],
             )
             .await?;
-            Ok(row.map(|row| row.get(0)))
+            let Some(row) = row else {
+                self.live(&client).await?;
+                return Ok(Vec::new());
+            };
+            if !row.get::<_, bool>(0) {
+                // Not a tool result of this Run.
+                return Ok(Vec::new());
+            }
+            let len = row.get::<_, Option<i64>>(1);
+            let Some(len) = len.and_then(|len| u64::try_from(len).ok()) else {
+                return Err(corrupt(format!(
+                    "record {handle} is a tool result without its length ({len:?})"
+                )));
+            };
+            if offset >= len {
+                return Ok(Vec::new());
+            }
+            match row.get::<_, Option<Vec<u8>>>(2) {
+                // Before the text's length: a chunk that ends there is damage, not the end.
+                Some(bytes) if !bytes.is_empty() => Ok(bytes),
+                Some(_) => Err(corrupt(format!(
+                    "record {handle}: its text ends at byte {offset}, before its length {len}"
+                ))),
+                None => Err(corrupt(format!(
+                    "record {handle}: the chunk holding byte {offset} of its text is missing"
+                ))),
+            }
         })?;
-        let Some(bytes) = bytes else {
-            return Ok(0);
-        };
         let n = bytes.len().min(buf.len());
         buf[..n].copy_from_slice(&bytes[..n]);
         Ok(n)
@@ -1296,6 +1440,7 @@ impl RecordSource for PgRecords {
         self.block(async {
             let client = self.client().await?;
             let Some(row) = self.result_row(&client, seq).await? else {
+                self.live(&client).await?;
                 return Ok(None);
             };
             let Some(mut block) = row.content.into_iter().nth(position) else {
@@ -1328,6 +1473,9 @@ impl RecordSource for PgRecords {
                 &[&&*self.identity, &self.run.as_str(), &seq, &signed(line)],
             )
             .await?;
+            if row.is_none() {
+                self.live(&client).await?;
+            }
             Ok(row.map_or(LineMark::START, |row| LineMark {
                 at: u64::from(row.get::<_, i32>(0).unsigned_abs()) * CHUNK as u64,
                 breaks_before: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
@@ -1342,6 +1490,7 @@ impl RecordSource for PgRecords {
         self.block(async {
             let client = self.client().await?;
             let Some(row) = self.result_row(&client, seq).await? else {
+                self.live(&client).await?;
                 return Ok(None);
             };
             // The skeleton's resource texts are empty: their sizes come from their spans.
@@ -1429,7 +1578,7 @@ impl RecordStore for PgRecords {
         loop {
             let rows = self.block(async {
                 let client = self.client().await?;
-                rows(
+                let batch = rows(
                     &client,
                     "select seq, body, result, readable_len, line_breaks, estimate, text_only
                      from (select seq, body, result, readable_len, line_breaks, estimate,
@@ -1447,7 +1596,13 @@ impl RecordStore for PgRecords {
                         &HISTORY_BATCH_ROWS,
                     ],
                 )
-                .await
+                .await?;
+                // The end of the Run's records, unless a sweep deleted them since the last
+                // batch (or before the first): never a partial history read as whole.
+                if batch.is_empty() {
+                    self.live(&client).await?;
+                }
+                Ok(batch)
             })?;
             let Some(last) = rows.last().map(|row| row.get::<_, i64>(0)) else {
                 return Ok(());
@@ -1468,13 +1623,17 @@ impl RecordStore for PgRecords {
         };
         let row = self.block(async {
             let client = self.client().await?;
-            row(
+            let found = row(
                 &client,
                 "select seq, body, result, readable_len, line_breaks, estimate, text_only
                      from records where identity = $1 and run = $2 and seq = $3 and result",
                 &[&&*self.identity, &self.run.as_str(), &seq],
             )
-            .await
+            .await?;
+            if found.is_none() {
+                self.live(&client).await?;
+            }
+            Ok(found)
         })?;
         let Some(row) = row else {
             return Ok(None);

@@ -17,17 +17,25 @@
 //!   doomed Runs are computed by the database (a running total per identity) and read
 //!   through a cursor 256 at a time, so the sweep's memory does not grow with the Runs;
 //!   each is deleted in a transaction of its own (a 1 GiB Run makes no huge transaction),
-//!   its lease re-checked under the Run's lock. The sweep reads every identity's Runs'
-//!   sizes and times (never their records): with learned pinning's read of the newest
-//!   Runs (`RecordStores::recent_targets`, which may ask for every identity but some), the
-//!   only statements on these tables that do not name an identity, administration that
-//!   answers no peer.
+//!   its lease re-checked under the Run's lock. A Run that cannot be deleted (a name the
+//!   store refuses, its rows locked past the lock timeout, a statement refused) is skipped
+//!   and the sweep goes on: the doomed Runs come in the same order every time, so one that
+//!   stopped it would stop every sweep. The sweep then ends as [`RecordError::Skipped`]
+//!   (what it deleted, and the first [`SKIPPED_KEPT`] Runs skipped, each with its error),
+//!   and the next tries them again. Only the database itself failing (the connection lost,
+//!   the server down) ends it early. The sweep reads every identity's Runs' sizes and
+//!   times (never their records): with learned pinning's read of the newest Runs
+//!   (`RecordStores::recent_targets`, which may ask for every identity but some), the only
+//!   statements on these tables that do not name an identity, administration that answers
+//!   no peer.
 //! - **Expired Runs are remembered** in `expired_runs` (the newest [`EXPIRED_KEPT`] per
 //!   identity): their handles answer that they expired
-//!   ([`RecordStores::expired`](psych_types::RecordStores::expired)), and such a Run is
-//!   not opened again under its name, whose handles would then name other records. A name
-//!   forgotten past that may be opened again: choose Run names that are not reused (the
-//!   gateway's are 130 random bits).
+//!   ([`RecordStores::expired`](psych_types::RecordStores::expired)), a read of such a
+//!   Run (one under way when it went, another replica's, included) fails as
+//!   [`RecordError::Expired`] rather than end short, and such a Run is not opened again
+//!   under its name, whose handles would then name other records. A name forgotten past
+//!   that may be opened again: choose Run names that are not reused (the gateway's are 130
+//!   random bits).
 //!
 //! Every time here is the database's clock (`clock_timestamp()`), so processes whose clocks
 //! differ agree on ages and leases. Every process writing to a schema must run a build
@@ -42,7 +50,7 @@ use std::time::Duration;
 
 use psych_types::{RunId, SweptRuns};
 
-use crate::records::{RecordError, db};
+use crate::records::{RecordError, SkippedRun, damaged, db};
 use crate::{DbError, PgBlocking, PgStore};
 
 /// How long a writer's lease on a Run lasts without renewal.
@@ -53,6 +61,10 @@ pub const RENEW_EVERY: Duration = Duration::from_secs(60);
 
 /// The most expired Runs remembered per identity: handles of older ones answer as unknown.
 pub const EXPIRED_KEPT: i64 = 37_000;
+
+/// The most Runs a sweep could not delete that its error
+/// ([`RecordError::Skipped`]) holds with their errors; it counts them all.
+pub const SKIPPED_KEPT: usize = 16;
 
 /// The database's clock in milliseconds since the Unix epoch, as SQL.
 pub(crate) const DB_NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -265,6 +277,8 @@ async fn sweep_locked(
         .await
         .map_err(db)?;
     let mut swept = SweptRuns::default();
+    let mut skipped: Vec<SkippedRun> = Vec::new();
+    let mut count = 0u64;
     loop {
         let rows = cursor
             .query(&format!("fetch {PAGE} from doomed"), &[])
@@ -285,9 +299,27 @@ async fn sweep_locked(
                 .get()
                 .await
                 .map_err(|e| RecordError::Db(DbError::Connect(e)))?;
-            if delete_run(&mut deleter, &store.schema, &doomed).await? {
-                swept.runs += 1;
-                swept.bytes += u64::try_from(doomed.bytes).unwrap_or(0);
+            match delete_run(&mut deleter, &store.schema, &doomed).await {
+                Ok(true) => {
+                    swept.runs += 1;
+                    swept.bytes += u64::try_from(doomed.bytes).unwrap_or(0);
+                }
+                Ok(false) => {}
+                // The database itself failed: the next Run would fail as well.
+                Err(error) if unreachable(&error) => return Err(error),
+                // This Run's failure (its name refused, its rows locked past the lock
+                // timeout, a statement refused): skipped, or it would stop every sweep
+                // (the doomed Runs come in the same order each time).
+                Err(error) => {
+                    count += 1;
+                    if skipped.len() < SKIPPED_KEPT {
+                        skipped.push(SkippedRun {
+                            identity: doomed.identity,
+                            run: doomed.run,
+                            error,
+                        });
+                    }
+                }
             }
         }
     }
@@ -304,7 +336,33 @@ async fn sweep_locked(
             &[&EXPIRED_KEPT],
         )
         .await;
-    Ok(swept)
+    let mut skipped = skipped.into_iter();
+    match skipped.next() {
+        None => Ok(swept),
+        Some(first) => Err(RecordError::Skipped {
+            swept,
+            skipped: count,
+            first: Box::new(first),
+            more: skipped.collect(),
+        }),
+    }
+}
+
+/// Whether `error` says the database itself cannot be reached (no connection, the
+/// connection lost, the server shutting down or starting): what ends a sweep. A lock
+/// timeout is one Run's (its rows held by another transaction): that Run is skipped.
+fn unreachable(error: &RecordError) -> bool {
+    match error {
+        RecordError::Db(DbError::Connect(_) | DbError::Open(_)) => true,
+        RecordError::Db(DbError::Query(e)) => {
+            e.is_closed()
+                || e.code().is_some_and(|code| {
+                    let code = code.code();
+                    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+                })
+        }
+        _ => false,
+    }
 }
 
 /// Deletes one doomed Run and remembers it, in one transaction under the Run's lock,
@@ -315,10 +373,8 @@ async fn delete_run(
     schema: &str,
     doomed: &Doomed,
 ) -> Result<bool, RecordError> {
-    let run = RunId::new(&doomed.run).map_err(|e| RecordError::Corrupt {
-        what: format!("runs[{:?}]: {e}", doomed.run),
-        source: None,
-    })?;
+    let run = RunId::new(&doomed.run)
+        .map_err(|e| damaged(format!("runs[{:?}] is not a Run name", doomed.run), e))?;
     let (identity, name) = (doomed.identity.as_str(), doomed.run.as_str());
     let transaction = client.transaction().await.map_err(db)?;
     transaction

@@ -650,9 +650,13 @@ fn a_history_past_several_batches_is_every_record_in_order() {
 }
 
 /// A result row damaged in the database (a hand edit, another writer): a span that ends
-/// before it starts, a missing length or spans. Reading its summary or a block of it is a
-/// typed error naming the record, never a panic (its text, read by its chunks, may still
-/// read), and the records beside it read as they were.
+/// before it starts, a missing length or spans, a span of 32 TiB past its text's length, the
+/// same span with a length to match (its text is 6 bytes), a span past the chunks' column.
+/// Reading it whole, its summary, its blocks' lines or a block of it is a typed error
+/// naming the record, never a panic, an allocation that aborts or a text read short (its
+/// text, read by its chunks, may still read), and the records beside it read as they were.
+/// Only the row whose length agrees with its span has a summary that reads, its length as
+/// the row claims it (a row alone cannot tell): reading its text past its chunks fails.
 #[test]
 fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
     use psych_store_postgres::RecordError;
@@ -662,10 +666,16 @@ fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
     let schema = &guard.0;
     let run = RunId::new("r").unwrap();
     let records = store.records("tenant", &run).unwrap();
-    for (i, text) in ["first\n", "second\n", "third\n", "fourth\n"]
-        .iter()
-        .enumerate()
-    {
+    let texts = [
+        "first\n",
+        "second\n",
+        "third\n",
+        "fourth\n",
+        "fifth\n",
+        "sixth\n",
+        "seventh\n",
+    ];
+    for (i, text) in texts.iter().enumerate() {
         let handle = records
             .append(&text_result(&format!("c{i}"), *text))
             .unwrap();
@@ -677,6 +687,21 @@ fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
         (
             3,
             "spans = convert_to('[{\"start\":10,\"end\":5}]', 'UTF8')",
+        ),
+        (
+            4,
+            "spans = convert_to('[{\"start\":0,\"end\":35184372088832}]', 'UTF8')",
+        ),
+        (
+            5,
+            "readable_len = 35184372088832,
+             spans = convert_to('[{\"start\":0,\"end\":35184372088832}]', 'UTF8')",
+        ),
+        (
+            6,
+            "readable_len = 1125899906842625,
+             spans = convert_to('[{\"start\":1125899906842624,\"end\":1125899906842625}]',
+                                'UTF8')",
         ),
     ];
     for (seq, set) in damage {
@@ -693,8 +718,19 @@ fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
                 "{what} of record {seq}: {error:?}"
             );
         };
-        failed("output_info", records.output_info(&handle).map(drop));
+        failed("record", records.record(&handle).map(drop));
         failed("content_block", records.content_block(&handle, 0).map(drop));
+        if seq == 5 {
+            let info = records.output_info(&handle).unwrap().unwrap();
+            assert_eq!(info.len, 1 << 45);
+            failed(
+                "read_output",
+                records.read_output(&handle, 6, &mut [0; 64]).map(drop),
+            );
+        } else {
+            failed("output_info", records.output_info(&handle).map(drop));
+            failed("block_lines", records.block_lines(&handle).map(drop));
+        }
         // A read of the text goes by its chunks, which are whole: it may read them.
         if let Err(error) = records.read_output(&handle, 0, &mut [0; 64]) {
             assert!(matches!(error, RecordError::Corrupt { .. }), "{error:?}");
@@ -1329,6 +1365,202 @@ fn a_writer_whose_run_was_swept_is_told_it_expired() {
         matches!(refused, psych_store_postgres::RecordError::Expired { .. }),
         "{refused:?}"
     );
+}
+
+/// A Run another replica reads (`find`: no writer lease) page by page while retention
+/// deletes it: the next page is the Run's expiry (`Expired`, why it went), never a short
+/// text read as whole; and every other read of the Run (its records, a block, its summary,
+/// its history, a line) answers the same, not that nothing is there.
+#[test]
+fn a_run_swept_while_a_replica_reads_it_answers_that_it_expired() {
+    use std::time::Duration;
+
+    use psych_store_postgres::{CHUNK, PgBlocking, RecordError};
+    use psych_types::{
+        History, RecordHandle, RecordSource, RecordStore, RecordStores, RunId, StoreError,
+    };
+
+    let (store, drop_schema, url) = record_schema("retention_reader");
+    let run = RunId::new("paged").unwrap();
+    let writer = store.records("alice", &run).unwrap();
+    let line = "0123456789abcdef".repeat(4) + "\n";
+    let text = line.repeat(5 * CHUNK / line.len());
+    let handle = writer.append(&text_result("c0", text.clone())).unwrap();
+    writer.append(&text_result("c1", "after")).unwrap();
+    drop(writer);
+    let replica = PgBlocking::open(&url).unwrap();
+    let found = RecordStores::find(&replica, "alice", &run)
+        .unwrap()
+        .unwrap();
+    let mut page = vec![0; 64 * 1024];
+    let mut read = Vec::new();
+    // Three pages: into the second chunk.
+    for _ in 0..3 {
+        let n = found
+            .read_output(&handle, read.len() as u64, &mut page)
+            .unwrap();
+        assert!(n > 0);
+        read.extend_from_slice(&page[..n]);
+    }
+    assert_eq!(&read[..], &text.as_bytes()[..read.len()]);
+    let mut history = History::default();
+    found.extend_history(&mut history).unwrap();
+    assert_eq!(history.entries.len(), 2);
+    history.entries.truncate(1);
+    raw_blocking(format!(
+        "update {}.runs set last_write_at = 0, lease_until = 0",
+        drop_schema.0
+    ));
+    let swept = RecordStores::sweep(&store, Duration::from_secs(60), u64::MAX).unwrap();
+    assert_eq!(swept.runs, 1);
+    let expired = |what: &str, error: StoreError| match error.downcast::<RecordError>() {
+        Ok(RecordError::Expired { run: gone, why }) => {
+            assert_eq!((gone, why.as_str()), (run.clone(), "age"), "{what}");
+        }
+        other => panic!("{what}: the Run's expiry, not {other:?}"),
+    };
+    let next = found.read_output(&handle, read.len() as u64, &mut page);
+    expired(
+        "the next page",
+        next.map(|n| panic!("{n} bytes")).unwrap_err(),
+    );
+    let second = RecordHandle::new(run.clone(), 1);
+    let reads: [(&str, Result<(), StoreError>); 7] = [
+        ("record", found.record(&handle).map(drop)),
+        ("record 1", found.record(&second).map(drop)),
+        ("content_block", found.content_block(&handle, 0).map(drop)),
+        ("output_info", found.output_info(&handle).map(drop)),
+        ("block_lines", found.block_lines(&handle).map(drop)),
+        ("stored_result", found.stored_result(&handle).map(drop)),
+        ("line_mark", found.line_mark(&handle, 3).map(drop)),
+    ];
+    for (what, result) in reads {
+        expired(what, result.unwrap_err());
+    }
+    // A history read so far is not extended as if the Run had ended there.
+    expired(
+        "extend_history",
+        found.extend_history(&mut history).unwrap_err(),
+    );
+    assert_eq!(history.entries.len(), 1);
+}
+
+/// A sweep over Runs some of which cannot be deleted goes on past them: a Run whose name
+/// the store refuses (written by another program) and a Run whose chunks another
+/// transaction holds locked past the lock timeout are skipped, each reported with its
+/// error as the source, and the Run after them, oldest last, is deleted. The next sweep,
+/// the lock released, deletes the locked one; the misnamed one is skipped again.
+#[test]
+fn a_run_that_cannot_be_deleted_does_not_stop_the_sweep() {
+    use std::time::Duration;
+
+    use psych_store_postgres::RecordError;
+    use psych_types::{RecordStore, RecordStores, RunId};
+
+    let (store, drop_schema, url) = record_schema("retention_skip");
+    let schema = drop_schema.0.clone();
+    // Lock waits of 200 ms, not the store's 30 s.
+    let store = {
+        drop(store);
+        psych_store_postgres::PgBlocking::open(&format!("{url}&options=-c%20lock_timeout%3D200ms"))
+            .unwrap()
+    };
+    for name in ["locked", "last"] {
+        let records = store.records("alice", &RunId::new(name).unwrap()).unwrap();
+        records.append(&text_result("c", name)).unwrap();
+    }
+    // Every lease lapsed, the oldest first: the misnamed Run, then the locked one.
+    raw_blocking(format!(
+        "insert into {schema}.runs (identity, run, records, created_at, last_write_at,
+                                     lease_until)
+             values ('alice', 'bad name', 0, 0, 1, 0);
+         update {schema}.runs set last_write_at = 2, lease_until = 0 where run = 'locked';
+         update {schema}.runs set last_write_at = 3, lease_until = 0 where run = 'last'"
+    ));
+    let (hold, holding) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let locker = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let mut client = client().await;
+                let transaction = client.transaction().await.unwrap();
+                transaction
+                    .execute(
+                        &format!("select 1 from {schema}.chunks where run = 'locked' for update"),
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                hold.send(()).unwrap();
+                let _ = released.recv();
+                transaction.rollback().await.unwrap();
+            });
+    });
+    holding.recv().unwrap();
+    let skipped = RecordStores::sweep(&store, Duration::from_secs(60), u64::MAX)
+        .map(|swept| panic!("two Runs skipped, not {swept:?}"))
+        .unwrap_err()
+        .downcast::<RecordError>()
+        .unwrap();
+    let RecordError::Skipped {
+        swept,
+        skipped: count,
+        first,
+        more,
+    } = skipped
+    else {
+        panic!("{skipped:?}");
+    };
+    assert_eq!((swept.runs, count), (1, 2), "{first:?} {more:?}");
+    assert_eq!(
+        (first.identity.as_str(), first.run.as_str()),
+        ("alice", "bad name")
+    );
+    assert!(
+        matches!(
+            &first.error,
+            RecordError::Corrupt {
+                source: Some(_),
+                ..
+            }
+        ),
+        "the name's error kept as the source: {:?}",
+        first.error
+    );
+    assert_eq!(more.len(), 1);
+    assert_eq!(more[0].run, "locked");
+    assert!(
+        matches!(more[0].error, RecordError::Db(_)),
+        "{:?}",
+        more[0].error
+    );
+    let gone = |name: &str| {
+        RecordStores::expired(&store, "alice", &RunId::new(name).unwrap())
+            .unwrap()
+            .is_some()
+    };
+    assert!(gone("last"));
+    assert!(!gone("locked"));
+    release.send(()).unwrap();
+    locker.join().unwrap();
+    let again = RecordStores::sweep(&store, Duration::from_secs(60), u64::MAX)
+        .unwrap_err()
+        .downcast::<RecordError>()
+        .unwrap();
+    let RecordError::Skipped {
+        swept,
+        skipped: 1,
+        first,
+        ..
+    } = again
+    else {
+        panic!("{again:?}");
+    };
+    assert_eq!((swept.runs, first.run.as_str()), (1, "bad name"));
+    assert!(gone("locked"));
 }
 
 /// A lease lost while listing (its connection cut; another process then took the lease
