@@ -48,6 +48,10 @@ pub(crate) struct Options {
     pub(crate) pin_budget: Option<u64>,
 }
 
+/// The name of the key, in a store's shared keys, that `psych serve` seals the state of
+/// multi-round calls with.
+const REQUEST_STATE_KEY: &str = "psych serve requestState";
+
 /// Opens the store at `url` (blocking: before the runtime starts).
 pub(crate) fn open_store(url: &str) -> Result<psych_store_postgres::PgBlocking, String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
@@ -107,7 +111,13 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
     }
     if let Some(url) = store {
         let store = open_store(&url)?;
+        // The replicas on one store share the key sealing multi-round calls' state, so a
+        // client's retry may reach any of them.
+        let key = store
+            .shared_key(REQUEST_STATE_KEY)
+            .map_err(|e| format!("--store: {}", crate::reason::chain(&e)))?;
         settings = settings
+            .request_state_key(key)
             .catalog_in(std::sync::Arc::new(psych_types::Erased(store.catalog())))
             .records_in(std::sync::Arc::new(store));
     }

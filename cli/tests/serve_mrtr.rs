@@ -57,6 +57,11 @@ fn config(dir: &Path) -> std::path::PathBuf {
 /// Starts `psych serve --http --tokens` in front of a test server of 2026-07-28 only,
 /// logging under `dir`: the gateway and its URL.
 async fn start(dir: &Path) -> (Gateway, String) {
+    start_with(dir, &[]).await
+}
+
+/// [`start`] with more arguments.
+async fn start_with(dir: &Path, more: &[&str]) -> (Gateway, String) {
     let config = config(dir);
     let mut command = tokio::process::Command::new(PSYCH);
     command
@@ -65,7 +70,8 @@ async fn start(dir: &Path) -> (Gateway, String) {
         .arg("--config")
         .arg(&config)
         .arg("--dir")
-        .arg(dir);
+        .arg(dir)
+        .args(more);
     listening(command).await
 }
 
@@ -538,4 +544,56 @@ async fn an_upstream_state_too_long_to_seal_fails_the_call_at_once() {
     else {
         panic!("input required");
     };
+}
+
+/// Replicas on one store (`--store`) seal rounds with the key the store holds for them: a
+/// round answered by one replica is retried on the other and completes, as a client behind
+/// a load balancer retries; a gateway with a key of its own refuses it as not its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_one_store_complete_each_others_rounds() {
+    let schema = psych_store_conformance::pg::Schema::fresh("replica_rounds");
+    let store = schema.url();
+    let (alice, digest) = token("alice");
+    let dirs = [(); 3].map(|()| tempfile::tempdir().unwrap());
+    for dir in &dirs {
+        std::fs::write(
+            dir.path().join("tokens.json"),
+            json!({"identities": {"alice": {"tokens": [digest]}}}).to_string(),
+        )
+        .unwrap();
+    }
+    let (_a, url_a) = start_with(dirs[0].path(), &["--store", &store]).await;
+    let (_b, url_b) = start_with(dirs[1].path(), &["--store", &store]).await;
+    let (_alone, url_alone) = start(dirs[2].path()).await;
+    let on_a = modern(&url_a, &alice, "alice", true).await;
+    listed(&on_a).await;
+    let asked = params("up__confirm", json!({"text": "ship it"}));
+    let CallToolResponse::InputRequired(round) = on_a.call_tool_once(asked).await.unwrap() else {
+        panic!("input required");
+    };
+    let state = round.request_state.expect("a sealed state");
+    let mut retry = params("up__confirm", json!({"text": "ship it"}));
+    retry.input_responses = Some(
+        [(
+            "confirm".to_owned(),
+            json!({"action": "accept", "content": {"name": "alice"}}),
+        )]
+        .into_iter()
+        .collect(),
+    );
+    retry.request_state = Some(state);
+    let alone = modern(&url_alone, &alice, "alice", true).await;
+    listed(&alone).await;
+    let refused = rpc_error(alone.call_tool_once(retry.clone()).await.unwrap_err());
+    assert_eq!(refused.code, ErrorCode::INVALID_PARAMS, "{refused:?}");
+    assert!(
+        refused.message.contains("not issued by this gateway"),
+        "{refused:?}"
+    );
+    let on_b = modern(&url_b, &alice, "alice", true).await;
+    listed(&on_b).await;
+    let CallToolResponse::Complete(done) = on_b.call_tool_once(retry).await.unwrap() else {
+        panic!("complete");
+    };
+    assert_eq!(text(&done), "confirmed ship it by alice");
 }

@@ -2002,6 +2002,7 @@ pub struct GatewaySettings {
     max_passed_bytes: u64,
     passing_budget: u64,
     pinning: Option<PinSettings>,
+    state_key: Option<[u8; 32]>,
 }
 
 /// The one token estimator of a gateway, shared by disclosure, the record logs and
@@ -2050,7 +2051,22 @@ impl GatewaySettings {
             max_passed_bytes: psych_reader_tool::DEFAULT_MAX_PASSED_BYTES,
             passing_budget: DEFAULT_PASSING_BUDGET,
             pinning: None,
+            state_key: None,
         })
+    }
+
+    /// Seals the `requestState` of MCP 2026-07-28's multi-round calls with `key` rather
+    /// than a key drawn at start: gateways given the same key (replicas behind one address)
+    /// open each other's, so a client's retry may reach any of them. Without it a state
+    /// opens only on the process that sealed it, and a retry reaching another replica, or
+    /// the same one after a restart, is refused with -32602 (the client then calls again
+    /// from the start). `psych serve --store` takes the key from the store
+    /// (`PgStore::shared_key`), so its replicas share one. Keep the key as secret as the
+    /// tokens: whoever has it can seal a state for any identity's call of a tool it names.
+    #[must_use]
+    pub fn request_state_key(mut self, key: [u8; 32]) -> Self {
+        self.state_key = Some(key);
+        self
     }
 
     /// Learned pinning: when the gateway starts, the tools of deferred servers that the
@@ -2457,7 +2473,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     // Before anything starts: without its key the gateway could not seal a round.
-    let sealer = mrtr::Sealer::new().map_err(ServeError::Random)?;
+    let sealer = match settings.state_key {
+        Some(key) => mrtr::Sealer::with_key(key),
+        None => mrtr::Sealer::new().map_err(ServeError::Random)?,
+    };
     if let Listener::Http(listener) = &listener {
         let addr = listener.local_addr().map_err(ServeError::Listen)?;
         if !addr.ip().is_loopback() && settings.tokens.is_none() {

@@ -17,7 +17,10 @@
 //!
 //! The seal is `psy1.<payload in hex>.<HMAC-SHA256 in hex>`: the payload is the JSON of
 //! those fields, the MAC is keyed with 32 random bytes drawn when the process starts (so a
-//! restart invalidates every state handed out before it, as a clear error). The payload is
+//! restart invalidates every state handed out before it, as a clear error), or with the key
+//! the settings give ([`GatewaySettings::request_state_key`](crate::GatewaySettings::request_state_key):
+//! replicas sharing one, as `psych serve --store` does through the store, open each
+//! other's states, and a restart keeps them good). The payload is
 //! readable by the client (hex, not encrypted): the upstream's own state in it is what a
 //! client talking to the upstream directly would hold anyway, and nothing else in it is
 //! secret. A state over [`MAX_STATE`] is refused before it is decoded. [`Sealer::open`] checks the MAC in constant time before reading anything, then
@@ -71,11 +74,13 @@ pub(crate) struct Opened {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub(crate) enum StateError {
-    /// Not a state this process sealed: forged, altered, truncated, or sealed before the
-    /// gateway restarted (its key is drawn at each start).
+    /// Not a state this gateway sealed: forged, altered, truncated, sealed before the
+    /// gateway restarted (its key is drawn at each start), or by a replica with another key
+    /// ([`GatewaySettings::request_state_key`](crate::GatewaySettings::request_state_key)).
     #[error(
-        "requestState was not issued by this gateway process (it is altered, or from before \
-         the gateway restarted): call the tool again without inputResponses and requestState"
+        "requestState was not issued by this gateway (it is altered, from before the gateway \
+         restarted, or from another one): call the tool again without inputResponses and \
+         requestState"
     )]
     Unsealed,
     /// Sealed more than [`STATE_TTL`] ago.
@@ -135,7 +140,8 @@ struct Payload {
     up: Option<String>,
 }
 
-/// Seals and opens the gateway's `requestState`s with a key of its process.
+/// Seals and opens the gateway's `requestState`s with a key of its process, or one it was
+/// given.
 pub(crate) struct Sealer {
     key: [u8; 32],
 }
@@ -156,6 +162,11 @@ impl Sealer {
         let mut key = [0u8; 32];
         getrandom::fill(&mut key)?;
         Ok(Self { key })
+    }
+
+    /// A sealer with `key`, shared with other gateways that seal with it.
+    pub(crate) fn with_key(key: [u8; 32]) -> Self {
+        Self { key }
     }
 
     /// The state to hand the client for a round of `binding`'s call that reached `target`
@@ -363,6 +374,14 @@ mod tests {
         let restarted = Sealer::new().unwrap();
         assert_eq!(
             restarted.open(&state, &bound, 2000),
+            Err(StateError::Unsealed)
+        );
+        // Replicas given one key open each other's states; a key of its own does not.
+        let key = [7; 32];
+        let shared = Sealer::with_key(key).seal(&bound, &target, Some("s"), 1000);
+        assert!(Sealer::with_key(key).open(&shared, &bound, 2000).is_ok());
+        assert_eq!(
+            Sealer::with_key([8; 32]).open(&shared, &bound, 2000),
             Err(StateError::Unsealed)
         );
         // The payload re-encoded for another identity, the MAC kept.

@@ -66,6 +66,18 @@ impl PgBlocking {
         &self.store
     }
 
+    /// The key named `name` every process using the store shares ([`PgStore::shared_key`]).
+    /// Blocks for two round trips.
+    ///
+    /// # Errors
+    ///
+    /// [`DbError`], as [`PgStore::shared_key`].
+    pub fn shared_key(&self, name: &str) -> Result<[u8; 32], crate::DbError> {
+        // A live store always has its runtime (taken only when the last clone drops).
+        self.block(self.store.shared_key(name))
+            .unwrap_or(Err(crate::DbError::ShutDown))
+    }
+
     /// The catalogue (see [`PgCatalog`]).
     pub fn catalog(&self) -> PgCatalog {
         PgCatalog::on(self.clone())

@@ -127,6 +127,13 @@ pub enum DbError {
     /// could not be opened.
     #[error("cannot open a PostgreSQL connection")]
     Open(#[source] tokio_postgres::Error),
+    /// A row holds what the schema's own checks should have refused (the table altered by
+    /// hand): what it is.
+    #[error("the store's {0} is malformed")]
+    Malformed(&'static str),
+    /// The store's runtime has shut down ([`PgBlocking`]'s last clone dropped).
+    #[error("the store has shut down")]
+    ShutDown,
 }
 
 impl PgStore {
@@ -173,6 +180,38 @@ impl PgStore {
     /// The schema the store's tables live in.
     pub fn schema(&self) -> &str {
         &self.schema
+    }
+
+    /// The 32-byte key named `name` that every process using this store shares: made once,
+    /// by the first process to ask, from PostgreSQL's strong random source
+    /// (`gen_random_uuid`, PostgreSQL 13 or later: 244 random bits), and the same for every
+    /// process after. Replicas of `psych serve` seal the state of multi-round calls with
+    /// one, so that a round sealed by one replica opens on any. Whoever can read the
+    /// store's tables can read it.
+    ///
+    /// # Errors
+    ///
+    /// [`DbError`] when no connection can be had or a query fails, and
+    /// [`DbError::Malformed`] when the row is not 32 bytes (altered by hand).
+    pub async fn shared_key(&self, name: &str) -> Result<[u8; 32], DbError> {
+        let client = self.pool.get().await.map_err(DbError::Connect)?;
+        // Inserted if absent, then read: two processes asking at once both read the one
+        // inserted first.
+        client
+            .execute(
+                "insert into shared_keys (name, value)
+                 values ($1, uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()))
+                 on conflict (name) do nothing",
+                &[&name],
+            )
+            .await
+            .map_err(DbError::Query)?;
+        let row = client
+            .query_one("select value from shared_keys where name = $1", &[&name])
+            .await
+            .map_err(DbError::Query)?;
+        let value: &[u8] = row.get(0);
+        <[u8; 32]>::try_from(value).map_err(|_| DbError::Malformed("shared key"))
     }
 
     /// The schema's version as the database holds it now.

@@ -12,7 +12,7 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Migration `n` (from 1) brings a schema from version `n - 1` to `n`. Never edited once
 /// released: a change is a new migration.
-const MIGRATIONS: [&str; 3] = [
+const MIGRATIONS: [&str; 4] = [
     // 1: the catalogue. Tool rows are never hard-deleted (the spec's catalogue history):
     // triggers refuse a DELETE or TRUNCATE of `tools`, and an UPDATE other than setting a
     // live row's `removed_at` once. Names compare by bytes (`collate "C"`), the order
@@ -115,6 +115,15 @@ const MIGRATIONS: [&str; 3] = [
         expired_at bigint not null,
         why        text not null,
         primary key (identity, run)
+    );
+    "#,
+    // 4: keys every process using the store shares (a gateway's replicas seal the state of
+    // a multi-round call with one, so that any of them opens it), each made once, by the
+    // first process to ask, from the database's strong random source.
+    r#"
+    create table shared_keys (
+        name  text collate "C" primary key,
+        value bytea not null check (octet_length(value) = 32)
     );
     "#,
 ];

@@ -97,6 +97,59 @@ async fn replicas_opening_together_create_the_schema_once() {
     assert_eq!(again.schema_version().await.unwrap(), SCHEMA_VERSION);
 }
 
+/// Replicas asking for a shared key at once all get the one made first; another name is
+/// another key; a store opened later (a restart) gets the same; a row altered by hand is
+/// a typed error, not a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_one_key_per_name() {
+    let schema = Schema::fresh("keys").await;
+    let url = schema.url();
+    let asks: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let store = PgStore::open(&url).await.unwrap();
+                store.shared_key("seal").await.unwrap()
+            })
+        })
+        .collect();
+    let mut keys = Vec::new();
+    for ask in asks {
+        keys.push(ask.await.unwrap());
+    }
+    assert!(keys.windows(2).all(|pair| pair[0] == pair[1]), "one key");
+    assert_ne!(keys[0], [0; 32]);
+    let store = PgStore::open(&url).await.unwrap();
+    assert_eq!(store.shared_key("seal").await.unwrap(), keys[0], "kept");
+    let other = store.shared_key("other").await.unwrap();
+    assert_ne!(other, keys[0], "another name, another key");
+    // The table's check refuses a short key; one altered past it is refused on read.
+    let short = client()
+        .await
+        .execute(
+            &format!(
+                "update {}.shared_keys set value = '\\x00' where name = 'other'",
+                schema.name
+            ),
+            &[],
+        )
+        .await;
+    assert!(short.is_err(), "the schema refuses a key not of 32 bytes");
+    client()
+        .await
+        .batch_execute(&format!(
+            "alter table {0}.shared_keys drop constraint shared_keys_value_check;
+             update {0}.shared_keys set value = '\\x00' where name = 'other'",
+            schema.name
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.shared_key("other").await,
+        Err(psych_store_postgres::DbError::Malformed(_))
+    ));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_newer_than_this_build_is_refused_and_left_as_it_is() {
     let schema = Schema::fresh("newer").await;
