@@ -640,14 +640,48 @@ fn with_text_block(mut output: ToolOutput) -> ToolOutput {
 
 /// A session's executor over its record log. Dropped (with the last session or opening
 /// task holding it), an empty log leaves no file behind: a session whose client listed
-/// and left logged nothing.
-struct SessionLog {
+/// and left logged nothing. What its drop does to files (the log's end mark and lock,
+/// removing an empty file) blocks, so a drop in async code (the last call of a rotated
+/// segment ending) hands it to the blocking pool.
+struct SessionLog(Option<LogParts>);
+
+/// What a [`SessionLog`] holds until it is dropped.
+struct LogParts {
     executor: Executor<McpManager>,
     /// The segment's file, when the records are in files (not in a shared store).
     file: Option<PathBuf>,
 }
 
+impl SessionLog {
+    fn new(executor: Executor<McpManager>, file: Option<PathBuf>) -> Self {
+        Self(Some(LogParts { executor, file }))
+    }
+
+    /// The executor (there until the log is dropped).
+    fn executor(&self) -> Option<&Executor<McpManager>> {
+        self.0.as_ref().map(|parts| &parts.executor)
+    }
+
+    /// The executor, or the error a request gets (never: a log held is not dropped).
+    fn serving(&self) -> Result<&Executor<McpManager>, ErrorData> {
+        self.executor()
+            .ok_or_else(|| ErrorData::internal_error("the identity's record log is closed", None))
+    }
+}
+
 impl Drop for SessionLog {
+    fn drop(&mut self) {
+        let Some(parts) = self.0.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || drop(parts))),
+            Err(_) => drop(parts),
+        }
+    }
+}
+
+impl Drop for LogParts {
     fn drop(&mut self) {
         if let Some(file) = &self.file
             && self.executor.store().is_empty()
@@ -796,7 +830,9 @@ impl Tenant {
             .clone();
         match opened {
             Some(Ok(log)) => {
-                if log.executor.store().size_bytes() >= shared.retention.rotate_at() {
+                if log.executor().is_some_and(|executor| {
+                    executor.store().size_bytes() >= shared.retention.rotate_at()
+                }) {
                     self.rotate(shared, &opening);
                 }
                 Ok(log)
@@ -880,7 +916,7 @@ impl Tenant {
                 if let Some(on_demand) = on_demand {
                     executor = executor.on_demand(on_demand);
                 }
-                Ok(Arc::new(SessionLog { executor, file }))
+                Ok(Arc::new(SessionLog::new(executor, file)))
             })
             .await
             .unwrap_or_else(|error| Err(error.to_string()));
@@ -1054,7 +1090,7 @@ impl Session {
         let tenant = self.tenant(context)?;
         let view = tenant.lane.current().await?;
         let log = tenant.executor(&self.shared).await?;
-        let executor = &log.executor;
+        let executor = log.serving()?;
         let live = Live {
             grant: &tenant.lane.basis.grant,
             catalogs: &view.catalogs,

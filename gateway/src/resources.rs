@@ -163,13 +163,14 @@ impl Session {
         let reference = parse(&request.uri)?;
         let tenant = self.tenant(context)?;
         let log = tenant.executor(&self.shared).await?;
-        let max = log.executor.passing_bound();
+        let executor = log.serving()?;
+        let max = executor.passing_bound();
         // Counted in the process's budget while the text is read and the answer built. A
         // request the client cancels stops waiting for its place: rmcp drops its answer
         // but not the handler, so a wait left running would hold the request (and count
         // nowhere) for as long as the budget stays full.
         let reserved = tokio::select! {
-            reserved = log.executor.reserve_passed(max) => reserved,
+            reserved = executor.reserve_passed(max) => reserved,
             () = context.ct.cancelled() => {
                 return Err(ErrorData::internal_error(
                     format!("{}: cancelled by the client", request.uri),
@@ -191,7 +192,7 @@ impl Session {
         let after = reference
             .offset
             .saturating_add(reference.limit.unwrap_or(0));
-        let read = log.executor.read_reference(reference, max, &held).await;
+        let read = executor.read_reference(reference, max, &held).await;
         let (text, next) = match read {
             Ok(Referenced { value, more, bytes }) => {
                 held.keep(bytes);
