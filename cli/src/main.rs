@@ -237,7 +237,8 @@ enum Command {
         /// MiB of passed result text every call and `resources/read` answer of this process
         /// hold at once, every identity together: a call passing results reserves its
         /// `--max-passed-mib` first, waiting while the budget cannot give it, and gives back
-        /// what it did not read. At least `--max-passed-mib`.
+        /// what it did not read. At least `--max-passed-mib`. With `--tokens` naming several
+        /// identities, one identity holds at most half of it (at least `--max-passed-mib`).
         #[arg(long, value_name = "MIB", default_value_t = psych_gateway::DEFAULT_PASSING_BUDGET >> 20)]
         passing_budget_mib: u64,
         /// MiB that results too large for memory (over 16 MiB) may hold at once in

@@ -96,7 +96,7 @@ pub(crate) async fn large_handle(session: &Session) -> String {
 
 /// Calls `up__large` for `bytes` once the upstream is listed and returns the elided
 /// result's handle.
-async fn elided_handle(session: &Session, bytes: u64) -> String {
+pub(crate) async fn elided_handle(session: &Session, bytes: u64) -> String {
     let shown = text(&call_when_listed(session, "up__large", json!({"bytes": bytes})).await);
     expect_handle(&shown)
 }
@@ -639,5 +639,48 @@ async fn an_open_session_is_served_however_many_sessions_were_made_after_it() {
         answer.starts_with("HTTP/1.1 200"),
         "the first session is served: {answer}"
     );
+    gateway.stop().await;
+}
+
+/// With a tokens file naming several identities, one identity's calls passing results hold
+/// at most half the process's budget (`--passing-budget-mib 2`, calls of 1 MiB at most):
+/// bob's second call passing a 600 KB result waits for his first, and alice's, made after
+/// both, goes through beside his first rather than after it (one budget for all, bob's two
+/// would hold 1.2 MB of the 2 MiB and alice's 1 MiB would wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_holds_at_most_its_share_of_the_passing_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, bob) = alice_and_bob(dir.path());
+    let flags = ["--max-passed-mib", "1", "--passing-budget-mib", "2"];
+    let (gateway, url) = start(dir.path(), &flags).await;
+    let (on_alice, on_bob) = (connect(&url, &alice).await, connect(&url, &bob).await);
+    let (alices, bobs) = (
+        elided_handle(&on_alice, 600_000).await,
+        elided_handle(&on_bob, 600_000).await,
+    );
+    let sleeping = |handle: &str| json!({"ms": 1500, "tag": {"$psych_result": handle}});
+    let started = std::time::Instant::now();
+    let ended = async |session: &Session, handle: &str, after: u64| {
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        let result = call(session, "up__sleep", sleeping(handle)).await.unwrap();
+        assert_ne!(result.is_error, Some(true), "{}", text(&result));
+        started.elapsed()
+    };
+    let (first, second, hers) = tokio::join!(
+        ended(&on_bob, &bobs, 0),
+        ended(&on_bob, &bobs, 0),
+        ended(&on_alice, &alices, 300),
+    );
+    let (bobs_first, bobs_last) = (first.min(second), first.max(second));
+    assert!(
+        bobs_last >= bobs_first + Duration::from_millis(1_000),
+        "bob's calls took turns: {bobs_first:?}, {bobs_last:?}"
+    );
+    assert!(
+        hers < bobs_last,
+        "alice's call ended before bob's second: {hers:?}, {bobs_last:?}"
+    );
+    on_alice.cancel().await.unwrap();
+    on_bob.cancel().await.unwrap();
     gateway.stop().await;
 }

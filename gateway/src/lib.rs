@@ -209,6 +209,29 @@ pub fn default_max_sessions_per_identity(max_sessions: usize, identities: usize)
     }
 }
 
+/// How much of a gateway's budget of passed result text (`passing_budget`, calls passing
+/// results of at most `max_passed` bytes each) one identity of a tokens file naming
+/// `identities` may hold at once: half (at least one call's bound) when it names several,
+/// so that one identity's slow calls holding passed results leave the others room, as
+/// [`default_max_sessions_per_identity`] does for sessions; all of it when it names one.
+///
+/// ```
+/// use psych_gateway::default_passing_share;
+/// const MIB: u64 = 1 << 20;
+/// assert_eq!(default_passing_share(64 * MIB, 16 * MIB, 1), 64 * MIB);
+/// assert_eq!(default_passing_share(64 * MIB, 16 * MIB, 3), 32 * MIB);
+/// // Never less than one call's bound, never more than the whole.
+/// assert_eq!(default_passing_share(24 * MIB, 16 * MIB, 2), 16 * MIB);
+/// assert_eq!(default_passing_share(16 * MIB, 16 * MIB, 2), 16 * MIB);
+/// ```
+pub fn default_passing_share(passing_budget: u64, max_passed: u64, identities: usize) -> u64 {
+    if identities <= 1 {
+        passing_budget
+    } else {
+        (passing_budget / 2).max(max_passed).min(passing_budget)
+    }
+}
+
 /// The most `subscriptions/listen` streams one identity may hold open at once (each also
 /// holds a session slot while open): one more is refused, so one identity's idle streams
 /// cannot take every slot.
@@ -457,6 +480,8 @@ struct Shared {
     /// What every identity's calls and `resources/read` answers hold of passed result text
     /// at once ([`GatewaySettings::passing_budget`]).
     passing: PassingBudget,
+    /// The most of `passing` one identity holds ([`default_passing_share`]).
+    passing_share: u64,
     elider: Elider<SharedEstimator>,
     /// `<dir>/serve/`: a folder per identity ([`tenant`]).
     logs: PathBuf,
@@ -528,9 +553,16 @@ impl Shared {
                 )),
                 None => Arc::new(tenant::Kept::new(dir.clone(), self.retention)),
             };
+            // One identity's calls hold at most its share of the process's budget.
+            let passing = if self.passing_share < self.passing.bytes() {
+                self.passing.share(self.passing_share)
+            } else {
+                self.passing.clone()
+            };
             Arc::new(Tenant {
                 name: name.to_owned(),
                 lane,
+                passing,
                 archive,
                 dir,
                 log: Mutex::new(None),
@@ -714,6 +746,9 @@ struct Tenant {
     archive: Arc<dyn Archive>,
     /// The identity's `subscriptions/listen` streams open now (at most [`MAX_LISTENS`]).
     listens: Arc<std::sync::atomic::AtomicUsize>,
+    /// The identity's share of the process's budget of passed results, for every segment's
+    /// executor ([`default_passing_share`]).
+    passing: PassingBudget,
     /// The HTTP sessions the identity opened with its token that are open now (at most
     /// [`GatewaySettings::max_sessions_per_identity`]).
     sessions: Arc<std::sync::atomic::AtomicUsize>,
@@ -860,7 +895,7 @@ impl Tenant {
         let manager = shared.manager.clone();
         let on_demand = shared.on_demand.clone();
         let limits = shared.limits.clone();
-        let passing = shared.passing.clone();
+        let passing = self.passing.clone();
         let estimator = Arc::clone(shared.elider.estimator());
         let archive: Arc<dyn Archive> = self.archive.clone();
         let retention = shared.retention;
@@ -2264,7 +2299,9 @@ impl GatewaySettings {
     /// stream, or built it for a stateless request of MCP 2026-07-28 (rmcp writes it out
     /// after: see the `resources` module). A budget equal to the bound runs passing calls
     /// one at a time. It must be at least the per-call bound: [`serve`] refuses less
-    /// ([`ServeError::PassingBudget`]).
+    /// ([`ServeError::PassingBudget`]). With [`tokens`](Self::tokens) naming several
+    /// identities, one identity holds at most [`default_passing_share`] of it (half, at
+    /// least one call's bound), so one identity's slow calls never take it all.
     #[must_use]
     pub fn passing_budget(mut self, bytes: u64) -> Self {
         self.passing_budget = bytes;
@@ -2738,6 +2775,11 @@ pub async fn serve(
         narrowed,
         limits,
         passing: PassingBudget::new(settings.passing_budget),
+        passing_share: default_passing_share(
+            settings.passing_budget,
+            settings.max_passed_bytes,
+            settings.tokens.as_ref().map_or(0, |t| t.identities()),
+        ),
         elider: Elider::builder()
             .estimator(settings.estimator.clone())
             .limits(output_limits)
@@ -3746,6 +3788,7 @@ mod tests {
             narrowed: BTreeMap::new(),
             limits: Limits::default(),
             passing: PassingBudget::new(DEFAULT_PASSING_BUDGET),
+            passing_share: DEFAULT_PASSING_BUDGET,
             elider: Elider::builder()
                 .estimator(Arc::new(Estimator::new()) as SharedEstimator)
                 .build(),

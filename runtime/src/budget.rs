@@ -17,10 +17,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// second one while holding the first, so executions waiting on each other cannot
 /// deadlock; a wait is bounded by the executor's call deadline. Cheap to clone (a shared
 /// count).
+///
+/// A [`share`](Self::share) of a budget reserves from its own count and then from the
+/// budget's, so the executors given one share (a gateway's identity) hold at most the
+/// share at once, and the others always have the rest.
 #[derive(Debug, Clone)]
 pub struct PassingBudget {
     permits: Arc<Semaphore>,
     kib: u32,
+    /// The budget this one is a share of, reserved from after this one's own count.
+    whole: Option<Box<PassingBudget>>,
 }
 
 impl PassingBudget {
@@ -34,7 +40,25 @@ impl PassingBudget {
         Self {
             permits: Arc::new(Semaphore::new(kib as usize)),
             kib,
+            whole: None,
         }
+    }
+
+    /// A share of this budget of `bytes` (at most the whole): what is reserved through it
+    /// is counted in both, so the holders of the share hold at most `bytes` of this budget
+    /// at once. A reservation takes the share's bytes first, then the whole's: it never
+    /// holds the whole's while waiting for the share's.
+    ///
+    /// ```
+    /// let process = psych_runtime::PassingBudget::new(64 << 20);
+    /// let identity = process.share(32 << 20);
+    /// assert_eq!(identity.bytes(), 32 << 20);
+    /// assert_eq!(process.share(1 << 40).bytes(), 64 << 20);
+    /// ```
+    pub fn share(&self, bytes: u64) -> Self {
+        let mut share = Self::new(bytes.min(self.bytes()));
+        share.whole = Some(Box::new(self.clone()));
+        share
     }
 
     /// The whole budget, in bytes.
@@ -53,9 +77,18 @@ impl PassingBudget {
         let kib = u32::try_from(bytes.div_ceil(1024))
             .unwrap_or(u32::MAX)
             .min(self.kib);
-        // The semaphore is never closed; were it, nothing would be held.
-        let permit = Arc::clone(&self.permits).acquire_many_owned(kib).await.ok();
-        Reserved(permit.map(|permit| Arc::new(Mutex::new(permit))))
+        let mut held = Vec::new();
+        let mut budget = Some(self);
+        while let Some(level) = budget {
+            // A share is never larger than its whole, so `kib` fits every level. The
+            // semaphores are never closed; were one, nothing would be held.
+            let Ok(permit) = Arc::clone(&level.permits).acquire_many_owned(kib).await else {
+                return Reserved(None);
+            };
+            held.push(permit);
+            budget = level.whole.as_deref();
+        }
+        Reserved(Some(Arc::new(Mutex::new(held))))
     }
 }
 
@@ -63,7 +96,7 @@ impl PassingBudget {
 /// go back when the last clone is dropped (so a read on the blocking pool holding a clone
 /// keeps them while it runs, whoever stopped waiting for it).
 #[derive(Debug, Clone)]
-pub struct Reserved(Option<Arc<Mutex<OwnedSemaphorePermit>>>);
+pub struct Reserved(Option<Arc<Mutex<Vec<OwnedSemaphorePermit>>>>);
 
 impl Reserved {
     /// Nothing reserved (no budget): allocates nothing.
@@ -76,10 +109,12 @@ impl Reserved {
         let Some(held) = &self.0 else {
             return;
         };
-        let mut permit = held.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut permits = held.lock().unwrap_or_else(PoisonError::into_inner);
         let keep = usize::try_from(bytes.div_ceil(1024)).unwrap_or(usize::MAX);
-        let excess = permit.num_permits().saturating_sub(keep);
-        drop(permit.split(excess));
+        for permit in permits.iter_mut() {
+            let excess = permit.num_permits().saturating_sub(keep);
+            drop(permit.split(excess));
+        }
     }
 
     /// The bytes held.
@@ -87,8 +122,8 @@ impl Reserved {
         self.0.as_ref().map_or(0, |held| {
             held.lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .num_permits() as u64
-                * 1024
+                .first()
+                .map_or(0, |permit| permit.num_permits() as u64 * 1024)
         })
     }
 }
@@ -137,5 +172,58 @@ mod tests {
         );
         drop(all);
         assert_eq!(budget.available(), budget.bytes());
+    }
+
+    /// Holders of a share hold at most the share, and the rest of the whole stays for the
+    /// others; what a reservation gives back goes back to both; dropped while it waits for
+    /// the whole, it holds nothing of the share.
+    #[tokio::test]
+    async fn a_share_holds_at_most_its_bytes_of_the_whole() {
+        let whole = PassingBudget::new(64 << 10);
+        let bob = whole.share(32 << 10);
+        let alice = whole.share(32 << 10);
+        let first = bob.reserve(16 << 10).await;
+        let second = bob.reserve(16 << 10).await;
+        assert_eq!((bob.available(), whole.available()), (0, 32 << 10));
+        // Bob's third waits for his own share, though the whole has room.
+        let third = bob.reserve(16 << 10);
+        tokio::pin!(third);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), &mut third)
+                .await
+                .is_err()
+        );
+        // Alice still has hers.
+        let hers = tokio::time::timeout(Duration::from_secs(5), alice.reserve(32 << 10))
+            .await
+            .expect("the rest of the whole is the other share's");
+        assert_eq!(whole.available(), 0);
+        // Bob gives back all but 1 KiB of his first: they go to his waiting third (the
+        // semaphore is fair), which then waits for the rest of his share.
+        first.keep(1_000);
+        assert_eq!((bob.available(), whole.available()), (0, 15 << 10));
+        drop(second);
+        let third = tokio::time::timeout(Duration::from_secs(5), third)
+            .await
+            .expect("room in both");
+        assert_eq!(third.bytes(), 16 << 10);
+        assert_eq!((bob.available(), whole.available()), (15 << 10, 15 << 10));
+        drop(third);
+        // The whole full: a reservation of bob's takes his share's bytes and waits for the
+        // whole's; dropped, it gives his share's back.
+        let big = whole.reserve(31 << 10).await;
+        assert_eq!(whole.available(), 0);
+        let mut waiting = Box::pin(bob.reserve(8 << 10));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), &mut waiting)
+                .await
+                .is_err()
+        );
+        assert_eq!(bob.available(), 23 << 10);
+        drop(waiting);
+        assert_eq!(bob.available(), 31 << 10);
+        drop((first, hers, big));
+        assert_eq!(bob.available(), 32 << 10);
+        assert_eq!(whole.available(), 64 << 10);
     }
 }
