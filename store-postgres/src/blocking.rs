@@ -71,7 +71,7 @@ impl PgBlocking {
     ///
     /// # Errors
     ///
-    /// [`DbError`], as [`PgStore::shared_key`].
+    /// [`DbError`](crate::DbError), as [`PgStore::shared_key`].
     pub fn shared_key(&self, name: &str) -> Result<[u8; 32], crate::DbError> {
         // A live store always has its runtime (taken only when the last clone drops).
         self.block(self.store.shared_key(name))
