@@ -216,6 +216,10 @@ impl Session {
                     spill_dir,
                     budget,
                 };
+                // A slot stopped before the attempt began starts no process.
+                if *stop.borrow() {
+                    return Err(McpError::ShutDown);
+                }
                 let (child, transport) = Child::spawn(server, &spec)?;
                 let tap = transport.tap();
                 let served = tokio::select! {

@@ -199,6 +199,11 @@ pub(crate) async fn acquire(
             if *stop.borrow_and_update() {
                 return Err(McpError::ShutDown);
             }
+            let now = attempts.borrow_and_update();
+            // A session left by a supervisor that ended is nobody's to stop or watch.
+            if now.ended {
+                return Err(ended(server));
+            }
             // A session known lost is passed over: its supervisor is about to say why and
             // take it away, and then serves this request's start.
             if let Some(session) = state.session.as_ref().filter(|session| !session.is_lost()) {
@@ -209,10 +214,6 @@ pub(crate) async fn acquire(
                     lazy: Arc::clone(lazy),
                 };
                 return Ok((Arc::clone(session), held));
-            }
-            let now = attempts.borrow_and_update();
-            if now.ended {
-                return Err(ended(server));
             }
             if started {
                 // Waiting for the start kept the server from an idle stop, so its session
@@ -302,11 +303,21 @@ pub(crate) async fn supervise(
             changed = wanted.changed() => if changed.is_err() { break },
             _ = stop.wait_for(|stop| *stop) => break,
         }
+        // Both may have been ready: a stopped slot starts nothing.
+        if *stop.borrow() {
+            break;
+        }
         // Not raced with `stop` here: the attempt ends itself when stopped, stopping a
         // process it started with its grace (dropped, it would be killed at once, blocking
         // this worker while its tree is looked through).
         let attempt = how.connect(&server, &config, &events, &stop).await;
         let session = match attempt {
+            // Stopped as the attempt succeeded: the session is not published (nor reported
+            // reachable) for a server removed or replaced.
+            Ok((session, _)) if *stop.borrow() => {
+                session.close().await;
+                break;
+            }
             Ok((session, listing)) => {
                 {
                     let mut state = slot.state.write().unwrap_or_else(PoisonError::into_inner);

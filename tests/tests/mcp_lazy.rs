@@ -326,15 +326,19 @@ async fn a_lazy_server_that_exits_right_after_starting_fails_the_call_after_one_
         .await
         .unwrap();
     for round in 1..=2 {
-        // Eight calls at once, so that some find the session already lost.
-        let calls: Vec<_> = (0..8)
-            .map(|_| {
-                let manager = manager.clone();
-                tokio::spawn(async move { echo(&manager, "brief", "x").await })
-            })
+        // Eight calls, each polled once (each asks for the start: the way to the wait does
+        // not await) before any is driven on: all wait for the one start, and those driven
+        // after its process ended find its session lost.
+        let mut calls: Vec<_> = (0..8)
+            .map(|_| Box::pin(echo(&manager, "brief", "x")))
             .collect();
+        for call in &mut calls {
+            let pending =
+                std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx).is_pending())).await;
+            assert!(pending, "a call ended before it waited for the start");
+        }
         for call in calls {
-            let error = call.await.unwrap().unwrap_err();
+            let error = call.await.unwrap_err();
             // Either it took the session before the exit was seen (the call then finds the
             // process gone), or it found the session lost at once.
             assert!(
@@ -401,7 +405,14 @@ async fn a_server_removed_while_it_starts_is_given_its_grace() {
         bye.display(),
         ready.display()
     );
-    let manager = manager();
+    // A grace no loaded machine comes near: the trap writes its note at once.
+    let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+    let manager = McpManager::builder(config)
+        .timeouts(
+            Timeouts::uniform(Duration::from_secs(20)).with_shutdown_grace(Duration::from_secs(10)),
+        )
+        .build()
+        .unwrap();
     manager
         .add_lazy_server(id("slow"), shell("slow", &script), Duration::from_secs(30))
         .await
