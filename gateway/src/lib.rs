@@ -673,8 +673,10 @@ fn with_text_block(mut output: ToolOutput) -> ToolOutput {
 /// A session's executor over its record log. Dropped (with the last session or opening
 /// task holding it), an empty log leaves no file behind: a session whose client listed
 /// and left logged nothing. What its drop does to files (the log's end mark and lock,
-/// removing an empty file) blocks, so a drop in async code (the last call of a rotated
-/// segment ending) hands it to the blocking pool.
+/// removing an empty file) blocks, so a drop on a worker of a multi-threaded runtime (the
+/// last call of a rotated segment ending) does it in `block_in_place`: done when the drop
+/// returns, as before (so the logs are closed when [`serve`] returns), while the worker's
+/// other tasks move to another thread.
 struct SessionLog(Option<LogParts>);
 
 /// What a [`SessionLog`] holds until it is dropped.
@@ -706,9 +708,15 @@ impl Drop for SessionLog {
         let Some(parts) = self.0.take() else {
             return;
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(move || drop(parts))),
-            Err(_) => drop(parts),
+        // `block_in_place` panics on a current-thread runtime; there (a test's) and outside
+        // a runtime the drop blocks where it is, as it did.
+        let multi = tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
+            runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+        });
+        if multi {
+            tokio::task::block_in_place(move || drop(parts));
+        } else {
+            drop(parts);
         }
     }
 }

@@ -367,7 +367,7 @@ pub(crate) fn sweep_store(
 ) {
     if let Err(error) = stores.sweep(retention.max_age, retention.max_bytes) {
         report(&format!(
-            "retention of the store's Runs (tried again in an hour): {}",
+            "retention of the store's Runs did not finish (tried again in an hour): {}",
             psych_types::error_chain(&error)
         ));
     }

@@ -19,8 +19,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// count).
 ///
 /// A [`share`](Self::share) of a budget reserves from its own count and then from the
-/// budget's, so the executors given one share (a gateway's identity) hold at most the
-/// share at once, and the others always have the rest.
+/// budget's, so the executors given one share (a gateway's identity) never hold more than
+/// the share at once: with shares of half, one identity leaves the others at least half.
 #[derive(Debug, Clone)]
 pub struct PassingBudget {
     permits: Arc<Semaphore>,
