@@ -1350,6 +1350,11 @@ impl RecordSource for PgRecords {
                         .await?;
                     Ok(Some(Record::ToolResult(result)))
                 }
+                // Every tool result is stored as one: a row that says otherwise would read
+                // back without its texts.
+                Record::ToolResult(_) => Err(corrupt(format!(
+                    "record {handle} is a tool result its row does not mark as one"
+                ))),
                 other => Ok(Some(other)),
             }
         })
@@ -1680,8 +1685,14 @@ fn history_item(
         row.get::<_, Option<i64>>(i)
             .map(|n| u64::try_from(n).unwrap_or(0))
     };
-    if is_result && let Some((target, info)) = ResultHead::of(body, handle, number(3).unwrap_or(0))?
-    {
+    // A result's length is always stored: missing or negative, the row is damaged, not a
+    // result without text (as every other read of a result says).
+    let length = || {
+        row.get::<_, Option<i64>>(3)
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| corrupt(format!("record {handle}: its length is missing")))
+    };
+    if is_result && let Some((target, info)) = ResultHead::of(body, handle, length()?)? {
         return Ok(HistoryItem::Result(StoredResult {
             target,
             info,

@@ -789,6 +789,19 @@ fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
             assert!(matches!(error, RecordError::Corrupt { .. }), "{error:?}");
         }
     }
+    // A history read of the result without a length, and a whole read of a result its row
+    // does not mark as one (it would come back without its texts), are damage too.
+    let no_length = RecordHandle::new(run.clone(), 1);
+    let error = records.stored_result(&no_length).unwrap_err();
+    assert!(matches!(error, RecordError::Corrupt { .. }), "{error:?}");
+    let unmarked = records.append(&text_result("c7", "eighth\n")).unwrap();
+    raw_blocking(format!(
+        "update {schema}.records set result = false
+         where identity = 'tenant' and run = 'r' and seq = {}",
+        unmarked.seq
+    ));
+    let error = records.record(&unmarked).unwrap_err();
+    assert!(matches!(error, RecordError::Corrupt { .. }), "{error:?}");
     let first = RecordHandle::new(run.clone(), 0);
     let mut page = [0; 64];
     let n = records.read_output(&first, 0, &mut page).unwrap();
