@@ -17,9 +17,9 @@
 //! other answers held; the connection, and every other call, goes on.
 //!
 //! Over stdio, any line over [`SPILL_AT`](crate::SPILL_AT) is spilled as it arrives, before
-//! it is known to answer a call: a `tools/list` page, a notification or a server request
-//! of that size is refused like an answer when the budget has no room for it (it would
-//! otherwise be read back into memory, up to 64 MiB).
+//! it is known to answer a call: a `tools/list` page of that size is refused like an
+//! answer when the budget has no room for it, and a notification or a server's request
+//! is refused whatever the budget (it is not read back).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

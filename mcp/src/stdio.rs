@@ -24,8 +24,9 @@
 //!   it has ended, an answer to a call awaiting its result has its long texts decoded into
 //!   files of their own on a blocking thread ([`spill::split`]) and the rest parsed in
 //!   memory, the files kept with the raw result in the [`Tap`] and handed to the caller as
-//!   [`psych_types::ToolOutput::spilled`]; any other long line is read back into memory
-//!   up to [`MAX_LINE`];
+//!   [`psych_types::ToolOutput::spilled`]; any other line that long (an `initialize`
+//!   answer, a notification, a server's request) is read past and refused, as an HTTP
+//!   event over 16 MiB is ([`MAX_SSE_EVENT_BYTES`](crate::MAX_SSE_EVENT_BYTES));
 //! - an answer whose in-memory part is over [`MAX_LINE`], or a line over
 //!   [`MAX_SPILLED_ANSWER`] (read past without being kept), fails the request whose `id` it
 //!   carries (first or last in the line: [`scan`]) with [`McpError::AnswerTooLarge`]; one
@@ -593,8 +594,8 @@ impl Parser {
     /// A line read into a file (over [`SPILL_AT`]). An answer to a request awaiting its
     /// result has its long texts split off into files ([`spill::split`]) and the rest
     /// parsed as [`Parser::read`] parses a line, the texts kept with the result in the
-    /// tap; any other line is read into memory if it is within [`MAX_LINE`] and parsed as
-    /// usual, or read past as too long. Blocks (file reads and writes).
+    /// tap; any other line is read past as too long (the request it answers, if any,
+    /// fails). Blocks (file reads and writes).
     fn read_spilled(
         &self,
         file: std::io::Result<(std::fs::File, Reservation)>,
@@ -602,14 +603,14 @@ impl Parser {
         id: Option<String>,
         has_method: bool,
     ) -> Option<RxJsonRpcMessage<RoleClient>> {
-        use std::io::{Read as _, Seek as _};
+        use std::io::Seek as _;
         let unwritable = |error: &std::io::Error| {
             format!(
                 "it could not be kept in a file in {}: {error}",
                 self.tap.spill_dir().display()
             )
         };
-        let (mut file, held) = match file.and_then(|(mut file, held)| {
+        let (file, held) = match file.and_then(|(mut file, held)| {
             file.rewind()?;
             Ok((file, held))
         }) {
@@ -627,30 +628,18 @@ impl Parser {
         };
         let answer = id.clone().filter(|id| !has_method && self.tap.is_open(id));
         let Some(key) = answer else {
-            if bytes > MAX_LINE as u64 {
-                return self.too_long(Overflow {
-                    bytes,
-                    id,
-                    has_method,
-                    limit: MAX_LINE as u64,
-                    unwritable: None,
-                    over_budget: None,
-                });
-            }
-            let mut line = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
-            if let Err(error) = file.read_to_end(&mut line) {
-                return self.too_long(Overflow {
-                    bytes,
-                    id,
-                    has_method,
-                    limit: MAX_LINE as u64,
-                    unwritable: Some(unwritable(&error)),
-                    over_budget: None,
-                });
-            }
-            // In memory now: the file's share of the budget goes back before the parse.
+            // Not an answer psych-mcp reads itself (an `initialize` or `ping` answer, a
+            // notification, a server's request): none is kept over `SPILL_AT`, as an HTTP
+            // event over 16 MiB is not read, rather than read back into memory.
             drop((file, held));
-            return self.read(&line);
+            return self.too_long(Overflow {
+                bytes,
+                id,
+                has_method,
+                limit: SPILL_AT as u64,
+                unwritable: None,
+                over_budget: None,
+            });
         };
         let too_large = Overflow {
             bytes,
@@ -1121,6 +1110,41 @@ mod tests {
         assert_eq!(answer.id, Some(RequestId::Number(2)));
         assert_eq!(answer.error.message.len(), text.len());
         drop(error);
+        drop(writing.await.unwrap());
+    }
+
+    /// A line over [`SPILL_AT`] that answers nothing psych-mcp reads itself (a notification;
+    /// the answer to a request rmcp sends, as `ping`) is read past, not read back into
+    /// memory, as an HTTP event that long is not read: the request it answers ends at once
+    /// with an error saying so, and the next line reads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_line_psych_does_not_read_itself_is_read_past() {
+        let text = data(1, SPILL_AT + 10);
+        let (mut writer, pipe) = tokio::io::duplex(1024 * 1024);
+        let (mut reader, _exit, _tap) = reader(pipe);
+        let lines = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"level":"info","data":"{text}"}}}}
+{{"jsonrpc":"2.0","id":9,"result":{{"pad":"{text}"}}}}
+"#
+        );
+        let writing = tokio::spawn(async move {
+            writer.write_all(lines.as_bytes()).await.unwrap();
+            writer.write_all(CHANGED).await.unwrap();
+            writer
+        });
+        let Some(JsonRpcMessage::Error(answer)) = reader.receive().await else {
+            panic!("the long answer is not refused");
+        };
+        assert_eq!(answer.id, Some(RequestId::Number(9)));
+        assert!(
+            answer.error.message.contains(&SPILL_AT.to_string()),
+            "{}",
+            answer.error.message
+        );
+        assert!(matches!(
+            reader.receive().await,
+            Some(JsonRpcMessage::Notification(_))
+        ));
         drop(writing.await.unwrap());
     }
 
