@@ -58,6 +58,26 @@ pub fn spilled_output(target: u64) -> (psych_types::ToolOutput, u64, u64) {
     (output, len, lines)
 }
 
+/// A tool result record of the call `call_id` to tool `name` with `output`, reaching no
+/// remote tool: what the size tests append.
+///
+/// # Panics
+///
+/// When `call_id` is not a valid call id.
+pub fn tool_result(
+    call_id: &str,
+    name: &str,
+    output: psych_types::ToolOutput,
+) -> psych_types::Record {
+    psych_types::Record::ToolResult(psych_types::ToolResult {
+        target: None,
+        call_id: psych_types::ToolCallId::new(call_id)
+            .unwrap_or_else(|e| panic!("call id {call_id:?}: {e}")),
+        name: name.into(),
+        output,
+    })
+}
+
 /// The peak resident set of this process so far, in bytes (`VmHWM` of
 /// `/proc/self/status`).
 ///

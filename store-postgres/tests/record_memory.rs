@@ -11,10 +11,10 @@
     reason = "a test fails loudly on bad data"
 )]
 
-use psych_store_conformance::large::{peak_rss, spilled_output};
+use psych_store_conformance::large::{peak_rss, spilled_output, tool_result};
 use psych_store_conformance::pg::{database, psql};
 use psych_store_postgres::PgBlocking;
-use psych_types::{Record, RecordSource, RecordStore, RunId, ToolCallId, ToolResult};
+use psych_types::{Record, RecordSource, RecordStore, RunId};
 
 /// The text's size: 256 MiB, rounded down to whole lines.
 const TARGET: u64 = 256 << 20;
@@ -29,14 +29,7 @@ fn a_large_result_read_whole_is_held_about_once() {
     let records = store
         .records("tenant", &RunId::new("whole").unwrap())
         .unwrap();
-    let handle = records
-        .append(&Record::ToolResult(ToolResult {
-            target: None,
-            call_id: ToolCallId::new("big").unwrap(),
-            name: "read".into(),
-            output,
-        }))
-        .unwrap();
+    let handle = records.append(&tool_result("big", "read", output)).unwrap();
     let before = peak_rss();
     let Some(Record::ToolResult(result)) = records.record(&handle).unwrap() else {
         panic!("the result");

@@ -11,10 +11,10 @@
 
 use std::time::Instant;
 
-use psych_store_conformance::large::{assert_end_reads, peak_rss, spilled_output};
+use psych_store_conformance::large::{assert_end_reads, peak_rss, spilled_output, tool_result};
 use psych_store_conformance::pg::{database, psql};
 use psych_store_postgres::PgBlocking;
-use psych_types::{Record, RecordStore, RunId, ToolCallId, ToolResult};
+use psych_types::{RecordStore, RunId};
 
 /// The text's size: 1 GiB, rounded down to whole lines.
 const TARGET: u64 = 1 << 30;
@@ -32,14 +32,7 @@ fn a_gib_spilled_result_is_stored_and_read_in_bounded_memory() {
     let run = RunId::new("gib").unwrap();
     let records = store.records("tenant", &run).unwrap();
     let appending = Instant::now();
-    let handle = records
-        .append(&Record::ToolResult(ToolResult {
-            target: None,
-            call_id: ToolCallId::new("big").unwrap(),
-            name: "read".into(),
-            output,
-        }))
-        .unwrap();
+    let handle = records.append(&tool_result("big", "read", output)).unwrap();
     let appended = appending.elapsed();
 
     assert_end_reads(&records, &handle, len, lines);

@@ -11,12 +11,12 @@
     reason = "a test fails loudly on bad data"
 )]
 
-use psych_store_conformance::large::{assert_child_peak_under, print_peak};
+use psych_store_conformance::large::{assert_child_peak_under, print_peak, tool_result};
 use psych_store_conformance::pg::Schema;
 use psych_store_postgres::PgBlocking;
 use psych_types::{
-    ContentBlock, History, HistoryItem, OutputKind, Record, RecordHandle, RecordSource,
-    RecordStore, RunId, ToolCallId, ToolOutput, ToolResult,
+    ContentBlock, History, HistoryItem, OutputKind, RecordHandle, RecordSource, RecordStore, RunId,
+    ToolOutput,
 };
 use serde_json::Value;
 
@@ -47,22 +47,14 @@ fn infos_and_history_do_not_build_the_body() {
             .unwrap();
         let mut output = ToolOutput::text("a short text beside a large structured result");
         output.structured_content = Some(Value::Array(vec![Value::from(0); ELEMENTS]));
-        records
-            .append(&Record::ToolResult(ToolResult {
-                target: None,
-                call_id: ToolCallId::new("big").unwrap(),
-                name: "read".into(),
-                output,
-            }))
-            .unwrap();
+        records.append(&tool_result("big", "read", output)).unwrap();
         // A result that is its structured content alone, read as JSON.
         records
-            .append(&Record::ToolResult(ToolResult {
-                target: None,
-                call_id: ToolCallId::new("json").unwrap(),
-                name: "query".into(),
-                output: ToolOutput::json(serde_json::json!({"rows": [1, 2, 3]})),
-            }))
+            .append(&tool_result(
+                "json",
+                "query",
+                ToolOutput::json(serde_json::json!({"rows": [1, 2, 3]})),
+            ))
             .unwrap();
         // Screenshots: 128 MiB of images, 171 MiB as base64 in their rows' bodies.
         for i in 0..SCREENSHOTS {
@@ -71,12 +63,7 @@ fn infos_and_history_do_not_build_the_body() {
                 ContentBlock::image("image/png", vec![7; 1 << 20]),
             ]);
             records
-                .append(&Record::ToolResult(ToolResult {
-                    target: None,
-                    call_id: ToolCallId::new(format!("shot-{i}")).unwrap(),
-                    name: "screenshot".into(),
-                    output,
-                }))
+                .append(&tool_result(&format!("shot-{i}"), "screenshot", output))
                 .unwrap();
         }
     }
