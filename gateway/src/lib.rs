@@ -674,9 +674,10 @@ fn with_text_block(mut output: ToolOutput) -> ToolOutput {
 /// task holding it), an empty log leaves no file behind: a session whose client listed
 /// and left logged nothing. What its drop does to files (the log's end mark and lock,
 /// removing an empty file) blocks, so a drop on a worker of a multi-threaded runtime (the
-/// last call of a rotated segment ending) does it in `block_in_place`: done when the drop
-/// returns, as before (so the logs are closed when [`serve`] returns), while the worker's
-/// other tasks move to another thread.
+/// last call of a rotated segment ending) does it in `block_in_place`
+/// ([`psych_runtime::off_the_worker`]): done when the drop returns, as before (so the logs
+/// are closed when [`serve`] returns), while the worker's other tasks move to another
+/// thread.
 struct SessionLog(Option<LogParts>);
 
 /// What a [`SessionLog`] holds until it is dropped.
@@ -708,15 +709,11 @@ impl Drop for SessionLog {
         let Some(parts) = self.0.take() else {
             return;
         };
-        // `block_in_place` panics on a current-thread runtime; there (a test's) and outside
-        // a runtime the drop blocks where it is, as it did.
-        let multi = tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
-            runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-        });
-        if multi {
-            tokio::task::block_in_place(move || drop(parts));
-        } else {
+        // Unwinding, nothing more that could panic: the drop blocks where it is.
+        if std::thread::panicking() {
             drop(parts);
+        } else {
+            psych_runtime::off_the_worker(move || drop(parts));
         }
     }
 }
@@ -2309,7 +2306,9 @@ impl GatewaySettings {
     /// one at a time. It must be at least the per-call bound: [`serve`] refuses less
     /// ([`ServeError::PassingBudget`]). With [`tokens`](Self::tokens) naming several
     /// identities, one identity holds at most [`default_passing_share`] of it (half, at
-    /// least one call's bound), so one identity's slow calls never take it all.
+    /// least one call's bound): with a budget of two calls' bounds or more, one identity's
+    /// slow calls leave the others at least half; below that, one call's bound is all an
+    /// identity can be given, and the others may wait.
     #[must_use]
     pub fn passing_budget(mut self, bytes: u64) -> Self {
         self.passing_budget = bytes;
@@ -2542,6 +2541,11 @@ pub enum SessionRefused {
 /// The upstream servers connect in the background: a client's `initialize` is answered at
 /// once from what is known, and a call that reaches a server still making its first
 /// connection attempt waits for that attempt.
+///
+/// Run it on a multi-threaded tokio runtime (`psych serve`'s), not inside a `LocalSet`:
+/// the guard of a large call and the closing of a log move their blocking work off the
+/// worker with `block_in_place` ([`psych_runtime::off_the_worker`]), which tokio refuses
+/// (a panic) under a `LocalSet` on the runtime's `block_on` thread.
 ///
 /// # Errors
 ///

@@ -19,7 +19,8 @@
 //! Over stdio, any line over [`SPILL_AT`](crate::SPILL_AT) is spilled as it arrives, before
 //! it is known to answer a call: a `tools/list` page of that size is refused like an
 //! answer when the budget has no room for it, and a notification or a server's request
-//! is refused whatever the budget (it is not read back).
+//! (whose `id` or `method` may come last) holds the budget while it arrives and is then
+//! refused whatever the budget (it is not read back).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

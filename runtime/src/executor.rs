@@ -1473,9 +1473,15 @@ fn one(logged: Vec<LoggedRecord>) -> Result<Executed, ExecuteError> {
 /// and what is polled with it, still waits); on a current-thread runtime, or off any
 /// runtime, where that cannot be done, in place.
 ///
-/// Panics inside a `LocalSet` on a multi-threaded runtime (tokio forbids blocking there),
-/// which is why an executor does this only when told ([`Executor::off_worker_guard`]).
-fn off_the_worker<T>(work: impl FnOnce() -> T) -> T {
+/// Panics inside a `LocalSet` on a multi-threaded runtime's `block_on` thread (tokio
+/// forbids blocking there), which is why an executor does this only when told
+/// ([`Executor::off_worker_guard`]); a caller that cannot know where it runs should not.
+///
+/// ```
+/// let sum = psych_runtime::off_the_worker(|| (1..=1000u64).sum::<u64>());
+/// assert_eq!(sum, 500_500);
+/// ```
+pub fn off_the_worker<T>(work: impl FnOnce() -> T) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {

@@ -149,7 +149,7 @@ pub use error::{ExecuteError, RunError, TurnState};
 pub use events::{CatalogSync, Connected, Connecting, FirstSyncError, Started};
 pub use executor::{
     Archive, Archived, DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_CALLS_PER_STEP, EXECUTOR_TOOLS, Executed,
-    Executor, OnDemand, StartFuture, Unreadable, reserve_executor_tools,
+    Executor, OnDemand, StartFuture, Unreadable, off_the_worker, reserve_executor_tools,
 };
 #[cfg(feature = "mcp")]
 pub use lazy::{

@@ -79,15 +79,23 @@ pub enum CatalogError {
     },
 }
 
-/// Whether PostgreSQL's `error` says it cannot be reached now: a closed connection, a
-/// connection failure (SQLSTATE class 08), the server shutting down or starting (57P01 to
-/// 57P03), or a lock or idle timeout (55P03, 25P03).
+/// Whether PostgreSQL's `error` says it cannot be reached now: [`unreachable`], or a lock
+/// or idle timeout (55P03, 25P03).
 pub(crate) fn unavailable(error: &tokio_postgres::Error) -> bool {
+    unreachable(error)
+        || error
+            .code()
+            .is_some_and(|code| matches!(code.code(), "55P03" | "25P03"))
+}
+
+/// Whether PostgreSQL's `error` says the database itself cannot be reached: a closed
+/// connection, a connection failure (SQLSTATE class 08), the server shutting down or
+/// starting (57P01 to 57P03).
+pub(crate) fn unreachable(error: &tokio_postgres::Error) -> bool {
     error.is_closed()
         || error.code().is_some_and(|code| {
             let code = code.code();
-            code.starts_with("08")
-                || matches!(code, "57P01" | "57P02" | "57P03" | "55P03" | "25P03")
+            code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
         })
 }
 

@@ -1685,14 +1685,21 @@ fn history_item(
         row.get::<_, Option<i64>>(i)
             .map(|n| u64::try_from(n).unwrap_or(0))
     };
-    // A result's length is always stored: missing or negative, the row is damaged, not a
-    // result without text (as every other read of a result says).
-    let length = || {
-        row.get::<_, Option<i64>>(3)
-            .and_then(|n| u64::try_from(n).ok())
-            .ok_or_else(|| corrupt(format!("record {handle}: its length is missing")))
+    // A result's length is always stored: missing or negative, the row of a tool result is
+    // damaged, not a result without text (as every other read of a result says); a row
+    // flagged a result that holds another record reads as that record.
+    let length = row
+        .get::<_, Option<i64>>(3)
+        .and_then(|n| u64::try_from(n).ok());
+    let head = if is_result {
+        ResultHead::of(body, handle, length.unwrap_or(0))?
+    } else {
+        None
     };
-    if is_result && let Some((target, info)) = ResultHead::of(body, handle, length()?)? {
+    if head.is_some() && length.is_none() {
+        return Err(corrupt(format!("record {handle}: its length is missing")));
+    }
+    if let Some((target, info)) = head {
         return Ok(HistoryItem::Result(StoredResult {
             target,
             info,
@@ -1703,6 +1710,13 @@ fn history_item(
     }
     let record: Record =
         serde_json::from_slice(body).map_err(|e| damaged(format!("record {handle}"), e))?;
+    // Every tool result is stored marked as one: one that is not would read back without
+    // its texts (as a whole read says too).
+    if !is_result && matches!(record, Record::ToolResult(_)) {
+        return Err(corrupt(format!(
+            "record {handle} is a tool result its row does not mark as one"
+        )));
+    }
     Ok(HistoryItem::Record(record))
 }
 

@@ -354,13 +354,7 @@ async fn sweep_locked(
 fn unreachable(error: &RecordError) -> bool {
     match error {
         RecordError::Db(DbError::Connect(_) | DbError::Open(_)) => true,
-        RecordError::Db(DbError::Query(e)) => {
-            e.is_closed()
-                || e.code().is_some_and(|code| {
-                    let code = code.code();
-                    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
-                })
-        }
+        RecordError::Db(DbError::Query(e)) => crate::catalog::unreachable(e),
         _ => false,
     }
 }

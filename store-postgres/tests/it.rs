@@ -794,13 +794,21 @@ fn a_damaged_result_row_is_a_typed_error_and_its_neighbours_read_on() {
     let no_length = RecordHandle::new(run.clone(), 1);
     let error = records.stored_result(&no_length).unwrap_err();
     assert!(matches!(error, RecordError::Corrupt { .. }), "{error:?}");
-    let unmarked = records.append(&text_result("c7", "eighth\n")).unwrap();
+    // (In a Run of its own, so that the history read meets no other damage first.)
+    let other = store
+        .records("tenant", &RunId::new("unmarked").unwrap())
+        .unwrap();
+    let unmarked = other.append(&text_result("c7", "eighth\n")).unwrap();
     raw_blocking(format!(
         "update {schema}.records set result = false
-         where identity = 'tenant' and run = 'r' and seq = {}",
+         where identity = 'tenant' and run = 'unmarked' and seq = {}",
         unmarked.seq
     ));
-    let error = records.record(&unmarked).unwrap_err();
+    let error = other.record(&unmarked).unwrap_err();
+    assert!(matches!(error, RecordError::Corrupt { .. }), "{error:?}");
+    let error = other
+        .extend_history(&mut psych_types::History::default())
+        .unwrap_err();
     assert!(matches!(error, RecordError::Corrupt { .. }), "{error:?}");
     let first = RecordHandle::new(run.clone(), 0);
     let mut page = [0; 64];

@@ -299,9 +299,12 @@ async fn a_lazy_server_that_fails_to_start_fails_the_call_with_why_and_others_go
 async fn a_lazy_server_that_exits_right_after_starting_fails_the_call_after_one_start() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("starts");
-    // `server/discover` refused, `initialize` answered, the listing answered, then the end.
+    // `server/discover` refused, `initialize` answered, the listing answered, then the end;
+    // a pause first, so that the test's eight first polls come before the start can end
+    // on however loaded a machine.
     let script = format!(
         r#"echo started >> '{}'
+        sleep 0.5
         answer() {{ read -r line; id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/'); }}
         answer
         printf '{{"jsonrpc":"2.0","id":%s,"error":{{"code":-32601,"message":"Method not found"}}}}
