@@ -805,3 +805,70 @@ async fn a_session_bounds_the_calls_its_clients_left_behind() {
         "{refused}"
     );
 }
+
+/// A client that asks for a large answer and reads nothing is cut at the write deadline
+/// (`WRITE_WITHIN`, 30 s), as `serve_http` wires it: a `resources/read` of a 16 MB result,
+/// sent over a bare TCP stream that then reads nothing for 40 s, gets only what the
+/// sockets' buffers held (a few MB) and the end of the connection, where without the
+/// deadline it would get the whole answer once it reads. (The deadline itself is tested
+/// against hyper's connection in `psych-gateway`'s `admit` module.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_is_cut_at_the_write_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (gateway, url) = start(dir.path()).await;
+    until_served(&url).await;
+    const BYTES: u64 = 16_000_000;
+    let large = modern_call("up__large", json!({"bytes": BYTES}));
+    let answer = post(&url, &large, "2026-07-28", "up__large").await;
+    let answer: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let shown = answer["result"]["content"][0]["text"].as_str().unwrap();
+    let uri = gateway_uri(&expect_handle(shown));
+    let body = json!({"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {
+        "uri": uri,
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        },
+    }})
+    .to_string();
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Type: application/json\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+         Mcp-Method: resources/read\r\nMcp-Name: {uri}\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    // Nothing read for longer than the deadline.
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let mut got = Vec::new();
+    let mut buffer = vec![0; 1 << 20];
+    let ended = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the connection was not ended");
+    let head = String::from_utf8_lossy(&got[..got.len().min(200)]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        (got.len() as u64) < BYTES * 3 / 4,
+        "{} bytes of a {BYTES}-byte text came: the connection was not cut",
+        got.len()
+    );
+    drop(gateway);
+}
+
+/// The `resources/read` URI of the result at `handle` (as the gateway's links give it).
+fn gateway_uri(handle: &str) -> String {
+    format!("{}{handle}", psych_gateway::RESULT_URI_PREFIX)
+}
