@@ -824,7 +824,8 @@ async fn a_client_that_reads_nothing_is_cut_at_the_write_deadline() {
     let answer = post(&url, &large, "2026-07-28", "up__large").await;
     let answer: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
     let shown = answer["result"]["content"][0]["text"].as_str().unwrap();
-    let uri = gateway_uri(&expect_handle(shown));
+    let handle: psych_types::RecordHandle = expect_handle(shown).parse().unwrap();
+    let uri = psych_gateway::result_uri(&handle);
     let body = json!({"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {
         "uri": uri,
         "_meta": {
@@ -835,7 +836,11 @@ async fn a_client_that_reads_nothing_is_cut_at_the_write_deadline() {
     .to_string();
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest.split_at(rest.find('/').unwrap());
-    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    // A receive buffer of its own size (64 KiB): the kernel does not grow it, so what the
+    // sockets hold stays a few MB whatever the host's `tcp_rmem` allows.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    let mut stream = socket.connect(host.parse().unwrap()).await.unwrap();
     let request = format!(
         "POST {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json, text/event-stream\r\n\
          Content-Type: application/json\r\nMCP-Protocol-Version: 2026-07-28\r\n\
@@ -844,10 +849,16 @@ async fn a_client_that_reads_nothing_is_cut_at_the_write_deadline() {
         body.len()
     );
     stream.write_all(request.as_bytes()).await.unwrap();
-    // Nothing read for longer than the deadline.
-    tokio::time::sleep(Duration::from_secs(40)).await;
+    // The answer's first bytes (it is built and being written), then nothing read for
+    // longer than the deadline.
     let mut got = Vec::new();
     let mut buffer = vec![0; 1 << 20];
+    let first = tokio::time::timeout(Duration::from_secs(60), stream.read(&mut buffer))
+        .await
+        .expect("the answer begins")
+        .unwrap();
+    got.extend_from_slice(&buffer[..first]);
+    tokio::time::sleep(Duration::from_secs(40)).await;
     let ended = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
             match stream.read(&mut buffer).await {
@@ -866,9 +877,4 @@ async fn a_client_that_reads_nothing_is_cut_at_the_write_deadline() {
         got.len()
     );
     drop(gateway);
-}
-
-/// The `resources/read` URI of the result at `handle` (as the gateway's links give it).
-fn gateway_uri(handle: &str) -> String {
-    format!("{}{handle}", psych_gateway::RESULT_URI_PREFIX)
 }

@@ -85,8 +85,10 @@ pub enum McpError {
         /// The server's error, or what was wrong with its answer.
         message: String,
     },
-    /// The server's answer to a request is longer than psych-mcp reads into memory (a stdio
-    /// line over 64 MiB): the request fails as soon as the answer has gone by, and the
+    /// The server's answer to a request is longer than psych-mcp reads into memory (over
+    /// stdio: an answer whose in-memory part is over 64 MiB, a line over 4 GiB, or a line
+    /// over 16 MiB answering a request psych-mcp does not read itself, such as
+    /// `initialize`): the request fails as soon as the answer has gone by, and the
     /// connection stays usable.
     #[error(
         "MCP server \"{server}\": {call} failed: its answer of {bytes} bytes is over the \

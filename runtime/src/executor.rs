@@ -1475,7 +1475,9 @@ fn one(logged: Vec<LoggedRecord>) -> Result<Executed, ExecuteError> {
 ///
 /// Panics inside a `LocalSet` on a multi-threaded runtime's `block_on` thread (tokio
 /// forbids blocking there), which is why an executor does this only when told
-/// ([`Executor::off_worker_guard`]); a caller that cannot know where it runs should not.
+/// ([`Executor::off_worker_guard`]); a caller that cannot know where it runs should not
+/// (psych-gateway's log close does, its `serve` documented as needing a multi-threaded
+/// runtime outside a `LocalSet`).
 ///
 /// ```
 /// let sum = psych_runtime::off_the_worker(|| (1..=1000u64).sum::<u64>());
