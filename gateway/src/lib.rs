@@ -553,16 +553,11 @@ impl Shared {
                 )),
                 None => Arc::new(tenant::Kept::new(dir.clone(), self.retention)),
             };
-            // One identity's calls hold at most its share of the process's budget.
-            let passing = if self.passing_share < self.passing.bytes() {
-                self.passing.share(self.passing_share)
-            } else {
-                self.passing.clone()
-            };
             Arc::new(Tenant {
                 name: name.to_owned(),
                 lane,
-                passing,
+                // One identity's calls hold at most its share of the process's budget.
+                passing: self.passing.share(self.passing_share),
                 archive,
                 dir,
                 log: Mutex::new(None),

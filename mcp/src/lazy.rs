@@ -43,7 +43,7 @@ use tokio::time::Instant;
 
 use crate::connection::Session;
 use crate::events::{ChangeCause, EventQueue, McpEvent};
-use crate::manager::{Connecting, Slot};
+use crate::manager::{Connecting, Slot, State};
 use crate::{McpError, ServerConfig};
 
 /// How often an idle server is looked at, at most: a tenth of its idle time, within
@@ -187,78 +187,81 @@ pub(crate) async fn acquire(
 ) -> Result<(Arc<Session>, InFlight), McpError> {
     let mut attempts = lazy.attempts.subscribe();
     let mut stop = slot.stopping();
-    // Set once a start this request waited for succeeded.
-    let mut started = false;
-    // Held from the ask for a start until a session is taken (or this is dropped).
-    let mut waiting = None;
-    loop {
-        let (before, lost) = {
-            let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
-            // Looked at under the lock: a slot stopped (removed, replaced) before it is not
-            // served from, its session about to close.
-            if *stop.borrow_and_update() {
-                return Err(McpError::ShutDown);
-            }
-            let now = attempts.borrow_and_update();
-            // A session left by a supervisor that ended is nobody's to stop or watch.
-            if now.ended {
-                return Err(ended(server));
-            }
-            // A session known lost is passed over: its supervisor is about to say why and
-            // take it away, and then serves this request's start.
-            if let Some(session) = state.session.as_ref().filter(|session| !session.is_lost()) {
-                // Under the read lock: the supervisor stops an idle server only under the
-                // write lock, after seeing nothing in flight and no one waiting.
-                lazy.in_flight.fetch_add(1, Ordering::AcqRel);
-                let held = InFlight {
-                    lazy: Arc::clone(lazy),
-                };
-                return Ok((Arc::clone(session), held));
-            }
-            if started {
-                // Waiting for the start kept the server from an idle stop, so its session
-                // is gone only because it was lost: starting it again could go on forever.
-                (0, Some((state.session.clone(), state.reachability.clone())))
-            } else {
-                // Asked under the read lock too: the supervisor publishes an attempt's
-                // outcome, and takes the requests it served, under the write lock, so this
-                // request is either served by the attempt whose outcome it then waits for,
-                // or sees its session.
-                waiting.get_or_insert_with(|| Waiting::new(lazy));
-                lazy.wanted.send_modify(|wanted| *wanted += 1);
-                (now.done, None)
-            }
-        };
-        if let Some((session, reachability)) = lost {
-            return Err(McpError::Unreachable {
-                server: server.clone(),
-                reason: lost_at_start(session, reachability).await,
-            });
+    // The session, or a start asked for: under the read lock, as the supervisor publishes
+    // an attempt's outcome, and takes the requests it served, under the write lock, so this
+    // request is either served by the attempt whose outcome it then waits for, or sees its
+    // session. Counted as waiting from the ask until this returns (or is dropped).
+    let (before, _waiting) = {
+        let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = take(server, lazy, &state, &mut stop, &mut attempts)? {
+            return Ok(held);
         }
-        loop {
-            tokio::select! {
-                changed = attempts.changed() => if changed.is_err() {
-                    return Err(McpError::ShutDown);
-                },
-                _ = stop.wait_for(|stop| *stop) => return Err(McpError::ShutDown),
+        let waiting = Waiting::new(lazy);
+        lazy.wanted.send_modify(|wanted| *wanted += 1);
+        (attempts.borrow().done, waiting)
+    };
+    loop {
+        tokio::select! {
+            changed = attempts.changed() => if changed.is_err() {
+                return Err(McpError::ShutDown);
+            },
+            _ = stop.wait_for(|stop| *stop) => return Err(McpError::ShutDown),
+        }
+        let now = attempts.borrow_and_update().clone();
+        if now.done > before {
+            if let Some(failure) = now.failure {
+                return Err(McpError::StartFailed {
+                    server: server.clone(),
+                    source: failure,
+                });
             }
-            let now = attempts.borrow_and_update().clone();
-            if now.done > before {
-                if let Some(failure) = now.failure {
-                    return Err(McpError::StartFailed {
-                        server: server.clone(),
-                        source: failure,
-                    });
-                }
-                if !now.ended {
-                    started = true;
-                }
-                // Started: take the session (or say why it is gone, or that no start will
-                // come).
-                break;
-            }
+            break;
         }
     }
+    // Started (or the supervisor ended): the session, or why it is gone. Waiting kept the
+    // server from an idle stop, so it is gone only because it was lost: starting it again
+    // could go on forever.
+    let (session, reachability) = {
+        let state = slot.state.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = take(server, lazy, &state, &mut stop, &mut attempts)? {
+            return Ok(held);
+        }
+        (state.session.clone(), state.reachability.clone())
+    };
+    Err(McpError::Unreachable {
+        server: server.clone(),
+        reason: lost_at_start(session, reachability).await,
+    })
+}
+
+/// Under the slot's read lock (`state`): [`McpError::ShutDown`] for a stopped slot (removed,
+/// replaced: its session about to close), the supervisor's end, or its live session held
+/// in flight; `None` when it has none (a session known lost is passed over: its
+/// supervisor is about to say why and take it away).
+fn take(
+    server: &ServerId,
+    lazy: &Arc<Lazy>,
+    state: &State,
+    stop: &mut watch::Receiver<bool>,
+    attempts: &mut watch::Receiver<Attempts>,
+) -> Result<Option<(Arc<Session>, InFlight)>, McpError> {
+    if *stop.borrow_and_update() {
+        return Err(McpError::ShutDown);
+    }
+    // A session left by a supervisor that ended is nobody's to stop or watch.
+    if attempts.borrow_and_update().ended {
+        return Err(ended(server));
+    }
+    let Some(session) = state.session.as_ref().filter(|session| !session.is_lost()) else {
+        return Ok(None);
+    };
+    // Under the read lock: the supervisor stops an idle server only under the write lock,
+    // after seeing nothing in flight and no one waiting.
+    lazy.in_flight.fetch_add(1, Ordering::AcqRel);
+    let held = InFlight {
+        lazy: Arc::clone(lazy),
+    };
+    Ok(Some((Arc::clone(session), held)))
 }
 
 /// A request to a lazy server whose supervisor has ended without being stopped.

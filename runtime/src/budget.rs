@@ -44,10 +44,11 @@ impl PassingBudget {
         }
     }
 
-    /// A share of this budget of `bytes` (at most the whole): what is reserved through it
-    /// is counted in both, so the holders of the share hold at most `bytes` of this budget
-    /// at once. A reservation takes the share's bytes first, then the whole's: it never
-    /// holds the whole's while waiting for the share's.
+    /// A share of this budget of `bytes`: what is reserved through it is counted in both,
+    /// so the holders of the share hold at most `bytes` of this budget at once. A
+    /// reservation takes the share's bytes first, then the whole's: it never holds the
+    /// whole's while waiting for the share's. A share of the whole or more is the budget
+    /// itself (a clone).
     ///
     /// ```
     /// let process = psych_runtime::PassingBudget::new(64 << 20);
@@ -56,7 +57,10 @@ impl PassingBudget {
     /// assert_eq!(process.share(1 << 40).bytes(), 64 << 20);
     /// ```
     pub fn share(&self, bytes: u64) -> Self {
-        let mut share = Self::new(bytes.min(self.bytes()));
+        if bytes >= self.bytes() {
+            return self.clone();
+        }
+        let mut share = Self::new(bytes);
         share.whole = Some(Box::new(self.clone()));
         share
     }

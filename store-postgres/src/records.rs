@@ -1606,16 +1606,26 @@ impl RecordStore for PgRecords {
         loop {
             let rows = self.block(async {
                 let client = self.client().await?;
-                let batch = rows(
+                // The Run's row joined to the batch: one row with no record when the Run is
+                // there and its records end, none when a sweep deleted it since the last
+                // batch (or before the first), so the end costs no query of its own and a
+                // partial history is never read as whole.
+                let mut batch = rows(
                     &client,
-                    "select seq, body, result, readable_len, line_breaks, estimate, text_only
-                     from (select seq, body, result, readable_len, line_breaks, estimate,
-                               text_only, sum(octet_length(body)) over (order by seq) as upto,
-                               row_number() over (order by seq) as n
-                           from records where identity = $1 and run = $2 and seq > $3
-                           order by seq limit $5) batch
-                     where upto <= $4 or n = 1
-                     order by seq",
+                    "select b.seq, b.body, b.result, b.readable_len, b.line_breaks, b.estimate,
+                            b.text_only
+                     from runs r left join lateral (
+                         select seq, body, result, readable_len, line_breaks, estimate, text_only
+                         from (select seq, body, result, readable_len, line_breaks, estimate,
+                                   text_only,
+                                   sum(octet_length(body)) over (order by seq) as upto,
+                                   row_number() over (order by seq) as n
+                               from records
+                               where identity = r.identity and run = r.run and seq > $3
+                               order by seq limit $5) batch
+                         where upto <= $4 or n = 1) b on true
+                     where r.identity = $1 and r.run = $2
+                     order by b.seq",
                     &[
                         &&*self.identity,
                         &self.run.as_str(),
@@ -1625,11 +1635,10 @@ impl RecordStore for PgRecords {
                     ],
                 )
                 .await?;
-                // The end of the Run's records, unless a sweep deleted them since the last
-                // batch (or before the first): never a partial history read as whole.
                 if batch.is_empty() {
                     self.live(&client).await?;
                 }
+                batch.retain(|row| row.get::<_, Option<i64>>(0).is_some());
                 Ok(batch)
             })?;
             let Some(last) = rows.last().map(|row| row.get::<_, i64>(0)) else {
