@@ -27,17 +27,20 @@ pub enum OpenError {
         #[source]
         source: tokio_postgres::Error,
     },
-    /// The schema was made by a later build of this crate; it is refused rather than
-    /// misread or written.
+    /// The schema was migrated by a later build of this crate, past what this build may
+    /// read and write; it is refused rather than misread or written.
     #[error(
-        "the schema {schema} has version {found}, newer than the version {supported} this build \
-         knows; upgrade psych-store-postgres"
+        "the schema {schema} has version {found} and opens only for builds that know version \
+         {opens_from} or later; this build knows {supported}: upgrade psych-store-postgres"
     )]
     NewerSchema {
         /// The schema.
         schema: String,
         /// The version it holds.
         found: i64,
+        /// The lowest version a build must know to open it (its version, when it predates
+        /// the mark).
+        opens_from: i64,
         /// The newest version this build knows.
         supported: i64,
     },

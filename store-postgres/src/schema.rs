@@ -1,7 +1,15 @@
 //! The store's tables, created and migrated by the store itself: numbered migrations
 //! applied in order in one transaction, under an advisory lock keyed by the schema (so
-//! replicas starting together migrate once), the version kept in `psych_meta`; a database
-//! whose schema is newer than this build knows is refused, and nothing is written to it.
+//! replicas starting together migrate once), the version kept in `psych_meta`.
+//!
+//! Beside the version, `psych_meta` keeps `opens_from`: the lowest version a build must
+//! know to read and write the schema, the highest [`Migration::opens_from`] of those run on
+//! it. A migration that only adds what older builds never touch (a table, a column with a
+//! default) leaves it where it was, so replicas of the older build keep opening the schema
+//! while the newer ones roll out; one that changes what they read raises it. A schema
+//! newer than this build is opened when its `opens_from` is at most this build's version,
+//! and refused otherwise (nothing written to it either way); a schema without the mark
+//! (migrated before it existed) opens only for builds that know its version.
 
 use tokio_postgres::Transaction;
 
@@ -10,14 +18,28 @@ use crate::OpenError;
 /// The newest schema version this build reads and writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// One migration: its statements, and the lowest schema version a build must know to read
+/// and write a schema it has run on.
+struct Migration {
+    /// The statements, run with the schema first on the search path.
+    sql: &'static str,
+    /// The lowest version a build must know to use a schema this migration has run on: its
+    /// own number when older builds would misread or miswrite what it changes, lower when
+    /// it only adds what they never touch. Migrations 1 to 4 came before builds read the
+    /// mark, so each says its own number (builds before the mark refuse any newer schema
+    /// whatever it says).
+    opens_from: i64,
+}
+
 /// Migration `n` (from 1) brings a schema from version `n - 1` to `n`. Never edited once
 /// released: a change is a new migration.
-const MIGRATIONS: [&str; 4] = [
+const MIGRATIONS: [Migration; 4] = [
     // 1: the catalogue. Tool rows are never hard-deleted (the spec's catalogue history):
     // triggers refuse a DELETE or TRUNCATE of `tools`, and an UPDATE other than setting a
     // live row's `removed_at` once. Names compare by bytes (`collate "C"`), the order
     // redb's keys give.
-    r#"
+    Migration {
+        sql: r#"
     insert into psych_meta (key, value) values ('catalog_version', 0);
     create table servers (
         server          text collate "C" primary key,
@@ -57,11 +79,14 @@ const MIGRATIONS: [&str; 4] = [
     create trigger tools_soft_delete_only before update on tools
         for each row execute function psych_soft_delete_only();
     "#,
+        opens_from: 1,
+    },
     // 2: records. Every row names its Run's identity, and every read names it too. A
     // tool result's readable text is in `chunks` (128 KiB each, uncompressed and out of
     // line, so a slice reads only its pages), each with the line breaks before it; its
     // record row holds the result with its texts left empty and each text's span.
-    r#"
+    Migration {
+        sql: r#"
     create table runs (
         identity   text collate "C" not null,
         run        text collate "C" not null,
@@ -97,10 +122,13 @@ const MIGRATIONS: [&str; 4] = [
     -- A line mark: the last chunk with fewer line breaks before it than the line.
     create index chunks_lines on chunks (identity, run, seq, breaks_before, idx);
     "#,
+        opens_from: 2,
+    },
     // 3: retention. A Run's last write and its writer's lease (the database's clock, in
     // milliseconds), and the Runs retention deleted, so their handles answer that they
     // expired and their names are never used again.
-    r#"
+    Migration {
+        sql: r#"
     -- A Run made by a build without retention gets a last write and a lease at its
     -- creation (the defaults), so it is kept for the age at least; Runs made before this
     -- migration count from it.
@@ -117,15 +145,20 @@ const MIGRATIONS: [&str; 4] = [
         primary key (identity, run)
     );
     "#,
+        opens_from: 3,
+    },
     // 4: keys every process using the store shares (a gateway's replicas seal the state of
     // a multi-round call with one, so that any of them opens it), each made once, by the
     // first process to ask, from the database's strong random source.
-    r#"
+    Migration {
+        sql: r#"
     create table shared_keys (
         name  text collate "C" primary key,
         value bytea not null check (octet_length(value) = 32)
     );
     "#,
+        opens_from: 4,
+    },
 ];
 
 /// The advisory lock of `schema`'s migrations: FNV-1a (64 bits) of a name that says what
@@ -136,7 +169,9 @@ fn migration_lock(schema: &str) -> i64 {
 }
 
 /// Brings `schema` to [`SCHEMA_VERSION`] in `transaction` (creating the schema and its
-/// `psych_meta` first): the version found before, or [`OpenError::NewerSchema`].
+/// `psych_meta` first): the version found before; a newer schema this build may open
+/// (its `opens_from` at most [`SCHEMA_VERSION`]) is left as it is, and one it may not is
+/// [`OpenError::NewerSchema`].
 pub(crate) async fn migrate(transaction: &Transaction<'_>, schema: &str) -> Result<i64, OpenError> {
     let migrate = |source| OpenError::Migrate {
         schema: schema.to_owned(),
@@ -158,41 +193,75 @@ pub(crate) async fn migrate(transaction: &Transaction<'_>, schema: &str) -> Resu
         ))
         .await
         .map_err(migrate)?;
-    let found: i64 = transaction
-        .query_opt(
-            &format!("select value from {schema}.psych_meta where key = 'schema_version'"),
-            &[],
-        )
-        .await
-        .map_err(migrate)?
-        .map_or(0, |row| row.get(0));
+    let meta = |key: &'static str| async move {
+        transaction
+            .query_opt(
+                &format!("select value from {schema}.psych_meta where key = $1"),
+                &[&key],
+            )
+            .await
+            .map(|row| row.map(|row| row.get::<_, i64>(0)))
+    };
+    let found = meta("schema_version").await.map_err(migrate)?.unwrap_or(0);
     if found > SCHEMA_VERSION {
-        return Err(OpenError::NewerSchema {
-            schema: schema.to_owned(),
-            found,
-            supported: SCHEMA_VERSION,
-        });
+        // A schema without the mark was migrated before builds read it: only a build that
+        // knows its version may open it.
+        let opens_from = meta("opens_from").await.map_err(migrate)?.unwrap_or(found);
+        if opens_from > SCHEMA_VERSION {
+            return Err(OpenError::NewerSchema {
+                schema: schema.to_owned(),
+                found,
+                opens_from,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        return Ok(found);
     }
-    for (done, sql) in MIGRATIONS
+    let set = |key: &'static str, value: i64| async move {
+        transaction
+            .execute(
+                &format!(
+                    "insert into {schema}.psych_meta (key, value) values ($1, $2)
+                     on conflict (key) do update set value = excluded.value"
+                ),
+                &[&key, &value],
+            )
+            .await
+    };
+    let mut opens_from = meta("opens_from").await.map_err(migrate)?.unwrap_or(found);
+    for (done, migration) in MIGRATIONS
         .iter()
         .enumerate()
         .skip(usize::try_from(found).unwrap_or(0))
     {
         transaction
-            .batch_execute(&format!("set local search_path = {schema}; {sql}"))
+            .batch_execute(&format!(
+                "set local search_path = {schema}; {}",
+                migration.sql
+            ))
             .await
             .map_err(migrate)?;
         let version = i64::try_from(done + 1).unwrap_or(i64::MAX);
-        transaction
-            .execute(
-                &format!(
-                    "insert into {schema}.psych_meta (key, value) values ('schema_version', $1)
-                     on conflict (key) do update set value = excluded.value"
-                ),
-                &[&version],
-            )
-            .await
-            .map_err(migrate)?;
+        opens_from = opens_from.max(migration.opens_from);
+        set("schema_version", version).await.map_err(migrate)?;
+        set("opens_from", opens_from).await.map_err(migrate)?;
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_migration_asks_for_a_version_after_its_own() {
+        for (at, migration) in MIGRATIONS.iter().enumerate() {
+            let number = i64::try_from(at + 1).unwrap_or(i64::MAX);
+            assert!(
+                (1..=number).contains(&migration.opens_from),
+                "migration {number} opens from {}",
+                migration.opens_from
+            );
+        }
+    }
 }

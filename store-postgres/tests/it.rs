@@ -1,7 +1,8 @@
 //! psych-store-postgres against a real PostgreSQL (`$PSYCH_TEST_PG`, by default the
 //! machine's `postgres://postgres@127.0.0.1:5432/test`; `.ci/run` checks it answers), each
 //! test in a schema of its own, dropped at its end: the schema created once by concurrent
-//! opens, a newer schema refused and left as it is, catalogue rows the database refuses to
+//! opens, a newer schema refused and left as it is (or used as it is, when it opens for
+//! this build), catalogue rows the database refuses to
 //! delete, and an unreachable database a typed error.
 
 #![allow(
@@ -89,6 +90,7 @@ async fn replicas_opening_together_create_the_schema_once() {
         meta,
         [
             ("catalog_version".to_owned(), 0),
+            ("opens_from".to_owned(), SCHEMA_VERSION),
             ("schema_version".to_owned(), SCHEMA_VERSION)
         ]
     );
@@ -150,13 +152,30 @@ async fn replicas_share_one_key_per_name() {
     ));
 }
 
+/// `psych_meta`'s row `key` in `schema`.
+async fn meta(schema: &Schema, key: &str) -> Option<i64> {
+    client()
+        .await
+        .query_opt(
+            &format!(
+                "select value from {}.psych_meta where key = $1",
+                schema.name
+            ),
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .map(|row| row.get(0))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_newer_than_this_build_is_refused_and_left_as_it_is() {
     let schema = Schema::fresh("newer").await;
     PgStore::open(&schema.url()).await.unwrap();
+    let s = &schema.name;
     raw(&format!(
-        "update {}.psych_meta set value = 99 where key = 'schema_version'",
-        schema.name
+        "update {s}.psych_meta set value = 99 where key = 'schema_version';
+         update {s}.psych_meta set value = 98 where key = 'opens_from'"
     ))
     .await;
     let refused = PgStore::open(&schema.url()).await.unwrap_err();
@@ -164,6 +183,7 @@ async fn a_schema_newer_than_this_build_is_refused_and_left_as_it_is() {
         OpenError::NewerSchema {
             schema: name,
             found: 99,
+            opens_from: 98,
             supported,
         } => assert_eq!(
             (name.as_str(), *supported),
@@ -175,18 +195,71 @@ async fn a_schema_newer_than_this_build_is_refused_and_left_as_it_is() {
         refused.to_string().contains("upgrade psych-store-postgres"),
         "{refused}"
     );
-    let row = client()
-        .await
-        .query_one(
-            &format!(
-                "select value from {}.psych_meta where key = 'schema_version'",
-                schema.name
-            ),
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(row.get::<_, i64>(0), 99);
+    assert_eq!(meta(&schema, "schema_version").await, Some(99));
+    assert_eq!(meta(&schema, "opens_from").await, Some(98));
+    // A schema migrated before the mark existed opens only for a build of its version.
+    raw(&format!(
+        "delete from {s}.psych_meta where key = 'opens_from'"
+    ))
+    .await;
+    let refused = PgStore::open(&schema.url()).await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            OpenError::NewerSchema {
+                found: 99,
+                opens_from: 99,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(meta(&schema, "opens_from").await, None, "nothing written");
+}
+
+/// A later build's migration that only adds (a table older builds never touch) leaves the
+/// mark where it was: this build opens the newer schema, reads and writes it, and leaves
+/// its version and mark as they are (a rolling upgrade's older replicas).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_that_opens_for_this_build_is_used_as_it_is() {
+    let schema = Schema::fresh("newer_open").await;
+    PgStore::open(&schema.url()).await.unwrap();
+    let s = &schema.name;
+    let later = SCHEMA_VERSION + 1;
+    raw(&format!(
+        "create table {s}.added_later (id bigint primary key);
+         update {s}.psych_meta set value = {later} where key = 'schema_version'"
+    ))
+    .await;
+    assert_eq!(meta(&schema, "opens_from").await, Some(SCHEMA_VERSION));
+    let store = PgStore::open(&schema.url()).await.unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), later);
+    let key = store.shared_key("rolling").await.unwrap();
+    let again = PgStore::open(&schema.url()).await.unwrap();
+    assert_eq!(again.shared_key("rolling").await.unwrap(), key);
+    assert_eq!(meta(&schema, "schema_version").await, Some(later));
+    assert_eq!(meta(&schema, "opens_from").await, Some(SCHEMA_VERSION));
+}
+
+/// A schema a build before the mark migrated (no `opens_from`) gets the mark when this
+/// build next migrates it, and keeps its absence otherwise (nothing is written to a schema
+/// at this build's version).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_without_the_mark_gets_it_at_its_next_migration() {
+    let schema = Schema::fresh("unmarked").await;
+    PgStore::open(&schema.url()).await.unwrap();
+    let s = &schema.name;
+    let before = SCHEMA_VERSION - 1;
+    raw(&format!(
+        "delete from {s}.psych_meta where key = 'opens_from';
+         drop table {s}.shared_keys;
+         update {s}.psych_meta set value = {before} where key = 'schema_version'"
+    ))
+    .await;
+    let store = PgStore::open(&schema.url()).await.unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), SCHEMA_VERSION);
+    assert_eq!(meta(&schema, "opens_from").await, Some(SCHEMA_VERSION));
+    store.shared_key("migrated").await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
