@@ -110,7 +110,9 @@
 //!   1`) with an error for the request's id saying so (plain text for `server/discover`
 //!   and for a body over 4 KiB). With tokens, one identity holds at most
 //!   [`GatewaySettings::max_sessions_per_identity`] of them (half by default), refused
-//!   the same way past it.
+//!   the same way past it; and while other identities are refused for want of room, one
+//!   at its fair share (the cap over the identities active now) takes no more until they
+//!   have theirs ([`FAIR_WINDOW`]).
 //!   A session ends when its client deletes it or after [`SESSION_IDLE`] without a
 //!   message, and its slot is freed.
 //! - What a client holds in the gateway at once is bounded: a stdio client at most 64
@@ -196,6 +198,12 @@ pub const SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
 /// record log, a watcher task and rmcp's session worker; a client opening sessions in a
 /// loop is refused past it instead of exhausting memory and file descriptors.
 pub const MAX_SESSIONS: usize = 64;
+
+/// How long an identity refused a session for want of room is owed its fair share of
+/// [`GatewaySettings::max_sessions`] (see [`SessionRefused::IdentityShare`]): 10 s, ten of
+/// the retries `Retry-After: 1` asks for. An identity that stops asking is owed nothing
+/// once it has passed.
+pub const FAIR_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How many of [`GatewaySettings::max_sessions`] one identity of a tokens file naming
 /// `identities` may hold by default (`--max-sessions-per-identity`): half (at least one)
@@ -564,6 +572,7 @@ impl Shared {
                 calls: tenant::Calls::default(),
                 listens: Arc::default(),
                 sessions: Arc::default(),
+                refused_at: Mutex::new(None),
             })
         });
         Arc::clone(tenant)
@@ -573,6 +582,59 @@ impl Shared {
     fn enter_call(&self) -> InFlight {
         self.state.send_modify(|g| g.calls += 1);
         InFlight(self.state.clone())
+    }
+
+    /// Whether `asking` may open one more session now as far as the other identities'
+    /// fair shares go ([`GatewaySettings::max_sessions_per_identity`] is checked apart).
+    ///
+    /// The identities active now (holding a session, refused one within [`FAIR_WINDOW`],
+    /// or asking) share [`Shared::max_sessions`] evenly: the fair share. Below it an
+    /// identity takes any free slot; at or above it, only a slot the identities refused
+    /// within the window are not owed (each is owed what it lacks of its share), so that
+    /// the slots busy identities give back go to those waiting, while an identity alone,
+    /// or beside others that want no more, uses every slot its cap allows. Without a cap
+    /// on sessions (stdio) there is nothing to share.
+    fn identity_room(&self, asking: &Tenant) -> Result<(), SessionRefused> {
+        use std::sync::atomic::Ordering;
+        let Some(total) = self.max_sessions else {
+            return Ok(());
+        };
+        let now = std::time::Instant::now();
+        let held = asking.sessions.load(Ordering::Relaxed);
+        let mut active = 1usize;
+        let mut waiting = Vec::new();
+        for tenant in self
+            .tenants
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+        {
+            if std::ptr::eq(&**tenant, asking) {
+                continue;
+            }
+            let theirs = tenant.sessions.load(Ordering::Relaxed);
+            let wanting = tenant.wanting(now);
+            if theirs > 0 || wanting {
+                active += 1;
+            }
+            if wanting {
+                waiting.push(theirs);
+            }
+        }
+        let fair = (total / active).max(1);
+        if held < fair {
+            return Ok(());
+        }
+        let owed: usize = waiting
+            .iter()
+            .map(|theirs| fair.min(self.max_identity_sessions).saturating_sub(*theirs))
+            .sum();
+        let free = total.saturating_sub(self.state.borrow().sessions);
+        if free > owed {
+            Ok(())
+        } else {
+            Err(SessionRefused::IdentityShare { held, fair })
+        }
     }
 
     /// Takes a session's slot, or says why not: [`Shared::max_sessions`] open already, or
@@ -752,6 +814,10 @@ struct Tenant {
     /// The HTTP sessions the identity opened with its token that are open now (at most
     /// [`GatewaySettings::max_sessions_per_identity`]).
     sessions: Arc<std::sync::atomic::AtomicUsize>,
+    /// When a session of the identity was last refused for want of room (not for the
+    /// gateway closing): for [`FAIR_WINDOW`] after it, the identity is owed its fair share
+    /// ([`Shared::identity_room`]).
+    refused_at: Mutex<Option<std::time::Instant>>,
 }
 
 /// One of an identity's listen streams or sessions, counted until it is dropped.
@@ -780,6 +846,23 @@ impl Tenant {
     /// Counts one more listen stream of the identity, unless [`MAX_LISTENS`] are open.
     fn listening(&self) -> Option<Counted> {
         Counted::take(&self.listens, MAX_LISTENS)
+    }
+
+    /// Notes that a session of the identity was refused for want of room now.
+    fn refused(&self) {
+        *self
+            .refused_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(std::time::Instant::now());
+    }
+
+    /// Whether a session of the identity was refused for want of room within
+    /// [`FAIR_WINDOW`] before `now`.
+    fn wanting(&self, now: std::time::Instant) -> bool {
+        self.refused_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|at| now.saturating_duration_since(at) < FAIR_WINDOW)
     }
 }
 
@@ -1008,15 +1091,25 @@ impl Session {
             Some(name) => {
                 let tenant = shared.tenant(&name);
                 let max = shared.max_identity_sessions;
-                match Counted::take(&tenant.sessions, max) {
-                    Some(counted) => Ok(Some(((name, tenant), counted))),
-                    None => Err(SessionRefused::IdentityFull { max }),
+                let counted = shared.identity_room(&tenant).and_then(|()| {
+                    Counted::take(&tenant.sessions, max).ok_or(SessionRefused::IdentityFull { max })
+                });
+                if counted.is_err() {
+                    tenant.refused();
                 }
+                counted.map(|counted| Some(((name, tenant), counted)))
             }
             None => Ok(None),
         };
-        let taken =
-            identity.and_then(|identity| shared.take_session_slot().map(|slot| (slot, identity)));
+        let taken = identity.and_then(|identity| match shared.take_session_slot() {
+            Ok(slot) => Ok((slot, identity)),
+            Err(refused) => {
+                if let Some(((_, tenant), _)) = &identity {
+                    tenant.refused();
+                }
+                Err(refused)
+            }
+        });
         // Noted for the HTTP request being handled, if any (not over stdio).
         let _ = REFUSED.try_with(|refused| {
             if let Ok(mut refused) = refused.try_borrow_mut() {
@@ -2208,8 +2301,11 @@ impl GatewaySettings {
     /// at once for one identity (all its tokens together; a 2026-07-28 request holds one
     /// while it runs), within [`max_sessions`](Self::max_sessions); one more is refused
     /// with an error saying so. By default [`default_max_sessions_per_identity`]: half of
-    /// `max_sessions`, or all of them for a tokens file of one identity. Without tokens
-    /// every client is the one loopback identity, and only `max_sessions` applies.
+    /// `max_sessions`, or all of them for a tokens file of one identity. Within it, while
+    /// other identities are refused sessions for want of room, an identity at its fair
+    /// share of `max_sessions` takes no more until they have theirs
+    /// ([`SessionRefused::IdentityShare`]). Without tokens every client is the one
+    /// loopback identity, and only `max_sessions` applies.
     #[must_use]
     pub fn max_sessions_per_identity(mut self, max: usize) -> Self {
         self.max_sessions_per_identity = Some(max.max(1));
@@ -2523,6 +2619,22 @@ pub enum SessionRefused {
     IdentityFull {
         /// The cap.
         max: usize,
+    },
+    /// The identity the request presents holds its fair share of
+    /// [`GatewaySettings::max_sessions`] or more, and the free sessions are owed to other
+    /// identities refused one within [`FAIR_WINDOW`].
+    #[error(
+        "the gateway: this identity has {held} {} open, its fair share of {fair} while other \
+         identities wait for one; end one (a client deleting its session, or {} s idle) or \
+         retry",
+        if *held == 1 { "session" } else { "sessions" },
+        SESSION_IDLE.as_secs()
+    )]
+    IdentityShare {
+        /// The sessions the identity holds.
+        held: usize,
+        /// Its fair share now: the cap on sessions over the identities active now.
+        fair: usize,
     },
 }
 
@@ -3149,6 +3261,9 @@ fn no_session(refused: &SessionRefused, id: Option<Value>) -> hyper::Response<ra
                 SessionRefused::IdentityFull { max } => {
                     json!({"maxSessionsPerIdentity": max, "retryAfter": 1})
                 }
+                SessionRefused::IdentityShare { fair, .. } => {
+                    json!({"fairShare": fair, "retryAfter": 1})
+                }
                 SessionRefused::Closing => json!({"closing": true}),
             };
             admit::busy_error(status, Some(id), refused.to_string(), data)
@@ -3160,9 +3275,9 @@ fn no_session(refused: &SessionRefused, id: Option<Value>) -> hyper::Response<ra
         ),
     };
     match refused {
-        SessionRefused::Full { .. } | SessionRefused::IdentityFull { .. } => {
-            admit::retry_after(response)
-        }
+        SessionRefused::Full { .. }
+        | SessionRefused::IdentityFull { .. }
+        | SessionRefused::IdentityShare { .. } => admit::retry_after(response),
         SessionRefused::Closing => response,
     }
 }
@@ -3630,6 +3745,24 @@ mod tests {
                 .starts_with("the gateway: this identity has 3 sessions open"),
             "{body}"
         );
+        // An identity at its fair share while others wait: the same, naming the share.
+        let share = refusing(
+            failed(SessionRefused::IdentityShare { held: 2, fair: 2 }),
+            &call,
+            None,
+        )
+        .await;
+        assert_eq!(share.status(), hyper::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(share.headers()[hyper::header::RETRY_AFTER], "1");
+        let body: Value = serde_json::from_str(&text(share).await).unwrap();
+        assert_eq!(body["error"]["data"]["fairShare"], 2, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("the gateway: this identity has 2 sessions open, its fair share"),
+            "{body}"
+        );
         // Not whole, not a request, or a null id: plain text.
         let mut long = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"a":""#.to_vec();
         long.resize(admit::HEAD + 1, b'x');
@@ -3884,6 +4017,51 @@ mod tests {
         assert!(shared.tenant("bob").listening().is_some(), "per identity");
         drop(held);
         assert!(tenant.listening().is_some());
+    }
+
+    /// Identities share the sessions fairly only while one waits: alone or beside
+    /// identities that want no more, one uses every slot its cap allows; once another is
+    /// refused for want of room, one at its fair share (the cap over the identities active
+    /// now) takes no more, and the slot it gives back goes to the one waiting.
+    #[test]
+    fn a_slot_given_back_goes_to_the_identity_waiting_for_its_share() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut shared = shared_without_servers(dir.path().join("serve"));
+        {
+            let shared = Arc::get_mut(&mut shared).unwrap_or_else(|| panic!("not shared yet"));
+            shared.max_sessions = Some(6);
+            shared.max_identity_sessions = 4;
+        }
+        let open = |name: &str| {
+            PRESENTED.sync_scope(Some(name.to_owned()), || Session::open(Arc::clone(&shared)))
+        };
+        let mut alice: Vec<Session> = (0..3)
+            .map(|_| open("alice").unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let bob = open("bob").unwrap_or_else(|e| panic!("{e}"));
+        // Past her fair share (6 over 2 identities), with no one waiting: a free slot.
+        alice.push(open("alice").unwrap_or_else(|e| panic!("{e}")));
+        assert!(matches!(
+            open("alice"),
+            Err(SessionRefused::IdentityFull { max: 4 })
+        ));
+        let carol = open("carol").unwrap_or_else(|e| panic!("{e}"));
+        // Full: bob is refused, and waits.
+        assert!(matches!(open("bob"), Err(SessionRefused::Full { max: 6 })));
+        drop(alice.pop());
+        // Alice (3) is over her share (6 over 3 identities is 2) and the free slot is
+        // owed to bob (1 of his 2).
+        assert!(matches!(
+            open("alice"),
+            Err(SessionRefused::IdentityShare { held: 3, fair: 2 })
+        ));
+        let bob_again = open("bob").unwrap_or_else(|e| panic!("{e}"));
+        // Carol, below her share, takes the next slot given back.
+        drop(alice.pop());
+        let carol_again = open("carol").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(shared.state.borrow().sessions, 6);
+        drop((alice, bob, bob_again, carol, carol_again));
+        assert_eq!(shared.state.borrow().sessions, 0);
     }
 
     /// A session opened for a request presenting an identity counts against it (at most
