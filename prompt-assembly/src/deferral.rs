@@ -15,8 +15,12 @@
 //!   tool ([`SearchTool::AnthropicRegex`], [`SearchTool::AnthropicBm25`]).
 //! - OpenAI Responses: the deferred tools as function tools with `"defer_loading":true`,
 //!   and `{"type":"tool_search","execution":"client","description","parameters"}`; a call of
-//!   the search tool in the log is sent as a `tool_search_call` item and its result as a
-//!   `tool_search_output` item whose `tools` are the referenced deferred tools' definitions.
+//!   the search tool answered by references is sent as a `tool_search_call` item and its
+//!   result as a `tool_search_output` item whose `tools` are the referenced deferred
+//!   tools' definitions; one answered by text (an error such as a refused `limit`, a note
+//!   that nothing matched, an elided preview) or not answered is sent as a
+//!   `function_call` and a `function_call_output` holding that text, since a
+//!   `tool_search_output` has no place for it.
 //! - OpenAI Chat Completions has no native deferral: a request given one is a
 //!   [`RenderError::NativeDeferralUnsupported`](crate::RenderError::NativeDeferralUnsupported).
 //!
@@ -25,7 +29,8 @@
 //! [`ContentBlock::Unknown`]), made by [`search_answer`] from disclosure's ranking. The
 //! renderers emit a reference only for a tool in the request's deferred set: a reference to
 //! any other name (not permitted, or no longer deferred) is left out, never sent. A search
-//! result whose view is a projection (an elided preview) is sent as that text.
+//! result whose view is a projection (an elided preview), or that is text (an error, a
+//! note), is sent as that text.
 //!
 //! Calls to a natively loaded tool arrive under its qualified name like any direct call,
 //! and go through disclosure's guard at call time like every other call.

@@ -50,7 +50,8 @@
 //! - **Every real log renders.** The log is never rewritten, so anything a model or a crash
 //!   can leave in it is rendered with a fixed, documented substitute rather than refused
 //!   (a refusal would fail every later request of the Run): a call name outside the
-//!   provider alphabet is sanitised (every other character becomes `_`, cut to 64 bytes);
+//!   provider alphabet is sanitised (`invalid_` and the name with every other character
+//!   made `_`, cut to 64 bytes);
 //!   arguments that are not a JSON object go as `{"_raw_arguments": <text>}`
 //!   ([`RAW_ARGUMENTS_KEY`]); a call without a logged result is
 //!   answered by a failed result reading [`MISSING_RESULT`]; a repeated or late result is
@@ -77,7 +78,8 @@
 //!   arguments [`SearchArguments::parse`] reads, as psych-reader-tool does for
 //!   `read_tool_output`); a logged search answer ([`search_answer`]) becomes
 //!   `tool_reference` blocks (Anthropic) or a `tool_search_output` (Responses), naming only
-//!   tools of the deferred set. Anthropic documents tool search as a public beta behind the
+//!   tools of the deferred set; a search answered by text (an error, a note that nothing
+//!   matched) is sent as that text, to Responses as a `function_call_output`. Anthropic documents tool search as a public beta behind the
 //!   `anthropic-beta: advanced-tool-use-2025-11-20` header, which the caller sends.
 //!
 //! Tool results are rendered from their content blocks, in order (see

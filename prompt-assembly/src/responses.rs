@@ -144,7 +144,9 @@ impl Prompt<'_> {
 
         let mut ids = CallIds::default();
         let mut budget = Budget::default();
-        let mut searches = BTreeSet::new();
+        let searches = native
+            .map(|native| self.search_answers(native))
+            .unwrap_or_default();
         let history_end = self.write_items(
             &mut out,
             true,
@@ -154,13 +156,36 @@ impl Prompt<'_> {
                     ids: &mut ids,
                     budget: &mut budget,
                     native,
-                    searches: &mut searches,
+                    searches: &searches,
                 };
                 self.responses_message(out, message, first, state)
             },
         );
         out.call_ids = ids.replaced;
         Ok(out.finish(Provider::OpenAiResponses, history_end))
+    }
+
+    /// The search calls answered by references (a logged result, shown whole, of
+    /// `tool_reference` blocks only): these are sent as `tool_search_call` and
+    /// `tool_search_output` items. Any other answer of a search call (an error, a note that
+    /// nothing matched, an elided preview, no result) is text a `tool_search_output` cannot
+    /// carry, so that call is sent as a `function_call` answered by a `function_call_output`
+    /// holding the text.
+    fn search_answers(&self, native: &NativeDeferral) -> BTreeSet<ToolCallId> {
+        let mut answered = BTreeSet::new();
+        for message in &self.messages {
+            if let Message::Results { items, .. } = message {
+                for answer in items {
+                    if let Answer::Logged(index, result) = answer
+                        && self.views[*index] == Projection::Full
+                        && references(result, native).is_some()
+                    {
+                        answered.insert(result.call_id.clone());
+                    }
+                }
+            }
+        }
+        answered
     }
 
     /// Writes one message's input items.
@@ -210,11 +235,11 @@ impl Prompt<'_> {
                 let mut arguments = String::new();
                 for call in &message.tool_calls {
                     item(out);
-                    if let Some(native) = native
-                        && call.name == native.search().name()
+                    if native.is_some_and(|native| call.name == native.search().name())
+                        && searches.contains(&call.id)
                     {
-                        // A search call: a tool_search_call item, its arguments an object.
-                        searches.insert(call.id.clone());
+                        // A search call answered by references: a tool_search_call item,
+                        // its arguments an object.
                         out.push("{\"type\":\"tool_search_call\",\"call_id\":");
                         out.str(&ids.sent(&call.id));
                         out.push(",\"execution\":\"client\",\"arguments\":");
@@ -239,23 +264,20 @@ impl Prompt<'_> {
                 for answer in items {
                     item(out);
                     if let Some(native) = native
-                        && searches.contains(answer.call_id())
+                        && let Answer::Logged(_, result) = answer
+                        && searches.contains(&result.call_id)
+                        && let Some(tools) = references(result, native)
                     {
                         // The search's answer: the deferred tools it references (only tools
                         // of the request's deferred set), loaded with their definitions.
                         out.push("{\"type\":\"tool_search_output\",\"call_id\":");
                         out.str(&ids.sent(answer.call_id()));
                         out.push(",\"execution\":\"client\",\"tools\":[");
-                        if let Answer::Logged(index, result) = answer
-                            && self.views[*index] == Projection::Full
-                            && let Some(tools) = references(result, native)
-                        {
-                            for (k, tool) in tools.into_iter().enumerate() {
-                                if k > 0 {
-                                    out.push(",");
-                                }
-                                function_tool(out, tool, true, false);
+                        for (k, tool) in tools.into_iter().enumerate() {
+                            if k > 0 {
+                                out.push(",");
                             }
+                            function_tool(out, tool, true, false);
                         }
                         out.push("]");
                         out.end_block(false);
@@ -286,8 +308,8 @@ struct State<'s, 'n> {
     ids: &'s mut CallIds,
     budget: &'s mut Budget,
     native: Option<&'n NativeDeferral>,
-    /// The ids of the search calls made so far.
-    searches: &'s mut BTreeSet<ToolCallId>,
+    /// The ids of the search calls answered by references ([`Prompt::search_answers`]).
+    searches: &'s BTreeSet<ToolCallId>,
 }
 
 /// Writes a function tool, with `defer_loading` when `deferred`. Inside a

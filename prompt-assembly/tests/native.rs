@@ -352,6 +352,75 @@ fn blocks_shaped_as_references_in_another_tools_result_are_its_output() {
     );
 }
 
+/// A search answered by text (a refused argument, a note that nothing matched) or not
+/// answered at all is sent to Responses as a function call and its output holding the text,
+/// so the model reads why; only a search answered by references is a `tool_search_call`
+/// with its `tool_search_output`. Every step's body keeps the rules and the prefix.
+#[test]
+fn a_search_answered_by_text_reaches_the_model_as_that_text() {
+    let deferral = small_deferral(SearchTool::client());
+    let search = deferral.search().name().to_owned();
+    let refused = "invalid arguments for tool_search: /limit: must be an integer from 1 to 10";
+    let log = logged(&[
+        user("Open an issue about the flaky test."),
+        assistant(
+            "",
+            &[(
+                "s1",
+                search.as_str(),
+                json!({"query": "issue", "limit": 20}),
+            )],
+        ),
+        result_of("s1", &search, ToolOutput::error(refused)),
+        assistant("", &[("s2", search.as_str(), json!({"query": "zzz"}))]),
+        result_of("s2", &search, ToolOutput::text("No tool matches zzz.")),
+        assistant(
+            "",
+            &[("s3", search.as_str(), json!({"query": "create issue"}))],
+        ),
+        result_of(
+            "s3",
+            &search,
+            search_answer(["github__create_issue"], &deferral, 5),
+        ),
+        assistant("", &[("s4", search.as_str(), json!({"query": "late"}))]),
+    ]);
+    let options = OpenAiOptions::new("gpt-5.1").native_deferral(deferral.clone());
+    let requests = steps(
+        &log,
+        &[read_file()],
+        &|p| p.render_responses(&options).unwrap(),
+        check_responses_body,
+    );
+    let body: Value = serde_json::from_str(requests.last().unwrap().body()).unwrap();
+    let items: Vec<&Value> = body["input"].as_array().unwrap().iter().collect();
+    let kinds: Vec<&str> = items.iter().map(|i| i["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "message",
+            "function_call",
+            "function_call_output",
+            "function_call",
+            "function_call_output",
+            "tool_search_call",
+            "tool_search_output",
+            "function_call",
+            "function_call_output",
+            "message",
+        ],
+        "{body}"
+    );
+    assert_eq!(items[1]["name"], search.as_str());
+    assert_eq!(items[2]["output"], format!("Error: {refused}"));
+    assert_eq!(items[4]["output"], "No tool matches zzz.");
+    assert_eq!(items[6]["tools"][0]["name"], "github__create_issue");
+    assert_eq!(
+        items[8]["output"],
+        format!("Error: {}", psych_prompt_assembly::MISSING_RESULT)
+    );
+}
+
 #[test]
 fn anthropic_server_search_and_typed_refusals() {
     let deferral = small_deferral(SearchTool::AnthropicBm25);
