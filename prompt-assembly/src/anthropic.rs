@@ -28,8 +28,9 @@
 //!   an assistant message drops it (and is left out when nothing else remains), a
 //!   `tool_result` has no `content`, and a user message is sent as
 //!   [`EMPTY_USER_MESSAGE`](crate::EMPTY_USER_MESSAGE) (a message needs content);
-//! - a call name outside `^[a-zA-Z0-9_-]{1,64}$` is sanitised (every other character
-//!   becomes `_`, cut to 64 bytes);
+//! - a call name outside `^[a-zA-Z0-9_-]{1,64}$` is sanitised (`invalid_` and the name
+//!   with every other character made `_`, cut to 64 bytes: `github.list_issues` is sent
+//!   as `invalid_github_list_issues`, never as a tool of the surface's name);
 //! - arguments that are not a JSON object (the raw text of arguments that did not parse)
 //!   are sent as `{"_raw_arguments": <text>}` (see [`RAW_ARGUMENTS_KEY`](crate::RAW_ARGUMENTS_KEY));
 //! - a call without a logged result is answered by a `tool_result` with `is_error` and the

@@ -32,8 +32,8 @@
 //! no breakpoints, and `prompt_cache_key` is written when set.
 //!
 //! The same substitutes as for Anthropic keep every log renderable and the two providers'
-//! views alike: a call name outside `^[a-zA-Z0-9_-]{1,64}$` is sanitised (every other
-//! character becomes `_`, cut to 64 bytes); a call without a logged result is answered by a
+//! views alike: a call name outside `^[a-zA-Z0-9_-]{1,64}$` is sanitised (`invalid_` and
+//! the name with every other character made `_`, cut to 64 bytes); a call without a logged result is answered by a
 //! `tool` message `Error: ` + [`MISSING_RESULT`](crate::MISSING_RESULT); a user message whose
 //! text is empty or only whitespace is sent as [`EMPTY_USER_MESSAGE`](crate::EMPTY_USER_MESSAGE);
 //! an assistant message's whitespace-only text is left out (and the message with it when it
@@ -124,8 +124,10 @@ impl Prompt<'_> {
     /// # Errors
     ///
     /// [`RenderError`] for a tool of the surface named outside `^[a-zA-Z0-9_-]{1,64}$`,
-    /// duplicate tool names, or an extra option the renderer owns. What the model wrote
-    /// never fails a render: call names are sanitised, raw arguments sent as their text.
+    /// duplicate tool names, an extra option the renderer owns, or nothing to send (no
+    /// system text, no message and no transient message: [`RenderError::NoMessages`]).
+    /// What the model wrote never fails a render: call names are sanitised, raw arguments
+    /// sent as their text.
     pub fn render_openai(&self, options: &OpenAiOptions) -> Result<RenderedRequest, RenderError> {
         check_extra(&options.extra, &RESERVED)?;
         if options.native.is_some() {
@@ -134,6 +136,15 @@ impl Prompt<'_> {
             });
         }
         self.surface_check()?;
+        // No system text, no message and no transient message: `"messages":[]`, which the
+        // API refuses.
+        if self.static_sections.sections().is_empty()
+            && self.dynamic_tail.text().is_none()
+            && self.messages.iter().all(Message::renders_empty)
+            && self.transient.text().is_none()
+        {
+            return Err(RenderError::NoMessages);
+        }
         if self.tools.len() > OPENAI_MAX_TOOLS {
             return Err(RenderError::TooManyTools {
                 count: self.tools.len(),

@@ -485,6 +485,13 @@ fn render_errors_are_typed() {
             transient: Transient::new().note(" "),
             ..Case::default()
         },
+        // Not even system text: Chat Completions' `"messages":[]` is refused too.
+        Case {
+            records: vec![],
+            zone1: StaticSections::default(),
+            transient: Transient::new(),
+            ..Case::default()
+        },
     ];
     let report: Vec<String> = cases
         .into_iter()

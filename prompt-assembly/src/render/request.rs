@@ -26,7 +26,8 @@ pub enum RenderError {
         name: String,
     },
     /// The history and the transient message are both empty: the Anthropic API requires at
-    /// least one message.
+    /// least one message, and Chat Completions at least one of any role (so there, only
+    /// with no system text either).
     #[error("the request has no message (empty history and no transient message)")]
     NoMessages,
     /// The tool surface has more tools than the provider accepts (OpenAI: 128). Disclosure
