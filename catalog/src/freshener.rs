@@ -21,7 +21,8 @@
 //! `tools/list` reply still in flight can never overwrite a newer one. A failure keeps the
 //! current tools, is recorded in the server's health, and is retried with exponential
 //! backoff. Redb writes commit with an fsync, so they run under
-//! [`tokio::task::spawn_blocking`]; the short read at a task's start runs inline. A refresh
+//! [`tokio::task::spawn_blocking`], as do the reads of a server's health (at a task's
+//! start, when a server is followed, at a followed server's sweep). A refresh
 //! that changed a server's tools is followed, in the same blocking task, by a read of its
 //! live set, so the catalogue's cache of decoded sets holds the new set before the next turn
 //! asks for it (that first read is the one that decodes).
@@ -408,9 +409,10 @@ impl<L: ToolLister + 'static> Freshener<L> {
     }
 
     /// `server` is gone (removed from the configuration): stop listing and sweeping it.
-    /// Its tools and health stay in the catalogue; a listing in flight is dropped, and an
-    /// on-demand refresh waiting for it returns [`RefreshError::ShutDown`]. A later
-    /// [`connect`](Self::connect) starts it afresh.
+    /// Its tools and health stay in the catalogue; a listing in flight is dropped (one
+    /// being stored at the moment of the call, a store of a few milliseconds, still
+    /// completes), and an on-demand refresh waiting for it returns
+    /// [`RefreshError::ShutDown`]. A later [`connect`](Self::connect) starts it afresh.
     pub fn disconnect(&self, server: &ServerId) {
         let slot = self
             .servers
@@ -516,6 +518,10 @@ async fn run_server<L: ToolLister + 'static>(
     let mut stored_generation = 0u64;
     let mut stored_version = CatalogVersion(0);
     let mut failures = 0u32;
+    // The newest generation that failed: a listing stored after it but started before it
+    // (an older one still in flight) may hold the tools from before what the newer one was
+    // asked for (a `list_changed`), so its failure still counts and is retried.
+    let mut failed_generation = 0u64;
     let mut debounce: Option<Debounce> = None;
     // The sweep: resume from the stored sync, so a reopened catalogue is not listed at once.
     let resume = |jitter: &mut Jitter,
@@ -550,6 +556,11 @@ async fn run_server<L: ToolLister + 'static>(
             biased;
             () = stopped(&mut shutdown) => break,
             Some((generation, listing)) = inflight.join_next(&server) => {
+                // Disconnected while the listing ended: it is dropped, not stored (the
+                // stop is taken by the next turn).
+                if slot.pending.lock().unwrap_or_else(PoisonError::into_inner).stop {
+                    break;
+                }
                 let outcome = if generation < stored_generation {
                     Ok(RefreshOutcome::Superseded { version: stored_version })
                 } else if let Ok(Listed::Shared(version)) = listing {
@@ -560,18 +571,23 @@ async fn run_server<L: ToolLister + 'static>(
                     }
                     stored_generation = generation;
                     stored_version = version;
-                    failures = 0;
+                    if generation > failed_generation {
+                        failures = 0;
+                    }
                     Ok(RefreshOutcome::Shared { version })
                 } else {
                     match store(&context.catalog, &server, listing).await {
                         Ok(refresh) => {
                             stored_generation = generation;
                             stored_version = refresh.version;
-                            failures = 0;
+                            if generation > failed_generation {
+                                failures = 0;
+                            }
                             Ok(RefreshOutcome::Stored(refresh))
                         }
                         Err(error) => {
                             failures = failures.saturating_add(1);
+                            failed_generation = failed_generation.max(generation);
                             Err(error)
                         }
                     }
@@ -850,13 +866,10 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await.map(|_| ());
 }
 
-/// The server's health as the catalogue stores it (none when it cannot be read): read on
-/// the blocking pool for a shared catalogue (a database round trip), in place for a local
-/// one (a redb read transaction).
+/// The server's health as the catalogue stores it (none when it cannot be read), read on
+/// the blocking pool: a database round trip for a shared catalogue, a redb read
+/// transaction (file reads) for a local one.
 async fn health(catalog: &Catalog, server: &ServerId) -> Option<ServerHealth> {
-    if !catalog.is_shared() {
-        return catalog.health(server).ok();
-    }
     let (catalog, owned) = (catalog.clone(), server.clone());
     tokio::task::spawn_blocking(move || catalog.health(&owned).ok())
         .await

@@ -320,6 +320,44 @@ async fn an_older_reply_arriving_last_never_overwrites_a_newer_one() {
     freshener.shutdown().await;
 }
 
+/// A listing asked for by `list_changed` that fails while an older one is in flight: the
+/// older one, stored after it, may hold the tools from before the change, so the newer is
+/// retried with the backoff, not left to the TTL sweep.
+#[tokio::test(start_paused = true)]
+async fn a_failed_newer_listing_is_retried_though_an_older_one_stored_after_it() {
+    let old = tools("server-memory.tools.json");
+    let new = tools("server-filesystem.tools.json");
+    let lister = Scripted::new([(
+        "s",
+        vec![
+            // The first listing is slow, and answers with what the server had before…
+            Step::Reply(secs(4.0), old.clone()),
+            // …the one list_changed asked for fails at once (the server reloading)…
+            Step::Fail(Duration::ZERO, "reloading"),
+            // …and the retry gets the new tools.
+            Step::Reply(Duration::ZERO, new.clone()),
+            Step::Hang,
+        ],
+    )]);
+    let freshener =
+        Freshener::start(catalog(), Arc::clone(&lister), config().build().unwrap()).unwrap();
+    let s = server("s");
+    let slow = freshener.refresh(&s);
+    let notify = async {
+        sleep(secs(0.5)).await;
+        freshener.list_changed(&s);
+    };
+    let (slow, ()) = tokio::join!(slow, notify);
+    assert!(matches!(slow.unwrap(), RefreshOutcome::Stored(_)));
+    sleep(secs(5.0)).await;
+    // The retry 1 s after the older listing was stored (before: the TTL sweep at 64 s).
+    assert_eq!(lister.calls("s"), [0.0, 0.7, 5.0]);
+    let live = freshener.catalog().live(&s).unwrap();
+    assert_eq!(live.tools.len(), 14, "the new tools");
+    assert!(live.health.last_error.is_none());
+    freshener.shutdown().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn two_on_demand_refreshes_race_and_the_later_one_wins() {
     let lister = Scripted::new([(
