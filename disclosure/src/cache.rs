@@ -402,6 +402,37 @@ mod tests {
         assert!(surface.deferred_names_from_piece(&connections[1].server));
     }
 
+    /// `prepare_search` builds every index a search may read, the weak answer's note's
+    /// included (it searches every server with permitted tools for the closest): an eager
+    /// server's too, so that no search indexes inline.
+    #[test]
+    fn prepare_search_builds_every_index_a_search_reads() {
+        let (mut connections, catalogs) = setup(&[
+            ("github", &["search_code", "create_branch"]),
+            ("memory", &["read_graph"]),
+            ("empty", &[]),
+        ]);
+        connections[1] =
+            ConnectionSpec::new(ServerId::new("memory").unwrap_or_else(|e| panic!("{e}")))
+                .with_preload(psych_types::Preload::Eager);
+        let grant = everyone(&connections);
+        let surface = crate::resolve(
+            &inputs(&connections, &catalogs, &grant),
+            &Settings::default(),
+            &Bytes4,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        for connection in &connections {
+            assert!(!surface.search_built(&connection.server));
+        }
+        surface.prepare_search();
+        let built: Vec<bool> = connections
+            .iter()
+            .map(|c| surface.search_built(&c.server))
+            .collect();
+        assert_eq!(built, [true, true, false], "every server with tools");
+    }
+
     /// The cache holds one part per server of the last call: a server gone is dropped, so
     /// its memory is bounded by the current setup, not by every server ever seen.
     #[test]

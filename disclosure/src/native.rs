@@ -169,29 +169,32 @@ impl Surface {
             .map(|(name, _)| name.as_str())
     }
 
-    /// Builds, ahead of the first search, the keyword index of every server whose search
-    /// it serves: each search pair's, and each deferred server's for
-    /// [`Surface::search_deferred`]. Each is built once per catalogue version and shared
-    /// by the Surfaces a [`SurfaceCache`](crate::SurfaceCache) composes from the same
-    /// server part, so this costs nothing for the servers indexed before.
+    /// Builds, ahead of the first search, the keyword index of every server a search may
+    /// read: each search pair's, each deferred server's for [`Surface::search_deferred`],
+    /// and every other server with permitted tools, whose index a weak answer's note
+    /// searches for the servers that come closest. Each is built once per catalogue
+    /// version and shared by the Surfaces a [`SurfaceCache`](crate::SurfaceCache) composes
+    /// from the same server part, so this costs nothing for the servers indexed before.
     ///
     /// Blocks: CPU work that grows with the tools not indexed yet (milliseconds per
     /// thousand tools). Call it where resolution is called, off an async worker, so that
     /// no search indexes inline.
     pub fn prepare_search(&self) {
         for view in self.servers() {
-            let searched = match view.shape {
-                Shape::SearchPair => true,
-                Shape::Deferred => view.eager.is_empty(),
-                _ => false,
-            };
-            if searched
-                && view.permitted > 0
+            if view.permitted > 0
                 && let Some(part) = self.parts.get(&view.server)
             {
                 part.0.search_part(&view.server);
             }
         }
+    }
+
+    /// Whether `server`'s keyword index is built.
+    #[cfg(test)]
+    pub(crate) fn search_built(&self, server: &ServerId) -> bool {
+        self.parts
+            .get(server)
+            .is_some_and(|part| part.0.search_built())
     }
 }
 

@@ -713,6 +713,12 @@ impl Prepared {
         Some(&all[self.permitted[i]])
     }
 
+    /// Whether the keyword index over the permitted tools is built.
+    #[cfg(test)]
+    pub(crate) fn search_built(&self) -> bool {
+        self.search.get().is_some()
+    }
+
     /// The keyword index over the permitted tools, built now if no search built it yet.
     /// Blocks for the indexing: about a millisecond per few hundred tools.
     pub(crate) fn search_part(&self, server: &ServerId) -> Arc<Part> {
