@@ -493,6 +493,10 @@ impl Surface {
             Exposed::Search { server } => {
                 let mut args = Args::new(arguments, &["query"]);
                 let query = args.string("query").unwrap_or_default();
+                // As the tool's schema says (`minLength: 1`).
+                if args.get("query").is_some_and(|q| q.as_str() == Some("")) {
+                    args.fail("query", "must not be empty");
+                }
                 args.done(name)?;
                 let server = self.live_server(server.as_str(), live)?;
                 if let Some(refusal) = server.no_tools() {
@@ -550,7 +554,7 @@ impl Surface {
                 let server = args.string("server");
                 let page = match args.get("page") {
                     None => 1,
-                    Some(value) => match value.as_u64() {
+                    Some(value) => match psych_types::json_whole(value) {
                         Some(page) if page >= 1 => usize::try_from(page).unwrap_or(usize::MAX),
                         _ => {
                             args.fail("page", "must be an integer of at least 1");

@@ -159,6 +159,26 @@ fn listing_pages_with_a_more_marker_and_an_empty_page_past_the_end() {
         json!({"server": "github", "page": 0}),
     ));
     assert!(text.contains("/page"), "{text}");
+    // What the tool's schema admits, it takes: `2.0` is an integer to JSON Schema.
+    let Verdict::Answer(Answer::Listing(second)) = guard(
+        &setup,
+        &settings,
+        LIST_TOOLS,
+        json!({"server": "github", "page": 2.0}),
+    ) else {
+        panic!("page 2.0 refused")
+    };
+    assert_eq!(second, page(2));
+    let text = refusal_text(guard(
+        &setup,
+        &settings,
+        LIST_TOOLS,
+        json!({"server": "github", "page": 1.5}),
+    ));
+    assert!(
+        text.contains("/page: must be an integer of at least 1"),
+        "{text}"
+    );
     let text = refusal_text(guard(
         &setup,
         &settings,
@@ -572,6 +592,14 @@ fn a_weak_search_answer_says_so_and_names_the_closest_servers() {
         answer
     };
     assert_eq!(answer("merge a pull request").note, None);
+    // An empty query is refused, as the tool's schema says (`minLength: 1`).
+    let text = refusal_text(guard(
+        &setup,
+        &search,
+        "github__search_tools",
+        json!({"query": ""}),
+    ));
+    assert!(text.contains("/query: must not be empty"), "{text}");
     let none = answer("bake a chocolate cake");
     assert!(none.hits.is_empty());
     assert_eq!(

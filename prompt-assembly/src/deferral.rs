@@ -203,14 +203,16 @@ impl<'a> SearchArguments<'a> {
         };
         let limit = match object.get("limit") {
             None => DEFAULT_SEARCH_LIMIT,
-            Some(value) => match value.as_u64().and_then(|n| usize::try_from(n).ok()) {
-                Some(n) if (1..=MAX_SEARCH_LIMIT).contains(&n) => n,
-                _ => {
-                    return refuse(format!(
-                        "/limit: must be an integer from 1 to {MAX_SEARCH_LIMIT}"
-                    ));
+            Some(value) => {
+                match psych_types::json_whole(value).and_then(|n| usize::try_from(n).ok()) {
+                    Some(n) if (1..=MAX_SEARCH_LIMIT).contains(&n) => n,
+                    _ => {
+                        return refuse(format!(
+                            "/limit: must be an integer from 1 to {MAX_SEARCH_LIMIT}"
+                        ));
+                    }
                 }
-            },
+            }
         };
         Ok(Self { query, limit })
     }

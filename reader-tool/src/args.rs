@@ -168,7 +168,7 @@ impl ReadArgs {
         };
         let whole = |field: &'static str, negative: fn(i64) -> ArgsError| match present(field) {
             None => Ok(0),
-            Some(value) => match (value.as_u64(), value.as_i64()) {
+            Some(value) => match (psych_types::json_whole(value), value.as_i64()) {
                 (Some(n), _) => Ok(n),
                 (None, Some(n)) => Err(negative(n)),
                 (None, None) => Err(ArgsError::WrongType {
@@ -182,15 +182,19 @@ impl ReadArgs {
         let byte = whole("byte", ArgsError::NegativeByte)?;
         let limit = match present("limit") {
             None => None,
-            Some(value @ Value::Number(n)) if !n.is_f64() => Some(
-                n.as_u64()
-                    .and_then(|limit| u32::try_from(limit).ok())
-                    .filter(|&limit| limit >= 1 && limit <= limits.max_limit)
-                    .ok_or_else(|| ArgsError::Limit {
-                        value: value.to_string(),
-                        max: limits.max_limit,
-                    })?,
-            ),
+            Some(value @ Value::Number(n))
+                if !n.is_f64() || psych_types::json_whole(value).is_some() =>
+            {
+                Some(
+                    psych_types::json_whole(value)
+                        .and_then(|limit| u32::try_from(limit).ok())
+                        .filter(|&limit| limit >= 1 && limit <= limits.max_limit)
+                        .ok_or_else(|| ArgsError::Limit {
+                            value: value.to_string(),
+                            max: limits.max_limit,
+                        })?,
+                )
+            }
             Some(value) => {
                 return Err(ArgsError::WrongType {
                     field: "limit",
@@ -337,7 +341,7 @@ mod tests {
                 "`limit` must be from 1 to 1000, not -1",
             ),
             (
-                json!({"handle": "r:1", "limit": 2.0}),
+                json!({"handle": "r:1", "limit": 2.5}),
                 "`limit` must be an integer, not a fractional number",
             ),
             (
@@ -365,6 +369,9 @@ mod tests {
             let err = parse(value.clone()).unwrap_err();
             assert_eq!(err.to_string(), expected, "{value}");
         }
+        // A whole number written as a float is an integer, as JSON Schema reads it.
+        let read = parse(json!({"handle": "r:1", "offset": 3.0, "limit": 2.0})).unwrap();
+        assert_eq!((read.offset, read.limit), (3, Some(2)));
         let long = "x".repeat(MAX_GREP_BYTES + 1);
         assert_eq!(
             parse(json!({"handle": "r:1", "grep": long})),

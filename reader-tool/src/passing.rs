@@ -198,9 +198,7 @@ impl ResultReference {
         };
         let whole = |field, expected| {
             move |value: &Value| {
-                value
-                    .as_u64()
-                    .ok_or(ReferenceError::WrongType { field, expected })
+                psych_types::json_whole(value).ok_or(ReferenceError::WrongType { field, expected })
             }
         };
         for (key, value) in object {

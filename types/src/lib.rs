@@ -112,7 +112,7 @@ pub use record::{
     AssistantMessage, HandleParseError, LoggedRecord, Record, RecordHandle, ToolCall, ToolResult,
     Usage, UserMessage,
 };
-pub use schema::{InputSchemaError, check_input_schema, json_kind};
+pub use schema::{InputSchemaError, check_input_schema, json_kind, json_whole};
 pub use seam::{
     CatalogFailure, CatalogStore, CatalogStoreError, DynCatalogStore, DynRecordStore, Erased,
     HostAnswer, Identities, InputRound, Lease, LeaseGuard, LineMark, MemoryRecords, OutputInfo,

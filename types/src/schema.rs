@@ -122,10 +122,64 @@ pub fn json_kind(value: &Value) -> &'static str {
     }
 }
 
+/// `value` as a whole number of 0 or more, as JSON Schema's `integer` reads it: `2` and
+/// `2.0` alike (a number whose fractional part is zero is an integer), `None` for a
+/// fraction, a negative number, one past `u64::MAX`, or another type. The tools' own
+/// argument checks read `integer` properties with it, so that what their schemas admit
+/// they take.
+///
+/// ```
+/// use psych_types::json_whole;
+/// use serde_json::json;
+/// assert_eq!(json_whole(&json!(2)), Some(2));
+/// assert_eq!(json_whole(&json!(2.0)), Some(2));
+/// assert_eq!(json_whole(&json!(2.5)), None);
+/// assert_eq!(json_whole(&json!(-1)), None);
+/// assert_eq!(json_whole(&json!("2")), None);
+/// ```
+pub fn json_whole(value: &Value) -> Option<u64> {
+    let number = value.as_number()?;
+    if let Some(whole) = number.as_u64() {
+        return Some(whole);
+    }
+    // 2^64 as a float: every whole float below it converts exactly.
+    const PAST_U64: f64 = 18_446_744_073_709_551_616.0;
+    let float = number.as_f64()?;
+    let whole = float.fract() == 0.0 && (0.0..PAST_U64).contains(&float);
+    // A whole, non-negative float below 2^64 converts without loss (`as` saturates, so
+    // the value of any other is never used and never undefined).
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "used only when whole, non-negative and below 2^64"
+    )]
+    let converted = float as u64;
+    whole.then_some(converted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn whole_numbers_as_json_schema_reads_integers() {
+        for (value, whole) in [
+            (json!(0), Some(0)),
+            (json!(7), Some(7)),
+            (json!(7.0), Some(7)),
+            (json!(-0.0), Some(0)),
+            (json!(u64::MAX), Some(u64::MAX)),
+            (json!(1e300), None),
+            (json!(7.5), None),
+            (json!(-3), None),
+            (json!(-3.0), None),
+            (json!(null), None),
+            (json!(true), None),
+        ] {
+            assert_eq!(json_whole(&value), whole, "{value}");
+        }
+    }
 
     fn check(schema: Value) -> Result<(), String> {
         let Value::Object(schema) = schema else {
