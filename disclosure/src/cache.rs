@@ -402,6 +402,39 @@ mod tests {
         assert!(surface.deferred_names_from_piece(&connections[1].server));
     }
 
+    /// A catalogue listing a tool twice is refused, even when one copy is left out of the
+    /// permitted set (its schema no provider takes), and whether or not its tools are
+    /// sorted by name.
+    #[test]
+    fn a_tool_listed_twice_is_refused_whichever_copy_is_permitted() {
+        let object: psych_types::JsonObject =
+            serde_json::from_str(r#"{"type":"object"}"#).unwrap_or_default();
+        let string: psych_types::JsonObject =
+            serde_json::from_str(r#"{"type":"string"}"#).unwrap_or_default();
+        let tool = |name: &str, schema: &psych_types::JsonObject| {
+            let name = ToolName::new(name).unwrap_or_else(|e| panic!("{e}"));
+            ToolDefinition::new(name, "a tool", schema.clone())
+        };
+        for tools in [
+            vec![tool("x", &object), tool("x", &string)],
+            vec![tool("x", &object), tool("y", &object), tool("x", &string)],
+        ] {
+            let (connections, mut catalogs) = setup(&[("s", &[])]);
+            catalogs[0].tools = tools.into();
+            let grant = everyone(&connections);
+            let resolved = crate::resolve(
+                &inputs(&connections, &catalogs, &grant),
+                &Settings::default(),
+                &Bytes4,
+            );
+            assert!(
+                matches!(&resolved, Err(ResolveError::DuplicateTool { tool, .. })
+                    if tool.as_str() == "x"),
+                "{resolved:?}"
+            );
+        }
+    }
+
     /// `prepare_search` builds every index a search may read, the weak answer's note's
     /// included (it searches every server with permitted tools for the closest): an eager
     /// server's too, so that no search indexes inline.

@@ -734,7 +734,7 @@ impl Prepared {
 ///
 /// # Errors
 ///
-/// [`ResolveError::DuplicateTool`] when its catalogue lists a permitted tool twice.
+/// [`ResolveError::DuplicateTool`] when its catalogue lists a tool twice (permitted or not).
 pub(crate) fn prepare(
     connection: &ConnectionSpec,
     catalog: Option<&ServerCatalog>,
@@ -745,19 +745,18 @@ pub(crate) fn prepare(
     let server = &connection.server;
     let tools = catalog.map(|c| Arc::clone(&c.tools));
     let all: &[ToolDefinition] = tools.as_deref().unwrap_or_default();
+    // Over every tool, permitted or not: a copy left out of the permitted set (say, for a
+    // schema no provider takes) would otherwise be the one a call by name finds.
+    if let Some(tool) = duplicate_name(all) {
+        return Err(ResolveError::DuplicateTool {
+            server: server.clone(),
+            tool: tool.clone(),
+        });
+    }
     let mut permitted: Vec<usize> = (0..all.len())
         .filter(|&i| crate::guard::in_permitted_set(grant, server, &all[i]))
         .collect();
     permitted.sort_by(|&a, &b| all[a].name.cmp(&all[b].name));
-    if let Some(pair) = permitted
-        .windows(2)
-        .find(|w| all[w[0]].name == all[w[1]].name)
-    {
-        return Err(ResolveError::DuplicateTool {
-            server: server.clone(),
-            tool: all[pair[0]].name.clone(),
-        });
-    }
     let budget = settings.auto_budget.tokens();
     let may_be_direct = permitted.len() <= settings.direct_max_tools;
     let limit = match (connection.preload == Preload::Auto, may_be_direct) {
@@ -790,6 +789,22 @@ pub(crate) fn prepare(
         scope: grant.scope(server).cloned(),
         search: OnceLock::new(),
     })
+}
+
+/// A name `tools` lists twice, if any: next to each other in a catalogue sorted by name
+/// (as the catalogue crate keeps them), else found by a set.
+fn duplicate_name(tools: &[ToolDefinition]) -> Option<&ToolName> {
+    if tools.windows(2).all(|w| w[0].name <= w[1].name) {
+        return tools
+            .windows(2)
+            .find(|w| w[0].name == w[1].name)
+            .map(|w| &w[0].name);
+    }
+    let mut seen = HashSet::with_capacity(tools.len());
+    tools
+        .iter()
+        .map(|t| &t.name)
+        .find(|name| !seen.insert(*name))
 }
 
 /// How a composition names the Surface's entries.
