@@ -167,8 +167,9 @@ impl Prompt<'_> {
     ) -> Result<RenderedRequest, RenderError> {
         check_extra(&options.extra, &RESERVED)?;
         self.check_anthropic_tools(options)?;
-        let breakpoints = self.plan_breakpoints(tool_blocks(self, options));
-        self.write_anthropic(options, &breakpoints)
+        let layout = self.layout(options);
+        let breakpoints = self.plan_breakpoints(&layout);
+        self.write_anthropic(options, &layout, &breakpoints)
     }
 
     /// Renders the Anthropic request as [`Prompt::render_anthropic`] does, spending no
@@ -198,10 +199,10 @@ impl Prompt<'_> {
     ) -> Result<RenderedRequest, RenderError> {
         check_extra(&options.extra, &RESERVED)?;
         self.check_anthropic_tools(options)?;
-        let planned = self.plan_breakpoints(tool_blocks(self, options));
-        let first = self.write_anthropic(options, &planned)?;
-        let zone_end = tool_blocks(self, options) + self.static_sections.sections().len();
-        let zone_blocks = zone_end + usize::from(self.dynamic_tail.text().is_some());
+        let layout = self.layout(options);
+        let planned = self.plan_breakpoints(&layout);
+        let first = self.write_anthropic(options, &layout, &planned)?;
+        let zone_blocks = layout.zone1_end() + usize::from(layout.tail.is_some());
         let Some(&last) = planned.iter().max() else {
             return Ok(first);
         };
@@ -225,14 +226,12 @@ impl Prompt<'_> {
             breakpoints.push(reach);
         }
         breakpoints.sort_unstable();
-        self.write_anthropic(options, &breakpoints)
+        self.write_anthropic(options, &layout, &breakpoints)
     }
 
-    /// The breakpoints (block indices) of an Anthropic request, as the module docs list
-    /// them.
-    fn plan_breakpoints(&self, tool_blocks: usize) -> Vec<usize> {
-        let sections = self.static_sections.sections();
-        let tail = self.dynamic_tail.text();
+    /// What an Anthropic request is made of, worked out once for planning its breakpoints
+    /// and writing it.
+    fn layout(&self, options: &AnthropicOptions) -> Layout {
         let message_blocks: Vec<usize> = self.messages.iter().map(blocks).collect();
         // The API requires the first message to be a user message.
         let lead = self
@@ -241,16 +240,29 @@ impl Prompt<'_> {
             .zip(&message_blocks)
             .find(|(_, n)| **n > 0)
             .is_some_and(|(message, _)| !matches!(message, Message::User { .. }));
+        Layout {
+            tool_blocks: tool_blocks(self, options),
+            sections: self.static_sections.sections(),
+            tail: self.dynamic_tail.text(),
+            message_blocks,
+            lead,
+        }
+    }
 
+    /// The breakpoints (block indices) of an Anthropic request, as the module docs list
+    /// them.
+    fn plan_breakpoints(&self, layout: &Layout) -> Vec<usize> {
+        let message_blocks = &layout.message_blocks[..];
         // Plan the breakpoints by block index.
-        let zone1_end = tool_blocks + sections.len();
-        let history_start = zone1_end + usize::from(tail.is_some()) + usize::from(lead);
+        let zone1_end = layout.zone1_end();
+        let has_tail = layout.tail.is_some();
+        let history_start = zone1_end + usize::from(has_tail) + usize::from(layout.lead);
         let history_blocks: usize = message_blocks.iter().sum();
         let mut breakpoints = Vec::with_capacity(4);
         if zone1_end > 0 {
             breakpoints.push(zone1_end - 1);
         }
-        if tail.is_some() {
+        if has_tail {
             breakpoints.push(zone1_end);
         }
         if history_blocks > 0 {
@@ -260,7 +272,7 @@ impl Prompt<'_> {
                 let before: usize = message_blocks[..j].iter().sum();
                 (before > 0).then(|| history_start + before - 1)
             };
-            if let Some(j) = self.turn_start_anchor(&message_blocks) {
+            if let Some(j) = self.turn_start_anchor(message_blocks) {
                 // The end of the last step before the first re-elided result.
                 if let Some(anchor) = block_of(j) {
                     breakpoints.push(anchor);
@@ -268,7 +280,7 @@ impl Prompt<'_> {
             } else if let Some(j) = self
                 .messages
                 .iter()
-                .zip(&message_blocks)
+                .zip(message_blocks)
                 .rposition(|(message, &n)| n > 0 && matches!(message, Message::Assistant { .. }))
                 && let Some(anchor) = block_of(j)
             {
@@ -286,21 +298,21 @@ impl Prompt<'_> {
         breakpoints
     }
 
-    /// Writes the Anthropic request with breakpoints on `breakpoints` (block indices).
+    /// Writes the Anthropic request laid out as `layout` with breakpoints on `breakpoints`
+    /// (block indices).
     fn write_anthropic(
         &self,
         options: &AnthropicOptions,
+        layout: &Layout,
         breakpoints: &[usize],
     ) -> Result<RenderedRequest, RenderError> {
-        let sections = self.static_sections.sections();
-        let tail = self.dynamic_tail.text();
-        let message_blocks: Vec<usize> = self.messages.iter().map(blocks).collect();
-        let lead = self
-            .messages
-            .iter()
-            .zip(&message_blocks)
-            .find(|(_, n)| **n > 0)
-            .is_some_and(|(message, _)| !matches!(message, Message::User { .. }));
+        let Layout {
+            sections,
+            tail,
+            message_blocks,
+            lead,
+            ..
+        } = layout;
 
         let mut out = Out::with_capacity(4096);
         out.open(Part::Preamble);
@@ -311,7 +323,7 @@ impl Prompt<'_> {
         write_extra(&mut out, &options.extra);
 
         let native = options.native.as_ref();
-        if tool_blocks(self, options) > 0 {
+        if layout.tool_blocks > 0 {
             out.open(Part::Tools);
             out.push(",\"tools\":[");
             let deferred = native.map_or(&[][..], |n| n.tools());
@@ -360,14 +372,14 @@ impl Prompt<'_> {
         if !sections.is_empty() || tail.is_some() {
             out.push(",\"system\":[");
             let mut first = true;
-            for section in &sections {
+            for section in sections {
                 if !first {
                     out.push(",");
                 }
                 first = false;
                 text_block(&mut out, section, breakpoints);
             }
-            if let Some(tail) = &tail {
+            if let Some(tail) = tail {
                 out.open(Part::DynamicSystem);
                 if !first {
                     out.push(",");
@@ -380,7 +392,7 @@ impl Prompt<'_> {
 
         let mut history_end = out.pos();
         let mut first = true;
-        if lead {
+        if *lead {
             out.open(Part::Message { records: 0..0 });
             out.push("{\"role\":\"user\",\"content\":[");
             text_block(&mut out, CONVERSATION_START, breakpoints);
@@ -389,7 +401,7 @@ impl Prompt<'_> {
             history_end = out.pos();
         }
         let mut budget = Budget::default();
-        for (message, &n) in self.messages.iter().zip(&message_blocks) {
+        for (message, &n) in self.messages.iter().zip(message_blocks) {
             if n == 0 {
                 continue;
             }
@@ -693,6 +705,28 @@ impl Prompt<'_> {
 }
 /// Tool blocks of an Anthropic request: the surface, plus the search tool and the deferred
 /// tools in native deferral.
+/// An Anthropic request's parts as [`Prompt::layout`] works them out.
+struct Layout {
+    /// The blocks of `tools`: the surface's, and with native deferral the search tool and
+    /// the deferred tools.
+    tool_blocks: usize,
+    /// Zone 1's system sections.
+    sections: Vec<String>,
+    /// Zone 2's text, if any.
+    tail: Option<String>,
+    /// Each message's content blocks (0: the message is left out).
+    message_blocks: Vec<usize>,
+    /// Whether a user message must lead (the first message sent is not the user's).
+    lead: bool,
+}
+
+impl Layout {
+    /// The block after zone 1 (the tools and the system sections).
+    fn zone1_end(&self) -> usize {
+        self.tool_blocks + self.sections.len()
+    }
+}
+
 fn tool_blocks(prompt: &Prompt<'_>, options: &AnthropicOptions) -> usize {
     prompt.tools.len()
         + options
