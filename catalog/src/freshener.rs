@@ -497,6 +497,13 @@ fn later(after: Duration) -> Instant {
         .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
+/// What is left of `ttl` after a sync at `at` (the catalogue's clock, in milliseconds):
+/// zero once it has passed.
+fn ttl_left(catalog: &Catalog, ttl: Duration, at: u64) -> Duration {
+    let age = catalog.now().saturating_sub(at);
+    ttl.saturating_sub(Duration::from_millis(age))
+}
+
 /// The coalescing window of `list_changed` notifications.
 #[derive(Clone, Copy)]
 struct Debounce {
@@ -529,8 +536,7 @@ async fn run_server<L: ToolLister + 'static>(
                   health: Option<ServerHealth>| match health {
         Some(health) => health.last_sync.map(|sync| {
             *stored_version = sync.version;
-            let age = context.catalog.now().saturating_sub(sync.at);
-            let left = slot.ttl(config).saturating_sub(Duration::from_millis(age));
+            let left = ttl_left(&context.catalog, slot.ttl(config), sync.at);
             later(left.saturating_add(jitter.below(config.jitter)))
         }),
         None => None,
@@ -649,10 +655,7 @@ async fn run_server<L: ToolLister + 'static>(
                     Some((ttl, false)) => health(&context.catalog, &server)
                         .await
                         .and_then(|health| health.last_sync)
-                        .map(|sync| {
-                            let age = context.catalog.now().saturating_sub(sync.at);
-                            ttl.saturating_sub(Duration::from_millis(age))
-                        })
+                        .map(|sync| ttl_left(&context.catalog, ttl, sync.at))
                         .filter(|left| !left.is_zero())
                         .map(|left| later(left.saturating_add(jitter.below(config.jitter)))),
                     _ => None,

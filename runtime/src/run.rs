@@ -535,10 +535,7 @@ impl<H: ToolHost + 'static> Run<H> {
             if !first_open {
                 return Ok(crate::pinning::Opened::default());
             }
-            let catalogs = connections
-                .iter()
-                .map(|c| catalog.live(&c.server))
-                .collect::<Result<Vec<_>, _>>()?;
+            let catalogs = live_of(&catalog, &connections)?;
             let hints = OutputLimits::new()
                 .with_declared_hints(&catalogs)
                 .hints()
@@ -742,10 +739,7 @@ impl<H: ToolHost + 'static> Run<H> {
         let grant = self.grant.clone();
         let settings = self.settings.clone();
         move || {
-            let catalogs = connections
-                .iter()
-                .map(|c| catalog.live(&c.server))
-                .collect::<Result<Vec<_>, _>>()?;
+            let catalogs = live_of(&catalog, &connections)?;
             let inputs = Inputs {
                 connections: &connections,
                 catalogs: &catalogs,
@@ -763,16 +757,11 @@ impl<H: ToolHost + 'static> Run<H> {
     /// The live catalogue of every connected server, read now (off the async threads).
     async fn live_catalogs(&self) -> Result<Vec<ServerCatalog>, RunError> {
         let catalog = self.catalog.clone();
-        let servers: Vec<_> = self.connections.iter().map(|c| c.server.clone()).collect();
-        tokio::task::spawn_blocking(move || {
-            servers
-                .iter()
-                .map(|server| catalog.live(server))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .await
-        .map_err(RunError::Task)?
-        .map_err(RunError::from)
+        let connections = self.connections.clone();
+        tokio::task::spawn_blocking(move || live_of(&catalog, &connections))
+            .await
+            .map_err(RunError::Task)?
+            .map_err(RunError::from)
     }
 
     /// Appends records in one batch and reads them into the history.
@@ -1197,4 +1186,16 @@ fn system_seconds() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
         .unwrap_or(0)
+}
+
+/// The live catalogue of each connection's server, read now, in the connections' order.
+/// Blocks (catalogue reads): call it off the async workers.
+fn live_of(
+    catalog: &Catalog,
+    connections: &[ConnectionSpec],
+) -> Result<Vec<ServerCatalog>, psych_catalog::CatalogError> {
+    connections
+        .iter()
+        .map(|connection| catalog.live(&connection.server))
+        .collect()
 }
