@@ -29,12 +29,12 @@
 //! sent through Psych (a tool writing these docs, say); no real tool schema is known to use
 //! the key.
 
-use psych_types::{LineMark, RecordHandle, RecordSource};
+use psych_types::{LineMark, RecordHandle, RecordSource, count_line_breaks};
 use serde_json::{Map, Value};
 
 #[cfg(doc)]
 use crate::Limits;
-use crate::scan::{checked_mark, read_exact};
+use crate::scan::{checked_mark, nth_line_break, read_exact};
 use crate::{CallError, Reader};
 
 /// The key that makes an argument object a [`ResultReference`].
@@ -446,14 +446,19 @@ impl<S: RecordSource> Reader<S> {
             .map_err(CallError::Source)?;
         let mark: LineMark = checked_mark(mark, offset, len);
         let mut breaks = mark.breaks_before;
+        // `breaks < offset` throughout: a checked mark has fewer breaks before it than
+        // `offset`, and the scan stops at the `offset`-th.
         let found = self.scan_from(handle, mark.at, len, |at, chunk| {
-            for i in memchr::memchr_iter(b'\n', chunk) {
-                breaks += 1;
-                if breaks == offset {
-                    return Some(at + i as u64 + 1);
+            match nth_line_break(chunk, offset - breaks) {
+                Some(i) => {
+                    breaks = offset;
+                    Some(at + i as u64 + 1)
+                }
+                None => {
+                    breaks += count_line_breaks(chunk);
+                    None
                 }
             }
-            None
         })?;
         match found {
             // A line starts after the break, unless the text ends there.
@@ -481,12 +486,10 @@ impl<S: RecordSource> Reader<S> {
     ) -> Result<u64, CallError<S::Error>> {
         let mut seen = 0;
         let found = self.scan_from(handle, start, len, |at, chunk| {
-            for i in memchr::memchr_iter(b'\n', chunk) {
-                seen += 1;
-                if seen == lines {
-                    return Some(at + i as u64 + 1);
-                }
+            if let Some(i) = nth_line_break(chunk, lines.saturating_sub(seen)) {
+                return Some(at + i as u64 + 1);
             }
+            seen += count_line_breaks(chunk);
             let end = at + chunk.len() as u64;
             (end - start > room).then_some(end)
         })?;

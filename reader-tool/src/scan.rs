@@ -90,11 +90,12 @@ fn char_around(bytes: &[u8], at: usize) -> Option<(usize, usize)> {
 /// Bytes [`nth_line_break`] counts at a time before it looks for the break itself.
 const SKIP_BLOCK: usize = 4096;
 
-/// The index of the `n`-th (from 1) `\n` in `bytes`, or `None` when it holds fewer.
+/// The index of the `n`-th (from 1) `\n` in `bytes`, or `None` when it holds fewer (or
+/// `n` is 0).
 ///
 /// Counts whole blocks with [`count_line_breaks`] (vectorized: an order of magnitude faster
 /// than visiting each break) and walks the breaks of the one block that holds the `n`-th.
-fn nth_line_break(bytes: &[u8], n: u64) -> Option<usize> {
+pub(crate) fn nth_line_break(bytes: &[u8], n: u64) -> Option<usize> {
     let mut left = n;
     for (i, block) in bytes.chunks(SKIP_BLOCK).enumerate() {
         let here = count_line_breaks(block);
