@@ -562,8 +562,8 @@ async fn run_server<L: ToolLister + 'static>(
             biased;
             () = stopped(&mut shutdown) => break,
             Some((generation, listing)) = inflight.join_next(&server) => {
-                // Disconnected while the listing ended: it is dropped, not stored (the
-                // stop is taken by the next turn).
+                // Disconnected while the listing ended: it is dropped, not stored, and the
+                // task ends as the stop says (its waiter's channel closes).
                 if slot.pending.lock().unwrap_or_else(PoisonError::into_inner).stop {
                     break;
                 }

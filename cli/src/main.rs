@@ -283,7 +283,8 @@ enum Command {
         /// (all its tokens together; a request of 2026-07-28 holds one while it runs); one
         /// more is refused the same way. Default: half of `--max-sessions`, so that one
         /// identity's clients leave the others room (all of them for a file of one
-        /// identity).
+        /// identity). While another identity is refused for want of room, one at its fair
+        /// share (`--max-sessions` over the identities active now) takes no more.
         #[arg(
             long,
             value_name = "N",

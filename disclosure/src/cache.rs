@@ -435,35 +435,56 @@ mod tests {
         }
     }
 
-    /// `prepare_search` builds every index a search may read, the weak answer's note's
-    /// included (it searches every server with permitted tools for the closest): an eager
-    /// server's too, so that no search indexes inline.
+    /// `prepare_search` builds every index a search may read, so that no search indexes
+    /// inline: a deferred server's for the native search, and with a search pair every
+    /// server with permitted tools (a weak answer's note searches them all), a direct one's
+    /// too; without a pair, no other.
     #[test]
     fn prepare_search_builds_every_index_a_search_reads() {
+        use crate::Shape;
         let (mut connections, catalogs) = setup(&[
             ("github", &["search_code", "create_branch"]),
             ("memory", &["read_graph"]),
+            ("pair", &["get_page", "post_page"]),
             ("empty", &[]),
         ]);
-        connections[1] =
-            ConnectionSpec::new(ServerId::new("memory").unwrap_or_else(|e| panic!("{e}")))
-                .with_preload(psych_types::Preload::Eager);
-        let grant = everyone(&connections);
-        let surface = crate::resolve(
-            &inputs(&connections, &catalogs, &grant),
-            &Settings::default(),
-            &Bytes4,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        for connection in &connections {
-            assert!(!surface.search_built(&connection.server));
+        for at in [1, 2] {
+            let server = connections[at].server.clone();
+            connections[at] = ConnectionSpec::new(server).with_preload(psych_types::Preload::Eager);
         }
-        surface.prepare_search();
-        let built: Vec<bool> = connections
-            .iter()
-            .map(|c| surface.search_built(&c.server))
-            .collect();
-        assert_eq!(built, [true, true, false], "every server with tools");
+        let grant = everyone(&connections);
+        let built = |settings: &Settings| {
+            let surface =
+                crate::resolve(&inputs(&connections, &catalogs, &grant), settings, &Bytes4)
+                    .unwrap_or_else(|e| panic!("{e}"));
+            assert!(connections.iter().all(|c| !surface.search_built(&c.server)));
+            surface.prepare_search();
+            let shapes: Vec<Option<Shape>> = connections
+                .iter()
+                .map(|c| {
+                    let view = surface.servers().iter().find(|v| v.server == c.server);
+                    view.map(|v| v.shape)
+                })
+                .collect();
+            let built: Vec<bool> = connections
+                .iter()
+                .map(|c| surface.search_built(&c.server))
+                .collect();
+            (shapes, built)
+        };
+        // No search pair: the deferred server's only.
+        let (shapes, without) = built(&Settings::default());
+        assert!(!shapes.contains(&Some(Shape::SearchPair)), "{shapes:?}");
+        assert_eq!(without, [true, false, false, false]);
+        // `pair` a search pair beside the direct `memory`: every server with tools.
+        let settings = Settings::builder()
+            .direct_max_tools(1)
+            .facade_max_index_tokens(0)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (shapes, with) = built(&settings);
+        assert_eq!(shapes[1..3], [Some(Shape::Direct), Some(Shape::SearchPair)]);
+        assert_eq!(with, [true, true, true, false]);
     }
 
     /// The cache holds one part per server of the last call: a server gone is dropped, so

@@ -170,18 +170,25 @@ impl Surface {
     }
 
     /// Builds, ahead of the first search, the keyword index of every server a search may
-    /// read: each search pair's, each deferred server's for [`Surface::search_deferred`],
-    /// and every other server with permitted tools, whose index a weak answer's note
-    /// searches for the servers that come closest. Each is built once per catalogue
-    /// version and shared by the Surfaces a [`SurfaceCache`](crate::SurfaceCache) composes
-    /// from the same server part, so this costs nothing for the servers indexed before.
+    /// read: each deferred server's without eager tools for [`Surface::search_deferred`],
+    /// and, when the Surface has a search pair, every server with permitted tools (a weak
+    /// answer of the pair's search tool searches them all for the servers that come
+    /// closest). Each is built once per catalogue version and shared by the Surfaces a
+    /// [`SurfaceCache`](crate::SurfaceCache) composes from the same server part, so this
+    /// costs nothing for the servers indexed before.
     ///
     /// Blocks: CPU work that grows with the tools not indexed yet (milliseconds per
     /// thousand tools). Call it where resolution is called, off an async worker, so that
     /// no search indexes inline.
     pub fn prepare_search(&self) {
+        let pair = self
+            .servers()
+            .iter()
+            .any(|view| view.shape == Shape::SearchPair);
         for view in self.servers() {
-            if view.permitted > 0
+            let searched = pair || (view.shape == Shape::Deferred && view.eager.is_empty());
+            if searched
+                && view.permitted > 0
                 && let Some(part) = self.parts.get(&view.server)
             {
                 part.0.search_part(&view.server);

@@ -205,6 +205,18 @@ pub const MAX_SESSIONS: usize = 64;
 /// once it has passed.
 pub const FAIR_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// An identity at or above its fair share of the sessions, and the slots it must leave
+/// free for the identities waiting ([`Shared::identity_room`]).
+#[derive(Debug, Clone, Copy)]
+struct Owed {
+    /// The sessions the identity holds.
+    held: usize,
+    /// Its fair share now.
+    fair: usize,
+    /// The slots owed to identities refused within [`FAIR_WINDOW`].
+    slots: usize,
+}
+
 /// How many of [`GatewaySettings::max_sessions`] one identity of a tokens file naming
 /// `identities` may hold by default (`--max-sessions-per-identity`): half (at least one)
 /// when it names several, so that one identity's clients opening sessions in a loop leave
@@ -584,21 +596,21 @@ impl Shared {
         InFlight(self.state.clone())
     }
 
-    /// Whether `asking` may open one more session now as far as the other identities'
-    /// fair shares go ([`GatewaySettings::max_sessions_per_identity`] is checked apart).
+    /// What `asking`, to open one more session, must leave free for the other identities'
+    /// fair shares ([`GatewaySettings::max_sessions_per_identity`] is checked apart):
+    /// `None` when nothing, else its share and the slots owed
+    /// ([`Shared::take_session_slot`] refuses it unless more are free).
     ///
-    /// The identities active now (holding a session, refused one within [`FAIR_WINDOW`],
-    /// or asking) share [`Shared::max_sessions`] evenly: the fair share. Below it an
-    /// identity takes any free slot; at or above it, only a slot the identities refused
-    /// within the window are not owed (each is owed what it lacks of its share), so that
-    /// the slots busy identities give back go to those waiting, while an identity alone,
-    /// or beside others that want no more, uses every slot its cap allows. Without a cap
-    /// on sessions (stdio) there is nothing to share.
-    fn identity_room(&self, asking: &Tenant) -> Result<(), SessionRefused> {
+    /// The identities active now (holding a session, refused one for want of room within
+    /// [`FAIR_WINDOW`], or asking) share [`Shared::max_sessions`] evenly: the fair share.
+    /// Below it an identity takes any free slot; at or above it, only a slot the
+    /// identities refused within the window are not owed (each is owed what it lacks of
+    /// its share), so that the slots busy identities give back go to those waiting, while
+    /// an identity alone, or beside others that want no more, uses every slot its cap
+    /// allows. Without a cap on sessions (stdio) there is nothing to share.
+    fn identity_room(&self, asking: &Tenant) -> Option<Owed> {
         use std::sync::atomic::Ordering;
-        let Some(total) = self.max_sessions else {
-            return Ok(());
-        };
+        let total = self.max_sessions?;
         let now = std::time::Instant::now();
         let held = asking.sessions.load(Ordering::Relaxed);
         let mut active = 1usize;
@@ -623,34 +635,37 @@ impl Shared {
         }
         let fair = (total / active).max(1);
         if held < fair {
-            return Ok(());
+            return None;
         }
-        let owed: usize = waiting
+        let slots: usize = waiting
             .iter()
             .map(|theirs| fair.min(self.max_identity_sessions).saturating_sub(*theirs))
             .sum();
-        let free = total.saturating_sub(self.state.borrow().sessions);
-        if free > owed {
-            Ok(())
-        } else {
-            Err(SessionRefused::IdentityShare { held, fair })
-        }
+        (slots > 0).then_some(Owed { held, fair, slots })
     }
 
-    /// Takes a session's slot, or says why not: [`Shared::max_sessions`] open already, or
-    /// the gateway closing.
-    fn take_session_slot(&self) -> Result<SessionSlot, SessionRefused> {
+    /// Takes a session's slot, or says why not: [`Shared::max_sessions`] open already, the
+    /// slots left owed to other identities (`owed`, [`Shared::identity_room`]: checked
+    /// against the count under the same lock as the take, so two opens at once cannot
+    /// both take the last slot not owed), or the gateway closing.
+    fn take_session_slot(&self, owed: Option<Owed>) -> Result<SessionSlot, SessionRefused> {
         let mut refused = None;
         self.state.send_if_modified(|g| {
             if g.closing.is_some() {
                 refused = Some(SessionRefused::Closing);
                 return false;
             }
-            if let Some(max) = self.max_sessions
-                && g.sessions >= max
-            {
-                refused = Some(SessionRefused::Full { max });
-                return false;
+            if let Some(max) = self.max_sessions {
+                if g.sessions >= max {
+                    refused = Some(SessionRefused::Full { max });
+                    return false;
+                }
+                if let Some(Owed { held, fair, slots }) = owed
+                    && g.sessions + slots >= max
+                {
+                    refused = Some(SessionRefused::IdentityShare { held, fair });
+                    return false;
+                }
             }
             g.sessions += 1;
             true
@@ -814,8 +829,9 @@ struct Tenant {
     /// The HTTP sessions the identity opened with its token that are open now (at most
     /// [`GatewaySettings::max_sessions_per_identity`]).
     sessions: Arc<std::sync::atomic::AtomicUsize>,
-    /// When a session of the identity was last refused for want of room (not for the
-    /// gateway closing): for [`FAIR_WINDOW`] after it, the identity is owed its fair share
+    /// When a session of the identity was last refused for want of room (every slot taken,
+    /// or the free ones owed to others; not at its own cap, nor with the gateway closing):
+    /// for [`FAIR_WINDOW`] after it, the identity is owed its fair share
     /// ([`Shared::identity_room`]).
     refused_at: Mutex<Option<std::time::Instant>>,
 }
@@ -1091,23 +1107,31 @@ impl Session {
             Some(name) => {
                 let tenant = shared.tenant(&name);
                 let max = shared.max_identity_sessions;
-                let counted = shared.identity_room(&tenant).and_then(|()| {
-                    Counted::take(&tenant.sessions, max).ok_or(SessionRefused::IdentityFull { max })
-                });
-                if counted.is_err() {
-                    tenant.refused();
+                let owed = shared.identity_room(&tenant);
+                match Counted::take(&tenant.sessions, max) {
+                    Some(counted) => Ok(Some(((name, tenant), counted, owed))),
+                    None => Err(SessionRefused::IdentityFull { max }),
                 }
-                counted.map(|counted| Some(((name, tenant), counted)))
             }
             None => Ok(None),
         };
-        let taken = identity.and_then(|identity| match shared.take_session_slot() {
-            Ok(slot) => Ok((slot, identity)),
-            Err(refused) => {
-                if let Some(((_, tenant), _)) = &identity {
-                    tenant.refused();
+        let taken = identity.and_then(|identity| {
+            let owed = identity.as_ref().and_then(|(_, _, owed)| *owed);
+            match shared.take_session_slot(owed) {
+                Ok(slot) => Ok((slot, identity.map(|(tenant, counted, _)| (tenant, counted)))),
+                Err(refused) => {
+                    // Refused for want of room: owed its share for a while. (Not at its own
+                    // cap, nor with the gateway closing.)
+                    if let Some(((_, tenant), _, _)) = &identity
+                        && matches!(
+                            refused,
+                            SessionRefused::Full { .. } | SessionRefused::IdentityShare { .. }
+                        )
+                    {
+                        tenant.refused();
+                    }
+                    Err(refused)
                 }
-                Err(refused)
             }
         });
         // Noted for the HTTP request being handled, if any (not over stdio).

@@ -45,7 +45,7 @@ use psych_types::{Projection, ToolCallId, ToolDefinition};
 
 use crate::anthropic::check_native_names;
 use crate::assemble::{Answer, Message, Prompt};
-use crate::deferral::references;
+use crate::deferral::{NO_MATCH, references};
 use crate::image::Budget;
 use crate::openai::write_preamble;
 use crate::render::{
@@ -165,24 +165,38 @@ impl Prompt<'_> {
         Ok(out.finish(Provider::OpenAiResponses, history_end))
     }
 
-    /// The search calls answered by references (a logged result, shown whole, of
-    /// `tool_reference` blocks only): these are sent as `tool_search_call` and
+    /// The calls of the search tool answered by references to tools of the request's
+    /// deferred set (a logged result, shown whole, of `tool_reference` blocks only, naming
+    /// at least one such tool): these are sent as `tool_search_call` and
     /// `tool_search_output` items. Any other answer of a search call (an error, a note that
-    /// nothing matched, an elided preview, no result) is text a `tool_search_output` cannot
-    /// carry, so that call is sent as a `function_call` answered by a `function_call_output`
-    /// holding the text.
+    /// nothing matched, references to no tool of the set, an elided preview, no result) is
+    /// text a `tool_search_output` cannot carry, so that call is sent as a `function_call`
+    /// answered by a `function_call_output` holding the text ([`NO_MATCH`] for references
+    /// to no tool of the set, as Anthropic's `tool_result` says).
     fn search_answers(&self, native: &NativeDeferral) -> BTreeSet<ToolCallId> {
+        let mut calls = BTreeSet::new();
         let mut answered = BTreeSet::new();
         for message in &self.messages {
-            if let Message::Results { items, .. } = message {
-                for answer in items {
-                    if let Answer::Logged(index, result) = answer
-                        && self.views[*index] == Projection::Full
-                        && references(result, native).is_some()
-                    {
-                        answered.insert(result.call_id.clone());
+            match message {
+                Message::Assistant { message, .. } => calls.extend(
+                    message
+                        .tool_calls
+                        .iter()
+                        .filter(|call| call.name == native.search().name())
+                        .map(|call| &call.id),
+                ),
+                Message::Results { items, .. } => {
+                    for answer in items {
+                        if let Answer::Logged(index, result) = answer
+                            && calls.contains(&result.call_id)
+                            && self.views[*index] == Projection::Full
+                            && references(result, native).is_some_and(|tools| !tools.is_empty())
+                        {
+                            answered.insert(result.call_id.clone());
+                        }
                     }
                 }
+                Message::User { .. } => {}
             }
         }
         answered
@@ -288,6 +302,16 @@ impl Prompt<'_> {
                     out.str(&ids.sent(answer.call_id()));
                     out.push(",\"output\":");
                     let (view, is_error) = match answer {
+                        // References to no tool of the deferred set: nothing to load.
+                        Answer::Logged(index, result)
+                            if native.is_some_and(|native| {
+                                self.views[*index] == Projection::Full
+                                    && references(result, native)
+                                        .is_some_and(|tools| tools.is_empty())
+                            }) =>
+                        {
+                            (vec![Piece::Text(NO_MATCH.into())], false)
+                        }
                         Answer::Logged(index, result) => (
                             pieces(result, &self.views[*index], Some((&mut *budget, false))),
                             result.output.is_error,

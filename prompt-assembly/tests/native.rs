@@ -352,8 +352,9 @@ fn blocks_shaped_as_references_in_another_tools_result_are_its_output() {
     );
 }
 
-/// A search answered by text (a refused argument, a note that nothing matched) or not
-/// answered at all is sent to Responses as a function call and its output holding the text,
+/// A search answered by text (a refused argument, a note that nothing matched), by
+/// references to no tool of the request's deferred set, or not answered at all is sent to
+/// Responses as a function call and its output holding the text,
 /// so the model reads why; only a search answered by references is a `tool_search_call`
 /// with its `tool_search_output`. Every step's body keeps the rules and the prefix.
 #[test]
@@ -361,6 +362,12 @@ fn a_search_answered_by_text_reaches_the_model_as_that_text() {
     let deferral = small_deferral(SearchTool::client());
     let search = deferral.search().name().to_owned();
     let refused = "invalid arguments for tool_search: /limit: must be an integer from 1 to 10";
+    let revoked = ToolOutput {
+        content: vec![psych_types::ContentBlock::from_object(object(json!({
+            "type": "tool_reference", "tool_name": "secret__delete_repo"
+        })))],
+        ..ToolOutput::text("")
+    };
     let log = logged(&[
         user("Open an issue about the flaky test."),
         assistant(
@@ -383,6 +390,9 @@ fn a_search_answered_by_text_reaches_the_model_as_that_text() {
             &search,
             search_answer(["github__create_issue"], &deferral, 5),
         ),
+        // References to no tool of this request's deferred set (one since revoked).
+        assistant("", &[("s5", search.as_str(), json!({"query": "delete"}))]),
+        result_of("s5", &search, revoked),
         assistant("", &[("s4", search.as_str(), json!({"query": "late"}))]),
     ]);
     let options = OpenAiOptions::new("gpt-5.1").native_deferral(deferral.clone());
@@ -407,6 +417,8 @@ fn a_search_answered_by_text_reaches_the_model_as_that_text() {
             "tool_search_output",
             "function_call",
             "function_call_output",
+            "function_call",
+            "function_call_output",
             "message",
         ],
         "{body}"
@@ -415,8 +427,9 @@ fn a_search_answered_by_text_reaches_the_model_as_that_text() {
     assert_eq!(items[2]["output"], format!("Error: {refused}"));
     assert_eq!(items[4]["output"], "No tool matches zzz.");
     assert_eq!(items[6]["tools"][0]["name"], "github__create_issue");
+    assert_eq!(items[8]["output"], psych_prompt_assembly::NO_MATCH);
     assert_eq!(
-        items[8]["output"],
+        items[10]["output"],
         format!("Error: {}", psych_prompt_assembly::MISSING_RESULT)
     );
 }

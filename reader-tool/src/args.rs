@@ -132,8 +132,9 @@ impl ReadArgs {
 
     /// Parses the model's arguments and checks them against `limits`.
     ///
-    /// A `null` optional field counts as absent. Numbers must be JSON integers (`2.0` is
-    /// refused, as is `"2"`).
+    /// A `null` optional field counts as absent. Numbers must be whole, as JSON Schema
+    /// reads `integer` ([`psych_types::json_whole`]: `2.0` is taken as 2; `2.5` and `"2"`
+    /// are refused).
     ///
     /// # Errors
     ///

@@ -8,8 +8,9 @@
 //! - The store's address ([`StoreUrl`]: a `postgres://` URL with `schema` and `pool_size`),
 //!   its connection pool, and its schema, created and migrated by the store when it opens
 //!   ([`PgStore::open`]): numbered migrations in one transaction under an advisory lock
-//!   (replicas starting together migrate once), a database whose schema is newer than this
-//!   build refused and left as it is.
+//!   (replicas starting together migrate once); a schema a newer build migrated is used as
+//!   it is when its migrations let this build open it (`opens_from`), else refused, and
+//!   left as it is either way.
 //! - The catalogue ([`PgCatalog`]): psych-types' `CatalogStore`, the seam the redb
 //!   catalogue implements, passing the same conformance suite (14 properties)
 //!   (psych-store-conformance): a refresh is one transaction, an unchanged listing takes
@@ -138,13 +139,15 @@ pub enum DbError {
 
 impl PgStore {
     /// Opens the store at `url` ([`StoreUrl::parse`]): makes the pool, connects once, and
-    /// creates or migrates the schema to [`SCHEMA_VERSION`] in one transaction. Call it
+    /// creates or migrates the schema to [`SCHEMA_VERSION`] in one transaction (a schema
+    /// already past it is used as it is, when its `opens_from` lets this build open it). Call it
     /// inside a tokio runtime (with its time driver): the pool's connections run there.
     ///
     /// # Errors
     ///
     /// [`OpenError`]: the URL refused, no connection, the migration failed (nothing of it
-    /// committed), or the schema is newer than this build knows.
+    /// committed), or the schema was migrated past what this build may open
+    /// ([`OpenError::NewerSchema`]).
     pub async fn open(url: &str) -> Result<Self, OpenError> {
         let url = StoreUrl::parse(url)?;
         let manager = Manager::from_config(
