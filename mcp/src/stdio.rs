@@ -80,6 +80,10 @@ use crate::wire::JSON_ON_WORKER;
 use lines::{Line, LineReader, Overflow, SpillTo, SpilledLine};
 use tree::{Leader, Tag};
 
+/// How often [`Child::terminate`] looks whether the rest of a server's processes have
+/// ended within their grace.
+const TREE_POLL: Duration = Duration::from_millis(50);
+
 /// The most of a line held in memory: a line over [`SPILL_AT`] is kept in a file, and
 /// what of it is then parsed in memory (all but its long texts) must be within this, else
 /// it fails the request it answers ([`McpError::AnswerTooLarge`]).
@@ -334,6 +338,23 @@ impl Child {
         self.diagnostics.text()
     }
 
+    /// Waits until no process of the server's group or tree is left, or `until`: looks
+    /// through `/proc` (on a thread of its own, at most [`tree::DEADLINE`] each) every
+    /// [`TREE_POLL`].
+    async fn await_tree(&self, until: tokio::time::Instant) {
+        let Some(leader) = self.leader else {
+            return;
+        };
+        while tokio::time::Instant::now() < until {
+            let tag = self.tag.clone();
+            let left = tree::bounded(tree::DEADLINE, move || tree::members(leader, &tag)).await;
+            if left.is_some_and(|left| left.is_empty()) {
+                return;
+            }
+            tokio::time::sleep_until(until.min(tokio::time::Instant::now() + TREE_POLL)).await;
+        }
+    }
+
     /// Sends `signal` to the group and to every process of the server's tree, from a
     /// thread of its own, waiting for it at most [`tree::DEADLINE`].
     async fn signal_tree(&self, signal: Signal) {
@@ -344,21 +365,24 @@ impl Child {
         tree::bounded(tree::DEADLINE, move || tree::signal(leader, &tag, signal)).await;
     }
 
-    /// Stops everything the server started: SIGTERM to its group and tree, up to `grace`
-    /// for the server to exit, then SIGKILL to whatever is left of its group and tree (a
-    /// grandchild in a session of its own included), looking again until none is left;
-    /// waits for the server's exit. Each look through `/proc` runs on a thread of its own
-    /// and is waited for at most [`tree::DEADLINE`], so this returns within about
-    /// `2 × grace + 3 ×` that deadline whatever the processes do.
+    /// Stops everything the server started: SIGTERM to its group and tree (also when the
+    /// server itself has exited already: what it left running gets it), up to `grace` for
+    /// the server to exit and then for the rest of its group and tree (a wrapper such as
+    /// `sh -c 'server; echo done'` exits at SIGTERM at once, while the server it runs
+    /// cleans up), then SIGKILL to whatever is left of its group and tree (a grandchild in
+    /// a session of its own included), looking again until none is left; waits for the
+    /// server's exit. Each look through `/proc` runs on a thread of its own and is waited
+    /// for at most [`tree::DEADLINE`], so this returns within about `2 × grace`, plus that
+    /// deadline for each look, whatever the processes do.
     pub(crate) async fn terminate(&self, grace: Duration) {
         if self.reaped.load(Ordering::Acquire) {
             return;
         }
         let mut exit = self.exit.clone();
-        if exit.borrow().is_none() {
-            self.signal_tree(Signal::SIGTERM).await;
-            let _ = tokio::time::timeout(grace, exit.wait_for(Option::is_some)).await;
-        }
+        let until = tokio::time::Instant::now() + grace;
+        self.signal_tree(Signal::SIGTERM).await;
+        let _ = tokio::time::timeout_at(until, exit.wait_for(Option::is_some)).await;
+        self.await_tree(until).await;
         if exit.borrow().is_none() {
             self.signal_tree(Signal::SIGKILL).await;
             let _ = tokio::time::timeout(grace, exit.wait_for(Option::is_some)).await;

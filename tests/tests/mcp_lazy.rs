@@ -432,6 +432,57 @@ async fn a_server_removed_while_it_starts_is_given_its_grace() {
     manager.shutdown().await;
 }
 
+/// The grace is the whole group's, not only its first process's: behind a wrapper that
+/// exits at SIGTERM at once (`sh -c 'server; echo done'` keeps the shell as the group's
+/// leader), the server it runs still gets its grace to clean up before anything is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_processes_a_server_leaves_behind_get_the_grace_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let bye = dir.path().join("bye");
+    // The server cleans up for 0.3 s on SIGTERM before it leaves its note; the shell
+    // around it, with a command after it, stays its group's leader and ends at once.
+    let server = format!(
+        r#"trap "sleep 0.3; echo bye > '{}'; exit 0" TERM; echo up > '{}'; while :; do sleep 0.05; done"#,
+        bye.display(),
+        ready.display()
+    );
+    let script = format!("sh -c '{}'; echo done", server.replace('\'', r#"'\''"#));
+    let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
+    let manager = McpManager::builder(config)
+        .timeouts(
+            Timeouts::uniform(Duration::from_secs(20)).with_shutdown_grace(Duration::from_secs(10)),
+        )
+        .build()
+        .unwrap();
+    manager
+        .add_lazy_server(
+            id("wrapped"),
+            shell("wrapped", &script),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    let request = tokio::spawn({
+        let manager = manager.clone();
+        async move { echo(&manager, "wrapped", "x").await }
+    });
+    eventually("the server started", || ready.exists()).await;
+    let removing = Instant::now();
+    manager.remove_server(&id("wrapped")).await;
+    assert!(
+        bye.exists(),
+        "the server was killed in its cleanup, when its wrapper exited"
+    );
+    assert!(
+        removing.elapsed() < Duration::from_secs(5),
+        "not the whole grace"
+    );
+    let error = request.await.unwrap().unwrap_err();
+    assert!(matches!(error, McpError::UnknownServer { .. }), "{error}");
+    manager.shutdown().await;
+}
+
 /// A lazy server whose process dies under a call: that call fails, and the next request
 /// starts it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
