@@ -420,8 +420,14 @@ fn sweep_identity(dir: &Path, retention: Retention, now: SystemTime, swept: &mut
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
+    let entries: Vec<std::fs::DirEntry> = entries.flatten().collect();
+    let names: Vec<String> = entries
+        .iter()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .collect();
+    delete_orphaned_side_files(dir, &names);
     let mut segments: Vec<Segment> = entries
-        .flatten()
+        .into_iter()
         .filter_map(|entry| {
             let path = entry.path();
             let run = path
@@ -464,7 +470,9 @@ fn sweep_identity(dir: &Path, retention: Retention, now: SystemTime, swept: &mut
     }
 }
 
-/// Deletes the segment at `path` unless a process holds its lock (it is being written).
+/// Deletes the segment at `path`, and the files the record log keeps beside it
+/// ([`RecordLog::side_files`]: its checkpoint), unless a process holds its lock (it is
+/// being written).
 fn delete_unless_written(path: &Path) -> bool {
     let Ok(file) = std::fs::File::open(path) else {
         return false;
@@ -474,7 +482,30 @@ fn delete_unless_written(path: &Path) -> bool {
     if file.try_lock().is_err() {
         return false;
     }
-    std::fs::remove_file(path).is_ok()
+    if std::fs::remove_file(path).is_err() {
+        return false;
+    }
+    for side in RecordLog::side_files(path) {
+        let _ = std::fs::remove_file(side);
+    }
+    true
+}
+
+/// Deletes the side files ([`RecordLog::side_files`]) in `dir` whose segment is gone (a
+/// segment an earlier build deleted without them): `names` are the folder's file names.
+fn delete_orphaned_side_files(dir: &Path, names: &[String]) {
+    for name in names {
+        let Some(log) = name
+            .strip_suffix(".ckpt")
+            .or_else(|| name.strip_suffix(".ckpt.tmp"))
+            .filter(|log| log.ends_with(".plog"))
+        else {
+            continue;
+        };
+        if !names.iter().any(|other| other == log) {
+            let _ = std::fs::remove_file(dir.join(name));
+        }
+    }
 }
 
 /// Appends `runs` to `dir`'s `expired` file, cut to its newer half when it grew past
@@ -791,5 +822,50 @@ mod tests {
         sweep_identity(&dir, retention, later, &mut swept);
         assert_eq!(swept.deleted, ["old"]);
         assert!(was_expired(&dir, &run));
+    }
+
+    /// A deleted segment's checkpoint goes with it, and one whose segment an earlier build
+    /// deleted alone is deleted at the next sweep; a kept segment's stays.
+    #[test]
+    fn the_sweep_deletes_a_segments_side_files_with_it() {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = root.path().join("bob");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let run = |name: &str| RunId::new(name).unwrap_or_else(|e| panic!("{e}"));
+        let (old, kept) = (run("old"), run("kept"));
+        let side = |run: &RunId| RecordLog::side_files(RecordLog::path_for(&dir, run));
+        for run in [&old, &kept] {
+            drop(
+                RecordLog::open(&dir, run, SyncPolicy::OsBuffered)
+                    .unwrap_or_else(|e| panic!("{e}")),
+            );
+            for file in side(run) {
+                std::fs::write(file, b"checkpoint").unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+        // A recent write keeps `kept`; `gone`'s segment was deleted before, alone.
+        std::fs::File::options()
+            .write(true)
+            .open(RecordLog::path_for(&dir, &kept))
+            .and_then(|file| file.set_modified(SystemTime::now() + Duration::from_secs(3600)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let orphans = side(&run("gone"));
+        for file in &orphans {
+            std::fs::write(file, b"checkpoint").unwrap_or_else(|e| panic!("{e}"));
+        }
+        let retention = Retention {
+            max_age: Duration::from_secs(60),
+            max_bytes: DEFAULT_RETAIN_BYTES,
+        };
+        let later = SystemTime::now() + Duration::from_secs(3600);
+        let mut swept = Swept::default();
+        sweep_identity(&dir, retention, later, &mut swept);
+        assert_eq!(swept.deleted, ["old"]);
+        for file in side(&old).iter().chain(&orphans) {
+            assert!(!file.exists(), "{} left", file.display());
+        }
+        for file in side(&kept) {
+            assert!(file.exists(), "{} deleted", file.display());
+        }
     }
 }

@@ -37,6 +37,10 @@ const CHECKPOINT_TRAILER_LEN: usize = 4;
 pub(crate) const CHECKPOINT_AFTER: u64 = 64 << 20;
 /// The checkpoint file's name: the log's, with this appended.
 pub(crate) const CHECKPOINT_SUFFIX: &str = ".ckpt";
+
+/// The suffix of a checkpoint being written, after the checkpoint's own name (renamed over
+/// the checkpoint once written whole).
+pub(crate) const WRITING_SUFFIX: &str = ".tmp";
 /// Bytes read (and written) at a time: a whole number of entries.
 const CHUNK: usize = 4096 * CHECKPOINT_ENTRY_LEN * 16;
 
@@ -113,7 +117,7 @@ pub(crate) fn write(
 ) -> std::io::Result<()> {
     let path = path_for(log_path);
     let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
+    tmp.push(WRITING_SUFFIX);
     let tmp = PathBuf::from(tmp);
     // `encode_to` gathers the entries into writes of `CHUNK` bytes itself.
     encode_to(&mut File::create(&tmp)?, identity, entries)?;

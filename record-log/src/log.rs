@@ -116,6 +116,17 @@ impl RecordLog {
         dir.as_ref().join(format!("{run}.{FILE_EXTENSION}"))
     }
 
+    /// The files the log at `log` may keep beside it: its checkpoint (written once the log
+    /// passes 64 MiB, to open it fast) and a checkpoint being written (left by a process
+    /// killed while writing one). A program that deletes a log deletes these with it (each
+    /// may be absent); the log rebuilds its checkpoint when it needs one.
+    pub fn side_files(log: impl AsRef<Path>) -> [PathBuf; 2] {
+        let checkpoint = crate::checkpoint::path_for(log.as_ref());
+        let mut writing = checkpoint.clone().into_os_string();
+        writing.push(crate::checkpoint::WRITING_SUFFIX);
+        [checkpoint, PathBuf::from(writing)]
+    }
+
     /// Opens (creating it and `dir` if needed) the log of `run` under `dir`, checks every
     /// frame, cuts a torn or damaged tail back to the last whole record, and says what it
     /// found in the returned [`Recovery`].
@@ -150,13 +161,16 @@ impl RecordLog {
         storage: Arc<dyn Storage>,
     ) -> Result<(Self, Recovery), OpenError> {
         let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(open_io(dir))?;
+        create_dir_durably(dir).map_err(open_io(dir))?;
         let path = Self::path_for(dir, run);
         let (file, created) = Self::locked_file(&path)?;
         let mut log = Self::unopened(run, path, file, storage, sync, false);
         let (header_loss, header_written) = log.check_header()?;
-        if created || header_written {
-            // The file's directory entry must be as durable as its header.
+        // The file's directory entry must be as durable as its header; and under a policy
+        // that promises acknowledged records survive a power loss, as durable as they:
+        // synced at every open, since a process killed after writing the header and
+        // before syncing the directory leaves a whole header whose entry may not be.
+        if created || header_written || sync.syncs() {
             sync_dir(dir).map_err(open_io(dir))?;
         }
         log.finish_open(header_loss)
@@ -175,7 +189,11 @@ impl RecordLog {
     /// written as a torn tail (or a torn last write), never as damage: what looks like
     /// damage before whole frames is read again, on from there, in the file as it is then
     /// (a writer's appends can make the scan's buffer older than what it reads after it).
-    /// Records appended after the open are not seen.
+    /// Records appended after the open are not seen. A view may hold records written and
+    /// not yet acknowledged (their sync still running); should the writer cut one back (its
+    /// sync failed) and write another in its place, reading it is
+    /// [`RecordCorruption::HeaderChanged`](crate::RecordCorruption::HeaderChanged), never
+    /// the other record's bytes.
     ///
     /// # Errors
     ///
@@ -437,6 +455,30 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Creates `dir` and its missing ancestors, syncing the parent of each folder made, so
+/// that the path to a log created in it is as durable as the log's own entry.
+fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(folder) = at.filter(|folder| !folder.as_os_str().is_empty() && !folder.exists())
+    {
+        missing.push(folder);
+        at = folder.parent();
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    for folder in missing {
+        match folder.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent)?,
+            // A relative folder made in the working directory.
+            _ => sync_dir(Path::new("."))?,
+        }
+    }
+    Ok(())
+}
+
 impl RecordSource for RecordLog {
     type Error = ReadError;
 
@@ -469,6 +511,12 @@ impl RecordSource for RecordLog {
             return Ok(0);
         };
         self.check_first_touch(entry)?;
+        if self.read_only {
+            // A writer may have cut the frame this view indexed (a failed sync undone) and
+            // written another in its place: the header on disk must still be the one
+            // indexed, or the bytes at its offsets are another record's.
+            self.check_header_at(entry)?;
+        }
         let (start, len) = self.readable_range(entry)?;
         if offset >= len {
             return Ok(0);
@@ -600,6 +648,19 @@ impl RecordLog {
     /// The frame header (checked against the index), metadata and, for a result with
     /// binary data, the readable text's length prefix of the tool result at `entry`, read
     /// with one positional read; and where the metadata ends in them.
+    /// Checks that the frame header on disk at `entry` is the one indexed (one 32-byte
+    /// positional read): [`RecordCorruption::HeaderChanged`] otherwise.
+    fn check_header_at(&self, entry: &Entry) -> Result<(), ReadError> {
+        let mut head = [0u8; FRAME_HEADER_LEN];
+        self.file
+            .read_exact_at(&mut head, entry.offset)
+            .map_err(self.read_io(entry.offset))?;
+        if FrameHeader::decode(&head).ok() != Some(entry.header) {
+            return Err(self.corrupt(entry.offset, RecordCorruption::HeaderChanged));
+        }
+        Ok(())
+    }
+
     fn result_head(&self, entry: &Entry) -> Result<(Vec<u8>, usize), ReadError> {
         let prefix = if entry.header.content_kind == format::CONTENT_WITH_BINARY {
             format::READABLE_LEN_PREFIX as usize
@@ -745,6 +806,25 @@ mod tests {
     use std::cell::RefCell;
 
     type Hook = Box<dyn FnOnce(&Path)>;
+
+    /// A log's folder is made with its missing ancestors (each one's parent synced), and
+    /// asking again for folders that exist is a no-op; a log opens in the folder made.
+    #[test]
+    fn a_logs_folder_is_made_with_its_ancestors() {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let deep = root.path().join("a").join("b").join("c");
+        create_dir_durably(&deep).unwrap_or_else(|e| panic!("{e}"));
+        assert!(deep.is_dir());
+        create_dir_durably(&deep).unwrap_or_else(|e| panic!("{e}"));
+        let run = RunId::new("r").unwrap_or_else(|e| panic!("{e}"));
+        let (log, _) = RecordLog::open(
+            root.path().join("a").join("x"),
+            &run,
+            SyncPolicy::EveryAppend,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(log.is_empty());
+    }
 
     thread_local! {
         /// Run once between a writer's open of its file and its lock (this thread's next

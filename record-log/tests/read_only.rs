@@ -244,3 +244,39 @@ fn a_reader_opening_a_log_under_steady_appends_never_finds_it_corrupt() {
     let appended = appending.join().unwrap();
     eprintln!("{opens} read-only opens while {appended} records were appended");
 }
+
+/// A frame the view indexed that a writer then replaced (a failed sync undone, another
+/// record written at the same place) is a typed error when its text is read, never the
+/// other record's bytes.
+#[test]
+fn a_frame_replaced_under_a_reader_is_corrupt_not_another_records_text() {
+    let dir = tempfile::tempdir().unwrap();
+    four(dir.path());
+    let (reader, _) = RecordLog::open_read_only(dir.path(), &common::run("ro")).unwrap();
+    // The same first three records, then another fourth, written in the file's place.
+    let other = tempfile::tempdir().unwrap();
+    let (mut log, _) =
+        RecordLog::open(other.path(), &common::run("ro"), SyncPolicy::EveryAppend).unwrap();
+    for i in 0..3 {
+        log.append(&common::text_result(&format!("line {i}\n").repeat(20)))
+            .unwrap();
+    }
+    log.append(&common::text_result(&"another record\n".repeat(30)))
+        .unwrap();
+    drop(log);
+    let replaced = std::fs::read(path(other.path())).unwrap();
+    std::fs::write(path(dir.path()), &replaced).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let error = reader
+        .read_output(&reader.handle(3).unwrap(), 0, &mut buf)
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("frame header changed on disk"),
+        "{error}"
+    );
+    // The frames it did not lose still read.
+    let n = reader
+        .read_output(&reader.handle(2).unwrap(), 0, &mut buf)
+        .unwrap();
+    assert_eq!(&buf[..n], "line 2\n".repeat(20).as_bytes());
+}
