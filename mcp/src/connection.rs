@@ -457,7 +457,17 @@ impl Session {
                 Err(error) => return Err(self.fault(&call, error).await),
             };
             let claim = self.tap.claim(handle.id.clone());
+            // A listing dropped while it waits (its caller's own deadline, a freshener
+            // shutting down) tells the server, as a dropped call does, rather than leaving
+            // it working and rmcp holding the request until it answers. Disarmed once the
+            // page has its outcome (rmcp cancels a page past its own deadline itself).
+            let mut guard = CancelOnDrop {
+                peer: Some(self.peer.clone()),
+                id: handle.id.clone(),
+                reason: "listing abandoned by the caller",
+            };
             let result = handle.await_response().await;
+            guard.peer = None;
             let raw = match claim.take() {
                 // An answer came that the transport could not deliver (over its memory
                 // cap, or unreadable): rmcp's error for it is a stand-in.

@@ -109,8 +109,11 @@ pub struct Scenario {
     /// Answer `initialize` (and, with [`modern_only`](Self::modern_only),
     /// `server/discover`) only after this many milliseconds: a server slow to start.
     pub initialize_delay_ms: Option<u64>,
-    /// Never answer `tools/list`.
+    /// Never answer `tools/list` (until the client cancels it).
     pub hang_listing: bool,
+    /// Answer this many `tools/list` requests, then none (each left waiting counts as
+    /// cancelled, in `cancellations`, once the client cancels it).
+    pub hang_listing_after: Option<u64>,
     /// The `hang` tool first reports progress 0 ("hanging") when the call carries a
     /// progress token, so a client knows the call reached the server.
     pub announce_hang: bool,
@@ -168,7 +171,7 @@ pub const USAGE: &str = "usage: psych-test-server [--http ADDR] [--tools N] \
 [--kind notes|files|wiki|forge|suite] [--page-size N] \
 [--malformed] [--early-list-changed] [--exit-at-once STATUS] [--garbage-at-start N] \
 [--repeat-cursor] [--endless-listing] [--cursor-bytes N] [--hang-initialize] \
-[--initialize-delay-ms MS] [--hang-listing] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
+[--initialize-delay-ms MS] [--hang-listing] [--hang-listing-after N] [--announce-hang] [--grandchild] [--stderr-banner TEXT] \
 [--no-control-tools] [--catalog FILE] [--json-response] [--stderr-flood BYTES] \
 [--setsid-grandchild PIDFILE] [--list-raw-tools] [--modern-only] [--hint-max-chars N] \
 [--dense-initialize N] \
@@ -231,6 +234,9 @@ impl Scenario {
                     scenario.initialize_delay_ms = Some(number(value("milliseconds")?)? as u64);
                 }
                 "--hang-listing" => scenario.hang_listing = true,
+                "--hang-listing-after" => {
+                    scenario.hang_listing_after = Some(number(value("a count")?)? as u64);
+                }
                 "--announce-hang" => scenario.announce_hang = true,
                 "--grandchild" => scenario.grandchild = true,
                 "--stderr-banner" => scenario.stderr_banner = Some(value("a text")?),
@@ -356,6 +362,8 @@ struct State {
     tools: Mutex<Vec<Value>>,
     peers: Mutex<Vec<Peer<RoleServer>>>,
     cancellations: AtomicU64,
+    /// `tools/list` requests received so far.
+    listings: AtomicU64,
     /// Bumped at each change of the tools: every `subscriptions/listen` stream watches it.
     changes: tokio::sync::watch::Sender<u64>,
     /// Bumped by `end_subscriptions`: every `subscriptions/listen` stream then ends.
@@ -410,6 +418,7 @@ impl State {
             tools: Mutex::new(tools),
             peers: Mutex::new(Vec::new()),
             cancellations: AtomicU64::new(0),
+            listings: AtomicU64::new(0),
             changes: tokio::sync::watch::Sender::new(0),
             ends: tokio::sync::watch::Sender::new(0),
             listening: AtomicU64::new(0),
@@ -672,6 +681,29 @@ impl<'a> Listening<'a> {
 impl Drop for Listening<'_> {
     fn drop(&mut self) {
         self.0.listening.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl State {
+    /// A `tools/list` request arriving: with `--hang-listing`, or past the first
+    /// `--hang-listing-after` requests, goes on only once the client cancels it (counted
+    /// in `cancellations`).
+    async fn listing(&self, context: RequestContext<RoleServer>) {
+        let seen = self.listings.fetch_add(1, Ordering::SeqCst);
+        let hang = self.scenario.hang_listing
+            || self
+                .scenario
+                .hang_listing_after
+                .is_some_and(|after| seen >= after);
+        if hang {
+            let _count = CountCancelled {
+                state: self,
+                ct: context.clone(),
+            };
+            // Until the client cancels it (then counted; the page served after it is
+            // dropped by the client, which no longer waits for it).
+            context.ct.cancelled().await;
+        }
     }
 }
 
@@ -1010,11 +1042,9 @@ impl ServerHandler for TestServer {
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        if self.state.scenario.hang_listing {
-            std::future::pending::<()>().await;
-        }
+        self.state.listing(context).await;
         serde_json::from_value(self.state.serve_page(request.as_ref()).await)
             .map_err(|e| ErrorData::internal_error(format!("malformed listing: {e}"), None))
     }
@@ -1115,9 +1145,7 @@ impl Service<RoleServer> for RawListing {
         context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, ErrorData> {
         if let ClientRequest::ListToolsRequest(request) = &request {
-            if self.0.state.scenario.hang_listing {
-                std::future::pending::<()>().await;
-            }
+            self.0.state.listing(context.clone()).await;
             return Ok(ServerResult::CustomResult(CustomResult(
                 self.0.state.serve_page(request.params.as_ref()).await,
             )));

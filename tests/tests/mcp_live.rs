@@ -984,6 +984,37 @@ async fn a_listing_that_hangs_or_loops_on_its_cursor_fails_with_the_reason() {
     loops.shutdown().await;
 }
 
+/// A listing its caller drops while a page is unanswered (a freshener's own deadline, a
+/// shutdown) tells the server, as a dropped call does, rather than leaving it working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_dropped_while_it_waits_is_cancelled_on_the_server() {
+    // The first listing (the connect's) is answered; the next is not.
+    let (manager, reachability) = one(
+        "slow",
+        test_server("slow", &["--hang-listing-after", "1"]),
+        fast(),
+    )
+    .await;
+    assert_eq!(reachability, Reachability::Reachable);
+    let dropped = tokio::time::timeout(Duration::from_millis(300), manager.list(&id("slow"))).await;
+    assert!(dropped.is_err(), "the listing was answered: {dropped:?}");
+    let mut seen = String::new();
+    // Up to 10 s: a loaded machine's server may take a while to count it.
+    for _ in 0..200 {
+        let result = manager
+            .call_tool_raw(&tool("slow", "cancellations"), JsonObject::new())
+            .await
+            .unwrap();
+        seen = texts(&result).concat();
+        if seen == "1" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, "1", "the server never saw the listing cancelled");
+    manager.shutdown().await;
+}
+
 /// A listing that never ends, or whose cursor is huge, fails at the page that passed its
 /// bound, naming it, rather than growing until the listing deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
