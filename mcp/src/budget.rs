@@ -18,9 +18,10 @@
 //!
 //! Over stdio, any line over [`SPILL_AT`](crate::SPILL_AT) is spilled as it arrives, before
 //! it is known to answer a call: a `tools/list` page of that size is refused like an
-//! answer when the budget has no room for it, and a notification or a server's request
-//! (whose `id` or `method` may come last) holds the budget while it arrives and is then
-//! refused whatever the budget (it is not read back).
+//! answer when the budget has no room for it. A notification or a server's request is
+//! never kept that long: once its top-level `method` is read (senders write it first),
+//! the line is read past without a file, and what it had written so far, and held of the
+//! budget, is given back; it is then refused whatever the budget.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -299,6 +299,15 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 (Some(spill), _) if kept => {
                     spill.scanner.feed(chunk);
                     spill.pending.extend_from_slice(chunk);
+                    if spill.scanner.has_method() {
+                        // Found to be a request or notification (its `method` after a long
+                        // start): never kept, so written no further; the file and what it
+                        // held of the budget go with it.
+                        if let Some(mut spill) = self.spill.take() {
+                            let scanner = std::mem::take(&mut spill.scanner);
+                            self.overflow = Some((scanner, spill.held.bytes()));
+                        }
+                    }
                 }
                 (Some(_), _) => {
                     // Past the spill's cap or its budget: read past the rest (the file, and
@@ -321,7 +330,12 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                     scanner.feed(&self.line);
                     scanner.feed(chunk);
                     let bytes = (self.line.len() + chunk.len()) as u64;
-                    let spill_to = self.spill_to.as_ref().filter(|to| bytes <= to.max);
+                    // A request or notification (a top-level `method`) is never kept over
+                    // the limit, so it is not written either: read past.
+                    let spill_to = self
+                        .spill_to
+                        .as_ref()
+                        .filter(|to| bytes <= to.max && !scanner.has_method());
                     let held = spill_to.map(|to| {
                         let mut held = to.budget.reserve();
                         held.grow(bytes).map(|()| (to.dir.clone(), held))
@@ -648,6 +662,61 @@ mod tests {
         drop(last.finish().await.unwrap());
         assert_eq!(budget.in_use(), 0);
         assert!(lines.next().await.unwrap().is_none());
+    }
+
+    /// A request or notification over the limit is never kept, so never written: read past
+    /// from the moment its `method` is known (at once when it comes first), holding nothing
+    /// of the budget, and the answer after it is kept as usual.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_notification_is_read_past_without_a_file() {
+        const MIB: usize = 1024 * 1024;
+        let budget = SpillBudget::new(3 * MIB as u64);
+        let data = "x".repeat(6 * MIB);
+        let mut input = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{data}"}}}}"#
+        )
+        .into_bytes();
+        let notification = input.len() as u64;
+        input.push(b'\n');
+        // The method after a long start: written until it is read, then given back.
+        let late = format!(
+            r#"{{"params":{{"data":"{}"}},"jsonrpc":"2.0","method":"notifications/message"}}"#,
+            &data[..2 * MIB]
+        );
+        input.extend_from_slice(late.as_bytes());
+        input.push(b'\n');
+        input.extend_from_slice(&line(7, 2 * MIB, false));
+        input.push(b'\n');
+        let mut lines = LineReader::new(input.as_slice(), MIB).spilling(SpillTo {
+            dir: std::env::temp_dir(),
+            max: 8 * MIB as u64,
+            budget: budget.clone(),
+        });
+        let Some(Line::TooLong(refused)) = lines.next().await.unwrap() else {
+            panic!("not read past");
+        };
+        assert!(refused.has_method);
+        assert_eq!(refused.bytes, notification);
+        assert!(refused.over_budget.is_none(), "it never reached the budget");
+        assert_eq!(budget.in_use(), 0, "nothing held");
+        let Some(Line::TooLong(refused)) = lines.next().await.unwrap() else {
+            panic!("not read past");
+        };
+        assert!(refused.has_method);
+        assert_eq!(refused.bytes, late.len() as u64);
+        assert!(refused.over_budget.is_none());
+        // What it held goes back once a write in flight has closed its file.
+        let started = std::time::Instant::now();
+        while budget.in_use() > 0 {
+            assert!(started.elapsed() < std::time::Duration::from_secs(30));
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let Some(Line::Spilled(answer)) = lines.next().await.unwrap() else {
+            panic!("the answer after it is kept");
+        };
+        assert_eq!(answer.id().as_deref(), Some("7"));
+        drop(answer.finish().await.unwrap());
+        assert_eq!(budget.in_use(), 0);
     }
 
     /// Refused partway, with chunks written and a write perhaps in flight: the line is read
