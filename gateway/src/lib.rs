@@ -596,8 +596,10 @@ impl Shared {
         InFlight(self.state.clone())
     }
 
-    /// What `asking`, to open one more session, must leave free for the other identities'
-    /// fair shares ([`GatewaySettings::max_sessions_per_identity`] is checked apart):
+    /// What `asking`, holding `held` sessions besides the one it opens (counted as it took
+    /// its place under its cap, so that two opens of one identity at once see each
+    /// other), must leave free for the other identities' fair shares
+    /// ([`GatewaySettings::max_sessions_per_identity`] is checked apart):
     /// `None` when nothing, else its share and the slots owed
     /// ([`Shared::take_session_slot`] refuses it unless more are free).
     ///
@@ -608,11 +610,10 @@ impl Shared {
     /// its share), so that the slots busy identities give back go to those waiting, while
     /// an identity alone, or beside others that want no more, uses every slot its cap
     /// allows. Without a cap on sessions (stdio) there is nothing to share.
-    fn identity_room(&self, asking: &Tenant) -> Option<Owed> {
+    fn identity_room(&self, asking: &Tenant, held: usize) -> Option<Owed> {
         use std::sync::atomic::Ordering;
         let total = self.max_sessions?;
         let now = std::time::Instant::now();
-        let held = asking.sessions.load(Ordering::Relaxed);
         let mut active = 1usize;
         let mut waiting = Vec::new();
         for tenant in self
@@ -842,13 +843,21 @@ struct Counted(Arc<std::sync::atomic::AtomicUsize>);
 impl Counted {
     /// Counts one more in `count`, unless `max` are counted already.
     fn take(count: &Arc<std::sync::atomic::AtomicUsize>, max: usize) -> Option<Self> {
+        Self::take_counting(count, max).map(|(counted, _)| counted)
+    }
+
+    /// [`Counted::take`], with how many were counted before this one.
+    fn take_counting(
+        count: &Arc<std::sync::atomic::AtomicUsize>,
+        max: usize,
+    ) -> Option<(Self, usize)> {
         use std::sync::atomic::Ordering;
         count
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < max).then_some(n + 1)
             })
             .ok()
-            .map(|_| Self(Arc::clone(count)))
+            .map(|before| (Self(Arc::clone(count)), before))
     }
 }
 
@@ -1107,9 +1116,11 @@ impl Session {
             Some(name) => {
                 let tenant = shared.tenant(&name);
                 let max = shared.max_identity_sessions;
-                let owed = shared.identity_room(&tenant);
-                match Counted::take(&tenant.sessions, max) {
-                    Some(counted) => Ok(Some(((name, tenant), counted, owed))),
+                match Counted::take_counting(&tenant.sessions, max) {
+                    Some((counted, held)) => {
+                        let owed = shared.identity_room(&tenant, held);
+                        Ok(Some(((name, tenant), counted, owed)))
+                    }
                     None => Err(SessionRefused::IdentityFull { max }),
                 }
             }

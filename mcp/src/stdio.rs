@@ -345,9 +345,15 @@ impl Child {
         let Some(leader) = self.leader else {
             return;
         };
-        while tokio::time::Instant::now() < until {
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                return;
+            }
             let tag = self.tag.clone();
-            let left = tree::bounded(tree::DEADLINE, move || tree::members(leader, &tag)).await;
+            // Never past `until` for a look that blocks.
+            let within = tree::DEADLINE.min(until - now);
+            let left = tree::bounded(within, move || tree::members(leader, &tag)).await;
             if left.is_some_and(|left| left.is_empty()) {
                 return;
             }
@@ -372,8 +378,8 @@ impl Child {
     /// cleans up), then SIGKILL to whatever is left of its group and tree (a grandchild in
     /// a session of its own included), looking again until none is left; waits for the
     /// server's exit. Each look through `/proc` runs on a thread of its own and is waited
-    /// for at most [`tree::DEADLINE`], so this returns within about `2 × grace`, plus that
-    /// deadline for each look, whatever the processes do.
+    /// for at most [`tree::DEADLINE`] (those during the grace no later than its end), so
+    /// this returns within about `2 × grace + 3 ×` that deadline whatever the processes do.
     pub(crate) async fn terminate(&self, grace: Duration) {
         if self.reaped.load(Ordering::Acquire) {
             return;

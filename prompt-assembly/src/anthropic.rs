@@ -703,8 +703,7 @@ impl Prompt<'_> {
         check_native_names(self, native)
     }
 }
-/// Tool blocks of an Anthropic request: the surface, plus the search tool and the deferred
-/// tools in native deferral.
+
 /// An Anthropic request's parts as [`Prompt::layout`] works them out.
 struct Layout {
     /// The blocks of `tools`: the surface's, and with native deferral the search tool and
@@ -727,6 +726,8 @@ impl Layout {
     }
 }
 
+/// Tool blocks of an Anthropic request: the surface, plus the search tool and the deferred
+/// tools in native deferral.
 fn tool_blocks(prompt: &Prompt<'_>, options: &AnthropicOptions) -> usize {
     prompt.tools.len()
         + options

@@ -168,10 +168,18 @@ impl RecordLog {
         let (header_loss, header_written) = log.check_header()?;
         // The file's directory entry must be as durable as its header; and under a policy
         // that promises acknowledged records survive a power loss, as durable as they:
-        // synced at every open, since a process killed after writing the header and
-        // before syncing the directory leaves a whole header whose entry may not be.
+        // synced at every open, with the folder's own entry in its parent, since a process
+        // killed after writing the header (or making the folder) and before syncing leaves
+        // an entry nothing synced. (So such an open needs to open and sync the folders.)
         if created || header_written || sync.syncs() {
             sync_dir(dir).map_err(open_io(dir))?;
+        }
+        if sync.syncs() {
+            let parent = match dir.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => parent,
+                _ => Path::new("."),
+            };
+            sync_dir(parent).map_err(open_io(parent))?;
         }
         log.finish_open(header_loss)
     }
@@ -191,9 +199,10 @@ impl RecordLog {
     /// (a writer's appends can make the scan's buffer older than what it reads after it).
     /// Records appended after the open are not seen. A view may hold records written and
     /// not yet acknowledged (their sync still running); should the writer cut one back (its
-    /// sync failed) and write another in its place, reading it is
-    /// [`RecordCorruption::HeaderChanged`](crate::RecordCorruption::HeaderChanged), never
-    /// the other record's bytes.
+    /// sync failed) and write another in its place, reading its text is
+    /// [`RecordCorruption::HeaderChanged`](crate::RecordCorruption::HeaderChanged) when the
+    /// new frame's header differs (its lengths, its kind); one of the very same lengths
+    /// and kind can still read as the other record's bytes (the header is all it checks).
     ///
     /// # Errors
     ///
@@ -460,7 +469,7 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
     let mut missing = Vec::new();
     let mut at = Some(dir);
-    while let Some(folder) = at.filter(|folder| !folder.as_os_str().is_empty() && !folder.exists())
+    while let Some(folder) = at.filter(|folder| !folder.as_os_str().is_empty() && !folder.is_dir())
     {
         missing.push(folder);
         at = folder.parent();
@@ -514,7 +523,8 @@ impl RecordSource for RecordLog {
         if self.read_only {
             // A writer may have cut the frame this view indexed (a failed sync undone) and
             // written another in its place: the header on disk must still be the one
-            // indexed, or the bytes at its offsets are another record's.
+            // indexed, or the bytes at its offsets are another record's (a replacement of
+            // the same lengths and kind is not told apart: see `open_read_only`).
             self.check_header_at(entry)?;
         }
         let (start, len) = self.readable_range(entry)?;
@@ -645,9 +655,6 @@ impl RecordLog {
         Ok(Some((entry, summary, readable)))
     }
 
-    /// The frame header (checked against the index), metadata and, for a result with
-    /// binary data, the readable text's length prefix of the tool result at `entry`, read
-    /// with one positional read; and where the metadata ends in them.
     /// Checks that the frame header on disk at `entry` is the one indexed (one 32-byte
     /// positional read): [`RecordCorruption::HeaderChanged`] otherwise.
     fn check_header_at(&self, entry: &Entry) -> Result<(), ReadError> {
@@ -661,6 +668,9 @@ impl RecordLog {
         Ok(())
     }
 
+    /// The frame header (checked against the index), metadata and, for a result with
+    /// binary data, the readable text's length prefix of the tool result at `entry`, read
+    /// with one positional read; and where the metadata ends in them.
     fn result_head(&self, entry: &Entry) -> Result<(Vec<u8>, usize), ReadError> {
         let prefix = if entry.header.content_kind == format::CONTENT_WITH_BINARY {
             format::READABLE_LEN_PREFIX as usize

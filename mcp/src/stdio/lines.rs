@@ -406,14 +406,17 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
 
     fn end_overflow(&mut self) -> Line {
         let (scanner, bytes) = self.overflow.take().unwrap_or_default();
+        // A request or notification is never kept past the in-memory limit: that is its
+        // limit, whatever an answer may spill to.
+        let spilled_to = self
+            .spill_to
+            .as_ref()
+            .filter(|to| !scanner.has_method() || bytes > to.max);
         Line::TooLong(Overflow {
             bytes,
             id: scanner.id(),
             has_method: scanner.has_method(),
-            limit: self
-                .spill_to
-                .as_ref()
-                .map_or(self.limit as u64, |to| to.max),
+            limit: spilled_to.map_or(self.limit as u64, |to| to.max),
             unwritable: self.spill_error.take(),
             over_budget: self.over_budget.take(),
         })
@@ -697,6 +700,10 @@ mod tests {
         };
         assert!(refused.has_method);
         assert_eq!(refused.bytes, notification);
+        assert_eq!(
+            refused.limit, MIB as u64,
+            "the in-memory limit, not a spill's"
+        );
         assert!(refused.over_budget.is_none(), "it never reached the budget");
         assert_eq!(budget.in_use(), 0, "nothing held");
         let Some(Line::TooLong(refused)) = lines.next().await.unwrap() else {
