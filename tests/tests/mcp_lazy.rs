@@ -394,21 +394,11 @@ async fn with_no_idle_time_a_request_not_yet_run_keeps_the_start_it_asked_for() 
     manager.shutdown().await;
 }
 
-/// A server removed while it starts is stopped as a running one is: SIGTERM first, with
-/// the grace to end its own way (a server behind `docker run` stops its container), not
-/// killed outright.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_removed_while_it_starts_is_given_its_grace() {
-    let dir = tempfile::tempdir().unwrap();
-    let ready = dir.path().join("ready");
-    let bye = dir.path().join("bye");
-    // Never answers `initialize`; says when it is up, and on SIGTERM leaves a note.
-    let script = format!(
-        r#"trap "echo bye > '{}'; exit 0" TERM; echo up > '{}'; while :; do sleep 0.05; done"#,
-        bye.display(),
-        ready.display()
-    );
-    // A grace no loaded machine comes near: the trap writes its note at once.
+/// A server that never answers `initialize`, written by `script` (a `sh -c` script that
+/// writes `ready` once it is up), removed while it starts under a grace of 10 s (one no
+/// loaded machine comes near): how long the removal took. The request waiting for it
+/// fails as for a server removed.
+async fn removed_while_it_starts(script: &str, ready: &std::path::Path) -> Duration {
     let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
     let manager = McpManager::builder(config)
         .timeouts(
@@ -417,7 +407,7 @@ async fn a_server_removed_while_it_starts_is_given_its_grace() {
         .build()
         .unwrap();
     manager
-        .add_lazy_server(id("slow"), shell("slow", &script), Duration::from_secs(30))
+        .add_lazy_server(id("slow"), shell("slow", script), Duration::from_secs(30))
         .await
         .unwrap();
     let request = tokio::spawn({
@@ -425,11 +415,31 @@ async fn a_server_removed_while_it_starts_is_given_its_grace() {
         async move { echo(&manager, "slow", "x").await }
     });
     eventually("the server started", || ready.exists()).await;
+    let removing = Instant::now();
     manager.remove_server(&id("slow")).await;
-    assert!(bye.exists(), "the server was killed without its SIGTERM");
+    let took = removing.elapsed();
     let error = request.await.unwrap().unwrap_err();
     assert!(matches!(error, McpError::UnknownServer { .. }), "{error}");
     manager.shutdown().await;
+    took
+}
+
+/// A server removed while it starts is stopped as a running one is: SIGTERM first, with
+/// the grace to end its own way (a server behind `docker run` stops its container), not
+/// killed outright.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_removed_while_it_starts_is_given_its_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let bye = dir.path().join("bye");
+    // Says when it is up, and on SIGTERM leaves a note at once.
+    let script = format!(
+        r#"trap "echo bye > '{}'; exit 0" TERM; echo up > '{}'; while :; do sleep 0.05; done"#,
+        bye.display(),
+        ready.display()
+    );
+    removed_while_it_starts(&script, &ready).await;
+    assert!(bye.exists(), "the server was killed without its SIGTERM");
 }
 
 /// The grace is the whole group's, not only its first process's: behind a wrapper that
@@ -448,39 +458,12 @@ async fn the_processes_a_server_leaves_behind_get_the_grace_too() {
         ready.display()
     );
     let script = format!("sh -c '{}'; echo done", server.replace('\'', r#"'\''"#));
-    let config = McpConfig::parse(r#"{"mcpServers": {}}"#, |_| None).unwrap();
-    let manager = McpManager::builder(config)
-        .timeouts(
-            Timeouts::uniform(Duration::from_secs(20)).with_shutdown_grace(Duration::from_secs(10)),
-        )
-        .build()
-        .unwrap();
-    manager
-        .add_lazy_server(
-            id("wrapped"),
-            shell("wrapped", &script),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap();
-    let request = tokio::spawn({
-        let manager = manager.clone();
-        async move { echo(&manager, "wrapped", "x").await }
-    });
-    eventually("the server started", || ready.exists()).await;
-    let removing = Instant::now();
-    manager.remove_server(&id("wrapped")).await;
+    let took = removed_while_it_starts(&script, &ready).await;
     assert!(
         bye.exists(),
         "the server was killed in its cleanup, when its wrapper exited"
     );
-    assert!(
-        removing.elapsed() < Duration::from_secs(5),
-        "not the whole grace"
-    );
-    let error = request.await.unwrap().unwrap_err();
-    assert!(matches!(error, McpError::UnknownServer { .. }), "{error}");
-    manager.shutdown().await;
+    assert!(took < Duration::from_secs(5), "not the whole grace");
 }
 
 /// A lazy server whose process dies under a call: that call fails, and the next request

@@ -433,6 +433,25 @@ async fn answers_past_the_spill_budget_fail_their_calls_and_the_connection_goes_
     manager.shutdown().await;
 }
 
+/// How many calls the test server `server` counted as cancelled, once it counted `want`
+/// (up to 10 s: a loaded machine's server may take a while to count one), or what it
+/// counted by then.
+async fn cancellations(manager: &McpManager, server: &str, want: u64) -> u64 {
+    let mut seen = 0;
+    for _ in 0..200 {
+        let result = manager
+            .call_tool_raw(&tool(server, "cancellations"), JsonObject::new())
+            .await
+            .unwrap();
+        seen = texts(&result).concat().parse().unwrap();
+        if seen == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_past_its_deadline_is_cancelled_and_the_connection_stays_usable() {
     let timeouts = fast().with_call(Duration::from_millis(300));
@@ -453,20 +472,11 @@ async fn a_call_past_its_deadline_is_cancelled_and_the_connection_stays_usable()
         "MCP server \"slow\": tools/call hang got no answer within 300ms"
     );
     // The server saw the cancellation (it counts them), and still answers.
-    let mut seen = String::new();
-    // Up to 10 s: a loaded machine's server may take a while to count it.
-    for _ in 0..200 {
-        let result = manager
-            .call_tool_raw(&tool("slow", "cancellations"), JsonObject::new())
-            .await
-            .unwrap();
-        seen = texts(&result).concat();
-        if seen == "1" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(seen, "1", "the server never saw notifications/cancelled");
+    assert_eq!(
+        cancellations(&manager, "slow", 1).await,
+        1,
+        "the server never saw notifications/cancelled"
+    );
 
     // A caller that gives up (drops the call) cancels it too: dropped once the server said
     // the call arrived, so it is the server's call that is cancelled, however slowly the
@@ -483,20 +493,11 @@ async fn a_call_past_its_deadline_is_cancelled_and_the_connection_stays_usable()
             heard.expect("the server announces the hanging call");
         }
     }
-    let mut seen = String::new();
-    // Up to 10 s: a loaded machine's server may take a while to count it.
-    for _ in 0..200 {
-        let result = manager
-            .call_tool_raw(&tool("slow", "cancellations"), JsonObject::new())
-            .await
-            .unwrap();
-        seen = texts(&result).concat();
-        if seen == "2" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(seen, "2", "dropping the call did not cancel it");
+    assert_eq!(
+        cancellations(&manager, "slow", 2).await,
+        2,
+        "dropping the call did not cancel it"
+    );
     assert_eq!(
         manager.reachability(&id("slow")),
         Some(Reachability::Reachable)
@@ -998,20 +999,11 @@ async fn a_listing_dropped_while_it_waits_is_cancelled_on_the_server() {
     assert_eq!(reachability, Reachability::Reachable);
     let dropped = tokio::time::timeout(Duration::from_millis(300), manager.list(&id("slow"))).await;
     assert!(dropped.is_err(), "the listing was answered: {dropped:?}");
-    let mut seen = String::new();
-    // Up to 10 s: a loaded machine's server may take a while to count it.
-    for _ in 0..200 {
-        let result = manager
-            .call_tool_raw(&tool("slow", "cancellations"), JsonObject::new())
-            .await
-            .unwrap();
-        seen = texts(&result).concat();
-        if seen == "1" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(seen, "1", "the server never saw the listing cancelled");
+    assert_eq!(
+        cancellations(&manager, "slow", 1).await,
+        1,
+        "the server never saw the listing cancelled"
+    );
     manager.shutdown().await;
 }
 
