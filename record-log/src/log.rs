@@ -168,18 +168,15 @@ impl RecordLog {
         let (header_loss, header_written) = log.check_header()?;
         // The file's directory entry must be as durable as its header; and under a policy
         // that promises acknowledged records survive a power loss, as durable as they:
-        // synced at every open, with the folder's own entry in its parent, since a process
-        // killed after writing the header (or making the folder) and before syncing leaves
-        // an entry nothing synced. (So such an open needs to open and sync the folders.)
+        // synced at every open, since a process killed after writing the header and
+        // before syncing leaves an entry nothing synced. The folder's own entry is synced
+        // in its parent too, as far as the parent can be read (a parent this process may
+        // only pass through is left: the open does not fail for it).
         if created || header_written || sync.syncs() {
             sync_dir(dir).map_err(open_io(dir))?;
         }
         if sync.syncs() {
-            let parent = match dir.parent() {
-                Some(parent) if !parent.as_os_str().is_empty() => parent,
-                _ => Path::new("."),
-            };
-            sync_dir(parent).map_err(open_io(parent))?;
+            let _ = sync_dir(&dir.join(".."));
         }
         log.finish_open(header_loss)
     }
@@ -464,8 +461,9 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Creates `dir` and its missing ancestors, syncing the parent of each folder made, so
-/// that the path to a log created in it is as durable as the log's own entry.
+/// Creates `dir` and its missing ancestors, syncing the parent of each folder made (as far
+/// as it can be read: one this process may only pass through is left), so that the path
+/// to a log created in it is as durable as the log's own entry.
 fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
     let mut missing = Vec::new();
     let mut at = Some(dir);
@@ -479,11 +477,7 @@ fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
     }
     std::fs::create_dir_all(dir)?;
     for folder in missing {
-        match folder.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent)?,
-            // A relative folder made in the working directory.
-            _ => sync_dir(Path::new("."))?,
-        }
+        let _ = sync_dir(&folder.join(".."));
     }
     Ok(())
 }

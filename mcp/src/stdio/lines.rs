@@ -408,10 +408,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         let (scanner, bytes) = self.overflow.take().unwrap_or_default();
         // A request or notification is never kept past the in-memory limit: that is its
         // limit, whatever an answer may spill to.
-        let spilled_to = self
-            .spill_to
-            .as_ref()
-            .filter(|to| !scanner.has_method() || bytes > to.max);
+        let spilled_to = self.spill_to.as_ref().filter(|_| !scanner.has_method());
         Line::TooLong(Overflow {
             bytes,
             id: scanner.id(),
