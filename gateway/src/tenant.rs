@@ -494,15 +494,9 @@ fn delete_unless_written(path: &Path) -> bool {
 /// Deletes the side files ([`RecordLog::side_files`]) in `dir` whose segment is gone (a
 /// segment an earlier build deleted without them): `names` are the folder's file names.
 fn delete_orphaned_side_files(dir: &Path, names: &[String]) {
+    let present: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
     for name in names {
-        let Some(log) = name
-            .strip_suffix(".ckpt")
-            .or_else(|| name.strip_suffix(".ckpt.tmp"))
-            .filter(|log| log.ends_with(".plog"))
-        else {
-            continue;
-        };
-        if !names.iter().any(|other| other == log) {
+        if RecordLog::side_file_log(name).is_some_and(|log| !present.contains(log)) {
             let _ = std::fs::remove_file(dir.join(name));
         }
     }

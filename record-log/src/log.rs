@@ -127,6 +127,17 @@ impl RecordLog {
         [checkpoint, PathBuf::from(writing)]
     }
 
+    /// The file name of the log a side file ([`RecordLog::side_files`]) named `name`
+    /// belongs to (`r.plog` for `r.plog.ckpt`), or `None` when `name` is no side file's:
+    /// for a program that finds side files whose log is gone.
+    pub fn side_file_log(name: &str) -> Option<&str> {
+        use crate::checkpoint::{CHECKPOINT_SUFFIX, WRITING_SUFFIX};
+        let checkpoint = name.strip_suffix(WRITING_SUFFIX).unwrap_or(name);
+        checkpoint
+            .strip_suffix(CHECKPOINT_SUFFIX)
+            .filter(|log| log.ends_with(&format!(".{FILE_EXTENSION}")))
+    }
+
     /// Opens (creating it and `dir` if needed) the log of `run` under `dir`, checks every
     /// frame, cuts a torn or damaged tail back to the last whole record, and says what it
     /// found in the returned [`Recovery`].
@@ -656,7 +667,13 @@ impl RecordLog {
         self.file
             .read_exact_at(&mut head, entry.offset)
             .map_err(self.read_io(entry.offset))?;
-        if FrameHeader::decode(&head).ok() != Some(entry.header) {
+        self.same_header(entry, &head)
+    }
+
+    /// Whether `head`, the frame header bytes read at `entry`, is the header indexed:
+    /// [`RecordCorruption::HeaderChanged`] otherwise.
+    fn same_header(&self, entry: &Entry, head: &[u8; FRAME_HEADER_LEN]) -> Result<(), ReadError> {
+        if FrameHeader::decode(head).ok() != Some(entry.header) {
             return Err(self.corrupt(entry.offset, RecordCorruption::HeaderChanged));
         }
         Ok(())
@@ -677,9 +694,7 @@ impl RecordLog {
             .map_err(self.read_io(entry.offset))?;
         let mut head = [0u8; FRAME_HEADER_LEN];
         head.copy_from_slice(&raw[..FRAME_HEADER_LEN]);
-        if FrameHeader::decode(&head).ok() != Some(entry.header) {
-            return Err(self.corrupt(entry.offset, RecordCorruption::HeaderChanged));
-        }
+        self.same_header(entry, &head)?;
         let meta_end = FRAME_HEADER_LEN + entry.header.meta_len as usize;
         Ok((raw, meta_end))
     }
@@ -810,6 +825,22 @@ mod tests {
     use std::cell::RefCell;
 
     type Hook = Box<dyn FnOnce(&Path)>;
+
+    /// Each side file names its log; nothing else does.
+    #[test]
+    fn a_side_file_names_its_log() {
+        let log = Path::new("/logs/r.plog");
+        for side in RecordLog::side_files(log) {
+            let name = side
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            assert_eq!(RecordLog::side_file_log(name), Some("r.plog"), "{name}");
+        }
+        for other in ["r.plog", "r.plog.tmp", "r.ckpt", "expired", "r.txt.ckpt"] {
+            assert_eq!(RecordLog::side_file_log(other), None, "{other}");
+        }
+    }
 
     /// A log's folder is made with its missing ancestors (each one's parent synced), and
     /// asking again for folders that exist is a no-op; a log opens in the folder made.
