@@ -275,6 +275,10 @@ pub enum RecordCorruption {
     BodyChecksum,
     /// The frame header differs from the one checked on open.
     HeaderChanged,
+    /// A read-only view's frame was replaced on disk since its open: the body checksum
+    /// there is no longer the one the open checked (a writer cut the frame back, its sync
+    /// failed, and wrote another record of the same lengths in its place).
+    Replaced,
     /// The frame, or one block of it, is larger than this machine's memory can address.
     TooLarge,
     /// The record's metadata does not decode.
@@ -305,6 +309,7 @@ impl fmt::Display for RecordCorruption {
         f.write_str(match self {
             RecordCorruption::BodyChecksum => "frame body checksum mismatch",
             RecordCorruption::HeaderChanged => "frame header changed on disk",
+            RecordCorruption::Replaced => "frame replaced on disk since the log was opened",
             RecordCorruption::TooLarge => "frame larger than memory",
             RecordCorruption::Metadata => "record metadata is not valid",
             RecordCorruption::KindMismatch => "record metadata does not match its kind byte",

@@ -72,6 +72,12 @@ pub struct RecordLog {
     /// The frames taken from the open checkpoint, each checked whole on its first content
     /// read in this process (`touch.rs`).
     pub(crate) first_touch: crate::touch::FirstTouch,
+    /// Read-only: the body checksum (trailer) of each frame this open's scan indexed, the
+    /// last `trailers.len()` entries of `index` (the ones before came from the checkpoint,
+    /// whose frames are durable and never cut back). A read of such a frame checks its
+    /// trailer on disk against it (`check_trailer_at`): a writer may have cut the frame
+    /// back and written another in its place.
+    pub(crate) trailers: Vec<u32>,
 }
 
 /// A token estimator a log can share with its appending threads.
@@ -207,10 +213,14 @@ impl RecordLog {
     /// (a writer's appends can make the scan's buffer older than what it reads after it).
     /// Records appended after the open are not seen. A view may hold records written and
     /// not yet acknowledged (their sync still running); should the writer cut one back (its
-    /// sync failed) and write another in its place, reading its text is
-    /// [`RecordCorruption::HeaderChanged`](crate::RecordCorruption::HeaderChanged) when the
-    /// new frame's header differs (its lengths, its kind); one of the very same lengths
-    /// and kind can still read as the other record's bytes (the header is all it checks).
+    /// sync failed) and write another in its place, a read of it is an error, never the
+    /// other record's bytes: [`RecordCorruption::HeaderChanged`](crate::RecordCorruption::HeaderChanged)
+    /// when the new frame's header differs (its lengths, its kind), checked before the
+    /// read, and [`RecordCorruption::Replaced`](crate::RecordCorruption::Replaced) when
+    /// its body checksum differs from the one the open's scan checked, looked at after the
+    /// read (4 bytes more per read; two records of the very same bytes are not told apart,
+    /// and need not be). The view keeps that checksum, 4 bytes, for each frame its scan
+    /// read (not for those its checkpoint gave: they are durable).
     ///
     /// # Errors
     ///
@@ -262,6 +272,7 @@ impl RecordLog {
             scratch: Vec::new(),
             estimator: None,
             first_touch: crate::touch::FirstTouch::default(),
+            trailers: Vec::new(),
             recovery: Recovery {
                 records: 0,
                 tail: None,
@@ -435,6 +446,14 @@ impl RecordLog {
         };
         let (data, trailer) = body.split_at(data_len);
         let stored = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+        if self
+            .trailer_of(entry)
+            .is_some_and(|scanned| scanned != stored)
+        {
+            // A read-only view's frame replaced by a writer since its scan: the record
+            // read is another one, whole and checksummed.
+            return Err(self.corrupt(entry.offset, RecordCorruption::Replaced));
+        }
         let mut crc = Crc32c::new();
         crc.update(data);
         if crc.finish() != stored {
@@ -514,7 +533,8 @@ impl RecordSource for RecordLog {
     /// text (two for a result with binary blocks, whose text length comes first); the rest
     /// of the result is not touched. Its body checksum was checked at open or at append,
     /// or, for a frame the open took from its checkpoint, is checked whole on the first
-    /// content read in this process.
+    /// content read in this process. A read-only view reads the frame's header before and
+    /// its trailer after (see [`RecordLog::open_read_only`]).
     fn read_output(
         &self,
         handle: &RecordHandle,
@@ -528,8 +548,8 @@ impl RecordSource for RecordLog {
         if self.read_only {
             // A writer may have cut the frame this view indexed (a failed sync undone) and
             // written another in its place: the header on disk must still be the one
-            // indexed, or the bytes at its offsets are another record's (a replacement of
-            // the same lengths and kind is not told apart: see `open_read_only`).
+            // indexed before its offsets are used, and its body checksum the one scanned
+            // after the read (`check_trailer_at`), or the bytes are another record's.
             self.check_header_at(entry)?;
         }
         let (start, len) = self.readable_range(entry)?;
@@ -541,6 +561,7 @@ impl RecordSource for RecordLog {
         self.file
             .read_exact_at(&mut buf[..n], at)
             .map_err(self.read_io(at))?;
+        self.check_trailer_at(entry)?;
         Ok(n)
     }
 
@@ -599,6 +620,7 @@ impl RecordSource for RecordLog {
             self.file
                 .read_exact_at(&mut bulk, at)
                 .map_err(self.read_io(at))?;
+            self.check_trailer_at(entry)?;
         }
         place
             .rebuild(bulk)
@@ -679,6 +701,35 @@ impl RecordLog {
         Ok(())
     }
 
+    /// The body checksum a read-only view's scan checked for the frame at `entry`, if its
+    /// scan read it (`None` in a writer's log, and for a frame from the checkpoint).
+    fn trailer_of(&self, entry: &Entry) -> Option<u32> {
+        let first_scanned = (self.index.len() - self.trailers.len()) as u64;
+        let i = entry.header.seq.checked_sub(first_scanned)?;
+        self.trailers.get(usize::try_from(i).ok()?).copied()
+    }
+
+    /// After a read of the frame at `entry` in a read-only view: that the frame's body
+    /// checksum on disk (one 4-byte positional read) is still the one the open's scan
+    /// checked, else the bytes read may be another record's, written in its place
+    /// ([`RecordCorruption::Replaced`]; a file now ending before it is the same). Nothing
+    /// to do for a frame the view's checkpoint gave, or in a writer's log.
+    fn check_trailer_at(&self, entry: &Entry) -> Result<(), ReadError> {
+        let Some(scanned) = self.trailer_of(entry) else {
+            return Ok(());
+        };
+        let at = entry.offset + entry.header.frame_len() - FRAME_TRAILER_LEN as u64;
+        let mut stored = [0u8; FRAME_TRAILER_LEN];
+        match self.file.read_exact_at(&mut stored, at) {
+            Ok(()) if u32::from_le_bytes(stored) == scanned => Ok(()),
+            Ok(()) => Err(self.corrupt(entry.offset, RecordCorruption::Replaced)),
+            Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err(self.corrupt(entry.offset, RecordCorruption::Replaced))
+            }
+            Err(err) => Err(self.read_io(at)(err)),
+        }
+    }
+
     /// The frame header (checked against the index), metadata and, for a result with
     /// binary data, the readable text's length prefix of the tool result at `entry`, read
     /// with one positional read; and where the metadata ends in them.
@@ -695,6 +746,7 @@ impl RecordLog {
         let mut head = [0u8; FRAME_HEADER_LEN];
         head.copy_from_slice(&raw[..FRAME_HEADER_LEN]);
         self.same_header(entry, &head)?;
+        self.check_trailer_at(entry)?;
         let meta_end = FRAME_HEADER_LEN + entry.header.meta_len as usize;
         Ok((raw, meta_end))
     }

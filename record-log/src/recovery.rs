@@ -461,6 +461,9 @@ impl RecordLog {
                 offset: pos,
                 header,
             });
+            if self.read_only {
+                self.trailers.push(u32::from_le_bytes(stored));
+            }
             pos += frame_len;
         };
         drop(reader);

@@ -280,3 +280,40 @@ fn a_frame_replaced_under_a_reader_is_corrupt_not_another_records_text() {
         .unwrap();
     assert_eq!(&buf[..n], "line 2\n".repeat(20).as_bytes());
 }
+
+/// A frame replaced under a reader by a record of the very same lengths and kind (its
+/// header the same bytes) is a typed error too, for every read of it; its neighbours read.
+#[test]
+fn a_frame_replaced_by_one_of_the_same_lengths_is_corrupt_not_its_text() {
+    let dir = tempfile::tempdir().unwrap();
+    four(dir.path());
+    let (reader, _) = RecordLog::open_read_only(dir.path(), &common::run("ro")).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let (mut log, _) =
+        RecordLog::open(other.path(), &common::run("ro"), SyncPolicy::EveryAppend).unwrap();
+    for i in 0..3 {
+        log.append(&common::text_result(&format!("line {i}\n").repeat(20)))
+            .unwrap();
+    }
+    // "line 3\n" and "LINE 3\n": the same lengths, kind and call, other bytes.
+    log.append(&common::text_result(&"LINE 3\n".repeat(20)))
+        .unwrap();
+    drop(log);
+    let original = std::fs::read(path(dir.path())).unwrap();
+    let replaced = std::fs::read(path(other.path())).unwrap();
+    assert_eq!(original.len(), replaced.len());
+    std::fs::write(path(dir.path()), &replaced).unwrap();
+    let handle = reader.handle(3).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let replaced = "frame replaced on disk since the log was opened";
+    let error = reader.read_output(&handle, 0, &mut buf).unwrap_err();
+    assert!(error.to_string().contains(replaced), "{error}");
+    let error = reader.record(&handle).unwrap_err();
+    assert!(error.to_string().contains(replaced), "{error}");
+    let error = reader.output_info(&handle).unwrap_err();
+    assert!(error.to_string().contains(replaced), "{error}");
+    let n = reader
+        .read_output(&reader.handle(2).unwrap(), 0, &mut buf)
+        .unwrap();
+    assert_eq!(&buf[..n], "line 2\n".repeat(20).as_bytes());
+}
