@@ -383,6 +383,7 @@ fn was_expired(dir: &Path, run: &RunId) -> bool {
 struct Segment {
     path: PathBuf,
     run: String,
+    /// Its bytes and its side files'.
     len: u64,
     modified: SystemTime,
 }
@@ -441,10 +442,16 @@ fn sweep_identity(dir: &Path, retention: Retention, now: SystemTime, swept: &mut
             if meta.len() == 0 {
                 return None;
             }
+            // Its checkpoint counts with it: the folder holds both (16 bytes a frame).
+            let sides: u64 = RecordLog::side_files(&path)
+                .iter()
+                .filter_map(|side| std::fs::metadata(side).ok())
+                .map(|side| side.len())
+                .sum();
             Some(Segment {
+                len: meta.len().saturating_add(sides),
                 path,
                 run,
-                len: meta.len(),
                 modified: meta.modified().ok()?,
             })
         })
@@ -816,6 +823,48 @@ mod tests {
         sweep_identity(&dir, retention, later, &mut swept);
         assert_eq!(swept.deleted, ["old"]);
         assert!(was_expired(&dir, &run));
+    }
+
+    /// A segment's checkpoint counts against `max_bytes` with it: the folder holds both.
+    #[test]
+    fn a_segments_checkpoint_counts_against_the_bytes_kept() {
+        let root = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (dir, older) = one_result(root.path(), "frank", "older");
+        let (_, newer) = one_result(root.path(), "frank", "newer");
+        let path = |handle: &RecordHandle| RecordLog::path_for(&dir, &handle.run);
+        for (n, handle) in [&older, &newer].into_iter().enumerate() {
+            std::fs::File::options()
+                .write(true)
+                .open(path(handle))
+                .and_then(|file| {
+                    file.set_modified(SystemTime::now() - Duration::from_secs(100 - n as u64))
+                })
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let checkpoint = 1_000;
+        for file in RecordLog::side_files(path(&newer)).into_iter().take(1) {
+            std::fs::write(file, vec![0u8; checkpoint]).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let logs: u64 = [&older, &newer]
+            .iter()
+            .map(|handle| {
+                std::fs::metadata(path(handle))
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .len()
+            })
+            .sum();
+        let retention = Retention {
+            max_age: DEFAULT_RETAIN,
+            max_bytes: logs + checkpoint as u64 - 1,
+        };
+        let mut swept = Swept::default();
+        sweep_identity(&dir, retention, SystemTime::now(), &mut swept);
+        assert_eq!(
+            swept.deleted,
+            ["older"],
+            "one byte over, with the checkpoint"
+        );
+        assert!(path(&newer).is_file());
     }
 
     /// A deleted segment's checkpoint goes with it, and one whose segment an earlier build
