@@ -96,6 +96,19 @@ pub enum TokensError {
          share a folder where file names ignore case"
     )]
     SameFolder(String, String),
+    /// An identity is named twice: JSON readers keep one of the two entries (serde the
+    /// last), so the other's tokens or narrowing would be dropped without a word.
+    #[error("the tokens file names identity {0:?} twice")]
+    IdentityTwice(String),
+    /// An identity's `allowTools` names a server twice: one of the two would be dropped
+    /// without a word (a list of tools, widened to `"*"` say).
+    #[error("the tokens file: identity {identity:?} names server {server:?} twice in allowTools")]
+    ServerTwice {
+        /// Whose.
+        identity: String,
+        /// The server named twice.
+        server: String,
+    },
     /// No identity has a token: nobody could connect.
     #[error("the tokens file names no token")]
     Empty,
@@ -107,7 +120,7 @@ pub enum TokensError {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
-    identities: std::collections::BTreeMap<String, Entry>,
+    identities: Pairs<Entry>,
 }
 
 #[derive(Deserialize)]
@@ -115,7 +128,43 @@ struct File {
 struct Entry {
     tokens: Vec<String>,
     #[serde(rename = "allowTools")]
-    allow_tools: Option<BTreeMap<String, Allowed>>,
+    allow_tools: Option<Pairs<Allowed>>,
+}
+
+/// A JSON object's members in the file's order, a key given twice kept twice (a map would
+/// keep one of them), so that `parse` can refuse it.
+struct Pairs<V>(Vec<(String, V)>);
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Pairs<V> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Members<V> {
+            type Value = Pairs<V>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut pairs = Vec::new();
+                while let Some(pair) = map.next_entry()? {
+                    pairs.push(pair);
+                }
+                Ok(Pairs(pairs))
+            }
+        }
+        deserializer.deserialize_map(Members(std::marker::PhantomData))
+    }
+}
+
+/// The first key `pairs` gives twice, if any.
+fn repeated<V>(pairs: &[(String, V)]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::new();
+    pairs
+        .iter()
+        .map(|(key, _)| key.as_str())
+        .find(|key| !seen.insert(*key))
 }
 
 /// One server's tools in an `allowTools`: a list, or `"*"`.
@@ -153,15 +202,19 @@ impl Tokens {
     /// # Errors
     ///
     /// [`TokensError`]: not the JSON above (unknown keys included), a bad or reserved
-    /// identity name, a digest that is not `sha256:` and 64 hex digits, a token shared by
-    /// two identities, or no token at all.
+    /// identity name, an identity or an `allowTools` server named twice, a digest that is
+    /// not `sha256:` and 64 hex digits, a token shared by two identities, or no token at
+    /// all.
     pub fn parse(text: &str) -> Result<Self, TokensError> {
         let file: File = serde_json::from_str(text).map_err(TokensError::Shape)?;
+        if let Some(name) = repeated(&file.identities.0) {
+            return Err(TokensError::IdentityTwice(name.to_owned()));
+        }
         let mut by_digest = HashMap::new();
         let mut narrowings = BTreeMap::new();
         // Each name's folder as a case-insensitive file system sees it.
         let mut folders: HashMap<String, String> = HashMap::new();
-        for (name, entry) in file.identities {
+        for (name, entry) in file.identities.0 {
             let folded = name.to_ascii_lowercase();
             if !crate::tenant::valid_identity(&name)
                 || RESERVED_IDENTITIES.contains(&folded.as_str())
@@ -225,13 +278,19 @@ impl Tokens {
 }
 
 /// `allowed` as a [`Narrowing`], every name checked.
-fn narrowing(identity: &str, allowed: BTreeMap<String, Allowed>) -> Result<Narrowing, TokensError> {
+fn narrowing(identity: &str, allowed: Pairs<Allowed>) -> Result<Narrowing, TokensError> {
+    if let Some(server) = repeated(&allowed.0) {
+        return Err(TokensError::ServerTwice {
+            identity: identity.to_owned(),
+            server: server.to_owned(),
+        });
+    }
     let bad = |name: &str| TokensError::AllowTools {
         identity: identity.to_owned(),
         name: name.to_owned(),
     };
     let mut narrowing = Narrowing::new();
-    for (server, tools) in allowed {
+    for (server, tools) in allowed.0 {
         psych_types::ServerId::new(server.clone()).map_err(|_| bad(&server))?;
         let tools = match tools {
             Allowed::All(Star::Star) => None,
@@ -362,6 +421,19 @@ mod tests {
             (
                 r#"{"identities": {"a": {"tokens": ["md5:00"]}}}"#,
                 "sha256:<64 hex digits>",
+            ),
+            // Named twice, one entry narrowed: a map kept the last, the whole grant.
+            (
+                &format!(
+                    r#"{{"identities": {{"ci": {{"tokens": ["{digest}"], "allowTools": {{"fs": ["read"]}}}}, "ci": {{"tokens": ["{digest}"]}}}}}}"#
+                ),
+                "names identity \"ci\" twice",
+            ),
+            (
+                &format!(
+                    r#"{{"identities": {{"ci": {{"tokens": ["{digest}"], "allowTools": {{"fs": ["read"], "fs": "*"}}}}}}}}"#
+                ),
+                "names server \"fs\" twice in allowTools",
             ),
             (
                 &format!(
