@@ -736,6 +736,46 @@ impl RawClient {
     }
 }
 
+/// A client of 2025-06-18 takes only an object as a tool's `outputSchema`: a tool whose
+/// schema is an array (as MCP 2026-07-28, which psych speaks upstream first, allows) is
+/// listed without it, the way rmcp shapes its own results for that revision. (Before, the
+/// raw listing put it back, and the TypeScript SDK refused the whole listing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_client_is_listed_no_schema_its_revision_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("rows.json");
+    let tools = json!({"tools": [
+        {"name": "rows", "description": "Rows as a list.", "inputSchema": {"type": "object"},
+         "outputSchema": {"type": "array", "items": {"type": "string"}}},
+        {"name": "row", "description": "One row.", "inputSchema": {"type": "object"},
+         "outputSchema": {"type": "object", "properties": {"id": {"type": "string"}}}},
+    ]});
+    std::fs::write(&catalog, tools.to_string()).unwrap();
+    let config = dir.path().join("mcp.json");
+    let server = json!({
+        "command": PSYCH,
+        "args": ["serve-embedded", "--tools", "0", "--no-control-tools", "--catalog",
+                 catalog.to_str().unwrap()],
+        "preload": true,
+    });
+    std::fs::write(&config, json!({"mcpServers": {"db": server}}).to_string()).unwrap();
+    let mut client = RawClient::start(&config, dir.path()).await;
+    client
+        .send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .await;
+    let listing = client.next_answer().await;
+    let tools = listing["result"]["tools"].as_array().unwrap();
+    let tool = |name: &str| {
+        tools
+            .iter()
+            .find(|tool| tool["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not listed: {listing}"))
+    };
+    assert_eq!(tool("db__rows").get("outputSchema"), None, "{listing}");
+    assert_eq!(tool("db__row")["outputSchema"]["type"], "object");
+    assert_eq!(listing["result"].get("resultType"), None);
+}
+
 /// Identical calls in flight at once, each with its own progress token: each token gets
 /// exactly its own call's reports, all of them before its result and none after. (Before
 /// the call carried its progress sink through the executor, the gateway guessed which

@@ -183,11 +183,16 @@ const PROTOCOL_FIELDS: [&str; 3] = ["resultType", "ttlMs", "cacheScope"];
 
 /// `raw` with `placeholder`'s protocol fields ([`PROTOCOL_FIELDS`]) it does not have itself,
 /// and the placeholder's `_meta` keys (the server's identity rmcp adds, say) but the raw
-/// key; the raw answer's own fields and `_meta` keys are kept otherwise.
+/// key; the raw answer's own fields and `_meta` keys are kept otherwise. For a client of a
+/// revision before 2026-07-28 (the placeholder has no `resultType`: rmcp stripped it), the
+/// raw answer is shaped as rmcp shaped the placeholder ([`for_legacy_peer`]).
 fn merged(placeholder: &Value, mut raw: Value) -> Value {
     let Some(object) = raw.as_object_mut() else {
         return raw;
     };
+    if placeholder.get("resultType").is_none() {
+        for_legacy_peer(placeholder, object);
+    }
     for field in PROTOCOL_FIELDS {
         // The raw answer's own value wins (an upstream's `input_required`, say).
         if let Some(value) = placeholder.get(field)
@@ -210,6 +215,56 @@ fn merged(placeholder: &Value, mut raw: Value) -> Value {
         }
     }
     raw
+}
+
+/// What rmcp's `strip_non_object_output_for_legacy_peer` does to a typed result for a
+/// client of a revision before 2026-07-28 (whose schemas take only an object there), done
+/// to the raw answer that takes the placeholder's place: in a listing (the placeholder has
+/// `tools`), a tool's `outputSchema` whose root `type` is not `"object"` is dropped; in a
+/// call's result (it has `content`), a `structuredContent` that is not an object is dropped
+/// and, unless the first block is a text holding the same JSON value, given as a first
+/// text block. (MCP 2026-07-28, which psych-mcp speaks to upstreams first, takes both.)
+fn for_legacy_peer(placeholder: &Value, raw: &mut serde_json::Map<String, Value>) {
+    if placeholder.get("tools").is_some() {
+        let Some(Value::Array(tools)) = raw.get_mut("tools") else {
+            return;
+        };
+        for tool in tools.iter_mut().filter_map(Value::as_object_mut) {
+            let object_schema = tool
+                .get("outputSchema")
+                .is_none_or(|schema| schema.get("type").and_then(Value::as_str) == Some("object"));
+            if !object_schema {
+                tool.remove("outputSchema");
+            }
+        }
+    } else if placeholder.get("content").is_some() {
+        if raw.get("structuredContent").is_none_or(Value::is_object) {
+            return;
+        }
+        let Some(value) = raw.remove("structuredContent") else {
+            return;
+        };
+        let content = raw
+            .entry("content")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        let Value::Array(blocks) = content else {
+            return;
+        };
+        let in_content = blocks.first().is_some_and(|block| {
+            block.get("type").and_then(Value::as_str) == Some("text")
+                && block
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .and_then(|text| serde_json::from_str::<Value>(text).ok())
+                    .is_some_and(|text| text == value)
+        });
+        if !in_content {
+            blocks.insert(
+                0,
+                serde_json::json!({"type": "text", "text": value.to_string()}),
+            );
+        }
+    }
 }
 
 /// rmcp's [`LocalSessionManager`] with each session's transport wrapped in a
@@ -563,6 +618,64 @@ mod tests {
             json!({"resultType": "input_required"}),
             "the raw answer's own wins"
         );
+    }
+
+    /// A client of a revision before 2026-07-28 takes only objects as a tool's output
+    /// schema and a result's structured content: the raw answer is shaped as rmcp shapes
+    /// the placeholder for it (before, the swap put both back, and the TypeScript SDK
+    /// refused the whole listing); a client of 2026-07-28 gets them as they are.
+    #[test]
+    fn a_legacy_client_gets_the_raw_answer_in_its_revisions_shape() {
+        let raw = RawAnswers::default();
+        let sent = |raw: &RawAnswers, answer: Value, legacy: bool, listing: bool| {
+            let mut message = if listing {
+                let mut typed = rmcp::model::ListToolsResult {
+                    result_type: (!legacy).then_some(rmcp::model::ResultType::COMPLETE),
+                    ..Default::default()
+                };
+                raw.stash(answer, &mut typed.meta);
+                response(ServerResult::ListToolsResult(typed))
+            } else {
+                let mut typed = CallToolResult::success(vec![ContentBlock::text("typed")]);
+                if legacy {
+                    typed.result_type = None;
+                }
+                raw.stash(answer, &mut typed.meta);
+                response(ServerResult::CallToolResult(typed))
+            };
+            raw.swap(&mut message);
+            serde_json::to_value(&message).unwrap()["result"].clone()
+        };
+        let listing = json!({"tools": [
+            {"name": "rows", "inputSchema": {"type": "object"},
+             "outputSchema": {"type": "array", "items": {"type": "string"}}},
+            {"name": "one", "inputSchema": {"type": "object"},
+             "outputSchema": {"type": "object"}},
+        ]});
+        let got = sent(&raw, listing.clone(), true, true);
+        assert_eq!(got["tools"][0].get("outputSchema"), None);
+        assert_eq!(got["tools"][1]["outputSchema"], json!({"type": "object"}));
+        let got = sent(&raw, listing.clone(), false, true);
+        assert_eq!(got["tools"], listing["tools"]);
+
+        let result = json!({"content": [{"type": "text", "text": "two rows"}],
+                            "structuredContent": [1, 2]});
+        let got = sent(&raw, result.clone(), true, false);
+        assert_eq!(got.get("structuredContent"), None);
+        assert_eq!(
+            got["content"],
+            json!([{"type": "text", "text": "[1,2]"}, {"type": "text", "text": "two rows"}])
+        );
+        // Already the first block's text: not given twice.
+        let said = json!({"content": [{"type": "text", "text": "[1, 2]"}],
+                          "structuredContent": [1, 2]});
+        let got = sent(&raw, said, true, false);
+        assert_eq!(got["content"], json!([{"type": "text", "text": "[1, 2]"}]));
+        let got = sent(&raw, result.clone(), false, false);
+        assert_eq!(got["structuredContent"], json!([1, 2]));
+        // An object is every revision's.
+        let object = json!({"content": [], "structuredContent": {"n": 2}});
+        assert_eq!(sent(&raw, object.clone(), true, false), object);
     }
 
     #[test]
