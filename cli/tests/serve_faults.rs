@@ -393,6 +393,33 @@ async fn a_signal_stops_the_stdio_gateway_cleanly_with_a_call_in_flight() {
 /// How a call the client cancelled is logged (`CANCELLED_BY_CLIENT`).
 const CANCELLED_BY_CLIENT: &str = "cancelled by the client";
 
+/// A client whose first lines are a notification (a cancellation of a request it gave up
+/// on, a progress report) and an answer is served all the same: they are dropped, and its
+/// `initialize` is answered. (Before, rmcp's handshake took anything but a request for an
+/// error and the gateway exited with status 3.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_before_initialize_does_not_end_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        json!({"small": embedded(3, &[], json!({"preload": true}))}),
+    );
+    let mut client = RawClient::spawn(&config, dir.path());
+    client
+        .send(
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                     "params": {"requestId": 99, "reason": "gave up"}}),
+        )
+        .await;
+    client
+        .send(json!({"jsonrpc": "2.0", "id": 98, "result": {}}))
+        .await;
+    let (result, _) = client.initialize().await;
+    assert!(result.get("serverInfo").is_some(), "{result}");
+    let mut id = 0;
+    wait_listed(&mut client, "small__echo", &mut id).await;
+}
+
 /// A client that closes stdin with calls hanging upstream (what clients commonly do when
 /// they quit): the gateway exits cleanly, stops every upstream group, and the session log
 /// opens intact with a result for every call, saying the client cancelled it. (Before, the

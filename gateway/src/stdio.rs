@@ -22,7 +22,9 @@
 //!   (what it would take parsed grows with its values, not its bytes) and is answered
 //!   with an invalid request (-32600, [`TOO_COMPLEX`]), with its top-level `id` when it
 //!   is a request whose id can be read without parsing it (a notification is dropped);
-//! - an empty or blank line is skipped.
+//! - an empty or blank line is skipped;
+//! - before the first request, a notification or an answer is dropped: rmcp's handshake
+//!   takes a request first and would end the session on it.
 //!
 //! Without an `id` rmcp's error message leaves the member out (MCP 2026-07-28, "Error
 //! Responses"), rather than writing `"id": null`.
@@ -139,6 +141,9 @@ pub(crate) struct StdioTransport<R, W> {
     out: Arc<Mutex<Out<W>>>,
     /// The requests passed to the session whose answers are not written out yet.
     in_flight: Arc<InFlight>,
+    /// Whether a request has been passed to the session: before one, a notification or
+    /// an answer is dropped (see [`StdioTransport::pass`]).
+    started: bool,
 }
 
 impl<R, W> StdioTransport<R, W>
@@ -164,6 +169,7 @@ where
                 written: 0,
             })),
             in_flight: InFlight::new(MAX_IN_FLIGHT),
+            started: false,
         }
     }
 
@@ -242,7 +248,19 @@ where
     /// Counts a request in flight, or refuses it past [`MAX_IN_FLIGHT`] (the answer in
     /// `self.reply`, not capped: it is written before the next line is read); a
     /// cancellation takes its request out of the count.
+    ///
+    /// Before the first request, a notification or an answer is dropped: rmcp's handshake
+    /// takes a request first and ends the session on anything else (the gateway exited),
+    /// while a notification is never answered anyway (a client's cancellation of a
+    /// request it gave up on, a progress report) and an answer answers nothing the
+    /// gateway asked.
     fn pass(&mut self, mut message: ClientJsonRpcMessage) -> Option<ClientJsonRpcMessage> {
+        if !self.started {
+            if !matches!(message, rmcp::model::JsonRpcMessage::Request(_)) {
+                return None;
+            }
+            self.started = true;
+        }
         let busy = |limit| {
             format!(
                 "too many requests in flight: {limit} are waiting for their answers; send this \
@@ -692,6 +710,30 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
 client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC message"},"id":"five","jsonrpc":"2.0"}
 client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC message"},"jsonrpc":"2.0"}
 client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC message"},"jsonrpc":"2.0"}
+"#
+        );
+    }
+
+    /// A notification or an answer before the first request is dropped (rmcp's handshake
+    /// would end the session on it: the gateway exited with status 3); after a request
+    /// they pass.
+    #[tokio::test]
+    async fn before_the_first_request_notifications_and_answers_are_dropped() {
+        let input = [
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}"#,
+            r#"{"jsonrpc":"2.0","id":9,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":9,"result":{}}"#,
+        ]
+        .join("\n");
+        let out = check(input.as_bytes()).await;
+        assert_eq!(
+            out,
+            r#"session: {"jsonrpc":"2.0","id":1,"method":"ping"}
+session: {"jsonrpc":"2.0","method":"notifications/initialized"}
+session: {"jsonrpc":"2.0","id":9,"result":{}}
 "#
         );
     }
