@@ -181,6 +181,123 @@ async fn raw_request(
 
 pub(crate) const LINE: &str = "line 002345: the quick brown fox jumps over the lazy dog";
 
+/// Opens an event stream (a GET) in `session` presenting `token`: the connection, kept
+/// open, and the answer's head (with the body of a refusal).
+async fn event_stream(url: &str, token: &str, session: &str) -> (tokio::net::TcpStream, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\
+         Authorization: Bearer {token}\r\nMcp-Session-Id: {session}\r\n\
+         MCP-Protocol-Version: 2025-11-25\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let mut byte = [0u8; 1];
+        while !answer.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap() == 1 {
+            answer.push(byte[0]);
+        }
+        if !answer.starts_with(b"HTTP/1.1 2") {
+            let mut body = vec![0u8; 4096];
+            let n = stream.read(&mut body).await.unwrap();
+            answer.extend_from_slice(&body[..n]);
+        }
+    })
+    .await
+    .expect("the gateway answers");
+    (stream, String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// A legacy session opened by hand for `token`: its id.
+async fn legacy_session(url: &str, token: &str) -> String {
+    let bearer = format!("Bearer {token}");
+    let session = crate::support::session_id(&initialize(url, Some(&bearer)).await);
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let answer = raw_request(
+        url,
+        "POST",
+        Some(&bearer),
+        Some(&session),
+        &initialized.to_string(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    session
+}
+
+/// One identity holds at most `MAX_LISTENS` event streams (GETs), all its sessions
+/// together: one more is answered 429, another identity still opens its own, and one
+/// closed gives its place back. (Before, rmcp kept up to 33 per session, and one identity
+/// could hold every connection place with them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_holds_at_most_its_share_of_the_event_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, bob) = alice_and_bob(dir.path());
+    let (gateway, url) = start(dir.path(), &[]).await;
+    let sessions = [
+        legacy_session(&url, &alice).await,
+        legacy_session(&url, &alice).await,
+    ];
+    let mut open = Vec::new();
+    for n in 0..psych_gateway::MAX_LISTENS {
+        let (stream, head) = event_stream(&url, &alice, &sessions[n % 2]).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "stream {n}: {head}");
+        open.push(stream);
+    }
+    let (_, refused) = event_stream(&url, &alice, &sessions[0]).await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    assert!(
+        refused.contains("an identity may have 8 at once"),
+        "{refused}"
+    );
+    let bobs = legacy_session(&url, &bob).await;
+    let (_bobs_stream, head) = event_stream(&url, &bob, &bobs).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    drop(open.pop());
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let (stream, head) = event_stream(&url, &alice, &sessions[1]).await;
+            if head.starts_with("HTTP/1.1 200") {
+                return stream;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the closed stream's place is given back");
+    gateway.stop().await;
+}
+
+/// A request without a known token is answered 401 and its connection closed, so that
+/// such requests hold no connection place (before, one every few seconds per connection
+/// held all of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_a_token_closes_its_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    alice_and_bob(dir.path());
+    let (gateway, url) = start(dir.path(), &[]).await;
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    // Keep-alive asked for: the gateway closes it all the same.
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the connection is closed")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+    gateway.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_is_its_identitys_on_any_connection_and_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();

@@ -28,8 +28,14 @@
 //! Requests without a session (MCP 2026-07-28's, an `initialize`) from the loopback
 //! identity share the global bound only (each also holds a session slot while it runs, so
 //! [`GatewaySettings::max_sessions`](crate::GatewaySettings::max_sessions) bounds them
-//! first by default). Event streams (GET) are bounded per identity by
-//! [`MAX_LISTENS`](crate::MAX_LISTENS).
+//! first by default). Event streams (GETs in a session: rmcp keeps one and up to 32 more
+//! per session) are bounded apart: at most [`MAX_STREAMS`] open in all, and
+//! [`MAX_LISTENS`](crate::MAX_LISTENS) within one session and for one identity when the
+//! gateway has tokens; past either a GET is answered `429 Too Many Requests`. A stream
+//! holds its count until its body is sent or dropped. (MCP 2026-07-28's
+//! `subscriptions/listen` streams, POSTs, are counted per identity apart, also up to
+//! [`MAX_LISTENS`](crate::MAX_LISTENS).) A request without a known token is answered 401
+//! and its connection closed, so that requests without a token hold no place.
 //!
 //! A POST's place ends with its connection, but in a session its request goes on in the
 //! session's worker when its client goes away. So a session's transport ([`Bounded`])
@@ -59,6 +65,12 @@ use crate::raw::HttpBody;
 /// descriptors with room for the gateway's own. An idle connection holds a task and
 /// hyper's buffers (some KB); the requests on them are bounded apart.
 pub const MAX_CONNECTIONS: usize = 512;
+
+/// The most event streams (GETs in a session) open at once across every HTTP client: half
+/// of [`MAX_CONNECTIONS`], so that streams held open leave places for requests. Within one
+/// session, and for one identity when the gateway has tokens (all its sessions together),
+/// at most [`MAX_LISTENS`](crate::MAX_LISTENS).
+pub const MAX_STREAMS: usize = MAX_CONNECTIONS / 2;
 
 /// The most of a refused POST's body read to see whether it is a request: 64 KiB (a
 /// cancellation or an elicitation's answer is far smaller).
@@ -500,6 +512,12 @@ impl Admission {
         Self::with_limits(MAX_PEEKS, PEEKS_PER_KEY)
     }
 
+    /// Counts of event streams (GETs) open: [`MAX_STREAMS`] in all,
+    /// [`MAX_LISTENS`](crate::MAX_LISTENS) per session or identity.
+    pub(crate) fn streams() -> Arc<Self> {
+        Self::with_limits(MAX_STREAMS, crate::MAX_LISTENS)
+    }
+
     fn with_limits(total_limit: usize, session_limit: usize) -> Arc<Self> {
         Arc::new(Self {
             total_limit,
@@ -595,6 +613,37 @@ pub(crate) fn too_many(refused: Refused) -> hyper::Response<HttpBody> {
         None,
         message,
         serde_json::json!({"inFlight": limit}),
+    ))
+}
+
+/// The answer to a GET (an event stream) past a bound of [`Admission::streams`]:
+/// `429 Too Many Requests`, saying which.
+pub(crate) fn too_many_streams(refused: Refused) -> hyper::Response<HttpBody> {
+    let (message, limit) = match refused {
+        Refused::Total(limit) => (
+            format!("too many event streams open: the gateway keeps {limit} at once"),
+            limit,
+        ),
+        Refused::Session(limit) => (
+            format!(
+                "too many event streams open: a session may have {limit} at once; close one \
+                 first"
+            ),
+            limit,
+        ),
+        Refused::Identity(limit) => (
+            format!(
+                "too many event streams open: an identity may have {limit} at once, all its \
+                 sessions together; close one first"
+            ),
+            limit,
+        ),
+    };
+    retry_after(busy_error(
+        hyper::StatusCode::TOO_MANY_REQUESTS,
+        None,
+        message,
+        serde_json::json!({"streams": limit}),
     ))
 }
 

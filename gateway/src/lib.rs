@@ -120,7 +120,9 @@
 //!   most [`MAX_CONNECTIONS`] connections (more wait to be accepted; one whose client
 //!   reads nothing it is sent for [`WRITE_WITHIN`], its socket's buffers full, is closed),
 //!   [`MAX_REQUESTS`] POSTs in flight in all and [`MAX_REQUESTS_PER_SESSION`] in one
-//!   session (one more is answered `429 Too Many Requests`), each POST's body at most
+//!   session (one more is answered `429 Too Many Requests`), [`MAX_STREAMS`] event streams
+//!   (GETs) in all and [`MAX_LISTENS`] in one session or for one identity (the same),
+//!   each POST's body at most
 //!   4 MiB and [`MAX_REQUEST_STRUCTURAL_BYTES`] structural bytes (past either, `413
 //!   Payload Too Large`, with an error for the request's id when its first 4 KiB show one).
 //!
@@ -180,7 +182,8 @@ mod tenant;
 mod tokens;
 
 pub use admit::{
-    BODY_WITHIN, MAX_CONNECTIONS, MAX_REQUESTS, MAX_REQUESTS_PER_SESSION, PEEK, WRITE_WITHIN,
+    BODY_WITHIN, MAX_CONNECTIONS, MAX_REQUESTS, MAX_REQUESTS_PER_SESSION, MAX_STREAMS, PEEK,
+    WRITE_WITHIN,
 };
 pub use pinning::{learned_pins, serve_usage, store_usage};
 pub use resources::{RESULT_URI_PREFIX, result_uri};
@@ -3332,6 +3335,12 @@ fn unauthorized() -> hyper::Response<raw::HttpBody> {
         hyper::header::WWW_AUTHENTICATE,
         hyper::header::HeaderValue::from_static("Bearer realm=\"psych\""),
     );
+    // Its connection is closed once it is sent: requests without a token hold no place
+    // of MAX_CONNECTIONS (one such request per connection every few seconds held them all).
+    response.headers_mut().insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
+    );
     response
 }
 
@@ -3370,6 +3379,7 @@ async fn serve_http(
     let tokens = shared.tokens.clone();
     let admission = admit::Admission::new();
     let peeks = admit::Admission::peeks();
+    let streams = admit::Admission::streams();
     // Authorization first: a request without a known token never reaches rmcp; one with
     // carries its identity in its extensions, which rmcp hands the handler. A request in
     // a session (its stream, its deletion included) must be the session's identity's.
@@ -3380,6 +3390,7 @@ async fn serve_http(
         let owners = Arc::clone(&owners);
         let admission = Arc::clone(&admission);
         let peeks = Arc::clone(&peeks);
+        let streams = Arc::clone(&streams);
         async move {
             let mut identity = None;
             if let Some(tokens) = &tokens {
@@ -3405,6 +3416,16 @@ async fn serve_http(
             {
                 return Ok(not_found_session());
             }
+            // An event stream's place, held until its body is sent or dropped (see the
+            // admit module): rmcp would keep up to 33 per session.
+            let stream = if request.method() == hyper::Method::GET {
+                match streams.admit(admit::keys(session.as_deref(), identity.as_deref())) {
+                    Ok(admitted) => Some(admitted),
+                    Err(refused) => return Ok(admit::too_many_streams(refused)),
+                }
+            } else {
+                None
+            };
             // A POST answered without a session transport (MCP 2026-07-28's requests,
             // whatever headers they carry: rmcp routes by the message) has its answer
             // patched here; in a session the transport has done it, and nothing is left
@@ -3471,7 +3492,7 @@ async fn serve_http(
             } else {
                 response
             };
-            Ok(match admitted {
+            Ok(match admitted.or(stream) {
                 Some(admitted) => admit::hold(response, admitted),
                 None => response,
             })
