@@ -270,8 +270,8 @@ enum Command {
         pin_budget: Option<u64>,
         /// With `--http`: the most sessions open at once; a client opening one more is
         /// refused (HTTP 503, `Retry-After: 1`) with an error saying so. A session ends when
-        /// its client deletes it, or after 5 minutes without a message; a request of MCP
-        /// 2026-07-28 holds one while it runs.
+        /// its client deletes it, or after `--session-idle-secs` without a message and with
+        /// no call in flight; a request of MCP 2026-07-28 holds one while it runs.
         #[arg(
             long,
             value_name = "N",
@@ -292,6 +292,16 @@ enum Command {
             value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
         )]
         max_sessions_per_identity: Option<usize>,
+        /// With `--http`: a session (of a client of a revision before 2026-07-28) is closed,
+        /// its slot freed, after this many seconds without a message either way and with no
+        /// call in flight; a call running longer keeps its session.
+        #[arg(
+            long,
+            value_name = "SECS",
+            default_value_t = psych_gateway::SESSION_IDLE.as_secs(),
+            value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..)
+        )]
+        session_idle_secs: u64,
         /// Start every server at once. By default a server whose listing is kept in
         /// `<dir>/catalog.redb` and younger than its `listingTtlSecs` (default 7 days) is
         /// known from it and started only when a call needs it, then stopped after
@@ -611,6 +621,7 @@ fn run(command: Command) -> Result<u8, Failure> {
             auto_budget,
             max_sessions,
             max_sessions_per_identity,
+            session_idle_secs,
             tokens,
             retain_days,
             retain_mib,
@@ -640,6 +651,7 @@ fn run(command: Command) -> Result<u8, Failure> {
                 auto_budget,
                 max_sessions,
                 max_sessions_per_identity,
+                session_idle: std::time::Duration::from_secs(session_idle_secs),
                 tokens,
                 retention,
                 max_passed_bytes: max_passed_mib.saturating_mul(1 << 20),

@@ -30,6 +30,8 @@ pub(crate) struct Options {
     pub(crate) max_sessions: usize,
     /// The most of them one identity of `tokens` holds (default: half).
     pub(crate) max_sessions_per_identity: Option<usize>,
+    /// How long an HTTP session may be idle (no message, no call in flight).
+    pub(crate) session_idle: std::time::Duration,
     /// Over HTTP, the tokens a request must present.
     pub(crate) tokens: Option<Tokens>,
     /// What is kept of each identity's results.
@@ -79,6 +81,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         auto_budget,
         max_sessions,
         max_sessions_per_identity,
+        session_idle,
         tokens,
         retention,
         max_passed_bytes,
@@ -93,6 +96,7 @@ pub(crate) fn run(options: Options) -> Result<u8, String> {
         .and_then(|s| Ok(s.disclosure(disclosure_settings(auto_budget)?)))
         .map_err(|e| crate::reason::chain(&e))?
         .max_sessions(max_sessions)
+        .session_idle(session_idle)
         .retention(retention)
         .max_passed_bytes(max_passed_bytes)
         .passing_budget(passing_budget)

@@ -731,6 +731,59 @@ async fn in_session(
     (stream, String::from_utf8_lossy(&read).into_owned())
 }
 
+/// A session stays open while a call runs longer than `--session-idle-secs` with nothing
+/// to report (no message either way), and is closed once it has been idle that long after
+/// its answer. (Before, rmcp's keep-alive counted messages only: the session ended mid-call
+/// and the call was cancelled.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_longer_than_the_idle_limit_keeps_its_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_gateway, url) = start_serving(dir.path(), &[], &["--session-idle-secs", "1"]).await;
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    }});
+    let (_, opened) = in_session(&url, "", &initialize, "serverInfo").await;
+    let session = crate::support::session_id(&opened);
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (_, accepted) = in_session(&url, &session, &initialized, "\r\n\r\n").await;
+    assert!(accepted.starts_with("HTTP/1.1 202"), "{accepted}");
+    let sleep = |id: u64, ms: u64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "up__sleep", "arguments": {"ms": ms, "tag": "slept"}}})
+    };
+    // The upstream connects in the background (a short call until it is listed).
+    tokio::time::timeout(Duration::from_secs(60), async {
+        for id in 1000.. {
+            let (_, answer) = in_session(&url, &session, &sleep(id, 1), "}}").await;
+            if answer.contains("slept") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the upstream is listed");
+    let (_, answer) = in_session(&url, &session, &sleep(1, 3_000), "}}").await;
+    assert!(answer.contains("slept"), "{answer}");
+    // Idle after it: closed (404 for its id) within a few of its seconds.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+            let (_, answer) = in_session(&url, &session, &list, "\r\n\r\n").await;
+            if answer.starts_with("HTTP/1.1 404") {
+                return;
+            }
+            // (A listing is a message: the session's idle time starts again.)
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+        }
+    })
+    .await
+    .expect("the idle session is closed");
+}
+
 /// In a session, a request goes on in the session's worker when its client goes away, so
 /// the POST's place is not what bounds it: the session's transport counts its requests
 /// in flight, and with 64 calls held upstream whose clients left, the next call in the

@@ -92,15 +92,53 @@ pub const MAX_REQUESTS_PER_SESSION: usize = psych_mcp::MAX_PEER_REQUESTS;
 pub(crate) struct Bounded<T> {
     inner: T,
     in_flight: Arc<InFlight>,
+    activity: Arc<Activity>,
 }
 
 impl<T> Bounded<T> {
     /// `inner`, with at most [`MAX_REQUESTS_PER_SESSION`] requests in flight.
     pub(crate) fn new(inner: T) -> Self {
+        let in_flight = InFlight::new(MAX_REQUESTS_PER_SESSION);
         Self {
             inner,
-            in_flight: InFlight::new(MAX_REQUESTS_PER_SESSION),
+            activity: Arc::new(Activity {
+                in_flight: Arc::clone(&in_flight),
+                last: Mutex::new(std::time::Instant::now()),
+            }),
+            in_flight,
         }
+    }
+
+    /// The session's [`Activity`], for whoever closes idle sessions.
+    pub(crate) fn activity(&self) -> Arc<Activity> {
+        Arc::clone(&self.activity)
+    }
+}
+
+/// When a session's transport last carried a message either way, and its requests in
+/// flight: a session is idle while no request of its is in flight (a call may run longer
+/// than any idle limit without a message: rmcp's own keep-alive cut such calls, counting
+/// only messages) and from its last message on.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    in_flight: Arc<InFlight>,
+    last: Mutex<std::time::Instant>,
+}
+
+impl Activity {
+    /// A message went through now.
+    fn touch(&self) {
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = std::time::Instant::now();
+    }
+
+    /// How long the session has been idle at `now`: `None` while a request of its is in
+    /// flight (its answer not yet written out).
+    pub(crate) fn idle_for(&self, now: std::time::Instant) -> Option<Duration> {
+        if !self.in_flight.is_empty() {
+            return None;
+        }
+        let last = *self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(now.saturating_duration_since(last))
     }
 }
 
@@ -111,14 +149,23 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Bounded<T> {
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.activity.touch();
         let answering = self.in_flight.answering(&item);
-        answering.during(self.inner.send(item))
+        let sending = answering.during(self.inner.send(item));
+        let activity = Arc::clone(&self.activity);
+        async move {
+            let sent = sending.await;
+            // Idle from the end of a long answer's write, not from its start.
+            activity.touch();
+            sent
+        }
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
             let mut message = self.inner.receive().await?;
             // No await from here on: a dropped `receive` loses nothing it took.
+            self.activity.touch();
             if let Err(refusal) = count_in(&self.in_flight, &mut message, session_busy) {
                 // Answered to the request's own stream, by the session's worker.
                 drop(tokio::spawn(self.inner.send(*refusal)));

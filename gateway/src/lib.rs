@@ -113,8 +113,9 @@
 //!   the same way past it; and while other identities are refused for want of room, one
 //!   at its fair share (the cap over the identities active now) takes no more until they
 //!   have theirs ([`FAIR_WINDOW`]).
-//!   A session ends when its client deletes it or after [`SESSION_IDLE`] without a
-//!   message, and its slot is freed.
+//!   A session ends when its client deletes it or after [`SESSION_IDLE`] (or
+//!   [`GatewaySettings::session_idle`]) without a message and with no request in flight,
+//!   and its slot is freed.
 //! - What a client holds in the gateway at once is bounded: a stdio client at most 64
 //!   requests in flight (one more is answered at once with an error, -32000); over HTTP at
 //!   most [`MAX_CONNECTIONS`] connections (more wait to be accepted; one whose client
@@ -298,9 +299,10 @@ fn call_timeouts() -> psych_mcp::Timeouts {
 /// backstop (psych-mcp's deadline, which cancels the call upstream, comes first).
 const BACKSTOP: Duration = Duration::from_secs(5);
 
-/// How long an HTTP session may go without a message before it is closed and its slot
-/// freed (rmcp's session keep-alive): a client that vanished without deleting its session
-/// holds it no longer than this.
+/// How long an HTTP session may go without a message, and with no request in flight,
+/// before it is closed and its slot freed, by default
+/// ([`GatewaySettings::session_idle`]): a client that vanished without deleting its
+/// session holds it no longer than this after its last answer.
 pub const SESSION_IDLE: Duration = Duration::from_secs(300);
 
 /// The code of the JSON-RPC error answering a handle the caller's identity never had (one
@@ -2205,6 +2207,7 @@ pub struct GatewaySettings {
     passing_budget: u64,
     pinning: Option<PinSettings>,
     state_key: Option<[u8; 32]>,
+    session_idle: Duration,
 }
 
 /// The one token estimator of a gateway, shared by disclosure, the record logs and
@@ -2254,6 +2257,7 @@ impl GatewaySettings {
             passing_budget: DEFAULT_PASSING_BUDGET,
             pinning: None,
             state_key: None,
+            session_idle: SESSION_IDLE,
         })
     }
 
@@ -2327,11 +2331,22 @@ impl GatewaySettings {
     }
 
     /// Over HTTP, at most `max` sessions open at once; one more is refused with an error
-    /// saying so. A session ends when its client deletes it or after [`SESSION_IDLE`]
-    /// without a message. Stdio has its one session.
+    /// saying so. A session ends when its client deletes it or when it is idle past
+    /// [`session_idle`](Self::session_idle). Stdio has its one session.
     #[must_use]
     pub fn max_sessions(mut self, max: usize) -> Self {
         self.max_sessions = max;
+        self
+    }
+
+    /// Over HTTP, a session of the `initialize` lifecycle is closed (its slot freed) once
+    /// it has gone `idle` without a message either way and with no request in flight: a
+    /// call running longer, with no progress to report, keeps its session. A client that
+    /// vanished without deleting its session holds it no longer than this after its last
+    /// answer. [`SESSION_IDLE`] by default; `psych serve --session-idle-secs`.
+    #[must_use]
+    pub fn session_idle(mut self, idle: Duration) -> Self {
+        self.session_idle = idle;
         self
     }
 
@@ -2637,9 +2652,9 @@ pub enum SessionRefused {
     /// As many sessions are open as [`GatewaySettings::max_sessions`] allows.
     #[error(
         "the gateway: {max} {} open, the most it allows (psych serve: --max-sessions); end \
-         one (a client deleting its session, or {} s idle) or raise the cap",
-        if *max == 1 { "session is" } else { "sessions are" },
-        SESSION_IDLE.as_secs()
+         one (a client deleting its session, or leaving it idle: psych serve \
+         --session-idle-secs) or raise the cap",
+        if *max == 1 { "session is" } else { "sessions are" }
     )]
     Full {
         /// The cap.
@@ -2649,10 +2664,9 @@ pub enum SessionRefused {
     /// [`GatewaySettings::max_sessions_per_identity`] allows.
     #[error(
         "the gateway: this identity has {max} {} open, the most it allows one identity (psych \
-         serve: --max-sessions-per-identity); end one (a client deleting its session, or {} s \
-         idle) or raise the cap",
-        if *max == 1 { "session" } else { "sessions" },
-        SESSION_IDLE.as_secs()
+         serve: --max-sessions-per-identity); end one (a client deleting its session, or \
+         leaving it idle) or raise the cap",
+        if *max == 1 { "session" } else { "sessions" }
     )]
     IdentityFull {
         /// The cap.
@@ -2663,10 +2677,9 @@ pub enum SessionRefused {
     /// identities refused one within [`FAIR_WINDOW`].
     #[error(
         "the gateway: this identity has {held} {} open, its fair share of {fair} while other \
-         identities wait for one; end one (a client deleting its session, or {} s idle) or \
-         retry",
-        if *held == 1 { "session" } else { "sessions" },
-        SESSION_IDLE.as_secs()
+         identities wait for one; end one (a client deleting its session, or leaving it \
+         idle) or retry",
+        if *held == 1 { "session" } else { "sessions" }
     )]
     IdentityShare {
         /// The sessions the identity holds.
@@ -2962,6 +2975,7 @@ pub async fn serve(
     for lane in std::iter::once(&shared.lane).chain(shared.narrowed.values()) {
         let _ = lane.resolved.clone().wait_for(Option::is_some).await;
     }
+    let session_idle = settings.session_idle;
     if let Some(ready) = settings.ready {
         ready();
     }
@@ -2969,7 +2983,9 @@ pub async fn serve(
     let serving = async {
         match listener {
             Listener::Stdio => serve_stdio(Arc::clone(&shared)).await,
-            Listener::Http(listener) => serve_http(Arc::clone(&shared), listener).await,
+            Listener::Http(listener) => {
+                serve_http(Arc::clone(&shared), listener, session_idle).await
+            }
         }
     };
     let mut serving = std::pin::pin!(serving);
@@ -3350,6 +3366,7 @@ fn unauthorized() -> hyper::Response<raw::HttpBody> {
 async fn serve_http(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
+    session_idle: Duration,
 ) -> Result<(), ServeError> {
     use hyper::body::Incoming;
     use hyper_util::rt::TokioIo;
@@ -3371,11 +3388,17 @@ async fn serve_http(
     let sessions = config.cancellation_token.clone();
     let factory = Arc::clone(&shared);
     let owners = Arc::new(Owners::default());
+    let managed = Arc::new(raw::RawSessions::new(
+        raw,
+        session_idle,
+        Arc::clone(&owners),
+    ));
     let rmcp = StreamableHttpService::new(
         move || Session::open(Arc::clone(&factory)).map_err(std::io::Error::other),
-        raw::RawSessions::new(raw, SESSION_IDLE, Arc::clone(&owners)).into(),
+        Arc::clone(&managed),
         config,
     );
+    let reaper = tokio::spawn(close_idle_sessions(managed));
     let tokens = shared.tokens.clone();
     let admission = admit::Admission::new();
     let peeks = admit::Admission::peeks();
@@ -3557,12 +3580,25 @@ async fn serve_http(
         });
     };
     drop(listener);
+    reaper.abort();
     shared.close(Cut::Shutdown);
     shared.settled(|g| g.calls == 0).await;
     sessions.cancel();
     shared.settled(|g| g.sessions == 0).await;
     while connections.join_next().await.is_some() {}
     accepted
+}
+
+/// Closes each HTTP session idle past its limit ([`raw::RawSessions::idle`]: no message
+/// and no request in flight), as its client deleting it would, until aborted.
+async fn close_idle_sessions(sessions: Arc<raw::RawSessions>) {
+    use rmcp::transport::streamable_http_server::session::SessionManager;
+    loop {
+        tokio::time::sleep(sessions.sweep_every()).await;
+        for id in sessions.idle(std::time::Instant::now()) {
+            let _ = sessions.close_session(&id).await;
+        }
+    }
 }
 
 /// Whether a failed accept was one connection's rather than the process's.

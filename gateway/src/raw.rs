@@ -268,25 +268,56 @@ fn for_legacy_peer(placeholder: &Value, raw: &mut serde_json::Map<String, Value>
 }
 
 /// rmcp's [`LocalSessionManager`] with each session's transport wrapped in a
-/// [`RawTransport`], telling [`Owners`](crate::Owners) which sessions are open.
-#[derive(Debug, Default)]
+/// [`RawTransport`], telling [`Owners`](crate::Owners) which sessions are open, and
+/// keeping each one's [`Activity`](crate::admit::Activity) for [`RawSessions::idle`].
+#[derive(Debug)]
 pub(super) struct RawSessions {
     inner: LocalSessionManager,
     raw: Arc<RawAnswers>,
     owners: Arc<crate::Owners>,
+    /// The open sessions' activity: one entry a session, removed as it closes.
+    activity: Mutex<std::collections::HashMap<SessionId, Arc<crate::admit::Activity>>>,
+    idle: std::time::Duration,
 }
 
 impl RawSessions {
-    /// Sessions whose placeholders are answered from `raw`, each closed after `idle`
-    /// without a message (rmcp's keep-alive), their opening and closing told to `owners`.
+    /// Sessions whose placeholders are answered from `raw`, idle after `idle` without a
+    /// message and with no request in flight ([`RawSessions::idle`]: rmcp's own
+    /// keep-alive, which counts messages only and so cut calls longer than it, is off),
+    /// their opening and closing told to `owners`.
     pub(super) fn new(
         raw: Arc<RawAnswers>,
         idle: std::time::Duration,
         owners: Arc<crate::Owners>,
     ) -> Self {
         let mut inner = LocalSessionManager::default();
-        inner.session_config.keep_alive = Some(idle);
-        Self { inner, raw, owners }
+        inner.session_config.keep_alive = None;
+        Self {
+            inner,
+            raw,
+            owners,
+            activity: Mutex::default(),
+            idle,
+        }
+    }
+
+    /// The sessions idle longer than their limit at `now`, to close.
+    pub(super) fn idle(&self, now: std::time::Instant) -> Vec<SessionId> {
+        self.activity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, activity)| activity.idle_for(now).is_some_and(|idle| idle > self.idle))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// How often to look for idle sessions: a tenth of the limit, between 50 ms and 10 s.
+    pub(super) fn sweep_every(&self) -> std::time::Duration {
+        (self.idle / 10).clamp(
+            std::time::Duration::from_millis(50),
+            std::time::Duration::from_secs(10),
+        )
     }
 }
 
@@ -333,6 +364,10 @@ impl SessionManager for RawSessions {
         let (id, inner) = self.inner.create_session().await?;
         self.owners.opened(&id);
         let inner = crate::admit::Bounded::new(inner);
+        self.activity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.clone(), inner.activity());
         Ok((id, RawTransport::new(inner, Arc::clone(&self.raw))))
     }
 
@@ -352,12 +387,17 @@ impl SessionManager for RawSessions {
     }
 
     /// Called by rmcp when the client deletes the session and when its worker ends
-    /// (idled out, cancelled): the session is nobody's from then on.
+    /// (cancelled), and by the gateway for an idle one: the session is nobody's from then
+    /// on.
     fn close_session(
         &self,
         id: &SessionId,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send {
         self.owners.closed(id);
+        self.activity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
         self.inner.close_session(id)
     }
 
