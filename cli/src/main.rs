@@ -231,7 +231,7 @@ enum Command {
         retain_mib: u64,
         /// MiB of logged results one call may pass by reference (`{"$psych_result":
         /// HANDLE}` in its arguments) and one `resources/read` answer may hold; 0 refuses
-        /// every reference.
+        /// every reference, and an elided result then carries no `resource_link`.
         #[arg(long, value_name = "MIB", default_value_t = psych_reader_tool::DEFAULT_MAX_PASSED_BYTES >> 20)]
         max_passed_mib: u64,
         /// MiB of passed result text every call and `resources/read` answer of this process

@@ -613,6 +613,32 @@ async fn a_result_passes_by_reference_within_its_identity_only() {
     bounded.cancel().await.unwrap();
 }
 
+/// With `--max-passed-mib 0` no `resources/read` can answer a page: an elided result's
+/// preview carries no `resource_link` (before, one whose every read was refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_resource_link_is_offered_when_no_read_could_answer() {
+    use rmcp::model::ContentBlock;
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, _) = alice_and_bob(dir.path());
+    let (gateway, url) = start(dir.path(), &["--max-passed-mib", "0"]).await;
+    let session = connect(&url, &alice).await;
+    let shown = call_when_listed(&session, "up__large", json!({"bytes": 300_000})).await;
+    assert!(
+        !shown
+            .content
+            .iter()
+            .any(|block| matches!(block, ContentBlock::ResourceLink(_))),
+        "{shown:?}"
+    );
+    assert!(
+        text(&shown).contains("read_tool_output"),
+        "{}",
+        text(&shown)
+    );
+    session.cancel().await.unwrap();
+    gateway.stop().await;
+}
+
 /// Issue 34 through `psych serve`: an elided result's preview carries a `resource_link` to
 /// the whole result, and `resources/read` of it answers the whole text (or the page its
 /// query asks for) on any connection of the identity, and `invalid_deferred_handle` to

@@ -1369,9 +1369,10 @@ impl Session {
         let (view_of, stored_len) = self
             .project(executor, &handle, result.target.as_ref())
             .await?;
-        // An elided success links the whole result, for clients that know the block.
-        let links = resources::links_known(context);
+        // An elided success links the whole result, for clients that know the block, when
+        // a `resources/read` may answer any of it (`--max-passed-mib 0` refuses every read).
         let max_read = executor.limits().max_passed_bytes();
+        let links = resources::links_known(context) && max_read > 0;
         // A result of over a MiB (its text as stored, or all it holds as JSON: binary
         // blocks, structured content, `_meta`) is shaped, freed and encoded on a blocking
         // thread.
