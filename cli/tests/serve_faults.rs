@@ -420,6 +420,52 @@ async fn a_notification_before_initialize_does_not_end_the_gateway() {
     wait_listed(&mut client, "small__echo", &mut id).await;
 }
 
+/// A client that sends a call with a progress token and closes stdin at once (`printf …
+/// | psych serve`) still reads the call's answer: rmcp sends no notification once the
+/// input has ended, so the call's progress is dropped rather than hold the answer. (Before,
+/// the relay's first report waited for rmcp's loop to end, the answer waited for the relay,
+/// and rmcp cancelled the call after its 5 s: the answer, logged, never came.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_with_progress_is_answered_after_the_client_closes_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        json!({"small": embedded(3, &[], json!({"preload": true}))}),
+    );
+    let mut client = RawClient::spawn(&config, dir.path());
+    client.initialize().await;
+    let mut id = 0;
+    wait_listed(&mut client, "small__progress", &mut id).await;
+    client
+        .send(
+            json!({"jsonrpc": "2.0", "id": 1000, "method": "tools/call", "params": {
+                "name": "small__progress",
+                "arguments": {"steps": 3},
+                "_meta": {"progressToken": "p"},
+            }}),
+        )
+        .await;
+    let RawClient {
+        child: _child,
+        stdin,
+        mut lines,
+    } = client;
+    drop(stdin);
+    let answer = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if message.get("id") == Some(&json!(1000)) {
+                return Some(message);
+            }
+        }
+        None
+    })
+    .await
+    .expect("the gateway ends");
+    let answer = answer.expect("the call is answered before the gateway ends");
+    assert!(answer.to_string().contains("3 steps reported"), "{answer}");
+}
+
 /// A client that closes stdin with calls hanging upstream (what clients commonly do when
 /// they quit): the gateway exits cleanly, stops every upstream group, and the session log
 /// opens intact with a result for every call, saying the client cancelled it. (Before, the

@@ -532,6 +532,10 @@ struct Shared {
     sealer: mrtr::Sealer,
     /// The servers started only when a call needs them, for every identity's executor.
     on_demand: Option<Arc<dyn OnDemand>>,
+    /// Set once the stdio client's input has ended: rmcp then sends no more notifications
+    /// (its loop only collects the answers of the requests in flight, for 5 s), so a
+    /// call's progress relay stops sending rather than hold the call's answer.
+    input_ended: watch::Sender<bool>,
 }
 
 /// What a client's `tools/list` gets for `surface`: disclosure's client listing
@@ -1254,6 +1258,7 @@ impl Session {
         let client = token.map(|token| progress::ClientProgress {
             peer: context.peer.clone(),
             token,
+            input_ended: self.shared.input_ended.subscribe(),
         });
         let tenant = self.tenant(context)?;
         let view = tenant.lane.current().await?;
@@ -2970,6 +2975,7 @@ pub async fn serve(
         raw: Arc::default(),
         sealer,
         on_demand: Some(on_demand),
+        input_ended: watch::Sender::new(false),
     });
     // The first resolution of every lane, of whatever the catalogue holds now (most
     // likely nothing).
@@ -3099,7 +3105,12 @@ async fn serve_stdio(shared: Arc<Shared>) -> Result<(), ServeError> {
         // Psych's own transport (rmcp's leaves a line it cannot parse unanswered), with
         // the raw answers put in place of their placeholders.
         running = session.serve(raw::RawTransport::new(
-            stdio::StdioTransport::new(tokio::io::stdin(), tokio::io::stdout()),
+            stdio::StdioTransport::new(tokio::io::stdin(), tokio::io::stdout()).on_end({
+                let shared = Arc::clone(&shared);
+                move || {
+                    shared.input_ended.send_replace(true);
+                }
+            }),
             Arc::clone(&shared.raw),
         )) => {
             running.map_err(|e| ServeError::Stdio(Box::new(e)))?
@@ -4037,6 +4048,7 @@ mod tests {
             raw: Arc::default(),
             sealer: mrtr::Sealer::new().unwrap_or_else(|e| panic!("{e}")),
             on_demand: None,
+            input_ended: watch::Sender::new(false),
         })
     }
 

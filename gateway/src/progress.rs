@@ -14,7 +14,9 @@
 //! The sink is dropped when its call leaves the host (the executor's contract), which
 //! ends the relay's queue: the relay has sent every report before the call's result is
 //! returned, and [`SinkWatch::left_host`] tells the session whether the call is still
-//! upstream.
+//! upstream. Once a stdio client's input has ended, rmcp sends no more notifications (a
+//! send would wait for its loop to end, past the 5 s it gives the calls in flight to
+//! answer): the relay drops the reports left rather than hold the call's answer.
 //!
 //! [`Executor::execute_with_progress`]: psych_runtime::Executor::execute_with_progress
 //! [`ToolHost::call_tool_with_progress`]: psych_types::ToolHost::call_tool_with_progress
@@ -41,6 +43,9 @@ pub(super) struct ClientProgress {
     pub(super) peer: Peer<RoleServer>,
     /// The token the client sent with the call.
     pub(super) token: ProgressToken,
+    /// Whether the client's input has ended (stdio; never for HTTP): from then on rmcp
+    /// sends no notification, and a send waits until its loop ends.
+    pub(super) input_ended: tokio::sync::watch::Receiver<bool>,
 }
 
 /// One call's reports waiting for the relay, and whether its sink is gone.
@@ -135,14 +140,21 @@ impl Relay {
                 self.shared.ready.notified().await;
                 continue;
             };
-            let Some(client) = &self.client else {
+            let Some(client) = &mut self.client else {
                 continue;
             };
             let mut note = ProgressNotificationParam::new(client.token.clone(), progress.progress);
             note.total = progress.total;
             note.message = progress.message;
-            if client.peer.notify_progress(note).await.is_err() {
-                // The client is gone: keep draining, so the call is not held up.
+            let ended = &mut client.input_ended;
+            let sent = tokio::select! {
+                sent = client.peer.notify_progress(note) => sent.is_ok(),
+                // (A closed channel: the gateway is going, and the send decides.)
+                Ok(_) = ended.wait_for(|ended| *ended) => false,
+            };
+            if !sent {
+                // The client is gone, or reads no more notifications: keep draining, so
+                // the call's answer is not held up.
                 self.client = None;
             }
         }

@@ -144,6 +144,8 @@ pub(crate) struct StdioTransport<R, W> {
     /// Whether a request has been passed to the session: before one, a notification or
     /// an answer is dropped (see [`StdioTransport::pass`]).
     started: bool,
+    /// Called once, when the input ends.
+    on_end: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl<R, W> StdioTransport<R, W>
@@ -170,7 +172,14 @@ where
             })),
             in_flight: InFlight::new(MAX_IN_FLIGHT),
             started: false,
+            on_end: None,
         }
+    }
+
+    /// Calls `on_end` once the input has ended (the client closed it, or it failed).
+    pub(crate) fn on_end(mut self, on_end: impl FnOnce() + Send + 'static) -> Self {
+        self.on_end = Some(Box::new(on_end));
+        self
     }
 
     /// The next line, without its `\n`; `None` at the end of the input (a last line
@@ -347,6 +356,9 @@ where
                 Ok(Some(line)) => line,
                 Ok(None) | Err(_) => {
                     self.ended = true;
+                    if let Some(on_end) = self.on_end.take() {
+                        on_end();
+                    }
                     return None;
                 }
             };
