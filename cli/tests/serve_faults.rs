@@ -466,6 +466,81 @@ async fn a_call_with_progress_is_answered_after_the_client_closes_stdin() {
     assert!(answer.to_string().contains("3 steps reported"), "{answer}");
 }
 
+/// A second signal exits at once, and still leaves no upstream running: twelve servers
+/// that ignore SIGTERM, stopped by the first signal's shutdown when the second comes, are
+/// all gone once the gateway has exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once_and_leaves_no_upstream() {
+    const SERVERS: usize = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let stubborn = json!({
+        "command": "sh",
+        "args": ["-c", "trap '' HUP INT TERM; exec sleep 600"],
+        "preload": true,
+    });
+    let servers: serde_json::Map<String, Value> = (0..SERVERS)
+        .map(|n| (format!("s{n}"), stubborn.clone()))
+        .collect();
+    let config = write_config(dir.path(), Value::Object(servers));
+    let mut gateway = tokio::process::Command::new(PSYCH)
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--dir")
+        .arg(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = gateway.id().unwrap();
+    let groups = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let groups = child_groups(pid);
+            if groups.len() == SERVERS {
+                return groups;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("every upstream started");
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    signal("-INT");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    signal("-INT");
+    let exited = tokio::time::timeout(Duration::from_secs(10), gateway.wait())
+        .await
+        .expect("the gateway exits at once")
+        .unwrap();
+    assert!(!exited.success(), "{exited}");
+    // A SIGKILL is sent by the time the gateway exits; its delivery is the kernel's.
+    let left = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let left: Vec<i32> = groups.iter().flat_map(|&g| live_members(g)).collect();
+            if left.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let still: Vec<i32> = groups.iter().flat_map(|&g| live_members(g)).collect();
+    for &pid in &still {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    assert!(left.is_ok(), "upstream processes left running: {still:?}");
+}
+
 /// A client that closes stdin with calls hanging upstream (what clients commonly do when
 /// they quit): the gateway exits cleanly, stops every upstream group, and the session log
 /// opens intact with a result for every call, saying the client cancelled it. (Before, the
