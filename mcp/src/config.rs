@@ -51,6 +51,14 @@ pub enum ConfigError {
     /// The document is not an object with an `mcpServers` object inside.
     #[error("MCP config must be a JSON object with an \"mcpServers\" object: {0}")]
     Shape(&'static str),
+    /// An object gives one key twice: JSON readers keep one of the two (serde and
+    /// `JSON.parse` the last), so the other (a server's entry, its `allowTools`) would be
+    /// dropped without a word.
+    #[error("MCP config: {path} is given twice; keep one of the two")]
+    RepeatedKey {
+        /// Where: the keys from the top down to the repeated one (`mcpServers.github`).
+        path: String,
+    },
     /// A server's name is not a valid server id.
     #[error("MCP config: server name {name:?} is not usable: {source}")]
     ServerName {
@@ -487,6 +495,9 @@ impl McpConfig {
     /// A [`ConfigError`] naming the server and field at fault; nothing is partly accepted.
     pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let document: Value = serde_json::from_str(text).map_err(ConfigError::Json)?;
+        if let Some(path) = repeated_key(text) {
+            return Err(ConfigError::RepeatedKey { path });
+        }
         let Value::Object(mut top) = document else {
             return Err(ConfigError::Shape("the document is not an object"));
         };
@@ -514,6 +525,91 @@ impl McpConfig {
             extra: top,
         })
     }
+}
+
+/// The path (`mcpServers.github`) of the first key an object of `text` gives twice, if
+/// any; `text` is JSON (a second pass over it: a map keeps one of a repeated key's values
+/// and cannot tell).
+fn repeated_key(text: &str) -> Option<String> {
+    use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+    use std::cell::RefCell;
+
+    /// Walks one value at `path`, noting in `found` the first repeated key.
+    struct Walk<'a> {
+        path: String,
+        found: &'a RefCell<Option<String>>,
+    }
+    impl<'de> DeserializeSeed<'de> for Walk<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+            deserializer.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Walk<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let mut n = 0;
+            while seq
+                .next_element_seed(Walk {
+                    path: format!("{}[{n}]", self.path),
+                    found: self.found,
+                })?
+                .is_some()
+            {
+                n += 1;
+            }
+            Ok(())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let mut keys = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                let path = if self.path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{}.{key}", self.path)
+                };
+                if !keys.insert(key) {
+                    self.found.borrow_mut().get_or_insert(path.clone());
+                }
+                map.next_value_seed(Walk {
+                    path,
+                    found: self.found,
+                })?;
+            }
+            Ok(())
+        }
+    }
+
+    let found = RefCell::new(None);
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    Walk {
+        path: String::new(),
+        found: &found,
+    }
+    .deserialize(&mut deserializer)
+    .ok()?;
+    found.into_inner()
 }
 
 /// One server entry being parsed: its name for error messages and the environment.
@@ -909,6 +1005,47 @@ mod tests {
         // Psych's keys stay in the entry (other clients ignore them).
         let b = ServerId::new("b").unwrap_or_else(|e| panic!("{e}"));
         assert!(config.servers[&b].extra.contains_key(LAZY));
+    }
+
+    /// A key given twice in any object (a server, a server's `allowTools`) is refused: a
+    /// map would keep one of the two entries and drop the other without a word (before, a
+    /// second `github` entry without `allowTools` silently widened the first's grant).
+    #[test]
+    fn a_key_given_twice_is_refused_naming_where() {
+        let parse = |text: &str| McpConfig::parse(text, |_| None);
+        for (text, path) in [
+            (
+                r#"{"mcpServers": {"github": {"command": "gh", "allowTools": ["get_issue"]},
+                                   "github": {"command": "gh"}}}"#,
+                "mcpServers.github",
+            ),
+            (
+                r#"{"mcpServers": {"fs": {"command": "x", "env": {"A": "1", "A": "2"}}}}"#,
+                "mcpServers.fs.env.A",
+            ),
+            (
+                r#"{"mcpServers": {}, "mcpServers": {"fs": {"command": "x"}}}"#,
+                "mcpServers",
+            ),
+            (
+                r#"{"mcpServers": {"fs": {"command": "x", "args": [{"k": 1, "k": 2}]}}}"#,
+                "mcpServers.fs.args[0].k",
+            ),
+        ] {
+            match parse(text) {
+                Err(ConfigError::RepeatedKey { path: found }) => assert_eq!(found, path),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let error = parse(r#"{"mcpServers": {"a": {"command": "x"}, "a": {"command": "y"}}}"#)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "MCP config: mcpServers.a is given twice; keep one of the two"
+        );
+        // The same key in two objects is two keys.
+        parse(r#"{"mcpServers": {"a": {"command": "x"}, "b": {"command": "x"}}}"#).unwrap();
     }
 
     #[test]
