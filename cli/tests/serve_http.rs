@@ -738,7 +738,10 @@ async fn in_session(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_longer_than_the_idle_limit_keeps_its_session() {
     let dir = tempfile::tempdir().unwrap();
-    let (_gateway, url) = start_serving(dir.path(), &[], &["--session-idle-secs", "1"]).await;
+    // 3 s: each step before the long call (a message every few milliseconds, or a new
+    // connection per call while the upstream starts) comes well within it, on a loaded
+    // machine too.
+    let (_gateway, url) = start_serving(dir.path(), &[], &["--session-idle-secs", "3"]).await;
     let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18",
         "capabilities": {},
@@ -760,12 +763,16 @@ async fn a_call_longer_than_the_idle_limit_keeps_its_session() {
             if answer.contains("slept") {
                 return;
             }
+            assert!(
+                !answer.starts_with("HTTP/1.1 404"),
+                "closed while idle: {answer}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     })
     .await
     .expect("the upstream is listed");
-    let (_, answer) = in_session(&url, &session, &sleep(1, 3_000), "}}").await;
+    let (_, answer) = in_session(&url, &session, &sleep(1, 6_000), "}}").await;
     assert!(answer.contains("slept"), "{answer}");
     // Idle after it: closed (404 for its id) within a few of its seconds.
     tokio::time::timeout(Duration::from_secs(30), async {
@@ -777,7 +784,7 @@ async fn a_call_longer_than_the_idle_limit_keeps_its_session() {
                 return;
             }
             // (A listing is a message: the session's idle time starts again.)
-            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            tokio::time::sleep(Duration::from_millis(3_500)).await;
         }
     })
     .await

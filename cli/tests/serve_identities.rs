@@ -228,15 +228,31 @@ async fn legacy_session(url: &str, token: &str) -> String {
     session
 }
 
-/// One identity holds at most `MAX_LISTENS` event streams (GETs), all its sessions
-/// together: one more is answered 429, another identity still opens its own, and one
-/// closed gives its place back. (Before, rmcp kept up to 33 per session, and one identity
-/// could hold every connection place with them.)
+/// One session holds at most `MAX_LISTENS` event streams (GETs), and one identity two per
+/// session it may hold (at least `MAX_LISTENS`), all its sessions together: one more is
+/// answered 429, another identity still opens its own, and one closed gives its place
+/// back. (Before, rmcp kept up to 33 per session, and one identity could hold every
+/// connection place with them.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_identity_holds_at_most_its_share_of_the_event_streams() {
     let dir = tempfile::tempdir().unwrap();
     let (alice, bob) = alice_and_bob(dir.path());
-    let (gateway, url) = start(dir.path(), &[]).await;
+    // Two sessions an identity: 4 streams for it, raised to MAX_LISTENS (8).
+    let (gateway, url) = start(dir.path(), &["--max-sessions-per-identity", "2"]).await;
+    let bobs = legacy_session(&url, &bob).await;
+    let mut bobs_streams = Vec::new();
+    for n in 0..psych_gateway::MAX_LISTENS {
+        let (stream, head) = event_stream(&url, &bob, &bobs).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "stream {n}: {head}");
+        bobs_streams.push(stream);
+    }
+    let (_, refused) = event_stream(&url, &bob, &bobs).await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    assert!(
+        refused.contains("a session may have 8 at once"),
+        "{refused}"
+    );
+    drop(bobs_streams);
     let sessions = [
         legacy_session(&url, &alice).await,
         legacy_session(&url, &alice).await,
@@ -253,9 +269,18 @@ async fn one_identity_holds_at_most_its_share_of_the_event_streams() {
         refused.contains("an identity may have 8 at once"),
         "{refused}"
     );
-    let bobs = legacy_session(&url, &bob).await;
-    let (_bobs_stream, head) = event_stream(&url, &bob, &bobs).await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // Bob's streams were given back as his connections closed.
+    let (_bobs_stream, _) = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let (stream, head) = event_stream(&url, &bob, &bobs).await;
+            if head.starts_with("HTTP/1.1 200") {
+                return (stream, head);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("bob's closed streams are given back");
     drop(open.pop());
     tokio::time::timeout(Duration::from_secs(30), async {
         loop {

@@ -29,9 +29,10 @@
 //! identity share the global bound only (each also holds a session slot while it runs, so
 //! [`GatewaySettings::max_sessions`](crate::GatewaySettings::max_sessions) bounds them
 //! first by default). Event streams (GETs in a session: rmcp keeps one and up to 32 more
-//! per session) are bounded apart: at most [`MAX_STREAMS`] open in all, and
-//! [`MAX_LISTENS`](crate::MAX_LISTENS) within one session and for one identity when the
-//! gateway has tokens; past either a GET is answered `429 Too Many Requests`. A stream
+//! per session) are bounded apart: at most [`MAX_STREAMS`] open in all,
+//! [`MAX_LISTENS`](crate::MAX_LISTENS) within one session, and, when the gateway has
+//! tokens, two per session one identity may hold; past any a GET is answered `429 Too
+//! Many Requests`. A stream
 //! holds its count until its body is sent or dropped. (MCP 2026-07-28's
 //! `subscriptions/listen` streams, POSTs, are counted per identity apart, also up to
 //! [`MAX_LISTENS`](crate::MAX_LISTENS).) A request without a known token is answered 401
@@ -68,8 +69,9 @@ pub const MAX_CONNECTIONS: usize = 512;
 
 /// The most event streams (GETs in a session) open at once across every HTTP client: half
 /// of [`MAX_CONNECTIONS`], so that streams held open leave places for requests. Within one
-/// session, and for one identity when the gateway has tokens (all its sessions together),
-/// at most [`MAX_LISTENS`](crate::MAX_LISTENS).
+/// session at most [`MAX_LISTENS`](crate::MAX_LISTENS); for one identity when the gateway
+/// has tokens (all its sessions together), two per session it may hold
+/// ([`GatewaySettings::max_sessions_per_identity`](crate::GatewaySettings::max_sessions_per_identity)).
 pub const MAX_STREAMS: usize = MAX_CONNECTIONS / 2;
 
 /// The most of a refused POST's body read to see whether it is a request: 64 KiB (a
@@ -525,6 +527,7 @@ where
 pub(crate) struct Admission {
     total_limit: usize,
     session_limit: usize,
+    identity_limit: usize,
     counts: Mutex<Counts>,
 }
 
@@ -560,15 +563,24 @@ impl Admission {
     }
 
     /// Counts of event streams (GETs) open: [`MAX_STREAMS`] in all,
-    /// [`MAX_LISTENS`](crate::MAX_LISTENS) per session or identity.
-    pub(crate) fn streams() -> Arc<Self> {
-        Self::with_limits(MAX_STREAMS, crate::MAX_LISTENS)
+    /// [`MAX_LISTENS`](crate::MAX_LISTENS) per session, and two per session an identity
+    /// may hold (`identity_sessions`; at least [`MAX_LISTENS`](crate::MAX_LISTENS)) per
+    /// identity: a client keeps one open, and one more while it reconnects.
+    pub(crate) fn streams(identity_sessions: usize) -> Arc<Self> {
+        Arc::new(Self {
+            total_limit: MAX_STREAMS,
+            session_limit: crate::MAX_LISTENS,
+            identity_limit: identity_sessions.saturating_mul(2).max(crate::MAX_LISTENS),
+            counts: Mutex::new(Counts::default()),
+        })
     }
 
-    fn with_limits(total_limit: usize, session_limit: usize) -> Arc<Self> {
+    /// `total_limit` in all, `key_limit` per session and per identity.
+    fn with_limits(total_limit: usize, key_limit: usize) -> Arc<Self> {
         Arc::new(Self {
             total_limit,
-            session_limit,
+            session_limit: key_limit,
+            identity_limit: key_limit,
             counts: Mutex::new(Counts::default()),
         })
     }
@@ -580,12 +592,13 @@ impl Admission {
             return Err(Refused::Total(self.total_limit));
         }
         for key in &keys {
-            if counts.sessions.get(key).copied().unwrap_or(0) >= self.session_limit {
-                return Err(if key.starts_with("i:") {
-                    Refused::Identity(self.session_limit)
-                } else {
-                    Refused::Session(self.session_limit)
-                });
+            let (limit, refused): (usize, fn(usize) -> Refused) = if key.starts_with("i:") {
+                (self.identity_limit, Refused::Identity)
+            } else {
+                (self.session_limit, Refused::Session)
+            };
+            if counts.sessions.get(key).copied().unwrap_or(0) >= limit {
+                return Err(refused(limit));
             }
         }
         for key in &keys {

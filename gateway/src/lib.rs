@@ -122,7 +122,8 @@
 //!   reads nothing it is sent for [`WRITE_WITHIN`], its socket's buffers full, is closed),
 //!   [`MAX_REQUESTS`] POSTs in flight in all and [`MAX_REQUESTS_PER_SESSION`] in one
 //!   session (one more is answered `429 Too Many Requests`), [`MAX_STREAMS`] event streams
-//!   (GETs) in all and [`MAX_LISTENS`] in one session or for one identity (the same),
+//!   (GETs) in all, [`MAX_LISTENS`] in one session and two per session one identity may
+//!   hold,
 //!   each POST's body at most
 //!   4 MiB and [`MAX_REQUEST_STRUCTURAL_BYTES`] structural bytes (past either, `413
 //!   Payload Too Large`, with an error for the request's id when its first 4 KiB show one).
@@ -256,9 +257,10 @@ pub fn default_passing_share(passing_budget: u64, max_passed: u64, identities: u
     }
 }
 
-/// The most `subscriptions/listen` streams one identity may hold open at once (each also
-/// holds a session slot while open): one more is refused, so one identity's idle streams
-/// cannot take every slot.
+/// The most `subscriptions/listen` streams (MCP 2026-07-28) one identity may hold open at
+/// once (each also holds a session slot while open): one more is refused, so one
+/// identity's idle streams cannot take every slot. Also the most event streams (GETs) one
+/// session of the `initialize` lifecycle may hold ([`MAX_STREAMS`]).
 pub const MAX_LISTENS: usize = 8;
 
 /// The most structural bytes (`[`, `{`, `,` and `:` outside strings) one message of a
@@ -3410,11 +3412,12 @@ async fn serve_http(
         Arc::clone(&managed),
         config,
     );
-    let reaper = tokio::spawn(close_idle_sessions(managed));
+    // Owned here: dropped with this future (a shutdown past its deadline), it stops.
+    let reaper = AbortOnDrop(tokio::spawn(close_idle_sessions(managed)));
     let tokens = shared.tokens.clone();
     let admission = admit::Admission::new();
     let peeks = admit::Admission::peeks();
-    let streams = admit::Admission::streams();
+    let streams = admit::Admission::streams(shared.max_identity_sessions);
     // Authorization first: a request without a known token never reaches rmcp; one with
     // carries its identity in its extensions, which rmcp hands the handler. A request in
     // a session (its stream, its deletion included) must be the session's identity's.
@@ -3592,7 +3595,7 @@ async fn serve_http(
         });
     };
     drop(listener);
-    reaper.abort();
+    drop(reaper);
     shared.close(Cut::Shutdown);
     shared.settled(|g| g.calls == 0).await;
     sessions.cancel();
@@ -3602,14 +3605,37 @@ async fn serve_http(
 }
 
 /// Closes each HTTP session idle past its limit ([`raw::RawSessions::idle`]: no message
-/// and no request in flight), as its client deleting it would, until aborted.
+/// and no request in flight), as its client deleting it would, until aborted. Each close
+/// runs apart (its worker may be slow to take it), looked at again just before; a request
+/// arriving at that very moment may still be cut with its session (rmcp takes the close
+/// after what its worker has queued), as with a client's own delete.
 async fn close_idle_sessions(sessions: Arc<raw::RawSessions>) {
     use rmcp::transport::streamable_http_server::session::SessionManager;
+    let mut closing = JoinSet::new();
     loop {
         tokio::time::sleep(sessions.sweep_every()).await;
+        while closing.try_join_next().is_some() {}
         for id in sessions.idle(std::time::Instant::now()) {
-            let _ = sessions.close_session(&id).await;
+            let sessions = Arc::clone(&sessions);
+            closing.spawn(async move {
+                if sessions.still_idle(&id, std::time::Instant::now()) {
+                    let _ = tokio::time::timeout(SESSION_CLOSE_WITHIN, sessions.close_session(&id))
+                        .await;
+                }
+            });
         }
+    }
+}
+
+/// How long the gateway waits for an idle session's worker to take its close.
+const SESSION_CLOSE_WITHIN: Duration = Duration::from_secs(10);
+
+/// A task aborted when this is dropped: its owner's lifetime is the task's.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -222,8 +222,8 @@ fn merged(placeholder: &Value, mut raw: Value) -> Value {
 /// to the raw answer that takes the placeholder's place: in a listing (the placeholder has
 /// `tools`), a tool's `outputSchema` whose root `type` is not `"object"` is dropped; in a
 /// call's result (it has `content`), a `structuredContent` that is not an object is dropped
-/// and, unless the first block is a text holding the same JSON value, given as a first
-/// text block. (MCP 2026-07-28, which psych-mcp speaks to upstreams first, takes both.)
+/// and, unless the first block is a text holding the same JSON value (or it is `null`),
+/// given as a first text block. (MCP 2026-07-28, which psych-mcp speaks to upstreams first, takes both.)
 fn for_legacy_peer(placeholder: &Value, raw: &mut serde_json::Map<String, Value>) {
     if placeholder.get("tools").is_some() {
         let Some(Value::Array(tools)) = raw.get_mut("tools") else {
@@ -241,7 +241,8 @@ fn for_legacy_peer(placeholder: &Value, raw: &mut serde_json::Map<String, Value>
         if raw.get("structuredContent").is_none_or(Value::is_object) {
             return;
         }
-        let Some(value) = raw.remove("structuredContent") else {
+        // `null` is no structured content (rmcp reads it as none): dropped, nothing said.
+        let Some(value) = raw.remove("structuredContent").filter(|v| !v.is_null()) else {
             return;
         };
         let content = raw
@@ -310,6 +311,17 @@ impl RawSessions {
             .filter(|(_, activity)| activity.idle_for(now).is_some_and(|idle| idle > self.idle))
             .map(|(id, _)| id.clone())
             .collect()
+    }
+
+    /// Whether session `id` is idle past its limit at `now` (looked at again just before
+    /// it is closed: a request may have come since [`RawSessions::idle`]).
+    pub(super) fn still_idle(&self, id: &SessionId, now: std::time::Instant) -> bool {
+        self.activity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .and_then(|activity| activity.idle_for(now))
+            .is_some_and(|idle| idle > self.idle)
     }
 
     /// How often to look for idle sessions: a tenth of the limit, between 50 ms and 10 s.
@@ -716,6 +728,9 @@ mod tests {
         // An object is every revision's.
         let object = json!({"content": [], "structuredContent": {"n": 2}});
         assert_eq!(sent(&raw, object.clone(), true, false), object);
+        // `null` is none: dropped, not said as a text.
+        let null = json!({"content": [], "structuredContent": null});
+        assert_eq!(sent(&raw, null, true, false), json!({"content": []}));
     }
 
     #[test]

@@ -23,8 +23,9 @@
 //!   with an invalid request (-32600, [`TOO_COMPLEX`]), with its top-level `id` when it
 //!   is a request whose id can be read without parsing it (a notification is dropped);
 //! - an empty or blank line is skipped;
-//! - before the first request, a notification or an answer is dropped: rmcp's handshake
-//!   takes a request first and would end the session on it.
+//! - before the request that chooses the session's lifecycle (an `initialize`, or a
+//!   request of MCP 2026-07-28 with its `_meta`; not a `ping` or `server/discover`), a
+//!   notification or an answer is dropped: rmcp's handshake would end the session on it.
 //!
 //! Without an `id` rmcp's error message leaves the member out (MCP 2026-07-28, "Error
 //! Responses"), rather than writing `"id": null`.
@@ -258,17 +259,20 @@ where
     /// `self.reply`, not capped: it is written before the next line is read); a
     /// cancellation takes its request out of the count.
     ///
-    /// Before the first request, a notification or an answer is dropped: rmcp's handshake
-    /// takes a request first and ends the session on anything else (the gateway exited),
-    /// while a notification is never answered anyway (a client's cancellation of a
-    /// request it gave up on, a progress report) and an answer answers nothing the
-    /// gateway asked.
+    /// Until a request has chosen the session's lifecycle ([`chooses_lifecycle`]), a
+    /// notification or an answer is dropped: rmcp's handshake answers `ping` and
+    /// `server/discover` and waits on, but ends the session on anything that is not a
+    /// request (the gateway exited), while a notification is never answered anyway (a
+    /// client's cancellation of a request it gave up on, a progress report) and an answer
+    /// answers nothing the gateway asked.
     fn pass(&mut self, mut message: ClientJsonRpcMessage) -> Option<ClientJsonRpcMessage> {
         if !self.started {
-            if !matches!(message, rmcp::model::JsonRpcMessage::Request(_)) {
-                return None;
+            match &message {
+                rmcp::model::JsonRpcMessage::Request(request) => {
+                    self.started = chooses_lifecycle(&request.request);
+                }
+                _ => return None,
             }
-            self.started = true;
         }
         let busy = |limit| {
             format!(
@@ -433,6 +437,26 @@ enum Classified {
     Skip,
     /// An error to answer with, and the id it answers.
     Answer((Code, &'static str), Option<RequestId>),
+}
+
+/// Whether rmcp's handshake takes `request` as the one that chooses the session's
+/// lifecycle (rmcp 3.11's `serve_server`): an `initialize`, or a request other than
+/// `ping` and `server/discover` whose `_meta` carries MCP 2026-07-28's keys and a
+/// protocol version rmcp knows. rmcp answers any other request and waits on.
+fn chooses_lifecycle(request: &rmcp::model::ClientRequest) -> bool {
+    use rmcp::model::{ClientRequest, GetMeta, ProtocolVersion};
+    match request {
+        ClientRequest::InitializeRequest(_) => true,
+        ClientRequest::PingRequest(_) | ClientRequest::DiscoverRequest(_) => false,
+        request => {
+            let meta = request.get_meta();
+            meta.missing_required_keys(&ProtocolVersion::V_2026_07_28)
+                .is_empty()
+                && meta
+                    .protocol_version()
+                    .is_some_and(|version| ProtocolVersion::KNOWN_VERSIONS.contains(&version))
+        }
+    }
 }
 
 /// Parses one line as rmcp's client message (see the module docs for the answers).
@@ -726,9 +750,9 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         );
     }
 
-    /// A notification or an answer before the first request is dropped (rmcp's handshake
-    /// would end the session on it: the gateway exited with status 3); after a request
-    /// they pass.
+    /// A notification or an answer before the request that chooses the lifecycle (an
+    /// `initialize`; a `ping` does not) is dropped (rmcp's handshake would end the session
+    /// on it: the gateway exited with status 3); after it they pass.
     #[tokio::test]
     async fn before_the_first_request_notifications_and_answers_are_dropped() {
         let input = [
@@ -736,17 +760,29 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
             r#"{"jsonrpc":"2.0","id":9,"result":{}}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":4}}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"0"}}}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
             r#"{"jsonrpc":"2.0","id":9,"result":{}}"#,
         ]
         .join("\n");
         let out = check(input.as_bytes()).await;
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 4, "{out}");
         assert_eq!(
-            out,
-            r#"session: {"jsonrpc":"2.0","id":1,"method":"ping"}
-session: {"jsonrpc":"2.0","method":"notifications/initialized"}
-session: {"jsonrpc":"2.0","id":9,"result":{}}
-"#
+            lines[0],
+            r#"session: {"jsonrpc":"2.0","id":1,"method":"ping"}"#
+        );
+        assert!(
+            lines[1].starts_with(r#"session: {"jsonrpc":"2.0","id":2,"method":"initialize""#),
+            "{out}"
+        );
+        assert_eq!(
+            &lines[2..],
+            [
+                r#"session: {"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+                r#"session: {"jsonrpc":"2.0","id":9,"result":{}}"#,
+            ]
         );
     }
 
@@ -1251,8 +1287,11 @@ session: {"jsonrpc":"2.0","id":9,"result":{}}
         let (mut transport, mut client, output) = transport();
         let answers = tokio::spawn(answers(output));
         let ping = |id: usize| format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"ping\"}}\n");
-        let mut input = String::new();
-        for id in 0..MAX_IN_FLIGHT + 2 {
+        // The session's `initialize` first (before it, a notification would be dropped).
+        let mut input = String::from(
+            "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"c\",\"version\":\"0\"}}}\n",
+        );
+        for id in 1..MAX_IN_FLIGHT + 2 {
             input += &ping(id);
         }
         input += "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":1}}\n";

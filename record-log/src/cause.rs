@@ -277,7 +277,8 @@ pub enum RecordCorruption {
     HeaderChanged,
     /// A read-only view's frame was replaced on disk since its open: the body checksum
     /// there is no longer the one the open checked (a writer cut the frame back, its sync
-    /// failed, and wrote another record of the same lengths in its place).
+    /// failed, and wrote another record in its place; or the checksum's bytes were
+    /// damaged since), or the file now ends before it.
     Replaced,
     /// The frame, or one block of it, is larger than this machine's memory can address.
     TooLarge,

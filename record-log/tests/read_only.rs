@@ -312,6 +312,10 @@ fn a_frame_replaced_by_one_of_the_same_lengths_is_corrupt_not_its_text() {
     assert!(error.to_string().contains(replaced), "{error}");
     let error = reader.output_info(&handle).unwrap_err();
     assert!(error.to_string().contains(replaced), "{error}");
+    let error = reader.content_block(&handle, 0).unwrap_err();
+    assert!(error.to_string().contains(replaced), "{error}");
+    let error = reader.block_lines(&handle).unwrap_err();
+    assert!(error.to_string().contains(replaced), "{error}");
     let n = reader
         .read_output(&reader.handle(2).unwrap(), 0, &mut buf)
         .unwrap();
