@@ -27,9 +27,18 @@ pub struct PgBlocking {
 }
 
 /// The runtime the blocking calls run on, shut down in the background when the last clone
-/// goes.
+/// goes (or when the open it was made for fails): dropped in the ordinary way within a
+/// runtime's context, a tokio runtime panics.
 #[derive(Debug)]
 struct Runtime(Option<tokio::runtime::Runtime>);
+
+impl Runtime {
+    /// Runs `work` on the runtime, blocking this thread ([`block_on`]); `None` only once it
+    /// has shut down (taken when it drops: a live one always has its runtime).
+    fn block<T: Send>(&self, work: impl Future<Output = T> + Send) -> Option<T> {
+        Some(block_on(self.0.as_ref()?, work))
+    }
+}
 
 impl Drop for Runtime {
     fn drop(&mut self) {
@@ -53,10 +62,15 @@ impl PgBlocking {
             .enable_all()
             .build()
             .map_err(OpenError::Runtime)?;
-        let store = block_on(&runtime, PgStore::open(url))?;
+        // Wrapped before the open, so every way out (a refused URL, no connection, a
+        // panic) shuts it down in the background, which never panics within a runtime.
+        let runtime = Arc::new(Runtime(Some(runtime)));
+        let store = runtime.block(PgStore::open(url)).ok_or_else(|| {
+            OpenError::Runtime(std::io::Error::other("the store's runtime shut down"))
+        })??;
         Ok(Self {
             store,
-            runtime: Arc::new(Runtime(Some(runtime))),
+            runtime,
             writers: Arc::default(),
         })
     }
@@ -113,9 +127,7 @@ impl PgBlocking {
     /// store's runtime (its workers drive the connections), so blocking work inside it
     /// (reading a spill file) blocks the caller only.
     pub(crate) fn block<T: Send>(&self, work: impl Future<Output = T> + Send) -> Option<T> {
-        // Taken only when the last clone drops: a live store always has its runtime.
-        let runtime = self.runtime.0.as_ref()?;
-        Some(block_on(runtime, work))
+        self.runtime.block(work)
     }
 
     /// Deletes whole Runs past `max_age` since their last write, or the oldest of an

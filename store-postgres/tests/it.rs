@@ -321,6 +321,43 @@ async fn an_unreachable_database_is_a_typed_connect_error() {
     assert!(std::error::Error::source(&refused).is_some());
 }
 
+/// The blocking store's failed opens, called from within a tokio runtime: a URL the parser
+/// refuses and a database that cannot be reached are typed errors, for the store and its
+/// catalogue alike. (Review: the store's own runtime, dropped in the ordinary way on the
+/// error path, made tokio panic: "Cannot drop a runtime in a context where blocking is not
+/// allowed".)
+fn failed_blocking_opens_are_typed_errors() {
+    use psych_store_postgres::{PgBlocking, PgCatalog, UrlError};
+
+    let bad_schema = format!("{}?schema=Not-A-Schema", database());
+    let refused = PgBlocking::open(&bad_schema).unwrap_err();
+    assert!(
+        matches!(refused, OpenError::Url(UrlError::Schema { .. })),
+        "{refused:?}"
+    );
+    let refused = PgCatalog::open(&bad_schema).unwrap_err();
+    assert!(
+        matches!(refused, OpenError::Url(UrlError::Schema { .. })),
+        "{refused:?}"
+    );
+    let unreachable =
+        PgBlocking::open("postgres://postgres@127.0.0.1:1/test?connect_timeout=5").unwrap_err();
+    assert!(
+        matches!(unreachable, OpenError::Connect(_)),
+        "{unreachable:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_blocking_open_on_a_multi_threaded_runtime_is_a_typed_error() {
+    failed_blocking_opens_are_typed_errors();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_blocking_open_on_a_single_threaded_runtime_is_a_typed_error() {
+    failed_blocking_opens_are_typed_errors();
+}
+
 /// Runs `sql` on a plain connection, from a thread with a runtime of its own (so it works
 /// from a plain test thread or a guard's drop).
 fn raw_blocking(sql: String) {
