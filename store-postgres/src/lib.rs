@@ -143,6 +143,11 @@ impl PgStore {
     /// already past it is used as it is, when its `opens_from` lets this build open it). Call it
     /// inside a tokio runtime (with its time driver): the pool's connections run there.
     ///
+    /// Another process migrating the schema is waited for (up to 10 minutes, whatever the
+    /// URL's `lock_timeout`); a migration whose statement waits more than 2 s for a table
+    /// lock (an older replica's long append) gives way and is tried again, for about two
+    /// minutes in all, so requests to the table are never stalled long behind it.
+    ///
     /// # Errors
     ///
     /// [`OpenError`]: the URL refused, no connection, the migration failed (nothing of it
@@ -165,13 +170,7 @@ impl PgStore {
             .build()
             .map_err(OpenError::Pool)?;
         let mut client = pool.get().await.map_err(OpenError::Connect)?;
-        let migrate = |source| OpenError::Migrate {
-            schema: url.schema.clone(),
-            source,
-        };
-        let transaction = client.transaction().await.map_err(migrate)?;
-        schema::migrate(&transaction, &url.schema).await?;
-        transaction.commit().await.map_err(migrate)?;
+        schema::migrate(&mut client, &url.schema).await?;
         drop(client);
         Ok(Self {
             pool,

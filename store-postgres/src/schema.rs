@@ -10,10 +10,39 @@
 //! newer than this build is opened when its `opens_from` is at most this build's version,
 //! and refused otherwise (nothing written to it either way); a schema without the mark
 //! (migrated before it existed) opens only for builds that know its version.
+//!
+//! Waits. The connection's `lock_timeout` (30 s unless the URL says otherwise) is for
+//! requests, not migrations. A process opening the schema waits up to [`MIGRATION_WAIT`]
+//! for another's migration (the advisory lock), however long that takes, so replicas
+//! starting together migrate once rather than fail. The migration's own statements wait at
+//! most [`DDL_LOCK_WAIT`] for a table lock: an `ALTER TABLE` queued behind an older
+//! replica's long append would stall every request to that table while it waited, so it
+//! gives way instead, the migration is rolled back whole and tried again after
+//! [`RETRY_PAUSE`], [`MIGRATION_TRIES`] times in all (about two minutes), before the open
+//! fails.
 
-use tokio_postgres::Transaction;
+use std::time::Duration;
+
+use tokio_postgres::{Client, Transaction};
 
 use crate::OpenError;
+
+/// How long an open waits for another process's migration of the schema to end (the
+/// advisory lock), as PostgreSQL's `lock_timeout`: replicas queued behind one migrating
+/// wait rather than fail.
+const MIGRATION_WAIT: &str = "10min";
+
+/// How long one of the migration's statements waits for a table lock, as PostgreSQL's
+/// `lock_timeout`: requests to the table queue behind a waiting `ALTER TABLE`, so it waits
+/// briefly and the migration is tried again.
+const DDL_LOCK_WAIT: &str = "2s";
+
+/// How many times a migration whose statement could not lock its table is tried in all.
+const MIGRATION_TRIES: u32 = 40;
+
+/// The pause before a migration is tried again, which lets the requests queued behind its
+/// statement through.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 /// The newest schema version this build reads and writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -168,23 +197,62 @@ fn migration_lock(schema: &str) -> i64 {
     i64::from_le_bytes(psych_types::fnv1a(name.as_bytes(), 0).to_le_bytes())
 }
 
-/// Brings `schema` to [`SCHEMA_VERSION`] in `transaction` (creating the schema and its
-/// `psych_meta` first): the version found before; a newer schema this build may open
-/// (its `opens_from` at most [`SCHEMA_VERSION`]) is left as it is, and one it may not is
-/// [`OpenError::NewerSchema`].
-pub(crate) async fn migrate(transaction: &Transaction<'_>, schema: &str) -> Result<i64, OpenError> {
+/// Brings `schema` to [`SCHEMA_VERSION`] on `client`, in one transaction under the
+/// schema's migration lock, tried again when one of its statements could not lock its table
+/// within [`DDL_LOCK_WAIT`] (see the module's doc): the version found before; a newer
+/// schema this build may open (its `opens_from` at most [`SCHEMA_VERSION`]) is left as it
+/// is, and one it may not is [`OpenError::NewerSchema`].
+pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<i64, OpenError> {
+    let migrate = |source| OpenError::Migrate {
+        schema: schema.to_owned(),
+        source,
+    };
+    let mut tries = 1;
+    loop {
+        let transaction = client.transaction().await.map_err(migrate)?;
+        transaction
+            .batch_execute(&format!("set local lock_timeout = '{MIGRATION_WAIT}'"))
+            .await
+            .map_err(migrate)?;
+        transaction
+            .execute(
+                "select pg_advisory_xact_lock($1)",
+                &[&migration_lock(schema)],
+            )
+            .await
+            .map_err(migrate)?;
+        transaction
+            .batch_execute(&format!("set local lock_timeout = '{DDL_LOCK_WAIT}'"))
+            .await
+            .map_err(migrate)?;
+        match migrate_locked(&transaction, schema).await {
+            Ok(found) => {
+                transaction.commit().await.map_err(migrate)?;
+                return Ok(found);
+            }
+            Err(OpenError::Migrate { source, .. })
+                if tries < MIGRATION_TRIES
+                    && source.code().is_some_and(|code| {
+                        *code == tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE
+                    }) =>
+            {
+                transaction.rollback().await.map_err(migrate)?;
+                tries += 1;
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// [`migrate`]'s work in `transaction`, under the schema's migration lock: creates the
+/// schema and its `psych_meta`, then runs the migrations it lacks.
+async fn migrate_locked(transaction: &Transaction<'_>, schema: &str) -> Result<i64, OpenError> {
     let migrate = |source| OpenError::Migrate {
         schema: schema.to_owned(),
         source,
     };
     // `schema` is a checked identifier (`url::valid_schema`): no quoting is needed.
-    transaction
-        .execute(
-            "select pg_advisory_xact_lock($1)",
-            &[&migration_lock(schema)],
-        )
-        .await
-        .map_err(migrate)?;
     transaction
         .batch_execute(&format!(
             "create schema if not exists {schema};

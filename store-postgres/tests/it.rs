@@ -220,6 +220,102 @@ async fn a_schema_newer_than_this_build_is_refused_and_left_as_it_is() {
 /// A later build's migration that only adds (a table older builds never touch) leaves the
 /// mark where it was: this build opens the newer schema, reads and writes it, and leaves
 /// its version and mark as they are (a rolling upgrade's older replicas).
+/// The schema's migration lock, as the store computes it (FNV-1a of what it locks).
+fn migration_lock(schema: &str) -> i64 {
+    let name = format!("psych-store-postgres migrate {schema}");
+    i64::from_le_bytes(psych_types::fnv1a(name.as_bytes(), 0).to_le_bytes())
+}
+
+/// A replica opening while another holds the schema's migration lock for longer than the
+/// connection's lock timeout (here 1 s) waits for it, then opens. (Review: the wait was cut
+/// by `lock_timeout`, 30 s by default, and the open failed with 55P03.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_waits_for_another_replicas_migration_past_the_lock_timeout() {
+    use std::time::{Duration, Instant};
+
+    let schema = Schema::fresh("migration_wait").await;
+    let key = migration_lock(&schema.name);
+    let holder = client().await;
+    holder
+        .execute("select pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    let url = format!("{}&options=-c%20lock_timeout%3D1s", schema.url());
+    let started = Instant::now();
+    let opening = tokio::spawn(async move { PgStore::open(&url).await });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!opening.is_finished(), "{:?}", opening.await);
+    holder
+        .execute("select pg_advisory_unlock($1)", &[&key])
+        .await
+        .unwrap();
+    let store = opening.await.unwrap().unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    assert_eq!(store.schema_version().await.unwrap(), SCHEMA_VERSION);
+}
+
+/// A migration whose `ALTER TABLE runs` is queued behind an older replica's long write (its
+/// transaction holding `runs`) gives way after 2 s and is tried again until the write ends:
+/// a read of `runs` queued behind it waits about that long, not for the whole write, and
+/// the open then completes. (Before, the ALTER waited out the lock timeout, 30 s, with
+/// every request to `runs` queued behind it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_blocked_by_a_long_write_gives_way_and_tries_again() {
+    use std::time::{Duration, Instant};
+
+    let schema = Schema::fresh("migration_retry").await;
+    PgStore::open(&schema.url()).await.unwrap();
+    let s = &schema.name;
+    // Back to version 2: migration 3 alters `runs`.
+    raw(&format!(
+        "drop table {s}.shared_keys; drop table {s}.expired_runs;
+         alter table {s}.runs drop column last_write_at, drop column lease_until;
+         update {s}.psych_meta set value = 2 where key = 'schema_version'"
+    ))
+    .await;
+    let writer = client().await;
+    writer
+        .batch_execute(&format!("begin; lock table {s}.runs in row exclusive mode"))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let url = schema.url();
+    let opening = tokio::spawn(async move { PgStore::open(&url).await });
+    // The migration's ALTER is waiting for the writer's lock.
+    let watcher = client().await;
+    loop {
+        let waiting: i64 = watcher
+            .query_one(
+                "select count(*) from pg_stat_activity
+                 where wait_event_type = 'Lock' and query like 'set local search_path%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "no ALTER waits");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let reading = Instant::now();
+    watcher
+        .query_one(&format!("select count(*) from {s}.runs"), &[])
+        .await
+        .unwrap();
+    let read_waited = reading.elapsed();
+    let held = Duration::from_secs(5).saturating_sub(started.elapsed());
+    tokio::time::sleep(held).await;
+    writer.batch_execute("commit").await.unwrap();
+    let store = opening.await.unwrap().unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), SCHEMA_VERSION);
+    assert!(
+        read_waited < Duration::from_millis(3500),
+        "a read of runs waited {read_waited:?} behind the migration"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_schema_that_opens_for_this_build_is_used_as_it_is() {
     let schema = Schema::fresh("newer_open").await;
