@@ -8,7 +8,10 @@
 //!   connection commits with `synchronous_commit=on`). A batch that failed before its
 //!   COMMIT leaves nothing; one whose COMMIT's answer was lost is resolved by asking the
 //!   database for its transaction's status (`txid_status`): stored and acknowledged, or
-//!   `NotStored`, or, when even that cannot be asked, `InDoubt`.
+//!   `NotStored`, or, when even that cannot be asked, `InDoubt`. A transaction still in
+//!   progress (its backend still working through the COMMIT the lost connection sent) is
+//!   waited for, up to [`RESOLVE_WAIT`], before it is `InDoubt`: told so, a caller would
+//!   append again a batch that then commits.
 //! - A tool result's readable text (the bytes a reader pages and greps) is stored once, in
 //!   chunks of [`CHUNK`] bytes (`bytea`, stored uncompressed out of line, so a slice of a
 //!   chunk reads only the pages it needs), each with the line breaks before it; the record
@@ -57,6 +60,11 @@ pub const CHUNK: usize = 128 * 1024;
 /// Bytes of a spilled text read from its file at a time.
 const SPILL_READ: usize = 1 << 20;
 
+/// How long a batch whose COMMIT's answer was lost waits for its transaction to end when
+/// the database says it is still in progress, before it is
+/// [`InDoubt`](RecordError::InDoubt).
+const RESOLVE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Why a record request failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -93,8 +101,9 @@ pub enum RecordError {
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// The connection was lost while the batch's `COMMIT` was under way, and the database
-    /// could not be asked afterwards whether it was stored: it may or may not be (a later
-    /// read tells); its handles were not acknowledged.
+    /// could not be asked afterwards whether it was stored, or its transaction was still in
+    /// progress 30 s later: it may or may not be (a later read tells); its handles were not
+    /// acknowledged.
     #[error("the connection was lost during COMMIT: the batch may or may not be stored")]
     InDoubt(#[source] Option<Box<dyn std::error::Error + Send + Sync>>),
     /// The connection was lost while the batch's `COMMIT` was under way, and the database,
@@ -629,29 +638,41 @@ impl PgRecords {
     /// After a batch whose COMMIT's answer was lost: what the database says of its
     /// transaction `txid` (asked on a connection from the pool: a lost one is not reused).
     /// `Ok(Some(bytes))` when it committed (the Run's bytes now), `Ok(None)` when it was
-    /// rolled back; an error when it is still in progress or cannot be asked.
+    /// rolled back. A transaction in progress (its backend still working through the
+    /// COMMIT) is asked again, at growing intervals, until it ends or [`RESOLVE_WAIT`] has
+    /// passed; an error when it is still in progress then, or cannot be asked.
     async fn resolve(&self, txid: i64) -> Result<Option<u64>, RecordError> {
         let client = self.client().await?;
-        let status = row(&client, "select txid_status($1)", &[&txid]).await?;
-        match status
-            .and_then(|row| row.get::<_, Option<String>>(0))
-            .as_deref()
-        {
-            Some("committed") => {
-                let bytes = row(
-                    &client,
-                    "select bytes from runs where identity = $1 and run = $2",
-                    &[&&*self.identity, &self.run.as_str()],
-                )
-                .await?
-                .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
-                Ok(Some(bytes))
+        let deadline = tokio::time::Instant::now() + RESOLVE_WAIT;
+        let mut pause = std::time::Duration::from_millis(10);
+        loop {
+            let status = row(&client, "select txid_status($1)", &[&txid]).await?;
+            match status
+                .and_then(|row| row.get::<_, Option<String>>(0))
+                .as_deref()
+            {
+                Some("committed") => {
+                    let bytes = row(
+                        &client,
+                        "select bytes from runs where identity = $1 and run = $2",
+                        &[&&*self.identity, &self.run.as_str()],
+                    )
+                    .await?
+                    .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
+                    return Ok(Some(bytes));
+                }
+                Some("aborted") => return Ok(None),
+                Some("in progress") if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_millis(500));
+                }
+                other => {
+                    return Err(corrupt(format!(
+                        "the transaction of a batch whose COMMIT's answer was lost is {}",
+                        other.unwrap_or("unknown to the database")
+                    )));
+                }
             }
-            Some("aborted") => Ok(None),
-            other => Err(corrupt(format!(
-                "the transaction of a batch whose COMMIT's answer was lost is {}",
-                other.unwrap_or("unknown to the database")
-            ))),
         }
     }
 

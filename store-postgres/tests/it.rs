@@ -1301,6 +1301,150 @@ fn a_commit_whose_answer_is_lost_is_resolved_by_asking_the_database() {
     );
 }
 
+/// A TCP proxy to the test database: each connection passes through, and once armed, the
+/// first connection to send a message holding `COMMIT` is cut (both its sockets closed)
+/// right after the message reaches the server, so the server goes on with the COMMIT while
+/// the client finds its connection lost.
+struct CommitCutter {
+    /// The database's URL through the proxy.
+    url: String,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The proxy's runtime (dropped with it, off any runtime: a plain test's thread).
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl CommitCutter {
+    fn start() -> Self {
+        use tokio_postgres::config::Host;
+
+        let config: tokio_postgres::Config = database().parse().unwrap();
+        let host = match &config.get_hosts()[0] {
+            Host::Tcp(host) => host.clone(),
+            other => panic!("the test database is reached over TCP, not {other:?}"),
+        };
+        let target = format!(
+            "{host}:{}",
+            config.get_ports().first().copied().unwrap_or(5432)
+        );
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let address = listener.local_addr().unwrap();
+        let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cut = std::sync::Arc::clone(&armed);
+        runtime.spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                    continue;
+                };
+                tokio::spawn(Self::pass(client, server, std::sync::Arc::clone(&cut)));
+            }
+        });
+        let url = format!(
+            "postgres://{}@{address}/{}",
+            config.get_user().unwrap_or("postgres"),
+            config.get_dbname().unwrap_or("test")
+        );
+        Self {
+            url,
+            armed,
+            _runtime: runtime,
+        }
+    }
+
+    /// Forwards both ways until either side closes or, armed, a COMMIT has gone through.
+    async fn pass(
+        mut client: tokio::net::TcpStream,
+        mut server: tokio::net::TcpStream,
+        armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        let (mut from_client, mut to_client) = client.split();
+        let (mut from_server, mut to_server) = server.split();
+        let (mut up, mut down) = (vec![0; 1 << 16], vec![0; 1 << 16]);
+        loop {
+            tokio::select! {
+                read = from_client.read(&mut up) => {
+                    let Ok(n @ 1..) = read else { return };
+                    if to_server.write_all(&up[..n]).await.is_err() {
+                        return;
+                    }
+                    if up[..n].windows(6).any(|w| w == b"COMMIT")
+                        && armed.swap(false, Ordering::AcqRel)
+                    {
+                        // Both sockets close as the streams drop.
+                        return;
+                    }
+                }
+                read = from_server.read(&mut down) => {
+                    let Ok(n @ 1..) = read else { return };
+                    if to_client.write_all(&down[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cuts the next connection that sends a COMMIT.
+    fn arm(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether it is armed still (no COMMIT has gone through since [`Self::arm`]).
+    fn armed(&self) -> bool {
+        self.armed.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// A batch whose connection is cut while the server still works through its COMMIT (a
+/// deferred trigger sleeps 2 s in it) is waited for and acknowledged once it commits, not
+/// reported in doubt. (Review: `txid_status` = "in progress" was taken as final: the
+/// caller was told `InDoubt`, and appending again would have stored the batch twice.)
+#[test]
+fn a_commit_still_running_when_its_connection_is_cut_is_waited_for() {
+    use psych_types::{RecordSource, RecordStore, RunId};
+
+    let (name, _drop) = fresh_schema("commit_running");
+    let cutter = CommitCutter::start();
+    let store =
+        psych_store_postgres::PgBlocking::open(&format!("{}?schema={name}", cutter.url)).unwrap();
+    let run = RunId::new("r").unwrap();
+    let records = store.records("tenant", &run).unwrap();
+    let before = records.append(&text_result("c1", "before")).unwrap();
+    raw_blocking(format!(
+        "create function {name}.slow() returns trigger language plpgsql as $$
+         begin perform pg_sleep(2); return null; end $$;
+         create constraint trigger slow after insert on {name}.records
+             deferrable initially deferred for each row execute function {name}.slow()"
+    ));
+    cutter.arm();
+    let started = std::time::Instant::now();
+    let stored = records
+        .append(&text_result("c2", "committed after the cut"))
+        .unwrap();
+    assert!(!cutter.armed(), "the connection was cut at its COMMIT");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(1500));
+    assert_eq!(stored.seq, 1);
+    let reopened = store.records("tenant", &run).unwrap();
+    assert_eq!(reopened.len(), 2);
+    assert_eq!(
+        reopened.record(&before).unwrap(),
+        Some(text_result("c1", "before"))
+    );
+    assert_eq!(
+        reopened.record(&stored).unwrap(),
+        Some(text_result("c2", "committed after the cut"))
+    );
+}
+
 /// Two openings of one schema (two replicas' catalogues): each watcher is woken once its
 /// feed listens; one holds a server's refresh lease at a time, and a lease alone makes no
 /// server known; a listing one stores reaches the other's watchers (not its own) and satisfies the other's lease for a trigger raised
