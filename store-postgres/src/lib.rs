@@ -39,7 +39,10 @@
 //! Retention ([`PgBlocking::sweep`], psych-types' `RecordStores::sweep`): whole Runs past
 //! an age since their last write or, oldest first, past a size per identity, never a Run a
 //! process holds open (a writer lease it renews), their handles then answering that they
-//! expired (a read under way when its Run goes included: never a short text or history).
+//! expired (a read under way when its Run goes included: never a short text or history)
+//! and their names not opened again while remembered (the newest [`EXPIRED_KEPT`] per
+//! identity: a name forgotten past that may be opened again, so choose Run names that are
+//! never reused, as the gateway's random ones).
 //!
 //! Every connection commits durably (`synchronous_commit=on`, whatever the server's
 //! default) and finds the store's tables first (`search_path`). TLS is not supported yet: a

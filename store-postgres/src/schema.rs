@@ -155,7 +155,8 @@ const MIGRATIONS: [Migration; 4] = [
     },
     // 3: retention. A Run's last write and its writer's lease (the database's clock, in
     // milliseconds), and the Runs retention deleted, so their handles answer that they
-    // expired and their names are never used again.
+    // expired and their names are not used again while remembered (pruned to the newest
+    // `EXPIRED_KEPT` per identity by the sweep).
     Migration {
         sql: r#"
     -- A Run made by a build without retention gets a last write and a lease at its
