@@ -571,6 +571,29 @@ fn replicas_refreshing_together_take_distinct_versions_and_store_whole_listings(
     );
 }
 
+/// A tool row that does not decode is `CatalogError::Corrupt`, naming the row and keeping
+/// the decoder's error as its source. (Review: serde's error was formatted into the
+/// message, and the source was lost.)
+#[test]
+fn a_damaged_tool_row_is_corrupt_with_the_decoders_error_as_its_source() {
+    use psych_store_postgres::{CatalogError, PgCatalog};
+    use psych_types::{CatalogStore, ServerId};
+
+    let (name, _drop) = fresh_schema("corrupt_tool");
+    let catalog = PgCatalog::open(&format!("{}?schema={name}", database())).unwrap();
+    raw_blocking(format!(
+        "insert into {name}.servers (server, set_version) values ('fs', 1);
+         insert into {name}.tools (server, name, since, def) values ('fs', 'read', 1, '\\x7b')"
+    ));
+    let error = catalog.live(&ServerId::new("fs").unwrap()).unwrap_err();
+    assert!(
+        matches!(&error, CatalogError::Corrupt { what, .. } if what.contains("fs")),
+        "{error:?}"
+    );
+    let source = std::error::Error::source(&error).expect("the decoder's error is kept");
+    assert!(source.is::<serde_json::Error>(), "{source:?}");
+}
+
 /// Called from async code, the blocking store does not panic and answers: on a
 /// multi-threaded runtime's worker it blocks in place; within a single-threaded runtime,
 /// from its `spawn_blocking` threads (the way to call it) and, wrongly, from its own thread
