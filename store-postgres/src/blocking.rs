@@ -151,6 +151,15 @@ impl PgBlocking {
             .unwrap_or(Err(RecordError::ShutDown))
     }
 
+    /// Renews the writer leases of the Runs this store holds open every `every` rather than
+    /// every [`RENEW_EVERY`](crate::RENEW_EVERY). Takes effect when no Run has been opened
+    /// for writing through this store (or its clones) yet. For tests of renewal; not part
+    /// of the API.
+    #[doc(hidden)]
+    pub fn renew_every(&self, every: std::time::Duration) {
+        self.writers.renew_every(every);
+    }
+
     /// Holds `run` of `identity` open for writing: its lease renewed until the hold drops.
     pub(crate) fn hold(&self, identity: Arc<str>, run: RunId) -> crate::retention::Hold {
         self.writers.hold(self, identity, run)

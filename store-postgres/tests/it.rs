@@ -1789,6 +1789,83 @@ fn retention_deletes_old_and_oversized_runs_never_a_held_one() {
     assert_eq!(again.runs, 0);
 }
 
+/// A Run held open has its writer lease renewed (here every 200 ms rather than every
+/// minute): a lease run out is moved on again, so a sweep past the Run's age keeps it; a
+/// Run no longer held is not renewed, and goes. (No test ran the renewal before.)
+#[test]
+fn a_held_runs_lease_is_renewed_and_a_sweep_keeps_it() {
+    use std::time::{Duration, Instant};
+
+    use psych_types::{RecordStore, RecordStores, RunId};
+
+    let (store, drop_schema, _url) = record_schema("renewal");
+    let s = drop_schema.0.clone();
+    store.renew_every(Duration::from_millis(200));
+    let run = |name: &str| RunId::new(name).unwrap();
+    let held = store.records("alice", &run("held")).unwrap();
+    held.append(&text_result("c", "kept")).unwrap();
+    let dropped = store.records("alice", &run("dropped")).unwrap();
+    dropped.append(&text_result("c", "swept")).unwrap();
+    drop(dropped);
+    // Both written long ago, both leases run out now.
+    raw_blocking(format!(
+        "update {s}.runs set last_write_at = 0,
+             lease_until = (extract(epoch from clock_timestamp()) * 1000)::bigint - 1"
+    ));
+    // Milliseconds each Run's lease has left, by the database's clock.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let leases = || -> std::collections::BTreeMap<String, i64> {
+        runtime.block_on(async {
+            client()
+                .await
+                .query(
+                    &format!(
+                        "select run, lease_until
+                             - (extract(epoch from clock_timestamp()) * 1000)::bigint
+                         from {s}.runs"
+                    ),
+                    &[],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| (row.get(0), row.get(1)))
+                .collect()
+        })
+    };
+    let started = Instant::now();
+    loop {
+        let left = leases();
+        if left["held"] > 250_000 {
+            assert!(left["dropped"] < 0, "{left:?}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the held Run's lease is not renewed: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let swept = RecordStores::sweep(&store, Duration::from_secs(60), u64::MAX).unwrap();
+    assert_eq!(swept.runs, 1, "{swept:?}");
+    assert!(
+        store
+            .existing_records("alice", &run("held"))
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        store
+            .existing_records("alice", &run("dropped"))
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(held.append(&text_result("c", "again")).unwrap().seq, 1);
+}
+
 /// A writer whose lease lapsed (a process stalled past it) and whose Run was swept is told
 /// its Run expired; it never writes records under the deleted Run's handles.
 #[test]
