@@ -217,9 +217,6 @@ async fn a_schema_newer_than_this_build_is_refused_and_left_as_it_is() {
     assert_eq!(meta(&schema, "opens_from").await, None, "nothing written");
 }
 
-/// A later build's migration that only adds (a table older builds never touch) leaves the
-/// mark where it was: this build opens the newer schema, reads and writes it, and leaves
-/// its version and mark as they are (a rolling upgrade's older replicas).
 /// The schema's migration lock, as the store computes it (FNV-1a of what it locks).
 fn migration_lock(schema: &str) -> i64 {
     let name = format!("psych-store-postgres migrate {schema}");
@@ -316,6 +313,9 @@ async fn a_migration_blocked_by_a_long_write_gives_way_and_tries_again() {
     );
 }
 
+/// A later build's migration that only adds (a table older builds never touch) leaves the
+/// mark where it was: this build opens the newer schema, reads and writes it, and leaves
+/// its version and mark as they are (a rolling upgrade's older replicas).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_schema_that_opens_for_this_build_is_used_as_it_is() {
     let schema = Schema::fresh("newer_open").await;
