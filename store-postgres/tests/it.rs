@@ -223,6 +223,37 @@ fn migration_lock(schema: &str) -> i64 {
     i64::from_le_bytes(psych_types::fnv1a(name.as_bytes(), 0).to_le_bytes())
 }
 
+/// Waits until a session other than `blocker` waits for one of its locks (up to 15 s).
+async fn blocked_by(blocker: &tokio_postgres::Client) {
+    use std::time::{Duration, Instant};
+
+    let pid: i32 = blocker
+        .query_one("select pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let watcher = client().await;
+    let started = Instant::now();
+    loop {
+        let waiting: i64 = watcher
+            .query_one(
+                "select count(*) from pg_stat_activity where $1 = any(pg_blocking_pids(pid))",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "nothing waits for {pid}'s locks"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A replica opening while another holds the schema's migration lock for longer than the
 /// connection's lock timeout (here 1 s) waits for it, then opens. (Review: the wait was cut
 /// by `lock_timeout`, 30 s by default, and the open failed with 55P03.)
@@ -238,8 +269,11 @@ async fn an_open_waits_for_another_replicas_migration_past_the_lock_timeout() {
         .await
         .unwrap();
     let url = format!("{}&options=-c%20lock_timeout%3D1s", schema.url());
-    let started = Instant::now();
     let opening = tokio::spawn(async move { PgStore::open(&url).await });
+    // The clock starts once the open waits for the lock, not at its spawn (connecting
+    // may take a while).
+    blocked_by(&holder).await;
+    let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!opening.is_finished(), "{:?}", opening.await);
     holder
@@ -278,24 +312,10 @@ async fn a_migration_blocked_by_a_long_write_gives_way_and_tries_again() {
     let started = Instant::now();
     let url = schema.url();
     let opening = tokio::spawn(async move { PgStore::open(&url).await });
-    // The migration's ALTER is waiting for the writer's lock.
+    // The migration's ALTER is waiting for the writer's lock (nothing else of this test
+    // waits for it; another test's migration never does).
+    blocked_by(&writer).await;
     let watcher = client().await;
-    loop {
-        let waiting: i64 = watcher
-            .query_one(
-                "select count(*) from pg_stat_activity
-                 where wait_event_type = 'Lock' and query like 'set local search_path%'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting > 0 {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(5), "no ALTER waits");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     let reading = Instant::now();
     watcher
         .query_one(&format!("select count(*) from {s}.runs"), &[])
@@ -1328,8 +1348,14 @@ fn a_commit_whose_answer_is_lost_is_resolved_by_asking_the_database() {
 /// first connection to send a message holding `COMMIT` is cut (both its sockets closed)
 /// right after the message reaches the server, so the server goes on with the COMMIT while
 /// the client finds its connection lost.
+///
+/// That the server goes on relies on its `client_connection_check_interval` being 0 (the
+/// default, and the test database's): with it set, the server would notice the closed
+/// socket during a long COMMIT and end the session, rolling the batch back.
 struct CommitCutter {
-    /// The database's URL through the proxy.
+    /// The database's URL through the proxy: only its user and database are kept (no
+    /// password, no `options` or other parameters), enough for the test database's trust
+    /// authentication.
     url: String,
     armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The proxy's runtime (dropped with it, off any runtime: a plain test's thread).
