@@ -147,7 +147,7 @@ impl PgStore {
     /// inside a tokio runtime (with its time driver): the pool's connections run there.
     ///
     /// Another process migrating the schema is waited for (up to 10 minutes, whatever the
-    /// URL's `lock_timeout`); a migration whose statement waits more than 2 s for a table
+    /// URL's `lock_timeout` and `statement_timeout`); a migration whose statement waits more than 2 s for a table
     /// lock (an older replica's long append) gives way and is tried again, for about two
     /// minutes in all, so requests to the table are never stalled long behind it.
     ///

@@ -11,10 +11,13 @@
 //! and refused otherwise (nothing written to it either way); a schema without the mark
 //! (migrated before it existed) opens only for builds that know its version.
 //!
-//! Waits. The connection's `lock_timeout` (30 s unless the URL says otherwise) is for
-//! requests, not migrations. A process opening the schema waits up to [`MIGRATION_WAIT`]
-//! for another's migration (the advisory lock), however long that takes, so replicas
-//! starting together migrate once rather than fail. The migration's own statements wait at
+//! Waits. The connection's `lock_timeout` (30 s unless the URL says otherwise) and any
+//! `statement_timeout` the URL sets are for requests, not migrations. A process opening
+//! the schema waits up to [`MIGRATION_WAIT`] for another's migration (the advisory lock),
+//! however long that takes, so replicas starting together migrate once rather than fail.
+//! No statement of the migration is cut by the URL's `statement_timeout`: its waits for
+//! locks are bounded here, and its work (a table rewritten) cut short would fail every
+//! open the same way. The migration's own statements wait at
 //! most [`DDL_LOCK_WAIT`] for a table lock: an `ALTER TABLE` queued behind an older
 //! replica's long append would stall every request to that table while it waited, so it
 //! gives way instead, the migration is rolled back whole and tried again after
@@ -212,7 +215,9 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<i64, Op
     loop {
         let transaction = client.transaction().await.map_err(migrate)?;
         transaction
-            .batch_execute(&format!("set local lock_timeout = '{MIGRATION_WAIT}'"))
+            .batch_execute(&format!(
+                "set local lock_timeout = '{MIGRATION_WAIT}'; set local statement_timeout = 0"
+            ))
             .await
             .map_err(migrate)?;
         transaction

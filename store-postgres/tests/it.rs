@@ -255,10 +255,11 @@ async fn blocked_by(blocker: &tokio_postgres::Client) {
 }
 
 /// A replica opening while another holds the schema's migration lock for longer than the
-/// connection's lock timeout (here 1 s) waits for it, then opens. (Review: the wait was cut
-/// by `lock_timeout`, 30 s by default, and the open failed with 55P03.)
+/// connection's lock and statement timeouts (here 1 s each) waits for it, then opens.
+/// (Review: the wait was cut by `lock_timeout`, 30 s by default, and the open failed with
+/// 55P03; then by the URL's `statement_timeout`, 57014.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_open_waits_for_another_replicas_migration_past_the_lock_timeout() {
+async fn an_open_waits_for_another_replicas_migration_past_the_lock_and_statement_timeouts() {
     use std::time::{Duration, Instant};
 
     let schema = Schema::fresh("migration_wait").await;
@@ -268,7 +269,10 @@ async fn an_open_waits_for_another_replicas_migration_past_the_lock_timeout() {
         .execute("select pg_advisory_lock($1)", &[&key])
         .await
         .unwrap();
-    let url = format!("{}&options=-c%20lock_timeout%3D1s", schema.url());
+    let url = format!(
+        "{}&options=-c%20lock_timeout%3D1s%20-c%20statement_timeout%3D1s",
+        schema.url()
+    );
     let opening = tokio::spawn(async move { PgStore::open(&url).await });
     // The clock starts once the open waits for the lock, not at its spawn (connecting
     // may take a while).
