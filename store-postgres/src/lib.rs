@@ -147,9 +147,11 @@ impl PgStore {
     /// inside a tokio runtime (with its time driver): the pool's connections run there.
     ///
     /// Another process migrating the schema is waited for (up to 10 minutes, whatever the
-    /// URL's `lock_timeout` and `statement_timeout`); a migration whose statement waits more than 2 s for a table
-    /// lock (an older replica's long append) gives way and is tried again, for about two
-    /// minutes in all, so requests to the table are never stalled long behind it.
+    /// URL's `lock_timeout` and `statement_timeout`). A migration whose statement waits more
+    /// than half a second for a table lock (an older replica's long append) gives way, lets
+    /// the requests queued behind it through for a second and is tried again, for up to two
+    /// minutes: a request to a table being migrated waits at most about half a second at a
+    /// time behind it, then for the migration's own work once it has the table.
     ///
     /// # Errors
     ///
