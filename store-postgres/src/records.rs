@@ -9,9 +9,19 @@
 //!   COMMIT leaves nothing; one whose COMMIT's answer was lost is resolved by asking the
 //!   database for its transaction's status (`txid_status`): stored and acknowledged, or
 //!   `NotStored`, or, when even that cannot be asked, `InDoubt`. A transaction still in
-//!   progress (its backend still working through the COMMIT the lost connection sent) is
-//!   waited for, up to [`RESOLVE_WAIT`], before it is `InDoubt`: told so, a caller would
-//!   append again a batch that then commits.
+//!   progress is one of two. Its session idle in it (`pg_stat_activity`): the COMMIT
+//!   never reached the server (the connection was lost first, the usual case) and the
+//!   session would sit there until its `idle_in_transaction_session_timeout` (60 s), so
+//!   the store ends it (`pg_terminate_backend`), which rolls the transaction back:
+//!   `NotStored`, at once. Its session still working through the COMMIT the lost
+//!   connection sent: waited for, up to [`RESOLVE_WAIT`], before it is `InDoubt`; told
+//!   so, a caller would append again a batch that then commits. Ending a session needs
+//!   the privileges of its role, as seeing its state does: the store's connections all
+//!   use one role, which has them over its own sessions (unless the session is a
+//!   superuser's and the store's role is not), and `pg_signal_backend` and
+//!   `pg_read_all_stats` grant them over other roles'. Without them, a transaction in
+//!   progress is waited for in either case (and is `InDoubt` after [`RESOLVE_WAIT`],
+//!   its session still idle).
 //! - A tool result's readable text (the bytes a reader pages and greps) is stored once, in
 //!   chunks of [`CHUNK`] bytes (`bytea`, stored uncompressed out of line, so a slice of a
 //!   chunk reads only the pages it needs), each with the line breaks before it; the record
@@ -61,8 +71,8 @@ pub const CHUNK: usize = 128 * 1024;
 const SPILL_READ: usize = 1 << 20;
 
 /// How long a batch whose COMMIT's answer was lost waits for its transaction to end when
-/// the database says it is still in progress, before it is
-/// [`InDoubt`](RecordError::InDoubt).
+/// the database says it is still in progress (its session working through the COMMIT, or
+/// one the store may not end), before it is [`InDoubt`](RecordError::InDoubt).
 const RESOLVE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Why a record request failed.
@@ -102,8 +112,9 @@ pub enum RecordError {
     },
     /// The connection was lost while the batch's `COMMIT` was under way, and the database
     /// could not be asked afterwards whether it was stored, or its transaction was still in
-    /// progress 30 s later: it may or may not be (a later read tells); its handles were not
-    /// acknowledged.
+    /// progress 30 s later (its session still working through the COMMIT, or idle in it
+    /// and not the store's to end): it may or may not be (a later read tells); its handles
+    /// were not acknowledged.
     #[error("the connection was lost during COMMIT: the batch may or may not be stored")]
     InDoubt(#[source] Option<Box<dyn std::error::Error + Send + Sync>>),
     /// The connection was lost while the batch's `COMMIT` was under way, and the database,
@@ -638,13 +649,17 @@ impl PgRecords {
     /// After a batch whose COMMIT's answer was lost: what the database says of its
     /// transaction `txid` (asked on a connection from the pool: a lost one is not reused).
     /// `Ok(Some(bytes))` when it committed (the Run's bytes now), `Ok(None)` when it was
-    /// rolled back. A transaction in progress (its backend still working through the
-    /// COMMIT) is asked again, at growing intervals, until it ends or [`RESOLVE_WAIT`] has
-    /// passed; an error when it is still in progress then, or cannot be asked.
+    /// rolled back. A transaction in progress whose session sits idle in it (the COMMIT
+    /// never reached the server) has its session ended, which rolls it back
+    /// ([`end_if_idle`]); one whose session is still working through the COMMIT is asked
+    /// again, at growing intervals, until it ends or [`RESOLVE_WAIT`] has passed; an error
+    /// when it is still in progress then, or cannot be asked.
     async fn resolve(&self, txid: i64) -> Result<Option<u64>, RecordError> {
         let client = self.client().await?;
         let deadline = tokio::time::Instant::now() + RESOLVE_WAIT;
         let mut pause = std::time::Duration::from_millis(10);
+        // Whether the store's role may end the transaction's session (until refused).
+        let mut may_end = true;
         loop {
             let status = row(&client, "select txid_status($1)", &[&txid]).await?;
             match status
@@ -663,6 +678,9 @@ impl PgRecords {
                 }
                 Some("aborted") => return Ok(None),
                 Some("in progress") if tokio::time::Instant::now() < deadline => {
+                    if may_end {
+                        may_end = end_if_idle(&client, txid).await?;
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(std::time::Duration::from_millis(500));
                 }
@@ -850,6 +868,35 @@ impl PgRecords {
             }
         }
         Ok(())
+    }
+}
+
+/// While the transaction `txid` of a batch whose COMMIT's answer was lost is in progress:
+/// ends its session if that sits idle in it (`idle in transaction`, or `(aborted)`), so
+/// the COMMIT never reached it and never will, the connection being lost; the session's end
+/// rolls the transaction back, and the next `txid_status` says so. A session working on
+/// (`active`, through the COMMIT) is left to finish, and none found means the transaction
+/// has ended. `Ok(false)` when the store's role may not end sessions (see the module's
+/// doc): the caller then only waits.
+async fn end_if_idle(client: &impl GenericClient, txid: i64) -> Result<bool, RecordError> {
+    // `backend_xid` is the 32-bit transaction id; `txid` carries its epoch above it. An
+    // id in progress is unique among the sessions without it.
+    let ended = rows(
+        client,
+        "select pg_terminate_backend(pid) from pg_stat_activity
+         where backend_xid::text::bigint = $1 % 4294967296
+             and state in ('idle in transaction', 'idle in transaction (aborted)')",
+        &[&txid],
+    )
+    .await;
+    match ended {
+        Ok(_) => Ok(true),
+        Err(RecordError::Db(DbError::Query(e)))
+            if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
     }
 }
 

@@ -1408,21 +1408,39 @@ fn a_commit_whose_answer_is_lost_is_resolved_by_asking_the_database() {
     );
 }
 
-/// A TCP proxy to the test database: each connection passes through, and once armed, the
-/// first connection to send a message holding `COMMIT` is cut (both its sockets closed)
-/// right after the message reaches the server, so the server goes on with the COMMIT while
-/// the client finds its connection lost.
+/// Where [`CommitCutter`] cuts a connection, at a message holding what it was armed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// Right after the message reaches the server: both sockets closed, so the server goes
+    /// on with it (a COMMIT under way when the connection is lost).
+    After,
+    /// Before the message reaches the server: the client's socket closed, the server's
+    /// left open and silent (as a network partition leaves it), so the server waits for
+    /// what never comes (a session idle in its transaction, never told of its COMMIT).
+    Before,
+}
+
+/// What a [`CommitCutter`] is armed with: each cut is taken by the first message holding
+/// its text, once.
+type Cuts = std::sync::Arc<std::sync::Mutex<Vec<(&'static [u8], Cut)>>>;
+
+/// A TCP proxy to the test database: each connection passes through, and once armed
+/// ([`Self::arm`]), the first connection to send a message holding the armed text (`COMMIT`)
+/// is cut there, after the message reaches the server or before ([`Cut`]), and the client
+/// finds its connection lost.
 ///
-/// That the server goes on relies on its `client_connection_check_interval` being 0 (the
-/// default, and the test database's): with it set, the server would notice the closed
-/// socket during a long COMMIT and end the session, rolling the batch back.
+/// That the server goes on with a COMMIT cut after relies on its
+/// `client_connection_check_interval` being 0 (the default, and the test database's): with
+/// it set, the server would notice the closed socket during a long COMMIT and end the
+/// session, rolling the batch back.
 struct CommitCutter {
     /// The database's URL through the proxy: only its user and database are kept (no
     /// password, no `options` or other parameters), enough for the test database's trust
     /// authentication.
     url: String,
-    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// The proxy's runtime (dropped with it, off any runtime: a plain test's thread).
+    cuts: Cuts,
+    /// The proxy's runtime (dropped with it, off any runtime: a plain test's thread); the
+    /// server sockets left open by [`Cut::Before`] close with it.
     _runtime: tokio::runtime::Runtime,
 }
 
@@ -1448,14 +1466,14 @@ impl CommitCutter {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let address = listener.local_addr().unwrap();
-        let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let cut = std::sync::Arc::clone(&armed);
+        let cuts = Cuts::default();
+        let armed = std::sync::Arc::clone(&cuts);
         runtime.spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
                     continue;
                 };
-                tokio::spawn(Self::pass(client, server, std::sync::Arc::clone(&cut)));
+                tokio::spawn(Self::pass(client, server, std::sync::Arc::clone(&armed)));
             }
         });
         let url = format!(
@@ -1465,18 +1483,31 @@ impl CommitCutter {
         );
         Self {
             url,
-            armed,
+            cuts,
             _runtime: runtime,
         }
     }
 
-    /// Forwards both ways until either side closes or, armed, a COMMIT has gone through.
+    /// Forwards both ways until either side closes or an armed cut is taken: after it, both
+    /// sockets close; before it, the client's closes and the server's is held open.
     async fn pass(
         mut client: tokio::net::TcpStream,
         mut server: tokio::net::TcpStream,
-        armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        cuts: Cuts,
     ) {
-        use std::sync::atomic::Ordering;
+        if Self::forward(&mut client, &mut server, &cuts).await == Some(Cut::Before) {
+            drop(client);
+            // Held until the proxy's runtime goes.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// [`Self::pass`]'s forwarding: the cut taken, if one was.
+    async fn forward(
+        client: &mut tokio::net::TcpStream,
+        server: &mut tokio::net::TcpStream,
+        cuts: &Cuts,
+    ) -> Option<Cut> {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
         let (mut from_client, mut to_client) = client.split();
@@ -1485,35 +1516,39 @@ impl CommitCutter {
         loop {
             tokio::select! {
                 read = from_client.read(&mut up) => {
-                    let Ok(n @ 1..) = read else { return };
-                    if to_server.write_all(&up[..n]).await.is_err() {
-                        return;
+                    let Ok(n @ 1..) = read else { return None };
+                    let cut = {
+                        let mut cuts = cuts.lock().unwrap();
+                        let at = cuts.iter().position(|(text, _)| {
+                            up[..n].windows(text.len()).any(|w| w == *text)
+                        });
+                        at.map(|at| cuts.remove(at).1)
+                    };
+                    if cut == Some(Cut::Before) {
+                        return cut;
                     }
-                    if up[..n].windows(6).any(|w| w == b"COMMIT")
-                        && armed.swap(false, Ordering::AcqRel)
-                    {
-                        // Both sockets close as the streams drop.
-                        return;
+                    if to_server.write_all(&up[..n]).await.is_err() || cut.is_some() {
+                        return cut;
                     }
                 }
                 read = from_server.read(&mut down) => {
-                    let Ok(n @ 1..) = read else { return };
+                    let Ok(n @ 1..) = read else { return None };
                     if to_client.write_all(&down[..n]).await.is_err() {
-                        return;
+                        return None;
                     }
                 }
             }
         }
     }
 
-    /// Cuts the next connection that sends a COMMIT.
-    fn arm(&self) {
-        self.armed.store(true, std::sync::atomic::Ordering::Release);
+    /// Cuts the next connection that sends a message holding `text`, `cut`.
+    fn arm(&self, text: &'static str, cut: Cut) {
+        self.cuts.lock().unwrap().push((text.as_bytes(), cut));
     }
 
-    /// Whether it is armed still (no COMMIT has gone through since [`Self::arm`]).
+    /// Whether any cut is armed still (not taken since [`Self::arm`]).
     fn armed(&self) -> bool {
-        self.armed.load(std::sync::atomic::Ordering::Acquire)
+        !self.cuts.lock().unwrap().is_empty()
     }
 }
 
@@ -1538,7 +1573,7 @@ fn a_commit_still_running_when_its_connection_is_cut_is_waited_for() {
          create constraint trigger slow after insert on {name}.records
              deferrable initially deferred for each row execute function {name}.slow()"
     ));
-    cutter.arm();
+    cutter.arm("COMMIT", Cut::After);
     let started = std::time::Instant::now();
     let stored = records
         .append(&text_result("c2", "committed after the cut"))
@@ -1555,6 +1590,46 @@ fn a_commit_still_running_when_its_connection_is_cut_is_waited_for() {
     assert_eq!(
         reopened.record(&stored).unwrap(),
         Some(text_result("c2", "committed after the cut"))
+    );
+}
+
+/// A batch whose connection is lost before its COMMIT reaches the server (the server's
+/// session left idle in the transaction, as a network partition leaves it) is `NotStored`
+/// at once: the store ends that session, which rolls the transaction back, and the next
+/// append takes the same seq. (Review: the transaction "in progress" was waited for 30 s,
+/// its session idle until the 60 s `idle_in_transaction_session_timeout`, then `InDoubt`.)
+#[test]
+fn a_commit_that_never_reached_the_server_is_not_stored_at_once() {
+    use std::time::{Duration, Instant};
+
+    use psych_store_postgres::RecordError;
+    use psych_types::{RecordSource, RecordStore, RunId};
+
+    let (name, _drop) = fresh_schema("commit_unsent");
+    let cutter = CommitCutter::start();
+    let store =
+        psych_store_postgres::PgBlocking::open(&format!("{}?schema={name}", cutter.url)).unwrap();
+    let run = RunId::new("r").unwrap();
+    let records = store.records("tenant", &run).unwrap();
+    records.append(&text_result("c1", "before")).unwrap();
+    cutter.arm("COMMIT", Cut::Before);
+    let started = Instant::now();
+    let lost = records
+        .append(&text_result("c2", "never committed"))
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(!cutter.armed(), "the connection was cut at its COMMIT");
+    assert!(matches!(lost, RecordError::NotStored(_)), "{lost:?}");
+    assert!(took < Duration::from_secs(10), "resolved in {took:?}");
+    let again = records
+        .append(&text_result("c2", "appended again"))
+        .unwrap();
+    assert_eq!(again.seq, 1);
+    let reopened = store.records("tenant", &run).unwrap();
+    assert_eq!(reopened.len(), 2);
+    assert_eq!(
+        reopened.record(&again).unwrap(),
+        Some(text_result("c2", "appended again"))
     );
 }
 
