@@ -88,7 +88,7 @@ use tokio_postgres::NoTls;
 pub use blocking::PgBlocking;
 pub use catalog::{CatalogError, PgCatalog};
 pub use error::OpenError;
-pub use records::{CHUNK, CommitFault, PgRecords, RecordError, SkippedRun, SpillError};
+pub use records::{CHUNK, CommitFault, PgRecords, RecordError, SkippedRun, SpillError, Unresolved};
 pub use retention::{EXPIRED_KEPT, RENEW_EVERY, RUN_LEASE, SKIPPED_KEPT};
 pub use schema::SCHEMA_VERSION;
 pub use shared::CHANNEL;

@@ -1633,6 +1633,37 @@ fn a_commit_that_never_reached_the_server_is_not_stored_at_once() {
     );
 }
 
+/// A batch whose COMMIT's answer was lost, and whose first question to the database is
+/// lost too (its connection cut, as the same blip may cut a pooled one), is asked again on
+/// a new connection: acknowledged when it committed. (Review: the first failed question
+/// left it `InDoubt`.)
+#[test]
+fn a_lost_question_after_a_lost_commit_is_asked_again_on_a_new_connection() {
+    use psych_types::{RecordSource, RecordStore, RunId};
+
+    let (name, _drop) = fresh_schema("resolve_again");
+    let cutter = CommitCutter::start();
+    let store =
+        psych_store_postgres::PgBlocking::open(&format!("{}?schema={name}", cutter.url)).unwrap();
+    let run = RunId::new("r").unwrap();
+    let records = store.records("tenant", &run).unwrap();
+    cutter.arm("COMMIT", Cut::After);
+    cutter.arm("txid_status", Cut::Before);
+    let stored = records
+        .append(&text_result("c1", "committed, answer lost"))
+        .unwrap();
+    assert!(
+        !cutter.armed(),
+        "the COMMIT and the first question were cut"
+    );
+    assert_eq!(stored.seq, 0);
+    let reopened = store.records("tenant", &run).unwrap();
+    assert_eq!(
+        reopened.record(&stored).unwrap(),
+        Some(text_result("c1", "committed, answer lost"))
+    );
+}
+
 /// Two openings of one schema (two replicas' catalogues): each watcher is woken once its
 /// feed listens; one holds a server's refresh lease at a time, and a lease alone makes no
 /// server known; a listing one stores reaches the other's watchers (not its own) and satisfies the other's lease for a trigger raised
