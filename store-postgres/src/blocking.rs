@@ -152,12 +152,16 @@ impl PgBlocking {
     }
 
     /// Renews the writer leases of the Runs this store holds open every `every` rather than
-    /// every [`RENEW_EVERY`](crate::RENEW_EVERY). Takes effect when no Run has been opened
-    /// for writing through this store (or its clones) yet. For tests of renewal; not part
-    /// of the API.
+    /// every [`RENEW_EVERY`](crate::RENEW_EVERY), which it may only shorten (a longer one
+    /// is taken as `RENEW_EVERY`: leases would lapse between renewals). Takes effect only
+    /// when no Run has been opened for writing through this store (or its clones) yet: the
+    /// renewal then started keeps its interval until the store goes. Returns whether it
+    /// took effect (`false`: a renewal runs already, unchanged). For tests of renewal; not
+    /// part of the API.
     #[doc(hidden)]
-    pub fn renew_every(&self, every: std::time::Duration) {
-        self.writers.renew_every(every);
+    #[must_use]
+    pub fn renew_every(&self, every: std::time::Duration) -> bool {
+        self.writers.renew_every(every)
     }
 
     /// Holds `run` of `identity` open for writing: its lease renewed until the hold drops.

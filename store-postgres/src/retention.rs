@@ -125,11 +125,15 @@ impl Drop for Hold {
 }
 
 impl Writers {
-    /// Renews every `every` rather than every [`RENEW_EVERY`], from the renewal started by
-    /// the next first hold (none runs yet): for tests.
-    pub(crate) fn renew_every(&self, every: Duration) {
+    /// Renews every `every` (at most [`RENEW_EVERY`], at least a millisecond) rather than
+    /// every [`RENEW_EVERY`], from the renewal the first hold starts: for tests. Whether it
+    /// takes effect: `false` once a renewal runs (started by an earlier hold, it keeps its
+    /// interval until the store goes).
+    pub(crate) fn renew_every(&self, every: Duration) -> bool {
+        let every = every.min(RENEW_EVERY);
         let millis = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
         self.every_millis.store(millis, Ordering::Release);
+        !self.renewing.load(Ordering::Acquire)
     }
 
     /// Holds `run` of `identity` open (its lease renewed) until the hold drops; starts the

@@ -1996,10 +1996,17 @@ fn a_held_runs_lease_is_renewed_and_a_sweep_keeps_it() {
 
     let (store, drop_schema, _url) = record_schema("renewal");
     let s = drop_schema.0.clone();
-    store.renew_every(Duration::from_millis(200));
+    assert!(
+        store.renew_every(Duration::from_millis(200)),
+        "no renewal runs yet"
+    );
     let run = |name: &str| RunId::new(name).unwrap();
     let held = store.records("alice", &run("held")).unwrap();
     held.append(&text_result("c", "kept")).unwrap();
+    assert!(
+        !store.renew_every(Duration::from_millis(100)),
+        "the renewal started keeps its interval"
+    );
     let dropped = store.records("alice", &run("dropped")).unwrap();
     dropped.append(&text_result("c", "swept")).unwrap();
     drop(dropped);
