@@ -38,7 +38,7 @@
 //!   Run (one under way when it went, another replica's, included) fails as
 //!   [`RecordError::Expired`] rather than end short, and such a Run is not opened again
 //!   under its name, whose handles would then name other records. A name forgotten past
-//!   that may be opened again: choose Run names that are not reused (the gateway's are 130
+//!   that may be opened again: choose Run names that are not reused (the gateway's are 128
 //!   random bits).
 //!
 //! Every time here is the database's clock (`clock_timestamp()`), so processes whose clocks
