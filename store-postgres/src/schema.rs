@@ -28,6 +28,13 @@
 //! migration takes the pauses: requests to a table being migrated wait at most about
 //! [`DDL_LOCK_WAIT`] at a time behind it, and then for the migration's own work once it
 //! has its lock.
+//!
+//! A migration that alters `runs` also waits for a retention sweep under way
+//! ([`PgBlocking::sweep`](crate::PgBlocking::sweep)): the sweep reads the doomed Runs
+//! through a cursor whose transaction holds `runs` (`ACCESS SHARE`) for the whole sweep,
+//! its deletions included, which on a large store may outlast the migration's tries; the
+//! open then fails, and an open after the sweep succeeds. Such a migration is best run
+//! while no sweep is under way.
 
 use std::time::Duration;
 
