@@ -27,9 +27,18 @@ pub struct PgBlocking {
 }
 
 /// The runtime the blocking calls run on, shut down in the background when the last clone
-/// goes.
+/// goes (or when the open it was made for fails): dropped in the ordinary way within a
+/// runtime's context, a tokio runtime panics.
 #[derive(Debug)]
 struct Runtime(Option<tokio::runtime::Runtime>);
+
+impl Runtime {
+    /// Runs `work` on the runtime, blocking this thread ([`block_on`]); `None` only once it
+    /// has shut down (taken when it drops: a live one always has its runtime).
+    fn block<T: Send>(&self, work: impl Future<Output = T> + Send) -> Option<T> {
+        Some(block_on(self.0.as_ref()?, work))
+    }
+}
 
 impl Drop for Runtime {
     fn drop(&mut self) {
@@ -53,10 +62,15 @@ impl PgBlocking {
             .enable_all()
             .build()
             .map_err(OpenError::Runtime)?;
-        let store = block_on(&runtime, PgStore::open(url))?;
+        // Wrapped before the open, so every way out (a refused URL, no connection, a
+        // panic) shuts it down in the background, which never panics within a runtime.
+        let runtime = Arc::new(Runtime(Some(runtime)));
+        let store = runtime.block(PgStore::open(url)).ok_or_else(|| {
+            OpenError::Runtime(std::io::Error::other("the store's runtime shut down"))
+        })??;
         Ok(Self {
             store,
-            runtime: Arc::new(Runtime(Some(runtime))),
+            runtime,
             writers: Arc::default(),
         })
     }
@@ -113,9 +127,7 @@ impl PgBlocking {
     /// store's runtime (its workers drive the connections), so blocking work inside it
     /// (reading a spill file) blocks the caller only.
     pub(crate) fn block<T: Send>(&self, work: impl Future<Output = T> + Send) -> Option<T> {
-        // Taken only when the last clone drops: a live store always has its runtime.
-        let runtime = self.runtime.0.as_ref()?;
-        Some(block_on(runtime, work))
+        self.runtime.block(work)
     }
 
     /// Deletes whole Runs past `max_age` since their last write, or the oldest of an
@@ -137,6 +149,19 @@ impl PgBlocking {
     ) -> Result<psych_types::SweptRuns, RecordError> {
         self.block(crate::retention::sweep(&self.store, max_age, max_bytes))
             .unwrap_or(Err(RecordError::ShutDown))
+    }
+
+    /// Renews the writer leases of the Runs this store holds open every `every` rather than
+    /// every [`RENEW_EVERY`](crate::RENEW_EVERY), which it may only shorten (a longer one
+    /// is taken as `RENEW_EVERY`: leases would lapse between renewals). Takes effect only
+    /// when no Run has been opened for writing through this store (or its clones) yet: the
+    /// renewal then started keeps its interval until the store goes. Returns whether it
+    /// took effect (`false`: a renewal runs already, unchanged). For tests of renewal; not
+    /// part of the API.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn renew_every(&self, every: std::time::Duration) -> bool {
+        self.writers.renew_every(every)
     }
 
     /// Holds `run` of `identity` open for writing: its lease renewed until the hold drops.

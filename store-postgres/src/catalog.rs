@@ -59,8 +59,11 @@ pub enum CatalogError {
     /// A stored row did not decode (written by another program, or damaged).
     #[error("damaged catalogue row: {what}")]
     Corrupt {
-        /// Which row, and why.
+        /// Which row.
         what: String,
+        /// The decoder's error: why it did not decode.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The database failed the request (nothing of it was committed).
     #[error("the catalogue's database failed the request")]
@@ -188,13 +191,15 @@ fn stored(value: u64) -> i64 {
 
 fn decode(server: &ServerId, json: &[u8]) -> Result<ToolDefinition, CatalogError> {
     serde_json::from_slice(json).map_err(|e| CatalogError::Corrupt {
-        what: format!("a tool row of {server}: {e}"),
+        what: format!("a tool row of {server}"),
+        source: Box::new(e),
     })
 }
 
 fn tool_name(server: &ServerId, name: &str) -> Result<ToolName, CatalogError> {
     ToolName::new(name).map_err(|e| CatalogError::Corrupt {
-        what: format!("tools[{server}/{name:?}]: {e}"),
+        what: format!("tools[{server}/{name:?}]"),
+        source: Box::new(e),
     })
 }
 
@@ -550,7 +555,8 @@ impl CatalogStore for PgCatalog {
                 .map(|row| {
                     let name: &str = row.get(0);
                     ServerId::new(name).map_err(|e| CatalogError::Corrupt {
-                        what: format!("servers[{name:?}]: {e}"),
+                        what: format!("servers[{name:?}]"),
+                        source: Box::new(e),
                     })
                 })
                 .collect()

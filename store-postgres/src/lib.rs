@@ -39,7 +39,10 @@
 //! Retention ([`PgBlocking::sweep`], psych-types' `RecordStores::sweep`): whole Runs past
 //! an age since their last write or, oldest first, past a size per identity, never a Run a
 //! process holds open (a writer lease it renews), their handles then answering that they
-//! expired (a read under way when its Run goes included: never a short text or history).
+//! expired (a read under way when its Run goes included: never a short text or history)
+//! and their names not opened again while remembered (the newest [`EXPIRED_KEPT`] per
+//! identity: a name forgotten past that may be opened again, so choose Run names that are
+//! never reused, as the gateway's random ones).
 //!
 //! Every connection commits durably (`synchronous_commit=on`, whatever the server's
 //! default) and finds the store's tables first (`search_path`). TLS is not supported yet: a
@@ -85,7 +88,7 @@ use tokio_postgres::NoTls;
 pub use blocking::PgBlocking;
 pub use catalog::{CatalogError, PgCatalog};
 pub use error::OpenError;
-pub use records::{CHUNK, CommitFault, PgRecords, RecordError, SkippedRun, SpillError};
+pub use records::{CHUNK, CommitFault, PgRecords, RecordError, SkippedRun, SpillError, Unresolved};
 pub use retention::{EXPIRED_KEPT, RENEW_EVERY, RUN_LEASE, SKIPPED_KEPT};
 pub use schema::SCHEMA_VERSION;
 pub use shared::CHANNEL;
@@ -143,6 +146,13 @@ impl PgStore {
     /// already past it is used as it is, when its `opens_from` lets this build open it). Call it
     /// inside a tokio runtime (with its time driver): the pool's connections run there.
     ///
+    /// Another process migrating the schema is waited for (up to 10 minutes, whatever the
+    /// URL's `lock_timeout` and `statement_timeout`). A migration whose statement waits more
+    /// than half a second for a table lock (an older replica's long append) gives way, lets
+    /// the requests queued behind it through for a second and is tried again, for up to two
+    /// minutes: a request to a table being migrated waits at most about half a second at a
+    /// time behind it, then for the migration's own work once it has the table.
+    ///
     /// # Errors
     ///
     /// [`OpenError`]: the URL refused, no connection, the migration failed (nothing of it
@@ -165,13 +175,7 @@ impl PgStore {
             .build()
             .map_err(OpenError::Pool)?;
         let mut client = pool.get().await.map_err(OpenError::Connect)?;
-        let migrate = |source| OpenError::Migrate {
-            schema: url.schema.clone(),
-            source,
-        };
-        let transaction = client.transaction().await.map_err(migrate)?;
-        schema::migrate(&transaction, &url.schema).await?;
-        transaction.commit().await.map_err(migrate)?;
+        schema::migrate(&mut client, &url.schema).await?;
         drop(client);
         Ok(Self {
             pool,

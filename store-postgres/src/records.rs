@@ -8,7 +8,21 @@
 //!   connection commits with `synchronous_commit=on`). A batch that failed before its
 //!   COMMIT leaves nothing; one whose COMMIT's answer was lost is resolved by asking the
 //!   database for its transaction's status (`txid_status`): stored and acknowledged, or
-//!   `NotStored`, or, when even that cannot be asked, `InDoubt`.
+//!   `NotStored`, or, when even that cannot be asked (on a pooled connection, then on a
+//!   new one), `InDoubt` ([`Unresolved`] says why). A transaction still in
+//!   progress is one of two. Its session idle in it (`pg_stat_activity`): the COMMIT
+//!   never reached the server (the connection was lost first, the usual case) and the
+//!   session would sit there until its `idle_in_transaction_session_timeout` (60 s), so
+//!   the store ends it (`pg_terminate_backend`), which rolls the transaction back:
+//!   `NotStored`, at once. Its session still working through the COMMIT the lost
+//!   connection sent: waited for, up to [`RESOLVE_WAIT`], before it is `InDoubt`; told
+//!   so, a caller would append again a batch that then commits. Ending a session needs
+//!   the privileges of its role, as seeing its state does: the store's connections all
+//!   use one role, which has them over its own sessions (unless the session is a
+//!   superuser's and the store's role is not), and `pg_signal_backend` and
+//!   `pg_read_all_stats` grant them over other roles'. Without them, a transaction in
+//!   progress is waited for in either case (and is `InDoubt` after [`RESOLVE_WAIT`],
+//!   its session still idle).
 //! - A tool result's readable text (the bytes a reader pages and greps) is stored once, in
 //!   chunks of [`CHUNK`] bytes (`bytea`, stored uncompressed out of line, so a slice of a
 //!   chunk reads only the pages it needs), each with the line breaks before it; the record
@@ -57,6 +71,11 @@ pub const CHUNK: usize = 128 * 1024;
 /// Bytes of a spilled text read from its file at a time.
 const SPILL_READ: usize = 1 << 20;
 
+/// How long a batch whose COMMIT's answer was lost waits for its transaction to end when
+/// the database says it is still in progress (its session working through the COMMIT, or
+/// one the store may not end), before it is [`InDoubt`](RecordError::InDoubt).
+const RESOLVE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Why a record request failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -93,10 +112,19 @@ pub enum RecordError {
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// The connection was lost while the batch's `COMMIT` was under way, and the database
-    /// could not be asked afterwards whether it was stored: it may or may not be (a later
-    /// read tells); its handles were not acknowledged.
+    /// could not be asked afterwards whether it was stored, or its transaction was still in
+    /// progress 30 s later (its session still working through the COMMIT, or idle in it
+    /// and not the store's to end): it may or may not be (a later read tells); its handles
+    /// were not acknowledged.
     #[error("the connection was lost during COMMIT: the batch may or may not be stored")]
-    InDoubt(#[source] Option<Box<dyn std::error::Error + Send + Sync>>),
+    InDoubt {
+        /// The COMMIT's error (the connection lost; none when
+        /// [`fail_next_commit`](PgRecords::fail_next_commit) made it up).
+        commit: Option<tokio_postgres::Error>,
+        /// Why the database's answer did not settle it.
+        #[source]
+        unresolved: Unresolved,
+    },
     /// The connection was lost while the batch's `COMMIT` was under way, and the database,
     /// asked afterwards, has none of it: nothing of the batch is stored; it can be appended
     /// again.
@@ -144,6 +172,30 @@ pub enum RecordError {
         /// The next ones, up to [`SKIPPED_KEPT`](crate::SKIPPED_KEPT) in all with the
         /// first (their count is `skipped`).
         more: Vec<SkippedRun>,
+    },
+}
+
+/// Why a batch whose COMMIT's answer was lost is [`RecordError::InDoubt`]: what asking the
+/// database for its transaction's status (`txid_status`) came to.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unresolved {
+    /// The transaction was still in progress after the wait (its session still working
+    /// through the COMMIT, or idle in it and not the store's role's to end).
+    #[error("its transaction was still in progress after {0:?}")]
+    InProgress(std::time::Duration),
+    /// The database no longer knows the transaction (too old for its status to be kept).
+    #[error("the database no longer knows its transaction")]
+    Unknown,
+    /// The database could not be asked: on a connection from the pool (`first`), then on
+    /// a new one (`again`, this error's source).
+    #[error("the database could not be asked whether it was stored, twice")]
+    Ask {
+        /// Why the first question failed.
+        first: Box<RecordError>,
+        /// Why the second, on a new connection, failed.
+        #[source]
+        again: Box<RecordError>,
     },
 }
 
@@ -627,32 +679,96 @@ impl PgRecords {
     }
 
     /// After a batch whose COMMIT's answer was lost: what the database says of its
-    /// transaction `txid` (asked on a connection from the pool: a lost one is not reused).
-    /// `Ok(Some(bytes))` when it committed (the Run's bytes now), `Ok(None)` when it was
-    /// rolled back; an error when it is still in progress or cannot be asked.
-    async fn resolve(&self, txid: i64) -> Result<Option<u64>, RecordError> {
-        let client = self.client().await?;
-        let status = row(&client, "select txid_status($1)", &[&txid]).await?;
-        match status
-            .and_then(|row| row.get::<_, Option<String>>(0))
-            .as_deref()
-        {
-            Some("committed") => {
-                let bytes = row(
-                    &client,
-                    "select bytes from runs where identity = $1 and run = $2",
-                    &[&&*self.identity, &self.run.as_str()],
-                )
-                .await?
-                .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
-                Ok(Some(bytes))
+    /// transaction `txid`, asked on a connection from the pool (the lost one is not
+    /// reused) and, when that question fails (the pooled connection hurt by what lost the
+    /// COMMIT's), once more on a new connection of its own. `Ok(Some(bytes))` when it
+    /// committed (the Run's bytes now), `Ok(None)` when it was rolled back. A transaction
+    /// in progress whose session sits idle in it (the COMMIT never reached the server) has
+    /// its session ended, which rolls it back ([`end_if_idle`]); one whose session is still
+    /// working through the COMMIT is asked again, at growing intervals, until it ends or
+    /// [`RESOLVE_WAIT`] has passed. [`Unresolved`] when it is still in progress then, is
+    /// unknown to the database, or cannot be asked.
+    async fn resolve(&self, txid: i64) -> Result<Option<u64>, Unresolved> {
+        let deadline = tokio::time::Instant::now() + RESOLVE_WAIT;
+        let first = match self.client().await {
+            Ok(client) => match self.resolve_on(&client, txid, deadline).await {
+                Ok(answer) => return answer,
+                Err(asking) => asking,
+            },
+            Err(asking) => asking,
+        };
+        let again = match self.connect().await {
+            Ok(client) => match self.resolve_on(&client, txid, deadline).await {
+                Ok(answer) => return answer,
+                Err(asking) => asking,
+            },
+            Err(asking) => asking,
+        };
+        Err(Unresolved::Ask {
+            first: Box::new(first),
+            again: Box::new(again),
+        })
+    }
+
+    /// [`resolve`](Self::resolve)'s questions on `client` (not prepared: they are rare):
+    /// its answer, or, outside, why the database could not be asked.
+    async fn resolve_on(
+        &self,
+        client: &tokio_postgres::Client,
+        txid: i64,
+        deadline: tokio::time::Instant,
+    ) -> Result<Result<Option<u64>, Unresolved>, RecordError> {
+        let mut pause = std::time::Duration::from_millis(10);
+        // Whether the store's role may end the transaction's session (until refused).
+        let mut may_end = true;
+        loop {
+            let status = client
+                .query_opt("select txid_status($1)", &[&txid])
+                .await
+                .map_err(db)?;
+            match status
+                .and_then(|row| row.get::<_, Option<String>>(0))
+                .as_deref()
+            {
+                Some("committed") => {
+                    let bytes = client
+                        .query_opt(
+                            "select bytes from runs where identity = $1 and run = $2",
+                            &[&&*self.identity, &self.run.as_str()],
+                        )
+                        .await
+                        .map_err(db)?
+                        .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
+                    return Ok(Ok(Some(bytes)));
+                }
+                Some("aborted") => return Ok(Ok(None)),
+                Some("in progress") if tokio::time::Instant::now() < deadline => {
+                    if may_end {
+                        may_end = end_if_idle(client, txid).await?;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_millis(500));
+                }
+                Some("in progress") => return Ok(Err(Unresolved::InProgress(RESOLVE_WAIT))),
+                _ => return Ok(Err(Unresolved::Unknown)),
             }
-            Some("aborted") => Ok(None),
-            other => Err(corrupt(format!(
-                "the transaction of a batch whose COMMIT's answer was lost is {}",
-                other.unwrap_or("unknown to the database")
-            ))),
         }
+    }
+
+    /// A new connection of the store's own, outside the pool (its task on the store's
+    /// runtime, ending when the client drops).
+    async fn connect(&self) -> Result<tokio_postgres::Client, RecordError> {
+        let (client, connection) = self
+            .blocking
+            .store()
+            .config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| RecordError::Db(DbError::Open(e)))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(client)
     }
 
     /// Makes the next batch's COMMIT fail as a lost connection would: before the commit
@@ -829,6 +945,33 @@ impl PgRecords {
             }
         }
         Ok(())
+    }
+}
+
+/// While the transaction `txid` of a batch whose COMMIT's answer was lost is in progress:
+/// ends its session if that sits idle in it (`idle in transaction`, or `(aborted)`), so
+/// the COMMIT never reached it and never will, the connection being lost; the session's end
+/// rolls the transaction back, and the next `txid_status` says so. A session working on
+/// (`active`, through the COMMIT) is left to finish, and none found means the transaction
+/// has ended. `Ok(false)` when the store's role may not end sessions (see the module's
+/// doc): the caller then only waits.
+async fn end_if_idle(client: &tokio_postgres::Client, txid: i64) -> Result<bool, RecordError> {
+    // `backend_xid` is the 32-bit transaction id; `txid` carries its epoch above it. An
+    // id in progress is unique among the sessions without it.
+    let ended = client
+        .query(
+            "select pg_terminate_backend(pid) from pg_stat_activity
+             where backend_xid::text::bigint = $1 % 4294967296
+                 and state in ('idle in transaction', 'idle in transaction (aborted)')",
+            &[&txid],
+        )
+        .await;
+    match ended {
+        Ok(_) => Ok(true),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
+            Ok(false)
+        }
+        Err(e) => Err(db(e)),
     }
 }
 
@@ -1570,10 +1713,10 @@ impl RecordStore for PgRecords {
                     match self.resolve(txid).await {
                         Ok(Some(bytes)) => Ok((first, bytes)),
                         Ok(None) => Err(RecordError::NotStored(error)),
-                        Err(asking) => Err(RecordError::InDoubt(Some(match error {
-                            Some(lost) => Box::new(lost),
-                            None => Box::new(asking),
-                        }))),
+                        Err(unresolved) => Err(RecordError::InDoubt {
+                            commit: error,
+                            unresolved,
+                        }),
                     }
                 }
             }

@@ -6,7 +6,11 @@
 //!   `lease_until` [`RUN_LEASE`] ahead of the database's clock, and every append moves it
 //!   on; while any handle of the process holds the Run open, the process renews it every
 //!   [`RENEW_EVERY`] (one statement for all its Runs). A process killed leaves its Runs
-//!   deletable once their leases lapse.
+//!   deletable once their leases lapse. A renewal that fails (no connection, the statement
+//!   refused) is not reported: the crate reports through the results of its calls and
+//!   has no log, and the renewal is no caller's call. It is tried again at the next tick,
+//!   and a lease outlasts four failed renewals; a process whose renewals fail for longer
+//!   may have its Run swept, and its next append is then told so (below).
 //!   A process that stalls past its lease (or was killed) may lose a Run it still holds:
 //!   its next append is refused as [`RecordError::Expired`], never written under the
 //!   deleted Run's handles.
@@ -34,7 +38,7 @@
 //!   Run (one under way when it went, another replica's, included) fails as
 //!   [`RecordError::Expired`] rather than end short, and such a Run is not opened again
 //!   under its name, whose handles would then name other records. A name forgotten past
-//!   that may be opened again: choose Run names that are not reused (the gateway's are 130
+//!   that may be opened again: choose Run names that are not reused (the gateway's are 128
 //!   random bits).
 //!
 //! Every time here is the database's clock (`clock_timestamp()`), so processes whose clocks
@@ -44,7 +48,7 @@
 //! kept for the age at least).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -92,6 +96,8 @@ fn sweep_lock(schema: &str) -> i64 {
 pub(crate) struct Writers {
     open: Mutex<BTreeMap<(Arc<str>, RunId), usize>>,
     renewing: AtomicBool,
+    /// The renewal's interval in milliseconds, 0 for [`RENEW_EVERY`] (tests shorten it).
+    every_millis: AtomicU64,
 }
 
 /// One handle's hold on a Run's lease (shared by a store's clones); the last one dropped
@@ -119,6 +125,17 @@ impl Drop for Hold {
 }
 
 impl Writers {
+    /// Renews every `every` (at most [`RENEW_EVERY`], at least a millisecond) rather than
+    /// every [`RENEW_EVERY`], from the renewal the first hold starts: for tests. Whether it
+    /// takes effect: `false` once a renewal runs (started by an earlier hold, it keeps its
+    /// interval until the store goes).
+    pub(crate) fn renew_every(&self, every: Duration) -> bool {
+        let every = every.min(RENEW_EVERY);
+        let millis = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.every_millis.store(millis, Ordering::Release);
+        !self.renewing.load(Ordering::Acquire)
+    }
+
     /// Holds `run` of `identity` open (its lease renewed) until the hold drops; starts the
     /// renewal on the store's runtime at the first hold.
     pub(crate) fn hold(
@@ -135,7 +152,11 @@ impl Writers {
             .entry(key.clone())
             .or_insert(0) += 1;
         if !self.renewing.swap(true, Ordering::AcqRel) {
-            blocking.spawn(renew(Arc::downgrade(self), blocking.store().clone()));
+            let every = match self.every_millis.load(Ordering::Acquire) {
+                0 => RENEW_EVERY,
+                millis => Duration::from_millis(millis),
+            };
+            blocking.spawn(renew(Arc::downgrade(self), blocking.store().clone(), every));
         }
         Hold {
             writers: Arc::clone(self),
@@ -144,10 +165,11 @@ impl Writers {
     }
 }
 
-/// Renews the leases of the Runs held open, every [`RENEW_EVERY`], until the store goes. A
-/// failed renewal is tried again at the next tick (a lease outlasts four of them).
-async fn renew(writers: Weak<Writers>, store: PgStore) {
-    let mut every = tokio::time::interval(RENEW_EVERY);
+/// Renews the leases of the Runs held open, `every` ([`RENEW_EVERY`] but in tests), until
+/// the store goes. A failed renewal is tried again at the next tick (a lease outlasts four
+/// of them); it is not reported (see the module's doc).
+async fn renew(writers: Weak<Writers>, store: PgStore, every: Duration) {
+    let mut every = tokio::time::interval(every);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is at once: opening the Runs set their leases.
     every.tick().await;
@@ -167,6 +189,8 @@ async fn renew(writers: Weak<Writers>, store: PgStore) {
         if identities.is_empty() {
             continue;
         }
+        // Failures are not reported (no caller waits on the renewal, and the crate has no
+        // log): the next tick tries again.
         let Ok(client) = store.pool.get().await else {
             continue;
         };

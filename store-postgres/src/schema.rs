@@ -10,10 +10,56 @@
 //! newer than this build is opened when its `opens_from` is at most this build's version,
 //! and refused otherwise (nothing written to it either way); a schema without the mark
 //! (migrated before it existed) opens only for builds that know its version.
+//!
+//! Waits. The connection's `lock_timeout` (30 s unless the URL says otherwise) and any
+//! `statement_timeout` the URL sets are for requests, not migrations. A process opening
+//! the schema waits up to [`MIGRATION_WAIT`] for another's migration (the advisory lock),
+//! however long that takes, so replicas starting together migrate once rather than fail.
+//! No statement of the migration is cut by the URL's `statement_timeout`: its waits for
+//! locks are bounded here, and its work (a table rewritten) cut short would fail every
+//! open the same way. The migration's own statements wait at most [`DDL_LOCK_WAIT`] for a
+//! table lock: an `ALTER TABLE` queued behind an older replica's long append stalls every
+//! request to that table while it waits, so it gives way instead, the migration is rolled
+//! back whole and tried again after [`RETRY_PAUSE`] (in which the requests queued behind
+//! it go through), until [`MIGRATION_RETRIES_FOR`] has passed, before the open fails. A
+//! deadlock with a request (40P01) is tried again the same way. The advisory lock is the
+//! session's, held across the tries (released when the migration commits; a failed or
+//! cancelled open drops its pool, which ends the session), so no other replica's
+//! migration takes the pauses: requests to a table being migrated wait at most about
+//! [`DDL_LOCK_WAIT`] at a time behind it, and then for the migration's own work once it
+//! has its lock.
+//!
+//! A migration that alters `runs` also waits for a retention sweep under way
+//! ([`PgBlocking::sweep`](crate::PgBlocking::sweep)): the sweep reads the doomed Runs
+//! through a cursor whose transaction holds `runs` (`ACCESS SHARE`) for the whole sweep,
+//! its deletions included, which on a large store may outlast the migration's tries; the
+//! open then fails, and an open after the sweep succeeds. Such a migration is best run
+//! while no sweep is under way.
 
-use tokio_postgres::Transaction;
+use std::time::Duration;
+
+use tokio_postgres::{Client, Transaction};
 
 use crate::OpenError;
+
+/// How long an open waits for another process's migration of the schema to end (the
+/// advisory lock), as PostgreSQL's `lock_timeout`: replicas queued behind one migrating
+/// wait rather than fail.
+const MIGRATION_WAIT: &str = "10min";
+
+/// How long one of the migration's statements waits for a table lock, as PostgreSQL's
+/// `lock_timeout`: requests to the table queue behind a waiting `ALTER TABLE`, so it waits
+/// briefly and the migration is tried again.
+const DDL_LOCK_WAIT: &str = "500ms";
+
+/// How long a migration whose statement could not lock its table (or deadlocked) is tried
+/// again, from its first try, before the open fails.
+const MIGRATION_RETRIES_FOR: Duration = Duration::from_secs(120);
+
+/// The pause before a migration is tried again, which lets the requests queued behind its
+/// statement through. Not jittered: the session's advisory lock lets one migration of the
+/// schema try at a time, so there is no herd of replicas trying in step to spread.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 /// The newest schema version this build reads and writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -126,7 +172,8 @@ const MIGRATIONS: [Migration; 4] = [
     },
     // 3: retention. A Run's last write and its writer's lease (the database's clock, in
     // milliseconds), and the Runs retention deleted, so their handles answer that they
-    // expired and their names are never used again.
+    // expired and their names are not used again while remembered (pruned to the newest
+    // `EXPIRED_KEPT` per identity by the sweep).
     Migration {
         sql: r#"
     -- A Run made by a build without retention gets a last write and a lease at its
@@ -168,23 +215,79 @@ fn migration_lock(schema: &str) -> i64 {
     i64::from_le_bytes(psych_types::fnv1a(name.as_bytes(), 0).to_le_bytes())
 }
 
-/// Brings `schema` to [`SCHEMA_VERSION`] in `transaction` (creating the schema and its
-/// `psych_meta` first): the version found before; a newer schema this build may open
-/// (its `opens_from` at most [`SCHEMA_VERSION`]) is left as it is, and one it may not is
-/// [`OpenError::NewerSchema`].
-pub(crate) async fn migrate(transaction: &Transaction<'_>, schema: &str) -> Result<i64, OpenError> {
+/// Brings `schema` to [`SCHEMA_VERSION`] on `client`, in one transaction under the
+/// schema's migration lock (the session's, released at the end), tried again when one of
+/// its statements could not lock its table within [`DDL_LOCK_WAIT`] or deadlocked (see the
+/// module's doc): the version found before; a newer schema this build may open (its
+/// `opens_from` at most [`SCHEMA_VERSION`]) is left as it is, and one it may not is
+/// [`OpenError::NewerSchema`]. On an error the lock may still be held: the caller drops
+/// the connection (and its pool), which releases it.
+pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<i64, OpenError> {
+    let migrate = |source| OpenError::Migrate {
+        schema: schema.to_owned(),
+        source,
+    };
+    let lock = migration_lock(schema);
+    // Taken in a transaction for its settings, held by the session past its commit.
+    let transaction = client.transaction().await.map_err(migrate)?;
+    transaction
+        .batch_execute(&format!(
+            "set local lock_timeout = '{MIGRATION_WAIT}'; set local statement_timeout = 0"
+        ))
+        .await
+        .map_err(migrate)?;
+    transaction
+        .execute("select pg_advisory_lock($1)", &[&lock])
+        .await
+        .map_err(migrate)?;
+    transaction.commit().await.map_err(migrate)?;
+    let until = tokio::time::Instant::now() + MIGRATION_RETRIES_FOR;
+    loop {
+        let transaction = client.transaction().await.map_err(migrate)?;
+        transaction
+            .batch_execute(&format!(
+                "set local lock_timeout = '{DDL_LOCK_WAIT}'; set local statement_timeout = 0"
+            ))
+            .await
+            .map_err(migrate)?;
+        match migrate_locked(&transaction, schema).await {
+            Ok(found) => {
+                transaction.commit().await.map_err(migrate)?;
+                client
+                    .execute("select pg_advisory_unlock($1)", &[&lock])
+                    .await
+                    .map_err(migrate)?;
+                return Ok(found);
+            }
+            Err(OpenError::Migrate { source, .. })
+                if tokio::time::Instant::now() < until && gives_way(&source) =>
+            {
+                transaction.rollback().await.map_err(migrate)?;
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Whether a migration's statement failed for want of a table lock a request holds: it
+/// waited [`DDL_LOCK_WAIT`] (55P03) or deadlocked with the request (40P01).
+fn gives_way(error: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+
+    error.code().is_some_and(|code| {
+        *code == SqlState::LOCK_NOT_AVAILABLE || *code == SqlState::T_R_DEADLOCK_DETECTED
+    })
+}
+
+/// [`migrate`]'s work in `transaction`, under the schema's migration lock: creates the
+/// schema and its `psych_meta`, then runs the migrations it lacks.
+async fn migrate_locked(transaction: &Transaction<'_>, schema: &str) -> Result<i64, OpenError> {
     let migrate = |source| OpenError::Migrate {
         schema: schema.to_owned(),
         source,
     };
     // `schema` is a checked identifier (`url::valid_schema`): no quoting is needed.
-    transaction
-        .execute(
-            "select pg_advisory_xact_lock($1)",
-            &[&migration_lock(schema)],
-        )
-        .await
-        .map_err(migrate)?;
     transaction
         .batch_execute(&format!(
             "create schema if not exists {schema};

@@ -124,7 +124,7 @@ fn a_database_restart_is_unavailable_then_the_store_goes_on() {
                     Err(error) => {
                         failures.push(format!("{:?}: {error}", records.failure(&error)));
                         let typed = records.failure(&error) == RecordFailure::Unavailable
-                            || matches!(error, RecordError::InDoubt(_));
+                            || matches!(error, RecordError::InDoubt { .. });
                         assert!(typed, "a restart is Unavailable or InDoubt: {error:?}");
                         std::thread::sleep(Duration::from_millis(20));
                     }
