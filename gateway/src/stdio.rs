@@ -16,8 +16,10 @@
 //!   never answered (JSON-RPC 2.0), and is dropped, as rmcp drops notifications it does
 //!   not know;
 //! - a line longer than [`MAX_LINE`] is read past as it streams, never held whole (memory:
-//!   the line up to [`MAX_LINE`], plus the read buffer), and answered with an invalid
-//!   request (-32600, "request too large") without an `id`;
+//!   the line up to [`MAX_LINE`], plus the read buffer, and a KiB of scanner that reads its
+//!   top-level `id` and `method` as they go by, first or last), and answered with an
+//!   invalid request (-32600, "request too large") for its `id` when it is a request (a
+//!   notification is dropped; an answer is answered without an `id`);
 //! - a line of more than [`MAX_REQUEST_STRUCTURAL_BYTES`] structural bytes is not parsed
 //!   (what it would take parsed grows with its values, not its bytes) and is answered
 //!   with an invalid request (-32600, [`TOO_COMPLEX`]), with its top-level `id` when it
@@ -129,6 +131,9 @@ pub(crate) struct StdioTransport<R, W> {
     line: Vec<u8>,
     /// Whether the current line is over the limit (its bytes are read past).
     too_long: bool,
+    /// The shape of the line read past (its top-level `id` and `method`), found as its
+    /// bytes go by: what answers it.
+    too_long_shape: psych_mcp::wire::ShapeScanner,
     /// Whether the reader has ended.
     ended: bool,
     /// The parse of a line over [`JSON_ON_WORKER`], on a blocking thread: kept here so
@@ -161,6 +166,7 @@ where
             limit: MAX_LINE,
             line: Vec::new(),
             too_long: false,
+            too_long_shape: psych_mcp::wire::ShapeScanner::default(),
             ended: false,
             parsing: None,
             reply: None,
@@ -191,7 +197,7 @@ where
             // From here to the end of the iteration there is no await.
             if available.is_empty() {
                 if std::mem::take(&mut self.too_long) {
-                    return Ok(Some(Line::TooLong));
+                    return Ok(Some(Line::TooLong(self.too_long_shape.shape())));
                 }
                 if self.line.is_empty() {
                     return Ok(None);
@@ -202,10 +208,16 @@ where
                 Some(i) => (i, i + 1, true),
                 None => (available.len(), available.len(), false),
             };
-            if !self.too_long {
+            if self.too_long {
+                self.too_long_shape.feed(&available[..len]);
+            } else {
                 let wanted = self.line.len() + len;
                 if wanted > self.limit {
-                    // Given back now: a line over the limit holds no memory past this point.
+                    // Given back now: a line over the limit holds no memory past this point
+                    // (but the scanner's KiB, which reads on as the rest goes by).
+                    self.too_long_shape = psych_mcp::wire::ShapeScanner::default();
+                    self.too_long_shape.feed(&self.line);
+                    self.too_long_shape.feed(&available[..len]);
                     self.line = Vec::new();
                     self.too_long = true;
                 } else {
@@ -220,7 +232,7 @@ where
             self.reader.consume(used);
             if end {
                 if std::mem::take(&mut self.too_long) {
-                    return Ok(Some(Line::TooLong));
+                    return Ok(Some(Line::TooLong(self.too_long_shape.shape())));
                 }
                 return Ok(Some(Line::Whole(std::mem::take(&mut self.line))));
             }
@@ -377,11 +389,17 @@ where
                         return Some(message);
                     }
                 }
-                Line::TooLong => {
+                // A notification is never answered; an answer (to the gateway's own
+                // request) is answered without its id, which is not the client's to wait on.
+                Line::TooLong(shape) if shape.is_notification() => {}
+                Line::TooLong(shape) => {
+                    let id = shape
+                        .request_id()
+                        .and_then(|id| serde_json::from_str::<RequestId>(id).ok());
                     self.answer(
                         Code::InvalidRequest,
                         "request too large",
-                        None,
+                        id,
                         Instant::now(),
                     );
                 }
@@ -414,8 +432,8 @@ where
 enum Line {
     /// A whole line, without its `\n`.
     Whole(Vec<u8>),
-    /// A line over the limit, read past and not kept.
-    TooLong,
+    /// A line over the limit, read past and not kept: what its bytes showed as they went.
+    TooLong(psych_mcp::wire::MessageShape),
 }
 
 /// The JSON-RPC errors the transport answers with.
@@ -786,22 +804,43 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         );
     }
 
-    /// A line of 16 MiB (four times the limit) is answered and never held: the line's
-    /// buffer stays within the limit; the next line is read as usual.
+    /// A line of 16 MiB (four times the limit) is answered for its id, written first or
+    /// last (as the TypeScript SDK writes it), and never held: the line's buffer stays
+    /// within the limit; a notification as long is dropped unanswered; the next line is
+    /// read as usual. (Before, the answer had no id, and the client waited for its own
+    /// deadline.)
     #[tokio::test]
     async fn a_line_over_the_limit_is_answered_without_being_held() {
         let (mut transport, mut client, output) = transport();
         let answers = tokio::spawn(answers(output));
         let writing = tokio::spawn(async move {
             let chunk = vec![b'a'; 1024 * 1024];
-            client
-                .write_all(br#"{"jsonrpc":"2.0","id":1,"method":"ping","x":""#)
-                .await
-                .unwrap();
-            for _ in 0..16 {
-                client.write_all(&chunk).await.unwrap();
-            }
-            client.write_all(b"\"}\n").await.unwrap();
+            let long = async |client: &mut Pipe, head: &[u8], tail: &[u8]| {
+                client.write_all(head).await.unwrap();
+                for _ in 0..16 {
+                    client.write_all(&chunk).await.unwrap();
+                }
+                client.write_all(tail).await.unwrap();
+            };
+            long(
+                &mut client,
+                br#"{"jsonrpc":"2.0","id":1,"method":"ping","x":""#,
+                b"\"}\n",
+            )
+            .await;
+            long(
+                &mut client,
+                br#"{"jsonrpc":"2.0","method":"ping","params":{"x":""#,
+                br#""},"id":"last"}"#,
+            )
+            .await;
+            client.write_all(b"\n").await.unwrap();
+            long(
+                &mut client,
+                br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"x":""#,
+                b"\"}}\n",
+            )
+            .await;
             client
                 .write_all(br#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#)
                 .await
@@ -830,7 +869,12 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         let answers = answers.await.unwrap();
         assert_eq!(
             answers,
-            [json!({"jsonrpc": "2.0", "error": {"code": -32600, "message": "request too large"}})]
+            [
+                json!({"jsonrpc": "2.0", "id": 1,
+                       "error": {"code": -32600, "message": "request too large"}}),
+                json!({"jsonrpc": "2.0", "id": "last",
+                       "error": {"code": -32600, "message": "request too large"}}),
+            ]
         );
     }
 

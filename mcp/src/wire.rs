@@ -134,12 +134,31 @@ impl MessageShape {
 /// parsing it: the scanner follows nesting, strings and escapes and keeps about a KiB, so
 /// a message refused unparsed (too large, too complex) can still be answered by its id.
 pub fn message_shape(json: &[u8]) -> MessageShape {
-    let mut scanner = crate::stdio::scan::IdScanner::default();
+    let mut scanner = ShapeScanner::default();
     scanner.feed(json);
-    MessageShape {
-        id: scanner.id(),
-        has_method: scanner.has_method(),
-        has_id_key: scanner.has_id_key(),
+    scanner.shape()
+}
+
+/// [`message_shape`] of a message whose bytes go by in pieces and are not kept (a line
+/// read past because it is too long to hold): feed each piece in order, then ask for the
+/// shape. It keeps about a KiB whatever the message's size, and finds a top-level `id`
+/// written first or last.
+#[derive(Debug, Default)]
+pub struct ShapeScanner(crate::stdio::scan::IdScanner);
+
+impl ShapeScanner {
+    /// Reads the message's next bytes.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        self.0.feed(bytes);
+    }
+
+    /// What the bytes read so far show.
+    pub fn shape(&self) -> MessageShape {
+        MessageShape {
+            id: self.0.id(),
+            has_method: self.0.has_method(),
+            has_id_key: self.0.has_id_key(),
+        }
     }
 }
 
