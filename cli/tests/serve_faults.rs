@@ -687,7 +687,15 @@ async fn a_signal_stops_the_http_gateway_cleanly_with_a_call_in_flight() {
         let (call, note) = announced_hang(session.peer(), &mut progress, "busy__hang").await;
         assert_eq!(note.progress_token, call.progress_token);
         check_stopped(gateway, signal, &groups, dir.path()).await;
-        drop(call);
+        // The call was answered, with its cancellation, before the session ended.
+        let answer = tokio::time::timeout(Duration::from_secs(10), call.await_response())
+            .await
+            .expect("the call's answer came before the gateway ended");
+        let answer = format!("{answer:?}");
+        assert!(
+            answer.contains(psych_gateway::CANCELLED_BY_SHUTDOWN),
+            "{signal}: {answer}"
+        );
         drop(session);
     }
 }

@@ -616,12 +616,20 @@ impl Admission {
         })
     }
 
-    #[cfg(test)]
-    fn total(&self) -> usize {
+    /// How many are counted in now.
+    pub(crate) fn total(&self) -> usize {
         self.counts
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .total
+    }
+
+    /// Returns once none is counted in (looked at every 20 ms): for a shutdown that lets
+    /// the answers on their way out be sent. Cancel-safe (it only looks).
+    pub(crate) async fn drained(&self) {
+        while self.total() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 

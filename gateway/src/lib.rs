@@ -3416,6 +3416,7 @@ async fn serve_http(
     let reaper = AbortOnDrop(tokio::spawn(close_idle_sessions(managed)));
     let tokens = shared.tokens.clone();
     let admission = admit::Admission::new();
+    let posts = Arc::clone(&admission);
     let peeks = admit::Admission::peeks();
     let streams = admit::Admission::streams(shared.max_identity_sessions);
     // Authorization first: a request without a known token never reaches rmcp; one with
@@ -3598,6 +3599,12 @@ async fn serve_http(
     drop(reaper);
     shared.close(Cut::Shutdown);
     shared.settled(|g| g.calls == 0).await;
+    // The calls' cancellation answers are on their way out (through a session's worker to
+    // its POST's event stream, or a 2026-07-28 POST's own answer): each POST's place is
+    // held until its answer's body is sent, so they are let out, within a bound (a
+    // listen stream's POST holds its place as long as it is open), before every session
+    // and stream ends.
+    let _ = tokio::time::timeout(ANSWERS_OUT_WITHIN, posts.drained()).await;
     sessions.cancel();
     shared.settled(|g| g.sessions == 0).await;
     while connections.join_next().await.is_some() {}
@@ -3626,6 +3633,10 @@ async fn close_idle_sessions(sessions: Arc<raw::RawSessions>) {
         }
     }
 }
+
+/// How long a shutdown waits, once every call has ended, for the POSTs' answers on their
+/// way out to be sent before it ends the sessions and streams.
+const ANSWERS_OUT_WITHIN: Duration = Duration::from_secs(1);
 
 /// How long the gateway waits for an idle session's worker to take its close.
 const SESSION_CLOSE_WITHIN: Duration = Duration::from_secs(10);
