@@ -141,6 +141,22 @@ pub enum DbError {
 }
 
 impl PgStore {
+    /// A connection of the store's own, outside the pool, with the pool's settings: for
+    /// work that must not hold a pooled connection (a sweep's cursor), or must not trust
+    /// one (asking again after a lost answer). Its task runs on the current runtime and
+    /// ends when the client drops, which ends its session (and frees its locks).
+    pub(crate) async fn own_connection(&self) -> Result<tokio_postgres::Client, DbError> {
+        let (client, connection) = self
+            .config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(DbError::Open)?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(client)
+    }
+
     /// Opens the store at `url` ([`StoreUrl::parse`]): makes the pool, connects once, and
     /// creates or migrates the schema to [`SCHEMA_VERSION`] in one transaction (a schema
     /// already past it is used as it is, when its `opens_from` lets this build open it). Call it

@@ -758,17 +758,11 @@ impl PgRecords {
     /// A new connection of the store's own, outside the pool (its task on the store's
     /// runtime, ending when the client drops).
     async fn connect(&self) -> Result<tokio_postgres::Client, RecordError> {
-        let (client, connection) = self
-            .blocking
+        self.blocking
             .store()
-            .config
-            .connect(tokio_postgres::NoTls)
+            .own_connection()
             .await
-            .map_err(|e| RecordError::Db(DbError::Open(e)))?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(client)
+            .map_err(RecordError::Db)
     }
 
     /// Makes the next batch's COMMIT fail as a lost connection would: before the commit

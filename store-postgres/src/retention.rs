@@ -236,14 +236,7 @@ pub(crate) async fn sweep(
     // The lock and the cursor on a connection of the sweep's own, not the pool's: the sweep
     // may take a while, and the pool is the requests'. Dropping it (on every way out)
     // ends its session, which frees the lock.
-    let (mut reader, connection) = store
-        .config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|e| RecordError::Db(DbError::Open(e)))?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let mut reader = store.own_connection().await.map_err(RecordError::Db)?;
     let lock = sweep_lock(&store.schema);
     let taken: bool = reader
         .query_one("select pg_try_advisory_lock($1)", &[&lock])
