@@ -10,11 +10,14 @@
 //!   database for its transaction's status (`txid_status`): stored and acknowledged, or
 //!   `NotStored`, or, when even that cannot be asked (on a pooled connection, then on a
 //!   new one), `InDoubt` ([`Unresolved`] says why). A transaction still in
-//!   progress is one of two. Its session idle in it (`pg_stat_activity`): the COMMIT
-//!   never reached the server (the connection was lost first, the usual case) and the
-//!   session would sit there until its `idle_in_transaction_session_timeout` (60 s), so
-//!   the store ends it (`pg_terminate_backend`), which rolls the transaction back:
-//!   `NotStored`, at once. Its session still working through the COMMIT the lost
+//!   progress is one of two. Its session idle in it (`pg_stat_activity`) for a second
+//!   ([`IDLE_BEFORE_END`]): the COMMIT never reached the server (the connection was lost
+//!   first, the usual case) and the session would sit there until its
+//!   `idle_in_transaction_session_timeout` (60 s), so the store ends it
+//!   (`pg_terminate_backend`), which rolls the transaction back: `NotStored`, within
+//!   about a second. (A session shows `idle in transaction` until it reads its next
+//!   message: idle for less, its COMMIT may be in its socket, not yet read, and is
+//!   left to arrive.) Its session still working through the COMMIT the lost
 //!   connection sent: waited for, up to [`RESOLVE_WAIT`], before it is `InDoubt`; told
 //!   so, a caller would append again a batch that then commits. Ending a session needs
 //!   the privileges of its role, as seeing its state does: the store's connections all
@@ -75,6 +78,13 @@ const SPILL_READ: usize = 1 << 20;
 /// the database says it is still in progress (its session working through the COMMIT, or
 /// one the store may not end), before it is [`InDoubt`](RecordError::InDoubt).
 const RESOLVE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long the session of a batch whose COMMIT's answer was lost must have sat idle in
+/// its transaction before the store ends it, as a PostgreSQL interval. A session shows
+/// `idle in transaction` from its last answer until it reads its next message, so one
+/// idle for less may have the COMMIT in its socket, about to be read; one never sent it
+/// has been idle since before the connection was lost, so the wait costs it at most this.
+const IDLE_BEFORE_END: &str = "1 second";
 
 /// Why a record request failed.
 #[derive(Debug, thiserror::Error)]
@@ -683,8 +693,9 @@ impl PgRecords {
     /// reused) and, when that question fails (the pooled connection hurt by what lost the
     /// COMMIT's), once more on a new connection of its own. `Ok(Some(bytes))` when it
     /// committed (the Run's bytes now), `Ok(None)` when it was rolled back. A transaction
-    /// in progress whose session sits idle in it (the COMMIT never reached the server) has
-    /// its session ended, which rolls it back ([`end_if_idle`]); one whose session is still
+    /// in progress whose session has sat idle in it for [`IDLE_BEFORE_END`] (the COMMIT
+    /// never reached the server) has its session ended, which rolls it back
+    /// ([`end_if_idle`]); one whose session is still
     /// working through the COMMIT is asked again, at growing intervals, until it ends or
     /// [`RESOLVE_WAIT`] has passed. [`Unresolved`] when it is still in progress then, is
     /// unknown to the database, or cannot be asked.
@@ -943,9 +954,11 @@ impl PgRecords {
 }
 
 /// While the transaction `txid` of a batch whose COMMIT's answer was lost is in progress:
-/// ends its session if that sits idle in it (`idle in transaction`, or `(aborted)`), so
-/// the COMMIT never reached it and never will, the connection being lost; the session's end
-/// rolls the transaction back, and the next `txid_status` says so. A session working on
+/// ends its session if that has sat idle in it (`idle in transaction`, or `(aborted)`)
+/// for [`IDLE_BEFORE_END`], so the COMMIT never reached it and never will, the connection
+/// being lost; the session's end rolls the transaction back, and the next `txid_status`
+/// says so. A session idle for less is left alone: the state holds until the session reads
+/// its next message, so the COMMIT may be in its socket still. A session working on
 /// (`active`, through the COMMIT) is left to finish, and none found means the transaction
 /// has ended. `Ok(false)` when the store's role may not end sessions (see the module's
 /// doc): the caller then only waits.
@@ -954,9 +967,12 @@ async fn end_if_idle(client: &tokio_postgres::Client, txid: i64) -> Result<bool,
     // id in progress is unique among the sessions without it.
     let ended = client
         .query(
-            "select pg_terminate_backend(pid) from pg_stat_activity
-             where backend_xid::text::bigint = $1 % 4294967296
-                 and state in ('idle in transaction', 'idle in transaction (aborted)')",
+            &format!(
+                "select pg_terminate_backend(pid) from pg_stat_activity
+                 where backend_xid::text::bigint = $1 % 4294967296
+                     and state in ('idle in transaction', 'idle in transaction (aborted)')
+                     and state_change < clock_timestamp() - interval '{IDLE_BEFORE_END}'"
+            ),
             &[&txid],
         )
         .await;
