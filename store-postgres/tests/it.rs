@@ -289,6 +289,62 @@ async fn an_open_waits_for_another_replicas_migration_past_the_lock_and_statemen
     assert_eq!(store.schema_version().await.unwrap(), SCHEMA_VERSION);
 }
 
+/// An open whose process goes while its migration's statement is under way (here waiting
+/// for the migration lock another holds; the same holds for a rewrite of `runs`) leaves no
+/// session running on: the server notices the closed socket within about a second and
+/// ends the session. (Review: the server noticed only when it next wrote, so the statement
+/// ran on, without a timeout, holding its locks.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_whose_process_went_does_not_run_on() {
+    use std::time::{Duration, Instant};
+
+    let schema = Schema::fresh("migration_orphan").await;
+    let key = migration_lock(&schema.name);
+    let holder = client().await;
+    holder
+        .execute("select pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    // The opening process: a runtime of its own, shut down (its sockets closed) as a
+    // killed process's are.
+    let process = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = schema.url();
+    process.spawn(async move { PgStore::open(&url).await });
+    blocked_by(&holder).await;
+    let pid: i32 = holder
+        .query_one(
+            "select pid from pg_stat_activity where pg_backend_pid() = any(pg_blocking_pids(pid))",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    process.shutdown_background();
+    let gone = Instant::now();
+    loop {
+        let there: i64 = holder
+            .query_one(
+                "select count(*) from pg_stat_activity where pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if there == 0 {
+            break;
+        }
+        assert!(
+            gone.elapsed() < Duration::from_secs(5),
+            "the session of an open whose process went still waits"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Takes `schema` back to version 2, whose next migration alters `runs`.
 async fn back_to_version_2(schema: &Schema) {
     let s = &schema.name;
