@@ -9,7 +9,7 @@
 //!   COMMIT leaves nothing; one whose COMMIT's answer was lost is resolved by asking the
 //!   database for its transaction's status (`txid_status`): stored and acknowledged, or
 //!   `NotStored`, or, when even that cannot be asked (on a pooled connection, then on a
-//!   new one), `InDoubt` ([`Unresolved`] says why). A transaction still in
+//!   new one, each question given [`ASK_WAIT`]), `InDoubt` ([`Unresolved`] says why). A transaction still in
 //!   progress is one of two. Its session idle in it (`pg_stat_activity`) for a second
 //!   ([`IDLE_BEFORE_END`]): the COMMIT never reached the server (the connection was lost
 //!   first, the usual case) and the session would sit there until its
@@ -86,6 +86,13 @@ const RESOLVE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// has been idle since before the connection was lost, so the wait costs it at most this.
 const IDLE_BEFORE_END: &str = "1 second";
 
+/// How long one of the questions after a lost COMMIT (or the connection it is asked on)
+/// waits for its answer, at most, before it counts as failed: a connection silent with
+/// no error (a network path that drops everything) would otherwise hold it until TCP gives
+/// up, minutes later. Within [`RESOLVE_WAIT`] (asked again on a new connection, a question
+/// is given this much even past it).
+const ASK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Why a record request failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -148,6 +155,12 @@ pub enum RecordError {
     /// was made).
     #[error("the PostgreSQL store's runtime has shut down")]
     ShutDown,
+    /// A question after a lost COMMIT (whether the batch was stored), or the connection it
+    /// was to be asked on, had no answer within its time (at most 5 s): the
+    /// database is unreachable or the connection silent. Found only inside
+    /// [`Unresolved::Ask`].
+    #[error("the database did not answer within {0:?}")]
+    Unanswered(std::time::Duration),
     /// The Run was deleted by retention ([`PgBlocking::sweep`]): it is not opened again
     /// under its name (its handles would name other records), a writer that held it
     /// while its lease lapsed is told so rather than write under the deleted handles, and
@@ -262,7 +275,7 @@ impl RecordError {
             RecordError::Spill { .. } => RecordFailure::Spill,
             RecordError::Db(DbError::Connect(_) | DbError::Open(_)) => RecordFailure::Unavailable,
             RecordError::Db(DbError::Query(e)) if unavailable(e) => RecordFailure::Unavailable,
-            RecordError::NotStored(_) => RecordFailure::Unavailable,
+            RecordError::NotStored(_) | RecordError::Unanswered(_) => RecordFailure::Unavailable,
             _ => RecordFailure::Store,
         }
     }
@@ -697,23 +710,32 @@ impl PgRecords {
     /// never reached the server) has its session ended, which rolls it back
     /// ([`end_if_idle`]); one whose session is still
     /// working through the COMMIT is asked again, at growing intervals, until it ends or
-    /// [`RESOLVE_WAIT`] has passed. [`Unresolved`] when it is still in progress then, is
-    /// unknown to the database, or cannot be asked.
+    /// [`RESOLVE_WAIT`] has passed. Each question (and each connection) is given at most
+    /// [`ASK_WAIT`] (a silent connection is a failed question), within the wait; asked
+    /// again on a new connection, at least [`ASK_WAIT`] even past it: about 35 s in all, at
+    /// most. [`Unresolved`] when it is still in progress then, is unknown to the database,
+    /// or cannot be asked.
     async fn resolve(&self, txid: i64) -> Result<Option<u64>, Unresolved> {
         let deadline = tokio::time::Instant::now() + RESOLVE_WAIT;
-        let first = match self.client().await {
-            Ok(client) => match self.resolve_on(&client, txid, deadline).await {
+        let first = match in_time(deadline, self.client()).await {
+            Ok(Ok(client)) => match self.resolve_on(&client, txid, deadline).await {
                 Ok(answer) => return answer,
-                Err(asking) => asking,
+                Err(asking) => {
+                    // Not given back to the pool: it may be the silent one, or hold a
+                    // question still unanswered.
+                    drop(deadpool_postgres::Object::take(client));
+                    asking
+                }
             },
-            Err(asking) => asking,
+            Ok(Err(asking)) | Err(asking) => asking,
         };
-        let again = match self.connect().await {
-            Ok(client) => match self.resolve_on(&client, txid, deadline).await {
+        let deadline = deadline.max(tokio::time::Instant::now() + ASK_WAIT);
+        let again = match in_time(deadline, self.connect()).await {
+            Ok(Ok(client)) => match self.resolve_on(&client, txid, deadline).await {
                 Ok(answer) => return answer,
                 Err(asking) => asking,
             },
-            Err(asking) => asking,
+            Ok(Err(asking)) | Err(asking) => asking,
         };
         Err(Unresolved::Ask {
             first: Box::new(first),
@@ -733,29 +755,33 @@ impl PgRecords {
         // Whether the store's role may end the transaction's session (until refused).
         let mut may_end = true;
         loop {
-            let status = client
-                .query_opt("select txid_status($1)", &[&txid])
-                .await
-                .map_err(db)?;
+            let status = in_time(
+                deadline,
+                client.query_opt("select txid_status($1)", &[&txid]),
+            )
+            .await?
+            .map_err(db)?;
             match status
                 .and_then(|row| row.get::<_, Option<String>>(0))
                 .as_deref()
             {
                 Some("committed") => {
-                    let bytes = client
-                        .query_opt(
+                    let bytes = in_time(
+                        deadline,
+                        client.query_opt(
                             "select bytes from runs where identity = $1 and run = $2",
                             &[&&*self.identity, &self.run.as_str()],
-                        )
-                        .await
-                        .map_err(db)?
-                        .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
+                        ),
+                    )
+                    .await?
+                    .map_err(db)?
+                    .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
                     return Ok(Ok(Some(bytes)));
                 }
                 Some("aborted") => return Ok(Ok(None)),
                 Some("in progress") if tokio::time::Instant::now() < deadline => {
                     if may_end {
-                        may_end = end_if_idle(client, txid).await?;
+                        may_end = end_if_idle(client, txid, deadline).await?;
                     }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(std::time::Duration::from_millis(500));
@@ -962,20 +988,20 @@ impl PgRecords {
 /// (`active`, through the COMMIT) is left to finish, and none found means the transaction
 /// has ended. `Ok(false)` when the store's role may not end sessions (see the module's
 /// doc): the caller then only waits.
-async fn end_if_idle(client: &tokio_postgres::Client, txid: i64) -> Result<bool, RecordError> {
+async fn end_if_idle(
+    client: &tokio_postgres::Client,
+    txid: i64,
+    deadline: tokio::time::Instant,
+) -> Result<bool, RecordError> {
     // `backend_xid` is the 32-bit transaction id; `txid` carries its epoch above it. An
     // id in progress is unique among the sessions without it.
-    let ended = client
-        .query(
-            &format!(
-                "select pg_terminate_backend(pid) from pg_stat_activity
-                 where backend_xid::text::bigint = $1 % 4294967296
-                     and state in ('idle in transaction', 'idle in transaction (aborted)')
-                     and state_change < clock_timestamp() - interval '{IDLE_BEFORE_END}'"
-            ),
-            &[&txid],
-        )
-        .await;
+    let sql = format!(
+        "select pg_terminate_backend(pid) from pg_stat_activity
+         where backend_xid::text::bigint = $1 % 4294967296
+             and state in ('idle in transaction', 'idle in transaction (aborted)')
+             and state_change < clock_timestamp() - interval '{IDLE_BEFORE_END}'"
+    );
+    let ended = in_time(deadline, client.query(&sql, &[&txid])).await?;
     match ended {
         Ok(_) => Ok(true),
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
@@ -983,6 +1009,19 @@ async fn end_if_idle(client: &tokio_postgres::Client, txid: i64) -> Result<bool,
         }
         Err(e) => Err(db(e)),
     }
+}
+
+/// `question` (one of [`PgRecords::resolve`]'s, or the connection it is asked on), given
+/// until [`ASK_WAIT`] from now or `deadline`, whichever comes first: its outcome, or
+/// [`RecordError::Unanswered`] when it has none by then.
+async fn in_time<T>(
+    deadline: tokio::time::Instant,
+    question: impl std::future::Future<Output = T>,
+) -> Result<T, RecordError> {
+    let wait = ASK_WAIT.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+    tokio::time::timeout(wait, question)
+        .await
+        .map_err(|_| RecordError::Unanswered(wait))
 }
 
 /// How a batch's transaction ended, short of success.

@@ -1477,6 +1477,9 @@ enum Cut {
     /// As [`Cut::Before`], then the message reaches the server this much later (a COMMIT
     /// in the server's socket, not yet read when the client finds its connection lost).
     Late(std::time::Duration),
+    /// The message and all after it, either way, are held, neither socket closed: the
+    /// connection falls silent without an error (a network path that drops everything).
+    Silent,
 }
 
 /// What a [`CommitCutter`] is armed with: each cut is taken by the first message holding
@@ -1562,6 +1565,10 @@ impl CommitCutter {
         };
         if cut == Cut::After {
             return;
+        }
+        if cut == Cut::Silent {
+            // Both held until the proxy's runtime goes.
+            std::future::pending::<()>().await;
         }
         drop(client);
         if let Cut::Late(after) = cut {
@@ -1737,6 +1744,47 @@ fn a_commit_the_server_reads_late_is_not_rolled_back() {
     assert_eq!(
         reopened.record(&stored).unwrap(),
         Some(text_result("c2", "committed late"))
+    );
+}
+
+/// A batch whose COMMIT's answer was lost, and whose first question to the database has
+/// no answer at all (its pooled connection silent, without an error), is asked again on a
+/// new connection after a few seconds: acknowledged when it committed. (Review: the
+/// question had no time limit and waited for TCP to give up, minutes, whatever
+/// `RESOLVE_WAIT`.)
+#[test]
+fn a_question_unanswered_after_a_lost_commit_is_asked_again_on_a_new_connection() {
+    use std::time::Duration;
+
+    use psych_types::{RecordSource, RecordStore, RunId};
+
+    let (name, _drop) = fresh_schema("resolve_silent");
+    let cutter = CommitCutter::start();
+    let store =
+        psych_store_postgres::PgBlocking::open(&format!("{}?schema={name}", cutter.url)).unwrap();
+    let run = RunId::new("r").unwrap();
+    let records = store.records("tenant", &run).unwrap();
+    cutter.arm("COMMIT", Cut::After);
+    cutter.arm("txid_status", Cut::Silent);
+    // On a thread of its own, so the test fails rather than hangs when it waits on.
+    let (sent, answer) = std::sync::mpsc::channel();
+    let appending = records.clone();
+    std::thread::spawn(move || {
+        let _ = sent.send(appending.append(&text_result("c1", "committed, answer lost")));
+    });
+    let stored = answer
+        .recv_timeout(Duration::from_secs(20))
+        .expect("answered within 20 s")
+        .unwrap();
+    assert!(
+        !cutter.armed(),
+        "the COMMIT was cut and the first question went unanswered"
+    );
+    assert_eq!(stored.seq, 0);
+    let reopened = store.records("tenant", &run).unwrap();
+    assert_eq!(
+        reopened.record(&stored).unwrap(),
+        Some(text_result("c1", "committed, answer lost"))
     );
 }
 
