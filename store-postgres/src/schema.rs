@@ -234,11 +234,13 @@ fn migration_lock(schema: &str) -> i64 {
 /// Brings `schema` to [`SCHEMA_VERSION`] on `client`, in one transaction under the
 /// schema's migration lock (the session's, released at the end), tried again when one of
 /// its statements could not lock its table within [`DDL_LOCK_WAIT`] or deadlocked (see the
-/// module's doc): the version found before; a newer schema this build may open (its
+/// module's doc): whether the lock was released. A newer schema this build may open (its
 /// `opens_from` at most [`SCHEMA_VERSION`]) is left as it is, and one it may not is
 /// [`OpenError::NewerSchema`]. On an error the lock may still be held: the caller drops
-/// the connection (and its pool), which releases it.
-pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<i64, OpenError> {
+/// the connection (and its pool), which releases it. An unlock that fails after the
+/// migration committed is not an error (the open has succeeded): `Ok(false)`, and the
+/// caller closes the connection rather than pool it, which releases the lock.
+pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<bool, OpenError> {
     let migrate = |source| OpenError::Migrate {
         schema: schema.to_owned(),
         source,
@@ -269,13 +271,14 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<i64, Op
             .await
             .map_err(migrate)?;
         match migrate_locked(&transaction, schema).await {
-            Ok(found) => {
+            Ok(_) => {
                 transaction.commit().await.map_err(migrate)?;
-                client
+                // A failed unlock does not fail the open: the migration is committed, and
+                // the lock goes with the session, which the caller ends.
+                let unlocked = client
                     .execute("select pg_advisory_unlock($1)", &[&lock])
-                    .await
-                    .map_err(migrate)?;
-                return Ok(found);
+                    .await;
+                return Ok(unlocked.is_ok());
             }
             Err(OpenError::Migrate { source, .. })
                 if tokio::time::Instant::now() < until && gives_way(&source) =>

@@ -1747,6 +1747,24 @@ fn a_commit_the_server_reads_late_is_not_rolled_back() {
     );
 }
 
+/// An open whose migration committed but whose connection is lost as it releases the
+/// migration lock has opened the store: the lock goes with the session. (Review: the
+/// failed `pg_advisory_unlock` failed the open, though the migration was committed.)
+#[test]
+fn a_failed_unlock_after_the_migration_committed_does_not_fail_the_open() {
+    use psych_types::{RecordStore, RunId};
+
+    let (name, _drop) = fresh_schema("unlock_lost");
+    let cutter = CommitCutter::start();
+    cutter.arm("pg_advisory_unlock", Cut::After);
+    let store =
+        psych_store_postgres::PgBlocking::open(&format!("{}?schema={name}", cutter.url)).unwrap();
+    assert!(!cutter.armed(), "the connection was cut at the unlock");
+    let run = RunId::new("r").unwrap();
+    let records = store.records("tenant", &run).unwrap();
+    assert_eq!(records.append(&text_result("c1", "stored")).unwrap().seq, 0);
+}
+
 /// A batch whose COMMIT's answer was lost, and whose first question to the database has
 /// no answer at all (its pooled connection silent, without an error), is asked again on a
 /// new connection after a few seconds: acknowledged when it committed. (Review: the
