@@ -133,7 +133,12 @@ pub enum RecordError {
     /// progress 30 s later (its session still working through the COMMIT, or idle in it
     /// and not the store's to end): it may or may not be (a later read tells); its handles
     /// were not acknowledged.
-    #[error("the connection was lost during COMMIT: the batch may or may not be stored")]
+    ///
+    /// Its source is why asking did not settle it; the COMMIT's error is in its text.
+    #[error(
+        "the connection was lost during COMMIT{}: the batch may or may not be stored",
+        in_parentheses(commit.as_ref().map(|e| e as &(dyn std::error::Error + 'static)))
+    )]
     InDoubt {
         /// The COMMIT's error (the connection lost; none when
         /// [`fail_next_commit`](PgRecords::fail_next_commit) made it up).
@@ -211,8 +216,11 @@ pub enum Unresolved {
     #[error("the database no longer knows its transaction")]
     Unknown,
     /// The database could not be asked: on a connection from the pool (`first`), then on
-    /// a new one (`again`, this error's source).
-    #[error("the database could not be asked whether it was stored, twice")]
+    /// a new one (`again`, this error's source; `first`, with its causes, is in the text).
+    #[error(
+        "the database could not be asked whether it was stored, twice{}",
+        in_parentheses(Some(&**first))
+    )]
     Ask {
         /// Why the first question failed.
         first: Box<RecordError>,
@@ -220,6 +228,26 @@ pub enum Unresolved {
         #[source]
         again: Box<RecordError>,
     },
+}
+
+/// ` (error: its cause: …)`, for an error that is in another's text and not in its chain
+/// of sources, or nothing for none. The chain stops at a tokio-postgres error, whose text
+/// already holds its cause.
+fn in_parentheses(error: Option<&(dyn std::error::Error + 'static)>) -> String {
+    use std::fmt::Write as _;
+
+    let Some(mut error) = error else {
+        return String::new();
+    };
+    let mut text = format!(" ({error}");
+    while error.downcast_ref::<tokio_postgres::Error>().is_none()
+        && let Some(source) = error.source()
+    {
+        let _ = write!(text, ": {source}");
+        error = source;
+    }
+    text.push(')');
+    text
 }
 
 /// A Run a sweep could not delete, and why.
@@ -2018,5 +2046,43 @@ impl ResultHead {
             name,
         };
         Ok(Some((target, info)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error's text and its sources', as a chain report shows them.
+    fn report(error: &dyn std::error::Error) -> String {
+        let mut text = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            text.push_str(" <- ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        text
+    }
+
+    /// A batch in doubt because both questions failed: the report shows the first
+    /// question's failure with its cause, and the second's, each once. (Review: the
+    /// first question's failure was in neither the text nor the chain.)
+    #[test]
+    fn an_in_doubt_report_shows_both_questions_failures_once() {
+        let error = RecordError::InDoubt {
+            commit: None,
+            unresolved: Unresolved::Ask {
+                first: Box::new(RecordError::Db(DbError::Malformed("first question"))),
+                again: Box::new(RecordError::Unanswered(std::time::Duration::from_secs(5))),
+            },
+        };
+        assert_eq!(
+            report(&error),
+            "the connection was lost during COMMIT: the batch may or may not be stored \
+             <- the database could not be asked whether it was stored, twice (the record \
+             store's database failed the request: the store's first question is malformed) \
+             <- the database did not answer within 5s"
+        );
     }
 }
