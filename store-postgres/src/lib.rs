@@ -191,8 +191,10 @@ impl PgStore {
             .build()
             .map_err(OpenError::Pool)?;
         let mut client = pool.get().await.map_err(OpenError::Connect)?;
-        schema::migrate(&mut client, &url.schema).await?;
-        drop(client);
+        if !schema::migrate(&mut client, &url.schema).await? {
+            // Its session may hold the migration lock still: closed, not pooled.
+            drop(deadpool_postgres::Object::take(client));
+        }
         Ok(Self {
             pool,
             schema: url.schema,

@@ -9,12 +9,15 @@
 //!   COMMIT leaves nothing; one whose COMMIT's answer was lost is resolved by asking the
 //!   database for its transaction's status (`txid_status`): stored and acknowledged, or
 //!   `NotStored`, or, when even that cannot be asked (on a pooled connection, then on a
-//!   new one), `InDoubt` ([`Unresolved`] says why). A transaction still in
-//!   progress is one of two. Its session idle in it (`pg_stat_activity`): the COMMIT
-//!   never reached the server (the connection was lost first, the usual case) and the
-//!   session would sit there until its `idle_in_transaction_session_timeout` (60 s), so
-//!   the store ends it (`pg_terminate_backend`), which rolls the transaction back:
-//!   `NotStored`, at once. Its session still working through the COMMIT the lost
+//!   new one, each question given [`ASK_WAIT`]), `InDoubt` ([`Unresolved`] says why). A transaction still in
+//!   progress is one of two. Its session idle in it (`pg_stat_activity`) for a second
+//!   ([`IDLE_BEFORE_END`]): the COMMIT never reached the server (the connection was lost
+//!   first, the usual case) and the session would sit there until its
+//!   `idle_in_transaction_session_timeout` (60 s), so the store ends it
+//!   (`pg_terminate_backend`), which rolls the transaction back: `NotStored`, within
+//!   about a second. (A session shows `idle in transaction` until it reads its next
+//!   message: idle for less, its COMMIT may be in its socket, not yet read, and is
+//!   left to arrive.) Its session still working through the COMMIT the lost
 //!   connection sent: waited for, up to [`RESOLVE_WAIT`], before it is `InDoubt`; told
 //!   so, a caller would append again a batch that then commits. Ending a session needs
 //!   the privileges of its role, as seeing its state does: the store's connections all
@@ -76,6 +79,20 @@ const SPILL_READ: usize = 1 << 20;
 /// one the store may not end), before it is [`InDoubt`](RecordError::InDoubt).
 const RESOLVE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How long the session of a batch whose COMMIT's answer was lost must have sat idle in
+/// its transaction before the store ends it, as a PostgreSQL interval. A session shows
+/// `idle in transaction` from its last answer until it reads its next message, so one
+/// idle for less may have the COMMIT in its socket, about to be read; one never sent it
+/// has been idle since before the connection was lost, so the wait costs it at most this.
+const IDLE_BEFORE_END: &str = "1 second";
+
+/// How long one of the questions after a lost COMMIT (or the connection it is asked on)
+/// waits for its answer, at most, before it counts as failed: a connection silent with
+/// no error (a network path that drops everything) would otherwise hold it until TCP gives
+/// up, minutes later. Within [`RESOLVE_WAIT`] (asked again on a new connection, a question
+/// is given this much even past it).
+const ASK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Why a record request failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -116,7 +133,12 @@ pub enum RecordError {
     /// progress 30 s later (its session still working through the COMMIT, or idle in it
     /// and not the store's to end): it may or may not be (a later read tells); its handles
     /// were not acknowledged.
-    #[error("the connection was lost during COMMIT: the batch may or may not be stored")]
+    ///
+    /// Its source is why asking did not settle it; the COMMIT's error is in its text.
+    #[error(
+        "the connection was lost during COMMIT{}: the batch may or may not be stored",
+        in_parentheses(commit.as_ref().map(|e| e as &(dyn std::error::Error + 'static)))
+    )]
     InDoubt {
         /// The COMMIT's error (the connection lost; none when
         /// [`fail_next_commit`](PgRecords::fail_next_commit) made it up).
@@ -138,6 +160,12 @@ pub enum RecordError {
     /// was made).
     #[error("the PostgreSQL store's runtime has shut down")]
     ShutDown,
+    /// A question after a lost COMMIT (whether the batch was stored), or the connection it
+    /// was to be asked on, had no answer within its time (at most 5 s): the
+    /// database is unreachable or the connection silent. Found only inside
+    /// [`Unresolved::Ask`].
+    #[error("the database did not answer within {0:?}")]
+    Unanswered(std::time::Duration),
     /// The Run was deleted by retention ([`PgBlocking::sweep`]): it is not opened again
     /// under its name (its handles would name other records), a writer that held it
     /// while its lease lapsed is told so rather than write under the deleted handles, and
@@ -188,8 +216,11 @@ pub enum Unresolved {
     #[error("the database no longer knows its transaction")]
     Unknown,
     /// The database could not be asked: on a connection from the pool (`first`), then on
-    /// a new one (`again`, this error's source).
-    #[error("the database could not be asked whether it was stored, twice")]
+    /// a new one (`again`, this error's source; `first`, with its causes, is in the text).
+    #[error(
+        "the database could not be asked whether it was stored, twice{}",
+        in_parentheses(Some(&**first))
+    )]
     Ask {
         /// Why the first question failed.
         first: Box<RecordError>,
@@ -197,6 +228,26 @@ pub enum Unresolved {
         #[source]
         again: Box<RecordError>,
     },
+}
+
+/// ` (error: its cause: …)`, for an error that is in another's text and not in its chain
+/// of sources, or nothing for none. The chain stops at a tokio-postgres error, whose text
+/// already holds its cause.
+fn in_parentheses(error: Option<&(dyn std::error::Error + 'static)>) -> String {
+    use std::fmt::Write as _;
+
+    let Some(mut error) = error else {
+        return String::new();
+    };
+    let mut text = format!(" ({error}");
+    while error.downcast_ref::<tokio_postgres::Error>().is_none()
+        && let Some(source) = error.source()
+    {
+        let _ = write!(text, ": {source}");
+        error = source;
+    }
+    text.push(')');
+    text
 }
 
 /// A Run a sweep could not delete, and why.
@@ -252,7 +303,7 @@ impl RecordError {
             RecordError::Spill { .. } => RecordFailure::Spill,
             RecordError::Db(DbError::Connect(_) | DbError::Open(_)) => RecordFailure::Unavailable,
             RecordError::Db(DbError::Query(e)) if unavailable(e) => RecordFailure::Unavailable,
-            RecordError::NotStored(_) => RecordFailure::Unavailable,
+            RecordError::NotStored(_) | RecordError::Unanswered(_) => RecordFailure::Unavailable,
             _ => RecordFailure::Store,
         }
     }
@@ -683,26 +734,36 @@ impl PgRecords {
     /// reused) and, when that question fails (the pooled connection hurt by what lost the
     /// COMMIT's), once more on a new connection of its own. `Ok(Some(bytes))` when it
     /// committed (the Run's bytes now), `Ok(None)` when it was rolled back. A transaction
-    /// in progress whose session sits idle in it (the COMMIT never reached the server) has
-    /// its session ended, which rolls it back ([`end_if_idle`]); one whose session is still
+    /// in progress whose session has sat idle in it for [`IDLE_BEFORE_END`] (the COMMIT
+    /// never reached the server) has its session ended, which rolls it back
+    /// ([`end_if_idle`]); one whose session is still
     /// working through the COMMIT is asked again, at growing intervals, until it ends or
-    /// [`RESOLVE_WAIT`] has passed. [`Unresolved`] when it is still in progress then, is
-    /// unknown to the database, or cannot be asked.
+    /// [`RESOLVE_WAIT`] has passed. Each question (and each connection) is given at most
+    /// [`ASK_WAIT`] (a silent connection is a failed question), within the wait; asked
+    /// again on a new connection, at least [`ASK_WAIT`] even past it: about 35 s in all, at
+    /// most. [`Unresolved`] when it is still in progress then, is unknown to the database,
+    /// or cannot be asked.
     async fn resolve(&self, txid: i64) -> Result<Option<u64>, Unresolved> {
         let deadline = tokio::time::Instant::now() + RESOLVE_WAIT;
-        let first = match self.client().await {
-            Ok(client) => match self.resolve_on(&client, txid, deadline).await {
+        let first = match in_time(deadline, self.client()).await {
+            Ok(Ok(client)) => match self.resolve_on(&client, txid, deadline).await {
                 Ok(answer) => return answer,
-                Err(asking) => asking,
+                Err(asking) => {
+                    // Not given back to the pool: it may be the silent one, or hold a
+                    // question still unanswered.
+                    drop(deadpool_postgres::Object::take(client));
+                    asking
+                }
             },
-            Err(asking) => asking,
+            Ok(Err(asking)) | Err(asking) => asking,
         };
-        let again = match self.connect().await {
-            Ok(client) => match self.resolve_on(&client, txid, deadline).await {
+        let deadline = deadline.max(tokio::time::Instant::now() + ASK_WAIT);
+        let again = match in_time(deadline, self.connect()).await {
+            Ok(Ok(client)) => match self.resolve_on(&client, txid, deadline).await {
                 Ok(answer) => return answer,
                 Err(asking) => asking,
             },
-            Err(asking) => asking,
+            Ok(Err(asking)) | Err(asking) => asking,
         };
         Err(Unresolved::Ask {
             first: Box::new(first),
@@ -722,29 +783,33 @@ impl PgRecords {
         // Whether the store's role may end the transaction's session (until refused).
         let mut may_end = true;
         loop {
-            let status = client
-                .query_opt("select txid_status($1)", &[&txid])
-                .await
-                .map_err(db)?;
+            let status = in_time(
+                deadline,
+                client.query_opt("select txid_status($1)", &[&txid]),
+            )
+            .await?
+            .map_err(db)?;
             match status
                 .and_then(|row| row.get::<_, Option<String>>(0))
                 .as_deref()
             {
                 Some("committed") => {
-                    let bytes = client
-                        .query_opt(
+                    let bytes = in_time(
+                        deadline,
+                        client.query_opt(
                             "select bytes from runs where identity = $1 and run = $2",
                             &[&&*self.identity, &self.run.as_str()],
-                        )
-                        .await
-                        .map_err(db)?
-                        .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
+                        ),
+                    )
+                    .await?
+                    .map_err(db)?
+                    .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
                     return Ok(Ok(Some(bytes)));
                 }
                 Some("aborted") => return Ok(Ok(None)),
                 Some("in progress") if tokio::time::Instant::now() < deadline => {
                     if may_end {
-                        may_end = end_if_idle(client, txid).await?;
+                        may_end = end_if_idle(client, txid, deadline).await?;
                     }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(std::time::Duration::from_millis(500));
@@ -943,23 +1008,28 @@ impl PgRecords {
 }
 
 /// While the transaction `txid` of a batch whose COMMIT's answer was lost is in progress:
-/// ends its session if that sits idle in it (`idle in transaction`, or `(aborted)`), so
-/// the COMMIT never reached it and never will, the connection being lost; the session's end
-/// rolls the transaction back, and the next `txid_status` says so. A session working on
+/// ends its session if that has sat idle in it (`idle in transaction`, or `(aborted)`)
+/// for [`IDLE_BEFORE_END`], so the COMMIT never reached it and never will, the connection
+/// being lost; the session's end rolls the transaction back, and the next `txid_status`
+/// says so. A session idle for less is left alone: the state holds until the session reads
+/// its next message, so the COMMIT may be in its socket still. A session working on
 /// (`active`, through the COMMIT) is left to finish, and none found means the transaction
 /// has ended. `Ok(false)` when the store's role may not end sessions (see the module's
 /// doc): the caller then only waits.
-async fn end_if_idle(client: &tokio_postgres::Client, txid: i64) -> Result<bool, RecordError> {
+async fn end_if_idle(
+    client: &tokio_postgres::Client,
+    txid: i64,
+    deadline: tokio::time::Instant,
+) -> Result<bool, RecordError> {
     // `backend_xid` is the 32-bit transaction id; `txid` carries its epoch above it. An
     // id in progress is unique among the sessions without it.
-    let ended = client
-        .query(
-            "select pg_terminate_backend(pid) from pg_stat_activity
-             where backend_xid::text::bigint = $1 % 4294967296
-                 and state in ('idle in transaction', 'idle in transaction (aborted)')",
-            &[&txid],
-        )
-        .await;
+    let sql = format!(
+        "select pg_terminate_backend(pid) from pg_stat_activity
+         where backend_xid::text::bigint = $1 % 4294967296
+             and state in ('idle in transaction', 'idle in transaction (aborted)')
+             and state_change < clock_timestamp() - interval '{IDLE_BEFORE_END}'"
+    );
+    let ended = in_time(deadline, client.query(&sql, &[&txid])).await?;
     match ended {
         Ok(_) => Ok(true),
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
@@ -967,6 +1037,19 @@ async fn end_if_idle(client: &tokio_postgres::Client, txid: i64) -> Result<bool,
         }
         Err(e) => Err(db(e)),
     }
+}
+
+/// `question` (one of [`PgRecords::resolve`]'s, or the connection it is asked on), given
+/// until [`ASK_WAIT`] from now or `deadline`, whichever comes first: its outcome, or
+/// [`RecordError::Unanswered`] when it has none by then.
+async fn in_time<T>(
+    deadline: tokio::time::Instant,
+    question: impl std::future::Future<Output = T>,
+) -> Result<T, RecordError> {
+    let wait = ASK_WAIT.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+    tokio::time::timeout(wait, question)
+        .await
+        .map_err(|_| RecordError::Unanswered(wait))
 }
 
 /// How a batch's transaction ended, short of success.
@@ -1963,5 +2046,43 @@ impl ResultHead {
             name,
         };
         Ok(Some((target, info)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error's text and its sources', as a chain report shows them.
+    fn report(error: &dyn std::error::Error) -> String {
+        let mut text = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            text.push_str(" <- ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        text
+    }
+
+    /// A batch in doubt because both questions failed: the report shows the first
+    /// question's failure with its cause, and the second's, each once. (Review: the
+    /// first question's failure was in neither the text nor the chain.)
+    #[test]
+    fn an_in_doubt_report_shows_both_questions_failures_once() {
+        let error = RecordError::InDoubt {
+            commit: None,
+            unresolved: Unresolved::Ask {
+                first: Box::new(RecordError::Db(DbError::Malformed("first question"))),
+                again: Box::new(RecordError::Unanswered(std::time::Duration::from_secs(5))),
+            },
+        };
+        assert_eq!(
+            report(&error),
+            "the connection was lost during COMMIT: the batch may or may not be stored \
+             <- the database could not be asked whether it was stored, twice (the record \
+             store's database failed the request: the store's first question is malformed) \
+             <- the database did not answer within 5s"
+        );
     }
 }

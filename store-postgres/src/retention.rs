@@ -132,8 +132,11 @@ impl Writers {
     pub(crate) fn renew_every(&self, every: Duration) -> bool {
         let every = every.min(RENEW_EVERY);
         let millis = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
-        self.every_millis.store(millis, Ordering::Release);
-        !self.renewing.load(Ordering::Acquire)
+        // SeqCst, here and in `hold`: each side writes one flag and reads the other's (a
+        // store-buffering pattern), which Release/Acquire lets both miss, so a renewal could
+        // start at the old interval while this answered that the new one took effect.
+        self.every_millis.store(millis, Ordering::SeqCst);
+        !self.renewing.load(Ordering::SeqCst)
     }
 
     /// Holds `run` of `identity` open (its lease renewed) until the hold drops; starts the
@@ -151,8 +154,8 @@ impl Writers {
             .unwrap_or_else(PoisonError::into_inner)
             .entry(key.clone())
             .or_insert(0) += 1;
-        if !self.renewing.swap(true, Ordering::AcqRel) {
-            let every = match self.every_millis.load(Ordering::Acquire) {
+        if !self.renewing.swap(true, Ordering::SeqCst) {
+            let every = match self.every_millis.load(Ordering::SeqCst) {
                 0 => RENEW_EVERY,
                 millis => Duration::from_millis(millis),
             };

@@ -24,10 +24,14 @@
 //! it go through), until [`MIGRATION_RETRIES_FOR`] has passed, before the open fails. A
 //! deadlock with a request (40P01) is tried again the same way. The advisory lock is the
 //! session's, held across the tries (released when the migration commits; a failed or
-//! cancelled open drops its pool, which ends the session), so no other replica's
+//! cancelled open drops its pool, which ends the session once its statement under way
+//! ends), so no other replica's
 //! migration takes the pauses: requests to a table being migrated wait at most about
 //! [`DDL_LOCK_WAIT`] at a time behind it, and then for the migration's own work once it
-//! has its lock.
+//! has its lock. A process killed mid-migration leaves no statement running on: the
+//! server checks every second ([`CHECK_CLIENT`]) that the client is still there, and
+//! ends the session when it is not (a rewrite of `runs` would otherwise run on to its
+//! end, unbounded, holding `runs` and the migration lock).
 //!
 //! A migration that alters `runs` also waits for a retention sweep under way
 //! ([`PgBlocking::sweep`](crate::PgBlocking::sweep)): the sweep reads the doomed Runs
@@ -60,6 +64,18 @@ const MIGRATION_RETRIES_FOR: Duration = Duration::from_secs(120);
 /// statement through. Not jittered: the session's advisory lock lets one migration of the
 /// schema try at a time, so there is no herd of replicas trying in step to spread.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// Has the server check, every second while one of the migration's statements runs
+/// (waits for locks included), that the client is still connected, and end the session
+/// if not (`client_connection_check_interval`, for the transaction): with the default, 0,
+/// it notices a lost client only when it next reads or writes, so a killed process's
+/// migration would run on, past any timeout (its statements have none). A server that
+/// refuses the setting (before PostgreSQL 14, or a platform without the check) goes
+/// without it.
+const CHECK_CLIENT: &str = "do $$ begin
+        perform set_config('client_connection_check_interval', '1s', true);
+    exception when undefined_object or invalid_parameter_value then null;
+    end $$";
 
 /// The newest schema version this build reads and writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -218,11 +234,13 @@ fn migration_lock(schema: &str) -> i64 {
 /// Brings `schema` to [`SCHEMA_VERSION`] on `client`, in one transaction under the
 /// schema's migration lock (the session's, released at the end), tried again when one of
 /// its statements could not lock its table within [`DDL_LOCK_WAIT`] or deadlocked (see the
-/// module's doc): the version found before; a newer schema this build may open (its
+/// module's doc): whether the lock was released. A newer schema this build may open (its
 /// `opens_from` at most [`SCHEMA_VERSION`]) is left as it is, and one it may not is
 /// [`OpenError::NewerSchema`]. On an error the lock may still be held: the caller drops
-/// the connection (and its pool), which releases it.
-pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<i64, OpenError> {
+/// the connection (and its pool), which releases it. An unlock that fails after the
+/// migration committed is not an error (the open has succeeded): `Ok(false)`, and the
+/// caller closes the connection rather than pool it, which releases the lock.
+pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<bool, OpenError> {
     let migrate = |source| OpenError::Migrate {
         schema: schema.to_owned(),
         source,
@@ -232,7 +250,8 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<i64, Op
     let transaction = client.transaction().await.map_err(migrate)?;
     transaction
         .batch_execute(&format!(
-            "set local lock_timeout = '{MIGRATION_WAIT}'; set local statement_timeout = 0"
+            "set local lock_timeout = '{MIGRATION_WAIT}'; set local statement_timeout = 0;
+             {CHECK_CLIENT}"
         ))
         .await
         .map_err(migrate)?;
@@ -246,18 +265,20 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<i64, Op
         let transaction = client.transaction().await.map_err(migrate)?;
         transaction
             .batch_execute(&format!(
-                "set local lock_timeout = '{DDL_LOCK_WAIT}'; set local statement_timeout = 0"
+                "set local lock_timeout = '{DDL_LOCK_WAIT}'; set local statement_timeout = 0;
+                 {CHECK_CLIENT}"
             ))
             .await
             .map_err(migrate)?;
         match migrate_locked(&transaction, schema).await {
-            Ok(found) => {
+            Ok(_) => {
                 transaction.commit().await.map_err(migrate)?;
-                client
+                // A failed unlock does not fail the open: the migration is committed, and
+                // the lock goes with the session, which the caller ends.
+                let unlocked = client
                     .execute("select pg_advisory_unlock($1)", &[&lock])
-                    .await
-                    .map_err(migrate)?;
-                return Ok(found);
+                    .await;
+                return Ok(unlocked.is_ok());
             }
             Err(OpenError::Migrate { source, .. })
                 if tokio::time::Instant::now() < until && gives_way(&source) =>
