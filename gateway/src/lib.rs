@@ -3601,7 +3601,7 @@ async fn serve_http(
     shared.settled(|g| g.calls == 0).await;
     // The calls' cancellation answers are on their way out (through a session's worker to
     // its POST's event stream, or a 2026-07-28 POST's own answer): each POST's place is
-    // held until its answer's body is sent, so they are let out, within a bound (a
+    // held until its answer's body is sent, so they are let out, within 2 s (a
     // listen stream's POST holds its place as long as it is open), before every session
     // and stream ends.
     let _ = tokio::time::timeout(ANSWERS_OUT_WITHIN, posts.drained()).await;
@@ -3636,7 +3636,7 @@ async fn close_idle_sessions(sessions: Arc<raw::RawSessions>) {
 
 /// How long a shutdown waits, once every call has ended, for the POSTs' answers on their
 /// way out to be sent before it ends the sessions and streams.
-const ANSWERS_OUT_WITHIN: Duration = Duration::from_secs(1);
+const ANSWERS_OUT_WITHIN: Duration = Duration::from_secs(2);
 
 /// How long the gateway waits for an idle session's worker to take its close.
 const SESSION_CLOSE_WITHIN: Duration = Duration::from_secs(10);

@@ -161,7 +161,7 @@ pub enum RecordError {
     #[error("the PostgreSQL store's runtime has shut down")]
     ShutDown,
     /// A question after a lost COMMIT (whether the batch was stored), or the connection it
-    /// was to be asked on, had no answer within its time (at most 5 s): the
+    /// was to be asked on, had no answer within its time (5 s): the
     /// database is unreachable or the connection silent. Found only inside
     /// [`Unresolved::Ask`].
     #[error("the database did not answer within {0:?}")]
@@ -231,23 +231,13 @@ pub enum Unresolved {
 }
 
 /// ` (error: its cause: …)`, for an error that is in another's text and not in its chain
-/// of sources, or nothing for none. The chain stops at a tokio-postgres error, whose text
-/// already holds its cause.
+/// of sources, or nothing for none: its whole chain, a cause its error's text already says
+/// not said again ([`psych_types::error_chain`]; a tokio-postgres error's text is its kind
+/// alone, its cause only a source).
 fn in_parentheses(error: Option<&(dyn std::error::Error + 'static)>) -> String {
-    use std::fmt::Write as _;
-
-    let Some(mut error) = error else {
-        return String::new();
-    };
-    let mut text = format!(" ({error}");
-    while error.downcast_ref::<tokio_postgres::Error>().is_none()
-        && let Some(source) = error.source()
-    {
-        let _ = write!(text, ": {source}");
-        error = source;
-    }
-    text.push(')');
-    text
+    error.map_or_else(String::new, |error| {
+        format!(" ({})", psych_types::error_chain(error))
+    })
 }
 
 /// A Run a sweep could not delete, and why.
@@ -303,7 +293,7 @@ impl RecordError {
             RecordError::Spill { .. } => RecordFailure::Spill,
             RecordError::Db(DbError::Connect(_) | DbError::Open(_)) => RecordFailure::Unavailable,
             RecordError::Db(DbError::Query(e)) if unavailable(e) => RecordFailure::Unavailable,
-            RecordError::NotStored(_) | RecordError::Unanswered(_) => RecordFailure::Unavailable,
+            RecordError::NotStored(_) => RecordFailure::Unavailable,
             _ => RecordFailure::Store,
         }
     }
@@ -738,14 +728,14 @@ impl PgRecords {
     /// never reached the server) has its session ended, which rolls it back
     /// ([`end_if_idle`]); one whose session is still
     /// working through the COMMIT is asked again, at growing intervals, until it ends or
-    /// [`RESOLVE_WAIT`] has passed. Each question (and each connection) is given at most
-    /// [`ASK_WAIT`] (a silent connection is a failed question), within the wait; asked
-    /// again on a new connection, at least [`ASK_WAIT`] even past it: about 35 s in all, at
-    /// most. [`Unresolved`] when it is still in progress then, is unknown to the database,
+    /// [`RESOLVE_WAIT`] has passed. Each question (and each connection) is given
+    /// [`ASK_WAIT`] (a silent connection is a failed question), the last one asked at the
+    /// wait's end; a failed question is asked again on a new connection: about 40 s in
+    /// all, at most. [`Unresolved`] when it is still in progress then, is unknown to the database,
     /// or cannot be asked.
     async fn resolve(&self, txid: i64) -> Result<Option<u64>, Unresolved> {
         let deadline = tokio::time::Instant::now() + RESOLVE_WAIT;
-        let first = match in_time(deadline, self.client()).await {
+        let first = match in_time(self.client()).await {
             Ok(Ok(client)) => match self.resolve_on(&client, txid, deadline).await {
                 Ok(answer) => return answer,
                 Err(asking) => {
@@ -758,7 +748,7 @@ impl PgRecords {
             Ok(Err(asking)) | Err(asking) => asking,
         };
         let deadline = deadline.max(tokio::time::Instant::now() + ASK_WAIT);
-        let again = match in_time(deadline, self.connect()).await {
+        let again = match in_time(self.connect()).await {
             Ok(Ok(client)) => match self.resolve_on(&client, txid, deadline).await {
                 Ok(answer) => return answer,
                 Err(asking) => asking,
@@ -783,24 +773,18 @@ impl PgRecords {
         // Whether the store's role may end the transaction's session (until refused).
         let mut may_end = true;
         loop {
-            let status = in_time(
-                deadline,
-                client.query_opt("select txid_status($1)", &[&txid]),
-            )
-            .await?
-            .map_err(db)?;
+            let status = in_time(client.query_opt("select txid_status($1)", &[&txid]))
+                .await?
+                .map_err(db)?;
             match status
                 .and_then(|row| row.get::<_, Option<String>>(0))
                 .as_deref()
             {
                 Some("committed") => {
-                    let bytes = in_time(
-                        deadline,
-                        client.query_opt(
-                            "select bytes from runs where identity = $1 and run = $2",
-                            &[&&*self.identity, &self.run.as_str()],
-                        ),
-                    )
+                    let bytes = in_time(client.query_opt(
+                        "select bytes from runs where identity = $1 and run = $2",
+                        &[&&*self.identity, &self.run.as_str()],
+                    ))
                     .await?
                     .map_err(db)?
                     .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
@@ -809,9 +793,11 @@ impl PgRecords {
                 Some("aborted") => return Ok(Ok(None)),
                 Some("in progress") if tokio::time::Instant::now() < deadline => {
                     if may_end {
-                        may_end = end_if_idle(client, txid, deadline).await?;
+                        may_end = end_if_idle(client, txid).await?;
                     }
-                    tokio::time::sleep(pause).await;
+                    // Never past the wait: the last look comes at its end.
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    tokio::time::sleep(pause.min(left)).await;
                     pause = (pause * 2).min(std::time::Duration::from_millis(500));
                 }
                 Some("in progress") => return Ok(Err(Unresolved::InProgress(RESOLVE_WAIT))),
@@ -1016,11 +1002,7 @@ impl PgRecords {
 /// (`active`, through the COMMIT) is left to finish, and none found means the transaction
 /// has ended. `Ok(false)` when the store's role may not end sessions (see the module's
 /// doc): the caller then only waits.
-async fn end_if_idle(
-    client: &tokio_postgres::Client,
-    txid: i64,
-    deadline: tokio::time::Instant,
-) -> Result<bool, RecordError> {
+async fn end_if_idle(client: &tokio_postgres::Client, txid: i64) -> Result<bool, RecordError> {
     // `backend_xid` is the 32-bit transaction id; `txid` carries its epoch above it. An
     // id in progress is unique among the sessions without it.
     let sql = format!(
@@ -1029,7 +1011,7 @@ async fn end_if_idle(
              and state in ('idle in transaction', 'idle in transaction (aborted)')
              and state_change < clock_timestamp() - interval '{IDLE_BEFORE_END}'"
     );
-    let ended = in_time(deadline, client.query(&sql, &[&txid])).await?;
+    let ended = in_time(client.query(&sql, &[&txid])).await?;
     match ended {
         Ok(_) => Ok(true),
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
@@ -1040,16 +1022,13 @@ async fn end_if_idle(
 }
 
 /// `question` (one of [`PgRecords::resolve`]'s, or the connection it is asked on), given
-/// until [`ASK_WAIT`] from now or `deadline`, whichever comes first: its outcome, or
+/// [`ASK_WAIT`] whatever is left of the resolution's wait (the wait decides only whether
+/// to ask again: a question asked near its end still gets its time): its outcome, or
 /// [`RecordError::Unanswered`] when it has none by then.
-async fn in_time<T>(
-    deadline: tokio::time::Instant,
-    question: impl std::future::Future<Output = T>,
-) -> Result<T, RecordError> {
-    let wait = ASK_WAIT.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-    tokio::time::timeout(wait, question)
+async fn in_time<T>(question: impl std::future::Future<Output = T>) -> Result<T, RecordError> {
+    tokio::time::timeout(ASK_WAIT, question)
         .await
-        .map_err(|_| RecordError::Unanswered(wait))
+        .map_err(|_| RecordError::Unanswered(ASK_WAIT))
 }
 
 /// How a batch's transaction ended, short of success.
@@ -2084,5 +2063,37 @@ mod tests {
              store's database failed the request: the store's first question is malformed) \
              <- the database did not answer within 5s"
         );
+    }
+
+    /// A tokio-postgres error's text is its kind alone ("error connecting to server"), its
+    /// cause a source: the COMMIT's error in an in-doubt report shows that cause too.
+    /// (Review: the text stopped at the kind.)
+    #[test]
+    fn an_in_doubt_report_shows_the_commits_error_with_its_cause() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let refused = runtime
+            .block_on(tokio_postgres::connect(
+                "host=127.0.0.1 port=1 connect_timeout=5",
+                tokio_postgres::NoTls,
+            ))
+            .err()
+            .unwrap_or_else(|| panic!("nothing listens on port 1"));
+        let cause = std::error::Error::source(&refused)
+            .map(ToString::to_string)
+            .unwrap_or_else(|| panic!("{refused} has a cause"));
+        let error = RecordError::InDoubt {
+            commit: Some(refused),
+            unresolved: Unresolved::Unknown,
+        };
+        let text = error.to_string();
+        assert!(
+            text.starts_with("the connection was lost during COMMIT (error connecting to server: "),
+            "{text}"
+        );
+        assert!(text.contains(&cause), "{text}");
+        assert_eq!(text.matches(&cause).count(), 1, "{text}");
     }
 }

@@ -301,6 +301,16 @@ async fn a_migration_whose_process_went_does_not_run_on() {
     let schema = Schema::fresh("migration_orphan").await;
     let key = migration_lock(&schema.name);
     let holder = client().await;
+    // The server checks a client is still there from PostgreSQL 14 on.
+    let version: i32 = holder
+        .query_one("select current_setting('server_version_num')::int", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if version < 140_000 {
+        eprintln!("skipped: PostgreSQL {version} does not check for a vanished client");
+        return;
+    }
     holder
         .execute("select pg_advisory_lock($1)", &[&key])
         .await
@@ -1737,7 +1747,7 @@ fn a_commit_the_server_reads_late_is_not_rolled_back() {
     let run = RunId::new("r").unwrap();
     let records = store.records("tenant", &run).unwrap();
     records.append(&text_result("c1", "before")).unwrap();
-    cutter.arm("COMMIT", Cut::Late(std::time::Duration::from_millis(300)));
+    cutter.arm("COMMIT", Cut::Late(std::time::Duration::from_millis(200)));
     let stored = records
         .append(&text_result("c2", "committed late"))
         .unwrap();
