@@ -226,7 +226,8 @@ enum Command {
         /// one answers that it expired).
         #[arg(long, value_name = "DAYS", default_value_t = 7, value_parser = clap::value_parser!(u64).range(1..))]
         retain_days: u64,
-        /// MiB of results kept per identity, the oldest segments deleted first.
+        /// MiB of results kept per identity (the segments' checkpoints counted with them), the
+        /// oldest segments deleted first.
         #[arg(long, value_name = "MIB", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
         retain_mib: u64,
         /// MiB of logged results one call may pass by reference (`{"$psych_result":

@@ -31,8 +31,9 @@
 //! first by default). Event streams (GETs in a session: rmcp keeps one and up to 32 more
 //! per session) are bounded apart: at most [`MAX_STREAMS`] open in all,
 //! [`MAX_LISTENS`](crate::MAX_LISTENS) within one session, and, when the gateway has
-//! tokens, two per session one identity may hold; past any a GET is answered `429 Too
-//! Many Requests`. A stream
+//! tokens, two per session one identity may hold (at least
+//! [`MAX_LISTENS`](crate::MAX_LISTENS)); past any a GET is answered `429 Too Many
+//! Requests`. A stream
 //! holds its count until its body is sent or dropped. (MCP 2026-07-28's
 //! `subscriptions/listen` streams, POSTs, are counted per identity apart, also up to
 //! [`MAX_LISTENS`](crate::MAX_LISTENS).) A request without a known token is answered 401
@@ -71,7 +72,8 @@ pub const MAX_CONNECTIONS: usize = 512;
 /// of [`MAX_CONNECTIONS`], so that streams held open leave places for requests. Within one
 /// session at most [`MAX_LISTENS`](crate::MAX_LISTENS); for one identity when the gateway
 /// has tokens (all its sessions together), two per session it may hold
-/// ([`GatewaySettings::max_sessions_per_identity`](crate::GatewaySettings::max_sessions_per_identity)).
+/// ([`GatewaySettings::max_sessions_per_identity`](crate::GatewaySettings::max_sessions_per_identity)),
+/// at least [`MAX_LISTENS`](crate::MAX_LISTENS).
 pub const MAX_STREAMS: usize = MAX_CONNECTIONS / 2;
 
 /// The most of a refused POST's body read to see whether it is a request: 64 KiB (a

@@ -123,7 +123,7 @@
 //!   [`MAX_REQUESTS`] POSTs in flight in all and [`MAX_REQUESTS_PER_SESSION`] in one
 //!   session (one more is answered `429 Too Many Requests`), [`MAX_STREAMS`] event streams
 //!   (GETs) in all, [`MAX_LISTENS`] in one session and two per session one identity may
-//!   hold,
+//!   hold (at least [`MAX_LISTENS`]),
 //!   each POST's body at most
 //!   4 MiB and [`MAX_REQUEST_STRUCTURAL_BYTES`] structural bytes (past either, `413
 //!   Payload Too Large`, with an error for the request's id when its first 4 KiB show one).
@@ -2351,10 +2351,11 @@ impl GatewaySettings {
     /// it has gone `idle` without a message either way and with no request in flight: a
     /// call running longer, with no progress to report, keeps its session. A client that
     /// vanished without deleting its session holds it no longer than this after its last
-    /// answer. [`SESSION_IDLE`] by default; `psych serve --session-idle-secs`.
+    /// answer. [`SESSION_IDLE`] by default; `psych serve --session-idle-secs`. At least
+    /// 1 s (less would close a session between a client's requests).
     #[must_use]
     pub fn session_idle(mut self, idle: Duration) -> Self {
-        self.session_idle = idle;
+        self.session_idle = idle.max(Duration::from_secs(1));
         self
     }
 
@@ -3283,7 +3284,8 @@ async fn refusing(
 }
 
 /// What a POST whose body is over 4 MiB is told (over stdio, a line that long is told
-/// "request too large", without the line's id).
+/// "request too large", for its request's id, found as the line goes by; a notification
+/// that long is dropped).
 const TOO_LARGE: &str = "request too large: over 4194304 bytes, more than the gateway reads";
 
 /// The answer to a POST whose body (beginning with `head`) was refused unparsed, past

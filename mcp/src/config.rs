@@ -51,9 +51,10 @@ pub enum ConfigError {
     /// The document is not an object with an `mcpServers` object inside.
     #[error("MCP config must be a JSON object with an \"mcpServers\" object: {0}")]
     Shape(&'static str),
-    /// An object gives one key twice: JSON readers keep one of the two (serde and
-    /// `JSON.parse` the last), so the other (a server's entry, its `allowTools`) would be
-    /// dropped without a word.
+    /// An object within `mcpServers` (or the document, for `mcpServers` itself) gives one
+    /// key twice: JSON readers keep one of the two (serde and `JSON.parse` the last), so
+    /// the other (a server's entry, its `allowTools`) would be dropped without a word. Keys
+    /// repeated elsewhere in the file (a client's own settings) are that client's.
     #[error("MCP config: {path} is given twice; keep one of the two")]
     RepeatedKey {
         /// Where: the keys from the top down to the repeated one (`mcpServers.github`).
@@ -527,9 +528,10 @@ impl McpConfig {
     }
 }
 
-/// The path (`mcpServers.github`) of the first key an object of `text` gives twice, if
-/// any; `text` is JSON (a second pass over it: a map keeps one of a repeated key's values
-/// and cannot tell).
+/// The path (`mcpServers.github`) of the first key an object of `text`'s `mcpServers`
+/// gives twice (or `mcpServers` itself, given twice), if any; `text` is JSON (a second
+/// pass over it: a map keeps one of a repeated key's values and cannot tell). The rest of
+/// the file is its client's.
 fn repeated_key(text: &str) -> Option<String> {
     use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
     use std::cell::RefCell;
@@ -589,7 +591,12 @@ fn repeated_key(text: &str) -> Option<String> {
                 } else {
                     format!("{}.{key}", self.path)
                 };
-                if !keys.insert(key) {
+                // Within `mcpServers` only: the rest of a client's file (Claude Desktop's
+                // own settings) is that client's to read.
+                let ours = path == "mcpServers"
+                    || path.starts_with("mcpServers.")
+                    || path.starts_with("mcpServers[");
+                if !keys.insert(key) && ours {
                     self.found.borrow_mut().get_or_insert(path.clone());
                 }
                 map.next_value_seed(Walk {
@@ -1044,8 +1051,10 @@ mod tests {
             error,
             "MCP config: mcpServers.a is given twice; keep one of the two"
         );
-        // The same key in two objects is two keys.
+        // The same key in two objects is two keys; a key repeated outside `mcpServers` is
+        // the client's own file's.
         parse(r#"{"mcpServers": {"a": {"command": "x"}, "b": {"command": "x"}}}"#).unwrap();
+        parse(r#"{"theme": "dark", "theme": "light", "mcpServers": {}}"#).unwrap();
     }
 
     #[test]

@@ -730,7 +730,7 @@ impl PgRecords {
     /// working through the COMMIT is asked again, at growing intervals, until it ends or
     /// [`RESOLVE_WAIT`] has passed. Each question (and each connection) is given
     /// [`ASK_WAIT`] (a silent connection is a failed question), the last one asked at the
-    /// wait's end; a failed question is asked again on a new connection: about 40 s in
+    /// wait's end; a failed question is asked again on a new connection: about 50 s in
     /// all, at most. [`Unresolved`] when it is still in progress then, is unknown to the database,
     /// or cannot be asked.
     async fn resolve(&self, txid: i64) -> Result<Option<u64>, Unresolved> {
