@@ -42,6 +42,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::budget::SpillBudget;
+use crate::ending::{Ended, Ending, answered};
 use crate::events::{ChangeCause, EventQueue, McpEvent};
 use crate::listing::{Listing, ListingBound, MAX_CURSOR_BYTES, MAX_LISTING_PAGES, read_page};
 use crate::remote;
@@ -127,6 +128,8 @@ pub(crate) struct Session {
     /// Sees every message of the transport: keeps raw results, routes progress, counts
     /// tools changes.
     tap: Arc<Tap>,
+    /// Whether rmcp's serve loop has ended: a request waiting then is answered by nothing.
+    ended: Ended,
     /// Why the session is lost, once a request found it gone (shared with a probe's task).
     lost: Arc<Lost>,
     /// The `subscriptions/listen` task of a server of 2026-07-28 (none for an earlier one):
@@ -201,7 +204,7 @@ impl Session {
             server: server.clone(),
             events: Arc::clone(&events),
         };
-        let (service, child, tap) = match transport {
+        let (service, child, tap, ended) = match transport {
             Transport::Stdio {
                 command,
                 args,
@@ -222,6 +225,7 @@ impl Session {
                 }
                 let (child, transport) = Child::spawn(server, &spec)?;
                 let tap = transport.tap();
+                let (transport, ended) = Ending::new(transport);
                 let served = tokio::select! {
                     served = tokio::time::timeout(
                         timeouts.connect,
@@ -233,7 +237,7 @@ impl Session {
                     }
                 };
                 match served {
-                    Ok(Ok(service)) => (service, Some(child), tap),
+                    Ok(Ok(service)) => (service, Some(child), tap, ended),
                     Ok(Err(error)) => {
                         let error = init_error(server, error, Some(&child)).await;
                         child.terminate(timeouts.shutdown_grace).await;
@@ -257,6 +261,7 @@ impl Session {
                 let transport = remote::transport(server, url, headers, client, Arc::clone(&tap))?;
                 // The server's own requests are bounded as a stdio server's are.
                 let transport = crate::server_requests::Counted::new(transport);
+                let (transport, ended) = Ending::new(transport);
                 let served = tokio::select! {
                     served = tokio::time::timeout(
                         timeouts.connect,
@@ -265,7 +270,7 @@ impl Session {
                     () = stopped(&mut stop) => return Err(McpError::ShutDown),
                 };
                 match served {
-                    Ok(Ok(service)) => (service, None, tap),
+                    Ok(Ok(service)) => (service, None, tap, ended),
                     Ok(Err(error)) => return Err(init_error(server, error, None).await),
                     Err(_) => {
                         return Err(McpError::Timeout {
@@ -286,6 +291,7 @@ impl Session {
             service: tokio::sync::Mutex::new(Some(service)),
             child,
             tap,
+            ended,
             lost: Arc::default(),
             listener: Mutex::new(None),
         });
@@ -466,7 +472,7 @@ impl Session {
                 id: handle.id.clone(),
                 reason: "listing abandoned by the caller",
             };
-            let result = handle.await_response().await;
+            let result = answered(handle.await_response(), self.ended.clone()).await;
             guard.peer = None;
             let raw = match claim.take() {
                 // An answer came that the transport could not deliver (over its memory
@@ -614,7 +620,7 @@ impl Session {
             id: handle.id.clone(),
             reason: "request abandoned by the caller",
         };
-        let response = handle.await_response();
+        let response = answered(handle.await_response(), self.ended.clone());
         tokio::pin!(response);
         let mut until = self.call_deadline(started, deadline);
         let result = loop {
@@ -823,21 +829,22 @@ impl Session {
         let peer = self.peer.clone();
         let lost = Arc::clone(&self.lost);
         let reason = reason.to_owned();
+        let ended = self.ended.clone();
         let verdict = tokio::spawn(async move {
             #[cfg(test)]
             tests::probe_gate().await;
             let ping = ClientRequest::PingRequest(rmcp::model::PingRequest::default());
-            let answered = match peer
+            let pong = match peer
                 .send_request_with_option(ping, PeerRequestOptions::with_timeout(wait))
                 .await
             {
-                Ok(handle) => handle.await_response().await.is_ok(),
+                Ok(handle) => answered(handle.await_response(), ended).await.is_ok(),
                 Err(_) => false,
             };
-            if !answered {
+            if !pong {
                 lost.mark(&reason);
             }
-            answered
+            pong
         });
         verdict.await.unwrap_or(false)
     }

@@ -105,6 +105,7 @@
 mod budget;
 mod config;
 mod connection;
+mod ending;
 mod error;
 mod events;
 mod in_flight;
