@@ -552,6 +552,15 @@ pub(crate) enum Refused {
     Identity(usize),
 }
 
+impl Refused {
+    /// The bound that refused.
+    pub(crate) fn limit(self) -> usize {
+        match self {
+            Self::Total(limit) | Self::Session(limit) | Self::Identity(limit) => limit,
+        }
+    }
+}
+
 impl Admission {
     /// Counts with the gateway's bounds.
     pub(crate) fn new() -> Arc<Self> {
@@ -664,18 +673,15 @@ impl Drop for Admitted {
 /// The answer to a POST refused by `refused`: 429, with a JSON-RPC error without an `id`
 /// (the body was not read) and `Retry-After: 1`.
 pub(crate) fn too_many(refused: Refused) -> hyper::Response<HttpBody> {
-    let (message, limit) = match refused {
-        Refused::Total(limit) => (
-            format!("too many requests in flight: the gateway handles {limit} at once"),
-            limit,
-        ),
-        Refused::Session(limit) => (session_busy(limit), limit),
-        Refused::Identity(limit) => (
-            format!(
-                "too many requests in flight: an identity may have {limit} at once, all its \
-                 sessions together"
-            ),
-            limit,
+    let limit = refused.limit();
+    let message = match refused {
+        Refused::Total(_) => {
+            format!("too many requests in flight: the gateway handles {limit} at once")
+        }
+        Refused::Session(_) => session_busy(limit),
+        Refused::Identity(_) => format!(
+            "too many requests in flight: an identity may have {limit} at once, all its \
+             sessions together"
         ),
     };
     retry_after(busy_error(
@@ -689,24 +695,17 @@ pub(crate) fn too_many(refused: Refused) -> hyper::Response<HttpBody> {
 /// The answer to a GET (an event stream) past a bound of [`Admission::streams`]:
 /// `429 Too Many Requests`, saying which.
 pub(crate) fn too_many_streams(refused: Refused) -> hyper::Response<HttpBody> {
-    let (message, limit) = match refused {
-        Refused::Total(limit) => (
-            format!("too many event streams open: the gateway keeps {limit} at once"),
-            limit,
+    let limit = refused.limit();
+    let message = match refused {
+        Refused::Total(_) => {
+            format!("too many event streams open: the gateway keeps {limit} at once")
+        }
+        Refused::Session(_) => format!(
+            "too many event streams open: a session may have {limit} at once; close one first"
         ),
-        Refused::Session(limit) => (
-            format!(
-                "too many event streams open: a session may have {limit} at once; close one \
-                 first"
-            ),
-            limit,
-        ),
-        Refused::Identity(limit) => (
-            format!(
-                "too many event streams open: an identity may have {limit} at once, all its \
-                 sessions together; close one first"
-            ),
-            limit,
+        Refused::Identity(_) => format!(
+            "too many event streams open: an identity may have {limit} at once, all its \
+             sessions together; close one first"
         ),
     };
     retry_after(busy_error(

@@ -231,6 +231,16 @@ fn migration_lock(schema: &str) -> i64 {
     i64::from_le_bytes(psych_types::fnv1a(name.as_bytes(), 0).to_le_bytes())
 }
 
+/// The settings of a migration's transaction: its locks waited for `lock_wait` (a
+/// PostgreSQL interval), its statements not cut by the connection's `statement_timeout`,
+/// and a vanished opener noticed within a second ([`CHECK_CLIENT`]).
+fn migration_settings(lock_wait: &str) -> String {
+    format!(
+        "set local lock_timeout = '{lock_wait}'; set local statement_timeout = 0;
+         {CHECK_CLIENT}"
+    )
+}
+
 /// Brings `schema` to [`SCHEMA_VERSION`] on `client`, in one transaction under the
 /// schema's migration lock (the session's, released at the end), tried again when one of
 /// its statements could not lock its table within [`DDL_LOCK_WAIT`] or deadlocked (see the
@@ -249,10 +259,7 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<bool, O
     // Taken in a transaction for its settings, held by the session past its commit.
     let transaction = client.transaction().await.map_err(migrate)?;
     transaction
-        .batch_execute(&format!(
-            "set local lock_timeout = '{MIGRATION_WAIT}'; set local statement_timeout = 0;
-             {CHECK_CLIENT}"
-        ))
+        .batch_execute(&migration_settings(MIGRATION_WAIT))
         .await
         .map_err(migrate)?;
     transaction
@@ -264,10 +271,7 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<bool, O
     loop {
         let transaction = client.transaction().await.map_err(migrate)?;
         transaction
-            .batch_execute(&format!(
-                "set local lock_timeout = '{DDL_LOCK_WAIT}'; set local statement_timeout = 0;
-                 {CHECK_CLIENT}"
-            ))
+            .batch_execute(&migration_settings(DDL_LOCK_WAIT))
             .await
             .map_err(migrate)?;
         match migrate_locked(&transaction, schema).await {
