@@ -128,7 +128,8 @@ pub(crate) struct Session {
     /// Sees every message of the transport: keeps raw results, routes progress, counts
     /// tools changes.
     tap: Arc<Tap>,
-    /// Whether rmcp's serve loop has ended: a request waiting then is answered by nothing.
+    /// Whether rmcp has closed this session's transport (after its serve loop, and what it
+    /// drains after it): a request still waiting then is answered by nothing.
     ended: Ended,
     /// Why the session is lost, once a request found it gone (shared with a probe's task).
     lost: Arc<Lost>,
@@ -469,6 +470,7 @@ impl Session {
             // page has its outcome (rmcp cancels a page past its own deadline itself).
             let mut guard = CancelOnDrop {
                 peer: Some(self.peer.clone()),
+                ended: self.ended.clone(),
                 id: handle.id.clone(),
                 reason: "listing abandoned by the caller",
             };
@@ -617,6 +619,7 @@ impl Session {
         });
         let mut guard = CancelOnDrop {
             peer: Some(self.peer.clone()),
+            ended: self.ended.clone(),
             id: handle.id.clone(),
             reason: "request abandoned by the caller",
         };
@@ -1075,6 +1078,9 @@ fn later(at: Instant, by: Duration) -> Instant {
 
 struct CancelOnDrop {
     peer: Option<Peer<RoleClient>>,
+    /// The session's end: the notification's send is given up then (it could otherwise
+    /// wait for good, holding the session's queue; see [`crate::ending`]).
+    ended: Ended,
     id: RequestId,
     /// What the notification tells the server.
     reason: &'static str,
@@ -1087,15 +1093,20 @@ impl Drop for CancelOnDrop {
         };
         let id = self.id.clone();
         let reason = self.reason;
+        let mut ended = self.ended.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let notification = CancelledNotification::new(CancelledNotificationParam::new(
                     Some(id),
                     Some(reason.into()),
                 ));
-                let _ = peer
-                    .send_notification(ClientNotification::CancelledNotification(notification))
-                    .await;
+                let send =
+                    peer.send_notification(ClientNotification::CancelledNotification(notification));
+                tokio::select! {
+                    biased;
+                    _ = send => {}
+                    () = ended.wait() => {}
+                }
             });
         }
     }
