@@ -531,6 +531,8 @@ pub(crate) struct Admission {
     session_limit: usize,
     identity_limit: usize,
     counts: Mutex<Counts>,
+    /// Told each time the count comes back to none ([`Admission::drained`]).
+    emptied: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -583,6 +585,7 @@ impl Admission {
             session_limit: crate::MAX_LISTENS,
             identity_limit: identity_sessions.saturating_mul(2).max(crate::MAX_LISTENS),
             counts: Mutex::new(Counts::default()),
+            emptied: tokio::sync::Notify::new(),
         })
     }
 
@@ -593,6 +596,7 @@ impl Admission {
             session_limit: key_limit,
             identity_limit: key_limit,
             counts: Mutex::new(Counts::default()),
+            emptied: tokio::sync::Notify::new(),
         })
     }
 
@@ -635,11 +639,19 @@ impl Admission {
             .total
     }
 
-    /// Returns once none is counted in (looked at every 20 ms): for a shutdown that lets
-    /// the answers on their way out be sent. Cancel-safe (it only looks).
+    /// Returns once none is counted in (woken as the last place is given back): for a
+    /// shutdown that lets the answers on their way out be sent. Cancel-safe (it only
+    /// looks and waits).
     pub(crate) async fn drained(&self) {
-        while self.total() > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        loop {
+            // Listening before looking, so that a place given back between the two wakes it.
+            let emptied = self.emptied.notified();
+            let mut emptied = std::pin::pin!(emptied);
+            emptied.as_mut().enable();
+            if self.total() == 0 {
+                return;
+            }
+            emptied.await;
         }
     }
 }
@@ -666,6 +678,9 @@ impl Drop for Admitted {
                     counts.sessions.remove(key);
                 }
             }
+        }
+        if counts.total == 0 {
+            self.admission.emptied.notify_waiters();
         }
     }
 }
@@ -980,6 +995,31 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
+
+    /// `drained` waits while a place is held and returns as the last is given back (two
+    /// held, given back one after the other), and at once when none is.
+    #[tokio::test]
+    async fn drained_returns_as_the_last_place_is_given_back() {
+        let admission = Admission::with_limits(5, 2);
+        tokio::time::timeout(Duration::from_secs(5), admission.drained())
+            .await
+            .expect("none held: at once");
+        let first = admission.admit(Vec::new()).unwrap();
+        let second = admission.admit(Vec::new()).unwrap();
+        let waiting = tokio::spawn({
+            let admission = Arc::clone(&admission);
+            async move { admission.drained().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(first);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "one place still held");
+        drop(second);
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("woken as the last place came back")
+            .unwrap();
+    }
 
     #[test]
     fn posts_past_either_bound_are_refused_and_places_come_back() {
