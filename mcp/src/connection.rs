@@ -153,7 +153,9 @@ impl Lost {
             *lost = Some(reason.to_owned());
         }
         drop(lost);
-        self.signal.notify_one();
+        // Every waiter: a session's loss may be awaited in more than one place at once
+        // (its supervisor, a lazy request that found it lost at its start).
+        self.signal.notify_waiters();
     }
 
     /// The reason, once the session is lost.
@@ -793,7 +795,7 @@ impl Session {
                     // was a 429 or the session still answers a ping (the probe marks it
                     // lost itself when it does not).
                     if let Some(refusal) = refusal
-                        && !self.peer.is_transport_closed()
+                        && !self.transport_gone()
                         && (refusal.rate_limited || self.probe(&lost).await)
                     {
                         return McpError::Protocol {
@@ -859,15 +861,28 @@ impl Session {
     /// Whether the connection is known lost now (a request found it gone, or the
     /// transport closed), before [`Session::lost`] has said why.
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.reason().is_some() || self.peer.is_transport_closed()
+        self.lost.reason().is_some() || self.transport_gone()
+    }
+
+    /// Whether rmcp's serve loop is over: it has closed (or dropped) the transport, after
+    /// which no answer comes (see [`crate::ending`]). Seen as rmcp begins the close, which
+    /// may wait (a stdio server's stdin is closed only once a send blocked on it gives it
+    /// up), and before rmcp's request queue closes, which it does only after the close.
+    fn transport_gone(&self) -> bool {
+        self.ended.is_ended() || self.peer.is_transport_closed()
     }
 
     /// Resolves when the connection is lost, with the reason: the process exited, the
-    /// transport closed, or a request found it gone.
+    /// transport closed, or a request found it gone. Woken by each of the three, not
+    /// polled.
     pub(crate) async fn lost(&self) -> String {
         let mut exit = self.child.as_ref().map(Child::exit_watch);
-        let mut poll = tokio::time::interval(Duration::from_millis(100));
+        let mut ended = self.ended.clone();
         loop {
+            // Listening before the look: a mark between the two still wakes this.
+            let marked = self.lost.signal.notified();
+            let mut marked = std::pin::pin!(marked);
+            marked.as_mut().enable();
             if let Some(reason) = self.lost.reason() {
                 return reason;
             }
@@ -884,7 +899,7 @@ impl Session {
                 }
                 return reason;
             }
-            if self.peer.is_transport_closed() {
+            if self.transport_gone() {
                 // A stdio server's output closes as it exits, and the two are seen in
                 // either order: its exit status, when it comes within EXIT_REPORT_WAIT,
                 // says more than the closed pipe (the next turn of the loop reports it).
@@ -902,8 +917,8 @@ impl Session {
                 continue;
             }
             tokio::select! {
-                () = self.lost.signal.notified() => {}
-                _ = poll.tick() => {}
+                () = marked => {}
+                () = ended.wait() => {}
                 Some(()) = async {
                     match exit.as_mut() {
                         Some(exit) => exit.changed().await.ok(),
@@ -1454,6 +1469,53 @@ mod tests {
         serving.abort();
     }
 
+    /// A stdio server that closes its output while a send to it is blocked (it reads no
+    /// more, and its stdin's pipe is full) and lives on. rmcp's serve loop ends, but its
+    /// close of the transport waits for the blocked send, and its request queue stays
+    /// open until the close is done: the session is still seen lost, with no request to
+    /// find it out, so that its supervisor reconnects.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_whose_close_waits_for_a_blocked_send_is_seen_lost() {
+        // After its listing it reads one line (the call to `hold`) and no more; three
+        // seconds on it closes its output and sleeps, its stdin open.
+        let transport = scripted_server(
+            &[page(&["hold", "big"], None)],
+            "read -r line\nsleep 3\nexec 1>&-\nexec sleep 600\n",
+        );
+        let (session, _) = connect(
+            "stuck",
+            &transport,
+            timeouts(),
+            crate::DEFAULT_MAX_LISTING_BYTES,
+        )
+        .await;
+        let round = InputRound::default();
+        let held = session
+            .call(
+                "hold",
+                JsonObject::new(),
+                &round,
+                Duration::from_millis(200),
+                None,
+            )
+            .await;
+        assert!(matches!(held, Err(McpError::Timeout { .. })), "{held:?}");
+        // A MiB the server never reads: the send blocks on the full pipe, holding stdin,
+        // after its caller has given up.
+        let mut arguments = JsonObject::new();
+        arguments.insert("text".into(), "x".repeat(1 << 20).into());
+        let big = session
+            .call("big", arguments, &round, Duration::from_millis(300), None)
+            .await;
+        assert!(matches!(big, Err(McpError::Timeout { .. })), "{big:?}");
+        let reason = tokio::time::timeout(Duration::from_secs(20), session.lost())
+            .await
+            .expect("the session is seen lost with no request to find it");
+        assert_eq!(reason, "the connection closed");
+        assert!(session.is_lost());
+        session.close().await;
+    }
+
     /// One `tools/list` answer of [`paged_server`]: the tools on the page (`a`, `b`, …),
     /// with the cursor `next`, or a JSON-RPC error, after a `list_changed` when `announce`
     /// (and after `slow` seconds).
@@ -1503,6 +1565,11 @@ mod tests {
     /// the `tools/list` requests with `pages` in turn (the first of them the connection's
     /// listing), then reads and never answers.
     fn paged_server(pages: &[Page]) -> Transport {
+        scripted_server(pages, "while read -r line; do :; done\n")
+    }
+
+    /// As [`paged_server`], then runs `rest` (shell).
+    fn scripted_server(pages: &[Page], rest: &str) -> Transport {
         let mut script = String::from(
             r#"
             answer() { read -r line; id=$(printf '%s' "$line" | sed 's/.*"id":\([0-9]*\).*/\1/'); }
@@ -1542,7 +1609,7 @@ mod tests {
                 "printf '{{\"jsonrpc\":\"2.0\",\"id\":%s,{result}}}\\n' \"$id\"\n"
             ));
         }
-        script.push_str("while read -r line; do :; done\n");
+        script.push_str(rest);
         Transport::Stdio {
             command: "sh".into(),
             args: vec!["-c".into(), script],

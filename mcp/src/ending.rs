@@ -47,6 +47,12 @@ impl<T> Ending<T> {
 }
 
 impl Ended {
+    /// Whether the transport is closed or dropped now.
+    pub(crate) fn is_ended(&self) -> bool {
+        // An error is the sender dropped: the transport is gone.
+        *self.0.borrow() || self.0.has_changed().is_err()
+    }
+
     /// Resolves once the transport is closed or dropped.
     pub(crate) async fn wait(&mut self) {
         // An error is the sender dropped: the transport is gone.
@@ -83,8 +89,7 @@ pub(crate) async fn answered<R>(
     response: impl Future<Output = Result<R, ServiceError>>,
     mut ended: Ended,
 ) -> Result<R, ServiceError> {
-    let response = std::pin::pin!(response);
-    let mut response = response;
+    let mut response = std::pin::pin!(response);
     tokio::select! {
         biased;
         result = &mut response => result,
@@ -135,6 +140,20 @@ mod tests {
         async fn close(&mut self) -> Result<(), Self::Error> {
             Ok(())
         }
+    }
+
+    /// The end is seen at once, without waiting: false while the transport is open, true
+    /// once it is closed, and once it is dropped.
+    #[tokio::test]
+    async fn the_end_is_seen_when_closed_and_when_dropped() {
+        let (mut transport, ended) = Ending::new(Quiet);
+        assert!(!ended.is_ended());
+        transport.close().await.unwrap();
+        assert!(ended.is_ended());
+        let (transport, ended) = Ending::new(Quiet);
+        let seen = ended.clone();
+        drop(transport);
+        assert!(ended.is_ended() && seen.is_ended());
     }
 
     /// A wait whose answer will never come (its sender kept, as rmcp's queue keeps one it
