@@ -14,9 +14,9 @@
 //! node_modules`); without them these tests fail saying so. Every script run is bounded in
 //! time, so a hang fails.
 //!
-//! Only the 2025 era (`--mode legacy`, a session) is tested: the gateway does not serve
-//! 2026-07-28 per request yet (issue 29). [`real_client_scenario`] takes the mode, so the
-//! modern tests are one line each once it does.
+//! Each SDK runs the scenario in both eras: `--mode legacy` (2025-11-25: `initialize` and a
+//! session) and `--mode modern` (2026-07-28, pinned: per-request `_meta`, no session,
+//! `subscriptions/listen`).
 
 #![allow(
     clippy::unwrap_used,
@@ -60,10 +60,6 @@ enum Mode {
     /// The 2025 era: `initialize` and a session.
     Legacy,
     /// 2026-07-28, pinned: per-request `_meta`, no session, `subscriptions/listen`.
-    #[allow(
-        dead_code,
-        reason = "written, not enabled: the gateway does not serve 2026-07-28 yet (issue 29)"
-    )]
     Modern,
 }
 
