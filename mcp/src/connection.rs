@@ -128,8 +128,9 @@ pub(crate) struct Session {
     /// Sees every message of the transport: keeps raw results, routes progress, counts
     /// tools changes.
     tap: Arc<Tap>,
-    /// Whether rmcp has closed this session's transport (after its serve loop, and what it
-    /// drains after it): a request still waiting then is answered by nothing.
+    /// Whether rmcp has begun to close this session's transport (after its serve loop, and
+    /// what it drains after it), or dropped it: a request still waiting then is answered
+    /// by nothing.
     ended: Ended,
     /// Why the session is lost, once a request found it gone (shared with a probe's task).
     lost: Arc<Lost>,
@@ -327,7 +328,7 @@ impl Session {
             Ok(listing) => {
                 if let Some(first) = first {
                     let task = tokio::spawn(listen(
-                        session.peer.clone(),
+                        (session.peer.clone(), session.ended.clone()),
                         server.clone(),
                         events,
                         first,
@@ -858,8 +859,8 @@ impl Session {
         self.lost.mark(reason);
     }
 
-    /// Whether the connection is known lost now (a request found it gone, or the
-    /// transport closed), before [`Session::lost`] has said why.
+    /// Whether the connection is known lost now (a request found it gone, or rmcp has
+    /// begun to close the transport), before [`Session::lost`] has said why.
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.reason().is_some() || self.transport_gone()
     }
@@ -986,12 +987,13 @@ async fn open_listen(peer: &Peer<RoleClient>, deadline: Duration) -> Listen {
 /// wait that doubles from [`LISTEN_RETRY_FIRST`] to [`LISTEN_RETRY_MAX`]; each stream
 /// opened after the first listing is announced as [`ChangeCause::Resubscribed`] once
 /// acknowledged, so a listing made after it sees every change made while none was open.
-/// Ends when the transport is closed (the session is then lost, and a new one listens).
+/// Ends once rmcp closes the transport (`ended`: the session is then lost, and a new one
+/// listens), and is aborted with its session.
 ///
 /// Cancel-safe at every await: rmcp cancels a subscription dropped while it is being
 /// established and one dropped while open (`notifications/cancelled` to the server).
 async fn listen(
-    peer: Peer<RoleClient>,
+    (peer, ended): (Peer<RoleClient>, Ended),
     server: ServerId,
     events: Arc<EventQueue>,
     first: Option<Subscription>,
@@ -1035,7 +1037,7 @@ async fn listen(
             }
         }
         announce = true;
-        if peer.is_transport_closed() {
+        if ended.is_ended() || peer.is_transport_closed() {
             return;
         }
         tokio::time::sleep(wait).await;
@@ -1476,11 +1478,16 @@ mod tests {
     /// find it out, so that its supervisor reconnects.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_session_whose_close_waits_for_a_blocked_send_is_seen_lost() {
-        // After its listing it reads one line (the call to `hold`) and no more; three
-        // seconds on it closes its output and sleeps, its stdin open.
+        // After its listing it reads one line (the call to `hold`) and no more; once
+        // `blocked` exists it closes its output and sleeps, its stdin open.
+        let dir = tempfile::tempdir().unwrap();
+        let blocked = dir.path().join("blocked");
         let transport = scripted_server(
             &[page(&["hold", "big"], None)],
-            "read -r line\nsleep 3\nexec 1>&-\nexec sleep 600\n",
+            &format!(
+                "read -r line\nwhile [ ! -e '{}' ]; do sleep 0.05; done\nexec 1>&-\nexec sleep 600\n",
+                blocked.display()
+            ),
         );
         let (session, _) = connect(
             "stuck",
@@ -1508,6 +1515,7 @@ mod tests {
             .call("big", arguments, &round, Duration::from_millis(300), None)
             .await;
         assert!(matches!(big, Err(McpError::Timeout { .. })), "{big:?}");
+        std::fs::write(&blocked, b"").unwrap();
         let reason = tokio::time::timeout(Duration::from_secs(20), session.lost())
             .await
             .expect("the session is seen lost with no request to find it");

@@ -25,7 +25,7 @@ use rmcp::service::{RxJsonRpcMessage, ServiceError, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::sync::watch;
 
-/// A transport that says when rmcp has closed it, or dropped it (its serve task ended
+/// A transport that says when rmcp begins to close it, or drops it (its serve task ended
 /// however it ended, a panic included). Its sends and receives are `T`'s, and as
 /// cancel-safe.
 pub(crate) struct Ending<T> {
