@@ -128,9 +128,9 @@ pub(crate) struct Session {
     /// Sees every message of the transport: keeps raw results, routes progress, counts
     /// tools changes.
     tap: Arc<Tap>,
-    /// Whether rmcp has begun to close this session's transport (after its serve loop, and
-    /// what it drains after it), or dropped it: a request still waiting then is answered
-    /// by nothing.
+    /// Whether rmcp's serve loop is over: the server's output ended (the loop ends with
+    /// it), or rmcp has begun to close the transport, or dropped it. A request still
+    /// waiting then is answered by nothing.
     ended: Ended,
     /// Why the session is lost, once a request found it gone (shared with a probe's task).
     lost: Arc<Lost>,
@@ -859,16 +859,17 @@ impl Session {
         self.lost.mark(reason);
     }
 
-    /// Whether the connection is known lost now (a request found it gone, or rmcp has
-    /// begun to close the transport), before [`Session::lost`] has said why.
+    /// Whether the connection is known lost now (a request found it gone, or rmcp's serve
+    /// loop is over), before [`Session::lost`] has said why.
     pub(crate) fn is_lost(&self) -> bool {
         self.lost.reason().is_some() || self.transport_gone()
     }
 
-    /// Whether rmcp's serve loop is over: it has closed (or dropped) the transport, after
-    /// which no answer comes (see [`crate::ending`]). Seen as rmcp begins the close, which
-    /// may wait (a stdio server's stdin is closed only once a send blocked on it gives it
-    /// up), and before rmcp's request queue closes, which it does only after the close.
+    /// Whether rmcp's serve loop is over, after which no answer comes (see
+    /// [`crate::ending`]): seen as the server's output ends or rmcp begins to close the
+    /// transport, not only once rmcp's request queue closes, which it does after the close
+    /// (which may wait: up to 5 s for answers to the server's own requests, and a stdio
+    /// server's stdin is closed only once a send blocked on it gives it up).
     fn transport_gone(&self) -> bool {
         self.ended.is_ended() || self.peer.is_transport_closed()
     }

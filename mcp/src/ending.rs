@@ -11,11 +11,15 @@
 //! that calls a lazy server as it exits, at 40 rounds a run with two runs of the whole
 //! psych-tests binary beside it: 4 runs in 48 failed so; none with this module).
 //!
-//! rmcp closes its transport once its loop has ended (and once it has sent the answers to
-//! the server's own requests still going out: up to 5 s), and answers nothing of psych's
-//! after its loop. So the transport is wrapped in [`Ending`], which says so when it is
-//! closed or dropped, and [`answered`] waits for a request's answer or that signal,
-//! whichever comes first, an answer given before the end winning.
+//! rmcp's loop ends at once when the transport's receive says the server's output has
+//! ended (the usual end: the server exited or closed the connection), and it reads
+//! nothing more; it closes its transport once the loop has ended (and once it has sent
+//! the answers to the server's own requests still going out: up to 5 s, so that a close
+//! can wait), and answers nothing of psych's after its loop. So the transport is wrapped
+//! in [`Ending`], which says so when its receive ends, when it is closed and when it is
+//! dropped, whichever comes first, and [`answered`] waits for a request's answer or that
+//! signal, an answer given before the end winning (rmcp hands an answer over in the
+//! loop's turn that read it, before it asks for the next message).
 
 use std::future::Future;
 use std::task::Poll;
@@ -25,9 +29,9 @@ use rmcp::service::{RxJsonRpcMessage, ServiceError, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::sync::watch;
 
-/// A transport that says when rmcp begins to close it, or drops it (its serve task ended
-/// however it ended, a panic included). Its sends and receives are `T`'s, and as
-/// cancel-safe.
+/// A transport that says when its receive ends (the server's output ended: rmcp's loop
+/// ends with it), when rmcp begins to close it, or drops it (its serve task ended however
+/// it ended, a panic included). Its sends and receives are `T`'s, and as cancel-safe.
 pub(crate) struct Ending<T> {
     inner: T,
     /// True once closed; dropped with the transport.
@@ -71,7 +75,17 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Ending<T> {
     }
 
     fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
-        self.inner.receive()
+        let ended = &self.ended;
+        let receive = self.inner.receive();
+        async move {
+            let message = receive.await;
+            // No await after the inner receive: dropped anywhere, this loses nothing.
+            if message.is_none() {
+                // rmcp leaves its loop now and reads no more: no answer comes after this.
+                ended.send_replace(true);
+            }
+            message
+        }
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
@@ -154,6 +168,60 @@ mod tests {
         let seen = ended.clone();
         drop(transport);
         assert!(ended.is_ended() && seen.is_ended());
+    }
+
+    /// The end of the server's output is the end: a receive that says so sets it at once
+    /// (rmcp's close may come much later), a receive that brings a message does not, and
+    /// a wait whose answer cannot come ends with it.
+    #[tokio::test]
+    async fn the_end_of_the_input_is_the_end() {
+        /// Gives `messages`, then says the input ended.
+        struct Ends(std::collections::VecDeque<RxJsonRpcMessage<RoleClient>>);
+
+        impl Transport<RoleClient> for Ends {
+            type Error = std::io::Error;
+
+            fn send(
+                &mut self,
+                _: TxJsonRpcMessage<RoleClient>,
+            ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+                std::future::ready(Ok(()))
+            }
+
+            fn receive(
+                &mut self,
+            ) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
+                std::future::ready(self.0.pop_front())
+            }
+
+            async fn close(&mut self) -> Result<(), Self::Error> {
+                Ok(())
+            }
+        }
+
+        let ping: RxJsonRpcMessage<RoleClient> = serde_json::from_value(serde_json::json!(
+            {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        ))
+        .unwrap();
+        let (mut transport, ended) = Ending::new(Ends([ping].into()));
+        let (_kept, never) = tokio::sync::oneshot::channel::<()>();
+        let wait = tokio::spawn(answered(
+            async { never.await.map_err(|_| ServiceError::TransportClosed) },
+            ended.clone(),
+        ));
+        assert!(transport.receive().await.is_some());
+        assert!(!ended.is_ended(), "a message is not the end");
+        assert!(transport.receive().await.is_none());
+        assert!(ended.is_ended(), "the input's end is");
+        let result = tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .expect("the wait ended with the input")
+            .unwrap();
+        assert!(
+            matches!(result, Err(ServiceError::TransportClosed)),
+            "{result:?}"
+        );
+        drop(transport);
     }
 
     /// A wait whose answer will never come (its sender kept, as rmcp's queue keeps one it
