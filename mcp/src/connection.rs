@@ -867,9 +867,10 @@ impl Session {
 
     /// Whether rmcp's serve loop is over, after which no answer comes (see
     /// [`crate::ending`]): seen as the server's output ends or rmcp begins to close the
-    /// transport, not only once rmcp's request queue closes, which it does after the close
-    /// (which may wait: up to 5 s for answers to the server's own requests, and a stdio
-    /// server's stdin is closed only once a send blocked on it gives it up).
+    /// transport, not only once rmcp's request queue closes, which it does after the
+    /// close. Between the loop and the close rmcp waits up to 5 s (2 s when cancelled) for
+    /// its answers to the server's own requests to go out, and the close itself may wait
+    /// (a stdio server's stdin is closed only once a send blocked on it gives it up).
     fn transport_gone(&self) -> bool {
         self.ended.is_ended() || self.peer.is_transport_closed()
     }
@@ -988,8 +989,9 @@ async fn open_listen(peer: &Peer<RoleClient>, deadline: Duration) -> Listen {
 /// wait that doubles from [`LISTEN_RETRY_FIRST`] to [`LISTEN_RETRY_MAX`]; each stream
 /// opened after the first listing is announced as [`ChangeCause::Resubscribed`] once
 /// acknowledged, so a listing made after it sees every change made while none was open.
-/// Ends once rmcp closes the transport (`ended`: the session is then lost, and a new one
-/// listens), and is aborted with its session.
+/// Ends once rmcp's serve loop is over (`ended`: the server's output ended or rmcp closed
+/// the transport; the session is then lost, and a new one listens), and is aborted with
+/// its session.
 ///
 /// Cancel-safe at every await: rmcp cancels a subscription dropped while it is being
 /// established and one dropped while open (`notifications/cancelled` to the server).

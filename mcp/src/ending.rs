@@ -34,7 +34,8 @@ use tokio::sync::watch;
 /// it ended, a panic included). Its sends and receives are `T`'s, and as cancel-safe.
 pub(crate) struct Ending<T> {
     inner: T,
-    /// True once closed; dropped with the transport.
+    /// True once the receive has ended or the transport is closed; dropped with the
+    /// transport.
     ended: watch::Sender<bool>,
 }
 
@@ -51,13 +52,14 @@ impl<T> Ending<T> {
 }
 
 impl Ended {
-    /// Whether the transport is closed or dropped now.
+    /// Whether the end has come now: the receive ended, or the transport is closed or
+    /// dropped.
     pub(crate) fn is_ended(&self) -> bool {
         // An error is the sender dropped: the transport is gone.
         *self.0.borrow() || self.0.has_changed().is_err()
     }
 
-    /// Resolves once the transport is closed or dropped.
+    /// Resolves once the receive has ended, or the transport is closed or dropped.
     pub(crate) async fn wait(&mut self) {
         // An error is the sender dropped: the transport is gone.
         let _ = self.0.wait_for(|ended| *ended).await;
@@ -222,6 +224,98 @@ mod tests {
             "{result:?}"
         );
         drop(transport);
+    }
+
+    /// Through rmcp: a server answers a ping and its output ends right after. The end is
+    /// said (the waits here look only once it has been) and the answer is still taken:
+    /// rmcp hands an answer over in the loop's turn that read it, before the next receive.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_read_just_before_the_end_is_taken() {
+        use rmcp::ServiceExt as _;
+        use rmcp::model::{ClientRequest, PingRequest};
+        use rmcp::service::PeerRequestOptions;
+        use serde_json::{Value, json};
+        use tokio::sync::mpsc;
+
+        /// Psych's side of an in-memory server.
+        struct Piped {
+            to_server: mpsc::UnboundedSender<Value>,
+            from_server: mpsc::UnboundedReceiver<RxJsonRpcMessage<RoleClient>>,
+        }
+
+        impl Transport<RoleClient> for Piped {
+            type Error = std::io::Error;
+
+            fn send(
+                &mut self,
+                item: TxJsonRpcMessage<RoleClient>,
+            ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+                let _ = self.to_server.send(serde_json::to_value(&item).unwrap());
+                std::future::ready(Ok(()))
+            }
+
+            fn receive(
+                &mut self,
+            ) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
+                self.from_server.recv()
+            }
+
+            async fn close(&mut self) -> Result<(), Self::Error> {
+                Ok(())
+            }
+        }
+
+        for _ in 0..50 {
+            let (to_server, mut requests) = mpsc::unbounded_channel::<Value>();
+            let (answers, from_server) = mpsc::unbounded_channel();
+            // Answers `initialize` (and refuses `server/discover`, so that a client trying
+            // 2026-07-28 first falls back), then answers the ping and ends its output.
+            tokio::spawn(async move {
+                while let Some(message) = requests.recv().await {
+                    let Some(id) = message.get("id").cloned() else {
+                        continue;
+                    };
+                    let method = message["method"].as_str().unwrap_or_default().to_owned();
+                    let reply = match method.as_str() {
+                        "initialize" => json!({"jsonrpc": "2.0", "id": id, "result": {
+                            "protocolVersion": "2025-11-25",
+                            "capabilities": {},
+                            "serverInfo": {"name": "brief", "version": "1"},
+                        }}),
+                        "ping" => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
+                        _ => json!({"jsonrpc": "2.0", "id": id, "error": {
+                            "code": -32601, "message": "Method not found",
+                        }}),
+                    };
+                    answers
+                        .send(serde_json::from_value(reply).unwrap())
+                        .unwrap();
+                    if method == "ping" {
+                        return;
+                    }
+                }
+            });
+            let (transport, ended) = Ending::new(Piped {
+                to_server,
+                from_server,
+            });
+            let client = ().serve(transport).await.unwrap();
+            let ping = ClientRequest::PingRequest(PingRequest::default());
+            let handle = client
+                .peer()
+                .send_request_with_option(
+                    ping,
+                    PeerRequestOptions::with_timeout(Duration::from_secs(10)),
+                )
+                .await
+                .unwrap();
+            let mut end = ended.clone();
+            tokio::time::timeout(Duration::from_secs(10), end.wait())
+                .await
+                .expect("the end is said");
+            let answer = answered(handle.await_response(), ended).await;
+            assert!(answer.is_ok(), "{answer:?}");
+        }
     }
 
     /// A wait whose answer will never come (its sender kept, as rmcp's queue keeps one it
