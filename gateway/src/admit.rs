@@ -130,8 +130,8 @@ pub(crate) struct Activity {
 }
 
 impl Activity {
-    /// A message went through now.
-    fn touch(&self) {
+    /// A message went through now (or a request arrived for the session).
+    pub(crate) fn touch(&self) {
         *self.last.lock().unwrap_or_else(PoisonError::into_inner) = std::time::Instant::now();
     }
 

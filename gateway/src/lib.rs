@@ -3615,9 +3615,10 @@ async fn serve_http(
 
 /// Closes each HTTP session idle past its limit ([`raw::RawSessions::idle`]: no message
 /// and no request in flight), as its client deleting it would, until aborted. Each close
-/// runs apart (its worker may be slow to take it), looked at again just before; a request
-/// arriving at that very moment may still be cut with its session (rmcp takes the close
-/// after what its worker has queued), as with a client's own delete.
+/// runs apart (its worker may be slow to take it), looked at again just before and taken
+/// in the same step ([`raw::RawSessions::reap`]): a request arriving at that very moment
+/// either keeps its session or is answered 404 (a client then opens a new one), never cut
+/// with a session closed under it.
 async fn close_idle_sessions(sessions: Arc<raw::RawSessions>) {
     use rmcp::transport::streamable_http_server::session::SessionManager;
     let mut closing = JoinSet::new();
@@ -3627,7 +3628,7 @@ async fn close_idle_sessions(sessions: Arc<raw::RawSessions>) {
         for id in sessions.idle(std::time::Instant::now()) {
             let sessions = Arc::clone(&sessions);
             closing.spawn(async move {
-                if sessions.still_idle(&id, std::time::Instant::now()) {
+                if sessions.reap(&id, std::time::Instant::now()) {
                     let _ = tokio::time::timeout(SESSION_CLOSE_WITHIN, sessions.close_session(&id))
                         .await;
                 }

@@ -313,15 +313,22 @@ impl RawSessions {
             .collect()
     }
 
-    /// Whether session `id` is idle past its limit at `now` (looked at again just before
-    /// it is closed: a request may have come since [`RawSessions::idle`]).
-    pub(super) fn still_idle(&self, id: &SessionId, now: std::time::Instant) -> bool {
-        self.activity
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// Takes session `id` to be closed if it is still idle past its limit at `now` (a
+    /// request may have come since [`RawSessions::idle`]): from then on it is unknown to
+    /// a request ([`SessionManager::has_session`] says no, and rmcp answers 404), and the
+    /// caller closes it. The look and the taking are under the lock a request's
+    /// `has_session` marks the session active under, so a request either comes first and
+    /// keeps its session, or finds it gone: none is cut with a session closed under it.
+    pub(super) fn reap(&self, id: &SessionId, now: std::time::Instant) -> bool {
+        let mut activity = self.activity.lock().unwrap_or_else(PoisonError::into_inner);
+        let idle = activity
             .get(id)
             .and_then(|activity| activity.idle_for(now))
-            .is_some_and(|idle| idle > self.idle)
+            .is_some_and(|idle| idle > self.idle);
+        if idle {
+            activity.remove(id);
+        }
+        idle
     }
 
     /// How often to look for idle sessions: a tenth of the limit, between 50 ms and 10 s.
@@ -391,11 +398,27 @@ impl SessionManager for RawSessions {
         self.inner.initialize_session(id, message)
     }
 
+    /// Asked by rmcp for every request in a session before it takes it: the session is
+    /// active from now (so not idle for [`RawSessions::reap`]), unless it has been taken
+    /// to be closed, when it is gone (404).
     fn has_session(
         &self,
         id: &SessionId,
     ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
-        self.inner.has_session(id)
+        let open = match self
+            .activity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+        {
+            Some(activity) => {
+                activity.touch();
+                true
+            }
+            None => false,
+        };
+        let inner = self.inner.has_session(id);
+        async move { Ok(open && inner.await?) }
     }
 
     /// Called by rmcp when the client deletes the session and when its worker ends
@@ -612,6 +635,32 @@ mod tests {
             id: NumberOrString::Number(7),
             result,
         })
+    }
+
+    /// A request's `has_session` and the reaper's last look are each one step under one
+    /// lock: a request that comes first keeps its idle session (the reaper then finds it
+    /// active), and a session the reaper has taken is gone to the next request (404),
+    /// never closed under one that was let in.
+    #[tokio::test]
+    async fn a_request_and_the_reaper_never_both_win() {
+        let sessions = RawSessions::new(
+            Arc::default(),
+            std::time::Duration::from_millis(20),
+            Arc::default(),
+        );
+        let (first, _first) = sessions.create_session().await.unwrap();
+        let (second, _second) = sessions.create_session().await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let now = std::time::Instant::now();
+        assert_eq!(sessions.idle(now).len(), 2, "both idle past the limit");
+        // A request for the first arrives before the reaper's last look: kept.
+        assert!(sessions.has_session(&first).await.unwrap());
+        assert!(!sessions.reap(&first, now));
+        assert!(sessions.has_session(&first).await.unwrap());
+        // The second is taken first: the request finds it gone.
+        assert!(sessions.reap(&second, now));
+        assert!(!sessions.has_session(&second).await.unwrap());
+        assert!(!sessions.reap(&second, now), "taken once");
     }
 
     #[test]
