@@ -271,8 +271,9 @@ enum Command {
         pin_budget: Option<u64>,
         /// With `--http`: the most sessions open at once; a client opening one more is
         /// refused (HTTP 503, `Retry-After: 1`) with an error saying so. A session ends when
-        /// its client deletes it, or after `--session-idle-secs` without a message and with
-        /// no call in flight; a request of MCP 2026-07-28 holds one while it runs.
+        /// its client deletes it, or after `--session-idle-secs` without a message or request
+        /// for it and with no call in flight; a request of MCP 2026-07-28 holds one while it
+        /// runs.
         #[arg(
             long,
             value_name = "N",
@@ -294,8 +295,9 @@ enum Command {
         )]
         max_sessions_per_identity: Option<usize>,
         /// With `--http`: a session (of a client of a revision before 2026-07-28) is closed,
-        /// its slot freed, after this many seconds without a message either way and with no
-        /// call in flight; a call running longer keeps its session.
+        /// its slot freed, after this many seconds without a message either way or an HTTP
+        /// request for it and with no call in flight; a call running longer keeps its
+        /// session.
         #[arg(
             long,
             value_name = "SECS",

@@ -119,10 +119,11 @@ impl<T> Bounded<T> {
     }
 }
 
-/// When a session's transport last carried a message either way, and its requests in
-/// flight: a session is idle while no request of its is in flight (a call may run longer
-/// than any idle limit without a message: rmcp's own keep-alive cut such calls, counting
-/// only messages) and from its last message on.
+/// When a session's transport last carried a message either way (or an HTTP request for
+/// the session arrived: [`RawSessions`](crate::raw::RawSessions)' `has_session`), and its
+/// requests in flight: a session is idle while no request of its is in flight (a call may
+/// run longer than any idle limit without a message: rmcp's own keep-alive cut such calls,
+/// counting only messages) and from its last message or HTTP request on.
 #[derive(Debug)]
 pub(crate) struct Activity {
     in_flight: Arc<InFlight>,

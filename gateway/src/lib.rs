@@ -114,8 +114,8 @@
 //!   at its fair share (the cap over the identities active now) takes no more until they
 //!   have theirs ([`FAIR_WINDOW`]).
 //!   A session ends when its client deletes it or after [`SESSION_IDLE`] (or
-//!   [`GatewaySettings::session_idle`]) without a message and with no request in flight,
-//!   and its slot is freed.
+//!   [`GatewaySettings::session_idle`]) without a message or an HTTP request for it and
+//!   with no request in flight, and its slot is freed.
 //! - What a client holds in the gateway at once is bounded: a stdio client at most 64
 //!   requests in flight (one more is answered at once with an error, -32000); over HTTP at
 //!   most [`MAX_CONNECTIONS`] connections (more wait to be accepted; one whose client
@@ -301,8 +301,8 @@ fn call_timeouts() -> psych_mcp::Timeouts {
 /// backstop (psych-mcp's deadline, which cancels the call upstream, comes first).
 const BACKSTOP: Duration = Duration::from_secs(5);
 
-/// How long an HTTP session may go without a message, and with no request in flight,
-/// before it is closed and its slot freed, by default
+/// How long an HTTP session may go without a message or an HTTP request for it (an event
+/// stream reopened counts), and with no request in flight, before it is closed and its slot freed, by default
 /// ([`GatewaySettings::session_idle`]): a client that vanished without deleting its
 /// session holds it no longer than this after its last answer.
 pub const SESSION_IDLE: Duration = Duration::from_secs(300);
@@ -2348,8 +2348,9 @@ impl GatewaySettings {
     }
 
     /// Over HTTP, a session of the `initialize` lifecycle is closed (its slot freed) once
-    /// it has gone `idle` without a message either way and with no request in flight: a
-    /// call running longer, with no progress to report, keeps its session. A client that
+    /// it has gone `idle` without a message either way or an HTTP request for it (an event
+    /// stream reopened counts), and with no request in flight: a call running longer,
+    /// with no progress to report, keeps its session. A client that
     /// vanished without deleting its session holds it no longer than this after its last
     /// answer. [`SESSION_IDLE`] by default; `psych serve --session-idle-secs`. At least
     /// 1 s (less would close a session between a client's requests).
@@ -3617,8 +3618,9 @@ async fn serve_http(
 /// and no request in flight), as its client deleting it would, until aborted. Each close
 /// runs apart (its worker may be slow to take it), looked at again just before and taken
 /// in the same step ([`raw::RawSessions::reap`]): a request arriving at that very moment
-/// either keeps its session or is answered 404 (a client then opens a new one), never cut
-/// with a session closed under it.
+/// either keeps its session or is answered 404 (a client then opens a new one), not cut
+/// with a session closed under it (provided the session's worker takes the request within
+/// the idle limit, after which it counts as in flight).
 async fn close_idle_sessions(sessions: Arc<raw::RawSessions>) {
     use rmcp::transport::streamable_http_server::session::SessionManager;
     let mut closing = JoinSet::new();

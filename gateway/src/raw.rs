@@ -283,7 +283,7 @@ pub(super) struct RawSessions {
 
 impl RawSessions {
     /// Sessions whose placeholders are answered from `raw`, idle after `idle` without a
-    /// message and with no request in flight ([`RawSessions::idle`]: rmcp's own
+    /// message or an HTTP request for them and with no request in flight ([`RawSessions::idle`]: rmcp's own
     /// keep-alive, which counts messages only and so cut calls longer than it, is off),
     /// their opening and closing told to `owners`.
     pub(super) fn new(
@@ -318,7 +318,9 @@ impl RawSessions {
     /// a request ([`SessionManager::has_session`] says no, and rmcp answers 404), and the
     /// caller closes it. The look and the taking are under the lock a request's
     /// `has_session` marks the session active under, so a request either comes first and
-    /// keeps its session, or finds it gone: none is cut with a session closed under it.
+    /// keeps its session, or finds it gone: none is cut with a session closed under it,
+    /// provided the session's worker takes it (and counts it in flight) within the idle
+    /// limit of its arrival.
     pub(super) fn reap(&self, id: &SessionId, now: std::time::Instant) -> bool {
         let mut activity = self.activity.lock().unwrap_or_else(PoisonError::into_inner);
         let idle = activity
