@@ -302,9 +302,9 @@ fn call_timeouts() -> psych_mcp::Timeouts {
 const BACKSTOP: Duration = Duration::from_secs(5);
 
 /// How long an HTTP session may go without a message or an HTTP request for it (an event
-/// stream reopened counts), and with no request in flight, before it is closed and its slot freed, by default
-/// ([`GatewaySettings::session_idle`]): a client that vanished without deleting its
-/// session holds it no longer than this after its last answer.
+/// stream reopened counts), and with no request in flight, before it is closed and its
+/// slot freed, by default ([`GatewaySettings::session_idle`]): a client that vanished
+/// without deleting its session holds it no longer than this after its last answer.
 pub const SESSION_IDLE: Duration = Duration::from_secs(300);
 
 /// The code of the JSON-RPC error answering a handle the caller's identity never had (one
@@ -3614,13 +3614,13 @@ async fn serve_http(
     accepted
 }
 
-/// Closes each HTTP session idle past its limit ([`raw::RawSessions::idle`]: no message
-/// and no request in flight), as its client deleting it would, until aborted. Each close
-/// runs apart (its worker may be slow to take it), looked at again just before and taken
-/// in the same step ([`raw::RawSessions::reap`]): a request arriving at that very moment
-/// either keeps its session or is answered 404 (a client then opens a new one), not cut
-/// with a session closed under it (provided the session's worker takes the request within
-/// the idle limit, after which it counts as in flight).
+/// Closes each HTTP session idle past its limit ([`raw::RawSessions::idle`]: no message or
+/// HTTP request for it, and no request in flight), as its client deleting it would, until
+/// aborted. Each close runs apart (its worker may be slow to take it), looked at again
+/// just before and taken in the same step ([`raw::RawSessions::reap`]): a request arriving
+/// at that very moment either keeps its session or is answered 404 (a client then opens a
+/// new one), not cut with a session closed under it (provided the session's worker takes
+/// the request within the idle limit, after which it counts as in flight).
 async fn close_idle_sessions(sessions: Arc<raw::RawSessions>) {
     use rmcp::transport::streamable_http_server::session::SessionManager;
     let mut closing = JoinSet::new();

@@ -283,9 +283,9 @@ pub(super) struct RawSessions {
 
 impl RawSessions {
     /// Sessions whose placeholders are answered from `raw`, idle after `idle` without a
-    /// message or an HTTP request for them and with no request in flight ([`RawSessions::idle`]: rmcp's own
-    /// keep-alive, which counts messages only and so cut calls longer than it, is off),
-    /// their opening and closing told to `owners`.
+    /// message or an HTTP request for them and with no request in flight
+    /// ([`RawSessions::idle`]: rmcp's own keep-alive, which counts messages only and so cut
+    /// calls longer than it, is off), their opening and closing told to `owners`.
     pub(super) fn new(
         raw: Arc<RawAnswers>,
         idle: std::time::Duration,
@@ -308,7 +308,7 @@ impl RawSessions {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .filter(|(_, activity)| activity.idle_for(now).is_some_and(|idle| idle > self.idle))
+            .filter(|(_, activity)| self.past_limit(activity, now))
             .map(|(id, _)| id.clone())
             .collect()
     }
@@ -325,12 +325,16 @@ impl RawSessions {
         let mut activity = self.activity.lock().unwrap_or_else(PoisonError::into_inner);
         let idle = activity
             .get(id)
-            .and_then(|activity| activity.idle_for(now))
-            .is_some_and(|idle| idle > self.idle);
+            .is_some_and(|activity| self.past_limit(activity, now));
         if idle {
             activity.remove(id);
         }
         idle
+    }
+
+    /// Whether a session of `activity` is idle past the limit at `now`.
+    fn past_limit(&self, activity: &crate::admit::Activity, now: std::time::Instant) -> bool {
+        activity.idle_for(now).is_some_and(|idle| idle > self.idle)
     }
 
     /// How often to look for idle sessions: a tenth of the limit, between 50 ms and 10 s.

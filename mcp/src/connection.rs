@@ -130,7 +130,8 @@ pub(crate) struct Session {
     tap: Arc<Tap>,
     /// Whether rmcp's serve loop is over: the server's output ended (the loop ends with
     /// it), or rmcp has begun to close the transport, or dropped it. A request still
-    /// waiting then is answered by nothing.
+    /// waiting then is answered by nothing. (A loop psych cancels, closing the session,
+    /// says so only as the close begins, after rmcp's drain of up to 2 s.)
     ended: Ended,
     /// Why the session is lost, once a request found it gone (shared with a probe's task).
     lost: Arc<Lost>,
@@ -328,7 +329,8 @@ impl Session {
             Ok(listing) => {
                 if let Some(first) = first {
                     let task = tokio::spawn(listen(
-                        (session.peer.clone(), session.ended.clone()),
+                        session.peer.clone(),
+                        session.ended.clone(),
                         server.clone(),
                         events,
                         first,
@@ -867,12 +869,13 @@ impl Session {
 
     /// Whether rmcp's serve loop is over, after which no answer comes (see
     /// [`crate::ending`]): seen as the server's output ends or rmcp begins to close the
-    /// transport, not only once rmcp's request queue closes, which it does after the
-    /// close. Between the loop and the close rmcp waits up to 5 s (2 s when cancelled) for
-    /// its answers to the server's own requests to go out, and the close itself may wait
-    /// (a stdio server's stdin is closed only once a send blocked on it gives it up).
+    /// transport, not only once rmcp's request queue closes (`is_transport_closed`), which
+    /// it does after the close, in the same task: so that look would add nothing. Between
+    /// the loop and the close rmcp waits up to 5 s (2 s when cancelled) for its answers to
+    /// the server's own requests to go out, and the close itself may wait (a stdio
+    /// server's stdin is closed only once a send blocked on it gives it up).
     fn transport_gone(&self) -> bool {
-        self.ended.is_ended() || self.peer.is_transport_closed()
+        self.ended.is_ended()
     }
 
     /// Resolves when the connection is lost, with the reason: the process exited, the
@@ -989,14 +992,15 @@ async fn open_listen(peer: &Peer<RoleClient>, deadline: Duration) -> Listen {
 /// wait that doubles from [`LISTEN_RETRY_FIRST`] to [`LISTEN_RETRY_MAX`]; each stream
 /// opened after the first listing is announced as [`ChangeCause::Resubscribed`] once
 /// acknowledged, so a listing made after it sees every change made while none was open.
-/// Ends once rmcp's serve loop is over (`ended`: the server's output ended or rmcp closed
-/// the transport; the session is then lost, and a new one listens), and is aborted with
-/// its session.
+/// Ends when a stream has ended and rmcp's serve loop is over (`ended`, looked at between
+/// streams: the server's output ended or rmcp began to close the transport; the session
+/// is then lost, and a new one listens), and is aborted with its session.
 ///
 /// Cancel-safe at every await: rmcp cancels a subscription dropped while it is being
 /// established and one dropped while open (`notifications/cancelled` to the server).
 async fn listen(
-    (peer, ended): (Peer<RoleClient>, Ended),
+    peer: Peer<RoleClient>,
+    ended: Ended,
     server: ServerId,
     events: Arc<EventQueue>,
     first: Option<Subscription>,
@@ -1040,7 +1044,7 @@ async fn listen(
             }
         }
         announce = true;
-        if ended.is_ended() || peer.is_transport_closed() {
+        if ended.is_ended() {
             return;
         }
         tokio::time::sleep(wait).await;
@@ -1524,6 +1528,9 @@ mod tests {
             .expect("the session is seen lost with no request to find it");
         assert_eq!(reason, "the connection closed");
         assert!(session.is_lost());
+        // What the test is about: rmcp's close is still waiting for the blocked send, so
+        // its request queue is open, and that alone would not say the session is lost.
+        assert!(!session.peer.is_transport_closed());
         session.close().await;
     }
 

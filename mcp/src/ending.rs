@@ -39,7 +39,10 @@ pub(crate) struct Ending<T> {
     ended: watch::Sender<bool>,
 }
 
-/// Whether the serve loop of a transport made by [`Ending::new`] has ended.
+/// Whether the serve loop of a transport made by [`Ending::new`] has ended: its receive
+/// ended (the loop ends with it), or its close began, or it was dropped. A loop ended by
+/// cancellation (psych closing the session) is said only as the close begins, after
+/// rmcp's drain of up to 2 s.
 #[derive(Debug, Clone)]
 pub(crate) struct Ended(watch::Receiver<bool>);
 
