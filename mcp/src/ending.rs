@@ -139,10 +139,22 @@ mod tests {
 
     use super::*;
 
-    /// A transport that never receives and whose sends succeed.
-    struct Quiet;
+    /// A transport whose sends succeed and whose receive gives `messages` in turn, then
+    /// says the input ended (`ends`) or waits for good.
+    struct Scripted {
+        messages: std::collections::VecDeque<RxJsonRpcMessage<RoleClient>>,
+        ends: bool,
+    }
 
-    impl Transport<RoleClient> for Quiet {
+    /// A transport that never receives and whose sends succeed.
+    fn quiet() -> Scripted {
+        Scripted {
+            messages: std::collections::VecDeque::new(),
+            ends: false,
+        }
+    }
+
+    impl Transport<RoleClient> for Scripted {
         type Error = std::io::Error;
 
         fn send(
@@ -153,7 +165,15 @@ mod tests {
         }
 
         fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
-            std::future::pending()
+            let next = self.messages.pop_front();
+            let ends = self.ends;
+            async move {
+                match next {
+                    Some(message) => Some(message),
+                    None if ends => None,
+                    None => std::future::pending().await,
+                }
+            }
         }
 
         async fn close(&mut self) -> Result<(), Self::Error> {
@@ -165,11 +185,11 @@ mod tests {
     /// once it is closed, and once it is dropped.
     #[tokio::test]
     async fn the_end_is_seen_when_closed_and_when_dropped() {
-        let (mut transport, ended) = Ending::new(Quiet);
+        let (mut transport, ended) = Ending::new(quiet());
         assert!(!ended.is_ended());
         transport.close().await.unwrap();
         assert!(ended.is_ended());
-        let (transport, ended) = Ending::new(Quiet);
+        let (transport, ended) = Ending::new(quiet());
         let seen = ended.clone();
         drop(transport);
         assert!(ended.is_ended() && seen.is_ended());
@@ -180,35 +200,14 @@ mod tests {
     /// a wait whose answer cannot come ends with it.
     #[tokio::test]
     async fn the_end_of_the_input_is_the_end() {
-        /// Gives `messages`, then says the input ended.
-        struct Ends(std::collections::VecDeque<RxJsonRpcMessage<RoleClient>>);
-
-        impl Transport<RoleClient> for Ends {
-            type Error = std::io::Error;
-
-            fn send(
-                &mut self,
-                _: TxJsonRpcMessage<RoleClient>,
-            ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-                std::future::ready(Ok(()))
-            }
-
-            fn receive(
-                &mut self,
-            ) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
-                std::future::ready(self.0.pop_front())
-            }
-
-            async fn close(&mut self) -> Result<(), Self::Error> {
-                Ok(())
-            }
-        }
-
         let ping: RxJsonRpcMessage<RoleClient> = serde_json::from_value(serde_json::json!(
             {"jsonrpc": "2.0", "id": 1, "method": "ping"}
         ))
         .unwrap();
-        let (mut transport, ended) = Ending::new(Ends([ping].into()));
+        let (mut transport, ended) = Ending::new(Scripted {
+            messages: [ping].into(),
+            ends: true,
+        });
         let (_kept, never) = tokio::sync::oneshot::channel::<()>();
         let wait = tokio::spawn(answered(
             async { never.await.map_err(|_| ServiceError::TransportClosed) },
@@ -326,7 +325,7 @@ mod tests {
     #[tokio::test]
     async fn an_answer_that_cannot_come_fails_once_the_transport_ends() {
         for by_drop in [false, true] {
-            let (mut transport, ended) = Ending::new(Quiet);
+            let (mut transport, ended) = Ending::new(quiet());
             let (_kept, never) = tokio::sync::oneshot::channel::<()>();
             let wait = tokio::spawn(answered(
                 async { never.await.map_err(|_| ServiceError::TransportClosed) },
@@ -357,7 +356,7 @@ mod tests {
     /// wait's first look finds none, the end is signalled, the second look finds it.
     #[tokio::test]
     async fn an_answer_given_before_the_end_wins() {
-        let (mut transport, ended) = Ending::new(Quiet);
+        let (mut transport, ended) = Ending::new(quiet());
         transport.close().await.unwrap();
         let mut looks = 0;
         let response = std::future::poll_fn(|cx| {
@@ -380,7 +379,7 @@ mod tests {
     async fn an_answer_is_taken_whatever_budget_is_left() {
         for spent in 0..=130 {
             let taken = tokio::spawn(async move {
-                let (mut transport, ended) = Ending::new(Quiet);
+                let (mut transport, ended) = Ending::new(quiet());
                 transport.close().await.unwrap();
                 let (answer, mut rx) = tokio::sync::oneshot::channel();
                 let mut answer = Some(answer);
