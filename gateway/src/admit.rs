@@ -1007,6 +1007,9 @@ mod tests {
             .expect("none held: at once");
         let first = admission.admit(Vec::new()).unwrap();
         let second = admission.admit(Vec::new()).unwrap();
+        // A wait given up while places are held (as a deadline drops it) leaves nothing.
+        let given_up = tokio::time::timeout(Duration::from_millis(20), admission.drained()).await;
+        assert!(given_up.is_err(), "places held: it waits");
         let waiting = tokio::spawn({
             let admission = Arc::clone(&admission);
             async move { admission.drained().await }

@@ -130,8 +130,11 @@ pub(crate) struct Session {
     tap: Arc<Tap>,
     /// Whether rmcp's serve loop is over: the server's output ended (the loop ends with
     /// it), or rmcp has begun to close the transport, or dropped it. A request still
-    /// waiting then is answered by nothing. (A loop psych cancels, closing the session,
-    /// says so only as the close begins, after rmcp's drain of up to 2 s.)
+    /// waiting then is answered by nothing. Said before rmcp's request queue closes
+    /// (`is_transport_closed`), which comes only after the close, and a close may wait:
+    /// up to 5 s before it for answers to the server's own requests, and a stdio server's
+    /// stdin is closed only once a send blocked on it gives it up. (A loop psych cancels,
+    /// closing the session, says so only as the close begins, after a drain of up to 2 s.)
     ended: Ended,
     /// Why the session is lost, once a request found it gone (shared with a probe's task).
     lost: Arc<Lost>,
@@ -798,7 +801,7 @@ impl Session {
                     // was a 429 or the session still answers a ping (the probe marks it
                     // lost itself when it does not).
                     if let Some(refusal) = refusal
-                        && !self.transport_gone()
+                        && !self.ended.is_ended()
                         && (refusal.rate_limited || self.probe(&lost).await)
                     {
                         return McpError::Protocol {
@@ -864,18 +867,7 @@ impl Session {
     /// Whether the connection is known lost now (a request found it gone, or rmcp's serve
     /// loop is over), before [`Session::lost`] has said why.
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.reason().is_some() || self.transport_gone()
-    }
-
-    /// Whether rmcp's serve loop is over, after which no answer comes (see
-    /// [`crate::ending`]): seen as the server's output ends or rmcp begins to close the
-    /// transport, not only once rmcp's request queue closes (`is_transport_closed`), which
-    /// it does after the close, in the same task: so that look would add nothing. Between
-    /// the loop and the close rmcp waits up to 5 s (2 s when cancelled) for its answers to
-    /// the server's own requests to go out, and the close itself may wait (a stdio
-    /// server's stdin is closed only once a send blocked on it gives it up).
-    fn transport_gone(&self) -> bool {
-        self.ended.is_ended()
+        self.lost.reason().is_some() || self.ended.is_ended()
     }
 
     /// Resolves when the connection is lost, with the reason: the process exited, the
@@ -905,7 +897,7 @@ impl Session {
                 }
                 return reason;
             }
-            if self.transport_gone() {
+            if self.ended.is_ended() {
                 // A stdio server's output closes as it exits, and the two are seen in
                 // either order: its exit status, when it comes within EXIT_REPORT_WAIT,
                 // says more than the closed pipe (the next turn of the loop reports it).
@@ -1522,6 +1514,10 @@ mod tests {
             .call("big", arguments, &round, Duration::from_millis(300), None)
             .await;
         assert!(matches!(big, Err(McpError::Timeout { .. })), "{big:?}");
+        // A wait for the loss given up while the server still holds its output open (as a
+        // `select!` drops it): nothing of it is left to lose.
+        let early = tokio::time::timeout(Duration::from_millis(100), session.lost()).await;
+        assert!(early.is_err(), "not lost yet: {early:?}");
         std::fs::write(&blocked, b"").unwrap();
         let reason = tokio::time::timeout(Duration::from_secs(20), session.lost())
             .await
