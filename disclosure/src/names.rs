@@ -5,7 +5,8 @@
 //! - A direct tool is `server__tool`; a facade is `server`; a search pair is
 //!   `server__search_tools` and `server__call_tool`; the meta tools and the orientation
 //!   tool have fixed `psych_…` names that are reserved whether or not they are present, and
-//!   so is the reader's `read_tool_output`.
+//!   so are the reader's `read_tool_output` and native deferral's search tools'
+//!   (`tool_search`, Anthropic's `tool_search_tool_regex` and `tool_search_tool_bm25`).
 //! - A name that is not provider-safe as is (a dotted MCP name, or longer than 64 bytes)
 //!   is sanitised (every character outside `[A-Za-z0-9_-]` becomes `_`), cut to 55 bytes
 //!   and given the suffix `_` + 8 hex digits of an FNV-1a hash of what it means. Such a
@@ -20,7 +21,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use psych_types::{READ_TOOL_OUTPUT, ServerId, ToolRef};
+use psych_types::{ANTHROPIC_TOOL_SEARCHES, READ_TOOL_OUTPUT, ServerId, TOOL_SEARCH, ToolRef};
 use serde::Serialize;
 
 /// The longest provider tool name (`^[a-zA-Z0-9_-]{1,64}$`).
@@ -35,16 +36,20 @@ pub const CALL_TOOL: &str = "psych_call_tool";
 /// The orientation tool ("call this first").
 pub const ORIENTATION: &str = "psych_orientation";
 
-/// Names no exposed entry may take: the fixed ones, and the reader's
-/// [`READ_TOOL_OUTPUT`], which the runtime and the gateway list and answer beside a
-/// Surface's tools (a server of that id shown as a facade gets another name rather than a
-/// second tool of that name, which a provider refuses).
-const RESERVED: [&str; 5] = [
+/// Names no exposed entry may take: the fixed ones, the reader's [`READ_TOOL_OUTPUT`],
+/// which the runtime and the gateway list and answer beside a Surface's tools, and the
+/// search tools native deferral adds to a request ([`TOOL_SEARCH`],
+/// [`ANTHROPIC_TOOL_SEARCHES`]): a server of such an id shown as a facade gets another
+/// name rather than a second tool of that name, which a provider refuses.
+const RESERVED: [&str; 8] = [
     LIST_TOOLS,
     DESCRIBE_TOOL,
     CALL_TOOL,
     ORIENTATION,
     READ_TOOL_OUTPUT,
+    TOOL_SEARCH,
+    ANTHROPIC_TOOL_SEARCHES[0],
+    ANTHROPIC_TOOL_SEARCHES[1],
 ];
 
 /// One of the three meta tools present whenever a server is deferred.
@@ -388,6 +393,30 @@ mod tests {
         assert_ne!(name_of(&table, &upper), "s__Get");
         assert_ne!(name_of(&table, &lower), "s__get");
         assert_eq!(table.len(), 5);
+    }
+
+    #[test]
+    fn no_facade_takes_a_native_search_tools_name() {
+        let facades: Vec<Exposed> = [
+            "tool_search",
+            "Tool_Search_Tool_Regex",
+            "tool_search_tool_bm25",
+        ]
+        .into_iter()
+        .map(|server| Exposed::Facade {
+            server: ServerId::new(server).unwrap(),
+        })
+        .collect();
+        let table = assign(facades.clone());
+        for facade in &facades {
+            let name = name_of(&table, facade);
+            assert!(
+                !std::iter::once(TOOL_SEARCH)
+                    .chain(ANTHROPIC_TOOL_SEARCHES)
+                    .any(|search| name.eq_ignore_ascii_case(search)),
+                "{name}"
+            );
+        }
     }
 
     #[test]

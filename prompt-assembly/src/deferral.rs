@@ -58,8 +58,9 @@ pub const TOOL_REFERENCE: &str = "tool_reference";
 /// of an answer was left out.
 pub const NO_MATCH: &str = "No deferred tool matched the query.";
 
-/// The name of the client search tool [`SearchTool::client`] declares.
-pub const SEARCH_TOOL_NAME: &str = "tool_search";
+/// The name of the client search tool [`SearchTool::client`] declares
+/// ([`psych_types::TOOL_SEARCH`], which no exposed tool takes).
+pub const SEARCH_TOOL_NAME: &str = psych_types::TOOL_SEARCH;
 
 /// How many tools a search loads when its call does not say ([`SearchTool::client`]'s
 /// schema documents it).
@@ -158,8 +159,8 @@ impl SearchTool {
     pub fn name(&self) -> &str {
         match self {
             SearchTool::Client { name, .. } => name.as_str(),
-            SearchTool::AnthropicRegex => "tool_search_tool_regex",
-            SearchTool::AnthropicBm25 => "tool_search_tool_bm25",
+            SearchTool::AnthropicRegex => psych_types::ANTHROPIC_TOOL_SEARCHES[0],
+            SearchTool::AnthropicBm25 => psych_types::ANTHROPIC_TOOL_SEARCHES[1],
         }
     }
 }

@@ -87,6 +87,16 @@ mod tool;
 /// (elision's guidance) name the same tool.
 pub const READ_TOOL_OUTPUT: &str = "read_tool_output";
 
+/// The name of the client search tool of native deferral (prompt-assembly's
+/// `SearchTool::client`; OpenAI Responses names its tool search so whatever it executes).
+/// Defined here so that disclosure reserves it: no server's facade takes it, which would
+/// give a request two tools of one name.
+pub const TOOL_SEARCH: &str = "tool_search";
+
+/// The names Anthropic's server-side tool searches take in a request (regex, then BM25),
+/// reserved by disclosure like [`TOOL_SEARCH`].
+pub const ANTHROPIC_TOOL_SEARCHES: [&str; 2] = ["tool_search_tool_regex", "tool_search_tool_bm25"];
+
 pub use base64::encode as encode_base64;
 pub use catalog::{
     CatalogVersion, Diff, Reachability, Refresh, ServerCatalog, ServerHealth, SyncFailure,
