@@ -19,8 +19,8 @@ use psych_record_log::{RecordLog, Recovery, SharedRecordLog, SyncPolicy};
 use psych_types::OutputLimits;
 use psych_types::{
     AssistantMessage, History, HistoryItem, LoggedRecord, PermissionGrant, Record, RunId,
-    ServerCatalog, TokenEstimator, ToolCall, ToolDefinition, ToolHost, ToolOutput, ToolResult,
-    Usage, UserMessage,
+    ServerCatalog, TokenEstimator, ToolCall, ToolCallId, ToolDefinition, ToolHost, ToolOutput,
+    ToolResult, Usage, UserMessage,
 };
 
 use crate::error::{ExecuteError, RunError, TurnState};
@@ -340,6 +340,12 @@ impl<H: ToolHost + 'static> Run<H> {
     /// message, executes its tool calls (results logged whole, in call order) and returns
     /// the next request, or [`Next::Done`] when the model made no call.
     ///
+    /// Providers give each call an id of its own, and a request's history needs them
+    /// unique; some OpenAI-compatible servers start again at `call_0` in each response. A
+    /// call whose id the Run's history (or an earlier call of the same reply) already holds
+    /// is logged and answered under a fresh one: the id with `_2`, `_3`… after it (its
+    /// start cut to keep within 128 characters), the first not yet used.
+    ///
     /// # Errors
     ///
     /// [`RunError::OutOfTurn`] when no request is waiting for a reply;
@@ -365,9 +371,10 @@ impl<H: ToolHost + 'static> Run<H> {
         self.awaiting = false;
         let ModelReply {
             text,
-            tool_calls,
+            mut tool_calls,
             usage,
         } = reply;
+        fresh_call_ids(&self.history, &mut tool_calls);
         let mut records = Vec::with_capacity(2);
         if let Some(usage) = usage {
             records.push(Record::Usage(usage));
@@ -1152,6 +1159,46 @@ impl Left {
         }
     }
 }
+
+/// Gives each of `calls` whose id `history` or an earlier one of `calls` already holds a
+/// fresh id (see [`Run::reply`]), so that every call of the Run has its own.
+fn fresh_call_ids(history: &History, calls: &mut [ToolCall]) {
+    let mut used: BTreeSet<String> = history
+        .entries
+        .iter()
+        .flat_map(|entry| match &entry.item {
+            HistoryItem::Record(Record::Assistant(message)) => message
+                .tool_calls
+                .iter()
+                .map(|call| call.id.as_str().to_owned())
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    for call in calls {
+        if used.insert(call.id.as_str().to_owned()) {
+            continue;
+        }
+        let id = call.id.as_str();
+        let fresh = (2u64..)
+            .map(|n| {
+                let suffix = format!("_{n}");
+                // Ids are ASCII (`[A-Za-z0-9_-]`), so any byte is a cut point.
+                let keep = id.len().min(MAX_CALL_ID - suffix.len());
+                format!("{}{suffix}", id.get(..keep).unwrap_or(id))
+            })
+            .find(|candidate| !used.contains(candidate));
+        if let Some(fresh) = fresh
+            && let Ok(fresh_id) = ToolCallId::new(fresh.clone())
+        {
+            used.insert(fresh);
+            call.id = fresh_id;
+        }
+    }
+}
+
+/// The longest [`ToolCallId`].
+const MAX_CALL_ID: usize = 128;
 
 /// The calls of the last assistant message that no later record answers.
 fn unanswered(history: &History) -> Vec<&ToolCall> {

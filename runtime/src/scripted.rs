@@ -50,7 +50,8 @@ impl Step {
 /// A model that answers each request with the next [`Step`] of its script.
 ///
 /// Call ids are `call_1`, `call_2`… in script order (start elsewhere with
-/// [`first_call`](Self::first_call), e.g. when a resumed Run's log already holds some).
+/// [`first_call`](Self::first_call), e.g. when a resumed Run's log already holds some: a
+/// Run answers a repeated id under a fresh one, [`Run::reply`](crate::Run::reply)).
 /// Usage is reported as a provider would, but made up deterministically: `input` is the
 /// request body's bytes / 4 and `output` the reply's bytes / 4 (no cache counts). When the
 /// script runs out, the model answers [`ScriptedModel::EXHAUSTED`] with no call, so a Run

@@ -230,6 +230,50 @@ async fn parallel_calls_run_together_and_log_in_call_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_id_used_before_is_answered_under_a_fresh_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = open(dir.path()).await;
+    // A model that numbers its calls from 1 in every turn (as some OpenAI-compatible
+    // servers do in every response), and repeats an id within one reply.
+    let first = ScriptedModel::new([
+        Step::call("svc__sleep", json!({"ms": 0, "tag": "one"})),
+        Step::say("done"),
+    ])
+    .turn(&mut run, "go")
+    .await
+    .unwrap();
+    assert_eq!(first.text, "done");
+    let mut again = ScriptedModel::new([
+        Step::call("svc__sleep", json!({"ms": 0, "tag": "two"})),
+        Step::say("done again"),
+    ]);
+    let request = run.user("once more").await.unwrap();
+    let mut reply = again.reply(&request);
+    let mut twin = reply.tool_calls[0].clone();
+    twin.arguments = json!({"ms": 0, "tag": "three"});
+    reply.tool_calls.push(twin);
+    assert_eq!(reply.tool_calls[0].id.as_str(), "call_1");
+    assert_eq!(reply.tool_calls[1].id.as_str(), "call_1");
+    let Next::Request(request) = run.reply(reply).await.unwrap() else {
+        panic!("the calls' results go to the model");
+    };
+    let transcript = again.continue_turn(&mut run, request).await.unwrap();
+    assert_eq!(transcript.text, "done again");
+    let tags: Vec<_> = results(&run)
+        .into_iter()
+        .map(|(id, out)| (id, out.readable_text().into_owned()))
+        .collect();
+    assert_eq!(
+        tags,
+        [
+            ("call_1".into(), "one".into()),
+            ("call_1_2".into(), "two".into()),
+            ("call_1_3".into(), "three".into())
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_past_the_steps_cap_are_answered_without_running() {
     let dir = tempfile::tempdir().unwrap();
     let mut run = builder(dir.path())
