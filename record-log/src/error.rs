@@ -140,6 +140,17 @@ pub enum AppendError {
         #[source]
         cause: SpillError,
     },
+    /// The record's JSON (its metadata, or a tool result's structured content) nests
+    /// deeper than the log reads back ([`psych_types::json::MAX_DEPTH`], counted with the
+    /// log's own wrapping): it is refused rather than kept unreadable. Nothing of the
+    /// append is acknowledged.
+    #[error("the record nests JSON {depth} levels deep; the log reads back at most {max}")]
+    TooDeep {
+        /// How deep the encoded record nests.
+        depth: usize,
+        /// The deepest the log reads back.
+        max: usize,
+    },
     /// The log was opened with [`RecordLog::open_read_only`](crate::RecordLog::open_read_only):
     /// it never writes, so appends and syncs are refused.
     #[error("{path} was opened read-only; it takes no appends")]

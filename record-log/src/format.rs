@@ -773,6 +773,19 @@ fn skeleton(block: &ContentBlock) -> Result<JsonObject, serde_json::Error> {
     }
 }
 
+/// `json` if it nests no deeper than serde_json reads back, else
+/// [`AppendError::TooDeep`]: a record is refused rather than stored unreadable.
+fn readable_depth<T: AsRef<[u8]>>(json: T) -> Result<T, AppendError> {
+    let depth = psych_types::json::depth(json.as_ref());
+    if depth > psych_types::json::MAX_DEPTH {
+        return Err(AppendError::TooDeep {
+            depth,
+            max: psych_types::json::MAX_DEPTH,
+        });
+    }
+    Ok(json)
+}
+
 /// Whether `output` is one text block with nothing but its text.
 fn plain_text(output: &ToolOutput) -> bool {
     matches!(output.content.as_slice(), [ContentBlock::Text(text)]
@@ -801,7 +814,7 @@ pub(crate) fn encode_record<'a>(
             },
             content_kind: CONTENT_NONE,
             flags: 0,
-            meta: serde_json::to_vec(record).map_err(AppendError::Encode)?,
+            meta: readable_depth(serde_json::to_vec(record).map_err(AppendError::Encode)?)?,
             content: Content::Memory(Cow::Borrowed(&[])),
         }),
         Record::ToolResult(result) => {
@@ -870,6 +883,7 @@ pub(crate) fn encode_record<'a>(
                 line_index,
             })
             .map_err(AppendError::Encode)?;
+            let meta = readable_depth(meta)?;
             let readable_len = readable.len();
             let (content_kind, content) = if readable.is_spilled() {
                 // Spilled text is in content blocks, so never JSON only.
@@ -889,6 +903,7 @@ pub(crate) fn encode_record<'a>(
             } else {
                 let memory = readable.into_memory();
                 if json_only {
+                    let memory = readable_depth(memory)?;
                     (CONTENT_JSON, Content::Memory(memory))
                 } else if binary.is_empty() {
                     (CONTENT_TEXT, Content::Memory(memory))

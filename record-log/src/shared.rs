@@ -734,6 +734,7 @@ impl psych_types::RecordStore for SharedRecordLog {
     fn failure(&self, error: &AppendError) -> psych_types::RecordFailure {
         match error {
             AppendError::Spill { .. } => psych_types::RecordFailure::Spill,
+            AppendError::TooDeep { .. } => psych_types::RecordFailure::TooDeep,
             _ => psych_types::RecordFailure::Store,
         }
     }

@@ -1371,9 +1371,10 @@ fn answer<E: std::error::Error>(
 ///
 /// A result with spilled text ([`ToolOutput::spilled`]) is stored streamed from its files;
 /// if one cannot be (its file unreadable or not what it claims, the log refusing its
-/// shape), the log acknowledges nothing of the batch, and its records are appended again
-/// one by one in call order, the refused one replaced by an error result saying why: the
-/// other results of the step are never lost for one bad answer. Once logged, each record's spilled files are
+/// shape), or a result nests JSON deeper than the log reads back
+/// ([`RecordFailure::TooDeep`]), the log acknowledges nothing of the batch, and its records
+/// are appended again one by one in call order, the refused one replaced by an error
+/// result saying why: the other results of the step are never lost for one bad answer. Once logged, each record's spilled files are
 /// let go here, on the blocking thread (closing a multi-GiB unlinked file frees its
 /// blocks): the records returned hold the placeholders, and the log the text.
 async fn append(
@@ -1394,18 +1395,22 @@ async fn append(
             // Which result the log refused is not said: each is appended alone, and a
             // refused one replaced by an error result saying why (a rare path: one sync
             // per record, in call order).
-            Err(error) if error.kind() == RecordFailure::Spill => {
+            Err(error) if refused_alone(error.kind()) => {
                 let mut handles = Vec::with_capacity(records.len());
                 for record in &mut records {
                     match log.append(record) {
                         Ok(handle) => handles.push(handle),
-                        Err(error) if error.kind() == RecordFailure::Spill => {
+                        Err(error) if refused_alone(error.kind()) => {
                             if let Record::ToolResult(result) = record {
                                 let bytes: u64 =
                                     result.output.spilled.iter().map(|s| s.text.len()).sum();
+                                let what = if bytes == 0 {
+                                    "the result".to_owned()
+                                } else {
+                                    format!("the result ({bytes} bytes of text kept in files)")
+                                };
                                 result.output = ToolOutput::error(format!(
-                                    "the result ({bytes} bytes of text kept in files) could \
-                                     not be stored, so it is not shown: {error}"
+                                    "{what} could not be stored, so it is not shown: {error}"
                                 ));
                             }
                             handles.push(log.append(record)?);
@@ -1429,6 +1434,12 @@ async fn append(
             .collect())
     })
     .await?
+}
+
+/// Whether an append refused for `failure` is one record's fault, which the others of its
+/// batch need not share (see [`append`]).
+fn refused_alone(failure: RecordFailure) -> bool {
+    matches!(failure, RecordFailure::Spill | RecordFailure::TooDeep)
 }
 
 /// What [`Executor::execute_round`] made of one call.

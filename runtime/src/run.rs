@@ -344,7 +344,11 @@ impl<H: ToolHost + 'static> Run<H> {
     /// unique; some OpenAI-compatible servers start again at `call_0` in each response. A
     /// call whose id the Run's history (or an earlier call of the same reply) already holds
     /// is logged and answered under a fresh one: the id with `_2`, `_3`… after it (its
-    /// start cut to keep within 128 characters), the first not yet used.
+    /// start cut to keep within 128 characters), the first not yet used. A call whose
+    /// arguments nest deeper than the log could read back (over 63 levels of arrays and
+    /// objects, [`psych_types::json::MAX_DEPTH`] with room for the record around them) is
+    /// logged with its arguments as their JSON text, as arguments that did not parse are,
+    /// and answered as a call whose arguments are not an object.
     ///
     /// # Errors
     ///
@@ -375,6 +379,7 @@ impl<H: ToolHost + 'static> Run<H> {
             usage,
         } = reply;
         fresh_call_ids(&self.history, &mut tool_calls);
+        storable_arguments(&mut tool_calls);
         let mut records = Vec::with_capacity(2);
         if let Some(usage) = usage {
             records.push(Record::Usage(usage));
@@ -1196,6 +1201,24 @@ fn fresh_call_ids(history: &History, calls: &mut [ToolCall]) {
         }
     }
 }
+
+/// Keeps as their JSON text (a [`Value::String`](serde_json::Value::String), as arguments
+/// that did not parse are kept) the arguments of each call that nest deeper than
+/// [`MAX_ARGUMENT_DEPTH`]: nested deeper than the log reads back with the record around
+/// them, they would make the Run's history unreadable (see [`Run::reply`]).
+fn storable_arguments(calls: &mut [ToolCall]) {
+    for call in calls {
+        let text = psych_types::json::to_compact(&call.arguments);
+        if psych_types::json::depth(text.as_bytes()) > MAX_ARGUMENT_DEPTH {
+            call.arguments = serde_json::Value::String(text);
+        }
+    }
+}
+
+/// The deepest a call's arguments may nest and be logged as they are: half of
+/// [`psych_types::json::MAX_DEPTH`], the rest left for the record around them (a few
+/// levels) with room to spare.
+const MAX_ARGUMENT_DEPTH: usize = psych_types::json::MAX_DEPTH / 2;
 
 /// The longest [`ToolCallId`].
 const MAX_CALL_ID: usize = 128;

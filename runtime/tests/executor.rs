@@ -1,7 +1,8 @@
 //! The Run and its executor over an in-process host: parallel calls and call order, the
 //! per-call deadline, a grant revoked mid-Run, a read by a handle never emitted, resume
-//! after a crash that left calls unanswered, spent tokens from usage records only, and a
-//! Run whose catalogue fills the tool cap.
+//! after a crash that left calls unanswered, spent tokens from usage records only, a Run
+//! whose catalogue fills the tool cap, repeated call ids, and JSON nested past what the log
+//! reads back.
 
 #![allow(
     clippy::unwrap_used,
@@ -70,9 +71,16 @@ impl ToolHost for Host {
         assert_ne!(args["tag"], "panic", "the host's bug");
         match args["tag"].as_str() {
             Some(tag @ ("spilled" | "spilled_into_an_image")) => Ok(spilled(tag)),
+            // Structured content as deep as serde_json parses.
+            Some("deep") => Ok(ToolOutput::text("deep").with_structured_content(nested(127))),
             tag => Ok(ToolOutput::text(tag.unwrap_or_default())),
         }
     }
+}
+
+/// JSON nested `depth` levels: arrays in arrays around one object.
+fn nested(depth: usize) -> serde_json::Value {
+    (1..depth).fold(json!({"deepest": true}), |inner, _| json!([inner]))
 }
 
 /// The text a spilled result of the host holds in its file.
@@ -271,6 +279,52 @@ async fn a_call_id_used_before_is_answered_under_a_fresh_one() {
             ("call_1_3".into(), "three".into())
         ]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_nested_past_what_the_log_reads_back_never_stops_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = open(dir.path()).await;
+    let mut model = ScriptedModel::new([
+        Step::call("svc__sleep", json!({"ms": 0, "tag": "deep"}))
+            .and_call("svc__sleep", json!({"ms": 0, "tag": "kept"}))
+            .and_call(
+                "svc__sleep",
+                json!({"ms": 0, "tag": "x", "more": nested(125)}),
+            ),
+        Step::say("done"),
+    ]);
+    let transcript = model.turn(&mut run, "go").await.unwrap();
+    assert_eq!(transcript.text, "done");
+    let results = results(&run);
+    let texts: Vec<_> = results
+        .iter()
+        .map(|(_, output)| (output.is_error, output.readable_text().into_owned()))
+        .collect();
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    // The result too deep to keep is said to be so; the others are as they were.
+    assert!(
+        texts[0].0 && texts[0].1.contains("could not be stored"),
+        "{texts:?}"
+    );
+    assert_eq!(texts[1], (false, "kept".to_owned()));
+    // Arguments too deep to keep are kept as their text, which is not an object.
+    assert!(texts[2].0, "{texts:?}");
+    let calls: Vec<_> = run
+        .records(0)
+        .unwrap()
+        .into_iter()
+        .filter_map(|logged| match logged.record {
+            Record::Assistant(message) => Some(message.tool_calls),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert!(calls[2].arguments.is_string());
+    // The log reads back whole after a reopen.
+    drop(run);
+    let run = open(dir.path()).await;
+    assert_eq!(run.records(0).unwrap().len(), 8);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

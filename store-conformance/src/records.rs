@@ -32,6 +32,7 @@ macro_rules! records_conformance {
             a_large_result_reads_by_page_and_by_line,
             concurrent_appenders_get_distinct_dense_handles,
             the_history_summarizes_every_record,
+            a_record_the_store_acknowledges_reads_back_however_deep,
         );
     };
     (@tests $fresh:expr; $($property:ident),* $(,)?) => {
@@ -542,4 +543,77 @@ pub fn the_history_summarizes_every_record<S: RecordStore>(open: &impl Fn(&RunId
     let mut again = history.clone();
     store.extend_history(&mut again).unwrap();
     assert_eq!(again, history, "nothing new, nothing added");
+}
+
+/// JSON nested `depth` levels: arrays in arrays around one object.
+fn nested(depth: usize) -> serde_json::Value {
+    (1..depth).fold(json!({"deepest": true}), |inner, _| json!([inner]))
+}
+
+/// Records whose JSON nests as deep as a peer's can (serde_json parses up to
+/// [`json::MAX_DEPTH`](psych_types::json::MAX_DEPTH) levels, so a model's call arguments, a
+/// server's structured content or a block's `_meta` may nest nearly that deep): each the
+/// store acknowledges reads back as it was, in the history too, and each it refuses is
+/// refused as [`RecordFailure::TooDeep`] with nothing acknowledged. Those nested well
+/// within the limit are all acknowledged.
+pub fn a_record_the_store_acknowledges_reads_back_however_deep<S: RecordStore>(
+    open: &impl Fn(&RunId) -> S,
+) {
+    let id = run("deep");
+    let store = open(&id);
+    let max = psych_types::json::MAX_DEPTH;
+    let mut refused = 0;
+    for depth in [max - 20, max - 4, max - 3, max - 2, max - 1, max] {
+        let shapes = [
+            Record::Assistant(AssistantMessage {
+                text: String::new(),
+                tool_calls: vec![ToolCall {
+                    id: ToolCallId::new(format!("c{depth}")).unwrap(),
+                    name: "svc__deep".into(),
+                    arguments: nested(depth),
+                }],
+            }),
+            result(
+                "s",
+                ToolOutput::text("beside").with_structured_content(nested(depth)),
+            ),
+            result("j", ToolOutput::json(nested(depth))),
+            result(
+                "m",
+                ToolOutput::from_blocks(vec![block(
+                    json!({"type": "text", "text": "t", "_meta": {"k": nested(depth)}}),
+                )]),
+            ),
+            result("o", {
+                let mut output = ToolOutput::text("with meta");
+                output.meta = Some(serde_json::from_value(json!({"k": nested(depth)})).unwrap());
+                output
+            }),
+        ];
+        for record in shapes {
+            let before = store.len();
+            match store.append(&record) {
+                Ok(handle) => {
+                    assert_eq!(store.record(&handle).unwrap().as_ref(), Some(&record));
+                    if matches!(record, Record::ToolResult(_)) {
+                        assert!(store.output_info(&handle).unwrap().is_some());
+                    }
+                }
+                Err(error) => {
+                    assert!(depth > max - 20, "{depth} levels refused: {error}");
+                    assert_eq!(store.failure(&error), RecordFailure::TooDeep, "{error}");
+                    assert_eq!(store.len(), before);
+                    refused += 1;
+                }
+            }
+        }
+    }
+    // A call's arguments sit inside the record, so some of these are past the limit.
+    assert!(refused > 0);
+    let mut history = History::default();
+    store.extend_history(&mut history).unwrap();
+    assert_eq!(history.entries.len() as u64, store.len());
+    drop(store);
+    let store = open(&id);
+    assert_eq!(all(&store).len() as u64, store.len());
 }

@@ -117,6 +117,16 @@ pub enum RecordError {
     /// A record could not be encoded as JSON; nothing of its batch was stored.
     #[error("cannot encode a record")]
     Encode(#[source] serde_json::Error),
+    /// A record's JSON nests deeper than the store reads back
+    /// ([`psych_types::json::MAX_DEPTH`], counted in the row as stored): it is refused
+    /// rather than kept unreadable, and nothing of its batch was stored.
+    #[error("the record nests JSON {depth} levels deep; the store reads back at most {max}")]
+    TooDeep {
+        /// How deep the record's row nests.
+        depth: usize,
+        /// The deepest the store reads back.
+        max: usize,
+    },
     /// A stored row did not decode or does not agree with itself or its chunks (a span
     /// past its text's length, a chunk missing before it; written by another program, or
     /// damaged).
@@ -285,12 +295,26 @@ pub enum SpillError {
     },
 }
 
+/// `body` if it nests no deeper than serde_json reads back, else
+/// [`RecordError::TooDeep`]: a record is refused rather than stored unreadable.
+fn readable_depth(body: Vec<u8>) -> Result<Vec<u8>, RecordError> {
+    let depth = psych_types::json::depth(&body);
+    if depth > psych_types::json::MAX_DEPTH {
+        return Err(RecordError::TooDeep {
+            depth,
+            max: psych_types::json::MAX_DEPTH,
+        });
+    }
+    Ok(body)
+}
+
 impl RecordError {
     /// What kind of failure it is: a spilled text refused, the database unreachable (a
     /// lost connection, a restart, no pooled connection in time), or another failure.
     pub fn kind(&self) -> RecordFailure {
         match self {
             RecordError::Spill { .. } => RecordFailure::Spill,
+            RecordError::TooDeep { .. } => RecordFailure::TooDeep,
             RecordError::Db(DbError::Connect(_) | DbError::Open(_)) => RecordFailure::Unavailable,
             RecordError::Db(DbError::Query(e)) if unavailable(e) => RecordFailure::Unavailable,
             RecordError::NotStored(_) => RecordFailure::Unavailable,
@@ -640,15 +664,17 @@ impl PgRecords {
                 Record::ToolResult(result) => {
                     let estimator = self.estimator.as_deref();
                     let stored = store_output(&mut chunks, seq, &result.output, estimator).await?;
-                    let body =
+                    let body = readable_depth(
                         serde_json::to_vec(&Record::ToolResult(result.clone_without_texts()))
-                            .map_err(RecordError::Encode)?;
+                            .map_err(RecordError::Encode)?,
+                    )?;
                     let spans = serde_json::to_vec(&stored.spans).map_err(RecordError::Encode)?;
                     rows.bytes += (body.len() + spans.len()) as u64 + stored.len;
                     rows.push(seq, body, Some((stored, spans)));
                 }
                 other => {
-                    let body = serde_json::to_vec(other).map_err(RecordError::Encode)?;
+                    let body =
+                        readable_depth(serde_json::to_vec(other).map_err(RecordError::Encode)?)?;
                     rows.bytes += body.len() as u64;
                     rows.push(seq, body, None);
                 }

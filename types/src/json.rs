@@ -195,6 +195,42 @@ pub fn indent(json: &str) -> String {
     out
 }
 
+/// The deepest nesting of arrays and objects serde_json parses: its recursion limit (128)
+/// less one. JSON nested deeper is refused when it is read, whatever wrote it, so a store
+/// checks what it encodes against this ([`depth`]) before it acknowledges a record: a record
+/// it kept and could not read back would be lost, and would stop every read of its Run's
+/// history.
+pub const MAX_DEPTH: usize = 127;
+
+/// How deeply the arrays and objects of `json`, a JSON text, nest (`1` for `[1]` or `{}`,
+/// `0` for a scalar). Brackets inside strings are skipped, escapes included. Not a
+/// validator: the answer is meant for JSON a serializer wrote. One pass, no allocation.
+pub fn depth(json: &[u8]) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &byte in json {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,5 +316,24 @@ mod tests {
             };
             prop_assert_eq!(strip(&indented), strip(&compact));
         }
+    }
+
+    #[test]
+    fn depth_counts_brackets_outside_strings() {
+        assert_eq!(depth(b"1"), 0);
+        assert_eq!(depth(b"{}"), 1);
+        assert_eq!(depth(br#"[{"a":[1,{"b":[]}]},[]]"#), 5);
+        assert_eq!(depth(br#"{"k":"[[{{\"\\"}"#), 1);
+        assert_eq!(depth(br#"["\\",["#), 2);
+    }
+
+    #[test]
+    fn max_depth_is_what_serde_json_reads_back() {
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let at = nested(MAX_DEPTH);
+        assert_eq!(depth(at.as_bytes()), MAX_DEPTH);
+        assert!(serde_json::from_str::<Value>(&at).is_ok());
+        let past = nested(MAX_DEPTH + 1);
+        assert!(serde_json::from_str::<Value>(&past).is_err());
     }
 }

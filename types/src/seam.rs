@@ -563,6 +563,11 @@ pub enum RecordFailure {
     /// A spilled text could not be read whole as UTF-8: this record cannot be stored as it
     /// is (nothing of its batch was acknowledged); others can.
     Spill,
+    /// The record nests JSON deeper than the store could read back
+    /// ([`json::MAX_DEPTH`](crate::json::MAX_DEPTH), counted with the store's own wrapping):
+    /// this record cannot be stored as it is (nothing of its batch was acknowledged); others
+    /// can.
+    TooDeep,
     /// The store cannot be reached now (a lost connection, a database restarting, no pooled
     /// connection in time): nothing of the batch was acknowledged; trying again later may
     /// succeed.
