@@ -108,8 +108,14 @@ impl RecordLog {
                 let tail = self.scan()?;
                 if !self.read_only && self.end.saturating_sub(covered) >= CHECKPOINT_AFTER {
                     // Best effort: a checkpoint is a cache, and without one the next open
-                    // verifies every frame, as it would have.
-                    let _ = self.write_checkpoint();
+                    // verifies every frame, as it would have. It vouches for frames on
+                    // disk: under a policy that does not sync, the scan may have read them
+                    // from the page cache only (a power loss could still lose some while
+                    // the checkpoint and the last frame survive), so they are synced first.
+                    let synced = self.sync.syncs() || self.storage.sync_data(&self.file).is_ok();
+                    if synced {
+                        let _ = self.write_checkpoint();
+                    }
                 }
                 tail
             }

@@ -261,3 +261,57 @@ fn read_only_opens_use_a_checkpoint_but_never_write_one_and_small_logs_get_none(
     drop(common::open_big(small.path()).unwrap());
     assert!(!common::big_checkpoint_path(small.path()).exists());
 }
+
+/// Counts `sync_data` calls, and whether the checkpoint was there at each.
+#[derive(Debug)]
+struct Watched {
+    checkpoint: std::path::PathBuf,
+    syncs_before_checkpoint: std::sync::atomic::AtomicUsize,
+}
+
+impl psych_record_log::Storage for Watched {
+    fn write_all_at(&self, file: &std::fs::File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(file, buf, offset)
+    }
+
+    fn set_len(&self, file: &std::fs::File, len: u64) -> std::io::Result<()> {
+        file.set_len(len)
+    }
+
+    fn sync_data(&self, file: &std::fs::File) -> std::io::Result<()> {
+        if !self.checkpoint.exists() {
+            self.syncs_before_checkpoint
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        file.sync_data()
+    }
+}
+
+/// A checkpoint vouches for frames on disk: an open under a policy that does not sync
+/// (`OsBuffered`, whose scan may read frames still only in the page cache) syncs them
+/// before it writes one.
+#[test]
+fn an_open_that_does_not_sync_appends_syncs_the_frames_its_checkpoint_covers() {
+    let dir = tempfile::tempdir().unwrap();
+    big(dir.path());
+    let watched = std::sync::Arc::new(Watched {
+        checkpoint: common::big_checkpoint_path(dir.path()),
+        syncs_before_checkpoint: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let (log, recovery) = RecordLog::open_with_storage(
+        dir.path(),
+        &psych_types::RunId::new("big").unwrap(),
+        SyncPolicy::OsBuffered,
+        watched.clone(),
+    )
+    .unwrap();
+    assert!(recovery.is_clean(), "{recovery}");
+    drop(log);
+    assert!(common::big_checkpoint_path(dir.path()).exists());
+    assert!(
+        watched
+            .syncs_before_checkpoint
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0
+    );
+}
