@@ -181,6 +181,17 @@ pub enum RefreshError {
         /// How long the lease was waited for.
         after: Duration,
     },
+    /// The catalogue is shared and the server's refresh lease could not be taken: the
+    /// shared store failed (out of connections, restarting). Not recorded as the server's
+    /// failure: the server was not asked.
+    #[error("taking the refresh lease of {server}: {source}")]
+    Lease {
+        /// The server.
+        server: ServerId,
+        /// Why.
+        #[source]
+        source: CatalogError,
+    },
     /// The freshener shut down before the refresh finished.
     #[error("the freshener shut down before refreshing {server}")]
     ShutDown {

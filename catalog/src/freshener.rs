@@ -738,6 +738,10 @@ enum Listed {
     /// Another process sharing the catalogue stored a listing that started after this one
     /// was asked for: the server's set version it stored.
     Shared(CatalogVersion),
+    /// The server failed to list (an error, no answer in time) under the lease, held until
+    /// the failure is recorded: another process's listing, stored after it, is never
+    /// overwritten by this older failure.
+    Failed(RefreshError, LeaseGuard),
 }
 
 /// How often a listing waiting for another process's lease on the server asks again.
@@ -748,7 +752,10 @@ const LEASE_POLL: Duration = Duration::from_millis(100);
 /// it when another's listing that started after the request is stored. A lease held by
 /// another process is waited for (asked again every [`LEASE_POLL`]) for at most twice the
 /// timeout (the holder's listing is bounded by it, its storing usually far less), then
-/// [`RefreshError::LeaseBusy`], which is not recorded as the server's failure.
+/// [`RefreshError::LeaseBusy`]. An error of this step ([`RefreshError::LeaseBusy`], the
+/// store failing, [`RefreshError::Lease`]) is the `Err` and is not recorded as the
+/// server's failure: the server was not asked. The server's own failure is
+/// [`Listed::Failed`].
 async fn list<L: ToolLister>(
     lister: Arc<L>,
     catalog: Catalog,
@@ -769,7 +776,7 @@ async fn list<L: ToolLister>(
                     server: server.clone(),
                     reason: error.to_string(),
                 })?
-                .map_err(|source| RefreshError::Store {
+                .map_err(|source| RefreshError::Lease {
                     server: server.clone(),
                     source,
                 })?;
@@ -788,17 +795,18 @@ async fn list<L: ToolLister>(
     } else {
         LeaseGuard::none()
     };
-    match tokio::time::timeout(timeout, lister.list_tools(&server)).await {
-        Ok(Ok(tools)) => Ok(Listed::Tools(tools, lease)),
-        Ok(Err(source)) => Err(RefreshError::Lister {
+    let failed = match tokio::time::timeout(timeout, lister.list_tools(&server)).await {
+        Ok(Ok(tools)) => return Ok(Listed::Tools(tools, lease)),
+        Ok(Err(source)) => RefreshError::Lister {
             server,
             source: Box::new(source),
-        }),
-        Err(_) => Err(RefreshError::TimedOut {
+        },
+        Err(_) => RefreshError::TimedOut {
             server,
             after: timeout,
-        }),
-    }
+        },
+    };
+    Ok(Listed::Failed(failed, lease))
 }
 
 /// Stores a listing, or records its failure, on the blocking pool (redb commits fsync); after
@@ -845,15 +853,19 @@ async fn store(
                 Err(error)
             }
         },
-        // Another process is listing the server: not the server's failure.
-        Err(error @ RefreshError::LeaseBusy { .. }) => Err(error),
-        Err(error) => match catalog.record_failure(&owned, &error.to_string()) {
-            Ok(()) => Err(error),
-            Err(recording) => Err(RefreshError::Unrecorded {
-                failure: Box::new(error),
-                recording,
-            }),
-        },
+        // Recorded under the lease, released once that is done (when `_lease` drops).
+        Ok(Listed::Failed(error, _lease)) => {
+            match catalog.record_failure(&owned, &error.to_string()) {
+                Ok(()) => Err(error),
+                Err(recording) => Err(RefreshError::Unrecorded {
+                    failure: Box::new(error),
+                    recording,
+                }),
+            }
+        }
+        // The lease could not be taken (another process is listing the server, or the
+        // shared store failed): the server was not asked, so it is not its failure.
+        Err(error) => Err(error),
     });
     task.await.unwrap_or_else(|error| {
         Err(RefreshError::Task {
@@ -982,7 +994,15 @@ mod tests {
             server: s.clone(),
             after: Duration::from_secs(1),
         };
-        assert!(store(&catalog, &s, Err(timed_out)).await.is_err());
+        assert!(
+            store(
+                &catalog,
+                &s,
+                Ok(Listed::Failed(timed_out, LeaseGuard::none()))
+            )
+            .await
+            .is_err()
+        );
         assert_eq!(catalog.cached_set_version(&s), Some(first.version.0));
         let second = store(
             &catalog,
@@ -1113,6 +1133,40 @@ mod tests {
         }
     }
 
+    /// A lease that could not be taken (the shared store failing) was recorded as the
+    /// server's failure, which every process sharing the catalogue then showed; the server
+    /// was never asked. Only the server's own failure, under its lease, is recorded.
+    #[tokio::test]
+    async fn only_a_listing_that_failed_is_recorded_as_the_servers_failure() {
+        let catalog = Catalog::in_memory().unwrap();
+        let s = ServerId::new("s").unwrap();
+        let not_asked = [
+            RefreshError::Lease {
+                server: s.clone(),
+                source: crate::error::CatalogError::Corrupt {
+                    what: "the lease".into(),
+                    reason: "no connection".into(),
+                },
+            },
+            RefreshError::LeaseBusy {
+                server: s.clone(),
+                after: Duration::from_secs(1),
+            },
+        ];
+        for error in not_asked {
+            assert!(store(&catalog, &s, Err(error)).await.is_err());
+            assert_eq!(catalog.health(&s).unwrap().last_error, None);
+        }
+        let timed_out = RefreshError::TimedOut {
+            server: s.clone(),
+            after: Duration::from_secs(1),
+        };
+        let failed = Ok(Listed::Failed(timed_out, LeaseGuard::none()));
+        assert!(store(&catalog, &s, failed).await.is_err());
+        let recorded = catalog.health(&s).unwrap().last_error.unwrap();
+        assert!(recorded.message.contains("did not answer"), "{recorded:?}");
+    }
+
     /// Before, the caller got the recording's storage error and the lister's was lost.
     #[tokio::test]
     async fn a_failure_that_cannot_be_recorded_is_still_the_listers() {
@@ -1128,7 +1182,9 @@ mod tests {
             server: s.clone(),
             source: Box::new(std::io::Error::other("tools/list: connection reset")),
         };
-        let error = store(&catalog, &s, Err(lister)).await.unwrap_err();
+        let error = store(&catalog, &s, Ok(Listed::Failed(lister, LeaseGuard::none())))
+            .await
+            .unwrap_err();
         let RefreshError::Unrecorded { failure, recording } = &error else {
             panic!("not the lister's error: {error}");
         };

@@ -283,7 +283,9 @@ impl Catalog {
     /// call them off the async workers, as for redb); reachability is this process's, held
     /// in memory; the clock is the store's. When another process changes the store, the
     /// change counter ([`changes`](Self::changes)) moves on as for a change made here (the
-    /// store's [`watch`](CatalogStore::watch)), so sessions resolved from it are woken.
+    /// store's [`watch`](CatalogStore::watch)), so sessions resolved from it are woken: a
+    /// change is new tools, an error recorded or cleared (the PostgreSQL store sends none
+    /// for a refresh that only moves the sync stamp).
     pub fn shared(store: Arc<DynCatalogStore>) -> Self {
         struct StoreClock(Arc<DynCatalogStore>);
         impl Clock for StoreClock {

@@ -11,8 +11,9 @@
 //!   first probe after 30 s idle, three 10 s apart), freeing it within about a minute.
 //!   Another process waiting meanwhile gives up after twice its list timeout, without
 //!   recording a failure of the server.
-//! - **Change feed.** Every refresh and recorded failure sends `pg_notify` on
-//!   [`CHANNEL`] in its own transaction (so only once committed), with the payload
+//! - **Change feed.** A refresh that changes the tools or clears an error, and every
+//!   recorded failure, sends `pg_notify` on [`CHANNEL`] in its own transaction (so only
+//!   once committed; a refresh that only moves the sync stamp sends none), with the payload
 //!   `schema instance server`; a listener connection of the catalogue's own (`LISTEN`)
 //!   wakes the catalogue's watchers for each notification of its schema sent by another
 //!   instance, and once each time its `LISTEN` takes effect (a change may have been
