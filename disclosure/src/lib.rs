@@ -46,8 +46,9 @@
 //!   [`Settings::facade_max_index_tokens`]; else a search pair. The Surface never has more
 //!   than [`Settings::surface_cap`] tools (the [`Settings::tool_cap`] less the slots the
 //!   caller reserves for tools it adds, [`SettingsBuilder::reserved_tools`]): the largest
-//!   direct server steps down first, then the largest non-deferred server is deferred,
-//!   then eager tools are dropped.
+//!   direct server steps down first, then the largest non-deferred server is deferred
+//!   (keeping as many of its eager tools as the cap has room for), then eager tools are
+//!   dropped.
 //! - **Stability.** Bytes depend on the catalogues' tools, the connections, the grant and
 //!   the settings; health shows only on the line of a server with no tools, so a server
 //!   that disconnects keeps its place and bytes (its calls answer `unreachable: reason`).

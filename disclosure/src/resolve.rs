@@ -394,7 +394,18 @@ struct Plan<'a> {
     eager: Vec<&'a ToolDefinition>,
 }
 
-impl Plan<'_> {
+impl<'a> Plan<'a> {
+    /// The server's eager tools that are permitted, in name order (both sorted by name).
+    fn eager_tools(&self) -> Vec<&'a ToolDefinition> {
+        let part: &'a Arc<Prepared> = self.part;
+        let connection: &'a ConnectionSpec = self.connection;
+        connection
+            .eager_tools
+            .iter()
+            .filter_map(|name| part.permitted_tool(name))
+            .collect()
+    }
+
     fn tool_count(&self) -> usize {
         match self.shape {
             Shape::Direct => self.permitted,
@@ -865,14 +876,7 @@ pub(crate) fn compose<'a>(
 
     share_budget(&mut plans, budget);
     for plan in plans.iter_mut().filter(|p| p.shape == Shape::Deferred) {
-        // Both sorted by name, so the eager tools come in name order.
-        let part = plan.part;
-        plan.eager = plan
-            .connection
-            .eager_tools
-            .iter()
-            .filter_map(|name| part.permitted_tool(name))
-            .collect();
+        plan.eager = plan.eager_tools();
     }
     enforce_cap(&mut plans, settings);
     build(plans, settings, naming)
@@ -908,7 +912,8 @@ fn share_budget(plans: &mut [Plan<'_>], budget: u64) {
 /// [`Settings::surface_cap`] tools (the tool cap less the caller's reserved tools):
 /// first the direct server with the most permitted tools becomes a facade (or a search
 /// pair when that is fewer tools); then the largest remaining non-deferred server is
-/// deferred; then the largest set of eagerly injected tools is dropped. Ties go to the
+/// deferred; then the largest set of eagerly injected tools is dropped. Last, each server
+/// deferred for the cap gets its eager tools, as many as the cap has room for. Ties go to the
 /// smaller server id. Settings guarantee the cap holds the fixed tools, so this ends with
 /// every server deferred at worst.
 fn enforce_cap(plans: &mut [Plan<'_>], settings: &Settings) {
@@ -953,6 +958,17 @@ fn enforce_cap(plans: &mut [Plan<'_>], settings: &Settings) {
             continue;
         }
         break;
+    }
+    // Servers deferred for the cap get their eager tools as any deferred server does, as
+    // many as the cap has room for once every step is taken (in server order, each in
+    // name order): never at another server's cost.
+    for i in 0..plans.len() {
+        if plans[i].why == Why::ToolCap && plans[i].shape == Shape::Deferred {
+            let room = settings.surface_cap().saturating_sub(total(plans));
+            let mut eager = plans[i].eager_tools();
+            eager.truncate(room);
+            plans[i].eager = eager;
+        }
     }
 }
 

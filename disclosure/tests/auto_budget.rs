@@ -313,3 +313,48 @@ fn a_gateway_counts_the_whole_definition_its_client_receives() {
     assert!(b.cost.tokens() > 800, "{b:?}");
     assert_eq!((b.shape, b.why), (Shape::Deferred, Why::OverBudget));
 }
+
+/// A server the tool cap defers gets its eager tools as any deferred server does, as many
+/// as the cap has room for once the Surface fits (before, none: only servers deferred
+/// before the cap was enforced had theirs).
+#[test]
+fn a_server_deferred_for_the_tool_cap_keeps_the_eager_tools_there_is_room_for() {
+    // x is deferred (so the meta tools are there); a and c are search pairs (their index
+    // does not fit a facade), 2 tools each; c names two eager tools.
+    let mut setup = setup(&[
+        ("a", Preload::Eager, 3, 10),
+        ("c", Preload::Eager, 4, 10),
+        ("x", Preload::Deferred, 3, 10),
+    ]);
+    setup.connections[1] = setup.connections[1]
+        .clone()
+        .with_eager_tool(ToolName::new("t1").unwrap())
+        .with_eager_tool(ToolName::new("t2").unwrap());
+    let with_cap = |cap: usize| {
+        let settings = Settings::builder()
+            .facade_max_index_tokens(1)
+            .tool_cap(cap)
+            .build()
+            .unwrap();
+        setup.resolve(&settings)
+    };
+    // 2 + 2 + 3 meta + orientation = 8 over a cap of 7: c (the larger) is deferred, which
+    // leaves room for one of its eager tools; with a cap of 8 nothing is deferred.
+    for (cap, eager) in [(7, vec!["t1"]), (6, vec![])] {
+        let surface = with_cap(cap);
+        let c = surface.server("c").unwrap();
+        assert_eq!(
+            (c.shape, c.why),
+            (Shape::Deferred, Why::ToolCap),
+            "cap {cap}"
+        );
+        let names: Vec<&str> = c.eager.iter().map(ToolName::as_str).collect();
+        assert_eq!(names, eager, "cap {cap}");
+        assert!(surface.tools().len() <= cap);
+    }
+    let surface = with_cap(7);
+    let names: Vec<&str> = surface.tools().iter().map(|t| t.name.as_str()).collect();
+    assert!(names.contains(&"c__t1"), "{names:?}");
+    assert_eq!(names.len(), 7, "{names:?}");
+    assert_eq!(with_cap(8).server("c").unwrap().shape, Shape::SearchPair);
+}
