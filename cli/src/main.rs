@@ -639,6 +639,12 @@ fn run(command: Command) -> Result<u8, Failure> {
                 Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
                 None => setup::embedded_config()?,
             };
+            if !config.disabled.is_empty() {
+                errln!(
+                    "psych serve: left out (\"disabled\": true in the config): {}",
+                    config.disabled.join(", ")
+                );
+            }
             let tokens = tokens
                 .map(|path| psych_gateway::Tokens::load(&path))
                 .transpose()

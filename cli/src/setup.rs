@@ -258,6 +258,12 @@ pub(crate) fn load(
         Some(path) => McpConfig::load(path).map_err(|e| e.to_string())?,
         None => embedded_config()?,
     };
+    if !config.disabled.is_empty() {
+        errln!(
+            "psych: left out (\"disabled\": true in the config): {}",
+            config.disabled.join(", ")
+        );
+    }
     let mut records = None;
     // Set when another process holds the catalogue's file: the listings go to memory.
     let held = std::cell::Cell::new(false);

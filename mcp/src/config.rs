@@ -17,7 +17,12 @@
 //! `listingTtlSecs` and `idleSecs` ([`StartPolicy`]: whether and how a server is started only
 //! when it is needed), kept in [`ServerConfig::extra`] and read by their accessors. Keys
 //! nobody here knows are kept there too, and keys beside `mcpServers` in
-//! [`McpConfig::extra`], never rejected: the file is shared with other clients.
+//! [`McpConfig::extra`], never rejected: the file is shared with other clients. Two
+//! exceptions, so that a grant fails closed: a key that spells one of Psych's otherwise
+//! (`allowedTools`, `AllowTools`), or another client's key narrowing a server's tools
+//! (Gemini CLI's `includeTools`, `excludeTools`), is refused ([`ConfigError::UnreadKey`]);
+//! and an entry with `"disabled": true` (Cline, Roo Code, Windsurf) is left out
+//! ([`McpConfig::disabled`]).
 //!
 //! `${VAR}` and `${VAR:-default}` in `command`, `args`, `env`, `cwd`, `url` and `headers`
 //! expand from the environment when the file is parsed, as the common clients do, so no
@@ -44,6 +49,21 @@ pub enum ConfigError {
         path: PathBuf,
         /// What the system said.
         source: std::io::Error,
+    },
+    /// A server entry has a key that would narrow or stop the server in another spelling
+    /// (`allowedTools` for [`ALLOW_TOOLS`], `AllowTools`) or in another client's dialect
+    /// (Gemini CLI's `includeTools`, `excludeTools`): Psych does not read it, so the
+    /// server would be granted whole. Refused rather than ignored: a grant fails closed.
+    #[error(
+        "MCP config: server {server:?} has the key {key:?}, which Psych does not read: {advice}"
+    )]
+    UnreadKey {
+        /// The server's name in the file.
+        server: String,
+        /// The key as written.
+        key: String,
+        /// What to write instead.
+        advice: String,
     },
     /// The text is not JSON.
     #[error("MCP config is not valid JSON: {0}")]
@@ -87,6 +107,9 @@ pub struct McpConfig {
     pub servers: BTreeMap<ServerId, ServerConfig>,
     /// Keys beside `mcpServers`, kept as they were.
     pub extra: JsonObject,
+    /// The names of the entries left out because they say `"disabled": true` (as Cline,
+    /// Roo Code and Windsurf write a server turned off), in name order.
+    pub disabled: Vec<String>,
 }
 
 /// One server of the file.
@@ -443,6 +466,46 @@ const KNOWN_KEYS: [&str; 10] = [
     "description",
 ];
 
+/// The key of a server entry that turns it off (Cline's, Roo Code's, Windsurf's): an entry
+/// with `"disabled": true` is left out of [`McpConfig::servers`] and named in
+/// [`McpConfig::disabled`], as those clients leave it out.
+pub const DISABLED: &str = "disabled";
+
+/// Psych's own keys of a server entry, read from [`ServerConfig::extra`].
+const PSYCH_KEYS: [&str; 5] = [ALLOW_TOOLS, OUTPUT, LAZY, LISTING_TTL_SECS, IDLE_SECS];
+
+/// Why Psych refuses an entry's `key` it would otherwise keep unread, if it does: a
+/// spelling of one of its own keys other than its own (compared ignoring case, `_` and
+/// `-`; `allowedTools` for [`ALLOW_TOOLS`]), or another client's key that narrows a
+/// server's tools, which Psych does not read (the server would be granted whole).
+fn unread(key: &str) -> Option<String> {
+    if PSYCH_KEYS.contains(&key) {
+        return None;
+    }
+    let fold = |key: &str| -> String {
+        key.chars()
+            .filter(|c| !matches!(c, '_' | '-'))
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    };
+    let folded = fold(key);
+    let meant = KNOWN_KEYS
+        .iter()
+        .chain(&PSYCH_KEYS)
+        .find(|known| fold(known) == folded)
+        .copied()
+        .or((folded == "allowedtools").then_some(ALLOW_TOOLS));
+    if let Some(meant) = meant {
+        return Some(format!("did you mean {meant:?}? Keys are case-sensitive"));
+    }
+    matches!(folded.as_str(), "includetools" | "excludetools").then(|| {
+        format!(
+            "it narrows the server's tools in another client, and ignored it would leave the \
+             server granted whole; name the tools to grant in {ALLOW_TOOLS:?} and remove it"
+        )
+    })
+}
+
 /// The largest configuration file read ([`McpConfig::load`], and `psych serve`'s tokens
 /// file): far above any real one (a server's entry is a few hundred bytes), so a path to
 /// something else (a log, `/dev/zero`, a FIFO that never ends) fails rather than fill
@@ -508,7 +571,22 @@ impl McpConfig {
             None => return Err(ConfigError::Shape("there is no \"mcpServers\" key")),
         };
         let mut parsed = BTreeMap::new();
+        let mut disabled = Vec::new();
         for (name, entry) in servers {
+            match entry.get(DISABLED) {
+                None | Some(Value::Bool(false) | Value::Null) => {}
+                Some(Value::Bool(true)) => {
+                    disabled.push(name);
+                    continue;
+                }
+                Some(_) => {
+                    return Err(ConfigError::Field {
+                        server: name,
+                        field: DISABLED.to_owned(),
+                        problem: "expected true (the server is left out) or false".to_owned(),
+                    });
+                }
+            }
             let server =
                 ServerId::new(name.as_str()).map_err(|source| ConfigError::ServerName {
                     name: name.clone(),
@@ -524,6 +602,7 @@ impl McpConfig {
         Ok(Self {
             servers: parsed,
             extra: top,
+            disabled,
         })
     }
 }
@@ -662,6 +741,13 @@ impl<E: Fn(&str) -> Option<String>> Entry<'_, E> {
             connection.description = Some(self.string("description", description)?);
         }
         entry.retain(|key, _| !KNOWN_KEYS.contains(&key.as_str()));
+        if let Some((key, advice)) = entry.keys().find_map(|key| unread(key).map(|a| (key, a))) {
+            return Err(ConfigError::UnreadKey {
+                server: self.name.to_owned(),
+                key: key.clone(),
+                advice,
+            });
+        }
         let config = ServerConfig {
             transport,
             connection,
@@ -1077,6 +1163,62 @@ mod tests {
                 }
                 other => panic!("{bad}: {other:?}"),
             }
+        }
+    }
+
+    /// A grant fails closed: a key meant to narrow a server that Psych would not read is
+    /// refused, not kept unread with the server granted whole.
+    #[test]
+    fn a_narrowing_key_psych_does_not_read_is_refused() {
+        for key in [
+            "allowedTools",
+            "allowed_tools",
+            "AllowTools",
+            "allow-tools",
+            "allowtools",
+            "includeTools",
+            "excludeTools",
+            "Lazy",
+            "idle_secs",
+        ] {
+            let text =
+                format!(r#"{{"mcpServers": {{"a": {{"command": "x", "{key}": ["get_issue"]}}}}}}"#);
+            match McpConfig::parse(&text, |_| None) {
+                Err(ConfigError::UnreadKey {
+                    server,
+                    key: found,
+                    advice,
+                }) => {
+                    assert_eq!((server.as_str(), found.as_str()), ("a", key));
+                    assert!(advice.contains('"'), "{advice}");
+                }
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+        // Other clients' keys that narrow nothing are kept, as ever.
+        let text = r#"{"mcpServers": {"a": {"command": "x", "alwaysAllow": ["t"],
+                       "autoApprove": [], "timeout": 60, "trust": true}}}"#;
+        let config = McpConfig::parse(text, |_| None).unwrap();
+        assert_eq!(config.servers[&ServerId::new("a").unwrap()].extra.len(), 4);
+    }
+
+    /// A server another client turned off is left out, as that client leaves it out.
+    #[test]
+    fn an_entry_disabled_is_left_out_and_named() {
+        let text = r#"{"mcpServers": {
+            "on": {"command": "x", "disabled": false},
+            "off": {"command": "x", "disabled": true},
+            "off.too": {"not": "even an entry Psych could read", "disabled": true}}}"#;
+        let config = McpConfig::parse(text, |_| None).unwrap();
+        let names: Vec<&str> = config.servers.keys().map(ServerId::as_str).collect();
+        assert_eq!(names, ["on"]);
+        assert_eq!(config.disabled, ["off", "off.too"]);
+        let bad = r#"{"mcpServers": {"a": {"command": "x", "disabled": "yes"}}}"#;
+        match McpConfig::parse(bad, |_| None) {
+            Err(ConfigError::Field { server, field, .. }) => {
+                assert_eq!((server.as_str(), field.as_str()), ("a", DISABLED));
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -125,8 +125,8 @@ pub mod wire;
 
 pub use budget::{DEFAULT_SPILL_BUDGET, SpillBudget};
 pub use config::{
-    ALLOW_TOOLS, ConfigError, IDLE_SECS, LAZY, LISTING_TTL_SECS, MAX_CONFIG_BYTES, McpConfig,
-    OUTPUT, ServerConfig, StartPolicy, Transport, read_config_text,
+    ALLOW_TOOLS, ConfigError, DISABLED, IDLE_SECS, LAZY, LISTING_TTL_SECS, MAX_CONFIG_BYTES,
+    McpConfig, OUTPUT, ServerConfig, StartPolicy, Transport, read_config_text,
 };
 pub use error::McpError;
 pub use events::{ChangeCause, MAX_QUEUED_PER_SERVER, McpEvent, McpEvents};
