@@ -1261,6 +1261,7 @@ impl Session {
             peer: context.peer.clone(),
             token,
             input_ended: self.shared.input_ended.subscribe(),
+            cancelled: Box::pin(context.ct.clone().cancelled_owned()),
         });
         let tenant = self.tenant(context)?;
         let view = tenant.lane.current().await?;

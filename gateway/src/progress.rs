@@ -37,7 +37,6 @@ use tokio::sync::Notify;
 pub(super) const MAX_QUEUED: usize = 64;
 
 /// Where one client call's progress goes: its session's peer and the client's token.
-#[derive(Clone)]
 pub(super) struct ClientProgress {
     /// The client.
     pub(super) peer: Peer<RoleServer>,
@@ -46,6 +45,10 @@ pub(super) struct ClientProgress {
     /// Whether the client's input has ended (stdio; never for HTTP): from then on rmcp
     /// sends no notification, and a send waits until its loop ends.
     pub(super) input_ended: tokio::sync::watch::Receiver<bool>,
+    /// Resolves when the client cancels the call (its request's cancellation): from then on
+    /// nothing more is sent, so a send the client's unread output holds up does not hold
+    /// the call's handler, whose place the cancellation has given back.
+    pub(super) cancelled: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
 /// One call's reports waiting for the relay, and whether its sink is gone.
@@ -151,10 +154,11 @@ impl Relay {
                 sent = client.peer.notify_progress(note) => sent.is_ok(),
                 // (A closed channel: the gateway is going, and the send decides.)
                 Ok(_) = ended.wait_for(|ended| *ended) => false,
+                () = &mut client.cancelled => false,
             };
             if !sent {
-                // The client is gone, or reads no more notifications: keep draining, so
-                // the call's answer is not held up.
+                // The client is gone, reads no more notifications or cancelled the call:
+                // keep draining, so the call's answer (or its logging) is not held up.
                 self.client = None;
             }
         }

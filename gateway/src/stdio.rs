@@ -52,7 +52,8 @@
 //! per request it wrote; and the error answers go out before the next line is read, so such
 //! a client is read no further until it reads. Refused rather than left unread, so that a
 //! client whose requests wait on a message it sends later (a cancellation, an answer to an
-//! elicitation) is still heard.
+//! elicitation) is still heard. Notifications waiting to be written are bounded apart
+//! ([`MAX_WAITING_NOTIFICATIONS`]; one past it is dropped).
 //!
 //! # Cancel safety
 //!
@@ -147,6 +148,9 @@ pub(crate) struct StdioTransport<R, W> {
     out: Arc<Mutex<Out<W>>>,
     /// The requests passed to the session whose answers are not written out yet.
     in_flight: Arc<InFlight>,
+    /// How many notifications wait to be written out ([`MAX_WAITING_NOTIFICATIONS`] at
+    /// most: one past it is dropped).
+    notifications: Arc<std::sync::atomic::AtomicUsize>,
     /// Whether a request has been passed to the session: before one, a notification or
     /// an answer is dropped (see [`StdioTransport::pass`]).
     started: bool,
@@ -178,6 +182,7 @@ where
                 written: 0,
             })),
             in_flight: InFlight::new(MAX_IN_FLIGHT),
+            notifications: Arc::default(),
             started: false,
             on_end: None,
         }
@@ -315,6 +320,39 @@ where
     }
 }
 
+/// The most notifications (progress, logging, list changes) waiting to be written out to a
+/// client at once; one sent past it is dropped. The requests in flight bound the answers a
+/// client that reads nothing holds ([`MAX_IN_FLIGHT`]), but not notifications: a call's
+/// progress report waits for the output like an answer, and a client that cancels its
+/// calls (giving their places back) while it reads nothing would leave one more waiting
+/// with each. Notifications say how things go, not what came of them; one dropped when so
+/// many are waiting unread loses nothing the client can still use.
+pub(crate) const MAX_WAITING_NOTIFICATIONS: usize = 64;
+
+/// One notification waiting to be written out, counted in the transport's notifications
+/// until it is written or dropped.
+struct Waiting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Waiting {
+    /// A place among the waiting notifications, or `None` when
+    /// [`MAX_WAITING_NOTIFICATIONS`] are waiting.
+    fn take(count: &Arc<std::sync::atomic::AtomicUsize>) -> Option<Self> {
+        use std::sync::atomic::Ordering::SeqCst;
+        count
+            .fetch_update(SeqCst, SeqCst, |n| {
+                (n < MAX_WAITING_NOTIFICATIONS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(Arc::clone(count)))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl<R, W> Transport<RoleServer> for StdioTransport<R, W>
 where
     R: AsyncRead + Unpin + Send,
@@ -329,11 +367,20 @@ where
         let out = Arc::clone(&self.out);
         // An answer's request is in flight until this is done or dropped.
         let answered = self.in_flight.answering(&item);
+        // A notification past the bound is dropped, not queued: see `Waiting`.
+        let waiting = match item {
+            ServerJsonRpcMessage::Notification(_) => Some(Waiting::take(&self.notifications)),
+            _ => None,
+        };
+        let dropped = matches!(waiting, Some(None));
         // Serialized whole before it is queued, so a message is queued in one piece: here
         // when short, a long one (a resource page of up to 16 MiB) on a blocking thread.
-        let bytes = psych_mcp::wire::line_on_worker(item);
+        let bytes = (!dropped).then(|| psych_mcp::wire::line_on_worker(item));
         async move {
-            let _answered = answered;
+            let (_answered, _waiting) = (answered, waiting);
+            let Some(bytes) = bytes else {
+                return Ok(());
+            };
             let bytes = match bytes? {
                 Ok(bytes) => bytes,
                 Err(item) => psych_mcp::wire::line_off_worker(item).await?,
@@ -1061,6 +1108,70 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
         for seed in [0x9E37_79B9_7F4A_7C15, 7, 0xDEAD_BEEF] {
             lines_survive_dropped_receives(seed).await;
         }
+    }
+
+    /// A client that reads nothing: notifications past [`MAX_WAITING_NOTIFICATIONS`]
+    /// waiting are dropped at once, so what waits stays bounded however many are sent
+    /// (before, each waited with its bytes until the client read); those that waited are
+    /// written whole once it reads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn notifications_waiting_for_a_client_that_reads_nothing_are_bounded() {
+        let (mut transport, _client, output) = transport();
+        let mut sending = tokio::task::JoinSet::new();
+        for i in 0..400u32 {
+            let mut note = rmcp::model::ProgressNotificationParam::new(
+                rmcp::model::ProgressToken(rmcp::model::NumberOrString::Number(i.into())),
+                1.0,
+            );
+            // 4 KiB each: 16 fill the pipe.
+            note.message = Some("m".repeat(4096));
+            let message = ServerJsonRpcMessage::notification(
+                rmcp::model::ServerNotification::ProgressNotification(
+                    rmcp::model::Notification::new(note),
+                ),
+            );
+            sending.spawn(transport.send(message));
+        }
+        // Until no send finishes any more: those written into the pipe and those dropped.
+        let mut finished = 0;
+        loop {
+            match tokio::time::timeout(Duration::from_millis(500), sending.join_next()).await {
+                Ok(Some(sent)) => {
+                    sent.unwrap().unwrap();
+                    finished += 1;
+                }
+                Ok(None) => break,
+                Err(_) => break,
+            }
+        }
+        let waiting = sending.len();
+        assert!(
+            waiting > 0 && waiting <= MAX_WAITING_NOTIFICATIONS,
+            "{waiting} waiting, {finished} finished"
+        );
+        assert!(
+            transport
+                .notifications
+                .load(std::sync::atomic::Ordering::SeqCst)
+                <= MAX_WAITING_NOTIFICATIONS
+        );
+        // The client reads: every notification that waited is written, whole.
+        let reading = tokio::spawn(answers(output));
+        while let Some(sent) = sending.join_next().await {
+            sent.unwrap().unwrap();
+        }
+        drop(transport);
+        let written = reading.await.unwrap();
+        assert!(
+            written.len() > waiting && written.len() < 400,
+            "{}",
+            written.len()
+        );
+        assert!(
+            written
+                .iter()
+                .all(|note| note["params"]["message"].as_str().is_some())
+        );
     }
 
     /// Sends of 1 B to 2 MiB at once, some dropped after a few polls (as rmcp aborts its
