@@ -519,10 +519,10 @@ async fn an_upstream_state_too_long_to_seal_fails_the_call_at_once() {
     let session = modern(&url, &alice, "alice", true).await;
     listed(&session).await;
     // The confirm tool's state holds its text.
-    let text = "x".repeat(600 << 10);
+    let huge = "x".repeat(600 << 10);
     // (Not `unwrap_err`: a state handed out would be printed whole, 1 MiB.)
     let Err(refused) = session
-        .call_tool_once(params("up__confirm", json!({"text": text})))
+        .call_tool_once(params("up__confirm", json!({"text": huge})))
         .await
     else {
         panic!("refused at once, not handed a state it cannot read back");
@@ -536,14 +536,38 @@ async fn an_upstream_state_too_long_to_seal_fails_the_call_at_once() {
         "{}",
         refused.message
     );
-    // A state it can seal still goes through.
-    let CallToolResponse::InputRequired(_) = session
-        .call_tool_once(params("up__confirm", json!({"text": "ship it"})))
+    // A state it can seal still goes through, a large one too (sealed, then opened on its
+    // retry, on a blocking thread), and its round completes.
+    let long = "y".repeat(200 << 10);
+    let CallToolResponse::InputRequired(round) = session
+        .call_tool_once(params("up__confirm", json!({"text": long})))
         .await
         .unwrap()
     else {
         panic!("input required");
     };
+    let state = round.request_state.expect("a sealed state");
+    assert!(state.len() > 400 << 10, "{}", state.len());
+    let mut retry = params("up__confirm", json!({"text": long}));
+    retry.input_responses = Some(
+        [(
+            "confirm".to_owned(),
+            json!({"action": "accept", "content": {"name": "alice"}}),
+        )]
+        .into_iter()
+        .collect(),
+    );
+    retry.request_state = Some(state);
+    let CallToolResponse::Complete(done) = session.call_tool_once(retry).await.unwrap() else {
+        panic!("complete");
+    };
+    let said = text(&done);
+    assert!(
+        said.starts_with("confirmed yyy"),
+        "{}",
+        &said[..said.len().min(300)]
+    );
+    assert_ne!(done.is_error, Some(true));
 }
 
 /// Replicas on one store (`--store`) seal rounds with the key the store holds for them: a

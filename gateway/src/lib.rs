@@ -1556,7 +1556,7 @@ impl Session {
     /// sent it (its `inputRequests` untouched), its `requestState` replaced by the
     /// gateway's seal of it (one even when the upstream sent none), passed raw as any
     /// result.
-    fn input_required(
+    async fn input_required(
         &self,
         binding: &mrtr::Binding<'_>,
         target: &ToolRef,
@@ -1576,12 +1576,23 @@ impl Session {
                 ));
             }
         };
-        let sealed = self.shared.sealer.seal(
-            binding,
-            target,
-            upstream.as_deref(),
-            psych_catalog::Clock::now(&psych_catalog::SystemClock),
-        );
+        let upstream_len = upstream.as_deref().map_or(0, str::len);
+        // Up to about 500 KiB of the upstream's state to seal: a large one on a blocking
+        // thread.
+        let large = upstream_len > mrtr::DIGEST_ON_WORKER;
+        let (sealer, parts, reached) =
+            (self.shared.sealer.clone(), binding.owned(), target.clone());
+        let now = psych_catalog::Clock::now(&psych_catalog::SystemClock);
+        let sealed = psych_mcp::wire::off_worker_if(large, move || {
+            sealer.seal(
+                &mrtr::Binding::of(&parts),
+                &reached,
+                upstream.as_deref(),
+                now,
+            )
+        })
+        .await
+        .map_err(|e| ErrorData::internal_error(format!("sealing the state: {e}"), None))?;
         // A state the gateway would refuse on the retry is not handed out: the call fails
         // now, naming the upstream, rather than at its retry for the gateway's own state.
         if sealed.len() > mrtr::MAX_STATE {
@@ -1593,7 +1604,7 @@ impl Session {
                      characters JSON escapes)",
                     target.server,
                     target.tool,
-                    upstream.as_deref().map_or(0, str::len),
+                    upstream_len,
                     sealed.len(),
                     mrtr::MAX_STATE
                 ),
@@ -1856,16 +1867,18 @@ impl Session {
             arguments,
         };
         let opened = match request.request_state.take() {
-            Some(state) => Some(
-                self.shared
-                    .sealer
-                    .open(
-                        &state,
-                        &binding,
-                        psych_catalog::Clock::now(&psych_catalog::SystemClock),
-                    )
-                    .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?,
-            ),
+            Some(state) => {
+                // Up to 1 MiB of hex to check and read: a large one on a blocking thread.
+                let large = state.len() > mrtr::DIGEST_ON_WORKER;
+                let (sealer, parts) = (self.shared.sealer.clone(), binding.owned());
+                let now = psych_catalog::Clock::now(&psych_catalog::SystemClock);
+                let opened = psych_mcp::wire::off_worker_if(large, move || {
+                    sealer.open(&state, &mrtr::Binding::of(&parts), now)
+                })
+                .await
+                .map_err(|e| ErrorData::internal_error(format!("opening the state: {e}"), None))?;
+                Some(opened.map_err(|e| ErrorData::invalid_params(e.to_string(), None))?)
+            }
             // Answers to a round the gateway cannot check (no sealed state with them) are
             // not passed on: the binding would mean nothing.
             None if request.input_responses.is_some() => {
@@ -1903,7 +1916,7 @@ impl Session {
             Answer::Result(raw) => raw,
             Answer::InputRequired { target, answer } if modern => {
                 match undeclared_request(&answer, declared.as_ref()) {
-                    None => return self.input_required(&binding, &target, answer),
+                    None => return self.input_required(&binding, &target, answer).await,
                     // The gateway is the server to its client: it does not relay what the
                     // spec forbids a server to send.
                     Some(asked) => json!({

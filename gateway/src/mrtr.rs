@@ -61,6 +61,27 @@ pub(crate) struct Binding<'a> {
     pub(crate) arguments: String,
 }
 
+impl Binding<'_> {
+    /// The binding's parts, owned, to move to a blocking thread: `(identity, name,
+    /// arguments)`, borrowed back with [`Binding::of`].
+    pub(crate) fn owned(&self) -> (String, String, String) {
+        (
+            self.identity.to_owned(),
+            self.name.to_owned(),
+            self.arguments.clone(),
+        )
+    }
+
+    /// The binding of parts [`Binding::owned`] took.
+    pub(crate) fn of((identity, name, arguments): &(String, String, String)) -> Binding<'_> {
+        Binding {
+            identity,
+            name,
+            arguments: arguments.clone(),
+        }
+    }
+}
+
 /// What a state opened holds: where the retry must go and what to echo upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Opened {
@@ -141,7 +162,9 @@ struct Payload {
 }
 
 /// Seals and opens the gateway's `requestState`s with a key of its process, or one it was
-/// given.
+/// given. Each costs about its state's size (hex, HMAC-SHA256, JSON): a state past
+/// [`DIGEST_ON_WORKER`] is sealed or opened on a blocking thread ([`Binding::owned`]).
+#[derive(Clone)]
 pub(crate) struct Sealer {
     key: [u8; 32],
 }

@@ -519,19 +519,30 @@ pub(super) async fn raw_http(
     if kind.starts_with("application/json") {
         let Ok(collected) = body.collect().await;
         let bytes = collected.to_bytes();
-        // Most answers (initialize, discover, errors) carry no placeholder: not parsed.
-        if memchr::memmem::find(&bytes, RAW_KEY.as_bytes()).is_none() {
-            return hyper::Response::from_parts(parts, http_body_util::Full::new(bytes).boxed());
-        }
-        let mut message = serde_json::from_slice::<Value>(&bytes).ok();
-        let swapped = message.as_mut().is_some_and(|m| raw.swap_json(m));
-        let body = match message {
-            Some(message) if swapped => {
-                parts.headers.remove(hyper::header::CONTENT_LENGTH);
-                hyper::body::Bytes::from(message.to_string())
+        // The scan, and the parse and patch of an answer that holds a placeholder (or whose
+        // text merely names the key), cost about the answer's size: a large one (a result
+        // page of up to 16 MiB) is looked at on a blocking thread.
+        let large = bytes.len() > psych_mcp::wire::JSON_ON_WORKER;
+        let patch = move || -> (hyper::body::Bytes, bool) {
+            // Most answers (initialize, discover, errors) carry no placeholder: not parsed.
+            if memchr::memmem::find(&bytes, RAW_KEY.as_bytes()).is_none() {
+                return (bytes, false);
             }
-            _ => bytes,
+            let mut message = serde_json::from_slice::<Value>(&bytes).ok();
+            let swapped = message.as_mut().is_some_and(|m| raw.swap_json(m));
+            match message {
+                Some(message) if swapped => (hyper::body::Bytes::from(message.to_string()), true),
+                _ => (bytes, false),
+            }
         };
+        let (body, rewritten) = match psych_mcp::wire::off_worker_if(large, patch).await {
+            Ok(patched) => patched,
+            // The blocking task did not finish (the runtime is ending): nothing to send.
+            Err(_) => (hyper::body::Bytes::new(), true),
+        };
+        if rewritten {
+            parts.headers.remove(hyper::header::CONTENT_LENGTH);
+        }
         return hyper::Response::from_parts(parts, http_body_util::Full::new(body).boxed());
     }
     if kind.starts_with("text/event-stream") {
@@ -551,7 +562,7 @@ pub(super) async fn raw_http(
                         if let Some(at) = memchr::memmem::find(&pending[from..], b"\n\n") {
                             let rest = pending.split_off(from + at + 2);
                             let event = std::mem::replace(&mut pending, rest);
-                            let out = patched_event(&raw, event);
+                            let out = patch_event(&raw, event).await;
                             return Some((
                                 Ok(hyper::body::Frame::data(out)),
                                 (data, pending, ended, 0),
@@ -563,7 +574,7 @@ pub(super) async fn raw_http(
                                 return None;
                             }
                             // A last event without its blank line, patched all the same.
-                            let out = patched_event(&raw, std::mem::take(&mut pending));
+                            let out = patch_event(&raw, std::mem::take(&mut pending)).await;
                             return Some((
                                 Ok(hyper::body::Frame::data(out)),
                                 (data, pending, ended, 0),
@@ -584,6 +595,20 @@ pub(super) async fn raw_http(
         );
     }
     hyper::Response::from_parts(parts, body)
+}
+
+/// [`patched_event`], on a blocking thread for an event over
+/// [`JSON_ON_WORKER`](psych_mcp::wire::JSON_ON_WORKER) bytes (a result page of up to
+/// 16 MiB): its scan, parse and patch cost about its size. An event whose blocking task
+/// does not finish (the runtime ending) is sent as nothing.
+async fn patch_event(raw: &Arc<RawAnswers>, event: Vec<u8>) -> hyper::body::Bytes {
+    if event.len() <= psych_mcp::wire::JSON_ON_WORKER {
+        return patched_event(raw, event);
+    }
+    let raw = Arc::clone(raw);
+    tokio::task::spawn_blocking(move || patched_event(&raw, event))
+        .await
+        .unwrap_or_default()
 }
 
 /// One server-sent event (its lines and the blank line ending it), with the raw answer in
