@@ -137,6 +137,7 @@ pub(crate) fn events(
             spill.as_ref().map(|spill| spill.tap.budget().clone()),
         ),
         file: None,
+        shape: crate::wire::ShapeScanner::default(),
         spill,
     };
     futures_util::stream::unfold(Some(state), |state| async move {
@@ -208,6 +209,8 @@ struct State {
     parser: Parser,
     /// The spilled event's file, while one is being written.
     file: Option<File>,
+    /// The shape of the spilled event's data so far: whether it answers the request.
+    shape: crate::wire::ShapeScanner,
     spill: Option<SpillTo>,
 }
 
@@ -218,6 +221,7 @@ impl State {
         let Some(spill) = &self.spill else {
             return Ok(());
         };
+        self.shape.feed(&bytes);
         let tap = Arc::clone(&spill.tap);
         let file = self.file.take();
         let written = tokio::task::spawn_blocking(move || append(file, tap.spill_dir(), &bytes))
@@ -258,9 +262,18 @@ impl State {
         .await
         .map_err(|error| Refused::Io(std::io::Error::other(error)))
         .and_then(|read| read);
+        // Only the request's answer is answered with why it could not be read: another
+        // message on its stream (a notification, a request of the server's) that cannot be
+        // is skipped, and the answer still awaited.
+        let shape = std::mem::take(&mut self.shape).shape();
+        let answers = !shape.has_method && shape.id == serde_json::to_string(&spill.id).ok();
         let fault = match read {
             Ok(Ok(data)) => {
                 event.data = Some(data);
+                return event;
+            }
+            _ if !answers => {
+                event.data = None;
                 return event;
             }
             Ok(Err(error)) => Fault::SpilledUnreadable(error.to_string()),
@@ -1193,5 +1206,33 @@ pub(crate) mod tests {
             "{message}"
         );
         assert_eq!(read[1].as_ref().unwrap().data.as_deref(), Some("after"));
+    }
+
+    /// An event over the limit on a call's stream that is not its answer (a server's
+    /// notification), and cannot be read back, is skipped: the answer after it still
+    /// answers the call. (Before, the call was failed with the notification's fault.)
+    #[tokio::test]
+    async fn a_spilled_event_that_is_not_the_answer_never_fails_the_call() {
+        let tap = Arc::new(Tap::default());
+        tap.want_request(&call(3));
+        let mut wire =
+            b"data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"data\":["
+                .to_vec();
+        wire.extend(std::iter::repeat_n(b'x', 200_000));
+        wire.extend_from_slice(b"]}}\n\n");
+        let answer = json!({"jsonrpc": "2.0", "id": 3, "result": {"content": []}});
+        wire.extend_from_slice(format!("data: {answer}\n\n").as_bytes());
+        let spill = SpillTo {
+            tap: Arc::clone(&tap),
+            id: RequestId::Number(3),
+        };
+        let read: Vec<_> = events(response_of(wire, 5), 1024, Some(spill))
+            .collect()
+            .await;
+        assert_eq!(read.len(), 2);
+        assert_eq!(read[0].as_ref().unwrap().data, None, "skipped, not a fault");
+        let answered: Value =
+            serde_json::from_str(read[1].as_ref().unwrap().data.as_deref().unwrap()).unwrap();
+        assert_eq!(answered, answer);
     }
 }
