@@ -424,9 +424,9 @@ async fn read_bounded_or_spill(
         });
     }
     let mut body = Vec::new();
-    let mut file: Option<std::fs::File> = None;
-    // The file's bytes of the budget, while no write holds them.
-    let mut held: Option<Reservation> = None;
+    // The file and its bytes of the budget while no write owns them, closed off the worker
+    // however this ends (the cap passed, the budget refused, the future dropped).
+    let mut spilling = crate::spill::Spilling::default();
     let mut total = 0u64;
     // A write owns the file and its bytes of the budget until it ends: this future dropped
     // midway, the bytes go back only once the write has closed the file.
@@ -437,9 +437,16 @@ async fn read_bounded_or_spill(
         })
     };
     // Each chunk's bytes, reserved before it is written.
+    // Refused, what was held stays held, to go back once the file is closed.
     let reserve = |held: &mut Option<Reservation>, len: usize| {
         let mut reservation = held.take().unwrap_or_else(|| tap.budget().reserve());
-        reservation.grow(len as u64).map(|()| reservation)
+        match reservation.grow(len as u64) {
+            Ok(()) => Ok(reservation),
+            Err(refused) => {
+                *held = Some(reservation);
+                Err(refused)
+            }
+        }
     };
     let failed = |error: std::io::Error| {
         format!(
@@ -459,17 +466,19 @@ async fn read_bounded_or_spill(
                 max_size: usize::try_from(cap).unwrap_or(usize::MAX),
             });
         }
-        if file.is_none() && body.len() + chunk.len() > body.capacity() && body.len() >= max {
+        if spilling.file.is_none()
+            && body.len() + chunk.len() > body.capacity()
+            && body.len() >= max
+        {
             // Exact: doubling a body of `max` bytes here would be the peak.
             body.reserve_exact(chunk.len());
         }
         body.extend_from_slice(&chunk);
-        if (file.is_some() || body.len() > max) && body.len() >= WRITE_BUFFER {
-            let reservation = match reserve(&mut held, body.len()) {
+        if (spilling.file.is_some() || body.len() > max) && body.len() >= WRITE_BUFFER {
+            let reservation = match reserve(&mut spilling.held, body.len()) {
                 Ok(reservation) => reservation,
+                // The file closed (off the worker) before what it held goes back.
                 Err(refused) => {
-                    // The file closed before what it held goes back.
-                    drop(file.take());
                     return Ok(Body::OverBudget {
                         bytes: total,
                         refused,
@@ -477,22 +486,24 @@ async fn read_bounded_or_spill(
                 }
             };
             let chunk = std::mem::replace(&mut body, Vec::with_capacity(WRITE_BUFFER + 64 * 1024));
-            let written = write(file.take(), reservation, chunk)
+            let written = write(spilling.file.take(), reservation, chunk)
                 .await
                 .map_err(std::io::Error::other);
             match written.and_then(|written| written) {
-                Ok((written, reservation)) => (file, held) = (Some(written), Some(reservation)),
+                Ok((written, reservation)) => {
+                    (spilling.file, spilling.held) = (Some(written), Some(reservation));
+                }
                 Err(error) => return Ok(Body::Unwritable(failed(error))),
             }
         }
     }
-    let Some(file) = file else {
+    let Some(file) = spilling.file.take() else {
         return Ok(Body::Memory(body));
     };
-    let reservation = match reserve(&mut held, body.len()) {
+    let reservation = match reserve(&mut spilling.held, body.len()) {
         Ok(reservation) => reservation,
         Err(refused) => {
-            drop(file);
+            crate::spill::close_spilled(Some(file), spilling.held.take());
             return Ok(Body::OverBudget {
                 bytes: total,
                 refused,

@@ -165,6 +165,41 @@ impl Refused {
     }
 }
 
+/// Closes a spilling answer's file, then gives its bytes of the budget back (in that order:
+/// the bytes are free once the file is), on a blocking thread when a runtime is there:
+/// closing an unlinked file of up to 4 GiB frees its blocks, which may take a while. For a
+/// file given up on (an answer refused, cut, or dropped with its reader).
+pub(crate) fn close_spilled(file: Option<File>, held: Option<crate::budget::Reservation>) {
+    if file.is_none() {
+        return;
+    }
+    let close = move || {
+        drop(file);
+        drop(held);
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(close)),
+        Err(_) => close(),
+    }
+}
+
+/// A spilling answer's file and its bytes of the budget, closed by [`close_spilled`] when
+/// dropped: whatever way its reader ends (an error, a refusal, the future dropped), the
+/// file is never closed on an async worker.
+#[derive(Default)]
+pub(crate) struct Spilling {
+    /// The file, while no write owns it.
+    pub(crate) file: Option<File>,
+    /// The file's bytes of the budget, while no write holds them.
+    pub(crate) held: Option<crate::budget::Reservation>,
+}
+
+impl Drop for Spilling {
+    fn drop(&mut self) {
+        close_spilled(self.file.take(), self.held.take());
+    }
+}
+
 /// Appends `bytes` to `file`, or to a new [`unnamed_file`] in `dir` when there is none yet:
 /// one write of a spilling answer. Blocks.
 pub(crate) fn append(file: Option<File>, dir: &Path, bytes: &[u8]) -> io::Result<File> {
@@ -866,6 +901,38 @@ mod tests {
 
     use super::*;
     use crate::stdio::repair;
+
+    /// A spilling answer given up on: in a runtime its file is closed on a blocking thread
+    /// and its bytes of the budget go back after; with none, at once. Either way nothing
+    /// stays held.
+    #[test]
+    fn a_spilling_answer_dropped_gives_its_file_and_bytes_back() {
+        let budget = crate::SpillBudget::new(1 << 20);
+        let spilling = |bytes: u64| {
+            let mut held = budget.reserve();
+            held.grow(bytes).unwrap();
+            Spilling {
+                file: Some(tempfile::tempfile().unwrap()),
+                held: Some(held),
+            }
+        };
+        drop(spilling(1000));
+        assert_eq!(budget.in_use(), 0);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            drop(spilling(2000));
+            for _ in 0..200 {
+                if budget.in_use() == 0 {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            panic!("{} bytes still held", budget.in_use());
+        });
+    }
 
     /// Reads `bytes` in chunks of `size`.
     struct Chunks<'a> {

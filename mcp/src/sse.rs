@@ -214,6 +214,14 @@ struct State {
     spill: Option<SpillTo>,
 }
 
+impl Drop for State {
+    /// A spilled event's file given up on (the event refused, the stream failed or dropped)
+    /// is closed off the worker, then its bytes of the budget go back.
+    fn drop(&mut self) {
+        crate::spill::close_spilled(self.file.take(), self.parser.held.take());
+    }
+}
+
 impl State {
     /// Appends `bytes` to the spilled event's file (made on the first write), on a blocking
     /// thread.
