@@ -87,7 +87,8 @@ enum Command {
         #[command(flatten)]
         setup: SetupArgs,
         /// The model's context window in tokens; the auto budget is 5% of it.
-        #[arg(long, value_name = "TOKENS", default_value_t = setup::WINDOW, conflicts_with = "serve")]
+        #[arg(long, value_name = "TOKENS", default_value_t = setup::WINDOW, conflicts_with = "serve",
+              value_parser = clap::value_parser!(u64).range(1..))]
         context_window: u64,
         /// Decide as `psych serve` does for this file: its auto budget (`--auto-budget`),
         /// counted on whole tool definitions. The table then shows what `psych serve`
@@ -639,6 +640,30 @@ fn run(command: Command) -> Result<u8, Failure> {
                 Some(path) => psych_mcp::McpConfig::load(&path).map_err(|e| e.to_string())?,
                 None => setup::embedded_config()?,
             };
+            // Flags that cannot go together, refused as bad arguments (exit 2) before
+            // anything starts: the gateway would refuse each later, as a failure.
+            if let Some(addr) = http
+                && !addr.ip().is_loopback()
+                && tokens.is_none()
+            {
+                return Err(Failure::BadArgument(format!(
+                    "--http: {addr} is not a loopback address; beyond loopback, give --tokens \
+                     so that every request is authorized"
+                )));
+            }
+            if passing_budget_mib < max_passed_mib {
+                return Err(Failure::BadArgument(format!(
+                    "the passing budget (--passing-budget-mib {passing_budget_mib}) is less \
+                     than --max-passed-mib {max_passed_mib}: it must hold one call's passed \
+                     results"
+                )));
+            }
+            if let Some(url) = store.as_deref().filter(|url| !setup::is_store_url(url)) {
+                return Err(Failure::BadArgument(format!(
+                    "--store {url:?}: only a postgres:// URL is supported (records in files \
+                     are the default, under --dir)"
+                )));
+            }
             if !config.disabled.is_empty() {
                 errln!(
                     "psych serve: left out (\"disabled\": true in the config): {}",

@@ -413,3 +413,11 @@ fn serve_help_documents_the_auto_budget_and_its_default() {
     assert!(stdout.contains("[default: 1000]"), "{stdout}");
     assert!(stdout.contains("0 defers every `auto` server"), "{stdout}");
 }
+
+/// A context window of 0 is a bad argument (2), not a settings failure (3).
+#[test]
+fn a_context_window_of_zero_is_a_bad_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, stderr, code) = psych(dir.path(), &["budget", "--context-window", "0"]);
+    assert_eq!(code, 2, "{stderr}");
+}

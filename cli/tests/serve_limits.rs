@@ -138,7 +138,15 @@ async fn passed_results_share_one_budget() {
         dir.path(),
         &["--max-passed-mib", "16", "--passing-budget-mib", "8"],
     );
-    assert!(!out.status.success(), "{out:?}");
+    // Flags that cannot go together: bad arguments (2), refused before anything starts.
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("passing budget"), "{stderr}");
+    for flags in [
+        &["--http", "0.0.0.0:0"][..],
+        &["--store", "mysql://localhost/psych"][..],
+    ] {
+        let out = serve_output(&config, dir.path(), flags);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {out:?}");
+    }
 }
