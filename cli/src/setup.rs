@@ -56,6 +56,14 @@ pub(crate) fn embedded_config() -> Result<McpConfig, String> {
     let exe = std::env::current_exe().map_err(|e| {
         format!("cannot find the psych executable to start the embedded servers: {e}")
     })?;
+    // A JSON string: a path that is not UTF-8 cannot be written in the file.
+    let exe = exe.to_str().ok_or_else(|| {
+        format!(
+            "the psych executable's path {} is not UTF-8, so the embedded servers cannot \
+             be started from it; give --config",
+            exe.display()
+        )
+    })?;
     let mut servers = serde_json::Map::new();
     for (name, tools, description) in EMBEDDED {
         servers.insert(
