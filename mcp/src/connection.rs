@@ -910,7 +910,11 @@ impl Session {
                     None => false,
                 };
                 if !exits {
-                    return "the connection closed".to_owned();
+                    // A request may have found the session gone meanwhile, and said why.
+                    return self
+                        .lost
+                        .reason()
+                        .unwrap_or_else(|| "the connection closed".to_owned());
                 }
                 continue;
             }
