@@ -714,12 +714,17 @@ impl Inflight {
         loop {
             let (id, listing) = match self.tasks.join_next_with_id().await? {
                 Ok((id, listing)) => (id, listing),
+                // The listing failed (its lease, if it had one, went with the task):
+                // recorded as the server's failure, as the lister's error would be.
                 Err(error) => (
                     error.id(),
-                    Err(RefreshError::Task {
-                        server: server.clone(),
-                        reason: error.to_string(),
-                    }),
+                    Ok(Listed::Failed(
+                        RefreshError::Task {
+                            server: server.clone(),
+                            reason: error.to_string(),
+                        },
+                        LeaseGuard::none(),
+                    )),
                 ),
             };
             if let Some(generation) = self.generations.remove(&id) {

@@ -912,8 +912,9 @@ fn share_budget(plans: &mut [Plan<'_>], budget: u64) {
 /// [`Settings::surface_cap`] tools (the tool cap less the caller's reserved tools):
 /// first the direct server with the most permitted tools becomes a facade (or a search
 /// pair when that is fewer tools); then the largest remaining non-deferred server is
-/// deferred; then the largest set of eagerly injected tools is dropped. Last, each server
-/// deferred for the cap gets its eager tools, as many as the cap has room for. Ties go to the
+/// deferred; then the largest set of eagerly injected tools is dropped. Last, the room left
+/// goes to deferred servers' eager tools not direct (a server the cap deferred, one whose
+/// set was dropped), in server order, as many as fit. Ties go to the
 /// smaller server id. Settings guarantee the cap holds the fixed tools, so this ends with
 /// every server deferred at worst.
 fn enforce_cap(plans: &mut [Plan<'_>], settings: &Settings) {
@@ -959,15 +960,17 @@ fn enforce_cap(plans: &mut [Plan<'_>], settings: &Settings) {
         }
         break;
     }
-    // Servers deferred for the cap get their eager tools as any deferred server does, as
-    // many as the cap has room for once every step is taken (in server order, each in
-    // name order): never at another server's cost.
+    // Once every step is taken, the room left goes to deferred servers' eager tools that
+    // are not direct: those of servers the cap deferred (none yet) and of those whose set
+    // was dropped whole, in server order, each in name order, as many as fit.
     for i in 0..plans.len() {
-        if plans[i].why == Why::ToolCap && plans[i].shape == Shape::Deferred {
+        if plans[i].shape == Shape::Deferred {
             let room = settings.surface_cap().saturating_sub(total(plans));
             let mut eager = plans[i].eager_tools();
-            eager.truncate(room);
-            plans[i].eager = eager;
+            eager.truncate(plans[i].eager.len() + room);
+            if eager.len() > plans[i].eager.len() {
+                plans[i].eager = eager;
+            }
         }
     }
 }

@@ -52,8 +52,8 @@
 //! per request it wrote; and the error answers go out before the next line is read, so such
 //! a client is read no further until it reads. Refused rather than left unread, so that a
 //! client whose requests wait on a message it sends later (a cancellation, an answer to an
-//! elicitation) is still heard. Notifications waiting to be written are bounded apart
-//! ([`MAX_WAITING_NOTIFICATIONS`]; one past it is dropped).
+//! elicitation) is still heard. Progress and logging notifications waiting to be written
+//! are bounded apart ([`MAX_WAITING_NOTIFICATIONS`]; one past it is dropped).
 //!
 //! # Cancel safety
 //!
@@ -85,7 +85,9 @@ use std::time::{Duration, Instant};
 use psych_mcp::InFlight;
 use psych_mcp::wire::JSON_ON_WORKER;
 use rmcp::RoleServer;
-use rmcp::model::{ClientJsonRpcMessage, ErrorData, RequestId, ServerJsonRpcMessage};
+use rmcp::model::{
+    ClientJsonRpcMessage, ErrorData, RequestId, ServerJsonRpcMessage, ServerNotification,
+};
 use rmcp::transport::Transport;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -320,13 +322,14 @@ where
     }
 }
 
-/// The most notifications (progress, logging, list changes) waiting to be written out to a
-/// client at once; one sent past it is dropped. The requests in flight bound the answers a
-/// client that reads nothing holds ([`MAX_IN_FLIGHT`]), but not notifications: a call's
-/// progress report waits for the output like an answer, and a client that cancels its
-/// calls (giving their places back) while it reads nothing would leave one more waiting
-/// with each. Notifications say how things go, not what came of them; one dropped when so
-/// many are waiting unread loses nothing the client can still use.
+/// The most progress and logging notifications waiting to be written out to a client at
+/// once; one sent past it is dropped. The requests in flight bound the answers a client
+/// that reads nothing holds ([`MAX_IN_FLIGHT`]), but not notifications: a call's progress
+/// report waits for the output like an answer, and a client that cancels its calls (giving
+/// their places back) while it reads nothing would leave one more waiting with each.
+/// Progress and log lines say how things go, not what came of them: one dropped when so
+/// many wait unread loses nothing the client still needs. Other notifications (a list
+/// changed, a resource updated) are few, one per change, and never dropped.
 pub(crate) const MAX_WAITING_NOTIFICATIONS: usize = 64;
 
 /// One notification waiting to be written out, counted in the transport's notifications
@@ -368,8 +371,16 @@ where
         // An answer's request is in flight until this is done or dropped.
         let answered = self.in_flight.answering(&item);
         // A notification past the bound is dropped, not queued: see `Waiting`.
-        let waiting = match item {
-            ServerJsonRpcMessage::Notification(_) => Some(Waiting::take(&self.notifications)),
+        let waiting = match &item {
+            ServerJsonRpcMessage::Notification(note)
+                if matches!(
+                    note.notification,
+                    ServerNotification::ProgressNotification(_)
+                        | ServerNotification::LoggingMessageNotification(_)
+                ) =>
+            {
+                Some(Waiting::take(&self.notifications))
+            }
             _ => None,
         };
         let dropped = matches!(waiting, Some(None));
@@ -1132,16 +1143,16 @@ client: {"error":{"code":-32600,"message":"invalid request: not a JSON-RPC messa
             );
             sending.spawn(transport.send(message));
         }
-        // Until no send finishes any more: those written into the pipe and those dropped.
+        // Those written into the pipe and those dropped finish; the rest wait. (Waited for
+        // until at most the bound wait, or 30 s: before, all but the pipe's few waited.)
         let mut finished = 0;
-        loop {
-            match tokio::time::timeout(Duration::from_millis(500), sending.join_next()).await {
-                Ok(Some(sent)) => {
-                    sent.unwrap().unwrap();
-                    finished += 1;
-                }
-                Ok(None) => break,
-                Err(_) => break,
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sending.len() > MAX_WAITING_NOTIFICATIONS && Instant::now() < deadline {
+            if let Ok(Some(sent)) =
+                tokio::time::timeout(Duration::from_millis(100), sending.join_next()).await
+            {
+                sent.unwrap().unwrap();
+                finished += 1;
             }
         }
         let waiting = sending.len();

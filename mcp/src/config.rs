@@ -20,7 +20,9 @@
 //! [`McpConfig::extra`], never rejected: the file is shared with other clients. Two
 //! exceptions, so that a grant fails closed: a key that spells one of Psych's otherwise
 //! (`allowedTools`, `AllowTools`), or another client's key narrowing a server's tools
-//! (Gemini CLI's `includeTools`, `excludeTools`), is refused ([`ConfigError::UnreadKey`]);
+//! (Gemini CLI's `includeTools`, `excludeTools`, Roo Code's `disabledTools`; an empty list
+//! of tools to leave out narrows nothing and is kept), is refused
+//! ([`ConfigError::UnreadKey`]);
 //! and an entry with `"disabled": true` (Cline, Roo Code, Windsurf) is left out
 //! ([`McpConfig::disabled`]).
 //!
@@ -477,8 +479,9 @@ const PSYCH_KEYS: [&str; 5] = [ALLOW_TOOLS, OUTPUT, LAZY, LISTING_TTL_SECS, IDLE
 /// Why Psych refuses an entry's `key` it would otherwise keep unread, if it does: a
 /// spelling of one of its own keys other than its own (compared ignoring case, `_` and
 /// `-`; `allowedTools` for [`ALLOW_TOOLS`]), or another client's key that narrows a
-/// server's tools, which Psych does not read (the server would be granted whole).
-fn unread(key: &str) -> Option<String> {
+/// server's tools, which Psych does not read (the server would be granted whole), unless
+/// its `value` narrows nothing (an empty `excludeTools` or `disabledTools`).
+fn unread(key: &str, value: &Value) -> Option<String> {
     if PSYCH_KEYS.contains(&key) {
         return None;
     }
@@ -498,7 +501,11 @@ fn unread(key: &str) -> Option<String> {
     if let Some(meant) = meant {
         return Some(format!("did you mean {meant:?}? Keys are case-sensitive"));
     }
-    matches!(folded.as_str(), "includetools" | "excludetools").then(|| {
+    let leaves_out = matches!(folded.as_str(), "excludetools" | "disabledtools");
+    if leaves_out && value.as_array().is_some_and(Vec::is_empty) {
+        return None;
+    }
+    (leaves_out || matches!(folded.as_str(), "includetools" | "enabledtools")).then(|| {
         format!(
             "it narrows the server's tools in another client, and ignored it would leave the \
              server granted whole; name the tools to grant in {ALLOW_TOOLS:?} and remove it"
@@ -741,7 +748,10 @@ impl<E: Fn(&str) -> Option<String>> Entry<'_, E> {
             connection.description = Some(self.string("description", description)?);
         }
         entry.retain(|key, _| !KNOWN_KEYS.contains(&key.as_str()));
-        if let Some((key, advice)) = entry.keys().find_map(|key| unread(key).map(|a| (key, a))) {
+        let unread = entry
+            .iter()
+            .find_map(|(key, value)| unread(key, value).map(|advice| (key, advice)));
+        if let Some((key, advice)) = unread {
             return Err(ConfigError::UnreadKey {
                 server: self.name.to_owned(),
                 key: key.clone(),
@@ -1178,6 +1188,8 @@ mod tests {
             "allowtools",
             "includeTools",
             "excludeTools",
+            "disabledTools",
+            "enabledTools",
             "Lazy",
             "idle_secs",
         ] {
@@ -1197,9 +1209,10 @@ mod tests {
         }
         // Other clients' keys that narrow nothing are kept, as ever.
         let text = r#"{"mcpServers": {"a": {"command": "x", "alwaysAllow": ["t"],
-                       "autoApprove": [], "timeout": 60, "trust": true}}}"#;
+                       "autoApprove": [], "timeout": 60, "trust": true,
+                       "disabledTools": [], "excludeTools": []}}}"#;
         let config = McpConfig::parse(text, |_| None).unwrap();
-        assert_eq!(config.servers[&ServerId::new("a").unwrap()].extra.len(), 4);
+        assert_eq!(config.servers[&ServerId::new("a").unwrap()].extra.len(), 6);
     }
 
     /// A server another client turned off is left out, as that client leaves it out.

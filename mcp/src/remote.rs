@@ -85,8 +85,9 @@ pub(crate) const MAX_REDIRECTS: usize = 5;
 /// reads itself (`tools/call`, `tools/list`) has its data written to a file as it arrives
 /// and is read back as a JSON body over [`MAX_JSON_BODY_BYTES`] is (another message over
 /// the limit on that request's stream, a notification say, is kept the same way while it
-/// arrives, and skipped if it cannot be read back: only the answer's failure fails the
-/// request); one on any other stream is refused at its first byte over, never buffered,
+/// arrives, and skipped if it cannot be read back; one that passes the spill budget or
+/// [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER) while it arrives still ends the stream
+/// and fails the request); one on any other stream is refused at its first byte over, never buffered,
 /// and its request fails at once saying so. The connection stays up either way.
 pub const MAX_SSE_EVENT_BYTES: usize = 16 * 1024 * 1024;
 

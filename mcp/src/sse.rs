@@ -270,11 +270,14 @@ impl State {
         .await
         .map_err(|error| Refused::Io(std::io::Error::other(error)))
         .and_then(|read| read);
-        // Only the request's answer is answered with why it could not be read: another
+        // Only the request's answer is answered with why it could not be read back: another
         // message on its stream (a notification, a request of the server's) that cannot be
-        // is skipped, and the answer still awaited.
+        // is skipped, and the answer still awaited. Skipped only when known to be another:
+        // an answer whose id was not found (written last, after a result cut short) still
+        // answers with why.
         let shape = std::mem::take(&mut self.shape).shape();
-        let answers = !shape.has_method && shape.id == serde_json::to_string(&spill.id).ok();
+        let expected = serde_json::to_string(&spill.id).ok();
+        let answers = !shape.has_method && shape.id.is_none_or(|id| Some(id) == expected);
         let fault = match read {
             Ok(Ok(data)) => {
                 event.data = Some(data);

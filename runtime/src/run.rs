@@ -1208,9 +1208,9 @@ fn fresh_call_ids(history: &History, calls: &mut [ToolCall]) {
 /// them, they would make the Run's history unreadable (see [`Run::reply`]).
 fn storable_arguments(calls: &mut [ToolCall]) {
     for call in calls {
-        let text = psych_types::json::to_compact(&call.arguments);
-        if psych_types::json::depth(text.as_bytes()) > MAX_ARGUMENT_DEPTH {
-            call.arguments = serde_json::Value::String(text);
+        if psych_types::json::nests_deeper(&call.arguments, MAX_ARGUMENT_DEPTH) {
+            call.arguments =
+                serde_json::Value::String(psych_types::json::to_compact(&call.arguments));
         }
     }
 }

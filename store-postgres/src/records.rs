@@ -663,11 +663,12 @@ impl PgRecords {
             match record {
                 Record::ToolResult(result) => {
                     let estimator = self.estimator.as_deref();
-                    let stored = store_output(&mut chunks, seq, &result.output, estimator).await?;
+                    // Refused for its depth before its texts are streamed into chunks.
                     let body = readable_depth(
                         serde_json::to_vec(&Record::ToolResult(result.clone_without_texts()))
                             .map_err(RecordError::Encode)?,
                     )?;
+                    let stored = store_output(&mut chunks, seq, &result.output, estimator).await?;
                     let spans = serde_json::to_vec(&stored.spans).map_err(RecordError::Encode)?;
                     rows.bytes += (body.len() + spans.len()) as u64 + stored.len;
                     rows.push(seq, body, Some((stored, spans)));

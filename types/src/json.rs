@@ -231,6 +231,23 @@ pub fn depth(json: &[u8]) -> usize {
     deepest
 }
 
+/// Whether `value`'s arrays and objects nest deeper than `max` (as [`depth`] counts them in
+/// its JSON text), found without writing it: a walk that stops at the first value past
+/// `max` and visits no value below it.
+pub fn nests_deeper(value: &Value, max: usize) -> bool {
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((value, above)) = stack.pop() {
+        let level = above + 1;
+        match value {
+            Value::Array(_) | Value::Object(_) if level > max => return true,
+            Value::Array(items) => stack.extend(items.iter().map(|item| (item, level))),
+            Value::Object(map) => stack.extend(map.values().map(|item| (item, level))),
+            _ => {}
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,6 +342,23 @@ mod tests {
         assert_eq!(depth(br#"[{"a":[1,{"b":[]}]},[]]"#), 5);
         assert_eq!(depth(br#"{"k":"[[{{\"\\"}"#), 1);
         assert_eq!(depth(br#"["\\",["#), 2);
+    }
+
+    #[test]
+    fn nests_deeper_agrees_with_the_depth_of_the_text() {
+        for text in [
+            r#"1"#,
+            r#"{}"#,
+            r#"[{"a":[1,{"b":[]}]},[]]"#,
+            r#"{"k":"[[{{"}"#,
+        ] {
+            let value: Value = serde_json::from_str(text).unwrap();
+            let deep = depth(text.as_bytes());
+            assert!(!nests_deeper(&value, deep), "{text}");
+            if deep > 0 {
+                assert!(nests_deeper(&value, deep - 1), "{text}");
+            }
+        }
     }
 
     #[test]

@@ -608,7 +608,8 @@ pub trait RecordStore: RecordSource + Send + Sync + std::fmt::Debug {
     /// # Errors
     ///
     /// The store's error; nothing of the batch is acknowledged. When the failure's kind
-    /// is [`RecordFailure::Spill`] or [`RecordFailure::Unavailable`], nothing of it is
+    /// is [`RecordFailure::Spill`], [`RecordFailure::TooDeep`] or
+    /// [`RecordFailure::Unavailable`], nothing of it is
     /// stored either and the next append takes the handle the batch's first record would
     /// have had; [`RecordFailure::Store`] may also mean the store cannot tell whether the
     /// batch was stored (a database connection lost during its commit).
