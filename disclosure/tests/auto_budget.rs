@@ -358,3 +358,31 @@ fn a_server_deferred_for_the_tool_cap_keeps_the_eager_tools_there_is_room_for() 
     assert_eq!(names.len(), 7, "{names:?}");
     assert_eq!(with_cap(8).server("c").unwrap().shape, Shape::SearchPair);
 }
+
+/// A deferred server whose eager set the cap dropped whole gets back as many of them as
+/// the room left holds, rather than none.
+#[test]
+fn eager_tools_the_cap_dropped_come_back_as_far_as_there_is_room() {
+    let mut setup = setup(&[
+        ("a", Preload::Eager, 3, 10),
+        ("x", Preload::Deferred, 3, 10),
+    ]);
+    for tool in ["t0", "t1", "t2"] {
+        setup.connections[1] = setup.connections[1]
+            .clone()
+            .with_eager_tool(ToolName::new(tool).unwrap());
+    }
+    let settings = Settings::builder()
+        .facade_max_index_tokens(1)
+        .tool_cap(6)
+        .build()
+        .unwrap();
+    // a is deferred too; 3 eager + 3 meta + orientation is 7, over 6: x's set is dropped
+    // (4 left), and 2 of its 3 come back.
+    let surface = setup.resolve(&settings);
+    let x = surface.server("x").unwrap();
+    let names: Vec<&str> = x.eager.iter().map(ToolName::as_str).collect();
+    assert_eq!(names, ["t0", "t1"]);
+    assert_eq!(surface.tools().len(), 6);
+    assert_eq!(surface.server("a").unwrap().why, Why::ToolCap);
+}
