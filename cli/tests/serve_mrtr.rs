@@ -172,6 +172,22 @@ fn params(name: &str, arguments: Value) -> CallToolRequestParams {
 }
 
 /// The JSON-RPC error of a failed call.
+/// A retry of `up__confirm` with `arguments`: alice's answer to its `confirm` request and
+/// the round's `state`.
+fn retry(arguments: Value, state: &str) -> CallToolRequestParams {
+    let mut retry = params("up__confirm", arguments);
+    retry.input_responses = Some(
+        [(
+            "confirm".to_owned(),
+            json!({"action": "accept", "content": {"name": "alice"}}),
+        )]
+        .into_iter()
+        .collect(),
+    );
+    retry.request_state = Some(state.to_owned());
+    retry
+}
+
 fn rpc_error(error: ServiceError) -> ErrorData {
     match error {
         ServiceError::McpError(data) => data,
@@ -227,19 +243,6 @@ async fn input_required_rounds_pass_through_the_gateway_sealed_to_their_call() {
         "the upstream's state is wrapped: {state}"
     );
 
-    let retry = |arguments: Value, state: &str| {
-        let mut retry = params("up__confirm", arguments);
-        retry.input_responses = Some(
-            [(
-                "confirm".to_owned(),
-                json!({"action": "accept", "content": {"name": "alice"}}),
-            )]
-            .into_iter()
-            .collect(),
-        );
-        retry.request_state = Some(state.to_owned());
-        retry
-    };
     // Forged (one digit of the MAC changed), retried under other arguments, or by another
     // identity: -32602 before anything runs.
     let last = state.chars().last().unwrap();
@@ -548,17 +551,8 @@ async fn an_upstream_state_too_long_to_seal_fails_the_call_at_once() {
     };
     let state = round.request_state.expect("a sealed state");
     assert!(state.len() > 400 << 10, "{}", state.len());
-    let mut retry = params("up__confirm", json!({"text": long}));
-    retry.input_responses = Some(
-        [(
-            "confirm".to_owned(),
-            json!({"action": "accept", "content": {"name": "alice"}}),
-        )]
-        .into_iter()
-        .collect(),
-    );
-    retry.request_state = Some(state);
-    let CallToolResponse::Complete(done) = session.call_tool_once(retry).await.unwrap() else {
+    let answered = retry(json!({"text": long}), &state);
+    let CallToolResponse::Complete(done) = session.call_tool_once(answered).await.unwrap() else {
         panic!("complete");
     };
     let said = text(&done);
@@ -596,16 +590,7 @@ async fn replicas_on_one_store_complete_each_others_rounds() {
         panic!("input required");
     };
     let state = round.request_state.expect("a sealed state");
-    let mut retry = params("up__confirm", json!({"text": "ship it"}));
-    retry.input_responses = Some(
-        [(
-            "confirm".to_owned(),
-            json!({"action": "accept", "content": {"name": "alice"}}),
-        )]
-        .into_iter()
-        .collect(),
-    );
-    retry.request_state = Some(state);
+    let retry = retry(json!({"text": "ship it"}), &state);
     let alone = modern(&url_alone, &alice, "alice", true).await;
     listed(&alone).await;
     let refused = rpc_error(alone.call_tool_once(retry.clone()).await.unwrap_err());
