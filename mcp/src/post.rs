@@ -406,16 +406,34 @@ enum Body {
 /// [`MAX_SPILLED_ANSWER`](crate::MAX_SPILLED_ANSWER), with `spill`: the
 /// connection's tap (its folder) and the request it answers, each chunk noted on the tap's
 /// transfer clock while the request still awaits it (its answer is arriving). Dropped
-/// midway, the file goes with it (the POST's answer is lost with its future either way).
+/// midway, the file goes with it (the POST's answer is lost with its future either way),
+/// closed on a blocking thread; ended with a refusal or an error, the file is closed and
+/// its bytes of the budget given back before this returns.
 async fn read_bounded_or_spill(
-    mut response: reqwest::Response,
+    response: reqwest::Response,
     max: usize,
     spill: Option<(&Tap, &RequestId)>,
 ) -> Result<Body, Error> {
-    use crate::spill::WRITE_BUFFER;
     let Some((tap, id)) = spill else {
         return read_bounded(response, max).await.map(Body::Memory);
     };
+    let mut spilling = crate::spill::Spilling::default();
+    let read = read_spilling(response, max, tap, id, &mut spilling).await;
+    // Empty unless the read was refused or failed with a file under way.
+    spilling.close().await;
+    read
+}
+
+/// [`read_bounded_or_spill`]'s work, the file and its bytes of the budget in `spilling`
+/// while no write owns them.
+async fn read_spilling(
+    mut response: reqwest::Response,
+    max: usize,
+    tap: &Tap,
+    id: &RequestId,
+    spilling: &mut crate::spill::Spilling,
+) -> Result<Body, Error> {
+    use crate::spill::WRITE_BUFFER;
     let spill_dir = tap.spill_dir().to_path_buf();
     let cap = crate::MAX_SPILLED_ANSWER;
     if response.content_length().is_some_and(|length| length > cap) {
@@ -424,9 +442,6 @@ async fn read_bounded_or_spill(
         });
     }
     let mut body = Vec::new();
-    // The file and its bytes of the budget while no write owns them, closed off the worker
-    // however this ends (the cap passed, the budget refused, the future dropped).
-    let mut spilling = crate::spill::Spilling::default();
     let mut total = 0u64;
     // A write owns the file and its bytes of the budget until it ends: this future dropped
     // midway, the bytes go back only once the write has closed the file.
@@ -503,7 +518,7 @@ async fn read_bounded_or_spill(
     let reservation = match reserve(&mut spilling.held, body.len()) {
         Ok(reservation) => reservation,
         Err(refused) => {
-            crate::spill::close_spilled(Some(file), spilling.held.take());
+            spilling.file = Some(file);
             return Ok(Body::OverBudget {
                 bytes: total,
                 refused,

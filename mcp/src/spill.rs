@@ -194,6 +194,30 @@ pub(crate) struct Spilling {
     pub(crate) held: Option<crate::budget::Reservation>,
 }
 
+impl Spilling {
+    /// Closes the file, then gives its bytes of the budget back, on a blocking thread, and
+    /// waits until both are done: for a reader ending with a refusal or an error, whose
+    /// caller may ask again at once and should find the budget as the refusal left it.
+    pub(crate) async fn close(&mut self) {
+        close_spilled_now(self.file.take(), self.held.take()).await;
+    }
+}
+
+/// [`close_spilled`], waited for.
+pub(crate) async fn close_spilled_now(
+    file: Option<File>,
+    held: Option<crate::budget::Reservation>,
+) {
+    if file.is_none() {
+        return;
+    }
+    let _ = tokio::task::spawn_blocking(move || {
+        drop(file);
+        drop(held);
+    })
+    .await;
+}
+
 impl Drop for Spilling {
     fn drop(&mut self) {
         close_spilled(self.file.take(), self.held.take());

@@ -146,9 +146,13 @@ pub(crate) fn events(
             if let Some(out) = state.parser.out.pop_front() {
                 match out {
                     Out::Event(event) => return Some((Ok(event), Some(state))),
-                    Out::Error(error) => return Some((Err(error), None)),
+                    Out::Error(error) => {
+                        state.close_spill().await;
+                        return Some((Err(error), None));
+                    }
                     Out::Write(bytes) => {
                         if let Err(error) = state.write(bytes).await {
+                            state.close_spill().await;
                             return Some((Err(error), None));
                         }
                     }
@@ -223,6 +227,13 @@ impl Drop for State {
 }
 
 impl State {
+    /// Closes a spilled event's file given up on, then gives its bytes of the budget back,
+    /// and waits for both: the request it answered is answered with the refusal, and may
+    /// be asked again at once.
+    async fn close_spill(&mut self) {
+        crate::spill::close_spilled_now(self.file.take(), self.parser.held.take()).await;
+    }
+
     /// Appends `bytes` to the spilled event's file (made on the first write), on a blocking
     /// thread.
     async fn write(&mut self, bytes: Vec<u8>) -> Result<(), SseError> {
