@@ -168,18 +168,23 @@ impl Refused {
 /// Closes a spilling answer's file, then gives its bytes of the budget back (in that order:
 /// the bytes are free once the file is), on a blocking thread when a runtime is there:
 /// closing an unlinked file of up to 4 GiB frees its blocks, which may take a while. For a
-/// file given up on (an answer refused, cut, or dropped with its reader).
-pub(crate) fn close_spilled(file: Option<File>, held: Option<crate::budget::Reservation>) {
-    if file.is_none() {
-        return;
-    }
+/// file given up on (an answer refused, cut, or dropped with its reader). Returns the
+/// blocking task doing it, if one was started.
+pub(crate) fn close_spilled(
+    file: Option<File>,
+    held: Option<crate::budget::Reservation>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    file.as_ref()?;
     let close = move || {
         drop(file);
         drop(held);
     };
     match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn_blocking(close)),
-        Err(_) => close(),
+        Ok(runtime) => Some(runtime.spawn_blocking(close)),
+        Err(_) => {
+            close();
+            None
+        }
     }
 }
 
@@ -208,19 +213,14 @@ pub(crate) async fn close_spilled_now(
     file: Option<File>,
     held: Option<crate::budget::Reservation>,
 ) {
-    if file.is_none() {
-        return;
+    if let Some(closing) = close_spilled(file, held) {
+        let _ = closing.await;
     }
-    let _ = tokio::task::spawn_blocking(move || {
-        drop(file);
-        drop(held);
-    })
-    .await;
 }
 
 impl Drop for Spilling {
     fn drop(&mut self) {
-        close_spilled(self.file.take(), self.held.take());
+        drop(close_spilled(self.file.take(), self.held.take()));
     }
 }
 

@@ -222,7 +222,10 @@ impl Drop for State {
     /// A spilled event's file given up on (the event refused, the stream failed or dropped)
     /// is closed off the worker, then its bytes of the budget go back.
     fn drop(&mut self) {
-        crate::spill::close_spilled(self.file.take(), self.parser.held.take());
+        drop(crate::spill::close_spilled(
+            self.file.take(),
+            self.parser.held.take(),
+        ));
     }
 }
 
@@ -1204,20 +1207,26 @@ pub(crate) mod tests {
         assert_eq!(kept.value["isError"], false);
     }
 
-    #[tokio::test]
-    async fn a_spilled_answer_that_does_not_parse_fails_its_call_and_the_stream_goes_on() {
+    /// The events of `wire` (in 5-byte chunks, 1 KiB held in memory) on the stream of a
+    /// call of id 3 whose answer the tap awaits.
+    async fn read_for_call_3(wire: Vec<u8>) -> Vec<Result<Sse, SseError>> {
         let tap = Arc::new(Tap::default());
         tap.want_request(&call(3));
+        let spill = SpillTo {
+            tap,
+            id: RequestId::Number(3),
+        };
+        events(response_of(wire, 5), 1024, Some(spill))
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_spilled_answer_that_does_not_parse_fails_its_call_and_the_stream_goes_on() {
         let mut wire = b"data: {\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{\"content\":[".to_vec();
         wire.extend(std::iter::repeat_n(b'x', 200_000));
         wire.extend_from_slice(b"]}}\n\ndata: after\n\n");
-        let spill = SpillTo {
-            tap: Arc::clone(&tap),
-            id: RequestId::Number(3),
-        };
-        let read: Vec<_> = events(response_of(wire, 5), 1024, Some(spill))
-            .collect()
-            .await;
+        let read = read_for_call_3(wire).await;
         assert_eq!(read.len(), 2);
         let fault: Value =
             serde_json::from_str(read[0].as_ref().unwrap().data.as_deref().unwrap()).unwrap();
@@ -1235,8 +1244,6 @@ pub(crate) mod tests {
     /// answers the call. (Before, the call was failed with the notification's fault.)
     #[tokio::test]
     async fn a_spilled_event_that_is_not_the_answer_never_fails_the_call() {
-        let tap = Arc::new(Tap::default());
-        tap.want_request(&call(3));
         let mut wire =
             b"data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"data\":["
                 .to_vec();
@@ -1244,13 +1251,7 @@ pub(crate) mod tests {
         wire.extend_from_slice(b"]}}\n\n");
         let answer = json!({"jsonrpc": "2.0", "id": 3, "result": {"content": []}});
         wire.extend_from_slice(format!("data: {answer}\n\n").as_bytes());
-        let spill = SpillTo {
-            tap: Arc::clone(&tap),
-            id: RequestId::Number(3),
-        };
-        let read: Vec<_> = events(response_of(wire, 5), 1024, Some(spill))
-            .collect()
-            .await;
+        let read = read_for_call_3(wire).await;
         assert_eq!(read.len(), 2);
         assert_eq!(read[0].as_ref().unwrap().data, None, "skipped, not a fault");
         let answered: Value =

@@ -776,14 +776,13 @@ fn skeleton(block: &ContentBlock) -> Result<JsonObject, serde_json::Error> {
 /// `json` if it nests no deeper than serde_json reads back, else
 /// [`AppendError::TooDeep`]: a record is refused rather than stored unreadable.
 fn readable_depth<T: AsRef<[u8]>>(json: T) -> Result<T, AppendError> {
-    let depth = psych_types::json::depth(json.as_ref());
-    if depth > psych_types::json::MAX_DEPTH {
-        return Err(AppendError::TooDeep {
+    match psych_types::json::past_max_depth(json.as_ref()) {
+        Some(depth) => Err(AppendError::TooDeep {
             depth,
             max: psych_types::json::MAX_DEPTH,
-        });
+        }),
+        None => Ok(json),
     }
-    Ok(json)
 }
 
 /// Whether `output` is one text block with nothing but its text.

@@ -160,6 +160,14 @@ fn over(dir: &std::path::Path, catalog: Catalog) -> RunBuilder<Host> {
     .clock(|| 1_796_041_497)
 }
 
+/// Each result's call id and text, read whole from the Run's log.
+fn texts(run: &Run<Host>) -> Vec<(String, String)> {
+    results(run)
+        .into_iter()
+        .map(|(id, out)| (id, out.readable_text().into_owned()))
+        .collect()
+}
+
 /// The Run's results, read whole from its log.
 fn results(run: &Run<Host>) -> Vec<(String, ToolOutput)> {
     run.records(0)
@@ -192,12 +200,8 @@ async fn parallel_calls_run_together_and_log_in_call_order() {
     ]);
     let transcript = model.turn(&mut run, "go").await.unwrap();
     assert_eq!(transcript.text, "done");
-    let tags: Vec<_> = results(&run)
-        .into_iter()
-        .map(|(id, out)| (id, out.readable_text().into_owned()))
-        .collect();
     assert_eq!(
-        tags,
+        texts(&run),
         [
             ("call_1".into(), "slow".into()),
             ("call_2".into(), "fast".into()),
@@ -267,12 +271,8 @@ async fn a_call_id_used_before_is_answered_under_a_fresh_one() {
     };
     let transcript = again.continue_turn(&mut run, request).await.unwrap();
     assert_eq!(transcript.text, "done again");
-    let tags: Vec<_> = results(&run)
-        .into_iter()
-        .map(|(id, out)| (id, out.readable_text().into_owned()))
-        .collect();
     assert_eq!(
-        tags,
+        texts(&run),
         [
             ("call_1".into(), "one".into()),
             ("call_1_2".into(), "two".into()),

@@ -298,14 +298,13 @@ pub enum SpillError {
 /// `body` if it nests no deeper than serde_json reads back, else
 /// [`RecordError::TooDeep`]: a record is refused rather than stored unreadable.
 fn readable_depth(body: Vec<u8>) -> Result<Vec<u8>, RecordError> {
-    let depth = psych_types::json::depth(&body);
-    if depth > psych_types::json::MAX_DEPTH {
-        return Err(RecordError::TooDeep {
+    match psych_types::json::past_max_depth(&body) {
+        Some(depth) => Err(RecordError::TooDeep {
             depth,
             max: psych_types::json::MAX_DEPTH,
-        });
+        }),
+        None => Ok(body),
     }
-    Ok(body)
 }
 
 impl RecordError {

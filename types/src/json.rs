@@ -231,6 +231,13 @@ pub fn depth(json: &[u8]) -> usize {
     deepest
 }
 
+/// `json`'s [`depth`] when it is past [`MAX_DEPTH`] (JSON serde_json would refuse to read
+/// back), `None` when it reads back: the check a store makes of what it encodes before it
+/// acknowledges a record.
+pub fn past_max_depth(json: &[u8]) -> Option<usize> {
+    Some(depth(json)).filter(|&depth| depth > MAX_DEPTH)
+}
+
 /// Whether `value`'s arrays and objects nest deeper than `max` (as [`depth`] counts them in
 /// its JSON text), found without writing it: a walk that stops at the first value past
 /// `max` and visits no value below it.
@@ -369,5 +376,7 @@ mod tests {
         assert!(serde_json::from_str::<Value>(&at).is_ok());
         let past = nested(MAX_DEPTH + 1);
         assert!(serde_json::from_str::<Value>(&past).is_err());
+        assert_eq!(past_max_depth(at.as_bytes()), None);
+        assert_eq!(past_max_depth(past.as_bytes()), Some(MAX_DEPTH + 1));
     }
 }
